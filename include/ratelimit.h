@@ -1,0 +1,294 @@
+/*
+ * ratelimit.h -- exact rate limiting for C and C++ servers.
+ *
+ * A limiter (rate_limiter_t) answers "may KEY spend N permits now?" under a
+ * policy (rate_policy_t): one to RATE_MAX_LIMITS limits, each one of five
+ * algorithms.  Decisions follow docs/algorithms.md exactly, in integer
+ * arithmetic; the state of every key lives in a store (rate_store_t): the
+ * in-memory store by default, or any back end written against
+ * ratelimit_store.h.
+ *
+ * Threads.  Policies are immutable once made and may be read from any thread.
+ * A limiter and its store may be called from any number of threads at once;
+ * rate_limiter_free() and rate_store_free() must not race with other calls on
+ * the same object.  Each function below ends with its thread-safety.
+ *
+ * Errors.  Functions that can fail return an int: RATE_OK (0) or a negative
+ * RATE_E* code; rate_strerror() names it.  A denial is not an error: it is
+ * RATE_OK with a filled rate_decision_t whose `allowed` is false.
+ *
+ * Time.  Every time is an unsigned count of nanoseconds, at most
+ * RATE_TIME_MAX.  By default the limiter reads CLOCK_MONOTONIC; the *_at calls
+ * take the time from the caller (replays, tests, event loops that read the
+ * clock once per turn).
+ *
+ * Ownership.  Whoever calls a *_new function calls the matching *_free, and
+ * *_free(NULL) does nothing.  Keys are only read during a call, never kept by
+ * reference (stores copy them).
+ */
+#ifndef RATELIMIT_H
+#define RATELIMIT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(RATE_BUILDING) && defined(__GNUC__)
+#define RATE_API __attribute__((visibility("default")))
+#else
+#define RATE_API
+#endif
+
+#define RATE_VERSION_MAJOR 0
+#define RATE_VERSION_MINOR 1
+#define RATE_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------- errors */
+
+#define RATE_ERRNO_MAP(X)                                                   \
+    X(EINVAL, -1, "invalid argument")                                       \
+    X(ENOMEM, -2, "out of memory")                                          \
+    X(EKEY, -3, "key is NULL, empty or longer than RATE_KEY_MAX bytes")     \
+    X(EPOLICY, -4, "invalid policy")                                        \
+    X(ERANGE, -5, "time or permits out of range")                           \
+    X(ESTORE, -6, "store unavailable")                                      \
+    X(ETIMEDOUT, -7, "store did not answer in time")                        \
+    X(EFULL, -8, "store has no room for a new key")                         \
+    X(ECONFLICT, -9, "too many concurrent updates of one key (CAS retries)") \
+    X(ECORRUPT, -10, "stored state is not valid for this library")
+
+typedef enum rate_status {
+    RATE_OK = 0,
+#define RATE_X_(name, code, text) RATE_##name = code,
+    RATE_ERRNO_MAP(RATE_X_)
+#undef RATE_X_
+} rate_status_t;
+
+/* Text for an error code ("unknown error" for codes not in the list).
+ * Static storage; never NULL.  Thread-safe: yes. */
+RATE_API const char *rate_strerror(int err);
+/* The code's name, e.g. "RATE_EKEY".  Thread-safe: yes. */
+RATE_API const char *rate_err_name(int err);
+
+/* ----------------------------------------------------------- constants */
+
+#define RATE_NEVER UINT64_MAX          /* retry_after of a request that can never succeed */
+#define RATE_TIME_MAX ((uint64_t)INT64_MAX) /* largest time or duration, ns */
+#define RATE_KEY_MAX 512               /* longest key, bytes */
+#define RATE_MAX_LIMITS 4              /* limits in one policy */
+#define RATE_SLIDING_LOG_MAX 1000000u  /* largest limit of a sliding log */
+
+#define RATE_NS_PER_S UINT64_C(1000000000)
+
+/* ------------------------------------------------------------- policies */
+
+typedef enum rate_algorithm {
+    RATE_TOKEN_BUCKET = 1, /* rate L per P, burst B; "gcra" is the same */
+    RATE_LEAKY_BUCKET = 2, /* rate L per P, capacity C */
+    RATE_FIXED_WINDOW = 3, /* limit L per window W */
+    RATE_SLIDING_LOG = 4,  /* limit L per window W, exact */
+    RATE_SLIDING_WINDOW = 5 /* limit L per window W, the two-window counter */
+} rate_algorithm_t;
+
+/* One limit: a plain value the caller fills. */
+typedef struct rate_limit {
+    rate_algorithm_t algorithm;
+    uint64_t limit;     /* L: permits per period (buckets) or per window */
+    uint64_t period_ns; /* P for the buckets, W for the windows */
+    uint64_t burst;     /* B (token bucket) or C (leaky bucket); 0 for windows */
+} rate_limit_t;
+
+/* An immutable set of 1..RATE_MAX_LIMITS limits, all applied to one key. */
+typedef struct rate_policy rate_policy_t;
+
+/* Makes a policy from `count` limits (copied).  On RATE_EPOLICY, if `err` is
+ * not NULL, writes a one-line reason naming the bad part (at most errlen bytes
+ * with the NUL).  Bounds, so that every decision stays exact in 64/128-bit
+ * integers: limit, period and burst >= 1; burst * period <= 2^62 for the
+ * buckets; window <= 2^61 ns; a sliding log's limit <= RATE_SLIDING_LOG_MAX.
+ * Thread-safe: yes. */
+RATE_API int rate_policy_new(const rate_limit_t *limits, size_t count,
+                             rate_policy_t **out, char *err, size_t errlen);
+
+/* Parses the policy text form (docs/policy.md), for example
+ *   "token-bucket 10/s burst=20"
+ *   "leaky-bucket 5/s capacity=10"
+ *   "sliding-window 100/1m"
+ *   "token-bucket 10/s burst=10; sliding-log 1000/1h"
+ * Errors as for rate_policy_new().  Thread-safe: yes. */
+RATE_API int rate_policy_parse(const char *text, rate_policy_t **out,
+                               char *err, size_t errlen);
+
+/* Writes the policy's canonical text (parsable again) into buf, truncating
+ * to len bytes with the NUL; returns the length it needed.  Thread-safe: yes. */
+RATE_API size_t rate_policy_format(const rate_policy_t *policy, char *buf,
+                                   size_t len);
+
+/* Number of limits, and the i-th (borrowed, lives as long as the policy). */
+RATE_API size_t rate_policy_count(const rate_policy_t *policy);
+RATE_API const rate_limit_t *rate_policy_limit(const rate_policy_t *policy,
+                                               size_t i);
+
+/* Parses a duration "250ms", "1s", "1m" ("0" alone is zero) into ns.
+ * Units: ns us ms s m h d.  Thread-safe: yes. */
+RATE_API int rate_parse_duration(const char *text, uint64_t *out_ns);
+
+/* A policy may be freed only when no limiter uses it any more (limiters copy
+ * their default policy, but borrow what a resolver returns).  NULL: nothing. */
+RATE_API void rate_policy_free(rate_policy_t *policy);
+
+/* ------------------------------------------------------------ decisions */
+
+typedef enum rate_reason {
+    RATE_REASON_ALLOWED = 0,
+    RATE_REASON_LIMITED = 1,     /* over the limit now; retry_after says when */
+    RATE_REASON_NEVER = 2,       /* permits above capacity: retry_after RATE_NEVER */
+    RATE_REASON_STORE_ERROR = 3  /* the store failed; the limiter's fail mode decided */
+} rate_reason_t;
+
+/* A plain value the limiter fills. */
+typedef struct rate_decision {
+    bool allowed;          /* act on the request (after delay_ns) */
+    bool shadow;           /* shadow mode let through a request it would deny */
+    rate_reason_t reason;  /* why; RATE_REASON_ALLOWED when really allowed */
+    int component;         /* index of the limit that denied or constrains most */
+    int error;             /* with RATE_REASON_STORE_ERROR: the store's code */
+    uint64_t limit;        /* L of that limit (burst/capacity for the buckets) */
+    uint64_t remaining;    /* room left right after this decision */
+    uint64_t delay_ns;     /* wait before acting (reservations only) */
+    uint64_t retry_after_ns; /* on a denial; RATE_NEVER if it can never pass */
+    uint64_t reset_after_ns; /* until the key is back to its cold start */
+} rate_decision_t;
+
+/* Short text for a reason: "allowed", "limited", "never", "store-error". */
+RATE_API const char *rate_reason_name(rate_reason_t reason);
+
+/* --------------------------------------------------------------- stores */
+
+/* A store keeps the state of every key.  Opaque; see ratelimit_store.h to
+ * write one. */
+typedef struct rate_store rate_store_t;
+
+typedef struct rate_memory_options {
+    size_t max_keys;  /* 0: unbounded.  Beyond it the least recently used
+                         keys are evicted (counted; may change answers). */
+    unsigned shards;  /* 0: 256.  Rounded up to a power of two. */
+} rate_memory_options_t;
+
+/* The in-memory store: a table split in shards, each behind its own spin
+ * lock held only for the step itself.  `options` may be NULL (defaults).
+ * Thread-safe: yes. */
+RATE_API int rate_store_memory_new(const rate_memory_options_t *options,
+                                   rate_store_t **out);
+
+typedef struct rate_stats {
+    uint64_t keys;       /* keys held now */
+    uint64_t evictions;  /* keys dropped by the max_keys bound */
+    uint64_t reclaimed;  /* keys dropped after their reset (no answer changed) */
+    uint64_t allowed;    /* decisions that admitted (counted by the limiter) */
+    uint64_t denied;     /* decisions that denied, shadowed ones included */
+    uint64_t retries;    /* compare-and-set retries on the generic store path */
+    uint64_t store_errors;
+    uint64_t bytes;      /* memory the store holds, when it knows */
+} rate_stats_t;
+
+/* Fills what the store knows (keys, evictions, reclaimed, bytes, and
+ * allowed/denied when it runs the step itself).  Thread-safe: yes. */
+RATE_API int rate_store_stats(rate_store_t *store, rate_stats_t *out);
+
+/* Frees the store; no limiter may use it any more.  NULL: nothing. */
+RATE_API void rate_store_free(rate_store_t *store);
+
+/* -------------------------------------------------------------- limiter */
+
+typedef struct rate_limiter rate_limiter_t;
+
+/* The clock: now_ns must be monotonic; sleep_ns sleeps at least ns. */
+typedef struct rate_clock {
+    uint64_t (*now_ns)(void *ud);
+    void (*sleep_ns)(void *ud, uint64_t ns);
+    void *ud;
+} rate_clock_t;
+
+/* Picks the policy of a key (tiers: free / pro / enterprise).  Returns a
+ * borrowed policy that must outlive the limiter, or NULL for the default.
+ * Called on every decision, from any thread: it must be thread-safe. */
+typedef const rate_policy_t *(*rate_resolve_fn)(void *ud, const char *key,
+                                                size_t key_len);
+
+typedef enum rate_fail_mode {
+    RATE_FAIL_CLOSED = 0, /* deny when the store fails (the default) */
+    RATE_FAIL_OPEN = 1    /* allow when the store fails */
+} rate_fail_mode_t;
+
+typedef struct rate_limiter_config {
+    const rate_policy_t *policy; /* required; copied */
+    rate_store_t *store;         /* NULL: a private in-memory store */
+    rate_resolve_fn resolve;     /* optional per-key policy */
+    void *resolve_ud;
+    const rate_clock_t *clock;   /* NULL: CLOCK_MONOTONIC and nanosleep; copied */
+    bool shadow;                 /* dry run: let everything through, report */
+    rate_fail_mode_t on_store_error;
+    unsigned max_retries;        /* generic CAS path; 0: 64 */
+} rate_limiter_config_t;
+
+/* Makes a limiter.  A store passed in is borrowed: free it after the
+ * limiter.  Thread-safe: yes. */
+RATE_API int rate_limiter_new(const rate_limiter_config_t *config,
+                              rate_limiter_t **out);
+
+/* Frees the limiter (and its private store).  NULL: nothing. */
+RATE_API void rate_limiter_free(rate_limiter_t *limiter);
+
+/* The seed interface: true when `permits` may be spent now on the
+ * NUL-terminated key.  Errors (bad key, store failure) follow the fail mode:
+ * false when closed.  Thread-safe: yes. */
+RATE_API bool rate_try_acquire(rate_limiter_t *limiter, const char *key,
+                               uint64_t permits);
+#define rate_try_acquire1(limiter, key) rate_try_acquire((limiter), (key), 1)
+
+/* The full call: one decision for key[0..key_len) with max_wait_ns of
+ * reservation (buckets only; see docs/algorithms.md), at the limiter's clock.
+ * Returns RATE_OK with *out filled (allowed or not), or an error code:
+ * RATE_EINVAL (NULL limiter or out), RATE_EKEY, RATE_ERANGE; store failures
+ * return RATE_OK with reason RATE_REASON_STORE_ERROR and the fail mode's
+ * verdict.  Thread-safe: yes. */
+RATE_API int rate_limiter_check(rate_limiter_t *limiter, const char *key,
+                                size_t key_len, uint64_t permits,
+                                uint64_t max_wait_ns, rate_decision_t *out);
+
+/* The same at a caller-supplied time now_ns (<= RATE_TIME_MAX).  A time
+ * before the key's last admitted request counts as that time.
+ * Thread-safe: yes. */
+RATE_API int rate_limiter_check_at(rate_limiter_t *limiter, const char *key,
+                                   size_t key_len, uint64_t permits,
+                                   uint64_t max_wait_ns, uint64_t now_ns,
+                                   rate_decision_t *out);
+
+/* Blocking acquire: waits (with the clock's sleep) until the permits are
+ * granted or the timeout would pass.  It never sleeps past now + timeout_ns
+ * and returns at once when the wait alone would pass it.  Returns RATE_OK
+ * with out->allowed true once granted (delay already slept), RATE_OK with
+ * out->allowed false when the deadline does not allow it (or never will), or
+ * an error as rate_limiter_check.  Thread-safe: yes. */
+RATE_API int rate_limiter_acquire(rate_limiter_t *limiter, const char *key,
+                                  size_t key_len, uint64_t permits,
+                                  uint64_t timeout_ns, rate_decision_t *out);
+
+/* Statistics: the store's figures plus the limiter's own.  Thread-safe: yes. */
+RATE_API int rate_limiter_stats(rate_limiter_t *limiter, rate_stats_t *out);
+
+/* The limiter's default policy (borrowed).  Thread-safe: yes. */
+RATE_API const rate_policy_t *rate_limiter_policy(const rate_limiter_t *limiter);
+
+/* Reads CLOCK_MONOTONIC in ns.  Thread-safe: yes. */
+RATE_API uint64_t rate_clock_monotonic_ns(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* RATELIMIT_H */

@@ -1,0 +1,85 @@
+/*
+ * Fixed window: windows aligned to the clock's zero, k = floor(t / W).
+ *
+ * State: the count admitted in the window of t_last (8 bytes); the window's
+ * index is t_last / W, so it is not stored.  A later request in another
+ * window starts from zero.
+ */
+#include "../internal.h"
+
+static size_t fw_size(const uint8_t *st, size_t avail)
+{
+    (void)st;
+    return avail >= 8 ? 8 : 0;
+}
+
+static void fw_view(const rate_limit_t *l, const uint8_t *st, uint64_t last,
+                    uint64_t t, rate__view_t *v)
+{
+    memset(v, 0, sizeof *v);
+    if (st != NULL && last / l->period_ns == t / l->period_ns)
+        v->x = rate__get64(st);
+}
+
+/* Nanoseconds from t to the start of the next window. */
+static uint64_t fw_to_next(const rate_limit_t *l, uint64_t t)
+{
+    return l->period_ns - t % l->period_ns;
+}
+
+static void fw_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
+                      uint64_t n, uint64_t max_wait, bool detail,
+                      rate__verdict_t *out)
+{
+    uint64_t count = (uint64_t)v->x;
+
+    (void)max_wait;
+    memset(out, 0, sizeof *out);
+    if (n > l->limit) {
+        out->reason = RATE_REASON_NEVER;
+        out->retry_after_ns = RATE_NEVER;
+    } else if (count + n <= l->limit) {
+        out->allowed = true;
+    } else {
+        out->reason = RATE_REASON_LIMITED;
+        out->retry_after_ns = fw_to_next(l, t);
+    }
+    if (!detail)
+        return;
+    out->remaining_now = count < l->limit ? l->limit - count : 0;
+    out->reset_now_ns = count > 0 ? fw_to_next(l, t) : 0;
+    if (out->allowed) {
+        out->remaining_after = l->limit - count - n;
+        out->reset_after_ns = count + n > 0 ? fw_to_next(l, t) : 0;
+    }
+}
+
+static size_t fw_commit(const rate_limit_t *l, const rate__view_t *v,
+                        uint64_t t, uint64_t n, uint8_t *out)
+{
+    (void)l;
+    (void)t;
+    rate__put64(out, (uint64_t)v->x + n);
+    return 8;
+}
+
+/* The count admitted in the current window carries over as it is (capped
+ * at nothing: a lower new limit simply leaves less room). */
+static void fw_convert(const rate_limit_t *from, const rate_limit_t *to,
+                       uint64_t t, rate__view_t *v)
+{
+    (void)from;
+    (void)to;
+    (void)t;
+    (void)v;
+}
+
+static uint64_t fw_max_reset(const rate_limit_t *l)
+{
+    return l->period_ns;
+}
+
+const rate__algo_t rate__fixed_window = {
+    "fixed-window", 8, 0, fw_size, fw_view, fw_decide, fw_commit, fw_convert,
+    fw_max_reset,
+};

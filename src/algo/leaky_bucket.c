@@ -1,0 +1,105 @@
+/*
+ * Leaky bucket: a queue that drains at exactly L per P.
+ *
+ * State: one unsigned 64-bit word v = level * P (at most C * P <= 2^62),
+ * plus t_last in the state header.  Over dt the level drains dt * L scaled
+ * units, never below zero.  With max_wait 0 a request passes only into an
+ * empty bucket (strict spacing); with max_wait > 0 up to C permits queue and
+ * each learns its departure delay, level * P / L.
+ */
+#include "../internal.h"
+
+static size_t lb_size(const uint8_t *st, size_t avail)
+{
+    (void)st;
+    return avail >= 8 ? 8 : 0;
+}
+
+static void lb_view(const rate_limit_t *l, const uint8_t *st, uint64_t last,
+                    uint64_t t, rate__view_t *v)
+{
+    memset(v, 0, sizeof *v);
+    if (st == NULL)
+        return;
+    v->x = (rate_i128_t)rate__get64(st) - (rate_i128_t)(t - last) * l->limit;
+    if (v->x < 0)
+        v->x = 0;
+}
+
+static uint64_t lb_remaining(const rate_limit_t *l, rate_i128_t level)
+{
+    rate_i128_t room = (rate_i128_t)(l->burst * l->period_ns) - level;
+
+    return room > 0 ? rate__div64((rate_u128_t)room, l->period_ns) : 0;
+}
+
+static uint64_t lb_drain_time(const rate_limit_t *l, rate_i128_t level)
+{
+    return rate__ceil_div64((rate_u128_t)level, l->limit);
+}
+
+static void lb_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
+                      uint64_t n, uint64_t max_wait, bool detail,
+                      rate__verdict_t *out)
+{
+    rate_i128_t level = v->x;
+    rate_i128_t need = (rate_i128_t)n * l->period_ns;
+    rate_i128_t cap = (rate_i128_t)(l->burst * l->period_ns);
+
+    (void)t;
+    memset(out, 0, sizeof *out);
+    if (n > l->burst) {
+        out->reason = RATE_REASON_NEVER;
+        out->retry_after_ns = RATE_NEVER;
+    } else if (n == 0) {
+        out->allowed = true;
+    } else if (level + need <= cap &&
+               (rate_u128_t)level <= (rate_u128_t)max_wait * l->limit) {
+        out->allowed = true;
+        out->delay_ns = lb_drain_time(l, level);
+    } else {
+        /* With max_wait 0 it passes once the bucket is empty (n <= C). */
+        out->reason = RATE_REASON_LIMITED;
+        out->retry_after_ns = lb_drain_time(l, level);
+    }
+    if (!detail)
+        return;
+    out->remaining_now = lb_remaining(l, level);
+    out->reset_now_ns = lb_drain_time(l, level);
+    if (out->allowed) {
+        out->remaining_after = lb_remaining(l, level + need);
+        out->reset_after_ns = lb_drain_time(l, level + need);
+    }
+}
+
+static size_t lb_commit(const rate_limit_t *l, const rate__view_t *v,
+                        uint64_t t, uint64_t n, uint8_t *out)
+{
+    (void)t;
+    rate__put64(out, (uint64_t)(v->x + (rate_i128_t)n * l->period_ns));
+    return 8;
+}
+
+/* The level keeps its number of permits across a policy change: v * P'/P,
+ * rounded up, capped at the new capacity. */
+static void lb_convert(const rate_limit_t *from, const rate_limit_t *to,
+                       uint64_t t, rate__view_t *v)
+{
+    rate_i128_t cap = (rate_i128_t)(to->burst * to->period_ns);
+
+    (void)t;
+    v->x = (rate_i128_t)rate__ceil_div((rate_u128_t)v->x * to->period_ns,
+                                       from->period_ns);
+    if (v->x > cap)
+        v->x = cap;
+}
+
+static uint64_t lb_max_reset(const rate_limit_t *l)
+{
+    return rate__ceil_div64((rate_u128_t)l->burst * l->period_ns, l->limit);
+}
+
+const rate__algo_t rate__leaky_bucket = {
+    "leaky-bucket", 8, 0, lb_size, lb_view, lb_decide, lb_commit, lb_convert,
+    lb_max_reset,
+};

@@ -1,0 +1,155 @@
+/*
+ * Sliding window log: every admitted request is kept as (time, permits)
+ * until it leaves the window (t - W, t].  Exact; memory grows with L.
+ *
+ * State: a 32-bit entry count and 4 bytes of padding, then the entries in
+ * time order, 16 bytes each.  Requests admitted at the same t_eff share one
+ * entry, so a key holds at most min(L, distinct times in W) entries.
+ * Pruning happens only when an admission rewrites the state, relative to
+ * that admission's t_eff (= the new t_last), as the spec requires.
+ */
+#include "../internal.h"
+
+#define SL_HEAD 8u
+#define SL_ENTRY 16u
+
+static uint64_t sl_time(const uint8_t *log, uint32_t i)
+{
+    return rate__get64(log + (size_t)i * SL_ENTRY);
+}
+
+static uint64_t sl_permits(const uint8_t *log, uint32_t i)
+{
+    return rate__get64(log + (size_t)i * SL_ENTRY + 8);
+}
+
+static size_t sl_size(const uint8_t *st, size_t avail)
+{
+    size_t len;
+
+    if (avail < SL_HEAD)
+        return 0;
+    len = SL_HEAD + (size_t)rate__get32(st) * SL_ENTRY;
+    return len <= avail ? len : 0;
+}
+
+/* Drops the entries at or before t - W and sums the rest. */
+static void sl_prune(const rate_limit_t *l, uint64_t t, rate__view_t *v)
+{
+    uint32_t lo = 0, hi = v->log_count;
+
+    if (t >= l->period_ns) {
+        uint64_t cut = t - l->period_ns;
+        while (lo < hi) { /* first entry with time > cut */
+            uint32_t mid = lo + (hi - lo) / 2;
+            if (sl_time(v->log, mid) <= cut)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+    }
+    v->log += (size_t)lo * SL_ENTRY;
+    v->log_count -= lo;
+    v->log_sum = 0;
+    for (uint32_t i = 0; i < v->log_count; i++)
+        v->log_sum += sl_permits(v->log, i);
+}
+
+static void sl_view(const rate_limit_t *l, const uint8_t *st, uint64_t last,
+                    uint64_t t, rate__view_t *v)
+{
+    (void)last;
+    memset(v, 0, sizeof *v);
+    if (st == NULL)
+        return;
+    v->log = st + SL_HEAD;
+    v->log_count = rate__get32(st);
+    sl_prune(l, t, v);
+}
+
+/* Smallest d such that, once the oldest entries have left the window at
+ * t + d, the rest plus n fits in L. */
+static uint64_t sl_retry(const rate_limit_t *l, const rate__view_t *v,
+                         uint64_t t, uint64_t n)
+{
+    uint64_t sum = v->log_sum;
+
+    for (uint32_t i = 0; i < v->log_count; i++) {
+        sum -= sl_permits(v->log, i);
+        if (sum + n <= l->limit)
+            return sl_time(v->log, i) + l->period_ns - t;
+    }
+    return 0; /* not reached for a denied request with n <= L */
+}
+
+static uint64_t sl_reset(const rate_limit_t *l, const rate__view_t *v,
+                         uint64_t t)
+{
+    if (v->log_count == 0)
+        return 0;
+    return sl_time(v->log, v->log_count - 1) + l->period_ns - t;
+}
+
+static void sl_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
+                      uint64_t n, uint64_t max_wait, bool detail,
+                      rate__verdict_t *out)
+{
+    (void)max_wait;
+    memset(out, 0, sizeof *out);
+    if (n > l->limit) {
+        out->reason = RATE_REASON_NEVER;
+        out->retry_after_ns = RATE_NEVER;
+    } else if (v->log_sum + n <= l->limit) {
+        out->allowed = true;
+    } else {
+        out->reason = RATE_REASON_LIMITED;
+        out->retry_after_ns = sl_retry(l, v, t, n);
+    }
+    if (!detail)
+        return;
+    out->remaining_now = v->log_sum < l->limit ? l->limit - v->log_sum : 0;
+    out->reset_now_ns = sl_reset(l, v, t);
+    if (out->allowed) {
+        out->remaining_after = l->limit - v->log_sum - n;
+        out->reset_after_ns = n > 0 ? l->period_ns : out->reset_now_ns;
+    }
+}
+
+static size_t sl_commit(const rate_limit_t *l, const rate__view_t *v,
+                        uint64_t t, uint64_t n, uint8_t *out)
+{
+    uint32_t count = v->log_count;
+    size_t bytes = (size_t)count * SL_ENTRY;
+
+    (void)l;
+    memmove(out + SL_HEAD, v->log, bytes);
+    if (count > 0 && sl_time(out + SL_HEAD, count - 1) == t) {
+        uint8_t *p = out + SL_HEAD + bytes - SL_ENTRY + 8;
+        rate__put64(p, rate__get64(p) + n);
+    } else {
+        rate__put64(out + SL_HEAD + bytes, t);
+        rate__put64(out + SL_HEAD + bytes + 8, n);
+        count++;
+    }
+    rate__put32(out, count);
+    rate__put32(out + 4, 0);
+    return SL_HEAD + (size_t)count * SL_ENTRY;
+}
+
+/* Entries carry over and are pruned again to the new window. */
+static void sl_convert(const rate_limit_t *from, const rate_limit_t *to,
+                       uint64_t t, rate__view_t *v)
+{
+    (void)from;
+    sl_prune(to, t, v);
+}
+
+static uint64_t sl_max_reset(const rate_limit_t *l)
+{
+    return l->period_ns;
+}
+
+const rate__algo_t rate__sliding_log = {
+    "sliding-log", SL_HEAD, SL_ENTRY, sl_size, sl_view, sl_decide, sl_commit,
+    sl_convert, sl_max_reset,
+};

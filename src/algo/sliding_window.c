@@ -1,0 +1,145 @@
+/*
+ * Sliding window counter: two fixed windows, the previous one weighted by
+ * how much of it still overlaps the sliding window.
+ *
+ * State: prev and curr (8 bytes each), the counts of windows k-1 and k where
+ * k = t_last / W.  At e = t - k*W the estimate is prev*(W-e)/W + curr; it is
+ * never formed: every comparison is scaled by W and done in 128 bits.
+ */
+#include "../internal.h"
+
+static size_t sw_size(const uint8_t *st, size_t avail)
+{
+    (void)st;
+    return avail >= 16 ? 16 : 0;
+}
+
+static void sw_view(const rate_limit_t *l, const uint8_t *st, uint64_t last,
+                    uint64_t t, rate__view_t *v)
+{
+    uint64_t k, ks;
+
+    memset(v, 0, sizeof *v);
+    if (st == NULL)
+        return;
+    k = t / l->period_ns;
+    ks = last / l->period_ns;
+    if (k == ks) {
+        v->x = rate__get64(st);
+        v->y = rate__get64(st + 8);
+    } else if (k == ks + 1) {
+        v->x = rate__get64(st + 8);
+    }
+}
+
+/* prev * (W - e) + curr * W: the estimate scaled by W. */
+static rate_u128_t sw_scaled(const rate_limit_t *l, uint64_t prev,
+                             uint64_t curr, uint64_t e)
+{
+    return (rate_u128_t)prev * (l->period_ns - e) +
+           (rate_u128_t)curr * l->period_ns;
+}
+
+static uint64_t sw_remaining(const rate_limit_t *l, uint64_t prev,
+                             uint64_t curr, uint64_t e)
+{
+    rate_u128_t cap = (rate_u128_t)l->limit * l->period_ns;
+    rate_u128_t used = sw_scaled(l, prev, curr, e);
+
+    return used < cap ? rate__div64(cap - used, l->period_ns) : 0;
+}
+
+static uint64_t sw_reset(const rate_limit_t *l, uint64_t prev, uint64_t curr,
+                         uint64_t e)
+{
+    if (curr > 0)
+        return 2 * l->period_ns - e;
+    return prev > 0 ? l->period_ns - e : 0;
+}
+
+/* Smallest d such that n passes at e + d.  Within this window the weight of
+ * prev falls as e grows: prev*(W-e') <= (L-curr-n)*W holds from
+ * e' = W - floor((L-curr-n)*W / prev).  Otherwise, in the next window prev
+ * becomes curr and curr becomes 0, and the same reasoning gives e''. */
+static uint64_t sw_retry(const rate_limit_t *l, uint64_t prev, uint64_t curr,
+                         uint64_t e, uint64_t n)
+{
+    uint64_t w = l->period_ns;
+
+    if (curr + n <= l->limit && prev > 0) {
+        rate_u128_t room = (rate_u128_t)(l->limit - curr - n) * w;
+        rate_u128_t q = room / prev;
+        if (q > 0 && q <= w) {
+            uint64_t e1 = w - (uint64_t)q;
+            if (e1 > e)
+                return e1 - e;
+        } else if (q > w) {
+            return 0; /* cannot happen for a denied request */
+        }
+    }
+    uint64_t e2 = 0;
+    if (curr > 0) {
+        rate_u128_t q = (rate_u128_t)(l->limit - n) * w / curr;
+        e2 = q >= w ? 0 : w - (uint64_t)q;
+    }
+    return (w - e) + e2;
+}
+
+static void sw_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
+                      uint64_t n, uint64_t max_wait, bool detail,
+                      rate__verdict_t *out)
+{
+    uint64_t prev = (uint64_t)v->x, curr = v->y;
+    uint64_t e = t % l->period_ns;
+
+    (void)max_wait;
+    memset(out, 0, sizeof *out);
+    if (n > l->limit) {
+        out->reason = RATE_REASON_NEVER;
+        out->retry_after_ns = RATE_NEVER;
+    } else if (sw_scaled(l, prev, curr + n, e) <=
+               (rate_u128_t)l->limit * l->period_ns) {
+        out->allowed = true;
+    } else {
+        out->reason = RATE_REASON_LIMITED;
+        out->retry_after_ns = sw_retry(l, prev, curr, e, n);
+    }
+    if (!detail)
+        return;
+    out->remaining_now = sw_remaining(l, prev, curr, e);
+    out->reset_now_ns = sw_reset(l, prev, curr, e);
+    if (out->allowed) {
+        out->remaining_after = sw_remaining(l, prev, curr + n, e);
+        out->reset_after_ns = sw_reset(l, prev, curr + n, e);
+    }
+}
+
+static size_t sw_commit(const rate_limit_t *l, const rate__view_t *v,
+                        uint64_t t, uint64_t n, uint8_t *out)
+{
+    (void)l;
+    (void)t;
+    rate__put64(out, (uint64_t)v->x);
+    rate__put64(out + 8, v->y + n);
+    return 16;
+}
+
+/* Both counts carry over as they are. */
+static void sw_convert(const rate_limit_t *from, const rate_limit_t *to,
+                       uint64_t t, rate__view_t *v)
+{
+    (void)from;
+    (void)to;
+    (void)t;
+    (void)v;
+}
+
+static uint64_t sw_max_reset(const rate_limit_t *l)
+{
+    return 2 * l->period_ns;
+}
+
+const rate__algo_t rate__sliding_window = {
+    "sliding-window", 16, 0, sw_size, sw_view, sw_decide, sw_commit,
+    sw_convert, sw_max_reset,
+};

@@ -1,0 +1,117 @@
+/*
+ * Token bucket (and GCRA, which makes the same decisions).
+ *
+ * State: one signed 64-bit word u = tokens * P, plus the key's t_last kept in
+ * the state header.  A refill over dt adds dt * L scaled tokens, exactly; the
+ * bucket holds at most B * P (policy creation checks B * P <= 2^62).  A
+ * reservation may leave u negative (a debt the next requests pay), down to
+ * -2^62: the longest reservation queue is therefore 2^62 / L ns (14 years at
+ * 10/s, 76 minutes at a million per second).
+ */
+#include "../internal.h"
+
+static size_t tb_size(const uint8_t *st, size_t avail)
+{
+    (void)st;
+    return avail >= 8 ? 8 : 0;
+}
+
+static void tb_view(const rate_limit_t *l, const uint8_t *st, uint64_t last,
+                    uint64_t t, rate__view_t *v)
+{
+    rate_i128_t full = (rate_i128_t)(l->burst * l->period_ns);
+
+    memset(v, 0, sizeof *v);
+    if (st == NULL) {
+        v->x = full;
+        return;
+    }
+    v->x = (int64_t)rate__get64(st);
+    if (v->x < full) {
+        v->x += (rate_i128_t)(t - last) * l->limit;
+        if (v->x > full)
+            v->x = full;
+    }
+}
+
+static uint64_t tb_remaining(const rate_limit_t *l, rate_i128_t u)
+{
+    return u > 0 ? rate__div64((rate_u128_t)u, l->period_ns) : 0;
+}
+
+static uint64_t tb_reset(const rate_limit_t *l, rate_i128_t u)
+{
+    rate_i128_t missing = (rate_i128_t)(l->burst * l->period_ns) - u;
+
+    return missing > 0 ? rate__ceil_div64((rate_u128_t)missing, l->limit) : 0;
+}
+
+static void tb_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
+                      uint64_t n, uint64_t max_wait, bool detail,
+                      rate__verdict_t *out)
+{
+    rate_i128_t u = v->x;
+    rate_i128_t need = (rate_i128_t)n * l->period_ns;
+
+    (void)t;
+    memset(out, 0, sizeof *out);
+    if (n > l->burst) {
+        out->reason = RATE_REASON_NEVER;
+        out->retry_after_ns = RATE_NEVER;
+    } else if (u >= need) {
+        out->allowed = true;
+    } else if (max_wait > 0 && u - need >= -RATE__DEBT_MAX &&
+               (rate_u128_t)(need - u) <= (rate_u128_t)max_wait * l->limit) {
+        out->allowed = true;
+        out->delay_ns = rate__ceil_div64((rate_u128_t)(need - u), l->limit);
+    } else {
+        out->reason = RATE_REASON_LIMITED;
+        out->retry_after_ns =
+            rate__ceil_div64((rate_u128_t)(need - u), l->limit);
+    }
+    if (!detail)
+        return;
+    out->remaining_now = tb_remaining(l, u);
+    out->reset_now_ns = tb_reset(l, u);
+    if (out->allowed) {
+        out->remaining_after = tb_remaining(l, u - need);
+        out->reset_after_ns = tb_reset(l, u - need);
+    }
+}
+
+static size_t tb_commit(const rate_limit_t *l, const rate__view_t *v,
+                        uint64_t t, uint64_t n, uint8_t *out)
+{
+    (void)t;
+    rate__put64(out, (uint64_t)(int64_t)(v->x - (rate_i128_t)n * l->period_ns));
+    return 8;
+}
+
+/* Tokens keep their number across a policy change: u * P'/P, rounded down
+ * (a debt rounds further into debt), capped at the new burst. */
+static void tb_convert(const rate_limit_t *from, const rate_limit_t *to,
+                       uint64_t t, rate__view_t *v)
+{
+    rate_i128_t num = v->x * (rate_i128_t)to->period_ns;
+    rate_i128_t q = num / (rate_i128_t)from->period_ns;
+    rate_i128_t full = (rate_i128_t)(to->burst * to->period_ns);
+
+    (void)t;
+    if (num % (rate_i128_t)from->period_ns != 0 && num < 0)
+        q -= 1;
+    if (q > full)
+        q = full;
+    if (q < -RATE__DEBT_MAX)
+        q = -RATE__DEBT_MAX;
+    v->x = q;
+}
+
+static uint64_t tb_max_reset(const rate_limit_t *l)
+{
+    return rate__ceil_div64((rate_u128_t)l->burst * l->period_ns, l->limit);
+}
+
+const rate__algo_t rate__token_bucket = {
+    "token-bucket", 8, 0, tb_size, tb_view, tb_decide, tb_commit, tb_convert,
+    tb_max_reset,
+};

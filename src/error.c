@@ -1,0 +1,49 @@
+/*
+ * Error and reason names, generated from the one list in ratelimit.h.
+ */
+#include "internal.h"
+
+const char *rate_strerror(int err)
+{
+    switch (err) {
+    case RATE_OK:
+        return "success";
+#define RATE_X_(name, code, text)                                           \
+    case code:                                                              \
+        return text;
+        RATE_ERRNO_MAP(RATE_X_)
+#undef RATE_X_
+    default:
+        return "unknown error";
+    }
+}
+
+const char *rate_err_name(int err)
+{
+    switch (err) {
+    case RATE_OK:
+        return "RATE_OK";
+#define RATE_X_(name, code, text)                                           \
+    case code:                                                              \
+        return "RATE_" #name;
+        RATE_ERRNO_MAP(RATE_X_)
+#undef RATE_X_
+    default:
+        return "RATE_EUNKNOWN";
+    }
+}
+
+const char *rate_reason_name(rate_reason_t reason)
+{
+    switch (reason) {
+    case RATE_REASON_ALLOWED:
+        return "allowed";
+    case RATE_REASON_LIMITED:
+        return "limited";
+    case RATE_REASON_NEVER:
+        return "never";
+    case RATE_REASON_STORE_ERROR:
+        return "store-error";
+    }
+    return "unknown";
+}

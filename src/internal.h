@@ -1,0 +1,188 @@
+/*
+ * internal.h -- shared by the library's own files; never installed.
+ *
+ * The decision path is split in two layers:
+ *
+ *   src/algo/       one algorithm per file: pure functions over one limit's
+ *                  state (view at t_eff, decide, commit, convert);
+ *   src/step.c     the key's whole state (a header plus one component per
+ *                  limit), the composite rule, and the bytes a store keeps.
+ *
+ * Every quantity that a rate divides is kept scaled by the period P, so that
+ * refills are whole numbers: a token bucket keeps u = tokens * P, and a
+ * refill over dt nanoseconds adds dt * L exactly.
+ */
+#ifndef RATE_INTERNAL_H
+#define RATE_INTERNAL_H
+
+#include <stdatomic.h>
+#include <string.h>
+
+#include "ratelimit.h"
+#include "ratelimit_store.h"
+
+typedef unsigned __int128 rate_u128_t;
+typedef __int128 rate_i128_t;
+
+/* Largest debt a token bucket may reserve, in scaled tokens (tokens * P).
+ * Keeps the stored state in a signed 64-bit word; see docs/algorithms.md. */
+#define RATE__DEBT_MAX (INT64_C(1) << 62)
+#define RATE__SCALED_MAX (UINT64_C(1) << 62) /* burst * period bound */
+#define RATE__WINDOW_MAX (UINT64_C(1) << 61)
+
+/* ---------------------------------------------------------------- policy */
+
+struct rate_policy {
+    size_t count;
+    rate_limit_t limits[RATE_MAX_LIMITS];
+    uint32_t fingerprint;   /* hash of the limits: tags the stored state */
+    size_t grow;            /* state bytes one admission may add */
+    uint64_t max_reset_ns;  /* bound on reset_after of an admitted
+                               try-acquire (no reservation) */
+    _Atomic(const void *) seen_by; /* last limiter that registered it */
+};
+
+/* ------------------------------------------------------------ algorithms */
+
+/* One limit's state as seen at t_eff, after refill, drain, window roll or
+ * pruning.  Which fields mean what is up to each algorithm. */
+typedef struct rate__view {
+    rate_i128_t x;         /* tokens*P, level*P, count, prev */
+    uint64_t y;            /* curr (sliding window) */
+    const uint8_t *log;    /* sliding log: first entry inside the window */
+    uint32_t log_count;    /* entries from `log` on */
+    uint64_t log_sum;      /* their permits */
+} rate__view_t;
+
+/* One limit's verdict.  *_now describe the state as it is (used when the
+ * request is denied by any limit); *_after the state once the request is
+ * admitted (valid only when allowed). */
+typedef struct rate__verdict {
+    bool allowed;
+    rate_reason_t reason;
+    uint64_t delay_ns;
+    uint64_t retry_after_ns;
+    uint64_t remaining_now, reset_now_ns;
+    uint64_t remaining_after, reset_after_ns;
+} rate__verdict_t;
+
+typedef struct rate__algo {
+    const char *name;
+    size_t fixed; /* bytes of stored state before any log entries */
+    size_t grow;  /* bytes more per admission */
+    /* Bytes the stored component at st takes, 0 if `avail` is too short. */
+    size_t (*size)(const uint8_t *st, size_t avail);
+    /* st NULL: cold start.  last: the key's t_last; t: t_eff >= last. */
+    void (*view)(const rate_limit_t *l, const uint8_t *st, uint64_t last,
+                 uint64_t t, rate__view_t *v);
+    /* detail false: only allowed/reason/delay are needed (try-acquire). */
+    void (*decide)(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
+                   uint64_t n, uint64_t max_wait, bool detail,
+                   rate__verdict_t *out);
+    /* Writes the state after admitting n at t; returns its length. */
+    size_t (*commit)(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
+                     uint64_t n, uint8_t *out);
+    /* Re-reads a view made under `from` as one under `to` (same algorithm). */
+    void (*convert)(const rate_limit_t *from, const rate_limit_t *to,
+                    uint64_t t, rate__view_t *v);
+    uint64_t (*max_reset)(const rate_limit_t *l);
+} rate__algo_t;
+
+extern const rate__algo_t rate__token_bucket;
+extern const rate__algo_t rate__leaky_bucket;
+extern const rate__algo_t rate__fixed_window;
+extern const rate__algo_t rate__sliding_log;
+extern const rate__algo_t rate__sliding_window;
+
+const rate__algo_t *rate__algo(rate_algorithm_t a);
+
+/* ---------------------------------------------------------------- helpers */
+
+static inline uint64_t rate__ceil_div(rate_u128_t a, uint64_t b)
+{
+    rate_u128_t q = a / b;
+    return (uint64_t)(q + (a % b != 0));
+}
+
+/* a / b for a divisor that fits 64 bits and a quotient known to fit. */
+static inline uint64_t rate__div64(rate_u128_t a, uint64_t b)
+{
+    if (a >> 64 == 0)
+        return (uint64_t)a / b;
+    return (uint64_t)(a / b);
+}
+
+static inline uint64_t rate__ceil_div64(rate_u128_t a, uint64_t b)
+{
+    if (a >> 64 == 0) {
+        uint64_t x = (uint64_t)a;
+        return x / b + (x % b != 0);
+    }
+    return rate__ceil_div(a, b);
+}
+
+static inline uint64_t rate__min_u64(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+
+static inline uint64_t rate__sat_add(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+static inline uint64_t rate__get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void rate__put64(uint8_t *p, uint64_t v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+static inline uint32_t rate__get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void rate__put32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+/* ------------------------------------------------------------- the step */
+
+/* Looks up a policy this limiter has used, by fingerprint (for a key whose
+ * stored state was made under another policy).  Copies it into *out. */
+typedef bool (*rate__policy_lookup_fn)(void *ud, uint32_t fingerprint,
+                                       rate_policy_t *out);
+
+typedef struct rate__step_arg {
+    const rate_policy_t *policy;
+    rate__policy_lookup_fn lookup;
+    void *lookup_ud;
+    uint64_t now_ns;
+    uint64_t permits;
+    uint64_t max_wait_ns;
+    bool detail;
+    rate_decision_t *decision; /* out */
+} rate__step_arg_t;
+
+/* The rate_step_fn every store runs (src/step.c). */
+int rate__step(void *arg, rate_step_io_t *io);
+
+#define RATE__HEADER_LEN 16u
+#define RATE__STATE_VERSION 1u
+
+/* Store internals the limiter needs. */
+struct rate_store {
+    const rate_store_vtable_t *vt;
+    void *self;
+};
+
+#endif /* RATE_INTERNAL_H */

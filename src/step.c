@@ -1,0 +1,197 @@
+/*
+ * The step every store runs: a key's whole state in, its new state and the
+ * decision out.  Pure: no clock, no I/O, no allocation, no lock.
+ *
+ * Stored bytes (host byte order; the memory store never leaves the process):
+ *
+ *   header  u64 t_last      t_eff of the last admitted request
+ *           u32 fingerprint of the policy the components were made under
+ *           u8  components  u8 version  u16 zero
+ *   then one component per limit, in the policy's order, each laid out by
+ *   its algorithm (src/algo/).
+ *
+ * Several limits on one key: all see the same t_eff, n and max_wait; the
+ * request passes only if every limit passes it, and only then does any
+ * component change (spec, "Several limits on one key").
+ *
+ * A key whose state was made under another policy (a tier change) is read
+ * under the old policy, found by its fingerprint, up to t_eff, and each
+ * component is carried over to the new one when the algorithm is the same
+ * at the same position; otherwise that component starts cold.
+ */
+#include "internal.h"
+
+typedef struct parsed {
+    uint64_t last;
+    uint32_t fingerprint;
+    const uint8_t *comp[RATE_MAX_LIMITS];
+} parsed_t;
+
+/* Splits the bytes into components laid out as `p` says. */
+static bool parse_under(const rate_policy_t *p, const uint8_t *st, size_t len,
+                        parsed_t *out)
+{
+    size_t off = RATE__HEADER_LEN;
+
+    if (st[12] != p->count)
+        return false;
+    for (size_t i = 0; i < p->count; i++) {
+        const rate__algo_t *a = rate__algo(p->limits[i].algorithm);
+        size_t n = a->size(st + off, len - off);
+        if (n == 0)
+            return false;
+        out->comp[i] = st + off;
+        off += n;
+    }
+    return off == len;
+}
+
+static int read_state(const rate__step_arg_t *arg, const rate_step_io_t *io,
+                      rate__view_t *views, bool *have, uint64_t *t_eff)
+{
+    const rate_policy_t *p = arg->policy;
+    const uint8_t *st = io->old_state;
+    rate_policy_t old;
+    parsed_t ps;
+
+    *have = false;
+    *t_eff = arg->now_ns;
+    if (st == NULL || io->old_len == 0)
+        return RATE_OK;
+    if (io->old_len < RATE__HEADER_LEN || st[13] != RATE__STATE_VERSION)
+        return RATE_ECORRUPT;
+    ps.last = rate__get64(st);
+    ps.fingerprint = rate__get32(st + 8);
+    if (ps.last > RATE_TIME_MAX)
+        return RATE_ECORRUPT;
+    if (ps.last > *t_eff)
+        *t_eff = ps.last;
+    *have = true;
+    if (ps.fingerprint == p->fingerprint) {
+        if (!parse_under(p, st, io->old_len, &ps))
+            return RATE_ECORRUPT;
+        for (size_t i = 0; i < p->count; i++)
+            rate__algo(p->limits[i].algorithm)
+                ->view(&p->limits[i], ps.comp[i], ps.last, *t_eff, &views[i]);
+        return RATE_OK;
+    }
+    /* Made under another policy: carry over what has the same meaning. */
+    bool known = arg->lookup != NULL &&
+                 arg->lookup(arg->lookup_ud, ps.fingerprint, &old) &&
+                 parse_under(&old, st, io->old_len, &ps);
+    for (size_t i = 0; i < p->count; i++) {
+        const rate_limit_t *to = &p->limits[i];
+        const rate__algo_t *a = rate__algo(to->algorithm);
+        if (known && i < old.count && old.limits[i].algorithm == to->algorithm) {
+            a->view(&old.limits[i], ps.comp[i], ps.last, *t_eff, &views[i]);
+            a->convert(&old.limits[i], to, *t_eff, &views[i]);
+        } else {
+            a->view(to, NULL, ps.last, *t_eff, &views[i]);
+        }
+    }
+    return RATE_OK;
+}
+
+/* Folds the limits' verdicts into one decision (spec: smallest remaining,
+ * largest delay and reset_after, largest retry_after among the denials). */
+static void combine(const rate_policy_t *p, const rate__verdict_t *v,
+                    rate_decision_t *d)
+{
+    bool allowed = true, never = false;
+
+    for (size_t i = 0; i < p->count; i++) {
+        allowed = allowed && v[i].allowed;
+        never = never || v[i].reason == RATE_REASON_NEVER;
+    }
+    memset(d, 0, sizeof *d);
+    d->allowed = allowed;
+    d->reason = allowed ? RATE_REASON_ALLOWED
+                        : never ? RATE_REASON_NEVER : RATE_REASON_LIMITED;
+    d->remaining = UINT64_MAX;
+    d->component = -1;
+    for (size_t i = 0; i < p->count; i++) {
+        uint64_t rem = allowed ? v[i].remaining_after : v[i].remaining_now;
+        uint64_t reset = allowed ? v[i].reset_after_ns : v[i].reset_now_ns;
+        if (allowed && rem < d->remaining)
+            d->component = (int)i;
+        if (!allowed && !v[i].allowed &&
+            (d->component < 0 || v[i].retry_after_ns > d->retry_after_ns)) {
+            d->component = (int)i;
+            d->retry_after_ns = v[i].retry_after_ns;
+        }
+        if (rem < d->remaining)
+            d->remaining = rem;
+        if (v[i].delay_ns > d->delay_ns)
+            d->delay_ns = v[i].delay_ns;
+        if (reset > d->reset_after_ns)
+            d->reset_after_ns = reset;
+    }
+    if (!allowed)
+        d->delay_ns = 0;
+    const rate_limit_t *l = &p->limits[d->component];
+    d->limit = l->algorithm == RATE_TOKEN_BUCKET ||
+                       l->algorithm == RATE_LEAKY_BUCKET
+                   ? l->burst
+                   : l->limit;
+}
+
+static size_t write_state(const rate_policy_t *p, const rate__view_t *views,
+                          uint64_t t, uint64_t n, uint8_t *out)
+{
+    size_t off = RATE__HEADER_LEN;
+
+    rate__put64(out, t);
+    rate__put32(out + 8, p->fingerprint);
+    out[12] = (uint8_t)p->count;
+    out[13] = RATE__STATE_VERSION;
+    out[14] = out[15] = 0;
+    for (size_t i = 0; i < p->count; i++)
+        off += rate__algo(p->limits[i].algorithm)
+                   ->commit(&p->limits[i], &views[i], t, n, out + off);
+    return off;
+}
+
+/* Bytes the state will take after an admission, at most. */
+static size_t state_bound(const rate_policy_t *p, const rate__view_t *views)
+{
+    size_t len = RATE__HEADER_LEN;
+
+    for (size_t i = 0; i < p->count; i++) {
+        const rate__algo_t *a = rate__algo(p->limits[i].algorithm);
+        len += a->fixed + a->grow + (size_t)views[i].log_count * a->grow;
+    }
+    return len;
+}
+
+int rate__step(void *varg, rate_step_io_t *io)
+{
+    rate__step_arg_t *arg = varg;
+    const rate_policy_t *p = arg->policy;
+    rate__view_t views[RATE_MAX_LIMITS];
+    rate__verdict_t verdicts[RATE_MAX_LIMITS];
+    uint64_t t;
+    bool have;
+    int rc;
+
+    io->write = false;
+    io->allowed = false;
+    io->new_len = 0;
+    rc = read_state(arg, io, views, &have, &t);
+    if (rc != RATE_OK)
+        return rc;
+    for (size_t i = 0; i < p->count; i++)
+        rate__algo(p->limits[i].algorithm)
+            ->decide(&p->limits[i], &views[i], t, arg->permits,
+                     arg->max_wait_ns, arg->detail, &verdicts[i]);
+    combine(p, verdicts, arg->decision);
+    io->allowed = arg->decision->allowed;
+    if (!arg->decision->allowed || arg->permits == 0)
+        return RATE_OK;
+    if (state_bound(p, views) > io->new_cap)
+        return RATE_EINVAL; /* the store gave less room than promised */
+    io->new_len = write_state(p, views, t, arg->permits, io->new_state);
+    io->write = true;
+    io->ttl_ns = arg->detail ? arg->decision->reset_after_ns : p->max_reset_ns;
+    io->expires_ns = rate__sat_add(t, io->ttl_ns);
+    return RATE_OK;
+}

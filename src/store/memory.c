@@ -1,0 +1,499 @@
+/*
+ * The in-memory store: the embedded default.
+ *
+ * The table is split into a power-of-two number of shards by the key's hash;
+ * each shard is an open-addressing table (linear probing, backward-shift
+ * deletion, no tombstones) behind its own spin lock.  The lock is held only
+ * while the step runs over one key, a few dozen nanoseconds, so threads on
+ * different keys almost never meet and no lock covers the whole table.
+ *
+ * A slot is 56 bytes and holds short keys (<= 16 bytes) and small states
+ * (<= 24 bytes: every single-limit bucket or fixed window) inline, so a hit
+ * on such a key touches one cache line and allocates nothing.  Longer keys
+ * and states (sliding logs, composite policies) live in a heap block that is
+ * reused and grown geometrically.
+ *
+ * Bounded memory.  With max_keys, each shard holds at most its share, and a
+ * new key in a full shard first takes the place of a key whose reset time
+ * has passed (by the library's own clock only: a caller-supplied time never
+ * drops another key), then evicts by CLOCK (second chance), an approximation
+ * of least-recently-used that needs one bit per key.  Evictions are counted:
+ * they may change later answers.  Keys whose reset has passed are also
+ * dropped when an unbounded shard grows.
+ *
+ * Keys are hashed with XXH3 (libxxhash), seeded per store from getrandom()
+ * so that clients cannot aim many keys at one shard.
+ */
+#include <errno.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <sys/random.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "../internal.h"
+
+#define KEY_INLINE 16u
+#define STATE_INLINE 24u
+#define STACK_STATE 512u
+#define LOAD_NUM 7u /* grow past 7/8 full */
+#define LOAD_DEN 8u
+
+enum {
+    F_KEY_HEAP = 1,
+    F_STATE_HEAP = 2,
+    F_CLOCK = 4, /* expires_ns is on the library's clock */
+    F_REF = 8,   /* used since the CLOCK hand last passed */
+};
+
+typedef struct slot {
+    uint32_t tag; /* 0: empty */
+    uint16_t key_len;
+    uint8_t flags;
+    uint8_t state_len; /* inline state bytes */
+    uint64_t expires_ns;
+    union {
+        char inl[KEY_INLINE];
+        struct {
+            char *ptr;
+            char prefix[8];
+        } heap;
+    } key;
+    union {
+        uint8_t inl[STATE_INLINE];
+        struct {
+            uint8_t *ptr;
+            uint32_t len, cap;
+        } heap;
+    } state;
+} slot_t;
+
+typedef struct shard {
+    _Alignas(64) atomic_int lock;
+    uint32_t count, cap, max, hand;
+    slot_t *slots;
+    uint8_t *scratch;
+    size_t scratch_cap;
+    uint64_t heap_bytes;
+    uint64_t evictions, reclaimed, allowed, denied;
+} shard_t;
+
+typedef struct memstore {
+    XXH64_hash_t seed;
+    unsigned shift; /* 64 - log2(shards) */
+    unsigned nshards;
+    shard_t *shards;
+} memstore_t;
+
+/* ------------------------------------------------------------- locking */
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static inline void shard_lock(shard_t *s)
+{
+    while (atomic_exchange_explicit(&s->lock, 1, memory_order_acquire)) {
+        unsigned spins = 0;
+        while (atomic_load_explicit(&s->lock, memory_order_relaxed)) {
+            if (++spins < 128)
+                cpu_relax();
+            else {
+                sched_yield(); /* the holder may have been preempted */
+                spins = 0;
+            }
+        }
+    }
+}
+
+static inline void shard_unlock(shard_t *s)
+{
+    atomic_store_explicit(&s->lock, 0, memory_order_release);
+}
+
+/* --------------------------------------------------------------- slots */
+
+static inline uint32_t home(const shard_t *s, uint32_t tag)
+{
+    return (uint32_t)(((uint64_t)tag * s->cap) >> 32);
+}
+
+static inline uint32_t next(const shard_t *s, uint32_t i)
+{
+    return i + 1 == s->cap ? 0 : i + 1;
+}
+
+static inline const char *slot_key(const slot_t *e)
+{
+    return e->flags & F_KEY_HEAP ? e->key.heap.ptr : e->key.inl;
+}
+
+static inline bool slot_is(const slot_t *e, uint32_t tag, const char *key,
+                           size_t len)
+{
+    if (e->tag != tag || e->key_len != len)
+        return false;
+    if (!(e->flags & F_KEY_HEAP))
+        return memcmp(e->key.inl, key, len) == 0;
+    return memcmp(e->key.heap.prefix, key, 8) == 0 &&
+           memcmp(e->key.heap.ptr, key, len) == 0;
+}
+
+/* Index of the key's slot, or of the empty slot that ends its probe. */
+static inline uint32_t probe(const shard_t *s, uint32_t tag, const char *key,
+                             size_t len)
+{
+    uint32_t i = home(s, tag);
+
+    while (s->slots[i].tag != 0 && !slot_is(&s->slots[i], tag, key, len))
+        i = next(s, i);
+    return i;
+}
+
+static void slot_release(shard_t *s, slot_t *e)
+{
+    if (e->flags & F_KEY_HEAP) {
+        free(e->key.heap.ptr);
+        s->heap_bytes -= e->key_len;
+    }
+    if (e->flags & F_STATE_HEAP) {
+        free(e->state.heap.ptr);
+        s->heap_bytes -= e->state.heap.cap;
+    }
+}
+
+/* Backward-shift deletion: later entries of the same run move up so every
+ * probe still reaches its key without tombstones. */
+static void slot_remove(shard_t *s, uint32_t i)
+{
+    uint32_t j = i;
+
+    slot_release(s, &s->slots[i]);
+    for (;;) {
+        j = next(s, j);
+        if (s->slots[j].tag == 0)
+            break;
+        uint32_t h = home(s, s->slots[j].tag);
+        /* Move j into the hole at i unless j's home lies in (i, j]. */
+        bool stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
+        if (stays)
+            continue;
+        s->slots[i] = s->slots[j];
+        i = j;
+    }
+    memset(&s->slots[i], 0, sizeof s->slots[i]);
+    s->count--;
+}
+
+static bool expired(const slot_t *e, const rate_step_t *st)
+{
+    return st->clock_time && (e->flags & F_CLOCK) &&
+           e->expires_ns <= st->now_ns;
+}
+
+/* Frees one slot in a full shard: a key past its reset if the hand meets
+ * one, else the first key not used since the hand last passed. */
+static void make_room(shard_t *s, const rate_step_t *st)
+{
+    for (;;) {
+        slot_t *e = &s->slots[s->hand];
+        if (e->tag != 0) {
+            if (expired(e, st)) {
+                slot_remove(s, s->hand);
+                s->reclaimed++;
+                return;
+            }
+            if (!(e->flags & F_REF)) {
+                slot_remove(s, s->hand);
+                s->evictions++;
+                return;
+            }
+            e->flags &= (uint8_t)~F_REF;
+        }
+        s->hand = next(s, s->hand);
+    }
+}
+
+static int rehash(shard_t *s, uint32_t cap, const rate_step_t *st)
+{
+    slot_t *old = s->slots;
+    uint32_t old_cap = s->cap;
+    slot_t *fresh = calloc(cap, sizeof *fresh);
+
+    if (fresh == NULL)
+        return RATE_ENOMEM;
+    s->slots = fresh;
+    s->cap = cap;
+    s->count = 0;
+    s->hand = 0;
+    for (uint32_t i = 0; i < old_cap; i++) {
+        slot_t *e = &old[i];
+        if (e->tag == 0)
+            continue;
+        if (expired(e, st)) {
+            slot_release(s, e);
+            s->reclaimed++;
+            continue;
+        }
+        uint32_t j = home(s, e->tag);
+        while (fresh[j].tag != 0)
+            j = next(s, j);
+        fresh[j] = *e;
+        s->count++;
+    }
+    free(old);
+    return RATE_OK;
+}
+
+/* Ensures room for one more key; may move slots (probe again after). */
+static int reserve(shard_t *s, const rate_step_t *st)
+{
+    if (s->max != 0 && s->count >= s->max) {
+        make_room(s, st);
+        return RATE_OK;
+    }
+    if ((uint64_t)(s->count + 1) * LOAD_DEN <= (uint64_t)s->cap * LOAD_NUM)
+        return RATE_OK;
+    if (s->cap > UINT32_MAX / 2)
+        return RATE_EFULL;
+    return rehash(s, s->cap * 2, st);
+}
+
+static int set_state(shard_t *s, slot_t *e, const uint8_t *st, size_t len)
+{
+    if (len <= STATE_INLINE && !(e->flags & F_STATE_HEAP)) {
+        memcpy(e->state.inl, st, len);
+        e->state_len = (uint8_t)len;
+        return RATE_OK;
+    }
+    if (len > UINT32_MAX / 2)
+        return RATE_ENOMEM;
+    if (!(e->flags & F_STATE_HEAP) || e->state.heap.cap < len) {
+        uint32_t cap = (e->flags & F_STATE_HEAP) ? e->state.heap.cap * 2 : 64;
+        if (cap < len)
+            cap = (uint32_t)len;
+        uint8_t *p = (e->flags & F_STATE_HEAP)
+                         ? realloc(e->state.heap.ptr, cap)
+                         : malloc(cap);
+        if (p == NULL)
+            return RATE_ENOMEM;
+        s->heap_bytes += cap - ((e->flags & F_STATE_HEAP) ? e->state.heap.cap : 0);
+        e->state.heap.ptr = p;
+        e->state.heap.cap = cap;
+        e->flags |= F_STATE_HEAP;
+    }
+    memcpy(e->state.heap.ptr, st, len);
+    e->state.heap.len = (uint32_t)len;
+    return RATE_OK;
+}
+
+static int insert(shard_t *s, uint32_t tag, const char *key, size_t len,
+                  const rate_step_io_t *io, const rate_step_t *st)
+{
+    int rc = reserve(s, st);
+    if (rc != RATE_OK)
+        return rc;
+    slot_t *e = &s->slots[probe(s, tag, key, len)];
+    memset(e, 0, sizeof *e);
+    if (len > KEY_INLINE) {
+        char *p = malloc(len);
+        if (p == NULL)
+            return RATE_ENOMEM;
+        memcpy(p, key, len);
+        e->key.heap.ptr = p;
+        memcpy(e->key.heap.prefix, key, 8);
+        e->flags |= F_KEY_HEAP;
+        s->heap_bytes += len;
+    } else {
+        memcpy(e->key.inl, key, len);
+    }
+    e->key_len = (uint16_t)len;
+    rc = set_state(s, e, io->new_state, io->new_len);
+    if (rc != RATE_OK) {
+        if (e->flags & F_KEY_HEAP) {
+            free(e->key.heap.ptr);
+            s->heap_bytes -= len;
+        }
+        memset(e, 0, sizeof *e);
+        return rc;
+    }
+    e->tag = tag;
+    s->count++;
+    return RATE_OK;
+}
+
+/* Scratch space for the new state: the stack for small states, else a
+ * per-shard buffer that only grows (so a hit allocates nothing). */
+static uint8_t *scratch(shard_t *s, size_t need, uint8_t *stack)
+{
+    if (need <= STACK_STATE)
+        return stack;
+    if (s->scratch_cap < need) {
+        uint8_t *p = realloc(s->scratch, need);
+        if (p == NULL)
+            return NULL;
+        s->heap_bytes += need - s->scratch_cap;
+        s->scratch = p;
+        s->scratch_cap = need;
+    }
+    return s->scratch;
+}
+
+static int mem_update(void *self, const char *key, size_t len,
+                      const rate_step_t *st)
+{
+    memstore_t *m = self;
+    uint64_t h = XXH3_64bits_withSeed(key, len, m->seed);
+    shard_t *s = &m->shards[m->nshards > 1 ? h >> m->shift : 0];
+    uint32_t tag = (uint32_t)h | 1u;
+    uint8_t stack[STACK_STATE];
+    rate_step_io_t io;
+    int rc;
+
+    shard_lock(s);
+    uint32_t i = probe(s, tag, key, len);
+    slot_t *e = s->slots[i].tag != 0 ? &s->slots[i] : NULL;
+    memset(&io, 0, sizeof io);
+    if (e != NULL) {
+        e->flags |= F_REF;
+        io.old_state = e->flags & F_STATE_HEAP ? e->state.heap.ptr
+                                               : e->state.inl;
+        io.old_len = e->flags & F_STATE_HEAP ? e->state.heap.len
+                                             : e->state_len;
+    }
+    io.new_cap = io.old_len + st->grow;
+    io.new_state = scratch(s, io.new_cap, stack);
+    if (io.new_state == NULL) {
+        shard_unlock(s);
+        return RATE_ENOMEM;
+    }
+    rc = st->fn(st->arg, &io);
+    if (rc == RATE_OK && io.write) {
+        if (e != NULL)
+            rc = set_state(s, e, io.new_state, io.new_len);
+        else
+            rc = insert(s, tag, key, len, &io, st);
+        if (rc == RATE_OK) {
+            if (e == NULL) /* inserting may have moved slots */
+                e = &s->slots[probe(s, tag, key, len)];
+            e->expires_ns = io.expires_ns;
+            e->flags = (uint8_t)((e->flags & ~F_CLOCK) | F_REF |
+                                 (st->clock_time ? F_CLOCK : 0));
+        }
+    }
+    if (rc == RATE_OK) {
+        if (io.allowed)
+            s->allowed++;
+        else
+            s->denied++;
+    }
+    shard_unlock(s);
+    return rc;
+}
+
+static int mem_stats(void *self, rate_stats_t *out)
+{
+    memstore_t *m = self;
+
+    memset(out, 0, sizeof *out);
+    out->bytes = sizeof *m + (uint64_t)m->nshards * sizeof(shard_t);
+    for (unsigned i = 0; i < m->nshards; i++) {
+        shard_t *s = &m->shards[i];
+        shard_lock(s);
+        out->keys += s->count;
+        out->evictions += s->evictions;
+        out->reclaimed += s->reclaimed;
+        out->allowed += s->allowed;
+        out->denied += s->denied;
+        out->bytes += (uint64_t)s->cap * sizeof(slot_t) + s->heap_bytes;
+        shard_unlock(s);
+    }
+    return RATE_OK;
+}
+
+static void mem_destroy(void *self)
+{
+    memstore_t *m = self;
+
+    for (unsigned i = 0; i < m->nshards; i++) {
+        shard_t *s = &m->shards[i];
+        for (uint32_t j = 0; j < s->cap; j++)
+            if (s->slots[j].tag != 0)
+                slot_release(s, &s->slots[j]);
+        free(s->slots);
+        free(s->scratch);
+    }
+    free(m->shards);
+    free(m);
+}
+
+static const rate_store_vtable_t memory_vtable = {
+    .version = RATE_STORE_V1,
+    .name = "memory",
+    .update = mem_update,
+    .stats = mem_stats,
+    .destroy = mem_destroy,
+};
+
+/* Slots for `keys` keys at no more than 7/8 load. */
+static uint32_t slots_for(uint64_t keys)
+{
+    uint64_t cap = keys * LOAD_DEN / LOAD_NUM + 1;
+    return cap < 8 ? 8 : (uint32_t)cap;
+}
+
+int rate_store_memory_new(const rate_memory_options_t *opt, rate_store_t **out)
+{
+    rate_memory_options_t o = {0, 0};
+    memstore_t *m;
+    unsigned n = 1;
+
+    if (out == NULL)
+        return RATE_EINVAL;
+    *out = NULL;
+    if (opt != NULL)
+        o = *opt;
+    if (o.shards == 0)
+        o.shards = 256;
+    if (o.shards > 65536 || o.max_keys > (uint64_t)UINT32_MAX)
+        return RATE_EINVAL;
+    while (n < o.shards)
+        n <<= 1;
+    /* Keep a bounded shard big enough for its LRU to mean something. */
+    while (o.max_keys != 0 && n > 1 && o.max_keys / n < 64)
+        n >>= 1;
+    m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return RATE_ENOMEM;
+    m->shards = aligned_alloc(64, n * sizeof(shard_t));
+    if (m->shards == NULL) {
+        free(m);
+        return RATE_ENOMEM;
+    }
+    memset(m->shards, 0, n * sizeof(shard_t));
+    m->nshards = n;
+    m->shift = 64 - (unsigned)__builtin_ctz(n);
+    if (getrandom(&m->seed, sizeof m->seed, 0) != sizeof m->seed)
+        m->seed = (XXH64_hash_t)(uintptr_t)m ^ rate_clock_monotonic_ns();
+    for (unsigned i = 0; i < n; i++) {
+        shard_t *s = &m->shards[i];
+        atomic_init(&s->lock, 0);
+        if (o.max_keys != 0)
+            s->max = (uint32_t)(o.max_keys / n + (i < o.max_keys % n));
+        uint32_t cap = slots_for(s->max != 0 ? s->max : 8);
+        s->slots = calloc(cap, sizeof(slot_t));
+        if (s->slots == NULL) {
+            mem_destroy(m);
+            return RATE_ENOMEM;
+        }
+        s->cap = cap;
+    }
+    int rc = rate_store_new(&memory_vtable, m, out);
+    if (rc != RATE_OK)
+        mem_destroy(m);
+    return rc;
+}
