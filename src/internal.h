@@ -72,9 +72,12 @@ typedef struct rate__algo {
     size_t grow;  /* bytes more per admission */
     /* Bytes the stored component at st takes, 0 if `avail` is too short. */
     size_t (*size)(const uint8_t *st, size_t avail);
-    /* st NULL: cold start.  last: the key's t_last; t: t_eff >= last. */
-    void (*view)(const rate_limit_t *l, const uint8_t *st, uint64_t last,
-                 uint64_t t, rate__view_t *v);
+    /* Reads the stored component as of the key's t_last (st NULL: cold). */
+    void (*load)(const rate_limit_t *l, const uint8_t *st, rate__view_t *v);
+    /* Moves a view from t_last to t >= t_last: refill, drain, window roll,
+     * pruning. */
+    void (*advance)(const rate_limit_t *l, rate__view_t *v, uint64_t last,
+                    uint64_t t);
     /* detail false: only allowed/reason/delay are needed (try-acquire). */
     void (*decide)(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
                    uint64_t n, uint64_t max_wait, bool detail,
@@ -82,7 +85,8 @@ typedef struct rate__algo {
     /* Writes the state after admitting n at t; returns its length. */
     size_t (*commit)(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
                      uint64_t n, uint8_t *out);
-    /* Re-reads a view made under `from` as one under `to` (same algorithm). */
+    /* Re-reads a view made under `from` as one under `to` (same
+     * algorithm), both at time t (the key's t_last). */
     void (*convert)(const rate_limit_t *from, const rate_limit_t *to,
                     uint64_t t, rate__view_t *v);
     uint64_t (*max_reset)(const rate_limit_t *l);

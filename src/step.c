@@ -15,9 +15,11 @@
  * component change (spec, "Several limits on one key").
  *
  * A key whose state was made under another policy (a tier change) is read
- * under the old policy, found by its fingerprint, up to t_eff, and each
- * component is carried over to the new one when the algorithm is the same
- * at the same position; otherwise that component starts cold.
+ * under the old policy, found by its fingerprint, as it stood at t_last;
+ * each component is carried over to the new policy when the algorithm is
+ * the same at the same position (otherwise that component starts cold), and
+ * the new policy governs the time from t_last on.  Nothing needs writing
+ * until the next admission, so denials still change nothing.
  */
 #include "internal.h"
 
@@ -56,8 +58,12 @@ static int read_state(const rate__step_arg_t *arg, const rate_step_io_t *io,
 
     *have = false;
     *t_eff = arg->now_ns;
-    if (st == NULL || io->old_len == 0)
+    if (st == NULL || io->old_len == 0) { /* a new key: cold start */
+        for (size_t i = 0; i < p->count; i++)
+            rate__algo(p->limits[i].algorithm)
+                ->load(&p->limits[i], NULL, &views[i]);
         return RATE_OK;
+    }
     if (io->old_len < RATE__HEADER_LEN || st[13] != RATE__STATE_VERSION)
         return RATE_ECORRUPT;
     ps.last = rate__get64(st);
@@ -70,12 +76,15 @@ static int read_state(const rate__step_arg_t *arg, const rate_step_io_t *io,
     if (ps.fingerprint == p->fingerprint) {
         if (!parse_under(p, st, io->old_len, &ps))
             return RATE_ECORRUPT;
-        for (size_t i = 0; i < p->count; i++)
-            rate__algo(p->limits[i].algorithm)
-                ->view(&p->limits[i], ps.comp[i], ps.last, *t_eff, &views[i]);
+        for (size_t i = 0; i < p->count; i++) {
+            const rate__algo_t *a = rate__algo(p->limits[i].algorithm);
+            a->load(&p->limits[i], ps.comp[i], &views[i]);
+            a->advance(&p->limits[i], &views[i], ps.last, *t_eff);
+        }
         return RATE_OK;
     }
-    /* Made under another policy: carry over what has the same meaning. */
+    /* Made under another policy: carry over what has the same meaning, as
+     * of t_last; the new policy then governs the time since. */
     bool known = arg->lookup != NULL &&
                  arg->lookup(arg->lookup_ud, ps.fingerprint, &old) &&
                  parse_under(&old, st, io->old_len, &ps);
@@ -83,10 +92,11 @@ static int read_state(const rate__step_arg_t *arg, const rate_step_io_t *io,
         const rate_limit_t *to = &p->limits[i];
         const rate__algo_t *a = rate__algo(to->algorithm);
         if (known && i < old.count && old.limits[i].algorithm == to->algorithm) {
-            a->view(&old.limits[i], ps.comp[i], ps.last, *t_eff, &views[i]);
-            a->convert(&old.limits[i], to, *t_eff, &views[i]);
+            a->load(&old.limits[i], ps.comp[i], &views[i]);
+            a->convert(&old.limits[i], to, ps.last, &views[i]);
+            a->advance(to, &views[i], ps.last, *t_eff);
         } else {
-            a->view(to, NULL, ps.last, *t_eff, &views[i]);
+            a->load(to, NULL, &views[i]);
         }
     }
     return RATE_OK;

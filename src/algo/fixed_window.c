@@ -13,12 +13,19 @@ static size_t fw_size(const uint8_t *st, size_t avail)
     return avail >= 8 ? 8 : 0;
 }
 
-static void fw_view(const rate_limit_t *l, const uint8_t *st, uint64_t last,
-                    uint64_t t, rate__view_t *v)
+static void fw_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
 {
+    (void)l;
     memset(v, 0, sizeof *v);
-    if (st != NULL && last / l->period_ns == t / l->period_ns)
+    if (st != NULL)
         v->x = rate__get64(st);
+}
+
+static void fw_advance(const rate_limit_t *l, rate__view_t *v, uint64_t last,
+                       uint64_t t)
+{
+    if (last / l->period_ns != t / l->period_ns)
+        v->x = 0;
 }
 
 /* Nanoseconds from t to the start of the next window. */
@@ -38,7 +45,7 @@ static void fw_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
     if (n > l->limit) {
         out->reason = RATE_REASON_NEVER;
         out->retry_after_ns = RATE_NEVER;
-    } else if (count + n <= l->limit) {
+    } else if (n == 0 || count + n <= l->limit) {
         out->allowed = true;
     } else {
         out->reason = RATE_REASON_LIMITED;
@@ -49,7 +56,7 @@ static void fw_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
     out->remaining_now = count < l->limit ? l->limit - count : 0;
     out->reset_now_ns = count > 0 ? fw_to_next(l, t) : 0;
     if (out->allowed) {
-        out->remaining_after = l->limit - count - n;
+        out->remaining_after = count + n < l->limit ? l->limit - count - n : 0;
         out->reset_after_ns = count + n > 0 ? fw_to_next(l, t) : 0;
     }
 }
@@ -63,8 +70,8 @@ static size_t fw_commit(const rate_limit_t *l, const rate__view_t *v,
     return 8;
 }
 
-/* The count admitted in the current window carries over as it is (capped
- * at nothing: a lower new limit simply leaves less room). */
+/* The count admitted in t_last's window carries over as it is, into the
+ * new window that holds t_last (a lower limit simply leaves less room). */
 static void fw_convert(const rate_limit_t *from, const rate_limit_t *to,
                        uint64_t t, rate__view_t *v)
 {
@@ -80,6 +87,6 @@ static uint64_t fw_max_reset(const rate_limit_t *l)
 }
 
 const rate__algo_t rate__fixed_window = {
-    "fixed-window", 8, 0, fw_size, fw_view, fw_decide, fw_commit, fw_convert,
+    "fixed-window", 8, 0, fw_size, fw_load, fw_advance, fw_decide, fw_commit, fw_convert,
     fw_max_reset,
 };

@@ -15,13 +15,18 @@ static size_t lb_size(const uint8_t *st, size_t avail)
     return avail >= 8 ? 8 : 0;
 }
 
-static void lb_view(const rate_limit_t *l, const uint8_t *st, uint64_t last,
-                    uint64_t t, rate__view_t *v)
+static void lb_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
 {
+    (void)l;
     memset(v, 0, sizeof *v);
-    if (st == NULL)
-        return;
-    v->x = (rate_i128_t)rate__get64(st) - (rate_i128_t)(t - last) * l->limit;
+    if (st != NULL)
+        v->x = rate__get64(st);
+}
+
+static void lb_advance(const rate_limit_t *l, rate__view_t *v, uint64_t last,
+                       uint64_t t)
+{
+    v->x -= (rate_i128_t)(t - last) * l->limit;
     if (v->x < 0)
         v->x = 0;
 }
@@ -100,6 +105,6 @@ static uint64_t lb_max_reset(const rate_limit_t *l)
 }
 
 const rate__algo_t rate__leaky_bucket = {
-    "leaky-bucket", 8, 0, lb_size, lb_view, lb_decide, lb_commit, lb_convert,
+    "leaky-bucket", 8, 0, lb_size, lb_load, lb_advance, lb_decide, lb_commit, lb_convert,
     lb_max_reset,
 };

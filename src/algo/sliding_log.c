@@ -55,15 +55,22 @@ static void sl_prune(const rate_limit_t *l, uint64_t t, rate__view_t *v)
         v->log_sum += sl_permits(v->log, i);
 }
 
-static void sl_view(const rate_limit_t *l, const uint8_t *st, uint64_t last,
-                    uint64_t t, rate__view_t *v)
+static void sl_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
 {
-    (void)last;
     memset(v, 0, sizeof *v);
     if (st == NULL)
         return;
     v->log = st + SL_HEAD;
     v->log_count = rate__get32(st);
+    for (uint32_t i = 0; i < v->log_count; i++)
+        v->log_sum += sl_permits(v->log, i);
+    (void)l;
+}
+
+static void sl_advance(const rate_limit_t *l, rate__view_t *v, uint64_t last,
+                       uint64_t t)
+{
+    (void)last;
     sl_prune(l, t, v);
 }
 
@@ -99,7 +106,7 @@ static void sl_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
     if (n > l->limit) {
         out->reason = RATE_REASON_NEVER;
         out->retry_after_ns = RATE_NEVER;
-    } else if (v->log_sum + n <= l->limit) {
+    } else if (n == 0 || v->log_sum + n <= l->limit) {
         out->allowed = true;
     } else {
         out->reason = RATE_REASON_LIMITED;
@@ -110,7 +117,8 @@ static void sl_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
     out->remaining_now = v->log_sum < l->limit ? l->limit - v->log_sum : 0;
     out->reset_now_ns = sl_reset(l, v, t);
     if (out->allowed) {
-        out->remaining_after = l->limit - v->log_sum - n;
+        out->remaining_after =
+            v->log_sum + n < l->limit ? l->limit - v->log_sum - n : 0;
         out->reset_after_ns = n > 0 ? l->period_ns : out->reset_now_ns;
     }
 }
@@ -123,7 +131,9 @@ static size_t sl_commit(const rate_limit_t *l, const rate__view_t *v,
 
     (void)l;
     memmove(out + SL_HEAD, v->log, bytes);
-    if (count > 0 && sl_time(out + SL_HEAD, count - 1) == t) {
+    if (n == 0) {
+        /* nothing to log */
+    } else if (count > 0 && sl_time(out + SL_HEAD, count - 1) == t) {
         uint8_t *p = out + SL_HEAD + bytes - SL_ENTRY + 8;
         rate__put64(p, rate__get64(p) + n);
     } else {
@@ -150,6 +160,6 @@ static uint64_t sl_max_reset(const rate_limit_t *l)
 }
 
 const rate__algo_t rate__sliding_log = {
-    "sliding-log", SL_HEAD, SL_ENTRY, sl_size, sl_view, sl_decide, sl_commit,
+    "sliding-log", SL_HEAD, SL_ENTRY, sl_size, sl_load, sl_advance, sl_decide, sl_commit,
     sl_convert, sl_max_reset,
 };

@@ -14,21 +14,27 @@ static size_t sw_size(const uint8_t *st, size_t avail)
     return avail >= 16 ? 16 : 0;
 }
 
-static void sw_view(const rate_limit_t *l, const uint8_t *st, uint64_t last,
-                    uint64_t t, rate__view_t *v)
+static void sw_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
 {
-    uint64_t k, ks;
-
+    (void)l;
     memset(v, 0, sizeof *v);
-    if (st == NULL)
-        return;
-    k = t / l->period_ns;
-    ks = last / l->period_ns;
-    if (k == ks) {
+    if (st != NULL) {
         v->x = rate__get64(st);
         v->y = rate__get64(st + 8);
-    } else if (k == ks + 1) {
-        v->x = rate__get64(st + 8);
+    }
+}
+
+static void sw_advance(const rate_limit_t *l, rate__view_t *v, uint64_t last,
+                       uint64_t t)
+{
+    uint64_t k = t / l->period_ns, ks = last / l->period_ns;
+
+    if (k == ks + 1) {
+        v->x = v->y;
+        v->y = 0;
+    } else if (k != ks) {
+        v->x = 0;
+        v->y = 0;
     }
 }
 
@@ -97,7 +103,7 @@ static void sw_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
     if (n > l->limit) {
         out->reason = RATE_REASON_NEVER;
         out->retry_after_ns = RATE_NEVER;
-    } else if (sw_scaled(l, prev, curr + n, e) <=
+    } else if (n == 0 || sw_scaled(l, prev, curr + n, e) <=
                (rate_u128_t)l->limit * l->period_ns) {
         out->allowed = true;
     } else {
@@ -140,6 +146,6 @@ static uint64_t sw_max_reset(const rate_limit_t *l)
 }
 
 const rate__algo_t rate__sliding_window = {
-    "sliding-window", 16, 0, sw_size, sw_view, sw_decide, sw_commit,
+    "sliding-window", 16, 0, sw_size, sw_load, sw_advance, sw_decide, sw_commit,
     sw_convert, sw_max_reset,
 };

@@ -16,17 +16,18 @@ static size_t tb_size(const uint8_t *st, size_t avail)
     return avail >= 8 ? 8 : 0;
 }
 
-static void tb_view(const rate_limit_t *l, const uint8_t *st, uint64_t last,
-                    uint64_t t, rate__view_t *v)
+static void tb_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
+{
+    memset(v, 0, sizeof *v);
+    v->x = st != NULL ? (int64_t)rate__get64(st)
+                      : (rate_i128_t)(l->burst * l->period_ns);
+}
+
+static void tb_advance(const rate_limit_t *l, rate__view_t *v, uint64_t last,
+                       uint64_t t)
 {
     rate_i128_t full = (rate_i128_t)(l->burst * l->period_ns);
 
-    memset(v, 0, sizeof *v);
-    if (st == NULL) {
-        v->x = full;
-        return;
-    }
-    v->x = (int64_t)rate__get64(st);
     if (v->x < full) {
         v->x += (rate_i128_t)(t - last) * l->limit;
         if (v->x > full)
@@ -58,7 +59,7 @@ static void tb_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
     if (n > l->burst) {
         out->reason = RATE_REASON_NEVER;
         out->retry_after_ns = RATE_NEVER;
-    } else if (u >= need) {
+    } else if (n == 0 || u >= need) {
         out->allowed = true;
     } else if (max_wait > 0 && u - need >= -RATE__DEBT_MAX &&
                (rate_u128_t)(need - u) <= (rate_u128_t)max_wait * l->limit) {
@@ -112,6 +113,6 @@ static uint64_t tb_max_reset(const rate_limit_t *l)
 }
 
 const rate__algo_t rate__token_bucket = {
-    "token-bucket", 8, 0, tb_size, tb_view, tb_decide, tb_commit, tb_convert,
+    "token-bucket", 8, 0, tb_size, tb_load, tb_advance, tb_decide, tb_commit, tb_convert,
     tb_max_reset,
 };

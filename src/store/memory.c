@@ -381,7 +381,8 @@ static int mem_update(void *self, const char *key, size_t len,
             if (e == NULL) /* inserting may have moved slots */
                 e = &s->slots[probe(s, tag, key, len)];
             e->expires_ns = io.expires_ns;
-            e->flags = (uint8_t)((e->flags & ~F_CLOCK) | F_REF |
+            /* A new key earns its reference bit on its second use. */
+            e->flags = (uint8_t)((e->flags & ~F_CLOCK) |
                                  (st->clock_time ? F_CLOCK : 0));
         }
     }

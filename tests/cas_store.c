@@ -1,0 +1,192 @@
+/*
+ * See cas_store.h.  A mutex and a growing array: simple on purpose.
+ */
+#include "cas_store.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct entry {
+    char *key;
+    size_t key_len;
+    unsigned char *val;
+    size_t len;
+    uint64_t version;
+    uint64_t ttl_ns;
+} entry_t;
+
+struct cas_store {
+    pthread_mutex_t lock;
+    entry_t *e;
+    size_t n, cap;
+    uint64_t next_version;
+    unsigned conflicts;
+    int down;
+};
+
+static entry_t *find(cas_store_t *s, const char *key, size_t len)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->e[i].key_len == len && memcmp(s->e[i].key, key, len) == 0)
+            return &s->e[i];
+    return NULL;
+}
+
+static int cs_load(void *self, const char *key, size_t key_len, void *buf,
+                   size_t cap, size_t *len, uint64_t *version)
+{
+    cas_store_t *s = self;
+    int rc = RATE_OK;
+
+    pthread_mutex_lock(&s->lock);
+    entry_t *e = find(s, key, key_len);
+    *len = 0;
+    *version = 0;
+    if (s->down)
+        rc = RATE_ESTORE;
+    else if (e != NULL) {
+        *len = e->len;
+        if (e->len > cap)
+            rc = RATE_EINVAL;
+        else {
+            memcpy(buf, e->val, e->len);
+            *version = e->version;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+static int cs_cas(void *self, const char *key, size_t key_len,
+                  uint64_t version, const void *state, size_t len,
+                  uint64_t ttl_ns)
+{
+    cas_store_t *s = self;
+    int rc = RATE_OK;
+
+    pthread_mutex_lock(&s->lock);
+    entry_t *e = find(s, key, key_len);
+    if (s->down) {
+        rc = RATE_ESTORE;
+    } else if (s->conflicts > 0) {
+        s->conflicts--;
+        rc = RATE_ECONFLICT;
+    } else if ((e == NULL && version != 0) ||
+               (e != NULL && e->version != version)) {
+        rc = RATE_ECONFLICT;
+    } else {
+        if (e == NULL) {
+            if (s->n == s->cap) {
+                size_t cap = s->cap ? s->cap * 2 : 16;
+                entry_t *ne = realloc(s->e, cap * sizeof *ne);
+                if (ne == NULL) {
+                    pthread_mutex_unlock(&s->lock);
+                    return RATE_ENOMEM;
+                }
+                s->e = ne;
+                s->cap = cap;
+            }
+            e = &s->e[s->n++];
+            memset(e, 0, sizeof *e);
+            e->key = malloc(key_len);
+            memcpy(e->key, key, key_len);
+            e->key_len = key_len;
+        }
+        unsigned char *v = realloc(e->val, len ? len : 1);
+        memcpy(v, state, len);
+        e->val = v;
+        e->len = len;
+        e->version = ++s->next_version;
+        e->ttl_ns = ttl_ns;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+static int cs_stats(void *self, rate_stats_t *out)
+{
+    cas_store_t *s = self;
+
+    pthread_mutex_lock(&s->lock);
+    out->keys = s->n;
+    pthread_mutex_unlock(&s->lock);
+    return RATE_OK;
+}
+
+static void cs_destroy(void *self)
+{
+    cas_store_t *s = self;
+
+    for (size_t i = 0; i < s->n; i++) {
+        free(s->e[i].key);
+        free(s->e[i].val);
+    }
+    free(s->e);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+static const rate_store_vtable_t cas_vtable = {
+    .version = RATE_STORE_V1,
+    .name = "test-cas",
+    .load = cs_load,
+    .cas = cs_cas,
+    .stats = cs_stats,
+    .destroy = cs_destroy,
+};
+
+int cas_store_new(rate_store_t **out, cas_store_t **handle)
+{
+    cas_store_t *s = calloc(1, sizeof *s);
+
+    if (s == NULL)
+        return RATE_ENOMEM;
+    pthread_mutex_init(&s->lock, NULL);
+    int rc = rate_store_new(&cas_vtable, s, out);
+    if (rc != RATE_OK) {
+        cs_destroy(s);
+        return rc;
+    }
+    if (handle != NULL)
+        *handle = s;
+    return RATE_OK;
+}
+
+void cas_store_inject_conflicts(cas_store_t *s, unsigned n)
+{
+    pthread_mutex_lock(&s->lock);
+    s->conflicts = n;
+    pthread_mutex_unlock(&s->lock);
+}
+
+void cas_store_set_down(cas_store_t *s, int down)
+{
+    pthread_mutex_lock(&s->lock);
+    s->down = down;
+    pthread_mutex_unlock(&s->lock);
+}
+
+uint64_t cas_store_ttl(cas_store_t *s, const char *key)
+{
+    pthread_mutex_lock(&s->lock);
+    entry_t *e = find(s, key, strlen(key));
+    uint64_t ttl = e ? e->ttl_ns : 0;
+    pthread_mutex_unlock(&s->lock);
+    return ttl;
+}
+
+void cas_store_poke(cas_store_t *s, const char *key, const void *bytes,
+                    size_t len)
+{
+    pthread_mutex_lock(&s->lock);
+    entry_t *e = find(s, key, strlen(key));
+    if (e != NULL) {
+        unsigned char *v = realloc(e->val, len ? len : 1);
+        memcpy(v, bytes, len);
+        e->val = v;
+        e->len = len;
+        e->version = ++s->next_version;
+    }
+    pthread_mutex_unlock(&s->lock);
+}

@@ -1,0 +1,25 @@
+/*
+ * A small store written only against the public headers, through the
+ * generic load / compare-and-set contract: the proof that a user can plug in
+ * a back end of their own.  Also injects conflicts and failures for tests.
+ */
+#ifndef TEST_CAS_STORE_H
+#define TEST_CAS_STORE_H
+
+#include <ratelimit_store.h>
+
+typedef struct cas_store cas_store_t;
+
+/* Makes the store; *handle (optional) lets the test inject faults. */
+int cas_store_new(rate_store_t **out, cas_store_t **handle);
+/* The next `n` compare-and-sets fail with RATE_ECONFLICT. */
+void cas_store_inject_conflicts(cas_store_t *s, unsigned n);
+/* While `down`, every call fails with RATE_ESTORE. */
+void cas_store_set_down(cas_store_t *s, int down);
+/* The TTL last set on `key` (0 if none). */
+uint64_t cas_store_ttl(cas_store_t *s, const char *key);
+/* Overwrites a key's bytes (to test corrupt state). */
+void cas_store_poke(cas_store_t *s, const char *key, const void *bytes,
+                    size_t len);
+
+#endif

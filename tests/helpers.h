@@ -1,0 +1,73 @@
+/*
+ * Helpers shared by the test files (header-only, static).
+ */
+#ifndef TEST_HELPERS_H
+#define TEST_HELPERS_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <ratelimit.h>
+
+#include "cas_store.h"
+
+#define MS UINT64_C(1000000)
+#define SEC UINT64_C(1000000000)
+
+static inline rate_policy_t *policy_of(const char *text)
+{
+    rate_policy_t *p = NULL;
+    char err[256] = "";
+    int rc = rate_policy_parse(text, &p, err, sizeof err);
+    if (rc != RATE_OK)
+        fail_msg("policy '%s': %s", text, err);
+    return p;
+}
+
+/* A limiter over `store` (NULL: a private memory store) for `text`. */
+static inline rate_limiter_t *limiter_of(const char *text, rate_store_t *store)
+{
+    rate_policy_t *p = policy_of(text);
+    rate_limiter_config_t cfg = {0};
+    rate_limiter_t *lim = NULL;
+    cfg.policy = p;
+    cfg.store = store;
+    assert_int_equal(rate_limiter_new(&cfg, &lim), RATE_OK);
+    rate_policy_free(p);
+    return lim;
+}
+
+static inline rate_decision_t at(rate_limiter_t *lim, const char *key,
+                                 uint64_t t, uint64_t n, uint64_t max_wait)
+{
+    rate_decision_t d;
+    assert_int_equal(
+        rate_limiter_check_at(lim, key, strlen(key), n, max_wait, t, &d),
+        RATE_OK);
+    return d;
+}
+
+/* Checks every field of one decision; line numbers point at the case. */
+#define EXPECT(lim, t, n, mw, allow, rem, delay, retry, reset)              \
+    do {                                                                    \
+        rate_decision_t d_ = at((lim), "k", (t), (n), (mw));                \
+        if (d_.allowed != (allow) || d_.remaining != (uint64_t)(rem) ||     \
+            d_.delay_ns != (uint64_t)(delay) ||                             \
+            d_.retry_after_ns != (uint64_t)(retry) ||                       \
+            d_.reset_after_ns != (uint64_t)(reset))                         \
+            fail_msg("line %d: got allowed=%d remaining=%llu delay=%llu "   \
+                     "retry=%llu reset=%llu",                               \
+                     __LINE__, d_.allowed, (unsigned long long)d_.remaining,\
+                     (unsigned long long)d_.delay_ns,                       \
+                     (unsigned long long)d_.retry_after_ns,                 \
+                     (unsigned long long)d_.reset_after_ns);                \
+    } while (0)
+
+#endif

@@ -1,0 +1,161 @@
+/*
+ * Exact decisions at the boundaries, one algorithm at a time: a token
+ * refilling exactly now, a window edge, a log entry expiring exactly now,
+ * zero permits, requests that can never pass, time running backwards.
+ * Every expected number was worked out by hand from spec/algorithms.md.
+ */
+#include "helpers.h"
+
+#define N RATE_NEVER
+
+static void token_bucket(void **state)
+{
+    (void)state;
+    /* 10/s, burst 2: one token per 100 ms. */
+    rate_limiter_t *l = limiter_of("token-bucket 10/s burst=2", NULL);
+    EXPECT(l, 0, 1, 0, true, 1, 0, 0, 100 * MS);
+    EXPECT(l, 0, 1, 0, true, 0, 0, 0, 200 * MS);
+    EXPECT(l, 0, 1, 0, false, 0, 0, 100 * MS, 200 * MS);
+    EXPECT(l, 100 * MS - 1, 1, 0, false, 0, 0, 1, 100 * MS + 1);
+    EXPECT(l, 100 * MS, 1, 0, true, 0, 0, 0, 200 * MS); /* refilled now */
+    EXPECT(l, 100 * MS, 3, 0, false, 0, 0, N, 200 * MS); /* never */
+    EXPECT(l, 100 * MS, 3, SEC, false, 0, 0, N, 200 * MS);
+    EXPECT(l, 100 * MS, 0, 0, true, 0, 0, 0, 200 * MS); /* query */
+    /* Backwards: 50 ms counts as t_last = 100 ms. */
+    EXPECT(l, 50 * MS, 1, 0, false, 0, 0, 100 * MS, 200 * MS);
+    /* Reservation: two tokens are 200 ms away. */
+    EXPECT(l, 100 * MS, 2, 200 * MS - 1, false, 0, 0, 200 * MS, 200 * MS);
+    EXPECT(l, 100 * MS, 2, 200 * MS, true, 0, 200 * MS, 0, 400 * MS);
+    /* In debt: the query still reports no delay and nothing remaining. */
+    EXPECT(l, 100 * MS, 0, 0, true, 0, 0, 0, 400 * MS);
+    EXPECT(l, 300 * MS, 1, 0, false, 0, 0, 100 * MS, 200 * MS);
+    EXPECT(l, 600 * MS, 1, 0, true, 1, 0, 0, 100 * MS);
+    rate_limiter_free(l);
+}
+
+static void gcra_is_token_bucket(void **state)
+{
+    (void)state;
+    rate_limiter_t *l = limiter_of("gcra 3/500ms burst=1", NULL);
+    EXPECT(l, 7, 1, 0, true, 0, 0, 0, 166666667);
+    EXPECT(l, 7 + 166666666, 1, 0, false, 0, 0, 1, 1);
+    /* 500 ms / 3 is not whole: the token is complete only after the
+     * ceiling, never a nanosecond early. */
+    EXPECT(l, 7 + 166666667, 1, 0, true, 0, 0, 0, 166666667);
+    rate_limiter_free(l);
+}
+
+static void leaky_bucket(void **state)
+{
+    (void)state;
+    /* Drains one per 100 ms, holds 2. */
+    rate_limiter_t *l = limiter_of("leaky-bucket 10/s capacity=2", NULL);
+    EXPECT(l, 0, 1, 0, true, 1, 0, 0, 100 * MS);
+    EXPECT(l, 0, 1, 0, false, 1, 0, 100 * MS, 100 * MS); /* strict spacing */
+    EXPECT(l, 0, 1, 100 * MS, true, 0, 100 * MS, 0, 200 * MS); /* queued */
+    EXPECT(l, 0, 1, SEC, false, 0, 0, 200 * MS, 200 * MS);     /* full */
+    EXPECT(l, 0, 3, SEC, false, 0, 0, N, 200 * MS);            /* never */
+    EXPECT(l, 199 * MS, 1, 0, false, 1, 0, 1 * MS, 1 * MS);
+    EXPECT(l, 200 * MS, 1, 0, true, 1, 0, 0, 100 * MS); /* drained now */
+    EXPECT(l, 200 * MS, 0, 0, true, 1, 0, 0, 100 * MS);
+    rate_limiter_free(l);
+}
+
+static void fixed_window(void **state)
+{
+    (void)state;
+    rate_limiter_t *l = limiter_of("fixed-window 3/s", NULL);
+    EXPECT(l, SEC - 1, 3, 0, true, 0, 0, 0, 1);
+    EXPECT(l, SEC - 1, 1, 0, false, 0, 0, 1, 1);
+    EXPECT(l, SEC, 1, 0, true, 2, 0, 0, SEC); /* the edge: a new window */
+    EXPECT(l, SEC, 4, 0, false, 2, 0, N, SEC);
+    EXPECT(l, SEC, 2, 0, true, 0, 0, 0, SEC);
+    EXPECT(l, 2 * SEC - 1, 1, 0, false, 0, 0, 1, 1);
+    EXPECT(l, 5 * SEC + 1, 0, 0, true, 3, 0, 0, 0);
+    /* Windows ignore max_wait: no reservation. */
+    EXPECT(l, 5 * SEC + 1, 3, SEC, true, 0, 0, 0, SEC - 1);
+    EXPECT(l, 5 * SEC + 1, 1, SEC, false, 0, 0, SEC - 1, SEC - 1);
+    rate_limiter_free(l);
+}
+
+static void sliding_log(void **state)
+{
+    (void)state;
+    rate_limiter_t *l = limiter_of("sliding-log 2/s", NULL);
+    EXPECT(l, 0, 1, 0, true, 1, 0, 0, SEC);
+    EXPECT(l, 500 * MS, 1, 0, true, 0, 0, 0, SEC);
+    EXPECT(l, SEC - 1, 1, 0, false, 0, 0, 1, 500 * MS + 1);
+    EXPECT(l, SEC, 1, 0, true, 0, 0, 0, SEC); /* entry at 0 expires now */
+    EXPECT(l, SEC, 2, 0, false, 0, 0, SEC, SEC);
+    EXPECT(l, SEC, 3, 0, false, 0, 0, N, SEC);
+    EXPECT(l, 1500 * MS, 1, 0, true, 0, 0, 0, SEC);
+    /* Same time twice shares an entry; still exact. */
+    EXPECT(l, 3 * SEC, 1, 0, true, 1, 0, 0, SEC);
+    EXPECT(l, 3 * SEC, 1, 0, true, 0, 0, 0, SEC);
+    EXPECT(l, 4 * SEC - 1, 1, 0, false, 0, 0, 1, 1);
+    EXPECT(l, 4 * SEC, 2, 0, true, 0, 0, 0, SEC);
+    rate_limiter_free(l);
+}
+
+static void sliding_window(void **state)
+{
+    (void)state;
+    rate_limiter_t *l = limiter_of("sliding-window 10/s", NULL);
+    EXPECT(l, 500 * MS, 10, 0, true, 0, 0, 0, 1500 * MS);
+    /* Next window: prev=10 weighs fully at its start. */
+    EXPECT(l, SEC, 1, 0, false, 0, 0, 100 * MS, SEC);
+    EXPECT(l, 1100 * MS - 1, 1, 0, false, 0, 0, 1, 900 * MS + 1);
+    EXPECT(l, 1100 * MS, 1, 0, true, 0, 0, 0, 1900 * MS);
+    EXPECT(l, 1550 * MS, 1, 0, true, 3, 0, 0, 1450 * MS);
+    EXPECT(l, 1550 * MS, 11, 0, false, 3, 0, N, 1450 * MS);
+    /* Needs the next window, where curr=2 becomes prev and weighs
+     * 2*(W-e)/W: 9 more fit from e = W/2, at 2.5 s. */
+    EXPECT(l, 1550 * MS, 9, 0, false, 3, 0, 950 * MS, 1450 * MS);
+    /* Two windows later everything is gone. */
+    EXPECT(l, 3 * SEC, 10, 0, true, 0, 0, 0, 2 * SEC);
+    rate_limiter_free(l);
+}
+
+/* A retry_after is exact: the same request then passes, a nanosecond
+ * earlier it does not (spec: "Rounded up"). */
+static void retry_after_is_tight(void **state)
+{
+    (void)state;
+    const char *policies[] = {
+        "token-bucket 7/3s burst=3", "leaky-bucket 7/3s capacity=3",
+        "fixed-window 3/700ms",      "sliding-log 3/700ms",
+        "sliding-window 3/700ms",
+    };
+    for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) {
+        for (uint64_t t0 = 0; t0 < 2 * SEC; t0 += 123456789) {
+            rate_limiter_t *a = limiter_of(policies[i], NULL);
+            rate_limiter_t *b = limiter_of(policies[i], NULL);
+            uint64_t t = t0;
+            rate_decision_t d;
+            while ((d = at(a, "k", t, 1, 0)).allowed) {
+                at(b, "k", t, 1, 0);
+                t += 10 * MS;
+            }
+            at(b, "k", t, 1, 0); /* b denies too and keeps the same state */
+            rate_decision_t early = at(a, "k", t + d.retry_after_ns - 1, 1, 0);
+            rate_decision_t then = at(b, "k", t + d.retry_after_ns, 1, 0);
+            if (early.allowed || !then.allowed)
+                fail_msg("%s from %llu: retry_after %llu is not tight",
+                         policies[i], (unsigned long long)t0,
+                         (unsigned long long)d.retry_after_ns);
+            rate_limiter_free(a);
+            rate_limiter_free(b);
+        }
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(token_bucket),   cmocka_unit_test(gcra_is_token_bucket),
+        cmocka_unit_test(leaky_bucket),   cmocka_unit_test(fixed_window),
+        cmocka_unit_test(sliding_log),    cmocka_unit_test(sliding_window),
+        cmocka_unit_test(retry_after_is_tight),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

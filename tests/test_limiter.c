@@ -1,0 +1,332 @@
+/*
+ * The limiter front: bad input, the seed call, shadow mode, several limits
+ * on one key, the blocking acquire on an injected clock, tier changes that
+ * keep a key's state, and the fail mode when the store fails.
+ */
+#include "helpers.h"
+
+typedef struct fake_clock {
+    uint64_t now;
+    uint64_t slept;
+    unsigned sleeps;
+} fake_clock_t;
+
+static uint64_t fake_now(void *ud)
+{
+    return ((fake_clock_t *)ud)->now;
+}
+
+static void fake_sleep(void *ud, uint64_t ns)
+{
+    fake_clock_t *c = ud;
+    c->now += ns;
+    c->slept += ns;
+    c->sleeps++;
+}
+
+static rate_limiter_t *with_config(const char *text, rate_limiter_config_t cfg)
+{
+    rate_policy_t *p = policy_of(text);
+    rate_limiter_t *lim = NULL;
+    cfg.policy = p;
+    assert_int_equal(rate_limiter_new(&cfg, &lim), RATE_OK);
+    rate_policy_free(p);
+    return lim;
+}
+
+static void bad_input(void **state)
+{
+    (void)state;
+    rate_limiter_t *l = limiter_of("token-bucket 1/s burst=1", NULL);
+    rate_decision_t d;
+    char longkey[RATE_KEY_MAX + 2];
+    memset(longkey, 'a', sizeof longkey - 1);
+    longkey[sizeof longkey - 1] = '\0';
+
+    assert_int_equal(rate_limiter_check(NULL, "k", 1, 1, 0, &d), RATE_EINVAL);
+    assert_false(d.allowed);
+    assert_int_equal(rate_limiter_check(l, NULL, 1, 1, 0, &d), RATE_EKEY);
+    assert_int_equal(rate_limiter_check(l, "k", 0, 1, 0, &d), RATE_EKEY);
+    assert_int_equal(rate_limiter_check(l, longkey, RATE_KEY_MAX + 1, 1, 0, &d),
+                     RATE_EKEY);
+    assert_int_equal(rate_limiter_check(l, longkey, RATE_KEY_MAX, 1, 0, &d),
+                     RATE_OK); /* exactly the maximum is fine */
+    assert_int_equal(rate_limiter_check(l, "k", 1, 1, 0, NULL), RATE_EINVAL);
+    assert_int_equal(rate_limiter_check(l, "k", 1, UINT64_MAX, 0, &d),
+                     RATE_ERANGE);
+    assert_int_equal(rate_limiter_check(l, "k", 1, 1, UINT64_MAX, &d),
+                     RATE_ERANGE);
+    assert_int_equal(rate_limiter_check_at(l, "k", 1, 1, 0, UINT64_MAX, &d),
+                     RATE_ERANGE);
+    assert_false(rate_try_acquire(NULL, "k", 1));
+    assert_false(rate_try_acquire(l, NULL, 1));
+    assert_false(rate_try_acquire(l, "", 1));
+    assert_false(rate_try_acquire(l, longkey, 1));
+    assert_int_equal(rate_limiter_acquire(l, NULL, 0, 1, SEC, &d), RATE_EKEY);
+    /* None of that touched the key "k"'s state. */
+    assert_true(rate_limiter_check_at(l, "k", 1, 1, 0, 0, &d) == RATE_OK &&
+                d.allowed);
+
+    rate_limiter_config_t cfg = {0};
+    rate_limiter_t *x = (rate_limiter_t *)1;
+    assert_int_equal(rate_limiter_new(&cfg, &x), RATE_EINVAL);
+    assert_null(x);
+    assert_int_equal(rate_limiter_new(NULL, &x), RATE_EINVAL);
+    rate_clock_t half = {fake_now, NULL, NULL};
+    cfg.policy = rate_limiter_policy(l);
+    cfg.clock = &half;
+    assert_int_equal(rate_limiter_new(&cfg, &x), RATE_EINVAL);
+    cfg.clock = NULL;
+    cfg.on_store_error = (rate_fail_mode_t)7;
+    assert_int_equal(rate_limiter_new(&cfg, &x), RATE_EINVAL);
+    rate_limiter_free(NULL);
+    rate_limiter_free(l);
+}
+
+static void seed_interface(void **state)
+{
+    (void)state;
+    rate_limiter_t *l = limiter_of("token-bucket 1/h burst=3", NULL);
+    assert_true(rate_try_acquire1(l, "user:42"));
+    assert_true(rate_try_acquire(l, "user:42", 2));
+    assert_false(rate_try_acquire(l, "user:42", 1));
+    assert_true(rate_try_acquire(l, "user:43", 3)); /* another key */
+    assert_false(rate_try_acquire(l, "user:43", 4)); /* never */
+    rate_stats_t s;
+    assert_int_equal(rate_limiter_stats(l, &s), RATE_OK);
+    assert_int_equal(s.keys, 2);
+    assert_int_equal(s.allowed, 3);
+    assert_int_equal(s.denied, 2);
+    rate_limiter_free(l);
+}
+
+static void shadow_mode(void **state)
+{
+    (void)state;
+    rate_limiter_config_t cfg = {0};
+    cfg.shadow = true;
+    rate_limiter_t *l = with_config("fixed-window 2/s", cfg);
+    rate_decision_t d;
+    for (int i = 0; i < 2; i++) {
+        d = at(l, "k", 0, 1, 0);
+        assert_true(d.allowed && !d.shadow);
+    }
+    d = at(l, "k", 0, 1, 0);
+    assert_true(d.allowed);
+    assert_true(d.shadow); /* would have been denied */
+    assert_int_equal(d.reason, RATE_REASON_LIMITED);
+    d = at(l, "k", 0, 3, 0);
+    assert_true(d.allowed && d.shadow);
+    assert_int_equal(d.reason, RATE_REASON_NEVER);
+    assert_int_equal(d.retry_after_ns, RATE_NEVER);
+    /* The state follows the real decisions: the window is still full. */
+    assert_int_equal(d.remaining, 0);
+    rate_stats_t s;
+    rate_limiter_stats(l, &s);
+    assert_int_equal(s.allowed, 2);
+    assert_int_equal(s.denied, 2);
+    rate_limiter_free(l);
+}
+
+static void composite_all_or_nothing(void **state)
+{
+    (void)state;
+    rate_limiter_t *l =
+        limiter_of("token-bucket 10/s burst=5; fixed-window 7/1m", NULL);
+    rate_decision_t d;
+    for (int i = 0; i < 5; i++)
+        assert_true(at(l, "k", 0, 1, 0).allowed);
+    d = at(l, "k", 0, 1, 0);
+    assert_false(d.allowed);
+    assert_int_equal(d.component, 0); /* the bucket denied */
+    assert_int_equal(d.retry_after_ns, 100 * MS);
+    assert_int_equal(d.remaining, 0);
+    /* One second later the bucket is full again, the window has 2 left. */
+    d = at(l, "k", SEC, 3, 0);
+    assert_false(d.allowed);
+    assert_int_equal(d.component, 1);
+    assert_int_equal(d.retry_after_ns, 59 * SEC); /* the window's edge */
+    assert_int_equal(d.remaining, 2);
+    /* Nothing was charged to the bucket by that denial. */
+    d = at(l, "k", SEC, 2, 0);
+    assert_true(d.allowed);
+    assert_int_equal(d.remaining, 0); /* smallest: the window */
+    assert_int_equal(d.component, 1);
+    assert_int_equal(d.limit, 7);
+    assert_int_equal(d.reset_after_ns, 59 * SEC); /* largest */
+    d = at(l, "k", SEC, 6, 0);
+    assert_int_equal(d.reason, RATE_REASON_NEVER); /* above the burst */
+    rate_limiter_free(l);
+}
+
+static void blocking_acquire(void **state)
+{
+    (void)state;
+    fake_clock_t c = {1000 * SEC, 0, 0};
+    rate_clock_t clk = {fake_now, fake_sleep, &c};
+    rate_limiter_config_t cfg = {0};
+    cfg.clock = &clk;
+    rate_limiter_t *l = with_config("token-bucket 10/s burst=1", cfg);
+    rate_decision_t d;
+    const char *k = "k";
+
+    assert_int_equal(rate_limiter_acquire(l, k, 1, 1, 0, &d), RATE_OK);
+    assert_true(d.allowed);
+    assert_int_equal(c.slept, 0);
+    /* The next token is 100 ms away: a 50 ms deadline returns at once. */
+    assert_int_equal(rate_limiter_acquire(l, k, 1, 1, 50 * MS, &d), RATE_OK);
+    assert_false(d.allowed);
+    assert_int_equal(c.slept, 0);
+    assert_int_equal(d.retry_after_ns, 100 * MS);
+    /* A 100 ms deadline is enough: it reserves and sleeps exactly that. */
+    assert_int_equal(rate_limiter_acquire(l, k, 1, 1, 100 * MS, &d), RATE_OK);
+    assert_true(d.allowed);
+    assert_int_equal(c.slept, 100 * MS);
+    assert_int_equal(d.delay_ns, 100 * MS);
+    /* Never: at once. */
+    assert_int_equal(rate_limiter_acquire(l, k, 1, 2, 10 * SEC, &d), RATE_OK);
+    assert_int_equal(d.reason, RATE_REASON_NEVER);
+    assert_int_equal(c.slept, 100 * MS);
+    rate_limiter_free(l);
+
+    /* A window waits for its edge, and never past the deadline. */
+    c = (fake_clock_t){1000 * SEC + 400 * MS, 0, 0};
+    l = with_config("fixed-window 1/s", cfg);
+    assert_true(rate_limiter_acquire(l, k, 1, 1, 0, &d) == RATE_OK &&
+                d.allowed);
+    assert_int_equal(rate_limiter_acquire(l, k, 1, 1, 599 * MS, &d), RATE_OK);
+    assert_false(d.allowed);
+    assert_int_equal(c.slept, 0);
+    assert_int_equal(rate_limiter_acquire(l, k, 1, 1, 600 * MS, &d), RATE_OK);
+    assert_true(d.allowed);
+    assert_int_equal(c.slept, 600 * MS);
+    rate_limiter_free(l);
+}
+
+/* Tiers: free / pro keyed by prefix. */
+static rate_policy_t *free_tier, *pro_tier;
+
+static const rate_policy_t *tier_of(void *ud, const char *key, size_t len)
+{
+    (void)ud;
+    if (len >= 4 && memcmp(key, "pro:", 4) == 0)
+        return pro_tier;
+    return free_tier;
+}
+
+static const char *upgraded;
+static const rate_policy_t *upgradable(void *ud, const char *key, size_t len)
+{
+    (void)ud;
+    (void)len;
+    return upgraded != NULL && strcmp(key, upgraded) == 0 ? pro_tier
+                                                           : free_tier;
+}
+
+static void tiers_and_upgrades(void **state)
+{
+    (void)state;
+    free_tier = policy_of("token-bucket 1/s burst=2");
+    pro_tier = policy_of("token-bucket 10/s burst=20");
+    rate_limiter_config_t cfg = {0};
+    cfg.resolve = tier_of;
+    rate_limiter_t *l = with_config("token-bucket 1/h burst=1", cfg);
+    int free_ok = 0, pro_ok = 0;
+    for (int i = 0; i < 30; i++) {
+        free_ok += at(l, "free:1", 0, 1, 0).allowed;
+        pro_ok += at(l, "pro:1", 0, 1, 0).allowed;
+    }
+    assert_int_equal(free_ok, 2);
+    assert_int_equal(pro_ok, 20);
+    rate_limiter_free(l);
+
+    /* Upgrade mid-stream: the key keeps its tokens (0 after two requests)
+     * and then refills at the pro rate. */
+    cfg.resolve = upgradable;
+    upgraded = NULL;
+    l = with_config("token-bucket 1/h burst=1", cfg);
+    assert_true(at(l, "u", 0, 2, 0).allowed);
+    assert_false(at(l, "u", 0, 1, 0).allowed);
+    upgraded = "u";
+    rate_decision_t d = at(l, "u", 0, 1, 0);
+    assert_false(d.allowed); /* still empty: state carried over */
+    assert_int_equal(d.retry_after_ns, 100 * MS); /* pro refill rate */
+    d = at(l, "u", 500 * MS, 5, 0);
+    assert_true(d.allowed);
+    assert_int_equal(d.remaining, 0);
+    /* Downgrade: the pro bucket would hold 10 at 1.5 s; the free policy
+     * governs the time since the last admission (at 0.5 s, with 0 tokens)
+     * and refills 1 in that second. */
+    d = at(l, "u", 1500 * MS, 0, 0);
+    assert_int_equal(d.remaining, 10);
+    upgraded = NULL;
+    d = at(l, "u", 1500 * MS, 0, 0);
+    assert_int_equal(d.remaining, 1);
+    /* A full pro bucket (20) becomes a full free one (capped at 2). */
+    upgraded = "u";
+    at(l, "u", 1500 * MS, 1, 0);
+    upgraded = NULL;
+    d = at(l, "u", 100 * SEC, 0, 0);
+    assert_int_equal(d.remaining, 2);
+    rate_limiter_free(l);
+    rate_policy_free(free_tier);
+    rate_policy_free(pro_tier);
+}
+
+static void store_failure_modes(void **state)
+{
+    (void)state;
+    rate_store_t *store;
+    cas_store_t *h;
+    assert_int_equal(cas_store_new(&store, &h), RATE_OK);
+    rate_limiter_config_t cfg = {0};
+    cfg.store = store;
+    rate_limiter_t *closed = with_config("fixed-window 5/s", cfg);
+    cfg.on_store_error = RATE_FAIL_OPEN;
+    rate_limiter_t *open = with_config("fixed-window 5/s", cfg);
+    cas_store_set_down(h, 1);
+    rate_decision_t d = at(closed, "k", 0, 1, 0);
+    assert_false(d.allowed);
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    assert_int_equal(d.error, RATE_ESTORE);
+    assert_false(rate_try_acquire(closed, "k", 1));
+    d = at(open, "k", 0, 1, 0);
+    assert_true(d.allowed);
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    assert_true(rate_try_acquire(open, "k", 1));
+    cas_store_set_down(h, 0);
+    assert_true(at(closed, "k", 0, 1, 0).allowed);
+    /* Conflicts are retried (counted), up to the bound. */
+    cas_store_inject_conflicts(h, 3);
+    assert_true(at(closed, "k", 0, 1, 0).allowed);
+    rate_stats_t s;
+    rate_limiter_stats(closed, &s);
+    assert_int_equal(s.retries, 3);
+    assert_int_equal(s.store_errors, 2);
+    cas_store_inject_conflicts(h, 1000);
+    d = at(closed, "k", 0, 1, 0);
+    assert_int_equal(d.error, RATE_ECONFLICT);
+    cas_store_inject_conflicts(h, 0);
+    /* Corrupt bytes in the store: an error, and the key is not rewritten. */
+    cas_store_poke(h, "k", "garbage", 7);
+    d = at(closed, "k", 0, 1, 0);
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    assert_int_equal(d.error, RATE_ECORRUPT);
+    rate_limiter_free(closed);
+    rate_limiter_free(open);
+    rate_store_free(store);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(bad_input),
+        cmocka_unit_test(seed_interface),
+        cmocka_unit_test(shadow_mode),
+        cmocka_unit_test(composite_all_or_nothing),
+        cmocka_unit_test(blocking_acquire),
+        cmocka_unit_test(tiers_and_upgrades),
+        cmocka_unit_test(store_failure_modes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

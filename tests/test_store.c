@@ -1,0 +1,267 @@
+/*
+ * Store conformance: one suite, run against the in-memory store and against
+ * the small compare-and-set store of cas_store.c (written only against the
+ * public headers).  Then what only the memory store promises: max_keys,
+ * eviction and reclaiming counted apart, statistics.
+ */
+#include "helpers.h"
+
+typedef int (*factory_fn)(rate_store_t **out);
+
+static int make_memory(rate_store_t **out)
+{
+    return rate_store_memory_new(NULL, out);
+}
+
+static int make_cas(rate_store_t **out)
+{
+    return cas_store_new(out, NULL);
+}
+
+static int setup(void **state)
+{
+    factory_fn f = (factory_fn)*state;
+    rate_store_t *s = NULL;
+    assert_int_equal(f(&s), RATE_OK);
+    *state = s;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    rate_store_free(*state);
+    return 0;
+}
+
+static rate_decision_t at_key(rate_limiter_t *l, const char *key, size_t len,
+                              uint64_t t, uint64_t n)
+{
+    rate_decision_t d;
+    assert_int_equal(rate_limiter_check_at(l, key, len, n, 0, t, &d), RATE_OK);
+    return d;
+}
+
+static void keys_are_independent_and_binary_safe(void **state)
+{
+    rate_limiter_t *l = limiter_of("fixed-window 2/s", *state);
+    static const char *keys[] = {"a", "b", "a b", "{x}", "line\nbreak",
+                                 "tab\there", "\xff\xfe", "user:42"};
+    char nul[5] = {'n', 0, 'u', 0, 'l'};
+    char longkey[RATE_KEY_MAX];
+    memset(longkey, 'z', sizeof longkey);
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+            assert_int_equal(at_key(l, keys[i], strlen(keys[i]), 0, 1).allowed,
+                             round < 2);
+        assert_int_equal(at_key(l, nul, 5, 0, 1).allowed, round < 2);
+        assert_int_equal(at_key(l, nul, 3, 0, 1).allowed, round < 2);
+        assert_int_equal(at_key(l, longkey, sizeof longkey, 0, 1).allowed,
+                         round < 2);
+        assert_int_equal(at_key(l, longkey, sizeof longkey - 1, 0, 1).allowed,
+                         round < 2);
+    }
+    rate_limiter_free(l);
+}
+
+static void large_state_round_trips(void **state)
+{
+    /* A sliding log of 3000 entries: far past every inline buffer. */
+    rate_limiter_t *l = limiter_of("sliding-log 3000/1h", *state);
+    for (uint64_t i = 0; i < 3000; i++)
+        assert_true(at_key(l, "log", 3, i * MS, 1).allowed);
+    rate_decision_t d = at_key(l, "log", 3, 3000 * MS, 1);
+    assert_false(d.allowed);
+    assert_int_equal(d.retry_after_ns, 3600 * SEC - 3000 * MS);
+    d = at_key(l, "log", 3, 3600 * SEC, 1); /* the first entry leaves */
+    assert_true(d.allowed);
+    assert_int_equal(d.remaining, 0);
+    rate_limiter_free(l);
+}
+
+static void composite_state_round_trips(void **state)
+{
+    rate_limiter_t *l = limiter_of(
+        "token-bucket 5/s burst=5; sliding-log 8/10s; sliding-window 9/m",
+        *state);
+    int ok = 0;
+    for (uint64_t t = 0; t < 10 * SEC; t += 100 * MS)
+        ok += at_key(l, "c", 1, t, 1).allowed;
+    assert_int_equal(ok, 8); /* the log's limit binds */
+    rate_limiter_free(l);
+}
+
+static void denials_and_queries_write_nothing(void **state)
+{
+    rate_stats_t before, after;
+    rate_limiter_t *l = limiter_of("token-bucket 1/s burst=1", *state);
+    rate_store_stats(*state, &before);
+    at_key(l, "q", 1, 0, 0);  /* query on an absent key */
+    at_key(l, "q", 1, 0, 2);  /* never */
+    rate_store_stats(*state, &after);
+    assert_int_equal(after.keys, before.keys);
+    rate_limiter_free(l);
+}
+
+/* -------------------------------------------------- memory store only */
+
+static void ttl_is_reset_after(void **state)
+{
+    (void)state;
+    rate_store_t *s;
+    cas_store_t *h;
+    assert_int_equal(cas_store_new(&s, &h), RATE_OK);
+    rate_limiter_t *l = limiter_of("token-bucket 3/s burst=3", s);
+    rate_decision_t d = at_key(l, "t", 1, 0, 2);
+    assert_int_equal(cas_store_ttl(h, "t"), d.reset_after_ns);
+    assert_int_equal(d.reset_after_ns, 666666667);
+    rate_limiter_free(l);
+    rate_store_free(s);
+}
+
+typedef struct clk {
+    uint64_t now;
+} clk_t;
+static uint64_t clk_now(void *ud)
+{
+    return ((clk_t *)ud)->now;
+}
+static void clk_sleep(void *ud, uint64_t ns)
+{
+    ((clk_t *)ud)->now += ns;
+}
+
+static void max_keys_evicts_and_counts(void **state)
+{
+    (void)state;
+    rate_memory_options_t o = {4, 0};
+    rate_store_t *s;
+    assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
+    rate_limiter_t *l = limiter_of("fixed-window 10/h", s);
+    const char *keys[] = {"a", "b", "c", "d"};
+    for (int i = 0; i < 4; i++)
+        at_key(l, keys[i], 1, 0, 1);
+    for (int i = 0; i < 3; i++) /* a, b, c used again; d is not */
+        at_key(l, keys[i], 1, 0, 1);
+    at_key(l, "e", 1, 0, 1);
+    rate_stats_t st;
+    rate_store_stats(s, &st);
+    assert_int_equal(st.keys, 4);
+    assert_int_equal(st.evictions, 1);
+    assert_int_equal(st.reclaimed, 0);
+    /* d was the one not used since: it starts cold again (10 - 1 left). */
+    assert_int_equal(at_key(l, "d", 1, 0, 1).remaining, 9);
+    for (int i = 0; i < 1000; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "k%d", i);
+        at_key(l, k, strlen(k), 0, 1);
+    }
+    rate_store_stats(s, &st);
+    assert_int_equal(st.keys, 4);
+    assert_int_equal(st.evictions, 1002);
+    rate_limiter_free(l);
+    rate_store_free(s);
+
+    rate_memory_options_t bad = {0, 1u << 20};
+    assert_int_equal(rate_store_memory_new(&bad, &s), RATE_EINVAL);
+    assert_int_equal(rate_store_memory_new(&o, NULL), RATE_EINVAL);
+    rate_store_free(NULL);
+}
+
+/* With the library's clock, a key past its reset is reclaimed (no answer
+ * changes); with caller-supplied times it never is, because another key's
+ * time says nothing about this key's. */
+static void reclaims_only_by_own_clock(void **state)
+{
+    (void)state;
+    rate_memory_options_t o = {4, 0};
+    clk_t c = {1000 * SEC};
+    rate_clock_t clock = {clk_now, clk_sleep, &c};
+    rate_store_t *s;
+    assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
+    rate_policy_t *p = policy_of("fixed-window 1/s");
+    rate_limiter_config_t cfg = {0};
+    cfg.policy = p;
+    cfg.store = s;
+    cfg.clock = &clock;
+    rate_limiter_t *l;
+    assert_int_equal(rate_limiter_new(&cfg, &l), RATE_OK);
+    const char *keys[] = {"a", "b", "c", "d", "e", "f"};
+    for (int i = 0; i < 4; i++)
+        assert_true(rate_try_acquire(l, keys[i], 1));
+    c.now += 5 * SEC;
+    assert_true(rate_try_acquire(l, "e", 1));
+    rate_stats_t st;
+    rate_store_stats(s, &st);
+    assert_int_equal(st.reclaimed, 1);
+    assert_int_equal(st.evictions, 0);
+
+    /* Caller times far in the future: still an eviction, not a reclaim. */
+    rate_decision_t d;
+    assert_int_equal(rate_limiter_check_at(l, "f", 1, 1, 0, 9000 * SEC, &d),
+                     RATE_OK);
+    rate_store_stats(s, &st);
+    assert_int_equal(st.reclaimed, 1);
+    assert_int_equal(st.evictions, 1);
+    rate_limiter_free(l);
+    rate_policy_free(p);
+    rate_store_free(s);
+}
+
+static void grows_and_reclaims_unbounded(void **state)
+{
+    (void)state;
+    clk_t c = {SEC};
+    rate_clock_t clock = {clk_now, clk_sleep, &c};
+    rate_store_t *s;
+    rate_memory_options_t o = {0, 4};
+    assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
+    rate_policy_t *p = policy_of("token-bucket 10/s burst=10");
+    rate_limiter_config_t cfg = {0};
+    cfg.policy = p;
+    cfg.store = s;
+    cfg.clock = &clock;
+    rate_limiter_t *l;
+    assert_int_equal(rate_limiter_new(&cfg, &l), RATE_OK);
+    char k[32];
+    for (int i = 0; i < 20000; i++) {
+        snprintf(k, sizeof k, "key-number-%d-long-enough", i);
+        assert_true(rate_try_acquire(l, k, 10));
+        if (i == 9999)
+            c.now += 2 * SEC; /* the first 10000 are full again */
+    }
+    rate_stats_t st;
+    rate_store_stats(s, &st);
+    assert_true(st.reclaimed > 0);
+    assert_int_equal(st.keys + st.reclaimed, 20000);
+    assert_int_equal(st.evictions, 0);
+    assert_int_equal(st.allowed, 20000);
+    /* Every key still answers as the spec says. */
+    for (int i = 10000; i < 20000; i++) {
+        snprintf(k, sizeof k, "key-number-%d-long-enough", i);
+        assert_false(rate_try_acquire(l, k, 1));
+    }
+    rate_limiter_free(l);
+    rate_policy_free(p);
+    rate_store_free(s);
+}
+
+#define CONFORMANCE(fn)                                                     \
+    cmocka_unit_test_prestate_setup_teardown(fn, setup, teardown,           \
+                                             (void *)make_memory),          \
+        cmocka_unit_test_prestate_setup_teardown(fn, setup, teardown,       \
+                                                 (void *)make_cas)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        CONFORMANCE(keys_are_independent_and_binary_safe),
+        CONFORMANCE(large_state_round_trips),
+        CONFORMANCE(composite_state_round_trips),
+        CONFORMANCE(denials_and_queries_write_nothing),
+        cmocka_unit_test(ttl_is_reset_after),
+        cmocka_unit_test(max_keys_evicts_and_counts),
+        cmocka_unit_test(reclaims_only_by_own_clock),
+        cmocka_unit_test(grows_and_reclaims_unbounded),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
