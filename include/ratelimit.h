@@ -251,6 +251,12 @@ RATE_API bool rate_try_acquire(rate_limiter_t *limiter, const char *key,
                                uint64_t permits);
 #define rate_try_acquire1(limiter, key) rate_try_acquire((limiter), (key), 1)
 
+/* The seed call at a caller-supplied time (<= RATE_TIME_MAX), for servers
+ * that read the clock once per request or per event-loop turn.  A time out
+ * of range counts as an error (fail mode).  Thread-safe: yes. */
+RATE_API bool rate_try_acquire_at(rate_limiter_t *limiter, const char *key,
+                                  uint64_t permits, uint64_t now_ns);
+
 /* The full call: one decision for key[0..key_len) with max_wait_ns of
  * reservation (buckets only; see docs/algorithms.md), at the limiter's clock.
  * Returns RATE_OK with *out filled (allowed or not), or an error code:

@@ -35,6 +35,7 @@ typedef __int128 rate_i128_t;
 struct rate_policy {
     size_t count;
     rate_limit_t limits[RATE_MAX_LIMITS];
+    const struct rate__algo *algo[RATE_MAX_LIMITS]; /* per limit */
     uint32_t fingerprint;   /* hash of the limits: tags the stored state */
     size_t grow;            /* state bytes one admission may add */
     uint64_t max_reset_ns;  /* bound on reset_after of an admitted

@@ -322,17 +322,28 @@ static int decide(rate_limiter_t *lim, const char *key, size_t key_len,
     return RATE_OK;
 }
 
-bool rate_try_acquire(rate_limiter_t *lim, const char *key, uint64_t permits)
+static bool try_acquire(rate_limiter_t *lim, const char *key,
+                        uint64_t permits, uint64_t now, bool clock_time)
 {
     rate_decision_t d;
     size_t len = key != NULL ? strnlen(key, RATE_KEY_MAX + 1) : 0;
 
-    if (lim == NULL)
-        return false;
-    if (decide(lim, key, len, permits, 0, lim->clock.now_ns(lim->clock.ud),
-               true, false, &d) != RATE_OK)
+    if (decide(lim, key, len, permits, 0, now, clock_time, false, &d) !=
+        RATE_OK)
         return lim->fail_mode == RATE_FAIL_OPEN;
     return d.allowed;
+}
+
+bool rate_try_acquire(rate_limiter_t *lim, const char *key, uint64_t permits)
+{
+    return lim != NULL && try_acquire(lim, key, permits,
+                                      lim->clock.now_ns(lim->clock.ud), true);
+}
+
+bool rate_try_acquire_at(rate_limiter_t *lim, const char *key,
+                         uint64_t permits, uint64_t now_ns)
+{
+    return lim != NULL && try_acquire(lim, key, permits, now_ns, false);
 }
 
 int rate_limiter_check(rate_limiter_t *lim, const char *key, size_t key_len,

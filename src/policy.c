@@ -175,6 +175,7 @@ int rate_policy_new(const rate_limit_t *limits, size_t count,
     for (size_t i = 0; i < count; i++) {
         const rate__algo_t *a = rate__algo(limits[i].algorithm);
         uint64_t reset = a->max_reset(&limits[i]);
+        p->algo[i] = a;
         p->grow += a->fixed + a->grow;
         if (reset > p->max_reset_ns)
             p->max_reset_ns = reset;

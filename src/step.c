@@ -38,7 +38,7 @@ static bool parse_under(const rate_policy_t *p, const uint8_t *st, size_t len,
     if (st[12] != p->count)
         return false;
     for (size_t i = 0; i < p->count; i++) {
-        const rate__algo_t *a = rate__algo(p->limits[i].algorithm);
+        const rate__algo_t *a = p->algo[i];
         size_t n = a->size(st + off, len - off);
         if (n == 0)
             return false;
@@ -60,7 +60,7 @@ static int read_state(const rate__step_arg_t *arg, const rate_step_io_t *io,
     *t_eff = arg->now_ns;
     if (st == NULL || io->old_len == 0) { /* a new key: cold start */
         for (size_t i = 0; i < p->count; i++)
-            rate__algo(p->limits[i].algorithm)
+            p->algo[i]
                 ->load(&p->limits[i], NULL, &views[i]);
         return RATE_OK;
     }
@@ -77,7 +77,7 @@ static int read_state(const rate__step_arg_t *arg, const rate_step_io_t *io,
         if (!parse_under(p, st, io->old_len, &ps))
             return RATE_ECORRUPT;
         for (size_t i = 0; i < p->count; i++) {
-            const rate__algo_t *a = rate__algo(p->limits[i].algorithm);
+            const rate__algo_t *a = p->algo[i];
             a->load(&p->limits[i], ps.comp[i], &views[i]);
             a->advance(&p->limits[i], &views[i], ps.last, *t_eff);
         }
@@ -90,7 +90,7 @@ static int read_state(const rate__step_arg_t *arg, const rate_step_io_t *io,
                  parse_under(&old, st, io->old_len, &ps);
     for (size_t i = 0; i < p->count; i++) {
         const rate_limit_t *to = &p->limits[i];
-        const rate__algo_t *a = rate__algo(to->algorithm);
+        const rate__algo_t *a = p->algo[i];
         if (known && i < old.count && old.limits[i].algorithm == to->algorithm) {
             a->load(&old.limits[i], ps.comp[i], &views[i]);
             a->convert(&old.limits[i], to, ps.last, &views[i]);
@@ -156,7 +156,7 @@ static size_t write_state(const rate_policy_t *p, const rate__view_t *views,
     out[13] = RATE__STATE_VERSION;
     out[14] = out[15] = 0;
     for (size_t i = 0; i < p->count; i++)
-        off += rate__algo(p->limits[i].algorithm)
+        off += p->algo[i]
                    ->commit(&p->limits[i], &views[i], t, n, out + off);
     return off;
 }
@@ -167,7 +167,7 @@ static size_t state_bound(const rate_policy_t *p, const rate__view_t *views)
     size_t len = RATE__HEADER_LEN;
 
     for (size_t i = 0; i < p->count; i++) {
-        const rate__algo_t *a = rate__algo(p->limits[i].algorithm);
+        const rate__algo_t *a = p->algo[i];
         len += a->fixed + a->grow + (size_t)views[i].log_count * a->grow;
     }
     return len;
@@ -190,7 +190,7 @@ int rate__step(void *varg, rate_step_io_t *io)
     if (rc != RATE_OK)
         return rc;
     for (size_t i = 0; i < p->count; i++)
-        rate__algo(p->limits[i].algorithm)
+        p->algo[i]
             ->decide(&p->limits[i], &views[i], t, arg->permits,
                      arg->max_wait_ns, arg->detail, &verdicts[i]);
     combine(p, verdicts, arg->decision);

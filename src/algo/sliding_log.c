@@ -2,8 +2,10 @@
  * Sliding window log: every admitted request is kept as (time, permits)
  * until it leaves the window (t - W, t].  Exact; memory grows with L.
  *
- * State: a 32-bit entry count and 4 bytes of padding, then the entries in
- * time order, 16 bytes each.  Requests admitted at the same t_eff share one
+ * State: a 32-bit entry count and the 32-bit sum of their permits (at most
+ * L <= RATE_SLIDING_LOG_MAX), then the entries in time order, 16 bytes
+ * each.  Keeping the sum makes a denial O(log entries): only the pruned
+ * prefix is read.  Requests admitted at the same t_eff share one
  * entry, so a key holds at most min(L, distinct times in W) entries.
  * Pruning happens only when an admission rewrites the state, relative to
  * that admission's t_eff (= the new t_last), as the spec requires.
@@ -48,11 +50,10 @@ static void sl_prune(const rate_limit_t *l, uint64_t t, rate__view_t *v)
                 hi = mid;
         }
     }
+    for (uint32_t i = 0; i < lo; i++)
+        v->log_sum -= sl_permits(v->log, i);
     v->log += (size_t)lo * SL_ENTRY;
     v->log_count -= lo;
-    v->log_sum = 0;
-    for (uint32_t i = 0; i < v->log_count; i++)
-        v->log_sum += sl_permits(v->log, i);
 }
 
 static void sl_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
@@ -60,11 +61,10 @@ static void sl_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
     memset(v, 0, sizeof *v);
     if (st == NULL)
         return;
+    (void)l;
     v->log = st + SL_HEAD;
     v->log_count = rate__get32(st);
-    for (uint32_t i = 0; i < v->log_count; i++)
-        v->log_sum += sl_permits(v->log, i);
-    (void)l;
+    v->log_sum = rate__get32(st + 4);
 }
 
 static void sl_advance(const rate_limit_t *l, rate__view_t *v, uint64_t last,
@@ -130,7 +130,8 @@ static size_t sl_commit(const rate_limit_t *l, const rate__view_t *v,
     size_t bytes = (size_t)count * SL_ENTRY;
 
     (void)l;
-    memmove(out + SL_HEAD, v->log, bytes);
+    if (bytes > 0) /* a cold log has no entries (and no pointer) */
+        memmove(out + SL_HEAD, v->log, bytes);
     if (n == 0) {
         /* nothing to log */
     } else if (count > 0 && sl_time(out + SL_HEAD, count - 1) == t) {
@@ -142,7 +143,7 @@ static size_t sl_commit(const rate_limit_t *l, const rate__view_t *v,
         count++;
     }
     rate__put32(out, count);
-    rate__put32(out + 4, 0);
+    rate__put32(out + 4, (uint32_t)(v->log_sum + n));
     return SL_HEAD + (size_t)count * SL_ENTRY;
 }
 

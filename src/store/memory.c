@@ -72,6 +72,7 @@ typedef struct slot {
 typedef struct shard {
     _Alignas(64) atomic_int lock;
     uint32_t count, cap, max, hand;
+    uint8_t *ctrl; /* one byte per slot: 0 empty, else 0x80 | 7 hash bits */
     slot_t *slots;
     uint8_t *scratch;
     size_t scratch_cap;
@@ -127,6 +128,14 @@ static inline uint32_t next(const shard_t *s, uint32_t i)
     return i + 1 == s->cap ? 0 : i + 1;
 }
 
+/* The control byte: 7 bits of the tag that the home slot does not use
+ * (home takes the high bits), so a probe reads one byte per slot and
+ * touches a slot's cache line only on a likely match. */
+static inline uint8_t ctrl_of(uint32_t tag)
+{
+    return (uint8_t)(0x80u | ((tag >> 1) & 0x7fu));
+}
+
 static inline const char *slot_key(const slot_t *e)
 {
     return e->flags & F_KEY_HEAP ? e->key.heap.ptr : e->key.inl;
@@ -148,10 +157,14 @@ static inline uint32_t probe(const shard_t *s, uint32_t tag, const char *key,
                              size_t len)
 {
     uint32_t i = home(s, tag);
+    uint8_t c = ctrl_of(tag);
 
-    while (s->slots[i].tag != 0 && !slot_is(&s->slots[i], tag, key, len))
+    for (;;) {
+        uint8_t x = s->ctrl[i];
+        if (x == 0 || (x == c && slot_is(&s->slots[i], tag, key, len)))
+            return i;
         i = next(s, i);
-    return i;
+    }
 }
 
 static void slot_release(shard_t *s, slot_t *e)
@@ -175,7 +188,7 @@ static void slot_remove(shard_t *s, uint32_t i)
     slot_release(s, &s->slots[i]);
     for (;;) {
         j = next(s, j);
-        if (s->slots[j].tag == 0)
+        if (s->ctrl[j] == 0)
             break;
         uint32_t h = home(s, s->slots[j].tag);
         /* Move j into the hole at i unless j's home lies in (i, j]. */
@@ -183,9 +196,11 @@ static void slot_remove(shard_t *s, uint32_t i)
         if (stays)
             continue;
         s->slots[i] = s->slots[j];
+        s->ctrl[i] = s->ctrl[j];
         i = j;
     }
     memset(&s->slots[i], 0, sizeof s->slots[i]);
+    s->ctrl[i] = 0;
     s->count--;
 }
 
@@ -221,12 +236,18 @@ static void make_room(shard_t *s, const rate_step_t *st)
 static int rehash(shard_t *s, uint32_t cap, const rate_step_t *st)
 {
     slot_t *old = s->slots;
+    uint8_t *old_ctrl = s->ctrl;
     uint32_t old_cap = s->cap;
     slot_t *fresh = calloc(cap, sizeof *fresh);
+    uint8_t *ctrl = calloc(cap, 1);
 
-    if (fresh == NULL)
+    if (fresh == NULL || ctrl == NULL) {
+        free(fresh);
+        free(ctrl);
         return RATE_ENOMEM;
+    }
     s->slots = fresh;
+    s->ctrl = ctrl;
     s->cap = cap;
     s->count = 0;
     s->hand = 0;
@@ -240,12 +261,14 @@ static int rehash(shard_t *s, uint32_t cap, const rate_step_t *st)
             continue;
         }
         uint32_t j = home(s, e->tag);
-        while (fresh[j].tag != 0)
+        while (ctrl[j] != 0)
             j = next(s, j);
         fresh[j] = *e;
+        ctrl[j] = ctrl_of(e->tag);
         s->count++;
     }
     free(old);
+    free(old_ctrl);
     return RATE_OK;
 }
 
@@ -297,7 +320,8 @@ static int insert(shard_t *s, uint32_t tag, const char *key, size_t len,
     int rc = reserve(s, st);
     if (rc != RATE_OK)
         return rc;
-    slot_t *e = &s->slots[probe(s, tag, key, len)];
+    uint32_t i = probe(s, tag, key, len);
+    slot_t *e = &s->slots[i];
     memset(e, 0, sizeof *e);
     if (len > KEY_INLINE) {
         char *p = malloc(len);
@@ -322,6 +346,7 @@ static int insert(shard_t *s, uint32_t tag, const char *key, size_t len,
         return rc;
     }
     e->tag = tag;
+    s->ctrl[i] = ctrl_of(tag);
     s->count++;
     return RATE_OK;
 }
@@ -356,7 +381,7 @@ static int mem_update(void *self, const char *key, size_t len,
 
     shard_lock(s);
     uint32_t i = probe(s, tag, key, len);
-    slot_t *e = s->slots[i].tag != 0 ? &s->slots[i] : NULL;
+    slot_t *e = s->ctrl[i] != 0 ? &s->slots[i] : NULL;
     memset(&io, 0, sizeof io);
     if (e != NULL) {
         e->flags |= F_REF;
@@ -410,7 +435,7 @@ static int mem_stats(void *self, rate_stats_t *out)
         out->reclaimed += s->reclaimed;
         out->allowed += s->allowed;
         out->denied += s->denied;
-        out->bytes += (uint64_t)s->cap * sizeof(slot_t) + s->heap_bytes;
+        out->bytes += (uint64_t)s->cap * (sizeof(slot_t) + 1) + s->heap_bytes;
         shard_unlock(s);
     }
     return RATE_OK;
@@ -422,10 +447,11 @@ static void mem_destroy(void *self)
 
     for (unsigned i = 0; i < m->nshards; i++) {
         shard_t *s = &m->shards[i];
-        for (uint32_t j = 0; j < s->cap; j++)
+        for (uint32_t j = 0; s->slots != NULL && j < s->cap; j++)
             if (s->slots[j].tag != 0)
                 slot_release(s, &s->slots[j]);
         free(s->slots);
+        free(s->ctrl);
         free(s->scratch);
     }
     free(m->shards);
@@ -487,7 +513,8 @@ int rate_store_memory_new(const rate_memory_options_t *opt, rate_store_t **out)
             s->max = (uint32_t)(o.max_keys / n + (i < o.max_keys % n));
         uint32_t cap = slots_for(s->max != 0 ? s->max : 8);
         s->slots = calloc(cap, sizeof(slot_t));
-        if (s->slots == NULL) {
+        s->ctrl = calloc(cap, 1);
+        if (s->slots == NULL || s->ctrl == NULL) {
             mem_destroy(m);
             return RATE_ENOMEM;
         }

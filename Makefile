@@ -1,0 +1,59 @@
+# Thin wrapper over CMake.  `make demo` and `make test` install what is
+# missing (scripts/deps.sh) before building.
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps build demo test test-plain test-asan test-tsan valgrind \
+        bench install clean
+
+all: build
+
+deps:
+	@scripts/deps.sh test
+
+build:
+	@scripts/deps.sh build
+	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON $(CMAKE_FLAGS) >/dev/null
+	cmake --build build -j $(JOBS)
+
+# The main job on the in-memory default.
+demo: build
+	./build/tools/ratelimit/ratelimit demo
+
+# Every test: plain build, AddressSanitizer + UndefinedBehaviorSanitizer,
+# ThreadSanitizer on the concurrency test, and valgrind.
+test: deps test-plain test-asan test-tsan valgrind
+
+test-plain:
+	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON $(CMAKE_FLAGS) >/dev/null
+	cmake --build build -j $(JOBS)
+	cd build && ctest --output-on-failure -j $(JOBS)
+
+test-asan:
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DRATE_ASAN=ON $(CMAKE_FLAGS) >/dev/null
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --output-on-failure -j $(JOBS)
+
+test-tsan:
+	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DRATE_TSAN=ON -DRATE_BUILD_TOOLS=OFF $(CMAKE_FLAGS) >/dev/null
+	cmake --build build-tsan -j $(JOBS)
+	cd build-tsan && setarch "$$(uname -m)" -R env TSAN_OPTIONS=halt_on_error=1 \
+	  ctest --output-on-failure -L concurrency
+
+VALGRIND_TESTS = policy algorithms limiter store property
+valgrind: test-plain
+	@for t in $(VALGRIND_TESTS); do \
+	  echo "valgrind: test_$$t"; \
+	  valgrind -q --error-exitcode=1 --leak-check=full \
+	    --errors-for-leak-kinds=definite build/tests/test_$$t >/dev/null || exit 1; \
+	done; echo "valgrind: clean"
+
+bench: build
+	./build/tools/ratelimit/ratelimit bench
+
+install: build
+	cmake --install build
+
+clean:
+	rm -rf build build-asan build-tsan
