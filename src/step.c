@@ -109,6 +109,21 @@ static void combine(const rate_policy_t *p, const rate__verdict_t *v,
 {
     bool allowed = true, never = false;
 
+    if (p->count == 1) { /* the common case: the verdict is the decision */
+        const rate_limit_t *l = &p->limits[0];
+        d->allowed = v->allowed;
+        d->shadow = false;
+        d->reason = v->reason;
+        d->component = 0;
+        d->error = 0;
+        d->limit = l->burst != 0 ? l->burst : l->limit;
+        d->remaining = v->allowed ? v->remaining_after : v->remaining_now;
+        d->delay_ns = v->allowed ? v->delay_ns : 0;
+        d->retry_after_ns = v->retry_after_ns;
+        d->reset_after_ns = v->allowed ? v->reset_after_ns : v->reset_now_ns;
+        return;
+    }
+
     for (size_t i = 0; i < p->count; i++) {
         allowed = allowed && v[i].allowed;
         never = never || v[i].reason == RATE_REASON_NEVER;
