@@ -16,9 +16,13 @@ build:
 	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON $(CMAKE_FLAGS) >/dev/null
 	cmake --build build -j $(JOBS)
 
-# The main job on the in-memory default.
+# The main job on the in-memory default: sample traffic aimed at
+# fixed-window edges through all five algorithms, a table and a chart.
 demo: build
-	./build/tools/ratelimit/ratelimit demo
+	@sh scripts/gen-traces.sh build/traces
+	./build/tools/ratelimit/ratelimit compare --rate 10/s --burst 10 \
+	  --svg build/demo.svg build/traces/edges.trace
+	@echo "chart: build/demo.svg"
 
 # Every test: plain build, AddressSanitizer + UndefinedBehaviorSanitizer,
 # ThreadSanitizer on the concurrency test, and valgrind.

@@ -1,7 +1,6 @@
 /*
  * ratelimit -- the command-line face of libratelimit.
  */
-#include <stdarg.h>
 #include <string.h>
 
 #include "cli.h"
@@ -10,21 +9,12 @@ static const char usage[] =
     "usage: ratelimit COMMAND [OPTIONS]\n"
     "\n"
     "Commands:\n"
-    "  demo     send bursty traffic through each algorithm, print what each admitted\n"
-    "  bench    measure ns per decision against the machine's floors\n"
+    "  replay   replay a trace through one policy, one decision per request\n"
+    "  compare  one trace through all five algorithms: a table and a chart\n"
+    "  check    one decision for one key (exit 0 allowed, 1 denied, 2 error)\n"
+    "  bench    ns per decision against the machine's floors\n"
     "\n"
     "Run 'ratelimit COMMAND --help' for a command's options.\n";
-
-int cli_fail(const char *fmt, ...)
-{
-    va_list ap;
-    fputs("ratelimit: ", stderr);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    return 2;
-}
 
 int main(int argc, char **argv)
 {
@@ -38,8 +28,12 @@ int main(int argc, char **argv)
         return printf("ratelimit %d.%d.%d\n", RATE_VERSION_MAJOR,
                       RATE_VERSION_MINOR, RATE_VERSION_PATCH),
                0;
-    if (strcmp(cmd, "demo") == 0)
-        return cmd_demo(argc - 1, argv + 1);
+    if (strcmp(cmd, "replay") == 0)
+        return cmd_replay(argc - 1, argv + 1);
+    if (strcmp(cmd, "compare") == 0)
+        return cmd_compare(argc - 1, argv + 1);
+    if (strcmp(cmd, "check") == 0)
+        return cmd_check(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0)
         return cmd_bench(argc - 1, argv + 1);
     return cli_fail("unknown command '%s' (try 'ratelimit --help')", cmd);

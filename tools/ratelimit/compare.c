@@ -1,0 +1,383 @@
+/*
+ * ratelimit compare: one trace through all five algorithms at the same
+ * long-run rate, side by side.  Streams the trace once, feeding each request
+ * to five limiters; per key it keeps only the admitted times of the last
+ * period, so memory grows with keys and the limit, not with the trace.
+ *
+ * Columns: admitted, denied; "max/period", the most admitted for one key in
+ * any span of one period (burstiness); "edge spike", the same for spans that
+ * cross a fixed-window edge (a multiple of the period); the mean delay of
+ * admitted requests (non-zero only for bucket reservations, --max-wait).
+ */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "keymap.h"
+#include "trace.h"
+
+#define ALGOS 5
+#define MAX_BINS 4096
+
+static const char usage[] =
+    "usage: ratelimit compare --rate N/DUR [--burst N] [--max-wait DUR]\n"
+    "                         [--svg FILE] [--input trace|clf]\n"
+    "                         [--key-field FIELD] [FILE]\n"
+    "\n"
+    "Sends one trace through all five algorithms at the same long-run rate:\n"
+    "the buckets get --rate with --burst (default: the rate's N) as burst or\n"
+    "capacity, the windows N per DUR.  Prints a table; --svg also writes a\n"
+    "chart of admitted requests over time, one line per algorithm.\n"
+    "Input as for 'ratelimit replay'.\n";
+
+enum { O_RATE = 256, O_BURST, O_MAXWAIT, O_SVG, O_INPUT, O_KEYFIELD, O_HELP };
+
+static const struct option longopts[] = {
+    {"rate", required_argument, NULL, O_RATE},
+    {"burst", required_argument, NULL, O_BURST},
+    {"max-wait", required_argument, NULL, O_MAXWAIT},
+    {"svg", required_argument, NULL, O_SVG},
+    {"input", required_argument, NULL, O_INPUT},
+    {"key-field", required_argument, NULL, O_KEYFIELD},
+    {"help", no_argument, NULL, O_HELP},
+    {NULL, 0, NULL, 0},
+};
+
+typedef struct lane {
+    rate_limit_t limit;
+    rate_policy_t *policy;
+    rate_limiter_t *lim;
+    char text[96];
+    keymap_t keys;
+    uint64_t admitted, denied, delay_sum_ns, max_window, spike;
+    uint64_t bins[MAX_BINS];
+} lane_t;
+
+typedef struct chart {
+    uint64_t t0, width_ns; /* bin width, a multiple of the period */
+    size_t nbins;
+    uint64_t offered[MAX_BINS];
+} chart_t;
+
+/* Halves the resolution: merges bins pairwise, doubling their width. */
+static void coarsen(chart_t *c, lane_t *lanes)
+{
+    for (size_t i = 0; i < MAX_BINS / 2; i++) {
+        c->offered[i] = c->offered[2 * i] + c->offered[2 * i + 1];
+        for (int a = 0; a < ALGOS; a++)
+            lanes[a].bins[i] = lanes[a].bins[2 * i] + lanes[a].bins[2 * i + 1];
+    }
+    memset(c->offered + MAX_BINS / 2, 0, sizeof c->offered / 2);
+    for (int a = 0; a < ALGOS; a++)
+        memset(lanes[a].bins + MAX_BINS / 2, 0, sizeof lanes[a].bins / 2);
+    c->width_ns *= 2;
+    c->nbins = (c->nbins + 1) / 2;
+}
+
+static size_t bin_of(chart_t *c, lane_t *lanes, uint64_t t)
+{
+    uint64_t off = t > c->t0 ? t - c->t0 : 0;
+    while (off / c->width_ns >= MAX_BINS)
+        coarsen(c, lanes);
+    size_t b = (size_t)(off / c->width_ns);
+    if (b + 1 > c->nbins)
+        c->nbins = b + 1;
+    return b;
+}
+
+/* Records an admission of key at t for the burstiness columns. */
+static int note_admitted(lane_t *ln, const trace_req_t *r, uint64_t period)
+{
+    keyrec_t *k = keymap_get(&ln->keys, r->key, r->key_len);
+    if (k == NULL)
+        return -1;
+    while (k->head < k->ntimes && k->times[k->head] + period <= r->t_ns)
+        k->head++;
+    if (k->ntimes == k->cap) {
+        if (k->head > 0) { /* slide the live part to the front */
+            memmove(k->times, k->times + k->head,
+                    (k->ntimes - k->head) * sizeof *k->times);
+            k->ntimes -= k->head;
+            k->head = 0;
+        }
+        if (k->ntimes == k->cap) {
+            size_t cap = k->cap ? k->cap * 2 : 16;
+            uint64_t *t = realloc(k->times, cap * sizeof *t);
+            if (t == NULL)
+                return -1;
+            k->times = t;
+            k->cap = cap;
+        }
+    }
+    k->times[k->ntimes++] = r->t_ns;
+    uint64_t count = k->ntimes - k->head;
+    if (count > ln->max_window)
+        ln->max_window = count;
+    /* The span (t - period, t] crosses an edge if its oldest admission lies
+     * in an earlier fixed window than t. */
+    if (k->times[k->head] / period != r->t_ns / period && count > ln->spike)
+        ln->spike = count;
+    return 0;
+}
+
+static void xml_text(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        switch (*s) {
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '&': fputs("&amp;", f); break;
+        case '"': fputs("&quot;", f); break;
+        default: fputc(*s, f);
+        }
+    }
+}
+
+/* A round step (1, 2 or 5 times a power of ten) giving about `n` ticks. */
+static double nice_step(double range, int n)
+{
+    double raw = range / n, p = 1;
+    while (p * 10 <= raw)
+        p *= 10;
+    while (p > raw)
+        p /= 10;
+    return raw <= p ? p : raw <= 2 * p ? 2 * p : raw <= 5 * p ? 5 * p : 10 * p;
+}
+
+static int write_svg(const char *path, const chart_t *c, const lane_t *lanes,
+                     uint64_t period)
+{
+    static const char *colors[ALGOS] = {"#1f77b4", "#ff7f0e", "#2ca02c",
+                                        "#d62728", "#9467bd"};
+    const double X0 = 70, Y0 = 40, W = 600, H = 300;
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        return -1;
+    double per = (double)c->width_ns / (double)period; /* periods per bin */
+    double ymax = 1;
+    for (size_t i = 0; i < c->nbins; i++)
+        if ((double)c->offered[i] / per > ymax)
+            ymax = (double)c->offered[i] / per;
+    double secs = (double)c->nbins * (double)c->width_ns / 1e9;
+    double ystep = nice_step(ymax, 5), xstep = nice_step(secs, 8);
+    ymax = ystep * (double)(long)(ymax / ystep + 0.999);
+
+    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"980\" "
+               "height=\"400\" viewBox=\"0 0 980 400\" "
+               "font-family=\"sans-serif\" font-size=\"12\">\n"
+               "<rect width=\"980\" height=\"400\" fill=\"white\"/>\n");
+    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"14\">Admitted per "
+               "period (%g s) over time</text>\n", X0, (double)period / 1e9);
+    /* axes, grid and ticks */
+    fprintf(f, "<g stroke=\"#999\" fill=\"none\">\n"
+               "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n"
+               "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n</g>\n",
+            X0, Y0 + H, X0 + W, Y0 + H, X0, Y0, X0, Y0 + H);
+    for (double y = 0; y <= ymax + 1e-9; y += ystep) {
+        double py = Y0 + H - y / ymax * H;
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+                   "stroke=\"#eee\"/>\n<text x=\"%.1f\" y=\"%.1f\" "
+                   "text-anchor=\"end\">%g</text>\n",
+                X0, py, X0 + W, py, X0 - 6, py + 4, y);
+    }
+    for (double x = 0; x <= secs + 1e-9; x += xstep) {
+        double px = X0 + x / secs * W;
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+                   "stroke=\"#999\"/>\n<text x=\"%.1f\" y=\"%.1f\" "
+                   "text-anchor=\"middle\">%g</text>\n",
+                px, Y0 + H, px, Y0 + H + 5, px, Y0 + H + 18, x);
+    }
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">time "
+               "(s)</text>\n", X0 + W / 2, Y0 + H + 36);
+    fprintf(f, "<text x=\"18\" y=\"%.1f\" text-anchor=\"middle\" "
+               "transform=\"rotate(-90 18 %.1f)\">admitted per period"
+               "</text>\n", Y0 + H / 2, Y0 + H / 2);
+    /* series: offered load, then each algorithm */
+    for (int a = -1; a < ALGOS; a++) {
+        const uint64_t *v = a < 0 ? c->offered : lanes[a].bins;
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%s\" "
+                   "points=\"",
+                a < 0 ? "#bbb" : colors[a], a < 0 ? "1" : "1.5");
+        for (size_t i = 0; i < c->nbins; i++) {
+            double x = X0 + ((double)i + 0.5) / (double)c->nbins * W;
+            double y = Y0 + H - (double)v[i] / per / ymax * H;
+            fprintf(f, "%s%.1f,%.1f", i ? " " : "", x, y);
+        }
+        fputs("\"/>\n", f);
+    }
+    /* legend */
+    for (int a = -1; a < ALGOS; a++) {
+        double ly = Y0 + 10 + (a + 1) * 20;
+        fprintf(f, "<line x1=\"690\" y1=\"%.1f\" x2=\"715\" y2=\"%.1f\" "
+                   "stroke=\"%s\" stroke-width=\"3\"/>\n<text x=\"720\" "
+                   "y=\"%.1f\">",
+                ly, ly, a < 0 ? "#bbb" : colors[a], ly + 4);
+        xml_text(f, a < 0 ? "offered" : lanes[a].text);
+        fputs("</text>\n", f);
+    }
+    fputs("</svg>\n", f);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+static int setup_lanes(lane_t *lanes, uint64_t limit, uint64_t period,
+                       uint64_t burst)
+{
+    static const rate_algorithm_t algos[ALGOS] = {
+        RATE_TOKEN_BUCKET, RATE_LEAKY_BUCKET, RATE_FIXED_WINDOW,
+        RATE_SLIDING_LOG, RATE_SLIDING_WINDOW};
+    char err[256];
+    for (int a = 0; a < ALGOS; a++) {
+        lane_t *ln = &lanes[a];
+        bool bucket = a < 2;
+        ln->limit = (rate_limit_t){algos[a], limit, period, bucket ? burst : 0};
+        if (rate_policy_new(&ln->limit, 1, &ln->policy, err, sizeof err) != 0)
+            return cli_fail("compare: %s", err);
+        rate_policy_format(ln->policy, ln->text, sizeof ln->text);
+        rate_limiter_config_t cfg = {.policy = ln->policy};
+        if (rate_limiter_new(&cfg, &ln->lim) != RATE_OK)
+            return cli_fail("compare: cannot make a limiter");
+    }
+    return 0;
+}
+
+static void print_table(const lane_t *lanes)
+{
+    printf("%-34s %9s %9s %10s %10s %11s\n", "policy", "admitted", "denied",
+           "max/period", "edge spike", "mean delay");
+    for (int a = 0; a < ALGOS; a++) {
+        const lane_t *ln = &lanes[a];
+        double mean = ln->admitted ? (double)ln->delay_sum_ns /
+                                         (double)ln->admitted / 1e6 : 0;
+        printf("%-34s %9llu %9llu %10llu %10llu %8.3f ms\n", ln->text,
+               (unsigned long long)ln->admitted,
+               (unsigned long long)ln->denied,
+               (unsigned long long)ln->max_window,
+               (unsigned long long)ln->spike, mean);
+    }
+}
+
+int cmd_compare(int argc, char **argv)
+{
+    const char *rate = NULL, *burst_text = NULL, *max_wait_text = NULL;
+    const char *svg = NULL, *input = "trace", *field = "host";
+    int c;
+
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
+        switch (c) {
+        case O_RATE: rate = optarg; break;
+        case O_BURST: burst_text = optarg; break;
+        case O_MAXWAIT: max_wait_text = optarg; break;
+        case O_SVG: svg = optarg; break;
+        case O_INPUT: input = optarg; break;
+        case O_KEYFIELD: field = optarg; break;
+        case O_HELP: fputs(usage, stdout); return 0;
+        default: return getopt_fail("compare", c, argv);
+        }
+    }
+    if (argc - optind > 1)
+        return cli_fail("compare: more than one FILE ('%s', '%s')",
+                        argv[optind], argv[optind + 1]);
+    uint64_t limit, period, burst, max_wait = 0;
+    const char *why;
+    if (rate == NULL)
+        return cli_fail("compare: --rate is required (e.g. --rate 100/s)");
+    if (parse_rate_text(rate, &limit, &period, &why) != 0)
+        return cli_fail("compare: --rate '%s' %s", rate, why);
+    if (limit == 0 || period == 0)
+        return cli_fail("compare: --rate '%s' is zero", rate);
+    burst = limit;
+    if (burst_text != NULL &&
+        (parse_count_text(burst_text, &burst) != 0 || burst == 0))
+        return cli_fail("compare: --burst '%s' is not a whole number from 1",
+                        burst_text);
+    if (max_wait_text != NULL &&
+        rate_parse_duration(max_wait_text, &max_wait) != 0)
+        return cli_fail("compare: --max-wait '%s' is not a duration",
+                        max_wait_text);
+    bool clf = strcmp(input, "clf") == 0;
+    if (!clf && strcmp(input, "trace") != 0)
+        return cli_fail("compare: --input '%s' is neither 'trace' nor 'clf'",
+                        input);
+    int key_field = clf_field_from_name(field);
+    if (key_field < 0)
+        return cli_fail("compare: --key-field '%s' is not a log field", field);
+
+    lane_t *lanes = calloc(ALGOS, sizeof *lanes);
+    chart_t *chart = calloc(1, sizeof *chart);
+    int status = lanes && chart ? setup_lanes(lanes, limit, period, burst)
+                                : cli_fail("compare: out of memory");
+    FILE *in = status ? NULL
+                      : open_input("compare", argc > optind ? argv[optind] : NULL);
+    if (status == 0 && in == NULL)
+        status = 2;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    uint64_t lineno = 0;
+    bool first = true;
+    while (status == 0 && (n = getline(&line, &cap, in)) != -1) {
+        size_t len = (size_t)n;
+        trace_req_t r;
+        const char *err = NULL;
+        lineno++;
+        if (len > 0 && line[len - 1] == '\n')
+            len--;
+        int rc = clf ? clf_parse_line(line, len, (clf_field_t)key_field, &r,
+                                      &err)
+                     : trace_parse_line(line, len, &r, &err);
+        if (rc == TRACE_SKIP)
+            continue;
+        if (rc == TRACE_ERR || r.key_len > RATE_KEY_MAX) {
+            status = cli_fail("compare: line %llu: %s",
+                              (unsigned long long)lineno,
+                              rc == TRACE_ERR ? err : "KEY too long");
+            break;
+        }
+        if (first) {
+            chart->t0 = r.t_ns - r.t_ns % period;
+            chart->width_ns = period;
+            first = false;
+        }
+        chart->offered[bin_of(chart, lanes, r.t_ns)] += r.permits;
+        for (int a = 0; a < ALGOS && status == 0; a++) {
+            lane_t *ln = &lanes[a];
+            rate_decision_t d;
+            uint64_t mw = a < 2 ? max_wait : 0;
+            if (rate_limiter_check_at(ln->lim, r.key, r.key_len, r.permits,
+                                      mw, r.t_ns, &d) != RATE_OK) {
+                status = cli_fail("compare: line %llu: a value is out of "
+                                  "range", (unsigned long long)lineno);
+                break;
+            }
+            if (!d.allowed) {
+                ln->denied++;
+                continue;
+            }
+            ln->admitted++;
+            ln->delay_sum_ns += d.delay_ns;
+            ln->bins[bin_of(chart, lanes, r.t_ns)] += r.permits;
+            if (r.permits > 0 && note_admitted(ln, &r, period) != 0)
+                status = cli_fail("compare: out of memory");
+        }
+    }
+    if (status == 0) {
+        print_table(lanes);
+        if (svg != NULL && write_svg(svg, chart, lanes, period) != 0)
+            status = cli_fail("compare: cannot write '%s'", svg);
+    }
+    free(line);
+    if (in != NULL && in != stdin)
+        fclose(in);
+    for (int a = 0; lanes && a < ALGOS; a++) {
+        rate_limiter_free(lanes[a].lim);
+        rate_policy_free(lanes[a].policy);
+        keymap_free(&lanes[a].keys);
+    }
+    free(lanes);
+    free(chart);
+    return status;
+}

@@ -1,0 +1,31 @@
+/*
+ * A small map from keys (byte strings) to a per-key record, iterated in the
+ * order keys were first seen.  For the command's summaries; not for the
+ * library's hot path.
+ */
+#ifndef RATE_KEYMAP_H
+#define RATE_KEYMAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct keyrec {
+    char *key;
+    size_t len;
+    uint64_t allowed, denied;
+    uint64_t *times; /* compare: admitted times */
+    size_t head, ntimes, cap; /* queue times[head..ntimes) */
+} keyrec_t;
+
+typedef struct keymap {
+    keyrec_t *recs;   /* in first-seen order */
+    size_t n, cap;
+    uint32_t *slots;  /* index + 1 into recs; 0 empty */
+    size_t nslots;
+} keymap_t;
+
+/* The record of key, made on first sight; NULL when out of memory. */
+keyrec_t *keymap_get(keymap_t *m, const char *key, size_t len);
+void keymap_free(keymap_t *m);
+
+#endif

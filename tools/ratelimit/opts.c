@@ -1,0 +1,244 @@
+/*
+ * Helpers shared by the subcommands: policy options, stores, input files,
+ * number formatting and getopt messages.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+int cli_fail(const char *fmt, ...)
+{
+    va_list ap;
+    fflush(stdout);
+    fputs("ratelimit: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return 2;
+}
+
+int getopt_fail(const char *cmd, int c, char **argv)
+{
+    const char *arg = argv[optind - 1];
+    if (c == ':')
+        return cli_fail("%s: option '%s' needs a value", cmd, arg);
+    if (optopt != 0)
+        return cli_fail("%s: unknown option '-%c'", cmd, optopt);
+    return cli_fail("%s: unknown option '%s'", cmd, arg);
+}
+
+int parse_count_text(const char *s, uint64_t *out)
+{
+    uint64_t v = 0;
+    if (s == NULL || *s == '\0')
+        return -1;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return -1;
+        uint64_t d = (uint64_t)(*s - '0');
+        if (v > (RATE_TIME_MAX - d) / 10)
+            return -1;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return 0;
+}
+
+int parse_rate_text(const char *s, uint64_t *limit, uint64_t *period,
+                    const char **why)
+{
+    const char *slash = strchr(s, '/');
+    char num[32], dur[64];
+    size_t n;
+
+    if (slash == NULL) {
+        *why = "is not N/DURATION (e.g. 10/s, 100/1m)";
+        return -1;
+    }
+    n = (size_t)(slash - s);
+    if (n == 0 || n >= sizeof num) {
+        *why = "needs a whole number before '/'";
+        return -1;
+    }
+    memcpy(num, s, n);
+    num[n] = '\0';
+    if (parse_count_text(num, limit) != 0) {
+        *why = "needs a whole number up to 2^63-1 before '/'";
+        return -1;
+    }
+    /* The count of the duration may be left out: 10/s = 10/1s. */
+    const char *d = slash + 1;
+    snprintf(dur, sizeof dur, "%s%s", (*d >= '0' && *d <= '9') ? "" : "1", d);
+    if (strlen(d) >= sizeof dur - 1 || rate_parse_duration(dur, period) != 0 ||
+        strcmp(dur, "0") == 0) {
+        *why = "has a bad duration after '/' (a whole number and a unit: "
+               "ns us ms s m h d)";
+        return -1;
+    }
+    return 0;
+}
+
+static bool is_bucket(rate_algorithm_t a)
+{
+    return a == RATE_TOKEN_BUCKET || a == RATE_LEAKY_BUCKET;
+}
+
+static int algorithm_of(const char *name, rate_algorithm_t *out)
+{
+    static const struct {
+        const char *name;
+        rate_algorithm_t a;
+    } names[] = {
+        {"token-bucket", RATE_TOKEN_BUCKET}, {"gcra", RATE_TOKEN_BUCKET},
+        {"leaky-bucket", RATE_LEAKY_BUCKET}, {"fixed-window", RATE_FIXED_WINDOW},
+        {"sliding-log", RATE_SLIDING_LOG},   {"sliding-window", RATE_SLIDING_WINDOW},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(name, names[i].name) == 0) {
+            *out = names[i].a;
+            return 0;
+        }
+    return -1;
+}
+
+/* "--opt" given where it does not belong. */
+static int misplaced(const policy_opts_t *o, const char *opt, const char *alg)
+{
+    return cli_fail("%s: %s does not apply to %s", o->cmd, opt, alg);
+}
+
+static int count_opt(const policy_opts_t *o, const char *name, const char *v,
+                     uint64_t *out)
+{
+    if (v == NULL)
+        return cli_fail("%s: %s is required for %s", o->cmd, name,
+                        o->algorithm);
+    if (parse_count_text(v, out) != 0)
+        return cli_fail("%s: %s '%s' is not a whole number up to 2^63-1",
+                        o->cmd, name, v);
+    if (*out == 0)
+        return cli_fail("%s: %s must be at least 1", o->cmd, name);
+    return 0;
+}
+
+int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
+                     uint64_t *max_wait)
+{
+    rate_limit_t l = {0};
+    const char *why;
+    char err[256];
+
+    if (o->algorithm == NULL)
+        return cli_fail("%s: --algorithm is required (token-bucket, gcra, "
+                        "leaky-bucket, fixed-window, sliding-log, "
+                        "sliding-window)", o->cmd);
+    if (algorithm_of(o->algorithm, &l.algorithm) != 0)
+        return cli_fail("%s: unknown algorithm '%s' (token-bucket, gcra, "
+                        "leaky-bucket, fixed-window, sliding-log, "
+                        "sliding-window)", o->cmd, o->algorithm);
+    *max_wait = 0;
+    if (o->max_wait != NULL && rate_parse_duration(o->max_wait, max_wait) != 0)
+        return cli_fail("%s: --max-wait '%s' is not a duration (a whole "
+                        "number and a unit: ns us ms s m h d, or 0)",
+                        o->cmd, o->max_wait);
+    if (is_bucket(l.algorithm)) {
+        bool tb = l.algorithm == RATE_TOKEN_BUCKET;
+        if (o->limit)
+            return misplaced(o, "--limit", o->algorithm);
+        if (o->window)
+            return misplaced(o, "--window", o->algorithm);
+        if (tb && o->capacity)
+            return misplaced(o, "--capacity", o->algorithm);
+        if (!tb && o->burst)
+            return misplaced(o, "--burst", o->algorithm);
+        if (o->rate == NULL)
+            return cli_fail("%s: --rate is required for %s", o->cmd,
+                            o->algorithm);
+        if (parse_rate_text(o->rate, &l.limit, &l.period_ns, &why) != 0)
+            return cli_fail("%s: --rate '%s' %s", o->cmd, o->rate, why);
+        if (l.limit == 0 || l.period_ns == 0)
+            return cli_fail("%s: --rate '%s' is zero", o->cmd, o->rate);
+        if (count_opt(o, tb ? "--burst" : "--capacity",
+                      tb ? o->burst : o->capacity, &l.burst))
+            return 2;
+    } else {
+        if (o->rate)
+            return misplaced(o, "--rate", o->algorithm);
+        if (o->burst)
+            return misplaced(o, "--burst", o->algorithm);
+        if (o->capacity)
+            return misplaced(o, "--capacity", o->algorithm);
+        if (*max_wait != 0)
+            return cli_fail("%s: --max-wait applies only to token-bucket and "
+                            "leaky-bucket", o->cmd);
+        if (count_opt(o, "--limit", o->limit, &l.limit))
+            return 2;
+        if (o->window == NULL)
+            return cli_fail("%s: --window is required for %s", o->cmd,
+                            o->algorithm);
+        if (rate_parse_duration(o->window, &l.period_ns) != 0)
+            return cli_fail("%s: --window '%s' is not a duration (a whole "
+                            "number and a unit: ns us ms s m h d)",
+                            o->cmd, o->window);
+        if (l.period_ns == 0)
+            return cli_fail("%s: --window '%s' is zero", o->cmd, o->window);
+    }
+    if (rate_policy_new(&l, 1, out, err, sizeof err) != RATE_OK)
+        return cli_fail("%s: %s", o->cmd, err);
+    return 0;
+}
+
+int store_from_opt(const char *cmd, const char *spec, rate_store_t **out)
+{
+    *out = NULL;
+    if (spec == NULL || strcmp(spec, "memory") == 0) {
+        if (rate_store_memory_new(NULL, out) != RATE_OK)
+            return cli_fail("%s: cannot make the memory store", cmd);
+        return 0;
+    }
+    if (strncmp(spec, "redis://", 8) == 0 || strncmp(spec, "unix://", 7) == 0)
+        return cli_fail("%s: --store '%s': this build has no Redis store",
+                        cmd, spec);
+    return cli_fail("%s: --store '%s' is neither 'memory' nor a redis:// URL",
+                    cmd, spec);
+}
+
+FILE *open_input(const char *cmd, const char *path)
+{
+    if (path == NULL || strcmp(path, "-") == 0)
+        return stdin;
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        cli_fail("%s: cannot read '%s': %s", cmd, path, strerror(errno));
+    return f;
+}
+
+char *fmt_u64(char *p, uint64_t v)
+{
+    char tmp[20];
+    int n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    while (n > 0)
+        *p++ = tmp[--n];
+    return p;
+}
+
+char *fmt_seconds(char *p, uint64_t ns)
+{
+    uint64_t frac = ns % RATE_NS_PER_S;
+    p = fmt_u64(p, ns / RATE_NS_PER_S);
+    *p++ = '.';
+    for (uint64_t d = RATE_NS_PER_S / 10; d > 0; d /= 10) {
+        *p++ = (char)('0' + frac / d);
+        frac %= d;
+    }
+    return p;
+}

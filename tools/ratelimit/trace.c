@@ -1,0 +1,330 @@
+/*
+ * Trace and access-log parsing.  See trace.h.
+ */
+#include "trace.h"
+
+#include <stdbool.h>
+#include <string.h>
+
+#define NS_PER_S UINT64_C(1000000000)
+#define MAX63 UINT64_C(9223372036854775807)
+
+static bool blank(char c)
+{
+    return c == ' ' || c == '\t';
+}
+
+static bool digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+int trace_parse_time(const char *s, size_t len, uint64_t *out, const char **err)
+{
+    size_t i = 0;
+    uint64_t sec = 0, frac = 0;
+
+    while (i < len && digit(s[i])) {
+        uint64_t d = (uint64_t)(s[i] - '0');
+        if (sec > (MAX63 / NS_PER_S - d) / 10 + 1) {
+            *err = "TIME above 2^63-1 ns";
+            return -1;
+        }
+        sec = sec * 10 + d;
+        i++;
+    }
+    if (i == 0) {
+        *err = "TIME is not a non-negative decimal number of seconds";
+        return -1;
+    }
+    if (i < len) {
+        if (s[i] != '.') {
+            *err = "TIME is not a non-negative decimal number of seconds";
+            return -1;
+        }
+        size_t start = ++i, n;
+        while (i < len && digit(s[i]))
+            i++;
+        n = i - start;
+        if (n == 0 || i < len) {
+            *err = n == 0 ? "TIME has a '.' without digits after it"
+                          : "TIME is not a non-negative decimal number of seconds";
+            return -1;
+        }
+        if (n > 9) {
+            *err = "TIME has more than 9 fractional digits";
+            return -1;
+        }
+        for (size_t k = 0; k < 9; k++)
+            frac = frac * 10 + (k < n ? (uint64_t)(s[start + k] - '0') : 0);
+    }
+    /* sec * 1e9 + frac <= 2^63 - 1, without overflowing on the way. */
+    if (sec > MAX63 / NS_PER_S ||
+        sec * NS_PER_S > MAX63 - frac) {
+        *err = "TIME above 2^63-1 ns";
+        return -1;
+    }
+    *out = sec * NS_PER_S + frac;
+    return 0;
+}
+
+static int parse_permits(const char *s, size_t len, uint64_t *out,
+                         const char **err)
+{
+    uint64_t v = 0;
+
+    for (size_t i = 0; i < len; i++) {
+        if (!digit(s[i])) {
+            *err = "PERMITS is not a whole number";
+            return -1;
+        }
+        uint64_t d = (uint64_t)(s[i] - '0');
+        if (v > (MAX63 - d) / 10) {
+            *err = "PERMITS above 2^63-1";
+            return -1;
+        }
+        v = v * 10 + d;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Next run of non-blank bytes at or after *i; false when none is left. */
+static bool next_field(const char *s, size_t len, size_t *i, const char **f,
+                       size_t *flen)
+{
+    while (*i < len && blank(s[*i]))
+        (*i)++;
+    if (*i == len)
+        return false;
+    *f = s + *i;
+    while (*i < len && !blank(s[*i]))
+        (*i)++;
+    *flen = (size_t)(s + *i - *f);
+    return true;
+}
+
+int trace_parse_line(const char *s, size_t len, trace_req_t *out,
+                     const char **err)
+{
+    const char *f[4];
+    size_t fl[4], i = 0, n = 0;
+
+    if (len > 0 && s[len - 1] == '\r')
+        len--;
+    while (n < 4 && next_field(s, len, &i, &f[n], &fl[n]))
+        n++;
+    if (n == 0 || f[0][0] == '#')
+        return TRACE_SKIP;
+    if (n == 1) {
+        *err = "missing KEY (a line is TIME KEY [PERMITS])";
+        return TRACE_ERR;
+    }
+    if (n == 4) {
+        *err = "too many fields (a line is TIME KEY [PERMITS])";
+        return TRACE_ERR;
+    }
+    if (trace_parse_time(f[0], fl[0], &out->t_ns, err) != 0)
+        return TRACE_ERR;
+    out->time_text = f[0];
+    out->time_len = fl[0];
+    out->key = f[1];
+    out->key_len = fl[1];
+    out->permits = 1;
+    if (n == 3 && parse_permits(f[2], fl[2], &out->permits, err) != 0)
+        return TRACE_ERR;
+    return TRACE_REQ;
+}
+
+/* ----------------------------------------------------------------- CLF */
+
+static const char *const field_names[] = {
+    "host", "ident", "user", "request", "method", "path", "status",
+    "referer", "agent",
+};
+
+int clf_field_from_name(const char *name)
+{
+    for (size_t i = 0; i < sizeof field_names / sizeof field_names[0]; i++)
+        if (strcmp(name, field_names[i]) == 0)
+            return (int)i;
+    return -1;
+}
+
+/* Days from 1970-01-01 to y-m-d (proleptic Gregorian). */
+static int64_t days_from_civil(int64_t y, unsigned m, unsigned d)
+{
+    y -= m <= 2;
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
+    unsigned yoe = (unsigned)(y - era * 400);
+    unsigned doy = (153 * (m + (m > 2 ? (unsigned)-3 : 9)) + 2) / 5 + d - 1;
+    unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + (int64_t)doe - 719468;
+}
+
+static bool num(const char *s, size_t n, unsigned *out)
+{
+    unsigned v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!digit(s[i]))
+            return false;
+        v = v * 10 + (unsigned)(s[i] - '0');
+    }
+    *out = v;
+    return true;
+}
+
+/* "10/Oct/2000:13:55:36 -0700" into ns since the epoch. */
+static int clf_time(const char *s, size_t n, uint64_t *out)
+{
+    static const char months[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
+    unsigned d, y, hh, mm, ss, zh, zm, mon = 0;
+
+    if (n != 26 || s[2] != '/' || s[6] != '/' || s[11] != ':' ||
+        s[14] != ':' || s[17] != ':' || s[20] != ' ' ||
+        (s[21] != '+' && s[21] != '-'))
+        return -1;
+    for (unsigned i = 0; i < 12; i++)
+        if (memcmp(s + 3, months + 3 * i, 3) == 0)
+            mon = i + 1;
+    if (mon == 0 || !num(s, 2, &d) || !num(s + 7, 4, &y) ||
+        !num(s + 12, 2, &hh) || !num(s + 15, 2, &mm) ||
+        !num(s + 18, 2, &ss) || !num(s + 22, 2, &zh) || !num(s + 24, 2, &zm))
+        return -1;
+    if (d < 1 || d > 31 || hh > 23 || mm > 59 || ss > 60 || zm > 59 ||
+        y < 1970)
+        return -1;
+    int64_t secs = days_from_civil(y, mon, d) * 86400 + hh * 3600 + mm * 60 +
+                   ss;
+    int64_t zone = (int64_t)(zh * 3600 + zm * 60);
+    secs += s[21] == '+' ? -zone : zone; /* local = UTC + zone */
+    if (secs < 0)
+        return -1;
+    *out = (uint64_t)secs * NS_PER_S;
+    return 0;
+}
+
+/* A field: a run of non-blanks, "[...]" or "\"...\"" (with \" escapes). */
+static bool clf_field(const char *s, size_t len, size_t *i, const char **f,
+                      size_t *flen, char open)
+{
+    while (*i < len && s[*i] == ' ')
+        (*i)++;
+    if (*i == len)
+        return false;
+    if (open == 0) {
+        *f = s + *i;
+        while (*i < len && s[*i] != ' ')
+            (*i)++;
+    } else {
+        char close = open == '[' ? ']' : '"';
+        if (s[*i] != open)
+            return false;
+        *f = s + ++(*i);
+        while (*i < len && s[*i] != close) {
+            if (open == '"' && s[*i] == '\\' && *i + 1 < len)
+                (*i)++;
+            (*i)++;
+        }
+        if (*i == len)
+            return false;
+        *flen = (size_t)(s + *i - *f);
+        (*i)++;
+        return true;
+    }
+    *flen = (size_t)(s + *i - *f);
+    return true;
+}
+
+int clf_parse_line(const char *s, size_t len, clf_field_t key_field,
+                   trace_req_t *out, const char **err)
+{
+    const char *f[9];
+    size_t fl[9], i = 0;
+    static const char shape[9] = {0, 0, 0, '[', '"', 0, 0, '"', '"'};
+    size_t n;
+
+    if (len > 0 && s[len - 1] == '\r')
+        len--;
+    size_t j = 0;
+    while (j < len && blank(s[j]))
+        j++;
+    if (j == len || s[j] == '#')
+        return TRACE_SKIP;
+    for (n = 0; n < 9; n++)
+        if (!clf_field(s, len, &i, &f[n], &fl[n], shape[n]))
+            break;
+    if (n < 7) {
+        static const char *what[] = {
+            "missing host", "missing ident", "missing user",
+            "missing or unclosed [timestamp]", "missing or unclosed \"request\"",
+            "missing status", "missing bytes"};
+        *err = what[n];
+        return TRACE_ERR;
+    }
+    if (n == 8) {
+        *err = "a referer without a user agent (Combined Log Format has both)";
+        return TRACE_ERR;
+    }
+    while (i < len && blank(s[i]))
+        i++;
+    if (i != len) {
+        *err = "unexpected text after the last field";
+        return TRACE_ERR;
+    }
+    if (clf_time(f[3], fl[3], &out->t_ns) != 0) {
+        *err = "timestamp is not dd/Mon/yyyy:HH:MM:SS +zzzz (from 1970)";
+        return TRACE_ERR;
+    }
+    unsigned status;
+    if (fl[5] != 3 || !num(f[5], 3, &status)) {
+        *err = "status is not a 3-digit number";
+        return TRACE_ERR;
+    }
+    out->time_text = f[3];
+    out->time_len = fl[3];
+    out->permits = 1;
+    const char *k = NULL;
+    size_t kl = 0;
+    switch (key_field) {
+    case CLF_HOST: case CLF_IDENT: case CLF_USER:
+        k = f[key_field];
+        kl = fl[key_field];
+        break;
+    case CLF_REQUEST:
+        k = f[4];
+        kl = fl[4];
+        break;
+    case CLF_METHOD:
+    case CLF_PATH: {
+        const char *sp = memchr(f[4], ' ', fl[4]);
+        if (key_field == CLF_METHOD) {
+            k = f[4];
+            kl = sp ? (size_t)(sp - f[4]) : fl[4];
+        } else if (sp != NULL) {
+            k = sp + 1;
+            const char *end = memchr(k, ' ', fl[4] - (size_t)(k - f[4]));
+            kl = end ? (size_t)(end - k) : fl[4] - (size_t)(k - f[4]);
+        }
+        break;
+    }
+    case CLF_STATUS:
+        k = f[5];
+        kl = fl[5];
+        break;
+    case CLF_REFERER:
+    case CLF_AGENT:
+        if (n == 9) {
+            k = f[key_field == CLF_REFERER ? 7 : 8];
+            kl = fl[key_field == CLF_REFERER ? 7 : 8];
+        }
+        break;
+    }
+    if (k == NULL || kl == 0) {
+        *err = "the key field is empty or absent on this line";
+        return TRACE_ERR;
+    }
+    out->key = k;
+    out->key_len = kl;
+    return TRACE_REQ;
+}

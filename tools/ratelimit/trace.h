@@ -1,0 +1,56 @@
+/*
+ * Trace input: the spec's "TIME KEY [PERMITS]" lines and web server access
+ * logs in Common / Combined Log Format.  Pure functions over one line (no
+ * I/O, no allocation), so the fuzz targets can call them directly.
+ */
+#ifndef RATE_TRACE_H
+#define RATE_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct trace_req {
+    const char *time_text; /* as written, for echoing */
+    size_t time_len;
+    uint64_t t_ns;
+    const char *key;
+    size_t key_len;
+    uint64_t permits;
+} trace_req_t;
+
+enum { TRACE_SKIP = 0, TRACE_REQ = 1, TRACE_ERR = -1 };
+
+/* One line without its newline (a trailing '\r' is ignored).  Returns
+ * TRACE_REQ with *out filled (pointers into line), TRACE_SKIP for a blank or
+ * comment line, or TRACE_ERR with *err set to what is wrong. */
+int trace_parse_line(const char *line, size_t len, trace_req_t *out,
+                     const char **err);
+
+/* Seconds as a non-negative decimal with at most 9 fractional digits, into
+ * ns, exactly.  0 on success, -1 with *err set. */
+int trace_parse_time(const char *s, size_t len, uint64_t *out_ns,
+                     const char **err);
+
+typedef enum clf_field {
+    CLF_HOST = 0, /* client address (the default key) */
+    CLF_IDENT,
+    CLF_USER,
+    CLF_REQUEST, /* the whole request line */
+    CLF_METHOD,
+    CLF_PATH,
+    CLF_STATUS,
+    CLF_REFERER, /* Combined format only */
+    CLF_AGENT,   /* Combined format only */
+} clf_field_t;
+
+/* Parses "--key-field NAME"; -1 if unknown. */
+int clf_field_from_name(const char *name);
+
+/* One access-log line: host ident user [dd/Mon/yyyy:HH:MM:SS +zzzz]
+ * "request" status bytes ["referer" "agent"].  The time is the bracketed
+ * timestamp in ns since the epoch (UTC); time_text is the text inside the
+ * brackets.  Permits are 1.  Same returns as trace_parse_line. */
+int clf_parse_line(const char *line, size_t len, clf_field_t key_field,
+                   trace_req_t *out, const char **err);
+
+#endif
