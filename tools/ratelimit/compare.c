@@ -9,6 +9,7 @@
  * cross a fixed-window edge (a multiple of the period); the mean delay of
  * admitted requests (non-zero only for bucket reservations, --max-wait).
  */
+#include <errno.h>
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,15 +146,12 @@ static double nice_step(double range, int n)
     return raw <= p ? p : raw <= 2 * p ? 2 * p : raw <= 5 * p ? 5 * p : 10 * p;
 }
 
-static int write_svg(const char *path, const chart_t *c, const lane_t *lanes,
+static int write_svg(FILE *f, const chart_t *c, const lane_t *lanes,
                      uint64_t period)
 {
     static const char *colors[ALGOS] = {"#1f77b4", "#ff7f0e", "#2ca02c",
                                         "#d62728", "#9467bd"};
     const double X0 = 70, Y0 = 40, W = 600, H = 300;
-    FILE *f = fopen(path, "w");
-    if (f == NULL)
-        return -1;
     double per = (double)c->width_ns / (double)period; /* periods per bin */
     double ymax = 1;
     for (size_t i = 0; i < c->nbins; i++)
@@ -218,7 +216,7 @@ static int write_svg(const char *path, const chart_t *c, const lane_t *lanes,
         fputs("</text>\n", f);
     }
     fputs("</svg>\n", f);
-    return fclose(f) == 0 ? 0 : -1;
+    return fflush(f) == 0 && !ferror(f) ? 0 : -1;
 }
 
 static int setup_lanes(lane_t *lanes, uint64_t limit, uint64_t period,
@@ -306,6 +304,12 @@ int cmd_compare(int argc, char **argv)
     if (key_field < 0)
         return cli_fail("compare: --key-field '%s' is not a log field", field);
 
+    /* Open the chart's file first: an unwritable path is a command-line
+     * error, reported before any output. */
+    FILE *svg_file = NULL;
+    if (svg != NULL && (svg_file = fopen(svg, "w")) == NULL)
+        return cli_fail("compare: cannot write '%s': %s", svg,
+                        strerror(errno));
     lane_t *lanes = calloc(ALGOS, sizeof *lanes);
     chart_t *chart = calloc(1, sizeof *chart);
     int status = lanes && chart ? setup_lanes(lanes, limit, period, burst)
@@ -366,9 +370,11 @@ int cmd_compare(int argc, char **argv)
     }
     if (status == 0) {
         print_table(lanes);
-        if (svg != NULL && write_svg(svg, chart, lanes, period) != 0)
+        if (svg_file != NULL && write_svg(svg_file, chart, lanes, period) != 0)
             status = cli_fail("compare: cannot write '%s'", svg);
     }
+    if (svg_file != NULL && fclose(svg_file) != 0 && status == 0)
+        status = cli_fail("compare: cannot write '%s'", svg);
     free(line);
     if (in != NULL && in != stdin)
         fclose(in);

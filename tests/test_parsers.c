@@ -1,0 +1,122 @@
+/*
+ * The command's input parsers, line by line: trace lines (spec) and access
+ * logs in Common / Combined Log Format, well-formed and malformed.
+ */
+#include "helpers.h"
+
+#include "trace.h"
+
+static int parse(const char *line, trace_req_t *r, const char **err)
+{
+    return trace_parse_line(line, strlen(line), r, err);
+}
+
+static void trace_lines(void **state)
+{
+    (void)state;
+    trace_req_t r;
+    const char *err = NULL;
+    assert_int_equal(parse("12.000345 user:1 3", &r, &err), TRACE_REQ);
+    assert_int_equal(r.t_ns, 12000345000);
+    assert_int_equal(r.permits, 3);
+    assert_int_equal(r.key_len, 6);
+    assert_memory_equal(r.key, "user:1", 6);
+    assert_int_equal(parse(" \t0003.50\tk\t007 \r", &r, &err), TRACE_REQ);
+    assert_int_equal(r.t_ns, 3500000000);
+    assert_int_equal(r.permits, 7);
+    assert_int_equal(r.time_len, 7); /* echoed as written */
+    assert_int_equal(parse("0 k", &r, &err), TRACE_REQ);
+    assert_int_equal(r.permits, 1);
+    assert_int_equal(parse("9223372036.854775807 k", &r, &err), TRACE_REQ);
+    assert_int_equal(r.t_ns, INT64_MAX);
+    assert_int_equal(parse("   ", &r, &err), TRACE_SKIP);
+    assert_int_equal(parse("", &r, &err), TRACE_SKIP);
+    assert_int_equal(parse("  # 1 k", &r, &err), TRACE_SKIP);
+    assert_int_equal(parse("\r", &r, &err), TRACE_SKIP);
+    static const char *bad[] = {
+        "1. k", ".5 k", "-1 k", "1e3 k", "0x10 k", "1.2.3 k", "5",
+        "1 k 2 3", "1 k -1", "1 k 1.5", "1.0000000001 k",
+        "9223372036.854775808 k", "99999999999999999999 k",
+        "1 k 9223372036854775808",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err = NULL;
+        if (parse(bad[i], &r, &err) != TRACE_ERR || err == NULL)
+            fail_msg("'%s' should be an error", bad[i]);
+    }
+    /* Binary bytes in a key are kept as they are. */
+    const char nul[] = "1 a\0b 2";
+    assert_int_equal(trace_parse_line(nul, sizeof nul - 1, &r, &err), TRACE_REQ);
+    assert_int_equal(r.key_len, 3);
+}
+
+static int clf(const char *line, clf_field_t f, trace_req_t *r,
+               const char **err)
+{
+    return clf_parse_line(line, strlen(line), f, r, err);
+}
+
+static void access_logs(void **state)
+{
+    (void)state;
+    trace_req_t r;
+    const char *err = NULL;
+    const char *common =
+        "127.0.0.1 - frank [10/Oct/2000:13:55:36 -0700] \"GET /apache_pb.gif "
+        "HTTP/1.0\" 200 2326";
+    assert_int_equal(clf(common, CLF_HOST, &r, &err), TRACE_REQ);
+    assert_int_equal(r.t_ns, UINT64_C(971211336) * SEC); /* 20:55:36 UTC */
+    assert_memory_equal(r.key, "127.0.0.1", r.key_len);
+    assert_int_equal(r.time_len, 26);
+    assert_int_equal(clf(common, CLF_USER, &r, &err), TRACE_REQ);
+    assert_memory_equal(r.key, "frank", 5);
+    assert_int_equal(clf(common, CLF_PATH, &r, &err), TRACE_REQ);
+    assert_int_equal(r.key_len, 14);
+    assert_memory_equal(r.key, "/apache_pb.gif", 14);
+    assert_int_equal(clf(common, CLF_METHOD, &r, &err), TRACE_REQ);
+    assert_memory_equal(r.key, "GET", 3);
+    assert_int_equal(clf(common, CLF_STATUS, &r, &err), TRACE_REQ);
+    assert_memory_equal(r.key, "200", 3);
+    assert_int_equal(clf(common, CLF_AGENT, &r, &err), TRACE_ERR);
+
+    const char *combined =
+        "2001:db8::1 - - [01/Jan/2024:00:00:00 +0100] \"POST /api/v1/items "
+        "HTTP/2.0\" 429 0 \"https://example.com/\" \"Mozilla/5.0 (X11; "
+        "Linux) \\\"quoted\\\"\"";
+    assert_int_equal(clf(combined, CLF_AGENT, &r, &err), TRACE_REQ);
+    assert_int_equal(r.key_len, 35); /* escapes kept as written */
+    assert_int_equal(clf(combined, CLF_HOST, &r, &err), TRACE_REQ);
+    assert_int_equal(r.t_ns, UINT64_C(1704063600) * SEC); /* 23:00 UTC */
+    assert_int_equal(clf(combined, CLF_REFERER, &r, &err), TRACE_REQ);
+    assert_memory_equal(r.key, "https://example.com/", r.key_len);
+
+    static const char *bad[] = {
+        "",
+        "1.2.3.4",
+        "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700]",
+        "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700 \"GET /\" 200 1",
+        "1.2.3.4 - - [10/Oct/2000:13:55:36] \"GET /\" 200 1",
+        "1.2.3.4 - - [32/Oct/2000:13:55:36 -0700] \"GET /\" 200 1",
+        "1.2.3.4 - - [10/Oct/1969:13:55:36 -0700] \"GET /\" 200 1",
+        "1.2.3.4 - - [10/Oct/2000:25:55:36 -0700] \"GET /\" 200 1",
+        "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET /\" OK 1",
+        "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET /\" 200 1 \"ref\"",
+        "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET /\" 200 1 \"a\" \"b\" x",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = clf(bad[i], CLF_HOST, &r, &err);
+        if (i == 0 ? rc != TRACE_SKIP : rc != TRACE_ERR)
+            fail_msg("'%s': rc %d", bad[i], rc);
+    }
+    assert_int_equal(clf_field_from_name("agent"), CLF_AGENT);
+    assert_int_equal(clf_field_from_name("size"), -1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(trace_lines),
+        cmocka_unit_test(access_logs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
