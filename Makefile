@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
 .PHONY: all deps build demo test test-plain test-asan test-tsan valgrind \
-        bench install clean
+        fuzz bench install clean
 
 all: build
 
@@ -26,7 +26,7 @@ demo: build
 
 # Every test: plain build, AddressSanitizer + UndefinedBehaviorSanitizer,
 # ThreadSanitizer on the concurrency test, and valgrind.
-test: deps test-plain test-asan test-tsan valgrind
+test: deps test-plain test-asan test-tsan valgrind fuzz
 
 test-plain:
 	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON $(CMAKE_FLAGS) >/dev/null
@@ -53,6 +53,23 @@ valgrind: test-plain
 	    --errors-for-leak-kinds=definite build/tests/test_$$t >/dev/null || exit 1; \
 	done; echo "valgrind: clean"
 
+# libFuzzer (clang): each target for FUZZ_SECONDS from the seed corpus in
+# tests/fuzz/corpus (copied, so new inputs stay in the build tree).
+FUZZ_SECONDS ?= 30
+FUZZ_TARGETS = policy trace clf
+fuzz:
+	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_FUZZ=ON \
+	  -DRATE_BUILD_TESTS=OFF -DRATE_BUILD_TOOLS=ON $(CMAKE_FLAGS) >/dev/null
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_policy fuzz_trace fuzz_clf
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build-fuzz/corpus-$$t && cp tests/fuzz/corpus/$$t/* build-fuzz/corpus-$$t/; \
+	  echo "fuzz: fuzz_$$t for $(FUZZ_SECONDS) s"; \
+	  build-fuzz/tests/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 \
+	    -rss_limit_mb=2048 build-fuzz/corpus-$$t >build-fuzz/fuzz-$$t.log 2>&1 \
+	    || { tail -n 40 build-fuzz/fuzz-$$t.log; exit 1; }; \
+	  grep -E "^Done [0-9]+ runs" build-fuzz/fuzz-$$t.log || true; \
+	done; echo "fuzz: no crash, leak or hang"
+
 bench: build
 	./build/tools/ratelimit/ratelimit bench
 
@@ -60,4 +77,4 @@ install: build
 	cmake --install build
 
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-fuzz

@@ -5,7 +5,7 @@
 set -euo pipefail
 
 build_pkgs=(gcc make cmake pkg-config libxxhash-dev)
-test_pkgs=(libcmocka-dev valgrind libxml2-utils)
+test_pkgs=(libcmocka-dev valgrind libxml2-utils clang libclang-rt-14-dev)
 
 case "${1:-test}" in
   build) want=("${build_pkgs[@]}") ;;

@@ -136,11 +136,6 @@ static inline uint8_t ctrl_of(uint32_t tag)
     return (uint8_t)(0x80u | ((tag >> 1) & 0x7fu));
 }
 
-static inline const char *slot_key(const slot_t *e)
-{
-    return e->flags & F_KEY_HEAP ? e->key.heap.ptr : e->key.inl;
-}
-
 static inline bool slot_is(const slot_t *e, uint32_t tag, const char *key,
                            size_t len)
 {
