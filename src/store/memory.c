@@ -136,27 +136,42 @@ static inline uint8_t ctrl_of(uint32_t tag)
     return (uint8_t)(0x80u | ((tag >> 1) & 0x7fu));
 }
 
-static inline bool slot_is(const slot_t *e, uint32_t tag, const char *key,
-                           size_t len)
+/* A key as the probe compares it: short keys zero-padded to the inline
+ * size, so that a comparison is two fixed-size loads, not a memcmp call. */
+typedef struct probe_key {
+    const char *key;
+    size_t len;
+    char pad[KEY_INLINE];
+} probe_key_t;
+
+static inline void probe_key_init(probe_key_t *k, const char *key, size_t len)
 {
-    if (e->tag != tag || e->key_len != len)
+    k->key = key;
+    k->len = len;
+    memset(k->pad, 0, sizeof k->pad);
+    memcpy(k->pad, key, len < KEY_INLINE ? len : KEY_INLINE);
+}
+
+static inline bool slot_is(const slot_t *e, uint32_t tag, const probe_key_t *k)
+{
+    if (e->tag != tag || e->key_len != k->len)
         return false;
-    if (!(e->flags & F_KEY_HEAP))
-        return memcmp(e->key.inl, key, len) == 0;
-    return memcmp(e->key.heap.prefix, key, 8) == 0 &&
-           memcmp(e->key.heap.ptr, key, len) == 0;
+    if (!(e->flags & F_KEY_HEAP)) /* inline keys are stored zero-padded */
+        return memcmp(e->key.inl, k->pad, KEY_INLINE) == 0;
+    return memcmp(e->key.heap.prefix, k->pad, 8) == 0 &&
+           memcmp(e->key.heap.ptr, k->key, k->len) == 0;
 }
 
 /* Index of the key's slot, or of the empty slot that ends its probe. */
-static inline uint32_t probe(const shard_t *s, uint32_t tag, const char *key,
-                             size_t len)
+static inline uint32_t probe(const shard_t *s, uint32_t tag,
+                             const probe_key_t *k)
 {
     uint32_t i = home(s, tag);
     uint8_t c = ctrl_of(tag);
 
     for (;;) {
         uint8_t x = s->ctrl[i];
-        if (x == 0 || (x == c && slot_is(&s->slots[i], tag, key, len)))
+        if (x == 0 || (x == c && slot_is(&s->slots[i], tag, k)))
             return i;
         i = next(s, i);
     }
@@ -284,7 +299,9 @@ static int reserve(shard_t *s, const rate_step_t *st)
 static int set_state(shard_t *s, slot_t *e, const uint8_t *st, size_t len)
 {
     if (len <= STATE_INLINE && !(e->flags & F_STATE_HEAP)) {
-        memcpy(e->state.inl, st, len);
+        /* A fixed-size copy: the source buffer always holds at least
+         * STATE_INLINE bytes (every policy's cold state is that big). */
+        memcpy(e->state.inl, st, STATE_INLINE);
         e->state_len = (uint8_t)len;
         return RATE_OK;
     }
@@ -309,13 +326,15 @@ static int set_state(shard_t *s, slot_t *e, const uint8_t *st, size_t len)
     return RATE_OK;
 }
 
-static int insert(shard_t *s, uint32_t tag, const char *key, size_t len,
+static int insert(shard_t *s, uint32_t tag, const probe_key_t *k,
                   const rate_step_io_t *io, const rate_step_t *st)
 {
+    const char *key = k->key;
+    size_t len = k->len;
     int rc = reserve(s, st);
     if (rc != RATE_OK)
         return rc;
-    uint32_t i = probe(s, tag, key, len);
+    uint32_t i = probe(s, tag, k);
     slot_t *e = &s->slots[i];
     memset(e, 0, sizeof *e);
     if (len > KEY_INLINE) {
@@ -374,8 +393,10 @@ static int mem_update(void *self, const char *key, size_t len,
     rate_step_io_t io;
     int rc;
 
+    probe_key_t pk;
+    probe_key_init(&pk, key, len);
     shard_lock(s);
-    uint32_t i = probe(s, tag, key, len);
+    uint32_t i = probe(s, tag, &pk);
     slot_t *e = s->ctrl[i] != 0 ? &s->slots[i] : NULL;
     memset(&io, 0, sizeof io);
     if (e != NULL) {
@@ -396,10 +417,10 @@ static int mem_update(void *self, const char *key, size_t len,
         if (e != NULL)
             rc = set_state(s, e, io.new_state, io.new_len);
         else
-            rc = insert(s, tag, key, len, &io, st);
+            rc = insert(s, tag, &pk, &io, st);
         if (rc == RATE_OK) {
             if (e == NULL) /* inserting may have moved slots */
-                e = &s->slots[probe(s, tag, key, len)];
+                e = &s->slots[probe(s, tag, &pk)];
             e->expires_ns = io.expires_ns;
             /* A new key earns its reference bit on its second use. */
             e->flags = (uint8_t)((e->flags & ~F_CLOCK) |
