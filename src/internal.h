@@ -86,6 +86,9 @@ typedef struct rate__algo {
     /* Writes the state after admitting n at t; returns its length. */
     size_t (*commit)(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
                      uint64_t n, uint8_t *out);
+    /* Whether the view is the algorithm's cold start (full bucket, empty
+     * bucket, empty windows). */
+    bool (*is_cold)(const rate_limit_t *l, const rate__view_t *v);
     /* Re-reads a view made under `from` as one under `to` (same
      * algorithm), both at time t (the key's t_last). */
     void (*convert)(const rate_limit_t *from, const rate_limit_t *to,

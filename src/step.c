@@ -56,6 +56,20 @@ static bool parse_under(const rate_policy_t *p, const uint8_t *st, size_t len,
     return off == len;
 }
 
+/* Whether every limit of a state parsed under `p` is back to its cold
+ * start at t. */
+static bool cold_by(const rate_policy_t *p, const parsed_t *ps, uint64_t t)
+{
+    for (size_t i = 0; i < p->count; i++) {
+        rate__view_t v;
+        p->algo[i]->load(&p->limits[i], ps->comp[i], &v);
+        p->algo[i]->advance(&p->limits[i], &v, ps->last, t);
+        if (!p->algo[i]->is_cold(&p->limits[i], &v))
+            return false;
+    }
+    return true;
+}
+
 static int read_state(const rate__step_arg_t *arg, const rate_step_io_t *io,
                       rate__view_t *views, bool *have, uint64_t *t_eff)
 {
@@ -92,10 +106,13 @@ static int read_state(const rate__step_arg_t *arg, const rate_step_io_t *io,
         return RATE_OK;
     }
     /* Made under another policy: carry over what has the same meaning, as
-     * of t_last; the new policy then governs the time since. */
+     * of t_last; the new policy then governs the time since.  A state that
+     * has reached its cold start under the old policy by t_eff is a cold
+     * key, as it would be had the store forgotten it (which it may). */
     bool known = arg->lookup != NULL &&
                  arg->lookup(arg->lookup_ud, ps.fingerprint, &old) &&
-                 parse_under(&old, st, io->old_len, &ps);
+                 parse_under(&old, st, io->old_len, &ps) &&
+                 !cold_by(&old, &ps, *t_eff);
     for (size_t i = 0; i < p->count; i++) {
         const rate_limit_t *to = &p->limits[i];
         const rate__algo_t *a = p->algo[i];

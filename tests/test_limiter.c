@@ -268,6 +268,14 @@ static void tiers_and_upgrades(void **state)
     upgraded = NULL;
     d = at(l, "u", 100 * SEC, 0, 0);
     assert_int_equal(d.remaining, 2);
+    /* A free key back at its cold start (full) is a cold pro key: all 20,
+     * as if the store had forgotten it.  Not yet cold: carried over. */
+    assert_true(at(l, "v", 0, 2, 0).allowed);
+    upgraded = "v";
+    d = at(l, "v", 1999 * MS, 0, 0); /* free refills 1.999 tokens by now */
+    assert_int_equal(d.remaining, 19); /* pro since t_last: 19.99 */
+    d = at(l, "v", 2 * SEC, 0, 0);  /* free is full again at 2 s */
+    assert_int_equal(d.remaining, 20);
     rate_limiter_free(l);
     rate_policy_free(free_tier);
     rate_policy_free(pro_tier);

@@ -70,6 +70,12 @@ static size_t fw_commit(const rate_limit_t *l, const rate__view_t *v,
     return 8;
 }
 
+static bool fw_is_cold(const rate_limit_t *l, const rate__view_t *v)
+{
+    (void)l;
+    return v->x == 0;
+}
+
 /* The count admitted in t_last's window carries over as it is, into the
  * new window that holds t_last (a lower limit simply leaves less room). */
 static void fw_convert(const rate_limit_t *from, const rate_limit_t *to,
@@ -87,6 +93,15 @@ static uint64_t fw_max_reset(const rate_limit_t *l)
 }
 
 const rate__algo_t rate__fixed_window = {
-    "fixed-window", 8, 0, fw_size, fw_load, fw_advance, fw_decide, fw_commit, fw_convert,
-    fw_max_reset,
+    .name = "fixed-window",
+    .fixed = 8,
+    .grow = 0,
+    .size = fw_size,
+    .load = fw_load,
+    .advance = fw_advance,
+    .decide = fw_decide,
+    .commit = fw_commit,
+    .is_cold = fw_is_cold,
+    .convert = fw_convert,
+    .max_reset = fw_max_reset,
 };

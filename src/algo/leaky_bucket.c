@@ -85,6 +85,12 @@ static size_t lb_commit(const rate_limit_t *l, const rate__view_t *v,
     return 8;
 }
 
+static bool lb_is_cold(const rate_limit_t *l, const rate__view_t *v)
+{
+    (void)l;
+    return v->x == 0;
+}
+
 /* The level keeps its number of permits across a policy change: v * P'/P,
  * rounded up, capped at the new capacity. */
 static void lb_convert(const rate_limit_t *from, const rate_limit_t *to,
@@ -105,6 +111,15 @@ static uint64_t lb_max_reset(const rate_limit_t *l)
 }
 
 const rate__algo_t rate__leaky_bucket = {
-    "leaky-bucket", 8, 0, lb_size, lb_load, lb_advance, lb_decide, lb_commit, lb_convert,
-    lb_max_reset,
+    .name = "leaky-bucket",
+    .fixed = 8,
+    .grow = 0,
+    .size = lb_size,
+    .load = lb_load,
+    .advance = lb_advance,
+    .decide = lb_decide,
+    .commit = lb_commit,
+    .is_cold = lb_is_cold,
+    .convert = lb_convert,
+    .max_reset = lb_max_reset,
 };

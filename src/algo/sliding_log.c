@@ -147,6 +147,12 @@ static size_t sl_commit(const rate_limit_t *l, const rate__view_t *v,
     return SL_HEAD + (size_t)count * SL_ENTRY;
 }
 
+static bool sl_is_cold(const rate_limit_t *l, const rate__view_t *v)
+{
+    (void)l;
+    return v->log_count == 0;
+}
+
 /* Entries carry over and are pruned again to the new window. */
 static void sl_convert(const rate_limit_t *from, const rate_limit_t *to,
                        uint64_t t, rate__view_t *v)
@@ -161,6 +167,15 @@ static uint64_t sl_max_reset(const rate_limit_t *l)
 }
 
 const rate__algo_t rate__sliding_log = {
-    "sliding-log", SL_HEAD, SL_ENTRY, sl_size, sl_load, sl_advance, sl_decide, sl_commit,
-    sl_convert, sl_max_reset,
+    .name = "sliding-log",
+    .fixed = SL_HEAD,
+    .grow = SL_ENTRY,
+    .size = sl_size,
+    .load = sl_load,
+    .advance = sl_advance,
+    .decide = sl_decide,
+    .commit = sl_commit,
+    .is_cold = sl_is_cold,
+    .convert = sl_convert,
+    .max_reset = sl_max_reset,
 };

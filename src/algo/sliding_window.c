@@ -130,6 +130,12 @@ static size_t sw_commit(const rate_limit_t *l, const rate__view_t *v,
     return 16;
 }
 
+static bool sw_is_cold(const rate_limit_t *l, const rate__view_t *v)
+{
+    (void)l;
+    return v->x == 0 && v->y == 0;
+}
+
 /* Both counts carry over as they are. */
 static void sw_convert(const rate_limit_t *from, const rate_limit_t *to,
                        uint64_t t, rate__view_t *v)
@@ -146,6 +152,15 @@ static uint64_t sw_max_reset(const rate_limit_t *l)
 }
 
 const rate__algo_t rate__sliding_window = {
-    "sliding-window", 16, 0, sw_size, sw_load, sw_advance, sw_decide, sw_commit,
-    sw_convert, sw_max_reset,
+    .name = "sliding-window",
+    .fixed = 16,
+    .grow = 0,
+    .size = sw_size,
+    .load = sw_load,
+    .advance = sw_advance,
+    .decide = sw_decide,
+    .commit = sw_commit,
+    .is_cold = sw_is_cold,
+    .convert = sw_convert,
+    .max_reset = sw_max_reset,
 };

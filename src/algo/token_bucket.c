@@ -88,6 +88,11 @@ static size_t tb_commit(const rate_limit_t *l, const rate__view_t *v,
     return 8;
 }
 
+static bool tb_is_cold(const rate_limit_t *l, const rate__view_t *v)
+{
+    return v->x == (rate_i128_t)(l->burst * l->period_ns);
+}
+
 /* Tokens keep their number across a policy change: u * P'/P, rounded down
  * (a debt rounds further into debt), capped at the new burst. */
 static void tb_convert(const rate_limit_t *from, const rate_limit_t *to,
@@ -113,6 +118,15 @@ static uint64_t tb_max_reset(const rate_limit_t *l)
 }
 
 const rate__algo_t rate__token_bucket = {
-    "token-bucket", 8, 0, tb_size, tb_load, tb_advance, tb_decide, tb_commit, tb_convert,
-    tb_max_reset,
+    .name = "token-bucket",
+    .fixed = 8,
+    .grow = 0,
+    .size = tb_size,
+    .load = tb_load,
+    .advance = tb_advance,
+    .decide = tb_decide,
+    .commit = tb_commit,
+    .is_cold = tb_is_cold,
+    .convert = tb_convert,
+    .max_reset = tb_max_reset,
 };
