@@ -15,19 +15,10 @@ static const char usage[] =
     "Exit status: 0 allowed, 1 denied, 2 error.  Policy options as for\n"
     "'ratelimit replay' (--rate, --burst, --capacity, --limit, --window).\n";
 
-enum {
-    O_ALGO = 256, O_RATE, O_BURST, O_CAPACITY, O_LIMIT, O_WINDOW, O_MAXWAIT,
-    O_STORE, O_KEY, O_PERMITS, O_HELP,
-};
+enum { O_STORE = O_POLICY_END, O_KEY, O_PERMITS, O_HELP };
 
 static const struct option longopts[] = {
-    {"algorithm", required_argument, NULL, O_ALGO},
-    {"rate", required_argument, NULL, O_RATE},
-    {"burst", required_argument, NULL, O_BURST},
-    {"capacity", required_argument, NULL, O_CAPACITY},
-    {"limit", required_argument, NULL, O_LIMIT},
-    {"window", required_argument, NULL, O_WINDOW},
-    {"max-wait", required_argument, NULL, O_MAXWAIT},
+    POLICY_LONGOPTS,
     {"store", required_argument, NULL, O_STORE},
     {"key", required_argument, NULL, O_KEY},
     {"permits", required_argument, NULL, O_PERMITS},
@@ -56,14 +47,9 @@ int cmd_check(int argc, char **argv)
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
+        if (policy_opt(&po, c, optarg))
+            continue;
         switch (c) {
-        case O_ALGO: po.algorithm = optarg; break;
-        case O_RATE: po.rate = optarg; break;
-        case O_BURST: po.burst = optarg; break;
-        case O_CAPACITY: po.capacity = optarg; break;
-        case O_LIMIT: po.limit = optarg; break;
-        case O_WINDOW: po.window = optarg; break;
-        case O_MAXWAIT: po.max_wait = optarg; break;
         case O_STORE: store_spec = optarg; break;
         case O_KEY: key = optarg; break;
         case O_PERMITS: permits_text = optarg; break;

@@ -26,6 +26,25 @@ typedef struct policy_opts {
     const char *max_wait;
 } policy_opts_t;
 
+/* getopt_long codes of the policy options, and their table entries (for
+ * the option arrays of replay and check).  Other options start at
+ * O_POLICY_END. */
+enum {
+    O_ALGO = 256, O_RATE, O_BURST, O_CAPACITY, O_LIMIT, O_WINDOW, O_MAXWAIT,
+    O_POLICY_END
+};
+#define POLICY_LONGOPTS                                                     \
+    {"algorithm", required_argument, NULL, O_ALGO},                         \
+    {"rate", required_argument, NULL, O_RATE},                              \
+    {"burst", required_argument, NULL, O_BURST},                            \
+    {"capacity", required_argument, NULL, O_CAPACITY},                      \
+    {"limit", required_argument, NULL, O_LIMIT},                            \
+    {"window", required_argument, NULL, O_WINDOW},                          \
+    {"max-wait", required_argument, NULL, O_MAXWAIT}
+
+/* Takes getopt's code `c` if it is a policy option; false otherwise. */
+bool policy_opt(policy_opts_t *o, int c, const char *arg);
+
 /* Builds the policy and max_wait from the options; on a bad option prints a
  * one-line message and returns 2. */
 int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
@@ -43,9 +62,27 @@ int parse_count_text(const char *s, uint64_t *out);
  * failure prints why and returns 2. */
 int store_from_opt(const char *cmd, const char *spec, rate_store_t **out);
 
-/* Opens FILE, "-" or NULL (standard input); prints why and returns NULL on
- * failure. */
-FILE *open_input(const char *cmd, const char *path);
+/* Reads requests from a trace or an access log, a line at a time. */
+typedef struct reader {
+    const char *cmd;
+    FILE *in;
+    bool clf;
+    int field; /* clf_field_t */
+    char *line;
+    size_t cap;
+    uint64_t lineno;
+} reader_t;
+
+/* Checks --input and --key-field and opens FILE ("-" or NULL: standard
+ * input).  Returns 0, or 2 after printing why. */
+int reader_open(reader_t *r, const char *cmd, const char *input,
+                const char *key_field, const char *path);
+
+struct trace_req;
+/* The next request: 1, or 0 at the end, or 2 after printing what is wrong
+ * with which line. */
+int reader_next(reader_t *r, struct trace_req *req);
+void reader_close(reader_t *r);
 
 /* Writes seconds with exactly 9 fractional digits ("0.000000000"). */
 char *fmt_seconds(char *p, uint64_t ns);

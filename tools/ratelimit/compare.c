@@ -32,7 +32,7 @@ static const char usage[] =
     "chart of admitted requests over time, one line per algorithm.\n"
     "Input as for 'ratelimit replay'.\n";
 
-enum { O_RATE = 256, O_BURST, O_MAXWAIT, O_SVG, O_INPUT, O_KEYFIELD, O_HELP };
+enum { O_SVG = O_POLICY_END, O_INPUT, O_KEYFIELD, O_HELP };
 
 static const struct option longopts[] = {
     {"rate", required_argument, NULL, O_RATE},
@@ -296,14 +296,6 @@ int cmd_compare(int argc, char **argv)
         rate_parse_duration(max_wait_text, &max_wait) != 0)
         return cli_fail("compare: --max-wait '%s' is not a duration",
                         max_wait_text);
-    bool clf = strcmp(input, "clf") == 0;
-    if (!clf && strcmp(input, "trace") != 0)
-        return cli_fail("compare: --input '%s' is neither 'trace' nor 'clf'",
-                        input);
-    int key_field = clf_field_from_name(field);
-    if (key_field < 0)
-        return cli_fail("compare: --key-field '%s' is not a log field", field);
-
     /* Open the chart's file first: an unwritable path is a command-line
      * error, reported before any output. */
     FILE *svg_file = NULL;
@@ -314,31 +306,16 @@ int cmd_compare(int argc, char **argv)
     chart_t *chart = calloc(1, sizeof *chart);
     int status = lanes && chart ? setup_lanes(lanes, limit, period, burst)
                                 : cli_fail("compare: out of memory");
-    FILE *in = status ? NULL
-                      : open_input("compare", argc > optind ? argv[optind] : NULL);
-    if (status == 0 && in == NULL)
-        status = 2;
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    uint64_t lineno = 0;
+    reader_t rd = {0};
+    if (status == 0)
+        status = reader_open(&rd, "compare", input, field,
+                             argc > optind ? argv[optind] : NULL);
+    trace_req_t r;
     bool first = true;
-    while (status == 0 && (n = getline(&line, &cap, in)) != -1) {
-        size_t len = (size_t)n;
-        trace_req_t r;
-        const char *err = NULL;
-        lineno++;
-        if (len > 0 && line[len - 1] == '\n')
-            len--;
-        int rc = clf ? clf_parse_line(line, len, (clf_field_t)key_field, &r,
-                                      &err)
-                     : trace_parse_line(line, len, &r, &err);
-        if (rc == TRACE_SKIP)
-            continue;
-        if (rc == TRACE_ERR || r.key_len > RATE_KEY_MAX) {
-            status = cli_fail("compare: line %llu: %s",
-                              (unsigned long long)lineno,
-                              rc == TRACE_ERR ? err : "KEY too long");
+    int more;
+    while (status == 0 && (more = reader_next(&rd, &r)) != 0) {
+        if (more == 2) {
+            status = 2;
             break;
         }
         if (first) {
@@ -354,7 +331,7 @@ int cmd_compare(int argc, char **argv)
             if (rate_limiter_check_at(ln->lim, r.key, r.key_len, r.permits,
                                       mw, r.t_ns, &d) != RATE_OK) {
                 status = cli_fail("compare: line %llu: a value is out of "
-                                  "range", (unsigned long long)lineno);
+                                  "range", (unsigned long long)rd.lineno);
                 break;
             }
             if (!d.allowed) {
@@ -375,9 +352,7 @@ int cmd_compare(int argc, char **argv)
     }
     if (svg_file != NULL && fclose(svg_file) != 0 && status == 0)
         status = cli_fail("compare: cannot write '%s'", svg);
-    free(line);
-    if (in != NULL && in != stdin)
-        fclose(in);
+    reader_close(&rd);
     for (int a = 0; lanes && a < ALGOS; a++) {
         rate_limiter_free(lanes[a].lim);
         rate_policy_free(lanes[a].policy);

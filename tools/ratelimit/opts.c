@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "trace.h"
 
 int cli_fail(const char *fmt, ...)
 {
@@ -208,14 +209,80 @@ int store_from_opt(const char *cmd, const char *spec, rate_store_t **out)
                     cmd, spec);
 }
 
-FILE *open_input(const char *cmd, const char *path)
+bool policy_opt(policy_opts_t *o, int c, const char *arg)
 {
-    if (path == NULL || strcmp(path, "-") == 0)
-        return stdin;
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        cli_fail("%s: cannot read '%s': %s", cmd, path, strerror(errno));
-    return f;
+    switch (c) {
+    case O_ALGO: o->algorithm = arg; return true;
+    case O_RATE: o->rate = arg; return true;
+    case O_BURST: o->burst = arg; return true;
+    case O_CAPACITY: o->capacity = arg; return true;
+    case O_LIMIT: o->limit = arg; return true;
+    case O_WINDOW: o->window = arg; return true;
+    case O_MAXWAIT: o->max_wait = arg; return true;
+    default: return false;
+    }
+}
+
+int reader_open(reader_t *r, const char *cmd, const char *input,
+                const char *key_field, const char *path)
+{
+    memset(r, 0, sizeof *r);
+    r->cmd = cmd;
+    r->clf = strcmp(input, "clf") == 0;
+    if (!r->clf && strcmp(input, "trace") != 0)
+        return cli_fail("%s: --input '%s' is neither 'trace' nor 'clf'", cmd,
+                        input);
+    r->field = clf_field_from_name(key_field);
+    if (r->field < 0)
+        return cli_fail("%s: --key-field '%s' is not one of host, ident, "
+                        "user, request, method, path, status, referer, agent",
+                        cmd, key_field);
+    if (path == NULL || strcmp(path, "-") == 0) {
+        r->in = stdin;
+        return 0;
+    }
+    r->in = fopen(path, "rb");
+    if (r->in == NULL)
+        return cli_fail("%s: cannot read '%s': %s", cmd, path,
+                        strerror(errno));
+    return 0;
+}
+
+int reader_next(reader_t *r, trace_req_t *req)
+{
+    ssize_t n;
+
+    while ((n = getline(&r->line, &r->cap, r->in)) != -1) {
+        size_t len = (size_t)n;
+        const char *err = NULL;
+        r->lineno++;
+        if (len > 0 && r->line[len - 1] == '\n')
+            len--;
+        int rc = r->clf ? clf_parse_line(r->line, len, (clf_field_t)r->field,
+                                         req, &err)
+                        : trace_parse_line(r->line, len, req, &err);
+        if (rc == TRACE_SKIP)
+            continue;
+        if (rc == TRACE_ERR)
+            return cli_fail("%s: line %llu: %s", r->cmd,
+                            (unsigned long long)r->lineno, err);
+        if (req->key_len > RATE_KEY_MAX)
+            return cli_fail("%s: line %llu: KEY longer than %d bytes", r->cmd,
+                            (unsigned long long)r->lineno, RATE_KEY_MAX);
+        return 1;
+    }
+    if (ferror(r->in))
+        return cli_fail("%s: read error after line %llu", r->cmd,
+                        (unsigned long long)r->lineno);
+    return 0;
+}
+
+void reader_close(reader_t *r)
+{
+    free(r->line);
+    if (r->in != NULL && r->in != stdin)
+        fclose(r->in);
+    memset(r, 0, sizeof *r);
 }
 
 char *fmt_u64(char *p, uint64_t v)

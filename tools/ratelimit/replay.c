@@ -40,19 +40,10 @@ static const char usage[] =
     "Errors (bad options, an unreadable FILE, a bad line) print one line on\n"
     "standard error and exit with status 2.\n";
 
-enum {
-    O_ALGO = 256, O_RATE, O_BURST, O_CAPACITY, O_LIMIT, O_WINDOW, O_MAXWAIT,
-    O_STORE, O_PERKEY, O_INPUT, O_KEYFIELD, O_HELP,
-};
+enum { O_STORE = O_POLICY_END, O_PERKEY, O_INPUT, O_KEYFIELD, O_HELP };
 
 static const struct option longopts[] = {
-    {"algorithm", required_argument, NULL, O_ALGO},
-    {"rate", required_argument, NULL, O_RATE},
-    {"burst", required_argument, NULL, O_BURST},
-    {"capacity", required_argument, NULL, O_CAPACITY},
-    {"limit", required_argument, NULL, O_LIMIT},
-    {"window", required_argument, NULL, O_WINDOW},
-    {"max-wait", required_argument, NULL, O_MAXWAIT},
+    POLICY_LONGOPTS,
     {"store", required_argument, NULL, O_STORE},
     {"per-key", no_argument, NULL, O_PERKEY},
     {"input", required_argument, NULL, O_INPUT},
@@ -98,14 +89,9 @@ int cmd_replay(int argc, char **argv)
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
+        if (policy_opt(&po, c, optarg))
+            continue;
         switch (c) {
-        case O_ALGO: po.algorithm = optarg; break;
-        case O_RATE: po.rate = optarg; break;
-        case O_BURST: po.burst = optarg; break;
-        case O_CAPACITY: po.capacity = optarg; break;
-        case O_LIMIT: po.limit = optarg; break;
-        case O_WINDOW: po.window = optarg; break;
-        case O_MAXWAIT: po.max_wait = optarg; break;
         case O_STORE: store_spec = optarg; break;
         case O_PERKEY: per_key = true; break;
         case O_INPUT: input = optarg; break;
@@ -117,16 +103,6 @@ int cmd_replay(int argc, char **argv)
     if (argc - optind > 1)
         return cli_fail("replay: more than one FILE ('%s', '%s')",
                         argv[optind], argv[optind + 1]);
-    bool clf = strcmp(input, "clf") == 0;
-    if (!clf && strcmp(input, "trace") != 0)
-        return cli_fail("replay: --input '%s' is neither 'trace' nor 'clf'",
-                        input);
-    int key_field = clf_field_from_name(field);
-    if (key_field < 0)
-        return cli_fail("replay: --key-field '%s' is not one of host, ident, "
-                        "user, request, method, path, status, referer, agent",
-                        field);
-
     rate_policy_t *policy;
     uint64_t max_wait;
     if (policy_from_opts(&po, &policy, &max_wait) != 0)
@@ -143,46 +119,30 @@ int cmd_replay(int argc, char **argv)
         rate_policy_free(policy);
         return cli_fail("replay: cannot make the limiter");
     }
-    FILE *in = open_input("replay", argc > optind ? argv[optind] : NULL);
-    int status = in == NULL ? 2 : 0;
+    reader_t rd;
+    int status = reader_open(&rd, "replay", input, field,
+                             argc > optind ? argv[optind] : NULL);
 
     static char outbuf[1 << 16];
     setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
     keymap_t keys = {0};
-    uint64_t allowed = 0, denied = 0, lineno = 0;
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    while (status == 0 && (n = getline(&line, &cap, in)) != -1) {
-        size_t len = (size_t)n;
-        trace_req_t r;
-        const char *err = NULL;
-        lineno++;
-        if (len > 0 && line[len - 1] == '\n')
-            len--;
-        int rc = clf ? clf_parse_line(line, len, (clf_field_t)key_field, &r,
-                                      &err)
-                     : trace_parse_line(line, len, &r, &err);
-        if (rc == TRACE_SKIP)
-            continue;
-        if (rc == TRACE_ERR) {
-            status = cli_fail("replay: line %llu: %s",
-                              (unsigned long long)lineno, err);
-            break;
-        }
-        if (r.key_len > RATE_KEY_MAX) {
-            status = cli_fail("replay: line %llu: KEY longer than %d bytes",
-                              (unsigned long long)lineno, RATE_KEY_MAX);
+    uint64_t allowed = 0, denied = 0;
+    trace_req_t r;
+    int more;
+    while (status == 0 && (more = reader_next(&rd, &r)) != 0) {
+        if (more == 2) {
+            status = 2;
             break;
         }
         rate_decision_t d;
-        rc = rate_limiter_check_at(lim, r.key, r.key_len, r.permits, max_wait,
-                                   r.t_ns, &d);
+        int rc = rate_limiter_check_at(lim, r.key, r.key_len, r.permits,
+                                       max_wait, r.t_ns, &d);
         if (rc == RATE_OK && d.reason == RATE_REASON_STORE_ERROR)
             rc = d.error;
         if (rc != RATE_OK) {
             status = cli_fail("replay: line %llu: %s",
-                              (unsigned long long)lineno, rate_strerror(rc));
+                              (unsigned long long)rd.lineno,
+                              rate_strerror(rc));
             break;
         }
         write_line(&r, &d);
@@ -196,9 +156,6 @@ int cmd_replay(int argc, char **argv)
             d.allowed ? k->allowed++ : k->denied++;
         }
     }
-    if (status == 0 && in != NULL && ferror(in))
-        status = cli_fail("replay: read error after line %llu",
-                          (unsigned long long)lineno);
     if (fflush(stdout) != 0 && status == 0)
         status = cli_fail("replay: cannot write the output");
     if (status == 0) {
@@ -212,10 +169,8 @@ int cmd_replay(int argc, char **argv)
                     (unsigned long long)keys.recs[i].denied);
         }
     }
-    free(line);
     keymap_free(&keys);
-    if (in != NULL && in != stdin)
-        fclose(in);
+    reader_close(&rd);
     rate_limiter_free(lim);
     rate_store_free(store);
     rate_policy_free(policy);
