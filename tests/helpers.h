@@ -31,17 +31,24 @@ static inline rate_policy_t *policy_of(const char *text)
     return p;
 }
 
+/* A limiter for the policy `text` with the rest of `cfg`. */
+static inline rate_limiter_t *limiter_cfg(const char *text,
+                                          rate_limiter_config_t cfg)
+{
+    rate_policy_t *p = policy_of(text);
+    rate_limiter_t *lim = NULL;
+    cfg.policy = p;
+    assert_int_equal(rate_limiter_new(&cfg, &lim), RATE_OK);
+    rate_policy_free(p); /* the limiter keeps a copy */
+    return lim;
+}
+
 /* A limiter over `store` (NULL: a private memory store) for `text`. */
 static inline rate_limiter_t *limiter_of(const char *text, rate_store_t *store)
 {
-    rate_policy_t *p = policy_of(text);
     rate_limiter_config_t cfg = {0};
-    rate_limiter_t *lim = NULL;
-    cfg.policy = p;
     cfg.store = store;
-    assert_int_equal(rate_limiter_new(&cfg, &lim), RATE_OK);
-    rate_policy_free(p);
-    return lim;
+    return limiter_cfg(text, cfg);
 }
 
 static inline rate_decision_t at(rate_limiter_t *lim, const char *key,

@@ -24,16 +24,6 @@ static void fake_sleep(void *ud, uint64_t ns)
     c->sleeps++;
 }
 
-static rate_limiter_t *with_config(const char *text, rate_limiter_config_t cfg)
-{
-    rate_policy_t *p = policy_of(text);
-    rate_limiter_t *lim = NULL;
-    cfg.policy = p;
-    assert_int_equal(rate_limiter_new(&cfg, &lim), RATE_OK);
-    rate_policy_free(p);
-    return lim;
-}
-
 static void bad_input(void **state)
 {
     (void)state;
@@ -105,7 +95,7 @@ static void shadow_mode(void **state)
     (void)state;
     rate_limiter_config_t cfg = {0};
     cfg.shadow = true;
-    rate_limiter_t *l = with_config("fixed-window 2/s", cfg);
+    rate_limiter_t *l = limiter_cfg("fixed-window 2/s", cfg);
     rate_decision_t d;
     for (int i = 0; i < 2; i++) {
         d = at(l, "k", 0, 1, 0);
@@ -166,7 +156,7 @@ static void blocking_acquire(void **state)
     rate_clock_t clk = {fake_now, fake_sleep, &c};
     rate_limiter_config_t cfg = {0};
     cfg.clock = &clk;
-    rate_limiter_t *l = with_config("token-bucket 10/s burst=1", cfg);
+    rate_limiter_t *l = limiter_cfg("token-bucket 10/s burst=1", cfg);
     rate_decision_t d;
     const char *k = "k";
 
@@ -191,7 +181,7 @@ static void blocking_acquire(void **state)
 
     /* A window waits for its edge, and never past the deadline. */
     c = (fake_clock_t){1000 * SEC + 400 * MS, 0, 0};
-    l = with_config("fixed-window 1/s", cfg);
+    l = limiter_cfg("fixed-window 1/s", cfg);
     assert_true(rate_limiter_acquire(l, k, 1, 1, 0, &d) == RATE_OK &&
                 d.allowed);
     assert_int_equal(rate_limiter_acquire(l, k, 1, 1, 599 * MS, &d), RATE_OK);
@@ -230,7 +220,7 @@ static void tiers_and_upgrades(void **state)
     pro_tier = policy_of("token-bucket 10/s burst=20");
     rate_limiter_config_t cfg = {0};
     cfg.resolve = tier_of;
-    rate_limiter_t *l = with_config("token-bucket 1/h burst=1", cfg);
+    rate_limiter_t *l = limiter_cfg("token-bucket 1/h burst=1", cfg);
     int free_ok = 0, pro_ok = 0;
     for (int i = 0; i < 30; i++) {
         free_ok += at(l, "free:1", 0, 1, 0).allowed;
@@ -244,7 +234,7 @@ static void tiers_and_upgrades(void **state)
      * and then refills at the pro rate. */
     cfg.resolve = upgradable;
     upgraded = NULL;
-    l = with_config("token-bucket 1/h burst=1", cfg);
+    l = limiter_cfg("token-bucket 1/h burst=1", cfg);
     assert_true(at(l, "u", 0, 2, 0).allowed);
     assert_false(at(l, "u", 0, 1, 0).allowed);
     upgraded = "u";
@@ -289,9 +279,9 @@ static void store_failure_modes(void **state)
     assert_int_equal(cas_store_new(&store, &h), RATE_OK);
     rate_limiter_config_t cfg = {0};
     cfg.store = store;
-    rate_limiter_t *closed = with_config("fixed-window 5/s", cfg);
+    rate_limiter_t *closed = limiter_cfg("fixed-window 5/s", cfg);
     cfg.on_store_error = RATE_FAIL_OPEN;
-    rate_limiter_t *open = with_config("fixed-window 5/s", cfg);
+    rate_limiter_t *open = limiter_cfg("fixed-window 5/s", cfg);
     cas_store_set_down(h, 1);
     rate_decision_t d = at(closed, "k", 0, 1, 0);
     assert_false(d.allowed);

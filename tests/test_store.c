@@ -178,13 +178,10 @@ static void reclaims_only_by_own_clock(void **state)
     rate_clock_t clock = {clk_now, clk_sleep, &c};
     rate_store_t *s;
     assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
-    rate_policy_t *p = policy_of("fixed-window 1/s");
     rate_limiter_config_t cfg = {0};
-    cfg.policy = p;
     cfg.store = s;
     cfg.clock = &clock;
-    rate_limiter_t *l;
-    assert_int_equal(rate_limiter_new(&cfg, &l), RATE_OK);
+    rate_limiter_t *l = limiter_cfg("fixed-window 1/s", cfg);
     const char *keys[] = {"a", "b", "c", "d", "e", "f"};
     for (int i = 0; i < 4; i++)
         assert_true(rate_try_acquire(l, keys[i], 1));
@@ -203,7 +200,6 @@ static void reclaims_only_by_own_clock(void **state)
     assert_int_equal(st.reclaimed, 1);
     assert_int_equal(st.evictions, 1);
     rate_limiter_free(l);
-    rate_policy_free(p);
     rate_store_free(s);
 }
 
@@ -215,13 +211,10 @@ static void grows_and_reclaims_unbounded(void **state)
     rate_store_t *s;
     rate_memory_options_t o = {0, 4};
     assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
-    rate_policy_t *p = policy_of("token-bucket 10/s burst=10");
     rate_limiter_config_t cfg = {0};
-    cfg.policy = p;
     cfg.store = s;
     cfg.clock = &clock;
-    rate_limiter_t *l;
-    assert_int_equal(rate_limiter_new(&cfg, &l), RATE_OK);
+    rate_limiter_t *l = limiter_cfg("token-bucket 10/s burst=10", cfg);
     char k[32];
     for (int i = 0; i < 20000; i++) {
         snprintf(k, sizeof k, "key-number-%d-long-enough", i);
@@ -241,7 +234,6 @@ static void grows_and_reclaims_unbounded(void **state)
         assert_false(rate_try_acquire(l, k, 1));
     }
     rate_limiter_free(l);
-    rate_policy_free(p);
     rate_store_free(s);
 }
 

@@ -67,21 +67,12 @@ int cmd_check(int argc, char **argv)
     if (parse_count_text(permits_text, &permits) != 0)
         return cli_fail("check: --permits '%s' is not a whole number up to "
                         "2^63-1", permits_text);
-    rate_policy_t *policy;
-    uint64_t max_wait;
-    if (policy_from_opts(&po, &policy, &max_wait) != 0)
+    cli_limiter_t cl;
+    if (cli_limiter_open(&cl, &po, store_spec) != 0)
         return 2;
-    rate_store_t *store;
-    if (store_from_opt("check", store_spec, &store) != 0) {
-        rate_policy_free(policy);
-        return 2;
-    }
-    rate_limiter_config_t cfg = {.policy = policy, .store = store};
-    rate_limiter_t *lim = NULL;
     rate_decision_t d;
-    int rc = rate_limiter_new(&cfg, &lim);
-    if (rc == RATE_OK)
-        rc = rate_limiter_check(lim, key, strlen(key), permits, max_wait, &d);
+    int rc = rate_limiter_check(cl.lim, key, strlen(key), permits,
+                                cl.max_wait_ns, &d);
     if (rc == RATE_OK && d.reason == RATE_REASON_STORE_ERROR)
         rc = d.error;
     int status;
@@ -97,8 +88,6 @@ int cmd_check(int argc, char **argv)
         field_seconds("reset_after", d.reset_after_ns);
         status = d.allowed ? 0 : 1;
     }
-    rate_limiter_free(lim);
-    rate_store_free(store);
-    rate_policy_free(policy);
+    cli_limiter_close(&cl);
     return status;
 }

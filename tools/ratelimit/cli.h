@@ -58,6 +58,19 @@ int parse_rate_text(const char *s, uint64_t *limit, uint64_t *period_ns,
 /* A whole number >= 1 up to 2^63-1; 0 or -1. */
 int parse_count_text(const char *s, uint64_t *out);
 
+/* A limiter made from the policy options and --store, and what it owns. */
+typedef struct cli_limiter {
+    rate_policy_t *policy;
+    rate_store_t *store;
+    rate_limiter_t *lim;
+    uint64_t max_wait_ns;
+} cli_limiter_t;
+
+/* Returns 0, or 2 after printing why (nothing is left to free then). */
+int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
+                     const char *store_spec);
+void cli_limiter_close(cli_limiter_t *cl);
+
 /* A store for --store: "memory" (or NULL) or a URL this build knows.  On
  * failure prints why and returns 2. */
 int store_from_opt(const char *cmd, const char *spec, rate_store_t **out);

@@ -209,6 +209,32 @@ int store_from_opt(const char *cmd, const char *spec, rate_store_t **out)
                     cmd, spec);
 }
 
+int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
+                     const char *store_spec)
+{
+    memset(cl, 0, sizeof *cl);
+    if (policy_from_opts(o, &cl->policy, &cl->max_wait_ns) != 0)
+        return 2;
+    if (store_from_opt(o->cmd, store_spec, &cl->store) != 0) {
+        cli_limiter_close(cl);
+        return 2;
+    }
+    rate_limiter_config_t cfg = {.policy = cl->policy, .store = cl->store};
+    if (rate_limiter_new(&cfg, &cl->lim) != RATE_OK) {
+        cli_limiter_close(cl);
+        return cli_fail("%s: cannot make the limiter", o->cmd);
+    }
+    return 0;
+}
+
+void cli_limiter_close(cli_limiter_t *cl)
+{
+    rate_limiter_free(cl->lim);
+    rate_store_free(cl->store);
+    rate_policy_free(cl->policy);
+    memset(cl, 0, sizeof *cl);
+}
+
 bool policy_opt(policy_opts_t *o, int c, const char *arg)
 {
     switch (c) {

@@ -103,22 +103,9 @@ int cmd_replay(int argc, char **argv)
     if (argc - optind > 1)
         return cli_fail("replay: more than one FILE ('%s', '%s')",
                         argv[optind], argv[optind + 1]);
-    rate_policy_t *policy;
-    uint64_t max_wait;
-    if (policy_from_opts(&po, &policy, &max_wait) != 0)
+    cli_limiter_t cl;
+    if (cli_limiter_open(&cl, &po, store_spec) != 0)
         return 2;
-    rate_store_t *store;
-    if (store_from_opt("replay", store_spec, &store) != 0) {
-        rate_policy_free(policy);
-        return 2;
-    }
-    rate_limiter_config_t cfg = {.policy = policy, .store = store};
-    rate_limiter_t *lim;
-    if (rate_limiter_new(&cfg, &lim) != RATE_OK) {
-        rate_store_free(store);
-        rate_policy_free(policy);
-        return cli_fail("replay: cannot make the limiter");
-    }
     reader_t rd;
     int status = reader_open(&rd, "replay", input, field,
                              argc > optind ? argv[optind] : NULL);
@@ -135,8 +122,8 @@ int cmd_replay(int argc, char **argv)
             break;
         }
         rate_decision_t d;
-        int rc = rate_limiter_check_at(lim, r.key, r.key_len, r.permits,
-                                       max_wait, r.t_ns, &d);
+        int rc = rate_limiter_check_at(cl.lim, r.key, r.key_len, r.permits,
+                                       cl.max_wait_ns, r.t_ns, &d);
         if (rc == RATE_OK && d.reason == RATE_REASON_STORE_ERROR)
             rc = d.error;
         if (rc != RATE_OK) {
@@ -171,8 +158,6 @@ int cmd_replay(int argc, char **argv)
     }
     keymap_free(&keys);
     reader_close(&rd);
-    rate_limiter_free(lim);
-    rate_store_free(store);
-    rate_policy_free(policy);
+    cli_limiter_close(&cl);
     return status;
 }
