@@ -51,8 +51,13 @@ typedef struct rate_step {
     void *arg;
     size_t grow;       /* the new state is at most old_len + grow bytes */
     uint64_t now_ns;   /* the request's time */
-    bool clock_time;   /* now_ns came from the limiter's own monotonic clock,
-                          so a key whose expires_ns <= now_ns may be dropped */
+    bool clock_time;   /* now_ns came from the limiter's own monotonic clock */
+    /* Whether a stored state (of any key) is back at its cold start at
+     * now_ns, so that dropping it changes no answer.  For stores that
+     * reclaim keys; call it only when clock_time is true and the state was
+     * itself written at a clock time (with caller-supplied times another
+     * key's time says nothing about this one).  Pass arg. */
+    bool (*is_cold)(void *arg, const void *state, size_t len, uint64_t now_ns);
 } rate_step_t;
 
 typedef struct rate_store_vtable {

@@ -181,8 +181,9 @@ typedef struct rate__step_arg {
     rate_decision_t *decision; /* out */
 } rate__step_arg_t;
 
-/* The rate_step_fn every store runs (src/step.c). */
+/* The rate_step_fn every store runs, and its cold-state test (src/step.c). */
 int rate__step(void *arg, rate_step_io_t *io);
+bool rate__is_cold(void *arg, const void *state, size_t len, uint64_t now_ns);
 
 #define RATE__HEADER_LEN 16u
 #define RATE__STATE_VERSION 1u

@@ -300,7 +300,8 @@ static int decide(rate_limiter_t *lim, const char *key, size_t key_len,
         p = lim->policy;
     arg = (rate__step_arg_t){p, reg_lookup, lim, now, permits, max_wait,
                              detail, d};
-    st = (rate_step_t){rate__step, &arg, p->grow, now, clock_time};
+    st = (rate_step_t){rate__step, &arg, p->grow, now, clock_time,
+                       rate__is_cold};
     if (lim->store->vt->update != NULL)
         rc = lim->store->vt->update(lim->store->self, key, key_len, &st);
     else

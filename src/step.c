@@ -70,6 +70,28 @@ static bool cold_by(const rate_policy_t *p, const parsed_t *ps, uint64_t t)
     return true;
 }
 
+bool rate__is_cold(void *varg, const void *state, size_t len, uint64_t now)
+{
+    const rate__step_arg_t *arg = varg;
+    const uint8_t *st = state;
+    const rate_policy_t *p = arg->policy;
+    rate_policy_t other;
+    parsed_t ps;
+
+    if (st == NULL || len < RATE__HEADER_LEN || st[13] != RATE__STATE_VERSION)
+        return false;
+    ps.last = rate__get64(st);
+    ps.fingerprint = rate__get32(st + 8);
+    if (ps.fingerprint != p->fingerprint) {
+        if (arg->lookup == NULL ||
+            !arg->lookup(arg->lookup_ud, ps.fingerprint, &other))
+            return false; /* a policy this limiter does not know: keep */
+        p = &other;
+    }
+    return parse_under(p, st, len, &ps) &&
+           cold_by(p, &ps, now > ps.last ? now : ps.last);
+}
+
 static int read_state(const rate__step_arg_t *arg, const rate_step_io_t *io,
                       rate__view_t *views, bool *have, uint64_t *t_eff)
 {

@@ -7,16 +7,16 @@
  * while the step runs over one key, a few dozen nanoseconds, so threads on
  * different keys almost never meet and no lock covers the whole table.
  *
- * A slot is 56 bytes and holds short keys (<= 16 bytes) and small states
+ * A slot is 48 bytes and holds short keys (<= 16 bytes) and small states
  * (<= 24 bytes: every single-limit bucket or fixed window) inline, so a hit
  * on such a key touches one cache line and allocates nothing.  Longer keys
  * and states (sliding logs, composite policies) live in a heap block that is
  * reused and grown geometrically.
  *
  * Bounded memory.  With max_keys, each shard holds at most its share, and a
- * new key in a full shard first takes the place of a key whose reset time
- * has passed (by the library's own clock only: a caller-supplied time never
- * drops another key), then evicts by CLOCK (second chance), an approximation
+ * new key in a full shard first takes the place of a key whose state is
+ * back at its cold start (asked of the step, by the library's own clock
+ * only: a caller-supplied time never drops another key), then evicts by CLOCK (second chance), an approximation
  * of least-recently-used that needs one bit per key.  Evictions are counted:
  * they may change later answers.  Keys whose reset has passed are also
  * dropped when an unbounded shard grows.
@@ -43,7 +43,7 @@
 enum {
     F_KEY_HEAP = 1,
     F_STATE_HEAP = 2,
-    F_CLOCK = 4, /* expires_ns is on the library's clock */
+    F_CLOCK = 4, /* last written at a time of the library's own clock */
     F_REF = 8,   /* used since the CLOCK hand last passed */
 };
 
@@ -52,7 +52,6 @@ typedef struct slot {
     uint16_t key_len;
     uint8_t flags;
     uint8_t state_len; /* inline state bytes */
-    uint64_t expires_ns;
     union {
         char inl[KEY_INLINE];
         struct {
@@ -68,6 +67,8 @@ typedef struct slot {
         } heap;
     } state;
 } slot_t;
+
+_Static_assert(sizeof(slot_t) == 48, "a slot is 48 bytes");
 
 typedef struct shard {
     _Alignas(64) atomic_int lock;
@@ -214,10 +215,17 @@ static void slot_remove(shard_t *s, uint32_t i)
     s->count--;
 }
 
+/* A key may be dropped without changing any answer: its state is back at
+ * its cold start by the library's clock (both its last admission and this
+ * request on that clock). */
 static bool expired(const slot_t *e, const rate_step_t *st)
 {
-    return st->clock_time && (e->flags & F_CLOCK) &&
-           e->expires_ns <= st->now_ns;
+    if (!st->clock_time || !(e->flags & F_CLOCK) || st->is_cold == NULL)
+        return false;
+    if (e->flags & F_STATE_HEAP)
+        return st->is_cold(st->arg, e->state.heap.ptr, e->state.heap.len,
+                           st->now_ns);
+    return st->is_cold(st->arg, e->state.inl, e->state_len, st->now_ns);
 }
 
 /* Frees one slot in a full shard: a key past its reset if the hand meets
@@ -421,7 +429,6 @@ static int mem_update(void *self, const char *key, size_t len,
         if (rc == RATE_OK) {
             if (e == NULL) /* inserting may have moved slots */
                 e = &s->slots[probe(s, tag, &pk)];
-            e->expires_ns = io.expires_ns;
             /* A new key earns its reference bit on its second use. */
             e->flags = (uint8_t)((e->flags & ~F_CLOCK) |
                                  (st->clock_time ? F_CLOCK : 0));
