@@ -170,6 +170,9 @@ static inline uint32_t probe(const shard_t *s, uint32_t tag,
     uint32_t i = home(s, tag);
     uint8_t c = ctrl_of(tag);
 
+    /* Start the slot's cache miss now, beside the control byte's, rather
+     * than after it: at a million keys both are misses. */
+    __builtin_prefetch(&s->slots[i], 1);
     for (;;) {
         uint8_t x = s->ctrl[i];
         if (x == 0 || (x == c && slot_is(&s->slots[i], tag, k)))
