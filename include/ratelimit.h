@@ -220,9 +220,14 @@ typedef struct rate_clock {
 typedef const rate_policy_t *(*rate_resolve_fn)(void *ud, const char *key,
                                                 size_t key_len);
 
+/* What a decision does when the store fails (it then has reason
+ * RATE_REASON_STORE_ERROR and the store's code in `error`). */
 typedef enum rate_fail_mode {
-    RATE_FAIL_CLOSED = 0, /* deny when the store fails (the default) */
-    RATE_FAIL_OPEN = 1    /* allow when the store fails */
+    RATE_FAIL_CLOSED = 0,  /* deny (the default) */
+    RATE_FAIL_OPEN = 1,    /* allow */
+    RATE_FAIL_FALLBACK = 2 /* decide on a private in-memory store with the
+                              same policies (an insurance limiter): each
+                              process then enforces the limits on its own */
 } rate_fail_mode_t;
 
 typedef struct rate_limiter_config {
@@ -245,15 +250,16 @@ RATE_API int rate_limiter_new(const rate_limiter_config_t *config,
 RATE_API void rate_limiter_free(rate_limiter_t *limiter);
 
 /* The seed interface: true when `permits` may be spent now on the
- * NUL-terminated key.  Errors (bad key, store failure) follow the fail mode:
- * false when closed.  Thread-safe: yes. */
+ * NUL-terminated key.  Bad input (NULL limiter, NULL, empty or over-long
+ * key, permits above 2^63-1) is false; a store failure follows the fail
+ * mode.  Thread-safe: yes. */
 RATE_API bool rate_try_acquire(rate_limiter_t *limiter, const char *key,
                                uint64_t permits);
 #define rate_try_acquire1(limiter, key) rate_try_acquire((limiter), (key), 1)
 
-/* The seed call at a caller-supplied time (<= RATE_TIME_MAX), for servers
- * that read the clock once per request or per event-loop turn.  A time out
- * of range counts as an error (fail mode).  Thread-safe: yes. */
+/* The seed call at a caller-supplied time (<= RATE_TIME_MAX, else false),
+ * for servers that read the clock once per request or per event-loop turn.
+ * Thread-safe: yes. */
 RATE_API bool rate_try_acquire_at(rate_limiter_t *limiter, const char *key,
                                   uint64_t permits, uint64_t now_ns);
 

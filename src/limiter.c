@@ -26,6 +26,7 @@ struct rate_limiter {
     rate_policy_t *policy; /* owned copy of the default */
     rate_store_t *store;
     bool own_store;
+    rate_store_t *fallback; /* RATE_FAIL_FALLBACK: the insurance store */
     rate_resolve_fn resolve;
     void *resolve_ud;
     rate_clock_t clock;
@@ -143,7 +144,8 @@ int rate_limiter_new(const rate_limiter_config_t *cfg, rate_limiter_t **out)
     if (cfg == NULL || cfg->policy == NULL)
         return RATE_EINVAL;
     if (cfg->on_store_error != RATE_FAIL_CLOSED &&
-        cfg->on_store_error != RATE_FAIL_OPEN)
+        cfg->on_store_error != RATE_FAIL_OPEN &&
+        cfg->on_store_error != RATE_FAIL_FALLBACK)
         return RATE_EINVAL;
     if (cfg->clock != NULL &&
         (cfg->clock->now_ns == NULL || cfg->clock->sleep_ns == NULL))
@@ -175,6 +177,11 @@ int rate_limiter_new(const rate_limiter_config_t *cfg, rate_limiter_t **out)
             return rc;
         }
     }
+    if (lim->fail_mode == RATE_FAIL_FALLBACK &&
+        (rc = rate_store_memory_new(NULL, &lim->fallback)) != RATE_OK) {
+        rate_limiter_free(lim);
+        return rc;
+    }
     if ((rc = reg_note(lim, lim->policy)) != RATE_OK) {
         rate_limiter_free(lim);
         return rc;
@@ -189,6 +196,7 @@ void rate_limiter_free(rate_limiter_t *lim)
         return;
     if (lim->own_store)
         rate_store_free(lim->store);
+    rate_store_free(lim->fallback);
     pthread_mutex_destroy(&lim->reg_lock);
     free(lim->reg);
     free(lim->policy);
@@ -308,12 +316,15 @@ static int decide(rate_limiter_t *lim, const char *key, size_t key_len,
         rc = run_generic(lim, key, key_len, &st);
     if (rc != RATE_OK) {
         atomic_fetch_add_explicit(&lim->store_errors, 1, memory_order_relaxed);
-        memset(d, 0, sizeof *d);
-        d->reason = RATE_REASON_STORE_ERROR;
+        if (lim->fallback == NULL ||
+            lim->fallback->vt->update(lim->fallback->self, key, key_len,
+                                      &st) != RATE_OK) {
+            memset(d, 0, sizeof *d);
+            d->allowed = lim->fail_mode == RATE_FAIL_OPEN;
+            d->component = -1;
+        }
+        d->reason = RATE_REASON_STORE_ERROR; /* the verdict is the fallback's */
         d->error = rc;
-        d->allowed = lim->fail_mode == RATE_FAIL_OPEN;
-        d->component = -1;
-        return RATE_OK;
     }
     if (!d->allowed && lim->shadow) {
         d->allowed = true;
@@ -329,10 +340,10 @@ static bool try_acquire(rate_limiter_t *lim, const char *key,
     rate_decision_t d;
     size_t len = key != NULL ? strnlen(key, RATE_KEY_MAX + 1) : 0;
 
-    if (decide(lim, key, len, permits, 0, now, clock_time, false, &d) !=
-        RATE_OK)
-        return lim->fail_mode == RATE_FAIL_OPEN;
-    return d.allowed;
+    /* An error here is bad input: store failures come back as decisions. */
+    return decide(lim, key, len, permits, 0, now, clock_time, false, &d) ==
+               RATE_OK &&
+           d.allowed;
 }
 
 bool rate_try_acquire(rate_limiter_t *lim, const char *key, uint64_t permits)
@@ -405,6 +416,13 @@ int rate_limiter_stats(rate_limiter_t *lim, rate_stats_t *out)
         return RATE_EINVAL;
     if ((rc = rate_store_stats(lim->store, out)) != RATE_OK)
         return rc;
+    if (lim->fallback != NULL) { /* decisions made while the store failed */
+        rate_stats_t fb;
+        if (rate_store_stats(lim->fallback, &fb) == RATE_OK) {
+            out->allowed += fb.allowed;
+            out->denied += fb.denied;
+        }
+    }
     out->allowed += atomic_load_explicit(&lim->allowed, memory_order_relaxed);
     out->denied += atomic_load_explicit(&lim->denied, memory_order_relaxed);
     out->retries += atomic_load_explicit(&lim->retries, memory_order_relaxed);

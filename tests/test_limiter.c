@@ -310,8 +310,49 @@ static void store_failure_modes(void **state)
     d = at(closed, "k", 0, 1, 0);
     assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
     assert_int_equal(d.error, RATE_ECORRUPT);
+    /* Bad input is refused whatever the fail mode. */
+    assert_false(rate_try_acquire(open, NULL, 1));
+    assert_false(rate_try_acquire(open, "", 1));
     rate_limiter_free(closed);
     rate_limiter_free(open);
+    rate_store_free(store);
+}
+
+static void store_failure_fallback(void **state)
+{
+    (void)state;
+    rate_store_t *store;
+    cas_store_t *h;
+    assert_int_equal(cas_store_new(&store, &h), RATE_OK);
+    rate_limiter_config_t cfg = {0};
+    cfg.store = store;
+    cfg.on_store_error = RATE_FAIL_FALLBACK;
+    rate_limiter_t *l = limiter_cfg("fixed-window 2/s", cfg);
+    assert_true(at(l, "k", 0, 1, 0).allowed); /* the real store */
+    cas_store_set_down(h, 1);
+    /* Down: the insurance limiter enforces the same policy on its own. */
+    rate_decision_t d = at(l, "k", 0, 1, 0);
+    assert_true(d.allowed);
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    assert_int_equal(d.error, RATE_ESTORE);
+    assert_int_equal(d.remaining, 1);
+    assert_true(at(l, "k", 0, 1, 0).allowed);
+    d = at(l, "k", 0, 1, 0);
+    assert_false(d.allowed);
+    assert_int_equal(d.retry_after_ns, SEC);
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    /* Back up: the real store decides again (it admitted one so far). */
+    cas_store_set_down(h, 0);
+    d = at(l, "k", 0, 1, 0);
+    assert_true(d.allowed);
+    assert_int_equal(d.reason, RATE_REASON_ALLOWED);
+    assert_int_equal(d.remaining, 0);
+    rate_stats_t st;
+    rate_limiter_stats(l, &st);
+    assert_int_equal(st.store_errors, 3);
+    assert_int_equal(st.allowed, 4); /* fallback decisions count too */
+    assert_int_equal(st.denied, 1);
+    rate_limiter_free(l);
     rate_store_free(store);
 }
 
@@ -325,6 +366,7 @@ int main(void)
         cmocka_unit_test(blocking_acquire),
         cmocka_unit_test(tiers_and_upgrades),
         cmocka_unit_test(store_failure_modes),
+        cmocka_unit_test(store_failure_fallback),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
