@@ -185,6 +185,33 @@ typedef struct rate_memory_options {
 RATE_API int rate_store_memory_new(const rate_memory_options_t *options,
                                    rate_store_t **out);
 
+typedef struct rate_redis_options {
+    uint64_t connect_timeout_ns; /* 0: 1 s */
+    uint64_t command_timeout_ns; /* 0: 1 s; no call waits longer per command */
+    const char *prefix;          /* key namespace, copied; NULL: "ratelimit:" */
+    unsigned pool_size;          /* connections; 0: 8 */
+    bool no_ttl;                 /* keep keys without expiry (replays on a
+                                    virtual clock); default: expire each key
+                                    after its reset_after, rounded up to ms */
+} rate_redis_options_t;
+
+/* The Redis store: url is redis://[[user]:password@]host[:port][/db] or
+ * unix:///path.  Each key lives under PREFIX{KEY} (its own Cluster hash
+ * tag).  Connects once at creation, so that a bad host, password or
+ * database is reported here: RATE_EINVAL for a malformed URL or option,
+ * RATE_ESTORE when Redis cannot be reached or refuses; `err` (if not NULL)
+ * then says why.  Decisions are the memory store's, bit for bit; each costs
+ * two round trips (see docs/algorithms.md, "Stores").  `options` may be
+ * NULL.  Thread-safe: yes (a pool of connections). */
+RATE_API int rate_store_redis_new(const char *url,
+                                  const rate_redis_options_t *options,
+                                  rate_store_t **out, char *err,
+                                  size_t errlen);
+
+/* Deletes every key under the Redis store's prefix (SCAN + UNLINK).
+ * RATE_EINVAL for a store that is not a Redis store.  Thread-safe: yes. */
+RATE_API int rate_store_redis_drop(rate_store_t *store);
+
 typedef struct rate_stats {
     uint64_t keys;       /* keys held now */
     uint64_t evictions;  /* keys dropped by the max_keys bound */

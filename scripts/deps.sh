@@ -4,8 +4,8 @@
 # apt-get at all).  Usage: scripts/deps.sh [build|test]
 set -euo pipefail
 
-build_pkgs=(gcc make cmake pkg-config libxxhash-dev)
-test_pkgs=(libcmocka-dev valgrind libxml2-utils clang libclang-rt-14-dev)
+build_pkgs=(gcc make cmake pkg-config libxxhash-dev libhiredis-dev)
+test_pkgs=(libcmocka-dev valgrind libxml2-utils clang libclang-rt-14-dev redis-server)
 
 case "${1:-test}" in
   build) want=("${build_pkgs[@]}") ;;

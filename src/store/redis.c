@@ -1,0 +1,611 @@
+/*
+ * The Redis store: keys shared by every process and machine that talks to
+ * the same Redis.
+ *
+ * This back end implements the generic contract of ratelimit_store.h: load
+ * is one HMGET of the key's version and state, cas one EVALSHA of a short
+ * Lua script that replaces the state only if the version is unchanged and
+ * sets the key's expiry to its reset_after.  The step itself runs in the
+ * client, so decisions are the in-memory store's, bit for bit; a decision
+ * costs two round trips, and a conflict (another client updated the key
+ * between them) one retry.
+ *
+ * A key is stored as a hash {v: version, s: state bytes} under
+ * PREFIX "{" KEY "}": the braces make the key its own Redis Cluster hash
+ * tag.  A new key's version starts from Redis's TIME in microseconds, so a
+ * key that expired and came back does not reuse the version a slow client
+ * may still hold.
+ *
+ * Connections: a fixed pool, each used by one caller at a time.  Every
+ * command has the configured timeout; a connection that failed is dropped,
+ * and reconnecting is tried again no sooner than a backoff that doubles
+ * from 10 ms to 1 s, so while Redis is down a call fails at once instead of
+ * waiting on a dead host.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/time.h>
+
+#include <hiredis/hiredis.h>
+
+#include "../internal.h"
+
+#define BACKOFF_MIN_NS (10 * UINT64_C(1000000))
+#define BACKOFF_MAX_NS RATE_NS_PER_S
+
+static const char cas_script[] =
+    "local cur = redis.call('HGET', KEYS[1], 'v')\n"
+    "if cur == false then cur = '0' end\n"
+    "if cur ~= ARGV[1] then return 0 end\n"
+    "local nv\n"
+    "if cur == '0' then\n"
+    "  local t = redis.call('TIME')\n"
+    "  nv = redis.call('HINCRBY', KEYS[1], 'v', t[1] * 1000000 + t[2])\n"
+    "else\n"
+    "  nv = redis.call('HINCRBY', KEYS[1], 'v', 1)\n"
+    "end\n"
+    "redis.call('HSET', KEYS[1], 's', ARGV[2])\n"
+    "local ttl = tonumber(ARGV[3])\n"
+    "if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl)\n"
+    "else redis.call('PERSIST', KEYS[1]) end\n"
+    "return nv\n";
+
+typedef struct conn {
+    redisContext *ctx; /* NULL: not connected */
+    uint64_t retry_at_ns, backoff_ns;
+    bool busy;
+} conn_t;
+
+typedef struct redis_store {
+    char host[256];
+    char password[256], user[256];
+    int port, db;
+    bool unix_socket, ttl;
+    struct timeval connect_tv, command_tv;
+    char *prefix;
+    size_t prefix_len;
+    char sha[41];
+
+    pthread_mutex_t lock;
+    pthread_cond_t freed;
+    conn_t *conns;
+    unsigned nconns;
+} redis_store_t;
+
+/* ------------------------------------------------------------------ URL */
+
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+static bool copy_part(char *dst, size_t cap, const char *s, size_t n)
+{
+    if (n >= cap)
+        return false;
+    memcpy(dst, s, n);
+    dst[n] = '\0';
+    return true;
+}
+
+static bool parse_int(const char *s, size_t n, long max, int *out)
+{
+    long v = 0;
+    if (n == 0)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+        v = v * 10 + (s[i] - '0');
+        if (v > max)
+            return false;
+    }
+    *out = (int)v;
+    return true;
+}
+
+/* redis://[[user]:password@]host[:port][/db]  or  unix:///path */
+static int parse_url(redis_store_t *r, const char *url, char *err,
+                     size_t errlen)
+{
+    const char *p, *end;
+
+    r->port = 6379;
+    if (strncmp(url, "unix://", 7) == 0) {
+        r->unix_socket = true;
+        if (url[7] != '/' || !copy_part(r->host, sizeof r->host, url + 7,
+                                        strlen(url + 7)))
+            return fail(err, errlen, RATE_EINVAL,
+                        "'%s': unix:// needs an absolute socket path", url);
+        return RATE_OK;
+    }
+    if (strncmp(url, "redis://", 8) != 0)
+        return fail(err, errlen, RATE_EINVAL,
+                    "'%s' is not redis://[user:password@]host[:port][/db] "
+                    "or unix:///path", url);
+    p = url + 8;
+    end = p + strlen(p);
+    const char *at = memchr(p, '@', (size_t)(end - p));
+    if (at != NULL) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        if (colon == NULL)
+            return fail(err, errlen, RATE_EINVAL,
+                        "'%s': credentials are user:password@ or :password@",
+                        url);
+        if (!copy_part(r->user, sizeof r->user, p, (size_t)(colon - p)) ||
+            !copy_part(r->password, sizeof r->password, colon + 1,
+                       (size_t)(at - colon - 1)))
+            return fail(err, errlen, RATE_EINVAL, "'%s': credentials too long",
+                        url);
+        p = at + 1;
+    }
+    const char *slash = memchr(p, '/', (size_t)(end - p));
+    const char *hostend = slash ? slash : end;
+    const char *colon = NULL;
+    const char *hs = p, *he;
+    if (*p == '[') { /* [IPv6] */
+        const char *close = memchr(p, ']', (size_t)(hostend - p));
+        if (close == NULL)
+            return fail(err, errlen, RATE_EINVAL, "'%s': unclosed '[' in host",
+                        url);
+        hs = p + 1;
+        he = close;
+        if (close + 1 < hostend) {
+            if (close[1] != ':')
+                return fail(err, errlen, RATE_EINVAL,
+                            "'%s': text after ']' in host", url);
+            colon = close + 1;
+        }
+    } else {
+        colon = memchr(p, ':', (size_t)(hostend - p));
+        he = colon ? colon : hostend;
+    }
+    if (he == hs || !copy_part(r->host, sizeof r->host, hs, (size_t)(he - hs)))
+        return fail(err, errlen, RATE_EINVAL, "'%s': missing or too long host",
+                    url);
+    if (colon != NULL &&
+        (!parse_int(colon + 1, (size_t)(hostend - colon - 1), 65535, &r->port) ||
+         r->port == 0))
+        return fail(err, errlen, RATE_EINVAL,
+                    "'%s': port is not a number from 1 to 65535", url);
+    if (slash != NULL && slash + 1 < end &&
+        !parse_int(slash + 1, (size_t)(end - slash - 1), 1 << 20, &r->db))
+        return fail(err, errlen, RATE_EINVAL,
+                    "'%s': database is not a whole number", url);
+    return RATE_OK;
+}
+
+/* ---------------------------------------------------------- connections */
+
+static struct timeval tv_of(uint64_t ns)
+{
+    struct timeval tv;
+    tv.tv_sec = (time_t)(ns / RATE_NS_PER_S);
+    tv.tv_usec = (suseconds_t)(ns % RATE_NS_PER_S / 1000);
+    if (tv.tv_sec == 0 && tv.tv_usec == 0)
+        tv.tv_usec = 1;
+    return tv;
+}
+
+/* A reply's error, or the context's, as a status.  Frees nothing. */
+static int reply_status(redisContext *c, const redisReply *rep)
+{
+    if (rep == NULL) {
+        if (c->err == REDIS_ERR_IO &&
+            (errno == EAGAIN || errno == EWOULDBLOCK || errno == ETIMEDOUT))
+            return RATE_ETIMEDOUT;
+        return RATE_ESTORE;
+    }
+    return rep->type == REDIS_REPLY_ERROR ? RATE_ESTORE : RATE_OK;
+}
+
+static redisReply *command(redisContext *c, int argc, const char **argv,
+                           const size_t *lens)
+{
+    return redisCommandArgv(c, argc, argv, lens);
+}
+
+/* Connects, authenticates, selects the database and loads the script. */
+static int open_conn(redis_store_t *r, redisContext **out, char *err,
+                     size_t errlen)
+{
+    redisContext *c = r->unix_socket
+                          ? redisConnectUnixWithTimeout(r->host, r->connect_tv)
+                          : redisConnectWithTimeout(r->host, r->port,
+                                                    r->connect_tv);
+    redisReply *rep;
+    int rc = RATE_OK;
+
+    *out = NULL;
+    if (c == NULL)
+        return fail(err, errlen, RATE_ENOMEM, "out of memory");
+    if (c->err) {
+        rc = fail(err, errlen, RATE_ESTORE, "cannot connect to %s%s%d: %s",
+                  r->host, r->unix_socket ? "" : ":",
+                  r->unix_socket ? 0 : r->port, c->errstr);
+        redisFree(c);
+        return rc;
+    }
+    redisSetTimeout(c, r->command_tv);
+    if (r->password[0] != '\0') {
+        const char *av[3] = {"AUTH", r->user, r->password};
+        size_t al[3] = {4, strlen(r->user), strlen(r->password)};
+        rep = r->user[0] ? command(c, 3, av, al)
+                         : command(c, 2, (const char *[]){"AUTH", r->password},
+                                   (size_t[]){4, strlen(r->password)});
+        if ((rc = reply_status(c, rep)) != RATE_OK)
+            fail(err, errlen, rc, "authentication failed: %s",
+                 rep ? rep->str : c->errstr);
+        freeReplyObject(rep);
+    }
+    if (rc == RATE_OK && r->db != 0) {
+        char db[16];
+        snprintf(db, sizeof db, "%d", r->db);
+        rep = command(c, 2, (const char *[]){"SELECT", db},
+                      (size_t[]){6, strlen(db)});
+        if ((rc = reply_status(c, rep)) != RATE_OK)
+            fail(err, errlen, rc, "SELECT %s failed: %s", db,
+                 rep ? rep->str : c->errstr);
+        freeReplyObject(rep);
+    }
+    if (rc == RATE_OK) {
+        rep = command(c, 3, (const char *[]){"SCRIPT", "LOAD", cas_script},
+                      (size_t[]){6, 4, sizeof cas_script - 1});
+        rc = reply_status(c, rep);
+        if (rc == RATE_OK && rep->type == REDIS_REPLY_STRING && rep->len == 40)
+            memcpy(r->sha, rep->str, 41);
+        else
+            rc = fail(err, errlen, rc ? rc : RATE_ESTORE,
+                      "SCRIPT LOAD failed: %s",
+                      rep && rep->str ? rep->str : c->errstr);
+        freeReplyObject(rep);
+    }
+    if (rc != RATE_OK) {
+        redisFree(c);
+        return rc;
+    }
+    *out = c;
+    return RATE_OK;
+}
+
+/* Takes a free connection, connecting it if needed (unless in backoff). */
+static int take(redis_store_t *r, conn_t **out)
+{
+    conn_t *cn = NULL;
+    int rc = RATE_OK;
+
+    pthread_mutex_lock(&r->lock);
+    for (;;) {
+        for (unsigned i = 0; i < r->nconns && cn == NULL; i++)
+            if (!r->conns[i].busy)
+                cn = &r->conns[i];
+        if (cn != NULL)
+            break;
+        pthread_cond_wait(&r->freed, &r->lock);
+    }
+    cn->busy = true;
+    pthread_mutex_unlock(&r->lock);
+    if (cn->ctx == NULL) {
+        uint64_t now = rate_clock_monotonic_ns();
+        if (now < cn->retry_at_ns) {
+            rc = RATE_ESTORE; /* still backing off: fail at once */
+        } else if ((rc = open_conn(r, &cn->ctx, NULL, 0)) != RATE_OK) {
+            cn->backoff_ns = cn->backoff_ns ? cn->backoff_ns * 2
+                                            : BACKOFF_MIN_NS;
+            if (cn->backoff_ns > BACKOFF_MAX_NS)
+                cn->backoff_ns = BACKOFF_MAX_NS;
+            cn->retry_at_ns = now + cn->backoff_ns;
+        } else {
+            cn->backoff_ns = 0;
+        }
+    }
+    *out = cn;
+    return rc;
+}
+
+/* Gives the connection back; drops it if the call failed on the wire. */
+static void give(redis_store_t *r, conn_t *cn, bool broken)
+{
+    if (broken && cn->ctx != NULL) {
+        redisFree(cn->ctx);
+        cn->ctx = NULL;
+        cn->retry_at_ns = 0; /* reconnect on next use, then back off */
+    }
+    pthread_mutex_lock(&r->lock);
+    cn->busy = false;
+    pthread_cond_signal(&r->freed);
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* PREFIX "{" key "}" into buf (heap if large); returns its length. */
+static char *full_key(const redis_store_t *r, const char *key, size_t len,
+                      char *buf, size_t cap, size_t *out_len)
+{
+    size_t n = r->prefix_len + len + 2;
+    char *k = n <= cap ? buf : malloc(n);
+    if (k == NULL)
+        return NULL;
+    memcpy(k, r->prefix, r->prefix_len);
+    k[r->prefix_len] = '{';
+    memcpy(k + r->prefix_len + 1, key, len);
+    k[n - 1] = '}';
+    *out_len = n;
+    return k;
+}
+
+/* ------------------------------------------------------------- contract */
+
+static int parse_version(const redisReply *v, uint64_t *out)
+{
+    uint64_t x = 0;
+    if (v->type == REDIS_REPLY_NIL) {
+        *out = 0;
+        return RATE_OK;
+    }
+    if (v->type != REDIS_REPLY_STRING || v->len == 0 || v->len > 19)
+        return RATE_ECORRUPT;
+    for (size_t i = 0; i < v->len; i++) {
+        if (v->str[i] < '0' || v->str[i] > '9')
+            return RATE_ECORRUPT;
+        x = x * 10 + (uint64_t)(v->str[i] - '0');
+    }
+    *out = x;
+    return RATE_OK;
+}
+
+static int r_load(void *self, const char *key, size_t key_len, void *buf,
+                  size_t cap, size_t *len, uint64_t *version)
+{
+    redis_store_t *r = self;
+    char kb[RATE_KEY_MAX + 300];
+    size_t kl;
+    conn_t *cn;
+    int rc;
+
+    *len = 0;
+    *version = 0;
+    char *k = full_key(r, key, key_len, kb, sizeof kb, &kl);
+    if (k == NULL)
+        return RATE_ENOMEM;
+    if ((rc = take(r, &cn)) != RATE_OK) {
+        give(r, cn, false);
+        return rc;
+    }
+    redisReply *rep = command(cn->ctx, 4,
+                              (const char *[]){"HMGET", k, "v", "s"},
+                              (size_t[]){5, kl, 1, 1});
+    rc = reply_status(cn->ctx, rep);
+    bool broken = rep == NULL;
+    if (rc == RATE_OK) {
+        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2)
+            rc = RATE_ECORRUPT;
+        else if ((rc = parse_version(rep->element[0], version)) == RATE_OK) {
+            redisReply *s = rep->element[1];
+            if (*version == 0 || s->type == REDIS_REPLY_NIL) {
+                *version = 0; /* absent (or half-written: treat as absent) */
+            } else if (s->type != REDIS_REPLY_STRING) {
+                rc = RATE_ECORRUPT;
+            } else {
+                *len = s->len;
+                if (s->len > cap)
+                    rc = RATE_EINVAL; /* the limiter retries with more room */
+                else
+                    memcpy(buf, s->str, s->len);
+            }
+        }
+    }
+    freeReplyObject(rep);
+    give(r, cn, broken);
+    if (k != kb)
+        free(k);
+    return rc;
+}
+
+static int r_cas(void *self, const char *key, size_t key_len,
+                 uint64_t version, const void *state, size_t len,
+                 uint64_t ttl_ns)
+{
+    redis_store_t *r = self;
+    char kb[RATE_KEY_MAX + 300], vbuf[24], tbuf[24];
+    size_t kl;
+    conn_t *cn;
+    int rc;
+
+    char *k = full_key(r, key, key_len, kb, sizeof kb, &kl);
+    if (k == NULL)
+        return RATE_ENOMEM;
+    snprintf(vbuf, sizeof vbuf, "%llu", (unsigned long long)version);
+    /* Milliseconds, rounded up: never less than reset_after. */
+    uint64_t ms = r->ttl ? ttl_ns / 1000000 + (ttl_ns % 1000000 != 0) : 0;
+    if (r->ttl && ms == 0)
+        ms = 1;
+    snprintf(tbuf, sizeof tbuf, "%llu", (unsigned long long)ms);
+    if ((rc = take(r, &cn)) != RATE_OK) {
+        give(r, cn, false);
+        if (k != kb)
+            free(k);
+        return rc;
+    }
+    const char *av[7] = {"EVALSHA", r->sha, "1", k, vbuf, state, tbuf};
+    size_t al[7] = {7, 40, 1, kl, strlen(vbuf), len, strlen(tbuf)};
+    redisReply *rep = command(cn->ctx, 7, av, al);
+    if (rep != NULL && rep->type == REDIS_REPLY_ERROR &&
+        strncmp(rep->str, "NOSCRIPT", 8) == 0) {
+        /* Redis restarted or SCRIPT FLUSH: send the script itself. */
+        freeReplyObject(rep);
+        av[0] = "EVAL";
+        al[0] = 4;
+        av[1] = cas_script;
+        al[1] = sizeof cas_script - 1;
+        rep = command(cn->ctx, 7, av, al);
+    }
+    rc = reply_status(cn->ctx, rep);
+    bool broken = rep == NULL;
+    if (rc == RATE_OK)
+        rc = rep->type != REDIS_REPLY_INTEGER ? RATE_ECORRUPT
+             : rep->integer == 0              ? RATE_ECONFLICT
+                                              : RATE_OK;
+    freeReplyObject(rep);
+    give(r, cn, broken);
+    if (k != kb)
+        free(k);
+    return rc;
+}
+
+static void r_destroy(void *self)
+{
+    redis_store_t *r = self;
+
+    for (unsigned i = 0; r->conns != NULL && i < r->nconns; i++)
+        if (r->conns[i].ctx != NULL)
+            redisFree(r->conns[i].ctx);
+    free(r->conns);
+    free(r->prefix);
+    pthread_cond_destroy(&r->freed);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+}
+
+static const rate_store_vtable_t redis_vtable = {
+    .version = RATE_STORE_V1,
+    .name = "redis",
+    .load = r_load,
+    .cas = r_cas,
+    .destroy = r_destroy,
+};
+
+int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
+                         rate_store_t **out, char *err, size_t errlen)
+{
+    rate_redis_options_t o = {0};
+    redis_store_t *r;
+    int rc;
+
+    if (out == NULL)
+        return RATE_EINVAL;
+    *out = NULL;
+    if (url == NULL)
+        return fail(err, errlen, RATE_EINVAL, "the Redis URL is NULL");
+    if (opt != NULL)
+        o = *opt;
+    if (o.pool_size > 1024)
+        return fail(err, errlen, RATE_EINVAL, "pool_size %u above 1024",
+                    o.pool_size);
+    r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return RATE_ENOMEM;
+    pthread_mutex_init(&r->lock, NULL);
+    pthread_cond_init(&r->freed, NULL);
+    if ((rc = parse_url(r, url, err, errlen)) != RATE_OK) {
+        r_destroy(r);
+        return rc;
+    }
+    r->connect_tv = tv_of(o.connect_timeout_ns ? o.connect_timeout_ns
+                                               : RATE_NS_PER_S);
+    r->command_tv = tv_of(o.command_timeout_ns ? o.command_timeout_ns
+                                               : RATE_NS_PER_S);
+    r->ttl = !o.no_ttl;
+    const char *prefix = o.prefix ? o.prefix : "ratelimit:";
+    r->prefix_len = strlen(prefix);
+    r->prefix = malloc(r->prefix_len + 1);
+    r->nconns = o.pool_size ? o.pool_size : 8;
+    r->conns = calloc(r->nconns, sizeof *r->conns);
+    if (r->prefix == NULL || r->conns == NULL) {
+        r_destroy(r);
+        return RATE_ENOMEM;
+    }
+    memcpy(r->prefix, prefix, r->prefix_len + 1);
+    /* Connect one now, so that a wrong host or password is reported here. */
+    if ((rc = open_conn(r, &r->conns[0].ctx, err, errlen)) != RATE_OK) {
+        r_destroy(r);
+        return rc;
+    }
+    if ((rc = rate_store_new(&redis_vtable, r, out)) != RATE_OK)
+        r_destroy(r);
+    return rc;
+}
+
+int rate_store_redis_drop(rate_store_t *store)
+{
+    redis_store_t *r;
+    conn_t *cn;
+    int rc;
+
+    if (store == NULL || store->vt != &redis_vtable)
+        return RATE_EINVAL;
+    r = store->self;
+    if ((rc = take(r, &cn)) != RATE_OK) {
+        give(r, cn, false);
+        return rc;
+    }
+    /* SCAN the namespace and UNLINK what it holds, a batch at a time. */
+    char *pattern = malloc(r->prefix_len * 2 + 2);
+    if (pattern == NULL) {
+        give(r, cn, false);
+        return RATE_ENOMEM;
+    }
+    size_t pl = 0;
+    for (size_t i = 0; i < r->prefix_len; i++) { /* escape glob chars */
+        char ch = r->prefix[i];
+        if (ch == '*' || ch == '?' || ch == '[' || ch == ']' || ch == '\\')
+            pattern[pl++] = '\\';
+        pattern[pl++] = ch;
+    }
+    pattern[pl++] = '*';
+    char cursor[32] = "0";
+    bool broken = false;
+    do {
+        redisReply *rep = command(
+            cn->ctx, 6,
+            (const char *[]){"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"},
+            (size_t[]){4, strlen(cursor), 5, pl, 5, 4});
+        rc = reply_status(cn->ctx, rep);
+        broken = rep == NULL;
+        if (rc == RATE_OK && (rep->type != REDIS_REPLY_ARRAY ||
+                              rep->elements != 2 ||
+                              rep->element[0]->type != REDIS_REPLY_STRING ||
+                              rep->element[1]->type != REDIS_REPLY_ARRAY))
+            rc = RATE_ECORRUPT;
+        if (rc == RATE_OK) {
+            redisReply *keys = rep->element[1];
+            snprintf(cursor, sizeof cursor, "%s", rep->element[0]->str);
+            if (keys->elements > 0) {
+                size_t n = keys->elements + 1;
+                const char **av = malloc(n * sizeof *av);
+                size_t *al = malloc(n * sizeof *al);
+                if (av == NULL || al == NULL)
+                    rc = RATE_ENOMEM;
+                else {
+                    av[0] = "UNLINK";
+                    al[0] = 6;
+                    for (size_t i = 0; i < keys->elements; i++) {
+                        av[i + 1] = keys->element[i]->str;
+                        al[i + 1] = keys->element[i]->len;
+                    }
+                    redisReply *del = command(cn->ctx, (int)n, av, al);
+                    rc = reply_status(cn->ctx, del);
+                    broken = del == NULL;
+                    freeReplyObject(del);
+                }
+                free(av);
+                free(al);
+            }
+        }
+        freeReplyObject(rep);
+    } while (rc == RATE_OK && strcmp(cursor, "0") != 0);
+    free(pattern);
+    give(r, cn, broken);
+    return rc;
+}

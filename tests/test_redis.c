@@ -1,0 +1,431 @@
+/*
+ * The Redis store against a private redis-server that this test starts on a
+ * free loopback port (no persistence) and stops by its PID: never a fixed
+ * port, never someone else's server.
+ *
+ * Differential traces against the memory store, a limit shared by several
+ * processes, Redis killed and restarted under each fail mode, SCRIPT FLUSH,
+ * key TTLs, and bad URLs, hosts, passwords and keys.
+ */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
+#include "helpers.h"
+
+static pid_t server;
+static int port;
+static char url[64];
+
+static int free_port(void)
+{
+    struct sockaddr_in a = {0};
+    socklen_t len = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        fail_msg("no free port");
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static redisContext *raw(void)
+{
+    struct timeval tv = {1, 0};
+    return redisConnectWithTimeout("127.0.0.1", port, tv);
+}
+
+/* Starts redis-server on `port` (extra: "--requirepass x" or NULL) and
+ * waits until it answers PING. */
+static void start_server(const char *extra_flag, const char *extra_value)
+{
+    char p[16];
+    snprintf(p, sizeof p, "%d", port);
+    server = fork();
+    if (server == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        execlp("redis-server", "redis-server", "--port", p, "--bind",
+               "127.0.0.1", "--save", "", "--appendonly", "no",
+               extra_flag ? extra_flag : "--loglevel",
+               extra_value ? extra_value : "warning", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 500; i++) {
+        redisContext *c = raw();
+        if (c != NULL && !c->err) {
+            redisReply *r = redisCommand(c, "PING");
+            bool ok = r != NULL; /* PONG, or NOAUTH when a password is set */
+            freeReplyObject(r);
+            redisFree(c);
+            if (ok)
+                return;
+        } else if (c != NULL) {
+            redisFree(c);
+        }
+        usleep(10000);
+    }
+    fail_msg("redis-server did not start on port %d", port);
+}
+
+static void stop_server(void)
+{
+    if (server > 0) {
+        kill(server, SIGKILL);
+        waitpid(server, NULL, 0);
+        server = 0;
+    }
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    port = free_port();
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", port);
+    start_server(NULL, NULL);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    stop_server();
+    return 0;
+}
+
+static rate_store_t *redis_store(const char *prefix, bool no_ttl,
+                                 uint64_t timeout_ns)
+{
+    rate_redis_options_t o = {0};
+    rate_store_t *s = NULL;
+    char err[256] = "";
+    o.prefix = prefix;
+    o.no_ttl = no_ttl;
+    o.command_timeout_ns = timeout_ns;
+    o.connect_timeout_ns = timeout_ns;
+    if (rate_store_redis_new(url, &o, &s, err, sizeof err) != RATE_OK)
+        fail_msg("redis store: %s", err);
+    return s;
+}
+
+/* ------------------------------------------------------------- traces */
+
+static uint64_t rnd_state = 12345;
+static uint64_t rnd(uint64_t n)
+{
+    rnd_state ^= rnd_state << 13;
+    rnd_state ^= rnd_state >> 7;
+    rnd_state ^= rnd_state << 17;
+    return n ? rnd_state % n : 0;
+}
+
+static void same_decisions_as_memory(void **state)
+{
+    (void)state;
+    static const char *policies[] = {
+        "token-bucket 5/s burst=3", "leaky-bucket 7/3s capacity=4",
+        "fixed-window 4/700ms", "sliding-log 5/s", "sliding-window 6/s",
+        "token-bucket 10/s burst=5; sliding-log 20/3s; fixed-window 30/m",
+    };
+    static const char *keys[] = {"a", "user 42", "{braces}", "new\nline",
+                                 "\xff\x00\x01", "}{", "k:1"};
+    static const size_t key_lens[] = {1, 7, 8, 8, 3, 2, 3};
+    rate_store_t *rs = redis_store("diff:", true, 0);
+    unsigned checked = 0;
+    for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
+        rate_store_t *ms;
+        assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+        rate_limiter_t *lm = limiter_of(policies[p], ms);
+        rate_limiter_t *lr = limiter_of(policies[p], rs);
+        char prefix[8];
+        snprintf(prefix, sizeof prefix, "%zu", p); /* keys per policy */
+        uint64_t t = rnd(5 * SEC);
+        for (int i = 0; i < 300; i++) {
+            size_t k = rnd(7);
+            char key[16];
+            memcpy(key, prefix, 1);
+            memcpy(key + 1, keys[k], key_lens[k]);
+            size_t kl = key_lens[k] + 1;
+            if (rnd(8) == 0 && t > 100 * MS)
+                t -= rnd(100 * MS);
+            else
+                t += rnd(400 * MS);
+            uint64_t n = rnd(6), mw = p % 3 == 0 && rnd(3) == 0 ? rnd(SEC) : 0;
+            rate_decision_t a, b;
+            assert_int_equal(rate_limiter_check_at(lm, key, kl, n, mw, t, &a),
+                             RATE_OK);
+            assert_int_equal(rate_limiter_check_at(lr, key, kl, n, mw, t, &b),
+                             RATE_OK);
+            if (memcmp(&a, &b, sizeof a) != 0)
+                fail_msg("%s, request %d (t=%llu n=%llu): memory allowed=%d "
+                         "rem=%llu retry=%llu reset=%llu; redis allowed=%d "
+                         "reason=%d err=%d rem=%llu retry=%llu reset=%llu",
+                         policies[p], i, (unsigned long long)t,
+                         (unsigned long long)n, a.allowed,
+                         (unsigned long long)a.remaining,
+                         (unsigned long long)a.retry_after_ns,
+                         (unsigned long long)a.reset_after_ns, b.allowed,
+                         b.reason, b.error, (unsigned long long)b.remaining,
+                         (unsigned long long)b.retry_after_ns,
+                         (unsigned long long)b.reset_after_ns);
+            checked++;
+        }
+        rate_limiter_free(lm);
+        rate_limiter_free(lr);
+        rate_store_free(ms);
+    }
+    assert_int_equal(checked, 1800);
+    assert_int_equal(rate_store_redis_drop(rs), RATE_OK);
+    redisContext *c = raw();
+    redisReply *r = redisCommand(c, "KEYS diff:*");
+    assert_int_equal(r->elements, 0); /* the namespace is gone */
+    freeReplyObject(r);
+    redisFree(c);
+    rate_store_free(rs);
+}
+
+static void ttl_is_reset_after(void **state)
+{
+    (void)state;
+    rate_store_t *rs = redis_store("ttl:", false, 0);
+    rate_limiter_t *l = limiter_of("token-bucket 3/s burst=3", rs);
+    rate_decision_t d;
+    assert_int_equal(rate_limiter_check(l, "k", 1, 2, 0, &d), RATE_OK);
+    assert_true(d.allowed);
+    assert_int_equal(d.reset_after_ns, 666666667);
+    redisContext *c = raw();
+    redisReply *r = redisCommand(c, "PTTL ttl:{k}");
+    /* 667 ms (rounded up), less the little time since. */
+    assert_true(r->integer <= 667 && r->integer > 567);
+    freeReplyObject(r);
+    /* A try-acquire keeps the key for the policy's longest reset. */
+    assert_true(rate_try_acquire(l, "q", 1));
+    r = redisCommand(c, "PTTL ttl:{q}");
+    assert_true(r->integer <= 1000 && r->integer > 900);
+    freeReplyObject(r);
+    redisFree(c);
+    rate_store_redis_drop(rs);
+    rate_limiter_free(l);
+    rate_store_free(rs);
+}
+
+static void script_flush_changes_nothing(void **state)
+{
+    (void)state;
+    rate_store_t *rs = redis_store("flush:", true, 0);
+    rate_limiter_t *l = limiter_of("fixed-window 5/h", rs);
+    redisContext *c = raw();
+    int ok = 0;
+    for (int i = 0; i < 10; i++) {
+        if (i == 3 || i == 6)
+            freeReplyObject(redisCommand(c, "SCRIPT FLUSH"));
+        rate_decision_t d = at(l, "k", SEC, 1, 0);
+        assert_int_not_equal(d.reason, RATE_REASON_STORE_ERROR);
+        ok += d.allowed;
+    }
+    assert_int_equal(ok, 5);
+    redisFree(c);
+    rate_store_redis_drop(rs);
+    rate_limiter_free(l);
+    rate_store_free(rs);
+}
+
+/* ------------------------------------------------------- a shared limit */
+
+#define PROCS 3
+#define THREADS 3
+
+static void *hammer(void *arg)
+{
+    rate_limiter_t *l = arg;
+    uint64_t ok = 0, end = rate_clock_monotonic_ns() + 300 * MS;
+    while (rate_clock_monotonic_ns() < end)
+        ok += rate_try_acquire(l, "shared", 1);
+    return (void *)(uintptr_t)ok;
+}
+
+static void shared_limit_across_processes(void **state)
+{
+    (void)state;
+    int fds[PROCS][2];
+    uint64_t t0 = rate_clock_monotonic_ns();
+    for (int p = 0; p < PROCS; p++) {
+        assert_int_equal(pipe(fds[p]), 0);
+        if (fork() == 0) {
+            rate_store_t *rs = redis_store("shared:", false, 0);
+            rate_limiter_t *l = limiter_of("token-bucket 200/s burst=20", rs);
+            pthread_t th[THREADS];
+            uint64_t total = 0;
+            for (int i = 0; i < THREADS; i++)
+                pthread_create(&th[i], NULL, hammer, l);
+            for (int i = 0; i < THREADS; i++) {
+                void *r;
+                pthread_join(th[i], &r);
+                total += (uint64_t)(uintptr_t)r;
+            }
+            rate_stats_t st;
+            rate_limiter_stats(l, &st);
+            if (write(fds[p][1], &total, sizeof total) != sizeof total)
+                _exit(1);
+            _exit(st.store_errors == 0 ? 0 : 2);
+        }
+        close(fds[p][1]);
+    }
+    uint64_t total = 0;
+    for (int p = 0; p < PROCS; p++) {
+        uint64_t n = 0;
+        int status;
+        assert_int_equal(read(fds[p][0], &n, sizeof n), sizeof n);
+        close(fds[p][0]);
+        wait(&status);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        total += n;
+    }
+    uint64_t elapsed = rate_clock_monotonic_ns() - t0;
+    uint64_t bound = 20 + elapsed * 200 / SEC + 1;
+    if (total > bound || total < 20)
+        fail_msg("admitted %llu, bound %llu", (unsigned long long)total,
+                 (unsigned long long)bound);
+    redisContext *c = raw();
+    freeReplyObject(redisCommand(c, "DEL shared:{shared}"));
+    redisFree(c);
+}
+
+/* --------------------------------------------------------------- faults */
+
+static void redis_down_and_back(void **state)
+{
+    (void)state;
+    const uint64_t timeout = 200 * MS;
+    rate_store_t *rs = redis_store("fault:", true, timeout);
+    rate_limiter_config_t cfg = {0};
+    cfg.store = rs;
+    rate_limiter_t *closed = limiter_cfg("fixed-window 2/h", cfg);
+    cfg.on_store_error = RATE_FAIL_OPEN;
+    rate_limiter_t *open = limiter_cfg("fixed-window 2/h", cfg);
+    cfg.on_store_error = RATE_FAIL_FALLBACK;
+    rate_limiter_t *fallback = limiter_cfg("fixed-window 2/h", cfg);
+    assert_true(at(closed, "k", SEC, 1, 0).allowed);
+
+    stop_server();
+    for (int i = 0; i < 3; i++) {
+        uint64_t t0 = rate_clock_monotonic_ns();
+        rate_decision_t d = at(closed, "k", SEC, 1, 0);
+        uint64_t took = rate_clock_monotonic_ns() - t0;
+        assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+        assert_false(d.allowed);
+        /* Never longer than the timeout (plus scheduling slack). */
+        if (took > timeout + 300 * MS)
+            fail_msg("a call took %llu ms", (unsigned long long)(took / MS));
+        d = at(open, "k", SEC, 1, 0);
+        assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+        assert_true(d.allowed);
+    }
+    int ok = 0;
+    for (int i = 0; i < 3; i++) {
+        rate_decision_t d = at(fallback, "k", SEC, 1, 0);
+        assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+        ok += d.allowed;
+    }
+    assert_int_equal(ok, 2); /* the insurance limiter enforces 2/h */
+
+    start_server(NULL, NULL); /* same port, empty: recovers by itself */
+    rate_decision_t d;
+    uint64_t deadline = rate_clock_monotonic_ns() + 5 * SEC;
+    do {
+        usleep(20000);
+        d = at(closed, "k", SEC, 1, 0);
+    } while (d.reason == RATE_REASON_STORE_ERROR &&
+             rate_clock_monotonic_ns() < deadline);
+    assert_int_not_equal(d.reason, RATE_REASON_STORE_ERROR);
+    assert_true(d.allowed);
+    rate_limiter_free(closed);
+    rate_limiter_free(open);
+    rate_limiter_free(fallback);
+    rate_store_free(rs);
+}
+
+/* ------------------------------------------------------------ bad input */
+
+static void bad_urls_hosts_and_passwords(void **state)
+{
+    (void)state;
+    struct {
+        const char *url;
+        int rc;
+        const char *needle;
+    } cases[] = {
+        {"http://127.0.0.1:6379", RATE_EINVAL, "is not redis://"},
+        {"redis://", RATE_EINVAL, "missing or too long host"},
+        {"redis://127.0.0.1:0", RATE_EINVAL, "port"},
+        {"redis://127.0.0.1:70000", RATE_EINVAL, "port"},
+        {"redis://127.0.0.1:63x9", RATE_EINVAL, "port"},
+        {"redis://127.0.0.1:6379/db1", RATE_EINVAL, "database"},
+        {"redis://pass@127.0.0.1", RATE_EINVAL, "credentials"},
+        {"redis://[::1", RATE_EINVAL, "unclosed"},
+        {"unix://relative/path", RATE_EINVAL, "absolute"},
+        {"unix:///nonexistent/redis.sock", RATE_ESTORE, "cannot connect"},
+    };
+    rate_store_t *s = (rate_store_t *)1;
+    char err[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        err[0] = '\0';
+        int rc = rate_store_redis_new(cases[i].url, NULL, &s, err, sizeof err);
+        if (rc != cases[i].rc || s != NULL ||
+            strstr(err, cases[i].needle) == NULL)
+            fail_msg("'%s': rc=%d err='%s'", cases[i].url, rc, err);
+    }
+    /* Nothing listens on a port we just found free. */
+    char unreachable[64];
+    snprintf(unreachable, sizeof unreachable, "redis://127.0.0.1:%d",
+             free_port());
+    rate_redis_options_t o = {0};
+    o.connect_timeout_ns = 200 * MS;
+    assert_int_equal(rate_store_redis_new(unreachable, &o, &s, err, sizeof err),
+                     RATE_ESTORE);
+    assert_non_null(strstr(err, "cannot connect"));
+    assert_int_equal(rate_store_redis_new(NULL, NULL, &s, err, sizeof err),
+                     RATE_EINVAL);
+    assert_int_equal(rate_store_redis_drop(NULL), RATE_EINVAL);
+
+    /* A server with a password: a wrong one is refused, the right works. */
+    stop_server();
+    start_server("--requirepass", "s3cret");
+    char with[96];
+    snprintf(with, sizeof with, "redis://:wrong@127.0.0.1:%d/0", port);
+    assert_int_equal(rate_store_redis_new(with, NULL, &s, err, sizeof err),
+                     RATE_ESTORE);
+    assert_non_null(strstr(err, "authentication failed"));
+    snprintf(with, sizeof with, "redis://default:s3cret@127.0.0.1:%d/3", port);
+    assert_int_equal(rate_store_redis_new(with, NULL, &s, err, sizeof err),
+                     RATE_OK);
+    rate_limiter_t *l = limiter_of("fixed-window 1/h", s);
+    assert_true(rate_try_acquire(l, "p", 1));
+    assert_false(rate_try_acquire(l, "p", 1));
+    rate_limiter_free(l);
+    rate_store_free(s);
+    stop_server();
+    start_server(NULL, NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(same_decisions_as_memory),
+        cmocka_unit_test(ttl_is_reset_after),
+        cmocka_unit_test(script_flush_changes_nothing),
+        cmocka_unit_test(shared_limit_across_processes),
+        cmocka_unit_test(redis_down_and_back),
+        cmocka_unit_test(bad_urls_hosts_and_passwords),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
