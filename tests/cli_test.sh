@@ -77,8 +77,7 @@ expect_error '' "--rate does not apply to sliding-window" replay --algorithm sli
 expect_error '' "exceeds 2^62" replay --algorithm gcra --rate 1/d --burst 99999999
 expect_error '' "cannot read '/nonexistent/trace'" replay $TB /nonexistent/trace
 expect_error '' "more than one FILE" replay $TB a b
-expect_error '' "this build has no Redis store" replay $TB --store redis://127.0.0.1:1/0
-expect_error '' "is neither 'memory' nor a redis:// URL" replay $TB --store postgres://x
+expect_error '' "is neither 'memory' nor a redis:// or unix:// URL" replay $TB --store postgres://x
 expect_error '' "--input 'json'" replay $TB --input json
 expect_error '' "--key-field 'size'" replay $TB --input clf --key-field size
 expect_error '' "unknown command 'replya'" replya
@@ -141,6 +140,49 @@ if [ $rc -eq 0 ] && grep -qx "decision allow" "$T/out" && grep -qx "remaining 0"
 if [ $rc -eq 1 ] && grep -qx "retry_after inf" "$T/out"; then ok; else bad "check deny rc=$rc"; fi
 expect_error '' "--key is required" check --algorithm gcra --rate 1/s --burst 1
 expect_error '' "--permits 'x'" check --key u --algorithm gcra --rate 1/s --burst 1 --permits x
+
+# --- --store redis://: the same output as --store memory, in a namespace
+# of the run's own that is gone afterwards (a private server, stopped by PID)
+if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
+  rpid=""
+  for _ in 1 2 3 4 5 6 7 8; do
+    rport=$((20000 + RANDOM % 40000))
+    redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no \
+      >"$T/redis.log" 2>&1 &
+    rpid=$!
+    for _ in $(seq 50); do
+      redis-cli -p "$rport" ping >/dev/null 2>&1 && break
+      kill -0 "$rpid" 2>/dev/null || break
+      sleep 0.1
+    done
+    redis-cli -p "$rport" ping >/dev/null 2>&1 && break
+    kill "$rpid" 2>/dev/null; wait "$rpid" 2>/dev/null; rpid=""
+  done
+  if [ -n "$rpid" ]; then
+    trap 'kill "$rpid" 2>/dev/null; rm -rf "$T"' EXIT
+    for args in "$V"/*.args; do
+      n=$(basename "$args" .args)
+      # shellcheck disable=SC2046
+      if "$R" replay $(cat "$args") --store "redis://127.0.0.1:$rport/1" \
+           "$V/$n.trace" >"$T/out" 2>/dev/null && cmp -s "$T/out" "$V/$n.out"
+      then ok; else bad "replay --store redis:// vector $n"; fi
+    done
+    if [ "$(redis-cli -p "$rport" -n 1 dbsize)" = 0 ]; then ok
+    else bad "replay left keys in Redis"; fi
+    for want in allow allow deny; do
+      got=$("$R" check --store "redis://127.0.0.1:$rport/1" --key u \
+            --algorithm gcra --rate 1/h --burst 2 | head -1)
+      if [ "$got" = "decision $want" ]; then ok; else bad "check via Redis: $got"; fi
+    done
+    expect_error '' "--store: cannot connect to 127.0.0.1:1" replay $TB --store redis://127.0.0.1:1/0
+    expect_error '' "--store: 'redis://x:y:z'" replay $TB --store redis://x:y:z
+    kill "$rpid"; wait "$rpid" 2>/dev/null
+  else
+    bad "could not start a private redis-server"
+  fi
+else
+  bad "redis-server is not installed (scripts/deps.sh installs it)"
+fi
 
 # --- help
 for c in replay compare check bench; do

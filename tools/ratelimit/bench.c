@@ -269,16 +269,20 @@ static double replay_rate(uint64_t lines, uint32_t nkeys)
 
 static int usage(FILE *f)
 {
-    fputs("usage: ratelimit bench [--rounds N] [--iterations N]\n\n"
+    fputs("usage: ratelimit bench [--rounds N] [--iterations N] [--redis URL]\n\n"
           "Measures the floors (clock read; hash + CAS; key fetch + random\n"
           "table read) and ns per decision on the in-memory store, and\n"
-          "prints them with their ratios.  Best of N rounds (default 5).\n",
+          "prints them with their ratios.  Best of N rounds (default 5).\n"
+          "With --redis, also the Redis store at that URL: latency against\n"
+          "a PING round trip, and throughput with 1 to 64 callers.\n",
           f);
     return f == stdout ? 0 : 2;
 }
 
 int cmd_bench(int argc, char **argv)
 {
+    const char *redis_url = NULL;
+
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
             return usage(stdout);
@@ -294,6 +298,10 @@ int cmd_bench(int argc, char **argv)
             else
                 iters = v;
             i++;
+            continue;
+        }
+        if (strcmp(argv[i], "--redis") == 0 && i + 1 < argc) {
+            redis_url = argv[++i];
             continue;
         }
         return cli_fail("bench: unknown option '%s'", argv[i]);
@@ -391,5 +399,13 @@ int cmd_bench(int argc, char **argv)
     printf("  %-40s %12.0f\n", "one key", replay_one);
     printf("  %-40s %12.0f\n", "100k keys", replay_many);
     free(keys);
+    fflush(stdout);
+    if (redis_url != NULL) {
+        note("redis");
+        int rc = bench_redis(redis_url);
+        if (progress)
+            fputs("\r\033[K", stderr);
+        return rc;
+    }
     return 0;
 }

@@ -15,6 +15,7 @@ int cmd_replay(int argc, char **argv);
 int cmd_compare(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int bench_redis(const char *url); /* the Redis part of bench */
 
 /* Prints "ratelimit: <msg>" on standard error; returns exit status 2. */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -60,20 +61,26 @@ int parse_count_text(const char *s, uint64_t *out);
 
 /* A limiter made from the policy options and --store, and what it owns. */
 typedef struct cli_limiter {
+    const char *cmd;
+    bool scratch; /* a Redis namespace of this run's own, dropped at close */
     rate_policy_t *policy;
     rate_store_t *store;
     rate_limiter_t *lim;
     uint64_t max_wait_ns;
 } cli_limiter_t;
 
-/* Returns 0, or 2 after printing why (nothing is left to free then). */
+/* Returns 0, or 2 after printing why (nothing is left to free then).
+ * scratch: a Redis store works in a fresh namespace without expiry that
+ * cli_limiter_close() removes (replays on a virtual clock). */
 int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
-                     const char *store_spec);
-void cli_limiter_close(cli_limiter_t *cl);
+                     const char *store_spec, bool scratch);
+/* Returns 0, or 2 if the scratch namespace could not be removed. */
+int cli_limiter_close(cli_limiter_t *cl);
 
-/* A store for --store: "memory" (or NULL) or a URL this build knows.  On
- * failure prints why and returns 2. */
-int store_from_opt(const char *cmd, const char *spec, rate_store_t **out);
+/* A store for --store: "memory" (or NULL), redis://... or unix://...
+ * (scratch as for cli_limiter_open).  On failure prints why, returns 2. */
+int store_from_opt(const char *cmd, const char *spec, bool scratch,
+                   rate_store_t **out);
 
 /* Reads requests from a trace or an access log, a line at a time. */
 typedef struct reader {

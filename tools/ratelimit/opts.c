@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "trace.h"
@@ -194,7 +195,8 @@ int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
     return 0;
 }
 
-int store_from_opt(const char *cmd, const char *spec, rate_store_t **out)
+int store_from_opt(const char *cmd, const char *spec, bool scratch,
+                   rate_store_t **out)
 {
     *out = NULL;
     if (spec == NULL || strcmp(spec, "memory") == 0) {
@@ -202,23 +204,38 @@ int store_from_opt(const char *cmd, const char *spec, rate_store_t **out)
             return cli_fail("%s: cannot make the memory store", cmd);
         return 0;
     }
-    if (strncmp(spec, "redis://", 8) == 0 || strncmp(spec, "unix://", 7) == 0)
-        return cli_fail("%s: --store '%s': this build has no Redis store",
-                        cmd, spec);
-    return cli_fail("%s: --store '%s' is neither 'memory' nor a redis:// URL",
-                    cmd, spec);
+    if (strncmp(spec, "redis://", 8) != 0 && strncmp(spec, "unix://", 7) != 0)
+        return cli_fail("%s: --store '%s' is neither 'memory' nor a "
+                        "redis:// or unix:// URL", cmd, spec);
+    rate_redis_options_t o = {0};
+    char prefix[96], err[256];
+    if (scratch) {
+        /* A namespace of this run's own, kept without expiry (the trace's
+         * clock is not Redis's) and dropped at the end. */
+        snprintf(prefix, sizeof prefix, "ratelimit:%s:%ld:%llu:", cmd,
+                 (long)getpid(),
+                 (unsigned long long)rate_clock_monotonic_ns());
+        o.prefix = prefix;
+        o.no_ttl = true;
+    }
+    if (rate_store_redis_new(spec, &o, out, err, sizeof err) != RATE_OK)
+        return cli_fail("%s: --store: %s", cmd, err);
+    return 0;
 }
 
 int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
-                     const char *store_spec)
+                     const char *store_spec, bool scratch)
 {
     memset(cl, 0, sizeof *cl);
     if (policy_from_opts(o, &cl->policy, &cl->max_wait_ns) != 0)
         return 2;
-    if (store_from_opt(o->cmd, store_spec, &cl->store) != 0) {
+    if (store_from_opt(o->cmd, store_spec, scratch, &cl->store) != 0) {
         cli_limiter_close(cl);
         return 2;
     }
+    cl->cmd = o->cmd;
+    cl->scratch = scratch && store_spec != NULL &&
+                  strcmp(store_spec, "memory") != 0;
     rate_limiter_config_t cfg = {.policy = cl->policy, .store = cl->store};
     if (rate_limiter_new(&cfg, &cl->lim) != RATE_OK) {
         cli_limiter_close(cl);
@@ -227,12 +244,17 @@ int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
     return 0;
 }
 
-void cli_limiter_close(cli_limiter_t *cl)
+int cli_limiter_close(cli_limiter_t *cl)
 {
+    int rc = 0;
+    if (cl->scratch && cl->store != NULL &&
+        rate_store_redis_drop(cl->store) != RATE_OK)
+        rc = cli_fail("%s: could not remove the run's Redis keys", cl->cmd);
     rate_limiter_free(cl->lim);
     rate_store_free(cl->store);
     rate_policy_free(cl->policy);
     memset(cl, 0, sizeof *cl);
+    return rc;
 }
 
 bool policy_opt(policy_opts_t *o, int c, const char *arg)

@@ -14,7 +14,7 @@
 
 static const char usage[] =
     "usage: ratelimit replay --algorithm NAME [policy options] [--max-wait DUR]\n"
-    "                        [--store memory] [--per-key]\n"
+    "                        [--store memory|URL] [--per-key]\n"
     "                        [--input trace|clf] [--key-field FIELD] [FILE]\n"
     "\n"
     "Replays a trace (FILE, or standard input when absent or '-') through one\n"
@@ -30,7 +30,10 @@ static const char usage[] =
     "  --limit N          windows: limit per window\n"
     "  --window DUR       windows: window length (1s, 250ms, 1m)\n"
     "  --max-wait DUR     buckets: reserve up to DUR ahead (default 0)\n"
-    "  --store memory     where the state lives (default memory)\n"
+    "  --store STORE      memory (default), or redis://[[user]:password@]host\n"
+    "                     [:port][/db] or unix:///path: the trace's time goes\n"
+    "                     to the store, in a namespace of the run's own that\n"
+    "                     is removed at the end; the output is the same\n"
     "  --per-key          a summary line per key\n"
     "  --input FORMAT     trace (TIME KEY [PERMITS], default) or clf (access\n"
     "                     logs in Common or Combined Log Format)\n"
@@ -104,7 +107,7 @@ int cmd_replay(int argc, char **argv)
         return cli_fail("replay: more than one FILE ('%s', '%s')",
                         argv[optind], argv[optind + 1]);
     cli_limiter_t cl;
-    if (cli_limiter_open(&cl, &po, store_spec) != 0)
+    if (cli_limiter_open(&cl, &po, store_spec, true) != 0)
         return 2;
     reader_t rd;
     int status = reader_open(&rd, "replay", input, field,
@@ -158,6 +161,7 @@ int cmd_replay(int argc, char **argv)
     }
     keymap_free(&keys);
     reader_close(&rd);
-    cli_limiter_close(&cl);
+    if (cli_limiter_close(&cl) != 0 && status == 0)
+        status = 2;
     return status;
 }

@@ -1,0 +1,139 @@
+/*
+ * ratelimit bench --redis URL: the Redis store's figures beside the floor
+ * measured in the same run, one PING round trip on a fresh connection.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <hiredis/hiredis.h>
+
+#include "cli.h"
+
+#define MS UINT64_C(1000000)
+
+typedef struct rworker {
+    rate_limiter_t *lim;
+    char key[32];
+    uint64_t until_ns, done, errors;
+} rworker_t;
+
+static void *run(void *arg)
+{
+    rworker_t *w = arg;
+    while (rate_clock_monotonic_ns() < w->until_ns) {
+        rate_decision_t d;
+        rate_limiter_check(w->lim, w->key, strlen(w->key), 1, 0, &d);
+        w->done++;
+        w->errors += d.reason == RATE_REASON_STORE_ERROR;
+    }
+    return NULL;
+}
+
+/* Decisions per second with `n` threads for `ms`, on `nkeys` keys. */
+static double throughput(rate_limiter_t *lim, int n, int nkeys, uint64_t ms,
+                         uint64_t *errors)
+{
+    rworker_t *w = calloc((size_t)n, sizeof *w);
+    pthread_t *th = calloc((size_t)n, sizeof *th);
+    uint64_t t0 = rate_clock_monotonic_ns(), total = 0;
+    for (int i = 0; i < n; i++) {
+        w[i].lim = lim;
+        snprintf(w[i].key, sizeof w[i].key, "bench:%d", i % nkeys);
+        w[i].until_ns = t0 + ms * MS;
+        pthread_create(&th[i], NULL, run, &w[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        pthread_join(th[i], NULL);
+        total += w[i].done;
+        *errors += w[i].errors;
+    }
+    double secs = (double)(rate_clock_monotonic_ns() - t0) / 1e9;
+    free(w);
+    free(th);
+    return (double)total / secs;
+}
+
+/* One PING round trip, best of a few thousand. */
+static double ping_ns(const char *host, int port)
+{
+    struct timeval tv = {1, 0};
+    redisContext *c = redisConnectWithTimeout(host, port, tv);
+    double best = 1e300;
+    if (c == NULL || c->err)
+        return 0;
+    for (int round = 0; round < 5; round++) {
+        uint64_t t0 = rate_clock_monotonic_ns();
+        for (int i = 0; i < 2000; i++)
+            freeReplyObject(redisCommand(c, "PING"));
+        double v = (double)(rate_clock_monotonic_ns() - t0) / 2000;
+        if (v < best)
+            best = v;
+    }
+    redisFree(c);
+    return best;
+}
+
+int bench_redis(const char *url)
+{
+    rate_redis_options_t o = {0};
+    rate_store_t *store;
+    char err[256], prefix[64], host[256] = "127.0.0.1";
+    int port = 6379;
+
+    snprintf(prefix, sizeof prefix, "ratelimit:bench:%llu:",
+             (unsigned long long)rate_clock_monotonic_ns());
+    o.prefix = prefix;
+    o.pool_size = 64;
+    if (rate_store_redis_new(url, &o, &store, err, sizeof err) != RATE_OK)
+        return cli_fail("bench: --redis: %s", err);
+    /* host:port for the floor's own connection (TCP URLs only). */
+    if (strncmp(url, "redis://", 8) == 0) {
+        const char *h = strchr(url + 8, '@');
+        h = h ? h + 1 : url + 8;
+        size_t n = strcspn(h, ":/");
+        if (n > 0 && n < sizeof host) {
+            memcpy(host, h, n);
+            host[n] = '\0';
+        }
+        if (h[n] == ':')
+            port = atoi(h + n + 1);
+    }
+    rate_policy_t *p;
+    rate_policy_parse("token-bucket 1000000/s burst=1000000", &p, NULL, 0);
+    rate_limiter_config_t cfg = {.policy = p, .store = store};
+    rate_limiter_t *lim;
+    if (rate_limiter_new(&cfg, &lim) != RATE_OK)
+        return cli_fail("bench: cannot make the limiter");
+
+    double rtt = ping_ns(host, port);
+    uint64_t errors = 0;
+    double one = throughput(lim, 1, 1, 500, &errors);
+    printf("\nRedis store (%s): one decision = HMGET + EVALSHA, two round trips\n",
+           url);
+    printf("  %-40s %10.0f ns\n", "floor: one PING round trip", rtt);
+    printf("  %-40s %10.0f ns  %5.2fx the round trip\n",
+           "1 caller, one key: per decision", 1e9 / one,
+           rtt > 0 ? 1e9 / one / rtt : 0);
+    static const int callers[] = {2, 8, 32, 64};
+    printf("  %-40s %12s %8s\n", "concurrent callers (distinct keys)",
+           "decisions/s", "x one");
+    printf("  %-40d %12.0f %8.2f\n", 1, one, 1.0);
+    for (size_t i = 0; i < sizeof callers / sizeof callers[0]; i++) {
+        double v = throughput(lim, callers[i], callers[i], 500, &errors);
+        printf("  %-40d %12.0f %8.2f\n", callers[i], v, v / one);
+    }
+    double same = throughput(lim, 8, 1, 500, &errors);
+    printf("  %-40s %12.0f %8.2f\n", "8 callers on one key (CAS retries)", same,
+           same / one);
+    rate_stats_t st;
+    rate_limiter_stats(lim, &st);
+    printf("  %-40s %12llu\n", "CAS retries in all", (unsigned long long)st.retries);
+    if (errors)
+        printf("  store errors: %llu\n", (unsigned long long)errors);
+    rate_store_redis_drop(store);
+    rate_limiter_free(lim);
+    rate_store_free(store);
+    rate_policy_free(p);
+    return 0;
+}
