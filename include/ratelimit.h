@@ -59,7 +59,8 @@ extern "C" {
     X(ETIMEDOUT, -7, "store did not answer in time")                        \
     X(EFULL, -8, "store has no room for a new key")                         \
     X(ECONFLICT, -9, "too many concurrent updates of one key (CAS retries)") \
-    X(ECORRUPT, -10, "stored state is not valid for this library")
+    X(ECORRUPT, -10, "stored state is not valid for this library")          \
+    X(ENOTSUP, -11, "the store cannot make this decision itself")
 
 typedef enum rate_status {
     RATE_OK = 0,
@@ -127,6 +128,10 @@ RATE_API int rate_policy_parse(const char *text, rate_policy_t **out,
  * to len bytes with the NUL; returns the length it needed.  Thread-safe: yes. */
 RATE_API size_t rate_policy_format(const rate_policy_t *policy, char *buf,
                                    size_t len);
+
+/* The policy's 32-bit fingerprint, which tags the state it makes
+ * (docs/algorithms.md, "Stored state").  Thread-safe: yes. */
+RATE_API uint32_t rate_policy_fingerprint(const rate_policy_t *policy);
 
 /* Number of limits, and the i-th (borrowed, lives as long as the policy). */
 RATE_API size_t rate_policy_count(const rate_policy_t *policy);

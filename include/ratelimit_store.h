@@ -13,10 +13,15 @@
  *     retries on a conflict, at most max_retries times (RATE_ECONFLICT then).
  *
  *  2. update(): the store runs the step itself, atomically (the memory store
- *     under a shard lock; a server-side script elsewhere).  Faster: no retry.
- *     The limiter prefers it when present.
+ *     under a shard lock).  Faster: no retry.  The limiter prefers it.
  *
- * Nothing in the limiter depends on which store it talks to.
+ *  3. decide(), optional on top: the store makes the whole decision itself
+ *     (Redis: a Lua twin of the step, one round trip), and may decline a
+ *     request it cannot decide exactly; the limiter then uses 2 or 1.
+ *
+ * Nothing in the limiter depends on which store it talks to.  (Entries are
+ * only ever appended to the table; RATE_STORE_V1 stores leave new ones
+ * NULL.)
  */
 #ifndef RATELIMIT_STORE_H
 #define RATELIMIT_STORE_H
@@ -60,6 +65,18 @@ typedef struct rate_step {
     bool (*is_cold)(void *arg, const void *state, size_t len, uint64_t now_ns);
 } rate_step_t;
 
+/* A whole decision for the optional decide() entry. */
+typedef struct rate_decide_req {
+    const rate_policy_t *policy; /* read it with rate_policy_count/limit/
+                                    fingerprint */
+    uint64_t now_ns;
+    bool clock_time;
+    uint64_t permits;
+    uint64_t max_wait_ns;
+    bool detail;          /* false: only allowed/reason/delay are read */
+    uint64_t max_reset_ns; /* a bound on reset_after when !detail */
+} rate_decide_req_t;
+
 typedef struct rate_store_vtable {
     int version;      /* RATE_STORE_V1; later versions only append fields */
     const char *name; /* "memory", "redis", ... */
@@ -80,6 +97,14 @@ typedef struct rate_store_vtable {
      * key's bytes and store io->new_state when io->write. */
     int (*update)(void *self, const char *key, size_t key_len,
                   const rate_step_t *step);
+
+    /* Optional fastest path (NULL if absent): make the whole decision in
+     * the store, atomically, over the state format of docs/algorithms.md
+     * ("Stored state"), e.g. with a server-side script.  Returns RATE_OK
+     * with *out filled, RATE_ENOTSUP when it cannot for this request (the
+     * limiter then uses update, or load and cas), or another error. */
+    int (*decide)(void *self, const char *key, size_t key_len,
+                  const rate_decide_req_t *req, rate_decision_t *out);
 
     /* Optional: fill what the store knows (NULL if absent). */
     int (*stats)(void *self, rate_stats_t *out);

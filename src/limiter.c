@@ -310,10 +310,22 @@ static int decide(rate_limiter_t *lim, const char *key, size_t key_len,
                              detail, d};
     st = (rate_step_t){rate__step, &arg, p->grow, now, clock_time,
                        rate__is_cold};
-    if (lim->store->vt->update != NULL)
-        rc = lim->store->vt->update(lim->store->self, key, key_len, &st);
-    else
-        rc = run_generic(lim, key, key_len, &st);
+    rc = RATE_ENOTSUP;
+    if (lim->store->vt->decide != NULL) {
+        rate_decide_req_t req = {p, now, clock_time, permits, max_wait,
+                                 detail, p->max_reset_ns};
+        rc = lim->store->vt->decide(lim->store->self, key, key_len, &req, d);
+        if (rc == RATE_OK)
+            atomic_fetch_add_explicit(d->allowed ? &lim->allowed
+                                                 : &lim->denied,
+                                      1, memory_order_relaxed);
+    }
+    if (rc == RATE_ENOTSUP) {
+        if (lim->store->vt->update != NULL)
+            rc = lim->store->vt->update(lim->store->self, key, key_len, &st);
+        else
+            rc = run_generic(lim, key, key_len, &st);
+    }
     if (rc != RATE_OK) {
         atomic_fetch_add_explicit(&lim->store_errors, 1, memory_order_relaxed);
         if (lim->fallback == NULL ||

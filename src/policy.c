@@ -191,6 +191,11 @@ void rate_policy_free(rate_policy_t *policy)
     free(policy);
 }
 
+uint32_t rate_policy_fingerprint(const rate_policy_t *policy)
+{
+    return policy != NULL ? policy->fingerprint : 0;
+}
+
 size_t rate_policy_count(const rate_policy_t *policy)
 {
     return policy != NULL ? policy->count : 0;

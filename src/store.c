@@ -15,7 +15,7 @@ int rate_store_new(const rate_store_vtable_t *vt, void *self,
     *out = NULL;
     if (vt == NULL || vt->version < RATE_STORE_V1 || vt->destroy == NULL ||
         (vt->update == NULL && (vt->load == NULL || vt->cas == NULL)))
-        return RATE_EINVAL;
+        return RATE_EINVAL; /* decide() alone is not enough: it may decline */
     s = malloc(sizeof *s);
     if (s == NULL)
         return RATE_ENOMEM;

@@ -135,6 +135,9 @@ static void same_decisions_as_memory(void **state)
         "token-bucket 5/s burst=3", "leaky-bucket 7/3s capacity=4",
         "fixed-window 4/700ms", "sliding-log 5/s", "sliding-window 6/s",
         "token-bucket 10/s burst=5; sliding-log 20/3s; fixed-window 30/m",
+        /* Beyond the Lua step's exact range (B*P >= 2^50): the client
+         * decides through compare-and-set instead, with the same answers. */
+        "token-bucket 1/h burst=400000",
     };
     static const char *keys[] = {"a", "user 42", "{braces}", "new\nline",
                                  "\xff\x00\x01", "}{", "k:1"};
@@ -148,7 +151,8 @@ static void same_decisions_as_memory(void **state)
         rate_limiter_t *lr = limiter_of(policies[p], rs);
         char prefix[8];
         snprintf(prefix, sizeof prefix, "%zu", p); /* keys per policy */
-        uint64_t t = rnd(5 * SEC);
+        /* One policy at times past 2^51 ns: the Lua step declines them. */
+        uint64_t t = rnd(5 * SEC) + (p == 2 ? UINT64_C(1) << 51 : 0);
         for (int i = 0; i < 300; i++) {
             size_t k = rnd(7);
             char key[16];
@@ -183,13 +187,108 @@ static void same_decisions_as_memory(void **state)
         rate_limiter_free(lr);
         rate_store_free(ms);
     }
-    assert_int_equal(checked, 1800);
+    assert_int_equal(checked, 2100);
     assert_int_equal(rate_store_redis_drop(rs), RATE_OK);
     redisContext *c = raw();
     redisReply *r = redisCommand(c, "KEYS diff:*");
     assert_int_equal(r->elements, 0); /* the namespace is gone */
     freeReplyObject(r);
     redisFree(c);
+    rate_store_free(rs);
+}
+
+/* Small random policies and nanosecond steps, so that refills completing
+ * exactly now, window edges and log expiries happen all the time: the Lua
+ * step against the C one, field by field. */
+static void same_decisions_at_the_boundaries(void **state)
+{
+    (void)state;
+    rate_store_t *rs = redis_store("edge:", true, 0);
+    unsigned checked = 0;
+    for (int algo = 1; algo <= 5; algo++) {
+        for (int trace = 0; trace < 12; trace++) {
+            rate_limit_t lim = {(rate_algorithm_t)algo, 1 + rnd(5),
+                                1 + rnd(997), algo <= 2 ? 1 + rnd(4) : 0};
+            rate_policy_t *p;
+            assert_int_equal(rate_policy_new(&lim, 1, &p, NULL, 0), RATE_OK);
+            rate_store_t *ms;
+            assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+            rate_limiter_config_t cfg = {0};
+            rate_limiter_t *lm, *lr;
+            cfg.policy = p;
+            cfg.store = ms;
+            assert_int_equal(rate_limiter_new(&cfg, &lm), RATE_OK);
+            cfg.store = rs;
+            assert_int_equal(rate_limiter_new(&cfg, &lr), RATE_OK);
+            char key[16];
+            snprintf(key, sizeof key, "%d-%d", algo, trace);
+            uint64_t t = rnd(3000);
+            for (int i = 0; i < 80; i++) {
+                if (rnd(10) == 0 && t > 50)
+                    t -= rnd(50);
+                else
+                    t += rnd(4) == 0 ? 0 : rnd(lim.period_ns * 2);
+                uint64_t cap = algo <= 2 ? lim.burst : lim.limit;
+                uint64_t n = rnd(cap + 2);
+                uint64_t mw = algo <= 2 && rnd(3) == 0 ? rnd(3000) : 0;
+                rate_decision_t a, b;
+                rate_limiter_check_at(lm, key, strlen(key), n, mw, t, &a);
+                rate_limiter_check_at(lr, key, strlen(key), n, mw, t, &b);
+                if (memcmp(&a, &b, sizeof a) != 0)
+                    fail_msg("algorithm %d %llu/%llu b=%llu, request %d "
+                             "t=%llu n=%llu mw=%llu: memory allowed=%d "
+                             "rem=%llu delay=%llu retry=%llu reset=%llu; "
+                             "redis allowed=%d reason=%d rem=%llu delay=%llu "
+                             "retry=%llu reset=%llu",
+                             algo, (unsigned long long)lim.limit,
+                             (unsigned long long)lim.period_ns,
+                             (unsigned long long)lim.burst, i,
+                             (unsigned long long)t, (unsigned long long)n,
+                             (unsigned long long)mw, a.allowed,
+                             (unsigned long long)a.remaining,
+                             (unsigned long long)a.delay_ns,
+                             (unsigned long long)a.retry_after_ns,
+                             (unsigned long long)a.reset_after_ns, b.allowed,
+                             b.reason, (unsigned long long)b.remaining,
+                             (unsigned long long)b.delay_ns,
+                             (unsigned long long)b.retry_after_ns,
+                             (unsigned long long)b.reset_after_ns);
+                checked++;
+            }
+            rate_limiter_free(lm);
+            rate_limiter_free(lr);
+            rate_store_free(ms);
+            rate_policy_free(p);
+        }
+    }
+    assert_int_equal(checked, 4800);
+    rate_store_redis_drop(rs);
+    rate_store_free(rs);
+}
+
+/* One caller, one round trip per decision: every decision is one EVALSHA
+ * (its HMGET runs inside the script). */
+static void one_round_trip(void **state)
+{
+    (void)state;
+    rate_store_t *rs = redis_store("rtt:", false, 0);
+    rate_limiter_t *l = limiter_of("sliding-window 30/s", rs);
+    redisContext *c = raw();
+    freeReplyObject(redisCommand(c, "CONFIG RESETSTAT"));
+    for (int i = 0; i < 50; i++)
+        at(l, "k", SEC + (uint64_t)i * MS, 1, 0);
+    redisReply *r = redisCommand(c, "INFO commandstats");
+    const char *ev = strstr(r->str, "cmdstat_evalsha:calls=");
+    const char *hm = strstr(r->str, "cmdstat_hmget:calls=");
+    assert_non_null(ev);
+    assert_non_null(hm);
+    assert_int_equal(atoi(ev + 22), 50);
+    assert_int_equal(atoi(hm + 20), 50);
+    assert_null(strstr(r->str, "cmdstat_eval:"));
+    freeReplyObject(r);
+    redisFree(c);
+    rate_store_redis_drop(rs);
+    rate_limiter_free(l);
     rate_store_free(rs);
 }
 
@@ -421,6 +520,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(same_decisions_as_memory),
+        cmocka_unit_test(same_decisions_at_the_boundaries),
+        cmocka_unit_test(one_round_trip),
         cmocka_unit_test(ttl_is_reset_after),
         cmocka_unit_test(script_flush_changes_nothing),
         cmocka_unit_test(shared_limit_across_processes),

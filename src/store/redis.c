@@ -32,6 +32,7 @@
 #include <hiredis/hiredis.h>
 
 #include "../internal.h"
+#include "redis_step_lua.h"
 
 #define BACKOFF_MIN_NS (10 * UINT64_C(1000000))
 #define BACKOFF_MAX_NS RATE_NS_PER_S
@@ -67,7 +68,8 @@ typedef struct redis_store {
     struct timeval connect_tv, command_tv;
     char *prefix;
     size_t prefix_len;
-    char sha[41];
+    char sha[41];      /* the compare-and-set script */
+    char step_sha[41]; /* the step (redis_step.lua) */
 
     pthread_mutex_t lock;
     pthread_cond_t freed;
@@ -260,12 +262,14 @@ static int open_conn(redis_store_t *r, redisContext **out, char *err,
                  rep ? rep->str : c->errstr);
         freeReplyObject(rep);
     }
-    if (rc == RATE_OK) {
-        rep = command(c, 3, (const char *[]){"SCRIPT", "LOAD", cas_script},
-                      (size_t[]){6, 4, sizeof cas_script - 1});
+    for (int i = 0; i < 2 && rc == RATE_OK; i++) {
+        const char *src = i == 0 ? cas_script : redis_step_lua;
+        size_t len = i == 0 ? sizeof cas_script - 1 : sizeof redis_step_lua - 1;
+        rep = command(c, 3, (const char *[]){"SCRIPT", "LOAD", src},
+                      (size_t[]){6, 4, len});
         rc = reply_status(c, rep);
         if (rc == RATE_OK && rep->type == REDIS_REPLY_STRING && rep->len == 40)
-            memcpy(r->sha, rep->str, 41);
+            memcpy(i == 0 ? r->sha : r->step_sha, rep->str, 41);
         else
             rc = fail(err, errlen, rc ? rc : RATE_ESTORE,
                       "SCRIPT LOAD failed: %s",
@@ -464,6 +468,120 @@ static int r_cas(void *self, const char *key, size_t key_len,
     return rc;
 }
 
+/* Whether every number the Lua step meets stays below 2^50, where doubles
+ * are exact with room for the products it forms. */
+#define LUA_EXACT (UINT64_C(1) << 50)
+
+static bool lua_can(const rate_decide_req_t *q)
+{
+    const rate_policy_t *p = q->policy;
+    if (q->now_ns >= LUA_EXACT || q->permits >= LUA_EXACT ||
+        q->max_wait_ns >= LUA_EXACT)
+        return false;
+    for (size_t i = 0; i < p->count; i++) {
+        const rate_limit_t *l = &p->limits[i];
+        rate_u128_t prod = (rate_u128_t)l->period_ns *
+                           (l->burst ? l->burst : l->limit);
+        if (l->limit >= LUA_EXACT || l->period_ns >= LUA_EXACT ||
+            prod * 2 >= LUA_EXACT)
+            return false;
+    }
+    return true;
+}
+
+static uint64_t reply_u64(const redisReply *e, bool *ok)
+{
+    if (e->type != REDIS_REPLY_INTEGER || e->integer < -1) {
+        *ok = false;
+        return 0;
+    }
+    return e->integer == -1 ? RATE_NEVER : (uint64_t)e->integer;
+}
+
+/* One round trip: EVALSHA of the Lua step (see redis_step.lua). */
+static int r_decide(void *self, const char *key, size_t key_len,
+                    const rate_decide_req_t *q, rate_decision_t *d)
+{
+    redis_store_t *r = self;
+    const rate_policy_t *p = q->policy;
+    char kb[RATE_KEY_MAX + 300], num[5 + 4 * RATE_MAX_LIMITS][24];
+    const char *av[8 + 5 + 4 * RATE_MAX_LIMITS];
+    size_t al[8 + 5 + 4 * RATE_MAX_LIMITS], kl;
+    int argc = 0, rc;
+    conn_t *cn;
+
+    if (!lua_can(q))
+        return RATE_ENOTSUP;
+    char *k = full_key(r, key, key_len, kb, sizeof kb, &kl);
+    if (k == NULL)
+        return RATE_ENOMEM;
+    uint64_t ms = q->max_reset_ns / 1000000 + (q->max_reset_ns % 1000000 != 0);
+    long long ttl = !r->ttl ? 0 : q->detail ? -1 : (long long)(ms ? ms : 1);
+    int nn = 0;
+    snprintf(num[nn++], 24, "%llu", (unsigned long long)q->now_ns);
+    snprintf(num[nn++], 24, "%llu", (unsigned long long)q->permits);
+    snprintf(num[nn++], 24, "%llu", (unsigned long long)q->max_wait_ns);
+    snprintf(num[nn++], 24, "%lld", ttl);
+    snprintf(num[nn++], 24, "%lu", (unsigned long)p->fingerprint);
+    for (size_t i = 0; i < p->count; i++) {
+        const rate_limit_t *l = &p->limits[i];
+        snprintf(num[nn++], 24, "%d", (int)l->algorithm);
+        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->limit);
+        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->period_ns);
+        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->burst);
+    }
+    av[argc] = "EVALSHA", al[argc++] = 7;
+    av[argc] = r->step_sha, al[argc++] = 40;
+    av[argc] = "1", al[argc++] = 1;
+    av[argc] = k, al[argc++] = kl;
+    for (int i = 0; i < nn; i++)
+        av[argc] = num[i], al[argc++] = strlen(num[i]);
+    if ((rc = take(r, &cn)) != RATE_OK) {
+        give(r, cn, false);
+        if (k != kb)
+            free(k);
+        return rc;
+    }
+    redisReply *rep = command(cn->ctx, argc, av, al);
+    if (rep != NULL && rep->type == REDIS_REPLY_ERROR &&
+        strncmp(rep->str, "NOSCRIPT", 8) == 0) {
+        freeReplyObject(rep); /* Redis restarted or SCRIPT FLUSH */
+        av[0] = "EVAL", al[0] = 4;
+        av[1] = redis_step_lua, al[1] = sizeof redis_step_lua - 1;
+        rep = command(cn->ctx, argc, av, al);
+    }
+    rc = reply_status(cn->ctx, rep);
+    bool broken = rep == NULL;
+    if (rc == RATE_OK) {
+        bool ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
+                  rep->element[0]->type == REDIS_REPLY_INTEGER;
+        if (ok && rep->element[0]->integer == 0) {
+            rc = RATE_ENOTSUP; /* out of the script's exact range */
+        } else if (ok && rep->elements == 9) {
+            redisReply **e = rep->element;
+            memset(d, 0, sizeof *d);
+            d->allowed = reply_u64(e[1], &ok) == 1;
+            d->reason = (rate_reason_t)reply_u64(e[2], &ok);
+            d->component = e[3]->type == REDIS_REPLY_INTEGER
+                               ? (int)e[3]->integer : 0;
+            d->limit = reply_u64(e[4], &ok);
+            d->remaining = reply_u64(e[5], &ok);
+            d->delay_ns = reply_u64(e[6], &ok);
+            d->retry_after_ns = reply_u64(e[7], &ok);
+            d->reset_after_ns = reply_u64(e[8], &ok);
+            if (!ok || d->reason > RATE_REASON_NEVER)
+                rc = RATE_ECORRUPT;
+        } else {
+            rc = RATE_ECORRUPT;
+        }
+    }
+    freeReplyObject(rep);
+    give(r, cn, broken);
+    if (k != kb)
+        free(k);
+    return rc;
+}
+
 static void r_destroy(void *self)
 {
     redis_store_t *r = self;
@@ -483,6 +601,7 @@ static const rate_store_vtable_t redis_vtable = {
     .name = "redis",
     .load = r_load,
     .cas = r_cas,
+    .decide = r_decide,
     .destroy = r_destroy,
 };
 

@@ -1,0 +1,378 @@
+-- The Redis store's one-round-trip step: the decision of src/step.c and
+-- src/algo/*.c, made inside Redis over the same state bytes.
+--
+-- Lua numbers are doubles, exact for integers below 2^53.  The client sends
+-- this script only for policies whose products stay below 2^50 (B*P, C*P,
+-- L*W and every count); here every number read from the state or the
+-- arguments is checked to stay below 2^50 as well.  Anything else -- a
+-- larger value, a state made under another policy (a tier change), bytes
+-- that do not parse -- returns {0}: the client then makes the decision
+-- itself through the compare-and-set path, exactly.  So the script either
+-- answers exactly as C does, or not at all.
+--
+-- KEYS[1]  the key (a hash: v = version, s = state bytes)
+-- ARGV     now, permits, max_wait, ttl (0: no expiry, -1: this decision's
+--          reset_after, else milliseconds), fingerprint,
+--          then per limit: algorithm, L, P (or W), B (0 for windows)
+-- returns  {1, allowed, reason, component, limit, remaining, delay,
+--           retry (-1: never), reset} or {0}
+local LIM = 1125899906842624 -- 2^50
+
+local function fdiv(a, b) -- floor(a / b), 0 <= a < 2^51, 0 < b < 2^51
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+local function cdiv(a, b) -- ceil(a / b), same ranges
+  local q = fdiv(a, b)
+  if q * b < a then q = q + 1 end
+  return q
+end
+
+-- Little-endian unsigned 64-bit (and 32-bit) integers from the state bytes;
+-- nil when the value is 2^50 or more.
+local function u32(s, i)
+  local a, b, c, d = string.byte(s, i, i + 3)
+  return a + b * 256 + c * 65536 + d * 16777216
+end
+local function u64(s, i)
+  local lo, hi = u32(s, i), u32(s, i + 4)
+  if hi >= 262144 then return nil end -- 2^18 * 2^32 = 2^50
+  return hi * 4294967296 + lo
+end
+local function i64(s, i) -- signed, |x| < 2^50
+  local lo, hi = u32(s, i), u32(s, i + 4)
+  if hi < 262144 then return hi * 4294967296 + lo end
+  if hi < 4294705152 then return nil end -- below -2^50
+  return -((4294967295 - hi) * 4294967296 + (4294967296 - lo))
+end
+local function put64(x) -- x: integer, 0 <= x < 2^53
+  local t = {}
+  for k = 1, 8 do
+    local b = x % 256
+    t[k] = string.char(b)
+    x = (x - b) / 256
+  end
+  return table.concat(t)
+end
+local function putneg(x) -- x < 0, |x| < 2^53: two's complement bytes
+  local y = -x - 1
+  local t = {}
+  for k = 1, 8 do
+    local b = y % 256
+    t[k] = string.char(255 - b)
+    y = (y - b) / 256
+  end
+  return table.concat(t)
+end
+local function puti64(x)
+  if x < 0 then return putneg(x) end
+  return put64(x)
+end
+local function put32(x)
+  local t = {}
+  for k = 1, 4 do
+    local b = x % 256
+    t[k] = string.char(b)
+    x = (x - b) / 256
+  end
+  return table.concat(t)
+end
+
+local now = tonumber(ARGV[1])
+local n = tonumber(ARGV[2])
+local max_wait = tonumber(ARGV[3])
+local ttl_ms = tonumber(ARGV[4])
+local fp = tonumber(ARGV[5])
+local count = (#ARGV - 5) / 4
+local L, P, B, A = {}, {}, {}, {}
+for c = 1, count do
+  A[c] = tonumber(ARGV[2 + 4 * c])
+  L[c] = tonumber(ARGV[3 + 4 * c])
+  P[c] = tonumber(ARGV[4 + 4 * c])
+  B[c] = tonumber(ARGV[5 + 4 * c])
+end
+
+-- Read the state (nil: a new key).
+local cur = redis.call('HMGET', KEYS[1], 'v', 's')
+local st = cur[2]
+if cur[1] == false or st == false then st = nil end
+local last = now
+local view = {}
+local off = 17
+if st ~= nil then
+  if #st < 16 or string.byte(st, 14) ~= 1 then return {0} end
+  last = u64(st, 1)
+  if last == nil or u32(st, 9) ~= fp or string.byte(st, 13) ~= count then
+    return {0} -- a large time, or another policy: the client converts
+  end
+end
+local t = now
+if last > t then t = last end
+
+-- Load and advance each limit to t (spec: refill, drain, roll, prune).
+for c = 1, count do
+  local a, v = A[c], {}
+  local have = st ~= nil
+  if a == 1 then -- token bucket: u = tokens * P
+    local full = B[c] * P[c]
+    if have then
+      v.x = i64(st, off); off = off + 8
+      if v.x == nil or v.x > full then return {0} end
+      if v.x < full then
+        local missing, dt = full - v.x, t - last
+        if dt >= cdiv(missing, L[c]) then v.x = full
+        else v.x = v.x + dt * L[c] end
+      end
+    else v.x = full end
+  elseif a == 2 then -- leaky bucket: v = level * P
+    if have then
+      v.x = u64(st, off); off = off + 8
+      if v.x == nil or v.x > B[c] * P[c] then return {0} end
+      local dt = t - last
+      if dt >= cdiv(v.x, L[c]) then v.x = 0 else v.x = v.x - dt * L[c] end
+    else v.x = 0 end
+  elseif a == 3 then -- fixed window: the count of t_last's window
+    v.x = 0
+    if have then
+      v.x = u64(st, off); off = off + 8
+      if v.x == nil or v.x > L[c] then return {0} end
+      if fdiv(last, P[c]) ~= fdiv(t, P[c]) then v.x = 0 end
+    end
+  elseif a == 5 then -- sliding window counter: prev, curr
+    v.x, v.y = 0, 0
+    if have then
+      v.x = u64(st, off); v.y = u64(st, off + 8); off = off + 16
+      if v.x == nil or v.y == nil or v.x > L[c] or v.y > L[c] then
+        return {0}
+      end
+      local k, ks = fdiv(t, P[c]), fdiv(last, P[c])
+      if k == ks + 1 then v.x, v.y = v.y, 0
+      elseif k ~= ks then v.x, v.y = 0, 0 end
+    end
+  elseif a == 4 then -- sliding log: entries (time, permits), their sum
+    v.first, v.count, v.sum, v.base = 0, 0, 0, off
+    if have then
+      if #st < off + 7 then return {0} end
+      v.count = u32(st, off); v.sum = u32(st, off + 4)
+      if #st < off + 7 + v.count * 16 or v.sum > L[c] then return {0} end
+      v.base = off + 8
+      off = off + 8 + v.count * 16
+      -- drop entries at or before t - W (binary search, then subtract)
+      local lo, hi = 0, v.count
+      if t >= P[c] then
+        local cut = t - P[c]
+        while lo < hi do
+          local mid = math.floor((lo + hi) / 2)
+          local et = u64(st, v.base + mid * 16)
+          if et == nil then return {0} end
+          if et <= cut then lo = mid + 1 else hi = mid end
+        end
+      end
+      for i = 0, lo - 1 do
+        local en = u64(st, v.base + i * 16 + 8)
+        if en == nil then return {0} end
+        v.sum = v.sum - en
+      end
+      v.first = lo
+    end
+  else
+    return {0}
+  end
+  view[c] = v
+end
+if st ~= nil and off ~= #st + 1 then return {0} end
+
+-- Decide each limit: allowed, reason (0 ok, 1 limited, 2 never), delay,
+-- retry, and remaining/reset now and after.
+local NEVER = -1
+local ver = {}
+for c = 1, count do
+  local a, v, r = A[c], view[c], {delay = 0, retry = 0}
+  if a == 1 then
+    local need, full = n * P[c], B[c] * P[c]
+    local u = v.x
+    if n > B[c] then r.reason = 2; r.retry = NEVER
+    elseif n == 0 or u >= need then r.ok = true
+    elseif max_wait > 0 and cdiv(need - u, L[c]) <= max_wait then
+      r.ok = true; r.delay = cdiv(need - u, L[c])
+    else r.reason = 1; r.retry = cdiv(need - u, L[c]) end
+    local function rem(x) if x > 0 then return fdiv(x, P[c]) end return 0 end
+    local function rst(x) if full - x > 0 then return cdiv(full - x, L[c]) end return 0 end
+    r.rem_now, r.reset_now = rem(u), rst(u)
+    if r.ok then r.rem_after, r.reset_after = rem(u - need), rst(u - need) end
+    r.new = u - need
+  elseif a == 2 then
+    local need, cap, lv = n * P[c], B[c] * P[c], v.x
+    if n > B[c] then r.reason = 2; r.retry = NEVER
+    elseif n == 0 then r.ok = true
+    elseif lv + need <= cap and cdiv(lv, L[c]) <= max_wait then
+      r.ok = true; r.delay = cdiv(lv, L[c])
+    else r.reason = 1; r.retry = cdiv(lv, L[c]) end
+    local function rem(x) if cap - x > 0 then return fdiv(cap - x, P[c]) end return 0 end
+    r.rem_now, r.reset_now = rem(lv), cdiv(lv, L[c])
+    if r.ok then r.rem_after, r.reset_after = rem(lv + need), cdiv(lv + need, L[c]) end
+    r.new = lv + need
+  elseif a == 3 then
+    local cnt, W = v.x, P[c]
+    local to_next = W - (t - fdiv(t, W) * W)
+    if n > L[c] then r.reason = 2; r.retry = NEVER
+    elseif n == 0 or cnt + n <= L[c] then r.ok = true
+    else r.reason = 1; r.retry = to_next end
+    r.rem_now = L[c] - cnt
+    r.reset_now = 0
+    if cnt > 0 then r.reset_now = to_next end
+    if r.ok then
+      r.rem_after = L[c] - cnt - n
+      r.reset_after = 0
+      if cnt + n > 0 then r.reset_after = to_next end
+    end
+    r.new = cnt + n
+  elseif a == 5 then
+    local prev, curr, W = v.x, v.y, P[c]
+    local e = t - fdiv(t, W) * W
+    local cap = L[c] * W
+    local function used(p, q) return p * (W - e) + q * W end
+    local function rem(p, q)
+      local u = used(p, q)
+      if u < cap then return fdiv(cap - u, W) end return 0
+    end
+    local function rst(p, q)
+      if q > 0 then return 2 * W - e end
+      if p > 0 then return W - e end
+      return 0
+    end
+    if n > L[c] then r.reason = 2; r.retry = NEVER
+    elseif n == 0 or used(prev, curr + n) <= cap then r.ok = true
+    else
+      r.reason = 1
+      local d = nil
+      if curr + n <= L[c] and prev > 0 then
+        local q = fdiv((L[c] - curr - n) * W, prev)
+        if q > 0 and q <= W then
+          local e1 = W - q
+          if e1 > e then d = e1 - e end
+        elseif q > W then d = 0 end
+      end
+      if d == nil then
+        local e2 = 0
+        if curr > 0 then
+          local q = fdiv((L[c] - n) * W, curr)
+          if q >= W then e2 = 0 else e2 = W - q end
+        end
+        d = (W - e) + e2
+      end
+      r.retry = d
+    end
+    r.rem_now, r.reset_now = rem(prev, curr), rst(prev, curr)
+    if r.ok then r.rem_after, r.reset_after = rem(prev, curr + n), rst(prev, curr + n) end
+  elseif a == 4 then
+    local W = P[c]
+    local function etime(i) return u64(st, v.base + i * 16) end
+    local function eperm(i) return u64(st, v.base + i * 16 + 8) end
+    local live = v.count - v.first
+    if n > L[c] then r.reason = 2; r.retry = NEVER
+    elseif n == 0 or v.sum + n <= L[c] then r.ok = true
+    else
+      r.reason = 1
+      local s = v.sum
+      r.retry = 0
+      for i = v.first, v.count - 1 do
+        s = s - eperm(i)
+        if s + n <= L[c] then r.retry = etime(i) + W - t; break end
+      end
+    end
+    local function rst()
+      if live == 0 then return 0 end
+      return etime(v.count - 1) + W - t
+    end
+    r.rem_now = 0
+    if v.sum < L[c] then r.rem_now = L[c] - v.sum end
+    r.reset_now = rst()
+    if r.ok then
+      r.rem_after = 0
+      if v.sum + n < L[c] then r.rem_after = L[c] - v.sum - n end
+      if n > 0 then r.reset_after = W else r.reset_after = r.reset_now end
+    end
+  end
+  ver[c] = r
+end
+
+-- Fold (spec: all or nothing; smallest remaining, largest delay and reset,
+-- largest retry among the denials).
+local allowed, never = true, false
+for c = 1, count do
+  if not ver[c].ok then allowed = false end
+  if ver[c].reason == 2 then never = true end
+end
+local reason = 0
+if not allowed then if never then reason = 2 else reason = 1 end end
+local remaining, delay, retry, reset, comp = nil, 0, 0, 0, -1
+for c = 1, count do
+  local r = ver[c]
+  local rem, rs
+  if allowed then rem, rs = r.rem_after, r.reset_after
+  else rem, rs = r.rem_now, r.reset_now end
+  if allowed and (remaining == nil or rem < remaining) then comp = c - 1 end
+  if not allowed and not r.ok then
+    -- as C compares unsigned retry values, NEVER (all ones) the largest
+    local bigger = comp < 0 or
+                   (retry ~= NEVER and (r.retry == NEVER or r.retry > retry))
+    if bigger then comp = c - 1; retry = r.retry end
+  end
+  if remaining == nil or rem < remaining then remaining = rem end
+  if r.delay > delay then delay = r.delay end
+  if rs > reset then reset = rs end
+end
+if not allowed then delay = 0 end
+if allowed then retry = 0 end
+local limit = L[comp + 1]
+if A[comp + 1] <= 2 then limit = B[comp + 1] end
+
+-- An admission with n >= 1 writes the new state, bumps the version and sets
+-- the expiry; anything else writes nothing.
+if allowed and n > 0 then
+  local parts = {put64(t), put32(fp), string.char(count, 1, 0, 0)}
+  for c = 1, count do
+    local a, v, r = A[c], view[c], ver[c]
+    if a == 1 then parts[#parts + 1] = puti64(r.new)
+    elseif a == 2 or a == 3 then parts[#parts + 1] = put64(r.new)
+    elseif a == 5 then parts[#parts + 1] = put64(v.x) .. put64(v.y + n)
+    else
+      local kept = v.count - v.first
+      local body = ''
+      if kept > 0 then
+        body = string.sub(st, v.base + v.first * 16, v.base + v.count * 16 - 1)
+      end
+      local lt = nil
+      if kept > 0 then lt = u64(st, v.base + (v.count - 1) * 16) end
+      if lt == t then
+        local p = u64(st, v.base + (v.count - 1) * 16 + 8) + n
+        body = string.sub(body, 1, #body - 8) .. put64(p)
+      else
+        body = body .. put64(t) .. put64(n)
+        kept = kept + 1
+      end
+      parts[#parts + 1] = put32(kept) .. put32(v.sum + n) .. body
+    end
+  end
+  local state = table.concat(parts)
+  if cur[1] == false then
+    local tm = redis.call('TIME')
+    redis.call('HINCRBY', KEYS[1], 'v', tm[1] * 1000000 + tm[2])
+  else
+    redis.call('HINCRBY', KEYS[1], 'v', 1)
+  end
+  redis.call('HSET', KEYS[1], 's', state)
+  -- ttl: 0 no expiry; -1 this decision's reset_after; else milliseconds
+  if ttl_ms == 0 then
+    redis.call('PERSIST', KEYS[1])
+  else
+    local ms = ttl_ms
+    if ms < 0 then ms = cdiv(reset, 1000000) end
+    if ms < 1 then ms = 1 end
+    redis.call('PEXPIRE', KEYS[1], ms)
+  end
+end
+if retry == NEVER then retry = -1 end
+return {1, allowed and 1 or 0, reason, comp, limit, remaining, delay, retry, reset}
