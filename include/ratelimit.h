@@ -198,6 +198,10 @@ typedef struct rate_redis_options {
     bool no_ttl;                 /* keep keys without expiry (replays on a
                                     virtual clock); default: expire each key
                                     after its reset_after, rounded up to ms */
+    bool client_time;            /* decide on the limiter's clock; default:
+                                    on Redis's TIME, one clock for every
+                                    client (times given to the *_at calls
+                                    are always used as given) */
 } rate_redis_options_t;
 
 /* The Redis store: url is redis://[[user]:password@]host[:port][/db] or

@@ -69,8 +69,11 @@ typedef struct rate_step {
 typedef struct rate_decide_req {
     const rate_policy_t *policy; /* read it with rate_policy_count/limit/
                                     fingerprint */
-    uint64_t now_ns;
-    bool clock_time;
+    uint64_t now_ns;  /* in: the request's time.  A store that keeps its own
+                         clock (Redis TIME) uses that instead when
+                         clock_time, and writes the time it used back here,
+                         also when it declines, for the limiter's own path */
+    bool clock_time;  /* now_ns is the limiter's clock, not the caller's */
     uint64_t permits;
     uint64_t max_wait_ns;
     bool detail;          /* false: only allowed/reason/delay are read */
@@ -104,7 +107,7 @@ typedef struct rate_store_vtable {
      * with *out filled, RATE_ENOTSUP when it cannot for this request (the
      * limiter then uses update, or load and cas), or another error. */
     int (*decide)(void *self, const char *key, size_t key_len,
-                  const rate_decide_req_t *req, rate_decision_t *out);
+                  rate_decide_req_t *req, rate_decision_t *out);
 
     /* Optional: fill what the store knows (NULL if absent). */
     int (*stats)(void *self, rate_stats_t *out);

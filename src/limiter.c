@@ -319,6 +319,8 @@ static int decide(rate_limiter_t *lim, const char *key, size_t key_len,
             atomic_fetch_add_explicit(d->allowed ? &lim->allowed
                                                  : &lim->denied,
                                       1, memory_order_relaxed);
+        /* Declined: decide here, at the time the store went by. */
+        arg.now_ns = st.now_ns = req.now_ns;
     }
     if (rc == RATE_ENOTSUP) {
         if (lim->store->vt->update != NULL)

@@ -205,10 +205,20 @@ static void same_decisions_at_the_boundaries(void **state)
     (void)state;
     rate_store_t *rs = redis_store("edge:", true, 0);
     unsigned checked = 0;
+    /* Windows that divide a second, whose edges the Lua step computes
+     * (others it declines, and the client decides). */
+    static const uint64_t divisors[] = {1,   2,   4,   5,   8,   10,  16,
+                                        20,  25,  32,  40,  50,  64,  80,
+                                        100, 125, 128, 160, 200, 250, 256,
+                                        320, 400, 500, 512, 625, 640, 800};
     for (int algo = 1; algo <= 5; algo++) {
         for (int trace = 0; trace < 12; trace++) {
-            rate_limit_t lim = {(rate_algorithm_t)algo, 1 + rnd(5),
-                                1 + rnd(997), algo <= 2 ? 1 + rnd(4) : 0};
+            uint64_t period = algo <= 2 || trace % 4 == 3
+                                  ? 1 + rnd(997)
+                                  : divisors[rnd(sizeof divisors /
+                                                 sizeof divisors[0])];
+            rate_limit_t lim = {(rate_algorithm_t)algo, 1 + rnd(5), period,
+                                algo <= 2 ? 1 + rnd(4) : 0};
             rate_policy_t *p;
             assert_int_equal(rate_policy_new(&lim, 1, &p, NULL, 0), RATE_OK);
             rate_store_t *ms;
@@ -226,6 +236,8 @@ static void same_decisions_at_the_boundaries(void **state)
             for (int i = 0; i < 80; i++) {
                 if (rnd(10) == 0 && t > 50)
                     t -= rnd(50);
+                else if (rnd(40) == 0) /* idle for weeks: past 2^50 ns */
+                    t += (UINT64_C(1) << 51) + rnd(SEC);
                 else
                     t += rnd(4) == 0 ? 0 : rnd(lim.period_ns * 2);
                 uint64_t cap = algo <= 2 ? lim.burst : lim.limit;
@@ -264,6 +276,49 @@ static void same_decisions_at_the_boundaries(void **state)
     assert_int_equal(checked, 4800);
     rate_store_redis_drop(rs);
     rate_store_free(rs);
+}
+
+/* Clients whose clocks disagree share one limit: by default a decision
+ * goes by Redis's TIME, also when the client decides itself (a window the
+ * Lua step declines).  client_time makes each go by its own clock. */
+static uint64_t early_now(void *ud) { (void)ud; return 5 * SEC; }
+static uint64_t late_now(void *ud) { (void)ud; return 5000 * SEC; }
+static void no_sleep(void *ud, uint64_t ns) { (void)ud; (void)ns; }
+
+static void fleet_clock(void **state)
+{
+    (void)state;
+    static const char *policies[] = {"token-bucket 1/h burst=1",
+                                     "sliding-window 1/1500ms"};
+    rate_clock_t early = {early_now, no_sleep, NULL};
+    rate_clock_t late = {late_now, no_sleep, NULL};
+    for (int p = 0; p < 2; p++) {
+        for (int own = 0; own < 2; own++) {
+            rate_redis_options_t o = {0};
+            rate_store_t *rs;
+            char err[200];
+            o.prefix = "fleet:";
+            o.client_time = own;
+            assert_int_equal(rate_store_redis_new(url, &o, &rs, err,
+                                                  sizeof err), RATE_OK);
+            rate_limiter_config_t cfg = {0};
+            cfg.store = rs;
+            cfg.clock = &early;
+            rate_limiter_t *a = limiter_cfg(policies[p], cfg);
+            cfg.clock = &late;
+            rate_limiter_t *b = limiter_cfg(policies[p], cfg);
+            char key[16];
+            snprintf(key, sizeof key, "k%d%d", p, own);
+            assert_true(rate_try_acquire(a, key, 1));
+            /* Redis's clock: b is right behind a and finds nothing left.
+             * Its own clock, 4995 s later, has refilled or rolled. */
+            assert_int_equal(rate_try_acquire(b, key, 1), own);
+            rate_limiter_free(a);
+            rate_limiter_free(b);
+            rate_store_redis_drop(rs);
+            rate_store_free(rs);
+        }
+    }
 }
 
 /* One caller, one round trip per decision: every decision is one EVALSHA
@@ -522,6 +577,7 @@ int main(void)
         cmocka_unit_test(same_decisions_as_memory),
         cmocka_unit_test(same_decisions_at_the_boundaries),
         cmocka_unit_test(one_round_trip),
+        cmocka_unit_test(fleet_clock),
         cmocka_unit_test(ttl_is_reset_after),
         cmocka_unit_test(script_flush_changes_nothing),
         cmocka_unit_test(shared_limit_across_processes),

@@ -64,7 +64,7 @@ typedef struct redis_store {
     char host[256];
     char password[256], user[256];
     int port, db;
-    bool unix_socket, ttl;
+    bool unix_socket, ttl, redis_time;
     struct timeval connect_tv, command_tv;
     char *prefix;
     size_t prefix_len;
@@ -475,8 +475,7 @@ static int r_cas(void *self, const char *key, size_t key_len,
 static bool lua_can(const rate_decide_req_t *q)
 {
     const rate_policy_t *p = q->policy;
-    if (q->now_ns >= LUA_EXACT || q->permits >= LUA_EXACT ||
-        q->max_wait_ns >= LUA_EXACT)
+    if (q->permits >= LUA_EXACT || q->max_wait_ns >= LUA_EXACT)
         return false;
     for (size_t i = 0; i < p->count; i++) {
         const rate_limit_t *l = &p->limits[i];
@@ -499,26 +498,64 @@ static uint64_t reply_u64(const redisReply *e, bool *ok)
 }
 
 /* One round trip: EVALSHA of the Lua step (see redis_step.lua). */
+/* Redis's TIME in ns, for a decision the client makes itself. */
+static int redis_now(redis_store_t *r, uint64_t *out)
+{
+    conn_t *cn;
+    int rc = take(r, &cn);
+    if (rc != RATE_OK) {
+        give(r, cn, false);
+        return rc;
+    }
+    redisReply *rep = command(cn->ctx, 1, (const char *[]){"TIME"},
+                              (size_t[]){4});
+    rc = reply_status(cn->ctx, rep);
+    bool broken = rep == NULL;
+    if (rc == RATE_OK) {
+        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2)
+            rc = RATE_ECORRUPT;
+        else
+            *out = strtoull(rep->element[0]->str, NULL, 10) * RATE_NS_PER_S +
+                   strtoull(rep->element[1]->str, NULL, 10) * 1000;
+    }
+    freeReplyObject(rep);
+    give(r, cn, broken);
+    return rc;
+}
+
 static int r_decide(void *self, const char *key, size_t key_len,
-                    const rate_decide_req_t *q, rate_decision_t *d)
+                    rate_decide_req_t *q, rate_decision_t *d)
 {
     redis_store_t *r = self;
     const rate_policy_t *p = q->policy;
-    char kb[RATE_KEY_MAX + 300], num[5 + 4 * RATE_MAX_LIMITS][24];
-    const char *av[8 + 5 + 4 * RATE_MAX_LIMITS];
-    size_t al[8 + 5 + 4 * RATE_MAX_LIMITS], kl;
+    char kb[RATE_KEY_MAX + 300], num[6 + 4 * RATE_MAX_LIMITS][24];
+    const char *av[4 + 6 + 4 * RATE_MAX_LIMITS];
+    size_t al[4 + 6 + 4 * RATE_MAX_LIMITS], kl;
     int argc = 0, rc;
     conn_t *cn;
 
-    if (!lua_can(q))
+    bool use_time = r->redis_time && q->clock_time;
+    if (!lua_can(q)) {
+        /* The client decides; on Redis's clock all the same. */
+        if (use_time && (rc = redis_now(r, &q->now_ns)) != RATE_OK)
+            return rc;
         return RATE_ENOTSUP;
+    }
     char *k = full_key(r, key, key_len, kb, sizeof kb, &kl);
     if (k == NULL)
         return RATE_ENOMEM;
     uint64_t ms = q->max_reset_ns / 1000000 + (q->max_reset_ns % 1000000 != 0);
     long long ttl = !r->ttl ? 0 : q->detail ? -1 : (long long)(ms ? ms : 1);
     int nn = 0;
-    snprintf(num[nn++], 24, "%llu", (unsigned long long)q->now_ns);
+    if (use_time) { /* "" "": the script reads Redis's TIME */
+        num[nn++][0] = '\0';
+        num[nn++][0] = '\0';
+    } else {
+        snprintf(num[nn++], 24, "%llu",
+                 (unsigned long long)(q->now_ns / RATE_NS_PER_S));
+        snprintf(num[nn++], 24, "%llu",
+                 (unsigned long long)(q->now_ns % RATE_NS_PER_S));
+    }
     snprintf(num[nn++], 24, "%llu", (unsigned long long)q->permits);
     snprintf(num[nn++], 24, "%llu", (unsigned long long)q->max_wait_ns);
     snprintf(num[nn++], 24, "%lld", ttl);
@@ -555,8 +592,14 @@ static int r_decide(void *self, const char *key, size_t key_len,
     if (rc == RATE_OK) {
         bool ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
                   rep->element[0]->type == REDIS_REPLY_INTEGER;
-        if (ok && rep->element[0]->integer == 0) {
-            rc = RATE_ENOTSUP; /* out of the script's exact range */
+        if (ok && rep->element[0]->integer == 0 && rep->elements == 3 &&
+            rep->element[1]->type == REDIS_REPLY_INTEGER &&
+            rep->element[2]->type == REDIS_REPLY_INTEGER) {
+            /* Declined (out of the script's exact range): the client
+             * decides, at the time the script went by. */
+            q->now_ns = (uint64_t)rep->element[1]->integer * RATE_NS_PER_S +
+                        (uint64_t)rep->element[2]->integer;
+            rc = RATE_ENOTSUP;
         } else if (ok && rep->elements == 9) {
             redisReply **e = rep->element;
             memset(d, 0, sizeof *d);
@@ -636,6 +679,7 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
     r->command_tv = tv_of(o.command_timeout_ns ? o.command_timeout_ns
                                                : RATE_NS_PER_S);
     r->ttl = !o.no_ttl;
+    r->redis_time = !o.client_time;
     const char *prefix = o.prefix ? o.prefix : "ratelimit:";
     r->prefix_len = strlen(prefix);
     r->prefix = malloc(r->prefix_len + 1);

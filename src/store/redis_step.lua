@@ -11,11 +11,19 @@
 -- answers exactly as C does, or not at all.
 --
 -- KEYS[1]  the key (a hash: v = version, s = state bytes)
--- ARGV     now, permits, max_wait, ttl (0: no expiry, -1: this decision's
---          reset_after, else milliseconds), fingerprint,
---          then per limit: algorithm, L, P (or W), B (0 for windows)
+-- ARGV     now as seconds and nanoseconds (both "" to use Redis's TIME:
+--          one clock for the whole fleet), permits, max_wait, ttl (0: no
+--          expiry, -1: this decision's reset_after, else milliseconds),
+--          fingerprint, then per limit: algorithm, L, P (or W), B
 -- returns  {1, allowed, reason, component, limit, remaining, delay,
---           retry (-1: never), reset} or {0}
+--           retry (-1: never), reset} or {0, seconds, nanoseconds}: declined,
+--           with the time it used, for the client's own decision
+--
+-- Times (up to 2^63 ns) are kept as {s, ns} pairs, exact; a difference of
+-- two times is a number when below 2^50 ns (13 days), else math.huge,
+-- which is as good: every bucket is full or empty by then, every window
+-- gone.  Windows must divide a second or be whole seconds (1s, 250ms, 1m,
+-- 1h, ...) for their edges to be found exactly; others are declined.
 local LIM = 1125899906842624 -- 2^50
 
 local function fdiv(a, b) -- floor(a / b), 0 <= a < 2^51, 0 < b < 2^51
@@ -79,19 +87,101 @@ local function put32(x)
   return table.concat(t)
 end
 
-local now = tonumber(ARGV[1])
-local n = tonumber(ARGV[2])
-local max_wait = tonumber(ARGV[3])
-local ttl_ms = tonumber(ARGV[4])
-local fp = tonumber(ARGV[5])
-local count = (#ARGV - 5) / 4
+-- Times: {s, ns}.  From the 8 state bytes (nil at 2^63 or more), by long
+-- division of four 16-bit limbs by 10^9; and back.
+local E9 = 1000000000
+local function get_t(str, i)
+  local b = {string.byte(str, i, i + 7)}
+  local limbs = {b[7] + b[8] * 256, b[5] + b[6] * 256, b[3] + b[4] * 256,
+                 b[1] + b[2] * 256}
+  if limbs[1] >= 32768 then return nil end
+  local r, q = 0, 0
+  for k = 1, 4 do
+    local cur = r * 65536 + limbs[k]
+    local d = fdiv(cur, E9)
+    r = cur - d * E9
+    q = q * 65536 + d
+  end
+  return {q, r}
+end
+local function put_t(t)
+  local limbs, carry, x = {}, 0, t[1]
+  for k = 1, 4 do
+    local sl = x % 65536
+    x = (x - sl) / 65536
+    local cur = sl * E9 + carry
+    limbs[k] = cur % 65536
+    carry = (cur - limbs[k]) / 65536
+  end
+  carry = t[2]
+  for k = 1, 4 do
+    local cur = limbs[k] + carry
+    limbs[k] = cur % 65536
+    carry = (cur - limbs[k]) / 65536
+  end
+  local out = {}
+  for k = 1, 4 do
+    out[2 * k - 1] = string.char(limbs[k] % 256)
+    out[2 * k] = string.char((limbs[k] - limbs[k] % 256) / 256)
+  end
+  return table.concat(out)
+end
+local function tcmp(a, b)
+  if a[1] ~= b[1] then return a[1] < b[1] and -1 or 1 end
+  if a[2] ~= b[2] then return a[2] < b[2] and -1 or 1 end
+  return 0
+end
+local function tdiff(a, b) -- a - b for a >= b: a number, or math.huge
+  local ds = a[1] - b[1]
+  if ds >= 1048576 then return math.huge end
+  return ds * E9 + (a[2] - b[2])
+end
+local function tminus(a, d) -- a - d for d < 2^50; nil below zero
+  local ds = fdiv(d, E9)
+  local s, ns = a[1] - ds, a[2] - (d - ds * E9)
+  if ns < 0 then ns = ns + E9; s = s - 1 end
+  if s < 0 then return nil end
+  return {s, ns}
+end
+-- The window holding t: {a, b} (compare both), and the offset e in it.
+local function window(t, W)
+  if W % E9 == 0 then
+    local ws = W / E9
+    local k = fdiv(t[1], ws)
+    return {k, 0}, (t[1] - k * ws) * E9 + t[2]
+  end
+  if E9 % W == 0 then
+    local j = fdiv(t[2], W)
+    return {t[1], j}, t[2] - j * W
+  end
+  return nil
+end
+local function next_window(k, W)
+  if W % E9 == 0 or k[2] + 1 == E9 / W then return {k[1] + 1, 0} end
+  return {k[1], k[2] + 1}
+end
+local function same(a, b) return a[1] == b[1] and a[2] == b[2] end
+
+local now
+if ARGV[1] == '' then
+  local tm = redis.call('TIME')
+  now = {tonumber(tm[1]), tonumber(tm[2]) * 1000}
+else
+  now = {tonumber(ARGV[1]), tonumber(ARGV[2])}
+end
+local n = tonumber(ARGV[3])
+local max_wait = tonumber(ARGV[4])
+local ttl_ms = tonumber(ARGV[5])
+local fp = tonumber(ARGV[6])
+local count = (#ARGV - 6) / 4
 local L, P, B, A = {}, {}, {}, {}
 for c = 1, count do
-  A[c] = tonumber(ARGV[2 + 4 * c])
-  L[c] = tonumber(ARGV[3 + 4 * c])
-  P[c] = tonumber(ARGV[4 + 4 * c])
-  B[c] = tonumber(ARGV[5 + 4 * c])
+  A[c] = tonumber(ARGV[3 + 4 * c])
+  L[c] = tonumber(ARGV[4 + 4 * c])
+  P[c] = tonumber(ARGV[5 + 4 * c])
+  B[c] = tonumber(ARGV[6 + 4 * c])
 end
+local DECLINE = {0, now[1], now[2]}
 
 -- Read the state (nil: a new key).
 local cur = redis.call('HMGET', KEYS[1], 'v', 's')
@@ -101,14 +191,15 @@ local last = now
 local view = {}
 local off = 17
 if st ~= nil then
-  if #st < 16 or string.byte(st, 14) ~= 1 then return {0} end
-  last = u64(st, 1)
+  if #st < 16 or string.byte(st, 14) ~= 1 then return DECLINE end
+  last = get_t(st, 1)
   if last == nil or u32(st, 9) ~= fp or string.byte(st, 13) ~= count then
-    return {0} -- a large time, or another policy: the client converts
+    return DECLINE -- another policy (a tier change): the client converts
   end
 end
 local t = now
-if last > t then t = last end
+if tcmp(last, t) > 0 then t = last end
+local dt = tdiff(t, last)
 
 -- Load and advance each limit to t (spec: refill, drain, roll, prune).
 for c = 1, count do
@@ -118,9 +209,9 @@ for c = 1, count do
     local full = B[c] * P[c]
     if have then
       v.x = i64(st, off); off = off + 8
-      if v.x == nil or v.x > full then return {0} end
+      if v.x == nil or v.x > full then return DECLINE end
       if v.x < full then
-        local missing, dt = full - v.x, t - last
+        local missing = full - v.x
         if dt >= cdiv(missing, L[c]) then v.x = full
         else v.x = v.x + dt * L[c] end
       end
@@ -128,60 +219,64 @@ for c = 1, count do
   elseif a == 2 then -- leaky bucket: v = level * P
     if have then
       v.x = u64(st, off); off = off + 8
-      if v.x == nil or v.x > B[c] * P[c] then return {0} end
-      local dt = t - last
+      if v.x == nil or v.x > B[c] * P[c] then return DECLINE end
       if dt >= cdiv(v.x, L[c]) then v.x = 0 else v.x = v.x - dt * L[c] end
     else v.x = 0 end
   elseif a == 3 then -- fixed window: the count of t_last's window
+    if window(t, P[c]) == nil then return DECLINE end
     v.x = 0
     if have then
       v.x = u64(st, off); off = off + 8
-      if v.x == nil or v.x > L[c] then return {0} end
-      if fdiv(last, P[c]) ~= fdiv(t, P[c]) then v.x = 0 end
+      if v.x == nil or v.x > L[c] then return DECLINE end
+      local k, ks = window(t, P[c]), window(last, P[c])
+      if k == nil then return DECLINE end
+      if not same(k, ks) then v.x = 0 end
     end
   elseif a == 5 then -- sliding window counter: prev, curr
+    if window(t, P[c]) == nil then return DECLINE end
     v.x, v.y = 0, 0
     if have then
       v.x = u64(st, off); v.y = u64(st, off + 8); off = off + 16
       if v.x == nil or v.y == nil or v.x > L[c] or v.y > L[c] then
-        return {0}
+        return DECLINE
       end
-      local k, ks = fdiv(t, P[c]), fdiv(last, P[c])
-      if k == ks + 1 then v.x, v.y = v.y, 0
-      elseif k ~= ks then v.x, v.y = 0, 0 end
+      local k, ks = window(t, P[c]), window(last, P[c])
+      if k == nil then return DECLINE end
+      if same(k, next_window(ks, P[c])) then v.x, v.y = v.y, 0
+      elseif not same(k, ks) then v.x, v.y = 0, 0 end
     end
   elseif a == 4 then -- sliding log: entries (time, permits), their sum
     v.first, v.count, v.sum, v.base = 0, 0, 0, off
     if have then
-      if #st < off + 7 then return {0} end
+      if #st < off + 7 then return DECLINE end
       v.count = u32(st, off); v.sum = u32(st, off + 4)
-      if #st < off + 7 + v.count * 16 or v.sum > L[c] then return {0} end
+      if #st < off + 7 + v.count * 16 or v.sum > L[c] then return DECLINE end
       v.base = off + 8
       off = off + 8 + v.count * 16
       -- drop entries at or before t - W (binary search, then subtract)
       local lo, hi = 0, v.count
-      if t >= P[c] then
-        local cut = t - P[c]
+      local cut = tminus(t, P[c])
+      if cut ~= nil then
         while lo < hi do
           local mid = math.floor((lo + hi) / 2)
-          local et = u64(st, v.base + mid * 16)
-          if et == nil then return {0} end
-          if et <= cut then lo = mid + 1 else hi = mid end
+          local et = get_t(st, v.base + mid * 16)
+          if et == nil then return DECLINE end
+          if tcmp(et, cut) <= 0 then lo = mid + 1 else hi = mid end
         end
       end
       for i = 0, lo - 1 do
         local en = u64(st, v.base + i * 16 + 8)
-        if en == nil then return {0} end
+        if en == nil then return DECLINE end
         v.sum = v.sum - en
       end
       v.first = lo
     end
   else
-    return {0}
+    return DECLINE
   end
   view[c] = v
 end
-if st ~= nil and off ~= #st + 1 then return {0} end
+if st ~= nil and off ~= #st + 1 then return DECLINE end
 
 -- Decide each limit: allowed, reason (0 ok, 1 limited, 2 never), delay,
 -- retry, and remaining/reset now and after.
@@ -215,7 +310,8 @@ for c = 1, count do
     r.new = lv + need
   elseif a == 3 then
     local cnt, W = v.x, P[c]
-    local to_next = W - (t - fdiv(t, W) * W)
+    local _, e = window(t, W)
+    local to_next = W - e
     if n > L[c] then r.reason = 2; r.retry = NEVER
     elseif n == 0 or cnt + n <= L[c] then r.ok = true
     else r.reason = 1; r.retry = to_next end
@@ -230,7 +326,7 @@ for c = 1, count do
     r.new = cnt + n
   elseif a == 5 then
     local prev, curr, W = v.x, v.y, P[c]
-    local e = t - fdiv(t, W) * W
+    local _, e = window(t, W)
     local cap = L[c] * W
     local function used(p, q) return p * (W - e) + q * W end
     local function rem(p, q)
@@ -268,7 +364,8 @@ for c = 1, count do
     if r.ok then r.rem_after, r.reset_after = rem(prev, curr + n), rst(prev, curr + n) end
   elseif a == 4 then
     local W = P[c]
-    local function etime(i) return u64(st, v.base + i * 16) end
+    -- an entry inside the window leaves it W - (t - time) from now
+    local function eleft(i) return W - tdiff(t, get_t(st, v.base + i * 16)) end
     local function eperm(i) return u64(st, v.base + i * 16 + 8) end
     local live = v.count - v.first
     if n > L[c] then r.reason = 2; r.retry = NEVER
@@ -279,12 +376,12 @@ for c = 1, count do
       r.retry = 0
       for i = v.first, v.count - 1 do
         s = s - eperm(i)
-        if s + n <= L[c] then r.retry = etime(i) + W - t; break end
+        if s + n <= L[c] then r.retry = eleft(i); break end
       end
     end
     local function rst()
       if live == 0 then return 0 end
-      return etime(v.count - 1) + W - t
+      return eleft(v.count - 1)
     end
     r.rem_now = 0
     if v.sum < L[c] then r.rem_now = L[c] - v.sum end
@@ -332,7 +429,7 @@ if A[comp + 1] <= 2 then limit = B[comp + 1] end
 -- An admission with n >= 1 writes the new state, bumps the version and sets
 -- the expiry; anything else writes nothing.
 if allowed and n > 0 then
-  local parts = {put64(t), put32(fp), string.char(count, 1, 0, 0)}
+  local parts = {put_t(t), put32(fp), string.char(count, 1, 0, 0)}
   for c = 1, count do
     local a, v, r = A[c], view[c], ver[c]
     if a == 1 then parts[#parts + 1] = puti64(r.new)
@@ -345,12 +442,12 @@ if allowed and n > 0 then
         body = string.sub(st, v.base + v.first * 16, v.base + v.count * 16 - 1)
       end
       local lt = nil
-      if kept > 0 then lt = u64(st, v.base + (v.count - 1) * 16) end
-      if lt == t then
+      if kept > 0 then lt = get_t(st, v.base + (v.count - 1) * 16) end
+      if lt ~= nil and tcmp(lt, t) == 0 then
         local p = u64(st, v.base + (v.count - 1) * 16 + 8) + n
         body = string.sub(body, 1, #body - 8) .. put64(p)
       else
-        body = body .. put64(t) .. put64(n)
+        body = body .. put_t(t) .. put64(n)
         kept = kept + 1
       end
       parts[#parts + 1] = put32(kept) .. put32(v.sum + n) .. body
