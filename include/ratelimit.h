@@ -194,7 +194,8 @@ typedef struct rate_redis_options {
     uint64_t connect_timeout_ns; /* 0: 1 s */
     uint64_t command_timeout_ns; /* 0: 1 s; no call waits longer per command */
     const char *prefix;          /* key namespace, copied; NULL: "ratelimit:" */
-    unsigned pool_size;          /* connections; 0: 8 */
+    unsigned pool_size;          /* connections, each shared by all callers
+                                    (pipelined); 0: 2 */
     bool no_ttl;                 /* keep keys without expiry (replays on a
                                     virtual clock); default: expire each key
                                     after its reset_after, rounded up to ms */
@@ -211,7 +212,7 @@ typedef struct rate_redis_options {
  * RATE_ESTORE when Redis cannot be reached or refuses; `err` (if not NULL)
  * then says why.  Decisions are the memory store's, bit for bit; each costs
  * two round trips (see docs/algorithms.md, "Stores").  `options` may be
- * NULL.  Thread-safe: yes (a pool of connections). */
+ * NULL.  Thread-safe: yes (callers share pipelined connections). */
 RATE_API int rate_store_redis_new(const char *url,
                                   const rate_redis_options_t *options,
                                   rate_store_t **out, char *err,

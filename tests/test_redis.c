@@ -454,6 +454,59 @@ static void shared_limit_across_processes(void **state)
     redisFree(c);
 }
 
+/* Many threads on shared connections: each must get its own replies.
+ * Thread i asks 60 times at one instant on its own key under its own
+ * policy (limit 10 + i), so it must see exactly 10 + i admitted. */
+#define MANY 16
+typedef struct own {
+    rate_store_t *store;
+    int i, admitted, errors;
+} own_t;
+
+static void *own_key(void *arg)
+{
+    own_t *o = arg;
+    char text[48], key[16];
+    snprintf(text, sizeof text, "fixed-window %d/h", 10 + o->i);
+    snprintf(key, sizeof key, "own%d", o->i);
+    rate_policy_t *p = NULL;
+    rate_policy_parse(text, &p, NULL, 0);
+    rate_limiter_config_t cfg = {0};
+    rate_limiter_t *l = NULL;
+    cfg.policy = p;
+    cfg.store = o->store;
+    rate_limiter_new(&cfg, &l);
+    for (int k = 0; k < 60; k++) {
+        rate_decision_t d;
+        rate_limiter_check_at(l, key, strlen(key), 1, 0, 7 * SEC, &d);
+        o->admitted += d.allowed;
+        o->errors += d.reason == RATE_REASON_STORE_ERROR;
+    }
+    rate_limiter_free(l);
+    rate_policy_free(p);
+    return NULL;
+}
+
+static void replies_reach_their_callers(void **state)
+{
+    (void)state;
+    rate_store_t *rs = redis_store("own:", true, 0);
+    pthread_t th[MANY];
+    own_t o[MANY];
+    for (int i = 0; i < MANY; i++) {
+        o[i] = (own_t){rs, i, 0, 0};
+        pthread_create(&th[i], NULL, own_key, &o[i]);
+    }
+    for (int i = 0; i < MANY; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < MANY; i++) {
+        assert_int_equal(o[i].errors, 0);
+        assert_int_equal(o[i].admitted, 10 + i);
+    }
+    rate_store_redis_drop(rs);
+    rate_store_free(rs);
+}
+
 /* --------------------------------------------------------------- faults */
 
 static void redis_down_and_back(void **state)
@@ -581,6 +634,7 @@ int main(void)
         cmocka_unit_test(ttl_is_reset_after),
         cmocka_unit_test(script_flush_changes_nothing),
         cmocka_unit_test(shared_limit_across_processes),
+        cmocka_unit_test(replies_reach_their_callers),
         cmocka_unit_test(redis_down_and_back),
         cmocka_unit_test(bad_urls_hosts_and_passwords),
     };

@@ -16,7 +16,10 @@
  * key that expired and came back does not reuse the version a slow client
  * may still hold.
  *
- * Connections: a fixed pool, each used by one caller at a time.  Every
+ * Connections: a few (pool_size, 2 by default), each shared by all callers
+ * through flat combining (see call()): concurrent callers' commands go out
+ * in one write and their replies come back in one read, so they share round
+ * trips the way auto-pipelining clients do, with no I/O thread.  Every
  * command has the configured timeout; a connection that failed is dropped,
  * and reconnecting is tried again no sooner than a backoff that doubles
  * from 10 ms to 1 s, so while Redis is down a call fails at once instead of
@@ -24,6 +27,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,10 +58,29 @@ static const char cas_script[] =
     "else redis.call('PERSIST', KEYS[1]) end\n"
     "return nv\n";
 
+/* One caller's command on a shared connection. */
+typedef struct mreq {
+    int argc;
+    const char **argv;
+    const size_t *lens;
+    redisReply *reply; /* out, on RATE_OK */
+    int status;        /* out */
+    bool done;
+    sem_t wake;        /* posted when done, or to hand over the connection */
+    struct mreq *next;
+} mreq_t;
+
+/* A connection shared by flat combining: a caller that finds it idle
+ * sends every queued command in one write, reads the replies in order and
+ * hands them out; callers arriving meanwhile queue for the next batch.  So
+ * a lone caller pays one round trip and nothing more, and concurrent
+ * callers share round trips (pipelining) without an I/O thread. */
 typedef struct conn {
-    redisContext *ctx; /* NULL: not connected */
+    pthread_mutex_t lock;
+    mreq_t *head, *tail; /* queued, not yet sent */
+    bool busy;           /* a combiner is on the wire */
+    redisContext *ctx;   /* NULL: not connected (only the combiner touches) */
     uint64_t retry_at_ns, backoff_ns;
-    bool busy;
 } conn_t;
 
 typedef struct redis_store {
@@ -71,10 +94,9 @@ typedef struct redis_store {
     char sha[41];      /* the compare-and-set script */
     char step_sha[41]; /* the step (redis_step.lua) */
 
-    pthread_mutex_t lock;
-    pthread_cond_t freed;
     conn_t *conns;
     unsigned nconns;
+    atomic_uint next_conn; /* round robin over the connections */
 } redis_store_t;
 
 /* ------------------------------------------------------------------ URL */
@@ -219,9 +241,12 @@ static redisReply *command(redisContext *c, int argc, const char **argv,
     return redisCommandArgv(c, argc, argv, lens);
 }
 
-/* Connects, authenticates, selects the database and loads the script. */
-static int open_conn(redis_store_t *r, redisContext **out, char *err,
-                     size_t errlen)
+/* Connects, authenticates, selects the database and loads the scripts.
+ * Their SHA1 digests are recorded at the store's creation (first) only:
+ * later connections load the same scripts, while other callers read the
+ * digests. */
+static int open_conn(redis_store_t *r, redisContext **out, bool first,
+                     char *err, size_t errlen)
 {
     redisContext *c = r->unix_socket
                           ? redisConnectUnixWithTimeout(r->host, r->connect_tv)
@@ -268,8 +293,10 @@ static int open_conn(redis_store_t *r, redisContext **out, char *err,
         rep = command(c, 3, (const char *[]){"SCRIPT", "LOAD", src},
                       (size_t[]){6, 4, len});
         rc = reply_status(c, rep);
-        if (rc == RATE_OK && rep->type == REDIS_REPLY_STRING && rep->len == 40)
-            memcpy(i == 0 ? r->sha : r->step_sha, rep->str, 41);
+        if (rc == RATE_OK && rep->type == REDIS_REPLY_STRING && rep->len == 40) {
+            if (first)
+                memcpy(i == 0 ? r->sha : r->step_sha, rep->str, 41);
+        }
         else
             rc = fail(err, errlen, rc ? rc : RATE_ESTORE,
                       "SCRIPT LOAD failed: %s",
@@ -284,53 +311,109 @@ static int open_conn(redis_store_t *r, redisContext **out, char *err,
     return RATE_OK;
 }
 
-/* Takes a free connection, connecting it if needed (unless in backoff). */
-static int take(redis_store_t *r, conn_t **out)
+/* Connects c (the combiner's job), unless still backing off. */
+static int ensure_conn(redis_store_t *r, conn_t *c)
 {
-    conn_t *cn = NULL;
-    int rc = RATE_OK;
-
-    pthread_mutex_lock(&r->lock);
-    for (;;) {
-        for (unsigned i = 0; i < r->nconns && cn == NULL; i++)
-            if (!r->conns[i].busy)
-                cn = &r->conns[i];
-        if (cn != NULL)
-            break;
-        pthread_cond_wait(&r->freed, &r->lock);
+    if (c->ctx != NULL)
+        return RATE_OK;
+    uint64_t now = rate_clock_monotonic_ns();
+    if (now < c->retry_at_ns)
+        return RATE_ESTORE; /* still backing off: fail at once */
+    int rc = open_conn(r, &c->ctx, false, NULL, 0);
+    if (rc != RATE_OK) {
+        c->backoff_ns = c->backoff_ns ? c->backoff_ns * 2 : BACKOFF_MIN_NS;
+        if (c->backoff_ns > BACKOFF_MAX_NS)
+            c->backoff_ns = BACKOFF_MAX_NS;
+        c->retry_at_ns = now + c->backoff_ns;
+    } else {
+        c->backoff_ns = 0;
     }
-    cn->busy = true;
-    pthread_mutex_unlock(&r->lock);
-    if (cn->ctx == NULL) {
-        uint64_t now = rate_clock_monotonic_ns();
-        if (now < cn->retry_at_ns) {
-            rc = RATE_ESTORE; /* still backing off: fail at once */
-        } else if ((rc = open_conn(r, &cn->ctx, NULL, 0)) != RATE_OK) {
-            cn->backoff_ns = cn->backoff_ns ? cn->backoff_ns * 2
-                                            : BACKOFF_MIN_NS;
-            if (cn->backoff_ns > BACKOFF_MAX_NS)
-                cn->backoff_ns = BACKOFF_MAX_NS;
-            cn->retry_at_ns = now + cn->backoff_ns;
-        } else {
-            cn->backoff_ns = 0;
-        }
-    }
-    *out = cn;
     return rc;
 }
 
-/* Gives the connection back; drops it if the call failed on the wire. */
-static void give(redis_store_t *r, conn_t *cn, bool broken)
+/* Sends a batch in one write and reads its replies in order.  On a broken
+ * connection every command not yet answered fails with the same status,
+ * and the connection is dropped (the next batch reconnects). */
+static void run_batch(redis_store_t *r, conn_t *c, mreq_t *batch)
 {
-    if (broken && cn->ctx != NULL) {
-        redisFree(cn->ctx);
-        cn->ctx = NULL;
-        cn->retry_at_ns = 0; /* reconnect on next use, then back off */
+    int rc = ensure_conn(r, c);
+    mreq_t *q;
+
+    for (q = batch; rc == RATE_OK && q != NULL; q = q->next)
+        if (redisAppendCommandArgv(c->ctx, q->argc, q->argv, q->lens) !=
+            REDIS_OK)
+            rc = RATE_ENOMEM;
+    for (q = batch; q != NULL; q = q->next) {
+        void *rep = NULL;
+        if (rc == RATE_OK && redisGetReply(c->ctx, &rep) != REDIS_OK)
+            rc = reply_status(c->ctx, NULL);
+        q->status = rc;
+        q->reply = rc == RATE_OK ? rep : NULL;
     }
-    pthread_mutex_lock(&r->lock);
-    cn->busy = false;
-    pthread_cond_signal(&r->freed);
-    pthread_mutex_unlock(&r->lock);
+    if (rc != RATE_OK && c->ctx != NULL) {
+        redisFree(c->ctx);
+        c->ctx = NULL;
+        c->retry_at_ns = 0; /* reconnect at once, then back off */
+    }
+}
+
+/* One command: *out is the reply (perhaps an error reply) on RATE_OK;
+ * otherwise the connection failed (RATE_ESTORE, RATE_ETIMEDOUT). */
+static int call(redis_store_t *r, int argc, const char **argv,
+                const size_t *lens, redisReply **out)
+{
+    unsigned i = atomic_fetch_add_explicit(&r->next_conn, 1,
+                                           memory_order_relaxed);
+    conn_t *c = &r->conns[i % r->nconns];
+    mreq_t me = {argc, argv, lens, NULL, RATE_OK, false, {{0}}, NULL};
+
+    sem_init(&me.wake, 0, 0);
+    pthread_mutex_lock(&c->lock);
+    if (c->tail != NULL)
+        c->tail->next = &me;
+    else
+        c->head = &me;
+    c->tail = &me;
+    while (!me.done) {
+        if (c->busy) { /* wait for our reply, or for our turn to combine */
+            pthread_mutex_unlock(&c->lock);
+            sem_wait(&me.wake);
+            pthread_mutex_lock(&c->lock);
+            continue;
+        }
+        /* Combine: send what is queued, and keep going for a few rounds
+         * while more arrives (waking a sleeper to do it would leave the
+         * connection idle meanwhile). */
+        c->busy = true;
+        for (int round = 0; round < 16 && c->head != NULL; round++) {
+            mreq_t *batch = c->head;
+            c->head = c->tail = NULL;
+            pthread_mutex_unlock(&c->lock);
+            run_batch(r, c, batch);
+            pthread_mutex_lock(&c->lock);
+            for (mreq_t *q = batch, *nx; q != NULL; q = nx) {
+                nx = q->next; /* q may be gone once it is done and woken */
+                q->done = true;
+                if (q != &me)
+                    sem_post(&q->wake);
+            }
+        }
+        c->busy = false;
+        if (c->head != NULL) /* hand the connection to the next in line */
+            sem_post(&c->head->wake);
+    }
+    pthread_mutex_unlock(&c->lock);
+    sem_destroy(&me.wake);
+    *out = me.reply;
+    return me.status;
+}
+
+/* A call's status, with an error reply counted as a store error. */
+static int reply_ok(int rc, const redisReply *rep)
+{
+    if (rc != RATE_OK)
+        return rc;
+    return rep->type == REDIS_REPLY_ERROR ? RATE_ESTORE : RATE_OK;
 }
 
 /* PREFIX "{" key "}" into buf (heap if large); returns its length. */
@@ -375,7 +458,6 @@ static int r_load(void *self, const char *key, size_t key_len, void *buf,
     redis_store_t *r = self;
     char kb[RATE_KEY_MAX + 300];
     size_t kl;
-    conn_t *cn;
     int rc;
 
     *len = 0;
@@ -383,15 +465,10 @@ static int r_load(void *self, const char *key, size_t key_len, void *buf,
     char *k = full_key(r, key, key_len, kb, sizeof kb, &kl);
     if (k == NULL)
         return RATE_ENOMEM;
-    if ((rc = take(r, &cn)) != RATE_OK) {
-        give(r, cn, false);
-        return rc;
-    }
-    redisReply *rep = command(cn->ctx, 4,
-                              (const char *[]){"HMGET", k, "v", "s"},
-                              (size_t[]){5, kl, 1, 1});
-    rc = reply_status(cn->ctx, rep);
-    bool broken = rep == NULL;
+    redisReply *rep = NULL;
+    rc = call(r, 4, (const char *[]){"HMGET", k, "v", "s"},
+              (size_t[]){5, kl, 1, 1}, &rep);
+    rc = reply_ok(rc, rep);
     if (rc == RATE_OK) {
         if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2)
             rc = RATE_ECORRUPT;
@@ -411,7 +488,6 @@ static int r_load(void *self, const char *key, size_t key_len, void *buf,
         }
     }
     freeReplyObject(rep);
-    give(r, cn, broken);
     if (k != kb)
         free(k);
     return rc;
@@ -424,7 +500,6 @@ static int r_cas(void *self, const char *key, size_t key_len,
     redis_store_t *r = self;
     char kb[RATE_KEY_MAX + 300], vbuf[24], tbuf[24];
     size_t kl;
-    conn_t *cn;
     int rc;
 
     char *k = full_key(r, key, key_len, kb, sizeof kb, &kl);
@@ -436,16 +511,11 @@ static int r_cas(void *self, const char *key, size_t key_len,
     if (r->ttl && ms == 0)
         ms = 1;
     snprintf(tbuf, sizeof tbuf, "%llu", (unsigned long long)ms);
-    if ((rc = take(r, &cn)) != RATE_OK) {
-        give(r, cn, false);
-        if (k != kb)
-            free(k);
-        return rc;
-    }
     const char *av[7] = {"EVALSHA", r->sha, "1", k, vbuf, state, tbuf};
     size_t al[7] = {7, 40, 1, kl, strlen(vbuf), len, strlen(tbuf)};
-    redisReply *rep = command(cn->ctx, 7, av, al);
-    if (rep != NULL && rep->type == REDIS_REPLY_ERROR &&
+    redisReply *rep = NULL;
+    rc = call(r, 7, av, al, &rep);
+    if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
         strncmp(rep->str, "NOSCRIPT", 8) == 0) {
         /* Redis restarted or SCRIPT FLUSH: send the script itself. */
         freeReplyObject(rep);
@@ -453,16 +523,15 @@ static int r_cas(void *self, const char *key, size_t key_len,
         al[0] = 4;
         av[1] = cas_script;
         al[1] = sizeof cas_script - 1;
-        rep = command(cn->ctx, 7, av, al);
+        rep = NULL;
+        rc = call(r, 7, av, al, &rep);
     }
-    rc = reply_status(cn->ctx, rep);
-    bool broken = rep == NULL;
+    rc = reply_ok(rc, rep);
     if (rc == RATE_OK)
         rc = rep->type != REDIS_REPLY_INTEGER ? RATE_ECORRUPT
              : rep->integer == 0              ? RATE_ECONFLICT
                                               : RATE_OK;
     freeReplyObject(rep);
-    give(r, cn, broken);
     if (k != kb)
         free(k);
     return rc;
@@ -501,16 +570,9 @@ static uint64_t reply_u64(const redisReply *e, bool *ok)
 /* Redis's TIME in ns, for a decision the client makes itself. */
 static int redis_now(redis_store_t *r, uint64_t *out)
 {
-    conn_t *cn;
-    int rc = take(r, &cn);
-    if (rc != RATE_OK) {
-        give(r, cn, false);
-        return rc;
-    }
-    redisReply *rep = command(cn->ctx, 1, (const char *[]){"TIME"},
-                              (size_t[]){4});
-    rc = reply_status(cn->ctx, rep);
-    bool broken = rep == NULL;
+    redisReply *rep = NULL;
+    int rc = call(r, 1, (const char *[]){"TIME"}, (size_t[]){4}, &rep);
+    rc = reply_ok(rc, rep);
     if (rc == RATE_OK) {
         if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2)
             rc = RATE_ECORRUPT;
@@ -519,7 +581,6 @@ static int redis_now(redis_store_t *r, uint64_t *out)
                    strtoull(rep->element[1]->str, NULL, 10) * 1000;
     }
     freeReplyObject(rep);
-    give(r, cn, broken);
     return rc;
 }
 
@@ -532,7 +593,6 @@ static int r_decide(void *self, const char *key, size_t key_len,
     const char *av[4 + 6 + 4 * RATE_MAX_LIMITS];
     size_t al[4 + 6 + 4 * RATE_MAX_LIMITS], kl;
     int argc = 0, rc;
-    conn_t *cn;
 
     bool use_time = r->redis_time && q->clock_time;
     if (!lua_can(q)) {
@@ -573,22 +633,17 @@ static int r_decide(void *self, const char *key, size_t key_len,
     av[argc] = k, al[argc++] = kl;
     for (int i = 0; i < nn; i++)
         av[argc] = num[i], al[argc++] = strlen(num[i]);
-    if ((rc = take(r, &cn)) != RATE_OK) {
-        give(r, cn, false);
-        if (k != kb)
-            free(k);
-        return rc;
-    }
-    redisReply *rep = command(cn->ctx, argc, av, al);
-    if (rep != NULL && rep->type == REDIS_REPLY_ERROR &&
+    redisReply *rep = NULL;
+    rc = call(r, argc, av, al, &rep);
+    if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
         strncmp(rep->str, "NOSCRIPT", 8) == 0) {
         freeReplyObject(rep); /* Redis restarted or SCRIPT FLUSH */
         av[0] = "EVAL", al[0] = 4;
         av[1] = redis_step_lua, al[1] = sizeof redis_step_lua - 1;
-        rep = command(cn->ctx, argc, av, al);
+        rep = NULL;
+        rc = call(r, argc, av, al, &rep);
     }
-    rc = reply_status(cn->ctx, rep);
-    bool broken = rep == NULL;
+    rc = reply_ok(rc, rep);
     if (rc == RATE_OK) {
         bool ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
                   rep->element[0]->type == REDIS_REPLY_INTEGER;
@@ -619,7 +674,6 @@ static int r_decide(void *self, const char *key, size_t key_len,
         }
     }
     freeReplyObject(rep);
-    give(r, cn, broken);
     if (k != kb)
         free(k);
     return rc;
@@ -629,13 +683,13 @@ static void r_destroy(void *self)
 {
     redis_store_t *r = self;
 
-    for (unsigned i = 0; r->conns != NULL && i < r->nconns; i++)
+    for (unsigned i = 0; r->conns != NULL && i < r->nconns; i++) {
         if (r->conns[i].ctx != NULL)
             redisFree(r->conns[i].ctx);
+        pthread_mutex_destroy(&r->conns[i].lock);
+    }
     free(r->conns);
     free(r->prefix);
-    pthread_cond_destroy(&r->freed);
-    pthread_mutex_destroy(&r->lock);
     free(r);
 }
 
@@ -668,8 +722,6 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
     r = calloc(1, sizeof *r);
     if (r == NULL)
         return RATE_ENOMEM;
-    pthread_mutex_init(&r->lock, NULL);
-    pthread_cond_init(&r->freed, NULL);
     if ((rc = parse_url(r, url, err, errlen)) != RATE_OK) {
         r_destroy(r);
         return rc;
@@ -683,15 +735,18 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
     const char *prefix = o.prefix ? o.prefix : "ratelimit:";
     r->prefix_len = strlen(prefix);
     r->prefix = malloc(r->prefix_len + 1);
-    r->nconns = o.pool_size ? o.pool_size : 8;
+    r->nconns = o.pool_size ? o.pool_size : 2;
     r->conns = calloc(r->nconns, sizeof *r->conns);
     if (r->prefix == NULL || r->conns == NULL) {
         r_destroy(r);
         return RATE_ENOMEM;
     }
     memcpy(r->prefix, prefix, r->prefix_len + 1);
+    for (unsigned i = 0; i < r->nconns; i++)
+        pthread_mutex_init(&r->conns[i].lock, NULL);
+    atomic_init(&r->next_conn, 0);
     /* Connect one now, so that a wrong host or password is reported here. */
-    if ((rc = open_conn(r, &r->conns[0].ctx, err, errlen)) != RATE_OK) {
+    if ((rc = open_conn(r, &r->conns[0].ctx, true, err, errlen)) != RATE_OK) {
         r_destroy(r);
         return rc;
     }
@@ -703,22 +758,15 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
 int rate_store_redis_drop(rate_store_t *store)
 {
     redis_store_t *r;
-    conn_t *cn;
     int rc;
 
     if (store == NULL || store->vt != &redis_vtable)
         return RATE_EINVAL;
     r = store->self;
-    if ((rc = take(r, &cn)) != RATE_OK) {
-        give(r, cn, false);
-        return rc;
-    }
     /* SCAN the namespace and UNLINK what it holds, a batch at a time. */
     char *pattern = malloc(r->prefix_len * 2 + 2);
-    if (pattern == NULL) {
-        give(r, cn, false);
+    if (pattern == NULL)
         return RATE_ENOMEM;
-    }
     size_t pl = 0;
     for (size_t i = 0; i < r->prefix_len; i++) { /* escape glob chars */
         char ch = r->prefix[i];
@@ -728,14 +776,13 @@ int rate_store_redis_drop(rate_store_t *store)
     }
     pattern[pl++] = '*';
     char cursor[32] = "0";
-    bool broken = false;
     do {
-        redisReply *rep = command(
-            cn->ctx, 6,
-            (const char *[]){"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"},
-            (size_t[]){4, strlen(cursor), 5, pl, 5, 4});
-        rc = reply_status(cn->ctx, rep);
-        broken = rep == NULL;
+        redisReply *rep = NULL;
+        rc = call(r, 6,
+                  (const char *[]){"SCAN", cursor, "MATCH", pattern, "COUNT",
+                                   "1000"},
+                  (size_t[]){4, strlen(cursor), 5, pl, 5, 4}, &rep);
+        rc = reply_ok(rc, rep);
         if (rc == RATE_OK && (rep->type != REDIS_REPLY_ARRAY ||
                               rep->elements != 2 ||
                               rep->element[0]->type != REDIS_REPLY_STRING ||
@@ -757,9 +804,9 @@ int rate_store_redis_drop(rate_store_t *store)
                         av[i + 1] = keys->element[i]->str;
                         al[i + 1] = keys->element[i]->len;
                     }
-                    redisReply *del = command(cn->ctx, (int)n, av, al);
-                    rc = reply_status(cn->ctx, del);
-                    broken = del == NULL;
+                    redisReply *del = NULL;
+                    rc = call(r, (int)n, av, al, &del);
+                    rc = reply_ok(rc, del);
                     freeReplyObject(del);
                 }
                 free(av);
@@ -769,6 +816,5 @@ int rate_store_redis_drop(rate_store_t *store)
         freeReplyObject(rep);
     } while (rc == RATE_OK && strcmp(cursor, "0") != 0);
     free(pattern);
-    give(r, cn, broken);
     return rc;
 }

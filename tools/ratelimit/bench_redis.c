@@ -100,7 +100,7 @@ int bench_redis(const char *url)
             port = atoi(h + n + 1);
     }
     rate_policy_t *p;
-    rate_policy_parse("token-bucket 1000000/s burst=1000000", &p, NULL, 0);
+    rate_policy_parse("token-bucket 100000/s burst=1000", &p, NULL, 0);
     rate_limiter_config_t cfg = {.policy = p, .store = store};
     rate_limiter_t *lim;
     if (rate_limiter_new(&cfg, &lim) != RATE_OK)
@@ -109,7 +109,7 @@ int bench_redis(const char *url)
     double rtt = ping_ns(host, port);
     uint64_t errors = 0;
     double one = throughput(lim, 1, 1, 500, &errors);
-    printf("\nRedis store (%s): one decision = HMGET + EVALSHA, two round trips\n",
+    printf("\nRedis store (%s): one decision = one EVALSHA of the Lua step\n",
            url);
     printf("  %-40s %10.0f ns\n", "floor: one PING round trip", rtt);
     printf("  %-40s %10.0f ns  %5.2fx the round trip\n",
