@@ -9,6 +9,7 @@
 #include <hiredis/hiredis.h>
 
 #include "cli.h"
+#include "redis_step_lua.h" /* generated from src/store/redis_step.lua */
 
 #define MS UINT64_C(1000000)
 
@@ -74,6 +75,47 @@ static double ping_ns(const char *host, int port)
     return best;
 }
 
+/* Runs redis-benchmark (from redis-tools) on `args`, returns its requests
+ * per second, or 0 when it is not there or fails. */
+static double redis_benchmark(const char *host, int port, const char *args)
+{
+    char cmd[1024], line[512];
+    double rps = 0;
+    snprintf(cmd, sizeof cmd,
+             "redis-benchmark -h %s -p %d %s 2>/dev/null | tr '\\r' '\\n'",
+             host, port, args);
+    FILE *f = popen(cmd, "r");
+    if (f == NULL)
+        return 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        const char *t = strstr(line, "throughput summary:");
+        if (t != NULL)
+            rps = strtod(t + 19, NULL);
+    }
+    pclose(f);
+    return rps;
+}
+
+/* SCRIPT LOAD of a script on a fresh connection; sha must hold 41 bytes. */
+static bool load_script(const char *host, int port, const char *src,
+                        char *sha)
+{
+    struct timeval tv = {1, 0};
+    redisContext *c = redisConnectWithTimeout(host, port, tv);
+    bool ok = false;
+    if (c != NULL && !c->err) {
+        redisReply *r = redisCommand(c, "SCRIPT LOAD %s", src);
+        if (r != NULL && r->type == REDIS_REPLY_STRING && r->len == 40) {
+            memcpy(sha, r->str, 41);
+            ok = true;
+        }
+        freeReplyObject(r);
+    }
+    if (c != NULL)
+        redisFree(c);
+    return ok;
+}
+
 int bench_redis(const char *url)
 {
     rate_redis_options_t o = {0};
@@ -119,13 +161,50 @@ int bench_redis(const char *url)
     printf("  %-40s %12s %8s\n", "concurrent callers (distinct keys)",
            "decisions/s", "x one");
     printf("  %-40d %12.0f %8.2f\n", 1, one, 1.0);
+    double last64 = 0;
     for (size_t i = 0; i < sizeof callers / sizeof callers[0]; i++) {
         double v = throughput(lim, callers[i], callers[i], 500, &errors);
         printf("  %-40d %12.0f %8.2f\n", callers[i], v, v / one);
+        last64 = v;
     }
     double same = throughput(lim, 8, 1, 500, &errors);
     printf("  %-40s %12.0f %8.2f\n", "8 callers on one key (CAS retries)", same,
            same / one);
+    /* Ceilings from redis-benchmark against the same server, on the same
+     * Lua step (the token bucket above, the caller's time), and on a script
+     * that does nothing. */
+    char step_sha[41], one_sha[41], args[512];
+    if (strncmp(url, "redis://", 8) == 0 &&
+        load_script(host, port, redis_step_lua, step_sha) &&
+        load_script(host, port, "return 1", one_sha)) {
+        const char *step_args = "1 bench:rb{k} 5 0 1 0 0 %u 1 100000 "
+                                "1000000000 1000";
+        char tail[128];
+        snprintf(tail, sizeof tail, step_args,
+                 (unsigned)rate_policy_fingerprint(p));
+        snprintf(args, sizeof args, "-n 20000 -c 1 -P 1 EVALSHA %s %s",
+                 step_sha, tail);
+        double seq = redis_benchmark(host, port, args);
+        snprintf(args, sizeof args, "-n 200000 -c 50 -P 16 EVALSHA %s %s",
+                 step_sha, tail);
+        double ceil_step = redis_benchmark(host, port, args);
+        snprintf(args, sizeof args, "-n 200000 -c 50 -P 16 EVALSHA %s 0",
+                 one_sha);
+        double ceil_one = redis_benchmark(host, port, args);
+        if (seq > 0 && ceil_step > 0 && ceil_one > 0) {
+            printf("  redis-benchmark, same server, same step script:\n");
+            printf("  %-40s %12.0f   ours: %.2fx its latency\n",
+                   "-c 1 -P 1 (sequential)", seq, seq / one);
+            printf("  %-40s %12.0f   ours at 64: %.0f%%\n",
+                   "-c 50 -P 16 (pipelined ceiling)", ceil_step,
+                   100.0 * last64 / ceil_step);
+            printf("  %-40s %12.0f   step: %.2fx of it\n",
+                   "-c 50 -P 16, EVALSHA of 'return 1'", ceil_one,
+                   ceil_step / ceil_one);
+        }
+    } else {
+        printf("  (redis-benchmark comparisons: TCP URLs only)\n");
+    }
     rate_stats_t st;
     rate_limiter_stats(lim, &st);
     printf("  %-40s %12llu\n", "CAS retries in all", (unsigned long long)st.retries);
