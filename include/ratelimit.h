@@ -210,9 +210,10 @@ typedef struct rate_redis_options {
  * tag).  Connects once at creation, so that a bad host, password or
  * database is reported here: RATE_EINVAL for a malformed URL or option,
  * RATE_ESTORE when Redis cannot be reached or refuses; `err` (if not NULL)
- * then says why.  Decisions are the memory store's, bit for bit; each costs
- * two round trips (see docs/algorithms.md, "Stores").  `options` may be
- * NULL.  Thread-safe: yes (callers share pipelined connections). */
+ * then says why.  Decisions are the memory store's, bit for bit, in one
+ * round trip (a Lua twin of the step; see docs/algorithms.md, "Stores").
+ * `options` may be NULL.  Thread-safe: yes (callers share pipelined
+ * connections). */
 RATE_API int rate_store_redis_new(const char *url,
                                   const rate_redis_options_t *options,
                                   rate_store_t **out, char *err,

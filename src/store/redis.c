@@ -2,19 +2,19 @@
  * The Redis store: keys shared by every process and machine that talks to
  * the same Redis.
  *
- * This back end implements the generic contract of ratelimit_store.h: load
- * is one HMGET of the key's version and state, cas one EVALSHA of a short
- * Lua script that replaces the state only if the version is unchanged and
- * sets the key's expiry to its reset_after.  The step itself runs in the
- * client, so decisions are the in-memory store's, bit for bit; a decision
- * costs two round trips, and a conflict (another client updated the key
- * between them) one retry.
+ * A decision is one EVALSHA of redis_step.lua, a Lua twin of src/step.c
+ * over the same state bytes (the decide() entry of the store contract).
+ * The script declines whatever it cannot decide exactly in doubles (see
+ * docs/algorithms.md, "Stores"); the limiter then runs the C step over the
+ * generic contract, which this store also implements: load is one HMGET of
+ * the key's version and state, cas one EVALSHA of a short script that
+ * replaces the state only if the version is unchanged.
  *
  * A key is stored as a hash {v: version, s: state bytes} under
  * PREFIX "{" KEY "}": the braces make the key its own Redis Cluster hash
  * tag.  A new key's version starts from Redis's TIME in microseconds, so a
  * key that expired and came back does not reuse the version a slow client
- * may still hold.
+ * may still hold.  Every write sets the key's expiry to its reset_after.
  *
  * Connections: a few (pool_size, 2 by default), each shared by all callers
  * through flat combining (see call()): concurrent callers' commands go out
