@@ -54,37 +54,22 @@ local function i64(s, i) -- signed, |x| < 2^50
   if hi < 4294705152 then return nil end -- below -2^50
   return -((4294967295 - hi) * 4294967296 + (4294967296 - lo))
 end
-local function put64(x) -- x: integer, 0 <= x < 2^53
+-- `count` little-endian bytes of x (0 <= x < 2^53); with flip, each byte
+-- complemented (255 - b), which writes -(x + 1) in two's complement.
+local function le(x, count, flip)
   local t = {}
-  for k = 1, 8 do
+  for k = 1, count do
     local b = x % 256
-    t[k] = string.char(b)
+    t[k] = string.char(flip and 255 - b or b)
     x = (x - b) / 256
   end
   return table.concat(t)
 end
-local function putneg(x) -- x < 0, |x| < 2^53: two's complement bytes
-  local y = -x - 1
-  local t = {}
-  for k = 1, 8 do
-    local b = y % 256
-    t[k] = string.char(255 - b)
-    y = (y - b) / 256
-  end
-  return table.concat(t)
-end
-local function puti64(x)
-  if x < 0 then return putneg(x) end
-  return put64(x)
-end
-local function put32(x)
-  local t = {}
-  for k = 1, 4 do
-    local b = x % 256
-    t[k] = string.char(b)
-    x = (x - b) / 256
-  end
-  return table.concat(t)
+local function put64(x) return le(x, 8, false) end
+local function put32(x) return le(x, 4, false) end
+local function puti64(x) -- signed, |x| < 2^53
+  if x < 0 then return le(-x - 1, 8, true) end
+  return le(x, 8, false)
 end
 
 -- Times: {s, ns}.  From the 8 state bytes (nil at 2^63 or more), by long
