@@ -45,8 +45,6 @@ typedef struct rate_step_io {
     bool write;            /* out: store new_state; false: keep the old bytes */
     bool allowed;          /* out: the verdict, for statistics */
     uint64_t ttl_ns;       /* out: keep the key at least this long after now */
-    uint64_t expires_ns;   /* out: the same as an absolute time in the
-                              request's own time line (ttl_ns + t_eff) */
 } rate_step_io_t;
 
 typedef int (*rate_step_fn)(void *arg, rate_step_io_t *io);

@@ -264,6 +264,5 @@ int rate__step(void *varg, rate_step_io_t *io)
     io->new_len = write_state(p, views, t, arg->permits, io->new_state);
     io->write = true;
     io->ttl_ns = arg->detail ? arg->decision->reset_after_ns : p->max_reset_ns;
-    io->expires_ns = rate__sat_add(t, io->ttl_ns);
     return RATE_OK;
 }

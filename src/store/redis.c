@@ -408,6 +408,14 @@ static int call(redis_store_t *r, int argc, const char **argv,
     return me.status;
 }
 
+/* A key's expiry in whole milliseconds, rounded up (never less than
+ * reset_after) and at least 1: PEXPIRE takes no zero. */
+static uint64_t ttl_ms(uint64_t ns)
+{
+    uint64_t ms = ns / 1000000 + (ns % 1000000 != 0);
+    return ms ? ms : 1;
+}
+
 /* A call's status, with an error reply counted as a store error. */
 static int reply_ok(int rc, const redisReply *rep)
 {
@@ -506,10 +514,7 @@ static int r_cas(void *self, const char *key, size_t key_len,
     if (k == NULL)
         return RATE_ENOMEM;
     snprintf(vbuf, sizeof vbuf, "%llu", (unsigned long long)version);
-    /* Milliseconds, rounded up: never less than reset_after. */
-    uint64_t ms = r->ttl ? ttl_ns / 1000000 + (ttl_ns % 1000000 != 0) : 0;
-    if (r->ttl && ms == 0)
-        ms = 1;
+    uint64_t ms = r->ttl ? ttl_ms(ttl_ns) : 0; /* 0: no expiry */
     snprintf(tbuf, sizeof tbuf, "%llu", (unsigned long long)ms);
     const char *av[7] = {"EVALSHA", r->sha, "1", k, vbuf, state, tbuf};
     size_t al[7] = {7, 40, 1, kl, strlen(vbuf), len, strlen(tbuf)};
@@ -604,8 +609,9 @@ static int r_decide(void *self, const char *key, size_t key_len,
     char *k = full_key(r, key, key_len, kb, sizeof kb, &kl);
     if (k == NULL)
         return RATE_ENOMEM;
-    uint64_t ms = q->max_reset_ns / 1000000 + (q->max_reset_ns % 1000000 != 0);
-    long long ttl = !r->ttl ? 0 : q->detail ? -1 : (long long)(ms ? ms : 1);
+    long long ttl = !r->ttl     ? 0
+                    : q->detail ? -1 /* the script uses the exact reset */
+                                : (long long)ttl_ms(q->max_reset_ns);
     int nn = 0;
     if (use_time) { /* "" "": the script reads Redis's TIME */
         num[nn++][0] = '\0';
