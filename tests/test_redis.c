@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -559,6 +560,84 @@ static void redis_down_and_back(void **state)
     rate_store_free(rs);
 }
 
+/* Many callers on one shared connection while Redis dies and comes back:
+ * every call returns (a decision or a store error) within the timeout's
+ * reach, none hangs or crashes, and all of them get answers again after. */
+typedef struct storm {
+    rate_limiter_t *lim;
+    int i;
+    atomic_bool *stop;
+    uint64_t longest_ns;
+    int answered, errors, answered_after;
+    atomic_bool *restarted;
+} storm_t;
+
+static void *storm_caller(void *arg)
+{
+    storm_t *s = arg;
+    char key[16];
+    snprintf(key, sizeof key, "storm%d", s->i);
+    while (!atomic_load(s->stop)) {
+        bool after = atomic_load(s->restarted);
+        rate_decision_t d;
+        uint64_t t0 = rate_clock_monotonic_ns();
+        assert_int_equal(rate_limiter_check(s->lim, key, strlen(key), 1, 0,
+                                            &d),
+                         RATE_OK);
+        uint64_t took = rate_clock_monotonic_ns() - t0;
+        if (took > s->longest_ns)
+            s->longest_ns = took;
+        if (d.reason == RATE_REASON_STORE_ERROR) {
+            s->errors++;
+        } else {
+            s->answered++;
+            s->answered_after += after;
+        }
+    }
+    return NULL;
+}
+
+static void callers_ride_out_a_restart(void **state)
+{
+    (void)state;
+    const uint64_t timeout = 200 * MS;
+    rate_store_t *rs = redis_store("storm:", true, timeout);
+    rate_limiter_config_t cfg = {0};
+    cfg.store = rs;
+    rate_limiter_t *lim = limiter_cfg("token-bucket 1000000/s burst=1000", cfg);
+    atomic_bool stop = false, restarted = false;
+    pthread_t th[MANY];
+    storm_t s[MANY];
+    for (int i = 0; i < MANY; i++) {
+        s[i] = (storm_t){lim, i, &stop, 0, 0, 0, 0, &restarted};
+        pthread_create(&th[i], NULL, storm_caller, &s[i]);
+    }
+    usleep(200000);
+    stop_server(); /* mid-run: requests are in flight */
+    usleep(300000);
+    start_server(NULL, NULL);
+    atomic_store(&restarted, true);
+    usleep(1500000); /* past the longest reconnect backoff */
+    atomic_store(&stop, true);
+    for (int i = 0; i < MANY; i++)
+        pthread_join(th[i], NULL);
+    int errors = 0;
+    for (int i = 0; i < MANY; i++) {
+        errors += s[i].errors;
+        if (s[i].answered_after == 0)
+            fail_msg("caller %d got no answer after the restart", i);
+        /* A call may queue behind one that is waiting out its timeout,
+         * then connect (another timeout): two, plus scheduling slack. */
+        if (s[i].longest_ns > 2 * timeout + 500 * MS)
+            fail_msg("caller %d waited %llu ms", i,
+                     (unsigned long long)(s[i].longest_ns / MS));
+    }
+    assert_true(errors > 0); /* the outage was seen */
+    rate_limiter_free(lim);
+    rate_store_redis_drop(rs);
+    rate_store_free(rs);
+}
+
 /* ------------------------------------------------------------ bad input */
 
 static void bad_urls_hosts_and_passwords(void **state)
@@ -634,6 +713,7 @@ int main(void)
         cmocka_unit_test(shared_limit_across_processes),
         cmocka_unit_test(replies_reach_their_callers),
         cmocka_unit_test(redis_down_and_back),
+        cmocka_unit_test(callers_ride_out_a_restart),
         cmocka_unit_test(bad_urls_hosts_and_passwords),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -17,21 +17,24 @@
  * may still hold.  Every write sets the key's expiry to its reset_after.
  *
  * Connections: a few (pool_size, 2 by default), each shared by all callers
- * through flat combining (see call()): concurrent callers' commands go out
- * in one write and their replies come back in one read, so they share round
- * trips the way auto-pipelining clients do, with no I/O thread.  Every
- * command has the configured timeout; a connection that failed is dropped,
- * and reconnecting is tried again no sooner than a backoff that doubles
- * from 10 ms to 1 s, so while Redis is down a call fails at once instead of
- * waiting on a dead host.
+ * and pipelined both ways (see struct conn): commands go out in batches
+ * while earlier replies are still being read, the way auto-pipelining
+ * clients work, with no I/O thread: the callers themselves take turns
+ * writing and reading.  Every command has the configured timeout; a
+ * connection that failed is dropped, and reconnecting is tried again no
+ * sooner than a backoff that doubles from 10 ms to 1 s, so while Redis is
+ * down a call fails at once instead of waiting on a dead host.
  */
 #include <errno.h>
 #include <pthread.h>
-#include <semaphore.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <linux/futex.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <hiredis/hiredis.h>
 
@@ -60,26 +63,33 @@ static const char cas_script[] =
 
 /* One caller's command on a shared connection. */
 typedef struct mreq {
-    int argc;
-    const char **argv;
-    const size_t *lens;
     redisReply *reply; /* out, on RATE_OK */
     int status;        /* out */
-    bool done;
-    sem_t wake;        /* posted when done, or to hand over the connection */
+    /* Bit 0: done (reply and status are set); above it, a count bumped to
+     * hand the caller a role.  The caller sleeps on it (a futex). */
+    _Atomic uint32_t sig;
     struct mreq *next;
 } mreq_t;
 
-/* A connection shared by flat combining: a caller that finds it idle
- * sends every queued command in one write, reads the replies in order and
- * hands them out; callers arriving meanwhile queue for the next batch.  So
- * a lone caller pays one round trip and nothing more, and concurrent
- * callers share round trips (pipelining) without an I/O thread. */
+/* A connection shared by every caller, pipelined both ways.  A caller that
+ * finds no one writing sends every queued command in one write (it is the
+ * writer); a caller that finds no one reading reads the replies in order
+ * and hands each to its caller until its own has come (it is the reader).
+ * Writing never waits for replies, so commands keep flowing while earlier
+ * replies are read and their callers woken: Redis is not left idle while
+ * callers wait, and concurrent callers share round trips.  A lone caller
+ * writes, then reads its own reply: one round trip, no other thread.
+ * Fields are under lock, except that only the writer sends on the socket
+ * and only the reader reads from it. */
 typedef struct conn {
     pthread_mutex_t lock;
-    mreq_t *head, *tail; /* queued, not yet sent */
-    bool busy;           /* a combiner is on the wire */
-    redisContext *ctx;   /* NULL: not connected (only the combiner touches) */
+    mreq_t *head, *tail;    /* queued, not yet sent; their bytes in obuf */
+    mreq_t *fly, *fly_tail; /* sent, waiting for their replies in order */
+    char *obuf, *wbuf;      /* queued bytes; the writer's batch */
+    size_t olen, ocap, wcap;
+    bool writing, reading;
+    bool broken;       /* failed: no more I/O; dropped once no role is on it */
+    redisContext *ctx; /* NULL: not connected */
     uint64_t retry_at_ns, backoff_ns;
 } conn_t;
 
@@ -311,15 +321,14 @@ static int open_conn(redis_store_t *r, redisContext **out, bool first,
     return RATE_OK;
 }
 
-/* Connects c (the combiner's job), unless still backing off. */
-static int ensure_conn(redis_store_t *r, conn_t *c)
+/* Connects for c (the writer's job, with nothing in flight), unless still
+ * backing off. */
+static int ensure_conn(redis_store_t *r, conn_t *c, redisContext **out)
 {
-    if (c->ctx != NULL)
-        return RATE_OK;
     uint64_t now = rate_clock_monotonic_ns();
     if (now < c->retry_at_ns)
         return RATE_ESTORE; /* still backing off: fail at once */
-    int rc = open_conn(r, &c->ctx, false, NULL, 0);
+    int rc = open_conn(r, out, false, NULL, 0);
     if (rc != RATE_OK) {
         c->backoff_ns = c->backoff_ns ? c->backoff_ns * 2 : BACKOFF_MIN_NS;
         if (c->backoff_ns > BACKOFF_MAX_NS)
@@ -331,29 +340,183 @@ static int ensure_conn(redis_store_t *r, conn_t *c)
     return rc;
 }
 
-/* Sends a batch in one write and reads its replies in order.  On a broken
- * connection every command not yet answered fails with the same status,
- * and the connection is dropped (the next batch reconnects). */
-static void run_batch(redis_store_t *r, conn_t *c, mreq_t *batch)
-{
-    int rc = ensure_conn(r, c);
-    mreq_t *q;
+/* Waking a caller.  Marking one done may be its last touch by another
+ * thread: the caller may return (its mreq_t is on its stack) as soon as it
+ * sees the bit, and the futex wake that follows only names the address. */
+#define SIG_DONE 1u
+#define SIG_TURN 2u
 
-    for (q = batch; rc == RATE_OK && q != NULL; q = q->next)
-        if (redisAppendCommandArgv(c->ctx, q->argc, q->argv, q->lens) !=
-            REDIS_OK)
-            rc = RATE_ENOMEM;
-    for (q = batch; q != NULL; q = q->next) {
-        void *rep = NULL;
-        if (rc == RATE_OK && redisGetReply(c->ctx, &rep) != REDIS_OK)
-            rc = reply_status(c->ctx, NULL);
+static void sig_wake(_Atomic uint32_t *w)
+{
+    syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+static void mark_done(mreq_t *q)
+{
+    atomic_fetch_or_explicit(&q->sig, SIG_DONE, memory_order_release);
+    sig_wake(&q->sig);
+}
+
+/* Hands q's caller a role: it is in a queue, so not done, so alive. */
+static void give_turn(mreq_t *q)
+{
+    atomic_fetch_add_explicit(&q->sig, SIG_TURN, memory_order_relaxed);
+    sig_wake(&q->sig);
+}
+
+static bool is_done(mreq_t *q)
+{
+    return atomic_load_explicit(&q->sig, memory_order_acquire) & SIG_DONE;
+}
+
+/* Fails every command sent and not yet answered (a reply can no longer be
+ * matched to its command), and stops the I/O of whichever role is blocked
+ * on the socket.  Under c->lock. */
+static void conn_break(conn_t *c, int rc)
+{
+    if (!c->broken && c->ctx != NULL)
+        shutdown(c->ctx->fd, SHUT_RDWR);
+    c->broken = true;
+    for (mreq_t *q = c->fly, *nx; q != NULL; q = nx) {
+        nx = q->next; /* q may be gone once it is done and woken */
         q->status = rc;
-        q->reply = rc == RATE_OK ? rep : NULL;
+        q->reply = NULL;
+        mark_done(q);
     }
-    if (rc != RATE_OK && c->ctx != NULL) {
-        redisFree(c->ctx);
-        c->ctx = NULL;
-        c->retry_at_ns = 0; /* reconnect at once, then back off */
+    c->fly = c->fly_tail = NULL;
+}
+
+/* Drops a broken connection once no role is on it, and hands whatever is
+ * still queued to its first caller, to reconnect.  Under c->lock. */
+static void conn_settle(conn_t *c)
+{
+    if (!c->broken || c->writing || c->reading)
+        return;
+    redisFree(c->ctx);
+    c->ctx = NULL;
+    c->broken = false;
+    c->retry_at_ns = 0; /* reconnect at once, then back off */
+    if (c->head != NULL)
+        give_turn(c->head);
+}
+
+/* Fails every queued command.  Under c->lock. */
+static void fail_queued(conn_t *c, int rc)
+{
+    for (mreq_t *q = c->head, *nx; q != NULL; q = nx) {
+        nx = q->next;
+        q->status = rc;
+        mark_done(q);
+    }
+    c->head = c->tail = NULL;
+    c->olen = 0;
+}
+
+static int send_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return errno == EAGAIN || errno == EWOULDBLOCK ? RATE_ETIMEDOUT
+                                                           : RATE_ESTORE;
+        p += w;
+        n -= (size_t)w;
+    }
+    return RATE_OK;
+}
+
+/* The writer: sends what is queued, a batch per write, until nothing is.
+ * Connects first if need be (nothing is in flight then).  Called and
+ * returns with c->lock held. */
+static void write_queued(redis_store_t *r, conn_t *c)
+{
+    c->writing = true;
+    while (c->head != NULL && !c->broken) {
+        if (c->ctx == NULL) {
+            redisContext *ctx = NULL;
+            pthread_mutex_unlock(&c->lock);
+            int rc = ensure_conn(r, c, &ctx);
+            pthread_mutex_lock(&c->lock);
+            c->ctx = ctx;
+            if (rc != RATE_OK) {
+                fail_queued(c, rc);
+                break;
+            }
+        }
+        char *buf = c->obuf; /* the queued bytes become the batch */
+        size_t len = c->olen, cap = c->ocap;
+        c->obuf = c->wbuf;
+        c->ocap = c->wcap;
+        c->olen = 0;
+        c->wbuf = buf;
+        c->wcap = cap;
+        if (c->fly_tail != NULL)
+            c->fly_tail->next = c->head;
+        else
+            c->fly = c->head;
+        c->fly_tail = c->tail;
+        c->head = c->tail = NULL;
+        int fd = c->ctx->fd;
+        pthread_mutex_unlock(&c->lock);
+        int rc = send_all(fd, buf, len);
+        pthread_mutex_lock(&c->lock);
+        if (rc != RATE_OK)
+            conn_break(c, rc);
+    }
+    c->writing = false;
+    conn_settle(c);
+}
+
+/* The reader: reads replies in order and hands each to its caller, until
+ * me's own has come or nothing is in flight.  A caller is told its reply
+ * is there after the lock is let go, so that waking it (a system call)
+ * never holds up the others.  Called and returns with c->lock held. */
+static void read_replies(conn_t *c, mreq_t *me)
+{
+    redisContext *ctx = c->ctx;
+    mreq_t *answered = NULL; /* its reply is set; it is not told yet */
+
+    c->reading = true;
+    while (!is_done(me) && c->fly != NULL && !c->broken) {
+        void *rep = NULL;
+        int rc = RATE_OK;
+        pthread_mutex_unlock(&c->lock);
+        if (answered != NULL)
+            mark_done(answered);
+        answered = NULL;
+        while (rc == RATE_OK && rep == NULL) {
+            if (redisGetReplyFromReader(ctx, &rep) != REDIS_OK)
+                rc = RATE_ESTORE; /* not the protocol: give up on it */
+            else if (rep == NULL && redisBufferRead(ctx) != REDIS_OK)
+                rc = reply_status(ctx, NULL);
+        }
+        pthread_mutex_lock(&c->lock);
+        if (c->broken) { /* the writer failed meanwhile */
+            freeReplyObject(rep);
+            break;
+        }
+        if (rc != RATE_OK) {
+            conn_break(c, rc);
+            break;
+        }
+        mreq_t *q = c->fly;
+        if ((c->fly = q->next) == NULL)
+            c->fly_tail = NULL;
+        q->reply = rep;
+        q->status = RATE_OK;
+        if (q == me)
+            atomic_fetch_or_explicit(&me->sig, SIG_DONE, memory_order_relaxed);
+        else
+            answered = q;
+    }
+    c->reading = false;
+    conn_settle(c);
+    if (answered != NULL) {
+        pthread_mutex_unlock(&c->lock);
+        mark_done(answered);
+        pthread_mutex_lock(&c->lock);
     }
 }
 
@@ -365,45 +528,63 @@ static int call(redis_store_t *r, int argc, const char **argv,
     unsigned i = atomic_fetch_add_explicit(&r->next_conn, 1,
                                            memory_order_relaxed);
     conn_t *c = &r->conns[i % r->nconns];
-    mreq_t me = {argc, argv, lens, NULL, RATE_OK, false, {{0}}, NULL};
+    mreq_t me = {NULL, RATE_OK, 0, NULL};
+    char *cmd;
+    int len = redisFormatCommandArgv(&cmd, argc, argv, lens);
 
-    sem_init(&me.wake, 0, 0);
+    *out = NULL;
+    if (len < 0)
+        return RATE_ENOMEM;
     pthread_mutex_lock(&c->lock);
+    if (c->olen + (size_t)len > c->ocap) {
+        size_t cap = c->ocap ? c->ocap : 4096;
+        while (cap < c->olen + (size_t)len)
+            cap *= 2;
+        char *p = realloc(c->obuf, cap);
+        if (p == NULL) {
+            pthread_mutex_unlock(&c->lock);
+            redisFreeCommand(cmd);
+            return RATE_ENOMEM;
+        }
+        c->obuf = p;
+        c->ocap = cap;
+    }
+    memcpy(c->obuf + c->olen, cmd, (size_t)len);
+    c->olen += (size_t)len;
+    redisFreeCommand(cmd);
     if (c->tail != NULL)
         c->tail->next = &me;
     else
         c->head = &me;
     c->tail = &me;
-    while (!me.done) {
-        if (c->busy) { /* wait for our reply, or for our turn to combine */
-            pthread_mutex_unlock(&c->lock);
-            sem_wait(&me.wake);
-            pthread_mutex_lock(&c->lock);
+    for (;;) {
+        if (!c->writing && c->head != NULL && !c->broken) {
+            write_queued(r, c);
             continue;
         }
-        /* Combine: send what is queued, and keep going for a few rounds
-         * while more arrives (waking a sleeper to do it would leave the
-         * connection idle meanwhile). */
-        c->busy = true;
-        for (int round = 0; round < 16 && c->head != NULL; round++) {
-            mreq_t *batch = c->head;
-            c->head = c->tail = NULL;
-            pthread_mutex_unlock(&c->lock);
-            run_batch(r, c, batch);
-            pthread_mutex_lock(&c->lock);
-            for (mreq_t *q = batch, *nx; q != NULL; q = nx) {
-                nx = q->next; /* q may be gone once it is done and woken */
-                q->done = true;
-                if (q != &me)
-                    sem_post(&q->wake);
+        if (!c->reading && c->fly != NULL && !c->broken) {
+            if (!is_done(&me)) {
+                read_replies(c, &me);
+                continue;
             }
+            give_turn(c->fly); /* hand the reading on */
         }
-        c->busy = false;
-        if (c->head != NULL) /* hand the connection to the next in line */
-            sem_post(&c->head->wake);
+        uint32_t seen = atomic_load_explicit(&me.sig, memory_order_acquire);
+        if (seen & SIG_DONE)
+            break;
+        pthread_mutex_unlock(&c->lock);
+        uint32_t now;
+        while ((now = atomic_load_explicit(&me.sig, memory_order_acquire)) ==
+               seen)
+            syscall(SYS_futex, &me.sig, FUTEX_WAIT_PRIVATE, seen, NULL, NULL,
+                    0);
+        if (now & SIG_DONE) { /* answered: no role to look after */
+            *out = me.reply;
+            return me.status;
+        }
+        pthread_mutex_lock(&c->lock);
     }
     pthread_mutex_unlock(&c->lock);
-    sem_destroy(&me.wake);
     *out = me.reply;
     return me.status;
 }
@@ -692,6 +873,8 @@ static void r_destroy(void *self)
     for (unsigned i = 0; r->conns != NULL && i < r->nconns; i++) {
         if (r->conns[i].ctx != NULL)
             redisFree(r->conns[i].ctx);
+        free(r->conns[i].obuf);
+        free(r->conns[i].wbuf);
         pthread_mutex_destroy(&r->conns[i].lock);
     }
     free(r->conns);

@@ -126,7 +126,6 @@ int bench_redis(const char *url)
     snprintf(prefix, sizeof prefix, "ratelimit:bench:%llu:",
              (unsigned long long)rate_clock_monotonic_ns());
     o.prefix = prefix;
-    o.pool_size = 64;
     if (rate_store_redis_new(url, &o, &store, err, sizeof err) != RATE_OK)
         return cli_fail("bench: --redis: %s", err);
     /* host:port for the floor's own connection (TCP URLs only). */
@@ -148,9 +147,40 @@ int bench_redis(const char *url)
     if (rate_limiter_new(&cfg, &lim) != RATE_OK)
         return cli_fail("bench: cannot make the limiter");
 
+    /* The ceilings: redis-benchmark against the same server, on the same
+     * Lua step with the arguments the store sends for these decisions
+     * (Redis's TIME, one permit, the exact expiry, this token bucket), over
+     * 64 keys so that most requests are admitted and write, as ours are;
+     * and on a script that does nothing.  The machine is shared, so each
+     * comparison alternates ours and the ceiling for a few rounds and keeps
+     * the best of each: a slow spell then hurts neither side alone. */
+    char step_sha[41], one_sha[41], seq_args[512], par_args[512],
+        one_args[512];
+    bool ceilings = strncmp(url, "redis://", 8) == 0 &&
+                    load_script(host, port, redis_step_lua, step_sha) &&
+                    load_script(host, port, "return 1", one_sha);
+    if (ceilings) {
+        char tail[160];
+        snprintf(tail, sizeof tail,
+                 "1 %sceil{__rand_int__} '' '' 1 0 -1 %u 1 100000 "
+                 "1000000000 1000",
+                 prefix, (unsigned)rate_policy_fingerprint(p));
+        snprintf(seq_args, sizeof seq_args,
+                 "-n 10000 -r 1 -c 1 -P 1 EVALSHA %s %s", step_sha, tail);
+        snprintf(par_args, sizeof par_args,
+                 "-n 100000 -r 64 -c 50 -P 16 EVALSHA %s %s", step_sha, tail);
+        snprintf(one_args, sizeof one_args,
+                 "-n 200000 -c 50 -P 16 EVALSHA %s 0", one_sha);
+    }
     double rtt = ping_ns(host, port);
     uint64_t errors = 0;
-    double one = throughput(lim, 1, 1, 500, &errors);
+    double one = 0, seq = 0;
+    for (int r = 0; r < 3; r++) {
+        double v = throughput(lim, 1, 1, 300, &errors);
+        one = v > one ? v : one;
+        v = ceilings ? redis_benchmark(host, port, seq_args) : 0;
+        seq = v > seq ? v : seq;
+    }
     printf("\nRedis store (%s): one decision = one EVALSHA of the Lua step\n",
            url);
     printf("  %-40s %10.0f ns\n", "floor: one PING round trip", rtt);
@@ -158,52 +188,39 @@ int bench_redis(const char *url)
            "1 caller, one key: per decision", 1e9 / one,
            rtt > 0 ? 1e9 / one / rtt : 0);
     static const int callers[] = {2, 8, 32, 64};
+    double at[4] = {0}, ceil_step = 0;
+    for (int r = 0; r < 3; r++) {
+        for (size_t i = 0; i < 4; i++) {
+            if (r > 0 && callers[i] < 32)
+                continue; /* the rounds are for the comparison */
+            double v = throughput(lim, callers[i], callers[i], 500, &errors);
+            at[i] = v > at[i] ? v : at[i];
+        }
+        double v = ceilings ? redis_benchmark(host, port, par_args) : 0;
+        ceil_step = v > ceil_step ? v : ceil_step;
+    }
     printf("  %-40s %12s %8s\n", "concurrent callers (distinct keys)",
            "decisions/s", "x one");
     printf("  %-40d %12.0f %8.2f\n", 1, one, 1.0);
-    double last64 = 0;
-    for (size_t i = 0; i < sizeof callers / sizeof callers[0]; i++) {
-        double v = throughput(lim, callers[i], callers[i], 500, &errors);
-        printf("  %-40d %12.0f %8.2f\n", callers[i], v, v / one);
-        last64 = v;
-    }
+    for (size_t i = 0; i < 4; i++)
+        printf("  %-40d %12.0f %8.2f\n", callers[i], at[i], at[i] / one);
     double same = throughput(lim, 8, 1, 500, &errors);
     printf("  %-40s %12.0f %8.2f\n", "8 callers on one key (CAS retries)", same,
            same / one);
-    /* Ceilings from redis-benchmark against the same server, on the same
-     * Lua step (the token bucket above, the caller's time), and on a script
-     * that does nothing. */
-    char step_sha[41], one_sha[41], args[512];
-    if (strncmp(url, "redis://", 8) == 0 &&
-        load_script(host, port, redis_step_lua, step_sha) &&
-        load_script(host, port, "return 1", one_sha)) {
-        const char *step_args = "1 bench:rb{k} 5 0 1 0 0 %u 1 100000 "
-                                "1000000000 1000";
-        char tail[128];
-        snprintf(tail, sizeof tail, step_args,
-                 (unsigned)rate_policy_fingerprint(p));
-        snprintf(args, sizeof args, "-n 20000 -c 1 -P 1 EVALSHA %s %s",
-                 step_sha, tail);
-        double seq = redis_benchmark(host, port, args);
-        snprintf(args, sizeof args, "-n 200000 -c 50 -P 16 EVALSHA %s %s",
-                 step_sha, tail);
-        double ceil_step = redis_benchmark(host, port, args);
-        snprintf(args, sizeof args, "-n 200000 -c 50 -P 16 EVALSHA %s 0",
-                 one_sha);
-        double ceil_one = redis_benchmark(host, port, args);
-        if (seq > 0 && ceil_step > 0 && ceil_one > 0) {
-            printf("  redis-benchmark, same server, same step script:\n");
-            printf("  %-40s %12.0f   ours: %.2fx its latency\n",
-                   "-c 1 -P 1 (sequential)", seq, seq / one);
-            printf("  %-40s %12.0f   ours at 64: %.0f%%\n",
-                   "-c 50 -P 16 (pipelined ceiling)", ceil_step,
-                   100.0 * last64 / ceil_step);
-            printf("  %-40s %12.0f   step: %.2fx of it\n",
-                   "-c 50 -P 16, EVALSHA of 'return 1'", ceil_one,
-                   ceil_step / ceil_one);
-        }
+    double ceil_one = ceilings ? redis_benchmark(host, port, one_args) : 0;
+    if (seq > 0 && ceil_step > 0 && ceil_one > 0) {
+        printf("  redis-benchmark, same server, same step script:\n");
+        printf("  %-40s %12.0f   ours: %.2fx its latency\n",
+               "-c 1 -P 1 (sequential)", seq, seq / one);
+        printf("  %-40s %12.0f   ours at 32: %.0f%%, at 64: %.0f%%\n",
+               "-c 50 -P 16 (pipelined ceiling)", ceil_step,
+               100.0 * at[2] / ceil_step, 100.0 * at[3] / ceil_step);
+        printf("  %-40s %12.0f   step: %.2fx of it\n",
+               "-c 50 -P 16, EVALSHA of 'return 1'", ceil_one,
+               ceil_step / ceil_one);
     } else {
-        printf("  (redis-benchmark comparisons: TCP URLs only)\n");
+        printf("  (redis-benchmark comparisons: TCP URLs and redis-benchmark "
+               "only)\n");
     }
     rate_stats_t st;
     rate_limiter_stats(lim, &st);
