@@ -439,13 +439,21 @@ if allowed and n > 0 then
     end
   end
   local state = table.concat(parts)
+  -- One write: the version moves on (a new key's starts from TIME in
+  -- microseconds, as the compare-and-set script's does) with the state.
+  local ver
   if cur[1] == false then
     local tm = redis.call('TIME')
-    redis.call('HINCRBY', KEYS[1], 'v', tm[1] * 1000000 + tm[2])
+    ver = tm[1] * 1000000 + tm[2]
   else
-    redis.call('HINCRBY', KEYS[1], 'v', 1)
+    ver = tonumber(cur[1]) + 1
   end
-  redis.call('HSET', KEYS[1], 's', state)
+  if ver ~= nil and ver < 2^53 then
+    redis.call('HSET', KEYS[1], 'v', string.format('%.0f', ver), 's', state)
+  else -- past exact doubles (never in practice): let Redis count
+    redis.call('HINCRBY', KEYS[1], 'v', 1)
+    redis.call('HSET', KEYS[1], 's', state)
+  end
   -- ttl: 0 no expiry; -1 this decision's reset_after; else milliseconds
   if ttl_ms == 0 then
     redis.call('PERSIST', KEYS[1])
