@@ -39,6 +39,8 @@
 #define STACK_STATE 512u
 #define LOAD_NUM 7u /* grow past 7/8 full */
 #define LOAD_DEN 8u
+#define BACKOFF_MIN 4u /* pauses */
+#define BACKOFF_MAX 4096u
 
 enum {
     F_KEY_HEAP = 1,
@@ -97,18 +99,23 @@ static inline void cpu_relax(void)
 #endif
 }
 
+/* Test-and-test-and-set with exponential backoff: a thread that finds the
+ * lock taken waits a while without touching its cache line, so the holder
+ * keeps the line (and the key's slot) in its own cache for its next
+ * decisions instead of losing it to every spinning reader. */
 static inline void shard_lock(shard_t *s)
 {
+    unsigned backoff = BACKOFF_MIN;
+
     while (atomic_exchange_explicit(&s->lock, 1, memory_order_acquire)) {
-        unsigned spins = 0;
-        while (atomic_load_explicit(&s->lock, memory_order_relaxed)) {
-            if (++spins < 128)
+        do {
+            for (unsigned i = 0; i < backoff; i++)
                 cpu_relax();
-            else {
+            if (backoff < BACKOFF_MAX)
+                backoff *= 2;
+            else
                 sched_yield(); /* the holder may have been preempted */
-                spins = 0;
-            }
-        }
+        } while (atomic_load_explicit(&s->lock, memory_order_relaxed));
     }
 }
 
