@@ -139,15 +139,26 @@ static inline uint64_t rate__sat_add(uint64_t a, uint64_t b)
     return a > UINT64_MAX - b ? UINT64_MAX : a + b;
 }
 
+/* Stored integers are little-endian on every host, so that the Lua step
+ * and other machines read the same bytes (a no-op on x86 and arm64). */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define RATE__LE64(x) __builtin_bswap64(x)
+#define RATE__LE32(x) __builtin_bswap32(x)
+#else
+#define RATE__LE64(x) (x)
+#define RATE__LE32(x) (x)
+#endif
+
 static inline uint64_t rate__get64(const uint8_t *p)
 {
     uint64_t v;
     memcpy(&v, p, sizeof v);
-    return v;
+    return RATE__LE64(v);
 }
 
 static inline void rate__put64(uint8_t *p, uint64_t v)
 {
+    v = RATE__LE64(v);
     memcpy(p, &v, sizeof v);
 }
 
@@ -155,11 +166,12 @@ static inline uint32_t rate__get32(const uint8_t *p)
 {
     uint32_t v;
     memcpy(&v, p, sizeof v);
-    return v;
+    return RATE__LE32(v);
 }
 
 static inline void rate__put32(uint8_t *p, uint32_t v)
 {
+    v = RATE__LE32(v);
     memcpy(p, &v, sizeof v);
 }
 
@@ -185,8 +197,8 @@ typedef struct rate__step_arg {
 int rate__step(void *arg, rate_step_io_t *io);
 bool rate__is_cold(void *arg, const void *state, size_t len, uint64_t now_ns);
 
-#define RATE__HEADER_LEN 16u
-#define RATE__STATE_VERSION 1u
+#define RATE__HEADER_LEN 14u
+#define RATE__STATE_VERSION 2u /* 1: a 16-byte header, 2 bytes of padding */
 
 /* Store internals the limiter needs. */
 struct rate_store {

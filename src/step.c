@@ -2,11 +2,11 @@
  * The step every store runs: a key's whole state in, its new state and the
  * decision out.  Pure: no clock, no I/O, no allocation, no lock.
  *
- * Stored bytes (host byte order; the memory store never leaves the process):
+ * Stored bytes (integers little-endian, src/internal.h):
  *
  *   header  u64 t_last      t_eff of the last admitted request
  *           u32 fingerprint of the policy the components were made under
- *           u8  components  u8 version  u16 zero
+ *           u8  components  u8 version
  *   then one component per limit, in the policy's order, each laid out by
  *   its algorithm (src/algo/).
  *
@@ -216,7 +216,6 @@ static size_t write_state(const rate_policy_t *p, const rate__view_t *views,
     rate__put32(out + 8, p->fingerprint);
     out[12] = (uint8_t)p->count;
     out[13] = RATE__STATE_VERSION;
-    out[14] = out[15] = 0;
     for (size_t i = 0; i < p->count; i++)
         off += p->algo[i]
                    ->commit(&p->limits[i], &views[i], t, n, out + off);

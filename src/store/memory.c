@@ -7,8 +7,8 @@
  * while the step runs over one key, a few dozen nanoseconds, so threads on
  * different keys almost never meet and no lock covers the whole table.
  *
- * A slot is 48 bytes and holds short keys (<= 16 bytes) and small states
- * (<= 24 bytes: every single-limit bucket or fixed window) inline, so a hit
+ * A slot is 40 bytes and holds short keys (<= 16 bytes) and small states
+ * (<= 22 bytes: every single-limit bucket or fixed window) inline, so a hit
  * on such a key touches one cache line and allocates nothing.  Longer keys
  * and states (sliding logs, composite policies) live in a heap block that is
  * reused and grown geometrically.
@@ -35,46 +35,67 @@
 #include "../internal.h"
 
 #define KEY_INLINE 16u
-#define STATE_INLINE 24u
+#define STATE_INLINE 22u /* a single bucket or fixed window: 14 + 8 */
 #define STACK_STATE 512u
 #define LOAD_NUM 7u /* grow past 7/8 full */
 #define LOAD_DEN 8u
 #define BACKOFF_MIN 4u /* pauses */
 #define BACKOFF_MAX 4096u
 
+/* A slot's two flag bytes. */
 enum {
-    F_KEY_HEAP = 1,
-    F_STATE_HEAP = 2,
-    F_CLOCK = 4, /* last written at a time of the library's own clock */
-    F_REF = 8,   /* used since the CLOCK hand last passed */
+    KEY_LEN = 0x1f,      /* kf: an inline key's length */
+    F_KEY_HEAP = 0x20,   /* kf: the key is in a heap block */
+    F_STATE_HEAP = 0x40, /* kf: the state is in a heap block */
+    F_CLOCK = 0x80,      /* kf: last written at a time of the library's
+                            own clock */
+    STATE_LEN = 0x1f,    /* sr: an inline state's length */
+    F_REF = 0x80,        /* sr: used since the CLOCK hand last passed */
 };
 
+/* 40 bytes.  Whether a slot is in use, and 7 bits of its key's hash, are in
+ * the shard's control bytes; the hash itself is not kept (it is computed
+ * again from the key on the rare paths that need it: a removal's backward
+ * shift and a rehash).  A heap state keeps its pointer, length and capacity
+ * in the inline bytes, read and written with memcpy. */
 typedef struct slot {
-    uint32_t tag; /* 0: empty */
-    uint16_t key_len;
-    uint8_t flags;
-    uint8_t state_len; /* inline state bytes */
     union {
-        char inl[KEY_INLINE];
+        char inl[KEY_INLINE]; /* zero-padded */
         struct {
             char *ptr;
-            char prefix[8];
+            uint32_t len;
+            char prefix[4];
         } heap;
     } key;
-    union {
-        uint8_t inl[STATE_INLINE];
-        struct {
-            uint8_t *ptr;
-            uint32_t len, cap;
-        } heap;
-    } state;
+    uint8_t state[STATE_INLINE];
+    uint8_t kf, sr;
 } slot_t;
 
-_Static_assert(sizeof(slot_t) == 48, "a slot is 48 bytes");
+_Static_assert(sizeof(slot_t) == 40, "a slot is 40 bytes");
+
+typedef struct heap_state {
+    uint8_t *ptr;
+    uint32_t len, cap;
+} heap_state_t;
+
+_Static_assert(sizeof(heap_state_t) <= STATE_INLINE, "fits a slot");
+
+static inline heap_state_t heap_get(const slot_t *e)
+{
+    heap_state_t h;
+    memcpy(&h, e->state, sizeof h);
+    return h;
+}
+
+static inline void heap_put(slot_t *e, heap_state_t h)
+{
+    memcpy(e->state, &h, sizeof h);
+}
 
 typedef struct shard {
     _Alignas(64) atomic_int lock;
     uint32_t count, cap, max, hand;
+    XXH64_hash_t seed; /* the store's */
     uint8_t *ctrl; /* one byte per slot: 0 empty, else 0x80 | 7 hash bits */
     slot_t *slots;
     uint8_t *scratch;
@@ -126,6 +147,11 @@ static inline void shard_unlock(shard_t *s)
 
 /* --------------------------------------------------------------- slots */
 
+static inline uint32_t tag_of(uint64_t h)
+{
+    return (uint32_t)h | 1u;
+}
+
 static inline uint32_t home(const shard_t *s, uint32_t tag)
 {
     return (uint32_t)(((uint64_t)tag * s->cap) >> 32);
@@ -144,6 +170,22 @@ static inline uint8_t ctrl_of(uint32_t tag)
     return (uint8_t)(0x80u | ((tag >> 1) & 0x7fu));
 }
 
+static inline size_t key_len(const slot_t *e)
+{
+    return e->kf & F_KEY_HEAP ? e->key.heap.len : (size_t)(e->kf & KEY_LEN);
+}
+
+static inline const char *key_bytes(const slot_t *e)
+{
+    return e->kf & F_KEY_HEAP ? e->key.heap.ptr : e->key.inl;
+}
+
+/* The tag of a stored key, computed again (slots do not keep it). */
+static inline uint32_t slot_tag(const shard_t *s, const slot_t *e)
+{
+    return tag_of(XXH3_64bits_withSeed(key_bytes(e), key_len(e), s->seed));
+}
+
 /* A key as the probe compares it: short keys zero-padded to the inline
  * size, so that a comparison is two fixed-size loads, not a memcmp call. */
 typedef struct probe_key {
@@ -160,13 +202,14 @@ static inline void probe_key_init(probe_key_t *k, const char *key, size_t len)
     memcpy(k->pad, key, len < KEY_INLINE ? len : KEY_INLINE);
 }
 
-static inline bool slot_is(const slot_t *e, uint32_t tag, const probe_key_t *k)
+static inline bool slot_is(const slot_t *e, const probe_key_t *k)
 {
-    if (e->tag != tag || e->key_len != k->len)
-        return false;
-    if (!(e->flags & F_KEY_HEAP)) /* inline keys are stored zero-padded */
-        return memcmp(e->key.inl, k->pad, KEY_INLINE) == 0;
-    return memcmp(e->key.heap.prefix, k->pad, 8) == 0 &&
+    if (!(e->kf & F_KEY_HEAP)) /* inline keys are stored zero-padded */
+        return (size_t)(e->kf & KEY_LEN) == k->len &&
+               memcmp(e->key.inl, k->pad, KEY_INLINE) == 0;
+    return e->key.heap.len == k->len &&
+           memcmp(e->key.heap.prefix, k->pad, sizeof e->key.heap.prefix) ==
+               0 &&
            memcmp(e->key.heap.ptr, k->key, k->len) == 0;
 }
 
@@ -182,7 +225,7 @@ static inline uint32_t probe(const shard_t *s, uint32_t tag,
     __builtin_prefetch(&s->slots[i], 1);
     for (;;) {
         uint8_t x = s->ctrl[i];
-        if (x == 0 || (x == c && slot_is(&s->slots[i], tag, k)))
+        if (x == 0 || (x == c && slot_is(&s->slots[i], k)))
             return i;
         i = next(s, i);
     }
@@ -190,13 +233,14 @@ static inline uint32_t probe(const shard_t *s, uint32_t tag,
 
 static void slot_release(shard_t *s, slot_t *e)
 {
-    if (e->flags & F_KEY_HEAP) {
+    if (e->kf & F_KEY_HEAP) {
         free(e->key.heap.ptr);
-        s->heap_bytes -= e->key_len;
+        s->heap_bytes -= e->key.heap.len;
     }
-    if (e->flags & F_STATE_HEAP) {
-        free(e->state.heap.ptr);
-        s->heap_bytes -= e->state.heap.cap;
+    if (e->kf & F_STATE_HEAP) {
+        heap_state_t h = heap_get(e);
+        free(h.ptr);
+        s->heap_bytes -= h.cap;
     }
 }
 
@@ -211,7 +255,7 @@ static void slot_remove(shard_t *s, uint32_t i)
         j = next(s, j);
         if (s->ctrl[j] == 0)
             break;
-        uint32_t h = home(s, s->slots[j].tag);
+        uint32_t h = home(s, slot_tag(s, &s->slots[j]));
         /* Move j into the hole at i unless j's home lies in (i, j]. */
         bool stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
         if (stays)
@@ -230,12 +274,13 @@ static void slot_remove(shard_t *s, uint32_t i)
  * request on that clock). */
 static bool expired(const slot_t *e, const rate_step_t *st)
 {
-    if (!st->clock_time || !(e->flags & F_CLOCK) || st->is_cold == NULL)
+    if (!st->clock_time || !(e->kf & F_CLOCK) || st->is_cold == NULL)
         return false;
-    if (e->flags & F_STATE_HEAP)
-        return st->is_cold(st->arg, e->state.heap.ptr, e->state.heap.len,
-                           st->now_ns);
-    return st->is_cold(st->arg, e->state.inl, e->state_len, st->now_ns);
+    if (e->kf & F_STATE_HEAP) {
+        heap_state_t h = heap_get(e);
+        return st->is_cold(st->arg, h.ptr, h.len, st->now_ns);
+    }
+    return st->is_cold(st->arg, e->state, e->sr & STATE_LEN, st->now_ns);
 }
 
 /* Frees one slot in a full shard: a key past its reset if the hand meets
@@ -244,18 +289,18 @@ static void make_room(shard_t *s, const rate_step_t *st)
 {
     for (;;) {
         slot_t *e = &s->slots[s->hand];
-        if (e->tag != 0) {
+        if (s->ctrl[s->hand] != 0) {
             if (expired(e, st)) {
                 slot_remove(s, s->hand);
                 s->reclaimed++;
                 return;
             }
-            if (!(e->flags & F_REF)) {
+            if (!(e->sr & F_REF)) {
                 slot_remove(s, s->hand);
                 s->evictions++;
                 return;
             }
-            e->flags &= (uint8_t)~F_REF;
+            e->sr &= (uint8_t)~F_REF;
         }
         s->hand = next(s, s->hand);
     }
@@ -281,18 +326,19 @@ static int rehash(shard_t *s, uint32_t cap, const rate_step_t *st)
     s->hand = 0;
     for (uint32_t i = 0; i < old_cap; i++) {
         slot_t *e = &old[i];
-        if (e->tag == 0)
+        if (old_ctrl[i] == 0)
             continue;
         if (expired(e, st)) {
             slot_release(s, e);
             s->reclaimed++;
             continue;
         }
-        uint32_t j = home(s, e->tag);
+        uint32_t tag = slot_tag(s, e);
+        uint32_t j = home(s, tag);
         while (ctrl[j] != 0)
             j = next(s, j);
         fresh[j] = *e;
-        ctrl[j] = ctrl_of(e->tag);
+        ctrl[j] = ctrl_of(tag);
         s->count++;
     }
     free(old);
@@ -316,31 +362,33 @@ static int reserve(shard_t *s, const rate_step_t *st)
 
 static int set_state(shard_t *s, slot_t *e, const uint8_t *st, size_t len)
 {
-    if (len <= STATE_INLINE && !(e->flags & F_STATE_HEAP)) {
+    if (len <= STATE_INLINE && !(e->kf & F_STATE_HEAP)) {
         /* A fixed-size copy: the source buffer always holds at least
          * STATE_INLINE bytes (every policy's cold state is that big). */
-        memcpy(e->state.inl, st, STATE_INLINE);
-        e->state_len = (uint8_t)len;
+        memcpy(e->state, st, STATE_INLINE);
+        e->sr = (uint8_t)((e->sr & F_REF) | len);
         return RATE_OK;
     }
     if (len > UINT32_MAX / 2)
         return RATE_ENOMEM;
-    if (!(e->flags & F_STATE_HEAP) || e->state.heap.cap < len) {
-        uint32_t cap = (e->flags & F_STATE_HEAP) ? e->state.heap.cap * 2 : 64;
+    heap_state_t h = {NULL, 0, 0};
+    if (e->kf & F_STATE_HEAP)
+        h = heap_get(e);
+    if (h.cap < len) {
+        uint32_t cap = h.cap ? h.cap * 2 : 64;
         if (cap < len)
             cap = (uint32_t)len;
-        uint8_t *p = (e->flags & F_STATE_HEAP)
-                         ? realloc(e->state.heap.ptr, cap)
-                         : malloc(cap);
+        uint8_t *p = realloc(h.ptr, cap);
         if (p == NULL)
             return RATE_ENOMEM;
-        s->heap_bytes += cap - ((e->flags & F_STATE_HEAP) ? e->state.heap.cap : 0);
-        e->state.heap.ptr = p;
-        e->state.heap.cap = cap;
-        e->flags |= F_STATE_HEAP;
+        s->heap_bytes += cap - h.cap;
+        h.ptr = p;
+        h.cap = cap;
+        e->kf |= F_STATE_HEAP;
     }
-    memcpy(e->state.heap.ptr, st, len);
-    e->state.heap.len = (uint32_t)len;
+    memcpy(h.ptr, st, len);
+    h.len = (uint32_t)len;
+    heap_put(e, h);
     return RATE_OK;
 }
 
@@ -361,23 +409,23 @@ static int insert(shard_t *s, uint32_t tag, const probe_key_t *k,
             return RATE_ENOMEM;
         memcpy(p, key, len);
         e->key.heap.ptr = p;
-        memcpy(e->key.heap.prefix, key, 8);
-        e->flags |= F_KEY_HEAP;
+        e->key.heap.len = (uint32_t)len;
+        memcpy(e->key.heap.prefix, key, sizeof e->key.heap.prefix);
+        e->kf = F_KEY_HEAP;
         s->heap_bytes += len;
     } else {
         memcpy(e->key.inl, key, len);
+        e->kf = (uint8_t)len;
     }
-    e->key_len = (uint16_t)len;
     rc = set_state(s, e, io->new_state, io->new_len);
     if (rc != RATE_OK) {
-        if (e->flags & F_KEY_HEAP) {
+        if (e->kf & F_KEY_HEAP) {
             free(e->key.heap.ptr);
             s->heap_bytes -= len;
         }
         memset(e, 0, sizeof *e);
         return rc;
     }
-    e->tag = tag;
     s->ctrl[i] = ctrl_of(tag);
     s->count++;
     return RATE_OK;
@@ -406,7 +454,7 @@ static int mem_update(void *self, const char *key, size_t len,
     memstore_t *m = self;
     uint64_t h = XXH3_64bits_withSeed(key, len, m->seed);
     shard_t *s = &m->shards[m->nshards > 1 ? h >> m->shift : 0];
-    uint32_t tag = (uint32_t)h | 1u;
+    uint32_t tag = tag_of(h);
     uint8_t stack[STACK_STATE];
     rate_step_io_t io;
     int rc;
@@ -418,11 +466,15 @@ static int mem_update(void *self, const char *key, size_t len,
     slot_t *e = s->ctrl[i] != 0 ? &s->slots[i] : NULL;
     memset(&io, 0, sizeof io);
     if (e != NULL) {
-        e->flags |= F_REF;
-        io.old_state = e->flags & F_STATE_HEAP ? e->state.heap.ptr
-                                               : e->state.inl;
-        io.old_len = e->flags & F_STATE_HEAP ? e->state.heap.len
-                                             : e->state_len;
+        e->sr |= F_REF;
+        if (e->kf & F_STATE_HEAP) {
+            heap_state_t hs = heap_get(e);
+            io.old_state = hs.ptr;
+            io.old_len = hs.len;
+        } else {
+            io.old_state = e->state;
+            io.old_len = e->sr & STATE_LEN;
+        }
     }
     io.new_cap = io.old_len + st->grow;
     io.new_state = scratch(s, io.new_cap, stack);
@@ -440,8 +492,8 @@ static int mem_update(void *self, const char *key, size_t len,
             if (e == NULL) /* inserting may have moved slots */
                 e = &s->slots[probe(s, tag, &pk)];
             /* A new key earns its reference bit on its second use. */
-            e->flags = (uint8_t)((e->flags & ~F_CLOCK) |
-                                 (st->clock_time ? F_CLOCK : 0));
+            e->kf = (uint8_t)((e->kf & ~F_CLOCK) |
+                              (st->clock_time ? F_CLOCK : 0));
         }
     }
     if (rc == RATE_OK) {
@@ -480,8 +532,9 @@ static void mem_destroy(void *self)
 
     for (unsigned i = 0; i < m->nshards; i++) {
         shard_t *s = &m->shards[i];
-        for (uint32_t j = 0; s->slots != NULL && j < s->cap; j++)
-            if (s->slots[j].tag != 0)
+        for (uint32_t j = 0; s->slots != NULL && s->ctrl != NULL && j < s->cap;
+             j++)
+            if (s->ctrl[j] != 0)
                 slot_release(s, &s->slots[j]);
         free(s->slots);
         free(s->ctrl);
@@ -542,6 +595,7 @@ int rate_store_memory_new(const rate_memory_options_t *opt, rate_store_t **out)
     for (unsigned i = 0; i < n; i++) {
         shard_t *s = &m->shards[i];
         atomic_init(&s->lock, 0);
+        s->seed = m->seed;
         if (o.max_keys != 0)
             s->max = (uint32_t)(o.max_keys / n + (i < o.max_keys % n));
         uint32_t cap = slots_for(s->max != 0 ? s->max : 8);

@@ -174,9 +174,9 @@ local st = cur[2]
 if cur[1] == false or st == false then st = nil end
 local last = now
 local view = {}
-local off = 17
+local off = 15
 if st ~= nil then
-  if #st < 16 or string.byte(st, 14) ~= 1 then return DECLINE end
+  if #st < 14 or string.byte(st, 14) ~= 2 then return DECLINE end
   last = get_t(st, 1)
   if last == nil or u32(st, 9) ~= fp or string.byte(st, 13) ~= count then
     return DECLINE -- another policy (a tier change): the client converts
@@ -414,7 +414,7 @@ if A[comp + 1] <= 2 then limit = B[comp + 1] end
 -- An admission with n >= 1 writes the new state, bumps the version and sets
 -- the expiry; anything else writes nothing.
 if allowed and n > 0 then
-  local parts = {put_t(t), put32(fp), string.char(count, 1, 0, 0)}
+  local parts = {put_t(t), put32(fp), string.char(count, 2)}
   for c = 1, count do
     local a, v, r = A[c], view[c], ver[c]
     if a == 1 then parts[#parts + 1] = puti64(r.new)
