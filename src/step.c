@@ -234,6 +234,48 @@ static size_t state_bound(const rate_policy_t *p, const rate__view_t *views)
     return len;
 }
 
+/* The common case, decided without the general path's loops: one
+ * fixed-size limit, its state made under this very policy.  Returns false
+ * when the state is anything else (then nothing has been written). */
+static bool step_one(const rate__step_arg_t *arg, rate_step_io_t *io)
+{
+    const rate_policy_t *p = arg->policy;
+    const rate__algo_t *a = p->algo[0];
+    const rate_limit_t *l = &p->limits[0];
+    const uint8_t *st = io->old_state;
+    rate__view_t v;
+    rate__verdict_t verdict;
+
+    if (io->old_len != RATE__HEADER_LEN + a->fixed || a->grow != 0 ||
+        st[13] != RATE__STATE_VERSION || st[12] != 1 ||
+        rate__get32(st + 8) != p->fingerprint)
+        return false;
+    uint64_t last = rate__get64(st);
+    if (last > RATE_TIME_MAX)
+        return false; /* the general path reports it */
+    uint64_t t = arg->now_ns > last ? arg->now_ns : last;
+    a->load(l, st + RATE__HEADER_LEN, &v);
+    a->advance(l, &v, last, t);
+    a->decide(l, &v, t, arg->permits, arg->max_wait_ns, arg->detail,
+              &verdict);
+    combine(p, &verdict, arg->decision);
+    io->allowed = verdict.allowed;
+    io->write = false;
+    io->new_len = 0;
+    if (!verdict.allowed || arg->permits == 0)
+        return true;
+    uint8_t *out = io->new_state;
+    rate__put64(out, t);
+    rate__put32(out + 8, p->fingerprint);
+    out[12] = 1;
+    out[13] = RATE__STATE_VERSION;
+    io->new_len = RATE__HEADER_LEN +
+                  a->commit(l, &v, t, arg->permits, out + RATE__HEADER_LEN);
+    io->write = true;
+    io->ttl_ns = arg->detail ? arg->decision->reset_after_ns : p->max_reset_ns;
+    return true;
+}
+
 int rate__step(void *varg, rate_step_io_t *io)
 {
     rate__step_arg_t *arg = varg;
@@ -244,6 +286,8 @@ int rate__step(void *varg, rate_step_io_t *io)
     bool have;
     int rc;
 
+    if (p->count == 1 && io->old_state != NULL && step_one(arg, io))
+        return RATE_OK;
     io->write = false;
     io->allowed = false;
     io->new_len = 0;

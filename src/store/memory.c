@@ -36,6 +36,7 @@
 
 #define KEY_INLINE 16u
 #define STATE_INLINE 22u /* a single bucket or fixed window: 14 + 8 */
+_Static_assert(STATE_INLINE == RATE__HEADER_LEN + 8, "see set_state");
 #define STACK_STATE 512u
 #define LOAD_NUM 7u /* grow past 7/8 full */
 #define LOAD_DEN 8u
@@ -198,8 +199,12 @@ static inline void probe_key_init(probe_key_t *k, const char *key, size_t len)
 {
     k->key = key;
     k->len = len;
+    if (len >= KEY_INLINE) { /* the common long-enough key: one fixed copy */
+        memcpy(k->pad, key, KEY_INLINE);
+        return;
+    }
     memset(k->pad, 0, sizeof k->pad);
-    memcpy(k->pad, key, len < KEY_INLINE ? len : KEY_INLINE);
+    memcpy(k->pad, key, len);
 }
 
 static inline bool slot_is(const slot_t *e, const probe_key_t *k)
@@ -220,9 +225,11 @@ static inline uint32_t probe(const shard_t *s, uint32_t tag,
     uint32_t i = home(s, tag);
     uint8_t c = ctrl_of(tag);
 
-    /* Start the slot's cache miss now, beside the control byte's, rather
-     * than after it: at a million keys both are misses. */
+    /* Start the slot's cache misses now, beside the control byte's, rather
+     * than after it: at a million keys all are misses.  A 40-byte slot may
+     * straddle two cache lines: ask for both. */
     __builtin_prefetch(&s->slots[i], 1);
+    __builtin_prefetch((const char *)&s->slots[i] + sizeof(slot_t) - 1, 1);
     for (;;) {
         uint8_t x = s->ctrl[i];
         if (x == 0 || (x == c && slot_is(&s->slots[i], k)))
@@ -364,8 +371,15 @@ static int set_state(shard_t *s, slot_t *e, const uint8_t *st, size_t len)
 {
     if (len <= STATE_INLINE && !(e->kf & F_STATE_HEAP)) {
         /* A fixed-size copy: the source buffer always holds at least
-         * STATE_INLINE bytes (every policy's cold state is that big). */
-        memcpy(e->state, st, STATE_INLINE);
+         * STATE_INLINE bytes (every policy's cold state is that big).  In
+         * pieces that match how the step has just written them (header
+         * u64, u32, two bytes, then u64 words): a wider load over several
+         * narrower stores cannot be forwarded from them and stalls. */
+        memcpy(e->state, st, 8);
+        memcpy(e->state + 8, st + 8, 4);
+        e->state[12] = st[12];
+        e->state[13] = st[13];
+        memcpy(e->state + 14, st + 14, 8);
         e->sr = (uint8_t)((e->sr & F_REF) | len);
         return RATE_OK;
     }
@@ -464,7 +478,9 @@ static int mem_update(void *self, const char *key, size_t len,
     shard_lock(s);
     uint32_t i = probe(s, tag, &pk);
     slot_t *e = s->ctrl[i] != 0 ? &s->slots[i] : NULL;
-    memset(&io, 0, sizeof io);
+    io.old_state = NULL;
+    io.old_len = 0;
+    io.write = io.allowed = false;
     if (e != NULL) {
         e->sr |= F_REF;
         if (e->kf & F_STATE_HEAP) {
