@@ -6,7 +6,14 @@
  *   hash+cas   one XXH3 hash of a 16-byte key and one uncontended 64-bit
  *              compare-and-swap
  *   fetch+read one key fetched from a 1M-entry key array at random, hashed,
- *              and one 64-byte entry read from a 1M-entry table at that hash
+ *              and one 64-byte entry read from a 1M-entry table at that hash:
+ *              the misses one decision cannot avoid.  Measured one after
+ *              another (the floor the target compares with: a decision
+ *              updates its key with an atomic instruction, which on x86
+ *              waits for every earlier load and holds back every later
+ *              one, so one decision's misses never overlap the next one's)
+ *              and as independent iterations, whose misses the CPU
+ *              overlaps (shown for reference).
  * Every figure is the best of several rounds (the machines are shared and
  * noisy; the best round is the one least disturbed).
  */
@@ -219,9 +226,9 @@ static double m_fetch_serial(void *c) { return floor_fetch_read_serial(c); }
 static double m_hot_clock(void *c) { return hot_clock(c); }
 static double m_hot_given(void *c) { return hot_given(c, keys[42]); }
 static double m_random(void *c) { return random_keys(c); }
-static double m_two_distinct(void *c) { return threads(c, 2, false); }
-static double m_two_same(void *c) { return threads(c, 2, true); }
-static double m_one_thread(void *c) { return threads(c, 1, false); }
+static double m_two_distinct(rate_limiter_t *c) { return threads(c, 2, false); }
+static double m_two_same(rate_limiter_t *c) { return threads(c, 2, true); }
+static double m_one_thread(rate_limiter_t *c) { return threads(c, 1, false); }
 
 static void populate(rate_limiter_t *lim)
 {
@@ -324,9 +331,17 @@ int cmd_bench(int argc, char **argv)
     double hot_c = best(m_hot_clock, lim);
     double hot_g = best(m_hot_given, lim);
     note("two threads");
-    double one_t = best(m_one_thread, lim);
-    double two_d = best(m_two_distinct, lim);
-    double two_s = best(m_two_same, lim);
+    /* Round by round, so that a slow spell of the shared machine hurts
+     * one thread and two alike; the best of each. */
+    double one_t = 1e300, two_d = 1e300, two_s = 1e300;
+    for (unsigned r = 0; r < rounds; r++) {
+        double v = m_one_thread(lim);
+        one_t = v < one_t ? v : one_t;
+        v = m_two_distinct(lim);
+        two_d = v < two_d ? v : two_d;
+        v = m_two_same(lim);
+        two_s = v < two_s ? v : two_s;
+    }
     rate_limiter_free(lim);
 
     note("1M keys");
@@ -369,18 +384,19 @@ int cmd_bench(int argc, char **argv)
     printf("floors (ns)\n");
     printf("  %-44s %8.1f\n", "clock read (CLOCK_MONOTONIC)", f_clock);
     printf("  %-44s %8.1f\n", "hash + uncontended CAS", f_cas);
-    printf("  %-44s %8.1f\n", "key fetch + random read, 1M entries", f_fetch);
-    printf("  %-44s %8.1f\n", "  the same, one iteration after another",
+    printf("  %-44s %8.1f\n", "key fetch + random read, 1M entries,",
            f_serial);
+    printf("  %-44s\n", "  one after another (a decision's own misses)");
+    printf("  %-44s %8.1f\n", "  the same, independent iterations", f_fetch);
     printf("\ntoken bucket, memory store (ns/decision)        ns    ratio  target\n");
     printf("  %-40s %8.1f %7.2fx  <= 1.2x (clock+hash+CAS)\n",
            "hot key, library clock", hot_c, hot_c / (f_clock + f_cas));
     printf("  %-40s %8.1f %7.2fx  <= 2x (hash+CAS)\n", "hot key, caller's time",
            hot_g, hot_g / f_cas);
-    printf("  %-40s %8.1f %7.2fx  <= 1.5x (fetch+read)\n",
-           "1M keys at random", rnd, rnd / f_fetch);
-    printf("  %-40s %8s %7.2fx  (against the serial floor)\n", "", "",
-           rnd / f_serial);
+    printf("  %-40s %8.1f %7.2fx  <= 1.5x (fetch+read, one after another)\n",
+           "1M keys at random", rnd, rnd / f_serial);
+    printf("  %-40s %8s %7.2fx  (against independent iterations)\n", "", "",
+           rnd / f_fetch);
     printf("  %-40s %8.1f %7.2fx  >= 1.8x throughput of one\n",
            "2 threads, distinct keys (wall/decision)", two_d / 2,
            one_t / (two_d / 2));
