@@ -327,8 +327,11 @@ static void run_traces(rate_store_t *store, const char *what)
             cfg.policy = p;
             cfg.store = store;
             assert_int_equal(rate_limiter_new(&cfg, &lim), RATE_OK);
-            char key[32];
+            char key[32], try_key[40];
             snprintf(key, sizeof key, "%s-%d-%d", what, algo, trace);
+            /* The same requests on a second key through the plain
+             * try-acquire (no detail: a leaner path through the step). */
+            snprintf(try_key, sizeof try_key, "%s-try", key);
             uint64_t t = rnd(3000);
             for (int i = 0; i < 120 && r->len < 4000; i++) {
                 uint64_t step = rnd(4) == 0 ? 0 : rnd(r->l.period_ns * 2);
@@ -369,6 +372,21 @@ static void run_traces(rate_store_t *store, const char *what)
                              (unsigned long long)want.delay_ns,
                              (unsigned long long)want.retry_after_ns,
                              (unsigned long long)want.reset_after_ns);
+                bool plain;
+                if (mw == 0) {
+                    plain = rate_try_acquire_at(lim, try_key, n, t);
+                } else {
+                    rate_decision_t d;
+                    assert_int_equal(rate_limiter_check_at(
+                                         lim, try_key, strlen(try_key), n, mw,
+                                         t, &d),
+                                     RATE_OK);
+                    plain = d.allowed;
+                }
+                if (plain != want.allowed)
+                    fail_msg("%s %s: try-acquire of request %d says %d, the "
+                             "reference %d", what, names[algo], i, plain,
+                             want.allowed);
                 checked++;
             }
             rate_limiter_free(lim);
