@@ -192,7 +192,11 @@ RATE_API int rate_store_memory_new(const rate_memory_options_t *options,
 
 typedef struct rate_redis_options {
     uint64_t connect_timeout_ns; /* 0: 1 s */
-    uint64_t command_timeout_ns; /* 0: 1 s; no call waits longer per command */
+    uint64_t command_timeout_ns; /* 0: 1 s.  Redis silent this long fails
+                                    every command in flight (a store
+                                    error); a call waits at most this, plus
+                                    the time Redis takes to answer the
+                                    commands queued ahead of it */
     const char *prefix;          /* key namespace, copied; NULL: "ratelimit:" */
     unsigned pool_size;          /* connections, each shared by all callers
                                     (pipelined); 0: 2 */
