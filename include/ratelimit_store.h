@@ -61,7 +61,21 @@ typedef struct rate_step {
      * itself written at a clock time (with caller-supplied times another
      * key's time says nothing about this one).  Pass arg. */
     bool (*is_cold)(void *arg, const void *state, size_t len, uint64_t now_ns);
+    /* Optional (NULL when not offered): the same step, in place.  A store
+     * that holds the key's bytes contiguous and writable may call it, under
+     * the lock that makes its updates atomic, before fn: it returns
+     * RATE_INPLACE_NO when it cannot decide this one (nothing was touched:
+     * run fn as usual), RATE_INPLACE_READ when it decided and the bytes
+     * stay as they were, RATE_INPLACE_WROTE when it decided and rewrote
+     * them in place, at the same length (keep them at least *ttl_ns then).
+     * *allowed is the verdict, for statistics.  Pass arg.  The limiter
+     * offers it for plain try-acquires of a single-limit policy: the hot
+     * path, without copying the state out and back. */
+    int (*inplace)(void *arg, void *state, size_t len, bool *allowed,
+                   uint64_t *ttl_ns);
 } rate_step_t;
+
+enum { RATE_INPLACE_NO, RATE_INPLACE_READ, RATE_INPLACE_WROTE };
 
 /* A whole decision for the optional decide() entry. */
 typedef struct rate_decide_req {

@@ -94,7 +94,40 @@ typedef struct rate__algo {
     void (*convert)(const rate_limit_t *from, const rate_limit_t *to,
                     uint64_t t, rate__view_t *v);
     uint64_t (*max_reset)(const rate_limit_t *l);
+    /* Optional: a plain try-acquire (max_wait 0, no detail) of n at
+     * t >= last over the stored component, rewriting it in place when it
+     * admits n >= 1 (fixed-size components only).  Defined by
+     * RATE__DEFINE_ADMIT from the functions above, so the decisions are
+     * theirs; the compiler folds them into one pass for the hot path. */
+    bool (*admit)(const rate_limit_t *l, uint8_t *comp, uint64_t last,
+                  uint64_t t, uint64_t n, rate_reason_t *reason,
+                  uint64_t *retry_after_ns);
 } rate__algo_t;
+
+/* Defines PREFIX_admit from an algorithm file's own static load, advance,
+ * decide and commit (see rate__algo_t.admit), all inlined into it
+ * (flatten), so that the constant max_wait 0 and detail false prune them. */
+#if defined(__GNUC__)
+#define RATE__FLATTEN __attribute__((flatten))
+#else
+#define RATE__FLATTEN
+#endif
+#define RATE__DEFINE_ADMIT(prefix)                                            \
+    RATE__FLATTEN static bool prefix##_admit(const rate_limit_t *l, uint8_t *comp,          \
+                               uint64_t last, uint64_t t, uint64_t n,         \
+                               rate_reason_t *reason, uint64_t *retry)       \
+    {                                                                         \
+        rate__view_t v;                                                       \
+        rate__verdict_t r;                                                    \
+        prefix##_load(l, comp, &v);                                           \
+        prefix##_advance(l, &v, last, t);                                     \
+        prefix##_decide(l, &v, t, n, 0, false, &r);                           \
+        *reason = r.reason;                                                   \
+        *retry = r.retry_after_ns;                                            \
+        if (r.allowed && n > 0)                                               \
+            prefix##_commit(l, &v, t, n, comp);                               \
+        return r.allowed;                                                     \
+    }
 
 extern const rate__algo_t rate__token_bucket;
 extern const rate__algo_t rate__leaky_bucket;
@@ -196,6 +229,8 @@ typedef struct rate__step_arg {
 /* The rate_step_fn every store runs, and its cold-state test (src/step.c). */
 int rate__step(void *arg, rate_step_io_t *io);
 bool rate__is_cold(void *arg, const void *state, size_t len, uint64_t now_ns);
+int rate__step_inplace(void *arg, void *state, size_t len, bool *allowed,
+                       uint64_t *ttl_ns);
 
 #define RATE__HEADER_LEN 14u
 #define RATE__STATE_VERSION 2u /* 1: a 16-byte header, 2 bytes of padding */

@@ -309,7 +309,9 @@ static int decide(rate_limiter_t *lim, const char *key, size_t key_len,
     arg = (rate__step_arg_t){p, reg_lookup, lim, now, permits, max_wait,
                              detail, d};
     st = (rate_step_t){rate__step, &arg, p->grow, now, clock_time,
-                       rate__is_cold};
+                       rate__is_cold, NULL};
+    if (!detail && max_wait == 0 && p->count == 1 && p->algo[0]->admit)
+        st.inplace = rate__step_inplace; /* the hot path */
     rc = RATE_ENOTSUP;
     if (lim->store->vt->decide != NULL) {
         rate_decide_req_t req = {p, now, clock_time, permits, max_wait,

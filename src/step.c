@@ -276,6 +276,39 @@ static bool step_one(const rate__step_arg_t *arg, rate_step_io_t *io)
     return true;
 }
 
+/* rate_step_t.inplace: the plain try-acquire of a single-limit policy over
+ * a state made under that very policy, decided and rewritten where it
+ * lies.  The limiter offers it only for such requests (max_wait 0, no
+ * detail, one limit whose algorithm has admit); anything else about the
+ * state (another policy, version or size) is left to rate__step. */
+int rate__step_inplace(void *varg, void *state, size_t len, bool *allowed,
+                       uint64_t *ttl_ns)
+{
+    const rate__step_arg_t *arg = varg;
+    const rate_policy_t *p = arg->policy;
+    const rate__algo_t *a = p->algo[0];
+    const rate_limit_t *l = &p->limits[0];
+    uint8_t *st = state;
+
+    if (len != RATE__HEADER_LEN + a->fixed || st[13] != RATE__STATE_VERSION ||
+        st[12] != 1 || rate__get32(st + 8) != p->fingerprint)
+        return RATE_INPLACE_NO;
+    uint64_t last = rate__get64(st);
+    if (last > RATE_TIME_MAX)
+        return RATE_INPLACE_NO; /* rate__step reports it */
+    uint64_t t = arg->now_ns > last ? arg->now_ns : last;
+    rate_decision_t *d = arg->decision; /* zeroed by the limiter */
+    *allowed = d->allowed =
+        a->admit(l, st + RATE__HEADER_LEN, last, t, arg->permits, &d->reason,
+                 &d->retry_after_ns);
+    d->limit = l->burst != 0 ? l->burst : l->limit;
+    if (!d->allowed || arg->permits == 0)
+        return RATE_INPLACE_READ;
+    rate__put64(st, t);
+    *ttl_ns = p->max_reset_ns;
+    return RATE_INPLACE_WROTE;
+}
+
 int rate__step(void *varg, rate_step_io_t *io)
 {
     rate__step_arg_t *arg = varg;

@@ -92,6 +92,8 @@ static uint64_t fw_max_reset(const rate_limit_t *l)
     return l->period_ns;
 }
 
+RATE__DEFINE_ADMIT(fw)
+
 const rate__algo_t rate__fixed_window = {
     .name = "fixed-window",
     .fixed = 8,
@@ -104,4 +106,5 @@ const rate__algo_t rate__fixed_window = {
     .is_cold = fw_is_cold,
     .convert = fw_convert,
     .max_reset = fw_max_reset,
+    .admit = fw_admit,
 };

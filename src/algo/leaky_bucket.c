@@ -110,6 +110,8 @@ static uint64_t lb_max_reset(const rate_limit_t *l)
     return rate__ceil_div64((rate_u128_t)l->burst * l->period_ns, l->limit);
 }
 
+RATE__DEFINE_ADMIT(lb)
+
 const rate__algo_t rate__leaky_bucket = {
     .name = "leaky-bucket",
     .fixed = 8,
@@ -122,4 +124,5 @@ const rate__algo_t rate__leaky_bucket = {
     .is_cold = lb_is_cold,
     .convert = lb_convert,
     .max_reset = lb_max_reset,
+    .admit = lb_admit,
 };

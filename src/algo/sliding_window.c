@@ -151,6 +151,8 @@ static uint64_t sw_max_reset(const rate_limit_t *l)
     return 2 * l->period_ns;
 }
 
+RATE__DEFINE_ADMIT(sw)
+
 const rate__algo_t rate__sliding_window = {
     .name = "sliding-window",
     .fixed = 16,
@@ -163,4 +165,5 @@ const rate__algo_t rate__sliding_window = {
     .is_cold = sw_is_cold,
     .convert = sw_convert,
     .max_reset = sw_max_reset,
+    .admit = sw_admit,
 };

@@ -117,6 +117,8 @@ static uint64_t tb_max_reset(const rate_limit_t *l)
     return rate__ceil_div64((rate_u128_t)l->burst * l->period_ns, l->limit);
 }
 
+RATE__DEFINE_ADMIT(tb)
+
 const rate__algo_t rate__token_bucket = {
     .name = "token-bucket",
     .fixed = 8,
@@ -129,4 +131,5 @@ const rate__algo_t rate__token_bucket = {
     .is_cold = tb_is_cold,
     .convert = tb_convert,
     .max_reset = tb_max_reset,
+    .admit = tb_admit,
 };

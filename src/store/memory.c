@@ -482,6 +482,24 @@ static int mem_update(void *self, const char *key, size_t len,
     shard_lock(s);
     uint32_t i = probe(s, tag, &pk);
     slot_t *e = s->ctrl[i] != 0 ? &s->slots[i] : NULL;
+    if (e != NULL && st->inplace != NULL && !(e->kf & F_STATE_HEAP)) {
+        bool allowed;
+        uint64_t ttl;
+        int r = st->inplace(st->arg, e->state, e->sr & STATE_LEN, &allowed,
+                            &ttl);
+        if (r != RATE_INPLACE_NO) {
+            e->sr |= F_REF;
+            if (r == RATE_INPLACE_WROTE)
+                e->kf = (uint8_t)((e->kf & ~F_CLOCK) |
+                                  (st->clock_time ? F_CLOCK : 0));
+            if (allowed)
+                s->allowed++;
+            else
+                s->denied++;
+            shard_unlock(s);
+            return RATE_OK;
+        }
+    }
     io.old_state = NULL;
     io.old_len = 0;
     io.write = io.allowed = false;
