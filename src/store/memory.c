@@ -466,40 +466,17 @@ static uint8_t *scratch(shard_t *s, size_t need, uint8_t *stack)
     return s->scratch;
 }
 
-static int mem_update(void *self, const char *key, size_t len,
-                      const rate_step_t *st)
+/* The general update, with the shard locked and the key probed (e is its
+ * slot, NULL when absent): the step over a copy of the state, then the
+ * copy stored (or the key inserted).  Unlocks. */
+static __attribute__((noinline)) int
+update_copy(shard_t *s, slot_t *e, uint32_t tag, const probe_key_t *pk,
+            const rate_step_t *st)
 {
-    memstore_t *m = self;
-    uint64_t h = XXH3_64bits_withSeed(key, len, m->seed);
-    shard_t *s = &m->shards[m->nshards > 1 ? h >> m->shift : 0];
-    uint32_t tag = tag_of(h);
     uint8_t stack[STACK_STATE];
     rate_step_io_t io;
     int rc;
 
-    probe_key_t pk;
-    probe_key_init(&pk, key, len);
-    shard_lock(s);
-    uint32_t i = probe(s, tag, &pk);
-    slot_t *e = s->ctrl[i] != 0 ? &s->slots[i] : NULL;
-    if (e != NULL && st->inplace != NULL && !(e->kf & F_STATE_HEAP)) {
-        bool allowed;
-        uint64_t ttl;
-        int r = st->inplace(st->arg, e->state, e->sr & STATE_LEN, &allowed,
-                            &ttl);
-        if (r != RATE_INPLACE_NO) {
-            e->sr |= F_REF;
-            if (r == RATE_INPLACE_WROTE)
-                e->kf = (uint8_t)((e->kf & ~F_CLOCK) |
-                                  (st->clock_time ? F_CLOCK : 0));
-            if (allowed)
-                s->allowed++;
-            else
-                s->denied++;
-            shard_unlock(s);
-            return RATE_OK;
-        }
-    }
     io.old_state = NULL;
     io.old_len = 0;
     io.write = io.allowed = false;
@@ -525,10 +502,10 @@ static int mem_update(void *self, const char *key, size_t len,
         if (e != NULL)
             rc = set_state(s, e, io.new_state, io.new_len);
         else
-            rc = insert(s, tag, &pk, &io, st);
+            rc = insert(s, tag, pk, &io, st);
         if (rc == RATE_OK) {
             if (e == NULL) /* inserting may have moved slots */
-                e = &s->slots[probe(s, tag, &pk)];
+                e = &s->slots[probe(s, tag, pk)];
             /* A new key earns its reference bit on its second use. */
             e->kf = (uint8_t)((e->kf & ~F_CLOCK) |
                               (st->clock_time ? F_CLOCK : 0));
@@ -542,6 +519,41 @@ static int mem_update(void *self, const char *key, size_t len,
     }
     shard_unlock(s);
     return rc;
+}
+
+static int mem_update(void *self, const char *key, size_t len,
+                      const rate_step_t *st)
+{
+    memstore_t *m = self;
+    uint64_t h = XXH3_64bits_withSeed(key, len, m->seed);
+    shard_t *s = &m->shards[m->nshards > 1 ? h >> m->shift : 0];
+    uint32_t tag = tag_of(h);
+    probe_key_t pk;
+
+    probe_key_init(&pk, key, len);
+    shard_lock(s);
+    uint32_t i = probe(s, tag, &pk);
+    slot_t *e = s->ctrl[i] != 0 ? &s->slots[i] : NULL;
+    /* The hot path: a plain try-acquire decided where the state lies. */
+    if (e != NULL && st->inplace != NULL && !(e->kf & F_STATE_HEAP)) {
+        bool allowed;
+        uint64_t ttl;
+        int r = st->inplace(st->arg, e->state, e->sr & STATE_LEN, &allowed,
+                            &ttl);
+        if (r != RATE_INPLACE_NO) {
+            e->sr |= F_REF;
+            if (r == RATE_INPLACE_WROTE)
+                e->kf = (uint8_t)((e->kf & ~F_CLOCK) |
+                                  (st->clock_time ? F_CLOCK : 0));
+            if (allowed)
+                s->allowed++;
+            else
+                s->denied++;
+            shard_unlock(s);
+            return RATE_OK;
+        }
+    }
+    return update_copy(s, e, tag, &pk, st);
 }
 
 static int mem_stats(void *self, rate_stats_t *out)
