@@ -535,11 +535,17 @@ static int mem_update(void *self, const char *key, size_t len,
     uint32_t i = probe(s, tag, &pk);
     slot_t *e = s->ctrl[i] != 0 ? &s->slots[i] : NULL;
     /* The hot path: a plain try-acquire decided where the state lies. */
-    if (e != NULL && st->inplace != NULL && !(e->kf & F_STATE_HEAP)) {
+    if (e != NULL && st->inplace != NULL) {
         bool allowed;
         uint64_t ttl;
-        int r = st->inplace(st->arg, e->state, e->sr & STATE_LEN, &allowed,
+        int r;
+        if (e->kf & F_STATE_HEAP) {
+            heap_state_t hs = heap_get(e);
+            r = st->inplace(st->arg, hs.ptr, hs.len, &allowed, &ttl);
+        } else {
+            r = st->inplace(st->arg, e->state, e->sr & STATE_LEN, &allowed,
                             &ttl);
+        }
         if (r != RATE_INPLACE_NO) {
             e->sr |= F_REF;
             if (r == RATE_INPLACE_WROTE)
