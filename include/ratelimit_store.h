@@ -69,8 +69,8 @@ typedef struct rate_step {
      * stay as they were, RATE_INPLACE_WROTE when it decided and rewrote
      * them in place, at the same length (keep them at least *ttl_ns then).
      * *allowed is the verdict, for statistics.  Pass arg.  The limiter
-     * offers it for plain try-acquires of a single-limit policy: the hot
-     * path, without copying the state out and back. */
+     * offers it for policies of one fixed-size limit: the hot path,
+     * without copying the state out and back. */
     int (*inplace)(void *arg, void *state, size_t len, bool *allowed,
                    uint64_t *ttl_ns);
 } rate_step_t;

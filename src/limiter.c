@@ -310,7 +310,7 @@ static int decide(rate_limiter_t *lim, const char *key, size_t key_len,
                              detail, d};
     st = (rate_step_t){rate__step, &arg, p->grow, now, clock_time,
                        rate__is_cold, NULL};
-    if (!detail && max_wait == 0 && p->count == 1 && p->algo[0]->admit)
+    if (p->count == 1 && p->algo[0]->grow == 0)
         st.inplace = rate__step_inplace; /* the hot path */
     rc = RATE_ENOTSUP;
     if (lim->store->vt->decide != NULL) {

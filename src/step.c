@@ -235,78 +235,69 @@ static size_t state_bound(const rate_policy_t *p, const rate__view_t *views)
 }
 
 /* The common case, decided without the general path's loops: one
- * fixed-size limit, its state made under this very policy.  Returns false
- * when the state is anything else (then nothing has been written). */
-static bool step_one(const rate__step_arg_t *arg, rate_step_io_t *io)
+ * fixed-size limit, its state `st` made under this very policy.  Writes the
+ * new state to `out`, which may be `st` itself (in place: every byte is
+ * read before any is written).  Returns RATE_INPLACE_NO when the state is
+ * anything else (nothing written), else READ or WROTE as
+ * rate_step_t.inplace says. */
+static int step_one(const rate__step_arg_t *arg, const uint8_t *st,
+                    size_t len, uint8_t *out, bool *allowed, uint64_t *ttl)
 {
     const rate_policy_t *p = arg->policy;
     const rate__algo_t *a = p->algo[0];
     const rate_limit_t *l = &p->limits[0];
-    const uint8_t *st = io->old_state;
     rate__view_t v;
     rate__verdict_t verdict;
 
-    if (io->old_len != RATE__HEADER_LEN + a->fixed || a->grow != 0 ||
+    if (len != RATE__HEADER_LEN + a->fixed || a->grow != 0 ||
         st[13] != RATE__STATE_VERSION || st[12] != 1 ||
         rate__get32(st + 8) != p->fingerprint)
-        return false;
+        return RATE_INPLACE_NO;
     uint64_t last = rate__get64(st);
     if (last > RATE_TIME_MAX)
-        return false; /* the general path reports it */
+        return RATE_INPLACE_NO; /* the general path reports it */
     uint64_t t = arg->now_ns > last ? arg->now_ns : last;
-    a->load(l, st + RATE__HEADER_LEN, &v);
-    a->advance(l, &v, last, t);
-    a->decide(l, &v, t, arg->permits, arg->max_wait_ns, arg->detail,
-              &verdict);
-    combine(p, &verdict, arg->decision);
-    io->allowed = verdict.allowed;
-    io->write = false;
-    io->new_len = 0;
-    if (!verdict.allowed || arg->permits == 0)
-        return true;
-    uint8_t *out = io->new_state;
+    rate_decision_t *d = arg->decision;
+    if (!arg->detail && arg->max_wait_ns == 0 && a->admit != NULL) {
+        /* A plain try-acquire: the algorithm's folded pass (in place when
+         * out is st; else over a copy of the component). */
+        uint8_t *comp = out + RATE__HEADER_LEN;
+        if (out != st)
+            memcpy(comp, st + RATE__HEADER_LEN, a->fixed);
+        /* d is zeroed by the limiter: only these fields are the verdict's */
+        *allowed = d->allowed = a->admit(l, comp, last, t, arg->permits,
+                                         &d->reason, &d->retry_after_ns);
+        d->limit = l->burst != 0 ? l->burst : l->limit;
+        if (!d->allowed || arg->permits == 0)
+            return RATE_INPLACE_READ;
+        *ttl = p->max_reset_ns;
+    } else {
+        a->load(l, st + RATE__HEADER_LEN, &v);
+        a->advance(l, &v, last, t);
+        a->decide(l, &v, t, arg->permits, arg->max_wait_ns, arg->detail,
+                  &verdict);
+        combine(p, &verdict, d);
+        *allowed = verdict.allowed;
+        if (!verdict.allowed || arg->permits == 0)
+            return RATE_INPLACE_READ;
+        a->commit(l, &v, t, arg->permits, out + RATE__HEADER_LEN);
+        *ttl = arg->detail ? d->reset_after_ns : p->max_reset_ns;
+    }
     rate__put64(out, t);
     rate__put32(out + 8, p->fingerprint);
     out[12] = 1;
     out[13] = RATE__STATE_VERSION;
-    io->new_len = RATE__HEADER_LEN +
-                  a->commit(l, &v, t, arg->permits, out + RATE__HEADER_LEN);
-    io->write = true;
-    io->ttl_ns = arg->detail ? arg->decision->reset_after_ns : p->max_reset_ns;
-    return true;
+    return RATE_INPLACE_WROTE;
 }
 
-/* rate_step_t.inplace: the plain try-acquire of a single-limit policy over
- * a state made under that very policy, decided and rewritten where it
- * lies.  The limiter offers it only for such requests (max_wait 0, no
- * detail, one limit whose algorithm has admit); anything else about the
- * state (another policy, version or size) is left to rate__step. */
+/* rate_step_t.inplace: a single fixed-size limit over a state made under
+ * this very policy, decided and rewritten where it lies; anything else
+ * about the state (another policy, version or size) is left to
+ * rate__step. */
 int rate__step_inplace(void *varg, void *state, size_t len, bool *allowed,
                        uint64_t *ttl_ns)
 {
-    const rate__step_arg_t *arg = varg;
-    const rate_policy_t *p = arg->policy;
-    const rate__algo_t *a = p->algo[0];
-    const rate_limit_t *l = &p->limits[0];
-    uint8_t *st = state;
-
-    if (len != RATE__HEADER_LEN + a->fixed || st[13] != RATE__STATE_VERSION ||
-        st[12] != 1 || rate__get32(st + 8) != p->fingerprint)
-        return RATE_INPLACE_NO;
-    uint64_t last = rate__get64(st);
-    if (last > RATE_TIME_MAX)
-        return RATE_INPLACE_NO; /* rate__step reports it */
-    uint64_t t = arg->now_ns > last ? arg->now_ns : last;
-    rate_decision_t *d = arg->decision; /* zeroed by the limiter */
-    *allowed = d->allowed =
-        a->admit(l, st + RATE__HEADER_LEN, last, t, arg->permits, &d->reason,
-                 &d->retry_after_ns);
-    d->limit = l->burst != 0 ? l->burst : l->limit;
-    if (!d->allowed || arg->permits == 0)
-        return RATE_INPLACE_READ;
-    rate__put64(st, t);
-    *ttl_ns = p->max_reset_ns;
-    return RATE_INPLACE_WROTE;
+    return step_one(varg, state, len, state, allowed, ttl_ns);
 }
 
 int rate__step(void *varg, rate_step_io_t *io)
@@ -319,8 +310,15 @@ int rate__step(void *varg, rate_step_io_t *io)
     bool have;
     int rc;
 
-    if (p->count == 1 && io->old_state != NULL && step_one(arg, io))
-        return RATE_OK;
+    if (p->count == 1 && io->old_state != NULL) {
+        int r = step_one(arg, io->old_state, io->old_len, io->new_state,
+                         &io->allowed, &io->ttl_ns);
+        if (r != RATE_INPLACE_NO) {
+            io->write = r == RATE_INPLACE_WROTE;
+            io->new_len = io->write ? io->old_len : 0;
+            return RATE_OK;
+        }
+    }
     io->write = false;
     io->allowed = false;
     io->new_len = 0;
