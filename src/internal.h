@@ -113,9 +113,9 @@ typedef struct rate__algo {
 #define RATE__FLATTEN
 #endif
 #define RATE__DEFINE_ADMIT(prefix)                                            \
-    RATE__FLATTEN static bool prefix##_admit(const rate_limit_t *l, uint8_t *comp,          \
-                               uint64_t last, uint64_t t, uint64_t n,         \
-                               rate_reason_t *reason, uint64_t *retry)       \
+    RATE__FLATTEN static bool prefix##_admit(                                 \
+        const rate_limit_t *l, uint8_t *comp, uint64_t last, uint64_t t,      \
+        uint64_t n, rate_reason_t *reason, uint64_t *retry)                   \
     {                                                                         \
         rate__view_t v;                                                       \
         rate__verdict_t r;                                                    \
