@@ -4,8 +4,9 @@
  * port, never someone else's server.
  *
  * Differential traces against the memory store, a limit shared by several
- * processes, Redis killed and restarted under each fail mode, SCRIPT FLUSH,
- * key TTLs, and bad URLs, hosts, passwords and keys.
+ * processes, Redis killed and restarted under each fail mode and under
+ * many callers, SCRIPT FLUSH, key TTLs, a unix socket, and bad URLs,
+ * hosts, passwords and keys.
  */
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -701,6 +702,40 @@ static void bad_urls_hosts_and_passwords(void **state)
     start_server(NULL, NULL);
 }
 
+/* The same server over a unix socket: several threads share the pipelined
+ * connection there too, and each gets its own answers. */
+static void unix_socket(void **state)
+{
+    (void)state;
+    char path[64], sock_url[96], err[256];
+    snprintf(path, sizeof path, "/tmp/ratelimit-test-%d.sock", (int)getpid());
+    stop_server();
+    start_server("--unixsocket", path);
+    snprintf(sock_url, sizeof sock_url, "unix://%s", path);
+    rate_store_t *s = NULL;
+    rate_redis_options_t o = {0};
+    o.prefix = "unix:";
+    assert_int_equal(rate_store_redis_new(sock_url, &o, &s, err, sizeof err),
+                     RATE_OK);
+    pthread_t th[MANY];
+    own_t w[MANY];
+    for (int i = 0; i < MANY; i++) {
+        w[i] = (own_t){s, i, 0, 0};
+        pthread_create(&th[i], NULL, own_key, &w[i]);
+    }
+    for (int i = 0; i < MANY; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < MANY; i++) {
+        assert_int_equal(w[i].errors, 0);
+        assert_int_equal(w[i].admitted, 10 + i);
+    }
+    rate_store_redis_drop(s);
+    rate_store_free(s);
+    stop_server();
+    unlink(path);
+    start_server(NULL, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -715,6 +750,7 @@ int main(void)
         cmocka_unit_test(redis_down_and_back),
         cmocka_unit_test(callers_ride_out_a_restart),
         cmocka_unit_test(bad_urls_hosts_and_passwords),
+        cmocka_unit_test(unix_socket),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
