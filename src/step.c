@@ -207,15 +207,20 @@ static void combine(const rate_policy_t *p, const rate__verdict_t *v,
                    : l->limit;
 }
 
+static void write_header(const rate_policy_t *p, uint64_t t, uint8_t *out)
+{
+    rate__put64(out, t);
+    rate__put32(out + 8, p->fingerprint);
+    out[12] = (uint8_t)p->count;
+    out[13] = RATE__STATE_VERSION;
+}
+
 static size_t write_state(const rate_policy_t *p, const rate__view_t *views,
                           uint64_t t, uint64_t n, uint8_t *out)
 {
     size_t off = RATE__HEADER_LEN;
 
-    rate__put64(out, t);
-    rate__put32(out + 8, p->fingerprint);
-    out[12] = (uint8_t)p->count;
-    out[13] = RATE__STATE_VERSION;
+    write_header(p, t, out);
     for (size_t i = 0; i < p->count; i++)
         off += p->algo[i]
                    ->commit(&p->limits[i], &views[i], t, n, out + off);
@@ -283,10 +288,7 @@ static int step_one(const rate__step_arg_t *arg, const uint8_t *st,
         a->commit(l, &v, t, arg->permits, out + RATE__HEADER_LEN);
         *ttl = arg->detail ? d->reset_after_ns : p->max_reset_ns;
     }
-    rate__put64(out, t);
-    rate__put32(out + 8, p->fingerprint);
-    out[12] = 1;
-    out[13] = RATE__STATE_VERSION;
+    write_header(p, t, out);
     return RATE_INPLACE_WROTE;
 }
 
