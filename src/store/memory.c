@@ -255,6 +255,33 @@ static void slot_release(shard_t *s, slot_t *e)
     }
 }
 
+/* A stored key's state bytes, in the slot or in their heap block. */
+static inline uint8_t *slot_state(slot_t *e, size_t *len)
+{
+    if (e->kf & F_STATE_HEAP) {
+        heap_state_t h = heap_get(e);
+        *len = h.len;
+        return h.ptr;
+    }
+    *len = e->sr & STATE_LEN;
+    return e->state;
+}
+
+/* After the state is written: whether at a time of the library's own
+ * clock (only such a state may be reclaimed, see expired()). */
+static inline void mark_written(slot_t *e, const rate_step_t *st)
+{
+    e->kf = (uint8_t)((e->kf & ~F_CLOCK) | (st->clock_time ? F_CLOCK : 0));
+}
+
+static inline void count_verdict(shard_t *s, bool allowed)
+{
+    if (allowed)
+        s->allowed++;
+    else
+        s->denied++;
+}
+
 /* Backward-shift deletion: later entries of the same run move up so every
  * probe still reaches its key without tombstones. */
 static void slot_remove(shard_t *s, uint32_t i)
@@ -283,15 +310,14 @@ static void slot_remove(shard_t *s, uint32_t i)
 /* A key may be dropped without changing any answer: its state is back at
  * its cold start by the library's clock (both its last admission and this
  * request on that clock). */
-static bool expired(const slot_t *e, const rate_step_t *st)
+static bool expired(slot_t *e, const rate_step_t *st)
 {
+    size_t len;
+
     if (!st->clock_time || !(e->kf & F_CLOCK) || st->is_cold == NULL)
         return false;
-    if (e->kf & F_STATE_HEAP) {
-        heap_state_t h = heap_get(e);
-        return st->is_cold(st->arg, h.ptr, h.len, st->now_ns);
-    }
-    return st->is_cold(st->arg, e->state, e->sr & STATE_LEN, st->now_ns);
+    const uint8_t *bytes = slot_state(e, &len);
+    return st->is_cold(st->arg, bytes, len, st->now_ns);
 }
 
 /* Frees one slot in a full shard: a key past its reset if the hand meets
@@ -482,14 +508,7 @@ update_copy(shard_t *s, slot_t *e, uint32_t tag, const probe_key_t *pk,
     io.write = io.allowed = false;
     if (e != NULL) {
         e->sr |= F_REF;
-        if (e->kf & F_STATE_HEAP) {
-            heap_state_t hs = heap_get(e);
-            io.old_state = hs.ptr;
-            io.old_len = hs.len;
-        } else {
-            io.old_state = e->state;
-            io.old_len = e->sr & STATE_LEN;
-        }
+        io.old_state = slot_state(e, &io.old_len);
     }
     io.new_cap = io.old_len + st->grow;
     io.new_state = scratch(s, io.new_cap, stack);
@@ -507,16 +526,11 @@ update_copy(shard_t *s, slot_t *e, uint32_t tag, const probe_key_t *pk,
             if (e == NULL) /* inserting may have moved slots */
                 e = &s->slots[probe(s, tag, pk)];
             /* A new key earns its reference bit on its second use. */
-            e->kf = (uint8_t)((e->kf & ~F_CLOCK) |
-                              (st->clock_time ? F_CLOCK : 0));
+            mark_written(e, st);
         }
     }
-    if (rc == RATE_OK) {
-        if (io.allowed)
-            s->allowed++;
-        else
-            s->denied++;
-    }
+    if (rc == RATE_OK)
+        count_verdict(s, io.allowed);
     shard_unlock(s);
     return rc;
 }
@@ -538,23 +552,14 @@ static int mem_update(void *self, const char *key, size_t len,
     if (e != NULL && st->inplace != NULL) {
         bool allowed;
         uint64_t ttl;
-        int r;
-        if (e->kf & F_STATE_HEAP) {
-            heap_state_t hs = heap_get(e);
-            r = st->inplace(st->arg, hs.ptr, hs.len, &allowed, &ttl);
-        } else {
-            r = st->inplace(st->arg, e->state, e->sr & STATE_LEN, &allowed,
-                            &ttl);
-        }
+        size_t n;
+        uint8_t *bytes = slot_state(e, &n);
+        int r = st->inplace(st->arg, bytes, n, &allowed, &ttl);
         if (r != RATE_INPLACE_NO) {
             e->sr |= F_REF;
             if (r == RATE_INPLACE_WROTE)
-                e->kf = (uint8_t)((e->kf & ~F_CLOCK) |
-                                  (st->clock_time ? F_CLOCK : 0));
-            if (allowed)
-                s->allowed++;
-            else
-                s->denied++;
+                mark_written(e, st);
+            count_verdict(s, allowed);
             shard_unlock(s);
             return RATE_OK;
         }
