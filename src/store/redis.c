@@ -369,6 +369,17 @@ static bool is_done(mreq_t *q)
     return atomic_load_explicit(&q->sig, memory_order_acquire) & SIG_DONE;
 }
 
+/* Ends every request of a list with the status rc.  Under c->lock. */
+static void fail_all(mreq_t *q, int rc)
+{
+    for (mreq_t *nx; q != NULL; q = nx) {
+        nx = q->next; /* q may be gone once it is done and woken */
+        q->status = rc;
+        q->reply = NULL;
+        mark_done(q);
+    }
+}
+
 /* Fails every command sent and not yet answered (a reply can no longer be
  * matched to its command), and stops the I/O of whichever role is blocked
  * on the socket.  Under c->lock. */
@@ -377,12 +388,7 @@ static void conn_break(conn_t *c, int rc)
     if (!c->broken && c->ctx != NULL)
         shutdown(c->ctx->fd, SHUT_RDWR);
     c->broken = true;
-    for (mreq_t *q = c->fly, *nx; q != NULL; q = nx) {
-        nx = q->next; /* q may be gone once it is done and woken */
-        q->status = rc;
-        q->reply = NULL;
-        mark_done(q);
-    }
+    fail_all(c->fly, rc);
     c->fly = c->fly_tail = NULL;
 }
 
@@ -403,11 +409,7 @@ static void conn_settle(conn_t *c)
 /* Fails every queued command.  Under c->lock. */
 static void fail_queued(conn_t *c, int rc)
 {
-    for (mreq_t *q = c->head, *nx; q != NULL; q = nx) {
-        nx = q->next;
-        q->status = rc;
-        mark_done(q);
-    }
+    fail_all(c->head, rc);
     c->head = c->tail = NULL;
     c->olen = 0;
 }
