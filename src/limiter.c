@@ -333,6 +333,7 @@ static int decide(rate_limiter_t *lim, const char *key, size_t key_len,
     if (rc != RATE_OK) {
         atomic_fetch_add_explicit(&lim->store_errors, 1, memory_order_relaxed);
         arg.now_ns = st.now_ns = now; /* the fallback keeps our own clock */
+        memset(d, 0, sizeof *d); /* the failed store may have filled part */
         if (lim->fallback == NULL ||
             lim->fallback->vt->update(lim->fallback->self, key, key_len,
                                       &st) != RATE_OK) {

@@ -269,7 +269,8 @@ static int step_one(const rate__step_arg_t *arg, const uint8_t *st,
         uint8_t *comp = out + RATE__HEADER_LEN;
         if (out != st)
             memcpy(comp, st + RATE__HEADER_LEN, a->fixed);
-        memset(d, 0, sizeof *d); /* no detail: only these fields speak */
+        /* d is zeroed by the limiter (also before a fallback decision):
+         * without detail, only these fields are the verdict's. */
         *allowed = d->allowed = a->admit(l, comp, last, t, arg->permits,
                                          &d->reason, &d->retry_after_ns);
         d->limit = l->burst != 0 ? l->burst : l->limit;
