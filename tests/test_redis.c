@@ -487,10 +487,10 @@ static void *own_key(void *arg)
     return NULL;
 }
 
-static void replies_reach_their_callers(void **state)
+/* MANY threads on one store, each on its own key and limit: each must
+ * get exactly its own answers back through the shared connections. */
+static void own_keys_on(rate_store_t *rs)
 {
-    (void)state;
-    rate_store_t *rs = redis_store("own:", true, 0);
     pthread_t th[MANY];
     own_t o[MANY];
     for (int i = 0; i < MANY; i++) {
@@ -503,6 +503,13 @@ static void replies_reach_their_callers(void **state)
         assert_int_equal(o[i].errors, 0);
         assert_int_equal(o[i].admitted, 10 + i);
     }
+}
+
+static void replies_reach_their_callers(void **state)
+{
+    (void)state;
+    rate_store_t *rs = redis_store("own:", true, 0);
+    own_keys_on(rs);
     rate_store_redis_drop(rs);
     rate_store_free(rs);
 }
@@ -717,18 +724,7 @@ static void unix_socket(void **state)
     o.prefix = "unix:";
     assert_int_equal(rate_store_redis_new(sock_url, &o, &s, err, sizeof err),
                      RATE_OK);
-    pthread_t th[MANY];
-    own_t w[MANY];
-    for (int i = 0; i < MANY; i++) {
-        w[i] = (own_t){s, i, 0, 0};
-        pthread_create(&th[i], NULL, own_key, &w[i]);
-    }
-    for (int i = 0; i < MANY; i++)
-        pthread_join(th[i], NULL);
-    for (int i = 0; i < MANY; i++) {
-        assert_int_equal(w[i].errors, 0);
-        assert_int_equal(w[i].admitted, 10 + i);
-    }
+    own_keys_on(s);
     rate_store_redis_drop(s);
     rate_store_free(s);
     stop_server();
