@@ -94,39 +94,61 @@ typedef struct rate__algo {
     void (*convert)(const rate_limit_t *from, const rate_limit_t *to,
                     uint64_t t, rate__view_t *v);
     uint64_t (*max_reset)(const rate_limit_t *l);
-    /* Optional: a plain try-acquire (max_wait 0, no detail) of n at
-     * t >= last over the stored component, rewriting it in place when it
-     * admits n >= 1 (fixed-size components only).  Defined by
-     * RATE__DEFINE_ADMIT from the functions above, so the decisions are
-     * theirs; the compiler folds them into one pass for the hot path. */
-    bool (*admit)(const rate_limit_t *l, uint8_t *comp, uint64_t last,
-                  uint64_t t, uint64_t n, rate_reason_t *reason,
-                  uint64_t *retry_after_ns);
+    /* Optional: a plain try-acquire (max_wait 0, no detail) over a whole
+     * stored state of one limit of this algorithm, made under the request's
+     * policy, decided and rewritten in place: a rate_step_t.inplace, which
+     * the limiter offers for such requests (fixed-size components only).
+     * Defined by RATE__DEFINE_INPLACE from the functions above, so the
+     * decisions are theirs; the compiler folds them into one pass. */
+    int (*inplace)(void *arg, void *state, size_t len, bool *allowed,
+                   uint64_t *ttl_ns);
 } rate__algo_t;
 
-/* Defines PREFIX_admit from an algorithm file's own static load, advance,
- * decide and commit (see rate__algo_t.admit), all inlined into it
- * (flatten), so that the constant max_wait 0 and detail false prune them. */
+/* Defines PREFIX_inplace (see rate__algo_t.inplace) from an algorithm
+ * file's own static load, advance, decide and commit, all inlined into it
+ * (flatten), so that the constant max_wait 0 and detail false prune them.
+ * FIXED is the component's size.  Anything unexpected about the state
+ * (another policy, version or size, a corrupt time) is left to rate__step,
+ * which reports it.  Only t_last of the header changes: the rest already
+ * says this policy. */
 #if defined(__GNUC__)
 #define RATE__FLATTEN __attribute__((flatten))
+#define RATE__ALWAYS_INLINE inline __attribute__((always_inline))
 #else
 #define RATE__FLATTEN
+#define RATE__ALWAYS_INLINE inline
 #endif
-#define RATE__DEFINE_ADMIT(prefix)                                            \
-    RATE__FLATTEN static bool prefix##_admit(                                 \
-        const rate_limit_t *l, uint8_t *comp, uint64_t last, uint64_t t,      \
-        uint64_t n, rate_reason_t *reason, uint64_t *retry)                   \
+#define RATE__DEFINE_INPLACE(prefix, FIXED)                                   \
+    RATE__FLATTEN static int prefix##_inplace(void *varg, void *state,        \
+                                              size_t len, bool *allowed,      \
+                                              uint64_t *ttl_ns)               \
     {                                                                         \
+        const rate__step_arg_t *arg = varg;                                   \
+        const rate_policy_t *p = arg->policy;                                 \
+        const rate_limit_t *l = &p->limits[0];                                \
+        uint8_t *st = state;                                                  \
+        rate_decision_t *d = arg->decision;                                   \
         rate__view_t v;                                                       \
         rate__verdict_t r;                                                    \
-        prefix##_load(l, comp, &v);                                           \
+        if (!rate__header_is(p, st, len, FIXED))                              \
+            return RATE_INPLACE_NO;                                           \
+        uint64_t last = rate__get64(st);                                      \
+        uint64_t t = arg->now_ns > last ? arg->now_ns : last;                 \
+        uint64_t n = arg->permits;                                            \
+        prefix##_load(l, st + RATE__HEADER_LEN, &v);                          \
         prefix##_advance(l, &v, last, t);                                     \
         prefix##_decide(l, &v, t, n, 0, false, &r);                           \
-        *reason = r.reason;                                                   \
-        *retry = r.retry_after_ns;                                            \
-        if (r.allowed && n > 0)                                               \
-            prefix##_commit(l, &v, t, n, comp);                               \
-        return r.allowed;                                                     \
+        /* The limiter zeroed d: these are a try-acquire's fields. */         \
+        *allowed = d->allowed = r.allowed;                                    \
+        d->reason = r.reason;                                                 \
+        d->retry_after_ns = r.retry_after_ns;                                 \
+        d->limit = l->burst != 0 ? l->burst : l->limit;                       \
+        if (!r.allowed || n == 0)                                             \
+            return RATE_INPLACE_READ;                                         \
+        prefix##_commit(l, &v, t, n, st + RATE__HEADER_LEN);                  \
+        rate__put64(st, t);                                                   \
+        *ttl_ns = p->max_reset_ns;                                            \
+        return RATE_INPLACE_WROTE;                                            \
     }
 
 extern const rate__algo_t rate__token_bucket;
@@ -234,6 +256,18 @@ int rate__step_inplace(void *arg, void *state, size_t len, bool *allowed,
 
 #define RATE__HEADER_LEN 14u
 #define RATE__STATE_VERSION 2u /* 1: a 16-byte header, 2 bytes of padding */
+
+/* Whether st is a whole state of one component of `fixed` bytes made
+ * under p (version, count, fingerprint, length), with a t_last in range:
+ * the state the single-limit fast paths decide over. */
+static inline bool rate__header_is(const rate_policy_t *p, const uint8_t *st,
+                                   size_t len, size_t fixed)
+{
+    return len == RATE__HEADER_LEN + fixed &&
+           st[13] == RATE__STATE_VERSION && st[12] == 1 &&
+           rate__get32(st + 8) == p->fingerprint &&
+           rate__get64(st) <= RATE_TIME_MAX;
+}
 
 /* Store internals the limiter needs. */
 struct rate_store {

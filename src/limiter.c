@@ -280,9 +280,11 @@ static int run_generic(rate_limiter_t *lim, const char *key, size_t key_len,
 
 /* ------------------------------------------------------------ decisions */
 
-static int decide(rate_limiter_t *lim, const char *key, size_t key_len,
-                  uint64_t permits, uint64_t max_wait, uint64_t now,
-                  bool clock_time, bool detail, rate_decision_t *d)
+static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim, const char *key,
+                                      size_t key_len, uint64_t permits,
+                                      uint64_t max_wait, uint64_t now,
+                                      bool clock_time, bool detail,
+                                      rate_decision_t *d)
 {
     const rate_policy_t *p = NULL;
     rate__step_arg_t arg;
@@ -310,8 +312,9 @@ static int decide(rate_limiter_t *lim, const char *key, size_t key_len,
                              detail, d};
     st = (rate_step_t){rate__step, &arg, p->grow, now, clock_time,
                        rate__is_cold, NULL};
-    if (p->count == 1 && p->algo[0]->grow == 0)
-        st.inplace = rate__step_inplace; /* the hot path */
+    if (p->count == 1 && p->algo[0]->grow == 0) /* the hot path */
+        st.inplace = !detail && max_wait == 0 ? p->algo[0]->inplace
+                                              : rate__step_inplace;
     rc = RATE_ENOTSUP;
     if (lim->store->vt->decide != NULL) {
         rate_decide_req_t req = {p, now, clock_time, permits, max_wait,

@@ -239,12 +239,13 @@ static size_t state_bound(const rate_policy_t *p, const rate__view_t *views)
     return len;
 }
 
-/* The common case, decided without the general path's loops: one
- * fixed-size limit, its state `st` made under this very policy.  Writes the
- * new state to `out`, which may be `st` itself (in place: every byte is
- * read before any is written).  Returns RATE_INPLACE_NO when the state is
- * anything else (nothing written), else READ or WROTE as
- * rate_step_t.inplace says. */
+/* One fixed-size limit, its state `st` made under this very policy, with
+ * the full decision (or a reservation): decided without the general path's
+ * loops.  Writes the new state to `out`, which may be `st` itself (in
+ * place: every byte is read before any is written).  Returns
+ * RATE_INPLACE_NO when the state is anything else (nothing written), else
+ * READ or WROTE as rate_step_t.inplace says.  A plain try-acquire has a
+ * faster pass still: the algorithm's own inplace. */
 static int step_one(const rate__step_arg_t *arg, const uint8_t *st,
                     size_t len, uint8_t *out, bool *allowed, uint64_t *ttl)
 {
@@ -254,53 +255,47 @@ static int step_one(const rate__step_arg_t *arg, const uint8_t *st,
     rate__view_t v;
     rate__verdict_t verdict;
 
-    if (len != RATE__HEADER_LEN + a->fixed || a->grow != 0 ||
-        st[13] != RATE__STATE_VERSION || st[12] != 1 ||
-        rate__get32(st + 8) != p->fingerprint)
+    if (a->grow != 0 || !rate__header_is(p, st, len, a->fixed))
         return RATE_INPLACE_NO;
     uint64_t last = rate__get64(st);
-    if (last > RATE_TIME_MAX)
-        return RATE_INPLACE_NO; /* the general path reports it */
     uint64_t t = arg->now_ns > last ? arg->now_ns : last;
     rate_decision_t *d = arg->decision;
-    if (!arg->detail && arg->max_wait_ns == 0 && a->admit != NULL) {
-        /* A plain try-acquire: the algorithm's folded pass (in place when
-         * out is st; else over a copy of the component). */
-        uint8_t *comp = out + RATE__HEADER_LEN;
-        if (out != st)
-            memcpy(comp, st + RATE__HEADER_LEN, a->fixed);
-        /* d is zeroed by the limiter (also before a fallback decision):
-         * without detail, only these fields are the verdict's. */
-        *allowed = d->allowed = a->admit(l, comp, last, t, arg->permits,
-                                         &d->reason, &d->retry_after_ns);
-        d->limit = l->burst != 0 ? l->burst : l->limit;
-        if (!d->allowed || arg->permits == 0)
-            return RATE_INPLACE_READ;
-        *ttl = p->max_reset_ns;
-    } else {
-        a->load(l, st + RATE__HEADER_LEN, &v);
-        a->advance(l, &v, last, t);
-        a->decide(l, &v, t, arg->permits, arg->max_wait_ns, arg->detail,
-                  &verdict);
-        combine(p, &verdict, d);
-        *allowed = verdict.allowed;
-        if (!verdict.allowed || arg->permits == 0)
-            return RATE_INPLACE_READ;
-        a->commit(l, &v, t, arg->permits, out + RATE__HEADER_LEN);
-        *ttl = arg->detail ? d->reset_after_ns : p->max_reset_ns;
-    }
+    a->load(l, st + RATE__HEADER_LEN, &v);
+    a->advance(l, &v, last, t);
+    a->decide(l, &v, t, arg->permits, arg->max_wait_ns, arg->detail,
+              &verdict);
+    combine(p, &verdict, d);
+    *allowed = verdict.allowed;
+    if (!verdict.allowed || arg->permits == 0)
+        return RATE_INPLACE_READ;
+    a->commit(l, &v, t, arg->permits, out + RATE__HEADER_LEN);
+    *ttl = arg->detail ? d->reset_after_ns : p->max_reset_ns;
     write_header(p, t, out);
     return RATE_INPLACE_WROTE;
 }
 
-/* rate_step_t.inplace: a single fixed-size limit over a state made under
- * this very policy, decided and rewritten where it lies; anything else
- * about the state (another policy, version or size) is left to
- * rate__step. */
+/* rate_step_t.inplace for the full decision: see step_one. */
 int rate__step_inplace(void *varg, void *state, size_t len, bool *allowed,
                        uint64_t *ttl_ns)
 {
     return step_one(varg, state, len, state, allowed, ttl_ns);
+}
+
+/* The single-limit fast paths over a copy: the state is decided into
+ * io->new_state.  RATE_INPLACE_NO when they do not apply. */
+static int step_one_copy(rate__step_arg_t *arg, rate_step_io_t *io)
+{
+    const rate__algo_t *a = arg->policy->algo[0];
+
+    if (!arg->detail && arg->max_wait_ns == 0 && a->inplace != NULL) {
+        if (io->old_len > io->new_cap)
+            return RATE_INPLACE_NO;
+        memcpy(io->new_state, io->old_state, io->old_len);
+        return a->inplace(arg, io->new_state, io->old_len,
+                          &io->allowed, &io->ttl_ns);
+    }
+    return step_one(arg, io->old_state, io->old_len, io->new_state,
+                    &io->allowed, &io->ttl_ns);
 }
 
 int rate__step(void *varg, rate_step_io_t *io)
@@ -314,8 +309,7 @@ int rate__step(void *varg, rate_step_io_t *io)
     int rc;
 
     if (p->count == 1 && io->old_state != NULL) {
-        int r = step_one(arg, io->old_state, io->old_len, io->new_state,
-                         &io->allowed, &io->ttl_ns);
+        int r = step_one_copy(arg, io);
         if (r != RATE_INPLACE_NO) {
             io->write = r == RATE_INPLACE_WROTE;
             io->new_len = io->write ? io->old_len : 0;

@@ -7,16 +7,18 @@
  */
 #include "../internal.h"
 
+#define FW_FIXED 8 /* bytes of stored state */
+
 static size_t fw_size(const uint8_t *st, size_t avail)
 {
     (void)st;
-    return avail >= 8 ? 8 : 0;
+    return avail >= FW_FIXED ? FW_FIXED : 0;
 }
 
 static void fw_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
 {
     (void)l;
-    memset(v, 0, sizeof *v);
+    *v = (rate__view_t){0};
     if (st != NULL)
         v->x = rate__get64(st);
 }
@@ -41,7 +43,7 @@ static void fw_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
     uint64_t count = (uint64_t)v->x;
 
     (void)max_wait;
-    memset(out, 0, sizeof *out);
+    *out = (rate__verdict_t){0};
     if (n > l->limit) {
         out->reason = RATE_REASON_NEVER;
         out->retry_after_ns = RATE_NEVER;
@@ -67,7 +69,7 @@ static size_t fw_commit(const rate_limit_t *l, const rate__view_t *v,
     (void)l;
     (void)t;
     rate__put64(out, (uint64_t)v->x + n);
-    return 8;
+    return FW_FIXED;
 }
 
 static bool fw_is_cold(const rate_limit_t *l, const rate__view_t *v)
@@ -92,11 +94,11 @@ static uint64_t fw_max_reset(const rate_limit_t *l)
     return l->period_ns;
 }
 
-RATE__DEFINE_ADMIT(fw)
+RATE__DEFINE_INPLACE(fw, FW_FIXED)
 
 const rate__algo_t rate__fixed_window = {
     .name = "fixed-window",
-    .fixed = 8,
+    .fixed = FW_FIXED,
     .grow = 0,
     .size = fw_size,
     .load = fw_load,
@@ -106,5 +108,5 @@ const rate__algo_t rate__fixed_window = {
     .is_cold = fw_is_cold,
     .convert = fw_convert,
     .max_reset = fw_max_reset,
-    .admit = fw_admit,
+    .inplace = fw_inplace,
 };

@@ -9,16 +9,18 @@
  */
 #include "../internal.h"
 
+#define LB_FIXED 8 /* bytes of stored state */
+
 static size_t lb_size(const uint8_t *st, size_t avail)
 {
     (void)st;
-    return avail >= 8 ? 8 : 0;
+    return avail >= LB_FIXED ? LB_FIXED : 0;
 }
 
 static void lb_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
 {
     (void)l;
-    memset(v, 0, sizeof *v);
+    *v = (rate__view_t){0};
     if (st != NULL)
         v->x = rate__get64(st);
 }
@@ -52,7 +54,7 @@ static void lb_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
     rate_i128_t cap = (rate_i128_t)(l->burst * l->period_ns);
 
     (void)t;
-    memset(out, 0, sizeof *out);
+    *out = (rate__verdict_t){0};
     if (n > l->burst) {
         out->reason = RATE_REASON_NEVER;
         out->retry_after_ns = RATE_NEVER;
@@ -82,7 +84,7 @@ static size_t lb_commit(const rate_limit_t *l, const rate__view_t *v,
 {
     (void)t;
     rate__put64(out, (uint64_t)(v->x + (rate_i128_t)n * l->period_ns));
-    return 8;
+    return LB_FIXED;
 }
 
 static bool lb_is_cold(const rate_limit_t *l, const rate__view_t *v)
@@ -110,11 +112,11 @@ static uint64_t lb_max_reset(const rate_limit_t *l)
     return rate__ceil_div64((rate_u128_t)l->burst * l->period_ns, l->limit);
 }
 
-RATE__DEFINE_ADMIT(lb)
+RATE__DEFINE_INPLACE(lb, LB_FIXED)
 
 const rate__algo_t rate__leaky_bucket = {
     .name = "leaky-bucket",
-    .fixed = 8,
+    .fixed = LB_FIXED,
     .grow = 0,
     .size = lb_size,
     .load = lb_load,
@@ -124,5 +126,5 @@ const rate__algo_t rate__leaky_bucket = {
     .is_cold = lb_is_cold,
     .convert = lb_convert,
     .max_reset = lb_max_reset,
-    .admit = lb_admit,
+    .inplace = lb_inplace,
 };

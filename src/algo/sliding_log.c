@@ -58,7 +58,7 @@ static void sl_prune(const rate_limit_t *l, uint64_t t, rate__view_t *v)
 
 static void sl_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
 {
-    memset(v, 0, sizeof *v);
+    *v = (rate__view_t){0};
     if (st == NULL)
         return;
     (void)l;
@@ -102,7 +102,7 @@ static void sl_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
                       rate__verdict_t *out)
 {
     (void)max_wait;
-    memset(out, 0, sizeof *out);
+    *out = (rate__verdict_t){0};
     if (n > l->limit) {
         out->reason = RATE_REASON_NEVER;
         out->retry_after_ns = RATE_NEVER;

@@ -8,16 +8,18 @@
  */
 #include "../internal.h"
 
+#define SW_FIXED 16 /* bytes of stored state */
+
 static size_t sw_size(const uint8_t *st, size_t avail)
 {
     (void)st;
-    return avail >= 16 ? 16 : 0;
+    return avail >= SW_FIXED ? SW_FIXED : 0;
 }
 
 static void sw_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
 {
     (void)l;
-    memset(v, 0, sizeof *v);
+    *v = (rate__view_t){0};
     if (st != NULL) {
         v->x = rate__get64(st);
         v->y = rate__get64(st + 8);
@@ -99,7 +101,7 @@ static void sw_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
     uint64_t e = t % l->period_ns;
 
     (void)max_wait;
-    memset(out, 0, sizeof *out);
+    *out = (rate__verdict_t){0};
     if (n > l->limit) {
         out->reason = RATE_REASON_NEVER;
         out->retry_after_ns = RATE_NEVER;
@@ -127,7 +129,7 @@ static size_t sw_commit(const rate_limit_t *l, const rate__view_t *v,
     (void)t;
     rate__put64(out, (uint64_t)v->x);
     rate__put64(out + 8, v->y + n);
-    return 16;
+    return SW_FIXED;
 }
 
 static bool sw_is_cold(const rate_limit_t *l, const rate__view_t *v)
@@ -151,11 +153,11 @@ static uint64_t sw_max_reset(const rate_limit_t *l)
     return 2 * l->period_ns;
 }
 
-RATE__DEFINE_ADMIT(sw)
+RATE__DEFINE_INPLACE(sw, SW_FIXED)
 
 const rate__algo_t rate__sliding_window = {
     .name = "sliding-window",
-    .fixed = 16,
+    .fixed = SW_FIXED,
     .grow = 0,
     .size = sw_size,
     .load = sw_load,
@@ -165,5 +167,5 @@ const rate__algo_t rate__sliding_window = {
     .is_cold = sw_is_cold,
     .convert = sw_convert,
     .max_reset = sw_max_reset,
-    .admit = sw_admit,
+    .inplace = sw_inplace,
 };

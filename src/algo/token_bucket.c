@@ -10,28 +10,39 @@
  */
 #include "../internal.h"
 
+#define TB_FIXED 8 /* bytes of stored state */
+
 static size_t tb_size(const uint8_t *st, size_t avail)
 {
     (void)st;
-    return avail >= 8 ? 8 : 0;
+    return avail >= TB_FIXED ? TB_FIXED : 0;
 }
 
 static void tb_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
 {
-    memset(v, 0, sizeof *v);
+    *v = (rate__view_t){0};
     v->x = st != NULL ? (int64_t)rate__get64(st)
                       : (rate_i128_t)(l->burst * l->period_ns);
 }
 
+/* The view of a token bucket always fits 64 bits (-2^62 <= u <= B * P <=
+ * 2^62, or whatever a corrupt store gave), so the hot functions work in
+ * 64-bit words; differences are taken unsigned, where they fit whatever u
+ * is.  Only a reservation's bound needs 128 bits. */
 static void tb_advance(const rate_limit_t *l, rate__view_t *v, uint64_t last,
                        uint64_t t)
 {
-    rate_i128_t full = (rate_i128_t)(l->burst * l->period_ns);
+    int64_t full = (int64_t)(l->burst * l->period_ns);
+    int64_t u = (int64_t)v->x;
+    uint64_t add;
 
-    if (v->x < full) {
-        v->x += (rate_i128_t)(t - last) * l->limit;
-        if (v->x > full)
-            v->x = full;
+    if (u < full) {
+        if (__builtin_mul_overflow(t - last, l->limit, &add) ||
+            add >= (uint64_t)full - (uint64_t)u)
+            u = full;
+        else
+            u += (int64_t)add;
+        v->x = u;
     }
 }
 
@@ -51,32 +62,36 @@ static void tb_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
                       uint64_t n, uint64_t max_wait, bool detail,
                       rate__verdict_t *out)
 {
-    rate_i128_t u = v->x;
-    rate_i128_t need = (rate_i128_t)n * l->period_ns;
+    int64_t u = (int64_t)v->x;
+    int64_t need = 0;
 
     (void)t;
-    memset(out, 0, sizeof *out);
+    *out = (rate__verdict_t){0};
     if (n > l->burst) {
         out->reason = RATE_REASON_NEVER;
         out->retry_after_ns = RATE_NEVER;
-    } else if (n == 0 || u >= need) {
-        out->allowed = true;
-    } else if (max_wait > 0 && u - need >= -RATE__DEBT_MAX &&
-               (rate_u128_t)(need - u) <= (rate_u128_t)max_wait * l->limit) {
-        out->allowed = true;
-        out->delay_ns = rate__ceil_div64((rate_u128_t)(need - u), l->limit);
     } else {
-        out->reason = RATE_REASON_LIMITED;
-        out->retry_after_ns =
-            rate__ceil_div64((rate_u128_t)(need - u), l->limit);
+        need = (int64_t)(n * l->period_ns); /* <= B * P */
+        uint64_t missing = (uint64_t)need - (uint64_t)u; /* if u < need */
+        if (n == 0 || u >= need) {
+            out->allowed = true;
+        } else if (max_wait > 0 &&
+                   (rate_i128_t)u - need >= -RATE__DEBT_MAX &&
+                   missing <= (rate_u128_t)max_wait * l->limit) {
+            out->allowed = true;
+            out->delay_ns = rate__ceil_div64(missing, l->limit);
+        } else {
+            out->reason = RATE_REASON_LIMITED;
+            out->retry_after_ns = rate__ceil_div64(missing, l->limit);
+        }
     }
     if (!detail)
         return;
     out->remaining_now = tb_remaining(l, u);
     out->reset_now_ns = tb_reset(l, u);
     if (out->allowed) {
-        out->remaining_after = tb_remaining(l, u - need);
-        out->reset_after_ns = tb_reset(l, u - need);
+        out->remaining_after = tb_remaining(l, (rate_i128_t)u - need);
+        out->reset_after_ns = tb_reset(l, (rate_i128_t)u - need);
     }
 }
 
@@ -84,8 +99,9 @@ static size_t tb_commit(const rate_limit_t *l, const rate__view_t *v,
                         uint64_t t, uint64_t n, uint8_t *out)
 {
     (void)t;
-    rate__put64(out, (uint64_t)(int64_t)(v->x - (rate_i128_t)n * l->period_ns));
-    return 8;
+    /* Admitted: n <= B, and a reservation stays above -2^62. */
+    rate__put64(out, (uint64_t)((int64_t)v->x - (int64_t)(n * l->period_ns)));
+    return TB_FIXED;
 }
 
 static bool tb_is_cold(const rate_limit_t *l, const rate__view_t *v)
@@ -117,11 +133,11 @@ static uint64_t tb_max_reset(const rate_limit_t *l)
     return rate__ceil_div64((rate_u128_t)l->burst * l->period_ns, l->limit);
 }
 
-RATE__DEFINE_ADMIT(tb)
+RATE__DEFINE_INPLACE(tb, TB_FIXED)
 
 const rate__algo_t rate__token_bucket = {
     .name = "token-bucket",
-    .fixed = 8,
+    .fixed = TB_FIXED,
     .grow = 0,
     .size = tb_size,
     .load = tb_load,
@@ -131,5 +147,5 @@ const rate__algo_t rate__token_bucket = {
     .is_cold = tb_is_cold,
     .convert = tb_convert,
     .max_reset = tb_max_reset,
-    .admit = tb_admit,
+    .inplace = tb_inplace,
 };
