@@ -116,6 +116,36 @@ static void sliding_window(void **state)
     rate_limiter_free(l);
 }
 
+/* The token bucket's arithmetic at its edges, through both the plain
+ * try-acquire (the in-place pass) and the full decision: a refill whose
+ * product overflows 64 bits, and a reservation's debt paid back. */
+static void token_bucket_extremes(void **state)
+{
+    (void)state;
+    /* 2^62 tokens a second, burst 2: 4 ns of refill is exactly 2^64
+     * scaled tokens (0 if the product wrapped); 1 ns is 2^62, more than the
+     * 2e9 the bucket holds. */
+    rate_limiter_t *l = limiter_of("token-bucket 4611686018427387904/s "
+                                   "burst=2", NULL);
+    assert_true(rate_try_acquire_at(l, "k", 2, 0));
+    assert_false(rate_try_acquire_at(l, "k", 1, 0));
+    EXPECT(l, 0, 1, 0, false, 0, 0, 1, 1);
+    assert_true(rate_try_acquire_at(l, "k", 2, 4)); /* full again */
+    EXPECT(l, 8, 2, 0, true, 0, 0, 0, 1);
+    assert_false(rate_try_acquire_at(l, "k", 1, 8));
+    assert_true(rate_try_acquire_at(l, "k", 2, 9));
+    rate_limiter_free(l);
+
+    /* 1/s burst 1: a reservation leaves the bucket a token in debt. */
+    l = limiter_of("token-bucket 1/s burst=1", NULL);
+    assert_true(rate_try_acquire_at(l, "k", 1, 0));
+    EXPECT(l, 0, 1, 10 * SEC, true, 0, SEC, 0, 2 * SEC);
+    assert_false(rate_try_acquire_at(l, "k", 1, 2 * SEC - 1));
+    EXPECT(l, 2 * SEC - 1, 1, 0, false, 0, 0, 1, 1);
+    assert_true(rate_try_acquire_at(l, "k", 1, 2 * SEC));
+    rate_limiter_free(l);
+}
+
 /* A retry_after is exact: the same request then passes, a nanosecond
  * earlier it does not (spec: "Rounded up"). */
 static void retry_after_is_tight(void **state)
@@ -155,6 +185,7 @@ int main(void)
         cmocka_unit_test(token_bucket),   cmocka_unit_test(gcra_is_token_bucket),
         cmocka_unit_test(leaky_bucket),   cmocka_unit_test(fixed_window),
         cmocka_unit_test(sliding_log),    cmocka_unit_test(sliding_window),
+        cmocka_unit_test(token_bucket_extremes),
         cmocka_unit_test(retry_after_is_tight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
