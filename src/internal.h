@@ -40,6 +40,11 @@ struct rate_policy {
     size_t grow;            /* state bytes one admission may add */
     uint64_t max_reset_ns;  /* bound on reset_after of an admitted
                                try-acquire (no reservation) */
+    /* The in-place steps the limiter offers a store (rate_step_t.inplace)
+     * for a plain try-acquire and for the full decision; NULL unless the
+     * policy is one fixed-size limit. */
+    int (*inplace_plain)(void *, void *, size_t, bool *, uint64_t *);
+    int (*inplace_full)(void *, void *, size_t, bool *, uint64_t *);
     _Atomic(const void *) seen_by; /* last limiter that registered it */
 };
 

@@ -311,10 +311,9 @@ static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim, const char *key,
     arg = (rate__step_arg_t){p, reg_lookup, lim, now, permits, max_wait,
                              detail, d};
     st = (rate_step_t){rate__step, &arg, p->grow, now, clock_time,
-                       rate__is_cold, NULL};
-    if (p->count == 1 && p->algo[0]->grow == 0) /* the hot path */
-        st.inplace = !detail && max_wait == 0 ? p->algo[0]->inplace
-                                              : rate__step_inplace;
+                       rate__is_cold,
+                       !detail && max_wait == 0 ? p->inplace_plain
+                                                : p->inplace_full};
     rc = RATE_ENOTSUP;
     if (lim->store->vt->decide != NULL) {
         rate_decide_req_t req = {p, now, clock_time, permits, max_wait,

@@ -18,6 +18,7 @@
  * noisy; the best round is the one least disturbed).
  */
 #include <fcntl.h>
+#include <sched.h>
 #include <pthread.h>
 #include <sys/wait.h>
 #include <stdatomic.h>
@@ -205,6 +206,37 @@ static double threads(rate_limiter_t *lim, int n, bool same_key)
     return (double)dt / (double)iters;
 }
 
+/* Pins the calling thread to the CPU it runs on (on), or lets it run on
+ * every CPU it could at the start again (off).  Best effort: where
+ * affinity cannot be set, the measures run unpinned. */
+static void pin_to_current_cpu(bool on)
+{
+    static cpu_set_t all;
+    static bool saved;
+
+    if (!saved) {
+        saved = sched_getaffinity(0, sizeof all, &all) == 0;
+        if (!saved)
+            return;
+    }
+    if (on) {
+        int cpu = sched_getcpu();
+        cpu_set_t one;
+        if (cpu < 0)
+            return;
+        CPU_ZERO(&one);
+        CPU_SET((size_t)cpu, &one);
+        sched_setaffinity(0, sizeof one, &one);
+    } else {
+        sched_setaffinity(0, sizeof all, &all);
+    }
+}
+
+static double lesser(double a, double b)
+{
+    return a < b ? a : b;
+}
+
 typedef double (*measure_fn)(void *ctx);
 
 static double best(double (*fn)(void *), void *ctx)
@@ -219,11 +251,8 @@ static double best(double (*fn)(void *), void *ctx)
 }
 
 /* Thin adapters so every measurement goes through best(). */
-static double m_clock(void *c) { (void)c; return floor_clock(); }
-static double m_hash_cas(void *c) { (void)c; return floor_hash_cas(); }
 static double m_fetch(void *c) { return floor_fetch_read(c); }
 static double m_fetch_serial(void *c) { return floor_fetch_read_serial(c); }
-static double m_hot_clock(void *c) { return hot_clock(c); }
 static double m_hot_given(void *c) { return hot_given(c, keys[42]); }
 static double m_random(void *c) { return random_keys(c); }
 static double m_two_distinct(rate_limiter_t *c) { return threads(c, 2, false); }
@@ -319,31 +348,40 @@ int cmd_bench(int argc, char **argv)
     if (table == NULL)
         return cli_fail("bench: out of memory");
 
+    /* One thread's measures run on one CPU, so that each is compared with
+     * floors taken on the same core: the two cores of a shared machine
+     * may run at quite different speeds (one measured 45% slower than the
+     * other here, its sibling busy with another tenant). */
+    pin_to_current_cpu(true);
     note("floors");
-    double f_clock = best(m_clock, NULL);
-    double f_cas = best(m_hash_cas, NULL);
     double f_fetch = best(m_fetch, table);
     double f_serial = best(m_fetch_serial, table);
     free(table);
 
     note("hot key");
     rate_limiter_t *lim = limiter(OPEN_TB, NULL);
-    double hot_c = best(m_hot_clock, lim);
-    double hot_g = best(m_hot_given, lim);
+    /* Each floor beside the decisions it is the floor of, round by round,
+     * so a slow spell touches both; the best of each. */
+    double f_clock = 1e300, f_cas = 1e300, hot_c = 1e300, hot_g = 1e300;
+    for (unsigned r = 0; r < rounds; r++) {
+        f_clock = lesser(f_clock, floor_clock());
+        f_cas = lesser(f_cas, floor_hash_cas());
+        hot_c = lesser(hot_c, hot_clock(lim));
+        hot_g = lesser(hot_g, hot_given(lim, keys[42]));
+    }
+    pin_to_current_cpu(false); /* the threads get both cores */
     note("two threads");
     /* Round by round, so that a slow spell of the shared machine hurts
      * one thread and two alike; the best of each. */
     double one_t = 1e300, two_d = 1e300, two_s = 1e300;
     for (unsigned r = 0; r < rounds; r++) {
-        double v = m_one_thread(lim);
-        one_t = v < one_t ? v : one_t;
-        v = m_two_distinct(lim);
-        two_d = v < two_d ? v : two_d;
-        v = m_two_same(lim);
-        two_s = v < two_s ? v : two_s;
+        one_t = lesser(one_t, m_one_thread(lim));
+        two_d = lesser(two_d, m_two_distinct(lim));
+        two_s = lesser(two_s, m_two_same(lim));
     }
     rate_limiter_free(lim);
 
+    pin_to_current_cpu(true);
     note("1M keys");
     rate_memory_options_t sized = {KEYS, 0};
     rate_store_t *store;
@@ -375,6 +413,7 @@ int cmd_bench(int argc, char **argv)
         per_algo[a] = best(m_hot_given, lim);
         rate_limiter_free(lim);
     }
+    pin_to_current_cpu(false);
     note("replay");
     double replay_one = replay_rate(2000000, 1);
     double replay_many = replay_rate(2000000, 100000);
