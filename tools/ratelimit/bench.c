@@ -15,7 +15,10 @@
  *              and as independent iterations, whose misses the CPU
  *              overlaps (shown for reference).
  * Every figure is the best of several rounds (the machines are shared and
- * noisy; the best round is the one least disturbed).
+ * noisy; the best round is the one least disturbed).  One thread's figures
+ * are taken pinned to one CPU beside floors taken there, on each of two
+ * CPUs (shared cores can differ by half in speed); thread figures pin each
+ * thread to a CPU of its own (see threads()).
  */
 #include <fcntl.h>
 #include <sched.h>
@@ -169,72 +172,116 @@ static double random_keys(rate_limiter_t *lim)
     return (double)(now_ns() - t0) / (double)iters;
 }
 
+/* Threads: each runs for a fixed span on a CPU of its own and counts its
+ * decisions, so that throughput is decisions per second of the span.  The
+ * two cores of a shared machine can run at quite different speeds, so one
+ * thread is measured on each of the two CPUs and "one thread" is the mean
+ * of the two: two threads are compared with what their two cores do
+ * alone. */
+#define SPAN_NS 50000000u /* 50 ms */
+
 typedef struct worker {
     rate_limiter_t *lim;
     const char *key;
+    int cpu;
     pthread_barrier_t *start;
+    atomic_bool *stop;
+    uint64_t count;
 } worker_t;
+
+static void pin_thread(int cpu)
+{
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET((size_t)cpu, &one);
+    pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+}
 
 static void *run_worker(void *arg)
 {
     worker_t *w = arg;
-    uint64_t ok = 0, t = now_ns();
+    uint64_t ok = 0, i = 0, t = now_ns();
+    pin_thread(w->cpu);
     pthread_barrier_wait(w->start);
-    for (uint64_t i = 0; i < iters; i++)
+    while (!atomic_load_explicit(w->stop, memory_order_relaxed)) {
         ok += rate_try_acquire_at(w->lim, w->key, 1, t + i);
+        i++;
+    }
+    w->count = i;
     sink = ok;
     return NULL;
 }
 
-/* Wall ns per decision per thread, with `n` threads at once. */
-static double threads(rate_limiter_t *lim, int n, bool same_key)
+/* Decisions per microsecond of `n` threads at once, on cpus[0..n-1]. */
+static double threads(rate_limiter_t *lim, int n, const int *cpus,
+                      bool same_key)
 {
     pthread_t th[2];
     worker_t w[2];
     pthread_barrier_t start;
+    atomic_bool stop = false;
+    struct timespec span = {0, SPAN_NS};
     pthread_barrier_init(&start, NULL, (unsigned)n + 1);
     for (int i = 0; i < n; i++) {
-        w[i] = (worker_t){lim, keys[same_key ? 42 : 42 + i * 1000], &start};
+        w[i] = (worker_t){lim, keys[same_key ? 42 : 42 + i * 1000], cpus[i],
+                          &start, &stop, 0};
         pthread_create(&th[i], NULL, run_worker, &w[i]);
     }
     pthread_barrier_wait(&start);
     uint64_t t0 = now_ns();
-    for (int i = 0; i < n; i++)
+    nanosleep(&span, NULL);
+    atomic_store(&stop, true);
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
         pthread_join(th[i], NULL);
+        total += w[i].count;
+    }
     uint64_t dt = now_ns() - t0;
     pthread_barrier_destroy(&start);
-    return (double)dt / (double)iters;
+    return (double)total * 1000.0 / (double)dt;
 }
 
-/* Pins the calling thread to the CPU it runs on (on), or lets it run on
- * every CPU it could at the start again (off).  Best effort: where
- * affinity cannot be set, the measures run unpinned. */
-static void pin_to_current_cpu(bool on)
+/* The first two CPUs this process may run on; false if it has one. */
+static bool two_cpus(int cpus[2])
 {
-    static cpu_set_t all;
-    static bool saved;
+    cpu_set_t set;
+    int n = 0;
+    if (sched_getaffinity(0, sizeof set, &set) != 0)
+        return false;
+    for (int c = 0; c < CPU_SETSIZE && n < 2; c++)
+        if (CPU_ISSET((size_t)c, &set))
+            cpus[n++] = c;
+    return n == 2;
+}
 
-    if (!saved) {
-        saved = sched_getaffinity(0, sizeof all, &all) == 0;
-        if (!saved)
-            return;
-    }
-    if (on) {
-        int cpu = sched_getcpu();
-        cpu_set_t one;
-        if (cpu < 0)
-            return;
-        CPU_ZERO(&one);
-        CPU_SET((size_t)cpu, &one);
-        sched_setaffinity(0, sizeof one, &one);
-    } else {
-        sched_setaffinity(0, sizeof all, &all);
-    }
+/* Lets the calling thread run on every CPU it could at the start again. */
+static void unpin(const cpu_set_t *all)
+{
+    pthread_setaffinity_np(pthread_self(), sizeof *all, all);
 }
 
 static double lesser(double a, double b)
 {
     return a < b ? a : b;
+}
+
+/* The hot-key floors and decisions on the calling thread's CPU, round by
+ * round so that a slow spell touches each floor and its decisions alike;
+ * the best of each. */
+typedef struct hot {
+    double clock_floor, cas_floor, clock, given;
+} hot_t;
+
+static hot_t hot_measures(rate_limiter_t *lim)
+{
+    hot_t h = {1e300, 1e300, 1e300, 1e300};
+    for (unsigned r = 0; r < rounds; r++) {
+        h.clock_floor = lesser(h.clock_floor, floor_clock());
+        h.cas_floor = lesser(h.cas_floor, floor_hash_cas());
+        h.clock = lesser(h.clock, hot_clock(lim));
+        h.given = lesser(h.given, hot_given(lim, keys[42]));
+    }
+    return h;
 }
 
 typedef double (*measure_fn)(void *ctx);
@@ -255,9 +302,6 @@ static double m_fetch(void *c) { return floor_fetch_read(c); }
 static double m_fetch_serial(void *c) { return floor_fetch_read_serial(c); }
 static double m_hot_given(void *c) { return hot_given(c, keys[42]); }
 static double m_random(void *c) { return random_keys(c); }
-static double m_two_distinct(rate_limiter_t *c) { return threads(c, 2, false); }
-static double m_two_same(rate_limiter_t *c) { return threads(c, 2, true); }
-static double m_one_thread(rate_limiter_t *c) { return threads(c, 1, false); }
 
 static void populate(rate_limiter_t *lim)
 {
@@ -349,40 +393,53 @@ int cmd_bench(int argc, char **argv)
         return cli_fail("bench: out of memory");
 
     /* One thread's measures run on one CPU, so that each is compared with
-     * floors taken on the same core: the two cores of a shared machine
-     * may run at quite different speeds (one measured 45% slower than the
-     * other here, its sibling busy with another tenant). */
-    pin_to_current_cpu(true);
-    note("floors");
-    double f_fetch = best(m_fetch, table);
-    double f_serial = best(m_fetch_serial, table);
-    free(table);
+     * floors taken on the same core: the two cores of a shared machine may
+     * run at quite different speeds (one measured 45% slower than the
+     * other here, its sibling busy with another tenant), and the longer
+     * path of a decision suffers more from that than a floor does.  The
+     * hot-key figures are taken on each of the first two CPUs; the table
+     * shows the less disturbed one (the faster decisions), and the other's
+     * ratios beside it. */
+    int cpus[2];
+    cpu_set_t all;
+    bool have_two = two_cpus(cpus) &&
+                    sched_getaffinity(0, sizeof all, &all) == 0;
 
     note("hot key");
     rate_limiter_t *lim = limiter(OPEN_TB, NULL);
-    /* Each floor beside the decisions it is the floor of, round by round,
-     * so a slow spell touches both; the best of each. */
-    double f_clock = 1e300, f_cas = 1e300, hot_c = 1e300, hot_g = 1e300;
-    for (unsigned r = 0; r < rounds; r++) {
-        f_clock = lesser(f_clock, floor_clock());
-        f_cas = lesser(f_cas, floor_hash_cas());
-        hot_c = lesser(hot_c, hot_clock(lim));
-        hot_g = lesser(hot_g, hot_given(lim, keys[42]));
+    hot_t hot[2];
+    int ncpu = have_two ? 2 : 1;
+    for (int c = 0; c < ncpu; c++) {
+        if (have_two)
+            pin_thread(cpus[c]);
+        hot[c] = hot_measures(lim);
     }
-    pin_to_current_cpu(false); /* the threads get both cores */
+    int fast = ncpu == 2 && hot[1].given < hot[0].given ? 1 : 0;
+    double f_clock = hot[fast].clock_floor, f_cas = hot[fast].cas_floor;
+    double hot_c = hot[fast].clock, hot_g = hot[fast].given;
+    if (have_two)
+        unpin(&all); /* the threads pin themselves */
     note("two threads");
     /* Round by round, so that a slow spell of the shared machine hurts
-     * one thread and two alike; the best of each. */
-    double one_t = 1e300, two_d = 1e300, two_s = 1e300;
-    for (unsigned r = 0; r < rounds; r++) {
-        one_t = lesser(one_t, m_one_thread(lim));
-        two_d = lesser(two_d, m_two_distinct(lim));
-        two_s = lesser(two_s, m_two_same(lim));
+     * one thread and two alike; the best of each (in decisions/us). */
+    double one_t = 0, two_d = 0, two_s = 0;
+    for (unsigned r = 0; have_two && r < rounds; r++) {
+        double solo = (threads(lim, 1, &cpus[0], false) +
+                       threads(lim, 1, &cpus[1], false)) / 2;
+        one_t = solo > one_t ? solo : one_t;
+        double v = threads(lim, 2, cpus, false);
+        two_d = v > two_d ? v : two_d;
+        v = threads(lim, 2, cpus, true);
+        two_s = v > two_s ? v : two_s;
     }
     rate_limiter_free(lim);
 
-    pin_to_current_cpu(true);
-    note("1M keys");
+    note("1M keys"); /* on the less disturbed CPU, floors and decisions */
+    if (have_two)
+        pin_thread(cpus[fast]);
+    double f_fetch = best(m_fetch, table);
+    double f_serial = best(m_fetch_serial, table);
+    free(table);
     rate_memory_options_t sized = {KEYS, 0};
     rate_store_t *store;
     if (rate_store_memory_new(&sized, &store) != RATE_OK)
@@ -413,7 +470,8 @@ int cmd_bench(int argc, char **argv)
         per_algo[a] = best(m_hot_given, lim);
         rate_limiter_free(lim);
     }
-    pin_to_current_cpu(false);
+    if (have_two)
+        unpin(&all);
     note("replay");
     double replay_one = replay_rate(2000000, 1);
     double replay_many = replay_rate(2000000, 100000);
@@ -432,16 +490,29 @@ int cmd_bench(int argc, char **argv)
            "hot key, library clock", hot_c, hot_c / (f_clock + f_cas));
     printf("  %-40s %8.1f %7.2fx  <= 2x (hash+CAS)\n", "hot key, caller's time",
            hot_g, hot_g / f_cas);
+    if (ncpu == 2)
+        printf("  %-40s %8s %7.2fx, %.2fx  (the same on the other CPU)\n",
+               "", "", hot[!fast].clock / (hot[!fast].clock_floor +
+                                           hot[!fast].cas_floor),
+               hot[!fast].given / hot[!fast].cas_floor);
     printf("  %-40s %8.1f %7.2fx  <= 1.5x (fetch+read, one after another)\n",
            "1M keys at random", rnd, rnd / f_serial);
     printf("  %-40s %8s %7.2fx  (against independent iterations)\n", "", "",
            rnd / f_fetch);
-    printf("  %-40s %8.1f %7.2fx  >= 1.8x throughput of one\n",
-           "2 threads, distinct keys (wall/decision)", two_d / 2,
-           one_t / (two_d / 2));
-    printf("  %-40s %8.1f %7.2fx  <= 2x ns of one thread\n",
-           "2 threads, one key (ns per decision)", two_s, two_s / one_t);
-    printf("  %-40s %8.1f\n", "1 thread (same loop)", one_t);
+    if (have_two) {
+        /* ns per decision: of the pair's wall time for distinct keys; of
+         * each thread for one key (two take turns), against one thread. */
+        printf("  %-40s %8.1f %7.2fx  >= 1.8x throughput of one\n",
+               "2 threads, distinct keys (wall/decision)", 1000.0 / two_d,
+               two_d / one_t);
+        printf("  %-40s %8.1f %7.2fx  <= 2x ns of one thread\n",
+               "2 threads, one key (ns per decision)", 2000.0 / two_s,
+               2 * one_t / two_s);
+        printf("  %-40s %8.1f\n", "1 thread (mean of the two CPUs)",
+               1000.0 / one_t);
+    } else {
+        printf("  2 threads: this process has one CPU\n");
+    }
     printf("\nmemory at 1M keys of 16 bytes (bytes/key)\n");
     printf("  %-40s %8.1f  target <= 48\n", "store sized by max_keys=1M",
            bytes_sized);
