@@ -285,14 +285,14 @@ int rate__step_inplace(void *varg, void *state, size_t len, bool *allowed,
  * io->new_state.  RATE_INPLACE_NO when they do not apply. */
 static int step_one_copy(rate__step_arg_t *arg, rate_step_io_t *io)
 {
-    const rate__algo_t *a = arg->policy->algo[0];
+    const rate_policy_t *p = arg->policy;
 
-    if (!arg->detail && arg->max_wait_ns == 0 && a->inplace != NULL) {
+    if (!arg->detail && arg->max_wait_ns == 0 && p->inplace_plain != NULL) {
         if (io->old_len > io->new_cap)
             return RATE_INPLACE_NO;
         memcpy(io->new_state, io->old_state, io->old_len);
-        return a->inplace(arg, io->new_state, io->old_len,
-                          &io->allowed, &io->ttl_ns);
+        return p->inplace_plain(arg, io->new_state, io->old_len,
+                                &io->allowed, &io->ttl_ns);
     }
     return step_one(arg, io->old_state, io->old_len, io->new_state,
                     &io->allowed, &io->ttl_ns);
