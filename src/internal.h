@@ -76,7 +76,8 @@ typedef struct rate__algo {
     const char *name;
     size_t fixed; /* bytes of stored state before any log entries */
     size_t grow;  /* bytes more per admission */
-    /* Bytes the stored component at st takes, 0 if `avail` is too short. */
+    /* Bytes the stored component at st takes, 0 if `avail` is too short;
+     * NULL for a component of always `fixed` bytes. */
     size_t (*size)(const uint8_t *st, size_t avail);
     /* Reads the stored component as of the key's t_last (st NULL: cold). */
     void (*load)(const rate_limit_t *l, const uint8_t *st, rate__view_t *v);

@@ -47,8 +47,8 @@ static bool parse_under(const rate_policy_t *p, const uint8_t *st, size_t len,
         return false;
     for (size_t i = 0; i < p->count; i++) {
         const rate__algo_t *a = p->algo[i];
-        size_t n = a->size(st + off, len - off);
-        if (n == 0)
+        size_t n = a->size != NULL ? a->size(st + off, len - off) : a->fixed;
+        if (n == 0 || n > len - off)
             return false;
         out->comp[i] = st + off;
         off += n;

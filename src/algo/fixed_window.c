@@ -9,12 +9,6 @@
 
 #define FW_FIXED 8 /* bytes of stored state */
 
-static size_t fw_size(const uint8_t *st, size_t avail)
-{
-    (void)st;
-    return avail >= FW_FIXED ? FW_FIXED : 0;
-}
-
 static void fw_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
 {
     (void)l;
@@ -100,7 +94,6 @@ const rate__algo_t rate__fixed_window = {
     .name = "fixed-window",
     .fixed = FW_FIXED,
     .grow = 0,
-    .size = fw_size,
     .load = fw_load,
     .advance = fw_advance,
     .decide = fw_decide,

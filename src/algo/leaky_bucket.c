@@ -11,12 +11,6 @@
 
 #define LB_FIXED 8 /* bytes of stored state */
 
-static size_t lb_size(const uint8_t *st, size_t avail)
-{
-    (void)st;
-    return avail >= LB_FIXED ? LB_FIXED : 0;
-}
-
 static void lb_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
 {
     (void)l;
@@ -118,7 +112,6 @@ const rate__algo_t rate__leaky_bucket = {
     .name = "leaky-bucket",
     .fixed = LB_FIXED,
     .grow = 0,
-    .size = lb_size,
     .load = lb_load,
     .advance = lb_advance,
     .decide = lb_decide,

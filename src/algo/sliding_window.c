@@ -10,12 +10,6 @@
 
 #define SW_FIXED 16 /* bytes of stored state */
 
-static size_t sw_size(const uint8_t *st, size_t avail)
-{
-    (void)st;
-    return avail >= SW_FIXED ? SW_FIXED : 0;
-}
-
 static void sw_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
 {
     (void)l;
@@ -159,7 +153,6 @@ const rate__algo_t rate__sliding_window = {
     .name = "sliding-window",
     .fixed = SW_FIXED,
     .grow = 0,
-    .size = sw_size,
     .load = sw_load,
     .advance = sw_advance,
     .decide = sw_decide,

@@ -12,12 +12,6 @@
 
 #define TB_FIXED 8 /* bytes of stored state */
 
-static size_t tb_size(const uint8_t *st, size_t avail)
-{
-    (void)st;
-    return avail >= TB_FIXED ? TB_FIXED : 0;
-}
-
 static void tb_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
 {
     *v = (rate__view_t){0};
@@ -139,7 +133,6 @@ const rate__algo_t rate__token_bucket = {
     .name = "token-bucket",
     .fixed = TB_FIXED,
     .grow = 0,
-    .size = tb_size,
     .load = tb_load,
     .advance = tb_advance,
     .decide = tb_decide,
