@@ -148,7 +148,7 @@ typedef struct rate__algo {
         *allowed = d->allowed = r.allowed;                                    \
         d->reason = r.reason;                                                 \
         d->retry_after_ns = r.retry_after_ns;                                 \
-        d->limit = l->burst != 0 ? l->burst : l->limit;                       \
+        d->limit = rate__shown_limit(l);                                      \
         if (!r.allowed || n == 0)                                             \
             return RATE_INPLACE_READ;                                         \
         prefix##_commit(l, &v, t, n, st + RATE__HEADER_LEN);                  \
@@ -188,6 +188,13 @@ static inline uint64_t rate__ceil_div64(rate_u128_t a, uint64_t b)
         return x / b + (x % b != 0);
     }
     return rate__ceil_div(a, b);
+}
+
+/* The `limit` a decision reports for one limit: a bucket's burst or
+ * capacity (never 0), a window's L (a window has no burst). */
+static inline uint64_t rate__shown_limit(const rate_limit_t *l)
+{
+    return l->burst != 0 ? l->burst : l->limit;
 }
 
 static inline uint64_t rate__min_u64(uint64_t a, uint64_t b)

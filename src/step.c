@@ -163,7 +163,7 @@ static void combine(const rate_policy_t *p, const rate__verdict_t *v,
         d->reason = v->reason;
         d->component = 0;
         d->error = 0;
-        d->limit = l->burst != 0 ? l->burst : l->limit;
+        d->limit = rate__shown_limit(l);
         d->remaining = v->allowed ? v->remaining_after : v->remaining_now;
         d->delay_ns = v->allowed ? v->delay_ns : 0;
         d->retry_after_ns = v->retry_after_ns;
@@ -200,11 +200,7 @@ static void combine(const rate_policy_t *p, const rate__verdict_t *v,
     }
     if (!allowed)
         d->delay_ns = 0;
-    const rate_limit_t *l = &p->limits[d->component];
-    d->limit = l->algorithm == RATE_TOKEN_BUCKET ||
-                       l->algorithm == RATE_LEAKY_BUCKET
-                   ? l->burst
-                   : l->limit;
+    d->limit = rate__shown_limit(&p->limits[d->component]);
 }
 
 static void write_header(const rate_policy_t *p, uint64_t t, uint8_t *out)
