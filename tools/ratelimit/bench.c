@@ -241,15 +241,15 @@ static double threads(rate_limiter_t *lim, int n, const int *cpus,
     return (double)total * 1000.0 / (double)dt;
 }
 
-/* The first two CPUs this process may run on; false if it has one. */
-static bool two_cpus(int cpus[2])
+/* The first two CPUs this process may run on, and all of them (*set);
+ * false if it has only one (or cannot tell). */
+static bool two_cpus(int cpus[2], cpu_set_t *set)
 {
-    cpu_set_t set;
     int n = 0;
-    if (sched_getaffinity(0, sizeof set, &set) != 0)
+    if (sched_getaffinity(0, sizeof *set, set) != 0)
         return false;
     for (int c = 0; c < CPU_SETSIZE && n < 2; c++)
-        if (CPU_ISSET((size_t)c, &set))
+        if (CPU_ISSET((size_t)c, set))
             cpus[n++] = c;
     return n == 2;
 }
@@ -402,8 +402,7 @@ int cmd_bench(int argc, char **argv)
      * ratios beside it. */
     int cpus[2];
     cpu_set_t all;
-    bool have_two = two_cpus(cpus) &&
-                    sched_getaffinity(0, sizeof all, &all) == 0;
+    bool have_two = two_cpus(cpus, &all);
 
     note("hot key");
     rate_limiter_t *lim = limiter(OPEN_TB, NULL);
