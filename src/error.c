@@ -1,7 +1,22 @@
 /*
- * Error and reason names, generated from the one list in ratelimit.h.
+ * Error and reason names, generated from the one list in ratelimit.h, and
+ * the writer of the library's error messages.
  */
+#include <stdarg.h>
+#include <stdio.h>
+
 #include "internal.h"
+
+int rate__fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
 
 const char *rate_strerror(int err)
 {

@@ -165,6 +165,12 @@ extern const rate__algo_t rate__sliding_window;
 
 const rate__algo_t *rate__algo(rate_algorithm_t a);
 
+/* Writes a message to err (when err is not NULL and errlen > 0), as
+ * snprintf would, and returns rc: how the calls that take an error buffer
+ * say what was wrong (src/error.c). */
+int rate__fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* ---------------------------------------------------------------- helpers */
 
 static inline uint64_t rate__ceil_div(rate_u128_t a, uint64_t b)

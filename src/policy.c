@@ -13,7 +13,6 @@
  * overflow: see the comment on rate_policy_new() in ratelimit.h.
  */
 #include <ctype.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -66,19 +65,9 @@ const rate__algo_t *rate__algo(rate_algorithm_t a)
     return NULL;
 }
 
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return RATE_EPOLICY;
-}
+/* Every policy error is RATE_EPOLICY with a message naming the bad part. */
+#define fail(err, errlen, ...)                                                \
+    rate__fail(err, errlen, RATE_EPOLICY, __VA_ARGS__)
 
 static bool is_bucket(rate_algorithm_t a)
 {

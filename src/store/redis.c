@@ -27,7 +27,6 @@
  */
 #include <errno.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <linux/futex.h>
@@ -111,20 +110,6 @@ typedef struct redis_store {
 
 /* ------------------------------------------------------------------ URL */
 
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 static bool copy_part(char *dst, size_t cap, const char *s, size_t n)
 {
     if (n >= cap)
@@ -161,28 +146,30 @@ static int parse_url(redis_store_t *r, const char *url, char *err,
         r->unix_socket = true;
         if (url[7] != '/' || !copy_part(r->host, sizeof r->host, url + 7,
                                         strlen(url + 7)))
-            return fail(err, errlen, RATE_EINVAL,
-                        "'%s': unix:// needs an absolute socket path", url);
+            return rate__fail(err, errlen, RATE_EINVAL,
+                              "'%s': unix:// needs an absolute socket path",
+                              url);
         return RATE_OK;
     }
     if (strncmp(url, "redis://", 8) != 0)
-        return fail(err, errlen, RATE_EINVAL,
-                    "'%s' is not redis://[user:password@]host[:port][/db] "
-                    "or unix:///path", url);
+        return rate__fail(err, errlen, RATE_EINVAL,
+                          "'%s' is not "
+                          "redis://[user:password@]host[:port][/db] "
+                          "or unix:///path", url);
     p = url + 8;
     end = p + strlen(p);
     const char *at = memchr(p, '@', (size_t)(end - p));
     if (at != NULL) {
         const char *colon = memchr(p, ':', (size_t)(at - p));
         if (colon == NULL)
-            return fail(err, errlen, RATE_EINVAL,
-                        "'%s': credentials are user:password@ or :password@",
-                        url);
+            return rate__fail(
+                err, errlen, RATE_EINVAL,
+                "'%s': credentials are user:password@ or :password@", url);
         if (!copy_part(r->user, sizeof r->user, p, (size_t)(colon - p)) ||
             !copy_part(r->password, sizeof r->password, colon + 1,
                        (size_t)(at - colon - 1)))
-            return fail(err, errlen, RATE_EINVAL, "'%s': credentials too long",
-                        url);
+            return rate__fail(err, errlen, RATE_EINVAL,
+                              "'%s': credentials too long", url);
         p = at + 1;
     }
     const char *slash = memchr(p, '/', (size_t)(end - p));
@@ -192,14 +179,14 @@ static int parse_url(redis_store_t *r, const char *url, char *err,
     if (*p == '[') { /* [IPv6] */
         const char *close = memchr(p, ']', (size_t)(hostend - p));
         if (close == NULL)
-            return fail(err, errlen, RATE_EINVAL, "'%s': unclosed '[' in host",
-                        url);
+            return rate__fail(err, errlen, RATE_EINVAL,
+                              "'%s': unclosed '[' in host", url);
         hs = p + 1;
         he = close;
         if (close + 1 < hostend) {
             if (close[1] != ':')
-                return fail(err, errlen, RATE_EINVAL,
-                            "'%s': text after ']' in host", url);
+                return rate__fail(err, errlen, RATE_EINVAL,
+                                  "'%s': text after ']' in host", url);
             colon = close + 1;
         }
     } else {
@@ -207,17 +194,17 @@ static int parse_url(redis_store_t *r, const char *url, char *err,
         he = colon ? colon : hostend;
     }
     if (he == hs || !copy_part(r->host, sizeof r->host, hs, (size_t)(he - hs)))
-        return fail(err, errlen, RATE_EINVAL, "'%s': missing or too long host",
-                    url);
+        return rate__fail(err, errlen, RATE_EINVAL,
+                          "'%s': missing or too long host", url);
     if (colon != NULL &&
         (!parse_int(colon + 1, (size_t)(hostend - colon - 1), 65535, &r->port) ||
          r->port == 0))
-        return fail(err, errlen, RATE_EINVAL,
-                    "'%s': port is not a number from 1 to 65535", url);
+        return rate__fail(err, errlen, RATE_EINVAL,
+                          "'%s': port is not a number from 1 to 65535", url);
     if (slash != NULL && slash + 1 < end &&
         !parse_int(slash + 1, (size_t)(end - slash - 1), 1 << 20, &r->db))
-        return fail(err, errlen, RATE_EINVAL,
-                    "'%s': database is not a whole number", url);
+        return rate__fail(err, errlen, RATE_EINVAL,
+                          "'%s': database is not a whole number", url);
     return RATE_OK;
 }
 
@@ -267,11 +254,12 @@ static int open_conn(redis_store_t *r, redisContext **out, bool first,
 
     *out = NULL;
     if (c == NULL)
-        return fail(err, errlen, RATE_ENOMEM, "out of memory");
+        return rate__fail(err, errlen, RATE_ENOMEM, "out of memory");
     if (c->err) {
-        rc = fail(err, errlen, RATE_ESTORE, "cannot connect to %s%s%d: %s",
-                  r->host, r->unix_socket ? "" : ":",
-                  r->unix_socket ? 0 : r->port, c->errstr);
+        rc = rate__fail(err, errlen, RATE_ESTORE,
+                        "cannot connect to %s%s%d: %s", r->host,
+                        r->unix_socket ? "" : ":",
+                        r->unix_socket ? 0 : r->port, c->errstr);
         redisFree(c);
         return rc;
     }
@@ -283,8 +271,8 @@ static int open_conn(redis_store_t *r, redisContext **out, bool first,
                          : command(c, 2, (const char *[]){"AUTH", r->password},
                                    (size_t[]){4, strlen(r->password)});
         if ((rc = reply_status(c, rep)) != RATE_OK)
-            fail(err, errlen, rc, "authentication failed: %s",
-                 rep ? rep->str : c->errstr);
+            rate__fail(err, errlen, rc, "authentication failed: %s",
+                       rep ? rep->str : c->errstr);
         freeReplyObject(rep);
     }
     if (rc == RATE_OK && r->db != 0) {
@@ -293,8 +281,8 @@ static int open_conn(redis_store_t *r, redisContext **out, bool first,
         rep = command(c, 2, (const char *[]){"SELECT", db},
                       (size_t[]){6, strlen(db)});
         if ((rc = reply_status(c, rep)) != RATE_OK)
-            fail(err, errlen, rc, "SELECT %s failed: %s", db,
-                 rep ? rep->str : c->errstr);
+            rate__fail(err, errlen, rc, "SELECT %s failed: %s", db,
+                       rep ? rep->str : c->errstr);
         freeReplyObject(rep);
     }
     for (int i = 0; i < 2 && rc == RATE_OK; i++) {
@@ -308,9 +296,9 @@ static int open_conn(redis_store_t *r, redisContext **out, bool first,
                 memcpy(i == 0 ? r->sha : r->step_sha, rep->str, 41);
         }
         else
-            rc = fail(err, errlen, rc ? rc : RATE_ESTORE,
-                      "SCRIPT LOAD failed: %s",
-                      rep && rep->str ? rep->str : c->errstr);
+            rc = rate__fail(err, errlen, rc ? rc : RATE_ESTORE,
+                            "SCRIPT LOAD failed: %s",
+                            rep && rep->str ? rep->str : c->errstr);
         freeReplyObject(rep);
     }
     if (rc != RATE_OK) {
@@ -904,12 +892,12 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
         return RATE_EINVAL;
     *out = NULL;
     if (url == NULL)
-        return fail(err, errlen, RATE_EINVAL, "the Redis URL is NULL");
+        return rate__fail(err, errlen, RATE_EINVAL, "the Redis URL is NULL");
     if (opt != NULL)
         o = *opt;
     if (o.pool_size > 1024)
-        return fail(err, errlen, RATE_EINVAL, "pool_size %u above 1024",
-                    o.pool_size);
+        return rate__fail(err, errlen, RATE_EINVAL, "pool_size %u above 1024",
+                          o.pool_size);
     r = calloc(1, sizeof *r);
     if (r == NULL)
         return RATE_ENOMEM;
