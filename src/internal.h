@@ -45,7 +45,9 @@ struct rate_policy {
      * policy is one fixed-size limit. */
     int (*inplace_plain)(void *, void *, size_t, bool *, uint64_t *);
     int (*inplace_full)(void *, void *, size_t, bool *, uint64_t *);
-    _Atomic(const void *) seen_by; /* last limiter that registered it */
+    /* The id of the last limiter that registered it (0: none); an id, not
+     * a pointer, because a freed limiter's address comes back. */
+    _Atomic uint64_t seen_by;
 };
 
 /* ------------------------------------------------------------ algorithms */

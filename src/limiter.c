@@ -34,6 +34,7 @@ struct rate_limiter {
     rate_fail_mode_t fail_mode;
     unsigned max_retries;
 
+    uint64_t id; /* never reused, unlike the address (see reg_note) */
     pthread_mutex_t reg_lock;
     rate_policy_t *reg; /* copies of every policy used */
     size_t reg_len, reg_cap;
@@ -94,7 +95,7 @@ static int reg_add(rate_limiter_t *lim, const rate_policy_t *p)
         }
         if (rc == RATE_OK) {
             memcpy(&lim->reg[lim->reg_len], p, sizeof *p);
-            atomic_init(&lim->reg[lim->reg_len].seen_by, NULL);
+            atomic_init(&lim->reg[lim->reg_len].seen_by, 0);
             lim->reg_len++;
         }
     }
@@ -124,14 +125,16 @@ static int reg_note(rate_limiter_t *lim, const rate_policy_t *p)
     rate_policy_t *mp = (rate_policy_t *)p; /* seen_by is a cache only */
     int rc;
 
-    if (atomic_load_explicit(&mp->seen_by, memory_order_acquire) == lim)
+    if (atomic_load_explicit(&mp->seen_by, memory_order_acquire) == lim->id)
         return RATE_OK;
     if ((rc = reg_add(lim, p)) == RATE_OK)
-        atomic_store_explicit(&mp->seen_by, lim, memory_order_release);
+        atomic_store_explicit(&mp->seen_by, lim->id, memory_order_release);
     return rc;
 }
 
 /* ------------------------------------------------------------ lifecycle */
+
+static atomic_uint_fast64_t next_id = 1;
 
 int rate_limiter_new(const rate_limiter_config_t *cfg, rate_limiter_t **out)
 {
@@ -153,6 +156,7 @@ int rate_limiter_new(const rate_limiter_config_t *cfg, rate_limiter_t **out)
     lim = calloc(1, sizeof *lim);
     if (lim == NULL)
         return RATE_ENOMEM;
+    lim->id = atomic_fetch_add_explicit(&next_id, 1, memory_order_relaxed);
     pthread_mutex_init(&lim->reg_lock, NULL);
     lim->policy = malloc(sizeof *lim->policy);
     if (lim->policy == NULL) {
@@ -160,7 +164,7 @@ int rate_limiter_new(const rate_limiter_config_t *cfg, rate_limiter_t **out)
         return RATE_ENOMEM;
     }
     memcpy(lim->policy, cfg->policy, sizeof *lim->policy);
-    atomic_init(&lim->policy->seen_by, NULL);
+    atomic_init(&lim->policy->seen_by, 0);
     lim->resolve = cfg->resolve;
     lim->resolve_ud = cfg->resolve_ud;
     lim->clock = cfg->clock != NULL

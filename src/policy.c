@@ -174,7 +174,7 @@ int rate_policy_new(const rate_limit_t *limits, size_t count,
         p->inplace_full = rate__step_inplace;
     }
     p->fingerprint = fingerprint(p);
-    atomic_init(&p->seen_by, NULL);
+    atomic_init(&p->seen_by, 0);
     *out = p;
     return RATE_OK;
 }

@@ -213,6 +213,30 @@ static const rate_policy_t *upgradable(void *ud, const char *key, size_t len)
                                                            : free_tier;
 }
 
+/* A resolver's policies outlive limiters.  Each new limiter registers them
+ * afresh, even one that malloc places where a freed one was, so a key's
+ * state made under one of them is still read under it after an upgrade. */
+static void policies_outlive_limiters(void **state)
+{
+    (void)state;
+    free_tier = policy_of("token-bucket 1/s burst=2");
+    pro_tier = policy_of("token-bucket 10/s burst=20");
+    rate_limiter_config_t cfg = {0};
+    cfg.resolve = upgradable;
+    for (int round = 0; round < 3; round++) {
+        upgraded = NULL;
+        rate_limiter_t *l = limiter_cfg("token-bucket 1/h burst=1", cfg);
+        assert_true(at(l, "u", 0, 2, 0).allowed); /* the free bucket */
+        upgraded = "u";
+        rate_decision_t d = at(l, "u", 0, 1, 0);
+        if (d.allowed)
+            fail_msg("round %d: the upgrade lost the key's state", round);
+        rate_limiter_free(l);
+    }
+    rate_policy_free(free_tier);
+    rate_policy_free(pro_tier);
+}
+
 static void tiers_and_upgrades(void **state)
 {
     (void)state;
@@ -365,6 +389,7 @@ int main(void)
         cmocka_unit_test(composite_all_or_nothing),
         cmocka_unit_test(blocking_acquire),
         cmocka_unit_test(tiers_and_upgrades),
+        cmocka_unit_test(policies_outlive_limiters),
         cmocka_unit_test(store_failure_modes),
         cmocka_unit_test(store_failure_fallback),
     };
