@@ -45,6 +45,10 @@ struct rate_policy {
      * policy is one fixed-size limit. */
     int (*inplace_plain)(void *, void *, size_t, bool *, uint64_t *);
     int (*inplace_full)(void *, void *, size_t, bool *, uint64_t *);
+    /* The algorithm's plain pass (rate__algo_t.plain) under the same
+     * condition: what a store's lane runs. */
+    int (*plain)(const rate_policy_t *, uint8_t *, size_t, uint64_t,
+                 uint64_t);
     /* The id of the last limiter that registered it (0: none); an id, not
      * a pointer, because a freed limiter's address comes back. */
     _Atomic uint64_t seen_by;
@@ -110,15 +114,30 @@ typedef struct rate__algo {
      * decisions are theirs; the compiler folds them into one pass. */
     int (*inplace)(void *arg, void *state, size_t len, bool *allowed,
                    uint64_t *ttl_ns);
+    /* The same decision as a store's own lane asks for it (see struct
+     * rate_store): st is the key's whole stored state, len its length;
+     * returns a RATE__PLAIN_* code and writes nothing else. */
+    int (*plain)(const rate_policy_t *p, uint8_t *st, size_t len,
+                 uint64_t now, uint64_t n);
 } rate__algo_t;
 
-/* Defines PREFIX_inplace (see rate__algo_t.inplace) from an algorithm
- * file's own static load, advance, decide and commit, all inlined into it
- * (flatten), so that the constant max_wait 0 and detail false prune them.
- * FIXED is the component's size.  Anything unexpected about the state
- * (another policy, version or size, a corrupt time) is left to rate__step,
- * which reports it.  Only t_last of the header changes: the rest already
- * says this policy. */
+/* What rate__algo_t.plain returns: the request was not this pass's to
+ * decide (nothing touched), denied, admitted with the bytes unchanged
+ * (zero permits), admitted and rewritten.  Bit 0 is "allowed". */
+enum {
+    RATE__PLAIN_NO = -1,
+    RATE__PLAIN_DENIED = 0,
+    RATE__PLAIN_READ = 1,
+    RATE__PLAIN_WROTE = 3,
+};
+
+/* Defines PREFIX_inplace and PREFIX_plain (see rate__algo_t) from an
+ * algorithm file's own static load, advance, decide and commit, all
+ * inlined into them (flatten), so that the constant max_wait 0 and detail
+ * false prune them.  FIXED is the component's size.  Anything unexpected
+ * about the state (another policy, version or size, a corrupt time) is
+ * left to rate__step, which reports it.  Only t_last of the header
+ * changes: the rest already says this policy. */
 #if defined(__GNUC__)
 #define RATE__FLATTEN __attribute__((flatten))
 #define RATE__ALWAYS_INLINE inline __attribute__((always_inline))
@@ -127,35 +146,54 @@ typedef struct rate__algo {
 #define RATE__ALWAYS_INLINE inline
 #endif
 #define RATE__DEFINE_INPLACE(prefix, FIXED)                                   \
+    static RATE__ALWAYS_INLINE int prefix##_try(const rate_policy_t *p,       \
+                                                uint8_t *st, size_t len,      \
+                                                uint64_t now, uint64_t n,     \
+                                                rate__verdict_t *r)           \
+    {                                                                         \
+        const rate_limit_t *l = &p->limits[0];                                \
+        rate__view_t v;                                                       \
+        if (!rate__header_is(p, st, len, FIXED))                              \
+            return RATE__PLAIN_NO;                                            \
+        uint64_t last = rate__get64(st);                                      \
+        uint64_t t = now > last ? now : last;                                 \
+        prefix##_load(l, st + RATE__HEADER_LEN, &v);                          \
+        prefix##_advance(l, &v, last, t);                                     \
+        prefix##_decide(l, &v, t, n, 0, false, r);                            \
+        if (!r->allowed)                                                      \
+            return RATE__PLAIN_DENIED;                                        \
+        if (n == 0)                                                           \
+            return RATE__PLAIN_READ;                                          \
+        prefix##_commit(l, &v, t, n, st + RATE__HEADER_LEN);                  \
+        rate__put64(st, t);                                                   \
+        return RATE__PLAIN_WROTE;                                             \
+    }                                                                         \
+    RATE__FLATTEN static int prefix##_plain(const rate_policy_t *p,           \
+                                            uint8_t *st, size_t len,          \
+                                            uint64_t now, uint64_t n)         \
+    {                                                                         \
+        rate__verdict_t r;                                                    \
+        return prefix##_try(p, st, len, now, n, &r);                          \
+    }                                                                         \
     RATE__FLATTEN static int prefix##_inplace(void *varg, void *state,        \
                                               size_t len, bool *allowed,      \
                                               uint64_t *ttl_ns)               \
     {                                                                         \
         const rate__step_arg_t *arg = varg;                                   \
-        const rate_policy_t *p = arg->policy;                                 \
-        const rate_limit_t *l = &p->limits[0];                                \
-        uint8_t *st = state;                                                  \
         rate_decision_t *d = arg->decision;                                   \
-        rate__view_t v;                                                       \
         rate__verdict_t r;                                                    \
-        if (!rate__header_is(p, st, len, FIXED))                              \
+        int rc = prefix##_try(arg->policy, state, len, arg->now_ns,           \
+                              arg->permits, &r);                              \
+        if (rc == RATE__PLAIN_NO)                                             \
             return RATE_INPLACE_NO;                                           \
-        uint64_t last = rate__get64(st);                                      \
-        uint64_t t = arg->now_ns > last ? arg->now_ns : last;                 \
-        uint64_t n = arg->permits;                                            \
-        prefix##_load(l, st + RATE__HEADER_LEN, &v);                          \
-        prefix##_advance(l, &v, last, t);                                     \
-        prefix##_decide(l, &v, t, n, 0, false, &r);                           \
         /* The limiter zeroed d: these are a try-acquire's fields. */         \
         *allowed = d->allowed = r.allowed;                                    \
         d->reason = r.reason;                                                 \
         d->retry_after_ns = r.retry_after_ns;                                 \
-        d->limit = rate__shown_limit(l);                                      \
-        if (!r.allowed || n == 0)                                             \
+        d->limit = rate__shown_limit(&arg->policy->limits[0]);                \
+        if (rc != RATE__PLAIN_WROTE)                                          \
             return RATE_INPLACE_READ;                                         \
-        prefix##_commit(l, &v, t, n, st + RATE__HEADER_LEN);                  \
-        rate__put64(st, t);                                                   \
-        *ttl_ns = p->max_reset_ns;                                            \
+        *ttl_ns = arg->policy->max_reset_ns;                                  \
         return RATE_INPLACE_WROTE;                                            \
     }
 
@@ -290,10 +328,43 @@ static inline bool rate__header_is(const rate_policy_t *p, const uint8_t *st,
            rate__get64(st) <= RATE_TIME_MAX;
 }
 
+/* The bool API's lane (rate_try_acquire and rate_try_acquire_at).  Every
+ * limiter has one, as its first member: `fn` is its store's lane when the
+ * store has one and every key has the limiter's default policy with a
+ * plain pass (no resolver), else the limiter's general path.  A store's
+ * lane checks the input as the limiter does (rate__lane_input), decides
+ * keys it holds under `policy` in place, counting the verdict, and hands
+ * everything else, untouched, to `general`: new keys, states made under
+ * another policy, bad input (which `general` reports as false).  No
+ * decision record is written: that is what makes the bool API faster. */
+typedef struct rate__lane rate__lane_t;
+typedef bool (*rate__lane_fn)(const rate__lane_t *lane, const char *key,
+                              uint64_t permits, uint64_t now,
+                              bool clock_time);
+struct rate__lane {
+    rate__lane_fn fn;
+    void *self; /* the store's */
+    const rate_policy_t *policy;
+    bool shadow;
+    bool (*general)(const rate__lane_t *lane, const char *key, size_t len,
+                    uint64_t permits, uint64_t now, bool clock_time);
+};
+
+/* The bool API's input check: a key of 1..RATE_KEY_MAX bytes (its length
+ * in *len, also when out of range), permits and time in range. */
+static inline bool rate__lane_input(const char *key, size_t *len,
+                                    uint64_t permits, uint64_t now)
+{
+    *len = key != NULL ? strnlen(key, RATE_KEY_MAX + 1) : 0;
+    return *len - 1 < RATE_KEY_MAX && permits <= RATE_TIME_MAX &&
+           now <= RATE_TIME_MAX;
+}
+
 /* Store internals the limiter needs. */
 struct rate_store {
     const rate_store_vtable_t *vt;
     void *self;
+    rate__lane_fn lane; /* NULL but for the library's own stores */
 };
 
 #endif /* RATE_INTERNAL_H */

@@ -7,6 +7,13 @@
  * when it has one, else in a bounded compare-and-set loop.  The limiter
  * itself holds no lock on that path.
  *
+ * The bool API (rate_try_acquire, rate_try_acquire_at) goes through the
+ * limiter's lane (rate__lane_t in internal.h): with no resolver, a policy of
+ * one fixed-size limit and the memory store, the store itself checks the
+ * input, decides a key it already holds in place and returns the verdict,
+ * with no decision record to fill; anything else comes back to the general
+ * path here.
+ *
  * Every policy the limiter has used is remembered by fingerprint, so that a
  * key whose state was made under an earlier policy (a tier upgrade) can be
  * read under that policy and carried over.  The registry is touched only
@@ -23,6 +30,7 @@
 #define GENERIC_BUF 512u
 
 struct rate_limiter {
+    rate__lane_t lane; /* first: the bool API's path (internal.h) */
     rate_policy_t *policy; /* owned copy of the default */
     rate_store_t *store;
     bool own_store;
@@ -43,6 +51,11 @@ struct rate_limiter {
      * step itself counts its own allowed/denied). */
     atomic_uint_fast64_t allowed, denied, retries, store_errors;
 };
+
+static bool try_general(const rate__lane_t *lane, const char *key, size_t len,
+                        uint64_t permits, uint64_t now, bool clock_time);
+static bool general_lane(const rate__lane_t *lane, const char *key,
+                         uint64_t permits, uint64_t now, bool clock_time);
 
 /* ---------------------------------------------------------------- clock */
 
@@ -190,6 +203,13 @@ int rate_limiter_new(const rate_limiter_config_t *cfg, rate_limiter_t **out)
         rate_limiter_free(lim);
         return rc;
     }
+    /* Without a resolver every key has the default policy, so the policy
+     * a store's lane decides under is known here. */
+    lim->lane = (rate__lane_t){general_lane, lim->store->self, lim->policy,
+                               lim->shadow, try_general};
+    if (lim->resolve == NULL && lim->policy->plain != NULL &&
+        lim->store->lane != NULL)
+        lim->lane.fn = lim->store->lane;
     *out = lim;
     return RATE_OK;
 }
@@ -358,11 +378,13 @@ static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim, const char *key,
     return RATE_OK;
 }
 
-static bool try_acquire(rate_limiter_t *lim, const char *key,
+/* The bool API's general path (rate__lane_t.general); len is the key's
+ * length as rate__lane_input measured it. */
+static bool try_general(const rate__lane_t *lane, const char *key, size_t len,
                         uint64_t permits, uint64_t now, bool clock_time)
 {
+    rate_limiter_t *lim = (rate_limiter_t *)lane; /* lane is its first */
     rate_decision_t d;
-    size_t len = key != NULL ? strnlen(key, RATE_KEY_MAX + 1) : 0;
 
     /* An error here is bad input: store failures come back as decisions. */
     return decide(lim, key, len, permits, 0, now, clock_time, false, &d) ==
@@ -370,16 +392,25 @@ static bool try_acquire(rate_limiter_t *lim, const char *key,
            d.allowed;
 }
 
+/* A limiter's lane when its store has none (or may not take it). */
+static bool general_lane(const rate__lane_t *lane, const char *key,
+                         uint64_t permits, uint64_t now, bool clock_time)
+{
+    size_t len = key != NULL ? strnlen(key, RATE_KEY_MAX + 1) : 0;
+
+    return try_general(lane, key, len, permits, now, clock_time);
+}
+
 bool rate_try_acquire(rate_limiter_t *lim, const char *key, uint64_t permits)
 {
-    return lim != NULL && try_acquire(lim, key, permits,
-                                      lim->clock.now_ns(lim->clock.ud), true);
+    return lim != NULL && lim->lane.fn(&lim->lane, key, permits,
+                                       lim->clock.now_ns(lim->clock.ud), true);
 }
 
 bool rate_try_acquire_at(rate_limiter_t *lim, const char *key,
                          uint64_t permits, uint64_t now_ns)
 {
-    return lim != NULL && try_acquire(lim, key, permits, now_ns, false);
+    return lim != NULL && lim->lane.fn(&lim->lane, key, permits, now_ns, false);
 }
 
 int rate_limiter_check(rate_limiter_t *lim, const char *key, size_t key_len,

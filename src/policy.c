@@ -172,6 +172,7 @@ int rate_policy_new(const rate_limit_t *limits, size_t count,
     if (count == 1 && p->algo[0]->grow == 0) {
         p->inplace_plain = p->algo[0]->inplace;
         p->inplace_full = rate__step_inplace;
+        p->plain = p->algo[0]->plain;
     }
     p->fingerprint = fingerprint(p);
     atomic_init(&p->seen_by, 0);

@@ -118,6 +118,109 @@ static void shadow_mode(void **state)
     rate_limiter_free(l);
 }
 
+/* A resolver that gives every key one policy: it keeps a limiter off the
+ * memory store's lane, so the bool API takes the general path. */
+static const rate_policy_t *one_policy(void *ud, const char *key, size_t len)
+{
+    (void)key;
+    (void)len;
+    return ud;
+}
+
+/* The bool API decides keys the memory store holds under the limiter's
+ * policy in the store's lane, and everything else on the general path:
+ * both give the same answers, counted the same.  Each run interleaves a
+ * second policy on the same keys, so some states are another policy's. */
+static void bool_api_lane(void **state)
+{
+    static const char *texts[] = {
+        "token-bucket 5/s burst=3",
+        "leaky-bucket 5/s capacity=3",
+        "fixed-window 4/s",
+        "sliding-window 4/s",
+        "sliding-log 4/s",
+        "token-bucket 5/s burst=3; fixed-window 6/2s",
+    };
+    static const char *keys[] = {"a", "bb", "a-key-of-16-byte", "a key longer than sixteen bytes"};
+    (void)state;
+    for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+        rate_store_t *s1, *s2;
+        assert_int_equal(rate_store_memory_new(NULL, &s1), RATE_OK);
+        assert_int_equal(rate_store_memory_new(NULL, &s2), RATE_OK);
+        rate_policy_t *p = policy_of(texts[i]);
+        rate_policy_t *q = policy_of("token-bucket 2/s burst=6");
+        rate_limiter_config_t cfg = {0};
+        rate_limiter_t *lane[2], *general[2];
+        cfg.store = s1;
+        lane[0] = limiter_cfg(texts[i], cfg);
+        lane[1] = limiter_cfg("token-bucket 2/s burst=6", cfg);
+        cfg.store = s2;
+        cfg.resolve = one_policy;
+        cfg.resolve_ud = p;
+        general[0] = limiter_cfg(texts[i], cfg);
+        cfg.resolve_ud = q;
+        general[1] = limiter_cfg("token-bucket 2/s burst=6", cfg);
+        uint64_t t = 5 * SEC, seed = 12345 + i;
+        for (int step = 0; step < 4000; step++) {
+            seed = seed * 6364136223846793005u + 1442695040888963407u;
+            uint64_t r = seed >> 20;
+            const char *key = keys[r % 4];
+            uint64_t n = (r >> 2) % 5; /* 0..4: 4 is never for burst 3 */
+            int which = (r >> 5) % 8 == 0;
+            if ((r >> 8) % 16 == 0)
+                t -= 100 * MS; /* backwards: no time passes */
+            else
+                t += (r >> 12) % (300 * MS);
+            bool a = rate_try_acquire_at(lane[which], key, n, t);
+            bool b = rate_try_acquire_at(general[which], key, n, t);
+            if (a != b)
+                fail_msg("%s, step %d (key %s, %llu permits, limiter %d): "
+                         "lane %d, general path %d",
+                         texts[i], step, key, (unsigned long long)n, which, a,
+                         b);
+        }
+        rate_stats_t x, y;
+        for (int w = 0; w < 2; w++) {
+            assert_int_equal(rate_limiter_stats(lane[w], &x), RATE_OK);
+            assert_int_equal(rate_limiter_stats(general[w], &y), RATE_OK);
+            assert_int_equal(x.allowed, y.allowed);
+            assert_int_equal(x.denied, y.denied);
+            assert_int_equal(x.keys, y.keys);
+            assert_true(x.allowed > 100 && x.denied > 100);
+        }
+        for (int w = 0; w < 2; w++) {
+            rate_limiter_free(lane[w]);
+            rate_limiter_free(general[w]);
+        }
+        rate_policy_free(p);
+        rate_policy_free(q);
+        rate_store_free(s1);
+        rate_store_free(s2);
+    }
+}
+
+/* Shadow mode through the bool API: a request the policy denies is let
+ * through (true) and counted as denied; the state follows the real
+ * decisions. */
+static void shadow_bool_api(void **state)
+{
+    (void)state;
+    rate_limiter_config_t cfg = {0};
+    cfg.shadow = true;
+    rate_limiter_t *l = limiter_cfg("token-bucket 1/h burst=2", cfg);
+    for (int i = 0; i < 5; i++)
+        assert_true(rate_try_acquire_at(l, "k", 1, SEC));
+    assert_true(rate_try_acquire_at(l, "k", 3, SEC)); /* never: still true */
+    rate_stats_t s;
+    assert_int_equal(rate_limiter_stats(l, &s), RATE_OK);
+    assert_int_equal(s.allowed, 2);
+    assert_int_equal(s.denied, 4);
+    rate_decision_t d = at(l, "k", SEC, 1, 0);
+    assert_true(d.shadow);
+    assert_int_equal(d.remaining, 0);
+    rate_limiter_free(l);
+}
+
 static void composite_all_or_nothing(void **state)
 {
     (void)state;
@@ -386,6 +489,8 @@ int main(void)
         cmocka_unit_test(bad_input),
         cmocka_unit_test(seed_interface),
         cmocka_unit_test(shadow_mode),
+        cmocka_unit_test(bool_api_lane),
+        cmocka_unit_test(shadow_bool_api),
         cmocka_unit_test(composite_all_or_nothing),
         cmocka_unit_test(blocking_acquire),
         cmocka_unit_test(tiers_and_upgrades),

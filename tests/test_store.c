@@ -203,6 +203,41 @@ static void reclaims_only_by_own_clock(void **state)
     rate_store_free(s);
 }
 
+/* Whether a key may be reclaimed follows the clock of its last write,
+ * whichever path wrote it: here the bool API rewrites keys in place (the
+ * memory store's lane) at the other clock's time than they were first
+ * stored at.  "a" ends on the library's clock, "c" on the caller's. */
+static void reclaim_follows_last_write(void **state)
+{
+    (void)state;
+    rate_memory_options_t o = {2, 0};
+    clk_t c = {1000 * SEC};
+    rate_clock_t clock = {clk_now, clk_sleep, &c};
+    rate_store_t *s;
+    assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
+    rate_limiter_config_t cfg = {0};
+    cfg.store = s;
+    cfg.clock = &clock;
+    rate_limiter_t *l = limiter_cfg("fixed-window 1/s", cfg);
+    rate_decision_t d;
+    assert_int_equal(rate_limiter_check_at(l, "a", 1, 1, 0, 990 * SEC, &d),
+                     RATE_OK);
+    assert_true(d.allowed);
+    assert_true(rate_try_acquire(l, "a", 1));
+    assert_true(rate_try_acquire(l, "c", 1));
+    assert_true(rate_try_acquire_at(l, "c", 1, 1002 * SEC));
+    c.now += 5 * SEC; /* both windows are over */
+    assert_true(rate_try_acquire(l, "e", 1));
+    rate_stats_t st;
+    rate_store_stats(s, &st);
+    assert_int_equal(st.reclaimed, 1); /* a */
+    assert_int_equal(st.evictions, 0);
+    /* c is still there: its window at 1002 s is full. */
+    assert_false(rate_try_acquire_at(l, "c", 1, 1002 * SEC + SEC / 2));
+    rate_limiter_free(l);
+    rate_store_free(s);
+}
+
 static void grows_and_reclaims_unbounded(void **state)
 {
     (void)state;
@@ -253,6 +288,7 @@ int main(void)
         cmocka_unit_test(ttl_is_reset_after),
         cmocka_unit_test(max_keys_evicts_and_counts),
         cmocka_unit_test(reclaims_only_by_own_clock),
+        cmocka_unit_test(reclaim_follows_last_write),
         cmocka_unit_test(grows_and_reclaims_unbounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -102,4 +102,5 @@ const rate__algo_t rate__fixed_window = {
     .convert = fw_convert,
     .max_reset = fw_max_reset,
     .inplace = fw_inplace,
+    .plain = fw_plain,
 };

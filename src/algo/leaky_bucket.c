@@ -120,4 +120,5 @@ const rate__algo_t rate__leaky_bucket = {
     .convert = lb_convert,
     .max_reset = lb_max_reset,
     .inplace = lb_inplace,
+    .plain = lb_plain,
 };

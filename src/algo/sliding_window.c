@@ -161,4 +161,5 @@ const rate__algo_t rate__sliding_window = {
     .convert = sw_convert,
     .max_reset = sw_max_reset,
     .inplace = sw_inplace,
+    .plain = sw_plain,
 };

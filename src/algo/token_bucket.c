@@ -141,4 +141,5 @@ const rate__algo_t rate__token_bucket = {
     .convert = tb_convert,
     .max_reset = tb_max_reset,
     .inplace = tb_inplace,
+    .plain = tb_plain,
 };

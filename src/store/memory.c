@@ -16,10 +16,15 @@
  * Bounded memory.  With max_keys, each shard holds at most its share, and a
  * new key in a full shard first takes the place of a key whose state is
  * back at its cold start (asked of the step, by the library's own clock
- * only: a caller-supplied time never drops another key), then evicts by CLOCK (second chance), an approximation
- * of least-recently-used that needs one bit per key.  Evictions are counted:
+ * only: a caller-supplied time never drops another key), then evicts by
+ * CLOCK (second chance), an approximation of least-recently-used that needs
+ * one bit per key.  Evictions are counted:
  * they may change later answers.  Keys whose reset has passed are also
  * dropped when an unbounded shard grows.
+ *
+ * The bool API's lane (mem_lane) decides a key held inline under the
+ * limiter's policy in its slot, with the algorithm's plain pass; it declines
+ * everything else, untouched, to the limiter's general path.
  *
  * Keys are hashed with XXH3 (libxxhash), seeded per store from getrandom()
  * so that clients cannot aim many keys at one shard.
@@ -269,9 +274,9 @@ static inline uint8_t *slot_state(slot_t *e, size_t *len)
 
 /* After the state is written: whether at a time of the library's own
  * clock (only such a state may be reclaimed, see expired()). */
-static inline void mark_written(slot_t *e, const rate_step_t *st)
+static inline void mark_written(slot_t *e, bool clock_time)
 {
-    e->kf = (uint8_t)((e->kf & ~F_CLOCK) | (st->clock_time ? F_CLOCK : 0));
+    e->kf = (uint8_t)((e->kf & ~F_CLOCK) | (clock_time ? F_CLOCK : 0));
 }
 
 static inline void count_verdict(shard_t *s, bool allowed)
@@ -526,7 +531,7 @@ update_copy(shard_t *s, slot_t *e, uint32_t tag, const probe_key_t *pk,
             if (e == NULL) /* inserting may have moved slots */
                 e = &s->slots[probe(s, tag, pk)];
             /* A new key earns its reference bit on its second use. */
-            mark_written(e, st);
+            mark_written(e, st->clock_time);
         }
     }
     if (rc == RATE_OK)
@@ -535,20 +540,31 @@ update_copy(shard_t *s, slot_t *e, uint32_t tag, const probe_key_t *pk,
     return rc;
 }
 
+/* Hashes the key, locks its shard and probes.  Returns the shard, locked;
+ * *at is the key's slot, or the empty slot that ends its probe. */
+static RATE__ALWAYS_INLINE shard_t *locate(memstore_t *m, const char *key,
+                                           size_t len, probe_key_t *pk,
+                                           uint32_t *tag, uint32_t *at)
+{
+    uint64_t h = XXH3_64bits_withSeed(key, len, m->seed);
+    shard_t *s = &m->shards[m->nshards > 1 ? h >> m->shift : 0];
+
+    *tag = tag_of(h);
+    probe_key_init(pk, key, len);
+    shard_lock(s);
+    *at = probe(s, *tag, pk);
+    return s;
+}
+
 static int mem_update(void *self, const char *key, size_t len,
                       const rate_step_t *st)
 {
-    memstore_t *m = self;
-    uint64_t h = XXH3_64bits_withSeed(key, len, m->seed);
-    shard_t *s = &m->shards[m->nshards > 1 ? h >> m->shift : 0];
-    uint32_t tag = tag_of(h);
     probe_key_t pk;
-
-    probe_key_init(&pk, key, len);
-    shard_lock(s);
-    uint32_t i = probe(s, tag, &pk);
+    uint32_t tag, i;
+    shard_t *s = locate(self, key, len, &pk, &tag, &i);
     slot_t *e = s->ctrl[i] != 0 ? &s->slots[i] : NULL;
-    /* The hot path: a plain try-acquire decided where the state lies. */
+
+    /* A plain try-acquire decided where the state lies. */
     if (e != NULL && st->inplace != NULL) {
         bool allowed;
         uint64_t ttl;
@@ -558,13 +574,44 @@ static int mem_update(void *self, const char *key, size_t len,
         if (r != RATE_INPLACE_NO) {
             e->sr |= F_REF;
             if (r == RATE_INPLACE_WROTE)
-                mark_written(e, st);
+                mark_written(e, st->clock_time);
             count_verdict(s, allowed);
             shard_unlock(s);
             return RATE_OK;
         }
     }
     return update_copy(s, e, tag, &pk, st);
+}
+
+/* The lane (struct rate__lane): the bool API's try-acquire, decided in the
+ * slot of a key stored inline under the lane's policy; anything else goes,
+ * before anything is touched, to the limiter's general path. */
+RATE__FLATTEN static bool mem_lane(const rate__lane_t *ln, const char *key,
+                                   uint64_t permits, uint64_t now,
+                                   bool clock_time)
+{
+    const rate_policy_t *p = ln->policy;
+    probe_key_t pk;
+    uint32_t tag, i;
+    size_t len;
+    int r = RATE__PLAIN_NO;
+
+    if (!rate__lane_input(key, &len, permits, now))
+        return ln->general(ln, key, len, permits, now, clock_time);
+    shard_t *s = locate(ln->self, key, len, &pk, &tag, &i);
+    slot_t *e = &s->slots[i];
+    if (s->ctrl[i] != 0 && !(e->kf & F_STATE_HEAP))
+        r = p->plain(p, e->state, e->sr & STATE_LEN, now, permits);
+    if (r != RATE__PLAIN_NO) {
+        e->sr |= F_REF;
+        if (r == RATE__PLAIN_WROTE)
+            mark_written(e, clock_time);
+        count_verdict(s, r & RATE__PLAIN_READ);
+    }
+    shard_unlock(s);
+    if (r == RATE__PLAIN_NO)
+        return ln->general(ln, key, len, permits, now, clock_time);
+    return (r & RATE__PLAIN_READ) || ln->shadow;
 }
 
 static int mem_stats(void *self, rate_stats_t *out)
@@ -671,5 +718,7 @@ int rate_store_memory_new(const rate_memory_options_t *opt, rate_store_t **out)
     int rc = rate_store_new(&memory_vtable, m, out);
     if (rc != RATE_OK)
         mem_destroy(m);
+    else
+        (*out)->lane = mem_lane;
     return rc;
 }
