@@ -73,6 +73,14 @@ static uint64_t mono_now(void *ud)
     return rate_clock_monotonic_ns();
 }
 
+/* The limiter's clock; the default one read without the indirect call. */
+static inline uint64_t clock_now(const rate_limiter_t *lim)
+{
+    if (lim->clock.now_ns == mono_now)
+        return rate_clock_monotonic_ns();
+    return lim->clock.now_ns(lim->clock.ud);
+}
+
 static void mono_sleep(void *ud, uint64_t ns)
 {
     struct timespec req, rem;
@@ -404,7 +412,7 @@ static bool general_lane(const rate__lane_t *lane, const char *key,
 bool rate_try_acquire(rate_limiter_t *lim, const char *key, uint64_t permits)
 {
     return lim != NULL && lim->lane.fn(&lim->lane, key, permits,
-                                       lim->clock.now_ns(lim->clock.ud), true);
+                                       clock_now(lim), true);
 }
 
 bool rate_try_acquire_at(rate_limiter_t *lim, const char *key,
@@ -421,7 +429,7 @@ int rate_limiter_check(rate_limiter_t *lim, const char *key, size_t key_len,
         return decide(NULL, key, key_len, permits, max_wait_ns, 0, true,
                       true, out);
     return decide(lim, key, key_len, permits, max_wait_ns,
-                  lim->clock.now_ns(lim->clock.ud), true, true, out);
+                  clock_now(lim), true, true, out);
 }
 
 int rate_limiter_check_at(rate_limiter_t *lim, const char *key,
@@ -444,9 +452,9 @@ int rate_limiter_acquire(rate_limiter_t *lim, const char *key, size_t key_len,
         return decide(NULL, key, key_len, permits, 0, 0, true, true, out);
     if (timeout_ns > RATE_TIME_MAX)
         timeout_ns = RATE_TIME_MAX;
-    deadline = rate__sat_add(lim->clock.now_ns(lim->clock.ud), timeout_ns);
+    deadline = rate__sat_add(clock_now(lim), timeout_ns);
     for (;;) {
-        uint64_t now = lim->clock.now_ns(lim->clock.ud);
+        uint64_t now = clock_now(lim);
         uint64_t left = deadline > now ? deadline - now : 0;
         /* Buckets reserve up to the deadline; windows ignore max_wait. */
         rc = decide(lim, key, key_len, permits, left, now, true, true, out);

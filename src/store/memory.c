@@ -112,7 +112,8 @@ typedef struct shard {
 
 typedef struct memstore {
     XXH64_hash_t seed;
-    unsigned shift; /* 64 - log2(shards) */
+    unsigned shift; /* 63 - log2(shards): a hash's shard is (h >> 1) >> shift,
+                       0 when there is one */
     unsigned nshards;
     shard_t *shards;
 } memstore_t;
@@ -547,7 +548,7 @@ static RATE__ALWAYS_INLINE shard_t *locate(memstore_t *m, const char *key,
                                            uint32_t *tag, uint32_t *at)
 {
     uint64_t h = XXH3_64bits_withSeed(key, len, m->seed);
-    shard_t *s = &m->shards[m->nshards > 1 ? h >> m->shift : 0];
+    shard_t *s = &m->shards[(h >> 1) >> m->shift];
 
     *tag = tag_of(h);
     probe_key_init(pk, key, len);
@@ -697,7 +698,7 @@ int rate_store_memory_new(const rate_memory_options_t *opt, rate_store_t **out)
     }
     memset(m->shards, 0, n * sizeof(shard_t));
     m->nshards = n;
-    m->shift = 64 - (unsigned)__builtin_ctz(n);
+    m->shift = 63 - (unsigned)__builtin_ctz(n);
     if (getrandom(&m->seed, sizeof m->seed, 0) != sizeof m->seed)
         m->seed = (XXH64_hash_t)(uintptr_t)m ^ rate_clock_monotonic_ns();
     for (unsigned i = 0; i < n; i++) {
