@@ -22,8 +22,8 @@
  * they may change later answers.  Keys whose reset has passed are also
  * dropped when an unbounded shard grows.
  *
- * The bool API's lane (mem_lane) decides a key held inline under the
- * limiter's policy in its slot, with the algorithm's plain pass; it declines
+ * The bool API's lane (mem_lane) decides a key held under the limiter's
+ * policy where its state lies, with the algorithm's plain pass; it declines
  * everything else, untouched, to the limiter's general path.
  *
  * Keys are hashed with XXH3 (libxxhash), seeded per store from getrandom()
@@ -584,9 +584,10 @@ static int mem_update(void *self, const char *key, size_t len,
     return update_copy(s, e, tag, &pk, st);
 }
 
-/* The lane (struct rate__lane): the bool API's try-acquire, decided in the
- * slot of a key stored inline under the lane's policy; anything else goes,
- * before anything is touched, to the limiter's general path. */
+/* The lane (struct rate__lane): the bool API's try-acquire, decided where
+ * the state of a key stored under the lane's policy lies (in its slot, or
+ * its heap block: a sliding window's 30 bytes); anything else goes, before
+ * anything is touched, to the limiter's general path. */
 RATE__FLATTEN static bool mem_lane(const rate__lane_t *ln, const char *key,
                                    uint64_t permits, uint64_t now,
                                    bool clock_time)
@@ -601,8 +602,11 @@ RATE__FLATTEN static bool mem_lane(const rate__lane_t *ln, const char *key,
         return ln->general(ln, key, len, permits, now, clock_time);
     shard_t *s = locate(ln->self, key, len, &pk, &tag, &i);
     slot_t *e = &s->slots[i];
-    if (s->ctrl[i] != 0 && !(e->kf & F_STATE_HEAP))
-        r = p->plain(p, e->state, e->sr & STATE_LEN, now, permits);
+    if (s->ctrl[i] != 0) {
+        size_t n;
+        uint8_t *bytes = slot_state(e, &n);
+        r = p->plain(p, bytes, n, now, permits);
+    }
     if (r != RATE__PLAIN_NO) {
         e->sr |= F_REF;
         if (r == RATE__PLAIN_WROTE)
