@@ -90,6 +90,8 @@ static void seed_interface(void **state)
     rate_limiter_free(l);
 }
 
+/* Shadow mode: decisions are computed and counted, every request is let
+ * through, and the decision says it would have been denied. */
 static void shadow_mode(void **state)
 {
     (void)state;
@@ -115,6 +117,20 @@ static void shadow_mode(void **state)
     rate_limiter_stats(l, &s);
     assert_int_equal(s.allowed, 2);
     assert_int_equal(s.denied, 2);
+    rate_limiter_free(l);
+
+    /* The bool API: a request the policy denies is true, counted as
+     * denied, and the state follows the real decisions. */
+    l = limiter_cfg("token-bucket 1/h burst=2", cfg);
+    for (int i = 0; i < 5; i++)
+        assert_true(rate_try_acquire_at(l, "k", 1, SEC));
+    assert_true(rate_try_acquire_at(l, "k", 3, SEC)); /* never: still true */
+    assert_int_equal(rate_limiter_stats(l, &s), RATE_OK);
+    assert_int_equal(s.allowed, 2);
+    assert_int_equal(s.denied, 4);
+    d = at(l, "k", SEC, 1, 0);
+    assert_true(d.shadow);
+    assert_int_equal(d.remaining, 0);
     rate_limiter_free(l);
 }
 
@@ -199,28 +215,6 @@ static void bool_api_lane(void **state)
     }
 }
 
-/* Shadow mode through the bool API: a request the policy denies is let
- * through (true) and counted as denied; the state follows the real
- * decisions. */
-static void shadow_bool_api(void **state)
-{
-    (void)state;
-    rate_limiter_config_t cfg = {0};
-    cfg.shadow = true;
-    rate_limiter_t *l = limiter_cfg("token-bucket 1/h burst=2", cfg);
-    for (int i = 0; i < 5; i++)
-        assert_true(rate_try_acquire_at(l, "k", 1, SEC));
-    assert_true(rate_try_acquire_at(l, "k", 3, SEC)); /* never: still true */
-    rate_stats_t s;
-    assert_int_equal(rate_limiter_stats(l, &s), RATE_OK);
-    assert_int_equal(s.allowed, 2);
-    assert_int_equal(s.denied, 4);
-    rate_decision_t d = at(l, "k", SEC, 1, 0);
-    assert_true(d.shadow);
-    assert_int_equal(d.remaining, 0);
-    rate_limiter_free(l);
-}
-
 static void composite_all_or_nothing(void **state)
 {
     (void)state;
@@ -299,6 +293,18 @@ static void blocking_acquire(void **state)
 /* Tiers: free / pro keyed by prefix. */
 static rate_policy_t *free_tier, *pro_tier;
 
+static void tiers_new(void)
+{
+    free_tier = policy_of("token-bucket 1/s burst=2");
+    pro_tier = policy_of("token-bucket 10/s burst=20");
+}
+
+static void tiers_free(void)
+{
+    rate_policy_free(free_tier);
+    rate_policy_free(pro_tier);
+}
+
 static const rate_policy_t *tier_of(void *ud, const char *key, size_t len)
 {
     (void)ud;
@@ -322,8 +328,7 @@ static const rate_policy_t *upgradable(void *ud, const char *key, size_t len)
 static void policies_outlive_limiters(void **state)
 {
     (void)state;
-    free_tier = policy_of("token-bucket 1/s burst=2");
-    pro_tier = policy_of("token-bucket 10/s burst=20");
+    tiers_new();
     rate_limiter_config_t cfg = {0};
     cfg.resolve = upgradable;
     for (int round = 0; round < 3; round++) {
@@ -336,15 +341,13 @@ static void policies_outlive_limiters(void **state)
             fail_msg("round %d: the upgrade lost the key's state", round);
         rate_limiter_free(l);
     }
-    rate_policy_free(free_tier);
-    rate_policy_free(pro_tier);
+    tiers_free();
 }
 
 static void tiers_and_upgrades(void **state)
 {
     (void)state;
-    free_tier = policy_of("token-bucket 1/s burst=2");
-    pro_tier = policy_of("token-bucket 10/s burst=20");
+    tiers_new();
     rate_limiter_config_t cfg = {0};
     cfg.resolve = tier_of;
     rate_limiter_t *l = limiter_cfg("token-bucket 1/h burst=1", cfg);
@@ -394,8 +397,7 @@ static void tiers_and_upgrades(void **state)
     d = at(l, "v", 2 * SEC, 0, 0);  /* free is full again at 2 s */
     assert_int_equal(d.remaining, 20);
     rate_limiter_free(l);
-    rate_policy_free(free_tier);
-    rate_policy_free(pro_tier);
+    tiers_free();
 }
 
 static void store_failure_modes(void **state)
@@ -490,7 +492,6 @@ int main(void)
         cmocka_unit_test(seed_interface),
         cmocka_unit_test(shadow_mode),
         cmocka_unit_test(bool_api_lane),
-        cmocka_unit_test(shadow_bool_api),
         cmocka_unit_test(composite_all_or_nothing),
         cmocka_unit_test(blocking_acquire),
         cmocka_unit_test(tiers_and_upgrades),

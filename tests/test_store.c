@@ -130,6 +130,19 @@ static void clk_sleep(void *ud, uint64_t ns)
     ((clk_t *)ud)->now += ns;
 }
 
+/* A limiter for `text` on the clock c, over a new memory store (*s, to
+ * free after the limiter) with the options o. */
+static rate_limiter_t *on_clock(const char *text, clk_t *c,
+                                rate_memory_options_t o, rate_store_t **s)
+{
+    rate_clock_t clock = {clk_now, clk_sleep, c}; /* the limiter copies it */
+    rate_limiter_config_t cfg = {0};
+    assert_int_equal(rate_store_memory_new(&o, s), RATE_OK);
+    cfg.store = *s;
+    cfg.clock = &clock;
+    return limiter_cfg(text, cfg);
+}
+
 static void max_keys_evicts_and_counts(void **state)
 {
     (void)state;
@@ -173,15 +186,10 @@ static void max_keys_evicts_and_counts(void **state)
 static void reclaims_only_by_own_clock(void **state)
 {
     (void)state;
-    rate_memory_options_t o = {4, 0};
     clk_t c = {1000 * SEC};
-    rate_clock_t clock = {clk_now, clk_sleep, &c};
     rate_store_t *s;
-    assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
-    rate_limiter_config_t cfg = {0};
-    cfg.store = s;
-    cfg.clock = &clock;
-    rate_limiter_t *l = limiter_cfg("fixed-window 1/s", cfg);
+    rate_limiter_t *l =
+        on_clock("fixed-window 1/s", &c, (rate_memory_options_t){4, 0}, &s);
     const char *keys[] = {"a", "b", "c", "d", "e", "f"};
     for (int i = 0; i < 4; i++)
         assert_true(rate_try_acquire(l, keys[i], 1));
@@ -210,15 +218,10 @@ static void reclaims_only_by_own_clock(void **state)
 static void reclaim_follows_last_write(void **state)
 {
     (void)state;
-    rate_memory_options_t o = {2, 0};
     clk_t c = {1000 * SEC};
-    rate_clock_t clock = {clk_now, clk_sleep, &c};
     rate_store_t *s;
-    assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
-    rate_limiter_config_t cfg = {0};
-    cfg.store = s;
-    cfg.clock = &clock;
-    rate_limiter_t *l = limiter_cfg("fixed-window 1/s", cfg);
+    rate_limiter_t *l =
+        on_clock("fixed-window 1/s", &c, (rate_memory_options_t){2, 0}, &s);
     rate_decision_t d;
     assert_int_equal(rate_limiter_check_at(l, "a", 1, 1, 0, 990 * SEC, &d),
                      RATE_OK);
@@ -242,14 +245,9 @@ static void grows_and_reclaims_unbounded(void **state)
 {
     (void)state;
     clk_t c = {SEC};
-    rate_clock_t clock = {clk_now, clk_sleep, &c};
     rate_store_t *s;
-    rate_memory_options_t o = {0, 4};
-    assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
-    rate_limiter_config_t cfg = {0};
-    cfg.store = s;
-    cfg.clock = &clock;
-    rate_limiter_t *l = limiter_cfg("token-bucket 10/s burst=10", cfg);
+    rate_limiter_t *l = on_clock("token-bucket 10/s burst=10", &c,
+                                 (rate_memory_options_t){0, 4}, &s);
     char k[32];
     for (int i = 0; i < 20000; i++) {
         snprintf(k, sizeof k, "key-number-%d-long-enough", i);
