@@ -114,9 +114,9 @@ typedef struct rate__algo {
      * decisions are theirs; the compiler folds them into one pass. */
     int (*inplace)(void *arg, void *state, size_t len, bool *allowed,
                    uint64_t *ttl_ns);
-    /* The same decision as a store's own lane asks for it (see struct
-     * rate_store): st is the key's whole stored state, len its length;
-     * returns a RATE__PLAIN_* code and writes nothing else. */
+    /* The same decision as a store's lane asks for it (see rate__lane_t):
+     * st is the key's whole stored state, len its length; returns a
+     * RATE__PLAIN_* code and writes nothing else. */
     int (*plain)(const rate_policy_t *p, uint8_t *st, size_t len,
                  uint64_t now, uint64_t n);
 } rate__algo_t;

@@ -404,8 +404,9 @@ static bool try_general(const rate__lane_t *lane, const char *key, size_t len,
 static bool general_lane(const rate__lane_t *lane, const char *key,
                          uint64_t permits, uint64_t now, bool clock_time)
 {
-    size_t len = key != NULL ? strnlen(key, RATE_KEY_MAX + 1) : 0;
+    size_t len;
 
+    (void)rate__lane_input(key, &len, permits, now); /* decide() says why */
     return try_general(lane, key, len, permits, now, clock_time);
 }
 
