@@ -294,7 +294,9 @@ RATE_API void rate_limiter_free(rate_limiter_t *limiter);
 /* The seed interface: true when `permits` may be spent now on the
  * NUL-terminated key.  Bad input (NULL limiter, NULL, empty or over-long
  * key, permits above 2^63-1) is false; a store failure follows the fail
- * mode.  Thread-safe: yes. */
+ * mode.  The fastest call: on the memory store, with no resolver and a
+ * policy of one limit other than a sliding log, a key already stored is
+ * decided in place with no decision record.  Thread-safe: yes. */
 RATE_API bool rate_try_acquire(rate_limiter_t *limiter, const char *key,
                                uint64_t permits);
 #define rate_try_acquire1(limiter, key) rate_try_acquire((limiter), (key), 1)
