@@ -557,6 +557,17 @@ static RATE__ALWAYS_INLINE shard_t *locate(memstore_t *m, const char *key,
     return s;
 }
 
+/* The bookkeeping of a stored key decided where its state lies: used now,
+ * written at which clock's time (if written), the verdict counted. */
+static inline void decided_in_place(shard_t *s, slot_t *e, bool wrote,
+                                    bool allowed, bool clock_time)
+{
+    e->sr |= F_REF;
+    if (wrote)
+        mark_written(e, clock_time);
+    count_verdict(s, allowed);
+}
+
 static int mem_update(void *self, const char *key, size_t len,
                       const rate_step_t *st)
 {
@@ -573,10 +584,8 @@ static int mem_update(void *self, const char *key, size_t len,
         uint8_t *bytes = slot_state(e, &n);
         int r = st->inplace(st->arg, bytes, n, &allowed, &ttl);
         if (r != RATE_INPLACE_NO) {
-            e->sr |= F_REF;
-            if (r == RATE_INPLACE_WROTE)
-                mark_written(e, st->clock_time);
-            count_verdict(s, allowed);
+            decided_in_place(s, e, r == RATE_INPLACE_WROTE, allowed,
+                             st->clock_time);
             shard_unlock(s);
             return RATE_OK;
         }
@@ -607,12 +616,9 @@ RATE__FLATTEN static bool mem_lane(const rate__lane_t *ln, const char *key,
         uint8_t *bytes = slot_state(e, &n);
         r = p->plain(p, bytes, n, now, permits);
     }
-    if (r != RATE__PLAIN_NO) {
-        e->sr |= F_REF;
-        if (r == RATE__PLAIN_WROTE)
-            mark_written(e, clock_time);
-        count_verdict(s, r & RATE__PLAIN_READ);
-    }
+    if (r != RATE__PLAIN_NO)
+        decided_in_place(s, e, r == RATE__PLAIN_WROTE, r & RATE__PLAIN_READ,
+                         clock_time);
     shard_unlock(s);
     if (r == RATE__PLAIN_NO)
         return ln->general(ln, key, len, permits, now, clock_time);
