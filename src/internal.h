@@ -328,7 +328,7 @@ static inline bool rate__header_is(const rate_policy_t *p, const uint8_t *st,
            rate__get64(st) <= RATE_TIME_MAX;
 }
 
-/* The bool API's lane (rate_try_acquire and rate_try_acquire_at).  Every
+/* The bool API's lane (rate_try_acquire and the calls like it).  Every
  * limiter has one, as its first member: `fn` is its store's lane when the
  * store has one and every key has the limiter's default policy with a
  * plain pass (no resolver), else the limiter's general path.  A store's
@@ -336,28 +336,38 @@ static inline bool rate__header_is(const rate_policy_t *p, const uint8_t *st,
  * keys it holds under `policy` in place, counting the verdict, and hands
  * everything else, untouched, to `general`: new keys, states made under
  * another policy, bad input (which `general` reports as false).  No
- * decision record is written: that is what makes the bool API faster. */
+ * decision record is written: that is what makes the bool API faster.
+ * `how` says whether `now` is the library clock's and whether the key is
+ * NUL-terminated (its length then measured by the lane, not the caller, so
+ * that the call into the lane stays a jump); `general` is always given
+ * the length. */
+enum {
+    RATE__LANE_CLOCK = 1, /* now was read from the limiter's clock */
+    RATE__LANE_CSTR = 2   /* key is NUL-terminated; len is not yet known */
+};
 typedef struct rate__lane rate__lane_t;
 typedef bool (*rate__lane_fn)(const rate__lane_t *lane, const char *key,
-                              uint64_t permits, uint64_t now,
-                              bool clock_time);
+                              size_t len, uint64_t permits, uint64_t now,
+                              unsigned how);
 struct rate__lane {
     rate__lane_fn fn;
     void *self; /* the store's */
     const rate_policy_t *policy;
     bool shadow;
-    bool (*general)(const rate__lane_t *lane, const char *key, size_t len,
-                    uint64_t permits, uint64_t now, bool clock_time);
+    rate__lane_fn general; /* takes len, never RATE__LANE_CSTR */
 };
 
-/* The bool API's input check: a key of 1..RATE_KEY_MAX bytes (its length
- * in *len, also when out of range), permits and time in range. */
+/* The bool API's input check: a key of 1..RATE_KEY_MAX bytes (*len is
+ * measured first when `how` says the key is NUL-terminated, and is set
+ * also when out of range), permits and time in range. */
 static inline bool rate__lane_input(const char *key, size_t *len,
-                                    uint64_t permits, uint64_t now)
+                                    uint64_t permits, uint64_t now,
+                                    unsigned how)
 {
-    *len = key != NULL ? strnlen(key, RATE_KEY_MAX + 1) : 0;
-    return *len - 1 < RATE_KEY_MAX && permits <= RATE_TIME_MAX &&
-           now <= RATE_TIME_MAX;
+    if (how & RATE__LANE_CSTR)
+        *len = key != NULL ? strnlen(key, RATE_KEY_MAX + 1) : 0;
+    return key != NULL && *len - 1 < RATE_KEY_MAX &&
+           permits <= RATE_TIME_MAX && now <= RATE_TIME_MAX;
 }
 
 /* Store internals the limiter needs. */

@@ -53,9 +53,10 @@ struct rate_limiter {
 };
 
 static bool try_general(const rate__lane_t *lane, const char *key, size_t len,
-                        uint64_t permits, uint64_t now, bool clock_time);
+                        uint64_t permits, uint64_t now, unsigned how);
 static bool general_lane(const rate__lane_t *lane, const char *key,
-                         uint64_t permits, uint64_t now, bool clock_time);
+                         size_t len, uint64_t permits, uint64_t now,
+                         unsigned how);
 
 /* ---------------------------------------------------------------- clock */
 
@@ -387,39 +388,56 @@ static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim, const char *key,
 }
 
 /* The bool API's general path (rate__lane_t.general); len is the key's
- * length as rate__lane_input measured it. */
+ * length, measured. */
 static bool try_general(const rate__lane_t *lane, const char *key, size_t len,
-                        uint64_t permits, uint64_t now, bool clock_time)
+                        uint64_t permits, uint64_t now, unsigned how)
 {
     rate_limiter_t *lim = (rate_limiter_t *)lane; /* lane is its first */
     rate_decision_t d;
 
     /* An error here is bad input: store failures come back as decisions. */
-    return decide(lim, key, len, permits, 0, now, clock_time, false, &d) ==
-               RATE_OK &&
+    return decide(lim, key, len, permits, 0, now, how & RATE__LANE_CLOCK,
+                  false, &d) == RATE_OK &&
            d.allowed;
 }
 
 /* A limiter's lane when its store has none (or may not take it). */
 static bool general_lane(const rate__lane_t *lane, const char *key,
-                         uint64_t permits, uint64_t now, bool clock_time)
+                         size_t len, uint64_t permits, uint64_t now,
+                         unsigned how)
 {
-    size_t len;
-
-    (void)rate__lane_input(key, &len, permits, now); /* decide() says why */
-    return try_general(lane, key, len, permits, now, clock_time);
+    (void)rate__lane_input(key, &len, permits, now, how); /* decide() says
+                                                             why */
+    return try_general(lane, key, len, permits, now, how);
 }
 
 bool rate_try_acquire(rate_limiter_t *lim, const char *key, uint64_t permits)
 {
-    return lim != NULL && lim->lane.fn(&lim->lane, key, permits,
-                                       clock_now(lim), true);
+    return lim != NULL &&
+           lim->lane.fn(&lim->lane, key, 0, permits, clock_now(lim),
+                        RATE__LANE_CLOCK | RATE__LANE_CSTR);
 }
 
 bool rate_try_acquire_at(rate_limiter_t *lim, const char *key,
                          uint64_t permits, uint64_t now_ns)
 {
-    return lim != NULL && lim->lane.fn(&lim->lane, key, permits, now_ns, false);
+    return lim != NULL && lim->lane.fn(&lim->lane, key, 0, permits, now_ns,
+                                       RATE__LANE_CSTR);
+}
+
+bool rate_try_acquire_len(rate_limiter_t *lim, const char *key,
+                          size_t key_len, uint64_t permits)
+{
+    return lim != NULL && lim->lane.fn(&lim->lane, key, key_len, permits,
+                                       clock_now(lim), RATE__LANE_CLOCK);
+}
+
+bool rate_try_acquire_len_at(rate_limiter_t *lim, const char *key,
+                             size_t key_len, uint64_t permits,
+                             uint64_t now_ns)
+{
+    return lim != NULL &&
+           lim->lane.fn(&lim->lane, key, key_len, permits, now_ns, 0);
 }
 
 int rate_limiter_check(rate_limiter_t *lim, const char *key, size_t key_len,

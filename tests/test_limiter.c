@@ -52,6 +52,14 @@ static void bad_input(void **state)
     assert_false(rate_try_acquire(l, NULL, 1));
     assert_false(rate_try_acquire(l, "", 1));
     assert_false(rate_try_acquire(l, longkey, 1));
+    assert_false(rate_try_acquire_len(NULL, "k", 1, 1));
+    assert_false(rate_try_acquire_len(l, NULL, 1, 1));
+    assert_false(rate_try_acquire_len(l, "k", 0, 1));
+    assert_false(rate_try_acquire_len(l, longkey, RATE_KEY_MAX + 1, 1));
+    assert_false(rate_try_acquire_len(l, longkey, SIZE_MAX, 1));
+    assert_false(rate_try_acquire_len(l, "k", 1, UINT64_MAX));
+    assert_false(rate_try_acquire_len_at(l, "k", 1, 1, UINT64_MAX));
+    assert_false(rate_try_acquire_len_at(NULL, "k", 1, 1, 0));
     assert_int_equal(rate_limiter_acquire(l, NULL, 0, 1, SEC, &d), RATE_EKEY);
     /* None of that touched the key "k"'s state. */
     assert_true(rate_limiter_check_at(l, "k", 1, 1, 0, 0, &d) == RATE_OK &&
@@ -87,6 +95,42 @@ static void seed_interface(void **state)
     assert_int_equal(s.keys, 2);
     assert_int_equal(s.allowed, 3);
     assert_int_equal(s.denied, 2);
+    rate_limiter_free(l);
+}
+
+/* Keys given with their length are any bytes: a NUL byte is part of the
+ * key, and the same bytes given NUL-terminated are the same key. */
+static void keys_with_length(void **state)
+{
+    (void)state;
+    rate_limiter_t *l = limiter_of("token-bucket 1/h burst=2", NULL);
+    static const char ip6[16] = {0x20, 0x01, 0x0d, (char)0xb8, 0, 0, 0, 0,
+                                 0,    0,    0,    0,          0, 0, 0, 1};
+    char heap_a[40] = {0}, heap_b[40] = {0}; /* longer than a slot holds */
+    heap_b[39] = 1;
+
+    assert_true(rate_try_acquire_len(l, ip6, sizeof ip6, 2));
+    assert_false(rate_try_acquire_len(l, ip6, sizeof ip6, 1));
+    /* Up to its first NUL, the address is a key of 4 bytes. */
+    assert_true(rate_try_acquire(l, ip6, 1));
+    assert_true(rate_try_acquire_len(l, ip6, 4, 1));
+    assert_false(rate_try_acquire_len_at(l, ip6, 4, 1, 0));
+    /* Bytes after a NUL tell keys apart. */
+    assert_true(rate_try_acquire_len(l, "a\0b", 3, 2));
+    assert_true(rate_try_acquire_len(l, "a\0c", 3, 2));
+    assert_false(rate_try_acquire_len(l, "a\0b", 3, 1));
+    assert_true(rate_try_acquire(l, "a", 2)); /* and "a" is a third key */
+    assert_true(rate_try_acquire_len(l, heap_a, sizeof heap_a, 2));
+    assert_true(rate_try_acquire_len(l, heap_b, sizeof heap_b, 2));
+    assert_false(rate_try_acquire_len(l, heap_a, sizeof heap_a, 1));
+    /* A length shorter than the string: only that many bytes. */
+    assert_true(rate_try_acquire_len(l, "user:42 and more", 7, 2));
+    assert_false(rate_try_acquire(l, "user:42", 1));
+    rate_stats_t s;
+    assert_int_equal(rate_limiter_stats(l, &s), RATE_OK);
+    assert_int_equal(s.keys, 8);
+    assert_int_equal(s.allowed, 9);
+    assert_int_equal(s.denied, 5);
     rate_limiter_free(l);
 }
 
@@ -187,7 +231,10 @@ static void bool_api_lane(void **state)
                 t -= 100 * MS; /* backwards: no time passes */
             else
                 t += (r >> 12) % (300 * MS);
-            bool a = rate_try_acquire_at(lane[which], key, n, t);
+            bool a = (r >> 9) % 2
+                         ? rate_try_acquire_len_at(lane[which], key,
+                                                   strlen(key), n, t)
+                         : rate_try_acquire_at(lane[which], key, n, t);
             bool b = rate_try_acquire_at(general[which], key, n, t);
             if (a != b)
                 fail_msg("%s, step %d (key %s, %llu permits, limiter %d): "
@@ -490,6 +537,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bad_input),
         cmocka_unit_test(seed_interface),
+        cmocka_unit_test(keys_with_length),
         cmocka_unit_test(shadow_mode),
         cmocka_unit_test(bool_api_lane),
         cmocka_unit_test(composite_all_or_nothing),

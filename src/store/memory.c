@@ -607,17 +607,19 @@ static int mem_update(void *self, const char *key, size_t len,
  * its heap block: a sliding window's 30 bytes); anything else goes, before
  * anything is touched, to the limiter's general path. */
 RATE__FLATTEN static bool mem_lane(const rate__lane_t *ln, const char *key,
-                                   uint64_t permits, uint64_t now,
-                                   bool clock_time)
+                                   size_t len, uint64_t permits, uint64_t now,
+                                   unsigned how)
 {
     const rate_policy_t *p = ln->policy;
     probe_key_t pk;
     uint32_t tag, i;
-    size_t len;
     int r = RATE__PLAIN_NO;
 
-    if (!rate__lane_input(key, &len, permits, now))
-        return ln->general(ln, key, len, permits, now, clock_time);
+    bool ok = rate__lane_input(key, &len, permits, now, how);
+
+    how &= ~(unsigned)RATE__LANE_CSTR; /* general is given the length */
+    if (!ok)
+        return ln->general(ln, key, len, permits, now, how);
     shard_t *s = locate(ln->self, key, len, &pk, &tag, &i);
     slot_t *e = &s->slots[i];
     if (s->ctrl[i] != 0) {
@@ -627,10 +629,10 @@ RATE__FLATTEN static bool mem_lane(const rate__lane_t *ln, const char *key,
     }
     if (r != RATE__PLAIN_NO)
         decided_in_place(s, e, r == RATE__PLAIN_WROTE, r & RATE__PLAIN_READ,
-                         clock_time);
+                         how & RATE__LANE_CLOCK);
     shard_unlock(s);
     if (r == RATE__PLAIN_NO)
-        return ln->general(ln, key, len, permits, now, clock_time);
+        return ln->general(ln, key, len, permits, now, how);
     return (r & RATE__PLAIN_READ) || ln->shadow;
 }
 
