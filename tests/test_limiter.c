@@ -235,7 +235,10 @@ static void bool_api_lane(void **state)
                          ? rate_try_acquire_len_at(lane[which], key,
                                                    strlen(key), n, t)
                          : rate_try_acquire_at(lane[which], key, n, t);
-            bool b = rate_try_acquire_at(general[which], key, n, t);
+            bool b = (r >> 10) % 2
+                         ? rate_try_acquire_len_at(general[which], key,
+                                                   strlen(key), n, t)
+                         : rate_try_acquire_at(general[which], key, n, t);
             if (a != b)
                 fail_msg("%s, step %d (key %s, %llu permits, limiter %d): "
                          "lane %d, general path %d",
