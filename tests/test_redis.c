@@ -189,6 +189,17 @@ static void same_decisions_as_memory(void **state)
                 t += rnd(400 * MS);
             uint64_t n = rnd(6), mw = p % 3 == 0 && rnd(3) == 0 ? rnd(SEC) : 0;
             rate_decision_t a, b;
+            if (mw == 0 && rnd(4) == 0) {
+                /* The bool call with the key's length: the memory store's
+                 * lane against the Redis store's general path. */
+                bool x = rate_try_acquire_len_at(lm, key, kl, n, t);
+                bool y = rate_try_acquire_len_at(lr, key, kl, n, t);
+                if (x != y)
+                    fail_msg("%s, step %d: bool call %d on memory, %d on "
+                             "Redis", policies[p], i, x, y);
+                checked++;
+                continue;
+            }
             assert_int_equal(rate_limiter_check_at(lm, key, kl, n, mw, t, &a),
                              RATE_OK);
             assert_int_equal(rate_limiter_check_at(lr, key, kl, n, mw, t, &b),
