@@ -81,6 +81,17 @@ static void bad_input(void **state)
     rate_limiter_free(l);
 }
 
+/* The limiter's keys and verdicts so far. */
+static void expect_counts(rate_limiter_t *l, uint64_t keys, uint64_t allowed,
+                          uint64_t denied)
+{
+    rate_stats_t s;
+    assert_int_equal(rate_limiter_stats(l, &s), RATE_OK);
+    assert_int_equal(s.keys, keys);
+    assert_int_equal(s.allowed, allowed);
+    assert_int_equal(s.denied, denied);
+}
+
 static void seed_interface(void **state)
 {
     (void)state;
@@ -90,11 +101,7 @@ static void seed_interface(void **state)
     assert_false(rate_try_acquire(l, "user:42", 1));
     assert_true(rate_try_acquire(l, "user:43", 3)); /* another key */
     assert_false(rate_try_acquire(l, "user:43", 4)); /* never */
-    rate_stats_t s;
-    assert_int_equal(rate_limiter_stats(l, &s), RATE_OK);
-    assert_int_equal(s.keys, 2);
-    assert_int_equal(s.allowed, 3);
-    assert_int_equal(s.denied, 2);
+    expect_counts(l, 2, 3, 2);
     rate_limiter_free(l);
 }
 
@@ -126,11 +133,7 @@ static void keys_with_length(void **state)
     /* A length shorter than the string: only that many bytes. */
     assert_true(rate_try_acquire_len(l, "user:42 and more", 7, 2));
     assert_false(rate_try_acquire(l, "user:42", 1));
-    rate_stats_t s;
-    assert_int_equal(rate_limiter_stats(l, &s), RATE_OK);
-    assert_int_equal(s.keys, 8);
-    assert_int_equal(s.allowed, 9);
-    assert_int_equal(s.denied, 5);
+    expect_counts(l, 8, 9, 5);
     rate_limiter_free(l);
 }
 
