@@ -7,7 +7,7 @@
  * when it has one, else in a bounded compare-and-set loop.  The limiter
  * itself holds no lock on that path.
  *
- * The bool API (rate_try_acquire, rate_try_acquire_at) goes through the
+ * The bool API (rate_try_acquire and its _at and _len forms) goes through the
  * limiter's lane (rate__lane_t in internal.h): with no resolver, a policy of
  * one fixed-size limit and the memory store, the store itself checks the
  * input, decides a key it already holds in place and returns the verdict,
@@ -406,8 +406,8 @@ static bool general_lane(const rate__lane_t *lane, const char *key,
                          size_t len, uint64_t permits, uint64_t now,
                          unsigned how)
 {
-    (void)rate__lane_input(key, &len, permits, now, how); /* decide() says
-                                                             why */
+    /* For a C string's length; decide() says what is wrong, if anything. */
+    (void)rate__lane_input(key, &len, permits, now, how);
     return try_general(lane, key, len, permits, now, how);
 }
 

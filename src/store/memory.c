@@ -614,7 +614,6 @@ RATE__FLATTEN static bool mem_lane(const rate__lane_t *ln, const char *key,
     probe_key_t pk;
     uint32_t tag, i;
     int r = RATE__PLAIN_NO;
-
     bool ok = rate__lane_input(key, &len, permits, now, how);
 
     how &= ~(unsigned)RATE__LANE_CSTR; /* general is given the length */
