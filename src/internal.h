@@ -243,6 +243,28 @@ static inline uint64_t rate__shown_limit(const rate_limit_t *l)
     return l->burst != 0 ? l->burst : l->limit;
 }
 
+/* A whole decimal number in s[0..len) of at most max (>= 9): false on no
+ * digits, any other byte, or a value above max.  Policy text, Redis URLs
+ * and Redis replies all read their numbers with it. */
+static inline bool rate__parse_decimal(const char *s, size_t len, uint64_t max,
+                                       uint64_t *out)
+{
+    uint64_t v = 0;
+
+    if (len == 0)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+        uint64_t d = (uint64_t)(s[i] - '0');
+        if (v > (max - d) / 10)
+            return false;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return true;
+}
+
 static inline uint64_t rate__min_u64(uint64_t a, uint64_t b)
 {
     return a < b ? a : b;

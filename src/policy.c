@@ -202,23 +202,10 @@ const rate_limit_t *rate_policy_limit(const rate_policy_t *policy, size_t i)
 
 /* ------------------------------------------------------------- parsing */
 
-/* Whole decimal number in s[0..len); false on no digits, other bytes or
- * overflow above 2^63-1. */
+/* A count in policy text: a whole number up to 2^63-1. */
 static bool parse_count(const char *s, size_t len, uint64_t *out)
 {
-    uint64_t v = 0;
-
-    if (len == 0)
-        return false;
-    for (size_t i = 0; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            return false;
-        if (v > (RATE_TIME_MAX - (uint64_t)(s[i] - '0')) / 10)
-            return false;
-        v = v * 10 + (uint64_t)(s[i] - '0');
-    }
-    *out = v;
-    return true;
+    return rate__parse_decimal(s, len, RATE_TIME_MAX, out);
 }
 
 /* "[COUNT]UNIT" with the count optional when allow_bare, into ns. */

@@ -671,6 +671,7 @@ static void bad_urls_hosts_and_passwords(void **state)
         {"redis://", RATE_EINVAL, "missing or too long host"},
         {"redis://127.0.0.1:0", RATE_EINVAL, "port"},
         {"redis://127.0.0.1:70000", RATE_EINVAL, "port"},
+        {"redis://127.0.0.1:65536", RATE_EINVAL, "port"},
         {"redis://127.0.0.1:63x9", RATE_EINVAL, "port"},
         {"redis://127.0.0.1:6379/db1", RATE_EINVAL, "database"},
         {"redis://pass@127.0.0.1", RATE_EINVAL, "credentials"},

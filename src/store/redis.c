@@ -119,18 +119,11 @@ static bool copy_part(char *dst, size_t cap, const char *s, size_t n)
     return true;
 }
 
-static bool parse_int(const char *s, size_t n, long max, int *out)
+static bool parse_int(const char *s, size_t n, int max, int *out)
 {
-    long v = 0;
-    if (n == 0)
+    uint64_t v;
+    if (!rate__parse_decimal(s, n, (uint64_t)max, &v))
         return false;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            return false;
-        v = v * 10 + (s[i] - '0');
-        if (v > max)
-            return false;
-    }
     *out = (int)v;
     return true;
 }
@@ -615,19 +608,13 @@ static char *full_key(const redis_store_t *r, const char *key, size_t len,
 
 static int parse_version(const redisReply *v, uint64_t *out)
 {
-    uint64_t x = 0;
     if (v->type == REDIS_REPLY_NIL) {
         *out = 0;
         return RATE_OK;
     }
-    if (v->type != REDIS_REPLY_STRING || v->len == 0 || v->len > 19)
+    if (v->type != REDIS_REPLY_STRING || v->len > 19 ||
+        !rate__parse_decimal(v->str, v->len, UINT64_MAX, out))
         return RATE_ECORRUPT;
-    for (size_t i = 0; i < v->len; i++) {
-        if (v->str[i] < '0' || v->str[i] > '9')
-            return RATE_ECORRUPT;
-        x = x * 10 + (uint64_t)(v->str[i] - '0');
-    }
-    *out = x;
     return RATE_OK;
 }
 
