@@ -119,6 +119,14 @@ static rate_store_t *redis_store(const char *prefix, bool no_ttl,
     return s;
 }
 
+/* Drops a test's namespace from the server and frees its store (after the
+ * limiters over it). */
+static void drop_store(rate_store_t *rs)
+{
+    rate_store_redis_drop(rs);
+    rate_store_free(rs);
+}
+
 /* ------------------------------------------------------------- traces */
 
 /* Fails, naming the case, unless the two decisions agree field by field. */
@@ -285,8 +293,7 @@ static void same_decisions_at_the_boundaries(void **state)
         }
     }
     assert_int_equal(checked, 4800);
-    rate_store_redis_drop(rs);
-    rate_store_free(rs);
+    drop_store(rs);
 }
 
 /* Clients whose clocks disagree share one limit: by default a decision
@@ -326,8 +333,7 @@ static void fleet_clock(void **state)
             assert_int_equal(rate_try_acquire(b, key, 1), own);
             rate_limiter_free(a);
             rate_limiter_free(b);
-            rate_store_redis_drop(rs);
-            rate_store_free(rs);
+            drop_store(rs);
         }
     }
 }
@@ -353,9 +359,8 @@ static void one_round_trip(void **state)
     assert_null(strstr(r->str, "cmdstat_eval:"));
     freeReplyObject(r);
     redisFree(c);
-    rate_store_redis_drop(rs);
     rate_limiter_free(l);
-    rate_store_free(rs);
+    drop_store(rs);
 }
 
 static void ttl_is_reset_after(void **state)
@@ -378,9 +383,8 @@ static void ttl_is_reset_after(void **state)
     assert_true(r->integer <= 1000 && r->integer > 900);
     freeReplyObject(r);
     redisFree(c);
-    rate_store_redis_drop(rs);
     rate_limiter_free(l);
-    rate_store_free(rs);
+    drop_store(rs);
 }
 
 static void script_flush_changes_nothing(void **state)
@@ -399,9 +403,8 @@ static void script_flush_changes_nothing(void **state)
     }
     assert_int_equal(ok, 5);
     redisFree(c);
-    rate_store_redis_drop(rs);
     rate_limiter_free(l);
-    rate_store_free(rs);
+    drop_store(rs);
 }
 
 /* ------------------------------------------------------- a shared limit */
@@ -521,8 +524,7 @@ static void replies_reach_their_callers(void **state)
     (void)state;
     rate_store_t *rs = redis_store("own:", true, 0);
     own_keys_on(rs);
-    rate_store_redis_drop(rs);
-    rate_store_free(rs);
+    drop_store(rs);
 }
 
 /* --------------------------------------------------------------- faults */
@@ -653,8 +655,7 @@ static void callers_ride_out_a_restart(void **state)
     }
     assert_true(errors > 0); /* the outage was seen */
     rate_limiter_free(lim);
-    rate_store_redis_drop(rs);
-    rate_store_free(rs);
+    drop_store(rs);
 }
 
 /* ------------------------------------------------------------ bad input */
