@@ -453,14 +453,23 @@ static void tiers_and_upgrades(void **state)
     tiers_free();
 }
 
+/* A limiter configuration over a new test store whose failures the test
+ * controls through *h. */
+static rate_limiter_config_t on_cas_store(rate_store_t **store,
+                                          cas_store_t **h)
+{
+    rate_limiter_config_t cfg = {0};
+    assert_int_equal(cas_store_new(store, h), RATE_OK);
+    cfg.store = *store;
+    return cfg;
+}
+
 static void store_failure_modes(void **state)
 {
     (void)state;
     rate_store_t *store;
     cas_store_t *h;
-    assert_int_equal(cas_store_new(&store, &h), RATE_OK);
-    rate_limiter_config_t cfg = {0};
-    cfg.store = store;
+    rate_limiter_config_t cfg = on_cas_store(&store, &h);
     rate_limiter_t *closed = limiter_cfg("fixed-window 5/s", cfg);
     cfg.on_store_error = RATE_FAIL_OPEN;
     rate_limiter_t *open = limiter_cfg("fixed-window 5/s", cfg);
@@ -505,9 +514,7 @@ static void store_failure_fallback(void **state)
     (void)state;
     rate_store_t *store;
     cas_store_t *h;
-    assert_int_equal(cas_store_new(&store, &h), RATE_OK);
-    rate_limiter_config_t cfg = {0};
-    cfg.store = store;
+    rate_limiter_config_t cfg = on_cas_store(&store, &h);
     cfg.on_store_error = RATE_FAIL_FALLBACK;
     rate_limiter_t *l = limiter_cfg("fixed-window 2/s", cfg);
     assert_true(at(l, "k", 0, 1, 0).allowed); /* the real store */
