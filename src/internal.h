@@ -131,10 +131,11 @@ enum {
     RATE__PLAIN_WROTE = 3,
 };
 
-/* Defines PREFIX_inplace and PREFIX_plain (see rate__algo_t) from an
+/* Defines PREFIX_try and PREFIX_inplace (see rate__algo_t) from an
  * algorithm file's own static load, advance, decide and commit, all
  * inlined into them (flatten), so that the constant max_wait 0 and detail
- * false prune them.  FIXED is the component's size.  Anything unexpected
+ * false prune them; RATE__DEFINE_PLAIN below makes PREFIX_plain of
+ * PREFIX_try.  FIXED is the component's size.  Anything unexpected
  * about the state (another policy, version or size, a corrupt time) is
  * left to rate__step, which reports it.  Only t_last of the header
  * changes: the rest already says this policy. */
@@ -168,13 +169,6 @@ enum {
         rate__put64(st, t);                                                   \
         return RATE__PLAIN_WROTE;                                             \
     }                                                                         \
-    RATE__FLATTEN static int prefix##_plain(const rate_policy_t *p,           \
-                                            uint8_t *st, size_t len,          \
-                                            uint64_t now, uint64_t n)         \
-    {                                                                         \
-        rate__verdict_t r;                                                    \
-        return prefix##_try(p, st, len, now, n, &r);                          \
-    }                                                                         \
     RATE__FLATTEN static int prefix##_inplace(void *varg, void *state,        \
                                               size_t len, bool *allowed,      \
                                               uint64_t *ttl_ns)               \
@@ -195,6 +189,16 @@ enum {
             return RATE_INPLACE_READ;                                         \
         *ttl_ns = arg->policy->max_reset_ns;                                  \
         return RATE_INPLACE_WROTE;                                            \
+    }
+
+/* Defines PREFIX_plain (rate__algo_t.plain) from PREFIX_try. */
+#define RATE__DEFINE_PLAIN(prefix)                                            \
+    RATE__FLATTEN static int prefix##_plain(const rate_policy_t *p,           \
+                                            uint8_t *st, size_t len,          \
+                                            uint64_t now, uint64_t n)         \
+    {                                                                         \
+        rate__verdict_t r;                                                    \
+        return prefix##_try(p, st, len, now, n, &r);                          \
     }
 
 extern const rate__algo_t rate__token_bucket;
@@ -280,9 +284,11 @@ static inline uint64_t rate__sat_add(uint64_t a, uint64_t b)
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
 #define RATE__LE64(x) __builtin_bswap64(x)
 #define RATE__LE32(x) __builtin_bswap32(x)
+#define RATE__LE16(x) ((uint16_t)__builtin_bswap16(x))
 #else
 #define RATE__LE64(x) (x)
 #define RATE__LE32(x) (x)
+#define RATE__LE16(x) ((uint16_t)(x))
 #endif
 
 static inline uint64_t rate__get64(const uint8_t *p)
@@ -296,6 +302,13 @@ static inline void rate__put64(uint8_t *p, uint64_t v)
 {
     v = RATE__LE64(v);
     memcpy(p, &v, sizeof v);
+}
+
+static inline uint16_t rate__get16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return RATE__LE16(v);
 }
 
 static inline uint32_t rate__get32(const uint8_t *p)
@@ -339,44 +352,51 @@ int rate__step_inplace(void *arg, void *state, size_t len, bool *allowed,
 #define RATE__STATE_VERSION 2u /* 1: a 16-byte header, 2 bytes of padding */
 
 /* Whether st is a whole state of one component of `fixed` bytes made
- * under p (version, count, fingerprint, length), with a t_last in range:
+ * under p (version and count, read as one 16-bit word, fingerprint,
+ * length), with a t_last in range:
  * the state the single-limit fast paths decide over. */
 static inline bool rate__header_is(const rate_policy_t *p, const uint8_t *st,
                                    size_t len, size_t fixed)
 {
     return len == RATE__HEADER_LEN + fixed &&
-           st[13] == RATE__STATE_VERSION && st[12] == 1 &&
+           rate__get16(st + 12) == (1u | RATE__STATE_VERSION << 8) &&
            rate__get32(st + 8) == p->fingerprint &&
            rate__get64(st) <= RATE_TIME_MAX;
 }
 
 /* The bool API's lane (rate_try_acquire and the calls like it).  Every
- * limiter has one, as its first member: `fn` is its store's lane when the
- * store has one and every key has the limiter's default policy with a
- * plain pass (no resolver), else the limiter's general path.  A store's
- * lane checks the input as the limiter does (rate__lane_input), decides
- * keys it holds under `policy` in place, counting the verdict, and hands
- * everything else, untouched, to `general`: new keys, states made under
- * another policy, bad input (which `general` reports as false).  No
- * decision record is written: that is what makes the bool API faster.
- * `how` says whether `now` is the library clock's and whether the key is
- * NUL-terminated (its length then measured by the lane, not the caller, so
- * that the call into the lane stays a jump); `general` is always given
- * the length. */
+ * limiter has one, as its first member.  `fn` holds one function per
+ * `how` (below), so that each public call jumps to a function made for
+ * it: its store's lanes when the store has them for the policy and every
+ * key has the limiter's default policy (no resolver), else the limiter's
+ * general path.  A store's lane checks the input as the limiter does
+ * (rate__lane_input), decides keys it holds under `policy` in place,
+ * counting the verdict, and hands everything else, untouched, to
+ * `general`: new keys, states made under another policy, bad input (which
+ * `general` reports as false).  No decision record is written: that is
+ * what makes the bool API faster.  `how` says whether the time is the
+ * library clock's and whether the key is NUL-terminated.  Both are left to
+ * the lane, so that the public call stays a jump into it: fn[how] with
+ * RATE__LANE_CLOCK is given no time and reads the clock itself
+ * (now_ns(clock_ud)), and measures a NUL-terminated key.  What a lane hands
+ * on to `general` carries the time read and the length. */
 enum {
-    RATE__LANE_CLOCK = 1, /* now was read from the limiter's clock */
-    RATE__LANE_CSTR = 2   /* key is NUL-terminated; len is not yet known */
+    RATE__LANE_CLOCK = 1, /* the time is the limiter's clock's */
+    RATE__LANE_CSTR = 2,  /* key is NUL-terminated; len is not yet known */
+    RATE__LANE_HOWS = 4   /* the number of `how`s: fn's length */
 };
 typedef struct rate__lane rate__lane_t;
 typedef bool (*rate__lane_fn)(const rate__lane_t *lane, const char *key,
                               size_t len, uint64_t permits, uint64_t now,
                               unsigned how);
 struct rate__lane {
-    rate__lane_fn fn;
+    rate__lane_fn fn[RATE__LANE_HOWS]; /* fn[how] */
     void *self; /* the store's */
     const rate_policy_t *policy;
     bool shadow;
-    rate__lane_fn general; /* takes len, never RATE__LANE_CSTR */
+    rate__lane_fn general; /* takes len and now: never RATE__LANE_CSTR */
+    uint64_t (*now_ns)(void *ud); /* the limiter's clock */
+    void *clock_ud;
 };
 
 /* The bool API's input check: a key of 1..RATE_KEY_MAX bytes (*len is
@@ -396,7 +416,10 @@ static inline bool rate__lane_input(const char *key, size_t *len,
 struct rate_store {
     const rate_store_vtable_t *vt;
     void *self;
-    rate__lane_fn lane; /* NULL but for the library's own stores */
+    /* The library's own stores only (else NULL): sets fn[] to the
+     * store's lanes for keys of policy p, or returns false if it has
+     * none for it. */
+    bool (*lanes)(const rate_policy_t *p, rate__lane_fn fn[RATE__LANE_HOWS]);
 };
 
 #endif /* RATE_INTERNAL_H */

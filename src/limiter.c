@@ -8,11 +8,12 @@
  * itself holds no lock on that path.
  *
  * The bool API (rate_try_acquire and its _at and _len forms) goes through the
- * limiter's lane (rate__lane_t in internal.h): with no resolver, a policy of
- * one fixed-size limit and the memory store, the store itself checks the
- * input, decides a key it already holds in place and returns the verdict,
- * with no decision record to fill; anything else comes back to the general
- * path here.
+ * limiter's lane (rate__lane_t in internal.h): each call jumps to the
+ * lane's function for it.  With no resolver, a policy of one fixed-size
+ * limit and the memory store, that is the store's: it reads the clock,
+ * checks the input, decides a key it already holds in place and returns
+ * the verdict, with no decision record to fill; anything else comes back
+ * to the general path here.
  *
  * Every policy the limiter has used is remembered by fingerprint, so that a
  * key whose state was made under an earlier policy (a tier upgrade) can be
@@ -214,11 +215,17 @@ int rate_limiter_new(const rate_limiter_config_t *cfg, rate_limiter_t **out)
     }
     /* Without a resolver every key has the default policy, so the policy
      * a store's lane decides under is known here. */
-    lim->lane = (rate__lane_t){general_lane, lim->store->self, lim->policy,
-                               lim->shadow, try_general};
-    if (lim->resolve == NULL && lim->policy->plain != NULL &&
-        lim->store->lane != NULL)
-        lim->lane.fn = lim->store->lane;
+    lim->lane = (rate__lane_t){.self = lim->store->self,
+                               .policy = lim->policy,
+                               .shadow = lim->shadow,
+                               .general = try_general,
+                               .now_ns = lim->clock.now_ns,
+                               .clock_ud = lim->clock.ud};
+    if (lim->resolve != NULL || lim->policy->plain == NULL ||
+        lim->store->lanes == NULL ||
+        !lim->store->lanes(lim->policy, lim->lane.fn))
+        for (unsigned how = 0; how < RATE__LANE_HOWS; how++)
+            lim->lane.fn[how] = general_lane;
     *out = lim;
     return RATE_OK;
 }
@@ -406,30 +413,36 @@ static bool general_lane(const rate__lane_t *lane, const char *key,
                          size_t len, uint64_t permits, uint64_t now,
                          unsigned how)
 {
+    if (how & RATE__LANE_CLOCK)
+        now = lane->now_ns(lane->clock_ud);
     /* For a C string's length; decide() says what is wrong, if anything. */
     (void)rate__lane_input(key, &len, permits, now, how);
-    return try_general(lane, key, len, permits, now, how);
+    return try_general(lane, key, len, permits, now,
+                       how & ~(unsigned)RATE__LANE_CSTR);
 }
 
 bool rate_try_acquire(rate_limiter_t *lim, const char *key, uint64_t permits)
 {
     return lim != NULL &&
-           lim->lane.fn(&lim->lane, key, 0, permits, clock_now(lim),
-                        RATE__LANE_CLOCK | RATE__LANE_CSTR);
+           lim->lane.fn[RATE__LANE_CLOCK | RATE__LANE_CSTR](
+               &lim->lane, key, 0, permits, 0,
+               RATE__LANE_CLOCK | RATE__LANE_CSTR);
 }
 
 bool rate_try_acquire_at(rate_limiter_t *lim, const char *key,
                          uint64_t permits, uint64_t now_ns)
 {
-    return lim != NULL && lim->lane.fn(&lim->lane, key, 0, permits, now_ns,
-                                       RATE__LANE_CSTR);
+    return lim != NULL &&
+           lim->lane.fn[RATE__LANE_CSTR](&lim->lane, key, 0, permits, now_ns,
+                                         RATE__LANE_CSTR);
 }
 
 bool rate_try_acquire_len(rate_limiter_t *lim, const char *key,
                           size_t key_len, uint64_t permits)
 {
-    return lim != NULL && lim->lane.fn(&lim->lane, key, key_len, permits,
-                                       clock_now(lim), RATE__LANE_CLOCK);
+    return lim != NULL &&
+           lim->lane.fn[RATE__LANE_CLOCK](&lim->lane, key, key_len, permits,
+                                          0, RATE__LANE_CLOCK);
 }
 
 bool rate_try_acquire_len_at(rate_limiter_t *lim, const char *key,
@@ -437,7 +450,7 @@ bool rate_try_acquire_len_at(rate_limiter_t *lim, const char *key,
                              uint64_t now_ns)
 {
     return lim != NULL &&
-           lim->lane.fn(&lim->lane, key, key_len, permits, now_ns, 0);
+           lim->lane.fn[0](&lim->lane, key, key_len, permits, now_ns, 0);
 }
 
 int rate_limiter_check(rate_limiter_t *lim, const char *key, size_t key_len,

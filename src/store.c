@@ -21,7 +21,7 @@ int rate_store_new(const rate_store_vtable_t *vt, void *self,
         return RATE_ENOMEM;
     s->vt = vt;
     s->self = self;
-    s->lane = NULL;
+    s->lanes = NULL;
     *out = s;
     return RATE_OK;
 }

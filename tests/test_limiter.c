@@ -137,6 +137,40 @@ static void keys_with_length(void **state)
     rate_limiter_free(l);
 }
 
+/* Every key length up to past the inline size, each key beside three that
+ * differ from it in one byte (the last, the first, the middle): the
+ * store's short keys are compared as zero-padded words built from
+ * overlapping loads, so a byte misplaced there would merge or lose keys. */
+static void keys_of_every_short_length(void **state)
+{
+    (void)state;
+    rate_limiter_t *l = limiter_of("token-bucket 1/h burst=1", NULL);
+    const char *text = "abcdefghijklmnopqrst";
+    char key[21];
+
+    for (size_t len = 1; len <= 20; len++) {
+        for (int v = 0; v < 4; v++) {
+            memcpy(key, text, len);
+            key[len] = '\0';
+            if (v == 1)
+                key[len - 1] = 'X';
+            else if (v == 2)
+                key[0] = 'Y';
+            else if (v == 3)
+                key[len / 2] = 'Z';
+            if (!(v % 2 ? rate_try_acquire_len_at(l, key, len, 1, SEC)
+                        : rate_try_acquire_at(l, key, 1, SEC)))
+                fail_msg("key '%s' (%zu bytes): denied at its first use",
+                         key, len);
+            if (v % 2 ? rate_try_acquire_at(l, key, 1, SEC)
+                      : rate_try_acquire_len_at(l, key, len, 1, SEC))
+                fail_msg("key '%s' (%zu bytes): admitted twice", key, len);
+        }
+    }
+    expect_counts(l, 80, 80, 80);
+    rate_limiter_free(l);
+}
+
 /* Shadow mode: decisions are computed and counted, every request is let
  * through, and the decision says it would have been denied. */
 static void shadow_mode(void **state)
@@ -190,10 +224,30 @@ static const rate_policy_t *one_policy(void *ud, const char *key, size_t len)
     return ud;
 }
 
+/* One of the four bool calls, by `form`: C string or length, the time
+ * given or read from the limiter's clock (c, set to t first). */
+static bool try_form(rate_limiter_t *l, fake_clock_t *c, int form,
+                     const char *key, uint64_t n, uint64_t t)
+{
+    c->now = t;
+    switch (form) {
+    case 0:
+        return rate_try_acquire_len_at(l, key, strlen(key), n, t);
+    case 1:
+        return rate_try_acquire_len(l, key, strlen(key), n);
+    case 2:
+        return rate_try_acquire_at(l, key, n, t);
+    default:
+        return rate_try_acquire(l, key, n);
+    }
+}
+
 /* The bool API decides keys the memory store holds under the limiter's
  * policy in the store's lane, and everything else on the general path:
- * both give the same answers, counted the same.  Each run interleaves a
- * second policy on the same keys, so some states are another policy's. */
+ * both give the same answers, counted the same, through each of the four
+ * calls.  Each run interleaves a second policy on the same keys, so some
+ * states are another policy's, and the full call's reservations, so that
+ * buckets go into debt. */
 static void bool_api_lane(void **state)
 {
     static const char *texts[] = {
@@ -212,9 +266,12 @@ static void bool_api_lane(void **state)
         assert_int_equal(rate_store_memory_new(NULL, &s2), RATE_OK);
         rate_policy_t *p = policy_of(texts[i]);
         rate_policy_t *q = policy_of("token-bucket 2/s burst=6");
+        fake_clock_t c = {0, 0, 0};
+        rate_clock_t clock = {fake_now, fake_sleep, &c};
         rate_limiter_config_t cfg = {0};
         rate_limiter_t *lane[2], *general[2];
         cfg.store = s1;
+        cfg.clock = &clock;
         lane[0] = limiter_cfg(texts[i], cfg);
         lane[1] = limiter_cfg("token-bucket 2/s burst=6", cfg);
         cfg.store = s2;
@@ -223,7 +280,7 @@ static void bool_api_lane(void **state)
         general[0] = limiter_cfg(texts[i], cfg);
         cfg.resolve_ud = q;
         general[1] = limiter_cfg("token-bucket 2/s burst=6", cfg);
-        uint64_t t = 5 * SEC, seed = 12345 + i;
+        uint64_t t = 5 * SEC, seed = 12345 + i, reserved = 0;
         for (int step = 0; step < 4000; step++) {
             seed = seed * 6364136223846793005u + 1442695040888963407u;
             uint64_t r = seed >> 20;
@@ -234,20 +291,32 @@ static void bool_api_lane(void **state)
                 t -= 100 * MS; /* backwards: no time passes */
             else
                 t += (r >> 12) % (300 * MS);
-            bool a = (r >> 9) % 2
-                         ? rate_try_acquire_len_at(lane[which], key,
-                                                   strlen(key), n, t)
-                         : rate_try_acquire_at(lane[which], key, n, t);
-            bool b = (r >> 10) % 2
-                         ? rate_try_acquire_len_at(general[which], key,
-                                                   strlen(key), n, t)
-                         : rate_try_acquire_at(general[which], key, n, t);
+            if ((r >> 30) % 16 == 0) { /* a reservation of up to 2 s */
+                rate_decision_t d1, d2;
+                size_t len = strlen(key);
+                assert_int_equal(rate_limiter_check_at(lane[which], key, len,
+                                                       n, 2 * SEC, t, &d1),
+                                 RATE_OK);
+                assert_int_equal(rate_limiter_check_at(general[which], key,
+                                                       len, n, 2 * SEC, t,
+                                                       &d2),
+                                 RATE_OK);
+                assert_int_equal(d1.allowed, d2.allowed);
+                reserved += d1.delay_ns > 0;
+                continue;
+            }
+            int fa = (int)((r >> 9) % 4), fb = (int)((r >> 11) % 4);
+            bool a = try_form(lane[which], &c, fa, key, n, t);
+            bool b = try_form(general[which], &c, fb, key, n, t);
             if (a != b)
-                fail_msg("%s, step %d (key %s, %llu permits, limiter %d): "
-                         "lane %d, general path %d",
-                         texts[i], step, key, (unsigned long long)n, which, a,
-                         b);
+                fail_msg("%s, step %d (key %s, %llu permits, limiter %d, "
+                         "calls %d and %d): lane %d, general path %d",
+                         texts[i], step, key, (unsigned long long)n, which,
+                         fa, fb, a, b);
         }
+        if (strncmp(texts[i], "token", 5) == 0 ||
+            strncmp(texts[i], "leaky", 5) == 0)
+            assert_true(reserved > 10); /* buckets went into debt */
         rate_stats_t x, y;
         for (int w = 0; w < 2; w++) {
             assert_int_equal(rate_limiter_stats(lane[w], &x), RATE_OK);
@@ -551,6 +620,7 @@ int main(void)
         cmocka_unit_test(bad_input),
         cmocka_unit_test(seed_interface),
         cmocka_unit_test(keys_with_length),
+        cmocka_unit_test(keys_of_every_short_length),
         cmocka_unit_test(shadow_mode),
         cmocka_unit_test(bool_api_lane),
         cmocka_unit_test(composite_all_or_nothing),

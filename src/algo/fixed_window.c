@@ -89,6 +89,7 @@ static uint64_t fw_max_reset(const rate_limit_t *l)
 }
 
 RATE__DEFINE_INPLACE(fw, FW_FIXED)
+RATE__DEFINE_PLAIN(fw)
 
 const rate__algo_t rate__fixed_window = {
     .name = "fixed-window",

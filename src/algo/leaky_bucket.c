@@ -107,6 +107,7 @@ static uint64_t lb_max_reset(const rate_limit_t *l)
 }
 
 RATE__DEFINE_INPLACE(lb, LB_FIXED)
+RATE__DEFINE_PLAIN(lb)
 
 const rate__algo_t rate__leaky_bucket = {
     .name = "leaky-bucket",

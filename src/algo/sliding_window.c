@@ -148,6 +148,7 @@ static uint64_t sw_max_reset(const rate_limit_t *l)
 }
 
 RATE__DEFINE_INPLACE(sw, SW_FIXED)
+RATE__DEFINE_PLAIN(sw)
 
 const rate__algo_t rate__sliding_window = {
     .name = "sliding-window",

@@ -8,9 +8,9 @@
  * -2^62: the longest reservation queue is therefore 2^62 / L ns (14 years at
  * 10/s, 76 minutes at a million per second).
  */
-#include "../internal.h"
+#include "token_bucket.h"
 
-#define TB_FIXED 8 /* bytes of stored state */
+#define TB_FIXED RATE__TB_FIXED
 
 static void tb_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
 {
@@ -21,23 +21,12 @@ static void tb_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
 
 /* The view of a token bucket always fits 64 bits (-2^62 <= u <= B * P <=
  * 2^62, or whatever a corrupt store gave), so the hot functions work in
- * 64-bit words; differences are taken unsigned, where they fit whatever u
- * is.  Only a reservation's bound needs 128 bits. */
+ * 64-bit words (token_bucket.h); differences are taken unsigned, where
+ * they fit whatever u is.  Only a reservation's bound needs 128 bits. */
 static void tb_advance(const rate_limit_t *l, rate__view_t *v, uint64_t last,
                        uint64_t t)
 {
-    int64_t full = (int64_t)(l->burst * l->period_ns);
-    int64_t u = (int64_t)v->x;
-    uint64_t add;
-
-    if (u < full) {
-        if (__builtin_mul_overflow(t - last, l->limit, &add) ||
-            add >= (uint64_t)full - (uint64_t)u)
-            u = full;
-        else
-            u += (int64_t)add;
-        v->x = u;
-    }
+    v->x = rate__tb_refill(l, (int64_t)v->x, t - last);
 }
 
 static uint64_t tb_remaining(const rate_limit_t *l, rate_i128_t u)
@@ -67,7 +56,7 @@ static void tb_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
     } else {
         need = (int64_t)(n * l->period_ns); /* <= B * P */
         uint64_t missing = (uint64_t)need - (uint64_t)u; /* if u < need */
-        if (n == 0 || u >= need) {
+        if (rate__tb_takes(l, u, n)) {
             out->allowed = true;
         } else if (max_wait > 0 &&
                    (rate_i128_t)u - need >= -RATE__DEBT_MAX &&
@@ -128,6 +117,12 @@ static uint64_t tb_max_reset(const rate_limit_t *l)
 }
 
 RATE__DEFINE_INPLACE(tb, TB_FIXED)
+
+static int tb_plain(const rate_policy_t *p, uint8_t *st, size_t len,
+                    uint64_t now, uint64_t n)
+{
+    return rate__tb_plain(p, st, len, now, n);
+}
 
 const rate__algo_t rate__token_bucket = {
     .name = "token-bucket",

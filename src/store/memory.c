@@ -22,9 +22,10 @@
  * they may change later answers.  Keys whose reset has passed are also
  * dropped when an unbounded shard grows.
  *
- * The bool API's lane (mem_lane) decides a key held under the limiter's
- * policy where its state lies, with the algorithm's plain pass; it declines
- * everything else, untouched, to the limiter's general path.
+ * The bool API's lanes (see "lanes" below) decide a key held under the
+ * limiter's policy where its state lies, with the algorithm's plain pass
+ * (the token bucket's compiled in); they decline everything else,
+ * untouched, to the limiter's general path.
  *
  * Keys are hashed with XXH3 (libxxhash), seeded per store from getrandom()
  * so that clients cannot aim many keys at one shard.
@@ -37,6 +38,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "../algo/token_bucket.h"
 #include "../internal.h"
 
 #define KEY_INLINE 16u
@@ -153,10 +155,16 @@ static __attribute__((noinline, cold)) void shard_lock_wait(shard_t *s)
     } while (atomic_exchange_explicit(&s->lock, 1, memory_order_acquire));
 }
 
+/* Takes the lock if it is free, at once; false if it is held. */
+static inline bool shard_trylock(shard_t *s)
+{
+    return !__builtin_expect(
+        atomic_exchange_explicit(&s->lock, 1, memory_order_acquire), 0);
+}
+
 static inline void shard_lock(shard_t *s)
 {
-    if (__builtin_expect(
-            atomic_exchange_explicit(&s->lock, 1, memory_order_acquire), 0))
+    if (!shard_trylock(s))
         shard_lock_wait(s);
 }
 
@@ -214,22 +222,43 @@ typedef struct probe_key {
     char pad[KEY_INLINE];
 } probe_key_t;
 
+/* Made of whole-word loads that stay inside the key (overlapping where
+ * the key is short), not a memcpy of a variable length: that would be a
+ * call, and a call in the lane's hot path costs it its registers. */
 static inline void probe_key_init(probe_key_t *k, const char *key, size_t len)
 {
+    const uint8_t *b = (const uint8_t *)key;
+    uint64_t lo, hi = 0;
+
     k->key = key;
     k->len = len;
-    if (len >= KEY_INLINE) { /* the common long-enough key: one fixed copy */
-        memcpy(k->pad, key, KEY_INLINE);
-        return;
+    if (len >= KEY_INLINE) { /* the common long-enough key */
+        lo = rate__get64(b);
+        hi = rate__get64(b + 8);
+    } else if (len > 8) { /* the last 8 bytes, shifted down to byte 8 on */
+        lo = rate__get64(b);
+        hi = rate__get64(b + len - 8) >> (8 * (KEY_INLINE - len));
+    } else if (len >= 4) { /* two 4-byte loads, overlapping */
+        lo = rate__get32(b) |
+             (uint64_t)rate__get32(b + len - 4) << (8 * (len - 4));
+    } else if (len > 0) { /* first, middle and last bytes */
+        lo = b[0] | (uint64_t)b[len / 2] << (8 * (len / 2)) |
+             (uint64_t)b[len - 1] << (8 * (len - 1));
+    } else {
+        lo = 0;
     }
-    memset(k->pad, 0, sizeof k->pad);
-    memcpy(k->pad, key, len);
+    rate__put64((uint8_t *)k->pad, lo);
+    rate__put64((uint8_t *)k->pad + 8, hi);
 }
 
-static inline bool slot_is(const slot_t *e, const probe_key_t *k)
+/* short_key: k is known to be at most KEY_INLINE bytes, so a slot with a
+ * heap key (flag bits above any inline length) can never match it and the
+ * comparison needs no call. */
+static inline bool slot_is(const slot_t *e, const probe_key_t *k,
+                           bool short_key)
 {
-    if (!(e->kf & F_KEY_HEAP)) /* inline keys are stored zero-padded */
-        return (size_t)(e->kf & KEY_LEN) == k->len &&
+    if (short_key || !(e->kf & F_KEY_HEAP)) /* inline keys: zero-padded */
+        return (size_t)(e->kf & (KEY_LEN | F_KEY_HEAP)) == k->len &&
                memcmp(e->key.inl, k->pad, KEY_INLINE) == 0;
     return e->key.heap.len == k->len &&
            memcmp(e->key.heap.prefix, k->pad, sizeof e->key.heap.prefix) ==
@@ -239,7 +268,7 @@ static inline bool slot_is(const slot_t *e, const probe_key_t *k)
 
 /* Index of the key's slot, or of the empty slot that ends its probe. */
 static inline uint32_t probe(const shard_t *s, uint32_t tag,
-                             const probe_key_t *k)
+                             const probe_key_t *k, bool short_key)
 {
     uint32_t i = home(s, tag);
     uint8_t c = ctrl_of(tag);
@@ -251,7 +280,9 @@ static inline uint32_t probe(const shard_t *s, uint32_t tag,
     __builtin_prefetch((const char *)&s->slots[i] + sizeof(slot_t) - 1, 1);
     for (;;) {
         uint8_t x = s->ctrl[i];
-        if (x == 0 || (x == c && slot_is(&s->slots[i], k)))
+        if (__builtin_expect(x == 0 || (x == c && slot_is(&s->slots[i], k,
+                                                           short_key)),
+                             1))
             return i;
         i = next(s, i);
     }
@@ -459,7 +490,7 @@ static int insert(shard_t *s, uint32_t tag, const probe_key_t *k,
     int rc = reserve(s, st);
     if (rc != RATE_OK)
         return rc;
-    uint32_t i = probe(s, tag, k);
+    uint32_t i = probe(s, tag, k, false);
     slot_t *e = &s->slots[i];
     memset(e, 0, sizeof *e);
     if (len > KEY_INLINE) {
@@ -539,7 +570,7 @@ update_copy(shard_t *s, slot_t *e, uint32_t tag, const probe_key_t *pk,
             rc = insert(s, tag, pk, &io, st);
         if (rc == RATE_OK) {
             if (e == NULL) /* inserting may have moved slots */
-                e = &s->slots[probe(s, tag, pk)];
+                e = &s->slots[probe(s, tag, pk, false)];
             /* A new key earns its reference bit on its second use. */
             mark_written(e, st->clock_time);
         }
@@ -550,19 +581,28 @@ update_copy(shard_t *s, slot_t *e, uint32_t tag, const probe_key_t *pk,
     return rc;
 }
 
+/* The key's shard, by its hash; *tag is the tag the shard files it by. */
+static RATE__ALWAYS_INLINE shard_t *shard_of(const memstore_t *m,
+                                             const char *key, size_t len,
+                                             uint32_t *tag)
+{
+    uint64_t h = XXH3_64bits_withSeed(key, len, m->seed);
+
+    *tag = tag_of(h);
+    return &m->shards[(h >> 1) >> m->shift];
+}
+
 /* Hashes the key, locks its shard and probes.  Returns the shard, locked;
  * *at is the key's slot, or the empty slot that ends its probe. */
 static RATE__ALWAYS_INLINE shard_t *locate(memstore_t *m, const char *key,
                                            size_t len, probe_key_t *pk,
                                            uint32_t *tag, uint32_t *at)
 {
-    uint64_t h = XXH3_64bits_withSeed(key, len, m->seed);
-    shard_t *s = &m->shards[(h >> 1) >> m->shift];
+    shard_t *s = shard_of(m, key, len, tag);
 
-    *tag = tag_of(h);
     probe_key_init(pk, key, len);
     shard_lock(s);
-    *at = probe(s, *tag, pk);
+    *at = probe(s, *tag, pk, false);
     return s;
 }
 
@@ -602,15 +642,57 @@ static int mem_update(void *self, const char *key, size_t len,
     return update_copy(s, e, tag, &pk, st);
 }
 
-/* The lane (struct rate__lane): the bool API's try-acquire, decided where
- * the state of a key stored under the lane's policy lies (in its slot, or
- * its heap block: a sliding window's 30 bytes); anything else goes, before
- * anything is touched, to the limiter's general path. */
-RATE__FLATTEN static bool mem_lane(const rate__lane_t *ln, const char *key,
-                                   size_t len, uint64_t permits, uint64_t now,
-                                   unsigned how)
+/* ---------------------------------------------------------------- lanes */
+
+/* The lanes (rate__lane_t): the bool API's try-acquire, decided where the
+ * state of a key stored under the lane's policy lies (in its slot, or its
+ * heap block: a sliding window's 30 bytes); anything else goes, before
+ * anything is touched, to the limiter's general path.
+ *
+ * Each of the four public calls has a lane of its own per kind of policy,
+ * made from one template (lane_run) with its `how` a constant, and the
+ * token bucket's plain pass is compiled into its lanes rather than called
+ * through the policy.  The hot path (a short key, a free lock) then calls
+ * nothing, so it keeps its values in registers; a key over KEY_INLINE
+ * bytes, bad input and a busy lock go to lane_wait, which does the same
+ * for any key and waits for the lock. */
+
+/* The policy's plain pass over a stored key's state: the token bucket's
+ * own, inline (tb), or the algorithm's through the policy. */
+static RATE__ALWAYS_INLINE int lane_plain(const rate_policy_t *p, slot_t *e,
+                                          uint64_t now, uint64_t permits,
+                                          bool tb)
 {
-    const rate_policy_t *p = ln->policy;
+    size_t n;
+    uint8_t *bytes = slot_state(e, &n);
+
+    if (tb)
+        return rate__tb_plain(p, bytes, n, now, permits);
+    return p->plain(p, bytes, n, now, permits);
+}
+
+/* After the plain pass r over the key in slot i of s (locked): the
+ * bookkeeping, the lock released, and the answer, or the general path's
+ * when the pass was not the lane's to make. */
+static RATE__ALWAYS_INLINE bool lane_end(const rate__lane_t *ln, shard_t *s,
+                                         slot_t *e, int r, const char *key,
+                                         size_t len, uint64_t permits,
+                                         uint64_t now, unsigned how)
+{
+    if (r != RATE__PLAIN_NO)
+        decided_in_place(s, e, r == RATE__PLAIN_WROTE, r & RATE__PLAIN_READ,
+                         how & RATE__LANE_CLOCK);
+    shard_unlock(s);
+    if (r == RATE__PLAIN_NO)
+        return ln->general(ln, key, len, permits, now, how);
+    return (r & RATE__PLAIN_READ) || ln->shadow;
+}
+
+/* Any key and any policy with a plain pass; waits for a busy lock. */
+static __attribute__((noinline)) bool
+lane_wait(const rate__lane_t *ln, const char *key, size_t len,
+          uint64_t permits, uint64_t now, unsigned how)
+{
     probe_key_t pk;
     uint32_t tag, i;
     int r = RATE__PLAIN_NO;
@@ -621,18 +703,73 @@ RATE__FLATTEN static bool mem_lane(const rate__lane_t *ln, const char *key,
         return ln->general(ln, key, len, permits, now, how);
     shard_t *s = locate(ln->self, key, len, &pk, &tag, &i);
     slot_t *e = &s->slots[i];
-    if (s->ctrl[i] != 0) {
-        size_t n;
-        uint8_t *bytes = slot_state(e, &n);
-        r = p->plain(p, bytes, n, now, permits);
+    if (s->ctrl[i] != 0)
+        r = lane_plain(ln->policy, e, now, permits, false);
+    return lane_end(ln, s, e, r, key, len, permits, now, how);
+}
+
+static RATE__ALWAYS_INLINE bool lane_run(const rate__lane_t *ln,
+                                         const char *key, size_t len,
+                                         uint64_t permits, uint64_t now,
+                                         unsigned how, bool tb)
+{
+    probe_key_t pk;
+    uint32_t tag;
+    int r = RATE__PLAIN_NO;
+
+    if (how & RATE__LANE_CLOCK)
+        now = ln->now_ns(ln->clock_ud);
+    if (how & RATE__LANE_CSTR)
+        len = key != NULL ? strnlen(key, RATE_KEY_MAX + 1) : 0;
+    how &= ~(unsigned)RATE__LANE_CSTR;
+    if (key == NULL || len - 1 >= KEY_INLINE ||
+        (permits | now) > RATE_TIME_MAX)
+        return lane_wait(ln, key, len, permits, now, how);
+    shard_t *s = shard_of(ln->self, key, len, &tag);
+    probe_key_init(&pk, key, len);
+    if (!shard_trylock(s))
+        return lane_wait(ln, key, len, permits, now, how);
+    uint32_t i = probe(s, tag, &pk, true);
+    slot_t *e = &s->slots[i];
+    if (s->ctrl[i] != 0)
+        r = lane_plain(ln->policy, e, now, permits, tb);
+    return lane_end(ln, s, e, r, pk.key, pk.len, permits, now, how);
+}
+
+/* The eight lanes: a policy with a plain pass, or a token bucket; each of
+ * the four `how`s (the limiter passes the same one it indexes by). */
+#define LANE(name, HOW, TB)                                                   \
+    RATE__FLATTEN static bool name(const rate__lane_t *ln, const char *key,   \
+                                   size_t len, uint64_t permits,              \
+                                   uint64_t now, unsigned how)                \
+    {                                                                         \
+        (void)how;                                                            \
+        return lane_run(ln, key, len, permits, now, HOW, TB);                 \
     }
-    if (r != RATE__PLAIN_NO)
-        decided_in_place(s, e, r == RATE__PLAIN_WROTE, r & RATE__PLAIN_READ,
-                         how & RATE__LANE_CLOCK);
-    shard_unlock(s);
-    if (r == RATE__PLAIN_NO)
-        return ln->general(ln, key, len, permits, now, how);
-    return (r & RATE__PLAIN_READ) || ln->shadow;
+LANE(lane_any_given_len, 0, false)
+LANE(lane_any_clock_len, RATE__LANE_CLOCK, false)
+LANE(lane_any_given_cstr, RATE__LANE_CSTR, false)
+LANE(lane_any_clock_cstr, RATE__LANE_CLOCK | RATE__LANE_CSTR, false)
+LANE(lane_tb_given_len, 0, true)
+LANE(lane_tb_clock_len, RATE__LANE_CLOCK, true)
+LANE(lane_tb_given_cstr, RATE__LANE_CSTR, true)
+LANE(lane_tb_clock_cstr, RATE__LANE_CLOCK | RATE__LANE_CSTR, true)
+#undef LANE
+
+static bool mem_lanes(const rate_policy_t *p, rate__lane_fn fn[RATE__LANE_HOWS])
+{
+    static const rate__lane_fn any[RATE__LANE_HOWS] = {
+        lane_any_given_len, lane_any_clock_len, lane_any_given_cstr,
+        lane_any_clock_cstr};
+    static const rate__lane_fn tb[RATE__LANE_HOWS] = {
+        lane_tb_given_len, lane_tb_clock_len, lane_tb_given_cstr,
+        lane_tb_clock_cstr};
+
+    if (p->plain == NULL)
+        return false;
+    memcpy(fn, p->count == 1 && p->algo[0] == &rate__token_bucket ? tb : any,
+           sizeof any);
+    return true;
 }
 
 static int mem_stats(void *self, rate_stats_t *out)
@@ -740,6 +877,6 @@ int rate_store_memory_new(const rate_memory_options_t *opt, rate_store_t **out)
     if (rc != RATE_OK)
         mem_destroy(m);
     else
-        (*out)->lane = mem_lane;
+        (*out)->lanes = mem_lanes;
     return rc;
 }
