@@ -671,7 +671,7 @@ static RATE__ALWAYS_INLINE int lane_plain(const rate_policy_t *p, slot_t *e,
     return p->plain(p, bytes, n, now, permits);
 }
 
-/* After the plain pass r over the key in slot i of s (locked): the
+/* After the plain pass r over the key in slot e of s (locked): the
  * bookkeeping, the lock released, and the answer, or the general path's
  * when the pass was not the lane's to make. */
 static RATE__ALWAYS_INLINE bool lane_end(const rate__lane_t *ln, shard_t *s,
@@ -708,6 +708,9 @@ lane_wait(const rate__lane_t *ln, const char *key, size_t len,
     return lane_end(ln, s, e, r, key, len, permits, now, how);
 }
 
+/* A lane: `how` and `tb` are constants of each one made below.  The
+ * general path is given the key and length kept in pk, so that the hot
+ * path need not keep them in registers of their own. */
 static RATE__ALWAYS_INLINE bool lane_run(const rate__lane_t *ln,
                                          const char *key, size_t len,
                                          uint64_t permits, uint64_t now,
