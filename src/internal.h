@@ -399,15 +399,23 @@ struct rate__lane {
     void *clock_ud;
 };
 
+/* A lane's key length: len, or measured (up to one byte past
+ * RATE_KEY_MAX; 0 for NULL) when `how` says the key is NUL-terminated. */
+static inline size_t rate__lane_len(const char *key, size_t len, unsigned how)
+{
+    if (how & RATE__LANE_CSTR)
+        return key != NULL ? strnlen(key, RATE_KEY_MAX + 1) : 0;
+    return len;
+}
+
 /* The bool API's input check: a key of 1..RATE_KEY_MAX bytes (*len is
- * measured first when `how` says the key is NUL-terminated, and is set
- * also when out of range), permits and time in range. */
+ * measured first, rate__lane_len, and is set also when out of range),
+ * permits and time in range. */
 static inline bool rate__lane_input(const char *key, size_t *len,
                                     uint64_t permits, uint64_t now,
                                     unsigned how)
 {
-    if (how & RATE__LANE_CSTR)
-        *len = key != NULL ? strnlen(key, RATE_KEY_MAX + 1) : 0;
+    *len = rate__lane_len(key, *len, how);
     return key != NULL && *len - 1 < RATE_KEY_MAX &&
            permits <= RATE_TIME_MAX && now <= RATE_TIME_MAX;
 }

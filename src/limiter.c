@@ -414,7 +414,7 @@ static bool general_lane(const rate__lane_t *lane, const char *key,
                          unsigned how)
 {
     if (how & RATE__LANE_CLOCK)
-        now = lane->now_ns(lane->clock_ud);
+        now = clock_now((const rate_limiter_t *)lane); /* lane is its first */
     /* For a C string's length; decide() says what is wrong, if anything. */
     (void)rate__lane_input(key, &len, permits, now, how);
     return try_general(lane, key, len, permits, now,

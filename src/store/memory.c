@@ -722,8 +722,7 @@ static RATE__ALWAYS_INLINE bool lane_run(const rate__lane_t *ln,
 
     if (how & RATE__LANE_CLOCK)
         now = ln->now_ns(ln->clock_ud);
-    if (how & RATE__LANE_CSTR)
-        len = key != NULL ? strnlen(key, RATE_KEY_MAX + 1) : 0;
+    len = rate__lane_len(key, len, how);
     how &= ~(unsigned)RATE__LANE_CSTR;
     if (key == NULL || len - 1 >= KEY_INLINE ||
         (permits | now) > RATE_TIME_MAX)
