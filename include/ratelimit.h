@@ -129,8 +129,10 @@ RATE_API int rate_policy_parse(const char *text, rate_policy_t **out,
 RATE_API size_t rate_policy_format(const rate_policy_t *policy, char *buf,
                                    size_t len);
 
-/* The policy's 32-bit fingerprint, which tags the state it makes
- * (docs/algorithms.md, "Stored state").  Thread-safe: yes. */
+/* The policy's 32-bit fingerprint: a hash of its limits, which tagged the
+ * states of the first edition's format; a store's records start a
+ * policy's id from it (docs/algorithms.md, "Stored state").
+ * Thread-safe: yes. */
 RATE_API uint32_t rate_policy_fingerprint(const rate_policy_t *policy);
 
 /* Number of limits, and the i-th (borrowed, lives as long as the policy). */
@@ -231,15 +233,17 @@ typedef struct rate_stats {
     uint64_t keys;       /* keys held now */
     uint64_t evictions;  /* keys dropped by the max_keys bound */
     uint64_t reclaimed;  /* keys dropped after their reset (no answer changed) */
-    uint64_t allowed;    /* decisions that admitted (counted by the limiter) */
+    uint64_t allowed;    /* decisions that admitted, fail-open and
+                            fallback ones included (by the limiter) */
     uint64_t denied;     /* decisions that denied, shadowed ones included */
     uint64_t retries;    /* compare-and-set retries on the generic store path */
     uint64_t store_errors;
     uint64_t bytes;      /* memory the store holds, when it knows */
 } rate_stats_t;
 
-/* Fills what the store knows (keys, evictions, reclaimed, bytes, and
- * allowed/denied when it runs the step itself).  Thread-safe: yes. */
+/* Fills what the store knows (keys, evictions, reclaimed, bytes; the
+ * verdicts are counted by each limiter, rate_limiter_stats).
+ * Thread-safe: yes. */
 RATE_API int rate_store_stats(rate_store_t *store, rate_stats_t *out);
 
 /* Frees the store; no limiter may use it any more.  NULL: nothing. */
@@ -281,10 +285,26 @@ typedef struct rate_limiter_config {
     bool shadow;                 /* dry run: let everything through, report */
     rate_fail_mode_t on_store_error;
     unsigned max_retries;        /* generic CAS path; 0: 64 */
+    /* A shadow limiter keeps its own state of each key by default (the
+     * store's shadow space), so that trying a limit never charges the one
+     * enforced on the same store; true: it shares the enforced state. */
+    bool shadow_shares_state;
+    /* Write states in the first edition's format (0.1), which a 0.1
+     * binary on the same store can read: for a rolling upgrade, until
+     * every process runs this version.  Meanwhile a policy change may
+     * still reset a key whose state another policy wrote, as in 0.1
+     * (docs/algorithms.md, "Policy changes"). */
+    bool first_edition_format;
 } rate_limiter_config_t;
 
 /* Makes a limiter.  A store passed in is borrowed: free it after the
- * limiter.  Thread-safe: yes. */
+ * limiter.  Limiters on one store share each key's state (a shadow one
+ * keeps its own unless shadow_shares_state): whichever policy each uses,
+ * a key's state carries over between them as docs/algorithms.md ("Policy
+ * changes") says, also between processes and hosts on one Redis.
+ * The limiter records its policy in the store now (the policy's id there,
+ * see ratelimit_store.h), or at its first decision if the store does not
+ * answer now.  Thread-safe: yes. */
 RATE_API int rate_limiter_new(const rate_limiter_config_t *config,
                               rate_limiter_t **out);
 
@@ -348,11 +368,44 @@ RATE_API int rate_limiter_acquire(rate_limiter_t *limiter, const char *key,
 /* Statistics: the store's figures plus the limiter's own.  Thread-safe: yes. */
 RATE_API int rate_limiter_stats(rate_limiter_t *limiter, rate_stats_t *out);
 
-/* The limiter's default policy (borrowed).  Thread-safe: yes. */
+/* The limiter's default policy (borrowed).  After rate_limiter_set_policy
+ * the pointer returned before still points at the old policy, valid until
+ * the limiter is freed.  Thread-safe: yes. */
 RATE_API const rate_policy_t *rate_limiter_policy(const rate_limiter_t *limiter);
+
+/* Replaces the default policy (copied) for every later decision; decisions
+ * already running finish under the old one.  Each key's state carries over
+ * (docs/algorithms.md, "Policy changes").  The old policy's copy is kept
+ * until the limiter is freed.  RATE_EINVAL for NULL; RATE_ENOMEM.
+ * Thread-safe: yes. */
+RATE_API int rate_limiter_set_policy(rate_limiter_t *limiter,
+                                     const rate_policy_t *policy);
+
+/* For callers who pass their own times (the *_at calls): a promise that no
+ * later call on this limiter, from any thread, carries a time below t_ns
+ * (an event loop calls it once per turn with the oldest time any of its
+ * threads may still pass).  Keys written under the promise whose state is
+ * back at its cold start by the mark may then be dropped by the store, as
+ * keys are on the library's clock: no answer changes.  The mark only
+ * rises (a lower one is ignored).  Limiters sharing a store should then
+ * read one clock (CLOCK_MONOTONIC, as the library does).  RATE_EINVAL for
+ * NULL, RATE_ERANGE above RATE_TIME_MAX.  Thread-safe: yes. */
+RATE_API int rate_limiter_set_low_water(rate_limiter_t *limiter,
+                                        uint64_t t_ns);
 
 /* Reads CLOCK_MONOTONIC in ns.  Thread-safe: yes. */
 RATE_API uint64_t rate_clock_monotonic_ns(void);
+
+/* Reads CLOCK_MONOTONIC_COARSE in ns: the same origin, updated once per
+ * kernel tick (a few ms), several times cheaper to read.  Thread-safe: yes. */
+RATE_API uint64_t rate_clock_coarse_ns(void);
+
+/* The coarse clock as a limiter's clock (rate_limiter_config_t.clock):
+ * servers that accept a time a tick old save most of the clock read.
+ * retry_after then holds by that clock: a retry exactly then may still be
+ * up to one tick early by the exact one.  Static; never NULL.
+ * Thread-safe: yes. */
+RATE_API const rate_clock_t *rate_clock_coarse(void);
 
 #ifdef __cplusplus
 }

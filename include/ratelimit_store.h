@@ -2,26 +2,47 @@
  * ratelimit_store.h -- for people writing a store (a back end).
  *
  * A store keeps one opaque byte string per key: the key's state.  The
- * limiter owns the meaning of those bytes; a store only keeps them, makes
- * each update atomic, and drops a key no sooner than its time-to-live.
+ * library owns the meaning of those bytes; a store only keeps them, makes
+ * each update atomic, and drops a key no sooner than its time-to-live.  A
+ * back end is a method table (rate_store_methods_t, usually `static const`)
+ * and a pointer of its own (`self`), handed to rate_store_new() by one
+ * exported constructor of the back end's, as src/store/memory.c does.
  *
- * Two ways to make an update atomic, and a store provides at least one:
+ * How a decision reaches a store.  The limiter checks the input, picks the
+ * key's policy and reads the clock (before the store); then it calls ONE of
+ * the entries below for the store's part; then it applies the fail mode,
+ * shadow mode and its counters (after the store).  The store's part is,
+ * in the order the limiter tries them:
  *
- *  1. The generic contract, for any key-value store with compare-and-set:
- *     load() returns the key's bytes and a version; cas() replaces them only
- *     if the version is unchanged.  The limiter runs the step in between and
- *     retries on a conflict, at most max_retries times (RATE_ECONFLICT then).
+ *   acquire()  optional, the bool calls only: a plain try-acquire over a
+ *              state the store already holds, answered in place with
+ *              rate_state_acquire(); "not mine" sends the request on.
+ *   decide()   optional: the whole decision made in the store (a server
+ *              script); it may decline a request it cannot decide exactly.
+ *   update()   the store runs the library's step atomically itself (under
+ *              its own lock), or
+ *   load() + cas()  the generic pair for any compare-and-set store: the
+ *              limiter runs the step between them and retries a conflict.
  *
- *  2. update(): the store runs the step itself, atomically (the memory store
- *     under a shard lock).  Faster: no retry.  The limiter prefers it.
+ * A store provides update(), or load() and cas(), or all three; remove()
+ * and destroy() always.  Everything else is optional (NULL).  start() is
+ * the asynchronous form of the store's part, for event loops.
  *
- *  3. decide(), optional on top: the store makes the whole decision itself
- *     (Redis: a Lua twin of the step, one round trip), and may decline a
- *     request it cannot decide exactly; the limiter then uses 2 or 1.
+ * Keys.  A key is 1..RATE_KEY_MAX bytes (any bytes, NUL too) in one of the
+ * spaces of rate_space_t; two keys are the same key only when their space,
+ * length and bytes are the same.  A store copies what it keeps.
  *
- * Nothing in the limiter depends on which store it talks to.  (Entries are
- * only ever appended to the table; RATE_STORE_V1 stores leave new ones
- * NULL.)
+ * Threads.  Every method but destroy() may be called from any number of
+ * threads at once, for the same key too: making that safe is the store's
+ * job.  A method must never call back into the limiter or the store handle
+ * (rate_limiter_* or rate_store_*); it may call the rate_state_* and
+ * rate_policy_* functions.  The step functions the limiter hands a store
+ * are pure (no lock, no I/O, no allocation): a store may run them under its
+ * own lock, as often as it likes.
+ *
+ * Versions.  `version` is RATE_STORE_VERSION of the header the store was
+ * built with; later versions only append members to the table, and the
+ * library reads no member past the version's own.
  */
 #ifndef RATELIMIT_STORE_H
 #define RATELIMIT_STORE_H
@@ -32,107 +53,206 @@
 extern "C" {
 #endif
 
-#define RATE_STORE_V1 1
+#define RATE_STORE_VERSION 2
 
-/* One step, as the store sees it.  The store fills the inputs; the step
- * fills the outputs.  A step is pure: it may run more than once. */
+/* The spaces of keys a store keeps apart. */
+typedef enum rate_space {
+    RATE_SPACE_STATE = 0,  /* a key's state, as limiters enforce it */
+    RATE_SPACE_SHADOW = 1, /* the state a shadow limiter keeps for a key */
+    RATE_SPACE_POLICY = 2  /* the library's record of a policy that wrote
+                              states into this store: key a 4-byte id,
+                              bytes its text; written with RATE_TTL_FOREVER */
+} rate_space_t;
+#define RATE_SPACES 3
+
+typedef struct rate_key {
+    const char *bytes;  /* borrowed for the call */
+    size_t len;         /* 1..RATE_KEY_MAX */
+    rate_space_t space;
+} rate_key_t;
+
+/* A time-to-live that never ends: the key is kept until removed, and never
+ * evicted by a bound on the store's size. */
+#define RATE_TTL_FOREVER UINT64_MAX
+
+/* ------------------------------------------------------------- the step */
+
+/* One run of the step over a key's bytes.  The store fills the inputs; the
+ * step fills the outputs. */
 typedef struct rate_step_io {
     const void *old_state; /* in: the key's bytes; NULL when absent */
     size_t old_len;        /* in: their length (0 when absent) */
     void *new_state;       /* in: where to write the new bytes */
     size_t new_cap;        /* in: room there, >= old_len + rate_step_t.grow */
     size_t new_len;        /* out: length written */
-    bool write;            /* out: store new_state; false: keep the old bytes */
-    bool allowed;          /* out: the verdict, for statistics */
-    uint64_t ttl_ns;       /* out: keep the key at least this long after now */
+    bool write;            /* out: store new_state; false: keep the bytes */
+    uint64_t ttl_ns;       /* out: keep the key at least this long after
+                              now_ns (RATE_TTL_FOREVER: always) */
 } rate_step_io_t;
 
-typedef int (*rate_step_fn)(void *arg, rate_step_io_t *io);
-
 typedef struct rate_step {
-    rate_step_fn fn;
-    void *arg;
+    /* The step: reads io's inputs, writes its outputs.  RATE_OK, or a code
+     * the store returns unchanged (without storing anything).  Pure: it
+     * may run more than once (a store that retries). */
+    int (*fn)(void *arg, rate_step_io_t *io);
+    void *arg;         /* pass it to fn and is_cold */
     size_t grow;       /* the new state is at most old_len + grow bytes */
-    uint64_t now_ns;   /* the request's time */
-    bool clock_time;   /* now_ns came from the limiter's own monotonic clock */
-    /* Whether a stored state (of any key) is back at its cold start at
-     * now_ns, so that dropping it changes no answer.  For stores that
-     * reclaim keys; call it only when clock_time is true and the state was
-     * itself written at a clock time (with caller-supplied times another
-     * key's time says nothing about this one).  Pass arg. */
-    bool (*is_cold)(void *arg, const void *state, size_t len, uint64_t now_ns);
-    /* Optional (NULL when not offered): the same step, in place.  A store
-     * that holds the key's bytes contiguous and writable may call it, under
-     * the lock that makes its updates atomic, before fn: it returns
-     * RATE_INPLACE_NO when it cannot decide this one (nothing was touched:
-     * run fn as usual), RATE_INPLACE_READ when it decided and the bytes
-     * stay as they were, RATE_INPLACE_WROTE when it decided and rewrote
-     * them in place, at the same length (keep them at least *ttl_ns then).
-     * *allowed is the verdict, for statistics.  Pass arg.  The limiter
-     * offers it for policies of one fixed-size limit: the hot path,
-     * without copying the state out and back. */
-    int (*inplace)(void *arg, void *state, size_t len, bool *allowed,
-                   uint64_t *ttl_ns);
+    uint64_t now_ns;   /* the request's time, for a store's expiries */
+    /* 0, or a time that no later request on this store will carry a time
+     * below (the library's clock now, or the caller's low-water mark).
+     * A store that reclaims room may drop any key whose last write came
+     * with a horizon and which is_cold() at this one: no answer changes.
+     * (A key last written without a horizon, by a caller's own time, is
+     * dropped only by a bound on the store's size, which is counted.) */
+    uint64_t horizon_ns;
+    /* Whether stored bytes (of any key of the space) are back at their
+     * cold start at at_ns, so that dropping them changes no answer.  False
+     * for bytes it cannot tell about (keep them). */
+    bool (*is_cold)(void *arg, const void *state, size_t len, uint64_t at_ns);
 } rate_step_t;
 
-enum { RATE_INPLACE_NO, RATE_INPLACE_READ, RATE_INPLACE_WROTE };
+/* ------------------------------------------------------- the bool calls */
 
-/* A whole decision for the optional decide() entry. */
+/* A plain try-acquire (no reservation, no decision record) for acquire().
+ * The store passes it on to rate_state_acquire(); it reads nothing in it
+ * but may use now_ns and horizon_ns as rate_step_t says. */
+typedef struct rate_acquire {
+    const rate_policy_t *policy;
+    uint32_t policy_id; /* the tag states made under policy carry here */
+    uint8_t format;     /* the state format written (docs/algorithms.md) */
+    uint64_t permits;
+    uint64_t now_ns;
+    uint64_t horizon_ns;
+} rate_acquire_t;
+
+/* What rate_state_acquire() returns (or RATE_ENOTSUP). */
+enum {
+    RATE_ACQUIRE_DENIED = 0, /* denied; the bytes are as they were */
+    RATE_ACQUIRE_KEPT = 1,   /* allowed; the bytes are as they were */
+    RATE_ACQUIRE_WROTE = 3   /* allowed; rewritten in place, same length:
+                                keep the key at least *ttl_ns */
+};
+
+/* Decides req over a key's whole stored state[0..len), in place, when the
+ * state is one this pass can decide (made under req->policy, one limit of
+ * a fixed size); RATE_ENOTSUP, with nothing touched, for anything else:
+ * the store's acquire() then answers RATE_ENOTSUP too.  Call it with the
+ * key locked as for an update.  Thread-safe: yes (on distinct bytes). */
+RATE_API int rate_state_acquire(const rate_acquire_t *req, void *state,
+                                size_t len, uint64_t *ttl_ns);
+
+/* --------------------------------------------------- whole decisions */
+
+/* A whole decision, for decide(). */
 typedef struct rate_decide_req {
-    const rate_policy_t *policy; /* read it with rate_policy_count/limit/
-                                    fingerprint */
-    uint64_t now_ns;  /* in: the request's time.  A store that keeps its own
-                         clock (Redis TIME) uses that instead when
-                         clock_time, and writes the time it used back here,
-                         also when it declines, for the limiter's own path */
-    bool clock_time;  /* now_ns is the limiter's clock, not the caller's */
+    const rate_policy_t *policy; /* read it with rate_policy_count/limit */
+    uint32_t policy_id;  /* the tag of states made under policy */
+    uint8_t format;      /* the state format to write */
+    uint64_t now_ns;     /* the request's time */
+    bool clock_time;     /* now_ns is the limiter's clock's: a store with a
+                            clock of its own (Redis TIME) may use that */
     uint64_t permits;
     uint64_t max_wait_ns;
-    bool detail;          /* false: only allowed/reason/delay are read */
+    bool detail;         /* false: only allowed/reason/delay are read */
     uint64_t max_reset_ns; /* a bound on reset_after when !detail */
+    uint64_t horizon_ns; /* as rate_step_t.horizon_ns */
 } rate_decide_req_t;
 
-typedef struct rate_store_vtable {
-    int version;      /* RATE_STORE_V1; later versions only append fields */
+/* ---------------------------------------------------- asynchronous part */
+
+/* The store's part of one decision, run later.  The limiter fills it and
+ * keeps it alive until done() has been called; the store must not touch it
+ * after calling done(). */
+typedef struct rate_job rate_job_t;
+struct rate_job {
+    rate_key_t key;
+    const rate_step_t *step;       /* what update() would run */
+    const rate_decide_req_t *req;  /* what decide() would be asked */
+    rate_decision_t *out;          /* decide()'s out */
+    /* Called exactly once, with the code update() (0..: what step->fn
+     * returned) or decide() would have returned; never from inside
+     * start().  On which thread: the store's documentation says (an event
+     * loop's store calls it on the loop's thread). */
+    void (*done)(rate_job_t *job, int rc);
+    void *ud; /* the limiter's */
+};
+
+/* ------------------------------------------------------------ the table */
+
+typedef struct rate_store_methods {
+    int version;      /* RATE_STORE_VERSION */
     const char *name; /* "memory", "redis", ... */
 
-    /* Generic contract.  load: copy the key's bytes into buf (cap bytes),
-     * set *len and *version (version 0 and *len 0 when absent).  If the state
-     * is longer than cap, set *len to its length and return RATE_EINVAL
-     * without copying; the limiter calls again with a larger buffer. */
-    int (*load)(void *self, const char *key, size_t key_len, void *buf,
-                size_t cap, size_t *len, uint64_t *version);
-    /* Replace the key's bytes if its version is still `version` (0: only if
-     * absent), and keep them at least ttl_ns.  Returns RATE_OK, RATE_ECONFLICT
-     * when the version moved, or another error. */
-    int (*cas)(void *self, const char *key, size_t key_len, uint64_t version,
+    /* Copy the key's bytes into buf (cap bytes), set *len and *version
+     * (both 0 when absent).  If they are longer than cap, set *len to their
+     * length and return RATE_EINVAL without copying: the limiter calls
+     * again with a larger buffer.  A version is never 0 for a present key
+     * and never comes back for the same key after a change. */
+    int (*load)(void *self, const rate_key_t *key, void *buf, size_t cap,
+                size_t *len, uint64_t *version);
+    /* Replace the key's bytes if its version is still `version` (0: only
+     * if absent), and keep them at least ttl_ns.  RATE_OK, RATE_ECONFLICT
+     * when the version moved (nothing written), or another error. */
+    int (*cas)(void *self, const rate_key_t *key, uint64_t version,
                const void *state, size_t len, uint64_t ttl_ns);
 
-    /* Optional fast path (NULL if absent): run step->fn atomically over the
-     * key's bytes and store io->new_state when io->write. */
-    int (*update)(void *self, const char *key, size_t key_len,
-                  const rate_step_t *step);
+    /* Run step->fn once over the key's bytes, atomically with respect to
+     * every other call on the key, and store io.new_state when io.write.
+     * Returns what step->fn returned, or the store's own error. */
+    int (*update)(void *self, const rate_key_t *key, const rate_step_t *step);
 
-    /* Optional fastest path (NULL if absent): make the whole decision in
-     * the store, atomically, over the state format of docs/algorithms.md
-     * ("Stored state"), e.g. with a server-side script.  Returns RATE_OK
-     * with *out filled, RATE_ENOTSUP when it cannot for this request (the
-     * limiter then uses update, or load and cas), or another error. */
-    int (*decide)(void *self, const char *key, size_t key_len,
-                  rate_decide_req_t *req, rate_decision_t *out);
+    /* Optional.  For a key the store holds: lock it as update() would and
+     * return rate_state_acquire()'s verdict (0 denied, 1 allowed).  For a
+     * key it does not hold, or RATE_ENOTSUP from rate_state_acquire(), or
+     * any trouble: RATE_ENOTSUP, with nothing changed (the limiter then
+     * takes the general path, which reports any error). */
+    int (*acquire)(void *self, const rate_key_t *key,
+                   const rate_acquire_t *req);
 
-    /* Optional: fill what the store knows (NULL if absent). */
+    /* Optional: make the whole decision in the store, atomically, over the
+     * state format of docs/algorithms.md ("Stored state"), e.g. with a
+     * server-side script.  RATE_OK with *out filled, RATE_ENOTSUP when it
+     * cannot for this request (the limiter then uses update or load and
+     * cas: nothing may have been written), or another error. */
+    int (*decide)(void *self, const rate_key_t *key,
+                  const rate_decide_req_t *req, rate_decision_t *out);
+
+    /* Optional: the store's own clock, in ns, when it keeps one (Redis
+     * TIME); used for decisions on the library's clock that decide()
+     * declined, so that every client goes by one clock. */
+    int (*now)(void *self, uint64_t *now_ns);
+
+    /* Forget the key (nothing to forget is RATE_OK too). */
+    int (*remove)(void *self, const rate_key_t *key);
+
+    /* Optional: begin the store's part of a decision and finish it later
+     * through job->done.  RATE_OK once begun; any other code means it did
+     * not begin and done() will not be called.  A store without it is
+     * called synchronously (update or load/cas) by the asynchronous
+     * calls. */
+    int (*start)(void *self, rate_job_t *job);
+
+    /* Optional: fill what the store knows (keys, evictions, reclaimed,
+     * bytes); out is zeroed first. */
     int (*stats)(void *self, rate_stats_t *out);
 
     /* Free everything; self is not used again. */
     void (*destroy)(void *self);
-} rate_store_vtable_t;
+} rate_store_methods_t;
 
-/* Wraps a back end into a store.  vtable is borrowed (usually static const);
- * self is owned by the store from now on: rate_store_free() calls destroy.
- * Needs load+cas or update.  Thread-safe: yes. */
-RATE_API int rate_store_new(const rate_store_vtable_t *vtable, void *self,
+/* Wraps a back end into a store.  methods is borrowed (usually static
+ * const) and must outlive the store; on RATE_OK self is owned by the store
+ * (rate_store_free() calls destroy), else it stays the caller's.  RATE_EINVAL
+ * for a NULL out or methods, another version, or a table without destroy,
+ * remove, and update or load+cas.  Thread-safe: yes. */
+RATE_API int rate_store_new(const rate_store_methods_t *methods, void *self,
                             rate_store_t **out);
+
+/* The back end's pointer when `store` was made with `methods`, else NULL:
+ * how a back end's own public calls find themselves (rate_store_redis_drop).
+ * Thread-safe: yes. */
+RATE_API void *rate_store_backend(const rate_store_t *store,
+                                  const rate_store_methods_t *methods);
 
 #ifdef __cplusplus
 }

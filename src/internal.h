@@ -40,18 +40,10 @@ struct rate_policy {
     size_t grow;            /* state bytes one admission may add */
     uint64_t max_reset_ns;  /* bound on reset_after of an admitted
                                try-acquire (no reservation) */
-    /* The in-place steps the limiter offers a store (rate_step_t.inplace)
-     * for a plain try-acquire and for the full decision; NULL unless the
-     * policy is one fixed-size limit. */
-    int (*inplace_plain)(void *, void *, size_t, bool *, uint64_t *);
-    int (*inplace_full)(void *, void *, size_t, bool *, uint64_t *);
-    /* The algorithm's plain pass (rate__algo_t.plain) under the same
-     * condition: what a store's lane runs. */
-    int (*plain)(const rate_policy_t *, uint8_t *, size_t, uint64_t,
-                 uint64_t);
-    /* The id of the last limiter that registered it (0: none); an id, not
-     * a pointer, because a freed limiter's address comes back. */
-    _Atomic uint64_t seen_by;
+    /* The algorithm's plain pass (rate__algo_t.plain) when the policy is
+     * one limit of a fixed size (what rate_state_acquire runs), else NULL. */
+    int (*plain)(const rate_acquire_t *req, uint8_t *st, size_t len,
+                 uint64_t *ttl_ns);
 };
 
 /* ------------------------------------------------------------ algorithms */
@@ -106,39 +98,30 @@ typedef struct rate__algo {
     void (*convert)(const rate_limit_t *from, const rate_limit_t *to,
                     uint64_t t, rate__view_t *v);
     uint64_t (*max_reset)(const rate_limit_t *l);
+    /* Whether a stored component (of its whole size, checked before) can
+     * have been written under l by this library at t_last or before: a
+     * state that fails it is RATE_ECORRUPT, never decided (a token bucket
+     * fuller than its burst, a window counting past its limit, a log out
+     * of order). */
+    bool (*valid)(const rate_limit_t *l, const uint8_t *st, uint64_t t_last);
     /* Optional: a plain try-acquire (max_wait 0, no detail) over a whole
-     * stored state of one limit of this algorithm, made under the request's
-     * policy, decided and rewritten in place: a rate_step_t.inplace, which
-     * the limiter offers for such requests (fixed-size components only).
-     * Defined by RATE__DEFINE_INPLACE from the functions above, so the
-     * decisions are theirs; the compiler folds them into one pass. */
-    int (*inplace)(void *arg, void *state, size_t len, bool *allowed,
-                   uint64_t *ttl_ns);
-    /* The same decision as a store's lane asks for it (see rate__lane_t):
-     * st is the key's whole stored state, len its length; returns a
-     * RATE__PLAIN_* code and writes nothing else. */
-    int (*plain)(const rate_policy_t *p, uint8_t *st, size_t len,
-                 uint64_t now, uint64_t n);
+     * stored state of one limit of this algorithm, decided and rewritten in
+     * place: what rate_state_acquire() runs (fixed-size components only).
+     * Defined by RATE__DEFINE_PLAIN from the functions above, so the
+     * decisions are theirs; the compiler folds them into one pass.  Returns
+     * a RATE_ACQUIRE_* code, or RATE_ENOTSUP for a state made under
+     * anything but req's policy and format (nothing touched). */
+    int (*plain)(const rate_acquire_t *req, uint8_t *st, size_t len,
+                 uint64_t *ttl_ns);
 } rate__algo_t;
 
-/* What rate__algo_t.plain returns: the request was not this pass's to
- * decide (nothing touched), denied, admitted with the bytes unchanged
- * (zero permits), admitted and rewritten.  Bit 0 is "allowed". */
-enum {
-    RATE__PLAIN_NO = -1,
-    RATE__PLAIN_DENIED = 0,
-    RATE__PLAIN_READ = 1,
-    RATE__PLAIN_WROTE = 3,
-};
-
-/* Defines PREFIX_try and PREFIX_inplace (see rate__algo_t) from an
- * algorithm file's own static load, advance, decide and commit, all
- * inlined into them (flatten), so that the constant max_wait 0 and detail
- * false prune them; RATE__DEFINE_PLAIN below makes PREFIX_plain of
- * PREFIX_try.  FIXED is the component's size.  Anything unexpected
- * about the state (another policy, version or size, a corrupt time) is
- * left to rate__step, which reports it.  Only t_last of the header
- * changes: the rest already says this policy. */
+/* Defines PREFIX_plain (rate__algo_t.plain) from an algorithm file's own
+ * static load, advance, decide and commit, all inlined into it (flatten),
+ * so that the constant max_wait 0 and detail false prune them.  FIXED is
+ * the component's size.  Anything unexpected about the state (another
+ * policy, format or size, a corrupt time) is left to rate__step, which
+ * reports it.  Only t_last of the header changes: the rest already says
+ * this policy. */
 #if defined(__GNUC__)
 #define RATE__FLATTEN __attribute__((flatten))
 #define RATE__ALWAYS_INLINE inline __attribute__((always_inline))
@@ -146,59 +129,31 @@ enum {
 #define RATE__FLATTEN
 #define RATE__ALWAYS_INLINE inline
 #endif
-#define RATE__DEFINE_INPLACE(prefix, FIXED)                                   \
-    static RATE__ALWAYS_INLINE int prefix##_try(const rate_policy_t *p,       \
-                                                uint8_t *st, size_t len,      \
-                                                uint64_t now, uint64_t n,     \
-                                                rate__verdict_t *r)           \
+#define RATE__DEFINE_PLAIN(prefix, FIXED)                                     \
+    RATE__FLATTEN static int prefix##_plain(const rate_acquire_t *req,        \
+                                            uint8_t *st, size_t len,          \
+                                            uint64_t *ttl_ns)                 \
     {                                                                         \
+        const rate_policy_t *p = req->policy;                                 \
         const rate_limit_t *l = &p->limits[0];                                \
         rate__view_t v;                                                       \
-        if (!rate__header_is(p, st, len, FIXED))                              \
-            return RATE__PLAIN_NO;                                            \
+        rate__verdict_t r;                                                    \
+        if (!rate__header_is(req, st, len, FIXED) ||                          \
+            !prefix##_valid(l, st + RATE__HEADER_LEN, rate__get64(st)))       \
+            return RATE_ENOTSUP;                                              \
         uint64_t last = rate__get64(st);                                      \
-        uint64_t t = now > last ? now : last;                                 \
+        uint64_t t = req->now_ns > last ? req->now_ns : last;                 \
         prefix##_load(l, st + RATE__HEADER_LEN, &v);                          \
         prefix##_advance(l, &v, last, t);                                     \
-        prefix##_decide(l, &v, t, n, 0, false, r);                            \
-        if (!r->allowed)                                                      \
-            return RATE__PLAIN_DENIED;                                        \
-        if (n == 0)                                                           \
-            return RATE__PLAIN_READ;                                          \
-        prefix##_commit(l, &v, t, n, st + RATE__HEADER_LEN);                  \
+        prefix##_decide(l, &v, t, req->permits, 0, false, &r);                \
+        if (!r.allowed)                                                       \
+            return RATE_ACQUIRE_DENIED;                                       \
+        if (req->permits == 0)                                                \
+            return RATE_ACQUIRE_KEPT;                                         \
+        prefix##_commit(l, &v, t, req->permits, st + RATE__HEADER_LEN);       \
         rate__put64(st, t);                                                   \
-        return RATE__PLAIN_WROTE;                                             \
-    }                                                                         \
-    RATE__FLATTEN static int prefix##_inplace(void *varg, void *state,        \
-                                              size_t len, bool *allowed,      \
-                                              uint64_t *ttl_ns)               \
-    {                                                                         \
-        const rate__step_arg_t *arg = varg;                                   \
-        rate_decision_t *d = arg->decision;                                   \
-        rate__verdict_t r;                                                    \
-        int rc = prefix##_try(arg->policy, state, len, arg->now_ns,           \
-                              arg->permits, &r);                              \
-        if (rc == RATE__PLAIN_NO)                                             \
-            return RATE_INPLACE_NO;                                           \
-        /* The limiter zeroed d: these are a try-acquire's fields. */         \
-        *allowed = d->allowed = r.allowed;                                    \
-        d->reason = r.reason;                                                 \
-        d->retry_after_ns = r.retry_after_ns;                                 \
-        d->limit = rate__shown_limit(&arg->policy->limits[0]);                \
-        if (rc != RATE__PLAIN_WROTE)                                          \
-            return RATE_INPLACE_READ;                                         \
-        *ttl_ns = arg->policy->max_reset_ns;                                  \
-        return RATE_INPLACE_WROTE;                                            \
-    }
-
-/* Defines PREFIX_plain (rate__algo_t.plain) from PREFIX_try. */
-#define RATE__DEFINE_PLAIN(prefix)                                            \
-    RATE__FLATTEN static int prefix##_plain(const rate_policy_t *p,           \
-                                            uint8_t *st, size_t len,          \
-                                            uint64_t now, uint64_t n)         \
-    {                                                                         \
-        rate__verdict_t r;                                                    \
-        return prefix##_try(p, st, len, now, n, &r);                          \
+        *ttl_ns = p->max_reset_ns;                                            \
+        return RATE_ACQUIRE_WROTE;                                            \
     }
 
 extern const rate__algo_t rate__token_bucket;
@@ -324,110 +279,123 @@ static inline void rate__put32(uint8_t *p, uint32_t v)
     memcpy(p, &v, sizeof v);
 }
 
+/* ----------------------------------------------------- known policies */
+
+/* The policies a limiter has met, each with the id that tags its states in
+ * the limiter's store (src/registry.c).  Append-only: an entry, once
+ * published, never changes or moves, so readers (the step, under a store's
+ * lock) take no lock; only adding one does, and never under a store's lock.
+ * A policy's id is allotted by the store's own records (RATE_SPACE_POLICY),
+ * so that every limiter on the store agrees on it and no two policies ever
+ * share one. */
+#define RATE__KNOWN_CHUNK 64u
+#define RATE__KNOWN_CHUNKS 1024u
+
+typedef struct rate__known {
+    rate_policy_t policy; /* a copy */
+    uint32_t id;          /* 0: not yet registered in the store */
+    bool legacy;          /* only known by its first-edition fingerprint */
+} rate__known_t;
+
+typedef struct rate__registry {
+    _Atomic size_t count; /* published entries */
+    rate__known_t *_Atomic chunk[RATE__KNOWN_CHUNKS];
+} rate__registry_t;
+
+/* The published entry i < count. */
+static inline const rate__known_t *rate__known_at(const rate__registry_t *r,
+                                                  size_t i)
+{
+    return &atomic_load_explicit(&r->chunk[i / RATE__KNOWN_CHUNK],
+                                 memory_order_acquire)[i % RATE__KNOWN_CHUNK];
+}
+
+/* The registered policy of id (format 3), or the policy a first-edition
+ * state's fingerprint names (format 2); NULL when unknown here. */
+const rate_policy_t *rate__known_find(const rate__registry_t *r,
+                                      uint8_t format, uint32_t tag);
+
 /* ------------------------------------------------------------- the step */
 
-/* Looks up a policy this limiter has used, by fingerprint (for a key whose
- * stored state was made under another policy).  Copies it into *out. */
-typedef bool (*rate__policy_lookup_fn)(void *ud, uint32_t fingerprint,
-                                       rate_policy_t *out);
+/* Stored formats: version 2 is the first edition's (the 32-bit tag is the
+ * policy's fingerprint), 3 the second's (the tag is the policy's id in the
+ * store's records).  The layout is otherwise the same. */
+#define RATE__FORMAT_V1 2u
+#define RATE__FORMAT 3u
+
+/* What a step does besides deciding. */
+typedef enum rate__op {
+    RATE__OP_DECIDE = 0,
+    RATE__OP_REFUND,  /* give `permits` back, capped at the cold start */
+    RATE__OP_PENALTY, /* charge `permits`, past what remains */
+} rate__op_t;
 
 typedef struct rate__step_arg {
     const rate_policy_t *policy;
-    rate__policy_lookup_fn lookup;
-    void *lookup_ud;
+    uint32_t policy_id;
+    uint8_t format;
+    const rate__registry_t *known; /* for states of other policies */
     uint64_t now_ns;
     uint64_t permits;
     uint64_t max_wait_ns;
     bool detail;
+    rate__op_t op;
     rate_decision_t *decision; /* out */
+    /* out, with RATE__NEED_POLICY: the state's tag and format */
+    uint32_t need_tag;
+    uint8_t need_format;
 } rate__step_arg_t;
 
-/* The rate_step_fn every store runs, and its cold-state test (src/step.c). */
+/* What rate__step returns (through the store) for a state whose policy is
+ * not yet known to the limiter: it fetches the store's record and runs the
+ * step again.  Positive, so never a RATE_E* code. */
+#define RATE__NEED_POLICY 1
+
+/* The rate_step_t.fn every store runs, and its cold-state test. */
 int rate__step(void *arg, rate_step_io_t *io);
 bool rate__is_cold(void *arg, const void *state, size_t len, uint64_t now_ns);
-int rate__step_inplace(void *arg, void *state, size_t len, bool *allowed,
-                       uint64_t *ttl_ns);
 
 #define RATE__HEADER_LEN 14u
-#define RATE__STATE_VERSION 2u /* 1: a 16-byte header, 2 bytes of padding */
 
 /* Whether st is a whole state of one component of `fixed` bytes made
- * under p (version and count, read as one 16-bit word, fingerprint,
- * length), with a t_last in range:
- * the state the single-limit fast paths decide over. */
-static inline bool rate__header_is(const rate_policy_t *p, const uint8_t *st,
-                                   size_t len, size_t fixed)
+ * under req's policy in req's format (version and count, read as one
+ * 16-bit word, tag, length), with a t_last in range: the state the
+ * single-limit fast paths decide over. */
+static inline bool rate__header_is(const rate_acquire_t *req,
+                                   const uint8_t *st, size_t len, size_t fixed)
 {
     return len == RATE__HEADER_LEN + fixed &&
-           rate__get16(st + 12) == (1u | RATE__STATE_VERSION << 8) &&
-           rate__get32(st + 8) == p->fingerprint &&
+           rate__get16(st + 12) == (1u | (unsigned)req->format << 8) &&
+           rate__get32(st + 8) == req->policy_id &&
            rate__get64(st) <= RATE_TIME_MAX;
 }
 
-/* The bool API's lane (rate_try_acquire and the calls like it).  Every
- * limiter has one, as its first member.  `fn` holds one function per
- * `how` (below), so that each public call jumps to a function made for
- * it: its store's lanes when the store has them for the policy and every
- * key has the limiter's default policy (no resolver), else the limiter's
- * general path.  A store's lane checks the input as the limiter does
- * (rate__lane_input), decides keys it holds under `policy` in place,
- * counting the verdict, and hands everything else, untouched, to
- * `general`: new keys, states made under another policy, bad input (which
- * `general` reports as false).  No decision record is written: that is
- * what makes the bool API faster.  `how` says whether the time is the
- * library clock's and whether the key is NUL-terminated.  Both are left to
- * the lane, so that the public call stays a jump into it: fn[how] with
- * RATE__LANE_CLOCK is given no time and reads the clock itself
- * (now_ns(clock_ud)), and measures a NUL-terminated key.  What a lane hands
- * on to `general` carries the time read and the length. */
-enum {
-    RATE__LANE_CLOCK = 1, /* the time is the limiter's clock's */
-    RATE__LANE_CSTR = 2,  /* key is NUL-terminated; len is not yet known */
-    RATE__LANE_HOWS = 4   /* the number of `how`s: fn's length */
-};
-typedef struct rate__lane rate__lane_t;
-typedef bool (*rate__lane_fn)(const rate__lane_t *lane, const char *key,
-                              size_t len, uint64_t permits, uint64_t now,
-                              unsigned how);
-struct rate__lane {
-    rate__lane_fn fn[RATE__LANE_HOWS]; /* fn[how] */
-    void *self; /* the store's */
-    const rate_policy_t *policy;
-    bool shadow;
-    rate__lane_fn general; /* takes len and now: never RATE__LANE_CSTR */
-    uint64_t (*now_ns)(void *ud); /* the limiter's clock */
-    void *clock_ud;
-};
-
-/* A lane's key length: len, or measured (up to one byte past
- * RATE_KEY_MAX; 0 for NULL) when `how` says the key is NUL-terminated. */
-static inline size_t rate__lane_len(const char *key, size_t len, unsigned how)
+/* rate_state_acquire(), inline for the library's own stores. */
+static inline int rate__state_acquire(const rate_acquire_t *req, void *state,
+                                      size_t len, uint64_t *ttl_ns)
 {
-    if (how & RATE__LANE_CSTR)
-        return key != NULL ? strnlen(key, RATE_KEY_MAX + 1) : 0;
-    return len;
+    int (*plain)(const rate_acquire_t *, uint8_t *, size_t, uint64_t *) =
+        req->policy->plain;
+
+    return plain != NULL ? plain(req, state, len, ttl_ns) : RATE_ENOTSUP;
 }
 
-/* The bool API's input check: a key of 1..RATE_KEY_MAX bytes (*len is
- * measured first, rate__lane_len, and is set also when out of range),
- * permits and time in range. */
-static inline bool rate__lane_input(const char *key, size_t *len,
-                                    uint64_t permits, uint64_t now,
-                                    unsigned how)
-{
-    *len = rate__lane_len(key, *len, how);
-    return key != NULL && *len - 1 < RATE_KEY_MAX &&
-           permits <= RATE_TIME_MAX && now <= RATE_TIME_MAX;
-}
-
-/* Store internals the limiter needs. */
+/* A store: its back end's table and pointer. */
 struct rate_store {
-    const rate_store_vtable_t *vt;
+    const rate_store_methods_t *m;
     void *self;
-    /* The library's own stores only (else NULL): sets fn[] to the
-     * store's lanes for keys of policy p, or returns false if it has
-     * none for it. */
-    bool (*lanes)(const rate_policy_t *p, rate__lane_fn fn[RATE__LANE_HOWS]);
 };
+
+/* The store's part of a step over one key, by whatever the store offers:
+ * update(), or load() and cas() retried on a conflict up to max_retries
+ * times (RATE_ECONFLICT then); *retries counts the retries. */
+int rate__store_step(const rate_store_t *s, const rate_key_t *key,
+                     const rate_step_t *st, unsigned max_retries,
+                     unsigned *retries);
+
+/* The library's clock (src/clock.c). */
+uint64_t rate__clock_exact(void *ud);
+uint64_t rate__clock_coarse(void *ud);
+void rate__clock_sleep(void *ud, uint64_t ns);
 
 #endif /* RATE_INTERNAL_H */

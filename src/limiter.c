@@ -1,163 +1,114 @@
 /*
  * The limiter: the strategy front over a store.
  *
- * A decision is: validate the input, pick the key's policy (the resolver or
- * the default), read the clock once (unless the caller gave the time), and
- * hand the pure step of src/step.c to the store, on its atomic fast path
- * when it has one, else in a bounded compare-and-set loop.  The limiter
- * itself holds no lock on that path.
+ * A decision has three parts.  Before the store: check the input, pick the
+ * key's policy (the resolver or the default) and its tag in the store
+ * (src/registry.c), read the clock once (unless the caller gave the time).
+ * The store's part, through the public contract (ratelimit_store.h): the
+ * bool calls try the store's acquire() first; then decide(), if the store
+ * has it; then the pure step of src/step.c, run by the store's update() or
+ * between its load() and cas().  After the store: a state of a policy the
+ * limiter does not know yet is learnt from the store's records and the
+ * store's part run again; a failure takes the fail mode; shadow mode lets
+ * the request through; the verdict is counted.
  *
- * The bool API (rate_try_acquire and its _at and _len forms) goes through the
- * limiter's lane (rate__lane_t in internal.h): each call jumps to the
- * lane's function for it.  With no resolver, a policy of one fixed-size
- * limit and the memory store, that is the store's: it reads the clock,
- * checks the input, decides a key it already holds in place and returns
- * the verdict, with no decision record to fill; anything else comes back
- * to the general path here.
- *
- * Every policy the limiter has used is remembered by fingerprint, so that a
- * key whose state was made under an earlier policy (a tier upgrade) can be
- * read under that policy and carried over.  The registry is touched only
- * the first time a policy object is seen, and on such a carry-over.
+ * No lock is taken on the decision path but the store's own; the book of
+ * known policies takes its mutex only when it learns one, and never while
+ * a store holds a lock.
  */
-#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
-#include <time.h>
 
-#include "internal.h"
+#include "registry.h"
 
 #define DEFAULT_RETRIES 64u
-#define GENERIC_BUF 512u
+#define LEARN_ROUNDS 4u /* policies learnt for one decision, at most */
+
+/* A default policy and its tag in the store (0 until it is known).
+ * Replaced plans are kept until the limiter is freed: a decision may still
+ * be using one. */
+typedef struct plan {
+    rate_policy_t policy;
+    _Atomic uint32_t tag;
+    struct plan *older;
+} plan_t;
 
 struct rate_limiter {
-    rate__lane_t lane; /* first: the bool API's path (internal.h) */
-    rate_policy_t *policy; /* owned copy of the default */
+    const rate_store_methods_t *m; /* the store's, for the hot path */
+    void *self;
+    bool fast;      /* the bool calls may try m->acquire */
+    rate_space_t space;
+    uint8_t format; /* written: RATE__FORMAT, or the first edition's */
+    bool shadow;
+    rate_clock_t clock;
+    _Atomic(plan_t *) plan;
+    _Atomic uint64_t low_water; /* 0: none given */
+
     rate_store_t *store;
     bool own_store;
+    rate__book_t book;
     rate_store_t *fallback; /* RATE_FAIL_FALLBACK: the insurance store */
+    rate__book_t fb_book;
     rate_resolve_fn resolve;
     void *resolve_ud;
-    rate_clock_t clock;
-    bool shadow;
     rate_fail_mode_t fail_mode;
     unsigned max_retries;
+    pthread_mutex_t plan_lock; /* replacing the plan */
 
-    uint64_t id; /* never reused, unlike the address (see reg_note) */
-    pthread_mutex_t reg_lock;
-    rate_policy_t *reg; /* copies of every policy used */
-    size_t reg_len, reg_cap;
-
-    /* Counted here only off the store's fast path (a store that runs the
-     * step itself counts its own allowed/denied). */
     atomic_uint_fast64_t allowed, denied, retries, store_errors;
 };
 
-static bool try_general(const rate__lane_t *lane, const char *key, size_t len,
-                        uint64_t permits, uint64_t now, unsigned how);
-static bool general_lane(const rate__lane_t *lane, const char *key,
-                         size_t len, uint64_t permits, uint64_t now,
-                         unsigned how);
-
-/* ---------------------------------------------------------------- clock */
-
-uint64_t rate_clock_monotonic_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * RATE_NS_PER_S + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t mono_now(void *ud)
-{
-    (void)ud;
-    return rate_clock_monotonic_ns();
-}
-
-/* The limiter's clock; the default one read without the indirect call. */
+/* The limiter's clock; the library's own read without the indirect call. */
 static inline uint64_t clock_now(const rate_limiter_t *lim)
 {
-    if (lim->clock.now_ns == mono_now)
+    if (lim->clock.now_ns == rate__clock_exact)
         return rate_clock_monotonic_ns();
     return lim->clock.now_ns(lim->clock.ud);
 }
 
-static void mono_sleep(void *ud, uint64_t ns)
+static inline void count_verdict(rate_limiter_t *lim, bool allowed)
 {
-    struct timespec req, rem;
-
-    (void)ud;
-    req.tv_sec = (time_t)(ns / RATE_NS_PER_S);
-    req.tv_nsec = (long)(ns % RATE_NS_PER_S);
-    while (clock_nanosleep(CLOCK_MONOTONIC, 0, &req, &rem) == EINTR)
-        req = rem;
-}
-
-/* ------------------------------------------------------------- registry */
-
-static int reg_add(rate_limiter_t *lim, const rate_policy_t *p)
-{
-    int rc = RATE_OK;
-
-    pthread_mutex_lock(&lim->reg_lock);
-    size_t i;
-    for (i = 0; i < lim->reg_len; i++)
-        if (lim->reg[i].fingerprint == p->fingerprint)
-            break;
-    if (i == lim->reg_len) {
-        if (lim->reg_len == lim->reg_cap) {
-            size_t cap = lim->reg_cap ? lim->reg_cap * 2 : 4;
-            rate_policy_t *r = realloc(lim->reg, cap * sizeof *r);
-            if (r == NULL)
-                rc = RATE_ENOMEM;
-            else {
-                lim->reg = r;
-                lim->reg_cap = cap;
-            }
-        }
-        if (rc == RATE_OK) {
-            memcpy(&lim->reg[lim->reg_len], p, sizeof *p);
-            atomic_init(&lim->reg[lim->reg_len].seen_by, 0);
-            lim->reg_len++;
-        }
-    }
-    pthread_mutex_unlock(&lim->reg_lock);
-    return rc;
-}
-
-static bool reg_lookup(void *ud, uint32_t fingerprint, rate_policy_t *out)
-{
-    rate_limiter_t *lim = ud;
-    bool found = false;
-
-    pthread_mutex_lock(&lim->reg_lock);
-    for (size_t i = 0; i < lim->reg_len && !found; i++) {
-        if (lim->reg[i].fingerprint == fingerprint) {
-            memcpy(out, &lim->reg[i], sizeof *out);
-            found = true;
-        }
-    }
-    pthread_mutex_unlock(&lim->reg_lock);
-    return found;
-}
-
-/* Remembers a resolver's policy the first time this limiter meets it. */
-static int reg_note(rate_limiter_t *lim, const rate_policy_t *p)
-{
-    rate_policy_t *mp = (rate_policy_t *)p; /* seen_by is a cache only */
-    int rc;
-
-    if (atomic_load_explicit(&mp->seen_by, memory_order_acquire) == lim->id)
-        return RATE_OK;
-    if ((rc = reg_add(lim, p)) == RATE_OK)
-        atomic_store_explicit(&mp->seen_by, lim->id, memory_order_release);
-    return rc;
+    atomic_fetch_add_explicit(allowed ? &lim->allowed : &lim->denied, 1,
+                              memory_order_relaxed);
 }
 
 /* ------------------------------------------------------------ lifecycle */
 
-static atomic_uint_fast64_t next_id = 1;
+static plan_t *plan_new(const rate_policy_t *p)
+{
+    plan_t *pl = calloc(1, sizeof *pl);
+
+    if (pl != NULL) {
+        memcpy(&pl->policy, p, sizeof *p);
+        atomic_init(&pl->tag, 0);
+    }
+    return pl;
+}
+
+/* The tag of states made under p in `book`'s store, in the limiter's
+ * format: the policy's id there (found or made), or its fingerprint in the
+ * first edition's format. */
+static int tag_of(rate_limiter_t *lim, rate__book_t *book,
+                  const rate_policy_t *p, uint32_t *tag)
+{
+    int rc = rate__book_id(book, p, tag);
+
+    if (rc == RATE_OK && lim->format == RATE__FORMAT_V1 && book == &lim->book)
+        *tag = p->fingerprint;
+    return rc;
+}
+
+/* The default plan's tag, known once and then read without a lock. */
+static int plan_tag(rate_limiter_t *lim, plan_t *pl, uint32_t *tag)
+{
+    *tag = atomic_load_explicit(&pl->tag, memory_order_acquire);
+    if (*tag != 0)
+        return RATE_OK;
+    int rc = tag_of(lim, &lim->book, &pl->policy, tag);
+    if (rc == RATE_OK)
+        atomic_store_explicit(&pl->tag, *tag, memory_order_release);
+    return rc;
+}
 
 int rate_limiter_new(const rate_limiter_config_t *cfg, rate_limiter_t **out)
 {
@@ -179,53 +130,44 @@ int rate_limiter_new(const rate_limiter_config_t *cfg, rate_limiter_t **out)
     lim = calloc(1, sizeof *lim);
     if (lim == NULL)
         return RATE_ENOMEM;
-    lim->id = atomic_fetch_add_explicit(&next_id, 1, memory_order_relaxed);
-    pthread_mutex_init(&lim->reg_lock, NULL);
-    lim->policy = malloc(sizeof *lim->policy);
-    if (lim->policy == NULL) {
-        rate_limiter_free(lim);
-        return RATE_ENOMEM;
-    }
-    memcpy(lim->policy, cfg->policy, sizeof *lim->policy);
-    atomic_init(&lim->policy->seen_by, 0);
+    pthread_mutex_init(&lim->plan_lock, NULL);
+    plan_t *pl = plan_new(cfg->policy);
+    atomic_init(&lim->plan, pl);
+    atomic_init(&lim->low_water, 0);
     lim->resolve = cfg->resolve;
     lim->resolve_ud = cfg->resolve_ud;
     lim->clock = cfg->clock != NULL
                      ? *cfg->clock
-                     : (rate_clock_t){mono_now, mono_sleep, NULL};
+                     : (rate_clock_t){rate__clock_exact, rate__clock_sleep,
+                                      NULL};
     lim->shadow = cfg->shadow;
+    lim->space = cfg->shadow && !cfg->shadow_shares_state ? RATE_SPACE_SHADOW
+                                                          : RATE_SPACE_STATE;
+    lim->format = cfg->first_edition_format ? RATE__FORMAT_V1 : RATE__FORMAT;
     lim->fail_mode = cfg->on_store_error;
     lim->max_retries = cfg->max_retries ? cfg->max_retries : DEFAULT_RETRIES;
     lim->store = cfg->store;
-    if (lim->store == NULL) {
+    rc = pl == NULL ? RATE_ENOMEM : RATE_OK;
+    if (rc == RATE_OK && lim->store == NULL) {
         lim->own_store = true;
-        if ((rc = rate_store_memory_new(NULL, &lim->store)) != RATE_OK) {
-            rate_limiter_free(lim);
-            return rc;
-        }
+        rc = rate_store_memory_new(NULL, &lim->store);
     }
-    if (lim->fail_mode == RATE_FAIL_FALLBACK &&
-        (rc = rate_store_memory_new(NULL, &lim->fallback)) != RATE_OK) {
+    if (rc == RATE_OK)
+        rc = rate__book_init(&lim->book, lim->store, lim->max_retries);
+    if (rc == RATE_OK && lim->fail_mode == RATE_FAIL_FALLBACK &&
+        (rc = rate_store_memory_new(NULL, &lim->fallback)) == RATE_OK)
+        rc = rate__book_init(&lim->fb_book, lim->fallback, lim->max_retries);
+    if (rc != RATE_OK) {
         rate_limiter_free(lim);
         return rc;
     }
-    if ((rc = reg_note(lim, lim->policy)) != RATE_OK) {
-        rate_limiter_free(lim);
-        return rc;
-    }
-    /* Without a resolver every key has the default policy, so the policy
-     * a store's lane decides under is known here. */
-    lim->lane = (rate__lane_t){.self = lim->store->self,
-                               .policy = lim->policy,
-                               .shadow = lim->shadow,
-                               .general = try_general,
-                               .now_ns = lim->clock.now_ns,
-                               .clock_ud = lim->clock.ud};
-    if (lim->resolve != NULL || lim->policy->plain == NULL ||
-        lim->store->lanes == NULL ||
-        !lim->store->lanes(lim->policy, lim->lane.fn))
-        for (unsigned how = 0; how < RATE__LANE_HOWS; how++)
-            lim->lane.fn[how] = general_lane;
+    lim->m = lim->store->m;
+    lim->self = lim->store->self;
+    lim->fast = lim->m->acquire != NULL && lim->resolve == NULL;
+    /* Learn the default policy's tag now if the store answers; else the
+     * first decision does (a store that is down now is the fail mode's). */
+    uint32_t tag;
+    (void)plan_tag(lim, pl, &tag);
     *out = lim;
     return RATE_OK;
 }
@@ -234,102 +176,131 @@ void rate_limiter_free(rate_limiter_t *lim)
 {
     if (lim == NULL)
         return;
+    if (lim->store != NULL)
+        rate__book_free(&lim->book);
+    if (lim->fallback != NULL)
+        rate__book_free(&lim->fb_book);
     if (lim->own_store)
         rate_store_free(lim->store);
     rate_store_free(lim->fallback);
-    pthread_mutex_destroy(&lim->reg_lock);
-    free(lim->reg);
-    free(lim->policy);
+    for (plan_t *pl = atomic_load(&lim->plan); pl != NULL;) {
+        plan_t *older = pl->older;
+        free(pl);
+        pl = older;
+    }
+    pthread_mutex_destroy(&lim->plan_lock);
     free(lim);
 }
 
 const rate_policy_t *rate_limiter_policy(const rate_limiter_t *lim)
 {
-    return lim != NULL ? lim->policy : NULL;
-}
-
-/* --------------------------------------------------------- the generic path */
-
-static void *grow_buf(uint8_t **heap, uint8_t *stack, size_t need)
-{
-    if (need <= GENERIC_BUF)
-        return stack;
-    uint8_t *p = realloc(*heap, need);
-    if (p == NULL)
+    if (lim == NULL)
         return NULL;
-    *heap = p;
-    return p;
+    return &atomic_load_explicit(&((rate_limiter_t *)lim)->plan,
+                                 memory_order_acquire)
+                ->policy;
 }
 
-/* Load, step, compare-and-set; again on a conflict, up to max_retries. */
-static int run_generic(rate_limiter_t *lim, const char *key, size_t key_len,
-                       const rate_step_t *st)
+int rate_limiter_set_policy(rate_limiter_t *lim, const rate_policy_t *policy)
 {
-    const rate_store_vtable_t *vt = lim->store->vt;
-    void *self = lim->store->self;
-    uint8_t old_stack[GENERIC_BUF], new_stack[GENERIC_BUF];
-    uint8_t *old_heap = NULL, *new_heap = NULL, *old = old_stack;
-    size_t cap = GENERIC_BUF;
-    int rc = RATE_ECONFLICT;
+    if (lim == NULL || policy == NULL)
+        return RATE_EINVAL;
+    plan_t *pl = plan_new(policy);
+    if (pl == NULL)
+        return RATE_ENOMEM;
+    pthread_mutex_lock(&lim->plan_lock);
+    pl->older = atomic_load_explicit(&lim->plan, memory_order_relaxed);
+    atomic_store_explicit(&lim->plan, pl, memory_order_release);
+    pthread_mutex_unlock(&lim->plan_lock);
+    uint32_t tag;
+    (void)plan_tag(lim, pl, &tag); /* as at creation: now if it can */
+    return RATE_OK;
+}
 
-    for (unsigned attempt = 0; attempt <= lim->max_retries; attempt++) {
-        rate_step_io_t io;
-        uint64_t version = 0;
-        size_t len = 0;
-
-        memset(&io, 0, sizeof io);
-        rc = vt->load(self, key, key_len, old, cap, &len, &version);
-        if (rc == RATE_EINVAL && len > cap) { /* state longer than buf */
-            if ((old = grow_buf(&old_heap, old_stack, len)) == NULL) {
-                rc = RATE_ENOMEM;
-                break;
-            }
-            cap = len;
-            attempt--;
-            continue;
-        }
-        if (rc != RATE_OK)
-            break;
-        io.old_state = len > 0 ? old : NULL;
-        io.old_len = len;
-        io.new_cap = len + st->grow;
-        io.new_state = grow_buf(&new_heap, new_stack, io.new_cap);
-        if (io.new_state == NULL) {
-            rc = RATE_ENOMEM;
-            break;
-        }
-        if ((rc = st->fn(st->arg, &io)) != RATE_OK)
-            break;
-        if (io.write)
-            rc = vt->cas(self, key, key_len, version, io.new_state,
-                         io.new_len, io.ttl_ns);
-        if (rc == RATE_OK) {
-            atomic_fetch_add_explicit(io.allowed ? &lim->allowed
-                                                 : &lim->denied,
-                                      1, memory_order_relaxed);
-            break;
-        }
-        if (rc != RATE_ECONFLICT)
-            break;
-        atomic_fetch_add_explicit(&lim->retries, 1, memory_order_relaxed);
-    }
-    free(old_heap);
-    free(new_heap);
-    return rc;
+int rate_limiter_set_low_water(rate_limiter_t *lim, uint64_t t_ns)
+{
+    if (lim == NULL)
+        return RATE_EINVAL;
+    if (t_ns > RATE_TIME_MAX)
+        return RATE_ERANGE;
+    uint64_t cur = atomic_load_explicit(&lim->low_water, memory_order_relaxed);
+    while (t_ns > cur &&
+           !atomic_compare_exchange_weak_explicit(&lim->low_water, &cur, t_ns,
+                                                  memory_order_relaxed,
+                                                  memory_order_relaxed))
+        ;
+    return RATE_OK;
 }
 
 /* ------------------------------------------------------------ decisions */
+
+/* The horizon a request gives the store (rate_step_t.horizon_ns). */
+static inline uint64_t horizon(const rate_limiter_t *lim, uint64_t now,
+                               bool clock_time)
+{
+    return clock_time ? now
+                      : atomic_load_explicit(&((rate_limiter_t *)lim)->low_water,
+                                             memory_order_relaxed);
+}
+
+/* The store's part of a decision on `store` (the limiter's, or the
+ * fallback), with the policies of its `book`: decide() if the store has it,
+ * else the step; a state of an unknown policy is learnt and the step run
+ * again. */
+static int store_part(rate_limiter_t *lim, rate_store_t *store,
+                      rate__book_t *book, const rate_key_t *key,
+                      rate__step_arg_t *arg, uint64_t now, bool clock_time)
+{
+    const rate_policy_t *p = arg->policy;
+    int rc = RATE_ENOTSUP;
+
+    if (store->m->decide != NULL && arg->op == RATE__OP_DECIDE) {
+        rate_decide_req_t req = {p,
+                                 arg->policy_id,
+                                 arg->format,
+                                 now,
+                                 clock_time,
+                                 arg->permits,
+                                 arg->max_wait_ns,
+                                 arg->detail,
+                                 p->max_reset_ns,
+                                 horizon(lim, now, clock_time)};
+        rc = store->m->decide(store->self, key, &req, arg->decision);
+        if (rc != RATE_ENOTSUP)
+            return rc;
+        /* Declined: decided here, by the store's clock if it keeps one. */
+        uint64_t t;
+        if (clock_time && store->m->now != NULL &&
+            store->m->now(store->self, &t) == RATE_OK && t <= RATE_TIME_MAX)
+            arg->now_ns = now = t;
+    }
+    rate_step_t st = {rate__step, arg, p->grow, now,
+                      horizon(lim, now, clock_time), rate__is_cold};
+    for (unsigned round = 0;; round++) {
+        unsigned retries = 0;
+        rc = rate__store_step(store, key, &st, lim->max_retries, &retries);
+        if (retries != 0)
+            atomic_fetch_add_explicit(&lim->retries, retries,
+                                      memory_order_relaxed);
+        if (rc != RATE__NEED_POLICY)
+            return rc;
+        if (round == LEARN_ROUNDS)
+            return RATE_ECORRUPT;
+        if ((rc = rate__book_learn(book, arg->need_format, arg->need_tag)) !=
+            RATE_OK)
+            return rc;
+    }
+}
 
 static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim, const char *key,
                                       size_t key_len, uint64_t permits,
                                       uint64_t max_wait, uint64_t now,
                                       bool clock_time, bool detail,
-                                      rate_decision_t *d)
+                                      rate__op_t op, rate_decision_t *d)
 {
     const rate_policy_t *p = NULL;
-    rate__step_arg_t arg;
-    rate_step_t st;
-    int rc;
+    uint32_t tag = 0;
+    int rc = RATE_OK;
 
     if (lim == NULL || d == NULL) {
         if (d != NULL)
@@ -343,42 +314,36 @@ static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim, const char *key,
         now > RATE_TIME_MAX)
         return RATE_ERANGE;
     if (lim->resolve != NULL &&
-        (p = lim->resolve(lim->resolve_ud, key, key_len)) != NULL &&
-        (rc = reg_note(lim, p)) != RATE_OK)
-        return rc;
-    if (p == NULL)
-        p = lim->policy;
-    arg = (rate__step_arg_t){p, reg_lookup, lim, now, permits, max_wait,
-                             detail, d};
-    st = (rate_step_t){rate__step, &arg, p->grow, now, clock_time,
-                       rate__is_cold,
-                       !detail && max_wait == 0 ? p->inplace_plain
-                                                : p->inplace_full};
-    rc = RATE_ENOTSUP;
-    if (lim->store->vt->decide != NULL) {
-        rate_decide_req_t req = {p, now, clock_time, permits, max_wait,
-                                 detail, p->max_reset_ns};
-        rc = lim->store->vt->decide(lim->store->self, key, key_len, &req, d);
-        if (rc == RATE_OK)
-            atomic_fetch_add_explicit(d->allowed ? &lim->allowed
-                                                 : &lim->denied,
-                                      1, memory_order_relaxed);
-        /* Declined: decide here, at the time the store went by. */
-        arg.now_ns = st.now_ns = req.now_ns;
+        (p = lim->resolve(lim->resolve_ud, key, key_len)) != NULL)
+        rc = tag_of(lim, &lim->book, p, &tag);
+    if (p == NULL) {
+        plan_t *pl = atomic_load_explicit(&lim->plan, memory_order_acquire);
+        p = &pl->policy;
+        rc = plan_tag(lim, pl, &tag);
     }
-    if (rc == RATE_ENOTSUP) {
-        if (lim->store->vt->update != NULL)
-            rc = lim->store->vt->update(lim->store->self, key, key_len, &st);
-        else
-            rc = run_generic(lim, key, key_len, &st);
-    }
+    rate_key_t k = {key, key_len, lim->space};
+    rate__step_arg_t arg = {p,     tag,      lim->format, &lim->book.known,
+                            now,   permits,  max_wait,    detail,
+                            op,    d,        0,           0};
+    if (rc == RATE_OK)
+        rc = store_part(lim, lim->store, &lim->book, &k, &arg, now,
+                        clock_time);
     if (rc != RATE_OK) {
         atomic_fetch_add_explicit(&lim->store_errors, 1, memory_order_relaxed);
-        arg.now_ns = st.now_ns = now; /* the fallback keeps our own clock */
         memset(d, 0, sizeof *d); /* the failed store may have filled part */
-        if (lim->fallback == NULL ||
-            lim->fallback->vt->update(lim->fallback->self, key, key_len,
-                                      &st) != RATE_OK) {
+        int fb = RATE_ESTORE;
+        if (lim->fallback != NULL) {
+            /* The fallback keeps the limiter's own clock and its own
+             * policy ids. */
+            arg.known = &lim->fb_book.known;
+            arg.format = RATE__FORMAT;
+            arg.now_ns = now;
+            fb = rate__book_id(&lim->fb_book, p, &arg.policy_id);
+            if (fb == RATE_OK)
+                fb = store_part(lim, lim->fallback, &lim->fb_book, &k, &arg,
+                                now, clock_time);
+        }
+        if (fb != RATE_OK) {
             memset(d, 0, sizeof *d);
             d->allowed = lim->fail_mode == RATE_FAIL_OPEN;
             d->component = -1;
@@ -386,6 +351,8 @@ static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim, const char *key,
         d->reason = RATE_REASON_STORE_ERROR; /* the verdict is the fallback's */
         d->error = rc;
     }
+    if (op == RATE__OP_DECIDE)
+        count_verdict(lim, d->allowed);
     if (!d->allowed && lim->shadow) {
         d->allowed = true;
         d->shadow = true;
@@ -394,63 +361,69 @@ static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim, const char *key,
     return RATE_OK;
 }
 
-/* The bool API's general path (rate__lane_t.general); len is the key's
- * length, measured. */
-static bool try_general(const rate__lane_t *lane, const char *key, size_t len,
-                        uint64_t permits, uint64_t now, unsigned how)
+/* The bool calls: the store's acquire() first, when it has one and every
+ * key has the default policy; anything it declines, and bad input, takes
+ * the general path (which reports bad input as false). */
+static RATE__ALWAYS_INLINE bool try_acquire(rate_limiter_t *lim,
+                                            const char *key, size_t len,
+                                            uint64_t permits, uint64_t now,
+                                            bool clock_time)
 {
-    rate_limiter_t *lim = (rate_limiter_t *)lane; /* lane is its first */
     rate_decision_t d;
 
-    /* An error here is bad input: store failures come back as decisions. */
-    return decide(lim, key, len, permits, 0, now, how & RATE__LANE_CLOCK,
-                  false, &d) == RATE_OK &&
+    if (lim == NULL)
+        return false;
+    if (clock_time)
+        now = clock_now(lim);
+    if (lim->fast && key != NULL && len - 1 < RATE_KEY_MAX &&
+        (permits | now) <= RATE_TIME_MAX) {
+        plan_t *pl = atomic_load_explicit(&lim->plan, memory_order_acquire);
+        uint32_t tag = atomic_load_explicit(&pl->tag, memory_order_relaxed);
+        if (tag != 0) {
+            rate_key_t k = {key, len, lim->space};
+            rate_acquire_t req = {&pl->policy, tag,     lim->format,
+                                  permits,     now,     horizon(lim, now, clock_time)};
+            int v = lim->m->acquire(lim->self, &k, &req);
+            if (v >= 0) {
+                count_verdict(lim, v);
+                return v || lim->shadow;
+            }
+        }
+    }
+    return decide(lim, key, len, permits, 0, now, clock_time, false,
+                  RATE__OP_DECIDE, &d) == RATE_OK &&
            d.allowed;
 }
 
-/* A limiter's lane when its store has none (or may not take it). */
-static bool general_lane(const rate__lane_t *lane, const char *key,
-                         size_t len, uint64_t permits, uint64_t now,
-                         unsigned how)
+/* A C string's length, measured no further than one byte past the
+ * longest key (0 for NULL, which the checks then refuse). */
+static inline size_t cstr_len(const char *key)
 {
-    if (how & RATE__LANE_CLOCK)
-        now = clock_now((const rate_limiter_t *)lane); /* lane is its first */
-    /* For a C string's length; decide() says what is wrong, if anything. */
-    (void)rate__lane_input(key, &len, permits, now, how);
-    return try_general(lane, key, len, permits, now,
-                       how & ~(unsigned)RATE__LANE_CSTR);
+    return key != NULL ? strnlen(key, RATE_KEY_MAX + 1) : 0;
 }
 
 bool rate_try_acquire(rate_limiter_t *lim, const char *key, uint64_t permits)
 {
-    return lim != NULL &&
-           lim->lane.fn[RATE__LANE_CLOCK | RATE__LANE_CSTR](
-               &lim->lane, key, 0, permits, 0,
-               RATE__LANE_CLOCK | RATE__LANE_CSTR);
+    return try_acquire(lim, key, cstr_len(key), permits, 0, true);
 }
 
 bool rate_try_acquire_at(rate_limiter_t *lim, const char *key,
                          uint64_t permits, uint64_t now_ns)
 {
-    return lim != NULL &&
-           lim->lane.fn[RATE__LANE_CSTR](&lim->lane, key, 0, permits, now_ns,
-                                         RATE__LANE_CSTR);
+    return try_acquire(lim, key, cstr_len(key), permits, now_ns, false);
 }
 
 bool rate_try_acquire_len(rate_limiter_t *lim, const char *key,
                           size_t key_len, uint64_t permits)
 {
-    return lim != NULL &&
-           lim->lane.fn[RATE__LANE_CLOCK](&lim->lane, key, key_len, permits,
-                                          0, RATE__LANE_CLOCK);
+    return try_acquire(lim, key, key_len, permits, 0, true);
 }
 
 bool rate_try_acquire_len_at(rate_limiter_t *lim, const char *key,
                              size_t key_len, uint64_t permits,
                              uint64_t now_ns)
 {
-    return lim != NULL &&
-           lim->lane.fn[0](&lim->lane, key, key_len, permits, now_ns, 0);
+    return try_acquire(lim, key, key_len, permits, now_ns, false);
 }
 
 int rate_limiter_check(rate_limiter_t *lim, const char *key, size_t key_len,
@@ -459,9 +432,9 @@ int rate_limiter_check(rate_limiter_t *lim, const char *key, size_t key_len,
 {
     if (lim == NULL)
         return decide(NULL, key, key_len, permits, max_wait_ns, 0, true,
-                      true, out);
-    return decide(lim, key, key_len, permits, max_wait_ns,
-                  clock_now(lim), true, true, out);
+                      true, RATE__OP_DECIDE, out);
+    return decide(lim, key, key_len, permits, max_wait_ns, clock_now(lim),
+                  true, true, RATE__OP_DECIDE, out);
 }
 
 int rate_limiter_check_at(rate_limiter_t *lim, const char *key,
@@ -470,7 +443,7 @@ int rate_limiter_check_at(rate_limiter_t *lim, const char *key,
                           rate_decision_t *out)
 {
     return decide(lim, key, key_len, permits, max_wait_ns, now_ns, false, true,
-                  out);
+                  RATE__OP_DECIDE, out);
 }
 
 int rate_limiter_acquire(rate_limiter_t *lim, const char *key, size_t key_len,
@@ -481,7 +454,8 @@ int rate_limiter_acquire(rate_limiter_t *lim, const char *key, size_t key_len,
     int rc;
 
     if (lim == NULL)
-        return decide(NULL, key, key_len, permits, 0, 0, true, true, out);
+        return decide(NULL, key, key_len, permits, 0, 0, true, true,
+                      RATE__OP_DECIDE, out);
     if (timeout_ns > RATE_TIME_MAX)
         timeout_ns = RATE_TIME_MAX;
     deadline = rate__sat_add(clock_now(lim), timeout_ns);
@@ -489,7 +463,8 @@ int rate_limiter_acquire(rate_limiter_t *lim, const char *key, size_t key_len,
         uint64_t now = clock_now(lim);
         uint64_t left = deadline > now ? deadline - now : 0;
         /* Buckets reserve up to the deadline; windows ignore max_wait. */
-        rc = decide(lim, key, key_len, permits, left, now, true, true, out);
+        rc = decide(lim, key, key_len, permits, left, now, true, true,
+                    RATE__OP_DECIDE, out);
         if (rc != RATE_OK)
             return rc;
         if (out->allowed) {
@@ -511,13 +486,6 @@ int rate_limiter_stats(rate_limiter_t *lim, rate_stats_t *out)
         return RATE_EINVAL;
     if ((rc = rate_store_stats(lim->store, out)) != RATE_OK)
         return rc;
-    if (lim->fallback != NULL) { /* decisions made while the store failed */
-        rate_stats_t fb;
-        if (rate_store_stats(lim->fallback, &fb) == RATE_OK) {
-            out->allowed += fb.allowed;
-            out->denied += fb.denied;
-        }
-    }
     out->allowed += atomic_load_explicit(&lim->allowed, memory_order_relaxed);
     out->denied += atomic_load_explicit(&lim->denied, memory_order_relaxed);
     out->retries += atomic_load_explicit(&lim->retries, memory_order_relaxed);

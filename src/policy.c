@@ -169,13 +169,9 @@ int rate_policy_new(const rate_limit_t *limits, size_t count,
         if (reset > p->max_reset_ns)
             p->max_reset_ns = reset;
     }
-    if (count == 1 && p->algo[0]->grow == 0) {
-        p->inplace_plain = p->algo[0]->inplace;
-        p->inplace_full = rate__step_inplace;
+    if (count == 1 && p->algo[0]->grow == 0)
         p->plain = p->algo[0]->plain;
-    }
     p->fingerprint = fingerprint(p);
-    atomic_init(&p->seen_by, 0);
     *out = p;
     return RATE_OK;
 }

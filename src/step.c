@@ -5,8 +5,10 @@
  * Stored bytes (integers little-endian, src/internal.h):
  *
  *   header  u64 t_last      t_eff of the last admitted request
- *           u32 fingerprint of the policy the components were made under
- *           u8  components  u8 version
+ *           u32 tag         the policy the components were made under: its
+ *                           id in the store's records (format 3) or its
+ *                           fingerprint (format 2, the first edition's)
+ *           u8  components  u8 format (the version)
  *   then one component per limit, in the policy's order, each laid out by
  *   its algorithm (src/algo/).
  *
@@ -14,8 +16,11 @@
  * request passes only if every limit passes it, and only then does any
  * component change (spec, "Several limits on one key").
  *
- * A key whose state was made under another policy (a tier change) is read
- * under the old policy, found by its fingerprint, as it stood at t_last;
+ * A key whose state was made under another policy (a tier change, another
+ * limiter or process) is read under the old policy, found by its tag among
+ * the limiter's known policies (or fetched from the store's records by the
+ * limiter, when the step asks for it with RATE__NEED_POLICY), as it stood
+ * at t_last;
  * each component is carried over to the new policy when the algorithm is
  * the same at the same position (otherwise that component starts cold), and
  * the new policy governs the time from t_last on.  Nothing needs writing
@@ -33,11 +38,25 @@
 
 typedef struct parsed {
     uint64_t last;
-    uint32_t fingerprint;
+    uint32_t tag;
+    uint8_t format;
     const uint8_t *comp[RATE_MAX_LIMITS];
 } parsed_t;
 
-/* Splits the bytes into components laid out as `p` says. */
+/* Reads the header; false for bytes no format of this library has. */
+static bool parse_header(const uint8_t *st, size_t len, parsed_t *out)
+{
+    if (st == NULL || len < RATE__HEADER_LEN ||
+        (st[13] != RATE__FORMAT && st[13] != RATE__FORMAT_V1))
+        return false;
+    out->last = rate__get64(st);
+    out->tag = rate__get32(st + 8);
+    out->format = st[13];
+    return out->last <= RATE_TIME_MAX;
+}
+
+/* Splits the bytes into components laid out as `p` says, each checked to
+ * be a state this library can have written under p. */
 static bool parse_under(const rate_policy_t *p, const uint8_t *st, size_t len,
                         parsed_t *out)
 {
@@ -48,12 +67,31 @@ static bool parse_under(const rate_policy_t *p, const uint8_t *st, size_t len,
     for (size_t i = 0; i < p->count; i++) {
         const rate__algo_t *a = p->algo[i];
         size_t n = a->size != NULL ? a->size(st + off, len - off) : a->fixed;
-        if (n == 0 || n > len - off)
+        if (n == 0 || n > len - off ||
+            !a->valid(&p->limits[i], st + off, out->last))
             return false;
         out->comp[i] = st + off;
         off += n;
     }
     return off == len;
+}
+
+/* Whether the header names the request's own policy. */
+static bool is_own(const rate__step_arg_t *arg, const parsed_t *ps)
+{
+    return ps->format == arg->format && ps->tag == arg->policy_id;
+}
+
+/* The policy a state of another policy was made under, or NULL. */
+static const rate_policy_t *other_policy(const rate__step_arg_t *arg,
+                                         const parsed_t *ps)
+{
+    if (ps->format == RATE__FORMAT_V1 && ps->tag == arg->policy->fingerprint)
+        return arg->policy; /* the first edition's tag of this policy */
+    if (ps->format == RATE__FORMAT && ps->tag == arg->policy_id)
+        return arg->policy;
+    return arg->known != NULL ? rate__known_find(arg->known, ps->format, ps->tag)
+                              : NULL;
 }
 
 /* Whether every limit of a state parsed under `p` is back to its cold
@@ -73,51 +111,35 @@ static bool cold_by(const rate_policy_t *p, const parsed_t *ps, uint64_t t)
 bool rate__is_cold(void *varg, const void *state, size_t len, uint64_t now)
 {
     const rate__step_arg_t *arg = varg;
-    const uint8_t *st = state;
-    const rate_policy_t *p = arg->policy;
-    rate_policy_t other;
+    const rate_policy_t *p;
     parsed_t ps;
 
-    if (st == NULL || len < RATE__HEADER_LEN || st[13] != RATE__STATE_VERSION)
-        return false;
-    ps.last = rate__get64(st);
-    ps.fingerprint = rate__get32(st + 8);
-    if (ps.fingerprint != p->fingerprint) {
-        if (arg->lookup == NULL ||
-            !arg->lookup(arg->lookup_ud, ps.fingerprint, &other))
-            return false; /* a policy this limiter does not know: keep */
-        p = &other;
-    }
-    return parse_under(p, st, len, &ps) &&
+    if (!parse_header(state, len, &ps) || (p = other_policy(arg, &ps)) == NULL)
+        return false; /* a policy this limiter does not know: keep */
+    if (p->count == 0)
+        return true; /* a first-edition state of a policy nobody knows */
+    return parse_under(p, state, len, &ps) &&
            cold_by(p, &ps, now > ps.last ? now : ps.last);
 }
 
-static int read_state(const rate__step_arg_t *arg, const rate_step_io_t *io,
-                      rate__view_t *views, bool *have, uint64_t *t_eff)
+static int read_state(rate__step_arg_t *arg, const rate_step_io_t *io,
+                      rate__view_t *views, uint64_t *t_eff)
 {
-    const rate_policy_t *p = arg->policy;
+    const rate_policy_t *p = arg->policy, *old;
     const uint8_t *st = io->old_state;
-    rate_policy_t old;
     parsed_t ps;
 
-    *have = false;
     *t_eff = arg->now_ns;
     if (st == NULL || io->old_len == 0) { /* a new key: cold start */
         for (size_t i = 0; i < p->count; i++)
-            p->algo[i]
-                ->load(&p->limits[i], NULL, &views[i]);
+            p->algo[i]->load(&p->limits[i], NULL, &views[i]);
         return RATE_OK;
     }
-    if (io->old_len < RATE__HEADER_LEN || st[13] != RATE__STATE_VERSION)
-        return RATE_ECORRUPT;
-    ps.last = rate__get64(st);
-    ps.fingerprint = rate__get32(st + 8);
-    if (ps.last > RATE_TIME_MAX)
+    if (!parse_header(st, io->old_len, &ps))
         return RATE_ECORRUPT;
     if (ps.last > *t_eff)
         *t_eff = ps.last;
-    *have = true;
-    if (ps.fingerprint == p->fingerprint) {
+    if (is_own(arg, &ps)) {
         if (!parse_under(p, st, io->old_len, &ps))
             return RATE_ECORRUPT;
         for (size_t i = 0; i < p->count; i++) {
@@ -127,20 +149,28 @@ static int read_state(const rate__step_arg_t *arg, const rate_step_io_t *io,
         }
         return RATE_OK;
     }
+    if ((old = other_policy(arg, &ps)) == NULL) {
+        arg->need_tag = ps.tag; /* the limiter fetches it, then again */
+        arg->need_format = ps.format;
+        return RATE__NEED_POLICY;
+    }
     /* Made under another policy: carry over what has the same meaning, as
      * of t_last; the new policy then governs the time since.  A state that
      * has reached its cold start under the old policy by t_eff is a cold
-     * key, as it would be had the store forgotten it (which it may). */
-    bool known = arg->lookup != NULL &&
-                 arg->lookup(arg->lookup_ud, ps.fingerprint, &old) &&
-                 parse_under(&old, st, io->old_len, &ps) &&
-                 !cold_by(&old, &ps, *t_eff);
+     * key, as it would be had the store forgotten it (which it may).  A
+     * first-edition state of a policy no one knows (count 0) starts cold,
+     * as the first edition itself read it. */
+    bool carry = old->count > 0;
+    if (carry && !parse_under(old, st, io->old_len, &ps))
+        return RATE_ECORRUPT;
+    carry = carry && !cold_by(old, &ps, *t_eff);
     for (size_t i = 0; i < p->count; i++) {
         const rate_limit_t *to = &p->limits[i];
         const rate__algo_t *a = p->algo[i];
-        if (known && i < old.count && old.limits[i].algorithm == to->algorithm) {
-            a->load(&old.limits[i], ps.comp[i], &views[i]);
-            a->convert(&old.limits[i], to, ps.last, &views[i]);
+        if (carry && i < old->count &&
+            old->limits[i].algorithm == to->algorithm) {
+            a->load(&old->limits[i], ps.comp[i], &views[i]);
+            a->convert(&old->limits[i], to, ps.last, &views[i]);
             a->advance(to, &views[i], ps.last, *t_eff);
         } else {
             a->load(to, NULL, &views[i]);
@@ -203,20 +233,23 @@ static void combine(const rate_policy_t *p, const rate__verdict_t *v,
     d->limit = rate__shown_limit(&p->limits[d->component]);
 }
 
-static void write_header(const rate_policy_t *p, uint64_t t, uint8_t *out)
+static void write_header(const rate__step_arg_t *arg, uint64_t t,
+                         uint8_t *out)
 {
     rate__put64(out, t);
-    rate__put32(out + 8, p->fingerprint);
-    out[12] = (uint8_t)p->count;
-    out[13] = RATE__STATE_VERSION;
+    rate__put32(out + 8, arg->policy_id);
+    out[12] = (uint8_t)arg->policy->count;
+    out[13] = arg->format;
 }
 
-static size_t write_state(const rate_policy_t *p, const rate__view_t *views,
-                          uint64_t t, uint64_t n, uint8_t *out)
+static size_t write_state(const rate__step_arg_t *arg,
+                          const rate__view_t *views, uint64_t t, uint64_t n,
+                          uint8_t *out)
 {
+    const rate_policy_t *p = arg->policy;
     size_t off = RATE__HEADER_LEN;
 
-    write_header(p, t, out);
+    write_header(arg, t, out);
     for (size_t i = 0; i < p->count; i++)
         off += p->algo[i]
                    ->commit(&p->limits[i], &views[i], t, n, out + off);
@@ -235,25 +268,25 @@ static size_t state_bound(const rate_policy_t *p, const rate__view_t *views)
     return len;
 }
 
-/* One fixed-size limit, its state `st` made under this very policy, with
- * the full decision (or a reservation): decided without the general path's
- * loops.  Writes the new state to `out`, which may be `st` itself (in
- * place: every byte is read before any is written).  Returns
- * RATE_INPLACE_NO when the state is anything else (nothing written), else
- * READ or WROTE as rate_step_t.inplace says.  A plain try-acquire has a
- * faster pass still: the algorithm's own inplace. */
-static int step_one(const rate__step_arg_t *arg, const uint8_t *st,
-                    size_t len, uint8_t *out, bool *allowed, uint64_t *ttl)
+/* One fixed-size limit, its state `st` made under this very policy: decided
+ * without the general path's loops, the new state written to io.  Returns
+ * false (nothing written) when the state is anything else. */
+static bool step_one(rate__step_arg_t *arg, rate_step_io_t *io)
 {
     const rate_policy_t *p = arg->policy;
     const rate__algo_t *a = p->algo[0];
     const rate_limit_t *l = &p->limits[0];
+    const uint8_t *st = io->old_state;
+    rate_acquire_t req = {.policy = p, .policy_id = arg->policy_id,
+                          .format = arg->format};
     rate__view_t v;
     rate__verdict_t verdict;
 
-    if (a->grow != 0 || !rate__header_is(p, st, len, a->fixed))
-        return RATE_INPLACE_NO;
+    if (a->grow != 0 || !rate__header_is(&req, st, io->old_len, a->fixed))
+        return false;
     uint64_t last = rate__get64(st);
+    if (!a->valid(l, st + RATE__HEADER_LEN, last))
+        return false;
     uint64_t t = arg->now_ns > last ? arg->now_ns : last;
     rate_decision_t *d = arg->decision;
     a->load(l, st + RATE__HEADER_LEN, &v);
@@ -261,37 +294,17 @@ static int step_one(const rate__step_arg_t *arg, const uint8_t *st,
     a->decide(l, &v, t, arg->permits, arg->max_wait_ns, arg->detail,
               &verdict);
     combine(p, &verdict, d);
-    *allowed = verdict.allowed;
+    io->write = false;
+    io->new_len = 0;
     if (!verdict.allowed || arg->permits == 0)
-        return RATE_INPLACE_READ;
+        return true;
+    uint8_t *out = io->new_state;
     a->commit(l, &v, t, arg->permits, out + RATE__HEADER_LEN);
-    *ttl = arg->detail ? d->reset_after_ns : p->max_reset_ns;
-    write_header(p, t, out);
-    return RATE_INPLACE_WROTE;
-}
-
-/* rate_step_t.inplace for the full decision: see step_one. */
-int rate__step_inplace(void *varg, void *state, size_t len, bool *allowed,
-                       uint64_t *ttl_ns)
-{
-    return step_one(varg, state, len, state, allowed, ttl_ns);
-}
-
-/* The single-limit fast paths over a copy: the state is decided into
- * io->new_state.  RATE_INPLACE_NO when they do not apply. */
-static int step_one_copy(rate__step_arg_t *arg, rate_step_io_t *io)
-{
-    const rate_policy_t *p = arg->policy;
-
-    if (!arg->detail && arg->max_wait_ns == 0 && p->inplace_plain != NULL) {
-        if (io->old_len > io->new_cap)
-            return RATE_INPLACE_NO;
-        memcpy(io->new_state, io->old_state, io->old_len);
-        return p->inplace_plain(arg, io->new_state, io->old_len,
-                                &io->allowed, &io->ttl_ns);
-    }
-    return step_one(arg, io->old_state, io->old_len, io->new_state,
-                    &io->allowed, &io->ttl_ns);
+    write_header(arg, t, out);
+    io->write = true;
+    io->new_len = io->old_len;
+    io->ttl_ns = arg->detail ? d->reset_after_ns : p->max_reset_ns;
+    return true;
 }
 
 int rate__step(void *varg, rate_step_io_t *io)
@@ -301,35 +314,31 @@ int rate__step(void *varg, rate_step_io_t *io)
     rate__view_t views[RATE_MAX_LIMITS];
     rate__verdict_t verdicts[RATE_MAX_LIMITS];
     uint64_t t;
-    bool have;
     int rc;
 
-    if (p->count == 1 && io->old_state != NULL) {
-        int r = step_one_copy(arg, io);
-        if (r != RATE_INPLACE_NO) {
-            io->write = r == RATE_INPLACE_WROTE;
-            io->new_len = io->write ? io->old_len : 0;
-            return RATE_OK;
-        }
-    }
+    if (p->count == 1 && io->old_state != NULL && step_one(arg, io))
+        return RATE_OK;
     io->write = false;
-    io->allowed = false;
     io->new_len = 0;
-    rc = read_state(arg, io, views, &have, &t);
+    rc = read_state(arg, io, views, &t);
     if (rc != RATE_OK)
         return rc;
     for (size_t i = 0; i < p->count; i++)
-        p->algo[i]
-            ->decide(&p->limits[i], &views[i], t, arg->permits,
-                     arg->max_wait_ns, arg->detail, &verdicts[i]);
+        p->algo[i]->decide(&p->limits[i], &views[i], t, arg->permits,
+                           arg->max_wait_ns, arg->detail, &verdicts[i]);
     combine(p, verdicts, arg->decision);
-    io->allowed = arg->decision->allowed;
     if (!arg->decision->allowed || arg->permits == 0)
         return RATE_OK;
     if (state_bound(p, views) > io->new_cap)
         return RATE_EINVAL; /* the store gave less room than promised */
-    io->new_len = write_state(p, views, t, arg->permits, io->new_state);
+    io->new_len = write_state(arg, views, t, arg->permits, io->new_state);
     io->write = true;
     io->ttl_ns = arg->detail ? arg->decision->reset_after_ns : p->max_reset_ns;
     return RATE_OK;
+}
+
+int rate_state_acquire(const rate_acquire_t *req, void *state, size_t len,
+                       uint64_t *ttl_ns)
+{
+    return rate__state_acquire(req, state, len, ttl_ns);
 }

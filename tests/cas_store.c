@@ -10,6 +10,7 @@
 typedef struct entry {
     char *key;
     size_t key_len;
+    rate_space_t space;
     unsigned char *val;
     size_t len;
     uint64_t version;
@@ -25,22 +26,23 @@ struct cas_store {
     int down;
 };
 
-static entry_t *find(cas_store_t *s, const char *key, size_t len)
+static entry_t *find(cas_store_t *s, const rate_key_t *k)
 {
     for (size_t i = 0; i < s->n; i++)
-        if (s->e[i].key_len == len && memcmp(s->e[i].key, key, len) == 0)
+        if (s->e[i].space == k->space && s->e[i].key_len == k->len &&
+            memcmp(s->e[i].key, k->bytes, k->len) == 0)
             return &s->e[i];
     return NULL;
 }
 
-static int cs_load(void *self, const char *key, size_t key_len, void *buf,
-                   size_t cap, size_t *len, uint64_t *version)
+static int cs_load(void *self, const rate_key_t *key, void *buf, size_t cap,
+                   size_t *len, uint64_t *version)
 {
     cas_store_t *s = self;
     int rc = RATE_OK;
 
     pthread_mutex_lock(&s->lock);
-    entry_t *e = find(s, key, key_len);
+    entry_t *e = find(s, key);
     *len = 0;
     *version = 0;
     if (s->down)
@@ -58,15 +60,14 @@ static int cs_load(void *self, const char *key, size_t key_len, void *buf,
     return rc;
 }
 
-static int cs_cas(void *self, const char *key, size_t key_len,
-                  uint64_t version, const void *state, size_t len,
-                  uint64_t ttl_ns)
+static int cs_cas(void *self, const rate_key_t *key, uint64_t version,
+                  const void *state, size_t len, uint64_t ttl_ns)
 {
     cas_store_t *s = self;
     int rc = RATE_OK;
 
     pthread_mutex_lock(&s->lock);
-    entry_t *e = find(s, key, key_len);
+    entry_t *e = find(s, key);
     if (s->down) {
         rc = RATE_ESTORE;
     } else if (s->conflicts > 0) {
@@ -89,9 +90,10 @@ static int cs_cas(void *self, const char *key, size_t key_len,
             }
             e = &s->e[s->n++];
             memset(e, 0, sizeof *e);
-            e->key = malloc(key_len);
-            memcpy(e->key, key, key_len);
-            e->key_len = key_len;
+            e->key = malloc(key->len);
+            memcpy(e->key, key->bytes, key->len);
+            e->key_len = key->len;
+            e->space = key->space;
         }
         unsigned char *v = realloc(e->val, len ? len : 1);
         memcpy(v, state, len);
@@ -104,12 +106,31 @@ static int cs_cas(void *self, const char *key, size_t key_len,
     return rc;
 }
 
+static int cs_remove(void *self, const rate_key_t *key)
+{
+    cas_store_t *s = self;
+    int rc = RATE_OK;
+
+    pthread_mutex_lock(&s->lock);
+    entry_t *e = find(s, key);
+    if (s->down) {
+        rc = RATE_ESTORE;
+    } else if (e != NULL) {
+        free(e->key);
+        free(e->val);
+        *e = s->e[--s->n];
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
 static int cs_stats(void *self, rate_stats_t *out)
 {
     cas_store_t *s = self;
 
     pthread_mutex_lock(&s->lock);
-    out->keys = s->n;
+    for (size_t i = 0; i < s->n; i++)
+        out->keys += s->e[i].space != RATE_SPACE_POLICY;
     pthread_mutex_unlock(&s->lock);
     return RATE_OK;
 }
@@ -127,11 +148,12 @@ static void cs_destroy(void *self)
     free(s);
 }
 
-static const rate_store_vtable_t cas_vtable = {
-    .version = RATE_STORE_V1,
+static const rate_store_methods_t cas_methods = {
+    .version = RATE_STORE_VERSION,
     .name = "test-cas",
     .load = cs_load,
     .cas = cs_cas,
+    .remove = cs_remove,
     .stats = cs_stats,
     .destroy = cs_destroy,
 };
@@ -143,7 +165,7 @@ int cas_store_new(rate_store_t **out, cas_store_t **handle)
     if (s == NULL)
         return RATE_ENOMEM;
     pthread_mutex_init(&s->lock, NULL);
-    int rc = rate_store_new(&cas_vtable, s, out);
+    int rc = rate_store_new(&cas_methods, s, out);
     if (rc != RATE_OK) {
         cs_destroy(s);
         return rc;
@@ -170,7 +192,8 @@ void cas_store_set_down(cas_store_t *s, int down)
 uint64_t cas_store_ttl(cas_store_t *s, const char *key)
 {
     pthread_mutex_lock(&s->lock);
-    entry_t *e = find(s, key, strlen(key));
+    rate_key_t k = {key, strlen(key), RATE_SPACE_STATE};
+    entry_t *e = find(s, &k);
     uint64_t ttl = e ? e->ttl_ns : 0;
     pthread_mutex_unlock(&s->lock);
     return ttl;
@@ -180,7 +203,8 @@ void cas_store_poke(cas_store_t *s, const char *key, const void *bytes,
                     size_t len)
 {
     pthread_mutex_lock(&s->lock);
-    entry_t *e = find(s, key, strlen(key));
+    rate_key_t k = {key, strlen(key), RATE_SPACE_STATE};
+    entry_t *e = find(s, &k);
     if (e != NULL) {
         unsigned char *v = realloc(e->val, len ? len : 1);
         memcpy(v, bytes, len);

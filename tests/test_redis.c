@@ -407,6 +407,55 @@ static void script_flush_changes_nothing(void **state)
     drop_store(rs);
 }
 
+/* A state that makes no sense is RATE_ECORRUPT, never admitted and never
+ * written over: a token bucket holding more than its burst (the Lua step
+ * declines it, the C step reports it), the same state truncated, and a
+ * key of another Redis type (WRONGTYPE). */
+static void tampered_state_is_corrupt(void **state)
+{
+    (void)state;
+    rate_store_t *rs = redis_store("bad:", true, 0);
+    rate_limiter_t *l = limiter_of("token-bucket 5/s burst=5", rs);
+    redisContext *c = raw();
+    assert_true(at(l, "k", SEC, 1, 0).allowed); /* a state, tagged */
+    redisReply *r = redisCommand(c, "HGET bad:{k} s");
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    assert_int_equal(r->len, 22);
+    unsigned char st[22];
+    memcpy(st, r->str, sizeof st);
+    freeReplyObject(r);
+    uint64_t u = 2000 * SEC; /* 2000 tokens (times P) in a burst of 5 */
+    for (int i = 0; i < 8; i++)
+        st[14 + i] = (unsigned char)(u >> (8 * i));
+    for (size_t len = 22; len >= 21; len--) {
+        freeReplyObject(redisCommand(c, "HSET bad:{k} s %b", st, len));
+        for (int i = 0; i < 20; i++) {
+            rate_decision_t d = at(l, "k", SEC, 1, 0);
+            assert_false(d.allowed);
+            assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+            assert_int_equal(d.error, RATE_ECORRUPT);
+            assert_false(rate_try_acquire(l, "k", 1));
+        }
+        r = redisCommand(c, "HGET bad:{k} s");
+        assert_int_equal(r->type, REDIS_REPLY_STRING);
+        assert_int_equal(r->len, len);
+        assert_memory_equal(r->str, st, len);
+        freeReplyObject(r);
+    }
+    freeReplyObject(redisCommand(c, "SET bad:{w} hello"));
+    rate_decision_t d = at(l, "w", SEC, 1, 0);
+    assert_false(d.allowed);
+    assert_int_equal(d.error, RATE_ECORRUPT);
+    assert_false(rate_try_acquire(l, "w", 1));
+    r = redisCommand(c, "GET bad:{w}");
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    assert_string_equal(r->str, "hello");
+    freeReplyObject(r);
+    redisFree(c);
+    rate_limiter_free(l);
+    drop_store(rs);
+}
+
 /* ------------------------------------------------------- a shared limit */
 
 #define PROCS 3
@@ -754,6 +803,7 @@ int main(void)
         cmocka_unit_test(fleet_clock),
         cmocka_unit_test(ttl_is_reset_after),
         cmocka_unit_test(script_flush_changes_nothing),
+        cmocka_unit_test(tampered_state_is_corrupt),
         cmocka_unit_test(shared_limit_across_processes),
         cmocka_unit_test(replies_reach_their_callers),
         cmocka_unit_test(redis_down_and_back),

@@ -88,8 +88,14 @@ static uint64_t fw_max_reset(const rate_limit_t *l)
     return l->period_ns;
 }
 
-RATE__DEFINE_INPLACE(fw, FW_FIXED)
-RATE__DEFINE_PLAIN(fw)
+/* Written states count at most L: an admission needs count + n <= L. */
+static bool fw_valid(const rate_limit_t *l, const uint8_t *st, uint64_t last)
+{
+    (void)last;
+    return rate__get64(st) <= l->limit;
+}
+
+RATE__DEFINE_PLAIN(fw, FW_FIXED)
 
 const rate__algo_t rate__fixed_window = {
     .name = "fixed-window",
@@ -102,6 +108,6 @@ const rate__algo_t rate__fixed_window = {
     .is_cold = fw_is_cold,
     .convert = fw_convert,
     .max_reset = fw_max_reset,
-    .inplace = fw_inplace,
+    .valid = fw_valid,
     .plain = fw_plain,
 };

@@ -106,8 +106,14 @@ static uint64_t lb_max_reset(const rate_limit_t *l)
     return rate__ceil_div64((rate_u128_t)l->burst * l->period_ns, l->limit);
 }
 
-RATE__DEFINE_INPLACE(lb, LB_FIXED)
-RATE__DEFINE_PLAIN(lb)
+/* Written states hold at most C * P: an admission needs level + n <= C. */
+static bool lb_valid(const rate_limit_t *l, const uint8_t *st, uint64_t last)
+{
+    (void)last;
+    return (rate_u128_t)rate__get64(st) <= (rate_u128_t)l->burst * l->period_ns;
+}
+
+RATE__DEFINE_PLAIN(lb, LB_FIXED)
 
 const rate__algo_t rate__leaky_bucket = {
     .name = "leaky-bucket",
@@ -120,6 +126,6 @@ const rate__algo_t rate__leaky_bucket = {
     .is_cold = lb_is_cold,
     .convert = lb_convert,
     .max_reset = lb_max_reset,
-    .inplace = lb_inplace,
+    .valid = lb_valid,
     .plain = lb_plain,
 };

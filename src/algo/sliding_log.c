@@ -166,6 +166,24 @@ static uint64_t sl_max_reset(const rate_limit_t *l)
     return l->period_ns;
 }
 
+/* Written logs hold their count of entries, each of at least one permit at
+ * a time no later than t_last and in order, with their sum kept beside and
+ * at most L. */
+static bool sl_valid(const rate_limit_t *l, const uint8_t *st, uint64_t last)
+{
+    uint32_t count = rate__get32(st);
+    uint64_t sum = 0, prev = 0;
+
+    for (uint32_t i = 0; i < count; i++) {
+        uint64_t t = sl_time(st + SL_HEAD, i), n = sl_permits(st + SL_HEAD, i);
+        if (n == 0 || n > l->limit || t < prev || t > last)
+            return false;
+        sum += n; /* each n <= L <= 2^20, count <= L: no overflow */
+        prev = t;
+    }
+    return sum <= l->limit && sum == rate__get32(st + 4);
+}
+
 const rate__algo_t rate__sliding_log = {
     .name = "sliding-log",
     .fixed = SL_HEAD,
@@ -178,4 +196,5 @@ const rate__algo_t rate__sliding_log = {
     .is_cold = sl_is_cold,
     .convert = sl_convert,
     .max_reset = sl_max_reset,
+    .valid = sl_valid,
 };

@@ -147,8 +147,16 @@ static uint64_t sw_max_reset(const rate_limit_t *l)
     return 2 * l->period_ns;
 }
 
-RATE__DEFINE_INPLACE(sw, SW_FIXED)
-RATE__DEFINE_PLAIN(sw)
+/* Written states count at most L in each window: an admission needs its
+ * estimate, which is at least curr (and prev, on its window's first
+ * nanosecond), plus n within L; prev was curr before. */
+static bool sw_valid(const rate_limit_t *l, const uint8_t *st, uint64_t last)
+{
+    (void)last;
+    return rate__get64(st) <= l->limit && rate__get64(st + 8) <= l->limit;
+}
+
+RATE__DEFINE_PLAIN(sw, SW_FIXED)
 
 const rate__algo_t rate__sliding_window = {
     .name = "sliding-window",
@@ -161,6 +169,6 @@ const rate__algo_t rate__sliding_window = {
     .is_cold = sw_is_cold,
     .convert = sw_convert,
     .max_reset = sw_max_reset,
-    .inplace = sw_inplace,
+    .valid = sw_valid,
     .plain = sw_plain,
 };

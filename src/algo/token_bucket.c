@@ -10,7 +10,7 @@
  */
 #include "token_bucket.h"
 
-#define TB_FIXED RATE__TB_FIXED
+#define TB_FIXED 8 /* bytes of stored state: u */
 
 static void tb_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
 {
@@ -116,13 +116,16 @@ static uint64_t tb_max_reset(const rate_limit_t *l)
     return rate__ceil_div64((rate_u128_t)l->burst * l->period_ns, l->limit);
 }
 
-RATE__DEFINE_INPLACE(tb, TB_FIXED)
-
-static int tb_plain(const rate_policy_t *p, uint8_t *st, size_t len,
-                    uint64_t now, uint64_t n)
+/* Written states hold at most B * P, and a debt of at most 2^62. */
+static bool tb_valid(const rate_limit_t *l, const uint8_t *st, uint64_t last)
 {
-    return rate__tb_plain(p, st, len, now, n);
+    int64_t u = (int64_t)rate__get64(st);
+
+    (void)last;
+    return u <= (int64_t)(l->burst * l->period_ns) && u >= -RATE__DEBT_MAX;
 }
+
+RATE__DEFINE_PLAIN(tb, TB_FIXED)
 
 const rate__algo_t rate__token_bucket = {
     .name = "token-bucket",
@@ -135,6 +138,6 @@ const rate__algo_t rate__token_bucket = {
     .is_cold = tb_is_cold,
     .convert = tb_convert,
     .max_reset = tb_max_reset,
-    .inplace = tb_inplace,
+    .valid = tb_valid,
     .plain = tb_plain,
 };

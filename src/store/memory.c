@@ -13,19 +13,21 @@
  * and states (sliding logs, composite policies) live in a heap block that is
  * reused and grown geometrically.
  *
- * Bounded memory.  With max_keys, each shard holds at most its share, and a
- * new key in a full shard first takes the place of a key whose state is
- * back at its cold start (asked of the step, by the library's own clock
- * only: a caller-supplied time never drops another key), then evicts by
- * CLOCK (second chance), an approximation of least-recently-used that needs
- * one bit per key.  Evictions are counted:
- * they may change later answers.  Keys whose reset has passed are also
- * dropped when an unbounded shard grows.
+ * Bounded memory.  With max_keys the store holds at most that many keys
+ * (one count for the whole store), and a new key past it first takes the
+ * place of a key in its shard whose state is back at its cold start (asked
+ * of the step, at the request's horizon only: a caller-supplied time with
+ * no low-water mark never drops another key), then evicts by CLOCK (second
+ * chance), an approximation of least-recently-used that needs one bit per
+ * key.  Evictions are counted: they may change later answers.  Keys whose
+ * reset has passed are also dropped when an unbounded shard grows.
  *
- * The bool API's lanes (see "lanes" below) decide a key held under the
- * limiter's policy where its state lies, with the algorithm's plain pass
- * (the token bucket's compiled in); they decline everything else,
- * untouched, to the limiter's general path.
+ * The bool calls' acquire() decides a key the store holds where its state
+ * lies, with rate_state_acquire(); it declines everything else, untouched.
+ *
+ * Keys of the shadow space share the table, told apart by a bit of the
+ * slot and by their hash; the library's policy records (RATE_SPACE_POLICY,
+ * kept forever and never evicted) live in a short list of their own.
  *
  * Keys are hashed with XXH3 (libxxhash), seeded per store from getrandom()
  * so that clients cannot aim many keys at one shard.
@@ -38,7 +40,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "../algo/token_bucket.h"
+#include <pthread.h>
+
 #include "../internal.h"
 
 #define KEY_INLINE 16u
@@ -55,9 +58,10 @@ enum {
     KEY_LEN = 0x1f,      /* kf: an inline key's length */
     F_KEY_HEAP = 0x20,   /* kf: the key is in a heap block */
     F_STATE_HEAP = 0x40, /* kf: the state is in a heap block */
-    F_CLOCK = 0x80,      /* kf: last written at a time of the library's
-                            own clock */
+    F_HORIZON = 0x80,    /* kf: last written by a request with a horizon
+                            (rate_step_t.horizon_ns) */
     STATE_LEN = 0x1f,    /* sr: an inline state's length */
+    F_SHADOW = 0x20,     /* sr: a key of the shadow space */
     F_REF = 0x80,        /* sr: used since the CLOCK hand last passed */
 };
 
@@ -102,15 +106,24 @@ static inline void heap_put(slot_t *e, heap_state_t h)
 
 typedef struct shard {
     _Alignas(64) atomic_int lock;
-    uint32_t count, cap, max, hand;
+    uint32_t count, cap, hand;
     XXH64_hash_t seed; /* the store's */
+    struct memstore *store;
     uint8_t *ctrl; /* one byte per slot: 0 empty, else 0x80 | 7 hash bits */
     slot_t *slots;
     uint8_t *scratch;
     size_t scratch_cap;
     uint64_t heap_bytes;
-    uint64_t evictions, reclaimed, allowed, denied;
+    uint64_t evictions, reclaimed;
 } shard_t;
+
+/* A policy record (RATE_SPACE_POLICY). */
+typedef struct record {
+    struct record *next;
+    size_t key_len, len;
+    char key[8];
+    uint8_t *bytes;
+} record_t;
 
 typedef struct memstore {
     XXH64_hash_t seed;
@@ -118,6 +131,10 @@ typedef struct memstore {
                        0 when there is one */
     unsigned nshards;
     shard_t *shards;
+    uint64_t max_keys;          /* 0: unbounded */
+    atomic_uint_fast64_t nkeys; /* keys held, counted against max_keys */
+    pthread_mutex_t records_lock;
+    record_t *records;
 } memstore_t;
 
 /* ------------------------------------------------------------- locking */
@@ -208,10 +225,17 @@ static inline const char *key_bytes(const slot_t *e)
     return e->kf & F_KEY_HEAP ? e->key.heap.ptr : e->key.inl;
 }
 
+/* The hash seed of a space's keys: the shadow space's differs. */
+static inline XXH64_hash_t space_seed(XXH64_hash_t seed, bool shadow)
+{
+    return shadow ? seed ^ UINT64_C(0x9e3779b97f4a7c15) : seed;
+}
+
 /* The tag of a stored key, computed again (slots do not keep it). */
 static inline uint32_t slot_tag(const shard_t *s, const slot_t *e)
 {
-    return tag_of(XXH3_64bits_withSeed(key_bytes(e), key_len(e), s->seed));
+    return tag_of(XXH3_64bits_withSeed(key_bytes(e), key_len(e),
+                                       space_seed(s->seed, e->sr & F_SHADOW)));
 }
 
 /* A key as the probe compares it: short keys zero-padded to the inline
@@ -219,19 +243,22 @@ static inline uint32_t slot_tag(const shard_t *s, const slot_t *e)
 typedef struct probe_key {
     const char *key;
     size_t len;
+    uint8_t shadow; /* F_SHADOW or 0 */
     char pad[KEY_INLINE];
 } probe_key_t;
 
 /* Made of whole-word loads that stay inside the key (overlapping where
  * the key is short), not a memcpy of a variable length: that would be a
  * call, and a call in the lane's hot path costs it its registers. */
-static inline void probe_key_init(probe_key_t *k, const char *key, size_t len)
+static inline void probe_key_init(probe_key_t *k, const rate_key_t *rk)
 {
-    const uint8_t *b = (const uint8_t *)key;
+    const uint8_t *b = (const uint8_t *)rk->bytes;
+    size_t len = rk->len;
     uint64_t lo, hi = 0;
 
-    k->key = key;
+    k->key = rk->bytes;
     k->len = len;
+    k->shadow = rk->space == RATE_SPACE_SHADOW ? F_SHADOW : 0;
     if (len >= KEY_INLINE) { /* the common long-enough key */
         lo = rate__get64(b);
         hi = rate__get64(b + 8);
@@ -257,6 +284,8 @@ static inline void probe_key_init(probe_key_t *k, const char *key, size_t len)
 static inline bool slot_is(const slot_t *e, const probe_key_t *k,
                            bool short_key)
 {
+    if ((e->sr & F_SHADOW) != k->shadow)
+        return false;
     if (short_key || !(e->kf & F_KEY_HEAP)) /* inline keys: zero-padded */
         return (size_t)(e->kf & (KEY_LEN | F_KEY_HEAP)) == k->len &&
                memcmp(e->key.inl, k->pad, KEY_INLINE) == 0;
@@ -313,19 +342,11 @@ static inline uint8_t *slot_state(slot_t *e, size_t *len)
     return e->state;
 }
 
-/* After the state is written: whether at a time of the library's own
- * clock (only such a state may be reclaimed, see expired()). */
-static inline void mark_written(slot_t *e, bool clock_time)
+/* After the state is written: whether by a request with a horizon (only
+ * such a state may be reclaimed, see expired()). */
+static inline void mark_written(slot_t *e, uint64_t horizon_ns)
 {
-    e->kf = (uint8_t)((e->kf & ~F_CLOCK) | (clock_time ? F_CLOCK : 0));
-}
-
-static inline void count_verdict(shard_t *s, bool allowed)
-{
-    if (allowed)
-        s->allowed++;
-    else
-        s->denied++;
+    e->kf = (uint8_t)((e->kf & ~F_HORIZON) | (horizon_ns != 0 ? F_HORIZON : 0));
 }
 
 /* Backward-shift deletion: later entries of the same run move up so every
@@ -351,19 +372,20 @@ static void slot_remove(shard_t *s, uint32_t i)
     memset(&s->slots[i], 0, sizeof s->slots[i]);
     s->ctrl[i] = 0;
     s->count--;
+    atomic_fetch_sub_explicit(&s->store->nkeys, 1, memory_order_relaxed);
 }
 
 /* A key may be dropped without changing any answer: its state is back at
- * its cold start by the library's clock (both its last admission and this
- * request on that clock). */
+ * its cold start at the request's horizon, and its last write came with a
+ * horizon too. */
 static bool expired(slot_t *e, const rate_step_t *st)
 {
     size_t len;
 
-    if (!st->clock_time || !(e->kf & F_CLOCK) || st->is_cold == NULL)
+    if (st->horizon_ns == 0 || !(e->kf & F_HORIZON) || st->is_cold == NULL)
         return false;
     const uint8_t *bytes = slot_state(e, &len);
-    return st->is_cold(st->arg, bytes, len, st->now_ns);
+    return st->is_cold(st->arg, bytes, len, st->horizon_ns);
 }
 
 /* Frees one slot in a full shard: a key past its reset if the hand meets
@@ -414,6 +436,8 @@ static int rehash(shard_t *s, uint32_t cap, const rate_step_t *st)
         if (expired(e, st)) {
             slot_release(s, e);
             s->reclaimed++;
+            atomic_fetch_sub_explicit(&s->store->nkeys, 1,
+                                      memory_order_relaxed);
             continue;
         }
         uint32_t tag = slot_tag(s, e);
@@ -429,18 +453,55 @@ static int rehash(shard_t *s, uint32_t cap, const rate_step_t *st)
     return RATE_OK;
 }
 
-/* Ensures room for one more key; may move slots (probe again after). */
-static int reserve(shard_t *s, const rate_step_t *st)
+/* With the store at max_keys: frees one key, in s (locked) if it holds
+ * any, else in another shard that is free at once (never waiting for a
+ * lock while holding one); RATE_EFULL when none is. */
+static int make_room_somewhere(shard_t *s, const rate_step_t *st)
 {
-    if (s->max != 0 && s->count >= s->max) {
+    memstore_t *m = s->store;
+
+    if (s->count > 0) {
         make_room(s, st);
         return RATE_OK;
     }
+    for (unsigned i = 0; i < m->nshards; i++) {
+        shard_t *o = &m->shards[i];
+        if (o == s || atomic_load_explicit(&o->lock, memory_order_relaxed) ||
+            atomic_exchange_explicit(&o->lock, 1, memory_order_acquire))
+            continue;
+        bool done = o->count > 0;
+        if (done)
+            make_room(o, st);
+        atomic_store_explicit(&o->lock, 0, memory_order_release);
+        if (done)
+            return RATE_OK;
+    }
+    return RATE_EFULL;
+}
+
+/* Ensures room for one more key, and counts it; may move slots (probe
+ * again after).  The caller uncounts it if it does not insert after all. */
+static int reserve(shard_t *s, const rate_step_t *st)
+{
+    memstore_t *m = s->store;
+
+    if (m->max_keys != 0 &&
+        atomic_fetch_add_explicit(&m->nkeys, 1, memory_order_relaxed) >=
+            m->max_keys) {
+        atomic_fetch_sub_explicit(&m->nkeys, 1, memory_order_relaxed);
+        int rc = make_room_somewhere(s, st);
+        if (rc != RATE_OK)
+            return rc;
+        atomic_fetch_add_explicit(&m->nkeys, 1, memory_order_relaxed);
+    } else if (m->max_keys == 0) {
+        atomic_fetch_add_explicit(&m->nkeys, 1, memory_order_relaxed);
+    }
     if ((uint64_t)(s->count + 1) * LOAD_DEN <= (uint64_t)s->cap * LOAD_NUM)
         return RATE_OK;
-    if (s->cap > UINT32_MAX / 2)
-        return RATE_EFULL;
-    return rehash(s, s->cap * 2, st);
+    int rc = s->cap > UINT32_MAX / 2 ? RATE_EFULL : rehash(s, s->cap * 2, st);
+    if (rc != RATE_OK)
+        atomic_fetch_sub_explicit(&m->nkeys, 1, memory_order_relaxed);
+    return rc;
 }
 
 static int set_state(shard_t *s, slot_t *e, const uint8_t *st, size_t len)
@@ -456,7 +517,7 @@ static int set_state(shard_t *s, slot_t *e, const uint8_t *st, size_t len)
         e->state[12] = st[12];
         e->state[13] = st[13];
         memcpy(e->state + 14, st + 14, 8);
-        e->sr = (uint8_t)((e->sr & F_REF) | len);
+        e->sr = (uint8_t)((e->sr & (F_REF | F_SHADOW)) | len);
         return RATE_OK;
     }
     if (len > UINT32_MAX / 2)
@@ -493,10 +554,14 @@ static int insert(shard_t *s, uint32_t tag, const probe_key_t *k,
     uint32_t i = probe(s, tag, k, false);
     slot_t *e = &s->slots[i];
     memset(e, 0, sizeof *e);
+    e->sr = k->shadow;
     if (len > KEY_INLINE) {
         char *p = malloc(len);
-        if (p == NULL)
+        if (p == NULL) {
+            atomic_fetch_sub_explicit(&s->store->nkeys, 1,
+                                      memory_order_relaxed);
             return RATE_ENOMEM;
+        }
         memcpy(p, key, len);
         e->key.heap.ptr = p;
         e->key.heap.len = (uint32_t)len;
@@ -514,6 +579,7 @@ static int insert(shard_t *s, uint32_t tag, const probe_key_t *k,
             s->heap_bytes -= len;
         }
         memset(e, 0, sizeof *e);
+        atomic_fetch_sub_explicit(&s->store->nkeys, 1, memory_order_relaxed);
         return rc;
     }
     s->ctrl[i] = ctrl_of(tag);
@@ -551,7 +617,7 @@ update_copy(shard_t *s, slot_t *e, uint32_t tag, const probe_key_t *pk,
 
     io.old_state = NULL;
     io.old_len = 0;
-    io.write = io.allowed = false;
+    io.write = false;
     if (e != NULL) {
         e->sr |= F_REF;
         io.old_state = slot_state(e, &io.old_len);
@@ -572,21 +638,20 @@ update_copy(shard_t *s, slot_t *e, uint32_t tag, const probe_key_t *pk,
             if (e == NULL) /* inserting may have moved slots */
                 e = &s->slots[probe(s, tag, pk, false)];
             /* A new key earns its reference bit on its second use. */
-            mark_written(e, st->clock_time);
+            mark_written(e, st->horizon_ns);
         }
     }
-    if (rc == RATE_OK)
-        count_verdict(s, io.allowed);
     shard_unlock(s);
     return rc;
 }
 
 /* The key's shard, by its hash; *tag is the tag the shard files it by. */
 static RATE__ALWAYS_INLINE shard_t *shard_of(const memstore_t *m,
-                                             const char *key, size_t len,
+                                             const rate_key_t *k,
                                              uint32_t *tag)
 {
-    uint64_t h = XXH3_64bits_withSeed(key, len, m->seed);
+    uint64_t h = XXH3_64bits_withSeed(
+        k->bytes, k->len, space_seed(m->seed, k->space == RATE_SPACE_SHADOW));
 
     *tag = tag_of(h);
     return &m->shards[(h >> 1) >> m->shift];
@@ -594,184 +659,139 @@ static RATE__ALWAYS_INLINE shard_t *shard_of(const memstore_t *m,
 
 /* Hashes the key, locks its shard and probes.  Returns the shard, locked;
  * *at is the key's slot, or the empty slot that ends its probe. */
-static RATE__ALWAYS_INLINE shard_t *locate(memstore_t *m, const char *key,
-                                           size_t len, probe_key_t *pk,
-                                           uint32_t *tag, uint32_t *at)
+static RATE__ALWAYS_INLINE shard_t *locate(memstore_t *m, const rate_key_t *k,
+                                           probe_key_t *pk, uint32_t *tag,
+                                           uint32_t *at)
 {
-    shard_t *s = shard_of(m, key, len, tag);
+    shard_t *s = shard_of(m, k, tag);
 
-    probe_key_init(pk, key, len);
+    probe_key_init(pk, k);
     shard_lock(s);
-    *at = probe(s, *tag, pk, false);
+    *at = k->len <= KEY_INLINE ? probe(s, *tag, pk, true)
+                               : probe(s, *tag, pk, false);
     return s;
 }
 
-/* The bookkeeping of a stored key decided where its state lies: used now,
- * written at which clock's time (if written), the verdict counted. */
-static inline void decided_in_place(shard_t *s, slot_t *e, bool wrote,
-                                    bool allowed, bool clock_time)
+/* ------------------------------------------------------ policy records */
+
+/* The records: a short list under a mutex of its own, never taken with a
+ * shard's lock held. */
+static record_t **record_find(memstore_t *m, const rate_key_t *k)
 {
-    e->sr |= F_REF;
-    if (wrote)
-        mark_written(e, clock_time);
-    count_verdict(s, allowed);
+    record_t **r = &m->records;
+
+    while (*r != NULL && ((*r)->key_len != k->len ||
+                          memcmp((*r)->key, k->bytes, k->len) != 0))
+        r = &(*r)->next;
+    return r;
 }
 
-static int mem_update(void *self, const char *key, size_t len,
-                      const rate_step_t *st)
+static int record_update(memstore_t *m, const rate_key_t *k,
+                         const rate_step_t *st)
 {
-    probe_key_t pk;
-    uint32_t tag, i;
-    shard_t *s = locate(self, key, len, &pk, &tag, &i);
-    slot_t *e = s->ctrl[i] != 0 ? &s->slots[i] : NULL;
+    rate_step_io_t io = {0};
+    uint8_t *buf;
+    int rc;
 
-    /* A plain try-acquire decided where the state lies. */
-    if (e != NULL && st->inplace != NULL) {
-        bool allowed;
-        uint64_t ttl;
-        size_t n;
-        uint8_t *bytes = slot_state(e, &n);
-        int r = st->inplace(st->arg, bytes, n, &allowed, &ttl);
-        if (r != RATE_INPLACE_NO) {
-            decided_in_place(s, e, r == RATE_INPLACE_WROTE, allowed,
-                             st->clock_time);
-            shard_unlock(s);
-            return RATE_OK;
+    if (k->len > sizeof ((record_t *)0)->key)
+        return RATE_EKEY;
+    pthread_mutex_lock(&m->records_lock);
+    record_t **at = record_find(m, k), *r = *at;
+    if (r != NULL) {
+        io.old_state = r->bytes;
+        io.old_len = r->len;
+    }
+    io.new_cap = io.old_len + st->grow;
+    buf = malloc(io.new_cap > 0 ? io.new_cap : 1);
+    rc = buf == NULL ? RATE_ENOMEM : RATE_OK;
+    if (rc == RATE_OK)
+        io.new_state = buf;
+    if (rc == RATE_OK && (rc = st->fn(st->arg, &io)) == RATE_OK && io.write) {
+        if (r == NULL && (r = calloc(1, sizeof *r)) == NULL) {
+            rc = RATE_ENOMEM;
+        } else {
+            if (*at == NULL) {
+                memcpy(r->key, k->bytes, k->len);
+                r->key_len = k->len;
+                *at = r;
+            }
+            free(r->bytes);
+            r->bytes = buf;
+            r->len = io.new_len;
+            buf = NULL;
         }
     }
-    return update_copy(s, e, tag, &pk, st);
+    pthread_mutex_unlock(&m->records_lock);
+    free(buf);
+    return rc;
 }
 
-/* ---------------------------------------------------------------- lanes */
-
-/* The lanes (rate__lane_t): the bool API's try-acquire, decided where the
- * state of a key stored under the lane's policy lies (in its slot, or its
- * heap block: a sliding window's 30 bytes); anything else goes, before
- * anything is touched, to the limiter's general path.
- *
- * Each of the four public calls has a lane of its own per kind of policy,
- * made from one template (lane_run) with its `how` a constant, and the
- * token bucket's plain pass is compiled into its lanes rather than called
- * through the policy.  The hot path (a short key, a free lock) then calls
- * nothing, so it keeps its values in registers; a key over KEY_INLINE
- * bytes, bad input and a busy lock go to lane_wait, which does the same
- * for any key and waits for the lock. */
-
-/* The policy's plain pass over a stored key's state: the token bucket's
- * own, inline (tb), or the algorithm's through the policy. */
-static RATE__ALWAYS_INLINE int lane_plain(const rate_policy_t *p, slot_t *e,
-                                          uint64_t now, uint64_t permits,
-                                          bool tb)
+static int record_remove(memstore_t *m, const rate_key_t *k)
 {
-    size_t n;
-    uint8_t *bytes = slot_state(e, &n);
-
-    if (tb)
-        return rate__tb_plain(p, bytes, n, now, permits);
-    return p->plain(p, bytes, n, now, permits);
+    pthread_mutex_lock(&m->records_lock);
+    record_t **at = record_find(m, k), *r = *at;
+    if (r != NULL)
+        *at = r->next;
+    pthread_mutex_unlock(&m->records_lock);
+    if (r != NULL)
+        free(r->bytes);
+    free(r);
+    return RATE_OK;
 }
 
-/* After the plain pass r over the key in slot e of s (locked): the
- * bookkeeping, the lock released, and the answer, or the general path's
- * when the pass was not the lane's to make. */
-static RATE__ALWAYS_INLINE bool lane_end(const rate__lane_t *ln, shard_t *s,
-                                         slot_t *e, int r, const char *key,
-                                         size_t len, uint64_t permits,
-                                         uint64_t now, unsigned how)
-{
-    if (r != RATE__PLAIN_NO)
-        decided_in_place(s, e, r == RATE__PLAIN_WROTE, r & RATE__PLAIN_READ,
-                         how & RATE__LANE_CLOCK);
-    shard_unlock(s);
-    if (r == RATE__PLAIN_NO)
-        return ln->general(ln, key, len, permits, now, how);
-    return (r & RATE__PLAIN_READ) || ln->shadow;
-}
+/* ------------------------------------------------------------- methods */
 
-/* Any key and any policy with a plain pass; waits for a busy lock. */
-static __attribute__((noinline)) bool
-lane_wait(const rate__lane_t *ln, const char *key, size_t len,
-          uint64_t permits, uint64_t now, unsigned how)
+static int mem_update(void *self, const rate_key_t *k, const rate_step_t *st)
 {
     probe_key_t pk;
     uint32_t tag, i;
-    int r = RATE__PLAIN_NO;
-    bool ok = rate__lane_input(key, &len, permits, now, how);
 
-    how &= ~(unsigned)RATE__LANE_CSTR; /* general is given the length */
-    if (!ok)
-        return ln->general(ln, key, len, permits, now, how);
-    shard_t *s = locate(ln->self, key, len, &pk, &tag, &i);
-    slot_t *e = &s->slots[i];
-    if (s->ctrl[i] != 0)
-        r = lane_plain(ln->policy, e, now, permits, false);
-    return lane_end(ln, s, e, r, key, len, permits, now, how);
+    if (k->space == RATE_SPACE_POLICY)
+        return record_update(self, k, st);
+    shard_t *s = locate(self, k, &pk, &tag, &i);
+    return update_copy(s, s->ctrl[i] != 0 ? &s->slots[i] : NULL, tag, &pk, st);
 }
 
-/* A lane: `how` and `tb` are constants of each one made below.  The
- * general path is given the key and length kept in pk, so that the hot
- * path need not keep them in registers of their own. */
-static RATE__ALWAYS_INLINE bool lane_run(const rate__lane_t *ln,
-                                         const char *key, size_t len,
-                                         uint64_t permits, uint64_t now,
-                                         unsigned how, bool tb)
+/* The bool calls: a key the store holds, decided where its state lies. */
+static int mem_acquire(void *self, const rate_key_t *k,
+                       const rate_acquire_t *req)
 {
     probe_key_t pk;
-    uint32_t tag;
-    int r = RATE__PLAIN_NO;
+    uint32_t tag, i;
+    uint64_t ttl;
+    size_t n;
 
-    if (how & RATE__LANE_CLOCK)
-        now = ln->now_ns(ln->clock_ud);
-    len = rate__lane_len(key, len, how);
-    how &= ~(unsigned)RATE__LANE_CSTR;
-    if (key == NULL || len - 1 >= KEY_INLINE ||
-        (permits | now) > RATE_TIME_MAX)
-        return lane_wait(ln, key, len, permits, now, how);
-    shard_t *s = shard_of(ln->self, key, len, &tag);
-    probe_key_init(&pk, key, len);
-    if (!shard_trylock(s))
-        return lane_wait(ln, key, len, permits, now, how);
-    uint32_t i = probe(s, tag, &pk, true);
+    if (k->space == RATE_SPACE_POLICY)
+        return RATE_ENOTSUP;
+    shard_t *s = locate(self, k, &pk, &tag, &i);
     slot_t *e = &s->slots[i];
-    if (s->ctrl[i] != 0)
-        r = lane_plain(ln->policy, e, now, permits, tb);
-    return lane_end(ln, s, e, r, pk.key, pk.len, permits, now, how);
+    if (s->ctrl[i] == 0) {
+        shard_unlock(s);
+        return RATE_ENOTSUP;
+    }
+    uint8_t *bytes = slot_state(e, &n);
+    int r = rate__state_acquire(req, bytes, n, &ttl);
+    if (r >= 0) {
+        e->sr |= F_REF;
+        if (r == RATE_ACQUIRE_WROTE)
+            mark_written(e, req->horizon_ns);
+    }
+    shard_unlock(s);
+    return r >= 0 ? r & RATE_ACQUIRE_KEPT : RATE_ENOTSUP;
 }
 
-/* The eight lanes: a policy with a plain pass, or a token bucket; each of
- * the four `how`s (the limiter passes the same one it indexes by). */
-#define LANE(name, HOW, TB)                                                   \
-    RATE__FLATTEN static bool name(const rate__lane_t *ln, const char *key,   \
-                                   size_t len, uint64_t permits,              \
-                                   uint64_t now, unsigned how)                \
-    {                                                                         \
-        (void)how;                                                            \
-        return lane_run(ln, key, len, permits, now, HOW, TB);                 \
-    }
-LANE(lane_any_given_len, 0, false)
-LANE(lane_any_clock_len, RATE__LANE_CLOCK, false)
-LANE(lane_any_given_cstr, RATE__LANE_CSTR, false)
-LANE(lane_any_clock_cstr, RATE__LANE_CLOCK | RATE__LANE_CSTR, false)
-LANE(lane_tb_given_len, 0, true)
-LANE(lane_tb_clock_len, RATE__LANE_CLOCK, true)
-LANE(lane_tb_given_cstr, RATE__LANE_CSTR, true)
-LANE(lane_tb_clock_cstr, RATE__LANE_CLOCK | RATE__LANE_CSTR, true)
-#undef LANE
-
-static bool mem_lanes(const rate_policy_t *p, rate__lane_fn fn[RATE__LANE_HOWS])
+static int mem_remove(void *self, const rate_key_t *k)
 {
-    static const rate__lane_fn any[RATE__LANE_HOWS] = {
-        lane_any_given_len, lane_any_clock_len, lane_any_given_cstr,
-        lane_any_clock_cstr};
-    static const rate__lane_fn tb[RATE__LANE_HOWS] = {
-        lane_tb_given_len, lane_tb_clock_len, lane_tb_given_cstr,
-        lane_tb_clock_cstr};
+    probe_key_t pk;
+    uint32_t tag, i;
 
-    if (p->plain == NULL)
-        return false;
-    memcpy(fn, p->count == 1 && p->algo[0] == &rate__token_bucket ? tb : any,
-           sizeof any);
-    return true;
+    if (k->space == RATE_SPACE_POLICY)
+        return record_remove(self, k);
+    shard_t *s = locate(self, k, &pk, &tag, &i);
+    if (s->ctrl[i] != 0)
+        slot_remove(s, i);
+    shard_unlock(s);
+    return RATE_OK;
 }
 
 static int mem_stats(void *self, rate_stats_t *out)
@@ -786,8 +806,6 @@ static int mem_stats(void *self, rate_stats_t *out)
         out->keys += s->count;
         out->evictions += s->evictions;
         out->reclaimed += s->reclaimed;
-        out->allowed += s->allowed;
-        out->denied += s->denied;
         out->bytes += (uint64_t)s->cap * (sizeof(slot_t) + 1) + s->heap_bytes;
         shard_unlock(s);
     }
@@ -809,16 +827,34 @@ static void mem_destroy(void *self)
         free(s->scratch);
     }
     free(m->shards);
+    while (m->records != NULL) {
+        record_t *r = m->records;
+        m->records = r->next;
+        free(r->bytes);
+        free(r);
+    }
+    pthread_mutex_destroy(&m->records_lock);
     free(m);
 }
 
-static const rate_store_vtable_t memory_vtable = {
-    .version = RATE_STORE_V1,
+static const rate_store_methods_t memory_methods = {
+    .version = RATE_STORE_VERSION,
     .name = "memory",
     .update = mem_update,
+    .acquire = mem_acquire,
+    .remove = mem_remove,
     .stats = mem_stats,
     .destroy = mem_destroy,
 };
+
+static uint64_t isqrt(uint64_t x)
+{
+    uint64_t r = 0;
+
+    while ((r + 1) * (r + 1) <= x)
+        r++;
+    return r;
+}
 
 /* Slots for `keys` keys at no more than 7/8 load. */
 static uint32_t slots_for(uint64_t keys)
@@ -857,6 +893,9 @@ int rate_store_memory_new(const rate_memory_options_t *opt, rate_store_t **out)
     }
     memset(m->shards, 0, n * sizeof(shard_t));
     m->nshards = n;
+    m->max_keys = o.max_keys;
+    atomic_init(&m->nkeys, 0);
+    pthread_mutex_init(&m->records_lock, NULL);
     m->shift = 63 - (unsigned)__builtin_ctz(n);
     if (getrandom(&m->seed, sizeof m->seed, 0) != sizeof m->seed)
         m->seed = (XXH64_hash_t)(uintptr_t)m ^ rate_clock_monotonic_ns();
@@ -864,9 +903,13 @@ int rate_store_memory_new(const rate_memory_options_t *opt, rate_store_t **out)
         shard_t *s = &m->shards[i];
         atomic_init(&s->lock, 0);
         s->seed = m->seed;
-        if (o.max_keys != 0)
-            s->max = (uint32_t)(o.max_keys / n + (i < o.max_keys % n));
-        uint32_t cap = slots_for(s->max != 0 ? s->max : 8);
+        s->store = m;
+        /* Room for the shard's share of max_keys and three standard
+         * deviations more (the keys of a full store are spread by their
+         * hash, not evenly), so that few bounded shards ever grow. */
+        uint64_t share = o.max_keys / n;
+        uint32_t cap = slots_for(o.max_keys != 0 ? share + 3 * isqrt(share) + 8
+                                                 : 8);
         s->slots = calloc(cap, sizeof(slot_t));
         s->ctrl = calloc(cap, 1);
         if (s->slots == NULL || s->ctrl == NULL) {
@@ -875,10 +918,8 @@ int rate_store_memory_new(const rate_memory_options_t *opt, rate_store_t **out)
         }
         s->cap = cap;
     }
-    int rc = rate_store_new(&memory_vtable, m, out);
+    int rc = rate_store_new(&memory_methods, m, out);
     if (rc != RATE_OK)
         mem_destroy(m);
-    else
-        (*out)->lanes = mem_lanes;
     return rc;
 }

@@ -5,16 +5,34 @@
  * A decision is one EVALSHA of redis_step.lua, a Lua twin of src/step.c
  * over the same state bytes (the decide() entry of the store contract).
  * The script declines whatever it cannot decide exactly in doubles (see
- * docs/algorithms.md, "Stores"); the limiter then runs the C step over the
+ * docs/algorithms.md, "Stores"), and any state that makes no sense (it
+ * checks every field first, as the C step does), writing nothing; decide()
+ * then returns RATE_ENOTSUP and the limiter runs the C step over the
  * generic contract, which this store also implements: load is one HMGET of
  * the key's version and state, cas one EVALSHA of a short script that
- * replaces the state only if the version is unchanged.
+ * replaces the state only if the version is unchanged.  A Redis key of
+ * another type than a hash (WRONGTYPE) is RATE_ECORRUPT from load, cas and
+ * decide, and is never written over.
  *
- * A key is stored as a hash {v: version, s: state bytes} under
- * PREFIX "{" KEY "}": the braces make the key its own Redis Cluster hash
- * tag.  A new key's version starts from Redis's TIME in microseconds, so a
- * key that expired and came back does not reuse the version a slow client
- * may still hold.  Every write sets the key's expiry to its reset_after.
+ * A key is stored as a hash {v: version, s: state bytes}, named by its
+ * space, always inside the prefix and always its own Redis Cluster hash
+ * tag (the braces):
+ *
+ *   RATE_SPACE_STATE   PREFIX "{" KEY "}"   (the first edition's names)
+ *   RATE_SPACE_SHADOW  PREFIX "s{" KEY "}"
+ *   RATE_SPACE_POLICY  PREFIX "p{" HEX "}"  HEX: the key's bytes (a 4-byte
+ *                      id) in order, two lowercase hex digits each, as in
+ *                      "ratelimit:p{0badcafe}"
+ *
+ * After the prefix comes '{', 's' or 'p', so no two spaces ever share a
+ * name.  A new key's version starts from Redis's TIME in microseconds, so
+ * a key that expired and came back does not reuse the version a slow
+ * client may still hold.  Every write sets the key's expiry to its
+ * reset_after (never for RATE_TTL_FOREVER, nor with no_ttl).
+ *
+ * The store's clock, now(), is Redis's TIME, unless the store was made
+ * with client_time: then now() is RATE_ENOTSUP and the limiter keeps to
+ * its own clock.
  *
  * Connections: a few (pool_size, 2 by default), each shared by all callers
  * and pipelined both ways (see struct conn): commands go out in batches
@@ -580,28 +598,64 @@ static uint64_t ttl_ms(uint64_t ns)
     return ms ? ms : 1;
 }
 
-/* A call's status, with an error reply counted as a store error. */
+/* A call's status, with an error reply counted as a store error, but
+ * WRONGTYPE (the key is no hash: not a state of ours) as a corrupt one.
+ * From a script, Redis 7 starts the message with it; older ones put it
+ * after "ERR Error running script ...": look for it anywhere. */
 static int reply_ok(int rc, const redisReply *rep)
 {
     if (rc != RATE_OK)
         return rc;
-    return rep->type == REDIS_REPLY_ERROR ? RATE_ESTORE : RATE_OK;
+    if (rep->type != REDIS_REPLY_ERROR)
+        return RATE_OK;
+    return rep->str != NULL && strstr(rep->str, "WRONGTYPE") != NULL
+               ? RATE_ECORRUPT
+               : RATE_ESTORE;
 }
 
-/* PREFIX "{" key "}" into buf (heap if large); returns its length. */
-static char *full_key(const redis_store_t *r, const char *key, size_t len,
-                      char *buf, size_t cap, size_t *out_len)
+/* The Redis name of a key (see the top of the file) into buf, or the heap
+ * if it does not fit (free it when *out != buf).  RATE_EINVAL for no bytes
+ * or an unknown space. */
+static int full_key(const redis_store_t *r, const rate_key_t *key, char *buf,
+                    size_t cap, char **out, size_t *out_len)
 {
-    size_t n = r->prefix_len + len + 2;
+    static const char hex[] = "0123456789abcdef";
+    size_t body, open;
+
+    *out = NULL;
+    if (key == NULL || key->bytes == NULL || key->len == 0)
+        return RATE_EINVAL;
+    switch (key->space) {
+    case RATE_SPACE_STATE: open = 1, body = key->len; break;
+    case RATE_SPACE_SHADOW: open = 2, body = key->len; break;
+    case RATE_SPACE_POLICY: open = 2, body = key->len * 2; break;
+    default: return RATE_EINVAL;
+    }
+    size_t n = r->prefix_len + open + body + 1;
     char *k = n <= cap ? buf : malloc(n);
     if (k == NULL)
-        return NULL;
+        return RATE_ENOMEM;
     memcpy(k, r->prefix, r->prefix_len);
-    k[r->prefix_len] = '{';
-    memcpy(k + r->prefix_len + 1, key, len);
-    k[n - 1] = '}';
+    char *p = k + r->prefix_len;
+    if (key->space == RATE_SPACE_SHADOW)
+        *p++ = 's';
+    else if (key->space == RATE_SPACE_POLICY)
+        *p++ = 'p';
+    *p++ = '{';
+    if (key->space == RATE_SPACE_POLICY) {
+        for (size_t i = 0; i < key->len; i++) {
+            unsigned char b = (unsigned char)key->bytes[i];
+            *p++ = hex[b >> 4];
+            *p++ = hex[b & 15];
+        }
+    } else {
+        memcpy(p, key->bytes, key->len);
+        p += key->len;
+    }
+    *p = '}';
+    *out = k;
     *out_len = n;
-    return k;
+    return RATE_OK;
 }
 
 /* ------------------------------------------------------------- contract */
@@ -618,19 +672,18 @@ static int parse_version(const redisReply *v, uint64_t *out)
     return RATE_OK;
 }
 
-static int r_load(void *self, const char *key, size_t key_len, void *buf,
-                  size_t cap, size_t *len, uint64_t *version)
+static int r_load(void *self, const rate_key_t *key, void *buf, size_t cap,
+                  size_t *len, uint64_t *version)
 {
     redis_store_t *r = self;
-    char kb[RATE_KEY_MAX + 300];
+    char kb[RATE_KEY_MAX + 300], *k;
     size_t kl;
     int rc;
 
     *len = 0;
     *version = 0;
-    char *k = full_key(r, key, key_len, kb, sizeof kb, &kl);
-    if (k == NULL)
-        return RATE_ENOMEM;
+    if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
+        return rc;
     redisReply *rep = NULL;
     rc = call(r, 4, (const char *[]){"HMGET", k, "v", "s"},
               (size_t[]){5, kl, 1, 1}, &rep);
@@ -642,8 +695,8 @@ static int r_load(void *self, const char *key, size_t key_len, void *buf,
             redisReply *s = rep->element[1];
             if (*version == 0 || s->type == REDIS_REPLY_NIL) {
                 *version = 0; /* absent (or half-written: treat as absent) */
-            } else if (s->type != REDIS_REPLY_STRING) {
-                rc = RATE_ECORRUPT;
+            } else if (s->type != REDIS_REPLY_STRING || s->len == 0) {
+                rc = RATE_ECORRUPT; /* present, but no state: truncated */
             } else {
                 *len = s->len;
                 if (s->len > cap)
@@ -659,20 +712,20 @@ static int r_load(void *self, const char *key, size_t key_len, void *buf,
     return rc;
 }
 
-static int r_cas(void *self, const char *key, size_t key_len,
-                 uint64_t version, const void *state, size_t len,
-                 uint64_t ttl_ns)
+static int r_cas(void *self, const rate_key_t *key, uint64_t version,
+                 const void *state, size_t len, uint64_t ttl_ns)
 {
     redis_store_t *r = self;
-    char kb[RATE_KEY_MAX + 300], vbuf[24], tbuf[24];
+    char kb[RATE_KEY_MAX + 300], vbuf[24], tbuf[24], *k;
     size_t kl;
     int rc;
 
-    char *k = full_key(r, key, key_len, kb, sizeof kb, &kl);
-    if (k == NULL)
-        return RATE_ENOMEM;
+    if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
+        return rc;
     snprintf(vbuf, sizeof vbuf, "%llu", (unsigned long long)version);
-    uint64_t ms = r->ttl ? ttl_ms(ttl_ns) : 0; /* 0: no expiry */
+    /* 0: no expiry (the script PERSISTs the key): for RATE_TTL_FOREVER
+     * whatever the options, and for everything with no_ttl. */
+    uint64_t ms = ttl_ns == RATE_TTL_FOREVER || !r->ttl ? 0 : ttl_ms(ttl_ns);
     snprintf(tbuf, sizeof tbuf, "%llu", (unsigned long long)ms);
     const char *av[7] = {"EVALSHA", r->sha, "1", k, vbuf, state, tbuf};
     size_t al[7] = {7, 40, 1, kl, strlen(vbuf), len, strlen(tbuf)};
@@ -707,10 +760,14 @@ static int r_cas(void *self, const char *key, size_t key_len,
 static bool lua_can(const rate_decide_req_t *q)
 {
     const rate_policy_t *p = q->policy;
-    if (q->permits >= LUA_EXACT || q->max_wait_ns >= LUA_EXACT)
+    size_t count = rate_policy_count(p);
+    if (q->permits >= LUA_EXACT || q->max_wait_ns >= LUA_EXACT ||
+        count == 0 || count > RATE_MAX_LIMITS)
         return false;
-    for (size_t i = 0; i < p->count; i++) {
-        const rate_limit_t *l = &p->limits[i];
+    for (size_t i = 0; i < count; i++) {
+        const rate_limit_t *l = rate_policy_limit(p, i);
+        if (l == NULL)
+            return false;
         rate_u128_t prod = (rate_u128_t)l->period_ns *
                            (l->burst ? l->burst : l->limit);
         if (l->limit >= LUA_EXACT || l->period_ns >= LUA_EXACT ||
@@ -729,44 +786,65 @@ static uint64_t reply_u64(const redisReply *e, bool *ok)
     return e->integer == -1 ? RATE_NEVER : (uint64_t)e->integer;
 }
 
-/* One round trip: EVALSHA of the Lua step (see redis_step.lua). */
-/* Redis's TIME in ns, for a decision the client makes itself. */
+/* Redis's TIME in ns: RATE_ECORRUPT for a reply that is not two numbers
+ * (or a time past RATE_TIME_MAX). */
 static int redis_now(redis_store_t *r, uint64_t *out)
 {
     redisReply *rep = NULL;
+    uint64_t s, us;
     int rc = call(r, 1, (const char *[]){"TIME"}, (size_t[]){4}, &rep);
     rc = reply_ok(rc, rep);
     if (rc == RATE_OK) {
-        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2)
+        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+            rep->element[0]->type != REDIS_REPLY_STRING ||
+            rep->element[1]->type != REDIS_REPLY_STRING ||
+            !rate__parse_decimal(rep->element[0]->str, rep->element[0]->len,
+                                 RATE_TIME_MAX / RATE_NS_PER_S - 1, &s) ||
+            !rate__parse_decimal(rep->element[1]->str, rep->element[1]->len,
+                                 999999, &us))
             rc = RATE_ECORRUPT;
         else
-            *out = strtoull(rep->element[0]->str, NULL, 10) * RATE_NS_PER_S +
-                   strtoull(rep->element[1]->str, NULL, 10) * 1000;
+            *out = s * RATE_NS_PER_S + us * 1000;
     }
     freeReplyObject(rep);
     return rc;
 }
 
-static int r_decide(void *self, const char *key, size_t key_len,
-                    rate_decide_req_t *q, rate_decision_t *d)
+/* The store's clock: Redis's TIME, one clock for every client.  With
+ * client_time, RATE_ENOTSUP: the limiter keeps to its own clock. */
+static int r_now(void *self, uint64_t *now_ns)
+{
+    redis_store_t *r = self;
+
+    if (!r->redis_time)
+        return RATE_ENOTSUP;
+    return redis_now(r, now_ns);
+}
+
+/* One round trip: EVALSHA of the Lua step (see redis_step.lua for its
+ * arguments and replies).  RATE_ENOTSUP, with nothing written, when the
+ * request is outside the script's exact range or the script declines (the
+ * limiter then decides itself, and reads now() itself if it goes by
+ * Redis's clock); RATE_ECORRUPT for a key that is not a hash or a reply
+ * that does not parse; RATE_EINVAL for a key of the policy space. */
+static int r_decide(void *self, const rate_key_t *key,
+                    const rate_decide_req_t *q, rate_decision_t *d)
 {
     redis_store_t *r = self;
     const rate_policy_t *p = q->policy;
-    char kb[RATE_KEY_MAX + 300], num[6 + 4 * RATE_MAX_LIMITS][24];
-    const char *av[4 + 6 + 4 * RATE_MAX_LIMITS];
-    size_t al[4 + 6 + 4 * RATE_MAX_LIMITS], kl;
+    char kb[RATE_KEY_MAX + 300], num[7 + 4 * RATE_MAX_LIMITS][24], *k;
+    const char *av[4 + 7 + 4 * RATE_MAX_LIMITS];
+    size_t al[4 + 7 + 4 * RATE_MAX_LIMITS], kl;
     int argc = 0, rc;
 
+    if (key != NULL && key->space == RATE_SPACE_POLICY)
+        return RATE_EINVAL; /* records are no states to decide over */
     bool use_time = r->redis_time && q->clock_time;
-    if (!lua_can(q)) {
-        /* The client decides; on Redis's clock all the same. */
-        if (use_time && (rc = redis_now(r, &q->now_ns)) != RATE_OK)
-            return rc;
-        return RATE_ENOTSUP;
-    }
-    char *k = full_key(r, key, key_len, kb, sizeof kb, &kl);
-    if (k == NULL)
-        return RATE_ENOMEM;
+    if ((q->format != RATE__FORMAT_V1 && q->format != RATE__FORMAT) ||
+        !lua_can(q))
+        return RATE_ENOTSUP; /* the limiter decides, exactly */
+    if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
+        return rc;
     long long ttl = !r->ttl     ? 0
                     : q->detail ? -1 /* the script uses the exact reset */
                                 : (long long)ttl_ms(q->max_reset_ns);
@@ -783,9 +861,10 @@ static int r_decide(void *self, const char *key, size_t key_len,
     snprintf(num[nn++], 24, "%llu", (unsigned long long)q->permits);
     snprintf(num[nn++], 24, "%llu", (unsigned long long)q->max_wait_ns);
     snprintf(num[nn++], 24, "%lld", ttl);
-    snprintf(num[nn++], 24, "%lu", (unsigned long)p->fingerprint);
-    for (size_t i = 0; i < p->count; i++) {
-        const rate_limit_t *l = &p->limits[i];
+    snprintf(num[nn++], 24, "%lu", (unsigned long)q->policy_id);
+    snprintf(num[nn++], 24, "%u", (unsigned)q->format);
+    for (size_t i = 0; i < rate_policy_count(p); i++) {
+        const rate_limit_t *l = rate_policy_limit(p, i);
         snprintf(num[nn++], 24, "%d", (int)l->algorithm);
         snprintf(num[nn++], 24, "%llu", (unsigned long long)l->limit);
         snprintf(num[nn++], 24, "%llu", (unsigned long long)l->period_ns);
@@ -811,15 +890,14 @@ static int r_decide(void *self, const char *key, size_t key_len,
     if (rc == RATE_OK) {
         bool ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
                   rep->element[0]->type == REDIS_REPLY_INTEGER;
-        if (ok && rep->element[0]->integer == 0 && rep->elements == 3 &&
-            rep->element[1]->type == REDIS_REPLY_INTEGER &&
-            rep->element[2]->type == REDIS_REPLY_INTEGER) {
-            /* Declined (out of the script's exact range): the client
-             * decides, at the time the script went by. */
-            q->now_ns = (uint64_t)rep->element[1]->integer * RATE_NS_PER_S +
-                        (uint64_t)rep->element[2]->integer;
+        long long tag = ok ? rep->element[0]->integer : -1;
+        if (tag == 0 && rep->elements == 1) {
+            /* Declined (out of the script's exact range, or a state it
+             * would not read): nothing written; the client decides. */
             rc = RATE_ENOTSUP;
-        } else if (ok && rep->elements == 9) {
+        } else if (tag == 2 && rep->elements == 1) {
+            rc = RATE_ECORRUPT; /* the key is not a hash */
+        } else if (tag == 1 && rep->elements == 9) {
             redisReply **e = rep->element;
             memset(d, 0, sizeof *d);
             d->allowed = reply_u64(e[1], &ok) == 1;
@@ -843,6 +921,27 @@ static int r_decide(void *self, const char *key, size_t key_len,
     return rc;
 }
 
+/* Forgets the key: RATE_OK whether or not it was there. */
+static int r_remove(void *self, const rate_key_t *key)
+{
+    redis_store_t *r = self;
+    char kb[RATE_KEY_MAX + 300], *k;
+    size_t kl;
+    int rc;
+
+    if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
+        return rc;
+    redisReply *rep = NULL;
+    rc = call(r, 2, (const char *[]){"UNLINK", k}, (size_t[]){6, kl}, &rep);
+    rc = reply_ok(rc, rep);
+    if (rc == RATE_OK && rep->type != REDIS_REPLY_INTEGER)
+        rc = RATE_ECORRUPT;
+    freeReplyObject(rep);
+    if (k != kb)
+        free(k);
+    return rc;
+}
+
 static void r_destroy(void *self)
 {
     redis_store_t *r = self;
@@ -859,12 +958,14 @@ static void r_destroy(void *self)
     free(r);
 }
 
-static const rate_store_vtable_t redis_vtable = {
-    .version = RATE_STORE_V1,
+static const rate_store_methods_t redis_methods = {
+    .version = RATE_STORE_VERSION,
     .name = "redis",
     .load = r_load,
     .cas = r_cas,
     .decide = r_decide,
+    .now = r_now,
+    .remove = r_remove,
     .destroy = r_destroy,
 };
 
@@ -916,7 +1017,7 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
         r_destroy(r);
         return rc;
     }
-    if ((rc = rate_store_new(&redis_vtable, r, out)) != RATE_OK)
+    if ((rc = rate_store_new(&redis_methods, r, out)) != RATE_OK)
         r_destroy(r);
     return rc;
 }
@@ -926,10 +1027,10 @@ int rate_store_redis_drop(rate_store_t *store)
     redis_store_t *r;
     int rc;
 
-    if (store == NULL || store->vt != &redis_vtable)
+    if ((r = rate_store_backend(store, &redis_methods)) == NULL)
         return RATE_EINVAL;
-    r = store->self;
-    /* SCAN the namespace and UNLINK what it holds, a batch at a time. */
+    /* SCAN the namespace and UNLINK what it holds, a batch at a time: the
+     * states, shadow states and policy records alike. */
     char *pattern = malloc(r->prefix_len * 2 + 2);
     if (pattern == NULL)
         return RATE_ENOMEM;

@@ -5,19 +5,34 @@
 -- this script only for policies whose products stay below 2^50 (B*P, C*P,
 -- L*W and every count); here every number read from the state or the
 -- arguments is checked to stay below 2^50 as well.  Anything else -- a
--- larger value, a state made under another policy (a tier change), bytes
--- that do not parse -- returns {0}: the client then makes the decision
--- itself through the compare-and-set path, exactly.  So the script either
--- answers exactly as C does, or not at all.
+-- larger value, a state made under another policy (a tier change) or in
+-- another format, bytes that do not parse, a state that makes no sense --
+-- returns {0}: the client then makes the decision itself through the
+-- compare-and-set path, exactly (and its C step reports a state that makes
+-- no sense as RATE_ECORRUPT).  So the script either answers exactly as C
+-- does, or not at all; it never writes over a state it declined.
 --
 -- KEYS[1]  the key (a hash: v = version, s = state bytes)
--- ARGV     now as seconds and nanoseconds (both "" to use Redis's TIME:
---          one clock for the whole fleet), permits, max_wait, ttl (0: no
---          expiry, -1: this decision's reset_after, else milliseconds),
---          fingerprint, then per limit: algorithm, L, P (or W), B
+-- ARGV     [1] [2] now as seconds and nanoseconds (both "" to use Redis's
+--          TIME: one clock for the whole fleet), [3] permits, [4] max_wait
+--          (ns), [5] ttl (0: no expiry, -1: this decision's reset_after,
+--          else milliseconds), [6] policy id (the 32-bit tag of states made
+--          under the policy), [7] format (the state's version byte: 2 the
+--          first edition, whose tag is the policy's fingerprint, 3 the
+--          second, whose tag is the store's policy id), then per limit
+--          [4c+4] algorithm, [4c+5] L, [4c+6] P (or W), [4c+7] B
 -- returns  {1, allowed, reason, component, limit, remaining, delay,
---           retry (-1: never), reset} or {0, seconds, nanoseconds}: declined,
---           with the time it used, for the client's own decision
+--           retry (-1: never), reset}; {0}: declined (nothing written), the
+--           client decides; {2}: KEYS[1] is not a hash (WRONGTYPE): corrupt,
+--           left as it is
+--
+-- A state read under the request's policy is checked field by field before
+-- anything is decided (as the C step checks it): t_last below 2^63; a token
+-- bucket's u <= B*P (and, a debt, >= -2^50 here); a leaky bucket's
+-- 0 <= v <= C*P; a fixed window's count <= L; a sliding window's prev and
+-- curr <= L; a sliding log's length 8 + 16 * count, every entry's permits
+-- >= 1, their sum the stored sum and <= L, times non-decreasing and
+-- <= t_last; no bytes left over.  Any failure declines.
 --
 -- Times (up to 2^63 ns) are kept as {s, ns} pairs, exact; a difference of
 -- two times is a number when below 2^50 ns (13 days), else math.huge,
@@ -157,28 +172,44 @@ end
 local n = tonumber(ARGV[3])
 local max_wait = tonumber(ARGV[4])
 local ttl_ms = tonumber(ARGV[5])
-local fp = tonumber(ARGV[6])
-local count = (#ARGV - 6) / 4
+local id = tonumber(ARGV[6])
+local fmt = tonumber(ARGV[7])
+local count = (#ARGV - 7) / 4
 local L, P, B, A = {}, {}, {}, {}
 for c = 1, count do
-  A[c] = tonumber(ARGV[3 + 4 * c])
-  L[c] = tonumber(ARGV[4 + 4 * c])
-  P[c] = tonumber(ARGV[5 + 4 * c])
-  B[c] = tonumber(ARGV[6 + 4 * c])
+  A[c] = tonumber(ARGV[4 + 4 * c])
+  L[c] = tonumber(ARGV[5 + 4 * c])
+  P[c] = tonumber(ARGV[6 + 4 * c])
+  B[c] = tonumber(ARGV[7 + 4 * c])
 end
-local DECLINE = {0, now[1], now[2]}
+local DECLINE = {0}
+if (fmt ~= 2 and fmt ~= 3) or id == nil or count < 1 or count % 1 ~= 0 then
+  return DECLINE
+end
 
--- Read the state (nil: a new key).
-local cur = redis.call('HMGET', KEYS[1], 'v', 's')
+-- Read the state (nil: a new key).  A key that is not a hash is no state
+-- of ours: reported, never written.
+local cur = redis.pcall('HMGET', KEYS[1], 'v', 's')
+if cur.err ~= nil then
+  if string.find(cur.err, 'WRONGTYPE', 1, true) then return {2} end
+  return redis.error_reply(cur.err)
+end
 local st = cur[2]
-if cur[1] == false or st == false then st = nil end
+-- no version, version 0 or no state: absent, as the client's load reads it
+if cur[1] == false or cur[1] == '0' or st == false then
+  cur[1] = false
+  st = nil
+elseif not string.find(cur[1], '^%d+$') or #cur[1] > 19 then
+  return DECLINE -- a version that does not parse: the client reports it
+end
 local last = now
 local view = {}
 local off = 15
 if st ~= nil then
-  if #st < 14 or string.byte(st, 14) ~= 2 then return DECLINE end
+  -- version byte: 2 or 3 (another is no format we know), and the request's
+  if #st < 14 or string.byte(st, 14) ~= fmt then return DECLINE end
   last = get_t(st, 1)
-  if last == nil or u32(st, 9) ~= fp or string.byte(st, 13) ~= count then
+  if last == nil or u32(st, 9) ~= id or string.byte(st, 13) ~= count then
     return DECLINE -- another policy (a tier change): the client converts
   end
 end
@@ -193,6 +224,7 @@ for c = 1, count do
   if a == 1 then -- token bucket: u = tokens * P
     local full = B[c] * P[c]
     if have then
+      if #st < off + 7 then return DECLINE end -- truncated
       v.x = i64(st, off); off = off + 8
       if v.x == nil or v.x > full then return DECLINE end
       if v.x < full then
@@ -203,6 +235,7 @@ for c = 1, count do
     else v.x = full end
   elseif a == 2 then -- leaky bucket: v = level * P
     if have then
+      if #st < off + 7 then return DECLINE end
       v.x = u64(st, off); off = off + 8
       if v.x == nil or v.x > B[c] * P[c] then return DECLINE end
       if dt >= cdiv(v.x, L[c]) then v.x = 0 else v.x = v.x - dt * L[c] end
@@ -211,6 +244,7 @@ for c = 1, count do
     if window(t, P[c]) == nil then return DECLINE end
     v.x = 0
     if have then
+      if #st < off + 7 then return DECLINE end
       v.x = u64(st, off); off = off + 8
       if v.x == nil or v.x > L[c] then return DECLINE end
       local k, ks = window(t, P[c]), window(last, P[c])
@@ -221,6 +255,7 @@ for c = 1, count do
     if window(t, P[c]) == nil then return DECLINE end
     v.x, v.y = 0, 0
     if have then
+      if #st < off + 15 then return DECLINE end
       v.x = u64(st, off); v.y = u64(st, off + 8); off = off + 16
       if v.x == nil or v.y == nil or v.x > L[c] or v.y > L[c] then
         return DECLINE
@@ -238,6 +273,24 @@ for c = 1, count do
       if #st < off + 7 + v.count * 16 or v.sum > L[c] then return DECLINE end
       v.base = off + 8
       off = off + 8 + v.count * 16
+      -- every entry: permits >= 1 summing to the stored sum (so each below
+      -- 2^32), times in order and none after t_last.  A time is compared
+      -- as its two 32-bit halves (high, low), read with struct.unpack: a
+      -- pass over the whole log, so it is kept cheap.
+      local lhi, llo = u32(st, 5), u32(st, 1)
+      local phi, plo, total = 0, 0, 0
+      local pos = v.base
+      for _ = 1, v.count do
+        local tlo, thi, nlo, nhi
+        tlo, thi, nlo, nhi, pos = struct.unpack('<I4I4I4I4', st, pos)
+        if nhi ~= 0 or nlo < 1 or thi > lhi or (thi == lhi and tlo > llo) or
+           thi < phi or (thi == phi and tlo < plo) then
+          return DECLINE
+        end
+        total = total + nlo
+        phi, plo = thi, tlo
+      end
+      if total ~= v.sum then return DECLINE end
       -- drop entries at or before t - W (binary search, then subtract)
       local lo, hi = 0, v.count
       local cut = tminus(t, P[c])
@@ -414,7 +467,7 @@ if A[comp + 1] <= 2 then limit = B[comp + 1] end
 -- An admission with n >= 1 writes the new state, bumps the version and sets
 -- the expiry; anything else writes nothing.
 if allowed and n > 0 then
-  local parts = {put_t(t), put32(fp), string.char(count, 2)}
+  local parts = {put_t(t), put32(id), string.char(count, fmt)}
   for c = 1, count do
     local a, v, r = A[c], view[c], ver[c]
     if a == 1 then parts[#parts + 1] = puti64(r.new)

@@ -1,0 +1,281 @@
+/*
+ * The policies a limiter knows, and the records that give each policy its
+ * id in a store.
+ *
+ * A state is tagged with the policy it was made under, so that whoever
+ * reads it next -- this limiter under another policy, another limiter,
+ * another process or host -- can carry it over (docs/algorithms.md,
+ * "Policy changes").  The tag is an id the store itself allots: the first
+ * limiter to write under a policy records the policy's canonical text in
+ * the store (RATE_SPACE_POLICY, key the id, 4 bytes little-endian), trying
+ * the policy's fingerprint first and the next ids after it while they hold
+ * another policy's text.  Records are written only where absent (a
+ * compare-and-set on "absent", or the store's update), and never change,
+ * so two policies never share an id, whatever their fingerprints, and a
+ * state's tag names its policy for every reader of the store.
+ *
+ * Known policies are kept in an append-only list (internal.h): readers
+ * take no lock, so the step may read it under a store's lock; adding takes
+ * the book's mutex, and never happens under a store's lock (the step asks
+ * for a policy by returning RATE__NEED_POLICY instead).
+ */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "registry.h"
+
+#define ID_PROBES 64u /* ids tried after the fingerprint before giving up */
+#define TEXT_MAX 1024u
+
+const rate_policy_t *rate__known_find(const rate__registry_t *r,
+                                      uint8_t format, uint32_t tag)
+{
+    size_t n = atomic_load_explicit(&r->count, memory_order_acquire);
+    const rate_policy_t *unknown = NULL;
+
+    for (size_t i = 0; i < n; i++) {
+        const rate__known_t *k = rate__known_at(r, i);
+        if (format == RATE__FORMAT) {
+            if (!k->legacy && k->id == tag)
+                return &k->policy;
+        } else if (k->policy.fingerprint == tag) {
+            if (k->policy.count > 0)
+                return &k->policy;
+            unknown = &k->policy;
+        }
+    }
+    return unknown;
+}
+
+static bool same_policy(const rate_policy_t *a, const rate_policy_t *b)
+{
+    return a->fingerprint == b->fingerprint && a->count == b->count &&
+           memcmp(a->limits, b->limits, a->count * sizeof a->limits[0]) == 0;
+}
+
+/* The registered entry of p, or NULL. */
+static const rate__known_t *find_policy(const rate__registry_t *r,
+                                        const rate_policy_t *p)
+{
+    size_t n = atomic_load_explicit(&r->count, memory_order_acquire);
+
+    for (size_t i = 0; i < n; i++) {
+        const rate__known_t *k = rate__known_at(r, i);
+        if (!k->legacy && k->id != 0 && same_policy(&k->policy, p))
+            return k;
+    }
+    return NULL;
+}
+
+/* Appends an entry (the book's lock held). */
+static int add_known(rate__registry_t *r, const rate_policy_t *p, uint32_t id,
+                     bool legacy)
+{
+    size_t n = atomic_load_explicit(&r->count, memory_order_relaxed);
+    size_t c = n / RATE__KNOWN_CHUNK;
+    rate__known_t *chunk;
+
+    if (c >= RATE__KNOWN_CHUNKS)
+        return RATE_ENOMEM;
+    chunk = atomic_load_explicit(&r->chunk[c], memory_order_relaxed);
+    if (chunk == NULL) {
+        chunk = calloc(RATE__KNOWN_CHUNK, sizeof *chunk);
+        if (chunk == NULL)
+            return RATE_ENOMEM;
+        atomic_store_explicit(&r->chunk[c], chunk, memory_order_release);
+    }
+    rate__known_t *k = &chunk[n % RATE__KNOWN_CHUNK];
+    memcpy(&k->policy, p, sizeof *p);
+    k->id = id;
+    k->legacy = legacy;
+    atomic_store_explicit(&r->count, n + 1, memory_order_release);
+    return RATE_OK;
+}
+
+int rate__book_init(rate__book_t *b, rate_store_t *store, unsigned retries)
+{
+    memset(b, 0, sizeof *b);
+    b->store = store;
+    b->max_retries = retries;
+    atomic_init(&b->known.count, 0);
+    for (size_t i = 0; i < RATE__KNOWN_CHUNKS; i++)
+        atomic_init(&b->known.chunk[i], NULL);
+    return pthread_mutex_init(&b->lock, NULL) == 0 ? RATE_OK : RATE_ENOMEM;
+}
+
+void rate__book_free(rate__book_t *b)
+{
+    for (size_t i = 0; i < RATE__KNOWN_CHUNKS; i++)
+        free(atomic_load_explicit(&b->known.chunk[i], memory_order_relaxed));
+    pthread_mutex_destroy(&b->lock);
+}
+
+/* ------------------------------------------------------------- records */
+
+static rate_key_t record_key(uint32_t id, char buf[4])
+{
+    rate__put32((uint8_t *)buf, id);
+    return (rate_key_t){buf, 4, RATE_SPACE_POLICY};
+}
+
+/* The step over a record: writes the text where there is none, and tells
+ * what it found. */
+enum { REC_WROTE, REC_SAME, REC_OTHER };
+typedef struct rec_arg {
+    const char *text;
+    size_t len;
+    int found;
+} rec_arg_t;
+
+static int rec_step(void *varg, rate_step_io_t *io)
+{
+    rec_arg_t *a = varg;
+
+    io->write = false;
+    io->new_len = 0;
+    if (io->old_state == NULL) {
+        memcpy(io->new_state, a->text, a->len);
+        io->new_len = a->len;
+        io->write = true;
+        io->ttl_ns = RATE_TTL_FOREVER;
+        a->found = REC_WROTE;
+    } else {
+        a->found = io->old_len == a->len &&
+                           memcmp(io->old_state, a->text, a->len) == 0
+                       ? REC_SAME
+                       : REC_OTHER;
+    }
+    return RATE_OK;
+}
+
+/* Finds or makes p's record in the store: its id in *id. */
+static int register_policy(rate__book_t *b, const rate_policy_t *p,
+                           uint32_t *id)
+{
+    char text[TEXT_MAX], kb[4];
+    size_t len = rate_policy_format(p, text, sizeof text);
+    uint32_t try = p->fingerprint != 0 ? p->fingerprint : 1;
+
+    if (len >= sizeof text)
+        return RATE_EPOLICY;
+    for (unsigned i = 0; i < ID_PROBES; i++) {
+        rec_arg_t arg = {text, len, REC_OTHER};
+        rate_step_t st = {rec_step, &arg, len, 0, 0, NULL};
+        rate_key_t k = record_key(try, kb);
+        int rc = rate__store_step(b->store, &k, &st, b->max_retries, NULL);
+        if (rc != RATE_OK)
+            return rc;
+        if (arg.found != REC_OTHER) {
+            *id = try;
+            return RATE_OK;
+        }
+        try = try == UINT32_MAX ? 1 : try + 1;
+    }
+    return RATE_ECONFLICT;
+}
+
+int rate__book_id(rate__book_t *b, const rate_policy_t *p, uint32_t *id)
+{
+    const rate__known_t *k = find_policy(&b->known, p);
+    int rc;
+
+    if (k != NULL) {
+        *id = k->id;
+        return RATE_OK;
+    }
+    /* The store's I/O is made outside the lock; a race registers the same
+     * record twice, which finds it the second time. */
+    if ((rc = register_policy(b, p, id)) != RATE_OK)
+        return rc;
+    pthread_mutex_lock(&b->lock);
+    if (find_policy(&b->known, p) == NULL)
+        rc = add_known(&b->known, p, *id, false);
+    pthread_mutex_unlock(&b->lock);
+    return rc;
+}
+
+typedef struct copy_arg {
+    char *buf;
+    size_t cap, len;
+} copy_arg_t;
+
+static int copy_step(void *varg, rate_step_io_t *io)
+{
+    copy_arg_t *a = varg;
+
+    io->write = false;
+    io->new_len = 0;
+    if (io->old_len > a->cap)
+        return RATE_ECORRUPT;
+    if (io->old_len > 0)
+        memcpy(a->buf, io->old_state, io->old_len);
+    a->len = io->old_len;
+    return RATE_OK;
+}
+
+/* The policy of record id: RATE_OK with *out, RATE_ECORRUPT when the store
+ * has no such record or it does not parse (a state whose policy is lost
+ * cannot be read). */
+static int fetch_policy(rate__book_t *b, uint32_t id, rate_policy_t **out)
+{
+    char text[TEXT_MAX + 1], kb[4];
+    rate_key_t k = record_key(id, kb);
+    size_t len = 0;
+    uint64_t version = 0;
+    int rc;
+
+    *out = NULL;
+    if (b->store->m->load != NULL) {
+        rc = b->store->m->load(b->store->self, &k, text, TEXT_MAX, &len,
+                               &version);
+        if (rc == RATE_EINVAL && len > TEXT_MAX)
+            return RATE_ECORRUPT;
+    } else { /* an update-only store: a step that copies the record out */
+        copy_arg_t arg = {text, TEXT_MAX, 0};
+        rate_step_t st = {copy_step, &arg, 0, 0, 0, NULL};
+        rc = b->store->m->update(b->store->self, &k, &st);
+        len = arg.len;
+    }
+    if (rc != RATE_OK)
+        return rc;
+    if (len == 0)
+        return RATE_ECORRUPT;
+    text[len] = '\0';
+    return rate_policy_parse(text, out, NULL, 0) == RATE_OK ? RATE_OK
+                                                            : RATE_ECORRUPT;
+}
+
+int rate__book_learn(rate__book_t *b, uint8_t format, uint32_t tag)
+{
+    rate_policy_t *p = NULL, unknown;
+    uint32_t id = tag;
+    int rc;
+
+    if (format == RATE__FORMAT_V1) {
+        /* A first-edition state: tagged by its policy's fingerprint.  The
+         * record at that id names it if its policy has that fingerprint;
+         * else no reader here knows the policy, and the state reads as the
+         * first edition read it: as a cold key. */
+        rc = fetch_policy(b, tag != 0 ? tag : 1, &p);
+        if (rc != RATE_OK && rc != RATE_ECORRUPT)
+            return rc;
+        if (p != NULL && p->fingerprint != tag) {
+            rate_policy_free(p);
+            p = NULL;
+        }
+        if (p == NULL) {
+            memset(&unknown, 0, sizeof unknown);
+            unknown.fingerprint = tag;
+        }
+    } else if ((rc = fetch_policy(b, tag, &p)) != RATE_OK) {
+        return rc;
+    }
+    pthread_mutex_lock(&b->lock);
+    if (rate__known_find(&b->known, format, tag) == NULL ||
+        (format == RATE__FORMAT_V1 && p != NULL))
+        rc = add_known(&b->known, p != NULL ? p : &unknown, id,
+                       format == RATE__FORMAT_V1 && p == NULL);
+    pthread_mutex_unlock(&b->lock);
+    rate_policy_free(p);
+    return rc;
+}
