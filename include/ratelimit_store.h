@@ -113,16 +113,16 @@ typedef struct rate_step {
 
 /* ------------------------------------------------------- the bool calls */
 
-/* A plain try-acquire (no reservation, no decision record) for acquire().
- * The store passes it on to rate_state_acquire(); it reads nothing in it
- * but may use now_ns and horizon_ns as rate_step_t says. */
+/* What a limiter's bool calls ask of acquire(), besides the key, the
+ * permits and the time: made once per policy, so that a call passes only
+ * its own values.  The store passes it on to rate_state_acquire(). */
 typedef struct rate_acquire {
     const rate_policy_t *policy;
-    uint32_t policy_id; /* the tag states made under policy carry here */
+    uint32_t policy_id; /* the tag states made under policy carry */
     uint8_t format;     /* the state format written (docs/algorithms.md) */
-    uint64_t permits;
-    uint64_t now_ns;
-    uint64_t horizon_ns;
+    rate_space_t space; /* the key's space */
+    bool horizon;       /* the request comes with a horizon: mark the key's
+                           write as one (rate_step_t.horizon_ns) */
 } rate_acquire_t;
 
 /* What rate_state_acquire() returns (or RATE_ENOTSUP). */
@@ -133,13 +133,15 @@ enum {
                                 keep the key at least *ttl_ns */
 };
 
-/* Decides req over a key's whole stored state[0..len), in place, when the
- * state is one this pass can decide (made under req->policy, one limit of
- * a fixed size); RATE_ENOTSUP, with nothing touched, for anything else:
- * the store's acquire() then answers RATE_ENOTSUP too.  Call it with the
- * key locked as for an update.  Thread-safe: yes (on distinct bytes). */
-RATE_API int rate_state_acquire(const rate_acquire_t *req, void *state,
-                                size_t len, uint64_t *ttl_ns);
+/* Decides a plain try-acquire of `permits` at now_ns over a key's whole
+ * stored state[0..len), in place, when the state is one this pass can
+ * decide (made under req->policy, one limit of a fixed size); RATE_ENOTSUP,
+ * with nothing touched, for anything else: the store's acquire() then
+ * answers RATE_ENOTSUP too.  Call it with the key locked as for an update.
+ * Thread-safe: yes (on distinct bytes). */
+RATE_API int rate_state_acquire(const rate_acquire_t *req, uint64_t permits,
+                                uint64_t now_ns, void *state, size_t len,
+                                uint64_t *ttl_ns);
 
 /* --------------------------------------------------- whole decisions */
 
@@ -201,13 +203,14 @@ typedef struct rate_store_methods {
      * Returns what step->fn returned, or the store's own error. */
     int (*update)(void *self, const rate_key_t *key, const rate_step_t *step);
 
-    /* Optional.  For a key the store holds: lock it as update() would and
-     * return rate_state_acquire()'s verdict (0 denied, 1 allowed).  For a
+    /* Optional.  For a key of req->space the store holds: lock it as
+     * update() would and return rate_state_acquire()'s verdict (0 denied,
+     * 1 allowed); never called for the policy space.  For a
      * key it does not hold, or RATE_ENOTSUP from rate_state_acquire(), or
      * any trouble: RATE_ENOTSUP, with nothing changed (the limiter then
      * takes the general path, which reports any error). */
-    int (*acquire)(void *self, const rate_key_t *key,
-                   const rate_acquire_t *req);
+    int (*acquire)(void *self, const rate_acquire_t *req, const char *key,
+                   size_t key_len, uint64_t permits, uint64_t now_ns);
 
     /* Optional: make the whole decision in the store, atomically, over the
      * state format of docs/algorithms.md ("Stored state"), e.g. with a

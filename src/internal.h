@@ -42,8 +42,8 @@ struct rate_policy {
                                try-acquire (no reservation) */
     /* The algorithm's plain pass (rate__algo_t.plain) when the policy is
      * one limit of a fixed size (what rate_state_acquire runs), else NULL. */
-    int (*plain)(const rate_acquire_t *req, uint8_t *st, size_t len,
-                 uint64_t *ttl_ns);
+    int (*plain)(const rate_acquire_t *req, uint64_t n, uint64_t now,
+                 uint8_t *st, size_t len, uint64_t *ttl_ns);
 };
 
 /* ------------------------------------------------------------ algorithms */
@@ -111,13 +111,15 @@ typedef struct rate__algo {
      * decisions are theirs; the compiler folds them into one pass.  Returns
      * a RATE_ACQUIRE_* code, or RATE_ENOTSUP for a state made under
      * anything but req's policy and format (nothing touched). */
-    int (*plain)(const rate_acquire_t *req, uint8_t *st, size_t len,
-                 uint64_t *ttl_ns);
+    int (*plain)(const rate_acquire_t *req, uint64_t n, uint64_t now,
+                 uint8_t *st, size_t len, uint64_t *ttl_ns);
 } rate__algo_t;
 
-/* Defines PREFIX_plain (rate__algo_t.plain) from an algorithm file's own
- * static load, advance, decide and commit, all inlined into it (flatten),
- * so that the constant max_wait 0 and detail false prune them.  FIXED is
+/* Defines PREFIX_plain_inline and PREFIX_plain (rate__algo_t.plain) from
+ * an algorithm file's own static valid, load, advance, decide and commit,
+ * all inlined into it, so that the constant max_wait 0 and detail false
+ * prune them; an algorithm whose functions are in its header (the token
+ * bucket's) is inlined into rate_state_acquire itself (algo/acquire.h).  FIXED is
  * the component's size.  Anything unexpected about the state (another
  * policy, format or size, a corrupt time) is left to rate__step, which
  * reports it.  Only t_last of the header changes: the rest already says
@@ -129,10 +131,10 @@ typedef struct rate__algo {
 #define RATE__FLATTEN
 #define RATE__ALWAYS_INLINE inline
 #endif
-#define RATE__DEFINE_PLAIN(prefix, FIXED)                                     \
-    RATE__FLATTEN static int prefix##_plain(const rate_acquire_t *req,        \
-                                            uint8_t *st, size_t len,          \
-                                            uint64_t *ttl_ns)                 \
+#define RATE__DEFINE_PLAIN_INLINE(prefix, FIXED)                              \
+    static RATE__ALWAYS_INLINE int prefix##_plain_inline(                     \
+        const rate_acquire_t *req, uint64_t n, uint64_t now, uint8_t *st,     \
+        size_t len, uint64_t *ttl_ns)                                         \
     {                                                                         \
         const rate_policy_t *p = req->policy;                                 \
         const rate_limit_t *l = &p->limits[0];                                \
@@ -142,19 +144,31 @@ typedef struct rate__algo {
             !prefix##_valid(l, st + RATE__HEADER_LEN, rate__get64(st)))       \
             return RATE_ENOTSUP;                                              \
         uint64_t last = rate__get64(st);                                      \
-        uint64_t t = req->now_ns > last ? req->now_ns : last;                 \
+        uint64_t t = now > last ? now : last;                                 \
         prefix##_load(l, st + RATE__HEADER_LEN, &v);                          \
         prefix##_advance(l, &v, last, t);                                     \
-        prefix##_decide(l, &v, t, req->permits, 0, false, &r);                \
+        prefix##_decide(l, &v, t, n, 0, false, &r);                           \
         if (!r.allowed)                                                       \
             return RATE_ACQUIRE_DENIED;                                       \
-        if (req->permits == 0)                                                \
+        if (n == 0)                                                           \
             return RATE_ACQUIRE_KEPT;                                         \
-        prefix##_commit(l, &v, t, req->permits, st + RATE__HEADER_LEN);       \
+        prefix##_commit(l, &v, t, n, st + RATE__HEADER_LEN);                  \
         rate__put64(st, t);                                                   \
         *ttl_ns = p->max_reset_ns;                                            \
         return RATE_ACQUIRE_WROTE;                                            \
     }
+/* PREFIX_plain, the function of rate__algo_t.plain, of PREFIX_plain_inline. */
+#define RATE__DEFINE_PLAIN_FN(prefix)                                         \
+    RATE__FLATTEN static int prefix##_plain(const rate_acquire_t *req,        \
+                                            uint64_t n, uint64_t now,         \
+                                            uint8_t *st, size_t len,          \
+                                            uint64_t *ttl_ns)                 \
+    {                                                                         \
+        return prefix##_plain_inline(req, n, now, st, len, ttl_ns);           \
+    }
+#define RATE__DEFINE_PLAIN(prefix, FIXED)                                     \
+    RATE__DEFINE_PLAIN_INLINE(prefix, FIXED)                                  \
+    RATE__DEFINE_PLAIN_FN(prefix)
 
 extern const rate__algo_t rate__token_bucket;
 extern const rate__algo_t rate__leaky_bucket;
@@ -368,16 +382,6 @@ static inline bool rate__header_is(const rate_acquire_t *req,
            rate__get16(st + 12) == (1u | (unsigned)req->format << 8) &&
            rate__get32(st + 8) == req->policy_id &&
            rate__get64(st) <= RATE_TIME_MAX;
-}
-
-/* rate_state_acquire(), inline for the library's own stores. */
-static inline int rate__state_acquire(const rate_acquire_t *req, void *state,
-                                      size_t len, uint64_t *ttl_ns)
-{
-    int (*plain)(const rate_acquire_t *, uint8_t *, size_t, uint64_t *) =
-        req->policy->plain;
-
-    return plain != NULL ? plain(req, state, len, ttl_ns) : RATE_ENOTSUP;
 }
 
 /* A store: its back end's table and pointer. */

@@ -23,6 +23,29 @@
 
 #define DEFAULT_RETRIES 64u
 #define LEARN_ROUNDS 4u /* policies learnt for one decision, at most */
+#define TALLY_CACHE 4u  /* limiters a thread counts for without a lookup */
+
+/* One thread's count of one limiter's verdicts: written by that thread
+ * alone (plain relaxed stores, no read-modify-write on a shared line),
+ * summed by rate_limiter_stats.  A limiter keeps its threads' tallies in a
+ * list until it is freed; a thread finds its own through a small cache. */
+typedef struct tally {
+    atomic_uint_fast64_t allowed, denied;
+    struct tally *next;
+    pthread_t thread;
+} tally_t;
+
+static atomic_uint_fast64_t next_limiter_id = 1;
+
+#if defined(__GNUC__)
+#define TLS_FAST __attribute__((tls_model("initial-exec")))
+#else
+#define TLS_FAST
+#endif
+static _Thread_local struct {
+    uint64_t id[TALLY_CACHE];
+    tally_t *tally[TALLY_CACHE];
+} tls_tallies TLS_FAST;
 
 /* A default policy and its tag in the store (0 until it is known).
  * Replaced plans are kept until the limiter is freed: a decision may still
@@ -30,6 +53,11 @@
 typedef struct plan {
     rate_policy_t policy;
     _Atomic uint32_t tag;
+    /* What the bool calls ask of the store's acquire(), without and with a
+     * horizon; set once the tag is known when the bool calls may try
+     * acquire() (fast says so), then published by `fast`. */
+    rate_acquire_t acq[2];
+    _Atomic bool fast;
     struct plan *older;
 } plan_t;
 
@@ -53,9 +81,11 @@ struct rate_limiter {
     void *resolve_ud;
     rate_fail_mode_t fail_mode;
     unsigned max_retries;
-    pthread_mutex_t plan_lock; /* replacing the plan */
+    pthread_mutex_t plan_lock; /* replacing the plan; adding a tally */
+    uint64_t id;               /* never reused, unlike the address */
+    tally_t *_Atomic tallies;
 
-    atomic_uint_fast64_t allowed, denied, retries, store_errors;
+    atomic_uint_fast64_t retries, store_errors;
 };
 
 /* The limiter's clock; the library's own read without the indirect call. */
@@ -66,10 +96,63 @@ static inline uint64_t clock_now(const rate_limiter_t *lim)
     return lim->clock.now_ns(lim->clock.ud);
 }
 
+/* The calling thread's tally for lim: found in the list, or added. */
+static __attribute__((noinline)) tally_t *tally_find(rate_limiter_t *lim)
+{
+    pthread_t me = pthread_self();
+    tally_t *t;
+
+    for (t = atomic_load_explicit(&lim->tallies, memory_order_acquire);
+         t != NULL && !pthread_equal(t->thread, me); t = t->next)
+        ;
+    if (t == NULL && (t = calloc(1, sizeof *t)) != NULL) {
+        t->thread = me;
+        pthread_mutex_lock(&lim->plan_lock);
+        t->next = atomic_load_explicit(&lim->tallies, memory_order_relaxed);
+        atomic_store_explicit(&lim->tallies, t, memory_order_release);
+        pthread_mutex_unlock(&lim->plan_lock);
+    }
+    if (t != NULL) { /* first in the cache; the last entry goes */
+        memmove(&tls_tallies.id[1], &tls_tallies.id[0],
+                (TALLY_CACHE - 1) * sizeof tls_tallies.id[0]);
+        memmove(&tls_tallies.tally[1], &tls_tallies.tally[0],
+                (TALLY_CACHE - 1) * sizeof tls_tallies.tally[0]);
+        tls_tallies.id[0] = lim->id;
+        tls_tallies.tally[0] = t;
+    }
+    return t;
+}
+
+static inline void bump(atomic_uint_fast64_t *c)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+}
+
+/* The thread's tally for lim: the cache's first entry is the last one
+ * used, so a thread that keeps to one limiter reads one entry. */
+static inline tally_t *tally_of(rate_limiter_t *lim)
+{
+    if (__builtin_expect(tls_tallies.id[0] == lim->id, 1))
+        return tls_tallies.tally[0];
+    for (unsigned i = 1; i < TALLY_CACHE; i++)
+        if (tls_tallies.id[i] == lim->id) {
+            tally_t *t = tls_tallies.tally[i];
+            tls_tallies.id[i] = tls_tallies.id[0];
+            tls_tallies.tally[i] = tls_tallies.tally[0];
+            tls_tallies.id[0] = lim->id;
+            tls_tallies.tally[0] = t;
+            return t;
+        }
+    return tally_find(lim);
+}
+
 static inline void count_verdict(rate_limiter_t *lim, bool allowed)
 {
-    atomic_fetch_add_explicit(allowed ? &lim->allowed : &lim->denied, 1,
-                              memory_order_relaxed);
+    tally_t *t = tally_of(lim);
+
+    if (t != NULL) /* NULL: out of memory, this verdict goes uncounted */
+        bump(allowed ? &t->allowed : &t->denied);
 }
 
 /* ------------------------------------------------------------ lifecycle */
@@ -81,6 +164,7 @@ static plan_t *plan_new(const rate_policy_t *p)
     if (pl != NULL) {
         memcpy(&pl->policy, p, sizeof *p);
         atomic_init(&pl->tag, 0);
+        atomic_init(&pl->fast, false);
     }
     return pl;
 }
@@ -105,8 +189,15 @@ static int plan_tag(rate_limiter_t *lim, plan_t *pl, uint32_t *tag)
     if (*tag != 0)
         return RATE_OK;
     int rc = tag_of(lim, &lim->book, &pl->policy, tag);
-    if (rc == RATE_OK)
+    if (rc == RATE_OK) {
+        if (lim->fast) {
+            for (int h = 0; h < 2; h++)
+                pl->acq[h] = (rate_acquire_t){&pl->policy, *tag, lim->format,
+                                              lim->space, h == 1};
+            atomic_store_explicit(&pl->fast, true, memory_order_release);
+        }
         atomic_store_explicit(&pl->tag, *tag, memory_order_release);
+    }
     return rc;
 }
 
@@ -131,6 +222,9 @@ int rate_limiter_new(const rate_limiter_config_t *cfg, rate_limiter_t **out)
     if (lim == NULL)
         return RATE_ENOMEM;
     pthread_mutex_init(&lim->plan_lock, NULL);
+    lim->id = atomic_fetch_add_explicit(&next_limiter_id, 1,
+                                        memory_order_relaxed);
+    atomic_init(&lim->tallies, NULL);
     plan_t *pl = plan_new(cfg->policy);
     atomic_init(&lim->plan, pl);
     atomic_init(&lim->low_water, 0);
@@ -183,6 +277,11 @@ void rate_limiter_free(rate_limiter_t *lim)
     if (lim->own_store)
         rate_store_free(lim->store);
     rate_store_free(lim->fallback);
+    for (tally_t *t = atomic_load(&lim->tallies); t != NULL;) {
+        tally_t *next = t->next;
+        free(t);
+        t = next;
+    }
     for (plan_t *pl = atomic_load(&lim->plan); pl != NULL;) {
         plan_t *older = pl->older;
         free(pl);
@@ -361,38 +460,44 @@ static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim, const char *key,
     return RATE_OK;
 }
 
+/* The bool calls' general path: the full decision, for any request. */
+static __attribute__((noinline)) bool try_general(rate_limiter_t *lim,
+                                                  const char *key, size_t len,
+                                                  uint64_t permits,
+                                                  uint64_t now,
+                                                  bool clock_time)
+{
+    rate_decision_t d;
+
+    return decide(lim, key, len, permits, 0, now, clock_time, false,
+                  RATE__OP_DECIDE, &d) == RATE_OK &&
+           d.allowed;
+}
+
 /* The bool calls: the store's acquire() first, when it has one and every
- * key has the default policy; anything it declines, and bad input, takes
- * the general path (which reports bad input as false). */
+ * key has the default policy (the plan says so); anything it declines,
+ * and bad input, takes the general path (which reports bad input as
+ * false). */
 static RATE__ALWAYS_INLINE bool try_acquire(rate_limiter_t *lim,
                                             const char *key, size_t len,
                                             uint64_t permits, uint64_t now,
                                             bool clock_time)
 {
-    rate_decision_t d;
-
     if (lim == NULL)
         return false;
     if (clock_time)
         now = clock_now(lim);
-    if (lim->fast && key != NULL && len - 1 < RATE_KEY_MAX &&
-        (permits | now) <= RATE_TIME_MAX) {
-        plan_t *pl = atomic_load_explicit(&lim->plan, memory_order_acquire);
-        uint32_t tag = atomic_load_explicit(&pl->tag, memory_order_relaxed);
-        if (tag != 0) {
-            rate_key_t k = {key, len, lim->space};
-            rate_acquire_t req = {&pl->policy, tag,     lim->format,
-                                  permits,     now,     horizon(lim, now, clock_time)};
-            int v = lim->m->acquire(lim->self, &k, &req);
-            if (v >= 0) {
-                count_verdict(lim, v);
-                return v || lim->shadow;
-            }
-        }
-    }
-    return decide(lim, key, len, permits, 0, now, clock_time, false,
-                  RATE__OP_DECIDE, &d) == RATE_OK &&
-           d.allowed;
+    plan_t *pl = atomic_load_explicit(&lim->plan, memory_order_acquire);
+    if (!atomic_load_explicit(&pl->fast, memory_order_acquire) ||
+        key == NULL || len - 1 >= RATE_KEY_MAX ||
+        (permits | now) > RATE_TIME_MAX)
+        return try_general(lim, key, len, permits, now, clock_time);
+    const rate_acquire_t *req = &pl->acq[horizon(lim, now, clock_time) != 0];
+    int v = lim->m->acquire(lim->self, req, key, len, permits, now);
+    if (v < 0)
+        return try_general(lim, key, len, permits, now, clock_time);
+    count_verdict(lim, v);
+    return v | lim->shadow;
 }
 
 /* A C string's length, measured no further than one byte past the
@@ -486,8 +591,11 @@ int rate_limiter_stats(rate_limiter_t *lim, rate_stats_t *out)
         return RATE_EINVAL;
     if ((rc = rate_store_stats(lim->store, out)) != RATE_OK)
         return rc;
-    out->allowed += atomic_load_explicit(&lim->allowed, memory_order_relaxed);
-    out->denied += atomic_load_explicit(&lim->denied, memory_order_relaxed);
+    for (tally_t *t = atomic_load_explicit(&lim->tallies, memory_order_acquire);
+         t != NULL; t = t->next) {
+        out->allowed += atomic_load_explicit(&t->allowed, memory_order_relaxed);
+        out->denied += atomic_load_explicit(&t->denied, memory_order_relaxed);
+    }
     out->retries += atomic_load_explicit(&lim->retries, memory_order_relaxed);
     out->store_errors +=
         atomic_load_explicit(&lim->store_errors, memory_order_relaxed);

@@ -26,7 +26,7 @@
  * the new policy governs the time from t_last on.  Nothing needs writing
  * until the next admission, so denials still change nothing.
  */
-#include "internal.h"
+#include "algo/acquire.h"
 
 /* The verdicts are written field by field just before they are folded; GCC's
  * straight-line vectorizer would read them back 16 bytes at a time, which
@@ -337,8 +337,9 @@ int rate__step(void *varg, rate_step_io_t *io)
     return RATE_OK;
 }
 
-int rate_state_acquire(const rate_acquire_t *req, void *state, size_t len,
+int rate_state_acquire(const rate_acquire_t *req, uint64_t permits,
+                       uint64_t now_ns, void *state, size_t len,
                        uint64_t *ttl_ns)
 {
-    return rate__state_acquire(req, state, len, ttl_ns);
+    return rate__state_acquire(req, permits, now_ns, state, len, ttl_ns);
 }

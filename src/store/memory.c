@@ -42,7 +42,7 @@
 
 #include <pthread.h>
 
-#include "../internal.h"
+#include "../algo/acquire.h"
 
 #define KEY_INLINE 16u
 #define STATE_INLINE 22u /* a single bucket or fixed window: 14 + 8 */
@@ -225,17 +225,10 @@ static inline const char *key_bytes(const slot_t *e)
     return e->kf & F_KEY_HEAP ? e->key.heap.ptr : e->key.inl;
 }
 
-/* The hash seed of a space's keys: the shadow space's differs. */
-static inline XXH64_hash_t space_seed(XXH64_hash_t seed, bool shadow)
-{
-    return shadow ? seed ^ UINT64_C(0x9e3779b97f4a7c15) : seed;
-}
-
 /* The tag of a stored key, computed again (slots do not keep it). */
 static inline uint32_t slot_tag(const shard_t *s, const slot_t *e)
 {
-    return tag_of(XXH3_64bits_withSeed(key_bytes(e), key_len(e),
-                                       space_seed(s->seed, e->sr & F_SHADOW)));
+    return tag_of(XXH3_64bits_withSeed(key_bytes(e), key_len(e), s->seed));
 }
 
 /* A key as the probe compares it: short keys zero-padded to the inline
@@ -243,6 +236,9 @@ static inline uint32_t slot_tag(const shard_t *s, const slot_t *e)
 typedef struct probe_key {
     const char *key;
     size_t len;
+    size_t inl_len; /* what an inline key of the slot must match: len, or
+                       never for a shadow key (those are all kept on the
+                       heap, flagged F_SHADOW) */
     uint8_t shadow; /* F_SHADOW or 0 */
     char pad[KEY_INLINE];
 } probe_key_t;
@@ -250,15 +246,16 @@ typedef struct probe_key {
 /* Made of whole-word loads that stay inside the key (overlapping where
  * the key is short), not a memcpy of a variable length: that would be a
  * call, and a call in the lane's hot path costs it its registers. */
-static inline void probe_key_init(probe_key_t *k, const rate_key_t *rk)
+static inline void probe_key_init(probe_key_t *k, const char *key, size_t len,
+                                  bool shadow)
 {
-    const uint8_t *b = (const uint8_t *)rk->bytes;
-    size_t len = rk->len;
+    const uint8_t *b = (const uint8_t *)key;
     uint64_t lo, hi = 0;
 
-    k->key = rk->bytes;
+    k->key = key;
     k->len = len;
-    k->shadow = rk->space == RATE_SPACE_SHADOW ? F_SHADOW : 0;
+    k->inl_len = shadow ? SIZE_MAX : len;
+    k->shadow = shadow ? F_SHADOW : 0;
     if (len >= KEY_INLINE) { /* the common long-enough key */
         lo = rate__get64(b);
         hi = rate__get64(b + 8);
@@ -278,18 +275,16 @@ static inline void probe_key_init(probe_key_t *k, const rate_key_t *rk)
     rate__put64((uint8_t *)k->pad + 8, hi);
 }
 
-/* short_key: k is known to be at most KEY_INLINE bytes, so a slot with a
- * heap key (flag bits above any inline length) can never match it and the
- * comparison needs no call. */
+/* short_key: k is a key of the state space known to be at most KEY_INLINE
+ * bytes, so a slot with a heap key (flag bits above any inline length) can
+ * never match it and the comparison needs no call. */
 static inline bool slot_is(const slot_t *e, const probe_key_t *k,
                            bool short_key)
 {
-    if ((e->sr & F_SHADOW) != k->shadow)
-        return false;
     if (short_key || !(e->kf & F_KEY_HEAP)) /* inline keys: zero-padded */
-        return (size_t)(e->kf & (KEY_LEN | F_KEY_HEAP)) == k->len &&
+        return (size_t)(e->kf & (KEY_LEN | F_KEY_HEAP)) == k->inl_len &&
                memcmp(e->key.inl, k->pad, KEY_INLINE) == 0;
-    return e->key.heap.len == k->len &&
+    return e->key.heap.len == k->len && (e->sr & F_SHADOW) == k->shadow &&
            memcmp(e->key.heap.prefix, k->pad, sizeof e->key.heap.prefix) ==
                0 &&
            memcmp(e->key.heap.ptr, k->key, k->len) == 0;
@@ -344,9 +339,9 @@ static inline uint8_t *slot_state(slot_t *e, size_t *len)
 
 /* After the state is written: whether by a request with a horizon (only
  * such a state may be reclaimed, see expired()). */
-static inline void mark_written(slot_t *e, uint64_t horizon_ns)
+static inline void mark_written(slot_t *e, bool horizon)
 {
-    e->kf = (uint8_t)((e->kf & ~F_HORIZON) | (horizon_ns != 0 ? F_HORIZON : 0));
+    e->kf = (uint8_t)((e->kf & ~F_HORIZON) | (horizon ? F_HORIZON : 0));
 }
 
 /* Backward-shift deletion: later entries of the same run move up so every
@@ -554,8 +549,8 @@ static int insert(shard_t *s, uint32_t tag, const probe_key_t *k,
     uint32_t i = probe(s, tag, k, false);
     slot_t *e = &s->slots[i];
     memset(e, 0, sizeof *e);
-    e->sr = k->shadow;
-    if (len > KEY_INLINE) {
+    e->sr = k->shadow; /* a shadow key is always on the heap */
+    if (len > KEY_INLINE || k->shadow) {
         char *p = malloc(len);
         if (p == NULL) {
             atomic_fetch_sub_explicit(&s->store->nkeys, 1,
@@ -565,7 +560,7 @@ static int insert(shard_t *s, uint32_t tag, const probe_key_t *k,
         memcpy(p, key, len);
         e->key.heap.ptr = p;
         e->key.heap.len = (uint32_t)len;
-        memcpy(e->key.heap.prefix, key, sizeof e->key.heap.prefix);
+        memcpy(e->key.heap.prefix, k->pad, sizeof e->key.heap.prefix);
         e->kf = F_KEY_HEAP;
         s->heap_bytes += len;
     } else {
@@ -638,7 +633,7 @@ update_copy(shard_t *s, slot_t *e, uint32_t tag, const probe_key_t *pk,
             if (e == NULL) /* inserting may have moved slots */
                 e = &s->slots[probe(s, tag, pk, false)];
             /* A new key earns its reference bit on its second use. */
-            mark_written(e, st->horizon_ns);
+            mark_written(e, st->horizon_ns != 0);
         }
     }
     shard_unlock(s);
@@ -647,11 +642,10 @@ update_copy(shard_t *s, slot_t *e, uint32_t tag, const probe_key_t *pk,
 
 /* The key's shard, by its hash; *tag is the tag the shard files it by. */
 static RATE__ALWAYS_INLINE shard_t *shard_of(const memstore_t *m,
-                                             const rate_key_t *k,
+                                             const char *key, size_t len,
                                              uint32_t *tag)
 {
-    uint64_t h = XXH3_64bits_withSeed(
-        k->bytes, k->len, space_seed(m->seed, k->space == RATE_SPACE_SHADOW));
+    uint64_t h = XXH3_64bits_withSeed(key, len, m->seed);
 
     *tag = tag_of(h);
     return &m->shards[(h >> 1) >> m->shift];
@@ -659,16 +653,16 @@ static RATE__ALWAYS_INLINE shard_t *shard_of(const memstore_t *m,
 
 /* Hashes the key, locks its shard and probes.  Returns the shard, locked;
  * *at is the key's slot, or the empty slot that ends its probe. */
-static RATE__ALWAYS_INLINE shard_t *locate(memstore_t *m, const rate_key_t *k,
+static RATE__ALWAYS_INLINE shard_t *locate(memstore_t *m, const char *key,
+                                           size_t len, bool shadow,
                                            probe_key_t *pk, uint32_t *tag,
                                            uint32_t *at)
 {
-    shard_t *s = shard_of(m, k, tag);
+    shard_t *s = shard_of(m, key, len, tag);
 
-    probe_key_init(pk, k);
+    probe_key_init(pk, key, len, shadow);
     shard_lock(s);
-    *at = k->len <= KEY_INLINE ? probe(s, *tag, pk, true)
-                               : probe(s, *tag, pk, false);
+    *at = probe(s, *tag, pk, false);
     return s;
 }
 
@@ -748,36 +742,77 @@ static int mem_update(void *self, const rate_key_t *k, const rate_step_t *st)
 
     if (k->space == RATE_SPACE_POLICY)
         return record_update(self, k, st);
-    shard_t *s = locate(self, k, &pk, &tag, &i);
+    shard_t *s = locate(self, k->bytes, k->len, k->space == RATE_SPACE_SHADOW,
+                        &pk, &tag, &i);
     return update_copy(s, s->ctrl[i] != 0 ? &s->slots[i] : NULL, tag, &pk, st);
 }
 
-/* The bool calls: a key the store holds, decided where its state lies. */
-static int mem_acquire(void *self, const rate_key_t *k,
-                       const rate_acquire_t *req)
+/* The bool calls' pass over a key's slot e in s (locked), and the
+ * bookkeeping; unlocks.  0 denied, 1 allowed, RATE_ENOTSUP.  inl: the
+ * request's pass is known to be inlined (a constant). */
+static RATE__ALWAYS_INLINE int acquire_at(shard_t *s, slot_t *e,
+                                          const rate_acquire_t *req,
+                                          uint64_t permits, uint64_t now,
+                                          bool inl)
+{
+    uint64_t ttl;
+    size_t n;
+    uint8_t *bytes = slot_state(e, &n);
+    int r = inl ? rate__state_acquire_inline(req, permits, now, bytes, n, &ttl)
+                : rate__state_acquire(req, permits, now, bytes, n, &ttl);
+
+    if (r >= 0) {
+        e->sr |= F_REF;
+        if (r == RATE_ACQUIRE_WROTE)
+            mark_written(e, req->horizon);
+    }
+    shard_unlock(s);
+    return r >= 0 ? r & RATE_ACQUIRE_KEPT : RATE_ENOTSUP;
+}
+
+/* acquire() for any key: waits for the lock. */
+static __attribute__((noinline)) int
+acquire_any(memstore_t *m, const rate_acquire_t *req, const char *key,
+            size_t len, uint64_t permits, uint64_t now)
 {
     probe_key_t pk;
     uint32_t tag, i;
-    uint64_t ttl;
-    size_t n;
+    shard_t *s = locate(m, key, len, req->space == RATE_SPACE_SHADOW, &pk,
+                        &tag, &i);
 
-    if (k->space == RATE_SPACE_POLICY)
-        return RATE_ENOTSUP;
-    shard_t *s = locate(self, k, &pk, &tag, &i);
-    slot_t *e = &s->slots[i];
     if (s->ctrl[i] == 0) {
         shard_unlock(s);
         return RATE_ENOTSUP;
     }
-    uint8_t *bytes = slot_state(e, &n);
-    int r = rate__state_acquire(req, bytes, n, &ttl);
-    if (r >= 0) {
-        e->sr |= F_REF;
-        if (r == RATE_ACQUIRE_WROTE)
-            mark_written(e, req->horizon_ns);
+    return acquire_at(s, &s->slots[i], req, permits, now, false);
+}
+
+/* The bool calls: a key the store holds, decided where its state lies.
+ * The hot path (a short key of the state space, a pass inlined here, a
+ * free lock) calls nothing, so that it keeps its values in registers;
+ * flattened, so that the hash and the pass are inlined.  Anything else
+ * goes to acquire_any. */
+RATE__FLATTEN static int mem_acquire(void *self, const rate_acquire_t *req,
+                                     const char *key, size_t len,
+                                     uint64_t permits, uint64_t now)
+{
+    memstore_t *m = self;
+    probe_key_t pk;
+    uint32_t tag;
+
+    if (len > KEY_INLINE || req->space != RATE_SPACE_STATE ||
+        !rate__acquire_inline(req))
+        return acquire_any(m, req, key, len, permits, now);
+    shard_t *s = shard_of(m, key, len, &tag);
+    probe_key_init(&pk, key, len, false);
+    if (!shard_trylock(s))
+        return acquire_any(m, req, key, len, permits, now);
+    uint32_t i = probe(s, tag, &pk, true);
+    if (s->ctrl[i] == 0) {
+        shard_unlock(s);
+        return RATE_ENOTSUP;
     }
-    shard_unlock(s);
-    return r >= 0 ? r & RATE_ACQUIRE_KEPT : RATE_ENOTSUP;
+    return acquire_at(s, &s->slots[i], req, permits, now, true);
 }
 
 static int mem_remove(void *self, const rate_key_t *k)
@@ -787,7 +822,8 @@ static int mem_remove(void *self, const rate_key_t *k)
 
     if (k->space == RATE_SPACE_POLICY)
         return record_remove(self, k);
-    shard_t *s = locate(self, k, &pk, &tag, &i);
+    shard_t *s = locate(self, k->bytes, k->len, k->space == RATE_SPACE_SHADOW,
+                        &pk, &tag, &i);
     if (s->ctrl[i] != 0)
         slot_remove(s, i);
     shard_unlock(s);
