@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: MIT
 #
 # `make install` and `make uninstall`.
-#   scripts/install.sh install BUILD_DIR
-#       cmake --install BUILD_DIR (into the prefix it was configured with),
+#   scripts/install.sh install BUILD_DIR [PREFIX]
+#       cmake --install BUILD_DIR (into PREFIX, by default the prefix the
+#       build was configured with: make's PREFIX),
 #       then runs ldconfig if the library directory is one ld.so searches and
 #       we are root (otherwise says what a program needs to find the library),
 #       and adds every file it wrote, and every directory it created, to
@@ -12,12 +13,15 @@
 #       removes exactly what that list names (directories only if empty),
 #       then the list, and runs ldconfig as install did.
 # The list is ours, not CMake's install_manifest.txt, which any later
-# `cmake --install` (the install test, say) overwrites.
+# `cmake --install` (the install test, say) overwrites.  RATE_INSTALL_LIST
+# names another list (the install test keeps its own).
 set -euo pipefail
 
 mode=${1:-}
 build=${2:-build}
-list=$build/ratelimit-installed.txt
+prefix=()
+[ -n "${3:-}" ] && prefix=(--prefix "$3")
+list=${RATE_INSTALL_LIST:-$build/ratelimit-installed.txt}
 
 # The directories ld.so searches without help: /etc/ld.so.conf's and the
 # trusted ones.
@@ -49,12 +53,12 @@ case "$mode" in
     trap 'rm -rf "$stage"' EXIT
     # A dry run into a scratch DESTDIR gives the directories the install will
     # need; those that do not exist yet are the ones it creates.
-    DESTDIR=$stage cmake --install "$build" >/dev/null
+    DESTDIR=$stage cmake --install "$build" "${prefix[@]}" >/dev/null
     created=()
     while read -r d; do
       [ -n "$d" ] && [ ! -e "$d" ] && created+=("$d")
     done < <(cd "$stage" && find . -mindepth 1 -type d | sed 's|^\.||' | sort)
-    cmake --install "$build"
+    cmake --install "$build" "${prefix[@]}"
     {
       [ -f "$list" ] && cat "$list"
       sed 's|^|f |' "$build/install_manifest.txt"; echo
