@@ -5,7 +5,11 @@
 # user would: in a minimal Debian 12 (bookworm) root that has only what a
 # fresh machine has (debootstrap's minbase plus build-essential, git and
 # ca-certificates; no cmake, no cmocka), on a clean clone of this
-# repository's HEAD, as root, by chroot.  Run as root: `make fresh-check`.
+# repository's HEAD, as root, by chroot.  Then, as a user of the library:
+# `make install`, the README's C example built with the README's line
+# (`cc app.c $(pkg-config --cflags --libs ratelimit)`) and run, the
+# installed command run, and `make uninstall`, which must leave nothing of
+# ratelimit in /usr/local.  Run as root: `make fresh-check`.
 #
 #   scripts/fresh-check.sh         build the base root if it is not cached,
 #                                  then check HEAD in a fresh copy of it
@@ -176,4 +180,33 @@ run_step() { # run_step NAME: `make NAME` in the clone, as root
 run_step demo
 [ -s "$root/root/ratelimit/build/demo.svg" ] || die "make demo wrote no build/demo.svg"
 run_step test
+
+# ---- installed like a C library ----------------------------------------
+# The README's example, taken from the README itself (the first C block
+# after "## In C").
+awk '/^## In C/ { c = 1 } c && /^```c/ { p = 1; next } p && /^```/ { exit } p' \
+  "$root/root/ratelimit/README.md" >"$root/root/app.c"
+[ -s "$root/root/app.c" ] || die "no C example found under '## In C' in README.md"
+say "make install, the README's example, make uninstall ..."
+cat >"$root/root/install-check.sh" <<'EOF'
+set -eux
+cd /root/ratelimit
+make install
+cd /root
+cc app.c -o app $(pkg-config --cflags --libs ratelimit)
+out=$(./app)
+[ "$out" = 1111111111111111111100000 ]
+ratelimit --version
+cd /root/ratelimit
+make uninstall
+left=$(find /usr/local -name '*ratelimit*')
+[ -z "$left" ] || { echo "left after make uninstall: $left"; exit 1; }
+! ldconfig -p | grep -q libratelimit
+EOF
+if ! in_root "$root" bash /root/install-check.sh >>"$log" 2>&1; then
+  tail -n 40 "$log" >&2
+  RATE_FRESH_KEEP=1
+  die "install, build with the README's line, run, uninstall failed in the fresh root (log: $log)"
+fi
+say "make install / README example / make uninstall passed"
 say "PASSED: make demo and make test on a fresh $suite root, $head ($(elapsed))"
