@@ -26,7 +26,9 @@
 # Only committed work is checked: the clone is of HEAD.  Exit status 0 only
 # if the root was built and both commands passed inside it.
 set -euo pipefail
-
+# The whole script is one block, read before it runs: editing the file
+# during a run cannot change what the run does.
+{
 say() { echo "fresh-check: $*" >&2; }
 die() { say "FAILED: $*"; exit 1; }
 
@@ -177,6 +179,14 @@ run_step() { # run_step NAME: `make NAME` in the clone, as root
   fi
   say "make $1 passed ($(($(date +%s) - t0)) s)"
 }
+# `make` installs nothing: on the fresh root it must stop and name the
+# missing packages and the command that installs them.
+in_root "$root" bash -c "cd /root/ratelimit && make" >"$root/root/make-bare.log" 2>&1 \
+  && die "make succeeded on a root without cmake: it should have named the missing packages"
+grep -q "missing Debian packages: .*cmake" "$root/root/make-bare.log" \
+  && grep -q "apt-get install .*cmake" "$root/root/make-bare.log" \
+  || { cat "$root/root/make-bare.log" >&2; die "make on the fresh root did not name the missing packages"; }
+say "make (no packages installed) named what is missing: $(head -n 1 "$root/root/make-bare.log")"
 run_step demo
 [ -s "$root/root/ratelimit/build/demo.svg" ] || die "make demo wrote no build/demo.svg"
 run_step test
@@ -210,3 +220,5 @@ if ! in_root "$root" bash /root/install-check.sh >>"$log" 2>&1; then
 fi
 say "make install / README example / make uninstall passed"
 say "PASSED: make demo and make test on a fresh $suite root, $head ($(elapsed))"
+exit 0
+}
