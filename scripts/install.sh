@@ -25,11 +25,15 @@ list=${RATE_INSTALL_LIST:-$build/ratelimit-installed.txt}
 
 # The directories ld.so searches without help: /etc/ld.so.conf's and the
 # trusted ones.
-ld_dirs() { ldconfig -v -N -X 2>/dev/null | sed -n 's|^\(/[^[:space:]]*\):.*|\1|p'; }
+# (ldconfig -v exits 1 over a missing directory: its status is not ours.)
+ld_dirs() { { ldconfig -v -N -X 2>/dev/null || true; } | sed -n 's|^\(/[^[:space:]]*\):.*|\1|p'; }
 in_ld_path() {
-  local d
+  local d x
   d=$(readlink -f "$1" 2>/dev/null || echo "$1")
-  ld_dirs | while read -r x; do [ "$(readlink -f "$x" 2>/dev/null || echo "$x")" = "$d" ] && echo yes; done | grep -q yes
+  while read -r x; do
+    [ -n "$x" ] && [ "$(readlink -f "$x" 2>/dev/null || echo "$x")" = "$d" ] && return 0
+  done <<<"$(ld_dirs)"
+  return 1
 }
 # ldconfig LIBDIR: refresh ld.so's cache when LIBDIR is one it searches.
 refresh_ld() {
