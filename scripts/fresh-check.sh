@@ -219,6 +219,6 @@ if ! in_root "$root" bash /root/install-check.sh >>"$log" 2>&1; then
   die "install, build with the README's line, run, uninstall failed in the fresh root (log: $log)"
 fi
 say "make install / README example / make uninstall passed"
-say "PASSED: make demo and make test on a fresh $suite root, $head ($(elapsed))"
+say "PASSED: make, make demo, make test, make install/uninstall on a fresh $suite root, $head ($(elapsed))"
 exit 0
 }
