@@ -1,10 +1,17 @@
+# SPDX-License-Identifier: MIT
 # Thin wrapper over CMake.  `make demo` and `make test` install what is
-# missing (scripts/deps.sh) before building.
+# missing (scripts/deps.sh) before building; `make` and `make install`
+# install no package: they name what is missing and how to install it.
+# `make`, `make demo` and `make install` build the library and the command
+# without the test suites (-DRATE_BUILD_TESTS=OFF), so they need no cmocka;
+# `make test` builds the suites into the same build directory.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
+# Where `make install` puts things (CMAKE_INSTALL_PREFIX); see docs/install.md.
+PREFIX ?= /usr/local
 
-.PHONY: all deps build demo test test-plain test-asan test-tsan valgrind \
-        fuzz bench install clean
+.PHONY: all deps build build-only demo test test-plain test-asan test-tsan \
+        valgrind fuzz bench install uninstall fresh-check spdx-check clean
 
 all: build
 
@@ -12,13 +19,19 @@ deps:
 	@scripts/deps.sh test
 
 build:
-	@scripts/deps.sh build
-	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON $(CMAKE_FLAGS) >/dev/null
+	@scripts/deps.sh check build
+	@$(MAKE) --no-print-directory build-only
+
+build-only:
+	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON \
+	  -DRATE_BUILD_TESTS=OFF -DCMAKE_INSTALL_PREFIX="$(PREFIX)" $(CMAKE_FLAGS)
 	cmake --build build -j $(JOBS)
 
 # The main job on the in-memory default: sample traffic aimed at
 # fixed-window edges through all five algorithms, a table and a chart.
-demo: build
+demo:
+	@scripts/deps.sh build
+	@$(MAKE) --no-print-directory build-only
 	@sh scripts/gen-traces.sh build/traces
 	./build/tools/ratelimit/ratelimit compare --rate 10/s --burst 10 \
 	  --svg build/demo.svg build/traces/edges.trace
@@ -29,18 +42,19 @@ demo: build
 test: deps test-plain test-asan test-tsan valgrind fuzz
 
 test-plain:
-	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON $(CMAKE_FLAGS) >/dev/null
+	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON \
+	  -DRATE_BUILD_TESTS=ON -DCMAKE_INSTALL_PREFIX="$(PREFIX)" $(CMAKE_FLAGS)
 	cmake --build build -j $(JOBS)
 	cd build && ctest --output-on-failure -j $(JOBS)
 
 test-asan:
-	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DRATE_ASAN=ON $(CMAKE_FLAGS) >/dev/null
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DRATE_ASAN=ON $(CMAKE_FLAGS)
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS)
 
 test-tsan:
-	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DRATE_TSAN=ON -DRATE_BUILD_TOOLS=OFF $(CMAKE_FLAGS) >/dev/null
+	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DRATE_TSAN=ON -DRATE_BUILD_TOOLS=OFF $(CMAKE_FLAGS)
 	cmake --build build-tsan -j $(JOBS)
 	cd build-tsan && setarch "$$(uname -m)" -R env TSAN_OPTIONS=halt_on_error=1 \
 	  ctest --output-on-failure -L concurrency
@@ -59,7 +73,7 @@ FUZZ_SECONDS ?= 30
 FUZZ_TARGETS = policy trace clf
 fuzz:
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_FUZZ=ON \
-	  -DRATE_BUILD_TESTS=OFF -DRATE_BUILD_TOOLS=ON $(CMAKE_FLAGS) >/dev/null
+	  -DRATE_BUILD_TESTS=OFF -DRATE_BUILD_TOOLS=ON $(CMAKE_FLAGS)
 	cmake --build build-fuzz -j $(JOBS) --target fuzz_policy fuzz_trace fuzz_clf
 	@for t in $(FUZZ_TARGETS); do \
 	  mkdir -p build-fuzz/corpus-$$t && cp tests/fuzz/corpus/$$t/* build-fuzz/corpus-$$t/; \
@@ -73,8 +87,23 @@ fuzz:
 bench: build
 	./build/tools/ratelimit/ratelimit bench
 
+# Installs into PREFIX (default /usr/local), runs ldconfig when the library
+# directory is one ld.so searches, and records every file and directory it
+# wrote in build/ratelimit-installed.txt for `make uninstall`.
 install: build
-	cmake --install build
+	@scripts/install.sh install build
+
+uninstall:
+	@scripts/install.sh uninstall build
+
+# As root: `make demo` and `make test` in a fresh Debian 12 root (debootstrap,
+# chroot) on a clean clone of HEAD.  See scripts/fresh-check.sh.
+fresh-check:
+	scripts/fresh-check.sh
+
+# Lists the tracked source files without an SPDX license line.
+spdx-check:
+	@scripts/spdx.sh check
 
 clean:
 	rm -rf build build-asan build-tsan build-fuzz

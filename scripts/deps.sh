@@ -1,16 +1,32 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the build, tests and tools need, and only
-# those that are missing (idempotent: a machine that has them all runs no
-# apt-get at all).  Usage: scripts/deps.sh [build|test]
+# SPDX-License-Identifier: MIT
+#
+# The Debian packages the build, the tests and the tools need.
+#   scripts/deps.sh build        install what the build (`make`, `make demo`,
+#                                `make install`) needs, only what is missing
+#   scripts/deps.sh test         the same for the build and every test
+#   scripts/deps.sh check [build|test]
+#                                install nothing: name each missing package
+#                                and the command that installs them, and exit
+#                                1 if any is missing
+# Idempotent: a machine that has them all runs no apt-get at all.
 set -euo pipefail
 
 build_pkgs=(gcc make cmake pkg-config libxxhash-dev libhiredis-dev)
 test_pkgs=(libcmocka-dev valgrind libxml2-utils clang libclang-rt-14-dev redis-server)
 
-case "${1:-test}" in
+usage() { echo "usage: $0 [build|test] | $0 check [build|test]" >&2; exit 2; }
+
+check_only=0
+set_=${1:-test}
+if [ "$set_" = check ]; then
+  check_only=1
+  set_=${2:-build}
+fi
+case "$set_" in
   build) want=("${build_pkgs[@]}") ;;
   test) want=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
-  *) echo "usage: $0 [build|test]" >&2; exit 2 ;;
+  *) usage ;;
 esac
 
 missing=()
@@ -21,12 +37,19 @@ for p in "${want[@]}"; do
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
-echo "deps: installing ${missing[*]}" >&2
 SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
+[ "$(id -u)" -ne 0 ] && SUDO="sudo "
+if [ "$check_only" -eq 1 ]; then
+  echo "missing Debian packages: ${missing[*]}" >&2
+  echo "install them with: ${SUDO}apt-get install ${missing[*]}" >&2
+  echo "(or run scripts/deps.sh $set_, or make demo / make test, which install them)" >&2
+  exit 1
+fi
+
+echo "deps: installing ${missing[*]}" >&2
+if [ -n "$SUDO" ]; then
   command -v sudo >/dev/null || { echo "deps: need root or sudo to install ${missing[*]}" >&2; exit 1; }
-  SUDO=sudo
 fi
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+${SUDO}apt-get update -qq
+${SUDO}apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Installs the build into a scratch prefix and builds a small program
-# against it four ways: pkg-config shared and static, CMake
-# find_package(ratelimit) with the shared and the static target.
+# Installs the build into a scratch prefix as `make install PREFIX=...`
+# does (scripts/install.sh) and builds a small program against it: with
+# pkg-config, shared (the run-time path given by -Wl,-rpath, the line of
+# docs/install.md, or by LD_LIBRARY_PATH) and static; with CMake
+# find_package(ratelimit), the shared and the static target.  Runs the
+# installed command, then uninstalls and checks that nothing is left.
 # Usage: install_test.sh BUILD_DIR
 set -eu
 B=$1
+S=$(cd "$(dirname "$0")/.." && pwd)
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-cmake --install "$B" --prefix "$T/prefix" >/dev/null
+export RATE_INSTALL_LIST="$T/installed.txt"
+bash "$S/scripts/install.sh" install "$B" "$T/prefix" >"$T/install.log" 2>&1 \
+  || { cat "$T/install.log"; exit 1; }
 cat >"$T/app.c" <<'C'
 #include <ratelimit.h>
 #include <stdio.h>
@@ -33,9 +39,13 @@ check() { if "$@" >/dev/null 2>&1; then pass=$((pass + 1)); else fail=$((fail + 
 libdir=$(ls -d "$T"/prefix/lib*/ | head -1)
 export PKG_CONFIG_PATH
 PKG_CONFIG_PATH=$(dirname "$(find "$T/prefix" -name ratelimit.pc)")
+# The line of docs/install.md for a prefix outside ld.so's path.
 # shellcheck disable=SC2046
-check cc "$T/app.c" -o "$T/shared" $(pkg-config --cflags --libs ratelimit) -Wl,-rpath,"$libdir"
+check cc "$T/app.c" -o "$T/shared" $(pkg-config --cflags --libs ratelimit) -Wl,-rpath,$(pkg-config --variable=libdir ratelimit)
 check "$T/shared"
+# shellcheck disable=SC2046
+check cc "$T/app.c" -o "$T/shared-norpath" $(pkg-config --cflags --libs ratelimit)
+check env LD_LIBRARY_PATH="$libdir" "$T/shared-norpath"
 # shellcheck disable=SC2046
 check cc "$T/app.c" -o "$T/static" $(pkg-config --cflags ratelimit) "$libdir/libratelimit.a" $(pkg-config --static --libs-only-l ratelimit | sed 's/-lratelimit//')
 check "$T/static"
@@ -52,5 +62,12 @@ CM
   check cmake --build "$T/cm-$target/b"
   check "$T/cm-$target/b/app"
 done
+# The installed command runs (it links the library statically).
+check "$T/prefix/bin/ratelimit" --version
+# Uninstall removes every file and every directory the install created.
+check bash "$S/scripts/install.sh" uninstall "$B"
+check test ! -e "$T/prefix"
+check test ! -e "$RATE_INSTALL_LIST"
+if [ -e "$T/prefix" ]; then echo "left after uninstall:"; find "$T/prefix"; fi
 echo "install: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
