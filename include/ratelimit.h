@@ -81,7 +81,7 @@ RATE_API const char *rate_err_name(int err);
 #define RATE_TIME_MAX ((uint64_t)INT64_MAX) /* largest time or duration, ns */
 #define RATE_KEY_MAX 512               /* longest key, bytes */
 #define RATE_MAX_LIMITS 4              /* limits in one policy */
-#define RATE_SLIDING_LOG_MAX 1000000u  /* largest limit of a sliding log */
+#define RATE_SLIDING_LOG_MAX 10000u    /* largest limit of a sliding log */
 
 #define RATE_NS_PER_S UINT64_C(1000000000)
 

@@ -104,6 +104,11 @@ typedef struct rate__algo {
      * fuller than its burst, a window counting past its limit, a log out
      * of order). */
     bool (*valid)(const rate_limit_t *l, const uint8_t *st, uint64_t t_last);
+    /* Optional: what `valid` leaves to the admission, checked on the view
+     * before it is written back (a log's entries: linear in the log, which
+     * the admission copies anyway). */
+    bool (*view_ok)(const rate_limit_t *l, const rate__view_t *v,
+                    uint64_t t_last);
     /* Optional: a plain try-acquire (max_wait 0, no detail) over a whole
      * stored state of one limit of this algorithm, decided and rewritten in
      * place: what rate_state_acquire() runs (fixed-size components only).

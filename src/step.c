@@ -123,13 +123,14 @@ bool rate__is_cold(void *varg, const void *state, size_t len, uint64_t now)
 }
 
 static int read_state(rate__step_arg_t *arg, const rate_step_io_t *io,
-                      rate__view_t *views, uint64_t *t_eff)
+                      rate__view_t *views, uint64_t *t_eff, uint64_t *last)
 {
     const rate_policy_t *p = arg->policy, *old;
     const uint8_t *st = io->old_state;
     parsed_t ps;
 
     *t_eff = arg->now_ns;
+    *last = 0;
     if (st == NULL || io->old_len == 0) { /* a new key: cold start */
         for (size_t i = 0; i < p->count; i++)
             p->algo[i]->load(&p->limits[i], NULL, &views[i]);
@@ -137,6 +138,7 @@ static int read_state(rate__step_arg_t *arg, const rate_step_io_t *io,
     }
     if (!parse_header(st, io->old_len, &ps))
         return RATE_ECORRUPT;
+    *last = ps.last;
     if (ps.last > *t_eff)
         *t_eff = ps.last;
     if (is_own(arg, &ps)) {
@@ -313,14 +315,14 @@ int rate__step(void *varg, rate_step_io_t *io)
     const rate_policy_t *p = arg->policy;
     rate__view_t views[RATE_MAX_LIMITS];
     rate__verdict_t verdicts[RATE_MAX_LIMITS];
-    uint64_t t;
+    uint64_t t, last;
     int rc;
 
     if (p->count == 1 && io->old_state != NULL && step_one(arg, io))
         return RATE_OK;
     io->write = false;
     io->new_len = 0;
-    rc = read_state(arg, io, views, &t);
+    rc = read_state(arg, io, views, &t, &last);
     if (rc != RATE_OK)
         return rc;
     for (size_t i = 0; i < p->count; i++)
@@ -329,6 +331,10 @@ int rate__step(void *varg, rate_step_io_t *io)
     combine(p, verdicts, arg->decision);
     if (!arg->decision->allowed || arg->permits == 0)
         return RATE_OK;
+    for (size_t i = 0; i < p->count; i++)
+        if (p->algo[i]->view_ok != NULL &&
+            !p->algo[i]->view_ok(&p->limits[i], &views[i], last))
+            return RATE_ECORRUPT; /* never written back */
     if (state_bound(p, views) > io->new_cap)
         return RATE_EINVAL; /* the store gave less room than promised */
     io->new_len = write_state(arg, views, t, arg->permits, io->new_state);

@@ -137,6 +137,76 @@ static void memory_small_table(void **state)
     rate_store_free(s);
 }
 
+/* A long sliding log does not starve other keys of its shard: one thread
+ * keeps admitting into a log of RATE_SLIDING_LOG_MAX entries (each
+ * admission copies it under the shard's lock) while another decides a
+ * small key in the same shard (the store has one).  The lock's hand-over to
+ * a starving waiter bounds each of the small key's waits to a few of the
+ * log's admissions (tens of us each); asserted with a slack of 250 ms, far
+ * above that and far below the seconds an unfair lock let the log's thread
+ * keep it (the first edition: 12.5 s). */
+typedef struct log_run {
+    rate_limiter_t *lim;
+    atomic_bool done;
+    atomic_uint_fast64_t admitted;
+} log_run_t;
+
+static void *log_writer(void *arg)
+{
+    log_run_t *r = arg;
+    uint64_t t = SEC;
+    while (!atomic_load(&r->done)) {
+        t += 1000; /* 10000 requests per 10 ms window: always full */
+        if (rate_try_acquire_at(r->lim, "big", 1, t))
+            atomic_fetch_add_explicit(&r->admitted, 1, memory_order_relaxed);
+    }
+    return NULL;
+}
+
+static void long_log_does_not_starve(void **state)
+{
+    (void)state;
+    rate_memory_options_t o = {0, 1};
+    rate_store_t *s;
+    assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
+    log_run_t r;
+    memset(&r, 0, sizeof r);
+    r.lim = limiter_of("sliding-log 10000/10ms", s);
+    rate_limiter_t *small = limiter_of("token-bucket 1000000/s burst=1000", s);
+    /* Fill the log before the race. */
+    for (uint64_t t = 1; t <= 10000; t++)
+        assert_true(at(r.lim, "big", SEC - 10000 * 1000 + t * 1000, 1, 0)
+                        .allowed);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, log_writer, &r), 0);
+    /* Decide the small key until the log has taken 300 admissions (or
+     * 5 s have passed: a machine too loaded to run both threads). */
+    uint64_t worst = 0, calls = 0, start = rate_clock_monotonic_ns();
+    while (atomic_load(&r.admitted) < 300 &&
+           rate_clock_monotonic_ns() - start < 5 * SEC) {
+        uint64_t t0 = rate_clock_monotonic_ns();
+        (void)rate_try_acquire(small, "small", 1);
+        uint64_t dt = rate_clock_monotonic_ns() - t0;
+        if (dt > worst)
+            worst = dt;
+        calls++;
+    }
+    uint64_t during = atomic_load(&r.admitted);
+    atomic_store(&r.done, true);
+    pthread_join(th, NULL);
+    assert_true(during > 0); /* the two did meet */
+    if (worst > 250 * MS)
+        fail_msg("a small key waited %llu ms behind a long log",
+                 (unsigned long long)(worst / MS));
+    print_message("long log: worst wait %llu us over %llu calls, %llu log "
+                  "admissions meanwhile\n",
+                  (unsigned long long)(worst / 1000),
+                  (unsigned long long)calls, (unsigned long long)during);
+    rate_limiter_free(r.lim);
+    rate_limiter_free(small);
+    rate_store_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -144,6 +214,7 @@ int main(void)
         cmocka_unit_test(cas_token_bucket),
         cmocka_unit_test(memory_sliding_log),
         cmocka_unit_test(memory_small_table),
+        cmocka_unit_test(long_log_does_not_starve),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

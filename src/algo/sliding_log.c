@@ -166,22 +166,36 @@ static uint64_t sl_max_reset(const rate_limit_t *l)
     return l->period_ns;
 }
 
-/* Written logs hold their count of entries, each of at least one permit at
- * a time no later than t_last and in order, with their sum kept beside and
- * at most L. */
+/* What a read checks at once, in constant time: a sum of at most L over
+ * at least as many permits as entries (each has one or more).  The
+ * entries themselves are checked by sl_view_ok before an admission writes
+ * them back; a denial reads only the prefix it prunes, and a tampered sum
+ * can then only make it stricter (an underflow reads as a full log). */
 static bool sl_valid(const rate_limit_t *l, const uint8_t *st, uint64_t last)
 {
-    uint32_t count = rate__get32(st);
+    uint32_t count = rate__get32(st), sum = rate__get32(st + 4);
+
+    (void)last;
+    return sum <= l->limit && count <= sum;
+}
+
+/* The entries still in the window, before an admission writes them back:
+ * each of at least one permit, in time order, none after t_last, and
+ * their sum the one the decision went by.  Linear in the log, as the
+ * admission's copy of it is. */
+static bool sl_view_ok(const rate_limit_t *l, const rate__view_t *v,
+                       uint64_t last)
+{
     uint64_t sum = 0, prev = 0;
 
-    for (uint32_t i = 0; i < count; i++) {
-        uint64_t t = sl_time(st + SL_HEAD, i), n = sl_permits(st + SL_HEAD, i);
+    for (uint32_t i = 0; i < v->log_count; i++) {
+        uint64_t t = sl_time(v->log, i), n = sl_permits(v->log, i);
         if (n == 0 || n > l->limit || t < prev || t > last)
             return false;
-        sum += n; /* each n <= L <= 2^20, count <= L: no overflow */
+        sum += n; /* each n <= L <= RATE_SLIDING_LOG_MAX: no overflow */
         prev = t;
     }
-    return sum <= l->limit && sum == rate__get32(st + 4);
+    return sum == v->log_sum;
 }
 
 const rate__algo_t rate__sliding_log = {
@@ -197,4 +211,5 @@ const rate__algo_t rate__sliding_log = {
     .convert = sl_convert,
     .max_reset = sl_max_reset,
     .valid = sl_valid,
+    .view_ok = sl_view_ok,
 };

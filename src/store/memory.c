@@ -106,6 +106,7 @@ static inline void heap_put(slot_t *e, heap_state_t h)
 
 typedef struct shard {
     _Alignas(64) atomic_int lock;
+    atomic_int starving; /* waiters that waited the longest backoff */
     uint32_t count, cap, hand;
     XXH64_hash_t seed; /* the store's */
     struct memstore *store;
@@ -151,32 +152,52 @@ static inline void cpu_relax(void)
  * keeps the line (and the key's slot) in its own cache for its next
  * decisions instead of losing it to every spinning reader.  Two threads
  * hammering one key then decide about as many times a second together as
- * one alone (without backoff: a quarter as many).  The price is fairness
- * under such contention: a waiter may sit out several of the holder's
- * decisions, looking again within ~40 us at the longest.  The wait is out
- * of line, so that an uncontended lock costs the hot path one exchange and
- * none of the registers the wait would need. */
+ * one alone (without backoff: a quarter as many).  The price would be
+ * fairness: a waiter may sit out several of the holder's decisions.  So a
+ * waiter that has backed off to the longest wait (~40 us) declares itself
+ * starving; while any thread is, no one takes the lock but the starving
+ * (trylock fails at once), so the holder cannot keep taking it back and
+ * every waiter gets it within a bounded number of hand-overs.  The wait is
+ * out of line, so that an uncontended lock costs the hot path one load and
+ * one exchange and none of the registers the wait would need. */
+static bool take(shard_t *s)
+{
+    return !atomic_load_explicit(&s->lock, memory_order_relaxed) &&
+           !atomic_exchange_explicit(&s->lock, 1, memory_order_acquire);
+}
+
 static __attribute__((noinline, cold)) void shard_lock_wait(shard_t *s)
 {
     unsigned backoff = BACKOFF_MIN;
 
-    do {
-        do {
-            for (unsigned i = 0; i < backoff; i++)
-                cpu_relax();
-            if (backoff < BACKOFF_MAX)
-                backoff *= 2;
-            else
-                sched_yield(); /* the holder may have been preempted */
-        } while (atomic_load_explicit(&s->lock, memory_order_relaxed));
-    } while (atomic_exchange_explicit(&s->lock, 1, memory_order_acquire));
+    for (;;) {
+        for (unsigned i = 0; i < backoff; i++)
+            cpu_relax();
+        if (atomic_load_explicit(&s->starving, memory_order_relaxed) == 0 &&
+            take(s))
+            return;
+        if (backoff < BACKOFF_MAX)
+            backoff *= 2;
+        else
+            break;
+    }
+    atomic_fetch_add_explicit(&s->starving, 1, memory_order_relaxed);
+    for (unsigned spins = 0; !take(s); spins++) {
+        cpu_relax();
+        if (spins % 1024 == 1023)
+            sched_yield(); /* the holder may have been preempted */
+    }
+    atomic_fetch_sub_explicit(&s->starving, 1, memory_order_relaxed);
 }
 
-/* Takes the lock if it is free, at once; false if it is held. */
+/* Takes the lock if it is free and no waiter is starving, at once; false
+ * otherwise. */
 static inline bool shard_trylock(shard_t *s)
 {
-    return !__builtin_expect(
-        atomic_exchange_explicit(&s->lock, 1, memory_order_acquire), 0);
+    return __builtin_expect(
+        atomic_load_explicit(&s->starving, memory_order_relaxed) == 0 &&
+            !atomic_exchange_explicit(&s->lock, 1, memory_order_acquire),
+        1);
 }
 
 static inline void shard_lock(shard_t *s)
@@ -938,6 +959,7 @@ int rate_store_memory_new(const rate_memory_options_t *opt, rate_store_t **out)
     for (unsigned i = 0; i < n; i++) {
         shard_t *s = &m->shards[i];
         atomic_init(&s->lock, 0);
+        atomic_init(&s->starving, 0);
         s->seed = m->seed;
         s->store = m;
         /* Room for the shard's share of max_keys and three standard
