@@ -365,6 +365,49 @@ RATE_API int rate_limiter_acquire(rate_limiter_t *limiter, const char *key,
                                   size_t key_len, uint64_t permits,
                                   uint64_t timeout_ns, rate_decision_t *out);
 
+/* ------------------------------------------ changes outside admissions */
+
+/* These change a key's state outside an admission (docs/algorithms.md,
+ * "Bounds and policy changes"), under the key's policy, at the limiter's
+ * clock (the *_at forms: at now_ns, which counts as a request's time: the
+ * state is read at max(now_ns, t_last) and written with that t_last).
+ * They return RATE_OK, or RATE_EINVAL (NULL limiter), RATE_EKEY,
+ * RATE_ERANGE (permits or time above RATE_TIME_MAX), or the store's error
+ * as is: the fail mode decides admissions only.  A shadow limiter changes
+ * its own state (unless it shares the enforced one).  Thread-safe: yes. */
+
+/* Forgets the key: its next request is a new key's.  (With
+ * RATE_FAIL_FALLBACK the insurance store forgets it too.) */
+RATE_API int rate_limiter_reset(rate_limiter_t *limiter, const char *key,
+                                size_t key_len);
+
+/* Gives `permits` back: a token bucket gets its tokens back (up to its
+ * burst), a leaky bucket drains them, a window uncounts them from the
+ * current window (then a sliding counter from the previous one; nothing
+ * once the window they were counted in has rolled), a sliding log drops
+ * them from its newest entries.  How a server returns a permit that a
+ * later check denied (a per-route limit admitted, the user's limit then
+ * denied), or cancels a reservation: a reservation is identified by its
+ * key and permits, and cancelling it is refunding them (the debt it left
+ * is paid back; any delay already waited is not).  A key with no state
+ * has nothing to give back: nothing is written. */
+RATE_API int rate_limiter_refund(rate_limiter_t *limiter, const char *key,
+                                 size_t key_len, uint64_t permits);
+RATE_API int rate_limiter_refund_at(rate_limiter_t *limiter, const char *key,
+                                    size_t key_len, uint64_t permits,
+                                    uint64_t now_ns);
+
+/* Charges `permits` whatever remains: a token bucket goes into debt (as
+ * far as a reservation may, 2^62 scaled tokens), a leaky bucket fills up
+ * to its capacity, a window counts up to its limit, a sliding log logs as
+ * many as its limit still holds.  Later requests are denied until the
+ * charge has drained, refilled or left the window. */
+RATE_API int rate_limiter_penalize(rate_limiter_t *limiter, const char *key,
+                                   size_t key_len, uint64_t permits);
+RATE_API int rate_limiter_penalize_at(rate_limiter_t *limiter,
+                                      const char *key, size_t key_len,
+                                      uint64_t permits, uint64_t now_ns);
+
 /* Statistics: the store's figures plus the limiter's own.  Thread-safe: yes. */
 RATE_API int rate_limiter_stats(rate_limiter_t *limiter, rate_stats_t *out);
 

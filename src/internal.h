@@ -55,8 +55,19 @@ typedef struct rate__view {
     uint64_t y;            /* curr (sliding window) */
     const uint8_t *log;    /* sliding log: first entry inside the window */
     uint32_t log_count;    /* entries from `log` on */
-    uint64_t log_sum;      /* their permits */
+    uint64_t log_sum;      /* their permits (less trim) */
+    uint64_t trim;         /* sliding log: permits a refund drops from the
+                              newest entries when it is written */
 } rate__view_t;
+
+/* What a step does besides deciding: the calls that change a key's state
+ * outside an admission (docs/algorithms.md, "Bounds and policy changes"). */
+typedef enum rate__op {
+    RATE__OP_DECIDE = 0,
+    RATE__OP_REFUND,  /* give `permits` back, no further than cold */
+    RATE__OP_PENALTY, /* charge `permits` past what remains, up to the
+                         fullest state (a token bucket: into debt) */
+} rate__op_t;
 
 /* One limit's verdict.  *_now describe the state as it is (used when the
  * request is denied by any limit); *_after the state once the request is
@@ -109,6 +120,11 @@ typedef struct rate__algo {
      * the admission copies anyway). */
     bool (*view_ok)(const rate_limit_t *l, const rate__view_t *v,
                     uint64_t t_last);
+    /* A refund or a penalty of n permits on the view at t: changes the view
+     * and returns the permits commit() is then to admit (a log's penalty
+     * is an entry), else 0. */
+    uint64_t (*adjust)(const rate_limit_t *l, rate__view_t *v, rate__op_t op,
+                       uint64_t n, uint64_t t);
     /* Optional: a plain try-acquire (max_wait 0, no detail) over a whole
      * stored state of one limit of this algorithm, decided and rewritten in
      * place: what rate_state_acquire() runs (fixed-size components only).
@@ -342,12 +358,6 @@ const rate_policy_t *rate__known_find(const rate__registry_t *r,
 #define RATE__FORMAT_V1 2u
 #define RATE__FORMAT 3u
 
-/* What a step does besides deciding. */
-typedef enum rate__op {
-    RATE__OP_DECIDE = 0,
-    RATE__OP_REFUND,  /* give `permits` back, capped at the cold start */
-    RATE__OP_PENALTY, /* charge `permits`, past what remains */
-} rate__op_t;
 
 typedef struct rate__step_arg {
     const rate_policy_t *policy;

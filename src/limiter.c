@@ -367,12 +367,13 @@ static int store_part(rate_limiter_t *lim, rate_store_t *store,
         rc = store->m->decide(store->self, key, &req, arg->decision);
         if (rc != RATE_ENOTSUP)
             return rc;
-        /* Declined: decided here, by the store's clock if it keeps one. */
-        uint64_t t;
-        if (clock_time && store->m->now != NULL &&
-            store->m->now(store->self, &t) == RATE_OK && t <= RATE_TIME_MAX)
-            arg->now_ns = now = t;
     }
+    /* Decided here (decide() declined, or the store has none, or this is
+     * no decision): by the store's clock if it keeps one. */
+    uint64_t t;
+    if (clock_time && store->m->now != NULL &&
+        store->m->now(store->self, &t) == RATE_OK && t <= RATE_TIME_MAX)
+        arg->now_ns = now = t;
     rate_step_t st = {rate__step, arg, p->grow, now,
                       horizon(lim, now, clock_time), rate__is_cold};
     for (unsigned round = 0;; round++) {
@@ -581,6 +582,89 @@ int rate_limiter_acquire(rate_limiter_t *lim, const char *key, size_t key_len,
             return RATE_OK; /* never, a store error, or past the deadline */
         lim->clock.sleep_ns(lim->clock.ud, out->retry_after_ns);
     }
+}
+
+/* ------------------------------------------------- outside admissions */
+
+/* A refund or a penalty on key at now, under the key's policy: the step's
+ * adjust pass through the store (no fail mode: the store's error is the
+ * call's). */
+static int adjust_key(rate_limiter_t *lim, const char *key, size_t key_len,
+                      uint64_t permits, uint64_t now, bool clock_time,
+                      rate__op_t op)
+{
+    const rate_policy_t *p = NULL;
+    rate_decision_t d;
+    uint32_t tag = 0;
+    int rc;
+
+    if (lim == NULL)
+        return RATE_EINVAL;
+    if (key == NULL || key_len == 0 || key_len > RATE_KEY_MAX)
+        return RATE_EKEY;
+    if (permits > RATE_TIME_MAX || now > RATE_TIME_MAX)
+        return RATE_ERANGE;
+    if (lim->resolve != NULL &&
+        (p = lim->resolve(lim->resolve_ud, key, key_len)) != NULL)
+        rc = tag_of(lim, &lim->book, p, &tag);
+    if (p == NULL) {
+        plan_t *pl = atomic_load_explicit(&lim->plan, memory_order_acquire);
+        p = &pl->policy;
+        rc = plan_tag(lim, pl, &tag);
+    }
+    if (rc != RATE_OK)
+        return rc;
+    rate_key_t k = {key, key_len, lim->space};
+    rate__step_arg_t arg = {p,   tag,     lim->format, &lim->book.known,
+                            now, permits, 0,           false,
+                            op,  &d,      0,           0};
+    return store_part(lim, lim->store, &lim->book, &k, &arg, now, clock_time);
+}
+
+int rate_limiter_refund(rate_limiter_t *lim, const char *key, size_t key_len,
+                        uint64_t permits)
+{
+    return adjust_key(lim, key, key_len, permits,
+                      lim != NULL ? clock_now(lim) : 0, true,
+                      RATE__OP_REFUND);
+}
+
+int rate_limiter_refund_at(rate_limiter_t *lim, const char *key,
+                           size_t key_len, uint64_t permits, uint64_t now_ns)
+{
+    return adjust_key(lim, key, key_len, permits, now_ns, false,
+                      RATE__OP_REFUND);
+}
+
+int rate_limiter_penalize(rate_limiter_t *lim, const char *key,
+                          size_t key_len, uint64_t permits)
+{
+    return adjust_key(lim, key, key_len, permits,
+                      lim != NULL ? clock_now(lim) : 0, true,
+                      RATE__OP_PENALTY);
+}
+
+int rate_limiter_penalize_at(rate_limiter_t *lim, const char *key,
+                             size_t key_len, uint64_t permits, uint64_t now_ns)
+{
+    return adjust_key(lim, key, key_len, permits, now_ns, false,
+                      RATE__OP_PENALTY);
+}
+
+int rate_limiter_reset(rate_limiter_t *lim, const char *key, size_t key_len)
+{
+    if (lim == NULL)
+        return RATE_EINVAL;
+    if (key == NULL || key_len == 0 || key_len > RATE_KEY_MAX)
+        return RATE_EKEY;
+    rate_key_t k = {key, key_len, lim->space};
+    int rc = lim->store->m->remove(lim->store->self, &k);
+    if (lim->fallback != NULL) { /* the insurance store forgets it too */
+        int fb = lim->fallback->m->remove(lim->fallback->self, &k);
+        if (rc == RATE_OK)
+            rc = fb;
+    }
+    return rc;
 }
 
 int rate_limiter_stats(rate_limiter_t *lim, rate_stats_t *out)

@@ -309,6 +309,48 @@ static bool step_one(rate__step_arg_t *arg, rate_step_io_t *io)
     return true;
 }
 
+/* A refund or a penalty: the state at t_eff, changed by each algorithm's
+ * adjust, written back with t_last = t_eff.  A refund of a key that has no
+ * state writes nothing (there is nothing to give back). */
+static int step_adjust(rate__step_arg_t *arg, rate_step_io_t *io)
+{
+    const rate_policy_t *p = arg->policy;
+    rate__view_t views[RATE_MAX_LIMITS];
+    uint64_t admit[RATE_MAX_LIMITS];
+    uint64_t t, last, ttl = 0;
+    int rc = read_state(arg, io, views, &t, &last);
+
+    if (rc != RATE_OK)
+        return rc;
+    if (io->old_state == NULL && arg->op == RATE__OP_REFUND)
+        return RATE_OK;
+    for (size_t i = 0; i < p->count; i++) {
+        const rate__algo_t *a = p->algo[i];
+        if (a->view_ok != NULL && !a->view_ok(&p->limits[i], &views[i], last))
+            return RATE_ECORRUPT;
+        admit[i] = a->adjust(&p->limits[i], &views[i], arg->op, arg->permits,
+                             t);
+    }
+    if (state_bound(p, views) > io->new_cap)
+        return RATE_EINVAL;
+    size_t off = RATE__HEADER_LEN;
+    write_header(arg, t, io->new_state);
+    for (size_t i = 0; i < p->count; i++) {
+        const rate__algo_t *a = p->algo[i];
+        const rate_limit_t *l = &p->limits[i];
+        rate__verdict_t v;
+        a->decide(l, &views[i], t, 0, 0, true, &v);
+        uint64_t reset = admit[i] > 0 ? a->max_reset(l) : v.reset_now_ns;
+        if (reset > ttl)
+            ttl = reset;
+        off += a->commit(l, &views[i], t, admit[i], io->new_state + off);
+    }
+    io->new_len = off;
+    io->write = true;
+    io->ttl_ns = ttl;
+    return RATE_OK;
+}
+
 int rate__step(void *varg, rate_step_io_t *io)
 {
     rate__step_arg_t *arg = varg;
@@ -318,10 +360,13 @@ int rate__step(void *varg, rate_step_io_t *io)
     uint64_t t, last;
     int rc;
 
-    if (p->count == 1 && io->old_state != NULL && step_one(arg, io))
+    if (arg->op == RATE__OP_DECIDE && p->count == 1 &&
+        io->old_state != NULL && step_one(arg, io))
         return RATE_OK;
     io->write = false;
     io->new_len = 0;
+    if (arg->op != RATE__OP_DECIDE)
+        return step_adjust(arg, io);
     rc = read_state(arg, io, views, &t, &last);
     if (rc != RATE_OK)
         return rc;

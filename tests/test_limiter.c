@@ -618,6 +618,116 @@ static void store_failure_fallback(void **state)
     rate_store_free(store);
 }
 
+/* rate_limiter_refund / _penalize / _reset: each algorithm's documented
+ * change, exactly, at one instant (t = 1 s) unless said otherwise. */
+static void refund_penalty_reset(void **state)
+{
+    (void)state;
+    rate_limiter_t *l = limiter_of("token-bucket 10/s burst=10", NULL);
+    for (int i = 0; i < 10; i++)
+        assert_true(at(l, "k", SEC, 1, 0).allowed);
+    assert_int_equal(rate_limiter_refund_at(l, "k", 1, 3, SEC), RATE_OK);
+    for (int i = 0; i < 3; i++)
+        assert_true(at(l, "k", SEC, 1, 0).allowed);
+    assert_false(at(l, "k", SEC, 1, 0).allowed);
+    /* A refund stops at the burst. */
+    assert_int_equal(rate_limiter_refund_at(l, "k", 1, 100, SEC), RATE_OK);
+    assert_int_equal(at(l, "k", SEC, 0, 0).remaining, 10);
+    /* A penalty past what remains is a debt: 100 taken from 10 leaves -90,
+     * and one token is 91 tokens away at 10/s. */
+    assert_int_equal(rate_limiter_penalize_at(l, "k", 1, 100, SEC), RATE_OK);
+    rate_decision_t d = at(l, "k", SEC, 1, 0);
+    assert_false(d.allowed);
+    assert_int_equal(d.retry_after_ns, 9100 * MS);
+    /* Cancelling a reservation is refunding it: 15 reserved from a full
+     * bucket waits 500 ms; refunded, 10 pass at once again. */
+    assert_int_equal(rate_limiter_reset(l, "k", 1), RATE_OK);
+    d = at(l, "k", SEC, 15, 0);
+    assert_int_equal(d.reason, RATE_REASON_NEVER); /* above the burst */
+    d = at(l, "k", SEC, 8, 0);
+    assert_true(d.allowed);
+    d = at(l, "k", SEC, 7, SEC); /* 5 short: 500 ms */
+    assert_true(d.allowed);
+    assert_int_equal(d.delay_ns, 500 * MS);
+    assert_int_equal(rate_limiter_refund_at(l, "k", 1, 7, SEC), RATE_OK);
+    assert_int_equal(at(l, "k", SEC, 0, 0).remaining, 2);
+    /* Reset: a new key (full), and the time clamp of the old state gone. */
+    assert_int_equal(rate_limiter_penalize_at(l, "k", 1, 10, 50 * SEC),
+                     RATE_OK);
+    assert_int_equal(rate_limiter_reset(l, "k", 1), RATE_OK);
+    d = at(l, "k", SEC, 0, 0);
+    assert_int_equal(d.remaining, 10);
+    assert_int_equal(d.reset_after_ns, 0);
+    /* Refunding a key that has no state writes nothing ("k" was reset and
+     * only queried since: no key is held). */
+    assert_int_equal(rate_limiter_refund_at(l, "none", 4, 1, SEC), RATE_OK);
+    rate_stats_t st;
+    assert_int_equal(rate_limiter_stats(l, &st), RATE_OK);
+    assert_int_equal(st.keys, 0);
+    /* Bad input. */
+    assert_int_equal(rate_limiter_refund(NULL, "k", 1, 1), RATE_EINVAL);
+    assert_int_equal(rate_limiter_penalize(l, NULL, 1, 1), RATE_EKEY);
+    assert_int_equal(rate_limiter_refund_at(l, "k", 1, RATE_TIME_MAX + 1, 0),
+                     RATE_ERANGE);
+    assert_int_equal(rate_limiter_reset(l, "", 0), RATE_EKEY);
+    rate_limiter_free(l);
+
+    /* Leaky bucket: a penalty fills it to its capacity, no further; with
+     * max_wait 0 it passes only empty again, 3 * 200 ms later. */
+    l = limiter_of("leaky-bucket 5/s capacity=3", NULL);
+    assert_int_equal(rate_limiter_penalize_at(l, "k", 1, 10, SEC), RATE_OK);
+    d = at(l, "k", SEC, 1, 0);
+    assert_false(d.allowed);
+    assert_int_equal(d.retry_after_ns, 600 * MS);
+    assert_int_equal(rate_limiter_refund_at(l, "k", 1, 2, SEC), RATE_OK);
+    assert_int_equal(at(l, "k", SEC, 1, 0).retry_after_ns, 200 * MS);
+    rate_limiter_free(l);
+
+    /* Fixed window: refunds uncount in the current window only. */
+    l = limiter_of("fixed-window 4/s", NULL);
+    for (int i = 0; i < 4; i++)
+        assert_true(at(l, "k", SEC, 1, 0).allowed);
+    assert_int_equal(rate_limiter_refund_at(l, "k", 1, 2, SEC + 1), RATE_OK);
+    assert_int_equal(at(l, "k", SEC + 2, 0, 0).remaining, 2);
+    assert_int_equal(rate_limiter_refund_at(l, "k", 1, 2, 2 * SEC), RATE_OK);
+    assert_int_equal(at(l, "k", 2 * SEC, 0, 0).remaining, 4); /* rolled */
+    assert_int_equal(rate_limiter_penalize_at(l, "k", 1, 100, 2 * SEC),
+                     RATE_OK);
+    d = at(l, "k", 2 * SEC + 250 * MS, 1, 0);
+    assert_false(d.allowed);
+    assert_int_equal(d.retry_after_ns, 750 * MS);
+    rate_limiter_free(l);
+
+    /* Sliding window counter: from the current window, then the previous. */
+    l = limiter_of("sliding-window 4/s", NULL);
+    for (int i = 0; i < 3; i++)
+        assert_true(at(l, "k", SEC, 1, 0).allowed);
+    assert_true(at(l, "k", 2 * SEC, 1, 0).allowed); /* prev 3, curr 1 */
+    assert_int_equal(rate_limiter_refund_at(l, "k", 1, 2, 2 * SEC), RATE_OK);
+    /* prev 2, curr 0: at e = 0 the estimate is 2 */
+    assert_int_equal(at(l, "k", 2 * SEC, 0, 0).remaining, 2);
+    assert_int_equal(rate_limiter_penalize_at(l, "k", 1, 9, 2 * SEC), RATE_OK);
+    assert_int_equal(at(l, "k", 2 * SEC, 0, 0).remaining, 0); /* curr 4 */
+    rate_limiter_free(l);
+
+    /* Sliding log: a refund takes from the newest entries. */
+    l = limiter_of("sliding-log 4/s", NULL);
+    assert_true(at(l, "k", SEC, 1, 0).allowed);
+    assert_true(at(l, "k", SEC + 100 * MS, 2, 0).allowed);
+    assert_int_equal(rate_limiter_refund_at(l, "k", 1, 2, SEC + 100 * MS),
+                     RATE_OK);
+    d = at(l, "k", SEC + 100 * MS, 0, 0);
+    assert_int_equal(d.remaining, 3);
+    assert_int_equal(d.reset_after_ns, 900 * MS); /* only the entry at 1 s */
+    assert_int_equal(rate_limiter_penalize_at(l, "k", 1, 9, SEC + 200 * MS),
+                     RATE_OK);
+    d = at(l, "k", SEC + 200 * MS, 1, 0);
+    assert_false(d.allowed);
+    /* 1 at 1 s and the penalty's 3 at 1.2 s: one fits once 1 s leaves */
+    assert_int_equal(d.retry_after_ns, 800 * MS);
+    rate_limiter_free(l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -633,6 +743,7 @@ int main(void)
         cmocka_unit_test(policies_outlive_limiters),
         cmocka_unit_test(store_failure_modes),
         cmocka_unit_test(store_failure_fallback),
+        cmocka_unit_test(refund_penalty_reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

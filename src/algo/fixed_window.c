@@ -97,6 +97,20 @@ static bool fw_valid(const rate_limit_t *l, const uint8_t *st, uint64_t last)
 
 RATE__DEFINE_PLAIN(fw, FW_FIXED)
 
+/* A refund uncounts its permits from the current window (none once it has
+ * rolled: they were counted in a window that no longer matters); a
+ * penalty counts them, up to the limit. */
+static uint64_t fw_adjust(const rate_limit_t *l, rate__view_t *v,
+                          rate__op_t op, uint64_t n, uint64_t t)
+{
+    (void)t;
+    if (op == RATE__OP_REFUND)
+        v->x = v->x > n ? v->x - n : 0;
+    else
+        v->x = v->x + n > l->limit ? l->limit : v->x + n;
+    return 0;
+}
+
 const rate__algo_t rate__fixed_window = {
     .name = "fixed-window",
     .fixed = FW_FIXED,
@@ -109,5 +123,6 @@ const rate__algo_t rate__fixed_window = {
     .convert = fw_convert,
     .max_reset = fw_max_reset,
     .valid = fw_valid,
+    .adjust = fw_adjust,
     .plain = fw_plain,
 };

@@ -115,6 +115,22 @@ static bool lb_valid(const rate_limit_t *l, const uint8_t *st, uint64_t last)
 
 RATE__DEFINE_PLAIN(lb, LB_FIXED)
 
+/* A refund drains its permits from the bucket; a penalty pours them in, up
+ * to the capacity. */
+static uint64_t lb_adjust(const rate_limit_t *l, rate__view_t *v,
+                          rate__op_t op, uint64_t n, uint64_t t)
+{
+    rate_i128_t amount = (rate_i128_t)n * l->period_ns;
+    rate_i128_t full = (rate_i128_t)l->burst * l->period_ns;
+
+    (void)t;
+    if (op == RATE__OP_REFUND)
+        v->x = v->x > amount ? v->x - amount : 0;
+    else
+        v->x = v->x + amount > full ? full : v->x + amount;
+    return 0;
+}
+
 const rate__algo_t rate__leaky_bucket = {
     .name = "leaky-bucket",
     .fixed = LB_FIXED,
@@ -127,5 +143,6 @@ const rate__algo_t rate__leaky_bucket = {
     .convert = lb_convert,
     .max_reset = lb_max_reset,
     .valid = lb_valid,
+    .adjust = lb_adjust,
     .plain = lb_plain,
 };

@@ -132,6 +132,18 @@ static size_t sl_commit(const rate_limit_t *l, const rate__view_t *v,
     (void)l;
     if (bytes > 0) /* a cold log has no entries (and no pointer) */
         memmove(out + SL_HEAD, v->log, bytes);
+    for (uint64_t trim = v->trim; trim > 0 && count > 0;) { /* a refund */
+        uint8_t *p = out + SL_HEAD + (size_t)(count - 1) * SL_ENTRY + 8;
+        uint64_t last = rate__get64(p);
+        if (last <= trim) {
+            count--;
+            trim -= last;
+        } else {
+            rate__put64(p, last - trim);
+            trim = 0;
+        }
+    }
+    bytes = (size_t)count * SL_ENTRY;
     if (n == 0) {
         /* nothing to log */
     } else if (count > 0 && sl_time(out + SL_HEAD, count - 1) == t) {
@@ -198,6 +210,21 @@ static bool sl_view_ok(const rate_limit_t *l, const rate__view_t *v,
     return sum == v->log_sum;
 }
 
+/* A refund takes its permits back from the newest entries (written out by
+ * sl_commit, which drops them); a penalty is an entry of its permits at
+ * t, as many as fit under the limit. */
+static uint64_t sl_adjust(const rate_limit_t *l, rate__view_t *v,
+                          rate__op_t op, uint64_t n, uint64_t t)
+{
+    (void)t;
+    if (op == RATE__OP_REFUND) {
+        v->trim = n < v->log_sum ? n : v->log_sum;
+        v->log_sum -= v->trim;
+        return 0;
+    }
+    return v->log_sum >= l->limit ? 0 : rate__min_u64(n, l->limit - v->log_sum);
+}
+
 const rate__algo_t rate__sliding_log = {
     .name = "sliding-log",
     .fixed = SL_HEAD,
@@ -211,5 +238,6 @@ const rate__algo_t rate__sliding_log = {
     .convert = sl_convert,
     .max_reset = sl_max_reset,
     .valid = sl_valid,
+    .adjust = sl_adjust,
     .view_ok = sl_view_ok,
 };

@@ -158,6 +158,24 @@ static bool sw_valid(const rate_limit_t *l, const uint8_t *st, uint64_t last)
 
 RATE__DEFINE_PLAIN(sw, SW_FIXED)
 
+/* A refund uncounts its permits from the current window, then from the
+ * previous one; a penalty counts them in the current one, up to the
+ * limit. */
+static uint64_t sw_adjust(const rate_limit_t *l, rate__view_t *v,
+                          rate__op_t op, uint64_t n, uint64_t t)
+{
+    (void)t;
+    if (op == RATE__OP_REFUND) {
+        uint64_t from_curr = n < v->y ? n : v->y;
+        v->y -= from_curr;
+        n -= from_curr;
+        v->x = v->x > n ? v->x - n : 0;
+    } else {
+        v->y = n > l->limit - v->y ? l->limit : v->y + n;
+    }
+    return 0;
+}
+
 const rate__algo_t rate__sliding_window = {
     .name = "sliding-window",
     .fixed = SW_FIXED,
@@ -170,5 +188,6 @@ const rate__algo_t rate__sliding_window = {
     .convert = sw_convert,
     .max_reset = sw_max_reset,
     .valid = sw_valid,
+    .adjust = sw_adjust,
     .plain = sw_plain,
 };

@@ -41,6 +41,23 @@ static uint64_t tb_max_reset(const rate_limit_t *l)
 
 RATE__DEFINE_PLAIN_FN(tb)
 
+/* A refund adds its tokens, up to the burst; a penalty takes them, into
+ * debt as far as a reservation may go. */
+static uint64_t tb_adjust(const rate_limit_t *l, rate__view_t *v,
+                          rate__op_t op, uint64_t n, uint64_t t)
+{
+    rate_i128_t amount = (rate_i128_t)n * l->period_ns;
+    rate_i128_t full = (rate_i128_t)l->burst * l->period_ns;
+
+    (void)t;
+    if (op == RATE__OP_REFUND)
+        v->x = v->x + amount > full ? full : v->x + amount;
+    else
+        v->x = v->x - amount < -RATE__DEBT_MAX ? -RATE__DEBT_MAX
+                                               : v->x - amount;
+    return 0;
+}
+
 const rate__algo_t rate__token_bucket = {
     .name = "token-bucket",
     .fixed = TB_FIXED,
@@ -53,5 +70,6 @@ const rate__algo_t rate__token_bucket = {
     .convert = tb_convert,
     .max_reset = tb_max_reset,
     .valid = tb_valid,
+    .adjust = tb_adjust,
     .plain = tb_plain,
 };
