@@ -556,6 +556,12 @@ static void store_failure_modes(void **state)
     assert_true(d.allowed);
     assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
     assert_true(rate_try_acquire(open, "k", 1));
+    /* Fail-open admissions are admissions: counted as allowed. */
+    rate_stats_t so;
+    rate_limiter_stats(open, &so);
+    assert_int_equal(so.allowed, 2);
+    assert_int_equal(so.denied, 0);
+    assert_int_equal(so.store_errors, 2);
     cas_store_set_down(h, 0);
     assert_true(at(closed, "k", 0, 1, 0).allowed);
     /* Conflicts are retried (counted), up to the bound. */
