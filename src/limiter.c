@@ -392,42 +392,52 @@ static int store_part(rate_limiter_t *lim, rate_store_t *store,
     }
 }
 
-static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim, const char *key,
-                                      size_t key_len, uint64_t permits,
-                                      uint64_t max_wait, uint64_t now,
-                                      bool clock_time, bool detail,
-                                      rate__op_t op, rate_decision_t *d)
+/* The key's policy (the resolver's, else the default) and its tag in the
+ * store; a store error when the tag had to be looked up and could not. */
+static int policy_for(rate_limiter_t *lim, const char *key, size_t key_len,
+                      const rate_policy_t **p, uint32_t *tag)
 {
-    const rate_policy_t *p = NULL;
-    uint32_t tag = 0;
-    int rc = RATE_OK;
+    *p = NULL;
+    *tag = 0;
+    if (lim->resolve != NULL &&
+        (*p = lim->resolve(lim->resolve_ud, key, key_len)) != NULL)
+        return tag_of(lim, &lim->book, *p, tag);
+    plan_t *pl = atomic_load_explicit(&lim->plan, memory_order_acquire);
+    *p = &pl->policy;
+    return plan_tag(lim, pl, tag);
+}
 
-    if (lim == NULL || d == NULL) {
-        if (d != NULL)
-            memset(d, 0, sizeof *d);
-        return RATE_EINVAL;
-    }
-    memset(d, 0, sizeof *d);
+/* Before the store: the input checked (RATE_E* for bad input), the step's
+ * argument made; *store_rc is the store's error if the policy's tag could
+ * not be had (the fail mode's then). */
+static int prepare(rate_limiter_t *lim, const char *key, size_t key_len,
+                   uint64_t permits, uint64_t max_wait, uint64_t now,
+                   bool detail, rate__op_t op, rate_decision_t *d,
+                   rate__step_arg_t *arg, int *store_rc)
+{
+    const rate_policy_t *p;
+    uint32_t tag;
+
     if (key == NULL || key_len == 0 || key_len > RATE_KEY_MAX)
         return RATE_EKEY;
     if (permits > RATE_TIME_MAX || max_wait > RATE_TIME_MAX ||
         now > RATE_TIME_MAX)
         return RATE_ERANGE;
-    if (lim->resolve != NULL &&
-        (p = lim->resolve(lim->resolve_ud, key, key_len)) != NULL)
-        rc = tag_of(lim, &lim->book, p, &tag);
-    if (p == NULL) {
-        plan_t *pl = atomic_load_explicit(&lim->plan, memory_order_acquire);
-        p = &pl->policy;
-        rc = plan_tag(lim, pl, &tag);
-    }
-    rate_key_t k = {key, key_len, lim->space};
-    rate__step_arg_t arg = {p,     tag,      lim->format, &lim->book.known,
-                            now,   permits,  max_wait,    detail,
-                            op,    d,        0,           0};
-    if (rc == RATE_OK)
-        rc = store_part(lim, lim->store, &lim->book, &k, &arg, now,
-                        clock_time);
+    *store_rc = policy_for(lim, key, key_len, &p, &tag);
+    *arg = (rate__step_arg_t){p,   tag,     lim->format, &lim->book.known,
+                              now, permits, max_wait,    detail,
+                              op,  d,       0,           0};
+    return RATE_OK;
+}
+
+/* After the store: a failure takes the fail mode (the fallback store
+ * decides, at the limiter's own time), the verdict is counted, shadow
+ * mode lets it through. */
+static void finish(rate_limiter_t *lim, rate__step_arg_t *arg,
+                   const rate_key_t *k, uint64_t now, bool clock_time, int rc)
+{
+    rate_decision_t *d = arg->decision;
+
     if (rc != RATE_OK) {
         atomic_fetch_add_explicit(&lim->store_errors, 1, memory_order_relaxed);
         memset(d, 0, sizeof *d); /* the failed store may have filled part */
@@ -435,12 +445,12 @@ static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim, const char *key,
         if (lim->fallback != NULL) {
             /* The fallback keeps the limiter's own clock and its own
              * policy ids. */
-            arg.known = &lim->fb_book.known;
-            arg.format = RATE__FORMAT;
-            arg.now_ns = now;
-            fb = rate__book_id(&lim->fb_book, p, &arg.policy_id);
+            arg->known = &lim->fb_book.known;
+            arg->format = RATE__FORMAT;
+            arg->now_ns = now;
+            fb = rate__book_id(&lim->fb_book, arg->policy, &arg->policy_id);
             if (fb == RATE_OK)
-                fb = store_part(lim, lim->fallback, &lim->fb_book, &k, &arg,
+                fb = store_part(lim, lim->fallback, &lim->fb_book, k, arg,
                                 now, clock_time);
         }
         if (fb != RATE_OK) {
@@ -451,13 +461,36 @@ static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim, const char *key,
         d->reason = RATE_REASON_STORE_ERROR; /* the verdict is the fallback's */
         d->error = rc;
     }
-    if (op == RATE__OP_DECIDE)
-        count_verdict(lim, d->allowed);
+    count_verdict(lim, d->allowed);
     if (!d->allowed && lim->shadow) {
         d->allowed = true;
         d->shadow = true;
         d->retry_after_ns = d->reason == RATE_REASON_NEVER ? RATE_NEVER : 0;
     }
+}
+
+static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim, const char *key,
+                                      size_t key_len, uint64_t permits,
+                                      uint64_t max_wait, uint64_t now,
+                                      bool clock_time, bool detail,
+                                      rate_decision_t *d)
+{
+    rate__step_arg_t arg;
+    int rc, store_rc = RATE_OK;
+
+    if (d != NULL)
+        memset(d, 0, sizeof *d);
+    if (lim == NULL || d == NULL)
+        return RATE_EINVAL;
+    rc = prepare(lim, key, key_len, permits, max_wait, now, detail,
+                 RATE__OP_DECIDE, d, &arg, &store_rc);
+    if (rc != RATE_OK)
+        return rc;
+    rate_key_t k = {key, key_len, lim->space};
+    if (store_rc == RATE_OK)
+        store_rc = store_part(lim, lim->store, &lim->book, &k, &arg, now,
+                              clock_time);
+    finish(lim, &arg, &k, now, clock_time, store_rc);
     return RATE_OK;
 }
 
@@ -470,8 +503,8 @@ static __attribute__((noinline)) bool try_general(rate_limiter_t *lim,
 {
     rate_decision_t d;
 
-    return decide(lim, key, len, permits, 0, now, clock_time, false,
-                  RATE__OP_DECIDE, &d) == RATE_OK &&
+    return decide(lim, key, len, permits, 0, now, clock_time, false, &d) ==
+               RATE_OK &&
            d.allowed;
 }
 
@@ -538,9 +571,9 @@ int rate_limiter_check(rate_limiter_t *lim, const char *key, size_t key_len,
 {
     if (lim == NULL)
         return decide(NULL, key, key_len, permits, max_wait_ns, 0, true,
-                      true, RATE__OP_DECIDE, out);
+                      true, out);
     return decide(lim, key, key_len, permits, max_wait_ns, clock_now(lim),
-                  true, true, RATE__OP_DECIDE, out);
+                  true, true, out);
 }
 
 int rate_limiter_check_at(rate_limiter_t *lim, const char *key,
@@ -549,7 +582,7 @@ int rate_limiter_check_at(rate_limiter_t *lim, const char *key,
                           rate_decision_t *out)
 {
     return decide(lim, key, key_len, permits, max_wait_ns, now_ns, false, true,
-                  RATE__OP_DECIDE, out);
+                  out);
 }
 
 int rate_limiter_acquire(rate_limiter_t *lim, const char *key, size_t key_len,
@@ -561,7 +594,7 @@ int rate_limiter_acquire(rate_limiter_t *lim, const char *key, size_t key_len,
 
     if (lim == NULL)
         return decide(NULL, key, key_len, permits, 0, 0, true, true,
-                      RATE__OP_DECIDE, out);
+                      out);
     if (timeout_ns > RATE_TIME_MAX)
         timeout_ns = RATE_TIME_MAX;
     deadline = rate__sat_add(clock_now(lim), timeout_ns);
@@ -570,7 +603,7 @@ int rate_limiter_acquire(rate_limiter_t *lim, const char *key, size_t key_len,
         uint64_t left = deadline > now ? deadline - now : 0;
         /* Buckets reserve up to the deadline; windows ignore max_wait. */
         rc = decide(lim, key, key_len, permits, left, now, true, true,
-                    RATE__OP_DECIDE, out);
+                    out);
         if (rc != RATE_OK)
             return rc;
         if (out->allowed) {
@@ -593,31 +626,17 @@ static int adjust_key(rate_limiter_t *lim, const char *key, size_t key_len,
                       uint64_t permits, uint64_t now, bool clock_time,
                       rate__op_t op)
 {
-    const rate_policy_t *p = NULL;
+    rate__step_arg_t arg;
     rate_decision_t d;
-    uint32_t tag = 0;
-    int rc;
+    int rc, store_rc = RATE_OK;
 
     if (lim == NULL)
         return RATE_EINVAL;
-    if (key == NULL || key_len == 0 || key_len > RATE_KEY_MAX)
-        return RATE_EKEY;
-    if (permits > RATE_TIME_MAX || now > RATE_TIME_MAX)
-        return RATE_ERANGE;
-    if (lim->resolve != NULL &&
-        (p = lim->resolve(lim->resolve_ud, key, key_len)) != NULL)
-        rc = tag_of(lim, &lim->book, p, &tag);
-    if (p == NULL) {
-        plan_t *pl = atomic_load_explicit(&lim->plan, memory_order_acquire);
-        p = &pl->policy;
-        rc = plan_tag(lim, pl, &tag);
-    }
-    if (rc != RATE_OK)
-        return rc;
+    rc = prepare(lim, key, key_len, permits, 0, now, false, op, &d, &arg,
+                 &store_rc);
+    if (rc != RATE_OK || store_rc != RATE_OK)
+        return rc != RATE_OK ? rc : store_rc;
     rate_key_t k = {key, key_len, lim->space};
-    rate__step_arg_t arg = {p,   tag,     lim->format, &lim->book.known,
-                            now, permits, 0,           false,
-                            op,  &d,      0,           0};
     return store_part(lim, lim->store, &lim->book, &k, &arg, now, clock_time);
 }
 
