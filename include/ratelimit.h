@@ -355,6 +355,30 @@ RATE_API int rate_limiter_check_at(rate_limiter_t *limiter, const char *key,
                                    uint64_t max_wait_ns, uint64_t now_ns,
                                    rate_decision_t *out);
 
+/* Called once when an asynchronous decision is made: rc is RATE_OK and
+ * decision the full call's record (store failures are decisions, under the
+ * fail mode, as for rate_limiter_check).  decision is valid during the
+ * call only. */
+typedef void (*rate_check_fn)(void *ud, int rc,
+                              const rate_decision_t *decision);
+
+/* The full call, made asynchronously, at the limiter's clock: for event
+ * loops, whose thread must not wait for a store's round trip.  Returns
+ * RATE_OK once the decision is under way, and `cb` is then called exactly
+ * once: before this returns when the store answers at once (the memory
+ * store, and any store without an asynchronous entry: ratelimit_store.h,
+ * start()), else later, on the thread the store completes on (an event
+ * loop's store: the loop's).  The key is copied; nothing else need stay
+ * alive but the limiter, which must not be freed before the callbacks of
+ * its decisions have run.  Learning a policy that another limiter wrote
+ * into the store (once per policy) is synchronous.  Errors, with no
+ * callback: RATE_EINVAL (NULL limiter or cb), RATE_EKEY, RATE_ERANGE,
+ * RATE_ENOMEM.  Thread-safe: yes. */
+RATE_API int rate_limiter_check_async(rate_limiter_t *limiter,
+                                      const char *key, size_t key_len,
+                                      uint64_t permits, uint64_t max_wait_ns,
+                                      rate_check_fn cb, void *ud);
+
 /* Blocking acquire: waits (with the clock's sleep) until the permits are
  * granted or the timeout would pass.  It never sleeps past now + timeout_ns
  * and returns at once when the wait alone would pass it.  Returns RATE_OK

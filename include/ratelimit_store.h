@@ -169,10 +169,13 @@ typedef struct rate_job rate_job_t;
 struct rate_job {
     rate_key_t key;
     const rate_step_t *step;       /* what update() would run */
-    const rate_decide_req_t *req;  /* what decide() would be asked */
+    const rate_decide_req_t *req;  /* what decide() would be asked, or NULL
+                                      (then: the step) */
     rate_decision_t *out;          /* decide()'s out */
-    /* Called exactly once, with the code update() (0..: what step->fn
-     * returned) or decide() would have returned; never from inside
+    /* Called exactly once, with the code update() (what step->fn
+     * returned) or, when req is not NULL and the store made the whole
+     * decision, decide() would have returned (RATE_ENOTSUP too: the
+     * limiter then starts the job again with req NULL); never from inside
      * start().  On which thread: the store's documentation says (an event
      * loop's store calls it on the loop's thread). */
     void (*done)(rate_job_t *job, int rc);

@@ -617,6 +617,116 @@ int rate_limiter_acquire(rate_limiter_t *lim, const char *key, size_t key_len,
     }
 }
 
+/* ---------------------------------------------------------- asynchronous */
+
+/* One asynchronous decision, alive until its callback has run. */
+typedef struct async_check {
+    rate_job_t job; /* first: the store's done() hands it back */
+    rate_limiter_t *lim;
+    rate__step_arg_t arg;
+    rate_step_t step;
+    rate_decide_req_t req;
+    rate_decision_t d;
+    rate_check_fn cb;
+    void *ud;
+    uint64_t now;
+    unsigned rounds;
+    char key[RATE_KEY_MAX];
+} async_check_t;
+
+static void async_done(rate_job_t *job, int rc);
+
+/* Starts the store's part; false when the store did not take it (rc then
+ * says what the store's part came to). */
+static bool async_start(async_check_t *a, int *rc, bool whole)
+{
+    rate_store_t *s = a->lim->store;
+
+    a->step = (rate_step_t){rate__step, &a->arg, a->arg.policy->grow, a->now,
+                            horizon(a->lim, a->now, true), rate__is_cold};
+    a->req = (rate_decide_req_t){a->arg.policy,    a->arg.policy_id,
+                                 a->arg.format,    a->now,
+                                 true,             a->arg.permits,
+                                 a->arg.max_wait_ns, true,
+                                 a->arg.policy->max_reset_ns,
+                                 a->step.horizon_ns};
+    a->job = (rate_job_t){{a->key, a->job.key.len, a->lim->space},
+                          &a->step,
+                          whole && s->m->decide != NULL ? &a->req : NULL,
+                          &a->d,
+                          async_done,
+                          a};
+    *rc = s->m->start(s->self, &a->job);
+    return *rc == RATE_OK;
+}
+
+static void async_end(async_check_t *a, int rc)
+{
+    finish(a->lim, &a->arg, &a->job.key, a->now, true, rc);
+    a->cb(a->ud, RATE_OK, &a->d);
+    free(a);
+}
+
+static void async_done(rate_job_t *job, int rc)
+{
+    async_check_t *a = (async_check_t *)job; /* job is its first member */
+
+    /* A state of a policy not known yet: learnt (synchronously: the
+     * store's records are read once per policy), then the store's part
+     * again. */
+    if (rc == RATE__NEED_POLICY && a->rounds++ < LEARN_ROUNDS &&
+        (rc = rate__book_learn(&a->lim->book, a->arg.need_format,
+                               a->arg.need_tag)) == RATE_OK) {
+        memset(&a->d, 0, sizeof a->d);
+        if (async_start(a, &rc, true))
+            return;
+    } else if (rc == RATE__NEED_POLICY) {
+        rc = RATE_ECORRUPT;
+    } else if (rc == RATE_ENOTSUP && a->job.req != NULL) {
+        /* The store declined the whole decision: the step, then. */
+        memset(&a->d, 0, sizeof a->d);
+        if (async_start(a, &rc, false))
+            return;
+    }
+    async_end(a, rc);
+}
+
+int rate_limiter_check_async(rate_limiter_t *lim, const char *key,
+                             size_t key_len, uint64_t permits,
+                             uint64_t max_wait_ns, rate_check_fn cb, void *ud)
+{
+    int rc, store_rc = RATE_OK;
+
+    if (lim == NULL || cb == NULL)
+        return RATE_EINVAL;
+    async_check_t *a = calloc(1, sizeof *a);
+    if (a == NULL)
+        return RATE_ENOMEM;
+    a->lim = lim;
+    a->cb = cb;
+    a->ud = ud;
+    a->now = clock_now(lim);
+    rc = prepare(lim, key, key_len, permits, max_wait_ns, a->now, true,
+                 RATE__OP_DECIDE, &a->d, &a->arg, &store_rc);
+    if (rc != RATE_OK) {
+        free(a);
+        return rc;
+    }
+    memcpy(a->key, key, key_len);
+    a->job.key.len = key_len;
+    a->job.key.bytes = a->key;
+    a->job.key.space = lim->space;
+    if (store_rc == RATE_OK) {
+        if (lim->store->m->start == NULL) /* a store that answers at once */
+            store_rc = store_part(lim, lim->store, &lim->book, &a->job.key,
+                                  &a->arg, a->now, true);
+        else if (async_start(a, &store_rc, true))
+            return RATE_OK; /* the store calls async_done later */
+    }
+    async_end(a, store_rc); /* the callback runs before this returns */
+    return RATE_OK;
+}
+
 /* ------------------------------------------------- outside admissions */
 
 /* A refund or a penalty on key at now, under the key's policy: the step's

@@ -19,6 +19,8 @@ typedef struct entry {
 
 struct cas_store {
     pthread_mutex_t lock;
+    rate_job_t **jobs; /* queued by start() */
+    size_t njobs, jobs_cap;
     entry_t *e;
     size_t n, cap;
     uint64_t next_version;
@@ -144,8 +146,82 @@ static void cs_destroy(void *self)
         free(s->e[i].val);
     }
     free(s->e);
+    free(s->jobs);
     pthread_mutex_destroy(&s->lock);
     free(s);
+}
+
+/* start(): the job is queued; cas_store_run_jobs runs its step through
+ * load and cas, as the limiter would, and calls done(). */
+static int cs_start(void *self, rate_job_t *job)
+{
+    cas_store_t *s = self;
+    int rc = RATE_OK;
+
+    pthread_mutex_lock(&s->lock);
+    if (s->njobs == s->jobs_cap) {
+        size_t cap = s->jobs_cap ? s->jobs_cap * 2 : 16;
+        rate_job_t **j = realloc(s->jobs, cap * sizeof *j);
+        if (j == NULL)
+            rc = RATE_ENOMEM;
+        else {
+            s->jobs = j;
+            s->jobs_cap = cap;
+        }
+    }
+    if (rc == RATE_OK)
+        s->jobs[s->njobs++] = job;
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+/* One job's step, retried on a conflict as the limiter's loop does. */
+static int run_job(cas_store_t *s, rate_job_t *job)
+{
+    unsigned char old[4096], neu[4096];
+    for (int attempt = 0; attempt < 64; attempt++) {
+        rate_step_io_t io;
+        size_t len = 0;
+        uint64_t version = 0;
+        memset(&io, 0, sizeof io);
+        int rc = cs_load(s, &job->key, old, sizeof old, &len, &version);
+        if (rc != RATE_OK)
+            return rc;
+        io.old_state = len ? old : NULL;
+        io.old_len = len;
+        io.new_state = neu;
+        io.new_cap = len + job->step->grow;
+        if (io.new_cap > sizeof neu)
+            return RATE_ENOMEM;
+        if ((rc = job->step->fn(job->step->arg, &io)) != RATE_OK)
+            return rc;
+        if (!io.write)
+            return RATE_OK;
+        rc = cs_cas(s, &job->key, version, neu, io.new_len, io.ttl_ns);
+        if (rc != RATE_ECONFLICT)
+            return rc;
+    }
+    return RATE_ECONFLICT;
+}
+
+size_t cas_store_run_jobs(cas_store_t *s)
+{
+    size_t done = 0;
+
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        rate_job_t *job = NULL;
+        if (s->njobs > 0) {
+            job = s->jobs[0];
+            memmove(s->jobs, s->jobs + 1, (s->njobs - 1) * sizeof *s->jobs);
+            s->njobs--;
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (job == NULL)
+            return done;
+        job->done(job, run_job(s, job)); /* may queue it again */
+        done++;
+    }
 }
 
 static const rate_store_methods_t cas_methods = {
@@ -158,14 +234,26 @@ static const rate_store_methods_t cas_methods = {
     .destroy = cs_destroy,
 };
 
-int cas_store_new(rate_store_t **out, cas_store_t **handle)
+static const rate_store_methods_t cas_async_methods = {
+    .version = RATE_STORE_VERSION,
+    .name = "test-cas-async",
+    .load = cs_load,
+    .cas = cs_cas,
+    .remove = cs_remove,
+    .start = cs_start,
+    .stats = cs_stats,
+    .destroy = cs_destroy,
+};
+
+static int make(const rate_store_methods_t *m, rate_store_t **out,
+                cas_store_t **handle)
 {
     cas_store_t *s = calloc(1, sizeof *s);
 
     if (s == NULL)
         return RATE_ENOMEM;
     pthread_mutex_init(&s->lock, NULL);
-    int rc = rate_store_new(&cas_methods, s, out);
+    int rc = rate_store_new(m, s, out);
     if (rc != RATE_OK) {
         cs_destroy(s);
         return rc;
@@ -173,6 +261,16 @@ int cas_store_new(rate_store_t **out, cas_store_t **handle)
     if (handle != NULL)
         *handle = s;
     return RATE_OK;
+}
+
+int cas_store_new(rate_store_t **out, cas_store_t **handle)
+{
+    return make(&cas_methods, out, handle);
+}
+
+int cas_store_new_async(rate_store_t **out, cas_store_t **handle)
+{
+    return make(&cas_async_methods, out, handle);
 }
 
 void cas_store_inject_conflicts(cas_store_t *s, unsigned n)

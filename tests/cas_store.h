@@ -12,6 +12,11 @@ typedef struct cas_store cas_store_t;
 
 /* Makes the store; *handle (optional) lets the test inject faults. */
 int cas_store_new(rate_store_t **out, cas_store_t **handle);
+/* The same store with the contract's asynchronous entry: start() queues a
+ * decision's store part, and cas_store_run_jobs completes the queue. */
+int cas_store_new_async(rate_store_t **out, cas_store_t **handle);
+/* Completes every queued job (in order); returns how many. */
+size_t cas_store_run_jobs(cas_store_t *s);
 /* The next `n` compare-and-sets fail with RATE_ECONFLICT. */
 void cas_store_inject_conflicts(cas_store_t *s, unsigned n);
 /* While `down`, every call fails with RATE_ESTORE. */

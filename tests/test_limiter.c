@@ -734,6 +734,105 @@ static void refund_penalty_reset(void **state)
     rate_limiter_free(l);
 }
 
+/* Asynchronous decisions: a store with the contract's start() completes
+ * them later (the test store queues them until run), one that answers at
+ * once before the call returns; either way each callback runs once, with
+ * the decision the synchronous call makes. */
+typedef struct async_seen {
+    int calls;
+    rate_decision_t d;
+} async_seen_t;
+
+static void async_cb(void *ud, int rc, const rate_decision_t *d)
+{
+    async_seen_t *seen = ud;
+    assert_int_equal(rc, RATE_OK);
+    seen->calls++;
+    seen->d = *d;
+}
+
+static void async_decisions(void **state)
+{
+    (void)state;
+    fake_clock_t c = {SEC, 0, 0};
+    rate_clock_t clock = {fake_now, fake_sleep, &c};
+    rate_store_t *as;
+    cas_store_t *h;
+    assert_int_equal(cas_store_new_async(&as, &h), RATE_OK);
+    rate_limiter_config_t cfg = {0};
+    cfg.clock = &clock;
+    cfg.store = as;
+    rate_limiter_t *la = limiter_cfg("token-bucket 5/s burst=3", cfg);
+    cfg.store = NULL; /* the reference: a private memory store */
+    rate_limiter_t *ls = limiter_cfg("token-bucket 5/s burst=3", cfg);
+    cas_store_run_jobs(h); /* nothing queued: the policy's record is sync */
+    enum { N = 40 };
+    static async_seen_t seen[N];
+    memset(seen, 0, sizeof seen);
+    rate_decision_t ref[N];
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N; i++) {
+            const char *key = i % 2 ? "a" : "b";
+            c.now = SEC + (uint64_t)(round * N + i) * 50 * MS;
+            assert_int_equal(rate_limiter_check_async(la, key, 1, 1, 0,
+                                                      async_cb, &seen[i]),
+                             RATE_OK);
+            assert_int_equal(seen[i].calls, round); /* not yet */
+            assert_int_equal(rate_limiter_check(ls, key, 1, 1, 0, &ref[i]),
+                             RATE_OK);
+            /* One at a time, so that the two see the same sequence. */
+            assert_int_equal(cas_store_run_jobs(h), 1);
+            assert_int_equal(seen[i].calls, round + 1);
+            assert_memory_equal(&seen[i].d, &ref[i], sizeof ref[i]);
+        }
+    }
+    /* Many in flight at once: each completes once. */
+    for (int i = 0; i < N; i++)
+        assert_int_equal(rate_limiter_check_async(la, "many", 4, 1, 0,
+                                                  async_cb, &seen[i]),
+                         RATE_OK);
+    assert_int_equal(cas_store_run_jobs(h), N);
+    int allowed = 0;
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(seen[i].calls, 3);
+        allowed += seen[i].d.allowed;
+    }
+    assert_int_equal(allowed, 3); /* the burst, at one instant */
+    /* A store failure is the fail mode's, in the callback. */
+    cas_store_set_down(h, 1);
+    assert_int_equal(rate_limiter_check_async(la, "a", 1, 1, 0, async_cb,
+                                              &seen[0]),
+                     RATE_OK);
+    assert_int_equal(cas_store_run_jobs(h), 1);
+    assert_int_equal(seen[0].calls, 4);
+    assert_false(seen[0].d.allowed);
+    assert_int_equal(seen[0].d.reason, RATE_REASON_STORE_ERROR);
+    cas_store_set_down(h, 0);
+    /* A store that answers at once: the callback runs before the return. */
+    memset(&seen[0], 0, sizeof seen[0]);
+    assert_int_equal(rate_limiter_check_async(ls, "z", 1, 1, 0, async_cb,
+                                              &seen[0]),
+                     RATE_OK);
+    assert_int_equal(seen[0].calls, 1);
+    assert_true(seen[0].d.allowed);
+    /* Bad input: an error and no callback. */
+    assert_int_equal(rate_limiter_check_async(ls, "", 0, 1, 0, async_cb,
+                                              &seen[0]),
+                     RATE_EKEY);
+    assert_int_equal(rate_limiter_check_async(ls, "z", 1, 1, 0, NULL, NULL),
+                     RATE_EINVAL);
+    assert_int_equal(rate_limiter_check_async(NULL, "z", 1, 1, 0, async_cb,
+                                              &seen[0]),
+                     RATE_EINVAL);
+    assert_int_equal(seen[0].calls, 1);
+    rate_stats_t st;
+    rate_limiter_stats(la, &st);
+    assert_int_equal(st.allowed + st.denied, 2 * N + N + 1);
+    rate_limiter_free(la);
+    rate_limiter_free(ls);
+    rate_store_free(as);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -750,6 +849,7 @@ int main(void)
         cmocka_unit_test(store_failure_modes),
         cmocka_unit_test(store_failure_fallback),
         cmocka_unit_test(refund_penalty_reset),
+        cmocka_unit_test(async_decisions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
