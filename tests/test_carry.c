@@ -449,6 +449,10 @@ static const pair_case_t pairs[] = {
     /* a: 10 -> 9; b: min(9, 5) = 5 -> 4; a: 4 -> 3; b 2; a 1; b 0. */
     {"token-bucket 10/s burst=10", "token-bucket 5/s burst=5", 10, 6,
      60 * MS},
+    /* the same rates over other periods (u = tokens * P is scaled by
+     * each one's own P): the count of tokens carries, not the word */
+    {"token-bucket 10/s burst=10", "token-bucket 300/m burst=5", 10, 6,
+     60 * MS},
     /* max_wait 0: a request passes only into an empty bucket. */
     {"leaky-bucket 10/s capacity=10", "leaky-bucket 5/s capacity=5", 1, 1,
      80 * MS},
@@ -1048,6 +1052,73 @@ static void first_edition_unknown_policy(void **state)
     rate_store_free(s);
 }
 
+/* A first-edition limiter (tagging its own states with its policy's
+ * fingerprint) reading a second-edition state must go by the tag's record,
+ * not take a tag equal to its fingerprint for its own policy: ids are
+ * allotted from a policy's fingerprint on, so another policy may hold the
+ * id equal to this one's fingerprint.  Here the ids fp(Q) and fp(Q)+1 are
+ * taken by two other policies' records, so Q, whose fingerprint is 2 below
+ * P's, gets the id fp(P); a Q state read under P must then start cold (a
+ * fixed window is another algorithm than P's token bucket), as it does for
+ * a default limiter of P. */
+static void seed_record(open_store_t *os, uint32_t id, const char *text)
+{
+    unsigned char kb[4] = {(unsigned char)id, (unsigned char)(id >> 8),
+                           (unsigned char)(id >> 16),
+                           (unsigned char)(id >> 24)};
+    rate_key_t k = {(const char *)kb, 4, RATE_SPACE_POLICY};
+    assert_int_equal(os_cas(os, &k, 0, text, strlen(text), RATE_TTL_FOREVER),
+                     RATE_OK);
+}
+
+static void first_edition_reads_ids_by_record(void **state)
+{
+    (void)state;
+    const char *q_text = "fixed-window 5215/s";
+    const char *p_text = "token-bucket 10/s burst=17094";
+    rate_policy_t *q = policy_of(q_text), *p = policy_of(p_text);
+    uint32_t fq = rate_policy_fingerprint(q), fpp = rate_policy_fingerprint(p);
+    if (fpp - fq != 2)
+        fail_msg("the fingerprints changed (%08x, %08x): pick two policies "
+                 "whose fingerprints are 1..63 apart",
+                 fq, fpp);
+    open_store_t *os;
+    rate_store_t *s = open_store_new(&os);
+    seed_record(os, fq, "sliding-log 1/s");
+    seed_record(os, fq + 1, "sliding-log 2/s");
+    rate_limiter_t *lq = limiter_of(q_text, s);
+    unsigned char st[64];
+    for (int i = 0; i < 3; i++)
+        assert_true(ask(lq, "k", SEC, true));
+    assert_int_equal(open_get(os, RATE_SPACE_STATE, "k", 1, st), 22);
+    assert_int_equal(st[13], 3);
+    assert_int_equal(le32(st + 8), fpp); /* Q's id is P's fingerprint */
+
+    /* a default limiter of P: Q's window is another algorithm: cold */
+    rate_limiter_t *lp = limiter_of(p_text, s);
+    rate_decision_t d = at(lp, "k", SEC, 0, 0);
+    assert_int_equal(d.reason, RATE_REASON_ALLOWED);
+    assert_int_equal(d.remaining, 17094);
+    /* a first-edition limiter of P: the same */
+    rate_limiter_config_t cfg = {0};
+    cfg.store = s;
+    cfg.first_edition_format = true;
+    rate_limiter_t *l1 = limiter_cfg(p_text, cfg);
+    d = at(l1, "k", SEC, 0, 0);
+    if (d.reason != RATE_REASON_ALLOWED || d.remaining != 17094)
+        fail_msg("first-edition limiter of '%s' read the state of '%s' "
+                 "(tag %08x = its fingerprint) as its own: reason=%s "
+                 "error=%s remaining=%llu, want a cold bucket (17094)",
+                 p_text, q_text, fpp, rate_reason_name(d.reason),
+                 rate_err_name(d.error), (unsigned long long)d.remaining);
+    rate_limiter_free(l1);
+    rate_limiter_free(lp);
+    rate_limiter_free(lq);
+    rate_store_free(s);
+    rate_policy_free(p);
+    rate_policy_free(q);
+}
+
 /* ------------------------------------------- 7. set_policy, live */
 
 static void set_policy_on(int kind)
@@ -1115,6 +1186,7 @@ int main(void)
         cmocka_unit_test(lost_record_generic),
         cmocka_unit_test(first_edition_generic),
         cmocka_unit_test(first_edition_unknown_policy),
+        cmocka_unit_test(first_edition_reads_ids_by_record),
         cmocka_unit_test(set_policy_live),
     };
     const struct CMUnitTest redis[] = {
