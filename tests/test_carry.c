@@ -1160,6 +1160,28 @@ static void set_policy_on(int kind)
     rate_policy_format(after, buf, sizeof buf);
     assert_string_equal(buf, "token-bucket 20/s burst=20");
     rate_limiter_free(l);
+
+    /* A state back at its cold start under the old policy by the time of
+     * the request is a cold key under the new one; one that is not yet
+     * carries, and the new (slower) rate governs the time since t_last. */
+    l = limiter_of("token-bucket 10/s burst=10", s);
+    for (int i = 0; i < 10; i++) {
+        assert_true(ask(l, "cold", 10 * SEC, true));
+        assert_true(ask(l, "warm", 10 * SEC, false));
+    }
+    np = policy_of("token-bucket 1/s burst=20");
+    assert_int_equal(rate_limiter_set_policy(l, np), RATE_OK);
+    rate_policy_free(np);
+    rate_decision_t d = at(l, "cold", 11 * SEC, 0, 0); /* full at 10/s */
+    assert_int_equal(d.remaining, 20);
+    d = at(l, "warm", 10 * SEC + 900 * MS, 0, 0); /* 9 at 10/s: carries */
+    assert_int_equal(d.remaining, 0);
+    assert_false(at(l, "warm", 10 * SEC + 900 * MS, 1, 0).allowed);
+    /* at 11 s the old policy's bucket is full again: a cold key */
+    d = at(l, "warm", 11 * SEC, 1, 0);
+    assert_true(d.allowed);
+    assert_int_equal(d.remaining, 19);
+    rate_limiter_free(l);
     free_store(kind, s);
 }
 
