@@ -58,6 +58,7 @@ typedef struct rate__view {
     uint64_t log_sum;      /* their permits (less trim) */
     uint64_t trim;         /* sliding log: permits a refund drops from the
                               newest entries when it is written */
+    uint8_t entry[16];     /* sliding log: an entry of the view's own */
 } rate__view_t;
 
 /* What a step does besides deciding: the calls that change a key's state
@@ -125,6 +126,10 @@ typedef struct rate__algo {
      * is an entry), else 0. */
     uint64_t (*adjust)(const rate_limit_t *l, rate__view_t *v, rate__op_t op,
                        uint64_t n, uint64_t t);
+    /* Makes a cold view the algorithm's most used-up state at t: what a
+     * limit starts from when a policy change gives its place to another
+     * algorithm (docs/algorithms.md, "Policy changes"). */
+    void (*exhaust)(const rate_limit_t *l, rate__view_t *v, uint64_t t);
     /* Optional: a plain try-acquire (max_wait 0, no detail) over a whole
      * stored state of one limit of this algorithm, decided and rewritten in
      * place: what rate_state_acquire() runs (fixed-size components only).

@@ -22,8 +22,9 @@
  * limiter, when the step asks for it with RATE__NEED_POLICY), as it stood
  * at t_last;
  * each component is carried over to the new policy when the algorithm is
- * the same at the same position (otherwise that component starts cold), and
- * the new policy governs the time from t_last on.  Nothing needs writing
+ * the same at the same position, starts used up at t_last when another
+ * algorithm is there, and cold where the old policy had no limit; the new
+ * policy governs the time from t_last on.  Nothing needs writing
  * until the next admission, so denials still change nothing.
  */
 #include "algo/acquire.h"
@@ -88,8 +89,10 @@ static const rate_policy_t *other_policy(const rate__step_arg_t *arg,
 {
     if (ps->format == RATE__FORMAT_V1 && ps->tag == arg->policy->fingerprint)
         return arg->policy; /* the first edition's tag of this policy */
-    if (ps->format == RATE__FORMAT && ps->tag == arg->policy_id)
-        return arg->policy;
+    if (ps->format == RATE__FORMAT && arg->format == RATE__FORMAT &&
+        ps->tag == arg->policy_id)
+        return arg->policy; /* (a first-edition writer's id is its
+                               fingerprint, which may be another's id) */
     return arg->known != NULL ? rate__known_find(arg->known, ps->format, ps->tag)
                               : NULL;
 }
@@ -174,8 +177,15 @@ static int read_state(rate__step_arg_t *arg, const rate_step_io_t *io,
             a->load(&old->limits[i], ps.comp[i], &views[i]);
             a->convert(&old->limits[i], to, ps.last, &views[i]);
             a->advance(to, &views[i], ps.last, *t_eff);
-        } else {
+        } else if (carry && i < old->count) {
+            /* Another algorithm: nothing of the old one's means the same,
+             * so it starts used up at t_last (never more generous than
+             * what the old state allowed), and recovers by its own rule. */
             a->load(to, NULL, &views[i]);
+            a->exhaust(to, &views[i], ps.last);
+            a->advance(to, &views[i], ps.last, *t_eff);
+        } else {
+            a->load(to, NULL, &views[i]); /* a limit the old one had not */
         }
     }
     return RATE_OK;

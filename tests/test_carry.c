@@ -463,10 +463,10 @@ static const pair_case_t pairs[] = {
     /* the bucket carries as above; the counter's 20 and 12 do not bind. */
     {"token-bucket 10/s burst=10; sliding-window 20/5s",
      "token-bucket 5/s burst=5; sliding-window 12/5s", 10, 6, 60 * MS},
-    /* another algorithm at position 1 starts cold, the bucket at 0
-     * carries, so it still bounds the pair. */
+    /* another algorithm at position 1 starts used up at t_last: b denies
+     * all (it never writes), so a goes on alone. */
     {"token-bucket 10/s burst=10; fixed-window 100/m",
-     "token-bucket 5/s burst=5; sliding-window 100/m", 10, 6, 60 * MS},
+     "token-bucket 5/s burst=5; sliding-window 100/m", 10, 10, 60 * MS},
 };
 #define PAIRS (sizeof pairs / sizeof pairs[0])
 
@@ -569,10 +569,11 @@ static void pairs_on_redis(void **state)
 }
 
 /* Two policies whose one limit has another algorithm: the documented rule
- * is that such a limit starts cold, so no bound holds across the pair
- * (each switch judges the request on a cold limit), only within each run
- * of one policy's requests. */
-static void other_algorithm_starts_cold_on(int kind)
+ * is that such a limit starts used up at t_last (never more generous than
+ * the old state allowed), so the pair admits no more than the first
+ * policy's burst at one instant: the window denies every request it reads
+ * under the bucket's state, and the bucket stays spent. */
+static void other_algorithm_starts_used_up_on(int kind)
 {
     rate_store_t *s = store_of(kind, "cold:");
     rate_limiter_t *la = limiter_of("token-bucket 10/s burst=10", s);
@@ -581,17 +582,17 @@ static void other_algorithm_starts_cold_on(int kind)
 
     for (int i = 0; i < 100; i++)
         admitted += ask(i % 2 ? lb : la, "alt", 3 * SEC, true);
-    if (admitted != 100)
+    if (admitted != 10)
         fail_msg("%s: alternating a bucket and a window: %d of 100, the "
-                 "documented cold start of each says 100",
+                 "documented used-up start says 10 (the bucket's burst)",
                  kind_name(kind), admitted);
     /* runs: each policy in turn, 20 requests each, at one instant */
     int runs[4] = {0, 0, 0, 0};
     for (int r = 0; r < 4; r++)
         for (int i = 0; i < 20; i++)
             runs[r] += ask(r % 2 ? lb : la, "runs", 3 * SEC, i % 2);
-    if (runs[0] != 10 || runs[1] != 5 || runs[2] != 10 || runs[3] != 5)
-        fail_msg("%s: runs admitted %d %d %d %d, want 10 5 10 5",
+    if (runs[0] != 10 || runs[1] != 0 || runs[2] != 0 || runs[3] != 0)
+        fail_msg("%s: runs admitted %d %d %d %d, want 10 0 0 0",
                  kind_name(kind), runs[0], runs[1], runs[2], runs[3]);
     rate_limiter_free(la);
     rate_limiter_free(lb);
@@ -601,14 +602,14 @@ static void other_algorithm_starts_cold_on(int kind)
 static void other_algorithm_memory(void **state)
 {
     (void)state;
-    other_algorithm_starts_cold_on(ST_MEMORY);
-    other_algorithm_starts_cold_on(ST_CAS);
+    other_algorithm_starts_used_up_on(ST_MEMORY);
+    other_algorithm_starts_used_up_on(ST_CAS);
 }
 
 static void other_algorithm_redis(void **state)
 {
     (void)state;
-    other_algorithm_starts_cold_on(ST_REDIS);
+    other_algorithm_starts_used_up_on(ST_REDIS);
 }
 
 /* --------------------------------------------- 2. a shadow limiter */
@@ -1058,9 +1059,10 @@ static void first_edition_unknown_policy(void **state)
  * allotted from a policy's fingerprint on, so another policy may hold the
  * id equal to this one's fingerprint.  Here the ids fp(Q) and fp(Q)+1 are
  * taken by two other policies' records, so Q, whose fingerprint is 2 below
- * P's, gets the id fp(P); a Q state read under P must then start cold (a
- * fixed window is another algorithm than P's token bucket), as it does for
- * a default limiter of P. */
+ * P's, gets the id fp(P).  Read under P two seconds on, when Q's window
+ * has rolled (Q's state is back at its cold start), it is a cold key: a
+ * full bucket, as for a default limiter of P.  Taken for P's own state it
+ * would be a bucket that started at 3 scaled tokens: 20 tokens by then. */
 static void seed_record(open_store_t *os, uint32_t id, const char *text)
 {
     unsigned char kb[4] = {(unsigned char)id, (unsigned char)(id >> 8),
@@ -1094,9 +1096,9 @@ static void first_edition_reads_ids_by_record(void **state)
     assert_int_equal(st[13], 3);
     assert_int_equal(le32(st + 8), fpp); /* Q's id is P's fingerprint */
 
-    /* a default limiter of P: Q's window is another algorithm: cold */
+    /* a default limiter of P: Q's state is cold by then */
     rate_limiter_t *lp = limiter_of(p_text, s);
-    rate_decision_t d = at(lp, "k", SEC, 0, 0);
+    rate_decision_t d = at(lp, "k", 3 * SEC, 0, 0);
     assert_int_equal(d.reason, RATE_REASON_ALLOWED);
     assert_int_equal(d.remaining, 17094);
     /* a first-edition limiter of P: the same */
@@ -1104,7 +1106,7 @@ static void first_edition_reads_ids_by_record(void **state)
     cfg.store = s;
     cfg.first_edition_format = true;
     rate_limiter_t *l1 = limiter_cfg(p_text, cfg);
-    d = at(l1, "k", SEC, 0, 0);
+    d = at(l1, "k", 3 * SEC, 0, 0);
     if (d.reason != RATE_REASON_ALLOWED || d.remaining != 17094)
         fail_msg("first-edition limiter of '%s' read the state of '%s' "
                  "(tag %08x = its fingerprint) as its own: reason=%s "

@@ -111,6 +111,13 @@ static uint64_t fw_adjust(const rate_limit_t *l, rate__view_t *v,
     return 0;
 }
 
+/* Used up: the window of t counts its limit. */
+static void fw_exhaust(const rate_limit_t *l, rate__view_t *v, uint64_t t)
+{
+    (void)t;
+    v->x = l->limit;
+}
+
 const rate__algo_t rate__fixed_window = {
     .name = "fixed-window",
     .fixed = FW_FIXED,
@@ -124,5 +131,6 @@ const rate__algo_t rate__fixed_window = {
     .max_reset = fw_max_reset,
     .valid = fw_valid,
     .adjust = fw_adjust,
+    .exhaust = fw_exhaust,
     .plain = fw_plain,
 };

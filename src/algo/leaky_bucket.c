@@ -131,6 +131,13 @@ static uint64_t lb_adjust(const rate_limit_t *l, rate__view_t *v,
     return 0;
 }
 
+/* Used up: full to its capacity. */
+static void lb_exhaust(const rate_limit_t *l, rate__view_t *v, uint64_t t)
+{
+    (void)t;
+    v->x = (rate_i128_t)l->burst * l->period_ns;
+}
+
 const rate__algo_t rate__leaky_bucket = {
     .name = "leaky-bucket",
     .fixed = LB_FIXED,
@@ -144,5 +151,6 @@ const rate__algo_t rate__leaky_bucket = {
     .max_reset = lb_max_reset,
     .valid = lb_valid,
     .adjust = lb_adjust,
+    .exhaust = lb_exhaust,
     .plain = lb_plain,
 };

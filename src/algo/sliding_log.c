@@ -225,6 +225,16 @@ static uint64_t sl_adjust(const rate_limit_t *l, rate__view_t *v,
     return v->log_sum >= l->limit ? 0 : rate__min_u64(n, l->limit - v->log_sum);
 }
 
+/* Used up: one entry of the limit at t, kept in the view itself. */
+static void sl_exhaust(const rate_limit_t *l, rate__view_t *v, uint64_t t)
+{
+    rate__put64(v->entry, t);
+    rate__put64(v->entry + 8, l->limit);
+    v->log = v->entry;
+    v->log_count = 1;
+    v->log_sum = l->limit;
+}
+
 const rate__algo_t rate__sliding_log = {
     .name = "sliding-log",
     .fixed = SL_HEAD,
@@ -239,5 +249,6 @@ const rate__algo_t rate__sliding_log = {
     .max_reset = sl_max_reset,
     .valid = sl_valid,
     .adjust = sl_adjust,
+    .exhaust = sl_exhaust,
     .view_ok = sl_view_ok,
 };

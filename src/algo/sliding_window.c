@@ -176,6 +176,14 @@ static uint64_t sw_adjust(const rate_limit_t *l, rate__view_t *v,
     return 0;
 }
 
+/* Used up: the window of t counts its limit. */
+static void sw_exhaust(const rate_limit_t *l, rate__view_t *v, uint64_t t)
+{
+    (void)t;
+    v->x = 0;
+    v->y = l->limit;
+}
+
 const rate__algo_t rate__sliding_window = {
     .name = "sliding-window",
     .fixed = SW_FIXED,
@@ -189,5 +197,6 @@ const rate__algo_t rate__sliding_window = {
     .max_reset = sw_max_reset,
     .valid = sw_valid,
     .adjust = sw_adjust,
+    .exhaust = sw_exhaust,
     .plain = sw_plain,
 };

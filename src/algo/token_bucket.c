@@ -58,6 +58,14 @@ static uint64_t tb_adjust(const rate_limit_t *l, rate__view_t *v,
     return 0;
 }
 
+/* Used up: no tokens (and no debt). */
+static void tb_exhaust(const rate_limit_t *l, rate__view_t *v, uint64_t t)
+{
+    (void)l;
+    (void)t;
+    v->x = 0;
+}
+
 const rate__algo_t rate__token_bucket = {
     .name = "token-bucket",
     .fixed = TB_FIXED,
@@ -71,5 +79,6 @@ const rate__algo_t rate__token_bucket = {
     .max_reset = tb_max_reset,
     .valid = tb_valid,
     .adjust = tb_adjust,
+    .exhaust = tb_exhaust,
     .plain = tb_plain,
 };

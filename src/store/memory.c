@@ -808,23 +808,19 @@ acquire_any(memstore_t *m, const rate_acquire_t *req, const char *key,
     return acquire_at(s, &s->slots[i], req, permits, now, false);
 }
 
-/* The bool calls: a key the store holds, decided where its state lies.
- * The hot path (a short key of the state space, a pass inlined here, a
- * free lock) calls nothing, so that it keeps its values in registers;
- * flattened, so that the hash and the pass are inlined.  Anything else
- * goes to acquire_any. */
-RATE__FLATTEN static int mem_acquire(void *self, const rate_acquire_t *req,
-                                     const char *key, size_t len,
-                                     uint64_t permits, uint64_t now)
+/* A short key of the state space with a free lock: hashed, probed and
+ * decided with no call but the pass (none at all when inl: the pass is
+ * inlined, a constant of each of the two made below). */
+static RATE__ALWAYS_INLINE int acquire_short(memstore_t *m,
+                                             const rate_acquire_t *req,
+                                             const char *key, size_t len,
+                                             uint64_t permits, uint64_t now,
+                                             bool inl)
 {
-    memstore_t *m = self;
     probe_key_t pk;
     uint32_t tag;
-
-    if (len > KEY_INLINE || req->space != RATE_SPACE_STATE ||
-        !rate__acquire_inline(req))
-        return acquire_any(m, req, key, len, permits, now);
     shard_t *s = shard_of(m, key, len, &tag);
+
     probe_key_init(&pk, key, len, false);
     if (!shard_trylock(s))
         return acquire_any(m, req, key, len, permits, now);
@@ -833,7 +829,32 @@ RATE__FLATTEN static int mem_acquire(void *self, const rate_acquire_t *req,
         shard_unlock(s);
         return RATE_ENOTSUP;
     }
-    return acquire_at(s, &s->slots[i], req, permits, now, true);
+    return acquire_at(s, &s->slots[i], req, permits, now, inl);
+}
+
+/* ... for a policy whose pass is called through the policy. */
+static __attribute__((noinline)) RATE__FLATTEN int
+acquire_short_called(memstore_t *m, const rate_acquire_t *req,
+                     const char *key, size_t len, uint64_t permits,
+                     uint64_t now)
+{
+    return acquire_short(m, req, key, len, permits, now, false);
+}
+
+/* The bool calls: a key the store holds, decided where its state lies.
+ * The hot path (a short key of the state space, a pass inlined here, a
+ * free lock) calls nothing, so that it keeps its values in registers;
+ * flattened, so that the hash and the pass are inlined.  Other short
+ * keys take a path that calls only the pass; anything else, acquire_any. */
+RATE__FLATTEN static int mem_acquire(void *self, const rate_acquire_t *req,
+                                     const char *key, size_t len,
+                                     uint64_t permits, uint64_t now)
+{
+    if (len > KEY_INLINE || req->space != RATE_SPACE_STATE)
+        return acquire_any(self, req, key, len, permits, now);
+    if (!rate__acquire_inline(req))
+        return acquire_short_called(self, req, key, len, permits, now);
+    return acquire_short(self, req, key, len, permits, now, true);
 }
 
 static int mem_remove(void *self, const rate_key_t *k)
