@@ -133,6 +133,37 @@ if xmllint --noout "$T/c.svg" 2>"$T/xml" && grep -q "<polyline" "$T/c.svg" &&
 expect_error '' "--rate is required" compare
 expect_error '' "cannot write '/nonexistent/x.svg'" compare --rate 10/s --svg /nonexistent/x.svg "$T/spike.trace"
 
+# --- every subcommand that reads input, on an empty input and on one of
+# only comments and blank lines: it ends (a time limit), exits 0, and writes
+# no NaN (compare --svg used to loop for ever writing "-nan" lines).
+: >"$T/empty.trace"
+printf '# only a comment\n\n  # another\n' >"$T/comments.trace"
+for input in empty comments; do
+  f="$T/$input.trace"
+  for fmt in trace clf; do
+    timeout 20 "$R" replay --input $fmt $TB "$f" >"$T/out" 2>"$T/err"; rc=$?
+    if [ $rc -eq 0 ] && [ ! -s "$T/out" ] &&
+       grep -qx "summary: 0 requests, 0 allowed, 0 denied" "$T/err"; then ok
+    else bad "replay --input $fmt on $input input: rc=$rc $(head -c 200 "$T/err")"; fi
+    timeout 20 "$R" replay --input $fmt $TB <"$f" >"$T/out" 2>/dev/null; rc=$?
+    if [ $rc -eq 0 ] && [ ! -s "$T/out" ]; then ok
+    else bad "replay --input $fmt on $input standard input: rc=$rc"; fi
+    rm -f "$T/e.svg"
+    timeout 20 "$R" compare --input $fmt --rate 10/s --svg "$T/e.svg" "$f" \
+      >"$T/out" 2>"$T/err"; rc=$?
+    if [ $rc -eq 0 ] && [ "$(wc -c <"$T/e.svg")" -lt 100000 ] &&
+       ! grep -qi "nan" "$T/e.svg" && xmllint --noout "$T/e.svg" 2>/dev/null &&
+       grep -q "^fixed-window" "$T/out"; then ok
+    else bad "compare --svg --input $fmt on $input input: rc=$rc $(head -c 200 "$T/err")"; fi
+    timeout 20 "$R" compare --input $fmt --rate 10/s <"$f" >"$T/out" 2>"$T/err"; rc=$?
+    if [ $rc -eq 0 ] && [ "$(grep -c ' 0 ' "$T/out")" -ge 5 ]; then ok
+    else bad "compare --input $fmt on $input standard input: rc=$rc"; fi
+  done
+done
+# check reads no input; bench neither (it makes its own)
+timeout 20 "$R" check --key u $TB </dev/null >/dev/null; rc=$?
+if [ $rc -eq 0 ]; then ok; else bad "check with an empty standard input: rc=$rc"; fi
+
 # --- check: exit 0 allowed, 1 denied, 2 error
 "$R" check --key u --algorithm gcra --rate 1/s --burst 1 >"$T/out"; rc=$?
 if [ $rc -eq 0 ] && grep -qx "decision allow" "$T/out" && grep -qx "remaining 0" "$T/out"; then ok; else bad "check allow rc=$rc"; fi

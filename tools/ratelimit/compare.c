@@ -138,6 +138,8 @@ static void xml_text(FILE *f, const char *s)
 /* A round step (1, 2 or 5 times a power of ten) giving about `n` ticks. */
 static double nice_step(double range, int n)
 {
+    if (!(range > 0))
+        return 1; /* no range (an empty chart): any step ends the loops */
     double raw = range / n, p = 1;
     while (p * 10 <= raw)
         p *= 10;
@@ -157,7 +159,10 @@ static int write_svg(FILE *f, const chart_t *c, const lane_t *lanes,
     for (size_t i = 0; i < c->nbins; i++)
         if ((double)c->offered[i] / per > ymax)
             ymax = (double)c->offered[i] / per;
-    double secs = (double)c->nbins * (double)c->width_ns / 1e9;
+    /* An empty trace (no requests, or only comments) has no bins: draw
+     * the axes over one period and say so, rather than divide by zero. */
+    double secs = c->nbins > 0 ? (double)c->nbins * (double)c->width_ns / 1e9
+                               : (double)period / 1e9;
     double ystep = nice_step(ymax, 5), xstep = nice_step(secs, 8);
     ymax = ystep * (double)(long)(ymax / ystep + 0.999);
 
@@ -192,8 +197,11 @@ static int write_svg(FILE *f, const chart_t *c, const lane_t *lanes,
     fprintf(f, "<text x=\"18\" y=\"%.1f\" text-anchor=\"middle\" "
                "transform=\"rotate(-90 18 %.1f)\">admitted per period"
                "</text>\n", Y0 + H / 2, Y0 + H / 2);
+    if (c->nbins == 0)
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">"
+                   "no requests in the trace</text>\n", X0 + W / 2, Y0 + H / 2);
     /* series: offered load, then each algorithm */
-    for (int a = -1; a < ALGOS; a++) {
+    for (int a = -1; a < ALGOS && c->nbins > 0; a++) {
         const uint64_t *v = a < 0 ? c->offered : lanes[a].bins;
         fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%s\" "
                    "points=\"",
