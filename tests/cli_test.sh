@@ -133,6 +133,25 @@ if xmllint --noout "$T/c.svg" 2>"$T/xml" && grep -q "<polyline" "$T/c.svg" &&
 expect_error '' "--rate is required" compare
 expect_error '' "cannot write '/nonexistent/x.svg'" compare --rate 10/s --svg /nonexistent/x.svg "$T/spike.trace"
 
+# --- compare's chart shows what the table says: --series writes the plotted
+# numbers (admitted in the last period, sampled every tenth of it); around
+# the edge at 2 s the fixed window's line peaks above its limit, the sliding
+# log's never does; the last sample is a whole window, not a drop.
+col_max() { # CSV COLUMN-NAME
+  awk -F, -v name="\"$2\"" 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == name) c = i; next }
+    c && $c + 0 > m { m = $c + 0 } END { print m + 0 }' "$1"
+}
+"$R" compare --rate 10/s --series "$T/series.csv" --svg "$T/chart.svg" \
+  "$V/edges-chart.trace" >"$T/table" 2>"$T/err"
+fw=$(col_max "$T/series.csv" "fixed-window 10/s")
+sl=$(col_max "$T/series.csv" "sliding-log 10/s")
+if [ "$fw" -gt 10 ] && [ "$sl" -le 10 ] && [ "$sl" -ge 5 ]; then ok
+else bad "chart series at edges: fixed-window peak $fw, sliding-log peak $sl"; head -3 "$T/series.csv"; fi
+last=$(tail -1 "$T/series.csv" | cut -d, -f2)
+if [ "$last" = 5 ] && [ "$(grep -c '^[0-9]' "$T/series.csv")" -ge 30 ]; then ok
+else bad "chart series: last sample $last (want 5: the steady rate, no drop)"; fi
+if grep -q "Admitted in the last 1 s" "$T/chart.svg"; then ok; else bad "chart title"; fi
+
 # --- every subcommand that reads input, on an empty input and on one of
 # only comments and blank lines: it ends (a time limit), exits 0, and writes
 # no NaN (compare --svg used to loop for ever writing "-nan" lines).
