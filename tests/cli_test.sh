@@ -54,7 +54,7 @@ TB="--algorithm token-bucket --rate 1/s --burst 1"
 FW="--algorithm fixed-window --limit 1 --window 1s"
 expect_error '' "unknown option '--bogus'" replay $TB --bogus
 expect_error '' "option '--rate' needs a value" replay --algorithm token-bucket --rate
-expect_error '' "--algorithm is required" replay --rate 1/s --burst 1
+expect_error '' "--algorithm or --policy is required" replay --rate 1/s --burst 1
 expect_error '' "unknown algorithm 'token'" replay --algorithm token --rate 1/s
 expect_error '' "--burst is required for token-bucket" replay --algorithm token-bucket --rate 1/s
 expect_error '' "--capacity is required for leaky-bucket" replay --algorithm leaky-bucket --rate 1/s
@@ -84,6 +84,52 @@ expect_error '' "unknown command 'replya'" replya
 # repeated options: the last wins; --opt=value is --opt value
 printf '0 k\n0 k\n' | "$R" replay --algorithm=gcra --rate 1/s --burst 1 --burst=2 >"$T/out" 2>/dev/null
 if [ "$(cut -f4 "$T/out" | tr '\n' ' ')" = "allow allow " ]; then ok; else bad "last option wins"; fi
+
+# --- --policy TEXT (the library's text form, composites too) gives the
+# output of the equivalent flags, in replay, check and compare
+policy_vector() { # VECTOR POLICY [MORE ARGS]
+  local n=$1 pol=$2; shift 2
+  if "$R" replay --policy "$pol" "$@" "$V/$n.trace" >"$T/out" 2>/dev/null &&
+     cmp -s "$T/out" "$V/$n.out"; then ok
+  else bad "replay --policy '$pol' (vector $n)"; fi
+}
+policy_vector fixed-window "fixed-window 2/1s"
+policy_vector gcra "gcra 3/500ms burst=1"
+policy_vector leaky-bucket "leaky-bucket 20/s capacity=2" --max-wait 100ms
+policy_vector sliding-log "sliding-log 2/s"
+policy_vector sliding-window "sliding-window 10/1s"
+policy_vector token-bucket "token-bucket 2/s burst=2" --max-wait=1s
+printf '0 a\n0 a\n0.5 a\n' | "$R" replay --policy "token-bucket 1/s burst=2; fixed-window 1/1h" \
+  >"$T/out" 2>/dev/null
+if [ "$(cut -f4 "$T/out" | tr '\n' ' ')" = "allow deny deny " ] &&
+   [ "$(head -1 "$T/out" | cut -f8)" = 3600.000000000 ]; then ok
+else bad "replay --policy composite: $(cat "$T/out")"; fi
+"$R" check --key u --policy "token-bucket 1/h burst=1; sliding-log 5/1d" --permits 2 >"$T/out"; rc=$?
+if [ $rc -eq 1 ] && grep -qx "decision deny" "$T/out"; then ok; else bad "check --policy deny rc=$rc"; fi
+"$R" check --key u --policy "token-bucket 1/h burst=1; sliding-log 5/1d" >"$T/out"; rc=$?
+if [ $rc -eq 0 ] && grep -qx "reset_after 86400.000000000" "$T/out"; then ok; else bad "check --policy allow rc=$rc"; fi
+"$R" compare --rate 10/s --policy "token-bucket 10/s burst=20; sliding-log 15/2s" \
+  --policy "fixed-window 5/500ms" --series "$T/pol.csv" --svg "$T/pol.svg" \
+  "$V/edges-chart.trace" >"$T/table" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && [ "$(grep -c . "$T/table")" -eq 8 ] &&
+   grep -q "^token-bucket 10/s burst=20; sliding-log 15/2s " "$T/table" &&
+   grep -q "^fixed-window 5/500ms " "$T/table" &&
+   head -1 "$T/pol.csv" | grep -q ',"fixed-window 5/500ms"$' &&
+   [ "$(grep -c '<polyline' "$T/pol.svg")" -eq 8 ]; then ok
+else bad "compare --policy rows and lines: rc=$rc $(cat "$T/err")"; cat "$T/table"; fi
+"$R" compare --policy "fixed-window 10/s" "$V/edges-chart.trace" >"$T/table" 2>&1; rc=$?
+if [ $rc -eq 0 ] && [ "$(grep -c . "$T/table")" -eq 2 ]; then ok; else bad "compare --policy alone"; fi
+# compare takes the windows' spelling too: --limit N --window DUR = --rate N/DUR
+"$R" compare --rate 10/s "$V/edges-chart.trace" >"$T/a" 2>&1
+"$R" compare --limit 10 --window 1s "$V/edges-chart.trace" >"$T/b" 2>&1
+if cmp -s "$T/a" "$T/b"; then ok; else bad "compare --limit --window"; fi
+expect_error '' "--policy replaces --algorithm" replay --policy "gcra 1/s" --algorithm gcra
+expect_error '' "--policy replaces --algorithm and its options; drop --burst" check --key u --policy "gcra 1/s" --burst 2
+expect_error '' "--policy 'token-bucket 10/fortnight'" replay --policy "token-bucket 10/fortnight"
+expect_error '' "--max-wait applies only to token-bucket and leaky-bucket" replay --policy "gcra 1/s; fixed-window 5/1m" --max-wait 1s
+expect_error '' "--policy 'nope'" compare --rate 1/s --policy nope
+expect_error '' "say the same thing" compare --rate 1/s --limit 1 --window 1s
+expect_error '' "--limit needs --window" compare --limit 1
 
 # --- bad trace lines: earlier lines printed, message names the line, exit 2
 bad_line() { # TRACE MESSAGE LINES_BEFORE

@@ -25,6 +25,7 @@ typedef struct policy_opts {
     const char *cmd; /* for messages */
     const char *algorithm, *rate, *burst, *capacity, *limit, *window;
     const char *max_wait;
+    const char *policy; /* --policy TEXT, in place of --algorithm etc. */
 } policy_opts_t;
 
 /* getopt_long codes of the policy options, and their table entries (for
@@ -32,6 +33,7 @@ typedef struct policy_opts {
  * O_POLICY_END. */
 enum {
     O_ALGO = 256, O_RATE, O_BURST, O_CAPACITY, O_LIMIT, O_WINDOW, O_MAXWAIT,
+    O_POLICY,
     O_POLICY_END
 };
 #define POLICY_LONGOPTS                                                     \
@@ -41,7 +43,8 @@ enum {
     {"capacity", required_argument, NULL, O_CAPACITY},                      \
     {"limit", required_argument, NULL, O_LIMIT},                            \
     {"window", required_argument, NULL, O_WINDOW},                          \
-    {"max-wait", required_argument, NULL, O_MAXWAIT}
+    {"max-wait", required_argument, NULL, O_MAXWAIT},                     \
+    {"policy", required_argument, NULL, O_POLICY}
 
 /* Takes getopt's code `c` if it is a policy option; false otherwise. */
 bool policy_opt(policy_opts_t *o, int c, const char *arg);
@@ -51,10 +54,21 @@ bool policy_opt(policy_opts_t *o, int c, const char *arg);
 int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
                      uint64_t *max_wait_ns);
 
+/* The policy text form (rate_policy_parse) of --policy TEXT; on an error
+ * prints "CMD: --policy 'TEXT': why" and returns 2. */
+int policy_from_text(const char *cmd, const char *text, rate_policy_t **out);
+
+/* Whether a policy has a window component (no reservations: --max-wait). */
+bool policy_has_window(const rate_policy_t *p);
+
 /* "N/DUR" (the count in DUR may be left out) into (limit, period); 0 or -1
  * with *why set. */
 int parse_rate_text(const char *s, uint64_t *limit, uint64_t *period_ns,
                     const char **why);
+
+/* A duration DUR ("250ms", "1s"; "0" alone is zero) into ns; 0 or -1
+ * with *why set (the text after the value, for a message). */
+int parse_duration_text(const char *s, uint64_t *ns, const char **why);
 
 /* A whole number >= 1 up to 2^63-1; 0 or -1. */
 int parse_count_text(const char *s, uint64_t *out);

@@ -22,13 +22,19 @@
 #define MAX_BINS 8192
 
 static const char usage[] =
-    "usage: ratelimit compare --rate N/DUR [--burst N] [--max-wait DUR]\n"
-    "                         [--svg FILE] [--series FILE] [--input trace|clf]\n"
-    "                         [--key-field FIELD] [FILE]\n"
+    "usage: ratelimit compare [--rate N/DUR | --limit N --window DUR]\n"
+    "                         [--burst N] [--capacity N] [--policy TEXT]...\n"
+    "                         [--max-wait DUR] [--svg FILE] [--series FILE]\n"
+    "                         [--input trace|clf] [--key-field FIELD]\n"
+    "                         [--skip-bad] [FILE]\n"
     "\n"
     "Sends one trace through all five algorithms at the same long-run rate:\n"
-    "the buckets get --rate with --burst (default: the rate's N) as burst or\n"
-    "capacity, the windows N per DUR.  Prints a table; --svg also writes a\n"
+    "the buckets get --rate with --burst (default: the rate's N) as burst and\n"
+    "capacity (--capacity: the leaky bucket's own), the windows N per DUR\n"
+    "(--limit N --window DUR is the same as --rate N/DUR).  Each --policy TEXT\n"
+    "(the library's policy text, composites too; repeatable) adds a row and a\n"
+    "line, beside the five or, without --rate, alone.  Prints a table; --svg\n"
+    "also writes a\n"
     "chart of the requests admitted in the last period (a sliding window,\n"
     "sampled every tenth of a period), one line per algorithm; --series\n"
     "writes the plotted numbers as CSV.  Input as for 'ratelimit replay'.\n";
@@ -37,7 +43,11 @@ enum { O_SVG = O_POLICY_END, O_SERIES, O_INPUT, O_KEYFIELD, O_HELP };
 
 static const struct option longopts[] = {
     {"rate", required_argument, NULL, O_RATE},
+    {"limit", required_argument, NULL, O_LIMIT},
+    {"window", required_argument, NULL, O_WINDOW},
     {"burst", required_argument, NULL, O_BURST},
+    {"capacity", required_argument, NULL, O_CAPACITY},
+    {"policy", required_argument, NULL, O_POLICY},
     {"max-wait", required_argument, NULL, O_MAXWAIT},
     {"svg", required_argument, NULL, O_SVG},
     {"series", required_argument, NULL, O_SERIES},
@@ -345,7 +355,7 @@ static int lane_init(lane_t *ln, rate_policy_t *policy)
 }
 
 static int setup_lanes(lane_t *lanes, uint64_t limit, uint64_t period,
-                       uint64_t burst)
+                       uint64_t burst, uint64_t capacity)
 {
     static const rate_algorithm_t algos[ALGOS] = {
         RATE_TOKEN_BUCKET, RATE_LEAKY_BUCKET, RATE_FIXED_WINDOW,
@@ -355,7 +365,8 @@ static int setup_lanes(lane_t *lanes, uint64_t limit, uint64_t period,
         lane_t *ln = &lanes[a];
         bool bucket = a < 2;
         rate_policy_t *p;
-        ln->limit = (rate_limit_t){algos[a], limit, period, bucket ? burst : 0};
+        ln->limit = (rate_limit_t){algos[a], limit, period,
+                                   a == 0 ? burst : a == 1 ? capacity : 0};
         ln->reserves = bucket;
         if (rate_policy_new(&ln->limit, 1, &p, err, sizeof err) != 0)
             return cli_fail("compare: %s", err);
@@ -400,6 +411,9 @@ int cmd_compare(int argc, char **argv)
 {
     const char *rate = NULL, *burst_text = NULL, *max_wait_text = NULL;
     const char *svg = NULL, *series = NULL, *input = "trace", *field = "host";
+    const char *limit_text = NULL, *window_text = NULL, *cap_text = NULL;
+    const char *policies[16];
+    size_t npolicies = 0;
     int c;
 
     optind = 1;
@@ -408,6 +422,15 @@ int cmd_compare(int argc, char **argv)
         switch (c) {
         case O_RATE: rate = optarg; break;
         case O_BURST: burst_text = optarg; break;
+        case O_CAPACITY: cap_text = optarg; break;
+        case O_LIMIT: limit_text = optarg; break;
+        case O_WINDOW: window_text = optarg; break;
+        case O_POLICY:
+            if (npolicies == sizeof policies / sizeof policies[0])
+                return cli_fail("compare: more than %zu --policy options",
+                                sizeof policies / sizeof policies[0]);
+            policies[npolicies++] = optarg;
+            break;
         case O_MAXWAIT: max_wait_text = optarg; break;
         case O_SVG: svg = optarg; break;
         case O_SERIES: series = optarg; break;
@@ -420,23 +443,50 @@ int cmd_compare(int argc, char **argv)
     if (argc - optind > 1)
         return cli_fail("compare: more than one FILE ('%s', '%s')",
                         argv[optind], argv[optind + 1]);
-    uint64_t limit, period, burst, max_wait = 0;
+    uint64_t limit = 0, period = 0, burst, capacity, max_wait = 0;
     const char *why;
-    if (rate == NULL)
-        return cli_fail("compare: --rate is required (e.g. --rate 100/s)");
-    if (parse_rate_text(rate, &limit, &period, &why) != 0)
-        return cli_fail("compare: --rate '%s' %s", rate, why);
-    if (limit == 0 || period == 0)
-        return cli_fail("compare: --rate '%s' is zero", rate);
+    bool five = rate != NULL || limit_text != NULL || window_text != NULL;
+    if (rate != NULL && (limit_text != NULL || window_text != NULL))
+        return cli_fail("compare: --rate N/DUR and --limit N --window DUR "
+                        "say the same thing; give one");
+    if (!five && npolicies == 0)
+        return cli_fail("compare: --rate is required (e.g. --rate 100/s; or "
+                        "--limit N --window DUR, or --policy TEXT)");
+    if (rate != NULL) {
+        if (parse_rate_text(rate, &limit, &period, &why) != 0)
+            return cli_fail("compare: --rate '%s' %s", rate, why);
+        if (limit == 0 || period == 0)
+            return cli_fail("compare: --rate '%s' is zero", rate);
+    } else if (five) {
+        if (limit_text == NULL || window_text == NULL)
+            return cli_fail("compare: --%s needs --%s", limit_text ? "limit"
+                            : "window", limit_text ? "window" : "limit");
+        if (parse_count_text(limit_text, &limit) != 0 || limit == 0)
+            return cli_fail("compare: --limit '%s' is not a whole number "
+                            "from 1", limit_text);
+        if (parse_duration_text(window_text, &period, &why) != 0)
+            return cli_fail("compare: --window '%s' %s", window_text, why);
+        if (period == 0)
+            return cli_fail("compare: --window '%s' is zero", window_text);
+    } else if (burst_text != NULL || cap_text != NULL) {
+        return cli_fail("compare: --%s sizes the buckets of --rate; with "
+                        "--policy alone it has nothing to size (write "
+                        "burst= or capacity= in the policy)",
+                        burst_text ? "burst" : "capacity");
+    }
     burst = limit;
     if (burst_text != NULL &&
         (parse_count_text(burst_text, &burst) != 0 || burst == 0))
         return cli_fail("compare: --burst '%s' is not a whole number from 1",
                         burst_text);
+    capacity = burst;
+    if (cap_text != NULL &&
+        (parse_count_text(cap_text, &capacity) != 0 || capacity == 0))
+        return cli_fail("compare: --capacity '%s' is not a whole number "
+                        "from 1", cap_text);
     if (max_wait_text != NULL &&
-        rate_parse_duration(max_wait_text, &max_wait) != 0)
-        return cli_fail("compare: --max-wait '%s' is not a duration",
-                        max_wait_text);
+        parse_duration_text(max_wait_text, &max_wait, &why) != 0)
+        return cli_fail("compare: --max-wait '%s' %s", max_wait_text, why);
     FILE *svg_file = NULL, *series_file = NULL;
     if (open_out(svg, &svg_file) != 0)
         return 2;
@@ -445,11 +495,26 @@ int cmd_compare(int argc, char **argv)
             fclose(svg_file);
         return 2;
     }
-    size_t nlanes = ALGOS;
+    size_t nlanes = (five ? ALGOS : 0) + npolicies;
     lane_t *lanes = calloc(nlanes, sizeof *lanes);
     chart_t *chart = calloc(1, sizeof *chart);
-    int status = lanes && chart ? setup_lanes(lanes, limit, period, burst)
-                                : cli_fail("compare: out of memory");
+    int status = lanes && chart ? 0 : cli_fail("compare: out of memory");
+    if (status == 0 && five)
+        status = setup_lanes(lanes, limit, period, burst, capacity);
+    for (size_t i = 0; status == 0 && i < npolicies; i++) {
+        lane_t *ln = &lanes[(five ? ALGOS : 0) + i];
+        rate_policy_t *p;
+        if (policy_from_text("compare", policies[i], &p) != 0) {
+            status = 2;
+            break;
+        }
+        ln->reserves = !policy_has_window(p);
+        status = lane_init(ln, p);
+        /* Without --rate, the first policy's first limit sets the period
+         * of the burstiness columns and of the chart. */
+        if (status == 0 && period == 0)
+            period = rate_policy_limit(p, 0)->period_ns;
+    }
     reader_t rd = {0};
     if (status == 0)
         status = reader_open(&rd, "compare", input, field,

@@ -51,6 +51,16 @@ int parse_count_text(const char *s, uint64_t *out)
     return 0;
 }
 
+int parse_duration_text(const char *s, uint64_t *ns, const char **why)
+{
+    if (rate_parse_duration(s, ns) != 0) {
+        *why = "is not a duration (a whole number and a unit: ns us ms s m "
+               "h d, or 0)";
+        return -1;
+    }
+    return 0;
+}
+
 int parse_rate_text(const char *s, uint64_t *limit, uint64_t *period,
                     const char **why)
 {
@@ -128,6 +138,49 @@ static int count_opt(const policy_opts_t *o, const char *name, const char *v,
     return 0;
 }
 
+int policy_from_text(const char *cmd, const char *text, rate_policy_t **out)
+{
+    char err[256] = "";
+    if (rate_policy_parse(text, out, err, sizeof err) != RATE_OK)
+        return cli_fail("%s: --policy '%s': %s", cmd, text,
+                        err[0] ? err : "not a policy");
+    return 0;
+}
+
+bool policy_has_window(const rate_policy_t *p)
+{
+    for (size_t i = 0; i < rate_policy_count(p); i++)
+        if (!is_bucket(rate_policy_limit(p, i)->algorithm))
+            return true;
+    return false;
+}
+
+/* --policy TEXT: the library's text form, composites too. */
+static int policy_from_policy_text(const policy_opts_t *o, rate_policy_t **out,
+                                   uint64_t *max_wait)
+{
+    const char *other = o->algorithm ? "--algorithm" : o->rate ? "--rate"
+                        : o->burst ? "--burst" : o->capacity ? "--capacity"
+                        : o->limit ? "--limit" : o->window ? "--window" : NULL;
+    if (other != NULL)
+        return cli_fail("%s: --policy replaces --algorithm and its options; "
+                        "drop %s", o->cmd, other);
+    *max_wait = 0;
+    if (o->max_wait != NULL && rate_parse_duration(o->max_wait, max_wait) != 0)
+        return cli_fail("%s: --max-wait '%s' is not a duration (a whole "
+                        "number and a unit: ns us ms s m h d, or 0)",
+                        o->cmd, o->max_wait);
+    if (policy_from_text(o->cmd, o->policy, out) != 0)
+        return 2;
+    if (*max_wait != 0 && policy_has_window(*out)) {
+        rate_policy_free(*out);
+        *out = NULL;
+        return cli_fail("%s: --max-wait applies only to token-bucket and "
+                        "leaky-bucket (the policy has a window)", o->cmd);
+    }
+    return 0;
+}
+
 int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
                      uint64_t *max_wait)
 {
@@ -135,10 +188,12 @@ int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
     const char *why;
     char err[256];
 
+    if (o->policy != NULL)
+        return policy_from_policy_text(o, out, max_wait);
     if (o->algorithm == NULL)
-        return cli_fail("%s: --algorithm is required (token-bucket, gcra, "
-                        "leaky-bucket, fixed-window, sliding-log, "
-                        "sliding-window)", o->cmd);
+        return cli_fail("%s: --algorithm or --policy is required "
+                        "(token-bucket, gcra, leaky-bucket, fixed-window, "
+                        "sliding-log, sliding-window)", o->cmd);
     if (algorithm_of(o->algorithm, &l.algorithm) != 0)
         return cli_fail("%s: unknown algorithm '%s' (token-bucket, gcra, "
                         "leaky-bucket, fixed-window, sliding-log, "
@@ -267,6 +322,7 @@ bool policy_opt(policy_opts_t *o, int c, const char *arg)
     case O_LIMIT: o->limit = arg; return true;
     case O_WINDOW: o->window = arg; return true;
     case O_MAXWAIT: o->max_wait = arg; return true;
+    case O_POLICY: o->policy = arg; return true;
     default: return false;
     }
 }
