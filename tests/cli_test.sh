@@ -131,6 +131,48 @@ expect_error '' "--policy 'nope'" compare --rate 1/s --policy nope
 expect_error '' "say the same thing" compare --rate 1/s --limit 1 --window 1s
 expect_error '' "--limit needs --window" compare --limit 1
 
+# --- unit words: documented aliases of the spec's units, wherever the
+# command reads a rate or a duration; durations stay whole numbers
+printf '0 k\n0.5 k\n1 k\n30 k\n59 k\n61 k\n' >"$T/units.trace"
+same_as() { # CANONICAL-ARGS -- ALIAS-ARGS (replay over units.trace)
+  local canon=$1 alias=$2
+  # shellcheck disable=SC2086
+  "$R" replay $canon "$T/units.trace" >"$T/a" 2>/dev/null
+  # shellcheck disable=SC2086
+  if "$R" replay $alias "$T/units.trace" >"$T/b" 2>"$T/err" && [ -s "$T/a" ] &&
+     cmp -s "$T/a" "$T/b"; then ok
+  else bad "'$alias' should mean '$canon': $(cat "$T/err")"; fi
+}
+for u in sec secs second seconds; do
+  same_as "--algorithm gcra --rate 10/s --burst 1" "--algorithm gcra --rate 10/$u --burst 1"
+  same_as "--algorithm fixed-window --limit 1 --window 2s" "--algorithm fixed-window --limit 1 --window 2$u"
+done
+for u in min mins minute minutes; do
+  same_as "--algorithm gcra --rate 1/m --burst 1" "--algorithm gcra --rate 1/$u --burst 1"
+  same_as "--algorithm sliding-log --limit 1 --window 1m" "--algorithm sliding-log --limit 1 --window 1$u"
+done
+for u in hr hrs hour hours; do
+  same_as "--algorithm gcra --rate 100/h --burst 1" "--algorithm gcra --rate 100/$u --burst 1"
+done
+for u in day days; do
+  same_as "--algorithm leaky-bucket --rate 1/d --capacity 2" "--algorithm leaky-bucket --rate 1/$u --capacity 2"
+done
+same_as "--algorithm gcra --rate 1/1s --burst 1 --max-wait 2s" "--algorithm gcra --rate 1/sec --burst 1 --max-wait 2seconds"
+same_as "--algorithm gcra --rate 5/250ms --burst 1" "--algorithm gcra --rate 5/250msec --burst 1"
+"$R" check --key u --algorithm gcra --rate 10/sec --burst 1 >/dev/null; rc=$?
+if [ $rc -eq 0 ]; then ok; else bad "check --rate 10/sec: rc=$rc"; fi
+"$R" compare --rate 10/s "$V/edges-chart.trace" >"$T/a" 2>&1
+"$R" compare --rate 10/second "$V/edges-chart.trace" >"$T/b" 2>&1
+if cmp -s "$T/a" "$T/b"; then ok; else bad "compare --rate 10/second"; fi
+expect_error '' "write 1500ms" replay --algorithm fixed-window --limit 1 --window 1.5s
+expect_error '' "write 1500ms" replay --algorithm gcra --rate 1/1.5s --burst 1
+expect_error '' "write 90s" replay --algorithm gcra --rate 1/1.5min --burst 1
+expect_error '' "write 250ms" check --key u $TB --max-wait 0.25sec
+expect_error '' "write 1500ms" compare --limit 1 --window 1.5s
+expect_error '' "whole numbers of a unit" replay --algorithm fixed-window --limit 1 --window 0.0000000001s
+expect_error '' "--window '2fortnights' is not a duration" replay --algorithm fixed-window --limit 1 --window 2fortnights
+expect_error '' "above 2^63-1 ns" replay --algorithm fixed-window --limit 1 --window 999999999999days
+
 # --- bad trace lines: earlier lines printed, message names the line, exit 2
 bad_line() { # TRACE MESSAGE LINES_BEFORE
   printf '%b' "$1" | "$R" replay $TB >"$T/out" 2>"$T/err"

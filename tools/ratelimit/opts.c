@@ -51,13 +51,112 @@ int parse_count_text(const char *s, uint64_t *out)
     return 0;
 }
 
+/* The units of a duration: the spec's (ns us ms s m h d) first, each
+ * followed by its documented aliases. */
+static const struct unit {
+    const char *name;
+    uint64_t ns;
+} units[] = {
+    {"ns", 1}, {"nsec", 1}, {"nsecs", 1}, {"nanosecond", 1},
+    {"nanoseconds", 1},
+    {"us", 1000}, {"usec", 1000}, {"usecs", 1000}, {"microsecond", 1000},
+    {"microseconds", 1000},
+    {"ms", 1000000}, {"msec", 1000000}, {"msecs", 1000000},
+    {"millisecond", 1000000}, {"milliseconds", 1000000},
+    {"s", RATE_NS_PER_S}, {"sec", RATE_NS_PER_S}, {"secs", RATE_NS_PER_S},
+    {"second", RATE_NS_PER_S}, {"seconds", RATE_NS_PER_S},
+    {"m", 60 * RATE_NS_PER_S}, {"min", 60 * RATE_NS_PER_S},
+    {"mins", 60 * RATE_NS_PER_S}, {"minute", 60 * RATE_NS_PER_S},
+    {"minutes", 60 * RATE_NS_PER_S},
+    {"h", 3600 * RATE_NS_PER_S}, {"hr", 3600 * RATE_NS_PER_S},
+    {"hrs", 3600 * RATE_NS_PER_S}, {"hour", 3600 * RATE_NS_PER_S},
+    {"hours", 3600 * RATE_NS_PER_S},
+    {"d", 86400 * RATE_NS_PER_S}, {"day", 86400 * RATE_NS_PER_S},
+    {"days", 86400 * RATE_NS_PER_S},
+};
+
+/* The spec's unit names, largest first, for suggestions. */
+static const struct unit base_units[] = {
+    {"d", 86400 * RATE_NS_PER_S}, {"h", 3600 * RATE_NS_PER_S},
+    {"m", 60 * RATE_NS_PER_S}, {"s", RATE_NS_PER_S}, {"ms", 1000000},
+    {"us", 1000}, {"ns", 1},
+};
+
+static const struct unit *unit_of(const char *s, size_t n)
+{
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strlen(units[i].name) == n && memcmp(units[i].name, s, n) == 0)
+            return &units[i];
+    return NULL;
+}
+
 int parse_duration_text(const char *s, uint64_t *ns, const char **why)
 {
-    if (rate_parse_duration(s, ns) != 0) {
-        *why = "is not a duration (a whole number and a unit: ns us ms s m "
-               "h d, or 0)";
+    static char msg[160];
+    static const char *const form =
+        "is not a duration (a whole number and a unit: ns us ms s m h d, or "
+        "words such as sec, min, hours, days; or 0)";
+    size_t i = 0, ndig, nfrac = 0, fstart = 0;
+
+    if (strcmp(s, "0") == 0) {
+        *ns = 0;
+        return 0;
+    }
+    while (s[i] >= '0' && s[i] <= '9')
+        i++;
+    ndig = i;
+    if (s[i] == '.') {
+        fstart = ++i;
+        while (s[i] >= '0' && s[i] <= '9')
+            i++;
+        nfrac = i - fstart;
+    }
+    const struct unit *u = unit_of(s + i, strlen(s + i));
+    if (ndig == 0 || u == NULL || (fstart != 0 && nfrac == 0)) {
+        *why = form;
         return -1;
     }
+    /* The value in ns, exactly: digits * unit / 10^nfrac. */
+    unsigned __int128 v = 0, scale = 1;
+    for (size_t k = 0; k < i; k++) {
+        if (s[k] == '.')
+            continue;
+        v = v * 10 + (unsigned)(s[k] - '0');
+        if (v > (unsigned __int128)RATE_TIME_MAX * 1000000000000000000u)
+            break; /* far too large whatever the fraction */
+    }
+    for (size_t k = 0; k < nfrac; k++) {
+        if (scale > (unsigned __int128)RATE_TIME_MAX * 10)
+            break;
+        scale *= 10;
+    }
+    v *= u->ns;
+    if (v / scale > RATE_TIME_MAX) {
+        *why = "is a duration above 2^63-1 ns";
+        return -1;
+    }
+    if (nfrac > 0) {
+        /* Durations are whole numbers: suggest the same one in the largest
+         * smaller unit that writes it whole. */
+        if (v % scale != 0) {
+            *why = "is not a duration: durations are whole numbers of a unit "
+                   "(the smallest is 1ns)";
+            return -1;
+        }
+        uint64_t total = (uint64_t)(v / scale);
+        for (size_t k = 0; k < sizeof base_units / sizeof base_units[0]; k++)
+            if (base_units[k].ns < u->ns && total % base_units[k].ns == 0) {
+                snprintf(msg, sizeof msg,
+                         "is not a duration: durations are whole numbers; "
+                         "write %llu%s", (unsigned long long)(total /
+                                                 base_units[k].ns),
+                         base_units[k].name);
+                break;
+            }
+        *why = msg;
+        return -1;
+    }
+    *ns = (uint64_t)v;
     return 0;
 }
 
@@ -83,13 +182,20 @@ int parse_rate_text(const char *s, uint64_t *limit, uint64_t *period,
         *why = "needs a whole number up to 2^63-1 before '/'";
         return -1;
     }
-    /* The count of the duration may be left out: 10/s = 10/1s. */
-    const char *d = slash + 1;
+    /* The count of the duration may be left out: 10/s = 10/1s,
+     * 10/sec = 10/1sec. */
+    const char *d = slash + 1, *dwhy;
     snprintf(dur, sizeof dur, "%s%s", (*d >= '0' && *d <= '9') ? "" : "1", d);
-    if (strlen(d) >= sizeof dur - 1 || rate_parse_duration(dur, period) != 0 ||
-        strcmp(dur, "0") == 0) {
+    if (strlen(d) >= sizeof dur - 1 || strcmp(dur, "0") == 0) {
         *why = "has a bad duration after '/' (a whole number and a unit: "
-               "ns us ms s m h d)";
+               "ns us ms s m h d, or sec, min, hour, day...)";
+        return -1;
+    }
+    if (parse_duration_text(dur, period, &dwhy) != 0) {
+        static char msg[200];
+        snprintf(msg, sizeof msg, "has a bad duration after '/': '%s' %s", d,
+                 dwhy);
+        *why = msg;
         return -1;
     }
     return 0;
@@ -159,6 +265,7 @@ bool policy_has_window(const rate_policy_t *p)
 static int policy_from_policy_text(const policy_opts_t *o, rate_policy_t **out,
                                    uint64_t *max_wait)
 {
+    const char *why;
     const char *other = o->algorithm ? "--algorithm" : o->rate ? "--rate"
                         : o->burst ? "--burst" : o->capacity ? "--capacity"
                         : o->limit ? "--limit" : o->window ? "--window" : NULL;
@@ -166,10 +273,9 @@ static int policy_from_policy_text(const policy_opts_t *o, rate_policy_t **out,
         return cli_fail("%s: --policy replaces --algorithm and its options; "
                         "drop %s", o->cmd, other);
     *max_wait = 0;
-    if (o->max_wait != NULL && rate_parse_duration(o->max_wait, max_wait) != 0)
-        return cli_fail("%s: --max-wait '%s' is not a duration (a whole "
-                        "number and a unit: ns us ms s m h d, or 0)",
-                        o->cmd, o->max_wait);
+    if (o->max_wait != NULL &&
+        parse_duration_text(o->max_wait, max_wait, &why) != 0)
+        return cli_fail("%s: --max-wait '%s' %s", o->cmd, o->max_wait, why);
     if (policy_from_text(o->cmd, o->policy, out) != 0)
         return 2;
     if (*max_wait != 0 && policy_has_window(*out)) {
@@ -199,10 +305,9 @@ int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
                         "leaky-bucket, fixed-window, sliding-log, "
                         "sliding-window)", o->cmd, o->algorithm);
     *max_wait = 0;
-    if (o->max_wait != NULL && rate_parse_duration(o->max_wait, max_wait) != 0)
-        return cli_fail("%s: --max-wait '%s' is not a duration (a whole "
-                        "number and a unit: ns us ms s m h d, or 0)",
-                        o->cmd, o->max_wait);
+    if (o->max_wait != NULL &&
+        parse_duration_text(o->max_wait, max_wait, &why) != 0)
+        return cli_fail("%s: --max-wait '%s' %s", o->cmd, o->max_wait, why);
     if (is_bucket(l.algorithm)) {
         bool tb = l.algorithm == RATE_TOKEN_BUCKET;
         if (o->limit)
@@ -238,10 +343,8 @@ int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
         if (o->window == NULL)
             return cli_fail("%s: --window is required for %s", o->cmd,
                             o->algorithm);
-        if (rate_parse_duration(o->window, &l.period_ns) != 0)
-            return cli_fail("%s: --window '%s' is not a duration (a whole "
-                            "number and a unit: ns us ms s m h d)",
-                            o->cmd, o->window);
+        if (parse_duration_text(o->window, &l.period_ns, &why) != 0)
+            return cli_fail("%s: --window '%s' %s", o->cmd, o->window, why);
         if (l.period_ns == 0)
             return cli_fail("%s: --window '%s' is zero", o->cmd, o->window);
     }
