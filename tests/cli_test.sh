@@ -205,7 +205,41 @@ clf_error '1.2.3.4 - - 10/Oct/2000:13:55:36 -0700 "GET / HTTP/1.1" 200 1' "[time
 clf_error '1.2.3.4 - - [10/Foo/2000:13:55:36 -0700] "GET / HTTP/1.1" 200 1' "timestamp is not"
 clf_error '1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] "GET / HTTP/1.1 200 1' "unclosed \"request\""
 clf_error '1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] "GET / HTTP/1.1" 2000 1' "status is not"
-clf_error '1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] "GET /" 200 1 "ref"' "referer without a user agent"
+clf_error '1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] "GET /" 200 1 "ref" "agent' "unclosed quote"
+
+# --- real access logs: trailing fields, the key from any field or the
+# forwarded-for address, --skip-bad
+L1='10.0.0.1 - - [01/Jan/2024:00:00:00 +0000] "GET /a HTTP/1.1" 200 5 "-" "curl/8" "203.0.113.7, 10.0.0.9"'
+L2='10.0.0.1 - - [01/Jan/2024:00:00:00 +0000] "-" 400 0 "-" "-" "198.51.100.2"'
+L3='10.0.0.1 - - [01/Jan/2024:00:00:01 +0000] "GET /b HTTP/1.1" 200 5 "-" "curl/8" "-"'
+printf '%s\n%s\n%s\n' "$L1" "$L2" "$L3" >"$T/nginx.log"
+"$R" replay --input clf --key-field xff $FW "$T/nginx.log" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && [ "$(cut -f2 "$T/out" | tr '\n' ' ')" = "203.0.113.7 198.51.100.2 10.0.0.1 " ]; then ok
+else bad "--key-field xff: rc=$rc $(cat "$T/err") $(cut -f2 "$T/out")"; fi
+"$R" replay --input clf --key-field path $FW "$T/nginx.log" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && [ "$(cut -f2 "$T/out" | tr '\n' ' ')" = "/a - /b " ]; then ok
+else bad "--key-field path on a \"-\" request: rc=$rc $(cat "$T/err")"; fi
+"$R" replay --input clf --key-field 9 $FW "$T/nginx.log" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && [ "$(cut -f2 "$T/out" | tr '\n' ' ')" = "curl/8 - curl/8 " ]; then ok
+else bad "--key-field 9: rc=$rc $(cat "$T/err")"; fi
+expect_error '' "--key-field '0'" replay $FW --input clf --key-field 0
+{ echo "$L1"; echo "garbage"; echo "$L3"; echo "also garbage"; } >"$T/mixed.log"
+"$R" replay --input clf $FW "$T/mixed.log" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 2 ] && grep -q "line 2: " "$T/err" && [ "$(wc -l <"$T/out")" -eq 1 ]; then ok
+else bad "a bad clf line without --skip-bad: rc=$rc"; fi
+"$R" replay --input clf --skip-bad $FW "$T/mixed.log" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && [ "$(wc -l <"$T/out")" -eq 2 ] &&
+   grep -qx "replay: skipped 2 bad lines (lines 2, 4)" "$T/err" &&
+   grep -q "^summary: 2 requests" "$T/err"; then ok
+else bad "--skip-bad: rc=$rc $(cat "$T/err")"; fi
+printf '0 a\nx\n1 b\n2\n3 c d\n4 e\n.5 f\n6 g 1.5\n7 h 9 9\n' >"$T/bad.trace"
+"$R" replay --skip-bad $FW "$T/bad.trace" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && [ "$(wc -l <"$T/out")" -eq 3 ] &&
+   grep -qx "replay: skipped 6 bad lines (lines 2, 4, 5, 7, 8, ...)" "$T/err"; then ok
+else bad "--skip-bad on a trace: rc=$rc $(cat "$T/err")"; fi
+"$R" compare --rate 1/s --skip-bad "$T/bad.trace" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && grep -q "compare: skipped 6 bad lines" "$T/err"; then ok
+else bad "compare --skip-bad: rc=$rc $(cat "$T/err")"; fi
 
 # --- compare: the fixed window lets about twice its limit through around an
 # edge, the sliding log never more than its limit; the SVG is well-formed XML

@@ -100,8 +100,8 @@ static void access_logs(void **state)
         "1.2.3.4 - - [10/Oct/1969:13:55:36 -0700] \"GET /\" 200 1",
         "1.2.3.4 - - [10/Oct/2000:25:55:36 -0700] \"GET /\" 200 1",
         "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET /\" OK 1",
-        "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET /\" 200 1 \"ref\"",
-        "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET /\" 200 1 \"a\" \"b\" x",
+        "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET /\" 200 1 \"a\" \"b",
+        "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET /\" 200 1 [x",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = clf(bad[i], CLF_HOST, &r, &err);
@@ -112,11 +112,69 @@ static void access_logs(void **state)
     assert_int_equal(clf_field_from_name("size"), -1);
 }
 
+/* Real logs: fields after the Combined format's (nginx's
+ * "$http_x_forwarded_for", a request time), the key from any field, the
+ * forwarded-for address, and nginx's "-" for a request it could not read. */
+static void access_log_fields(void **state)
+{
+    (void)state;
+    trace_req_t r;
+    const char *err = NULL;
+    const char *xff =
+        "10.0.0.1 - - [01/Jan/2024:00:00:00 +0000] \"GET /a?b HTTP/1.1\" 200 "
+        "5 \"-\" \"curl/8\" \" 203.0.113.7 , 10.0.0.9\" 0.004";
+    assert_int_equal(clf(xff, CLF_HOST, &r, &err), TRACE_REQ);
+    assert_memory_equal(r.key, "10.0.0.1", r.key_len);
+    assert_int_equal(clf(xff, CLF_XFF, &r, &err), TRACE_REQ);
+    assert_int_equal(r.key_len, 11);
+    assert_memory_equal(r.key, "203.0.113.7", 11);
+    assert_int_equal(clf(xff, CLF_AGENT, &r, &err), TRACE_REQ);
+    assert_memory_equal(r.key, "curl/8", r.key_len);
+    assert_int_equal(clf(xff, (clf_field_t)clf_field_from_name("11"), &r,
+                         &err), TRACE_REQ);
+    assert_int_equal(r.key_len, 5);
+    assert_memory_equal(r.key, "0.004", 5);
+    assert_int_equal(clf(xff, (clf_field_t)clf_field_from_name("4"), &r,
+                         &err), TRACE_REQ);
+    assert_int_equal(r.key_len, 26); /* the time, without its brackets */
+    assert_int_equal(clf(xff, (clf_field_t)clf_field_from_name("12"), &r,
+                         &err), TRACE_ERR);
+    /* No forwarded-for field, or "-": the host. */
+    const char *dash =
+        "10.0.0.2 - - [01/Jan/2024:00:00:00 +0000] \"-\" 400 0 \"-\" \"-\" "
+        "\"-\"";
+    assert_int_equal(clf(dash, CLF_XFF, &r, &err), TRACE_REQ);
+    assert_memory_equal(r.key, "10.0.0.2", r.key_len);
+    assert_int_equal(clf(dash, CLF_PATH, &r, &err), TRACE_REQ);
+    assert_int_equal(r.key_len, 1);
+    assert_memory_equal(r.key, "-", 1);
+    assert_int_equal(clf(dash, CLF_METHOD, &r, &err), TRACE_REQ);
+    assert_memory_equal(r.key, "-", 1);
+    const char *common =
+        "10.0.0.3 - - [01/Jan/2024:00:00:00 +0000] \"GET / HTTP/1.0\" 200 1";
+    assert_int_equal(clf(common, CLF_XFF, &r, &err), TRACE_REQ);
+    assert_memory_equal(r.key, "10.0.0.3", r.key_len);
+    /* One trailing field after the Common format is fine too. */
+    const char *one = "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET /\" 200 1 "
+                      "\"ref\"";
+    assert_int_equal(clf(one, CLF_REFERER, &r, &err), TRACE_REQ);
+    assert_memory_equal(r.key, "ref", 3);
+    assert_int_equal(clf(one, CLF_AGENT, &r, &err), TRACE_ERR);
+    assert_int_equal(clf_field_from_name("xff"), CLF_XFF);
+    assert_int_equal(clf_field_from_name("1"), CLF_FIELD_1);
+    assert_int_equal(clf_field_from_name("64"), CLF_FIELD_1 + 63);
+    assert_int_equal(clf_field_from_name("0"), -1);
+    assert_int_equal(clf_field_from_name("65"), -1);
+    assert_int_equal(clf_field_from_name("01"), -1);
+    assert_int_equal(clf_field_from_name(""), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(trace_lines),
         cmocka_unit_test(access_logs),
+        cmocka_unit_test(access_log_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

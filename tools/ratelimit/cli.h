@@ -105,6 +105,9 @@ typedef struct reader {
     char *line;
     size_t cap;
     uint64_t lineno;
+    bool skip_bad;         /* --skip-bad: skip and count bad lines */
+    uint64_t nbad;         /* lines skipped */
+    uint64_t first_bad[5]; /* the first few of their numbers */
 } reader_t;
 
 /* Checks --input and --key-field and opens FILE ("-" or NULL: standard
@@ -117,6 +120,10 @@ struct trace_req;
  * with which line. */
 int reader_next(reader_t *r, struct trace_req *req);
 void reader_close(reader_t *r);
+/* With --skip-bad, after the input: one line on standard error saying how
+ * many bad lines were skipped and the first few line numbers (nothing when
+ * there were none). */
+void reader_report(const reader_t *r);
 
 /* Writes seconds with exactly 9 fractional digits ("0.000000000"). */
 char *fmt_seconds(char *p, uint64_t ns);

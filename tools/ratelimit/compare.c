@@ -39,7 +39,7 @@ static const char usage[] =
     "sampled every tenth of a period), one line per algorithm; --series\n"
     "writes the plotted numbers as CSV.  Input as for 'ratelimit replay'.\n";
 
-enum { O_SVG = O_POLICY_END, O_SERIES, O_INPUT, O_KEYFIELD, O_HELP };
+enum { O_SVG = O_POLICY_END, O_SERIES, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_HELP };
 
 static const struct option longopts[] = {
     {"rate", required_argument, NULL, O_RATE},
@@ -53,6 +53,7 @@ static const struct option longopts[] = {
     {"series", required_argument, NULL, O_SERIES},
     {"input", required_argument, NULL, O_INPUT},
     {"key-field", required_argument, NULL, O_KEYFIELD},
+    {"skip-bad", no_argument, NULL, O_SKIPBAD},
     {"help", no_argument, NULL, O_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -414,6 +415,7 @@ int cmd_compare(int argc, char **argv)
     const char *limit_text = NULL, *window_text = NULL, *cap_text = NULL;
     const char *policies[16];
     size_t npolicies = 0;
+    bool skip_bad = false;
     int c;
 
     optind = 1;
@@ -436,6 +438,7 @@ int cmd_compare(int argc, char **argv)
         case O_SERIES: series = optarg; break;
         case O_INPUT: input = optarg; break;
         case O_KEYFIELD: field = optarg; break;
+        case O_SKIPBAD: skip_bad = true; break;
         case O_HELP: fputs(usage, stdout); return 0;
         default: return getopt_fail("compare", c, argv);
         }
@@ -519,6 +522,7 @@ int cmd_compare(int argc, char **argv)
     if (status == 0)
         status = reader_open(&rd, "compare", input, field,
                              argc > optind ? argv[optind] : NULL);
+    rd.skip_bad = skip_bad;
     trace_req_t r;
     bool first = true;
     int more;
@@ -554,6 +558,7 @@ int cmd_compare(int argc, char **argv)
         }
     }
     if (status == 0) {
+        reader_report(&rd);
         print_table(lanes, nlanes);
         if (svg_file != NULL &&
             write_svg(svg_file, chart, lanes, nlanes, period) != 0)

@@ -442,8 +442,9 @@ int reader_open(reader_t *r, const char *cmd, const char *input,
     r->field = clf_field_from_name(key_field);
     if (r->field < 0)
         return cli_fail("%s: --key-field '%s' is not one of host, ident, "
-                        "user, request, method, path, status, referer, agent",
-                        cmd, key_field);
+                        "user, request, method, path, status, referer, agent, "
+                        "xff, or a field number from 1 to %d", cmd, key_field,
+                        CLF_MAX_FIELDS);
     if (path == NULL || strcmp(path, "-") == 0) {
         r->in = stdin;
         return 0;
@@ -470,18 +471,39 @@ int reader_next(reader_t *r, trace_req_t *req)
                         : trace_parse_line(r->line, len, req, &err);
         if (rc == TRACE_SKIP)
             continue;
+        if (rc == TRACE_REQ && req->key_len > RATE_KEY_MAX) {
+            rc = TRACE_ERR;
+            err = "KEY longer than 512 bytes";
+        }
+        if (rc == TRACE_ERR && r->skip_bad) {
+            if (r->nbad < sizeof r->first_bad / sizeof r->first_bad[0])
+                r->first_bad[r->nbad] = r->lineno;
+            r->nbad++;
+            continue;
+        }
         if (rc == TRACE_ERR)
             return cli_fail("%s: line %llu: %s", r->cmd,
                             (unsigned long long)r->lineno, err);
-        if (req->key_len > RATE_KEY_MAX)
-            return cli_fail("%s: line %llu: KEY longer than %d bytes", r->cmd,
-                            (unsigned long long)r->lineno, RATE_KEY_MAX);
         return 1;
     }
     if (ferror(r->in))
         return cli_fail("%s: read error after line %llu", r->cmd,
                         (unsigned long long)r->lineno);
     return 0;
+}
+
+void reader_report(const reader_t *r)
+{
+    size_t shown = sizeof r->first_bad / sizeof r->first_bad[0];
+    if (r->nbad == 0)
+        return;
+    fprintf(stderr, "%s: skipped %llu bad line%s (line%s", r->cmd,
+            (unsigned long long)r->nbad, r->nbad == 1 ? "" : "s",
+            r->nbad == 1 ? "" : "s");
+    for (size_t i = 0; i < shown && i < r->nbad; i++)
+        fprintf(stderr, "%s %llu", i ? "," : "",
+                (unsigned long long)r->first_bad[i]);
+    fprintf(stderr, "%s)\n", r->nbad > shown ? ", ..." : "");
 }
 
 void reader_close(reader_t *r)

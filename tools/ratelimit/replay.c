@@ -15,7 +15,9 @@
 static const char usage[] =
     "usage: ratelimit replay --algorithm NAME [policy options] [--max-wait DUR]\n"
     "                        [--store memory|URL] [--per-key]\n"
-    "                        [--input trace|clf] [--key-field FIELD] [FILE]\n"
+    "       ratelimit replay --policy TEXT [--max-wait DUR] ...\n"
+    "                        [--input trace|clf] [--key-field FIELD]\n"
+    "                        [--skip-bad] [FILE]\n"
     "\n"
     "Replays a trace (FILE, or standard input when absent or '-') through one\n"
     "policy on the trace's own clock and prints one line per request:\n"
@@ -37,13 +39,19 @@ static const char usage[] =
     "  --per-key          a summary line per key\n"
     "  --input FORMAT     trace (TIME KEY [PERMITS], default) or clf (access\n"
     "                     logs in Common or Combined Log Format)\n"
+    "  --policy TEXT      the library's policy text, composites too, in place\n"
+    "                     of --algorithm and its options\n"
     "  --key-field FIELD  clf: host (default), ident, user, request, method,\n"
-    "                     path, status, referer, agent\n"
+    "                     path, status, referer, agent, xff (the first\n"
+    "                     address of the last quoted field after the agent;\n"
+    "                     the host without one), or a field number N (1: host)\n"
+    "  --skip-bad         skip bad lines (counted, the first few named on\n"
+    "                     standard error) instead of stopping at the first\n"
     "\n"
     "Errors (bad options, an unreadable FILE, a bad line) print one line on\n"
     "standard error and exit with status 2.\n";
 
-enum { O_STORE = O_POLICY_END, O_PERKEY, O_INPUT, O_KEYFIELD, O_HELP };
+enum { O_STORE = O_POLICY_END, O_PERKEY, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_HELP };
 
 static const struct option longopts[] = {
     POLICY_LONGOPTS,
@@ -51,6 +59,7 @@ static const struct option longopts[] = {
     {"per-key", no_argument, NULL, O_PERKEY},
     {"input", required_argument, NULL, O_INPUT},
     {"key-field", required_argument, NULL, O_KEYFIELD},
+    {"skip-bad", no_argument, NULL, O_SKIPBAD},
     {"help", no_argument, NULL, O_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -87,6 +96,7 @@ int cmd_replay(int argc, char **argv)
     policy_opts_t po = {.cmd = "replay"};
     const char *store_spec = NULL, *input = "trace", *field = "host";
     bool per_key = false;
+    bool skip_bad = false;
     int c;
 
     optind = 1;
@@ -99,6 +109,7 @@ int cmd_replay(int argc, char **argv)
         case O_PERKEY: per_key = true; break;
         case O_INPUT: input = optarg; break;
         case O_KEYFIELD: field = optarg; break;
+        case O_SKIPBAD: skip_bad = true; break;
         case O_HELP: fputs(usage, stdout); return 0;
         default: return getopt_fail("replay", c, argv);
         }
@@ -112,6 +123,7 @@ int cmd_replay(int argc, char **argv)
     reader_t rd;
     int status = reader_open(&rd, "replay", input, field,
                              argc > optind ? argv[optind] : NULL);
+    rd.skip_bad = skip_bad;
 
     static char outbuf[1 << 16];
     setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
@@ -149,6 +161,7 @@ int cmd_replay(int argc, char **argv)
     if (fflush(stdout) != 0 && status == 0)
         status = cli_fail("replay: cannot write the output");
     if (status == 0) {
+        reader_report(&rd);
         fprintf(stderr, "summary: %llu requests, %llu allowed, %llu denied\n",
                 (unsigned long long)(allowed + denied),
                 (unsigned long long)allowed, (unsigned long long)denied);
