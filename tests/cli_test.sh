@@ -195,6 +195,41 @@ bad_line "0 $(head -c 513 /dev/zero | tr '\0' k)\n" "KEY longer than 512 bytes" 
 printf '9223372036.854775807 a 9223372036854775807\n1 b' | "$R" replay $TB >"$T/out" 2>/dev/null
 if [ $? -eq 0 ] && [ "$(wc -l <"$T/out")" -eq 2 ] && grep -q "	inf	" "$T/out"; then ok; else bad "largest values"; fi
 
+# --- memory: a documented maximum line length (65536 bytes), an error that
+# names the line, read in constant memory; --skip-bad skips it
+{ echo "0 a"; head -c 70000 /dev/zero | tr '\0' k; echo; echo "1 b"; } >"$T/long.trace"
+"$R" replay $TB "$T/long.trace" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 2 ] && grep -qx "ratelimit: replay: line 2: longer than the maximum of 65536 bytes" "$T/err" &&
+   [ "$(wc -l <"$T/out")" -eq 1 ]; then ok; else bad "long line: rc=$rc $(head -c 300 "$T/err")"; fi
+"$R" replay --skip-bad $TB "$T/long.trace" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && grep -qx "replay: skipped 1 bad line (line 2)" "$T/err" &&
+   [ "$(wc -l <"$T/out")" -eq 2 ]; then ok; else bad "long line --skip-bad: rc=$rc $(cat "$T/err")"; fi
+# a line of exactly the maximum is fine
+{ printf '0 '; head -c 65534 /dev/zero | tr '\0' k; echo; } >"$T/max.trace"
+"$R" replay $TB "$T/max.trace" >/dev/null 2>"$T/err"
+if grep -q "KEY longer than 512" "$T/err"; then ok; else bad "a line of 65536 bytes: $(cat "$T/err")"; fi
+# a 256 MB line under a 128 MB address-space limit (when the binary runs
+# under one at all: not with AddressSanitizer)
+if (ulimit -v 131072; "$R" --version) >/dev/null 2>&1; then
+  (ulimit -v 131072; head -c 268435456 /dev/zero | tr '\0' k | "$R" replay --skip-bad $TB) \
+    >"$T/out" 2>"$T/err"; rc=$?
+  if [ $rc -eq 0 ] && grep -q "skipped 1 bad line (line 1)" "$T/err"; then ok
+  else bad "a 256 MB line in 128 MB: rc=$rc $(head -c 300 "$T/err")"; fi
+fi
+# --max-keys N: the memory store keeps N keys; evictions are counted and
+# can change answers (k1 comes back cold)
+{ for i in $(seq 100); do echo "0 k$i"; done; echo "1 k1"; } >"$T/keys.trace"
+FWH="--algorithm fixed-window --limit 1 --window 1h"
+"$R" replay $FWH --max-keys 10 "$T/keys.trace" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && [ "$(tail -1 "$T/out" | cut -f4)" = allow ] &&
+   grep -q "^replay: --max-keys 10 evicted 9[01] keys" "$T/err"; then ok
+else bad "--max-keys: rc=$rc $(cat "$T/err")"; fi
+"$R" replay $FWH "$T/keys.trace" >"$T/out" 2>"$T/err"
+if [ "$(tail -1 "$T/out" | cut -f4)" = deny ] && ! grep -q evicted "$T/err"; then ok
+else bad "unbounded replay"; fi
+expect_error '' "--max-keys '0'" replay $FW --max-keys 0
+expect_error '' "--max-keys bounds the memory store only" replay $FW --max-keys 5 --store redis://127.0.0.1:1/0
+
 # --- CLF: malformed lines
 clf_error() {
   printf '%s\n' "$1" | "$R" replay --input clf $FW >"$T/out" 2>"$T/err"

@@ -70,7 +70,7 @@ int cmd_check(int argc, char **argv)
         return cli_fail("check: --permits '%s' is not a whole number up to "
                         "2^63-1", permits_text);
     cli_limiter_t cl;
-    if (cli_limiter_open(&cl, &po, store_spec, false) != 0)
+    if (cli_limiter_open(&cl, &po, store_spec, false, 0) != 0)
         return 2;
     rate_decision_t d;
     int rc = rate_limiter_check(cl.lim, key, strlen(key), permits,

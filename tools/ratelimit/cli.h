@@ -87,23 +87,32 @@ typedef struct cli_limiter {
  * scratch: a Redis store works in a fresh namespace without expiry that
  * cli_limiter_close() removes (replays on a virtual clock). */
 int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
-                     const char *store_spec, bool scratch);
+                     const char *store_spec, bool scratch, uint64_t max_keys);
 /* Returns 0, or 2 if the scratch namespace could not be removed. */
 int cli_limiter_close(cli_limiter_t *cl);
 
 /* A store for --store: "memory" (or NULL), redis://... or unix://...
- * (scratch as for cli_limiter_open).  On failure prints why, returns 2. */
+ * (scratch as for cli_limiter_open).  max_keys (0: unbounded) bounds the
+ * memory store (one shard: least recently used keys evicted first); it is
+ * an error with another store.  On failure prints why, returns 2. */
 int store_from_opt(const char *cmd, const char *spec, bool scratch,
-                   rate_store_t **out);
+                   uint64_t max_keys, rate_store_t **out);
 
-/* Reads requests from a trace or an access log, a line at a time. */
+/* The longest input line, in bytes without its newline: a longer one is an
+ * error naming it (or skipped with --skip-bad), read in constant memory. */
+#define READER_MAX_LINE 65536
+
+/* Reads requests from a trace or an access log, a line at a time, through
+ * a buffer of fixed size (about twice READER_MAX_LINE). */
 typedef struct reader {
     const char *cmd;
-    FILE *in;
+    const char *name; /* FILE, or "standard input", for messages */
+    int fd;
     bool clf;
     int field; /* clf_field_t */
-    char *line;
-    size_t cap;
+    char *buf;
+    size_t start, end; /* unread bytes buf[start..end) */
+    bool eof;
     uint64_t lineno;
     bool skip_bad;         /* --skip-bad: skip and count bad lines */
     uint64_t nbad;         /* lines skipped */

@@ -3,6 +3,7 @@
  * number formatting and getopt messages.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -354,14 +355,20 @@ int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
 }
 
 int store_from_opt(const char *cmd, const char *spec, bool scratch,
-                   rate_store_t **out)
+                   uint64_t max_keys, rate_store_t **out)
 {
     *out = NULL;
     if (spec == NULL || strcmp(spec, "memory") == 0) {
-        if (rate_store_memory_new(NULL, out) != RATE_OK)
+        /* One shard with a bound: the bound is then exact, and evicts the
+         * least recently used keys (a replay runs on one thread). */
+        rate_memory_options_t mo = {.max_keys = (size_t)max_keys,
+                                    .shards = max_keys ? 1 : 0};
+        if (rate_store_memory_new(&mo, out) != RATE_OK)
             return cli_fail("%s: cannot make the memory store", cmd);
         return 0;
     }
+    if (max_keys != 0)
+        return cli_fail("%s: --max-keys bounds the memory store only", cmd);
     if (strncmp(spec, "redis://", 8) != 0 && strncmp(spec, "unix://", 7) != 0)
         return cli_fail("%s: --store '%s' is neither 'memory' nor a "
                         "redis:// or unix:// URL", cmd, spec);
@@ -382,12 +389,13 @@ int store_from_opt(const char *cmd, const char *spec, bool scratch,
 }
 
 int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
-                     const char *store_spec, bool scratch)
+                     const char *store_spec, bool scratch, uint64_t max_keys)
 {
     memset(cl, 0, sizeof *cl);
     if (policy_from_opts(o, &cl->policy, &cl->max_wait_ns) != 0)
         return 2;
-    if (store_from_opt(o->cmd, store_spec, scratch, &cl->store) != 0) {
+    if (store_from_opt(o->cmd, store_spec, scratch, max_keys,
+                       &cl->store) != 0) {
         cli_limiter_close(cl);
         return 2;
     }
@@ -430,11 +438,14 @@ bool policy_opt(policy_opts_t *o, int c, const char *arg)
     }
 }
 
+#define READER_BUF (2 * READER_MAX_LINE + 2)
+
 int reader_open(reader_t *r, const char *cmd, const char *input,
                 const char *key_field, const char *path)
 {
     memset(r, 0, sizeof *r);
     r->cmd = cmd;
+    r->fd = -1;
     r->clf = strcmp(input, "clf") == 0;
     if (!r->clf && strcmp(input, "trace") != 0)
         return cli_fail("%s: --input '%s' is neither 'trace' nor 'clf'", cmd,
@@ -445,30 +456,102 @@ int reader_open(reader_t *r, const char *cmd, const char *input,
                         "user, request, method, path, status, referer, agent, "
                         "xff, or a field number from 1 to %d", cmd, key_field,
                         CLF_MAX_FIELDS);
+    r->buf = malloc(READER_BUF);
+    if (r->buf == NULL)
+        return cli_fail("%s: out of memory", cmd);
     if (path == NULL || strcmp(path, "-") == 0) {
-        r->in = stdin;
+        r->fd = 0;
+        r->name = "standard input";
         return 0;
     }
-    r->in = fopen(path, "rb");
-    if (r->in == NULL)
+    r->name = path;
+    r->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (r->fd < 0)
         return cli_fail("%s: cannot read '%s': %s", cmd, path,
                         strerror(errno));
     return 0;
 }
 
+/* The next line of input, without its newline, in *line and *len: 1; 0 at
+ * the end; -1 for a read error (errno set); -2 for a line longer than
+ * READER_MAX_LINE (its number counted; the rest of it is read past, in
+ * constant memory, only when skipped: `skip`). */
+static int next_line(reader_t *r, bool skip, char **line, size_t *len)
+{
+    size_t scanned = 0;
+    bool toolong = false;
+    for (;;) {
+        char *nl = memchr(r->buf + r->start + scanned, '\n',
+                          r->end - r->start - scanned);
+        if (nl != NULL) {
+            *line = r->buf + r->start;
+            *len = (size_t)(nl - *line);
+            r->start += *len + 1;
+            r->lineno++;
+            if (toolong || *len > READER_MAX_LINE)
+                return -2;
+            return 1;
+        }
+        scanned = r->end - r->start;
+        if (scanned > READER_MAX_LINE) {
+            if (!toolong && !skip) {
+                r->lineno++;
+                return -2;
+            }
+            /* Read past the rest of the line, keeping nothing of it. */
+            toolong = true;
+            r->start = r->end = 0;
+            scanned = 0;
+        }
+        if (r->eof) {
+            if (r->end == r->start && !toolong)
+                return 0;
+            *line = r->buf + r->start;
+            *len = r->end - r->start;
+            r->start = r->end;
+            r->lineno++;
+            return toolong ? -2 : 1;
+        }
+        if (r->start > 0) {
+            memmove(r->buf, r->buf + r->start, r->end - r->start);
+            r->end -= r->start;
+            r->start = 0;
+        }
+        ssize_t n = read(r->fd, r->buf + r->end, READER_BUF - r->end);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        if (n == 0)
+            r->eof = true;
+        r->end += (size_t)n;
+    }
+}
+
 int reader_next(reader_t *r, trace_req_t *req)
 {
-    ssize_t n;
+    char *line;
+    size_t len;
+    int got;
 
-    while ((n = getline(&r->line, &r->cap, r->in)) != -1) {
-        size_t len = (size_t)n;
+    while ((got = next_line(r, r->skip_bad, &line, &len)) != 0) {
         const char *err = NULL;
-        r->lineno++;
-        if (len > 0 && r->line[len - 1] == '\n')
-            len--;
-        int rc = r->clf ? clf_parse_line(r->line, len, (clf_field_t)r->field,
+        int rc;
+        if (got == -1)
+            return cli_fail("%s: cannot read '%s' after line %llu: %s",
+                            r->cmd, r->name, (unsigned long long)r->lineno,
+                            strerror(errno));
+        if (got == -2) {
+            static char msg[64];
+            snprintf(msg, sizeof msg, "longer than the maximum of %d bytes",
+                     READER_MAX_LINE);
+            rc = TRACE_ERR;
+            err = msg;
+        } else {
+            rc = r->clf ? clf_parse_line(line, len, (clf_field_t)r->field,
                                          req, &err)
-                        : trace_parse_line(r->line, len, req, &err);
+                        : trace_parse_line(line, len, req, &err);
+        }
         if (rc == TRACE_SKIP)
             continue;
         if (rc == TRACE_REQ && req->key_len > RATE_KEY_MAX) {
@@ -486,9 +569,6 @@ int reader_next(reader_t *r, trace_req_t *req)
                             (unsigned long long)r->lineno, err);
         return 1;
     }
-    if (ferror(r->in))
-        return cli_fail("%s: read error after line %llu", r->cmd,
-                        (unsigned long long)r->lineno);
     return 0;
 }
 
@@ -508,9 +588,9 @@ void reader_report(const reader_t *r)
 
 void reader_close(reader_t *r)
 {
-    free(r->line);
-    if (r->in != NULL && r->in != stdin)
-        fclose(r->in);
+    free(r->buf);
+    if (r->fd > 0)
+        close(r->fd);
     memset(r, 0, sizeof *r);
 }
 

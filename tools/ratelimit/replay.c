@@ -1,8 +1,10 @@
 /*
  * ratelimit replay: a recorded trace through one policy on a virtual clock,
  * one decision per request (spec/cli-replay.md).  Streams: a line is parsed,
- * decided and written before the next is read, so memory stays flat
- * whatever the trace's length (with --per-key, it grows with the keys).
+ * decided and written before the next is read, through a buffer of fixed
+ * size (lines up to READER_MAX_LINE bytes).  What grows is the store: the
+ * memory store keeps every distinct key unless --max-keys bounds it, and
+ * --per-key keeps a counter per key.
  */
 #include <getopt.h>
 #include <stdlib.h>
@@ -36,7 +38,10 @@ static const char usage[] =
     "                     [:port][/db] or unix:///path: the trace's time goes\n"
     "                     to the store, in a namespace of the run's own that\n"
     "                     is removed at the end; the output is the same\n"
-    "  --per-key          a summary line per key\n"
+    "  --per-key          a summary line per key (memory grows with the keys)\n"
+    "  --max-keys N       memory store: keep at most N keys, evicting the least\n"
+    "                     recently used (counted on standard error); an\n"
+    "                     evicted key starts cold again: answers may change\n"
     "  --input FORMAT     trace (TIME KEY [PERMITS], default) or clf (access\n"
     "                     logs in Common or Combined Log Format)\n"
     "  --policy TEXT      the library's policy text, composites too, in place\n"
@@ -51,7 +56,7 @@ static const char usage[] =
     "Errors (bad options, an unreadable FILE, a bad line) print one line on\n"
     "standard error and exit with status 2.\n";
 
-enum { O_STORE = O_POLICY_END, O_PERKEY, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_HELP };
+enum { O_STORE = O_POLICY_END, O_PERKEY, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_MAXKEYS, O_HELP };
 
 static const struct option longopts[] = {
     POLICY_LONGOPTS,
@@ -60,6 +65,7 @@ static const struct option longopts[] = {
     {"input", required_argument, NULL, O_INPUT},
     {"key-field", required_argument, NULL, O_KEYFIELD},
     {"skip-bad", no_argument, NULL, O_SKIPBAD},
+    {"max-keys", required_argument, NULL, O_MAXKEYS},
     {"help", no_argument, NULL, O_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -97,6 +103,8 @@ int cmd_replay(int argc, char **argv)
     const char *store_spec = NULL, *input = "trace", *field = "host";
     bool per_key = false;
     bool skip_bad = false;
+    const char *max_keys_text = NULL;
+    uint64_t max_keys = 0;
     int c;
 
     optind = 1;
@@ -110,6 +118,7 @@ int cmd_replay(int argc, char **argv)
         case O_INPUT: input = optarg; break;
         case O_KEYFIELD: field = optarg; break;
         case O_SKIPBAD: skip_bad = true; break;
+        case O_MAXKEYS: max_keys_text = optarg; break;
         case O_HELP: fputs(usage, stdout); return 0;
         default: return getopt_fail("replay", c, argv);
         }
@@ -117,8 +126,13 @@ int cmd_replay(int argc, char **argv)
     if (argc - optind > 1)
         return cli_fail("replay: more than one FILE ('%s', '%s')",
                         argv[optind], argv[optind + 1]);
+    if (max_keys_text != NULL &&
+        (parse_count_text(max_keys_text, &max_keys) != 0 || max_keys == 0 ||
+         max_keys > UINT32_MAX))
+        return cli_fail("replay: --max-keys '%s' is not a whole number from "
+                        "1 to 4294967295", max_keys_text);
     cli_limiter_t cl;
-    if (cli_limiter_open(&cl, &po, store_spec, true) != 0)
+    if (cli_limiter_open(&cl, &po, store_spec, true, max_keys) != 0)
         return 2;
     reader_t rd;
     int status = reader_open(&rd, "replay", input, field,
@@ -162,6 +176,14 @@ int cmd_replay(int argc, char **argv)
         status = cli_fail("replay: cannot write the output");
     if (status == 0) {
         reader_report(&rd);
+        rate_stats_t st;
+        if (max_keys != 0 && rate_store_stats(cl.store, &st) == RATE_OK &&
+            st.evictions > 0)
+            fprintf(stderr, "replay: --max-keys %llu evicted %llu keys (an "
+                    "evicted key that comes back starts cold: answers may "
+                    "differ from an unbounded replay)\n",
+                    (unsigned long long)max_keys,
+                    (unsigned long long)st.evictions);
         fprintf(stderr, "summary: %llu requests, %llu allowed, %llu denied\n",
                 (unsigned long long)(allowed + denied),
                 (unsigned long long)allowed, (unsigned long long)denied);
