@@ -242,6 +242,25 @@ clf_error '1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] "GET / HTTP/1.1 200 1' "uncl
 clf_error '1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] "GET / HTTP/1.1" 2000 1' "status is not"
 clf_error '1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] "GET /" 200 1 "ref" "agent' "unclosed quote"
 
+# access-log times: no wrap-around after 2262, no impossible dates or zones
+clf_time_error() { # TIMESTAMP MESSAGE
+  { echo '1.2.3.4 - - [01/Jan/2024:00:00:00 +0000] "GET /" 200 1'
+    echo "1.2.3.4 - - [$1] \"GET /\" 200 1"; } >"$T/t.log"
+  "$R" replay --input clf $FW "$T/t.log" >"$T/out" 2>"$T/err"; rc=$?
+  if [ $rc -eq 2 ] && grep -qF "line 2: $2" "$T/err" && [ "$(wc -l <"$T/out")" -eq 1 ]; then ok
+  else bad "clf time '$1': rc=$rc $(cat "$T/err")"; fi
+  "$R" replay --input clf --skip-bad $FW "$T/t.log" >"$T/out" 2>"$T/err"; rc=$?
+  if [ $rc -eq 0 ] && grep -q "skipped 1 bad line (line 2)" "$T/err"; then ok
+  else bad "clf time '$1' --skip-bad: rc=$rc"; fi
+}
+clf_time_error "01/Jan/2600:00:00:00 +0000" "timestamp after 2262-04-11"
+clf_time_error "31/Feb/2024:00:00:00 +0000" "timestamp has a day its month does not have"
+clf_time_error "29/Feb/2021:00:00:00 +0000" "timestamp has a day its month does not have"
+clf_time_error "01/Mar/2024:00:00:00 +9900" "timestamp's zone is more than 14 hours"
+printf '%s\n' '1.2.3.4 - - [29/Feb/2024:12:00:00 +0000] "GET /" 200 1' |
+  "$R" replay --input clf $FW >"$T/out" 2>/dev/null
+if [ "$(cut -f1 "$T/out")" = "29/Feb/2024:12:00:00 +0000" ]; then ok; else bad "29/Feb/2024"; fi
+
 # --- real access logs: trailing fields, the key from any field or the
 # forwarded-for address, --skip-bad
 L1='10.0.0.1 - - [01/Jan/2024:00:00:00 +0000] "GET /a HTTP/1.1" 200 5 "-" "curl/8" "203.0.113.7, 10.0.0.9"'

@@ -169,12 +169,65 @@ static void access_log_fields(void **state)
     assert_int_equal(clf_field_from_name(""), -1);
 }
 
+/* Access-log times: impossible dates and zones, and the largest time
+ * (2^63-1 ns) are errors with a message, never a wrong time. */
+static void access_log_times(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *ts;
+        uint64_t secs; /* 0: an error */
+    } cases[] = {
+        {"29/Feb/2024:00:00:00 +0000", 1709164800},
+        {"29/Feb/2000:00:00:00 +0000", 951782400},
+        {"29/Feb/2021:00:00:00 +0000", 0},
+        {"29/Feb/1900:00:00:00 +0000", 0}, /* and before 1970 anyway */
+        {"29/Feb/2100:00:00:00 +0000", 0},
+        {"31/Feb/2024:00:00:00 +0000", 0},
+        {"30/Feb/2024:00:00:00 +0000", 0},
+        {"31/Apr/2024:00:00:00 +0000", 0},
+        {"30/Apr/2024:00:00:00 +0000", 1714435200},
+        {"31/Dec/2024:23:59:59 +0000", 1735689599},
+        {"00/Jan/2024:00:00:00 +0000", 0},
+        {"01/Jan/2024:00:00:00 +1400", 1704016800},
+        {"01/Jan/2024:00:00:00 -1200", 1704110400},
+        {"01/Jan/2024:00:00:00 +1500", 0},
+        {"01/Jan/2024:00:00:00 +9900", 0},
+        {"01/Jan/2024:00:00:00 -9959", 0},
+        {"11/Apr/2262:23:47:16 +0000", UINT64_C(9223372036)},
+        {"11/Apr/2262:23:47:17 +0000", 0},
+        {"12/Apr/2262:00:47:16 +0100", UINT64_C(9223372036)},
+        {"01/Jan/2263:00:00:00 +0000", 0},
+        {"01/Jan/2600:00:00:00 +0000", 0},
+        {"01/Jan/9999:00:00:00 +0000", 0},
+        {"01/Jan/1970:00:00:00 +0100", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char line[160];
+        trace_req_t r;
+        const char *err = NULL;
+        snprintf(line, sizeof line, "1.2.3.4 - - [%s] \"GET /\" 200 1",
+                 cases[i].ts);
+        int rc = clf(line, CLF_HOST, &r, &err);
+        if (cases[i].secs == 0) {
+            if (rc != TRACE_ERR || err == NULL ||
+                strncmp(err, "timestamp", 9) != 0)
+                fail_msg("'%s' should be a timestamp error (rc %d, t %llu)",
+                         cases[i].ts, rc, (unsigned long long)r.t_ns);
+        } else if (rc != TRACE_REQ || r.t_ns != cases[i].secs * SEC) {
+            fail_msg("'%s': rc %d, t %llu s", cases[i].ts, rc,
+                     (unsigned long long)(r.t_ns / SEC));
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(trace_lines),
         cmocka_unit_test(access_logs),
         cmocka_unit_test(access_log_fields),
+        cmocka_unit_test(access_log_times),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -203,15 +203,33 @@ static int clf_time(const char *s, size_t n, uint64_t *out, const char **err)
         !num(s + 12, 2, &hh) || !num(s + 15, 2, &mm) ||
         !num(s + 18, 2, &ss) || !num(s + 22, 2, &zh) || !num(s + 24, 2, &zm))
         return -1;
-    if (d < 1 || d > 31 || hh > 23 || mm > 59 || ss > 60 || zm > 59 ||
-        y < 1970)
+    static const unsigned mdays[12] = {31, 29, 31, 30, 31, 30,
+                                       31, 31, 30, 31, 30, 31};
+    bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    if (hh > 23 || mm > 59 || ss > 60 || zm > 59 || y < 1970)
         return -1;
+    if (d < 1 || d > mdays[mon - 1] || (mon == 2 && d == 29 && !leap)) {
+        *err = "timestamp has a day its month does not have (such as 31/Feb, "
+               "or 29/Feb outside a leap year)";
+        return -1;
+    }
+    if (zh > 14) {
+        *err = "timestamp's zone is more than 14 hours from UTC";
+        return -1;
+    }
     int64_t secs = days_from_civil(y, mon, d) * 86400 + hh * 3600 + mm * 60 +
                    ss;
     int64_t zone = (int64_t)(zh * 3600 + zm * 60);
     secs += s[21] == '+' ? -zone : zone; /* local = UTC + zone */
-    if (secs < 0)
+    if (secs < 0) {
+        *err = "timestamp before 1970-01-01 00:00:00 UTC";
         return -1;
+    }
+    if ((uint64_t)secs > MAX63 / NS_PER_S) {
+        *err = "timestamp after 2262-04-11 23:47:16 UTC (2^63-1 ns from "
+               "1970, the largest time)";
+        return -1;
+    }
     *out = (uint64_t)secs * NS_PER_S;
     return 0;
 }
