@@ -230,6 +230,20 @@ else bad "unbounded replay"; fi
 expect_error '' "--max-keys '0'" replay $FW --max-keys 0
 expect_error '' "--max-keys bounds the memory store only" replay $FW --max-keys 5 --store redis://127.0.0.1:1/0
 
+# --- clear messages: a directory as FILE, a bad unix-socket path
+for sub in replay compare; do
+  if [ $sub = replay ]; then a=$TB; else a="--rate 1/s"; fi
+  # shellcheck disable=SC2086
+  expect_error '' "$sub: '$T' is a directory, not a trace or log file" $sub $a "$T"
+done
+expect_error '' "--store 'unix:///nonexistent.sock': /nonexistent.sock: No such file or directory" replay $TB --store unix:///nonexistent.sock
+expect_error '' "--store 'unix://$T': $T is not a socket" check --key u $TB --store "unix://$T"
+expect_error '' "a unix:// URL needs an absolute path" replay $TB --store unix://relative.sock
+if command -v python3 >/dev/null; then
+  python3 -c "import socket,sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])" "$T/stale.sock"
+  expect_error '' "--store: cannot connect to $T/stale.sock: Connection refused" replay $TB --store "unix://$T/stale.sock"
+fi
+
 # --- CLF: malformed lines
 clf_error() {
   printf '%s\n' "$1" | "$R" replay --input clf $FW >"$T/out" 2>"$T/err"

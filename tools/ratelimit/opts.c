@@ -4,6 +4,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -369,6 +370,21 @@ int store_from_opt(const char *cmd, const char *spec, bool scratch,
     }
     if (max_keys != 0)
         return cli_fail("%s: --max-keys bounds the memory store only", cmd);
+    if (strncmp(spec, "unix://", 7) == 0) {
+        /* Say plainly what is wrong with the socket's path. */
+        const char *path = spec + 7;
+        struct stat st;
+        if (*path != '/')
+            return cli_fail("%s: --store '%s': a unix:// URL needs an "
+                            "absolute path (unix:///run/redis.sock)", cmd,
+                            spec);
+        if (stat(path, &st) != 0)
+            return cli_fail("%s: --store '%s': %s: %s", cmd, spec, path,
+                            strerror(errno));
+        if (!S_ISSOCK(st.st_mode))
+            return cli_fail("%s: --store '%s': %s is not a socket", cmd,
+                            spec, path);
+    }
     if (strncmp(spec, "redis://", 8) != 0 && strncmp(spec, "unix://", 7) != 0)
         return cli_fail("%s: --store '%s' is neither 'memory' nor a "
                         "redis:// or unix:// URL", cmd, spec);
@@ -383,8 +399,17 @@ int store_from_opt(const char *cmd, const char *spec, bool scratch,
         o.prefix = prefix;
         o.no_ttl = true;
     }
-    if (rate_store_redis_new(spec, &o, out, err, sizeof err) != RATE_OK)
+    if (rate_store_redis_new(spec, &o, out, err, sizeof err) != RATE_OK) {
+        /* The library's message for a socket names it as HOST followed by
+         * its PORT, 0 for a socket ("/run/redis.sock0: ..."): drop that 0
+         * (reported to the library; harmless once it is fixed there). */
+        const char *path = spec + 7;
+        char *at = strncmp(spec, "unix://", 7) == 0 ? strstr(err, path) : NULL;
+        if (at != NULL && strncmp(at + strlen(path), "0:", 2) == 0)
+            memmove(at + strlen(path), at + strlen(path) + 1,
+                    strlen(at + strlen(path) + 1) + 1);
         return cli_fail("%s: --store: %s", cmd, err);
+    }
     return 0;
 }
 
@@ -469,6 +494,10 @@ int reader_open(reader_t *r, const char *cmd, const char *input,
     if (r->fd < 0)
         return cli_fail("%s: cannot read '%s': %s", cmd, path,
                         strerror(errno));
+    struct stat st;
+    if (fstat(r->fd, &st) == 0 && S_ISDIR(st.st_mode))
+        return cli_fail("%s: '%s' is a directory, not a trace or log file",
+                        cmd, path);
     return 0;
 }
 
