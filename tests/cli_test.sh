@@ -414,6 +414,45 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
             --algorithm gcra --rate 1/h --burst 2 | head -1)
       if [ "$got" = "decision $want" ]; then ok; else bad "check via Redis: $got"; fi
     done
+    # Stopped by a signal, killed, or Redis stalled: the run's keys do not
+    # stay behind, and one line of error says what happened.
+    rkeys() { redis-cli -p "$rport" -n 3 dbsize; }
+    wait_keys() { # WANT: polls for up to 10 s
+      for _ in $(seq 100); do [ "$(rkeys)" = "$1" ] && return 0; sleep 0.1; done
+      return 1
+    }
+    rm -f "$T/fifo"; mkfifo "$T/fifo"
+    for sig in INT TERM KILL; do
+      { for i in $(seq 300); do echo "0 k$i"; done; exec sleep 20; } >"$T/fifo" &
+      feeder=$!
+      "$R" replay $TB --store "redis://127.0.0.1:$rport/3" <"$T/fifo" >"$T/out" 2>"$T/err" &
+      rp=$!
+      for _ in $(seq 100); do [ "$(rkeys)" = 300 ] && break; sleep 0.1; done
+      if [ "$(rkeys)" = 300 ]; then ok; else bad "replay via Redis never wrote its keys ($sig)"; fi
+      kill -$sig "$rp"; { wait "$rp"; } 2>/dev/null; rc=$?
+      kill "$feeder" 2>/dev/null; wait "$feeder" 2>/dev/null
+      case $sig in INT) want=130;; TERM) want=143;; KILL) want=137;; esac
+      if [ $rc -eq $want ] && wait_keys 0; then ok
+      else bad "replay --store redis stopped by SIG$sig: rc=$rc, $(rkeys) keys left"; fi
+      if [ $sig != KILL ]; then
+        if [ "$(wc -l <"$T/err")" -eq 1 ] &&
+           grep -qx "ratelimit: replay: stopped by SIG$sig after line 300; the run's Redis keys were removed" "$T/err" &&
+           [ "$(wc -l <"$T/out")" -eq 300 ]; then ok
+        else bad "SIG$sig message: $(cat "$T/err")"; fi
+      fi
+    done
+    # Redis stalls (stopped for 3 s): the run fails with one line and its
+    # keys are removed once Redis answers again
+    awk 'BEGIN { for (i = 0; i < 300000; i++) print "0 k" i }' >"$T/many.trace"
+    "$R" replay $TB --store "redis://127.0.0.1:$rport/3" "$T/many.trace" >/dev/null 2>"$T/err" &
+    rp=$!
+    for _ in $(seq 100); do [ "$(rkeys)" -gt 100 ] && break; sleep 0.1; done
+    kill -STOP "$rpid"; sleep 3; kill -CONT "$rpid"
+    wait "$rp"; rc=$?
+    if [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] &&
+       grep -q "^ratelimit: replay: line [0-9]*: store did not answer in time; the run's Redis keys" "$T/err" &&
+       wait_keys 0; then ok
+    else bad "replay during a Redis stall: rc=$rc, $(rkeys) keys left, $(cat "$T/err")"; fi
     expect_error '' "--store: cannot connect to 127.0.0.1:1" replay $TB --store redis://127.0.0.1:1/0
     expect_error '' "--store: 'redis://x:y:z'" replay $TB --store redis://x:y:z
     kill "$rpid"; wait "$rpid" 2>/dev/null

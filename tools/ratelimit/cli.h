@@ -88,8 +88,17 @@ typedef struct cli_limiter {
  * cli_limiter_close() removes (replays on a virtual clock). */
 int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
                      const char *store_spec, bool scratch, uint64_t max_keys);
-/* Returns 0, or 2 if the scratch namespace could not be removed. */
+/* Removes a scratch namespace (a watchdog process removes it if the run
+ * ends without doing so, even killed with SIGKILL), frees everything.
+ * Returns RATE_OK, or the code of the failed removal (nothing printed: the
+ * watchdog retries it for a minute). */
 int cli_limiter_close(cli_limiter_t *cl);
+
+/* SIGINT and SIGTERM set cli_signal (and interrupt a blocked read) instead
+ * of killing the process, so that a replay can remove its keys. */
+#include <signal.h>
+extern volatile sig_atomic_t cli_signal;
+void cli_catch_signals(void);
 
 /* A store for --store: "memory" (or NULL), redis://... or unix://...
  * (scratch as for cli_limiter_open).  max_keys (0: unbounded) bounds the
@@ -126,7 +135,7 @@ int reader_open(reader_t *r, const char *cmd, const char *input,
 
 struct trace_req;
 /* The next request: 1, or 0 at the end, or 2 after printing what is wrong
- * with which line. */
+ * with which line, or 3 (nothing printed) when cli_signal was set. */
 int reader_next(reader_t *r, struct trace_req *req);
 void reader_close(reader_t *r);
 /* With --skip-bad, after the input: one line on standard error saying how

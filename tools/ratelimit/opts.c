@@ -3,6 +3,7 @@
  * number formatting and getopt messages.
  */
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <getopt.h>
@@ -355,6 +356,98 @@ int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
     return 0;
 }
 
+/* The watchdog of a scratch Redis namespace: a child process that outlives
+ * the run if it must.  It waits for the run to end (the pipe's end: also
+ * when the run is killed with SIGKILL); unless told that the namespace is
+ * gone ('x'), it removes it, retrying for a minute while Redis does not
+ * answer.  It ignores the terminal's signals (Ctrl-C reaches the whole
+ * process group; the run removes its keys itself then) and holds none of
+ * the run's output open. */
+static int watchdog_fd = -1;
+
+static void watchdog(int rfd, const char *url, const char *prefix)
+{
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
+    int null = open("/dev/null", O_RDWR);
+    for (int fd = 0; fd < 3; fd++)
+        dup2(null, fd);
+    char c = 0;
+    ssize_t n;
+    do
+        n = read(rfd, &c, 1);
+    while (n < 0 && errno == EINTR);
+    if (n == 1 && c == 'x')
+        _exit(0);
+    rate_redis_options_t o = {.prefix = prefix, .no_ttl = true};
+    for (int tries = 0; tries < 60; tries++) {
+        rate_store_t *st = NULL;
+        if (rate_store_redis_new(url, &o, &st, NULL, 0) == RATE_OK &&
+            rate_store_redis_drop(st) == RATE_OK) {
+            rate_store_free(st);
+            _exit(0);
+        }
+        rate_store_free(st);
+        sleep(1);
+    }
+    _exit(1);
+}
+
+static int start_watchdog(const char *cmd, const char *url,
+                          const char *prefix)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0)
+        return cli_fail("%s: cannot make a pipe: %s", cmd, strerror(errno));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(p[0]);
+        close(p[1]);
+        return cli_fail("%s: cannot fork: %s", cmd, strerror(errno));
+    }
+    if (pid == 0) {
+        close(p[1]);
+        watchdog(p[0], url, prefix);
+    }
+    close(p[0]);
+    watchdog_fd = p[1];
+    return 0;
+}
+
+/* Tells the watchdog the namespace is gone (ok) or leaves the removal to
+ * it, and lets it go. */
+static void stop_watchdog(bool ok)
+{
+    if (watchdog_fd < 0)
+        return;
+    if (ok) {
+        ssize_t n = write(watchdog_fd, "x", 1);
+        (void)n;
+    }
+    close(watchdog_fd);
+    watchdog_fd = -1;
+}
+
+volatile sig_atomic_t cli_signal;
+
+static void on_signal(int sig)
+{
+    cli_signal = sig;
+}
+
+void cli_catch_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal; /* no SA_RESTART: a blocked read returns */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
 int store_from_opt(const char *cmd, const char *spec, bool scratch,
                    uint64_t max_keys, rate_store_t **out)
 {
@@ -398,6 +491,8 @@ int store_from_opt(const char *cmd, const char *spec, bool scratch,
                  (unsigned long long)rate_clock_monotonic_ns());
         o.prefix = prefix;
         o.no_ttl = true;
+        if (start_watchdog(cmd, spec, prefix) != 0)
+            return 2;
     }
     if (rate_store_redis_new(spec, &o, out, err, sizeof err) != RATE_OK) {
         /* The library's message for a socket names it as HOST followed by
@@ -408,6 +503,7 @@ int store_from_opt(const char *cmd, const char *spec, bool scratch,
         if (at != NULL && strncmp(at + strlen(path), "0:", 2) == 0)
             memmove(at + strlen(path), at + strlen(path) + 1,
                     strlen(at + strlen(path) + 1) + 1);
+        stop_watchdog(true); /* nothing was written */
         return cli_fail("%s: --store: %s", cmd, err);
     }
     return 0;
@@ -438,9 +534,10 @@ int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
 int cli_limiter_close(cli_limiter_t *cl)
 {
     int rc = 0;
-    if (cl->scratch && cl->store != NULL &&
-        rate_store_redis_drop(cl->store) != RATE_OK)
-        rc = cli_fail("%s: could not remove the run's Redis keys", cl->cmd);
+    if (cl->scratch && cl->store != NULL) {
+        rc = rate_store_redis_drop(cl->store);
+        stop_watchdog(rc == RATE_OK);
+    }
     rate_limiter_free(cl->lim);
     rate_store_free(cl->store);
     rate_policy_free(cl->policy);
@@ -547,6 +644,8 @@ static int next_line(reader_t *r, bool skip, char **line, size_t *len)
             r->start = 0;
         }
         ssize_t n = read(r->fd, r->buf + r->end, READER_BUF - r->end);
+        if (n < 0 && errno == EINTR && cli_signal != 0)
+            return -3;
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
@@ -566,6 +665,8 @@ int reader_next(reader_t *r, trace_req_t *req)
     while ((got = next_line(r, r->skip_bad, &line, &len)) != 0) {
         const char *err = NULL;
         int rc;
+        if (got == -3 || cli_signal != 0)
+            return 3;
         if (got == -1)
             return cli_fail("%s: cannot read '%s' after line %llu: %s",
                             r->cmd, r->name, (unsigned long long)r->lineno,

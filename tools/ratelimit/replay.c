@@ -134,10 +134,15 @@ int cmd_replay(int argc, char **argv)
     cli_limiter_t cl;
     if (cli_limiter_open(&cl, &po, store_spec, true, max_keys) != 0)
         return 2;
+    /* With a Redis namespace of the run's own: SIGINT and SIGTERM stop the
+     * run between two requests, so that it removes its keys. */
+    if (cl.scratch)
+        cli_catch_signals();
     reader_t rd;
     int status = reader_open(&rd, "replay", input, field,
                              argc > optind ? argv[optind] : NULL);
     rd.skip_bad = skip_bad;
+    char failure[320] = ""; /* printed after the namespace is removed */
 
     static char outbuf[1 << 16];
     setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
@@ -150,15 +155,19 @@ int cmd_replay(int argc, char **argv)
             status = 2;
             break;
         }
+        if (more == 3)
+            break;
         rate_decision_t d;
         int rc = rate_limiter_check_at(cl.lim, r.key, r.key_len, r.permits,
                                        cl.max_wait_ns, r.t_ns, &d);
         if (rc == RATE_OK && d.reason == RATE_REASON_STORE_ERROR)
             rc = d.error;
+        if (cli_signal != 0)
+            break;
         if (rc != RATE_OK) {
-            status = cli_fail("replay: line %llu: %s",
-                              (unsigned long long)rd.lineno,
-                              rate_strerror(rc));
+            snprintf(failure, sizeof failure, "replay: line %llu: %s",
+                     (unsigned long long)rd.lineno, rate_strerror(rc));
+            status = 2;
             break;
         }
         write_line(&r, &d);
@@ -171,6 +180,13 @@ int cmd_replay(int argc, char **argv)
             }
             d.allowed ? k->allowed++ : k->denied++;
         }
+    }
+    int sig = cli_signal;
+    if (sig != 0 && status == 0) {
+        snprintf(failure, sizeof failure, "replay: stopped by %s after line "
+                 "%llu", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                 (unsigned long long)rd.lineno);
+        status = 128 + sig;
     }
     if (fflush(stdout) != 0 && status == 0)
         status = cli_fail("replay: cannot write the output");
@@ -196,7 +212,21 @@ int cmd_replay(int argc, char **argv)
     }
     keymap_free(&keys);
     reader_close(&rd);
-    if (cli_limiter_close(&cl) != 0 && status == 0)
-        status = 2;
+    /* One line of error in all: a failure says whether the run's Redis
+     * keys are gone; a failed removal alone says so. */
+    bool scratch = cl.scratch;
+    int drop = cli_limiter_close(&cl);
+    const char *keys_fate =
+        drop == RATE_OK ? "; the run's Redis keys were removed"
+                        : "; the run's Redis keys will be removed by a "
+                          "background process once Redis answers (it tries "
+                          "for a minute)";
+    if (failure[0] != '\0')
+        cli_fail("%s%s", failure, scratch ? keys_fate : "");
+    else if (drop != RATE_OK && status == 0)
+        status = cli_fail("replay: could not remove the run's Redis keys "
+                          "now (%s); a background process removes them once "
+                          "Redis answers (it tries for a minute)",
+                          rate_strerror(drop));
     return status;
 }
