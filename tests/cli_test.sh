@@ -469,5 +469,29 @@ for c in replay compare check bench; do
 done
 if "$R" --help | grep -q "^usage: ratelimit COMMAND"; then ok; else bad "--help"; fi
 
+# --- the man page documents every option the command accepts (the long
+# options of each subcommand's table, and bench's own), and renders
+SRC=$(cd "$V/../.." && pwd)
+MAN=$SRC/docs/ratelimit.1
+opts=$( { grep -ho '{"[a-z-]*", *\(required\|no\|optional\)_argument' "$SRC"/tools/ratelimit/*.[ch] |
+          sed 's/{"\([a-z-]*\)".*/\1/'
+        grep -ho 'strcmp(argv\[i\], "--[a-z-]*")' "$SRC"/tools/ratelimit/*.c |
+          sed 's/.*"--\([a-z-]*\)".*/\1/'
+        echo version; } | sort -u)
+nopts=0
+for o in $opts; do
+  nopts=$((nopts + 1))
+  esc=${o//-/\\-}
+  if grep -qF -- "\\-\\-$esc" "$MAN"; then ok; else bad "--$o is not in docs/ratelimit.1"; fi
+done
+if [ "$nopts" -ge 20 ]; then ok; else bad "found only $nopts options in the sources"; fi
+if command -v man >/dev/null; then
+  if [ -z "$(man --warnings -l "$MAN" 2>&1 >/dev/null)" ] &&
+     man -l "$MAN" 2>/dev/null | grep -q "EXIT STATUS"; then ok
+  else bad "man -l docs/ratelimit.1: $(man --warnings -l "$MAN" 2>&1 >/dev/null | head -3)"; fi
+fi
+if [ "$("$R" --version)" = "ratelimit 0.1.0" ] || "$R" --version | grep -qx 'ratelimit [0-9]*\.[0-9]*\.[0-9]*'; then ok
+else bad "--version"; fi
+
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
