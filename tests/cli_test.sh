@@ -364,6 +364,13 @@ for input in empty comments; do
        ! grep -qi "nan" "$T/e.svg" && xmllint --noout "$T/e.svg" 2>/dev/null &&
        grep -q "^fixed-window" "$T/out"; then ok
     else bad "compare --svg --input $fmt on $input input: rc=$rc $(head -c 200 "$T/err")"; fi
+    timeout 20 "$R" replay --input $fmt --per-key --skip-bad --policy "gcra 1/s; sliding-log 2/1m" "$f" \
+      >"$T/out" 2>"$T/err"; rc=$?
+    if [ $rc -eq 0 ] && [ ! -s "$T/out" ] && [ "$(wc -l <"$T/err")" -eq 1 ]; then ok
+    else bad "replay --per-key --skip-bad --policy on $input input: rc=$rc $(cat "$T/err")"; fi
+    timeout 20 "$R" compare --input $fmt --policy "gcra 1/s" --series "$T/e.csv" "$f" >"$T/out" 2>"$T/err"; rc=$?
+    if [ $rc -eq 0 ] && [ "$(cat "$T/e.csv")" = 'time,offered,"token-bucket 1/s burst=1"' ]; then ok
+    else bad "compare --series on $input input: rc=$rc $(cat "$T/e.csv")"; fi
     timeout 20 "$R" compare --input $fmt --rate 10/s <"$f" >"$T/out" 2>"$T/err"; rc=$?
     if [ $rc -eq 0 ] && [ "$(grep -c ' 0 ' "$T/out")" -ge 5 ]; then ok
     else bad "compare --input $fmt on $input standard input: rc=$rc"; fi
@@ -406,6 +413,10 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
       if "$R" replay $(cat "$args") --store "redis://127.0.0.1:$rport/1" \
            "$V/$n.trace" >"$T/out" 2>/dev/null && cmp -s "$T/out" "$V/$n.out"
       then ok; else bad "replay --store redis:// vector $n"; fi
+    done
+    for f in "$T/empty.trace" "$T/comments.trace"; do
+      timeout 20 "$R" replay $TB --store "redis://127.0.0.1:$rport/1" "$f" >"$T/out" 2>"$T/err"; rc=$?
+      if [ $rc -eq 0 ] && [ ! -s "$T/out" ]; then ok; else bad "replay via Redis on $f: rc=$rc"; fi
     done
     if [ "$(redis-cli -p "$rport" -n 1 dbsize)" = 0 ]; then ok
     else bad "replay left keys in Redis"; fi
