@@ -19,7 +19,7 @@
 #include "trace.h"
 
 #define ALGOS 5
-#define MAX_BINS 8192
+#define MAX_BINS 16384
 
 static const char usage[] =
     "usage: ratelimit compare [--rate N/DUR | --limit N --window DUR]\n"
@@ -36,7 +36,7 @@ static const char usage[] =
     "line, beside the five or, without --rate, alone.  Prints a table; --svg\n"
     "also writes a\n"
     "chart of the requests admitted in the last period (a sliding window,\n"
-    "sampled every tenth of a period), one line per algorithm; --series\n"
+    "sampled every 1/128 of a period), one line per policy; --series\n"
     "writes the plotted numbers as CSV.  Input as for 'ratelimit replay'.\n";
 
 enum { O_SVG = O_POLICY_END, O_SERIES, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_HELP };
@@ -73,8 +73,11 @@ typedef struct lane {
  * the period (so to the fixed window's edges).  What is plotted at the end
  * of bin i is the sum of the `sub` bins ending there: the permits admitted
  * in the span of one period ending at that instant, a sliding window
- * sampled every period/sub.  A span of the period that crosses a window
- * edge is sampled like any other, so the fixed window's edge spike shows.
+ * sampled every period/sub (sub 128, or the largest power of two dividing
+ * the period: halving then keeps whole bins per period for as long as it
+ * can).  A span of the period that crosses a window edge is sampled like
+ * any other, so the fixed window's edge spike shows, to within one
+ * sample.
  * A long trace halves the resolution (bins merged pairwise); once a bin is
  * wider than a period, or the period no longer splits into whole bins,
  * each bin shows its mean per period instead (sub == 0). */
@@ -87,7 +90,7 @@ typedef struct chart {
 
 static void chart_start(chart_t *c, uint64_t t, uint64_t period)
 {
-    static const unsigned subs[] = {10, 8, 5, 4, 2, 1};
+    static const unsigned subs[] = {128, 64, 32, 16, 8, 4, 2, 1};
     c->period = period;
     c->t0 = t - t % period;
     c->sub = 1;
@@ -278,9 +281,9 @@ static int write_svg(FILE *f, const chart_t *c, const lane_t *lanes,
                "<rect width=\"980\" height=\"400\" fill=\"white\"/>\n");
     if (c->sub != 0 || np == 0)
         fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"14\">Admitted in "
-                   "the last %g s (a sliding window, sampled every %g s)"
+                   "the last %g s (a sliding window, sampled every %g ms)"
                    "</text>\n", X0, ps,
-                c->sub ? (double)c->width_ns / 1e9 : ps / 10);
+                (c->sub ? (double)c->width_ns : (double)period / 128) / 1e6);
     else
         fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"14\">Admitted per "
                    "%g s, mean over bins of %g s (trace too long for a "
