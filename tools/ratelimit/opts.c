@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -364,6 +365,7 @@ int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
  * process group; the run removes its keys itself then) and holds none of
  * the run's output open. */
 static int watchdog_fd = -1;
+static pid_t watchdog_pid = -1;
 
 static void watchdog(int rfd, const char *url, const char *prefix)
 {
@@ -414,21 +416,25 @@ static int start_watchdog(const char *cmd, const char *url,
     }
     close(p[0]);
     watchdog_fd = p[1];
+    watchdog_pid = pid;
     return 0;
 }
 
-/* Tells the watchdog the namespace is gone (ok) or leaves the removal to
- * it, and lets it go. */
+/* Tells the watchdog the namespace is gone (ok: it exits at once, and is
+ * waited for, leaving no zombie) or leaves the removal to it. */
 static void stop_watchdog(bool ok)
 {
     if (watchdog_fd < 0)
         return;
-    if (ok) {
-        ssize_t n = write(watchdog_fd, "x", 1);
-        (void)n;
-    }
+    bool told = false;
+    if (ok)
+        told = write(watchdog_fd, "x", 1) == 1;
     close(watchdog_fd);
     watchdog_fd = -1;
+    if (told)
+        while (waitpid(watchdog_pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+    watchdog_pid = -1;
 }
 
 volatile sig_atomic_t cli_signal;
