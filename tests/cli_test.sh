@@ -54,7 +54,7 @@ TB="--algorithm token-bucket --rate 1/s --burst 1"
 FW="--algorithm fixed-window --limit 1 --window 1s"
 expect_error '' "unknown option '--bogus'" replay $TB --bogus
 expect_error '' "option '--rate' needs a value" replay --algorithm token-bucket --rate
-expect_error '' "--algorithm is required" replay --rate 1/s --burst 1
+expect_error '' "--algorithm or --policy is required" replay --rate 1/s --burst 1
 expect_error '' "unknown algorithm 'token'" replay --algorithm token --rate 1/s
 expect_error '' "--burst is required for token-bucket" replay --algorithm token-bucket --rate 1/s
 expect_error '' "--capacity is required for leaky-bucket" replay --algorithm leaky-bucket --rate 1/s
@@ -85,6 +85,94 @@ expect_error '' "unknown command 'replya'" replya
 printf '0 k\n0 k\n' | "$R" replay --algorithm=gcra --rate 1/s --burst 1 --burst=2 >"$T/out" 2>/dev/null
 if [ "$(cut -f4 "$T/out" | tr '\n' ' ')" = "allow allow " ]; then ok; else bad "last option wins"; fi
 
+# --- --policy TEXT (the library's text form, composites too) gives the
+# output of the equivalent flags, in replay, check and compare
+policy_vector() { # VECTOR POLICY [MORE ARGS]
+  local n=$1 pol=$2; shift 2
+  if "$R" replay --policy "$pol" "$@" "$V/$n.trace" >"$T/out" 2>/dev/null &&
+     cmp -s "$T/out" "$V/$n.out"; then ok
+  else bad "replay --policy '$pol' (vector $n)"; fi
+}
+policy_vector fixed-window "fixed-window 2/1s"
+policy_vector gcra "gcra 3/500ms burst=1"
+policy_vector leaky-bucket "leaky-bucket 20/s capacity=2" --max-wait 100ms
+policy_vector sliding-log "sliding-log 2/s"
+policy_vector sliding-window "sliding-window 10/1s"
+policy_vector token-bucket "token-bucket 2/s burst=2" --max-wait=1s
+printf '0 a\n0 a\n0.5 a\n' | "$R" replay --policy "token-bucket 1/s burst=2; fixed-window 1/1h" \
+  >"$T/out" 2>/dev/null
+if [ "$(cut -f4 "$T/out" | tr '\n' ' ')" = "allow deny deny " ] &&
+   [ "$(head -1 "$T/out" | cut -f8)" = 3600.000000000 ]; then ok
+else bad "replay --policy composite: $(cat "$T/out")"; fi
+"$R" check --key u --policy "token-bucket 1/h burst=1; sliding-log 5/1d" --permits 2 >"$T/out"; rc=$?
+if [ $rc -eq 1 ] && grep -qx "decision deny" "$T/out"; then ok; else bad "check --policy deny rc=$rc"; fi
+"$R" check --key u --policy "token-bucket 1/h burst=1; sliding-log 5/1d" >"$T/out"; rc=$?
+if [ $rc -eq 0 ] && grep -qx "reset_after 86400.000000000" "$T/out"; then ok; else bad "check --policy allow rc=$rc"; fi
+"$R" compare --rate 10/s --policy "token-bucket 10/s burst=20; sliding-log 15/2s" \
+  --policy "fixed-window 5/500ms" --series "$T/pol.csv" --svg "$T/pol.svg" \
+  "$V/edges-chart.trace" >"$T/table" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && [ "$(grep -c . "$T/table")" -eq 8 ] &&
+   grep -q "^token-bucket 10/s burst=20; sliding-log 15/2s " "$T/table" &&
+   grep -q "^fixed-window 5/500ms " "$T/table" &&
+   head -1 "$T/pol.csv" | grep -q ',"fixed-window 5/500ms"$' &&
+   [ "$(grep -c '<polyline' "$T/pol.svg")" -eq 8 ]; then ok
+else bad "compare --policy rows and lines: rc=$rc $(cat "$T/err")"; cat "$T/table"; fi
+"$R" compare --policy "fixed-window 10/s" "$V/edges-chart.trace" >"$T/table" 2>&1; rc=$?
+if [ $rc -eq 0 ] && [ "$(grep -c . "$T/table")" -eq 2 ]; then ok; else bad "compare --policy alone"; fi
+# compare takes the windows' spelling too: --limit N --window DUR = --rate N/DUR
+"$R" compare --rate 10/s "$V/edges-chart.trace" >"$T/a" 2>&1
+"$R" compare --limit 10 --window 1s "$V/edges-chart.trace" >"$T/b" 2>&1
+if cmp -s "$T/a" "$T/b"; then ok; else bad "compare --limit --window"; fi
+expect_error '' "--policy replaces --algorithm" replay --policy "gcra 1/s" --algorithm gcra
+expect_error '' "--policy replaces --algorithm and its options; drop --burst" check --key u --policy "gcra 1/s" --burst 2
+expect_error '' "--policy 'token-bucket 10/fortnight'" replay --policy "token-bucket 10/fortnight"
+expect_error '' "--max-wait applies only to token-bucket and leaky-bucket" replay --policy "gcra 1/s; fixed-window 5/1m" --max-wait 1s
+expect_error '' "--policy 'nope'" compare --rate 1/s --policy nope
+expect_error '' "say the same thing" compare --rate 1/s --limit 1 --window 1s
+expect_error '' "--limit needs --window" compare --limit 1
+
+# --- unit words: documented aliases of the spec's units, wherever the
+# command reads a rate or a duration; durations stay whole numbers
+printf '0 k\n0.5 k\n1 k\n30 k\n59 k\n61 k\n' >"$T/units.trace"
+same_as() { # CANONICAL-ARGS -- ALIAS-ARGS (replay over units.trace)
+  local canon=$1 alias=$2
+  # shellcheck disable=SC2086
+  "$R" replay $canon "$T/units.trace" >"$T/a" 2>/dev/null
+  # shellcheck disable=SC2086
+  if "$R" replay $alias "$T/units.trace" >"$T/b" 2>"$T/err" && [ -s "$T/a" ] &&
+     cmp -s "$T/a" "$T/b"; then ok
+  else bad "'$alias' should mean '$canon': $(cat "$T/err")"; fi
+}
+for u in sec secs second seconds; do
+  same_as "--algorithm gcra --rate 10/s --burst 1" "--algorithm gcra --rate 10/$u --burst 1"
+  same_as "--algorithm fixed-window --limit 1 --window 2s" "--algorithm fixed-window --limit 1 --window 2$u"
+done
+for u in min mins minute minutes; do
+  same_as "--algorithm gcra --rate 1/m --burst 1" "--algorithm gcra --rate 1/$u --burst 1"
+  same_as "--algorithm sliding-log --limit 1 --window 1m" "--algorithm sliding-log --limit 1 --window 1$u"
+done
+for u in hr hrs hour hours; do
+  same_as "--algorithm gcra --rate 100/h --burst 1" "--algorithm gcra --rate 100/$u --burst 1"
+done
+for u in day days; do
+  same_as "--algorithm leaky-bucket --rate 1/d --capacity 2" "--algorithm leaky-bucket --rate 1/$u --capacity 2"
+done
+same_as "--algorithm gcra --rate 1/1s --burst 1 --max-wait 2s" "--algorithm gcra --rate 1/sec --burst 1 --max-wait 2seconds"
+same_as "--algorithm gcra --rate 5/250ms --burst 1" "--algorithm gcra --rate 5/250msec --burst 1"
+"$R" check --key u --algorithm gcra --rate 10/sec --burst 1 >/dev/null; rc=$?
+if [ $rc -eq 0 ]; then ok; else bad "check --rate 10/sec: rc=$rc"; fi
+"$R" compare --rate 10/s "$V/edges-chart.trace" >"$T/a" 2>&1
+"$R" compare --rate 10/second "$V/edges-chart.trace" >"$T/b" 2>&1
+if cmp -s "$T/a" "$T/b"; then ok; else bad "compare --rate 10/second"; fi
+expect_error '' "write 1500ms" replay --algorithm fixed-window --limit 1 --window 1.5s
+expect_error '' "write 1500ms" replay --algorithm gcra --rate 1/1.5s --burst 1
+expect_error '' "write 90s" replay --algorithm gcra --rate 1/1.5min --burst 1
+expect_error '' "write 250ms" check --key u $TB --max-wait 0.25sec
+expect_error '' "write 1500ms" compare --limit 1 --window 1.5s
+expect_error '' "whole numbers of a unit" replay --algorithm fixed-window --limit 1 --window 0.0000000001s
+expect_error '' "--window '2fortnights' is not a duration" replay --algorithm fixed-window --limit 1 --window 2fortnights
+expect_error '' "above 2^63-1 ns" replay --algorithm fixed-window --limit 1 --window 999999999999days
+
 # --- bad trace lines: earlier lines printed, message names the line, exit 2
 bad_line() { # TRACE MESSAGE LINES_BEFORE
   printf '%b' "$1" | "$R" replay $TB >"$T/out" 2>"$T/err"
@@ -107,6 +195,55 @@ bad_line "0 $(head -c 513 /dev/zero | tr '\0' k)\n" "KEY longer than 512 bytes" 
 printf '9223372036.854775807 a 9223372036854775807\n1 b' | "$R" replay $TB >"$T/out" 2>/dev/null
 if [ $? -eq 0 ] && [ "$(wc -l <"$T/out")" -eq 2 ] && grep -q "	inf	" "$T/out"; then ok; else bad "largest values"; fi
 
+# --- memory: a documented maximum line length (65536 bytes), an error that
+# names the line, read in constant memory; --skip-bad skips it
+{ echo "0 a"; head -c 70000 /dev/zero | tr '\0' k; echo; echo "1 b"; } >"$T/long.trace"
+"$R" replay $TB "$T/long.trace" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 2 ] && grep -qx "ratelimit: replay: line 2: longer than the maximum of 65536 bytes" "$T/err" &&
+   [ "$(wc -l <"$T/out")" -eq 1 ]; then ok; else bad "long line: rc=$rc $(head -c 300 "$T/err")"; fi
+"$R" replay --skip-bad $TB "$T/long.trace" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && grep -qx "replay: skipped 1 bad line (line 2)" "$T/err" &&
+   [ "$(wc -l <"$T/out")" -eq 2 ]; then ok; else bad "long line --skip-bad: rc=$rc $(cat "$T/err")"; fi
+# a line of exactly the maximum is fine
+{ printf '0 '; head -c 65534 /dev/zero | tr '\0' k; echo; } >"$T/max.trace"
+"$R" replay $TB "$T/max.trace" >/dev/null 2>"$T/err"
+if grep -q "KEY longer than 512" "$T/err"; then ok; else bad "a line of 65536 bytes: $(cat "$T/err")"; fi
+# a 256 MB line under a 128 MB address-space limit (when the binary runs
+# under one at all: not with AddressSanitizer)
+if (ulimit -v 131072; "$R" --version) >/dev/null 2>&1; then
+  (ulimit -v 131072; head -c 268435456 /dev/zero | tr '\0' k | "$R" replay --skip-bad $TB) \
+    >"$T/out" 2>"$T/err"; rc=$?
+  if [ $rc -eq 0 ] && grep -q "skipped 1 bad line (line 1)" "$T/err"; then ok
+  else bad "a 256 MB line in 128 MB: rc=$rc $(head -c 300 "$T/err")"; fi
+fi
+# --max-keys N: the memory store keeps N keys; evictions are counted and
+# can change answers (k1 comes back cold)
+{ for i in $(seq 100); do echo "0 k$i"; done; echo "1 k1"; } >"$T/keys.trace"
+FWH="--algorithm fixed-window --limit 1 --window 1h"
+"$R" replay $FWH --max-keys 10 "$T/keys.trace" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && [ "$(tail -1 "$T/out" | cut -f4)" = allow ] &&
+   grep -q "^replay: --max-keys 10 evicted 9[01] keys" "$T/err"; then ok
+else bad "--max-keys: rc=$rc $(cat "$T/err")"; fi
+"$R" replay $FWH "$T/keys.trace" >"$T/out" 2>"$T/err"
+if [ "$(tail -1 "$T/out" | cut -f4)" = deny ] && ! grep -q evicted "$T/err"; then ok
+else bad "unbounded replay"; fi
+expect_error '' "--max-keys '0'" replay $FW --max-keys 0
+expect_error '' "--max-keys bounds the memory store only" replay $FW --max-keys 5 --store redis://127.0.0.1:1/0
+
+# --- clear messages: a directory as FILE, a bad unix-socket path
+for sub in replay compare; do
+  if [ $sub = replay ]; then a=$TB; else a="--rate 1/s"; fi
+  # shellcheck disable=SC2086
+  expect_error '' "$sub: '$T' is a directory, not a trace or log file" $sub $a "$T"
+done
+expect_error '' "--store 'unix:///nonexistent.sock': /nonexistent.sock: No such file or directory" replay $TB --store unix:///nonexistent.sock
+expect_error '' "--store 'unix://$T': $T is not a socket" check --key u $TB --store "unix://$T"
+expect_error '' "a unix:// URL needs an absolute path" replay $TB --store unix://relative.sock
+if command -v python3 >/dev/null; then
+  python3 -c "import socket,sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])" "$T/stale.sock"
+  expect_error '' "--store: cannot connect to $T/stale.sock: Connection refused" replay $TB --store "unix://$T/stale.sock"
+fi
+
 # --- CLF: malformed lines
 clf_error() {
   printf '%s\n' "$1" | "$R" replay --input clf $FW >"$T/out" 2>"$T/err"
@@ -117,7 +254,60 @@ clf_error '1.2.3.4 - - 10/Oct/2000:13:55:36 -0700 "GET / HTTP/1.1" 200 1' "[time
 clf_error '1.2.3.4 - - [10/Foo/2000:13:55:36 -0700] "GET / HTTP/1.1" 200 1' "timestamp is not"
 clf_error '1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] "GET / HTTP/1.1 200 1' "unclosed \"request\""
 clf_error '1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] "GET / HTTP/1.1" 2000 1' "status is not"
-clf_error '1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] "GET /" 200 1 "ref"' "referer without a user agent"
+clf_error '1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] "GET /" 200 1 "ref" "agent' "unclosed quote"
+
+# access-log times: no wrap-around after 2262, no impossible dates or zones
+clf_time_error() { # TIMESTAMP MESSAGE
+  { echo '1.2.3.4 - - [01/Jan/2024:00:00:00 +0000] "GET /" 200 1'
+    echo "1.2.3.4 - - [$1] \"GET /\" 200 1"; } >"$T/t.log"
+  "$R" replay --input clf $FW "$T/t.log" >"$T/out" 2>"$T/err"; rc=$?
+  if [ $rc -eq 2 ] && grep -qF "line 2: $2" "$T/err" && [ "$(wc -l <"$T/out")" -eq 1 ]; then ok
+  else bad "clf time '$1': rc=$rc $(cat "$T/err")"; fi
+  "$R" replay --input clf --skip-bad $FW "$T/t.log" >"$T/out" 2>"$T/err"; rc=$?
+  if [ $rc -eq 0 ] && grep -q "skipped 1 bad line (line 2)" "$T/err"; then ok
+  else bad "clf time '$1' --skip-bad: rc=$rc"; fi
+}
+clf_time_error "01/Jan/2600:00:00:00 +0000" "timestamp after 2262-04-11"
+clf_time_error "31/Feb/2024:00:00:00 +0000" "timestamp has a day its month does not have"
+clf_time_error "29/Feb/2021:00:00:00 +0000" "timestamp has a day its month does not have"
+clf_time_error "01/Mar/2024:00:00:00 +9900" "timestamp's zone is more than 14 hours"
+printf '%s\n' '1.2.3.4 - - [29/Feb/2024:12:00:00 +0000] "GET /" 200 1' |
+  "$R" replay --input clf $FW >"$T/out" 2>/dev/null
+if [ "$(cut -f1 "$T/out")" = "29/Feb/2024:12:00:00 +0000" ]; then ok; else bad "29/Feb/2024"; fi
+
+# --- real access logs: trailing fields, the key from any field or the
+# forwarded-for address, --skip-bad
+L1='10.0.0.1 - - [01/Jan/2024:00:00:00 +0000] "GET /a HTTP/1.1" 200 5 "-" "curl/8" "203.0.113.7, 10.0.0.9"'
+L2='10.0.0.1 - - [01/Jan/2024:00:00:00 +0000] "-" 400 0 "-" "-" "198.51.100.2"'
+L3='10.0.0.1 - - [01/Jan/2024:00:00:01 +0000] "GET /b HTTP/1.1" 200 5 "-" "curl/8" "-"'
+printf '%s\n%s\n%s\n' "$L1" "$L2" "$L3" >"$T/nginx.log"
+"$R" replay --input clf --key-field xff $FW "$T/nginx.log" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && [ "$(cut -f2 "$T/out" | tr '\n' ' ')" = "203.0.113.7 198.51.100.2 10.0.0.1 " ]; then ok
+else bad "--key-field xff: rc=$rc $(cat "$T/err") $(cut -f2 "$T/out")"; fi
+"$R" replay --input clf --key-field path $FW "$T/nginx.log" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && [ "$(cut -f2 "$T/out" | tr '\n' ' ')" = "/a - /b " ]; then ok
+else bad "--key-field path on a \"-\" request: rc=$rc $(cat "$T/err")"; fi
+"$R" replay --input clf --key-field 9 $FW "$T/nginx.log" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && [ "$(cut -f2 "$T/out" | tr '\n' ' ')" = "curl/8 - curl/8 " ]; then ok
+else bad "--key-field 9: rc=$rc $(cat "$T/err")"; fi
+expect_error '' "--key-field '0'" replay $FW --input clf --key-field 0
+{ echo "$L1"; echo "garbage"; echo "$L3"; echo "also garbage"; } >"$T/mixed.log"
+"$R" replay --input clf $FW "$T/mixed.log" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 2 ] && grep -q "line 2: " "$T/err" && [ "$(wc -l <"$T/out")" -eq 1 ]; then ok
+else bad "a bad clf line without --skip-bad: rc=$rc"; fi
+"$R" replay --input clf --skip-bad $FW "$T/mixed.log" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && [ "$(wc -l <"$T/out")" -eq 2 ] &&
+   grep -qx "replay: skipped 2 bad lines (lines 2, 4)" "$T/err" &&
+   grep -q "^summary: 2 requests" "$T/err"; then ok
+else bad "--skip-bad: rc=$rc $(cat "$T/err")"; fi
+printf '0 a\nx\n1 b\n2\n3 c d\n4 e\n.5 f\n6 g 1.5\n7 h 9 9\n' >"$T/bad.trace"
+"$R" replay --skip-bad $FW "$T/bad.trace" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && [ "$(wc -l <"$T/out")" -eq 3 ] &&
+   grep -qx "replay: skipped 6 bad lines (lines 2, 4, 5, 7, 8, ...)" "$T/err"; then ok
+else bad "--skip-bad on a trace: rc=$rc $(cat "$T/err")"; fi
+"$R" compare --rate 1/s --skip-bad "$T/bad.trace" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && grep -q "compare: skipped 6 bad lines" "$T/err"; then ok
+else bad "compare --skip-bad: rc=$rc $(cat "$T/err")"; fi
 
 # --- compare: the fixed window lets about twice its limit through around an
 # edge, the sliding log never more than its limit; the SVG is well-formed XML
@@ -132,6 +322,64 @@ if xmllint --noout "$T/c.svg" 2>"$T/xml" && grep -q "<polyline" "$T/c.svg" &&
    grep -q "sliding-log 10/s" "$T/c.svg"; then ok; else bad "svg: $(cat "$T/xml")"; fi
 expect_error '' "--rate is required" compare
 expect_error '' "cannot write '/nonexistent/x.svg'" compare --rate 10/s --svg /nonexistent/x.svg "$T/spike.trace"
+
+# --- compare's chart shows what the table says: --series writes the plotted
+# numbers (admitted in the last period, sampled every 1/128 of it); around
+# the edge at 2 s the fixed window's line peaks above its limit, the sliding
+# log's never does; the last sample is a whole window, not a drop.
+col_max() { # CSV COLUMN-NAME
+  awk -F, -v name="\"$2\"" 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == name) c = i; next }
+    c && $c + 0 > m { m = $c + 0 } END { print m + 0 }' "$1"
+}
+"$R" compare --rate 10/s --series "$T/series.csv" --svg "$T/chart.svg" \
+  "$V/edges-chart.trace" >"$T/table" 2>"$T/err"
+fw=$(col_max "$T/series.csv" "fixed-window 10/s")
+sl=$(col_max "$T/series.csv" "sliding-log 10/s")
+spike=$(awk '$1 == "fixed-window" {print $(NF-2)}' "$T/table")
+if [ "$fw" -gt 10 ] && [ "$fw" = "$spike" ] && [ "$sl" -le 10 ] && [ "$sl" -ge 5 ]; then ok
+else bad "chart series at edges: fixed-window peak $fw (table: $spike), sliding-log peak $sl"; head -3 "$T/series.csv"; fi
+last=$(tail -1 "$T/series.csv" | cut -d, -f2)
+if [ "$last" = 5 ] && [ "$(grep -c '^[0-9]' "$T/series.csv")" -ge 30 ]; then ok
+else bad "chart series: last sample $last (want 5: the steady rate, no drop)"; fi
+if grep -q "Admitted in the last 1 s" "$T/chart.svg"; then ok; else bad "chart title"; fi
+
+# --- every subcommand that reads input, on an empty input and on one of
+# only comments and blank lines: it ends (a time limit), exits 0, and writes
+# no NaN (compare --svg used to loop for ever writing "-nan" lines).
+: >"$T/empty.trace"
+printf '# only a comment\n\n  # another\n' >"$T/comments.trace"
+for input in empty comments; do
+  f="$T/$input.trace"
+  for fmt in trace clf; do
+    timeout 20 "$R" replay --input $fmt $TB "$f" >"$T/out" 2>"$T/err"; rc=$?
+    if [ $rc -eq 0 ] && [ ! -s "$T/out" ] &&
+       grep -qx "summary: 0 requests, 0 allowed, 0 denied" "$T/err"; then ok
+    else bad "replay --input $fmt on $input input: rc=$rc $(head -c 200 "$T/err")"; fi
+    timeout 20 "$R" replay --input $fmt $TB <"$f" >"$T/out" 2>/dev/null; rc=$?
+    if [ $rc -eq 0 ] && [ ! -s "$T/out" ]; then ok
+    else bad "replay --input $fmt on $input standard input: rc=$rc"; fi
+    rm -f "$T/e.svg"
+    timeout 20 "$R" compare --input $fmt --rate 10/s --svg "$T/e.svg" "$f" \
+      >"$T/out" 2>"$T/err"; rc=$?
+    if [ $rc -eq 0 ] && [ "$(wc -c <"$T/e.svg")" -lt 100000 ] &&
+       ! grep -qi "nan" "$T/e.svg" && xmllint --noout "$T/e.svg" 2>/dev/null &&
+       grep -q "^fixed-window" "$T/out"; then ok
+    else bad "compare --svg --input $fmt on $input input: rc=$rc $(head -c 200 "$T/err")"; fi
+    timeout 20 "$R" replay --input $fmt --per-key --skip-bad --policy "gcra 1/s; sliding-log 2/1m" "$f" \
+      >"$T/out" 2>"$T/err"; rc=$?
+    if [ $rc -eq 0 ] && [ ! -s "$T/out" ] && [ "$(wc -l <"$T/err")" -eq 1 ]; then ok
+    else bad "replay --per-key --skip-bad --policy on $input input: rc=$rc $(cat "$T/err")"; fi
+    timeout 20 "$R" compare --input $fmt --policy "gcra 1/s" --series "$T/e.csv" "$f" >"$T/out" 2>"$T/err"; rc=$?
+    if [ $rc -eq 0 ] && [ "$(cat "$T/e.csv")" = 'time,offered,"token-bucket 1/s burst=1"' ]; then ok
+    else bad "compare --series on $input input: rc=$rc $(cat "$T/e.csv")"; fi
+    timeout 20 "$R" compare --input $fmt --rate 10/s <"$f" >"$T/out" 2>"$T/err"; rc=$?
+    if [ $rc -eq 0 ] && [ "$(grep -c ' 0 ' "$T/out")" -ge 5 ]; then ok
+    else bad "compare --input $fmt on $input standard input: rc=$rc"; fi
+  done
+done
+# check reads no input; bench neither (it makes its own)
+timeout 20 "$R" check --key u $TB </dev/null >/dev/null; rc=$?
+if [ $rc -eq 0 ]; then ok; else bad "check with an empty standard input: rc=$rc"; fi
 
 # --- check: exit 0 allowed, 1 denied, 2 error
 "$R" check --key u --algorithm gcra --rate 1/s --burst 1 >"$T/out"; rc=$?
@@ -167,6 +415,10 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
            "$V/$n.trace" >"$T/out" 2>/dev/null && cmp -s "$T/out" "$V/$n.out"
       then ok; else bad "replay --store redis:// vector $n"; fi
     done
+    for f in "$T/empty.trace" "$T/comments.trace"; do
+      timeout 20 "$R" replay $TB --store "redis://127.0.0.1:$rport/1" "$f" >"$T/out" 2>"$T/err"; rc=$?
+      if [ $rc -eq 0 ] && [ ! -s "$T/out" ]; then ok; else bad "replay via Redis on $f: rc=$rc"; fi
+    done
     if [ "$(redis-cli -p "$rport" -n 1 dbsize)" = 0 ]; then ok
     else bad "replay left keys in Redis"; fi
     for want in allow allow deny; do
@@ -174,6 +426,45 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
             --algorithm gcra --rate 1/h --burst 2 | head -1)
       if [ "$got" = "decision $want" ]; then ok; else bad "check via Redis: $got"; fi
     done
+    # Stopped by a signal, killed, or Redis stalled: the run's keys do not
+    # stay behind, and one line of error says what happened.
+    rkeys() { redis-cli -p "$rport" -n 3 dbsize; }
+    wait_keys() { # WANT: polls for up to 10 s
+      for _ in $(seq 100); do [ "$(rkeys)" = "$1" ] && return 0; sleep 0.1; done
+      return 1
+    }
+    rm -f "$T/fifo"; mkfifo "$T/fifo"
+    for sig in INT TERM KILL; do
+      { for i in $(seq 300); do echo "0 k$i"; done; exec sleep 20; } >"$T/fifo" &
+      feeder=$!
+      "$R" replay $TB --store "redis://127.0.0.1:$rport/3" <"$T/fifo" >"$T/out" 2>"$T/err" &
+      rp=$!
+      for _ in $(seq 100); do [ "$(rkeys)" = 300 ] && break; sleep 0.1; done
+      if [ "$(rkeys)" = 300 ]; then ok; else bad "replay via Redis never wrote its keys ($sig)"; fi
+      kill -$sig "$rp"; { wait "$rp"; } 2>/dev/null; rc=$?
+      kill "$feeder" 2>/dev/null; wait "$feeder" 2>/dev/null
+      case $sig in INT) want=130;; TERM) want=143;; KILL) want=137;; esac
+      if [ $rc -eq $want ] && wait_keys 0; then ok
+      else bad "replay --store redis stopped by SIG$sig: rc=$rc, $(rkeys) keys left"; fi
+      if [ $sig != KILL ]; then
+        if [ "$(wc -l <"$T/err")" -eq 1 ] &&
+           grep -qx "ratelimit: replay: stopped by SIG$sig after line 300; the run's Redis keys were removed" "$T/err" &&
+           [ "$(wc -l <"$T/out")" -eq 300 ]; then ok
+        else bad "SIG$sig message: $(cat "$T/err")"; fi
+      fi
+    done
+    # Redis stalls (stopped for 3 s): the run fails with one line and its
+    # keys are removed once Redis answers again
+    awk 'BEGIN { for (i = 0; i < 300000; i++) print "0 k" i }' >"$T/many.trace"
+    "$R" replay $TB --store "redis://127.0.0.1:$rport/3" "$T/many.trace" >/dev/null 2>"$T/err" &
+    rp=$!
+    for _ in $(seq 100); do [ "$(rkeys)" -gt 100 ] && break; sleep 0.1; done
+    kill -STOP "$rpid"; sleep 3; kill -CONT "$rpid"
+    wait "$rp"; rc=$?
+    if [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] &&
+       grep -q "^ratelimit: replay: line [0-9]*: store did not answer in time; the run's Redis keys" "$T/err" &&
+       wait_keys 0; then ok
+    else bad "replay during a Redis stall: rc=$rc, $(rkeys) keys left, $(cat "$T/err")"; fi
     expect_error '' "--store: cannot connect to 127.0.0.1:1" replay $TB --store redis://127.0.0.1:1/0
     expect_error '' "--store: 'redis://x:y:z'" replay $TB --store redis://x:y:z
     kill "$rpid"; wait "$rpid" 2>/dev/null
@@ -189,6 +480,30 @@ for c in replay compare check bench; do
   if "$R" "$c" --help | grep -q "^usage: ratelimit $c"; then ok; else bad "$c --help"; fi
 done
 if "$R" --help | grep -q "^usage: ratelimit COMMAND"; then ok; else bad "--help"; fi
+
+# --- the man page documents every option the command accepts (the long
+# options of each subcommand's table, and bench's own), and renders
+SRC=$(cd "$V/../.." && pwd)
+MAN=$SRC/docs/ratelimit.1
+opts=$( { grep -ho '{"[a-z-]*", *\(required\|no\|optional\)_argument' "$SRC"/tools/ratelimit/*.[ch] |
+          sed 's/{"\([a-z-]*\)".*/\1/'
+        grep -ho 'strcmp(argv\[i\], "--[a-z-]*")' "$SRC"/tools/ratelimit/*.c |
+          sed 's/.*"--\([a-z-]*\)".*/\1/'
+        echo version; } | sort -u)
+nopts=0
+for o in $opts; do
+  nopts=$((nopts + 1))
+  esc=${o//-/\\-}
+  if grep -qF -- "\\-\\-$esc" "$MAN"; then ok; else bad "--$o is not in docs/ratelimit.1"; fi
+done
+if [ "$nopts" -ge 20 ]; then ok; else bad "found only $nopts options in the sources"; fi
+if command -v man >/dev/null; then
+  if [ -z "$(man --warnings -l "$MAN" 2>&1 >/dev/null)" ] &&
+     man -l "$MAN" 2>/dev/null | grep -q "EXIT STATUS"; then ok
+  else bad "man -l docs/ratelimit.1: $(man --warnings -l "$MAN" 2>&1 >/dev/null | head -3)"; fi
+fi
+if [ "$("$R" --version)" = "ratelimit 0.1.0" ] || "$R" --version | grep -qx 'ratelimit [0-9]*\.[0-9]*\.[0-9]*'; then ok
+else bad "--version"; fi
 
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

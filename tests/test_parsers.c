@@ -4,7 +4,10 @@
  */
 #include "helpers.h"
 
+#include "keymap.h"
 #include "trace.h"
+
+#include <xxhash.h> /* the library's XXH3, not inlined */
 
 static int parse(const char *line, trace_req_t *r, const char **err)
 {
@@ -100,8 +103,8 @@ static void access_logs(void **state)
         "1.2.3.4 - - [10/Oct/1969:13:55:36 -0700] \"GET /\" 200 1",
         "1.2.3.4 - - [10/Oct/2000:25:55:36 -0700] \"GET /\" 200 1",
         "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET /\" OK 1",
-        "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET /\" 200 1 \"ref\"",
-        "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET /\" 200 1 \"a\" \"b\" x",
+        "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET /\" 200 1 \"a\" \"b",
+        "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET /\" 200 1 [x",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = clf(bad[i], CLF_HOST, &r, &err);
@@ -112,11 +115,153 @@ static void access_logs(void **state)
     assert_int_equal(clf_field_from_name("size"), -1);
 }
 
+/* Real logs: fields after the Combined format's (nginx's
+ * "$http_x_forwarded_for", a request time), the key from any field, the
+ * forwarded-for address, and nginx's "-" for a request it could not read. */
+static void access_log_fields(void **state)
+{
+    (void)state;
+    trace_req_t r;
+    const char *err = NULL;
+    const char *xff =
+        "10.0.0.1 - - [01/Jan/2024:00:00:00 +0000] \"GET /a?b HTTP/1.1\" 200 "
+        "5 \"-\" \"curl/8\" \" 203.0.113.7 , 10.0.0.9\" 0.004";
+    assert_int_equal(clf(xff, CLF_HOST, &r, &err), TRACE_REQ);
+    assert_memory_equal(r.key, "10.0.0.1", r.key_len);
+    assert_int_equal(clf(xff, CLF_XFF, &r, &err), TRACE_REQ);
+    assert_int_equal(r.key_len, 11);
+    assert_memory_equal(r.key, "203.0.113.7", 11);
+    assert_int_equal(clf(xff, CLF_AGENT, &r, &err), TRACE_REQ);
+    assert_memory_equal(r.key, "curl/8", r.key_len);
+    assert_int_equal(clf(xff, (clf_field_t)clf_field_from_name("11"), &r,
+                         &err), TRACE_REQ);
+    assert_int_equal(r.key_len, 5);
+    assert_memory_equal(r.key, "0.004", 5);
+    assert_int_equal(clf(xff, (clf_field_t)clf_field_from_name("4"), &r,
+                         &err), TRACE_REQ);
+    assert_int_equal(r.key_len, 26); /* the time, without its brackets */
+    assert_int_equal(clf(xff, (clf_field_t)clf_field_from_name("12"), &r,
+                         &err), TRACE_ERR);
+    /* No forwarded-for field, or "-": the host. */
+    const char *dash =
+        "10.0.0.2 - - [01/Jan/2024:00:00:00 +0000] \"-\" 400 0 \"-\" \"-\" "
+        "\"-\"";
+    assert_int_equal(clf(dash, CLF_XFF, &r, &err), TRACE_REQ);
+    assert_memory_equal(r.key, "10.0.0.2", r.key_len);
+    assert_int_equal(clf(dash, CLF_PATH, &r, &err), TRACE_REQ);
+    assert_int_equal(r.key_len, 1);
+    assert_memory_equal(r.key, "-", 1);
+    assert_int_equal(clf(dash, CLF_METHOD, &r, &err), TRACE_REQ);
+    assert_memory_equal(r.key, "-", 1);
+    const char *common =
+        "10.0.0.3 - - [01/Jan/2024:00:00:00 +0000] \"GET / HTTP/1.0\" 200 1";
+    assert_int_equal(clf(common, CLF_XFF, &r, &err), TRACE_REQ);
+    assert_memory_equal(r.key, "10.0.0.3", r.key_len);
+    /* One trailing field after the Common format is fine too. */
+    const char *one = "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET /\" 200 1 "
+                      "\"ref\"";
+    assert_int_equal(clf(one, CLF_REFERER, &r, &err), TRACE_REQ);
+    assert_memory_equal(r.key, "ref", 3);
+    assert_int_equal(clf(one, CLF_AGENT, &r, &err), TRACE_ERR);
+    assert_int_equal(clf_field_from_name("xff"), CLF_XFF);
+    assert_int_equal(clf_field_from_name("1"), CLF_FIELD_1);
+    assert_int_equal(clf_field_from_name("64"), CLF_FIELD_1 + 63);
+    assert_int_equal(clf_field_from_name("0"), -1);
+    assert_int_equal(clf_field_from_name("65"), -1);
+    assert_int_equal(clf_field_from_name("01"), -1);
+    assert_int_equal(clf_field_from_name(""), -1);
+}
+
+/* Access-log times: impossible dates and zones, and the largest time
+ * (2^63-1 ns) are errors with a message, never a wrong time. */
+static void access_log_times(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *ts;
+        uint64_t secs; /* 0: an error */
+    } cases[] = {
+        {"29/Feb/2024:00:00:00 +0000", 1709164800},
+        {"29/Feb/2000:00:00:00 +0000", 951782400},
+        {"29/Feb/2021:00:00:00 +0000", 0},
+        {"29/Feb/1900:00:00:00 +0000", 0}, /* and before 1970 anyway */
+        {"29/Feb/2100:00:00:00 +0000", 0},
+        {"31/Feb/2024:00:00:00 +0000", 0},
+        {"30/Feb/2024:00:00:00 +0000", 0},
+        {"31/Apr/2024:00:00:00 +0000", 0},
+        {"30/Apr/2024:00:00:00 +0000", 1714435200},
+        {"31/Dec/2024:23:59:59 +0000", 1735689599},
+        {"00/Jan/2024:00:00:00 +0000", 0},
+        {"01/Jan/2024:00:00:00 +1400", 1704016800},
+        {"01/Jan/2024:00:00:00 -1200", 1704110400},
+        {"01/Jan/2024:00:00:00 +1500", 0},
+        {"01/Jan/2024:00:00:00 +9900", 0},
+        {"01/Jan/2024:00:00:00 -9959", 0},
+        {"11/Apr/2262:23:47:16 +0000", UINT64_C(9223372036)},
+        {"11/Apr/2262:23:47:17 +0000", 0},
+        {"12/Apr/2262:00:47:16 +0100", UINT64_C(9223372036)},
+        {"01/Jan/2263:00:00:00 +0000", 0},
+        {"01/Jan/2600:00:00:00 +0000", 0},
+        {"01/Jan/9999:00:00:00 +0000", 0},
+        {"01/Jan/1970:00:00:00 +0100", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char line[160];
+        trace_req_t r;
+        const char *err = NULL;
+        snprintf(line, sizeof line, "1.2.3.4 - - [%s] \"GET /\" 200 1",
+                 cases[i].ts);
+        int rc = clf(line, CLF_HOST, &r, &err);
+        if (cases[i].secs == 0) {
+            if (rc != TRACE_ERR || err == NULL ||
+                strncmp(err, "timestamp", 9) != 0)
+                fail_msg("'%s' should be a timestamp error (rc %d, t %llu)",
+                         cases[i].ts, rc, (unsigned long long)r.t_ns);
+        } else if (rc != TRACE_REQ || r.t_ns != cases[i].secs * SEC) {
+            fail_msg("'%s': rc %d, t %llu s", cases[i].ts, rc,
+                     (unsigned long long)(r.t_ns / SEC));
+        }
+    }
+}
+
+/* --per-key's key table: 3000 keys crafted to collide in the low 13 bits
+ * of the unseeded hash (all in slot 0 of every table up to 8192 slots)
+ * still cost a few probes each, not a scan of all the keys before them
+ * (20,000 such keys took 0.45 s against 0.03 s). */
+static void keymap_crafted_keys(void **state)
+{
+    (void)state;
+    enum { N = 3000 };
+    static char keys[N][16];
+    size_t n = 0;
+    for (uint32_t i = 0; n < N; i++) {
+        char k[16];
+        int len = snprintf(k, sizeof k, "k%u", i);
+        if ((XXH3_64bits(k, (size_t)len) & 8191) == 0)
+            memcpy(keys[n++], k, sizeof k);
+    }
+    keymap_t m = {0};
+    for (size_t i = 0; i < N; i++)
+        assert_non_null(keymap_get(&m, keys[i], strlen(keys[i])));
+    for (size_t i = 0; i < N; i++) /* found again, not added */
+        assert_non_null(keymap_get(&m, keys[i], strlen(keys[i])));
+    assert_int_equal(m.n, N);
+    if (m.probes > 20 * (uint64_t)N)
+        fail_msg("%llu probes for %d keys", (unsigned long long)m.probes, N);
+    /* in first-seen order */
+    assert_memory_equal(m.recs[0].key, keys[0], m.recs[0].len);
+    assert_memory_equal(m.recs[N - 1].key, keys[N - 1], m.recs[N - 1].len);
+    keymap_free(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(trace_lines),
         cmocka_unit_test(access_logs),
+        cmocka_unit_test(access_log_fields),
+        cmocka_unit_test(access_log_times),
+        cmocka_unit_test(keymap_crafted_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,5 @@
 /* libFuzzer target: the access-log (Common / Combined Log Format) parser,
- * with every key field. */
+ * with every named key field, xff, and a few field numbers. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +13,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (line == NULL)
         return 0;
     memcpy(line, data, size);
-    for (int f = CLF_HOST; f <= CLF_AGENT; f++) {
+    static const int extra[] = {CLF_XFF, CLF_FIELD_1, CLF_FIELD_1 + 3,
+                                CLF_FIELD_1 + 9, CLF_FIELD_1 + 63};
+    for (int x = 0; x < CLF_AGENT + 1 + 5; x++) {
+        int f = x <= CLF_AGENT ? x : extra[x - CLF_AGENT - 1];
         trace_req_t r;
         const char *err = NULL;
         int rc = clf_parse_line(line, size, (clf_field_t)f, &r, &err);

@@ -10,12 +10,16 @@
 static const char usage[] =
     "usage: ratelimit check --key KEY --algorithm NAME [policy options]\n"
     "                       [--permits N] [--max-wait DUR] [--store URL]\n"
+    "       ratelimit check --key KEY --policy TEXT [--permits N]\n"
+    "                       [--max-wait DUR] [--store URL]\n"
     "\n"
     "Asks the store for one decision and prints its fields, one per line.\n"
     "With --store redis://... (keys under 'ratelimit:', expiring after their\n"
     "reset) the decisions add up across calls and machines.\n"
     "Exit status: 0 allowed, 1 denied, 2 error.  Policy options as for\n"
-    "'ratelimit replay' (--rate, --burst, --capacity, --limit, --window).\n";
+    "'ratelimit replay' (--algorithm, --rate, --burst, --capacity, --limit,\n"
+    "--window, --policy).  The default store is a fresh memory store, so\n"
+    "without --store each call starts cold.\n";
 
 enum { O_STORE = O_POLICY_END, O_KEY, O_PERMITS, O_HELP };
 
@@ -70,7 +74,7 @@ int cmd_check(int argc, char **argv)
         return cli_fail("check: --permits '%s' is not a whole number up to "
                         "2^63-1", permits_text);
     cli_limiter_t cl;
-    if (cli_limiter_open(&cl, &po, store_spec, false) != 0)
+    if (cli_limiter_open(&cl, &po, store_spec, false, 0) != 0)
         return 2;
     rate_decision_t d;
     int rc = rate_limiter_check(cl.lim, key, strlen(key), permits,

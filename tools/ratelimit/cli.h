@@ -25,6 +25,7 @@ typedef struct policy_opts {
     const char *cmd; /* for messages */
     const char *algorithm, *rate, *burst, *capacity, *limit, *window;
     const char *max_wait;
+    const char *policy; /* --policy TEXT, in place of --algorithm etc. */
 } policy_opts_t;
 
 /* getopt_long codes of the policy options, and their table entries (for
@@ -32,6 +33,7 @@ typedef struct policy_opts {
  * O_POLICY_END. */
 enum {
     O_ALGO = 256, O_RATE, O_BURST, O_CAPACITY, O_LIMIT, O_WINDOW, O_MAXWAIT,
+    O_POLICY,
     O_POLICY_END
 };
 #define POLICY_LONGOPTS                                                     \
@@ -41,7 +43,8 @@ enum {
     {"capacity", required_argument, NULL, O_CAPACITY},                      \
     {"limit", required_argument, NULL, O_LIMIT},                            \
     {"window", required_argument, NULL, O_WINDOW},                          \
-    {"max-wait", required_argument, NULL, O_MAXWAIT}
+    {"max-wait", required_argument, NULL, O_MAXWAIT},                     \
+    {"policy", required_argument, NULL, O_POLICY}
 
 /* Takes getopt's code `c` if it is a policy option; false otherwise. */
 bool policy_opt(policy_opts_t *o, int c, const char *arg);
@@ -51,10 +54,21 @@ bool policy_opt(policy_opts_t *o, int c, const char *arg);
 int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
                      uint64_t *max_wait_ns);
 
+/* The policy text form (rate_policy_parse) of --policy TEXT; on an error
+ * prints "CMD: --policy 'TEXT': why" and returns 2. */
+int policy_from_text(const char *cmd, const char *text, rate_policy_t **out);
+
+/* Whether a policy has a window component (no reservations: --max-wait). */
+bool policy_has_window(const rate_policy_t *p);
+
 /* "N/DUR" (the count in DUR may be left out) into (limit, period); 0 or -1
  * with *why set. */
 int parse_rate_text(const char *s, uint64_t *limit, uint64_t *period_ns,
                     const char **why);
+
+/* A duration DUR ("250ms", "1s"; "0" alone is zero) into ns; 0 or -1
+ * with *why set (the text after the value, for a message). */
+int parse_duration_text(const char *s, uint64_t *ns, const char **why);
 
 /* A whole number >= 1 up to 2^63-1; 0 or -1. */
 int parse_count_text(const char *s, uint64_t *out);
@@ -73,24 +87,45 @@ typedef struct cli_limiter {
  * scratch: a Redis store works in a fresh namespace without expiry that
  * cli_limiter_close() removes (replays on a virtual clock). */
 int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
-                     const char *store_spec, bool scratch);
-/* Returns 0, or 2 if the scratch namespace could not be removed. */
+                     const char *store_spec, bool scratch, uint64_t max_keys);
+/* Removes a scratch namespace (a watchdog process removes it if the run
+ * ends without doing so, even killed with SIGKILL), frees everything.
+ * Returns RATE_OK, or the code of the failed removal (nothing printed: the
+ * watchdog retries it for a minute). */
 int cli_limiter_close(cli_limiter_t *cl);
 
-/* A store for --store: "memory" (or NULL), redis://... or unix://...
- * (scratch as for cli_limiter_open).  On failure prints why, returns 2. */
-int store_from_opt(const char *cmd, const char *spec, bool scratch,
-                   rate_store_t **out);
+/* SIGINT and SIGTERM set cli_signal (and interrupt a blocked read) instead
+ * of killing the process, so that a replay can remove its keys. */
+#include <signal.h>
+extern volatile sig_atomic_t cli_signal;
+void cli_catch_signals(void);
 
-/* Reads requests from a trace or an access log, a line at a time. */
+/* A store for --store: "memory" (or NULL), redis://... or unix://...
+ * (scratch as for cli_limiter_open).  max_keys (0: unbounded) bounds the
+ * memory store (one shard: least recently used keys evicted first); it is
+ * an error with another store.  On failure prints why, returns 2. */
+int store_from_opt(const char *cmd, const char *spec, bool scratch,
+                   uint64_t max_keys, rate_store_t **out);
+
+/* The longest input line, in bytes without its newline: a longer one is an
+ * error naming it (or skipped with --skip-bad), read in constant memory. */
+#define READER_MAX_LINE 65536
+
+/* Reads requests from a trace or an access log, a line at a time, through
+ * a buffer of fixed size (about twice READER_MAX_LINE). */
 typedef struct reader {
     const char *cmd;
-    FILE *in;
+    const char *name; /* FILE, or "standard input", for messages */
+    int fd;
     bool clf;
     int field; /* clf_field_t */
-    char *line;
-    size_t cap;
+    char *buf;
+    size_t start, end; /* unread bytes buf[start..end) */
+    bool eof;
     uint64_t lineno;
+    bool skip_bad;         /* --skip-bad: skip and count bad lines */
+    uint64_t nbad;         /* lines skipped */
+    uint64_t first_bad[5]; /* the first few of their numbers */
 } reader_t;
 
 /* Checks --input and --key-field and opens FILE ("-" or NULL: standard
@@ -100,9 +135,13 @@ int reader_open(reader_t *r, const char *cmd, const char *input,
 
 struct trace_req;
 /* The next request: 1, or 0 at the end, or 2 after printing what is wrong
- * with which line. */
+ * with which line, or 3 (nothing printed) when cli_signal was set. */
 int reader_next(reader_t *r, struct trace_req *req);
 void reader_close(reader_t *r);
+/* With --skip-bad, after the input: one line on standard error saying how
+ * many bad lines were skipped and the first few line numbers (nothing when
+ * there were none). */
+void reader_report(const reader_t *r);
 
 /* Writes seconds with exactly 9 fractional digits ("0.000000000"). */
 char *fmt_seconds(char *p, uint64_t ns);

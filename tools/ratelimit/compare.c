@@ -19,28 +19,41 @@
 #include "trace.h"
 
 #define ALGOS 5
-#define MAX_BINS 4096
+#define MAX_BINS 16384
 
 static const char usage[] =
-    "usage: ratelimit compare --rate N/DUR [--burst N] [--max-wait DUR]\n"
-    "                         [--svg FILE] [--input trace|clf]\n"
-    "                         [--key-field FIELD] [FILE]\n"
+    "usage: ratelimit compare [--rate N/DUR | --limit N --window DUR]\n"
+    "                         [--burst N] [--capacity N] [--policy TEXT]...\n"
+    "                         [--max-wait DUR] [--svg FILE] [--series FILE]\n"
+    "                         [--input trace|clf] [--key-field FIELD]\n"
+    "                         [--skip-bad] [FILE]\n"
     "\n"
     "Sends one trace through all five algorithms at the same long-run rate:\n"
-    "the buckets get --rate with --burst (default: the rate's N) as burst or\n"
-    "capacity, the windows N per DUR.  Prints a table; --svg also writes a\n"
-    "chart of admitted requests over time, one line per algorithm.\n"
-    "Input as for 'ratelimit replay'.\n";
+    "the buckets get --rate with --burst (default: the rate's N) as burst and\n"
+    "capacity (--capacity: the leaky bucket's own), the windows N per DUR\n"
+    "(--limit N --window DUR is the same as --rate N/DUR).  Each --policy TEXT\n"
+    "(the library's policy text, composites too; repeatable) adds a row and a\n"
+    "line, beside the five or, without --rate, alone.  Prints a table; --svg\n"
+    "also writes a\n"
+    "chart of the requests admitted in the last period (a sliding window,\n"
+    "sampled every 1/128 of a period), one line per policy; --series\n"
+    "writes the plotted numbers as CSV.  Input as for 'ratelimit replay'.\n";
 
-enum { O_SVG = O_POLICY_END, O_INPUT, O_KEYFIELD, O_HELP };
+enum { O_SVG = O_POLICY_END, O_SERIES, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_HELP };
 
 static const struct option longopts[] = {
     {"rate", required_argument, NULL, O_RATE},
+    {"limit", required_argument, NULL, O_LIMIT},
+    {"window", required_argument, NULL, O_WINDOW},
     {"burst", required_argument, NULL, O_BURST},
+    {"capacity", required_argument, NULL, O_CAPACITY},
+    {"policy", required_argument, NULL, O_POLICY},
     {"max-wait", required_argument, NULL, O_MAXWAIT},
     {"svg", required_argument, NULL, O_SVG},
+    {"series", required_argument, NULL, O_SERIES},
     {"input", required_argument, NULL, O_INPUT},
     {"key-field", required_argument, NULL, O_KEYFIELD},
+    {"skip-bad", no_argument, NULL, O_SKIPBAD},
     {"help", no_argument, NULL, O_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -49,42 +62,105 @@ typedef struct lane {
     rate_limit_t limit;
     rate_policy_t *policy;
     rate_limiter_t *lim;
-    char text[96];
+    bool reserves; /* gets --max-wait (buckets only) */
+    char text[160];
     keymap_t keys;
     uint64_t admitted, denied, delay_sum_ns, max_window, spike;
-    uint64_t bins[MAX_BINS];
+    uint64_t *bins; /* MAX_BINS: permits admitted per bin */
 } lane_t;
 
+/* The chart: admissions counted in bins of width period/sub, aligned to
+ * the period (so to the fixed window's edges).  What is plotted at the end
+ * of bin i is the sum of the `sub` bins ending there: the permits admitted
+ * in the span of one period ending at that instant, a sliding window
+ * sampled every period/sub (sub 128, or the largest power of two dividing
+ * the period: halving then keeps whole bins per period for as long as it
+ * can).  A span of the period that crosses a window edge is sampled like
+ * any other, so the fixed window's edge spike shows, to within one
+ * sample.
+ * A long trace halves the resolution (bins merged pairwise); once a bin is
+ * wider than a period, or the period no longer splits into whole bins,
+ * each bin shows its mean per period instead (sub == 0). */
 typedef struct chart {
-    uint64_t t0, width_ns; /* bin width, a multiple of the period */
+    uint64_t t0, width_ns, period, t_last;
+    unsigned sub; /* bins per period; 0: mean per period of each bin */
     size_t nbins;
     uint64_t offered[MAX_BINS];
 } chart_t;
 
+static void chart_start(chart_t *c, uint64_t t, uint64_t period)
+{
+    static const unsigned subs[] = {128, 64, 32, 16, 8, 4, 2, 1};
+    c->period = period;
+    c->t0 = t - t % period;
+    c->sub = 1;
+    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++)
+        if (period % subs[i] == 0) {
+            c->sub = subs[i];
+            break;
+        }
+    c->width_ns = period / c->sub;
+}
+
 /* Halves the resolution: merges bins pairwise, doubling their width. */
-static void coarsen(chart_t *c, lane_t *lanes)
+static void coarsen(chart_t *c, lane_t *lanes, size_t nlanes)
 {
     for (size_t i = 0; i < MAX_BINS / 2; i++) {
         c->offered[i] = c->offered[2 * i] + c->offered[2 * i + 1];
-        for (int a = 0; a < ALGOS; a++)
+        for (size_t a = 0; a < nlanes; a++)
             lanes[a].bins[i] = lanes[a].bins[2 * i] + lanes[a].bins[2 * i + 1];
     }
     memset(c->offered + MAX_BINS / 2, 0, sizeof c->offered / 2);
-    for (int a = 0; a < ALGOS; a++)
-        memset(lanes[a].bins + MAX_BINS / 2, 0, sizeof lanes[a].bins / 2);
+    for (size_t a = 0; a < nlanes; a++)
+        memset(lanes[a].bins + MAX_BINS / 2, 0,
+               MAX_BINS / 2 * sizeof *lanes[a].bins);
     c->width_ns *= 2;
     c->nbins = (c->nbins + 1) / 2;
+    c->sub = c->sub % 2 == 0 ? c->sub / 2 : 0;
 }
 
-static size_t bin_of(chart_t *c, lane_t *lanes, uint64_t t)
+static size_t bin_of(chart_t *c, lane_t *lanes, size_t nlanes, uint64_t t)
 {
     uint64_t off = t > c->t0 ? t - c->t0 : 0;
     while (off / c->width_ns >= MAX_BINS)
-        coarsen(c, lanes);
+        coarsen(c, lanes, nlanes);
     size_t b = (size_t)(off / c->width_ns);
     if (b + 1 > c->nbins)
         c->nbins = b + 1;
+    if (t > c->t_last)
+        c->t_last = t;
     return b;
+}
+
+/* The number of samples drawn: every bin in sliding mode (the last
+ * window ends with the bin of the last request: a span of a whole period,
+ * the trace's last one); in mean mode a last bin the trace does not cover
+ * to its end is left out rather than drawn as a drop (unless it is the
+ * only one). */
+static size_t chart_points(const chart_t *c)
+{
+    if (c->sub == 0 && c->nbins > 1 &&
+        c->t_last - c->t0 + 1 < c->nbins * c->width_ns)
+        return c->nbins - 1;
+    return c->nbins;
+}
+
+/* The value plotted at sample i of series v. */
+static double chart_value(const chart_t *c, const uint64_t *v, size_t i)
+{
+    if (c->sub == 0)
+        return (double)v[i] * (double)c->period / (double)c->width_ns;
+    uint64_t sum = 0;
+    for (size_t k = 0; k < c->sub && k <= i; k++)
+        sum += v[i - k];
+    return (double)sum;
+}
+
+/* The time of sample i, ns: the end of its window. */
+static uint64_t chart_time(const chart_t *c, size_t i)
+{
+    return c->t0 + (c->sub == 0 ? i * c->width_ns + c->width_ns / 2
+                                : (i + 1) * c->width_ns);
 }
 
 /* Records an admission of key at t for the burstiness columns. */
@@ -138,6 +214,8 @@ static void xml_text(FILE *f, const char *s)
 /* A round step (1, 2 or 5 times a power of ten) giving about `n` ticks. */
 static double nice_step(double range, int n)
 {
+    if (!(range > 0))
+        return 1; /* no range (an empty chart): any step ends the loops */
     double raw = range / n, p = 1;
     while (p * 10 <= raw)
         p *= 10;
@@ -146,28 +224,71 @@ static double nice_step(double range, int n)
     return raw <= p ? p : raw <= 2 * p ? 2 * p : raw <= 5 * p ? 5 * p : 10 * p;
 }
 
-static int write_svg(FILE *f, const chart_t *c, const lane_t *lanes,
-                     uint64_t period)
+/* The plotted numbers: one row per sample, the time (s) at the end of its
+ * window, then the offered load and each lane. */
+static int write_series(FILE *f, const chart_t *c, const lane_t *lanes,
+                        size_t nlanes)
 {
-    static const char *colors[ALGOS] = {"#1f77b4", "#ff7f0e", "#2ca02c",
-                                        "#d62728", "#9467bd"};
+    fputs("time,offered", f);
+    for (size_t a = 0; a < nlanes; a++)
+        fprintf(f, ",\"%s\"", lanes[a].text);
+    fputc('\n', f);
+    size_t np = chart_points(c);
+    for (size_t i = 0; i < np; i++) {
+        char buf[32];
+        *fmt_seconds(buf, chart_time(c, i)) = '\0';
+        fputs(buf, f);
+        fprintf(f, ",%.10g", chart_value(c, c->offered, i));
+        for (size_t a = 0; a < nlanes; a++)
+            fprintf(f, ",%.10g", chart_value(c, lanes[a].bins, i));
+        fputc('\n', f);
+    }
+    return fflush(f) == 0 && !ferror(f) ? 0 : -1;
+}
+
+static int write_svg(FILE *f, const chart_t *c, const lane_t *lanes,
+                     size_t nlanes, uint64_t period)
+{
+    static const char *colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
+                                   "#9467bd", "#8c564b", "#e377c2", "#17becf",
+                                   "#bcbd22", "#7f7f7f"};
+    const size_t ncolors = sizeof colors / sizeof colors[0];
     const double X0 = 70, Y0 = 40, W = 600, H = 300;
-    double per = (double)c->width_ns / (double)period; /* periods per bin */
+    size_t np = chart_points(c);
     double ymax = 1;
-    for (size_t i = 0; i < c->nbins; i++)
-        if ((double)c->offered[i] / per > ymax)
-            ymax = (double)c->offered[i] / per;
-    double secs = (double)c->nbins * (double)c->width_ns / 1e9;
-    double ystep = nice_step(ymax, 5), xstep = nice_step(secs, 8);
+    for (size_t i = 0; i < np; i++) {
+        if (chart_value(c, c->offered, i) > ymax)
+            ymax = chart_value(c, c->offered, i);
+        for (size_t a = 0; a < nlanes; a++)
+            if (chart_value(c, lanes[a].bins, i) > ymax)
+                ymax = chart_value(c, lanes[a].bins, i);
+    }
+    /* The x axis: from t0 to the last sample (the trace's span), or one
+     * period for an empty trace. */
+    double span = np > 0 ? (double)(chart_time(c, np - 1) - c->t0) / 1e9
+                         : (double)period / 1e9;
+    if (!(span > 0))
+        span = (double)period / 1e9;
+    double x0s = (double)c->t0 / 1e9;
+    double ystep = nice_step(ymax, 5), xstep = nice_step(span, 8);
     ymax = ystep * (double)(long)(ymax / ystep + 0.999);
+    double ps = (double)period / 1e9;
 
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"980\" "
                "height=\"400\" viewBox=\"0 0 980 400\" "
                "font-family=\"sans-serif\" font-size=\"12\">\n"
                "<rect width=\"980\" height=\"400\" fill=\"white\"/>\n");
-    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"14\">Admitted per "
-               "period (%g s) over time</text>\n", X0, (double)period / 1e9);
+    if (c->sub != 0 || np == 0)
+        fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"14\">Admitted in "
+                   "the last %g s (a sliding window, sampled every %g ms)"
+                   "</text>\n", X0, ps,
+                (c->sub ? (double)c->width_ns : (double)period / 128) / 1e6);
+    else
+        fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"14\">Admitted per "
+                   "%g s, mean over bins of %g s (trace too long for a "
+                   "sliding window)</text>\n", X0, ps,
+                (double)c->width_ns / 1e9);
     /* axes, grid and ticks */
     fprintf(f, "<g stroke=\"#999\" fill=\"none\">\n"
                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n"
@@ -180,47 +301,65 @@ static int write_svg(FILE *f, const chart_t *c, const lane_t *lanes,
                    "text-anchor=\"end\">%g</text>\n",
                 X0, py, X0 + W, py, X0 - 6, py + 4, y);
     }
-    for (double x = 0; x <= secs + 1e-9; x += xstep) {
-        double px = X0 + x / secs * W;
+    for (double x = 0; x <= span + 1e-9; x += xstep) {
+        double px = X0 + x / span * W;
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
                    "stroke=\"#999\"/>\n<text x=\"%.1f\" y=\"%.1f\" "
                    "text-anchor=\"middle\">%g</text>\n",
-                px, Y0 + H, px, Y0 + H + 5, px, Y0 + H + 18, x);
+                px, Y0 + H, px, Y0 + H + 5, px, Y0 + H + 18, x0s + x);
     }
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">time "
                "(s)</text>\n", X0 + W / 2, Y0 + H + 36);
     fprintf(f, "<text x=\"18\" y=\"%.1f\" text-anchor=\"middle\" "
-               "transform=\"rotate(-90 18 %.1f)\">admitted per period"
-               "</text>\n", Y0 + H / 2, Y0 + H / 2);
-    /* series: offered load, then each algorithm */
-    for (int a = -1; a < ALGOS; a++) {
-        const uint64_t *v = a < 0 ? c->offered : lanes[a].bins;
+               "transform=\"rotate(-90 18 %.1f)\">admitted in the last %g s"
+               "</text>\n", Y0 + H / 2, Y0 + H / 2, ps);
+    if (np == 0)
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">"
+                   "no requests in the trace</text>\n", X0 + W / 2, Y0 + H / 2);
+    /* series: offered load, then each lane; the limiters' lines drawn
+     * after the offered load, thinner ones over thicker so all show */
+    for (size_t a = 0; a <= nlanes && np > 0; a++) {
+        const uint64_t *v = a == 0 ? c->offered : lanes[a - 1].bins;
         fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%s\" "
                    "points=\"",
-                a < 0 ? "#bbb" : colors[a], a < 0 ? "1" : "1.5");
-        for (size_t i = 0; i < c->nbins; i++) {
-            double x = X0 + ((double)i + 0.5) / (double)c->nbins * W;
-            double y = Y0 + H - (double)v[i] / per / ymax * H;
+                a == 0 ? "#bbb" : colors[(a - 1) % ncolors],
+                a == 0 ? "1" : "1.5");
+        for (size_t i = 0; i < np; i++) {
+            double t = (double)(chart_time(c, i) - c->t0) / 1e9;
+            double x = X0 + t / span * W;
+            double y = Y0 + H - chart_value(c, v, i) / ymax * H;
             fprintf(f, "%s%.1f,%.1f", i ? " " : "", x, y);
         }
         fputs("\"/>\n", f);
     }
     /* legend */
-    for (int a = -1; a < ALGOS; a++) {
-        double ly = Y0 + 10 + (a + 1) * 20;
+    for (size_t a = 0; a <= nlanes; a++) {
+        double ly = Y0 + 10 + (double)a * 20;
         fprintf(f, "<line x1=\"690\" y1=\"%.1f\" x2=\"715\" y2=\"%.1f\" "
                    "stroke=\"%s\" stroke-width=\"3\"/>\n<text x=\"720\" "
                    "y=\"%.1f\">",
-                ly, ly, a < 0 ? "#bbb" : colors[a], ly + 4);
-        xml_text(f, a < 0 ? "offered" : lanes[a].text);
+                ly, ly, a == 0 ? "#bbb" : colors[(a - 1) % ncolors], ly + 4);
+        xml_text(f, a == 0 ? "offered" : lanes[a - 1].text);
         fputs("</text>\n", f);
     }
     fputs("</svg>\n", f);
     return fflush(f) == 0 && !ferror(f) ? 0 : -1;
 }
 
+/* Makes lane ln's limiter for policy (taken over). */
+static int lane_init(lane_t *ln, rate_policy_t *policy)
+{
+    ln->policy = policy;
+    rate_policy_format(policy, ln->text, sizeof ln->text);
+    ln->bins = calloc(MAX_BINS, sizeof *ln->bins);
+    rate_limiter_config_t cfg = {.policy = policy};
+    if (ln->bins == NULL || rate_limiter_new(&cfg, &ln->lim) != RATE_OK)
+        return cli_fail("compare: cannot make a limiter");
+    return 0;
+}
+
 static int setup_lanes(lane_t *lanes, uint64_t limit, uint64_t period,
-                       uint64_t burst)
+                       uint64_t burst, uint64_t capacity)
 {
     static const rate_algorithm_t algos[ALGOS] = {
         RATE_TOKEN_BUCKET, RATE_LEAKY_BUCKET, RATE_FIXED_WINDOW,
@@ -229,26 +368,31 @@ static int setup_lanes(lane_t *lanes, uint64_t limit, uint64_t period,
     for (int a = 0; a < ALGOS; a++) {
         lane_t *ln = &lanes[a];
         bool bucket = a < 2;
-        ln->limit = (rate_limit_t){algos[a], limit, period, bucket ? burst : 0};
-        if (rate_policy_new(&ln->limit, 1, &ln->policy, err, sizeof err) != 0)
+        rate_policy_t *p;
+        ln->limit = (rate_limit_t){algos[a], limit, period,
+                                   a == 0 ? burst : a == 1 ? capacity : 0};
+        ln->reserves = bucket;
+        if (rate_policy_new(&ln->limit, 1, &p, err, sizeof err) != 0)
             return cli_fail("compare: %s", err);
-        rate_policy_format(ln->policy, ln->text, sizeof ln->text);
-        rate_limiter_config_t cfg = {.policy = ln->policy};
-        if (rate_limiter_new(&cfg, &ln->lim) != RATE_OK)
-            return cli_fail("compare: cannot make a limiter");
+        if (lane_init(ln, p) != 0)
+            return 2;
     }
     return 0;
 }
 
-static void print_table(const lane_t *lanes)
+static void print_table(const lane_t *lanes, size_t nlanes)
 {
-    printf("%-34s %9s %9s %10s %10s %11s\n", "policy", "admitted", "denied",
+    int w = 34;
+    for (size_t a = 0; a < nlanes; a++)
+        if ((int)strlen(lanes[a].text) > w)
+            w = (int)strlen(lanes[a].text);
+    printf("%-*s %9s %9s %10s %10s %11s\n", w, "policy", "admitted", "denied",
            "max/period", "edge spike", "mean delay");
-    for (int a = 0; a < ALGOS; a++) {
+    for (size_t a = 0; a < nlanes; a++) {
         const lane_t *ln = &lanes[a];
         double mean = ln->admitted ? (double)ln->delay_sum_ns /
                                          (double)ln->admitted / 1e6 : 0;
-        printf("%-34s %9llu %9llu %10llu %10llu %8.3f ms\n", ln->text,
+        printf("%-*s %9llu %9llu %10llu %10llu %8.3f ms\n", w, ln->text,
                (unsigned long long)ln->admitted,
                (unsigned long long)ln->denied,
                (unsigned long long)ln->max_window,
@@ -256,10 +400,25 @@ static void print_table(const lane_t *lanes)
     }
 }
 
+/* Opens an output file before any output, so that an unwritable path is a
+ * command-line error. */
+static int open_out(const char *path, FILE **f)
+{
+    *f = NULL;
+    if (path != NULL && (*f = fopen(path, "w")) == NULL)
+        return cli_fail("compare: cannot write '%s': %s", path,
+                        strerror(errno));
+    return 0;
+}
+
 int cmd_compare(int argc, char **argv)
 {
     const char *rate = NULL, *burst_text = NULL, *max_wait_text = NULL;
-    const char *svg = NULL, *input = "trace", *field = "host";
+    const char *svg = NULL, *series = NULL, *input = "trace", *field = "host";
+    const char *limit_text = NULL, *window_text = NULL, *cap_text = NULL;
+    const char *policies[16];
+    size_t npolicies = 0;
+    bool skip_bad = false;
     int c;
 
     optind = 1;
@@ -268,10 +427,21 @@ int cmd_compare(int argc, char **argv)
         switch (c) {
         case O_RATE: rate = optarg; break;
         case O_BURST: burst_text = optarg; break;
+        case O_CAPACITY: cap_text = optarg; break;
+        case O_LIMIT: limit_text = optarg; break;
+        case O_WINDOW: window_text = optarg; break;
+        case O_POLICY:
+            if (npolicies == sizeof policies / sizeof policies[0])
+                return cli_fail("compare: more than %zu --policy options",
+                                sizeof policies / sizeof policies[0]);
+            policies[npolicies++] = optarg;
+            break;
         case O_MAXWAIT: max_wait_text = optarg; break;
         case O_SVG: svg = optarg; break;
+        case O_SERIES: series = optarg; break;
         case O_INPUT: input = optarg; break;
         case O_KEYFIELD: field = optarg; break;
+        case O_SKIPBAD: skip_bad = true; break;
         case O_HELP: fputs(usage, stdout); return 0;
         default: return getopt_fail("compare", c, argv);
         }
@@ -279,37 +449,83 @@ int cmd_compare(int argc, char **argv)
     if (argc - optind > 1)
         return cli_fail("compare: more than one FILE ('%s', '%s')",
                         argv[optind], argv[optind + 1]);
-    uint64_t limit, period, burst, max_wait = 0;
+    uint64_t limit = 0, period = 0, burst, capacity, max_wait = 0;
     const char *why;
-    if (rate == NULL)
-        return cli_fail("compare: --rate is required (e.g. --rate 100/s)");
-    if (parse_rate_text(rate, &limit, &period, &why) != 0)
-        return cli_fail("compare: --rate '%s' %s", rate, why);
-    if (limit == 0 || period == 0)
-        return cli_fail("compare: --rate '%s' is zero", rate);
+    bool five = rate != NULL || limit_text != NULL || window_text != NULL;
+    if (rate != NULL && (limit_text != NULL || window_text != NULL))
+        return cli_fail("compare: --rate N/DUR and --limit N --window DUR "
+                        "say the same thing; give one");
+    if (!five && npolicies == 0)
+        return cli_fail("compare: --rate is required (e.g. --rate 100/s; or "
+                        "--limit N --window DUR, or --policy TEXT)");
+    if (rate != NULL) {
+        if (parse_rate_text(rate, &limit, &period, &why) != 0)
+            return cli_fail("compare: --rate '%s' %s", rate, why);
+        if (limit == 0 || period == 0)
+            return cli_fail("compare: --rate '%s' is zero", rate);
+    } else if (five) {
+        if (limit_text == NULL || window_text == NULL)
+            return cli_fail("compare: --%s needs --%s", limit_text ? "limit"
+                            : "window", limit_text ? "window" : "limit");
+        if (parse_count_text(limit_text, &limit) != 0 || limit == 0)
+            return cli_fail("compare: --limit '%s' is not a whole number "
+                            "from 1", limit_text);
+        if (parse_duration_text(window_text, &period, &why) != 0)
+            return cli_fail("compare: --window '%s' %s", window_text, why);
+        if (period == 0)
+            return cli_fail("compare: --window '%s' is zero", window_text);
+    } else if (burst_text != NULL || cap_text != NULL) {
+        return cli_fail("compare: --%s sizes the buckets of --rate; with "
+                        "--policy alone it has nothing to size (write "
+                        "burst= or capacity= in the policy)",
+                        burst_text ? "burst" : "capacity");
+    }
     burst = limit;
     if (burst_text != NULL &&
         (parse_count_text(burst_text, &burst) != 0 || burst == 0))
         return cli_fail("compare: --burst '%s' is not a whole number from 1",
                         burst_text);
+    capacity = burst;
+    if (cap_text != NULL &&
+        (parse_count_text(cap_text, &capacity) != 0 || capacity == 0))
+        return cli_fail("compare: --capacity '%s' is not a whole number "
+                        "from 1", cap_text);
     if (max_wait_text != NULL &&
-        rate_parse_duration(max_wait_text, &max_wait) != 0)
-        return cli_fail("compare: --max-wait '%s' is not a duration",
-                        max_wait_text);
-    /* Open the chart's file first: an unwritable path is a command-line
-     * error, reported before any output. */
-    FILE *svg_file = NULL;
-    if (svg != NULL && (svg_file = fopen(svg, "w")) == NULL)
-        return cli_fail("compare: cannot write '%s': %s", svg,
-                        strerror(errno));
-    lane_t *lanes = calloc(ALGOS, sizeof *lanes);
+        parse_duration_text(max_wait_text, &max_wait, &why) != 0)
+        return cli_fail("compare: --max-wait '%s' %s", max_wait_text, why);
+    FILE *svg_file = NULL, *series_file = NULL;
+    if (open_out(svg, &svg_file) != 0)
+        return 2;
+    if (open_out(series, &series_file) != 0) {
+        if (svg_file != NULL)
+            fclose(svg_file);
+        return 2;
+    }
+    size_t nlanes = (five ? ALGOS : 0) + npolicies;
+    lane_t *lanes = calloc(nlanes, sizeof *lanes);
     chart_t *chart = calloc(1, sizeof *chart);
-    int status = lanes && chart ? setup_lanes(lanes, limit, period, burst)
-                                : cli_fail("compare: out of memory");
+    int status = lanes && chart ? 0 : cli_fail("compare: out of memory");
+    if (status == 0 && five)
+        status = setup_lanes(lanes, limit, period, burst, capacity);
+    for (size_t i = 0; status == 0 && i < npolicies; i++) {
+        lane_t *ln = &lanes[(five ? ALGOS : 0) + i];
+        rate_policy_t *p;
+        if (policy_from_text("compare", policies[i], &p) != 0) {
+            status = 2;
+            break;
+        }
+        ln->reserves = !policy_has_window(p);
+        status = lane_init(ln, p);
+        /* Without --rate, the first policy's first limit sets the period
+         * of the burstiness columns and of the chart. */
+        if (status == 0 && period == 0)
+            period = rate_policy_limit(p, 0)->period_ns;
+    }
     reader_t rd = {0};
     if (status == 0)
         status = reader_open(&rd, "compare", input, field,
                              argc > optind ? argv[optind] : NULL);
+    rd.skip_bad = skip_bad;
     trace_req_t r;
     bool first = true;
     int more;
@@ -319,15 +535,14 @@ int cmd_compare(int argc, char **argv)
             break;
         }
         if (first) {
-            chart->t0 = r.t_ns - r.t_ns % period;
-            chart->width_ns = period;
+            chart_start(chart, r.t_ns, period);
             first = false;
         }
-        chart->offered[bin_of(chart, lanes, r.t_ns)] += r.permits;
-        for (int a = 0; a < ALGOS && status == 0; a++) {
+        chart->offered[bin_of(chart, lanes, nlanes, r.t_ns)] += r.permits;
+        for (size_t a = 0; a < nlanes && status == 0; a++) {
             lane_t *ln = &lanes[a];
             rate_decision_t d;
-            uint64_t mw = a < 2 ? max_wait : 0;
+            uint64_t mw = ln->reserves ? max_wait : 0;
             if (rate_limiter_check_at(ln->lim, r.key, r.key_len, r.permits,
                                       mw, r.t_ns, &d) != RATE_OK) {
                 status = cli_fail("compare: line %llu: a value is out of "
@@ -340,23 +555,31 @@ int cmd_compare(int argc, char **argv)
             }
             ln->admitted++;
             ln->delay_sum_ns += d.delay_ns;
-            ln->bins[bin_of(chart, lanes, r.t_ns)] += r.permits;
+            ln->bins[bin_of(chart, lanes, nlanes, r.t_ns)] += r.permits;
             if (r.permits > 0 && note_admitted(ln, &r, period) != 0)
                 status = cli_fail("compare: out of memory");
         }
     }
     if (status == 0) {
-        print_table(lanes);
-        if (svg_file != NULL && write_svg(svg_file, chart, lanes, period) != 0)
+        reader_report(&rd);
+        print_table(lanes, nlanes);
+        if (svg_file != NULL &&
+            write_svg(svg_file, chart, lanes, nlanes, period) != 0)
             status = cli_fail("compare: cannot write '%s'", svg);
+        if (status == 0 && series_file != NULL &&
+            write_series(series_file, chart, lanes, nlanes) != 0)
+            status = cli_fail("compare: cannot write '%s'", series);
     }
     if (svg_file != NULL && fclose(svg_file) != 0 && status == 0)
         status = cli_fail("compare: cannot write '%s'", svg);
+    if (series_file != NULL && fclose(series_file) != 0 && status == 0)
+        status = cli_fail("compare: cannot write '%s'", series);
     reader_close(&rd);
-    for (int a = 0; lanes && a < ALGOS; a++) {
+    for (size_t a = 0; lanes && a < nlanes; a++) {
         rate_limiter_free(lanes[a].lim);
         rate_policy_free(lanes[a].policy);
         keymap_free(&lanes[a].keys);
+        free(lanes[a].bins);
     }
     free(lanes);
     free(chart);

@@ -6,8 +6,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/random.h>
+#include <time.h>
+
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+
+static size_t hash(const keymap_t *m, const char *key, size_t len)
+{
+    return (size_t)XXH3_64bits_withSeed(key, len, m->seed);
+}
+
+static uint64_t random_seed(const void *salt)
+{
+    uint64_t seed;
+    if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) == (ssize_t)sizeof seed)
+        return seed;
+    /* No entropy yet (early boot): the clock and an address, still not
+     * something a trace can be made for. */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return XXH3_64bits_withSeed(&ts, sizeof ts, (uint64_t)(uintptr_t)salt);
+}
 
 static int grow(keymap_t *m)
 {
@@ -15,8 +35,10 @@ static int grow(keymap_t *m)
     uint32_t *slots = calloc(ns, sizeof *slots);
     if (slots == NULL)
         return -1;
+    if (m->nslots == 0 && m->seed == 0)
+        m->seed = random_seed(m);
     for (size_t i = 0; i < m->n; i++) {
-        size_t j = XXH3_64bits(m->recs[i].key, m->recs[i].len) & (ns - 1);
+        size_t j = hash(m, m->recs[i].key, m->recs[i].len) & (ns - 1);
         while (slots[j] != 0)
             j = (j + 1) & (ns - 1);
         slots[j] = (uint32_t)(i + 1);
@@ -31,8 +53,9 @@ keyrec_t *keymap_get(keymap_t *m, const char *key, size_t len)
 {
     if ((m->n + 1) * 2 > m->nslots && grow(m) != 0)
         return NULL;
-    size_t j = XXH3_64bits(key, len) & (m->nslots - 1);
+    size_t j = hash(m, key, len) & (m->nslots - 1);
     while (m->slots[j] != 0) {
+        m->probes++;
         keyrec_t *r = &m->recs[m->slots[j] - 1];
         if (r->len == len && memcmp(r->key, key, len) == 0)
             return r;

@@ -1,7 +1,9 @@
 /*
  * A small map from keys (byte strings) to a per-key record, iterated in the
  * order keys were first seen.  For the command's summaries; not for the
- * library's hot path.
+ * library's hot path.  Open addressing with a seeded hash (XXH3 with a
+ * random seed per map), so that the keys of a trace cannot be chosen to
+ * collide.
  */
 #ifndef RATE_KEYMAP_H
 #define RATE_KEYMAP_H
@@ -22,6 +24,9 @@ typedef struct keymap {
     size_t n, cap;
     uint32_t *slots;  /* index + 1 into recs; 0 empty */
     size_t nslots;
+    uint64_t seed;    /* of the hash, random per map (getrandom): keys
+                         crafted to collide cannot make it quadratic */
+    uint64_t probes;  /* slots looked at, for the tests */
 } keymap_t;
 
 /* The record of key, made on first sight; NULL when out of memory. */

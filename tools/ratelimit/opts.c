@@ -3,6 +3,10 @@
  * number formatting and getopt messages.
  */
 #include <errno.h>
+#include <signal.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -51,6 +55,115 @@ int parse_count_text(const char *s, uint64_t *out)
     return 0;
 }
 
+/* The units of a duration: the spec's (ns us ms s m h d) first, each
+ * followed by its documented aliases. */
+static const struct unit {
+    const char *name;
+    uint64_t ns;
+} units[] = {
+    {"ns", 1}, {"nsec", 1}, {"nsecs", 1}, {"nanosecond", 1},
+    {"nanoseconds", 1},
+    {"us", 1000}, {"usec", 1000}, {"usecs", 1000}, {"microsecond", 1000},
+    {"microseconds", 1000},
+    {"ms", 1000000}, {"msec", 1000000}, {"msecs", 1000000},
+    {"millisecond", 1000000}, {"milliseconds", 1000000},
+    {"s", RATE_NS_PER_S}, {"sec", RATE_NS_PER_S}, {"secs", RATE_NS_PER_S},
+    {"second", RATE_NS_PER_S}, {"seconds", RATE_NS_PER_S},
+    {"m", 60 * RATE_NS_PER_S}, {"min", 60 * RATE_NS_PER_S},
+    {"mins", 60 * RATE_NS_PER_S}, {"minute", 60 * RATE_NS_PER_S},
+    {"minutes", 60 * RATE_NS_PER_S},
+    {"h", 3600 * RATE_NS_PER_S}, {"hr", 3600 * RATE_NS_PER_S},
+    {"hrs", 3600 * RATE_NS_PER_S}, {"hour", 3600 * RATE_NS_PER_S},
+    {"hours", 3600 * RATE_NS_PER_S},
+    {"d", 86400 * RATE_NS_PER_S}, {"day", 86400 * RATE_NS_PER_S},
+    {"days", 86400 * RATE_NS_PER_S},
+};
+
+/* The spec's unit names, largest first, for suggestions. */
+static const struct unit base_units[] = {
+    {"d", 86400 * RATE_NS_PER_S}, {"h", 3600 * RATE_NS_PER_S},
+    {"m", 60 * RATE_NS_PER_S}, {"s", RATE_NS_PER_S}, {"ms", 1000000},
+    {"us", 1000}, {"ns", 1},
+};
+
+static const struct unit *unit_of(const char *s, size_t n)
+{
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strlen(units[i].name) == n && memcmp(units[i].name, s, n) == 0)
+            return &units[i];
+    return NULL;
+}
+
+int parse_duration_text(const char *s, uint64_t *ns, const char **why)
+{
+    static char msg[160];
+    static const char *const form =
+        "is not a duration (a whole number and a unit: ns us ms s m h d, or "
+        "words such as sec, min, hours, days; or 0)";
+    size_t i = 0, ndig, nfrac = 0, fstart = 0;
+
+    if (strcmp(s, "0") == 0) {
+        *ns = 0;
+        return 0;
+    }
+    while (s[i] >= '0' && s[i] <= '9')
+        i++;
+    ndig = i;
+    if (s[i] == '.') {
+        fstart = ++i;
+        while (s[i] >= '0' && s[i] <= '9')
+            i++;
+        nfrac = i - fstart;
+    }
+    const struct unit *u = unit_of(s + i, strlen(s + i));
+    if (ndig == 0 || u == NULL || (fstart != 0 && nfrac == 0)) {
+        *why = form;
+        return -1;
+    }
+    /* The value in ns, exactly: digits * unit / 10^nfrac. */
+    unsigned __int128 v = 0, scale = 1;
+    for (size_t k = 0; k < i; k++) {
+        if (s[k] == '.')
+            continue;
+        v = v * 10 + (unsigned)(s[k] - '0');
+        if (v > (unsigned __int128)RATE_TIME_MAX * 1000000000000000000u)
+            break; /* far too large whatever the fraction */
+    }
+    for (size_t k = 0; k < nfrac; k++) {
+        if (scale > (unsigned __int128)RATE_TIME_MAX * 10)
+            break;
+        scale *= 10;
+    }
+    v *= u->ns;
+    if (v / scale > RATE_TIME_MAX) {
+        *why = "is a duration above 2^63-1 ns";
+        return -1;
+    }
+    if (nfrac > 0) {
+        /* Durations are whole numbers: suggest the same one in the largest
+         * smaller unit that writes it whole. */
+        if (v % scale != 0) {
+            *why = "is not a duration: durations are whole numbers of a unit "
+                   "(the smallest is 1ns)";
+            return -1;
+        }
+        uint64_t total = (uint64_t)(v / scale);
+        for (size_t k = 0; k < sizeof base_units / sizeof base_units[0]; k++)
+            if (base_units[k].ns < u->ns && total % base_units[k].ns == 0) {
+                snprintf(msg, sizeof msg,
+                         "is not a duration: durations are whole numbers; "
+                         "write %llu%s", (unsigned long long)(total /
+                                                 base_units[k].ns),
+                         base_units[k].name);
+                break;
+            }
+        *why = msg;
+        return -1;
+    }
+    *ns = (uint64_t)v;
+    return 0;
+}
+
 int parse_rate_text(const char *s, uint64_t *limit, uint64_t *period,
                     const char **why)
 {
@@ -73,13 +186,20 @@ int parse_rate_text(const char *s, uint64_t *limit, uint64_t *period,
         *why = "needs a whole number up to 2^63-1 before '/'";
         return -1;
     }
-    /* The count of the duration may be left out: 10/s = 10/1s. */
-    const char *d = slash + 1;
+    /* The count of the duration may be left out: 10/s = 10/1s,
+     * 10/sec = 10/1sec. */
+    const char *d = slash + 1, *dwhy;
     snprintf(dur, sizeof dur, "%s%s", (*d >= '0' && *d <= '9') ? "" : "1", d);
-    if (strlen(d) >= sizeof dur - 1 || rate_parse_duration(dur, period) != 0 ||
-        strcmp(dur, "0") == 0) {
+    if (strlen(d) >= sizeof dur - 1 || strcmp(dur, "0") == 0) {
         *why = "has a bad duration after '/' (a whole number and a unit: "
-               "ns us ms s m h d)";
+               "ns us ms s m h d, or sec, min, hour, day...)";
+        return -1;
+    }
+    if (parse_duration_text(dur, period, &dwhy) != 0) {
+        static char msg[200];
+        snprintf(msg, sizeof msg, "has a bad duration after '/': '%s' %s", d,
+                 dwhy);
+        *why = msg;
         return -1;
     }
     return 0;
@@ -128,6 +248,49 @@ static int count_opt(const policy_opts_t *o, const char *name, const char *v,
     return 0;
 }
 
+int policy_from_text(const char *cmd, const char *text, rate_policy_t **out)
+{
+    char err[256] = "";
+    if (rate_policy_parse(text, out, err, sizeof err) != RATE_OK)
+        return cli_fail("%s: --policy '%s': %s", cmd, text,
+                        err[0] ? err : "not a policy");
+    return 0;
+}
+
+bool policy_has_window(const rate_policy_t *p)
+{
+    for (size_t i = 0; i < rate_policy_count(p); i++)
+        if (!is_bucket(rate_policy_limit(p, i)->algorithm))
+            return true;
+    return false;
+}
+
+/* --policy TEXT: the library's text form, composites too. */
+static int policy_from_policy_text(const policy_opts_t *o, rate_policy_t **out,
+                                   uint64_t *max_wait)
+{
+    const char *why;
+    const char *other = o->algorithm ? "--algorithm" : o->rate ? "--rate"
+                        : o->burst ? "--burst" : o->capacity ? "--capacity"
+                        : o->limit ? "--limit" : o->window ? "--window" : NULL;
+    if (other != NULL)
+        return cli_fail("%s: --policy replaces --algorithm and its options; "
+                        "drop %s", o->cmd, other);
+    *max_wait = 0;
+    if (o->max_wait != NULL &&
+        parse_duration_text(o->max_wait, max_wait, &why) != 0)
+        return cli_fail("%s: --max-wait '%s' %s", o->cmd, o->max_wait, why);
+    if (policy_from_text(o->cmd, o->policy, out) != 0)
+        return 2;
+    if (*max_wait != 0 && policy_has_window(*out)) {
+        rate_policy_free(*out);
+        *out = NULL;
+        return cli_fail("%s: --max-wait applies only to token-bucket and "
+                        "leaky-bucket (the policy has a window)", o->cmd);
+    }
+    return 0;
+}
+
 int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
                      uint64_t *max_wait)
 {
@@ -135,19 +298,20 @@ int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
     const char *why;
     char err[256];
 
+    if (o->policy != NULL)
+        return policy_from_policy_text(o, out, max_wait);
     if (o->algorithm == NULL)
-        return cli_fail("%s: --algorithm is required (token-bucket, gcra, "
-                        "leaky-bucket, fixed-window, sliding-log, "
-                        "sliding-window)", o->cmd);
+        return cli_fail("%s: --algorithm or --policy is required "
+                        "(token-bucket, gcra, leaky-bucket, fixed-window, "
+                        "sliding-log, sliding-window)", o->cmd);
     if (algorithm_of(o->algorithm, &l.algorithm) != 0)
         return cli_fail("%s: unknown algorithm '%s' (token-bucket, gcra, "
                         "leaky-bucket, fixed-window, sliding-log, "
                         "sliding-window)", o->cmd, o->algorithm);
     *max_wait = 0;
-    if (o->max_wait != NULL && rate_parse_duration(o->max_wait, max_wait) != 0)
-        return cli_fail("%s: --max-wait '%s' is not a duration (a whole "
-                        "number and a unit: ns us ms s m h d, or 0)",
-                        o->cmd, o->max_wait);
+    if (o->max_wait != NULL &&
+        parse_duration_text(o->max_wait, max_wait, &why) != 0)
+        return cli_fail("%s: --max-wait '%s' %s", o->cmd, o->max_wait, why);
     if (is_bucket(l.algorithm)) {
         bool tb = l.algorithm == RATE_TOKEN_BUCKET;
         if (o->limit)
@@ -183,10 +347,8 @@ int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
         if (o->window == NULL)
             return cli_fail("%s: --window is required for %s", o->cmd,
                             o->algorithm);
-        if (rate_parse_duration(o->window, &l.period_ns) != 0)
-            return cli_fail("%s: --window '%s' is not a duration (a whole "
-                            "number and a unit: ns us ms s m h d)",
-                            o->cmd, o->window);
+        if (parse_duration_text(o->window, &l.period_ns, &why) != 0)
+            return cli_fail("%s: --window '%s' %s", o->cmd, o->window, why);
         if (l.period_ns == 0)
             return cli_fail("%s: --window '%s' is zero", o->cmd, o->window);
     }
@@ -195,14 +357,132 @@ int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
     return 0;
 }
 
+/* The watchdog of a scratch Redis namespace: a child process that outlives
+ * the run if it must.  It waits for the run to end (the pipe's end: also
+ * when the run is killed with SIGKILL); unless told that the namespace is
+ * gone ('x'), it removes it, retrying for a minute while Redis does not
+ * answer.  It ignores the terminal's signals (Ctrl-C reaches the whole
+ * process group; the run removes its keys itself then) and holds none of
+ * the run's output open. */
+static int watchdog_fd = -1;
+static pid_t watchdog_pid = -1;
+
+static void watchdog(int rfd, const char *url, const char *prefix)
+{
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
+    int null = open("/dev/null", O_RDWR);
+    for (int fd = 0; fd < 3; fd++)
+        dup2(null, fd);
+    char c = 0;
+    ssize_t n;
+    do
+        n = read(rfd, &c, 1);
+    while (n < 0 && errno == EINTR);
+    if (n == 1 && c == 'x')
+        _exit(0);
+    rate_redis_options_t o = {.prefix = prefix, .no_ttl = true};
+    for (int tries = 0; tries < 60; tries++) {
+        rate_store_t *st = NULL;
+        if (rate_store_redis_new(url, &o, &st, NULL, 0) == RATE_OK &&
+            rate_store_redis_drop(st) == RATE_OK) {
+            rate_store_free(st);
+            _exit(0);
+        }
+        rate_store_free(st);
+        sleep(1);
+    }
+    _exit(1);
+}
+
+static int start_watchdog(const char *cmd, const char *url,
+                          const char *prefix)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0)
+        return cli_fail("%s: cannot make a pipe: %s", cmd, strerror(errno));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(p[0]);
+        close(p[1]);
+        return cli_fail("%s: cannot fork: %s", cmd, strerror(errno));
+    }
+    if (pid == 0) {
+        close(p[1]);
+        watchdog(p[0], url, prefix);
+    }
+    close(p[0]);
+    watchdog_fd = p[1];
+    watchdog_pid = pid;
+    return 0;
+}
+
+/* Tells the watchdog the namespace is gone (ok: it exits at once, and is
+ * waited for, leaving no zombie) or leaves the removal to it. */
+static void stop_watchdog(bool ok)
+{
+    if (watchdog_fd < 0)
+        return;
+    bool told = false;
+    if (ok)
+        told = write(watchdog_fd, "x", 1) == 1;
+    close(watchdog_fd);
+    watchdog_fd = -1;
+    if (told)
+        while (waitpid(watchdog_pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+    watchdog_pid = -1;
+}
+
+volatile sig_atomic_t cli_signal;
+
+static void on_signal(int sig)
+{
+    cli_signal = sig;
+}
+
+void cli_catch_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal; /* no SA_RESTART: a blocked read returns */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
 int store_from_opt(const char *cmd, const char *spec, bool scratch,
-                   rate_store_t **out)
+                   uint64_t max_keys, rate_store_t **out)
 {
     *out = NULL;
     if (spec == NULL || strcmp(spec, "memory") == 0) {
-        if (rate_store_memory_new(NULL, out) != RATE_OK)
+        /* One shard with a bound: the bound is then exact, and evicts the
+         * least recently used keys (a replay runs on one thread). */
+        rate_memory_options_t mo = {.max_keys = (size_t)max_keys,
+                                    .shards = max_keys ? 1 : 0};
+        if (rate_store_memory_new(&mo, out) != RATE_OK)
             return cli_fail("%s: cannot make the memory store", cmd);
         return 0;
+    }
+    if (max_keys != 0)
+        return cli_fail("%s: --max-keys bounds the memory store only", cmd);
+    if (strncmp(spec, "unix://", 7) == 0) {
+        /* Say plainly what is wrong with the socket's path. */
+        const char *path = spec + 7;
+        struct stat st;
+        if (*path != '/')
+            return cli_fail("%s: --store '%s': a unix:// URL needs an "
+                            "absolute path (unix:///run/redis.sock)", cmd,
+                            spec);
+        if (stat(path, &st) != 0)
+            return cli_fail("%s: --store '%s': %s: %s", cmd, spec, path,
+                            strerror(errno));
+        if (!S_ISSOCK(st.st_mode))
+            return cli_fail("%s: --store '%s': %s is not a socket", cmd,
+                            spec, path);
     }
     if (strncmp(spec, "redis://", 8) != 0 && strncmp(spec, "unix://", 7) != 0)
         return cli_fail("%s: --store '%s' is neither 'memory' nor a "
@@ -217,19 +497,32 @@ int store_from_opt(const char *cmd, const char *spec, bool scratch,
                  (unsigned long long)rate_clock_monotonic_ns());
         o.prefix = prefix;
         o.no_ttl = true;
+        if (start_watchdog(cmd, spec, prefix) != 0)
+            return 2;
     }
-    if (rate_store_redis_new(spec, &o, out, err, sizeof err) != RATE_OK)
+    if (rate_store_redis_new(spec, &o, out, err, sizeof err) != RATE_OK) {
+        /* The library's message for a socket names it as HOST followed by
+         * its PORT, 0 for a socket ("/run/redis.sock0: ..."): drop that 0
+         * (reported to the library; harmless once it is fixed there). */
+        const char *path = spec + 7;
+        char *at = strncmp(spec, "unix://", 7) == 0 ? strstr(err, path) : NULL;
+        if (at != NULL && strncmp(at + strlen(path), "0:", 2) == 0)
+            memmove(at + strlen(path), at + strlen(path) + 1,
+                    strlen(at + strlen(path) + 1) + 1);
+        stop_watchdog(true); /* nothing was written */
         return cli_fail("%s: --store: %s", cmd, err);
+    }
     return 0;
 }
 
 int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
-                     const char *store_spec, bool scratch)
+                     const char *store_spec, bool scratch, uint64_t max_keys)
 {
     memset(cl, 0, sizeof *cl);
     if (policy_from_opts(o, &cl->policy, &cl->max_wait_ns) != 0)
         return 2;
-    if (store_from_opt(o->cmd, store_spec, scratch, &cl->store) != 0) {
+    if (store_from_opt(o->cmd, store_spec, scratch, max_keys,
+                       &cl->store) != 0) {
         cli_limiter_close(cl);
         return 2;
     }
@@ -247,9 +540,10 @@ int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
 int cli_limiter_close(cli_limiter_t *cl)
 {
     int rc = 0;
-    if (cl->scratch && cl->store != NULL &&
-        rate_store_redis_drop(cl->store) != RATE_OK)
-        rc = cli_fail("%s: could not remove the run's Redis keys", cl->cmd);
+    if (cl->scratch && cl->store != NULL) {
+        rc = rate_store_redis_drop(cl->store);
+        stop_watchdog(rc == RATE_OK);
+    }
     rate_limiter_free(cl->lim);
     rate_store_free(cl->store);
     rate_policy_free(cl->policy);
@@ -267,15 +561,19 @@ bool policy_opt(policy_opts_t *o, int c, const char *arg)
     case O_LIMIT: o->limit = arg; return true;
     case O_WINDOW: o->window = arg; return true;
     case O_MAXWAIT: o->max_wait = arg; return true;
+    case O_POLICY: o->policy = arg; return true;
     default: return false;
     }
 }
+
+#define READER_BUF (2 * READER_MAX_LINE + 2)
 
 int reader_open(reader_t *r, const char *cmd, const char *input,
                 const char *key_field, const char *path)
 {
     memset(r, 0, sizeof *r);
     r->cmd = cmd;
+    r->fd = -1;
     r->clf = strcmp(input, "clf") == 0;
     if (!r->clf && strcmp(input, "trace") != 0)
         return cli_fail("%s: --input '%s' is neither 'trace' nor 'clf'", cmd,
@@ -283,53 +581,152 @@ int reader_open(reader_t *r, const char *cmd, const char *input,
     r->field = clf_field_from_name(key_field);
     if (r->field < 0)
         return cli_fail("%s: --key-field '%s' is not one of host, ident, "
-                        "user, request, method, path, status, referer, agent",
-                        cmd, key_field);
+                        "user, request, method, path, status, referer, agent, "
+                        "xff, or a field number from 1 to %d", cmd, key_field,
+                        CLF_MAX_FIELDS);
+    r->buf = malloc(READER_BUF);
+    if (r->buf == NULL)
+        return cli_fail("%s: out of memory", cmd);
     if (path == NULL || strcmp(path, "-") == 0) {
-        r->in = stdin;
+        r->fd = 0;
+        r->name = "standard input";
         return 0;
     }
-    r->in = fopen(path, "rb");
-    if (r->in == NULL)
+    r->name = path;
+    r->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (r->fd < 0)
         return cli_fail("%s: cannot read '%s': %s", cmd, path,
                         strerror(errno));
+    struct stat st;
+    if (fstat(r->fd, &st) == 0 && S_ISDIR(st.st_mode))
+        return cli_fail("%s: '%s' is a directory, not a trace or log file",
+                        cmd, path);
     return 0;
+}
+
+/* The next line of input, without its newline, in *line and *len: 1; 0 at
+ * the end; -1 for a read error (errno set); -2 for a line longer than
+ * READER_MAX_LINE (its number counted; the rest of it is read past, in
+ * constant memory, only when skipped: `skip`). */
+static int next_line(reader_t *r, bool skip, char **line, size_t *len)
+{
+    size_t scanned = 0;
+    bool toolong = false;
+    for (;;) {
+        char *nl = memchr(r->buf + r->start + scanned, '\n',
+                          r->end - r->start - scanned);
+        if (nl != NULL) {
+            *line = r->buf + r->start;
+            *len = (size_t)(nl - *line);
+            r->start += *len + 1;
+            r->lineno++;
+            if (toolong || *len > READER_MAX_LINE)
+                return -2;
+            return 1;
+        }
+        scanned = r->end - r->start;
+        if (scanned > READER_MAX_LINE) {
+            if (!toolong && !skip) {
+                r->lineno++;
+                return -2;
+            }
+            /* Read past the rest of the line, keeping nothing of it. */
+            toolong = true;
+            r->start = r->end = 0;
+            scanned = 0;
+        }
+        if (r->eof) {
+            if (r->end == r->start && !toolong)
+                return 0;
+            *line = r->buf + r->start;
+            *len = r->end - r->start;
+            r->start = r->end;
+            r->lineno++;
+            return toolong ? -2 : 1;
+        }
+        if (r->start > 0) {
+            memmove(r->buf, r->buf + r->start, r->end - r->start);
+            r->end -= r->start;
+            r->start = 0;
+        }
+        ssize_t n = read(r->fd, r->buf + r->end, READER_BUF - r->end);
+        if (n < 0 && errno == EINTR && cli_signal != 0)
+            return -3;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        if (n == 0)
+            r->eof = true;
+        r->end += (size_t)n;
+    }
 }
 
 int reader_next(reader_t *r, trace_req_t *req)
 {
-    ssize_t n;
+    char *line;
+    size_t len;
+    int got;
 
-    while ((n = getline(&r->line, &r->cap, r->in)) != -1) {
-        size_t len = (size_t)n;
+    while ((got = next_line(r, r->skip_bad, &line, &len)) != 0) {
         const char *err = NULL;
-        r->lineno++;
-        if (len > 0 && r->line[len - 1] == '\n')
-            len--;
-        int rc = r->clf ? clf_parse_line(r->line, len, (clf_field_t)r->field,
+        int rc;
+        if (got == -3 || cli_signal != 0)
+            return 3;
+        if (got == -1)
+            return cli_fail("%s: cannot read '%s' after line %llu: %s",
+                            r->cmd, r->name, (unsigned long long)r->lineno,
+                            strerror(errno));
+        if (got == -2) {
+            static char msg[64];
+            snprintf(msg, sizeof msg, "longer than the maximum of %d bytes",
+                     READER_MAX_LINE);
+            rc = TRACE_ERR;
+            err = msg;
+        } else {
+            rc = r->clf ? clf_parse_line(line, len, (clf_field_t)r->field,
                                          req, &err)
-                        : trace_parse_line(r->line, len, req, &err);
+                        : trace_parse_line(line, len, req, &err);
+        }
         if (rc == TRACE_SKIP)
             continue;
+        if (rc == TRACE_REQ && req->key_len > RATE_KEY_MAX) {
+            rc = TRACE_ERR;
+            err = "KEY longer than 512 bytes";
+        }
+        if (rc == TRACE_ERR && r->skip_bad) {
+            if (r->nbad < sizeof r->first_bad / sizeof r->first_bad[0])
+                r->first_bad[r->nbad] = r->lineno;
+            r->nbad++;
+            continue;
+        }
         if (rc == TRACE_ERR)
             return cli_fail("%s: line %llu: %s", r->cmd,
                             (unsigned long long)r->lineno, err);
-        if (req->key_len > RATE_KEY_MAX)
-            return cli_fail("%s: line %llu: KEY longer than %d bytes", r->cmd,
-                            (unsigned long long)r->lineno, RATE_KEY_MAX);
         return 1;
     }
-    if (ferror(r->in))
-        return cli_fail("%s: read error after line %llu", r->cmd,
-                        (unsigned long long)r->lineno);
     return 0;
+}
+
+void reader_report(const reader_t *r)
+{
+    size_t shown = sizeof r->first_bad / sizeof r->first_bad[0];
+    if (r->nbad == 0)
+        return;
+    fprintf(stderr, "%s: skipped %llu bad line%s (line%s", r->cmd,
+            (unsigned long long)r->nbad, r->nbad == 1 ? "" : "s",
+            r->nbad == 1 ? "" : "s");
+    for (size_t i = 0; i < shown && i < r->nbad; i++)
+        fprintf(stderr, "%s %llu", i ? "," : "",
+                (unsigned long long)r->first_bad[i]);
+    fprintf(stderr, "%s)\n", r->nbad > shown ? ", ..." : "");
 }
 
 void reader_close(reader_t *r)
 {
-    free(r->line);
-    if (r->in != NULL && r->in != stdin)
-        fclose(r->in);
+    free(r->buf);
+    if (r->fd > 0)
+        close(r->fd);
     memset(r, 0, sizeof *r);
 }
 

@@ -1,8 +1,10 @@
 /*
  * ratelimit replay: a recorded trace through one policy on a virtual clock,
  * one decision per request (spec/cli-replay.md).  Streams: a line is parsed,
- * decided and written before the next is read, so memory stays flat
- * whatever the trace's length (with --per-key, it grows with the keys).
+ * decided and written before the next is read, through a buffer of fixed
+ * size (lines up to READER_MAX_LINE bytes).  What grows is the store: the
+ * memory store keeps every distinct key unless --max-keys bounds it, and
+ * --per-key keeps a counter per key.
  */
 #include <getopt.h>
 #include <stdlib.h>
@@ -13,9 +15,8 @@
 #include "trace.h"
 
 static const char usage[] =
-    "usage: ratelimit replay --algorithm NAME [policy options] [--max-wait DUR]\n"
-    "                        [--store memory|URL] [--per-key]\n"
-    "                        [--input trace|clf] [--key-field FIELD] [FILE]\n"
+    "usage: ratelimit replay --algorithm NAME [policy options] [OPTIONS] [FILE]\n"
+    "       ratelimit replay --policy TEXT [OPTIONS] [FILE]\n"
     "\n"
     "Replays a trace (FILE, or standard input when absent or '-') through one\n"
     "policy on the trace's own clock and prints one line per request:\n"
@@ -24,26 +25,40 @@ static const char usage[] =
     "\n"
     "  --algorithm NAME   token-bucket (gcra), leaky-bucket, fixed-window,\n"
     "                     sliding-log, sliding-window\n"
-    "  --rate N/DUR       buckets: N per DUR (10/s, 100/1m, 3/500ms)\n"
+    "  --rate N/DUR       buckets: N per DUR (10/s, 100/1m, 3/500ms, 10/sec)\n"
     "  --burst N          token bucket: burst\n"
     "  --capacity N       leaky bucket: capacity\n"
     "  --limit N          windows: limit per window\n"
-    "  --window DUR       windows: window length (1s, 250ms, 1m)\n"
+    "  --window DUR       windows: window length (1s, 250ms, 1m, 2hours)\n"
+    "  --policy TEXT      the library's policy text, composites too, in place\n"
+    "                     of --algorithm and its options\n"
+    "                     (\"token-bucket 10/s burst=20; sliding-log 1000/1h\")\n"
     "  --max-wait DUR     buckets: reserve up to DUR ahead (default 0)\n"
     "  --store STORE      memory (default), or redis://[[user]:password@]host\n"
     "                     [:port][/db] or unix:///path: the trace's time goes\n"
     "                     to the store, in a namespace of the run's own that\n"
-    "                     is removed at the end; the output is the same\n"
-    "  --per-key          a summary line per key\n"
+    "                     is removed at the end (also on SIGINT, SIGTERM, a\n"
+    "                     failure, or SIGKILL); the output is the same\n"
+    "  --per-key          a summary line per key (memory grows with the keys)\n"
+    "  --max-keys N       memory store: keep at most N keys, evicting the least\n"
+    "                     recently used (counted on standard error); an\n"
+    "                     evicted key starts cold again: answers may change\n"
     "  --input FORMAT     trace (TIME KEY [PERMITS], default) or clf (access\n"
-    "                     logs in Common or Combined Log Format)\n"
+    "                     logs in Common or Combined Log Format, and more\n"
+    "                     fields after them)\n"
     "  --key-field FIELD  clf: host (default), ident, user, request, method,\n"
-    "                     path, status, referer, agent\n"
+    "                     path, status, referer, agent, xff (the first\n"
+    "                     address of the last quoted field after the agent;\n"
+    "                     the host without one), or a field number N (1: host)\n"
+    "  --skip-bad         skip bad lines (counted, the first few named on\n"
+    "                     standard error) instead of stopping at the first\n"
     "\n"
-    "Errors (bad options, an unreadable FILE, a bad line) print one line on\n"
-    "standard error and exit with status 2.\n";
+    "DUR: a whole number and a unit, ns us ms s m h d (or sec, min, hour, day\n"
+    "and their plurals).  Lines are at most 65536 bytes.  Errors (bad options,\n"
+    "an unreadable FILE, a bad line) print one line on standard error and exit\n"
+    "with status 2; stopped by SIGINT or SIGTERM: 130 or 143.\n";
 
-enum { O_STORE = O_POLICY_END, O_PERKEY, O_INPUT, O_KEYFIELD, O_HELP };
+enum { O_STORE = O_POLICY_END, O_PERKEY, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_MAXKEYS, O_HELP };
 
 static const struct option longopts[] = {
     POLICY_LONGOPTS,
@@ -51,6 +66,8 @@ static const struct option longopts[] = {
     {"per-key", no_argument, NULL, O_PERKEY},
     {"input", required_argument, NULL, O_INPUT},
     {"key-field", required_argument, NULL, O_KEYFIELD},
+    {"skip-bad", no_argument, NULL, O_SKIPBAD},
+    {"max-keys", required_argument, NULL, O_MAXKEYS},
     {"help", no_argument, NULL, O_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -87,6 +104,9 @@ int cmd_replay(int argc, char **argv)
     policy_opts_t po = {.cmd = "replay"};
     const char *store_spec = NULL, *input = "trace", *field = "host";
     bool per_key = false;
+    bool skip_bad = false;
+    const char *max_keys_text = NULL;
+    uint64_t max_keys = 0;
     int c;
 
     optind = 1;
@@ -99,6 +119,8 @@ int cmd_replay(int argc, char **argv)
         case O_PERKEY: per_key = true; break;
         case O_INPUT: input = optarg; break;
         case O_KEYFIELD: field = optarg; break;
+        case O_SKIPBAD: skip_bad = true; break;
+        case O_MAXKEYS: max_keys_text = optarg; break;
         case O_HELP: fputs(usage, stdout); return 0;
         default: return getopt_fail("replay", c, argv);
         }
@@ -106,12 +128,23 @@ int cmd_replay(int argc, char **argv)
     if (argc - optind > 1)
         return cli_fail("replay: more than one FILE ('%s', '%s')",
                         argv[optind], argv[optind + 1]);
+    if (max_keys_text != NULL &&
+        (parse_count_text(max_keys_text, &max_keys) != 0 || max_keys == 0 ||
+         max_keys > UINT32_MAX))
+        return cli_fail("replay: --max-keys '%s' is not a whole number from "
+                        "1 to 4294967295", max_keys_text);
     cli_limiter_t cl;
-    if (cli_limiter_open(&cl, &po, store_spec, true) != 0)
+    if (cli_limiter_open(&cl, &po, store_spec, true, max_keys) != 0)
         return 2;
+    /* With a Redis namespace of the run's own: SIGINT and SIGTERM stop the
+     * run between two requests, so that it removes its keys. */
+    if (cl.scratch)
+        cli_catch_signals();
     reader_t rd;
     int status = reader_open(&rd, "replay", input, field,
                              argc > optind ? argv[optind] : NULL);
+    rd.skip_bad = skip_bad;
+    char failure[320] = ""; /* printed after the namespace is removed */
 
     static char outbuf[1 << 16];
     setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
@@ -124,15 +157,19 @@ int cmd_replay(int argc, char **argv)
             status = 2;
             break;
         }
+        if (more == 3)
+            break;
         rate_decision_t d;
         int rc = rate_limiter_check_at(cl.lim, r.key, r.key_len, r.permits,
                                        cl.max_wait_ns, r.t_ns, &d);
         if (rc == RATE_OK && d.reason == RATE_REASON_STORE_ERROR)
             rc = d.error;
+        if (cli_signal != 0)
+            break;
         if (rc != RATE_OK) {
-            status = cli_fail("replay: line %llu: %s",
-                              (unsigned long long)rd.lineno,
-                              rate_strerror(rc));
+            snprintf(failure, sizeof failure, "replay: line %llu: %s",
+                     (unsigned long long)rd.lineno, rate_strerror(rc));
+            status = 2;
             break;
         }
         write_line(&r, &d);
@@ -146,9 +183,25 @@ int cmd_replay(int argc, char **argv)
             d.allowed ? k->allowed++ : k->denied++;
         }
     }
+    int sig = cli_signal;
+    if (sig != 0 && status == 0) {
+        snprintf(failure, sizeof failure, "replay: stopped by %s after line "
+                 "%llu", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                 (unsigned long long)rd.lineno);
+        status = 128 + sig;
+    }
     if (fflush(stdout) != 0 && status == 0)
         status = cli_fail("replay: cannot write the output");
     if (status == 0) {
+        reader_report(&rd);
+        rate_stats_t st;
+        if (max_keys != 0 && rate_store_stats(cl.store, &st) == RATE_OK &&
+            st.evictions > 0)
+            fprintf(stderr, "replay: --max-keys %llu evicted %llu keys (an "
+                    "evicted key that comes back starts cold: answers may "
+                    "differ from an unbounded replay)\n",
+                    (unsigned long long)max_keys,
+                    (unsigned long long)st.evictions);
         fprintf(stderr, "summary: %llu requests, %llu allowed, %llu denied\n",
                 (unsigned long long)(allowed + denied),
                 (unsigned long long)allowed, (unsigned long long)denied);
@@ -161,7 +214,21 @@ int cmd_replay(int argc, char **argv)
     }
     keymap_free(&keys);
     reader_close(&rd);
-    if (cli_limiter_close(&cl) != 0 && status == 0)
-        status = 2;
+    /* One line of error in all: a failure says whether the run's Redis
+     * keys are gone; a failed removal alone says so. */
+    bool scratch = cl.scratch;
+    int drop = cli_limiter_close(&cl);
+    const char *keys_fate =
+        drop == RATE_OK ? "; the run's Redis keys were removed"
+                        : "; the run's Redis keys will be removed by a "
+                          "background process once Redis answers (it tries "
+                          "for a minute)";
+    if (failure[0] != '\0')
+        cli_fail("%s%s", failure, scratch ? keys_fate : "");
+    else if (drop != RATE_OK && status == 0)
+        status = cli_fail("replay: could not remove the run's Redis keys "
+                          "now (%s); a background process removes them once "
+                          "Redis answers (it tries for a minute)",
+                          rate_strerror(drop));
     return status;
 }

@@ -148,7 +148,18 @@ int clf_field_from_name(const char *name)
     for (size_t i = 0; i < sizeof field_names / sizeof field_names[0]; i++)
         if (strcmp(name, field_names[i]) == 0)
             return (int)i;
-    return -1;
+    if (strcmp(name, "xff") == 0)
+        return CLF_XFF;
+    unsigned v = 0;
+    size_t n = strlen(name);
+    if (n == 0 || n > 2 || name[0] == '0')
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (!digit(name[i]))
+            return -1;
+        v = v * 10 + (unsigned)(name[i] - '0');
+    }
+    return v >= 1 && v <= CLF_MAX_FIELDS ? CLF_FIELD_1 + (int)v - 1 : -1;
 }
 
 /* Days from 1970-01-01 to y-m-d (proleptic Gregorian). */
@@ -175,11 +186,12 @@ static bool num(const char *s, size_t n, unsigned *out)
 }
 
 /* "10/Oct/2000:13:55:36 -0700" into ns since the epoch. */
-static int clf_time(const char *s, size_t n, uint64_t *out)
+static int clf_time(const char *s, size_t n, uint64_t *out, const char **err)
 {
     static const char months[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
     unsigned d, y, hh, mm, ss, zh, zm, mon = 0;
 
+    *err = "timestamp is not dd/Mon/yyyy:HH:MM:SS +zzzz (from 1970)";
     if (n != 26 || s[2] != '/' || s[6] != '/' || s[11] != ':' ||
         s[14] != ':' || s[17] != ':' || s[20] != ' ' ||
         (s[21] != '+' && s[21] != '-'))
@@ -191,58 +203,83 @@ static int clf_time(const char *s, size_t n, uint64_t *out)
         !num(s + 12, 2, &hh) || !num(s + 15, 2, &mm) ||
         !num(s + 18, 2, &ss) || !num(s + 22, 2, &zh) || !num(s + 24, 2, &zm))
         return -1;
-    if (d < 1 || d > 31 || hh > 23 || mm > 59 || ss > 60 || zm > 59 ||
-        y < 1970)
+    static const unsigned mdays[12] = {31, 29, 31, 30, 31, 30,
+                                       31, 31, 30, 31, 30, 31};
+    bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    if (hh > 23 || mm > 59 || ss > 60 || zm > 59 || y < 1970)
         return -1;
+    if (d < 1 || d > mdays[mon - 1] || (mon == 2 && d == 29 && !leap)) {
+        *err = "timestamp has a day its month does not have (such as 31/Feb, "
+               "or 29/Feb outside a leap year)";
+        return -1;
+    }
+    if (zh > 14) {
+        *err = "timestamp's zone is more than 14 hours from UTC";
+        return -1;
+    }
     int64_t secs = days_from_civil(y, mon, d) * 86400 + hh * 3600 + mm * 60 +
                    ss;
     int64_t zone = (int64_t)(zh * 3600 + zm * 60);
     secs += s[21] == '+' ? -zone : zone; /* local = UTC + zone */
-    if (secs < 0)
+    if (secs < 0) {
+        *err = "timestamp before 1970-01-01 00:00:00 UTC";
         return -1;
+    }
+    if ((uint64_t)secs > MAX63 / NS_PER_S) {
+        *err = "timestamp after 2262-04-11 23:47:16 UTC (2^63-1 ns from "
+               "1970, the largest time)";
+        return -1;
+    }
     *out = (uint64_t)secs * NS_PER_S;
     return 0;
 }
 
-/* A field: a run of non-blanks, "[...]" or "\"...\"" (with \" escapes). */
-static bool clf_field(const char *s, size_t len, size_t *i, const char **f,
-                      size_t *flen, char open)
+/* The next field at or after *i: a run of non-blanks, "[...]" or "\"...\""
+ * (with \" escapes); *f and *flen its text without the brackets or quotes,
+ * *kind its opening character (0 for a bare field).  1 for a field, 0 at
+ * the end of the line, -1 for an unclosed bracket or quote. */
+static int clf_next(const char *s, size_t len, size_t *i, const char **f,
+                    size_t *flen, char *kind)
 {
-    while (*i < len && s[*i] == ' ')
+    while (*i < len && blank(s[*i]))
         (*i)++;
     if (*i == len)
-        return false;
-    if (open == 0) {
+        return 0;
+    char open = s[*i];
+    if (open != '[' && open != '"') {
+        *kind = 0;
         *f = s + *i;
-        while (*i < len && s[*i] != ' ')
+        while (*i < len && !blank(s[*i]))
             (*i)++;
-    } else {
-        char close = open == '[' ? ']' : '"';
-        if (s[*i] != open)
-            return false;
-        *f = s + ++(*i);
-        while (*i < len && s[*i] != close) {
-            if (open == '"' && s[*i] == '\\' && *i + 1 < len)
-                (*i)++;
-            (*i)++;
-        }
-        if (*i == len)
-            return false;
         *flen = (size_t)(s + *i - *f);
-        (*i)++;
-        return true;
+        return 1;
     }
+    char close = open == '[' ? ']' : '"';
+    *kind = open;
+    *f = s + ++(*i);
+    while (*i < len && s[*i] != close) {
+        if (open == '"' && s[*i] == '\\' && *i + 1 < len)
+            (*i)++;
+        (*i)++;
+    }
+    if (*i == len)
+        return -1;
     *flen = (size_t)(s + *i - *f);
-    return true;
+    (*i)++;
+    return 1;
 }
 
 int clf_parse_line(const char *s, size_t len, clf_field_t key_field,
                    trace_req_t *out, const char **err)
 {
-    const char *f[9];
-    size_t fl[9], i = 0;
-    static const char shape[9] = {0, 0, 0, '[', '"', 0, 0, '"', '"'};
-    size_t n;
+    const char *f[CLF_MAX_FIELDS];
+    size_t fl[CLF_MAX_FIELDS], i = 0, n = 0;
+    char kind[CLF_MAX_FIELDS];
+    static const char shape[7] = {0, 0, 0, '[', '"', 0, 0};
+    static const char *const what[7] = {
+        "missing host", "missing ident", "missing user",
+        "missing or unclosed [timestamp]", "missing or unclosed \"request\"",
+        "missing status", "missing bytes"};
 
     if (len > 0 && s[len - 1] == '\r')
         len--;
@@ -251,31 +288,33 @@ int clf_parse_line(const char *s, size_t len, clf_field_t key_field,
         j++;
     if (j == len || s[j] == '#')
         return TRACE_SKIP;
-    for (n = 0; n < 9; n++)
-        if (!clf_field(s, len, &i, &f[n], &fl[n], shape[n]))
+    for (;;) {
+        const char *fp;
+        size_t flen;
+        char k;
+        int rc = clf_next(s, len, &i, &fp, &flen, &k);
+        if (rc == 0)
             break;
+        if (rc < 0 || (n < 7 && k != shape[n])) {
+            *err = n < 7 ? what[n] : "unclosed quote or bracket in a field "
+                                     "after bytes";
+            return TRACE_ERR;
+        }
+        if (n == CLF_MAX_FIELDS) {
+            *err = "more than 64 fields";
+            return TRACE_ERR;
+        }
+        f[n] = fp;
+        fl[n] = flen;
+        kind[n] = k;
+        n++;
+    }
     if (n < 7) {
-        static const char *what[] = {
-            "missing host", "missing ident", "missing user",
-            "missing or unclosed [timestamp]", "missing or unclosed \"request\"",
-            "missing status", "missing bytes"};
         *err = what[n];
         return TRACE_ERR;
     }
-    if (n == 8) {
-        *err = "a referer without a user agent (Combined Log Format has both)";
+    if (clf_time(f[3], fl[3], &out->t_ns, err) != 0)
         return TRACE_ERR;
-    }
-    while (i < len && blank(s[i]))
-        i++;
-    if (i != len) {
-        *err = "unexpected text after the last field";
-        return TRACE_ERR;
-    }
-    if (clf_time(f[3], fl[3], &out->t_ns) != 0) {
-        *err = "timestamp is not dd/Mon/yyyy:HH:MM:SS +zzzz (from 1970)";
-        return TRACE_ERR;
-    }
     unsigned status;
     if (fl[5] != 3 || !num(f[5], 3, &status)) {
         *err = "status is not a 3-digit number";
@@ -286,7 +325,7 @@ int clf_parse_line(const char *s, size_t len, clf_field_t key_field,
     out->permits = 1;
     const char *k = NULL;
     size_t kl = 0;
-    switch (key_field) {
+    switch ((int)key_field) {
     case CLF_HOST: case CLF_IDENT: case CLF_USER:
         k = f[key_field];
         kl = fl[key_field];
@@ -297,11 +336,13 @@ int clf_parse_line(const char *s, size_t len, clf_field_t key_field,
         break;
     case CLF_METHOD:
     case CLF_PATH: {
+        /* A request without a space ("-": nginx could not read one) is
+         * its own method and path. */
         const char *sp = memchr(f[4], ' ', fl[4]);
-        if (key_field == CLF_METHOD) {
+        if (key_field == CLF_METHOD || sp == NULL) {
             k = f[4];
             kl = sp ? (size_t)(sp - f[4]) : fl[4];
-        } else if (sp != NULL) {
+        } else {
             k = sp + 1;
             const char *end = memchr(k, ' ', fl[4] - (size_t)(k - f[4]));
             kl = end ? (size_t)(end - k) : fl[4] - (size_t)(k - f[4]);
@@ -313,12 +354,45 @@ int clf_parse_line(const char *s, size_t len, clf_field_t key_field,
         kl = fl[5];
         break;
     case CLF_REFERER:
-    case CLF_AGENT:
-        if (n == 9) {
-            k = f[key_field == CLF_REFERER ? 7 : 8];
-            kl = fl[key_field == CLF_REFERER ? 7 : 8];
+    case CLF_AGENT: {
+        size_t at = key_field == CLF_REFERER ? 7 : 8;
+        if (n > at && kind[at] == '"') {
+            k = f[at];
+            kl = fl[at];
         }
         break;
+    }
+    case CLF_XFF: {
+        k = f[0];
+        kl = fl[0];
+        for (size_t q = n; q-- > 9;) {
+            if (kind[q] != '"')
+                continue;
+            /* The first address of the list: up to a comma, blanks off. */
+            const char *a = f[q], *e = f[q] + fl[q];
+            const char *comma = memchr(a, ',', fl[q]);
+            if (comma != NULL)
+                e = comma;
+            while (a < e && blank(*a))
+                a++;
+            while (e > a && blank(e[-1]))
+                e--;
+            if (e > a && !(e - a == 1 && *a == '-')) {
+                k = a;
+                kl = (size_t)(e - a);
+            }
+            break;
+        }
+        break;
+    }
+    default: {
+        size_t at = (size_t)key_field - CLF_FIELD_1;
+        if (at < n) {
+            k = f[at];
+            kl = fl[at];
+        }
+        break;
+    }
     }
     if (k == NULL || kl == 0) {
         *err = "the key field is empty or absent on this line";

@@ -41,15 +41,28 @@ typedef enum clf_field {
     CLF_STATUS,
     CLF_REFERER, /* Combined format only */
     CLF_AGENT,   /* Combined format only */
+    CLF_XFF,     /* the first address of the last quoted field after the
+                    agent (nginx's "$http_x_forwarded_for"); the host when
+                    there is none, or it is empty or "-" */
+    CLF_FIELD_1 = 100, /* CLF_FIELD_1 + i: field i + 1, as numbered below */
 } clf_field_t;
 
-/* Parses "--key-field NAME"; -1 if unknown. */
+#define CLF_MAX_FIELDS 64 /* fields read from one line; more is an error */
+
+/* Parses "--key-field NAME": one of the names above (host ... agent, xff)
+ * or a field number N from 1 to CLF_MAX_FIELDS; -1 if neither. */
 int clf_field_from_name(const char *name);
 
 /* One access-log line: host ident user [dd/Mon/yyyy:HH:MM:SS +zzzz]
- * "request" status bytes ["referer" "agent"].  The time is the bracketed
- * timestamp in ns since the epoch (UTC); time_text is the text inside the
- * brackets.  Permits are 1.  Same returns as trace_parse_line. */
+ * "request" status bytes, then any further fields (Combined Log Format's
+ * "referer" "agent", nginx's "$http_x_forwarded_for", anything else).
+ * A field is a run of non-blanks, a [bracketed] or a "quoted" text (with \"
+ * escapes); they are numbered from 1 (host) and the key is their text
+ * without the brackets or quotes.  method and path are the request's first
+ * and second words (the whole request when it has no space, as nginx's "-"
+ * for a request it could not read).  The time is the bracketed timestamp
+ * in ns since the epoch (UTC); time_text is the text inside the brackets.
+ * Permits are 1.  Same returns as trace_parse_line. */
 int clf_parse_line(const char *line, size_t len, clf_field_t key_field,
                    trace_req_t *out, const char **err);
 
