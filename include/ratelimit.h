@@ -82,6 +82,8 @@ RATE_API const char *rate_err_name(int err);
 #define RATE_KEY_MAX 512               /* longest key, bytes */
 #define RATE_MAX_LIMITS 4              /* limits in one policy */
 #define RATE_SLIDING_LOG_MAX 1000000u  /* largest limit of a sliding log */
+#define RATE_NO_LIMIT UINT64_MAX       /* limit and remaining of an unlimited
+                                          policy's decision */
 
 #define RATE_NS_PER_S UINT64_C(1000000000)
 
@@ -108,9 +110,13 @@ typedef struct rate_policy rate_policy_t;
 
 /* Makes a policy from `count` limits (copied).  On RATE_EPOLICY, if `err` is
  * not NULL, writes a one-line reason naming the bad part (at most errlen bytes
- * with the NUL).  Bounds, so that every decision stays exact in 64/128-bit
- * integers: limit, period and burst >= 1; burst * period <= 2^62 for the
- * buckets; window <= 2^61 ns; a sliding log's limit <= RATE_SLIDING_LOG_MAX.
+ * with the NUL).  Bounds, within which every decision is exact (64/128-bit
+ * integers, docs/algorithms.md): limit, period and burst (capacity) from 1
+ * to 2^63-1 (every count up to 2^53 and beyond); a window, and a bucket's
+ * period, up to 2^61 ns (73 years) -- a bucket's period may be longer when
+ * burst * period <= 2^62; a window takes no burst (0); a sliding log's
+ * limit <= RATE_SLIDING_LOG_MAX.  Durations a decision reports past 2^63-1
+ * ns (a huge bucket refilling at 1 per 2^61 ns) read RATE_TIME_MAX.
  * Thread-safe: yes. */
 RATE_API int rate_policy_new(const rate_limit_t *limits, size_t count,
                              rate_policy_t **out, char *err, size_t errlen);
@@ -120,6 +126,7 @@ RATE_API int rate_policy_new(const rate_limit_t *limits, size_t count,
  *   "leaky-bucket 5/s capacity=10"
  *   "sliding-window 100/1m"
  *   "token-bucket 10/s burst=10; sliding-log 1000/1h"
+ *   "unlimited"
  * Errors as for rate_policy_new().  Thread-safe: yes. */
 RATE_API int rate_policy_parse(const char *text, rate_policy_t **out,
                                char *err, size_t errlen);
@@ -135,7 +142,24 @@ RATE_API size_t rate_policy_format(const rate_policy_t *policy, char *buf,
  * Thread-safe: yes. */
 RATE_API uint32_t rate_policy_fingerprint(const rate_policy_t *policy);
 
-/* Number of limits, and the i-th (borrowed, lives as long as the policy). */
+/* The `unlimited` policy (the text "unlimited"; an enterprise tier): every
+ * request is allowed, nothing is written to any store (not even the
+ * policy's record), no key is ever charged.  It has no limits
+ * (rate_policy_count 0, rate_policy_limit NULL) and stands alone: a
+ * composite with it is an error.  Its decisions: allowed, reason
+ * RATE_REASON_ALLOWED, component -1, limit and remaining RATE_NO_LIMIT,
+ * delay, retry_after and reset_after 0.  An HTTP server should send no
+ * RateLimit or X-RateLimit headers for it (test rate_policy_is_unlimited,
+ * or limit == RATE_NO_LIMIT).  RATE_EINVAL for NULL, RATE_ENOMEM.
+ * Free with rate_policy_free.  Thread-safe: yes. */
+RATE_API int rate_policy_unlimited(rate_policy_t **out);
+
+/* Whether the policy is the unlimited one (false for NULL).
+ * Thread-safe: yes. */
+RATE_API bool rate_policy_is_unlimited(const rate_policy_t *policy);
+
+/* Number of limits, and the i-th (borrowed, lives as long as the policy);
+ * 0 and NULL for the unlimited policy. */
 RATE_API size_t rate_policy_count(const rate_policy_t *policy);
 RATE_API const rate_limit_t *rate_policy_limit(const rate_policy_t *policy,
                                                size_t i);
@@ -164,7 +188,8 @@ typedef struct rate_decision {
     rate_reason_t reason;  /* why; RATE_REASON_ALLOWED when really allowed */
     int component;         /* index of the limit that denied or constrains most */
     int error;             /* with RATE_REASON_STORE_ERROR: the store's code */
-    uint64_t limit;        /* L of that limit (burst/capacity for the buckets) */
+    uint64_t limit;        /* L of that limit (burst/capacity for the buckets);
+                              RATE_NO_LIMIT for the unlimited policy */
     uint64_t remaining;    /* room left right after this decision */
     uint64_t delay_ns;     /* wait before acting (reservations only) */
     uint64_t retry_after_ns; /* on a denial; RATE_NEVER if it can never pass */

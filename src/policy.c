@@ -65,6 +65,15 @@ const rate__algo_t *rate__algo(rate_algorithm_t a)
     return NULL;
 }
 
+const rate__algo_t *rate__algo_for(const rate_limit_t *l)
+{
+    if (l->algorithm == RATE_TOKEN_BUCKET && rate__bucket_wide(l))
+        return &rate__token_bucket_wide;
+    if (l->algorithm == RATE_LEAKY_BUCKET && rate__bucket_wide(l))
+        return &rate__leaky_bucket_wide;
+    return rate__algo(l->algorithm);
+}
+
 /* Every policy error is RATE_EPOLICY with a message naming the bad part. */
 #define fail(err, errlen, ...)                                                \
     rate__fail(err, errlen, RATE_EPOLICY, __VA_ARGS__)
@@ -88,8 +97,10 @@ static int check_limit(const rate_limit_t *l, size_t i, char *err,
     if (l->period_ns == 0)
         return fail(err, errlen, "limit %zu (%s): the %s is zero", i + 1,
                     a->name, is_bucket(l->algorithm) ? "period" : "window");
-    if (l->limit > RATE_TIME_MAX || l->period_ns > RATE_TIME_MAX)
-        return fail(err, errlen, "limit %zu (%s): count or period above 2^63-1",
+    if (l->limit > RATE_TIME_MAX || l->period_ns > RATE_TIME_MAX ||
+        l->burst > RATE_TIME_MAX)
+        return fail(err, errlen,
+                    "limit %zu (%s): count, period or burst above 2^63-1",
                     i + 1, a->name);
     if (is_bucket(l->algorithm)) {
         const char *what =
@@ -97,12 +108,15 @@ static int check_limit(const rate_limit_t *l, size_t i, char *err,
         if (l->burst == 0)
             return fail(err, errlen, "limit %zu (%s): %s is zero", i + 1,
                         a->name, what);
-        if ((rate_u128_t)l->burst * l->period_ns > RATE__SCALED_MAX)
+        /* Any period up to 2^61 (B * P < 2^124, the wide layout); a longer
+         * one only with B * P <= 2^62 (the narrow layout, as before). */
+        if (l->period_ns > RATE__WINDOW_MAX && rate__bucket_wide(l))
             return fail(err, errlen,
-                        "limit %zu (%s): %s %llu times period %llu ns exceeds "
-                        "2^62, the exact arithmetic's bound",
-                        i + 1, a->name, what, (unsigned long long)l->burst,
-                        (unsigned long long)l->period_ns);
+                        "limit %zu (%s): period %llu ns above 2^61 ns (73 "
+                        "years) with %s %llu; a longer period needs %s "
+                        "times period <= 2^62",
+                        i + 1, a->name, (unsigned long long)l->period_ns,
+                        what, (unsigned long long)l->burst, what);
     } else {
         if (l->burst != 0)
             return fail(err, errlen,
@@ -129,6 +143,8 @@ static uint32_t fingerprint(const rate_policy_t *p)
     size_t n = 0;
 
     words[n++] = p->count;
+    if (p->unlimited) /* no limits; a word no limited policy starts with */
+        words[n++] = UINT64_MAX;
     for (size_t i = 0; i < p->count; i++) {
         words[n++] = (uint64_t)p->limits[i].algorithm;
         words[n++] = p->limits[i].limit;
@@ -162,7 +178,7 @@ int rate_policy_new(const rate_limit_t *limits, size_t count,
     memcpy(p->limits, limits, count * sizeof *limits);
     p->grow = RATE__HEADER_LEN;
     for (size_t i = 0; i < count; i++) {
-        const rate__algo_t *a = rate__algo(limits[i].algorithm);
+        const rate__algo_t *a = rate__algo_for(&limits[i]);
         uint64_t reset = a->max_reset(&limits[i]);
         p->algo[i] = a;
         p->grow += a->fixed + a->grow;
@@ -174,6 +190,26 @@ int rate_policy_new(const rate_limit_t *limits, size_t count,
     p->fingerprint = fingerprint(p);
     *out = p;
     return RATE_OK;
+}
+
+int rate_policy_unlimited(rate_policy_t **out)
+{
+    rate_policy_t *p;
+
+    if (out == NULL)
+        return RATE_EINVAL;
+    *out = NULL;
+    if ((p = calloc(1, sizeof *p)) == NULL)
+        return RATE_ENOMEM;
+    p->unlimited = true;
+    p->fingerprint = fingerprint(p);
+    *out = p;
+    return RATE_OK;
+}
+
+bool rate_policy_is_unlimited(const rate_policy_t *policy)
+{
+    return policy != NULL && policy->unlimited;
 }
 
 void rate_policy_free(rate_policy_t *policy)
@@ -328,8 +364,14 @@ static int parse_option(token_t t, size_t idx, rate_limit_t *l, char *err,
     return RATE_OK;
 }
 
+static bool is_word(token_t w, const char *word)
+{
+    return w.len == strlen(word) && memcmp(w.s, word, w.len) == 0;
+}
+
+/* One limit's text; *unlimited set (and l untouched) for "unlimited". */
 static int parse_limit(const char *s, size_t len, size_t idx, rate_limit_t *l,
-                       char *err, size_t errlen)
+                       bool *unlimited, char *err, size_t errlen)
 {
     token_t w[8];
     size_t n = split_words(s, len, w, 8);
@@ -340,6 +382,14 @@ static int parse_limit(const char *s, size_t len, size_t idx, rate_limit_t *l,
         return fail(err, errlen, "limit %zu is empty", idx + 1);
     if (n > 8)
         return fail(err, errlen, "limit %zu: too many words", idx + 1);
+    if (is_word(w[0], "unlimited")) {
+        if (n > 1)
+            return fail(err, errlen,
+                        "limit %zu: 'unlimited' takes no rate or option",
+                        idx + 1);
+        *unlimited = true;
+        return RATE_OK;
+    }
     for (a = 0; a < sizeof algo_names / sizeof algo_names[0]; a++)
         if (strlen(algo_names[a].name) == w[0].len &&
             memcmp(algo_names[a].name, w[0].s, w[0].len) == 0)
@@ -371,6 +421,7 @@ int rate_policy_parse(const char *text, rate_policy_t **out, char *err,
     rate_limit_t limits[RATE_MAX_LIMITS];
     size_t count = 0;
     const char *s = text;
+    bool unlimited = false;
     int rc;
 
     if (out == NULL)
@@ -384,14 +435,25 @@ int rate_policy_parse(const char *text, rate_policy_t **out, char *err,
         if (count == RATE_MAX_LIMITS)
             return fail(err, errlen, "more than %d limits in one policy",
                         RATE_MAX_LIMITS);
-        rc = parse_limit(s, len, count, &limits[count], err, errlen);
+        bool unl = false;
+        rc = parse_limit(s, len, count, &limits[count], &unl, err, errlen);
         if (rc != RATE_OK)
             return rc;
+        if (unlimited || (unl && count > 0))
+            /* A composite's limits all apply: one with no limit would be
+             * only its others, which is better written so. */
+            return fail(err, errlen,
+                        "limit %zu: 'unlimited' stands alone; a policy with "
+                        "other limits is limited by them (drop 'unlimited')",
+                        count + 1);
+        unlimited = unl;
         count++;
         if (end == NULL)
             break;
         s = end + 1;
     }
+    if (unlimited)
+        return rate_policy_unlimited(out);
     return rate_policy_new(limits, count, out, err, errlen);
 }
 
@@ -420,6 +482,11 @@ size_t rate_policy_format(const rate_policy_t *p, char *buf, size_t len)
         return 0;
     if (buf != NULL && len > 0)
         buf[0] = '\0';
+    if (p->unlimited) {
+        if (buf != NULL && len > 0)
+            snprintf(buf, len, "unlimited");
+        return strlen("unlimited");
+    }
     for (size_t i = 0; i < p->count; i++) {
         const rate_limit_t *l = &p->limits[i];
         char rate[64];

@@ -98,7 +98,8 @@ static void errors_name_the_bad_part(void **state)
         {"token-bucket 10/s speed=3", "unknown option 'speed'"},
         {"token-bucket 10/s burst", "not NAME=VALUE"},
         {"token-bucket 10/s burst=1x", "burst value '1x'"},
-        {"token-bucket 10/d burst=99999999", "exceeds 2^62"},
+        {"token-bucket 1/36500d burst=2", "above 2^61 ns"},
+        {"leaky-bucket 1/36500d capacity=2", "above 2^61 ns"},
         {"fixed-window 10/36500d", "above 2^61"},
         {"sliding-log 2000000/s", "limit 2000000 above 1000000"},
         {"tocken-bucket 10/s", "unknown algorithm 'tocken-bucket'"},
@@ -148,6 +149,136 @@ static void from_c(void **state)
     rate_policy_free(NULL);
 }
 
+/* Every count up to 2^53 (and on to 2^63-1) and every period up to 2^61
+ * ns is a policy; a longer bucket period still needs B * P <= 2^62. */
+static void bounds(void **state)
+{
+    (void)state;
+    const uint64_t c53 = UINT64_C(1) << 53, p61 = UINT64_C(1) << 61;
+    const uint64_t max = (uint64_t)INT64_MAX;
+    rate_limit_t ok[] = {
+        {RATE_TOKEN_BUCKET, c53, p61, c53},
+        {RATE_LEAKY_BUCKET, c53, p61, c53},
+        {RATE_FIXED_WINDOW, c53, p61, 0},
+        {RATE_SLIDING_WINDOW, c53, p61, 0},
+        {RATE_TOKEN_BUCKET, max, p61, max},
+        {RATE_LEAKY_BUCKET, 1, p61, max},
+        {RATE_FIXED_WINDOW, max, p61, 0},
+        {RATE_TOKEN_BUCKET, 1, UINT64_C(1) << 62, 1}, /* narrow, as before */
+        {RATE_TOKEN_BUCKET, 100000, 86400 * SEC, 100000},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        rate_policy_t *p = NULL;
+        char err[256] = "", buf[160];
+        if (rate_policy_new(&ok[i], 1, &p, err, sizeof err) != RATE_OK)
+            fail_msg("case %zu: %s", i, err);
+        /* The canonical text parses back to the same limit. */
+        rate_policy_format(p, buf, sizeof buf);
+        rate_policy_t *q = policy_of(buf);
+        assert_memory_equal(rate_policy_limit(q, 0), &ok[i], sizeof ok[i]);
+        rate_policy_free(q);
+        rate_policy_free(p);
+    }
+    rate_limit_t bad[] = {
+        {RATE_TOKEN_BUCKET, 1, p61 + 1, 3},
+        {RATE_LEAKY_BUCKET, 1, UINT64_C(1) << 62, 2},
+        {RATE_FIXED_WINDOW, 1, p61 + 1, 0},
+        {RATE_TOKEN_BUCKET, 1, SEC, max + 1},
+        {RATE_TOKEN_BUCKET, max + 1, SEC, 1},
+    };
+    const char *why[] = {"above 2^61 ns", "above 2^61 ns", "above 2^61 ns",
+                         "above 2^63-1", "above 2^63-1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rate_policy_t *p = (rate_policy_t *)1;
+        char err[256] = "";
+        int rc = rate_policy_new(&bad[i], 1, &p, err, sizeof err);
+        if (rc != RATE_EPOLICY || p != NULL || strstr(err, why[i]) == NULL)
+            fail_msg("bad case %zu: rc=%d err='%s'", i, rc, err);
+    }
+    /* The text forms of the issue. */
+    rate_policy_t *p = policy_of("token-bucket 100000/1d burst=100000");
+    assert_int_equal(rate_policy_limit(p, 0)->burst, 100000);
+    rate_policy_free(p);
+    p = policy_of("leaky-bucket 9007199254740992/2305843009213693952ns "
+                  "capacity=9007199254740992");
+    assert_int_equal(rate_policy_limit(p, 0)->period_ns, p61);
+    rate_policy_free(p);
+}
+
+/* The wide layout decides as the narrow one does: the same trace under
+ * B * P just below 2^62 (narrow) and just above (wide), where the two
+ * policies differ only by one token of burst that the trace never
+ * reaches. */
+static void wide_decides_as_narrow(void **state)
+{
+    (void)state;
+    /* 53375 * 86400 s = 4.61160e18 <= 2^62 < 53376 * 86400 s. */
+    const char *pairs[][2] = {
+        {"token-bucket 100000/d burst=53375",
+         "token-bucket 100000/d burst=53376"},
+        {"leaky-bucket 100000/d capacity=53375",
+         "leaky-bucket 100000/d capacity=53376"},
+    };
+    for (size_t k = 0; k < 2; k++) {
+        rate_limiter_t *a = limiter_of(pairs[k][0], NULL);
+        rate_limiter_t *b = limiter_of(pairs[k][1], NULL);
+        uint64_t t = 0, x = 7;
+        for (int i = 0; i < 2000; i++) {
+            x = x * 6364136223846793005u + 1442695040888963407u;
+            t += (x >> 33) % (3 * SEC);
+            /* Token bucket: take a few at a time, once the bucket is
+             * drained never near the burst.  Leaky: queue with waits. */
+            uint64_t n = k == 0 && i < 2 ? 26000 : (x >> 20) % 4;
+            uint64_t mw = (x >> 40) % 3 == 0 ? (x >> 8) % (5 * SEC) : 0;
+            rate_decision_t da = at(a, "k", t, n, mw);
+            rate_decision_t db = at(b, "k", t, n, mw);
+            if (da.allowed != db.allowed || da.reason != db.reason ||
+                da.delay_ns != db.delay_ns ||
+                da.retry_after_ns != db.retry_after_ns ||
+                (da.remaining != db.remaining &&
+                 da.remaining + 1 != db.remaining))
+                fail_msg("%s, step %d: allowed %d/%d delay %llu/%llu retry "
+                         "%llu/%llu remaining %llu/%llu",
+                         pairs[k][1], i, da.allowed, db.allowed,
+                         (unsigned long long)da.delay_ns,
+                         (unsigned long long)db.delay_ns,
+                         (unsigned long long)da.retry_after_ns,
+                         (unsigned long long)db.retry_after_ns,
+                         (unsigned long long)da.remaining,
+                         (unsigned long long)db.remaining);
+        }
+        rate_limiter_free(a);
+        rate_limiter_free(b);
+    }
+}
+
+/* A key's tokens carry over between the layouts, both ways. */
+static void carries_between_layouts(void **state)
+{
+    (void)state;
+    rate_policy_t *narrow = policy_of("token-bucket 100000/d burst=50000");
+    rate_policy_t *wide = policy_of("token-bucket 100000/d burst=100000");
+    rate_limiter_config_t cfg = {0};
+    rate_limiter_t *l = NULL;
+    cfg.policy = narrow;
+    assert_int_equal(rate_limiter_new(&cfg, &l), RATE_OK);
+    /* 864 ms per token. */
+    EXPECT(l, 0, 46625, 0, true, 3375, 0, 0, 46625 * 864 * MS);
+    assert_int_equal(rate_limiter_set_policy(l, wide), RATE_OK);
+    /* 3375 tokens carried; the day-long bucket is 96625 short. */
+    EXPECT(l, 0, 0, 0, true, 3375, 0, 0, 96625 * 864 * MS);
+    EXPECT(l, 0, 3375, 0, true, 0, 0, 0, 86400 * SEC);
+    /* A reservation's debt: one token, 864 ms away. */
+    EXPECT(l, 0, 1, 864 * MS, true, 0, 864 * MS, 0, 86400 * SEC + 864 * MS);
+    assert_int_equal(rate_limiter_set_policy(l, narrow), RATE_OK);
+    /* The debt carries back: the next token 1728 ms away. */
+    EXPECT(l, 0, 1, 0, false, 0, 0, 1728 * MS, 50001 * 864 * MS);
+    EXPECT(l, 1728 * MS, 1, 0, true, 0, 0, 0, 50000 * 864 * MS);
+    rate_limiter_free(l);
+    rate_policy_free(narrow);
+    rate_policy_free(wide);
+}
+
 static void durations(void **state)
 {
     (void)state;
@@ -183,6 +314,9 @@ int main(void)
         cmocka_unit_test(composite_round_trip),
         cmocka_unit_test(errors_name_the_bad_part),
         cmocka_unit_test(from_c),
+        cmocka_unit_test(bounds),
+        cmocka_unit_test(wide_decides_as_narrow),
+        cmocka_unit_test(carries_between_layouts),
         cmocka_unit_test(durations),
         cmocka_unit_test(error_texts),
     };
