@@ -279,6 +279,136 @@ static void carries_between_layouts(void **state)
     rate_policy_free(wide);
 }
 
+/* The unlimited policy: text and C forms, alone only. */
+static void unlimited_policy(void **state)
+{
+    (void)state;
+    rate_policy_t *p = policy_of("  unlimited\t"), *q = NULL;
+    char buf[64];
+    assert_true(rate_policy_is_unlimited(p));
+    assert_int_equal(rate_policy_count(p), 0);
+    assert_null(rate_policy_limit(p, 0));
+    assert_int_equal(rate_policy_format(p, buf, sizeof buf), 9);
+    assert_string_equal(buf, "unlimited");
+    assert_int_equal(rate_policy_unlimited(&q), RATE_OK);
+    assert_true(rate_policy_is_unlimited(q));
+    assert_int_equal(rate_policy_fingerprint(p), rate_policy_fingerprint(q));
+    rate_policy_t *tb = policy_of("token-bucket 1/s burst=1");
+    assert_false(rate_policy_is_unlimited(tb));
+    assert_false(rate_policy_is_unlimited(NULL));
+    assert_int_not_equal(rate_policy_fingerprint(p), rate_policy_fingerprint(tb));
+    rate_policy_free(tb);
+    rate_policy_free(q);
+    rate_policy_free(p);
+    assert_int_equal(rate_policy_unlimited(NULL), RATE_EINVAL);
+    const char *bad[][2] = {
+        {"unlimited 10/s", "'unlimited' takes no rate"},
+        {"unlimited; token-bucket 1/s", "limit 2: 'unlimited' stands alone"},
+        {"token-bucket 1/s; unlimited", "limit 2: 'unlimited' stands alone"},
+        {"unlimited; unlimited", "stands alone"},
+        {"unlimited;", "limit 2 is empty"},
+        {"Unlimited", "unknown algorithm 'Unlimited'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rate_policy_t *x = (rate_policy_t *)1;
+        char err[256] = "";
+        int rc = rate_policy_parse(bad[i][0], &x, err, sizeof err);
+        if (rc != RATE_EPOLICY || x != NULL || strstr(err, bad[i][1]) == NULL)
+            fail_msg("'%s': rc=%d err='%s'", bad[i][0], rc, err);
+    }
+}
+
+static void expect_unlimited(const rate_decision_t *d)
+{
+    assert_true(d->allowed);
+    assert_false(d->shadow);
+    assert_int_equal(d->reason, RATE_REASON_ALLOWED);
+    assert_int_equal(d->component, -1);
+    assert_int_equal(d->limit, RATE_NO_LIMIT);
+    assert_int_equal(d->remaining, RATE_NO_LIMIT);
+    assert_int_equal(d->delay_ns, 0);
+    assert_int_equal(d->retry_after_ns, 0);
+    assert_int_equal(d->reset_after_ns, 0);
+}
+
+/* A resolver giving the enterprise tier to keys starting with 'e'. */
+static const rate_policy_t *tier_of(void *ud, const char *key, size_t len)
+{
+    return len > 0 && key[0] == 'e' ? ud : NULL;
+}
+
+/* Under the unlimited policy every request passes and no store sees a
+ * thing (not even the policy's record): the default policy, a resolver's
+ * tier, the bool calls, a store that fails. */
+static void unlimited_limiter(void **state)
+{
+    (void)state;
+    rate_policy_t *unl = policy_of("unlimited");
+    rate_store_t *cas = NULL;
+    cas_store_t *cs = NULL;
+    assert_int_equal(cas_store_new(&cas, &cs), RATE_OK);
+    cas_store_set_down(cs, 1); /* any call to it would be a store error */
+    rate_limiter_config_t cfg = {0};
+    rate_limiter_t *l = NULL;
+    rate_decision_t d;
+    cfg.policy = unl;
+    cfg.store = cas;
+    assert_int_equal(rate_limiter_new(&cfg, &l), RATE_OK);
+    for (uint64_t n = 0; n < 4; n++) {
+        assert_int_equal(rate_limiter_check_at(l, "k", 1, n * 1000000, n,
+                                               n * SEC, &d),
+                         RATE_OK);
+        expect_unlimited(&d);
+        assert_true(rate_try_acquire_at(l, "k", RATE_TIME_MAX, n));
+        assert_true(rate_try_acquire(l, "k", 1));
+    }
+    assert_int_equal(rate_limiter_acquire(l, "k", 1, RATE_TIME_MAX, 0, &d),
+                     RATE_OK);
+    expect_unlimited(&d);
+    /* Bad input is still bad input. */
+    assert_int_equal(rate_limiter_check_at(l, "", 0, 1, 0, 0, &d), RATE_EKEY);
+    assert_false(rate_try_acquire_at(l, "k", 1, RATE_TIME_MAX + 1));
+    cas_store_set_down(cs, 0);
+    rate_stats_t st;
+    assert_int_equal(rate_limiter_stats(l, &st), RATE_OK);
+    assert_int_equal(st.keys, 0); /* no state, no policy record */
+    assert_int_equal(st.store_errors, 0);
+    assert_int_equal(st.allowed, 13);
+    rate_limiter_free(l);
+
+    /* A tier: 'e' keys unlimited, the rest one per second. */
+    rate_policy_t *free_tier = policy_of("token-bucket 1/s burst=1");
+    cfg.policy = free_tier;
+    cfg.resolve = tier_of;
+    cfg.resolve_ud = unl;
+    assert_int_equal(rate_limiter_new(&cfg, &l), RATE_OK);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(rate_limiter_check_at(l, "ent", 3, 5, 0, 0, &d),
+                         RATE_OK);
+        expect_unlimited(&d);
+        assert_int_equal(rate_limiter_check_at(l, "free", 4, 1, 0, 0, &d),
+                         RATE_OK);
+        assert_int_equal(d.allowed, i == 0);
+    }
+    assert_int_equal(rate_limiter_stats(l, &st), RATE_OK);
+    assert_int_equal(st.keys, 1); /* "free" alone */
+    rate_limiter_free(l);
+    rate_store_free(cas);
+
+    /* Set as a limiter's policy later: the key's state stays as it was
+     * (nothing charged) and counts again once the policy is back. */
+    l = limiter_of("token-bucket 1/s burst=1", NULL);
+    assert_true(rate_try_acquire_at(l, "k", 1, 0));
+    assert_int_equal(rate_limiter_set_policy(l, unl), RATE_OK);
+    assert_true(rate_try_acquire_at(l, "k", 1, 0));
+    assert_int_equal(rate_limiter_set_policy(l, free_tier), RATE_OK);
+    assert_false(rate_try_acquire_at(l, "k", 1, SEC - 1));
+    assert_true(rate_try_acquire_at(l, "k", 1, SEC));
+    rate_limiter_free(l);
+    rate_policy_free(free_tier);
+    rate_policy_free(unl);
+}
+
 static void durations(void **state)
 {
     (void)state;
@@ -317,6 +447,8 @@ int main(void)
         cmocka_unit_test(bounds),
         cmocka_unit_test(wide_decides_as_narrow),
         cmocka_unit_test(carries_between_layouts),
+        cmocka_unit_test(unlimited_policy),
+        cmocka_unit_test(unlimited_limiter),
         cmocka_unit_test(durations),
         cmocka_unit_test(error_texts),
     };
