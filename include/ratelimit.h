@@ -89,13 +89,45 @@ RATE_API const char *rate_err_name(int err);
 
 /* ------------------------------------------------------------- policies */
 
+/* The algorithms, one line each (the library's one map of them: it makes
+ * the enum below, the names and aliases the text form takes, the option a
+ * bucket takes, and the words every message uses):
+ *   X(ID, value, name, alias ("" none), option ("" for a window, which
+ *     takes none), what P is called, the table in src/algo/)
+ * Adding an algorithm: a line here, its file in src/algo/ (defining
+ * rate__<table>), and that file in CMakeLists.txt (docs/design.md).
+ *   token-bucket    rate L per P, burst B; "gcra" is the same
+ *   leaky-bucket    rate L per P, capacity C
+ *   fixed-window    limit L per window W
+ *   sliding-log     limit L per window W, exact
+ *   sliding-window  limit L per window W, the two-window counter */
+#define RATE_ALGORITHM_MAP(X)                                                \
+    X(TOKEN_BUCKET, 1, "token-bucket", "gcra", "burst", "period",             \
+      token_bucket)                                                          \
+    X(LEAKY_BUCKET, 2, "leaky-bucket", "", "capacity", "period",              \
+      leaky_bucket)                                                          \
+    X(FIXED_WINDOW, 3, "fixed-window", "", "", "window", fixed_window)       \
+    X(SLIDING_LOG, 4, "sliding-log", "sliding-window-log", "", "window",      \
+      sliding_log)                                                           \
+    X(SLIDING_WINDOW, 5, "sliding-window", "sliding-window-counter", "",      \
+      "window", sliding_window)
+
 typedef enum rate_algorithm {
-    RATE_TOKEN_BUCKET = 1, /* rate L per P, burst B; "gcra" is the same */
-    RATE_LEAKY_BUCKET = 2, /* rate L per P, capacity C */
-    RATE_FIXED_WINDOW = 3, /* limit L per window W */
-    RATE_SLIDING_LOG = 4,  /* limit L per window W, exact */
-    RATE_SLIDING_WINDOW = 5 /* limit L per window W, the two-window counter */
+#define RATE_X_(id, value, name, alias, option, span, table) \
+    RATE_##id = value,
+    RATE_ALGORITHM_MAP(RATE_X_)
+#undef RATE_X_
 } rate_algorithm_t;
+
+/* The algorithm's canonical name ("token-bucket"), NULL for a value that
+ * is none.  Static storage.  Thread-safe: yes. */
+RATE_API const char *rate_algorithm_name(rate_algorithm_t algorithm);
+
+/* The algorithm a name or alias names ("gcra", "sliding-window-log",
+ * "sliding-window-counter" too), exactly as the text form spells it:
+ * RATE_OK, or RATE_EINVAL for NULL or a name that is none.
+ * Thread-safe: yes. */
+RATE_API int rate_algorithm_parse(const char *name, rate_algorithm_t *out);
 
 /* One limit: a plain value the caller fills. */
 typedef struct rate_limit {
@@ -164,9 +196,25 @@ RATE_API size_t rate_policy_count(const rate_policy_t *policy);
 RATE_API const rate_limit_t *rate_policy_limit(const rate_policy_t *policy,
                                                size_t i);
 
-/* Parses a duration "250ms", "1s", "1m" ("0" alone is zero) into ns.
- * Units: ns us ms s m h d.  Thread-safe: yes. */
+/* Parses a duration "250ms", "1s", "1m", "2hours" ("0" alone is zero) into
+ * ns: a whole count, then a unit with no space between:
+ *   ns  nsec nsecs nanosecond nanoseconds
+ *   us  usec usecs microsecond microseconds
+ *   ms  msec msecs millisecond milliseconds
+ *   s   sec secs second seconds
+ *   m   min mins minute minutes
+ *   h   hr hrs hour hours
+ *   d   day days
+ * RATE_EINVAL for anything else ("1.5s": write "1500ms"), RATE_ERANGE
+ * above 2^63-1 ns.  Thread-safe: yes. */
 RATE_API int rate_parse_duration(const char *text, uint64_t *out_ns);
+
+/* Parses a rate "COUNT/[COUNT]UNIT" ("10/s", "100/1m", "1/day", "10/sec",
+ * "3/500ms") into its count and period, the units as above: RATE_OK,
+ * RATE_EINVAL when malformed (or a zero count or period), RATE_ERANGE for a
+ * count or period above 2^63-1.  Thread-safe: yes. */
+RATE_API int rate_parse_rate(const char *text, uint64_t *count,
+                             uint64_t *period_ns);
 
 /* A policy may be freed only when no limiter uses it any more (limiters copy
  * their default policy, but borrow what a resolver returns).  NULL: nothing. */

@@ -178,11 +178,11 @@ typedef struct rate__algo {
     RATE__DEFINE_PLAIN_INLINE(prefix, FIXED)                                  \
     RATE__DEFINE_PLAIN_FN(prefix)
 
-extern const rate__algo_t rate__token_bucket;
-extern const rate__algo_t rate__leaky_bucket;
-extern const rate__algo_t rate__fixed_window;
-extern const rate__algo_t rate__sliding_log;
-extern const rate__algo_t rate__sliding_window;
+/* Each algorithm's table, rate__<table> of RATE_ALGORITHM_MAP. */
+#define RATE__X(id, value, name, alias, option, span, table) \
+    extern const rate__algo_t rate__##table;
+RATE_ALGORITHM_MAP(RATE__X)
+#undef RATE__X
 /* The buckets' wide layout (a 16-byte component): the same algorithm,
  * another table, so that a table's `fixed` stays one number.  A limit's
  * table is rate__algo_for(limit); every function of either table reads a

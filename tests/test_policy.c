@@ -426,6 +426,115 @@ static void durations(void **state)
     assert_int_equal(rate_parse_duration(NULL, &ns), RATE_EINVAL);
 }
 
+/* The exported name, rate and unit parsers (the command's), and the
+ * strict text form. */
+static void names_rates_and_units(void **state)
+{
+    (void)state;
+    struct {
+        const char *name;
+        rate_algorithm_t a;
+    } names[] = {
+        {"token-bucket", RATE_TOKEN_BUCKET}, {"gcra", RATE_TOKEN_BUCKET},
+        {"leaky-bucket", RATE_LEAKY_BUCKET}, {"fixed-window", RATE_FIXED_WINDOW},
+        {"sliding-log", RATE_SLIDING_LOG},
+        {"sliding-window-log", RATE_SLIDING_LOG},
+        {"sliding-window", RATE_SLIDING_WINDOW},
+        {"sliding-window-counter", RATE_SLIDING_WINDOW},
+    };
+    rate_algorithm_t a;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        assert_int_equal(rate_algorithm_parse(names[i].name, &a), RATE_OK);
+        assert_int_equal(a, names[i].a);
+    }
+    assert_string_equal(rate_algorithm_name(RATE_TOKEN_BUCKET), "token-bucket");
+    assert_string_equal(rate_algorithm_name(RATE_SLIDING_WINDOW),
+                        "sliding-window");
+    assert_null(rate_algorithm_name((rate_algorithm_t)0));
+    assert_null(rate_algorithm_name((rate_algorithm_t)6));
+    assert_int_equal(rate_algorithm_parse("Gcra", &a), RATE_EINVAL);
+    assert_int_equal(rate_algorithm_parse("unlimited", &a), RATE_EINVAL);
+    assert_int_equal(rate_algorithm_parse(NULL, &a), RATE_EINVAL);
+
+    struct {
+        const char *text;
+        uint64_t count, period;
+    } rates[] = {
+        {"10/sec", 10, SEC},          {"1/min", 1, 60 * SEC},
+        {"100/hour", 100, 3600 * SEC}, {"1/day", 1, 86400 * SEC},
+        {"5/2days", 5, 2 * 86400 * SEC}, {"3/500msec", 3, 500 * MS},
+        {"7/10usec", 7, 10000},       {"1/nsec", 1, 1},
+        {"2/3hrs", 2, 3 * 3600 * SEC}, {"4/seconds", 4, SEC},
+        {"1/millisecond", 1, MS},     {"9/microseconds", 9, 1000},
+        {"1/nanoseconds", 1, 1},      {"6/15minutes", 6, 900 * SEC},
+        {"10/s", 10, SEC},            {"3/500ms", 3, 500 * MS},
+    };
+    for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++) {
+        uint64_t c = 0, per = 0;
+        if (rate_parse_rate(rates[i].text, &c, &per) != RATE_OK ||
+            c != rates[i].count || per != rates[i].period)
+            fail_msg("rate '%s': %llu/%llu", rates[i].text,
+                     (unsigned long long)c, (unsigned long long)per);
+    }
+    uint64_t c, per;
+    assert_int_equal(rate_parse_rate("10", &c, &per), RATE_EINVAL);
+    assert_int_equal(rate_parse_rate("0/s", &c, &per), RATE_EINVAL);
+    assert_int_equal(rate_parse_rate("1/0s", &c, &per), RATE_EINVAL);
+    assert_int_equal(rate_parse_rate("1/1.5s", &c, &per), RATE_EINVAL);
+    assert_int_equal(rate_parse_rate("1/Sec", &c, &per), RATE_EINVAL);
+    assert_int_equal(rate_parse_rate("99999999999999999999/s", &c, &per),
+                     RATE_ERANGE);
+    assert_int_equal(rate_parse_rate("1/999999999999d", &c, &per),
+                     RATE_ERANGE);
+    assert_int_equal(rate_parse_rate(NULL, &c, &per), RATE_EINVAL);
+    uint64_t ns;
+    assert_int_equal(rate_parse_duration("2hours", &ns), RATE_OK);
+    assert_int_equal(ns, 7200 * SEC);
+    assert_int_equal(rate_parse_duration("90secs", &ns), RATE_OK);
+    assert_int_equal(ns, 90 * SEC);
+    assert_int_equal(rate_parse_duration("1day", &ns), RATE_OK);
+    assert_int_equal(ns, 86400 * SEC);
+    assert_int_equal(rate_parse_duration("sec", &ns), RATE_EINVAL);
+
+    /* The text form takes the same words, and prints the short ones. */
+    rate_policy_t *p = policy_of("token-bucket 100/hour burst=5");
+    char buf[128];
+    rate_policy_format(p, buf, sizeof buf);
+    assert_string_equal(buf, "token-bucket 100/h burst=5");
+    rate_policy_free(p);
+    p = policy_of("sliding-window 10/90seconds");
+    rate_policy_format(p, buf, sizeof buf);
+    assert_string_equal(buf, "sliding-window 10/90s");
+    rate_policy_free(p);
+
+    struct {
+        const char *text, *needle;
+    } bad[] = {
+        {"token-bucket 10/s\nburst=3", "a newline in the text"},
+        {"token-bucket 10/s\rburst=3", "carriage return"},
+        {"token-bucket\v10/s", "vertical tab"},
+        {"token-bucket\f10/s", "form feed"},
+        {"fixed-window 1/s;\nfixed-window 2/m", "limit 2: a newline"},
+        {"token-bucket 10/s burst=3 burst=4", "burst= given twice"},
+        {"leaky-bucket 10/s capacity=3 capacity=3", "capacity= given twice"},
+        {"token-bucket 10/1.5s", "write '1500ms'"},
+        {"token-bucket 10/0.25h", "write '15m'"},
+        {"token-bucket 10/2.5ns", "not [COUNT]UNIT"},
+        {"token-bucket 10/fortnight", "units ns us ms s m h d"},
+        {"tocken-bucket 10/s", "(token-bucket, gcra, leaky-bucket"},
+        {"token-bucket 10/s speed=3", "burst= for token-bucket, capacity= "
+                                      "for leaky-bucket"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rate_policy_t *x = (rate_policy_t *)1;
+        char err[256] = "";
+        int rc = rate_policy_parse(bad[i].text, &x, err, sizeof err);
+        if (rc != RATE_EPOLICY || x != NULL || strstr(err, bad[i].needle) == NULL)
+            fail_msg("'%s': rc=%d err='%s', wanted '%s'", bad[i].text, rc, err,
+                     bad[i].needle);
+    }
+}
+
 static void error_texts(void **state)
 {
     (void)state;
@@ -450,6 +559,7 @@ int main(void)
         cmocka_unit_test(unlimited_policy),
         cmocka_unit_test(unlimited_limiter),
         cmocka_unit_test(durations),
+        cmocka_unit_test(names_rates_and_units),
         cmocka_unit_test(error_texts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
