@@ -82,18 +82,52 @@ RATE_API const char *rate_err_name(int err);
 #define RATE_KEY_MAX 512               /* longest key, bytes */
 #define RATE_MAX_LIMITS 4              /* limits in one policy */
 #define RATE_SLIDING_LOG_MAX 10000u    /* largest limit of a sliding log */
+#define RATE_NO_LIMIT UINT64_MAX       /* limit and remaining of an unlimited
+                                          policy's decision */
 
 #define RATE_NS_PER_S UINT64_C(1000000000)
 
 /* ------------------------------------------------------------- policies */
 
+/* The algorithms, one line each (the library's one map of them: it makes
+ * the enum below, the names and aliases the text form takes, the option a
+ * bucket takes, and the words every message uses):
+ *   X(ID, value, name, alias ("" none), option ("" for a window, which
+ *     takes none), what P is called, the table in src/algo/)
+ * Adding an algorithm: a line here, its file in src/algo/ (defining
+ * rate__<table>), and that file in CMakeLists.txt (docs/design.md).
+ *   token-bucket    rate L per P, burst B; "gcra" is the same
+ *   leaky-bucket    rate L per P, capacity C
+ *   fixed-window    limit L per window W
+ *   sliding-log     limit L per window W, exact
+ *   sliding-window  limit L per window W, the two-window counter */
+#define RATE_ALGORITHM_MAP(X)                                                \
+    X(TOKEN_BUCKET, 1, "token-bucket", "gcra", "burst", "period",             \
+      token_bucket)                                                          \
+    X(LEAKY_BUCKET, 2, "leaky-bucket", "", "capacity", "period",              \
+      leaky_bucket)                                                          \
+    X(FIXED_WINDOW, 3, "fixed-window", "", "", "window", fixed_window)       \
+    X(SLIDING_LOG, 4, "sliding-log", "sliding-window-log", "", "window",      \
+      sliding_log)                                                           \
+    X(SLIDING_WINDOW, 5, "sliding-window", "sliding-window-counter", "",      \
+      "window", sliding_window)
+
 typedef enum rate_algorithm {
-    RATE_TOKEN_BUCKET = 1, /* rate L per P, burst B; "gcra" is the same */
-    RATE_LEAKY_BUCKET = 2, /* rate L per P, capacity C */
-    RATE_FIXED_WINDOW = 3, /* limit L per window W */
-    RATE_SLIDING_LOG = 4,  /* limit L per window W, exact */
-    RATE_SLIDING_WINDOW = 5 /* limit L per window W, the two-window counter */
+#define RATE_X_(id, value, name, alias, option, span, table) \
+    RATE_##id = value,
+    RATE_ALGORITHM_MAP(RATE_X_)
+#undef RATE_X_
 } rate_algorithm_t;
+
+/* The algorithm's canonical name ("token-bucket"), NULL for a value that
+ * is none.  Static storage.  Thread-safe: yes. */
+RATE_API const char *rate_algorithm_name(rate_algorithm_t algorithm);
+
+/* The algorithm a name or alias names ("gcra", "sliding-window-log",
+ * "sliding-window-counter" too), exactly as the text form spells it:
+ * RATE_OK, or RATE_EINVAL for NULL or a name that is none.
+ * Thread-safe: yes. */
+RATE_API int rate_algorithm_parse(const char *name, rate_algorithm_t *out);
 
 /* One limit: a plain value the caller fills. */
 typedef struct rate_limit {
@@ -108,9 +142,13 @@ typedef struct rate_policy rate_policy_t;
 
 /* Makes a policy from `count` limits (copied).  On RATE_EPOLICY, if `err` is
  * not NULL, writes a one-line reason naming the bad part (at most errlen bytes
- * with the NUL).  Bounds, so that every decision stays exact in 64/128-bit
- * integers: limit, period and burst >= 1; burst * period <= 2^62 for the
- * buckets; window <= 2^61 ns; a sliding log's limit <= RATE_SLIDING_LOG_MAX.
+ * with the NUL).  Bounds, within which every decision is exact (64/128-bit
+ * integers, docs/algorithms.md): limit, period and burst (capacity) from 1
+ * to 2^63-1 (every count up to 2^53 and beyond); a window, and a bucket's
+ * period, up to 2^61 ns (73 years) -- a bucket's period may be longer when
+ * burst * period <= 2^62; a window takes no burst (0); a sliding log's
+ * limit <= RATE_SLIDING_LOG_MAX.  Durations a decision reports past 2^63-1
+ * ns (a huge bucket refilling at 1 per 2^61 ns) read RATE_TIME_MAX.
  * Thread-safe: yes. */
 RATE_API int rate_policy_new(const rate_limit_t *limits, size_t count,
                              rate_policy_t **out, char *err, size_t errlen);
@@ -120,6 +158,7 @@ RATE_API int rate_policy_new(const rate_limit_t *limits, size_t count,
  *   "leaky-bucket 5/s capacity=10"
  *   "sliding-window 100/1m"
  *   "token-bucket 10/s burst=10; sliding-log 1000/1h"
+ *   "unlimited"
  * Errors as for rate_policy_new().  Thread-safe: yes. */
 RATE_API int rate_policy_parse(const char *text, rate_policy_t **out,
                                char *err, size_t errlen);
@@ -135,14 +174,47 @@ RATE_API size_t rate_policy_format(const rate_policy_t *policy, char *buf,
  * Thread-safe: yes. */
 RATE_API uint32_t rate_policy_fingerprint(const rate_policy_t *policy);
 
-/* Number of limits, and the i-th (borrowed, lives as long as the policy). */
+/* The `unlimited` policy (the text "unlimited"; an enterprise tier): every
+ * request is allowed, nothing is written to any store (not even the
+ * policy's record), no key is ever charged.  It has no limits
+ * (rate_policy_count 0, rate_policy_limit NULL) and stands alone: a
+ * composite with it is an error.  Its decisions: allowed, reason
+ * RATE_REASON_ALLOWED, component -1, limit and remaining RATE_NO_LIMIT,
+ * delay, retry_after and reset_after 0.  An HTTP server should send no
+ * RateLimit or X-RateLimit headers for it (test rate_policy_is_unlimited,
+ * or limit == RATE_NO_LIMIT).  RATE_EINVAL for NULL, RATE_ENOMEM.
+ * Free with rate_policy_free.  Thread-safe: yes. */
+RATE_API int rate_policy_unlimited(rate_policy_t **out);
+
+/* Whether the policy is the unlimited one (false for NULL).
+ * Thread-safe: yes. */
+RATE_API bool rate_policy_is_unlimited(const rate_policy_t *policy);
+
+/* Number of limits, and the i-th (borrowed, lives as long as the policy);
+ * 0 and NULL for the unlimited policy. */
 RATE_API size_t rate_policy_count(const rate_policy_t *policy);
 RATE_API const rate_limit_t *rate_policy_limit(const rate_policy_t *policy,
                                                size_t i);
 
-/* Parses a duration "250ms", "1s", "1m" ("0" alone is zero) into ns.
- * Units: ns us ms s m h d.  Thread-safe: yes. */
+/* Parses a duration "250ms", "1s", "1m", "2hours" ("0" alone is zero) into
+ * ns: a whole count, then a unit with no space between:
+ *   ns  nsec nsecs nanosecond nanoseconds
+ *   us  usec usecs microsecond microseconds
+ *   ms  msec msecs millisecond milliseconds
+ *   s   sec secs second seconds
+ *   m   min mins minute minutes
+ *   h   hr hrs hour hours
+ *   d   day days
+ * RATE_EINVAL for anything else ("1.5s": write "1500ms"), RATE_ERANGE
+ * above 2^63-1 ns.  Thread-safe: yes. */
 RATE_API int rate_parse_duration(const char *text, uint64_t *out_ns);
+
+/* Parses a rate "COUNT/[COUNT]UNIT" ("10/s", "100/1m", "1/day", "10/sec",
+ * "3/500ms") into its count and period, the units as above: RATE_OK,
+ * RATE_EINVAL when malformed (or a zero count or period), RATE_ERANGE for a
+ * count or period above 2^63-1.  Thread-safe: yes. */
+RATE_API int rate_parse_rate(const char *text, uint64_t *count,
+                             uint64_t *period_ns);
 
 /* A policy may be freed only when no limiter uses it any more (limiters copy
  * their default policy, but borrow what a resolver returns).  NULL: nothing. */
@@ -164,7 +236,8 @@ typedef struct rate_decision {
     rate_reason_t reason;  /* why; RATE_REASON_ALLOWED when really allowed */
     int component;         /* index of the limit that denied or constrains most */
     int error;             /* with RATE_REASON_STORE_ERROR: the store's code */
-    uint64_t limit;        /* L of that limit (burst/capacity for the buckets) */
+    uint64_t limit;        /* L of that limit (burst/capacity for the buckets);
+                              RATE_NO_LIMIT for the unlimited policy */
     uint64_t remaining;    /* room left right after this decision */
     uint64_t delay_ns;     /* wait before acting (reservations only) */
     uint64_t retry_after_ns; /* on a denial; RATE_NEVER if it can never pass */

@@ -24,15 +24,23 @@
 typedef unsigned __int128 rate_u128_t;
 typedef __int128 rate_i128_t;
 
-/* Largest debt a token bucket may reserve, in scaled tokens (tokens * P).
- * Keeps the stored state in a signed 64-bit word; see docs/algorithms.md. */
+/* Largest debt a token bucket may reserve, in scaled tokens (tokens * P),
+ * whatever its layout; see docs/algorithms.md. */
 #define RATE__DEBT_MAX (INT64_C(1) << 62)
-#define RATE__SCALED_MAX (UINT64_C(1) << 62) /* burst * period bound */
+/* The largest B * P (C * P) of a bucket kept in one 64-bit word (the
+ * narrow layout); above it the component is a signed 128-bit word (the
+ * wide layout).  The layout never changes a decision. */
+#define RATE__SCALED_MAX (UINT64_C(1) << 62)
+/* Longest window, and longest period of a wide bucket (a narrow one's
+ * period is bounded by B * P <= 2^62 alone). */
 #define RATE__WINDOW_MAX (UINT64_C(1) << 61)
 
 /* ---------------------------------------------------------------- policy */
 
 struct rate_policy {
+    /* The `unlimited` policy: count 0, no limits, no state; every request
+     * is allowed before any store is asked (rate_policy_unlimited). */
+    bool unlimited;
     size_t count;
     rate_limit_t limits[RATE_MAX_LIMITS];
     const struct rate__algo *algo[RATE_MAX_LIMITS]; /* per limit */
@@ -196,13 +204,24 @@ typedef struct rate__algo {
     RATE__DEFINE_PLAIN_INLINE(prefix, FIXED)                                  \
     RATE__DEFINE_PLAIN_FN(prefix)
 
-extern const rate__algo_t rate__token_bucket;
-extern const rate__algo_t rate__leaky_bucket;
-extern const rate__algo_t rate__fixed_window;
-extern const rate__algo_t rate__sliding_log;
-extern const rate__algo_t rate__sliding_window;
+/* Each algorithm's table, rate__<table> of RATE_ALGORITHM_MAP. */
+#define RATE__X(id, value, name, alias, option, span, table) \
+    extern const rate__algo_t rate__##table;
+RATE_ALGORITHM_MAP(RATE__X)
+#undef RATE__X
+/* The buckets' wide layout (a 16-byte component): the same algorithm,
+ * another table, so that a table's `fixed` stays one number.  A limit's
+ * table is rate__algo_for(limit); every function of either table reads a
+ * stored component by the layout of the limit it is given (load() of a
+ * carried-over state gets the old limit), and works on a view in 128
+ * bits, so a state carries over between the layouts. */
+extern const rate__algo_t rate__token_bucket_wide;
+extern const rate__algo_t rate__leaky_bucket_wide;
 
+/* The algorithm's table (the narrow one for the buckets), NULL if none. */
 const rate__algo_t *rate__algo(rate_algorithm_t a);
+/* The table a (valid) limit's component is kept by. */
+const rate__algo_t *rate__algo_for(const rate_limit_t *l);
 
 /* Writes a message to err (when err is not NULL and errlen > 0), as
  * snprintf would, and returns rc: how the calls that take an error buffer
@@ -235,11 +254,39 @@ static inline uint64_t rate__ceil_div64(rate_u128_t a, uint64_t b)
     return rate__ceil_div(a, b);
 }
 
+/* ceil(a / b), or RATE_TIME_MAX when that is more: a duration longer
+ * than any clock reading (a wide bucket's refill may take 2^124 ns). */
+static inline uint64_t rate__ceil_div_sat(rate_u128_t a, uint64_t b)
+{
+    rate_u128_t q = a / b;
+
+    q += a % b != 0;
+    return q > RATE_TIME_MAX ? RATE_TIME_MAX : (uint64_t)q;
+}
+
+/* Whether a bucket's B * P (C * P) needs the wide layout. */
+static inline bool rate__bucket_wide(const rate_limit_t *l)
+{
+    return (rate_u128_t)l->burst * l->period_ns > RATE__SCALED_MAX;
+}
+
 /* The `limit` a decision reports for one limit: a bucket's burst or
  * capacity (never 0), a window's L (a window has no burst). */
 static inline uint64_t rate__shown_limit(const rate_limit_t *l)
 {
     return l->burst != 0 ? l->burst : l->limit;
+}
+
+/* The decision of the unlimited policy (rate_policy_unlimited), made
+ * before any store: allowed, nothing charged, nothing to report. */
+static inline void rate__unlimited_decision(rate_decision_t *d)
+{
+    memset(d, 0, sizeof *d);
+    d->allowed = true;
+    d->reason = RATE_REASON_ALLOWED;
+    d->component = -1;
+    d->limit = RATE_NO_LIMIT;
+    d->remaining = RATE_NO_LIMIT;
 }
 
 /* A whole decimal number in s[0..len) of at most max (>= 9): false on no
@@ -297,6 +344,19 @@ static inline void rate__put64(uint8_t *p, uint64_t v)
 {
     v = RATE__LE64(v);
     memcpy(p, &v, sizeof v);
+}
+
+/* A signed 128-bit word: two little-endian u64 words, the low one first. */
+static inline rate_i128_t rate__get128(const uint8_t *p)
+{
+    rate_u128_t v = (rate_u128_t)rate__get64(p + 8) << 64 | rate__get64(p);
+    return (rate_i128_t)v;
+}
+
+static inline void rate__put128(uint8_t *p, rate_i128_t v)
+{
+    rate__put64(p, (uint64_t)(rate_u128_t)v);
+    rate__put64(p + 8, (uint64_t)((rate_u128_t)v >> 64));
 }
 
 static inline uint16_t rate__get16(const uint8_t *p)

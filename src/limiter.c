@@ -401,10 +401,10 @@ static int policy_for(rate_limiter_t *lim, const char *key, size_t key_len,
     *tag = 0;
     if (lim->resolve != NULL &&
         (*p = lim->resolve(lim->resolve_ud, key, key_len)) != NULL)
-        return tag_of(lim, &lim->book, *p, tag);
+        return (*p)->unlimited ? RATE_OK : tag_of(lim, &lim->book, *p, tag);
     plan_t *pl = atomic_load_explicit(&lim->plan, memory_order_acquire);
     *p = &pl->policy;
-    return plan_tag(lim, pl, tag);
+    return pl->policy.unlimited ? RATE_OK : plan_tag(lim, pl, tag);
 }
 
 /* Before the store: the input checked (RATE_E* for bad input), the step's
@@ -486,6 +486,11 @@ static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim, const char *key,
                  RATE__OP_DECIDE, d, &arg, &store_rc);
     if (rc != RATE_OK)
         return rc;
+    if (arg.policy->unlimited) { /* no store, no record: always allowed */
+        rate__unlimited_decision(d);
+        count_verdict(lim, true);
+        return RATE_OK;
+    }
     rate_key_t k = {key, key_len, lim->space};
     if (store_rc == RATE_OK)
         store_rc = store_part(lim, lim->store, &lim->book, &k, &arg, now,
@@ -712,6 +717,13 @@ int rate_limiter_check_async(rate_limiter_t *lim, const char *key,
         free(a);
         return rc;
     }
+    if (a->arg.policy->unlimited) { /* answered at once, as decide() does */
+        rate__unlimited_decision(&a->d);
+        count_verdict(lim, true);
+        cb(ud, RATE_OK, &a->d);
+        free(a);
+        return RATE_OK;
+    }
     memcpy(a->key, key, key_len);
     a->job.key.len = key_len;
     a->job.key.bytes = a->key;
@@ -746,6 +758,8 @@ static int adjust_key(rate_limiter_t *lim, const char *key, size_t key_len,
                  &store_rc);
     if (rc != RATE_OK || store_rc != RATE_OK)
         return rc != RATE_OK ? rc : store_rc;
+    if (arg.policy->unlimited)
+        return RATE_OK; /* an unlimited key has no state to change */
     rate_key_t k = {key, key_len, lim->space};
     return store_part(lim, lim->store, &lim->book, &k, &arg, now, clock_time);
 }

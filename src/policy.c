@@ -4,10 +4,13 @@
  *
  * Text form (docs/policy.md):
  *
- *   policy := limit { ";" limit }
- *   limit  := ALGORITHM RATE { OPTION }
- *   RATE   := [COUNT] "/" [COUNT] UNIT        10/s  100/1m  3/500ms
- *   OPTION := "burst=" COUNT | "capacity=" COUNT
+ *   policy := "unlimited" | limit { ";" limit }
+ *   limit  := ALGORITHM RATE { OPTION }      words: spaces or tabs
+ *   RATE   := COUNT "/" [COUNT] UNIT        10/s  100/1m  3/500ms  1/day
+ *   OPTION := the algorithm's option "=" COUNT  (burst=, capacity=), once
+ *
+ * The algorithms, their names, aliases and options all come from
+ * RATE_ALGORITHM_MAP (ratelimit.h).
  *
  * Every bound checked here exists so that the decision path can never
  * overflow: see the comment on rate_policy_new() in ratelimit.h.
@@ -21,63 +24,124 @@
 
 #include "internal.h"
 
-static const struct {
-    const char *name;
+/* What RATE_ALGORITHM_MAP says of each algorithm. */
+typedef struct algo_info {
     rate_algorithm_t algorithm;
-} algo_names[] = {
-    {"token-bucket", RATE_TOKEN_BUCKET},
-    {"gcra", RATE_TOKEN_BUCKET},
-    {"leaky-bucket", RATE_LEAKY_BUCKET},
-    {"fixed-window", RATE_FIXED_WINDOW},
-    {"sliding-log", RATE_SLIDING_LOG},
-    {"sliding-window-log", RATE_SLIDING_LOG},
-    {"sliding-window", RATE_SLIDING_WINDOW},
-    {"sliding-window-counter", RATE_SLIDING_WINDOW},
-};
+    const char *name, *alias;
+    const char *option; /* "" for a window */
+    const char *span;   /* what P is called: "period" or "window" */
+    const rate__algo_t *table;
+} algo_info_t;
 
-static const struct {
-    const char *name;
-    uint64_t ns;
-} units[] = {
-    {"ns", 1},
-    {"us", 1000},
-    {"ms", 1000000},
-    {"s", UINT64_C(1000000000)},
-    {"m", UINT64_C(60000000000)},
-    {"h", UINT64_C(3600000000000)},
-    {"d", UINT64_C(86400000000000)},
+static const algo_info_t algos[] = {
+#define RATE__X(id, value, name, alias, option, span, table) \
+    {RATE_##id, name, alias, option, span, &rate__##table},
+    RATE_ALGORITHM_MAP(RATE__X)
+#undef RATE__X
 };
+#define N_ALGOS (sizeof algos / sizeof algos[0])
+
+/* Units, each with its aliases; the first name is the canonical one. */
+static const struct {
+    uint64_t ns;
+    const char *names[5];
+} units[] = {
+    {1, {"ns", "nsec", "nsecs", "nanosecond", "nanoseconds"}},
+    {1000, {"us", "usec", "usecs", "microsecond", "microseconds"}},
+    {1000000, {"ms", "msec", "msecs", "millisecond", "milliseconds"}},
+    {UINT64_C(1000000000), {"s", "sec", "secs", "second", "seconds"}},
+    {UINT64_C(60000000000), {"m", "min", "mins", "minute", "minutes"}},
+    {UINT64_C(3600000000000), {"h", "hr", "hrs", "hour", "hours"}},
+    {UINT64_C(86400000000000), {"d", "day", "days", NULL, NULL}},
+};
+#define N_UNITS (sizeof units / sizeof units[0])
+
+static const algo_info_t *info_of(rate_algorithm_t a)
+{
+    for (size_t i = 0; i < N_ALGOS; i++)
+        if (algos[i].algorithm == a)
+            return &algos[i];
+    return NULL;
+}
+
+/* The algorithm a name or alias of len bytes names, or NULL. */
+static const algo_info_t *info_named(const char *s, size_t len)
+{
+    for (size_t i = 0; i < N_ALGOS; i++)
+        if ((strlen(algos[i].name) == len &&
+             memcmp(algos[i].name, s, len) == 0) ||
+            (algos[i].alias[0] != '\0' && strlen(algos[i].alias) == len &&
+             memcmp(algos[i].alias, s, len) == 0))
+            return &algos[i];
+    return NULL;
+}
+
+/* Writes "token-bucket, gcra, leaky-bucket, ..." (every name and alias). */
+static const char *algo_names_text(char *buf, size_t len)
+{
+    size_t used = 0;
+
+    buf[0] = '\0';
+    for (size_t i = 0; i < N_ALGOS; i++) {
+        const char *w[2] = {algos[i].name, algos[i].alias};
+        for (int k = 0; k < 2; k++)
+            if (w[k][0] != '\0' && used < len)
+                used += (size_t)snprintf(buf + used, len - used, "%s%s",
+                                         used ? ", " : "", w[k]);
+    }
+    return buf;
+}
 
 const rate__algo_t *rate__algo(rate_algorithm_t a)
 {
-    switch (a) {
-    case RATE_TOKEN_BUCKET:
-        return &rate__token_bucket;
-    case RATE_LEAKY_BUCKET:
-        return &rate__leaky_bucket;
-    case RATE_FIXED_WINDOW:
-        return &rate__fixed_window;
-    case RATE_SLIDING_LOG:
-        return &rate__sliding_log;
-    case RATE_SLIDING_WINDOW:
-        return &rate__sliding_window;
-    }
-    return NULL;
+    const algo_info_t *i = info_of(a);
+
+    return i != NULL ? i->table : NULL;
+}
+
+const char *rate_algorithm_name(rate_algorithm_t a)
+{
+    const algo_info_t *i = info_of(a);
+
+    return i != NULL ? i->name : NULL;
+}
+
+int rate_algorithm_parse(const char *name, rate_algorithm_t *out)
+{
+    const algo_info_t *i;
+
+    if (name == NULL || out == NULL ||
+        (i = info_named(name, strlen(name))) == NULL)
+        return RATE_EINVAL;
+    *out = i->algorithm;
+    return RATE_OK;
+}
+
+const rate__algo_t *rate__algo_for(const rate_limit_t *l)
+{
+    if (l->algorithm == RATE_TOKEN_BUCKET && rate__bucket_wide(l))
+        return &rate__token_bucket_wide;
+    if (l->algorithm == RATE_LEAKY_BUCKET && rate__bucket_wide(l))
+        return &rate__leaky_bucket_wide;
+    return rate__algo(l->algorithm);
 }
 
 /* Every policy error is RATE_EPOLICY with a message naming the bad part. */
 #define fail(err, errlen, ...)                                                \
     rate__fail(err, errlen, RATE_EPOLICY, __VA_ARGS__)
 
+/* A bucket takes an option (burst, capacity); a window takes none. */
 static bool is_bucket(rate_algorithm_t a)
 {
-    return a == RATE_TOKEN_BUCKET || a == RATE_LEAKY_BUCKET;
+    const algo_info_t *i = info_of(a);
+
+    return i != NULL && i->option[0] != '\0';
 }
 
 static int check_limit(const rate_limit_t *l, size_t i, char *err,
                        size_t errlen)
 {
-    const rate__algo_t *a = rate__algo(l->algorithm);
+    const algo_info_t *a = info_of(l->algorithm);
 
     if (a == NULL)
         return fail(err, errlen, "limit %zu: unknown algorithm %d", i + 1,
@@ -87,22 +151,26 @@ static int check_limit(const rate_limit_t *l, size_t i, char *err,
                     i + 1, a->name);
     if (l->period_ns == 0)
         return fail(err, errlen, "limit %zu (%s): the %s is zero", i + 1,
-                    a->name, is_bucket(l->algorithm) ? "period" : "window");
-    if (l->limit > RATE_TIME_MAX || l->period_ns > RATE_TIME_MAX)
-        return fail(err, errlen, "limit %zu (%s): count or period above 2^63-1",
+                    a->name, a->span);
+    if (l->limit > RATE_TIME_MAX || l->period_ns > RATE_TIME_MAX ||
+        l->burst > RATE_TIME_MAX)
+        return fail(err, errlen,
+                    "limit %zu (%s): count, period or burst above 2^63-1",
                     i + 1, a->name);
     if (is_bucket(l->algorithm)) {
-        const char *what =
-            l->algorithm == RATE_TOKEN_BUCKET ? "burst" : "capacity";
+        const char *what = a->option;
         if (l->burst == 0)
             return fail(err, errlen, "limit %zu (%s): %s is zero", i + 1,
                         a->name, what);
-        if ((rate_u128_t)l->burst * l->period_ns > RATE__SCALED_MAX)
+        /* Any period up to 2^61 (B * P < 2^124, the wide layout); a longer
+         * one only with B * P <= 2^62 (the narrow layout, as before). */
+        if (l->period_ns > RATE__WINDOW_MAX && rate__bucket_wide(l))
             return fail(err, errlen,
-                        "limit %zu (%s): %s %llu times period %llu ns exceeds "
-                        "2^62, the exact arithmetic's bound",
-                        i + 1, a->name, what, (unsigned long long)l->burst,
-                        (unsigned long long)l->period_ns);
+                        "limit %zu (%s): period %llu ns above 2^61 ns (73 "
+                        "years) with %s %llu; a longer period needs %s "
+                        "times period <= 2^62",
+                        i + 1, a->name, (unsigned long long)l->period_ns,
+                        what, (unsigned long long)l->burst, what);
     } else {
         if (l->burst != 0)
             return fail(err, errlen,
@@ -129,6 +197,8 @@ static uint32_t fingerprint(const rate_policy_t *p)
     size_t n = 0;
 
     words[n++] = p->count;
+    if (p->unlimited) /* no limits; a word no limited policy starts with */
+        words[n++] = UINT64_MAX;
     for (size_t i = 0; i < p->count; i++) {
         words[n++] = (uint64_t)p->limits[i].algorithm;
         words[n++] = p->limits[i].limit;
@@ -162,7 +232,7 @@ int rate_policy_new(const rate_limit_t *limits, size_t count,
     memcpy(p->limits, limits, count * sizeof *limits);
     p->grow = RATE__HEADER_LEN;
     for (size_t i = 0; i < count; i++) {
-        const rate__algo_t *a = rate__algo(limits[i].algorithm);
+        const rate__algo_t *a = rate__algo_for(&limits[i]);
         uint64_t reset = a->max_reset(&limits[i]);
         p->algo[i] = a;
         p->grow += a->fixed + a->grow;
@@ -174,6 +244,26 @@ int rate_policy_new(const rate_limit_t *limits, size_t count,
     p->fingerprint = fingerprint(p);
     *out = p;
     return RATE_OK;
+}
+
+int rate_policy_unlimited(rate_policy_t **out)
+{
+    rate_policy_t *p;
+
+    if (out == NULL)
+        return RATE_EINVAL;
+    *out = NULL;
+    if ((p = calloc(1, sizeof *p)) == NULL)
+        return RATE_ENOMEM;
+    p->unlimited = true;
+    p->fingerprint = fingerprint(p);
+    *out = p;
+    return RATE_OK;
+}
+
+bool rate_policy_is_unlimited(const rate_policy_t *policy)
+{
+    return policy != NULL && policy->unlimited;
 }
 
 void rate_policy_free(rate_policy_t *policy)
@@ -204,12 +294,23 @@ static bool parse_count(const char *s, size_t len, uint64_t *out)
     return rate__parse_decimal(s, len, RATE_TIME_MAX, out);
 }
 
+/* The ns of a unit's name or alias s[0..len), 0 if none. */
+static uint64_t unit_ns(const char *s, size_t len)
+{
+    for (size_t u = 0; u < N_UNITS; u++)
+        for (size_t k = 0; k < 5 && units[u].names[k] != NULL; k++)
+            if (strlen(units[u].names[k]) == len &&
+                memcmp(units[u].names[k], s, len) == 0)
+                return units[u].ns;
+    return 0;
+}
+
 /* "[COUNT]UNIT" with the count optional when allow_bare, into ns. */
 static int parse_dur(const char *s, size_t len, bool allow_bare,
                      uint64_t *out)
 {
     size_t digits = 0;
-    uint64_t count = 1;
+    uint64_t count = 1, ns;
 
     while (digits < len && s[digits] >= '0' && s[digits] <= '9')
         digits++;
@@ -221,16 +322,58 @@ static int parse_dur(const char *s, size_t len, bool allow_bare,
         return RATE_EINVAL;
     if (digits > 0 && !parse_count(s, digits, &count))
         return RATE_ERANGE;
-    for (size_t u = 0; u < sizeof units / sizeof units[0]; u++) {
-        if (strlen(units[u].name) == len - digits &&
-            memcmp(units[u].name, s + digits, len - digits) == 0) {
-            if (count > RATE_TIME_MAX / units[u].ns)
-                return RATE_ERANGE;
-            *out = count * units[u].ns;
-            return RATE_OK;
-        }
+    if ((ns = unit_ns(s + digits, len - digits)) == 0)
+        return RATE_EINVAL;
+    if (count > RATE_TIME_MAX / ns)
+        return RATE_ERANGE;
+    *out = count * ns;
+    return RATE_OK;
+}
+
+/* "N/DUR" text with the largest unit that divides ns exactly. */
+static int format_ns(uint64_t ns, char *buf, size_t len)
+{
+    size_t u = N_UNITS;
+
+    while (u-- > 1)
+        if (ns % units[u].ns == 0)
+            break;
+    uint64_t mult = ns / units[u].ns;
+    if (mult == 1)
+        return snprintf(buf, len, "%s", units[u].names[0]);
+    return snprintf(buf, len, "%llu%s", (unsigned long long)mult,
+                    units[u].names[0]);
+}
+
+/* For a duration with a fraction ("1.5s", "0.25h"), the whole form it
+ * means ("1500ms", "15m") in buf; false when there is none. */
+static bool whole_form(const char *s, size_t len, char *buf, size_t buflen)
+{
+    size_t i = 0, dot;
+    uint64_t ns;
+    rate_u128_t v = 0, scale = 1;
+
+    while (i < len && s[i] >= '0' && s[i] <= '9')
+        i++;
+    if (i == 0 || i == len || s[i] != '.')
+        return false;
+    dot = i++;
+    while (i < len && s[i] >= '0' && s[i] <= '9')
+        i++;
+    if (i == dot + 1 || i - 1 > 20 || (ns = unit_ns(s + i, len - i)) == 0)
+        return false;
+    for (size_t k = 0; k < i; k++) {
+        if (k == dot)
+            continue;
+        v = v * 10 + (unsigned)(s[k] - '0');
+        if (k > dot)
+            scale *= 10;
     }
-    return RATE_EINVAL;
+    v *= ns;
+    if (v % scale != 0 || v / scale == 0 || v / scale > RATE_TIME_MAX)
+        return false;
+    format_ns((uint64_t)(v / scale), buf, buflen);
+    return true;
 }
 
 int rate_parse_duration(const char *text, uint64_t *out_ns)
@@ -240,22 +383,79 @@ int rate_parse_duration(const char *text, uint64_t *out_ns)
     return parse_dur(text, strlen(text), false, out_ns);
 }
 
+/* "COUNT/[COUNT]UNIT": RATE_OK, RATE_EINVAL, or RATE_ERANGE; *where says
+ * which part is wrong (0 the shape, 1 the count, 2 the duration). */
+static int rate_of(const char *s, size_t len, uint64_t *count,
+                   uint64_t *period, int *where)
+{
+    const char *slash = memchr(s, '/', len);
+    size_t left;
+    int rc;
+
+    *where = 0;
+    if (slash == NULL)
+        return RATE_EINVAL;
+    left = (size_t)(slash - s);
+    *where = 1;
+    if (!parse_count(s, left, count)) {
+        bool digits = left > 0;
+        for (size_t i = 0; i < left; i++)
+            digits = digits && s[i] >= '0' && s[i] <= '9';
+        return digits ? RATE_ERANGE : RATE_EINVAL;
+    }
+    *where = 2;
+    rc = parse_dur(slash + 1, len - left - 1, true, period);
+    return rc;
+}
+
+int rate_parse_rate(const char *text, uint64_t *count, uint64_t *period_ns)
+{
+    uint64_t c, p;
+    int where, rc;
+
+    if (text == NULL || count == NULL || period_ns == NULL)
+        return RATE_EINVAL;
+    rc = rate_of(text, strlen(text), &c, &p, &where);
+    if (rc != RATE_OK)
+        return rc;
+    if (c == 0 || p == 0)
+        return RATE_EINVAL;
+    *count = c;
+    *period_ns = p;
+    return RATE_OK;
+}
+
 typedef struct token {
     const char *s;
     size_t len;
 } token_t;
 
-static size_t split_words(const char *s, size_t len, token_t *w, size_t max)
+static bool is_sep(char c)
+{
+    return c == ' ' || c == '\t';
+}
+
+/* Words separated by spaces or tabs; any other control byte or space
+ * (a newline, \v, \f, \r) is an error: *bad points at it. */
+static size_t split_words(const char *s, size_t len, token_t *w, size_t max,
+                          const char **bad)
 {
     size_t n = 0, i = 0;
 
+    *bad = NULL;
+    for (size_t k = 0; k < len; k++)
+        if (!is_sep(s[k]) && (isspace((unsigned char)s[k]) ||
+                              iscntrl((unsigned char)s[k]))) {
+            *bad = s + k;
+            return 0;
+        }
     while (i < len) {
-        while (i < len && isspace((unsigned char)s[i]))
+        while (i < len && is_sep(s[i]))
             i++;
         if (i == len)
             break;
         size_t start = i;
-        while (i < len && !isspace((unsigned char)s[i]))
+        while (i < len && !is_sep(s[i]))
             i++;
         if (n < max)
             w[n] = (token_t){s + start, i - start};
@@ -267,55 +467,71 @@ static size_t split_words(const char *s, size_t len, token_t *w, size_t max)
 static int parse_rate(token_t t, size_t idx, rate_limit_t *l, char *err,
                       size_t errlen)
 {
+    int where, rc = rate_of(t.s, t.len, &l->limit, &l->period_ns, &where);
     const char *slash = memchr(t.s, '/', t.len);
-    size_t left;
-    int rc;
+    char whole[48];
 
-    if (slash == NULL)
+    if (rc == RATE_OK)
+        return RATE_OK;
+    if (where == 0)
         return fail(err, errlen,
                     "limit %zu: rate '%.*s' is not COUNT/DURATION (e.g. 10/s)",
                     idx + 1, (int)t.len, t.s);
-    left = (size_t)(slash - t.s);
-    if (!parse_count(t.s, left, &l->limit))
+    size_t left = (size_t)(slash - t.s), dlen = t.len - left - 1;
+    if (where == 1)
         return fail(err, errlen,
                     "limit %zu: count '%.*s' in rate '%.*s' is not a whole "
                     "number up to 2^63-1",
                     idx + 1, (int)left, t.s, (int)t.len, t.s);
-    rc = parse_dur(slash + 1, t.len - left - 1, true, &l->period_ns);
-    if (rc != RATE_OK)
+    if (rc == RATE_ERANGE)
         return fail(err, errlen,
-                    "limit %zu: duration '%.*s' in rate '%.*s' %s", idx + 1,
-                    (int)(t.len - left - 1), slash + 1, (int)t.len, t.s,
-                    rc == RATE_ERANGE ? "is above 2^63-1 ns"
-                                      : "is not [COUNT]UNIT, units ns us ms "
-                                        "s m h d");
-    return RATE_OK;
+                    "limit %zu: duration '%.*s' in rate '%.*s' is above "
+                    "2^63-1 ns", idx + 1, (int)dlen, slash + 1, (int)t.len,
+                    t.s);
+    if (whole_form(slash + 1, dlen, whole, sizeof whole))
+        return fail(err, errlen,
+                    "limit %zu: duration '%.*s' in rate '%.*s' is not a "
+                    "whole number of its unit; write '%s'",
+                    idx + 1, (int)dlen, slash + 1, (int)t.len, t.s, whole);
+    return fail(err, errlen,
+                "limit %zu: duration '%.*s' in rate '%.*s' is not "
+                "[COUNT]UNIT, units ns us ms s m h d (or nsec usec msec sec "
+                "min hr day, singular or plural)",
+                idx + 1, (int)dlen, slash + 1, (int)t.len, t.s);
 }
 
-static int parse_option(token_t t, size_t idx, rate_limit_t *l, char *err,
-                        size_t errlen)
+static int parse_option(token_t t, size_t idx, const algo_info_t *a,
+                        rate_limit_t *l, char *err, size_t errlen)
 {
     const char *eq = memchr(t.s, '=', t.len);
     size_t klen = eq ? (size_t)(eq - t.s) : t.len;
-    const char *want = l->algorithm == RATE_TOKEN_BUCKET   ? "burst"
-                       : l->algorithm == RATE_LEAKY_BUCKET ? "capacity"
-                                                           : NULL;
+    const algo_info_t *owner = NULL;
     uint64_t v;
 
     if (eq == NULL)
         return fail(err, errlen, "limit %zu: '%.*s' is not NAME=VALUE",
                     idx + 1, (int)t.len, t.s);
-    bool known = (klen == 5 && memcmp(t.s, "burst", 5) == 0) ||
-                 (klen == 8 && memcmp(t.s, "capacity", 8) == 0);
-    if (!known)
-        return fail(err, errlen,
-                    "limit %zu: unknown option '%.*s' (burst= for "
-                    "token-bucket, capacity= for leaky-bucket)",
-                    idx + 1, (int)klen, t.s);
-    if (want == NULL || strlen(want) != klen || memcmp(want, t.s, klen) != 0)
+    for (size_t i = 0; i < N_ALGOS && owner == NULL; i++)
+        if (algos[i].option[0] != '\0' && strlen(algos[i].option) == klen &&
+            memcmp(algos[i].option, t.s, klen) == 0)
+            owner = &algos[i];
+    if (owner == NULL) {
+        char known[160] = "";
+        size_t used = 0;
+        for (size_t i = 0; i < N_ALGOS; i++)
+            if (algos[i].option[0] != '\0' && used < sizeof known)
+                used += (size_t)snprintf(known + used, sizeof known - used,
+                                         "%s%s= for %s", used ? ", " : "",
+                                         algos[i].option, algos[i].name);
+        return fail(err, errlen, "limit %zu: unknown option '%.*s' (%s)",
+                    idx + 1, (int)klen, t.s, known);
+    }
+    if (owner != a)
         return fail(err, errlen, "limit %zu: option '%.*s' does not belong to "
-                    "%s", idx + 1, (int)klen, t.s,
-                    rate__algo(l->algorithm)->name);
+                    "%s", idx + 1, (int)klen, t.s, a->name);
+    if (l->burst != 0)
+        return fail(err, errlen, "limit %zu: %s= given twice", idx + 1,
+                    a->option);
     if (!parse_count(eq + 1, t.len - klen - 1, &v))
         return fail(err, errlen,
                     "limit %zu: %.*s value '%.*s' is not a whole number up "
@@ -328,39 +544,76 @@ static int parse_option(token_t t, size_t idx, rate_limit_t *l, char *err,
     return RATE_OK;
 }
 
+static bool is_word(token_t w, const char *word)
+{
+    return w.len == strlen(word) && memcmp(w.s, word, w.len) == 0;
+}
+
+/* A byte of policy text for a message: 'x', or its name. */
+static const char *byte_name(char c, char *buf, size_t len)
+{
+    switch (c) {
+    case '\n':
+        return "a newline";
+    case '\r':
+        return "a carriage return (\\r)";
+    case '\v':
+        return "a vertical tab (\\v)";
+    case '\f':
+        return "a form feed (\\f)";
+    default:
+        snprintf(buf, len, "byte 0x%02x", (unsigned)(unsigned char)c);
+        return buf;
+    }
+}
+
+/* One limit's text; *unlimited set (and l untouched) for "unlimited". */
 static int parse_limit(const char *s, size_t len, size_t idx, rate_limit_t *l,
-                       char *err, size_t errlen)
+                       bool *unlimited, char *err, size_t errlen)
 {
     token_t w[8];
-    size_t n = split_words(s, len, w, 8);
-    size_t a;
+    const char *bad;
+    size_t n = split_words(s, len, w, 8, &bad);
+    const algo_info_t *a;
     int rc;
 
+    if (bad != NULL) {
+        char b[16];
+        return fail(err, errlen,
+                    "limit %zu: %s in the text; words are separated by "
+                    "spaces or tabs, limits by ';'",
+                    idx + 1, byte_name(*bad, b, sizeof b));
+    }
     if (n == 0)
         return fail(err, errlen, "limit %zu is empty", idx + 1);
     if (n > 8)
         return fail(err, errlen, "limit %zu: too many words", idx + 1);
-    for (a = 0; a < sizeof algo_names / sizeof algo_names[0]; a++)
-        if (strlen(algo_names[a].name) == w[0].len &&
-            memcmp(algo_names[a].name, w[0].s, w[0].len) == 0)
-            break;
-    if (a == sizeof algo_names / sizeof algo_names[0])
-        return fail(err, errlen,
-                    "limit %zu: unknown algorithm '%.*s' (token-bucket, gcra, "
-                    "leaky-bucket, fixed-window, sliding-log, sliding-window)",
-                    idx + 1, (int)w[0].len, w[0].s);
+    if (is_word(w[0], "unlimited")) {
+        if (n > 1)
+            return fail(err, errlen,
+                        "limit %zu: 'unlimited' takes no rate or option",
+                        idx + 1);
+        *unlimited = true;
+        return RATE_OK;
+    }
+    if ((a = info_named(w[0].s, w[0].len)) == NULL) {
+        char names[256];
+        return fail(err, errlen, "limit %zu: unknown algorithm '%.*s' (%s)",
+                    idx + 1, (int)w[0].len, w[0].s,
+                    algo_names_text(names, sizeof names));
+    }
     memset(l, 0, sizeof *l);
-    l->algorithm = algo_names[a].algorithm;
+    l->algorithm = a->algorithm;
     if (n < 2)
-        return fail(err, errlen, "limit %zu: %s needs a rate such as 10/s",
-                    idx + 1, algo_names[a].name);
+        return fail(err, errlen, "limit %zu: %.*s needs a rate such as 10/s",
+                    idx + 1, (int)w[0].len, w[0].s);
     if ((rc = parse_rate(w[1], idx, l, err, errlen)) != RATE_OK)
         return rc;
     for (size_t i = 2; i < n; i++)
-        if ((rc = parse_option(w[i], idx, l, err, errlen)) != RATE_OK)
+        if ((rc = parse_option(w[i], idx, a, l, err, errlen)) != RATE_OK)
             return rc;
     /* A bucket without burst/capacity holds one period's worth. */
-    if (is_bucket(l->algorithm) && l->burst == 0)
+    if (a->option[0] != '\0' && l->burst == 0)
         l->burst = l->limit;
     return RATE_OK;
 }
@@ -371,6 +624,7 @@ int rate_policy_parse(const char *text, rate_policy_t **out, char *err,
     rate_limit_t limits[RATE_MAX_LIMITS];
     size_t count = 0;
     const char *s = text;
+    bool unlimited = false;
     int rc;
 
     if (out == NULL)
@@ -384,31 +638,26 @@ int rate_policy_parse(const char *text, rate_policy_t **out, char *err,
         if (count == RATE_MAX_LIMITS)
             return fail(err, errlen, "more than %d limits in one policy",
                         RATE_MAX_LIMITS);
-        rc = parse_limit(s, len, count, &limits[count], err, errlen);
+        bool unl = false;
+        rc = parse_limit(s, len, count, &limits[count], &unl, err, errlen);
         if (rc != RATE_OK)
             return rc;
+        if (unlimited || (unl && count > 0))
+            /* A composite's limits all apply: one with no limit would be
+             * only its others, which is better written so. */
+            return fail(err, errlen,
+                        "limit %zu: 'unlimited' stands alone; a policy with "
+                        "other limits is limited by them (drop 'unlimited')",
+                        count + 1);
+        unlimited = unl;
         count++;
         if (end == NULL)
             break;
         s = end + 1;
     }
+    if (unlimited)
+        return rate_policy_unlimited(out);
     return rate_policy_new(limits, count, out, err, errlen);
-}
-
-/* "N/DUR" with the largest unit that divides the period exactly. */
-static int format_rate(const rate_limit_t *l, char *buf, size_t len)
-{
-    size_t u = sizeof units / sizeof units[0];
-
-    while (u-- > 1)
-        if (l->period_ns % units[u].ns == 0)
-            break;
-    uint64_t mult = l->period_ns / units[u].ns;
-    if (mult == 1)
-        return snprintf(buf, len, "%llu/%s", (unsigned long long)l->limit,
-                        units[u].name);
-    return snprintf(buf, len, "%llu/%llu%s", (unsigned long long)l->limit,
-                    (unsigned long long)mult, units[u].name);
 }
 
 size_t rate_policy_format(const rate_policy_t *p, char *buf, size_t len)
@@ -420,20 +669,25 @@ size_t rate_policy_format(const rate_policy_t *p, char *buf, size_t len)
         return 0;
     if (buf != NULL && len > 0)
         buf[0] = '\0';
+    if (p->unlimited) {
+        if (buf != NULL && len > 0)
+            snprintf(buf, len, "unlimited");
+        return strlen("unlimited");
+    }
     for (size_t i = 0; i < p->count; i++) {
         const rate_limit_t *l = &p->limits[i];
-        char rate[64];
-        format_rate(l, rate, sizeof rate);
+        const algo_info_t *a = info_of(l->algorithm);
+        char dur[48];
+        format_ns(l->period_ns, dur, sizeof dur);
         int n;
-        if (is_bucket(l->algorithm))
-            n = snprintf(tmp, sizeof tmp, "%s%s %s %s=%llu", i ? "; " : "",
-                         rate__algo(l->algorithm)->name, rate,
-                         l->algorithm == RATE_TOKEN_BUCKET ? "burst"
-                                                           : "capacity",
+        if (a->option[0] != '\0')
+            n = snprintf(tmp, sizeof tmp, "%s%s %llu/%s %s=%llu",
+                         i ? "; " : "", a->name,
+                         (unsigned long long)l->limit, dur, a->option,
                          (unsigned long long)l->burst);
         else
-            n = snprintf(tmp, sizeof tmp, "%s%s %s", i ? "; " : "",
-                         rate__algo(l->algorithm)->name, rate);
+            n = snprintf(tmp, sizeof tmp, "%s%s %llu/%s", i ? "; " : "",
+                         a->name, (unsigned long long)l->limit, dur);
         if (buf != NULL && used + 1 < len)
             snprintf(buf + used, len - used, "%s", tmp);
         used += (size_t)n;

@@ -370,6 +370,12 @@ int rate__step(void *varg, rate_step_io_t *io)
     uint64_t t, last;
     int rc;
 
+    if (p->unlimited) { /* the limiter answers it first; never written */
+        rate__unlimited_decision(arg->decision);
+        io->write = false;
+        io->new_len = 0;
+        return RATE_OK;
+    }
     if (arg->op == RATE__OP_DECIDE && p->count == 1 &&
         io->old_state != NULL && step_one(arg, io))
         return RATE_OK;

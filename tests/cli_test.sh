@@ -74,7 +74,7 @@ expect_error '' "--burst does not apply to leaky-bucket" replay --algorithm leak
 expect_error '' "--capacity does not apply to token-bucket" replay $TB --capacity 2
 expect_error '' "--limit does not apply to token-bucket" replay $TB --limit 2
 expect_error '' "--rate does not apply to sliding-window" replay --algorithm sliding-window --limit 1 --window 1s --rate 1/s
-expect_error '' "exceeds 2^62" replay --algorithm gcra --rate 1/d --burst 99999999
+expect_error '' "above 2^61" replay --algorithm gcra --rate 1/36500d --burst 2
 expect_error '' "cannot read '/nonexistent/trace'" replay $TB /nonexistent/trace
 expect_error '' "more than one FILE" replay $TB a b
 expect_error '' "is neither 'memory' nor a redis:// or unix:// URL" replay $TB --store postgres://x

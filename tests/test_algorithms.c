@@ -146,6 +146,107 @@ static void token_bucket_extremes(void **state)
     rate_limiter_free(l);
 }
 
+static rate_limiter_t *limiter_c(rate_limit_t lim)
+{
+    rate_policy_t *p = NULL;
+    rate_limiter_t *l = NULL;
+    char err[256] = "";
+    rate_limiter_config_t cfg = {0};
+    if (rate_policy_new(&lim, 1, &p, err, sizeof err) != RATE_OK)
+        fail_msg("policy: %s", err);
+    cfg.policy = p;
+    assert_int_equal(rate_limiter_new(&cfg, &l), RATE_OK);
+    rate_policy_free(p);
+    return l;
+}
+
+#define TMAX RATE_TIME_MAX
+
+/* A daily quota of 10^5 as a token bucket (B * P = 8.64e18 > 2^62: the
+ * wide layout): one token per 864 ms, exactly. */
+static void daily_quota(void **state)
+{
+    (void)state;
+    const uint64_t tok = 864 * MS, day = 86400 * SEC;
+    rate_limiter_t *l = limiter_of("token-bucket 100000/1d burst=100000", NULL);
+    EXPECT(l, 0, 100000, 0, true, 0, 0, 0, day); /* the whole day at once */
+    EXPECT(l, 0, 1, 0, false, 0, 0, tok, day);
+    EXPECT(l, tok - 1, 1, 0, false, 0, 0, 1, day - tok + 1);
+    EXPECT(l, tok, 1, 0, true, 0, 0, 0, day); /* refilled exactly now */
+    EXPECT(l, tok, 100001, SEC, false, 0, 0, N, day); /* never */
+    /* Reserve two tokens: 1728 ms away. */
+    EXPECT(l, tok, 2, 2 * tok - 1, false, 0, 0, 2 * tok, day);
+    EXPECT(l, tok, 2, 2 * tok, true, 0, 2 * tok, 0, day + 2 * tok);
+    EXPECT(l, tok + day + 2 * tok, 0, 0, true, 100000, 0, 0, 0); /* full */
+    rate_limiter_free(l);
+
+    l = limiter_of("leaky-bucket 100000/1d capacity=100000", NULL);
+    EXPECT(l, 5, 1, 0, true, 99999, 0, 0, tok);
+    EXPECT(l, 5, 1, 0, false, 99999, 0, tok, tok);
+    EXPECT(l, 5, 99999, day, true, 0, tok, 0, day); /* queued */
+    EXPECT(l, 5, 1, TMAX, false, 0, 0, day, day);   /* full */
+    EXPECT(l, 5 + day - 1, 1, 0, false, 99999, 0, 1, 1);
+    EXPECT(l, 5 + day, 1, 0, true, 99999, 0, 0, tok);
+    rate_limiter_free(l);
+}
+
+/* Counts of 2^53 over periods of 2^61 ns: the largest the spec names.  A
+ * refill or drain of 2^114 scaled units at 1 per ns is longer than any
+ * clock reading: reported as RATE_TIME_MAX. */
+static void at_the_bounds(void **state)
+{
+    (void)state;
+    const uint64_t B = UINT64_C(1) << 53, P = UINT64_C(1) << 61;
+    rate_limiter_t *l = limiter_c((rate_limit_t){RATE_TOKEN_BUCKET, 1, P, B});
+    EXPECT(l, 0, 1, 0, true, B - 1, 0, 0, P);
+    EXPECT(l, 0, B, 0, false, B - 1, 0, P, P);
+    EXPECT(l, P - 1, B, 0, false, B - 1, 0, 1, 1);
+    EXPECT(l, P, B, 0, true, 0, 0, 0, TMAX);
+    EXPECT(l, P, 1, 0, false, 0, 0, P, TMAX);
+    EXPECT(l, P, B + 1, 0, false, 0, 0, N, TMAX);
+    /* A reservation of one token, P away; a second would pass the debt
+     * bound (2^62 scaled tokens: two periods of 2^61). */
+    EXPECT(l, P, 1, P, true, 0, P, 0, TMAX);
+    EXPECT(l, P, 1, TMAX, true, 0, 2 * P, 0, TMAX);
+    EXPECT(l, P, 1, TMAX, false, 0, 0, 3 * P, TMAX);
+    EXPECT(l, 3 * P, 1, 0, false, 0, 0, P, TMAX); /* 4P: past the clock */
+    rate_limiter_free(l);
+
+    l = limiter_c((rate_limit_t){RATE_LEAKY_BUCKET, 1, P, B});
+    EXPECT(l, 0, 1, 0, true, B - 1, 0, 0, P);
+    EXPECT(l, 0, 1, 0, false, B - 1, 0, P, P);
+    EXPECT(l, 0, B - 1, TMAX, true, 0, P, 0, TMAX);
+    EXPECT(l, 0, 1, TMAX, false, 0, 0, TMAX, TMAX);
+    EXPECT(l, 0, B + 1, TMAX, false, 0, 0, N, TMAX);
+    rate_limiter_free(l);
+
+    /* The largest counts the text takes: 2^63-1 per 2^61 ns. */
+    l = limiter_c((rate_limit_t){RATE_TOKEN_BUCKET, TMAX, P, TMAX});
+    EXPECT(l, 0, TMAX, 0, true, 0, 0, 0, P);
+    /* One ns refills 2^63-1 scaled tokens: 3.99 tokens. */
+    EXPECT(l, 1, 1, 0, true, 2, 0, 0, P);
+    EXPECT(l, 1, 3, 0, false, 2, 0, 1, P);
+    EXPECT(l, 2, 3, 0, true, 3, 0, 0, P);
+    rate_limiter_free(l);
+
+    l = limiter_c((rate_limit_t){RATE_FIXED_WINDOW, B, P, 0});
+    EXPECT(l, 2 * P + 3, B, 0, true, 0, 0, 0, P - 3);
+    EXPECT(l, 2 * P + 3, 1, 0, false, 0, 0, P - 3, P - 3);
+    EXPECT(l, 3 * P, B, 0, true, 0, 0, 0, P);
+    rate_limiter_free(l);
+
+    /* A sliding window: all 2^53 on the window's last nanosecond; half way
+     * through the next the estimate is 2^52, and 2^52 + 1 more pass once
+     * prev weighs (2^52 - 1) / 2^53, 256 ns later. */
+    l = limiter_c((rate_limit_t){RATE_SLIDING_WINDOW, B, P, 0});
+    EXPECT(l, P - 1, B, 0, true, 0, 0, 0, P + 1);
+    EXPECT(l, P + P / 2, B / 2 + 1, 0, false, B / 2, 0, 256, P / 2);
+    EXPECT(l, P + P / 2 + 255, B / 2 + 1, 0, false, B / 2, 0, 1, P / 2 - 255);
+    EXPECT(l, P + P / 2 + 256, B / 2 + 1, 0, true, 0, 0, 0,
+           2 * P - P / 2 - 256);
+    rate_limiter_free(l);
+}
+
 /* A retry_after is exact: the same request then passes, a nanosecond
  * earlier it does not (spec: "Rounded up"). */
 static void retry_after_is_tight(void **state)
@@ -186,6 +287,8 @@ int main(void)
         cmocka_unit_test(leaky_bucket),   cmocka_unit_test(fixed_window),
         cmocka_unit_test(sliding_log),    cmocka_unit_test(sliding_window),
         cmocka_unit_test(token_bucket_extremes),
+        cmocka_unit_test(daily_quota),
+        cmocka_unit_test(at_the_bounds),
         cmocka_unit_test(retry_after_is_tight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

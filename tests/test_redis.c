@@ -229,6 +229,56 @@ static void same_decisions_as_memory(void **state)
     rate_store_free(rs);
 }
 
+/* Policies of the buckets' wide layout (B * P > 2^62), beyond the Lua
+ * step's bound: decided through compare-and-set by the C step, the same
+ * as in memory, over a short trace with reservations. */
+static void wide_policies_same_as_memory(void **state)
+{
+    (void)state;
+    static const char *policies[] = {
+        "token-bucket 100000/1d burst=100000",
+        "token-bucket 1000000/s burst=1099511627776", /* 2^40 */
+        "leaky-bucket 100000/1d capacity=100000",
+    };
+    static const uint64_t big[] = {30000, UINT64_C(400000000000), 30000};
+    rate_store_t *rs = redis_store("wide:", true, 0);
+    for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
+        rate_store_t *ms;
+        assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+        rate_limiter_t *lm = limiter_of(policies[p], ms);
+        rate_limiter_t *lr = limiter_of(policies[p], rs);
+        char key[8];
+        snprintf(key, sizeof key, "w%zu", p);
+        uint64_t t = rnd(5 * SEC);
+        unsigned allowed = 0, denied = 0;
+        for (int i = 0; i < 120; i++) {
+            t += rnd(4) == 0 ? 0 : rnd(2 * SEC);
+            uint64_t n = rnd(3) == 0 ? rnd(big[p]) : rnd(4);
+            uint64_t mw = rnd(3) == 0 ? rnd(60 * SEC) : 0;
+            rate_decision_t a, b;
+            assert_int_equal(rate_limiter_check_at(lm, key, 2, n, mw, t, &a),
+                             RATE_OK);
+            assert_int_equal(rate_limiter_check_at(lr, key, 2, n, mw, t, &b),
+                             RATE_OK);
+            expect_same(&a, &b, policies[p], i, t, n, mw);
+            assert_int_not_equal(b.reason, RATE_REASON_STORE_ERROR);
+            a.allowed ? allowed++ : denied++;
+        }
+        assert_true(allowed > 0 && denied > 0);
+        /* The state is the wide one: a 14-byte header and 16 bytes. */
+        redisContext *c = raw();
+        redisReply *r = redisCommand(c, "HSTRLEN wide:{%s} s", key);
+        assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+        assert_int_equal(r->integer, 30);
+        freeReplyObject(r);
+        redisFree(c);
+        rate_limiter_free(lm);
+        rate_limiter_free(lr);
+        rate_store_free(ms);
+    }
+    drop_store(rs);
+}
+
 /* Small random policies and nanosecond steps, so that refills completing
  * exactly now, window edges and log expiries happen all the time: the Lua
  * step against the C one, field by field. */
@@ -799,6 +849,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(same_decisions_as_memory),
         cmocka_unit_test(same_decisions_at_the_boundaries),
+        cmocka_unit_test(wide_policies_same_as_memory),
         cmocka_unit_test(one_round_trip),
         cmocka_unit_test(fleet_clock),
         cmocka_unit_test(ttl_is_reset_after),

@@ -1,16 +1,36 @@
 /*
  * Leaky bucket: a queue that drains at exactly L per P.
  *
- * State: one unsigned 64-bit word v = level * P (at most C * P <= 2^62),
- * plus t_last in the state header.  Over dt the level drains dt * L scaled
- * units, never below zero.  With max_wait 0 a request passes only into an
- * empty bucket (strict spacing); with max_wait > 0 up to C permits queue and
- * each learns its departure delay, level * P / L.
+ * State: v = level * P (0 <= v <= C * P), plus t_last in the state header.
+ * Over dt the level drains dt * L scaled units, never below zero.  With
+ * max_wait 0 a request passes only into an empty bucket (strict spacing);
+ * with max_wait > 0 up to C permits queue and each learns its departure
+ * delay, level * P / L.
+ *
+ * Two layouts of the component, chosen by the limit alone:
+ *
+ *   narrow  C * P <= 2^62: v in one unsigned 64-bit word (8 bytes), with
+ *           the plain pass (rate__leaky_bucket);
+ *   wide    C * P > 2^62 (C up to 2^63-1, P up to 2^61, so C * P < 2^124):
+ *           v as a signed 128-bit word, two little-endian u64 words, the
+ *           low one first (16 bytes), no plain pass
+ *           (rate__leaky_bucket_wide).
+ *
+ * Every function but load, commit and valid is shared: the view is 128
+ * bits wide, so the layout never changes a decision.  A drain time beyond
+ * 2^63-1 ns (a wide bucket at 1 per ns) is reported as RATE_TIME_MAX.
  */
 #include "../internal.h"
 
-#define LB_FIXED 8 /* bytes of stored state */
+#define LB_FIXED 8   /* bytes of stored state, narrow */
+#define LBW_FIXED 16 /* wide */
 
+static rate_i128_t lb_cap(const rate_limit_t *l)
+{
+    return (rate_i128_t)l->burst * l->period_ns;
+}
+
+/* The narrow layout's load (the plain pass's). */
 static void lb_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
 {
     (void)l;
@@ -19,6 +39,18 @@ static void lb_load(const rate_limit_t *l, const uint8_t *st, rate__view_t *v)
         v->x = rate__get64(st);
 }
 
+/* Either layout, by the limit's (a carried-over state is loaded with the
+ * limit it was written under). */
+static void lb_load_any(const rate_limit_t *l, const uint8_t *st,
+                        rate__view_t *v)
+{
+    *v = (rate__view_t){0};
+    if (st != NULL)
+        v->x = rate__bucket_wide(l) ? rate__get128(st)
+                                    : (rate_i128_t)rate__get64(st);
+}
+
+/* dt * L < 2^126 and v < 2^124: the difference fits. */
 static void lb_advance(const rate_limit_t *l, rate__view_t *v, uint64_t last,
                        uint64_t t)
 {
@@ -29,14 +61,14 @@ static void lb_advance(const rate_limit_t *l, rate__view_t *v, uint64_t last,
 
 static uint64_t lb_remaining(const rate_limit_t *l, rate_i128_t level)
 {
-    rate_i128_t room = (rate_i128_t)(l->burst * l->period_ns) - level;
+    rate_i128_t room = lb_cap(l) - level;
 
     return room > 0 ? rate__div64((rate_u128_t)room, l->period_ns) : 0;
 }
 
 static uint64_t lb_drain_time(const rate_limit_t *l, rate_i128_t level)
 {
-    return rate__ceil_div64((rate_u128_t)level, l->limit);
+    return rate__ceil_div_sat((rate_u128_t)level, l->limit);
 }
 
 static void lb_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
@@ -44,8 +76,8 @@ static void lb_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
                       rate__verdict_t *out)
 {
     rate_i128_t level = v->x;
-    rate_i128_t need = (rate_i128_t)n * l->period_ns;
-    rate_i128_t cap = (rate_i128_t)(l->burst * l->period_ns);
+    rate_i128_t need = (rate_i128_t)n * l->period_ns; /* < 2^126 */
+    rate_i128_t cap = lb_cap(l);
 
     (void)t;
     *out = (rate__verdict_t){0};
@@ -81,6 +113,14 @@ static size_t lb_commit(const rate_limit_t *l, const rate__view_t *v,
     return LB_FIXED;
 }
 
+static size_t lbw_commit(const rate_limit_t *l, const rate__view_t *v,
+                         uint64_t t, uint64_t n, uint8_t *out)
+{
+    (void)t;
+    rate__put128(out, v->x + (rate_i128_t)n * l->period_ns);
+    return LBW_FIXED;
+}
+
 static bool lb_is_cold(const rate_limit_t *l, const rate__view_t *v)
 {
     (void)l;
@@ -88,22 +128,29 @@ static bool lb_is_cold(const rate_limit_t *l, const rate__view_t *v)
 }
 
 /* The level keeps its number of permits across a policy change: v * P'/P,
- * rounded up, capped at the new capacity. */
+ * rounded up, capped at the new capacity.  Formed as q * P' +
+ * ceil(r * P' / P) with v = q * P + r, so that no product passes 2^126. */
 static void lb_convert(const rate_limit_t *from, const rate_limit_t *to,
                        uint64_t t, rate__view_t *v)
 {
-    rate_i128_t cap = (rate_i128_t)(to->burst * to->period_ns);
+    rate_u128_t x = (rate_u128_t)v->x, p = from->period_ns;
+    rate_u128_t q = x / p, r = x % p;
+    rate_i128_t cap = lb_cap(to);
 
     (void)t;
-    v->x = (rate_i128_t)rate__ceil_div((rate_u128_t)v->x * to->period_ns,
-                                       from->period_ns);
+    if (q >= to->burst) {
+        v->x = cap;
+        return;
+    }
+    v->x = (rate_i128_t)(q * to->period_ns +
+                         rate__ceil_div(r * to->period_ns, from->period_ns));
     if (v->x > cap)
         v->x = cap;
 }
 
 static uint64_t lb_max_reset(const rate_limit_t *l)
 {
-    return rate__ceil_div64((rate_u128_t)l->burst * l->period_ns, l->limit);
+    return rate__ceil_div_sat((rate_u128_t)l->burst * l->period_ns, l->limit);
 }
 
 /* Written states hold at most C * P: an admission needs level + n <= C. */
@@ -111,6 +158,14 @@ static bool lb_valid(const rate_limit_t *l, const uint8_t *st, uint64_t last)
 {
     (void)last;
     return (rate_u128_t)rate__get64(st) <= (rate_u128_t)l->burst * l->period_ns;
+}
+
+static bool lbw_valid(const rate_limit_t *l, const uint8_t *st, uint64_t last)
+{
+    rate_i128_t v = rate__get128(st);
+
+    (void)last;
+    return v >= 0 && v <= lb_cap(l);
 }
 
 RATE__DEFINE_PLAIN(lb, LB_FIXED)
@@ -142,7 +197,7 @@ const rate__algo_t rate__leaky_bucket = {
     .name = "leaky-bucket",
     .fixed = LB_FIXED,
     .grow = 0,
-    .load = lb_load,
+    .load = lb_load_any,
     .advance = lb_advance,
     .decide = lb_decide,
     .commit = lb_commit,
@@ -153,4 +208,21 @@ const rate__algo_t rate__leaky_bucket = {
     .adjust = lb_adjust,
     .exhaust = lb_exhaust,
     .plain = lb_plain,
+};
+
+const rate__algo_t rate__leaky_bucket_wide = {
+    .name = "leaky-bucket",
+    .fixed = LBW_FIXED,
+    .grow = 0,
+    .load = lb_load_any,
+    .advance = lb_advance,
+    .decide = lb_decide,
+    .commit = lbw_commit,
+    .is_cold = lb_is_cold,
+    .convert = lb_convert,
+    .max_reset = lb_max_reset,
+    .valid = lbw_valid,
+    .adjust = lb_adjust,
+    .exhaust = lb_exhaust,
+    .plain = NULL,
 };
