@@ -135,6 +135,9 @@ typedef struct rate_limit {
     uint64_t limit;     /* L: permits per period (buckets) or per window */
     uint64_t period_ns; /* P for the buckets, W for the windows */
     uint64_t burst;     /* B (token bucket) or C (leaky bucket); 0 for windows */
+    uint64_t block_ns;  /* 0, or: once this limit denies a request (a
+                           "limited", not a "never"), the key stays denied
+                           this long (at most 2^61 ns; text: block=DUR) */
 } rate_limit_t;
 
 /* An immutable set of 1..RATE_MAX_LIMITS limits, all applied to one key. */

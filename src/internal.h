@@ -48,6 +48,8 @@ struct rate_policy {
     size_t grow;            /* state bytes one admission may add */
     uint64_t max_reset_ns;  /* bound on reset_after of an admitted
                                try-acquire (no reservation) */
+    bool block;             /* a limit has block_ns: the state ends with
+                               the u64 time its key is blocked until */
     /* The algorithm's plain pass (rate__algo_t.plain) when the policy is
      * one limit of a fixed size (what rate_state_acquire runs), else NULL. */
     int (*plain)(const rate_acquire_t *req, uint64_t n, uint64_t now,

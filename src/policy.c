@@ -149,6 +149,9 @@ static int check_limit(const rate_limit_t *l, size_t i, char *err,
     if (l->limit == 0)
         return fail(err, errlen, "limit %zu (%s): the rate's count is zero",
                     i + 1, a->name);
+    if (l->block_ns > RATE__WINDOW_MAX)
+        return fail(err, errlen, "limit %zu (%s): block above 2^61 ns (73 "
+                    "years)", i + 1, a->name);
     if (l->period_ns == 0)
         return fail(err, errlen, "limit %zu (%s): the %s is zero", i + 1,
                     a->name, a->span);
@@ -193,7 +196,7 @@ static int check_limit(const rate_limit_t *l, size_t i, char *err,
 
 static uint32_t fingerprint(const rate_policy_t *p)
 {
-    uint64_t words[1 + 4 * RATE_MAX_LIMITS];
+    uint64_t words[1 + 5 * RATE_MAX_LIMITS];
     size_t n = 0;
 
     words[n++] = p->count;
@@ -205,6 +208,10 @@ static uint32_t fingerprint(const rate_policy_t *p)
         words[n++] = p->limits[i].period_ns;
         words[n++] = p->limits[i].burst;
     }
+    /* Blocks are hashed only when there are any, so that a policy without
+     * keeps the first edition's fingerprint. */
+    for (size_t i = 0; p->block && i < p->count; i++)
+        words[n++] = p->limits[i].block_ns;
     return XXH32(words, n * sizeof words[0], 0x7261u);
 }
 
@@ -238,8 +245,11 @@ int rate_policy_new(const rate_limit_t *limits, size_t count,
         p->grow += a->fixed + a->grow;
         if (reset > p->max_reset_ns)
             p->max_reset_ns = reset;
+        p->block = p->block || limits[i].block_ns != 0;
     }
-    if (count == 1 && p->algo[0]->grow == 0)
+    if (p->block)
+        p->grow += 8; /* the time the key is blocked until */
+    if (count == 1 && p->algo[0]->grow == 0 && !p->block)
         p->plain = p->algo[0]->plain;
     p->fingerprint = fingerprint(p);
     *out = p;

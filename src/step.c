@@ -42,6 +42,7 @@ typedef struct parsed {
     uint32_t tag;
     uint8_t format;
     const uint8_t *comp[RATE_MAX_LIMITS];
+    uint64_t blocked_until; /* a blocking policy's: 0, or the block's end */
 } parsed_t;
 
 /* Reads the header; false for bytes no format of this library has. */
@@ -74,6 +75,13 @@ static bool parse_under(const rate_policy_t *p, const uint8_t *st, size_t len,
         out->comp[i] = st + off;
         off += n;
     }
+    out->blocked_until = 0;
+    if (p->block) { /* the block's end after the components */
+        if (len - off != 8 || rate__get64(st + off) > RATE_TIME_MAX)
+            return false;
+        out->blocked_until = rate__get64(st + off);
+        off += 8;
+    }
     return off == len;
 }
 
@@ -101,6 +109,8 @@ static const rate_policy_t *other_policy(const rate__step_arg_t *arg,
  * start at t. */
 static bool cold_by(const rate_policy_t *p, const parsed_t *ps, uint64_t t)
 {
+    if (ps->blocked_until > t)
+        return false;
     for (size_t i = 0; i < p->count; i++) {
         rate__view_t v;
         p->algo[i]->load(&p->limits[i], ps->comp[i], &v);
@@ -126,7 +136,8 @@ bool rate__is_cold(void *varg, const void *state, size_t len, uint64_t now)
 }
 
 static int read_state(rate__step_arg_t *arg, const rate_step_io_t *io,
-                      rate__view_t *views, uint64_t *t_eff, uint64_t *last)
+                      rate__view_t *views, uint64_t *t_eff, uint64_t *last,
+                      uint64_t *blocked_until)
 {
     const rate_policy_t *p = arg->policy, *old;
     const uint8_t *st = io->old_state;
@@ -134,6 +145,7 @@ static int read_state(rate__step_arg_t *arg, const rate_step_io_t *io,
 
     *t_eff = arg->now_ns;
     *last = 0;
+    *blocked_until = 0;
     if (st == NULL || io->old_len == 0) { /* a new key: cold start */
         for (size_t i = 0; i < p->count; i++)
             p->algo[i]->load(&p->limits[i], NULL, &views[i]);
@@ -147,6 +159,7 @@ static int read_state(rate__step_arg_t *arg, const rate_step_io_t *io,
     if (is_own(arg, &ps)) {
         if (!parse_under(p, st, io->old_len, &ps))
             return RATE_ECORRUPT;
+        *blocked_until = ps.blocked_until;
         for (size_t i = 0; i < p->count; i++) {
             const rate__algo_t *a = p->algo[i];
             a->load(&p->limits[i], ps.comp[i], &views[i]);
@@ -169,6 +182,8 @@ static int read_state(rate__step_arg_t *arg, const rate_step_io_t *io,
     if (carry && !parse_under(old, st, io->old_len, &ps))
         return RATE_ECORRUPT;
     carry = carry && !cold_by(old, &ps, *t_eff);
+    if (carry && p->block) /* a block carries to a policy that blocks */
+        *blocked_until = ps.blocked_until;
     for (size_t i = 0; i < p->count; i++) {
         const rate_limit_t *to = &p->limits[i];
         const rate__algo_t *a = p->algo[i];
@@ -254,9 +269,19 @@ static void write_header(const rate__step_arg_t *arg, uint64_t t,
     out[13] = arg->format;
 }
 
+/* The block's end after the components, for a policy that blocks. */
+static size_t write_block(const rate_policy_t *p, uint64_t blocked_until,
+                          uint8_t *out)
+{
+    if (!p->block)
+        return 0;
+    rate__put64(out, blocked_until);
+    return 8;
+}
+
 static size_t write_state(const rate__step_arg_t *arg,
                           const rate__view_t *views, uint64_t t, uint64_t n,
-                          uint8_t *out)
+                          uint64_t blocked_until, uint8_t *out)
 {
     const rate_policy_t *p = arg->policy;
     size_t off = RATE__HEADER_LEN;
@@ -265,13 +290,13 @@ static size_t write_state(const rate__step_arg_t *arg,
     for (size_t i = 0; i < p->count; i++)
         off += p->algo[i]
                    ->commit(&p->limits[i], &views[i], t, n, out + off);
-    return off;
+    return off + write_block(p, blocked_until, out + off);
 }
 
 /* Bytes the state will take after an admission, at most. */
 static size_t state_bound(const rate_policy_t *p, const rate__view_t *views)
 {
-    size_t len = RATE__HEADER_LEN;
+    size_t len = RATE__HEADER_LEN + (p->block ? 8 : 0);
 
     for (size_t i = 0; i < p->count; i++) {
         const rate__algo_t *a = p->algo[i];
@@ -327,8 +352,8 @@ static int step_adjust(rate__step_arg_t *arg, rate_step_io_t *io)
     const rate_policy_t *p = arg->policy;
     rate__view_t views[RATE_MAX_LIMITS];
     uint64_t admit[RATE_MAX_LIMITS];
-    uint64_t t, last, ttl = 0;
-    int rc = read_state(arg, io, views, &t, &last);
+    uint64_t t, last, blocked, ttl = 0;
+    int rc = read_state(arg, io, views, &t, &last, &blocked);
 
     if (rc != RATE_OK)
         return rc;
@@ -355,9 +380,74 @@ static int step_adjust(rate__step_arg_t *arg, rate_step_io_t *io)
             ttl = reset;
         off += a->commit(l, &views[i], t, admit[i], io->new_state + off);
     }
+    off += write_block(p, blocked, io->new_state + off);
+    if (blocked > t && blocked - t > ttl)
+        ttl = blocked - t;
     io->new_len = off;
     io->write = true;
     io->ttl_ns = ttl;
+    return RATE_OK;
+}
+
+/* A policy that blocks after a breach, once its limits have decided
+ * (verdicts, combined into the decision): a key blocked until after t is
+ * denied whatever the limits say (retry_after: the block's end; nothing
+ * written; a query is allowed, with nothing remaining); a request a blocking limit denies ("limited") blocks the key,
+ * written as its state at t with the block's end (t_last becomes t: the
+ * documented exception, docs/algorithms.md); an admission writes as
+ * usual, with no block. */
+static int decide_blocking(rate__step_arg_t *arg, rate_step_io_t *io,
+                           rate__view_t *views,
+                           const rate__verdict_t *verdicts, uint64_t t,
+                           uint64_t blocked)
+{
+    const rate_policy_t *p = arg->policy;
+    rate_decision_t *d = arg->decision;
+    uint64_t reset = 0, block = 0;
+
+    for (size_t i = 0; i < p->count; i++) {
+        if (verdicts[i].reset_now_ns > reset)
+            reset = verdicts[i].reset_now_ns;
+        if (!verdicts[i].allowed && verdicts[i].reason == RATE_REASON_LIMITED &&
+            p->limits[i].block_ns > block)
+            block = p->limits[i].block_ns;
+    }
+    if (blocked > t || (!d->allowed && block > 0)) {
+        bool blocking_now = blocked <= t;
+        if (blocking_now)
+            blocked = rate__sat_add(t, block);
+        d->remaining = 0;
+        d->reset_after_ns = reset > blocked - t ? reset : blocked - t;
+        if (arg->permits == 0)
+            return RATE_OK; /* a query is allowed, and says so */
+        if (d->reason != RATE_REASON_NEVER) {
+            d->reason = RATE_REASON_LIMITED;
+            if (blocked - t > d->retry_after_ns || d->allowed)
+                d->retry_after_ns = blocked - t;
+        }
+        d->allowed = false;
+        d->delay_ns = 0;
+        if (!blocking_now)
+            return RATE_OK; /* already blocked: nothing to write */
+        if (state_bound(p, views) > io->new_cap)
+            return RATE_EINVAL;
+        io->new_len = write_state(arg, views, t, 0, blocked, io->new_state);
+        io->write = true;
+        io->ttl_ns = d->reset_after_ns;
+        return RATE_OK;
+    }
+    if (!d->allowed || arg->permits == 0)
+        return RATE_OK;
+    for (size_t i = 0; i < p->count; i++)
+        if (p->algo[i]->view_ok != NULL &&
+            !p->algo[i]->view_ok(&p->limits[i], &views[i], arg->now_ns))
+            return RATE_ECORRUPT;
+    if (state_bound(p, views) > io->new_cap)
+        return RATE_EINVAL;
+    io->new_len = write_state(arg, views, t, arg->permits, 0, io->new_state);
+    io->write = true;
+    io->ttl_ns = d->reset_after_ns > p->max_reset_ns ? d->reset_after_ns
+                                                      : p->max_reset_ns;
     return RATE_OK;
 }
 
@@ -367,7 +457,7 @@ int rate__step(void *varg, rate_step_io_t *io)
     const rate_policy_t *p = arg->policy;
     rate__view_t views[RATE_MAX_LIMITS];
     rate__verdict_t verdicts[RATE_MAX_LIMITS];
-    uint64_t t, last;
+    uint64_t t, last, blocked;
     int rc;
 
     if (p->unlimited) { /* the limiter answers it first; never written */
@@ -383,13 +473,16 @@ int rate__step(void *varg, rate_step_io_t *io)
     io->new_len = 0;
     if (arg->op != RATE__OP_DECIDE)
         return step_adjust(arg, io);
-    rc = read_state(arg, io, views, &t, &last);
+    rc = read_state(arg, io, views, &t, &last, &blocked);
     if (rc != RATE_OK)
         return rc;
+    bool detail = arg->detail || p->block; /* a block needs the resets */
     for (size_t i = 0; i < p->count; i++)
         p->algo[i]->decide(&p->limits[i], &views[i], t, arg->permits,
-                           arg->max_wait_ns, arg->detail, &verdicts[i]);
+                           arg->max_wait_ns, detail, &verdicts[i]);
     combine(p, verdicts, arg->decision);
+    if (p->block)
+        return decide_blocking(arg, io, views, verdicts, t, blocked);
     if (!arg->decision->allowed || arg->permits == 0)
         return RATE_OK;
     for (size_t i = 0; i < p->count; i++)
@@ -398,7 +491,7 @@ int rate__step(void *varg, rate_step_io_t *io)
             return RATE_ECORRUPT; /* never written back */
     if (state_bound(p, views) > io->new_cap)
         return RATE_EINVAL; /* the store gave less room than promised */
-    io->new_len = write_state(arg, views, t, arg->permits, io->new_state);
+    io->new_len = write_state(arg, views, t, arg->permits, 0, io->new_state);
     io->write = true;
     io->ttl_ns = arg->detail ? arg->decision->reset_after_ns : p->max_reset_ns;
     return RATE_OK;

@@ -833,6 +833,63 @@ static void async_decisions(void **state)
     rate_store_free(as);
 }
 
+/* Block after a breach (rate_limit_t.block_ns): once a blocking limit
+ * denies a request, the key stays denied for the block, whatever its
+ * limits say; retry_after says when; a "never" does not block; the store
+ * keeps the key through the block; a reset ends it. */
+static void block_after_breach(void **state)
+{
+    (void)state;
+    rate_limit_t lim = {RATE_TOKEN_BUCKET, 2, SEC, 2, 10 * SEC};
+    rate_policy_t *p;
+    char err[200];
+    assert_int_equal(rate_policy_new(&lim, 1, &p, err, sizeof err), RATE_OK);
+    rate_store_t *s;
+    cas_store_t *h;
+    assert_int_equal(cas_store_new(&s, &h), RATE_OK);
+    rate_limiter_config_t cfg = {.policy = p, .store = s};
+    rate_limiter_t *l;
+    assert_int_equal(rate_limiter_new(&cfg, &l), RATE_OK);
+    assert_true(at(l, "k", SEC, 1, 0).allowed);
+    assert_true(at(l, "k", SEC, 1, 0).allowed);
+    /* Above the burst: "never", which does not block. */
+    assert_int_equal(at(l, "k", SEC, 3, 0).reason, RATE_REASON_NEVER);
+    assert_false(rate_try_acquire_at(l, "k", 1, SEC)); /* the breach */
+    rate_decision_t d = at(l, "k", 2 * SEC, 1, 0); /* refilled, but blocked */
+    assert_false(d.allowed);
+    assert_int_equal(d.reason, RATE_REASON_LIMITED);
+    assert_int_equal(d.retry_after_ns, 9 * SEC);
+    assert_int_equal(d.reset_after_ns, 9 * SEC);
+    assert_true(cas_store_ttl(h, "k") >= 10 * SEC); /* kept through it */
+    d = at(l, "k", 11 * SEC - 1, 1, 0);
+    assert_false(d.allowed);
+    assert_int_equal(d.retry_after_ns, 1);
+    d = at(l, "k", 11 * SEC, 1, 0);
+    assert_true(d.allowed);
+    assert_int_equal(d.remaining, 1);
+    /* A query while blocked is allowed (a query always is) and says that
+     * nothing remains until the block's end. */
+    assert_true(at(l, "k", 11 * SEC, 1, 0).allowed);
+    assert_false(at(l, "k", 11 * SEC, 1, 0).allowed); /* breach again */
+    d = at(l, "k", 11 * SEC, 0, 0);
+    assert_true(d.allowed);
+    assert_int_equal(d.remaining, 0);
+    assert_int_equal(d.reset_after_ns, 10 * SEC);
+    assert_int_equal(at(l, "k", 11 * SEC, 1, 0).retry_after_ns, 10 * SEC);
+    /* A reset ends the block. */
+    assert_int_equal(rate_limiter_reset(l, "k", 1), RATE_OK);
+    assert_true(at(l, "k", 12 * SEC, 1, 0).allowed);
+    rate_limiter_free(l);
+    /* Bounds. */
+    rate_policy_t *q;
+    lim.block_ns = (UINT64_C(1) << 61) + 1;
+    assert_int_equal(rate_policy_new(&lim, 1, &q, err, sizeof err),
+                     RATE_EPOLICY);
+    assert_non_null(strstr(err, "block"));
+    rate_policy_free(p);
+    rate_store_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -850,6 +907,7 @@ int main(void)
         cmocka_unit_test(store_failure_fallback),
         cmocka_unit_test(refund_penalty_reset),
         cmocka_unit_test(async_decisions),
+        cmocka_unit_test(block_after_breach),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

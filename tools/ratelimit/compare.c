@@ -370,7 +370,7 @@ static int setup_lanes(lane_t *lanes, uint64_t limit, uint64_t period,
         bool bucket = a < 2;
         rate_policy_t *p;
         ln->limit = (rate_limit_t){algos[a], limit, period,
-                                   a == 0 ? burst : a == 1 ? capacity : 0};
+                                   a == 0 ? burst : a == 1 ? capacity : 0, 0};
         ln->reserves = bucket;
         if (rate_policy_new(&ln->limit, 1, &p, err, sizeof err) != 0)
             return cli_fail("compare: %s", err);
