@@ -44,7 +44,7 @@ extern "C" {
 #endif
 
 #define RATE_VERSION_MAJOR 0
-#define RATE_VERSION_MINOR 1
+#define RATE_VERSION_MINOR 2
 #define RATE_VERSION_PATCH 0
 
 /* ---------------------------------------------------------------- errors */
