@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -74,6 +75,7 @@ static int group_setup(void **state)
     snprintf(redis_url, sizeof redis_url, "redis://127.0.0.1:%d/0", port);
     redis_pid = fork();
     if (redis_pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* gone with the test, however */
         freopen("/dev/null", "w", stdout);
         freopen("/dev/null", "w", stderr);
         execlp("redis-server", "redis-server", "--port", p, "--bind",
