@@ -456,6 +456,176 @@ static void tampered_state_is_corrupt(void **state)
     drop_store(rs);
 }
 
+/* Refunds, penalties and resets go through the contract's load and cas
+ * (decide() is for decisions only): the same sequence of decisions,
+ * refunds, penalties and resets on memory and on Redis gives the same
+ * answers, field by field, and the same return codes; enforced and shadow
+ * limiters alike. */
+static void adjustments_same_as_memory(void **state)
+{
+    (void)state;
+    static const char *policies[] = {
+        "token-bucket 5/s burst=3", "leaky-bucket 7/3s capacity=4",
+        "fixed-window 4/700ms", "sliding-log 5/s", "sliding-window 6/s",
+        "token-bucket 10/s burst=5; sliding-log 20/3s; fixed-window 30/m",
+        "fixed-window 3/1300ms", /* windows the Lua step declines */
+        "token-bucket 1/h burst=400000", /* beyond its exact range */
+    };
+    static const char *keys[] = {"a", "user 42", "{b}", "\xff\x00"};
+    static const size_t key_lens[] = {1, 7, 3, 2};
+    rate_store_t *rs = redis_store("adj:", true, 0);
+    unsigned ops[4] = {0};
+    for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
+        for (int shadow = 0; shadow < 2; shadow++) {
+            rate_store_t *ms;
+            assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+            rate_limiter_config_t cfg = {0};
+            cfg.shadow = shadow;
+            cfg.store = ms;
+            rate_limiter_t *lm = limiter_cfg(policies[p], cfg);
+            cfg.store = rs;
+            rate_limiter_t *lr = limiter_cfg(policies[p], cfg);
+            uint64_t t = SEC + rnd(5 * SEC);
+            for (int i = 0; i < 250; i++) {
+                size_t k = rnd(4);
+                char key[8];
+                key[0] = (char)('0' + p);
+                memcpy(key + 1, keys[k], key_lens[k]);
+                size_t kl = key_lens[k] + 1;
+                if (rnd(8) == 0 && t > 100 * MS)
+                    t -= rnd(100 * MS);
+                else
+                    t += rnd(300 * MS);
+                uint64_t n = rnd(7);
+                int op = (int)rnd(10), x, y;
+                const char *name;
+                if (op < 5) {
+                    uint64_t mw = rnd(3) == 0 ? rnd(SEC) : 0;
+                    rate_decision_t a, b;
+                    assert_int_equal(
+                        rate_limiter_check_at(lm, key, kl, n, mw, t, &a),
+                        RATE_OK);
+                    assert_int_equal(
+                        rate_limiter_check_at(lr, key, kl, n, mw, t, &b),
+                        RATE_OK);
+                    expect_same(&a, &b, policies[p], i, t, n, mw);
+                    assert_int_not_equal(b.reason, RATE_REASON_STORE_ERROR);
+                    ops[0]++;
+                    continue;
+                } else if (op < 7) {
+                    name = "refund";
+                    x = rate_limiter_refund_at(lm, key, kl, n, t);
+                    y = rate_limiter_refund_at(lr, key, kl, n, t);
+                    ops[1]++;
+                } else if (op < 9) {
+                    name = "penalize";
+                    x = rate_limiter_penalize_at(lm, key, kl, n, t);
+                    y = rate_limiter_penalize_at(lr, key, kl, n, t);
+                    ops[2]++;
+                } else {
+                    name = "reset";
+                    x = rate_limiter_reset(lm, key, kl);
+                    y = rate_limiter_reset(lr, key, kl);
+                    ops[3]++;
+                }
+                if (x != RATE_OK || y != RATE_OK)
+                    fail_msg("%s%s, step %d: %s gives %d on memory, %d on "
+                             "Redis", shadow ? "shadow " : "", policies[p],
+                             i, name, x, y);
+            }
+            rate_limiter_free(lm);
+            rate_limiter_free(lr);
+            rate_store_free(ms);
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        assert_true(ops[i] > 100);
+    drop_store(rs);
+}
+
+static long long redis_int(redisContext *c, const char *cmd, const char *arg)
+{
+    redisReply *r = redisCommand(c, "%s %s", cmd, arg);
+    assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+    long long v = r->integer;
+    freeReplyObject(r);
+    return v;
+}
+
+/* A shadow limiter on Redis keeps its own state (PREFIX s{KEY}) and never
+ * touches the enforced one (PREFIX {KEY}): its decisions, refunds,
+ * penalties and resets alike.  The policy records are PREFIX p{HEX}, kept
+ * with no expiry while states expire. */
+static void shadow_state_and_policy_records(void **state)
+{
+    (void)state;
+    rate_store_t *rs = redis_store("sh:", false, 0);
+    rate_limiter_config_t cfg = {0};
+    cfg.store = rs;
+    rate_limiter_t *enforced = limiter_cfg("fixed-window 2/h", cfg);
+    cfg.shadow = true;
+    rate_limiter_t *shadow = limiter_cfg("sliding-log 3/h", cfg);
+    redisContext *c = raw();
+    rate_decision_t d;
+    for (int i = 0; i < 5; i++) { /* shadowed: all let through */
+        d = at(shadow, "k", SEC, 1, 0);
+        assert_true(d.allowed);
+        assert_int_equal(d.shadow, i >= 3);
+    }
+    assert_int_equal(redis_int(c, "EXISTS", "sh:s{k}"), 1);
+    assert_int_equal(redis_int(c, "EXISTS", "sh:{k}"), 0);
+    /* The enforced limit is untouched: its two permits are all there. */
+    assert_true(at(enforced, "k", SEC, 1, 0).allowed);
+    assert_true(at(enforced, "k", SEC, 1, 0).allowed);
+    assert_false(at(enforced, "k", SEC, 1, 0).allowed);
+    redisReply *before = redisCommand(c, "HGET sh:{k} s");
+    assert_int_equal(before->type, REDIS_REPLY_STRING);
+    /* The shadow's changes are its own too. */
+    assert_int_equal(rate_limiter_refund_at(shadow, "k", 1, 3, SEC), RATE_OK);
+    d = at(shadow, "k", SEC, 3, 0);
+    assert_true(d.allowed);
+    assert_false(d.shadow); /* room again: the refund was made */
+    assert_int_equal(rate_limiter_penalize_at(shadow, "k", 1, 3, SEC),
+                     RATE_OK);
+    assert_int_equal(rate_limiter_reset(shadow, "k", 1), RATE_OK);
+    assert_int_equal(redis_int(c, "EXISTS", "sh:s{k}"), 0);
+    redisReply *after = redisCommand(c, "HGET sh:{k} s");
+    assert_int_equal(after->type, REDIS_REPLY_STRING);
+    assert_int_equal(after->len, before->len);
+    assert_memory_equal(after->str, before->str, before->len);
+    freeReplyObject(before);
+    freeReplyObject(after);
+    assert_false(at(enforced, "k", SEC, 1, 0).allowed);
+    /* And the enforced limiter's reset leaves the shadow's state. */
+    assert_true(at(shadow, "k", SEC, 1, 0).allowed);
+    assert_int_equal(rate_limiter_reset(enforced, "k", 1), RATE_OK);
+    assert_int_equal(redis_int(c, "EXISTS", "sh:{k}"), 0);
+    assert_int_equal(redis_int(c, "EXISTS", "sh:s{k}"), 1);
+    assert_true(redis_int(c, "PTTL", "sh:s{k}") > 0);
+
+    /* Two policies, two records: p{8 lowercase hex digits}, no expiry. */
+    redisReply *r = redisCommand(c, "KEYS sh:p{*");
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    assert_int_equal(r->elements, 2);
+    for (size_t i = 0; i < r->elements; i++) {
+        const char *name = r->element[i]->str;
+        assert_int_equal(r->element[i]->len, 14);
+        assert_int_equal(name[13], '}');
+        for (int j = 5; j < 13; j++)
+            assert_non_null(strchr("0123456789abcdef", name[j]));
+        assert_int_equal(redis_int(c, "PTTL", name), -1);
+        redisReply *h = redisCommand(c, "HGET %s s", name);
+        assert_int_equal(h->type, REDIS_REPLY_STRING);
+        assert_true(h->len > 0);
+        freeReplyObject(h);
+    }
+    freeReplyObject(r);
+    redisFree(c);
+    rate_limiter_free(enforced);
+    rate_limiter_free(shadow);
+    drop_store(rs);
+}
+
 /* ------------------------------------------------ sliding logs in Lua */
 
 /* A sliding log's state, made here byte by byte: header (t_last, tag, one
@@ -1067,6 +1237,8 @@ int main(void)
         cmocka_unit_test(script_flush_changes_nothing),
         cmocka_unit_test(tampered_state_is_corrupt),
         cmocka_unit_test(tampered_logs_are_never_admitted),
+        cmocka_unit_test(adjustments_same_as_memory),
+        cmocka_unit_test(shadow_state_and_policy_records),
         cmocka_unit_test(full_log_in_lua),
         cmocka_unit_test(shared_limit_across_processes),
         cmocka_unit_test(replies_reach_their_callers),
