@@ -552,6 +552,37 @@ static long long redis_int(redisContext *c, const char *cmd, const char *arg)
     return v;
 }
 
+/* On the library's clock the changes go by Redis's TIME, as decisions do
+ * (one clock for the fleet), and a key is kept as long as its change
+ * takes to wear off: a penalty's debt, a refund's shorter reset. */
+static void adjustments_on_redis_time(void **state)
+{
+    (void)state;
+    rate_store_t *rs = redis_store("adjt:", false, 0);
+    static const char *policies[] = {"token-bucket 1/s burst=2",
+                                     "sliding-window 2/1500ms"};
+    redisContext *c = raw();
+    for (int p = 0; p < 2; p++) {
+        rate_limiter_t *l = limiter_of(policies[p], rs);
+        rate_decision_t d;
+        assert_int_equal(rate_limiter_check(l, "k", 1, 1, 0, &d), RATE_OK);
+        assert_true(d.allowed);
+        assert_int_equal(rate_limiter_penalize(l, "k", 1, 10), RATE_OK);
+        assert_false(rate_try_acquire(l, "k", 1));
+        if (p == 0) { /* 11 tokens owed at 1/s: kept 11 s */
+            long long ttl = redis_int(c, "PTTL", "adjt:{k}");
+            assert_true(ttl > 10000 && ttl <= 11000);
+        }
+        assert_int_equal(rate_limiter_refund(l, "k", 1, 20), RATE_OK);
+        assert_true(rate_try_acquire(l, "k", 1));
+        assert_int_equal(rate_limiter_reset(l, "k", 1), RATE_OK);
+        assert_int_equal(redis_int(c, "EXISTS", "adjt:{k}"), 0);
+        rate_limiter_free(l);
+    }
+    redisFree(c);
+    drop_store(rs);
+}
+
 /* A shadow limiter on Redis keeps its own state (PREFIX s{KEY}) and never
  * touches the enforced one (PREFIX {KEY}): its decisions, refunds,
  * penalties and resets alike.  The policy records are PREFIX p{HEX}, kept
@@ -1239,6 +1270,7 @@ int main(void)
         cmocka_unit_test(tampered_logs_are_never_admitted),
         cmocka_unit_test(adjustments_same_as_memory),
         cmocka_unit_test(shadow_state_and_policy_records),
+        cmocka_unit_test(adjustments_on_redis_time),
         cmocka_unit_test(full_log_in_lua),
         cmocka_unit_test(shared_limit_across_processes),
         cmocka_unit_test(replies_reach_their_callers),
