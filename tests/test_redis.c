@@ -506,6 +506,469 @@ static void tampered_state_is_corrupt(void **state)
     drop_store(rs);
 }
 
+/* Refunds, penalties and resets go through the contract's load and cas
+ * (decide() is for decisions only): the same sequence of decisions,
+ * refunds, penalties and resets on memory and on Redis gives the same
+ * answers, field by field, and the same return codes; enforced and shadow
+ * limiters alike. */
+static void adjustments_same_as_memory(void **state)
+{
+    (void)state;
+    static const char *policies[] = {
+        "token-bucket 5/s burst=3", "leaky-bucket 7/3s capacity=4",
+        "fixed-window 4/700ms", "sliding-log 5/s", "sliding-window 6/s",
+        "token-bucket 10/s burst=5; sliding-log 20/3s; fixed-window 30/m",
+        "fixed-window 3/1300ms", /* windows the Lua step declines */
+        "token-bucket 1/h burst=400000", /* beyond its exact range */
+    };
+    static const char *keys[] = {"a", "user 42", "{b}", "\xff\x00"};
+    static const size_t key_lens[] = {1, 7, 3, 2};
+    rate_store_t *rs = redis_store("adj:", true, 0);
+    unsigned ops[4] = {0};
+    for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
+        for (int shadow = 0; shadow < 2; shadow++) {
+            rate_store_t *ms;
+            assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+            rate_limiter_config_t cfg = {0};
+            cfg.shadow = shadow;
+            cfg.store = ms;
+            rate_limiter_t *lm = limiter_cfg(policies[p], cfg);
+            cfg.store = rs;
+            rate_limiter_t *lr = limiter_cfg(policies[p], cfg);
+            uint64_t t = SEC + rnd(5 * SEC);
+            for (int i = 0; i < 250; i++) {
+                size_t k = rnd(4);
+                char key[8];
+                key[0] = (char)('0' + p);
+                memcpy(key + 1, keys[k], key_lens[k]);
+                size_t kl = key_lens[k] + 1;
+                if (rnd(8) == 0 && t > 100 * MS)
+                    t -= rnd(100 * MS);
+                else
+                    t += rnd(300 * MS);
+                uint64_t n = rnd(7);
+                int op = (int)rnd(10), x, y;
+                const char *name;
+                if (op < 5) {
+                    uint64_t mw = rnd(3) == 0 ? rnd(SEC) : 0;
+                    rate_decision_t a, b;
+                    assert_int_equal(
+                        rate_limiter_check_at(lm, key, kl, n, mw, t, &a),
+                        RATE_OK);
+                    assert_int_equal(
+                        rate_limiter_check_at(lr, key, kl, n, mw, t, &b),
+                        RATE_OK);
+                    expect_same(&a, &b, policies[p], i, t, n, mw);
+                    assert_int_not_equal(b.reason, RATE_REASON_STORE_ERROR);
+                    ops[0]++;
+                    continue;
+                } else if (op < 7) {
+                    name = "refund";
+                    x = rate_limiter_refund_at(lm, key, kl, n, t);
+                    y = rate_limiter_refund_at(lr, key, kl, n, t);
+                    ops[1]++;
+                } else if (op < 9) {
+                    name = "penalize";
+                    x = rate_limiter_penalize_at(lm, key, kl, n, t);
+                    y = rate_limiter_penalize_at(lr, key, kl, n, t);
+                    ops[2]++;
+                } else {
+                    name = "reset";
+                    x = rate_limiter_reset(lm, key, kl);
+                    y = rate_limiter_reset(lr, key, kl);
+                    ops[3]++;
+                }
+                if (x != RATE_OK || y != RATE_OK)
+                    fail_msg("%s%s, step %d: %s gives %d on memory, %d on "
+                             "Redis", shadow ? "shadow " : "", policies[p],
+                             i, name, x, y);
+            }
+            rate_limiter_free(lm);
+            rate_limiter_free(lr);
+            rate_store_free(ms);
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        assert_true(ops[i] > 100);
+    drop_store(rs);
+}
+
+static long long redis_int(redisContext *c, const char *cmd, const char *arg)
+{
+    redisReply *r = redisCommand(c, "%s %s", cmd, arg);
+    assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+    long long v = r->integer;
+    freeReplyObject(r);
+    return v;
+}
+
+/* On the library's clock the changes go by Redis's TIME, as decisions do
+ * (one clock for the fleet), and a key is kept as long as its change
+ * takes to wear off: a penalty's debt, a refund's shorter reset. */
+static void adjustments_on_redis_time(void **state)
+{
+    (void)state;
+    rate_store_t *rs = redis_store("adjt:", false, 0);
+    static const char *policies[] = {"token-bucket 1/s burst=2",
+                                     "sliding-window 2/1500ms"};
+    redisContext *c = raw();
+    for (int p = 0; p < 2; p++) {
+        rate_limiter_t *l = limiter_of(policies[p], rs);
+        rate_decision_t d;
+        assert_int_equal(rate_limiter_check(l, "k", 1, 1, 0, &d), RATE_OK);
+        assert_true(d.allowed);
+        assert_int_equal(rate_limiter_penalize(l, "k", 1, 10), RATE_OK);
+        assert_false(rate_try_acquire(l, "k", 1));
+        if (p == 0) { /* 11 tokens owed at 1/s: kept 11 s */
+            long long ttl = redis_int(c, "PTTL", "adjt:{k}");
+            assert_true(ttl > 10000 && ttl <= 11000);
+        }
+        assert_int_equal(rate_limiter_refund(l, "k", 1, 20), RATE_OK);
+        assert_true(rate_try_acquire(l, "k", 1));
+        assert_int_equal(rate_limiter_reset(l, "k", 1), RATE_OK);
+        assert_int_equal(redis_int(c, "EXISTS", "adjt:{k}"), 0);
+        rate_limiter_free(l);
+    }
+    redisFree(c);
+    drop_store(rs);
+}
+
+/* A shadow limiter on Redis keeps its own state (PREFIX s{KEY}) and never
+ * touches the enforced one (PREFIX {KEY}): its decisions, refunds,
+ * penalties and resets alike.  The policy records are PREFIX p{HEX}, kept
+ * with no expiry while states expire. */
+static void shadow_state_and_policy_records(void **state)
+{
+    (void)state;
+    rate_store_t *rs = redis_store("sh:", false, 0);
+    rate_limiter_config_t cfg = {0};
+    cfg.store = rs;
+    rate_limiter_t *enforced = limiter_cfg("fixed-window 2/h", cfg);
+    cfg.shadow = true;
+    rate_limiter_t *shadow = limiter_cfg("sliding-log 3/h", cfg);
+    redisContext *c = raw();
+    rate_decision_t d;
+    for (int i = 0; i < 5; i++) { /* shadowed: all let through */
+        d = at(shadow, "k", SEC, 1, 0);
+        assert_true(d.allowed);
+        assert_int_equal(d.shadow, i >= 3);
+    }
+    assert_int_equal(redis_int(c, "EXISTS", "sh:s{k}"), 1);
+    assert_int_equal(redis_int(c, "EXISTS", "sh:{k}"), 0);
+    /* The enforced limit is untouched: its two permits are all there. */
+    assert_true(at(enforced, "k", SEC, 1, 0).allowed);
+    assert_true(at(enforced, "k", SEC, 1, 0).allowed);
+    assert_false(at(enforced, "k", SEC, 1, 0).allowed);
+    redisReply *before = redisCommand(c, "HGET sh:{k} s");
+    assert_int_equal(before->type, REDIS_REPLY_STRING);
+    /* The shadow's changes are its own too. */
+    assert_int_equal(rate_limiter_refund_at(shadow, "k", 1, 3, SEC), RATE_OK);
+    d = at(shadow, "k", SEC, 3, 0);
+    assert_true(d.allowed);
+    assert_false(d.shadow); /* room again: the refund was made */
+    assert_int_equal(rate_limiter_penalize_at(shadow, "k", 1, 3, SEC),
+                     RATE_OK);
+    assert_int_equal(rate_limiter_reset(shadow, "k", 1), RATE_OK);
+    assert_int_equal(redis_int(c, "EXISTS", "sh:s{k}"), 0);
+    redisReply *after = redisCommand(c, "HGET sh:{k} s");
+    assert_int_equal(after->type, REDIS_REPLY_STRING);
+    assert_int_equal(after->len, before->len);
+    assert_memory_equal(after->str, before->str, before->len);
+    freeReplyObject(before);
+    freeReplyObject(after);
+    assert_false(at(enforced, "k", SEC, 1, 0).allowed);
+    /* And the enforced limiter's reset leaves the shadow's state. */
+    assert_true(at(shadow, "k", SEC, 1, 0).allowed);
+    assert_int_equal(rate_limiter_reset(enforced, "k", 1), RATE_OK);
+    assert_int_equal(redis_int(c, "EXISTS", "sh:{k}"), 0);
+    assert_int_equal(redis_int(c, "EXISTS", "sh:s{k}"), 1);
+    assert_true(redis_int(c, "PTTL", "sh:s{k}") > 0);
+
+    /* Two policies, two records: p{8 lowercase hex digits}, no expiry. */
+    redisReply *r = redisCommand(c, "KEYS sh:p{*");
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    assert_int_equal(r->elements, 2);
+    for (size_t i = 0; i < r->elements; i++) {
+        const char *name = r->element[i]->str;
+        assert_int_equal(r->element[i]->len, 14);
+        assert_int_equal(name[13], '}');
+        for (int j = 5; j < 13; j++)
+            assert_non_null(strchr("0123456789abcdef", name[j]));
+        assert_int_equal(redis_int(c, "PTTL", name), -1);
+        redisReply *h = redisCommand(c, "HGET %s s", name);
+        assert_int_equal(h->type, REDIS_REPLY_STRING);
+        assert_true(h->len > 0);
+        freeReplyObject(h);
+    }
+    freeReplyObject(r);
+    redisFree(c);
+    rate_limiter_free(enforced);
+    rate_limiter_free(shadow);
+    drop_store(rs);
+}
+
+/* ------------------------------------------------ sliding logs in Lua */
+
+/* A sliding log's state, made here byte by byte: header (t_last, tag, one
+ * component, format 3), then count, sum and the entries (time, permits). */
+typedef struct entry {
+    uint64_t t, n;
+} entry_t;
+
+static size_t log_bytes(unsigned char *out, uint32_t tag, uint64_t last,
+                        uint32_t count, uint32_t sum, const entry_t *e,
+                        size_t ne)
+{
+    size_t off = 0;
+    for (int i = 0; i < 8; i++)
+        out[off++] = (unsigned char)(last >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        out[off++] = (unsigned char)(tag >> (8 * i));
+    out[off++] = 1;
+    out[off++] = 3;
+    for (int i = 0; i < 4; i++)
+        out[off++] = (unsigned char)(count >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        out[off++] = (unsigned char)(sum >> (8 * i));
+    for (size_t k = 0; k < ne; k++) {
+        for (int i = 0; i < 8; i++)
+            out[off++] = (unsigned char)(e[k].t >> (8 * i));
+        for (int i = 0; i < 8; i++)
+            out[off++] = (unsigned char)(e[k].n >> (8 * i));
+    }
+    return off;
+}
+
+/* The tag of the state at Redis key `name` (HGET name s). */
+static uint32_t redis_tag(redisContext *c, const char *name)
+{
+    redisReply *r = redisCommand(c, "HGET %s s", name);
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    assert_true(r->len >= 14);
+    const unsigned char *b = (const unsigned char *)r->str;
+    uint32_t tag = b[8] | b[9] << 8 | b[10] << 16 | (uint32_t)b[11] << 24;
+    freeReplyObject(r);
+    return tag;
+}
+
+static void redis_put(redisContext *c, const char *name,
+                      const unsigned char *st, size_t len)
+{
+    freeReplyObject(redisCommand(c, "HSET %s v 7 s %b", name, st, len));
+}
+
+static bool redis_holds(redisContext *c, const char *name,
+                        const unsigned char *st, size_t len)
+{
+    redisReply *r = redisCommand(c, "HGET %s s", name);
+    bool same = r->type == REDIS_REPLY_STRING && r->len == len &&
+                memcmp(r->str, st, len) == 0;
+    freeReplyObject(r);
+    return same;
+}
+
+/* A sliding log's entries are checked as the C step checks them: only
+ * the constant-time checks (count <= sum <= L, the length) on every read,
+ * all the entries in the window before an admission writes them back.
+ * Over tampered logs the Lua step answers exactly as the C step (here the
+ * compare-and-set test store, given the same bytes) or declines: every
+ * state the C step reports RATE_ECORRUPT is never admitted and never
+ * written, on Redis as in C. */
+static void tampered_logs_are_never_admitted(void **state)
+{
+    (void)state;
+    const char *text = "sliding-log 5/s";
+    rate_store_t *rs = redis_store("tlog:", true, 0), *cs;
+    cas_store_t *ch;
+    assert_int_equal(cas_store_new(&cs, &ch), RATE_OK);
+    rate_limiter_t *lr = limiter_of(text, rs), *lc = limiter_of(text, cs);
+    redisContext *c = raw();
+    /* Honest states on both first: the key exists, and both tag alike. */
+    assert_true(at(lr, "k", SEC, 1, 0).allowed);
+    assert_true(at(lc, "k", SEC, 1, 0).allowed);
+    uint32_t tag = redis_tag(c, "tlog:{k}");
+    const uint64_t L = 5, big = UINT64_C(1) << 63;
+    const uint64_t last = 3200 * MS;
+    struct {
+        const char *what;
+        uint64_t last;
+        uint32_t count, sum;
+        entry_t e[4];
+        size_t ne;
+    } cases[] = {
+        {"honest", last, 3, 4, {{3000 * MS, 1}, {3100 * MS, 2}, {last, 1}}, 3},
+        {"permits 0", last, 3, 3, {{3000 * MS, 2}, {3100 * MS, 0}, {last, 1}},
+         3},
+        {"out of order", last, 3, 4,
+         {{3100 * MS, 1}, {3000 * MS, 2}, {last, 1}}, 3},
+        {"after t_last", last, 3, 4,
+         {{3000 * MS, 1}, {3100 * MS, 2}, {3500 * MS, 1}}, 3},
+        {"sum too big", last, 3, 5, {{3000 * MS, 1}, {3100 * MS, 2}, {last, 1}},
+         3},
+        {"sum too small", last, 3, 3,
+         {{3000 * MS, 1}, {3100 * MS, 2}, {last, 1}}, 3},
+        {"count above sum", last, 3, 2,
+         {{3000 * MS, 1}, {3100 * MS, 2}, {last, 1}}, 3},
+        {"sum above L", last, 3, 6,
+         {{3000 * MS, 1}, {3100 * MS, 2}, {last, 3}}, 3},
+        {"permits past 2^32", last, 3, 3,
+         {{3000 * MS, (UINT64_C(1) << 32) + 1}, {3100 * MS, 1}, {last, 1}}, 3},
+        {"permits past 2^50", last, 3, 3,
+         {{3000 * MS, (UINT64_C(1) << 52) + 1}, {3100 * MS, 1}, {last, 1}}, 3},
+        {"an entry short", last, 4, 4,
+         {{3000 * MS, 1}, {3100 * MS, 2}, {last, 1}}, 3},
+        {"an entry over", last, 2, 4,
+         {{3000 * MS, 1}, {3100 * MS, 2}, {last, 1}}, 3},
+        {"time past 2^63", last, 3, 4,
+         {{3000 * MS, 1}, {big + 5, 2}, {last, 1}}, 3},
+        {"pruned past the sum", last, 3, 4,
+         {{2000 * MS, 9}, {3100 * MS, 1}, {last, 1}}, 3},
+        {"pruned in disorder", last, 3, 4,
+         {{3100 * MS, 1}, {1000 * MS, 2}, {last, 1}}, 3},
+        {"live below the window", last, 3, 4,
+         {{1000 * MS, 1}, {3100 * MS, 2}, {500 * MS, 1}}, 3},
+        {"newest at 0", last, 2, 2, {{0, 1}, {0, 1}}, 2},
+    };
+    const uint64_t times[] = {last, 3250 * MS, 4050 * MS, 4150 * MS,
+                              4250 * MS, 9 * SEC, 1000 * MS};
+    const uint64_t permits[] = {0, 1, 2, 5, 6};
+    unsigned char st[128];
+    unsigned corrupt = 0, checked = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t len = log_bytes(st, tag, cases[i].last, cases[i].count,
+                               cases[i].sum, cases[i].e, cases[i].ne);
+        for (size_t ti = 0; ti < sizeof times / sizeof times[0]; ti++) {
+            for (size_t ni = 0; ni < sizeof permits / sizeof permits[0];
+                 ni++) {
+                uint64_t t = times[ti], n = permits[ni];
+                for (int bool_call = 0; bool_call < 2; bool_call++) {
+                    redis_put(c, "tlog:{k}", st, len);
+                    cas_store_poke(ch, "k", st, len);
+                    rate_decision_t a, b;
+                    if (bool_call) {
+                        bool x = rate_try_acquire_at(lc, "k", n, t);
+                        bool y = rate_try_acquire_at(lr, "k", n, t);
+                        if (x != y)
+                            fail_msg("%s, t=%llu n=%llu: bool call %d in C, "
+                                     "%d on Redis", cases[i].what,
+                                     (unsigned long long)t,
+                                     (unsigned long long)n, x, y);
+                        continue;
+                    }
+                    assert_int_equal(
+                        rate_limiter_check_at(lc, "k", 1, n, 0, t, &a),
+                        RATE_OK);
+                    assert_int_equal(
+                        rate_limiter_check_at(lr, "k", 1, n, 0, t, &b),
+                        RATE_OK);
+                    expect_same(&a, &b, cases[i].what, (int)(ti * 10 + ni),
+                                t, n, 0);
+                    checked++;
+                    if (a.error == RATE_ECORRUPT) {
+                        corrupt++;
+                        if (!redis_holds(c, "tlog:{k}", st, len))
+                            fail_msg("%s, t=%llu n=%llu: written over",
+                                     cases[i].what, (unsigned long long)t,
+                                     (unsigned long long)n);
+                    }
+                    if (i == 0)
+                        assert_int_not_equal(a.reason,
+                                             RATE_REASON_STORE_ERROR);
+                }
+            }
+        }
+    }
+    assert_int_equal(checked, 17 * 7 * 5);
+    assert_true(corrupt > 50); /* seen: the cases meant to be */
+    (void)L;
+
+    /* A tampered sum only makes a denial stricter: it is answered in
+     * Redis, in one round trip (no load of the client's after a decline),
+     * as C answers it. */
+    size_t len = log_bytes(st, tag, last, 3, 5, cases[0].e, 3);
+    redis_put(c, "tlog:{k}", st, len);
+    cas_store_poke(ch, "k", st, len);
+    freeReplyObject(redisCommand(c, "CONFIG RESETSTAT"));
+    for (int i = 0; i < 20; i++) {
+        rate_decision_t a = at(lc, "k", last, 1, 0), b = at(lr, "k", last, 1, 0);
+        expect_same(&a, &b, "sum too big, denied in Lua", i, last, 1, 0);
+        assert_false(b.allowed);
+        assert_int_equal(b.reason, RATE_REASON_LIMITED);
+    }
+    redisReply *r = redisCommand(c, "INFO commandstats");
+    const char *ev = strstr(r->str, "cmdstat_evalsha:calls=");
+    const char *hm = strstr(r->str, "cmdstat_hmget:calls=");
+    assert_non_null(ev);
+    assert_non_null(hm);
+    assert_int_equal(atoi(ev + 22), 20);
+    assert_int_equal(atoi(hm + 20), 20);
+    freeReplyObject(r);
+    redisFree(c);
+    rate_limiter_free(lr);
+    rate_limiter_free(lc);
+    rate_store_free(cs);
+    drop_store(rs);
+}
+
+/* A full log of RATE_SLIDING_LOG_MAX entries: a denial is answered in Lua
+ * (one EVALSHA, its own HMGET) without reading the entries it does not
+ * prune; an admission that prunes the oldest checks and rewrites the rest;
+ * both as C answers them. */
+static void full_log_in_lua(void **state)
+{
+    (void)state;
+    const char *text = "sliding-log 10000/10s";
+    rate_store_t *rs = redis_store("flog:", true, 0), *cs;
+    cas_store_t *ch;
+    assert_int_equal(cas_store_new(&cs, &ch), RATE_OK);
+    rate_limiter_t *lr = limiter_of(text, rs), *lc = limiter_of(text, cs);
+    redisContext *c = raw();
+    assert_true(at(lr, "k", SEC, 1, 0).allowed);
+    assert_true(at(lc, "k", SEC, 1, 0).allowed);
+    uint32_t tag = redis_tag(c, "flog:{k}");
+    const size_t N = RATE_SLIDING_LOG_MAX;
+    entry_t *e = malloc(N * sizeof *e);
+    unsigned char *st = malloc(32 + N * 16);
+    for (size_t i = 0; i < N; i++)
+        e[i] = (entry_t){1000 * SEC + i * MS, 1};
+    uint64_t last = e[N - 1].t;
+    size_t len = log_bytes(st, tag, last, (uint32_t)N, (uint32_t)N, e, N);
+    redis_put(c, "flog:{k}", st, len);
+    cas_store_poke(ch, "k", st, len);
+    freeReplyObject(redisCommand(c, "CONFIG RESETSTAT"));
+    for (int i = 0; i < 10; i++) {
+        rate_decision_t a = at(lc, "k", last, 1, 0), b = at(lr, "k", last, 1, 0);
+        expect_same(&a, &b, "full log", i, last, 1, 0);
+        assert_false(b.allowed);
+        assert_int_equal(b.retry_after_ns, 10 * SEC - (N - 1) * MS);
+    }
+    redisReply *r = redisCommand(c, "INFO commandstats");
+    assert_int_equal(atoi(strstr(r->str, "cmdstat_evalsha:calls=") + 22), 10);
+    assert_int_equal(atoi(strstr(r->str, "cmdstat_hmget:calls=") + 20), 10);
+    freeReplyObject(r);
+    /* Each a millisecond on: the oldest entry leaves, one comes. */
+    for (uint64_t k = 0; k < 5; k++) {
+        uint64_t t = 1010 * SEC + k * MS;
+        rate_decision_t a = at(lc, "k", t, 1, 0), b = at(lr, "k", t, 1, 0);
+        expect_same(&a, &b, "full log, admitted", (int)k, t, 1, 0);
+        assert_true(b.allowed);
+    }
+    r = redisCommand(c, "INFO commandstats");
+    assert_int_equal(atoi(strstr(r->str, "cmdstat_evalsha:calls=") + 22), 15);
+    assert_int_equal(atoi(strstr(r->str, "cmdstat_hmget:calls=") + 20), 15);
+    freeReplyObject(r);
+    r = redisCommand(c, "HGET flog:{k} s");
+    assert_int_equal(r->len, len);
+    freeReplyObject(r);
+    free(e);
+    free(st);
+    redisFree(c);
+    rate_limiter_free(lr);
+    rate_limiter_free(lc);
+    rate_store_free(cs);
+    drop_store(rs);
+}
+
 /* ------------------------------------------------------- a shared limit */
 
 #define PROCS 3
@@ -855,6 +1318,11 @@ int main(void)
         cmocka_unit_test(ttl_is_reset_after),
         cmocka_unit_test(script_flush_changes_nothing),
         cmocka_unit_test(tampered_state_is_corrupt),
+        cmocka_unit_test(tampered_logs_are_never_admitted),
+        cmocka_unit_test(adjustments_same_as_memory),
+        cmocka_unit_test(shadow_state_and_policy_records),
+        cmocka_unit_test(adjustments_on_redis_time),
+        cmocka_unit_test(full_log_in_lua),
         cmocka_unit_test(shared_limit_across_processes),
         cmocka_unit_test(replies_reach_their_callers),
         cmocka_unit_test(redis_down_and_back),

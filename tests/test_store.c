@@ -1,9 +1,19 @@
 /*
- * Store conformance: one suite, run against the in-memory store and against
+ * Store conformance: one suite, run against the in-memory store, against
  * the small compare-and-set store of cas_store.c (written only against the
- * public headers).  Then what only the memory store promises: max_keys,
+ * public headers), and against the Redis store on a private redis-server
+ * this test starts on a free loopback port (skipped when there is no
+ * redis-server).  Then what only the memory store promises: max_keys,
  * eviction and reclaiming counted apart, statistics.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "helpers.h"
 
 typedef int (*factory_fn)(rate_store_t **out);
@@ -18,6 +28,97 @@ static int make_cas(rate_store_t **out)
     return cas_store_new(out, NULL);
 }
 
+/* The Redis store: a private server for the whole group (its PID, never
+ * a name, is what the group's teardown kills), a namespace of its own for
+ * each test, dropped after it.  No expiries: the tests' times are their
+ * own, not the server's. */
+static pid_t redis_pid;
+static char redis_url[64]; /* "" when no redis-server runs */
+static int redis_tests;
+
+static int free_port(void)
+{
+    struct sockaddr_in a = {0};
+    socklen_t len = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), p = 0;
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        p = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return p;
+}
+
+static int make_redis(rate_store_t **out)
+{
+    rate_redis_options_t o = {0};
+    char prefix[32];
+    *out = NULL;
+    if (redis_url[0] == '\0')
+        return RATE_OK; /* no server: the test skips */
+    snprintf(prefix, sizeof prefix, "conformance%d:", redis_tests++);
+    o.prefix = prefix;
+    o.no_ttl = true;
+    return rate_store_redis_new(redis_url, &o, out, NULL, 0);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    int port = free_port();
+    char p[16];
+    if (port == 0)
+        return 0;
+    snprintf(p, sizeof p, "%d", port);
+    snprintf(redis_url, sizeof redis_url, "redis://127.0.0.1:%d/0", port);
+    redis_pid = fork();
+    if (redis_pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* gone with the test, however */
+        freopen("/dev/null", "w", stdout);
+        freopen("/dev/null", "w", stderr);
+        execlp("redis-server", "redis-server", "--port", p, "--bind",
+               "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel",
+               "warning", (char *)NULL);
+        _exit(127);
+    }
+    rate_redis_options_t o = {0};
+    o.connect_timeout_ns = 100 * MS;
+    for (int i = 0; redis_pid > 0 && i < 500; i++) {
+        rate_store_t *s = NULL;
+        if (rate_store_redis_new(redis_url, &o, &s, NULL, 0) == RATE_OK) {
+            rate_store_free(s);
+            return 0;
+        }
+        if (waitpid(redis_pid, NULL, WNOHANG) == redis_pid) {
+            redis_pid = 0; /* no redis-server here */
+            break;
+        }
+        usleep(10000);
+    }
+    if (redis_pid > 0) {
+        kill(redis_pid, SIGKILL);
+        waitpid(redis_pid, NULL, 0);
+        redis_pid = 0;
+    }
+    fprintf(stderr, "no redis-server: the Redis store's conformance tests "
+                    "are skipped\n");
+    redis_url[0] = '\0';
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    if (redis_pid > 0) {
+        kill(redis_pid, SIGKILL);
+        waitpid(redis_pid, NULL, 0);
+        redis_pid = 0;
+    }
+    return 0;
+}
+
 static int setup(void **state)
 {
     factory_fn f = (factory_fn)*state;
@@ -29,9 +130,18 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
+    rate_store_redis_drop(*state); /* RATE_EINVAL for the others */
     rate_store_free(*state);
     return 0;
 }
+
+/* The first line of every conformance test: a NULL store is a Redis one
+ * with no server to run on. */
+#define STORE_OR_SKIP(state)                                                \
+    do {                                                                    \
+        if (*(state) == NULL)                                               \
+            skip();                                                         \
+    } while (0)
 
 static rate_decision_t at_key(rate_limiter_t *l, const char *key, size_t len,
                               uint64_t t, uint64_t n)
@@ -43,6 +153,7 @@ static rate_decision_t at_key(rate_limiter_t *l, const char *key, size_t len,
 
 static void keys_are_independent_and_binary_safe(void **state)
 {
+    STORE_OR_SKIP(state);
     rate_limiter_t *l = limiter_of("fixed-window 2/s", *state);
     static const char *keys[] = {"a", "b", "a b", "{x}", "line\nbreak",
                                  "tab\there", "\xff\xfe", "user:42"};
@@ -65,6 +176,7 @@ static void keys_are_independent_and_binary_safe(void **state)
 
 static void large_state_round_trips(void **state)
 {
+    STORE_OR_SKIP(state);
     /* A sliding log of 3000 entries: far past every inline buffer. */
     rate_limiter_t *l = limiter_of("sliding-log 3000/1h", *state);
     for (uint64_t i = 0; i < 3000; i++)
@@ -80,6 +192,7 @@ static void large_state_round_trips(void **state)
 
 static void composite_state_round_trips(void **state)
 {
+    STORE_OR_SKIP(state);
     rate_limiter_t *l = limiter_of(
         "token-bucket 5/s burst=5; sliding-log 8/10s; sliding-window 9/m",
         *state);
@@ -92,6 +205,7 @@ static void composite_state_round_trips(void **state)
 
 static void denials_and_queries_write_nothing(void **state)
 {
+    STORE_OR_SKIP(state);
     rate_stats_t before, after;
     rate_limiter_t *l = limiter_of("token-bucket 1/s burst=1", *state);
     rate_store_stats(*state, &before);
@@ -275,7 +389,9 @@ static void grows_and_reclaims_unbounded(void **state)
     cmocka_unit_test_prestate_setup_teardown(fn, setup, teardown,           \
                                              (void *)make_memory),          \
         cmocka_unit_test_prestate_setup_teardown(fn, setup, teardown,       \
-                                                 (void *)make_cas)
+                                                 (void *)make_cas),         \
+        cmocka_unit_test_prestate_setup_teardown(fn, setup, teardown,       \
+                                                 (void *)make_redis)
 
 /* max_keys means what it says: a store bounded at N holds N keys before
  * it evicts any (the first edition's per-shard shares evicted 0.65-4.6%
@@ -374,5 +490,5 @@ int main(void)
         cmocka_unit_test(max_keys_is_exact),
         cmocka_unit_test(low_water_reclaims),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

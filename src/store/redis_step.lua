@@ -30,9 +30,18 @@
 -- anything is decided (as the C step checks it): t_last below 2^63; a token
 -- bucket's u <= B*P (and, a debt, >= -2^50 here); a leaky bucket's
 -- 0 <= v <= C*P; a fixed window's count <= L; a sliding window's prev and
--- curr <= L; a sliding log's length 8 + 16 * count, every entry's permits
--- >= 1, their sum the stored sum and <= L, times non-decreasing and
--- <= t_last; no bytes left over.  Any failure declines.
+-- curr <= L; a sliding log's length 8 + 16 * count and count <= sum <= L;
+-- no bytes left over.  Any failure declines.  These checks take constant
+-- time; a sliding log's entries are checked as src/algo/sliding_log.c
+-- does, in two parts.  Every read touches only the entries it prunes (a
+-- binary search, then their permits) and, for a denial, the ones its retry
+-- passes and the newest: any of those out of range, or a running sum that
+-- goes below zero, declines, so a tampered sum can only make a denial
+-- stricter, never admit.  Only before an admission writes the log back are
+-- the entries still in the window checked in full (each of 1..L permits,
+-- times non-decreasing and <= t_last, their sum the pruned sum), as the C
+-- step does; a failure declines (the C step reports RATE_ECORRUPT) and
+-- nothing is written.
 --
 -- Times (up to 2^63 ns) are kept as {s, ns} pairs, exact; a difference of
 -- two times is a number when below 2^50 ns (13 days), else math.huge,
@@ -270,28 +279,14 @@ for c = 1, count do
     if have then
       if #st < off + 7 then return DECLINE end
       v.count = u32(st, off); v.sum = u32(st, off + 4)
-      if #st < off + 7 + v.count * 16 or v.sum > L[c] then return DECLINE end
+      -- constant time, as sl_valid: count <= sum <= L, and the length
+      if v.sum > L[c] or v.count > v.sum or #st < off + 7 + v.count * 16 then
+        return DECLINE
+      end
       v.base = off + 8
       off = off + 8 + v.count * 16
-      -- every entry: permits >= 1 summing to the stored sum (so each below
-      -- 2^32), times in order and none after t_last.  A time is compared
-      -- as its two 32-bit halves (high, low), read with struct.unpack: a
-      -- pass over the whole log, so it is kept cheap.
-      local lhi, llo = u32(st, 5), u32(st, 1)
-      local phi, plo, total = 0, 0, 0
-      local pos = v.base
-      for _ = 1, v.count do
-        local tlo, thi, nlo, nhi
-        tlo, thi, nlo, nhi, pos = struct.unpack('<I4I4I4I4', st, pos)
-        if nhi ~= 0 or nlo < 1 or thi > lhi or (thi == lhi and tlo > llo) or
-           thi < phi or (thi == phi and tlo < plo) then
-          return DECLINE
-        end
-        total = total + nlo
-        phi, plo = thi, tlo
-      end
-      if total ~= v.sum then return DECLINE end
-      -- drop entries at or before t - W (binary search, then subtract)
+      -- drop entries at or before t - W (binary search, then subtract: a
+      -- running sum below zero is a tampered log, declined)
       local lo, hi = 0, v.count
       local cut = tminus(t, P[c])
       if cut ~= nil then
@@ -306,6 +301,7 @@ for c = 1, count do
         local en = u64(st, v.base + i * 16 + 8)
         if en == nil then return DECLINE end
         v.sum = v.sum - en
+        if v.sum < 0 then return DECLINE end
       end
       v.first = lo
     end
@@ -402,9 +398,16 @@ for c = 1, count do
     if r.ok then r.rem_after, r.reset_after = rem(prev, curr + n), rst(prev, curr + n) end
   elseif a == 4 then
     local W = P[c]
-    -- an entry inside the window leaves it W - (t - time) from now
-    local function eleft(i) return W - tdiff(t, get_t(st, v.base + i * 16)) end
-    local function eperm(i) return u64(st, v.base + i * 16 + 8) end
+    -- An entry inside the window leaves it W - (t - time) from now, in
+    -- (0, W]; nil for a time out of that range (a tampered entry, whose
+    -- answer C computes in unsigned arithmetic: declined).
+    local function eleft(i)
+      local et = get_t(st, v.base + i * 16)
+      if et == nil then return nil end
+      local e = W - tdiff(t, et)
+      if e <= 0 or e > W then return nil end
+      return e
+    end
     local live = v.count - v.first
     if n > L[c] then r.reason = 2; r.retry = NEVER
     elseif n == 0 or v.sum + n <= L[c] then r.ok = true
@@ -413,17 +416,24 @@ for c = 1, count do
       local s = v.sum
       r.retry = 0
       for i = v.first, v.count - 1 do
-        s = s - eperm(i)
-        if s + n <= L[c] then r.retry = eleft(i); break end
+        local en = u64(st, v.base + i * 16 + 8)
+        if en == nil then return DECLINE end
+        s = s - en
+        if s < 0 then return DECLINE end
+        if s + n <= L[c] then
+          r.retry = eleft(i)
+          if r.retry == nil then return DECLINE end
+          break
+        end
       end
-    end
-    local function rst()
-      if live == 0 then return 0 end
-      return eleft(v.count - 1)
     end
     r.rem_now = 0
     if v.sum < L[c] then r.rem_now = L[c] - v.sum end
-    r.reset_now = rst()
+    r.reset_now = 0
+    if live > 0 then
+      r.reset_now = eleft(v.count - 1)
+      if r.reset_now == nil then return DECLINE end
+    end
     if r.ok then
       r.rem_after = 0
       if v.sum + n < L[c] then r.rem_after = L[c] - v.sum - n end
@@ -464,8 +474,37 @@ if allowed then retry = 0 end
 local limit = L[comp + 1]
 if A[comp + 1] <= 2 then limit = B[comp + 1] end
 
+-- A log's entries still in the window, in full, before an admission writes
+-- them back (sl_view_ok): each of 1..L permits, times non-decreasing and
+-- none after t_last, their sum the pruned sum.  Linear in the log, as
+-- copying it is, so kept lean: struct.unpack reads an entry in one call,
+-- its time as two 32-bit halves (compared high, then low; exact) and its
+-- permits as one 64-bit number (a double, exact up to 2^53, and never
+-- rounded down to L or below); an entry above L needs no test of its own,
+-- since entries of at least 1 each then sum past L >= the pruned sum; nor
+-- does every time against t_last, once they are in order: the newest does.
+local function log_ok(v)
+  local phi, plo, total = 0, 0, 0
+  local pos = v.base + v.first * 16
+  local unpack = struct.unpack
+  for _ = v.first + 1, v.count do
+    local tlo, thi, p
+    tlo, thi, p, pos = unpack('<I4I4I8', st, pos)
+    if p < 1 or thi < phi or (thi == phi and tlo < plo) then return false end
+    total = total + p
+    phi, plo = thi, tlo
+  end
+  local lhi, llo = u32(st, 5), u32(st, 1)
+  return total == v.sum and (phi < lhi or (phi == lhi and plo <= llo))
+end
+
 -- An admission with n >= 1 writes the new state, bumps the version and sets
 -- the expiry; anything else writes nothing.
+if allowed and n > 0 and st ~= nil then
+  for c = 1, count do
+    if A[c] == 4 and not log_ok(view[c]) then return DECLINE end
+  end
+end
 if allowed and n > 0 then
   local parts = {put_t(t), put32(id), string.char(count, fmt)}
   for c = 1, count do
@@ -474,21 +513,21 @@ if allowed and n > 0 then
     elseif a == 2 or a == 3 then parts[#parts + 1] = put64(r.new)
     elseif a == 5 then parts[#parts + 1] = put64(v.x) .. put64(v.y + n)
     else
+      -- the kept entries, copied once (then once more by table.concat),
+      -- and either the newest entry's permits raised or a new entry
       local kept = v.count - v.first
-      local body = ''
-      if kept > 0 then
-        body = string.sub(st, v.base + v.first * 16, v.base + v.count * 16 - 1)
-      end
-      local lt = nil
-      if kept > 0 then lt = get_t(st, v.base + (v.count - 1) * 16) end
-      if lt ~= nil and tcmp(lt, t) == 0 then
-        local p = u64(st, v.base + (v.count - 1) * 16 + 8) + n
-        body = string.sub(body, 1, #body - 8) .. put64(p)
+      local from, to = v.base + v.first * 16, v.base + v.count * 16 - 1
+      local tail
+      if kept > 0 and tcmp(get_t(st, to - 15), t) == 0 then
+        tail = put64(u64(st, to - 7) + n)
+        to = to - 8
       else
-        body = body .. put_t(t) .. put64(n)
+        tail = put_t(t) .. put64(n)
         kept = kept + 1
       end
-      parts[#parts + 1] = put32(kept) .. put32(v.sum + n) .. body
+      parts[#parts + 1] = put32(kept) .. put32(v.sum + n)
+      if to >= from then parts[#parts + 1] = string.sub(st, from, to) end
+      parts[#parts + 1] = tail
     end
   end
   local state = table.concat(parts)
