@@ -773,6 +773,8 @@ static bool lua_can(const rate_decide_req_t *q)
         if (l->limit >= LUA_EXACT || l->period_ns >= LUA_EXACT ||
             prod * 2 >= LUA_EXACT)
             return false;
+        if (l->block_ns != 0) /* a block's state is the C step's alone */
+            return false;
     }
     return true;
 }
