@@ -424,29 +424,24 @@ static int dur_rule(const char *s, size_t len, bool in_rate, uint64_t *out,
 
     if (rc == RATE_OK)
         return RATE_OK;
-    if (rc == RATE_EINVAL)
-        switch (whole_form(s, len, whole, sizeof whole)) {
-        case WHOLE:
+    if (rc == RATE_EINVAL) {
+        enum fraction f = whole_form(s, len, whole, sizeof whole);
+        char tail[64] = " (the smallest is 1ns)";
+        if (f == WHOLE)
+            snprintf(tail, sizeof tail, "; write '%s'", whole);
+        if (f == WHOLE || f == FRACTION)
             return rate__fail(err, errlen, RATE_EINVAL,
                               "'%.*s' is not a duration: durations are "
-                              "whole numbers of a unit; write '%s'",
-                              (int)len, s, whole);
-        case FRACTION:
-            return rate__fail(err, errlen, RATE_EINVAL,
-                              "'%.*s' is not a duration: durations are "
-                              "whole numbers of a unit (the smallest is "
-                              "1ns)", (int)len, s);
-        case TOO_LARGE:
-            rc = RATE_ERANGE;
-            break;
-        case NOT_FRACTION:
+                              "whole numbers of a unit%s", (int)len, s, tail);
+        if (f == NOT_FRACTION)
             return rate__fail(err, errlen, RATE_EINVAL,
                               "'%.*s' is not a duration: %s, units ns us "
                               "ms s m h d (or nsec usec msec sec min hr "
                               "day, singular or plural)%s", (int)len, s,
                               in_rate ? "[COUNT]UNIT" : "COUNTUNIT",
                               in_rate ? "" : ", or 0");
-        }
+        rc = RATE_ERANGE; /* TOO_LARGE */
+    }
     return rate__fail(err, errlen, rc, "'%.*s' is a duration above 2^63-1 ns",
                       (int)len, s);
 }
