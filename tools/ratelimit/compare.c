@@ -466,7 +466,8 @@ int cmd_compare(int argc, char **argv)
         if (limit_text == NULL || window_text == NULL)
             return cli_fail("compare: --%s needs --%s", limit_text ? "limit"
                             : "window", limit_text ? "window" : "limit");
-        if (rate_parse_count(limit_text, &limit, NULL, 0) != RATE_OK || limit == 0)
+        if (rate_parse_count(limit_text, &limit, NULL, 0) != RATE_OK ||
+            limit == 0)
             return cli_fail("compare: --limit '%s' is not a whole number "
                             "from 1", limit_text);
         if (rate_parse_duration(window_text, &period, why, sizeof why) !=
@@ -482,12 +483,14 @@ int cmd_compare(int argc, char **argv)
     }
     burst = limit;
     if (burst_text != NULL &&
-        (rate_parse_count(burst_text, &burst, NULL, 0) != RATE_OK || burst == 0))
+        (rate_parse_count(burst_text, &burst, NULL, 0) != RATE_OK ||
+         burst == 0))
         return cli_fail("compare: --burst '%s' is not a whole number from 1",
                         burst_text);
     capacity = burst;
     if (cap_text != NULL &&
-        (rate_parse_count(cap_text, &capacity, NULL, 0) != RATE_OK || capacity == 0))
+        (rate_parse_count(cap_text, &capacity, NULL, 0) != RATE_OK ||
+         capacity == 0))
         return cli_fail("compare: --capacity '%s' is not a whole number "
                         "from 1", cap_text);
     if (max_wait_text != NULL &&

@@ -128,7 +128,8 @@ int cmd_replay(int argc, char **argv)
         return cli_fail("replay: more than one FILE ('%s', '%s')",
                         argv[optind], argv[optind + 1]);
     if (max_keys_text != NULL &&
-        (rate_parse_count(max_keys_text, &max_keys, NULL, 0) != RATE_OK || max_keys == 0 ||
+        (rate_parse_count(max_keys_text, &max_keys, NULL, 0) != RATE_OK ||
+         max_keys == 0 ||
          max_keys > UINT32_MAX))
         return cli_fail("replay: --max-keys '%s' is not a whole number from "
                         "1 to 4294967295", max_keys_text);
