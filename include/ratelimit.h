@@ -199,6 +199,22 @@ RATE_API size_t rate_policy_count(const rate_policy_t *policy);
 RATE_API const rate_limit_t *rate_policy_limit(const rate_policy_t *policy,
                                                size_t i);
 
+/* The text parsers of the policy text form, each the one that
+ * rate_policy_parse uses, for programs that read a count, a duration or a
+ * rate on their own (a command's options).  Each returns RATE_OK, or an
+ * error code with, if `err` is not NULL, a one-line message (at most
+ * errlen bytes with the NUL) whose subject is the quoted text, so that it
+ * reads after an option's name: "--window '1.5s' is not a duration: ...".
+ * Nothing is written to the outputs on an error.  Thread-safe: yes. */
+
+/* Parses a count: a whole number from 0 to 2^63-1, digits only.
+ *   RATE_EINVAL  NULL text or out: "no count (NULL)"
+ *   RATE_EINVAL  anything but digits ("", "x", "-1", "1.5", " 1"):
+ *                "'x' is not a whole number up to 2^63-1"
+ *   RATE_ERANGE  digits above 2^63-1: the same message */
+RATE_API int rate_parse_count(const char *text, uint64_t *out, char *err,
+                              size_t errlen);
+
 /* Parses a duration "250ms", "1s", "1m", "2hours" ("0" alone is zero) into
  * ns: a whole count, then a unit with no space between:
  *   ns  nsec nsecs nanosecond nanoseconds
@@ -208,16 +224,39 @@ RATE_API const rate_limit_t *rate_policy_limit(const rate_policy_t *policy,
  *   m   min mins minute minutes
  *   h   hr hrs hour hours
  *   d   day days
- * RATE_EINVAL for anything else ("1.5s": write "1500ms"), RATE_ERANGE
- * above 2^63-1 ns.  Thread-safe: yes. */
-RATE_API int rate_parse_duration(const char *text, uint64_t *out_ns);
+ * Errors:
+ *   RATE_EINVAL  NULL text or out_ns: "no duration (NULL)"
+ *   RATE_EINVAL  a fraction of a whole number of ns ("1.5s", "0.25h"):
+ *                "'1.5s' is not a duration: durations are whole numbers
+ *                of a unit; write '1500ms'" (the same time, whole, in the
+ *                largest unit that writes it so)
+ *   RATE_EINVAL  a fraction of no whole ns ("0.5ns"): "'0.5ns' is not a
+ *                duration: durations are whole numbers of a unit (the
+ *                smallest is 1ns)"
+ *   RATE_EINVAL  anything else ("5", "s", "2fortnights", "1 s", ""):
+ *                "'5' is not a duration: COUNTUNIT, units ns us ms s m h d
+ *                (or nsec usec msec sec min hr day, singular or plural),
+ *                or 0"
+ *   RATE_ERANGE  above 2^63-1 ns (a fraction too): "'107000d' is a
+ *                duration above 2^63-1 ns" */
+RATE_API int rate_parse_duration(const char *text, uint64_t *out_ns,
+                                 char *err, size_t errlen);
 
 /* Parses a rate "COUNT/[COUNT]UNIT" ("10/s", "100/1m", "1/day", "10/sec",
- * "3/500ms") into its count and period, the units as above: RATE_OK,
- * RATE_EINVAL when malformed (or a zero count or period), RATE_ERANGE for a
- * count or period above 2^63-1.  Thread-safe: yes. */
+ * "3/500ms": the duration's count may be left out) into its count and
+ * period, the units as above.  Errors:
+ *   RATE_EINVAL  NULL text, count or period_ns: "no rate (NULL)"
+ *   RATE_EINVAL  no '/': "'10' is not COUNT/DURATION (e.g. 10/s, 100/1m)"
+ *   RATE_EINVAL, RATE_ERANGE  a bad count (as rate_parse_count): "'x/s':
+ *                count 'x' is not a whole number up to 2^63-1"
+ *   RATE_EINVAL, RATE_ERANGE  a bad duration (as rate_parse_duration, but
+ *                with "[COUNT]UNIT" and no "or 0"): "'1/1.5s': '1.5s' is
+ *                not a duration: durations are whole numbers of a unit;
+ *                write '1500ms'"
+ *   RATE_EINVAL  a zero count or period ("0/s", "5/0ms"): "'0/s' is zero:
+ *                its count is 0", "'5/0ms' is zero: its period is 0" */
 RATE_API int rate_parse_rate(const char *text, uint64_t *count,
-                             uint64_t *period_ns);
+                             uint64_t *period_ns, char *err, size_t errlen);
 
 /* A policy may be freed only when no limiter uses it any more (limiters copy
  * their default policy, but borrow what a resolver returns).  NULL: nothing. */

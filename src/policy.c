@@ -298,10 +298,35 @@ const rate_limit_t *rate_policy_limit(const rate_policy_t *policy, size_t i)
 
 /* ------------------------------------------------------------- parsing */
 
+/* The one implementation of each rule of the text: a count, a duration and
+ * a rate.  Each takes s[0..len) (a word of policy text, or a whole
+ * argument), and on an error writes a message whose subject is the quoted
+ * text ("'1.5s' is not a duration: ..."), so that rate_policy_parse can
+ * prefix "limit N: rate " and the command "--window ". */
+
+static bool all_digits(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+    return len > 0;
+}
+
 /* A count in policy text: a whole number up to 2^63-1. */
 static bool parse_count(const char *s, size_t len, uint64_t *out)
 {
     return rate__parse_decimal(s, len, RATE_TIME_MAX, out);
+}
+
+static int count_rule(const char *s, size_t len, uint64_t *out, char *err,
+                      size_t errlen)
+{
+    if (parse_count(s, len, out))
+        return RATE_OK;
+    return rate__fail(err, errlen, all_digits(s, len) ? RATE_ERANGE
+                                                      : RATE_EINVAL,
+                      "'%.*s' is not a whole number up to 2^63-1", (int)len,
+                      s);
 }
 
 /* The ns of a unit's name or alias s[0..len), 0 if none. */
@@ -330,10 +355,10 @@ static int parse_dur(const char *s, size_t len, bool allow_bare,
     }
     if (digits == 0 && !allow_bare)
         return RATE_EINVAL;
-    if (digits > 0 && !parse_count(s, digits, &count))
-        return RATE_ERANGE;
     if ((ns = unit_ns(s + digits, len - digits)) == 0)
         return RATE_EINVAL;
+    if (digits > 0 && !parse_count(s, digits, &count))
+        return RATE_ERANGE;
     if (count > RATE_TIME_MAX / ns)
         return RATE_ERANGE;
     *out = count * ns;
@@ -345,6 +370,8 @@ static int format_ns(uint64_t ns, char *buf, size_t len)
 {
     size_t u = N_UNITS;
 
+    if (ns == 0)
+        return snprintf(buf, len, "0");
     while (u-- > 1)
         if (ns % units[u].ns == 0)
             break;
@@ -355,9 +382,16 @@ static int format_ns(uint64_t ns, char *buf, size_t len)
                     units[u].names[0]);
 }
 
-/* For a duration with a fraction ("1.5s", "0.25h"), the whole form it
- * means ("1500ms", "15m") in buf; false when there is none. */
-static bool whole_form(const char *s, size_t len, char *buf, size_t buflen)
+/* What a duration with a fraction ("1.5s", "0.25h") is. */
+enum fraction {
+    NOT_FRACTION, /* no fraction, or no unit after it */
+    FRACTION,     /* a fraction of no whole ns, or too long to tell */
+    WHOLE,        /* a whole number of ns: its whole form in buf */
+    TOO_LARGE     /* above 2^63-1 ns */
+};
+
+static enum fraction whole_form(const char *s, size_t len, char *buf,
+                                size_t buflen)
 {
     size_t i = 0, dot;
     uint64_t ns;
@@ -366,12 +400,14 @@ static bool whole_form(const char *s, size_t len, char *buf, size_t buflen)
     while (i < len && s[i] >= '0' && s[i] <= '9')
         i++;
     if (i == 0 || i == len || s[i] != '.')
-        return false;
+        return NOT_FRACTION;
     dot = i++;
     while (i < len && s[i] >= '0' && s[i] <= '9')
         i++;
-    if (i == dot + 1 || i - 1 > 20 || (ns = unit_ns(s + i, len - i)) == 0)
-        return false;
+    if (i == dot + 1 || (ns = unit_ns(s + i, len - i)) == 0)
+        return NOT_FRACTION;
+    if (i - 1 > 20) /* 20 digits: v * ns stays below 2^128 */
+        return FRACTION;
     for (size_t k = 0; k < i; k++) {
         if (k == dot)
             continue;
@@ -380,56 +416,101 @@ static bool whole_form(const char *s, size_t len, char *buf, size_t buflen)
             scale *= 10;
     }
     v *= ns;
-    if (v % scale != 0 || v / scale == 0 || v / scale > RATE_TIME_MAX)
-        return false;
+    if (v / scale > RATE_TIME_MAX)
+        return TOO_LARGE;
+    if (v % scale != 0)
+        return FRACTION;
     format_ns((uint64_t)(v / scale), buf, buflen);
-    return true;
+    return WHOLE;
 }
 
-int rate_parse_duration(const char *text, uint64_t *out_ns)
+/* A duration, "[COUNT]UNIT" (in a rate, in_rate: the count may be left
+ * out) or "0". */
+static int dur_rule(const char *s, size_t len, bool in_rate, uint64_t *out,
+                    char *err, size_t errlen)
 {
-    if (text == NULL || out_ns == NULL)
-        return RATE_EINVAL;
-    return parse_dur(text, strlen(text), false, out_ns);
+    char whole[48];
+    int rc = parse_dur(s, len, in_rate, out);
+
+    if (rc == RATE_OK)
+        return RATE_OK;
+    if (rc == RATE_EINVAL) {
+        enum fraction f = whole_form(s, len, whole, sizeof whole);
+        char tail[64] = " (the smallest is 1ns)";
+        if (f == WHOLE)
+            snprintf(tail, sizeof tail, "; write '%s'", whole);
+        if (f == WHOLE || f == FRACTION)
+            return rate__fail(err, errlen, RATE_EINVAL,
+                              "'%.*s' is not a duration: durations are "
+                              "whole numbers of a unit%s", (int)len, s, tail);
+        if (f == NOT_FRACTION)
+            return rate__fail(err, errlen, RATE_EINVAL,
+                              "'%.*s' is not a duration: %s, units ns us "
+                              "ms s m h d (or nsec usec msec sec min hr "
+                              "day, singular or plural)%s", (int)len, s,
+                              in_rate ? "[COUNT]UNIT" : "COUNTUNIT",
+                              in_rate ? "" : ", or 0");
+        rc = RATE_ERANGE; /* TOO_LARGE */
+    }
+    return rate__fail(err, errlen, rc, "'%.*s' is a duration above 2^63-1 ns",
+                      (int)len, s);
 }
 
-/* "COUNT/[COUNT]UNIT": RATE_OK, RATE_EINVAL, or RATE_ERANGE; *where says
- * which part is wrong (0 the shape, 1 the count, 2 the duration). */
-static int rate_of(const char *s, size_t len, uint64_t *count,
-                   uint64_t *period, int *where)
+/* A rate, "COUNT/[COUNT]UNIT"; a zero count or period is the caller's to
+ * refuse (rate_policy_new names the limit's algorithm). */
+static int rate_rule(const char *s, size_t len, uint64_t *count,
+                     uint64_t *period, char *err, size_t errlen)
 {
     const char *slash = memchr(s, '/', len);
+    char why[200];
     size_t left;
     int rc;
 
-    *where = 0;
     if (slash == NULL)
-        return RATE_EINVAL;
+        return rate__fail(err, errlen, RATE_EINVAL,
+                          "'%.*s' is not COUNT/DURATION (e.g. 10/s, 100/1m)",
+                          (int)len, s);
     left = (size_t)(slash - s);
-    *where = 1;
-    if (!parse_count(s, left, count)) {
-        bool digits = left > 0;
-        for (size_t i = 0; i < left; i++)
-            digits = digits && s[i] >= '0' && s[i] <= '9';
-        return digits ? RATE_ERANGE : RATE_EINVAL;
-    }
-    *where = 2;
-    rc = parse_dur(slash + 1, len - left - 1, true, period);
-    return rc;
+    if ((rc = count_rule(s, left, count, why, sizeof why)) != RATE_OK)
+        return rate__fail(err, errlen, rc, "'%.*s': count %s", (int)len, s,
+                          why);
+    rc = dur_rule(slash + 1, len - left - 1, true, period, why, sizeof why);
+    if (rc != RATE_OK)
+        return rate__fail(err, errlen, rc, "'%.*s': %s", (int)len, s, why);
+    return RATE_OK;
 }
 
-int rate_parse_rate(const char *text, uint64_t *count, uint64_t *period_ns)
+int rate_parse_count(const char *text, uint64_t *out, char *err,
+                     size_t errlen)
+{
+    if (text == NULL || out == NULL)
+        return rate__fail(err, errlen, RATE_EINVAL, "no count (NULL)");
+    return count_rule(text, strlen(text), out, err, errlen);
+}
+
+int rate_parse_duration(const char *text, uint64_t *out_ns, char *err,
+                        size_t errlen)
+{
+    if (text == NULL || out_ns == NULL)
+        return rate__fail(err, errlen, RATE_EINVAL, "no duration (NULL)");
+    return dur_rule(text, strlen(text), false, out_ns, err, errlen);
+}
+
+int rate_parse_rate(const char *text, uint64_t *count, uint64_t *period_ns,
+                    char *err, size_t errlen)
 {
     uint64_t c, p;
-    int where, rc;
+    int rc;
 
     if (text == NULL || count == NULL || period_ns == NULL)
-        return RATE_EINVAL;
-    rc = rate_of(text, strlen(text), &c, &p, &where);
+        return rate__fail(err, errlen, RATE_EINVAL, "no rate (NULL)");
+    rc = rate_rule(text, strlen(text), &c, &p, err, errlen);
     if (rc != RATE_OK)
         return rc;
     if (c == 0 || p == 0)
-        return RATE_EINVAL;
+        return rate__fail(err, errlen, RATE_EINVAL,
+                          "'%s' is zero: its %s is 0", text,
+                          c == 0 ? "count" : "period");
     *count = c;
     *period_ns = p;
     return RATE_OK;
@@ -477,37 +558,12 @@ static size_t split_words(const char *s, size_t len, token_t *w, size_t max,
 static int parse_rate(token_t t, size_t idx, rate_limit_t *l, char *err,
                       size_t errlen)
 {
-    int where, rc = rate_of(t.s, t.len, &l->limit, &l->period_ns, &where);
-    const char *slash = memchr(t.s, '/', t.len);
-    char whole[48];
+    char why[256];
 
-    if (rc == RATE_OK)
-        return RATE_OK;
-    if (where == 0)
-        return fail(err, errlen,
-                    "limit %zu: rate '%.*s' is not COUNT/DURATION (e.g. 10/s)",
-                    idx + 1, (int)t.len, t.s);
-    size_t left = (size_t)(slash - t.s), dlen = t.len - left - 1;
-    if (where == 1)
-        return fail(err, errlen,
-                    "limit %zu: count '%.*s' in rate '%.*s' is not a whole "
-                    "number up to 2^63-1",
-                    idx + 1, (int)left, t.s, (int)t.len, t.s);
-    if (rc == RATE_ERANGE)
-        return fail(err, errlen,
-                    "limit %zu: duration '%.*s' in rate '%.*s' is above "
-                    "2^63-1 ns", idx + 1, (int)dlen, slash + 1, (int)t.len,
-                    t.s);
-    if (whole_form(slash + 1, dlen, whole, sizeof whole))
-        return fail(err, errlen,
-                    "limit %zu: duration '%.*s' in rate '%.*s' is not a "
-                    "whole number of its unit; write '%s'",
-                    idx + 1, (int)dlen, slash + 1, (int)t.len, t.s, whole);
-    return fail(err, errlen,
-                "limit %zu: duration '%.*s' in rate '%.*s' is not "
-                "[COUNT]UNIT, units ns us ms s m h d (or nsec usec msec sec "
-                "min hr day, singular or plural)",
-                idx + 1, (int)dlen, slash + 1, (int)t.len, t.s);
+    if (rate_rule(t.s, t.len, &l->limit, &l->period_ns, why, sizeof why) !=
+        RATE_OK)
+        return fail(err, errlen, "limit %zu: rate %s", idx + 1, why);
+    return RATE_OK;
 }
 
 static int parse_option(token_t t, size_t idx, const algo_info_t *a,
@@ -516,6 +572,7 @@ static int parse_option(token_t t, size_t idx, const algo_info_t *a,
     const char *eq = memchr(t.s, '=', t.len);
     size_t klen = eq ? (size_t)(eq - t.s) : t.len;
     const algo_info_t *owner = NULL;
+    char why[200];
     uint64_t v;
 
     if (eq == NULL)
@@ -542,11 +599,9 @@ static int parse_option(token_t t, size_t idx, const algo_info_t *a,
     if (l->burst != 0)
         return fail(err, errlen, "limit %zu: %s= given twice", idx + 1,
                     a->option);
-    if (!parse_count(eq + 1, t.len - klen - 1, &v))
-        return fail(err, errlen,
-                    "limit %zu: %.*s value '%.*s' is not a whole number up "
-                    "to 2^63-1",
-                    idx + 1, (int)klen, t.s, (int)(t.len - klen - 1), eq + 1);
+    if (count_rule(eq + 1, t.len - klen - 1, &v, why, sizeof why) != RATE_OK)
+        return fail(err, errlen, "limit %zu: %.*s value %s", idx + 1,
+                    (int)klen, t.s, why);
     if (v == 0)
         return fail(err, errlen, "limit %zu: %.*s is zero; it must be at "
                     "least 1", idx + 1, (int)klen, t.s);

@@ -41,6 +41,28 @@ printf '0 a\n0 a\n0 b\n' | "$R" replay --algorithm fixed-window --limit 1 \
 if [ "$(cat "$T/err")" = "$(printf 'summary: 3 requests, 2 allowed, 1 denied\na\t1 allowed\t1 denied\nb\t1 allowed\t0 denied')" ] &&
    [ "$(wc -l <"$T/out")" -eq 3 ]; then ok; else bad "per-key summary"; cat "$T/err"; fi
 
+# --- every name and alias of the library's algorithm map: an alias decides
+# exactly as its algorithm's name, in replay, check and the help
+alias_same() { # ALIAS NAME OPTIONS...
+  local alias=$1 name=$2; shift 2
+  printf '0 a\n0 a\n0 a\n0.4 a\n1 a\n1.2 b\n' >"$T/alias.trace"
+  "$R" replay --algorithm "$alias" "$@" "$T/alias.trace" >"$T/a" 2>"$T/ea"; local ra=$?
+  "$R" replay --algorithm "$name" "$@" "$T/alias.trace" >"$T/b" 2>/dev/null
+  "$R" check --key k --algorithm "$alias" "$@" >/dev/null 2>&1; local rc=$?
+  if [ $ra -eq 0 ] && [ -s "$T/a" ] && cmp -s "$T/a" "$T/b" && [ $rc -eq 0 ] &&
+     "$R" replay --help | grep -qF -- "$name ($alias)"; then ok
+  else bad "--algorithm $alias as $name (rc=$ra/$rc: $(cat "$T/ea"))"; fi
+}
+alias_same gcra token-bucket --rate 2/s --burst 2
+alias_same sliding-window-log sliding-log --limit 2 --window 1s
+alias_same sliding-window-counter sliding-window --limit 2 --window 1s
+# an alias makes the same policy as its name (the output differs from another
+# algorithm's on this trace)
+"$R" replay --algorithm sliding-window-counter --limit 2 --window 1s "$T/alias.trace" >"$T/a" 2>/dev/null
+"$R" replay --algorithm sliding-window-log --limit 2 --window 1s "$T/alias.trace" >"$T/b" 2>/dev/null
+"$R" replay --policy "sliding-window-counter 2/s" "$T/alias.trace" >"$T/c" 2>/dev/null
+if cmp -s "$T/a" "$T/c" && ! cmp -s "$T/a" "$T/b"; then ok; else bad "sliding-window-counter is sliding-window, not sliding-log"; fi
+
 # --- errors: exit 2, nothing on standard output, one line naming the problem
 expect_error() { # STDIN MESSAGE ARGS...
   local input=$1 msg=$2; shift 2
@@ -56,6 +78,14 @@ expect_error '' "unknown option '--bogus'" replay $TB --bogus
 expect_error '' "option '--rate' needs a value" replay --algorithm token-bucket --rate
 expect_error '' "--algorithm or --policy is required" replay --rate 1/s --burst 1
 expect_error '' "unknown algorithm 'token'" replay --algorithm token --rate 1/s
+expect_error '' "unknown algorithm 'Gcra' (token-bucket (gcra), leaky-bucket, fixed-window, sliding-log (sliding-window-log), sliding-window (sliding-window-counter))" replay --algorithm Gcra --rate 1/s
+expect_error '' "--algorithm or --policy is required (token-bucket (gcra), leaky-bucket" check --key u --rate 1/s
+expect_error '' "--rate 'x/s': count 'x' is not a whole number up to 2^63-1" replay --algorithm gcra --rate x/s --burst 1
+expect_error '' "--rate '10' is not COUNT/DURATION (e.g. 10/s, 100/1m)" replay --algorithm gcra --rate 10 --burst 1
+expect_error '' "--burst 'x' is not a whole number up to 2^63-1" replay --algorithm gcra --rate 1/s --burst x
+expect_error '' "--capacity does not apply to gcra" replay --algorithm gcra --rate 1/s --burst 1 --capacity 1
+expect_error '' "--burst does not apply to sliding-window-counter" replay --algorithm sliding-window-counter --limit 1 --window 1s --burst 1
+expect_error '' "--max-wait applies only to token-bucket and leaky-bucket" replay --algorithm sliding-window-log --limit 1 --window 1s --max-wait 1s
 expect_error '' "--burst is required for token-bucket" replay --algorithm token-bucket --rate 1/s
 expect_error '' "--capacity is required for leaky-bucket" replay --algorithm leaky-bucket --rate 1/s
 expect_error '' "--limit is required" replay --algorithm sliding-log --window 1s
@@ -164,12 +194,14 @@ if [ $rc -eq 0 ]; then ok; else bad "check --rate 10/sec: rc=$rc"; fi
 "$R" compare --rate 10/s "$V/edges-chart.trace" >"$T/a" 2>&1
 "$R" compare --rate 10/second "$V/edges-chart.trace" >"$T/b" 2>&1
 if cmp -s "$T/a" "$T/b"; then ok; else bad "compare --rate 10/second"; fi
-expect_error '' "write 1500ms" replay --algorithm fixed-window --limit 1 --window 1.5s
-expect_error '' "write 1500ms" replay --algorithm gcra --rate 1/1.5s --burst 1
-expect_error '' "write 90s" replay --algorithm gcra --rate 1/1.5min --burst 1
-expect_error '' "write 250ms" check --key u $TB --max-wait 0.25sec
-expect_error '' "write 1500ms" compare --limit 1 --window 1.5s
-expect_error '' "whole numbers of a unit" replay --algorithm fixed-window --limit 1 --window 0.0000000001s
+expect_error '' "write '1500ms'" replay --algorithm fixed-window --limit 1 --window 1.5s
+expect_error '' "write '1500ms'" replay --algorithm gcra --rate 1/1.5s --burst 1
+expect_error '' "write '90s'" replay --algorithm gcra --rate 1/1.5min --burst 1
+expect_error '' "write '250ms'" check --key u $TB --max-wait 0.25sec
+expect_error '' "write '1500ms'" compare --limit 1 --window 1.5s
+expect_error '' "--window '1.5s' is not a duration: durations are whole numbers of a unit; write '1500ms'" replay --algorithm fixed-window --limit 1 --window 1.5s
+expect_error '' "--rate '1/1.5s': '1.5s' is not a duration: durations are whole numbers of a unit; write '1500ms'" replay --algorithm gcra --rate 1/1.5s --burst 1
+expect_error '' "whole numbers of a unit (the smallest is 1ns)" replay --algorithm fixed-window --limit 1 --window 0.0000000001s
 expect_error '' "--window '2fortnights' is not a duration" replay --algorithm fixed-window --limit 1 --window 2fortnights
 expect_error '' "above 2^63-1 ns" replay --algorithm fixed-window --limit 1 --window 999999999999days
 

@@ -422,17 +422,17 @@ static void durations(void **state)
 {
     (void)state;
     uint64_t ns;
-    assert_int_equal(rate_parse_duration("250ms", &ns), RATE_OK);
+    assert_int_equal(rate_parse_duration("250ms", &ns, NULL, 0), RATE_OK);
     assert_int_equal(ns, 250 * MS);
-    assert_int_equal(rate_parse_duration("0", &ns), RATE_OK);
+    assert_int_equal(rate_parse_duration("0", &ns, NULL, 0), RATE_OK);
     assert_int_equal(ns, 0);
-    assert_int_equal(rate_parse_duration("2h", &ns), RATE_OK);
+    assert_int_equal(rate_parse_duration("2h", &ns, NULL, 0), RATE_OK);
     assert_int_equal(ns, 7200 * SEC);
-    assert_int_equal(rate_parse_duration("s", &ns), RATE_EINVAL);
-    assert_int_equal(rate_parse_duration("5", &ns), RATE_EINVAL);
-    assert_int_equal(rate_parse_duration("1.5s", &ns), RATE_EINVAL);
-    assert_int_equal(rate_parse_duration("107000d", &ns), RATE_ERANGE);
-    assert_int_equal(rate_parse_duration(NULL, &ns), RATE_EINVAL);
+    assert_int_equal(rate_parse_duration("s", &ns, NULL, 0), RATE_EINVAL);
+    assert_int_equal(rate_parse_duration("5", &ns, NULL, 0), RATE_EINVAL);
+    assert_int_equal(rate_parse_duration("1.5s", &ns, NULL, 0), RATE_EINVAL);
+    assert_int_equal(rate_parse_duration("107000d", &ns, NULL, 0), RATE_ERANGE);
+    assert_int_equal(rate_parse_duration(NULL, &ns, NULL, 0), RATE_EINVAL);
 }
 
 /* The exported name, rate and unit parsers (the command's), and the
@@ -480,30 +480,30 @@ static void names_rates_and_units(void **state)
     };
     for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++) {
         uint64_t c = 0, per = 0;
-        if (rate_parse_rate(rates[i].text, &c, &per) != RATE_OK ||
+        if (rate_parse_rate(rates[i].text, &c, &per, NULL, 0) != RATE_OK ||
             c != rates[i].count || per != rates[i].period)
             fail_msg("rate '%s': %llu/%llu", rates[i].text,
                      (unsigned long long)c, (unsigned long long)per);
     }
     uint64_t c, per;
-    assert_int_equal(rate_parse_rate("10", &c, &per), RATE_EINVAL);
-    assert_int_equal(rate_parse_rate("0/s", &c, &per), RATE_EINVAL);
-    assert_int_equal(rate_parse_rate("1/0s", &c, &per), RATE_EINVAL);
-    assert_int_equal(rate_parse_rate("1/1.5s", &c, &per), RATE_EINVAL);
-    assert_int_equal(rate_parse_rate("1/Sec", &c, &per), RATE_EINVAL);
-    assert_int_equal(rate_parse_rate("99999999999999999999/s", &c, &per),
+    assert_int_equal(rate_parse_rate("10", &c, &per, NULL, 0), RATE_EINVAL);
+    assert_int_equal(rate_parse_rate("0/s", &c, &per, NULL, 0), RATE_EINVAL);
+    assert_int_equal(rate_parse_rate("1/0s", &c, &per, NULL, 0), RATE_EINVAL);
+    assert_int_equal(rate_parse_rate("1/1.5s", &c, &per, NULL, 0), RATE_EINVAL);
+    assert_int_equal(rate_parse_rate("1/Sec", &c, &per, NULL, 0), RATE_EINVAL);
+    assert_int_equal(rate_parse_rate("99999999999999999999/s", &c, &per, NULL, 0),
                      RATE_ERANGE);
-    assert_int_equal(rate_parse_rate("1/999999999999d", &c, &per),
+    assert_int_equal(rate_parse_rate("1/999999999999d", &c, &per, NULL, 0),
                      RATE_ERANGE);
-    assert_int_equal(rate_parse_rate(NULL, &c, &per), RATE_EINVAL);
+    assert_int_equal(rate_parse_rate(NULL, &c, &per, NULL, 0), RATE_EINVAL);
     uint64_t ns;
-    assert_int_equal(rate_parse_duration("2hours", &ns), RATE_OK);
+    assert_int_equal(rate_parse_duration("2hours", &ns, NULL, 0), RATE_OK);
     assert_int_equal(ns, 7200 * SEC);
-    assert_int_equal(rate_parse_duration("90secs", &ns), RATE_OK);
+    assert_int_equal(rate_parse_duration("90secs", &ns, NULL, 0), RATE_OK);
     assert_int_equal(ns, 90 * SEC);
-    assert_int_equal(rate_parse_duration("1day", &ns), RATE_OK);
+    assert_int_equal(rate_parse_duration("1day", &ns, NULL, 0), RATE_OK);
     assert_int_equal(ns, 86400 * SEC);
-    assert_int_equal(rate_parse_duration("sec", &ns), RATE_EINVAL);
+    assert_int_equal(rate_parse_duration("sec", &ns, NULL, 0), RATE_EINVAL);
 
     /* The text form takes the same words, and prints the short ones. */
     rate_policy_t *p = policy_of("token-bucket 100/hour burst=5");
@@ -528,7 +528,10 @@ static void names_rates_and_units(void **state)
         {"leaky-bucket 10/s capacity=3 capacity=3", "capacity= given twice"},
         {"token-bucket 10/1.5s", "write '1500ms'"},
         {"token-bucket 10/0.25h", "write '15m'"},
-        {"token-bucket 10/2.5ns", "not [COUNT]UNIT"},
+        {"token-bucket 10/2.5ns", "whole numbers of a unit (the smallest is 1ns)"},
+        {"token-bucket 10/2.5x", "not a duration: [COUNT]UNIT"},
+        {"token-bucket 10/1.5s", "limit 1: rate '10/1.5s': '1.5s' is not a duration"},
+        {"token-bucket 10/s burst=x", "limit 1: burst value 'x' is not a whole number up to 2^63-1"},
         {"token-bucket 10/fortnight", "units ns us ms s m h d"},
         {"tocken-bucket 10/s", "(token-bucket, gcra, leaky-bucket"},
         {"token-bucket 10/s speed=3", "burst= for token-bucket, capacity= "
@@ -542,6 +545,130 @@ static void names_rates_and_units(void **state)
             fail_msg("'%s': rc=%d err='%s', wanted '%s'", bad[i].text, rc, err,
                      bad[i].needle);
     }
+}
+
+/* Every error ratelimit.h documents for the count, duration and rate
+ * parsers, with its code and message; the policy text says the same words
+ * (one implementation of each rule). */
+static void parser_messages(void **state)
+{
+    (void)state;
+    static const struct {
+        char kind; /* c count, d duration, r rate */
+        const char *text;
+        int rc;
+        const char *msg;
+    } cases[] = {
+        {'c', NULL, RATE_EINVAL, "no count (NULL)"},
+        {'c', "", RATE_EINVAL, "'' is not a whole number up to 2^63-1"},
+        {'c', "x", RATE_EINVAL, "'x' is not a whole number up to 2^63-1"},
+        {'c', "-1", RATE_EINVAL, "'-1' is not a whole number up to 2^63-1"},
+        {'c', " 1", RATE_EINVAL, "' 1' is not a whole number up to 2^63-1"},
+        {'c', "9223372036854775808", RATE_ERANGE,
+         "'9223372036854775808' is not a whole number up to 2^63-1"},
+        {'d', NULL, RATE_EINVAL, "no duration (NULL)"},
+        {'d', "1.5s", RATE_EINVAL,
+         "'1.5s' is not a duration: durations are whole numbers of a unit; "
+         "write '1500ms'"},
+        {'d', "1.5min", RATE_EINVAL,
+         "'1.5min' is not a duration: durations are whole numbers of a "
+         "unit; write '90s'"},
+        {'d', "0.25hours", RATE_EINVAL,
+         "'0.25hours' is not a duration: durations are whole numbers of a "
+         "unit; write '15m'"},
+        {'d', "0.5ns", RATE_EINVAL,
+         "'0.5ns' is not a duration: durations are whole numbers of a unit "
+         "(the smallest is 1ns)"},
+        {'d', "5", RATE_EINVAL,
+         "'5' is not a duration: COUNTUNIT, units ns us ms s m h d (or nsec "
+         "usec msec sec min hr day, singular or plural), or 0"},
+        {'d', "s", RATE_EINVAL, "'s' is not a duration: COUNTUNIT"},
+        {'d', "2fortnights", RATE_EINVAL, "'2fortnights' is not a duration"},
+        {'d', "1 s", RATE_EINVAL, "'1 s' is not a duration"},
+        {'d', "1.s", RATE_EINVAL, "'1.s' is not a duration: COUNTUNIT"},
+        {'d', "107000d", RATE_ERANGE,
+         "'107000d' is a duration above 2^63-1 ns"},
+        {'d', "99999999999999999999s", RATE_ERANGE,
+         "'99999999999999999999s' is a duration above 2^63-1 ns"},
+        {'d', "106752.5d", RATE_ERANGE,
+         "'106752.5d' is a duration above 2^63-1 ns"},
+        {'r', NULL, RATE_EINVAL, "no rate (NULL)"},
+        {'r', "10", RATE_EINVAL,
+         "'10' is not COUNT/DURATION (e.g. 10/s, 100/1m)"},
+        {'r', "x/s", RATE_EINVAL,
+         "'x/s': count 'x' is not a whole number up to 2^63-1"},
+        {'r', "99999999999999999999/s", RATE_ERANGE,
+         "'99999999999999999999/s': count '99999999999999999999' is not"},
+        {'r', "1/1.5s", RATE_EINVAL,
+         "'1/1.5s': '1.5s' is not a duration: durations are whole numbers "
+         "of a unit; write '1500ms'"},
+        {'r', "10/fortnight", RATE_EINVAL,
+         "'10/fortnight': 'fortnight' is not a duration: [COUNT]UNIT, units "
+         "ns us ms s m h d (or nsec usec msec sec min hr day, singular or "
+         "plural)"},
+        {'r', "1/999999999999d", RATE_ERANGE,
+         "'1/999999999999d': '999999999999d' is a duration above 2^63-1 ns"},
+        {'r', "0/s", RATE_EINVAL, "'0/s' is zero: its count is 0"},
+        {'r', "5/0ms", RATE_EINVAL, "'5/0ms' is zero: its period is 0"},
+        {'r', "5/0", RATE_EINVAL, "'5/0' is zero: its period is 0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char err[300] = "";
+        uint64_t a = 7, b = 7;
+        int rc = cases[i].kind == 'c'
+                     ? rate_parse_count(cases[i].text, &a, err, sizeof err)
+                 : cases[i].kind == 'd'
+                     ? rate_parse_duration(cases[i].text, &a, err, sizeof err)
+                     : rate_parse_rate(cases[i].text, &a, &b, err, sizeof err);
+        if (rc != cases[i].rc || strncmp(err, cases[i].msg,
+                                         strlen(cases[i].msg)) != 0 ||
+            a != 7 || b != 7)
+            fail_msg("%c '%s': rc=%d err='%s', wanted %d '%s'",
+                     cases[i].kind, cases[i].text ? cases[i].text : "NULL",
+                     rc, err, cases[i].rc, cases[i].msg);
+        /* The policy text says "limit 1: rate " and the same message (a
+         * duration's, after the rate's subject, up to what differs in a
+         * rate: "COUNTUNIT" there is "[COUNT]UNIT"). */
+        const char *t = cases[i].text;
+        if (t == NULL || cases[i].kind == 'c' || strchr(t, ' ') != NULL ||
+            strstr(cases[i].msg, "is zero") != NULL ||
+            strcmp(t, "5") == 0 || strcmp(t, "s") == 0)
+            continue; /* not a policy's rate, or a good one there */
+        char text[128], want[300], perr[300] = "";
+        rate_policy_t *p = NULL;
+        if (cases[i].kind == 'r') {
+            snprintf(text, sizeof text, "fixed-window %s", t);
+            snprintf(want, sizeof want, "limit 1: rate %s", cases[i].msg);
+        } else {
+            snprintf(text, sizeof text, "fixed-window 1/%s", t);
+            snprintf(want, sizeof want, "limit 1: rate '1/%s': %s", t,
+                     cases[i].msg);
+            char *cu = strstr(want, "COUNTUNIT");
+            if (cu != NULL)
+                *cu = '\0';
+        }
+        assert_int_equal(rate_policy_parse(text, &p, perr, sizeof perr),
+                         RATE_EPOLICY);
+        if (strncmp(perr, want, strlen(want)) != 0)
+            fail_msg("policy '%s': '%s', wanted '%s'", text, perr, want);
+    }
+    /* A count may be zero; the outputs are written on success only. */
+    uint64_t v = 7, c = 0, per = 0;
+    assert_int_equal(rate_parse_count("0", &v, NULL, 0), RATE_OK);
+    assert_int_equal(v, 0);
+    assert_int_equal(rate_parse_count("9223372036854775807", &v, NULL, 0),
+                     RATE_OK);
+    assert_int_equal(v, INT64_MAX);
+    assert_int_equal(rate_parse_count("1", NULL, NULL, 0), RATE_EINVAL);
+    assert_int_equal(rate_parse_rate("3/500ms", &c, &per, NULL, 0), RATE_OK);
+    assert_int_equal(c, 3);
+    assert_int_equal(per, 500 * MS);
+    /* A short buffer is truncated, never overrun. */
+    char small[8];
+    memset(small, 'z', sizeof small);
+    assert_int_equal(rate_parse_duration("1.5s", &v, small, 6), RATE_EINVAL);
+    assert_string_equal(small, "'1.5s");
+    assert_int_equal(small[6], 'z');
 }
 
 static void error_texts(void **state)
@@ -569,6 +696,7 @@ int main(void)
         cmocka_unit_test(unlimited_limiter),
         cmocka_unit_test(durations),
         cmocka_unit_test(names_rates_and_units),
+        cmocka_unit_test(parser_messages),
         cmocka_unit_test(error_texts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -59,7 +59,7 @@ int cmd_check(int argc, char **argv)
         case O_STORE: store_spec = optarg; break;
         case O_KEY: key = optarg; break;
         case O_PERMITS: permits_text = optarg; break;
-        case O_HELP: fputs(usage, stdout); return 0;
+        case O_HELP: cli_usage(usage); return 0;
         default: return getopt_fail("check", c, argv);
         }
     }
@@ -70,7 +70,7 @@ int cmd_check(int argc, char **argv)
     if (strlen(key) > RATE_KEY_MAX)
         return cli_fail("check: --key longer than %d bytes", RATE_KEY_MAX);
     uint64_t permits;
-    if (parse_count_text(permits_text, &permits) != 0)
+    if (rate_parse_count(permits_text, &permits, NULL, 0) != RATE_OK)
         return cli_fail("check: --permits '%s' is not a whole number up to "
                         "2^63-1", permits_text);
     cli_limiter_t cl;

@@ -61,17 +61,20 @@ int policy_from_text(const char *cmd, const char *text, rate_policy_t **out);
 /* Whether a policy has a window component (no reservations: --max-wait). */
 bool policy_has_window(const rate_policy_t *p);
 
-/* "N/DUR" (the count in DUR may be left out) into (limit, period); 0 or -1
- * with *why set. */
-int parse_rate_text(const char *s, uint64_t *limit, uint64_t *period_ns,
-                    const char **why);
+/* The algorithms of the library's map (RATE_ALGORITHM_MAP), in its
+ * order: how many, the i-th, and the option a bucket takes ("burst",
+ * "capacity"; "" for a window). */
+size_t cli_algorithm_count(void);
+rate_algorithm_t cli_algorithm(size_t i);
+const char *cli_algorithm_option(rate_algorithm_t a);
 
-/* A duration DUR ("250ms", "1s"; "0" alone is zero) into ns; 0 or -1
- * with *why set (the text after the value, for a message). */
-int parse_duration_text(const char *s, uint64_t *ns, const char **why);
+/* The map's names for a message, in buf: every algorithm with its alias
+ * ("token-bucket (gcra), leaky-bucket, ..."), or with `buckets` those
+ * that take an option ("token-bucket and leaky-bucket").  Returns buf. */
+const char *cli_algorithm_names(char *buf, size_t len, bool buckets);
 
-/* A whole number >= 1 up to 2^63-1; 0 or -1. */
-int parse_count_text(const char *s, uint64_t *out);
+/* Prints a subcommand's usage text, then the algorithms NAME may be. */
+void cli_usage(const char *text);
 
 /* A limiter made from the policy options and --store, and what it owns. */
 typedef struct cli_limiter {

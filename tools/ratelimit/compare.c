@@ -18,7 +18,7 @@
 #include "keymap.h"
 #include "trace.h"
 
-#define ALGOS 5
+#define ALGOS cli_algorithm_count() /* one lane each */
 #define MAX_BINS 16384
 
 static const char usage[] =
@@ -28,16 +28,16 @@ static const char usage[] =
     "                         [--input trace|clf] [--key-field FIELD]\n"
     "                         [--skip-bad] [FILE]\n"
     "\n"
-    "Sends one trace through all five algorithms at the same long-run rate:\n"
+    "Sends one trace through every algorithm at the same long-run rate:\n"
     "the buckets get --rate with --burst (default: the rate's N) as burst and\n"
     "capacity (--capacity: the leaky bucket's own), the windows N per DUR\n"
     "(--limit N --window DUR is the same as --rate N/DUR).  Each --policy TEXT\n"
     "(the library's policy text, composites too; repeatable) adds a row and a\n"
-    "line, beside the five or, without --rate, alone.  Prints a table; --svg\n"
-    "also writes a\n"
-    "chart of the requests admitted in the last period (a sliding window,\n"
-    "sampled every 1/128 of a period), one line per policy; --series\n"
-    "writes the plotted numbers as CSV.  Input as for 'ratelimit replay'.\n";
+    "line, beside the algorithms' or, without --rate, alone.  Prints a\n"
+    "table; --svg also writes a chart of the requests admitted in the last\n"
+    "period (a sliding window, sampled every 1/128 of a period), one line\n"
+    "per policy; --series writes the plotted numbers as CSV.  Input as for\n"
+    "'ratelimit replay'.\n";
 
 enum { O_SVG = O_POLICY_END, O_SERIES, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_HELP };
 
@@ -361,16 +361,17 @@ static int lane_init(lane_t *ln, rate_policy_t *policy)
 static int setup_lanes(lane_t *lanes, uint64_t limit, uint64_t period,
                        uint64_t burst, uint64_t capacity)
 {
-    static const rate_algorithm_t algos[ALGOS] = {
-        RATE_TOKEN_BUCKET, RATE_LEAKY_BUCKET, RATE_FIXED_WINDOW,
-        RATE_SLIDING_LOG, RATE_SLIDING_WINDOW};
     char err[256];
-    for (int a = 0; a < ALGOS; a++) {
+    for (size_t a = 0; a < ALGOS; a++) {
         lane_t *ln = &lanes[a];
-        bool bucket = a < 2;
+        const char *opt = cli_algorithm_option(cli_algorithm(a));
+        bool bucket = opt[0] != '\0';
         rate_policy_t *p;
-        ln->limit = (rate_limit_t){algos[a], limit, period,
-                                   a == 0 ? burst : a == 1 ? capacity : 0, 0};
+        ln->limit = (rate_limit_t){cli_algorithm(a), limit, period,
+                                   !bucket ? 0
+                                   : strcmp(opt, "capacity") == 0 ? capacity
+                                                                  : burst,
+                                   0};
         ln->reserves = bucket;
         if (rate_policy_new(&ln->limit, 1, &p, err, sizeof err) != 0)
             return cli_fail("compare: %s", err);
@@ -450,7 +451,7 @@ int cmd_compare(int argc, char **argv)
         return cli_fail("compare: more than one FILE ('%s', '%s')",
                         argv[optind], argv[optind + 1]);
     uint64_t limit = 0, period = 0, burst, capacity, max_wait = 0;
-    const char *why;
+    char why[256];
     bool five = rate != NULL || limit_text != NULL || window_text != NULL;
     if (rate != NULL && (limit_text != NULL || window_text != NULL))
         return cli_fail("compare: --rate N/DUR and --limit N --window DUR "
@@ -459,19 +460,20 @@ int cmd_compare(int argc, char **argv)
         return cli_fail("compare: --rate is required (e.g. --rate 100/s; or "
                         "--limit N --window DUR, or --policy TEXT)");
     if (rate != NULL) {
-        if (parse_rate_text(rate, &limit, &period, &why) != 0)
-            return cli_fail("compare: --rate '%s' %s", rate, why);
-        if (limit == 0 || period == 0)
-            return cli_fail("compare: --rate '%s' is zero", rate);
+        if (rate_parse_rate(rate, &limit, &period, why, sizeof why) !=
+            RATE_OK)
+            return cli_fail("compare: --rate %s", why);
     } else if (five) {
         if (limit_text == NULL || window_text == NULL)
             return cli_fail("compare: --%s needs --%s", limit_text ? "limit"
                             : "window", limit_text ? "window" : "limit");
-        if (parse_count_text(limit_text, &limit) != 0 || limit == 0)
+        if (rate_parse_count(limit_text, &limit, NULL, 0) != RATE_OK ||
+            limit == 0)
             return cli_fail("compare: --limit '%s' is not a whole number "
                             "from 1", limit_text);
-        if (parse_duration_text(window_text, &period, &why) != 0)
-            return cli_fail("compare: --window '%s' %s", window_text, why);
+        if (rate_parse_duration(window_text, &period, why, sizeof why) !=
+            RATE_OK)
+            return cli_fail("compare: --window %s", why);
         if (period == 0)
             return cli_fail("compare: --window '%s' is zero", window_text);
     } else if (burst_text != NULL || cap_text != NULL) {
@@ -482,17 +484,20 @@ int cmd_compare(int argc, char **argv)
     }
     burst = limit;
     if (burst_text != NULL &&
-        (parse_count_text(burst_text, &burst) != 0 || burst == 0))
+        (rate_parse_count(burst_text, &burst, NULL, 0) != RATE_OK ||
+         burst == 0))
         return cli_fail("compare: --burst '%s' is not a whole number from 1",
                         burst_text);
     capacity = burst;
     if (cap_text != NULL &&
-        (parse_count_text(cap_text, &capacity) != 0 || capacity == 0))
+        (rate_parse_count(cap_text, &capacity, NULL, 0) != RATE_OK ||
+         capacity == 0))
         return cli_fail("compare: --capacity '%s' is not a whole number "
                         "from 1", cap_text);
     if (max_wait_text != NULL &&
-        parse_duration_text(max_wait_text, &max_wait, &why) != 0)
-        return cli_fail("compare: --max-wait '%s' %s", max_wait_text, why);
+        rate_parse_duration(max_wait_text, &max_wait, why, sizeof why) !=
+            RATE_OK)
+        return cli_fail("compare: --max-wait %s", why);
     FILE *svg_file = NULL, *series_file = NULL;
     if (open_out(svg, &svg_file) != 0)
         return 2;

@@ -10,7 +10,7 @@ static const char usage[] =
     "\n"
     "Commands:\n"
     "  replay   replay a trace through one policy, one decision per request\n"
-    "  compare  one trace through all five algorithms: a table and a chart\n"
+    "  compare  one trace through every algorithm: a table and a chart\n"
     "  check    one decision for one key (exit 0 allowed, 1 denied, 2 error)\n"
     "  bench    ns per decision against the machine's floors\n"
     "\n"

@@ -38,194 +38,90 @@ int getopt_fail(const char *cmd, int c, char **argv)
     return cli_fail("%s: unknown option '%s'", cmd, arg);
 }
 
-int parse_count_text(const char *s, uint64_t *out)
-{
-    uint64_t v = 0;
-    if (s == NULL || *s == '\0')
-        return -1;
-    for (; *s; s++) {
-        if (*s < '0' || *s > '9')
-            return -1;
-        uint64_t d = (uint64_t)(*s - '0');
-        if (v > (RATE_TIME_MAX - d) / 10)
-            return -1;
-        v = v * 10 + d;
-    }
-    *out = v;
-    return 0;
-}
-
-/* The units of a duration: the spec's (ns us ms s m h d) first, each
- * followed by its documented aliases. */
-static const struct unit {
-    const char *name;
-    uint64_t ns;
-} units[] = {
-    {"ns", 1}, {"nsec", 1}, {"nsecs", 1}, {"nanosecond", 1},
-    {"nanoseconds", 1},
-    {"us", 1000}, {"usec", 1000}, {"usecs", 1000}, {"microsecond", 1000},
-    {"microseconds", 1000},
-    {"ms", 1000000}, {"msec", 1000000}, {"msecs", 1000000},
-    {"millisecond", 1000000}, {"milliseconds", 1000000},
-    {"s", RATE_NS_PER_S}, {"sec", RATE_NS_PER_S}, {"secs", RATE_NS_PER_S},
-    {"second", RATE_NS_PER_S}, {"seconds", RATE_NS_PER_S},
-    {"m", 60 * RATE_NS_PER_S}, {"min", 60 * RATE_NS_PER_S},
-    {"mins", 60 * RATE_NS_PER_S}, {"minute", 60 * RATE_NS_PER_S},
-    {"minutes", 60 * RATE_NS_PER_S},
-    {"h", 3600 * RATE_NS_PER_S}, {"hr", 3600 * RATE_NS_PER_S},
-    {"hrs", 3600 * RATE_NS_PER_S}, {"hour", 3600 * RATE_NS_PER_S},
-    {"hours", 3600 * RATE_NS_PER_S},
-    {"d", 86400 * RATE_NS_PER_S}, {"day", 86400 * RATE_NS_PER_S},
-    {"days", 86400 * RATE_NS_PER_S},
+/* The library's map of the algorithms (ratelimit.h): the command has no
+ * list of its own. */
+static const struct cli_algo {
+    rate_algorithm_t algorithm;
+    const char *name, *alias, *option;
+} cli_algos[] = {
+#define CLI_X_(id, value, name, alias, option, span, table) \
+    {RATE_##id, name, alias, option},
+    RATE_ALGORITHM_MAP(CLI_X_)
+#undef CLI_X_
 };
 
-/* The spec's unit names, largest first, for suggestions. */
-static const struct unit base_units[] = {
-    {"d", 86400 * RATE_NS_PER_S}, {"h", 3600 * RATE_NS_PER_S},
-    {"m", 60 * RATE_NS_PER_S}, {"s", RATE_NS_PER_S}, {"ms", 1000000},
-    {"us", 1000}, {"ns", 1},
-};
-
-static const struct unit *unit_of(const char *s, size_t n)
+size_t cli_algorithm_count(void)
 {
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-        if (strlen(units[i].name) == n && memcmp(units[i].name, s, n) == 0)
-            return &units[i];
-    return NULL;
+    return sizeof cli_algos / sizeof cli_algos[0];
 }
 
-int parse_duration_text(const char *s, uint64_t *ns, const char **why)
+rate_algorithm_t cli_algorithm(size_t i)
 {
-    static char msg[160];
-    static const char *const form =
-        "is not a duration (a whole number and a unit: ns us ms s m h d, or "
-        "words such as sec, min, hours, days; or 0)";
-    size_t i = 0, ndig, nfrac = 0, fstart = 0;
-
-    if (strcmp(s, "0") == 0) {
-        *ns = 0;
-        return 0;
-    }
-    while (s[i] >= '0' && s[i] <= '9')
-        i++;
-    ndig = i;
-    if (s[i] == '.') {
-        fstart = ++i;
-        while (s[i] >= '0' && s[i] <= '9')
-            i++;
-        nfrac = i - fstart;
-    }
-    const struct unit *u = unit_of(s + i, strlen(s + i));
-    if (ndig == 0 || u == NULL || (fstart != 0 && nfrac == 0)) {
-        *why = form;
-        return -1;
-    }
-    /* The value in ns, exactly: digits * unit / 10^nfrac. */
-    unsigned __int128 v = 0, scale = 1;
-    for (size_t k = 0; k < i; k++) {
-        if (s[k] == '.')
-            continue;
-        v = v * 10 + (unsigned)(s[k] - '0');
-        if (v > (unsigned __int128)RATE_TIME_MAX * 1000000000000000000u)
-            break; /* far too large whatever the fraction */
-    }
-    for (size_t k = 0; k < nfrac; k++) {
-        if (scale > (unsigned __int128)RATE_TIME_MAX * 10)
-            break;
-        scale *= 10;
-    }
-    v *= u->ns;
-    if (v / scale > RATE_TIME_MAX) {
-        *why = "is a duration above 2^63-1 ns";
-        return -1;
-    }
-    if (nfrac > 0) {
-        /* Durations are whole numbers: suggest the same one in the largest
-         * smaller unit that writes it whole. */
-        if (v % scale != 0) {
-            *why = "is not a duration: durations are whole numbers of a unit "
-                   "(the smallest is 1ns)";
-            return -1;
-        }
-        uint64_t total = (uint64_t)(v / scale);
-        for (size_t k = 0; k < sizeof base_units / sizeof base_units[0]; k++)
-            if (base_units[k].ns < u->ns && total % base_units[k].ns == 0) {
-                snprintf(msg, sizeof msg,
-                         "is not a duration: durations are whole numbers; "
-                         "write %llu%s", (unsigned long long)(total /
-                                                 base_units[k].ns),
-                         base_units[k].name);
-                break;
-            }
-        *why = msg;
-        return -1;
-    }
-    *ns = (uint64_t)v;
-    return 0;
+    return cli_algos[i].algorithm;
 }
 
-int parse_rate_text(const char *s, uint64_t *limit, uint64_t *period,
-                    const char **why)
+const char *cli_algorithm_option(rate_algorithm_t a)
 {
-    const char *slash = strchr(s, '/');
-    char num[32], dur[64];
-    size_t n;
-
-    if (slash == NULL) {
-        *why = "is not N/DURATION (e.g. 10/s, 100/1m)";
-        return -1;
-    }
-    n = (size_t)(slash - s);
-    if (n == 0 || n >= sizeof num) {
-        *why = "needs a whole number before '/'";
-        return -1;
-    }
-    memcpy(num, s, n);
-    num[n] = '\0';
-    if (parse_count_text(num, limit) != 0) {
-        *why = "needs a whole number up to 2^63-1 before '/'";
-        return -1;
-    }
-    /* The count of the duration may be left out: 10/s = 10/1s,
-     * 10/sec = 10/1sec. */
-    const char *d = slash + 1, *dwhy;
-    snprintf(dur, sizeof dur, "%s%s", (*d >= '0' && *d <= '9') ? "" : "1", d);
-    if (strlen(d) >= sizeof dur - 1 || strcmp(dur, "0") == 0) {
-        *why = "has a bad duration after '/' (a whole number and a unit: "
-               "ns us ms s m h d, or sec, min, hour, day...)";
-        return -1;
-    }
-    if (parse_duration_text(dur, period, &dwhy) != 0) {
-        static char msg[200];
-        snprintf(msg, sizeof msg, "has a bad duration after '/': '%s' %s", d,
-                 dwhy);
-        *why = msg;
-        return -1;
-    }
-    return 0;
+    for (size_t i = 0; i < cli_algorithm_count(); i++)
+        if (cli_algos[i].algorithm == a)
+            return cli_algos[i].option;
+    return "";
 }
 
 static bool is_bucket(rate_algorithm_t a)
 {
-    return a == RATE_TOKEN_BUCKET || a == RATE_LEAKY_BUCKET;
+    return cli_algorithm_option(a)[0] != '\0';
 }
 
-static int algorithm_of(const char *name, rate_algorithm_t *out)
+const char *cli_algorithm_names(char *buf, size_t len, bool buckets)
 {
-    static const struct {
-        const char *name;
-        rate_algorithm_t a;
-    } names[] = {
-        {"token-bucket", RATE_TOKEN_BUCKET}, {"gcra", RATE_TOKEN_BUCKET},
-        {"leaky-bucket", RATE_LEAKY_BUCKET}, {"fixed-window", RATE_FIXED_WINDOW},
-        {"sliding-log", RATE_SLIDING_LOG},   {"sliding-window", RATE_SLIDING_WINDOW},
-    };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strcmp(name, names[i].name) == 0) {
-            *out = names[i].a;
-            return 0;
+    size_t used = 0, n = 0, last = 0;
+
+    buf[0] = '\0';
+    for (size_t i = 0; i < cli_algorithm_count(); i++)
+        if (!buckets || cli_algos[i].option[0] != '\0')
+            last = i, n++;
+    for (size_t i = 0, k = 0; i < cli_algorithm_count() && used < len; i++) {
+        const struct cli_algo *a = &cli_algos[i];
+        if (buckets && a->option[0] == '\0')
+            continue;
+        const char *sep = k == 0 ? "" : !buckets ? ", "
+                          : i == last && n == 2 ? " and "
+                          : i == last ? ", and " : ", ";
+        used += (size_t)snprintf(buf + used, len - used, "%s%s", sep,
+                                 a->name);
+        if (!buckets && a->alias[0] != '\0' && used < len)
+            used += (size_t)snprintf(buf + used, len - used, " (%s)",
+                                     a->alias);
+        k++;
+    }
+    return buf;
+}
+
+void cli_usage(const char *text)
+{
+    char names[256];
+    const char *p = cli_algorithm_names(names, sizeof names, false);
+    int col = 0;
+
+    fputs(text, stdout);
+    fputs("\nNAME (--algorithm; aliases in parentheses):\n ", stdout);
+    col = 1;
+    /* Wrapped at 78 columns, breaking after the commas. */
+    while (*p != '\0') {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) + 1 : strlen(p);
+        if (col + 1 + (int)n > 78) {
+            fputs("\n ", stdout);
+            col = 1;
         }
-    return -1;
+        printf(" %.*s", (int)n, p);
+        col += 1 + (int)n;
+        p += n;
+        while (*p == ' ')
+            p++;
+    }
+    putchar('\n');
 }
 
 /* "--opt" given where it does not belong. */
@@ -237,15 +133,48 @@ static int misplaced(const policy_opts_t *o, const char *opt, const char *alg)
 static int count_opt(const policy_opts_t *o, const char *name, const char *v,
                      uint64_t *out)
 {
+    char why[160];
+
     if (v == NULL)
         return cli_fail("%s: %s is required for %s", o->cmd, name,
                         o->algorithm);
-    if (parse_count_text(v, out) != 0)
-        return cli_fail("%s: %s '%s' is not a whole number up to 2^63-1",
-                        o->cmd, name, v);
+    if (rate_parse_count(v, out, why, sizeof why) != RATE_OK)
+        return cli_fail("%s: %s %s", o->cmd, name, why);
     if (*out == 0)
         return cli_fail("%s: %s must be at least 1", o->cmd, name);
     return 0;
+}
+
+/* --max-wait DUR, 0 without it. */
+static int max_wait_opt(const policy_opts_t *o, uint64_t *max_wait)
+{
+    char why[256];
+
+    *max_wait = 0;
+    if (o->max_wait != NULL &&
+        rate_parse_duration(o->max_wait, max_wait, why, sizeof why) !=
+            RATE_OK)
+        return cli_fail("%s: --max-wait %s", o->cmd, why);
+    return 0;
+}
+
+/* "--max-wait applies only to token-bucket and leaky-bucket" */
+static int max_wait_misplaced(const policy_opts_t *o, const char *tail)
+{
+    char names[128];
+
+    return cli_fail("%s: --max-wait applies only to %s%s", o->cmd,
+                    cli_algorithm_names(names, sizeof names, true), tail);
+}
+
+/* The value given for a bucket's option (burst, capacity), NULL if none. */
+static const char *option_value(const policy_opts_t *o, const char *option)
+{
+    if (strcmp(option, "burst") == 0)
+        return o->burst;
+    if (strcmp(option, "capacity") == 0)
+        return o->capacity;
+    return NULL;
 }
 
 int policy_from_text(const char *cmd, const char *text, rate_policy_t **out)
@@ -269,24 +198,38 @@ bool policy_has_window(const rate_policy_t *p)
 static int policy_from_policy_text(const policy_opts_t *o, rate_policy_t **out,
                                    uint64_t *max_wait)
 {
-    const char *why;
     const char *other = o->algorithm ? "--algorithm" : o->rate ? "--rate"
                         : o->burst ? "--burst" : o->capacity ? "--capacity"
                         : o->limit ? "--limit" : o->window ? "--window" : NULL;
     if (other != NULL)
         return cli_fail("%s: --policy replaces --algorithm and its options; "
                         "drop %s", o->cmd, other);
-    *max_wait = 0;
-    if (o->max_wait != NULL &&
-        parse_duration_text(o->max_wait, max_wait, &why) != 0)
-        return cli_fail("%s: --max-wait '%s' %s", o->cmd, o->max_wait, why);
+    if (max_wait_opt(o, max_wait) != 0)
+        return 2;
     if (policy_from_text(o->cmd, o->policy, out) != 0)
         return 2;
     if (*max_wait != 0 && policy_has_window(*out)) {
         rate_policy_free(*out);
         *out = NULL;
-        return cli_fail("%s: --max-wait applies only to token-bucket and "
-                        "leaky-bucket (the policy has a window)", o->cmd);
+        return max_wait_misplaced(o, " (the policy has a window)");
+    }
+    return 0;
+}
+
+/* An option of another algorithm's (--burst for a leaky bucket, either
+ * for a window): its message, or 0. */
+static int other_options(const policy_opts_t *o, rate_algorithm_t a)
+{
+    const char *mine = cli_algorithm_option(a);
+
+    for (size_t i = 0; i < cli_algorithm_count(); i++) {
+        const char *opt = cli_algorithm_option(cli_algorithm(i));
+        char flag[40];
+        if (opt[0] == '\0' || strcmp(opt, mine) == 0 ||
+            option_value(o, opt) == NULL)
+            continue;
+        snprintf(flag, sizeof flag, "--%s", opt);
+        return misplaced(o, flag, o->algorithm);
     }
     return 0;
 }
@@ -295,60 +238,53 @@ int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
                      uint64_t *max_wait)
 {
     rate_limit_t l = {0};
-    const char *why;
-    char err[256];
+    char err[256], names[256];
 
     if (o->policy != NULL)
         return policy_from_policy_text(o, out, max_wait);
     if (o->algorithm == NULL)
-        return cli_fail("%s: --algorithm or --policy is required "
-                        "(token-bucket, gcra, leaky-bucket, fixed-window, "
-                        "sliding-log, sliding-window)", o->cmd);
-    if (algorithm_of(o->algorithm, &l.algorithm) != 0)
-        return cli_fail("%s: unknown algorithm '%s' (token-bucket, gcra, "
-                        "leaky-bucket, fixed-window, sliding-log, "
-                        "sliding-window)", o->cmd, o->algorithm);
-    *max_wait = 0;
-    if (o->max_wait != NULL &&
-        parse_duration_text(o->max_wait, max_wait, &why) != 0)
-        return cli_fail("%s: --max-wait '%s' %s", o->cmd, o->max_wait, why);
+        return cli_fail("%s: --algorithm or --policy is required (%s)",
+                        o->cmd, cli_algorithm_names(names, sizeof names,
+                                                    false));
+    if (rate_algorithm_parse(o->algorithm, &l.algorithm) != RATE_OK)
+        return cli_fail("%s: unknown algorithm '%s' (%s)", o->cmd,
+                        o->algorithm,
+                        cli_algorithm_names(names, sizeof names, false));
+    if (max_wait_opt(o, max_wait) != 0)
+        return 2;
     if (is_bucket(l.algorithm)) {
-        bool tb = l.algorithm == RATE_TOKEN_BUCKET;
+        const char *opt = cli_algorithm_option(l.algorithm);
+        char flag[40];
         if (o->limit)
             return misplaced(o, "--limit", o->algorithm);
         if (o->window)
             return misplaced(o, "--window", o->algorithm);
-        if (tb && o->capacity)
-            return misplaced(o, "--capacity", o->algorithm);
-        if (!tb && o->burst)
-            return misplaced(o, "--burst", o->algorithm);
+        if (other_options(o, l.algorithm) != 0)
+            return 2;
         if (o->rate == NULL)
             return cli_fail("%s: --rate is required for %s", o->cmd,
                             o->algorithm);
-        if (parse_rate_text(o->rate, &l.limit, &l.period_ns, &why) != 0)
-            return cli_fail("%s: --rate '%s' %s", o->cmd, o->rate, why);
-        if (l.limit == 0 || l.period_ns == 0)
-            return cli_fail("%s: --rate '%s' is zero", o->cmd, o->rate);
-        if (count_opt(o, tb ? "--burst" : "--capacity",
-                      tb ? o->burst : o->capacity, &l.burst))
+        if (rate_parse_rate(o->rate, &l.limit, &l.period_ns, err,
+                            sizeof err) != RATE_OK)
+            return cli_fail("%s: --rate %s", o->cmd, err);
+        snprintf(flag, sizeof flag, "--%s", opt);
+        if (count_opt(o, flag, option_value(o, opt), &l.burst))
             return 2;
     } else {
         if (o->rate)
             return misplaced(o, "--rate", o->algorithm);
-        if (o->burst)
-            return misplaced(o, "--burst", o->algorithm);
-        if (o->capacity)
-            return misplaced(o, "--capacity", o->algorithm);
+        if (other_options(o, l.algorithm) != 0)
+            return 2;
         if (*max_wait != 0)
-            return cli_fail("%s: --max-wait applies only to token-bucket and "
-                            "leaky-bucket", o->cmd);
+            return max_wait_misplaced(o, "");
         if (count_opt(o, "--limit", o->limit, &l.limit))
             return 2;
         if (o->window == NULL)
             return cli_fail("%s: --window is required for %s", o->cmd,
                             o->algorithm);
-        if (parse_duration_text(o->window, &l.period_ns, &why) != 0)
-            return cli_fail("%s: --window '%s' %s", o->cmd, o->window, why);
+        if (rate_parse_duration(o->window, &l.period_ns, err, sizeof err) !=
+            RATE_OK)
+            return cli_fail("%s: --window %s", o->cmd, err);
         if (l.period_ns == 0)
             return cli_fail("%s: --window '%s' is zero", o->cmd, o->window);
     }

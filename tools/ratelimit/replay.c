@@ -23,8 +23,7 @@ static const char usage[] =
     "  TIME KEY PERMITS allow|deny DELAY REMAINING RETRY_AFTER RESET_AFTER\n"
     "A summary goes to standard error.\n"
     "\n"
-    "  --algorithm NAME   token-bucket (gcra), leaky-bucket, fixed-window,\n"
-    "                     sliding-log, sliding-window\n"
+    "  --algorithm NAME   the algorithm (the names are listed at the end)\n"
     "  --rate N/DUR       buckets: N per DUR (10/s, 100/1m, 3/500ms, 10/sec)\n"
     "  --burst N          token bucket: burst\n"
     "  --capacity N       leaky bucket: capacity\n"
@@ -121,7 +120,7 @@ int cmd_replay(int argc, char **argv)
         case O_KEYFIELD: field = optarg; break;
         case O_SKIPBAD: skip_bad = true; break;
         case O_MAXKEYS: max_keys_text = optarg; break;
-        case O_HELP: fputs(usage, stdout); return 0;
+        case O_HELP: cli_usage(usage); return 0;
         default: return getopt_fail("replay", c, argv);
         }
     }
@@ -129,7 +128,8 @@ int cmd_replay(int argc, char **argv)
         return cli_fail("replay: more than one FILE ('%s', '%s')",
                         argv[optind], argv[optind + 1]);
     if (max_keys_text != NULL &&
-        (parse_count_text(max_keys_text, &max_keys) != 0 || max_keys == 0 ||
+        (rate_parse_count(max_keys_text, &max_keys, NULL, 0) != RATE_OK ||
+         max_keys == 0 ||
          max_keys > UINT32_MAX))
         return cli_fail("replay: --max-keys '%s' is not a whole number from "
                         "1 to 4294967295", max_keys_text);
