@@ -578,6 +578,20 @@ static int parse_option(token_t t, size_t idx, const algo_info_t *a,
     if (eq == NULL)
         return fail(err, errlen, "limit %zu: '%.*s' is not NAME=VALUE",
                     idx + 1, (int)t.len, t.s);
+    if (klen == 5 && memcmp(t.s, "block", 5) == 0) { /* any algorithm's */
+        if (l->block_ns != 0)
+            return fail(err, errlen, "limit %zu: block= given twice",
+                        idx + 1);
+        if (dur_rule(eq + 1, t.len - klen - 1, false, &v, why, sizeof why) !=
+            RATE_OK)
+            return fail(err, errlen, "limit %zu: block value %s", idx + 1,
+                        why);
+        if (v == 0)
+            return fail(err, errlen, "limit %zu: block is zero; it must be "
+                        "at least 1ns (or left out)", idx + 1);
+        l->block_ns = v;
+        return RATE_OK;
+    }
     for (size_t i = 0; i < N_ALGOS && owner == NULL; i++)
         if (algos[i].option[0] != '\0' && strlen(algos[i].option) == klen &&
             memcmp(algos[i].option, t.s, klen) == 0)
@@ -753,6 +767,11 @@ size_t rate_policy_format(const rate_policy_t *p, char *buf, size_t len)
         else
             n = snprintf(tmp, sizeof tmp, "%s%s %llu/%s", i ? "; " : "",
                          a->name, (unsigned long long)l->limit, dur);
+        if (l->block_ns != 0 && n >= 0 && (size_t)n < sizeof tmp) {
+            format_ns(l->block_ns, dur, sizeof dur);
+            n += snprintf(tmp + n, sizeof tmp - (size_t)n, " block=%s%s",
+                          dur[0] >= '0' && dur[0] <= '9' ? "" : "1", dur);
+        }
         if (buf != NULL && used + 1 < len)
             snprintf(buf + used, len - used, "%s", tmp);
         used += (size_t)n;

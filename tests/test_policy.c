@@ -682,6 +682,51 @@ static void error_texts(void **state)
     assert_string_equal(rate_reason_name(RATE_REASON_NEVER), "never");
 }
 
+/* block=DUR: any algorithm's option, once, a whole duration up to 2^61
+ * ns; printed back; hashed into the fingerprint only when there is one
+ * (a policy without keeps the first edition's fingerprint). */
+static void block_option(void **state)
+{
+    (void)state;
+    rate_policy_t *p = policy_of("token-bucket 2/s burst=2 block=10s; "
+                                 "fixed-window 100/h block=1h");
+    char buf[160];
+    rate_policy_format(p, buf, sizeof buf);
+    assert_string_equal(buf, "token-bucket 2/s burst=2 block=10s; "
+                             "fixed-window 100/h block=1h");
+    assert_int_equal(rate_policy_limit(p, 0)->block_ns, 10 * SEC);
+    assert_int_equal(rate_policy_limit(p, 1)->block_ns, 3600 * SEC);
+    rate_policy_t *q = policy_of("token-bucket 2/s burst=2; "
+                                 "fixed-window 100/h");
+    assert_int_not_equal(rate_policy_fingerprint(p),
+                         rate_policy_fingerprint(q));
+    /* Without a block: the fingerprint of the limits alone, as 0.1 made
+     * it (this value was 0.1's for this policy). */
+    rate_policy_t *r = policy_of("token-bucket 10/s burst=20");
+    rate_limit_t l = {RATE_TOKEN_BUCKET, 10, SEC, 20, 0};
+    rate_policy_t *s2;
+    assert_int_equal(rate_policy_new(&l, 1, &s2, NULL, 0), RATE_OK);
+    assert_int_equal(rate_policy_fingerprint(r), rate_policy_fingerprint(s2));
+    static const char *bad[][2] = {
+        {"fixed-window 5/s block=0", "block is zero"},
+        {"fixed-window 5/s block=1.5s", "write '1500ms'"},
+        {"fixed-window 5/s block=1s block=2s", "block= given twice"},
+        {"fixed-window 5/s block=100000d", "block above 2^61"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rate_policy_t *x = NULL;
+        char err[256] = "";
+        assert_int_equal(rate_policy_parse(bad[i][0], &x, err, sizeof err),
+                         RATE_EPOLICY);
+        if (strstr(err, bad[i][1]) == NULL)
+            fail_msg("'%s': '%s', wanted '%s'", bad[i][0], err, bad[i][1]);
+    }
+    rate_policy_free(p);
+    rate_policy_free(q);
+    rate_policy_free(r);
+    rate_policy_free(s2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -698,6 +743,7 @@ int main(void)
         cmocka_unit_test(names_rates_and_units),
         cmocka_unit_test(parser_messages),
         cmocka_unit_test(error_texts),
+        cmocka_unit_test(block_option),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
