@@ -750,7 +750,8 @@ static uint32_t redis_tag(redisContext *c, const char *name)
     assert_int_equal(r->type, REDIS_REPLY_STRING);
     assert_true(r->len >= 14);
     const unsigned char *b = (const unsigned char *)r->str;
-    uint32_t tag = b[8] | b[9] << 8 | b[10] << 16 | (uint32_t)b[11] << 24;
+    uint32_t tag = (uint32_t)b[8] | (uint32_t)b[9] << 8 |
+                   (uint32_t)b[10] << 16 | (uint32_t)b[11] << 24;
     freeReplyObject(r);
     return tag;
 }
