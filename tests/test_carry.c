@@ -35,26 +35,13 @@
 #include <hiredis/hiredis.h>
 
 #include "helpers.h"
+#include "redis_server.h"
 
 /* ------------------------------------------------------- the server */
 
 static pid_t server;
 static int port;
 static char url[64];
-
-static int free_port(void)
-{
-    struct sockaddr_in a = {0};
-    socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
-        fail_msg("no free port");
-    close(fd);
-    return ntohs(a.sin_port);
-}
 
 static redisContext *raw(void)
 {
@@ -67,48 +54,20 @@ static redisContext *raw(void)
 
 static void start_server(void)
 {
-    char p[16];
-    snprintf(p, sizeof p, "%d", port);
-    server = fork();
-    if (server == 0) {
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 1);
-        execlp("redis-server", "redis-server", "--port", p, "--bind",
-               "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel",
-               "warning", (char *)NULL);
-        _exit(127);
-    }
-    struct timeval tv = {1, 0};
-    for (int i = 0; i < 500; i++) {
-        redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
-        if (c != NULL && !c->err) {
-            redisReply *r = redisCommand(c, "PING");
-            bool ok = r != NULL;
-            freeReplyObject(r);
-            redisFree(c);
-            if (ok)
-                return;
-        } else if (c != NULL) {
-            redisFree(c);
-        }
-        usleep(10000);
-    }
-    fail_msg("redis-server did not start on port %d", port);
+    server = redis_test_start(port, NULL, NULL);
+    if (server == 0)
+        fail_msg("redis-server did not start on port %d", port);
 }
 
 static void stop_server(void)
 {
-    if (server > 0) {
-        kill(server, SIGKILL);
-        waitpid(server, NULL, 0);
-        server = 0;
-    }
+    redis_test_stop(&server);
 }
 
 static int redis_setup(void **state)
 {
     (void)state;
-    port = free_port();
+    port = redis_test_free_port();
     snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", port);
     start_server();
     return 0;

@@ -21,24 +21,11 @@
 #include <hiredis/hiredis.h>
 
 #include "helpers.h"
+#include "redis_server.h"
 
 static pid_t server;
 static int port;
 static char url[64];
-
-static int free_port(void)
-{
-    struct sockaddr_in a = {0};
-    socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
-        fail_msg("no free port");
-    close(fd);
-    return ntohs(a.sin_port);
-}
 
 static redisContext *raw(void)
 {
@@ -46,52 +33,24 @@ static redisContext *raw(void)
     return redisConnectWithTimeout("127.0.0.1", port, tv);
 }
 
-/* Starts redis-server on `port` (extra: "--requirepass x" or NULL) and
- * waits until it answers PING. */
+/* Starts the test's redis-server on `port` (extra: "--requirepass x" or
+ * NULL) and waits until it answers. */
 static void start_server(const char *extra_flag, const char *extra_value)
 {
-    char p[16];
-    snprintf(p, sizeof p, "%d", port);
-    server = fork();
-    if (server == 0) {
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 1);
-        execlp("redis-server", "redis-server", "--port", p, "--bind",
-               "127.0.0.1", "--save", "", "--appendonly", "no",
-               extra_flag ? extra_flag : "--loglevel",
-               extra_value ? extra_value : "warning", (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 500; i++) {
-        redisContext *c = raw();
-        if (c != NULL && !c->err) {
-            redisReply *r = redisCommand(c, "PING");
-            bool ok = r != NULL; /* PONG, or NOAUTH when a password is set */
-            freeReplyObject(r);
-            redisFree(c);
-            if (ok)
-                return;
-        } else if (c != NULL) {
-            redisFree(c);
-        }
-        usleep(10000);
-    }
-    fail_msg("redis-server did not start on port %d", port);
+    server = redis_test_start(port, extra_flag, extra_value);
+    if (server == 0)
+        fail_msg("redis-server did not start on port %d", port);
 }
 
 static void stop_server(void)
 {
-    if (server > 0) {
-        kill(server, SIGKILL);
-        waitpid(server, NULL, 0);
-        server = 0;
-    }
+    redis_test_stop(&server);
 }
 
 static int group_setup(void **state)
 {
     (void)state;
-    port = free_port();
+    port = redis_test_free_port();
     snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", port);
     start_server(NULL, NULL);
     return 0;
@@ -1259,7 +1218,7 @@ static void bad_urls_hosts_and_passwords(void **state)
     /* Nothing listens on a port we just found free. */
     char unreachable[64];
     snprintf(unreachable, sizeof unreachable, "redis://127.0.0.1:%d",
-             free_port());
+             redis_test_free_port());
     rate_redis_options_t o = {0};
     o.connect_timeout_ns = 200 * MS;
     assert_int_equal(rate_store_redis_new(unreachable, &o, &s, err, sizeof err),

@@ -6,15 +6,12 @@
  * redis-server).  Then what only the memory store promises: max_keys,
  * eviction and reclaiming counted apart, statistics.
  */
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "helpers.h"
+#include "redis_server.h"
 
 typedef int (*factory_fn)(rate_store_t **out);
 
@@ -36,21 +33,6 @@ static pid_t redis_pid;
 static char redis_url[64]; /* "" when no redis-server runs */
 static int redis_tests;
 
-static int free_port(void)
-{
-    struct sockaddr_in a = {0};
-    socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), p = 0;
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        p = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return p;
-}
-
 static int make_redis(rate_store_t **out)
 {
     rate_redis_options_t o = {0};
@@ -67,41 +49,12 @@ static int make_redis(rate_store_t **out)
 static int group_setup(void **state)
 {
     (void)state;
-    int port = free_port();
-    char p[16];
+    int port = redis_test_free_port();
     if (port == 0)
         return 0;
-    snprintf(p, sizeof p, "%d", port);
     snprintf(redis_url, sizeof redis_url, "redis://127.0.0.1:%d/0", port);
-    redis_pid = fork();
-    if (redis_pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* gone with the test, however */
-        freopen("/dev/null", "w", stdout);
-        freopen("/dev/null", "w", stderr);
-        execlp("redis-server", "redis-server", "--port", p, "--bind",
-               "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel",
-               "warning", (char *)NULL);
-        _exit(127);
-    }
-    rate_redis_options_t o = {0};
-    o.connect_timeout_ns = 100 * MS;
-    for (int i = 0; redis_pid > 0 && i < 500; i++) {
-        rate_store_t *s = NULL;
-        if (rate_store_redis_new(redis_url, &o, &s, NULL, 0) == RATE_OK) {
-            rate_store_free(s);
-            return 0;
-        }
-        if (waitpid(redis_pid, NULL, WNOHANG) == redis_pid) {
-            redis_pid = 0; /* no redis-server here */
-            break;
-        }
-        usleep(10000);
-    }
-    if (redis_pid > 0) {
-        kill(redis_pid, SIGKILL);
-        waitpid(redis_pid, NULL, 0);
-        redis_pid = 0;
-    }
+    if ((redis_pid = redis_test_start(port, NULL, NULL)) > 0)
+        return 0;
     fprintf(stderr, "no redis-server: the Redis store's conformance tests "
                     "are skipped\n");
     redis_url[0] = '\0';
@@ -111,11 +64,7 @@ static int group_setup(void **state)
 static int group_teardown(void **state)
 {
     (void)state;
-    if (redis_pid > 0) {
-        kill(redis_pid, SIGKILL);
-        waitpid(redis_pid, NULL, 0);
-        redis_pid = 0;
-    }
+    redis_test_stop(&redis_pid);
     return 0;
 }
 
