@@ -224,12 +224,92 @@ static void store_new_refuses_incomplete_tables(void **state)
     assert_int_equal(rate_store_new(&full, NULL, NULL), RATE_EINVAL);
 }
 
+/* ------------------------------------------------------- blocks */
+
+/* step.c cold_by: a key still blocked is not cold, even when its limits
+ * are back to their start: on a change to another blocking policy the
+ * block carries over (read_state), as it would have been reclaimed had
+ * it counted as cold. */
+static void a_block_keeps_a_key_warm(void **state)
+{
+    (void)state;
+    rate_store_t *ms;
+    assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+    rate_limiter_t *a = limiter_of("fixed-window 1/s block=1h", ms);
+    rate_limiter_t *b = limiter_of("fixed-window 2/s block=1h", ms);
+    assert_true(at(a, "k", 1 * SEC, 1, 0).allowed);
+    rate_decision_t d = at(a, "k", 1 * SEC + 100 * MS, 1, 0);
+    assert_false(d.allowed); /* blocked until 1.1 s + 1 h */
+    assert_int_equal(d.retry_after_ns, 3600 * SEC);
+    /* 10 s: a's window has long rolled (cold), the block has not. */
+    d = at(b, "k", 10 * SEC, 1, 0);
+    assert_false(d.allowed);
+    assert_int_equal(d.reason, RATE_REASON_LIMITED);
+    assert_int_equal(d.retry_after_ns, 3600 * SEC + 100 * MS - 9 * SEC);
+    rate_limiter_free(a);
+    rate_limiter_free(b);
+    rate_store_free(ms);
+}
+
+/* step.c read_state: a block carries only to a policy that blocks.  A
+ * policy without one never keeps the key for the old block's sake: a
+ * penalty under it sets the TTL of its own charge. */
+static void a_block_carries_only_to_a_blocking_policy(void **state)
+{
+    (void)state;
+    rate_store_t *s;
+    cas_store_t *h;
+    assert_int_equal(cas_store_new(&s, &h), RATE_OK);
+    rate_limiter_t *a = limiter_of("fixed-window 1/s block=1h", s);
+    rate_limiter_t *b = limiter_of("fixed-window 5/s", s);
+    assert_true(at(a, "k", 1 * SEC, 1, 0).allowed);
+    assert_false(at(a, "k", 1 * SEC + 100 * MS, 1, 0).allowed);
+    assert_int_equal(cas_store_ttl(h, "k"), 3600 * SEC);
+    /* Under b, no block: its window's count carries, the block not. */
+    rate_decision_t d = at(b, "k", 1 * SEC + 200 * MS, 1, 0);
+    assert_true(d.allowed);
+    assert_int_equal(rate_limiter_penalize_at(b, "k", 1, 1,
+                                              1 * SEC + 300 * MS), RATE_OK);
+    assert_true(cas_store_ttl(h, "k") <= 1 * SEC);
+    d = at(b, "k", 1 * SEC + 400 * MS, 2, 0);
+    assert_true(d.allowed);
+    assert_int_equal(d.remaining, 0); /* 1 + 1 + 1 (penalty) + 2 of 5 */
+    rate_limiter_free(a);
+    rate_limiter_free(b);
+    rate_store_free(s);
+}
+
+/* step.c decide_blocking: only a limit that denies as "limited" blocks;
+ * a request that can never pass (more than the burst) is denied as
+ * "never" and blocks nothing. */
+static void a_never_does_not_block(void **state)
+{
+    (void)state;
+    rate_limiter_t *l = limiter_of("token-bucket 2/s burst=2 block=1h", NULL);
+    rate_decision_t d = at(l, "k", SEC, 5, 0);
+    assert_false(d.allowed);
+    assert_int_equal(d.reason, RATE_REASON_NEVER);
+    assert_int_equal(d.retry_after_ns, RATE_NEVER);
+    d = at(l, "k", SEC, 1, 0);
+    assert_true(d.allowed);
+    assert_int_equal(d.remaining, 1);
+    /* A "limited" denial does block. */
+    assert_true(at(l, "k", SEC, 1, 0).allowed);
+    d = at(l, "k", SEC, 1, 0);
+    assert_false(d.allowed);
+    assert_int_equal(d.retry_after_ns, 3600 * SEC);
+    rate_limiter_free(l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fallback_keeps_the_limiters_clock),
         cmocka_unit_test(debt_rounds_down_on_a_tier_change),
         cmocka_unit_test(store_new_refuses_incomplete_tables),
+        cmocka_unit_test(a_block_keeps_a_key_warm),
+        cmocka_unit_test(a_block_carries_only_to_a_blocking_policy),
+        cmocka_unit_test(a_never_does_not_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
