@@ -269,6 +269,8 @@ int rate__book_learn(rate__book_t *b, uint8_t format, uint32_t tag)
         }
     } else if ((rc = fetch_policy(b, tag, &p)) != RATE_OK) {
         return rc;
+    } else if (p == NULL) {
+        return RATE_ECORRUPT;
     }
     pthread_mutex_lock(&b->lock);
     if (rate__known_find(&b->known, format, tag) == NULL ||

@@ -20,6 +20,7 @@ typedef struct entry {
 struct cas_store {
     pthread_mutex_t lock;
     rate_job_t **jobs; /* queued by start() */
+    int declines;      /* decide() declines (the declining variant) */
     size_t njobs, jobs_cap;
     entry_t *e;
     size_t n, cap;
@@ -219,9 +220,24 @@ size_t cas_store_run_jobs(cas_store_t *s)
         pthread_mutex_unlock(&s->lock);
         if (job == NULL)
             return done;
-        job->done(job, run_job(s, job)); /* may queue it again */
+        /* A whole decision asked of a store whose decide() declines
+         * everything: declined, as decide() would be. */
+        int rc = job->req != NULL && s->declines ? RATE_ENOTSUP
+                                                 : run_job(s, job);
+        job->done(job, rc); /* may queue it again */
         done++;
     }
+}
+
+static int cs_decide_declines(void *self, const rate_key_t *key,
+                              const rate_decide_req_t *req,
+                              rate_decision_t *out)
+{
+    (void)self;
+    (void)key;
+    (void)req;
+    (void)out;
+    return RATE_ENOTSUP;
 }
 
 static const rate_store_methods_t cas_methods = {
@@ -271,6 +287,30 @@ int cas_store_new(rate_store_t **out, cas_store_t **handle)
 int cas_store_new_async(rate_store_t **out, cas_store_t **handle)
 {
     return make(&cas_async_methods, out, handle);
+}
+
+static const rate_store_methods_t cas_declining_methods = {
+    .version = RATE_STORE_VERSION,
+    .name = "test-cas-async-declining",
+    .load = cs_load,
+    .cas = cs_cas,
+    .decide = cs_decide_declines,
+    .remove = cs_remove,
+    .start = cs_start,
+    .stats = cs_stats,
+    .destroy = cs_destroy,
+};
+
+int cas_store_new_async_declining(rate_store_t **out, cas_store_t **handle)
+{
+    cas_store_t *h;
+    int rc = make(&cas_declining_methods, out, &h);
+    if (rc == RATE_OK) {
+        h->declines = 1;
+        if (handle != NULL)
+            *handle = h;
+    }
+    return rc;
 }
 
 void cas_store_inject_conflicts(cas_store_t *s, unsigned n)

@@ -15,6 +15,11 @@ int cas_store_new(rate_store_t **out, cas_store_t **handle);
 /* The same store with the contract's asynchronous entry: start() queues a
  * decision's store part, and cas_store_run_jobs completes the queue. */
 int cas_store_new_async(rate_store_t **out, cas_store_t **handle);
+/* The asynchronous store with a decide() too, which declines every
+ * request (as a script out of its range would), queued like the rest:
+ * the job then comes back RATE_ENOTSUP, and must be started again with
+ * no request (the step). */
+int cas_store_new_async_declining(rate_store_t **out, cas_store_t **handle);
 /* Completes every queued job (in order); returns how many. */
 size_t cas_store_run_jobs(cas_store_t *s);
 /* The next `n` compare-and-sets fail with RATE_ECONFLICT. */

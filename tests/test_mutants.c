@@ -299,6 +299,211 @@ static void a_never_does_not_block(void **state)
     rate_limiter_free(l);
 }
 
+/* ------------------------------------------ states no writer could make */
+
+/* Pokes a one-component state for policy p (tag: its id in the store,
+ * its fingerprint here, as no other policy took it) at t_last. */
+static void poke_state(cas_store_t *h, const char *key,
+                       const rate_policy_t *p, uint64_t t_last,
+                       const uint8_t *comp, size_t comp_len)
+{
+    uint8_t st[64];
+    uint32_t tag = rate_policy_fingerprint(p);
+    for (int i = 0; i < 8; i++)
+        st[i] = (uint8_t)(t_last >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        st[8 + i] = (uint8_t)(tag >> (8 * i));
+    st[12] = 1;
+    st[13] = 3;
+    memcpy(st + 14, comp, comp_len);
+    cas_store_poke(h, key, st, 14 + comp_len);
+}
+
+static void le64(uint8_t *b, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Each is corrupt, denied under fail-closed, and left as it was. */
+static void expect_corrupt(rate_limiter_t *l, const char *what)
+{
+    rate_decision_t d = at(l, "k", 2 * SEC, 1, 0);
+    if (d.allowed || d.reason != RATE_REASON_STORE_ERROR ||
+        d.error != RATE_ECORRUPT)
+        fail_msg("%s: allowed=%d reason=%s error=%s, wanted a corrupt state",
+                 what, d.allowed, rate_reason_name(d.reason),
+                 rate_err_name(d.error));
+}
+
+static void tampered_components_are_corrupt(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *policy;
+        size_t len;
+        uint64_t words[2];
+        const char *what;
+    } cases[] = {
+        {"fixed-window 5/s", 8, {6, 0}, "a window counting past its limit"},
+        {"sliding-window 5/s", 16, {0, 6}, "a counter's current window past L"},
+        {"sliding-window 5/s", 16, {6, 0}, "a counter's last window past L"},
+        {"token-bucket 5/s burst=5", 8, {6 * SEC, 0}, "an over-full bucket"},
+        {"leaky-bucket 5/s capacity=5", 8, {6 * SEC, 0}, "an over-full queue"},
+        /* The wide layout (C * P > 2^62): a negative level. */
+        {"leaky-bucket 1/13000d capacity=100", 16,
+         {UINT64_MAX, UINT64_MAX}, "a wide queue below empty"},
+        {"token-bucket 1/13000d burst=100", 16,
+         {0, UINT64_C(1) << 60}, "a wide bucket far over full"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        rate_store_t *s;
+        cas_store_t *h;
+        assert_int_equal(cas_store_new(&s, &h), RATE_OK);
+        rate_policy_t *p = policy_of(cases[i].policy);
+        rate_limiter_t *l = limiter_of(cases[i].policy, s);
+        assert_true(at(l, "k", SEC, 1, 0).allowed); /* the key exists */
+        uint8_t comp[16];
+        le64(comp, cases[i].words[0]);
+        le64(comp + 8, cases[i].words[1]);
+        poke_state(h, "k", p, SEC, comp, cases[i].len);
+        expect_corrupt(l, cases[i].what);
+        assert_false(rate_try_acquire_at(l, "k", 1, 2 * SEC));
+        rate_limiter_free(l);
+        rate_policy_free(p);
+        rate_store_free(s);
+    }
+}
+
+/* A log out of time order, which the constant-time checks of a read let
+ * through: a denial may read it, but the admission that would write it
+ * back checks every entry and refuses it. */
+static void a_log_out_of_order_is_never_written(void **state)
+{
+    (void)state;
+    rate_store_t *s;
+    cas_store_t *h;
+    assert_int_equal(cas_store_new(&s, &h), RATE_OK);
+    rate_policy_t *p = policy_of("sliding-log 5/s");
+    rate_limiter_t *l = limiter_of("sliding-log 5/s", s);
+    assert_true(at(l, "k", SEC, 1, 0).allowed);
+    uint8_t comp[8 + 3 * 16];
+    const uint64_t times[3] = {SEC, 3 * SEC, 2 * SEC}; /* out of order */
+    comp[0] = 3, comp[1] = comp[2] = comp[3] = 0;      /* count 3 */
+    comp[4] = 3, comp[5] = comp[6] = comp[7] = 0;      /* sum 3 */
+    for (int i = 0; i < 3; i++) {
+        le64(comp + 8 + 16 * i, times[i]);
+        le64(comp + 16 + 16 * i, 1);
+    }
+    poke_state(h, "k", p, 3 * SEC, comp, sizeof comp);
+    /* At 3.5 s the first entry leaves the window; two remain, 2 + 1 <= 5
+     * would pass: the admission finds them out of order. */
+    rate_decision_t d = at(l, "k", 3 * SEC + 500 * MS, 1, 0);
+    assert_false(d.allowed);
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    assert_int_equal(d.error, RATE_ECORRUPT);
+    rate_limiter_free(l);
+    rate_policy_free(p);
+    rate_store_free(s);
+}
+
+/* ------------------------------------------------------ policy records */
+
+/* A policy record that does not parse names no policy: a state tagged with
+ * it is corrupt for any other policy's reader, never a cold key. */
+static void a_record_that_does_not_parse_is_corrupt(void **state)
+{
+    (void)state;
+    rate_store_t *s;
+    assert_int_equal(cas_store_new(&s, NULL), RATE_OK);
+    rate_policy_t *p = policy_of("token-bucket 5/s burst=5");
+    rate_limiter_t *lp = limiter_of("token-bucket 5/s burst=5", s);
+    assert_true(at(lp, "k", SEC, 1, 0).allowed);
+    /* Overwrite the record of p (at its fingerprint) with garbage. */
+    uint32_t id = rate_policy_fingerprint(p);
+    char kb[4] = {(char)id, (char)(id >> 8), (char)(id >> 16),
+                  (char)(id >> 24)};
+    rate_key_t k = {kb, 4, RATE_SPACE_POLICY};
+    uint8_t buf[256];
+    size_t len = 0;
+    uint64_t version = 0;
+    assert_int_equal(s->m->load(s->self, &k, buf, sizeof buf, &len, &version),
+                     RATE_OK);
+    assert_true(len > 0);
+    assert_int_equal(s->m->cas(s->self, &k, version, "token-bucket ???", 16,
+                               RATE_TTL_FOREVER),
+                     RATE_OK);
+    rate_limiter_t *lq = limiter_of("token-bucket 9/s burst=9", s);
+    rate_decision_t d = at(lq, "k", SEC, 1, 0);
+    assert_false(d.allowed);
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    assert_int_equal(d.error, RATE_ECORRUPT);
+    rate_limiter_free(lq);
+    rate_limiter_free(lp);
+    rate_policy_free(p);
+    rate_store_free(s);
+}
+
+/* ------------------------------------------- the low-water mark only rises */
+
+static void low_water_only_rises(void **state)
+{
+    (void)state;
+    rate_store_t *s;
+    assert_int_equal(rate_store_memory_new(&(rate_memory_options_t){2, 1}, &s),
+                     RATE_OK);
+    rate_limiter_t *l = limiter_of("token-bucket 1000/s burst=1", s);
+    assert_int_equal(rate_limiter_set_low_water(l, SEC), RATE_OK);
+    assert_true(rate_try_acquire_at(l, "a", 1, SEC)); /* under a mark */
+    assert_true(rate_try_acquire_at(l, "b", 1, SEC));
+    /* Both cold by 2 s; a lower mark after it must not lower it. */
+    assert_int_equal(rate_limiter_set_low_water(l, 2 * SEC), RATE_OK);
+    assert_int_equal(rate_limiter_set_low_water(l, 1), RATE_OK);
+    /* A third key in a store of two: a cold key makes room (reclaimed),
+     * not an eviction; at a mark of 1 ns neither would be cold. */
+    assert_true(rate_try_acquire_at(l, "c", 1, 2 * SEC));
+    rate_stats_t st;
+    rate_store_stats(s, &st);
+    assert_int_equal(st.reclaimed, 1);
+    assert_int_equal(st.evictions, 0);
+    rate_limiter_free(l);
+    rate_store_free(s);
+}
+
+/* ------------------------------------- an asynchronous whole decision */
+
+static int async_calls;
+static rate_decision_t async_d;
+static void async_cb(void *ud, int rc, const rate_decision_t *d)
+{
+    (void)ud;
+    assert_int_equal(rc, RATE_OK);
+    async_calls++;
+    async_d = *d;
+}
+
+/* A store whose decide() declines: the limiter starts the job again as
+ * the step, which decides it. */
+static void async_decline_runs_the_step(void **state)
+{
+    (void)state;
+    rate_store_t *s;
+    cas_store_t *h;
+    assert_int_equal(cas_store_new_async_declining(&s, &h), RATE_OK);
+    rate_limiter_t *l = limiter_of("token-bucket 5/s burst=2", s);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(rate_limiter_check_async(l, "k", 1, 1, 0, async_cb,
+                                                  NULL),
+                         RATE_OK);
+        assert_int_equal(cas_store_run_jobs(h), 2); /* declined, then run */
+        assert_int_equal(async_calls, i + 1);
+        assert_int_equal(async_d.reason, i < 2 ? RATE_REASON_ALLOWED
+                                               : RATE_REASON_LIMITED);
+    }
+    rate_limiter_free(l);
+    rate_store_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -308,6 +513,11 @@ int main(void)
         cmocka_unit_test(a_block_keeps_a_key_warm),
         cmocka_unit_test(a_block_carries_only_to_a_blocking_policy),
         cmocka_unit_test(a_never_does_not_block),
+        cmocka_unit_test(tampered_components_are_corrupt),
+        cmocka_unit_test(a_log_out_of_order_is_never_written),
+        cmocka_unit_test(a_record_that_does_not_parse_is_corrupt),
+        cmocka_unit_test(low_water_only_rises),
+        cmocka_unit_test(async_decline_runs_the_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
