@@ -324,6 +324,17 @@ typedef struct rate_redis_options {
                                     on Redis's TIME, one clock for every
                                     client (times given to the *_at calls
                                     are always used as given) */
+    uint64_t safety_ttl_ns;      /* with no_ttl: 0 (default) keeps the keys
+                                    written without expiry (PERSIST); else
+                                    every state and shadow state written
+                                    gets this expiry instead, rounded up to
+                                    ms, whatever its reset_after, so that
+                                    keys left behind by a process that died
+                                    go away (refresh them all with
+                                    rate_store_redis_touch while they are
+                                    in use).  Policy records are always
+                                    kept without expiry when written.
+                                    Ignored without no_ttl */
 } rate_redis_options_t;
 
 /* The Redis store: url is redis://[[user]:password@]host[:port][/db] or
@@ -343,6 +354,18 @@ RATE_API int rate_store_redis_new(const char *url,
 /* Deletes every key under the Redis store's prefix (SCAN + UNLINK).
  * RATE_EINVAL for a store that is not a Redis store.  Thread-safe: yes. */
 RATE_API int rate_store_redis_drop(rate_store_t *store);
+
+/* Sets the expiry of every key under the Redis store's prefix -- states,
+ * shadow states and policy records alike -- to ttl_ns, rounded up to ms
+ * (SCAN + PEXPIRE, a batch at a time): the refresh of a namespace written
+ * with no_ttl and safety_ttl_ns, so that keys idle for a while keep their
+ * expiry.  Keys written after the SCAN passed them are not touched.
+ * Returns RATE_OK; RATE_EINVAL for a store that is not a Redis store (or
+ * NULL) or a ttl_ns of 0; RATE_ESTORE or RATE_ETIMEDOUT when Redis fails or
+ * does not answer (the keys touched so far keep their new expiry);
+ * RATE_ECORRUPT for a reply that does not parse; RATE_ENOMEM.
+ * Thread-safe: yes, alongside decisions on the same store. */
+RATE_API int rate_store_redis_touch(rate_store_t *store, uint64_t ttl_ns);
 
 typedef struct rate_stats {
     uint64_t keys;       /* keys held now */

@@ -274,6 +274,14 @@ expect_error '' "a unix:// URL needs an absolute path" replay $TB --store unix:/
 if command -v python3 >/dev/null; then
   python3 -c "import socket,sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])" "$T/stale.sock"
   expect_error '' "--store: cannot connect to $T/stale.sock: Connection refused" replay $TB --store "unix://$T/stale.sock"
+  # the library's own message names the socket by its path alone (no port)
+  for sub in replay check; do
+    if [ $sub = replay ]; then a=""; else a="--key u"; fi
+    # shellcheck disable=SC2086
+    "$R" $sub $a $TB --store "unix://$T/stale.sock" </dev/null >/dev/null 2>"$T/err"
+    if grep -qxF "ratelimit: $sub: --store: cannot connect to $T/stale.sock: Connection refused" "$T/err"; then ok
+    else bad "$sub: unix socket message: $(cat "$T/err")"; fi
+  done
 fi
 
 # --- CLF: malformed lines
@@ -486,6 +494,32 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
         else bad "SIG$sig message: $(cat "$T/err")"; fi
       fi
     done
+    # Killed together with its watchdog: every key left behind has a safety
+    # expiry of at most 60 s, the policy's record too, refreshed while the
+    # run lasts, also while it waits for its input (at 20 s: after 21 s
+    # idle, more than 45 s are left)
+    k4() { redis-cli -p "$rport" -n 4 "$@"; }
+    { for i in $(seq 300); do echo "0 k$i"; done; exec sleep 60; } >"$T/fifo" &
+    feeder=$!
+    "$R" replay $TB --store "redis://127.0.0.1:$rport/4" <"$T/fifo" >/dev/null 2>"$T/err" &
+    rp=$!
+    for _ in $(seq 100); do [ "$(k4 dbsize)" = 301 ] && break; sleep 0.1; done
+    sleep 21
+    wd=$(ps -o pid= --ppid "$rp" | tr -d ' ')
+    if [ -n "$wd" ] && [ "$(k4 dbsize)" = 301 ]; then ok
+    else bad "replay via Redis: no watchdog ($wd) or not 301 keys ($(k4 dbsize))"; fi
+    # shellcheck disable=SC2086
+    [ -n "$wd" ] && kill -KILL $wd
+    kill -KILL "$rp"; { wait "$rp"; } 2>/dev/null
+    kill "$feeder" 2>/dev/null; wait "$feeder" 2>/dev/null
+    sleep 0.5 # a watchdog that survived would have removed them by now
+    k4 --scan >"$T/keys"
+    sed 's/^/PTTL /' "$T/keys" | k4 >"$T/pttl"
+    if [ "$(wc -l <"$T/keys")" -eq 301 ] && [ "$(wc -l <"$T/pttl")" -eq 301 ] &&
+       grep -q '^ratelimit:replay:[0-9]*:[0-9]*:p{' "$T/keys" &&
+       awk '!($1 > 45000 && $1 <= 60000) { exit 1 }' "$T/pttl"; then ok
+    else bad "replay killed with its watchdog: $(wc -l <"$T/keys") keys, PTTLs $(sort -n "$T/pttl" | uniq -c | head -5 | tr '\n' ' ')"; fi
+    k4 flushdb >/dev/null
     # Redis stalls (stopped for 3 s): the run fails with one line and its
     # keys are removed once Redis answers again
     awk 'BEGIN { for (i = 0; i < 300000; i++) print "0 k" i }' >"$T/many.trace"

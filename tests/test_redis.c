@@ -1271,6 +1271,158 @@ static void unix_socket(void **state)
     start_server(NULL, NULL);
 }
 
+/* Every key under the prefix (KEYS: the tests' namespaces are small). */
+static redisReply *keys_of(redisContext *c, const char *prefix)
+{
+    redisReply *r = redisCommand(c, "KEYS %s*", prefix);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    return r;
+}
+
+/* With no_ttl and safety_ttl_ns, each state and shadow state written gets
+ * the safety expiry (rounded up to ms) instead of none, through the Lua
+ * step (decide), the C step's compare-and-set (a blocking policy, a
+ * refund) alike; the policy records get none.  Without safety_ttl_ns,
+ * no_ttl keeps none; without no_ttl, safety_ttl_ns changes nothing. */
+static void safety_ttl_with_no_ttl(void **state)
+{
+    (void)state;
+    rate_redis_options_t o = {0};
+    rate_store_t *rs = NULL;
+    char err[256] = "";
+    o.prefix = "safe:";
+    o.no_ttl = true;
+    o.safety_ttl_ns = 60 * SEC - 1; /* rounded up: 60000 ms */
+    assert_int_equal(rate_store_redis_new(url, &o, &rs, err, sizeof err),
+                     RATE_OK);
+    rate_limiter_config_t cfg = {0};
+    cfg.store = rs;
+    rate_limiter_t *lua = limiter_cfg("token-bucket 3/s burst=3", cfg);
+    rate_limiter_t *blk = limiter_cfg("fixed-window 2/h block=1m", cfg);
+    cfg.shadow = true;
+    rate_limiter_t *sh = limiter_cfg("sliding-log 3/h", cfg);
+    redisContext *c = raw();
+    assert_true(at(lua, "a", SEC, 1, 0).allowed);
+    assert_true(at(blk, "b", SEC, 1, 0).allowed);
+    assert_true(at(sh, "c", SEC, 1, 0).allowed);
+    assert_int_equal(rate_limiter_refund_at(lua, "r", 1, 1, SEC), RATE_OK);
+    assert_true(at(lua, "r", SEC, 1, 0).allowed);
+    assert_int_equal(rate_limiter_refund_at(lua, "r", 1, 1, SEC), RATE_OK);
+    const char *states[] = {"safe:{a}", "safe:{b}", "safe:s{c}", "safe:{r}"};
+    for (size_t i = 0; i < 4; i++) {
+        long long ms = redis_int(c, "PTTL", states[i]);
+        if (ms > 60000 || ms < 59000)
+            fail_msg("%s: PTTL %lld, not about 60000", states[i], ms);
+    }
+    redisReply *r = redisCommand(c, "KEYS safe:p{*");
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    assert_int_equal(r->elements, 3); /* one record per policy */
+    for (size_t i = 0; i < r->elements; i++)
+        assert_int_equal(redis_int(c, "PTTL", r->element[i]->str), -1);
+    freeReplyObject(r);
+    rate_limiter_free(lua);
+    rate_limiter_free(blk);
+    rate_limiter_free(sh);
+    drop_store(rs);
+
+    /* no_ttl alone: no expiry; safety_ttl_ns alone: the reset_after. */
+    for (int with_ttl = 0; with_ttl < 2; with_ttl++) {
+        o.no_ttl = !with_ttl;
+        o.safety_ttl_ns = with_ttl ? 60 * SEC : 0;
+        assert_int_equal(rate_store_redis_new(url, &o, &rs, err, sizeof err),
+                         RATE_OK);
+        rate_limiter_t *l = limiter_of("token-bucket 3/s burst=3", rs);
+        rate_limiter_t *b = limiter_of("fixed-window 2/h block=1m", rs);
+        assert_true(rate_try_acquire(l, "a", 1));
+        assert_true(rate_try_acquire(b, "b", 1));
+        long long ma = redis_int(c, "PTTL", "safe:{a}");
+        long long mb = redis_int(c, "PTTL", "safe:{b}");
+        if (with_ttl ? ma > 1000 || ma < 900 || mb > 3600000 || mb < 60000
+                     : ma != -1 || mb != -1)
+            fail_msg("no_ttl=%d safety=%d: PTTL %lld and %lld", !with_ttl,
+                     with_ttl, ma, mb);
+        rate_limiter_free(l);
+        rate_limiter_free(b);
+        drop_store(rs);
+    }
+    redisFree(c);
+}
+
+/* rate_store_redis_touch sets the expiry of every key under the prefix,
+ * records too, over several SCAN batches, and of nothing outside it (a
+ * glob character in the prefix is taken as itself); later writes set the
+ * safety expiry again.  RATE_EINVAL for another store, NULL, or 0. */
+static void touch_sets_every_expiry(void **state)
+{
+    (void)state;
+    rate_redis_options_t o = {0};
+    rate_store_t *rs = NULL;
+    char err[256] = "";
+    o.prefix = "to*:";
+    o.no_ttl = true;
+    o.safety_ttl_ns = 60 * SEC;
+    assert_int_equal(rate_store_redis_new(url, &o, &rs, err, sizeof err),
+                     RATE_OK);
+    rate_limiter_t *l = limiter_of("fixed-window 5/h", rs);
+    assert_true(at(l, "k", SEC, 1, 0).allowed);
+    redisContext *c = raw();
+    /* 2500 more keys in the namespace (no expiry), and two outside it */
+    for (int i = 0; i < 2500; i++)
+        redisAppendCommand(c, "HSET to*:{x%d} v 1", i);
+    redisAppendCommand(c, "SET tox:{k} 1");
+    redisAppendCommand(c, "SET other 1");
+    for (int i = 0; i < 2502; i++) {
+        redisReply *r = NULL;
+        assert_int_equal(redisGetReply(c, (void **)&r), REDIS_OK);
+        freeReplyObject(r);
+    }
+    assert_int_equal(rate_store_redis_touch(rs, 5 * SEC - 1), RATE_OK);
+    redisReply *r = keys_of(c, "to\\*:");
+    assert_int_equal(r->elements, 2502); /* 2500, the state, the record */
+    int records = 0;
+    for (size_t i = 0; i < r->elements; i++) {
+        long long ms = redis_int(c, "PTTL", r->element[i]->str);
+        if (ms > 5000 || ms < 4000)
+            fail_msg("%s: PTTL %lld after a touch of 5 s",
+                     r->element[i]->str, ms);
+        records += strncmp(r->element[i]->str, "to*:p{", 6) == 0;
+    }
+    assert_int_equal(records, 1);
+    freeReplyObject(r);
+    assert_int_equal(redis_int(c, "PTTL", "tox:{k}"), -1);
+    assert_int_equal(redis_int(c, "PTTL", "other"), -1);
+    assert_true(at(l, "k", SEC, 1, 0).allowed);
+    assert_true(redis_int(c, "PTTL", "to*:{k}") > 59000);
+    /* And a namespace with nothing in it. */
+    rate_limiter_free(l);
+    assert_int_equal(rate_store_redis_drop(rs), RATE_OK);
+    assert_int_equal(rate_store_redis_touch(rs, SEC), RATE_OK);
+    assert_int_equal(rate_store_redis_touch(rs, 0), RATE_EINVAL);
+    assert_int_equal(rate_store_redis_touch(NULL, SEC), RATE_EINVAL);
+    rate_store_t *mem = NULL;
+    assert_int_equal(rate_store_memory_new(NULL, &mem), RATE_OK);
+    assert_int_equal(rate_store_redis_touch(mem, SEC), RATE_EINVAL);
+    rate_store_free(mem);
+    rate_store_free(rs);
+    freeReplyObject(redisCommand(c, "DEL tox:{k} other"));
+    redisFree(c);
+}
+
+/* A unix socket that cannot be reached is named by its path alone, with
+ * no port after it ("/path0: ..." once). */
+static void unix_socket_message(void **state)
+{
+    (void)state;
+    rate_store_t *s = (rate_store_t *)1;
+    char err[256] = "";
+    assert_int_equal(rate_store_redis_new("unix:///nonexistent/redis.sock",
+                                          NULL, &s, err, sizeof err),
+                     RATE_ESTORE);
+    assert_null(s);
+    if (strncmp(err, "cannot connect to /nonexistent/redis.sock: ", 43) != 0)
+        fail_msg("message: '%s'", err);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1293,6 +1445,9 @@ int main(void)
         cmocka_unit_test(callers_ride_out_a_restart),
         cmocka_unit_test(bad_urls_hosts_and_passwords),
         cmocka_unit_test(unix_socket),
+        cmocka_unit_test(safety_ttl_with_no_ttl),
+        cmocka_unit_test(touch_sets_every_expiry),
+        cmocka_unit_test(unix_socket_message),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -28,7 +28,12 @@
  * name.  A new key's version starts from Redis's TIME in microseconds, so
  * a key that expired and came back does not reuse the version a slow
  * client may still hold.  Every write sets the key's expiry to its
- * reset_after (never for RATE_TTL_FOREVER, nor with no_ttl).
+ * reset_after (never for RATE_TTL_FOREVER, nor with no_ttl).  With no_ttl
+ * and safety_ttl_ns, a state (or shadow state) written gets the safety
+ * expiry instead of none, both from the step's script and from the
+ * compare-and-set script (the policy records, RATE_TTL_FOREVER, still get
+ * none); rate_store_redis_touch() refreshes the expiry of every key under
+ * the prefix, records too.
  *
  * The store's clock, now(), is Redis's TIME, unless the store was made
  * with client_time: then now() is RATE_ENOTSUP and the limiter keeps to
@@ -44,6 +49,7 @@
  * down a call fails at once instead of waiting on a dead host.
  */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +121,8 @@ typedef struct redis_store {
     char password[256], user[256];
     int port, db;
     bool unix_socket, ttl, redis_time;
+    uint64_t safety_ms; /* with no_ttl: the expiry of a state written, in
+                           ms; 0: none (PERSIST) */
     struct timeval connect_tv, command_tv;
     char *prefix;
     size_t prefix_len;
@@ -267,10 +275,13 @@ static int open_conn(redis_store_t *r, redisContext **out, bool first,
     if (c == NULL)
         return rate__fail(err, errlen, RATE_ENOMEM, "out of memory");
     if (c->err) {
-        rc = rate__fail(err, errlen, RATE_ESTORE,
-                        "cannot connect to %s%s%d: %s", r->host,
-                        r->unix_socket ? "" : ":",
-                        r->unix_socket ? 0 : r->port, c->errstr);
+        if (r->unix_socket) /* the socket's path alone: no port */
+            rc = rate__fail(err, errlen, RATE_ESTORE,
+                            "cannot connect to %s: %s", r->host, c->errstr);
+        else
+            rc = rate__fail(err, errlen, RATE_ESTORE,
+                            "cannot connect to %s:%d: %s", r->host, r->port,
+                            c->errstr);
         redisFree(c);
         return rc;
     }
@@ -724,8 +735,11 @@ static int r_cas(void *self, const rate_key_t *key, uint64_t version,
         return rc;
     snprintf(vbuf, sizeof vbuf, "%llu", (unsigned long long)version);
     /* 0: no expiry (the script PERSISTs the key): for RATE_TTL_FOREVER
-     * whatever the options, and for everything with no_ttl. */
-    uint64_t ms = ttl_ns == RATE_TTL_FOREVER || !r->ttl ? 0 : ttl_ms(ttl_ns);
+     * (the policy records) whatever the options, and for everything else
+     * with no_ttl, unless it has a safety expiry. */
+    uint64_t ms = ttl_ns == RATE_TTL_FOREVER ? 0
+                  : !r->ttl                  ? r->safety_ms
+                                             : ttl_ms(ttl_ns);
     snprintf(tbuf, sizeof tbuf, "%llu", (unsigned long long)ms);
     const char *av[7] = {"EVALSHA", r->sha, "1", k, vbuf, state, tbuf};
     size_t al[7] = {7, 40, 1, kl, strlen(vbuf), len, strlen(tbuf)};
@@ -847,7 +861,7 @@ static int r_decide(void *self, const rate_key_t *key,
         return RATE_ENOTSUP; /* the limiter decides, exactly */
     if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
         return rc;
-    long long ttl = !r->ttl     ? 0
+    long long ttl = !r->ttl     ? (long long)r->safety_ms /* 0: none */
                     : q->detail ? -1 /* the script uses the exact reset */
                                 : (long long)ttl_ms(q->max_reset_ns);
     int nn = 0;
@@ -1000,6 +1014,8 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
     r->command_tv = tv_of(o.command_timeout_ns ? o.command_timeout_ns
                                                : RATE_NS_PER_S);
     r->ttl = !o.no_ttl;
+    r->safety_ms = o.no_ttl && o.safety_ttl_ns != 0 ? ttl_ms(o.safety_ttl_ns)
+                                                    : 0;
     r->redis_time = !o.client_time;
     const char *prefix = o.prefix ? o.prefix : "ratelimit:";
     r->prefix_len = strlen(prefix);
@@ -1024,15 +1040,15 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
     return rc;
 }
 
-int rate_store_redis_drop(rate_store_t *store)
+/* Calls batch() with each batch of the keys under the prefix (SCAN ...
+ * MATCH PREFIX* COUNT 1000, the prefix's glob characters escaped) until
+ * the scan ends or a call fails. */
+static int scan_prefix(redis_store_t *r,
+                       int (*batch)(redis_store_t *r, const redisReply *keys,
+                                    void *arg),
+                       void *arg)
 {
-    redis_store_t *r;
     int rc;
-
-    if ((r = rate_store_backend(store, &redis_methods)) == NULL)
-        return RATE_EINVAL;
-    /* SCAN the namespace and UNLINK what it holds, a batch at a time: the
-     * states, shadow states and policy records alike. */
     char *pattern = malloc(r->prefix_len * 2 + 2);
     if (pattern == NULL)
         return RATE_ENOMEM;
@@ -1055,35 +1071,111 @@ int rate_store_redis_drop(rate_store_t *store)
         if (rc == RATE_OK && (rep->type != REDIS_REPLY_ARRAY ||
                               rep->elements != 2 ||
                               rep->element[0]->type != REDIS_REPLY_STRING ||
+                              rep->element[0]->len >= sizeof cursor ||
                               rep->element[1]->type != REDIS_REPLY_ARRAY))
             rc = RATE_ECORRUPT;
         if (rc == RATE_OK) {
-            redisReply *keys = rep->element[1];
+            const redisReply *keys = rep->element[1];
             snprintf(cursor, sizeof cursor, "%s", rep->element[0]->str);
-            if (keys->elements > 0) {
-                size_t n = keys->elements + 1;
-                const char **av = malloc(n * sizeof *av);
-                size_t *al = malloc(n * sizeof *al);
-                if (av == NULL || al == NULL)
-                    rc = RATE_ENOMEM;
-                else {
-                    av[0] = "UNLINK";
-                    al[0] = 6;
-                    for (size_t i = 0; i < keys->elements; i++) {
-                        av[i + 1] = keys->element[i]->str;
-                        al[i + 1] = keys->element[i]->len;
-                    }
-                    redisReply *del = NULL;
-                    rc = call(r, (int)n, av, al, &del);
-                    rc = reply_ok(rc, del);
-                    freeReplyObject(del);
-                }
-                free(av);
-                free(al);
-            }
+            for (size_t i = 0; i < keys->elements && rc == RATE_OK; i++)
+                if (keys->element[i]->type != REDIS_REPLY_STRING)
+                    rc = RATE_ECORRUPT;
+            if (rc == RATE_OK && keys->elements > 0)
+                rc = batch(r, keys, arg);
         }
         freeReplyObject(rep);
     } while (rc == RATE_OK && strcmp(cursor, "0") != 0);
     free(pattern);
     return rc;
+}
+
+/* One command over a batch of keys: the head's words, the keys, then the
+ * tail's word (if not NULL); its reply must be an integer. */
+static int keys_command(redis_store_t *r, size_t head, const char **hv,
+                        const size_t *hl, const redisReply *keys,
+                        const char *tail)
+{
+    size_t n = head + keys->elements + (tail != NULL);
+    const char **av = malloc(n * sizeof *av);
+    size_t *al = malloc(n * sizeof *al);
+    int rc;
+
+    if (av == NULL || al == NULL || n > INT_MAX) {
+        free(av);
+        free(al);
+        return RATE_ENOMEM;
+    }
+    for (size_t i = 0; i < head; i++) {
+        av[i] = hv[i];
+        al[i] = hl[i];
+    }
+    for (size_t i = 0; i < keys->elements; i++) {
+        av[head + i] = keys->element[i]->str;
+        al[head + i] = keys->element[i]->len;
+    }
+    if (tail != NULL) {
+        av[n - 1] = tail;
+        al[n - 1] = strlen(tail);
+    }
+    redisReply *rep = NULL;
+    rc = call(r, (int)n, av, al, &rep);
+    rc = reply_ok(rc, rep);
+    if (rc == RATE_OK && rep->type != REDIS_REPLY_INTEGER)
+        rc = RATE_ECORRUPT;
+    freeReplyObject(rep);
+    free(av);
+    free(al);
+    return rc;
+}
+
+static int unlink_batch(redis_store_t *r, const redisReply *keys, void *arg)
+{
+    (void)arg;
+    return keys_command(r, 1, (const char *[]){"UNLINK"}, (size_t[]){6},
+                        keys, NULL);
+}
+
+int rate_store_redis_drop(rate_store_t *store)
+{
+    redis_store_t *r;
+
+    if ((r = rate_store_backend(store, &redis_methods)) == NULL)
+        return RATE_EINVAL;
+    /* The states, shadow states and policy records alike. */
+    return scan_prefix(r, unlink_batch, NULL);
+}
+
+/* PEXPIRE of each of KEYS, in one call for a batch (a key gone meanwhile
+ * is left gone). */
+static const char touch_script[] =
+    "for _, k in ipairs(KEYS) do redis.call('PEXPIRE', k, ARGV[1]) end\n"
+    "return #KEYS\n";
+
+typedef struct touch_arg {
+    char ms[24];
+} touch_arg_t;
+
+static int touch_batch(redis_store_t *r, const redisReply *keys, void *varg)
+{
+    touch_arg_t *a = varg;
+    char num[24];
+
+    /* EVAL SCRIPT NUMKEYS KEY... MS */
+    snprintf(num, sizeof num, "%zu", keys->elements);
+    return keys_command(r, 3,
+                        (const char *[]){"EVAL", touch_script, num},
+                        (size_t[]){4, sizeof touch_script - 1, strlen(num)},
+                        keys, a->ms);
+}
+
+int rate_store_redis_touch(rate_store_t *store, uint64_t ttl_ns)
+{
+    redis_store_t *r;
+    touch_arg_t a;
+
+    if ((r = rate_store_backend(store, &redis_methods)) == NULL ||
+        ttl_ns == 0)
+        return RATE_EINVAL;
+    snprintf(a.ms, sizeof a.ms, "%llu", (unsigned long long)ttl_ms(ttl_ns));
+    return scan_prefix(r, touch_batch, &a);
 }

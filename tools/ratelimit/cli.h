@@ -87,10 +87,17 @@ typedef struct cli_limiter {
 } cli_limiter_t;
 
 /* Returns 0, or 2 after printing why (nothing is left to free then).
- * scratch: a Redis store works in a fresh namespace without expiry that
- * cli_limiter_close() removes (replays on a virtual clock). */
+ * scratch: a Redis store works in a fresh namespace that
+ * cli_limiter_close() removes (replays on a virtual clock): its keys do
+ * not expire by their resets, but by a safety expiry of CLI_SAFETY_TTL_NS,
+ * refreshed by a thread every third of that until the close, for a run
+ * killed together with its watchdog. */
 int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
                      const char *store_spec, bool scratch, uint64_t max_keys);
+#define CLI_SAFETY_TTL_NS (60 * RATE_NS_PER_S)
+/* Sets the safety expiry of every key of a scratch namespace now (after
+ * the first decision: the record of the policy is written without one). */
+void cli_limiter_touch(cli_limiter_t *cl);
 /* Removes a scratch namespace (a watchdog process removes it if the run
  * ends without doing so, even killed with SIGKILL), frees everything.
  * Returns RATE_OK, or the code of the failed removal (nothing printed: the

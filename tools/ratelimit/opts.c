@@ -3,6 +3,8 @@
  * number formatting and getopt messages.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <time.h>
 #include <signal.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -373,6 +375,97 @@ static void stop_watchdog(bool ok)
     watchdog_pid = -1;
 }
 
+/* The keeper of a scratch namespace's safety expiry: a thread that sets
+ * the expiry of every key in it back to CLI_SAFETY_TTL_NS every third of
+ * that (rate_store_redis_touch), whatever the run is doing (deciding, or
+ * waiting for its input), so that keys the trace left idle keep theirs;
+ * a failed refresh is tried again a second later (the run's own requests
+ * report Redis's failures).  It takes no signals: SIGINT and SIGTERM go to
+ * the main thread, whose blocked read they interrupt. */
+static struct {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool running, stop;
+    rate_store_t *store;
+} keeper = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void *keeper_main(void *arg)
+{
+    (void)arg;
+    uint64_t period = CLI_SAFETY_TTL_NS / 3;
+    pthread_mutex_lock(&keeper.lock);
+    while (!keeper.stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += (time_t)(period / RATE_NS_PER_S);
+        until.tv_nsec += (long)(period % RATE_NS_PER_S);
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        int w = 0;
+        while (!keeper.stop && w != ETIMEDOUT)
+            w = pthread_cond_timedwait(&keeper.cond, &keeper.lock, &until);
+        if (keeper.stop)
+            break;
+        pthread_mutex_unlock(&keeper.lock);
+        int rc = rate_store_redis_touch(keeper.store, CLI_SAFETY_TTL_NS);
+        pthread_mutex_lock(&keeper.lock);
+        period = rc == RATE_OK ? CLI_SAFETY_TTL_NS / 3 : RATE_NS_PER_S;
+    }
+    pthread_mutex_unlock(&keeper.lock);
+    return NULL;
+}
+
+static int start_keeper(const char *cmd, rate_store_t *store)
+{
+    pthread_condattr_t ca;
+    sigset_t block, old;
+    int rc;
+
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    rc = pthread_cond_init(&keeper.cond, &ca);
+    pthread_condattr_destroy(&ca);
+    if (rc != 0)
+        return cli_fail("%s: cannot start a thread: %s", cmd, strerror(rc));
+    keeper.store = store;
+    keeper.stop = false;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &block, &old); /* the thread inherits it */
+    rc = pthread_create(&keeper.thread, NULL, keeper_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        pthread_cond_destroy(&keeper.cond);
+        return cli_fail("%s: cannot start a thread: %s", cmd, strerror(rc));
+    }
+    keeper.running = true;
+    return 0;
+}
+
+static void stop_keeper(void)
+{
+    if (!keeper.running)
+        return;
+    pthread_mutex_lock(&keeper.lock);
+    keeper.stop = true;
+    pthread_cond_signal(&keeper.cond);
+    pthread_mutex_unlock(&keeper.lock);
+    pthread_join(keeper.thread, NULL);
+    pthread_cond_destroy(&keeper.cond);
+    keeper.running = false;
+    keeper.store = NULL;
+}
+
+void cli_limiter_touch(cli_limiter_t *cl)
+{
+    if (cl->scratch && cl->store != NULL)
+        (void)rate_store_redis_touch(cl->store, CLI_SAFETY_TTL_NS);
+}
+
 volatile sig_atomic_t cli_signal;
 
 static void on_signal(int sig)
@@ -426,25 +519,20 @@ int store_from_opt(const char *cmd, const char *spec, bool scratch,
     rate_redis_options_t o = {0};
     char prefix[96], err[256];
     if (scratch) {
-        /* A namespace of this run's own, kept without expiry (the trace's
-         * clock is not Redis's) and dropped at the end. */
+        /* A namespace of this run's own, dropped at the end; its keys do
+         * not expire by the trace's resets (the trace's clock is not
+         * Redis's) but by a safety expiry, refreshed while the run lasts
+         * (see the keeper), for a run killed with its watchdog. */
         snprintf(prefix, sizeof prefix, "ratelimit:%s:%ld:%llu:", cmd,
                  (long)getpid(),
                  (unsigned long long)rate_clock_monotonic_ns());
         o.prefix = prefix;
         o.no_ttl = true;
+        o.safety_ttl_ns = CLI_SAFETY_TTL_NS;
         if (start_watchdog(cmd, spec, prefix) != 0)
             return 2;
     }
     if (rate_store_redis_new(spec, &o, out, err, sizeof err) != RATE_OK) {
-        /* The library's message for a socket names it as HOST followed by
-         * its PORT, 0 for a socket ("/run/redis.sock0: ..."): drop that 0
-         * (reported to the library; harmless once it is fixed there). */
-        const char *path = spec + 7;
-        char *at = strncmp(spec, "unix://", 7) == 0 ? strstr(err, path) : NULL;
-        if (at != NULL && strncmp(at + strlen(path), "0:", 2) == 0)
-            memmove(at + strlen(path), at + strlen(path) + 1,
-                    strlen(at + strlen(path) + 1) + 1);
         stop_watchdog(true); /* nothing was written */
         return cli_fail("%s: --store: %s", cmd, err);
     }
@@ -470,12 +558,17 @@ int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
         cli_limiter_close(cl);
         return cli_fail("%s: cannot make the limiter", o->cmd);
     }
+    if (cl->scratch && start_keeper(o->cmd, cl->store) != 0) {
+        cli_limiter_close(cl);
+        return 2;
+    }
     return 0;
 }
 
 int cli_limiter_close(cli_limiter_t *cl)
 {
     int rc = 0;
+    stop_keeper(); /* no refresh once the removal starts */
     if (cl->scratch && cl->store != NULL) {
         rc = rate_store_redis_drop(cl->store);
         stop_watchdog(rc == RATE_OK);

@@ -37,7 +37,8 @@ static const char usage[] =
     "                     [:port][/db] or unix:///path: the trace's time goes\n"
     "                     to the store, in a namespace of the run's own that\n"
     "                     is removed at the end (also on SIGINT, SIGTERM, a\n"
-    "                     failure, or SIGKILL); the output is the same\n"
+    "                     failure, or SIGKILL; its keys expire 60 s after\n"
+    "                     the run otherwise); the output is the same\n"
     "  --per-key          a summary line per key (memory grows with the keys)\n"
     "  --max-keys N       memory store: keep at most N keys, evicting the least\n"
     "                     recently used (counted on standard error); an\n"
@@ -173,6 +174,8 @@ int cmd_replay(int argc, char **argv)
             break;
         }
         write_line(&r, &d);
+        if (allowed + denied == 0)
+            cli_limiter_touch(&cl); /* the policy's record has no expiry */
         d.allowed ? allowed++ : denied++;
         if (per_key) {
             keyrec_t *k = keymap_get(&keys, r.key, r.key_len);
