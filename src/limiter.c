@@ -190,7 +190,10 @@ static int plan_tag(rate_limiter_t *lim, plan_t *pl, uint32_t *tag)
         return RATE_OK;
     int rc = tag_of(lim, &lim->book, &pl->policy, tag);
     if (rc == RATE_OK) {
-        if (lim->fast) {
+        /* acquire() only for a policy rate_state_acquire can decide (one
+         * limit of a fixed size): for any other it would be asked, only to
+         * decline every key, before the general path asks again. */
+        if (lim->fast && pl->policy.plain != NULL) {
             for (int h = 0; h < 2; h++)
                 pl->acq[h] = (rate_acquire_t){&pl->policy, *tag, lim->format,
                                               lim->space, h == 1};
@@ -346,7 +349,7 @@ static inline uint64_t horizon(const rate_limiter_t *lim, uint64_t now,
  * fallback), with the policies of its `book`: decide() if the store has it,
  * else the step; a state of an unknown policy is learnt and the step run
  * again. */
-static int store_part(rate_limiter_t *lim, rate_store_t *store,
+static RATE__ALWAYS_INLINE int store_part(rate_limiter_t *lim, rate_store_t *store,
                       rate__book_t *book, const rate_key_t *key,
                       rate__step_arg_t *arg, uint64_t now, bool clock_time)
 {
@@ -410,7 +413,7 @@ static int policy_for(rate_limiter_t *lim, const char *key, size_t key_len,
 /* Before the store: the input checked (RATE_E* for bad input), the step's
  * argument made; *store_rc is the store's error if the policy's tag could
  * not be had (the fail mode's then). */
-static int prepare(rate_limiter_t *lim, const char *key, size_t key_len,
+static RATE__ALWAYS_INLINE int prepare(rate_limiter_t *lim, const char *key, size_t key_len,
                    uint64_t permits, uint64_t max_wait, uint64_t now,
                    bool detail, rate__op_t op, rate_decision_t *d,
                    rate__step_arg_t *arg, int *store_rc)
@@ -433,7 +436,7 @@ static int prepare(rate_limiter_t *lim, const char *key, size_t key_len,
 /* After the store: a failure takes the fail mode (the fallback store
  * decides, at the limiter's own time), the verdict is counted, shadow
  * mode lets it through. */
-static void finish(rate_limiter_t *lim, rate__step_arg_t *arg,
+static RATE__ALWAYS_INLINE void finish(rate_limiter_t *lim, rate__step_arg_t *arg,
                    const rate_key_t *k, uint64_t now, bool clock_time, int rc)
 {
     rate_decision_t *d = arg->decision;
