@@ -24,19 +24,8 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
 fi
 
 # A private server on a free port (a few tries), stopped by its PID.
-for _ in 1 2 3 4 5 6 7 8; do
-  rport=$((20000 + RANDOM % 40000))
-  redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no \
-    >"$T/redis.log" 2>&1 &
-  rpid=$!
-  for _ in $(seq 50); do
-    redis-cli -p "$rport" ping >/dev/null 2>&1 && break
-    kill -0 "$rpid" 2>/dev/null || break
-    sleep 0.1
-  done
-  redis-cli -p "$rport" ping >/dev/null 2>&1 && break
-  kill "$rpid" 2>/dev/null; wait "$rpid" 2>/dev/null; rpid=""
-done
+. "$(dirname "$0")/redis_server.sh"
+start_redis "$T/redis.log"
 if [ -z "$rpid" ]; then
   echo "FAIL: could not start a private redis-server"
   exit 1
