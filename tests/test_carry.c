@@ -34,71 +34,19 @@
 
 #include <hiredis/hiredis.h>
 
-#include "helpers.h"
-#include "redis_server.h"
+#include "redis_fixture.h"
 
 /* ------------------------------------------------------- the server */
 
-static pid_t server;
-static int port;
-static char url[64];
-
-static redisContext *raw(void)
+/* A raw connection to the test's server, which must answer. */
+static redisContext *raw_ok(void)
 {
-    struct timeval tv = {1, 0};
-    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    redisContext *c = raw();
     if (c == NULL || c->err)
         fail_msg("cannot connect to the test's redis-server");
     return c;
 }
 
-static void start_server(void)
-{
-    server = redis_test_start(port, NULL, NULL);
-    if (server == 0)
-        fail_msg("redis-server did not start on port %d", port);
-}
-
-static void stop_server(void)
-{
-    redis_test_stop(&server);
-}
-
-static int redis_setup(void **state)
-{
-    (void)state;
-    port = redis_test_free_port();
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", port);
-    start_server();
-    return 0;
-}
-
-static int redis_teardown(void **state)
-{
-    (void)state;
-    stop_server();
-    return 0;
-}
-
-/* A Redis store under `prefix`, keys kept without expiry (the tests run
- * on the caller's virtual time, not Redis's). */
-static rate_store_t *redis_store(const char *prefix)
-{
-    rate_redis_options_t o = {0};
-    rate_store_t *s = NULL;
-    char err[256] = "";
-    o.prefix = prefix;
-    o.no_ttl = true;
-    if (rate_store_redis_new(url, &o, &s, err, sizeof err) != RATE_OK)
-        fail_msg("redis store: %s", err);
-    return s;
-}
-
-static void drop_store(rate_store_t *rs)
-{
-    rate_store_redis_drop(rs);
-    rate_store_free(rs);
-}
 
 /* The state bytes of PREFIX{key} into buf (at most cap); their length, or
  * 0 when there is none. */
@@ -439,7 +387,7 @@ static rate_store_t *store_of(int kind, const char *prefix)
     else if (kind == ST_CAS)
         assert_int_equal(cas_store_new(&s, NULL), RATE_OK);
     else
-        s = redis_store(prefix);
+        s = redis_store(prefix, true, 0);
     return s;
 }
 
@@ -758,7 +706,7 @@ static void two_processes_with(const char *pa_text, const char *pb_text,
         fail_msg("%s: only %zu admitted over time", what, n);
     rate_policy_free(pa);
     rate_policy_free(pb);
-    rate_store_t *s = redis_store(prefix);
+    rate_store_t *s = redis_store(prefix, true, 0);
     drop_store(s);
 }
 
@@ -796,9 +744,9 @@ static void expect_corrupt(rate_limiter_t *l, const char *key, uint64_t t,
 static void lost_record_redis(void **state)
 {
     (void)state;
-    rate_store_t *s = redis_store("lost:");
+    rate_store_t *s = redis_store("lost:", true, 0);
     rate_limiter_t *la = limiter_of("token-bucket 10/s burst=10", s);
-    redisContext *c = raw();
+    redisContext *c = raw_ok();
     unsigned char st[64], after[64];
 
     for (int i = 0; i < 10; i++)
@@ -867,10 +815,10 @@ static void unknown_version(void **state)
     assert_int_equal(cas_store_new(&s, &cs), RATE_OK);
     rate_limiter_t *l = limiter_of("token-bucket 10/s burst=10", s);
     rate_limiter_t *other = limiter_of("token-bucket 5/s burst=5", s);
-    rate_store_t *rs = redis_store("version:");
+    rate_store_t *rs = redis_store("version:", true, 0);
     rate_limiter_t *lr = limiter_of("token-bucket 10/s burst=10", rs);
     rate_limiter_t *lro = limiter_of("token-bucket 5/s burst=5", rs);
-    redisContext *c = raw();
+    redisContext *c = raw_ok();
 
     assert_true(at(l, "k", SEC, 1, 0).allowed);
     assert_true(at(lr, "k", SEC, 1, 0).allowed);
@@ -976,8 +924,8 @@ static void first_edition_generic(void **state)
 static void first_edition_redis(void **state)
 {
     (void)state;
-    rate_store_t *s = redis_store("first:");
-    redisContext *c = raw();
+    rate_store_t *s = redis_store("first:", true, 0);
+    redisContext *c = raw_ok();
     first_edition_on(s, c, "first:", NULL);
     redisFree(c);
     drop_store(s);
@@ -1183,7 +1131,7 @@ int main(void)
         cmocka_unit_test(set_policy_redis),
     };
     int failed = cmocka_run_group_tests_name("carry", local, NULL, NULL);
-    failed += cmocka_run_group_tests_name("carry-redis", redis, redis_setup,
-                                          redis_teardown);
+    failed += cmocka_run_group_tests_name("carry-redis", redis, group_setup,
+                                          group_teardown);
     return failed;
 }

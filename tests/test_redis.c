@@ -20,71 +20,7 @@
 
 #include <hiredis/hiredis.h>
 
-#include "helpers.h"
-#include "redis_server.h"
-
-static pid_t server;
-static int port;
-static char url[64];
-
-static redisContext *raw(void)
-{
-    struct timeval tv = {1, 0};
-    return redisConnectWithTimeout("127.0.0.1", port, tv);
-}
-
-/* Starts the test's redis-server on `port` (extra: "--requirepass x" or
- * NULL) and waits until it answers. */
-static void start_server(const char *extra_flag, const char *extra_value)
-{
-    server = redis_test_start(port, extra_flag, extra_value);
-    if (server == 0)
-        fail_msg("redis-server did not start on port %d", port);
-}
-
-static void stop_server(void)
-{
-    redis_test_stop(&server);
-}
-
-static int group_setup(void **state)
-{
-    (void)state;
-    port = redis_test_free_port();
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", port);
-    start_server(NULL, NULL);
-    return 0;
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    stop_server();
-    return 0;
-}
-
-static rate_store_t *redis_store(const char *prefix, bool no_ttl,
-                                 uint64_t timeout_ns)
-{
-    rate_redis_options_t o = {0};
-    rate_store_t *s = NULL;
-    char err[256] = "";
-    o.prefix = prefix;
-    o.no_ttl = no_ttl;
-    o.command_timeout_ns = timeout_ns;
-    o.connect_timeout_ns = timeout_ns;
-    if (rate_store_redis_new(url, &o, &s, err, sizeof err) != RATE_OK)
-        fail_msg("redis store: %s", err);
-    return s;
-}
-
-/* Drops a test's namespace from the server and frees its store (after the
- * limiters over it). */
-static void drop_store(rate_store_t *rs)
-{
-    rate_store_redis_drop(rs);
-    rate_store_free(rs);
-}
+#include "redis_fixture.h"
 
 /* ------------------------------------------------------------- traces */
 
