@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # Turns a text file into a C header holding it as one string constant:
 #   cmake -DIN=file -DOUT=header -DNAME=identifier -P embed.cmake
 file(READ ${IN} text)

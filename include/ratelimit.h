@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ratelimit.h -- exact rate limiting for C and C++ servers.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ratelimit_store.h -- for people writing a store (a back end).
  *

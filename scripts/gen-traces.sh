@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # Writes sample traces for `ratelimit replay` and `ratelimit compare` into
 # DIR (default: traces).  Deterministic: the same files every time.
 #   steady.trace    one key, 20 requests per second for 60 s

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The library's clocks: CLOCK_MONOTONIC, exact, and its coarse twin, which
  * the kernel updates once a tick (a few ms) and which reads several times

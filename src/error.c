@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Error and reason names, generated from the one list in ratelimit.h, and
  * the writer of the library's error messages.

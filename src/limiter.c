@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The limiter: the strategy front over a store.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Policies: validation, the text form, and the fingerprint that tags each
  * stored state with the policy it was made under.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The policies a limiter knows, and the records that give each policy its
  * id in a store.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * registry.h -- the policies a limiter knows, per store (src/registry.c).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The step every store runs: a key's whole state in, its new state and the
  * decision out.  Pure: no clock, no I/O, no allocation, no lock.

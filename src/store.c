@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The store handle: a back end's method table and its own pointer.
  */

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # A policy change through the command never resets a key: `ratelimit check`
 # on one key of a private redis-server, 20 calls at 1/m alternating
 # --burst 3 and --burst 4, admits at most the more generous bound (4, plus

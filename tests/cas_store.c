@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * See cas_store.h.  A mutex and a growing array: simple on purpose.
  */

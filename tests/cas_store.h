@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * A small store written only against the public headers, through the
  * generic load / compare-and-set contract: the proof that a user can plug in

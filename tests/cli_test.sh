@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Tests of the ratelimit command from outside: replay vectors checked line by
 # line, every documented error with its exit status and message, compare's
 # boundary spike and SVG, access logs, check's exit statuses.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Installs the build into a scratch prefix as `make install PREFIX=...`
 # does (scripts/install.sh) and builds a small program against it: with
 # pkg-config, shared (the run-time path given by -Wl,-rpath, the line of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * One private redis-server for a test program's group (header-only,
  * static): the server (server, port, url), a raw hiredis connection to

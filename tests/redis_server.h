@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * A private redis-server for a test (header-only, static): on a free
  * loopback port, never someone else's server; started by fork and exec,

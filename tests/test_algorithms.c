@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Exact decisions at the boundaries, one algorithm at a time: a token
  * refilling exactly now, a window edge, a log entry expiring exactly now,

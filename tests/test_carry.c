@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * A policy change never resets a key, whoever made the state
  * (docs/algorithms.md, "Policy changes" and "Stored state").

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Concurrency: threads hammer shared and private keys through one limiter.
  * Over the run, the permits admitted per key never exceed the algorithm's

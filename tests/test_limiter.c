@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The limiter front: bad input, the seed call, shadow mode, several limits
  * on one key, the blocking acquire on an injected clock, tier changes that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Tests written against mutations that the rest of the suite let through:
  * each case names the line of behaviour it holds.  Memory and CAS stores only; the Redis ones

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The command's input parsers, line by line: trace lines (spec) and access
  * logs in Common / Combined Log Format, well-formed and malformed.

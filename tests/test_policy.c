@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The policy text form and validation: every bad part gets an error that
  * names it.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Property test: random traces through every algorithm, on the in-memory
  * store and on the generic compare-and-set store, compared field by field

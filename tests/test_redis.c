@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The Redis store against a private redis-server that this test starts on a
  * free loopback port (no persistence) and stops by its PID: never a fixed

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The Redis store's paths that the rest of the suite let mutations through
  * (test_mutants.c has the others), against a private redis-server started

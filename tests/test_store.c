@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Store conformance: one suite, run against the in-memory store, against
  * the small compare-and-set store of cas_store.c (written only against the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * rate_state_acquire's pass, inline for the library's own stores: the
  * token bucket's plain pass compiled in from its header, every other

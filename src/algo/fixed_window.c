@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Fixed window: windows aligned to the clock's zero, k = floor(t / W).
  *

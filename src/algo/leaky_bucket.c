@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Leaky bucket: a queue that drains at exactly L per P.
  *

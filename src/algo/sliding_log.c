@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Sliding window log: every admitted request is kept as (time, permits)
  * until it leaves the window (t - W, t].  Exact; memory grows with L.

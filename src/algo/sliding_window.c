@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Sliding window counter: two fixed windows, the previous one weighted by
  * how much of it still overlaps the sliding window.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Token bucket (and GCRA, which makes the same decisions).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The token bucket's step functions over its stored word u = tokens * P
  * (token_bucket.c has the rest of the algorithm and its table).  They are

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The Redis store: keys shared by every process and machine that talks to
  * the same Redis.

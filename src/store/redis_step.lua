@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- The Redis store's one-round-trip step: the decision of src/step.c and
 -- src/algo/*.c, made inside Redis over the same state bytes.
 --

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* libFuzzer target: the access-log (Common / Combined Log Format) parser,
  * with every named key field, xff, and a few field numbers. */
 #include <stdint.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* libFuzzer target: the policy text parser, and the round trip through its
  * canonical form (format, parse again, same limits); the count, duration
  * and rate parsers on the same text, which name every error and agree

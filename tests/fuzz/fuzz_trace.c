@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* libFuzzer target: the trace line parser ("TIME KEY [PERMITS]"). */
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ratelimit bench: ns per decision against floors measured in the same run.
  *

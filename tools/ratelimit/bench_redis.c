@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ratelimit bench --redis URL: the Redis store's figures beside the floor
  * measured in the same run, one PING round trip on a fresh connection.

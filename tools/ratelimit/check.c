@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ratelimit check: one decision for one key, for shell scripts and cron.
  * Exit status 0 allowed, 1 denied, 2 error.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The ratelimit command: one file per subcommand, sharing these helpers.
  * Includes only the public headers.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ratelimit compare: one trace through all five algorithms at the same
  * long-run rate, side by side.  Streams the trace once, feeding each request

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * See keymap.h.  Open addressing over indices into the record array.
  */

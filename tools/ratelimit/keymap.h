@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * A small map from keys (byte strings) to a per-key record, iterated in the
  * order keys were first seen.  For the command's summaries; not for the

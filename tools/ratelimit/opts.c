@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Helpers shared by the subcommands: policy options, stores, input files,
  * number formatting and getopt messages.

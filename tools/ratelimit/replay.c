@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ratelimit replay: a recorded trace through one policy on a virtual clock,
  * one decision per request (spec/cli-replay.md).  Streams: a line is parsed,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Trace input: the spec's "TIME KEY [PERMITS]" lines and web server access
  * logs in Common / Combined Log Format.  Pure functions over one line (no
