@@ -308,8 +308,10 @@ static void poke_state(cas_store_t *h, const char *key,
                        const rate_policy_t *p, uint64_t t_last,
                        const uint8_t *comp, size_t comp_len)
 {
-    uint8_t st[64];
+    uint8_t st[14 + 64];
     uint32_t tag = rate_policy_fingerprint(p);
+
+    assert_true(comp_len <= 64);
     for (int i = 0; i < 8; i++)
         st[i] = (uint8_t)(t_last >> (8 * i));
     for (int i = 0; i < 4; i++)
