@@ -162,8 +162,11 @@ int bench_redis(const char *url)
                     load_script(host, port, "return 1", one_sha);
     if (ceilings) {
         char tail[160];
+        /* The policy's id in a store is its fingerprint unless another
+         * policy took that first (not in a namespace of the bench's own);
+         * 3: the state format. */
         snprintf(tail, sizeof tail,
-                 "1 %sceil{__rand_int__} '' '' 1 0 -1 %u 1 100000 "
+                 "1 %sceil{__rand_int__} '' '' 1 0 -1 %u 3 1 100000 "
                  "1000000000 1000",
                  prefix, (unsigned)rate_policy_fingerprint(p));
         snprintf(seq_args, sizeof seq_args,
