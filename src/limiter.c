@@ -190,7 +190,13 @@ static int plan_tag(rate_limiter_t *lim, plan_t *pl, uint32_t *tag)
     if (*tag != 0)
         return RATE_OK;
     int rc = tag_of(lim, &lim->book, &pl->policy, tag);
-    if (rc == RATE_OK) {
+    if (rc != RATE_OK)
+        return rc;
+    /* Published once, by the first thread to get here (others that looked
+     * the tag up meanwhile found the same one), under the lock, so that
+     * acq is written once, before `fast` says it may be read. */
+    pthread_mutex_lock(&lim->plan_lock);
+    if (atomic_load_explicit(&pl->tag, memory_order_relaxed) == 0) {
         /* acquire() only for a policy rate_state_acquire can decide (one
          * limit of a fixed size): for any other it would be asked, only to
          * decline every key, before the general path asks again. */
@@ -202,7 +208,8 @@ static int plan_tag(rate_limiter_t *lim, plan_t *pl, uint32_t *tag)
         }
         atomic_store_explicit(&pl->tag, *tag, memory_order_release);
     }
-    return rc;
+    pthread_mutex_unlock(&lim->plan_lock);
+    return RATE_OK;
 }
 
 int rate_limiter_new(const rate_limiter_config_t *cfg, rate_limiter_t **out)
@@ -274,9 +281,9 @@ void rate_limiter_free(rate_limiter_t *lim)
 {
     if (lim == NULL)
         return;
-    if (lim->store != NULL)
+    if (lim->book.store != NULL) /* set by rate__book_init */
         rate__book_free(&lim->book);
-    if (lim->fallback != NULL)
+    if (lim->fb_book.store != NULL)
         rate__book_free(&lim->fb_book);
     if (lim->own_store)
         rate_store_free(lim->store);

@@ -268,14 +268,18 @@ int rate__book_learn(rate__book_t *b, uint8_t format, uint32_t tag)
             memset(&unknown, 0, sizeof unknown);
             unknown.fingerprint = tag;
         }
+        rc = RATE_OK; /* no record (0.1 writes none) is an answer too */
     } else if ((rc = fetch_policy(b, tag, &p)) != RATE_OK) {
         return rc;
     } else if (p == NULL) {
         return RATE_ECORRUPT;
     }
+    /* Added once, whoever learnt it first (another thread may have): a
+     * real policy also where only the unknown marker of its fingerprint
+     * is. */
     pthread_mutex_lock(&b->lock);
-    if (rate__known_find(&b->known, format, tag) == NULL ||
-        (format == RATE__FORMAT_V1 && p != NULL))
+    const rate_policy_t *k = rate__known_find(&b->known, format, tag);
+    if (k == NULL || (p != NULL && k->count == 0))
         rc = add_known(&b->known, p != NULL ? p : &unknown, id,
                        format == RATE__FORMAT_V1 && p == NULL);
     pthread_mutex_unlock(&b->lock);

@@ -400,7 +400,7 @@ static int step_adjust(rate__step_arg_t *arg, rate_step_io_t *io)
 static int decide_blocking(rate__step_arg_t *arg, rate_step_io_t *io,
                            rate__view_t *views,
                            const rate__verdict_t *verdicts, uint64_t t,
-                           uint64_t blocked)
+                           uint64_t last, uint64_t blocked)
 {
     const rate_policy_t *p = arg->policy;
     rate_decision_t *d = arg->decision;
@@ -441,7 +441,7 @@ static int decide_blocking(rate__step_arg_t *arg, rate_step_io_t *io,
         return RATE_OK;
     for (size_t i = 0; i < p->count; i++)
         if (p->algo[i]->view_ok != NULL &&
-            !p->algo[i]->view_ok(&p->limits[i], &views[i], arg->now_ns))
+            !p->algo[i]->view_ok(&p->limits[i], &views[i], last))
             return RATE_ECORRUPT;
     if (state_bound(p, views) > io->new_cap)
         return RATE_EINVAL;
@@ -483,7 +483,7 @@ int rate__step(void *varg, rate_step_io_t *io)
                            arg->max_wait_ns, detail, &verdicts[i]);
     combine(p, verdicts, arg->decision);
     if (p->block)
-        return decide_blocking(arg, io, views, verdicts, t, blocked);
+        return decide_blocking(arg, io, views, verdicts, t, last, blocked);
     if (!arg->decision->allowed || arg->permits == 0)
         return RATE_OK;
     for (size_t i = 0; i < p->count; i++)

@@ -208,6 +208,47 @@ static void long_log_does_not_starve(void **state)
     rate_store_free(s);
 }
 
+/* max_keys holds under threads inserting in different shards at once:
+ * a key is counted only below the bound, so none passes it. */
+typedef struct bound_run {
+    rate_limiter_t *lim;
+    atomic_int next;
+} bound_run_t;
+
+static void *bound_worker(void *arg)
+{
+    bound_run_t *r = arg;
+    int id = atomic_fetch_add(&r->next, 1);
+    char k[32];
+    for (int i = 0; i < 5000; i++) {
+        snprintf(k, sizeof k, "w%d-key-%d", id, i);
+        (void)rate_try_acquire_at(r->lim, k, 1, SEC);
+    }
+    return NULL;
+}
+
+static void max_keys_under_threads(void **state)
+{
+    (void)state;
+    rate_memory_options_t o = {1000, 8};
+    rate_store_t *s;
+    assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
+    bound_run_t r = {limiter_of("fixed-window 10/h", s), 0};
+    pthread_t th[THREADS];
+    for (int i = 0; i < THREADS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, bound_worker, &r), 0);
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(th[i], NULL);
+    rate_stats_t st;
+    rate_store_stats(s, &st);
+    if (st.keys > 1000)
+        fail_msg("%llu keys held in a store of max_keys 1000",
+                 (unsigned long long)st.keys);
+    assert_true(st.evictions + st.keys >= (uint64_t)THREADS * 5000 - 100);
+    rate_limiter_free(r.lim);
+    rate_store_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -216,6 +257,7 @@ int main(void)
         cmocka_unit_test(memory_sliding_log),
         cmocka_unit_test(memory_small_table),
         cmocka_unit_test(long_log_does_not_starve),
+        cmocka_unit_test(max_keys_under_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -889,6 +889,15 @@ static void block_after_breach(void **state)
     assert_non_null(strstr(err, "block"));
     rate_policy_free(p);
     rate_store_free(s);
+
+    /* A blocking sliding log asked at a time before its last admission
+     * (which counts as that time): decided, not taken for a corrupt log. */
+    l = limiter_of("sliding-log 3/1s block=5s", NULL);
+    assert_true(at(l, "k", 10 * SEC, 1, 0).allowed);
+    rate_decision_t e = at(l, "k", 9 * SEC, 1, 0);
+    assert_true(e.allowed);
+    assert_int_equal(e.reason, RATE_REASON_ALLOWED);
+    rate_limiter_free(l);
 }
 
 int main(void)

@@ -6,7 +6,7 @@
  */
 #include "helpers.h"
 
-#include "internal.h"
+#include "registry.h"
 
 /* ------------------------------------------- the fallback's own clock */
 
@@ -507,6 +507,23 @@ static void async_decline_runs_the_step(void **state)
     rate_store_free(s);
 }
 
+/* A first-edition state's policy learnt twice (two threads meeting it at
+ * once, one after the other here): the second learner finds it known,
+ * and that is no error. */
+static void learning_twice_is_no_error(void **state)
+{
+    (void)state;
+    rate_store_t *s;
+    assert_int_equal(rate_store_memory_new(NULL, &s), RATE_OK);
+    rate__book_t b;
+    assert_int_equal(rate__book_init(&b, s, 8), RATE_OK);
+    assert_int_equal(rate__book_learn(&b, RATE__FORMAT_V1, 0x1234), RATE_OK);
+    assert_int_equal(rate__book_learn(&b, RATE__FORMAT_V1, 0x1234), RATE_OK);
+    assert_int_equal(atomic_load(&b.known.count), 1); /* once */
+    rate__book_free(&b);
+    rate_store_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -521,6 +538,7 @@ int main(void)
         cmocka_unit_test(a_record_that_does_not_parse_is_corrupt),
         cmocka_unit_test(low_water_only_rises),
         cmocka_unit_test(async_decline_runs_the_step),
+        cmocka_unit_test(learning_twice_is_no_error),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

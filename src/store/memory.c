@@ -502,16 +502,24 @@ static int reserve(shard_t *s, const rate_step_t *st)
 {
     memstore_t *m = s->store;
 
-    if (m->max_keys != 0 &&
-        atomic_fetch_add_explicit(&m->nkeys, 1, memory_order_relaxed) >=
-            m->max_keys) {
-        atomic_fetch_sub_explicit(&m->nkeys, 1, memory_order_relaxed);
-        int rc = make_room_somewhere(s, st);
-        if (rc != RATE_OK)
-            return rc;
+    if (m->max_keys == 0) {
         atomic_fetch_add_explicit(&m->nkeys, 1, memory_order_relaxed);
-    } else if (m->max_keys == 0) {
-        atomic_fetch_add_explicit(&m->nkeys, 1, memory_order_relaxed);
+    } else {
+        /* Counted only below the bound (a compare-and-set), so that keys
+         * inserted at once in other shards cannot pass it together. */
+        uint_fast64_t cur =
+            atomic_load_explicit(&m->nkeys, memory_order_relaxed);
+        while (cur >= m->max_keys ||
+               !atomic_compare_exchange_weak_explicit(
+                   &m->nkeys, &cur, cur + 1, memory_order_relaxed,
+                   memory_order_relaxed)) {
+            if (cur < m->max_keys)
+                continue; /* cur was reloaded: try again */
+            int rc = make_room_somewhere(s, st);
+            if (rc != RATE_OK)
+                return rc;
+            cur = atomic_load_explicit(&m->nkeys, memory_order_relaxed);
+        }
     }
     if ((uint64_t)(s->count + 1) * LOAD_DEN <= (uint64_t)s->cap * LOAD_NUM)
         return RATE_OK;
