@@ -345,6 +345,36 @@ static bool step_one(rate__step_arg_t *arg, rate_step_io_t *io)
     return true;
 }
 
+/* Whether the views may be written back: what each algorithm's read left
+ * to the write (a log's entries) checks out against t_last. */
+static bool views_ok(const rate_policy_t *p, const rate__view_t *views,
+                     uint64_t last)
+{
+    for (size_t i = 0; i < p->count; i++)
+        if (p->algo[i]->view_ok != NULL &&
+            !p->algo[i]->view_ok(&p->limits[i], &views[i], last))
+            return false;
+    return true;
+}
+
+/* An admission of arg->permits at t written to io, kept ttl_ns; never a
+ * state whose views do not check out (RATE_ECORRUPT). */
+static int write_admission(rate__step_arg_t *arg, rate_step_io_t *io,
+                           const rate__view_t *views, uint64_t t,
+                           uint64_t last, uint64_t ttl_ns)
+{
+    const rate_policy_t *p = arg->policy;
+
+    if (!views_ok(p, views, last))
+        return RATE_ECORRUPT; /* never written back */
+    if (state_bound(p, views) > io->new_cap)
+        return RATE_EINVAL; /* the store gave less room than promised */
+    io->new_len = write_state(arg, views, t, arg->permits, 0, io->new_state);
+    io->write = true;
+    io->ttl_ns = ttl_ns;
+    return RATE_OK;
+}
+
 /* A refund or a penalty: the state at t_eff, changed by each algorithm's
  * adjust, written back with t_last = t_eff.  A refund of a key that has no
  * state writes nothing (there is nothing to give back). */
@@ -360,13 +390,11 @@ static int step_adjust(rate__step_arg_t *arg, rate_step_io_t *io)
         return rc;
     if (io->old_state == NULL && arg->op == RATE__OP_REFUND)
         return RATE_OK;
-    for (size_t i = 0; i < p->count; i++) {
-        const rate__algo_t *a = p->algo[i];
-        if (a->view_ok != NULL && !a->view_ok(&p->limits[i], &views[i], last))
-            return RATE_ECORRUPT;
-        admit[i] = a->adjust(&p->limits[i], &views[i], arg->op, arg->permits,
-                             t);
-    }
+    if (!views_ok(p, views, last))
+        return RATE_ECORRUPT;
+    for (size_t i = 0; i < p->count; i++)
+        admit[i] = p->algo[i]->adjust(&p->limits[i], &views[i], arg->op,
+                                      arg->permits, t);
     if (state_bound(p, views) > io->new_cap)
         return RATE_EINVAL;
     size_t off = RATE__HEADER_LEN;
@@ -439,17 +467,10 @@ static int decide_blocking(rate__step_arg_t *arg, rate_step_io_t *io,
     }
     if (!d->allowed || arg->permits == 0)
         return RATE_OK;
-    for (size_t i = 0; i < p->count; i++)
-        if (p->algo[i]->view_ok != NULL &&
-            !p->algo[i]->view_ok(&p->limits[i], &views[i], last))
-            return RATE_ECORRUPT;
-    if (state_bound(p, views) > io->new_cap)
-        return RATE_EINVAL;
-    io->new_len = write_state(arg, views, t, arg->permits, 0, io->new_state);
-    io->write = true;
-    io->ttl_ns = d->reset_after_ns > p->max_reset_ns ? d->reset_after_ns
-                                                      : p->max_reset_ns;
-    return RATE_OK;
+    return write_admission(arg, io, views, t, last,
+                           d->reset_after_ns > p->max_reset_ns
+                               ? d->reset_after_ns
+                               : p->max_reset_ns);
 }
 
 int rate__step(void *varg, rate_step_io_t *io)
@@ -486,16 +507,9 @@ int rate__step(void *varg, rate_step_io_t *io)
         return decide_blocking(arg, io, views, verdicts, t, last, blocked);
     if (!arg->decision->allowed || arg->permits == 0)
         return RATE_OK;
-    for (size_t i = 0; i < p->count; i++)
-        if (p->algo[i]->view_ok != NULL &&
-            !p->algo[i]->view_ok(&p->limits[i], &views[i], last))
-            return RATE_ECORRUPT; /* never written back */
-    if (state_bound(p, views) > io->new_cap)
-        return RATE_EINVAL; /* the store gave less room than promised */
-    io->new_len = write_state(arg, views, t, arg->permits, 0, io->new_state);
-    io->write = true;
-    io->ttl_ns = arg->detail ? arg->decision->reset_after_ns : p->max_reset_ns;
-    return RATE_OK;
+    return write_admission(arg, io, views, t, last,
+                           arg->detail ? arg->decision->reset_after_ns
+                                       : p->max_reset_ns);
 }
 
 int rate_state_acquire(const rate_acquire_t *req, uint64_t permits,
