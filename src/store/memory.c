@@ -483,13 +483,12 @@ static int make_room_somewhere(shard_t *s, const rate_step_t *st)
     }
     for (unsigned i = 0; i < m->nshards; i++) {
         shard_t *o = &m->shards[i];
-        if (o == s || atomic_load_explicit(&o->lock, memory_order_relaxed) ||
-            atomic_exchange_explicit(&o->lock, 1, memory_order_acquire))
+        if (o == s || !take(o))
             continue;
         bool done = o->count > 0;
         if (done)
             make_room(o, st);
-        atomic_store_explicit(&o->lock, 0, memory_order_release);
+        shard_unlock(o);
         if (done)
             return RATE_OK;
     }
