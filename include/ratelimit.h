@@ -172,6 +172,11 @@ RATE_API int rate_policy_parse(const char *text, rate_policy_t **out,
 RATE_API size_t rate_policy_format(const rate_policy_t *policy, char *buf,
                                    size_t len);
 
+/* The largest stored state of a key under the policy, in bytes
+ * (docs/algorithms.md, "Stored state"): a sliding log's full log
+ * included.  0 for the unlimited policy and NULL.  Thread-safe: yes. */
+RATE_API size_t rate_policy_state_max(const rate_policy_t *policy);
+
 /* The policy's 32-bit fingerprint: a hash of its limits, which tagged the
  * states of the first edition's format; a store's records start a
  * policy's id from it (docs/algorithms.md, "Stored state").
@@ -368,6 +373,114 @@ RATE_API int rate_store_redis_drop(rate_store_t *store);
  * Thread-safe: yes, alongside decisions on the same store. */
 RATE_API int rate_store_redis_touch(rate_store_t *store, uint64_t ttl_ns);
 
+typedef struct rate_dynamodb_options {
+    uint64_t connect_timeout_ns; /* 0: 1 s */
+    uint64_t request_timeout_ns; /* 0: 2 s: a request (a round trip,
+                                    connecting included) that takes
+                                    longer is RATE_ETIMEDOUT */
+    const char *prefix;          /* bytes before every key's in the
+                                    partition key (a namespace); copied */
+    size_t prefix_len;           /* 0..1024 */
+    bool create_table;           /* create the table when it is missing
+                                    (on-demand billing, the key schema of
+                                    docs/dynamodb.md, TTL on `ttl`), and
+                                    wait until it is ACTIVE */
+    bool no_ttl;                 /* write no expiry (replays on a virtual
+                                    clock); default: each item expires
+                                    after its reset_after, by the wall
+                                    clock */
+    bool client_time;            /* decide on the limiter's clock (by
+                                    default CLOCK_MONOTONIC: one host
+                                    only); default: on the wall clock
+                                    (CLOCK_REALTIME), which hosts share */
+    /* Credentials: both NULL: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
+     * and AWS_SESSION_TOKEN, else the profile AWS_PROFILE ("default") of
+     * the shared credentials file (AWS_SHARED_CREDENTIALS_FILE, else
+     * ~/.aws/credentials).  Copied. */
+    const char *access_key_id;
+    const char *secret_access_key;
+    const char *session_token; /* NULL: none */
+} rate_dynamodb_options_t;
+
+/* The DynamoDB store: url is
+ *   dynamodb://TABLE?region=REGION[&endpoint=http(s)://HOST[:PORT]]
+ * (the endpoint defaults to https://dynamodb.REGION.amazonaws.com/).
+ * Each key is one item of TABLE (docs/dynamodb.md: the key schema,
+ * consistency, time and skew, TTL, costs).  Decisions are the memory
+ * store's, bit for bit, over the generic contract: a consistent GetItem,
+ * then a PutItem conditioned on the item's version, retried by the
+ * limiter on a conflict.  The store's clock is the wall clock (unless
+ * client_time); an item whose expiry has passed reads as absent.  A
+ * policy whose states could outgrow an item (long sliding logs) is
+ * refused when it is set (RATE_EPOLICY from rate_limiter_new and
+ * rate_limiter_set_policy; rate_store_check_policy says why).  Failures
+ * (throttling, a 5xx, a timeout, bad credentials) are store errors under
+ * the limiter's fail mode; rate_store_dynamodb_last_error gives the
+ * service's message.  Checks the table once here (DescribeTable), so that
+ * a missing table, a wrong key schema or an unreachable endpoint is
+ * reported now.  Returns RATE_OK, or with `err` (if not NULL, errlen bytes
+ * with the NUL) saying why:
+ *   RATE_EINVAL    NULL url or out, a malformed URL (not dynamodb://, a
+ *                  bad table name, no region, an unknown parameter, an
+ *                  endpoint not http(s)://), a bad option, no
+ *                  credentials, a table of another key schema
+ *   RATE_ESTORE    the endpoint unreachable or refusing (the service's
+ *                  message: a missing table, bad credentials, ...)
+ *   RATE_ETIMEDOUT no answer in time, or a new table not ACTIVE in 60 s
+ *   RATE_ECORRUPT  an answer that is not JSON
+ *   RATE_ENOMEM
+ * `options` may be NULL.  Free with rate_store_free.  Thread-safe: yes
+ * (callers take connections from a pool, one each per request). */
+RATE_API int rate_store_dynamodb_new(const char *url,
+                                     const rate_dynamodb_options_t *options,
+                                     rate_store_t **out, char *err,
+                                     size_t errlen);
+
+/* Deletes every item of the DynamoDB store's prefix (a Scan of the table,
+ * then one DeleteItem each): how a scratch namespace is removed.
+ * RATE_EINVAL for a store that is not a DynamoDB store or has no prefix;
+ * the store's error (RATE_ESTORE, RATE_ETIMEDOUT) when a request fails
+ * (the items deleted so far stay deleted).  Thread-safe: yes. */
+RATE_API int rate_store_dynamodb_drop(rate_store_t *store);
+
+/* What a DynamoDB store has sent, since its creation. */
+typedef struct rate_dynamodb_counters {
+    uint64_t requests;  /* HTTP requests: the round trips */
+    uint64_t reads;     /* GetItem (load) */
+    uint64_t writes;    /* PutItem (cas) */
+    uint64_t deletes;   /* DeleteItem (remove, drop) */
+    uint64_t conflicts; /* conditional writes refused
+                           (ConditionalCheckFailedException): each one a
+                           retry of the limiter's */
+    uint64_t throttled; /* throttling errors (ProvisionedThroughputExceeded,
+                           Throttling, RequestLimitExceeded) */
+    uint64_t errors;    /* other failed requests */
+} rate_dynamodb_counters_t;
+
+/* Fills *out.  RATE_EINVAL for NULL out or a store that is not a DynamoDB
+ * store.  Thread-safe: yes (each counter is read atomically, not all
+ * together). */
+RATE_API int rate_store_dynamodb_counters(rate_store_t *store,
+                                          rate_dynamodb_counters_t *out);
+
+/* The last failure of a request of the store, as one line naming the
+ * operation and carrying the service's own type and message
+ * ("GetItem: HTTP 400 ResourceNotFoundException: Requested resource not
+ * found"), or the transport's ("GetItem on http://...: Timeout was
+ * reached"); "" if none.  Written into buf (len bytes with the NUL, may
+ * be 0); returns the text's whole length.  The store's last, whichever
+ * thread it failed on.  Thread-safe: yes. */
+RATE_API size_t rate_store_dynamodb_last_error(rate_store_t *store,
+                                               char *buf, size_t len);
+
+/* Whether the store can keep every state of `policy` (the store
+ * contract's check_policy; a store without one keeps any): RATE_OK, or
+ * RATE_EPOLICY with `err` (if not NULL) saying why; RATE_EINVAL for NULL.
+ * Thread-safe: yes. */
+RATE_API int rate_store_check_policy(rate_store_t *store,
+                                     const rate_policy_t *policy, char *err,
+                                     size_t errlen);
+
 typedef struct rate_stats {
     uint64_t keys;       /* keys held now */
     uint64_t evictions;  /* keys dropped by the max_keys bound */
@@ -443,7 +556,9 @@ typedef struct rate_limiter_config {
  * changes") says, also between processes and hosts on one Redis.
  * The limiter records its policy in the store now (the policy's id there,
  * see ratelimit_store.h), or at its first decision if the store does not
- * answer now.  Thread-safe: yes. */
+ * answer now.  RATE_EPOLICY when the store cannot keep the policy's
+ * states (rate_store_check_policy: a DynamoDB item's 400 KB).
+ * Thread-safe: yes. */
 RATE_API int rate_limiter_new(const rate_limiter_config_t *config,
                               rate_limiter_t **out);
 
@@ -582,7 +697,9 @@ RATE_API const rate_policy_t *rate_limiter_policy(const rate_limiter_t *limiter)
 /* Replaces the default policy (copied) for every later decision; decisions
  * already running finish under the old one.  Each key's state carries over
  * (docs/algorithms.md, "Policy changes").  The old policy's copy is kept
- * until the limiter is freed.  RATE_EINVAL for NULL; RATE_ENOMEM.
+ * until the limiter is freed.  RATE_EINVAL for NULL; RATE_EPOLICY when the
+ * store cannot keep the policy's states (rate_store_check_policy), the
+ * old policy then staying; RATE_ENOMEM.
  * Thread-safe: yes. */
 RATE_API int rate_limiter_set_policy(rate_limiter_t *limiter,
                                      const rate_policy_t *policy);

@@ -43,7 +43,8 @@
  *
  * Versions.  `version` is RATE_STORE_VERSION of the header the store was
  * built with; later versions only append members to the table, and the
- * library reads no member past the version's own.
+ * library reads no member past the version's own.  Version 3 appended
+ * check_policy(); a table of version 2 is still accepted (it has none).
  */
 #ifndef RATELIMIT_STORE_H
 #define RATELIMIT_STORE_H
@@ -54,7 +55,7 @@
 extern "C" {
 #endif
 
-#define RATE_STORE_VERSION 2
+#define RATE_STORE_VERSION 3
 
 /* The spaces of keys a store keeps apart. */
 typedef enum rate_space {
@@ -245,13 +246,26 @@ typedef struct rate_store_methods {
 
     /* Free everything; self is not used again. */
     void (*destroy)(void *self);
+
+    /* Version 3.  Optional: whether the store can keep every state of
+     * `policy`, whose states are at most max_state bytes
+     * (rate_policy_state_max), for a store whose values have a bound (a
+     * DynamoDB item holds 400 KB).  RATE_OK, or RATE_EPOLICY with, when
+     * err is not NULL, a one-line message (errlen bytes with the NUL)
+     * saying why.  Called by rate_store_check_policy(): by the limiter
+     * when a policy is set (rate_limiter_new, rate_limiter_set_policy),
+     * and for a resolver's policy before each decision under it (then a
+     * refusal is that decision's store error).  Thread-safe, pure: no
+     * I/O. */
+    int (*check_policy)(void *self, const rate_policy_t *policy,
+                        size_t max_state, char *err, size_t errlen);
 } rate_store_methods_t;
 
 /* Wraps a back end into a store.  methods is borrowed (usually static
  * const) and must outlive the store; on RATE_OK self is owned by the store
  * (rate_store_free() calls destroy), else it stays the caller's.  RATE_EINVAL
- * for a NULL out or methods, another version, or a table without destroy,
- * remove, and update or load+cas.  Thread-safe: yes. */
+ * for a NULL out or methods, a version other than 2 or 3, or a table
+ * without destroy, remove, and update or load+cas.  Thread-safe: yes. */
 RATE_API int rate_store_new(const rate_store_methods_t *methods, void *self,
                             rate_store_t **out);
 

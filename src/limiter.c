@@ -66,6 +66,8 @@ struct rate_limiter {
     const rate_store_methods_t *m; /* the store's, for the hot path */
     void *self;
     bool fast;      /* the bool calls may try m->acquire */
+    bool check_policy; /* the store has check_policy: a resolver's
+                          policies are checked at each decision */
     rate_space_t space;
     uint8_t format; /* written: RATE__FORMAT, or the first edition's */
     bool shadow;
@@ -257,6 +259,10 @@ int rate_limiter_new(const rate_limiter_config_t *cfg, rate_limiter_t **out)
         lim->own_store = true;
         rc = rate_store_memory_new(NULL, &lim->store);
     }
+    /* A store whose values have a bound refuses a policy whose states
+     * could pass it, now rather than at the request that would. */
+    if (rc == RATE_OK)
+        rc = rate_store_check_policy(lim->store, cfg->policy, NULL, 0);
     if (rc == RATE_OK)
         rc = rate__book_init(&lim->book, lim->store, lim->max_retries);
     if (rc == RATE_OK && lim->fail_mode == RATE_FAIL_FALLBACK &&
@@ -269,6 +275,7 @@ int rate_limiter_new(const rate_limiter_config_t *cfg, rate_limiter_t **out)
     lim->m = lim->store->m;
     lim->self = lim->store->self;
     lim->fast = lim->m->acquire != NULL && lim->resolve == NULL;
+    lim->check_policy = lim->m->version >= 3 && lim->m->check_policy != NULL;
     /* Learn the default policy's tag now if the store answers; else the
      * first decision does (a store that is down now is the fail mode's). */
     uint32_t tag;
@@ -315,6 +322,9 @@ int rate_limiter_set_policy(rate_limiter_t *lim, const rate_policy_t *policy)
 {
     if (lim == NULL || policy == NULL)
         return RATE_EINVAL;
+    int rc = rate_store_check_policy(lim->store, policy, NULL, 0);
+    if (rc != RATE_OK)
+        return rc;
     plan_t *pl = plan_new(policy);
     if (pl == NULL)
         return RATE_ENOMEM;
@@ -411,8 +421,15 @@ static int policy_for(rate_limiter_t *lim, const char *key, size_t key_len,
     *p = NULL;
     *tag = 0;
     if (lim->resolve != NULL &&
-        (*p = lim->resolve(lim->resolve_ud, key, key_len)) != NULL)
-        return (*p)->unlimited ? RATE_OK : tag_of(lim, &lim->book, *p, tag);
+        (*p = lim->resolve(lim->resolve_ud, key, key_len)) != NULL) {
+        if ((*p)->unlimited)
+            return RATE_OK;
+        int rc;
+        if (lim->check_policy &&
+            (rc = rate_store_check_policy(lim->store, *p, NULL, 0)) != RATE_OK)
+            return rc;
+        return tag_of(lim, &lim->book, *p, tag);
+    }
     plan_t *pl = atomic_load_explicit(&lim->plan, memory_order_acquire);
     *p = &pl->policy;
     return pl->policy.unlimited ? RATE_OK : plan_tag(lim, pl, tag);

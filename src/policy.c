@@ -272,6 +272,21 @@ int rate_policy_unlimited(rate_policy_t **out)
     return RATE_OK;
 }
 
+size_t rate_policy_state_max(const rate_policy_t *p)
+{
+    if (p == NULL || p->unlimited)
+        return 0;
+    size_t n = RATE__HEADER_LEN + (p->block ? 8 : 0);
+    for (size_t i = 0; i < p->count; i++) {
+        /* A log holds at most `limit` entries: each is one permit or
+         * more, and their sum is at most the limit. */
+        n += p->algo[i]->fixed;
+        if (p->algo[i]->grow != 0)
+            n += (size_t)p->limits[i].limit * p->algo[i]->grow;
+    }
+    return n;
+}
+
 bool rate_policy_is_unlimited(const rate_policy_t *policy)
 {
     return policy != NULL && policy->unlimited;

@@ -14,7 +14,7 @@ int rate_store_new(const rate_store_methods_t *m, void *self,
     if (out == NULL)
         return RATE_EINVAL;
     *out = NULL;
-    if (m == NULL || m->version != RATE_STORE_VERSION || m->destroy == NULL ||
+    if (m == NULL || (m->version != 2 && m->version != RATE_STORE_VERSION) || m->destroy == NULL ||
         m->remove == NULL ||
         (m->update == NULL && (m->load == NULL || m->cas == NULL)))
         return RATE_EINVAL; /* decide() alone is not enough: it may decline */
@@ -40,6 +40,19 @@ int rate_store_stats(rate_store_t *store, rate_stats_t *out)
     memset(out, 0, sizeof *out);
     return store->m->stats != NULL ? store->m->stats(store->self, out)
                                    : RATE_OK;
+}
+
+int rate_store_check_policy(rate_store_t *store, const rate_policy_t *policy,
+                            char *err, size_t errlen)
+{
+    if (store == NULL || policy == NULL)
+        return RATE_EINVAL;
+    /* A table of version 2 ends before check_policy. */
+    if (store->m->version < 3 || store->m->check_policy == NULL ||
+        policy->unlimited)
+        return RATE_OK;
+    return store->m->check_policy(store->self, policy,
+                                  rate_policy_state_max(policy), err, errlen);
 }
 
 void rate_store_free(rate_store_t *store)
