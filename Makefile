@@ -17,6 +17,7 @@ all: build
 
 deps:
 	@scripts/deps.sh test
+	@scripts/dynalite.sh >/dev/null
 
 build:
 	@scripts/deps.sh check build

@@ -12,8 +12,10 @@
 # Idempotent: a machine that has them all runs no apt-get at all.
 set -euo pipefail
 
-build_pkgs=(gcc make cmake pkg-config libxxhash-dev libhiredis-dev)
-test_pkgs=(libcmocka-dev valgrind libxml2-utils clang libclang-rt-14-dev redis-server)
+build_pkgs=(gcc make cmake pkg-config libxxhash-dev libhiredis-dev
+            libcurl4-openssl-dev libjansson-dev)
+test_pkgs=(libcmocka-dev valgrind libxml2-utils clang libclang-rt-14-dev redis-server
+           nodejs npm)
 
 usage() { echo "usage: $0 [build|test] | $0 check [build|test]" >&2; exit 2; }
 
@@ -29,8 +31,19 @@ case "$set_" in
   *) usage ;;
 esac
 
+# A package whose command is already here by another way counts as present:
+# NodeSource's nodejs carries its own npm (and conflicts with Debian's).
+provided_by_command() {
+  case "$1" in
+    nodejs) command -v node >/dev/null 2>&1 ;;
+    npm) command -v npm >/dev/null 2>&1 ;;
+    *) return 1 ;;
+  esac
+}
+
 missing=()
 for p in "${want[@]}"; do
+  provided_by_command "$p" && continue
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$p")
   fi

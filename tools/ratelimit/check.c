@@ -16,7 +16,11 @@ static const char usage[] =
     "\n"
     "Asks the store for one decision and prints its fields, one per line.\n"
     "With --store redis://... (keys under 'ratelimit:', expiring after their\n"
-    "reset) the decisions add up across calls and machines.\n"
+    "reset) the decisions add up across calls and machines; so they do with\n"
+    "--store dynamodb://TABLE?region=REGION[&endpoint=URL] (the table created\n"
+    "if missing, items expiring by the wall clock; credentials from\n"
+    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or ~/.aws/credentials;\n"
+    "docs/dynamodb.md).\n"
     "Exit status: 0 allowed, 1 denied, 2 error.  Policy options as for\n"
     "'ratelimit replay' (--algorithm, --rate, --burst, --capacity, --limit,\n"
     "--window, --policy).  The default store is a fresh memory store, so\n"
@@ -83,7 +87,11 @@ int cmd_check(int argc, char **argv)
     if (rc == RATE_OK && d.reason == RATE_REASON_STORE_ERROR)
         rc = d.error;
     int status;
-    if (rc != RATE_OK) {
+    char why[512] = "";
+    if (rc != RATE_OK &&
+        rate_store_dynamodb_last_error(cl.store, why, sizeof why) > 0) {
+        status = cli_fail("check: %s: %s", rate_strerror(rc), why);
+    } else if (rc != RATE_OK) {
         status = cli_fail("check: %s", rate_strerror(rc));
     } else {
         printf("decision %s\n", d.allowed ? "allow" : "deny");

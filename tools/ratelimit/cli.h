@@ -80,7 +80,9 @@ void cli_usage(const char *text);
 /* A limiter made from the policy options and --store, and what it owns. */
 typedef struct cli_limiter {
     const char *cmd;
-    bool scratch; /* a Redis namespace of this run's own, dropped at close */
+    bool scratch; /* a Redis or DynamoDB namespace of this run's own,
+                     dropped at close */
+    bool dynamodb; /* the store is a DynamoDB store */
     rate_policy_t *policy;
     rate_store_t *store;
     rate_limiter_t *lim;
@@ -111,7 +113,8 @@ int cli_limiter_close(cli_limiter_t *cl);
 extern volatile sig_atomic_t cli_signal;
 void cli_catch_signals(void);
 
-/* A store for --store: "memory" (or NULL), redis://... or unix://...
+/* A store for --store: "memory" (or NULL), redis://..., unix://... or
+ * dynamodb://TABLE?region=R[&endpoint=URL] (the table created if missing)
  * (scratch as for cli_limiter_open).  max_keys (0: unbounded) bounds the
  * memory store (one shard: least recently used keys evicted first); it is
  * an error with another store.  On failure prints why, returns 2. */

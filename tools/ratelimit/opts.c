@@ -303,6 +303,11 @@ int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
  * answer.  It ignores the terminal's signals (Ctrl-C reaches the whole
  * process group; the run removes its keys itself then) and holds none of
  * the run's output open. */
+static bool is_dynamodb(const char *spec)
+{
+    return spec != NULL && strncmp(spec, "dynamodb://", 11) == 0;
+}
+
 static int watchdog_fd = -1;
 static pid_t watchdog_pid = -1;
 
@@ -323,10 +328,16 @@ static void watchdog(int rfd, const char *url, const char *prefix)
     if (n == 1 && c == 'x')
         _exit(0);
     rate_redis_options_t o = {.prefix = prefix, .no_ttl = true};
+    rate_dynamodb_options_t dopt = {.prefix = prefix,
+                                    .prefix_len = strlen(prefix),
+                                    .no_ttl = true};
+    bool ddb = is_dynamodb(url);
     for (int tries = 0; tries < 60; tries++) {
         rate_store_t *st = NULL;
-        if (rate_store_redis_new(url, &o, &st, NULL, 0) == RATE_OK &&
-            rate_store_redis_drop(st) == RATE_OK) {
+        if (ddb ? rate_store_dynamodb_new(url, &dopt, &st, NULL, 0) == RATE_OK &&
+                      rate_store_dynamodb_drop(st) == RATE_OK
+                : rate_store_redis_new(url, &o, &st, NULL, 0) == RATE_OK &&
+                      rate_store_redis_drop(st) == RATE_OK) {
             rate_store_free(st);
             _exit(0);
         }
@@ -463,7 +474,7 @@ static void stop_keeper(void)
 
 void cli_limiter_touch(cli_limiter_t *cl)
 {
-    if (cl->scratch && cl->store != NULL)
+    if (cl->scratch && !cl->dynamodb && cl->store != NULL)
         (void)rate_store_redis_touch(cl->store, CLI_SAFETY_TTL_NS);
 }
 
@@ -482,6 +493,32 @@ void cli_catch_signals(void)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+}
+
+/* --store dynamodb://TABLE?region=...: the table created if missing; a
+ * scratch run in a namespace (key prefix) of its own, its items written
+ * without expiry (the trace's clock is not the wall clock), removed at
+ * the close or by the watchdog. */
+static int dynamodb_from_opt(const char *cmd, const char *spec, bool scratch,
+                             rate_store_t **out)
+{
+    rate_dynamodb_options_t o = {.create_table = true};
+    char prefix[96], err[768];
+    if (scratch) {
+        snprintf(prefix, sizeof prefix, "ratelimit:%s:%ld:%llu:", cmd,
+                 (long)getpid(),
+                 (unsigned long long)rate_clock_monotonic_ns());
+        o.prefix = prefix;
+        o.prefix_len = strlen(prefix);
+        o.no_ttl = true;
+        if (start_watchdog(cmd, spec, prefix) != 0)
+            return 2;
+    }
+    if (rate_store_dynamodb_new(spec, &o, out, err, sizeof err) != RATE_OK) {
+        stop_watchdog(true); /* nothing was written */
+        return cli_fail("%s: --store: %s", cmd, err);
+    }
+    return 0;
 }
 
 int store_from_opt(const char *cmd, const char *spec, bool scratch,
@@ -514,9 +551,11 @@ int store_from_opt(const char *cmd, const char *spec, bool scratch,
             return cli_fail("%s: --store '%s': %s is not a socket", cmd,
                             spec, path);
     }
+    if (is_dynamodb(spec))
+        return dynamodb_from_opt(cmd, spec, scratch, out);
     if (strncmp(spec, "redis://", 8) != 0 && strncmp(spec, "unix://", 7) != 0)
         return cli_fail("%s: --store '%s' is neither 'memory' nor a "
-                        "redis:// or unix:// URL", cmd, spec);
+                        "redis://, unix:// or dynamodb:// URL", cmd, spec);
     rate_redis_options_t o = {0};
     char prefix[96], err[256];
     if (scratch) {
@@ -554,12 +593,22 @@ int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
     cl->cmd = o->cmd;
     cl->scratch = scratch && store_spec != NULL &&
                   strcmp(store_spec, "memory") != 0;
+    cl->dynamodb = is_dynamodb(store_spec);
+    char why[512] = "";
+    if (rate_store_check_policy(cl->store, cl->policy, why, sizeof why) !=
+        RATE_OK) {
+        cli_limiter_close(cl);
+        return cli_fail("%s: --store '%s' cannot keep this policy: %s",
+                        o->cmd, store_spec, why);
+    }
     rate_limiter_config_t cfg = {.policy = cl->policy, .store = cl->store};
     if (rate_limiter_new(&cfg, &cl->lim) != RATE_OK) {
         cli_limiter_close(cl);
         return cli_fail("%s: cannot make the limiter", o->cmd);
     }
-    if (cl->scratch && start_keeper(o->cmd, cl->store) != 0) {
+    /* The keeper refreshes Redis expiries; DynamoDB scratch items carry
+     * none. */
+    if (cl->scratch && !cl->dynamodb && start_keeper(o->cmd, cl->store) != 0) {
         cli_limiter_close(cl);
         return 2;
     }
@@ -571,7 +620,8 @@ int cli_limiter_close(cli_limiter_t *cl)
     int rc = 0;
     stop_keeper(); /* no refresh once the removal starts */
     if (cl->scratch && cl->store != NULL) {
-        rc = rate_store_redis_drop(cl->store);
+        rc = cl->dynamodb ? rate_store_dynamodb_drop(cl->store)
+                          : rate_store_redis_drop(cl->store);
         stop_watchdog(rc == RATE_OK);
     }
     rate_limiter_free(cl->lim);

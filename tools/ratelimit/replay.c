@@ -39,7 +39,13 @@ static const char usage[] =
     "                     to the store, in a namespace of the run's own that\n"
     "                     is removed at the end (also on SIGINT, SIGTERM, a\n"
     "                     failure, or SIGKILL; its keys expire 60 s after\n"
-    "                     the run otherwise); the output is the same\n"
+    "                     the run otherwise); the output is the same.\n"
+    "                     Or dynamodb://TABLE?region=REGION[&endpoint=URL]:\n"
+    "                     the table is created if missing (docs/dynamodb.md),\n"
+    "                     the run's items (without expiry) are removed at\n"
+    "                     the end in the same cases; credentials from\n"
+    "                     AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or\n"
+    "                     ~/.aws/credentials\n"
     "  --per-key          a summary line per key (memory grows with the keys)\n"
     "  --max-keys N       memory store: keep at most N keys, evicting the least\n"
     "                     recently used (counted on standard error); an\n"
@@ -146,7 +152,7 @@ int cmd_replay(int argc, char **argv)
     int status = reader_open(&rd, "replay", input, field,
                              argc > optind ? argv[optind] : NULL);
     rd.skip_bad = skip_bad;
-    char failure[320] = ""; /* printed after the namespace is removed */
+    char failure[640] = ""; /* printed after the namespace is removed */
 
     static char outbuf[1 << 16];
     setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
@@ -169,8 +175,12 @@ int cmd_replay(int argc, char **argv)
         if (cli_signal != 0)
             break;
         if (rc != RATE_OK) {
-            snprintf(failure, sizeof failure, "replay: line %llu: %s",
-                     (unsigned long long)rd.lineno, rate_strerror(rc));
+            char why[256] = "";
+            if (rate_store_dynamodb_last_error(cl.store, why + 2,
+                                               sizeof why - 2) > 0)
+                memcpy(why, ": ", 2); /* the service's own words */
+            snprintf(failure, sizeof failure, "replay: line %llu: %s%s",
+                     (unsigned long long)rd.lineno, rate_strerror(rc), why);
             status = 2;
             break;
         }
@@ -221,18 +231,22 @@ int cmd_replay(int argc, char **argv)
     /* One line of error in all: a failure says whether the run's Redis
      * keys are gone; a failed removal alone says so. */
     bool scratch = cl.scratch;
+    const char *sn = cl.dynamodb ? "DynamoDB" : "Redis";
     int drop = cli_limiter_close(&cl);
-    const char *keys_fate =
-        drop == RATE_OK ? "; the run's Redis keys were removed"
-                        : "; the run's Redis keys will be removed by a "
-                          "background process once Redis answers (it tries "
-                          "for a minute)";
+    char keys_fate[200];
+    if (drop == RATE_OK)
+        snprintf(keys_fate, sizeof keys_fate, "; the run's %s keys were "
+                 "removed", sn);
+    else
+        snprintf(keys_fate, sizeof keys_fate, "; the run's %s keys will be "
+                 "removed by a background process once %s answers (it "
+                 "tries for a minute)", sn, sn);
     if (failure[0] != '\0')
         cli_fail("%s%s", failure, scratch ? keys_fate : "");
     else if (drop != RATE_OK && status == 0)
-        status = cli_fail("replay: could not remove the run's Redis keys "
+        status = cli_fail("replay: could not remove the run's %s keys "
                           "now (%s); a background process removes them once "
-                          "Redis answers (it tries for a minute)",
-                          rate_strerror(drop));
+                          "%s answers (it tries for a minute)", sn,
+                          rate_strerror(drop), sn);
     return status;
 }
