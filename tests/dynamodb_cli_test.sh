@@ -70,11 +70,11 @@ esac
 
 # --- check: decisions add up across calls (the table made by the first)
 C="dynamodb://cli-check?region=us-east-1&endpoint=http://127.0.0.1:$port"
-"$R" check --key k --algorithm fixed-window --limit 2 --window 1h --store "$C" >/dev/null 2>&1; a=$?
+"$R" check --key k --algorithm fixed-window --limit 2 --window 1h --store "$C" >"$T/first" 2>&1; a=$?
 "$R" check --key k --algorithm fixed-window --limit 2 --window 1h --store "$C" >/dev/null 2>&1; b=$?
 "$R" check --key k --algorithm fixed-window --limit 2 --window 1h --store "$C" >"$T/out" 2>&1; c=$?
 if [ $a -eq 0 ] && [ $b -eq 0 ] && [ $c -eq 1 ] && grep -q "^reason limited" "$T/out"; then ok
-else bad "check on DynamoDB: $a $b $c"; fi
+else bad "check on DynamoDB: $a $b $c: $(cat "$T/first")"; fi
 
 # --- errors
 "$R" check --key k --policy "sliding-log 10000/1h; sliding-log 10000/1d; sliding-log 10000/7d" \

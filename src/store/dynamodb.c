@@ -363,7 +363,8 @@ static json_t *key_attr(ddb_t *d, const rate_key_t *key)
 {
     uint8_t kb[PREFIX_MAX + 1 + RATE_KEY_MAX];
     size_t n = 0, len;
-    memcpy(kb, d->prefix, d->prefix_len);
+    if (d->prefix_len > 0)
+        memcpy(kb, d->prefix, d->prefix_len);
     n += d->prefix_len;
     kb[n++] = (uint8_t)key->space;
     memcpy(kb + n, key->bytes, key->len);
