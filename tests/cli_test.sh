@@ -108,7 +108,7 @@ expect_error '' "--rate does not apply to sliding-window" replay --algorithm sli
 expect_error '' "above 2^61" replay --algorithm gcra --rate 1/36500d --burst 2
 expect_error '' "cannot read '/nonexistent/trace'" replay $TB /nonexistent/trace
 expect_error '' "more than one FILE" replay $TB a b
-expect_error '' "is neither 'memory' nor a redis:// or unix:// URL" replay $TB --store postgres://x
+expect_error '' "is neither 'memory' nor a redis://, unix:// or dynamodb:// URL" replay $TB --store postgres://x
 expect_error '' "--input 'json'" replay $TB --input json
 expect_error '' "--key-field 'size'" replay $TB --input clf --key-field size
 expect_error '' "unknown command 'replya'" replya
