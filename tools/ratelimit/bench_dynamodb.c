@@ -78,6 +78,20 @@ static figures_t measure(rate_limiter_t *lim, rate_store_t *store,
     return f;
 }
 
+/* The best of three rounds of ms each: the machine is shared, and a slow
+ * spell should not stand for the store. */
+static figures_t best(rate_limiter_t *lim, rate_store_t *store,
+                      const char *tag, int n, int nkeys, uint64_t ms)
+{
+    figures_t b = {0};
+    for (int r = 0; r < 3; r++) {
+        figures_t f = measure(lim, store, tag, n, nkeys, ms);
+        if (f.per_s > b.per_s)
+            b = f;
+    }
+    return b;
+}
+
 static void row(const char *name, const figures_t *f, double base)
 {
     printf("  %-34s %10.0f %7.2f %9.2f %9.3f %7.0f%%\n", name, f->per_s,
@@ -124,15 +138,15 @@ int bench_dynamodb(const char *url)
     printf("  %-34s %10s %7s %9s %9s %8s\n", "", "", "",
            "/decision", "/decision", "");
     figures_t floor = measure(lim[1], store, "deny", 1, 1, 200); /* warm */
-    floor = measure(lim[1], store, "deny", 1, 1, 1000);
+    floor = best(lim[1], store, "deny", 1, 1, 500);
     row("floor: 1 caller, denials (GetItem)", &floor, floor.per_s);
-    figures_t one = measure(lim[0], store, "solo", 1, 1, 1000);
+    figures_t one = best(lim[0], store, "solo", 1, 1, 500);
     row("1 caller, admissions", &one, floor.per_s);
-    figures_t many = measure(lim[0], store, "many", 16, 16, 1000);
+    figures_t many = best(lim[0], store, "many", 16, 16, 500);
     row("16 callers, distinct keys", &many, floor.per_s);
-    figures_t hot = measure(lim[0], store, "hot", 16, 1, 1000);
+    figures_t hot = best(lim[0], store, "hot", 16, 1, 500);
     row("16 callers, one key (retries)", &hot, floor.per_s);
-    figures_t hot1 = measure(lim[1], store, "hotdeny", 16, 1, 1000);
+    figures_t hot1 = best(lim[1], store, "hotdeny", 16, 1, 500);
     row("16 callers, one key, denials", &hot1, floor.per_s);
     rate_stats_t st;
     rate_limiter_stats(lim[0], &st);
