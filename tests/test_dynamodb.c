@@ -832,21 +832,57 @@ static void signer_matches_documented_examples(void **state)
         sig, "f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41");
 }
 
-/* A listener that takes one HTTP request and answers it with `reply`. */
+/* A listener that takes HTTP requests, one per connection, and answers
+ * the i-th with status[i] (0: 200; -1: no answer, the connection held
+ * until the listener is closed) and replies[i]; the last request is kept
+ * in req. */
+#define REPLIES 4
 typedef struct listener {
     int fd, port;
-    const char *reply;
+    const char *reply, *replies[REPLIES];
+    int status[REPLIES], n;
     char req[16384];
     size_t len;
 } listener_t;
+
+static void take_one(listener_t *l, int c, int status, const char *reply);
 
 static void *listen_once(void *arg)
 {
     listener_t *l = arg;
     int c = accept(l->fd, NULL, NULL);
-    if (c < 0)
-        return NULL;
+    if (c >= 0)
+        take_one(l, c, 0, l->reply);
+    return NULL;
+}
+
+static void *listen_many(void *arg)
+{
+    listener_t *l = arg;
+    int held = -1;
+    for (int i = 0; i < l->n; i++) {
+        int c = accept(l->fd, NULL, NULL);
+        if (c < 0)
+            break;
+        if (l->status[i] < 0) { /* never answered */
+            held = c;
+            continue;
+        }
+        take_one(l, c, l->status[i], l->replies[i]);
+    }
+    if (held >= 0) {
+        char b[256];
+        while (read(held, b, sizeof b) > 0) /* until the client gives up */
+            ;
+        close(held);
+    }
+    return NULL;
+}
+
+static void take_one(listener_t *l, int c, int status, const char *reply)
+{
     size_t body = 0, head = 0;
+    l->len = 0;
     while (l->len < sizeof l->req - 1) {
         ssize_t n = read(c, l->req + l->len, sizeof l->req - 1 - l->len);
         if (n <= 0)
@@ -864,13 +900,12 @@ static void *listen_once(void *arg)
     }
     char resp[4096];
     int n = snprintf(resp, sizeof resp,
-                     "HTTP/1.1 200 OK\r\nContent-Type: application/x-amz-json-1.0"
+                     "HTTP/1.1 %d X\r\nContent-Type: application/x-amz-json-1.0"
                      "\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
-                     strlen(l->reply), l->reply);
+                     status ? status : 200, strlen(reply), reply);
     if (write(c, resp, (size_t)n) != n)
         l->len = 0;
     close(c);
-    return NULL;
 }
 
 static void listener_open(listener_t *l, const char *reply)
@@ -1033,6 +1068,96 @@ static void store_requests_are_signed(void **state)
     assert_non_null(strstr(body, "\"TableName\":\"signed\""));
 }
 
+static const char active_table[] =
+    "{\"Table\":{\"TableName\":\"errs\",\"TableStatus\":\"ACTIVE\","
+    "\"KeySchema\":[{\"AttributeName\":\"k\",\"KeyType\":\"HASH\"}],"
+    "\"AttributeDefinitions\":[{\"AttributeName\":\"k\","
+    "\"AttributeType\":\"B\"}]}}";
+
+/* What AWS answers and dynalite never does, from a listener of the test's:
+ * bad credentials at creation; then, for decisions, throttling, a 5xx that
+ * is not JSON, and no answer at all (a timeout).  Each a store error under
+ * the fail mode, with the service's words (or the transport's). */
+static void service_failures(void **state)
+{
+    (void)state;
+    char u[128], err[512] = "", text[512];
+    listener_t l;
+    pthread_t th;
+
+    listener_open(&l, NULL);
+    l.n = 1;
+    l.status[0] = 400;
+    l.replies[0] = "{\"__type\":\"com.amazon.coral.service#"
+                   "UnrecognizedClientException\",\"message\":\"The security "
+                   "token included in the request is invalid.\"}";
+    pthread_create(&th, NULL, listen_many, &l);
+    snprintf(u, sizeof u,
+             "dynamodb://errs?region=us-east-1&endpoint=http://127.0.0.1:%d",
+             l.port);
+    assert_int_equal(make(u, NULL, err, sizeof err), RATE_ESTORE);
+    pthread_join(th, NULL);
+    close(l.fd);
+    assert_non_null(strstr(err, "HTTP 400 UnrecognizedClientException: The "
+                                "security token included in the request is "
+                                "invalid."));
+
+    listener_open(&l, NULL);
+    l.n = 4;
+    l.replies[0] = active_table;
+    l.status[1] = 400;
+    l.replies[1] = "{\"__type\":\"com.amazonaws.dynamodb.v20120810#"
+                   "ProvisionedThroughputExceededException\",\"message\":"
+                   "\"The level of configured provisioned throughput for the "
+                   "table was exceeded.\"}";
+    l.status[2] = 503;
+    l.replies[2] = "Service Unavailable";
+    l.status[3] = -1;
+    pthread_create(&th, NULL, listen_many, &l);
+    snprintf(u, sizeof u,
+             "dynamodb://errs?region=us-east-1&endpoint=http://127.0.0.1:%d",
+             l.port);
+    rate_dynamodb_options_t o = {0};
+    o.request_timeout_ns = 300 * MS;
+    rate_store_t *s = NULL;
+    assert_int_equal(rate_store_dynamodb_new(u, &o, &s, err, sizeof err),
+                     RATE_OK);
+    rate_limiter_config_t cfg = {0};
+    cfg.store = s;
+    cfg.on_store_error = RATE_FAIL_OPEN;
+    rate_limiter_t *lim = limiter_cfg("fixed-window 5/s", cfg);
+    rate_decision_t d;
+    rate_dynamodb_counters_t c;
+    /* The limiter reads its policy's record when made (a GetItem):
+     * throttled, which leaves the record to the first decision. */
+    rate_store_dynamodb_last_error(s, text, sizeof text);
+    assert_non_null(strstr(text, "HTTP 400 ProvisionedThroughputExceeded"
+                                 "Exception: The level of configured"));
+    assert_int_equal(rate_store_dynamodb_counters(s, &c), RATE_OK);
+    assert_int_equal(c.throttled, 1);
+    assert_int_equal(rate_limiter_check(lim, "k", 1, 1, 0, &d), RATE_OK);
+    assert_true(d.allowed); /* open */
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    assert_int_equal(d.error, RATE_ESTORE);
+    rate_store_dynamodb_last_error(s, text, sizeof text);
+    assert_non_null(strstr(text, "HTTP 503, an answer that is not a JSON "
+                                 "object: Service Unavailable"));
+    uint64_t t0 = rate_clock_monotonic_ns();
+    assert_int_equal(rate_limiter_check(lim, "k", 1, 1, 0, &d), RATE_OK);
+    uint64_t took = rate_clock_monotonic_ns() - t0;
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    assert_int_equal(d.error, RATE_ETIMEDOUT);
+    assert_true(took >= 250 * MS && took < 10 * SEC); /* its timeout */
+    rate_store_dynamodb_last_error(s, text, sizeof text);
+    assert_non_null(strstr(text, "GetItem on http://127.0.0.1:"));
+    assert_int_equal(rate_store_dynamodb_counters(s, &c), RATE_OK);
+    assert_int_equal(c.errors, 2);
+    rate_limiter_free(lim);
+    rate_store_free(s);
+    pthread_join(th, NULL);
+    close(l.fd);
+}
+
 /* ------------------------------------------------- dynalite goes away */
 
 /* Dynalite killed while decisions run: every decision after it is a
@@ -1133,6 +1258,7 @@ int main(void)
         cmocka_unit_test(signer_matches_documented_examples),
         cmocka_unit_test(curl_signs_the_documented_example),
         cmocka_unit_test(store_requests_are_signed),
+        cmocka_unit_test(service_failures),
         cmocka_unit_test(bad_urls),
         cmocka_unit_test(credentials_from_env_and_file),
         cmocka_unit_test(missing_table_and_creating_one),
