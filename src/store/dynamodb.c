@@ -15,7 +15,7 @@
  *
  * The generic contract only: load() is one consistent GetItem; cas() one
  * PutItem conditioned on `v = :v`, or, for a key that read as absent, on
- * `attribute_not_exists(k) OR e < :now`.  An item whose e has passed reads
+ * `attribute_not_exists(k) OR e <= :now`.  An item whose e has passed reads
  * as absent, whatever DynamoDB's TTL has done yet (it deletes late).  The
  * store's clock, now(), is CLOCK_REALTIME, one clock for every host
  * (unless client_time).
@@ -508,7 +508,7 @@ static int d_cas(void *self, const rate_key_t *key, uint64_t version,
     if (version == 0)
         req = json_pack("{s:s,s:o,s:s,s:{s:o}}", "TableName", d->table,
                         "Item", item, "ConditionExpression",
-                        "attribute_not_exists(k) OR e < :now",
+                        "attribute_not_exists(k) OR e <= :now",
                         "ExpressionAttributeValues", ":now", num_attr(now));
     else
         req = json_pack("{s:s,s:o,s:s,s:{s:o}}", "TableName", d->table,
