@@ -14,7 +14,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 prefix="$root/build/npm"
 bin="$prefix/node_modules/.bin/dynalite"
-version="4.0.0"
+version="3.2.2"
 
 if [ -x "$bin" ]; then
   echo "$bin"
