@@ -36,6 +36,7 @@ command -v npm >/dev/null 2>&1 || fail "no npm (scripts/deps.sh test installs no
 mkdir -p "$prefix"
 echo "dynalite: npm install --prefix $prefix dynalite@$version" >&2
 npm install --prefix "$prefix" --no-audit --no-fund --no-save --loglevel=error \
+  --fetch-retries=2 --fetch-timeout=60000 \
   "dynalite@$version" >&2 || fail "npm install failed"
 [ -x "$bin" ] || fail "npm installed no $bin"
 echo "$bin"
