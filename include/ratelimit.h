@@ -389,6 +389,16 @@ typedef struct rate_dynamodb_options {
                                     clock); default: each item expires
                                     after its reset_after, by the wall
                                     clock */
+    uint64_t safety_ttl_ns;      /* with no_ttl: 0 (default) writes no
+                                    TTL attribute either; else each state
+                                    and shadow state written gets the TTL
+                                    attribute at the wall clock plus this
+                                    (DynamoDB deletes the item some time
+                                    after it), but no expiry of the
+                                    reading, so answers stay those of the
+                                    caller's clock: the clean-up of a
+                                    namespace left behind.  Policy records
+                                    get none.  Ignored without no_ttl */
     bool client_time;            /* decide on the limiter's clock (by
                                     default CLOCK_MONOTONIC: one host
                                     only); default: on the wall clock

@@ -339,6 +339,52 @@ static void expiry_in_reading_and_condition(void **state)
     rate_store_free(ds);
 }
 
+/* With no_ttl, items carry no expiry of the reading; safety_ttl_ns adds
+ * DynamoDB's TTL attribute alone (the clean-up of a namespace left
+ * behind), a policy record none. */
+static void safety_ttl_with_no_ttl(void **state)
+{
+    (void)state;
+    rate_dynamodb_options_t o = {0};
+    rate_store_t *with = NULL, *without = NULL;
+    char out[4096], err[512];
+    o.no_ttl = true;
+    o.prefix = "nos:";
+    o.prefix_len = 4;
+    assert_int_equal(rate_store_dynamodb_new(url, &o, &without, err, sizeof err),
+                     RATE_OK);
+    o.prefix = "saf:";
+    o.safety_ttl_ns = 3600 * SEC;
+    assert_int_equal(rate_store_dynamodb_new(url, &o, &with, err, sizeof err),
+                     RATE_OK);
+    rate_limiter_t *a = limiter_of("fixed-window 1/1h", with);
+    rate_limiter_t *b = limiter_of("fixed-window 1/1h", without);
+    at(a, "k", 5 * SEC, 1, 0); /* a virtual time, long past by the wall */
+    at(b, "k", 5 * SEC, 1, 0);
+    assert_false(at(a, "k", 6 * SEC, 1, 0).allowed); /* still counted */
+    const char *get = "{\"TableName\":\"" TABLE "\",\"ConsistentRead\":true,"
+                      "\"Key\":{\"k\":{\"B\":\"%s\"}}}";
+    char body[256];
+    snprintf(body, sizeof body, get, "c2FmOgBr"); /* "saf:" 0 "k" */
+    assert_int_equal(raw("GetItem", body, out, sizeof out), 200);
+    assert_non_null(strstr(out, "\"ttl\":{\"N\""));
+    assert_null(strstr(out, "\"e\":"));
+    const char *n = strstr(out, "\"ttl\":{\"N\":\"") + 12;
+    long long ttl = atoll(n), now = (long long)time(NULL);
+    assert_true(ttl >= now + 3500 && ttl <= now + 3700);
+    snprintf(body, sizeof body, get, "bm9zOgBr"); /* "nos:" 0 "k" */
+    assert_int_equal(raw("GetItem", body, out, sizeof out), 200);
+    assert_non_null(strstr(out, "\"Item\""));
+    assert_null(strstr(out, "\"ttl\":"));
+    assert_null(strstr(out, "\"e\":"));
+    rate_limiter_free(a);
+    rate_limiter_free(b);
+    assert_int_equal(rate_store_dynamodb_drop(with), RATE_OK);
+    assert_int_equal(rate_store_dynamodb_drop(without), RATE_OK);
+    rate_store_free(with);
+    rate_store_free(without);
+}
+
 /* ----------------------------------------------------- one key, many */
 
 #define THREADS 4
@@ -1265,6 +1311,7 @@ int main(void)
         cmocka_unit_test(same_decisions_as_memory),
         cmocka_unit_test(long_log_same_as_memory),
         cmocka_unit_test(expiry_in_reading_and_condition),
+        cmocka_unit_test(safety_ttl_with_no_ttl),
         cmocka_unit_test(threads_on_one_key),
         cmocka_unit_test(processes_on_one_key),
         cmocka_unit_test(long_logs_refused_when_set),

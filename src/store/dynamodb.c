@@ -64,6 +64,7 @@ typedef struct ddb {
     size_t prefix_len;
     long connect_ms, request_ms;
     bool ttl, wall_clock;
+    uint64_t safety_s; /* with no_ttl: the TTL attribute's delay, s */
     size_t state_max; /* the largest state bytes an item can hold */
     struct curl_slist *headers[OP_COUNT];
 
@@ -503,6 +504,11 @@ static int d_cas(void *self, const rate_key_t *key, uint64_t version,
         json_object_set_new(item, "e", num_attr(e));
         json_object_set_new(item, "ttl",
                             num_attr(e / RATE_NS_PER_S + 1 + TTL_MARGIN_S));
+    } else if (item != NULL && d->safety_s != 0 &&
+               ttl_ns != RATE_TTL_FOREVER) {
+        /* DynamoDB's deletion only: the reading never expires it. */
+        json_object_set_new(item, "ttl",
+                            num_attr(now / RATE_NS_PER_S + d->safety_s));
     }
     json_t *req;
     if (version == 0)
@@ -942,8 +948,10 @@ int rate_store_dynamodb_new(const char *url,
                           "prefix: at most %u bytes, not NULL with a length",
                           PREFIX_MAX);
     if (o.connect_timeout_ns > RATE_TIME_MAX ||
-        o.request_timeout_ns > RATE_TIME_MAX)
-        return rate__fail(err, errlen, RATE_EINVAL, "timeout above 2^63-1 ns");
+        o.request_timeout_ns > RATE_TIME_MAX ||
+        o.safety_ttl_ns > RATE_TIME_MAX)
+        return rate__fail(err, errlen, RATE_EINVAL,
+                          "a timeout or safety_ttl_ns above 2^63-1 ns");
     pthread_once(&curl_once, curl_init);
     if (curl_init_rc != CURLE_OK)
         return rate__fail(err, errlen, RATE_ESTORE,
@@ -971,6 +979,8 @@ int rate_store_dynamodb_new(const char *url,
     d->connect_ms = cms > 86400000 ? 86400000L : (long)cms;
     d->request_ms = rms > 86400000 ? 86400000L : (long)rms;
     d->ttl = !o.no_ttl;
+    if (o.no_ttl && o.safety_ttl_ns != 0)
+        d->safety_s = (o.safety_ttl_ns + RATE_NS_PER_S - 1) / RATE_NS_PER_S;
     d->wall_clock = !o.client_time;
     /* What the item holds besides the state: the names (k s v e ttl), the
      * key (prefix, space, key bytes) and three numbers of up to 21

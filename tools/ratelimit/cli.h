@@ -99,6 +99,9 @@ typedef struct cli_limiter {
 int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
                      const char *store_spec, bool scratch, uint64_t max_keys);
 #define CLI_SAFETY_TTL_NS (60 * RATE_NS_PER_S)
+/* A DynamoDB scratch namespace's TTL attribute: a week, never refreshed
+ * (DynamoDB's deletion is days late anyway; the reading ignores it). */
+#define CLI_DYNAMODB_SAFETY_TTL_NS (7 * 86400 * RATE_NS_PER_S)
 /* Sets the safety expiry of every key of a scratch namespace now (after
  * the first decision: the record of the policy is written without one). */
 void cli_limiter_touch(cli_limiter_t *cl);

@@ -511,6 +511,10 @@ static int dynamodb_from_opt(const char *cmd, const char *spec, bool scratch,
         o.prefix = prefix;
         o.prefix_len = strlen(prefix);
         o.no_ttl = true;
+        /* For a run killed together with its watchdog: DynamoDB's TTL
+         * deletes its items once a week has passed (no refresh needed:
+         * the reading ignores it). */
+        o.safety_ttl_ns = CLI_DYNAMODB_SAFETY_TTL_NS;
         if (start_watchdog(cmd, spec, prefix) != 0)
             return 2;
     }
