@@ -150,17 +150,19 @@ typedef struct log_run {
     rate_limiter_t *lim;
     atomic_bool done;
     atomic_uint_fast64_t admitted;
+    uint64_t t; /* the writer's clock, carried from one race to the next */
 } log_run_t;
 
 static void *log_writer(void *arg)
 {
     log_run_t *r = arg;
-    uint64_t t = SEC;
+    uint64_t t = r->t;
     while (!atomic_load(&r->done)) {
         t += 1000; /* 10000 requests per 10 ms window: always full */
         if (rate_try_acquire_at(r->lim, "big", 1, t))
             atomic_fetch_add_explicit(&r->admitted, 1, memory_order_relaxed);
     }
+    r->t = t;
     return NULL;
 }
 
@@ -172,37 +174,52 @@ static void long_log_does_not_starve(void **state)
     assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
     log_run_t r;
     memset(&r, 0, sizeof r);
+    r.t = SEC;
     r.lim = limiter_of("sliding-log 10000/10ms", s);
     rate_limiter_t *small = limiter_of("token-bucket 1000000/s burst=1000", s);
     /* Fill the log before the race. */
     for (uint64_t t = 1; t <= 10000; t++)
         assert_true(at(r.lim, "big", SEC - 10000 * 1000 + t * 1000, 1, 0)
                         .allowed);
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, log_writer, &r), 0);
-    /* Decide the small key until the log has taken 300 admissions (or
-     * 5 s have passed: a machine too loaded to run both threads). */
-    uint64_t worst = 0, calls = 0, start = rate_clock_monotonic_ns();
-    while (atomic_load(&r.admitted) < 300 &&
-           rate_clock_monotonic_ns() - start < 5 * SEC) {
-        uint64_t t0 = rate_clock_monotonic_ns();
-        (void)rate_try_acquire(small, "small", 1);
-        uint64_t dt = rate_clock_monotonic_ns() - t0;
-        if (dt > worst)
-            worst = dt;
-        calls++;
+    /* A thread the scheduler leaves off its core for a while (a loaded
+     * 2-core machine under ThreadSanitizer once did, for 1.2 s) looks like
+     * a long wait; an unfair lock makes every wait long.  So the race runs
+     * up to three times, and fails only if each of them saw a long wait. */
+    uint64_t worst = 0, calls = 0, during = 0;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        atomic_store(&r.done, false);
+        atomic_store(&r.admitted, 0);
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, log_writer, &r), 0);
+        /* Decide the small key until the log has taken 300 admissions (or
+         * 5 s have passed: a machine too loaded to run both threads). */
+        uint64_t start = rate_clock_monotonic_ns();
+        worst = 0;
+        calls = 0;
+        while (atomic_load(&r.admitted) < 300 &&
+               rate_clock_monotonic_ns() - start < 5 * SEC) {
+            uint64_t t0 = rate_clock_monotonic_ns();
+            (void)rate_try_acquire(small, "small", 1);
+            uint64_t dt = rate_clock_monotonic_ns() - t0;
+            if (dt > worst)
+                worst = dt;
+            calls++;
+        }
+        during = atomic_load(&r.admitted);
+        atomic_store(&r.done, true);
+        pthread_join(th, NULL);
+        assert_true(during > 0); /* the two did meet */
+        print_message("long log, race %d: worst wait %llu us over %llu "
+                      "calls, %llu log admissions meanwhile\n",
+                      attempt + 1, (unsigned long long)(worst / 1000),
+                      (unsigned long long)calls,
+                      (unsigned long long)during);
+        if (worst <= 250 * MS)
+            break;
     }
-    uint64_t during = atomic_load(&r.admitted);
-    atomic_store(&r.done, true);
-    pthread_join(th, NULL);
-    assert_true(during > 0); /* the two did meet */
     if (worst > 250 * MS)
-        fail_msg("a small key waited %llu ms behind a long log",
-                 (unsigned long long)(worst / MS));
-    print_message("long log: worst wait %llu us over %llu calls, %llu log "
-                  "admissions meanwhile\n",
-                  (unsigned long long)(worst / 1000),
-                  (unsigned long long)calls, (unsigned long long)during);
+        fail_msg("a small key waited %llu ms behind a long log, in each of "
+                 "three races", (unsigned long long)(worst / MS));
     rate_limiter_free(r.lim);
     rate_limiter_free(small);
     rate_store_free(s);
