@@ -143,9 +143,14 @@ static void memory_small_table(void **state)
  * admission copies it under the shard's lock) while another decides a
  * small key in the same shard (the store has one).  The lock's hand-over to
  * a starving waiter bounds each of the small key's waits to a few of the
- * log's admissions (tens of us each); asserted with a slack of 250 ms, far
- * above that and far below the seconds an unfair lock let the log's thread
- * keep it (the first edition: 12.5 s). */
+ * log's admissions (tens of us each, a millisecond under ThreadSanitizer).
+ * But the lock spins, and a holder the scheduler takes off its core keeps
+ * it until it runs again: on a loaded 2-core machine under ThreadSanitizer
+ * single waits of 200-260 ms were seen, and once 1.2 s.  So the wait is
+ * asserted with a slack of 1 s, in the best of up to three races: far
+ * above the hand-overs' cost, far below the seconds an unfair lock let the
+ * log's thread keep it in every race (the first edition: 12.5 s). */
+#define WAIT_SLACK (1000 * MS)
 typedef struct log_run {
     rate_limiter_t *lim;
     atomic_bool done;
@@ -214,10 +219,10 @@ static void long_log_does_not_starve(void **state)
                       attempt + 1, (unsigned long long)(worst / 1000),
                       (unsigned long long)calls,
                       (unsigned long long)during);
-        if (worst <= 250 * MS)
+        if (worst <= WAIT_SLACK)
             break;
     }
-    if (worst > 250 * MS)
+    if (worst > WAIT_SLACK)
         fail_msg("a small key waited %llu ms behind a long log, in each of "
                  "three races", (unsigned long long)(worst / MS));
     rate_limiter_free(r.lim);
