@@ -480,6 +480,8 @@ typedef struct rate_shm_info {
     uint64_t bytes;        /* the region's size */
     uint64_t slot_bytes;   /* bytes per key: a slot and its index share */
     uint32_t shards, key_max, state_max, max_policies;
+    bool created;          /* this handle created the file (or initialized
+                              the caller's region); false: attached */
 } rate_shm_info_t;
 
 /* The region's sizes and counters (of every process that used it).

@@ -137,6 +137,7 @@ typedef struct shm {
     uint64_t timeout_ns;
     size_t prefix_len;
     char *prefix;
+    bool created;
 } shm_t;
 
 /* The layout options make. */
@@ -836,6 +837,7 @@ static int gather(shm_t *m, rate_shm_info_t *out)
     out->key_max = m->key_max;
     out->state_max = m->state_max;
     out->max_policies = m->max_policies;
+    out->created = m->created;
     for (uint32_t i = 0; i < m->nshards; i++) {
         shm_shard_t *s = shard_at(m, i);
         int rc = lock(m, &s->lock, s);
@@ -1174,7 +1176,8 @@ static int check_header(const uint8_t *base, size_t len,
 }
 
 static int make_handle(uint8_t *base, size_t map_len,
-                       const rate_shm_options_t *o, rate_store_t **out)
+                       const rate_shm_options_t *o, bool created,
+                       rate_store_t **out)
 {
     shm_t *m = calloc(1, sizeof *m);
     shm_hdr_t *h = (shm_hdr_t *)base;
@@ -1208,6 +1211,7 @@ static int make_handle(uint8_t *base, size_t map_len,
     m->max_policies = h->max_policies;
     m->rec_size = h->rec_size;
     m->timeout_ns = o->lock_timeout_ns ? o->lock_timeout_ns : DEF_TIMEOUT_NS;
+    m->created = created;
     int rc = rate_store_new(&shm_methods, m, out);
     if (rc != RATE_OK) {
         free(m->prefix);
@@ -1263,7 +1267,7 @@ static int attach_fd(int fd, const char *path, const rate_shm_options_t *o,
                        : fail(err, errlen, RATE_ESTORE,
                               "%s: a region never finished initializing",
                               path);
-    if (rc == RATE_OK && (rc = make_handle(p, len, o, out)) != RATE_OK)
+    if (rc == RATE_OK && (rc = make_handle(p, len, o, false, out)) != RATE_OK)
         fail(err, errlen, rc, "%s: %s", path,
              rc == RATE_EINVAL ? "the prefix does not fit key_max"
                                : "out of memory");
@@ -1320,7 +1324,7 @@ static int create_file(const char *path, const rate_shm_options_t *o,
                 *raced = true;
             rc = fail(err, errlen, RATE_ESTORE, "%s: cannot create it: %s",
                       path, strerror(errno));
-        } else if ((rc = make_handle(p, l->total, o, out)) != RATE_OK) {
+        } else if ((rc = make_handle(p, l->total, o, true, out)) != RATE_OK) {
             fail(err, errlen, rc, "%s: %s", path,
                  rc == RATE_EINVAL ? "the prefix does not fit key_max"
                                    : "out of memory");
@@ -1416,7 +1420,7 @@ int rate_store_shm_new_in(void *mem, size_t len,
             return fail(err, errlen, rc, "cannot make the region's locks");
         /* The region is l.total bytes; any rest of len is not used. */
         atomic_store_explicit(&h->ready, READY_DONE, memory_order_release);
-        if ((rc = make_handle(mem, 0, &o, out)) != RATE_OK)
+        if ((rc = make_handle(mem, 0, &o, true, out)) != RATE_OK)
             return fail(err, errlen, rc, "%s",
                         rc == RATE_EINVAL ? "the prefix does not fit key_max"
                                           : "out of memory");
@@ -1447,7 +1451,7 @@ int rate_store_shm_new_in(void *mem, size_t len,
     if ((rc = check_header(mem, used, &o, "the region", err, errlen)) !=
         RATE_OK)
         return rc;
-    if ((rc = make_handle(mem, 0, &o, out)) != RATE_OK)
+    if ((rc = make_handle(mem, 0, &o, false, out)) != RATE_OK)
         return fail(err, errlen, rc, "%s",
                     rc == RATE_EINVAL ? "the prefix does not fit key_max"
                                       : "out of memory");

@@ -81,6 +81,9 @@ void cli_usage(const char *text);
 typedef struct cli_limiter {
     const char *cmd;
     bool scratch; /* a Redis namespace of this run's own, dropped at close */
+    bool shm_scratch; /* a namespace of this run's own in an existing
+                         shared-memory region, dropped at close */
+    char *shm_unlink; /* a region file this run created: removed at close */
     rate_policy_t *policy;
     rate_store_t *store;
     rate_limiter_t *lim;
@@ -95,6 +98,14 @@ typedef struct cli_limiter {
  * killed together with its watchdog. */
 int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
                      const char *store_spec, bool scratch, uint64_t max_keys);
+/* --store shm:PATH: the capacity (keys) of a region the command creates
+ * without --max-keys, and the longest key (namespace included) of one it
+ * creates. */
+#define CLI_SHM_KEYS 65536u
+#define CLI_SHM_KEY_MAX 160u
+/* The reason of a failed decision, in words that name the store's bound
+ * when the store is a shared-memory region. */
+const char *cli_store_error(const cli_limiter_t *cl, int rc);
 #define CLI_SAFETY_TTL_NS (60 * RATE_NS_PER_S)
 /* Sets the safety expiry of every key of a scratch namespace now (after
  * the first decision: the record of the policy is written without one). */

@@ -40,10 +40,17 @@ static const char usage[] =
     "                     is removed at the end (also on SIGINT, SIGTERM, a\n"
     "                     failure, or SIGKILL; its keys expire 60 s after\n"
     "                     the run otherwise); the output is the same\n"
+    "                     shm:PATH, a shared-memory region (docs/shm.md):\n"
+    "                     created if absent and removed at the end; if it\n"
+    "                     exists, the run works in a namespace of its own,\n"
+    "                     removed at the end; the output is the same, but\n"
+    "                     for evictions by the region's bound\n"
     "  --per-key          a summary line per key (memory grows with the keys)\n"
     "  --max-keys N       memory store: keep at most N keys, evicting the least\n"
     "                     recently used (counted on standard error); an\n"
-    "                     evicted key starts cold again: answers may change\n"
+    "                     evicted key starts cold again: answers may change.\n"
+    "                     shm:PATH: the capacity of a region the run creates\n"
+    "                     (default 65536 keys); an existing one must match\n"
     "  --input FORMAT     trace (TIME KEY [PERMITS], default) or clf (access\n"
     "                     logs in Common or Combined Log Format, and more\n"
     "                     fields after them)\n"
@@ -140,7 +147,7 @@ int cmd_replay(int argc, char **argv)
         return 2;
     /* With a Redis namespace of the run's own: SIGINT and SIGTERM stop the
      * run between two requests, so that it removes its keys. */
-    if (cl.scratch)
+    if (cl.scratch || cl.shm_scratch || cl.shm_unlink != NULL)
         cli_catch_signals();
     reader_t rd;
     int status = reader_open(&rd, "replay", input, field,
@@ -170,7 +177,7 @@ int cmd_replay(int argc, char **argv)
             break;
         if (rc != RATE_OK) {
             snprintf(failure, sizeof failure, "replay: line %llu: %s",
-                     (unsigned long long)rd.lineno, rate_strerror(rc));
+                     (unsigned long long)rd.lineno, cli_store_error(&cl, rc));
             status = 2;
             break;
         }
@@ -221,7 +228,18 @@ int cmd_replay(int argc, char **argv)
     /* One line of error in all: a failure says whether the run's Redis
      * keys are gone; a failed removal alone says so. */
     bool scratch = cl.scratch;
+    bool shm = cl.shm_scratch || cl.shm_unlink != NULL;
     int drop = cli_limiter_close(&cl);
+    if (shm) { /* nothing left behind: the namespace or the file is gone */
+        if (failure[0] != '\0')
+            cli_fail("%s", failure);
+        else if (drop != RATE_OK && status == 0)
+            status = cli_fail("replay: could not remove the run's %s (%s)",
+                              drop == RATE_ESTORE ? "region file"
+                                                  : "namespace",
+                              rate_strerror(drop));
+        return status;
+    }
     const char *keys_fate =
         drop == RATE_OK ? "; the run's Redis keys were removed"
                         : "; the run's Redis keys will be removed by a "
