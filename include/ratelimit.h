@@ -381,10 +381,13 @@ typedef struct rate_shm_options {
     uint64_t max_keys;      /* keys the region holds: required to create or
                                initialize one (0: an error); 0 to attach
                                takes the region's, else it must match.
-                               Split evenly among the shards (rounded up);
-                               a new key in a full shard evicts that
-                               shard's least recently used key (CLOCK),
-                               counted in evictions */
+                               Split evenly among the shards, each with
+                               room for 3 standard deviations more (keys
+                               spread by hash: max_keys keys fit); a new
+                               key in a full shard evicts that shard's
+                               least recently used key (CLOCK), counted in
+                               evictions.  One shard holds max_keys
+                               exactly */
     unsigned shards;        /* 0: up to 64, each of at least 256 keys;
                                rounded up to a power of two, at most 1024
                                and at most max_keys */
@@ -470,7 +473,7 @@ RATE_API size_t rate_store_shm_state_size(const rate_policy_t *policy);
 
 typedef struct rate_shm_info {
     uint64_t max_keys;     /* as made */
-    uint64_t capacity;     /* slots: shards * ceil(max_keys / shards) */
+    uint64_t capacity;     /* slots, max_keys and the shards' slack */
     uint64_t keys;         /* held now (states and shadow states) */
     uint64_t evictions;    /* as rate_stats_t */
     uint64_t reclaimed;

@@ -52,6 +52,7 @@
 #define DEF_POLICIES 64u
 #define DEF_TIMEOUT_NS (2 * RATE_NS_PER_S)
 #define MAX_SHARDS 1024u
+#define SPINS 64u /* tries of a busy lock before sleeping (~40 us) */
 
 enum { READY_NONE = 0, READY_INIT = 1, READY_DONE = 2 };
 
@@ -224,7 +225,17 @@ static int make_layout(const rate_shm_options_t *o, layout_t *l, char *err,
     }
     l->max_keys = o->max_keys;
     l->nshards = n;
-    l->shard_cap = (uint32_t)((o->max_keys + n - 1) / n);
+    /* A shard's share, and room for keys spread unevenly by their hash
+     * (three standard deviations and a few more), so that max_keys keys
+     * fit before any shard evicts; one shard holds exactly max_keys. */
+    uint64_t share = (o->max_keys + n - 1) / n, slack = 0;
+    if (n > 1) {
+        uint64_t r = 0;
+        while ((r + 1) * (r + 1) <= share)
+            r++;
+        slack = 3 * r + 8;
+    }
+    l->shard_cap = (uint32_t)(share + slack);
     l->nbuckets = pow2_at_least(l->shard_cap);
     l->shard_size = (uint32_t)round_up(SHARD_HDR + 4ull * l->nbuckets, 64);
     l->slot_size = (uint32_t)round_up(SLOT_HDR + round_up(l->key_max, 8) +
@@ -354,10 +365,40 @@ static void repair_records(shm_t *m);
  * mutex whose owner died is taken over: `repair` rebuilds what it guards
  * (s, or the records when NULL), then the mutex is made consistent and
  * the recovery counted. */
+/* Whether the mutex looks free (a read, no write: waiters that spin on
+ * it leave the holder its cache line).  glibc keeps the owner's thread id
+ * in __data.__lock; elsewhere, always "try". */
+static inline bool looks_free(pthread_mutex_t *mx)
+{
+#ifdef __GLIBC__
+    return __atomic_load_n(&mx->__data.__lock, __ATOMIC_RELAXED) == 0;
+#else
+    (void)mx;
+    return true;
+#endif
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
 static int lock(shm_t *m, pthread_mutex_t *mx, shm_shard_t *s)
 {
     int r = pthread_mutex_trylock(mx);
 
+    /* A shard is held for a few dozen ns: spin a little (test, then try)
+     * before sleeping in the kernel, which costs two system calls. */
+    for (unsigned spin = 0, pause = 8; r == EBUSY && spin < SPINS; spin++) {
+        for (unsigned i = 0; i < pause; i++)
+            cpu_relax();
+        if (pause < 256)
+            pause *= 2;
+        if (looks_free(mx))
+            r = pthread_mutex_trylock(mx);
+    }
     if (r == EBUSY) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
