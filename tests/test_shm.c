@@ -520,6 +520,7 @@ static void refuses_without_permission(void **state)
         pid_t pid = fork();
         assert_true(pid >= 0);
         if (pid == 0) {
+            rate_store_free(s); /* the parent's, copied by fork */
             if (setgroups(0, NULL) != 0 || setgid(gid) != 0 ||
                 setuid(uid) != 0)
                 _exit(10);
