@@ -427,9 +427,10 @@ typedef struct rate_shm_options {
  * naming the mismatch, anything else.  Returns RATE_OK and *out (free it
  * with rate_store_free: that unmaps, and never removes the file), or
  *   RATE_EINVAL  NULL path or out; a bad option (max_keys 0 when creating,
- *                key_max, state_max or shards out of range); an option
- *                that disagrees with an existing region ("max_keys: the
- *                region holds 1000, the options ask 2000")
+ *                key_max, state_max or shards out of range, a prefix as
+ *                long as key_max); an option that disagrees with an
+ *                existing region ("max_keys: the region has 1000, the
+ *                options ask 2000")
  *   RATE_ESTORE  the file cannot be opened, created or mapped (errno's
  *                text: no permission, no such directory, no_create and
  *                absent); it is not a store (bad magic), of another layout
@@ -468,7 +469,14 @@ RATE_API size_t rate_store_shm_size(const rate_shm_options_t *options);
  * key of the policy.  A longer state (a sliding log past what fits) is
  * refused when written: the decision fails with RATE_EFULL and the key
  * keeps its bytes.  0 for NULL or the unlimited policy.  Thread-safe:
- * yes. */
+ * yes.
+ *
+ * The store's own errors, which a decision on it reports as a store error
+ * (under the limiter's fail mode): RATE_EKEY for a key longer than the
+ * region's key_max (with the prefix); RATE_EFULL for a state longer than
+ * its state_max, or a new policy record past max_policies; RATE_ETIMEDOUT
+ * when a live process held the key's shard for lock_timeout_ns;
+ * RATE_ENOMEM.  Nothing is written on any of them. */
 RATE_API size_t rate_store_shm_state_size(const rate_policy_t *policy);
 
 typedef struct rate_shm_info {
