@@ -538,17 +538,25 @@ static void repair_shard(shm_t *m, shm_shard_t *s)
         s->hand = 0;
 }
 
-/* Starts the cache misses of a lookup (the bucket's head and the key's
- * home slot) together.  (Before the lock is taken they were slower: the
+/* A read prefetch, written out: GCC 12 drops __builtin_prefetch here. */
+static inline void prefetch(const void *p)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p));
+#else
+    __builtin_prefetch(p, 0);
+#endif
+}
+
+/* Starts the key's home slot's cache misses, so that they overlap the
+ * bucket head's.  (Before the lock is taken they were slower: the
  * lock's atomic instruction waits for them.) */
-static inline void prefetch_key(const shm_t *m, shm_shard_t *s, uint32_t si,
-                                uint32_t hash)
+static inline void prefetch_key(const shm_t *m, uint32_t si, uint32_t hash)
 {
     uint8_t *home = (uint8_t *)slot_at(m, si, home_of(m, hash));
 
-    __builtin_prefetch(&buckets_of(s)[hash & (m->nbuckets - 1)], 0);
-    __builtin_prefetch(home, 1);
-    __builtin_prefetch(home + m->slot_size - 1, 1);
+    prefetch(home);
+    prefetch(home + m->slot_size - 1);
 }
 
 /* The key's slot in shard si (locked), or 0. */
@@ -556,7 +564,7 @@ static inline uint32_t find(const shm_t *m, shm_shard_t *s, uint32_t si,
                             uint32_t hash, const void *key, size_t len,
                             unsigned space)
 {
-    prefetch_key(m, s, si, hash);
+    prefetch_key(m, si, hash);
     uint32_t i = buckets_of(s)[hash & (m->nbuckets - 1)];
 
     while (i != 0) {
