@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <pthread.h>
 #include <pwd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -586,6 +587,100 @@ static void two_creators_at_once_share_one_region(void **state)
     rate_store_free(s);
 }
 
+/* ------------------------------------------------------------ recovery */
+
+/* The header's fields this test reaches into (layout version 1, see
+ * docs/shm.md): the offset of the shards, and of the records' lock. */
+#define HDR_LAYOUT 8
+#define HDR_OFF_SHARDS 80
+#define HDR_REC_LOCK 128
+#define SHARD_COUNT 40   /* after the shard's mutex: count, hand, free head */
+#define SHARD_BUCKETS 128
+
+/* A child maps the region, takes a lock itself, scribbles over what that
+ * lock guards as a process killed mid-update could (the shard's index:
+ * its buckets, free list and count), and dies holding it.  The next
+ * decision must take the lock over, rebuild the index from the slots and
+ * count the recovery: every key as it was, the region consistent. */
+static void die_holding(off_t lock_at, bool scribble)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(path, O_RDWR);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) != 0)
+            _exit(1);
+        uint8_t *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE,
+                          MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED)
+            _exit(2);
+        uint32_t layout;
+        memcpy(&layout, p + HDR_LAYOUT, 4);
+        if (layout != 1)
+            _exit(3);
+        if (pthread_mutex_lock((pthread_mutex_t *)(p + lock_at)) != 0)
+            _exit(4);
+        if (scribble) {
+            uint8_t *shard = p + lock_at;
+            uint32_t junk[3] = {12345, 7, 0}; /* count, hand, free head */
+            memcpy(shard + SHARD_COUNT, junk, sizeof junk);
+            memset(shard + SHARD_BUCKETS, 0xee, 64); /* bucket heads */
+        }
+        _exit(0); /* holding it */
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+static void takes_over_a_dead_owners_lock(void **state)
+{
+    (void)state;
+    rate_shm_options_t o = {.max_keys = 100, .shards = 1};
+    rate_store_t *s = open_shm(&o);
+    rate_limiter_t *lim = limiter_of("fixed-window 5/s", s);
+    char key[16];
+    for (int i = 0; i < 10; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        for (int n = 0; n <= i % 5; n++)
+            assert_true(rate_try_acquire_at(lim, key, 1, 100));
+    }
+    uint64_t off_shards;
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, &off_shards, 8, HDR_OFF_SHARDS), 8);
+    close(fd);
+
+    die_holding((off_t)off_shards, true);
+    /* Answered at once, from the repaired index: each key as it was. */
+    for (int i = 0; i < 10; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        rate_decision_t d = at(lim, key, 100, 0, 0);
+        assert_int_equal(d.remaining, 5 - (i % 5 + 1));
+    }
+    check_region(s);
+    rate_shm_info_t info;
+    assert_int_equal(rate_store_shm_info(s, &info), RATE_OK);
+    assert_int_equal(info.recoveries, 1);
+    assert_int_equal(info.keys, 10);
+
+    /* The records' lock: a new policy's record is written after the
+     * takeover, and both limiters agree on the key. */
+    die_holding(HDR_REC_LOCK, false);
+    rate_limiter_t *other = limiter_of("fixed-window 9/s", s);
+    rate_decision_t d = at(other, "k4", 100, 0, 0);
+    assert_int_equal(d.remaining, 9 - 5); /* k4's five carried over */
+    assert_int_equal(rate_store_shm_info(s, &info), RATE_OK);
+    assert_int_equal(info.recoveries, 2);
+    assert_int_equal(info.policies, 2);
+    check_region(s);
+    rate_limiter_free(other);
+    rate_limiter_free(lim);
+    rate_store_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -607,6 +702,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(two_creators_at_once_share_one_region,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(takes_over_a_dead_owners_lock, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
