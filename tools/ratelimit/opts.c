@@ -567,15 +567,12 @@ static int shm_from_opt(cli_limiter_t *cl, const char *cmd, const char *path,
                         path, need);
     if (rate_store_shm_new(path, &so, &cl->store, err, sizeof err) !=
         RATE_OK) {
-        /* An existing region of other sizes: attach to it as it is. */
-        rate_shm_options_t as = {.no_create = true};
-        if (rate_store_shm_new(path, &as, &cl->store, NULL, 0) != RATE_OK)
+        /* An existing region of other sizes: attach to it as it is (of
+         * the capacity --max-keys asks, if given). */
+        rate_shm_options_t as = {.no_create = true, .max_keys = max_keys};
+        if (rate_store_shm_new(path, &as, &cl->store, err, sizeof err) !=
+            RATE_OK)
             return cli_fail("%s: --store shm:%s", cmd, err);
-        if (max_keys != 0) {
-            rate_store_free(cl->store);
-            cl->store = NULL;
-            return cli_fail("%s: --store shm:%s", cmd, err);
-        }
     }
     if (rate_store_shm_info(cl->store, &info) != RATE_OK)
         return cli_fail("%s: --store shm:%s: cannot read the region", cmd,
