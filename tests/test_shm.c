@@ -135,6 +135,7 @@ static void differential(rate_store_t *other, const char *what, int traces)
         rate_limiter_config_t cfg = {0};
         cfg.policy = p;
         cfg.shadow = rnd(8) == 0;
+        cfg.first_edition_format = rnd(10) == 0;
         rate_limiter_t *lm = NULL, *lo = NULL;
         cfg.store = mem;
         assert_int_equal(rate_limiter_new(&cfg, &lm), RATE_OK);
