@@ -108,7 +108,7 @@ expect_error '' "--rate does not apply to sliding-window" replay --algorithm sli
 expect_error '' "above 2^61" replay --algorithm gcra --rate 1/36500d --burst 2
 expect_error '' "cannot read '/nonexistent/trace'" replay $TB /nonexistent/trace
 expect_error '' "more than one FILE" replay $TB a b
-expect_error '' "is neither 'memory' nor a redis://, unix:// or dynamodb:// URL" replay $TB --store postgres://x
+expect_error '' "is neither 'memory', shm:PATH, nor a redis://, unix:// or dynamodb:// URL" replay $TB --store postgres://x
 expect_error '' "--input 'json'" replay $TB --input json
 expect_error '' "--key-field 'size'" replay $TB --input clf --key-field size
 expect_error '' "unknown command 'replya'" replya
@@ -261,7 +261,7 @@ else bad "--max-keys: rc=$rc $(cat "$T/err")"; fi
 if [ "$(tail -1 "$T/out" | cut -f4)" = deny ] && ! grep -q evicted "$T/err"; then ok
 else bad "unbounded replay"; fi
 expect_error '' "--max-keys '0'" replay $FW --max-keys 0
-expect_error '' "--max-keys bounds the memory store only" replay $FW --max-keys 5 --store redis://127.0.0.1:1/0
+expect_error '' "--max-keys bounds the memory store and a shared-memory region the command creates only" replay $FW --max-keys 5 --store redis://127.0.0.1:1/0
 
 # --- clear messages: a directory as FILE, a bad unix-socket path
 for sub in replay compare; do

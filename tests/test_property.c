@@ -9,6 +9,8 @@
  * retry_after and reset_after by searching for the first time at which the
  * request would pass (or the key would be cold), instead of by formula.
  */
+#include <unistd.h>
+
 #include "helpers.h"
 
 typedef struct frac {
@@ -416,11 +418,28 @@ static void cas_store_matches_reference(void **state)
     rate_store_free(s);
 }
 
+static void shm_store_matches_reference(void **state)
+{
+    (void)state;
+    char path[64];
+    snprintf(path, sizeof path, "/dev/shm/rl-test-property-%ld",
+             (long)getpid());
+    unlink(path);
+    rate_shm_options_t o = {.max_keys = 4096, .state_max = 512,
+                           .max_policies = 1024};
+    rate_store_t *s;
+    assert_int_equal(rate_store_shm_new(path, &o, &s, NULL, 0), RATE_OK);
+    unlink(path); /* the mapping stays */
+    run_traces(s, "shm");
+    rate_store_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(memory_matches_reference),
         cmocka_unit_test(cas_store_matches_reference),
+        cmocka_unit_test(shm_store_matches_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

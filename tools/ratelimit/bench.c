@@ -24,6 +24,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -401,10 +402,175 @@ static double replay_rate(uint64_t lines, uint32_t nkeys)
     return (double)lines / best_s;
 }
 
+/* ------------------------------------------------ shared-memory store */
+
+/* Decisions per us of `procs` processes, each pinned to a CPU of its own,
+ * on region `path` for SPAN_NS: on one key, or on a key each. */
+static double shm_procs(const char *path, int procs, const int *cpus,
+                        bool same_key)
+{
+    typedef struct {
+        _Atomic int ready, go;
+        _Atomic uint64_t count[2];
+    } shared_t;
+    shared_t *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED)
+        return 0;
+    memset(sh, 0, sizeof *sh);
+    pid_t pids[2];
+    for (int p = 0; p < procs; p++) {
+        pids[p] = fork();
+        if (pids[p] == 0) {
+            pin_thread(cpus[p]);
+            rate_shm_options_t o = {.no_create = true};
+            rate_store_t *st = NULL;
+            if (rate_store_shm_new(path, &o, &st, NULL, 0) != RATE_OK)
+                _exit(1);
+            rate_limiter_t *l = limiter(OPEN_TB, st);
+            const char *key = keys[same_key ? 42 : 42 + p];
+            rate_try_acquire_len(l, key, KEYLEN, 1);
+            atomic_fetch_add(&sh->ready, 1);
+            while (!atomic_load(&sh->go))
+                ;
+            uint64_t n = 0, t0 = now_ns(), t = t0;
+            while (now_ns() - t0 < SPAN_NS) {
+                for (int i = 0; i < 64; i++, n++)
+                    (void)rate_try_acquire_len_at(l, key, KEYLEN, 1, t++);
+            }
+            atomic_store(&sh->count[p], n);
+            rate_limiter_free(l);
+            rate_store_free(st);
+            _exit(0);
+        }
+    }
+    while (atomic_load(&sh->ready) < procs)
+        sched_yield();
+    atomic_store(&sh->go, 1);
+    uint64_t total = 0;
+    for (int p = 0; p < procs; p++) {
+        int status;
+        waitpid(pids[p], &status, 0);
+        total += atomic_load(&sh->count[p]);
+    }
+    munmap(sh, sizeof *sh);
+    return (double)total / (SPAN_NS / 1000.0);
+}
+
+/* The shared-memory store beside the memory store, round by round. */
+static int bench_shm(void)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/dev/shm/rl-bench-%ld", (long)getpid());
+    unlink(path);
+    int cpus[2];
+    cpu_set_t all;
+    bool have_two = two_cpus(cpus, &all);
+    if (have_two)
+        pin_thread(cpus[0]);
+
+    note("shm: hot key");
+    rate_shm_options_t so = {.max_keys = KEYS, .key_max = KEYLEN,
+                             .state_max = 24};
+    rate_store_t *shm = NULL, *mem = NULL;
+    char err[256];
+    if (rate_store_shm_new(path, &so, &shm, err, sizeof err) != RATE_OK)
+        return cli_fail("bench: %s", err);
+    rate_memory_options_t mo = {KEYS, 0};
+    if (rate_store_memory_new(&mo, &mem) != RATE_OK)
+        return cli_fail("bench: cannot make a store");
+    rate_limiter_t *lm = limiter(OPEN_TB, mem), *ls = limiter(OPEN_TB, shm);
+    double m_hot = 1e300, s_hot = 1e300, m_clk = 1e300, s_clk = 1e300;
+    for (unsigned r = 0; r < rounds; r++) {
+        m_hot = lesser(m_hot, hot_given_len(lm));
+        s_hot = lesser(s_hot, hot_given_len(ls));
+        m_clk = lesser(m_clk, hot_clock_len(lm));
+        s_clk = lesser(s_clk, hot_clock_len(ls));
+    }
+    rate_limiter_free(lm);
+    rate_limiter_free(ls);
+    note("shm: 1M keys");
+    lm = limiter("token-bucket 1000/s burst=1000000", mem);
+    ls = limiter("token-bucket 1000/s burst=1000000", shm);
+    populate(lm);
+    populate(ls);
+    double m_rnd = 1e300, s_rnd = 1e300;
+    for (unsigned r = 0; r < rounds; r++) {
+        m_rnd = lesser(m_rnd, random_keys(lm));
+        s_rnd = lesser(s_rnd, random_keys(ls));
+    }
+    rate_stats_t mst;
+    rate_shm_info_t info;
+    rate_limiter_stats(lm, &mst);
+    rate_store_shm_info(shm, &info);
+    rate_limiter_free(lm);
+    rate_limiter_free(ls);
+    rate_store_free(mem);
+    rate_store_free(shm);
+    if (info.evictions != 0 || info.keys != KEYS)
+        fprintf(stderr, "bench: the region evicted %llu keys\n",
+                (unsigned long long)info.evictions);
+    if (have_two)
+        unpin(&all);
+
+    double one = 0, two_same = 0, two_own = 0;
+    if (have_two) {
+        note("shm: two processes");
+        so = (rate_shm_options_t){.max_keys = 65536};
+        unlink(path);
+        if (rate_store_shm_new(path, &so, &shm, err, sizeof err) != RATE_OK)
+            return cli_fail("bench: %s", err);
+        rate_store_free(shm);
+        for (unsigned r = 0; r < rounds; r++) {
+            double solo = (shm_procs(path, 1, &cpus[0], true) +
+                           shm_procs(path, 1, &cpus[1], true)) / 2;
+            one = solo > one ? solo : one;
+            double v = shm_procs(path, 2, cpus, true);
+            two_same = v > two_same ? v : two_same;
+            v = shm_procs(path, 2, cpus, false);
+            two_own = v > two_own ? v : two_own;
+        }
+    }
+    unlink(path);
+    if (progress)
+        fputs("\r\033[K", stderr);
+
+    printf("token bucket, shared-memory store beside memory   memory      "
+           "shm   ratio  target\n");
+    printf("  %-44s %8.1f %8.1f %6.2fx  <= 1.3x\n",
+           "hot key, caller's time (ns/decision)", m_hot, s_hot,
+           s_hot / m_hot);
+    printf("  %-44s %8.1f %8.1f %6.2fx  <= 1.3x\n",
+           "hot key, library clock (ns/decision)", m_clk, s_clk,
+           s_clk / m_clk);
+    printf("  %-44s %8.1f %8.1f %6.2fx  <= 1.3x\n",
+           "1M keys at random, caller's time", m_rnd, s_rnd, s_rnd / m_rnd);
+    printf("  %-44s %8.1f %8.1f %6.2fx\n",
+           "bytes per key at 1M keys of 16 bytes",
+           (double)mst.bytes / (double)mst.keys,
+           (double)info.bytes / (double)info.max_keys,
+           ((double)info.bytes / (double)info.max_keys) /
+               ((double)mst.bytes / (double)mst.keys));
+    if (have_two) {
+        printf("  %-44s %8.1f\n", "1 process (decisions/us)", one);
+        printf("  %-44s %8.1f %15.2fx of one\n",
+               "2 processes, one key (decisions/us)", two_same,
+               two_same / one);
+        printf("  %-44s %8.1f %15.2fx of one\n",
+               "2 processes, a key each (decisions/us)", two_own,
+               two_own / one);
+    } else {
+        printf("  2 processes: this process has one CPU\n");
+    }
+    free(keys);
+    return 0;
+}
+
 static int usage(FILE *f)
 {
     fputs("usage: ratelimit bench [--rounds N] [--iterations N] [--redis URL]\n"
-          "       ratelimit bench --store dynamodb://TABLE?region=R[&endpoint=URL]\n\n"
+          "       ratelimit bench --store dynamodb://TABLE?region=R[&endpoint=URL]\n"
+          "       ratelimit bench --shm [--rounds N] [--iterations N]\n\n"
           "Measures the floors (clock read; hash + CAS; key fetch + random\n"
           "table read) and ns per decision on the in-memory store, and\n"
           "prints them with their ratios.  Best of N rounds (default 5).\n"
@@ -413,7 +579,11 @@ static int usage(FILE *f)
           "With --store dynamodb://..., only the DynamoDB store (the table\n"
           "created if missing, the bench's items removed at the end):\n"
           "decisions/s and round trips per decision with 1 and 16 callers,\n"
-          "and the conditional writes' conflicts on one key.\n",
+          "and the conditional writes' conflicts on one key.\n"
+          "With --shm, instead: the shared-memory store (a region in\n"
+          "/dev/shm, removed after) beside the memory store, hot key and\n"
+          "1M keys, bytes per key, and two processes on one key and on a\n"
+          "key each.\n",
           f);
     return f == stdout ? 0 : 2;
 }
@@ -421,6 +591,7 @@ static int usage(FILE *f)
 int cmd_bench(int argc, char **argv)
 {
     const char *redis_url = NULL;
+    bool shm = false;
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
@@ -439,6 +610,10 @@ int cmd_bench(int argc, char **argv)
             i++;
             continue;
         }
+        if (strcmp(argv[i], "--shm") == 0) {
+            shm = true;
+            continue;
+        }
         if (strcmp(argv[i], "--redis") == 0 && i + 1 < argc) {
             redis_url = argv[++i];
             continue;
@@ -454,6 +629,8 @@ int cmd_bench(int argc, char **argv)
     }
     progress = isatty(2);
     make_keys();
+    if (shm)
+        return bench_shm();
     line_t *table = calloc(KEYS, sizeof *table);
     if (table == NULL)
         return cli_fail("bench: out of memory");

@@ -10,9 +10,10 @@
 
 static const char usage[] =
     "usage: ratelimit check --key KEY --algorithm NAME [policy options]\n"
-    "                       [--permits N] [--max-wait DUR] [--store URL]\n"
+    "                       [--permits N] [--max-wait DUR] [--store STORE]\n"
+    "                       [--max-keys N]\n"
     "       ratelimit check --key KEY --policy TEXT [--permits N]\n"
-    "                       [--max-wait DUR] [--store URL]\n"
+    "                       [--max-wait DUR] [--store STORE] [--max-keys N]\n"
     "\n"
     "Asks the store for one decision and prints its fields, one per line.\n"
     "With --store redis://... (keys under 'ratelimit:', expiring after their\n"
@@ -20,19 +21,23 @@ static const char usage[] =
     "--store dynamodb://TABLE?region=REGION[&endpoint=URL] (the table created\n"
     "if missing, items expiring by the wall clock; credentials from\n"
     "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or ~/.aws/credentials;\n"
-    "docs/dynamodb.md).\n"
+    "docs/dynamodb.md).  With --store shm:PATH (a shared-memory region,\n"
+    "created if absent, 0600, and kept; docs/shm.md) they add up across the\n"
+    "calls on one host; --max-keys N is the capacity of a region the call\n"
+    "creates (default 65536 keys).\n"
     "Exit status: 0 allowed, 1 denied, 2 error.  Policy options as for\n"
     "'ratelimit replay' (--algorithm, --rate, --burst, --capacity, --limit,\n"
     "--window, --policy).  The default store is a fresh memory store, so\n"
     "without --store each call starts cold.\n";
 
-enum { O_STORE = O_POLICY_END, O_KEY, O_PERMITS, O_HELP };
+enum { O_STORE = O_POLICY_END, O_KEY, O_PERMITS, O_MAXKEYS, O_HELP };
 
 static const struct option longopts[] = {
     POLICY_LONGOPTS,
     {"store", required_argument, NULL, O_STORE},
     {"key", required_argument, NULL, O_KEY},
     {"permits", required_argument, NULL, O_PERMITS},
+    {"max-keys", required_argument, NULL, O_MAXKEYS},
     {"help", no_argument, NULL, O_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -53,6 +58,8 @@ int cmd_check(int argc, char **argv)
 {
     policy_opts_t po = {.cmd = "check"};
     const char *store_spec = NULL, *key = NULL, *permits_text = "1";
+    const char *max_keys_text = NULL;
+    uint64_t max_keys = 0;
     int c;
 
     optind = 1;
@@ -64,6 +71,7 @@ int cmd_check(int argc, char **argv)
         case O_STORE: store_spec = optarg; break;
         case O_KEY: key = optarg; break;
         case O_PERMITS: permits_text = optarg; break;
+        case O_MAXKEYS: max_keys_text = optarg; break;
         case O_HELP: cli_usage(usage); return 0;
         default: return getopt_fail("check", c, argv);
         }
@@ -78,8 +86,16 @@ int cmd_check(int argc, char **argv)
     if (rate_parse_count(permits_text, &permits, NULL, 0) != RATE_OK)
         return cli_fail("check: --permits '%s' is not a whole number up to "
                         "2^63-1", permits_text);
+    if (max_keys_text != NULL &&
+        (rate_parse_count(max_keys_text, &max_keys, NULL, 0) != RATE_OK ||
+         max_keys == 0 || max_keys > INT32_MAX))
+        return cli_fail("check: --max-keys '%s' is not a whole number from "
+                        "1 to 2147483647", max_keys_text);
+    if (max_keys != 0 &&
+        (store_spec == NULL || strncmp(store_spec, "shm:", 4) != 0))
+        return cli_fail("check: --max-keys sizes a shm:PATH region only");
     cli_limiter_t cl;
-    if (cli_limiter_open(&cl, &po, store_spec, false, 0) != 0)
+    if (cli_limiter_open(&cl, &po, store_spec, false, max_keys) != 0)
         return 2;
     rate_decision_t d;
     int rc = rate_limiter_check(cl.lim, key, strlen(key), permits,
@@ -87,12 +103,8 @@ int cmd_check(int argc, char **argv)
     if (rc == RATE_OK && d.reason == RATE_REASON_STORE_ERROR)
         rc = d.error;
     int status;
-    char why[512] = "";
-    if (rc != RATE_OK &&
-        rate_store_dynamodb_last_error(cl.store, why, sizeof why) > 0) {
-        status = cli_fail("check: %s: %s", rate_strerror(rc), why);
-    } else if (rc != RATE_OK) {
-        status = cli_fail("check: %s", rate_strerror(rc));
+    if (rc != RATE_OK) {
+        status = cli_fail("check: %s", cli_store_error(&cl, rc));
     } else {
         printf("decision %s\n", d.allowed ? "allow" : "deny");
         printf("reason %s\n", rate_reason_name(d.reason));

@@ -84,6 +84,10 @@ typedef struct cli_limiter {
     bool scratch; /* a Redis or DynamoDB namespace of this run's own,
                      dropped at close */
     bool dynamodb; /* the store is a DynamoDB store */
+    bool shm_scratch; /* a namespace of this run's own in an existing
+                         shared-memory region, dropped at close */
+    char *shm_unlink; /* a region file this run created: removed at close */
+    char why[320];    /* cli_store_error's text */
     rate_policy_t *policy;
     rate_store_t *store;
     rate_limiter_t *lim;
@@ -98,6 +102,15 @@ typedef struct cli_limiter {
  * killed together with its watchdog. */
 int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
                      const char *store_spec, bool scratch, uint64_t max_keys);
+/* --store shm:PATH: the capacity (keys) of a region the command creates
+ * without --max-keys, and the longest key (namespace included) of one it
+ * creates. */
+#define CLI_SHM_KEYS 65536u
+#define CLI_SHM_KEY_MAX 160u
+/* The reason of a failed decision, in words that name the store's bound
+ * when the store is a shared-memory region, and with the service's message
+ * when it is DynamoDB (kept in cl->why). */
+const char *cli_store_error(cli_limiter_t *cl, int rc);
 #define CLI_SAFETY_TTL_NS (60 * RATE_NS_PER_S)
 /* A DynamoDB scratch namespace's TTL attribute: a week, never refreshed
  * (DynamoDB's deletion is days late anyway; the reading ignores it). */

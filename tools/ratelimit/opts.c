@@ -539,7 +539,8 @@ int store_from_opt(const char *cmd, const char *spec, bool scratch,
         return 0;
     }
     if (max_keys != 0)
-        return cli_fail("%s: --max-keys bounds the memory store only", cmd);
+        return cli_fail("%s: --max-keys bounds the memory store and a "
+                        "shared-memory region the command creates only", cmd);
     if (strncmp(spec, "unix://", 7) == 0) {
         /* Say plainly what is wrong with the socket's path. */
         const char *path = spec + 7;
@@ -558,8 +559,9 @@ int store_from_opt(const char *cmd, const char *spec, bool scratch,
     if (is_dynamodb(spec))
         return dynamodb_from_opt(cmd, spec, scratch, out);
     if (strncmp(spec, "redis://", 8) != 0 && strncmp(spec, "unix://", 7) != 0)
-        return cli_fail("%s: --store '%s' is neither 'memory' nor a "
-                        "redis://, unix:// or dynamodb:// URL", cmd, spec);
+        return cli_fail("%s: --store '%s' is neither 'memory', shm:PATH, "
+                        "nor a redis://, unix:// or dynamodb:// URL", cmd,
+                        spec);
     rate_redis_options_t o = {0};
     char prefix[96], err[256];
     if (scratch) {
@@ -583,20 +585,118 @@ int store_from_opt(const char *cmd, const char *spec, bool scratch,
     return 0;
 }
 
+/* --store shm:PATH.  A region PATH names is attached to; one that is
+ * absent is created, with max_keys keys (CLI_SHM_KEYS without --max-keys)
+ * and room for the policy's states.  scratch (a replay): a region the run
+ * created is removed at the end (cl->shm_unlink); in one that existed the
+ * run works in a namespace of its own, dropped at the end
+ * (cl->shm_scratch). */
+static int shm_from_opt(cli_limiter_t *cl, const char *cmd, const char *path,
+                        bool scratch, uint64_t max_keys)
+{
+    char err[320], prefix[96];
+    size_t need = rate_store_shm_state_size(cl->policy);
+    rate_shm_options_t so = {.max_keys = max_keys ? max_keys : CLI_SHM_KEYS,
+                             .key_max = CLI_SHM_KEY_MAX,
+                             .state_max = need > 96 ? (uint32_t)need : 0,
+                             .mode = 0600};
+    rate_shm_info_t info;
+
+    if (*path == '\0')
+        return cli_fail("%s: --store shm:PATH needs a PATH (shm:/dev/shm/"
+                        "NAME)", cmd);
+    if (need > 262144)
+        return cli_fail("%s: --store '%s': the policy's states take up to "
+                        "%zu bytes, more than a region keeps (262144)", cmd,
+                        path, need);
+    if (rate_store_shm_new(path, &so, &cl->store, err, sizeof err) !=
+        RATE_OK) {
+        /* An existing region of other sizes: attach to it as it is (of
+         * the capacity --max-keys asks, if given). */
+        rate_shm_options_t as = {.no_create = true, .max_keys = max_keys};
+        if (rate_store_shm_new(path, &as, &cl->store, err, sizeof err) !=
+            RATE_OK)
+            return cli_fail("%s: --store shm:%s", cmd, err);
+    }
+    if (rate_store_shm_info(cl->store, &info) != RATE_OK)
+        return cli_fail("%s: --store shm:%s: cannot read the region", cmd,
+                        path);
+    if (need > info.state_max)
+        return cli_fail("%s: --store shm:%s: the policy's states take up to "
+                        "%zu bytes, the region keeps at most %u (its "
+                        "state_max)", cmd, path, need, info.state_max);
+    if (info.created && scratch) {
+        if ((cl->shm_unlink = strdup(path)) == NULL)
+            return cli_fail("%s: out of memory", cmd);
+    } else if (scratch) {
+        /* A namespace of the run's own in a region others may use. */
+        snprintf(prefix, sizeof prefix, "%s:%ld:%llu:", cmd, (long)getpid(),
+                 (unsigned long long)rate_clock_monotonic_ns());
+        rate_store_free(cl->store);
+        cl->store = NULL;
+        rate_shm_options_t ns = {.no_create = true, .prefix = prefix};
+        if (rate_store_shm_new(path, &ns, &cl->store, err, sizeof err) !=
+            RATE_OK)
+            return cli_fail("%s: --store shm:%s: %s", cmd, path,
+                            strlen(prefix) >= info.key_max
+                                ? "its key_max leaves no room for a "
+                                  "namespace"
+                                : err);
+        cl->shm_scratch = true;
+    }
+    return 0;
+}
+
+const char *cli_store_error(cli_limiter_t *cl, int rc)
+{
+    rate_shm_info_t info;
+
+    if (cl->store != NULL && cl->dynamodb) {
+        /* The service's own words, after the error's. */
+        int n = snprintf(cl->why, sizeof cl->why, "%s: ", rate_strerror(rc));
+        if (n > 0 && (size_t)n < sizeof cl->why &&
+            rate_store_dynamodb_last_error(cl->store, cl->why + n,
+                                           sizeof cl->why - (size_t)n) > 0)
+            return cl->why;
+        return rate_strerror(rc);
+    }
+    if (cl->store == NULL || rate_store_shm_info(cl->store, &info) != RATE_OK)
+        return rate_strerror(rc);
+    if (rc == RATE_EKEY)
+        return cl->shm_scratch
+                   ? "key longer than the shared-memory region's key_max "
+                     "allows (with the run's namespace)"
+                   : "key longer than the shared-memory region's key_max";
+    if (rc == RATE_EFULL)
+        return "the shared-memory region has no room: a state longer than "
+               "its state_max, or its policy records are all taken";
+    if (rc == RATE_ETIMEDOUT)
+        return "a shard of the shared-memory region stayed locked by a "
+               "live process for longer than the lock timeout";
+    return rate_strerror(rc);
+}
+
 int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
                      const char *store_spec, bool scratch, uint64_t max_keys)
 {
     memset(cl, 0, sizeof *cl);
     if (policy_from_opts(o, &cl->policy, &cl->max_wait_ns) != 0)
         return 2;
-    if (store_from_opt(o->cmd, store_spec, scratch, max_keys,
-                       &cl->store) != 0) {
+    if (store_spec != NULL && strncmp(store_spec, "shm:", 4) == 0) {
+        if (shm_from_opt(cl, o->cmd, store_spec + 4, scratch, max_keys) !=
+            0) {
+            cli_limiter_close(cl);
+            return 2;
+        }
+    } else if (store_from_opt(o->cmd, store_spec, scratch, max_keys,
+                              &cl->store) != 0) {
         cli_limiter_close(cl);
         return 2;
     }
     cl->cmd = o->cmd;
     cl->scratch = scratch && store_spec != NULL &&
-                  strcmp(store_spec, "memory") != 0;
+                  strcmp(store_spec, "memory") != 0 &&
+                  strncmp(store_spec, "shm:", 4) != 0;
     cl->dynamodb = is_dynamodb(store_spec);
     char why[512] = "";
     if (rate_store_check_policy(cl->store, cl->policy, why, sizeof why) !=
@@ -628,8 +728,14 @@ int cli_limiter_close(cli_limiter_t *cl)
                           : rate_store_redis_drop(cl->store);
         stop_watchdog(rc == RATE_OK);
     }
+    if (cl->shm_scratch && cl->store != NULL)
+        rc = rate_store_shm_drop(cl->store);
     rate_limiter_free(cl->lim);
     rate_store_free(cl->store);
+    if (cl->shm_unlink != NULL && unlink(cl->shm_unlink) != 0 &&
+        errno != ENOENT)
+        rc = RATE_ESTORE;
+    free(cl->shm_unlink);
     rate_policy_free(cl->policy);
     memset(cl, 0, sizeof *cl);
     return rc;

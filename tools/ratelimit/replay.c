@@ -45,11 +45,18 @@ static const char usage[] =
     "                     the run's items (without expiry) are removed at\n"
     "                     the end in the same cases; credentials from\n"
     "                     AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or\n"
-    "                     ~/.aws/credentials\n"
+    "                     ~/.aws/credentials.\n"
+    "                     Or shm:PATH, a shared-memory region (docs/shm.md):\n"
+    "                     created if absent and removed at the end; if it\n"
+    "                     exists, the run works in a namespace of its own,\n"
+    "                     removed at the end; the output is the same, but\n"
+    "                     for evictions by the region's bound\n"
     "  --per-key          a summary line per key (memory grows with the keys)\n"
     "  --max-keys N       memory store: keep at most N keys, evicting the least\n"
     "                     recently used (counted on standard error); an\n"
-    "                     evicted key starts cold again: answers may change\n"
+    "                     evicted key starts cold again: answers may change.\n"
+    "                     shm:PATH: the capacity of a region the run creates\n"
+    "                     (default 65536 keys); an existing one must match\n"
     "  --input FORMAT     trace (TIME KEY [PERMITS], default) or clf (access\n"
     "                     logs in Common or Combined Log Format, and more\n"
     "                     fields after them)\n"
@@ -146,7 +153,7 @@ int cmd_replay(int argc, char **argv)
         return 2;
     /* With a Redis namespace of the run's own: SIGINT and SIGTERM stop the
      * run between two requests, so that it removes its keys. */
-    if (cl.scratch)
+    if (cl.scratch || cl.shm_scratch || cl.shm_unlink != NULL)
         cli_catch_signals();
     reader_t rd;
     int status = reader_open(&rd, "replay", input, field,
@@ -175,12 +182,8 @@ int cmd_replay(int argc, char **argv)
         if (cli_signal != 0)
             break;
         if (rc != RATE_OK) {
-            char why[256] = "";
-            if (rate_store_dynamodb_last_error(cl.store, why + 2,
-                                               sizeof why - 2) > 0)
-                memcpy(why, ": ", 2); /* the service's own words */
-            snprintf(failure, sizeof failure, "replay: line %llu: %s%s",
-                     (unsigned long long)rd.lineno, rate_strerror(rc), why);
+            snprintf(failure, sizeof failure, "replay: line %llu: %s",
+                     (unsigned long long)rd.lineno, cli_store_error(&cl, rc));
             status = 2;
             break;
         }
@@ -231,8 +234,19 @@ int cmd_replay(int argc, char **argv)
     /* One line of error in all: a failure says whether the run's Redis
      * keys are gone; a failed removal alone says so. */
     bool scratch = cl.scratch;
+    bool shm = cl.shm_scratch || cl.shm_unlink != NULL;
     const char *sn = cl.dynamodb ? "DynamoDB" : "Redis";
     int drop = cli_limiter_close(&cl);
+    if (shm) { /* nothing left behind: the namespace or the file is gone */
+        if (failure[0] != '\0')
+            cli_fail("%s", failure);
+        else if (drop != RATE_OK && status == 0)
+            status = cli_fail("replay: could not remove the run's %s (%s)",
+                              drop == RATE_ESTORE ? "region file"
+                                                  : "namespace",
+                              rate_strerror(drop));
+        return status;
+    }
     char keys_fate[200];
     if (drop == RATE_OK)
         snprintf(keys_fate, sizeof keys_fate, "; the run's %s keys were "

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# The command on a shared-memory region (--store shm:PATH): the replay
+# vectors give the memory store's output byte for byte, both on a region
+# the run creates (and removes) and in a namespace of its own in one that
+# exists (removed after, the region's own keys untouched); check shares a
+# limit across calls; the errors name the region's bound.
+# Usage: shm_cli_test.sh RATELIMIT_BINARY SHM_KEYS_BINARY VECTORS_DIR
+set -u
+R=$1
+K=$2
+V=$3
+T=$(mktemp -d)
+P=/dev/shm/rl-cli-test-$$
+trap 'rm -rf "$T"; rm -f "$P" "$P".*' EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+
+rm -f "$P"
+for args in "$V"/*.args; do
+  n=$(basename "$args" .args)
+  # shellcheck disable=SC2046
+  if "$R" replay $(cat "$args") --store "shm:$P" "$V/$n.trace" >"$T/out" 2>"$T/err" &&
+     cmp -s "$T/out" "$V/$n.out" && [ ! -e "$P" ]; then ok
+  else bad "vector $n on a region the run creates"; diff "$V/$n.out" "$T/out" | head -5; cat "$T/err"; fi
+done
+
+# A region that exists, with a key of its own: each run in a namespace.
+"$R" check --key mine --policy "fixed-window 5/1h" --store "shm:$P" --max-keys 500 >/dev/null
+before=$("$K" "$P")
+if [ "$before" = "1 1" ] && [ "$(stat -c %a "$P")" = 600 ]; then ok
+else bad "check made the region (keys/records: $before)"; fi
+for args in "$V"/*.args; do
+  n=$(basename "$args" .args)
+  # shellcheck disable=SC2046
+  if "$R" replay $(cat "$args") --store "shm:$P" "$V/$n.trace" >"$T/out" 2>"$T/err" &&
+     cmp -s "$T/out" "$V/$n.out" && [ "$("$K" "$P")" = "$before" ]; then ok
+  else bad "vector $n in a namespace ($("$K" "$P"))"; diff "$V/$n.out" "$T/out" | head -5; cat "$T/err"; fi
+done
+# the access log too
+if "$R" replay --input clf --algorithm fixed-window --limit 2 --window 1s \
+     --store "shm:$P" "$V/access.log" >"$T/out" 2>/dev/null &&
+   cmp -s "$T/out" "$V/access.out" && [ "$("$K" "$P")" = "$before" ]; then ok
+else bad "replay --input clf in a namespace"; fi
+
+# check: one limit across calls (and processes)
+for i in 2 3 4 5; do "$R" check --key mine --policy "fixed-window 5/1h" --store "shm:$P" >/dev/null; done
+"$R" check --key mine --policy "fixed-window 5/1h" --store "shm:$P" >"$T/out"
+rc=$?
+if [ $rc -eq 1 ] && grep -q "^decision deny" "$T/out"; then ok
+else bad "check: the sixth call of 5/1h (rc=$rc)"; fi
+
+# errors
+expect_error() { # WORDS COMMAND...
+  local words=$1; shift
+  "$R" "$@" >/dev/null 2>"$T/err"; local rc=$?
+  if [ $rc -eq 2 ] && grep -qF -- "$words" "$T/err"; then ok
+  else bad "$* (rc=$rc): $(cat "$T/err")"; fi
+}
+expect_error "max_keys: the region has 500, the options ask 7" \
+  check --key k --policy "fixed-window 1/s" --store "shm:$P" --max-keys 7
+expect_error "the policy's states take up to 1622 bytes, the region keeps at most 96" \
+  check --key k --policy "sliding-log 100/s" --store "shm:$P"
+expect_error "needs a PATH" check --key k --policy "fixed-window 1/s" --store shm:
+expect_error "--max-keys sizes a shm:PATH region only" check --key k --policy "fixed-window 1/s" --max-keys 5
+head -c 8192 /dev/zero | tr '\0' x >"$T/notastore"
+expect_error "not a ratelimit shm store" check --key k --policy "fixed-window 1/s" --store "shm:$T/notastore"
+expect_error "No such file or directory" check --key k --policy "fixed-window 1/s" --store "shm:/nonexistent/dir/r"
+long=$(head -c 200 /dev/zero | tr '\0' k)
+printf '0 %s\n' "$long" >"$T/long.trace"
+expect_error "key longer than the shared-memory region's key_max" \
+  replay --policy "fixed-window 1/s" --store "shm:$P" "$T/long.trace"
+if [ "$("$K" "$P")" = "$before" ]; then ok; else bad "a failed run left keys"; fi
+# a region the run creates for a sliding log is made big enough for it
+printf '0 a\n0 a\n0 a\n' >"$T/log.trace"
+if "$R" replay --policy "sliding-log 100/s" --store "shm:$T/log" "$T/log.trace" >"$T/out" 2>/dev/null &&
+   [ "$(cut -f4 "$T/out" | tr '\n' ' ')" = "allow allow allow " ] && [ ! -e "$T/log" ]; then ok
+else bad "a sliding log on a region the run creates"; fi
+
+echo "shm cli: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

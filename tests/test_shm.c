@@ -1,0 +1,710 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The shared-memory store: the memory store's decisions bit for bit over
+ * random traces, its bounds, eviction, namespaces, the refusals of a
+ * region it cannot read, and a region over the caller's memory.  The
+ * processes-and-threads and kill tests are in test_shm_procs.c.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <pthread.h>
+#include <pwd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "ratelimit_store.h"
+
+static char path[128];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(path, sizeof path, "/dev/shm/rl-test-shm-%ld", (long)getpid());
+    unlink(path);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    unlink(path);
+    return 0;
+}
+
+static rate_store_t *open_shm(const rate_shm_options_t *o)
+{
+    rate_store_t *s = NULL;
+    char err[256] = "";
+    int rc = rate_store_shm_new(path, o, &s, err, sizeof err);
+    if (rc != RATE_OK)
+        fail_msg("rate_store_shm_new(%s): %s: %s", path, rate_err_name(rc),
+                 err);
+    return s;
+}
+
+static void check_region(rate_store_t *s)
+{
+    char err[256] = "";
+    int rc = rate_store_shm_check(s, err, sizeof err);
+    if (rc != RATE_OK)
+        fail_msg("check: %s: %s", rate_err_name(rc), err);
+}
+
+/* ------------------------------------------------------ differential */
+
+static uint64_t rnd_state = 0x2545f4914f6cdd1du;
+static uint64_t rnd(uint64_t n)
+{
+    rnd_state ^= rnd_state << 13;
+    rnd_state ^= rnd_state >> 7;
+    rnd_state ^= rnd_state << 17;
+    return n ? rnd_state % n : 0;
+}
+
+static const char *algo_text(char *buf, size_t len)
+{
+    static const char *names[] = {"token-bucket", "leaky-bucket",
+                                  "fixed-window", "sliding-log",
+                                  "sliding-window"};
+    unsigned a = (unsigned)rnd(5);
+    int n = snprintf(buf, len, "%s %llu/%lluns", names[a],
+                     (unsigned long long)(1 + rnd(a == 3 ? 6 : 9)),
+                     (unsigned long long)(1 + rnd(2000)));
+    if (a == 0)
+        n += snprintf(buf + n, len - (size_t)n, " burst=%llu",
+                      (unsigned long long)(1 + rnd(6)));
+    if (a == 1)
+        n += snprintf(buf + n, len - (size_t)n, " capacity=%llu",
+                      (unsigned long long)(1 + rnd(6)));
+    if (rnd(6) == 0)
+        snprintf(buf + n, len - (size_t)n, " block=%lluns",
+                 (unsigned long long)(1 + rnd(3000)));
+    return buf;
+}
+
+/* A random policy: one to three limits. */
+static rate_policy_t *random_policy(void)
+{
+    char text[512] = "", one[128];
+    unsigned n = 1 + (unsigned)(rnd(3) == 0 ? 1 + rnd(2) : 0);
+    for (unsigned i = 0; i < n; i++) {
+        if (i > 0)
+            strcat(text, "; ");
+        strcat(text, algo_text(one, sizeof one));
+    }
+    return policy_of(text);
+}
+
+static bool same_decision(const rate_decision_t *a, const rate_decision_t *b)
+{
+    return a->allowed == b->allowed && a->shadow == b->shadow &&
+           a->reason == b->reason && a->component == b->component &&
+           a->error == b->error && a->limit == b->limit &&
+           a->remaining == b->remaining && a->delay_ns == b->delay_ns &&
+           a->retry_after_ns == b->retry_after_ns &&
+           a->reset_after_ns == b->reset_after_ns;
+}
+
+static void describe(const char *what, const rate_decision_t *d)
+{
+    print_message("%s: allowed=%d shadow=%d reason=%d component=%d error=%d "
+                  "limit=%llu rem=%llu delay=%llu retry=%llu reset=%llu\n",
+                  what, d->allowed, d->shadow, d->reason, d->component,
+                  d->error, (unsigned long long)d->limit,
+                  (unsigned long long)d->remaining,
+                  (unsigned long long)d->delay_ns,
+                  (unsigned long long)d->retry_after_ns,
+                  (unsigned long long)d->reset_after_ns);
+}
+
+/* Random traces through limiters on `other` and on a memory store, side
+ * by side: every call's code and decision must be the same. */
+static void differential(rate_store_t *other, const char *what, int traces)
+{
+    unsigned compared = 0;
+
+    for (int trace = 0; trace < traces; trace++) {
+        rate_store_t *mem = NULL;
+        assert_int_equal(rate_store_memory_new(NULL, &mem), RATE_OK);
+        rate_policy_t *p = random_policy(), *p2 = random_policy();
+        rate_limiter_config_t cfg = {0};
+        cfg.policy = p;
+        cfg.shadow = rnd(8) == 0;
+        cfg.first_edition_format = rnd(10) == 0;
+        rate_limiter_t *lm = NULL, *lo = NULL;
+        cfg.store = mem;
+        assert_int_equal(rate_limiter_new(&cfg, &lm), RATE_OK);
+        cfg.store = other;
+        assert_int_equal(rate_limiter_new(&cfg, &lo), RATE_OK);
+        char text[512];
+        rate_policy_format(p, text, sizeof text);
+        uint64_t t = rnd(5000);
+        for (int i = 0; i < 150; i++) {
+            char key[48];
+            snprintf(key, sizeof key, "%s-%d-%u", what, trace,
+                     (unsigned)rnd(3));
+            size_t kl = strlen(key);
+            if (rnd(8) == 0 && t > 100)
+                t -= rnd(100);
+            else
+                t += rnd(4) == 0 ? 0 : rnd(1500);
+            uint64_t n = rnd(5), mw = rnd(4) == 0 ? rnd(3000) : 0;
+            int op = (int)rnd(20);
+            rate_decision_t dm, dq;
+            int rm, ro;
+            memset(&dm, 0, sizeof dm);
+            memset(&dq, 0, sizeof dq);
+            if (op < 12) {
+                rm = rate_limiter_check_at(lm, key, kl, n, mw, t, &dm);
+                ro = rate_limiter_check_at(lo, key, kl, n, mw, t, &dq);
+            } else if (op < 16) {
+                rm = rate_try_acquire_len_at(lm, key, kl, n, t);
+                ro = rate_try_acquire_len_at(lo, key, kl, n, t);
+            } else if (op == 16) {
+                rm = rate_limiter_refund_at(lm, key, kl, n, t);
+                ro = rate_limiter_refund_at(lo, key, kl, n, t);
+            } else if (op == 17) {
+                rm = rate_limiter_penalize_at(lm, key, kl, n, t);
+                ro = rate_limiter_penalize_at(lo, key, kl, n, t);
+            } else if (op == 18) {
+                rm = rate_limiter_reset(lm, key, kl);
+                ro = rate_limiter_reset(lo, key, kl);
+            } else {
+                /* A tier change: the states carry over through the
+                 * policy records, which the region keeps. */
+                rate_policy_t *q = p2;
+                p2 = p;
+                p = q;
+                rm = rate_limiter_set_policy(lm, p);
+                ro = rate_limiter_set_policy(lo, p);
+            }
+            if (rm != ro || !same_decision(&dm, &dq)) {
+                describe("memory", &dm);
+                describe(what, &dq);
+                fail_msg("%s trace %d (%s) call %d op %d key %s t=%llu "
+                         "n=%llu mw=%llu: codes %d / %d",
+                         what, trace, text, i, op, key,
+                         (unsigned long long)t, (unsigned long long)n,
+                         (unsigned long long)mw, rm, ro);
+            }
+            compared++;
+        }
+        rate_limiter_free(lm);
+        rate_limiter_free(lo);
+        rate_policy_free(p);
+        rate_policy_free(p2);
+        rate_store_free(mem);
+    }
+    assert_true(compared >= (unsigned)traces * 150);
+}
+
+static void same_decisions_as_memory(void **state)
+{
+    (void)state;
+    rate_shm_options_t o = {.max_keys = 100000, .state_max = 512,
+                           .max_policies = 1024};
+    rate_store_t *s = open_shm(&o);
+    differential(s, "file", 300);
+    check_region(s);
+    rate_shm_info_t info;
+    assert_int_equal(rate_store_shm_info(s, &info), RATE_OK);
+    assert_int_equal(info.evictions, 0);
+    assert_int_equal(info.recoveries, 0);
+    assert_true(info.keys > 0);
+    assert_true(info.policies > 0);
+    rate_store_free(s);
+
+    /* Attached again, in a namespace of its own: the same. */
+    rate_shm_options_t a = {.prefix = "ns1:"};
+    s = open_shm(&a);
+    differential(s, "ns", 100);
+    check_region(s);
+    assert_int_equal(rate_store_shm_drop(s), RATE_OK);
+    check_region(s);
+    rate_store_free(s);
+}
+
+static void same_decisions_in_callers_memory(void **state)
+{
+    (void)state;
+    rate_shm_options_t o = {.max_keys = 20000, .state_max = 512,
+                           .max_policies = 256};
+    size_t len = rate_store_shm_size(&o);
+    assert_true(len > 0 && len % 4096 == 0);
+    void *mem = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(mem != MAP_FAILED);
+    rate_store_t *s = NULL, *s2 = NULL;
+    char err[256] = "";
+    /* All zero: the first caller initializes it, the next attaches. */
+    assert_int_equal(rate_store_shm_new_in(mem, len, &o, &s, err, sizeof err),
+                     RATE_OK);
+    rate_shm_options_t attach = {0};
+    assert_int_equal(
+        rate_store_shm_new_in(mem, len, &attach, &s2, err, sizeof err),
+        RATE_OK);
+    differential(s, "in", 60);
+    /* The second handle sees the first's keys. */
+    rate_shm_info_t i1, i2;
+    assert_int_equal(rate_store_shm_info(s, &i1), RATE_OK);
+    assert_int_equal(rate_store_shm_info(s2, &i2), RATE_OK);
+    assert_int_equal(i1.keys, i2.keys);
+    check_region(s2);
+    rate_store_free(s2);
+    /* init: made again, whatever it held. */
+    rate_shm_options_t re = {.max_keys = 1000, .init = true};
+    rate_store_free(s);
+    assert_int_equal(rate_store_shm_new_in(mem, len, &re, &s, err, sizeof err),
+                     RATE_OK);
+    assert_int_equal(rate_store_shm_info(s, &i1), RATE_OK);
+    assert_int_equal(i1.keys, 0);
+    assert_int_equal(i1.max_keys, 1000);
+    rate_store_free(s);
+    /* Refusals of the caller's region. */
+    assert_int_equal(rate_store_shm_new_in((char *)mem + 8, len - 64, &o, &s,
+                                           err, sizeof err),
+                     RATE_EINVAL);
+    assert_non_null(strstr(err, "aligned"));
+    assert_int_equal(rate_store_shm_new_in(mem, 4096, &re, &s, err,
+                                           sizeof err),
+                     RATE_EINVAL);
+    assert_non_null(strstr(err, "bytes"));
+    assert_int_equal(rate_store_shm_new_in(NULL, len, &o, &s, err, sizeof err),
+                     RATE_EINVAL);
+    munmap(mem, len);
+}
+
+/* -------------------------------------------------------------- bounds */
+
+static void evicts_in_a_full_shard_and_counts(void **state)
+{
+    (void)state;
+    rate_shm_options_t o = {.max_keys = 64, .shards = 1};
+    rate_store_t *s = open_shm(&o);
+    rate_limiter_t *lim = limiter_of("fixed-window 5/s", s);
+    char key[32];
+    for (int i = 0; i < 200; i++) {
+        snprintf(key, sizeof key, "key-%d", i);
+        assert_true(rate_try_acquire_at(lim, key, 1, 1000));
+    }
+    rate_stats_t st;
+    assert_int_equal(rate_store_stats(s, &st), RATE_OK);
+    assert_int_equal(st.keys, 64);
+    assert_int_equal(st.evictions, 200 - 64);
+    check_region(s);
+    /* A key used twice since the hand last passed survives the next
+     * eviction (second chance). */
+    assert_true(rate_try_acquire_at(lim, "key-199", 1, 1000));
+    assert_true(rate_try_acquire_at(lim, "new", 1, 1000));
+    rate_decision_t d = at(lim, "key-199", 1000, 0, 0);
+    assert_int_equal(d.remaining, 3);
+    rate_limiter_free(lim);
+    rate_store_free(s);
+}
+
+static void reclaims_cold_keys_first(void **state)
+{
+    (void)state;
+    rate_shm_options_t o = {.max_keys = 32, .shards = 1};
+    rate_store_t *s = open_shm(&o);
+    rate_limiter_t *lim = limiter_of("token-bucket 1/ms burst=1", s);
+    char key[32];
+    /* On the library's clock (a horizon): keys refill in 1 ms and are
+     * reclaimed, not evicted. */
+    for (int i = 0; i < 32; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        assert_true(rate_try_acquire(lim, key, 1));
+    }
+    struct timespec ts = {0, 5000000};
+    nanosleep(&ts, NULL);
+    for (int i = 32; i < 64; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        assert_true(rate_try_acquire(lim, key, 1));
+    }
+    rate_stats_t st;
+    assert_int_equal(rate_store_stats(s, &st), RATE_OK);
+    assert_int_equal(st.keys, 32);
+    assert_int_equal(st.evictions, 0);
+    assert_int_equal(st.reclaimed, 32);
+    rate_limiter_free(lim);
+    rate_store_free(s);
+}
+
+static void refuses_a_state_that_does_not_fit(void **state)
+{
+    (void)state;
+    rate_policy_t *log = policy_of("sliding-log 100/s");
+    rate_policy_t *tb = policy_of("token-bucket 10/s burst=10");
+    rate_policy_t *all = policy_of(
+        "token-bucket 10/s burst=10 block=1s; leaky-bucket 1/s capacity=4; "
+        "sliding-window 5/s; fixed-window 9/s");
+    assert_int_equal(rate_store_shm_state_size(tb), 22);
+    assert_int_equal(rate_store_shm_state_size(log), 14 + 8 + 1600);
+    assert_true(rate_store_shm_state_size(all) <= 96);
+    assert_int_equal(rate_store_shm_state_size(NULL), 0);
+
+    rate_shm_options_t o = {.max_keys = 100, .state_max = 96};
+    rate_store_t *s = open_shm(&o);
+    rate_limiter_t *lim = limiter_of("sliding-log 100/s", s);
+    rate_decision_t d;
+    int admitted = 0, refused = 0;
+    for (int i = 0; i < 10; i++) {
+        assert_int_equal(rate_limiter_check_at(lim, "k", 1, 1, 0,
+                                               (uint64_t)i * 1000, &d),
+                         RATE_OK);
+        if (d.allowed)
+            admitted++;
+        else if (d.reason == RATE_REASON_STORE_ERROR &&
+                 d.error == RATE_EFULL)
+            refused++;
+    }
+    /* (96 - 22) / 16 = 4 entries fit; the rest are refused, and the key
+     * keeps its four. */
+    assert_int_equal(admitted, 4);
+    assert_int_equal(refused, 6);
+    assert_int_equal(rate_limiter_check_at(lim, "k", 1, 0, 0, 20000, &d),
+                     RATE_OK);
+    assert_int_equal(d.remaining, 96);
+    check_region(s);
+    /* A key too long for key_max: a key error, nothing stored. */
+    char longkey[100];
+    memset(longkey, 'x', sizeof longkey);
+    assert_int_equal(rate_limiter_check_at(lim, longkey, sizeof longkey, 1, 0,
+                                           1, &d),
+                     RATE_OK);
+    assert_false(d.allowed);
+    assert_int_equal(d.error, RATE_EKEY);
+    assert_int_equal(rate_limiter_reset(lim, longkey, sizeof longkey),
+                     RATE_OK);
+    rate_limiter_free(lim);
+    rate_store_free(s);
+    rate_policy_free(log);
+    rate_policy_free(tb);
+    rate_policy_free(all);
+}
+
+static void keeps_namespaces_apart(void **state)
+{
+    (void)state;
+    rate_shm_options_t o = {.max_keys = 1000};
+    rate_store_t *a = open_shm(&o);
+    rate_shm_options_t no = {.prefix = "other:"};
+    rate_store_t *b = open_shm(&no);
+    rate_limiter_t *la = limiter_of("fixed-window 1/s", a);
+    rate_limiter_t *lb = limiter_of("fixed-window 1/s", b);
+    rate_limiter_t *la2 = limiter_of("fixed-window 1/s", a);
+    assert_true(rate_try_acquire_at(la, "k", 1, 10));
+    assert_true(rate_try_acquire_at(lb, "k", 1, 10));  /* another key */
+    assert_false(rate_try_acquire_at(la2, "k", 1, 10)); /* the same key */
+    rate_shm_info_t info;
+    assert_int_equal(rate_store_shm_info(a, &info), RATE_OK);
+    assert_int_equal(info.keys, 2);
+    assert_int_equal(info.policies, 2); /* one record per namespace */
+    assert_int_equal(rate_store_shm_drop(b), RATE_OK);
+    assert_int_equal(rate_store_shm_info(a, &info), RATE_OK);
+    assert_int_equal(info.keys, 1);
+    assert_int_equal(info.policies, 1);
+    assert_false(rate_try_acquire_at(la, "k", 1, 10));
+    check_region(a);
+    rate_limiter_free(la);
+    rate_limiter_free(la2);
+    rate_limiter_free(lb);
+    rate_store_free(a);
+    rate_store_free(b);
+    assert_int_equal(rate_store_shm_drop(NULL), RATE_EINVAL);
+    rate_store_t *mem;
+    assert_int_equal(rate_store_memory_new(NULL, &mem), RATE_OK);
+    assert_int_equal(rate_store_shm_drop(mem), RATE_EINVAL);
+    assert_int_equal(rate_store_shm_check(mem, NULL, 0), RATE_EINVAL);
+    rate_store_free(mem);
+}
+
+/* ------------------------------------------------------------ refusals */
+
+static void expect_refusal(const rate_shm_options_t *o, int code,
+                           const char *words)
+{
+    rate_store_t *s = NULL;
+    char err[256] = "";
+    int rc = rate_store_shm_new(path, o, &s, err, sizeof err);
+    if (rc != code || strstr(err, words) == NULL)
+        fail_msg("wanted %s with '%s', got %s: '%s'", rate_err_name(code),
+                 words, rate_err_name(rc), err);
+    assert_null(s);
+}
+
+static void patch(off_t at, uint32_t v)
+{
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, &v, sizeof v, at), sizeof v);
+    close(fd);
+}
+
+static void refuses_what_it_cannot_read(void **state)
+{
+    (void)state;
+    rate_shm_options_t o = {.max_keys = 1000, .mode = 0640};
+    rate_store_free(open_shm(&o));
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0640);
+
+    /* Options that disagree with the region. */
+    rate_shm_options_t other = {.max_keys = 2000};
+    expect_refusal(&other, RATE_EINVAL,
+                   "max_keys: the region has 1000, the options ask 2000");
+    other = (rate_shm_options_t){.state_max = 200};
+    expect_refusal(&other, RATE_EINVAL, "state_max: the region has 96");
+    other = (rate_shm_options_t){.key_max = 20};
+    expect_refusal(&other, RATE_EINVAL, "key_max");
+
+    /* Another layout version. */
+    patch(8, 99);
+    expect_refusal(NULL, RATE_ESTORE, "layout version 99, this library "
+                                      "reads 1");
+    patch(8, 1);
+    rate_store_free(open_shm(NULL)); /* as it was: attaches */
+
+    /* Another size than the header says: longer, then truncated. */
+    assert_int_equal(truncate(path, st.st_size + 4096), 0);
+    expect_refusal(NULL, RATE_ESTORE, "the header says");
+    assert_int_equal(truncate(path, st.st_size / 2), 0);
+    expect_refusal(NULL, RATE_ESTORE, "truncated");
+    assert_int_equal(truncate(path, 100), 0);
+    expect_refusal(NULL, RATE_ESTORE, "too short");
+
+    /* Not a store at all. */
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 8192; i++)
+        fputc("not a store\n"[i % 12], f);
+    fclose(f);
+    expect_refusal(NULL, RATE_ESTORE, "not a ratelimit shm store");
+    unlink(path);
+
+    /* Absent, with no_create; and no max_keys to create one. */
+    rate_shm_options_t nc = {.max_keys = 10, .no_create = true};
+    expect_refusal(&nc, RATE_ESTORE, "No such file");
+    expect_refusal(NULL, RATE_EINVAL, "max_keys is required");
+    rate_shm_options_t big = {.max_keys = 10, .state_max = 1u << 20};
+    expect_refusal(&big, RATE_EINVAL, "state_max");
+    assert_int_equal(rate_store_shm_new(NULL, &o, NULL, NULL, 0), RATE_EINVAL);
+    assert_int_equal(access(path, F_OK), -1); /* nothing left behind */
+}
+
+/* The file is the creator's (mode 0600): another user is refused with
+ * the system's reason; a mode and group the creator chose let it in. */
+static void refuses_without_permission(void **state)
+{
+    (void)state;
+    struct passwd *pw = getpwnam("nobody");
+    if (getuid() != 0 || pw == NULL) {
+        print_message("skipped: needs root and a user 'nobody'\n");
+        skip();
+    }
+    uid_t uid = pw->pw_uid;
+    gid_t gid = pw->pw_gid;
+    for (int round = 0; round < 2; round++) {
+        unlink(path);
+        rate_shm_options_t o = {.max_keys = 100};
+        if (round == 1) {
+            o.mode = 0660;
+            o.set_group = true;
+            o.group = (uint32_t)gid;
+        }
+        rate_store_t *s = open_shm(&o);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            rate_store_free(s); /* the parent's, copied by fork */
+            if (setgroups(0, NULL) != 0 || setgid(gid) != 0 ||
+                setuid(uid) != 0)
+                _exit(10);
+            rate_store_t *c = NULL;
+            char err[256] = "";
+            int rc = rate_store_shm_new(path, NULL, &c, err, sizeof err);
+            if (round == 0)
+                _exit(rc == RATE_ESTORE && strstr(err, "Permission denied")
+                          ? 0
+                          : 11);
+            if (rc != RATE_OK)
+                _exit(12);
+            rate_limiter_t *l = limiter_of("fixed-window 1/s", c);
+            bool ok = rate_try_acquire_at(l, "k", 1, 5);
+            rate_limiter_free(l);
+            rate_store_free(c);
+            _exit(ok ? 0 : 13);
+        }
+        int st = 0;
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+        if (round == 1) { /* the other user's admission counted here */
+            rate_limiter_t *l = limiter_of("fixed-window 1/s", s);
+            assert_false(rate_try_acquire_at(l, "k", 1, 5));
+            rate_limiter_free(l);
+        }
+        rate_store_free(s);
+    }
+}
+
+static void two_creators_at_once_share_one_region(void **state)
+{
+    (void)state;
+    enum { N = 4 };
+    pid_t pids[N];
+    for (int i = 0; i < N; i++) {
+        pids[i] = fork();
+        assert_true(pids[i] >= 0);
+        if (pids[i] == 0) {
+            rate_shm_options_t o = {.max_keys = 5000};
+            rate_store_t *s = NULL;
+            if (rate_store_shm_new(path, &o, &s, NULL, 0) != RATE_OK)
+                _exit(1);
+            rate_limiter_t *l = limiter_of("fixed-window 2/s", s);
+            int got = rate_try_acquire_at(l, "k", 1, 5);
+            rate_limiter_free(l);
+            rate_store_free(s);
+            _exit(got ? 2 : 3);
+        }
+    }
+    int admitted = 0;
+    for (int i = 0; i < N; i++) {
+        int st = 0;
+        assert_int_equal(waitpid(pids[i], &st, 0), pids[i]);
+        assert_true(WIFEXITED(st));
+        assert_true(WEXITSTATUS(st) == 2 || WEXITSTATUS(st) == 3);
+        admitted += WEXITSTATUS(st) == 2;
+    }
+    assert_int_equal(admitted, 2); /* one region, one limit */
+    rate_store_t *s = open_shm(NULL);
+    check_region(s);
+    rate_store_free(s);
+}
+
+/* ------------------------------------------------------------ recovery */
+
+/* The header's fields this test reaches into (layout version 1, see
+ * docs/shm.md): the offset of the shards, and of the records' lock. */
+#define HDR_LAYOUT 8
+#define HDR_OFF_SHARDS 80
+#define HDR_REC_LOCK 128
+#define SHARD_COUNT 40   /* after the shard's mutex: count, hand, free head */
+#define SHARD_BUCKETS 128
+
+/* A child maps the region, takes a lock itself, scribbles over what that
+ * lock guards as a process killed mid-update could (the shard's index:
+ * its buckets, free list and count), and dies holding it.  The next
+ * decision must take the lock over, rebuild the index from the slots and
+ * count the recovery: every key as it was, the region consistent. */
+static void die_holding(off_t lock_at, bool scribble)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(path, O_RDWR);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) != 0)
+            _exit(1);
+        uint8_t *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE,
+                          MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED)
+            _exit(2);
+        uint32_t layout;
+        memcpy(&layout, p + HDR_LAYOUT, 4);
+        if (layout != 1)
+            _exit(3);
+        if (pthread_mutex_lock((pthread_mutex_t *)(p + lock_at)) != 0)
+            _exit(4);
+        if (scribble) {
+            uint8_t *shard = p + lock_at;
+            uint32_t junk[3] = {12345, 7, 0}; /* count, hand, free head */
+            memcpy(shard + SHARD_COUNT, junk, sizeof junk);
+            memset(shard + SHARD_BUCKETS, 0xee, 64); /* bucket heads */
+        }
+        _exit(0); /* holding it */
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+static void takes_over_a_dead_owners_lock(void **state)
+{
+    (void)state;
+    rate_shm_options_t o = {.max_keys = 100, .shards = 1};
+    rate_store_t *s = open_shm(&o);
+    rate_limiter_t *lim = limiter_of("fixed-window 5/s", s);
+    char key[16];
+    for (int i = 0; i < 10; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        for (int n = 0; n <= i % 5; n++)
+            assert_true(rate_try_acquire_at(lim, key, 1, 100));
+    }
+    uint64_t off_shards;
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, &off_shards, 8, HDR_OFF_SHARDS), 8);
+    close(fd);
+
+    die_holding((off_t)off_shards, true);
+    /* Answered at once, from the repaired index: each key as it was. */
+    for (int i = 0; i < 10; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        rate_decision_t d = at(lim, key, 100, 0, 0);
+        assert_int_equal(d.remaining, 5 - (i % 5 + 1));
+    }
+    check_region(s);
+    rate_shm_info_t info;
+    assert_int_equal(rate_store_shm_info(s, &info), RATE_OK);
+    assert_int_equal(info.recoveries, 1);
+    assert_int_equal(info.keys, 10);
+
+    /* The records' lock: a new policy's record is written after the
+     * takeover, and both limiters agree on the key. */
+    die_holding(HDR_REC_LOCK, false);
+    rate_limiter_t *other = limiter_of("fixed-window 9/s", s);
+    rate_decision_t d = at(other, "k4", 100, 0, 0);
+    assert_int_equal(d.remaining, 9 - 5); /* k4's five carried over */
+    assert_int_equal(rate_store_shm_info(s, &info), RATE_OK);
+    assert_int_equal(info.recoveries, 2);
+    assert_int_equal(info.policies, 2);
+    check_region(s);
+    rate_limiter_free(other);
+    rate_limiter_free(lim);
+    rate_store_free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(same_decisions_as_memory, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(same_decisions_in_callers_memory,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(evicts_in_a_full_shard_and_counts,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(reclaims_cold_keys_first, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(refuses_a_state_that_does_not_fit,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(keeps_namespaces_apart, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(refuses_what_it_cannot_read, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(refuses_without_permission, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(two_creators_at_once_share_one_region,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(takes_over_a_dead_owners_lock, setup,
+                                        teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
