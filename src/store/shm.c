@@ -267,28 +267,7 @@ size_t rate_store_shm_size(const rate_shm_options_t *options)
 
 size_t rate_store_shm_state_size(const rate_policy_t *policy)
 {
-    size_t n = policy != NULL ? rate_policy_count(policy) : 0, len = 14;
-    bool block = false;
-
-    if (n == 0)
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        const rate_limit_t *l = rate_policy_limit(policy, i);
-        block = block || l->block_ns != 0;
-        switch (l->algorithm) {
-        case RATE_TOKEN_BUCKET:
-        case RATE_LEAKY_BUCKET: {
-            unsigned __int128 bp = (unsigned __int128)l->burst * l->period_ns;
-            len += bp > ((unsigned __int128)1 << 62) ? 16 : 8;
-            break;
-        }
-        case RATE_FIXED_WINDOW: len += 8; break;
-        case RATE_SLIDING_WINDOW: len += 16; break;
-        case RATE_SLIDING_LOG: len += 8 + 16 * (size_t)l->limit; break;
-        default: len += 16; break;
-        }
-    }
-    return len + (block ? 8 : 0);
+    return rate_policy_state_max(policy);
 }
 
 /* ------------------------------------------------------------ access */
