@@ -1698,7 +1698,7 @@ static size_t masters(redis_store_t *r, node_t **out, size_t cap)
 }
 
 /* Calls batch() with each batch of the store's own keys (SCAN ... MATCH
- * PREFIX* COUNT 1000, the prefix's glob characters escaped; of what it
+ * PREFIX* COUNT 1000, a batch per reply, the prefix's glob characters escaped; of what it
  * finds, the names the store writes, see own_name) on every master, until
  * the scans end or a call fails.  A batch is a single server's or one
  * master's. */
@@ -1711,10 +1711,10 @@ static int scan_prefix(redis_store_t *r,
     if (!atomic_load(&r->ready) && (rc = discover(r, false, NULL, 0)) != RATE_OK)
         return rc;
     char *pattern = malloc(r->prefix_len * 2 + 2);
-    const char **kv = malloc(1000 * sizeof *kv);
-    size_t *kl = malloc(1000 * sizeof *kl);
+    const char **kv = NULL;
+    size_t *kl = NULL, kcap = 0;
     node_t **nodes = malloc(MAX_NODES * sizeof *nodes);
-    if (pattern == NULL || kv == NULL || kl == NULL || nodes == NULL) {
+    if (pattern == NULL || nodes == NULL) {
         free(pattern), free(kv), free(kl), free(nodes);
         return RATE_ENOMEM;
     }
@@ -1747,11 +1747,23 @@ static int scan_prefix(redis_store_t *r,
                 const redisReply *keys = rep->element[1];
                 size_t n = 0;
                 snprintf(cursor, sizeof cursor, "%s", rep->element[0]->str);
+                if (keys->elements > kcap) { /* SCAN may return more */
+                    const char **nv = realloc(kv, keys->elements * sizeof *kv);
+                    if (nv != NULL)
+                        kv = nv;
+                    size_t *nl = realloc(kl, keys->elements * sizeof *kl);
+                    if (nl != NULL)
+                        kl = nl;
+                    if (nv == NULL || nl == NULL)
+                        rc = RATE_ENOMEM;
+                    else
+                        kcap = keys->elements;
+                }
                 for (size_t i = 0; i < keys->elements && rc == RATE_OK; i++) {
                     const redisReply *e = keys->element[i];
                     if (e->type != REDIS_REPLY_STRING)
                         rc = RATE_ECORRUPT;
-                    else if (own_name(r, e->str, e->len) && n < 1000) {
+                    else if (own_name(r, e->str, e->len)) {
                         kv[n] = e->str;
                         kl[n++] = e->len;
                     }
