@@ -187,7 +187,7 @@ static void same_decisions_as_memory(void **state)
 static void replay_byte_for_byte(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/ratelimit-creplay.XXXXXX", cmdline[512];
+    char dir[] = "/tmp/ratelimit-creplay.XXXXXX", cmdline[4096];
     assert_non_null(mkdtemp(dir));
     char trace[128];
     snprintf(trace, sizeof trace, "%s/t.trace", dir);

@@ -1068,7 +1068,7 @@ static int discover(redis_store_t *r, bool wait, char *err, size_t errlen)
             r->cluster = true;
             if (!apply_slots(r, slots, r->seeds[i].host)) {
                 rc = RATE_ESTORE;
-                snprintf(e, sizeof e, "%s:%d: CLUSTER SLOTS: a reply that "
+                snprintf(e, sizeof e, "%.200s:%d: CLUSTER SLOTS: a reply that "
                          "does not parse", r->seeds[i].host, r->seeds[i].port);
                 r->cluster = false;
             }

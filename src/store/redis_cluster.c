@@ -9,9 +9,10 @@ uint16_t rc_crc16(const char *buf, size_t len)
     uint16_t crc = 0;
     for (size_t i = 0; i < len; i++) {
         crc ^= (uint16_t)((unsigned char)buf[i] << 8);
-        for (int b = 0; b < 8; b++)
-            crc = crc & 0x8000 ? (uint16_t)((crc << 1) ^ 0x1021)
-                               : (uint16_t)(crc << 1);
+        for (int b = 0; b < 8; b++) {
+            unsigned v = (unsigned)crc << 1;
+            crc = (uint16_t)((crc & 0x8000) ? v ^ 0x1021u : v);
+        }
     }
     return crc;
 }

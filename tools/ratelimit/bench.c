@@ -403,19 +403,22 @@ static double replay_rate(uint64_t lines, uint32_t nkeys)
 
 static int usage(FILE *f)
 {
-    fputs("usage: ratelimit bench [--rounds N] [--iterations N] [--redis URL]\n\n"
+    fputs("usage: ratelimit bench [--rounds N] [--iterations N] [--redis URL]\n"
+          "                       [--redis-cluster URL]\n\n"
           "Measures the floors (clock read; hash + CAS; key fetch + random\n"
           "table read) and ns per decision on the in-memory store, and\n"
           "prints them with their ratios.  Best of N rounds (default 5).\n"
           "With --redis, also the Redis store at that URL: latency against\n"
-          "a PING round trip, and throughput with 1 to 64 callers.\n",
+          "a PING round trip, and throughput with 1 to 64 callers.  With\n"
+          "--redis-cluster too, the same decisions at 1 and 64 callers on\n"
+          "the single server and on that Redis Cluster, in turns.\n",
           f);
     return f == stdout ? 0 : 2;
 }
 
 int cmd_bench(int argc, char **argv)
 {
-    const char *redis_url = NULL;
+    const char *redis_url = NULL, *cluster_url = NULL;
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
@@ -438,8 +441,14 @@ int cmd_bench(int argc, char **argv)
             redis_url = argv[++i];
             continue;
         }
+        if (strcmp(argv[i], "--redis-cluster") == 0 && i + 1 < argc) {
+            cluster_url = argv[++i];
+            continue;
+        }
         return cli_fail("bench: unknown option '%s'", argv[i]);
     }
+    if (cluster_url != NULL && redis_url == NULL)
+        return cli_fail("bench: --redis-cluster compares with --redis URL");
     progress = isatty(2);
     make_keys();
     line_t *table = calloc(KEYS, sizeof *table);
@@ -604,7 +613,7 @@ int cmd_bench(int argc, char **argv)
     fflush(stdout);
     if (redis_url != NULL) {
         note("redis");
-        int rc = bench_redis(redis_url);
+        int rc = bench_redis(redis_url, cluster_url);
         if (progress)
             fputs("\r\033[K", stderr);
         return rc;

@@ -16,7 +16,7 @@ int cmd_replay(int argc, char **argv);
 int cmd_compare(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
-int bench_redis(const char *url); /* the Redis part of bench */
+int bench_redis(const char *url, const char *cluster_url); /* bench's Redis part */
 
 /* Prints "ratelimit: <msg>" on standard error; returns exit status 2. */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
