@@ -25,22 +25,31 @@ typedef struct rcluster {
     char dir[64];
 } rcluster_t;
 
-/* A port free now whose cluster bus port is free too (0 if none). */
+static inline bool rcl_port_free(int p)
+{
+    struct sockaddr_in a = {0};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons((uint16_t)p);
+    bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+/* A port free now whose cluster bus port (port + 10000) is free too,
+ * both below Linux's ephemeral range (32768 up), where an outgoing
+ * connection could take the bus port meanwhile; 0 if none. */
 static inline int rcl_free_port(void)
 {
-    for (int tries = 0; tries < 100; tries++) {
-        int p = redis_test_free_port();
-        if (p == 0 || p + 10000 > 65535)
-            continue;
-        struct sockaddr_in a = {0};
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        a.sin_port = htons((uint16_t)(p + 10000));
-        bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-        if (fd >= 0)
-            close(fd);
-        if (ok)
+    static unsigned seed;
+    if (seed == 0)
+        seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+    for (int tries = 0; tries < 1000; tries++) {
+        seed = seed * 1103515245u + 12345u;
+        int p = 10000 + (int)((seed >> 8) % 12000); /* bus: 20000-31999 */
+        if (rcl_port_free(p) && rcl_port_free(p + 10000))
             return p;
     }
     return 0;
