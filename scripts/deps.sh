@@ -13,7 +13,8 @@
 set -euo pipefail
 
 build_pkgs=(gcc make cmake pkg-config libxxhash-dev libhiredis-dev)
-test_pkgs=(libcmocka-dev valgrind libxml2-utils clang libclang-rt-14-dev redis-server)
+test_pkgs=(libcmocka-dev valgrind libxml2-utils clang libclang-rt-14-dev redis-server
+           redis-tools)
 
 usage() { echo "usage: $0 [build|test] | $0 check [build|test]" >&2; exit 2; }
 
