@@ -9,6 +9,8 @@
  *   without one keeps its name;
  * - an ACL user without EVALSHA or without the keys is told so, with the
  *   server's NOPERM, at creation;
+ * - a call's deadline holds when another caller hands it the reading (a
+ *   fake server that answers one command late and the next never);
  * - Redis stopped (SIGSTOP) under 16 threads: no call past its bound, the
  *   circuit breaker opens (calls fail at once), probes, and closes once
  *   Redis is back (SIGCONT); every caller is answered again;
@@ -16,8 +18,13 @@
  *   started on that port, the last connect error reported; killed and
  *   restarted on the same port, decisions resume.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
+#include <strings.h>
+#include <sys/socket.h>
 #include <stdatomic.h>
 #include <unistd.h>
 
@@ -183,6 +190,162 @@ static void acl_refusals_are_told(void **state)
     drop_store(s);
     freeReplyObject(cmd(c, "ACL DELUSER noeval nokeys fine"));
     redisFree(c);
+}
+
+/* ---------------------------------------------- a deadline handed on */
+
+/* A fake server on a loopback port, enough of RESP for the store: it
+ * answers the connection's handshake, answers a command on "fake:{a}"
+ * 250 ms after it came, and never answers one on "fake:{b}" (nor anything
+ * after it on that connection). */
+typedef struct fake {
+    int lfd, port;
+    atomic_bool stop;
+} fake_t;
+
+static bool read_command(FILE *in, char args[8][64], int *argc)
+{
+    char line[4096];
+    if (fgets(line, sizeof line, in) == NULL || line[0] != '*')
+        return false;
+    *argc = atoi(line + 1);
+    for (int i = 0; i < *argc; i++) {
+        if (fgets(line, sizeof line, in) == NULL || line[0] != '$')
+            return false;
+        long n = atol(line + 1);
+        char *buf = malloc((size_t)n + 2);
+        if (buf == NULL || fread(buf, 1, (size_t)n + 2, in) != (size_t)n + 2) {
+            free(buf);
+            return false;
+        }
+        if (i < 8)
+            snprintf(args[i], 64, "%.*s", (int)(n < 63 ? n : 63), buf);
+        free(buf);
+    }
+    return true;
+}
+
+static void *fake_conn(void *arg)
+{
+    int fd = (int)(intptr_t)arg;
+    FILE *in = fdopen(fd, "r");
+    bool silent = false;
+    char a[8][64];
+    int argc;
+    while (in != NULL && read_command(in, a, &argc)) {
+        const char *rep = "+OK\r\n";
+        char buf[128];
+        bool has_key = argc > 3 && (strcasecmp(a[0], "EVALSHA") == 0 ||
+                                    strcasecmp(a[0], "EVAL") == 0);
+        if (strcasecmp(a[0], "CLUSTER") == 0)
+            rep = "-ERR This instance has cluster support disabled\r\n";
+        else if (strcasecmp(a[0], "SCRIPT") == 0) {
+            snprintf(buf, sizeof buf, "$40\r\n%040d\r\n", 7);
+            rep = buf;
+        } else if (strcasecmp(a[0], "HMGET") == 0)
+            rep = "*2\r\n$-1\r\n$-1\r\n";
+        else if (has_key && strcmp(a[3], "fake:{a}") == 0) {
+            usleep(250000);
+            rep = "-ERR a slow answer\r\n";
+        } else if (has_key && strcmp(a[3], "fake:{b}") == 0)
+            silent = true;
+        else if (has_key)
+            rep = ":1\r\n";
+        if (!silent && send(fd, rep, strlen(rep), MSG_NOSIGNAL) < 0)
+            break;
+    }
+    if (in != NULL)
+        fclose(in);
+    else
+        close(fd);
+    return NULL;
+}
+
+static void *fake_accept(void *arg)
+{
+    fake_t *f = arg;
+    while (!atomic_load(&f->stop)) {
+        int fd = accept(f->lfd, NULL, NULL);
+        if (fd < 0)
+            break;
+        pthread_t th;
+        pthread_create(&th, NULL, fake_conn, (void *)(intptr_t)fd);
+        pthread_detach(th);
+    }
+    return NULL;
+}
+
+typedef struct timed {
+    rate_limiter_t *lim;
+    const char *key;
+    uint64_t start_after_ns, took_ns;
+} timed_t;
+
+static void *timed_call(void *arg)
+{
+    timed_t *t = arg;
+    rate_decision_t d;
+    usleep((useconds_t)(t->start_after_ns / 1000));
+    uint64_t t0 = rate_clock_monotonic_ns();
+    assert_int_equal(rate_limiter_check(t->lim, t->key, strlen(t->key), 1, 0,
+                                        &d),
+                     RATE_OK);
+    t->took_ns = rate_clock_monotonic_ns() - t0;
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    return NULL;
+}
+
+/* A sends; B sends 50 ms later on the same connection while A reads; A's
+ * reply comes at 250 ms and A hands the reading to B; B's never comes.
+ * B must still return by its own deadline (its start plus 300 ms), not
+ * 300 ms after it began to read. */
+static void a_deadline_survives_a_handover(void **state)
+{
+    (void)state;
+    fake_t f = {0};
+    struct sockaddr_in sa = {0};
+    socklen_t sl = sizeof sa;
+    f.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(f.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(f.lfd, 8), 0);
+    assert_int_equal(getsockname(f.lfd, (struct sockaddr *)&sa, &sl), 0);
+    f.port = ntohs(sa.sin_port);
+    pthread_t acc;
+    pthread_create(&acc, NULL, fake_accept, &f);
+
+    const uint64_t timeout = 300 * MS;
+    char u[64], err[256] = "";
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", f.port);
+    rate_redis_options_t o = {.prefix = "fake:", .pool_size = 1};
+    o.command_timeout_ns = timeout;
+    rate_store_t *rs = NULL;
+    if (rate_store_redis_new(u, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("the fake server: %s", err);
+    rate_limiter_t *lim = limiter_of("fixed-window 5/s", rs);
+    timed_t a = {lim, "a", 0, 0}, b = {lim, "b", 50 * MS, 0};
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, timed_call, &a);
+    pthread_create(&tb, NULL, timed_call, &b);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    print_message("A took %llu ms, B %llu ms (timeout %llu ms)\n",
+                  (unsigned long long)(a.took_ns / MS),
+                  (unsigned long long)(b.took_ns / MS),
+                  (unsigned long long)(timeout / MS));
+    /* Before the fix B took about 500 ms: a fresh timeout from 250 ms. */
+    if (b.took_ns > timeout + 100 * MS)
+        fail_msg("B waited %llu ms past its start, its timeout is %llu ms",
+                 (unsigned long long)(b.took_ns / MS),
+                 (unsigned long long)(timeout / MS));
+    assert_true(a.took_ns >= 240 * MS); /* A's answer came, late */
+    rate_limiter_free(lim);
+    rate_store_free(rs);
+    atomic_store(&f.stop, true);
+    shutdown(f.lfd, SHUT_RDWR);
+    close(f.lfd);
+    pthread_join(acc, NULL);
 }
 
 /* -------------------------------------------------------- Redis stopped */
@@ -439,6 +602,7 @@ int main(void)
         cmocka_unit_test(drop_deletes_its_own_names_only),
         cmocka_unit_test(every_key_its_own_tag),
         cmocka_unit_test(acl_refusals_are_told),
+        cmocka_unit_test(a_deadline_survives_a_handover),
         cmocka_unit_test(stopped_redis_costs_a_bounded_wait),
         cmocka_unit_test(stopped_redis_without_breaker),
         cmocka_unit_test(lazy_connect_rides_out_redis_down),
