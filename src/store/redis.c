@@ -60,7 +60,8 @@
  * in batches while earlier replies are still being read, the way
  * auto-pipelining clients work, with no I/O thread: the callers
  * themselves take turns writing and reading.  Each command has a deadline,
- * its call's start plus the command timeout: the reader waits (poll) no
+ * its call's start plus the command timeout (one for a whole call: its
+ * redirections and a NOSCRIPT's resend share it): the reader waits (poll) no
  * longer than the earliest deadline of the commands in flight, then fails
  * them all; a connection made for queued commands is made within the
  * first one's deadline.  A connection that failed is dropped, and
@@ -205,9 +206,15 @@ typedef struct redis_store {
         st_connect_failures;
 } redis_store_t;
 
-static int call_node(redis_store_t *r, node_t *n, bool asking, int argc,
-                     const char **argv, const size_t *lens,
+static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
+                     int argc, const char **argv, const size_t *lens,
                      redisReply **out);
+
+/* A call's deadline: now plus the command timeout. */
+static uint64_t deadline_of(const redis_store_t *r)
+{
+    return rate_clock_monotonic_ns() + r->command_ns;
+}
 
 static void set_err(redis_store_t *r, const char *msg)
 {
@@ -786,9 +793,9 @@ static void read_replies(conn_t *c, mreq_t *me)
  * reply) on RATE_OK; otherwise the connection failed (RATE_ESTORE,
  * RATE_ETIMEDOUT).  With asking, ASKING goes first, on the same
  * connection, and its reply is dropped. */
-static int conn_call(redis_store_t *r, node_t *n, conn_t *c, bool asking,
-                     int argc, const char **argv, const size_t *lens,
-                     redisReply **out)
+static int conn_call(redis_store_t *r, uint64_t dl, node_t *n, conn_t *c,
+                     bool asking, int argc, const char **argv,
+                     const size_t *lens, redisReply **out)
 {
     mreq_t me = {NULL, RATE_OK, 0, NULL, 0, asking ? 1 : 0};
     char *cmd;
@@ -799,8 +806,12 @@ static int conn_call(redis_store_t *r, node_t *n, conn_t *c, bool asking,
     *out = NULL;
     if (len < 0)
         return RATE_ENOMEM;
+    if (rate_clock_monotonic_ns() >= dl) {
+        redisFreeCommand(cmd);
+        return RATE_ETIMEDOUT; /* its call's time is up (redirections) */
+    }
     pthread_mutex_lock(&c->lock);
-    me.deadline_ns = rate_clock_monotonic_ns() + r->command_ns;
+    me.deadline_ns = dl;
     if (c->olen + pre + (size_t)len > c->ocap) {
         size_t cap = c->ocap ? c->ocap : 4096;
         while (cap < c->olen + pre + (size_t)len)
@@ -860,8 +871,9 @@ static int conn_call(redis_store_t *r, node_t *n, conn_t *c, bool asking,
 /* One command on node n, through its breaker: open, the call fails at once
  * (RATE_ESTORE); cooled down, one call at a time is let through as the
  * probe, and reconnects at once. */
-static int call_node(redis_store_t *r, node_t *n, bool asking, int argc,
-                     const char **argv, const size_t *lens, redisReply **out)
+static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
+                     int argc, const char **argv, const size_t *lens,
+                     redisReply **out)
 {
     bool probe = false;
     *out = NULL;
@@ -881,8 +893,8 @@ static int call_node(redis_store_t *r, node_t *n, bool asking, int argc,
     }
     unsigned i = atomic_fetch_add_explicit(&n->next_conn, 1,
                                            memory_order_relaxed);
-    int rc = conn_call(r, n, &n->conns[i % n->nconns], asking, argc, argv,
-                       lens, out);
+    int rc = conn_call(r, dl, n, &n->conns[i % n->nconns], asking, argc,
+                       argv, lens, out);
     if (!r->breaker || rc == RATE_ENOMEM)
         return rc;
     if (rc == RATE_OK) {
@@ -999,7 +1011,7 @@ static bool apply_slots(redis_store_t *r, const redisReply *rep,
 /* Reads the slot map again from the first node that answers (the masters
  * known, then the seeds), at most once per REFRESH_MIN_NS unless forced.
  * Whoever finds another thread refreshing goes on without waiting. */
-static void refresh_map(redis_store_t *r, bool force)
+static void refresh_map(redis_store_t *r, uint64_t dl, bool force)
 {
     uint64_t now = rate_clock_monotonic_ns();
     if (!r->cluster ||
@@ -1017,7 +1029,7 @@ static void refresh_map(redis_store_t *r, bool force)
         redisReply *rep = NULL;
         if (n == NULL)
             continue;
-        int rc = call_node(r, n, false, 2,
+        int rc = call_node(r, dl, n, false, 2,
                            (const char *[]){"CLUSTER", "SLOTS"},
                            (size_t[]){7, 5}, &rep);
         done = rc == RATE_OK && apply_slots(r, rep, n->host);
@@ -1031,7 +1043,8 @@ static void refresh_map(redis_store_t *r, bool force)
  * node, its connection the node's first).  With wait false (a call on a
  * lazy store) it does nothing while another thread tries, or before the
  * backoff since the last failed try is over: RATE_ESTORE at once. */
-static int discover(redis_store_t *r, bool wait, char *err, size_t errlen)
+static int discover(redis_store_t *r, uint64_t dl, bool wait, char *err,
+                    size_t errlen)
 {
     char e[256] = "";
     int rc = RATE_ESTORE;
@@ -1052,8 +1065,9 @@ static int discover(redis_store_t *r, bool wait, char *err, size_t errlen)
     for (unsigned i = 0; i < r->nseeds && rc != RATE_OK; i++) {
         redisContext *ctx = NULL;
         redisReply *slots = NULL;
-        uint64_t deadline = rate_clock_monotonic_ns() + r->connect_ns +
-                            r->command_ns;
+        uint64_t deadline = wait ? rate_clock_monotonic_ns() +
+                                       r->connect_ns + r->command_ns
+                                 : dl;
         rc = open_conn(r, r->seeds[i].host, r->unix_socket ? 0 : r->seeds[i].port,
                        deadline, r->unix_socket ? NULL : &slots, &ctx, e,
                        sizeof e);
@@ -1115,16 +1129,17 @@ static void sleep_ns(uint64_t ns)
  * mended and refreshed), ASK (ASKING there, once) and TRYAGAIN (after a
  * pause), MAX_REDIRECTS of them at most, after which the last
  * redirection's error reply is the answer.  Same results as conn_call. */
-static int kcall(redis_store_t *r, const char *key, size_t klen, int argc,
-                 const char **argv, const size_t *lens, redisReply **out)
+static int kcall(redis_store_t *r, uint64_t dl, const char *key, size_t klen,
+                 int argc, const char **argv, const size_t *lens,
+                 redisReply **out)
 {
     int rc;
     *out = NULL;
     if (!atomic_load_explicit(&r->ready, memory_order_acquire) &&
-        (rc = discover(r, false, NULL, 0)) != RATE_OK)
+        (rc = discover(r, dl, false, NULL, 0)) != RATE_OK)
         return rc;
     if (!r->cluster)
-        return call_node(r, atomic_load(&r->nodes[0]), false, argc, argv,
+        return call_node(r, dl, atomic_load(&r->nodes[0]), false, argc, argv,
                          lens, out);
     unsigned slot = key ? rc_key_slot(key, klen) : 0;
     node_t *n = NULL;
@@ -1134,7 +1149,7 @@ static int kcall(redis_store_t *r, const char *key, size_t klen, int argc,
             unsigned idx = atomic_load_explicit(&r->slot_node[slot],
                                                 memory_order_relaxed);
             if (idx == 0) { /* no master known: ask the cluster */
-                refresh_map(r, false);
+                refresh_map(r, dl, false);
                 idx = atomic_load_explicit(&r->slot_node[slot],
                                            memory_order_relaxed);
             }
@@ -1146,10 +1161,10 @@ static int kcall(redis_store_t *r, const char *key, size_t klen, int argc,
             }
             n = atomic_load(&r->nodes[idx - 1]);
         }
-        rc = call_node(r, n, asking, argc, argv, lens, out);
+        rc = call_node(r, dl, n, asking, argc, argv, lens, out);
         asking = false;
         if (rc != RATE_OK) {
-            refresh_map(r, false); /* a master gone: its replica, later */
+            refresh_map(r, dl, false); /* a master gone: its replica, later */
             return rc;
         }
         redisReply *rep = *out;
@@ -1162,7 +1177,7 @@ static int kcall(redis_store_t *r, const char *key, size_t klen, int argc,
                                                &s, host, &port);
         if (kind == RC_NONE) {
             if (strncmp(rep->str, "CLUSTERDOWN", 11) == 0)
-                refresh_map(r, false);
+                refresh_map(r, dl, false);
             return RATE_OK;
         }
         node_t *to = NULL;
@@ -1182,11 +1197,13 @@ static int kcall(redis_store_t *r, const char *key, size_t klen, int argc,
         *out = NULL;
         atomic_fetch_add(&r->st_redirects, 1);
         if (kind == RC_MOVED)
-            refresh_map(r, false);
+            refresh_map(r, dl, false);
         else if (kind == RC_ASK)
             n = to, asking = true;
-        else
+        else if (rate_clock_monotonic_ns() + TRYAGAIN_NS < dl)
             sleep_ns(TRYAGAIN_NS);
+        else
+            return RATE_ETIMEDOUT;
     }
 }
 
@@ -1325,7 +1342,8 @@ static int r_load(void *self, const rate_key_t *key, void *buf, size_t cap,
     if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
         return rc;
     redisReply *rep = NULL;
-    rc = kcall(r, k, kl, 4, (const char *[]){"HMGET", k, "v", "s"},
+    rc = kcall(r, deadline_of(r), k, kl, 4,
+               (const char *[]){"HMGET", k, "v", "s"},
               (size_t[]){5, kl, 1, 1}, &rep);
     rc = reply_ok(rc, rep);
     if (rc == RATE_OK) {
@@ -1373,7 +1391,8 @@ static int r_cas(void *self, const rate_key_t *key, uint64_t version,
     const char *av[7] = {"EVALSHA", r->sha, "1", k, vbuf, state, tbuf};
     size_t al[7] = {7, 40, 1, kl, strlen(vbuf), len, strlen(tbuf)};
     redisReply *rep = NULL;
-    rc = kcall(r, k, kl, 7, av, al, &rep);
+    uint64_t dl = deadline_of(r);
+    rc = kcall(r, dl, k, kl, 7, av, al, &rep);
     if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
         strncmp(rep->str, "NOSCRIPT", 8) == 0) {
         /* Redis restarted or SCRIPT FLUSH: send the script itself. */
@@ -1383,7 +1402,7 @@ static int r_cas(void *self, const rate_key_t *key, uint64_t version,
         av[1] = cas_script;
         al[1] = sizeof cas_script - 1;
         rep = NULL;
-        rc = kcall(r, k, kl, 7, av, al, &rep);
+        rc = kcall(r, dl, k, kl, 7, av, al, &rep);
     }
     rc = reply_ok(rc, rep);
     if (rc == RATE_OK)
@@ -1437,7 +1456,8 @@ static int redis_now(redis_store_t *r, uint64_t *out)
 {
     redisReply *rep = NULL;
     uint64_t s, us;
-    int rc = kcall(r, NULL, 0, 1, (const char *[]){"TIME"}, (size_t[]){4}, &rep);
+    int rc = kcall(r, deadline_of(r), NULL, 0, 1, (const char *[]){"TIME"},
+                   (size_t[]){4}, &rep);
     rc = reply_ok(rc, rep);
     if (rc == RATE_OK) {
         if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
@@ -1522,14 +1542,15 @@ static int r_decide(void *self, const rate_key_t *key,
     for (int i = 0; i < nn; i++)
         av[argc] = num[i], al[argc++] = strlen(num[i]);
     redisReply *rep = NULL;
-    rc = kcall(r, k, kl, argc, av, al, &rep);
+    uint64_t dl = deadline_of(r);
+    rc = kcall(r, dl, k, kl, argc, av, al, &rep);
     if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
         strncmp(rep->str, "NOSCRIPT", 8) == 0) {
         freeReplyObject(rep); /* Redis restarted or SCRIPT FLUSH */
         av[0] = "EVAL", al[0] = 4;
         av[1] = redis_step_lua, al[1] = sizeof redis_step_lua - 1;
         rep = NULL;
-        rc = kcall(r, k, kl, argc, av, al, &rep);
+        rc = kcall(r, dl, k, kl, argc, av, al, &rep);
     }
     rc = reply_ok(rc, rep);
     if (rc == RATE_OK) {
@@ -1577,8 +1598,8 @@ static int r_remove(void *self, const rate_key_t *key)
     if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
         return rc;
     redisReply *rep = NULL;
-    rc = kcall(r, k, kl, 2, (const char *[]){"UNLINK", k}, (size_t[]){6, kl},
-               &rep);
+    rc = kcall(r, deadline_of(r), k, kl, 2, (const char *[]){"UNLINK", k},
+               (size_t[]){6, kl}, &rep);
     rc = reply_ok(rc, rep);
     if (rc == RATE_OK && rep->type != REDIS_REPLY_INTEGER)
         rc = RATE_ECORRUPT;
@@ -1666,7 +1687,7 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
     /* Connect now, so that a wrong host or password is reported here; a
      * lazy store connects at its first calls instead if it cannot. */
     char e[256] = "";
-    rc = discover(r, true, e, sizeof e);
+    rc = discover(r, 0, true, e, sizeof e);
     if (rc != RATE_OK && (!r->lazy || rc == RATE_EINVAL)) {
         rate__fail(err, errlen, rc, "%s", e);
         r_destroy(r);
@@ -1708,7 +1729,8 @@ static int scan_prefix(redis_store_t *r,
                        void *arg)
 {
     int rc;
-    if (!atomic_load(&r->ready) && (rc = discover(r, false, NULL, 0)) != RATE_OK)
+    if (!atomic_load(&r->ready) &&
+        (rc = discover(r, deadline_of(r), false, NULL, 0)) != RATE_OK)
         return rc;
     char *pattern = malloc(r->prefix_len * 2 + 2);
     const char **kv = NULL;
@@ -1732,7 +1754,7 @@ static int scan_prefix(redis_store_t *r,
         char cursor[32] = "0";
         do {
             redisReply *rep = NULL;
-            rc = call_node(r, nodes[m], false, 6,
+            rc = call_node(r, deadline_of(r), nodes[m], false, 6,
                            (const char *[]){"SCAN", cursor, "MATCH", pattern,
                                             "COUNT", "1000"},
                            (size_t[]){4, strlen(cursor), 5, pl, 5, 4}, &rep);
@@ -1816,7 +1838,8 @@ static int keys_command(redis_store_t *r, size_t head, const char **hv,
             al[n - 1] = strlen(tail);
         }
         redisReply *rep = NULL;
-        rc = kcall(r, keys[at], lens[at], (int)n, av, al, &rep);
+        rc = kcall(r, deadline_of(r), keys[at], lens[at], (int)n, av, al,
+                   &rep);
         rc = reply_ok(rc, rep);
         if (rc == RATE_OK && rep->type != REDIS_REPLY_INTEGER)
             rc = RATE_ECORRUPT;
