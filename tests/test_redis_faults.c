@@ -11,6 +11,7 @@
  *   server's NOPERM, at creation;
  * - a call's deadline holds when another caller hands it the reading (a
  *   fake server that answers one command late and the next never);
+ * - redirections bounded (a fake cluster that redirects for ever);
  * - Redis stopped (SIGSTOP) under 16 threads: no call past its bound, the
  *   circuit breaker opens (calls fail at once), probes, and closes once
  *   Redis is back (SIGCONT); every caller is answered again;
@@ -201,7 +202,14 @@ static void acl_refusals_are_told(void **state)
 typedef struct fake {
     int lfd, port;
     atomic_bool stop;
+    bool cluster;          /* says it is a one-node cluster */
+    atomic_int askings;    /* ASKING commands seen */
 } fake_t;
+
+typedef struct fake_arg {
+    fake_t *f;
+    int fd;
+} fake_arg_t;
 
 static bool read_command(FILE *in, char args[8][64], int *argc)
 {
@@ -227,7 +235,10 @@ static bool read_command(FILE *in, char args[8][64], int *argc)
 
 static void *fake_conn(void *arg)
 {
-    int fd = (int)(intptr_t)arg;
+    fake_arg_t *fa = arg;
+    fake_t *f = fa->f;
+    int fd = fa->fd;
+    free(fa);
     FILE *in = fdopen(fd, "r");
     bool silent = false;
     char a[8][64];
@@ -237,8 +248,15 @@ static void *fake_conn(void *arg)
         char buf[128];
         bool has_key = argc > 3 && (strcasecmp(a[0], "EVALSHA") == 0 ||
                                     strcasecmp(a[0], "EVAL") == 0);
-        if (strcasecmp(a[0], "CLUSTER") == 0)
+        if (strcasecmp(a[0], "CLUSTER") == 0 && f->cluster) {
+            snprintf(buf, sizeof buf,
+                     "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n"
+                     "127.0.0.1\r\n:%d\r\n", f->port);
+            rep = buf;
+        } else if (strcasecmp(a[0], "CLUSTER") == 0)
             rep = "-ERR This instance has cluster support disabled\r\n";
+        else if (strcasecmp(a[0], "ASKING") == 0)
+            atomic_fetch_add(&f->askings, 1);
         else if (strcasecmp(a[0], "SCRIPT") == 0) {
             snprintf(buf, sizeof buf, "$40\r\n%040d\r\n", 7);
             rep = buf;
@@ -247,8 +265,15 @@ static void *fake_conn(void *arg)
         else if (has_key && strcmp(a[3], "fake:{a}") == 0) {
             usleep(250000);
             rep = "-ERR a slow answer\r\n";
-        } else if (has_key && strcmp(a[3], "fake:{b}") == 0)
+        } else if (has_key && strcmp(a[3], "fake:{b}") == 0) {
             silent = true;
+        } else if (has_key && strcmp(a[3], "fake:{moved}") == 0) {
+            snprintf(buf, sizeof buf, "-MOVED 3 127.0.0.1:%d\r\n", f->port);
+            rep = buf; /* to itself, for ever */
+        } else if (has_key && strcmp(a[3], "fake:{ask}") == 0) {
+            snprintf(buf, sizeof buf, "-ASK 3 127.0.0.1:%d\r\n", f->port);
+            rep = buf;
+        }
         else if (has_key)
             rep = ":1\r\n";
         if (!silent && send(fd, rep, strlen(rep), MSG_NOSIGNAL) < 0)
@@ -269,10 +294,37 @@ static void *fake_accept(void *arg)
         if (fd < 0)
             break;
         pthread_t th;
-        pthread_create(&th, NULL, fake_conn, (void *)(intptr_t)fd);
+        fake_arg_t *fa = malloc(sizeof *fa);
+        assert_non_null(fa);
+        *fa = (fake_arg_t){f, fd};
+        pthread_create(&th, NULL, fake_conn, fa);
         pthread_detach(th);
     }
     return NULL;
+}
+
+static pthread_t fake_start(fake_t *f)
+{
+    struct sockaddr_in sa = {0};
+    socklen_t sl = sizeof sa;
+    f->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(f->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(f->lfd, 8), 0);
+    assert_int_equal(getsockname(f->lfd, (struct sockaddr *)&sa, &sl), 0);
+    f->port = ntohs(sa.sin_port);
+    pthread_t acc;
+    pthread_create(&acc, NULL, fake_accept, f);
+    return acc;
+}
+
+static void fake_stop(fake_t *f, pthread_t acc)
+{
+    atomic_store(&f->stop, true);
+    shutdown(f->lfd, SHUT_RDWR);
+    close(f->lfd);
+    pthread_join(acc, NULL);
 }
 
 typedef struct timed {
@@ -303,17 +355,7 @@ static void a_deadline_survives_a_handover(void **state)
 {
     (void)state;
     fake_t f = {0};
-    struct sockaddr_in sa = {0};
-    socklen_t sl = sizeof sa;
-    f.lfd = socket(AF_INET, SOCK_STREAM, 0);
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(bind(f.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
-    assert_int_equal(listen(f.lfd, 8), 0);
-    assert_int_equal(getsockname(f.lfd, (struct sockaddr *)&sa, &sl), 0);
-    f.port = ntohs(sa.sin_port);
-    pthread_t acc;
-    pthread_create(&acc, NULL, fake_accept, &f);
+    pthread_t acc = fake_start(&f);
 
     const uint64_t timeout = 300 * MS;
     char u[64], err[256] = "";
@@ -342,10 +384,46 @@ static void a_deadline_survives_a_handover(void **state)
     assert_true(a.took_ns >= 240 * MS); /* A's answer came, late */
     rate_limiter_free(lim);
     rate_store_free(rs);
-    atomic_store(&f.stop, true);
-    shutdown(f.lfd, SHUT_RDWR);
-    close(f.lfd);
-    pthread_join(acc, NULL);
+    fake_stop(&f, acc);
+}
+
+/* A cluster that redirects for ever: MAX_REDIRECTS (5) followed, then a
+ * store error, quickly; ASK is followed with ASKING. */
+static void redirections_are_bounded(void **state)
+{
+    (void)state;
+    fake_t f = {0};
+    f.cluster = true;
+    pthread_t acc = fake_start(&f);
+    char u[64], err[256] = "";
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", f.port);
+    rate_redis_options_t o = {.prefix = "fake:"};
+    rate_store_t *rs = NULL;
+    if (rate_store_redis_new(u, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("the fake cluster: %s", err);
+    rate_redis_status_t st;
+    assert_int_equal(rate_store_redis_status(rs, &st), RATE_OK);
+    assert_true(st.cluster);
+    assert_int_equal(st.masters, 1);
+    rate_limiter_t *lim = limiter_of("fixed-window 5/s", rs);
+    static const char *keys[] = {"moved", "ask"};
+    for (int i = 0; i < 2; i++) {
+        uint64_t before = st.redirections, t0 = rate_clock_monotonic_ns();
+        int askings = atomic_load(&f.askings);
+        rate_decision_t d;
+        assert_int_equal(rate_limiter_check(lim, keys[i], strlen(keys[i]), 1,
+                                            0, &d),
+                         RATE_OK);
+        assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+        assert_int_equal(d.error, RATE_ESTORE);
+        assert_true(rate_clock_monotonic_ns() - t0 < 500 * MS);
+        assert_int_equal(rate_store_redis_status(rs, &st), RATE_OK);
+        assert_int_equal(st.redirections - before, 5);
+        assert_int_equal(atomic_load(&f.askings) - askings, i == 1 ? 5 : 0);
+    }
+    rate_limiter_free(lim);
+    rate_store_free(rs);
+    fake_stop(&f, acc);
 }
 
 /* -------------------------------------------------------- Redis stopped */
@@ -603,6 +681,7 @@ int main(void)
         cmocka_unit_test(every_key_its_own_tag),
         cmocka_unit_test(acl_refusals_are_told),
         cmocka_unit_test(a_deadline_survives_a_handover),
+        cmocka_unit_test(redirections_are_bounded),
         cmocka_unit_test(stopped_redis_costs_a_bounded_wait),
         cmocka_unit_test(stopped_redis_without_breaker),
         cmocka_unit_test(lazy_connect_rides_out_redis_down),
