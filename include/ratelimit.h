@@ -319,7 +319,8 @@ typedef struct rate_redis_options {
                                     made on a call's behalf (the connect
                                     timeout included) is made within it */
     const char *prefix;          /* key namespace, copied; NULL: "ratelimit:" */
-    unsigned pool_size;          /* connections, each shared by all callers
+    unsigned pool_size;          /* connections per server (per master in
+                                    a cluster), each shared by all callers
                                     (pipelined); 0: 2 */
     bool no_ttl;                 /* keep keys without expiry (replays on a
                                     virtual clock); default: expire each key

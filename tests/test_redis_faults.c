@@ -674,6 +674,61 @@ static void lazy_connect_rides_out_redis_down(void **state)
     drop_store(rs);
 }
 
+/* 16 callers on a lazy store while Redis is down at the start, then
+ * started on that port, then killed and restarted: no call past its bound,
+ * the fail mode (open) while it is down, everyone answered after. */
+static void lazy_connect_under_many_callers(void **state)
+{
+    (void)state;
+    stop_server();
+    const uint64_t timeout = 200 * MS;
+    rate_redis_options_t o = {.prefix = "lazy16:", .no_ttl = true};
+    o.command_timeout_ns = timeout;
+    o.connect_timeout_ns = timeout;
+    o.breaker_cooldown_ns = 200 * MS;
+    o.lazy_connect = true;
+    rate_store_t *rs = NULL;
+    char err[256] = "";
+    assert_int_equal(rate_store_redis_new(url, &o, &rs, err, sizeof err),
+                     RATE_OK);
+    rate_limiter_config_t cfg = {0};
+    cfg.store = rs;
+    cfg.on_store_error = RATE_FAIL_OPEN;
+    rate_limiter_t *lim = limiter_cfg("token-bucket 1000000/s burst=1000", cfg);
+    for (int round = 0; round < 2; round++) {
+        atomic_int phase = 1; /* down */
+        pthread_t th[THREADS];
+        caller_t s[THREADS];
+        for (int i = 0; i < THREADS; i++) {
+            s[i] = (caller_t){lim, i, &phase, timeout + 150 * MS, 0, 0, 0, 0,
+                              0};
+            pthread_create(&th[i], NULL, caller_run, &s[i]);
+        }
+        usleep(500000);
+        start_server(NULL, NULL);
+        atomic_store(&phase, 2);
+        usleep(1500000); /* past a cool-down and the longest backoff */
+        atomic_store(&phase, 3);
+        unsigned late = 0, errors = 0, allowed = 0;
+        for (int i = 0; i < THREADS; i++) {
+            pthread_join(th[i], NULL);
+            late += s[i].late;
+            errors += s[i].errors_stopped;
+            allowed += s[i].allowed_stopped;
+            if (s[i].answered_after == 0)
+                fail_msg("round %d: caller %d got no answer once Redis was "
+                         "up", round, i);
+        }
+        assert_int_equal(late, 0);
+        assert_true(errors > 0);
+        assert_int_equal(allowed, errors); /* fail open */
+        stop_server(); /* the second round: killed, restarted, same port */
+    }
+    start_server(NULL, NULL);
+    rate_limiter_free(lim);
+    drop_store(rs);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -685,6 +740,7 @@ int main(void)
         cmocka_unit_test(stopped_redis_costs_a_bounded_wait),
         cmocka_unit_test(stopped_redis_without_breaker),
         cmocka_unit_test(lazy_connect_rides_out_redis_down),
+        cmocka_unit_test(lazy_connect_under_many_callers),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
