@@ -2,8 +2,9 @@
 /*
  * The Redis Cluster router on its own, with no server: CRC16 and slots
  * against known vectors (the Cluster specification's, and slots Redis
- * itself gives with CLUSTER KEYSLOT), CLUSTER SLOTS replies in Redis 7's
- * shape (fed through hiredis's reader, as the store gets them), and the
+ * itself gives with CLUSTER KEYSLOT), CLUSTER SLOTS replies recorded from
+ * Redis 7.0.15 and a few made by hand (fed through hiredis's reader, as the
+ * store gets them), and the
  * MOVED / ASK / TRYAGAIN texts.
  */
 #include <hiredis/hiredis.h>
@@ -51,19 +52,41 @@ static redisReply *parse_resp(const char *text)
     return rep;
 }
 
-/* CLUSTER SLOTS of a 3-master, 3-replica cluster as redis-cli --cluster
- * create leaves it (Redis 7.0.15's shape; node ids cut short). */
+/* CLUSTER SLOTS recorded from Redis 7.0.15: a 3-master, 3-replica cluster
+ * as `redis-cli --cluster create ... --cluster-replicas 1` left it, and the
+ * same after `redis-cli --cluster reshard` moved slots 0-9 to the third
+ * master (a master with two ranges). */
 static const char three_masters[] =
-    "*3\r\n"
-    "*4\r\n:0\r\n:5460\r\n"
-    "*4\r\n$9\r\n127.0.0.1\r\n:30001\r\n$4\r\naaaa\r\n*0\r\n"
-    "*4\r\n$9\r\n127.0.0.1\r\n:30005\r\n$4\r\nbbbb\r\n*0\r\n"
-    "*4\r\n:5461\r\n:10922\r\n"
-    "*4\r\n$9\r\n127.0.0.1\r\n:30002\r\n$4\r\ncccc\r\n*0\r\n"
-    "*4\r\n$9\r\n127.0.0.1\r\n:30006\r\n$4\r\ndddd\r\n*0\r\n"
-    "*4\r\n:10923\r\n:16383\r\n"
-    "*4\r\n$9\r\n127.0.0.1\r\n:30003\r\n$4\r\neeee\r\n*0\r\n"
-    "*4\r\n$9\r\n127.0.0.1\r\n:30004\r\n$4\r\nffff\r\n*0\r\n";
+    "*3\r\n*4\r\n:0\r\n:5460\r\n*4\r\n$9\r\n127.0.0.1\r\n:7101\r\n$40\r\n"
+    "07d8a6bd1450674e79de0770ce1c63fbe76fd5fd\r\n*0\r\n*4\r\n$9\r\n"
+    "127.0.0.1\r\n:7104\r\n$40\r\n"
+    "4d53a01ed51f4182011ff285f52e0203ed30ef91\r\n*0\r\n*4\r\n:5461\r\n"
+    ":10922\r\n*4\r\n$9\r\n127.0.0.1\r\n:7102\r\n$40\r\n"
+    "0ce5c1bc9a07f3bb5330bd90cf2858a1fba1a095\r\n*0\r\n*4\r\n$9\r\n"
+    "127.0.0.1\r\n:7105\r\n$40\r\n"
+    "7d0f93c50af10013521b948c44e2b4d70fef6d06\r\n*0\r\n*4\r\n:10923\r\n"
+    ":16383\r\n*4\r\n$9\r\n127.0.0.1\r\n:7103\r\n$40\r\n"
+    "a6f0bf94b7d241ae588178474a2ec5c3c5702adb\r\n*0\r\n*4\r\n$9\r\n"
+    "127.0.0.1\r\n:7106\r\n$40\r\n"
+    "bc6e0227ddda717851a682b5b6718ab0c1d24710\r\n*0\r\n";
+
+static const char resharded[] =
+    "*4\r\n*4\r\n:0\r\n:9\r\n*4\r\n$9\r\n127.0.0.1\r\n:7103\r\n$40\r\n"
+    "a6f0bf94b7d241ae588178474a2ec5c3c5702adb\r\n*0\r\n*4\r\n$9\r\n"
+    "127.0.0.1\r\n:7106\r\n$40\r\n"
+    "bc6e0227ddda717851a682b5b6718ab0c1d24710\r\n*0\r\n*4\r\n:10\r\n"
+    ":5460\r\n*4\r\n$9\r\n127.0.0.1\r\n:7101\r\n$40\r\n"
+    "07d8a6bd1450674e79de0770ce1c63fbe76fd5fd\r\n*0\r\n*4\r\n$9\r\n"
+    "127.0.0.1\r\n:7104\r\n$40\r\n"
+    "4d53a01ed51f4182011ff285f52e0203ed30ef91\r\n*0\r\n*4\r\n:5461\r\n"
+    ":10922\r\n*4\r\n$9\r\n127.0.0.1\r\n:7102\r\n$40\r\n"
+    "0ce5c1bc9a07f3bb5330bd90cf2858a1fba1a095\r\n*0\r\n*4\r\n$9\r\n"
+    "127.0.0.1\r\n:7105\r\n$40\r\n"
+    "7d0f93c50af10013521b948c44e2b4d70fef6d06\r\n*0\r\n*4\r\n:10923\r\n"
+    ":16383\r\n*4\r\n$9\r\n127.0.0.1\r\n:7103\r\n$40\r\n"
+    "a6f0bf94b7d241ae588178474a2ec5c3c5702adb\r\n*0\r\n*4\r\n$9\r\n"
+    "127.0.0.1\r\n:7106\r\n$40\r\n"
+    "bc6e0227ddda717851a682b5b6718ab0c1d24710\r\n*0\r\n";
 
 static void slots_reply_parsed(void **state)
 {
@@ -76,12 +99,25 @@ static void slots_reply_parsed(void **state)
     assert_int_equal(r[0].first, 0);
     assert_int_equal(r[0].last, 5460);
     assert_string_equal(r[0].host, "127.0.0.1");
-    assert_int_equal(r[0].port, 30001);
+    assert_int_equal(r[0].port, 7101);
     assert_int_equal(r[1].first, 5461);
-    assert_int_equal(r[1].port, 30002);
+    assert_int_equal(r[1].port, 7102);
     assert_int_equal(r[2].last, 16383);
-    assert_int_equal(r[2].port, 30003);
+    assert_int_equal(r[2].port, 7103);
     assert_false(rc_parse_slots(rep, "seed", r, 2, &n)); /* no room */
+    freeReplyObject(rep);
+
+    rep = parse_resp(resharded);
+    assert_true(rc_parse_slots(rep, "seed", r, 8, &n));
+    assert_int_equal(n, 4);
+    assert_int_equal(r[0].first, 0);
+    assert_int_equal(r[0].last, 9);
+    assert_int_equal(r[0].port, 7103);
+    assert_int_equal(r[1].first, 10);
+    assert_int_equal(r[1].last, 5460);
+    assert_int_equal(r[1].port, 7101);
+    assert_int_equal(r[3].first, 10923);
+    assert_int_equal(r[3].port, 7103);
     freeReplyObject(rep);
 
     /* After a reshard: a master with two ranges; one that does not know
