@@ -895,8 +895,13 @@ static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
                                            memory_order_relaxed);
     int rc = conn_call(r, dl, n, &n->conns[i % n->nconns], asking, argc,
                        argv, lens, out);
-    if (!r->breaker || rc == RATE_ENOMEM)
+    if (!r->breaker)
         return rc;
+    if (rc == RATE_ENOMEM) { /* says nothing of the server */
+        if (probe)
+            atomic_store(&n->probing, false);
+        return rc;
+    }
     if (rc == RATE_OK) {
         atomic_store(&n->fails, 0);
         if (probe) {
