@@ -6,7 +6,8 @@
  * - found to be a cluster from any node (a seed list whose first seed is
  *   dead too); a database other than 0 refused;
  * - differential traces against the memory store, keys over every master,
- *   and rate_store_redis_drop clearing every master;
+ *   rate_store_redis_touch reaching every key, and rate_store_redis_drop
+ *   clearing every master;
  * - `ratelimit replay --store redis://<a node>` printing the memory
  *   store's output byte for byte, and leaving no key on any master;
  * - slots moved under callers (SETSLOT IMPORTING / MIGRATING, MIGRATE,
@@ -175,6 +176,28 @@ static void same_decisions_as_memory(void **state)
         }
     assert_int_equal(masters, 3);
     assert_true(total > 300);
+    /* touch: every key on every master gets the expiry. */
+    assert_int_equal(rate_store_redis_touch(rs, 5 * SEC), RATE_OK);
+    unsigned touched = 0;
+    for (int i = 0; i < RCL_NODES; i++) {
+        if (!rcl_is_master(&cl, i))
+            continue;
+        redisContext *c = rcl_connect(cl.port[i]);
+        redisReply *k = redisCommand(c, "KEYS cdiff:*");
+        assert_true(k != NULL && k->type == REDIS_REPLY_ARRAY);
+        for (size_t j = 0; j < k->elements; j++) {
+            redisReply *t = redisCommand(c, "PTTL %b", k->element[j]->str,
+                                         k->element[j]->len);
+            if (t == NULL || t->integer <= 3000 || t->integer > 5000)
+                fail_msg("%s on node %d: PTTL %lld after a touch of 5 s",
+                         k->element[j]->str, i, t ? t->integer : -9);
+            freeReplyObject(t);
+            touched++;
+        }
+        freeReplyObject(k);
+        redisFree(c);
+    }
+    assert_int_equal(touched, total);
     assert_int_equal(rate_store_redis_drop(rs), RATE_OK);
     for (int i = 0; i < RCL_NODES; i++)
         if (rcl_is_master(&cl, i) && keys_on(i, "cdiff:") != 0)
