@@ -178,6 +178,20 @@ static void acl_refusals_are_told(void **state)
         assert_null(s);
         if (strstr(err, "NOPERM") == NULL || strstr(err, cases[i].want) == NULL)
             fail_msg("user %s: '%s'", cases[i].user, err);
+        /* Lazy: created, decisions fail, and the last error says why. */
+        o.lazy_connect = true;
+        assert_int_equal(rate_store_redis_new(u, &o, &s, err, sizeof err),
+                         RATE_OK);
+        rate_limiter_t *lim = limiter_of("fixed-window 5/s", s);
+        assert_int_equal(at(lim, "k", SEC, 1, 0).reason,
+                         RATE_REASON_STORE_ERROR);
+        char last[512];
+        assert_int_equal(rate_store_redis_last_error(s, last, sizeof last),
+                         RATE_OK);
+        if (strstr(last, "NOPERM") == NULL)
+            fail_msg("user %s, lazy: last error '%s'", cases[i].user, last);
+        rate_limiter_free(lim);
+        rate_store_free(s);
     }
     char u[128], err[512] = "";
     rate_store_t *s = NULL;
