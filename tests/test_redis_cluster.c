@@ -11,7 +11,8 @@
  * - `ratelimit replay --store redis://<a node>` printing the memory
  *   store's output byte for byte, and leaving no key on any master;
  * - slots moved under callers (SETSLOT IMPORTING / MIGRATING, MIGRATE,
- *   SETSLOT NODE, as redis-cli --cluster reshard does): no caller error,
+ *   SETSLOT NODE, as redis-cli --cluster reshard does), and back with
+ *   redis-cli --cluster reshard itself: no caller error,
  *   and every key's count is the sum of its admissions (no key decided
  *   from two states);
  * - a master killed under callers: decisions resume by themselves once
@@ -407,16 +408,29 @@ static void slots_moved_mid_run(void **state)
     usleep(300000);
     move_slots(from, to, first, last);
     usleep(300000);
+    /* And back with redis-cli itself: it takes the source's first slots,
+     * these. */
+    char fid[64], tid[64], seed[32], nslots[16];
+    node_id(to, fid);
+    node_id(from, tid);
+    snprintf(seed, sizeof seed, "127.0.0.1:%d", cl.port[to]);
+    snprintf(nslots, sizeof nslots, "%u", last - first + 1);
+    char *reshard[] = {"redis-cli", "--cluster", "reshard", seed,
+                       "--cluster-from", fid, "--cluster-to", tid,
+                       "--cluster-slots", nslots, "--cluster-yes", NULL};
+    assert_int_equal(rcl_run(reshard), 0);
+    usleep(300000);
     stop_callers(&r, th);
     rate_redis_status_t st;
     assert_int_equal(rate_store_redis_status(rs, &st), RATE_OK);
-    print_message("%u calls while 100 slots moved: %u errors, %llu "
-                  "redirections followed\n",
+    print_message("%u calls while 100 slots moved there and back: %u "
+                  "errors, %llu redirections followed\n",
                   atomic_load(&r.calls), atomic_load(&r.errors),
                   (unsigned long long)st.redirections);
     assert_int_equal(atomic_load(&r.errors), 0);
     assert_true(st.redirections > 0);
-    assert_int_equal(rcl_master_of(&cl, first), to);
+    assert_int_equal(rcl_master_of(&cl, first), from);
+    assert_int_equal(rcl_master_of(&cl, last), from);
     for (int k = 0; k < NKEYS; k++) {
         unsigned a = atomic_load(&r.allowed[k]);
         rate_decision_t d = at(r.lim, r.keys[k], SEC, 1, 0);
