@@ -315,13 +315,17 @@ RATE_API int rate_store_memory_new(const rate_memory_options_t *options,
 
 typedef struct rate_redis_options {
     uint64_t connect_timeout_ns; /* 0: 1 s */
-    uint64_t command_timeout_ns; /* 0: 1 s.  Redis silent this long fails
-                                    every command in flight (a store
-                                    error); a call waits at most this, plus
-                                    the time Redis takes to answer the
-                                    commands queued ahead of it */
+    uint64_t command_timeout_ns; /* 0: 1 s.  Every call returns within
+                                    this of its start (plus the scheduling
+                                    of threads, a few ms): a command not
+                                    answered by then fails with every
+                                    command in flight on its connection
+                                    (RATE_ETIMEDOUT), and a connection
+                                    made on a call's behalf (the connect
+                                    timeout included) is made within it */
     const char *prefix;          /* key namespace, copied; NULL: "ratelimit:" */
-    unsigned pool_size;          /* connections, each shared by all callers
+    unsigned pool_size;          /* connections per server (per master in
+                                    a cluster), each shared by all callers
                                     (pipelined); 0: 2 */
     bool no_ttl;                 /* keep keys without expiry (replays on a
                                     virtual clock); default: expire each key
@@ -341,25 +345,86 @@ typedef struct rate_redis_options {
                                     in use).  Policy records are always
                                     kept without expiry when written.
                                     Ignored without no_ttl */
+    bool lazy_connect;           /* creation succeeds even when no server
+                                    answers (a malformed URL or option is
+                                    still RATE_EINVAL): until one does,
+                                    every call fails at once (RATE_ESTORE,
+                                    so decisions follow the fail mode),
+                                    and calls try again, one at a time,
+                                    no more often than a backoff from
+                                    10 ms doubling to 1 s;
+                                    rate_store_redis_last_error says why.
+                                    Default: connect at creation */
+    unsigned breaker_failures;   /* the circuit breaker of each server: 0:
+                                    5 calls in a row that got no reply (a
+                                    failed or timed-out connection; error
+                                    replies do not count) open it */
+    uint64_t breaker_cooldown_ns;/* 0: 1 s.  While open, every call on
+                                    that server fails at once
+                                    (RATE_ESTORE); after it, one call goes
+                                    through as a probe: answered, the
+                                    breaker closes; not, it opens again */
+    bool no_breaker;             /* no circuit breaker */
 } rate_redis_options_t;
 
-/* The Redis store: url is redis://[[user]:password@]host[:port][/db] or
- * unix:///path.  Each key lives under PREFIX{KEY} (its own Cluster hash
- * tag).  Connects once at creation, so that a bad host, password or
- * database is reported here: RATE_EINVAL for a malformed URL or option,
- * RATE_ESTORE when Redis cannot be reached or refuses; `err` (if not NULL)
- * then says why.  Decisions are the memory store's, bit for bit, in one
- * round trip (a Lua twin of the step; see docs/algorithms.md, "Stores").
- * `options` may be NULL.  Thread-safe: yes (callers share pipelined
- * connections). */
+/* The Redis store: url is redis://[[user]:password@]host[:port][/db],
+ * redis://[[user]:password@]host[:port],host[:port]... (seeds: tried in
+ * order until one answers) or unix:///path.  A server that is a Redis
+ * Cluster node is found to be one when the store connects: the store then
+ * sends each key's commands to the master of its slot and follows the
+ * cluster's redirections and failovers (docs/redis.md); a database other
+ * than 0 is then RATE_EINVAL.  Each key lives under PREFIX{KEY} (its own
+ * Cluster hash tag; a key holding '}' is escaped, docs/redis.md).
+ * Connects at creation (unless lazy_connect), so that a bad host,
+ * password, database or a user's missing rights (the ACL's NOPERM, for
+ * EVALSHA or HMGET on the store's keys) is reported here: RATE_EINVAL for
+ * a malformed URL or option (rediss:// included: no TLS) or a database
+ * in a cluster, RATE_ESTORE when Redis cannot be reached or refuses,
+ * RATE_ETIMEDOUT when it does not answer in time; `err` (if not NULL)
+ * then says why, with the server's message.  Decisions are the memory
+ * store's, bit for bit, in one round trip (a Lua twin of the step; see
+ * docs/algorithms.md, "Stores").  `options` may be NULL.  Thread-safe:
+ * yes (callers share pipelined connections). */
 RATE_API int rate_store_redis_new(const char *url,
                                   const rate_redis_options_t *options,
                                   rate_store_t **out, char *err,
                                   size_t errlen);
 
-/* Deletes every key under the Redis store's prefix (SCAN + UNLINK).
- * RATE_EINVAL for a store that is not a Redis store.  Thread-safe: yes. */
+/* Deletes every key of the Redis store's namespace: the names it writes
+ * under its prefix (PREFIX{...}, PREFIX s{...}, PREFIX p{...},
+ * PREFIX e{...}, PREFIX es{...}), never another name that merely starts
+ * with the prefix (SCAN + UNLINK; in a cluster, on every master).
+ * RATE_EINVAL for a store that is not a Redis store; RATE_ESTORE or
+ * RATE_ETIMEDOUT when Redis fails or does not answer (the keys deleted so
+ * far stay deleted); RATE_ECORRUPT for a reply that does not parse;
+ * RATE_ENOMEM.  Thread-safe: yes. */
 RATE_API int rate_store_redis_drop(rate_store_t *store);
+
+/* Copies into buf (cap bytes, cap > 0, NUL-terminated, cut to fit) why
+ * the store's last attempt to connect failed, with the server's message:
+ * "" when none failed since one succeeded.  Returns RATE_OK; RATE_EINVAL
+ * for a store that is not a Redis store, a NULL buf or a cap of 0.
+ * Thread-safe: yes. */
+RATE_API int rate_store_redis_last_error(rate_store_t *store, char *buf,
+                                         size_t cap);
+
+typedef struct rate_redis_status {
+    bool ready;                /* the server (or cluster) was reached once */
+    bool cluster;              /* a Redis Cluster */
+    unsigned masters;          /* masters in the slot map (1: one server) */
+    unsigned breakers_open;    /* of those, with the breaker open now */
+    uint64_t breaker_opened;   /* times a breaker opened */
+    uint64_t breaker_rejected; /* calls failed at once by an open breaker */
+    uint64_t redirections;     /* MOVED, ASK and TRYAGAIN followed */
+    uint64_t map_refreshes;    /* slot maps read from the cluster */
+    uint64_t connect_failures; /* connections that could not be made */
+} rate_redis_status_t;
+
+/* Fills *out with the Redis store's state and counts since its creation.
+ * Returns RATE_OK; RATE_EINVAL for a store that is not a Redis store or a
+ * NULL out.  Thread-safe: yes. */
+RATE_API int rate_store_redis_status(rate_store_t *store,
+                                     rate_redis_status_t *out);
 
 /* Sets the expiry of every key under the Redis store's prefix -- states,
  * shadow states and policy records alike -- to ttl_ns, rounded up to ms

@@ -15,7 +15,7 @@ set -euo pipefail
 build_pkgs=(gcc make cmake pkg-config libxxhash-dev libhiredis-dev
             libcurl4-openssl-dev libjansson-dev)
 test_pkgs=(libcmocka-dev valgrind libxml2-utils clang libclang-rt-14-dev redis-server
-           nodejs npm)
+           redis-tools nodejs npm)
 
 usage() { echo "usage: $0 [build|test] | $0 check [build|test]" >&2; exit 2; }
 

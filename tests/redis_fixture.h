@@ -61,6 +61,7 @@ static inline rate_store_t *redis_store(const char *prefix, bool no_ttl,
     o.no_ttl = no_ttl;
     o.command_timeout_ns = timeout_ns;
     o.connect_timeout_ns = timeout_ns;
+    o.breaker_cooldown_ns = timeout_ns; /* 0: the default, 1 s */
     if (rate_store_redis_new(url, &o, &s, err, sizeof err) != RATE_OK)
         fail_msg("redis store: %s", err);
     return s;

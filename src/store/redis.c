@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The Redis store: keys shared by every process and machine that talks to
- * the same Redis.
+ * the same Redis, a single server or a Redis Cluster (docs/redis.md).
  *
  * A decision is one EVALSHA of redis_step.lua, a Lua twin of src/step.c
  * over the same state bytes (the decide() entry of the store contract).
@@ -25,9 +25,15 @@
  *                      id) in order, two lowercase hex digits each, as in
  *                      "ratelimit:p{0badcafe}"
  *
- * After the prefix comes '{', 's' or 'p', so no two spaces ever share a
- * name.  A new key's version starts from Redis's TIME in microseconds, so
- * a key that expired and came back does not reuse the version a slow
+ * A KEY holding a '}' would end the tag early (Redis takes the bytes up to
+ * the first '}'), so such a key is escaped instead, '%' as "%25" and '}'
+ * as "%7d", and named PREFIX "e{" ESC "}" (a state) or PREFIX "es{" ESC "}"
+ * (a shadow state).  A key without '}' keeps its name; a '{' in a key
+ * changes nothing, as Redis reads the tag from the first '{', ours.
+ *
+ * After the prefix comes '{', 's', 'p' or 'e', so no two spaces ever share
+ * a name.  A new key's version starts from Redis's TIME in microseconds,
+ * so a key that expired and came back does not reuse the version a slow
  * client may still hold.  Every write sets the key's expiry to its
  * reset_after (never for RATE_TTL_FOREVER, nor with no_ttl).  With no_ttl
  * and safety_ttl_ns, a state (or shadow state) written gets the safety
@@ -40,18 +46,34 @@
  * with client_time: then now() is RATE_ENOTSUP and the limiter keeps to
  * its own clock.
  *
- * Connections: a few (pool_size, 2 by default), each shared by all callers
- * and pipelined both ways (see struct conn): commands go out in batches
- * while earlier replies are still being read, the way auto-pipelining
- * clients work, with no I/O thread: the callers themselves take turns
- * writing and reading.  Every command has the configured timeout; a
- * connection that failed is dropped, and reconnecting is tried again no
- * sooner than a backoff that doubles from 10 ms to 1 s, so while Redis is
- * down a call fails at once instead of waiting on a dead host.
+ * Nodes: one for a single server; in a cluster, one per master, found from
+ * CLUSTER SLOTS, each key's command sent to the master of its slot
+ * (src/store/redis_cluster.c), MOVED followed (the slot map refreshed),
+ * ASK followed once with ASKING, at most MAX_REDIRECTS redirections per
+ * command.  Each node has a circuit breaker: after breaker_failures calls
+ * in a row failed (no reply, or none in time), every call on the node
+ * fails at once for breaker_cooldown_ns, then one call goes through as a
+ * probe: answered, the breaker closes; not, it opens again.
+ *
+ * Connections: a few per node (pool_size, 2 by default), each shared by
+ * all callers and pipelined both ways (see struct conn): commands go out
+ * in batches while earlier replies are still being read, the way
+ * auto-pipelining clients work, with no I/O thread: the callers
+ * themselves take turns writing and reading.  Each command has a deadline,
+ * its call's start plus the command timeout (one for a whole call: its
+ * redirections and a NOSCRIPT's resend share it): the reader waits (poll) no
+ * longer than the earliest deadline of the commands in flight, then fails
+ * them all; a connection made for queued commands is made within the
+ * first one's deadline.  A connection that failed is dropped, and
+ * reconnecting is tried again no sooner than a backoff that doubles from
+ * 10 ms to 1 s, so while Redis is down a call fails at once instead of
+ * waiting on a dead host.
  */
 #include <errno.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <linux/futex.h>
@@ -63,10 +85,18 @@
 #include <hiredis/hiredis.h>
 
 #include "../internal.h"
+#include "redis_cluster.h"
 #include "redis_step_lua.h"
 
 #define BACKOFF_MIN_NS (10 * UINT64_C(1000000))
 #define BACKOFF_MAX_NS RATE_NS_PER_S
+#define MAX_NODES 255     /* nodes a store ever knows (masters, past too) */
+#define MAX_SEEDS 16
+#define MAX_REDIRECTS 5   /* MOVED, ASK, TRYAGAIN followed per command */
+#define TRYAGAIN_NS (20 * UINT64_C(1000000))
+#define REFRESH_MIN_NS (100 * UINT64_C(1000000)) /* between map refreshes */
+#define BREAKER_FAILURES 5
+#define BREAKER_COOLDOWN_NS RATE_NS_PER_S
 
 static const char cas_script[] =
     "local cur = redis.call('HGET', KEYS[1], 'v')\n"
@@ -85,6 +115,10 @@ static const char cas_script[] =
     "else redis.call('PERSIST', KEYS[1]) end\n"
     "return nv\n";
 
+/* Run at each connection, with a key of the namespace: whether the user
+ * may run EVALSHA on the store's keys (an ACL says NOPERM first). */
+static const char probe_script[] = "return 1\n";
+
 /* One caller's command on a shared connection. */
 typedef struct mreq {
     redisReply *reply; /* out, on RATE_OK */
@@ -93,6 +127,8 @@ typedef struct mreq {
      * hand the caller a role.  The caller sleeps on it (a futex). */
     _Atomic uint32_t sig;
     struct mreq *next;
+    uint64_t deadline_ns; /* the call's start plus the command timeout */
+    unsigned skip;        /* replies to drop before its own (ASKING's) */
 } mreq_t;
 
 /* A connection shared by every caller, pipelined both ways.  A caller that
@@ -114,26 +150,78 @@ typedef struct conn {
     bool writing, reading;
     bool broken;       /* failed: no more I/O; dropped once no role is on it */
     redisContext *ctx; /* NULL: not connected */
-    uint64_t retry_at_ns, backoff_ns;
+    _Atomic uint64_t retry_at_ns;
+    uint64_t backoff_ns;
 } conn_t;
 
+/* A server: the single one, or a master of the cluster. */
+typedef struct node {
+    char host[RC_HOST_MAX];
+    int port; /* 0: host is a unix socket's path */
+    conn_t *conns;
+    unsigned nconns;
+    atomic_uint next_conn;  /* round robin over the connections */
+    atomic_uint fails;      /* calls failed in a row */
+    _Atomic uint64_t open_until_ns; /* the breaker: 0 closed */
+    atomic_bool probing;    /* open, cooled down: one call is the probe */
+} node_t;
+
+typedef struct seed {
+    char host[RC_HOST_MAX];
+    int port;
+} seed_t;
+
 typedef struct redis_store {
-    char host[256];
+    seed_t seeds[MAX_SEEDS];
+    unsigned nseeds;
     char password[256], user[256];
-    int port, db;
-    bool unix_socket, ttl, redis_time;
+    int db;
+    bool unix_socket, ttl, redis_time, lazy, breaker;
+    unsigned breaker_failures, pool;
+    uint64_t breaker_cooldown_ns;
+    uint64_t connect_ns, command_ns;
     uint64_t safety_ms; /* with no_ttl: the expiry of a state written, in
                            ms; 0: none (PERSIST) */
-    struct timeval connect_tv, command_tv;
     char *prefix;
     size_t prefix_len;
     char sha[41];      /* the compare-and-set script */
     char step_sha[41]; /* the step (redis_step.lua) */
 
-    conn_t *conns;
-    unsigned nconns;
-    atomic_uint next_conn; /* round robin over the connections */
+    /* The topology: found once (ready), at creation or, lazily, by the
+     * first call that reaches a seed; the slot map then follows the
+     * cluster.  Discovery, map refreshes and new nodes under topo_lock. */
+    pthread_mutex_t topo_lock;
+    atomic_bool ready;
+    bool cluster; /* set before ready */
+    uint64_t topo_retry_at_ns, topo_backoff_ns;
+    _Atomic uint64_t refreshed_at_ns;
+    node_t *_Atomic nodes[MAX_NODES];
+    atomic_uint nnodes;
+    _Atomic uint8_t slot_node[RC_SLOTS]; /* node index + 1; 0: none known */
+
+    pthread_mutex_t err_lock;
+    char last_err[256]; /* the last connection's failure; "" since one
+                           succeeded */
+    atomic_uint_fast64_t st_opened, st_rejected, st_redirects, st_refreshes,
+        st_connect_failures;
 } redis_store_t;
+
+static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
+                     int argc, const char **argv, const size_t *lens,
+                     redisReply **out);
+
+/* A call's deadline: now plus the command timeout. */
+static uint64_t deadline_of(const redis_store_t *r)
+{
+    return rate_clock_monotonic_ns() + r->command_ns;
+}
+
+static void set_err(redis_store_t *r, const char *msg)
+{
+    pthread_mutex_lock(&r->err_lock);
+    snprintf(r->last_err, sizeof r->last_err, "%s", msg);
+    pthread_mutex_unlock(&r->err_lock);
+}
 
 /* ------------------------------------------------------------------ URL */
 
@@ -155,27 +243,67 @@ static bool parse_int(const char *s, size_t n, int max, int *out)
     return true;
 }
 
-/* redis://[[user]:password@]host[:port][/db]  or  unix:///path */
+/* One seed, host[:port] or [v6][:port], from p to end. */
+static int parse_seed(seed_t *s, const char *url, const char *p,
+                      const char *end, char *err, size_t errlen)
+{
+    const char *colon = NULL, *hs = p, *he;
+    s->port = 6379;
+    if (p < end && *p == '[') { /* [IPv6] */
+        const char *close = memchr(p, ']', (size_t)(end - p));
+        if (close == NULL)
+            return rate__fail(err, errlen, RATE_EINVAL,
+                              "'%s': unclosed '[' in host", url);
+        hs = p + 1;
+        he = close;
+        if (close + 1 < end) {
+            if (close[1] != ':')
+                return rate__fail(err, errlen, RATE_EINVAL,
+                                  "'%s': text after ']' in host", url);
+            colon = close + 1;
+        }
+    } else {
+        colon = memchr(p, ':', (size_t)(end - p));
+        he = colon ? colon : end;
+    }
+    if (he == hs || !copy_part(s->host, sizeof s->host, hs, (size_t)(he - hs)))
+        return rate__fail(err, errlen, RATE_EINVAL,
+                          "'%s': missing or too long host", url);
+    if (colon != NULL &&
+        (!parse_int(colon + 1, (size_t)(end - colon - 1), 65535, &s->port) ||
+         s->port == 0))
+        return rate__fail(err, errlen, RATE_EINVAL,
+                          "'%s': port is not a number from 1 to 65535", url);
+    return RATE_OK;
+}
+
+/* redis://[[user]:password@]host[:port][,host[:port]...][/db]  or
+ * unix:///path */
 static int parse_url(redis_store_t *r, const char *url, char *err,
                      size_t errlen)
 {
     const char *p, *end;
 
-    r->port = 6379;
     if (strncmp(url, "unix://", 7) == 0) {
         r->unix_socket = true;
-        if (url[7] != '/' || !copy_part(r->host, sizeof r->host, url + 7,
+        r->nseeds = 1;
+        if (url[7] != '/' || !copy_part(r->seeds[0].host,
+                                        sizeof r->seeds[0].host, url + 7,
                                         strlen(url + 7)))
             return rate__fail(err, errlen, RATE_EINVAL,
                               "'%s': unix:// needs an absolute socket path",
                               url);
         return RATE_OK;
     }
+    if (strncmp(url, "rediss://", 9) == 0)
+        return rate__fail(err, errlen, RATE_EINVAL,
+                          "'%s': TLS (rediss://) is not supported "
+                          "(Debian 12's hiredis 0.14 has none)", url);
     if (strncmp(url, "redis://", 8) != 0)
         return rate__fail(err, errlen, RATE_EINVAL,
                           "'%s' is not "
-                          "redis://[user:password@]host[:port][/db] "
-                          "or unix:///path", url);
+                          "redis://[user:password@]host[:port][,host[:port]"
+                          "...][/db] or unix:///path", url);
     p = url + 8;
     end = p + strlen(p);
     const char *at = memchr(p, '@', (size_t)(end - p));
@@ -194,33 +322,19 @@ static int parse_url(redis_store_t *r, const char *url, char *err,
     }
     const char *slash = memchr(p, '/', (size_t)(end - p));
     const char *hostend = slash ? slash : end;
-    const char *colon = NULL;
-    const char *hs = p, *he;
-    if (*p == '[') { /* [IPv6] */
-        const char *close = memchr(p, ']', (size_t)(hostend - p));
-        if (close == NULL)
+    for (;;) {
+        const char *comma = memchr(p, ',', (size_t)(hostend - p));
+        const char *se = comma ? comma : hostend;
+        if (r->nseeds == MAX_SEEDS)
             return rate__fail(err, errlen, RATE_EINVAL,
-                              "'%s': unclosed '[' in host", url);
-        hs = p + 1;
-        he = close;
-        if (close + 1 < hostend) {
-            if (close[1] != ':')
-                return rate__fail(err, errlen, RATE_EINVAL,
-                                  "'%s': text after ']' in host", url);
-            colon = close + 1;
-        }
-    } else {
-        colon = memchr(p, ':', (size_t)(hostend - p));
-        he = colon ? colon : hostend;
+                              "'%s': more than %d hosts", url, MAX_SEEDS);
+        int rc = parse_seed(&r->seeds[r->nseeds++], url, p, se, err, errlen);
+        if (rc != RATE_OK)
+            return rc;
+        if (comma == NULL)
+            break;
+        p = comma + 1;
     }
-    if (he == hs || !copy_part(r->host, sizeof r->host, hs, (size_t)(he - hs)))
-        return rate__fail(err, errlen, RATE_EINVAL,
-                          "'%s': missing or too long host", url);
-    if (colon != NULL &&
-        (!parse_int(colon + 1, (size_t)(hostend - colon - 1), 65535, &r->port) ||
-         r->port == 0))
-        return rate__fail(err, errlen, RATE_EINVAL,
-                          "'%s': port is not a number from 1 to 65535", url);
     if (slash != NULL && slash + 1 < end &&
         !parse_int(slash + 1, (size_t)(end - slash - 1), 1 << 20, &r->db))
         return rate__fail(err, errlen, RATE_EINVAL,
@@ -252,101 +366,196 @@ static int reply_status(redisContext *c, const redisReply *rep)
     return rep->type == REDIS_REPLY_ERROR ? RATE_ESTORE : RATE_OK;
 }
 
-static redisReply *command(redisContext *c, int argc, const char **argv,
-                           const size_t *lens)
+/* One command of a connection's handshake, answered by `deadline` (the
+ * socket's timeout set to what is left of it). */
+static int hs_command(redisContext *c, uint64_t deadline, int argc,
+                      const char **argv, const size_t *lens,
+                      redisReply **out)
 {
-    return redisCommandArgv(c, argc, argv, lens);
+    uint64_t now = rate_clock_monotonic_ns();
+    *out = NULL;
+    if (now >= deadline)
+        return RATE_ETIMEDOUT;
+    redisSetTimeout(c, tv_of(deadline - now));
+    *out = redisCommandArgv(c, argc, argv, lens);
+    return reply_status(c, *out);
 }
 
-/* Connects, authenticates, selects the database and loads the scripts.
- * Their SHA1 digests are recorded at the store's creation (first) only:
- * later connections load the same scripts, while other callers read the
- * digests. */
-static int open_conn(redis_store_t *r, redisContext **out, bool first,
-                     char *err, size_t errlen)
+static const char *rep_text(redisContext *c, const redisReply *rep)
 {
-    redisContext *c = r->unix_socket
-                          ? redisConnectUnixWithTimeout(r->host, r->connect_tv)
-                          : redisConnectWithTimeout(r->host, r->port,
-                                                    r->connect_tv);
-    redisReply *rep;
+    if (rep == NULL)
+        return c->errstr[0] ? c->errstr : "no reply in time";
+    return rep->str ? rep->str : "unexpected reply";
+}
+
+/* Connects to host:port (port 0: a unix socket), authenticates, asks for
+ * the slot map when slots != NULL (*slots: the reply, or NULL for a server
+ * that is no cluster), selects the database (no cluster), loads the
+ * scripts, and checks that the user may run what the store needs; all of
+ * it by `deadline`, the TCP connection within the connect timeout too.
+ * The scripts' SHA1 digests are recorded by the first connection (under
+ * topo_lock, before the store is ready); later ones load the same
+ * scripts, while callers read the digests. */
+static int open_conn(redis_store_t *r, const char *host, int port,
+                     uint64_t deadline, redisReply **slots,
+                     redisContext **out, char *err, size_t errlen)
+{
+    uint64_t now = rate_clock_monotonic_ns();
+    uint64_t budget = deadline > now ? deadline - now : 1;
+    struct timeval ctv = tv_of(budget < r->connect_ns ? budget : r->connect_ns);
+    redisContext *c = port == 0 ? redisConnectUnixWithTimeout(host, ctv)
+                                : redisConnectWithTimeout(host, port, ctv);
+    redisReply *rep = NULL;
+    char where[RC_HOST_MAX + 16];
     int rc = RATE_OK;
 
     *out = NULL;
+    if (slots != NULL)
+        *slots = NULL;
+    if (port == 0) /* the socket's path alone: no port */
+        snprintf(where, sizeof where, "%s", host);
+    else
+        snprintf(where, sizeof where, "%s:%d", host, port);
     if (c == NULL)
         return rate__fail(err, errlen, RATE_ENOMEM, "out of memory");
     if (c->err) {
-        if (r->unix_socket) /* the socket's path alone: no port */
-            rc = rate__fail(err, errlen, RATE_ESTORE,
-                            "cannot connect to %s: %s", r->host, c->errstr);
-        else
-            rc = rate__fail(err, errlen, RATE_ESTORE,
-                            "cannot connect to %s:%d: %s", r->host, r->port,
-                            c->errstr);
+        rc = rate__fail(err, errlen, RATE_ESTORE, "cannot connect to %s: %s",
+                        where, c->errstr);
         redisFree(c);
         return rc;
     }
-    redisSetTimeout(c, r->command_tv);
     if (r->password[0] != '\0') {
         const char *av[3] = {"AUTH", r->user, r->password};
         size_t al[3] = {4, strlen(r->user), strlen(r->password)};
-        rep = r->user[0] ? command(c, 3, av, al)
-                         : command(c, 2, (const char *[]){"AUTH", r->password},
-                                   (size_t[]){4, strlen(r->password)});
-        if ((rc = reply_status(c, rep)) != RATE_OK)
-            rate__fail(err, errlen, rc, "authentication failed: %s",
-                       rep ? rep->str : c->errstr);
+        rc = r->user[0] ? hs_command(c, deadline, 3, av, al, &rep)
+                        : hs_command(c, deadline, 2,
+                                     (const char *[]){"AUTH", r->password},
+                                     (size_t[]){4, strlen(r->password)}, &rep);
+        if (rc != RATE_OK)
+            rate__fail(err, errlen, rc, "%s: authentication failed: %s",
+                       where, rep_text(c, rep));
         freeReplyObject(rep);
     }
-    if (rc == RATE_OK && r->db != 0) {
+    bool cluster = r->cluster;
+    if (rc == RATE_OK && slots != NULL) {
+        rc = hs_command(c, deadline, 2, (const char *[]){"CLUSTER", "SLOTS"},
+                        (size_t[]){7, 5}, &rep);
+        if (rc == RATE_OK && rep->type == REDIS_REPLY_ARRAY) {
+            *slots = rep; /* a cluster */
+            cluster = true;
+        } else {
+            /* "cluster support disabled" (or a user that may not ask):
+             * a single server */
+            freeReplyObject(rep);
+            if (rc == RATE_ESTORE && rep != NULL)
+                rc = RATE_OK;
+        }
+        if (rc != RATE_OK)
+            rate__fail(err, errlen, rc, "%s: CLUSTER SLOTS: %s", where,
+                       rep_text(c, NULL));
+        rep = NULL;
+        if (rc == RATE_OK && cluster && r->db != 0)
+            rc = rate__fail(err, errlen, RATE_EINVAL,
+                            "%s is a Redis Cluster, which has database 0 "
+                            "only, not %d", where, r->db);
+    }
+    if (rc == RATE_OK && !cluster && r->db != 0) {
         char db[16];
         snprintf(db, sizeof db, "%d", r->db);
-        rep = command(c, 2, (const char *[]){"SELECT", db},
-                      (size_t[]){6, strlen(db)});
-        if ((rc = reply_status(c, rep)) != RATE_OK)
-            rate__fail(err, errlen, rc, "SELECT %s failed: %s", db,
-                       rep ? rep->str : c->errstr);
+        rc = hs_command(c, deadline, 2, (const char *[]){"SELECT", db},
+                        (size_t[]){6, strlen(db)}, &rep);
+        if (rc != RATE_OK)
+            rate__fail(err, errlen, rc, "%s: SELECT %s failed: %s", where, db,
+                       rep_text(c, rep));
         freeReplyObject(rep);
     }
-    for (int i = 0; i < 2 && rc == RATE_OK; i++) {
-        const char *src = i == 0 ? cas_script : redis_step_lua;
-        size_t len = i == 0 ? sizeof cas_script - 1 : sizeof redis_step_lua - 1;
-        rep = command(c, 3, (const char *[]){"SCRIPT", "LOAD", src},
-                      (size_t[]){6, 4, len});
-        rc = reply_status(c, rep);
+    char probe_sha[41] = "";
+    for (int i = 0; i < 3 && rc == RATE_OK; i++) {
+        const char *src = i == 0   ? cas_script
+                          : i == 1 ? redis_step_lua
+                                   : probe_script;
+        size_t len = i == 0   ? sizeof cas_script - 1
+                     : i == 1 ? sizeof redis_step_lua - 1
+                              : sizeof probe_script - 1;
+        rc = hs_command(c, deadline, 3,
+                        (const char *[]){"SCRIPT", "LOAD", src},
+                        (size_t[]){6, 4, len}, &rep);
         if (rc == RATE_OK && rep->type == REDIS_REPLY_STRING && rep->len == 40) {
-            if (first)
-                memcpy(i == 0 ? r->sha : r->step_sha, rep->str, 41);
-        }
-        else
+            char *dst = i == 0 ? r->sha : i == 1 ? r->step_sha : probe_sha;
+            if (i == 2 || dst[0] == '\0')
+                memcpy(dst, rep->str, 41);
+        } else {
             rc = rate__fail(err, errlen, rc ? rc : RATE_ESTORE,
-                            "SCRIPT LOAD failed: %s",
-                            rep && rep->str ? rep->str : c->errstr);
+                            "%s: SCRIPT LOAD failed: %s", where,
+                            rep_text(c, rep));
+        }
         freeReplyObject(rep);
+        rep = NULL;
+    }
+    if (rc == RATE_OK) {
+        /* What the store will run, on a key of its namespace: an ACL
+         * refuses it (NOPERM) before anything runs, and before a cluster
+         * node redirects (MOVED: allowed). */
+        char key[RATE_KEY_MAX + 300];
+        int kl = snprintf(key, sizeof key, "%.*s{}", (int)r->prefix_len,
+                          r->prefix);
+        for (int i = 0; i < 2 && rc == RATE_OK; i++) {
+            if (i == 0)
+                rc = hs_command(c, deadline, 4,
+                                (const char *[]){"EVALSHA", probe_sha, "1",
+                                                 key},
+                                (size_t[]){7, 40, 1, (size_t)kl}, &rep);
+            else
+                rc = hs_command(c, deadline, 4,
+                                (const char *[]){"HMGET", key, "v", "s"},
+                                (size_t[]){5, (size_t)kl, 1, 1}, &rep);
+            if (rc == RATE_ESTORE && rep != NULL &&
+                strstr(rep->str, "NOPERM") == NULL)
+                rc = RATE_OK; /* MOVED, CLUSTERDOWN: not the user's rights */
+            if (rc != RATE_OK)
+                rate__fail(err, errlen, rc,
+                           "%s: the Redis user may not run %s on the "
+                           "store's keys (%.*s...): %s",
+                           where, i == 0 ? "EVALSHA" : "HMGET", kl - 2, key,
+                           rep_text(c, rep));
+            freeReplyObject(rep);
+            rep = NULL;
+        }
     }
     if (rc != RATE_OK) {
+        if (slots != NULL) {
+            freeReplyObject(*slots);
+            *slots = NULL;
+        }
         redisFree(c);
         return rc;
     }
+    redisSetTimeout(c, tv_of(r->command_ns));
     *out = c;
     return RATE_OK;
 }
 
-/* Connects for c (the writer's job, with nothing in flight), unless still
- * backing off. */
-static int ensure_conn(redis_store_t *r, conn_t *c, redisContext **out)
+/* Connects for c (the writer's job, with nothing in flight) by the
+ * deadline of the first queued command, unless still backing off. */
+static int ensure_conn(redis_store_t *r, node_t *n, conn_t *c,
+                       uint64_t deadline, redisContext **out)
 {
     uint64_t now = rate_clock_monotonic_ns();
-    if (now < c->retry_at_ns)
+    char err[256];
+    if (now < atomic_load(&c->retry_at_ns))
         return RATE_ESTORE; /* still backing off: fail at once */
-    int rc = open_conn(r, out, false, NULL, 0);
+    int rc = open_conn(r, n->host, n->port, deadline, NULL, out, err,
+                       sizeof err);
     if (rc != RATE_OK) {
+        atomic_fetch_add(&r->st_connect_failures, 1);
+        set_err(r, err);
         c->backoff_ns = c->backoff_ns ? c->backoff_ns * 2 : BACKOFF_MIN_NS;
         if (c->backoff_ns > BACKOFF_MAX_NS)
             c->backoff_ns = BACKOFF_MAX_NS;
-        c->retry_at_ns = now + c->backoff_ns;
+        atomic_store(&c->retry_at_ns, now + c->backoff_ns);
     } else {
         c->backoff_ns = 0;
+        set_err(r, "");
     }
     return rc;
 }
@@ -391,6 +600,16 @@ static void fail_all(mreq_t *q, int rc)
     }
 }
 
+/* The earliest deadline of a list.  Under c->lock. */
+static uint64_t first_deadline(const mreq_t *q)
+{
+    uint64_t d = UINT64_MAX;
+    for (; q != NULL; q = q->next)
+        if (q->deadline_ns < d)
+            d = q->deadline_ns;
+    return d;
+}
+
 /* Fails every command sent and not yet answered (a reply can no longer be
  * matched to its command), and stops the I/O of whichever role is blocked
  * on the socket.  Under c->lock. */
@@ -412,7 +631,7 @@ static void conn_settle(conn_t *c)
     redisFree(c->ctx);
     c->ctx = NULL;
     c->broken = false;
-    c->retry_at_ns = 0; /* reconnect at once, then back off */
+    atomic_store(&c->retry_at_ns, 0); /* reconnect at once, then back off */
     if (c->head != NULL)
         give_turn(c->head);
 }
@@ -425,15 +644,40 @@ static void fail_queued(conn_t *c, int rc)
     c->olen = 0;
 }
 
-static int send_all(int fd, const char *p, size_t n)
+/* Waits until fd is ready for `events`, no later than deadline:
+ * RATE_OK, RATE_ETIMEDOUT, or RATE_ESTORE (the socket failed). */
+static int wait_fd(int fd, short events, uint64_t deadline)
+{
+    for (;;) {
+        uint64_t now = rate_clock_monotonic_ns();
+        if (now >= deadline)
+            return RATE_ETIMEDOUT;
+        uint64_t left = deadline - now;
+        int ms = left / 1000000 > INT_MAX ? INT_MAX
+                                          : (int)((left + 999999) / 1000000);
+        struct pollfd p = {fd, events, 0};
+        int n = poll(&p, 1, ms);
+        if (n > 0)
+            return RATE_OK; /* readable, writable, or an error to read */
+        if (n < 0 && errno != EINTR)
+            return RATE_ESTORE;
+    }
+}
+
+static int send_all(int fd, const char *p, size_t n, uint64_t deadline)
 {
     while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0 && errno == EINTR)
             continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int rc = wait_fd(fd, POLLOUT, deadline);
+            if (rc != RATE_OK)
+                return rc;
+            continue;
+        }
         if (w < 0)
-            return errno == EAGAIN || errno == EWOULDBLOCK ? RATE_ETIMEDOUT
-                                                           : RATE_ESTORE;
+            return RATE_ESTORE;
         p += w;
         n -= (size_t)w;
     }
@@ -441,16 +685,17 @@ static int send_all(int fd, const char *p, size_t n)
 }
 
 /* The writer: sends what is queued, a batch per write, until nothing is.
- * Connects first if need be (nothing is in flight then).  Called and
- * returns with c->lock held. */
-static void write_queued(redis_store_t *r, conn_t *c)
+ * Connects first if need be (nothing is in flight then), by the first
+ * queued command's deadline.  Called and returns with c->lock held. */
+static void write_queued(redis_store_t *r, node_t *n, conn_t *c)
 {
     c->writing = true;
     while (c->head != NULL && !c->broken) {
         if (c->ctx == NULL) {
             redisContext *ctx = NULL;
+            uint64_t deadline = first_deadline(c->head);
             pthread_mutex_unlock(&c->lock);
-            int rc = ensure_conn(r, c, &ctx);
+            int rc = ensure_conn(r, n, c, deadline, &ctx);
             pthread_mutex_lock(&c->lock);
             c->ctx = ctx;
             if (rc != RATE_OK) {
@@ -472,8 +717,9 @@ static void write_queued(redis_store_t *r, conn_t *c)
         c->fly_tail = c->tail;
         c->head = c->tail = NULL;
         int fd = c->ctx->fd;
+        uint64_t deadline = first_deadline(c->fly);
         pthread_mutex_unlock(&c->lock);
-        int rc = send_all(fd, buf, len);
+        int rc = send_all(fd, buf, len, deadline);
         pthread_mutex_lock(&c->lock);
         if (rc != RATE_OK)
             conn_break(c, rc);
@@ -483,9 +729,11 @@ static void write_queued(redis_store_t *r, conn_t *c)
 }
 
 /* The reader: reads replies in order and hands each to its caller, until
- * me's own has come or nothing is in flight.  A caller is told its reply
- * is there after the lock is let go, so that waking it (a system call)
- * never holds up the others.  Called and returns with c->lock held. */
+ * me's own has come or nothing is in flight; it waits no later than the
+ * earliest deadline in flight, then fails them all.  A caller is told its
+ * reply is there after the lock is let go, so that waking it (a system
+ * call) never holds up the others.  Called and returns with c->lock
+ * held. */
 static void read_replies(conn_t *c, mreq_t *me)
 {
     redisContext *ctx = c->ctx;
@@ -495,6 +743,7 @@ static void read_replies(conn_t *c, mreq_t *me)
     while (!is_done(me) && c->fly != NULL && !c->broken) {
         void *rep = NULL;
         int rc = RATE_OK;
+        uint64_t deadline = first_deadline(c->fly);
         pthread_mutex_unlock(&c->lock);
         if (answered != NULL)
             mark_done(answered);
@@ -502,7 +751,9 @@ static void read_replies(conn_t *c, mreq_t *me)
         while (rc == RATE_OK && rep == NULL) {
             if (redisGetReplyFromReader(ctx, &rep) != REDIS_OK)
                 rc = RATE_ESTORE; /* not the protocol: give up on it */
-            else if (rep == NULL && redisBufferRead(ctx) != REDIS_OK)
+            else if (rep == NULL &&
+                     (rc = wait_fd(ctx->fd, POLLIN, deadline)) == RATE_OK &&
+                     redisBufferRead(ctx) != REDIS_OK)
                 rc = reply_status(ctx, NULL);
         }
         pthread_mutex_lock(&c->lock);
@@ -515,6 +766,11 @@ static void read_replies(conn_t *c, mreq_t *me)
             break;
         }
         mreq_t *q = c->fly;
+        if (q->skip > 0) { /* ASKING's +OK, before q's own reply */
+            q->skip--;
+            freeReplyObject(rep);
+            continue;
+        }
         if ((c->fly = q->next) == NULL)
             c->fly_tail = NULL;
         q->reply = rep;
@@ -533,25 +789,32 @@ static void read_replies(conn_t *c, mreq_t *me)
     }
 }
 
-/* One command: *out is the reply (perhaps an error reply) on RATE_OK;
- * otherwise the connection failed (RATE_ESTORE, RATE_ETIMEDOUT). */
-static int call(redis_store_t *r, int argc, const char **argv,
-                const size_t *lens, redisReply **out)
+/* One command on one connection: *out is the reply (perhaps an error
+ * reply) on RATE_OK; otherwise the connection failed (RATE_ESTORE,
+ * RATE_ETIMEDOUT).  With asking, ASKING goes first, on the same
+ * connection, and its reply is dropped. */
+static int conn_call(redis_store_t *r, uint64_t dl, node_t *n, conn_t *c,
+                     bool asking, int argc, const char **argv,
+                     const size_t *lens, redisReply **out)
 {
-    unsigned i = atomic_fetch_add_explicit(&r->next_conn, 1,
-                                           memory_order_relaxed);
-    conn_t *c = &r->conns[i % r->nconns];
-    mreq_t me = {NULL, RATE_OK, 0, NULL};
+    mreq_t me = {NULL, RATE_OK, 0, NULL, 0, asking ? 1 : 0};
     char *cmd;
+    static const char ask[] = "*1\r\n$6\r\nASKING\r\n";
+    size_t pre = asking ? sizeof ask - 1 : 0;
     int len = redisFormatCommandArgv(&cmd, argc, argv, lens);
 
     *out = NULL;
     if (len < 0)
         return RATE_ENOMEM;
+    if (rate_clock_monotonic_ns() >= dl) {
+        redisFreeCommand(cmd);
+        return RATE_ETIMEDOUT; /* its call's time is up (redirections) */
+    }
     pthread_mutex_lock(&c->lock);
-    if (c->olen + (size_t)len > c->ocap) {
+    me.deadline_ns = dl;
+    if (c->olen + pre + (size_t)len > c->ocap) {
         size_t cap = c->ocap ? c->ocap : 4096;
-        while (cap < c->olen + (size_t)len)
+        while (cap < c->olen + pre + (size_t)len)
             cap *= 2;
         char *p = realloc(c->obuf, cap);
         if (p == NULL) {
@@ -562,8 +825,9 @@ static int call(redis_store_t *r, int argc, const char **argv,
         c->obuf = p;
         c->ocap = cap;
     }
-    memcpy(c->obuf + c->olen, cmd, (size_t)len);
-    c->olen += (size_t)len;
+    memcpy(c->obuf + c->olen, ask, pre);
+    memcpy(c->obuf + c->olen + pre, cmd, (size_t)len);
+    c->olen += pre + (size_t)len;
     redisFreeCommand(cmd);
     if (c->tail != NULL)
         c->tail->next = &me;
@@ -572,7 +836,7 @@ static int call(redis_store_t *r, int argc, const char **argv,
     c->tail = &me;
     for (;;) {
         if (!c->writing && c->head != NULL && !c->broken) {
-            write_queued(r, c);
+            write_queued(r, n, c);
             continue;
         }
         if (!c->reading && c->fly != NULL && !c->broken) {
@@ -602,6 +866,352 @@ static int call(redis_store_t *r, int argc, const char **argv,
     return me.status;
 }
 
+/* ---------------------------------------------------------------- nodes */
+
+/* One command on node n, through its breaker: open, the call fails at once
+ * (RATE_ESTORE); cooled down, one call at a time is let through as the
+ * probe, and reconnects at once. */
+static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
+                     int argc, const char **argv, const size_t *lens,
+                     redisReply **out)
+{
+    bool probe = false;
+    *out = NULL;
+    if (r->breaker) {
+        uint64_t until = atomic_load(&n->open_until_ns);
+        if (until != 0) {
+            bool f = false;
+            if (rate_clock_monotonic_ns() < until ||
+                !atomic_compare_exchange_strong(&n->probing, &f, true)) {
+                atomic_fetch_add(&r->st_rejected, 1);
+                return RATE_ESTORE;
+            }
+            probe = true;
+            for (unsigned i = 0; i < n->nconns; i++)
+                atomic_store(&n->conns[i].retry_at_ns, 0);
+        }
+    }
+    unsigned i = atomic_fetch_add_explicit(&n->next_conn, 1,
+                                           memory_order_relaxed);
+    int rc = conn_call(r, dl, n, &n->conns[i % n->nconns], asking, argc,
+                       argv, lens, out);
+    if (!r->breaker)
+        return rc;
+    if (rc == RATE_ENOMEM) { /* says nothing of the server */
+        if (probe)
+            atomic_store(&n->probing, false);
+        return rc;
+    }
+    if (rc == RATE_OK) {
+        atomic_store(&n->fails, 0);
+        if (probe) {
+            atomic_store(&n->open_until_ns, 0);
+            atomic_store(&n->probing, false);
+        }
+    } else if (probe) {
+        atomic_store(&n->open_until_ns,
+                     rate_clock_monotonic_ns() + r->breaker_cooldown_ns);
+        atomic_store(&n->probing, false);
+        atomic_fetch_add(&r->st_opened, 1);
+    } else if (atomic_fetch_add(&n->fails, 1) + 1 >= r->breaker_failures) {
+        uint64_t zero = 0;
+        if (atomic_compare_exchange_strong(
+                &n->open_until_ns, &zero,
+                rate_clock_monotonic_ns() + r->breaker_cooldown_ns))
+            atomic_fetch_add(&r->st_opened, 1);
+        atomic_store(&n->fails, 0);
+    }
+    return rc;
+}
+
+static void node_free(node_t *n)
+{
+    if (n == NULL)
+        return;
+    for (unsigned i = 0; n->conns != NULL && i < n->nconns; i++) {
+        if (n->conns[i].ctx != NULL)
+            redisFree(n->conns[i].ctx);
+        free(n->conns[i].obuf);
+        free(n->conns[i].wbuf);
+        pthread_mutex_destroy(&n->conns[i].lock);
+    }
+    free(n->conns);
+    free(n);
+}
+
+/* The node host:port, made if it is new (under topo_lock).  NULL when out
+ * of memory or MAX_NODES are known. */
+static node_t *node_get_locked(redis_store_t *r, const char *host, int port)
+{
+    unsigned k = atomic_load(&r->nnodes);
+    for (unsigned i = 0; i < k; i++) {
+        node_t *n = atomic_load(&r->nodes[i]);
+        if (n->port == port && strcmp(n->host, host) == 0)
+            return n;
+    }
+    if (k == MAX_NODES || strlen(host) >= RC_HOST_MAX)
+        return NULL;
+    node_t *n = calloc(1, sizeof *n);
+    if (n == NULL || (n->conns = calloc(r->pool, sizeof *n->conns)) == NULL) {
+        free(n);
+        return NULL;
+    }
+    snprintf(n->host, sizeof n->host, "%s", host);
+    n->port = port;
+    n->nconns = r->pool;
+    for (unsigned i = 0; i < n->nconns; i++)
+        pthread_mutex_init(&n->conns[i].lock, NULL);
+    atomic_store(&r->nodes[k], n);
+    atomic_store(&r->nnodes, k + 1);
+    return n;
+}
+
+/* The node host:port if known, without the lock. */
+static node_t *node_find(redis_store_t *r, const char *host, int port)
+{
+    unsigned k = atomic_load(&r->nnodes);
+    for (unsigned i = 0; i < k; i++) {
+        node_t *n = atomic_load(&r->nodes[i]);
+        if (n->port == port && strcmp(n->host, host) == 0)
+            return n;
+    }
+    return NULL;
+}
+
+static unsigned node_index(redis_store_t *r, const node_t *n)
+{
+    unsigned k = atomic_load(&r->nnodes);
+    for (unsigned i = 0; i < k; i++)
+        if (atomic_load(&r->nodes[i]) == n)
+            return i;
+    return MAX_NODES;
+}
+
+/* Puts a CLUSTER SLOTS reply in the map (slots it does not name: none
+ * known).  Under topo_lock.  False for a reply that does not parse. */
+static bool apply_slots(redis_store_t *r, const redisReply *rep,
+                        const char *self_host)
+{
+    size_t nr, cap = rep->type == REDIS_REPLY_ARRAY ? rep->elements : 0;
+    rc_range_t *ranges = malloc((cap ? cap : 1) * sizeof *ranges);
+    uint8_t *map = calloc(RC_SLOTS, 1);
+    bool ok = ranges != NULL && map != NULL &&
+              rc_parse_slots(rep, self_host, ranges, cap, &nr);
+    for (size_t i = 0; ok && i < nr; i++) {
+        node_t *n = node_get_locked(r, ranges[i].host, ranges[i].port);
+        unsigned idx = n ? node_index(r, n) : MAX_NODES;
+        ok = idx < MAX_NODES;
+        for (unsigned s = ranges[i].first; ok && s <= ranges[i].last; s++)
+            map[s] = (uint8_t)(idx + 1);
+    }
+    for (unsigned s = 0; ok && s < RC_SLOTS; s++)
+        atomic_store_explicit(&r->slot_node[s], map[s], memory_order_relaxed);
+    if (ok)
+        atomic_fetch_add(&r->st_refreshes, 1);
+    free(ranges);
+    free(map);
+    return ok;
+}
+
+/* Reads the slot map again from the first node that answers (the masters
+ * known, then the seeds), at most once per REFRESH_MIN_NS unless forced.
+ * Whoever finds another thread refreshing goes on without waiting. */
+static void refresh_map(redis_store_t *r, uint64_t dl, bool force)
+{
+    uint64_t now = rate_clock_monotonic_ns();
+    if (!r->cluster ||
+        (!force && now < atomic_load(&r->refreshed_at_ns) + REFRESH_MIN_NS))
+        return;
+    if (pthread_mutex_trylock(&r->topo_lock) != 0)
+        return;
+    atomic_store(&r->refreshed_at_ns, now);
+    unsigned k = atomic_load(&r->nnodes);
+    bool done = false;
+    for (unsigned j = 0; j < k + r->nseeds && !done; j++) {
+        node_t *n = j < k ? atomic_load(&r->nodes[j])
+                          : node_get_locked(r, r->seeds[j - k].host,
+                                            r->seeds[j - k].port);
+        redisReply *rep = NULL;
+        if (n == NULL)
+            continue;
+        int rc = call_node(r, dl, n, false, 2,
+                           (const char *[]){"CLUSTER", "SLOTS"},
+                           (size_t[]){7, 5}, &rep);
+        done = rc == RATE_OK && apply_slots(r, rep, n->host);
+        freeReplyObject(rep);
+    }
+    pthread_mutex_unlock(&r->topo_lock);
+}
+
+/* Finds the topology from the seeds: the first that answers tells whether
+ * it is a cluster (its slot map) or a single server (kept as the one
+ * node, its connection the node's first).  With wait false (a call on a
+ * lazy store) it does nothing while another thread tries, or before the
+ * backoff since the last failed try is over: RATE_ESTORE at once. */
+static int discover(redis_store_t *r, uint64_t dl, bool wait, char *err,
+                    size_t errlen)
+{
+    char e[256] = "";
+    int rc = RATE_ESTORE;
+
+    if (wait)
+        pthread_mutex_lock(&r->topo_lock);
+    else if (pthread_mutex_trylock(&r->topo_lock) != 0)
+        return RATE_ESTORE;
+    uint64_t now = rate_clock_monotonic_ns();
+    if (atomic_load(&r->ready)) {
+        pthread_mutex_unlock(&r->topo_lock);
+        return RATE_OK;
+    }
+    if (!wait && now < r->topo_retry_at_ns) {
+        pthread_mutex_unlock(&r->topo_lock);
+        return RATE_ESTORE;
+    }
+    for (unsigned i = 0; i < r->nseeds && rc != RATE_OK; i++) {
+        redisContext *ctx = NULL;
+        redisReply *slots = NULL;
+        uint64_t deadline = wait ? rate_clock_monotonic_ns() +
+                                       r->connect_ns + r->command_ns
+                                 : dl;
+        rc = open_conn(r, r->seeds[i].host, r->unix_socket ? 0 : r->seeds[i].port,
+                       deadline, r->unix_socket ? NULL : &slots, &ctx, e,
+                       sizeof e);
+        if (rc == RATE_EINVAL)
+            break; /* a database in a cluster: no other seed will do */
+        if (rc != RATE_OK) {
+            atomic_fetch_add(&r->st_connect_failures, 1);
+            continue;
+        }
+        node_t *n = NULL;
+        if (slots != NULL) {
+            r->cluster = true;
+            if (!apply_slots(r, slots, r->seeds[i].host)) {
+                rc = RATE_ESTORE;
+                snprintf(e, sizeof e, "%.200s:%d: CLUSTER SLOTS: a reply that "
+                         "does not parse", r->seeds[i].host, r->seeds[i].port);
+                r->cluster = false;
+            }
+            redisFree(ctx); /* the masters get their own */
+        } else if ((n = node_get_locked(r, r->seeds[i].host,
+                                        r->unix_socket ? 0
+                                                       : r->seeds[i].port)) ==
+                   NULL) {
+            redisFree(ctx);
+            rc = RATE_ENOMEM;
+            snprintf(e, sizeof e, "out of memory");
+        } else {
+            n->conns[0].ctx = ctx;
+        }
+        freeReplyObject(slots);
+    }
+    if (rc == RATE_OK) {
+        atomic_store(&r->refreshed_at_ns, rate_clock_monotonic_ns());
+        atomic_store(&r->ready, true);
+        set_err(r, "");
+    } else {
+        r->topo_backoff_ns = r->topo_backoff_ns ? r->topo_backoff_ns * 2
+                                                : BACKOFF_MIN_NS;
+        if (r->topo_backoff_ns > BACKOFF_MAX_NS)
+            r->topo_backoff_ns = BACKOFF_MAX_NS;
+        r->topo_retry_at_ns = rate_clock_monotonic_ns() + r->topo_backoff_ns;
+        set_err(r, e);
+        rate__fail(err, errlen, rc, "%s", e);
+    }
+    pthread_mutex_unlock(&r->topo_lock);
+    return rc;
+}
+
+static void sleep_ns(uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / RATE_NS_PER_S),
+                          (long)(ns % RATE_NS_PER_S)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+/* One command about the key name (NULL: any node will do): on the single
+ * server, or on the master of the key's slot, following MOVED (the map
+ * mended and refreshed), ASK (ASKING there, once) and TRYAGAIN (after a
+ * pause), MAX_REDIRECTS of them at most, after which the last
+ * redirection's error reply is the answer.  Same results as conn_call. */
+static int kcall(redis_store_t *r, uint64_t dl, const char *key, size_t klen,
+                 int argc, const char **argv, const size_t *lens,
+                 redisReply **out)
+{
+    int rc;
+    *out = NULL;
+    if (!atomic_load_explicit(&r->ready, memory_order_acquire) &&
+        (rc = discover(r, dl, false, NULL, 0)) != RATE_OK)
+        return rc;
+    if (!r->cluster)
+        return call_node(r, dl, atomic_load(&r->nodes[0]), false, argc, argv,
+                         lens, out);
+    unsigned slot = key ? rc_key_slot(key, klen) : 0;
+    node_t *n = NULL;
+    bool asking = false;
+    for (unsigned redirs = 0;; redirs++) {
+        if (!asking) {
+            unsigned idx = atomic_load_explicit(&r->slot_node[slot],
+                                                memory_order_relaxed);
+            if (idx == 0) { /* no master known: ask the cluster */
+                refresh_map(r, dl, false);
+                idx = atomic_load_explicit(&r->slot_node[slot],
+                                           memory_order_relaxed);
+            }
+            if (idx == 0) {
+                char e[64];
+                snprintf(e, sizeof e, "no master serves slot %u", slot);
+                set_err(r, e);
+                return RATE_ESTORE;
+            }
+            n = atomic_load(&r->nodes[idx - 1]);
+        }
+        rc = call_node(r, dl, n, asking, argc, argv, lens, out);
+        asking = false;
+        if (rc != RATE_OK) {
+            refresh_map(r, dl, false); /* a master gone: its replica, later */
+            return rc;
+        }
+        redisReply *rep = *out;
+        if (rep->type != REDIS_REPLY_ERROR || redirs == MAX_REDIRECTS)
+            return RATE_OK;
+        char host[RC_HOST_MAX];
+        unsigned s;
+        int port;
+        rc_redirect_t kind = rc_parse_redirect(rep->str, rep->len, n->host,
+                                               &s, host, &port);
+        if (kind == RC_NONE) {
+            if (strncmp(rep->str, "CLUSTERDOWN", 11) == 0)
+                refresh_map(r, dl, false);
+            return RATE_OK;
+        }
+        node_t *to = NULL;
+        if (kind != RC_TRYAGAIN) {
+            if ((to = node_find(r, host, port)) == NULL) {
+                pthread_mutex_lock(&r->topo_lock); /* a node new to us */
+                to = node_get_locked(r, host, port);
+                pthread_mutex_unlock(&r->topo_lock);
+            }
+            unsigned idx = to ? node_index(r, to) : MAX_NODES;
+            if (kind == RC_MOVED && idx < MAX_NODES)
+                atomic_store(&r->slot_node[s], (uint8_t)(idx + 1));
+            if (to == NULL)
+                return RATE_OK; /* no room for the node: the error stands */
+        }
+        freeReplyObject(rep);
+        *out = NULL;
+        atomic_fetch_add(&r->st_redirects, 1);
+        if (kind == RC_MOVED)
+            refresh_map(r, dl, false);
+        else if (kind == RC_ASK)
+            n = to, asking = true;
+        else if (rate_clock_monotonic_ns() + TRYAGAIN_NS < dl)
+            sleep_ns(TRYAGAIN_NS);
+        else
+            return RATE_ETIMEDOUT;
+    }
+}
+
 /* A key's expiry in whole milliseconds, rounded up (never less than
  * reset_after) and at least 1: PEXPIRE takes no zero. */
 static uint64_t ttl_ms(uint64_t ns)
@@ -625,6 +1235,8 @@ static int reply_ok(int rc, const redisReply *rep)
                : RATE_ESTORE;
 }
 
+/* ----------------------------------------------------------------- keys */
+
 /* The Redis name of a key (see the top of the file) into buf, or the heap
  * if it does not fit (free it when *out != buf).  RATE_EINVAL for no bytes
  * or an unknown space. */
@@ -632,14 +1244,22 @@ static int full_key(const redis_store_t *r, const rate_key_t *key, char *buf,
                     size_t cap, char **out, size_t *out_len)
 {
     static const char hex[] = "0123456789abcdef";
-    size_t body, open;
+    size_t body = 0, open;
+    bool esc = false;
 
     *out = NULL;
     if (key == NULL || key->bytes == NULL || key->len == 0)
         return RATE_EINVAL;
     switch (key->space) {
-    case RATE_SPACE_STATE: open = 1, body = key->len; break;
-    case RATE_SPACE_SHADOW: open = 2, body = key->len; break;
+    case RATE_SPACE_STATE:
+    case RATE_SPACE_SHADOW:
+        esc = memchr(key->bytes, '}', key->len) != NULL;
+        for (size_t i = 0; i < key->len; i++) {
+            char ch = ((const char *)key->bytes)[i];
+            body += esc && (ch == '}' || ch == '%') ? 3 : 1;
+        }
+        open = (size_t)1 + (key->space == RATE_SPACE_SHADOW) + esc;
+        break;
     case RATE_SPACE_POLICY: open = 2, body = key->len * 2; break;
     default: return RATE_EINVAL;
     }
@@ -649,6 +1269,8 @@ static int full_key(const redis_store_t *r, const rate_key_t *key, char *buf,
         return RATE_ENOMEM;
     memcpy(k, r->prefix, r->prefix_len);
     char *p = k + r->prefix_len;
+    if (esc)
+        *p++ = 'e';
     if (key->space == RATE_SPACE_SHADOW)
         *p++ = 's';
     else if (key->space == RATE_SPACE_POLICY)
@@ -660,6 +1282,17 @@ static int full_key(const redis_store_t *r, const rate_key_t *key, char *buf,
             *p++ = hex[b >> 4];
             *p++ = hex[b & 15];
         }
+    } else if (esc) {
+        for (size_t i = 0; i < key->len; i++) {
+            char ch = ((const char *)key->bytes)[i];
+            if (ch == '}' || ch == '%') {
+                *p++ = '%';
+                *p++ = ch == '%' ? '2' : '7';
+                *p++ = ch == '%' ? '5' : 'd';
+            } else {
+                *p++ = ch;
+            }
+        }
     } else {
         memcpy(p, key->bytes, key->len);
         p += key->len;
@@ -670,6 +1303,23 @@ static int full_key(const redis_store_t *r, const rate_key_t *key, char *buf,
     return RATE_OK;
 }
 
+/* Whether a name is one the store writes under its prefix (see the top of
+ * the file): PREFIX, then "", "s", "p", "e" or "es", then "{", a body of at
+ * least one byte with no '}', and "}" to end it. */
+static bool own_name(const redis_store_t *r, const char *s, size_t len)
+{
+    if (len < r->prefix_len + 3 || memcmp(s, r->prefix, r->prefix_len) != 0 ||
+        s[len - 1] != '}')
+        return false;
+    const char *p = s + r->prefix_len, *end = s + len - 1;
+    if (*p == 'e')
+        p++;
+    if (*p == 's' || (*p == 'p' && p == s + r->prefix_len))
+        p++;
+    if (p >= end || *p != '{' || p + 1 == end)
+        return false;
+    return memchr(p + 1, '}', (size_t)(end - p - 1)) == NULL;
+}
 /* ------------------------------------------------------------- contract */
 
 static int parse_version(const redisReply *v, uint64_t *out)
@@ -697,7 +1347,8 @@ static int r_load(void *self, const rate_key_t *key, void *buf, size_t cap,
     if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
         return rc;
     redisReply *rep = NULL;
-    rc = call(r, 4, (const char *[]){"HMGET", k, "v", "s"},
+    rc = kcall(r, deadline_of(r), k, kl, 4,
+               (const char *[]){"HMGET", k, "v", "s"},
               (size_t[]){5, kl, 1, 1}, &rep);
     rc = reply_ok(rc, rep);
     if (rc == RATE_OK) {
@@ -745,7 +1396,8 @@ static int r_cas(void *self, const rate_key_t *key, uint64_t version,
     const char *av[7] = {"EVALSHA", r->sha, "1", k, vbuf, state, tbuf};
     size_t al[7] = {7, 40, 1, kl, strlen(vbuf), len, strlen(tbuf)};
     redisReply *rep = NULL;
-    rc = call(r, 7, av, al, &rep);
+    uint64_t dl = deadline_of(r);
+    rc = kcall(r, dl, k, kl, 7, av, al, &rep);
     if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
         strncmp(rep->str, "NOSCRIPT", 8) == 0) {
         /* Redis restarted or SCRIPT FLUSH: send the script itself. */
@@ -755,7 +1407,7 @@ static int r_cas(void *self, const rate_key_t *key, uint64_t version,
         av[1] = cas_script;
         al[1] = sizeof cas_script - 1;
         rep = NULL;
-        rc = call(r, 7, av, al, &rep);
+        rc = kcall(r, dl, k, kl, 7, av, al, &rep);
     }
     rc = reply_ok(rc, rep);
     if (rc == RATE_OK)
@@ -809,7 +1461,8 @@ static int redis_now(redis_store_t *r, uint64_t *out)
 {
     redisReply *rep = NULL;
     uint64_t s, us;
-    int rc = call(r, 1, (const char *[]){"TIME"}, (size_t[]){4}, &rep);
+    int rc = kcall(r, deadline_of(r), NULL, 0, 1, (const char *[]){"TIME"},
+                   (size_t[]){4}, &rep);
     rc = reply_ok(rc, rep);
     if (rc == RATE_OK) {
         if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
@@ -894,14 +1547,15 @@ static int r_decide(void *self, const rate_key_t *key,
     for (int i = 0; i < nn; i++)
         av[argc] = num[i], al[argc++] = strlen(num[i]);
     redisReply *rep = NULL;
-    rc = call(r, argc, av, al, &rep);
+    uint64_t dl = deadline_of(r);
+    rc = kcall(r, dl, k, kl, argc, av, al, &rep);
     if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
         strncmp(rep->str, "NOSCRIPT", 8) == 0) {
         freeReplyObject(rep); /* Redis restarted or SCRIPT FLUSH */
         av[0] = "EVAL", al[0] = 4;
         av[1] = redis_step_lua, al[1] = sizeof redis_step_lua - 1;
         rep = NULL;
-        rc = call(r, argc, av, al, &rep);
+        rc = kcall(r, dl, k, kl, argc, av, al, &rep);
     }
     rc = reply_ok(rc, rep);
     if (rc == RATE_OK) {
@@ -949,7 +1603,8 @@ static int r_remove(void *self, const rate_key_t *key)
     if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
         return rc;
     redisReply *rep = NULL;
-    rc = call(r, 2, (const char *[]){"UNLINK", k}, (size_t[]){6, kl}, &rep);
+    rc = kcall(r, deadline_of(r), k, kl, 2, (const char *[]){"UNLINK", k},
+               (size_t[]){6, kl}, &rep);
     rc = reply_ok(rc, rep);
     if (rc == RATE_OK && rep->type != REDIS_REPLY_INTEGER)
         rc = RATE_ECORRUPT;
@@ -963,14 +1618,10 @@ static void r_destroy(void *self)
 {
     redis_store_t *r = self;
 
-    for (unsigned i = 0; r->conns != NULL && i < r->nconns; i++) {
-        if (r->conns[i].ctx != NULL)
-            redisFree(r->conns[i].ctx);
-        free(r->conns[i].obuf);
-        free(r->conns[i].wbuf);
-        pthread_mutex_destroy(&r->conns[i].lock);
-    }
-    free(r->conns);
+    for (unsigned i = 0; i < atomic_load(&r->nnodes); i++)
+        node_free(atomic_load(&r->nodes[i]));
+    pthread_mutex_destroy(&r->topo_lock);
+    pthread_mutex_destroy(&r->err_lock);
     free(r->prefix);
     free(r);
 }
@@ -1006,33 +1657,44 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
     r = calloc(1, sizeof *r);
     if (r == NULL)
         return RATE_ENOMEM;
+    pthread_mutex_init(&r->topo_lock, NULL);
+    pthread_mutex_init(&r->err_lock, NULL);
     if ((rc = parse_url(r, url, err, errlen)) != RATE_OK) {
         r_destroy(r);
         return rc;
     }
-    r->connect_tv = tv_of(o.connect_timeout_ns ? o.connect_timeout_ns
-                                               : RATE_NS_PER_S);
-    r->command_tv = tv_of(o.command_timeout_ns ? o.command_timeout_ns
-                                               : RATE_NS_PER_S);
+    r->connect_ns = o.connect_timeout_ns ? o.connect_timeout_ns : RATE_NS_PER_S;
+    r->command_ns = o.command_timeout_ns ? o.command_timeout_ns : RATE_NS_PER_S;
     r->ttl = !o.no_ttl;
     r->safety_ms = o.no_ttl && o.safety_ttl_ns != 0 ? ttl_ms(o.safety_ttl_ns)
                                                     : 0;
     r->redis_time = !o.client_time;
+    r->lazy = o.lazy_connect;
+    r->breaker = !o.no_breaker;
+    r->breaker_failures = o.breaker_failures ? o.breaker_failures
+                                             : BREAKER_FAILURES;
+    r->breaker_cooldown_ns = o.breaker_cooldown_ns ? o.breaker_cooldown_ns
+                                                   : BREAKER_COOLDOWN_NS;
     const char *prefix = o.prefix ? o.prefix : "ratelimit:";
     r->prefix_len = strlen(prefix);
+    if (r->prefix_len > 256) {
+        r_destroy(r);
+        return rate__fail(err, errlen, RATE_EINVAL,
+                          "prefix of %zu bytes, above 256", strlen(prefix));
+    }
     r->prefix = malloc(r->prefix_len + 1);
-    r->nconns = o.pool_size ? o.pool_size : 2;
-    r->conns = calloc(r->nconns, sizeof *r->conns);
-    if (r->prefix == NULL || r->conns == NULL) {
+    r->pool = o.pool_size ? o.pool_size : 2;
+    if (r->prefix == NULL) {
         r_destroy(r);
         return RATE_ENOMEM;
     }
     memcpy(r->prefix, prefix, r->prefix_len + 1);
-    for (unsigned i = 0; i < r->nconns; i++)
-        pthread_mutex_init(&r->conns[i].lock, NULL);
-    atomic_init(&r->next_conn, 0);
-    /* Connect one now, so that a wrong host or password is reported here. */
-    if ((rc = open_conn(r, &r->conns[0].ctx, true, err, errlen)) != RATE_OK) {
+    /* Connect now, so that a wrong host or password is reported here; a
+     * lazy store connects at its first calls instead if it cannot. */
+    char e[256] = "";
+    rc = discover(r, 0, true, e, sizeof e);
+    if (rc != RATE_OK && (!r->lazy || rc == RATE_EINVAL)) {
+        rate__fail(err, errlen, rc, "%s", e);
         r_destroy(r);
         return rc;
     }
@@ -1041,18 +1703,48 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
     return rc;
 }
 
-/* Calls batch() with each batch of the keys under the prefix (SCAN ...
- * MATCH PREFIX* COUNT 1000, the prefix's glob characters escaped) until
- * the scan ends or a call fails. */
+/* The masters now in the slot map (the single server: it), at most cap. */
+static size_t masters(redis_store_t *r, node_t **out, size_t cap)
+{
+    size_t n = 0;
+    if (!r->cluster) {
+        out[0] = atomic_load(&r->nodes[0]);
+        return 1;
+    }
+    bool seen[MAX_NODES + 1] = {false};
+    for (unsigned s = 0; s < RC_SLOTS && n < cap; s++) {
+        unsigned idx = atomic_load_explicit(&r->slot_node[s],
+                                            memory_order_relaxed);
+        if (idx != 0 && !seen[idx]) {
+            seen[idx] = true;
+            out[n++] = atomic_load(&r->nodes[idx - 1]);
+        }
+    }
+    return n;
+}
+
+/* Calls batch() with each batch of the store's own keys (SCAN ... MATCH
+ * PREFIX* COUNT 1000, a batch per reply, the prefix's glob characters escaped; of what it
+ * finds, the names the store writes, see own_name) on every master, until
+ * the scans end or a call fails.  A batch is a single server's or one
+ * master's. */
 static int scan_prefix(redis_store_t *r,
-                       int (*batch)(redis_store_t *r, const redisReply *keys,
-                                    void *arg),
+                       int (*batch)(redis_store_t *r, const char **keys,
+                                    const size_t *lens, size_t n, void *arg),
                        void *arg)
 {
     int rc;
+    if (!atomic_load(&r->ready) &&
+        (rc = discover(r, deadline_of(r), false, NULL, 0)) != RATE_OK)
+        return rc;
     char *pattern = malloc(r->prefix_len * 2 + 2);
-    if (pattern == NULL)
+    const char **kv = NULL;
+    size_t *kl = NULL, kcap = 0;
+    node_t **nodes = malloc(MAX_NODES * sizeof *nodes);
+    if (pattern == NULL || nodes == NULL) {
+        free(pattern), free(kv), free(kl), free(nodes);
         return RATE_ENOMEM;
+    }
     size_t pl = 0;
     for (size_t i = 0; i < r->prefix_len; i++) { /* escape glob chars */
         char ch = r->prefix[i];
@@ -1061,45 +1753,72 @@ static int scan_prefix(redis_store_t *r,
         pattern[pl++] = ch;
     }
     pattern[pl++] = '*';
-    char cursor[32] = "0";
-    do {
-        redisReply *rep = NULL;
-        rc = call(r, 6,
-                  (const char *[]){"SCAN", cursor, "MATCH", pattern, "COUNT",
-                                   "1000"},
-                  (size_t[]){4, strlen(cursor), 5, pl, 5, 4}, &rep);
-        rc = reply_ok(rc, rep);
-        if (rc == RATE_OK && (rep->type != REDIS_REPLY_ARRAY ||
-                              rep->elements != 2 ||
-                              rep->element[0]->type != REDIS_REPLY_STRING ||
-                              rep->element[0]->len >= sizeof cursor ||
-                              rep->element[1]->type != REDIS_REPLY_ARRAY))
-            rc = RATE_ECORRUPT;
-        if (rc == RATE_OK) {
-            const redisReply *keys = rep->element[1];
-            snprintf(cursor, sizeof cursor, "%s", rep->element[0]->str);
-            for (size_t i = 0; i < keys->elements && rc == RATE_OK; i++)
-                if (keys->element[i]->type != REDIS_REPLY_STRING)
-                    rc = RATE_ECORRUPT;
-            if (rc == RATE_OK && keys->elements > 0)
-                rc = batch(r, keys, arg);
-        }
-        freeReplyObject(rep);
-    } while (rc == RATE_OK && strcmp(cursor, "0") != 0);
-    free(pattern);
+    size_t nn = masters(r, nodes, MAX_NODES);
+    rc = RATE_OK;
+    for (size_t m = 0; m < nn && rc == RATE_OK; m++) {
+        char cursor[32] = "0";
+        do {
+            redisReply *rep = NULL;
+            rc = call_node(r, deadline_of(r), nodes[m], false, 6,
+                           (const char *[]){"SCAN", cursor, "MATCH", pattern,
+                                            "COUNT", "1000"},
+                           (size_t[]){4, strlen(cursor), 5, pl, 5, 4}, &rep);
+            rc = reply_ok(rc, rep);
+            if (rc == RATE_OK && (rep->type != REDIS_REPLY_ARRAY ||
+                                  rep->elements != 2 ||
+                                  rep->element[0]->type != REDIS_REPLY_STRING ||
+                                  rep->element[0]->len >= sizeof cursor ||
+                                  rep->element[1]->type != REDIS_REPLY_ARRAY))
+                rc = RATE_ECORRUPT;
+            if (rc == RATE_OK) {
+                const redisReply *keys = rep->element[1];
+                size_t n = 0;
+                snprintf(cursor, sizeof cursor, "%s", rep->element[0]->str);
+                if (keys->elements > kcap) { /* SCAN may return more */
+                    const char **nv = realloc(kv, keys->elements * sizeof *kv);
+                    if (nv != NULL)
+                        kv = nv;
+                    size_t *nl = realloc(kl, keys->elements * sizeof *kl);
+                    if (nl != NULL)
+                        kl = nl;
+                    if (nv == NULL || nl == NULL)
+                        rc = RATE_ENOMEM;
+                    else
+                        kcap = keys->elements;
+                }
+                for (size_t i = 0; i < keys->elements && rc == RATE_OK; i++) {
+                    const redisReply *e = keys->element[i];
+                    if (e->type != REDIS_REPLY_STRING)
+                        rc = RATE_ECORRUPT;
+                    else if (own_name(r, e->str, e->len)) {
+                        kv[n] = e->str;
+                        kl[n++] = e->len;
+                    }
+                }
+                if (rc == RATE_OK && n > 0)
+                    rc = batch(r, kv, kl, n, arg);
+            }
+            freeReplyObject(rep);
+        } while (rc == RATE_OK && strcmp(cursor, "0") != 0);
+    }
+    free(pattern), free(kv), free(kl), free(nodes);
     return rc;
 }
 
 /* One command over a batch of keys: the head's words, the keys, then the
- * tail's word (if not NULL); its reply must be an integer. */
+ * tail's word (if not NULL); its reply must be an integer.  In a cluster,
+ * one command per key instead (keys of one batch may lie in many slots),
+ * each routed to its slot's master. */
 static int keys_command(redis_store_t *r, size_t head, const char **hv,
-                        const size_t *hl, const redisReply *keys,
-                        const char *tail)
+                        const size_t *hl, const char **keys,
+                        const size_t *lens, size_t nkeys, const char *tail,
+                        const char *one_tail)
 {
-    size_t n = head + keys->elements + (tail != NULL);
+    size_t per = r->cluster ? 1 : nkeys;
+    size_t n = head + per + (tail != NULL);
     const char **av = malloc(n * sizeof *av);
     size_t *al = malloc(n * sizeof *al);
-    int rc;
+    int rc = RATE_OK;
 
     if (av == NULL || al == NULL || n > INT_MAX) {
         free(av);
@@ -1110,30 +1829,38 @@ static int keys_command(redis_store_t *r, size_t head, const char **hv,
         av[i] = hv[i];
         al[i] = hl[i];
     }
-    for (size_t i = 0; i < keys->elements; i++) {
-        av[head + i] = keys->element[i]->str;
-        al[head + i] = keys->element[i]->len;
+    if (r->cluster && one_tail != NULL && head == 3) {
+        av[2] = one_tail; /* the script's number of keys: one */
+        al[2] = strlen(one_tail);
     }
-    if (tail != NULL) {
-        av[n - 1] = tail;
-        al[n - 1] = strlen(tail);
+    for (size_t at = 0; at < nkeys && rc == RATE_OK; at += per) {
+        for (size_t i = 0; i < per; i++) {
+            av[head + i] = keys[at + i];
+            al[head + i] = lens[at + i];
+        }
+        if (tail != NULL) {
+            av[n - 1] = tail;
+            al[n - 1] = strlen(tail);
+        }
+        redisReply *rep = NULL;
+        rc = kcall(r, deadline_of(r), keys[at], lens[at], (int)n, av, al,
+                   &rep);
+        rc = reply_ok(rc, rep);
+        if (rc == RATE_OK && rep->type != REDIS_REPLY_INTEGER)
+            rc = RATE_ECORRUPT;
+        freeReplyObject(rep);
     }
-    redisReply *rep = NULL;
-    rc = call(r, (int)n, av, al, &rep);
-    rc = reply_ok(rc, rep);
-    if (rc == RATE_OK && rep->type != REDIS_REPLY_INTEGER)
-        rc = RATE_ECORRUPT;
-    freeReplyObject(rep);
     free(av);
     free(al);
     return rc;
 }
 
-static int unlink_batch(redis_store_t *r, const redisReply *keys, void *arg)
+static int unlink_batch(redis_store_t *r, const char **keys,
+                        const size_t *lens, size_t n, void *arg)
 {
     (void)arg;
     return keys_command(r, 1, (const char *[]){"UNLINK"}, (size_t[]){6},
-                        keys, NULL);
+                        keys, lens, n, NULL, NULL);
 }
 
 int rate_store_redis_drop(rate_store_t *store)
@@ -1156,17 +1883,18 @@ typedef struct touch_arg {
     char ms[24];
 } touch_arg_t;
 
-static int touch_batch(redis_store_t *r, const redisReply *keys, void *varg)
+static int touch_batch(redis_store_t *r, const char **keys,
+                       const size_t *lens, size_t n, void *varg)
 {
     touch_arg_t *a = varg;
     char num[24];
 
     /* EVAL SCRIPT NUMKEYS KEY... MS */
-    snprintf(num, sizeof num, "%zu", keys->elements);
+    snprintf(num, sizeof num, "%zu", n);
     return keys_command(r, 3,
                         (const char *[]){"EVAL", touch_script, num},
                         (size_t[]){4, sizeof touch_script - 1, strlen(num)},
-                        keys, a->ms);
+                        keys, lens, n, a->ms, "1");
 }
 
 int rate_store_redis_touch(rate_store_t *store, uint64_t ttl_ns)
@@ -1179,4 +1907,41 @@ int rate_store_redis_touch(rate_store_t *store, uint64_t ttl_ns)
         return RATE_EINVAL;
     snprintf(a.ms, sizeof a.ms, "%llu", (unsigned long long)ttl_ms(ttl_ns));
     return scan_prefix(r, touch_batch, &a);
+}
+
+int rate_store_redis_last_error(rate_store_t *store, char *buf, size_t cap)
+{
+    redis_store_t *r;
+
+    if ((r = rate_store_backend(store, &redis_methods)) == NULL ||
+        buf == NULL || cap == 0)
+        return RATE_EINVAL;
+    pthread_mutex_lock(&r->err_lock);
+    snprintf(buf, cap, "%s", r->last_err);
+    pthread_mutex_unlock(&r->err_lock);
+    return RATE_OK;
+}
+
+int rate_store_redis_status(rate_store_t *store, rate_redis_status_t *out)
+{
+    redis_store_t *r;
+
+    if ((r = rate_store_backend(store, &redis_methods)) == NULL ||
+        out == NULL)
+        return RATE_EINVAL;
+    memset(out, 0, sizeof *out);
+    out->ready = atomic_load(&r->ready);
+    if (out->ready) {
+        node_t *nodes[MAX_NODES];
+        out->cluster = r->cluster;
+        out->masters = (unsigned)masters(r, nodes, MAX_NODES);
+        for (unsigned i = 0; i < out->masters; i++)
+            out->breakers_open += atomic_load(&nodes[i]->open_until_ns) != 0;
+    }
+    out->breaker_opened = atomic_load(&r->st_opened);
+    out->breaker_rejected = atomic_load(&r->st_rejected);
+    out->redirections = atomic_load(&r->st_redirects);
+    out->map_refreshes = atomic_load(&r->st_refreshes);
+    out->connect_failures = atomic_load(&r->st_connect_failures);
+    return RATE_OK;
 }

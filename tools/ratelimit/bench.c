@@ -569,13 +569,16 @@ static int bench_shm(void)
 static int usage(FILE *f)
 {
     fputs("usage: ratelimit bench [--rounds N] [--iterations N] [--redis URL]\n"
+          "                       [--redis-cluster URL]\n"
           "       ratelimit bench --store dynamodb://TABLE?region=R[&endpoint=URL]\n"
           "       ratelimit bench --shm [--rounds N] [--iterations N]\n\n"
           "Measures the floors (clock read; hash + CAS; key fetch + random\n"
           "table read) and ns per decision on the in-memory store, and\n"
           "prints them with their ratios.  Best of N rounds (default 5).\n"
           "With --redis, also the Redis store at that URL: latency against\n"
-          "a PING round trip, and throughput with 1 to 64 callers.\n"
+          "a PING round trip, and throughput with 1 to 64 callers.  With\n"
+          "--redis-cluster too, the same decisions at 1 and 64 callers on\n"
+          "the single server and on that Redis Cluster, in turns.\n"
           "With --store dynamodb://..., only the DynamoDB store (the table\n"
           "created if missing, the bench's items removed at the end):\n"
           "decisions/s and round trips per decision with 1 and 16 callers,\n"
@@ -590,7 +593,7 @@ static int usage(FILE *f)
 
 int cmd_bench(int argc, char **argv)
 {
-    const char *redis_url = NULL;
+    const char *redis_url = NULL, *cluster_url = NULL;
     bool shm = false;
 
     for (int i = 1; i < argc; i++) {
@@ -618,6 +621,10 @@ int cmd_bench(int argc, char **argv)
             redis_url = argv[++i];
             continue;
         }
+        if (strcmp(argv[i], "--redis-cluster") == 0 && i + 1 < argc) {
+            cluster_url = argv[++i];
+            continue;
+        }
         if (strcmp(argv[i], "--store") == 0 && i + 1 < argc) {
             if (strncmp(argv[i + 1], "dynamodb://", 11) != 0)
                 return cli_fail("bench: --store takes a dynamodb:// URL "
@@ -627,6 +634,8 @@ int cmd_bench(int argc, char **argv)
         }
         return cli_fail("bench: unknown option '%s'", argv[i]);
     }
+    if (cluster_url != NULL && redis_url == NULL)
+        return cli_fail("bench: --redis-cluster compares with --redis URL");
     progress = isatty(2);
     make_keys();
     if (shm)
@@ -793,7 +802,7 @@ int cmd_bench(int argc, char **argv)
     fflush(stdout);
     if (redis_url != NULL) {
         note("redis");
-        int rc = bench_redis(redis_url);
+        int rc = bench_redis(redis_url, cluster_url);
         if (progress)
             fputs("\r\033[K", stderr);
         return rc;

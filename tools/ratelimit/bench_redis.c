@@ -117,7 +117,61 @@ static bool load_script(const char *host, int port, const char *src,
     return ok;
 }
 
-int bench_redis(const char *url)
+/* The same decisions at 1 and 64 callers on the single server's limiter
+ * and on a cluster's, in turns for a few rounds, the best of each. */
+static int bench_cluster(rate_limiter_t *single, const char *url,
+                         const rate_policy_t *p, const char *prefix)
+{
+    rate_redis_options_t o = {.prefix = prefix};
+    rate_store_t *store;
+    rate_limiter_t *lim;
+    rate_redis_status_t st;
+    char err[256];
+
+    if (rate_store_redis_new(url, &o, &store, err, sizeof err) != RATE_OK)
+        return cli_fail("bench: --redis-cluster: %s", err);
+    rate_store_redis_status(store, &st);
+    if (!st.cluster) {
+        rate_store_free(store);
+        return cli_fail("bench: --redis-cluster: %s is no Redis Cluster", url);
+    }
+    rate_limiter_config_t cfg = {.policy = p, .store = store};
+    if (rate_limiter_new(&cfg, &lim) != RATE_OK) {
+        rate_store_free(store);
+        return cli_fail("bench: cannot make the limiter");
+    }
+    static const int callers[] = {1, 64};
+    double one[2] = {0}, many[2] = {0};
+    uint64_t errors = 0;
+    for (int r = 0; r < 3; r++) {
+        for (int i = 0; i < 2; i++) {
+            rate_limiter_t *l = i == 0 ? single : lim;
+            double v = throughput(l, callers[0], 1, 300, &errors);
+            one[i] = v > one[i] ? v : one[i];
+            v = throughput(l, callers[1], callers[1], 500, &errors);
+            many[i] = v > many[i] ? v : many[i];
+        }
+    }
+    printf("\nRedis Cluster (%s): %u masters, same decisions, same run\n",
+           url, st.masters);
+    printf("  %-40s %12s %12s %8s\n", "callers (distinct keys)", "one server",
+           "cluster", "ratio");
+    printf("  %-40d %12.0f %12.0f %8.2f\n", 1, one[0], one[1],
+           one[1] / one[0]);
+    printf("  %-40d %12.0f %12.0f %8.2f\n", 64, many[0], many[1],
+           many[1] / many[0]);
+    rate_store_redis_status(store, &st);
+    printf("  %-40s %12llu\n", "cluster redirections",
+           (unsigned long long)st.redirections);
+    if (errors)
+        printf("  store errors: %llu\n", (unsigned long long)errors);
+    rate_store_redis_drop(store);
+    rate_limiter_free(lim);
+    rate_store_free(store);
+    return 0;
+}
+
+int bench_redis(const char *url, const char *cluster_url)
 {
     rate_redis_options_t o = {0};
     rate_store_t *store;
@@ -231,9 +285,10 @@ int bench_redis(const char *url)
     printf("  %-40s %12llu\n", "CAS retries in all", (unsigned long long)st.retries);
     if (errors)
         printf("  store errors: %llu\n", (unsigned long long)errors);
+    int rc = cluster_url ? bench_cluster(lim, cluster_url, p, prefix) : 0;
     rate_store_redis_drop(store);
     rate_limiter_free(lim);
     rate_store_free(store);
     rate_policy_free(p);
-    return 0;
+    return rc;
 }

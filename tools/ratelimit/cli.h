@@ -16,7 +16,7 @@ int cmd_replay(int argc, char **argv);
 int cmd_compare(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
-int bench_redis(const char *url); /* the Redis part of bench */
+int bench_redis(const char *url, const char *cluster_url); /* bench's Redis part */
 int bench_dynamodb(const char *url); /* bench --store dynamodb://... */
 
 /* Prints "ratelimit: <msg>" on standard error; returns exit status 2. */

@@ -1,0 +1,270 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A private Redis Cluster for a test (header-only, static): six
+ * redis-servers (--cluster-enabled yes, a node timeout of 1000 ms) on free
+ * loopback ports whose bus ports (port + 10000) are free too, joined by
+ * `redis-cli --cluster create ... --cluster-replicas 1` into 3 masters
+ * with a replica each, in a scratch directory; each server started by
+ * fork and exec, stopped by its PID and killed with the test however it
+ * ends (PR_SET_PDEATHSIG).
+ */
+#ifndef TEST_REDIS_CLUSTER_H
+#define TEST_REDIS_CLUSTER_H
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "redis_server.h"
+
+#define RCL_NODES 6
+
+typedef struct rcluster {
+    int port[RCL_NODES];
+    pid_t pid[RCL_NODES];
+    char dir[64];
+} rcluster_t;
+
+static inline bool rcl_port_free(int p)
+{
+    struct sockaddr_in a = {0};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons((uint16_t)p);
+    bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+/* A port free now whose cluster bus port (port + 10000) is free too,
+ * both below Linux's ephemeral range (32768 up), where an outgoing
+ * connection could take the bus port meanwhile; 0 if none. */
+static inline int rcl_free_port(void)
+{
+    static unsigned seed;
+    if (seed == 0)
+        seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+    for (int tries = 0; tries < 1000; tries++) {
+        seed = seed * 1103515245u + 12345u;
+        int p = 10000 + (int)((seed >> 8) % 12000); /* bus: 20000-31999 */
+        if (rcl_port_free(p) && rcl_port_free(p + 10000))
+            return p;
+    }
+    return 0;
+}
+
+static inline redisContext *rcl_connect(int port)
+{
+    struct timeval tv = {1, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    if (c != NULL && c->err) {
+        redisFree(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* Starts node i (again, after a stop: same port, same node file). */
+static inline bool rcl_start_node(rcluster_t *cl, int i)
+{
+    char p[16], conf[128], rdb[32];
+    snprintf(p, sizeof p, "%d", cl->port[i]);
+    snprintf(conf, sizeof conf, "%s/nodes-%d.conf", cl->dir, cl->port[i]);
+    snprintf(rdb, sizeof rdb, "dump-%d.rdb", cl->port[i]);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        execlp("redis-server", "redis-server", "--port", p, "--bind",
+               "127.0.0.1", "--save", "", "--appendonly", "no",
+               "--cluster-enabled", "yes", "--cluster-config-file", conf,
+               "--cluster-node-timeout", "1000", "--dir", cl->dir,
+               "--dbfilename", rdb, "--cluster-replica-validity-factor", "0",
+               "--loglevel", "warning", (char *)NULL);
+        _exit(127);
+    }
+    cl->pid[i] = pid;
+    for (int k = 0; pid > 0 && k < 500; k++) {
+        redisContext *c = rcl_connect(cl->port[i]);
+        bool ok = false;
+        if (c != NULL) {
+            redisReply *r = redisCommand(c, "PING");
+            ok = r != NULL;
+            freeReplyObject(r);
+            redisFree(c);
+        }
+        if (ok)
+            return true;
+        if (waitpid(pid, NULL, WNOHANG) == pid)
+            break;
+        usleep(10000);
+    }
+    return false;
+}
+
+static inline void rcl_stop_node(rcluster_t *cl, int i)
+{
+    redis_test_stop(&cl->pid[i]);
+}
+
+/* Runs a program (argv[0] on PATH), its output to /dev/null: its exit
+ * status, or -1. */
+static inline int rcl_run(char *const argv[])
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int null = open("/dev/null", O_RDWR);
+        dup2(null, 0);
+        dup2(null, 1);
+        dup2(null, 2);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Whether the node on `port` says cluster_state:ok and knows `masters`
+ * masters serving slots. */
+static inline bool rcl_node_ok(int port, int masters)
+{
+    redisContext *c = rcl_connect(port);
+    bool ok = false;
+    if (c == NULL)
+        return false;
+    redisReply *r = redisCommand(c, "CLUSTER INFO");
+    if (r != NULL && r->type == REDIS_REPLY_STRING) {
+        char want[64];
+        snprintf(want, sizeof want, "cluster_size:%d", masters);
+        ok = strstr(r->str, "cluster_state:ok") != NULL &&
+             strstr(r->str, want) != NULL;
+    }
+    freeReplyObject(r);
+    redisFree(c);
+    return ok;
+}
+
+/* Waits (up to `ms`) until every running node is ok with `masters`. */
+static inline bool rcl_wait_ok(rcluster_t *cl, int masters, int ms)
+{
+    for (int t = 0; t < ms; t += 50) {
+        bool all = true;
+        for (int i = 0; i < RCL_NODES && all; i++)
+            if (cl->pid[i] > 0)
+                all = rcl_node_ok(cl->port[i], masters);
+        if (all)
+            return true;
+        usleep(50000);
+    }
+    return false;
+}
+
+static inline void rcl_stop(rcluster_t *cl)
+{
+    for (int i = 0; i < RCL_NODES; i++)
+        rcl_stop_node(cl, i);
+    if (cl->dir[0] != '\0') {
+        char *rm[] = {"rm", "-rf", cl->dir, NULL};
+        rcl_run(rm);
+        cl->dir[0] = '\0';
+    }
+}
+
+/* Starts the cluster: false (all stopped) when it could not be made. */
+static inline bool rcl_start(rcluster_t *cl)
+{
+    memset(cl, 0, sizeof *cl);
+    snprintf(cl->dir, sizeof cl->dir, "/tmp/ratelimit-cluster.XXXXXX");
+    if (mkdtemp(cl->dir) == NULL) {
+        cl->dir[0] = '\0';
+        return false;
+    }
+    char addr[RCL_NODES][32];
+    char *av[RCL_NODES + 8];
+    int n = 0;
+    av[n++] = "redis-cli";
+    av[n++] = "--cluster";
+    av[n++] = "create";
+    for (int i = 0; i < RCL_NODES; i++) {
+        int p;
+        bool dup;
+        do { /* six different ports */
+            p = rcl_free_port();
+            dup = false;
+            for (int j = 0; j < i; j++)
+                dup |= cl->port[j] == p || cl->port[j] + 10000 == p ||
+                       cl->port[j] == p + 10000;
+        } while (dup);
+        cl->port[i] = p;
+        if (p == 0 || !rcl_start_node(cl, i)) {
+            rcl_stop(cl);
+            return false;
+        }
+        snprintf(addr[i], sizeof addr[i], "127.0.0.1:%d", p);
+        av[n++] = addr[i];
+    }
+    av[n++] = "--cluster-replicas";
+    av[n++] = "1";
+    av[n++] = "--cluster-yes";
+    av[n] = NULL;
+    if (rcl_run(av) != 0 || !rcl_wait_ok(cl, 3, 20000)) {
+        rcl_stop(cl);
+        return false;
+    }
+    return true;
+}
+
+/* The index of the node that is the master of `slot` now (-1: none). */
+static inline int rcl_master_of(rcluster_t *cl, unsigned slot)
+{
+    for (int i = 0; i < RCL_NODES; i++) {
+        if (cl->pid[i] <= 0)
+            continue;
+        redisContext *c = rcl_connect(cl->port[i]);
+        if (c == NULL)
+            continue;
+        redisReply *r = redisCommand(c, "CLUSTER SLOTS");
+        int found = -1;
+        for (size_t k = 0; r != NULL && r->type == REDIS_REPLY_ARRAY &&
+                           k < r->elements;
+             k++) {
+            redisReply *e = r->element[k];
+            if ((unsigned)e->element[0]->integer <= slot &&
+                slot <= (unsigned)e->element[1]->integer) {
+                int port = (int)e->element[2]->element[1]->integer;
+                for (int j = 0; j < RCL_NODES; j++)
+                    if (cl->port[j] == port)
+                        found = j;
+            }
+        }
+        freeReplyObject(r);
+        redisFree(c);
+        if (found >= 0)
+            return found;
+    }
+    return -1;
+}
+
+/* Whether node i is a master now. */
+static inline bool rcl_is_master(rcluster_t *cl, int i)
+{
+    redisContext *c = rcl_connect(cl->port[i]);
+    bool m = false;
+    if (c == NULL)
+        return false;
+    redisReply *r = redisCommand(c, "ROLE");
+    m = r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
+        strcmp(r->element[0]->str, "master") == 0;
+    freeReplyObject(r);
+    redisFree(c);
+    return m;
+}
+
+#endif

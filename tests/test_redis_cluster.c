@@ -1,0 +1,539 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The Redis store on a private Redis Cluster (tests/redis_cluster.h: 3
+ * masters, 3 replicas on free loopback ports, stopped by PID):
+ *
+ * - found to be a cluster from any node (a seed list whose first seed is
+ *   dead too); a database other than 0 refused;
+ * - differential traces against the memory store, keys over every master,
+ *   rate_store_redis_touch reaching every key, and rate_store_redis_drop
+ *   clearing every master;
+ * - `ratelimit replay --store redis://<a node>` printing the memory
+ *   store's output byte for byte, and leaving no key on any master;
+ * - slots moved under callers (SETSLOT IMPORTING / MIGRATING, MIGRATE,
+ *   SETSLOT NODE, as redis-cli --cluster reshard does), and back with
+ *   redis-cli --cluster reshard itself: no caller error,
+ *   and every key's count is the sum of its admissions (no key decided
+ *   from two states);
+ * - a master killed under callers: decisions resume by themselves once
+ *   its replica is promoted.
+ *
+ * Usage: test_redis_cluster RATELIMIT_BINARY
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "../src/store/redis_cluster.h"
+#include "helpers.h"
+#include "redis_cluster.h"
+
+static rcluster_t cl;
+static char curl[160];
+static const char *binary;
+
+static int group_setup(void **state)
+{
+    (void)state;
+    if (!rcl_start(&cl))
+        fail_msg("could not start a Redis Cluster (redis-server and "
+                 "redis-cli 7 are needed)");
+    /* Every node as a seed: the store outlives any one of them. */
+    int n = snprintf(curl, sizeof curl, "redis://");
+    for (int i = 0; i < RCL_NODES; i++)
+        n += snprintf(curl + n, sizeof curl - (size_t)n, "%s127.0.0.1:%d",
+                      i ? "," : "", cl.port[i]);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    rcl_stop(&cl);
+    return 0;
+}
+
+static rate_store_t *cstore(const char *u, const char *prefix)
+{
+    rate_redis_options_t o = {.prefix = prefix, .no_ttl = true};
+    rate_store_t *s = NULL;
+    char err[256] = "";
+    o.command_timeout_ns = 500 * MS;
+    o.connect_timeout_ns = 500 * MS;
+    o.breaker_cooldown_ns = 200 * MS;
+    if (rate_store_redis_new(u ? u : curl, &o, &s, err, sizeof err) != RATE_OK)
+        fail_msg("cluster store: %s", err);
+    return s;
+}
+
+/* Keys under `prefix` on node i. */
+static unsigned keys_on(int i, const char *prefix)
+{
+    redisContext *c = rcl_connect(cl.port[i]);
+    if (c == NULL)
+        return 0;
+    unsigned n = 0;
+    char cursor[32] = "0", pat[64];
+    snprintf(pat, sizeof pat, "%s*", prefix);
+    do {
+        redisReply *r = redisCommand(c, "SCAN %s MATCH %s COUNT 1000", cursor,
+                                     pat);
+        assert_true(r != NULL && r->type == REDIS_REPLY_ARRAY);
+        snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
+        n += (unsigned)r->element[1]->elements;
+        freeReplyObject(r);
+    } while (strcmp(cursor, "0") != 0);
+    redisFree(c);
+    return n;
+}
+
+static uint64_t rnd_state = 4242;
+static uint64_t rnd(uint64_t n)
+{
+    rnd_state ^= rnd_state << 13;
+    rnd_state ^= rnd_state >> 7;
+    rnd_state ^= rnd_state << 17;
+    return n ? rnd_state % n : 0;
+}
+
+/* --------------------------------------------------------- detection */
+
+static void found_from_any_node(void **state)
+{
+    (void)state;
+    char u[128], err[256] = "";
+    /* A replica, and a seed list whose first seed is dead. */
+    for (int i = 0; i < RCL_NODES; i += 5) {
+        snprintf(u, sizeof u, "redis://127.0.0.1:1,127.0.0.1:%d", cl.port[i]);
+        rate_store_t *s = cstore(u, "det:");
+        rate_redis_status_t st;
+        assert_int_equal(rate_store_redis_status(s, &st), RATE_OK);
+        assert_true(st.ready);
+        assert_true(st.cluster);
+        assert_int_equal(st.masters, 3);
+        rate_store_free(s);
+    }
+    rate_store_t *s = NULL;
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d/2", cl.port[1]);
+    assert_int_equal(rate_store_redis_new(u, NULL, &s, err, sizeof err),
+                     RATE_EINVAL);
+    if (strstr(err, "database 0") == NULL)
+        fail_msg("'%s'", err);
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d/0", cl.port[1]);
+    assert_int_equal(rate_store_redis_new(u, NULL, &s, err, sizeof err),
+                     RATE_OK);
+    rate_store_free(s);
+}
+
+/* ------------------------------------------------------ differential */
+
+static void same_decisions_as_memory(void **state)
+{
+    (void)state;
+    static const char *policies[] = {
+        "token-bucket 5/s burst=3", "fixed-window 4/700ms",
+        "sliding-log 5/s", "sliding-window 6/s", "leaky-bucket 7/3s",
+        "token-bucket 5/s burst=3 block=700ms", /* the C step, by CAS */
+    };
+    rate_store_t *rs = cstore(NULL, "cdiff:");
+    unsigned checked = 0;
+    for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
+        rate_store_t *ms;
+        assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+        rate_limiter_t *lm = limiter_of(policies[p], ms);
+        rate_limiter_t *lr = limiter_of(policies[p], rs);
+        uint64_t t = SEC;
+        for (int i = 0; i < 600; i++) {
+            char key[32];
+            snprintf(key, sizeof key, i % 7 ? "p%zu:k%d" : "p%zu}b{%d", p,
+                     (int)rnd(60));
+            t += rnd(150) * MS;
+            uint64_t n = 1 + rnd(2);
+            rate_decision_t a = at(lm, key, t, n, 0);
+            rate_decision_t b = at(lr, key, t, n, 0);
+            if (memcmp(&a, &b, sizeof a) != 0)
+                fail_msg("%s, request %d key %s: memory allowed=%d rem=%llu "
+                         "retry=%llu; cluster allowed=%d reason=%d err=%d "
+                         "rem=%llu retry=%llu",
+                         policies[p], i, key, a.allowed,
+                         (unsigned long long)a.remaining,
+                         (unsigned long long)a.retry_after_ns, b.allowed,
+                         b.reason, b.error, (unsigned long long)b.remaining,
+                         (unsigned long long)b.retry_after_ns);
+            checked++;
+        }
+        rate_limiter_free(lm);
+        rate_limiter_free(lr);
+        rate_store_free(ms);
+    }
+    assert_int_equal(checked, 3600);
+    unsigned masters = 0, total = 0;
+    for (int i = 0; i < RCL_NODES; i++)
+        if (rcl_is_master(&cl, i)) {
+            unsigned n = keys_on(i, "cdiff:");
+            masters++;
+            total += n;
+            if (n < 20)
+                fail_msg("only %u keys on master %d", n, i);
+        }
+    assert_int_equal(masters, 3);
+    assert_true(total > 300);
+    /* touch: every key on every master gets the expiry. */
+    assert_int_equal(rate_store_redis_touch(rs, 5 * SEC), RATE_OK);
+    unsigned touched = 0;
+    for (int i = 0; i < RCL_NODES; i++) {
+        if (!rcl_is_master(&cl, i))
+            continue;
+        redisContext *c = rcl_connect(cl.port[i]);
+        redisReply *k = redisCommand(c, "KEYS cdiff:*");
+        assert_true(k != NULL && k->type == REDIS_REPLY_ARRAY);
+        for (size_t j = 0; j < k->elements; j++) {
+            redisReply *t = redisCommand(c, "PTTL %b", k->element[j]->str,
+                                         k->element[j]->len);
+            if (t == NULL || t->integer <= 3000 || t->integer > 5000)
+                fail_msg("%s on node %d: PTTL %lld after a touch of 5 s",
+                         k->element[j]->str, i, t ? t->integer : -9);
+            freeReplyObject(t);
+            touched++;
+        }
+        freeReplyObject(k);
+        redisFree(c);
+    }
+    assert_int_equal(touched, total);
+    assert_int_equal(rate_store_redis_drop(rs), RATE_OK);
+    for (int i = 0; i < RCL_NODES; i++)
+        if (rcl_is_master(&cl, i) && keys_on(i, "cdiff:") != 0)
+            fail_msg("keys left on master %d after the drop", i);
+    rate_store_free(rs);
+}
+
+/* -------------------------------------------------------------- CLI */
+
+static void replay_byte_for_byte(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ratelimit-creplay.XXXXXX", cmdline[4096];
+    assert_non_null(mkdtemp(dir));
+    char trace[128];
+    snprintf(trace, sizeof trace, "%s/t.trace", dir);
+    FILE *f = fopen(trace, "w");
+    assert_non_null(f);
+    uint64_t t = 0;
+    for (int i = 0; i < 400; i++) {
+        t += rnd(80);
+        fprintf(f, "%llu.%03llu u%d%s\n", (unsigned long long)(t / 1000),
+                (unsigned long long)(t % 1000), (int)rnd(40),
+                i % 3 ? "" : " 2");
+    }
+    fclose(f);
+    static const char *args[] = {
+        "--algorithm token-bucket --rate 5/s --burst 3",
+        "--algorithm sliding-window --limit 4 --window 1s",
+    };
+    for (int a = 0; a < 2; a++) {
+        snprintf(cmdline, sizeof cmdline,
+                 "'%s' replay %s --store memory '%s' > '%s/mem' 2>/dev/null && "
+                 "'%s' replay %s --store redis://127.0.0.1:%d '%s' > '%s/red' 2>/dev/null"
+                 " && cmp -s '%s/mem' '%s/red'",
+                 binary, args[a], trace, dir, binary, args[a], cl.port[2],
+                 trace, dir, dir, dir);
+        if (system(cmdline) != 0)
+            fail_msg("replay %s: the cluster's output differs (%s)", args[a],
+                     dir);
+    }
+    for (int i = 0; i < RCL_NODES; i++)
+        if (keys_on(i, "ratelimit:replay:") != 0)
+            fail_msg("replay left keys on node %d", i);
+    snprintf(cmdline, sizeof cmdline, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmdline), 0);
+}
+
+/* ----------------------------------------------------------- callers */
+
+#define CALLERS 8
+#define NKEYS 64
+#define LIMIT 100000
+
+typedef struct run {
+    rate_limiter_t *lim;
+    char keys[NKEYS][32];
+    atomic_uint allowed[NKEYS];
+    atomic_uint errors, calls;
+    atomic_bool stop;
+    _Atomic uint64_t mark_ns; /* answers after it are counted per key */
+    atomic_bool answered_after[NKEYS];
+} run_t;
+
+typedef struct worker {
+    run_t *run;
+    unsigned seed;
+} worker_t;
+
+static void *work(void *arg)
+{
+    worker_t *w = arg;
+    run_t *r = w->run;
+    unsigned s = w->seed;
+    while (!atomic_load(&r->stop)) {
+        s = s * 1103515245u + 12345u;
+        unsigned k = (s >> 8) % NKEYS;
+        rate_decision_t d;
+        uint64_t t0 = rate_clock_monotonic_ns();
+        /* A fixed time: no refill, no reset; a key's count is the sum of
+         * its admissions. */
+        assert_int_equal(rate_limiter_check_at(r->lim, r->keys[k],
+                                               strlen(r->keys[k]), 1, 0, SEC,
+                                               &d),
+                         RATE_OK);
+        atomic_fetch_add(&r->calls, 1);
+        if (d.reason == RATE_REASON_STORE_ERROR) {
+            atomic_fetch_add(&r->errors, 1);
+            usleep(2000);
+            continue;
+        }
+        if (d.allowed)
+            atomic_fetch_add(&r->allowed[k], 1);
+        uint64_t mark = atomic_load(&r->mark_ns);
+        if (mark != 0 && t0 > mark)
+            atomic_store(&r->answered_after[k], true);
+    }
+    return NULL;
+}
+
+static void start_callers(run_t *r, pthread_t *th, worker_t *w)
+{
+    for (int i = 0; i < CALLERS; i++) {
+        w[i] = (worker_t){r, 77u + (unsigned)i * 1000u};
+        pthread_create(&th[i], NULL, work, &w[i]);
+    }
+}
+
+static void stop_callers(run_t *r, pthread_t *th)
+{
+    atomic_store(&r->stop, true);
+    for (int i = 0; i < CALLERS; i++)
+        pthread_join(th[i], NULL);
+}
+
+static void node_id(int i, char id[64])
+{
+    redisContext *c = rcl_connect(cl.port[i]);
+    assert_non_null(c);
+    redisReply *r = redisCommand(c, "CLUSTER MYID");
+    assert_true(r != NULL && r->type == REDIS_REPLY_STRING);
+    snprintf(id, 64, "%s", r->str);
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+static void expect_ok(redisContext *c, redisReply *r, const char *what)
+{
+    if (r == NULL || r->type == REDIS_REPLY_ERROR)
+        fail_msg("%s: %s", what, r ? r->str : c->errstr);
+    freeReplyObject(r);
+}
+
+/* Moves slots [first, last] from node `from` to node `to` as redis-cli
+ * --cluster reshard does. */
+static void move_slots(int from, int to, unsigned first, unsigned last)
+{
+    char fid[64], tid[64];
+    node_id(from, fid);
+    node_id(to, tid);
+    redisContext *src = rcl_connect(cl.port[from]);
+    redisContext *dst = rcl_connect(cl.port[to]);
+    for (unsigned s = first; s <= last; s++) {
+        expect_ok(dst, redisCommand(dst, "CLUSTER SETSLOT %u IMPORTING %s", s,
+                                    fid), "IMPORTING");
+        expect_ok(src, redisCommand(src, "CLUSTER SETSLOT %u MIGRATING %s", s,
+                                    tid), "MIGRATING");
+        for (;;) {
+            redisReply *k = redisCommand(src, "CLUSTER GETKEYSINSLOT %u 10", s);
+            assert_true(k != NULL && k->type == REDIS_REPLY_ARRAY);
+            size_t n = k->elements;
+            for (size_t i = 0; i < n; i++) {
+                usleep(2000); /* callers meet the slot half moved */
+                expect_ok(src,
+                          redisCommand(src, "MIGRATE 127.0.0.1 %d %b 0 5000",
+                                       cl.port[to], k->element[i]->str,
+                                       k->element[i]->len),
+                          "MIGRATE");
+            }
+            freeReplyObject(k);
+            if (n == 0)
+                break;
+        }
+        /* The new owner first, then the old, then the others. */
+        int order[RCL_NODES], n = 0;
+        order[n++] = to;
+        order[n++] = from;
+        for (int i = 0; i < RCL_NODES; i++)
+            if (i != to && i != from)
+                order[n++] = i;
+        for (int j = 0; j < n; j++) {
+            int i = order[j];
+            if (!rcl_is_master(&cl, i))
+                continue;
+            redisContext *c = rcl_connect(cl.port[i]);
+            expect_ok(c, redisCommand(c, "CLUSTER SETSLOT %u NODE %s", s, tid),
+                      "SETSLOT NODE");
+            redisFree(c);
+        }
+    }
+    redisFree(src);
+    redisFree(dst);
+}
+
+static void slots_moved_mid_run(void **state)
+{
+    (void)state;
+    const unsigned first = 0, last = 99;
+    int from = rcl_master_of(&cl, first), to = rcl_master_of(&cl, 16383);
+    assert_true(from >= 0 && to >= 0 && from != to);
+    rate_store_t *rs = cstore(NULL, "resh:");
+    static run_t r;
+    memset(&r, 0, sizeof r);
+    r.lim = limiter_of("fixed-window 100000/s", rs);
+    /* Keys in the slots that move. */
+    for (int n = 0, i = 0; n < NKEYS; i++) {
+        char name[48];
+        snprintf(r.keys[n], sizeof r.keys[n], "m%d", i);
+        int len = snprintf(name, sizeof name, "resh:{%s}", r.keys[n]);
+        unsigned s = rc_key_slot(name, (size_t)len);
+        if (s >= first && s <= last)
+            n++;
+    }
+    pthread_t th[CALLERS];
+    worker_t w[CALLERS];
+    start_callers(&r, th, w);
+    usleep(300000);
+    move_slots(from, to, first, last);
+    usleep(300000);
+    /* And back with redis-cli itself: it takes the source's first slots,
+     * these. */
+    char fid[64], tid[64], seed[32], nslots[16];
+    node_id(to, fid);
+    node_id(from, tid);
+    snprintf(seed, sizeof seed, "127.0.0.1:%d", cl.port[to]);
+    snprintf(nslots, sizeof nslots, "%u", last - first + 1);
+    char *reshard[] = {"redis-cli", "--cluster", "reshard", seed,
+                       "--cluster-from", fid, "--cluster-to", tid,
+                       "--cluster-slots", nslots, "--cluster-yes", NULL};
+    assert_int_equal(rcl_run(reshard), 0);
+    usleep(300000);
+    stop_callers(&r, th);
+    rate_redis_status_t st;
+    assert_int_equal(rate_store_redis_status(rs, &st), RATE_OK);
+    print_message("%u calls while 100 slots moved there and back: %u "
+                  "errors, %llu redirections followed\n",
+                  atomic_load(&r.calls), atomic_load(&r.errors),
+                  (unsigned long long)st.redirections);
+    assert_int_equal(atomic_load(&r.errors), 0);
+    assert_true(st.redirections > 0);
+    assert_int_equal(rcl_master_of(&cl, first), from);
+    assert_int_equal(rcl_master_of(&cl, last), from);
+    for (int k = 0; k < NKEYS; k++) {
+        unsigned a = atomic_load(&r.allowed[k]);
+        rate_decision_t d = at(r.lim, r.keys[k], SEC, 1, 0);
+        assert_int_equal(d.reason, RATE_REASON_ALLOWED);
+        if (d.remaining != LIMIT - a - 1)
+            fail_msg("key %s: %u admitted, then remaining %llu, not %u",
+                     r.keys[k], a, (unsigned long long)d.remaining,
+                     LIMIT - a - 1);
+    }
+    rate_limiter_free(r.lim);
+    assert_int_equal(rate_store_redis_drop(rs), RATE_OK);
+    for (int i = 0; i < RCL_NODES; i++)
+        if (rcl_is_master(&cl, i) && keys_on(i, "resh:") != 0)
+            fail_msg("keys left on master %d", i);
+    rate_store_free(rs);
+}
+
+/* ------------------------------------------------------------ failover */
+
+static void master_killed_mid_run(void **state)
+{
+    (void)state;
+    rate_store_t *rs = cstore(NULL, "fo:");
+    static run_t r;
+    memset(&r, 0, sizeof r);
+    r.lim = limiter_of("fixed-window 100000/s", rs);
+    for (int k = 0; k < NKEYS; k++)
+        snprintf(r.keys[k], sizeof r.keys[k], "f%d", k);
+    int victim = rcl_master_of(&cl, 1000);
+    assert_true(victim >= 0);
+    pthread_t th[CALLERS];
+    worker_t w[CALLERS];
+    start_callers(&r, th, w);
+    usleep(300000);
+    uint64_t t_kill = rate_clock_monotonic_ns();
+    rcl_stop_node(&cl, victim);
+    /* The replica is promoted by the cluster (node timeout 1 s). */
+    int now = -1;
+    for (int i = 0; i < 300; i++) {
+        now = rcl_master_of(&cl, 1000);
+        if (now >= 0 && now != victim)
+            break;
+        usleep(50000);
+    }
+    if (now < 0 || now == victim) {
+        for (int i = 0; i < RCL_NODES; i++) {
+            redisContext *c = cl.pid[i] > 0 ? rcl_connect(cl.port[i]) : NULL;
+            redisReply *n = c ? redisCommand(c, "CLUSTER NODES") : NULL;
+            if (n != NULL && n->type == REDIS_REPLY_STRING)
+                print_message("node %d (port %d):\n%s", i, cl.port[i], n->str);
+            freeReplyObject(n);
+            if (c)
+                redisFree(c);
+        }
+        fail_msg("no replica was promoted (victim %d, now %d)", victim, now);
+    }
+    assert_true(rcl_wait_ok(&cl, 3, 10000));
+    atomic_store(&r.mark_ns, rate_clock_monotonic_ns());
+    /* Every key answered again, with no restart of the store. */
+    bool all = false;
+    for (int i = 0; i < 200 && !all; i++) {
+        usleep(50000);
+        all = true;
+        for (int k = 0; k < NKEYS; k++)
+            all &= atomic_load(&r.answered_after[k]);
+    }
+    uint64_t t_all = rate_clock_monotonic_ns();
+    stop_callers(&r, th);
+    rate_redis_status_t st;
+    assert_int_equal(rate_store_redis_status(rs, &st), RATE_OK);
+    print_message("master killed: %u calls, %u errors; cluster ok again "
+                  "%.1f s after the kill, every key answered by %.1f s; "
+                  "%llu map refreshes, breaker opened %llu\n",
+                  atomic_load(&r.calls), atomic_load(&r.errors),
+                  (double)(atomic_load(&r.mark_ns) - t_kill) / 1e9,
+                  (double)(t_all - t_kill) / 1e9,
+                  (unsigned long long)st.map_refreshes,
+                  (unsigned long long)st.breaker_opened);
+    if (!all)
+        fail_msg("some keys got no answer after the failover");
+    assert_true(atomic_load(&r.errors) > 0); /* the outage was seen */
+    assert_int_equal(st.masters, 3);
+    rate_limiter_free(r.lim);
+    assert_int_equal(rate_store_redis_drop(rs), RATE_OK);
+    for (int i = 0; i < RCL_NODES; i++)
+        if (cl.pid[i] > 0 && rcl_is_master(&cl, i) && keys_on(i, "fo:") != 0)
+            fail_msg("keys left on master %d", i);
+    rate_store_free(rs);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_redis_cluster RATELIMIT_BINARY\n");
+        return 2;
+    }
+    binary = argv[1];
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(found_from_any_node),
+        cmocka_unit_test(same_decisions_as_memory),
+        cmocka_unit_test(replay_byte_for_byte),
+        cmocka_unit_test(master_killed_mid_run),
+        cmocka_unit_test(slots_moved_mid_run),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

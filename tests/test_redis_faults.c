@@ -1,0 +1,760 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The Redis store against what production Redis does, on a private
+ * redis-server started on a free loopback port and stopped by its PID (as
+ * in test_redis.c):
+ *
+ * - rate_store_redis_drop deletes its own namespace's names only;
+ * - a key holding '}' gets a hash tag of its own (escaped), and a key
+ *   without one keeps its name;
+ * - an ACL user without EVALSHA or without the keys is told so, with the
+ *   server's NOPERM, at creation;
+ * - a call's deadline holds when another caller hands it the reading (a
+ *   fake server that answers one command late and the next never);
+ * - redirections bounded (a fake cluster that redirects for ever);
+ * - Redis stopped (SIGSTOP) under 16 threads: no call past its bound, the
+ *   circuit breaker opens (calls fail at once), probes, and closes once
+ *   Redis is back (SIGCONT); every caller is answered again;
+ * - lazy connect: created while Redis is down, the fail mode until it is
+ *   started on that port, the last connect error reported; killed and
+ *   restarted on the same port, decisions resume.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
+#include "../src/store/redis_cluster.h"
+#include "redis_fixture.h"
+
+static redisReply *cmd(redisContext *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    if (r == NULL)
+        fail_msg("redis: %s", c->errstr);
+    return r;
+}
+
+static long long exists(redisContext *c, const char *name)
+{
+    redisReply *r = cmd(c, "EXISTS %s", name);
+    long long n = r->integer;
+    freeReplyObject(r);
+    return n;
+}
+
+/* ------------------------------------------------------------- drop */
+
+static void drop_deletes_its_own_names_only(void **state)
+{
+    (void)state;
+    redisContext *c = raw();
+    static const char *others[] = {"app2:{k}", "application-data", "app",
+                                   "app{", "app{}", "appx{k}", "app{k}x",
+                                   "app{a}b}", "apps{k", "appq{k}"};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
+        freeReplyObject(cmd(c, "SET %s x", others[i]));
+    rate_store_t *rs = redis_store("app", true, 0);
+    rate_limiter_t *lim = limiter_of("token-bucket 5/s", rs);
+    rate_limiter_config_t cfg = {0};
+    cfg.store = rs;
+    cfg.shadow = true;
+    rate_limiter_t *sh = limiter_cfg("token-bucket 5/s", cfg);
+    at(lim, "k", SEC, 1, 0);
+    at(lim, "a}b", SEC, 1, 0);
+    at(sh, "k", SEC, 1, 0);
+    at(sh, "a}b", SEC, 1, 0);
+    assert_int_equal(exists(c, "app{k}"), 1);
+    assert_int_equal(exists(c, "apps{k}"), 1);
+    assert_int_equal(exists(c, "appe{a%7db}"), 1);
+    assert_int_equal(exists(c, "appes{a%7db}"), 1);
+    rate_limiter_free(lim);
+    rate_limiter_free(sh);
+    assert_int_equal(rate_store_redis_drop(rs), RATE_OK);
+    assert_int_equal(exists(c, "app{k}"), 0);
+    assert_int_equal(exists(c, "apps{k}"), 0);
+    assert_int_equal(exists(c, "appe{a%7db}"), 0);
+    assert_int_equal(exists(c, "appes{a%7db}"), 0);
+    redisReply *r = cmd(c, "KEYS app*");
+    for (size_t i = 0; i < r->elements; i++) /* the policy record: gone */
+        if (strncmp(r->element[i]->str, "appp{", 5) == 0)
+            fail_msg("%s left", r->element[i]->str);
+    freeReplyObject(r);
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
+        if (exists(c, others[i]) != 1)
+            fail_msg("'%s' of another namespace was deleted", others[i]);
+    /* A prefix with glob characters matches itself only. */
+    freeReplyObject(cmd(c, "SET %s x", "a?{k}"));
+    freeReplyObject(cmd(c, "SET %s x", "ab{k}"));
+    rate_store_t *g = redis_store("a?", true, 0);
+    assert_int_equal(rate_store_redis_drop(g), RATE_OK);
+    assert_int_equal(exists(c, "a?{k}"), 0);
+    assert_int_equal(exists(c, "ab{k}"), 1);
+    rate_store_free(g);
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
+        freeReplyObject(cmd(c, "DEL %s", others[i]));
+    freeReplyObject(cmd(c, "DEL ab{k}"));
+    rate_store_free(rs);
+    redisFree(c);
+}
+
+/* ------------------------------------------------------------ hash tags */
+
+static void every_key_its_own_tag(void **state)
+{
+    (void)state;
+    redisContext *c = raw();
+    rate_store_t *rs = redis_store("tag:", true, 0);
+    rate_limiter_t *lim = limiter_of("fixed-window 5/s", rs);
+    char key[32];
+    for (int i = 0; i < 1000; i++) {
+        snprintf(key, sizeof key, "victim}%d", i);
+        at(lim, key, SEC, 1, 0);
+    }
+    /* Names without '}' are as before, '{' inside included. */
+    at(lim, "user 42", SEC, 1, 0);
+    at(lim, "a{b", SEC, 1, 0);
+    at(lim, "{x", SEC, 1, 0);
+    assert_int_equal(exists(c, "tag:{user 42}"), 1);
+    assert_int_equal(exists(c, "tag:{a{b}"), 1);
+    assert_int_equal(exists(c, "tag:{{x}"), 1);
+    /* '}' and '%' escaped, only in keys that hold a '}'. */
+    at(lim, "}%", SEC, 1, 0);
+    at(lim, "%", SEC, 1, 0);
+    assert_int_equal(exists(c, "tag:e{%7d%25}"), 1);
+    assert_int_equal(exists(c, "tag:{%}"), 1);
+    static bool seen[RC_SLOTS];
+    unsigned slots = 0, names = 0;
+    redisReply *r = cmd(c, "KEYS tag:e{victim*");
+    for (size_t i = 0; i < r->elements; i++) {
+        unsigned s = rc_key_slot(r->element[i]->str, r->element[i]->len);
+        names++;
+        slots += !seen[s];
+        seen[s] = true;
+    }
+    freeReplyObject(r);
+    assert_int_equal(names, 1000);
+    /* 1000 keys over 16384 slots: about 970 distinct; all in one before */
+    if (slots < 900)
+        fail_msg("1000 keys 'victim}N' in %u slots", slots);
+    /* Decisions still carry: the same key, the same state. */
+    rate_decision_t d = at(lim, "victim}7", SEC, 1, 0);
+    assert_int_equal(d.remaining, 3);
+    rate_limiter_free(lim);
+    drop_store(rs);
+    redisFree(c);
+}
+
+/* ------------------------------------------------------------------ ACL */
+
+static void acl_refusals_are_told(void **state)
+{
+    (void)state;
+    redisContext *c = raw();
+    freeReplyObject(cmd(c, "ACL SETUSER noeval on >pw ~* +@all -evalsha"));
+    freeReplyObject(cmd(c, "ACL SETUSER nokeys on >pw ~other:* +@all"));
+    freeReplyObject(cmd(c, "ACL SETUSER fine on >pw ~acl:* +@all"));
+    static const struct {
+        const char *user, *want;
+    } cases[] = {{"noeval", "EVALSHA"}, {"nokeys", "acl:"}};
+    for (size_t i = 0; i < 2; i++) {
+        char u[128], err[512] = "";
+        rate_store_t *s = NULL;
+        rate_redis_options_t o = {.prefix = "acl:"};
+        snprintf(u, sizeof u, "redis://%s:pw@127.0.0.1:%d", cases[i].user,
+                 port);
+        assert_int_equal(rate_store_redis_new(u, &o, &s, err, sizeof err),
+                         RATE_ESTORE);
+        assert_null(s);
+        if (strstr(err, "NOPERM") == NULL || strstr(err, cases[i].want) == NULL)
+            fail_msg("user %s: '%s'", cases[i].user, err);
+        /* Lazy: created, decisions fail, and the last error says why. */
+        o.lazy_connect = true;
+        assert_int_equal(rate_store_redis_new(u, &o, &s, err, sizeof err),
+                         RATE_OK);
+        rate_limiter_t *lim = limiter_of("fixed-window 5/s", s);
+        assert_int_equal(at(lim, "k", SEC, 1, 0).reason,
+                         RATE_REASON_STORE_ERROR);
+        char last[512];
+        assert_int_equal(rate_store_redis_last_error(s, last, sizeof last),
+                         RATE_OK);
+        if (strstr(last, "NOPERM") == NULL)
+            fail_msg("user %s, lazy: last error '%s'", cases[i].user, last);
+        rate_limiter_free(lim);
+        rate_store_free(s);
+    }
+    char u[128], err[512] = "";
+    rate_store_t *s = NULL;
+    rate_redis_options_t o = {.prefix = "acl:"};
+    snprintf(u, sizeof u, "redis://fine:pw@127.0.0.1:%d", port);
+    if (rate_store_redis_new(u, &o, &s, err, sizeof err) != RATE_OK)
+        fail_msg("a user with the rights: %s", err);
+    rate_limiter_t *lim = limiter_of("fixed-window 5/s", s);
+    assert_true(at(lim, "k", SEC, 1, 0).allowed);
+    rate_limiter_free(lim);
+    drop_store(s);
+    freeReplyObject(cmd(c, "ACL DELUSER noeval nokeys fine"));
+    redisFree(c);
+}
+
+/* ---------------------------------------------- a deadline handed on */
+
+/* A fake server on a loopback port, enough of RESP for the store: it
+ * answers the connection's handshake, answers a command on "fake:{a}"
+ * 250 ms after it came, and never answers one on "fake:{b}" (nor anything
+ * after it on that connection). */
+typedef struct fake {
+    int lfd, port;
+    atomic_bool stop;
+    bool cluster;          /* says it is a one-node cluster */
+    atomic_int askings;    /* ASKING commands seen */
+} fake_t;
+
+typedef struct fake_arg {
+    fake_t *f;
+    int fd;
+} fake_arg_t;
+
+static bool read_command(FILE *in, char args[8][64], int *argc)
+{
+    char line[4096];
+    if (fgets(line, sizeof line, in) == NULL || line[0] != '*')
+        return false;
+    *argc = atoi(line + 1);
+    for (int i = 0; i < *argc; i++) {
+        if (fgets(line, sizeof line, in) == NULL || line[0] != '$')
+            return false;
+        long n = atol(line + 1);
+        char *buf = malloc((size_t)n + 2);
+        if (buf == NULL || fread(buf, 1, (size_t)n + 2, in) != (size_t)n + 2) {
+            free(buf);
+            return false;
+        }
+        if (i < 8)
+            snprintf(args[i], 64, "%.*s", (int)(n < 63 ? n : 63), buf);
+        free(buf);
+    }
+    return true;
+}
+
+static void *fake_conn(void *arg)
+{
+    fake_arg_t *fa = arg;
+    fake_t *f = fa->f;
+    int fd = fa->fd;
+    free(fa);
+    FILE *in = fdopen(fd, "r");
+    bool silent = false;
+    char a[8][64];
+    int argc;
+    while (in != NULL && read_command(in, a, &argc)) {
+        const char *rep = "+OK\r\n";
+        char buf[128];
+        bool has_key = argc > 3 && (strcasecmp(a[0], "EVALSHA") == 0 ||
+                                    strcasecmp(a[0], "EVAL") == 0);
+        if (strcasecmp(a[0], "CLUSTER") == 0 && f->cluster) {
+            snprintf(buf, sizeof buf,
+                     "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n"
+                     "127.0.0.1\r\n:%d\r\n", f->port);
+            rep = buf;
+        } else if (strcasecmp(a[0], "CLUSTER") == 0)
+            rep = "-ERR This instance has cluster support disabled\r\n";
+        else if (strcasecmp(a[0], "ASKING") == 0)
+            atomic_fetch_add(&f->askings, 1);
+        else if (strcasecmp(a[0], "SCRIPT") == 0) {
+            snprintf(buf, sizeof buf, "$40\r\n%040d\r\n", 7);
+            rep = buf;
+        } else if (strcasecmp(a[0], "HMGET") == 0)
+            rep = "*2\r\n$-1\r\n$-1\r\n";
+        else if (has_key && strcmp(a[3], "fake:{a}") == 0) {
+            usleep(250000);
+            rep = "-ERR a slow answer\r\n";
+        } else if (has_key && strcmp(a[3], "fake:{b}") == 0) {
+            silent = true;
+        } else if (has_key && strcmp(a[3], "fake:{moved}") == 0) {
+            snprintf(buf, sizeof buf, "-MOVED 3 127.0.0.1:%d\r\n", f->port);
+            rep = buf; /* to itself, for ever */
+        } else if (has_key && strcmp(a[3], "fake:{ask}") == 0) {
+            snprintf(buf, sizeof buf, "-ASK 3 127.0.0.1:%d\r\n", f->port);
+            rep = buf;
+        }
+        else if (has_key)
+            rep = ":1\r\n";
+        if (!silent && send(fd, rep, strlen(rep), MSG_NOSIGNAL) < 0)
+            break;
+    }
+    if (in != NULL)
+        fclose(in);
+    else
+        close(fd);
+    return NULL;
+}
+
+static void *fake_accept(void *arg)
+{
+    fake_t *f = arg;
+    while (!atomic_load(&f->stop)) {
+        int fd = accept(f->lfd, NULL, NULL);
+        if (fd < 0)
+            break;
+        pthread_t th;
+        fake_arg_t *fa = malloc(sizeof *fa);
+        assert_non_null(fa);
+        *fa = (fake_arg_t){f, fd};
+        pthread_create(&th, NULL, fake_conn, fa);
+        pthread_detach(th);
+    }
+    return NULL;
+}
+
+static pthread_t fake_start(fake_t *f)
+{
+    struct sockaddr_in sa = {0};
+    socklen_t sl = sizeof sa;
+    f->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(f->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(f->lfd, 8), 0);
+    assert_int_equal(getsockname(f->lfd, (struct sockaddr *)&sa, &sl), 0);
+    f->port = ntohs(sa.sin_port);
+    pthread_t acc;
+    pthread_create(&acc, NULL, fake_accept, f);
+    return acc;
+}
+
+static void fake_stop(fake_t *f, pthread_t acc)
+{
+    atomic_store(&f->stop, true);
+    shutdown(f->lfd, SHUT_RDWR);
+    close(f->lfd);
+    pthread_join(acc, NULL);
+}
+
+typedef struct timed {
+    rate_limiter_t *lim;
+    const char *key;
+    uint64_t start_after_ns, took_ns;
+} timed_t;
+
+static void *timed_call(void *arg)
+{
+    timed_t *t = arg;
+    rate_decision_t d;
+    usleep((useconds_t)(t->start_after_ns / 1000));
+    uint64_t t0 = rate_clock_monotonic_ns();
+    assert_int_equal(rate_limiter_check(t->lim, t->key, strlen(t->key), 1, 0,
+                                        &d),
+                     RATE_OK);
+    t->took_ns = rate_clock_monotonic_ns() - t0;
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    return NULL;
+}
+
+/* A sends; B sends 50 ms later on the same connection while A reads; A's
+ * reply comes at 250 ms and A hands the reading to B; B's never comes.
+ * B must still return by its own deadline (its start plus 300 ms), not
+ * 300 ms after it began to read. */
+static void a_deadline_survives_a_handover(void **state)
+{
+    (void)state;
+    fake_t f = {0};
+    pthread_t acc = fake_start(&f);
+
+    const uint64_t timeout = 300 * MS;
+    char u[64], err[256] = "";
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", f.port);
+    rate_redis_options_t o = {.prefix = "fake:", .pool_size = 1};
+    o.command_timeout_ns = timeout;
+    rate_store_t *rs = NULL;
+    if (rate_store_redis_new(u, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("the fake server: %s", err);
+    rate_limiter_t *lim = limiter_of("fixed-window 5/s", rs);
+    timed_t a = {lim, "a", 0, 0}, b = {lim, "b", 50 * MS, 0};
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, timed_call, &a);
+    pthread_create(&tb, NULL, timed_call, &b);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    print_message("A took %llu ms, B %llu ms (timeout %llu ms)\n",
+                  (unsigned long long)(a.took_ns / MS),
+                  (unsigned long long)(b.took_ns / MS),
+                  (unsigned long long)(timeout / MS));
+    /* Before the fix B took about 500 ms: a fresh timeout from 250 ms. */
+    if (b.took_ns > timeout + 100 * MS)
+        fail_msg("B waited %llu ms past its start, its timeout is %llu ms",
+                 (unsigned long long)(b.took_ns / MS),
+                 (unsigned long long)(timeout / MS));
+    assert_true(a.took_ns >= 240 * MS); /* A's answer came, late */
+    rate_limiter_free(lim);
+    rate_store_free(rs);
+    fake_stop(&f, acc);
+}
+
+/* A cluster that redirects for ever: MAX_REDIRECTS (5) followed, then a
+ * store error, quickly; ASK is followed with ASKING. */
+static void redirections_are_bounded(void **state)
+{
+    (void)state;
+    fake_t f = {0};
+    f.cluster = true;
+    pthread_t acc = fake_start(&f);
+    char u[64], err[256] = "";
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", f.port);
+    rate_redis_options_t o = {.prefix = "fake:"};
+    rate_store_t *rs = NULL;
+    if (rate_store_redis_new(u, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("the fake cluster: %s", err);
+    rate_redis_status_t st;
+    assert_int_equal(rate_store_redis_status(rs, &st), RATE_OK);
+    assert_true(st.cluster);
+    assert_int_equal(st.masters, 1);
+    rate_limiter_t *lim = limiter_of("fixed-window 5/s", rs);
+    static const char *keys[] = {"moved", "ask"};
+    for (int i = 0; i < 2; i++) {
+        uint64_t before = st.redirections, t0 = rate_clock_monotonic_ns();
+        int askings = atomic_load(&f.askings);
+        rate_decision_t d;
+        assert_int_equal(rate_limiter_check(lim, keys[i], strlen(keys[i]), 1,
+                                            0, &d),
+                         RATE_OK);
+        assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+        assert_int_equal(d.error, RATE_ESTORE);
+        assert_true(rate_clock_monotonic_ns() - t0 < 500 * MS);
+        assert_int_equal(rate_store_redis_status(rs, &st), RATE_OK);
+        assert_int_equal(st.redirections - before, 5);
+        assert_int_equal(atomic_load(&f.askings) - askings, i == 1 ? 5 : 0);
+    }
+    rate_limiter_free(lim);
+    rate_store_free(rs);
+    fake_stop(&f, acc);
+}
+
+/* -------------------------------------------------------- Redis stopped */
+
+#define THREADS 16
+
+typedef struct caller {
+    rate_limiter_t *lim;
+    int i;
+    atomic_int *phase; /* 0 before, 1 stopped, 2 continued, 3 end */
+    uint64_t bound_ns;
+    unsigned late;       /* calls past their bound */
+    unsigned slow_stopped; /* calls of phase 1 that waited (not at once) */
+    unsigned answered_after, errors_stopped, allowed_stopped;
+} caller_t;
+
+static void *caller_run(void *arg)
+{
+    caller_t *s = arg;
+    char key[16];
+    snprintf(key, sizeof key, "stop%d", s->i);
+    int ph;
+    while ((ph = atomic_load(s->phase)) != 3) {
+        rate_decision_t d;
+        uint64_t t0 = rate_clock_monotonic_ns();
+        assert_int_equal(rate_limiter_check(s->lim, key, strlen(key), 1, 0,
+                                            &d),
+                         RATE_OK);
+        uint64_t took = rate_clock_monotonic_ns() - t0;
+        s->late += took > s->bound_ns;
+        bool err = d.reason == RATE_REASON_STORE_ERROR;
+        if (ph == 1 && atomic_load(s->phase) == 1) {
+            s->errors_stopped += err;
+            s->allowed_stopped += err && d.allowed;
+            s->slow_stopped += took > 100 * MS; /* half the timeout */
+        }
+        if (err)
+            usleep(1000); /* a server's caller does not spin on errors */
+        if (ph == 2 && !err)
+            s->answered_after++;
+    }
+    return NULL;
+}
+
+static void stopped_redis_costs_a_bounded_wait(void **state)
+{
+    (void)state;
+    const uint64_t timeout = 200 * MS;
+    rate_redis_options_t o = {.prefix = "stop:", .no_ttl = true};
+    o.command_timeout_ns = timeout;
+    o.connect_timeout_ns = 1000 * MS; /* inside the command's bound */
+    o.breaker_cooldown_ns = 300 * MS;
+    rate_store_t *rs = NULL;
+    char err[256];
+    if (rate_store_redis_new(url, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("%s", err);
+    rate_limiter_config_t cfg = {0};
+    cfg.store = rs;
+    rate_limiter_t *lim = limiter_cfg("token-bucket 1000000/s burst=1000", cfg);
+    atomic_int phase = 0;
+    pthread_t th[THREADS];
+    caller_t s[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        /* The stated bound, with slack for a loaded 2-core machine. */
+        s[i] = (caller_t){lim, i, &phase, timeout + 150 * MS, 0, 0, 0, 0, 0};
+        pthread_create(&th[i], NULL, caller_run, &s[i]);
+    }
+    usleep(300000);
+    kill(server, SIGSTOP);
+    atomic_store(&phase, 1);
+    usleep(1500000);
+    atomic_store(&phase, 2);
+    kill(server, SIGCONT);
+    usleep(1500000);
+    atomic_store(&phase, 3);
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(th[i], NULL);
+    unsigned late = 0, slow = 0, errors = 0, allowed = 0;
+    for (int i = 0; i < THREADS; i++) {
+        late += s[i].late;
+        slow += s[i].slow_stopped;
+        errors += s[i].errors_stopped;
+        allowed += s[i].allowed_stopped;
+        if (s[i].answered_after == 0)
+            fail_msg("caller %d got no answer after SIGCONT", i);
+    }
+    rate_redis_status_t st;
+    assert_int_equal(rate_store_redis_status(rs, &st), RATE_OK);
+    print_message("stopped 1.5 s: %u errors, %u waited, %u late; breaker "
+                  "opened %llu times, %llu calls failed at once\n",
+                  errors, slow, late, (unsigned long long)st.breaker_opened,
+                  (unsigned long long)st.breaker_rejected);
+    assert_int_equal(late, 0);
+    assert_true(errors > 0);
+    assert_int_equal(allowed, 0); /* fail closed */
+    assert_true(st.breaker_opened >= 1);
+    assert_true(st.breaker_rejected > 0);
+    /* Without the breaker every caller waits out each timeout: about
+     * 16 * 1.5 s / 200 ms = 120 waits; with it, the first timeouts and one
+     * probe per cool-down (300 ms) at most. */
+    if (slow > 3 * THREADS)
+        fail_msg("%u calls waited while Redis was stopped", slow);
+    assert_int_equal(st.breakers_open, 0);
+    rate_limiter_free(lim);
+    drop_store(rs);
+}
+
+/* The breaker off: the same bound on every call. */
+static void stopped_redis_without_breaker(void **state)
+{
+    (void)state;
+    const uint64_t timeout = 150 * MS;
+    rate_redis_options_t o = {.prefix = "stop2:", .no_ttl = true};
+    o.command_timeout_ns = timeout;
+    o.no_breaker = true;
+    rate_store_t *rs = NULL;
+    char err[256];
+    if (rate_store_redis_new(url, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("%s", err);
+    rate_limiter_config_t cfg = {0};
+    cfg.store = rs;
+    cfg.on_store_error = RATE_FAIL_OPEN;
+    rate_limiter_t *lim = limiter_cfg("token-bucket 1000000/s burst=1000", cfg);
+    atomic_int phase = 0;
+    pthread_t th[THREADS];
+    caller_t s[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        s[i] = (caller_t){lim, i, &phase, timeout + 150 * MS, 0, 0, 0, 0, 0};
+        pthread_create(&th[i], NULL, caller_run, &s[i]);
+    }
+    usleep(200000);
+    kill(server, SIGSTOP);
+    atomic_store(&phase, 1);
+    usleep(1000000);
+    atomic_store(&phase, 2);
+    kill(server, SIGCONT);
+    usleep(1200000);
+    atomic_store(&phase, 3);
+    unsigned late = 0, errors = 0, allowed = 0;
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(th[i], NULL);
+        late += s[i].late;
+        errors += s[i].errors_stopped;
+        allowed += s[i].allowed_stopped;
+        if (s[i].answered_after == 0)
+            fail_msg("caller %d got no answer after SIGCONT", i);
+    }
+    rate_redis_status_t st;
+    assert_int_equal(rate_store_redis_status(rs, &st), RATE_OK);
+    assert_int_equal(st.breaker_opened, 0);
+    assert_int_equal(late, 0);
+    assert_true(errors > 0);
+    assert_int_equal(allowed, errors); /* fail open */
+    rate_limiter_free(lim);
+    drop_store(rs);
+}
+
+/* --------------------------------------------------------- lazy connect */
+
+static rate_decision_t wait_answer(rate_limiter_t *lim, const char *key,
+                                   uint64_t within_ns)
+{
+    rate_decision_t d;
+    uint64_t until = rate_clock_monotonic_ns() + within_ns;
+    do {
+        usleep(20000);
+        assert_int_equal(rate_limiter_check(lim, key, strlen(key), 1, 0, &d),
+                         RATE_OK);
+    } while (d.reason == RATE_REASON_STORE_ERROR &&
+             rate_clock_monotonic_ns() < until);
+    return d;
+}
+
+static void lazy_connect_rides_out_redis_down(void **state)
+{
+    (void)state;
+    stop_server();
+    rate_redis_options_t o = {.prefix = "lazy:", .no_ttl = true};
+    o.command_timeout_ns = 200 * MS;
+    o.connect_timeout_ns = 200 * MS;
+    o.breaker_cooldown_ns = 200 * MS;
+    rate_store_t *rs = NULL;
+    char err[256] = "", last[256] = "";
+    /* The default stays strict. */
+    assert_int_equal(rate_store_redis_new(url, &o, &rs, err, sizeof err),
+                     RATE_ESTORE);
+    assert_non_null(strstr(err, "cannot connect"));
+    o.lazy_connect = true;
+    /* A malformed URL is still refused. */
+    assert_int_equal(rate_store_redis_new("redis://h:99999", &o, &rs, err,
+                                          sizeof err),
+                     RATE_EINVAL);
+    assert_int_equal(rate_store_redis_new(url, &o, &rs, err, sizeof err),
+                     RATE_OK);
+    rate_redis_status_t st;
+    assert_int_equal(rate_store_redis_status(rs, &st), RATE_OK);
+    assert_false(st.ready);
+    assert_int_equal(rate_store_redis_last_error(rs, last, sizeof last),
+                     RATE_OK);
+    if (strstr(last, "cannot connect") == NULL)
+        fail_msg("last error: '%s'", last);
+    rate_limiter_config_t cfg = {0};
+    cfg.store = rs;
+    cfg.on_store_error = RATE_FAIL_OPEN;
+    rate_limiter_t *lim = limiter_cfg("fixed-window 2/h", cfg);
+    for (int i = 0; i < 5; i++) {
+        uint64_t t0 = rate_clock_monotonic_ns();
+        rate_decision_t d;
+        assert_int_equal(rate_limiter_check(lim, "k", 1, 1, 0, &d), RATE_OK);
+        assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+        assert_true(d.allowed); /* the fail mode */
+        assert_true(rate_clock_monotonic_ns() - t0 < 200 * MS + 150 * MS);
+    }
+    /* Started on that port: decisions resume by themselves. */
+    start_server(NULL, NULL);
+    rate_decision_t d = wait_answer(lim, "k", 5 * SEC);
+    assert_int_not_equal(d.reason, RATE_REASON_STORE_ERROR);
+    assert_true(d.allowed);
+    d = wait_answer(lim, "k", SEC);
+    d = wait_answer(lim, "k", SEC);
+    assert_false(d.allowed); /* 2/h: the store's count */
+    assert_int_equal(rate_store_redis_status(rs, &st), RATE_OK);
+    assert_true(st.ready);
+    assert_false(st.cluster);
+    assert_int_equal(rate_store_redis_last_error(rs, last, sizeof last),
+                     RATE_OK);
+    assert_string_equal(last, "");
+    /* Killed: the fail mode, and the error said; restarted on the same
+     * port: decisions resume. */
+    stop_server();
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(rate_limiter_check(lim, "k", 1, 1, 0, &d), RATE_OK);
+        assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+        assert_true(d.allowed);
+    }
+    assert_int_equal(rate_store_redis_last_error(rs, last, sizeof last),
+                     RATE_OK);
+    if (strstr(last, "cannot connect") == NULL)
+        fail_msg("last error after the kill: '%s'", last);
+    start_server(NULL, NULL);
+    d = wait_answer(lim, "k", 5 * SEC);
+    assert_int_not_equal(d.reason, RATE_REASON_STORE_ERROR);
+    assert_true(d.allowed); /* a new, empty server */
+    assert_int_equal(rate_store_redis_last_error(NULL, last, sizeof last),
+                     RATE_EINVAL);
+    assert_int_equal(rate_store_redis_status(NULL, &st), RATE_EINVAL);
+    rate_limiter_free(lim);
+    drop_store(rs);
+}
+
+/* 16 callers on a lazy store while Redis is down at the start, then
+ * started on that port, then killed and restarted: no call past its bound,
+ * the fail mode (open) while it is down, everyone answered after. */
+static void lazy_connect_under_many_callers(void **state)
+{
+    (void)state;
+    stop_server();
+    const uint64_t timeout = 200 * MS;
+    rate_redis_options_t o = {.prefix = "lazy16:", .no_ttl = true};
+    o.command_timeout_ns = timeout;
+    o.connect_timeout_ns = timeout;
+    o.breaker_cooldown_ns = 200 * MS;
+    o.lazy_connect = true;
+    rate_store_t *rs = NULL;
+    char err[256] = "";
+    assert_int_equal(rate_store_redis_new(url, &o, &rs, err, sizeof err),
+                     RATE_OK);
+    rate_limiter_config_t cfg = {0};
+    cfg.store = rs;
+    cfg.on_store_error = RATE_FAIL_OPEN;
+    rate_limiter_t *lim = limiter_cfg("token-bucket 1000000/s burst=1000", cfg);
+    for (int round = 0; round < 2; round++) {
+        atomic_int phase = 1; /* down */
+        pthread_t th[THREADS];
+        caller_t s[THREADS];
+        for (int i = 0; i < THREADS; i++) {
+            s[i] = (caller_t){lim, i, &phase, timeout + 150 * MS, 0, 0, 0, 0,
+                              0};
+            pthread_create(&th[i], NULL, caller_run, &s[i]);
+        }
+        usleep(500000);
+        start_server(NULL, NULL);
+        atomic_store(&phase, 2);
+        usleep(1500000); /* past a cool-down and the longest backoff */
+        atomic_store(&phase, 3);
+        unsigned late = 0, errors = 0, allowed = 0;
+        for (int i = 0; i < THREADS; i++) {
+            pthread_join(th[i], NULL);
+            late += s[i].late;
+            errors += s[i].errors_stopped;
+            allowed += s[i].allowed_stopped;
+            if (s[i].answered_after == 0)
+                fail_msg("round %d: caller %d got no answer once Redis was "
+                         "up", round, i);
+        }
+        assert_int_equal(late, 0);
+        assert_true(errors > 0);
+        assert_int_equal(allowed, errors); /* fail open */
+        stop_server(); /* the second round: killed, restarted, same port */
+    }
+    start_server(NULL, NULL);
+    rate_limiter_free(lim);
+    drop_store(rs);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(drop_deletes_its_own_names_only),
+        cmocka_unit_test(every_key_its_own_tag),
+        cmocka_unit_test(acl_refusals_are_told),
+        cmocka_unit_test(a_deadline_survives_a_handover),
+        cmocka_unit_test(redirections_are_bounded),
+        cmocka_unit_test(stopped_redis_costs_a_bounded_wait),
+        cmocka_unit_test(stopped_redis_without_breaker),
+        cmocka_unit_test(lazy_connect_rides_out_redis_down),
+        cmocka_unit_test(lazy_connect_under_many_callers),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
