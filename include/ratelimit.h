@@ -159,6 +159,7 @@ RATE_API int rate_policy_new(const rate_limit_t *limits, size_t count,
 
 /* Parses the policy text form (docs/policy.md), for example
  *   "token-bucket 10/s burst=20"
+ *   "name=free token-bucket 10/s burst=20"   (a named policy)
  *   "leaky-bucket 5/s capacity=10"
  *   "sliding-window 100/1m"
  *   "token-bucket 10/s burst=10; sliding-log 1000/1h"
@@ -168,7 +169,8 @@ RATE_API int rate_policy_parse(const char *text, rate_policy_t **out,
                                char *err, size_t errlen);
 
 /* Writes the policy's canonical text (parsable again) into buf, truncating
- * to len bytes with the NUL; returns the length it needed.  Thread-safe: yes. */
+ * to len bytes with the NUL; returns the length it needed.  A named
+ * policy's text starts with "name=NAME ".  Thread-safe: yes. */
 RATE_API size_t rate_policy_format(const rate_policy_t *policy, char *buf,
                                    size_t len);
 
@@ -177,6 +179,28 @@ RATE_API size_t rate_policy_format(const rate_policy_t *policy, char *buf,
  * policy's id from it (docs/algorithms.md, "Stored state").
  * Thread-safe: yes. */
 RATE_API uint32_t rate_policy_fingerprint(const rate_policy_t *policy);
+
+/* Longest policy name, bytes. */
+#define RATE_POLICY_NAME_MAX 64
+
+/* Names the policy: 1..RATE_POLICY_NAME_MAX bytes of letters, digits, '.',
+ * '_' and '-' (so that it is an HTTP structured-field string and a
+ * Prometheus label value as it is), or NULL or "" for no name.  The name
+ * is what the RateLimit-Policy field (rate_headers_format) and a
+ * listener (rate_event_t) call the policy; it is no part of its
+ * identity: two policies with the same limits and other names share each
+ * key's state, and renaming a policy resets no key.  Copied.  Returns
+ * RATE_OK, or RATE_EINVAL for a NULL policy or a bad name, with, if `err`
+ * is not NULL, a one-line reason (at most errlen bytes with the NUL).
+ * Name a policy before any limiter or other thread uses it (it is then
+ * immutable); limiters copy the name with the policy.
+ * Thread-safe: no (on the same policy). */
+RATE_API int rate_policy_set_name(rate_policy_t *policy, const char *name,
+                                  char *err, size_t errlen);
+
+/* The policy's name, "" when it has none (and for NULL).  Borrowed: lives
+ * as long as the policy.  Thread-safe: yes. */
+RATE_API const char *rate_policy_name(const rate_policy_t *policy);
 
 /* The `unlimited` policy (the text "unlimited"; an enterprise tier): every
  * request is allowed, nothing is written to any store (not even the
@@ -405,6 +429,31 @@ typedef struct rate_clock {
 typedef const rate_policy_t *(*rate_resolve_fn)(void *ud, const char *key,
                                                 size_t key_len);
 
+/* What a listener hears of one decision (rate_limiter_config_t.listener):
+ * every decision of the limiter, the bool calls' included, once the fail
+ * mode and shadow mode have had their say.  Everything is borrowed for the
+ * call only. */
+typedef struct rate_event {
+    const char *key;              /* key[0..key_len), not NUL-terminated */
+    size_t key_len;
+    const rate_policy_t *policy;  /* the policy that decided (the key's) */
+    const char *policy_name;      /* rate_policy_name(policy): "" unnamed */
+    bool allowed;                 /* what the caller was told */
+    bool shadow;                  /* a shadow limiter let a denial through */
+    rate_reason_t reason;         /* as the decision's; a bool call denied
+                                     in the store's acquire() (the fast
+                                     path) reads RATE_REASON_LIMITED */
+    int error;                    /* with RATE_REASON_STORE_ERROR: the
+                                     store's code; else 0 */
+    const rate_decision_t *decision; /* the full record, or NULL for a
+                                        bool call's fast path */
+} rate_event_t;
+
+/* Called on the deciding thread, after the decision and before the call
+ * returns it: it must be thread-safe, quick, and must not call the same
+ * limiter.  Unset (NULL), the limiter does nothing for it. */
+typedef void (*rate_listen_fn)(void *ud, const rate_event_t *event);
+
 /* What a decision does when the store fails (it then has reason
  * RATE_REASON_STORE_ERROR and the store's code in `error`). */
 typedef enum rate_fail_mode {
@@ -434,6 +483,10 @@ typedef struct rate_limiter_config {
      * still reset a key whose state another policy wrote, as in 0.1
      * (docs/algorithms.md, "Policy changes"). */
     bool first_edition_format;
+    /* Optional: hears every decision (rate_event_t), for metrics and logs.
+     * One indirect call a decision when set; nothing when NULL. */
+    rate_listen_fn listener;
+    void *listener_ud;
 } rate_limiter_config_t;
 
 /* Makes a limiter.  A store passed in is borrowed: free it after the

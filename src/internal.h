@@ -55,7 +55,32 @@ struct rate_policy {
      * one limit of a fixed size (what rate_state_acquire runs), else NULL. */
     int (*plain)(const rate_acquire_t *req, uint64_t n, uint64_t now,
                  uint8_t *st, size_t len, uint64_t *ttl_ns);
+    /* The policy's name ("" none): metadata for headers and metrics, not
+     * part of the fingerprint or of the store's record (a rename never
+     * moves a key to another policy).  Last, so that the fields the
+     * decision reads share their cache lines as before. */
+    char name[RATE_POLICY_NAME_MAX + 1];
 };
+
+/* The policy's canonical text without its name: what a store's record of
+ * the policy holds (src/registry.c).  As rate_policy_format otherwise. */
+size_t rate__policy_format_limits(const rate_policy_t *p, char *buf,
+                                  size_t len);
+
+/* The limiter's calls under a policy the caller gives (the rules',
+ * src/rules.c), as rate_limiter_check_at and rate_limiter_refund_at;
+ * clock_time: now_ns is the limiter's clock (rate__limiter_now), which a
+ * store with its own clock may replace. */
+uint64_t rate__limiter_now(rate_limiter_t *lim);
+int rate__limiter_decide_policy(rate_limiter_t *lim, const rate_policy_t *p,
+                                const char *key, size_t key_len,
+                                uint64_t permits, uint64_t max_wait_ns,
+                                uint64_t now_ns, bool clock_time,
+                                rate_decision_t *out);
+int rate__limiter_refund_policy(rate_limiter_t *lim, const rate_policy_t *p,
+                                const char *key, size_t key_len,
+                                uint64_t permits, uint64_t now_ns,
+                                bool clock_time);
 
 /* ------------------------------------------------------------ algorithms */
 
