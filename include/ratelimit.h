@@ -314,6 +314,52 @@ typedef struct rate_decision {
 /* Short text for a reason: "allowed", "limited", "never", "store-error". */
 RATE_API const char *rate_reason_name(rate_reason_t reason);
 
+/* ----------------------------------------------------- HTTP header fields */
+
+/* The fields an HTTP server sends for one decision (or one request under
+ * the rules, rate_outcome_headers): the RateLimit-Policy and RateLimit
+ * fields of draft-ietf-httpapi-ratelimit-headers (structured-field lists,
+ * RFC 9651; whole seconds) and Retry-After (delay-seconds, RFC 9110).
+ * An empty string: send no such field.  See docs/api-server.md for the
+ * mapping, case by case. */
+#define RATE_HEADER_LEN 1024
+typedef struct rate_headers {
+    int status;  /* 0: serve the request (after the decision's delay_ns);
+                    429: denied by a limit; 503: the store failed and the
+                    limiter denied (fail-closed) */
+    char policy[RATE_HEADER_LEN];    /* RateLimit-Policy:
+                                        "NAME";q=QUOTA;w=WINDOW */
+    char ratelimit[RATE_HEADER_LEN]; /* RateLimit: "NAME";r=REMAINING;t=RESET */
+    char retry_after[24];            /* Retry-After: seconds, rounded up,
+                                        at least 1 */
+} rate_headers_t;
+
+/* Formats the fields for decision `d`, made under `policy` (the key's:
+ * the limiter's default, or what its resolver returned).  The item's name
+ * is the policy's name ("default" when it has none); the limit described
+ * is the one the decision names (d->component: the one that denied or
+ * constrains most, for a composite):
+ *   token bucket  q = burst B, w = B*P/L rounded up (the time to refill
+ *                 it from empty); leaky bucket q = capacity C,
+ *                 w = C*P/L rounded up; windows q = L, w = W rounded up;
+ *   r = d->remaining (at most q), t = d->reset_after_ns rounded up (until
+ *   the key is back to a full quota).
+ * Cases: allowed (a reservation too): status 0 and both fields; limited:
+ * 429, both fields, Retry-After = retry_after_ns rounded up to whole
+ * seconds, at least 1, so never earlier than a retry can pass; a request
+ * that can never pass (RATE_REASON_NEVER): 429 and both fields, no
+ * Retry-After (no wait helps; a server whose permits measure a request's
+ * size may answer 413 instead); the unlimited policy: status 0, no field;
+ * shadow mode (d->shadow): status 0, no field (the limit is not enforced:
+ * r=0 would be false); a store error under fail-open: status 0, no field;
+ * under fail-closed: 503, no field (no Retry-After: 0, which would send
+ * every client straight back); under the fallback: the fallback's
+ * decision, as above.  Returns RATE_OK, or RATE_EINVAL for a NULL policy,
+ * decision or out.  Thread-safe: yes. */
+RATE_API int rate_headers_format(const rate_policy_t *policy,
+                                 const rate_decision_t *d,
+                                 rate_headers_t *out);
+
 /* --------------------------------------------------------------- stores */
 
 /* A store keeps the state of every key.  Opaque; see ratelimit_store.h to

@@ -82,6 +82,19 @@ int rate__limiter_refund_policy(rate_limiter_t *lim, const rate_policy_t *p,
                                 uint64_t permits, uint64_t now_ns,
                                 bool clock_time);
 
+/* One item of the RateLimit fields (src/headers.c): a policy's name, the
+ * limit its decision names (NULL: none to describe), the decision, and
+ * permits given back after it (a rules request another policy denied). */
+typedef struct rate__hitem {
+    const char *name;
+    bool unlimited;
+    const rate_limit_t *limit;
+    const rate_decision_t *d;
+    uint64_t room;
+} rate__hitem_t;
+int rate__headers_items(const rate__hitem_t *items, size_t n,
+                        rate_headers_t *out);
+
 /* ------------------------------------------------------------ algorithms */
 
 /* One limit's state as seen at t_eff, after refill, drain, window roll or

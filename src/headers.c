@@ -1,0 +1,167 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The HTTP fields of a decision: RateLimit-Policy and RateLimit of
+ * draft-ietf-httpapi-ratelimit-headers, and Retry-After.
+ *
+ * Both RateLimit fields are structured-field lists (RFC 9651) of items
+ * whose value is the policy's name as a string and whose parameters are
+ * integers: q and w (the quota and its window, in seconds) in
+ * RateLimit-Policy, r and t (what remains, and the seconds until the quota
+ * is whole again) in RateLimit.  A request decided under several policies
+ * (the rules, src/rules.c) gets one item per policy in each field.  The
+ * mapping from each algorithm to q and w, and the answer in each case
+ * (denied, never, store errors, shadow, unlimited), are in ratelimit.h
+ * (rate_headers_format) and docs/api-server.md.
+ *
+ * Every figure is rounded up where a client waits on it (w, t and
+ * Retry-After), so that a client that believes it is never early, and
+ * capped at the largest integer a structured field holds (15 digits).
+ */
+#include <stdio.h>
+
+#include "internal.h"
+
+#define SF_INT_MAX UINT64_C(999999999999999) /* RFC 9651 sf-integer */
+
+static uint64_t sf_int(uint64_t v)
+{
+    return v > SF_INT_MAX ? SF_INT_MAX : v;
+}
+
+/* ns as whole seconds, rounded up. */
+static uint64_t ceil_s(rate_u128_t ns)
+{
+    rate_u128_t s = (ns + RATE_NS_PER_S - 1) / RATE_NS_PER_S;
+
+    return s > SF_INT_MAX ? SF_INT_MAX : (uint64_t)s;
+}
+
+/* The quota q and window w (seconds, at least 1) of one limit. */
+static void quota_of(const rate_limit_t *l, uint64_t *q, uint64_t *w)
+{
+    rate_u128_t span;
+
+    if (l->algorithm == RATE_TOKEN_BUCKET || l->algorithm == RATE_LEAKY_BUCKET) {
+        /* A bucket of B refills (drains) L per P: empty to full in B*P/L. */
+        *q = l->burst;
+        span = ((rate_u128_t)l->burst * l->period_ns + l->limit - 1) / l->limit;
+    } else {
+        *q = l->limit;
+        span = l->period_ns;
+    }
+    *q = sf_int(*q);
+    *w = ceil_s(span);
+    if (*w == 0)
+        *w = 1;
+}
+
+/* Appends text to a field, with ", " between items; false when it does
+ * not fit. */
+static bool append(char *field, size_t *used, const char *text)
+{
+    int n = snprintf(field + *used, RATE_HEADER_LEN - *used, "%s%s",
+                     *used ? ", " : "", text);
+    if (n < 0 || (size_t)n >= RATE_HEADER_LEN - *used)
+        return false;
+    *used += (size_t)n;
+    return true;
+}
+
+/* The name as an sf-string: quoted, '"' and '\' escaped. */
+static void sf_string(const char *name, char *buf, size_t len)
+{
+    size_t o = 0;
+
+    if (name == NULL || name[0] == '\0')
+        name = "default";
+    buf[o++] = '"';
+    for (; *name != '\0' && o + 3 < len; name++) {
+        if (*name == '"' || *name == '\\')
+            buf[o++] = '\\';
+        buf[o++] = *name;
+    }
+    buf[o++] = '"';
+    buf[o] = '\0';
+}
+
+int rate__headers_items(const rate__hitem_t *items, size_t n,
+                        rate_headers_t *out)
+{
+    size_t pused = 0, rused = 0;
+    bool limited = false, never = false, failed = false;
+    uint64_t retry_ns = 0;
+
+    if (out == NULL)
+        return RATE_EINVAL;
+    memset(out, 0, sizeof *out);
+    for (size_t i = 0; i < n; i++) {
+        const rate_decision_t *d = items[i].d;
+        const rate_limit_t *l = items[i].limit;
+        if (d == NULL)
+            return RATE_EINVAL;
+        bool no_info = items[i].unlimited || d->limit == RATE_NO_LIMIT ||
+                       d->shadow || l == NULL ||
+                       (d->reason == RATE_REASON_STORE_ERROR &&
+                        d->component < 0);
+        if (!d->allowed) {
+            if (d->reason == RATE_REASON_STORE_ERROR && d->component < 0)
+                failed = true; /* fail-closed: nothing is known */
+            else if (d->reason == RATE_REASON_NEVER ||
+                     d->retry_after_ns == RATE_NEVER)
+                never = true;
+            else {
+                limited = true;
+                if (d->retry_after_ns > retry_ns)
+                    retry_ns = d->retry_after_ns;
+            }
+        }
+        if (no_info)
+            continue;
+        uint64_t q, w;
+        char name[2 * RATE_POLICY_NAME_MAX + 8], item[256];
+        quota_of(l, &q, &w);
+        sf_string(items[i].name, name, sizeof name);
+        snprintf(item, sizeof item, "%s;q=%llu;w=%llu", name,
+                 (unsigned long long)q, (unsigned long long)w);
+        if (!append(out->policy, &pused, item))
+            return RATE_ERANGE;
+        uint64_t r = d->remaining;
+        if (items[i].room > 0) /* admitted, then given back */
+            r = r > UINT64_MAX - items[i].room ? UINT64_MAX : r + items[i].room;
+        if (r > q)
+            r = q;
+        snprintf(item, sizeof item, "%s;r=%llu;t=%llu", name,
+                 (unsigned long long)r,
+                 (unsigned long long)ceil_s(d->reset_after_ns));
+        if (!append(out->ratelimit, &rused, item))
+            return RATE_ERANGE;
+    }
+    if (limited || never) {
+        out->status = 429;
+        if (!never) { /* a retry passes no earlier than every limit allows */
+            uint64_t s = ceil_s(retry_ns);
+            snprintf(out->retry_after, sizeof out->retry_after, "%llu",
+                     (unsigned long long)(s < 1 ? 1 : s));
+        }
+    } else if (failed) {
+        out->status = 503;
+    }
+    return RATE_OK;
+}
+
+int rate_headers_format(const rate_policy_t *policy, const rate_decision_t *d,
+                        rate_headers_t *out)
+{
+    if (out != NULL)
+        memset(out, 0, sizeof *out);
+    if (policy == NULL || d == NULL || out == NULL)
+        return RATE_EINVAL;
+    const rate_limit_t *l = NULL;
+    if (!policy->unlimited && policy->count > 0)
+        l = &policy->limits[d->component >= 0 &&
+                                    (size_t)d->component < policy->count
+                                ? d->component
+                                : 0];
+    rate__hitem_t item = {policy->name, policy->unlimited, l, d, 0};
+    return rate__headers_items(&item, 1, out);
+}
