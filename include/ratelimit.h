@@ -698,6 +698,130 @@ RATE_API int rate_limiter_set_policy(rate_limiter_t *limiter,
 RATE_API int rate_limiter_set_low_water(rate_limiter_t *limiter,
                                         uint64_t t_ns);
 
+/* ---------------------------------------------------------------- rules */
+
+/* Rules from a file (docs/api-server.md): which named policies a request
+ * gets, from attributes the server passes beside the key (an API key's
+ * tier, the route, the client address: any strings), and what key each is
+ * charged under.  The file is INI:
+ *
+ *   [policies]
+ *   free = token-bucket 10/s burst=20
+ *   pro = token-bucket 100/s burst=200
+ *   enterprise = unlimited
+ *   search = sliding-window 50/s
+ *
+ *   [rule pro]              ; rules are tried in order, in groups
+ *   group = tier
+ *   match = tier=pro        ; ATTR=VALUE ..., all on a line; more lines: any
+ *   policy = pro
+ *   [rule free]             ; no match: every request (the group's default)
+ *   group = tier
+ *   policy = free
+ *   [rule search]
+ *   group = route
+ *   match = route=/search*  ; VALUE* matches a prefix
+ *   policy = search
+ *   key = route             ; one key for the route ("@search:/search")
+ *
+ * In each group the first rule that matches applies; a request gets the
+ * policies of every group's match (at most RATE_RULES_MAX_APPLY), or, when
+ * no rule matches, the limiter's default policy.  It passes only if every
+ * one allows it; when one denies, what the others admitted is refunded
+ * (rate_limiter_refund), so a denial charges nothing.  A refund is not
+ * atomic with the decisions: a concurrent request on the same key may see
+ * the permit spent for that moment. */
+#define RATE_RULES_MAX_APPLY 4
+
+typedef struct rate_rules rate_rules_t;
+
+/* A request's attribute: both NUL-terminated, borrowed for the call. */
+typedef struct rate_attr {
+    const char *name;
+    const char *value;
+} rate_attr_t;
+
+/* One policy's part of a request's outcome.  A plain value: copies, so an
+ * outcome outlives any reload of the rules. */
+typedef struct rate_applied {
+    char policy_name[RATE_POLICY_NAME_MAX + 1];
+    bool unlimited;
+    rate_limit_t limit;        /* the limit the decision names (a copy);
+                                  zero for the unlimited policy */
+    uint64_t permits;
+    bool refunded;             /* admitted, then given back: another
+                                  policy denied the request */
+    rate_decision_t decision;
+} rate_applied_t;
+
+typedef struct rate_outcome {
+    bool allowed;        /* every policy allowed the request */
+    int denied_by;       /* the first applied policy that denied, or -1 */
+    uint64_t delay_ns;   /* allowed: the longest wait of a reservation */
+    uint64_t generation; /* the rules that decided (rate_rules_generation) */
+    size_t count;
+    rate_applied_t applied[RATE_RULES_MAX_APPLY];
+} rate_outcome_t;
+
+/* Reads a rules file into *out.  Errors, each with a one-line message in
+ * err (at most errlen bytes with the NUL) naming the file, the line and
+ * what is wrong ("rules.conf:7: policy 'gold' is not defined ..."):
+ * RATE_EINVAL for a NULL argument or a file that cannot be read,
+ * RATE_EPOLICY for anything wrong in it (a policy's text, an unknown
+ * section or setting, a rule that can never apply, a line longer than
+ * libinih reads), RATE_ENOMEM.  Free with rate_rules_free.
+ * Thread-safe: yes. */
+RATE_API int rate_rules_load(const char *path, rate_rules_t **out,
+                             char *err, size_t errlen);
+
+/* Reads the file again (path NULL: the one it was loaded from; else this
+ * one, which later reloads then read) and, only if all of it is good,
+ * makes it the rules of every later decision, atomically: a decision sees
+ * the old rules or the new, never a mix; decisions running keep theirs.
+ * A bad file changes nothing (errors as for rate_rules_load).  Old rules
+ * are freed once no decision can use them: what is kept does not grow
+ * with the number of reloads (at most one old set per thread that is
+ * deciding at that moment).  Each key's state carries over to the new
+ * policies (docs/algorithms.md, "Policy changes").  Reloads are
+ * serialised; decisions take no lock.  Thread-safe: yes, alongside
+ * rate_rules_check. */
+RATE_API int rate_rules_reload(rate_rules_t *rules, const char *path,
+                               char *err, size_t errlen);
+
+/* The number of the rules in use: 1 after rate_rules_load, one more after
+ * each successful reload; 0 for NULL.  Thread-safe: yes. */
+RATE_API uint64_t rate_rules_generation(const rate_rules_t *rules);
+
+/* Frees the rules; no call may be using them.  NULL: nothing. */
+RATE_API void rate_rules_free(rate_rules_t *rules);
+
+/* Decides a request on `limiter` under the rules: the key (the user's, an
+ * API key, an address; 1..RATE_KEY_MAX bytes) and its attributes pick the
+ * policies, each is decided at one time read once (its reservation up to
+ * max_wait_ns), and *out says what each decided.  The limiter's store,
+ * fail mode, shadow mode and listener apply to each decision (the
+ * listener hears each, a refunded one too).  Returns RATE_OK with *out
+ * filled, or: RATE_EINVAL (NULL rules, limiter or out, NULL attrs with
+ * nattrs > 0), RATE_EKEY (a bad key, or a rule's key made from
+ * attributes longer than RATE_KEY_MAX), RATE_ERANGE (permits or max_wait
+ * above RATE_TIME_MAX), RATE_ENOMEM (a thread's first call); then nothing
+ * is charged.  Thread-safe: yes; no lock (the thread's first call on these
+ * rules takes one, once). */
+RATE_API int rate_rules_check(rate_rules_t *rules, rate_limiter_t *limiter,
+                              const char *key, size_t key_len,
+                              const rate_attr_t *attrs, size_t nattrs,
+                              uint64_t permits, uint64_t max_wait_ns,
+                              rate_outcome_t *out);
+
+/* The HTTP fields for an outcome, as rate_headers_format for one
+ * decision, with one item per policy applied in each RateLimit field
+ * (a refunded policy's r counts its permits back), status 429 if any
+ * denied (503 if the only denials are fail-closed store errors), and
+ * Retry-After the longest wait of the denials (none if one can never
+ * pass).  RATE_EINVAL for NULL.  Thread-safe: yes. */
+RATE_API int rate_outcome_headers(const rate_outcome_t *outcome,
+                                  rate_headers_t *out);
+
 /* Reads CLOCK_MONOTONIC in ns.  Thread-safe: yes. */
 RATE_API uint64_t rate_clock_monotonic_ns(void);
 

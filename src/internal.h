@@ -95,6 +95,10 @@ typedef struct rate__hitem {
 int rate__headers_items(const rate__hitem_t *items, size_t n,
                         rate_headers_t *out);
 
+/* Generations of a rules object not yet freed (the current one
+ * included): for the tests' count (src/rules.c). */
+size_t rate__rules_live(rate_rules_t *rules);
+
 /* ------------------------------------------------------------ algorithms */
 
 /* One limit's state as seen at t_eff, after refill, drain, window roll or

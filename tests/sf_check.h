@@ -153,7 +153,7 @@ static bool sf__params(sf_list_t *l, const char **pp, sf_item_t *it)
 
 /* Parses a whole field value as a list; false (l->error says why) if it
  * is not one. */
-static bool sf_parse_list(const char *text, sf_list_t *l)
+static inline bool sf_parse_list(const char *text, sf_list_t *l)
 {
     const char *p = text;
 
@@ -189,7 +189,7 @@ static bool sf_parse_list(const char *text, sf_list_t *l)
 
 /* The integer parameter `key` of an item, or -1 when it has none (or it is
  * not an integer). */
-static int64_t sf_param_int(const sf_item_t *it, const char *key)
+static inline int64_t sf_param_int(const sf_item_t *it, const char *key)
 {
     for (size_t i = 0; i < it->nparams; i++)
         if (strcmp(it->key[i], key) == 0)
