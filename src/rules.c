@@ -64,8 +64,9 @@ typedef struct rule {
     const rate_policy_t *policy[RATE_RULES_MAX_APPLY];
     size_t npolicy;
     unsigned policy_line;
-    char **key_attr; /* none: the request's own key */
+    char **key_attr; /* none: the request's own key (or, shared, none) */
     size_t nkey;
+    bool shared;     /* one key for every request the rule matches */
     bool has_group, has_key;
 } rule_t;
 
@@ -306,7 +307,8 @@ static bool add_key(load_t *l, const char *w, size_t n, void *arg)
     if (!is_attr_name(w, n))
         return lfail(l, l->line,
                      "key: '%.*s' is not an attribute name (letters, digits, "
-                     "'_', '-' and '.'; 'key' is the request's key)",
+                     "'_', '-' and '.'; 'key' is the request's key, 'shared' one "
+                     "key for the rule)",
                      (int)n, w);
     char **k = realloc(r->key_attr, (r->nkey + 1) * sizeof *k);
     if (k == NULL)
@@ -414,10 +416,18 @@ static bool on_rule(load_t *l, const char *name, const char *value)
         if (!each_word(l, value, add_key, r))
             return l->err[0] != '\0' ? false
                                      : lfail(l, l->line, "key is empty");
-        /* "key" alone is the request's key: the default. */
-        if (r->nkey == 1 && strcmp(r->key_attr[0], "key") == 0) {
+        /* "key" alone is the request's key: the default; "shared" alone
+         * is one key for the rule. */
+        bool shared = false;
+        for (size_t k = 0; k < r->nkey; k++)
+            shared = shared || strcmp(r->key_attr[k], "shared") == 0;
+        if (shared && r->nkey > 1)
+            return lfail(l, l->line, "key: 'shared' stands alone (one key "
+                         "for every request of [rule %s])", r->name);
+        if (r->nkey == 1 && (shared || strcmp(r->key_attr[0], "key") == 0)) {
             free(r->key_attr[0]);
             r->nkey = 0;
+            r->shared = shared;
         }
         return true;
     }
@@ -769,13 +779,14 @@ static bool rule_matches(const rule_t *r, const rate_attr_t *attrs, size_t n)
     return false;
 }
 
-/* The key a rule charges: the request's, or "@RULE:V1|V2..." of its key
- * attributes (a missing attribute is empty).  RATE_EKEY when too long. */
+/* The key a rule charges: the request's, "@RULE" (shared), or
+ * "@RULE:V1|V2..." of its key attributes (a missing attribute is empty).
+ * RATE_EKEY when too long. */
 static int rule_key(const rule_t *r, const char *key, size_t key_len,
                     const rate_attr_t *attrs, size_t n, char *buf,
                     size_t *len)
 {
-    if (r->nkey == 0) {
+    if (r->nkey == 0 && !r->shared) {
         if (key_len > RATE_KEY_MAX)
             return RATE_EKEY;
         memcpy(buf, key, key_len);
@@ -783,7 +794,8 @@ static int rule_key(const rule_t *r, const char *key, size_t key_len,
         return RATE_OK;
     }
     size_t o = 0;
-    int w = snprintf(buf, RATE_KEY_MAX + 1, "@%s:", r->name);
+    int w = snprintf(buf, RATE_KEY_MAX + 1, r->shared ? "@%s" : "@%s:",
+                     r->name);
     if (w < 0 || (size_t)w > RATE_KEY_MAX)
         return RATE_EKEY;
     o = (size_t)w;

@@ -68,7 +68,12 @@ static const char *good =
     "group = route\n"
     "match = route=/search*\n"
     "policy = search\n"
-    "key = route\n";
+    "key = route\n"
+    "[rule export]\n"
+    "group = route\n"
+    "match = route=/export/*\n"
+    "policy = search\n"
+    "key = shared\n";
 
 static rate_limiter_t *limiter_fake(void)
 {
@@ -139,6 +144,17 @@ static void matching_tiers_routes_and_default(void **state)
     assert_int_equal(l.count, 2);
     assert_true(sf_parse_list(h.ratelimit, &l));
     assert_int_equal(l.count, 2);
+    /* key = route: a key per route; key = shared: one for the rule. */
+    for (int i = 0; i < 3; i++)
+        assert_true(req(r, lim, "u6", "pro", "/search/books").allowed);
+    assert_false(req(r, lim, "u7", "pro", "/search/books").allowed);
+    assert_true(req(r, lim, "u7", "pro", "/search/films").allowed);
+    for (int i = 0; i < 4; i++)
+        assert_true(req(r, lim, "u8", "pro", i % 2 ? "/export/a" : "/export/b")
+                        .allowed);
+    o = req(r, lim, "u9", "pro", "/export/c");
+    assert_false(o.allowed);
+    assert_int_equal(o.denied_by, 1);
     rate_limiter_free(lim);
     rate_rules_free(r);
 
@@ -272,7 +288,12 @@ static void errors_name_file_and_line(void **state)
         {"[policies]\nf = token-bucket 1/s\n[rule a]\npolicy = f\n"
          "key = route/x\n",
          "5: key: 'route/x' is not an attribute name (letters, digits, '_', "
-         "'-' and '.'; 'key' is the request's key)"},
+         "'-' and '.'; 'key' is the request's key, 'shared' one key for the "
+         "rule)"},
+        {"[policies]\nf = token-bucket 1/s\n[rule a]\npolicy = f\n"
+         "key = shared route\n",
+         "5: key: 'shared' stands alone (one key for every request of [rule "
+         "a])"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *path = write_file("bad.conf", cases[i].text);
@@ -455,6 +476,7 @@ static void reloads_while_deciding(void **state)
     rate_stats_t st;
     assert_int_equal(rate_limiter_stats(lim, &st), RATE_OK);
     assert_true(st.keys <= THREADS + 1);
+    (void)st;
     print_message("%u reloads, %lu decisions, at most %zu rule sets held\n",
                   reloads, decisions, most_live);
     rate_limiter_free(lim);
