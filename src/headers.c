@@ -17,8 +17,6 @@
  * Retry-After), so that a client that believes it is never early, and
  * capped at the largest integer a structured field holds (15 digits).
  */
-#include <stdio.h>
-
 #include "internal.h"
 
 #define SF_INT_MAX UINT64_C(999999999999999) /* RFC 9651 sf-integer */
@@ -55,50 +53,88 @@ static void quota_of(const rate_limit_t *l, uint64_t *q, uint64_t *w)
         *w = 1;
 }
 
-/* Appends text to a field, with ", " between items; false when it does
- * not fit. */
-static bool append(char *field, size_t *used, const char *text)
+/* A field being written: plain appends (no snprintf: the fields are
+ * made on every request), false once it would not fit. */
+typedef struct field {
+    char *buf;
+    size_t cap; /* bytes of buf, the NUL included */
+    size_t used;
+    bool ok;
+} field_t;
+
+static void put_bytes(field_t *f, const char *s, size_t n)
 {
-    int n = snprintf(field + *used, RATE_HEADER_LEN - *used, "%s%s",
-                     *used ? ", " : "", text);
-    if (n < 0 || (size_t)n >= RATE_HEADER_LEN - *used)
-        return false;
-    *used += (size_t)n;
-    return true;
+    if (!f->ok || n >= f->cap - f->used) {
+        f->ok = false;
+        return;
+    }
+    memcpy(f->buf + f->used, s, n);
+    f->used += n;
+    f->buf[f->used] = '\0';
 }
 
-/* The name as an sf-string: quoted, '"' and '\' escaped. */
-static void sf_string(const char *name, char *buf, size_t len)
+static void put_u64(field_t *f, uint64_t v)
 {
-    size_t o = 0;
+    char d[24];
+    size_t i = sizeof d;
 
+    do
+        d[--i] = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    put_bytes(f, d + i, sizeof d - i);
+}
+
+/* The name as an sf-string: quoted, '"' and '\' escaped (a policy's name
+ * has neither, but an outcome's copy is the caller's to fill). */
+static void put_name(field_t *f, const char *name)
+{
     if (name == NULL || name[0] == '\0')
         name = "default";
-    buf[o++] = '"';
-    for (; *name != '\0' && o + 3 < len; name++) {
-        if (*name == '"' || *name == '\\')
-            buf[o++] = '\\';
-        buf[o++] = *name;
+    put_bytes(f, "\"", 1);
+    for (const char *p = name; *p != '\0';) {
+        size_t n = strcspn(p, "\"\\");
+        put_bytes(f, p, n);
+        p += n;
+        if (*p != '\0') {
+            char esc[2] = {'\\', *p++};
+            put_bytes(f, esc, 2);
+        }
     }
-    buf[o++] = '"';
-    buf[o] = '\0';
+    put_bytes(f, "\"", 1);
+}
+
+/* One item: "NAME";A=a;B=b, after ", " when not the first. */
+static void put_item(field_t *f, const char *name, const char *ka,
+                     uint64_t a, const char *kb, uint64_t b)
+{
+    if (f->used > 0)
+        put_bytes(f, ", ", 2);
+    put_name(f, name);
+    put_bytes(f, ka, 3);
+    put_u64(f, a);
+    put_bytes(f, kb, 3);
+    put_u64(f, b);
 }
 
 int rate__headers_items(const rate__hitem_t *items, size_t n,
                         rate_headers_t *out)
 {
-    size_t pused = 0, rused = 0;
     bool limited = false, never = false, failed = false;
     uint64_t retry_ns = 0;
 
     if (out == NULL)
         return RATE_EINVAL;
-    memset(out, 0, sizeof *out);
+    out->status = 0;
+    out->policy[0] = out->ratelimit[0] = out->retry_after[0] = '\0';
+    field_t pf = {out->policy, sizeof out->policy, 0, true};
+    field_t rf = {out->ratelimit, sizeof out->ratelimit, 0, true};
     for (size_t i = 0; i < n; i++) {
         const rate_decision_t *d = items[i].d;
         const rate_limit_t *l = items[i].limit;
-        if (d == NULL)
+        if (d == NULL) {
+            memset(out, 0, sizeof *out);
             return RATE_EINVAL;
+        }
         bool no_info = items[i].unlimited || d->limit == RATE_NO_LIMIT ||
                        d->shadow || l == NULL ||
                        (d->reason == RATE_REASON_STORE_ERROR &&
@@ -118,30 +154,26 @@ int rate__headers_items(const rate__hitem_t *items, size_t n,
         if (no_info)
             continue;
         uint64_t q, w;
-        char name[2 * RATE_POLICY_NAME_MAX + 8], item[256];
         quota_of(l, &q, &w);
-        sf_string(items[i].name, name, sizeof name);
-        snprintf(item, sizeof item, "%s;q=%llu;w=%llu", name,
-                 (unsigned long long)q, (unsigned long long)w);
-        if (!append(out->policy, &pused, item))
-            return RATE_ERANGE;
+        put_item(&pf, items[i].name, ";q=", q, ";w=", w);
         uint64_t r = d->remaining;
         if (items[i].room > 0) /* admitted, then given back */
             r = r > UINT64_MAX - items[i].room ? UINT64_MAX : r + items[i].room;
         if (r > q)
             r = q;
-        snprintf(item, sizeof item, "%s;r=%llu;t=%llu", name,
-                 (unsigned long long)r,
-                 (unsigned long long)ceil_s(d->reset_after_ns));
-        if (!append(out->ratelimit, &rused, item))
-            return RATE_ERANGE;
+        put_item(&rf, items[i].name, ";r=", r, ";t=",
+                 ceil_s(d->reset_after_ns));
+    }
+    if (!pf.ok || !rf.ok) {
+        memset(out, 0, sizeof *out);
+        return RATE_ERANGE;
     }
     if (limited || never) {
         out->status = 429;
         if (!never) { /* a retry passes no earlier than every limit allows */
             uint64_t s = ceil_s(retry_ns);
-            snprintf(out->retry_after, sizeof out->retry_after, "%llu",
-                     (unsigned long long)(s < 1 ? 1 : s));
+            field_t ra = {out->retry_after, sizeof out->retry_after, 0, true};
+            put_u64(&ra, s < 1 ? 1 : s); /* at most 15 digits: it fits */
         }
     } else if (failed) {
         out->status = 503;
@@ -152,10 +184,11 @@ int rate__headers_items(const rate__hitem_t *items, size_t n,
 int rate_headers_format(const rate_policy_t *policy, const rate_decision_t *d,
                         rate_headers_t *out)
 {
-    if (out != NULL)
-        memset(out, 0, sizeof *out);
-    if (policy == NULL || d == NULL || out == NULL)
+    if (policy == NULL || d == NULL || out == NULL) {
+        if (out != NULL)
+            memset(out, 0, sizeof *out);
         return RATE_EINVAL;
+    }
     const rate_limit_t *l = NULL;
     if (!policy->unlimited && policy->count > 0)
         l = &policy->limits[d->component >= 0 &&

@@ -936,10 +936,11 @@ int rate_outcome_headers(const rate_outcome_t *o, rate_headers_t *out)
 {
     rate__hitem_t items[RATE_RULES_MAX_APPLY];
 
-    if (out != NULL)
-        memset(out, 0, sizeof *out);
-    if (o == NULL || out == NULL || o->count > RATE_RULES_MAX_APPLY)
+    if (o == NULL || out == NULL || o->count > RATE_RULES_MAX_APPLY) {
+        if (out != NULL)
+            memset(out, 0, sizeof *out);
         return RATE_EINVAL;
+    }
     for (size_t i = 0; i < o->count; i++) {
         const rate_applied_t *a = &o->applied[i];
         items[i] = (rate__hitem_t){a->policy_name, a->unlimited,
