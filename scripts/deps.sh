@@ -12,8 +12,8 @@
 # Idempotent: a machine that has them all runs no apt-get at all.
 set -euo pipefail
 
-build_pkgs=(gcc make cmake pkg-config libxxhash-dev libhiredis-dev)
-test_pkgs=(libcmocka-dev valgrind libxml2-utils clang libclang-rt-14-dev redis-server)
+build_pkgs=(gcc make cmake pkg-config libxxhash-dev libhiredis-dev libinih-dev libmicrohttpd-dev)
+test_pkgs=(libcmocka-dev valgrind libxml2-utils clang libclang-rt-14-dev redis-server curl wrk)
 
 usage() { echo "usage: $0 [build|test] | $0 check [build|test]" >&2; exit 2; }
 

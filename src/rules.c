@@ -91,6 +91,7 @@ typedef struct slot {
     pthread_t owner;
     struct slot *next;
 } slot_t;
+#define SLOT_SIZE ((sizeof(slot_t) + 63) / 64 * 64)
 
 struct rate_rules {
     _Atomic(gen_t *) current;
@@ -702,7 +703,10 @@ static __attribute__((noinline)) slot_t *slot_find(rate_rules_t *r)
     for (s = atomic_load_explicit(&r->slots, memory_order_acquire);
          s != NULL && !pthread_equal(s->owner, me); s = s->next)
         ;
-    if (s == NULL && (s = calloc(1, sizeof *s)) != NULL) {
+    /* A slot of its own cache line: a decision writes its thread's slot
+     * twice, and must not bounce a line another thread writes. */
+    if (s == NULL && (s = aligned_alloc(64, SLOT_SIZE)) != NULL) {
+        memset(s, 0, SLOT_SIZE);
         s->owner = me;
         atomic_init(&s->hp, NULL);
         pthread_mutex_lock(&r->lock);

@@ -2,11 +2,12 @@
 /*
  * Metrics for the example server, fed by the limiter's listener.
  *
- * Decisions are counted per policy name and per reason in a small table
- * of policies, found by a linear scan of names and added with a
- * compare-and-set on the slot (no lock on the request path: the names are
- * the few of the rules file).  Counters are relaxed atomics; the
- * exposition reads them without stopping anyone, so a scrape is a
+ * Decisions are counted per policy name and per reason.  The names are
+ * kept in a small shared table, found by a linear scan and added with a
+ * compare-and-set on the slot (the names are the few of the rules file);
+ * the counts are kept per thread (a shard each, on its own cache lines),
+ * so that the server's threads never write a shared line per request,
+ * and summed by the exposition, which stops no one: a scrape is a
  * snapshot to within the requests in flight.
  */
 #include <stdarg.h>
@@ -23,7 +24,6 @@
 typedef struct pslot {
     _Atomic int state; /* 0 free, 1 being written, 2 ready */
     char name[RATE_POLICY_NAME_MAX + 1];
-    atomic_uint_fast64_t allowed[N_REASONS], denied[N_REASONS];
 } pslot_t;
 
 /* Latency buckets, upper bounds in ns (and +Inf). */
@@ -32,12 +32,50 @@ static const uint64_t bounds_ns[] = {1000,   2000,   5000,    10000,
                                      500000, 1000000, 5000000, 25000000};
 #define N_BOUNDS (sizeof bounds_ns / sizeof bounds_ns[0])
 
-struct metrics {
-    pslot_t policy[MAX_POLICIES];
+/* One thread's counts: written by that thread alone. */
+typedef struct shard {
+    atomic_uint_fast64_t allowed[MAX_POLICIES][N_REASONS];
+    atomic_uint_fast64_t denied[MAX_POLICIES][N_REASONS];
     atomic_uint_fast64_t store_errors, untracked;
     atomic_uint_fast64_t bucket[N_BOUNDS + 1], count, sum_ns;
+    struct shard *next;
+} shard_t;
+
+struct metrics {
+    pslot_t policy[MAX_POLICIES];
+    shard_t *_Atomic shards;
     atomic_uint_fast64_t reloads, reload_errors;
 };
+
+static _Thread_local struct {
+    metrics_t *owner;
+    shard_t *shard;
+} tls;
+
+/* The calling thread's shard, made (cache-line aligned) and pushed on
+ * first use. */
+static shard_t *shard_of(metrics_t *m)
+{
+    if (tls.owner == m)
+        return tls.shard;
+    size_t size = (sizeof(shard_t) + 63) / 64 * 64;
+    shard_t *s = aligned_alloc(64, size);
+    if (s == NULL)
+        return NULL;
+    memset(s, 0, size);
+    s->next = atomic_load(&m->shards);
+    while (!atomic_compare_exchange_weak(&m->shards, &s->next, s))
+        ;
+    tls.owner = m;
+    tls.shard = s;
+    return s;
+}
+
+static void bump(atomic_uint_fast64_t *c, uint64_t by)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + by,
+                          memory_order_relaxed);
+}
 
 int metrics_new(metrics_t **out)
 {
@@ -47,12 +85,21 @@ int metrics_new(metrics_t **out)
 
 void metrics_free(metrics_t *m)
 {
+    if (m == NULL)
+        return;
+    for (shard_t *s = atomic_load(&m->shards); s != NULL;) {
+        shard_t *next = s->next;
+        free(s);
+        s = next;
+    }
     free(m);
 }
 
-static pslot_t *slot_for(metrics_t *m, const char *name)
+/* The index of a policy's name in the table (added if new), or -1 when
+ * the table is full. */
+static int slot_for(metrics_t *m, const char *name)
 {
-    for (size_t i = 0; i < MAX_POLICIES; i++) {
+    for (int i = 0; i < MAX_POLICIES; i++) {
         pslot_t *s = &m->policy[i];
         int st = atomic_load_explicit(&s->state, memory_order_acquire);
         if (st == 0) {
@@ -60,44 +107,47 @@ static pslot_t *slot_for(metrics_t *m, const char *name)
             if (atomic_compare_exchange_strong(&s->state, &zero, 1)) {
                 snprintf(s->name, sizeof s->name, "%s", name);
                 atomic_store_explicit(&s->state, 2, memory_order_release);
-                return s;
+                return i;
             }
             st = zero;
         }
         while (st == 1) /* another thread is writing this name */
             st = atomic_load_explicit(&s->state, memory_order_acquire);
         if (strcmp(s->name, name) == 0)
-            return s;
+            return i;
     }
-    return NULL;
+    return -1;
 }
 
 void metrics_listen(void *ud, const rate_event_t *ev)
 {
     metrics_t *m = ud;
-    pslot_t *s = slot_for(m, ev->policy_name[0] ? ev->policy_name
-                                                : "default");
+    shard_t *sh = shard_of(m);
+    int i = slot_for(m, ev->policy_name[0] ? ev->policy_name : "default");
     unsigned r = (unsigned)ev->reason < N_REASONS ? (unsigned)ev->reason : 0;
 
+    if (sh == NULL)
+        return; /* out of memory: uncounted */
     if (ev->error != 0)
-        atomic_fetch_add_explicit(&m->store_errors, 1, memory_order_relaxed);
-    if (s == NULL) {
-        atomic_fetch_add_explicit(&m->untracked, 1, memory_order_relaxed);
-        return;
-    }
-    atomic_fetch_add_explicit(ev->allowed ? &s->allowed[r] : &s->denied[r], 1,
-                              memory_order_relaxed);
+        bump(&sh->store_errors, 1);
+    if (i < 0)
+        bump(&sh->untracked, 1);
+    else
+        bump(ev->allowed ? &sh->allowed[i][r] : &sh->denied[i][r], 1);
 }
 
 void metrics_latency(metrics_t *m, uint64_t ns)
 {
+    shard_t *sh = shard_of(m);
     size_t b = 0;
 
+    if (sh == NULL)
+        return;
     while (b < N_BOUNDS && ns > bounds_ns[b])
         b++;
-    atomic_fetch_add_explicit(&m->bucket[b], 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&m->count, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&m->sum_ns, ns, memory_order_relaxed);
+    bump(&sh->bucket[b], 1);
+    bump(&sh->count, 1);
+    bump(&sh->sum_ns, ns);
 }
 
 void metrics_reload(metrics_t *m, int ok)
@@ -134,6 +184,16 @@ static uint64_t get(atomic_uint_fast64_t *c)
     return atomic_load_explicit(c, memory_order_relaxed);
 }
 
+/* A counter summed over the threads' shards: `at` gives its place in one. */
+#define SUM(m, expr)                                                          \
+    ({                                                                        \
+        uint64_t sum_ = 0;                                                    \
+        for (shard_t *sh = atomic_load(&(m)->shards); sh != NULL;             \
+             sh = sh->next)                                                   \
+            sum_ += get(&sh->expr);                                           \
+        sum_;                                                                 \
+    })
+
 size_t metrics_format(metrics_t *m, rate_limiter_t *lim, uint64_t generation,
                       char *buf, size_t len)
 {
@@ -149,7 +209,7 @@ size_t metrics_format(metrics_t *m, rate_limiter_t *lim, uint64_t generation,
         if (atomic_load_explicit(&s->state, memory_order_acquire) != 2)
             continue;
         for (unsigned r = 0; r < N_REASONS; r++) {
-            uint64_t a = get(&s->allowed[r]), d = get(&s->denied[r]);
+            uint64_t a = SUM(m, allowed[i][r]), d = SUM(m, denied[i][r]);
             if (a != 0 || r == 0)
                 put(&o, "ratelimit_decisions_total{policy=\"%s\",result="
                         "\"allowed\",reason=\"%s\"} %llu\n",
@@ -163,23 +223,23 @@ size_t metrics_format(metrics_t *m, rate_limiter_t *lim, uint64_t generation,
     put(&o, "# HELP ratelimit_store_errors_total Decisions the store failed "
             "(the fail mode decided).\n# TYPE ratelimit_store_errors_total "
             "counter\nratelimit_store_errors_total %llu\n",
-        (unsigned long long)get(&m->store_errors));
+        (unsigned long long)SUM(m, store_errors));
     put(&o, "# HELP ratelimit_decision_seconds Time to decide a request "
             "(every policy it gets).\n# TYPE ratelimit_decision_seconds "
             "histogram\n");
     uint64_t cum = 0;
     for (size_t b = 0; b < N_BOUNDS; b++) {
-        cum += get(&m->bucket[b]);
+        cum += SUM(m, bucket[b]);
         put(&o, "ratelimit_decision_seconds_bucket{le=\"%g\"} %llu\n",
             (double)bounds_ns[b] / 1e9, (unsigned long long)cum);
     }
-    cum += get(&m->bucket[N_BOUNDS]);
+    cum += SUM(m, bucket[N_BOUNDS]);
     put(&o, "ratelimit_decision_seconds_bucket{le=\"+Inf\"} %llu\n",
         (unsigned long long)cum);
     put(&o, "ratelimit_decision_seconds_sum %.9f\n",
-        (double)get(&m->sum_ns) / 1e9);
+        (double)SUM(m, sum_ns) / 1e9);
     put(&o, "ratelimit_decision_seconds_count %llu\n",
-        (unsigned long long)get(&m->count));
+        (unsigned long long)SUM(m, count));
     if (rate_limiter_stats(lim, &st) == RATE_OK)
         put(&o, "# HELP ratelimit_keys Keys the store holds.\n# TYPE "
                 "ratelimit_keys gauge\nratelimit_keys %llu\n",
