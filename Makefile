@@ -59,7 +59,7 @@ test-tsan:
 	cd build-tsan && setarch "$$(uname -m)" -R env TSAN_OPTIONS=halt_on_error=1 \
 	  ctest --output-on-failure -L concurrency
 
-VALGRIND_TESTS = policy algorithms limiter store property
+VALGRIND_TESTS = policy algorithms limiter store property headers rules
 valgrind: test-plain
 	@for t in $(VALGRIND_TESTS); do \
 	  echo "valgrind: test_$$t"; \

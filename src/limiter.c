@@ -18,6 +18,7 @@
  * a store holds a lock.
  */
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "registry.h"
@@ -63,14 +64,15 @@ typedef struct plan {
 } plan_t;
 
 struct rate_limiter {
+    /* The decision path's fields first, in the order that keeps them in
+     * the first cache line (low_water starts the second). */
     const rate_store_methods_t *m; /* the store's, for the hot path */
     void *self;
-    rate_listen_fn listen; /* NULL: none; read beside m on the hot path */
-    void *listen_ud;
+    rate_listen_fn listen; /* NULL: none */
     bool fast;      /* the bool calls may try m->acquire */
-    rate_space_t space;
     uint8_t format; /* written: RATE__FORMAT, or the first edition's */
     bool shadow;
+    rate_space_t space;
     rate_clock_t clock;
     _Atomic(plan_t *) plan;
     _Atomic uint64_t low_water; /* 0: none given */
@@ -82,6 +84,7 @@ struct rate_limiter {
     rate__book_t fb_book;
     rate_resolve_fn resolve;
     void *resolve_ud;
+    void *listen_ud;
     rate_fail_mode_t fail_mode;
     unsigned max_retries;
     pthread_mutex_t plan_lock; /* replacing the plan; adding a tally */
@@ -90,6 +93,8 @@ struct rate_limiter {
 
     atomic_uint_fast64_t retries, store_errors;
 };
+_Static_assert(offsetof(struct rate_limiter, plan) + sizeof(void *) <= 64,
+               "the decision path's fields fit one cache line");
 
 /* The limiter's clock; the library's own read without the indirect call. */
 static inline uint64_t clock_now(const rate_limiter_t *lim)

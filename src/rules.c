@@ -853,7 +853,8 @@ static void refund_admitted(rate_limiter_t *lim, const pick_t *pick,
 static void fill_applied(rate_applied_t *a, const rate_policy_t *p,
                          uint64_t permits)
 {
-    snprintf(a->policy_name, sizeof a->policy_name, "%s", p->name);
+    size_t n = strlen(p->name); /* at most RATE_POLICY_NAME_MAX */
+    memcpy(a->policy_name, p->name, n + 1);
     a->unlimited = p->unlimited;
     a->permits = permits;
     if (!p->unlimited && p->count > 0) {
