@@ -133,6 +133,20 @@ static enum MHD_Result serve_metrics(server_t *s, struct MHD_Connection *c)
     return reply(c, 200, "text/plain; version=0.0.4", buf, NULL);
 }
 
+/* Writes v (0..255) in decimal; returns the bytes written. */
+static size_t put_octet(char *out, unsigned v)
+{
+    size_t n = 0;
+    if (v >= 100)
+        out[n++] = (char)('0' + v / 100);
+    if (v >= 10)
+        out[n++] = (char)('0' + v / 10 % 10);
+    out[n++] = (char)('0' + v % 10);
+    return n;
+}
+
+/* The peer's address as text (an IPv4 address by hand: inet_ntop goes
+ * through snprintf, a good part of a request's cost here). */
 static void client_address(struct MHD_Connection *c, char *out, size_t len)
 {
     const union MHD_ConnectionInfo *ci =
@@ -141,12 +155,20 @@ static void client_address(struct MHD_Connection *c, char *out, size_t len)
     if (ci == NULL || ci->client_addr == NULL)
         return;
     const struct sockaddr *sa = ci->client_addr;
-    if (sa->sa_family == AF_INET)
-        inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, out,
-                  (socklen_t)len);
-    else if (sa->sa_family == AF_INET6)
+    if (sa->sa_family == AF_INET && len >= INET_ADDRSTRLEN) {
+        const uint8_t *b =
+            (const uint8_t *)&((const struct sockaddr_in *)sa)->sin_addr;
+        size_t n = 0;
+        for (int i = 0; i < 4; i++) {
+            if (i > 0)
+                out[n++] = '.';
+            n += put_octet(out + n, b[i]);
+        }
+        out[n] = '\0';
+    } else if (sa->sa_family == AF_INET6) {
         inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr,
                   out, (socklen_t)len);
+    }
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
@@ -177,10 +199,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
     client_address(c, addr, sizeof addr);
     const char *api_key =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-API-Key");
-    if (api_key != NULL && api_key[0] != '\0')
-        snprintf(key, sizeof key, "key:%s", api_key);
-    else
-        snprintf(key, sizeof key, "ip:%s", addr);
+    const char *prefix = "key:", *id = api_key;
+    if (api_key == NULL || api_key[0] == '\0') {
+        prefix = "ip:";
+        id = addr;
+    }
+    size_t plen = strlen(prefix), idlen = strlen(id);
+    if (idlen > RATE_KEY_MAX - plen) /* too long: rate_rules_check says so */
+        idlen = RATE_KEY_MAX - plen + 1;
+    memcpy(key, prefix, plen);
+    memcpy(key + plen, id, idlen);
+    size_t key_len = plen + idlen;
     rate_attr_t attrs[] = {{"api_key", api_key != NULL ? api_key : ""},
                            {"route", url},
                            {"method", method},
@@ -188,7 +217,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
     rate_outcome_t o;
     rate_headers_t h;
     uint64_t t0 = now_ns();
-    int rc = rate_rules_check(s->rules, s->lim, key, strlen(key), attrs,
+    int rc = rate_rules_check(s->rules, s->lim, key, key_len, attrs,
                               sizeof attrs / sizeof attrs[0], 1, 0, &o);
     metrics_latency(s->metrics, now_ns() - t0);
     if (rc != RATE_OK) /* a key too long for the store */
