@@ -26,9 +26,11 @@ expect() { # expect WHAT GOT WANT
   if [ "$2" != "$3" ]; then fail "$1: got '$2', want '$3'"; fi
 }
 
-# start CONFIG: starts the server on port 0; sets pid and base.
+# start CONFIG [ARGS...]: starts the server on port 0; sets pid and base.
 start() {
-  "$SERVER" --listen 127.0.0.1:0 --config "$1" 2>"$tmp/log" &
+  local config=$1
+  shift
+  "$SERVER" --listen 127.0.0.1:0 --config "$config" "$@" 2>"$tmp/log" &
   pid=$!
   local port=
   for _ in $(seq 1 100); do
@@ -80,6 +82,7 @@ match = route=/search*
 policy = search
 key = shared
 EOF
+cp "$tmp/rules.conf" "$tmp/good.conf"
 start "$tmp/rules.conf"
 
 # --- the free tier: 10 pass, then 429 with every field
@@ -90,9 +93,23 @@ expect "ratelimit 1" "$(header RateLimit)" '"free";r=9;t=3600'
 expect "retry-after 1" "$(header Retry-After)" ''
 expect "content-type 1" "$(header Content-Type)" 'application/json'
 expect "body 1" "$(cat "$tmp/b")" '{"status":"ok"}'
+# in_window WHAT GOT WANT T0: GOT is WANT less at most the seconds since T0
+# (rounded up): what a time the server computes from its own clock reads
+# when the test cannot stop the clock
+in_window() {
+  local el=$(( ($(now_ns) - $4 + 999999999) / 1000000000 ))
+  if [ "$2" -gt "$3" ] || [ "$2" -lt $(($3 - el)) ]; then
+    fail "$1: $2 outside [$(($3 - el)), $3] ($el s elapsed)"
+  fi
+}
+# t_of: the t= of the RateLimit field; r_of its item without t
+t_of() { header RateLimit | sed 's/.*;t=//'; }
+r_of() { header RateLimit | sed 's/;t=[0-9]*$//'; }
 for i in $(seq 2 10); do
   expect "status $i" "$(get -H 'X-API-Key: u1' "$base/a")" 200
-  expect "ratelimit $i" "$(header RateLimit)" "\"free\";r=$((10 - i));t=$((3600 * i))"
+  # i tokens back at 1/h: i hours from the first request
+  expect "ratelimit $i" "$(r_of)" "\"free\";r=$((10 - i))"
+  in_window "ratelimit $i t" "$(t_of)" $((3600 * i)) "$t0"
 done
 expect "status 11" "$(get -H 'X-API-Key: u1' "$base/a")" 429
 t1=$(now_ns)
@@ -215,6 +232,33 @@ expect "answered of 100" "$((n200 + n429))" 100
 [ "$n429" -gt 0 ] || fail "no 429 in 100 requests"
 echo "example.conf, 100 requests from one unknown key: $n200 x 200, $n429 x 429"
 stop
+
+# --- --store redis://: the state is Redis's, shared by a second server
+# process (skipped without redis-server)
+if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
+  . "$(dirname "$0")/redis_server.sh"
+  if start_redis "$tmp/redis.log"; then
+    url="redis://127.0.0.1:$rport/0"
+    start "$tmp/good.conf" --store "$url"
+    grep -q "(store $url)" "$tmp/log" || fail "redis store not in the log: $(cat "$tmp/log")"
+    t0=$(now_ns)
+    for i in $(seq 1 10); do
+      expect "redis status $i" "$(get -H 'X-API-Key: shared-user' "$base/a")" 200
+    done
+    expect "redis ratelimit 10" "$(r_of)" '"free";r=0'
+    in_window "redis ratelimit 10 t" "$(t_of)" 36000 "$t0"
+    stop
+    start "$tmp/good.conf" --store "$url" # another process, the same Redis
+    expect "redis, a second process" "$(get -H 'X-API-Key: shared-user' "$base/a")" 429
+    stop
+    kill "$rpid" 2>/dev/null || true
+    wait "$rpid" 2>/dev/null || true
+  else
+    echo "api_server_test: no redis-server could start; the Redis part is skipped"
+  fi
+else
+  echo "api_server_test: redis-server not installed; the Redis part is skipped"
+fi
 
 if [ "$fails" -ne 0 ]; then
   echo "api_server_test: $fails failure(s)"
