@@ -231,6 +231,42 @@ static void both_limits_or_neither(void **state)
     rate_rules_free(r);
 }
 
+/* Under a failing store: fail-closed answers 503 with no field, fail-open
+ * serves. */
+static void store_errors_in_an_outcome(void **state)
+{
+    (void)state;
+    char err[512];
+    rate_rules_t *r;
+    assert_int_equal(rate_rules_load(write_file("good.conf", good), &r, err,
+                                     sizeof err),
+                     RATE_OK);
+    for (int open = 0; open < 2; open++) {
+        rate_store_t *store;
+        cas_store_t *hs;
+        assert_int_equal(cas_store_new(&store, &hs), RATE_OK);
+        rate_limiter_config_t cfg = {
+            .store = store,
+            .clock = &clock_fake,
+            .on_store_error = open ? RATE_FAIL_OPEN : RATE_FAIL_CLOSED};
+        rate_limiter_t *lim = limiter_cfg("token-bucket 1/s", cfg);
+        cas_store_set_down(hs, 1);
+        rate_outcome_t o = req(r, lim, "erin", NULL, "/search");
+        assert_int_equal(o.count, 2);
+        assert_int_equal(o.allowed, open);
+        assert_int_equal(o.applied[0].decision.reason, RATE_REASON_STORE_ERROR);
+        rate_headers_t h;
+        assert_int_equal(rate_outcome_headers(&o, &h), RATE_OK);
+        assert_int_equal(h.status, open ? 0 : 503);
+        assert_string_equal(h.policy, "");
+        assert_string_equal(h.ratelimit, "");
+        assert_string_equal(h.retry_after, "");
+        rate_limiter_free(lim);
+        rate_store_free(store);
+    }
+    rate_rules_free(r);
+}
+
 static void errors_name_file_and_line(void **state)
 {
     (void)state;
@@ -503,6 +539,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(matching_tiers_routes_and_default),
         cmocka_unit_test(both_limits_or_neither),
+        cmocka_unit_test(store_errors_in_an_outcome),
         cmocka_unit_test(errors_name_file_and_line),
         cmocka_unit_test(reload_keeps_state_and_refuses_bad_files),
     };
