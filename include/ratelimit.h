@@ -805,8 +805,9 @@ RATE_API void rate_rules_free(rate_rules_t *rules);
  * nattrs > 0), RATE_EKEY (a bad key, or a rule's key made from
  * attributes longer than RATE_KEY_MAX), RATE_ERANGE (permits or max_wait
  * above RATE_TIME_MAX), RATE_ENOMEM (a thread's first call); then nothing
- * is charged.  Thread-safe: yes; no lock (the thread's first call on these
- * rules takes one, once). */
+ * is charged.  The limiter's listener must not call rate_rules_check on
+ * the same rules (the thread's hold on them is one slot).  Thread-safe:
+ * yes; no lock (the thread's first call on these rules takes one, once). */
 RATE_API int rate_rules_check(rate_rules_t *rules, rate_limiter_t *limiter,
                               const char *key, size_t key_len,
                               const rate_attr_t *attrs, size_t nattrs,
