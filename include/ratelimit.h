@@ -814,6 +814,15 @@ RATE_API int rate_rules_check(rate_rules_t *rules, rate_limiter_t *limiter,
                               uint64_t permits, uint64_t max_wait_ns,
                               rate_outcome_t *out);
 
+/* The same at a caller-supplied time now_ns (<= RATE_TIME_MAX, else
+ * RATE_ERANGE), as rate_limiter_check_at: every policy is decided, and
+ * refunded, at that time.  Thread-safe: yes. */
+RATE_API int rate_rules_check_at(rate_rules_t *rules, rate_limiter_t *limiter,
+                                 const char *key, size_t key_len,
+                                 const rate_attr_t *attrs, size_t nattrs,
+                                 uint64_t permits, uint64_t max_wait_ns,
+                                 uint64_t now_ns, rate_outcome_t *out);
+
 /* The HTTP fields for an outcome, as rate_headers_format for one
  * decision, with one item per policy applied in each RateLimit field
  * (a refunded policy's r counts its permits back), status 429 if any

@@ -834,7 +834,7 @@ typedef struct pick {
 /* Gives back what the picks admitted (a later one denied). */
 static void refund_admitted(rate_limiter_t *lim, const pick_t *pick,
                             rate_outcome_t *out, uint64_t permits,
-                            uint64_t now, size_t upto)
+                            uint64_t now, bool clock_time, size_t upto)
 {
     for (size_t i = 0; i < upto; i++) {
         rate_applied_t *a = &out->applied[i];
@@ -845,7 +845,7 @@ static void refund_admitted(rate_limiter_t *lim, const pick_t *pick,
          * failing, and its next decision is the fail mode's anyway. */
         (void)rate__limiter_refund_policy(lim, pick[i].policy, pick[i].key,
                                           pick[i].key_len, permits, now,
-                                          true);
+                                          clock_time);
         a->refunded = true;
     }
 }
@@ -863,10 +863,10 @@ static void fill_applied(rate_applied_t *a, const rate_policy_t *p,
     }
 }
 
-int rate_rules_check(rate_rules_t *rules, rate_limiter_t *lim,
-                     const char *key, size_t key_len, const rate_attr_t *attrs,
-                     size_t nattrs, uint64_t permits, uint64_t max_wait_ns,
-                     rate_outcome_t *out)
+static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
+                 size_t key_len, const rate_attr_t *attrs, size_t nattrs,
+                 uint64_t permits, uint64_t max_wait_ns, uint64_t now_ns,
+                 bool clock_time, rate_outcome_t *out)
 {
     pick_t pick[RATE_RULES_MAX_APPLY];
     size_t n = 0;
@@ -904,15 +904,15 @@ int rate_rules_check(rate_rules_t *rules, rate_limiter_t *lim,
         pick[0].key_len = key_len;
         n = 1;
     }
-    uint64_t now = rate__limiter_now(lim);
+    uint64_t now = clock_time ? rate__limiter_now(lim) : now_ns;
     size_t done = 0;
     for (; rc == RATE_OK && done < n; done++) {
         rate_applied_t *a = &out->applied[done];
         memset(a, 0, sizeof *a);
         rc = rate__limiter_decide_policy(lim, pick[done].policy,
                                          pick[done].key, pick[done].key_len,
-                                         permits, max_wait_ns, now, true,
-                                         &a->decision);
+                                         permits, max_wait_ns, now,
+                                         clock_time, &a->decision);
         if (rc != RATE_OK)
             break;
         fill_applied(a, pick[done].policy, permits);
@@ -922,7 +922,7 @@ int rate_rules_check(rate_rules_t *rules, rate_limiter_t *lim,
             out->delay_ns = a->decision.delay_ns;
     }
     if (rc != RATE_OK) { /* bad permits or time: undo what was admitted */
-        refund_admitted(lim, pick, out, permits, now, done);
+        refund_admitted(lim, pick, out, permits, now, clock_time, done);
         memset(out, 0, offsetof(rate_outcome_t, applied));
         out->denied_by = -1;
     } else {
@@ -930,11 +930,37 @@ int rate_rules_check(rate_rules_t *rules, rate_limiter_t *lim,
         out->allowed = out->denied_by < 0;
         if (!out->allowed) {
             out->delay_ns = 0;
-            refund_admitted(lim, pick, out, permits, now, n);
+            refund_admitted(lim, pick, out, permits, now, clock_time, n);
         }
     }
     release(s);
     return rc;
+}
+
+int rate_rules_check(rate_rules_t *rules, rate_limiter_t *lim,
+                     const char *key, size_t key_len, const rate_attr_t *attrs,
+                     size_t nattrs, uint64_t permits, uint64_t max_wait_ns,
+                     rate_outcome_t *out)
+{
+    return check(rules, lim, key, key_len, attrs, nattrs, permits,
+                 max_wait_ns, 0, true, out);
+}
+
+int rate_rules_check_at(rate_rules_t *rules, rate_limiter_t *lim,
+                        const char *key, size_t key_len,
+                        const rate_attr_t *attrs, size_t nattrs,
+                        uint64_t permits, uint64_t max_wait_ns,
+                        uint64_t now_ns, rate_outcome_t *out)
+{
+    if (now_ns > RATE_TIME_MAX) {
+        if (out != NULL) {
+            memset(out, 0, offsetof(rate_outcome_t, applied));
+            out->denied_by = -1;
+        }
+        return out == NULL ? RATE_EINVAL : RATE_ERANGE;
+    }
+    return check(rules, lim, key, key_len, attrs, nattrs, permits,
+                 max_wait_ns, now_ns, false, out);
 }
 
 int rate_outcome_headers(const rate_outcome_t *o, rate_headers_t *out)

@@ -183,6 +183,45 @@ static void matching_tiers_routes_and_default(void **state)
     rate_rules_free(r);
 }
 
+/* At the caller's time: every policy at that time, refunds too. */
+static void at_the_callers_time(void **state)
+{
+    (void)state;
+    char err[512];
+    rate_rules_t *r;
+    assert_int_equal(rate_rules_load(write_file("good.conf", good), &r, err,
+                                     sizeof err),
+                     RATE_OK);
+    rate_limiter_t *lim = limiter_fake();
+    atomic_store(&fake_now, 999 * SEC); /* the limiter's clock: unused */
+    rate_attr_t a = {"route", "/search"};
+    rate_outcome_t o;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(rate_rules_check_at(r, lim, "fay", 3, &a, 1, 1, 0,
+                                             5 * SEC, &o),
+                         RATE_OK);
+        assert_true(o.allowed);
+    }
+    assert_int_equal(rate_rules_check_at(r, lim, "fay", 3, &a, 1, 1, 0,
+                                         5 * SEC, &o),
+                     RATE_OK);
+    assert_false(o.allowed);
+    assert_int_equal(o.applied[0].decision.retry_after_ns, 500 * MS);
+    assert_true(o.applied[1].refunded);
+    /* 500 ms later by the caller's clock, a token is back. */
+    assert_int_equal(rate_rules_check_at(r, lim, "fay", 3, &a, 1, 1, 0,
+                                         5 * SEC + 500 * MS, &o),
+                     RATE_OK);
+    assert_true(o.allowed);
+    assert_int_equal(o.applied[1].decision.remaining, 0); /* 4 of 4 */
+    assert_int_equal(rate_rules_check_at(r, lim, "fay", 3, &a, 1, 1, 0,
+                                         RATE_TIME_MAX + 1, &o),
+                     RATE_ERANGE);
+    assert_int_equal(o.count, 0);
+    rate_limiter_free(lim);
+    rate_rules_free(r);
+}
+
 /* A per-route and a per-user limit on one request: it passes only if both
  * do, and a denial by either charges the other nothing. */
 static void both_limits_or_neither(void **state)
@@ -539,6 +578,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(matching_tiers_routes_and_default),
         cmocka_unit_test(both_limits_or_neither),
+        cmocka_unit_test(at_the_callers_time),
         cmocka_unit_test(store_errors_in_an_outcome),
         cmocka_unit_test(errors_name_file_and_line),
         cmocka_unit_test(reload_keeps_state_and_refuses_bad_files),
