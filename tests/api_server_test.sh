@@ -30,7 +30,10 @@ expect() { # expect WHAT GOT WANT
 start() {
   local config=$1
   shift
-  "$SERVER" --listen 127.0.0.1:0 --config "$config" "$@" 2>"$tmp/log" &
+  # emptied here, not by the child's redirection: that one may come after
+  # the loop below has read the last server's port
+  : >"$tmp/log"
+  "$SERVER" --listen 127.0.0.1:0 --config "$config" "$@" 2>>"$tmp/log" &
   pid=$!
   local port=
   for _ in $(seq 1 400); do
