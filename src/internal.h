@@ -55,7 +55,49 @@ struct rate_policy {
      * one limit of a fixed size (what rate_state_acquire runs), else NULL. */
     int (*plain)(const rate_acquire_t *req, uint64_t n, uint64_t now,
                  uint8_t *st, size_t len, uint64_t *ttl_ns);
+    /* The policy's name ("" none): metadata for headers and metrics, not
+     * part of the fingerprint or of the store's record (a rename never
+     * moves a key to another policy).  Last, so that the fields the
+     * decision reads share their cache lines as before. */
+    char name[RATE_POLICY_NAME_MAX + 1];
 };
+
+/* The policy's canonical text without its name: what a store's record of
+ * the policy holds (src/registry.c).  As rate_policy_format otherwise. */
+size_t rate__policy_format_limits(const rate_policy_t *p, char *buf,
+                                  size_t len);
+
+/* The limiter's calls under a policy the caller gives (the rules',
+ * src/rules.c), as rate_limiter_check_at and rate_limiter_refund_at;
+ * clock_time: now_ns is the limiter's clock (rate__limiter_now), which a
+ * store with its own clock may replace. */
+uint64_t rate__limiter_now(rate_limiter_t *lim);
+int rate__limiter_decide_policy(rate_limiter_t *lim, const rate_policy_t *p,
+                                const char *key, size_t key_len,
+                                uint64_t permits, uint64_t max_wait_ns,
+                                uint64_t now_ns, bool clock_time,
+                                rate_decision_t *out);
+int rate__limiter_refund_policy(rate_limiter_t *lim, const rate_policy_t *p,
+                                const char *key, size_t key_len,
+                                uint64_t permits, uint64_t now_ns,
+                                bool clock_time);
+
+/* One item of the RateLimit fields (src/headers.c): a policy's name, the
+ * limit its decision names (NULL: none to describe), the decision, and
+ * permits given back after it (a rules request another policy denied). */
+typedef struct rate__hitem {
+    const char *name;
+    bool unlimited;
+    const rate_limit_t *limit;
+    const rate_decision_t *d;
+    uint64_t room;
+} rate__hitem_t;
+int rate__headers_items(const rate__hitem_t *items, size_t n,
+                        rate_headers_t *out);
+
+/* Generations of a rules object not yet freed (the current one
+ * included): for the tests' count (src/rules.c). */
+size_t rate__rules_live(rate_rules_t *rules);
 
 /* ------------------------------------------------------------ algorithms */
 

@@ -18,6 +18,7 @@
  * a store holds a lock.
  */
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "registry.h"
@@ -63,14 +64,17 @@ typedef struct plan {
 } plan_t;
 
 struct rate_limiter {
+    /* The decision path's fields first, in the order that keeps them in
+     * the first cache line (low_water starts the second). */
     const rate_store_methods_t *m; /* the store's, for the hot path */
     void *self;
+    rate_listen_fn listen; /* NULL: none */
     bool fast;      /* the bool calls may try m->acquire */
     bool check_policy; /* the store has check_policy: a resolver's
                           policies are checked at each decision */
-    rate_space_t space;
     uint8_t format; /* written: RATE__FORMAT, or the first edition's */
     bool shadow;
+    rate_space_t space;
     rate_clock_t clock;
     _Atomic(plan_t *) plan;
     _Atomic uint64_t low_water; /* 0: none given */
@@ -82,6 +86,7 @@ struct rate_limiter {
     rate__book_t fb_book;
     rate_resolve_fn resolve;
     void *resolve_ud;
+    void *listen_ud;
     rate_fail_mode_t fail_mode;
     unsigned max_retries;
     pthread_mutex_t plan_lock; /* replacing the plan; adding a tally */
@@ -90,6 +95,8 @@ struct rate_limiter {
 
     atomic_uint_fast64_t retries, store_errors;
 };
+_Static_assert(offsetof(struct rate_limiter, plan) + sizeof(void *) <= 64,
+               "the decision path's fields fit one cache line");
 
 /* The limiter's clock; the library's own read without the indirect call. */
 static inline uint64_t clock_now(const rate_limiter_t *lim)
@@ -156,6 +163,34 @@ static inline void count_verdict(rate_limiter_t *lim, bool allowed)
 
     if (t != NULL) /* NULL: out of memory, this verdict goes uncounted */
         bump(allowed ? &t->allowed : &t->denied);
+}
+
+/* Tells the listener of a decision (its caller has checked that there is
+ * one): kept out of line, so that a limiter without one pays a load and a
+ * branch on the decision path and nothing else. */
+static __attribute__((noinline)) void tell(rate_limiter_t *lim,
+                                           const rate_policy_t *p,
+                                           const char *key, size_t key_len,
+                                           bool allowed,
+                                           const rate_decision_t *d)
+{
+    /* Without a record (the bool calls' fast path) `allowed` is the
+     * store's verdict, before shadow mode. */
+    bool shadow = d != NULL ? d->shadow : !allowed && lim->shadow;
+    rate_event_t ev = {key,
+                       key_len,
+                       p,
+                       p->name,
+                       allowed || shadow,
+                       shadow,
+                       d != NULL ? d->reason
+                                 : allowed ? RATE_REASON_ALLOWED
+                                           : RATE_REASON_LIMITED,
+                       d != NULL && d->reason == RATE_REASON_STORE_ERROR
+                           ? d->error
+                           : 0,
+                       d};
+    lim->listen(lim->listen_ud, &ev);
 }
 
 /* ------------------------------------------------------------ lifecycle */
@@ -243,6 +278,8 @@ int rate_limiter_new(const rate_limiter_config_t *cfg, rate_limiter_t **out)
     atomic_init(&lim->low_water, 0);
     lim->resolve = cfg->resolve;
     lim->resolve_ud = cfg->resolve_ud;
+    lim->listen = cfg->listener;
+    lim->listen_ud = cfg->listener_ud;
     lim->clock = cfg->clock != NULL
                      ? *cfg->clock
                      : (rate_clock_t){rate__clock_exact, rate__clock_sleep,
@@ -415,11 +452,16 @@ static RATE__ALWAYS_INLINE int store_part(rate_limiter_t *lim, rate_store_t *sto
 
 /* The key's policy (the resolver's, else the default) and its tag in the
  * store; a store error when the tag had to be looked up and could not. */
-static int policy_for(rate_limiter_t *lim, const char *key, size_t key_len,
+static int policy_for(rate_limiter_t *lim, const rate_policy_t *force,
+                      const char *key, size_t key_len,
                       const rate_policy_t **p, uint32_t *tag)
 {
     *p = NULL;
     *tag = 0;
+    if (force != NULL) { /* the rules' (rate__limiter_decide_policy) */
+        *p = force;
+        return force->unlimited ? RATE_OK : tag_of(lim, &lim->book, force, tag);
+    }
     if (lim->resolve != NULL &&
         (*p = lim->resolve(lim->resolve_ud, key, key_len)) != NULL) {
         if ((*p)->unlimited)
@@ -438,7 +480,8 @@ static int policy_for(rate_limiter_t *lim, const char *key, size_t key_len,
 /* Before the store: the input checked (RATE_E* for bad input), the step's
  * argument made; *store_rc is the store's error if the policy's tag could
  * not be had (the fail mode's then). */
-static RATE__ALWAYS_INLINE int prepare(rate_limiter_t *lim, const char *key, size_t key_len,
+static RATE__ALWAYS_INLINE int prepare(rate_limiter_t *lim,
+                   const rate_policy_t *force, const char *key, size_t key_len,
                    uint64_t permits, uint64_t max_wait, uint64_t now,
                    bool detail, rate__op_t op, rate_decision_t *d,
                    rate__step_arg_t *arg, int *store_rc)
@@ -451,7 +494,7 @@ static RATE__ALWAYS_INLINE int prepare(rate_limiter_t *lim, const char *key, siz
     if (permits > RATE_TIME_MAX || max_wait > RATE_TIME_MAX ||
         now > RATE_TIME_MAX)
         return RATE_ERANGE;
-    *store_rc = policy_for(lim, key, key_len, &p, &tag);
+    *store_rc = policy_for(lim, force, key, key_len, &p, &tag);
     *arg = (rate__step_arg_t){p,   tag,     lim->format, &lim->book.known,
                               now, permits, max_wait,    detail,
                               op,  d,       0,           0};
@@ -495,9 +538,13 @@ static RATE__ALWAYS_INLINE void finish(rate_limiter_t *lim, rate__step_arg_t *ar
         d->shadow = true;
         d->retry_after_ns = d->reason == RATE_REASON_NEVER ? RATE_NEVER : 0;
     }
+    if (lim->listen != NULL)
+        tell(lim, arg->policy, k->bytes, k->len, d->allowed, d);
 }
 
-static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim, const char *key,
+static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim,
+                                      const rate_policy_t *force,
+                                      const char *key,
                                       size_t key_len, uint64_t permits,
                                       uint64_t max_wait, uint64_t now,
                                       bool clock_time, bool detail,
@@ -510,13 +557,15 @@ static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim, const char *key,
         memset(d, 0, sizeof *d);
     if (lim == NULL || d == NULL)
         return RATE_EINVAL;
-    rc = prepare(lim, key, key_len, permits, max_wait, now, detail,
+    rc = prepare(lim, force, key, key_len, permits, max_wait, now, detail,
                  RATE__OP_DECIDE, d, &arg, &store_rc);
     if (rc != RATE_OK)
         return rc;
     if (arg.policy->unlimited) { /* no store, no record: always allowed */
         rate__unlimited_decision(d);
         count_verdict(lim, true);
+        if (lim->listen != NULL)
+            tell(lim, arg.policy, key, key_len, true, d);
         return RATE_OK;
     }
     rate_key_t k = {key, key_len, lim->space};
@@ -536,7 +585,7 @@ static __attribute__((noinline)) bool try_general(rate_limiter_t *lim,
 {
     rate_decision_t d;
 
-    return decide(lim, key, len, permits, 0, now, clock_time, false, &d) ==
+    return decide(lim, NULL, key, len, permits, 0, now, clock_time, false, &d) ==
                RATE_OK &&
            d.allowed;
 }
@@ -564,6 +613,8 @@ static RATE__ALWAYS_INLINE bool try_acquire(rate_limiter_t *lim,
     if (v < 0)
         return try_general(lim, key, len, permits, now, clock_time);
     count_verdict(lim, v);
+    if (lim->listen != NULL)
+        tell(lim, &pl->policy, key, len, v, NULL);
     return v | lim->shadow;
 }
 
@@ -603,9 +654,9 @@ int rate_limiter_check(rate_limiter_t *lim, const char *key, size_t key_len,
                        rate_decision_t *out)
 {
     if (lim == NULL)
-        return decide(NULL, key, key_len, permits, max_wait_ns, 0, true,
+        return decide(NULL, NULL, key, key_len, permits, max_wait_ns, 0, true,
                       true, out);
-    return decide(lim, key, key_len, permits, max_wait_ns, clock_now(lim),
+    return decide(lim, NULL, key, key_len, permits, max_wait_ns, clock_now(lim),
                   true, true, out);
 }
 
@@ -614,7 +665,7 @@ int rate_limiter_check_at(rate_limiter_t *lim, const char *key,
                           uint64_t max_wait_ns, uint64_t now_ns,
                           rate_decision_t *out)
 {
-    return decide(lim, key, key_len, permits, max_wait_ns, now_ns, false, true,
+    return decide(lim, NULL, key, key_len, permits, max_wait_ns, now_ns, false, true,
                   out);
 }
 
@@ -626,7 +677,7 @@ int rate_limiter_acquire(rate_limiter_t *lim, const char *key, size_t key_len,
     int rc;
 
     if (lim == NULL)
-        return decide(NULL, key, key_len, permits, 0, 0, true, true,
+        return decide(NULL, NULL, key, key_len, permits, 0, 0, true, true,
                       out);
     if (timeout_ns > RATE_TIME_MAX)
         timeout_ns = RATE_TIME_MAX;
@@ -635,7 +686,7 @@ int rate_limiter_acquire(rate_limiter_t *lim, const char *key, size_t key_len,
         uint64_t now = clock_now(lim);
         uint64_t left = deadline > now ? deadline - now : 0;
         /* Buckets reserve up to the deadline; windows ignore max_wait. */
-        rc = decide(lim, key, key_len, permits, left, now, true, true,
+        rc = decide(lim, NULL, key, key_len, permits, left, now, true, true,
                     out);
         if (rc != RATE_OK)
             return rc;
@@ -739,7 +790,7 @@ int rate_limiter_check_async(rate_limiter_t *lim, const char *key,
     a->cb = cb;
     a->ud = ud;
     a->now = clock_now(lim);
-    rc = prepare(lim, key, key_len, permits, max_wait_ns, a->now, true,
+    rc = prepare(lim, NULL, key, key_len, permits, max_wait_ns, a->now, true,
                  RATE__OP_DECIDE, &a->d, &a->arg, &store_rc);
     if (rc != RATE_OK) {
         free(a);
@@ -748,6 +799,8 @@ int rate_limiter_check_async(rate_limiter_t *lim, const char *key,
     if (a->arg.policy->unlimited) { /* answered at once, as decide() does */
         rate__unlimited_decision(&a->d);
         count_verdict(lim, true);
+        if (lim->listen != NULL)
+            tell(lim, a->arg.policy, key, key_len, true, &a->d);
         cb(ud, RATE_OK, &a->d);
         free(a);
         return RATE_OK;
@@ -772,7 +825,8 @@ int rate_limiter_check_async(rate_limiter_t *lim, const char *key,
 /* A refund or a penalty on key at now, under the key's policy: the step's
  * adjust pass through the store (no fail mode: the store's error is the
  * call's). */
-static int adjust_key(rate_limiter_t *lim, const char *key, size_t key_len,
+static int adjust_key(rate_limiter_t *lim, const rate_policy_t *force,
+                      const char *key, size_t key_len,
                       uint64_t permits, uint64_t now, bool clock_time,
                       rate__op_t op)
 {
@@ -782,7 +836,7 @@ static int adjust_key(rate_limiter_t *lim, const char *key, size_t key_len,
 
     if (lim == NULL)
         return RATE_EINVAL;
-    rc = prepare(lim, key, key_len, permits, 0, now, false, op, &d, &arg,
+    rc = prepare(lim, force, key, key_len, permits, 0, now, false, op, &d, &arg,
                  &store_rc);
     if (rc != RATE_OK || store_rc != RATE_OK)
         return rc != RATE_OK ? rc : store_rc;
@@ -795,7 +849,7 @@ static int adjust_key(rate_limiter_t *lim, const char *key, size_t key_len,
 int rate_limiter_refund(rate_limiter_t *lim, const char *key, size_t key_len,
                         uint64_t permits)
 {
-    return adjust_key(lim, key, key_len, permits,
+    return adjust_key(lim, NULL, key, key_len, permits,
                       lim != NULL ? clock_now(lim) : 0, true,
                       RATE__OP_REFUND);
 }
@@ -803,14 +857,14 @@ int rate_limiter_refund(rate_limiter_t *lim, const char *key, size_t key_len,
 int rate_limiter_refund_at(rate_limiter_t *lim, const char *key,
                            size_t key_len, uint64_t permits, uint64_t now_ns)
 {
-    return adjust_key(lim, key, key_len, permits, now_ns, false,
+    return adjust_key(lim, NULL, key, key_len, permits, now_ns, false,
                       RATE__OP_REFUND);
 }
 
 int rate_limiter_penalize(rate_limiter_t *lim, const char *key,
                           size_t key_len, uint64_t permits)
 {
-    return adjust_key(lim, key, key_len, permits,
+    return adjust_key(lim, NULL, key, key_len, permits,
                       lim != NULL ? clock_now(lim) : 0, true,
                       RATE__OP_PENALTY);
 }
@@ -818,7 +872,7 @@ int rate_limiter_penalize(rate_limiter_t *lim, const char *key,
 int rate_limiter_penalize_at(rate_limiter_t *lim, const char *key,
                              size_t key_len, uint64_t permits, uint64_t now_ns)
 {
-    return adjust_key(lim, key, key_len, permits, now_ns, false,
+    return adjust_key(lim, NULL, key, key_len, permits, now_ns, false,
                       RATE__OP_PENALTY);
 }
 
@@ -855,4 +909,34 @@ int rate_limiter_stats(rate_limiter_t *lim, rate_stats_t *out)
     out->store_errors +=
         atomic_load_explicit(&lim->store_errors, memory_order_relaxed);
     return RATE_OK;
+}
+
+/* ------------------------------------------------- for the rules */
+
+uint64_t rate__limiter_now(rate_limiter_t *lim)
+{
+    return clock_now(lim);
+}
+
+int rate__limiter_decide_policy(rate_limiter_t *lim, const rate_policy_t *p,
+                                const char *key, size_t key_len,
+                                uint64_t permits, uint64_t max_wait_ns,
+                                uint64_t now_ns, bool clock_time,
+                                rate_decision_t *out)
+{
+    if (p == NULL)
+        return RATE_EINVAL;
+    return decide(lim, p, key, key_len, permits, max_wait_ns, now_ns,
+                  clock_time, true, out);
+}
+
+int rate__limiter_refund_policy(rate_limiter_t *lim, const rate_policy_t *p,
+                                const char *key, size_t key_len,
+                                uint64_t permits, uint64_t now_ns,
+                                bool clock_time)
+{
+    if (p == NULL)
+        return RATE_EINVAL;
+    return adjust_key(lim, p, key, key_len, permits, now_ns, clock_time,
+                      RATE__OP_REFUND);
 }

@@ -257,6 +257,50 @@ int rate_policy_new(const rate_limit_t *limits, size_t count,
     return RATE_OK;
 }
 
+/* Checks a policy name (RATE_POLICY_NAME_MAX bytes of [A-Za-z0-9._-]). */
+static int check_name(const char *name, size_t len, char *err, size_t errlen)
+{
+    if (len > RATE_POLICY_NAME_MAX)
+        return rate__fail(err, errlen, RATE_EINVAL,
+                          "policy name '%.*s...' is longer than %d bytes",
+                          16, name, RATE_POLICY_NAME_MAX);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if (!isalnum(c) && c != '.' && c != '_' && c != '-') {
+            char b[16];
+            if (isgraph(c))
+                snprintf(b, sizeof b, "'%c'", c);
+            else
+                snprintf(b, sizeof b, "byte 0x%02x", (unsigned)c);
+            return rate__fail(err, errlen, RATE_EINVAL,
+                              "policy name '%.*s' has %s; a name is letters, "
+                              "digits, '.', '_' and '-'",
+                              (int)len, name, b);
+        }
+    }
+    return RATE_OK;
+}
+
+int rate_policy_set_name(rate_policy_t *policy, const char *name, char *err,
+                         size_t errlen)
+{
+    size_t len = name != NULL ? strlen(name) : 0;
+    int rc;
+
+    if (policy == NULL)
+        return rate__fail(err, errlen, RATE_EINVAL, "no policy (NULL)");
+    if ((rc = check_name(name, len, err, errlen)) != RATE_OK)
+        return rc;
+    memcpy(policy->name, name != NULL ? name : "", len);
+    policy->name[len] = '\0';
+    return RATE_OK;
+}
+
+const char *rate_policy_name(const rate_policy_t *policy)
+{
+    return policy != NULL ? policy->name : "";
+}
+
 int rate_policy_unlimited(rate_policy_t **out)
 {
     rate_policy_t *p;
@@ -727,6 +771,32 @@ int rate_policy_parse(const char *text, rate_policy_t **out, char *err,
     *out = NULL;
     if (text == NULL)
         return fail(err, errlen, "policy text is NULL");
+    /* An optional first word name=NAME. */
+    const char *name = NULL;
+    size_t name_len = 0;
+    while (is_sep(*s))
+        s++;
+    if (strncmp(s, "name=", 5) == 0) {
+        name = s + 5;
+        while (s[name_len + 5] != '\0' && s[name_len + 5] != ';' &&
+               !isspace((unsigned char)s[name_len + 5]))
+            name_len++;
+        if (name_len == 0)
+            return fail(err, errlen, "name= is empty; write name=NAME before "
+                        "the first limit, or leave it out");
+        char why[200];
+        if (check_name(name, name_len, why, sizeof why) != RATE_OK)
+            return fail(err, errlen, "%s", why);
+        s = name + name_len;
+        if (*s == ';')
+            return fail(err, errlen, "name=%.*s is followed by ';'; the "
+                        "name comes before the first limit, with a space",
+                        (int)name_len, name);
+        if (*s == '\0' || strspn(s, " \t") == strlen(s))
+            return fail(err, errlen, "name=%.*s names no limit; a policy "
+                        "needs at least one limit (or 'unlimited')",
+                        (int)name_len, name);
+    }
     for (;;) {
         const char *end = strchr(s, ';');
         size_t len = end ? (size_t)(end - s) : strlen(s);
@@ -750,12 +820,35 @@ int rate_policy_parse(const char *text, rate_policy_t **out, char *err,
             break;
         s = end + 1;
     }
-    if (unlimited)
-        return rate_policy_unlimited(out);
-    return rate_policy_new(limits, count, out, err, errlen);
+    rc = unlimited ? rate_policy_unlimited(out)
+                   : rate_policy_new(limits, count, out, err, errlen);
+    if (rc == RATE_OK && name != NULL) {
+        memcpy((*out)->name, name, name_len);
+        (*out)->name[name_len] = '\0';
+    }
+    return rc;
 }
 
 size_t rate_policy_format(const rate_policy_t *p, char *buf, size_t len)
+{
+    size_t used = 0;
+
+    if (p == NULL)
+        return 0;
+    if (buf != NULL && len > 0)
+        buf[0] = '\0';
+    if (p->name[0] != '\0') {
+        used = strlen(p->name) + 6; /* "name=" NAME " " */
+        if (buf != NULL && len > 0)
+            snprintf(buf, len, "name=%s ", p->name);
+    }
+    if (buf != NULL && used < len)
+        return used + rate__policy_format_limits(p, buf + used, len - used);
+    return used + rate__policy_format_limits(p, NULL, 0);
+}
+
+size_t rate__policy_format_limits(const rate_policy_t *p, char *buf,
+                                  size_t len)
 {
     size_t used = 0;
     char tmp[160];

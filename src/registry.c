@@ -154,7 +154,7 @@ static int register_policy(rate__book_t *b, const rate_policy_t *p,
                            uint32_t *id)
 {
     char text[TEXT_MAX], kb[4];
-    size_t len = rate_policy_format(p, text, sizeof text);
+    size_t len = rate__policy_format_limits(p, text, sizeof text);
     uint32_t try = p->fingerprint != 0 ? p->fingerprint : 1;
 
     if (len >= sizeof text)

@@ -56,8 +56,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (need < sizeof canon) {
             if (rate_policy_parse(canon, &q, err, sizeof err) != RATE_OK)
                 abort(); /* the canonical form must parse */
-            if (rate_policy_count(p) != rate_policy_count(q))
-                abort();
+            if (rate_policy_count(p) != rate_policy_count(q) ||
+                strcmp(rate_policy_name(p), rate_policy_name(q)) != 0)
+                abort(); /* limits and name survive the round trip */
             for (size_t i = 0; i < rate_policy_count(p); i++)
                 if (memcmp(rate_policy_limit(p, i), rate_policy_limit(q, i),
                            sizeof(rate_limit_t)) != 0)

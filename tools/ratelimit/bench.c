@@ -203,6 +203,26 @@ static double hot_given_len(rate_limiter_t *lim)
     return (double)(now_ns() - t0) / (double)iters;
 }
 
+/* The full call on the hot key at the caller's time. */
+static double hot_check_given(rate_limiter_t *lim)
+{
+    rate_decision_t d;
+    uint64_t ok = 0, t0 = now_ns(), t = t0;
+    for (uint64_t i = 0; i < iters; i++) {
+        rate_limiter_check_at(lim, keys[42], KEYLEN, 1, 0, t + i, &d);
+        ok += d.allowed;
+    }
+    sink = ok;
+    return (double)(now_ns() - t0) / (double)iters;
+}
+
+/* A listener as cheap as one can be: a count (the thread's own). */
+static void count_event(void *ud, const rate_event_t *ev)
+{
+    (void)ev;
+    ++*(uint64_t *)ud;
+}
+
 /* 1M keys at random on the limiter's own clock. */
 static double random_keys_clock(rate_limiter_t *lim)
 {
@@ -730,6 +750,30 @@ int cmd_bench(int argc, char **argv)
         per_algo[a] = best(m_hot_given, lim);
         rate_limiter_free(lim);
     }
+    /* A listener: none (every figure above) against one set, the bool
+     * call and the full call, the four measured in turn each round. */
+    note("listener");
+    static uint64_t heard;
+    rate_limiter_t *quiet = limiter(OPEN_TB, NULL), *loud;
+    {
+        rate_policy_t *p;
+        if (rate_policy_parse(OPEN_TB, &p, NULL, 0) != RATE_OK)
+            exit(cli_fail("bench: policy"));
+        rate_limiter_config_t cfg = {.policy = p, .listener = count_event,
+                                     .listener_ud = &heard};
+        if (rate_limiter_new(&cfg, &loud) != RATE_OK)
+            exit(cli_fail("bench: cannot make a limiter"));
+        rate_policy_free(p);
+    }
+    double l_bool[2] = {1e300, 1e300}, l_check[2] = {1e300, 1e300};
+    for (unsigned r = 0; r < rounds; r++) {
+        l_bool[0] = lesser(l_bool[0], hot_given_len(quiet));
+        l_bool[1] = lesser(l_bool[1], hot_given_len(loud));
+        l_check[0] = lesser(l_check[0], hot_check_given(quiet));
+        l_check[1] = lesser(l_check[1], hot_check_given(loud));
+    }
+    rate_limiter_free(quiet);
+    rate_limiter_free(loud);
     if (have_two)
         unpin(&all);
     note("replay");
@@ -795,6 +839,11 @@ int cmd_bench(int argc, char **argv)
     for (int a = 0; a < 5; a++)
         printf("  %-40s %8.1f %7.2fx\n", algos[a], per_algo[a],
                per_algo[a] / f_cas);
+    printf("\na listener, hot key, caller's time   ns none    ns set   set/none\n");
+    printf("  %-32s %8.1f %9.1f %9.2fx\n", "bool call (key, length)",
+           l_bool[0], l_bool[1], l_bool[1] / l_bool[0]);
+    printf("  %-32s %8.1f %9.1f %9.2fx\n", "full call (rate_limiter_check_at)",
+           l_check[0], l_check[1], l_check[1] / l_check[0]);
     printf("\nreplay, memory store, token bucket (2M lines)   lines/s\n");
     printf("  %-40s %12.0f\n", "one key", replay_one);
     printf("  %-40s %12.0f\n", "100k keys", replay_many);

@@ -1,0 +1,404 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * api-server: a small HTTP API on libmicrohttpd, limited by libratelimit.
+ *
+ *   api-server --listen 127.0.0.1:PORT --config FILE [--store URL]
+ *              [--no-limit]
+ *
+ * Every path but /metrics is an API call: its key is the X-API-Key header
+ * (or "ip:ADDRESS" without one), its attributes the API key, the route
+ * (the path), the method and the client address, and the rules file
+ * decides it (rate_rules_check).  Allowed: 200 with the RateLimit fields;
+ * denied: 429 with them, Retry-After and an RFC 9457 problem body; the
+ * store failing under fail-closed: 503 with a problem body.  /metrics is
+ * the Prometheus exposition the limiter's listener feeds.  SIGHUP, or a
+ * change of the file (checked every 200 ms), reloads the rules; a bad file
+ * is reported and the old rules stay.  SIGINT or SIGTERM stops.
+ * --no-limit answers every call as allowed without asking the limiter
+ * (the bench's baseline).  See docs/api-server.md.
+ */
+#include <errno.h>
+#include <microhttpd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include <ratelimit.h>
+
+#include "metrics.h"
+
+typedef struct server {
+    rate_rules_t *rules;
+    rate_limiter_t *lim;
+    rate_store_t *store;
+    metrics_t *metrics;
+    const char *config;
+    int no_limit;
+} server_t;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned status,
+                             const char *type, const char *body,
+                             const rate_headers_t *h)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (r == NULL)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    if (h != NULL) {
+        if (h->policy[0] != '\0')
+            MHD_add_response_header(r, "RateLimit-Policy", h->policy);
+        if (h->ratelimit[0] != '\0')
+            MHD_add_response_header(r, "RateLimit", h->ratelimit);
+        if (h->retry_after[0] != '\0')
+            MHD_add_response_header(r, "Retry-After", h->retry_after);
+    }
+    enum MHD_Result rc = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
+/* JSON string contents: quotes, backslashes and control bytes escaped. */
+static void json_escape(const char *s, char *out, size_t len)
+{
+    size_t o = 0;
+    for (; *s != '\0' && o + 7 < len; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') {
+            out[o++] = '\\';
+            out[o++] = (char)ch;
+        } else if (ch < 0x20) {
+            o += (size_t)snprintf(out + o, len - o, "\\u%04x", ch);
+        } else {
+            out[o++] = (char)ch;
+        }
+    }
+    out[o] = '\0';
+}
+
+/* The RFC 9457 problem body of a denial (429) or a store failure (503). */
+static void problem(const rate_outcome_t *o, const rate_headers_t *h,
+                    const char *path, char *body, size_t len)
+{
+    char inst[512];
+    json_escape(path, inst, sizeof inst);
+    if (h->status == 503) {
+        snprintf(body, len,
+                 "{\"type\":\"about:blank\",\"title\":\"Service "
+                 "Unavailable\",\"status\":503,\"detail\":\"The rate "
+                 "limiter's store is not answering.\",\"instance\":\"%s\"}",
+                 inst);
+        return;
+    }
+    const char *name = o->denied_by >= 0
+                           ? o->applied[o->denied_by].policy_name
+                           : "";
+    if (h->retry_after[0] != '\0')
+        snprintf(body, len,
+                 "{\"type\":\"about:blank\",\"title\":\"Too Many "
+                 "Requests\",\"status\":429,\"detail\":\"Policy '%s' "
+                 "allows no more requests now; retry after %s s.\","
+                 "\"instance\":\"%s\",\"policy\":\"%s\",\"retry_after\":%s}",
+                 name, h->retry_after, inst, name, h->retry_after);
+    else
+        snprintf(body, len,
+                 "{\"type\":\"about:blank\",\"title\":\"Too Many "
+                 "Requests\",\"status\":429,\"detail\":\"Policy '%s' can "
+                 "never allow this request.\",\"instance\":\"%s\","
+                 "\"policy\":\"%s\"}",
+                 name, inst, name);
+}
+
+static enum MHD_Result serve_metrics(server_t *s, struct MHD_Connection *c)
+{
+    static _Thread_local char buf[65536];
+    size_t n = metrics_format(s->metrics, s->lim,
+                              rate_rules_generation(s->rules), buf,
+                              sizeof buf);
+    if (n == 0)
+        return reply(c, 500, "text/plain", "metrics too large\n", NULL);
+    return reply(c, 200, "text/plain; version=0.0.4", buf, NULL);
+}
+
+/* Writes v (0..255) in decimal; returns the bytes written. */
+static size_t put_octet(char *out, unsigned v)
+{
+    size_t n = 0;
+    if (v >= 100)
+        out[n++] = (char)('0' + v / 100);
+    if (v >= 10)
+        out[n++] = (char)('0' + v / 10 % 10);
+    out[n++] = (char)('0' + v % 10);
+    return n;
+}
+
+/* The peer's address as text (an IPv4 address by hand: inet_ntop goes
+ * through snprintf, a good part of a request's cost here). */
+static void client_address(struct MHD_Connection *c, char *out, size_t len)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    snprintf(out, len, "unknown");
+    if (ci == NULL || ci->client_addr == NULL)
+        return;
+    const struct sockaddr *sa = ci->client_addr;
+    if (sa->sa_family == AF_INET && len >= INET_ADDRSTRLEN) {
+        const uint8_t *b =
+            (const uint8_t *)&((const struct sockaddr_in *)sa)->sin_addr;
+        size_t n = 0;
+        for (int i = 0; i < 4; i++) {
+            if (i > 0)
+                out[n++] = '.';
+            n += put_octet(out + n, b[i]);
+        }
+        out[n] = '\0';
+    } else if (sa->sa_family == AF_INET6) {
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr,
+                  out, (socklen_t)len);
+    }
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
+                                  const char *url, const char *method,
+                                  const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls)
+{
+    static int started;
+    server_t *s = cls;
+    (void)version;
+    (void)upload;
+
+    if (*con_cls == NULL) { /* the headers are in; the body (if any) next */
+        *con_cls = &started;
+        return MHD_YES;
+    }
+    if (*upload_size != 0) { /* a body is ignored */
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (strcmp(url, "/metrics") == 0)
+        return serve_metrics(s, c);
+    if (s->no_limit)
+        return reply(c, 200, "application/json", "{\"status\":\"ok\"}\n",
+                     NULL);
+
+    char addr[64], key[RATE_KEY_MAX + 1];
+    client_address(c, addr, sizeof addr);
+    const char *api_key =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-API-Key");
+    const char *prefix = "key:", *id = api_key;
+    if (api_key == NULL || api_key[0] == '\0') {
+        prefix = "ip:";
+        id = addr;
+    }
+    size_t plen = strlen(prefix), idlen = strlen(id);
+    if (idlen > RATE_KEY_MAX - plen) /* too long: rate_rules_check says so */
+        idlen = RATE_KEY_MAX - plen + 1;
+    memcpy(key, prefix, plen);
+    memcpy(key + plen, id, idlen);
+    size_t key_len = plen + idlen;
+    rate_attr_t attrs[] = {{"api_key", api_key != NULL ? api_key : ""},
+                           {"route", url},
+                           {"method", method},
+                           {"client", addr}};
+    rate_outcome_t o;
+    rate_headers_t h;
+    uint64_t t0 = now_ns();
+    int rc = rate_rules_check(s->rules, s->lim, key, key_len, attrs,
+                              sizeof attrs / sizeof attrs[0], 1, 0, &o);
+    metrics_latency(s->metrics, now_ns() - t0);
+    if (rc != RATE_OK) /* a key too long for the store */
+        return reply(c, 400, "application/problem+json",
+                     "{\"type\":\"about:blank\",\"title\":\"Bad Request\","
+                     "\"status\":400,\"detail\":\"The API key is too "
+                     "long.\"}",
+                     NULL);
+    rate_outcome_headers(&o, &h);
+    if (h.status == 0)
+        return reply(c, 200, "application/json", "{\"status\":\"ok\"}\n", &h);
+    char body[1024];
+    problem(&o, &h, url, body, sizeof body);
+    return reply(c, (unsigned)h.status, "application/problem+json", body, &h);
+}
+
+/* ------------------------------------------------------------- reloads */
+
+typedef struct stamp {
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
+} stamp_t;
+
+static stamp_t stamp_of(const char *path)
+{
+    struct stat st;
+    stamp_t s = {0};
+    if (stat(path, &st) == 0)
+        s = (stamp_t){st.st_dev, st.st_ino, st.st_size, st.st_mtim};
+    return s;
+}
+
+static int same_stamp(stamp_t a, stamp_t b)
+{
+    return a.dev == b.dev && a.ino == b.ino && a.size == b.size &&
+           a.mtime.tv_sec == b.mtime.tv_sec &&
+           a.mtime.tv_nsec == b.mtime.tv_nsec;
+}
+
+static void reload(server_t *s, const char *why)
+{
+    char err[512];
+    if (rate_rules_reload(s->rules, NULL, err, sizeof err) == RATE_OK) {
+        metrics_reload(s->metrics, 1);
+        fprintf(stderr, "api-server: %s: rules reloaded (generation %llu)\n",
+                why, (unsigned long long)rate_rules_generation(s->rules));
+    } else {
+        metrics_reload(s->metrics, 0);
+        fprintf(stderr, "api-server: %s: %s; the rules in use stay\n", why,
+                err);
+    }
+}
+
+/* ---------------------------------------------------------------- main */
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: api-server --listen 127.0.0.1:PORT --config FILE "
+                    "[--store memory|redis://...] [--no-limit]\n");
+    return 2;
+}
+
+static int parse_listen(const char *text, struct sockaddr_in *sa)
+{
+    char host[64];
+    const char *colon = strrchr(text, ':');
+    if (colon == NULL || (size_t)(colon - text) >= sizeof host)
+        return -1;
+    memcpy(host, text, (size_t)(colon - text));
+    host[colon - text] = '\0';
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end != '\0' || colon[1] == '\0' || port < 0 || port > 65535)
+        return -1;
+    memset(sa, 0, sizeof *sa);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons((uint16_t)port);
+    return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    const char *listen = NULL, *store_url = "memory";
+    server_t s = {0};
+    char err[512];
+
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc)
+            listen = argv[++i];
+        else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+            s.config = argv[++i];
+        else if (strcmp(argv[i], "--store") == 0 && i + 1 < argc)
+            store_url = argv[++i];
+        else if (strcmp(argv[i], "--no-limit") == 0)
+            s.no_limit = 1;
+        else
+            return usage();
+    }
+    struct sockaddr_in sa;
+    if (listen == NULL || s.config == NULL)
+        return usage();
+    if (parse_listen(listen, &sa) != 0) {
+        fprintf(stderr, "api-server: --listen '%s' is not IPV4:PORT\n",
+                listen);
+        return 2;
+    }
+    if (rate_rules_load(s.config, &s.rules, err, sizeof err) != RATE_OK) {
+        fprintf(stderr, "api-server: %s\n", err);
+        return 2;
+    }
+    if (strcmp(store_url, "memory") != 0 &&
+        rate_store_redis_new(store_url, NULL, &s.store, err, sizeof err) !=
+            RATE_OK) {
+        fprintf(stderr, "api-server: --store %s: %s\n", store_url, err);
+        return 2;
+    }
+    if (metrics_new(&s.metrics) != 0)
+        return 1;
+    /* Requests no rule matches are unlimited. */
+    rate_policy_t *none;
+    if (rate_policy_parse("name=none unlimited", &none, err, sizeof err) !=
+        RATE_OK)
+        return 1;
+    rate_limiter_config_t cfg = {.policy = none,
+                                 .store = s.store,
+                                 .listener = metrics_listen,
+                                 .listener_ud = s.metrics};
+    if (rate_limiter_new(&cfg, &s.lim) != RATE_OK)
+        return 1;
+    rate_policy_free(none);
+
+    /* Signals are taken by sigtimedwait below: blocked in every thread. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGHUP);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+
+    struct MHD_Daemon *d = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG,
+        0, NULL, NULL, on_request, &s, MHD_OPTION_SOCK_ADDR,
+        (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE, 2u,
+        MHD_OPTION_CONNECTION_TIMEOUT, 30u, MHD_OPTION_END);
+    if (d == NULL) {
+        fprintf(stderr, "api-server: cannot listen on %s: %s\n", listen,
+                strerror(errno));
+        return 1;
+    }
+    const union MHD_DaemonInfo *di =
+        MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+    fprintf(stderr, "api-server: listening on %s:%u (store %s%s)\n", ip,
+            di != NULL ? di->port : ntohs(sa.sin_port), store_url,
+            s.no_limit ? ", limiter off" : "");
+
+    stamp_t seen = stamp_of(s.config);
+    for (;;) {
+        struct timespec tick = {0, 200000000};
+        int sig = sigtimedwait(&sigs, NULL, &tick);
+        if (sig == SIGINT || sig == SIGTERM)
+            break;
+        if (sig == SIGHUP) {
+            seen = stamp_of(s.config);
+            reload(&s, "SIGHUP");
+            continue;
+        }
+        stamp_t now = stamp_of(s.config);
+        if (!same_stamp(now, seen)) {
+            seen = now;
+            reload(&s, "file changed");
+        }
+    }
+    MHD_stop_daemon(d);
+    rate_limiter_free(s.lim);
+    rate_store_free(s.store);
+    rate_rules_free(s.rules);
+    metrics_free(s.metrics);
+    fprintf(stderr, "api-server: stopped\n");
+    return 0;
+}

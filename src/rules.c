@@ -1,0 +1,983 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Rules: which named policies a request gets, from a rules file, and how
+ * a new file replaces the old one while decisions run.
+ *
+ * A rules file (INI, read by libinih; docs/api-server.md) names policies
+ * in [policies] and lists [rule NAME] sections, each matching request
+ * attributes (strings the server passes: tier, route, client address...)
+ * to policies and the key each is charged under.  Rules are grouped: in
+ * each group the first rule that matches applies, and a request gets the
+ * policies of every group's match (a per-route limit beside a per-user
+ * one).  What a file holds is parsed whole into one immutable generation
+ * (gen_t); a file with any error is reported and thrown away, so a bad
+ * file never replaces a good one.
+ *
+ * Reloading swaps the current generation with one atomic pointer.  A
+ * decision holds the generation it read through a hazard pointer: its
+ * thread's slot (one per thread and rules object, found through a small
+ * thread-local cache, added once under the mutex) publishes the pointer,
+ * then reads the current one again to be sure it was not swapped
+ * meanwhile; no lock, and nothing shared is written but the thread's own
+ * slot.  A reload (serialised by the mutex) retires the old generation
+ * and frees every retired one no slot points at.  A thread holds at most
+ * one generation at a time, so at most one generation per thread stays
+ * retired: what is kept is bounded by the threads, never by the number of
+ * reloads.
+ *
+ * Every policy a generation names lives in it, and a decision's outcome
+ * copies what it needs (names, limits) before the hold ends, so an
+ * outcome outlives any reload.  A key's state carries over between
+ * generations as between any two policies (docs/algorithms.md, "Policy
+ * changes"): state is keyed by the key, never by the rules.
+ */
+#include <errno.h>
+#include <ini.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+#define SLOT_CACHE 4u
+#define ERR_MAX 512u
+#define DEFAULT_GROUP "default"
+
+typedef struct cond {
+    char *attr;
+    char *value; /* without the '*' of a prefix */
+    bool prefix; /* VALUE*: any value starting so ("*" alone: any value) */
+} cond_t;
+
+typedef struct alt { /* one match line: all its conditions hold */
+    cond_t *cond;
+    size_t count;
+} alt_t;
+
+typedef struct rule {
+    char *name;
+    char *group;
+    unsigned line;
+    alt_t *alt; /* none: matches every request */
+    size_t nalt;
+    const rate_policy_t *policy[RATE_RULES_MAX_APPLY];
+    size_t npolicy;
+    unsigned policy_line;
+    char **key_attr; /* none: the request's own key (or, shared, none) */
+    size_t nkey;
+    bool shared;     /* one key for every request the rule matches */
+    bool has_group, has_key;
+} rule_t;
+
+typedef struct named {
+    rate_policy_t *policy; /* its name is the [policies] entry's */
+} named_t;
+
+typedef struct gen {
+    named_t *named;
+    size_t nnamed;
+    rule_t *rule; /* in file order */
+    size_t nrule;
+    size_t *order; /* the rules by group, then file order */
+    size_t ngroup;
+    size_t *group_start; /* ngroup + 1 offsets into order */
+    uint64_t number;
+    struct gen *next_retired;
+} gen_t;
+
+typedef struct slot {
+    _Atomic(gen_t *) hp;
+    pthread_t owner;
+    struct slot *next;
+} slot_t;
+#define SLOT_SIZE ((sizeof(slot_t) + 63) / 64 * 64)
+
+struct rate_rules {
+    _Atomic(gen_t *) current;
+    slot_t *_Atomic slots;
+    pthread_mutex_t lock; /* reloads, adding a slot */
+    gen_t *retired;
+    char *path;
+    uint64_t id;
+    _Atomic uint64_t generation;
+    _Atomic size_t live; /* generations made and not yet freed */
+};
+
+static _Atomic uint64_t next_rules_id = 1;
+static _Thread_local struct {
+    uint64_t id[SLOT_CACHE];
+    slot_t *slot[SLOT_CACHE];
+} tls_slots;
+
+/* ------------------------------------------------------------ generations */
+
+static void gen_free(gen_t *g)
+{
+    if (g == NULL)
+        return;
+    for (size_t i = 0; i < g->nnamed; i++)
+        rate_policy_free(g->named[i].policy);
+    for (size_t i = 0; i < g->nrule; i++) {
+        rule_t *r = &g->rule[i];
+        for (size_t a = 0; a < r->nalt; a++) {
+            for (size_t c = 0; c < r->alt[a].count; c++) {
+                free(r->alt[a].cond[c].attr);
+                free(r->alt[a].cond[c].value);
+            }
+            free(r->alt[a].cond);
+        }
+        for (size_t k = 0; k < r->nkey; k++)
+            free(r->key_attr[k]);
+        free(r->key_attr);
+        free(r->alt);
+        free(r->name);
+        free(r->group);
+    }
+    free(g->named);
+    free(g->rule);
+    free(g->order);
+    free(g->group_start);
+    free(g);
+}
+
+/* -------------------------------------------------------------- parsing */
+
+typedef struct load {
+    gen_t *g;
+    const char *path;
+    FILE *file;
+    unsigned line;     /* of the line inih is on */
+    unsigned section_line; /* of the last [section] line read */
+    bool long_line;    /* the reader met a line too long for inih */
+    char err[ERR_MAX]; /* the first error, "" none */
+    unsigned err_line;
+    rule_t *cur;       /* the [rule] being read */
+    char section[256];
+    unsigned cur_section_line; /* where `section` began */
+} load_t;
+
+static bool lfail(load_t *l, unsigned line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static bool lfail(load_t *l, unsigned line, const char *fmt, ...)
+{
+    if (l->err[0] == '\0') {
+        int n = snprintf(l->err, sizeof l->err, "%s:%u: ", l->path, line);
+        va_list ap;
+        va_start(ap, fmt);
+        if (n >= 0 && (size_t)n < sizeof l->err)
+            vsnprintf(l->err + n, sizeof l->err - (size_t)n, fmt, ap);
+        va_end(ap);
+        l->err_line = line;
+    }
+    return false;
+}
+
+/* inih's reader: fgets, counting lines, and refusing a line longer than
+ * inih's buffer (which it would otherwise read as two). */
+static char *read_line(char *str, int num, void *stream)
+{
+    load_t *l = stream;
+
+    if (l->long_line || fgets(str, num, l->file) == NULL)
+        return NULL;
+    l->line++;
+    size_t n = strlen(str);
+    if (str[strspn(str, " \t")] == '[')
+        l->section_line = l->line;
+    if (n == (size_t)num - 1 && str[n - 1] != '\n' && !feof(l->file)) {
+        l->long_line = true;
+        lfail(l, l->line, "line longer than %d bytes", num - 3);
+        return NULL;
+    }
+    return str;
+}
+
+static bool is_attr_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
+}
+
+static bool is_attr_name(const char *s, size_t n)
+{
+    if (n == 0)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!is_attr_char(s[i]))
+            return false;
+    return true;
+}
+
+/* Splits value into words (spaces or tabs); calls fn on each. */
+static bool each_word(load_t *l, const char *value,
+                      bool (*fn)(load_t *, const char *, size_t, void *),
+                      void *arg)
+{
+    const char *p = value;
+    bool any = false;
+
+    for (;;) {
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (*p == '\0')
+            return any;
+        size_t n = strcspn(p, " \t");
+        if (!fn(l, p, n, arg))
+            return false;
+        any = true;
+        p += n;
+    }
+}
+
+static char *dup_n(const char *s, size_t n)
+{
+    char *d = malloc(n + 1);
+    if (d != NULL) {
+        memcpy(d, s, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
+static bool add_cond(load_t *l, const char *w, size_t n, void *arg)
+{
+    alt_t *a = arg;
+    const char *eq = memchr(w, '=', n);
+
+    if (eq == NULL || !is_attr_name(w, (size_t)(eq - w)))
+        return lfail(l, l->line,
+                     "match: '%.*s' is not ATTRIBUTE=VALUE (attribute names "
+                     "are letters, digits, '_', '-' and '.')",
+                     (int)n, w);
+    size_t vlen = n - (size_t)(eq - w) - 1;
+    if (vlen == 0)
+        return lfail(l, l->line,
+                     "match: '%.*s' has no value (write ATTRIBUTE=* for any "
+                     "value)",
+                     (int)n, w);
+    cond_t *c = realloc(a->cond, (a->count + 1) * sizeof *c);
+    if (c == NULL)
+        return lfail(l, l->line, "out of memory");
+    a->cond = c;
+    c = &a->cond[a->count];
+    c->prefix = eq[vlen] == '*';
+    c->attr = dup_n(w, (size_t)(eq - w));
+    c->value = dup_n(eq + 1, vlen - c->prefix);
+    a->count++;
+    if (c->attr == NULL || c->value == NULL)
+        return lfail(l, l->line, "out of memory");
+    return true;
+}
+
+static const rate_policy_t *named_policy(const gen_t *g, const char *s,
+                                         size_t n)
+{
+    for (size_t i = 0; i < g->nnamed; i++) {
+        const char *name = g->named[i].policy->name;
+        if (strlen(name) == n && memcmp(name, s, n) == 0)
+            return g->named[i].policy;
+    }
+    return NULL;
+}
+
+static bool add_policy(load_t *l, const char *w, size_t n, void *arg)
+{
+    rule_t *r = arg;
+    const rate_policy_t *p = named_policy(l->g, w, n);
+
+    if (p == NULL)
+        return lfail(l, l->line,
+                     "policy '%.*s' is not defined (name it in [policies], "
+                     "above the rules)",
+                     (int)n, w);
+    for (size_t i = 0; i < r->npolicy; i++)
+        if (r->policy[i] == p)
+            return lfail(l, l->line, "policy '%.*s' given twice", (int)n, w);
+    if (r->npolicy == RATE_RULES_MAX_APPLY)
+        return lfail(l, l->line, "more than %d policies in one rule",
+                     RATE_RULES_MAX_APPLY);
+    r->policy[r->npolicy++] = p;
+    return true;
+}
+
+static bool add_key(load_t *l, const char *w, size_t n, void *arg)
+{
+    rule_t *r = arg;
+
+    if (!is_attr_name(w, n))
+        return lfail(l, l->line,
+                     "key: '%.*s' is not an attribute name (letters, digits, "
+                     "'_', '-' and '.'; 'key' is the request's key, 'shared' one "
+                     "key for the rule)",
+                     (int)n, w);
+    char **k = realloc(r->key_attr, (r->nkey + 1) * sizeof *k);
+    if (k == NULL)
+        return lfail(l, l->line, "out of memory");
+    r->key_attr = k;
+    if ((k[r->nkey] = dup_n(w, n)) == NULL)
+        return lfail(l, l->line, "out of memory");
+    r->nkey++;
+    return true;
+}
+
+static bool on_policy(load_t *l, const char *name, const char *value)
+{
+    rate_policy_t *p = NULL;
+    char why[300];
+
+    if (named_policy(l->g, name, strlen(name)) != NULL)
+        return lfail(l, l->line, "policy '%s' defined twice", name);
+    if (rate_policy_parse(value, &p, why, sizeof why) != RATE_OK)
+        return lfail(l, l->line, "policy '%s': %s", name, why);
+    if (p->name[0] != '\0' && strcmp(p->name, name) != 0) {
+        lfail(l, l->line, "policy '%s': its text names it '%s'", name,
+              p->name);
+        rate_policy_free(p);
+        return false;
+    }
+    if (rate_policy_set_name(p, name, why, sizeof why) != RATE_OK) {
+        lfail(l, l->line, "%s", why);
+        rate_policy_free(p);
+        return false;
+    }
+    named_t *nn = realloc(l->g->named, (l->g->nnamed + 1) * sizeof *nn);
+    if (nn == NULL) {
+        rate_policy_free(p);
+        return lfail(l, l->line, "out of memory");
+    }
+    l->g->named = nn;
+    nn[l->g->nnamed++].policy = p;
+    return true;
+}
+
+/* A new [rule NAME] section. */
+static bool start_rule(load_t *l, const char *section)
+{
+    const char *name = section + 4;
+    gen_t *g = l->g;
+
+    while (*name == ' ' || *name == '\t')
+        name++;
+    if (!is_attr_name(name, strlen(name)))
+        return lfail(l, l->section_line,
+                     "[%s]: a rule's name is letters, digits, '_', '-' and "
+                     "'.' ([rule NAME])",
+                     section);
+    for (size_t i = 0; i < g->nrule; i++)
+        if (strcmp(g->rule[i].name, name) == 0)
+            return lfail(l, l->section_line, "[rule %s] given twice (first "
+                         "at line %u)", name, g->rule[i].line);
+    rule_t *r = realloc(g->rule, (g->nrule + 1) * sizeof *r);
+    if (r == NULL)
+        return lfail(l, l->line, "out of memory");
+    g->rule = r;
+    r = &g->rule[g->nrule++];
+    memset(r, 0, sizeof *r);
+    r->line = l->section_line;
+    r->name = dup_n(name, strlen(name));
+    if (r->name == NULL)
+        return lfail(l, l->line, "out of memory");
+    l->cur = r;
+    return true;
+}
+
+static bool on_rule(load_t *l, const char *name, const char *value)
+{
+    rule_t *r = l->cur;
+
+    if (strcmp(name, "match") == 0) {
+        alt_t *a = realloc(r->alt, (r->nalt + 1) * sizeof *a);
+        if (a == NULL)
+            return lfail(l, l->line, "out of memory");
+        r->alt = a;
+        a = &r->alt[r->nalt++];
+        memset(a, 0, sizeof *a);
+        if (!each_word(l, value, add_cond, a))
+            return l->err[0] != '\0'
+                       ? false
+                       : lfail(l, l->line, "match is empty (leave it out "
+                               "to match every request)");
+        return true;
+    }
+    if (strcmp(name, "policy") == 0) {
+        if (r->npolicy > 0)
+            return lfail(l, l->line, "policy given twice in [rule %s] "
+                         "(list every policy on one line)", r->name);
+        r->policy_line = l->line;
+        if (!each_word(l, value, add_policy, r))
+            return l->err[0] != '\0' ? false
+                                     : lfail(l, l->line, "policy is empty");
+        return true;
+    }
+    if (strcmp(name, "key") == 0) {
+        if (r->has_key)
+            return lfail(l, l->line, "key given twice in [rule %s]", r->name);
+        r->has_key = true;
+        if (!each_word(l, value, add_key, r))
+            return l->err[0] != '\0' ? false
+                                     : lfail(l, l->line, "key is empty");
+        /* "key" alone is the request's key: the default; "shared" alone
+         * is one key for the rule. */
+        bool shared = false;
+        for (size_t k = 0; k < r->nkey; k++)
+            shared = shared || strcmp(r->key_attr[k], "shared") == 0;
+        if (shared && r->nkey > 1)
+            return lfail(l, l->line, "key: 'shared' stands alone (one key "
+                         "for every request of [rule %s])", r->name);
+        if (r->nkey == 1 && (shared || strcmp(r->key_attr[0], "key") == 0)) {
+            free(r->key_attr[0]);
+            r->nkey = 0;
+            r->shared = shared;
+        }
+        return true;
+    }
+    if (strcmp(name, "group") == 0) {
+        if (r->has_group)
+            return lfail(l, l->line, "group given twice in [rule %s]",
+                         r->name);
+        if (!is_attr_name(value, strlen(value)))
+            return lfail(l, l->line, "group '%s' is not a name (letters, "
+                         "digits, '_', '-' and '.')", value);
+        r->has_group = true;
+        r->group = dup_n(value, strlen(value));
+        return r->group != NULL ? true : lfail(l, l->line, "out of memory");
+    }
+    return lfail(l, l->line,
+                 "unknown setting '%s' in [rule %s] (match, policy, key, "
+                 "group)",
+                 name, r->name);
+}
+
+static int on_line(void *user, const char *section, const char *name,
+                   const char *value)
+{
+    load_t *l = user;
+
+    if (l->err[0] != '\0')
+        return 0; /* only the first error is told */
+    /* A new section (the same name again is a new one, then). */
+    if (strcmp(section, l->section) != 0 ||
+        l->section_line != l->cur_section_line) {
+        snprintf(l->section, sizeof l->section, "%s", section);
+        l->cur_section_line = l->section_line;
+        l->cur = NULL;
+        if (strncmp(section, "rule", 4) == 0 &&
+            (section[4] == ' ' || section[4] == '\t') && !start_rule(l, section))
+            return 0;
+    }
+    if (strcmp(section, "policies") == 0)
+        return on_policy(l, name, value);
+    if (l->cur != NULL)
+        return on_rule(l, name, value);
+    if (section[0] == '\0')
+        return lfail(l, l->line, "'%s' is outside any section ([policies] "
+                     "or [rule NAME])", name);
+    return lfail(l, l->line, "unknown section [%s] ([policies] or [rule "
+                 "NAME])", section);
+}
+
+/* After the whole file: every rule complete, none unreachable, and the
+ * rules ordered by group. */
+static bool finish_load(load_t *l)
+{
+    gen_t *g = l->g;
+    char *groups[64];
+    size_t ng = 0, apply = 0;
+
+    for (size_t i = 0; i < g->nrule; i++) {
+        rule_t *r = &g->rule[i];
+        if (r->npolicy == 0)
+            return lfail(l, r->line, "[rule %s] has no 'policy =' line",
+                         r->name);
+        if (r->group == NULL &&
+            (r->group = dup_n(DEFAULT_GROUP, strlen(DEFAULT_GROUP))) == NULL)
+            return lfail(l, r->line, "out of memory");
+        size_t k;
+        for (k = 0; k < ng && strcmp(groups[k], r->group) != 0; k++)
+            ;
+        if (k == ng) {
+            if (ng == sizeof groups / sizeof groups[0])
+                return lfail(l, r->line, "more than 64 groups");
+            groups[ng++] = r->group;
+        }
+    }
+    g->ngroup = ng;
+    g->order = malloc((g->nrule + 1) * sizeof *g->order);
+    g->group_start = malloc((ng + 1) * sizeof *g->group_start);
+    if (g->order == NULL || g->group_start == NULL)
+        return lfail(l, 1, "out of memory");
+    size_t o = 0;
+    for (size_t k = 0; k < ng; k++) {
+        const rule_t *every = NULL; /* a rule of the group with no match */
+        size_t most = 0;
+        g->group_start[k] = o;
+        for (size_t i = 0; i < g->nrule; i++) {
+            rule_t *r = &g->rule[i];
+            if (strcmp(r->group, groups[k]) != 0)
+                continue;
+            if (every != NULL)
+                return lfail(l, r->line,
+                             "[rule %s] can never apply: [rule %s] (line %u) "
+                             "above it in group '%s' matches every request",
+                             r->name, every->name, every->line, r->group);
+            if (r->nalt == 0)
+                every = r;
+            if (r->npolicy > most)
+                most = r->npolicy;
+            g->order[o++] = i;
+        }
+        apply += most;
+    }
+    g->group_start[ng] = o;
+    if (apply > RATE_RULES_MAX_APPLY)
+        return lfail(l, g->nrule ? g->rule[g->nrule - 1].line : 1,
+                     "the rules can apply %zu policies to one request (the "
+                     "most of each group); at most %d",
+                     apply, RATE_RULES_MAX_APPLY);
+    return true;
+}
+
+static int load_file(const char *path, gen_t **out, char *err, size_t errlen)
+{
+    load_t l;
+
+    *out = NULL;
+    memset(&l, 0, sizeof l);
+    l.path = path;
+    if ((l.file = fopen(path, "r")) == NULL)
+        return rate__fail(err, errlen, RATE_EINVAL, "%s: cannot read: %s",
+                          path, strerror(errno));
+    if ((l.g = calloc(1, sizeof *l.g)) == NULL) {
+        fclose(l.file);
+        return RATE_ENOMEM;
+    }
+    int at = ini_parse_stream(read_line, &l, on_line, &l);
+    bool read_error = ferror(l.file) != 0;
+    fclose(l.file);
+    if (at > 0 && (l.err[0] == '\0' || (unsigned)at < l.err_line)) {
+        l.err[0] = '\0';
+        lfail(&l, (unsigned)at,
+              "not a [section], a 'name = value' line or a comment");
+    } else if (at < 0 && l.err[0] == '\0') {
+        lfail(&l, l.line, "out of memory");
+    } else if (read_error && l.err[0] == '\0') {
+        lfail(&l, l.line, "read error");
+    }
+    if (l.err[0] == '\0')
+        finish_load(&l);
+    if (l.err[0] != '\0') {
+        gen_free(l.g);
+        return rate__fail(err, errlen, RATE_EPOLICY, "%s", l.err);
+    }
+    *out = l.g;
+    return RATE_OK;
+}
+
+/* ------------------------------------------------------------ the handle */
+
+int rate_rules_load(const char *path, rate_rules_t **out, char *err,
+                    size_t errlen)
+{
+    gen_t *g;
+    int rc;
+
+    if (out != NULL)
+        *out = NULL;
+    if (path == NULL || out == NULL)
+        return rate__fail(err, errlen, RATE_EINVAL, "no rules file (NULL)");
+    if ((rc = load_file(path, &g, err, errlen)) != RATE_OK)
+        return rc;
+    rate_rules_t *r = calloc(1, sizeof *r);
+    char *p = dup_n(path, strlen(path));
+    if (r == NULL || p == NULL) {
+        free(r);
+        free(p);
+        gen_free(g);
+        return RATE_ENOMEM;
+    }
+    pthread_mutex_init(&r->lock, NULL);
+    r->path = p;
+    r->id = atomic_fetch_add(&next_rules_id, 1);
+    g->number = 1;
+    atomic_init(&r->generation, 1);
+    atomic_init(&r->live, 1);
+    atomic_init(&r->current, g);
+    atomic_init(&r->slots, NULL);
+    *out = r;
+    return RATE_OK;
+}
+
+/* Frees every retired generation no slot points at (the lock held). */
+static void reclaim(rate_rules_t *r)
+{
+    gen_t **link = &r->retired;
+
+    while (*link != NULL) {
+        gen_t *g = *link;
+        bool held = false;
+        for (slot_t *s = atomic_load(&r->slots); s != NULL && !held;
+             s = s->next)
+            held = atomic_load(&s->hp) == g;
+        if (held) {
+            link = &g->next_retired;
+        } else {
+            *link = g->next_retired;
+            gen_free(g);
+            atomic_fetch_sub(&r->live, 1);
+        }
+    }
+}
+
+int rate_rules_reload(rate_rules_t *r, const char *path, char *err,
+                      size_t errlen)
+{
+    gen_t *g;
+    int rc;
+
+    if (r == NULL)
+        return rate__fail(err, errlen, RATE_EINVAL, "no rules (NULL)");
+    pthread_mutex_lock(&r->lock);
+    const char *from = path != NULL ? path : r->path;
+    char *keep = path != NULL ? dup_n(path, strlen(path)) : NULL;
+    if (path != NULL && keep == NULL) {
+        pthread_mutex_unlock(&r->lock);
+        return RATE_ENOMEM;
+    }
+    if ((rc = load_file(from, &g, err, errlen)) != RATE_OK) {
+        pthread_mutex_unlock(&r->lock);
+        free(keep);
+        return rc; /* the rules in use stay */
+    }
+    atomic_fetch_add(&r->live, 1);
+    g->number = atomic_load(&r->generation) + 1;
+    gen_t *old = atomic_exchange(&r->current, g);
+    atomic_store(&r->generation, g->number);
+    old->next_retired = r->retired;
+    r->retired = old;
+    reclaim(r);
+    if (keep != NULL) {
+        free(r->path);
+        r->path = keep;
+    }
+    pthread_mutex_unlock(&r->lock);
+    return RATE_OK;
+}
+
+uint64_t rate_rules_generation(const rate_rules_t *r)
+{
+    return r != NULL ? atomic_load(&((rate_rules_t *)r)->generation) : 0;
+}
+
+size_t rate__rules_live(rate_rules_t *r)
+{
+    return atomic_load(&r->live);
+}
+
+void rate_rules_free(rate_rules_t *r)
+{
+    if (r == NULL)
+        return;
+    gen_free(atomic_load(&r->current));
+    while (r->retired != NULL) {
+        gen_t *next = r->retired->next_retired;
+        gen_free(r->retired);
+        r->retired = next;
+    }
+    for (slot_t *s = atomic_load(&r->slots); s != NULL;) {
+        slot_t *next = s->next;
+        free(s);
+        s = next;
+    }
+    pthread_mutex_destroy(&r->lock);
+    free(r->path);
+    free(r);
+}
+
+/* The calling thread's slot for r: the cache, else the list, else new. */
+static __attribute__((noinline)) slot_t *slot_find(rate_rules_t *r)
+{
+    pthread_t me = pthread_self();
+    slot_t *s;
+
+    for (s = atomic_load_explicit(&r->slots, memory_order_acquire);
+         s != NULL && !pthread_equal(s->owner, me); s = s->next)
+        ;
+    /* A slot of its own cache line: a decision writes its thread's slot
+     * twice, and must not bounce a line another thread writes. */
+    if (s == NULL && (s = aligned_alloc(64, SLOT_SIZE)) != NULL) {
+        memset(s, 0, SLOT_SIZE);
+        s->owner = me;
+        atomic_init(&s->hp, NULL);
+        pthread_mutex_lock(&r->lock);
+        s->next = atomic_load_explicit(&r->slots, memory_order_relaxed);
+        atomic_store_explicit(&r->slots, s, memory_order_release);
+        pthread_mutex_unlock(&r->lock);
+    }
+    if (s != NULL) {
+        memmove(&tls_slots.id[1], &tls_slots.id[0],
+                (SLOT_CACHE - 1) * sizeof tls_slots.id[0]);
+        memmove(&tls_slots.slot[1], &tls_slots.slot[0],
+                (SLOT_CACHE - 1) * sizeof tls_slots.slot[0]);
+        tls_slots.id[0] = r->id;
+        tls_slots.slot[0] = s;
+    }
+    return s;
+}
+
+static inline slot_t *slot_of(rate_rules_t *r)
+{
+    for (unsigned i = 0; i < SLOT_CACHE; i++)
+        if (tls_slots.id[i] == r->id)
+            return tls_slots.slot[i];
+    return slot_find(r);
+}
+
+/* Holds the current generation: published in the thread's slot, then
+ * checked to be still current (else a reload may have missed the slot). */
+static gen_t *hold(rate_rules_t *r, slot_t *s)
+{
+    gen_t *g = atomic_load(&r->current);
+
+    for (;;) {
+        atomic_store(&s->hp, g);
+        gen_t *again = atomic_load(&r->current);
+        if (again == g)
+            return g;
+        g = again;
+    }
+}
+
+static void release(slot_t *s)
+{
+    atomic_store_explicit(&s->hp, NULL, memory_order_release);
+}
+
+/* ------------------------------------------------------------ decisions */
+
+static const char *attr_value(const rate_attr_t *attrs, size_t n,
+                              const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (attrs[i].name != NULL && strcmp(attrs[i].name, name) == 0)
+            return attrs[i].value != NULL ? attrs[i].value : "";
+    return NULL;
+}
+
+static bool rule_matches(const rule_t *r, const rate_attr_t *attrs, size_t n)
+{
+    if (r->nalt == 0)
+        return true;
+    for (size_t a = 0; a < r->nalt; a++) {
+        bool all = true;
+        for (size_t c = 0; c < r->alt[a].count && all; c++) {
+            const cond_t *k = &r->alt[a].cond[c];
+            const char *v = attr_value(attrs, n, k->attr);
+            all = v != NULL &&
+                  (k->prefix ? strncmp(v, k->value, strlen(k->value)) == 0
+                             : strcmp(v, k->value) == 0);
+        }
+        if (all)
+            return true;
+    }
+    return false;
+}
+
+/* The key a rule charges: the request's, "@RULE" (shared), or
+ * "@RULE:V1|V2..." of its key attributes (a missing attribute is empty).
+ * RATE_EKEY when too long. */
+static int rule_key(const rule_t *r, const char *key, size_t key_len,
+                    const rate_attr_t *attrs, size_t n, char *buf,
+                    size_t *len)
+{
+    if (r->nkey == 0 && !r->shared) {
+        if (key_len > RATE_KEY_MAX)
+            return RATE_EKEY;
+        memcpy(buf, key, key_len);
+        *len = key_len;
+        return RATE_OK;
+    }
+    size_t o = 0;
+    int w = snprintf(buf, RATE_KEY_MAX + 1, r->shared ? "@%s" : "@%s:",
+                     r->name);
+    if (w < 0 || (size_t)w > RATE_KEY_MAX)
+        return RATE_EKEY;
+    o = (size_t)w;
+    for (size_t k = 0; k < r->nkey; k++) {
+        const char *v;
+        size_t vl;
+        if (strcmp(r->key_attr[k], "key") == 0) {
+            v = key;
+            vl = key_len;
+        } else {
+            v = attr_value(attrs, n, r->key_attr[k]);
+            v = v != NULL ? v : "";
+            vl = strlen(v);
+        }
+        if (o + vl + (k > 0) > RATE_KEY_MAX)
+            return RATE_EKEY;
+        if (k > 0)
+            buf[o++] = '|';
+        memcpy(buf + o, v, vl);
+        o += vl;
+    }
+    *len = o;
+    return RATE_OK;
+}
+
+typedef struct pick {
+    const rate_policy_t *policy;
+    char key[RATE_KEY_MAX + 1];
+    size_t key_len;
+} pick_t;
+
+/* Gives back what the picks admitted (a later one denied). */
+static void refund_admitted(rate_limiter_t *lim, const pick_t *pick,
+                            rate_outcome_t *out, uint64_t permits,
+                            uint64_t now, bool clock_time, size_t upto)
+{
+    for (size_t i = 0; i < upto; i++) {
+        rate_applied_t *a = &out->applied[i];
+        if (!a->decision.allowed || a->decision.shadow || a->unlimited ||
+            a->decision.reason == RATE_REASON_STORE_ERROR || permits == 0)
+            continue;
+        /* A refund that fails leaves the permits charged: the store is
+         * failing, and its next decision is the fail mode's anyway. */
+        (void)rate__limiter_refund_policy(lim, pick[i].policy, pick[i].key,
+                                          pick[i].key_len, permits, now,
+                                          clock_time);
+        a->refunded = true;
+    }
+}
+
+static void fill_applied(rate_applied_t *a, const rate_policy_t *p,
+                         uint64_t permits)
+{
+    size_t n = strlen(p->name); /* at most RATE_POLICY_NAME_MAX */
+    memcpy(a->policy_name, p->name, n + 1);
+    a->unlimited = p->unlimited;
+    a->permits = permits;
+    if (!p->unlimited && p->count > 0) {
+        int c = a->decision.component;
+        a->limit = p->limits[c >= 0 && (size_t)c < p->count ? c : 0];
+    }
+}
+
+static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
+                 size_t key_len, const rate_attr_t *attrs, size_t nattrs,
+                 uint64_t permits, uint64_t max_wait_ns, uint64_t now_ns,
+                 bool clock_time, rate_outcome_t *out)
+{
+    pick_t pick[RATE_RULES_MAX_APPLY];
+    size_t n = 0;
+    int rc = RATE_OK;
+
+    if (out == NULL)
+        return RATE_EINVAL;
+    memset(out, 0, offsetof(rate_outcome_t, applied));
+    out->denied_by = -1;
+    if (rules == NULL || lim == NULL || (attrs == NULL && nattrs > 0))
+        return RATE_EINVAL;
+    if (key == NULL || key_len == 0 || key_len > RATE_KEY_MAX)
+        return RATE_EKEY;
+    slot_t *s = slot_of(rules);
+    if (s == NULL)
+        return RATE_ENOMEM;
+    gen_t *g = hold(rules, s);
+    out->generation = g->number;
+    for (size_t k = 0; k < g->ngroup && rc == RATE_OK; k++)
+        for (size_t j = g->group_start[k]; j < g->group_start[k + 1]; j++) {
+            const rule_t *r = &g->rule[g->order[j]];
+            if (!rule_matches(r, attrs, nattrs))
+                continue;
+            for (size_t i = 0; i < r->npolicy && rc == RATE_OK; i++) {
+                pick[n].policy = r->policy[i];
+                rc = rule_key(r, key, key_len, attrs, nattrs, pick[n].key,
+                              &pick[n].key_len);
+                n++;
+            }
+            break; /* the first match of the group */
+        }
+    if (rc == RATE_OK && n == 0) { /* no rule: the limiter's default */
+        pick[0].policy = rate_limiter_policy(lim);
+        memcpy(pick[0].key, key, key_len);
+        pick[0].key_len = key_len;
+        n = 1;
+    }
+    uint64_t now = clock_time ? rate__limiter_now(lim) : now_ns;
+    size_t done = 0;
+    for (; rc == RATE_OK && done < n; done++) {
+        rate_applied_t *a = &out->applied[done];
+        memset(a, 0, sizeof *a);
+        rc = rate__limiter_decide_policy(lim, pick[done].policy,
+                                         pick[done].key, pick[done].key_len,
+                                         permits, max_wait_ns, now,
+                                         clock_time, &a->decision);
+        if (rc != RATE_OK)
+            break;
+        fill_applied(a, pick[done].policy, permits);
+        if (!a->decision.allowed && out->denied_by < 0)
+            out->denied_by = (int)done;
+        if (a->decision.delay_ns > out->delay_ns)
+            out->delay_ns = a->decision.delay_ns;
+    }
+    if (rc != RATE_OK) { /* bad permits or time: undo what was admitted */
+        refund_admitted(lim, pick, out, permits, now, clock_time, done);
+        memset(out, 0, offsetof(rate_outcome_t, applied));
+        out->denied_by = -1;
+    } else {
+        out->count = n;
+        out->allowed = out->denied_by < 0;
+        if (!out->allowed) {
+            out->delay_ns = 0;
+            refund_admitted(lim, pick, out, permits, now, clock_time, n);
+        }
+    }
+    release(s);
+    return rc;
+}
+
+int rate_rules_check(rate_rules_t *rules, rate_limiter_t *lim,
+                     const char *key, size_t key_len, const rate_attr_t *attrs,
+                     size_t nattrs, uint64_t permits, uint64_t max_wait_ns,
+                     rate_outcome_t *out)
+{
+    return check(rules, lim, key, key_len, attrs, nattrs, permits,
+                 max_wait_ns, 0, true, out);
+}
+
+int rate_rules_check_at(rate_rules_t *rules, rate_limiter_t *lim,
+                        const char *key, size_t key_len,
+                        const rate_attr_t *attrs, size_t nattrs,
+                        uint64_t permits, uint64_t max_wait_ns,
+                        uint64_t now_ns, rate_outcome_t *out)
+{
+    if (now_ns > RATE_TIME_MAX) {
+        if (out != NULL) {
+            memset(out, 0, offsetof(rate_outcome_t, applied));
+            out->denied_by = -1;
+        }
+        return out == NULL ? RATE_EINVAL : RATE_ERANGE;
+    }
+    return check(rules, lim, key, key_len, attrs, nattrs, permits,
+                 max_wait_ns, now_ns, false, out);
+}
+
+int rate_outcome_headers(const rate_outcome_t *o, rate_headers_t *out)
+{
+    rate__hitem_t items[RATE_RULES_MAX_APPLY];
+
+    if (o == NULL || out == NULL || o->count > RATE_RULES_MAX_APPLY) {
+        if (out != NULL)
+            memset(out, 0, sizeof *out);
+        return RATE_EINVAL;
+    }
+    for (size_t i = 0; i < o->count; i++) {
+        const rate_applied_t *a = &o->applied[i];
+        items[i] = (rate__hitem_t){a->policy_name, a->unlimited,
+                                   a->unlimited ? NULL : &a->limit,
+                                   &a->decision,
+                                   a->refunded ? a->permits : 0};
+    }
+    return rate__headers_items(items, o->count, out);
+}

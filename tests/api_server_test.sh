@@ -1,0 +1,275 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# examples/api-server from outside: started on a free loopback port (port 0,
+# read back from its log), driven with curl, every status and header
+# checked against the exact expectation; a reload mid-run keeps state and
+# drops no request; a bad file changes nothing.
+#   api_server_test.sh API_SERVER EXAMPLE_CONF
+set -euo pipefail
+
+SERVER=$1
+EXAMPLE=$2
+command -v curl >/dev/null || { echo "api_server_test: curl is missing (scripts/deps.sh test)"; exit 1; }
+
+tmp=$(mktemp -d /tmp/api_server_test.XXXXXX)
+pid=
+cleanup() {
+  if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+expect() { # expect WHAT GOT WANT
+  if [ "$2" != "$3" ]; then fail "$1: got '$2', want '$3'"; fi
+}
+
+# start CONFIG [ARGS...]: starts the server on port 0; sets pid and base.
+start() {
+  local config=$1
+  shift
+  # emptied here, not by the child's redirection: that one may come after
+  # the loop below has read the last server's port
+  : >"$tmp/log"
+  "$SERVER" --listen 127.0.0.1:0 --config "$config" "$@" 2>>"$tmp/log" &
+  pid=$!
+  local port=
+  for _ in $(seq 1 400); do
+    port=$(sed -n 's/^api-server: listening on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$tmp/log")
+    [ -n "$port" ] && break
+    sleep 0.05
+  done
+  [ -n "$port" ] || { cat "$tmp/log"; echo "FAIL: the server did not start"; exit 1; }
+  base="http://127.0.0.1:$port"
+}
+stop() {
+  kill -TERM "$pid"
+  local rc=0
+  wait "$pid" || rc=$?
+  pid=
+  expect "exit status after SIGTERM" "$rc" 0
+}
+
+# get [CURL ARGS] URL: the response's headers (CR stripped) to $tmp/h, its
+# body to $tmp/b; prints the status.
+get() {
+  curl -s -D "$tmp/h" -o "$tmp/b" -w '%{http_code}' "$@"
+  sed -i 's/\r$//' "$tmp/h"
+}
+header() { sed -n "s/^$1: //Ip" "$tmp/h"; }
+now_ns() { date +%s%N; }
+
+cat >"$tmp/rules.conf" <<'EOF'
+[policies]
+free = token-bucket 1/h burst=10
+pro = token-bucket 100/h burst=2000
+enterprise = unlimited
+search = fixed-window 3/h
+
+[rule pro]
+group = tier
+match = api_key=pro-1
+policy = pro
+[rule enterprise]
+group = tier
+match = api_key=ent-1
+policy = enterprise
+[rule free]
+group = tier
+policy = free
+[rule search]
+group = route
+match = route=/search*
+policy = search
+key = shared
+EOF
+cp "$tmp/rules.conf" "$tmp/good.conf"
+start "$tmp/rules.conf"
+
+# --- the free tier: 10 pass, then 429 with every field
+t0=$(now_ns)
+expect "status 1" "$(get -H 'X-API-Key: u1' "$base/a")" 200
+expect "policy 1" "$(header RateLimit-Policy)" '"free";q=10;w=36000'
+expect "ratelimit 1" "$(header RateLimit)" '"free";r=9;t=3600'
+expect "retry-after 1" "$(header Retry-After)" ''
+expect "content-type 1" "$(header Content-Type)" 'application/json'
+expect "body 1" "$(cat "$tmp/b")" '{"status":"ok"}'
+# in_window WHAT GOT WANT T0: GOT is WANT less at most the seconds since T0
+# (rounded up): what a time the server computes from its own clock reads
+# when the test cannot stop the clock
+in_window() {
+  local el=$(( ($(now_ns) - $4 + 999999999) / 1000000000 ))
+  if [ "$2" -gt "$3" ] || [ "$2" -lt $(($3 - el)) ]; then
+    fail "$1: $2 outside [$(($3 - el)), $3] ($el s elapsed)"
+  fi
+}
+# t_of: the t= of the RateLimit field; r_of its item without t
+t_of() { header RateLimit | sed 's/.*;t=//'; }
+r_of() { header RateLimit | sed 's/;t=[0-9]*$//'; }
+for i in $(seq 2 10); do
+  expect "status $i" "$(get -H 'X-API-Key: u1' "$base/a")" 200
+  # i tokens back at 1/h: i hours from the first request
+  expect "ratelimit $i" "$(r_of)" "\"free\";r=$((10 - i))"
+  in_window "ratelimit $i t" "$(t_of)" $((3600 * i)) "$t0"
+done
+expect "status 11" "$(get -H 'X-API-Key: u1' "$base/a")" 429
+t1=$(now_ns)
+# The first token is back 3600 s after the first request: Retry-After is
+# that less the time since, rounded up -- 3600 unless a second has passed.
+el=$(( (t1 - t0 + 999999999) / 1000000000 ))
+ra=$(header Retry-After)
+if [ "$ra" -gt 3600 ] || [ "$ra" -lt $((3600 - el)) ]; then
+  fail "Retry-After $ra outside [$((3600 - el)), 3600] ($el s elapsed)"
+fi
+expect "policy 11" "$(header RateLimit-Policy)" '"free";q=10;w=36000'
+rl=$(header RateLimit)
+t=${rl#*;t=}
+if [ "${rl%;t=*}" != '"free";r=0' ] || [ "$t" -gt 36000 ] || [ "$t" -lt $((36000 - el)) ]; then
+  fail "RateLimit '$rl' (t within [$((36000 - el)), 36000])"
+fi
+expect "content-type 11" "$(header Content-Type)" 'application/problem+json'
+expect "problem body" "$(cat "$tmp/b")" \
+  "{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Policy 'free' allows no more requests now; retry after $ra s.\",\"instance\":\"/a\",\"policy\":\"free\",\"retry_after\":$ra}"
+
+# --- no key: the client's address is the key (a fresh free bucket)
+expect "no key" "$(get "$base/a")" 200
+expect "no key ratelimit" "$(header RateLimit)" '"free";r=9;t=3600'
+
+# --- enterprise: unlimited, no fields
+for i in $(seq 1 30); do
+  code=$(get -H 'X-API-Key: ent-1' "$base/a")
+  [ "$code" = 200 ] || fail "enterprise request $i: $code"
+done
+expect "enterprise policy field" "$(header RateLimit-Policy)" ''
+expect "enterprise ratelimit field" "$(header RateLimit)" ''
+
+# --- a per-route limit beside the tier: both must pass, a denial charges neither
+for i in 1 2 3; do
+  expect "search $i" "$(get -H 'X-API-Key: pro-1' "$base/search?q=$i")" 200
+done
+expect "search policy" "$(header RateLimit-Policy)" '"pro";q=2000;w=72000, "search";q=3;w=3600'
+rl=$(header RateLimit)
+case "$rl" in
+  '"pro";r=1997;t='*', "search";r=0;t='*) ;;
+  *) fail "search 3 RateLimit: '$rl'" ;;
+esac
+expect "search 4" "$(get -H 'X-API-Key: pro-1' "$base/search")" 429
+# the pro bucket's permit was given back: r is what it was, 1997
+case "$(header RateLimit)" in
+  '"pro";r=1997;t='*', "search";r=0;t='*) ;;
+  *) fail "search 4 RateLimit: '$(header RateLimit)'" ;;
+esac
+grep -q '"policy":"search"' "$tmp/b" || fail "search 4 body names search: $(cat "$tmp/b")"
+
+# --- /metrics
+get "$base/metrics" >/dev/null
+for line in \
+  'ratelimit_decisions_total{policy="free",result="allowed",reason="allowed"} 11' \
+  'ratelimit_decisions_total{policy="free",result="denied",reason="limited"} 1' \
+  'ratelimit_decisions_total{policy="enterprise",result="allowed",reason="allowed"} 30' \
+  'ratelimit_decisions_total{policy="search",result="denied",reason="limited"} 1' \
+  'ratelimit_decisions_total{policy="pro",result="allowed",reason="allowed"} 4' \
+  'ratelimit_store_errors_total 0' \
+  'ratelimit_decision_seconds_count 46' \
+  'ratelimit_decision_seconds_bucket{le="+Inf"} 46' \
+  'ratelimit_keys 4' \
+  'ratelimit_rules_generation 1'; do
+  grep -qxF "$line" "$tmp/b" || fail "metrics: no line '$line'"
+done
+expect "metrics content-type" "$(header Content-Type)" 'text/plain; version=0.0.4'
+
+# --- reloads mid-run: 1000 requests on one connection while the file
+# changes and SIGHUPs come; every one answered 200
+urls=()
+for i in $(seq 1 1000); do urls+=(-o /dev/null "$base/r$i"); done
+curl -s -H 'X-API-Key: pro-1' -w '%{http_code}\n' "${urls[@]}" >"$tmp/codes" &
+cpid=$!
+# Signals of one kind pending together are one: each SIGHUP waits for the
+# reload before it to be logged (a loaded machine may be slow to run it).
+for i in 1 2 3 4 5; do
+  kill -HUP "$pid"
+  for _ in $(seq 1 200); do
+    [ "$(grep -c 'SIGHUP: rules reloaded' "$tmp/log")" -ge "$i" ] && break
+    sleep 0.05
+  done
+done
+# the same policies, written again (a change of the file)
+sed 's/^pro = token-bucket 100\/h burst=2000$/pro = token-bucket 100\/h burst=2000 /' \
+  "$tmp/rules.conf" >"$tmp/rules.new" && mv "$tmp/rules.new" "$tmp/rules.conf"
+wait "$cpid"
+expect "answers during reloads" "$(grep -c . "$tmp/codes")" 1000
+expect "all 200 during reloads" "$(grep -vc '^200$' "$tmp/codes" || true)" 0
+for _ in $(seq 1 200); do
+  grep -q 'file changed: rules reloaded' "$tmp/log" && break
+  sleep 0.05
+done
+grep -q 'file changed: rules reloaded' "$tmp/log" || fail "no reload on the file's change: $(cat "$tmp/log")"
+expect "SIGHUP reloads" "$(grep -c 'SIGHUP: rules reloaded' "$tmp/log")" 5
+# state kept: u1 is still used up, and the route too
+expect "u1 after reloads" "$(get -H 'X-API-Key: u1' "$base/a")" 429
+expect "search after reloads" "$(get -H 'X-API-Key: pro-1' "$base/search")" 429
+
+# --- a bad file: reported, and the rules in use stay
+gen=$(curl -s "$base/metrics" | sed -n 's/^ratelimit_rules_generation //p')
+printf '[policies]\nfree = token-bucket 10/fortnight\n' >"$tmp/rules.conf"
+kill -HUP "$pid"
+for _ in $(seq 1 200); do
+  grep -q 'the rules in use stay' "$tmp/log" && break
+  sleep 0.05
+done
+grep -qF "$tmp/rules.conf:2: policy 'free': limit 1: rate '10/fortnight'" "$tmp/log" ||
+  fail "bad file not reported: $(tail -n 2 "$tmp/log")"
+expect "generation after a bad file" \
+  "$(curl -s "$base/metrics" | sed -n 's/^ratelimit_rules_generation //p')" "$gen"
+expect "enterprise after a bad file" "$(get -H 'X-API-Key: ent-1' "$base/a")" 200
+expect "u1 after a bad file" "$(get -H 'X-API-Key: u1' "$base/a")" 429
+stop
+
+# --- the example's own rules: of 100 requests in a row from one unknown
+# key, the first 10 pass (burst 10), and some get 429s
+start "$EXAMPLE"
+urls=()
+for i in $(seq 1 100); do urls+=(-o /dev/null "$base/items"); done
+curl -s -H 'X-API-Key: stranger' -w '%{http_code}\n' "${urls[@]}" >"$tmp/codes"
+expect "first 10 of 100" "$(head -n 10 "$tmp/codes" | sort -u)" 200
+n429=$(grep -c '^429$' "$tmp/codes" || true)
+n200=$(grep -c '^200$' "$tmp/codes" || true)
+expect "answered of 100" "$((n200 + n429))" 100
+[ "$n429" -gt 0 ] || fail "no 429 in 100 requests"
+echo "example.conf, 100 requests from one unknown key: $n200 x 200, $n429 x 429"
+stop
+
+# --- --store redis://: the state is Redis's, shared by a second server
+# process (skipped without redis-server)
+if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
+  . "$(dirname "$0")/redis_server.sh"
+  if start_redis "$tmp/redis.log"; then
+    url="redis://127.0.0.1:$rport/0"
+    start "$tmp/good.conf" --store "$url"
+    grep -q "(store $url)" "$tmp/log" || fail "redis store not in the log: $(cat "$tmp/log")"
+    t0=$(now_ns)
+    for i in $(seq 1 10); do
+      expect "redis status $i" "$(get -H 'X-API-Key: shared-user' "$base/a")" 200
+    done
+    expect "redis ratelimit 10" "$(r_of)" '"free";r=0'
+    in_window "redis ratelimit 10 t" "$(t_of)" 36000 "$t0"
+    stop
+    start "$tmp/good.conf" --store "$url" # another process, the same Redis
+    expect "redis, a second process" "$(get -H 'X-API-Key: shared-user' "$base/a")" 429
+    stop
+    kill "$rpid" 2>/dev/null || true
+    wait "$rpid" 2>/dev/null || true
+  else
+    echo "api_server_test: no redis-server could start; the Redis part is skipped"
+  fi
+else
+  echo "api_server_test: redis-server not installed; the Redis part is skipped"
+fi
+
+if [ "$fails" -ne 0 ]; then
+  echo "api_server_test: $fails failure(s)"
+  exit 1
+fi
+echo "api_server_test: ok"

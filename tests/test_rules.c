@@ -1,0 +1,593 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Rules from a file (rate_rules_*): matching, per-route beside per-user
+ * limits (a denial charges nothing), the outcome's fields, errors naming
+ * the file and the line, reloads (a bad file changes nothing, state
+ * carries over) and, under ThreadSanitizer (label concurrency), 10000
+ * reloads while threads decide: never a mix of two files, and what is
+ * kept bounded by the threads, counted.
+ */
+#include <pthread.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "internal.h"
+#include "sf_check.h"
+
+static _Atomic uint64_t fake_now;
+static uint64_t fake_clock(void *ud)
+{
+    (void)ud;
+    return atomic_load(&fake_now);
+}
+static void fake_sleep(void *ud, uint64_t ns)
+{
+    (void)ud;
+    atomic_fetch_add(&fake_now, ns);
+}
+static const rate_clock_t clock_fake = {fake_clock, fake_sleep, NULL};
+
+static char dir[64];
+
+/* Writes `text` to a file of the test's directory; returns its path. */
+static const char *write_file(const char *name, const char *text)
+{
+    static char path[4][128];
+    static int next;
+    char *p = path[next++ % 4];
+    snprintf(p, 128, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    return p;
+}
+
+static const char *good =
+    "# tiers, and a per-route limit\n"
+    "[policies]\n"
+    "free = token-bucket 2/s burst=3\n"
+    "pro = token-bucket 100/s burst=100\n"
+    "enterprise = unlimited\n"
+    "search = fixed-window 4/m\n"
+    "\n"
+    "[rule pro]\n"
+    "group = tier\n"
+    "match = tier=pro\n"
+    "match = api_key=k-pro-1   ; a second line: either matches\n"
+    "policy = pro\n"
+    "[rule enterprise]\n"
+    "group = tier\n"
+    "match = tier=enterprise\n"
+    "policy = enterprise\n"
+    "[rule free]\n"
+    "group = tier\n"
+    "policy = free\n"
+    "\n"
+    "[rule search]\n"
+    "group = route\n"
+    "match = route=/search*\n"
+    "policy = search\n"
+    "key = route\n"
+    "[rule export]\n"
+    "group = route\n"
+    "match = route=/export/*\n"
+    "policy = search\n"
+    "key = shared\n";
+
+static rate_limiter_t *limiter_fake(void)
+{
+    rate_limiter_config_t cfg = {.clock = &clock_fake};
+    return limiter_cfg("name=fallback token-bucket 1/s burst=1", cfg);
+}
+
+static rate_outcome_t req(rate_rules_t *r, rate_limiter_t *lim,
+                          const char *key, const char *tier,
+                          const char *route)
+{
+    rate_attr_t a[2];
+    size_t n = 0;
+    if (tier != NULL)
+        a[n++] = (rate_attr_t){"tier", tier};
+    if (route != NULL)
+        a[n++] = (rate_attr_t){"route", route};
+    rate_outcome_t o;
+    assert_int_equal(rate_rules_check(r, lim, key, strlen(key), a, n, 1, 0,
+                                      &o),
+                     RATE_OK);
+    return o;
+}
+
+static void matching_tiers_routes_and_default(void **state)
+{
+    (void)state;
+    char err[512] = "";
+    rate_rules_t *r;
+    assert_int_equal(rate_rules_load(write_file("good.conf", good), &r, err,
+                                     sizeof err),
+                     RATE_OK);
+    assert_int_equal(rate_rules_generation(r), 1);
+    rate_limiter_t *lim = limiter_fake();
+    atomic_store(&fake_now, 0);
+
+    /* An unknown tier: the group's default rule, free. */
+    rate_outcome_t o = req(r, lim, "u1", "nobody", "/home");
+    assert_true(o.allowed);
+    assert_int_equal(o.count, 1);
+    assert_string_equal(o.applied[0].policy_name, "free");
+    assert_int_equal(o.applied[0].decision.remaining, 2);
+    /* pro by tier, and by its API key through the second match line. */
+    o = req(r, lim, "u2", "pro", NULL);
+    assert_string_equal(o.applied[0].policy_name, "pro");
+    rate_attr_t k = {"api_key", "k-pro-1"};
+    assert_int_equal(rate_rules_check(r, lim, "u3", 2, &k, 1, 1, 0, &o),
+                     RATE_OK);
+    assert_string_equal(o.applied[0].policy_name, "pro");
+    /* enterprise: unlimited, no fields. */
+    o = req(r, lim, "u4", "enterprise", NULL);
+    assert_true(o.allowed);
+    assert_true(o.applied[0].unlimited);
+    rate_headers_t h;
+    assert_int_equal(rate_outcome_headers(&o, &h), RATE_OK);
+    assert_int_equal(h.status, 0);
+    assert_string_equal(h.policy, "");
+    /* A route under /search: two policies, two items. */
+    o = req(r, lim, "u5", "pro", "/search/books");
+    assert_int_equal(o.count, 2);
+    assert_string_equal(o.applied[1].policy_name, "search");
+    assert_int_equal(rate_outcome_headers(&o, &h), RATE_OK);
+    assert_string_equal(h.policy, "\"pro\";q=100;w=1, \"search\";q=4;w=60");
+    assert_string_equal(h.ratelimit,
+                        "\"pro\";r=99;t=1, \"search\";r=3;t=60");
+    sf_list_t l;
+    assert_true(sf_parse_list(h.policy, &l));
+    assert_int_equal(l.count, 2);
+    assert_true(sf_parse_list(h.ratelimit, &l));
+    assert_int_equal(l.count, 2);
+    /* key = route: a key per route; key = shared: one for the rule. */
+    for (int i = 0; i < 3; i++)
+        assert_true(req(r, lim, "u6", "pro", "/search/books").allowed);
+    assert_false(req(r, lim, "u7", "pro", "/search/books").allowed);
+    assert_true(req(r, lim, "u7", "pro", "/search/films").allowed);
+    for (int i = 0; i < 4; i++)
+        assert_true(req(r, lim, "u8", "pro", i % 2 ? "/export/a" : "/export/b")
+                        .allowed);
+    o = req(r, lim, "u9", "pro", "/export/c");
+    assert_false(o.allowed);
+    assert_int_equal(o.denied_by, 1);
+    rate_limiter_free(lim);
+    rate_rules_free(r);
+
+    /* No rule matches: the limiter's default policy, by the key. */
+    assert_int_equal(
+        rate_rules_load(write_file("route-only.conf",
+                                   "[policies]\ns = fixed-window 1/m\n"
+                                   "[rule s]\nmatch = route=/s\npolicy = s\n"),
+                        &r, err, sizeof err),
+        RATE_OK);
+    lim = limiter_fake();
+    o = req(r, lim, "u1", NULL, "/other");
+    assert_int_equal(o.count, 1);
+    assert_string_equal(o.applied[0].policy_name, "fallback");
+    /* Bad calls. */
+    assert_int_equal(rate_rules_check(NULL, lim, "k", 1, NULL, 0, 1, 0, &o),
+                     RATE_EINVAL);
+    assert_int_equal(rate_rules_check(r, lim, "", 0, NULL, 0, 1, 0, &o),
+                     RATE_EKEY);
+    assert_int_equal(rate_rules_check(r, lim, "k", 1, NULL, 1, 1, 0, &o),
+                     RATE_EINVAL);
+    assert_int_equal(rate_rules_check(r, lim, "k", 1, NULL, 0,
+                                      RATE_TIME_MAX + 1, 0, &o),
+                     RATE_ERANGE);
+    rate_limiter_free(lim);
+    rate_rules_free(r);
+}
+
+/* At the caller's time: every policy at that time, refunds too. */
+static void at_the_callers_time(void **state)
+{
+    (void)state;
+    char err[512];
+    rate_rules_t *r;
+    assert_int_equal(rate_rules_load(write_file("good.conf", good), &r, err,
+                                     sizeof err),
+                     RATE_OK);
+    rate_limiter_t *lim = limiter_fake();
+    atomic_store(&fake_now, 999 * SEC); /* the limiter's clock: unused */
+    rate_attr_t a = {"route", "/search"};
+    rate_outcome_t o;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(rate_rules_check_at(r, lim, "fay", 3, &a, 1, 1, 0,
+                                             5 * SEC, &o),
+                         RATE_OK);
+        assert_true(o.allowed);
+    }
+    assert_int_equal(rate_rules_check_at(r, lim, "fay", 3, &a, 1, 1, 0,
+                                         5 * SEC, &o),
+                     RATE_OK);
+    assert_false(o.allowed);
+    assert_int_equal(o.applied[0].decision.retry_after_ns, 500 * MS);
+    assert_true(o.applied[1].refunded);
+    /* 500 ms later by the caller's clock, a token is back. */
+    assert_int_equal(rate_rules_check_at(r, lim, "fay", 3, &a, 1, 1, 0,
+                                         5 * SEC + 500 * MS, &o),
+                     RATE_OK);
+    assert_true(o.allowed);
+    assert_int_equal(o.applied[1].decision.remaining, 0); /* 4 of 4 */
+    assert_int_equal(rate_rules_check_at(r, lim, "fay", 3, &a, 1, 1, 0,
+                                         RATE_TIME_MAX + 1, &o),
+                     RATE_ERANGE);
+    assert_int_equal(o.count, 0);
+    rate_limiter_free(lim);
+    rate_rules_free(r);
+}
+
+/* A per-route and a per-user limit on one request: it passes only if both
+ * do, and a denial by either charges the other nothing. */
+static void both_limits_or_neither(void **state)
+{
+    (void)state;
+    char err[512];
+    rate_rules_t *r;
+    assert_int_equal(rate_rules_load(write_file("good.conf", good), &r, err,
+                                     sizeof err),
+                     RATE_OK);
+    rate_limiter_t *lim = limiter_fake();
+    atomic_store(&fake_now, 0);
+    rate_outcome_t o;
+
+    /* free: burst 3.  Three requests pass both (the route counts 3 of 4). */
+    for (int i = 0; i < 3; i++)
+        assert_true(req(r, lim, "alice", NULL, "/search").allowed);
+    /* The 4th: alice's bucket denies; the route's window is not charged. */
+    o = req(r, lim, "alice", NULL, "/search");
+    assert_false(o.allowed);
+    assert_int_equal(o.denied_by, 0);
+    assert_true(o.applied[1].decision.allowed);
+    assert_true(o.applied[1].refunded);
+    rate_headers_t h;
+    assert_int_equal(rate_outcome_headers(&o, &h), RATE_OK);
+    assert_int_equal(h.status, 429);
+    /* alice: a token in 500 ms: Retry-After 1; the route: its 4th permit
+     * given back, r=1. */
+    assert_string_equal(h.retry_after, "1");
+    assert_string_equal(h.ratelimit,
+                        "\"free\";r=0;t=2, \"search\";r=1;t=60");
+    /* So bob still gets the route's last permit... */
+    assert_true(req(r, lim, "bob", NULL, "/search").allowed);
+    /* ...and then carol is denied by the route, and her bucket is
+     * untouched: three more requests of hers pass elsewhere. */
+    o = req(r, lim, "carol", NULL, "/search");
+    assert_false(o.allowed);
+    assert_int_equal(o.denied_by, 1);
+    assert_true(o.applied[0].refunded);
+    assert_int_equal(rate_outcome_headers(&o, &h), RATE_OK);
+    assert_string_equal(h.retry_after, "60");
+    for (int i = 0; i < 3; i++)
+        assert_true(req(r, lim, "carol", NULL, "/home").allowed);
+    assert_false(req(r, lim, "carol", NULL, "/home").allowed);
+    rate_limiter_free(lim);
+    rate_rules_free(r);
+}
+
+/* Under a failing store: fail-closed answers 503 with no field, fail-open
+ * serves. */
+static void store_errors_in_an_outcome(void **state)
+{
+    (void)state;
+    char err[512];
+    rate_rules_t *r;
+    assert_int_equal(rate_rules_load(write_file("good.conf", good), &r, err,
+                                     sizeof err),
+                     RATE_OK);
+    for (int open = 0; open < 2; open++) {
+        rate_store_t *store;
+        cas_store_t *hs;
+        assert_int_equal(cas_store_new(&store, &hs), RATE_OK);
+        rate_limiter_config_t cfg = {
+            .store = store,
+            .clock = &clock_fake,
+            .on_store_error = open ? RATE_FAIL_OPEN : RATE_FAIL_CLOSED};
+        rate_limiter_t *lim = limiter_cfg("token-bucket 1/s", cfg);
+        cas_store_set_down(hs, 1);
+        rate_outcome_t o = req(r, lim, "erin", NULL, "/search");
+        assert_int_equal(o.count, 2);
+        assert_int_equal(o.allowed, open);
+        assert_int_equal(o.applied[0].decision.reason, RATE_REASON_STORE_ERROR);
+        rate_headers_t h;
+        assert_int_equal(rate_outcome_headers(&o, &h), RATE_OK);
+        assert_int_equal(h.status, open ? 0 : 503);
+        assert_string_equal(h.policy, "");
+        assert_string_equal(h.ratelimit, "");
+        assert_string_equal(h.retry_after, "");
+        rate_limiter_free(lim);
+        rate_store_free(store);
+    }
+    rate_rules_free(r);
+}
+
+static void errors_name_file_and_line(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text, *msg; /* msg after "PATH:" */
+    } cases[] = {
+        {"[policies]\nfree = token-bucket 10/fortnight\n",
+         "2: policy 'free': limit 1: rate '10/fortnight': 'fortnight' is not "
+         "a duration: [COUNT]UNIT, units ns us ms s m h d (or nsec usec msec "
+         "sec min hr day, singular or plural)"},
+        {"[policies]\nfree = token-bucket 1/s\nfree = fixed-window 1/s\n",
+         "3: policy 'free' defined twice"},
+        {"[policies]\nfr*ee = token-bucket 1/s\n",
+         "2: policy name 'fr*ee' has '*'; a name is letters, digits, '.', "
+         "'_' and '-'"},
+        {"[policies]\nfree = name=other token-bucket 1/s\n",
+         "2: policy 'free': its text names it 'other'"},
+        {"[policies]\nfree = token-bucket 1/s\n[rule a]\npolicy = gold\n",
+         "4: policy 'gold' is not defined (name it in [policies], above the "
+         "rules)"},
+        {"[policy]\nfree = token-bucket 1/s\n",
+         "2: unknown section [policy] ([policies] or [rule NAME])"},
+        {"free = token-bucket 1/s\n",
+         "1: 'free' is outside any section ([policies] or [rule NAME])"},
+        {"[policies]\nfree = token-bucket 1/s\n[rule a]\nmatch = tier\n"
+         "policy = free\n",
+         "4: match: 'tier' is not ATTRIBUTE=VALUE (attribute names are "
+         "letters, digits, '_', '-' and '.')"},
+        {"[policies]\nfree = token-bucket 1/s\n[rule a]\nmatch = tier=\n",
+         "4: match: 'tier=' has no value (write ATTRIBUTE=* for any value)"},
+        {"[policies]\nfree = token-bucket 1/s\n[rule a]\nwhen = tier=x\n",
+         "4: unknown setting 'when' in [rule a] (match, policy, key, group)"},
+        {"[policies]\nfree = token-bucket 1/s\n\n[rule a]\nmatch = t=x\n",
+         "4: [rule a] has no 'policy =' line"},
+        {"[policies]\nf = token-bucket 1/s\n[rule a]\npolicy = f\n"
+         "[rule a]\npolicy = f\n",
+         "5: [rule a] given twice (first at line 3)"},
+        {"[policies]\nf = token-bucket 1/s\n[rule a/b]\npolicy = f\n",
+         "3: [rule a/b]: a rule's name is letters, digits, '_', '-' and '.' "
+         "([rule NAME])"},
+        {"[policies]\nf = token-bucket 1/s\n[rule all]\npolicy = f\n"
+         "[rule late]\nmatch = t=x\npolicy = f\n",
+         "5: [rule late] can never apply: [rule all] (line 3) above it in "
+         "group 'default' matches every request"},
+        {"[policies]\nf = token-bucket 1/s\nthis line has no equals sign\n",
+         "3: not a [section], a 'name = value' line or a comment"},
+        {"[policies]\nf = token-bucket 1/s\n[rule a]\npolicy = f\n"
+         "policy = f\n",
+         "5: policy given twice in [rule a] (list every policy on one line)"},
+        {"[policies]\na = token-bucket 1/s\nb = token-bucket 1/s\n"
+         "c = token-bucket 1/s\n[rule x]\ngroup = g1\npolicy = a b c\n"
+         "[rule y]\ngroup = g2\npolicy = a b\n",
+         "8: the rules can apply 5 policies to one request (the most of "
+         "each group); at most 4"},
+        {"[policies]\nf = token-bucket 1/s\n[rule a]\npolicy = f\n"
+         "key = route/x\n",
+         "5: key: 'route/x' is not an attribute name (letters, digits, '_', "
+         "'-' and '.'; 'key' is the request's key, 'shared' one key for the "
+         "rule)"},
+        {"[policies]\nf = token-bucket 1/s\n[rule a]\npolicy = f\n"
+         "key = shared route\n",
+         "5: key: 'shared' stands alone (one key for every request of [rule "
+         "a])"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *path = write_file("bad.conf", cases[i].text);
+        char err[512] = "", want[600];
+        rate_rules_t *r = (rate_rules_t *)1;
+        assert_int_equal(rate_rules_load(path, &r, err, sizeof err),
+                         RATE_EPOLICY);
+        assert_null(r);
+        snprintf(want, sizeof want, "%s:%s", path, cases[i].msg);
+        if (strcmp(err, want) != 0)
+            fail_msg("case %zu: got '%s'", i, err);
+    }
+    /* A line longer than libinih's buffer. */
+    char longer[400] = "[policies]\nf = token-bucket 1/s";
+    memset(longer + strlen(longer), ' ', 250);
+    strcat(longer, "\n");
+    char err[512];
+    rate_rules_t *r;
+    const char *path = write_file("long.conf", longer);
+    assert_int_equal(rate_rules_load(path, &r, err, sizeof err), RATE_EPOLICY);
+    assert_non_null(strstr(err, ":2: line longer than"));
+    /* A file that is not there. */
+    assert_int_equal(rate_rules_load("/nonexistent/rules.conf", &r, err,
+                                     sizeof err),
+                     RATE_EINVAL);
+    assert_string_equal(err, "/nonexistent/rules.conf: cannot read: No such "
+                             "file or directory");
+    assert_int_equal(rate_rules_load(NULL, &r, err, sizeof err), RATE_EINVAL);
+}
+
+static void reload_keeps_state_and_refuses_bad_files(void **state)
+{
+    (void)state;
+    char err[512];
+    rate_rules_t *r;
+    const char *path = write_file("live.conf", good);
+    assert_int_equal(rate_rules_load(path, &r, err, sizeof err), RATE_OK);
+    rate_limiter_t *lim = limiter_fake();
+    atomic_store(&fake_now, 0);
+    for (int i = 0; i < 3; i++)
+        assert_true(req(r, lim, "dave", NULL, NULL).allowed);
+    assert_false(req(r, lim, "dave", NULL, NULL).allowed);
+
+    /* A bad file: an error, and the old rules stay. */
+    write_file("live.conf", "[policies]\nfree = token-bucket 0/s\n");
+    assert_int_equal(rate_rules_reload(r, NULL, err, sizeof err),
+                     RATE_EPOLICY);
+    if (strstr(err, "live.conf:2: policy 'free': limit 1 (token-bucket): "
+                    "the rate's count is zero") == NULL)
+        fail_msg("got '%s'", err);
+    assert_int_equal(rate_rules_generation(r), 1);
+    assert_false(req(r, lim, "dave", NULL, NULL).allowed);
+
+    /* The same file again: dave stays used up (his state is his key's). */
+    write_file("live.conf", good);
+    assert_int_equal(rate_rules_reload(r, NULL, err, sizeof err), RATE_OK);
+    assert_int_equal(rate_rules_generation(r), 2);
+    assert_false(req(r, lim, "dave", NULL, NULL).allowed);
+    /* A bigger free tier: his state carries over (a token bucket keeps
+     * its tokens: none), not reset to a full bucket of 10; a second later
+     * 2 tokens are back, and one is spent. */
+    static const char *bigger =
+        "[policies]\nfree = token-bucket 2/s burst=10\n"
+        "[rule free]\npolicy = free\n";
+    assert_int_equal(rate_rules_reload(r, write_file("bigger.conf", bigger),
+                                       err, sizeof err),
+                     RATE_OK);
+    assert_false(req(r, lim, "dave", NULL, NULL).allowed);
+    atomic_store(&fake_now, SEC);
+    rate_outcome_t o = req(r, lim, "dave", NULL, NULL);
+    assert_true(o.allowed);
+    assert_int_equal(o.applied[0].decision.remaining, 1);
+    assert_int_equal(o.generation, 3);
+    /* Later reloads read the new path. */
+    assert_int_equal(rate_rules_reload(r, NULL, err, sizeof err), RATE_OK);
+    assert_int_equal(rate_rules_generation(r), 4);
+    assert_int_equal(rate__rules_live(r), 1); /* nothing retired is held */
+    assert_int_equal(rate_rules_reload(NULL, NULL, err, sizeof err),
+                     RATE_EINVAL);
+    rate_limiter_free(lim);
+    rate_rules_free(r);
+}
+
+/* ------------------------------------------------ reloads under load */
+
+#define THREADS 3
+#define RELOADS_DEFAULT 10000
+
+typedef struct worker {
+    rate_rules_t *rules;
+    rate_limiter_t *lim;
+    _Atomic bool *stop;
+    unsigned long decisions, mixed, bad;
+    int id;
+} worker_t;
+
+/* Two files: every policy of file A is named a-*, of B b-*; both apply two
+ * policies to every request (two groups). */
+static const char *file_a =
+    "[policies]\na-user = token-bucket 1000000/s burst=1000000\n"
+    "a-route = token-bucket 1000000/s burst=1000000\n"
+    "[rule u]\ngroup = user\npolicy = a-user\n"
+    "[rule r]\ngroup = route\npolicy = a-route\nkey = route\n";
+static const char *file_b =
+    "[policies]\nb-user = token-bucket 2000000/s burst=2000000\n"
+    "b-route = token-bucket 2000000/s burst=2000000\n"
+    "[rule u]\ngroup = user\npolicy = b-user\n"
+    "[rule r]\ngroup = route\npolicy = b-route\nkey = route\n";
+
+static void *decide_loop(void *arg)
+{
+    worker_t *w = arg;
+    char key[32];
+    rate_attr_t a = {"route", "/x"};
+
+    snprintf(key, sizeof key, "user:%d", w->id);
+    while (!atomic_load_explicit(w->stop, memory_order_relaxed)) {
+        rate_outcome_t o;
+        if (rate_rules_check(w->rules, w->lim, key, strlen(key), &a, 1, 1, 0,
+                             &o) != RATE_OK ||
+            o.count != 2 || !o.allowed) {
+            w->bad++;
+            continue;
+        }
+        /* Odd generations are file A (the first load), even ones B. */
+        char want = o.generation % 2 == 1 ? 'a' : 'b';
+        if (o.applied[0].policy_name[0] != want ||
+            o.applied[1].policy_name[0] != want)
+            w->mixed++;
+        w->decisions++;
+    }
+    return NULL;
+}
+
+static void reloads_while_deciding(void **state)
+{
+    (void)state;
+    const char *env = getenv("RATE_RELOADS");
+    unsigned reloads = env != NULL ? (unsigned)atoi(env) : RELOADS_DEFAULT;
+    char err[512];
+    char pa[128], pb[128];
+    snprintf(pa, sizeof pa, "%s", write_file("a.conf", file_a));
+    snprintf(pb, sizeof pb, "%s", write_file("b.conf", file_b));
+    rate_rules_t *r;
+    assert_int_equal(rate_rules_load(pa, &r, err, sizeof err), RATE_OK);
+    rate_limiter_t *lim = limiter_of("token-bucket 1/s", NULL);
+    _Atomic bool stop = false;
+    worker_t w[THREADS];
+    pthread_t t[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        w[i] = (worker_t){r, lim, &stop, 0, 0, 0, i};
+        assert_int_equal(pthread_create(&t[i], NULL, decide_loop, &w[i]), 0);
+    }
+    size_t most_live = 0;
+    for (unsigned i = 0; i < reloads; i++) {
+        assert_int_equal(rate_rules_reload(r, i % 2 == 0 ? pb : pa, err,
+                                           sizeof err),
+                         RATE_OK);
+        size_t live = rate__rules_live(r);
+        if (live > most_live)
+            most_live = live;
+        /* The current set, plus at most one per deciding thread. */
+        assert_true(live <= THREADS + 1);
+    }
+    atomic_store(&stop, true);
+    unsigned long decisions = 0;
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(w[i].mixed, 0);
+        assert_int_equal(w[i].bad, 0);
+        decisions += w[i].decisions;
+    }
+    assert_int_equal(rate_rules_generation(r), reloads + 1);
+    /* No decision running: one more reload frees every old set. */
+    assert_int_equal(rate_rules_reload(r, pa, err, sizeof err), RATE_OK);
+    assert_int_equal(rate__rules_live(r), 1);
+    /* The limiter learnt the four policies once, whatever the reloads:
+     * its store holds the threads' user keys, the route key and the
+     * records, nothing per reload. */
+    rate_stats_t st;
+    assert_int_equal(rate_limiter_stats(lim, &st), RATE_OK);
+    assert_true(st.keys <= THREADS + 1);
+    (void)st;
+    print_message("%u reloads, %lu decisions, at most %zu rule sets held\n",
+                  reloads, decisions, most_live);
+    rate_limiter_free(lim);
+    rate_rules_free(r);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/test_rules.XXXXXX");
+    return mkdtemp(dir) != NULL ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(matching_tiers_routes_and_default),
+        cmocka_unit_test(both_limits_or_neither),
+        cmocka_unit_test(at_the_callers_time),
+        cmocka_unit_test(store_errors_in_an_outcome),
+        cmocka_unit_test(errors_name_file_and_line),
+        cmocka_unit_test(reload_keeps_state_and_refuses_bad_files),
+    };
+    const struct CMUnitTest load[] = {
+        cmocka_unit_test(reloads_while_deciding),
+    };
+    /* --reloads: the concurrency part (its own ctest, label concurrency). */
+    if (argc > 1 && strcmp(argv[1], "--reloads") == 0)
+        return cmocka_run_group_tests(load, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
