@@ -1052,7 +1052,8 @@ typedef struct storm {
     int i;
     atomic_bool *stop;
     uint64_t longest_ns;
-    int answered, errors, answered_after;
+    int answered, errors;
+    atomic_int answered_after; /* read by the main thread while it runs */
     atomic_bool *restarted;
 } storm_t;
 
@@ -1075,7 +1076,8 @@ static void *storm_caller(void *arg)
             s->errors++;
         } else {
             s->answered++;
-            s->answered_after += after;
+            if (after)
+                atomic_fetch_add(&s->answered_after, 1);
         }
     }
     return NULL;
@@ -1094,6 +1096,7 @@ static void callers_ride_out_a_restart(void **state)
     storm_t s[MANY];
     for (int i = 0; i < MANY; i++) {
         s[i] = (storm_t){lim, i, &stop, 0, 0, 0, 0, &restarted};
+        atomic_init(&s[i].answered_after, 0);
         pthread_create(&th[i], NULL, storm_caller, &s[i]);
     }
     usleep(200000);
@@ -1101,18 +1104,32 @@ static void callers_ride_out_a_restart(void **state)
     usleep(300000);
     start_server(NULL, NULL);
     atomic_store(&restarted, true);
-    usleep(1500000); /* past the longest reconnect backoff */
+    /* Until every caller has been answered again (past the reconnect
+     * backoff and the breaker's cool-down), or 10 s: a loaded machine may
+     * take a while to run all of them. */
+    for (int waited = 0; waited < 200; waited++) {
+        int pending = 0;
+        for (int i = 0; i < MANY; i++)
+            pending += atomic_load(&s[i].answered_after) == 0;
+        if (pending == 0)
+            break;
+        usleep(50000);
+    }
     atomic_store(&stop, true);
     for (int i = 0; i < MANY; i++)
         pthread_join(th[i], NULL);
     int errors = 0;
     for (int i = 0; i < MANY; i++) {
         errors += s[i].errors;
-        if (s[i].answered_after == 0)
-            fail_msg("caller %d got no answer after the restart", i);
+        if (atomic_load(&s[i].answered_after) == 0)
+            fail_msg("caller %d got no answer in 10 s after the restart", i);
         /* Every call within its timeout (a reconnection made on its
-         * behalf included), plus scheduling slack. */
-        if (s[i].longest_ns > timeout + 300 * MS)
+         * behalf included), plus a slack of 1 s for the scheduler of a
+         * loaded 2-core machine, which can leave a thread off its core for
+         * hundreds of ms.  The bound itself, the timeout, is checked
+         * without the scheduler's noise in test_redis_faults (a deadline
+         * survives a handover); this catches a call that hangs. */
+        if (s[i].longest_ns > timeout + 1000 * MS)
             fail_msg("caller %d waited %llu ms", i,
                      (unsigned long long)(s[i].longest_ns / MS));
     }
