@@ -79,5 +79,31 @@ if "$R" replay --policy "sliding-log 100/s" --store "shm:$T/log" "$T/log.trace" 
    [ "$(cut -f4 "$T/out" | tr '\n' ' ')" = "allow allow allow " ] && [ ! -e "$T/log" ]; then ok
 else bad "a sliding log on a region the run creates"; fi
 
+# Stopped by a signal: the region file the run made (or its namespace in
+# one that exists) removed, and one line of error says so.
+rm -f "$T/fifo"; mkfifo "$T/fifo"
+for where in file namespace; do
+  if [ $where = file ]; then Q=$P.sig; want_keys=""; what="region file"
+  else Q=$P; want_keys=$before; what=namespace; fi
+  for sig in INT TERM; do
+    { for i in $(seq 300); do echo "0 k$i"; done; exec sleep 20; } >"$T/fifo" &
+    feeder=$!
+    "$R" replay --policy "token-bucket 1/s burst=1" --store "shm:$Q" <"$T/fifo" >"$T/out" 2>"$T/err" &
+    rp=$!
+    for _ in $(seq 100); do
+      case $("$K" "$Q" 2>/dev/null) in "300 "*|"301 "*) break;; esac
+      sleep 0.1
+    done
+    kill -$sig "$rp"; { wait "$rp"; } 2>/dev/null; rc=$?
+    kill "$feeder" 2>/dev/null; wait "$feeder" 2>/dev/null
+    case $sig in INT) want=130;; TERM) want=143;; esac
+    if [ $where = file ]; then left=$([ -e "$Q" ] && echo present); else left=$("$K" "$Q"); fi
+    if [ $rc -eq $want ] && [ "$left" = "$want_keys" ] &&
+       grep -qx "ratelimit: replay: stopped by SIG$sig after line 300; the run's $what was removed" "$T/err" &&
+       [ "$(wc -l <"$T/out")" -eq 300 ]; then ok
+    else bad "replay --store shm ($where) stopped by SIG$sig: rc=$rc, left '$left', $(cat "$T/err")"; fi
+  done
+done
+
 echo "shm cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

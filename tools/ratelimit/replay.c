@@ -235,16 +235,18 @@ int cmd_replay(int argc, char **argv)
      * keys are gone; a failed removal alone says so. */
     bool scratch = cl.scratch;
     bool shm = cl.shm_scratch || cl.shm_unlink != NULL;
+    const char *shm_what = cl.shm_unlink != NULL ? "region file" : "namespace";
     const char *sn = cl.dynamodb ? "DynamoDB" : "Redis";
     int drop = cli_limiter_close(&cl);
     if (shm) { /* nothing left behind: the namespace or the file is gone */
-        if (failure[0] != '\0')
-            cli_fail("%s", failure);
+        if (failure[0] != '\0' && drop == RATE_OK)
+            cli_fail("%s; the run's %s was removed", failure, shm_what);
+        else if (failure[0] != '\0')
+            cli_fail("%s; the run's %s could not be removed (%s)", failure,
+                     shm_what, rate_strerror(drop));
         else if (drop != RATE_OK && status == 0)
             status = cli_fail("replay: could not remove the run's %s (%s)",
-                              drop == RATE_ESTORE ? "region file"
-                                                  : "namespace",
-                              rate_strerror(drop));
+                              shm_what, rate_strerror(drop));
         return status;
     }
     char keys_fate[200];
