@@ -588,7 +588,9 @@ RATE_API int rate_store_dynamodb_new(const char *url,
  * (the items deleted so far stay deleted).  Thread-safe: yes. */
 RATE_API int rate_store_dynamodb_drop(rate_store_t *store);
 
-/* What a DynamoDB store has sent, since its creation. */
+/* What a DynamoDB store has sent since rate_store_dynamodb_new returned
+ * (the creation's own requests, DescribeTable and CreateTable, are not
+ * counted). */
 typedef struct rate_dynamodb_counters {
     uint64_t requests;  /* HTTP requests: the round trips */
     uint64_t reads;     /* GetItem (load) */

@@ -584,15 +584,22 @@ static void bad_urls(void **state)
         {"dynamodb://a/b?region=us-east-1", "only letters"},
         {"dynamodb://tbl", "no region"},
         {"dynamodb://tbl?endpoint=http://127.0.0.1:1", "no region"},
-        {"dynamodb://tbl?region=", "unknown or empty parameter 'region='"},
+        {"dynamodb://tbl?region=", "parameter 'region' has no value"},
+        {"dynamodb://tbl?region=us-east-1&", "an empty parameter (a stray '&')"},
+        {"dynamodb://tbl?region=us-east-1&region=eu-west-1", "parameter 'region' given twice"},
+        {"dynamodb://tbl?region=us-east-1&endpoint=http://127.0.0.1:1/path?x=1",
+         "is not http(s)://HOST[:PORT]"},
+        {"dynamodb://tbl?region=us-east-1&endpoint=http://", "is not http(s)://"},
         {"dynamodb://tbl?region=US_EAST", "is not a region name"},
-        {"dynamodb://tbl?region=us-east-1&x=1", "unknown or empty parameter 'x=1'"},
+        {"dynamodb://tbl?region=us-east-1&x=1", "unknown parameter 'x=1'"},
         {"dynamodb://tbl?region=us-east-1&endpoint=ftp://h", "is not http(s)://"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char err[512] = "";
-        assert_int_equal(make(cases[i].url, NULL, err, sizeof err),
-                         RATE_EINVAL);
+        int rc = make(cases[i].url, NULL, err, sizeof err);
+        if (rc != RATE_EINVAL)
+            fail_msg("'%s': %s (%s), not RATE_EINVAL", cases[i].url,
+                     rate_strerror(rc), err);
         if (strstr(err, cases[i].words) == NULL)
             fail_msg("'%s': '%s' says nothing of '%s'", cases[i].url, err,
                      cases[i].words);
@@ -623,7 +630,18 @@ static void credentials_from_env_and_file(void **state)
     setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials", 1);
     assert_int_equal(make(url, NULL, err, sizeof err), RATE_EINVAL);
     assert_non_null(strstr(err, "no AWS credentials"));
-    assert_non_null(strstr(err, "/nonexistent/credentials"));
+    assert_non_null(strstr(err, "/nonexistent/credentials: No such file"));
+    /* Half a pair in the variables is named. */
+    setenv("AWS_ACCESS_KEY_ID", "AKIDHALF", 1);
+    assert_int_equal(make(url, NULL, err, sizeof err), RATE_EINVAL);
+    assert_non_null(
+        strstr(err, "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY "
+                    "is not"));
+    unsetenv("AWS_ACCESS_KEY_ID");
+    /* A directory in place of the file. */
+    setenv("AWS_SHARED_CREDENTIALS_FILE", "/tmp", 1);
+    assert_int_equal(make(url, NULL, err, sizeof err), RATE_EINVAL);
+    assert_non_null(strstr(err, "/tmp: Is a directory"));
     /* A file with the key in another profile than the one asked for. */
     int fd = mkstemp(path);
     assert_true(fd >= 0);
@@ -634,7 +652,12 @@ static void credentials_from_env_and_file(void **state)
     close(fd);
     setenv("AWS_SHARED_CREDENTIALS_FILE", path, 1);
     assert_int_equal(make(url, NULL, err, sizeof err), RATE_EINVAL);
-    assert_non_null(strstr(err, "profile [default]"));
+    assert_non_null(
+        strstr(err, "profile [default] of /tmp/ratelimit-ddb-creds"));
+    assert_non_null(strstr(err, "has no aws_secret_access_key"));
+    setenv("AWS_PROFILE", "absent", 1);
+    assert_int_equal(make(url, NULL, err, sizeof err), RATE_EINVAL);
+    assert_non_null(strstr(err, "has no profile [absent]"));
     setenv("AWS_PROFILE", "other", 1);
     assert_int_equal(make(url, NULL, err, sizeof err), RATE_OK);
     unsetenv("AWS_PROFILE");
@@ -665,7 +688,16 @@ static void missing_table_and_creating_one(void **state)
              endpoint);
     rate_dynamodb_options_t o = {0};
     o.create_table = true;
-    assert_int_equal(make(u, &o, err, sizeof err), RATE_OK);
+    /* dynalite has no UpdateTimeToLive: a failure tolerated, and so not
+     * the store's last error. */
+    rate_store_t *made = NULL;
+    assert_int_equal(rate_store_dynamodb_new(u, &o, &made, err, sizeof err),
+                     RATE_OK);
+    char last[256] = "x";
+    assert_int_equal(rate_store_dynamodb_last_error(made, last, sizeof last),
+                     0);
+    assert_string_equal(last, "");
+    rate_store_free(made);
     assert_int_equal(make(u, &o, err, sizeof err), RATE_OK); /* there now */
     assert_int_equal(make(u, NULL, err, sizeof err), RATE_OK);
     /* A table of another key schema is refused. */

@@ -646,14 +646,34 @@ static int parse_url(ddb_t *d, const char *url, char *err, size_t errlen)
     memcpy(d->table, t, tl);
     d->table[tl] = '\0';
     q = q ? q + 1 : "";
-    for (const char *p = q; *p;) { /* every parameter is one we know */
+    bool seen[2] = {false, false}; /* region, endpoint */
+    for (const char *p = q; *p;) { /* every parameter known, once, valued */
         const char *amp = strchr(p, '&');
         size_t l = amp ? (size_t)(amp - p) : strlen(p);
-        if (!(l > 7 && strncmp(p, "region=", 7) == 0) &&
-            !(l > 9 && strncmp(p, "endpoint=", 9) == 0))
+        int which = l >= 7 && strncmp(p, "region=", 7) == 0     ? 0
+                    : l >= 9 && strncmp(p, "endpoint=", 9) == 0 ? 1
+                                                                : -1;
+        if (l == 0)
             return rate__fail(err, errlen, RATE_EINVAL,
-                              "'%s': unknown or empty parameter '%.*s' (%s)",
-                              url, (int)l, p, form);
+                              "'%s': an empty parameter (a stray '&') (%s)",
+                              url, form);
+        if (which < 0)
+            return rate__fail(err, errlen, RATE_EINVAL,
+                              "'%s': unknown parameter '%.*s' (%s)", url,
+                              (int)l, p, form);
+        const char *name = which == 0 ? "region" : "endpoint";
+        if (l == strlen(name) + 1)
+            return rate__fail(err, errlen, RATE_EINVAL,
+                              "'%s': parameter '%s' has no value (%s)", url,
+                              name, form);
+        if (seen[which])
+            return rate__fail(err, errlen, RATE_EINVAL,
+                              "'%s': parameter '%s' given twice", url, name);
+        seen[which] = true;
+        if (amp != NULL && amp[1] == '\0')
+            return rate__fail(err, errlen, RATE_EINVAL,
+                              "'%s': an empty parameter (a stray '&') (%s)",
+                              url, form);
         p = amp ? amp + 1 : p + l;
     }
     const char *v;
@@ -674,9 +694,19 @@ static int parse_url(ddb_t *d, const char *url, char *err, size_t errlen)
     d->region[vl] = '\0';
     char ep[512];
     if (query_value(q, "endpoint", &v, &vl)) {
-        if (!((vl > 7 && strncmp(v, "http://", 7) == 0) ||
-              (vl > 8 && strncmp(v, "https://", 8) == 0)) ||
-            vl >= sizeof ep - 2)
+        size_t scheme = vl > 7 && strncmp(v, "http://", 7) == 0    ? 7
+                        : vl > 8 && strncmp(v, "https://", 8) == 0 ? 8
+                                                                   : 0;
+        /* HOST[:PORT] and at most a final '/': no path, no query. */
+        bool host_only = scheme != 0 && vl < sizeof ep - 2;
+        for (size_t i = scheme; host_only && i < vl; i++) {
+            char c = v[i];
+            host_only = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                        (c >= '0' && c <= '9') || c == '.' || c == '-' ||
+                        c == ':' || c == '[' || c == ']' ||
+                        (c == '/' && i == vl - 1 && i > scheme);
+        }
+        if (!host_only)
             return rate__fail(err, errlen, RATE_EINVAL,
                               "'%s': endpoint '%.*s' is not "
                               "http(s)://HOST[:PORT]", url, (int)vl, v);
@@ -704,9 +734,10 @@ static char *trim(char *s)
 }
 
 /* The shared credentials file's profile: RATE_OK with both keys found,
- * RATE_ENOTSUP when there is no such file or profile or key. */
+ * RATE_ENOTSUP when there is no such file or profile or key, with `why`
+ * saying which. */
 static int credentials_file(ddb_t *d, char *path, size_t plen,
-                            const char **profile)
+                            const char **profile, char *why, size_t wl)
 {
     const char *f = getenv("AWS_SHARED_CREDENTIALS_FILE");
     const char *home = getenv("HOME");
@@ -720,10 +751,12 @@ static int credentials_file(ddb_t *d, char *path, size_t plen,
     else
         snprintf(path, plen, "~/.aws/credentials");
     FILE *fp = fopen(path, "r");
-    if (fp == NULL)
+    if (fp == NULL) {
+        snprintf(why, wl, "%s: %s", path, strerror(errno));
         return RATE_ENOTSUP;
+    }
     char line[2048];
-    bool in = false;
+    bool in = false, found = false;
     while (fgets(line, sizeof line, fp) != NULL) {
         char *s = trim(line);
         if (*s == '#' || *s == ';' || *s == '\0')
@@ -733,6 +766,7 @@ static int credentials_file(ddb_t *d, char *path, size_t plen,
             if (close != NULL)
                 *close = '\0';
             in = strcmp(trim(s + 1), *profile) == 0;
+            found = found || in;
             continue;
         }
         char *eq = strchr(s, '=');
@@ -749,8 +783,19 @@ static int credentials_file(ddb_t *d, char *path, size_t plen,
             *dst = strdup(val);
         }
     }
+    bool failed = ferror(fp) != 0;
+    int e = errno;
     fclose(fp);
-    return d->key_id != NULL && d->secret != NULL ? RATE_OK : RATE_ENOTSUP;
+    if (failed)
+        snprintf(why, wl, "%s: %s", path, strerror(e));
+    else if (!found)
+        snprintf(why, wl, "%s has no profile [%s]", path, *profile);
+    else if (d->key_id == NULL || d->secret == NULL)
+        snprintf(why, wl, "profile [%s] of %s has no %s", *profile, path,
+                 d->key_id == NULL ? "aws_access_key_id"
+                                   : "aws_secret_access_key");
+    return !failed && d->key_id != NULL && d->secret != NULL ? RATE_OK
+                                                             : RATE_ENOTSUP;
 }
 
 static int credentials(ddb_t *d, const rate_dynamodb_options_t *o, char *err,
@@ -758,11 +803,17 @@ static int credentials(ddb_t *d, const rate_dynamodb_options_t *o, char *err,
 {
     const char *id = o->access_key_id, *secret = o->secret_access_key,
                *token = o->session_token;
+    char env_half[96] = "", why[1200] = "";
     if (id == NULL && secret == NULL) {
         id = getenv("AWS_ACCESS_KEY_ID");
         secret = getenv("AWS_SECRET_ACCESS_KEY");
         token = getenv("AWS_SESSION_TOKEN");
-        if (id == NULL || !*id || secret == NULL || !*secret)
+        bool has_id = id != NULL && *id, has_secret = secret != NULL && *secret;
+        if (has_id != has_secret) /* half a pair: said if the file fails */
+            snprintf(env_half, sizeof env_half, "%s is set but %s is not; ",
+                     has_id ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY",
+                     has_id ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID");
+        if (!has_id || !has_secret)
             id = secret = token = NULL;
     }
     if (id != NULL && secret != NULL && *id && *secret) {
@@ -780,15 +831,16 @@ static int credentials(ddb_t *d, const rate_dynamodb_options_t *o, char *err,
                           "access_key_id and secret_access_key go together");
     char path[1024];
     const char *profile;
-    if (credentials_file(d, path, sizeof path, &profile) == RATE_OK)
+    if (credentials_file(d, path, sizeof path, &profile, why, sizeof why) ==
+        RATE_OK)
         return RATE_OK;
     return rate__fail(err, errlen, RATE_EINVAL,
-                      "no AWS credentials: set AWS_ACCESS_KEY_ID and "
+                      "no AWS credentials (%s%s): set AWS_ACCESS_KEY_ID and "
                       "AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for "
                       "temporary ones), or give aws_access_key_id and "
                       "aws_secret_access_key in profile [%s] of %s "
                       "(AWS_SHARED_CREDENTIALS_FILE, AWS_PROFILE)",
-                      profile, path);
+                      env_half, why, profile, path);
 }
 
 static int make_headers(ddb_t *d)
@@ -923,6 +975,8 @@ static int open_table(ddb_t *d, bool create, char *err, size_t errlen)
             return rate__fail(err, errlen, rc,
                               "table '%s' created, but setting its TTL "
                               "failed: %s", d->table, d->last_error);
+        if (rc != RATE_OK) /* tolerated: no failure of the store's to show */
+            set_last_error(d, "%s", "");
     }
     return RATE_OK;
 }
