@@ -808,6 +808,10 @@ typedef struct rate_synced_config {
     size_t max_keys;             /* 0: unbounded (as the memory store) */
     rate_fail_mode_t on_store_error;
     uint64_t retry_ns;           /* 0: 100 ms */
+    uint64_t denial_ttl_ns;      /* 0: a denial is cached until its
+                                    retry_after; else at most this long
+                                    (bounds what a cached denial misses
+                                    of permits others give back) */
     uint64_t sweep_ns;           /* 0: no thread; else a background
                                     thread calls rate_synced_flush this
                                     often (clock calls only) */

@@ -66,7 +66,7 @@ struct rate_synced {
     rate_limiter_t *remote;   /* over the caller's store */
     rate_limiter_t *fallback; /* RATE_FAIL_FALLBACK's, else NULL */
     const rate_policy_t *policy;
-    uint64_t lease, ttl_ns, retry_ns, sweep_ns, limit0;
+    uint64_t lease, ttl_ns, retry_ns, sweep_ns, limit0, denial_ttl_ns;
     rate_fail_mode_t fail;
     bool refundable;
     size_t shard_cap; /* entries per shard; 0: unbounded */
@@ -317,7 +317,9 @@ static int decide(rate_synced_t *s, const char *key, size_t len,
     if (e != NULL && e->denied_until != 0 && now < e->denied_until &&
         n - have >= e->denied_need) {
         out->reason = e->denied_reason;
-        out->retry_after_ns = e->denied_until - now;
+        out->retry_after_ns = e->denied_until == UINT64_MAX
+                                  ? RATE_NEVER
+                                  : e->denied_until - now;
         out->remaining = e->held;
         sh->local++;
         sh->denied++;
@@ -449,10 +451,11 @@ static int decide(rate_synced_t *s, const char *key, size_t len,
         out->component = d.component;
         out->limit = d.limit;
         out->remaining = e->held;
-        if (cache && d.retry_after_ns > 0) {
-            e->denied_until = d.retry_after_ns >= RATE_NEVER - now
-                                  ? RATE_NEVER
-                                  : now + d.retry_after_ns;
+        uint64_t wait = d.retry_after_ns;
+        if (s->denial_ttl_ns != 0 && wait > s->denial_ttl_ns)
+            wait = s->denial_ttl_ns;
+        if (cache && wait > 0) {
+            e->denied_until = add_sat(now, wait);
             e->denied_need = need;
             e->denied_reason = d.reason;
         }
@@ -644,7 +647,7 @@ int rate_synced_new(const rate_synced_config_t *c, rate_synced_t **out,
         return RATE_EINVAL;
     }
     if (c->lease_ttl_ns > RATE_TIME_MAX || c->retry_ns > RATE_TIME_MAX ||
-        c->sweep_ns > RATE_TIME_MAX) {
+        c->sweep_ns > RATE_TIME_MAX || c->denial_ttl_ns > RATE_TIME_MAX) {
         set_err(err, errlen, "a duration above 2^63-1 ns");
         return RATE_ERANGE;
     }
@@ -683,6 +686,7 @@ int rate_synced_new(const rate_synced_config_t *c, rate_synced_t **out,
     s->ttl_ns = c->lease_ttl_ns != 0 ? c->lease_ttl_ns : TTL_DEFAULT;
     s->retry_ns = c->retry_ns != 0 ? c->retry_ns : RETRY_DEFAULT;
     s->sweep_ns = c->sweep_ns;
+    s->denial_ttl_ns = c->denial_ttl_ns;
     s->fail = c->on_store_error;
     s->refundable = refundable;
     s->limit0 = capacity_of(rate_policy_limit(s->policy, 0));
