@@ -827,8 +827,9 @@ RATE_API int rate_synced_new(const rate_synced_config_t *config,
                              rate_synced_t **out, char *err, size_t errlen);
 
 /* Gives every lease held back to the remote (refunds, one round trip per
- * key held; failures count as lost), stops the sweeper, frees it.  The
- * clean exit.  NULL: nothing.  Must not race with other calls on it. */
+ * key held, from up to 8 threads at once; failures count as lost), stops
+ * the sweeper, frees it.  The clean exit.  NULL: nothing.  Must not race
+ * with other calls on it. */
 RATE_API void rate_synced_free(rate_synced_t *s);
 
 /* A decision for `permits` on key[0..key_len).  RATE_OK with *out filled

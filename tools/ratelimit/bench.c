@@ -404,7 +404,8 @@ static double replay_rate(uint64_t lines, uint32_t nkeys)
 static int usage(FILE *f)
 {
     fputs("usage: ratelimit bench [--rounds N] [--iterations N] [--redis URL]\n"
-          "       ratelimit bench --store dynamodb://TABLE?region=R[&endpoint=URL]\n\n"
+          "       ratelimit bench --store dynamodb://TABLE?region=R[&endpoint=URL]\n"
+          "       ratelimit bench --sync redis://HOST[:PORT]\n\n"
           "Measures the floors (clock read; hash + CAS; key fetch + random\n"
           "table read) and ns per decision on the in-memory store, and\n"
           "prints them with their ratios.  Best of N rounds (default 5).\n"
@@ -413,7 +414,10 @@ static int usage(FILE *f)
           "With --store dynamodb://..., only the DynamoDB store (the table\n"
           "created if missing, the bench's items removed at the end):\n"
           "decisions/s and round trips per decision with 1 and 16 callers,\n"
-          "and the conditional writes' conflicts on one key.\n",
+          "and the conditional writes' conflicts on one key.\n"
+          "With --sync URL, only the synced mode over the Redis store at\n"
+          "URL beside the memory and Redis stores: decisions/s at a hot key\n"
+          "and at 1M keys at random, and round trips per 1000 decisions.\n",
           f);
     return f == stdout ? 0 : 2;
 }
@@ -443,6 +447,8 @@ int cmd_bench(int argc, char **argv)
             redis_url = argv[++i];
             continue;
         }
+        if (strcmp(argv[i], "--sync") == 0 && i + 1 < argc)
+            return bench_sync(argv[i + 1]);
         if (strcmp(argv[i], "--store") == 0 && i + 1 < argc) {
             if (strncmp(argv[i + 1], "dynamodb://", 11) != 0)
                 return cli_fail("bench: --store takes a dynamodb:// URL "
