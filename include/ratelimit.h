@@ -812,6 +812,12 @@ typedef struct rate_synced_config {
                                     retry_after; else at most this long
                                     (bounds what a cached denial misses
                                     of permits others give back) */
+    bool prefetch;               /* top a lease up to L from a
+                                    background thread once it falls below
+                                    L/2, so that a key spending less than
+                                    L/2 per round trip never waits for
+                                    one (held + in flight stay <= L: the
+                                    bound is the same) */
     uint64_t sweep_ns;           /* 0: no thread; else a background
                                     thread calls rate_synced_flush this
                                     often (clock calls only) */
@@ -821,7 +827,7 @@ typedef struct rate_synced_config {
  * errlen bytes with the NUL) saying why: RATE_EINVAL (NULL config, out,
  * policy or remote; a lease above the policy's capacity), RATE_EPOLICY
  * (the unlimited policy, a block= limit, a policy the remote cannot
- * keep), RATE_ENOMEM, or the error of making the sweeper thread.
+ * keep), RATE_ENOMEM (also: no thread for the sweeper or refiller).
  * Asks the remote nothing yet.  Thread-safe: yes. */
 RATE_API int rate_synced_new(const rate_synced_config_t *config,
                              rate_synced_t **out, char *err, size_t errlen);

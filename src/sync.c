@@ -47,6 +47,8 @@ typedef struct entry {
     uint64_t denied_need;        /* ... of requests needing this many more */
     rate_reason_t denied_reason;
     bool borrowing;              /* a round trip for it is in flight */
+    struct entry *qnext;         /* the refiller's queue */
+    uint64_t q_now, q_want;      /* a queued top-up's time and permits */
     bool clock;                  /* its times are CLOCK_MONOTONIC's */
     size_t len;
     char key[];
@@ -83,6 +85,13 @@ struct rate_synced {
     pthread_mutex_t sweep_mu;
     pthread_cond_t sweep_cv;
     bool stopping;
+    /* the refiller (prefetch): a queue of entries to top up */
+    bool prefetch, refilling;
+    pthread_t refiller;
+    pthread_mutex_t q_mu;
+    pthread_cond_t q_cv;
+    entry_t *q_head, *q_tail;
+    bool q_stop;
 };
 
 static void set_err(char *err, size_t errlen, const char *msg)
@@ -271,6 +280,88 @@ static void local_allow(shard_t *sh, entry_t *e, uint64_t n, uint64_t now,
     out->remaining = e->held;
 }
 
+/* With prefetch: a lease fallen below half of L is queued for a top-up to
+ * L by the refiller, the entry marked borrowing meanwhile (so that the
+ * held and in-flight permits stay at most L).  Called with the shard's
+ * mutex held. */
+static void maybe_prefetch(rate_synced_t *s, entry_t *e, bool clock,
+                           uint64_t now)
+{
+    if (!s->prefetch || e->borrowing || e->held >= s->lease / 2)
+        return;
+    e->borrowing = true;
+    e->clock = clock;
+    e->q_now = now;
+    e->q_want = s->lease - e->held;
+    e->qnext = NULL;
+    pthread_mutex_lock(&s->q_mu);
+    if (s->q_tail != NULL)
+        s->q_tail->qnext = e;
+    else
+        s->q_head = e;
+    s->q_tail = e;
+    pthread_cond_signal(&s->q_cv);
+    pthread_mutex_unlock(&s->q_mu);
+}
+
+/* The refiller: tops up the queued leases, one round trip each (two when
+ * the remote has less than asked: then what it has). */
+static void *refill_main(void *arg)
+{
+    rate_synced_t *s = arg;
+    pthread_mutex_lock(&s->q_mu);
+    for (;;) {
+        while (s->q_head == NULL && !s->q_stop)
+            pthread_cond_wait(&s->q_cv, &s->q_mu);
+        if (s->q_stop)
+            break;
+        entry_t *e = s->q_head;
+        s->q_head = e->qnext;
+        if (s->q_head == NULL)
+            s->q_tail = NULL;
+        pthread_mutex_unlock(&s->q_mu);
+
+        /* borrowing: no one frees or changes e's key or q_* meanwhile */
+        uint64_t now = e->q_now, want = e->q_want, got = 0;
+        bool clock = e->clock;
+        rate_decision_t d;
+        int rc = RATE_ESTORE;
+        bool asked = now >= atomic_load_explicit(&s->down_until,
+                                                 memory_order_relaxed);
+        if (asked)
+            rc = remote_check(s, e->key, e->len, want, clock, now, &d);
+        if (rc == RATE_OK && d.allowed) {
+            got = want;
+        } else if (rc == RATE_OK && d.reason == RATE_REASON_LIMITED &&
+                   d.remaining > 0 && d.remaining < want) {
+            uint64_t x = d.remaining;
+            rc = remote_check(s, e->key, e->len, x, clock, now, &d);
+            if (rc == RATE_OK && d.allowed)
+                got = x;
+        }
+        if (asked && rc != RATE_OK)
+            atomic_store_explicit(&s->down_until, add_sat(now, s->retry_ns),
+                                  memory_order_relaxed);
+        shard_t *sh = &s->shards[e->hash & (s->nshards - 1)];
+        pthread_mutex_lock(&sh->mu);
+        e->borrowing = false;
+        if (got > 0) {
+            e->held += got;
+            sh->held += got;
+            sh->borrowed += got;
+            e->lease_t = now > e->lease_t ? now : e->lease_t;
+            e->denied_until = 0;
+            list_unlink(sh, e);
+            list_push(sh, e);
+        }
+        pthread_cond_broadcast(&sh->cv);
+        pthread_mutex_unlock(&sh->mu);
+        pthread_mutex_lock(&s->q_mu);
+    }
+    pthread_mutex_unlock(&s->q_mu);
+    return NULL;
+}
+
 static int decide(rate_synced_t *s, const char *key, size_t len,
                   uint64_t n, bool clock, uint64_t now, rate_decision_t *out)
 {
@@ -291,7 +382,8 @@ static int decide(rate_synced_t *s, const char *key, size_t len,
     entry_t *e;
     for (;;) {
         e = find(sh, h, key, len);
-        if (e == NULL || !e->borrowing)
+        /* a round trip in flight: wait for it only if this needs it */
+        if (e == NULL || !e->borrowing || e->held >= n)
             break;
         pthread_cond_wait(&sh->cv, &sh->mu);
     }
@@ -306,10 +398,13 @@ static int decide(rate_synced_t *s, const char *key, size_t len,
     }
     bool down =
         now < atomic_load_explicit(&s->down_until, memory_order_relaxed);
-    if (e != NULL && e->held >= n && (down || !expired(s, e, now))) {
+    if (e != NULL && e->held >= n &&
+        (down || e->borrowing || !expired(s, e, now))) {
         local_allow(sh, e, n, now, out);
         sh->local++;
         sh->allowed++;
+        if (!down)
+            maybe_prefetch(s, e, clock, now);
         pthread_mutex_unlock(&sh->mu);
         return RATE_OK;
     }
@@ -443,6 +538,7 @@ static int decide(rate_synced_t *s, const char *key, size_t len,
         list_push(sh, e);
         local_allow(sh, e, n, now, out);
         sh->allowed++;
+        maybe_prefetch(s, e, clock, now);
     } else {
         out->allowed = false;
         out->reason = d.reason;
@@ -619,6 +715,16 @@ void rate_synced_free(rate_synced_t *s)
         pthread_mutex_unlock(&s->sweep_mu);
         pthread_join(s->sweeper, NULL);
     }
+    if (s->refilling) {
+        pthread_mutex_lock(&s->q_mu);
+        s->q_stop = true;
+        pthread_cond_signal(&s->q_cv);
+        pthread_mutex_unlock(&s->q_mu);
+        pthread_join(s->refiller, NULL);
+        for (entry_t *e = s->q_head; e != NULL; e = e->qnext)
+            e->borrowing = false; /* never sent: nothing in flight */
+        s->q_head = s->q_tail = NULL;
+    }
     if (s->shards != NULL) {
         if (s->remote != NULL)
             give_all_back(s);
@@ -631,6 +737,8 @@ void rate_synced_free(rate_synced_t *s)
     }
     pthread_mutex_destroy(&s->sweep_mu);
     pthread_cond_destroy(&s->sweep_cv);
+    pthread_mutex_destroy(&s->q_mu);
+    pthread_cond_destroy(&s->q_cv);
     rate_limiter_free(s->fallback);
     rate_limiter_free(s->remote);
     free(s);
@@ -699,6 +807,8 @@ int rate_synced_new(const rate_synced_config_t *c, rate_synced_t **out,
     }
     pthread_mutex_init(&s->sweep_mu, NULL);
     pthread_cond_init(&s->sweep_cv, NULL);
+    pthread_mutex_init(&s->q_mu, NULL);
+    pthread_cond_init(&s->q_cv, NULL);
     rate_limiter_config_t rc = {0};
     rc.policy = c->policy;
     rc.store = c->remote;
@@ -756,12 +866,22 @@ int rate_synced_new(const rate_synced_config_t *c, rate_synced_t **out,
             return RATE_ENOMEM;
         }
     }
+    if (c->prefetch && lease >= 2) {
+        r = pthread_create(&s->refiller, NULL, refill_main, s);
+        if (r != 0) {
+            set_err(err, errlen, "cannot start the refiller thread");
+            rate_synced_free(s);
+            return RATE_ENOMEM;
+        }
+        s->refilling = true;
+        s->prefetch = true;
+    }
     if (s->sweep_ns != 0) {
         r = pthread_create(&s->sweeper, NULL, sweep_main, s);
         if (r != 0) {
             set_err(err, errlen, "cannot start the sweeper thread");
             rate_synced_free(s);
-            return r == EAGAIN ? RATE_ENOMEM : RATE_EINVAL;
+            return RATE_ENOMEM;
         }
         s->sweeping = true;
     }

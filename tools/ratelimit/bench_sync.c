@@ -118,7 +118,7 @@ int bench_sync(const char *url)
     snprintf(prefix, sizeof prefix, "ratelimit:bench-sync:%llu:",
              (unsigned long long)rate_clock_monotonic_ns());
     o.prefix = prefix;
-    o.pool_size = 4;
+    o.pool_size = 8;
     if (rate_store_redis_new(url, &o, &redis, err, sizeof err) != RATE_OK)
         return cli_fail("bench: --sync: %s", err);
     if (rate_store_memory_new(NULL, &mem) != RATE_OK)
@@ -136,6 +136,7 @@ int bench_sync(const char *url)
     sc.remote = redis;
     sc.lease = LEASE;
     sc.lease_ttl_ns = 3600 * UINT64_C(1000000000);
+    sc.prefetch = true;
     rate_synced_t *syn = NULL;
     if (rate_synced_new(&sc, &syn, err, sizeof err) != RATE_OK)
         return cli_fail("bench: --sync: %s", err);
@@ -157,7 +158,7 @@ int bench_sync(const char *url)
 
     /* 1M keys at random: the memory store warm, Redis as it is, and the
      * synced mode cold (every key's first lease a round trip) then warm
-     * (every key holding a lease, borrowed by 16 threads) */
+     * (every key holding a lease, borrowed by 64 threads) */
     warm(&tm, 1);
     double m_rnd = 0, r_rnd = 0;
     for (int r = 0; r < 3; r++) {
@@ -169,7 +170,7 @@ int bench_sync(const char *url)
     rate_synced_stats(syn, &b);
     double s_cold_rt = 1000.0 * (double)(b.round_trips - a.round_trips) /
                        (double)(b.decisions - a.decisions);
-    double warm_s = warm(&ts, 16);
+    double warm_s = warm(&ts, 64);
     rate_synced_stats(syn, &a);
     double s_rnd = 0;
     for (int r = 0; r < 3; r++)
@@ -205,7 +206,7 @@ int bench_sync(const char *url)
     printf("  %-44s %12.0f %8.1f %8.2f %10.2f  targets: >= 50x Redis\n",
            "1M keys at random: synced, leases held", s_rnd, s_rnd / r_rnd,
            s_rnd / m_rnd, s_rnd_rt);
-    printf("  %-44s %12.2f s\n", "borrowing 1M leases (16 threads)", warm_s);
+    printf("  %-44s %12.2f s\n", "borrowing 1M leases (64 threads)", warm_s);
     printf("  %-44s %12.2f s  (%llu keys)\n",
            "clean exit: handing every lease back", free_s,
            (unsigned long long)held_keys);
