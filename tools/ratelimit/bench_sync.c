@@ -14,7 +14,7 @@
 #define MS UINT64_C(1000000)
 #define NKEYS (1u << 20)
 #define KEYLEN 16
-#define LEASE 1000
+#define LEASE 100000 /* L/2 above what a hot key spends per round trip */
 #define OPEN "token-bucket 1000000000/s burst=1000000000"
 
 static char (*bkeys)[KEYLEN + 1];
