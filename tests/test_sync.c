@@ -10,6 +10,7 @@
 #include "helpers.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
 static rate_synced_t *synced(const char *text, rate_store_t *remote,
                              rate_synced_config_t c)
@@ -642,6 +643,33 @@ static void prefetch_tops_leases_up(void **state)
     }
 }
 
+/* The sweeper gives back leases of the clock calls once they are
+ * lease_ttl old, with no call made (waits up to 5 s for it: a loaded
+ * machine may be slow to run the thread, never faster than the ttl). */
+static void sweeper_gives_back(void **state)
+{
+    (void)state;
+    const char *pol = "token-bucket 1/h burst=100";
+    rate_store_t *m = NULL;
+    assert_int_equal(rate_store_memory_new(NULL, &m), RATE_OK);
+    rate_synced_config_t c = {0};
+    c.lease = 10;
+    c.lease_ttl_ns = 20 * MS;
+    c.sweep_ns = 5 * MS;
+    rate_synced_t *s = synced(pol, m, c);
+    uint64_t t0 = rate_clock_monotonic_ns();
+    assert_true(rate_synced_try_acquire(s, "k", 1, 1));
+    for (int i = 0; i < 5000 && stats(s).keys != 0; i++)
+        usleep(1000);
+    rate_synced_stats_t st = stats(s);
+    assert_int_equal(st.keys, 0);
+    assert_int_equal(st.returned, 9);
+    assert_true(rate_clock_monotonic_ns() - t0 >= 20 * MS);
+    assert_int_equal(room(m, pol, "k", rate_clock_monotonic_ns()), 99);
+    rate_synced_free(s);
+    rate_store_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -657,6 +685,7 @@ int main(void)
         cmocka_unit_test(bad_input_named),
         cmocka_unit_test(threads_share_one_limiter),
         cmocka_unit_test(prefetch_tops_leases_up),
+        cmocka_unit_test(sweeper_gives_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
