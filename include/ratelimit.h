@@ -789,7 +789,8 @@ RATE_API const rate_clock_t *rate_clock_coarse(void);
  * caller's time for all of it.  Use one kind of call per synced limiter.
  *
  * Memory: one entry per key holding a lease or a cached denial (about
- * 100 bytes plus the key), at most max_keys (the oldest borrowed is then
+ * 100 bytes plus the key), at most max_keys (split evenly over up to 64
+ * shards; past a shard's share, its entry that borrowed longest ago is
  * evicted, its lease given back), dropped once its lease has expired
  * (flush).  Threads: every call but rate_synced_free may be made from any
  * number of threads at once; at most one round trip per key and process
