@@ -636,7 +636,7 @@ static void prefetch_tops_leases_up(void **state)
         }
         rate_synced_free(s);
         /* the exit handed everything back: the remote counts exactly */
-        assert_int_equal(room(m, cases[ci].pol, "hot", SEC * 0 +
+        assert_int_equal(room(m, cases[ci].pol, "hot",
                               rate_clock_monotonic_ns()),
                          cases[ci].exact - admitted);
         rate_store_free(m);
