@@ -43,6 +43,8 @@ typedef struct run {
     rate_synced_t *s;
     const char *policy; /* NULL: POLICY */
     bool linger;        /* after its attempts, wait to be killed */
+    uint64_t lease;     /* 0: LEASE */
+    bool prefetch;
 } run_t;
 
 static uint64_t lcg(uint64_t *x)
@@ -98,7 +100,8 @@ static void child(run_t r)
     rate_synced_config_t c = {0};
     c.policy = p;
     c.remote = rs;
-    c.lease = LEASE;
+    c.lease = r.lease != 0 ? r.lease : LEASE;
+    c.prefetch = r.prefetch;
     c.lease_ttl_ns = 60 * SEC;
     c.retry_ns = 50 * MS;
     if (rate_synced_new(&c, &r.s, NULL, 0) != RATE_OK)
@@ -174,21 +177,24 @@ static uint64_t room(rate_store_t *rs, int keys, const char *policy)
     return left;
 }
 
-static void fleet(const char *prefix, int keys, int attempts)
+static void fleet(const char *prefix, int keys, int attempts, uint64_t lease,
+                  bool prefetch)
 {
     reset_shared();
     pid_t pid[PROCS];
     for (int p = 0; p < PROCS; p++)
-        pid[p] = spawn((run_t){prefix, keys, attempts, p, NULL, NULL, false});
+        pid[p] = spawn((run_t){prefix, keys, attempts, p, NULL, NULL, false,
+                               lease, prefetch});
     for (int p = 0; p < PROCS; p++)
         reap(pid[p], false);
     uint64_t admitted = total(), exact = (uint64_t)keys * BURST;
     rate_store_t *rs = redis_store(prefix, false, 0);
     uint64_t left = room(rs, keys, POLICY);
     drop_store(rs);
-    print_message("%d keys: admitted %llu of exact %llu, left %llu\n", keys,
-                  (unsigned long long)admitted, (unsigned long long)exact,
-                  (unsigned long long)left);
+    print_message("%d keys, L %llu%s: admitted %llu of exact %llu, left "
+                  "%llu\n", keys, (unsigned long long)lease,
+                  prefetch ? " prefetch" : "", (unsigned long long)admitted,
+                  (unsigned long long)exact, (unsigned long long)left);
     if (admitted > exact + (uint64_t)keys) /* + the hour's refill */
         fail_msg("%d keys: admitted %llu > exact bound %llu", keys,
                  (unsigned long long)admitted, (unsigned long long)exact);
@@ -196,7 +202,7 @@ static void fleet(const char *prefix, int keys, int attempts)
     assert_int_equal(left + admitted, exact);
     /* the demand (twice the bound) drained each key: what is left is at
      * most what the processes handed back as they ended, P x L a key */
-    if (left > (uint64_t)(keys * PROCS * LEASE))
+    if (left > (uint64_t)keys * PROCS * lease)
         fail_msg("%d keys: %llu left unadmitted > P x L x keys", keys,
                  (unsigned long long)left);
     assert_int_equal(atomic_load(&sh->store_errors), 0);
@@ -206,14 +212,18 @@ static void fleet_on_one_key(void **state)
 {
     (void)state;
     /* 3 x 3 threads x 70 = 630 asks of one key of 300 */
-    fleet("sync1:", 1, 70);
+    static const uint64_t leases[] = {1, 10, 50};
+    for (int i = 0; i < 3; i++)
+        fleet("sync1:", 1, 70, leases[i], false);
+    fleet("sync1:", 1, 70, 50, true);
 }
 
 static void fleet_on_many_keys(void **state)
 {
     (void)state;
     /* 20 keys of 300: 6000; 9 threads x 1500 = 13500 asks */
-    fleet("syncn:", 20, 1500);
+    fleet("syncn:", 20, 1500, 10, false);
+    fleet("syncn:", 20, 1500, 50, true);
 }
 
 /* A process killed mid-run loses at most its lease, exactly what it held:
@@ -226,12 +236,12 @@ static void process_killed_mid_run(void **state)
     reset_shared();
     const char *prefix = "synck:";
     pid_t pid[PROCS];
-    pid[0] = spawn((run_t){prefix, 1, 5, 0, NULL, NULL, true});
+    pid[0] = spawn((run_t){prefix, 1, 5, 0, NULL, NULL, true, 0, false});
     for (int i = 0; i < 10000 && atomic_load(&sh->admitted[0]) < 15; i++)
         usleep(1000);
     assert_int_equal(atomic_load(&sh->admitted[0]), 15);
     for (int p = 1; p < PROCS; p++)
-        pid[p] = spawn((run_t){prefix, 1, 0, p, NULL, NULL, false});
+        pid[p] = spawn((run_t){prefix, 1, 0, p, NULL, NULL, false, 0, false});
     usleep(100000);
     kill(pid[0], SIGKILL); /* mid-run: the others are deciding */
     reap(pid[0], true);
@@ -265,7 +275,7 @@ static void remote_killed_and_restarted(void **state)
     const char *prefix = "syncr:";
     pid_t pid[PROCS];
     for (int p = 0; p < PROCS; p++)
-        pid[p] = spawn((run_t){prefix, 1, 0, p, NULL, FAST, false});
+        pid[p] = spawn((run_t){prefix, 1, 0, p, NULL, FAST, false, 0, false});
     uint64_t t0 = rate_clock_monotonic_ns();
     usleep(300000);
     uint64_t before = total();
