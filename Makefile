@@ -61,7 +61,7 @@ test-tsan:
 	  ctest --output-on-failure -L concurrency
 
 # (test_dynamodb exits 77 when it is skipped: no dynalite, not under CI=true.)
-VALGRIND_TESTS = policy algorithms limiter store property dynamodb shm headers rules
+VALGRIND_TESTS = policy algorithms limiter store property dynamodb shm headers rules sync
 valgrind: test-plain
 	@for t in $(VALGRIND_TESTS); do \
 	  echo "valgrind: test_$$t"; \

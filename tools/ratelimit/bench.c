@@ -591,7 +591,8 @@ static int usage(FILE *f)
     fputs("usage: ratelimit bench [--rounds N] [--iterations N] [--redis URL]\n"
           "                       [--redis-cluster URL]\n"
           "       ratelimit bench --store dynamodb://TABLE?region=R[&endpoint=URL]\n"
-          "       ratelimit bench --shm [--rounds N] [--iterations N]\n\n"
+          "       ratelimit bench --shm [--rounds N] [--iterations N]\n"
+          "       ratelimit bench --sync redis://HOST[:PORT]\n\n"
           "Measures the floors (clock read; hash + CAS; key fetch + random\n"
           "table read) and ns per decision on the in-memory store, and\n"
           "prints them with their ratios.  Best of N rounds (default 5).\n"
@@ -606,7 +607,10 @@ static int usage(FILE *f)
           "With --shm, instead: the shared-memory store (a region in\n"
           "/dev/shm, removed after) beside the memory store, hot key and\n"
           "1M keys, bytes per key, and two processes on one key and on a\n"
-          "key each.\n",
+          "key each.\n"
+          "With --sync URL, only the synced mode over the Redis store at\n"
+          "URL beside the memory and Redis stores: decisions/s at a hot key\n"
+          "and at 1M keys at random, and round trips per 1000 decisions.\n",
           f);
     return f == stdout ? 0 : 2;
 }
@@ -645,6 +649,8 @@ int cmd_bench(int argc, char **argv)
             cluster_url = argv[++i];
             continue;
         }
+        if (strcmp(argv[i], "--sync") == 0 && i + 1 < argc)
+            return bench_sync(argv[i + 1]);
         if (strcmp(argv[i], "--store") == 0 && i + 1 < argc) {
             if (strncmp(argv[i + 1], "dynamodb://", 11) != 0)
                 return cli_fail("bench: --store takes a dynamodb:// URL "

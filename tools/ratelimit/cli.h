@@ -18,6 +18,7 @@ int cmd_check(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int bench_redis(const char *url, const char *cluster_url); /* bench's Redis part */
 int bench_dynamodb(const char *url); /* bench --store dynamodb://... */
+int bench_sync(const char *url); /* bench --sync URL: the synced mode */
 
 /* Prints "ratelimit: <msg>" on standard error; returns exit status 2. */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
