@@ -53,7 +53,9 @@ extern "C" {
 #define RATE_ERRNO_MAP(X)                                                   \
     X(EINVAL, -1, "invalid argument")                                       \
     X(ENOMEM, -2, "out of memory")                                          \
-    X(EKEY, -3, "key is NULL, empty or longer than RATE_KEY_MAX bytes")     \
+    X(EKEY, -3,                                                             \
+      "key is NULL, empty, or longer than RATE_KEY_MAX bytes or than the "  \
+      "store keeps")                                                        \
     X(EPOLICY, -4, "invalid policy")                                        \
     X(ERANGE, -5, "time or permits out of range")                           \
     X(ESTORE, -6, "store unavailable")                                      \
@@ -652,7 +654,9 @@ typedef struct rate_shm_options {
                                rounded up to a power of two, at most 1024
                                and at most max_keys */
     uint32_t key_max;       /* longest key, prefix included: 0 = 64; at
-                               most RATE_KEY_MAX + 64 */
+                               most RATE_KEY_MAX + 64.  A longer key is
+                               the caller's error: the limiter's calls
+                               return RATE_EKEY (no fail mode) */
     uint32_t state_max;     /* longest state: 0 = 96 (every policy of
                                buckets and windows, a sliding log of up to
                                4 entries); at most 262144.  See
@@ -670,7 +674,8 @@ typedef struct rate_shm_options {
     const char *prefix;     /* a namespace: every key (policy records too)
                                is kept as PREFIX+KEY, and
                                rate_store_shm_drop() removes those; copied.
-                               NULL: none */
+                               At most key_max - 4 bytes (a policy
+                               record's key is 4).  NULL: none */
     uint64_t lock_timeout_ns; /* the longest wait for a shard's lock held
                                by a live process: 0 = 2 s; past it the call
                                fails with RATE_ETIMEDOUT (a lock held by a
@@ -678,22 +683,29 @@ typedef struct rate_shm_options {
 } rate_shm_options_t;
 
 /* Opens the region in the file at `path` (e.g. /dev/shm/myapp.rl), mapped
- * MAP_SHARED: attaches if the file exists, else creates it -- sized with
- * ftruncate, initialized in a temporary file beside it, given `mode` (and
- * `group`), then linked into place, so that no process ever sees half a
- * region (two creators at once: one wins, the other attaches).  Attaching
+ * MAP_SHARED: attaches if the file exists, else creates it -- every option
+ * checked first, then a temporary file beside it allocated in full
+ * (refused at once when statvfs shows less room; posix_fallocate, or a
+ * sparse ftruncate only on a file system that cannot allocate: see
+ * docs/shm.md), initialized, given `mode` (and `group`), then linked into
+ * place, so that no process ever sees half a region (two creators at
+ * once: one wins, the other attaches); on any error the temporary file is
+ * removed and nothing is left at path.  Attaching
  * checks the header (magic, layout version, this build's lock size, the
  * sizes) and refuses, with `err` (if not NULL, errlen bytes with the NUL)
  * naming the mismatch, anything else.  Returns RATE_OK and *out (free it
  * with rate_store_free: that unmaps, and never removes the file), or
  *   RATE_EINVAL  NULL path or out; a bad option (max_keys 0 when creating,
- *                key_max, state_max or shards out of range, a prefix as
- *                long as key_max); an option that disagrees with an
+ *                key_max, state_max or shards out of range, a region of
+ *                more than 64 GiB, a prefix longer than key_max - 4); an
+ *                option that disagrees with an
  *                existing region ("max_keys: the region has 1000, the
  *                options ask 2000")
  *   RATE_ESTORE  the file cannot be opened, created or mapped (errno's
  *                text: no permission, no such directory, no_create and
- *                absent); it is not a store (bad magic), of another layout
+ *                absent); no room for it ("cannot allocate its N bytes:
+ *                No space left on device", from statvfs or the
+ *                allocation); it is not a store (bad magic), of another layout
  *                version or build, truncated or of another size than its
  *                header says
  *   RATE_ENOMEM
@@ -720,20 +732,27 @@ RATE_API int rate_store_shm_new_in(void *mem, size_t len,
                                    rate_store_t **out, char *err,
                                    size_t errlen);
 
-/* The bytes a region made with these options takes (a multiple of 4096);
- * 0 for options that are not valid.  Thread-safe: yes. */
+/* The bytes a region made with these options takes (a multiple of 4096,
+ * at most 64 GiB); 0 for options that are not valid.  Thread-safe: yes. */
 RATE_API size_t rate_store_shm_size(const rate_shm_options_t *options);
 
 /* The most bytes a state of the policy can take (docs/algorithms.md,
  * "Stored state"): a region whose state_max is at least this keeps every
- * key of the policy.  A longer state (a sliding log past what fits) is
- * refused when written: the decision fails with RATE_EFULL and the key
- * keeps its bytes.  0 for NULL or the unlimited policy.  Thread-safe:
- * yes.
+ * key of the policy.  A policy with a larger one is refused when it is
+ * set: rate_store_check_policy, rate_limiter_new and
+ * rate_limiter_set_policy return RATE_EPOLICY ("the policy's states take
+ * up to 1622 bytes, the shared-memory region keeps at most 96 (its
+ * state_max)"), and a resolver's such policy is a store error at each
+ * decision.  A longer state that still reaches the region (a rule's
+ * policy, which rate_rules_check does not check) is refused when written:
+ * the decision fails with RATE_EFULL and the key keeps its bytes.  0 for
+ * NULL or the unlimited policy.  Thread-safe: yes.
  *
- * The store's own errors, which a decision on it reports as a store error
- * (under the limiter's fail mode): RATE_EKEY for a key longer than the
- * region's key_max (with the prefix); RATE_EFULL for a state longer than
+ * A key longer than the region's key_max (with the prefix) is the
+ * caller's error, as one longer than RATE_KEY_MAX: the limiter's calls
+ * return RATE_EKEY, whatever the fail mode, and nothing is written.  The
+ * store's own errors, which a decision on it reports as a store error
+ * (under the limiter's fail mode): RATE_EFULL for a state longer than
  * its state_max, or a new policy record past max_policies; RATE_ETIMEDOUT
  * when a live process held the key's shard for lock_timeout_ns;
  * RATE_ENOMEM.  Nothing is written on any of them. */
@@ -880,7 +899,8 @@ typedef struct rate_limiter_config {
  * The limiter records its policy in the store now (the policy's id there,
  * see ratelimit_store.h), or at its first decision if the store does not
  * answer now.  RATE_EPOLICY when the store cannot keep the policy's
- * states (rate_store_check_policy: a DynamoDB item's 400 KB).
+ * states (rate_store_check_policy: a DynamoDB item's 400 KB, a
+ * shared-memory region's state_max).
  * Thread-safe: yes. */
 RATE_API int rate_limiter_new(const rate_limiter_config_t *config,
                               rate_limiter_t **out);
@@ -890,7 +910,8 @@ RATE_API void rate_limiter_free(rate_limiter_t *limiter);
 
 /* The seed interface: true when `permits` may be spent now on the
  * NUL-terminated key.  Bad input (NULL limiter, NULL, empty or over-long
- * key, permits above 2^63-1) is false; a store failure follows the fail
+ * key -- past RATE_KEY_MAX, or past what the store keeps -- permits above
+ * 2^63-1) is false; a store failure follows the fail
  * mode.  A fast call: on the memory store, with no resolver and a
  * policy of one limit other than a sliding log, a key already stored is
  * decided in place with no decision record.  Thread-safe: yes. */
@@ -917,7 +938,9 @@ RATE_API bool rate_try_acquire_len_at(rate_limiter_t *limiter,
 /* The full call: one decision for key[0..key_len) with max_wait_ns of
  * reservation (buckets only; see docs/algorithms.md), at the limiter's clock.
  * Returns RATE_OK with *out filled (allowed or not), or an error code:
- * RATE_EINVAL (NULL limiter or out), RATE_EKEY, RATE_ERANGE; store failures
+ * RATE_EINVAL (NULL limiter or out), RATE_EKEY (NULL, empty, longer than
+ * RATE_KEY_MAX, or longer than the store keeps: a shared-memory region's
+ * key_max; never under the fail mode), RATE_ERANGE; store failures
  * return RATE_OK with reason RATE_REASON_STORE_ERROR and the fail mode's
  * verdict.  Thread-safe: yes. */
 RATE_API int rate_limiter_check(rate_limiter_t *limiter, const char *key,
@@ -934,7 +957,10 @@ RATE_API int rate_limiter_check_at(rate_limiter_t *limiter, const char *key,
 
 /* Called once when an asynchronous decision is made: rc is RATE_OK and
  * decision the full call's record (store failures are decisions, under the
- * fail mode, as for rate_limiter_check).  decision is valid during the
+ * fail mode, as for rate_limiter_check); or rc is RATE_EKEY, decision
+ * zeroed and nothing counted, when a store with an asynchronous entry
+ * refused the key as too long for it (a store that answers at once makes
+ * that the call's own RATE_EKEY instead).  decision is valid during the
  * call only. */
 typedef void (*rate_check_fn)(void *ud, int rc,
                               const rate_decision_t *decision);
@@ -1144,11 +1170,11 @@ RATE_API void rate_rules_free(rate_rules_t *rules);
  * listener hears each, a refunded one too).  Returns RATE_OK with *out
  * filled, or: RATE_EINVAL (NULL rules, limiter or out, NULL attrs with
  * nattrs > 0), RATE_EKEY (a bad key, or a rule's key made from
- * attributes longer than RATE_KEY_MAX), RATE_ERANGE (permits or max_wait
- * above RATE_TIME_MAX), RATE_ENOMEM (a thread's first call); then nothing
- * is charged.  The limiter's listener must not call rate_rules_check on
- * the same rules (the thread's hold on them is one slot).  Thread-safe:
- * yes; no lock (the thread's first call on these rules takes one, once). */
+ * attributes longer than RATE_KEY_MAX, or than the store keeps),
+ * RATE_ERANGE (permits or max_wait above RATE_TIME_MAX), RATE_ENOMEM (a
+ * thread's first call); then nothing is charged.  The limiter's listener
+ * must not call rate_rules_check on the same rules (the thread's hold on
+ * them is one slot).  Thread-safe: yes; no lock (the thread's first call on these rules takes one, once). */
 RATE_API int rate_rules_check(rate_rules_t *rules, rate_limiter_t *limiter,
                               const char *key, size_t key_len,
                               const rate_attr_t *attrs, size_t nattrs,

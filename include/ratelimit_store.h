@@ -31,7 +31,13 @@
  *
  * Keys.  A key is 1..RATE_KEY_MAX bytes (any bytes, NUL too) in one of the
  * spaces of rate_space_t; two keys are the same key only when their space,
- * length and bytes are the same.  A store copies what it keeps.
+ * length and bytes are the same.  A store copies what it keeps.  A store
+ * whose keys have a shorter bound (a shared-memory region's key_max)
+ * returns RATE_EKEY from a method for a key past it: RATE_EKEY from a
+ * store method means the key is invalid for this store, and the call
+ * returns RATE_EKEY (as for a key longer than RATE_KEY_MAX), without the
+ * fail mode; a store returns it for nothing else.  (The library's own
+ * policy-space keys are 4 bytes: a store refusing one is a store error.)
  *
  * Threads.  Every method but destroy() may be called from any number of
  * threads at once, for the same key too: making that safe is the store's
@@ -250,7 +256,8 @@ typedef struct rate_store_methods {
     /* Version 3.  Optional: whether the store can keep every state of
      * `policy`, whose states are at most max_state bytes
      * (rate_policy_state_max), for a store whose values have a bound (a
-     * DynamoDB item holds 400 KB).  RATE_OK, or RATE_EPOLICY with, when
+     * DynamoDB item holds 400 KB, a shared-memory region keeps state_max
+     * bytes).  RATE_OK, or RATE_EPOLICY with, when
      * err is not NULL, a one-line message (errlen bytes with the NUL)
      * saying why.  Called by rate_store_check_policy(): by the limiter
      * when a policy is set (rate_limiter_new, rate_limiter_set_policy),

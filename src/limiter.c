@@ -446,7 +446,7 @@ static RATE__ALWAYS_INLINE int store_part(rate_limiter_t *lim, rate_store_t *sto
             return RATE_ECORRUPT;
         if ((rc = rate__book_learn(book, arg->need_format, arg->need_tag)) !=
             RATE_OK)
-            return rc;
+            return rc == RATE_EKEY ? RATE_ESTORE : rc; /* a record's key */
     }
 }
 
@@ -495,6 +495,8 @@ static RATE__ALWAYS_INLINE int prepare(rate_limiter_t *lim,
         now > RATE_TIME_MAX)
         return RATE_ERANGE;
     *store_rc = policy_for(lim, force, key, key_len, &p, &tag);
+    if (*store_rc == RATE_EKEY) /* the library's record key, not the call's */
+        *store_rc = RATE_ESTORE;
     *arg = (rate__step_arg_t){p,   tag,     lim->format, &lim->book.known,
                               now, permits, max_wait,    detail,
                               op,  d,       0,           0};
@@ -572,6 +574,10 @@ static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim,
     if (store_rc == RATE_OK)
         store_rc = store_part(lim, lim->store, &lim->book, &k, &arg, now,
                               clock_time);
+    if (store_rc == RATE_EKEY) { /* the caller's key, too long for it */
+        memset(d, 0, sizeof *d);
+        return RATE_EKEY;
+    }
     finish(lim, &arg, &k, now, clock_time, store_rc);
     return RATE_OK;
 }
@@ -746,8 +752,13 @@ static bool async_start(async_check_t *a, int *rc, bool whole)
 
 static void async_end(async_check_t *a, int rc)
 {
-    finish(a->lim, &a->arg, &a->job.key, a->now, true, rc);
-    a->cb(a->ud, RATE_OK, &a->d);
+    if (rc == RATE_EKEY) { /* the store refused the caller's key */
+        memset(&a->d, 0, sizeof a->d);
+        a->cb(a->ud, RATE_EKEY, &a->d);
+    } else {
+        finish(a->lim, &a->arg, &a->job.key, a->now, true, rc);
+        a->cb(a->ud, RATE_OK, &a->d);
+    }
     free(a);
 }
 
@@ -815,6 +826,10 @@ int rate_limiter_check_async(rate_limiter_t *lim, const char *key,
                                   &a->arg, a->now, true);
         else if (async_start(a, &store_rc, true))
             return RATE_OK; /* the store calls async_done later */
+        if (store_rc == RATE_EKEY) { /* as for bad input: no callback */
+            free(a);
+            return RATE_EKEY;
+        }
     }
     async_end(a, store_rc); /* the callback runs before this returns */
     return RATE_OK;

@@ -12,7 +12,7 @@ K=$2
 V=$3
 T=$(mktemp -d)
 P=/dev/shm/rl-cli-test-$$
-trap 'rm -rf "$T"; rm -f "$P" "$P".*' EXIT
+trap 'umount "$T/fs" 2>/dev/null; rm -rf "$T"; rm -f "$P" "$P".*' EXIT
 pass=0
 fail=0
 ok() { pass=$((pass + 1)); }
@@ -70,9 +70,42 @@ expect_error "not a ratelimit shm store" check --key k --policy "fixed-window 1/
 expect_error "No such file or directory" check --key k --policy "fixed-window 1/s" --store "shm:/nonexistent/dir/r"
 long=$(head -c 200 /dev/zero | tr '\0' k)
 printf '0 %s\n' "$long" >"$T/long.trace"
-expect_error "key longer than the shared-memory region's key_max" \
+expect_error "the key's 200 bytes and the run's namespace's" \
+  replay --policy "fixed-window 1/s" --store "shm:$P" "$T/long.trace"
+expect_error "are longer than the shared-memory region's key_max (160 bytes)" \
   replay --policy "fixed-window 1/s" --store "shm:$P" "$T/long.trace"
 if [ "$("$K" "$P")" = "$before" ]; then ok; else bad "a failed run left keys"; fi
+expect_error "check: the key's 200 bytes are longer than the shared-memory region's key_max (160 bytes)" \
+  check --key "$long" --policy "fixed-window 1/s" --store "shm:$P"
+# --max-keys: one bound and one message for check and replay
+for cmd in check replay; do
+  if [ $cmd = check ]; then a=(--key k); else a=("$T/long.trace"); fi
+  expect_error "--max-keys '2147483648' is not a whole number from 1 to 2147483647" \
+    $cmd --policy "fixed-window 1/s" --store "shm:$T/new.rl" --max-keys 2147483648 "${a[@]}"
+  if [ ! -e "$T/new.rl" ]; then ok; else bad "$cmd --max-keys 2147483648 made a file"; fi
+done
+# a file system without room (an 8 MB tmpfs; root): a clear error, exit 2,
+# no temporary file.  (On a tmpfs, never the real disk: a build without
+# the fix writes until the file system is full.)
+mkdir "$T/fs"
+if mount -t tmpfs -o size=8m tmpfs "$T/fs" 2>/dev/null; then
+  # the largest count is refused before any file is made (it would be
+  # hundreds of GB)
+  for cmd in check replay; do
+    if [ $cmd = check ]; then a=(--key k); else a=("$T/long.trace"); fi
+    expect_error "more than a region may" \
+      $cmd --policy "fixed-window 1/s" --store "shm:$T/fs/new.rl" --max-keys 2147483647 "${a[@]}"
+    if [ -z "$(ls -A "$T/fs")" ]; then ok; else bad "$cmd --max-keys 2147483647 left $(ls -A "$T/fs")"; fi
+  done
+  expect_error "cannot allocate its" \
+    check --key k --policy "token-bucket 1/s burst=2" --store "shm:$T/fs/big.rl" --max-keys 1000000
+  expect_error "No space left on device" \
+    check --key k --policy "token-bucket 1/s burst=2" --store "shm:$T/fs/big.rl" --max-keys 1000000
+  if [ -z "$(ls -A "$T/fs")" ]; then ok; else bad "a full file system left $(ls -A "$T/fs")"; fi
+  umount "$T/fs"
+else
+  echo "skipped: the tmpfs case (mount -t tmpfs failed: needs root)"
+fi
 # a region the run creates for a sliding log is made big enough for it
 printf '0 a\n0 a\n0 a\n' >"$T/log.trace"
 if "$R" replay --policy "sliding-log 100/s" --store "shm:$T/log" "$T/log.trace" >"$T/out" 2>/dev/null &&

@@ -10,7 +10,11 @@
 #include <grp.h>
 #include <pthread.h>
 #include <pwd.h>
+#include <dirent.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -29,10 +33,17 @@ static int setup(void **state)
     return 0;
 }
 
+static char tmpfs_dir[64]; /* a tmpfs a test mounted, or "" */
+
 static int teardown(void **state)
 {
     (void)state;
     unlink(path);
+    if (tmpfs_dir[0] != '\0') { /* a test that failed with it mounted */
+        umount2(tmpfs_dir, MNT_DETACH);
+        rmdir(tmpfs_dir);
+        tmpfs_dir[0] = '\0';
+    }
     return 0;
 }
 
@@ -350,42 +361,137 @@ static void refuses_a_state_that_does_not_fit(void **state)
 
     rate_shm_options_t o = {.max_keys = 100, .state_max = 96};
     rate_store_t *s = open_shm(&o);
-    rate_limiter_t *lim = limiter_of("sliding-log 100/s", s);
-    rate_decision_t d;
+    /* Refused when it is set: the store's check_policy names both sizes. */
+    char err[256] = "";
+    assert_int_equal(rate_store_check_policy(s, log, err, sizeof err),
+                     RATE_EPOLICY);
+    assert_non_null(strstr(err, "1622 bytes"));
+    assert_non_null(strstr(err, "at most 96 (its state_max)"));
+    assert_int_equal(rate_store_check_policy(s, tb, NULL, 0), RATE_OK);
+    assert_int_equal(rate_store_check_policy(s, all, NULL, 0), RATE_OK);
+    rate_limiter_config_t cfg = {.policy = log, .store = s,
+                                 .on_store_error = RATE_FAIL_OPEN};
+    rate_limiter_t *lim = NULL;
+    assert_int_equal(rate_limiter_new(&cfg, &lim), RATE_EPOLICY);
+    assert_null(lim);
+    lim = limiter_of("token-bucket 10/s burst=10", s);
+    assert_int_equal(rate_limiter_set_policy(lim, log), RATE_EPOLICY);
+    assert_int_equal(rate_store_shm_state_size(rate_limiter_policy(lim)),
+                     22); /* the old one stays */
+
+    /* The write-time refusal stays as a defence: a rule's policy is not
+     * checked when set, so a sliding log under rules reaches it. */
+    char rpath[160];
+    snprintf(rpath, sizeof rpath, "%s.rules", path);
+    FILE *f = fopen(rpath, "w");
+    assert_non_null(f);
+    fputs("[policies]\nlog = sliding-log 100/s\n"
+          "[rule all]\ngroup = g\npolicy = log\n", f);
+    fclose(f);
+    rate_rules_t *rules = NULL;
+    assert_int_equal(rate_rules_load(rpath, &rules, err, sizeof err),
+                     RATE_OK);
+    unlink(rpath);
     int admitted = 0, refused = 0;
     for (int i = 0; i < 10; i++) {
-        assert_int_equal(rate_limiter_check_at(lim, "k", 1, 1, 0,
-                                               (uint64_t)i * 1000, &d),
+        rate_outcome_t out;
+        assert_int_equal(rate_rules_check_at(rules, lim, "k", 1, NULL, 0, 1,
+                                             0, (uint64_t)i * 1000, &out),
                          RATE_OK);
-        if (d.allowed)
+        const rate_decision_t *d = &out.applied[0].decision;
+        if (d->allowed)
             admitted++;
-        else if (d.reason == RATE_REASON_STORE_ERROR &&
-                 d.error == RATE_EFULL)
+        else if (d->reason == RATE_REASON_STORE_ERROR &&
+                 d->error == RATE_EFULL)
             refused++;
     }
     /* (96 - 22) / 16 = 4 entries fit; the rest are refused, and the key
      * keeps its four. */
     assert_int_equal(admitted, 4);
     assert_int_equal(refused, 6);
-    assert_int_equal(rate_limiter_check_at(lim, "k", 1, 0, 0, 20000, &d),
+    rate_outcome_t out;
+    assert_int_equal(rate_rules_check_at(rules, lim, "k", 1, NULL, 0, 0, 0,
+                                         20000, &out),
                      RATE_OK);
-    assert_int_equal(d.remaining, 96);
+    assert_int_equal(out.applied[0].decision.remaining, 96);
     check_region(s);
-    /* A key too long for key_max: a key error, nothing stored. */
-    char longkey[100];
-    memset(longkey, 'x', sizeof longkey);
-    assert_int_equal(rate_limiter_check_at(lim, longkey, sizeof longkey, 1, 0,
-                                           1, &d),
-                     RATE_OK);
-    assert_false(d.allowed);
-    assert_int_equal(d.error, RATE_EKEY);
-    assert_int_equal(rate_limiter_reset(lim, longkey, sizeof longkey),
-                     RATE_OK);
+    rate_rules_free(rules);
     rate_limiter_free(lim);
     rate_store_free(s);
     rate_policy_free(log);
     rate_policy_free(tb);
     rate_policy_free(all);
+}
+
+static int async_calls;
+static void count_async(void *ud, int rc, const rate_decision_t *d)
+{
+    (void)ud;
+    (void)rc;
+    (void)d;
+    async_calls++;
+}
+
+/* A key longer than the region's key_max (with the prefix) is the
+ * caller's error, as one longer than RATE_KEY_MAX: the call returns
+ * RATE_EKEY whatever the fail mode, and nothing is admitted or stored. */
+static void refuses_a_key_too_long_for_key_max(void **state)
+{
+    (void)state;
+    rate_shm_options_t o = {.max_keys = 100};
+    rate_store_t *s = open_shm(&o);
+    rate_limiter_config_t cfg = {.policy = NULL, .store = s,
+                                 .on_store_error = RATE_FAIL_OPEN};
+    rate_limiter_t *lim = limiter_cfg("token-bucket 1/s burst=1", cfg);
+    char longkey[100];
+    memset(longkey, 'x', sizeof longkey);
+    rate_decision_t d;
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(rate_limiter_check_at(lim, longkey, sizeof longkey,
+                                               1, 0, 1, &d),
+                         RATE_EKEY);
+        assert_false(d.allowed);
+        assert_false(rate_try_acquire_len_at(lim, longkey, sizeof longkey, 1,
+                                             1));
+        assert_false(rate_try_acquire_len(lim, longkey, sizeof longkey, 1));
+    }
+    async_calls = 0;
+    assert_int_equal(rate_limiter_check_async(lim, longkey, sizeof longkey, 1,
+                                              0, count_async, NULL),
+                     RATE_EKEY);
+    assert_int_equal(async_calls, 0);
+    assert_int_equal(rate_limiter_refund_at(lim, longkey, sizeof longkey, 1,
+                                            1),
+                     RATE_EKEY);
+    assert_int_equal(rate_limiter_reset(lim, longkey, sizeof longkey),
+                     RATE_OK); /* too long to be held: nothing to forget */
+    /* Exactly key_max bytes fit. */
+    assert_int_equal(rate_limiter_check_at(lim, longkey, 64, 1, 0, 1, &d),
+                     RATE_OK);
+    assert_true(d.allowed);
+    rate_stats_t st;
+    assert_int_equal(rate_limiter_stats(lim, &st), RATE_OK);
+    assert_int_equal(st.store_errors, 0);
+    assert_int_equal(st.allowed, 1);
+    assert_int_equal(st.keys, 1);
+    rate_limiter_free(lim);
+
+    /* With a prefix, the bound is key_max less the prefix; under the
+     * fallback mode too. */
+    rate_shm_options_t po = {.prefix = "ns:"};
+    rate_store_t *ps = open_shm(&po);
+    cfg = (rate_limiter_config_t){.store = ps,
+                                  .on_store_error = RATE_FAIL_FALLBACK};
+    lim = limiter_cfg("token-bucket 1/s burst=1", cfg);
+    assert_int_equal(rate_limiter_check_at(lim, longkey, 62, 1, 0, 1, &d),
+                     RATE_EKEY);
+    assert_int_equal(rate_limiter_check_at(lim, longkey, 61, 1, 0, 1, &d),
+                     RATE_OK);
+    assert_true(d.allowed);
+    assert_int_equal(d.reason, RATE_REASON_ALLOWED);
+    rate_limiter_free(lim);
+    rate_store_free(ps);
+    rate_store_free(s);
 }
 
 static void keeps_namespaces_apart(void **state)
@@ -496,6 +602,130 @@ static void refuses_what_it_cannot_read(void **state)
     expect_refusal(&big, RATE_EINVAL, "state_max");
     assert_int_equal(rate_store_shm_new(NULL, &o, NULL, NULL, 0), RATE_EINVAL);
     assert_int_equal(access(path, F_OK), -1); /* nothing left behind */
+
+    /* Every option is checked before anything is made: a prefix as long
+     * as key_max, or one that leaves no room for a policy record's 4-byte
+     * key, creates no file. */
+    rate_shm_options_t pre = {.max_keys = 1000, .key_max = 8,
+                              .prefix = "12345678"};
+    rate_store_t *none = NULL;
+    assert_int_equal(rate_store_shm_new(path, &pre, &none, NULL, 0),
+                     RATE_EINVAL);
+    assert_null(none);
+    assert_int_equal(access(path, F_OK), -1);
+    expect_refusal(&pre, RATE_EINVAL, "the prefix (8 bytes) does not fit "
+                                      "key_max 8");
+    pre.prefix = "12345";
+    expect_refusal(&pre, RATE_EINVAL, "the prefix (5 bytes)");
+    assert_int_equal(access(path, F_OK), -1);
+    pre.prefix = "1234";
+    rate_store_t *ok = open_shm(&pre);
+    rate_store_free(ok);
+    assert_int_equal(unlink(path), 0);
+    /* A region above the bound (64 GiB) is refused before any file. */
+    rate_shm_options_t huge = {.max_keys = INT32_MAX};
+    expect_refusal(&huge, RATE_EINVAL, "more than a region may");
+    assert_int_equal(rate_store_shm_size(&huge), 0);
+    assert_int_equal(access(path, F_OK), -1);
+}
+
+/* The entries of directory d other than . and .., or -1. */
+static int entries(const char *d)
+{
+    DIR *dir = opendir(d);
+    int n = 0;
+    if (dir == NULL)
+        return -1;
+    for (struct dirent *e; (e = readdir(dir)) != NULL;)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            n++;
+    closedir(dir);
+    return n;
+}
+
+/* Makes a region at `at` in a child (a SIGBUS there fails the test, not
+ * the suite): its code, and the message in msg. */
+static int create_in_child(const char *at, const rate_shm_options_t *o,
+                           char *msg, size_t len, rlim_t fsize)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        rate_store_t *s = NULL;
+        char err[256] = "";
+        signal(SIGBUS, SIG_DFL); /* not cmocka's: the parent sees it */
+        signal(SIGSEGV, SIG_DFL);
+        if (fsize != 0) { /* files no longer than fsize: EFBIG past it */
+            struct rlimit rl = {fsize, fsize};
+            signal(SIGXFSZ, SIG_IGN);
+            setrlimit(RLIMIT_FSIZE, &rl);
+        }
+        int rc = rate_store_shm_new(at, o, &s, err, sizeof err);
+        rate_store_free(s);
+        (void)!write(fds[1], err, strlen(err) + 1);
+        _exit(-rc);
+    }
+    close(fds[1]);
+    ssize_t n = read(fds[0], msg, len - 1);
+    msg[n > 0 ? n : 0] = '\0';
+    close(fds[0]);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status))
+        fail_msg("making %s: killed by signal %d", at, WTERMSIG(status));
+    return -WEXITSTATUS(status);
+}
+
+/* On a file system without room for the region (an 8 MB tmpfs): a clear
+ * error naming the bytes and the reason, never a SIGBUS, and no temporary
+ * file left behind; the same when the allocation itself fails. */
+static void refuses_a_region_without_room(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/rl-shm-tmpfs-XXXXXX", at[64], msg[256];
+    assert_non_null(mkdtemp(dir));
+    if (mount("tmpfs", dir, "tmpfs", 0, "size=8m") != 0) {
+        print_message("skipped: cannot mount a tmpfs on %s (%s; needs "
+                      "root)\n", dir, strerror(errno));
+        rmdir(dir);
+        skip();
+    }
+    snprintf(tmpfs_dir, sizeof tmpfs_dir, "%s", dir);
+    snprintf(at, sizeof at, "%s/big.rl", dir);
+    rate_shm_options_t big = {.max_keys = 100000}; /* about 28 MB */
+    size_t need = rate_store_shm_size(&big);
+    assert_true(need > 8u << 20);
+    int rc = create_in_child(at, &big, msg, sizeof msg, 0);
+    char words[64];
+    snprintf(words, sizeof words, "cannot allocate its %zu bytes", need);
+    if (rc != RATE_ESTORE || strstr(msg, words) == NULL ||
+        strstr(msg, strerror(ENOSPC)) == NULL)
+        fail_msg("wanted RATE_ESTORE with '%s', got %s: '%s'", words,
+                 rate_err_name(rc), msg);
+    assert_int_equal(entries(dir), 0); /* no temporary file */
+    /* A region that fits is made, and allocated in full. */
+    rate_shm_options_t small = {.max_keys = 1000};
+    assert_int_equal(create_in_child(at, &small, msg, sizeof msg, 0),
+                     RATE_OK);
+    struct stat st;
+    assert_int_equal(stat(at, &st), 0);
+    assert_true((uint64_t)st.st_blocks * 512 >= (uint64_t)st.st_size);
+    assert_int_equal(unlink(at), 0);
+
+    /* When the allocation itself fails (here: past RLIMIT_FSIZE, while
+     * statvfs sees room): its reason, and no temporary file either. */
+    rate_shm_options_t mid = {.max_keys = 10000}; /* about 3 MB */
+    rc = create_in_child(at, &mid, msg, sizeof msg, 1u << 20);
+    if (rc != RATE_ESTORE || strstr(msg, "cannot allocate its") == NULL ||
+        strstr(msg, strerror(EFBIG)) == NULL)
+        fail_msg("wanted RATE_ESTORE with 'cannot allocate its' and '%s', "
+                 "got %s: '%s'", strerror(EFBIG), rate_err_name(rc), msg);
+    assert_int_equal(entries(dir), 0);
+    assert_int_equal(umount(dir), 0);
+    assert_int_equal(rmdir(dir), 0);
+    tmpfs_dir[0] = '\0';
 }
 
 /* The file is the creator's (mode 0600): another user is refused with
@@ -695,9 +925,13 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(refuses_a_state_that_does_not_fit,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(refuses_a_key_too_long_for_key_max,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(keeps_namespaces_apart, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(refuses_what_it_cannot_read, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(refuses_a_region_without_room, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(refuses_without_permission, setup,
                                         teardown),

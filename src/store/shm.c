@@ -29,6 +29,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -52,6 +53,8 @@
 #define DEF_POLICIES 64u
 #define DEF_TIMEOUT_NS (2 * RATE_NS_PER_S)
 #define MAX_SHARDS 1024u
+#define MAX_BYTES (UINT64_C(64) << 30) /* the largest region: 64 GiB */
+#define REC_KEY 4u /* a policy record's key (the registry's id) */
 #define SPINS 64u /* tries of a busy lock before sleeping (~40 us) */
 
 enum { READY_NONE = 0, READY_INIT = 1, READY_DONE = 2 };
@@ -251,8 +254,18 @@ static int make_layout(const rate_shm_options_t *o, layout_t *l, char *err,
                            64);
     l->total = round_up(l->off_recs + (uint64_t)l->max_policies * l->rec_size,
                         4096);
-    if (l->total > (uint64_t)SIZE_MAX / 2)
-        return fail(err, errlen, RATE_EINVAL, "the region would be too big");
+    if (l->total > MAX_BYTES || l->total > (uint64_t)SIZE_MAX / 2)
+        return fail(err, errlen, RATE_EINVAL,
+                    "the region would take %llu bytes, more than a region "
+                    "may (%llu, 64 GiB): fewer max_keys, or a smaller "
+                    "key_max or state_max",
+                    (unsigned long long)l->total,
+                    (unsigned long long)MAX_BYTES);
+    if (o->prefix != NULL && strlen(o->prefix) + REC_KEY > l->key_max)
+        return fail(err, errlen, RATE_EINVAL,
+                    "the prefix (%zu bytes) does not fit key_max %u with "
+                    "a key (policy records' keys take %u bytes)",
+                    strlen(o->prefix), l->key_max, REC_KEY);
     return RATE_OK;
 }
 
@@ -969,6 +982,23 @@ static void shm_destroy(void *self)
     free(m);
 }
 
+/* A policy whose states may pass the region's state_max is refused when
+ * it is set, not at the write that would pass it (which still refuses,
+ * with RATE_EFULL: shm_update). */
+static int shm_check_policy(void *self, const rate_policy_t *policy,
+                            size_t max_state, char *err, size_t errlen)
+{
+    const shm_t *m = self;
+
+    (void)policy;
+    if (max_state <= m->state_max)
+        return RATE_OK;
+    return fail(err, errlen, RATE_EPOLICY,
+                "the policy's states take up to %zu bytes, the "
+                "shared-memory region keeps at most %u (its state_max)",
+                max_state, m->state_max);
+}
+
 static const rate_store_methods_t shm_methods = {
     .version = RATE_STORE_VERSION,
     .name = "shm",
@@ -977,6 +1007,7 @@ static const rate_store_methods_t shm_methods = {
     .remove = shm_remove,
     .stats = shm_stats,
     .destroy = shm_destroy,
+    .check_policy = shm_check_policy,
 };
 
 /* -------------------------------------------------- the public extras */
@@ -1272,7 +1303,7 @@ static int make_handle(uint8_t *base, size_t map_len,
         return RATE_ENOMEM;
     if (o->prefix != NULL && o->prefix[0] != '\0') {
         m->prefix_len = strlen(o->prefix);
-        if (m->prefix_len >= h->key_max) {
+        if (m->prefix_len + REC_KEY > h->key_max) {
             free(m);
             return RATE_EINVAL;
         }
@@ -1304,6 +1335,19 @@ static int make_handle(uint8_t *base, size_t map_len,
         free(m);
     }
     return rc;
+}
+
+/* make_handle's error, in words: EINVAL is a prefix too long for the
+ * region's key_max. */
+static int handle_error(char *err, size_t errlen, int rc, const char *what,
+                        const rate_shm_options_t *o, uint32_t key_max)
+{
+    if (rc != RATE_EINVAL)
+        return fail(err, errlen, rc, "%s: out of memory", what);
+    return fail(err, errlen, rc,
+                "%s: the prefix (%zu bytes) does not fit key_max %u with a "
+                "key (policy records' keys take %u bytes)",
+                what, strlen(o->prefix), key_max, REC_KEY);
 }
 
 static int check_options(const rate_shm_options_t *o, char *err,
@@ -1354,12 +1398,38 @@ static int attach_fd(int fd, const char *path, const rate_shm_options_t *o,
                               "%s: a region never finished initializing",
                               path);
     if (rc == RATE_OK && (rc = make_handle(p, len, o, false, out)) != RATE_OK)
-        fail(err, errlen, rc, "%s: %s", path,
-             rc == RATE_EINVAL ? "the prefix does not fit key_max"
-                               : "out of memory");
+        handle_error(err, errlen, rc, path, o, h->key_max);
     if (rc != RATE_OK)
         munmap(p, len);
     return rc;
+}
+
+/* Gives the new file fd its `total` bytes, allocated now, so that a file
+ * system without room is an error here and not a SIGBUS when the mapping
+ * is first written: refused at once when statvfs says there is not room,
+ * else posix_fallocate (ENOSPC and the rest are errors); only where the
+ * file system cannot allocate (EOPNOTSUPP, EINVAL) a sparse ftruncate. */
+static int size_file(int fd, const char *path, uint64_t total, char *err,
+                     size_t errlen)
+{
+    struct statvfs vs;
+
+    if (fstatvfs(fd, &vs) == 0 && vs.f_frsize != 0 &&
+        total / vs.f_frsize > (uint64_t)vs.f_bavail)
+        return fail(err, errlen, RATE_ESTORE,
+                    "%s: cannot allocate its %llu bytes: %s (the file "
+                    "system has %llu free)", path, (unsigned long long)total,
+                    strerror(ENOSPC),
+                    (unsigned long long)vs.f_bavail *
+                        (unsigned long long)vs.f_frsize);
+    int e = posix_fallocate(fd, 0, (off_t)total);
+    if (e == EOPNOTSUPP || e == EINVAL)
+        e = ftruncate(fd, (off_t)total) == 0 ? 0 : errno;
+    if (e != 0)
+        return fail(err, errlen, RATE_ESTORE,
+                    "%s: cannot allocate its %llu bytes: %s", path,
+                    (unsigned long long)total, strerror(e));
+    return RATE_OK;
 }
 
 /* Makes the region in a temporary file beside path and links it there.
@@ -1391,10 +1461,9 @@ static int create_file(const char *path, const rate_shm_options_t *o,
         rc = fail(err, errlen, RATE_ESTORE, "%s: cannot set its %s: %s",
                   path, o->set_group ? "mode or group" : "mode",
                   strerror(errno));
-    } else if (ftruncate(fd, (off_t)l->total) != 0) {
-        rc = fail(err, errlen, RATE_ESTORE, "%s: cannot size it to %llu "
-                  "bytes: %s", path, (unsigned long long)l->total,
-                  strerror(errno));
+    } else if ((rc = size_file(fd, path, l->total, err, errlen)) !=
+               RATE_OK) {
+        /* err says why; the temporary file goes below */
     } else if ((p = mmap(NULL, l->total, PROT_READ | PROT_WRITE, MAP_SHARED,
                          fd, 0)) == MAP_FAILED) {
         rc = fail(err, errlen, RATE_ESTORE, "%s: cannot map it: %s", path,
@@ -1411,9 +1480,7 @@ static int create_file(const char *path, const rate_shm_options_t *o,
             rc = fail(err, errlen, RATE_ESTORE, "%s: cannot create it: %s",
                       path, strerror(errno));
         } else if ((rc = make_handle(p, l->total, o, true, out)) != RATE_OK) {
-            fail(err, errlen, rc, "%s: %s", path,
-                 rc == RATE_EINVAL ? "the prefix does not fit key_max"
-                                   : "out of memory");
+            handle_error(err, errlen, rc, path, o, l->key_max);
         } else {
             p = MAP_FAILED; /* the handle's now */
         }
@@ -1507,9 +1574,8 @@ int rate_store_shm_new_in(void *mem, size_t len,
         /* The region is l.total bytes; any rest of len is not used. */
         atomic_store_explicit(&h->ready, READY_DONE, memory_order_release);
         if ((rc = make_handle(mem, 0, &o, true, out)) != RATE_OK)
-            return fail(err, errlen, rc, "%s",
-                        rc == RATE_EINVAL ? "the prefix does not fit key_max"
-                                          : "out of memory");
+            return handle_error(err, errlen, rc, "the region", &o,
+                                l.key_max);
         return RATE_OK;
     }
     /* Another initializes it (or has): wait for it, a bounded time. */
@@ -1538,8 +1604,6 @@ int rate_store_shm_new_in(void *mem, size_t len,
         RATE_OK)
         return rc;
     if ((rc = make_handle(mem, 0, &o, false, out)) != RATE_OK)
-        return fail(err, errlen, rc, "%s",
-                    rc == RATE_EINVAL ? "the prefix does not fit key_max"
-                                      : "out of memory");
+        return handle_error(err, errlen, rc, "the region", &o, h->key_max);
     return RATE_OK;
 }

@@ -87,10 +87,8 @@ int cmd_check(int argc, char **argv)
         return cli_fail("check: --permits '%s' is not a whole number up to "
                         "2^63-1", permits_text);
     if (max_keys_text != NULL &&
-        (rate_parse_count(max_keys_text, &max_keys, NULL, 0) != RATE_OK ||
-         max_keys == 0 || max_keys > INT32_MAX))
-        return cli_fail("check: --max-keys '%s' is not a whole number from "
-                        "1 to 2147483647", max_keys_text);
+        cli_max_keys("check", max_keys_text, store_spec, &max_keys) != 0)
+        return 2;
     if (max_keys != 0 &&
         (store_spec == NULL || strncmp(store_spec, "shm:", 4) != 0))
         return cli_fail("check: --max-keys sizes a shm:PATH region only");
@@ -104,7 +102,7 @@ int cmd_check(int argc, char **argv)
         rc = d.error;
     int status;
     if (rc != RATE_OK) {
-        status = cli_fail("check: %s", cli_store_error(&cl, rc));
+        status = cli_fail("check: %s", cli_store_error(&cl, rc, strlen(key)));
     } else {
         printf("decision %s\n", d.allowed ? "allow" : "deny");
         printf("reason %s\n", rate_reason_name(d.reason));

@@ -87,6 +87,7 @@ typedef struct cli_limiter {
     bool dynamodb; /* the store is a DynamoDB store */
     bool shm_scratch; /* a namespace of this run's own in an existing
                          shared-memory region, dropped at close */
+    size_t shm_prefix_len; /* that namespace's length (0: none) */
     char *shm_unlink; /* a region file this run created: removed at close */
     char why[320];    /* cli_store_error's text */
     rate_policy_t *policy;
@@ -108,10 +109,17 @@ int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
  * creates. */
 #define CLI_SHM_KEYS 65536u
 #define CLI_SHM_KEY_MAX 160u
-/* The reason of a failed decision, in words that name the store's bound
- * when the store is a shared-memory region, and with the service's message
- * when it is DynamoDB (kept in cl->why). */
-const char *cli_store_error(cli_limiter_t *cl, int rc);
+/* The reason of a failed decision on a key of key_len bytes, in words
+ * that name the store's bound when the store is a shared-memory region
+ * (the key's length and the region's key_max), and with the service's
+ * message when it is DynamoDB (kept in cl->why). */
+const char *cli_store_error(cli_limiter_t *cl, int rc, size_t key_len);
+/* Parses --max-keys for `cmd` with the store `store_spec` (NULL: the
+ * memory store): a whole number from 1 to 2147483647 for a shm:PATH
+ * region, to 4294967295 for the memory store.  0 with *out, or 2 after
+ * printing why. */
+int cli_max_keys(const char *cmd, const char *text, const char *store_spec,
+                 uint64_t *out);
 #define CLI_SAFETY_TTL_NS (60 * RATE_NS_PER_S)
 /* A DynamoDB scratch namespace's TTL attribute: a week, never refreshed
  * (DynamoDB's deletion is days late anyway; the reading ignores it). */

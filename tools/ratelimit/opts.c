@@ -609,15 +609,17 @@ static int shm_from_opt(cli_limiter_t *cl, const char *cmd, const char *path,
         return cli_fail("%s: --store '%s': the policy's states take up to "
                         "%zu bytes, more than a region keeps (262144)", cmd,
                         path, need);
-    if (rate_store_shm_new(path, &so, &cl->store, err, sizeof err) !=
-        RATE_OK) {
+    int rc = rate_store_shm_new(path, &so, &cl->store, err, sizeof err);
+    if (rc == RATE_EINVAL && access(path, F_OK) == 0) {
         /* An existing region of other sizes: attach to it as it is (of
          * the capacity --max-keys asks, if given). */
         rate_shm_options_t as = {.no_create = true, .max_keys = max_keys};
-        if (rate_store_shm_new(path, &as, &cl->store, err, sizeof err) !=
-            RATE_OK)
-            return cli_fail("%s: --store shm:%s", cmd, err);
+        rc = rate_store_shm_new(path, &as, &cl->store, err, sizeof err);
     }
+    /* Else the first error: why the region could not be made (no room,
+     * too big) or read. */
+    if (rc != RATE_OK)
+        return cli_fail("%s: --store shm:%s", cmd, err);
     if (rate_store_shm_info(cl->store, &info) != RATE_OK)
         return cli_fail("%s: --store shm:%s: cannot read the region", cmd,
                         path);
@@ -638,16 +640,31 @@ static int shm_from_opt(cli_limiter_t *cl, const char *cmd, const char *path,
         if (rate_store_shm_new(path, &ns, &cl->store, err, sizeof err) !=
             RATE_OK)
             return cli_fail("%s: --store shm:%s: %s", cmd, path,
-                            strlen(prefix) >= info.key_max
+                            strlen(prefix) + 4 > info.key_max
                                 ? "its key_max leaves no room for a "
                                   "namespace"
                                 : err);
         cl->shm_scratch = true;
+        cl->shm_prefix_len = strlen(prefix);
     }
     return 0;
 }
 
-const char *cli_store_error(cli_limiter_t *cl, int rc)
+int cli_max_keys(const char *cmd, const char *text, const char *store_spec,
+                 uint64_t *out)
+{
+    bool shm = store_spec != NULL && strncmp(store_spec, "shm:", 4) == 0;
+    uint64_t most = shm ? INT32_MAX : UINT32_MAX;
+
+    if (rate_parse_count(text, out, NULL, 0) != RATE_OK || *out == 0 ||
+        *out > most)
+        return cli_fail("%s: --max-keys '%s' is not a whole number from 1 "
+                        "to %llu%s", cmd, text, (unsigned long long)most,
+                        shm ? " (a shm:PATH region's bound)" : "");
+    return 0;
+}
+
+const char *cli_store_error(cli_limiter_t *cl, int rc, size_t key_len)
 {
     rate_shm_info_t info;
 
@@ -662,11 +679,19 @@ const char *cli_store_error(cli_limiter_t *cl, int rc)
     }
     if (cl->store == NULL || rate_store_shm_info(cl->store, &info) != RATE_OK)
         return rate_strerror(rc);
-    if (rc == RATE_EKEY)
-        return cl->shm_scratch
-                   ? "key longer than the shared-memory region's key_max "
-                     "allows (with the run's namespace)"
-                   : "key longer than the shared-memory region's key_max";
+    if (rc == RATE_EKEY && cl->shm_prefix_len != 0) {
+        snprintf(cl->why, sizeof cl->why,
+                 "the key's %zu bytes and the run's namespace's %zu are "
+                 "longer than the shared-memory region's key_max (%u "
+                 "bytes)", key_len, cl->shm_prefix_len, info.key_max);
+        return cl->why;
+    }
+    if (rc == RATE_EKEY) {
+        snprintf(cl->why, sizeof cl->why,
+                 "the key's %zu bytes are longer than the shared-memory "
+                 "region's key_max (%u bytes)", key_len, info.key_max);
+        return cl->why;
+    }
     if (rc == RATE_EFULL)
         return "the shared-memory region has no room: a state longer than "
                "its state_max, or its policy records are all taken";

@@ -143,11 +143,8 @@ int cmd_replay(int argc, char **argv)
         return cli_fail("replay: more than one FILE ('%s', '%s')",
                         argv[optind], argv[optind + 1]);
     if (max_keys_text != NULL &&
-        (rate_parse_count(max_keys_text, &max_keys, NULL, 0) != RATE_OK ||
-         max_keys == 0 ||
-         max_keys > UINT32_MAX))
-        return cli_fail("replay: --max-keys '%s' is not a whole number from "
-                        "1 to 4294967295", max_keys_text);
+        cli_max_keys("replay", max_keys_text, store_spec, &max_keys) != 0)
+        return 2;
     cli_limiter_t cl;
     if (cli_limiter_open(&cl, &po, store_spec, true, max_keys) != 0)
         return 2;
@@ -183,7 +180,8 @@ int cmd_replay(int argc, char **argv)
             break;
         if (rc != RATE_OK) {
             snprintf(failure, sizeof failure, "replay: line %llu: %s",
-                     (unsigned long long)rd.lineno, cli_store_error(&cl, rc));
+                     (unsigned long long)rd.lineno,
+                     cli_store_error(&cl, rc, r.key_len));
             status = 2;
             break;
         }
