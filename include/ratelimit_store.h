@@ -261,7 +261,7 @@ typedef struct rate_store_methods {
      * err is not NULL, a one-line message (errlen bytes with the NUL)
      * saying why.  Called by rate_store_check_policy(): by the limiter
      * when a policy is set (rate_limiter_new, rate_limiter_set_policy),
-     * and for a resolver's policy before each decision under it (then a
+     * and for a resolver's or a rule's policy before each decision under it (then a
      * refusal is that decision's store error).  Thread-safe, pure: no
      * I/O. */
     int (*check_policy)(void *self, const rate_policy_t *policy,

@@ -458,12 +458,11 @@ static int policy_for(rate_limiter_t *lim, const rate_policy_t *force,
 {
     *p = NULL;
     *tag = 0;
-    if (force != NULL) { /* the rules' (rate__limiter_decide_policy) */
-        *p = force;
-        return force->unlimited ? RATE_OK : tag_of(lim, &lim->book, force, tag);
-    }
-    if (lim->resolve != NULL &&
-        (*p = lim->resolve(lim->resolve_ud, key, key_len)) != NULL) {
+    /* The rules' policy (rate__limiter_decide_policy), else a resolver's:
+     * each checked against the store as it comes. */
+    if ((*p = force) != NULL ||
+        (lim->resolve != NULL &&
+         (*p = lim->resolve(lim->resolve_ud, key, key_len)) != NULL)) {
         if ((*p)->unlimited)
             return RATE_OK;
         int rc;

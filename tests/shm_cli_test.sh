@@ -117,7 +117,7 @@ else bad "a sliding log on a region the run creates"; fi
 rm -f "$T/fifo"; mkfifo "$T/fifo"
 for where in file namespace; do
   if [ $where = file ]; then Q=$P.sig; want_keys=""; what="region file"
-  else Q=$P; want_keys=$before; what=namespace; fi
+  else Q=$P; want_keys=$("$K" "$P"); what=namespace; fi
   for sig in INT TERM; do
     { for i in $(seq 300); do echo "0 k$i"; done; exec sleep 20; } >"$T/fifo" &
     feeder=$!

@@ -22,6 +22,7 @@
 
 #include "helpers.h"
 #include "ratelimit_store.h"
+#include "../src/internal.h" /* struct rate_store: its methods, to wrap */
 
 static char path[128];
 
@@ -346,6 +347,11 @@ static void reclaims_cold_keys_first(void **state)
     rate_store_free(s);
 }
 
+static void no_destroy(void *self)
+{
+    (void)self;
+}
+
 static void refuses_a_state_that_does_not_fit(void **state)
 {
     (void)state;
@@ -379,8 +385,8 @@ static void refuses_a_state_that_does_not_fit(void **state)
     assert_int_equal(rate_store_shm_state_size(rate_limiter_policy(lim)),
                      22); /* the old one stays */
 
-    /* The write-time refusal stays as a defence: a rule's policy is not
-     * checked when set, so a sliding log under rules reaches it. */
+    /* A rule's policy is checked too, as each decision comes: a store
+     * error (under the fail mode), nothing written. */
     char rpath[160];
     snprintf(rpath, sizeof rpath, "%s.rules", path);
     FILE *f = fopen(rpath, "w");
@@ -392,31 +398,49 @@ static void refuses_a_state_that_does_not_fit(void **state)
     assert_int_equal(rate_rules_load(rpath, &rules, err, sizeof err),
                      RATE_OK);
     unlink(rpath);
+    rate_outcome_t out;
+    assert_int_equal(rate_rules_check_at(rules, lim, "k", 1, NULL, 0, 1, 0,
+                                         1000, &out),
+                     RATE_OK);
+    assert_false(out.applied[0].decision.allowed);
+    assert_int_equal(out.applied[0].decision.reason,
+                     RATE_REASON_STORE_ERROR);
+    assert_int_equal(out.applied[0].decision.error, RATE_EPOLICY);
+    rate_rules_free(rules);
+    rate_limiter_free(lim);
+
+    /* The write-time refusal stays as the back end's own defence, for a
+     * caller of the contract that does not check: the same methods
+     * without check_policy (and without destroy: the region stays s's). */
+    rate_store_methods_t unchecked = *s->m;
+    unchecked.check_policy = NULL;
+    unchecked.destroy = no_destroy;
+    rate_store_t *w = NULL;
+    assert_int_equal(rate_store_new(&unchecked, s->self, &w), RATE_OK);
+    lim = limiter_of("sliding-log 100/s", w);
     int admitted = 0, refused = 0;
     for (int i = 0; i < 10; i++) {
-        rate_outcome_t out;
-        assert_int_equal(rate_rules_check_at(rules, lim, "k", 1, NULL, 0, 1,
-                                             0, (uint64_t)i * 1000, &out),
+        rate_decision_t d;
+        assert_int_equal(rate_limiter_check_at(lim, "k", 1, 1, 0,
+                                               (uint64_t)i * 1000, &d),
                          RATE_OK);
-        const rate_decision_t *d = &out.applied[0].decision;
-        if (d->allowed)
+        if (d.allowed)
             admitted++;
-        else if (d->reason == RATE_REASON_STORE_ERROR &&
-                 d->error == RATE_EFULL)
+        else if (d.reason == RATE_REASON_STORE_ERROR &&
+                 d.error == RATE_EFULL)
             refused++;
     }
     /* (96 - 22) / 16 = 4 entries fit; the rest are refused, and the key
      * keeps its four. */
     assert_int_equal(admitted, 4);
     assert_int_equal(refused, 6);
-    rate_outcome_t out;
-    assert_int_equal(rate_rules_check_at(rules, lim, "k", 1, NULL, 0, 0, 0,
-                                         20000, &out),
+    rate_decision_t d;
+    assert_int_equal(rate_limiter_check_at(lim, "k", 1, 0, 0, 20000, &d),
                      RATE_OK);
-    assert_int_equal(out.applied[0].decision.remaining, 96);
-    check_region(s);
-    rate_rules_free(rules);
+    assert_int_equal(d.remaining, 96);
     rate_limiter_free(lim);
+    rate_store_free(w);
+    check_region(s);
     rate_store_free(s);
     rate_policy_free(log);
     rate_policy_free(tb);
