@@ -399,6 +399,23 @@ static int cmd_throttle(RedisModuleCtx *ctx, RedisModuleString **argv,
 /* ------------------------------------------------------------- loading */
 
 __attribute__((visibility("default"))) int
+RedisModule_OnUnload(RedisModuleCtx *ctx);
+
+/* MODULE UNLOAD: the policies and the scratch room go. */
+int RedisModule_OnUnload(RedisModuleCtx *ctx)
+{
+    (void)ctx;
+    for (unsigned i = 0; i < CACHE; i++) {
+        rate_policy_free(cache[i].policy);
+        cache[i].policy = NULL;
+    }
+    free(scratch);
+    scratch = NULL;
+    scratch_cap = 0;
+    return RM_OK;
+}
+
+__attribute__((visibility("default"))) int
 RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 
 int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
