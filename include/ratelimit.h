@@ -407,7 +407,9 @@ typedef struct rate_redis_options {
  * RATE_ETIMEDOUT when it does not answer in time; `err` (if not NULL)
  * then says why, with the server's message.  Decisions are the memory
  * store's, bit for bit, in one round trip (a Lua twin of the step; see
- * docs/algorithms.md, "Stores").  `options` may be NULL.  Thread-safe:
+ * docs/algorithms.md, "Stores"; or, with ratelimit.so loaded, the step
+ * itself inside Redis: options->module, docs/redis-module.md); with
+ * module RATE_REDIS_MODULE_ON and no module on the server, RATE_ESTORE.  `options` may be NULL.  Thread-safe:
  * yes (callers share pipelined connections). */
 RATE_API int rate_store_redis_new(const char *url,
                                   const rate_redis_options_t *options,

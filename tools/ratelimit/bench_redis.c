@@ -117,6 +117,87 @@ static bool load_script(const char *host, int port, const char *src,
     return ok;
 }
 
+/* ratelimit.so's rows (docs/redis-module.md), when the server has it:
+ * the pipelined ceiling of RATELIMIT.STEP (redis-benchmark, the store's
+ * arguments) beside EVALSHA of 'return 1', and the store over the module
+ * against the store over the scripts (module off) at 1 and 64 callers,
+ * alternating for a few rounds, the best of each.  The store's choice of
+ * path is printed.  0, or 1 when the stores cannot be made. */
+static int bench_module(const char *url, const char *host, int port,
+                        const char *prefix, const rate_policy_t *p,
+                        bool ceilings, const char *one_args)
+{
+    rate_store_t *sm, *ss;
+    rate_redis_options_t o = {0};
+    char err[256];
+    o.prefix = prefix;
+    if (rate_store_redis_new(url, &o, &sm, err, sizeof err) != RATE_OK)
+        return cli_fail("bench: --redis: %s", err);
+    o.module = RATE_REDIS_MODULE_OFF;
+    if (rate_store_redis_new(url, &o, &ss, err, sizeof err) != RATE_OK) {
+        rate_store_free(sm);
+        return cli_fail("bench: --redis: %s", err);
+    }
+    rate_limiter_config_t cfg = {.policy = p, .store = sm};
+    rate_limiter_t *lm, *ls;
+    rate_limiter_new(&cfg, &lm);
+    cfg.store = ss;
+    rate_limiter_new(&cfg, &ls);
+    uint64_t errors = 0;
+    rate_decision_t d;
+    rate_limiter_check(lm, "probe", 5, 1, 0, &d); /* the store asks */
+    rate_redis_status_t st;
+    rate_store_redis_status(sm, &st);
+    printf("\nratelimit.so (the Redis module): %s\n",
+           st.module ? "loaded, the store decides through RATELIMIT.STEP"
+                     : "not loaded on this server, the store uses the "
+                       "scripts");
+    if (st.module) {
+        char mod_args[512];
+        snprintf(mod_args, sizeof mod_args,
+                 "-n 200000 -r 64 -c 50 -P 16 RATELIMIT.STEP "
+                 "%sceil{__rand_int__} '' '' 1 0 -1 %u 3 1 100000 "
+                 "1000000000 1000",
+                 prefix, (unsigned)rate_policy_fingerprint(p));
+        double ceil_mod = 0, ceil_one = 0, m1 = 0, s1 = 0, m64 = 0, s64 = 0;
+        for (int r = 0; r < 3; r++) {
+            double v;
+            if (ceilings) {
+                v = redis_benchmark(host, port, mod_args);
+                ceil_mod = v > ceil_mod ? v : ceil_mod;
+                v = redis_benchmark(host, port, one_args);
+                ceil_one = v > ceil_one ? v : ceil_one;
+            }
+            v = throughput(lm, 1, 1, 300, &errors);
+            m1 = v > m1 ? v : m1;
+            v = throughput(ls, 1, 1, 300, &errors);
+            s1 = v > s1 ? v : s1;
+            v = throughput(lm, 64, 64, 500, &errors);
+            m64 = v > m64 ? v : m64;
+            v = throughput(ls, 64, 64, 500, &errors);
+            s64 = v > s64 ? v : s64;
+        }
+        if (ceil_mod > 0 && ceil_one > 0) {
+            printf("  %-40s %12.0f\n", "-c 50 -P 16, RATELIMIT.STEP", ceil_mod);
+            printf("  %-40s %12.0f   module: %.2fx of it\n",
+                   "-c 50 -P 16, EVALSHA of 'return 1'", ceil_one,
+                   ceil_mod / ceil_one);
+        }
+        printf("  %-40s %12s %12s %8s\n", "store, decisions/s", "module",
+               "scripts", "ratio");
+        printf("  %-40s %12.0f %12.0f %8.2f\n", "1 caller", m1, s1, m1 / s1);
+        printf("  %-40s %12.0f %12.0f %8.2f\n", "64 callers (distinct keys)",
+               m64, s64, m64 / s64);
+    }
+    if (errors)
+        printf("  store errors: %llu\n", (unsigned long long)errors);
+    rate_limiter_free(lm);
+    rate_limiter_free(ls);
+    rate_store_free(sm);
+    rate_store_free(ss);
+    return 0;
+}
+
 /* The same decisions at 1 and 64 callers on the single server's limiter
  * and on a cluster's, in turns for a few rounds, the best of each. */
 static int bench_cluster(rate_limiter_t *single, const char *url,
@@ -181,6 +262,8 @@ int bench_redis(const char *url, const char *cluster_url)
     snprintf(prefix, sizeof prefix, "ratelimit:bench:%llu:",
              (unsigned long long)rate_clock_monotonic_ns());
     o.prefix = prefix;
+    o.module = RATE_REDIS_MODULE_OFF; /* the scripts; the module's rows
+                                         are bench_module's */
     if (rate_store_redis_new(url, &o, &store, err, sizeof err) != RATE_OK)
         return cli_fail("bench: --redis: %s", err);
     /* host:port for the floor's own connection (TCP URLs only). */
@@ -210,7 +293,7 @@ int bench_redis(const char *url, const char *cluster_url)
      * comparison alternates ours and the ceiling for a few rounds and keeps
      * the best of each: a slow spell then hurts neither side alone. */
     char step_sha[41], one_sha[41], seq_args[512], par_args[512],
-        one_args[512];
+        one_args[512] = "";
     bool ceilings = strncmp(url, "redis://", 8) == 0 &&
                     load_script(host, port, redis_step_lua, step_sha) &&
                     load_script(host, port, "return 1", one_sha);
@@ -286,6 +369,8 @@ int bench_redis(const char *url, const char *cluster_url)
     if (errors)
         printf("  store errors: %llu\n", (unsigned long long)errors);
     int rc = cluster_url ? bench_cluster(lim, cluster_url, p, prefix) : 0;
+    if (rc == 0)
+        rc = bench_module(url, host, port, prefix, p, ceilings, one_args);
     rate_store_redis_drop(store);
     rate_limiter_free(lim);
     rate_store_free(store);
