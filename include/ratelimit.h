@@ -321,11 +321,13 @@ RATE_API int rate_store_memory_new(const rate_memory_options_t *options,
 typedef enum rate_redis_module {
     RATE_REDIS_MODULE_AUTO = 0, /* use it when the server has it: asked at
                                    the first decision (COMMAND INFO); a
-                                   decision answered "unknown command"
-                                   (the module unloaded, a failover to a
-                                   server without it) is made by the
-                                   scripts at once, and the module is
-                                   tried again no sooner than 5 s later */
+                                   decision answered with an error
+                                   ("unknown command": the module
+                                   unloaded, a failover to a server
+                                   without it; an ACL's NOPERM) is made
+                                   by the scripts at once, and the
+                                   module is tried again no sooner than
+                                   5 s later */
     RATE_REDIS_MODULE_ON = 1,   /* use it: creation fails (RATE_ESTORE)
                                    when the server has no RATELIMIT.STEP;
                                    a later "unknown command" falls back
@@ -446,8 +448,9 @@ typedef struct rate_redis_status {
     uint64_t connect_failures; /* connections that could not be made */
     bool module;               /* decisions go through ratelimit.so now */
     uint64_t module_decisions; /* decisions the module made */
-    uint64_t module_fallbacks; /* module calls answered "unknown command"
-                                  (then made by the scripts) */
+    uint64_t module_fallbacks; /* module calls answered with an error,
+                                  "unknown command" (then made by the
+                                  scripts) */
 } rate_redis_status_t;
 
 /* Fills *out with the Redis store's state and counts since its creation.

@@ -1652,7 +1652,8 @@ static int module_probe(redis_store_t *r, bool *has)
     int rc = kcall(r, deadline_of(r), NULL, 0, 3,
                    (const char *[]){"COMMAND", "INFO", "ratelimit.step"},
                    (size_t[]){7, 4, 14}, &rep);
-    rc = reply_ok(rc, rep);
+    /* An error reply (an ACL without COMMAND) counts as no module: the
+     * retry after MODULE_RETRY_NS tries the command itself. */
     if (rc == RATE_OK)
         *has = rep->type == REDIS_REPLY_ARRAY && rep->elements == 1 &&
                rep->element[0]->type == REDIS_REPLY_ARRAY;
@@ -1660,9 +1661,12 @@ static int module_probe(redis_store_t *r, bool *has)
     return rc;
 }
 
-/* Whether to try the module for this decision (probing it if need be). */
-static bool module_wanted(redis_store_t *r)
+/* Whether to try the module for this decision (probing it if need be);
+ * *rc the probe's failure (RATE_OK when none), which is the decision's:
+ * one call never waits for more than one command's timeout. */
+static bool module_wanted(redis_store_t *r, int *rc)
 {
+    *rc = RATE_OK;
     if (r->module_mode == RATE_REDIS_MODULE_OFF)
         return false;
     int st = atomic_load_explicit(&r->module_state, memory_order_relaxed);
@@ -1677,7 +1681,7 @@ static bool module_wanted(redis_store_t *r)
                                               now + MODULE_RETRY_NS);
     }
     bool has = false;
-    if (module_probe(r, &has) != RATE_OK)
+    if ((*rc = module_probe(r, &has)) != RATE_OK)
         return false; /* asked again at the next decision */
     atomic_store(&r->module_retry_at_ns,
                  rate_clock_monotonic_ns() + MODULE_RETRY_NS);
@@ -1685,8 +1689,8 @@ static bool module_wanted(redis_store_t *r)
     return has;
 }
 
-/* One round trip: RATELIMIT.STEP.  As r_decide, or MODULE_GONE when the
- * server answers "unknown command" (nothing was written). */
+/* One round trip: RATELIMIT.STEP.  As r_decide, or MODULE_GONE for an
+ * error reply ("unknown command": nothing was written). */
 static int module_decide(redis_store_t *r, const rate_key_t *key,
                          const rate_decide_req_t *q, rate_decision_t *d)
 {
@@ -1735,8 +1739,10 @@ static int module_decide(redis_store_t *r, const rate_key_t *key,
         av[argc] = num[i], al[argc++] = strlen(num[i]);
     redisReply *rep = NULL;
     rc = kcall(r, deadline_of(r), k, kl, argc, av, al, &rep);
-    if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
-        strncmp(rep->str, "ERR unknown command", 19) == 0) {
+    if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR) {
+        /* "unknown command" (unloaded, a server without it), NOPERM, or
+         * anything else the module itself never answers to the store's
+         * requests: the scripts decide, and report what they meet. */
         rc = MODULE_GONE;
     } else if ((rc = reply_ok(rc, rep)) == RATE_OK) {
         bool ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
@@ -1775,8 +1781,10 @@ static int r_decide_any(void *self, const rate_key_t *key,
                         const rate_decide_req_t *q, rate_decision_t *d)
 {
     redis_store_t *r = self;
+    int probe_rc = RATE_OK;
 
-    if (key != NULL && key->space != RATE_SPACE_POLICY && module_wanted(r)) {
+    if (key != NULL && key->space != RATE_SPACE_POLICY &&
+        module_wanted(r, &probe_rc)) {
         int rc = module_decide(r, key, q, d);
         if (rc != MODULE_GONE) {
             if (rc == RATE_OK)
@@ -1796,6 +1804,8 @@ static int r_decide_any(void *self, const rate_key_t *key,
                      rate_clock_monotonic_ns() + MODULE_RETRY_NS);
         atomic_store(&r->module_state, MODULE_OFF);
     }
+    if (probe_rc != RATE_OK)
+        return probe_rc; /* Redis did not answer: nor would the script */
     return r_decide(self, key, q, d);
 }
 

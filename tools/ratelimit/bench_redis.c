@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <hiredis/hiredis.h>
 
@@ -117,6 +118,55 @@ static bool load_script(const char *host, int port, const char *src,
     return ok;
 }
 
+/* The server's CPU time so far (INFO cpu), in seconds; 0 if unknown. */
+static double server_cpu_s(const char *host, int port)
+{
+    struct timeval tv = {1, 0};
+    redisContext *c = redisConnectWithTimeout(host, port, tv);
+    double v = 0;
+    if (c != NULL && !c->err) {
+        redisReply *r = redisCommand(c, "INFO cpu");
+        if (r != NULL && r->type == REDIS_REPLY_STRING) {
+            const char *u = strstr(r->str, "used_cpu_user:");
+            const char *y = strstr(r->str, "used_cpu_sys:");
+            if (u != NULL && y != NULL)
+                v = strtod(u + 14, NULL) + strtod(y + 13, NULL);
+        }
+        freeReplyObject(r);
+    }
+    if (c != NULL)
+        redisFree(c);
+    return v;
+}
+
+static double self_cpu_s(long *switches)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    *switches = ru.ru_nvcsw + ru.ru_nivcsw;
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+/* 64 callers for 1 s: where a decision's time goes, client CPU, server
+ * CPU and the callers' context switches, each per decision. */
+static void where_time_goes(rate_limiter_t *lim, const char *what,
+                            const char *host, int port)
+{
+    uint64_t errors = 0;
+    long sw0, sw1;
+    double srv0 = server_cpu_s(host, port), cli0 = self_cpu_s(&sw0);
+    uint64_t t0 = rate_clock_monotonic_ns();
+    double rate = throughput(lim, 64, 64, 1000, &errors);
+    double secs = (double)(rate_clock_monotonic_ns() - t0) / 1e9;
+    double cli1 = self_cpu_s(&sw1), srv1 = server_cpu_s(host, port);
+    double n = rate * secs;
+    if (n <= 0)
+        return;
+    printf("  %-40s %8.2f %8.2f %8.2f\n", what, (cli1 - cli0) * 1e6 / n,
+           srv0 > 0 ? (srv1 - srv0) * 1e6 / n : 0, (double)(sw1 - sw0) / n);
+}
+
 /* ratelimit.so's rows (docs/redis-module.md), when the server has it:
  * the pipelined ceiling of RATELIMIT.STEP (redis-benchmark, the store's
  * arguments) beside EVALSHA of 'return 1', and the store over the module
@@ -188,6 +238,11 @@ static int bench_module(const char *url, const char *host, int port,
         printf("  %-40s %12.0f %12.0f %8.2f\n", "1 caller", m1, s1, m1 / s1);
         printf("  %-40s %12.0f %12.0f %8.2f\n", "64 callers (distinct keys)",
                m64, s64, m64 / s64);
+        printf("  %-40s %8s %8s %8s\n", "64 callers, per decision",
+               "client", "server", "switch");
+        printf("  %-40s %8s %8s %8s\n", "", "CPU us", "CPU us", "es");
+        where_time_goes(lm, "store over the module", host, port);
+        where_time_goes(ls, "store over the scripts", host, port);
     }
     if (errors)
         printf("  store errors: %llu\n", (unsigned long long)errors);
