@@ -385,6 +385,28 @@ typedef struct rate_memory_options {
 RATE_API int rate_store_memory_new(const rate_memory_options_t *options,
                                    rate_store_t **out);
 
+/* How the Redis store uses ratelimit.so, the Redis module whose
+ * RATELIMIT.STEP runs the library's own step inside Redis over the same
+ * keys as the scripts (docs/redis-module.md).  The decisions are the same
+ * either way; only their speed and range differ (the module decides in
+ * one round trip what the scripts hand back to compare-and-set). */
+typedef enum rate_redis_module {
+    RATE_REDIS_MODULE_AUTO = 0, /* use it when the server has it: asked at
+                                   the first decision (COMMAND INFO); a
+                                   decision answered with an error
+                                   ("unknown command": the module
+                                   unloaded, a failover to a server
+                                   without it; an ACL's NOPERM) is made
+                                   by the scripts at once, and the
+                                   module is tried again no sooner than
+                                   5 s later */
+    RATE_REDIS_MODULE_ON = 1,   /* use it: creation fails (RATE_ESTORE)
+                                   when the server has no RATELIMIT.STEP;
+                                   a later "unknown command" falls back
+                                   as with AUTO */
+    RATE_REDIS_MODULE_OFF = 2   /* never: the scripts only */
+} rate_redis_module_t;
+
 typedef struct rate_redis_options {
     uint64_t connect_timeout_ns; /* 0: 1 s */
     uint64_t command_timeout_ns; /* 0: 1 s.  Every call returns within
@@ -437,6 +459,10 @@ typedef struct rate_redis_options {
                                     through as a probe: answered, the
                                     breaker closes; not, it opens again */
     bool no_breaker;             /* no circuit breaker */
+    rate_redis_module_t module;  /* whether decisions go through
+                                    ratelimit.so, the Redis module
+                                    (docs/redis-module.md), when loaded;
+                                    default AUTO */
 } rate_redis_options_t;
 
 /* The Redis store: url is redis://[[user]:password@]host[:port][/db],
@@ -455,7 +481,9 @@ typedef struct rate_redis_options {
  * RATE_ETIMEDOUT when it does not answer in time; `err` (if not NULL)
  * then says why, with the server's message.  Decisions are the memory
  * store's, bit for bit, in one round trip (a Lua twin of the step; see
- * docs/algorithms.md, "Stores").  `options` may be NULL.  Thread-safe:
+ * docs/algorithms.md, "Stores"; or, with ratelimit.so loaded, the step
+ * itself inside Redis: options->module, docs/redis-module.md); with
+ * module RATE_REDIS_MODULE_ON and no module on the server, RATE_ESTORE.  `options` may be NULL.  Thread-safe:
  * yes (callers share pipelined connections). */
 RATE_API int rate_store_redis_new(const char *url,
                                   const rate_redis_options_t *options,
@@ -490,6 +518,11 @@ typedef struct rate_redis_status {
     uint64_t redirections;     /* MOVED, ASK and TRYAGAIN followed */
     uint64_t map_refreshes;    /* slot maps read from the cluster */
     uint64_t connect_failures; /* connections that could not be made */
+    bool module;               /* decisions go through ratelimit.so now */
+    uint64_t module_decisions; /* decisions the module made */
+    uint64_t module_fallbacks; /* module calls answered with an error,
+                                  "unknown command" (then made by the
+                                  scripts) */
 } rate_redis_status_t;
 
 /* Fills *out with the Redis store's state and counts since its creation.

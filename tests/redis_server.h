@@ -37,12 +37,12 @@ static inline int redis_test_free_port(void)
     return p;
 }
 
-/* Starts redis-server on `port`, with one more option and its value
- * ("--requirepass", "x"; NULL: none), and waits until it answers PING (a
- * NOAUTH answer counts).  Its PID, or 0 when it could not be started (no
+/* Starts redis-server on `port`, with more options after the defaults
+ * (a NULL-terminated list of words, "--loadmodule", "/x/ratelimit.so",
+ * ...; at most 16; NULL: none), and waits until it answers PING (a NOAUTH
+ * answer counts).  Its PID, or 0 when it could not be started (no
  * redis-server here, or it never answered). */
-static inline pid_t redis_test_start(int port, const char *flag,
-                                     const char *value)
+static inline pid_t redis_test_start_args(int port, const char *const *extra)
 {
     char p[16];
     snprintf(p, sizeof p, "%d", port);
@@ -52,10 +52,14 @@ static inline pid_t redis_test_start(int port, const char *flag,
         int null = open("/dev/null", O_WRONLY);
         dup2(null, 1);
         dup2(null, 2);
-        execlp("redis-server", "redis-server", "--port", p, "--bind",
-               "127.0.0.1", "--save", "", "--appendonly", "no",
-               flag ? flag : "--loglevel", value ? value : "warning",
-               (char *)NULL);
+        const char *argv[32] = {"redis-server", "--port", p, "--bind",
+                                "127.0.0.1", "--save", "", "--appendonly",
+                                "no", "--loglevel", "warning"};
+        int n = 11;
+        for (int i = 0; extra != NULL && extra[i] != NULL && n < 31; i++)
+            argv[n++] = extra[i];
+        argv[n] = NULL;
+        execvp("redis-server", (char *const *)argv);
         _exit(127);
     }
     struct timeval tv = {1, 0};
@@ -80,6 +84,15 @@ static inline pid_t redis_test_start(int port, const char *flag,
         waitpid(pid, NULL, 0);
     }
     return 0;
+}
+
+/* Starts redis-server on `port` with one more option and its value
+ * ("--requirepass", "x"; NULL: none), as redis_test_start_args. */
+static inline pid_t redis_test_start(int port, const char *flag,
+                                     const char *value)
+{
+    const char *extra[] = {flag, value, NULL};
+    return redis_test_start_args(port, flag ? extra : NULL);
 }
 
 /* Stops the server *pid (0: none) and clears it. */

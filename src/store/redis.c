@@ -204,6 +204,12 @@ typedef struct redis_store {
                            succeeded */
     atomic_uint_fast64_t st_opened, st_rejected, st_redirects, st_refreshes,
         st_connect_failures;
+
+    /* ratelimit.so (the module section below) */
+    rate_redis_module_t module_mode;
+    _Atomic int module_state; /* MODULE_UNKNOWN, _ON, _OFF */
+    _Atomic uint64_t module_retry_at_ns;
+    atomic_uint_fast64_t st_module, st_module_fallbacks;
 } redis_store_t;
 
 static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
@@ -1626,12 +1632,189 @@ static void r_destroy(void *self)
     free(r);
 }
 
+/* ------------------------------------------------------ ratelimit.so */
+
+/* The module (redis-module/, docs/redis-module.md): RATELIMIT.STEP takes
+ * the step script's arguments and gives its replies, and decides every
+ * policy but a blocking one exactly (no 2^50 bound), over the same keys.
+ * Whether the server has it is asked once (COMMAND INFO); a decision
+ * answered "unknown command" is made by the scripts at once, and the
+ * module tried again no sooner than MODULE_RETRY_NS later. */
+enum { MODULE_UNKNOWN = 0, MODULE_ON = 1, MODULE_OFF = 2 };
+#define MODULE_RETRY_NS (5 * RATE_NS_PER_S)
+#define MODULE_GONE 100 /* module_decide: no module there; not a RATE_E* */
+
+/* Whether the server has RATELIMIT.STEP: RATE_OK with *has, or the
+ * store's error. */
+static int module_probe(redis_store_t *r, bool *has)
+{
+    redisReply *rep = NULL;
+    int rc = kcall(r, deadline_of(r), NULL, 0, 3,
+                   (const char *[]){"COMMAND", "INFO", "ratelimit.step"},
+                   (size_t[]){7, 4, 14}, &rep);
+    /* An error reply (an ACL without COMMAND) counts as no module: the
+     * retry after MODULE_RETRY_NS tries the command itself. */
+    if (rc == RATE_OK)
+        *has = rep->type == REDIS_REPLY_ARRAY && rep->elements == 1 &&
+               rep->element[0]->type == REDIS_REPLY_ARRAY;
+    freeReplyObject(rep);
+    return rc;
+}
+
+/* Whether to try the module for this decision (probing it if need be);
+ * *rc the probe's failure (RATE_OK when none), which is the decision's:
+ * one call never waits for more than one command's timeout. */
+static bool module_wanted(redis_store_t *r, int *rc)
+{
+    *rc = RATE_OK;
+    if (r->module_mode == RATE_REDIS_MODULE_OFF)
+        return false;
+    int st = atomic_load_explicit(&r->module_state, memory_order_relaxed);
+    if (st == MODULE_ON)
+        return true;
+    if (st == MODULE_OFF) {
+        uint64_t now = rate_clock_monotonic_ns();
+        uint64_t at = atomic_load(&r->module_retry_at_ns);
+        /* One caller tries again once the pause is over. */
+        return now >= at &&
+               atomic_compare_exchange_strong(&r->module_retry_at_ns, &at,
+                                              now + MODULE_RETRY_NS);
+    }
+    bool has = false;
+    if ((*rc = module_probe(r, &has)) != RATE_OK)
+        return false; /* asked again at the next decision */
+    atomic_store(&r->module_retry_at_ns,
+                 rate_clock_monotonic_ns() + MODULE_RETRY_NS);
+    atomic_store(&r->module_state, has ? MODULE_ON : MODULE_OFF);
+    return has;
+}
+
+/* One round trip: RATELIMIT.STEP.  As r_decide, or MODULE_GONE for an
+ * error reply ("unknown command": nothing was written). */
+static int module_decide(redis_store_t *r, const rate_key_t *key,
+                         const rate_decide_req_t *q, rate_decision_t *d)
+{
+    const rate_policy_t *p = q->policy;
+    size_t count = rate_policy_count(p);
+    char kb[RATE_KEY_MAX + 300], num[7 + 4 * RATE_MAX_LIMITS][24], *k;
+    const char *av[2 + 7 + 4 * RATE_MAX_LIMITS];
+    size_t al[2 + 7 + 4 * RATE_MAX_LIMITS], kl;
+    int argc = 0, nn = 0, rc;
+
+    if (count == 0 || count > RATE_MAX_LIMITS ||
+        (q->format != RATE__FORMAT_V1 && q->format != RATE__FORMAT))
+        return RATE_ENOTSUP;
+    for (size_t i = 0; i < count; i++)
+        if (rate_policy_limit(p, i)->block_ns != 0)
+            return RATE_ENOTSUP; /* a block: the compare-and-set path's */
+    if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
+        return rc;
+    long long ttl = !r->ttl     ? (long long)r->safety_ms
+                    : q->detail ? -1
+                                : (long long)ttl_ms(q->max_reset_ns);
+    if (r->redis_time && q->clock_time) { /* "" "": the server's clock */
+        num[nn++][0] = '\0';
+        num[nn++][0] = '\0';
+    } else {
+        snprintf(num[nn++], 24, "%llu",
+                 (unsigned long long)(q->now_ns / RATE_NS_PER_S));
+        snprintf(num[nn++], 24, "%llu",
+                 (unsigned long long)(q->now_ns % RATE_NS_PER_S));
+    }
+    snprintf(num[nn++], 24, "%llu", (unsigned long long)q->permits);
+    snprintf(num[nn++], 24, "%llu", (unsigned long long)q->max_wait_ns);
+    snprintf(num[nn++], 24, "%lld", ttl);
+    snprintf(num[nn++], 24, "%lu", (unsigned long)q->policy_id);
+    snprintf(num[nn++], 24, "%u", (unsigned)q->format);
+    for (size_t i = 0; i < count; i++) {
+        const rate_limit_t *l = rate_policy_limit(p, i);
+        snprintf(num[nn++], 24, "%d", (int)l->algorithm);
+        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->limit);
+        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->period_ns);
+        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->burst);
+    }
+    av[argc] = "RATELIMIT.STEP", al[argc++] = 14;
+    av[argc] = k, al[argc++] = kl;
+    for (int i = 0; i < nn; i++)
+        av[argc] = num[i], al[argc++] = strlen(num[i]);
+    redisReply *rep = NULL;
+    rc = kcall(r, deadline_of(r), k, kl, argc, av, al, &rep);
+    if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR) {
+        /* "unknown command" (unloaded, a server without it), NOPERM, or
+         * anything else the module itself never answers to the store's
+         * requests: the scripts decide, and report what they meet. */
+        rc = MODULE_GONE;
+    } else if ((rc = reply_ok(rc, rep)) == RATE_OK) {
+        bool ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
+                  rep->element[0]->type == REDIS_REPLY_INTEGER;
+        long long tag = ok ? rep->element[0]->integer : -1;
+        if (tag == 0 && rep->elements == 1) {
+            rc = RATE_ENOTSUP; /* declined, nothing written */
+        } else if (tag == 2 && rep->elements == 1) {
+            rc = RATE_ECORRUPT; /* the key is not a hash */
+        } else if (tag == 1 && rep->elements == 9) {
+            redisReply **e = rep->element;
+            memset(d, 0, sizeof *d);
+            d->allowed = reply_u64(e[1], &ok) == 1;
+            d->reason = (rate_reason_t)reply_u64(e[2], &ok);
+            d->component = e[3]->type == REDIS_REPLY_INTEGER
+                               ? (int)e[3]->integer : 0;
+            d->limit = reply_u64(e[4], &ok);
+            d->remaining = reply_u64(e[5], &ok);
+            d->delay_ns = reply_u64(e[6], &ok);
+            d->retry_after_ns = reply_u64(e[7], &ok);
+            d->reset_after_ns = reply_u64(e[8], &ok);
+            if (!ok || d->reason > RATE_REASON_NEVER)
+                rc = RATE_ECORRUPT;
+        } else {
+            rc = RATE_ECORRUPT;
+        }
+    }
+    freeReplyObject(rep);
+    if (k != kb)
+        free(k);
+    return rc;
+}
+
+/* decide(): the module when the server has it, else the scripts. */
+static int r_decide_any(void *self, const rate_key_t *key,
+                        const rate_decide_req_t *q, rate_decision_t *d)
+{
+    redis_store_t *r = self;
+    int probe_rc = RATE_OK;
+
+    if (key != NULL && key->space != RATE_SPACE_POLICY &&
+        module_wanted(r, &probe_rc)) {
+        int rc = module_decide(r, key, q, d);
+        if (rc != MODULE_GONE) {
+            if (rc == RATE_OK)
+                atomic_fetch_add_explicit(&r->st_module, 1,
+                                          memory_order_relaxed);
+            /* The module answered (a retry after a fallback found it
+             * back): use it from now on. */
+            if ((rc == RATE_OK || rc == RATE_ENOTSUP ||
+                 rc == RATE_ECORRUPT) &&
+                atomic_load_explicit(&r->module_state,
+                                     memory_order_relaxed) != MODULE_ON)
+                atomic_store(&r->module_state, MODULE_ON);
+            return rc;
+        }
+        atomic_fetch_add(&r->st_module_fallbacks, 1);
+        atomic_store(&r->module_retry_at_ns,
+                     rate_clock_monotonic_ns() + MODULE_RETRY_NS);
+        atomic_store(&r->module_state, MODULE_OFF);
+    }
+    if (probe_rc != RATE_OK)
+        return probe_rc; /* Redis did not answer: nor would the script */
+    return r_decide(self, key, q, d);
+}
+
 static const rate_store_methods_t redis_methods = {
     .version = RATE_STORE_VERSION,
     .name = "redis",
     .load = r_load,
     .cas = r_cas,
-    .decide = r_decide,
+    .decide = r_decide_any,
     .now = r_now,
     .remove = r_remove,
     .destroy = r_destroy,
@@ -1684,6 +1867,7 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
     }
     r->prefix = malloc(r->prefix_len + 1);
     r->pool = o.pool_size ? o.pool_size : 2;
+    r->module_mode = o.module;
     if (r->prefix == NULL) {
         r_destroy(r);
         return RATE_ENOMEM;
@@ -1697,6 +1881,19 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
         rate__fail(err, errlen, rc, "%s", e);
         r_destroy(r);
         return rc;
+    }
+    if (rc == RATE_OK && r->module_mode == RATE_REDIS_MODULE_ON) {
+        bool has = false; /* forced: the server must have it */
+        if ((rc = module_probe(r, &has)) == RATE_OK && !has)
+            rc = RATE_ESTORE;
+        if (rc != RATE_OK) {
+            rate__fail(err, errlen, rc, "the module was asked for (module "
+                       "on) but the server has no RATELIMIT.STEP: load "
+                       "ratelimit.so");
+            r_destroy(r);
+            return rc;
+        }
+        atomic_store(&r->module_state, MODULE_ON);
     }
     if ((rc = rate_store_new(&redis_methods, r, out)) != RATE_OK)
         r_destroy(r);
@@ -1943,5 +2140,8 @@ int rate_store_redis_status(rate_store_t *store, rate_redis_status_t *out)
     out->redirections = atomic_load(&r->st_redirects);
     out->map_refreshes = atomic_load(&r->st_refreshes);
     out->connect_failures = atomic_load(&r->st_connect_failures);
+    out->module = atomic_load(&r->module_state) == MODULE_ON;
+    out->module_decisions = atomic_load(&r->st_module);
+    out->module_fallbacks = atomic_load(&r->st_module_fallbacks);
     return RATE_OK;
 }

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <hiredis/hiredis.h>
 
@@ -117,6 +118,141 @@ static bool load_script(const char *host, int port, const char *src,
     return ok;
 }
 
+/* The server's CPU time so far (INFO cpu), in seconds; 0 if unknown. */
+static double server_cpu_s(const char *host, int port)
+{
+    struct timeval tv = {1, 0};
+    redisContext *c = redisConnectWithTimeout(host, port, tv);
+    double v = 0;
+    if (c != NULL && !c->err) {
+        redisReply *r = redisCommand(c, "INFO cpu");
+        if (r != NULL && r->type == REDIS_REPLY_STRING) {
+            const char *u = strstr(r->str, "used_cpu_user:");
+            const char *y = strstr(r->str, "used_cpu_sys:");
+            if (u != NULL && y != NULL)
+                v = strtod(u + 14, NULL) + strtod(y + 13, NULL);
+        }
+        freeReplyObject(r);
+    }
+    if (c != NULL)
+        redisFree(c);
+    return v;
+}
+
+static double self_cpu_s(long *switches)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    *switches = ru.ru_nvcsw + ru.ru_nivcsw;
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+/* 64 callers for 1 s: where a decision's time goes, client CPU, server
+ * CPU and the callers' context switches, each per decision. */
+static void where_time_goes(rate_limiter_t *lim, const char *what,
+                            const char *host, int port)
+{
+    uint64_t errors = 0;
+    long sw0, sw1;
+    double srv0 = server_cpu_s(host, port), cli0 = self_cpu_s(&sw0);
+    uint64_t t0 = rate_clock_monotonic_ns();
+    double rate = throughput(lim, 64, 64, 1000, &errors);
+    double secs = (double)(rate_clock_monotonic_ns() - t0) / 1e9;
+    double cli1 = self_cpu_s(&sw1), srv1 = server_cpu_s(host, port);
+    double n = rate * secs;
+    if (n <= 0)
+        return;
+    printf("  %-40s %8.2f %8.2f %8.2f\n", what, (cli1 - cli0) * 1e6 / n,
+           srv0 > 0 ? (srv1 - srv0) * 1e6 / n : 0, (double)(sw1 - sw0) / n);
+}
+
+/* ratelimit.so's rows (docs/redis-module.md), when the server has it:
+ * the pipelined ceiling of RATELIMIT.STEP (redis-benchmark, the store's
+ * arguments) beside EVALSHA of 'return 1', and the store over the module
+ * against the store over the scripts (module off) at 1 and 64 callers,
+ * alternating for a few rounds, the best of each.  The store's choice of
+ * path is printed.  0, or 1 when the stores cannot be made. */
+static int bench_module(const char *url, const char *host, int port,
+                        const char *prefix, const rate_policy_t *p,
+                        bool ceilings, const char *one_args)
+{
+    rate_store_t *sm, *ss;
+    rate_redis_options_t o = {0};
+    char err[256];
+    o.prefix = prefix;
+    if (rate_store_redis_new(url, &o, &sm, err, sizeof err) != RATE_OK)
+        return cli_fail("bench: --redis: %s", err);
+    o.module = RATE_REDIS_MODULE_OFF;
+    if (rate_store_redis_new(url, &o, &ss, err, sizeof err) != RATE_OK) {
+        rate_store_free(sm);
+        return cli_fail("bench: --redis: %s", err);
+    }
+    rate_limiter_config_t cfg = {.policy = p, .store = sm};
+    rate_limiter_t *lm, *ls;
+    rate_limiter_new(&cfg, &lm);
+    cfg.store = ss;
+    rate_limiter_new(&cfg, &ls);
+    uint64_t errors = 0;
+    rate_decision_t d;
+    rate_limiter_check(lm, "probe", 5, 1, 0, &d); /* the store asks */
+    rate_redis_status_t st;
+    rate_store_redis_status(sm, &st);
+    printf("\nratelimit.so (the Redis module): %s\n",
+           st.module ? "loaded, the store decides through RATELIMIT.STEP"
+                     : "not loaded on this server, the store uses the "
+                       "scripts");
+    if (st.module) {
+        char mod_args[512];
+        snprintf(mod_args, sizeof mod_args,
+                 "-n 200000 -r 64 -c 50 -P 16 RATELIMIT.STEP "
+                 "%sceil{__rand_int__} '' '' 1 0 -1 %u 3 1 100000 "
+                 "1000000000 1000",
+                 prefix, (unsigned)rate_policy_fingerprint(p));
+        double ceil_mod = 0, ceil_one = 0, m1 = 0, s1 = 0, m64 = 0, s64 = 0;
+        for (int r = 0; r < 3; r++) {
+            double v;
+            if (ceilings) {
+                v = redis_benchmark(host, port, mod_args);
+                ceil_mod = v > ceil_mod ? v : ceil_mod;
+                v = redis_benchmark(host, port, one_args);
+                ceil_one = v > ceil_one ? v : ceil_one;
+            }
+            v = throughput(lm, 1, 1, 300, &errors);
+            m1 = v > m1 ? v : m1;
+            v = throughput(ls, 1, 1, 300, &errors);
+            s1 = v > s1 ? v : s1;
+            v = throughput(lm, 64, 64, 500, &errors);
+            m64 = v > m64 ? v : m64;
+            v = throughput(ls, 64, 64, 500, &errors);
+            s64 = v > s64 ? v : s64;
+        }
+        if (ceil_mod > 0 && ceil_one > 0) {
+            printf("  %-40s %12.0f\n", "-c 50 -P 16, RATELIMIT.STEP", ceil_mod);
+            printf("  %-40s %12.0f   module: %.2fx of it\n",
+                   "-c 50 -P 16, EVALSHA of 'return 1'", ceil_one,
+                   ceil_mod / ceil_one);
+        }
+        printf("  %-40s %12s %12s %8s\n", "store, decisions/s", "module",
+               "scripts", "ratio");
+        printf("  %-40s %12.0f %12.0f %8.2f\n", "1 caller", m1, s1, m1 / s1);
+        printf("  %-40s %12.0f %12.0f %8.2f\n", "64 callers (distinct keys)",
+               m64, s64, m64 / s64);
+        printf("  %-40s %8s %8s %8s\n", "64 callers, per decision",
+               "client", "server", "switch");
+        printf("  %-40s %8s %8s %8s\n", "", "CPU us", "CPU us", "es");
+        where_time_goes(lm, "store over the module", host, port);
+        where_time_goes(ls, "store over the scripts", host, port);
+    }
+    if (errors)
+        printf("  store errors: %llu\n", (unsigned long long)errors);
+    rate_limiter_free(lm);
+    rate_limiter_free(ls);
+    rate_store_free(sm);
+    rate_store_free(ss);
+    return 0;
+}
+
 /* The same decisions at 1 and 64 callers on the single server's limiter
  * and on a cluster's, in turns for a few rounds, the best of each. */
 static int bench_cluster(rate_limiter_t *single, const char *url,
@@ -181,6 +317,8 @@ int bench_redis(const char *url, const char *cluster_url)
     snprintf(prefix, sizeof prefix, "ratelimit:bench:%llu:",
              (unsigned long long)rate_clock_monotonic_ns());
     o.prefix = prefix;
+    o.module = RATE_REDIS_MODULE_OFF; /* the scripts; the module's rows
+                                         are bench_module's */
     if (rate_store_redis_new(url, &o, &store, err, sizeof err) != RATE_OK)
         return cli_fail("bench: --redis: %s", err);
     /* host:port for the floor's own connection (TCP URLs only). */
@@ -210,7 +348,7 @@ int bench_redis(const char *url, const char *cluster_url)
      * comparison alternates ours and the ceiling for a few rounds and keeps
      * the best of each: a slow spell then hurts neither side alone. */
     char step_sha[41], one_sha[41], seq_args[512], par_args[512],
-        one_args[512];
+        one_args[512] = "";
     bool ceilings = strncmp(url, "redis://", 8) == 0 &&
                     load_script(host, port, redis_step_lua, step_sha) &&
                     load_script(host, port, "return 1", one_sha);
@@ -286,6 +424,8 @@ int bench_redis(const char *url, const char *cluster_url)
     if (errors)
         printf("  store errors: %llu\n", (unsigned long long)errors);
     int rc = cluster_url ? bench_cluster(lim, cluster_url, p, prefix) : 0;
+    if (rc == 0)
+        rc = bench_module(url, host, port, prefix, p, ceilings, one_args);
     rate_store_redis_drop(store);
     rate_limiter_free(lim);
     rate_store_free(store);

@@ -1,0 +1,435 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ratelimit.so: a Redis module whose commands run the library's own step
+ * (src/step.c, the rate_step_t.fn every store is handed) inside Redis,
+ * over the state the Redis store keeps: a hash with v (the version) and
+ * s (the state bytes), as the store's scripts read and write it, so that
+ * a key written by either is decided by the other.
+ *
+ *   RATELIMIT.STEP key now_s now_ns permits max_wait ttl policy_id format
+ *                  [algorithm L P B]...
+ *       the arguments and replies of src/store/redis_step.lua;
+ *   CL.THROTTLE key max_burst count_per_period period [quantity]
+ *       redis-cell's command and reply.
+ *
+ * Expiries are set from the server's clock (CLOCK_REALTIME, the clock
+ * behind TIME), whatever time the caller decided at, rounded up to the
+ * millisecond plus one: never before reset_after by Redis's own clock.
+ * Every write is replicated as what was written (HSET of the bytes, then
+ * PEXPIREAT of the absolute expiry, or PERSIST), never as the command, so
+ * a replica and an AOF replay end with the same bytes and expiry.
+ * docs/redis-module.md says more.
+ */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../src/internal.h"
+#include "rm_api.h"
+
+#define MODULE_NAME "ratelimit"
+#define MODULE_VERSION 1
+
+/* ------------------------------------------------------ the API lookup */
+
+#define RM_DEFINE_(name, ret, args) ret(*RM_##name) args;
+RM_API_MAP(RM_DEFINE_)
+#undef RM_DEFINE_
+
+int rm_init(RedisModuleCtx *ctx, const char *name, int version)
+{
+    /* The documented handshake: the context's first word is GetApi. */
+    int (*get_api)(const char *, void *);
+    void *first;
+    memcpy(&first, (void *)ctx, sizeof first);
+    memcpy(&get_api, &first, sizeof get_api);
+#define RM_LOOKUP_(fn, ret, args)                                            \
+    if (get_api("RedisModule_" #fn, (void *)&RM_##fn) != RM_OK)              \
+        return RM_ERR;
+    RM_API_MAP(RM_LOOKUP_)
+#undef RM_LOOKUP_
+    if (RM_IsModuleNameBusy(name))
+        return RM_ERR;
+    RM_SetModuleAttribs(ctx, name, version, RM_APIVER_1);
+    return RM_OK;
+}
+
+/* ------------------------------------------------------------- helpers */
+
+/* The server's wall clock, in ns, at TIME's resolution (microseconds). */
+static uint64_t server_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * RATE_NS_PER_S +
+           (uint64_t)(ts.tv_nsec / 1000) * 1000;
+}
+
+/* A decimal argument up to max; "" is not one. */
+static bool arg_u64(RedisModuleString *s, uint64_t max, uint64_t *out)
+{
+    size_t n;
+    const char *p = RM_StringPtrLen(s, &n);
+    uint64_t v = 0;
+    if (n == 0 || n > 20)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return false;
+        unsigned d = (unsigned)(p[i] - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return false;
+        v = v * 10 + d;
+    }
+    if (v > max)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool arg_empty(RedisModuleString *s)
+{
+    size_t n;
+    RM_StringPtrLen(s, &n);
+    return n == 0;
+}
+
+/* A few policies made from the commands' arguments, kept (the server runs
+ * commands one at a time: no lock). */
+#define CACHE 32
+static struct {
+    size_t count;
+    rate_limit_t limits[RATE_MAX_LIMITS];
+    rate_policy_t *policy;
+} cache[CACHE];
+static unsigned cache_next;
+
+static const rate_policy_t *policy_of(const rate_limit_t *limits, size_t count,
+                                      char *err, size_t errlen)
+{
+    for (unsigned i = 0; i < CACHE; i++)
+        if (cache[i].policy != NULL && cache[i].count == count &&
+            memcmp(cache[i].limits, limits, count * sizeof *limits) == 0)
+            return cache[i].policy;
+    rate_policy_t *p = NULL;
+    if (rate_policy_new(limits, count, &p, err, errlen) != RATE_OK)
+        return NULL;
+    unsigned slot = cache_next++ % CACHE;
+    rate_policy_free(cache[slot].policy);
+    cache[slot].policy = p;
+    cache[slot].count = count;
+    memset(cache[slot].limits, 0, sizeof cache[slot].limits);
+    memcpy(cache[slot].limits, limits, count * sizeof *limits);
+    return p;
+}
+
+/* Room for a new state, grown as needed (one command at a time). */
+static uint8_t *scratch;
+static size_t scratch_cap;
+
+static uint8_t *scratch_for(size_t n)
+{
+    if (n > scratch_cap) {
+        size_t cap = n < 4096 ? 4096 : n;
+        uint8_t *b = realloc(scratch, cap);
+        if (b == NULL)
+            return NULL;
+        scratch = b, scratch_cap = cap;
+    }
+    return scratch;
+}
+
+/* What one run of the step over an open key did. */
+typedef enum run_rc {
+    RUN_DECIDED,  /* *d filled (written or not) */
+    RUN_DECLINED, /* nothing written: the caller decides another way */
+    RUN_WRONGTYPE,
+    RUN_NOMEM,
+} run_rc_t;
+
+/* How long a written key is kept: ttl_ms 0 forever, -1 the step's ttl
+ * (this decision's reset_after), else ttl_ms milliseconds. */
+typedef struct expiry {
+    long long ttl_ms;
+} expiry_t;
+
+/* Runs the step (arg filled but for the time) over the key's v/s hash and
+ * writes, expires and replicates the new state when the step says so.
+ * cold_other: a state made under another policy is read as cold (the
+ * step's own rule would need that policy's record) instead of declined. */
+static run_rc_t run_step(RedisModuleCtx *ctx, RedisModuleString *name,
+                         rate__step_arg_t *arg, expiry_t ex, bool cold_other)
+{
+    RedisModuleKey *key = RM_OpenKey(ctx, name, RM_READ | RM_WRITE);
+    int type = RM_KeyType(key);
+    if (type != RM_KEYTYPE_EMPTY && type != RM_KEYTYPE_HASH) {
+        RM_CloseKey(key);
+        return RUN_WRONGTYPE;
+    }
+    RedisModuleString *v = NULL, *s = NULL;
+    if (type == RM_KEYTYPE_HASH)
+        RM_HashGet(key, RM_HASH_CFIELDS, "v", &v, "s", &s, NULL);
+    uint64_t ver = 0;
+    const char *old = NULL;
+    size_t old_len = 0;
+    run_rc_t out = RUN_DECLINED;
+    if (v != NULL && !arg_u64(v, UINT64_MAX - 1, &ver))
+        goto done; /* a version that does not parse: not ours to decide */
+    if (v != NULL && s != NULL) {
+        old = RM_StringPtrLen(s, &old_len);
+        if (old_len == 0)
+            goto done; /* present, but no state: the store reports it */
+    }
+    uint8_t *buf = scratch_for(old_len + arg->policy->grow + 64);
+    if (buf == NULL) {
+        out = RUN_NOMEM;
+        goto done;
+    }
+    rate_step_io_t io = {old, old_len, buf, scratch_cap, 0, false, 0};
+    int rc = rate__step(arg, &io);
+    if (rc == RATE__NEED_POLICY && cold_other) {
+        io = (rate_step_io_t){NULL, 0, buf, scratch_cap, 0, false, 0};
+        rc = rate__step(arg, &io);
+    }
+    if (rc != RATE_OK)
+        goto done; /* another policy's state, a corrupt one: declined */
+    out = RUN_DECIDED;
+    if (!io.write)
+        goto done;
+    /* The version moves on with the state, as the scripts move it: a new
+     * key's starts from the server's time in microseconds. */
+    uint64_t now = server_now_ns();
+    long long nv = v != NULL ? (long long)(ver + 1)
+                             : (long long)(now / 1000);
+    char vb[24];
+    int vl = snprintf(vb, sizeof vb, "%lld", nv);
+    RedisModuleString *vs = RM_CreateString(ctx, vb, (size_t)vl);
+    RedisModuleString *ss = RM_CreateString(ctx, (const char *)buf,
+                                            io.new_len);
+    RM_HashSet(key, RM_HASH_CFIELDS, "v", vs, "s", ss, NULL);
+    RM_Replicate(ctx, "HSET", "scscs", name, "v", vs, "s", ss);
+    RM_FreeString(ctx, vs);
+    RM_FreeString(ctx, ss);
+    uint64_t ttl_ns = ex.ttl_ms == 0    ? RATE_TTL_FOREVER
+                      : ex.ttl_ms < 0   ? io.ttl_ns
+                                        : (uint64_t)ex.ttl_ms * 1000000;
+    if (ttl_ns == RATE_TTL_FOREVER || ttl_ns > RATE_TIME_MAX - now) {
+        RM_SetExpire(key, RM_NO_EXPIRE);
+        RM_Replicate(ctx, "PERSIST", "s", name);
+    } else {
+        /* Whole ms, rounded up, plus one: Redis counts from its own ms
+         * clock, which never runs ahead of this one. */
+        uint64_t end = now + ttl_ns;
+        long long at = (long long)(end / 1000000 + (end % 1000000 != 0) + 1);
+        RM_SetAbsExpire(key, at);
+        RM_Replicate(ctx, "PEXPIREAT", "sl", name, at);
+    }
+done:
+    if (v != NULL)
+        RM_FreeString(ctx, v);
+    if (s != NULL)
+        RM_FreeString(ctx, s);
+    RM_CloseKey(key);
+    return out;
+}
+
+static long long reply_ll(uint64_t x)
+{
+    return x == RATE_NEVER ? -1 : x > (uint64_t)INT64_MAX ? INT64_MAX
+                                                         : (long long)x;
+}
+
+/* ------------------------------------------------------ RATELIMIT.STEP */
+
+static int reply_tag(RedisModuleCtx *ctx, long long tag)
+{
+    RM_ReplyWithArray(ctx, 1);
+    return RM_ReplyWithLongLong(ctx, tag);
+}
+
+static int cmd_step(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
+{
+    if (argc < 13 || (argc - 9) % 4 != 0 || (argc - 9) / 4 > RATE_MAX_LIMITS)
+        return RM_WrongArity(ctx);
+    uint64_t now, s, ns, permits, max_wait, ttl_abs, id, format;
+    long long ttl;
+    bool server_time = arg_empty(argv[2]) && arg_empty(argv[3]);
+    if (server_time) {
+        now = server_now_ns();
+    } else {
+        if (!arg_u64(argv[2], RATE_TIME_MAX / RATE_NS_PER_S, &s) ||
+            !arg_u64(argv[3], RATE_NS_PER_S - 1, &ns) ||
+            s * RATE_NS_PER_S > RATE_TIME_MAX - ns)
+            return RM_ReplyWithError(ctx, "ERR now_s now_ns: not a time");
+        now = s * RATE_NS_PER_S + ns;
+    }
+    size_t tl;
+    const char *tp = RM_StringPtrLen(argv[6], &tl);
+    if (tl == 2 && tp[0] == '-' && tp[1] == '1')
+        ttl = -1;
+    else if (arg_u64(argv[6], (uint64_t)INT64_MAX / 1000000, &ttl_abs))
+        ttl = (long long)ttl_abs;
+    else
+        return RM_ReplyWithError(ctx, "ERR ttl: not -1, 0 or milliseconds");
+    if (!arg_u64(argv[4], UINT64_MAX, &permits) ||
+        !arg_u64(argv[5], UINT64_MAX, &max_wait))
+        return RM_ReplyWithError(ctx, "ERR permits max_wait: not numbers");
+    if (!arg_u64(argv[7], UINT32_MAX, &id) || !arg_u64(argv[8], 255, &format))
+        return RM_ReplyWithError(ctx, "ERR policy_id format: not numbers");
+    size_t count = (size_t)(argc - 9) / 4;
+    rate_limit_t limits[RATE_MAX_LIMITS];
+    memset(limits, 0, sizeof limits);
+    for (size_t i = 0; i < count; i++) {
+        uint64_t a;
+        RedisModuleString **l = argv + 9 + 4 * i;
+        if (!arg_u64(l[0], 255, &a) || !arg_u64(l[1], UINT64_MAX, &limits[i].limit) ||
+            !arg_u64(l[2], UINT64_MAX, &limits[i].period_ns) ||
+            !arg_u64(l[3], UINT64_MAX, &limits[i].burst))
+            return RM_ReplyWithError(ctx, "ERR a limit: not numbers");
+        limits[i].algorithm = (rate_algorithm_t)a;
+    }
+    /* Anything the step would not take as it stands is declined, as the
+     * scripts decline it: the client decides through compare-and-set and
+     * reports what is wrong. */
+    if ((format != RATE__FORMAT && format != RATE__FORMAT_V1) ||
+        permits > RATE_TIME_MAX || max_wait > RATE_TIME_MAX)
+        return reply_tag(ctx, 0);
+    const rate_policy_t *p = policy_of(limits, count, NULL, 0);
+    if (p == NULL)
+        return reply_tag(ctx, 0);
+    rate_decision_t d;
+    memset(&d, 0, sizeof d);
+    rate__step_arg_t arg = {p,   (uint32_t)id, (uint8_t)format, NULL,
+                            now, permits,      max_wait,        true,
+                            RATE__OP_DECIDE,   &d,              0,
+                            0};
+    switch (run_step(ctx, argv[1], &arg, (expiry_t){ttl}, false)) {
+    case RUN_DECLINED: return reply_tag(ctx, 0);
+    case RUN_WRONGTYPE: return reply_tag(ctx, 2);
+    case RUN_NOMEM: return RM_ReplyWithError(ctx, "ERR out of memory");
+    case RUN_DECIDED: break;
+    }
+    RM_ReplyWithArray(ctx, 9);
+    RM_ReplyWithLongLong(ctx, 1);
+    RM_ReplyWithLongLong(ctx, d.allowed);
+    RM_ReplyWithLongLong(ctx, (long long)d.reason);
+    RM_ReplyWithLongLong(ctx, d.component);
+    RM_ReplyWithLongLong(ctx, reply_ll(d.limit));
+    RM_ReplyWithLongLong(ctx, reply_ll(d.remaining));
+    RM_ReplyWithLongLong(ctx, reply_ll(d.delay_ns));
+    RM_ReplyWithLongLong(ctx, reply_ll(d.retry_after_ns));
+    return RM_ReplyWithLongLong(ctx, reply_ll(d.reset_after_ns));
+}
+
+/* --------------------------------------------------------- CL.THROTTLE */
+
+/* Whole seconds, rounded up. */
+static long long ceil_s(uint64_t ns)
+{
+    return (long long)(ns / RATE_NS_PER_S + (ns % RATE_NS_PER_S != 0));
+}
+
+static int cmd_throttle(RedisModuleCtx *ctx, RedisModuleString **argv,
+                        int argc)
+{
+    if (argc != 5 && argc != 6)
+        return RM_WrongArity(ctx);
+    uint64_t burst, count, period, quantity = 1;
+    if (!arg_u64(argv[2], (uint64_t)INT64_MAX - 1, &burst))
+        return RM_ReplyWithError(ctx, "ERR max_burst: not a whole number");
+    if (!arg_u64(argv[3], (uint64_t)INT64_MAX, &count) || count == 0)
+        return RM_ReplyWithError(ctx,
+                                 "ERR count_per_period: not a whole number "
+                                 "from 1");
+    if (!arg_u64(argv[4], RATE_TIME_MAX / RATE_NS_PER_S, &period) ||
+        period == 0)
+        return RM_ReplyWithError(ctx,
+                                 "ERR period: not a whole number of seconds "
+                                 "from 1");
+    if (argc == 6 && !arg_u64(argv[5], RATE_TIME_MAX, &quantity))
+        return RM_ReplyWithError(ctx, "ERR quantity: not a whole number");
+    /* redis-cell's GCRA: max_burst + 1 at once, count_per_period per
+     * period: our token bucket of that burst and rate. */
+    rate_limit_t l = {RATE_TOKEN_BUCKET, count, period * RATE_NS_PER_S,
+                      burst + 1, 0};
+    char err[160], msg[200];
+    const rate_policy_t *p = policy_of(&l, 1, err, sizeof err);
+    if (p == NULL) {
+        snprintf(msg, sizeof msg, "ERR %s", err);
+        return RM_ReplyWithError(ctx, msg);
+    }
+    rate_decision_t d;
+    memset(&d, 0, sizeof d);
+    /* The first edition's format: tagged by the policy's fingerprint,
+     * which needs no record; a key made under other arguments starts
+     * cold. */
+    rate__step_arg_t arg = {p,
+                            rate_policy_fingerprint(p),
+                            RATE__FORMAT_V1,
+                            NULL,
+                            server_now_ns(),
+                            quantity,
+                            0,
+                            true,
+                            RATE__OP_DECIDE,
+                            &d,
+                            0,
+                            0};
+    switch (run_step(ctx, argv[1], &arg, (expiry_t){-1}, true)) {
+    case RUN_WRONGTYPE:
+        return RM_ReplyWithError(ctx, "WRONGTYPE Operation against a key "
+                                      "holding the wrong kind of value");
+    case RUN_NOMEM: return RM_ReplyWithError(ctx, "ERR out of memory");
+    case RUN_DECLINED:
+        return RM_ReplyWithError(ctx, "ERR the key's state does not parse");
+    case RUN_DECIDED: break;
+    }
+    RM_ReplyWithArray(ctx, 5);
+    RM_ReplyWithLongLong(ctx, !d.allowed);
+    RM_ReplyWithLongLong(ctx, (long long)(burst + 1));
+    RM_ReplyWithLongLong(ctx, reply_ll(d.remaining));
+    RM_ReplyWithLongLong(ctx, d.allowed || d.retry_after_ns == RATE_NEVER
+                                  ? -1
+                                  : ceil_s(d.retry_after_ns));
+    return RM_ReplyWithLongLong(ctx, ceil_s(d.reset_after_ns));
+}
+
+/* ------------------------------------------------------------- loading */
+
+__attribute__((visibility("default"))) int
+RedisModule_OnUnload(RedisModuleCtx *ctx);
+
+/* MODULE UNLOAD: the policies and the scratch room go. */
+int RedisModule_OnUnload(RedisModuleCtx *ctx)
+{
+    (void)ctx;
+    for (unsigned i = 0; i < CACHE; i++) {
+        rate_policy_free(cache[i].policy);
+        cache[i].policy = NULL;
+    }
+    free(scratch);
+    scratch = NULL;
+    scratch_cap = 0;
+    return RM_OK;
+}
+
+__attribute__((visibility("default"))) int
+RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+
+int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
+{
+    (void)argv;
+    (void)argc;
+    if (rm_init(ctx, MODULE_NAME, MODULE_VERSION) != RM_OK)
+        return RM_ERR;
+    /* Both write one key, the first argument: a cluster routes them by
+     * it (the store's keys carry their hash tag). */
+    if (RM_CreateCommand(ctx, "ratelimit.step", cmd_step,
+                         "write deny-oom fast", 1, 1, 1) != RM_OK ||
+        RM_CreateCommand(ctx, "cl.throttle", cmd_throttle,
+                         "write deny-oom fast", 1, 1, 1) != RM_OK)
+        return RM_ERR;
+    return RM_OK;
+}

@@ -1,0 +1,70 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rm_api.h -- the few Redis module API calls ratelimit.so uses, declared
+ * by hand from the module API's reference documentation (Debian ships no
+ * module header, and none is copied here).  The server passes the module
+ * context to RedisModule_OnLoad; the context's first member is the
+ * server's GetApi function, which hands out every other call by its name
+ * ("RedisModule_OpenKey", ...).  rm_init() looks each one up once, at
+ * load time, and fails the load when the server lacks one.  Which calls
+ * and why: docs/redis-module.md, "The declarations".
+ */
+#ifndef RATELIMIT_RM_API_H
+#define RATELIMIT_RM_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Opaque types of the server's. */
+typedef struct RedisModuleCtx RedisModuleCtx;
+typedef struct RedisModuleKey RedisModuleKey;
+typedef struct RedisModuleString RedisModuleString;
+typedef long long mstime_t;
+
+typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx,
+                                  RedisModuleString **argv, int argc);
+
+/* Constants, as the reference documents them. */
+#define RM_OK 0
+#define RM_ERR 1
+#define RM_APIVER_1 1
+#define RM_READ (1 << 0)
+#define RM_WRITE (1 << 1)
+#define RM_KEYTYPE_EMPTY 0
+#define RM_KEYTYPE_HASH 3
+#define RM_HASH_CFIELDS (1 << 2) /* field names are C strings */
+#define RM_NO_EXPIRE (-1LL)
+
+/* Every call looked up, one line each: X(name, return type, arguments). */
+#define RM_API_MAP(X)                                                        \
+    X(SetModuleAttribs, void, (RedisModuleCtx *, const char *, int, int))   \
+    X(IsModuleNameBusy, int, (const char *))                                 \
+    X(CreateCommand, int,                                                    \
+      (RedisModuleCtx *, const char *, RedisModuleCmdFunc, const char *,    \
+       int, int, int))                                                       \
+    X(OpenKey, RedisModuleKey *, (RedisModuleCtx *, RedisModuleString *, int))        \
+    X(CloseKey, void, (RedisModuleKey *))                                    \
+    X(KeyType, int, (RedisModuleKey *))                                      \
+    X(HashGet, int, (RedisModuleKey *, int, ...))                            \
+    X(HashSet, int, (RedisModuleKey *, int, ...))                            \
+    X(SetAbsExpire, int, (RedisModuleKey *, mstime_t))                       \
+    X(SetExpire, int, (RedisModuleKey *, mstime_t))                          \
+    X(CreateString, RedisModuleString *,                                     \
+      (RedisModuleCtx *, const char *, size_t))                              \
+    X(FreeString, void, (RedisModuleCtx *, RedisModuleString *))             \
+    X(StringPtrLen, const char *, (const RedisModuleString *, size_t *))     \
+    X(ReplyWithArray, int, (RedisModuleCtx *, long))                         \
+    X(ReplyWithLongLong, int, (RedisModuleCtx *, long long))                 \
+    X(ReplyWithError, int, (RedisModuleCtx *, const char *))                 \
+    X(WrongArity, int, (RedisModuleCtx *))                                   \
+    X(Replicate, int, (RedisModuleCtx *, const char *, const char *, ...))
+
+#define RM_DECLARE_(name, ret, args) extern ret(*RM_##name) args;
+RM_API_MAP(RM_DECLARE_)
+#undef RM_DECLARE_
+
+/* Looks up every call of RM_API_MAP and registers the module's name:
+ * RM_OK, or RM_ERR when the server lacks a call or the name is taken. */
+int rm_init(RedisModuleCtx *ctx, const char *name, int version);
+
+#endif

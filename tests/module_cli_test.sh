@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# `ratelimit replay --store redis://` gives the memory store's output byte
+# for byte on a private redis-server with ratelimit.so loaded (and the
+# decisions were the module's: INFO commandstats counts RATELIMIT.STEP
+# calls), and after MODULE UNLOAD (the scripts'), for every vector.
+# Usage: module_cli_test.sh RATELIMIT_BINARY VECTOR_DIR RATELIMIT_SO
+set -u
+R=$1 V=$2 SO=$3
+T=$(mktemp -d)
+rpid=""
+cleanup() {
+  if [ -n "$rpid" ]; then kill "$rpid" 2>/dev/null; wait "$rpid" 2>/dev/null; fi
+  rm -rf "$T"
+}
+trap cleanup EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+
+command -v redis-server >/dev/null || { echo "no redis-server"; exit 1; }
+for _ in 1 2 3 4 5 6 7 8; do
+  rport=$((20000 + RANDOM % 40000))
+  redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no \
+    --loadmodule "$SO" --enable-module-command yes >"$T/redis.log" 2>&1 &
+  rpid=$!
+  for _ in $(seq 50); do
+    redis-cli -p "$rport" ping >/dev/null 2>&1 && break
+    kill -0 "$rpid" 2>/dev/null || break
+    sleep 0.1
+  done
+  redis-cli -p "$rport" ping >/dev/null 2>&1 && break
+  kill "$rpid" 2>/dev/null; wait "$rpid" 2>/dev/null; rpid=""
+done
+[ -n "$rpid" ] || { echo "could not start redis-server with $SO"; cat "$T/redis.log"; exit 1; }
+
+calls() { # RATELIMIT.STEP calls so far
+  redis-cli -p "$rport" info commandstats |
+    sed -n 's/^cmdstat_ratelimit\.step:calls=\([0-9]*\),.*/\1/p' | tr -d '\r'
+}
+for pass_name in module scripts; do
+  for args in "$V"/*.args; do
+    n=$(basename "$args" .args)
+    before=$(calls); before=${before:-0}
+    # shellcheck disable=SC2046
+    "$R" replay $(cat "$args") --store memory "$V/$n.trace" >"$T/mem" 2>/dev/null
+    # shellcheck disable=SC2046
+    if "$R" replay $(cat "$args") --store "redis://127.0.0.1:$rport/0" \
+         "$V/$n.trace" >"$T/out" 2>"$T/err" && cmp -s "$T/out" "$T/mem" &&
+       cmp -s "$T/out" "$V/$n.out"
+    then ok; else bad "replay --store redis:// ($pass_name) vector $n"; head -3 "$T/err"; fi
+    after=$(calls); after=${after:-0}
+    if [ "$pass_name" = module ]; then
+      if [ "$after" -gt "$before" ]; then ok
+      else bad "vector $n: no RATELIMIT.STEP call with the module loaded"; fi
+    fi
+  done
+  redis-cli -p "$rport" module unload ratelimit >/dev/null
+done
+if [ "$(redis-cli -p "$rport" dbsize)" = 0 ]; then ok
+else bad "keys left behind: $(redis-cli -p "$rport" dbsize)"; fi
+echo "module_cli: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,788 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ratelimit.so, the Redis module, in a private redis-server started with
+ * --loadmodule: the store over the module against the memory store and
+ * the store over the scripts, field by field (the module and the scripts
+ * also taking turns on the same keys); the expiry against the server's
+ * TIME; a replica and an AOF reload ending with the same bytes and
+ * expiries; the store falling back to the scripts when the module is
+ * absent or unloaded mid-run; CL.THROTTLE against hand-worked vectors of
+ * redis-cell's documented semantics.
+ */
+#include <pthread.h>
+#include <stdbool.h>
+#include <time.h>
+
+#include <hiredis/hiredis.h>
+
+#include "helpers.h"
+#include "redis_server.h"
+
+#include <ratelimit_store.h>
+
+#ifndef RATE_MODULE_PATH
+#error "RATE_MODULE_PATH: the path of ratelimit.so"
+#endif
+
+static pid_t server;
+static int port;
+static char url[64];
+
+static redisContext *raw_at(int p)
+{
+    struct timeval tv = {2, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", p, tv);
+    if (c == NULL || c->err)
+        fail_msg("cannot connect to port %d", p);
+    return c;
+}
+
+static pid_t start_with(int p, const char *const *extra)
+{
+    pid_t pid = redis_test_start_args(p, extra);
+    if (pid == 0)
+        fail_msg("redis-server did not start on port %d", p);
+    return pid;
+}
+
+static const char *const with_module[] = {
+    "--loadmodule", RATE_MODULE_PATH, "--enable-module-command", "yes",
+    "--enable-debug-command", "yes", NULL};
+
+static int group_setup(void **state)
+{
+    (void)state;
+    port = redis_test_free_port();
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", port);
+    server = start_with(port, with_module);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    redis_test_stop(&server);
+    return 0;
+}
+
+static rate_store_t *store_on(const char *u, const char *prefix, bool no_ttl,
+                              rate_redis_module_t module)
+{
+    rate_redis_options_t o = {0};
+    rate_store_t *s = NULL;
+    char err[256] = "";
+    o.prefix = prefix;
+    o.no_ttl = no_ttl;
+    o.module = module;
+    if (rate_store_redis_new(u, &o, &s, err, sizeof err) != RATE_OK)
+        fail_msg("redis store: %s", err);
+    return s;
+}
+
+static rate_redis_status_t status_of(rate_store_t *s)
+{
+    rate_redis_status_t st;
+    assert_int_equal(rate_store_redis_status(s, &st), RATE_OK);
+    return st;
+}
+
+static void expect_same(const rate_decision_t *a, const rate_decision_t *b,
+                        const char *what, const char *other, int i,
+                        uint64_t t, uint64_t n, uint64_t mw)
+{
+    if (memcmp(a, b, sizeof *a) == 0)
+        return;
+    fail_msg("%s, request %d (t=%llu n=%llu mw=%llu): memory allowed=%d "
+             "reason=%d comp=%d rem=%llu delay=%llu retry=%llu reset=%llu; "
+             "%s allowed=%d reason=%d comp=%d err=%d rem=%llu delay=%llu "
+             "retry=%llu reset=%llu",
+             what, i, (unsigned long long)t, (unsigned long long)n,
+             (unsigned long long)mw, a->allowed, a->reason, a->component,
+             (unsigned long long)a->remaining, (unsigned long long)a->delay_ns,
+             (unsigned long long)a->retry_after_ns,
+             (unsigned long long)a->reset_after_ns, other, b->allowed,
+             b->reason, b->component, b->error,
+             (unsigned long long)b->remaining,
+             (unsigned long long)b->delay_ns,
+             (unsigned long long)b->retry_after_ns,
+             (unsigned long long)b->reset_after_ns);
+}
+
+static uint64_t rnd_state = 88172645463325252u;
+static uint64_t rnd(uint64_t n)
+{
+    rnd_state ^= rnd_state << 13;
+    rnd_state ^= rnd_state >> 7;
+    rnd_state ^= rnd_state << 17;
+    return n ? rnd_state % n : 0;
+}
+
+/* ------------------------------------------------------ differential */
+
+/* Random traces of every algorithm and composites, and policies past the
+ * scripts' 2^50 bound: memory, the store over the module and the store
+ * over the scripts, field by field.  A third limiter takes turns between
+ * the module and the scripts on the same keys, so a key written by one is
+ * decided by the other. */
+static void three_ways_same(void **state)
+{
+    (void)state;
+    static const char *policies[] = {
+        "token-bucket 5/s burst=3",
+        "leaky-bucket 7/3s capacity=4",
+        "fixed-window 4/700ms",
+        "sliding-log 5/s",
+        "sliding-window 6/s",
+        "token-bucket 10/s burst=5; sliding-log 20/3s; fixed-window 30/m",
+        "leaky-bucket 3/s capacity=2; sliding-window 8/2s",
+        /* past the scripts' exact range: compare-and-set for them, one
+         * round trip in the module */
+        "token-bucket 100/s burst=1000000",
+        "fixed-window 1000/1h",
+        "token-bucket 1000000/s burst=1099511627776",
+        /* a block: compare-and-set in both */
+        "token-bucket 5/s burst=3 block=700ms",
+    };
+    static const char *keys[] = {"a", "user 42", "{braces}", "new\nline",
+                                 "k:1"};
+    rate_store_t *rm = store_on(url, "dm:", true, RATE_REDIS_MODULE_ON);
+    rate_store_t *rl = store_on(url, "dl:", true, RATE_REDIS_MODULE_OFF);
+    /* the two of them on one namespace */
+    rate_store_t *tm = store_on(url, "dt:", true, RATE_REDIS_MODULE_ON);
+    rate_store_t *tl = store_on(url, "dt:", true, RATE_REDIS_MODULE_OFF);
+    unsigned checked = 0;
+    for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
+        rate_store_t *ms, *ms2;
+        assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+        assert_int_equal(rate_store_memory_new(NULL, &ms2), RATE_OK);
+        rate_limiter_t *lmem = limiter_of(policies[p], ms);
+        rate_limiter_t *lmod = limiter_of(policies[p], rm);
+        rate_limiter_t *llua = limiter_of(policies[p], rl);
+        rate_limiter_t *lmem2 = limiter_of(policies[p], ms2);
+        rate_limiter_t *ltm = limiter_of(policies[p], tm);
+        rate_limiter_t *ltl = limiter_of(policies[p], tl);
+        uint64_t t = rnd(5 * SEC);
+        for (int i = 0; i < 200; i++) {
+            char key[16];
+            snprintf(key, sizeof key, "%zu%s", p, keys[rnd(5)]);
+            size_t kl = strlen(key);
+            if (rnd(8) == 0 && t > 100 * MS)
+                t -= rnd(100 * MS);
+            else
+                t += rnd(400 * MS);
+            uint64_t n = rnd(6), mw = rnd(3) == 0 ? rnd(SEC) : 0;
+            if (p == 9 && rnd(3) == 0)
+                n = rnd(UINT64_C(400000000000));
+            rate_decision_t a, b, c, a2, b2;
+            assert_int_equal(rate_limiter_check_at(lmem, key, kl, n, mw, t, &a),
+                             RATE_OK);
+            assert_int_equal(rate_limiter_check_at(lmod, key, kl, n, mw, t, &b),
+                             RATE_OK);
+            assert_int_equal(rate_limiter_check_at(llua, key, kl, n, mw, t, &c),
+                             RATE_OK);
+            expect_same(&a, &b, policies[p], "module", i, t, n, mw);
+            expect_same(&a, &c, policies[p], "scripts", i, t, n, mw);
+            assert_int_equal(
+                rate_limiter_check_at(lmem2, key, kl, n, mw, t, &a2), RATE_OK);
+            assert_int_equal(rate_limiter_check_at(rnd(2) ? ltm : ltl, key, kl,
+                                                   n, mw, t, &b2),
+                             RATE_OK);
+            expect_same(&a2, &b2, policies[p], "module and scripts by turns",
+                        i, t, n, mw);
+            checked++;
+        }
+        rate_limiter_free(lmem);
+        rate_limiter_free(lmod);
+        rate_limiter_free(llua);
+        rate_limiter_free(lmem2);
+        rate_limiter_free(ltm);
+        rate_limiter_free(ltl);
+        rate_store_free(ms);
+        rate_store_free(ms2);
+    }
+    assert_int_equal(checked, 200 * (sizeof policies / sizeof policies[0]));
+    /* The module made the decisions of its stores (all but the block's,
+     * which are compare-and-set's); the scripts' store never used it. */
+    rate_redis_status_t sm = status_of(rm), sl = status_of(rl);
+    assert_true(sm.module);
+    assert_true(sm.module_decisions >= 200 * 10);
+    assert_false(sl.module);
+    assert_int_equal(sl.module_decisions, 0);
+    assert_int_equal(sm.module_fallbacks, 0);
+    rate_store_redis_drop(rm);
+    rate_store_redis_drop(rl);
+    rate_store_redis_drop(tm);
+    rate_store_free(rm);
+    rate_store_free(rl);
+    rate_store_free(tm);
+    rate_store_free(tl);
+}
+
+/* Small random policies and nanosecond steps, so that refills completing
+ * exactly now, window edges and log expiries happen all the time (and
+ * idle gaps past 2^50 ns): the module against memory. */
+static void same_at_the_boundaries(void **state)
+{
+    (void)state;
+    rate_store_t *rs = store_on(url, "edge:", true, RATE_REDIS_MODULE_ON);
+    unsigned checked = 0;
+    for (int algo = 1; algo <= 5; algo++) {
+        for (int trace = 0; trace < 8; trace++) {
+            rate_limit_t lim = {(rate_algorithm_t)algo, 1 + rnd(5),
+                                1 + rnd(997), algo <= 2 ? 1 + rnd(4) : 0, 0};
+            rate_policy_t *p;
+            assert_int_equal(rate_policy_new(&lim, 1, &p, NULL, 0), RATE_OK);
+            rate_store_t *ms;
+            assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+            rate_limiter_config_t cfg = {0};
+            rate_limiter_t *lm, *lr;
+            cfg.policy = p;
+            cfg.store = ms;
+            assert_int_equal(rate_limiter_new(&cfg, &lm), RATE_OK);
+            cfg.store = rs;
+            assert_int_equal(rate_limiter_new(&cfg, &lr), RATE_OK);
+            char key[16];
+            snprintf(key, sizeof key, "%d-%d", algo, trace);
+            uint64_t t = rnd(3000);
+            for (int i = 0; i < 60; i++) {
+                if (rnd(10) == 0 && t > 50)
+                    t -= rnd(50);
+                else if (rnd(40) == 0)
+                    t += (UINT64_C(1) << 51) + rnd(SEC);
+                else
+                    t += rnd(4) == 0 ? 0 : rnd(lim.period_ns * 2);
+                uint64_t cap = algo <= 2 ? lim.burst : lim.limit;
+                uint64_t n = rnd(cap + 2);
+                uint64_t mw = algo <= 2 && rnd(3) == 0 ? rnd(3000) : 0;
+                rate_decision_t a, b;
+                assert_int_equal(rate_limiter_check_at(lm, key, strlen(key), n,
+                                                       mw, t, &a),
+                                 RATE_OK);
+                assert_int_equal(rate_limiter_check_at(lr, key, strlen(key), n,
+                                                       mw, t, &b),
+                                 RATE_OK);
+                expect_same(&a, &b, key, "module", i, t, n, mw);
+                checked++;
+            }
+            rate_limiter_free(lm);
+            rate_limiter_free(lr);
+            rate_store_free(ms);
+            rate_policy_free(p);
+        }
+    }
+    assert_int_equal(checked, 5 * 8 * 60);
+    assert_true(status_of(rs).module_decisions >= checked);
+    rate_store_redis_drop(rs);
+    rate_store_free(rs);
+}
+
+/* ------------------------------------------------------------ expiry */
+
+static uint64_t redis_time_ns(redisContext *c)
+{
+    redisReply *r = redisCommand(c, "TIME");
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    uint64_t t = strtoull(r->element[0]->str, NULL, 10) * SEC +
+                 strtoull(r->element[1]->str, NULL, 10) * 1000;
+    freeReplyObject(r);
+    return t;
+}
+
+static long long redis_int(redisContext *c, const char *fmt, const char *arg)
+{
+    redisReply *r = redisCommand(c, fmt, arg);
+    assert_non_null(r);
+    if (r->type != REDIS_REPLY_INTEGER)
+        fail_msg("%s %s: not an integer (%s)", fmt, arg,
+                 r->type == REDIS_REPLY_ERROR ? r->str : "?");
+    long long v = r->integer;
+    freeReplyObject(r);
+    return v;
+}
+
+/* The key's expiry is never before its reset_after by the server's own
+ * clock (PEXPIRETIME against TIME read before the decision), on the
+ * server's time and on a caller's (a replay's virtual time long ago). */
+static void expiry_never_early(void **state)
+{
+    (void)state;
+    rate_store_t *rs = store_on(url, "ex:", false, RATE_REDIS_MODULE_ON);
+    static const char *policies[] = {"leaky-bucket 1000/s capacity=1",
+                                     "token-bucket 1000000/s burst=3",
+                                     "fixed-window 5/1ms",
+                                     "sliding-log 2/3ms"};
+    redisContext *c = raw_at(port);
+    unsigned kept = 0, gone = 0;
+    for (size_t p = 0; p < 4; p++) {
+        rate_limiter_t *lim = limiter_of(policies[p], rs);
+        for (int i = 0; i < 50; i++) {
+            char key[16], name[32];
+            snprintf(key, sizeof key, "e%zu-%d", p, i % 5);
+            snprintf(name, sizeof name, "ex:{%s}", key);
+            uint64_t before = redis_time_ns(c);
+            rate_decision_t d;
+            if (i % 2 == 0)
+                assert_int_equal(
+                    rate_limiter_check(lim, key, strlen(key), 1, 0, &d),
+                    RATE_OK);
+            else /* a caller's time, far from the server's */
+                assert_int_equal(rate_limiter_check_at(lim, key, strlen(key),
+                                                       1, 0, 1000 + (uint64_t)i * MS, &d),
+                                 RATE_OK);
+            if (!d.allowed)
+                continue;
+            long long at = redis_int(c, "PEXPIRETIME %s", name);
+            if (at == -2) { /* gone already: only after its reset_after */
+                uint64_t now = redis_time_ns(c);
+                if (now < before + d.reset_after_ns)
+                    fail_msg("%s gone at %llu ns, before TIME %llu ns + "
+                             "reset_after %llu ns", name,
+                             (unsigned long long)now,
+                             (unsigned long long)before,
+                             (unsigned long long)d.reset_after_ns);
+                gone++;
+                continue;
+            }
+            if (at < 0)
+                fail_msg("%s has no expiry (%lld)", name, at);
+            kept++;
+            if ((uint64_t)at * MS < before + d.reset_after_ns)
+                fail_msg("%s expires at %lld ms, before TIME %llu ns + "
+                         "reset_after %llu ns",
+                         name, at, (unsigned long long)before,
+                         (unsigned long long)d.reset_after_ns);
+            /* and not much later: the ms rounding and a margin of one */
+            uint64_t after = redis_time_ns(c);
+            assert_true((uint64_t)at * MS <= after + d.reset_after_ns + 2 * MS);
+        }
+        rate_limiter_free(lim);
+    }
+    redisFree(c);
+    assert_true(kept > 20); /* the long ones at least */
+    (void)gone;
+    assert_true(status_of(rs).module_decisions > 0);
+    rate_store_redis_drop(rs);
+    rate_store_free(rs);
+}
+
+/* ----------------------------------------------- replication and AOF */
+
+typedef struct snap {
+    char v[32];
+    unsigned char s[512];
+    size_t slen;
+    long long at;
+} snap_t;
+
+static void snap_of(redisContext *c, const char *name, snap_t *out)
+{
+    memset(out, 0, sizeof *out);
+    redisReply *r = redisCommand(c, "HMGET %s v s", name);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    if (r->element[0]->type == REDIS_REPLY_STRING)
+        snprintf(out->v, sizeof out->v, "%s", r->element[0]->str);
+    if (r->element[1]->type == REDIS_REPLY_STRING) {
+        assert_true(r->element[1]->len <= sizeof out->s);
+        memcpy(out->s, r->element[1]->str, r->element[1]->len);
+        out->slen = r->element[1]->len;
+    }
+    freeReplyObject(r);
+    out->at = redis_int(c, "PEXPIRETIME %s", name);
+}
+
+static void expect_snap(const snap_t *a, const snap_t *b, const char *name,
+                        const char *where)
+{
+    if (strcmp(a->v, b->v) != 0 || a->slen != b->slen ||
+        memcmp(a->s, b->s, a->slen) != 0 || a->at != b->at)
+        fail_msg("%s differs %s: v %s/%s, %zu/%zu bytes, expiry %lld/%lld",
+                 name, where, a->v, b->v, a->slen, b->slen, a->at, b->at);
+}
+
+/* Decisions on several policies, on the server's clock, with expiries;
+ * the names of the keys written into names. */
+static int write_some(rate_store_t *rs, const char *prefix,
+                      char names[][48], int cap)
+{
+    static const char *policies[] = {
+        "token-bucket 5/10s burst=3", "leaky-bucket 7/30s capacity=4",
+        "fixed-window 4/10s", "sliding-log 5/10s", "sliding-window 6/10s",
+        "token-bucket 10/10s burst=5; sliding-log 20/30s"};
+    int n = 0;
+    for (size_t p = 0; p < 6; p++) {
+        rate_limiter_t *lim = limiter_of(policies[p], rs);
+        for (int k = 0; k < 3 && n < cap; k++) {
+            char key[16];
+            snprintf(key, sizeof key, "r%zu-%d", p, k);
+            for (int i = 0; i < 4; i++) {
+                rate_decision_t d;
+                assert_int_equal(rate_limiter_check(lim, key, strlen(key),
+                                                (uint64_t)(1 + i % 2), 0, &d),
+                                 RATE_OK);
+                assert_int_not_equal(d.reason, RATE_REASON_STORE_ERROR);
+            }
+            snprintf(names[n++], 48, "%s{%s}", prefix, key);
+        }
+        rate_limiter_free(lim);
+    }
+    return n;
+}
+
+/* A replica the test starts follows the module's writes: after WAIT, every
+ * key's bytes, version and absolute expiry are the master's. */
+static void replica_same_state(void **state)
+{
+    (void)state;
+    int rport = redis_test_free_port();
+    pid_t replica = start_with(rport, NULL); /* no module needed there */
+    redisContext *rc = raw_at(rport), *mc = raw_at(port);
+    redisReply *r = redisCommand(rc, "REPLICAOF 127.0.0.1 %d", port);
+    assert_int_equal(r->type, REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    /* wait for the link: up to 10 s */
+    bool up = false;
+    for (int i = 0; i < 1000 && !up; i++) {
+        r = redisCommand(rc, "INFO replication");
+        up = strstr(r->str, "master_link_status:up") != NULL;
+        freeReplyObject(r);
+        if (!up)
+            usleep(10000);
+    }
+    assert_true(up);
+    rate_store_t *rs = store_on(url, "rep:", false, RATE_REDIS_MODULE_ON);
+    char names[32][48];
+    int n = write_some(rs, "rep:", names, 32);
+    /* CL.THROTTLE too */
+    r = redisCommand(mc, "CL.THROTTLE rep:cell 3 1 10 2");
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    freeReplyObject(r);
+    snprintf(names[n++], 48, "rep:cell");
+    r = redisCommand(mc, "WAIT 1 5000");
+    assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+    assert_int_equal(r->integer, 1);
+    freeReplyObject(r);
+    for (int i = 0; i < n; i++) {
+        snap_t a, b;
+        snap_of(mc, names[i], &a);
+        snap_of(rc, names[i], &b);
+        if (a.slen == 0 || a.at <= 0)
+            fail_msg("%s: %zu bytes, expiry %lld on the master", names[i],
+                     a.slen, a.at);
+        expect_snap(&a, &b, names[i], "on the replica");
+    }
+    assert_true(status_of(rs).module_decisions > 0);
+    rate_store_redis_drop(rs);
+    rate_store_free(rs);
+    redisFree(rc);
+    redisFree(mc);
+    redis_test_stop(&replica);
+}
+
+static void wait_no_rewrite(redisContext *c)
+{
+    for (int i = 0; i < 1000; i++) {
+        redisReply *r = redisCommand(c, "INFO persistence");
+        bool busy = strstr(r->str, "aof_rewrite_in_progress:1") != NULL ||
+                    strstr(r->str, "aof_rewrite_scheduled:1") != NULL;
+        freeReplyObject(r);
+        if (!busy)
+            return;
+        usleep(10000);
+    }
+    fail_msg("the AOF rewrite did not end");
+}
+
+/* Written with appendonly on, the state read back from the AOF (DEBUG
+ * LOADAOF) is the same bytes, versions and expiries. */
+static void aof_reload_same_state(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/rate-aof-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    int aport = redis_test_free_port();
+    const char *extra[] = {"--loadmodule", RATE_MODULE_PATH,
+                           "--enable-debug-command", "yes", "--dir", dir,
+                           "--appendonly", "yes", NULL};
+    pid_t pid = start_with(aport, extra);
+    redisContext *c = raw_at(aport);
+    wait_no_rewrite(c);
+    char u[64];
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d/0", aport);
+    rate_store_t *rs = store_on(u, "aof:", false, RATE_REDIS_MODULE_ON);
+    char names[32][48];
+    int n = write_some(rs, "aof:", names, 31);
+    redisReply *r = redisCommand(c, "CL.THROTTLE aof:cell 3 1 10 2");
+    freeReplyObject(r);
+    snprintf(names[n++], 48, "aof:cell");
+    snap_t before[32];
+    for (int i = 0; i < n; i++)
+        snap_of(c, names[i], &before[i]);
+    r = redisCommand(c, "DEBUG LOADAOF");
+    if (r->type != REDIS_REPLY_STATUS)
+        fail_msg("DEBUG LOADAOF: %s", r->str);
+    freeReplyObject(r);
+    for (int i = 0; i < n; i++) {
+        snap_t after;
+        snap_of(c, names[i], &after);
+        assert_true(before[i].slen > 0);
+        expect_snap(&before[i], &after, names[i], "after the AOF reload");
+    }
+    rate_store_free(rs);
+    redisFree(c);
+    redis_test_stop(&pid);
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* ----------------------------------------------------------- fallback */
+
+/* A server without the module: AUTO decides through the scripts (the same
+ * answers as memory), ON refuses at creation. */
+static void fallback_when_absent(void **state)
+{
+    (void)state;
+    int p2 = redis_test_free_port();
+    pid_t pid = start_with(p2, NULL);
+    char u[64];
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d/0", p2);
+    rate_redis_options_t o = {0};
+    rate_store_t *s = NULL;
+    char err[256] = "";
+    o.module = RATE_REDIS_MODULE_ON;
+    assert_int_equal(rate_store_redis_new(u, &o, &s, err, sizeof err),
+                     RATE_ESTORE);
+    assert_null(s);
+    assert_non_null(strstr(err, "ratelimit.so"));
+    rate_store_t *rs = store_on(u, "fb:", true, RATE_REDIS_MODULE_AUTO);
+    rate_store_t *ms;
+    assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+    rate_limiter_t *lr = limiter_of("token-bucket 5/s burst=3", rs);
+    rate_limiter_t *lm = limiter_of("token-bucket 5/s burst=3", ms);
+    for (int i = 0; i < 50; i++) {
+        uint64_t t = SEC + (uint64_t)i * 50 * MS;
+        rate_decision_t a, b;
+        assert_int_equal(rate_limiter_check_at(lm, "k", 1, 1, 0, t, &a), RATE_OK);
+        assert_int_equal(rate_limiter_check_at(lr, "k", 1, 1, 0, t, &b), RATE_OK);
+        expect_same(&a, &b, "no module", "scripts", i, t, 1, 0);
+    }
+    rate_redis_status_t st = status_of(rs);
+    assert_false(st.module);
+    assert_int_equal(st.module_decisions, 0);
+    assert_int_equal(st.module_fallbacks, 0); /* asked once, never tried */
+    rate_limiter_free(lr);
+    rate_limiter_free(lm);
+    rate_store_free(ms);
+    rate_store_redis_drop(rs);
+    rate_store_free(rs);
+    redis_test_stop(&pid);
+}
+
+/* MODULE UNLOAD mid-run: every decision still succeeds, the same as
+ * memory's; exactly one call met "unknown command" (and was made by the
+ * scripts at once); the module is back in use after MODULE LOAD once the
+ * retry pause is over. */
+static void unload_mid_run(void **state)
+{
+    (void)state;
+    rate_store_t *rs = store_on(url, "un:", true, RATE_REDIS_MODULE_AUTO);
+    rate_store_t *ms;
+    assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+    const char *pol = "token-bucket 10/s burst=5; sliding-window 30/3s";
+    rate_limiter_t *lr = limiter_of(pol, rs);
+    rate_limiter_t *lm = limiter_of(pol, ms);
+    redisContext *c = raw_at(port);
+    uint64_t t = SEC;
+    for (int i = 0; i < 300; i++) {
+        if (i == 100) {
+            redisReply *r = redisCommand(c, "MODULE UNLOAD ratelimit");
+            if (r->type != REDIS_REPLY_STATUS)
+                fail_msg("MODULE UNLOAD: %s", r->str);
+            freeReplyObject(r);
+        }
+        if (i == 200) {
+            redisReply *r = redisCommand(c, "MODULE LOAD %s", RATE_MODULE_PATH);
+            if (r->type != REDIS_REPLY_STATUS)
+                fail_msg("MODULE LOAD: %s", r->str);
+            freeReplyObject(r);
+            usleep(5100 * 1000); /* the store's retry pause, 5 s */
+        }
+        t += rnd(150 * MS);
+        char key[8];
+        snprintf(key, sizeof key, "u%d", (int)rnd(3));
+        rate_decision_t a, b;
+        assert_int_equal(rate_limiter_check_at(lm, key, 2, 1, 0, t, &a), RATE_OK);
+        assert_int_equal(rate_limiter_check_at(lr, key, 2, 1, 0, t, &b), RATE_OK);
+        expect_same(&a, &b, pol, "redis across MODULE UNLOAD", i, t, 1, 0);
+        rate_redis_status_t st = status_of(rs);
+        if (i < 100)
+            assert_int_equal(st.module_decisions, (uint64_t)i + 1);
+        if (i >= 100 && i < 200) {
+            assert_false(st.module);
+            assert_int_equal(st.module_decisions, 100);
+            assert_int_equal(st.module_fallbacks, 1);
+        }
+        if (i >= 200) {
+            assert_true(st.module);
+            assert_int_equal(st.module_decisions, 100 + (uint64_t)(i - 199));
+        }
+    }
+    redisFree(c);
+    rate_limiter_free(lr);
+    rate_limiter_free(lm);
+    rate_store_free(ms);
+    rate_store_redis_drop(rs);
+    rate_store_free(rs);
+}
+
+/* -------------------------------------------------------- CL.THROTTLE */
+
+/* CL.THROTTLE with the words of args (split at spaces). */
+static redisReply *throttle_cmd(redisContext *c, const char *args)
+{
+    char buf[128];
+    const char *argv[8] = {"CL.THROTTLE"};
+    int argc = 1;
+    snprintf(buf, sizeof buf, "%s", args);
+    for (char *save = NULL, *w = strtok_r(buf, " ", &save); w && argc < 8;
+         w = strtok_r(NULL, " ", &save))
+        argv[argc++] = w;
+    redisReply *r = redisCommandArgv(c, argc, argv, NULL);
+    assert_non_null(r);
+    return r;
+}
+
+static void throttle(redisContext *c, const char *args, long long e0,
+                     long long e1, long long e2, long long e3, long long e4)
+{
+    redisReply *r = throttle_cmd(c, args);
+    assert_non_null(r);
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 5)
+        fail_msg("CL.THROTTLE %s: %s", args,
+                 r->type == REDIS_REPLY_ERROR ? r->str : "not 5 integers");
+    long long got[5], want[5] = {e0, e1, e2, e3, e4};
+    for (int i = 0; i < 5; i++)
+        got[i] = r->element[i]->integer;
+    freeReplyObject(r);
+    if (memcmp(got, want, sizeof got) != 0)
+        fail_msg("CL.THROTTLE %s: %lld %lld %lld %lld %lld, not %lld %lld "
+                 "%lld %lld %lld",
+                 args, got[0], got[1], got[2], got[3], got[4], want[0],
+                 want[1], want[2], want[3], want[4]);
+}
+
+static void throttle_error(redisContext *c, const char *args, const char *part)
+{
+    redisReply *r = throttle_cmd(c, args);
+    if (r->type != REDIS_REPLY_ERROR || strstr(r->str, part) == NULL)
+        fail_msg("CL.THROTTLE %s: not an error naming '%s'", args, part);
+    freeReplyObject(r);
+}
+
+/* Hand-worked from redis-cell's documented semantics (its README):
+ * capacity max_burst + 1, one emission every period / count, reply
+ * [limited, limit, remaining, retry_after (-1 when allowed), reset_after]
+ * in seconds.  The vectors run within well under a second of each other,
+ * and every expected duration is a whole number of seconds minus that
+ * time: rounded up, they are the whole numbers below. */
+static void cl_throttle_vectors(void **state)
+{
+    (void)state;
+    redisContext *c = raw_at(port);
+    /* The README's example: 15 burst, 30 per 60 s, one at a time. */
+    throttle(c, "user123 15 30 60 1", 0, 16, 15, -1, 2);
+    throttle(c, "user123 15 30 60", 0, 16, 14, -1, 4); /* quantity 1 */
+    /* 2 burst, 1 per 10 s: three at once, then 10 s to the next, 30 s to
+     * full. */
+    throttle(c, "v2 2 1 10", 0, 3, 2, -1, 10);
+    throttle(c, "v2 2 1 10", 0, 3, 1, -1, 20);
+    throttle(c, "v2 2 1 10", 0, 3, 0, -1, 30);
+    throttle(c, "v2 2 1 10", 1, 3, 0, 10, 30); /* a denial changes nothing */
+    throttle(c, "v2 2 1 10", 1, 3, 0, 10, 30);
+    /* quantity: 5 of 6 at once, then 2 more are 1 too many (10 s) */
+    throttle(c, "v3 5 1 10 5", 0, 6, 1, -1, 50);
+    throttle(c, "v3 5 1 10 2", 1, 6, 1, 10, 50);
+    throttle(c, "v3 5 1 10 1", 0, 6, 0, -1, 60);
+    /* quantity 0: a look, nothing taken */
+    throttle(c, "v4 4 2 1 0", 0, 5, 5, -1, 0);
+    /* more than the capacity can ever hold: limited, no retry time */
+    throttle(c, "v5 2 1 1 4", 1, 3, 3, -1, 0);
+    /* other arguments on the same key start it cold */
+    throttle(c, "v2 9 1 10", 0, 10, 9, -1, 10);
+    /* the key's expiry is its reset_after, from the server's clock */
+    long long at = redis_int(c, "PEXPIRETIME %s", "v2");
+    uint64_t now = redis_time_ns(c);
+    assert_true((uint64_t)at * MS >= now + 9 * SEC);
+    assert_true((uint64_t)at * MS <= now + 10 * SEC + 2 * MS);
+    /* errors name the argument */
+    throttle_error(c, "e x 1 1", "max_burst");
+    throttle_error(c, "e 1 0 1", "count_per_period");
+    throttle_error(c, "e 1 1 0", "period");
+    throttle_error(c, "e 1 1 1 -2", "quantity");
+    redisReply *r = redisCommand(c, "SET wrong x");
+    freeReplyObject(r);
+    throttle_error(c, "wrong 1 1 1", "WRONGTYPE");
+    r = redisCommand(c, "CL.THROTTLE only 1 1");
+    assert_int_equal(r->type, REDIS_REPLY_ERROR);
+    freeReplyObject(r);
+    r = redisCommand(c, "DEL user123 v2 v3 v4 v5 wrong");
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+/* RATELIMIT.STEP's own checks: bad arguments are errors naming them; a
+ * key that is not a hash is {2}, a format it does not know {0}. */
+static void step_arguments(void **state)
+{
+    (void)state;
+    redisContext *c = raw_at(port);
+    redisReply *r = redisCommand(c, "RATELIMIT.STEP k x 0 1 0 -1 1 3 1 1 1 1");
+    assert_int_equal(r->type, REDIS_REPLY_ERROR);
+    assert_non_null(strstr(r->str, "now"));
+    freeReplyObject(r);
+    r = redisCommand(c, "RATELIMIT.STEP k 1 0 1 0 -5 1 3 1 1 1 1");
+    assert_int_equal(r->type, REDIS_REPLY_ERROR);
+    assert_non_null(strstr(r->str, "ttl"));
+    freeReplyObject(r);
+    r = redisCommand(c, "RATELIMIT.STEP k 1 0 1 0 -1 1 3 1 1");
+    assert_int_equal(r->type, REDIS_REPLY_ERROR); /* arity */
+    freeReplyObject(r);
+    r = redisCommand(c, "SET notahash x");
+    freeReplyObject(r);
+    r = redisCommand(c, "RATELIMIT.STEP notahash 1 0 1 0 -1 1 3 1 1 1 1");
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    assert_int_equal(r->elements, 1);
+    assert_int_equal(r->element[0]->integer, 2);
+    freeReplyObject(r);
+    r = redisCommand(c, "RATELIMIT.STEP k2 1 0 1 0 -1 1 9 1 1 1 1");
+    assert_int_equal(r->elements, 1);
+    assert_int_equal(r->element[0]->integer, 0);
+    freeReplyObject(r);
+    /* a policy the library refuses (a window with a burst) is declined */
+    r = redisCommand(c, "RATELIMIT.STEP k2 1 0 1 0 -1 1 3 3 1 1 5");
+    assert_int_equal(r->elements, 1);
+    assert_int_equal(r->element[0]->integer, 0);
+    freeReplyObject(r);
+    r = redisCommand(c, "EXISTS k2");
+    assert_int_equal(r->integer, 0); /* nothing written */
+    freeReplyObject(r);
+    r = redisCommand(c, "DEL notahash");
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(three_ways_same),
+        cmocka_unit_test(same_at_the_boundaries),
+        cmocka_unit_test(expiry_never_early),
+        cmocka_unit_test(replica_same_state),
+        cmocka_unit_test(aof_reload_same_state),
+        cmocka_unit_test(fallback_when_absent),
+        cmocka_unit_test(cl_throttle_vectors),
+        cmocka_unit_test(step_arguments),
+        cmocka_unit_test(unload_mid_run),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
