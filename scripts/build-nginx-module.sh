@@ -30,4 +30,5 @@ fi
 if [ -f "$bld/ngx_http_ratelimit_module.so" ] && [ "$lib" -nt "$bld/ngx_http_ratelimit_module.so" ]; then
   rm -f "$bld/ngx_http_ratelimit_module.so"
 fi
-make -s -C "$src" -f "$bld/Makefile" modules
+# (nginx's make is its own: not a child of the caller's jobserver)
+MAKEFLAGS= MFLAGS= make -s -C "$src" -f "$bld/Makefile" modules
