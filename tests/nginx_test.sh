@@ -249,8 +249,19 @@ bad zone 'server { listen 127.0.0.1:1; location / { ratelimit nope $uri; } }' \
   'no ratelimit_zone "nope"'
 bad fail 'ratelimit_fail maybe;' '"maybe" is neither open nor closed'
 
-# ---- reloads.  started: the number of workers started so far.
+# ---- a worker killed (SIGKILL) mid-run: the master starts another, which
+# attaches to the zone; the keys are as they were.
 started() { grep -c 'start worker process' "$tmp/logs/error.log" || true; }
+before=$(started)
+victim=$(awk '{print $1}' "$tmp/logs/access.log" | sort -u | head -1) # a worker's $pid
+kill -KILL "$victim"
+for _ in $(seq 1 200); do [ "$(started)" -gt "$before" ] && break; sleep 0.05; done
+[ "$(started)" -gt "$before" ] || fail "killed worker: not restarted"
+expect "killed worker: keys kept" "$(statuses 4 -H 'X-Key: spread' /spread/)" "429 429 429 429"
+expect "killed worker: fw kept" "$(statuses 4 -H 'X-Key: k2' /fw/)" "200 200 200 200"
+expect "killed worker: fw limited" "$(statuses 1 -H 'X-Key: k2' /fw/)" "429"
+
+# ---- reloads (started: the number of workers started so far).
 before=$(started)
 # same configuration (same sizes): the zones are kept, with their keys
 kill -HUP "$(cat "$pidfile")"
