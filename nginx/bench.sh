@@ -4,7 +4,9 @@
 # wrk against Debian's nginx serving a small static file: without the
 # module, with it (one limit on $binary_remote_addr that always admits, on
 # the shared-memory store), and with it and the RateLimit fields; rounds
-# alternated in one run, the best requests/s of each kept.
+# alternated in one run, the best requests/s of each kept, and the CPU
+# time the workers spent a request (user + system, from /proc: steadier
+# than requests/s on a machine that others load).
 #   nginx/bench.sh MODULE_SO [ROUNDS] [SECONDS]
 set -euo pipefail
 MODULE=$(realpath "$1")
@@ -58,6 +60,21 @@ CONF
   for _ in $(seq 1 100); do [ -s "$dir/nginx.pid" ] && break; sleep 0.05; done
   pids+=("$(cat "$dir/nginx.pid")")
   eval "url_$name=http://127.0.0.1:$port/index.html"
+  eval "master_$name=$(cat "$dir/nginx.pid")"
+}
+
+# ticks MASTER: the CPU clock ticks (user + system) its workers used so far.
+ticks() {
+  local f t=0 rest
+  for f in /proc/[0-9]*/stat; do
+    rest=$(cat "$f" 2>/dev/null) || continue
+    rest=${rest##*) }        # the fields after the command's name
+    set -- $rest
+    [ "$2" = "$1" ] && continue
+    [ "$2" = "$MASTER" ] || continue
+    t=$((t + ${12} + ${13}))
+  done
+  echo "$t"
 }
 
 start off "" ""
@@ -67,14 +84,29 @@ curl -sf -o /dev/null "$url_module" && curl -sfI "$url_headers" | grep -qi '^Rat
   { echo "bench: the module's nginx does not answer as expected" >&2; exit 1; }
 
 declare -A best=([off]=0 [module]=0 [headers]=0)
+declare -A cpu=([off]=0 [module]=0 [headers]=0) reqs=([off]=0 [module]=0 [headers]=0)
 for r in $(seq 1 "$ROUNDS"); do
   for name in off module headers; do
     url_var="url_$name"
-    rps=$(wrk -t2 -c32 -d"${SECS}s" "${!url_var}" | awk '/^Requests\/sec/ {printf "%d", $2}')
-    echo "round $r $name: $rps requests/s"
+    master_var="master_$name"
+    MASTER=${!master_var}
+    t0=$(ticks)
+    out=$(wrk -t2 -c32 -d"${SECS}s" "${!url_var}")
+    t1=$(ticks)
+    rps=$(awk '/^Requests\/sec/ {printf "%d", $2}' <<<"$out")
+    n=$(awk '/requests in/ {print $1}' <<<"$out")
+    cpu[$name]=$((cpu[$name] + t1 - t0))
+    reqs[$name]=$((reqs[$name] + n))
+    echo "round $r $name: $rps requests/s, $((t1 - t0)) ticks for $n requests"
     [ "$rps" -gt "${best[$name]}" ] && best[$name]=$rps
   done
 done
+hz=$(getconf CLK_TCK)
+awk -v hz="$hz" -v co="${cpu[off]}" -v no="${reqs[off]}" -v cm="${cpu[module]}" \
+    -v nm="${reqs[module]}" -v ch="${cpu[headers]}" -v nh="${reqs[headers]}" 'BEGIN {
+  o = co / hz / no * 1e6; m = cm / hz / nm * 1e6; h = ch / hz / nh * 1e6
+  printf "worker CPU a request: off %.2f us, module %.2f us (%.3f), module+headers %.2f us (%.3f)\n",
+         o, m, m / o, h, h / o }'
 echo "best: off ${best[off]}, module ${best[module]}, module+headers ${best[headers]} requests/s"
 awk -v o="${best[off]}" -v m="${best[module]}" -v h="${best[headers]}" 'BEGIN {
   printf "module/off %.3f (cost %.1f%%), module+headers/off %.3f (cost %.1f%%)\n",

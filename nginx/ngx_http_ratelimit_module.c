@@ -59,7 +59,7 @@ typedef struct {
     ngx_uint_t n;          /* decisions made */
     ngx_int_t denied;      /* index of the denying decision, or -1 */
     ngx_http_ratelimit_zone_t *zone[NGX_HTTP_RATELIMIT_MAX];
-    rate_decision_t d[NGX_HTTP_RATELIMIT_MAX];
+    rate_decision_t d[]; /* one a limit of the location */
 } ngx_http_ratelimit_ctx_t;
 
 static ngx_int_t ngx_http_ratelimit_preconf(ngx_conf_t *cf);
@@ -692,11 +692,14 @@ static ngx_int_t ngx_http_ratelimit_handler(ngx_http_request_t *r) {
     if (rlcf->limits == NULL || ngx_http_ratelimit_find_ctx(r) != NULL) {
         return NGX_DECLINED;
     }
-    ctx = ngx_pcalloc(r->pool, sizeof(*ctx));
+    ctx = ngx_palloc(r->pool, sizeof(*ctx) + rlcf->limits->nelts *
+                                                   sizeof(rate_decision_t));
     cln = ngx_pool_cleanup_add(r->pool, 0);
     if (ctx == NULL || cln == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
+    ctx->result = NGX_HTTP_RATELIMIT_NONE;
+    ctx->n = 0;
     cln->handler = ngx_http_ratelimit_marker;
     cln->data = ctx;
     ngx_http_set_ctx(r, ctx, ngx_http_ratelimit_module);
