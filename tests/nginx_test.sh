@@ -67,6 +67,7 @@ http {
   ratelimit_zone hdr "name=gold token-bucket 1/1h burst=3";
   ratelimit_zone two "fixed-window 2/3650d";
   ratelimit_zone short "fixed-window 2/3650d" key_max=16;
+  ratelimit_zone redir "fixed-window 4/3650d";
   server {
     listen 127.0.0.1:$port;
     root $tmp/html;
@@ -88,6 +89,8 @@ http {
     location /shadow/ { ratelimit two \$http_x_key; ratelimit_shadow on; ratelimit_headers on; try_files /index.html =404; }
     location /enforced/ { ratelimit two \$http_x_key; ratelimit_status 503; ratelimit_log_level warn; try_files /index.html =404; }
     location /closed/ { ratelimit short \$http_x_key; try_files /index.html =404; }
+    location /redir/ { ratelimit redir \$http_x_key; try_files /nonexistent @fallback; }
+    location @fallback { ratelimit redir \$http_x_key; ratelimit_headers on; try_files /index.html =404; }
     location /open/ { ratelimit short \$http_x_key; ratelimit_fail open; try_files /index.html =404; }
   }
 }
@@ -227,6 +230,10 @@ expect "fail: results" \
   "503[error] 200[error] "
 grep -q 'ratelimit: zone "short": store error RATE_EKEY, denied' "$tmp/logs/error.log" ||
   fail "fail closed: no log line"
+
+# ---- an internal redirect (try_files to a named location that applies
+# the same zone) is decided once: 4 pass, not 2
+expect "internal redirect" "$(statuses 5 -H 'X-Key: r1' /redir/)" "200 200 200 200 429"
 
 # ---- configuration errors: nginx -t names them.
 bad() { # bad WHAT DIRECTIVE EXPECTED
