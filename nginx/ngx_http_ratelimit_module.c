@@ -42,6 +42,7 @@ typedef struct {
 typedef struct {
     ngx_http_ratelimit_zone_t *zone;
     ngx_http_complex_value_t key;
+    uint64_t max_wait_ns; /* wait=: the longest delay a request may wait */
 } ngx_http_ratelimit_limit_t;
 
 typedef struct {
@@ -92,7 +93,7 @@ static ngx_command_t ngx_http_ratelimit_commands[] = {
      ngx_http_ratelimit_zone, 0, 0, NULL},
     {ngx_string("ratelimit"),
      NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
-         NGX_CONF_TAKE2,
+         NGX_CONF_TAKE23,
      ngx_http_ratelimit, NGX_HTTP_LOC_CONF_OFFSET, 0, NULL},
     {ngx_string("ratelimit_status"),
      NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
@@ -490,6 +491,30 @@ static char *ngx_http_ratelimit(ngx_conf_t *cf, ngx_command_t *cmd,
     if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
         return NGX_CONF_ERROR;
     }
+    if (cf->args->nelts == 4) {
+        char text[64], err[256];
+        ngx_str_t w = value[3];
+        int rc;
+
+        if (w.len < 5 || ngx_strncmp(w.data, "wait=", 5) != 0 ||
+            w.len - 5 >= sizeof(text)) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit: unknown parameter \"%V\" "
+                               "(wait=DURATION)",
+                               &w);
+            return NGX_CONF_ERROR;
+        }
+        ngx_memcpy(text, w.data + 5, w.len - 5);
+        text[w.len - 5] = '\0';
+        err[0] = '\0';
+        rc = rate_parse_duration(text, &limit->max_wait_ns, err, sizeof(err));
+        if (rc != RATE_OK || limit->max_wait_ns > (uint64_t)86400000000000) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit: \"%V\": %s", &w,
+                               rc != RATE_OK ? err : "at most 1d");
+            return NGX_CONF_ERROR;
+        }
+    }
     return NGX_CONF_OK;
 }
 
@@ -674,6 +699,29 @@ ngx_http_ratelimit_find_ctx(ngx_http_request_t *r) {
     return NULL;
 }
 
+/* The write event of a request that waits for its reservation: runs the
+ * phases again once the timer fired (the limits are not decided again: the
+ * request's context is there). */
+static void ngx_http_ratelimit_delay(ngx_http_request_t *r) {
+    ngx_event_t *wev = r->connection->write;
+
+    if (wev->delayed && !wev->timedout) {
+        if (ngx_handle_write_event(wev, 0) != NGX_OK) {
+            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        }
+        return;
+    }
+    wev->delayed = 0;
+    wev->timedout = 0;
+    if (ngx_handle_read_event(r->connection->read, 0) != NGX_OK) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+    r->read_event_handler = ngx_http_block_reading;
+    r->write_event_handler = ngx_http_core_run_phases;
+    ngx_http_core_run_phases(r);
+}
+
 static ngx_int_t ngx_http_ratelimit_handler(ngx_http_request_t *r) {
     ngx_http_ratelimit_loc_conf_t *rlcf;
     ngx_http_ratelimit_limit_t *limit;
@@ -683,6 +731,7 @@ static ngx_int_t ngx_http_ratelimit_handler(ngx_http_request_t *r) {
     rate_decision_t *d;
     ngx_str_t key;
     ngx_uint_t i, j, errors = 0;
+    uint64_t delay_ns = 0;
     int rc;
 
     if (r != r->main) {
@@ -719,7 +768,8 @@ static ngx_int_t ngx_http_ratelimit_handler(ngx_http_request_t *r) {
         lim = limit[i].zone->limiter[rlcf->shadow ? 1 : 0][rlcf->fail_open];
         rc = lim == NULL ? RATE_ESTORE
                          : rate_limiter_check(lim, (const char *)key.data,
-                                              key.len, 1, 0, d);
+                                              key.len, 1,
+                                              limit[i].max_wait_ns, d);
         if (rc != RATE_OK) {
             /* No decision (no store in this worker, a key past
              * RATE_KEY_MAX): the location's fail mode, as a store error. */
@@ -741,6 +791,9 @@ static ngx_int_t ngx_http_ratelimit_handler(ngx_http_request_t *r) {
         if (!d->allowed || d->shadow) {
             ctx->denied = (ngx_int_t)(ctx->n - 1);
             break;
+        }
+        if (d->delay_ns > delay_ns) {
+            delay_ns = d->delay_ns;
         }
     }
 
@@ -790,6 +843,17 @@ static ngx_int_t ngx_http_ratelimit_handler(ngx_http_request_t *r) {
     if (ctx->n > 0) {
         ctx->result =
             errors ? NGX_HTTP_RATELIMIT_ERROR : NGX_HTTP_RATELIMIT_ALLOWED;
+    }
+    if (delay_ns > 0) {
+        /* A reservation (wait=): the request waits on a timer of the
+         * worker's loop, then goes on through the phases. */
+        ngx_msec_t ms = (ngx_msec_t)((delay_ns + 999999) / 1000000);
+
+        r->read_event_handler = ngx_http_test_reading;
+        r->write_event_handler = ngx_http_ratelimit_delay;
+        r->connection->write->delayed = 1;
+        ngx_add_timer(r->connection->write, ms);
+        return NGX_AGAIN;
     }
     return NGX_DECLINED;
 }

@@ -68,6 +68,7 @@ http {
   ratelimit_zone two "fixed-window 2/3650d";
   ratelimit_zone short "fixed-window 2/3650d" key_max=16;
   ratelimit_zone redir "fixed-window 4/3650d";
+  ratelimit_zone lbw "leaky-bucket 10/s capacity=3";
   server {
     listen 127.0.0.1:$port;
     root $tmp/html;
@@ -91,6 +92,7 @@ http {
     location /closed/ { ratelimit short \$http_x_key; try_files /index.html =404; }
     location /redir/ { ratelimit redir \$http_x_key; try_files /nonexistent @fallback; }
     location @fallback { ratelimit redir \$http_x_key; ratelimit_headers on; try_files /index.html =404; }
+    location /wait/ { ratelimit lbw \$http_x_key wait=1s; try_files /index.html =404; }
     location /open/ { ratelimit short \$http_x_key; ratelimit_fail open; try_files /index.html =404; }
   }
 }
@@ -235,6 +237,19 @@ grep -q 'ratelimit: zone "short": store error RATE_EKEY, denied' "$tmp/logs/erro
 # the same zone) is decided once: 4 pass, not 2
 expect "internal redirect" "$(statuses 5 -H 'X-Key: r1' /redir/)" "200 200 200 200 429"
 
+# ---- wait= (a reservation): 4 requests at once on a leaky bucket of
+# capacity 3 draining 10/s: 3 pass, spaced 100 ms apart (so the last leaves
+# at least 200 ms after the first, less the requests' own spread), 1 is
+# denied (the queue is full).
+t0=$(date +%s%N)
+seq 1 4 | xargs -P 4 -I{} curl -s -o /dev/null -H 'Connection: close' \
+  -H 'X-Key: w1' -w '%{http_code}\n' "http://127.0.0.1:$port/wait/{}" >"$tmp/wait"
+ms=$((($(date +%s%N) - t0) / 1000000))
+expect "wait: 200s" "$(grep -c '^200$' "$tmp/wait")" 3
+expect "wait: 429s" "$(grep -c '^429$' "$tmp/wait")" 1
+[ "$ms" -ge 150 ] || fail "wait: the 3 admitted took $ms ms, want at least 150"
+echo "wait: 4 requests at once took $ms ms"
+
 # ---- configuration errors: nginx -t names them.
 bad() { # bad WHAT DIRECTIVE EXPECTED
   printf 'load_module %s;\nevents {}\nhttp {\n%s\n}\n' "$MODULE" "$2" >"$tmp/bad.conf"
@@ -255,6 +270,8 @@ bad dup 'ratelimit_zone r "fixed-window 5/1h"; ratelimit_zone r "fixed-window 5/
 bad zone 'server { listen 127.0.0.1:1; location / { ratelimit nope $uri; } }' \
   'no ratelimit_zone "nope"'
 bad fail 'ratelimit_fail maybe;' '"maybe" is neither open nor closed'
+bad wait 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri wait=soon;' 'ratelimit: "wait=soon":'
+bad waitparam 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri delay=1s;' 'unknown parameter "delay=1s"'
 
 # ---- a worker killed (SIGKILL) mid-run: the master starts another, which
 # attaches to the zone; the keys are as they were.
