@@ -844,9 +844,10 @@ static ngx_int_t ngx_http_ratelimit_handler(ngx_http_request_t *r) {
         ctx->result =
             errors ? NGX_HTTP_RATELIMIT_ERROR : NGX_HTTP_RATELIMIT_ALLOWED;
     }
-    if (delay_ns > 0) {
+    if (delay_ns > 0 && !rlcf->shadow) {
         /* A reservation (wait=): the request waits on a timer of the
-         * worker's loop, then goes on through the phases. */
+         * worker's loop, then goes on through the phases (not under
+         * shadow, which enforces nothing). */
         ngx_msec_t ms = (ngx_msec_t)((delay_ns + 999999) / 1000000);
 
         r->read_event_handler = ngx_http_test_reading;
