@@ -1,0 +1,1005 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ngx_http_ratelimit_module: libratelimit's limits in nginx, over the
+ * shared-memory store kept in an nginx shared zone (docs/nginx.md).
+ */
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include <ratelimit.h>
+
+#define NGX_HTTP_RATELIMIT_KEYS_DEFAULT 10000
+#define NGX_HTTP_RATELIMIT_KEY_MAX_DEFAULT 128
+#define NGX_HTTP_RATELIMIT_MAX 8 /* ratelimit directives a location applies */
+
+typedef enum {
+    NGX_HTTP_RATELIMIT_NONE = 0, /* no decision (no limit, or empty keys) */
+    NGX_HTTP_RATELIMIT_ALLOWED,
+    NGX_HTTP_RATELIMIT_LIMITED,
+    NGX_HTTP_RATELIMIT_SHADOW,
+    NGX_HTTP_RATELIMIT_ERROR
+} ngx_http_ratelimit_result_e;
+
+typedef struct {
+    ngx_str_t name;
+    ngx_str_t policy_text;
+    rate_policy_t *policy;
+    rate_shm_options_t options;
+    size_t region_size;     /* the store's region */
+    size_t zone_size;       /* the nginx zone: the region and the slab pool */
+    ngx_shm_zone_t *shm_zone;
+    void *region;           /* in the zone, set by the zone's init */
+    /* Per worker, made at init_process: */
+    rate_store_t *store;
+    rate_limiter_t *limiter[2][2]; /* [shadow][fail open] */
+} ngx_http_ratelimit_zone_t;
+
+typedef struct {
+    ngx_array_t zones; /* of ngx_http_ratelimit_zone_t * */
+} ngx_http_ratelimit_main_conf_t;
+
+typedef struct {
+    ngx_http_ratelimit_zone_t *zone;
+    ngx_http_complex_value_t key;
+    uint64_t max_wait_ns; /* wait=: the longest delay a request may wait */
+} ngx_http_ratelimit_limit_t;
+
+typedef struct {
+    ngx_array_t *limits; /* of ngx_http_ratelimit_limit_t */
+    ngx_uint_t status;
+    ngx_flag_t shadow;
+    ngx_flag_t headers;
+    ngx_uint_t fail_open;
+    ngx_uint_t log_level;
+} ngx_http_ratelimit_loc_conf_t;
+
+typedef struct {
+    ngx_http_ratelimit_result_e result;
+    ngx_flag_t headers;
+    ngx_uint_t n;          /* decisions made */
+    ngx_int_t denied;      /* index of the denying decision, or -1 */
+    ngx_http_ratelimit_zone_t *zone[NGX_HTTP_RATELIMIT_MAX];
+    rate_decision_t d[]; /* one a limit of the location */
+} ngx_http_ratelimit_ctx_t;
+
+static ngx_int_t ngx_http_ratelimit_preconf(ngx_conf_t *cf);
+static ngx_int_t ngx_http_ratelimit_postconf(ngx_conf_t *cf);
+static void *ngx_http_ratelimit_create_main_conf(ngx_conf_t *cf);
+static void *ngx_http_ratelimit_create_loc_conf(ngx_conf_t *cf);
+static char *ngx_http_ratelimit_merge_loc_conf(ngx_conf_t *cf, void *parent,
+                                               void *child);
+static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
+                                     void *conf);
+static char *ngx_http_ratelimit(ngx_conf_t *cf, ngx_command_t *cmd,
+                                void *conf);
+static char *ngx_http_ratelimit_fail(ngx_conf_t *cf, ngx_command_t *cmd,
+                                     void *conf);
+static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle);
+static void ngx_http_ratelimit_exit_process(ngx_cycle_t *cycle);
+
+static ngx_conf_enum_t ngx_http_ratelimit_log_levels[] = {
+    {ngx_string("info"), NGX_LOG_INFO},
+    {ngx_string("notice"), NGX_LOG_NOTICE},
+    {ngx_string("warn"), NGX_LOG_WARN},
+    {ngx_string("error"), NGX_LOG_ERR},
+    {ngx_null_string, 0}};
+
+static ngx_conf_num_bounds_t ngx_http_ratelimit_status_bounds = {
+    ngx_conf_check_num_bounds, 400, 599};
+
+static ngx_command_t ngx_http_ratelimit_commands[] = {
+    {ngx_string("ratelimit_zone"), NGX_HTTP_MAIN_CONF | NGX_CONF_2MORE,
+     ngx_http_ratelimit_zone, 0, 0, NULL},
+    {ngx_string("ratelimit"),
+     NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
+         NGX_CONF_TAKE23,
+     ngx_http_ratelimit, NGX_HTTP_LOC_CONF_OFFSET, 0, NULL},
+    {ngx_string("ratelimit_status"),
+     NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
+         NGX_CONF_TAKE1,
+     ngx_conf_set_num_slot, NGX_HTTP_LOC_CONF_OFFSET,
+     offsetof(ngx_http_ratelimit_loc_conf_t, status),
+     &ngx_http_ratelimit_status_bounds},
+    {ngx_string("ratelimit_shadow"),
+     NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
+         NGX_CONF_FLAG,
+     ngx_conf_set_flag_slot, NGX_HTTP_LOC_CONF_OFFSET,
+     offsetof(ngx_http_ratelimit_loc_conf_t, shadow), NULL},
+    {ngx_string("ratelimit_headers"),
+     NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
+         NGX_CONF_FLAG,
+     ngx_conf_set_flag_slot, NGX_HTTP_LOC_CONF_OFFSET,
+     offsetof(ngx_http_ratelimit_loc_conf_t, headers), NULL},
+    {ngx_string("ratelimit_fail"),
+     NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
+         NGX_CONF_TAKE1,
+     ngx_http_ratelimit_fail, NGX_HTTP_LOC_CONF_OFFSET, 0, NULL},
+    {ngx_string("ratelimit_log_level"),
+     NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
+         NGX_CONF_TAKE1,
+     ngx_conf_set_enum_slot, NGX_HTTP_LOC_CONF_OFFSET,
+     offsetof(ngx_http_ratelimit_loc_conf_t, log_level),
+     &ngx_http_ratelimit_log_levels},
+    ngx_null_command};
+
+static ngx_http_module_t ngx_http_ratelimit_module_ctx = {
+    ngx_http_ratelimit_preconf,          /* preconfiguration */
+    ngx_http_ratelimit_postconf,         /* postconfiguration */
+    ngx_http_ratelimit_create_main_conf, /* create main configuration */
+    NULL,                                /* init main configuration */
+    NULL,                                /* create server configuration */
+    NULL,                                /* merge server configuration */
+    ngx_http_ratelimit_create_loc_conf,  /* create location configuration */
+    ngx_http_ratelimit_merge_loc_conf    /* merge location configuration */
+};
+
+ngx_module_t ngx_http_ratelimit_module = {
+    NGX_MODULE_V1,
+    &ngx_http_ratelimit_module_ctx,  /* module context */
+    ngx_http_ratelimit_commands,     /* module directives */
+    NGX_HTTP_MODULE,                 /* module type */
+    NULL,                            /* init master */
+    NULL,                            /* init module */
+    ngx_http_ratelimit_init_process, /* init process */
+    NULL,                            /* init thread */
+    NULL,                            /* exit thread */
+    ngx_http_ratelimit_exit_process, /* exit process */
+    NULL,                            /* exit master */
+    NGX_MODULE_V1_PADDING};
+
+static ngx_http_output_header_filter_pt ngx_http_next_header_filter;
+
+static ngx_str_t ngx_http_ratelimit_result_names[] = {
+    ngx_null_string, ngx_string("allowed"), ngx_string("limited"),
+    ngx_string("shadow"), ngx_string("error")};
+
+/* ------------------------------------------------------------ the zone */
+
+static void ngx_http_ratelimit_policy_cleanup(void *data) {
+    rate_policy_free(data);
+}
+
+/* The zone's init, in the master (at start and at each reload, before the
+ * workers fork): initializes the store's region, or, on a reload that
+ * keeps the zone (same name and size), checks that the region attaches. */
+static ngx_int_t ngx_http_ratelimit_init_zone(ngx_shm_zone_t *shm_zone,
+                                              void *data) {
+    ngx_http_ratelimit_zone_t *z = shm_zone->data;
+    ngx_http_ratelimit_zone_t *old = data;
+    ngx_slab_pool_t *shpool = (ngx_slab_pool_t *)shm_zone->shm.addr;
+    rate_shm_options_t opt = z->options;
+    rate_store_t *store = NULL;
+    char err[256];
+    int rc;
+
+    if (old != NULL || shm_zone->shm.exists) {
+        z->region = shpool->data;
+        opt.init = false;
+    } else {
+        z->region = ngx_slab_alloc(shpool, z->region_size);
+        if (z->region == NULL) {
+            ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                          "ratelimit_zone \"%V\": no room for its %uz bytes "
+                          "in the shared zone of %uz",
+                          &z->name, z->region_size, shm_zone->shm.size);
+            return NGX_ERROR;
+        }
+        shpool->data = z->region;
+        opt.init = true;
+    }
+    err[0] = '\0';
+    rc = rate_store_shm_new_in(z->region, z->region_size, &opt, &store, err,
+                               sizeof(err));
+    if (rc != RATE_OK) {
+        ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                      "ratelimit_zone \"%V\": the shared-memory store "
+                      "refuses the zone: %s: %s",
+                      &z->name, rate_err_name(rc), err);
+        return NGX_ERROR;
+    }
+    rate_store_free(store); /* the region stays: it is the zone's */
+    return NGX_OK;
+}
+
+/* A reload cannot resize a zone: nginx would then make a new one, empty,
+ * and every key would start afresh.  Refuse it, naming both sizes. */
+static char *ngx_http_ratelimit_check_resize(ngx_conf_t *cf,
+                                             ngx_http_ratelimit_zone_t *z) {
+    ngx_cycle_t *old = cf->cycle->old_cycle;
+    ngx_list_part_t *part;
+    ngx_shm_zone_t *shm;
+    ngx_uint_t i;
+
+    if (old == NULL || old->shared_memory.part.elts == NULL) {
+        return NGX_CONF_OK;
+    }
+    part = &old->shared_memory.part;
+    shm = part->elts;
+    for (i = 0; /* void */; i++) {
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+            part = part->next;
+            shm = part->elts;
+            i = 0;
+        }
+        if (i >= part->nelts) {
+            continue;
+        }
+        if (shm[i].tag != &ngx_http_ratelimit_module ||
+            shm[i].shm.name.len != z->name.len ||
+            ngx_strncmp(shm[i].shm.name.data, z->name.data, z->name.len) !=
+                0) {
+            continue;
+        }
+        if (shm[i].shm.size != z->zone_size) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit_zone \"%V\": its size would change "
+                               "from %uz to %uz bytes (keys=, key_max= or the "
+                               "policy's state size changed): a reload cannot "
+                               "resize a zone without losing its keys; keep "
+                               "the size, or restart nginx",
+                               &z->name, shm[i].shm.size, z->zone_size);
+            return NGX_CONF_ERROR;
+        }
+    }
+    return NGX_CONF_OK;
+}
+
+static ngx_int_t ngx_http_ratelimit_parse_uint(ngx_str_t *v, uint64_t *out) {
+    ngx_int_t n;
+
+    if (v->len == 0) {
+        return NGX_ERROR;
+    }
+    n = ngx_atoi(v->data, v->len);
+    if (n == NGX_ERROR || n <= 0) {
+        return NGX_ERROR;
+    }
+    *out = (uint64_t)n;
+    return NGX_OK;
+}
+
+static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
+                                     void *conf) {
+    ngx_http_ratelimit_main_conf_t *rmcf;
+    ngx_http_ratelimit_zone_t *z, **zp;
+    ngx_str_t *value = cf->args->elts, arg;
+    ngx_pool_cleanup_t *cln;
+    uint64_t keys = NGX_HTTP_RATELIMIT_KEYS_DEFAULT;
+    uint64_t key_max = NGX_HTTP_RATELIMIT_KEY_MAX_DEFAULT;
+    size_t state;
+    char *text, err[256];
+    ngx_uint_t i;
+    int rc;
+
+    (void)cmd;
+    (void)conf;
+    rmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_ratelimit_module);
+
+    if (value[1].len == 0) {
+        return "needs a zone name";
+    }
+    zp = rmcf->zones.elts;
+    for (i = 0; i < rmcf->zones.nelts; i++) {
+        if (zp[i]->name.len == value[1].len &&
+            ngx_strncmp(zp[i]->name.data, value[1].data, value[1].len) == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "duplicate ratelimit_zone \"%V\"", &value[1]);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    for (i = 3; i < cf->args->nelts; i++) {
+        arg = value[i];
+        if (arg.len >= 6 && ngx_strncmp(arg.data, "store=", 6) == 0) {
+            arg.data += 6;
+            arg.len -= 6;
+            if (arg.len == 3 && ngx_strncmp(arg.data, "shm", 3) == 0) {
+                continue;
+            }
+            if (arg.len >= 8 && ngx_strncmp(arg.data, "redis://", 8) == 0) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "ratelimit_zone \"%V\": \"%V\" is not yet "
+                                   "supported: needs the asynchronous Redis "
+                                   "path (use store=shm)",
+                                   &value[1], &value[i]);
+                return NGX_CONF_ERROR;
+            }
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit_zone \"%V\": unknown store \"%V\" "
+                               "(store=shm)",
+                               &value[1], &arg);
+            return NGX_CONF_ERROR;
+        }
+        if (arg.len >= 5 && ngx_strncmp(arg.data, "keys=", 5) == 0) {
+            arg.data += 5;
+            arg.len -= 5;
+            if (ngx_http_ratelimit_parse_uint(&arg, &keys) != NGX_OK) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "ratelimit_zone \"%V\": \"%V\": keys= "
+                                   "takes a positive whole number",
+                                   &value[1], &value[i]);
+                return NGX_CONF_ERROR;
+            }
+            continue;
+        }
+        if (arg.len >= 8 && ngx_strncmp(arg.data, "key_max=", 8) == 0) {
+            arg.data += 8;
+            arg.len -= 8;
+            if (ngx_http_ratelimit_parse_uint(&arg, &key_max) != NGX_OK ||
+                key_max > RATE_KEY_MAX) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "ratelimit_zone \"%V\": \"%V\": key_max= "
+                                   "takes a whole number from 1 to %d",
+                                   &value[1], &value[i], RATE_KEY_MAX);
+                return NGX_CONF_ERROR;
+            }
+            continue;
+        }
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit_zone \"%V\": unknown parameter \"%V\" "
+                           "(store=, keys=, key_max=)",
+                           &value[1], &value[i]);
+        return NGX_CONF_ERROR;
+    }
+
+    z = ngx_pcalloc(cf->pool, sizeof(*z));
+    if (z == NULL) {
+        return NGX_CONF_ERROR;
+    }
+    z->name = value[1];
+    z->policy_text = value[2];
+    text = ngx_pnalloc(cf->pool, value[2].len + 1);
+    if (text == NULL) {
+        return NGX_CONF_ERROR;
+    }
+    ngx_memcpy(text, value[2].data, value[2].len);
+    text[value[2].len] = '\0';
+    err[0] = '\0';
+    rc = rate_policy_parse(text, &z->policy, err, sizeof(err));
+    if (rc != RATE_OK) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit_zone \"%V\": bad policy \"%V\": %s",
+                           &value[1], &value[2],
+                           err[0] ? err : rate_err_name(rc));
+        return NGX_CONF_ERROR;
+    }
+    cln = ngx_pool_cleanup_add(cf->pool, 0);
+    if (cln == NULL) {
+        rate_policy_free(z->policy);
+        return NGX_CONF_ERROR;
+    }
+    cln->handler = ngx_http_ratelimit_policy_cleanup;
+    cln->data = z->policy;
+    if (rate_policy_name(z->policy)[0] == '\0') {
+        /* Unnamed: the RateLimit fields name the zone (when the zone's
+         * name is a valid policy name; else they read "default"). */
+        char name[RATE_POLICY_NAME_MAX + 1];
+        if (z->name.len <= RATE_POLICY_NAME_MAX) {
+            ngx_memcpy(name, z->name.data, z->name.len);
+            name[z->name.len] = '\0';
+            (void)rate_policy_set_name(z->policy, name, NULL, 0);
+        }
+    }
+
+    z->options.max_keys = keys;
+    z->options.key_max = (uint32_t)key_max;
+    state = rate_store_shm_state_size(z->policy);
+    z->options.state_max = state > 96 ? (uint32_t)state : 0;
+    z->region_size = rate_store_shm_size(&z->options);
+    if (z->region_size == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit_zone \"%V\": the shared-memory store "
+                           "refuses keys=%uL key_max=%uL with this policy's "
+                           "state of %uz bytes",
+                           &value[1], keys, key_max, state);
+        return NGX_CONF_ERROR;
+    }
+    /* The slab pool's header and page table (about 1/170 of the zone)
+     * before the page-aligned region. */
+    z->zone_size = z->region_size + z->region_size / 128 + 16 * ngx_pagesize;
+
+    if (ngx_http_ratelimit_check_resize(cf, z) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    z->shm_zone = ngx_shared_memory_add(cf, &z->name, z->zone_size,
+                                        &ngx_http_ratelimit_module);
+    if (z->shm_zone == NULL) {
+        return NGX_CONF_ERROR;
+    }
+    if (z->shm_zone->data != NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit_zone \"%V\" is already declared",
+                           &value[1]);
+        return NGX_CONF_ERROR;
+    }
+    z->shm_zone->init = ngx_http_ratelimit_init_zone;
+    z->shm_zone->data = z;
+
+    zp = ngx_array_push(&rmcf->zones);
+    if (zp == NULL) {
+        return NGX_CONF_ERROR;
+    }
+    *zp = z;
+    return NGX_CONF_OK;
+}
+
+/* ------------------------------------------------- per-location directives */
+
+static char *ngx_http_ratelimit(ngx_conf_t *cf, ngx_command_t *cmd,
+                                void *conf) {
+    ngx_http_ratelimit_loc_conf_t *rlcf = conf;
+    ngx_http_ratelimit_main_conf_t *rmcf;
+    ngx_http_ratelimit_zone_t **zp, *z = NULL;
+    ngx_http_ratelimit_limit_t *limit;
+    ngx_http_compile_complex_value_t ccv;
+    ngx_str_t *value = cf->args->elts;
+    ngx_uint_t i;
+
+    (void)cmd;
+    rmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_ratelimit_module);
+    zp = rmcf->zones.elts;
+    for (i = 0; i < rmcf->zones.nelts; i++) {
+        if (zp[i]->name.len == value[1].len &&
+            ngx_strncmp(zp[i]->name.data, value[1].data, value[1].len) == 0) {
+            z = zp[i];
+            break;
+        }
+    }
+    if (z == NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit: no ratelimit_zone \"%V\" (declare it "
+                           "before, in the http block)",
+                           &value[1]);
+        return NGX_CONF_ERROR;
+    }
+    if (rlcf->limits == NGX_CONF_UNSET_PTR) {
+        rlcf->limits = ngx_array_create(cf->pool, 2, sizeof(*limit));
+        if (rlcf->limits == NULL) {
+            return NGX_CONF_ERROR;
+        }
+    }
+    limit = rlcf->limits->elts;
+    for (i = 0; i < rlcf->limits->nelts; i++) {
+        if (limit[i].zone == z) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit: zone \"%V\" is applied twice here",
+                               &value[1]);
+            return NGX_CONF_ERROR;
+        }
+    }
+    if (rlcf->limits->nelts >= NGX_HTTP_RATELIMIT_MAX) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit: at most %d limits a location",
+                           NGX_HTTP_RATELIMIT_MAX);
+        return NGX_CONF_ERROR;
+    }
+    limit = ngx_array_push(rlcf->limits);
+    if (limit == NULL) {
+        return NGX_CONF_ERROR;
+    }
+    ngx_memzero(limit, sizeof(*limit));
+    limit->zone = z;
+    ngx_memzero(&ccv, sizeof(ccv));
+    ccv.cf = cf;
+    ccv.value = &value[2];
+    ccv.complex_value = &limit->key;
+    if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+    if (cf->args->nelts == 4) {
+        char text[64], err[256];
+        ngx_str_t w = value[3];
+        int rc;
+
+        if (w.len < 5 || ngx_strncmp(w.data, "wait=", 5) != 0 ||
+            w.len - 5 >= sizeof(text)) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit: unknown parameter \"%V\" "
+                               "(wait=DURATION)",
+                               &w);
+            return NGX_CONF_ERROR;
+        }
+        ngx_memcpy(text, w.data + 5, w.len - 5);
+        text[w.len - 5] = '\0';
+        err[0] = '\0';
+        rc = rate_parse_duration(text, &limit->max_wait_ns, err, sizeof(err));
+        if (rc != RATE_OK || limit->max_wait_ns > (uint64_t)86400000000000) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit: \"%V\": %s", &w,
+                               rc != RATE_OK ? err : "at most 1d");
+            return NGX_CONF_ERROR;
+        }
+    }
+    return NGX_CONF_OK;
+}
+
+static char *ngx_http_ratelimit_fail(ngx_conf_t *cf, ngx_command_t *cmd,
+                                     void *conf) {
+    ngx_http_ratelimit_loc_conf_t *rlcf = conf;
+    ngx_str_t *value = cf->args->elts;
+
+    (void)cmd;
+    if (rlcf->fail_open != NGX_CONF_UNSET_UINT) {
+        return "is duplicate";
+    }
+    if (value[1].len == 4 && ngx_strncmp(value[1].data, "open", 4) == 0) {
+        rlcf->fail_open = 1;
+    } else if (value[1].len == 6 &&
+               ngx_strncmp(value[1].data, "closed", 6) == 0) {
+        rlcf->fail_open = 0;
+    } else {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit_fail: \"%V\" is neither open nor closed",
+                           &value[1]);
+        return NGX_CONF_ERROR;
+    }
+    return NGX_CONF_OK;
+}
+
+static void *ngx_http_ratelimit_create_main_conf(ngx_conf_t *cf) {
+    ngx_http_ratelimit_main_conf_t *rmcf;
+
+    rmcf = ngx_pcalloc(cf->pool, sizeof(*rmcf));
+    if (rmcf == NULL) {
+        return NULL;
+    }
+    if (ngx_array_init(&rmcf->zones, cf->pool, 4,
+                       sizeof(ngx_http_ratelimit_zone_t *)) != NGX_OK) {
+        return NULL;
+    }
+    return rmcf;
+}
+
+static void *ngx_http_ratelimit_create_loc_conf(ngx_conf_t *cf) {
+    ngx_http_ratelimit_loc_conf_t *rlcf;
+
+    rlcf = ngx_pcalloc(cf->pool, sizeof(*rlcf));
+    if (rlcf == NULL) {
+        return NULL;
+    }
+    rlcf->limits = NGX_CONF_UNSET_PTR;
+    rlcf->status = NGX_CONF_UNSET_UINT;
+    rlcf->shadow = NGX_CONF_UNSET;
+    rlcf->headers = NGX_CONF_UNSET;
+    rlcf->fail_open = NGX_CONF_UNSET_UINT;
+    rlcf->log_level = NGX_CONF_UNSET_UINT;
+    return rlcf;
+}
+
+static char *ngx_http_ratelimit_merge_loc_conf(ngx_conf_t *cf, void *parent,
+                                               void *child) {
+    ngx_http_ratelimit_loc_conf_t *prev = parent;
+    ngx_http_ratelimit_loc_conf_t *conf = child;
+
+    (void)cf;
+    ngx_conf_merge_ptr_value(conf->limits, prev->limits, NULL);
+    ngx_conf_merge_uint_value(conf->status, prev->status,
+                              NGX_HTTP_TOO_MANY_REQUESTS);
+    ngx_conf_merge_value(conf->shadow, prev->shadow, 0);
+    ngx_conf_merge_value(conf->headers, prev->headers, 0);
+    ngx_conf_merge_uint_value(conf->fail_open, prev->fail_open, 0);
+    ngx_conf_merge_uint_value(conf->log_level, prev->log_level, NGX_LOG_ERR);
+    return NGX_CONF_OK;
+}
+
+/* ------------------------------------------------------------ workers */
+
+static ngx_http_ratelimit_main_conf_t *
+ngx_http_ratelimit_main(ngx_cycle_t *cycle) {
+    if (cycle->conf_ctx == NULL ||
+        cycle->conf_ctx[ngx_http_module.index] == NULL) {
+        return NULL;
+    }
+    return ngx_http_cycle_get_module_main_conf(cycle,
+                                               ngx_http_ratelimit_module);
+}
+
+/* Each worker attaches its own handle to each zone's region (made by the
+ * master before the fork) and makes its limiters on it.  A zone that
+ * fails is logged and answers every request as a store error (the
+ * location's ratelimit_fail). */
+static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
+    ngx_http_ratelimit_main_conf_t *rmcf = ngx_http_ratelimit_main(cycle);
+    ngx_http_ratelimit_zone_t **zp, *z;
+    rate_limiter_config_t lc;
+    rate_shm_options_t opt;
+    char err[256];
+    ngx_uint_t i, s, f;
+    int rc;
+
+    if (rmcf == NULL) {
+        return NGX_OK;
+    }
+    zp = rmcf->zones.elts;
+    for (i = 0; i < rmcf->zones.nelts; i++) {
+        z = zp[i];
+        opt = z->options;
+        opt.init = false;
+        err[0] = '\0';
+        rc = rate_store_shm_new_in(z->region, z->region_size, &opt, &z->store,
+                                   err, sizeof(err));
+        if (rc != RATE_OK) {
+            ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
+                          "ratelimit_zone \"%V\": cannot attach to the "
+                          "shared-memory store: %s: %s",
+                          &z->name, rate_err_name(rc), err);
+            z->store = NULL;
+            continue;
+        }
+        for (s = 0; s < 2; s++) {
+            for (f = 0; f < 2; f++) {
+                ngx_memzero(&lc, sizeof(lc));
+                lc.policy = z->policy;
+                lc.store = z->store;
+                lc.shadow = s != 0;
+                lc.on_store_error = f ? RATE_FAIL_OPEN : RATE_FAIL_CLOSED;
+                rc = rate_limiter_new(&lc, &z->limiter[s][f]);
+                if (rc != RATE_OK) {
+                    ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
+                                  "ratelimit_zone \"%V\": cannot make a "
+                                  "limiter: %s",
+                                  &z->name, rate_err_name(rc));
+                    z->limiter[s][f] = NULL;
+                }
+            }
+        }
+    }
+    return NGX_OK;
+}
+
+static void ngx_http_ratelimit_exit_process(ngx_cycle_t *cycle) {
+    ngx_http_ratelimit_main_conf_t *rmcf = ngx_http_ratelimit_main(cycle);
+    ngx_http_ratelimit_zone_t **zp;
+    ngx_uint_t i, s, f;
+
+    if (rmcf == NULL) {
+        return;
+    }
+    zp = rmcf->zones.elts;
+    for (i = 0; i < rmcf->zones.nelts; i++) {
+        for (s = 0; s < 2; s++) {
+            for (f = 0; f < 2; f++) {
+                rate_limiter_free(zp[i]->limiter[s][f]);
+                zp[i]->limiter[s][f] = NULL;
+            }
+        }
+        rate_store_free(zp[i]->store);
+        zp[i]->store = NULL;
+    }
+}
+
+/* ------------------------------------------------------------ requests */
+
+/* The request's decisions hang on a pool cleanup of the main request as
+ * well as its module context: the context is wiped by an internal
+ * redirect, the cleanup is not, so a request is decided once. */
+static void ngx_http_ratelimit_marker(void *data) { (void)data; }
+
+static ngx_http_ratelimit_ctx_t *
+ngx_http_ratelimit_find_ctx(ngx_http_request_t *r) {
+    ngx_http_ratelimit_ctx_t *ctx;
+    ngx_pool_cleanup_t *c;
+
+    r = r->main;
+    ctx = ngx_http_get_module_ctx(r, ngx_http_ratelimit_module);
+    if (ctx != NULL) {
+        return ctx;
+    }
+    for (c = r->pool->cleanup; c != NULL; c = c->next) {
+        if (c->handler == ngx_http_ratelimit_marker) {
+            ngx_http_set_ctx(r, c->data, ngx_http_ratelimit_module);
+            return c->data;
+        }
+    }
+    return NULL;
+}
+
+/* The write event of a request that waits for its reservation: runs the
+ * phases again once the timer fired (the limits are not decided again: the
+ * request's context is there). */
+static void ngx_http_ratelimit_delay(ngx_http_request_t *r) {
+    ngx_event_t *wev = r->connection->write;
+
+    if (wev->delayed && !wev->timedout) {
+        if (ngx_handle_write_event(wev, 0) != NGX_OK) {
+            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        }
+        return;
+    }
+    wev->delayed = 0;
+    wev->timedout = 0;
+    if (ngx_handle_read_event(r->connection->read, 0) != NGX_OK) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+    r->read_event_handler = ngx_http_block_reading;
+    r->write_event_handler = ngx_http_core_run_phases;
+    ngx_http_core_run_phases(r);
+}
+
+static ngx_int_t ngx_http_ratelimit_handler(ngx_http_request_t *r) {
+    ngx_http_ratelimit_loc_conf_t *rlcf;
+    ngx_http_ratelimit_limit_t *limit;
+    ngx_http_ratelimit_ctx_t *ctx;
+    ngx_pool_cleanup_t *cln;
+    rate_limiter_t *lim;
+    rate_decision_t *d;
+    ngx_str_t key;
+    ngx_uint_t i, j, errors = 0;
+    uint64_t delay_ns = 0;
+    int rc;
+
+    if (r != r->main) {
+        return NGX_DECLINED;
+    }
+    rlcf = ngx_http_get_module_loc_conf(r, ngx_http_ratelimit_module);
+    if (rlcf->limits == NULL || ngx_http_ratelimit_find_ctx(r) != NULL) {
+        return NGX_DECLINED;
+    }
+    ctx = ngx_palloc(r->pool, sizeof(*ctx) + rlcf->limits->nelts *
+                                                   sizeof(rate_decision_t));
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (ctx == NULL || cln == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+    ctx->result = NGX_HTTP_RATELIMIT_NONE;
+    ctx->n = 0;
+    cln->handler = ngx_http_ratelimit_marker;
+    cln->data = ctx;
+    ngx_http_set_ctx(r, ctx, ngx_http_ratelimit_module);
+    ctx->denied = -1;
+    ctx->headers = rlcf->headers;
+
+    limit = rlcf->limits->elts;
+    for (i = 0; i < rlcf->limits->nelts; i++) {
+        if (ngx_http_complex_value(r, &limit[i].key, &key) != NGX_OK) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+        if (key.len == 0) {
+            continue; /* an empty key is not limited */
+        }
+        d = &ctx->d[ctx->n];
+        ctx->zone[ctx->n] = limit[i].zone;
+        lim = limit[i].zone->limiter[rlcf->shadow ? 1 : 0][rlcf->fail_open];
+        rc = lim == NULL ? RATE_ESTORE
+                         : rate_limiter_check(lim, (const char *)key.data,
+                                              key.len, 1,
+                                              limit[i].max_wait_ns, d);
+        if (rc != RATE_OK) {
+            /* No decision (no store in this worker, a key past
+             * RATE_KEY_MAX): the location's fail mode, as a store error. */
+            ngx_memzero(d, sizeof(*d));
+            d->reason = RATE_REASON_STORE_ERROR;
+            d->error = rc;
+            d->allowed = rlcf->fail_open != 0;
+            d->component = -1;
+        }
+        ctx->n++;
+        if (d->reason == RATE_REASON_STORE_ERROR) {
+            errors++;
+            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                          "ratelimit: zone \"%V\": store error %s, %s",
+                          &limit[i].zone->name, rate_err_name(d->error),
+                          d->allowed ? "let through (ratelimit_fail open)"
+                                     : "denied (ratelimit_fail closed)");
+        }
+        if (!d->allowed || d->shadow) {
+            ctx->denied = (ngx_int_t)(ctx->n - 1);
+            break;
+        }
+        if (d->delay_ns > delay_ns) {
+            delay_ns = d->delay_ns;
+        }
+    }
+
+    if (ctx->denied >= 0) {
+        /* Nothing is charged on a denial: give back what the limits
+         * before the denying one admitted (under shadow, the shadow
+         * state's, as enforcing would). */
+        limit = rlcf->limits->elts;
+        for (j = 0; j < (ngx_uint_t)ctx->denied; j++) {
+            d = &ctx->d[j];
+            if (d->reason != RATE_REASON_ALLOWED) {
+                continue;
+            }
+            lim = ctx->zone[j]->limiter[rlcf->shadow ? 1 : 0]
+                                       [rlcf->fail_open];
+            for (i = 0; i < rlcf->limits->nelts; i++) {
+                if (limit[i].zone == ctx->zone[j]) {
+                    break;
+                }
+            }
+            if (lim != NULL && i < rlcf->limits->nelts &&
+                ngx_http_complex_value(r, &limit[i].key, &key) == NGX_OK) {
+                (void)rate_limiter_refund(lim, (const char *)key.data,
+                                          key.len, 1);
+            }
+        }
+        d = &ctx->d[ctx->denied];
+        if (d->reason == RATE_REASON_STORE_ERROR) {
+            ctx->result = NGX_HTTP_RATELIMIT_ERROR;
+            return NGX_HTTP_SERVICE_UNAVAILABLE;
+        }
+        ngx_log_error(rlcf->log_level, r->connection->log, 0,
+                      "ratelimit: %s requests by zone \"%V\", retry after "
+                      "%uL ms",
+                      d->shadow ? "would limit (shadow)" : "limiting",
+                      &ctx->zone[ctx->denied]->name,
+                      d->retry_after_ns == RATE_NEVER
+                          ? (uint64_t)0
+                          : d->retry_after_ns / 1000000);
+        if (d->shadow) {
+            ctx->result = NGX_HTTP_RATELIMIT_SHADOW;
+            return NGX_DECLINED;
+        }
+        ctx->result = NGX_HTTP_RATELIMIT_LIMITED;
+        return (ngx_int_t)rlcf->status;
+    }
+    if (ctx->n > 0) {
+        ctx->result =
+            errors ? NGX_HTTP_RATELIMIT_ERROR : NGX_HTTP_RATELIMIT_ALLOWED;
+    }
+    if (delay_ns > 0 && !rlcf->shadow) {
+        /* A reservation (wait=): the request waits on a timer of the
+         * worker's loop, then goes on through the phases (not under
+         * shadow, which enforces nothing). */
+        ngx_msec_t ms = (ngx_msec_t)((delay_ns + 999999) / 1000000);
+
+        r->read_event_handler = ngx_http_test_reading;
+        r->write_event_handler = ngx_http_ratelimit_delay;
+        r->connection->write->delayed = 1;
+        ngx_add_timer(r->connection->write, ms);
+        return NGX_AGAIN;
+    }
+    return NGX_DECLINED;
+}
+
+/* ------------------------------------------------------------ headers */
+
+static ngx_int_t ngx_http_ratelimit_add_header(ngx_http_request_t *r,
+                                               const char *name, u_char *v,
+                                               size_t len) {
+    ngx_table_elt_t *h;
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+    h->hash = 1;
+    h->key.data = (u_char *)name;
+    h->key.len = ngx_strlen(name);
+    h->value.data = v;
+    h->value.len = len;
+    h->lowcase_key = NULL;
+    return NGX_OK;
+}
+
+/* Appends `s` to the list field `*f` (", " between items), in r's pool. */
+static ngx_int_t ngx_http_ratelimit_append(ngx_http_request_t *r,
+                                           ngx_str_t *f, const char *s) {
+    size_t n = ngx_strlen(s);
+    u_char *p;
+
+    if (n == 0) {
+        return NGX_OK;
+    }
+    p = ngx_pnalloc(r->pool, f->len + 2 + n);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+    if (f->len) {
+        ngx_memcpy(p, f->data, f->len);
+        p[f->len] = ',';
+        p[f->len + 1] = ' ';
+        ngx_memcpy(p + f->len + 2, s, n);
+        f->len += 2 + n;
+    } else {
+        ngx_memcpy(p, s, n);
+        f->len = n;
+    }
+    f->data = p;
+    return NGX_OK;
+}
+
+static ngx_int_t ngx_http_ratelimit_header_filter(ngx_http_request_t *r) {
+    ngx_http_ratelimit_ctx_t *ctx;
+    ngx_str_t pol = ngx_null_string, rl = ngx_null_string, ra;
+    rate_headers_t h;
+    ngx_uint_t i, from, to;
+
+    if (r != r->main) {
+        return ngx_http_next_header_filter(r);
+    }
+    ctx = ngx_http_ratelimit_find_ctx(r);
+    if (ctx == NULL || !ctx->headers || ctx->n == 0) {
+        return ngx_http_next_header_filter(r);
+    }
+    ctx->headers = 0; /* once */
+    ra.len = 0;
+    ra.data = NULL;
+    /* Allowed: every limit's fields; denied: the denying limit's (the
+     * others were refunded). */
+    from = ctx->denied >= 0 ? (ngx_uint_t)ctx->denied : 0;
+    to = ctx->denied >= 0 ? from + 1 : ctx->n;
+    for (i = from; i < to; i++) {
+        if (rate_headers_format(ctx->zone[i]->policy, &ctx->d[i], &h) !=
+            RATE_OK) {
+            continue;
+        }
+        if (ngx_http_ratelimit_append(r, &pol, h.policy) != NGX_OK ||
+            ngx_http_ratelimit_append(r, &rl, h.ratelimit) != NGX_OK) {
+            return NGX_ERROR;
+        }
+        if (h.retry_after[0] != '\0' && ra.len == 0) {
+            ra.len = ngx_strlen(h.retry_after);
+            ra.data = ngx_pnalloc(r->pool, ra.len);
+            if (ra.data == NULL) {
+                return NGX_ERROR;
+            }
+            ngx_memcpy(ra.data, h.retry_after, ra.len);
+        }
+    }
+    if ((pol.len && ngx_http_ratelimit_add_header(r, "RateLimit-Policy",
+                                                  pol.data, pol.len) !=
+                        NGX_OK) ||
+        (rl.len && ngx_http_ratelimit_add_header(r, "RateLimit", rl.data,
+                                                 rl.len) != NGX_OK) ||
+        (ra.len && ngx_http_ratelimit_add_header(r, "Retry-After", ra.data,
+                                                 ra.len) != NGX_OK)) {
+        return NGX_ERROR;
+    }
+    return ngx_http_next_header_filter(r);
+}
+
+/* ------------------------------------------------------------ variable */
+
+static ngx_int_t ngx_http_ratelimit_result_variable(ngx_http_request_t *r,
+                                                    ngx_http_variable_value_t *v,
+                                                    uintptr_t data) {
+    ngx_http_ratelimit_ctx_t *ctx = ngx_http_ratelimit_find_ctx(r);
+
+    (void)data;
+    if (ctx == NULL || ctx->result == NGX_HTTP_RATELIMIT_NONE) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+    v->data = ngx_http_ratelimit_result_names[ctx->result].data;
+    v->len = (unsigned)ngx_http_ratelimit_result_names[ctx->result].len;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    return NGX_OK;
+}
+
+static ngx_int_t ngx_http_ratelimit_preconf(ngx_conf_t *cf) {
+    ngx_str_t name = ngx_string("ratelimit_result");
+    ngx_http_variable_t *var;
+
+    var = ngx_http_add_variable(cf, &name, NGX_HTTP_VAR_NOCACHEABLE);
+    if (var == NULL) {
+        return NGX_ERROR;
+    }
+    var->get_handler = ngx_http_ratelimit_result_variable;
+    return NGX_OK;
+}
+
+static ngx_int_t ngx_http_ratelimit_postconf(ngx_conf_t *cf) {
+    ngx_http_core_main_conf_t *cmcf;
+    ngx_http_handler_pt *h;
+
+    cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
+    h = ngx_array_push(&cmcf->phases[NGX_HTTP_PREACCESS_PHASE].handlers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+    *h = ngx_http_ratelimit_handler;
+
+    ngx_http_next_header_filter = ngx_http_top_header_filter;
+    ngx_http_top_header_filter = ngx_http_ratelimit_header_filter;
+    return NGX_OK;
+}

@@ -1,0 +1,316 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# The nginx module in Debian's nginx: started with 4 workers on a free
+# loopback port, its own prefix and pid file (stopped by pid), driven with
+# curl (one connection a request, so that requests spread over the
+# workers), every status, header and $ratelimit_result checked against the
+# exact expectation: each algorithm, one limit across the workers, limits
+# that repeat (nothing charged on a denial), composites, headers, shadow,
+# empty keys, the fail modes, the log level, configuration errors, and
+# reloads (same size: state kept; a changed size: refused, state kept).
+#   nginx_test.sh MODULE_SO
+# Exit 77 (skipped) when nginx or the module is absent; under CI=true that
+# is a failure.
+set -euo pipefail
+
+MODULE=${1:-}
+NGINX=${NGINX:-/usr/sbin/nginx}
+
+skip() {
+  if [ "${CI:-}" = true ]; then echo "FAIL (CI=true): $*"; exit 1; fi
+  echo "SKIP: $*"; exit 77
+}
+[ -x "$NGINX" ] || skip "$NGINX is missing (Debian: apt-get install nginx)"
+[ -n "$MODULE" ] && [ -f "$MODULE" ] || skip "the module is not built (Debian: apt-get install nginx-dev, then rebuild)"
+command -v curl >/dev/null || { echo "nginx_test: curl is missing (scripts/deps.sh test)"; exit 1; }
+
+tmp=$(mktemp -d /tmp/nginx_test.XXXXXX)
+cleanup() {
+  stop_nginx || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+mkdir -p "$tmp/logs" "$tmp/html"
+chmod 755 "$tmp" "$tmp/html" # the workers run as nobody when started by root
+echo hello >"$tmp/html/index.html"
+
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+expect() { # expect WHAT GOT WANT
+  if [ "$2" != "$3" ]; then fail "$1: got '$2', want '$3'"; fi
+}
+
+port=
+pidfile="$tmp/nginx.pid"
+
+# conf ZONE_KEYS: writes the configuration (the resize test changes the
+# keys of one zone).
+conf() {
+  local keys=$1
+  cat >"$tmp/nginx.conf" <<EOF
+load_module $MODULE;
+error_log $tmp/logs/error.log info;
+events { worker_connections 512; }
+http {
+  log_format rl '\$pid \$status [\$ratelimit_result] \$request_uri \$http_x_key';
+  access_log $tmp/logs/access.log rl;
+  ratelimit_zone fw "fixed-window 5/3650d";
+  ratelimit_zone sw "sliding-window 5/3650d";
+  ratelimit_zone sl "sliding-log 5/3650d";
+  ratelimit_zone tb "token-bucket 1/1h burst=5";
+  ratelimit_zone lb "leaky-bucket 1/1h capacity=5";
+  ratelimit_zone spread "fixed-window 20/3650d" keys=$keys;
+  ratelimit_zone per_key "fixed-window 5/3650d";
+  ratelimit_zone per_user "fixed-window 3/3650d";
+  ratelimit_zone comp "fixed-window 4/3650d; sliding-window 2/3650d";
+  ratelimit_zone hdr "name=gold token-bucket 1/1h burst=3";
+  ratelimit_zone two "fixed-window 2/3650d";
+  ratelimit_zone short "fixed-window 2/3650d" key_max=16;
+  ratelimit_zone redir "fixed-window 4/3650d";
+  ratelimit_zone lbw "leaky-bucket 10/s capacity=3";
+  server {
+    listen 127.0.0.1:$port;
+    root $tmp/html;
+    location = /index.html { }
+    location /fw/ { ratelimit fw \$http_x_key; try_files /index.html =404; }
+    location /sw/ { ratelimit sw \$http_x_key; try_files /index.html =404; }
+    location /sl/ { ratelimit sl \$http_x_key; try_files /index.html =404; }
+    location /tb/ { ratelimit tb \$http_x_key; try_files /index.html =404; }
+    location /lb/ { ratelimit lb \$http_x_key; try_files /index.html =404; }
+    location /spread/ { ratelimit spread \$http_x_key; try_files /index.html =404; }
+    location /both/ {
+      ratelimit per_key \$http_x_key;
+      ratelimit per_user \$http_x_user;
+      try_files /index.html =404;
+    }
+    location /comp/ { ratelimit comp \$http_x_key; ratelimit_headers on; try_files /index.html =404; }
+    location /hdr/ { ratelimit hdr \$http_x_key; ratelimit_headers on; try_files /index.html =404; }
+    location /nohdr/ { ratelimit hdr \$http_x_key; try_files /index.html =404; }
+    location /shadow/ { ratelimit two \$http_x_key; ratelimit_shadow on; ratelimit_headers on; try_files /index.html =404; }
+    location /enforced/ { ratelimit two \$http_x_key; ratelimit_status 503; ratelimit_log_level warn; try_files /index.html =404; }
+    location /closed/ { ratelimit short \$http_x_key; try_files /index.html =404; }
+    location /redir/ { ratelimit redir \$http_x_key; try_files /nonexistent @fallback; }
+    location @fallback { ratelimit redir \$http_x_key; ratelimit_headers on; try_files /index.html =404; }
+    location /wait/ { ratelimit lbw \$http_x_key wait=1s; try_files /index.html =404; }
+    location /open/ { ratelimit short \$http_x_key; ratelimit_fail open; try_files /index.html =404; }
+  }
+}
+EOF
+}
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+start_nginx() {
+  local try
+  for try in 1 2 3 4 5 6 7 8; do
+    port=$((20000 + (RANDOM * 7 + try) % 40000))
+    port_free "$port" || continue
+    conf 1000
+    if "$NGINX" -p "$tmp" -c "$tmp/nginx.conf" \
+      -g "pid $pidfile; daemon on; worker_processes 4;" 2>"$tmp/start.err"; then
+      for _ in $(seq 1 100); do
+        [ -s "$pidfile" ] && curl -s -o /dev/null "http://127.0.0.1:$port/index.html" && return 0
+        sleep 0.05
+      done
+    fi
+    grep -q "Address already in use" "$tmp/start.err" || break
+  done
+  cat "$tmp/start.err" "$tmp/logs/error.log" 2>/dev/null || true
+  echo "FAIL: nginx did not start"
+  exit 1
+}
+
+stop_nginx() {
+  [ -s "$pidfile" ] || return 0
+  local pid
+  pid=$(cat "$pidfile")
+  kill -QUIT "$pid" 2>/dev/null || true
+  for _ in $(seq 1 200); do
+    kill -0 "$pid" 2>/dev/null || { rm -f "$pidfile"; return 0; }
+    sleep 0.05
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  rm -f "$pidfile"
+}
+
+# get [CURL ARGS] PATH: the status; headers (CR stripped) in $tmp/h.
+get() {
+  local path=${*: -1}
+  curl -s -H 'Connection: close' -D "$tmp/h" -o /dev/null -w '%{http_code}' \
+    "${@:1:$#-1}" "http://127.0.0.1:$port$path"
+  sed -i 's/\r$//' "$tmp/h"
+}
+# statuses N [CURL ARGS] PATH: N requests in a row, their statuses joined.
+statuses() {
+  local n=$1 out=() i
+  shift
+  for i in $(seq 1 "$n"); do out+=("$(get "$@")"); done
+  echo "${out[*]}"
+}
+header() { sed -n "s/^$1: //Ip" "$tmp/h"; }
+
+start_nginx
+
+# ---- each algorithm: exactly its quota, then 429, on one key; another
+# key has its own.
+for alg in fw sw sl tb; do
+  expect "$alg: 7 requests" "$(statuses 7 -H 'X-Key: k1' /$alg/)" \
+    "200 200 200 200 200 429 429"
+  expect "$alg: another key" "$(statuses 1 -H 'X-Key: k2' /$alg/)" "200"
+done
+# the leaky bucket with no wait (docs/algorithms.md): one at a time, 1/h
+expect "lb: 3 requests" "$(statuses 3 -H 'X-Key: k1' /lb/)" "200 429 429"
+expect "lb: another key" "$(statuses 1 -H 'X-Key: k2' /lb/)" "200"
+
+# ---- one limit across the workers: 200 requests, 8 at a time, each on
+# its own connection; exactly 20 pass, served by more than one worker.
+seq 1 200 | xargs -P 8 -I{} curl -s -o /dev/null -H 'Connection: close' \
+  -H 'X-Key: spread' -w '%{http_code}\n' "http://127.0.0.1:$port/spread/{}" \
+  >"$tmp/spread"
+expect "across workers: 200s" "$(grep -c '^200$' "$tmp/spread")" 20
+expect "across workers: 429s" "$(grep -c '^429$' "$tmp/spread")" 180
+workers=$(grep ' /spread/' "$tmp/logs/access.log" | awk '{print $1}' | sort -u | wc -l)
+[ "$workers" -ge 2 ] || fail "across workers: the 200 requests went to $workers worker(s)"
+echo "across workers: 200 requests over $workers workers, 20 admitted"
+
+# ---- two limits on a location: both must pass; a denial charges neither.
+expect "both: per_user's 3" "$(statuses 6 -H 'X-Key: K1' -H 'X-User: U1' /both/)" \
+  "200 200 200 429 429 429"
+# per_key was charged 3, not 6: two more pass for another user
+expect "both: per_key refunded" "$(statuses 3 -H 'X-Key: K1' -H 'X-User: U2' /both/)" \
+  "200 200 429"
+# an empty key is not limited: with no X-User, only per_key applies
+expect "both: empty user" "$(statuses 1 -H 'X-Key: K9' /both/)" "200"
+
+# ---- a composite policy: the tighter limit (2) decides; headers name it.
+expect "composite" "$(statuses 3 -H 'X-Key: c1' /comp/)" "200 200 429"
+expect "composite: RateLimit-Policy" "$(header RateLimit-Policy)" '"comp";q=2;w=315360000'
+expect "composite: RateLimit r" "$(header RateLimit | sed 's/;t=.*//')" '"comp";r=0'
+
+# ---- headers: token-bucket 1/1h burst=3, named gold by its text.
+expect "headers: 1st" "$(get -H 'X-Key: h1' /hdr/)" 200
+expect "headers: RateLimit-Policy" "$(header RateLimit-Policy)" '"gold";q=3;w=10800'
+expect "headers: RateLimit" "$(header RateLimit)" '"gold";r=2;t=3600'
+expect "headers: no Retry-After when allowed" "$(header Retry-After)" ""
+statuses 2 -H 'X-Key: h1' /hdr/ >/dev/null
+expect "headers: 4th" "$(get -H 'X-Key: h1' /hdr/)" 429
+expect "headers: 429 RateLimit" "$(header RateLimit | sed 's/;t=.*//')" '"gold";r=0'
+ra=$(header Retry-After)
+if ! [[ "$ra" =~ ^[0-9]+$ ]] || [ "$ra" -lt 3500 ] || [ "$ra" -gt 3600 ]; then
+  fail "headers: Retry-After '$ra', want 3500..3600 (a token in an hour)"
+fi
+expect "headers off" "$(get -H 'X-Key: h2' /nohdr/)" 200
+expect "headers off: none" "$(grep -ci '^ratelimit' "$tmp/h" || true)" 0
+
+# ---- shadow: everything passes, the would-be denials are logged and
+# marked; the enforced limit on the same zone keeps its own state.
+expect "shadow" "$(statuses 5 -H 'X-Key: s1' /shadow/)" "200 200 200 200 200"
+expect "shadow: no fields" "$(grep -ci '^ratelimit' "$tmp/h" || true)" 0
+expect "shadow: results" \
+  "$(grep ' /shadow/ s1$' "$tmp/logs/access.log" | awk '{print $3}' | tr '\n' ' ')" \
+  "[allowed] [allowed] [shadow] [shadow] [shadow] "
+grep -q 'ratelimit: would limit (shadow) requests by zone "two"' "$tmp/logs/error.log" ||
+  fail "shadow: no log line"
+# enforced (status 503, log level warn) on the same key: its own 2
+expect "enforced after shadow" "$(statuses 3 -H 'X-Key: s1' /enforced/)" "200 200 503"
+grep -q '\[warn\] .*ratelimit: limiting requests by zone "two"' "$tmp/logs/error.log" ||
+  fail "log level warn: no [warn] line"
+grep -q '\[error\] .*ratelimit: limiting requests by zone "fw"' "$tmp/logs/error.log" ||
+  fail "log level: no [error] line by default"
+
+# ---- an empty key is not limited, and has no result.
+expect "empty key" "$(statuses 8 /enforced/)" "200 200 200 200 200 200 200 200"
+expect "empty key: result" "$(grep ' /enforced/ -$' "$tmp/logs/access.log" | awk '{print $3}' | sort -u)" "[-]"
+
+# ---- a store error (a key past the zone's key_max=16) under each fail mode.
+long=0123456789abcdefXYZ
+expect "fail closed" "$(get -H "X-Key: $long" /closed/)" 503
+expect "fail open" "$(get -H "X-Key: $long" /open/)" 200
+expect "fail: results" \
+  "$(grep " $long\$" "$tmp/logs/access.log" | awk '{print $2 $3}' | tr '\n' ' ')" \
+  "503[error] 200[error] "
+grep -q 'ratelimit: zone "short": store error RATE_EKEY, denied' "$tmp/logs/error.log" ||
+  fail "fail closed: no log line"
+
+# ---- an internal redirect (try_files to a named location that applies
+# the same zone) is decided once: 4 pass, not 2
+expect "internal redirect" "$(statuses 5 -H 'X-Key: r1' /redir/)" "200 200 200 200 429"
+
+# ---- wait= (a reservation): 4 requests at once on a leaky bucket of
+# capacity 3 draining 10/s: 3 pass, spaced 100 ms apart (so the last leaves
+# at least 200 ms after the first, less the requests' own spread), 1 is
+# denied (the queue is full).
+t0=$(date +%s%N)
+seq 1 4 | xargs -P 4 -I{} curl -s -o /dev/null -H 'Connection: close' \
+  -H 'X-Key: w1' -w '%{http_code}\n' "http://127.0.0.1:$port/wait/{}" >"$tmp/wait"
+ms=$((($(date +%s%N) - t0) / 1000000))
+expect "wait: 200s" "$(grep -c '^200$' "$tmp/wait")" 3
+expect "wait: 429s" "$(grep -c '^429$' "$tmp/wait")" 1
+[ "$ms" -ge 150 ] || fail "wait: the 3 admitted took $ms ms, want at least 150"
+echo "wait: 4 requests at once took $ms ms"
+
+# ---- configuration errors: nginx -t names them.
+bad() { # bad WHAT DIRECTIVE EXPECTED
+  printf 'load_module %s;\nevents {}\nhttp {\n%s\n}\n' "$MODULE" "$2" >"$tmp/bad.conf"
+  if "$NGINX" -t -p "$tmp" -c "$tmp/bad.conf" -g "pid $tmp/bad.pid;" >"$tmp/bad.out" 2>&1; then
+    fail "$1: accepted"
+  elif ! grep -qF "$3" "$tmp/bad.out"; then
+    fail "$1: '$(cat "$tmp/bad.out")' does not say '$3'"
+  fi
+}
+bad redis 'ratelimit_zone r "fixed-window 5/1h" store=redis://127.0.0.1:6379;' \
+  'not yet supported: needs the asynchronous Redis path'
+bad store 'ratelimit_zone r "fixed-window 5/1h" store=disk;' 'unknown store "disk"'
+bad policy 'ratelimit_zone r "fixed-window 5/fortnight";' 'ratelimit_zone "r": bad policy'
+bad keys 'ratelimit_zone r "fixed-window 5/1h" keys=0;' 'keys= takes a positive whole number'
+bad param 'ratelimit_zone r "fixed-window 5/1h" size=10m;' 'unknown parameter "size=10m"'
+bad dup 'ratelimit_zone r "fixed-window 5/1h"; ratelimit_zone r "fixed-window 5/1h";' \
+  'duplicate ratelimit_zone "r"'
+bad zone 'server { listen 127.0.0.1:1; location / { ratelimit nope $uri; } }' \
+  'no ratelimit_zone "nope"'
+bad fail 'ratelimit_fail maybe;' '"maybe" is neither open nor closed'
+bad wait 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri wait=soon;' 'ratelimit: "wait=soon":'
+bad waitparam 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri delay=1s;' 'unknown parameter "delay=1s"'
+
+# ---- a worker killed (SIGKILL) mid-run: the master starts another, which
+# attaches to the zone; the keys are as they were.
+started() { grep -c 'start worker process' "$tmp/logs/error.log" || true; }
+before=$(started)
+victim=$(awk '{print $1}' "$tmp/logs/access.log" | sort -u | head -1) # a worker's $pid
+kill -KILL "$victim"
+for _ in $(seq 1 200); do [ "$(started)" -gt "$before" ] && break; sleep 0.05; done
+[ "$(started)" -gt "$before" ] || fail "killed worker: not restarted"
+expect "killed worker: keys kept" "$(statuses 4 -H 'X-Key: spread' /spread/)" "429 429 429 429"
+expect "killed worker: fw kept" "$(statuses 4 -H 'X-Key: k2' /fw/)" "200 200 200 200"
+expect "killed worker: fw limited" "$(statuses 1 -H 'X-Key: k2' /fw/)" "429"
+
+# ---- reloads (started: the number of workers started so far).
+before=$(started)
+# same configuration (same sizes): the zones are kept, with their keys
+kill -HUP "$(cat "$pidfile")"
+for _ in $(seq 1 200); do [ "$(started)" -ge $((before + 4)) ] && break; sleep 0.05; done
+[ "$(started)" -ge $((before + 4)) ] || fail "reload: no new workers"
+expect "reload kept the keys" "$(statuses 2 -H 'X-Key: k1' /fw/)" "429 429"
+expect "reload kept across workers" "$(statuses 1 -H 'X-Key: spread' /spread/)" "429"
+expect "reload: new key" "$(statuses 1 -H 'X-Key: k3' /fw/)" "200"
+# a changed size (keys=): refused with a message; the old configuration
+# and its state go on
+conf 5000
+before=$(started)
+kill -HUP "$(cat "$pidfile")"
+for _ in $(seq 1 200); do grep -q 'a reload cannot resize' "$tmp/logs/error.log" && break; sleep 0.05; done
+grep -q 'ratelimit_zone "spread": its size would change from' "$tmp/logs/error.log" ||
+  fail "resize: no message"
+sleep 0.3
+expect "resize: no new workers" "$(started)" "$before"
+expect "resize: state kept" "$(statuses 1 -H 'X-Key: spread' /spread/)" "429"
+expect "resize: still serving" "$(statuses 1 -H 'X-Key: fresh' /spread/)" "200"
+
+stop_nginx
+if [ "$fails" -ne 0 ]; then
+  echo "nginx_test: $fails failure(s)"
+  tail -20 "$tmp/logs/error.log"
+  exit 1
+fi
+echo "nginx_test: all passed"
