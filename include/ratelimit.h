@@ -408,7 +408,17 @@ typedef enum rate_redis_module {
 } rate_redis_module_t;
 
 typedef struct rate_redis_options {
-    uint64_t connect_timeout_ns; /* 0: 1 s */
+    uint64_t connect_timeout_ns; /* 0: 1 s.  The TCP connect's bound;
+                                    at creation (and a lazy store's
+                                    creation try), each seed tried has
+                                    connect + command timeout for its
+                                    whole connection, the TCP connect and
+                                    the handshake together (AUTH, CLUSTER
+                                    SLOTS, SELECT, SCRIPT LOAD, the ACL
+                                    check), however soon TCP connects:
+                                    2 s with the defaults against a server
+                                    that accepts and never answers, times
+                                    the seeds tried */
     uint64_t command_timeout_ns; /* 0: 1 s.  Every call returns within
                                     this of its start (plus the scheduling
                                     of threads, a few ms): a command not
@@ -450,9 +460,13 @@ typedef struct rate_redis_options {
                                     rate_store_redis_last_error says why.
                                     Default: connect at creation */
     unsigned breaker_failures;   /* the circuit breaker of each server: 0:
-                                    5 calls in a row that got no reply (a
-                                    failed or timed-out connection; error
-                                    replies do not count) open it */
+                                    5 calls in a row on that server that
+                                    got no reply (a failed or timed-out
+                                    connection; error replies do not
+                                    count) open it.  Only the server's own
+                                    calls count: not a cluster's slot-map
+                                    refreshes, nor a call whose time was
+                                    up before it reached the server */
     uint64_t breaker_cooldown_ns;/* 0: 1 s.  While open, every call on
                                     that server fails at once
                                     (RATE_ESTORE); after it, one call goes
@@ -478,13 +492,16 @@ typedef struct rate_redis_options {
  * EVALSHA or HMGET on the store's keys) is reported here: RATE_EINVAL for
  * a malformed URL or option (rediss:// included: no TLS) or a database
  * in a cluster, RATE_ESTORE when Redis cannot be reached or refuses,
- * RATE_ETIMEDOUT when it does not answer in time; `err` (if not NULL)
- * then says why, with the server's message.  Decisions are the memory
- * store's, bit for bit, in one round trip (a Lua twin of the step; see
- * docs/algorithms.md, "Stores"; or, with ratelimit.so loaded, the step
- * itself inside Redis: options->module, docs/redis-module.md); with
- * module RATE_REDIS_MODULE_ON and no module on the server, RATE_ESTORE.  `options` may be NULL.  Thread-safe:
- * yes (callers share pipelined connections). */
+ * RATE_ETIMEDOUT when it does not answer in time (a server that accepts
+ * and never answers: after connect_timeout_ns + command_timeout_ns per
+ * seed tried, "HOST:PORT: CLUSTER SLOTS: timed out after N ms"); `err`
+ * (if not NULL) then says why, with the server's message.  Decisions are
+ * the memory store's, bit for bit, in one round trip (a Lua twin of the
+ * step; see docs/algorithms.md, "Stores"; or, with ratelimit.so loaded,
+ * the step itself inside Redis: options->module, docs/redis-module.md);
+ * with module RATE_REDIS_MODULE_ON and no module on the server,
+ * RATE_ESTORE.  `options` may be NULL.  Thread-safe: yes (callers share
+ * pipelined connections). */
 RATE_API int rate_store_redis_new(const char *url,
                                   const rate_redis_options_t *options,
                                   rate_store_t **out, char *err,
@@ -495,9 +512,12 @@ RATE_API int rate_store_redis_new(const char *url,
  * PREFIX e{...}, PREFIX es{...}), never another name that merely starts
  * with the prefix (SCAN + UNLINK; in a cluster, on every master).
  * RATE_EINVAL for a store that is not a Redis store; RATE_ESTORE or
- * RATE_ETIMEDOUT when Redis fails or does not answer (the keys deleted so
- * far stay deleted); RATE_ECORRUPT for a reply that does not parse;
- * RATE_ENOMEM.  Thread-safe: yes. */
+ * RATE_ETIMEDOUT when Redis fails or does not answer; RATE_ECORRUPT for a
+ * reply that does not parse: in a cluster, a master that fails ends its
+ * own scan only, the other masters' keys are still deleted, and the first
+ * failure is returned at the end (the keys deleted stay deleted; drop
+ * again once the master is back for the rest); RATE_ENOMEM (stops at
+ * once).  Thread-safe: yes. */
 RATE_API int rate_store_redis_drop(rate_store_t *store);
 
 /* Copies into buf (cap bytes, cap > 0, NUL-terminated, cut to fit) why
@@ -538,8 +558,10 @@ RATE_API int rate_store_redis_status(rate_store_t *store,
  * expiry.  Keys written after the SCAN passed them are not touched.
  * Returns RATE_OK; RATE_EINVAL for a store that is not a Redis store (or
  * NULL) or a ttl_ns of 0; RATE_ESTORE or RATE_ETIMEDOUT when Redis fails or
- * does not answer (the keys touched so far keep their new expiry);
- * RATE_ECORRUPT for a reply that does not parse; RATE_ENOMEM.
+ * does not answer; RATE_ECORRUPT for a reply that does not parse (as for
+ * rate_store_redis_drop, a failing master ends its own scan only, the
+ * others are still touched, the first failure is returned at the end,
+ * and the keys touched keep their new expiry); RATE_ENOMEM.
  * Thread-safe: yes, alongside decisions on the same store. */
 RATE_API int rate_store_redis_touch(rate_store_t *store, uint64_t ttl_ns);
 

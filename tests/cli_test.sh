@@ -109,6 +109,9 @@ expect_error '' "above 2^61" replay --algorithm gcra --rate 1/36500d --burst 2
 expect_error '' "cannot read '/nonexistent/trace'" replay $TB /nonexistent/trace
 expect_error '' "more than one FILE" replay $TB a b
 expect_error '' "is neither 'memory', shm:PATH, nor a redis://, unix:// or dynamodb:// URL" replay $TB --store postgres://x
+expect_error '' "TLS (rediss://) is not supported" replay $TB --store rediss://127.0.0.1:1
+expect_error '' "TLS (rediss://) is not supported" check --key u $TB --store rediss://127.0.0.1:1
+expect_error '' "--shm for a shared-memory region), not 'shm:/tmp/x.rl'" bench --store shm:/tmp/x.rl
 expect_error '' "--input 'json'" replay $TB --input json
 expect_error '' "--key-field 'size'" replay $TB --input clf --key-field size
 expect_error '' "unknown command 'replya'" replya

@@ -16,11 +16,17 @@
  *   and every key's count is the sum of its admissions (no key decided
  *   from two states);
  * - a master killed under callers: decisions resume by themselves once
- *   its replica is promoted.
+ *   its replica is promoted;
+ * - a master stopped (SIGSTOP) with traffic to it alone: its breaker opens
+ *   after exactly breaker_failures timed-out calls, and no other master's
+ *   breaker opens (a key of another master is answered);
+ * - rate_store_redis_drop with a master stopped: the healthy masters' keys
+ *   are deleted all the same, and the error is returned at the end.
  *
  * Usage: test_redis_cluster RATELIMIT_BINARY
  */
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 
 #include "../src/store/redis_cluster.h"
@@ -521,6 +527,179 @@ static void master_killed_mid_run(void **state)
     rate_store_free(rs);
 }
 
+/* ----------------------------------------------------- a master stopped */
+
+/* A key (k<N>, in buf) whose slot is on node i (want) or not (!want). */
+static const char *key_of(int i, bool want, char buf[32])
+{
+    for (int n = 0; n < 100000; n++) {
+        snprintf(buf, 32, "k%d", n);
+        int m = rcl_master_of(&cl, rc_key_slot(buf, strlen(buf)));
+        if ((m == i) == want)
+            return buf;
+    }
+    fail_msg("no key found for node %d", i);
+    return NULL;
+}
+
+static rate_decision_t decide(rate_limiter_t *lim, const char *key)
+{
+    rate_decision_t d;
+    assert_int_equal(rate_limiter_check(lim, key, strlen(key), 1, 0, &d),
+                     RATE_OK);
+    return d;
+}
+
+/* Waits (10 s at most) until node i answers again after SIGCONT, and the
+ * cluster is whole. */
+static void resume_node(int i)
+{
+    kill(cl.pid[i], SIGCONT);
+    assert_true(rcl_wait_ok(&cl, 3, 10000));
+}
+
+/* Traffic to one master only, then that master stopped: its breaker opens
+ * after exactly breaker_failures (3) timed-out calls, and the breaker of
+ * no other node opens; a key of another master is then answered.  Before
+ * the fix, each failed call's map refresh (with the call's spent
+ * deadline) charged a failure to every node it asked, the seeds again: the
+ * dead master's breaker opened after 2 calls, and healthy ones with it.
+ * The node timeout is 1 s: with 150 ms calls the stop lasts about 0.5 s,
+ * well short of a failover. */
+static void stopped_master_opens_its_breaker_only(void **state)
+{
+    (void)state;
+    rate_redis_options_t o = {.prefix = "brk:", .no_ttl = true};
+    rate_store_t *rs = NULL;
+    char err[256] = "", kd[32], kh[32];
+    o.command_timeout_ns = 150 * MS;
+    o.connect_timeout_ns = 150 * MS;
+    o.breaker_failures = 3;
+    o.breaker_cooldown_ns = 10 * SEC; /* stays open for the test */
+    if (rate_store_redis_new(curl, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("cluster store: %s", err);
+    rate_limiter_t *lim = limiter_of("fixed-window 100000/s", rs);
+    int victim = rcl_master_of(&cl, 1000);
+    assert_true(victim >= 0);
+    key_of(victim, true, kd);
+    key_of(victim, false, kh);
+    assert_int_equal(decide(lim, kd).reason != RATE_REASON_STORE_ERROR, 1);
+    assert_int_equal(keys_on(victim, "brk:"), 1); /* the key's master */
+
+    kill(cl.pid[victim], SIGSTOP);
+    unsigned calls = 0;
+    rate_redis_status_t st;
+    while (calls < 10) {
+        rate_decision_t d = decide(lim, kd);
+        calls++;
+        assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+        assert_int_equal(rate_store_redis_status(rs, &st), RATE_OK);
+        if (st.breaker_opened > 0)
+            break;
+    }
+    /* More calls on it, failed at once by its breaker: each one's map
+     * refresh (with a deadline still running) must not cost another node
+     * either. */
+    for (int i = 0; i < 5; i++)
+        decide(lim, kd);
+    uint64_t t0 = rate_clock_monotonic_ns();
+    rate_decision_t dh = decide(lim, kh); /* another master's key */
+    uint64_t took = rate_clock_monotonic_ns() - t0;
+    rate_redis_status_t after;
+    assert_int_equal(rate_store_redis_status(rs, &after), RATE_OK);
+    /* A machine so loaded that the stop outlasted the node timeout: the
+     * cluster refuses every slot (CLUSTERDOWN) until the failover is
+     * done, which says nothing of the breakers. */
+    bool down = false;
+    if (dh.reason == RATE_REASON_STORE_ERROR) {
+        int h = rcl_master_of(&cl, rc_key_slot(kh, strlen(kh)));
+        redisContext *c = h >= 0 ? rcl_connect(cl.port[h]) : NULL;
+        redisReply *ci = c ? redisCommand(c, "CLUSTER INFO") : NULL;
+        down = ci != NULL && ci->type == REDIS_REPLY_STRING &&
+               strstr(ci->str, "cluster_state:fail") != NULL;
+        freeReplyObject(ci);
+        if (c)
+            redisFree(c);
+    }
+    resume_node(victim);
+    print_message("breaker opened after %u calls (breaker_failures 3); "
+                  "opened %llu, open %u; the healthy key: %s in %llu ms\n",
+                  calls, (unsigned long long)st.breaker_opened,
+                  st.breakers_open,
+                  dh.reason == RATE_REASON_STORE_ERROR ? "store error"
+                                                       : "answered",
+                  (unsigned long long)(took / MS));
+    assert_int_equal(calls, 3);
+    assert_int_equal(st.breaker_opened, 1);
+    assert_int_equal(st.breakers_open, 1);
+    if (dh.reason == RATE_REASON_STORE_ERROR && !down)
+        fail_msg("a healthy master's key failed");
+    if (down)
+        print_message("(the cluster was failing over: the healthy key's "
+                      "answer not checked)\n");
+    assert_int_equal(after.breaker_opened, 1); /* no other opened since */
+    assert_true(after.breakers_open <= 1);
+    rate_limiter_free(lim);
+    rate_store_free(rs);
+    rs = cstore(NULL, "brk:"); /* the breaker above stays open 10 s */
+    assert_int_equal(rate_store_redis_drop(rs), RATE_OK);
+    rate_store_free(rs);
+}
+
+/* rate_store_redis_drop with one master stopped: an error, but the keys of
+ * the healthy masters are gone; the stopped one's stay, and a drop once it
+ * is back removes them.  Before the fix the drop stopped at the first
+ * master that failed. */
+static void drop_goes_on_past_a_stopped_master(void **state)
+{
+    (void)state;
+    rate_redis_options_t o = {.prefix = "dd:", .no_ttl = true};
+    rate_store_t *rs = NULL;
+    char err[256] = "", k[32];
+    o.command_timeout_ns = 150 * MS;
+    o.connect_timeout_ns = 150 * MS;
+    if (rate_store_redis_new(curl, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("cluster store: %s", err);
+    rate_limiter_t *lim = limiter_of("fixed-window 100000/s", rs);
+    for (int n = 0; n < 60; n++) {
+        snprintf(k, sizeof k, "d%d", n);
+        assert_true(decide(lim, k).reason != RATE_REASON_STORE_ERROR);
+    }
+    rate_limiter_free(lim);
+    int m[3], nm = 0;
+    for (int i = 0; i < RCL_NODES; i++)
+        if (cl.pid[i] > 0 && rcl_is_master(&cl, i) && nm < 3)
+            m[nm++] = i;
+    assert_int_equal(nm, 3);
+    for (int j = 0; j < 3; j++)
+        assert_true(keys_on(m[j], "dd:") > 0);
+    /* The stopped master: slot 0's, the first the drop visits (masters in
+     * slot order), so that before the fix nothing at all was deleted. */
+    int victim = rcl_master_of(&cl, 0), vj = -1;
+    for (int j = 0; j < 3; j++)
+        if (m[j] == victim)
+            vj = j;
+    assert_true(vj >= 0);
+    kill(cl.pid[victim], SIGSTOP);
+    int rc = rate_store_redis_drop(rs);
+    resume_node(victim);
+    unsigned left[3];
+    for (int j = 0; j < 3; j++)
+        left[j] = keys_on(m[j], "dd:");
+    print_message("drop with a master stopped: %s; keys left %u %u %u "
+                  "(stopped: #%d)\n",
+                  rate_strerror(rc), left[0], left[1], left[2], vj + 1);
+    assert_true(rc == RATE_ETIMEDOUT || rc == RATE_ESTORE);
+    for (int j = 0; j < 3; j++)
+        if (m[j] != victim && left[j] != 0)
+            fail_msg("%u keys left on healthy master %d", left[j], m[j]);
+    assert_true(left[vj] > 0);
+    assert_int_equal(rate_store_redis_drop(rs), RATE_OK);
+    for (int j = 0; j < 3; j++)
+        assert_int_equal(keys_on(m[j], "dd:"), 0);
+    rate_store_free(rs);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -532,6 +711,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(found_from_any_node),
         cmocka_unit_test(same_decisions_as_memory),
         cmocka_unit_test(replay_byte_for_byte),
+        cmocka_unit_test(stopped_master_opens_its_breaker_only),
+        cmocka_unit_test(drop_goes_on_past_a_stopped_master),
         cmocka_unit_test(master_killed_mid_run),
         cmocka_unit_test(slots_moved_mid_run),
     };

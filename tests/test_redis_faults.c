@@ -15,6 +15,9 @@
  * - Redis stopped (SIGSTOP) under 16 threads: no call past its bound, the
  *   circuit breaker opens (calls fail at once), probes, and closes once
  *   Redis is back (SIGCONT); every caller is answered again;
+ * - a server that accepts but never answers: creation is RATE_ETIMEDOUT
+ *   after connect + command timeout, "timed out after N ms" (not EAGAIN's
+ *   text), at creation and in rate_store_redis_last_error;
  * - lazy connect: created while Redis is down, the fail mode until it is
  *   started on that port, the last connect error reported; killed and
  *   restarted on the same port, decisions resume.
@@ -404,6 +407,64 @@ static void a_deadline_survives_a_handover(void **state)
     fake_stop(&f, acc);
 }
 
+/* A listener that never accepts: TCP connects at once (the kernel's
+ * backlog), nothing ever answers.  Creation has connect + command timeout
+ * (100 + 200 ms) for the whole handshake, and says it timed out; a lazy
+ * store's call has its command timeout, and last_error says so too.
+ * Before the fix both said "Resource temporarily unavailable". */
+static void a_silent_server_times_out(void **state)
+{
+    (void)state;
+    struct sockaddr_in sa = {0};
+    socklen_t sl = sizeof sa;
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(lfd, 8), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
+    char u[64], err[256] = "";
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", ntohs(sa.sin_port));
+    rate_redis_options_t o = {.prefix = "silent:"};
+    o.connect_timeout_ns = 100 * MS;
+    o.command_timeout_ns = 200 * MS;
+    rate_store_t *rs = NULL;
+    uint64_t t0 = rate_clock_monotonic_ns();
+    assert_int_equal(rate_store_redis_new(u, &o, &rs, err, sizeof err),
+                     RATE_ETIMEDOUT);
+    uint64_t took = rate_clock_monotonic_ns() - t0;
+    print_message("creation: %llu ms: %s\n",
+                  (unsigned long long)(took / MS), err);
+    if (strstr(err, "timed out after 300 ms") == NULL ||
+        strstr(err, "temporarily") != NULL)
+        fail_msg("'%s'", err);
+    /* The combined budget, with 1 s of scheduling slack above it. */
+    assert_true(took >= 290 * MS && took < 1300 * MS);
+
+    o.lazy_connect = true;
+    assert_int_equal(rate_store_redis_new(u, &o, &rs, err, sizeof err),
+                     RATE_OK);
+    char last[256] = "";
+    assert_int_equal(rate_store_redis_last_error(rs, last, sizeof last),
+                     RATE_OK);
+    if (strstr(last, "timed out after 300 ms") == NULL) /* its creation's */
+        fail_msg("'%s'", last);
+    rate_limiter_t *lim = limiter_of("fixed-window 5/s", rs);
+    rate_decision_t d;
+    usleep(50000); /* past the 10 ms backoff: the call tries again */
+    assert_int_equal(rate_limiter_check(lim, "k", 1, 1, 0, &d), RATE_OK);
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    assert_int_equal(rate_store_redis_last_error(rs, last, sizeof last),
+                     RATE_OK);
+    print_message("lazy: last_error after a call: %s\n", last);
+    if (strstr(last, "timed out after 200 ms") == NULL ||
+        strstr(last, "temporarily") != NULL)
+        fail_msg("'%s'", last);
+    rate_limiter_free(lim);
+    rate_store_free(rs);
+    close(lfd);
+}
+
 /* A cluster that redirects for ever: MAX_REDIRECTS (5) followed, then a
  * store error, quickly; ASK is followed with ASKING. */
 static void redirections_are_bounded(void **state)
@@ -789,6 +850,7 @@ int main(void)
         cmocka_unit_test(acl_refusals_are_told),
         cmocka_unit_test(a_deadline_survives_a_handover),
         cmocka_unit_test(redirections_are_bounded),
+        cmocka_unit_test(a_silent_server_times_out),
         cmocka_unit_test(stopped_redis_costs_a_bounded_wait),
         cmocka_unit_test(stopped_redis_without_breaker),
         cmocka_unit_test(lazy_connect_rides_out_redis_down),

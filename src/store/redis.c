@@ -51,7 +51,8 @@
  * (src/store/redis_cluster.c), MOVED followed (the slot map refreshed),
  * ASK followed once with ASKING, at most MAX_REDIRECTS redirections per
  * command.  Each node has a circuit breaker: after breaker_failures calls
- * in a row failed (no reply, or none in time), every call on the node
+ * in a row failed (no reply, or none in time; the node's own calls, map
+ * refreshes are outside it), every call on the node
  * fails at once for breaker_cooldown_ns, then one call goes through as a
  * probe: answered, the breaker closes; not, it opens again.
  *
@@ -394,6 +395,22 @@ static const char *rep_text(redisContext *c, const redisReply *rep)
     return rep->str ? rep->str : "unexpected reply";
 }
 
+/* A handshake that timed out says so, and how long it had, rather than
+ * the socket's EAGAIN ("Resource temporarily unavailable"): the reason at
+ * the end of err (after its last ": ") becomes "timed out after N ms". */
+static void timeout_reason(char *err, size_t errlen, uint64_t budget_ns)
+{
+    char *p = NULL;
+    if (err == NULL || errlen == 0)
+        return;
+    for (char *q = strstr(err, ": "); q != NULL; q = strstr(q + 1, ": "))
+        p = q;
+    size_t at = p ? (size_t)(p - err) : strlen(err);
+    if (at < errlen)
+        snprintf(err + at, errlen - at, ": timed out after %llu ms",
+                 (unsigned long long)((budget_ns + 500000) / 1000000));
+}
+
 /* Connects to host:port (port 0: a unix socket), authenticates, asks for
  * the slot map when slots != NULL (*slots: the reply, or NULL for a server
  * that is no cluster), selects the database (no cluster), loads the
@@ -528,6 +545,8 @@ static int open_conn(redis_store_t *r, const char *host, int port,
             rep = NULL;
         }
     }
+    if (rc == RATE_ETIMEDOUT)
+        timeout_reason(err, errlen, budget);
     if (rc != RATE_OK) {
         if (slots != NULL) {
             freeReplyObject(*slots);
@@ -883,6 +902,9 @@ static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
 {
     bool probe = false;
     *out = NULL;
+    if (rate_clock_monotonic_ns() >= dl)
+        return RATE_ETIMEDOUT; /* the call's time is up before this command
+                                  was sent: nothing of the node's doing */
     if (r->breaker) {
         uint64_t until = atomic_load(&n->open_until_ns);
         if (until != 0) {
@@ -1019,9 +1041,27 @@ static bool apply_slots(redis_store_t *r, const redisReply *rep,
     return ok;
 }
 
+/* CLUSTER SLOTS on node n for a map refresh: outside the node's breaker,
+ * which counts the calls made on the node for keys alone (the refresh of a
+ * call that failed on another node, with that call's deadline, is no
+ * failure of this one); a node whose breaker is open is skipped at once. */
+static int refresh_call(redis_store_t *r, uint64_t dl, node_t *n,
+                        redisReply **out)
+{
+    *out = NULL;
+    if (r->breaker && atomic_load(&n->open_until_ns) != 0)
+        return RATE_ESTORE;
+    unsigned i = atomic_fetch_add_explicit(&n->next_conn, 1,
+                                           memory_order_relaxed);
+    return conn_call(r, dl, n, &n->conns[i % n->nconns], false, 2,
+                     (const char *[]){"CLUSTER", "SLOTS"}, (size_t[]){7, 5},
+                     out);
+}
+
 /* Reads the slot map again from the first node that answers (the masters
- * known, then the seeds), at most once per REFRESH_MIN_NS unless forced.
- * Whoever finds another thread refreshing goes on without waiting. */
+ * known, then the seeds not among them), at most once per REFRESH_MIN_NS
+ * unless forced.  Whoever finds another thread refreshing goes on without
+ * waiting. */
 static void refresh_map(redis_store_t *r, uint64_t dl, bool force)
 {
     uint64_t now = rate_clock_monotonic_ns();
@@ -1034,16 +1074,19 @@ static void refresh_map(redis_store_t *r, uint64_t dl, bool force)
     unsigned k = atomic_load(&r->nnodes);
     bool done = false;
     for (unsigned j = 0; j < k + r->nseeds && !done; j++) {
-        node_t *n = j < k ? atomic_load(&r->nodes[j])
-                          : node_get_locked(r, r->seeds[j - k].host,
-                                            r->seeds[j - k].port);
+        node_t *n = NULL;
+        if (j < k)
+            n = atomic_load(&r->nodes[j]);
+        else if (node_find(r, r->seeds[j - k].host, r->seeds[j - k].port) ==
+                 NULL) /* a known node is not asked twice */
+            n = node_get_locked(r, r->seeds[j - k].host,
+                                r->seeds[j - k].port);
         redisReply *rep = NULL;
-        if (n == NULL)
+        if (n == NULL || rate_clock_monotonic_ns() >= dl)
             continue;
-        int rc = call_node(r, dl, n, false, 2,
-                           (const char *[]){"CLUSTER", "SLOTS"},
-                           (size_t[]){7, 5}, &rep);
-        done = rc == RATE_OK && apply_slots(r, rep, n->host);
+        int rc = refresh_call(r, dl, n, &rep);
+        done = rc == RATE_OK && rep->type == REDIS_REPLY_ARRAY &&
+               apply_slots(r, rep, n->host);
         freeReplyObject(rep);
     }
     pthread_mutex_unlock(&r->topo_lock);
@@ -1923,7 +1966,10 @@ static size_t masters(redis_store_t *r, node_t **out, size_t cap)
 /* Calls batch() with each batch of the store's own keys (SCAN ... MATCH
  * PREFIX* COUNT 1000, a batch per reply, the prefix's glob characters escaped; of what it
  * finds, the names the store writes, see own_name) on every master, until
- * the scans end or a call fails.  A batch is a single server's or one
+ * the scans end.  A call that fails ends that master's scan, and the
+ * others still go on (in a cluster with a master down, the keys of the
+ * healthy ones are still reached); the first failure is returned at the
+ * end.  Out of memory stops at once.  A batch is a single server's or one
  * master's. */
 static int scan_prefix(redis_store_t *r,
                        int (*batch)(redis_store_t *r, const char **keys,
@@ -1951,9 +1997,11 @@ static int scan_prefix(redis_store_t *r,
     }
     pattern[pl++] = '*';
     size_t nn = masters(r, nodes, MAX_NODES);
+    int first = RATE_OK;
     rc = RATE_OK;
-    for (size_t m = 0; m < nn && rc == RATE_OK; m++) {
+    for (size_t m = 0; m < nn && rc != RATE_ENOMEM; m++) {
         char cursor[32] = "0";
+        rc = RATE_OK;
         do {
             redisReply *rep = NULL;
             rc = call_node(r, deadline_of(r), nodes[m], false, 6,
@@ -1997,9 +2045,11 @@ static int scan_prefix(redis_store_t *r,
             }
             freeReplyObject(rep);
         } while (rc == RATE_OK && strcmp(cursor, "0") != 0);
+        if (first == RATE_OK || rc == RATE_ENOMEM)
+            first = rc;
     }
     free(pattern), free(kv), free(kl), free(nodes);
-    return rc;
+    return first;
 }
 
 /* One command over a batch of keys: the head's words, the keys, then the

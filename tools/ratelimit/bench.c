@@ -654,7 +654,8 @@ int cmd_bench(int argc, char **argv)
         if (strcmp(argv[i], "--store") == 0 && i + 1 < argc) {
             if (strncmp(argv[i + 1], "dynamodb://", 11) != 0)
                 return cli_fail("bench: --store takes a dynamodb:// URL "
-                                "(--redis URL for Redis), not '%s'",
+                                "(--redis URL for Redis, --shm for a "
+                                "shared-memory region), not '%s'",
                                 argv[i + 1]);
             return bench_dynamodb(argv[i + 1]);
         }

@@ -558,7 +558,10 @@ int store_from_opt(const char *cmd, const char *spec, bool scratch,
     }
     if (is_dynamodb(spec))
         return dynamodb_from_opt(cmd, spec, scratch, out);
-    if (strncmp(spec, "redis://", 8) != 0 && strncmp(spec, "unix://", 7) != 0)
+    /* rediss:// goes on to the library, which says why it is refused. */
+    if (strncmp(spec, "redis://", 8) != 0 &&
+        strncmp(spec, "rediss://", 9) != 0 &&
+        strncmp(spec, "unix://", 7) != 0)
         return cli_fail("%s: --store '%s' is neither 'memory', shm:PATH, "
                         "nor a redis://, unix:// or dynamodb:// URL", cmd,
                         spec);
