@@ -322,17 +322,115 @@ static void ttl_is_reset_after(void **state)
     assert_int_equal(d.reset_after_ns, 666666667);
     redisContext *c = raw();
     redisReply *r = redisCommand(c, "PTTL ttl:{k}");
-    /* 667 ms (rounded up), less the little time since. */
-    assert_true(r->integer <= 667 && r->integer > 567);
+    /* 667 ms (rounded up), plus the 1 ms margin of Redis's millisecond
+     * expiry and PTTL's own rounding, less the little time since. */
+    assert_true(r->integer <= 669 && r->integer > 567);
     freeReplyObject(r);
     /* A try-acquire keeps the key for the policy's longest reset. */
     assert_true(rate_try_acquire(l, "q", 1));
     r = redisCommand(c, "PTTL ttl:{q}");
-    assert_true(r->integer <= 1000 && r->integer > 900);
+    assert_true(r->integer <= 1002 && r->integer > 900);
     freeReplyObject(r);
     redisFree(c);
     rate_limiter_free(l);
     drop_store(rs);
+}
+
+/* Redis's TIME in microseconds. */
+static uint64_t redis_time_us(redisContext *c)
+{
+    redisReply *r = redisCommand(c, "TIME");
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    uint64_t us = strtoull(r->element[0]->str, NULL, 10) * 1000000 +
+                  strtoull(r->element[1]->str, NULL, 10);
+    freeReplyObject(r);
+    return us;
+}
+
+/* A key never expires before its reset_after by Redis's own clock: the
+ * scripts set its end from Redis's TIME (PEXPIREAT), the end rounded up
+ * to whole milliseconds plus one, whatever clock the decision went by
+ * (Redis's, or a caller's virtual time).  Checked against PEXPIRETIME and
+ * TIME read around each decision: the decision's own TIME is between the
+ * two, so the end is at least the first plus reset_after plus 1 ms, and at
+ * most the second plus reset_after plus 2 ms.  Before the fix (PEXPIRE of
+ * the reset rounded up to ms, counted from Redis's ms clock), the end fell
+ * short of the first bound by up to a millisecond.  The decide script, the
+ * compare-and-set path (a fixed window of 7 ms, which the script declines)
+ * and rate_store_redis_touch() alike. */
+static void expiry_by_redis_clock(void **state)
+{
+    (void)state;
+    static const char *policies[] = {"leaky-bucket 2000/s capacity=4",
+                                     "token-bucket 3000/s burst=3",
+                                     "sliding-log 2/1500us",
+                                     "fixed-window 2/7ms"};
+    redisContext *c = raw();
+    for (int own = 0; own < 2; own++) {
+        rate_redis_options_t o = {0};
+        rate_store_t *rs;
+        char err[200];
+        o.prefix = "exp:";
+        o.client_time = own; /* a replay's virtual time: 5 s, 6 s, ... */
+        assert_int_equal(rate_store_redis_new(url, &o, &rs, err, sizeof err),
+                         RATE_OK);
+        for (int p = 0; p < 4; p++) {
+            rate_limiter_t *l = limiter_of(policies[p], rs);
+            for (int i = 0; i < 12; i++) {
+                char key[16], name[32];
+                snprintf(key, sizeof key, "k%d%d%d", own, p, i);
+                snprintf(name, sizeof name, "exp:{%s}", key);
+                uint64_t t0 = redis_time_us(c);
+                rate_decision_t d;
+                if (own)
+                    assert_int_equal(rate_limiter_check_at(
+                                         l, key, strlen(key), 1 + (uint64_t)(i % 2), 0,
+                                         (5 + (uint64_t)i) * SEC, &d),
+                                     RATE_OK);
+                else
+                    assert_int_equal(rate_limiter_check(l, key, strlen(key),
+                                                        1 + (uint64_t)(i % 2),
+                                                        0, &d),
+                                     RATE_OK);
+                assert_true(d.allowed);
+                redisReply *r = redisCommand(c, "PEXPIRETIME %s", name);
+                uint64_t t1 = redis_time_us(c);
+                assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+                uint64_t reset = (d.reset_after_ns + 999) / 1000;
+                if (r->integer == -2 && t1 >= t0 + reset + 1000) {
+                    freeReplyObject(r); /* gone, but in its time */
+                    continue;
+                }
+                if (r->integer <= 0)
+                    fail_msg("%s: PEXPIRETIME %lld, reset_after %llu us",
+                             policies[p], r->integer,
+                             (unsigned long long)reset);
+                uint64_t end = (uint64_t)r->integer * 1000;
+                freeReplyObject(r);
+                if (end < t0 + reset + 1000 || end > t1 + reset + 2000)
+                    fail_msg("%s, %s: expiry at %llu us, reset_after %llu us, "
+                             "Redis's TIME %llu..%llu us",
+                             policies[p], own ? "caller's time" : "Redis's",
+                             (unsigned long long)end,
+                             (unsigned long long)reset,
+                             (unsigned long long)t0, (unsigned long long)t1);
+            }
+            rate_limiter_free(l);
+        }
+        /* touch: every key of the namespace, from Redis's clock too */
+        rate_limiter_t *h = limiter_of("fixed-window 1/h", rs);
+        assert_true(rate_try_acquire(h, "hour", 1));
+        rate_limiter_free(h);
+        uint64_t t0 = redis_time_us(c);
+        assert_int_equal(rate_store_redis_touch(rs, 2500 * 1000), RATE_OK);
+        uint64_t t1 = redis_time_us(c);
+        redisReply *r = redisCommand(c, "PEXPIRETIME exp:{hour}");
+        uint64_t end = (uint64_t)r->integer * 1000;
+        freeReplyObject(r);
+        assert_true(end >= t0 + 2500 + 1000 && end <= t1 + 2500 + 2000);
+        drop_store(rs);
+    }
+    redisFree(c);
 }
 
 static void script_flush_changes_nothing(void **state)
@@ -521,7 +619,7 @@ static void adjustments_on_redis_time(void **state)
         assert_false(rate_try_acquire(l, "k", 1));
         if (p == 0) { /* 11 tokens owed at 1/s: kept 11 s */
             long long ttl = redis_int(c, "PTTL", "adjt:{k}");
-            assert_true(ttl > 10000 && ttl <= 11000);
+            assert_true(ttl > 10000 && ttl <= 11002);
         }
         assert_int_equal(rate_limiter_refund(l, "k", 1, 20), RATE_OK);
         assert_true(rate_try_acquire(l, "k", 1));
@@ -1248,7 +1346,7 @@ static void safety_ttl_with_no_ttl(void **state)
     const char *states[] = {"safe:{a}", "safe:{b}", "safe:s{c}", "safe:{r}"};
     for (size_t i = 0; i < 4; i++) {
         long long ms = redis_int(c, "PTTL", states[i]);
-        if (ms > 60000 || ms < 59000)
+        if (ms > 60002 || ms < 59000)
             fail_msg("%s: PTTL %lld, not about 60000", states[i], ms);
     }
     redisReply *r = redisCommand(c, "KEYS safe:p{*");
@@ -1274,7 +1372,7 @@ static void safety_ttl_with_no_ttl(void **state)
         assert_true(rate_try_acquire(b, "b", 1));
         long long ma = redis_int(c, "PTTL", "safe:{a}");
         long long mb = redis_int(c, "PTTL", "safe:{b}");
-        if (with_ttl ? ma > 1000 || ma < 900 || mb > 3600000 || mb < 60000
+        if (with_ttl ? ma > 1002 || ma < 900 || mb > 3600002 || mb < 60000
                      : ma != -1 || mb != -1)
             fail_msg("no_ttl=%d safety=%d: PTTL %lld and %lld", !with_ttl,
                      with_ttl, ma, mb);
@@ -1319,7 +1417,7 @@ static void touch_sets_every_expiry(void **state)
     int records = 0;
     for (size_t i = 0; i < r->elements; i++) {
         long long ms = redis_int(c, "PTTL", r->element[i]->str);
-        if (ms > 5000 || ms < 4000)
+        if (ms > 5002 || ms < 4000)
             fail_msg("%s: PTTL %lld after a touch of 5 s",
                      r->element[i]->str, ms);
         records += strncmp(r->element[i]->str, "to*:p{", 6) == 0;
@@ -1369,6 +1467,7 @@ int main(void)
         cmocka_unit_test(one_round_trip),
         cmocka_unit_test(fleet_clock),
         cmocka_unit_test(ttl_is_reset_after),
+        cmocka_unit_test(expiry_by_redis_clock),
         cmocka_unit_test(script_flush_changes_nothing),
         cmocka_unit_test(tampered_state_is_corrupt),
         cmocka_unit_test(tampered_logs_are_never_admitted),

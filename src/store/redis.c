@@ -98,20 +98,37 @@
 #define BREAKER_FAILURES 5
 #define BREAKER_COOLDOWN_NS RATE_NS_PER_S
 
+/* The expiry rule of redis_step.lua's expire_at (see there and
+ * docs/redis.md): the key lives at least `us` microseconds by Redis's own
+ * clock, PEXPIREAT the end rounded up to whole milliseconds, plus one. */
+#define EXPIRE_AT_LUA                                                        \
+    "local function expire_at(key, us, tm)\n"                               \
+    "  if us > 2251799813685248 then us = 2251799813685248 end\n"           \
+    "  local e = tonumber(tm[1]) * 1000000 + tonumber(tm[2]) + us\n"        \
+    "  local ms = math.floor(e / 1000)\n"                                   \
+    "  if ms * 1000 > e then ms = ms - 1\n"                                 \
+    "  elseif (ms + 1) * 1000 <= e then ms = ms + 1 end\n"                  \
+    "  if ms * 1000 < e then ms = ms + 1 end\n"                             \
+    "  redis.call('PEXPIREAT', key, string.format('%.0f', ms + 1))\n"       \
+    "end\n"
+
+/* ARGV: the version expected, the state, the expiry in microseconds from
+ * Redis's TIME (0: none). */
 static const char cas_script[] =
+    EXPIRE_AT_LUA
     "local cur = redis.call('HGET', KEYS[1], 'v')\n"
     "if cur == false then cur = '0' end\n"
     "if cur ~= ARGV[1] then return 0 end\n"
     "local nv\n"
+    "local t = redis.call('TIME')\n"
     "if cur == '0' then\n"
-    "  local t = redis.call('TIME')\n"
     "  nv = redis.call('HINCRBY', KEYS[1], 'v', t[1] * 1000000 + t[2])\n"
     "else\n"
     "  nv = redis.call('HINCRBY', KEYS[1], 'v', 1)\n"
     "end\n"
     "redis.call('HSET', KEYS[1], 's', ARGV[2])\n"
     "local ttl = tonumber(ARGV[3])\n"
-    "if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl)\n"
+    "if ttl > 0 then expire_at(KEYS[1], ttl, t)\n"
     "else redis.call('PERSIST', KEYS[1]) end\n"
     "return nv\n";
 
@@ -180,8 +197,8 @@ typedef struct redis_store {
     unsigned breaker_failures, pool;
     uint64_t breaker_cooldown_ns;
     uint64_t connect_ns, command_ns;
-    uint64_t safety_ms; /* with no_ttl: the expiry of a state written, in
-                           ms; 0: none (PERSIST) */
+    uint64_t safety_us; /* with no_ttl: the expiry of a state written, in
+                           us; 0: none (PERSIST) */
     char *prefix;
     size_t prefix_len;
     char sha[41];      /* the compare-and-set script */
@@ -1212,12 +1229,13 @@ static int kcall(redis_store_t *r, uint64_t dl, const char *key, size_t klen,
     }
 }
 
-/* A key's expiry in whole milliseconds, rounded up (never less than
- * reset_after) and at least 1: PEXPIRE takes no zero. */
-static uint64_t ttl_ms(uint64_t ns)
+/* A key's expiry in whole microseconds, rounded up (never less than
+ * reset_after) and at least 1 (0 says none): the scripts count it from
+ * Redis's TIME and set the key's end with PEXPIREAT (EXPIRE_AT_LUA). */
+static uint64_t ttl_us(uint64_t ns)
 {
-    uint64_t ms = ns / 1000000 + (ns % 1000000 != 0);
-    return ms ? ms : 1;
+    uint64_t us = ns / 1000 + (ns % 1000 != 0);
+    return us ? us : 1;
 }
 
 /* A call's status, with an error reply counted as a store error, but
@@ -1389,10 +1407,10 @@ static int r_cas(void *self, const rate_key_t *key, uint64_t version,
     /* 0: no expiry (the script PERSISTs the key): for RATE_TTL_FOREVER
      * (the policy records) whatever the options, and for everything else
      * with no_ttl, unless it has a safety expiry. */
-    uint64_t ms = ttl_ns == RATE_TTL_FOREVER ? 0
-                  : !r->ttl                  ? r->safety_ms
-                                             : ttl_ms(ttl_ns);
-    snprintf(tbuf, sizeof tbuf, "%llu", (unsigned long long)ms);
+    uint64_t us = ttl_ns == RATE_TTL_FOREVER ? 0
+                  : !r->ttl                  ? r->safety_us
+                                             : ttl_us(ttl_ns);
+    snprintf(tbuf, sizeof tbuf, "%llu", (unsigned long long)us);
     const char *av[7] = {"EVALSHA", r->sha, "1", k, vbuf, state, tbuf};
     size_t al[7] = {7, 40, 1, kl, strlen(vbuf), len, strlen(tbuf)};
     redisReply *rep = NULL;
@@ -1515,9 +1533,9 @@ static int r_decide(void *self, const rate_key_t *key,
         return RATE_ENOTSUP; /* the limiter decides, exactly */
     if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
         return rc;
-    long long ttl = !r->ttl     ? (long long)r->safety_ms /* 0: none */
+    long long ttl = !r->ttl     ? (long long)r->safety_us /* 0: none */
                     : q->detail ? -1 /* the script uses the exact reset */
-                                : (long long)ttl_ms(q->max_reset_ns);
+                                : (long long)ttl_us(q->max_reset_ns);
     int nn = 0;
     if (use_time) { /* "" "": the script reads Redis's TIME */
         num[nn++][0] = '\0';
@@ -1666,7 +1684,7 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
     r->connect_ns = o.connect_timeout_ns ? o.connect_timeout_ns : RATE_NS_PER_S;
     r->command_ns = o.command_timeout_ns ? o.command_timeout_ns : RATE_NS_PER_S;
     r->ttl = !o.no_ttl;
-    r->safety_ms = o.no_ttl && o.safety_ttl_ns != 0 ? ttl_ms(o.safety_ttl_ns)
+    r->safety_us = o.no_ttl && o.safety_ttl_ns != 0 ? ttl_us(o.safety_ttl_ns)
                                                     : 0;
     r->redis_time = !o.client_time;
     r->lazy = o.lazy_connect;
@@ -1873,10 +1891,13 @@ int rate_store_redis_drop(rate_store_t *store)
     return scan_prefix(r, unlink_batch, NULL);
 }
 
-/* PEXPIRE of each of KEYS, in one call for a batch (a key gone meanwhile
+/* The expiry of each of KEYS (expire_at), in one call for a batch (a key gone meanwhile
  * is left gone). */
 static const char touch_script[] =
-    "for _, k in ipairs(KEYS) do redis.call('PEXPIRE', k, ARGV[1]) end\n"
+    EXPIRE_AT_LUA
+    "local t = redis.call('TIME')\n"
+    "local us = tonumber(ARGV[1])\n"
+    "for _, k in ipairs(KEYS) do expire_at(k, us, t) end\n"
     "return #KEYS\n";
 
 typedef struct touch_arg {
@@ -1889,7 +1910,7 @@ static int touch_batch(redis_store_t *r, const char **keys,
     touch_arg_t *a = varg;
     char num[24];
 
-    /* EVAL SCRIPT NUMKEYS KEY... MS */
+    /* EVAL SCRIPT NUMKEYS KEY... US */
     snprintf(num, sizeof num, "%zu", n);
     return keys_command(r, 3,
                         (const char *[]){"EVAL", touch_script, num},
@@ -1905,7 +1926,7 @@ int rate_store_redis_touch(rate_store_t *store, uint64_t ttl_ns)
     if ((r = rate_store_backend(store, &redis_methods)) == NULL ||
         ttl_ns == 0)
         return RATE_EINVAL;
-    snprintf(a.ms, sizeof a.ms, "%llu", (unsigned long long)ttl_ms(ttl_ns));
+    snprintf(a.ms, sizeof a.ms, "%llu", (unsigned long long)ttl_us(ttl_ns));
     return scan_prefix(r, touch_batch, &a);
 }
 
