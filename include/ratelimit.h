@@ -329,7 +329,8 @@ typedef struct rate_redis_options {
                                     (pipelined); 0: 2 */
     bool no_ttl;                 /* keep keys without expiry (replays on a
                                     virtual clock); default: expire each key
-                                    after its reset_after, rounded up to ms */
+                                    after its reset_after by Redis's own
+                                    clock (rounded up to ms, plus 1 ms) */
     bool client_time;            /* decide on the limiter's clock; default:
                                     on Redis's TIME, one clock for every
                                     client (times given to the *_at calls
@@ -365,6 +366,10 @@ typedef struct rate_redis_options {
                                     through as a probe: answered, the
                                     breaker closes; not, it opens again */
     bool no_breaker;             /* no circuit breaker */
+    bool general_script;         /* decide every policy with the general
+                                    script (redis_step.lua), never a lean
+                                    one: the same decisions, slower; for
+                                    comparison (docs/redis.md) */
 } rate_redis_options_t;
 
 /* The Redis store: url is redis://[[user]:password@]host[:port][/db],

@@ -87,6 +87,9 @@
 #include "../internal.h"
 #include "redis_cluster.h"
 #include "redis_step_lua.h"
+#include "redis_tb_lua.h"
+#include "redis_lb_lua.h"
+#include "redis_fw_lua.h"
 
 #define BACKOFF_MIN_NS (10 * UINT64_C(1000000))
 #define BACKOFF_MAX_NS RATE_NS_PER_S
@@ -135,6 +138,18 @@ static const char cas_script[] =
 /* Run at each connection, with a key of the namespace: whether the user
  * may run EVALSHA on the store's keys (an ACL says NOPERM first). */
 static const char probe_script[] = "return 1\n";
+
+/* The lean scripts: one per single-limit algorithm (redis_lean.lua, then
+ * redis_tb.lua, redis_lb.lua or redis_fw.lua; see docs/redis.md). */
+typedef enum lean { LEAN_TB, LEAN_LB, LEAN_FW, LEAN_COUNT } lean_t;
+static const struct {
+    const char *src;
+    size_t len;
+} lean_scripts[LEAN_COUNT] = {
+    {redis_tb_lua, sizeof redis_tb_lua - 1},
+    {redis_lb_lua, sizeof redis_lb_lua - 1},
+    {redis_fw_lua, sizeof redis_fw_lua - 1},
+};
 
 /* One caller's command on a shared connection. */
 typedef struct mreq {
@@ -193,7 +208,7 @@ typedef struct redis_store {
     unsigned nseeds;
     char password[256], user[256];
     int db;
-    bool unix_socket, ttl, redis_time, lazy, breaker;
+    bool unix_socket, ttl, redis_time, lazy, breaker, lean;
     unsigned breaker_failures, pool;
     uint64_t breaker_cooldown_ns;
     uint64_t connect_ns, command_ns;
@@ -203,6 +218,7 @@ typedef struct redis_store {
     size_t prefix_len;
     char sha[41];      /* the compare-and-set script */
     char step_sha[41]; /* the step (redis_step.lua) */
+    char lean_sha[LEAN_COUNT][41]; /* the lean scripts, by lean_t */
 
     /* The topology: found once (ready), at creation or, lazily, by the
      * first call that reaches a seed; the slot map then follows the
@@ -487,18 +503,23 @@ static int open_conn(redis_store_t *r, const char *host, int port,
         freeReplyObject(rep);
     }
     char probe_sha[41] = "";
-    for (int i = 0; i < 3 && rc == RATE_OK; i++) {
+    for (int i = 0; i < 3 + LEAN_COUNT && rc == RATE_OK; i++) {
         const char *src = i == 0   ? cas_script
                           : i == 1 ? redis_step_lua
-                                   : probe_script;
+                          : i == 2 ? probe_script
+                                   : lean_scripts[i - 3].src;
         size_t len = i == 0   ? sizeof cas_script - 1
                      : i == 1 ? sizeof redis_step_lua - 1
-                              : sizeof probe_script - 1;
+                     : i == 2 ? sizeof probe_script - 1
+                              : lean_scripts[i - 3].len;
         rc = hs_command(c, deadline, 3,
                         (const char *[]){"SCRIPT", "LOAD", src},
                         (size_t[]){6, 4, len}, &rep);
         if (rc == RATE_OK && rep->type == REDIS_REPLY_STRING && rep->len == 40) {
-            char *dst = i == 0 ? r->sha : i == 1 ? r->step_sha : probe_sha;
+            char *dst = i == 0   ? r->sha
+                        : i == 1 ? r->step_sha
+                        : i == 2 ? probe_sha
+                                 : r->lean_sha[i - 3];
             if (i == 2 || dst[0] == '\0')
                 memcpy(dst, rep->str, 41);
         } else {
@@ -1464,6 +1485,61 @@ static bool lua_can(const rate_decide_req_t *q)
     return true;
 }
 
+static uint64_t gcd64(uint64_t a, uint64_t b)
+{
+    while (b != 0) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* Whether a lean script decides the request exactly (docs/redis.md, "Lean
+ * scripts"), and if so which, with its own arguments (after the seven
+ * every step script takes) in num.  A bucket's word is sent in units of g,
+ * a common divisor of L and P below 2^21, so that B * P / g <= 2^51; a
+ * window of at most 2^52 ns and a count of at most 2^52. */
+#define LEAN_WORD (UINT64_C(1) << 51)
+#define LEAN_G 2000000 /* 2^7 * 5^6: g divides it, so g < 2^21 */
+
+static int lean_of(const rate_decide_req_t *q, char num[][24], int *nn)
+{
+    const rate_policy_t *p = q->policy;
+    if (rate_policy_count(p) != 1)
+        return -1;
+    const rate_limit_t *l = rate_policy_limit(p, 0);
+    if (l == NULL || l->block_ns != 0 || l->limit == 0 || l->period_ns == 0)
+        return -1;
+    if (l->algorithm == RATE_TOKEN_BUCKET ||
+        l->algorithm == RATE_LEAKY_BUCKET) {
+        rate_u128_t full = (rate_u128_t)l->burst * l->period_ns;
+        uint64_t g = gcd64(gcd64(l->limit, l->period_ns), LEAN_G);
+        if (l->burst == 0 || full > (rate_u128_t)1 << 62 ||
+            full / g > LEAN_WORD)
+            return -1; /* a wide layout, or past exact doubles */
+        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)(l->limit / g));
+        snprintf(num[(*nn)++], 24, "%llu",
+                 (unsigned long long)(l->period_ns / g));
+        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)l->burst);
+        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)g);
+        if (l->algorithm == RATE_LEAKY_BUCKET)
+            return LEAN_LB;
+        snprintf(num[(*nn)++], 24, "%llu",
+                 (unsigned long long)((UINT64_C(1) << 62) / g));
+        return LEAN_TB;
+    }
+    if (l->algorithm == RATE_FIXED_WINDOW) {
+        if (l->limit > (UINT64_C(1) << 52) ||
+            l->period_ns >= (UINT64_C(1) << 52))
+            return -1;
+        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)l->limit);
+        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)l->period_ns);
+        return LEAN_FW;
+    }
+    return -1;
+}
+
 static uint64_t reply_u64(const redisReply *e, bool *ok)
 {
     if (e->type != REDIS_REPLY_INTEGER || e->integer < -1) {
@@ -1528,8 +1604,7 @@ static int r_decide(void *self, const rate_key_t *key,
     if (key != NULL && key->space == RATE_SPACE_POLICY)
         return RATE_EINVAL; /* records are no states to decide over */
     bool use_time = r->redis_time && q->clock_time;
-    if ((q->format != RATE__FORMAT_V1 && q->format != RATE__FORMAT) ||
-        !lua_can(q))
+    if (q->format != RATE__FORMAT_V1 && q->format != RATE__FORMAT)
         return RATE_ENOTSUP; /* the limiter decides, exactly */
     if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
         return rc;
@@ -1551,15 +1626,23 @@ static int r_decide(void *self, const rate_key_t *key,
     snprintf(num[nn++], 24, "%lld", ttl);
     snprintf(num[nn++], 24, "%lu", (unsigned long)q->policy_id);
     snprintf(num[nn++], 24, "%u", (unsigned)q->format);
-    for (size_t i = 0; i < rate_policy_count(p); i++) {
-        const rate_limit_t *l = rate_policy_limit(p, i);
-        snprintf(num[nn++], 24, "%d", (int)l->algorithm);
-        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->limit);
-        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->period_ns);
-        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->burst);
+    int lean = r->lean ? lean_of(q, num, &nn) : -1;
+    if (lean < 0) {
+        if (!lua_can(q)) {
+            if (k != kb)
+                free(k);
+            return RATE_ENOTSUP; /* the limiter decides, exactly */
+        }
+        for (size_t i = 0; i < rate_policy_count(p); i++) {
+            const rate_limit_t *l = rate_policy_limit(p, i);
+            snprintf(num[nn++], 24, "%d", (int)l->algorithm);
+            snprintf(num[nn++], 24, "%llu", (unsigned long long)l->limit);
+            snprintf(num[nn++], 24, "%llu", (unsigned long long)l->period_ns);
+            snprintf(num[nn++], 24, "%llu", (unsigned long long)l->burst);
+        }
     }
     av[argc] = "EVALSHA", al[argc++] = 7;
-    av[argc] = r->step_sha, al[argc++] = 40;
+    av[argc] = lean >= 0 ? r->lean_sha[lean] : r->step_sha, al[argc++] = 40;
     av[argc] = "1", al[argc++] = 1;
     av[argc] = k, al[argc++] = kl;
     for (int i = 0; i < nn; i++)
@@ -1571,7 +1654,10 @@ static int r_decide(void *self, const rate_key_t *key,
         strncmp(rep->str, "NOSCRIPT", 8) == 0) {
         freeReplyObject(rep); /* Redis restarted or SCRIPT FLUSH */
         av[0] = "EVAL", al[0] = 4;
-        av[1] = redis_step_lua, al[1] = sizeof redis_step_lua - 1;
+        if (lean >= 0)
+            av[1] = lean_scripts[lean].src, al[1] = lean_scripts[lean].len;
+        else
+            av[1] = redis_step_lua, al[1] = sizeof redis_step_lua - 1;
         rep = NULL;
         rc = kcall(r, dl, k, kl, argc, av, al, &rep);
     }
@@ -1687,6 +1773,7 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
     r->safety_us = o.no_ttl && o.safety_ttl_ns != 0 ? ttl_us(o.safety_ttl_ns)
                                                     : 0;
     r->redis_time = !o.client_time;
+    r->lean = !o.general_script;
     r->lazy = o.lazy_connect;
     r->breaker = !o.no_breaker;
     r->breaker_failures = o.breaker_failures ? o.breaker_failures

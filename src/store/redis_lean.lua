@@ -1,0 +1,149 @@
+-- SPDX-License-Identifier: MIT
+-- The lean scripts' common part (docs/redis.md, "Lean scripts"): each of
+-- redis_tb.lua, redis_lb.lua, redis_fw.lua is sent after this text, as one
+-- script that decides one single-limit policy of its algorithm over the
+-- same state bytes as src/step.c (header: t_last u64, tag u32, count u8,
+-- format u8; then the limit's one 8-byte word), or declines ({0}, nothing
+-- written) and the client decides through the compare-and-set path.
+--
+-- Numbers are doubles, exact below 2^53.  A time in nanoseconds is not, so
+-- times are kept as two 32-bit halves {hi, lo} (t = hi * 2^32 + lo), read
+-- and written with struct, and only differences (below 2^52) and offsets
+-- in a window (math.fmod, which is exact) are ever numbers.  A bucket's
+-- word u (tokens or level, times P) is read in units of g, a common
+-- divisor of L and P below 2^21 chosen by the client: every quantity the
+-- step forms is then a multiple of g, divided out exactly, so that an hour
+-- or a day at a large burst stays below 2^51.  A word that is no multiple
+-- of g (a state carried over from another policy) declines.
+--
+-- KEYS[1]  the key (a hash: v = version, s = state bytes)
+-- ARGV     [1] [2] now as seconds and nanoseconds (both "": Redis's TIME),
+--          [3] permits, [4] max_wait (ns), [5] ttl (0: none, -1: this
+--          decision's reset_after, else microseconds), [6] policy id (the
+--          state's tag), [7] format (2 or 3), then the algorithm's
+-- returns  as redis_step.lua: {1, allowed, reason, 0, limit, remaining,
+--          delay, retry (-1: never), reset}, {0} declined, {2} WRONGTYPE
+local E32 = 4294967296
+local DECLINE = {0}
+local function fdiv(a, b) -- floor(a / b), 0 <= a < 2^53, 0 < b
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+local function cdiv(a, b)
+  local q = fdiv(a, b)
+  if q * b < a then q = q + 1 end
+  return q
+end
+
+-- now: {hi, lo}, from Redis's TIME or the caller's (s, ns), s < 2^32:
+-- s * 10^9 = (s * 1953125) * 2^9, the first product exact below 2^53.
+local tm, s, sub
+if ARGV[1] == '' then
+  tm = redis.call('TIME')
+  s, sub = tonumber(tm[1]), tonumber(tm[2]) * 1000
+else
+  s, sub = tonumber(ARGV[1]), tonumber(ARGV[2])
+  if s == nil or sub == nil or s >= E32 then return DECLINE end
+end
+local X = s * 1953125
+local xl = math.fmod(X, 8388608)
+local now_hi, now_lo = (X - xl) / 8388608, xl * 512 + sub
+if now_lo >= E32 then now_lo = now_lo - E32; now_hi = now_hi + 1 end
+local n, max_wait = tonumber(ARGV[3]), tonumber(ARGV[4])
+local ttl_us, id, fmt = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+
+local cur = redis.pcall('HMGET', KEYS[1], 'v', 's')
+if cur.err ~= nil then
+  if string.find(cur.err, 'WRONGTYPE', 1, true) then return {2} end
+  return redis.error_reply(cur.err)
+end
+local st = cur[2]
+if cur[1] == false or cur[1] == '0' or st == false then
+  cur[1] = false
+  st = nil
+elseif not string.find(cur[1], '^%d+$') or #cur[1] > 19 then
+  return DECLINE
+end
+
+-- The state's header and word: t = max(now, t_last) as {t_hi, t_lo}, dt =
+-- t - t_last (math.huge from 2^52 ns on: 52 days, past every bucket's
+-- refill and every window), t_last's halves {l_hi, l_lo} and the word's
+-- {w_lo, w_hi} (all nil: a new key).
+local t_hi, t_lo, dt, w_lo, w_hi = now_hi, now_lo, 0, nil, nil
+local l_hi, l_lo
+if st ~= nil then
+  if #st ~= 22 then return DECLINE end
+  local tag, count, f
+  l_lo, l_hi, tag, count, f, w_lo, w_hi = struct.unpack('<I4I4I4BBI4I4', st)
+  if tag ~= id or count ~= 1 or f ~= fmt or l_hi >= 2147483648 then
+    return DECLINE -- another policy or format, or a t_last past 2^63
+  end
+  if l_hi > now_hi or (l_hi == now_hi and l_lo > now_lo) then
+    t_hi, t_lo = l_hi, l_lo
+  end
+  if t_hi - l_hi >= 1048576 then dt = math.huge
+  else dt = (t_hi - l_hi) * E32 + (t_lo - l_lo) end
+end
+
+-- A signed 64-bit word {lo, hi} divided by g (< 2^21): the quotient, or
+-- nil if g does not divide it or the quotient passes 2^51 either way.
+local function word_in(lo, hi, g)
+  local neg = hi >= 2147483648
+  if neg then
+    hi, lo = 4294967295 - hi, E32 - lo
+    if lo == E32 then lo = 0; hi = hi + 1 end
+  end
+  local qh = fdiv(hi, g)
+  local low = (hi - qh * g) * E32 + lo
+  local ql = fdiv(low, g)
+  if ql * g ~= low or qh >= 524288 then return nil end
+  local q = qh * E32 + ql
+  if q > 2251799813685248 then return nil end
+  if neg then return -q end
+  return q
+end
+-- x * g (|x| <= 2^52, g < 2^21, |x * g| < 2^63) as 8 little-endian bytes.
+local function word_out(x, g)
+  local neg = x < 0
+  if neg then x = -x end
+  local al = math.fmod(x, E32)
+  local p = al * g
+  local lo = math.fmod(p, E32)
+  local hi = (x - al) / E32 * g + (p - lo) / E32
+  if neg then
+    hi, lo = 4294967295 - hi, E32 - lo
+    if lo == E32 then lo = 0; hi = hi + 1 end
+  end
+  return struct.pack('<I4I4', lo, hi)
+end
+
+-- Writes the state (the header at t, then the word's bytes), moves the
+-- version on and sets the expiry (reset: this decision's, in ns).
+local function write(word, reset)
+  local state = struct.pack('<I4I4I4BB', t_lo, t_hi, id, 1, fmt) .. word
+  if tm == nil and (cur[1] == false or ttl_us ~= 0) then
+    tm = redis.call('TIME')
+  end
+  local ver
+  if cur[1] == false then ver = tm[1] * 1000000 + tm[2]
+  else ver = tonumber(cur[1]) + 1 end
+  if ver < 2^53 then
+    redis.call('HSET', KEYS[1], 'v', string.format('%.0f', ver), 's', state)
+  else
+    redis.call('HINCRBY', KEYS[1], 'v', 1)
+    redis.call('HSET', KEYS[1], 's', state)
+  end
+  if ttl_us == 0 then
+    redis.call('PERSIST', KEYS[1])
+  else
+    local us = ttl_us
+    if us < 0 then us = cdiv(reset, 1000) end
+    if us > 2251799813685248 then us = 2251799813685248 end
+    -- expire_at (redis_step.lua): the end by Redis's clock, rounded up to
+    -- whole milliseconds, plus one
+    local e = tonumber(tm[1]) * 1000000 + tonumber(tm[2]) + us
+    local ms = cdiv(e, 1000)
+    redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', ms + 1))
+  end
+end
