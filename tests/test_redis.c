@@ -244,6 +244,127 @@ static void same_decisions_at_the_boundaries(void **state)
     drop_store(rs);
 }
 
+/* Calls of a command since the last CONFIG RESETSTAT (0: none). */
+static long long calls_of(redisContext *c, const char *cmd)
+{
+    redisReply *r = redisCommand(c, "INFO commandstats");
+    char pat[64];
+    snprintf(pat, sizeof pat, "cmdstat_%s:calls=", cmd);
+    const char *at_ = strstr(r->str, pat);
+    long long n = at_ != NULL ? atoll(at_ + strlen(pat)) : 0;
+    freeReplyObject(r);
+    return n;
+}
+
+/* The policies users write, at the lean scripts' exactness boundaries:
+ * every decision the memory store's field by field, each in one round
+ * trip (one EVALSHA whose HMGET runs inside it: no HMGET or
+ * compare-and-set script of the client's own), on times of today's clock
+ * (2^60 ns and more) and near zero, with idle gaps past 2^52 ns and times
+ * going back. */
+static void lean_scripts_at_the_boundaries(void **state)
+{
+    (void)state;
+    static const char *policies[] = {
+        "token-bucket 1000/s burst=1000",
+        "token-bucket 100/s burst=1000000",
+        "token-bucket 1000000/s",
+        "token-bucket 10000000/s burst=10000000",
+        "token-bucket 1000/1h burst=1000",
+        "token-bucket 5000/1d burst=100000",
+        "token-bucket 7/3s burst=5",
+        "token-bucket 3/7ms burst=2000000",
+        "token-bucket 1/26d burst=1",
+        "token-bucket 1000000000/1d burst=1000000000",
+        "leaky-bucket 1000/1h capacity=1000",
+        "leaky-bucket 1000000/s capacity=1000000",
+        "leaky-bucket 7/3s capacity=4",
+        "leaky-bucket 100000/1d capacity=100000",
+        "leaky-bucket 3/7ms capacity=2000000",
+        "leaky-bucket 1000000000/1d capacity=1000000000",
+        "fixed-window 1000/1h",
+        "fixed-window 100000/1d",
+        "fixed-window 5/7ms",
+        "fixed-window 3/52d",
+        "fixed-window 4503599627370000/1d",
+        "fixed-window 4503599627370496/1h",
+        "fixed-window 10/333333333ns",
+    };
+    const size_t np = sizeof policies / sizeof policies[0];
+    rate_store_t *rs = redis_store("lean:", true, 0);
+    redisContext *c = raw();
+    unsigned checked = 0, admitted = 0, delayed = 0;
+    for (size_t p = 0; p < np; p++) {
+        rate_policy_t *pol = policy_of(policies[p]);
+        const rate_limit_t *lim = rate_policy_limit(pol, 0);
+        uint64_t cap = lim->algorithm == RATE_FIXED_WINDOW ? lim->limit
+                                                           : lim->burst;
+        rate_store_t *ms;
+        assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+        rate_limiter_config_t cfg = {0};
+        rate_limiter_t *lm, *lr;
+        cfg.policy = pol;
+        cfg.store = ms;
+        assert_int_equal(rate_limiter_new(&cfg, &lm), RATE_OK);
+        cfg.store = rs;
+        assert_int_equal(rate_limiter_new(&cfg, &lr), RATE_OK);
+        freeReplyObject(redisCommand(c, "CONFIG RESETSTAT"));
+        long long decisions = 0;
+        for (int trace = 0; trace < 3; trace++) {
+            char key[16];
+            snprintf(key, sizeof key, "%zu-%d", p, trace);
+            /* today (about 2^60.6 ns), near zero, near 2^62 */
+            uint64_t t = trace == 0   ? UINT64_C(1764590000) * SEC + rnd(SEC)
+                         : trace == 1 ? rnd(SEC)
+                                      : (UINT64_C(1) << 62) + rnd(SEC);
+            for (int i = 0; i < 60; i++) {
+                uint64_t step = lim->period_ns / (1 + rnd(cap < 50 ? 8 : 4000));
+                if (rnd(12) == 0 && t > SEC)
+                    t -= rnd(SEC);
+                else if (rnd(30) == 0) /* idle past 2^52 ns */
+                    t += (UINT64_C(1) << 52) + rnd(SEC);
+                else if (rnd(4) != 0)
+                    t += rnd(step + 1);
+                uint64_t n;
+                switch (rnd(5)) {
+                case 0: n = rnd(cap + 2); break;
+                case 1: n = cap - rnd(cap < 3 ? cap + 1 : 3); break;
+                case 2: n = cap + rnd(2); break;
+                default: n = rnd(4); break;
+                }
+                uint64_t mw = lim->algorithm != RATE_FIXED_WINDOW && rnd(3) == 0
+                                  ? rnd(lim->period_ns * 4 + 1)
+                                  : 0;
+                rate_decision_t a, b;
+                assert_int_equal(rate_limiter_check_at(lm, key, strlen(key), n,
+                                                       mw, t, &a), RATE_OK);
+                assert_int_equal(rate_limiter_check_at(lr, key, strlen(key), n,
+                                                       mw, t, &b), RATE_OK);
+                expect_same(&a, &b, policies[p], i, t, n, mw);
+                decisions++;
+                checked++;
+                admitted += a.allowed && n > 0;
+                delayed += a.allowed && a.delay_ns > 0;
+            }
+        }
+        long long ev = calls_of(c, "evalsha"), hm = calls_of(c, "hmget");
+        if (ev != decisions || hm != decisions || calls_of(c, "eval") != 0)
+            fail_msg("%s: %lld decisions took %lld EVALSHA, %lld HMGET, "
+                     "%lld EVAL", policies[p], decisions, ev, hm,
+                     calls_of(c, "eval"));
+        rate_limiter_free(lm);
+        rate_limiter_free(lr);
+        rate_store_free(ms);
+        rate_policy_free(pol);
+    }
+    assert_int_equal(checked, np * 180);
+    /* the traces write (admissions, reservations), not only deny */
+    assert_true(admitted > checked / 4 && admitted < checked * 3 / 4);
+    assert_true(delayed > 20);
+    redisFree(c);
+    drop_store(rs);
+}
+
 /* Clients whose clocks disagree share one limit: by default a decision
  * goes by Redis's TIME, also when the client decides itself (a window the
  * Lua step declines).  client_time makes each go by its own clock. */
@@ -1463,6 +1584,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(same_decisions_as_memory),
         cmocka_unit_test(same_decisions_at_the_boundaries),
+        cmocka_unit_test(lean_scripts_at_the_boundaries),
         cmocka_unit_test(wide_policies_same_as_memory),
         cmocka_unit_test(one_round_trip),
         cmocka_unit_test(fleet_clock),

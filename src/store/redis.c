@@ -1498,10 +1498,10 @@ static uint64_t gcd64(uint64_t a, uint64_t b)
 /* Whether a lean script decides the request exactly (docs/redis.md, "Lean
  * scripts"), and if so which, with its own arguments (after the seven
  * every step script takes) in num.  A bucket's word is sent in units of g,
- * a common divisor of L and P below 2^21, so that B * P / g <= 2^51; a
+ * a common divisor of L and P below 2^36, so that B * P / g <= 2^51; a
  * window of at most 2^52 ns and a count of at most 2^52. */
 #define LEAN_WORD (UINT64_C(1) << 51)
-#define LEAN_G 2000000 /* 2^7 * 5^6: g divides it, so g < 2^21 */
+#define LEAN_G UINT64_C(10000000000) /* 10^10: g divides it, so g < 2^36 */
 
 static int lean_of(const rate_decide_req_t *q, char num[][24], int *nn)
 {
@@ -1515,9 +1515,10 @@ static int lean_of(const rate_decide_req_t *q, char num[][24], int *nn)
         l->algorithm == RATE_LEAKY_BUCKET) {
         rate_u128_t full = (rate_u128_t)l->burst * l->period_ns;
         uint64_t g = gcd64(gcd64(l->limit, l->period_ns), LEAN_G);
-        if (l->burst == 0 || full > (rate_u128_t)1 << 62 ||
-            full / g > LEAN_WORD)
-            return -1; /* a wide layout, or past exact doubles */
+        if (l->burst == 0 || full / g > LEAN_WORD)
+            return -1; /* past exact doubles */
+        /* the word's width: 16 bytes for a wide bucket (B * P > 2^62) */
+        snprintf(num[(*nn)++], 24, "%d", full > (rate_u128_t)1 << 62 ? 16 : 8);
         snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)(l->limit / g));
         snprintf(num[(*nn)++], 24, "%llu",
                  (unsigned long long)(l->period_ns / g));
@@ -1533,6 +1534,7 @@ static int lean_of(const rate_decide_req_t *q, char num[][24], int *nn)
         if (l->limit > (UINT64_C(1) << 52) ||
             l->period_ns >= (UINT64_C(1) << 52))
             return -1;
+        snprintf(num[(*nn)++], 24, "8");
         snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)l->limit);
         snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)l->period_ns);
         return LEAN_FW;

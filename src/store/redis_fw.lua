@@ -4,16 +4,16 @@
 -- zero, the count of t_last's window.  A time's offset in its window is
 -- t mod W = (hi * 2^32 mod W + lo) mod W, each math.fmod exact; t and
 -- t_last share a window when t - t_last is the difference of their
--- offsets.  ARGV [8] L, [9] W (ns, below 2^52)
-local L, W = tonumber(ARGV[8]), tonumber(ARGV[9])
+-- offsets.  ARGV [9] L, [10] W (ns, below 2^52)
+local L, W = tonumber(ARGV[9]), tonumber(ARGV[10])
 local function offset(hi, lo)
   return math.fmod(math.fmod(hi * E32, W) + lo, W)
 end
 local e = offset(t_hi, t_lo)
 local cnt = 0
-if w_lo ~= nil then
-  if w_hi >= 2097152 then return DECLINE end
-  cnt = w_hi * E32 + w_lo
+if w ~= nil then
+  if w[2] >= 2097152 then return DECLINE end
+  cnt = w[2] * E32 + w[1]
   if cnt > L then return DECLINE end
   if dt ~= e - offset(l_hi, l_lo) then cnt = 0 end
 end

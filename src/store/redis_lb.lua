@@ -1,13 +1,13 @@
 -- SPDX-License-Identifier: MIT
 -- Leaky bucket, one limit: sent after redis_lean.lua (see there).  The
 -- decision of src/algo/leaky_bucket.c with v = level * P in units of g.
--- ARGV [8] L/g, [9] P/g, [10] C (the capacity), [11] g
-local L, P, C, g = tonumber(ARGV[8]), tonumber(ARGV[9]),
-                   tonumber(ARGV[10]), tonumber(ARGV[11])
+-- ARGV [9] L/g, [10] P/g, [11] C (the capacity), [12] g
+local L, P, C, g = tonumber(ARGV[9]), tonumber(ARGV[10]),
+                   tonumber(ARGV[11]), tonumber(ARGV[12])
 local cap = C * P
 local v = 0
-if w_lo ~= nil then
-  v = word_in(w_lo, w_hi, g)
+if w ~= nil then
+  v = word_in(w, g)
   if v == nil or v < 0 or v > cap then return DECLINE end
   if dt >= cdiv(v, L) then v = 0 else v = v - dt * L end
 end

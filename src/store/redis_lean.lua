@@ -3,7 +3,7 @@
 -- redis_tb.lua, redis_lb.lua, redis_fw.lua is sent after this text, as one
 -- script that decides one single-limit policy of its algorithm over the
 -- same state bytes as src/step.c (header: t_last u64, tag u32, count u8,
--- format u8; then the limit's one 8-byte word), or declines ({0}, nothing
+-- format u8; then the limit's one word, 8 bytes or a wide bucket's 16), or declines ({0}, nothing
 -- written) and the client decides through the compare-and-set path.
 --
 -- Numbers are doubles, exact below 2^53.  A time in nanoseconds is not, so
@@ -11,7 +11,7 @@
 -- and written with struct, and only differences (below 2^52) and offsets
 -- in a window (math.fmod, which is exact) are ever numbers.  A bucket's
 -- word u (tokens or level, times P) is read in units of g, a common
--- divisor of L and P below 2^21 chosen by the client: every quantity the
+-- divisor of L and P below 2^36 chosen by the client: every quantity the
 -- step forms is then a multiple of g, divided out exactly, so that an hour
 -- or a day at a large burst stays below 2^51.  A word that is no multiple
 -- of g (a state carried over from another policy) declines.
@@ -20,7 +20,8 @@
 -- ARGV     [1] [2] now as seconds and nanoseconds (both "": Redis's TIME),
 --          [3] permits, [4] max_wait (ns), [5] ttl (0: none, -1: this
 --          decision's reset_after, else microseconds), [6] policy id (the
---          state's tag), [7] format (2 or 3), then the algorithm's
+--          state's tag), [7] format (2 or 3), [8] the word's width in
+--          bytes (8 or 16), then the algorithm's
 -- returns  as redis_step.lua: {1, allowed, reason, 0, limit, remaining,
 --          delay, retry (-1: never), reset}, {0} declined, {2} WRONGTYPE
 local E32 = 4294967296
@@ -36,19 +37,22 @@ local function cdiv(a, b)
   return q
 end
 
--- now: {hi, lo}, from Redis's TIME or the caller's (s, ns), s < 2^32:
--- s * 10^9 = (s * 1953125) * 2^9, the first product exact below 2^53.
+-- now: {hi, lo}, from Redis's TIME or the caller's (s, ns), s < 2^34:
+-- with s = a * 2^32 + b, s * 10^9 = (a * 5^9 * 2^9) * 2^32 + (b * 5^9) *
+-- 2^9, each product exact below 2^53.
 local tm, s, sub
 if ARGV[1] == '' then
   tm = redis.call('TIME')
   s, sub = tonumber(tm[1]), tonumber(tm[2]) * 1000
 else
   s, sub = tonumber(ARGV[1]), tonumber(ARGV[2])
-  if s == nil or sub == nil or s >= E32 then return DECLINE end
+  if s == nil or sub == nil or s >= 17179869184 then return DECLINE end
 end
-local X = s * 1953125
-local xl = math.fmod(X, 8388608)
-local now_hi, now_lo = (X - xl) / 8388608, xl * 512 + sub
+local sb = math.fmod(s, E32)
+local Y = sb * 1953125
+local yl = math.fmod(Y, 8388608)
+local now_hi = (s - sb) / E32 * 1000000000 + (Y - yl) / 8388608
+local now_lo = yl * 512 + sub
 if now_lo >= E32 then now_lo = now_lo - E32; now_hi = now_hi + 1 end
 local n, max_wait = tonumber(ARGV[3]), tonumber(ARGV[4])
 local ttl_us, id, fmt = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -69,16 +73,20 @@ end
 -- The state's header and word: t = max(now, t_last) as {t_hi, t_lo}, dt =
 -- t - t_last (math.huge from 2^52 ns on: 52 days, past every bucket's
 -- refill and every window), t_last's halves {l_hi, l_lo} and the word's
--- {w_lo, w_hi} (all nil: a new key).
-local t_hi, t_lo, dt, w_lo, w_hi = now_hi, now_lo, 0, nil, nil
+-- 32-bit limbs, low first, in w (all nil: a new key).  WB (ARGV[8]) is
+-- the word's width in bytes: 8, or 16 for a wide bucket (B * P > 2^62).
+local WB = tonumber(ARGV[8])
+local t_hi, t_lo, dt, w = now_hi, now_lo, 0, nil
 local l_hi, l_lo
 if st ~= nil then
-  if #st ~= 22 then return DECLINE end
-  local tag, count, f
-  l_lo, l_hi, tag, count, f, w_lo, w_hi = struct.unpack('<I4I4I4BBI4I4', st)
+  if #st ~= 14 + WB then return DECLINE end
+  local tag, count, f, pos
+  l_lo, l_hi, tag, count, f, pos = struct.unpack('<I4I4I4BB', st)
   if tag ~= id or count ~= 1 or f ~= fmt or l_hi >= 2147483648 then
     return DECLINE -- another policy or format, or a t_last past 2^63
   end
+  if WB == 8 then w = {struct.unpack('<I4I4', st, pos)}
+  else w = {struct.unpack('<I4I4I4I4', st, pos)} end
   if l_hi > now_hi or (l_hi == now_hi and l_lo > now_lo) then
     t_hi, t_lo = l_hi, l_lo
   end
@@ -86,36 +94,58 @@ if st ~= nil then
   else dt = (t_hi - l_hi) * E32 + (t_lo - l_lo) end
 end
 
--- A signed 64-bit word {lo, hi} divided by g (< 2^21): the quotient, or
--- nil if g does not divide it or the quotient passes 2^51 either way.
-local function word_in(lo, hi, g)
-  local neg = hi >= 2147483648
-  if neg then
-    hi, lo = 4294967295 - hi, E32 - lo
-    if lo == E32 then lo = 0; hi = hi + 1 end
+-- Two's complement of k = WB / 4 limbs, in place.
+local function negate(l)
+  local carry = 1
+  for i = 1, WB / 4 do
+    local v = 4294967295 - l[i] + carry
+    if v == E32 then l[i] = 0 else l[i] = v; carry = 0 end
   end
-  local qh = fdiv(hi, g)
-  local low = (hi - qh * g) * E32 + lo
-  local ql = fdiv(low, g)
-  if ql * g ~= low or qh >= 524288 then return nil end
-  local q = qh * E32 + ql
-  if q > 2251799813685248 then return nil end
+end
+-- The signed word (limbs l) divided by g (< 2^36), in 16-bit steps so
+-- that each partial remainder stays below 2^52: the quotient, or nil if g
+-- does not divide it or the quotient passes 2^51 either way.
+local function word_in(l, g)
+  local neg = l[WB / 4] >= 2147483648
+  if neg then negate(l) end
+  local r, q = 0, 0
+  for i = WB / 4, 1, -1 do
+    local lo16 = math.fmod(l[i], 65536)
+    for _, part in ipairs({(l[i] - lo16) / 65536, lo16}) do
+      local cur = r * 65536 + part
+      local qi = fdiv(cur, g)
+      r = cur - qi * g
+      q = q * 65536 + qi
+      if q > 2251799813685248 then return nil end
+    end
+  end
+  if r ~= 0 then return nil end
   if neg then return -q end
   return q
 end
--- x * g (|x| <= 2^52, g < 2^21, |x * g| < 2^63) as 8 little-endian bytes.
+-- x * g (|x| <= 2^52, g < 2^36, and the product within the word's
+-- width) as WB little-endian bytes, in 16-bit steps (each product below
+-- 2^52, its carry below 2^37).
 local function word_out(x, g)
   local neg = x < 0
   if neg then x = -x end
-  local al = math.fmod(x, E32)
-  local p = al * g
-  local lo = math.fmod(p, E32)
-  local hi = (x - al) / E32 * g + (p - lo) / E32
-  if neg then
-    hi, lo = 4294967295 - hi, E32 - lo
-    if lo == E32 then lo = 0; hi = hi + 1 end
+  local l, carry = {}, 0
+  for i = 1, 4 do
+    local lo = 0
+    local hi = 0
+    for k = 1, 2 do
+      local xi = math.fmod(x, 65536)
+      x = (x - xi) / 65536
+      local p = xi * g + carry
+      local limb = math.fmod(p, 65536)
+      carry = (p - limb) / 65536
+      if k == 1 then lo = limb else hi = limb end
+    end
+    l[i] = hi * 65536 + lo
   end
-  return struct.pack('<I4I4', lo, hi)
+  if neg then negate(l) end
+  if WB == 8 then return struct.pack('<I4I4', l[1], l[2]) end
+  return struct.pack('<I4I4I4I4', l[1], l[2], l[3], l[4])
 end
 
 -- Writes the state (the header at t, then the word's bytes), moves the

@@ -1,14 +1,14 @@
 -- SPDX-License-Identifier: MIT
 -- Token bucket, one limit: sent after redis_lean.lua (see there).  The
 -- decision of src/algo/token_bucket.h with u = tokens * P in units of g.
--- ARGV [8] L/g, [9] P/g, [10] B, [11] g, [12] the debt bound 2^62 / g,
+-- ARGV [9] L/g, [10] P/g, [11] B, [12] g, [13] the debt bound 2^62 / g,
 -- rounded down (a reservation may not take u below it, as in C)
-local L, P, B, g, D = tonumber(ARGV[8]), tonumber(ARGV[9]),
-                      tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local L, P, B, g, D = tonumber(ARGV[9]), tonumber(ARGV[10]),
+                      tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local full = B * P
 local u = full
-if w_lo ~= nil then
-  u = word_in(w_lo, w_hi, g)
+if w ~= nil then
+  u = word_in(w, g)
   if u == nil or u > full then return DECLINE end
   if u < full then
     local missing = full - u
