@@ -11,10 +11,9 @@ local function offset(hi, lo)
 end
 local e = offset(t_hi, t_lo)
 local cnt = 0
-if w ~= nil then
-  if w[2] >= 2097152 then return DECLINE end
-  cnt = w[2] * E32 + w[1]
-  if cnt > L then return DECLINE end
+if st ~= nil then
+  cnt = w8
+  if cnt == nil or cnt < 0 or cnt > L then return DECLINE end
   if dt ~= e - offset(l_hi, l_lo) then cnt = 0 end
 end
 local to_next = W - e

@@ -6,8 +6,8 @@ local L, P, C, g = tonumber(ARGV[9]), tonumber(ARGV[10]),
                    tonumber(ARGV[11]), tonumber(ARGV[12])
 local cap = C * P
 local v = 0
-if w ~= nil then
-  v = word_in(w, g)
+if st ~= nil then
+  v = word_in(g)
   if v == nil or v < 0 or v > cap then return DECLINE end
   if dt >= cdiv(v, L) then v = 0 else v = v - dt * L end
 end

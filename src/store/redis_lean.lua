@@ -72,21 +72,31 @@ end
 
 -- The state's header and word: t = max(now, t_last) as {t_hi, t_lo}, dt =
 -- t - t_last (math.huge from 2^52 ns on: 52 days, past every bucket's
--- refill and every window), t_last's halves {l_hi, l_lo} and the word's
--- 32-bit limbs, low first, in w (all nil: a new key).  WB (ARGV[8]) is
--- the word's width in bytes: 8, or 16 for a wide bucket (B * P > 2^62).
+-- refill and every window), t_last's halves {l_hi, l_lo} and the word:
+-- w8, a number, when it is 8 bytes below 2^53 either way (the common
+-- case, read in the same struct.unpack as the header), else its 32-bit
+-- limbs, low first, in w (all nil: a new key).  WB (ARGV[8]) is the
+-- word's width in bytes: 8, or 16 for a wide bucket (B * P > 2^62).
 local WB = tonumber(ARGV[8])
-local t_hi, t_lo, dt, w = now_hi, now_lo, 0, nil
+local t_hi, t_lo, dt, w, w8 = now_hi, now_lo, 0, nil, nil
 local l_hi, l_lo
 if st ~= nil then
   if #st ~= 14 + WB then return DECLINE end
   local tag, count, f, pos
-  l_lo, l_hi, tag, count, f, pos = struct.unpack('<I4I4I4BB', st)
+  if WB == 8 then
+    -- the word as one signed number too: exact when below 2^53 either way
+    l_lo, l_hi, tag, count, f, w8, pos = struct.unpack('<I4I4I4BBi8', st)
+  else
+    l_lo, l_hi, tag, count, f, pos = struct.unpack('<I4I4I4BB', st)
+  end
   if tag ~= id or count ~= 1 or f ~= fmt or l_hi >= 2147483648 then
     return DECLINE -- another policy or format, or a t_last past 2^63
   end
-  if WB == 8 then w = {struct.unpack('<I4I4', st, pos)}
-  else w = {struct.unpack('<I4I4I4I4', st, pos)} end
+  if w8 == nil or w8 <= -9007199254740992 or w8 >= 9007199254740992 then
+    w8 = nil
+    if WB == 8 then w = {struct.unpack('<I4I4', st, 15)}
+    else w = {struct.unpack('<I4I4I4I4', st, 15)} end
+  end
   if l_hi > now_hi or (l_hi == now_hi and l_lo > now_lo) then
     t_hi, t_lo = l_hi, l_lo
   end
@@ -105,7 +115,14 @@ end
 -- The signed word (limbs l) divided by g (< 2^36), in 16-bit steps so
 -- that each partial remainder stays below 2^52: the quotient, or nil if g
 -- does not divide it or the quotient passes 2^51 either way.
-local function word_in(l, g)
+local function word_in(g)
+  if w8 ~= nil then
+    if math.fmod(w8, g) ~= 0 then return nil end
+    local q = w8 / g -- exact: g divides it
+    if q > 2251799813685248 or q < -2251799813685248 then return nil end
+    return q
+  end
+  local l = w
   local neg = l[WB / 4] >= 2147483648
   if neg then negate(l) end
   local r, q = 0, 0
@@ -127,6 +144,10 @@ end
 -- width) as WB little-endian bytes, in 16-bit steps (each product below
 -- 2^52, its carry below 2^37).
 local function word_out(x, g)
+  local m = x * g -- exact if below 2^53 either way (then so is the rounding)
+  if WB == 8 and m > -9007199254740992 and m < 9007199254740992 then
+    return struct.pack('<i8', m)
+  end
   local neg = x < 0
   if neg then x = -x end
   local l, carry = {}, 0
@@ -158,8 +179,8 @@ local function write(word, reset)
   local ver
   if cur[1] == false then ver = tm[1] * 1000000 + tm[2]
   else ver = tonumber(cur[1]) + 1 end
-  if ver < 2^53 then
-    redis.call('HSET', KEYS[1], 'v', string.format('%.0f', ver), 's', state)
+  if ver < 2^53 then -- Redis writes a number below 2^53 in full (%.17g)
+    redis.call('HSET', KEYS[1], 'v', ver, 's', state)
   else
     redis.call('HINCRBY', KEYS[1], 'v', 1)
     redis.call('HSET', KEYS[1], 's', state)
@@ -174,6 +195,6 @@ local function write(word, reset)
     -- whole milliseconds, plus one
     local e = tonumber(tm[1]) * 1000000 + tonumber(tm[2]) + us
     local ms = cdiv(e, 1000)
-    redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', ms + 1))
+    redis.call('PEXPIREAT', KEYS[1], ms + 1)
   end
 end

@@ -7,8 +7,8 @@ local L, P, B, g, D = tonumber(ARGV[9]), tonumber(ARGV[10]),
                       tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local full = B * P
 local u = full
-if w ~= nil then
-  u = word_in(w, g)
+if st ~= nil then
+  u = word_in(g)
   if u == nil or u > full then return DECLINE end
   if u < full then
     local missing = full - u
