@@ -2,12 +2,15 @@
 -- Fixed window, one limit: sent after redis_lean.lua (see there).  The
 -- decision of src/algo/fixed_window.c: windows aligned to the clock's
 -- zero, the count of t_last's window.  A time's offset in its window is
--- t mod W = (hi * 2^32 mod W + lo) mod W, each math.fmod exact; t and
+-- t mod W = (hi * 2^32 mod W + lo) mod W, the first by math.fmod (exact
+-- for any doubles), the second by % corrected as fdiv does; t and
 -- t_last share a window when t - t_last is the difference of their
 -- offsets.  ARGV [9] L, [10] W (ns, below 2^52)
 local L, W = tonumber(ARGV[9]), tonumber(ARGV[10])
 local function offset(hi, lo)
-  return math.fmod(math.fmod(hi * E32, W) + lo, W)
+  local r = (math.fmod(hi * E32, W) + lo) % W -- below 2^53: exact but for
+  if r < 0 then r = r + W elseif r >= W then r = r - W end -- one W
+  return r
 end
 local e = offset(t_hi, t_lo)
 local cnt = 0

@@ -17,7 +17,8 @@ if n > C then reason = 2; retry = -1
 else
   need = n * P
   if n == 0 then ok = true
-  elseif v + need <= cap and drain <= max_wait then ok = true; delay = drain
+  elseif v + need <= cap and (drain == 0 or drain <= tonumber(ARGV[4])) then
+    ok = true; delay = drain
   else reason = 1; retry = drain end
 end
 local x = v

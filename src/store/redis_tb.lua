@@ -3,8 +3,8 @@
 -- decision of src/algo/token_bucket.h with u = tokens * P in units of g.
 -- ARGV [9] L/g, [10] P/g, [11] B, [12] g, [13] the debt bound 2^62 / g,
 -- rounded down (a reservation may not take u below it, as in C)
-local L, P, B, g, D = tonumber(ARGV[9]), tonumber(ARGV[10]),
-                      tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local L, P, B, g = tonumber(ARGV[9]), tonumber(ARGV[10]),
+                   tonumber(ARGV[11]), tonumber(ARGV[12])
 local full = B * P
 local u = full
 if st ~= nil then
@@ -22,7 +22,9 @@ else
   if n == 0 or u >= need then ok = true
   else
     local late = cdiv(need - u, L)
-    local deep = u - need < -D -- u - need >= -2^52: exact
+    local max_wait = tonumber(ARGV[4])
+    -- u - need >= -2^52: exact
+    local deep = max_wait > 0 and u - need < -tonumber(ARGV[13])
     if max_wait > 0 and not deep and late <= max_wait then
       ok = true; delay = late
     else reason = 1; retry = late end
