@@ -423,6 +423,13 @@ typedef struct rate_redis_status {
     uint64_t redirections;     /* MOVED, ASK and TRYAGAIN followed */
     uint64_t map_refreshes;    /* slot maps read from the cluster */
     uint64_t connect_failures; /* connections that could not be made */
+    uint64_t lean_decisions;   /* decided in one round trip by a lean
+                                  script (docs/redis.md) */
+    uint64_t general_decisions;/* ... by the general script */
+    uint64_t declined;         /* decisions left to the limiter's
+                                  compare-and-set path (a policy past the
+                                  scripts' exact range, or a state they
+                                  would not read): 3 round trips */
 } rate_redis_status_t;
 
 /* Fills *out with the Redis store's state and counts since its creation.

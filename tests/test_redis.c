@@ -294,6 +294,7 @@ static void lean_scripts_at_the_boundaries(void **state)
     rate_store_t *rs = redis_store("lean:", true, 0);
     redisContext *c = raw();
     unsigned checked = 0, admitted = 0, delayed = 0;
+    uint64_t lean_before = 0;
     for (size_t p = 0; p < np; p++) {
         rate_policy_t *pol = policy_of(policies[p]);
         const rate_limit_t *lim = rate_policy_limit(pol, 0);
@@ -347,6 +348,16 @@ static void lean_scripts_at_the_boundaries(void **state)
                 delayed += a.allowed && a.delay_ns > 0;
             }
         }
+        rate_redis_status_t rst;
+        assert_int_equal(rate_store_redis_status(rs, &rst), RATE_OK);
+        if (rst.declined != 0 || rst.general_decisions != 0 ||
+            rst.lean_decisions != lean_before + (uint64_t)decisions)
+            fail_msg("%s: %lld decisions, %llu lean, %llu general, %llu "
+                     "declined", policies[p], decisions,
+                     (unsigned long long)(rst.lean_decisions - lean_before),
+                     (unsigned long long)rst.general_decisions,
+                     (unsigned long long)rst.declined);
+        lean_before = rst.lean_decisions;
         long long ev = calls_of(c, "evalsha"), hm = calls_of(c, "hmget");
         if (ev != decisions || hm != decisions || calls_of(c, "eval") != 0)
             fail_msg("%s: %lld decisions took %lld EVALSHA, %lld HMGET, "

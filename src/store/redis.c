@@ -235,6 +235,7 @@ typedef struct redis_store {
     pthread_mutex_t err_lock;
     char last_err[256]; /* the last connection's failure; "" since one
                            succeeded */
+    atomic_uint_fast64_t st_lean, st_general, st_declined;
     atomic_uint_fast64_t st_opened, st_rejected, st_redirects, st_refreshes,
         st_connect_failures;
 } redis_store_t;
@@ -1606,8 +1607,10 @@ static int r_decide(void *self, const rate_key_t *key,
     if (key != NULL && key->space == RATE_SPACE_POLICY)
         return RATE_EINVAL; /* records are no states to decide over */
     bool use_time = r->redis_time && q->clock_time;
-    if (q->format != RATE__FORMAT_V1 && q->format != RATE__FORMAT)
+    if (q->format != RATE__FORMAT_V1 && q->format != RATE__FORMAT) {
+        atomic_fetch_add(&r->st_declined, 1);
         return RATE_ENOTSUP; /* the limiter decides, exactly */
+    }
     if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
         return rc;
     long long ttl = !r->ttl     ? (long long)r->safety_us /* 0: none */
@@ -1633,6 +1636,7 @@ static int r_decide(void *self, const rate_key_t *key,
         if (!lua_can(q)) {
             if (k != kb)
                 free(k);
+            atomic_fetch_add(&r->st_declined, 1);
             return RATE_ENOTSUP; /* the limiter decides, exactly */
         }
         for (size_t i = 0; i < rate_policy_count(p); i++) {
@@ -1672,6 +1676,7 @@ static int r_decide(void *self, const rate_key_t *key,
             /* Declined (out of the script's exact range, or a state it
              * would not read): nothing written; the client decides. */
             rc = RATE_ENOTSUP;
+            atomic_fetch_add(&r->st_declined, 1);
         } else if (tag == 2 && rep->elements == 1) {
             rc = RATE_ECORRUPT; /* the key is not a hash */
         } else if (tag == 1 && rep->elements == 9) {
@@ -1688,6 +1693,8 @@ static int r_decide(void *self, const rate_key_t *key,
             d->reset_after_ns = reply_u64(e[8], &ok);
             if (!ok || d->reason > RATE_REASON_NEVER)
                 rc = RATE_ECORRUPT;
+            else
+                atomic_fetch_add(lean >= 0 ? &r->st_lean : &r->st_general, 1);
         } else {
             rc = RATE_ECORRUPT;
         }
@@ -2053,5 +2060,8 @@ int rate_store_redis_status(rate_store_t *store, rate_redis_status_t *out)
     out->redirections = atomic_load(&r->st_redirects);
     out->map_refreshes = atomic_load(&r->st_refreshes);
     out->connect_failures = atomic_load(&r->st_connect_failures);
+    out->lean_decisions = atomic_load(&r->st_lean);
+    out->general_decisions = atomic_load(&r->st_general);
+    out->declined = atomic_load(&r->st_declined);
     return RATE_OK;
 }

@@ -44,10 +44,11 @@ end
 -- now: {hi, lo}, from Redis's TIME or the caller's (s, ns), s < 2^34:
 -- with s = a * 2^32 + b, s * 10^9 = (a * 5^9 * 2^9) * 2^32 + (b * 5^9) *
 -- 2^9, each product exact below 2^53.
-local tm, s, sub
+local tms, tmu, s, sub -- Redis's TIME, once read: seconds, microseconds
 if ARGV[1] == '' then
-  tm = redis.call('TIME')
-  s, sub = tonumber(tm[1]), tonumber(tm[2]) * 1000
+  local tm = redis.call('TIME')
+  tms, tmu = tonumber(tm[1]), tonumber(tm[2])
+  s, sub = tms, tmu * 1000
 else
   s, sub = tonumber(ARGV[1]), tonumber(ARGV[2])
   if s == nil or sub == nil or s >= 17179869184 then return DECLINE end
@@ -181,18 +182,27 @@ end
 local function write(word, reset)
   local state = struct.pack('<I4I4I4BB', t_lo, t_hi, id, 1, fmt) .. word
   local ttl_us = tonumber(ARGV[5])
-  if tm == nil and (cur[1] == false or ttl_us ~= 0) then
-    tm = redis.call('TIME')
+  if tms == nil and (cur[1] == false or ttl_us ~= 0) then
+    local tm = redis.call('TIME')
+    tms, tmu = tonumber(tm[1]), tonumber(tm[2])
   end
+  -- The version: a new key's from TIME in microseconds (a number below
+  -- 2^53, which Redis writes in full); else the decimal string (at most
+  -- 19 digits, checked above) plus one, digit by digit: tonumber of a long
+  -- string costs more than the rest of the step.
   local ver
-  if cur[1] == false then ver = tm[1] * 1000000 + tm[2]
-  else ver = tonumber(cur[1]) + 1 end
-  if ver < 2^53 then -- Redis writes a number below 2^53 in full (%.17g)
-    redis.call('HSET', KEYS[1], 'v', ver, 's', state)
+  if cur[1] == false then ver = tms * 1000000 + tmu
   else
-    redis.call('HINCRBY', KEYS[1], 'v', 1)
-    redis.call('HSET', KEYS[1], 's', state)
+    ver = cur[1]
+    local i = #ver
+    while i > 0 and string.byte(ver, i) == 57 do i = i - 1 end
+    if i == 0 then ver = '1' .. string.rep('0', #ver)
+    else
+      ver = string.sub(ver, 1, i - 1) .. string.char(string.byte(ver, i) + 1)
+            .. string.rep('0', #ver - i)
+    end
   end
+  redis.call('HSET', KEYS[1], 'v', ver, 's', state)
   if ttl_us == 0 then
     redis.call('PERSIST', KEYS[1])
   else
@@ -201,7 +211,7 @@ local function write(word, reset)
     if us > 2251799813685248 then us = 2251799813685248 end
     -- expire_at (redis_step.lua): the end by Redis's clock, rounded up to
     -- whole milliseconds, plus one
-    local e = tonumber(tm[1]) * 1000000 + tonumber(tm[2]) + us
+    local e = tms * 1000000 + tmu + us
     local ms = cdiv(e, 1000)
     redis.call('PEXPIREAT', KEYS[1], ms + 1)
   end
