@@ -219,6 +219,13 @@ typedef struct redis_store {
     char sha[41];      /* the compare-and-set script */
     char step_sha[41]; /* the step (redis_step.lua) */
     char lean_sha[LEAN_COUNT][41]; /* the lean scripts, by lean_t */
+    /* The lean scripts as one Redis 7 Functions library (FCALL, faster
+     * than EVALSHA of the same body: docs/redis.md), named after a hash of
+     * their text so that two versions of the library never clash. */
+    char *fn_lib;
+    size_t fn_lib_len;
+    char fn_name[LEAN_COUNT][32];
+    atomic_bool fcall; /* every node took FUNCTION LOAD: FCALL, else EVALSHA */
 
     /* The topology: found once (ready), at creation or, lazily, by the
      * first call that reaches a seed; the slot map then follows the
@@ -1647,8 +1654,15 @@ static int r_decide(void *self, const rate_key_t *key,
             snprintf(num[nn++], 24, "%llu", (unsigned long long)l->burst);
         }
     }
-    av[argc] = "EVALSHA", al[argc++] = 7;
-    av[argc] = lean >= 0 ? r->lean_sha[lean] : r->step_sha, al[argc++] = 40;
+    bool fcall = lean >= 0 && atomic_load(&r->fcall);
+    if (fcall) {
+        av[argc] = "FCALL", al[argc++] = 5;
+        av[argc] = r->fn_name[lean], al[argc++] = strlen(r->fn_name[lean]);
+    } else {
+        av[argc] = "EVALSHA", al[argc++] = 7;
+        av[argc] = lean >= 0 ? r->lean_sha[lean] : r->step_sha,
+        al[argc++] = 40;
+    }
     av[argc] = "1", al[argc++] = 1;
     av[argc] = k, al[argc++] = kl;
     for (int i = 0; i < nn; i++)
@@ -1656,7 +1670,32 @@ static int r_decide(void *self, const rate_key_t *key,
     redisReply *rep = NULL;
     uint64_t dl = deadline_of(r);
     rc = kcall(r, dl, k, kl, argc, av, al, &rep);
-    if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
+    if (fcall && rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
+        (strstr(rep->str, "Function not found") != NULL ||
+         strstr(rep->str, "unknown command") != NULL)) {
+        /* A node without the library (loaded on first use: a new node, a
+         * restart without persistence, FUNCTION FLUSH): load it there,
+         * then call again.  A server that will not (before Redis 7, or a
+         * user without the right) gets the script instead, from now on. */
+        freeReplyObject(rep);
+        rep = NULL;
+        rc = kcall(r, dl, k, kl, 4,
+                   (const char *[]){"FUNCTION", "LOAD", "REPLACE", r->fn_lib},
+                   (size_t[]){8, 4, 7, r->fn_lib_len}, &rep);
+        bool loaded = rc == RATE_OK && rep->type == REDIS_REPLY_STRING;
+        /* another caller loaded it first: it is there */
+        loaded |= rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
+                  strstr(rep->str, "already exists") != NULL;
+        freeReplyObject(rep);
+        rep = NULL;
+        if (!loaded && (rc == RATE_OK || rc == RATE_ESTORE)) {
+            atomic_store(&r->fcall, false);
+            av[0] = "EVAL", al[0] = 4;
+            av[1] = lean_scripts[lean].src, al[1] = lean_scripts[lean].len;
+        }
+        if (rc == RATE_OK || rc == RATE_ESTORE)
+            rc = kcall(r, dl, k, kl, argc, av, al, &rep);
+    } else if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
         strncmp(rep->str, "NOSCRIPT", 8) == 0) {
         freeReplyObject(rep); /* Redis restarted or SCRIPT FLUSH */
         av[0] = "EVAL", al[0] = 4;
@@ -1736,7 +1775,36 @@ static void r_destroy(void *self)
     pthread_mutex_destroy(&r->topo_lock);
     pthread_mutex_destroy(&r->err_lock);
     free(r->prefix);
+    free(r->fn_lib);
     free(r);
+}
+
+/* The Functions library of the lean scripts (see the struct): each
+ * script's text as a function's body, FNV-1a of the three the version. */
+static int make_fn_lib(redis_store_t *r)
+{
+    static const char *tag[LEAN_COUNT] = {"tb", "lb", "fw"};
+    uint32_t h = 2166136261u;
+    size_t len = 64;
+    for (int i = 0; i < LEAN_COUNT; i++) {
+        for (size_t j = 0; j < lean_scripts[i].len; j++)
+            h = (h ^ (unsigned char)lean_scripts[i].src[j]) * 16777619u;
+        len += lean_scripts[i].len + 96;
+    }
+    if ((r->fn_lib = malloc(len)) == NULL)
+        return RATE_ENOMEM;
+    size_t n = (size_t)snprintf(r->fn_lib, len,
+                                "#!lua name=ratelimit_%08x\n", (unsigned)h);
+    for (int i = 0; i < LEAN_COUNT; i++) {
+        snprintf(r->fn_name[i], sizeof r->fn_name[i], "ratelimit_%s_%08x",
+                 tag[i], (unsigned)h);
+        n += (size_t)snprintf(r->fn_lib + n, len - n,
+                              "redis.register_function('%s', "
+                              "function(KEYS, ARGV)\n%s\nend)\n",
+                              r->fn_name[i], lean_scripts[i].src);
+    }
+    r->fn_lib_len = n;
+    return RATE_OK;
 }
 
 static const rate_store_methods_t redis_methods = {
@@ -1783,6 +1851,11 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
                                                     : 0;
     r->redis_time = !o.client_time;
     r->lean = !o.general_script;
+    atomic_store(&r->fcall, r->lean);
+    if (r->lean && make_fn_lib(r) != RATE_OK) {
+        r_destroy(r);
+        return RATE_ENOMEM;
+    }
     r->lazy = o.lazy_connect;
     r->breaker = !o.no_breaker;
     r->breaker_failures = o.breaker_failures ? o.breaker_failures
