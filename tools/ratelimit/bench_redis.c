@@ -399,7 +399,8 @@ int bench_redis(const char *url, const char *cluster_url)
         v = ceilings ? redis_benchmark(host, port, seq_args) : 0;
         seq = v > seq ? v : seq;
     }
-    printf("\nRedis store (%s): one decision = one EVALSHA of the Lua step\n",
+    printf("\nRedis store (%s): one decision = one script call (FCALL of a\n"
+           "  lean script, or EVALSHA of the general one)\n",
            url);
     printf("  %-40s %10.0f ns\n", "floor: one PING round trip", rtt);
     printf("  %-40s %10.0f ns  %5.2fx the round trip\n",
