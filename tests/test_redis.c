@@ -379,6 +379,73 @@ static void lean_scripts_at_the_boundaries(void **state)
     drop_store(rs);
 }
 
+/* One state layout: the same keys decided in turn by a lean script, by
+ * the general script (general_script) and, for a policy past its range,
+ * by the C step over compare-and-set, give the memory store's decisions
+ * field by field: a state written by one is read by the others. */
+static void lean_general_and_c_share_keys(void **state)
+{
+    (void)state;
+    static const char *policies[] = {
+        "token-bucket 1000/s burst=1000", "token-bucket 1000/1h burst=1000",
+        "token-bucket 5000/1d burst=100000", "leaky-bucket 7/3s capacity=4",
+        "leaky-bucket 100000/1d capacity=100000", "fixed-window 1000/1h",
+        "fixed-window 5/7ms"};
+    rate_store_t *lean = redis_store("share:", true, 0), *gen;
+    rate_redis_options_t o = {0};
+    char err[200];
+    o.prefix = "share:";
+    o.no_ttl = true;
+    o.general_script = true;
+    assert_int_equal(rate_store_redis_new(url, &o, &gen, err, sizeof err),
+                     RATE_OK);
+    for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
+        rate_policy_t *pol = policy_of(policies[p]);
+        const rate_limit_t *lim = rate_policy_limit(pol, 0);
+        uint64_t cap = lim->algorithm == RATE_FIXED_WINDOW ? lim->limit
+                                                           : lim->burst;
+        rate_store_t *ms;
+        assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+        rate_limiter_config_t cfg = {0};
+        rate_limiter_t *lm, *l[2];
+        cfg.policy = pol;
+        cfg.store = ms;
+        assert_int_equal(rate_limiter_new(&cfg, &lm), RATE_OK);
+        cfg.store = lean;
+        assert_int_equal(rate_limiter_new(&cfg, &l[0]), RATE_OK);
+        cfg.store = gen;
+        assert_int_equal(rate_limiter_new(&cfg, &l[1]), RATE_OK);
+        char key[16];
+        snprintf(key, sizeof key, "s%zu", p);
+        uint64_t t = UINT64_C(1764590000) * SEC + rnd(SEC);
+        for (int i = 0; i < 120; i++) {
+            t += rnd(lim->period_ns / (1 + rnd(cap < 50 ? 8 : 2000)) + 1);
+            uint64_t n = rnd(3) == 0 ? rnd(cap + 2) : rnd(3);
+            uint64_t mw = lim->algorithm != RATE_FIXED_WINDOW && rnd(3) == 0
+                              ? rnd(lim->period_ns)
+                              : 0;
+            rate_decision_t a, b;
+            assert_int_equal(rate_limiter_check_at(lm, key, strlen(key), n,
+                                                   mw, t, &a), RATE_OK);
+            assert_int_equal(rate_limiter_check_at(l[rnd(2)], key,
+                                                   strlen(key), n, mw, t, &b),
+                             RATE_OK);
+            expect_same(&a, &b, policies[p], i, t, n, mw);
+        }
+        rate_limiter_free(lm);
+        rate_limiter_free(l[0]);
+        rate_limiter_free(l[1]);
+        rate_store_free(ms);
+        rate_policy_free(pol);
+    }
+    rate_redis_status_t st;
+    assert_int_equal(rate_store_redis_status(gen, &st), RATE_OK);
+    /* the general store's share: its script, and C for what it declines */
+    assert_true(st.general_decisions > 0 && st.declined > 0);
+    rate_store_free(gen);
+    drop_store(lean);
+}
+
 /* Clients whose clocks disagree share one limit: by default a decision
  * goes by Redis's TIME, also when the client decides itself (a window the
  * Lua step declines).  client_time makes each go by its own clock. */
@@ -1601,6 +1668,7 @@ int main(void)
         cmocka_unit_test(same_decisions_as_memory),
         cmocka_unit_test(same_decisions_at_the_boundaries),
         cmocka_unit_test(lean_scripts_at_the_boundaries),
+        cmocka_unit_test(lean_general_and_c_share_keys),
         cmocka_unit_test(wide_policies_same_as_memory),
         cmocka_unit_test(one_round_trip),
         cmocka_unit_test(fleet_clock),
