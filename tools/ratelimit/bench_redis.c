@@ -252,10 +252,11 @@ static void bench_lean(const char *url, const char *host, int port,
         if (fr != NULL && fr->type == REDIS_REPLY_STRING) {
             for (int i = 0; i < 3; i++) {
                 /* args[3 + i] with FCALL rlbench_i for EVALSHA sha */
-                const char *rest = args[3 + i] + strlen(head) + 1 + 40;
-                snprintf(args[6 + i], sizeof args[6 + i],
+                char line[640];
+                snprintf(line, sizeof line,
                          "-n 60000 -r 64 -c 50 -P 16 FCALL rlbench_%d%s", i,
-                         rest);
+                         args[3 + i] + strlen(head) + 1 + 40);
+                memcpy(args[6 + i], line, sizeof line);
             }
             rows = 9;
         }
