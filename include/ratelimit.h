@@ -433,7 +433,8 @@ typedef struct rate_redis_options {
                                     (pipelined); 0: 2 */
     bool no_ttl;                 /* keep keys without expiry (replays on a
                                     virtual clock); default: expire each key
-                                    after its reset_after, rounded up to ms */
+                                    after its reset_after by Redis's own
+                                    clock (rounded up to ms, plus 1 ms) */
     bool client_time;            /* decide on the limiter's clock; default:
                                     on Redis's TIME, one clock for every
                                     client (times given to the *_at calls
@@ -477,6 +478,10 @@ typedef struct rate_redis_options {
                                     ratelimit.so, the Redis module
                                     (docs/redis-module.md), when loaded;
                                     default AUTO */
+    bool general_script;         /* decide every policy with the general
+                                    script (redis_step.lua), never a lean
+                                    one: the same decisions, slower; for
+                                    comparison (docs/redis.md) */
 } rate_redis_options_t;
 
 /* The Redis store: url is redis://[[user]:password@]host[:port][/db],
@@ -543,6 +548,13 @@ typedef struct rate_redis_status {
     uint64_t module_fallbacks; /* module calls answered with an error,
                                   "unknown command" (then made by the
                                   scripts) */
+    uint64_t lean_decisions;   /* decided in one round trip by a lean
+                                  script (docs/redis.md) */
+    uint64_t general_decisions;/* ... by the general script */
+    uint64_t declined;         /* decisions left to the limiter's
+                                  compare-and-set path (a policy past the
+                                  scripts' exact range, or a state they
+                                  would not read): 3 round trips */
 } rate_redis_status_t;
 
 /* Fills *out with the Redis store's state and counts since its creation.

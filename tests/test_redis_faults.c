@@ -265,7 +265,8 @@ static void *fake_conn(void *arg)
         const char *rep = "+OK\r\n";
         char buf[128];
         bool has_key = argc > 3 && (strcasecmp(a[0], "EVALSHA") == 0 ||
-                                    strcasecmp(a[0], "EVAL") == 0);
+                                    strcasecmp(a[0], "EVAL") == 0 ||
+                                    strcasecmp(a[0], "FCALL") == 0);
         if (strcasecmp(a[0], "CLUSTER") == 0 && f->cluster) {
             snprintf(buf, sizeof buf,
                      "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n"

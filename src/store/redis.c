@@ -88,6 +88,9 @@
 #include "../internal.h"
 #include "redis_cluster.h"
 #include "redis_step_lua.h"
+#include "redis_tb_lua.h"
+#include "redis_lb_lua.h"
+#include "redis_fw_lua.h"
 
 #define BACKOFF_MIN_NS (10 * UINT64_C(1000000))
 #define BACKOFF_MAX_NS RATE_NS_PER_S
@@ -99,26 +102,55 @@
 #define BREAKER_FAILURES 5
 #define BREAKER_COOLDOWN_NS RATE_NS_PER_S
 
+/* The expiry rule of redis_step.lua's expire_at (see there and
+ * docs/redis.md): the key lives at least `us` microseconds by Redis's own
+ * clock, PEXPIREAT the end rounded up to whole milliseconds, plus one. */
+#define EXPIRE_AT_LUA                                                        \
+    "local function expire_at(key, us, tm)\n"                               \
+    "  if us > 2251799813685248 then us = 2251799813685248 end\n"           \
+    "  local e = tonumber(tm[1]) * 1000000 + tonumber(tm[2]) + us\n"        \
+    "  local ms = math.floor(e / 1000)\n"                                   \
+    "  if ms * 1000 > e then ms = ms - 1\n"                                 \
+    "  elseif (ms + 1) * 1000 <= e then ms = ms + 1 end\n"                  \
+    "  if ms * 1000 < e then ms = ms + 1 end\n"                             \
+    "  redis.call('PEXPIREAT', key, string.format('%.0f', ms + 1))\n"       \
+    "end\n"
+
+/* ARGV: the version expected, the state, the expiry in microseconds from
+ * Redis's TIME (0: none). */
 static const char cas_script[] =
+    EXPIRE_AT_LUA
     "local cur = redis.call('HGET', KEYS[1], 'v')\n"
     "if cur == false then cur = '0' end\n"
     "if cur ~= ARGV[1] then return 0 end\n"
     "local nv\n"
+    "local t = redis.call('TIME')\n"
     "if cur == '0' then\n"
-    "  local t = redis.call('TIME')\n"
     "  nv = redis.call('HINCRBY', KEYS[1], 'v', t[1] * 1000000 + t[2])\n"
     "else\n"
     "  nv = redis.call('HINCRBY', KEYS[1], 'v', 1)\n"
     "end\n"
     "redis.call('HSET', KEYS[1], 's', ARGV[2])\n"
     "local ttl = tonumber(ARGV[3])\n"
-    "if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl)\n"
+    "if ttl > 0 then expire_at(KEYS[1], ttl, t)\n"
     "else redis.call('PERSIST', KEYS[1]) end\n"
     "return nv\n";
 
 /* Run at each connection, with a key of the namespace: whether the user
  * may run EVALSHA on the store's keys (an ACL says NOPERM first). */
 static const char probe_script[] = "return 1\n";
+
+/* The lean scripts: one per single-limit algorithm (redis_lean.lua, then
+ * redis_tb.lua, redis_lb.lua or redis_fw.lua; see docs/redis.md). */
+typedef enum lean { LEAN_TB, LEAN_LB, LEAN_FW, LEAN_COUNT } lean_t;
+static const struct {
+    const char *src;
+    size_t len;
+} lean_scripts[LEAN_COUNT] = {
+    {redis_tb_lua, sizeof redis_tb_lua - 1},
+    {redis_lb_lua, sizeof redis_lb_lua - 1},
+    {redis_fw_lua, sizeof redis_fw_lua - 1},
+};
 
 /* One caller's command on a shared connection. */
 typedef struct mreq {
@@ -177,16 +209,24 @@ typedef struct redis_store {
     unsigned nseeds;
     char password[256], user[256];
     int db;
-    bool unix_socket, ttl, redis_time, lazy, breaker;
+    bool unix_socket, ttl, redis_time, lazy, breaker, lean;
     unsigned breaker_failures, pool;
     uint64_t breaker_cooldown_ns;
     uint64_t connect_ns, command_ns;
-    uint64_t safety_ms; /* with no_ttl: the expiry of a state written, in
-                           ms; 0: none (PERSIST) */
+    uint64_t safety_us; /* with no_ttl: the expiry of a state written, in
+                           us; 0: none (PERSIST) */
     char *prefix;
     size_t prefix_len;
     char sha[41];      /* the compare-and-set script */
     char step_sha[41]; /* the step (redis_step.lua) */
+    char lean_sha[LEAN_COUNT][41]; /* the lean scripts, by lean_t */
+    /* The lean scripts as one Redis 7 Functions library (FCALL, faster
+     * than EVALSHA of the same body: docs/redis.md), named after a hash of
+     * their text so that two versions of the library never clash. */
+    char *fn_lib;
+    size_t fn_lib_len;
+    char fn_name[LEAN_COUNT][32];
+    atomic_bool fcall; /* every node took FUNCTION LOAD: FCALL, else EVALSHA */
 
     /* The topology: found once (ready), at creation or, lazily, by the
      * first call that reaches a seed; the slot map then follows the
@@ -203,6 +243,7 @@ typedef struct redis_store {
     pthread_mutex_t err_lock;
     char last_err[256]; /* the last connection's failure; "" since one
                            succeeded */
+    atomic_uint_fast64_t st_lean, st_general, st_declined;
     atomic_uint_fast64_t st_opened, st_rejected, st_redirects, st_refreshes,
         st_connect_failures;
 
@@ -493,18 +534,23 @@ static int open_conn(redis_store_t *r, const char *host, int port,
         freeReplyObject(rep);
     }
     char probe_sha[41] = "";
-    for (int i = 0; i < 3 && rc == RATE_OK; i++) {
+    for (int i = 0; i < 3 + LEAN_COUNT && rc == RATE_OK; i++) {
         const char *src = i == 0   ? cas_script
                           : i == 1 ? redis_step_lua
-                                   : probe_script;
+                          : i == 2 ? probe_script
+                                   : lean_scripts[i - 3].src;
         size_t len = i == 0   ? sizeof cas_script - 1
                      : i == 1 ? sizeof redis_step_lua - 1
-                              : sizeof probe_script - 1;
+                     : i == 2 ? sizeof probe_script - 1
+                              : lean_scripts[i - 3].len;
         rc = hs_command(c, deadline, 3,
                         (const char *[]){"SCRIPT", "LOAD", src},
                         (size_t[]){6, 4, len}, &rep);
         if (rc == RATE_OK && rep->type == REDIS_REPLY_STRING && rep->len == 40) {
-            char *dst = i == 0 ? r->sha : i == 1 ? r->step_sha : probe_sha;
+            char *dst = i == 0   ? r->sha
+                        : i == 1 ? r->step_sha
+                        : i == 2 ? probe_sha
+                                 : r->lean_sha[i - 3];
             if (i == 2 || dst[0] == '\0')
                 memcpy(dst, rep->str, 41);
         } else {
@@ -1261,12 +1307,13 @@ static int kcall(redis_store_t *r, uint64_t dl, const char *key, size_t klen,
     }
 }
 
-/* A key's expiry in whole milliseconds, rounded up (never less than
- * reset_after) and at least 1: PEXPIRE takes no zero. */
-static uint64_t ttl_ms(uint64_t ns)
+/* A key's expiry in whole microseconds, rounded up (never less than
+ * reset_after) and at least 1 (0 says none): the scripts count it from
+ * Redis's TIME and set the key's end with PEXPIREAT (EXPIRE_AT_LUA). */
+static uint64_t ttl_us(uint64_t ns)
 {
-    uint64_t ms = ns / 1000000 + (ns % 1000000 != 0);
-    return ms ? ms : 1;
+    uint64_t us = ns / 1000 + (ns % 1000 != 0);
+    return us ? us : 1;
 }
 
 /* A call's status, with an error reply counted as a store error, but
@@ -1438,10 +1485,10 @@ static int r_cas(void *self, const rate_key_t *key, uint64_t version,
     /* 0: no expiry (the script PERSISTs the key): for RATE_TTL_FOREVER
      * (the policy records) whatever the options, and for everything else
      * with no_ttl, unless it has a safety expiry. */
-    uint64_t ms = ttl_ns == RATE_TTL_FOREVER ? 0
-                  : !r->ttl                  ? r->safety_ms
-                                             : ttl_ms(ttl_ns);
-    snprintf(tbuf, sizeof tbuf, "%llu", (unsigned long long)ms);
+    uint64_t us = ttl_ns == RATE_TTL_FOREVER ? 0
+                  : !r->ttl                  ? r->safety_us
+                                             : ttl_us(ttl_ns);
+    snprintf(tbuf, sizeof tbuf, "%llu", (unsigned long long)us);
     const char *av[7] = {"EVALSHA", r->sha, "1", k, vbuf, state, tbuf};
     size_t al[7] = {7, 40, 1, kl, strlen(vbuf), len, strlen(tbuf)};
     redisReply *rep = NULL;
@@ -1493,6 +1540,63 @@ static bool lua_can(const rate_decide_req_t *q)
             return false;
     }
     return true;
+}
+
+static uint64_t gcd64(uint64_t a, uint64_t b)
+{
+    while (b != 0) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* Whether a lean script decides the request exactly (docs/redis.md, "Lean
+ * scripts"), and if so which, with its own arguments (after the seven
+ * every step script takes) in num.  A bucket's word is sent in units of g,
+ * a common divisor of L and P below 2^36, so that B * P / g <= 2^51; a
+ * window of at most 2^52 ns and a count of at most 2^52. */
+#define LEAN_WORD (UINT64_C(1) << 51)
+#define LEAN_G UINT64_C(10000000000) /* 10^10: g divides it, so g < 2^36 */
+
+static int lean_of(const rate_decide_req_t *q, char num[][24], int *nn)
+{
+    const rate_policy_t *p = q->policy;
+    if (rate_policy_count(p) != 1)
+        return -1;
+    const rate_limit_t *l = rate_policy_limit(p, 0);
+    if (l == NULL || l->block_ns != 0 || l->limit == 0 || l->period_ns == 0)
+        return -1;
+    if (l->algorithm == RATE_TOKEN_BUCKET ||
+        l->algorithm == RATE_LEAKY_BUCKET) {
+        rate_u128_t full = (rate_u128_t)l->burst * l->period_ns;
+        uint64_t g = gcd64(gcd64(l->limit, l->period_ns), LEAN_G);
+        if (l->burst == 0 || full / g > LEAN_WORD)
+            return -1; /* past exact doubles */
+        /* the word's width: 16 bytes for a wide bucket (B * P > 2^62) */
+        snprintf(num[(*nn)++], 24, "%d", full > (rate_u128_t)1 << 62 ? 16 : 8);
+        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)(l->limit / g));
+        snprintf(num[(*nn)++], 24, "%llu",
+                 (unsigned long long)(l->period_ns / g));
+        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)l->burst);
+        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)g);
+        if (l->algorithm == RATE_LEAKY_BUCKET)
+            return LEAN_LB;
+        snprintf(num[(*nn)++], 24, "%llu",
+                 (unsigned long long)((UINT64_C(1) << 62) / g));
+        return LEAN_TB;
+    }
+    if (l->algorithm == RATE_FIXED_WINDOW) {
+        if (l->limit > (UINT64_C(1) << 52) ||
+            l->period_ns >= (UINT64_C(1) << 52))
+            return -1;
+        snprintf(num[(*nn)++], 24, "8");
+        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)l->limit);
+        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)l->period_ns);
+        return LEAN_FW;
+    }
+    return -1;
 }
 
 static uint64_t reply_u64(const redisReply *e, bool *ok)
@@ -1559,14 +1663,15 @@ static int r_decide(void *self, const rate_key_t *key,
     if (key != NULL && key->space == RATE_SPACE_POLICY)
         return RATE_EINVAL; /* records are no states to decide over */
     bool use_time = r->redis_time && q->clock_time;
-    if ((q->format != RATE__FORMAT_V1 && q->format != RATE__FORMAT) ||
-        !lua_can(q))
+    if (q->format != RATE__FORMAT_V1 && q->format != RATE__FORMAT) {
+        atomic_fetch_add(&r->st_declined, 1);
         return RATE_ENOTSUP; /* the limiter decides, exactly */
+    }
     if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
         return rc;
-    long long ttl = !r->ttl     ? (long long)r->safety_ms /* 0: none */
+    long long ttl = !r->ttl     ? (long long)r->safety_us /* 0: none */
                     : q->detail ? -1 /* the script uses the exact reset */
-                                : (long long)ttl_ms(q->max_reset_ns);
+                                : (long long)ttl_us(q->max_reset_ns);
     int nn = 0;
     if (use_time) { /* "" "": the script reads Redis's TIME */
         num[nn++][0] = '\0';
@@ -1582,15 +1687,31 @@ static int r_decide(void *self, const rate_key_t *key,
     snprintf(num[nn++], 24, "%lld", ttl);
     snprintf(num[nn++], 24, "%lu", (unsigned long)q->policy_id);
     snprintf(num[nn++], 24, "%u", (unsigned)q->format);
-    for (size_t i = 0; i < rate_policy_count(p); i++) {
-        const rate_limit_t *l = rate_policy_limit(p, i);
-        snprintf(num[nn++], 24, "%d", (int)l->algorithm);
-        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->limit);
-        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->period_ns);
-        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->burst);
+    int lean = r->lean ? lean_of(q, num, &nn) : -1;
+    if (lean < 0) {
+        if (!lua_can(q)) {
+            if (k != kb)
+                free(k);
+            atomic_fetch_add(&r->st_declined, 1);
+            return RATE_ENOTSUP; /* the limiter decides, exactly */
+        }
+        for (size_t i = 0; i < rate_policy_count(p); i++) {
+            const rate_limit_t *l = rate_policy_limit(p, i);
+            snprintf(num[nn++], 24, "%d", (int)l->algorithm);
+            snprintf(num[nn++], 24, "%llu", (unsigned long long)l->limit);
+            snprintf(num[nn++], 24, "%llu", (unsigned long long)l->period_ns);
+            snprintf(num[nn++], 24, "%llu", (unsigned long long)l->burst);
+        }
     }
-    av[argc] = "EVALSHA", al[argc++] = 7;
-    av[argc] = r->step_sha, al[argc++] = 40;
+    bool fcall = lean >= 0 && atomic_load(&r->fcall);
+    if (fcall) {
+        av[argc] = "FCALL", al[argc++] = 5;
+        av[argc] = r->fn_name[lean], al[argc++] = strlen(r->fn_name[lean]);
+    } else {
+        av[argc] = "EVALSHA", al[argc++] = 7;
+        av[argc] = lean >= 0 ? r->lean_sha[lean] : r->step_sha,
+        al[argc++] = 40;
+    }
     av[argc] = "1", al[argc++] = 1;
     av[argc] = k, al[argc++] = kl;
     for (int i = 0; i < nn; i++)
@@ -1598,11 +1719,39 @@ static int r_decide(void *self, const rate_key_t *key,
     redisReply *rep = NULL;
     uint64_t dl = deadline_of(r);
     rc = kcall(r, dl, k, kl, argc, av, al, &rep);
-    if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
+    if (fcall && rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
+        (strstr(rep->str, "Function not found") != NULL ||
+         strstr(rep->str, "unknown command") != NULL)) {
+        /* A node without the library (loaded on first use: a new node, a
+         * restart without persistence, FUNCTION FLUSH): load it there,
+         * then call again.  A server that will not (before Redis 7, or a
+         * user without the right) gets the script instead, from now on. */
+        freeReplyObject(rep);
+        rep = NULL;
+        rc = kcall(r, dl, k, kl, 4,
+                   (const char *[]){"FUNCTION", "LOAD", "REPLACE", r->fn_lib},
+                   (size_t[]){8, 4, 7, r->fn_lib_len}, &rep);
+        bool loaded = rc == RATE_OK && rep->type == REDIS_REPLY_STRING;
+        /* another caller loaded it first: it is there */
+        loaded |= rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
+                  strstr(rep->str, "already exists") != NULL;
+        freeReplyObject(rep);
+        rep = NULL;
+        if (!loaded && (rc == RATE_OK || rc == RATE_ESTORE)) {
+            atomic_store(&r->fcall, false);
+            av[0] = "EVAL", al[0] = 4;
+            av[1] = lean_scripts[lean].src, al[1] = lean_scripts[lean].len;
+        }
+        if (rc == RATE_OK || rc == RATE_ESTORE)
+            rc = kcall(r, dl, k, kl, argc, av, al, &rep);
+    } else if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
         strncmp(rep->str, "NOSCRIPT", 8) == 0) {
         freeReplyObject(rep); /* Redis restarted or SCRIPT FLUSH */
         av[0] = "EVAL", al[0] = 4;
-        av[1] = redis_step_lua, al[1] = sizeof redis_step_lua - 1;
+        if (lean >= 0)
+            av[1] = lean_scripts[lean].src, al[1] = lean_scripts[lean].len;
+        else
+            av[1] = redis_step_lua, al[1] = sizeof redis_step_lua - 1;
         rep = NULL;
         rc = kcall(r, dl, k, kl, argc, av, al, &rep);
     }
@@ -1615,6 +1764,7 @@ static int r_decide(void *self, const rate_key_t *key,
             /* Declined (out of the script's exact range, or a state it
              * would not read): nothing written; the client decides. */
             rc = RATE_ENOTSUP;
+            atomic_fetch_add(&r->st_declined, 1);
         } else if (tag == 2 && rep->elements == 1) {
             rc = RATE_ECORRUPT; /* the key is not a hash */
         } else if (tag == 1 && rep->elements == 9) {
@@ -1631,6 +1781,8 @@ static int r_decide(void *self, const rate_key_t *key,
             d->reset_after_ns = reply_u64(e[8], &ok);
             if (!ok || d->reason > RATE_REASON_NEVER)
                 rc = RATE_ECORRUPT;
+            else
+                atomic_fetch_add(lean >= 0 ? &r->st_lean : &r->st_general, 1);
         } else {
             rc = RATE_ECORRUPT;
         }
@@ -1672,6 +1824,7 @@ static void r_destroy(void *self)
     pthread_mutex_destroy(&r->topo_lock);
     pthread_mutex_destroy(&r->err_lock);
     free(r->prefix);
+    free(r->fn_lib);
     free(r);
 }
 
@@ -1752,9 +1905,12 @@ static int module_decide(redis_store_t *r, const rate_key_t *key,
             return RATE_ENOTSUP; /* a block: the compare-and-set path's */
     if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
         return rc;
-    long long ttl = !r->ttl     ? (long long)r->safety_ms
+    /* The module's ttl is in milliseconds (rounded up, as the scripts'
+     * microseconds are). */
+    long long ttl = !r->ttl     ? (long long)((r->safety_us + 999) / 1000)
                     : q->detail ? -1
-                                : (long long)ttl_ms(q->max_reset_ns);
+                                : (long long)((ttl_us(q->max_reset_ns) + 999) /
+                                              1000);
     if (r->redis_time && q->clock_time) { /* "" "": the server's clock */
         num[nn++][0] = '\0';
         num[nn++][0] = '\0';
@@ -1852,6 +2008,34 @@ static int r_decide_any(void *self, const rate_key_t *key,
     return r_decide(self, key, q, d);
 }
 
+/* The Functions library of the lean scripts (see the struct): each
+ * script's text as a function's body, FNV-1a of the three the version. */
+static int make_fn_lib(redis_store_t *r)
+{
+    static const char *tag[LEAN_COUNT] = {"tb", "lb", "fw"};
+    uint32_t h = 2166136261u;
+    size_t len = 64;
+    for (int i = 0; i < LEAN_COUNT; i++) {
+        for (size_t j = 0; j < lean_scripts[i].len; j++)
+            h = (h ^ (unsigned char)lean_scripts[i].src[j]) * 16777619u;
+        len += lean_scripts[i].len + 96;
+    }
+    if ((r->fn_lib = malloc(len)) == NULL)
+        return RATE_ENOMEM;
+    size_t n = (size_t)snprintf(r->fn_lib, len,
+                                "#!lua name=ratelimit_%08x\n", (unsigned)h);
+    for (int i = 0; i < LEAN_COUNT; i++) {
+        snprintf(r->fn_name[i], sizeof r->fn_name[i], "ratelimit_%s_%08x",
+                 tag[i], (unsigned)h);
+        n += (size_t)snprintf(r->fn_lib + n, len - n,
+                              "redis.register_function('%s', "
+                              "function(KEYS, ARGV)\n%s\nend)\n",
+                              r->fn_name[i], lean_scripts[i].src);
+    }
+    r->fn_lib_len = n;
+    return RATE_OK;
+}
+
 static const rate_store_methods_t redis_methods = {
     .version = RATE_STORE_VERSION,
     .name = "redis",
@@ -1892,9 +2076,15 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
     r->connect_ns = o.connect_timeout_ns ? o.connect_timeout_ns : RATE_NS_PER_S;
     r->command_ns = o.command_timeout_ns ? o.command_timeout_ns : RATE_NS_PER_S;
     r->ttl = !o.no_ttl;
-    r->safety_ms = o.no_ttl && o.safety_ttl_ns != 0 ? ttl_ms(o.safety_ttl_ns)
+    r->safety_us = o.no_ttl && o.safety_ttl_ns != 0 ? ttl_us(o.safety_ttl_ns)
                                                     : 0;
     r->redis_time = !o.client_time;
+    r->lean = !o.general_script;
+    atomic_store(&r->fcall, r->lean);
+    if (r->lean && make_fn_lib(r) != RATE_OK) {
+        r_destroy(r);
+        return RATE_ENOMEM;
+    }
     r->lazy = o.lazy_connect;
     r->breaker = !o.no_breaker;
     r->breaker_failures = o.breaker_failures ? o.breaker_failures
@@ -2120,10 +2310,13 @@ int rate_store_redis_drop(rate_store_t *store)
     return scan_prefix(r, unlink_batch, NULL);
 }
 
-/* PEXPIRE of each of KEYS, in one call for a batch (a key gone meanwhile
+/* The expiry of each of KEYS (expire_at), in one call for a batch (a key gone meanwhile
  * is left gone). */
 static const char touch_script[] =
-    "for _, k in ipairs(KEYS) do redis.call('PEXPIRE', k, ARGV[1]) end\n"
+    EXPIRE_AT_LUA
+    "local t = redis.call('TIME')\n"
+    "local us = tonumber(ARGV[1])\n"
+    "for _, k in ipairs(KEYS) do expire_at(k, us, t) end\n"
     "return #KEYS\n";
 
 typedef struct touch_arg {
@@ -2136,7 +2329,7 @@ static int touch_batch(redis_store_t *r, const char **keys,
     touch_arg_t *a = varg;
     char num[24];
 
-    /* EVAL SCRIPT NUMKEYS KEY... MS */
+    /* EVAL SCRIPT NUMKEYS KEY... US */
     snprintf(num, sizeof num, "%zu", n);
     return keys_command(r, 3,
                         (const char *[]){"EVAL", touch_script, num},
@@ -2152,7 +2345,7 @@ int rate_store_redis_touch(rate_store_t *store, uint64_t ttl_ns)
     if ((r = rate_store_backend(store, &redis_methods)) == NULL ||
         ttl_ns == 0)
         return RATE_EINVAL;
-    snprintf(a.ms, sizeof a.ms, "%llu", (unsigned long long)ttl_ms(ttl_ns));
+    snprintf(a.ms, sizeof a.ms, "%llu", (unsigned long long)ttl_us(ttl_ns));
     return scan_prefix(r, touch_batch, &a);
 }
 
@@ -2193,5 +2386,8 @@ int rate_store_redis_status(rate_store_t *store, rate_redis_status_t *out)
     out->module = atomic_load(&r->module_state) == MODULE_ON;
     out->module_decisions = atomic_load(&r->st_module);
     out->module_fallbacks = atomic_load(&r->st_module_fallbacks);
+    out->lean_decisions = atomic_load(&r->st_lean);
+    out->general_decisions = atomic_load(&r->st_general);
+    out->declined = atomic_load(&r->st_declined);
     return RATE_OK;
 }

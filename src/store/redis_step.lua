@@ -17,7 +17,8 @@
 -- ARGV     [1] [2] now as seconds and nanoseconds (both "" to use Redis's
 --          TIME: one clock for the whole fleet), [3] permits, [4] max_wait
 --          (ns), [5] ttl (0: no expiry, -1: this decision's reset_after,
---          else milliseconds), [6] policy id (the 32-bit tag of states made
+--          else microseconds, rounded up; counted from Redis's TIME, see
+--          expire_at), [6] policy id (the 32-bit tag of states made
 --          under the policy), [7] format (the state's version byte: 2 the
 --          first edition, whose tag is the policy's fingerprint, 3 the
 --          second, whose tag is the store's policy id), then per limit
@@ -172,16 +173,33 @@ local function next_window(k, W)
 end
 local function same(a, b) return a[1] == b[1] and a[2] == b[2] end
 
-local now
+-- The key expires no sooner than `us` microseconds after Redis's own
+-- clock (TIME, a reply {s, us}), whatever clock the caller's decision went
+-- by: PEXPIREAT at the end rounded up to whole milliseconds, plus one.
+-- Redis drops a key once its millisecond clock (its microsecond clock
+-- rounded down, or a snapshot taken earlier) is past the expiry, so the
+-- rounding up alone keeps it to the end; the extra millisecond keeps it
+-- there also where a server drops the key on reaching the expiry.  A
+-- duration is at most 2^51 us (71 years): the sum stays exact.
+local function expire_at(key, us, tm)
+  if us > 2251799813685248 then us = 2251799813685248 end
+  local e = tonumber(tm[1]) * 1000000 + tonumber(tm[2]) + us
+  local ms = math.floor(e / 1000)
+  if ms * 1000 > e then ms = ms - 1 elseif (ms + 1) * 1000 <= e then ms = ms + 1 end
+  if ms * 1000 < e then ms = ms + 1 end
+  redis.call('PEXPIREAT', key, string.format('%.0f', ms + 1))
+end
+
+local now, tm
 if ARGV[1] == '' then
-  local tm = redis.call('TIME')
+  tm = redis.call('TIME')
   now = {tonumber(tm[1]), tonumber(tm[2]) * 1000}
 else
   now = {tonumber(ARGV[1]), tonumber(ARGV[2])}
 end
 local n = tonumber(ARGV[3])
 local max_wait = tonumber(ARGV[4])
-local ttl_ms = tonumber(ARGV[5])
+local ttl_us = tonumber(ARGV[5])
 local id = tonumber(ARGV[6])
 local fmt = tonumber(ARGV[7])
 local count = (#ARGV - 7) / 4
@@ -535,8 +553,10 @@ if allowed and n > 0 then
   -- One write: the version moves on (a new key's starts from TIME in
   -- microseconds, as the compare-and-set script's does) with the state.
   local ver
+  if tm == nil and (cur[1] == false or ttl_us ~= 0) then
+    tm = redis.call('TIME')
+  end
   if cur[1] == false then
-    local tm = redis.call('TIME')
     ver = tm[1] * 1000000 + tm[2]
   else
     ver = tonumber(cur[1]) + 1
@@ -547,14 +567,13 @@ if allowed and n > 0 then
     redis.call('HINCRBY', KEYS[1], 'v', 1)
     redis.call('HSET', KEYS[1], 's', state)
   end
-  -- ttl: 0 no expiry; -1 this decision's reset_after; else milliseconds
-  if ttl_ms == 0 then
+  -- ttl: 0 no expiry; -1 this decision's reset_after; else microseconds
+  if ttl_us == 0 then
     redis.call('PERSIST', KEYS[1])
   else
-    local ms = ttl_ms
-    if ms < 0 then ms = cdiv(reset, 1000000) end
-    if ms < 1 then ms = 1 end
-    redis.call('PEXPIRE', KEYS[1], ms)
+    local us = ttl_us
+    if us < 0 then us = cdiv(reset, 1000) end
+    expire_at(KEYS[1], us, tm)
   end
 end
 if retry == NEVER then retry = -1 end

@@ -12,6 +12,25 @@
 
 #include "cli.h"
 #include "redis_step_lua.h" /* generated from src/store/redis_step.lua */
+#include "redis_tb_lua.h"   /* the lean scripts: src/store/redis_lean.lua */
+#include "redis_lb_lua.h"   /* then redis_tb.lua, redis_lb.lua, */
+#include "redis_fw_lua.h"   /* redis_fw.lua */
+
+/* A plain token bucket of the kind everyone writes (Redis's TIME, two
+ * HGET, one HSET, an expiry): the ceiling the lean scripts are held to. */
+static const char plain_tb_lua[] =
+    "local t = redis.call('TIME')\n"
+    "local now = t[1] * 1000000 + t[2]\n"
+    "local tokens = tonumber(redis.call('HGET', KEYS[1], 't'))\n"
+    "local last = tonumber(redis.call('HGET', KEYS[1], 'ts'))\n"
+    "local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])\n"
+    "if tokens == nil then tokens = burst; last = now end\n"
+    "tokens = math.min(burst, tokens + (now - last) * rate / 1000000)\n"
+    "local ok = 0\n"
+    "if tokens >= 1 then tokens = tokens - 1; ok = 1 end\n"
+    "redis.call('HSET', KEYS[1], 't', tokens, 'ts', now)\n"
+    "redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000))\n"
+    "return ok\n";
 
 #define MS UINT64_C(1000000)
 
@@ -307,6 +326,148 @@ static int bench_cluster(rate_limiter_t *single, const char *url,
     return 0;
 }
 
+/* The lean scripts beside the ceilings, pipelined (redis-benchmark -c 50
+ * -P 16, over 64 keys, the arguments the store sends, admissions that
+ * write), and the store over them against the store over the general
+ * script (general_script) at 1 to 64 callers, in turns for a few rounds,
+ * the best of each; with how many decisions each path took. */
+static void bench_lean(const char *url, const char *host, int port,
+                       const char *prefix, const rate_policy_t *p,
+                       const rate_redis_options_t *base)
+{
+    char sha[9][41], args[9][640];
+    static const char *names[9] = {
+        "EVALSHA of 'return 1'", "plain token-bucket script",
+        "general script (redis_step.lua)", "lean token bucket, EVALSHA",
+        "lean leaky bucket, EVALSHA", "lean fixed window, EVALSHA",
+        "lean token bucket, FCALL (the store's)",
+        "lean leaky bucket, FCALL (the store's)",
+        "lean fixed window, FCALL (the store's)"};
+    const char *src[6] = {"return 1",   plain_tb_lua, redis_step_lua,
+                          redis_tb_lua, redis_lb_lua, redis_fw_lua};
+    for (int i = 0; i < 6; i++)
+        if (!load_script(host, port, src[i], sha[i]))
+            return;
+    unsigned id = (unsigned)rate_policy_fingerprint(p);
+    const char *head = "-n 60000 -r 64 -c 50 -P 16 EVALSHA";
+    snprintf(args[0], sizeof args[0], "-n 200000 -c 50 -P 16 EVALSHA %s 0",
+             sha[0]);
+    snprintf(args[1], sizeof args[1], "%s %s 1 %splain{__rand_int__} 100000 1000",
+             head, sha[1], prefix);
+    snprintf(args[2], sizeof args[2],
+             "%s %s 1 %sgen{__rand_int__} '' '' 1 0 -1 %u 3 1 100000 "
+             "1000000000 1000", head, sha[2], prefix, id);
+    /* token-bucket 100000/s burst=1000: g = 10^5, L/g = 1, P/g = 10^4 */
+    snprintf(args[3], sizeof args[3],
+             "%s %s 1 %stb{__rand_int__} '' '' 1 0 -1 %u 3 8 1 10000 1000 "
+             "100000 46116860184273", head, sha[3], prefix, id);
+    snprintf(args[4], sizeof args[4],
+             "%s %s 1 %slb{__rand_int__} '' '' 1 0 -1 %u 3 8 1 10000 1000 "
+             "100000", head, sha[4], prefix, id);
+    /* fixed-window 100000000/1h */
+    snprintf(args[5], sizeof args[5],
+             "%s %s 1 %sfw{__rand_int__} '' '' 1 0 -1 %u 3 8 100000000 "
+             "3600000000000", head, sha[5], prefix, id);
+    /* The same three as a Functions library of the bench's own, as the
+     * store sends them (docs/redis.md), deleted at the end. */
+    int rows = 6;
+    size_t liblen = 64 + sizeof redis_tb_lua + sizeof redis_lb_lua +
+                    sizeof redis_fw_lua + 3 * 96;
+    char *lib = malloc(liblen);
+    struct timeval tv = {2, 0};
+    redisContext *fc = redisConnectWithTimeout(host, port, tv);
+    if (lib != NULL && fc != NULL && !fc->err) {
+        size_t n = (size_t)snprintf(lib, liblen,
+                                    "#!lua name=ratelimit_bench\n");
+        for (int i = 0; i < 3; i++)
+            n += (size_t)snprintf(lib + n, liblen - n,
+                                  "redis.register_function('rlbench_%d', "
+                                  "function(KEYS, ARGV)\n%s\nend)\n",
+                                  i, src[3 + i]);
+        redisReply *fr = redisCommand(fc, "FUNCTION LOAD REPLACE %b", lib, n);
+        if (fr != NULL && fr->type == REDIS_REPLY_STRING) {
+            for (int i = 0; i < 3; i++) {
+                /* args[3 + i] with FCALL rlbench_i for EVALSHA sha */
+                char line[640];
+                snprintf(line, sizeof line,
+                         "-n 60000 -r 64 -c 50 -P 16 FCALL rlbench_%d%s", i,
+                         args[3 + i] + strlen(head) + 1 + 40);
+                memcpy(args[6 + i], line, sizeof line);
+            }
+            rows = 9;
+        }
+        freeReplyObject(fr);
+    }
+    double best[9] = {0};
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < rows; i++) {
+            double v = redis_benchmark(host, port, args[i]);
+            best[i] = v > best[i] ? v : best[i];
+        }
+    printf("\nScripts, pipelined (redis-benchmark -c 50 -P 16, 64 keys, "
+           "best of 3):\n");
+    printf("  %-40s %12s %10s\n", "script", "calls/s", "x plain");
+    for (int i = 0; i < rows; i++)
+        printf("  %-40s %12.0f %10.2f\n", names[i], best[i],
+               best[1] > 0 ? best[i] / best[1] : 0);
+    if (rows == 9)
+        freeReplyObject(redisCommand(fc, "FUNCTION DELETE ratelimit_bench"));
+    if (fc != NULL)
+        redisFree(fc);
+    free(lib);
+
+    rate_store_t *st[2];
+    rate_limiter_t *lim[2];
+    for (int i = 0; i < 2; i++) {
+        rate_redis_options_t o = *base;
+        char err[256];
+        o.general_script = i == 1;
+        if (rate_store_redis_new(url, &o, &st[i], err, sizeof err) != RATE_OK) {
+            if (i == 1) {
+                rate_limiter_free(lim[0]);
+                rate_store_free(st[0]);
+            }
+            return;
+        }
+        rate_limiter_config_t cfg = {.policy = p, .store = st[i]};
+        if (rate_limiter_new(&cfg, &lim[i]) != RATE_OK)
+            lim[i] = NULL;
+    }
+    static const int callers[] = {1, 2, 8, 32, 64};
+    double at[2][5] = {{0}};
+    uint64_t errors = 0;
+    for (int r = 0; r < 3; r++)
+        for (size_t c = 0; c < 5; c++)
+            for (int i = 0; i < 2 && lim[0] && lim[1]; i++) {
+                if (r > 0 && callers[c] < 32)
+                    continue;
+                double v = throughput(lim[i], callers[c], callers[c],
+                                      callers[c] == 1 ? 300 : 500, &errors);
+                at[i][c] = v > at[i][c] ? v : at[i][c];
+            }
+    printf("\nThe store (token-bucket 100000/s burst=1000), lean script vs "
+           "general, same run:\n");
+    printf("  %-40s %12s %12s %8s\n", "callers (distinct keys)", "lean",
+           "general", "ratio");
+    for (size_t c = 0; c < 5; c++)
+        printf("  %-40d %12.0f %12.0f %8.2f\n", callers[c], at[0][c],
+               at[1][c], at[1][c] > 0 ? at[0][c] / at[1][c] : 0);
+    for (int i = 0; i < 2; i++) {
+        rate_redis_status_t rs;
+        rate_store_redis_status(st[i], &rs);
+        printf("  %-40s lean %llu, general %llu, compare-and-set %llu\n",
+               i == 0 ? "decisions by path (lean store)"
+                      : "decisions by path (general store)",
+               (unsigned long long)rs.lean_decisions,
+               (unsigned long long)rs.general_decisions,
+               (unsigned long long)rs.declined);
+        rate_limiter_free(lim[i]);
+        rate_store_free(st[i]);
+    }
+    if (errors)
+        printf("  store errors: %llu\n", (unsigned long long)errors);
+}
+
 int bench_redis(const char *url, const char *cluster_url)
 {
     rate_redis_options_t o = {0};
@@ -377,7 +538,8 @@ int bench_redis(const char *url, const char *cluster_url)
         v = ceilings ? redis_benchmark(host, port, seq_args) : 0;
         seq = v > seq ? v : seq;
     }
-    printf("\nRedis store (%s): one decision = one EVALSHA of the Lua step\n",
+    printf("\nRedis store (%s): one decision = one script call (FCALL of a\n"
+           "  lean script, or EVALSHA of the general one)\n",
            url);
     printf("  %-40s %10.0f ns\n", "floor: one PING round trip", rtt);
     printf("  %-40s %10.0f ns  %5.2fx the round trip\n",
@@ -423,6 +585,8 @@ int bench_redis(const char *url, const char *cluster_url)
     printf("  %-40s %12llu\n", "CAS retries in all", (unsigned long long)st.retries);
     if (errors)
         printf("  store errors: %llu\n", (unsigned long long)errors);
+    if (ceilings)
+        bench_lean(url, host, port, prefix, p, &o);
     int rc = cluster_url ? bench_cluster(lim, cluster_url, p, prefix) : 0;
     if (rc == 0)
         rc = bench_module(url, host, port, prefix, p, ceilings, one_args);

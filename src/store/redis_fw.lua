@@ -1,0 +1,32 @@
+-- SPDX-License-Identifier: MIT
+-- Fixed window, one limit: sent after redis_lean.lua (see there).  The
+-- decision of src/algo/fixed_window.c: windows aligned to the clock's
+-- zero, the count of t_last's window.  A time's offset in its window is
+-- t mod W = (hi * 2^32 mod W + lo) mod W, the first by math.fmod (exact
+-- for any doubles), the second by % corrected as fdiv does; t and
+-- t_last share a window when t - t_last is the difference of their
+-- offsets.  ARGV [9] L, [10] W (ns, below 2^52)
+local L, W = tonumber(ARGV[9]), tonumber(ARGV[10])
+local function offset(hi, lo)
+  local r = (math.fmod(hi * E32, W) + lo) % W -- below 2^53: exact but for
+  if r < 0 then r = r + W elseif r >= W then r = r - W end -- one W
+  return r
+end
+local e = offset(t_hi, t_lo)
+local cnt = 0
+if st ~= nil then
+  cnt = w8
+  if cnt == nil or cnt < 0 or cnt > L then return DECLINE end
+  if dt ~= e - offset(l_hi, l_lo) then cnt = 0 end
+end
+local to_next = W - e
+local ok, reason, retry = false, 0, 0
+if n > L then reason = 2; retry = -1
+elseif n == 0 or cnt + n <= L then ok = true
+else reason = 1; retry = to_next end
+local x = cnt
+if ok then x = cnt + n end
+local reset = 0
+if x > 0 then reset = to_next end
+if ok and n > 0 then write(word_out(x, 1), reset) end
+return {1, ok and 1 or 0, reason, 0, L, L - x, 0, retry, reset}
