@@ -1644,6 +1644,78 @@ static int r_now(void *self, uint64_t *now_ns)
     return redis_now(r, now_ns);
 }
 
+/* The step's first seven arguments (see redis_step.lua), which the lean
+ * scripts and RATELIMIT.STEP take too: the time ("" "": Redis's TIME),
+ * permits, max_wait, the expiry (0 none, -1 the decision's reset_after,
+ * else microseconds, or milliseconds for the module: rounded up), the
+ * policy's id and the state's format.  Returns how many it wrote. */
+static int step_head(const redis_store_t *r, const rate_decide_req_t *q,
+                     bool ms, char (*num)[24])
+{
+    int nn = 0;
+    uint64_t ttl = !r->ttl ? r->safety_us /* 0: none */
+                           : ttl_us(q->max_reset_ns);
+    if (ms)
+        ttl = (ttl + 999) / 1000;
+    if (r->redis_time && q->clock_time) {
+        num[nn++][0] = '\0';
+        num[nn++][0] = '\0';
+    } else {
+        snprintf(num[nn++], 24, "%llu",
+                 (unsigned long long)(q->now_ns / RATE_NS_PER_S));
+        snprintf(num[nn++], 24, "%llu",
+                 (unsigned long long)(q->now_ns % RATE_NS_PER_S));
+    }
+    snprintf(num[nn++], 24, "%llu", (unsigned long long)q->permits);
+    snprintf(num[nn++], 24, "%llu", (unsigned long long)q->max_wait_ns);
+    if (r->ttl && q->detail) /* the step uses the exact reset */
+        snprintf(num[nn++], 24, "-1");
+    else
+        snprintf(num[nn++], 24, "%llu", (unsigned long long)ttl);
+    snprintf(num[nn++], 24, "%lu", (unsigned long)q->policy_id);
+    snprintf(num[nn++], 24, "%u", (unsigned)q->format);
+    return nn;
+}
+
+/* The general step's four arguments per limit, after the head. */
+static int step_limits(const rate_policy_t *p, char (*num)[24], int nn)
+{
+    for (size_t i = 0; i < rate_policy_count(p); i++) {
+        const rate_limit_t *l = rate_policy_limit(p, i);
+        snprintf(num[nn++], 24, "%d", (int)l->algorithm);
+        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->limit);
+        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->period_ns);
+        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->burst);
+    }
+    return nn;
+}
+
+/* A step's reply, the scripts' and the module's: RATE_OK with *d, or
+ * RATE_ENOTSUP (declined: nothing written, the limiter decides),
+ * RATE_ECORRUPT (the key is not a hash, or a reply that does not
+ * parse). */
+static int step_reply(const redisReply *rep, rate_decision_t *d)
+{
+    bool ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
+              rep->element[0]->type == REDIS_REPLY_INTEGER;
+    long long tag = ok ? rep->element[0]->integer : -1;
+    if (tag == 0 && rep->elements == 1)
+        return RATE_ENOTSUP;
+    if (tag != 1 || rep->elements != 9)
+        return RATE_ECORRUPT; /* tag 2: the key is not a hash */
+    redisReply **e = rep->element;
+    memset(d, 0, sizeof *d);
+    d->allowed = reply_u64(e[1], &ok) == 1;
+    d->reason = (rate_reason_t)reply_u64(e[2], &ok);
+    d->component = e[3]->type == REDIS_REPLY_INTEGER ? (int)e[3]->integer : 0;
+    d->limit = reply_u64(e[4], &ok);
+    d->remaining = reply_u64(e[5], &ok);
+    d->delay_ns = reply_u64(e[6], &ok);
+    d->retry_after_ns = reply_u64(e[7], &ok);
+    d->reset_after_ns = reply_u64(e[8], &ok);
+    return ok && d->reason <= RATE_REASON_NEVER ? RATE_OK : RATE_ECORRUPT;
+}
+
 /* One round trip: EVALSHA of the Lua step (see redis_step.lua for its
  * arguments and replies).  RATE_ENOTSUP, with nothing written, when the
  * request is outside the script's exact range or the script declines (the
@@ -1662,31 +1734,13 @@ static int r_decide(void *self, const rate_key_t *key,
 
     if (key != NULL && key->space == RATE_SPACE_POLICY)
         return RATE_EINVAL; /* records are no states to decide over */
-    bool use_time = r->redis_time && q->clock_time;
     if (q->format != RATE__FORMAT_V1 && q->format != RATE__FORMAT) {
         atomic_fetch_add(&r->st_declined, 1);
         return RATE_ENOTSUP; /* the limiter decides, exactly */
     }
     if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
         return rc;
-    long long ttl = !r->ttl     ? (long long)r->safety_us /* 0: none */
-                    : q->detail ? -1 /* the script uses the exact reset */
-                                : (long long)ttl_us(q->max_reset_ns);
-    int nn = 0;
-    if (use_time) { /* "" "": the script reads Redis's TIME */
-        num[nn++][0] = '\0';
-        num[nn++][0] = '\0';
-    } else {
-        snprintf(num[nn++], 24, "%llu",
-                 (unsigned long long)(q->now_ns / RATE_NS_PER_S));
-        snprintf(num[nn++], 24, "%llu",
-                 (unsigned long long)(q->now_ns % RATE_NS_PER_S));
-    }
-    snprintf(num[nn++], 24, "%llu", (unsigned long long)q->permits);
-    snprintf(num[nn++], 24, "%llu", (unsigned long long)q->max_wait_ns);
-    snprintf(num[nn++], 24, "%lld", ttl);
-    snprintf(num[nn++], 24, "%lu", (unsigned long)q->policy_id);
-    snprintf(num[nn++], 24, "%u", (unsigned)q->format);
+    int nn = step_head(r, q, false, num);
     int lean = r->lean ? lean_of(q, num, &nn) : -1;
     if (lean < 0) {
         if (!lua_can(q)) {
@@ -1695,13 +1749,7 @@ static int r_decide(void *self, const rate_key_t *key,
             atomic_fetch_add(&r->st_declined, 1);
             return RATE_ENOTSUP; /* the limiter decides, exactly */
         }
-        for (size_t i = 0; i < rate_policy_count(p); i++) {
-            const rate_limit_t *l = rate_policy_limit(p, i);
-            snprintf(num[nn++], 24, "%d", (int)l->algorithm);
-            snprintf(num[nn++], 24, "%llu", (unsigned long long)l->limit);
-            snprintf(num[nn++], 24, "%llu", (unsigned long long)l->period_ns);
-            snprintf(num[nn++], 24, "%llu", (unsigned long long)l->burst);
-        }
+        nn = step_limits(p, num, nn);
     }
     bool fcall = lean >= 0 && atomic_load(&r->fcall);
     if (fcall) {
@@ -1757,35 +1805,13 @@ static int r_decide(void *self, const rate_key_t *key,
     }
     rc = reply_ok(rc, rep);
     if (rc == RATE_OK) {
-        bool ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
-                  rep->element[0]->type == REDIS_REPLY_INTEGER;
-        long long tag = ok ? rep->element[0]->integer : -1;
-        if (tag == 0 && rep->elements == 1) {
-            /* Declined (out of the script's exact range, or a state it
-             * would not read): nothing written; the client decides. */
-            rc = RATE_ENOTSUP;
+        /* Declined: out of the script's exact range, or a state it would
+         * not read. */
+        rc = step_reply(rep, d);
+        if (rc == RATE_ENOTSUP)
             atomic_fetch_add(&r->st_declined, 1);
-        } else if (tag == 2 && rep->elements == 1) {
-            rc = RATE_ECORRUPT; /* the key is not a hash */
-        } else if (tag == 1 && rep->elements == 9) {
-            redisReply **e = rep->element;
-            memset(d, 0, sizeof *d);
-            d->allowed = reply_u64(e[1], &ok) == 1;
-            d->reason = (rate_reason_t)reply_u64(e[2], &ok);
-            d->component = e[3]->type == REDIS_REPLY_INTEGER
-                               ? (int)e[3]->integer : 0;
-            d->limit = reply_u64(e[4], &ok);
-            d->remaining = reply_u64(e[5], &ok);
-            d->delay_ns = reply_u64(e[6], &ok);
-            d->retry_after_ns = reply_u64(e[7], &ok);
-            d->reset_after_ns = reply_u64(e[8], &ok);
-            if (!ok || d->reason > RATE_REASON_NEVER)
-                rc = RATE_ECORRUPT;
-            else
-                atomic_fetch_add(lean >= 0 ? &r->st_lean : &r->st_general, 1);
-        } else {
-            rc = RATE_ECORRUPT;
-        }
+        else if (rc == RATE_OK)
+            atomic_fetch_add(lean >= 0 ? &r->st_lean : &r->st_general, 1);
     }
     freeReplyObject(rep);
     if (k != kb)
@@ -1905,33 +1931,7 @@ static int module_decide(redis_store_t *r, const rate_key_t *key,
             return RATE_ENOTSUP; /* a block: the compare-and-set path's */
     if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
         return rc;
-    /* The module's ttl is in milliseconds (rounded up, as the scripts'
-     * microseconds are). */
-    long long ttl = !r->ttl     ? (long long)((r->safety_us + 999) / 1000)
-                    : q->detail ? -1
-                                : (long long)((ttl_us(q->max_reset_ns) + 999) /
-                                              1000);
-    if (r->redis_time && q->clock_time) { /* "" "": the server's clock */
-        num[nn++][0] = '\0';
-        num[nn++][0] = '\0';
-    } else {
-        snprintf(num[nn++], 24, "%llu",
-                 (unsigned long long)(q->now_ns / RATE_NS_PER_S));
-        snprintf(num[nn++], 24, "%llu",
-                 (unsigned long long)(q->now_ns % RATE_NS_PER_S));
-    }
-    snprintf(num[nn++], 24, "%llu", (unsigned long long)q->permits);
-    snprintf(num[nn++], 24, "%llu", (unsigned long long)q->max_wait_ns);
-    snprintf(num[nn++], 24, "%lld", ttl);
-    snprintf(num[nn++], 24, "%lu", (unsigned long)q->policy_id);
-    snprintf(num[nn++], 24, "%u", (unsigned)q->format);
-    for (size_t i = 0; i < count; i++) {
-        const rate_limit_t *l = rate_policy_limit(p, i);
-        snprintf(num[nn++], 24, "%d", (int)l->algorithm);
-        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->limit);
-        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->period_ns);
-        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->burst);
-    }
+    nn = step_limits(p, num, step_head(r, q, true, num));
     av[argc] = "RATELIMIT.STEP", al[argc++] = 14;
     av[argc] = k, al[argc++] = kl;
     for (int i = 0; i < nn; i++)
@@ -1944,30 +1944,7 @@ static int module_decide(redis_store_t *r, const rate_key_t *key,
          * requests: the scripts decide, and report what they meet. */
         rc = MODULE_GONE;
     } else if ((rc = reply_ok(rc, rep)) == RATE_OK) {
-        bool ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
-                  rep->element[0]->type == REDIS_REPLY_INTEGER;
-        long long tag = ok ? rep->element[0]->integer : -1;
-        if (tag == 0 && rep->elements == 1) {
-            rc = RATE_ENOTSUP; /* declined, nothing written */
-        } else if (tag == 2 && rep->elements == 1) {
-            rc = RATE_ECORRUPT; /* the key is not a hash */
-        } else if (tag == 1 && rep->elements == 9) {
-            redisReply **e = rep->element;
-            memset(d, 0, sizeof *d);
-            d->allowed = reply_u64(e[1], &ok) == 1;
-            d->reason = (rate_reason_t)reply_u64(e[2], &ok);
-            d->component = e[3]->type == REDIS_REPLY_INTEGER
-                               ? (int)e[3]->integer : 0;
-            d->limit = reply_u64(e[4], &ok);
-            d->remaining = reply_u64(e[5], &ok);
-            d->delay_ns = reply_u64(e[6], &ok);
-            d->retry_after_ns = reply_u64(e[7], &ok);
-            d->reset_after_ns = reply_u64(e[8], &ok);
-            if (!ok || d->reason > RATE_REASON_NEVER)
-                rc = RATE_ECORRUPT;
-        } else {
-            rc = RATE_ECORRUPT;
-        }
+        rc = step_reply(rep, d);
     }
     freeReplyObject(rep);
     if (k != kb)
