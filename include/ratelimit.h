@@ -26,6 +26,11 @@
  * Ownership.  Whoever calls a *_new function calls the matching *_free, and
  * *_free(NULL) does nothing.  Keys are only read during a call, never kept by
  * reference (stores copy them).
+ *
+ * Versions.  Before 1.0 each minor version is a soname of its own
+ * (libratelimit.so.0.MINOR): the structs a caller fills in (configs,
+ * options, decisions, outcomes) may grow between minor versions, so a
+ * program is built against the header of the library it runs with.
  */
 #ifndef RATELIMIT_H
 #define RATELIMIT_H
@@ -809,11 +814,12 @@ RATE_API size_t rate_store_shm_size(const rate_shm_options_t *options);
  * set: rate_store_check_policy, rate_limiter_new and
  * rate_limiter_set_policy return RATE_EPOLICY ("the policy's states take
  * up to 1622 bytes, the shared-memory region keeps at most 96 (its
- * state_max)"), and a resolver's such policy is a store error at each
- * decision.  A longer state that still reaches the region (a rule's
- * policy, which rate_rules_check does not check) is refused when written:
- * the decision fails with RATE_EFULL and the key keeps its bytes.  0 for
- * NULL or the unlimited policy.  Thread-safe: yes.
+ * state_max)"), and a resolver's or a rule's such policy is a store error
+ * (RATE_EPOLICY) at each decision.  A longer state that still reaches the
+ * region (through a caller of the store contract that does not check) is
+ * refused when written: RATE_EFULL, and the key keeps its bytes.  The
+ * same figure as rate_policy_state_max().  0 for NULL or the unlimited
+ * policy.  Thread-safe: yes.
  *
  * A key longer than the region's key_max (with the prefix) is the
  * caller's error, as one longer than RATE_KEY_MAX: the limiter's calls
@@ -822,6 +828,7 @@ RATE_API size_t rate_store_shm_size(const rate_shm_options_t *options);
  * (under the limiter's fail mode): RATE_EFULL for a state longer than
  * its state_max, or a new policy record past max_policies; RATE_ETIMEDOUT
  * when a live process held the key's shard for lock_timeout_ns;
+ * RATE_ESTORE for a shard lock the system refuses (left unrecoverable);
  * RATE_ENOMEM.  Nothing is written on any of them. */
 RATE_API size_t rate_store_shm_state_size(const rate_policy_t *policy);
 
@@ -1226,7 +1233,8 @@ RATE_API int rate_rules_reload(rate_rules_t *rules, const char *path,
  * each successful reload; 0 for NULL.  Thread-safe: yes. */
 RATE_API uint64_t rate_rules_generation(const rate_rules_t *rules);
 
-/* Frees the rules; no call may be using them.  NULL: nothing. */
+/* Frees the rules; no call may be using them.  NULL: nothing.
+ * Thread-safe: no (no check or reload may run on them). */
 RATE_API void rate_rules_free(rate_rules_t *rules);
 
 /* Decides a request on `limiter` under the rules: the key (the user's, an
