@@ -78,4 +78,31 @@ static inline rate_decision_t at(rate_limiter_t *lim, const char *key,
                      (unsigned long long)d_.reset_after_ns);                \
     } while (0)
 
+/* Fails unless two decisions are the same field by field, naming the
+ * request (its index, time, permits, max_wait) and every field of both:
+ * `a` the memory store's, `b` the store called `other`'s. */
+static inline void expect_same_decision(const rate_decision_t *a,
+                                        const rate_decision_t *b,
+                                        const char *what, const char *other,
+                                        int i, uint64_t t, uint64_t n,
+                                        uint64_t mw)
+{
+    if (memcmp(a, b, sizeof *a) == 0)
+        return;
+    fail_msg("%s, request %d (t=%llu n=%llu mw=%llu): memory allowed=%d "
+             "reason=%d comp=%d rem=%llu delay=%llu retry=%llu reset=%llu; "
+             "%s allowed=%d reason=%d comp=%d err=%d rem=%llu delay=%llu "
+             "retry=%llu reset=%llu",
+             what, i, (unsigned long long)t, (unsigned long long)n,
+             (unsigned long long)mw, a->allowed, a->reason, a->component,
+             (unsigned long long)a->remaining, (unsigned long long)a->delay_ns,
+             (unsigned long long)a->retry_after_ns,
+             (unsigned long long)a->reset_after_ns, other, b->allowed,
+             b->reason, b->component, b->error,
+             (unsigned long long)b->remaining,
+             (unsigned long long)b->delay_ns,
+             (unsigned long long)b->retry_after_ns,
+             (unsigned long long)b->reset_after_ns);
+}
+
 #endif

@@ -28,26 +28,9 @@
 /* ------------------------------------------------------------- traces */
 
 /* Fails, naming the case, unless the two decisions agree field by field. */
-static void expect_same(const rate_decision_t *a, const rate_decision_t *b,
-                        const char *what, int i, uint64_t t, uint64_t n,
-                        uint64_t mw)
-{
-    if (memcmp(a, b, sizeof *a) == 0)
-        return;
-    fail_msg("%s, request %d (t=%llu n=%llu mw=%llu): memory allowed=%d "
-             "reason=%d rem=%llu delay=%llu retry=%llu reset=%llu; redis "
-             "allowed=%d reason=%d err=%d rem=%llu delay=%llu retry=%llu "
-             "reset=%llu",
-             what, i, (unsigned long long)t, (unsigned long long)n,
-             (unsigned long long)mw, a->allowed, a->reason,
-             (unsigned long long)a->remaining, (unsigned long long)a->delay_ns,
-             (unsigned long long)a->retry_after_ns,
-             (unsigned long long)a->reset_after_ns, b->allowed, b->reason,
-             b->error, (unsigned long long)b->remaining,
-             (unsigned long long)b->delay_ns,
-             (unsigned long long)b->retry_after_ns,
-             (unsigned long long)b->reset_after_ns);
-}
+/* The memory store's decision against this store's. */
+#define expect_same(a, b, what, i, t, n, mw) \
+    expect_same_decision(a, b, what, "redis", i, t, n, mw)
 
 static uint64_t rnd_state = 12345;
 static uint64_t rnd(uint64_t n)

@@ -86,28 +86,6 @@ static rate_redis_status_t status_of(rate_store_t *s)
     return st;
 }
 
-static void expect_same(const rate_decision_t *a, const rate_decision_t *b,
-                        const char *what, const char *other, int i,
-                        uint64_t t, uint64_t n, uint64_t mw)
-{
-    if (memcmp(a, b, sizeof *a) == 0)
-        return;
-    fail_msg("%s, request %d (t=%llu n=%llu mw=%llu): memory allowed=%d "
-             "reason=%d comp=%d rem=%llu delay=%llu retry=%llu reset=%llu; "
-             "%s allowed=%d reason=%d comp=%d err=%d rem=%llu delay=%llu "
-             "retry=%llu reset=%llu",
-             what, i, (unsigned long long)t, (unsigned long long)n,
-             (unsigned long long)mw, a->allowed, a->reason, a->component,
-             (unsigned long long)a->remaining, (unsigned long long)a->delay_ns,
-             (unsigned long long)a->retry_after_ns,
-             (unsigned long long)a->reset_after_ns, other, b->allowed,
-             b->reason, b->component, b->error,
-             (unsigned long long)b->remaining,
-             (unsigned long long)b->delay_ns,
-             (unsigned long long)b->retry_after_ns,
-             (unsigned long long)b->reset_after_ns);
-}
-
 static uint64_t rnd_state = 88172645463325252u;
 static uint64_t rnd(uint64_t n)
 {
@@ -180,14 +158,14 @@ static void three_ways_same(void **state)
                              RATE_OK);
             assert_int_equal(rate_limiter_check_at(llua, key, kl, n, mw, t, &c),
                              RATE_OK);
-            expect_same(&a, &b, policies[p], "module", i, t, n, mw);
-            expect_same(&a, &c, policies[p], "scripts", i, t, n, mw);
+            expect_same_decision(&a, &b, policies[p], "module", i, t, n, mw);
+            expect_same_decision(&a, &c, policies[p], "scripts", i, t, n, mw);
             assert_int_equal(
                 rate_limiter_check_at(lmem2, key, kl, n, mw, t, &a2), RATE_OK);
             assert_int_equal(rate_limiter_check_at(rnd(2) ? ltm : ltl, key, kl,
                                                    n, mw, t, &b2),
                              RATE_OK);
-            expect_same(&a2, &b2, policies[p], "module and scripts by turns",
+            expect_same_decision(&a2, &b2, policies[p], "module and scripts by turns",
                         i, t, n, mw);
             checked++;
         }
@@ -261,7 +239,7 @@ static void same_at_the_boundaries(void **state)
                 assert_int_equal(rate_limiter_check_at(lr, key, strlen(key), n,
                                                        mw, t, &b),
                                  RATE_OK);
-                expect_same(&a, &b, key, "module", i, t, n, mw);
+                expect_same_decision(&a, &b, key, "module", i, t, n, mw);
                 checked++;
             }
             rate_limiter_free(lm);
@@ -564,7 +542,7 @@ static void fallback_when_absent(void **state)
         rate_decision_t a, b;
         assert_int_equal(rate_limiter_check_at(lm, "k", 1, 1, 0, t, &a), RATE_OK);
         assert_int_equal(rate_limiter_check_at(lr, "k", 1, 1, 0, t, &b), RATE_OK);
-        expect_same(&a, &b, "no module", "scripts", i, t, 1, 0);
+        expect_same_decision(&a, &b, "no module", "scripts", i, t, 1, 0);
     }
     rate_redis_status_t st = status_of(rs);
     assert_false(st.module);
@@ -613,7 +591,7 @@ static void unload_mid_run(void **state)
         rate_decision_t a, b;
         assert_int_equal(rate_limiter_check_at(lm, key, 2, 1, 0, t, &a), RATE_OK);
         assert_int_equal(rate_limiter_check_at(lr, key, 2, 1, 0, t, &b), RATE_OK);
-        expect_same(&a, &b, pol, "redis across MODULE UNLOAD", i, t, 1, 0);
+        expect_same_decision(&a, &b, pol, "redis across MODULE UNLOAD", i, t, 1, 0);
         rate_redis_status_t st = status_of(rs);
         if (i < 100)
             assert_int_equal(st.module_decisions, (uint64_t)i + 1);
