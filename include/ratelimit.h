@@ -982,7 +982,8 @@ RATE_API int rate_limiter_check_async(rate_limiter_t *limiter,
  * store (rate_store_free) with decisions in flight is defined: each
  * pending cb runs before rate_store_free returns, with a decision of
  * reason RATE_REASON_STORE_ERROR, error RATE_ECANCELED and the fail
- * mode's verdict (the fallback store's, with RATE_FAIL_FALLBACK).  Free
+ * mode's verdict (the fallback store's, with RATE_FAIL_FALLBACK); one
+ * whose command was already sent may still have been applied.  Free
  * the store first, then the limiter: freeing a limiter with decisions in
  * flight is not allowed.  rate_store_free must not be called from inside
  * one of its own callbacks; a callback may start new decisions.

@@ -461,6 +461,7 @@ static void faults(bool uv)
     rate_redis_async_stats_t st;
     assert_int_equal(rate_store_redis_async_stats(as, &st), RATE_OK);
     assert_true(st.timed_out > 0);
+    assert_true(st.refused > 0); /* the backoff and the breaker */
     ok_before = ok_answers;
     for (int round = 0; round < 50 && ok_answers == ok_before; round++) {
         load_for(&t, l, 100 * MS);
@@ -500,7 +501,7 @@ static void faults_uv(void **state) { (void)state; faults(true); }
 static void faults_event(void **state) { (void)state; faults(false); }
 
 /* Freed with decisions in flight: every callback before free returns. */
-static void free_in_flight(bool uv)
+static void free_in_flight(bool uv, bool on_wire)
 {
     enum { N = 1000 };
     tloop_t t;
@@ -510,6 +511,15 @@ static void free_in_flight(bool uv)
     rate_limiter_t *l = lim("fixed-window 10/h", as, true, RATE_FAIL_OPEN);
     static req_t q[N];
     int at_once = 0;
+    if (on_wire) {
+        /* Connected first, then Redis stopped: the commands go out on the
+         * wire and stay unanswered. */
+        req_t w;
+        if (start(l, "warm", 1, &w) == RATE_PENDING)
+            wait_all(&t);
+        assert_int_equal(w.d.reason == RATE_REASON_STORE_ERROR, false);
+        kill(server, SIGSTOP);
+    }
     for (int i = 0; i < N; i++) {
         int rc = start(l, "gone", 1, &q[i]);
         assert_true(rc == RATE_OK || rc == RATE_PENDING);
@@ -517,7 +527,17 @@ static void free_in_flight(bool uv)
     }
     assert_int_equal(at_once, 0);
     assert_int_equal(pending, N);
-    rate_store_free(as); /* no loop turn: none was answered */
+    if (on_wire) {
+        for (int i = 0; i < 5; i++) { /* a few turns: the writes go out */
+            if (t.uv)
+                uv_run(&t.uvl, UV_RUN_NOWAIT);
+            else
+                event_base_loop(t.base, EVLOOP_NONBLOCK);
+        }
+    }
+    rate_store_free(as); /* none was answered */
+    if (on_wire)
+        kill(server, SIGCONT);
     assert_int_equal(pending, 0);
     for (int i = 0; i < N; i++) {
         assert_int_equal(q[i].calls, 1);
@@ -527,7 +547,10 @@ static void free_in_flight(bool uv)
     }
     rate_limiter_free(l);
     tloop_fini(&t);
-    /* Nothing was written: a synchronous look finds no key. */
+    if (on_wire) /* sent: Redis may still run them; nothing to look at */
+        return;
+    /* Nothing was sent, so nothing written: a synchronous look finds no
+     * key. */
     redisContext *c = raw();
     redisReply *r = redisCommand(c, "EXISTS free:{gone}");
     assert_int_equal(r->integer, 0);
@@ -535,8 +558,14 @@ static void free_in_flight(bool uv)
     redisFree(c);
 }
 
-static void free_uv(void **state) { (void)state; free_in_flight(true); }
-static void free_event(void **state) { (void)state; free_in_flight(false); }
+static void free_uv(void **state) { (void)state; free_in_flight(true, false); }
+static void free_event(void **state) { (void)state; free_in_flight(false, false); }
+static void free_wire_uv(void **state) { (void)state; free_in_flight(true, true); }
+static void free_wire_event(void **state)
+{
+    (void)state;
+    free_in_flight(false, true);
+}
 
 static void bad_args(void **state)
 {
@@ -569,6 +598,8 @@ int main(void)
         cmocka_unit_test(many_event),
         cmocka_unit_test(free_uv),
         cmocka_unit_test(free_event),
+        cmocka_unit_test(free_wire_uv),
+        cmocka_unit_test(free_wire_event),
         cmocka_unit_test(faults_uv),
         cmocka_unit_test(faults_event),
     };
