@@ -194,6 +194,8 @@ static void same(const rate_decision_t *a, const rate_decision_t *b, int i)
 
 /* ------------------------------------------------------------ tests */
 
+static void idle(rate_store_t *as, int line);
+
 /* Memory store: answered at once, as the synchronous call; errors. */
 static void start_at_once(void **state)
 {
@@ -594,6 +596,56 @@ static void free_wire_event(void **state)
     free_in_flight(false, true);
 }
 
+/* A loop that refuses to watch: every decision still answered once. */
+static rate_loop_t inner;
+static bool refuse;
+static int refuse_io_set(void *ud, void *io, unsigned events)
+{
+    if (refuse && events != 0)
+        return -1;
+    return inner.io_set(ud, io, events);
+}
+
+static void loop_refuses(void **state)
+{
+    (void)state;
+    tloop_t t;
+    tloop_init(&t, false);
+    inner = t.loop;
+    t.loop.io_set = refuse_io_set;
+    rate_store_t *as = async_store(&t, "ref:", true, 5 * SEC);
+    fake_now = 100 * SEC;
+    rate_limiter_t *l = lim("fixed-window 10/m", as, true, RATE_FAIL_CLOSED);
+    enum { N = 50 };
+    static req_t q[N];
+    refuse = true;
+    for (int i = 0; i < N; i++)
+        assert_true(start(l, "r", 1, &q[i]) >= RATE_OK);
+    wait_all(&t);
+    refuse = false;
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(q[i].calls, 1);
+        assert_int_equal(q[i].d.reason, RATE_REASON_STORE_ERROR);
+        assert_false(q[i].d.allowed);
+    }
+    idle(as, __LINE__);
+    /* The loop watches again: after the backoff, decisions are made. */
+    req_t w;
+    memset(&w, 0, sizeof w);
+    for (int round = 0; round < 200; round++) {
+        if (start(l, "r", 1, &w) == RATE_PENDING)
+            wait_all(&t);
+        if (w.d.reason != RATE_REASON_STORE_ERROR)
+            break;
+        usleep(10000);
+    }
+    assert_true(w.d.allowed);
+    rate_limiter_free(l);
+    rate_store_redis_drop(as);
+    rate_store_free(as);
+    tloop_fini(&t);
+}
+
 static void bad_args(void **state)
 {
     (void)state;
@@ -619,6 +671,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(start_at_once),
         cmocka_unit_test(bad_args),
+        cmocka_unit_test(loop_refuses),
         cmocka_unit_test(differential_uv),
         cmocka_unit_test(differential_event),
         cmocka_unit_test(many_uv),

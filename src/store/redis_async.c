@@ -78,6 +78,7 @@ struct astore {
     ajob_t *head, *tail;
     int drop_rc;   /* what a command handed back without reply fails with */
     bool closing;  /* being freed: no new job */
+    bool broken;   /* the loop refused a watch: drop at the timer */
     uint64_t retry_at, backoff;
     unsigned fails; /* jobs failed in a row (the breaker) */
     uint64_t open_until;
@@ -116,8 +117,13 @@ static void watch(aconn_t *c, unsigned on, unsigned off)
     if (c->io == NULL || ev == c->events)
         return;
     c->events = ev;
-    if (c->s->loop.io_set(c->s->loop.ud, c->io, ev) != 0 && c->ac != NULL)
-        redisAsyncDisconnect(c->ac); /* the loop refused: fail it */
+    if (c->s->loop.io_set(c->s->loop.ud, c->io, ev) != 0 && c->s->conn == c) {
+        /* The loop refused: the connection is dropped from the timer, not
+         * from inside hiredis (this runs within its calls). */
+        c->s->broken = true;
+        if (c->s->loop.timer_arm(c->s->loop.ud, c->s->timer, 0) == 0)
+            c->s->timer_armed = true;
+    }
 }
 
 static void h_add_read(void *p) { watch(p, RATE_LOOP_READ, 0); }
@@ -189,6 +195,10 @@ static void on_timer(void *arg)
     uint64_t now = now_of(s);
 
     s->timer_armed = false;
+    if (s->broken) { /* the loop refused to watch the socket */
+        s->broken = false;
+        drop(s, RATE_ESTORE);
+    }
     if (s->head != NULL && s->head->deadline <= now) {
         /* Redis did not answer the oldest in time: the connection goes,
          * and with it every command on it (the synchronous store's reader
