@@ -995,6 +995,17 @@ RATE_API int rate_limiter_check_start(rate_limiter_t *limiter,
                                       rate_decision_t *out, rate_check_fn cb,
                                       void *ud);
 
+/* The same at a caller-supplied time now_ns (<= RATE_TIME_MAX; RATE_ERANGE
+ * above), as rate_limiter_check_at: for a loop that reads its clock once
+ * per turn.  The store's script then goes by now_ns, not Redis's TIME.
+ * Thread-safe: as rate_limiter_check_start. */
+RATE_API int rate_limiter_check_start_at(rate_limiter_t *limiter,
+                                         const char *key, size_t key_len,
+                                         uint64_t permits,
+                                         uint64_t max_wait_ns, uint64_t now_ns,
+                                         rate_decision_t *out,
+                                         rate_check_fn cb, void *ud);
+
 /* Blocking acquire: waits (with the clock's sleep) until the permits are
  * granted or the timeout would pass.  It never sleeps past now + timeout_ns
  * and returns at once when the wait alone would pass it.  Returns RATE_OK

@@ -111,18 +111,27 @@ static void on_decided(void *ud, int rc, const rate_decision_t *d)
     pending--;
 }
 
-/* Starts one decision; RATE_OK (decided: q filled now) or RATE_PENDING. */
-static int start(rate_limiter_t *l, const char *key, uint64_t n, req_t *q)
+/* Starts one decision (at the limiter's clock, or at `at` when it is not
+ * 0); RATE_OK (decided: q filled now) or RATE_PENDING. */
+static int start_at(rate_limiter_t *l, const char *key, uint64_t n, req_t *q,
+                    uint64_t at)
 {
     memset(q, 0, sizeof *q);
     q->started = rate_clock_monotonic_ns();
-    int rc = rate_limiter_check_start(l, key, strlen(key), n, 0, &q->d,
-                                      on_decided, q);
+    int rc = at != 0 ? rate_limiter_check_start_at(l, key, strlen(key), n, 0,
+                                                   at, &q->d, on_decided, q)
+                     : rate_limiter_check_start(l, key, strlen(key), n, 0,
+                                                &q->d, on_decided, q);
     if (rc == RATE_PENDING)
         pending++;
     else if (rc == RATE_OK)
         q->calls = 1, q->ended = q->started; /* counted as its one answer */
     return rc;
+}
+
+static int start(rate_limiter_t *l, const char *key, uint64_t n, req_t *q)
+{
+    return start_at(l, key, n, q, 0);
 }
 
 static void wait_all(tloop_t *t)
@@ -203,6 +212,7 @@ static void start_at_once(void **state)
     fake_now = 1000 * SEC;
     rate_limiter_t *a = lim("fixed-window 3/s", NULL, true, RATE_FAIL_CLOSED);
     rate_limiter_t *b = lim("fixed-window 3/s", NULL, true, RATE_FAIL_CLOSED);
+    rate_limiter_t *c = lim("fixed-window 3/s", NULL, false, RATE_FAIL_CLOSED);
     for (int i = 0; i < 6; i++) {
         req_t q;
         rate_decision_t d;
@@ -211,6 +221,9 @@ static void start_at_once(void **state)
         same(&d, &q.d, i);
         assert_int_equal(q.calls, 1); /* no callback: pending unchanged */
         assert_int_equal(pending, 0);
+        /* At the caller's time, on a limiter with the real clock. */
+        assert_int_equal(start_at(c, "k", 1, &q, fake_now), RATE_OK);
+        same(&d, &q.d, i);
     }
     rate_decision_t d;
     assert_int_equal(rate_limiter_check_start(a, "k", 1, 1, 0, NULL,
@@ -228,9 +241,17 @@ static void start_at_once(void **state)
     assert_int_equal(rate_limiter_check_start(a, "k", 1, RATE_TIME_MAX + 1,
                                               0, &d, on_decided, NULL),
                      RATE_ERANGE);
+    assert_int_equal(rate_limiter_check_start_at(a, "k", 1, 1, 0,
+                                                 RATE_TIME_MAX + 1, &d,
+                                                 on_decided, NULL),
+                     RATE_ERANGE);
+    assert_int_equal(rate_limiter_check_start_at(a, "k", 1, 1, 0, 1, NULL,
+                                                 on_decided, NULL),
+                     RATE_EINVAL);
     assert_int_equal(pending, 0);
     rate_limiter_free(a);
     rate_limiter_free(b);
+    rate_limiter_free(c);
 }
 
 static const char *const policies[] = {
@@ -262,6 +283,7 @@ static void differential(bool uv)
         fake_now = 5000 * SEC + p * 1000 * SEC;
         rate_limiter_t *ref = lim(policies[p], NULL, true, RATE_FAIL_CLOSED);
         rate_limiter_t *la = lim(policies[p], as, true, RATE_FAIL_CLOSED);
+        rate_limiter_t *lr = lim(policies[p], as, false, RATE_FAIL_CLOSED);
         rate_limiter_t *ls = lim(policies[p], ss, true, RATE_FAIL_CLOSED);
         rate_limiter_t *lm = lim(policies[p], NULL, true, RATE_FAIL_CLOSED);
         for (int i = 0; i < 300; i++) {
@@ -276,7 +298,10 @@ static void differential(bool uv)
                              RATE_OK);
             req_t q;
             if (i % 2 == 0) {
-                int rc = start(la, key, n, &q);
+                /* Half at the limiter's (fake) clock, half at the caller's
+                 * time on a limiter with the real clock. */
+                int rc = i % 4 == 0 ? start(la, key, n, &q)
+                                    : start_at(lr, key, n, &q, fake_now);
                 assert_true(rc == RATE_OK || rc == RATE_PENDING);
                 async_pending += rc == RATE_PENDING;
                 wait_all(&t);
@@ -294,6 +319,7 @@ static void differential(bool uv)
         }
         rate_limiter_free(ref);
         rate_limiter_free(la);
+        rate_limiter_free(lr);
         rate_limiter_free(ls);
         rate_limiter_free(lm);
     }
