@@ -68,7 +68,8 @@ extern "C" {
     X(EFULL, -8, "store has no room for a new key")                         \
     X(ECONFLICT, -9, "too many concurrent updates of one key (CAS retries)") \
     X(ECORRUPT, -10, "stored state is not valid for this library")          \
-    X(ENOTSUP, -11, "the store cannot make this decision itself")
+    X(ENOTSUP, -11, "the store cannot make this decision itself")          \
+    X(ECANCELED, -12, "the store was freed with the decision in flight")
 
 typedef enum rate_status {
     RATE_OK = 0,
@@ -1055,6 +1056,57 @@ RATE_API int rate_limiter_check_async(rate_limiter_t *limiter,
                                       const char *key, size_t key_len,
                                       uint64_t permits, uint64_t max_wait_ns,
                                       rate_check_fn cb, void *ud);
+
+/* Returned by rate_limiter_check_start when the decision is under way:
+ * not an error (positive); the callback will run. */
+#define RATE_PENDING 1
+
+/* The asynchronous full call for event loops, which answers at once when
+ * it can (docs/async.md).  Returns:
+ *   RATE_OK       the decision is made: *out is filled, exactly as
+ *                 rate_limiter_check would fill it (store failures are
+ *                 decisions under the fail mode), and cb is NOT called.
+ *                 The memory and shared-memory stores, any store without
+ *                 an asynchronous entry, an unlimited policy, and a store
+ *                 that refuses at once (an asynchronous Redis store whose
+ *                 breaker is open or whose reconnect backs off) answer so:
+ *                 no allocation survives the call.
+ *   RATE_PENDING  the store took the decision: cb(ud, RATE_OK, decision)
+ *                 runs exactly once, later, never before this returns, on
+ *                 the thread that drives the store (an event loop's store:
+ *                 inside the loop's callbacks, on the loop's thread); *out
+ *                 is zeroed and not written again.
+ *   RATE_EINVAL (NULL limiter, out or cb), RATE_EKEY, RATE_ERANGE,
+ *   RATE_ENOMEM: no decision, no callback.
+ * Ownership: the key is copied; ud is the caller's and is only passed
+ * back; the decision handed to cb is valid during the call only.  Until
+ * cb has run, the limiter and the store must stay alive.  Freeing the
+ * store (rate_store_free) with decisions in flight is defined: each
+ * pending cb runs before rate_store_free returns, with a decision of
+ * reason RATE_REASON_STORE_ERROR, error RATE_ECANCELED and the fail
+ * mode's verdict (the fallback store's, with RATE_FAIL_FALLBACK); one
+ * whose command was already sent may still have been applied.  Free
+ * the store first, then the limiter: freeing a limiter with decisions in
+ * flight is not allowed.  rate_store_free must not be called from inside
+ * one of its own callbacks; a callback may start new decisions.
+ * Thread-safe: as the store's entries (an event loop's store is driven by
+ * one thread: start its decisions on that thread). */
+RATE_API int rate_limiter_check_start(rate_limiter_t *limiter,
+                                      const char *key, size_t key_len,
+                                      uint64_t permits, uint64_t max_wait_ns,
+                                      rate_decision_t *out, rate_check_fn cb,
+                                      void *ud);
+
+/* The same at a caller-supplied time now_ns (<= RATE_TIME_MAX; RATE_ERANGE
+ * above), as rate_limiter_check_at: for a loop that reads its clock once
+ * per turn.  The store's script then goes by now_ns, not Redis's TIME.
+ * Thread-safe: as rate_limiter_check_start. */
+RATE_API int rate_limiter_check_start_at(rate_limiter_t *limiter,
+                                         const char *key, size_t key_len,
+                                         uint64_t permits,
+                                         uint64_t max_wait_ns, uint64_t now_ns,
+                                         rate_decision_t *out,
+                                         rate_check_fn cb, void *ud);
 
 /* Blocking acquire: waits (with the clock's sleep) until the permits are
  * granted or the timeout would pass.  It never sleeps past now + timeout_ns

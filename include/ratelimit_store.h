@@ -185,7 +185,9 @@ struct rate_job {
      * decision, decide() would have returned (RATE_ENOTSUP too: the
      * limiter then starts the job again with req NULL); never from inside
      * start().  On which thread: the store's documentation says (an event
-     * loop's store calls it on the loop's thread). */
+     * loop's store calls it on the loop's thread).  A store destroyed with
+     * jobs in flight calls each one's done() with RATE_ECANCELED before
+     * destroy() returns (the asynchronous Redis store does). */
     void (*done)(rate_job_t *job, int rc);
     void *ud; /* the limiter's */
 };

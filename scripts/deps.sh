@@ -14,7 +14,7 @@ set -euo pipefail
 
 build_pkgs=(gcc make cmake pkg-config libxxhash-dev libhiredis-dev
             libcurl4-openssl-dev libjansson-dev libinih-dev libmicrohttpd-dev)
-test_pkgs=(libcmocka-dev valgrind libxml2-utils clang libclang-rt-14-dev redis-server
+test_pkgs=(libcmocka-dev libuv1-dev libevent-dev valgrind libxml2-utils clang libclang-rt-14-dev redis-server
            redis-tools nodejs npm curl wrk
            nginx nginx-dev libpcre2-dev libssl-dev zlib1g-dev)
 

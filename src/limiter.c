@@ -719,7 +719,11 @@ typedef struct async_check {
     rate_check_fn cb;
     void *ud;
     uint64_t now;
+    bool clock_time; /* now is the limiter's clock's (not the caller's) */
     unsigned rounds;
+    /* While the starting call runs: where a decision made at once goes
+     * (rate_limiter_check_start), instead of the callback; NULL after. */
+    rate_decision_t *now_out;
     char key[RATE_KEY_MAX];
 } async_check_t;
 
@@ -732,10 +736,11 @@ static bool async_start(async_check_t *a, int *rc, bool whole)
     rate_store_t *s = a->lim->store;
 
     a->step = (rate_step_t){rate__step, &a->arg, a->arg.policy->grow, a->now,
-                            horizon(a->lim, a->now, true), rate__is_cold};
+                            horizon(a->lim, a->now, a->clock_time),
+                            rate__is_cold};
     a->req = (rate_decide_req_t){a->arg.policy,    a->arg.policy_id,
                                  a->arg.format,    a->now,
-                                 true,             a->arg.permits,
+                                 a->clock_time,    a->arg.permits,
                                  a->arg.max_wait_ns, true,
                                  a->arg.policy->max_reset_ns,
                                  a->step.horizon_ns};
@@ -755,8 +760,11 @@ static void async_end(async_check_t *a, int rc)
         memset(&a->d, 0, sizeof a->d);
         a->cb(a->ud, RATE_EKEY, &a->d);
     } else {
-        finish(a->lim, &a->arg, &a->job.key, a->now, true, rc);
-        a->cb(a->ud, RATE_OK, &a->d);
+        finish(a->lim, &a->arg, &a->job.key, a->now, a->clock_time, rc);
+        if (a->now_out != NULL)
+            *a->now_out = a->d;
+        else
+            a->cb(a->ud, RATE_OK, &a->d);
     }
     free(a);
 }
@@ -785,9 +793,14 @@ static void async_done(rate_job_t *job, int rc)
     async_end(a, rc);
 }
 
-int rate_limiter_check_async(rate_limiter_t *lim, const char *key,
-                             size_t key_len, uint64_t permits,
-                             uint64_t max_wait_ns, rate_check_fn cb, void *ud)
+/* Both asynchronous calls: with now_out NULL the callback always runs
+ * (inline when the store answers at once); else a decision made at once
+ * is written to *now_out and RATE_OK returned, and RATE_PENDING means the
+ * callback will run later. */
+static int check_async(rate_limiter_t *lim, const char *key, size_t key_len,
+                       uint64_t permits, uint64_t max_wait_ns, bool clock_time,
+                       uint64_t now_ns, rate_decision_t *now_out,
+                       rate_check_fn cb, void *ud)
 {
     int rc, store_rc = RATE_OK;
 
@@ -799,7 +812,9 @@ int rate_limiter_check_async(rate_limiter_t *lim, const char *key,
     a->lim = lim;
     a->cb = cb;
     a->ud = ud;
-    a->now = clock_now(lim);
+    a->now_out = now_out;
+    a->clock_time = clock_time;
+    a->now = clock_time ? clock_now(lim) : now_ns;
     rc = prepare(lim, NULL, key, key_len, permits, max_wait_ns, a->now, true,
                  RATE__OP_DECIDE, &a->d, &a->arg, &store_rc);
     if (rc != RATE_OK) {
@@ -811,7 +826,10 @@ int rate_limiter_check_async(rate_limiter_t *lim, const char *key,
         count_verdict(lim, true);
         if (lim->listen != NULL)
             tell(lim, a->arg.policy, key, key_len, true, &a->d);
-        cb(ud, RATE_OK, &a->d);
+        if (now_out != NULL)
+            *now_out = a->d;
+        else
+            cb(ud, RATE_OK, &a->d);
         free(a);
         return RATE_OK;
     }
@@ -820,18 +838,57 @@ int rate_limiter_check_async(rate_limiter_t *lim, const char *key,
     a->job.key.bytes = a->key;
     a->job.key.space = lim->space;
     if (store_rc == RATE_OK) {
-        if (lim->store->m->start == NULL) /* a store that answers at once */
+        if (lim->store->m->start == NULL) { /* a store that answers at once */
             store_rc = store_part(lim, lim->store, &lim->book, &a->job.key,
-                                  &a->arg, a->now, true);
-        else if (async_start(a, &store_rc, true))
-            return RATE_OK; /* the store calls async_done later */
+                                  &a->arg, a->now, clock_time);
+        } else {
+            /* A later answer goes to the callback; the store calls
+             * async_done later, never from start(). */
+            a->now_out = NULL;
+            if (async_start(a, &store_rc, true))
+                return now_out != NULL ? RATE_PENDING : RATE_OK;
+            a->now_out = now_out;
+        }
         if (store_rc == RATE_EKEY) { /* as for bad input: no callback */
             free(a);
             return RATE_EKEY;
         }
     }
-    async_end(a, store_rc); /* the callback runs before this returns */
+    async_end(a, store_rc); /* the callback runs (or *now_out is filled) */
     return RATE_OK;
+}
+
+int rate_limiter_check_async(rate_limiter_t *lim, const char *key,
+                             size_t key_len, uint64_t permits,
+                             uint64_t max_wait_ns, rate_check_fn cb, void *ud)
+{
+    return check_async(lim, key, key_len, permits, max_wait_ns, true, 0, NULL,
+                       cb, ud);
+}
+
+int rate_limiter_check_start(rate_limiter_t *lim, const char *key,
+                             size_t key_len, uint64_t permits,
+                             uint64_t max_wait_ns, rate_decision_t *out,
+                             rate_check_fn cb, void *ud)
+{
+    if (out == NULL)
+        return RATE_EINVAL;
+    memset(out, 0, sizeof *out);
+    return check_async(lim, key, key_len, permits, max_wait_ns, true, 0, out,
+                       cb, ud);
+}
+
+int rate_limiter_check_start_at(rate_limiter_t *lim, const char *key,
+                                size_t key_len, uint64_t permits,
+                                uint64_t max_wait_ns, uint64_t now_ns,
+                                rate_decision_t *out, rate_check_fn cb,
+                                void *ud)
+{
+    if (out == NULL)
+        return RATE_EINVAL;
+    memset(out, 0, sizeof *out);
+    return check_async(lim, key, key_len, permits, max_wait_ns, false, now_ns,
+                       out, cb, ud);
 }
 
 /* ------------------------------------------------- outside admissions */

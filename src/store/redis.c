@@ -87,6 +87,7 @@
 
 #include "../internal.h"
 #include "redis_cluster.h"
+#include "redis_internal.h"
 #include "redis_step_lua.h"
 #include "redis_tb_lua.h"
 #include "redis_lb_lua.h"
@@ -1430,89 +1431,174 @@ static int parse_version(const redisReply *v, uint64_t *out)
     return RATE_OK;
 }
 
+int rate__redis_reply_ok(int rc, const redisReply *rep)
+{
+    return reply_ok(rc, rep);
+}
+
+void rate__redis_cmd_free(rate__redis_cmd_t *c)
+{
+    if (c->k != NULL && c->k != c->kb)
+        free(c->k);
+    c->k = NULL;
+}
+
+/* Whether a reply is NOSCRIPT (Redis restarted, or SCRIPT FLUSH). */
+bool rate__redis_noscript(const redisReply *rep)
+{
+    return rep != NULL && rep->type == REDIS_REPLY_ERROR && rep->str != NULL &&
+           strncmp(rep->str, "NOSCRIPT", 8) == 0;
+}
+
+/* Turns an EVALSHA (or FCALL) command into the EVAL of its script. */
+void rate__redis_cmd_eval(rate__redis_cmd_t *c)
+{
+    c->av[0] = "EVAL", c->al[0] = 4;
+    c->av[1] = c->script, c->al[1] = c->script_len;
+}
+
+/* The command of a load (HMGET of the version and the state). */
+int rate__redis_load_cmd(const redis_store_t *r, const rate_key_t *key,
+                         rate__redis_cmd_t *c)
+{
+    int rc;
+
+    c->argc = 0;
+    c->lean = -1;
+    c->k = NULL;
+    if ((rc = full_key(r, key, c->kb, sizeof c->kb, &c->k, &c->kl)) != RATE_OK)
+        return rc;
+    c->argc = 4;
+    c->av[0] = "HMGET", c->al[0] = 5;
+    c->av[1] = c->k, c->al[1] = c->kl;
+    c->av[2] = "v", c->al[2] = 1;
+    c->av[3] = "s", c->al[3] = 1;
+    c->script = NULL;
+    c->script_len = 0;
+    return RATE_OK;
+}
+
+/* A load's reply (after reply_ok): *state points into rep (NULL and 0
+ * with *version 0 when absent). */
+int rate__redis_load_parse(const redisReply *rep, const char **state,
+                           size_t *len, uint64_t *version)
+{
+    int rc;
+
+    *state = NULL;
+    *len = 0;
+    *version = 0;
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2)
+        return RATE_ECORRUPT;
+    if ((rc = parse_version(rep->element[0], version)) != RATE_OK)
+        return rc;
+    redisReply *e = rep->element[1];
+    if (*version == 0 || e->type == REDIS_REPLY_NIL) {
+        *version = 0; /* absent (or half-written: treat as absent) */
+        return RATE_OK;
+    }
+    if (e->type != REDIS_REPLY_STRING || e->len == 0)
+        return RATE_ECORRUPT; /* present, but no state: truncated */
+    *state = e->str;
+    *len = e->len;
+    return RATE_OK;
+}
+
 static int r_load(void *self, const rate_key_t *key, void *buf, size_t cap,
                   size_t *len, uint64_t *version)
 {
     redis_store_t *r = self;
-    char kb[RATE_KEY_MAX + 300], *k;
-    size_t kl;
+    rate__redis_cmd_t c;
     int rc;
 
     *len = 0;
     *version = 0;
-    if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
+    if ((rc = rate__redis_load_cmd(r, key, &c)) != RATE_OK)
         return rc;
     redisReply *rep = NULL;
-    rc = kcall(r, deadline_of(r), k, kl, 4,
-               (const char *[]){"HMGET", k, "v", "s"},
-              (size_t[]){5, kl, 1, 1}, &rep);
+    rc = kcall(r, deadline_of(r), c.k, c.kl, c.argc, c.av, c.al, &rep);
     rc = reply_ok(rc, rep);
     if (rc == RATE_OK) {
-        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2)
-            rc = RATE_ECORRUPT;
-        else if ((rc = parse_version(rep->element[0], version)) == RATE_OK) {
-            redisReply *s = rep->element[1];
-            if (*version == 0 || s->type == REDIS_REPLY_NIL) {
-                *version = 0; /* absent (or half-written: treat as absent) */
-            } else if (s->type != REDIS_REPLY_STRING || s->len == 0) {
-                rc = RATE_ECORRUPT; /* present, but no state: truncated */
-            } else {
-                *len = s->len;
-                if (s->len > cap)
-                    rc = RATE_EINVAL; /* the limiter retries with more room */
-                else
-                    memcpy(buf, s->str, s->len);
-            }
+        const char *st;
+        if ((rc = rate__redis_load_parse(rep, &st, len, version)) == RATE_OK &&
+            *len > 0) {
+            if (*len > cap)
+                rc = RATE_EINVAL; /* the limiter retries with more room */
+            else
+                memcpy(buf, st, *len);
         }
     }
     freeReplyObject(rep);
-    if (k != kb)
-        free(k);
+    rate__redis_cmd_free(&c);
     return rc;
 }
 
-static int r_cas(void *self, const rate_key_t *key, uint64_t version,
-                 const void *state, size_t len, uint64_t ttl_ns)
+/* The command of a compare-and-set (EVALSHA of cas_script); the state's
+ * bytes stay the caller's. */
+int rate__redis_cas_cmd(const redis_store_t *r, const rate_key_t *key,
+                        uint64_t version, const void *state, size_t len,
+                        uint64_t ttl_ns, rate__redis_cmd_t *c)
 {
-    redis_store_t *r = self;
-    char kb[RATE_KEY_MAX + 300], vbuf[24], tbuf[24], *k;
-    size_t kl;
     int rc;
 
-    if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
+    c->argc = 0;
+    c->lean = -1;
+    c->k = NULL;
+    if ((rc = full_key(r, key, c->kb, sizeof c->kb, &c->k, &c->kl)) != RATE_OK)
         return rc;
-    snprintf(vbuf, sizeof vbuf, "%llu", (unsigned long long)version);
+    snprintf(c->num[0], sizeof c->num[0], "%llu", (unsigned long long)version);
     /* 0: no expiry (the script PERSISTs the key): for RATE_TTL_FOREVER
      * (the policy records) whatever the options, and for everything else
      * with no_ttl, unless it has a safety expiry. */
     uint64_t us = ttl_ns == RATE_TTL_FOREVER ? 0
                   : !r->ttl                  ? r->safety_us
                                              : ttl_us(ttl_ns);
-    snprintf(tbuf, sizeof tbuf, "%llu", (unsigned long long)us);
-    const char *av[7] = {"EVALSHA", r->sha, "1", k, vbuf, state, tbuf};
-    size_t al[7] = {7, 40, 1, kl, strlen(vbuf), len, strlen(tbuf)};
+    snprintf(c->num[1], sizeof c->num[1], "%llu", (unsigned long long)us);
+    const char *av[7] = {"EVALSHA", r->sha, "1", c->k, c->num[0], state,
+                         c->num[1]};
+    size_t al[7] = {7, 40, 1, c->kl, strlen(c->num[0]), len,
+                    strlen(c->num[1])};
+    memcpy(c->av, av, sizeof av);
+    memcpy(c->al, al, sizeof al);
+    c->argc = 7;
+    c->script = cas_script;
+    c->script_len = sizeof cas_script - 1;
+    return RATE_OK;
+}
+
+/* A compare-and-set's reply (after reply_ok). */
+int rate__redis_cas_parse(const redisReply *rep)
+{
+    return rep->type != REDIS_REPLY_INTEGER ? RATE_ECORRUPT
+           : rep->integer == 0              ? RATE_ECONFLICT
+                                            : RATE_OK;
+}
+
+static int r_cas(void *self, const rate_key_t *key, uint64_t version,
+                 const void *state, size_t len, uint64_t ttl_ns)
+{
+    redis_store_t *r = self;
+    rate__redis_cmd_t c;
+    int rc;
+
+    if ((rc = rate__redis_cas_cmd(r, key, version, state, len, ttl_ns, &c)) !=
+        RATE_OK)
+        return rc;
     redisReply *rep = NULL;
     uint64_t dl = deadline_of(r);
-    rc = kcall(r, dl, k, kl, 7, av, al, &rep);
-    if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
-        strncmp(rep->str, "NOSCRIPT", 8) == 0) {
+    rc = kcall(r, dl, c.k, c.kl, c.argc, c.av, c.al, &rep);
+    if (rc == RATE_OK && rate__redis_noscript(rep)) {
         /* Redis restarted or SCRIPT FLUSH: send the script itself. */
         freeReplyObject(rep);
-        av[0] = "EVAL";
-        al[0] = 4;
-        av[1] = cas_script;
-        al[1] = sizeof cas_script - 1;
+        rate__redis_cmd_eval(&c);
         rep = NULL;
-        rc = kcall(r, dl, k, kl, 7, av, al, &rep);
+        rc = kcall(r, dl, c.k, c.kl, c.argc, c.av, c.al, &rep);
     }
     rc = reply_ok(rc, rep);
     if (rc == RATE_OK)
-        rc = rep->type != REDIS_REPLY_INTEGER ? RATE_ECORRUPT
-             : rep->integer == 0              ? RATE_ECONFLICT
-                                              : RATE_OK;
+        rc = rate__redis_cas_parse(rep);
     freeReplyObject(rep);
-    if (k != kb)
-        free(k);
+    rate__redis_cmd_free(&c);
     return rc;
 }
 
@@ -1690,11 +1776,58 @@ static int step_limits(const rate_policy_t *p, char (*num)[24], int nn)
     return nn;
 }
 
-/* A step's reply, the scripts' and the module's: RATE_OK with *d, or
- * RATE_ENOTSUP (declined: nothing written, the limiter decides),
- * RATE_ECORRUPT (the key is not a hash, or a reply that does not
- * parse). */
-static int step_reply(const redisReply *rep, rate_decision_t *d)
+/* The command of a decide(): EVALSHA of a lean script when one decides
+ * the request exactly (c->lean its index), else of the general step (see
+ * redis_step.lua for the arguments and replies).  RATE_ENOTSUP when no
+ * script can decide it exactly (the limiter then decides itself, and
+ * reads now() itself if it goes by Redis's clock); RATE_EINVAL for a key
+ * of the policy space. */
+int rate__redis_decide_cmd(const redis_store_t *r, const rate_key_t *key,
+                           const rate_decide_req_t *q, rate__redis_cmd_t *c)
+{
+    int rc;
+
+    c->argc = 0;
+    c->lean = -1;
+    c->k = NULL;
+    if (key != NULL && key->space == RATE_SPACE_POLICY)
+        return RATE_EINVAL; /* records are no states to decide over */
+    if (q->format != RATE__FORMAT_V1 && q->format != RATE__FORMAT)
+        return RATE_ENOTSUP; /* the limiter decides, exactly */
+    int nn = step_head(r, q, false, c->num);
+    int lean = r->lean ? lean_of(q, c->num, &nn) : -1;
+    if (lean < 0) {
+        if (!lua_can(q))
+            return RATE_ENOTSUP; /* the limiter decides, exactly */
+        nn = step_limits(q->policy, c->num, nn);
+    }
+    if ((rc = full_key(r, key, c->kb, sizeof c->kb, &c->k, &c->kl)) != RATE_OK)
+        return rc;
+    int argc = 0;
+    c->av[argc] = "EVALSHA", c->al[argc++] = 7;
+    c->av[argc] = lean >= 0 ? r->lean_sha[lean] : r->step_sha,
+    c->al[argc++] = 40;
+    c->av[argc] = "1", c->al[argc++] = 1;
+    c->av[argc] = c->k, c->al[argc++] = c->kl;
+    for (int i = 0; i < nn; i++)
+        c->av[argc] = c->num[i], c->al[argc++] = strlen(c->num[i]);
+    c->argc = argc;
+    c->lean = lean;
+    if (lean >= 0) {
+        c->script = lean_scripts[lean].src;
+        c->script_len = lean_scripts[lean].len;
+    } else {
+        c->script = redis_step_lua;
+        c->script_len = sizeof redis_step_lua - 1;
+    }
+    return RATE_OK;
+}
+
+/* A step's reply, the scripts' and the module's (after reply_ok): RATE_OK
+ * with *d, or RATE_ENOTSUP (declined: nothing written, the limiter
+ * decides), RATE_ECORRUPT (the key is not a hash, or a reply that does
+ * not parse). */
+int rate__redis_decide_parse(const redisReply *rep, rate_decision_t *d)
 {
     bool ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
               rep->element[0]->type == REDIS_REPLY_INTEGER;
@@ -1716,57 +1849,31 @@ static int step_reply(const redisReply *rep, rate_decision_t *d)
     return ok && d->reason <= RATE_REASON_NEVER ? RATE_OK : RATE_ECORRUPT;
 }
 
-/* One round trip: EVALSHA of the Lua step (see redis_step.lua for its
- * arguments and replies).  RATE_ENOTSUP, with nothing written, when the
- * request is outside the script's exact range or the script declines (the
- * limiter then decides itself, and reads now() itself if it goes by
- * Redis's clock); RATE_ECORRUPT for a key that is not a hash or a reply
- * that does not parse; RATE_EINVAL for a key of the policy space. */
+/* One round trip: the command of rate__redis_decide_cmd, as an FCALL of
+ * the Functions library when the server has it.  Returns as that, or
+ * RATE_ENOTSUP when the script declines (nothing written), RATE_ECORRUPT
+ * for a key that is not a hash or a reply that does not parse. */
 static int r_decide(void *self, const rate_key_t *key,
                     const rate_decide_req_t *q, rate_decision_t *d)
 {
     redis_store_t *r = self;
-    const rate_policy_t *p = q->policy;
-    char kb[RATE_KEY_MAX + 300], num[7 + 4 * RATE_MAX_LIMITS][24], *k;
-    const char *av[4 + 7 + 4 * RATE_MAX_LIMITS];
-    size_t al[4 + 7 + 4 * RATE_MAX_LIMITS], kl;
-    int argc = 0, rc;
+    rate__redis_cmd_t c;
+    int rc;
 
-    if (key != NULL && key->space == RATE_SPACE_POLICY)
-        return RATE_EINVAL; /* records are no states to decide over */
-    if (q->format != RATE__FORMAT_V1 && q->format != RATE__FORMAT) {
-        atomic_fetch_add(&r->st_declined, 1);
-        return RATE_ENOTSUP; /* the limiter decides, exactly */
-    }
-    if ((rc = full_key(r, key, kb, sizeof kb, &k, &kl)) != RATE_OK)
-        return rc;
-    int nn = step_head(r, q, false, num);
-    int lean = r->lean ? lean_of(q, num, &nn) : -1;
-    if (lean < 0) {
-        if (!lua_can(q)) {
-            if (k != kb)
-                free(k);
+    if ((rc = rate__redis_decide_cmd(r, key, q, &c)) != RATE_OK) {
+        if (rc == RATE_ENOTSUP)
             atomic_fetch_add(&r->st_declined, 1);
-            return RATE_ENOTSUP; /* the limiter decides, exactly */
-        }
-        nn = step_limits(p, num, nn);
+        return rc;
     }
+    int lean = c.lean;
     bool fcall = lean >= 0 && atomic_load(&r->fcall);
     if (fcall) {
-        av[argc] = "FCALL", al[argc++] = 5;
-        av[argc] = r->fn_name[lean], al[argc++] = strlen(r->fn_name[lean]);
-    } else {
-        av[argc] = "EVALSHA", al[argc++] = 7;
-        av[argc] = lean >= 0 ? r->lean_sha[lean] : r->step_sha,
-        al[argc++] = 40;
+        c.av[0] = "FCALL", c.al[0] = 5;
+        c.av[1] = r->fn_name[lean], c.al[1] = strlen(r->fn_name[lean]);
     }
-    av[argc] = "1", al[argc++] = 1;
-    av[argc] = k, al[argc++] = kl;
-    for (int i = 0; i < nn; i++)
-        av[argc] = num[i], al[argc++] = strlen(num[i]);
     redisReply *rep = NULL;
     uint64_t dl = deadline_of(r);
-    rc = kcall(r, dl, k, kl, argc, av, al, &rep);
+    rc = kcall(r, dl, c.k, c.kl, c.argc, c.av, c.al, &rep);
     if (fcall && rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
         (strstr(rep->str, "Function not found") != NULL ||
          strstr(rep->str, "unknown command") != NULL)) {
@@ -1776,7 +1883,7 @@ static int r_decide(void *self, const rate_key_t *key,
          * user without the right) gets the script instead, from now on. */
         freeReplyObject(rep);
         rep = NULL;
-        rc = kcall(r, dl, k, kl, 4,
+        rc = kcall(r, dl, c.k, c.kl, 4,
                    (const char *[]){"FUNCTION", "LOAD", "REPLACE", r->fn_lib},
                    (size_t[]){8, 4, 7, r->fn_lib_len}, &rep);
         bool loaded = rc == RATE_OK && rep->type == REDIS_REPLY_STRING;
@@ -1787,35 +1894,26 @@ static int r_decide(void *self, const rate_key_t *key,
         rep = NULL;
         if (!loaded && (rc == RATE_OK || rc == RATE_ESTORE)) {
             atomic_store(&r->fcall, false);
-            av[0] = "EVAL", al[0] = 4;
-            av[1] = lean_scripts[lean].src, al[1] = lean_scripts[lean].len;
+            rate__redis_cmd_eval(&c);
         }
         if (rc == RATE_OK || rc == RATE_ESTORE)
-            rc = kcall(r, dl, k, kl, argc, av, al, &rep);
-    } else if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
-        strncmp(rep->str, "NOSCRIPT", 8) == 0) {
+            rc = kcall(r, dl, c.k, c.kl, c.argc, c.av, c.al, &rep);
+    } else if (rc == RATE_OK && rate__redis_noscript(rep)) {
         freeReplyObject(rep); /* Redis restarted or SCRIPT FLUSH */
-        av[0] = "EVAL", al[0] = 4;
-        if (lean >= 0)
-            av[1] = lean_scripts[lean].src, al[1] = lean_scripts[lean].len;
-        else
-            av[1] = redis_step_lua, al[1] = sizeof redis_step_lua - 1;
+        rate__redis_cmd_eval(&c);
         rep = NULL;
-        rc = kcall(r, dl, k, kl, argc, av, al, &rep);
+        rc = kcall(r, dl, c.k, c.kl, c.argc, c.av, c.al, &rep);
     }
     rc = reply_ok(rc, rep);
     if (rc == RATE_OK) {
-        /* Declined: out of the script's exact range, or a state it would
-         * not read. */
-        rc = step_reply(rep, d);
+        rc = rate__redis_decide_parse(rep, d);
         if (rc == RATE_ENOTSUP)
             atomic_fetch_add(&r->st_declined, 1);
         else if (rc == RATE_OK)
             atomic_fetch_add(lean >= 0 ? &r->st_lean : &r->st_general, 1);
     }
     freeReplyObject(rep);
-    if (k != kb)
-        free(k);
+    rate__redis_cmd_free(&c);
     return rc;
 }
 
@@ -1944,7 +2042,7 @@ static int module_decide(redis_store_t *r, const rate_key_t *key,
          * requests: the scripts decide, and report what they meet. */
         rc = MODULE_GONE;
     } else if ((rc = reply_ok(rc, rep)) == RATE_OK) {
-        rc = step_reply(rep, d);
+        rc = rate__redis_decide_parse(rep, d);
     }
     freeReplyObject(rep);
     if (k != kb)
@@ -2023,6 +2121,27 @@ static const rate_store_methods_t redis_methods = {
     .remove = r_remove,
     .destroy = r_destroy,
 };
+
+const rate_store_methods_t *rate__redis_methods(void)
+{
+    return &redis_methods;
+}
+
+void rate__redis_conf(const redis_store_t *r, rate__redis_conf_t *out)
+{
+    memset(out, 0, sizeof *out);
+    out->host = r->seeds[0].host;
+    out->port = r->unix_socket ? 0 : r->seeds[0].port;
+    out->user = r->user;
+    out->password = r->password;
+    out->db = r->db;
+    out->cluster = r->cluster;
+    out->command_ns = r->command_ns;
+    out->connect_ns = r->connect_ns;
+    out->breaker = r->breaker;
+    out->breaker_failures = r->breaker_failures;
+    out->breaker_cooldown_ns = r->breaker_cooldown_ns;
+}
 
 int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
                          rate_store_t **out, char *err, size_t errlen)

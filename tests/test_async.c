@@ -1,0 +1,715 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Asynchronous decisions (rate_limiter_check_start) on event loops: libuv
+ * and libevent, through the adapters ratelimit_uv.h and ratelimit_event.h,
+ * on the memory store and the asynchronous Redis store against a private
+ * redis-server this test starts and stops.
+ *
+ * - The start call on stores that answer at once: RATE_OK with the same
+ *   decision as the synchronous call, no callback; its errors.
+ * - Differential traces: the same requests decided by the synchronous
+ *   call on a memory store, and through the asynchronous path (memory;
+ *   Redis, alternating request by request with a synchronous Redis store
+ *   on the same keys), on each loop: every field of every decision equal.
+ * - Thousands of decisions in flight on one loop, on one key: exactly the
+ *   limit allowed, every callback once.
+ * - Redis killed, stopped (SIGSTOP) and restarted under load: every
+ *   callback exactly once, none later than its timeout plus SLACK_NS
+ *   (counted: must be 0), decisions allowed again after the restart.
+ * - NOSCRIPT (SCRIPT FLUSH) answered with EVAL.
+ * - Freeing the store with decisions in flight: each callback runs before
+ *   rate_store_free returns, with RATE_ECANCELED under the fail mode.
+ * Nothing may leak (run under ASan by make test).
+ */
+#include <signal.h>
+#include <stdbool.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <uv.h>
+
+#include <ratelimit_event.h>
+#include <ratelimit_loop.h>
+#include <ratelimit_uv.h>
+
+#include "redis_fixture.h"
+
+/* The timeout of every Redis command here, and how much later than it a
+ * callback may come on a loaded 2-core machine (a loop turn, the timer's
+ * rounding, the scheduler): generous, since it is counted, not timed. */
+#define TIMEOUT_NS (200 * MS)
+#define SLACK_NS (1500 * MS)
+
+/* ------------------------------------------------------------ loops */
+
+static int pending; /* callbacks still to come */
+
+typedef struct tloop {
+    rate_loop_t loop;
+    bool uv;
+    uv_loop_t uvl;
+    struct event_base *base;
+} tloop_t;
+
+static void tloop_init(tloop_t *t, bool uv)
+{
+    memset(t, 0, sizeof *t);
+    t->uv = uv;
+    pending = 0;
+    if (uv) {
+        assert_int_equal(uv_loop_init(&t->uvl), 0);
+        rate_loop_uv(&t->loop, &t->uvl);
+    } else {
+        t->base = event_base_new();
+        assert_non_null(t->base);
+        rate_loop_event(&t->loop, t->base);
+    }
+}
+
+/* One turn: waits for an event (a socket or a timer). */
+static void tloop_turn(tloop_t *t)
+{
+    if (t->uv)
+        uv_run(&t->uvl, UV_RUN_ONCE);
+    else
+        event_base_loop(t->base, EVLOOP_ONCE);
+}
+
+/* After the stores are freed: nothing may be left on the loop. */
+static void tloop_fini(tloop_t *t)
+{
+    if (t->uv) {
+        uv_run(&t->uvl, UV_RUN_NOWAIT); /* the closed handles' callbacks */
+        assert_int_equal(uv_loop_close(&t->uvl), 0);
+    } else {
+        assert_int_equal(event_base_get_num_events(t->base,
+                                                   EVENT_BASE_COUNT_ADDED),
+                         0);
+        event_base_free(t->base);
+    }
+}
+
+/* ---------------------------------------------------------- requests */
+
+typedef struct req {
+    int calls;
+    int rc;
+    rate_decision_t d;
+    uint64_t started, ended;
+} req_t;
+
+
+static void on_decided(void *ud, int rc, const rate_decision_t *d)
+{
+    req_t *q = ud;
+    q->calls++;
+    q->rc = rc;
+    q->d = *d;
+    q->ended = rate_clock_monotonic_ns();
+    pending--;
+}
+
+/* Starts one decision (at the limiter's clock, or at `at` when it is not
+ * 0); RATE_OK (decided: q filled now) or RATE_PENDING. */
+static int start_at(rate_limiter_t *l, const char *key, uint64_t n, req_t *q,
+                    uint64_t at)
+{
+    memset(q, 0, sizeof *q);
+    q->started = rate_clock_monotonic_ns();
+    int rc = at != 0 ? rate_limiter_check_start_at(l, key, strlen(key), n, 0,
+                                                   at, &q->d, on_decided, q)
+                     : rate_limiter_check_start(l, key, strlen(key), n, 0,
+                                                &q->d, on_decided, q);
+    if (rc == RATE_PENDING)
+        pending++;
+    else if (rc == RATE_OK)
+        q->calls = 1, q->ended = q->started; /* counted as its one answer */
+    return rc;
+}
+
+static int start(rate_limiter_t *l, const char *key, uint64_t n, req_t *q)
+{
+    return start_at(l, key, n, q, 0);
+}
+
+static void wait_all(tloop_t *t)
+{
+    while (pending > 0)
+        tloop_turn(t);
+}
+
+/* ------------------------------------------------------- fake clock */
+
+static uint64_t fake_now;
+static uint64_t fake_clock(void *ud)
+{
+    (void)ud;
+    return fake_now;
+}
+static void fake_sleep(void *ud, uint64_t ns)
+{
+    (void)ud;
+    fake_now += ns;
+}
+static const rate_clock_t fake = {fake_clock, fake_sleep, NULL};
+
+static rate_limiter_t *lim(const char *text, rate_store_t *s, bool fake_time,
+                           rate_fail_mode_t fm)
+{
+    rate_limiter_config_t cfg = {0};
+    cfg.store = s;
+    cfg.clock = fake_time ? &fake : NULL;
+    cfg.on_store_error = fm;
+    return limiter_cfg(text, cfg);
+}
+
+static rate_store_t *async_store(tloop_t *t, const char *prefix,
+                                 bool client_time, uint64_t timeout_ns)
+{
+    rate_redis_options_t o = {0};
+    rate_store_t *s = NULL;
+    char err[256] = "";
+    o.prefix = prefix;
+    o.client_time = client_time;
+    o.command_timeout_ns = timeout_ns;
+    o.connect_timeout_ns = timeout_ns;
+    o.breaker_cooldown_ns = 100 * MS;
+    o.lazy_connect = true;
+    if (rate_store_redis_async_new(url, &o, &t->loop, &s, err, sizeof err) !=
+        RATE_OK)
+        fail_msg("async redis store: %s", err);
+    return s;
+}
+
+static void same(const rate_decision_t *a, const rate_decision_t *b, int i)
+{
+    if (a->allowed != b->allowed || a->reason != b->reason ||
+        a->limit != b->limit || a->remaining != b->remaining ||
+        a->delay_ns != b->delay_ns || a->retry_after_ns != b->retry_after_ns ||
+        a->reset_after_ns != b->reset_after_ns ||
+        a->component != b->component)
+        fail_msg("request %d: sync allowed=%d reason=%d rem=%llu retry=%llu "
+                 "reset=%llu; async allowed=%d reason=%d rem=%llu retry=%llu "
+                 "reset=%llu",
+                 i, a->allowed, a->reason, (unsigned long long)a->remaining,
+                 (unsigned long long)a->retry_after_ns,
+                 (unsigned long long)a->reset_after_ns, b->allowed, b->reason,
+                 (unsigned long long)b->remaining,
+                 (unsigned long long)b->retry_after_ns,
+                 (unsigned long long)b->reset_after_ns);
+}
+
+/* ------------------------------------------------------------ tests */
+
+static void idle(rate_store_t *as, int line);
+
+/* Memory store: answered at once, as the synchronous call; errors. */
+static void start_at_once(void **state)
+{
+    (void)state;
+    fake_now = 1000 * SEC;
+    rate_limiter_t *a = lim("fixed-window 3/s", NULL, true, RATE_FAIL_CLOSED);
+    rate_limiter_t *b = lim("fixed-window 3/s", NULL, true, RATE_FAIL_CLOSED);
+    rate_limiter_t *c = lim("fixed-window 3/s", NULL, false, RATE_FAIL_CLOSED);
+    for (int i = 0; i < 6; i++) {
+        req_t q;
+        rate_decision_t d;
+        assert_int_equal(start(a, "k", 1, &q), RATE_OK);
+        assert_int_equal(rate_limiter_check(b, "k", 1, 1, 0, &d), RATE_OK);
+        same(&d, &q.d, i);
+        assert_int_equal(q.calls, 1); /* no callback: pending unchanged */
+        assert_int_equal(pending, 0);
+        /* At the caller's time, on a limiter with the real clock. */
+        assert_int_equal(start_at(c, "k", 1, &q, fake_now), RATE_OK);
+        same(&d, &q.d, i);
+    }
+    rate_decision_t d;
+    assert_int_equal(rate_limiter_check_start(a, "k", 1, 1, 0, NULL,
+                                              on_decided, NULL),
+                     RATE_EINVAL);
+    assert_int_equal(rate_limiter_check_start(a, "k", 1, 1, 0, &d, NULL,
+                                              NULL),
+                     RATE_EINVAL);
+    assert_int_equal(rate_limiter_check_start(NULL, "k", 1, 1, 0, &d,
+                                              on_decided, NULL),
+                     RATE_EINVAL);
+    assert_int_equal(rate_limiter_check_start(a, "", 0, 1, 0, &d, on_decided,
+                                              NULL),
+                     RATE_EKEY);
+    assert_int_equal(rate_limiter_check_start(a, "k", 1, RATE_TIME_MAX + 1,
+                                              0, &d, on_decided, NULL),
+                     RATE_ERANGE);
+    assert_int_equal(rate_limiter_check_start_at(a, "k", 1, 1, 0,
+                                                 RATE_TIME_MAX + 1, &d,
+                                                 on_decided, NULL),
+                     RATE_ERANGE);
+    assert_int_equal(rate_limiter_check_start_at(a, "k", 1, 1, 0, 1, NULL,
+                                                 on_decided, NULL),
+                     RATE_EINVAL);
+    assert_int_equal(pending, 0);
+    rate_limiter_free(a);
+    rate_limiter_free(b);
+    rate_limiter_free(c);
+}
+
+static const char *const policies[] = {
+    "token-bucket 5/s burst=3", "leaky-bucket 7/3s capacity=4",
+    "fixed-window 4/700ms", "sliding-log 5/s", "sliding-window 6/s",
+    "token-bucket 10/s burst=5; sliding-log 20/3s; fixed-window 30/m",
+};
+
+/* One trace per policy: the reference is the synchronous call on a memory
+ * store; the asynchronous Redis path alternates with a synchronous Redis
+ * store on the same keys (one state, two clients). */
+static void differential(bool uv)
+{
+    tloop_t t;
+    tloop_init(&t, uv);
+    rate_store_t *as = async_store(&t, uv ? "tuv:" : "tev:", true, 5 * SEC);
+    rate_store_t *ss = NULL;
+    {
+        rate_redis_options_t o = {0};
+        char err[256] = "";
+        o.prefix = uv ? "tuv:" : "tev:";
+        o.client_time = true;
+        assert_int_equal(rate_store_redis_new(url, &o, &ss, err, sizeof err),
+                         RATE_OK);
+    }
+    unsigned seed = 7;
+    unsigned long async_pending = 0;
+    for (size_t p = 0; p < sizeof policies / sizeof *policies; p++) {
+        fake_now = 5000 * SEC + p * 1000 * SEC;
+        rate_limiter_t *ref = lim(policies[p], NULL, true, RATE_FAIL_CLOSED);
+        rate_limiter_t *la = lim(policies[p], as, true, RATE_FAIL_CLOSED);
+        rate_limiter_t *lr = lim(policies[p], as, false, RATE_FAIL_CLOSED);
+        rate_limiter_t *ls = lim(policies[p], ss, true, RATE_FAIL_CLOSED);
+        rate_limiter_t *lm = lim(policies[p], NULL, true, RATE_FAIL_CLOSED);
+        for (int i = 0; i < 300; i++) {
+            seed = seed * 1103515245u + 12345u;
+            fake_now += (seed >> 8) % (150 * MS);
+            char key[16];
+            snprintf(key, sizeof key, "p%zu-k%u", p, (seed >> 4) % 3);
+            uint64_t n = 1 + (seed >> 12) % 2;
+            rate_decision_t want, got;
+            assert_int_equal(rate_limiter_check_at(ref, key, strlen(key), n,
+                                                   0, fake_now, &want),
+                             RATE_OK);
+            req_t q;
+            if (i % 2 == 0) {
+                /* Half at the limiter's (fake) clock, half at the caller's
+                 * time on a limiter with the real clock. */
+                int rc = i % 4 == 0 ? start(la, key, n, &q)
+                                    : start_at(lr, key, n, &q, fake_now);
+                assert_true(rc == RATE_OK || rc == RATE_PENDING);
+                async_pending += rc == RATE_PENDING;
+                wait_all(&t);
+                assert_int_equal(q.calls, 1);
+                got = q.d;
+            } else {
+                assert_int_equal(rate_limiter_check_at(ls, key, strlen(key), n,
+                                                       0, fake_now, &got),
+                                 RATE_OK);
+            }
+            same(&want, &got, i);
+            /* The asynchronous path on a memory store, too. */
+            assert_int_equal(start(lm, key, n, &q), RATE_OK);
+            same(&want, &q.d, i);
+        }
+        rate_limiter_free(ref);
+        rate_limiter_free(la);
+        rate_limiter_free(lr);
+        rate_limiter_free(ls);
+        rate_limiter_free(lm);
+    }
+    assert_true(async_pending > 0); /* the Redis path really was async */
+    rate_redis_async_stats_t st;
+    assert_int_equal(rate_store_redis_async_stats(as, &st), RATE_OK);
+    assert_int_equal(st.in_flight, 0);
+    assert_int_equal(st.started, st.completed);
+    rate_store_redis_drop(ss);
+    rate_store_free(ss);
+    rate_store_free(as);
+    tloop_fini(&t);
+}
+
+static void differential_uv(void **state) { (void)state; differential(true); }
+static void differential_event(void **state) { (void)state; differential(false); }
+
+/* Thousands in flight on one key, all started before the loop turns. */
+static void many(bool uv)
+{
+    enum { N = 5000 };
+    tloop_t t;
+    tloop_init(&t, uv);
+    rate_store_t *as = async_store(&t, uv ? "muv:" : "mev:", true, 10 * SEC);
+    fake_now = 100 * SEC;
+    rate_limiter_t *l = lim("fixed-window 1000/m", as, true,
+                            RATE_FAIL_CLOSED);
+    static req_t q[N];
+    int now = 0;
+    uint64_t t0 = rate_clock_monotonic_ns();
+    for (int i = 0; i < N; i++) {
+        int rc = start(l, "many", 1, &q[i]);
+        assert_true(rc == RATE_OK || rc == RATE_PENDING);
+        now += rc == RATE_OK;
+    }
+    assert_int_equal(pending, N - now);
+    if (pending <= N / 2) {
+        rate_redis_async_stats_t st;
+        rate_store_redis_async_stats(as, &st);
+        print_error("pending %d, at once %d: reason %d error %d, refused %llu connects %llu\n", pending, now, q[0].d.reason, q[0].d.error, (unsigned long long)st.refused, (unsigned long long)st.connects);
+    }
+    assert_true(pending > N / 2);
+    wait_all(&t);
+    int allowed = 0;
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(q[i].calls, 1);
+        assert_int_equal(q[i].rc, RATE_OK);
+        if (q[i].d.reason == RATE_REASON_STORE_ERROR)
+            fail_msg("request %d: store error %d", i, q[i].d.error);
+        allowed += q[i].d.allowed;
+    }
+    assert_int_equal(allowed, 1000);
+    uint64_t t_async = rate_clock_monotonic_ns() - t0;
+    /* The same decisions one at a time through the synchronous store, for
+     * the figure only (not asserted: a shared machine). */
+    rate_store_t *ss = NULL;
+    rate_redis_options_t o = {0};
+    char err[256] = "";
+    o.prefix = uv ? "muvs:" : "mevs:";
+    o.client_time = true;
+    assert_int_equal(rate_store_redis_new(url, &o, &ss, err, sizeof err),
+                     RATE_OK);
+    rate_limiter_t *ls = lim("fixed-window 1000/m", ss, true,
+                             RATE_FAIL_CLOSED);
+    t0 = rate_clock_monotonic_ns();
+    for (int i = 0; i < N; i++) {
+        rate_decision_t d;
+        assert_int_equal(rate_limiter_check(ls, "many", 4, 1, 0, &d), RATE_OK);
+    }
+    uint64_t t_sync = rate_clock_monotonic_ns() - t0;
+    print_message("%d decisions on one %s loop: %.1f ms in flight at once, "
+                  "%.1f ms one by one synchronously (%.2fx)\n",
+                  N, uv ? "libuv" : "libevent", (double)t_async / 1e6,
+                  (double)t_sync / 1e6,
+                  (double)t_sync / (double)t_async);
+    rate_limiter_free(ls);
+    rate_store_redis_drop(ss);
+    rate_store_free(ss);
+    rate_limiter_free(l);
+    rate_store_redis_drop(as); /* the synchronous side: outside the loop */
+    rate_store_free(as);
+    tloop_fini(&t);
+}
+
+static void many_uv(void **state) { (void)state; many(true); }
+static void many_event(void **state) { (void)state; many(false); }
+
+/* Keeps `in_flight` decisions going for `ns` of wall time; returns the
+ * number of decisions that were allowed (not store errors). */
+enum { POOL = 256 };
+static req_t pool[POOL];
+static int late, answered, store_errors, ok_answers;
+
+static void account(req_t *q)
+{
+    assert_int_equal(q->calls, 1);
+    answered++;
+    if (q->d.reason == RATE_REASON_STORE_ERROR)
+        store_errors++;
+    else
+        ok_answers++;
+    if (q->ended > q->started + TIMEOUT_NS + SLACK_NS)
+        late++;
+}
+
+static void load_for(tloop_t *t, rate_limiter_t *l, uint64_t ns)
+{
+    uint64_t end = rate_clock_monotonic_ns() + ns;
+    static bool busy[POOL];
+    for (;;) {
+        bool again = rate_clock_monotonic_ns() < end;
+        for (int i = 0; i < POOL; i++) {
+            if (busy[i] && pool[i].calls == 0)
+                continue;
+            if (busy[i]) {
+                account(&pool[i]);
+                busy[i] = false;
+            }
+            if (!again)
+                continue;
+            char key[16];
+            snprintf(key, sizeof key, "f%d", i % 16);
+            int rc = start(l, key, 1, &pool[i]);
+            assert_true(rc == RATE_OK || rc == RATE_PENDING);
+            busy[i] = true;
+            if (rc == RATE_OK) {
+                account(&pool[i]);
+                busy[i] = false;
+            }
+        }
+        if (!again && pending == 0)
+            break;
+        if (getenv("DBG") && !again) {
+            static int n;
+            if (n++ % 1000 == 0)
+                print_message("pending %d\n", pending);
+        }
+        if (pending > 0)
+            tloop_turn(t);
+        else
+            usleep(1000); /* everything refused at once: backing off */
+    }
+}
+
+/* Nothing in flight in the store once every callback has run. */
+static void idle(rate_store_t *as, int line)
+{
+    rate_redis_async_stats_t st;
+    assert_int_equal(rate_store_redis_async_stats(as, &st), RATE_OK);
+    if (st.started != st.completed || st.in_flight != 0)
+        fail_msg("line %d: started %llu completed %llu in flight %llu", line,
+                 (unsigned long long)st.started,
+                 (unsigned long long)st.completed,
+                 (unsigned long long)st.in_flight);
+}
+
+static void faults(bool uv)
+{
+    tloop_t t;
+    tloop_init(&t, uv);
+    signal(SIGPIPE, SIG_IGN);
+    rate_store_t *as = async_store(&t, uv ? "fuv:" : "fev:", false, TIMEOUT_NS);
+    rate_limiter_t *l = lim("token-bucket 100000/s burst=100000", as, false,
+                            RATE_FAIL_OPEN);
+    late = answered = store_errors = ok_answers = 0;
+
+    /* Up: answered (a loaded machine may time out a few: not asserted). */
+    load_for(&t, l, 300 * MS);
+    idle(as, __LINE__);
+    assert_true(ok_answers > 0);
+
+    /* Killed: every decision answered (store errors), none late. */
+    stop_server();
+    load_for(&t, l, 400 * MS);
+    idle(as, __LINE__);
+    assert_true(store_errors > 0);
+    /* Restarted on the same port: answered again (after the backoff and
+     * the breaker's cooldown). */
+    start_server(NULL, NULL);
+    int ok_before = ok_answers;
+    for (int round = 0; round < 50 && ok_answers == ok_before; round++) {
+        load_for(&t, l, 100 * MS);
+        idle(as, __LINE__);
+    }
+    assert_true(ok_answers > ok_before);
+
+    /* Stopped: decisions in flight time out, none later than the slack. */
+    int err_before = store_errors;
+    kill(server, SIGSTOP);
+    load_for(&t, l, 3 * TIMEOUT_NS);
+    idle(as, __LINE__);
+    kill(server, SIGCONT);
+    assert_true(store_errors > err_before);
+    rate_redis_async_stats_t st;
+    assert_int_equal(rate_store_redis_async_stats(as, &st), RATE_OK);
+    assert_true(st.timed_out > 0);
+    assert_true(st.refused > 0); /* the backoff and the breaker */
+    ok_before = ok_answers;
+    for (int round = 0; round < 50 && ok_answers == ok_before; round++) {
+        load_for(&t, l, 100 * MS);
+        idle(as, __LINE__);
+    }
+    assert_true(ok_answers > ok_before);
+
+    /* NOSCRIPT: the scripts flushed, decisions go on through EVAL. */
+    redisContext *c = raw();
+    assert_non_null(c);
+    freeReplyObject(redisCommand(c, "SCRIPT FLUSH"));
+    redisFree(c);
+    ok_before = ok_answers;
+    for (int round = 0; round < 50 && ok_answers == ok_before; round++) {
+        load_for(&t, l, 100 * MS);
+        idle(as, __LINE__);
+    }
+    assert_true(ok_answers > ok_before);
+    assert_int_equal(rate_store_redis_async_stats(as, &st), RATE_OK);
+    assert_true(st.noscript > 0);
+
+    assert_int_equal(late, 0);
+    assert_int_equal(pending, 0);
+    assert_int_equal(st.started, st.completed);
+    print_message("async faults (%s): %d answered, %d store errors, "
+                  "%llu timed out, %llu refused at once, %llu connects, "
+                  "%d late\n",
+                  uv ? "libuv" : "libevent", answered, store_errors,
+                  (unsigned long long)st.timed_out,
+                  (unsigned long long)st.refused,
+                  (unsigned long long)st.connects, late);
+    rate_limiter_free(l);
+    rate_store_redis_drop(as);
+    rate_store_free(as);
+    tloop_fini(&t);
+}
+
+static void faults_uv(void **state) { (void)state; faults(true); }
+static void faults_event(void **state) { (void)state; faults(false); }
+
+/* Freed with decisions in flight: every callback before free returns. */
+static void free_in_flight(bool uv, bool on_wire)
+{
+    enum { N = 1000 };
+    tloop_t t;
+    tloop_init(&t, uv);
+    rate_store_t *as = async_store(&t, "free:", true, 5 * SEC);
+    fake_now = 100 * SEC;
+    rate_limiter_t *l = lim("fixed-window 10/h", as, true, RATE_FAIL_OPEN);
+    static req_t q[N];
+    int at_once = 0;
+    if (on_wire) {
+        /* Connected first, then Redis stopped: the commands go out on the
+         * wire and stay unanswered. */
+        req_t w;
+        if (start(l, "warm", 1, &w) == RATE_PENDING)
+            wait_all(&t);
+        assert_int_equal(w.d.reason == RATE_REASON_STORE_ERROR, false);
+        kill(server, SIGSTOP);
+    }
+    for (int i = 0; i < N; i++) {
+        int rc = start(l, "gone", 1, &q[i]);
+        assert_true(rc == RATE_OK || rc == RATE_PENDING);
+        at_once += rc == RATE_OK;
+    }
+    assert_int_equal(at_once, 0);
+    assert_int_equal(pending, N);
+    if (on_wire) {
+        for (int i = 0; i < 5; i++) { /* a few turns: the writes go out */
+            if (t.uv)
+                uv_run(&t.uvl, UV_RUN_NOWAIT);
+            else
+                event_base_loop(t.base, EVLOOP_NONBLOCK);
+        }
+    }
+    rate_store_free(as); /* none was answered */
+    if (on_wire)
+        kill(server, SIGCONT);
+    assert_int_equal(pending, 0);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(q[i].calls, 1);
+        assert_int_equal(q[i].d.reason, RATE_REASON_STORE_ERROR);
+        assert_int_equal(q[i].d.error, RATE_ECANCELED);
+        assert_true(q[i].d.allowed); /* the fail mode: open */
+    }
+    rate_limiter_free(l);
+    tloop_fini(&t);
+    if (on_wire) /* sent: Redis may still run them; nothing to look at */
+        return;
+    /* Nothing was sent, so nothing written: a synchronous look finds no
+     * key. */
+    redisContext *c = raw();
+    redisReply *r = redisCommand(c, "EXISTS free:{gone}");
+    assert_int_equal(r->integer, 0);
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+static void free_uv(void **state) { (void)state; free_in_flight(true, false); }
+static void free_event(void **state) { (void)state; free_in_flight(false, false); }
+static void free_wire_uv(void **state) { (void)state; free_in_flight(true, true); }
+static void free_wire_event(void **state)
+{
+    (void)state;
+    free_in_flight(false, true);
+}
+
+/* A loop that refuses to watch: every decision still answered once. */
+static rate_loop_t inner;
+static bool refuse;
+static int refuse_io_set(void *ud, void *io, unsigned events)
+{
+    if (refuse && events != 0)
+        return -1;
+    return inner.io_set(ud, io, events);
+}
+
+static void loop_refuses(void **state)
+{
+    (void)state;
+    tloop_t t;
+    tloop_init(&t, false);
+    inner = t.loop;
+    t.loop.io_set = refuse_io_set;
+    rate_store_t *as = async_store(&t, "ref:", true, 5 * SEC);
+    fake_now = 100 * SEC;
+    rate_limiter_t *l = lim("fixed-window 10/m", as, true, RATE_FAIL_CLOSED);
+    enum { N = 50 };
+    static req_t q[N];
+    refuse = true;
+    for (int i = 0; i < N; i++)
+        assert_true(start(l, "r", 1, &q[i]) >= RATE_OK);
+    wait_all(&t);
+    refuse = false;
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(q[i].calls, 1);
+        assert_int_equal(q[i].d.reason, RATE_REASON_STORE_ERROR);
+        assert_false(q[i].d.allowed);
+    }
+    idle(as, __LINE__);
+    /* The loop watches again: after the backoff, decisions are made. */
+    req_t w;
+    memset(&w, 0, sizeof w);
+    for (int round = 0; round < 200; round++) {
+        if (start(l, "r", 1, &w) == RATE_PENDING)
+            wait_all(&t);
+        if (w.d.reason != RATE_REASON_STORE_ERROR)
+            break;
+        usleep(10000);
+    }
+    assert_true(w.d.allowed);
+    rate_limiter_free(l);
+    rate_store_redis_drop(as);
+    rate_store_free(as);
+    tloop_fini(&t);
+}
+
+static void bad_args(void **state)
+{
+    (void)state;
+    rate_store_t *s = NULL;
+    rate_loop_t none = {0};
+    char err[128] = "";
+    assert_int_equal(rate_store_redis_async_new(url, NULL, NULL, &s, err,
+                                                sizeof err),
+                     RATE_EINVAL);
+    assert_int_equal(rate_store_redis_async_new(url, NULL, &none, &s, err,
+                                                sizeof err),
+                     RATE_EINVAL);
+    assert_non_null(strstr(err, "loop"));
+    assert_int_equal(rate_store_redis_async_new(url, NULL, &none, NULL, err,
+                                                sizeof err),
+                     RATE_EINVAL);
+    rate_redis_async_stats_t st;
+    assert_int_equal(rate_store_redis_async_stats(NULL, &st), RATE_EINVAL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(start_at_once),
+        cmocka_unit_test(bad_args),
+        cmocka_unit_test(loop_refuses),
+        cmocka_unit_test(differential_uv),
+        cmocka_unit_test(differential_event),
+        cmocka_unit_test(many_uv),
+        cmocka_unit_test(many_event),
+        cmocka_unit_test(free_uv),
+        cmocka_unit_test(free_event),
+        cmocka_unit_test(free_wire_uv),
+        cmocka_unit_test(free_wire_event),
+        cmocka_unit_test(faults_uv),
+        cmocka_unit_test(faults_event),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
