@@ -368,7 +368,9 @@ typedef struct rate_headers {
  * under fail-closed: 503, no field (no Retry-After: 0, which would send
  * every client straight back); under the fallback: the fallback's
  * decision, as above.  Returns RATE_OK, or RATE_EINVAL for a NULL policy,
- * decision or out.  Thread-safe: yes. */
+ * decision or out; RATE_ERANGE, *out zeroed, for a field that would pass
+ * RATE_HEADER_LEN (no item the library's bounds allow comes near: a
+ * guard).  Thread-safe: yes. */
 RATE_API int rate_headers_format(const rate_policy_t *policy,
                                  const rate_decision_t *d,
                                  rate_headers_t *out);
@@ -659,8 +661,9 @@ RATE_API int rate_store_dynamodb_new(const char *url,
 /* Deletes every item of the DynamoDB store's prefix (a Scan of the table,
  * then one DeleteItem each): how a scratch namespace is removed.
  * RATE_EINVAL for a store that is not a DynamoDB store or has no prefix;
- * the store's error (RATE_ESTORE, RATE_ETIMEDOUT) when a request fails
- * (the items deleted so far stay deleted).  Thread-safe: yes. */
+ * RATE_ENOMEM; the store's error (RATE_ESTORE, RATE_ETIMEDOUT, RATE_ECORRUPT
+ * for an answer that is not the JSON of a Scan) when a request fails (the
+ * items deleted so far stay deleted).  Thread-safe: yes. */
 RATE_API int rate_store_dynamodb_drop(rate_store_t *store);
 
 /* What a DynamoDB store has sent since rate_store_dynamodb_new returned
@@ -1322,7 +1325,8 @@ RATE_API int rate_rules_check_at(rate_rules_t *rules, rate_limiter_t *limiter,
  * (a refunded policy's r counts its permits back), status 429 if any
  * denied (503 if the only denials are fail-closed store errors), and
  * Retry-After the longest wait of the denials (none if one can never
- * pass).  RATE_EINVAL for NULL.  Thread-safe: yes. */
+ * pass).  RATE_EINVAL for NULL, RATE_ERANGE for fields too long for
+ * *out (zeroed then).  Thread-safe: yes. */
 RATE_API int rate_outcome_headers(const rate_outcome_t *outcome,
                                   rate_headers_t *out);
 
@@ -1428,7 +1432,9 @@ typedef struct rate_synced_config {
  * errlen bytes with the NUL) saying why: RATE_EINVAL (NULL config, out,
  * policy or remote; a lease above the policy's capacity), RATE_EPOLICY
  * (the unlimited policy, a block= limit, a policy the remote cannot
- * keep), RATE_ENOMEM (also: no thread for the sweeper or refiller).
+ * keep), RATE_ERANGE (lease_ttl_ns, retry_ns, sweep_ns or denial_ttl_ns
+ * above RATE_TIME_MAX), RATE_ENOMEM (also: no thread for the sweeper or
+ * refiller).
  * Asks the remote nothing yet.  Thread-safe: yes. */
 RATE_API int rate_synced_new(const rate_synced_config_t *config,
                              rate_synced_t **out, char *err, size_t errlen);
@@ -1463,7 +1469,8 @@ RATE_API bool rate_synced_try_acquire(rate_synced_t *s, const char *key,
  * (the *_at form: by the caller's time, for leases taken by *_at calls;
  * the plain one by CLOCK_MONOTONIC, for the clock calls'); all = true
  * gives back every lease whatever its age.  RATE_OK, RATE_EINVAL for
- * NULL, or the first refund's error (the permits are then lost, counted;
+ * NULL, RATE_ERANGE for now_ns above RATE_TIME_MAX, or the first refund's
+ * error (the permits are then lost, counted;
  * the rest is still done).  Thread-safe: yes. */
 RATE_API int rate_synced_flush(rate_synced_t *s, bool all);
 RATE_API int rate_synced_flush_at(rate_synced_t *s, uint64_t now_ns,
