@@ -435,7 +435,10 @@ typedef struct rate_redis_options {
                                     (RATE_ETIMEDOUT), and a connection
                                     made on a call's behalf (the connect
                                     timeout included) is made within it */
-    const char *prefix;          /* key namespace, copied; NULL: "ratelimit:" */
+    const char *prefix;          /* key namespace, copied; NULL: "ratelimit:";
+                                    at most 256 bytes, no '{' or '}'
+                                    (RATE_EINVAL); end it with a separator
+                                    (docs/redis.md, "Key names") */
     unsigned pool_size;          /* connections per server (per master in
                                     a cluster), each shared by all callers
                                     (pipelined); 0: 2 */

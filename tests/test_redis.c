@@ -1473,6 +1473,17 @@ static void bad_urls_hosts_and_passwords(void **state)
     assert_int_equal(rate_store_redis_new(NULL, NULL, &s, err, sizeof err),
                      RATE_EINVAL);
     assert_int_equal(rate_store_redis_drop(NULL), RATE_EINVAL);
+    /* A prefix with a brace would be the keys' hash tag: refused. */
+    for (int i = 0; i < 2; i++) {
+        rate_redis_options_t bp = {0};
+        bp.prefix = i == 0 ? "app{x}:" : "app}";
+        err[0] = '\0';
+        assert_int_equal(rate_store_redis_new(unreachable, &bp, &s, err,
+                                              sizeof err),
+                         RATE_EINVAL);
+        assert_null(s);
+        assert_non_null(strstr(err, "holds a brace"));
+    }
 
     /* A server with a password: a wrong one is refused, the right works. */
     stop_server();

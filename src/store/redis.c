@@ -2194,6 +2194,12 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
         return rate__fail(err, errlen, RATE_EINVAL,
                           "prefix of %zu bytes, above 256", strlen(prefix));
     }
+    if (strpbrk(prefix, "{}") != NULL) { /* its own hash tag: see the top */
+        r_destroy(r);
+        return rate__fail(err, errlen, RATE_EINVAL,
+                          "prefix '%s' holds a brace: each key's '{' must be "
+                          "the first, for its Cluster hash tag", prefix);
+    }
     r->prefix = malloc(r->prefix_len + 1);
     r->pool = o.pool_size ? o.pool_size : 2;
     r->module_mode = o.module;
