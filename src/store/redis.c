@@ -1457,16 +1457,23 @@ void rate__redis_cmd_eval(rate__redis_cmd_t *c)
     c->av[1] = c->script, c->al[1] = c->script_len;
 }
 
+/* A command's start: empty, and the key's name in it. */
+static int cmd_key(const redis_store_t *r, const rate_key_t *key,
+                   rate__redis_cmd_t *c)
+{
+    c->argc = 0;
+    c->lean = -1;
+    c->k = NULL;
+    return full_key(r, key, c->kb, sizeof c->kb, &c->k, &c->kl);
+}
+
 /* The command of a load (HMGET of the version and the state). */
 int rate__redis_load_cmd(const redis_store_t *r, const rate_key_t *key,
                          rate__redis_cmd_t *c)
 {
     int rc;
 
-    c->argc = 0;
-    c->lean = -1;
-    c->k = NULL;
-    if ((rc = full_key(r, key, c->kb, sizeof c->kb, &c->k, &c->kl)) != RATE_OK)
+    if ((rc = cmd_key(r, key, c)) != RATE_OK)
         return rc;
     c->argc = 4;
     c->av[0] = "HMGET", c->al[0] = 5;
@@ -1541,10 +1548,7 @@ int rate__redis_cas_cmd(const redis_store_t *r, const rate_key_t *key,
 {
     int rc;
 
-    c->argc = 0;
-    c->lean = -1;
-    c->k = NULL;
-    if ((rc = full_key(r, key, c->kb, sizeof c->kb, &c->k, &c->kl)) != RATE_OK)
+    if ((rc = cmd_key(r, key, c)) != RATE_OK)
         return rc;
     snprintf(c->num[0], sizeof c->num[0], "%llu", (unsigned long long)version);
     /* 0: no expiry (the script PERSISTs the key): for RATE_TTL_FOREVER
@@ -1789,7 +1793,7 @@ int rate__redis_decide_cmd(const redis_store_t *r, const rate_key_t *key,
 
     c->argc = 0;
     c->lean = -1;
-    c->k = NULL;
+    c->k = NULL; /* nothing to free before cmd_key */
     if (key != NULL && key->space == RATE_SPACE_POLICY)
         return RATE_EINVAL; /* records are no states to decide over */
     if (q->format != RATE__FORMAT_V1 && q->format != RATE__FORMAT)
@@ -1801,7 +1805,7 @@ int rate__redis_decide_cmd(const redis_store_t *r, const rate_key_t *key,
             return RATE_ENOTSUP; /* the limiter decides, exactly */
         nn = step_limits(q->policy, c->num, nn);
     }
-    if ((rc = full_key(r, key, c->kb, sizeof c->kb, &c->k, &c->kl)) != RATE_OK)
+    if ((rc = cmd_key(r, key, c)) != RATE_OK)
         return rc;
     int argc = 0;
     c->av[argc] = "EVALSHA", c->al[argc++] = 7;
