@@ -1094,7 +1094,9 @@ RATE_API int rate_limiter_check_async(rate_limiter_t *limiter,
  * whose command was already sent may still have been applied.  Free
  * the store first, then the limiter: freeing a limiter with decisions in
  * flight is not allowed.  rate_store_free must not be called from inside
- * one of its own callbacks; a callback may start new decisions.
+ * one of its own callbacks; a callback may start new decisions.  The
+ * limiter's listener (rate_limiter_config_t) hears a pending decision on
+ * the thread that completes it, just before cb.
  * Thread-safe: as the store's entries (an event loop's store is driven by
  * one thread: start its decisions on that thread). */
 RATE_API int rate_limiter_check_start(rate_limiter_t *limiter,
