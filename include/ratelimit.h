@@ -50,7 +50,7 @@ extern "C" {
 #endif
 
 #define RATE_VERSION_MAJOR 0
-#define RATE_VERSION_MINOR 2
+#define RATE_VERSION_MINOR 3
 #define RATE_VERSION_PATCH 0
 
 /* ---------------------------------------------------------------- errors */
@@ -78,7 +78,8 @@ typedef enum rate_status {
 #undef RATE_X_
 } rate_status_t;
 
-/* Text for an error code ("unknown error" for codes not in the list).
+/* Text for an error code ("unknown error" for codes not in the list; also
+ * RATE_PENDING's, which is no error).
  * Static storage; never NULL.  Thread-safe: yes. */
 RATE_API const char *rate_strerror(int err);
 /* The code's name, e.g. "RATE_EKEY".  Thread-safe: yes. */
@@ -973,13 +974,17 @@ typedef struct rate_limiter_config {
 } rate_limiter_config_t;
 
 /* Makes a limiter.  A store passed in is borrowed: free it after the
- * limiter.  Limiters on one store share each key's state (a shadow one
+ * limiter (either order is safe with nothing in flight; an asynchronous
+ * store with decisions in flight is freed first: see
+ * rate_limiter_check_start).  Limiters on one store share each key's state (a shadow one
  * keeps its own unless shadow_shares_state): whichever policy each uses,
  * a key's state carries over between them as docs/algorithms.md ("Policy
  * changes") says, also between processes and hosts on one Redis.
  * The limiter records its policy in the store now (the policy's id there,
  * see ratelimit_store.h), or at its first decision if the store does not
- * answer now.  RATE_EPOLICY when the store cannot keep the policy's
+ * answer now; on a store that completes later (an event loop's, with an
+ * asynchronous entry), always at the first decision, through the store:
+ * neither this call nor rate_limiter_check_start waits for it.  RATE_EPOLICY when the store cannot keep the policy's
  * states (rate_store_check_policy: a DynamoDB item's 400 KB, a
  * shared-memory region's state_max).
  * Thread-safe: yes. */

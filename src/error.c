@@ -24,6 +24,9 @@ const char *rate_strerror(int err)
     switch (err) {
     case RATE_OK:
         return "success";
+    case RATE_PENDING:
+        return "pending: the decision is under way, its callback will run "
+               "(not an error)";
 #define RATE_X_(name, code, text)                                           \
     case code:                                                              \
         return text;
@@ -39,6 +42,8 @@ const char *rate_err_name(int err)
     switch (err) {
     case RATE_OK:
         return "RATE_OK";
+    case RATE_PENDING:
+        return "RATE_PENDING";
 #define RATE_X_(name, code, text)                                           \
     case code:                                                              \
         return "RATE_" #name;

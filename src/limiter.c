@@ -207,13 +207,20 @@ static plan_t *plan_new(const rate_policy_t *p)
     return pl;
 }
 
+/* A policy whose record the store must be asked for first, by a caller
+ * that does not wait (the asynchronous calls): not a RATE_E* code. */
+#define NEED_RECORD 2
+
 /* The tag of states made under p in `book`'s store, in the limiter's
- * format: the policy's id there (found or made), or its fingerprint in the
- * first edition's format. */
+ * format: the policy's id there (found or made; with !wait, NEED_RECORD
+ * when that takes the store's I/O), or its fingerprint in the first
+ * edition's format. */
 static int tag_of(rate_limiter_t *lim, rate__book_t *book,
-                  const rate_policy_t *p, uint32_t *tag)
+                  const rate_policy_t *p, uint32_t *tag, bool wait)
 {
-    int rc = rate__book_id(book, p, tag);
+    int rc = !wait && !rate__book_known_id(book, p, tag)
+                 ? NEED_RECORD
+                 : rate__book_id(book, p, tag);
 
     if (rc == RATE_OK && lim->format == RATE__FORMAT_V1 && book == &lim->book)
         *tag = p->fingerprint;
@@ -221,12 +228,13 @@ static int tag_of(rate_limiter_t *lim, rate__book_t *book,
 }
 
 /* The default plan's tag, known once and then read without a lock. */
-static int plan_tag(rate_limiter_t *lim, plan_t *pl, uint32_t *tag)
+static int plan_tag(rate_limiter_t *lim, plan_t *pl, uint32_t *tag,
+                    bool wait)
 {
     *tag = atomic_load_explicit(&pl->tag, memory_order_acquire);
     if (*tag != 0)
         return RATE_OK;
-    int rc = tag_of(lim, &lim->book, &pl->policy, tag);
+    int rc = tag_of(lim, &lim->book, &pl->policy, tag, wait);
     if (rc != RATE_OK)
         return rc;
     /* Published once, by the first thread to get here (others that looked
@@ -314,9 +322,12 @@ int rate_limiter_new(const rate_limiter_config_t *cfg, rate_limiter_t **out)
     lim->fast = lim->m->acquire != NULL && lim->resolve == NULL;
     lim->check_policy = lim->m->version >= 3 && lim->m->check_policy != NULL;
     /* Learn the default policy's tag now if the store answers; else the
-     * first decision does (a store that is down now is the fail mode's). */
+     * first decision does (a store that is down now is the fail mode's).
+     * Not with a store that completes later (an event loop's): its first
+     * decision registers it, through the store, without waiting. */
     uint32_t tag;
-    (void)plan_tag(lim, pl, &tag);
+    if (lim->m->start == NULL)
+        (void)plan_tag(lim, pl, &tag, true);
     *out = lim;
     return RATE_OK;
 }
@@ -370,7 +381,8 @@ int rate_limiter_set_policy(rate_limiter_t *lim, const rate_policy_t *policy)
     atomic_store_explicit(&lim->plan, pl, memory_order_release);
     pthread_mutex_unlock(&lim->plan_lock);
     uint32_t tag;
-    (void)plan_tag(lim, pl, &tag); /* as at creation: now if it can */
+    if (lim->m->start == NULL) /* as at creation: now if it can */
+        (void)plan_tag(lim, pl, &tag, true);
     return RATE_OK;
 }
 
@@ -451,10 +463,11 @@ static RATE__ALWAYS_INLINE int store_part(rate_limiter_t *lim, rate_store_t *sto
 }
 
 /* The key's policy (the resolver's, else the default) and its tag in the
- * store; a store error when the tag had to be looked up and could not. */
+ * store; a store error when the tag had to be looked up and could not
+ * (with !wait: NEED_RECORD when it has to be). */
 static int policy_for(rate_limiter_t *lim, const rate_policy_t *force,
                       const char *key, size_t key_len,
-                      const rate_policy_t **p, uint32_t *tag)
+                      const rate_policy_t **p, uint32_t *tag, bool wait)
 {
     *p = NULL;
     *tag = 0;
@@ -469,11 +482,11 @@ static int policy_for(rate_limiter_t *lim, const rate_policy_t *force,
         if (lim->check_policy &&
             (rc = rate_store_check_policy(lim->store, *p, NULL, 0)) != RATE_OK)
             return rc;
-        return tag_of(lim, &lim->book, *p, tag);
+        return tag_of(lim, &lim->book, *p, tag, wait);
     }
     plan_t *pl = atomic_load_explicit(&lim->plan, memory_order_acquire);
     *p = &pl->policy;
-    return pl->policy.unlimited ? RATE_OK : plan_tag(lim, pl, tag);
+    return pl->policy.unlimited ? RATE_OK : plan_tag(lim, pl, tag, wait);
 }
 
 /* Before the store: the input checked (RATE_E* for bad input), the step's
@@ -483,7 +496,7 @@ static RATE__ALWAYS_INLINE int prepare(rate_limiter_t *lim,
                    const rate_policy_t *force, const char *key, size_t key_len,
                    uint64_t permits, uint64_t max_wait, uint64_t now,
                    bool detail, rate__op_t op, rate_decision_t *d,
-                   rate__step_arg_t *arg, int *store_rc)
+                   rate__step_arg_t *arg, int *store_rc, bool wait)
 {
     const rate_policy_t *p;
     uint32_t tag;
@@ -493,7 +506,7 @@ static RATE__ALWAYS_INLINE int prepare(rate_limiter_t *lim,
     if (permits > RATE_TIME_MAX || max_wait > RATE_TIME_MAX ||
         now > RATE_TIME_MAX)
         return RATE_ERANGE;
-    *store_rc = policy_for(lim, force, key, key_len, &p, &tag);
+    *store_rc = policy_for(lim, force, key, key_len, &p, &tag, wait);
     if (*store_rc == RATE_EKEY) /* the library's record key, not the call's */
         *store_rc = RATE_ESTORE;
     *arg = (rate__step_arg_t){p,   tag,     lim->format, &lim->book.known,
@@ -559,7 +572,7 @@ static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim,
     if (lim == NULL || d == NULL)
         return RATE_EINVAL;
     rc = prepare(lim, force, key, key_len, permits, max_wait, now, detail,
-                 RATE__OP_DECIDE, d, &arg, &store_rc);
+                 RATE__OP_DECIDE, d, &arg, &store_rc, true);
     if (rc != RATE_OK)
         return rc;
     if (arg.policy->unlimited) { /* no store, no record: always allowed */
@@ -769,19 +782,34 @@ static void async_end(async_check_t *a, int rc)
     free(a);
 }
 
+/* A policy's record registered (the call's) or learnt (a state's), through
+ * the store: the store's part of the decision, then. */
+static void async_recorded(void *ud, int rc)
+{
+    async_check_t *a = ud;
+
+    if (rc == RATE_OK && a->arg.policy_id == 0)
+        rc = tag_of(a->lim, &a->lim->book, a->arg.policy, &a->arg.policy_id,
+                    false); /* known now */
+    if (rc == RATE_OK) {
+        memset(&a->d, 0, sizeof a->d);
+        if (async_start(a, &rc, true))
+            return;
+    }
+    async_end(a, rc == RATE_EKEY ? RATE_ESTORE : rc); /* a record's key */
+}
+
 static void async_done(rate_job_t *job, int rc)
 {
     async_check_t *a = (async_check_t *)job; /* job is its first member */
 
-    /* A state of a policy not known yet: learnt (synchronously: the
-     * store's records are read once per policy), then the store's part
-     * again. */
+    /* A state of a policy not known yet: learnt (through the store: its
+     * records are read once per policy), then the store's part again. */
     if (rc == RATE__NEED_POLICY && a->rounds++ < LEARN_ROUNDS &&
-        (rc = rate__book_learn(&a->lim->book, a->arg.need_format,
-                               a->arg.need_tag)) == RATE_OK) {
-        memset(&a->d, 0, sizeof a->d);
-        if (async_start(a, &rc, true))
-            return;
+        (rc = rate__book_learn_start(&a->lim->book, a->arg.need_format,
+                                     a->arg.need_tag, async_recorded, a)) ==
+            RATE_OK) {
+        return;
     } else if (rc == RATE__NEED_POLICY) {
         rc = RATE_ECORRUPT;
     } else if (rc == RATE_ENOTSUP && a->job.req != NULL) {
@@ -815,8 +843,11 @@ static int check_async(rate_limiter_t *lim, const char *key, size_t key_len,
     a->now_out = now_out;
     a->clock_time = clock_time;
     a->now = clock_time ? clock_now(lim) : now_ns;
+    /* A store that completes later is not waited for, not even for a
+     * policy's record (registered first, through the store too). */
+    bool later = lim->store->m->start != NULL;
     rc = prepare(lim, NULL, key, key_len, permits, max_wait_ns, a->now, true,
-                 RATE__OP_DECIDE, &a->d, &a->arg, &store_rc);
+                 RATE__OP_DECIDE, &a->d, &a->arg, &store_rc, !later);
     if (rc != RATE_OK) {
         free(a);
         return rc;
@@ -837,8 +868,17 @@ static int check_async(rate_limiter_t *lim, const char *key, size_t key_len,
     a->job.key.len = key_len;
     a->job.key.bytes = a->key;
     a->job.key.space = lim->space;
-    if (store_rc == RATE_OK) {
-        if (lim->store->m->start == NULL) { /* a store that answers at once */
+    if (store_rc == NEED_RECORD) { /* the policy's record first */
+        a->now_out = NULL;
+        store_rc = rate__book_id_start(&lim->book, a->arg.policy,
+                                       async_recorded, a);
+        if (store_rc == RATE_OK)
+            return now_out != NULL ? RATE_PENDING : RATE_OK;
+        a->now_out = now_out;
+        if (store_rc == RATE_EKEY) /* the record's key, not the call's */
+            store_rc = RATE_ESTORE;
+    } else if (store_rc == RATE_OK) {
+        if (!later) { /* a store that answers at once */
             store_rc = store_part(lim, lim->store, &lim->book, &a->job.key,
                                   &a->arg, a->now, clock_time);
         } else {
@@ -908,7 +948,7 @@ static int adjust_key(rate_limiter_t *lim, const rate_policy_t *force,
     if (lim == NULL)
         return RATE_EINVAL;
     rc = prepare(lim, force, key, key_len, permits, 0, now, false, op, &d, &arg,
-                 &store_rc);
+                 &store_rc, true);
     if (rc != RATE_OK || store_rc != RATE_OK)
         return rc != RATE_OK ? rc : store_rc;
     if (arg.policy->unlimited)

@@ -22,6 +22,7 @@
  */
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "registry.h"
 
@@ -149,13 +150,36 @@ static int rec_step(void *varg, rate_step_io_t *io)
     return RATE_OK;
 }
 
+/* Adds p with its id, once, whoever found it first. */
+static int book_add(rate__book_t *b, const rate_policy_t *p, uint32_t id)
+{
+    int rc = RATE_OK;
+
+    pthread_mutex_lock(&b->lock);
+    if (find_policy(&b->known, p) == NULL)
+        rc = add_known(&b->known, p, id, false);
+    pthread_mutex_unlock(&b->lock);
+    return rc;
+}
+
+/* The first id to try for p's record, and the next after `try`. */
+static uint32_t first_id(const rate_policy_t *p)
+{
+    return p->fingerprint != 0 ? p->fingerprint : 1;
+}
+
+static uint32_t next_id(uint32_t try)
+{
+    return try == UINT32_MAX ? 1 : try + 1;
+}
+
 /* Finds or makes p's record in the store: its id in *id. */
 static int register_policy(rate__book_t *b, const rate_policy_t *p,
                            uint32_t *id)
 {
     char text[TEXT_MAX], kb[4];
     size_t len = rate__policy_format_limits(p, text, sizeof text);
-    uint32_t try = p->fingerprint != 0 ? p->fingerprint : 1;
+    uint32_t try = first_id(p);
 
     if (len >= sizeof text)
         return RATE_EPOLICY;
@@ -170,29 +194,32 @@ static int register_policy(rate__book_t *b, const rate_policy_t *p,
             *id = try;
             return RATE_OK;
         }
-        try = try == UINT32_MAX ? 1 : try + 1;
+        try = next_id(try);
     }
     return RATE_ECONFLICT;
 }
 
-int rate__book_id(rate__book_t *b, const rate_policy_t *p, uint32_t *id)
+bool rate__book_known_id(rate__book_t *b, const rate_policy_t *p,
+                         uint32_t *id)
 {
     const rate__known_t *k = find_policy(&b->known, p);
+
+    if (k != NULL)
+        *id = k->id;
+    return k != NULL;
+}
+
+int rate__book_id(rate__book_t *b, const rate_policy_t *p, uint32_t *id)
+{
     int rc;
 
-    if (k != NULL) {
-        *id = k->id;
+    if (rate__book_known_id(b, p, id))
         return RATE_OK;
-    }
     /* The store's I/O is made outside the lock; a race registers the same
      * record twice, which finds it the second time. */
     if ((rc = register_policy(b, p, id)) != RATE_OK)
         return rc;
-    pthread_mutex_lock(&b->lock);
-    if (find_policy(&b->known, p) == NULL)
-        rc = add_known(&b->known, p, *id, false);
-    pthread_mutex_unlock(&b->lock);
-    return rc;
+    return book_add(b, p, *id);
 }
 
 typedef struct copy_arg {
@@ -214,9 +241,21 @@ static int copy_step(void *varg, rate_step_io_t *io)
     return RATE_OK;
 }
 
-/* The policy of record id: RATE_OK with *out, RATE_ECORRUPT when the store
- * has no such record or it does not parse (a state whose policy is lost
- * cannot be read). */
+/* The policy of a record's text (len bytes of text, which has room for
+ * one more): RATE_OK with *out, RATE_ECORRUPT when there is no record
+ * (len 0) or it does not parse (a state whose policy is lost cannot be
+ * read). */
+static int parse_record(char *text, size_t len, rate_policy_t **out)
+{
+    *out = NULL;
+    if (len == 0)
+        return RATE_ECORRUPT;
+    text[len] = '\0';
+    return rate_policy_parse(text, out, NULL, 0) == RATE_OK ? RATE_OK
+                                                            : RATE_ECORRUPT;
+}
+
+/* The policy of record id: as parse_record, or the store's error. */
 static int fetch_policy(rate__book_t *b, uint32_t id, rate_policy_t **out)
 {
     char text[TEXT_MAX + 1], kb[4];
@@ -239,25 +278,28 @@ static int fetch_policy(rate__book_t *b, uint32_t id, rate_policy_t **out)
     }
     if (rc != RATE_OK)
         return rc;
-    if (len == 0)
-        return RATE_ECORRUPT;
-    text[len] = '\0';
-    return rate_policy_parse(text, out, NULL, 0) == RATE_OK ? RATE_OK
-                                                            : RATE_ECORRUPT;
+    return parse_record(text, len, out);
 }
 
-int rate__book_learn(rate__book_t *b, uint8_t format, uint32_t tag)
+/* The record a state's (format, tag) is read by. */
+static uint32_t learn_id(uint8_t format, uint32_t tag)
 {
-    rate_policy_t *p = NULL, unknown;
+    return format == RATE__FORMAT_V1 && tag == 0 ? 1 : tag;
+}
+
+/* What learning (format, tag) makes known, given the fetch of its record
+ * (rc, and p when RATE_OK, which this frees). */
+static int learn_with(rate__book_t *b, uint8_t format, uint32_t tag, int rc,
+                      rate_policy_t *p)
+{
+    rate_policy_t unknown;
     uint32_t id = tag;
-    int rc;
 
     if (format == RATE__FORMAT_V1) {
         /* A first-edition state: tagged by its policy's fingerprint.  The
          * record at that id names it if its policy has that fingerprint;
          * else no reader here knows the policy, and the state reads as the
          * first edition read it: as a cold key. */
-        rc = fetch_policy(b, tag != 0 ? tag : 1, &p);
         if (rc != RATE_OK && rc != RATE_ECORRUPT)
             return rc;
         if (p != NULL && p->fingerprint != tag) {
@@ -269,7 +311,7 @@ int rate__book_learn(rate__book_t *b, uint8_t format, uint32_t tag)
             unknown.fingerprint = tag;
         }
         rc = RATE_OK; /* no record (0.1 writes none) is an answer too */
-    } else if ((rc = fetch_policy(b, tag, &p)) != RATE_OK) {
+    } else if (rc != RATE_OK) {
         return rc;
     } else if (p == NULL) {
         return RATE_ECORRUPT;
@@ -285,4 +327,174 @@ int rate__book_learn(rate__book_t *b, uint8_t format, uint32_t tag)
     pthread_mutex_unlock(&b->lock);
     rate_policy_free(p);
     return rc;
+}
+
+int rate__book_learn(rate__book_t *b, uint8_t format, uint32_t tag)
+{
+    rate_policy_t *p = NULL;
+    int rc = fetch_policy(b, learn_id(format, tag), &p);
+
+    return learn_with(b, format, tag, rc, p);
+}
+
+/* ------------------------------------------ through an asynchronous store */
+
+/* One record operation in flight through the store's start(): a
+ * registration (a record step per id tried) or a learning (a step that
+ * copies the record out).  Callers that ask for the same one while it is
+ * in flight wait on it (its waiters) instead of starting another: a burst
+ * of first decisions writes one record. */
+typedef struct waiter {
+    void (*done)(void *ud, int rc);
+    void *ud;
+    struct waiter *next;
+} waiter_t;
+
+struct rate__book_op {
+    rate_job_t job; /* first: the store's done() hands it back */
+    rate__book_t *book;
+    rate__book_op_t *next; /* the book's ops in flight */
+    const rate_policy_t *policy; /* registering it; NULL: learning */
+    uint8_t format;
+    uint32_t tag, try;
+    unsigned probes;
+    char kb[4];
+    char text[TEXT_MAX + 1];
+    size_t len;
+    rec_arg_t rec;
+    copy_arg_t copy;
+    rate_step_t st;
+    waiter_t *waiters; /* the first caller's last */
+};
+
+static void op_done(rate_job_t *job, int rc);
+
+/* Starts the op's next record step: RATE_OK, or the store's refusal. */
+static int op_send(rate__book_op_t *op)
+{
+    uint32_t id = op->policy != NULL ? op->try : learn_id(op->format, op->tag);
+
+    if (op->policy != NULL) {
+        op->rec = (rec_arg_t){op->text, op->len, REC_OTHER};
+        op->st = (rate_step_t){rec_step, &op->rec, op->len, 0, 0, NULL};
+    } else {
+        op->copy = (copy_arg_t){op->text, TEXT_MAX, 0};
+        op->st = (rate_step_t){copy_step, &op->copy, 0, 0, 0, NULL};
+    }
+    op->job = (rate_job_t){record_key(id, op->kb), &op->st, NULL, NULL,
+                           op_done, op};
+    return op->book->store->m->start(op->book->store->self, &op->job);
+}
+
+/* The op leaves the book's list; its waiters are called with rc (but the
+ * first caller's, who is told by its return, when `first` is false). */
+static void op_end(rate__book_op_t *op, int rc, bool first)
+{
+    rate__book_t *b = op->book;
+
+    pthread_mutex_lock(&b->lock);
+    rate__book_op_t **pp = &b->ops;
+    while (*pp != op)
+        pp = &(*pp)->next;
+    *pp = op->next;
+    waiter_t *w = op->waiters;
+    pthread_mutex_unlock(&b->lock);
+    free(op);
+    while (w != NULL) {
+        waiter_t *next = w->next;
+        if (next != NULL || first)
+            w->done(w->ud, rc);
+        free(w);
+        w = next;
+    }
+}
+
+static void op_done(rate_job_t *job, int rc)
+{
+    rate__book_op_t *op = (rate__book_op_t *)job;
+    rate__book_t *b = op->book;
+
+    if (op->policy == NULL) { /* learnt: its text is in op->text */
+        rate_policy_t *p = NULL;
+        if (rc == RATE_OK)
+            rc = parse_record(op->text, op->copy.len, &p);
+        op_end(op, learn_with(b, op->format, op->tag, rc, p), true);
+        return;
+    }
+    if (rc == RATE_OK && op->rec.found != REC_OTHER) {
+        op_end(op, book_add(b, op->policy, op->try), true);
+        return;
+    }
+    if (rc == RATE_OK && ++op->probes < ID_PROBES) {
+        op->try = next_id(op->try);
+        if ((rc = op_send(op)) == RATE_OK)
+            return;
+    } else if (rc == RATE_OK) {
+        rc = RATE_ECONFLICT;
+    }
+    op_end(op, rc, true);
+}
+
+/* Waits on the book's op for the same record, or starts one: RATE_OK (done
+ * will be called), or the error at once. */
+static int op_join(rate__book_t *b, const rate_policy_t *p, uint8_t format,
+                   uint32_t tag, void (*done)(void *, int), void *ud)
+{
+    waiter_t *w = calloc(1, sizeof *w);
+    if (w == NULL)
+        return RATE_ENOMEM;
+    w->done = done;
+    w->ud = ud;
+    pthread_mutex_lock(&b->lock);
+    rate__book_op_t *op = b->ops;
+    while (op != NULL &&
+           (p != NULL ? op->policy == NULL || !same_policy(op->policy, p)
+                      : op->policy != NULL || op->format != format ||
+                            op->tag != tag))
+        op = op->next;
+    if (op != NULL) {
+        w->next = op->waiters;
+        op->waiters = w;
+        pthread_mutex_unlock(&b->lock);
+        return RATE_OK;
+    }
+    if ((op = calloc(1, sizeof *op)) == NULL) {
+        pthread_mutex_unlock(&b->lock);
+        free(w);
+        return RATE_ENOMEM;
+    }
+    op->book = b;
+    op->policy = p;
+    op->format = format;
+    op->tag = tag;
+    if (p != NULL) {
+        op->len = rate__policy_format_limits(p, op->text, TEXT_MAX);
+        op->try = first_id(p);
+    }
+    if (p != NULL && op->len >= TEXT_MAX) {
+        pthread_mutex_unlock(&b->lock);
+        free(op);
+        free(w);
+        return RATE_EPOLICY;
+    }
+    op->waiters = w;
+    op->next = b->ops;
+    b->ops = op;
+    pthread_mutex_unlock(&b->lock);
+    int rc = op_send(op);
+    if (rc != RATE_OK)
+        op_end(op, rc, false); /* others who joined meanwhile hear it */
+    return rc;
+}
+
+int rate__book_id_start(rate__book_t *b, const rate_policy_t *p,
+                        void (*done)(void *ud, int rc), void *ud)
+{
+    return op_join(b, p, 0, 0, done, ud);
+}
+
+int rate__book_learn_start(rate__book_t *b, uint8_t format, uint32_t tag,
+                           void (*done)(void *ud, int rc), void *ud)
+{
+    return op_join(b, NULL, format, tag, done, ud);
 }

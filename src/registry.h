@@ -9,12 +9,16 @@
 
 #include "internal.h"
 
+typedef struct rate__book_op rate__book_op_t;
+
 /* A store's book: the policies known for it, with their ids there. */
 typedef struct rate__book {
     rate_store_t *store;
     unsigned max_retries;
-    pthread_mutex_t lock; /* adding to `known` */
+    pthread_mutex_t lock; /* adding to `known`; `ops` */
     rate__registry_t known;
+    struct rate__book_op *ops; /* records being written or read through
+                                  the store's start() */
 } rate__book_t;
 
 int rate__book_init(rate__book_t *b, rate_store_t *store, unsigned retries);
@@ -28,5 +32,20 @@ int rate__book_id(rate__book_t *b, const rate_policy_t *p, uint32_t *id);
  * records: what the limiter does when the step asks (RATE__NEED_POLICY).
  * RATE_ECORRUPT when the store has lost the record. */
 int rate__book_learn(rate__book_t *b, uint8_t format, uint32_t tag);
+
+/* Whether p's id is known (no I/O): *id then. */
+bool rate__book_known_id(rate__book_t *b, const rate_policy_t *p,
+                         uint32_t *id);
+
+/* rate__book_id and rate__book_learn through the book's store's start()
+ * (the store must have one), for a caller that must not wait: RATE_OK once
+ * started, and done(ud, rc) runs exactly once, later, on the store's
+ * thread, with what the synchronous call would have returned (p then known
+ * in the book: rate__book_known_id); else the error at once, with no
+ * callback.  p must stay alive until done. */
+int rate__book_id_start(rate__book_t *b, const rate_policy_t *p,
+                        void (*done)(void *ud, int rc), void *ud);
+int rate__book_learn_start(rate__book_t *b, uint8_t format, uint32_t tag,
+                           void (*done)(void *ud, int rc), void *ud);
 
 #endif /* RATE_REGISTRY_H */

@@ -624,6 +624,56 @@ static void free_wire_event(void **state)
     free_in_flight(false, true);
 }
 
+/* Redis stopped before the first decision: neither rate_limiter_new nor
+ * the first decisions wait for it (the policy's record is written through
+ * the loop too, once for the burst); they fail under the fail mode at
+ * their deadline; once Redis is back, the record and the decisions go
+ * through. */
+static void stopped_first(void **state)
+{
+    (void)state;
+    enum { N = 4 };
+    tloop_t t;
+    tloop_init(&t, true);
+    kill(server, SIGSTOP);
+    rate_store_t *as = async_store(&t, "first:", true, 5 * SEC);
+    uint64_t t0 = rate_clock_monotonic_ns();
+    rate_limiter_t *l = lim("token-bucket 9/s burst=9", as, false,
+                            RATE_FAIL_OPEN);
+    req_t q[N];
+    for (int i = 0; i < N; i++)
+        assert_int_equal(start(l, "k", 1, &q[i]), RATE_PENDING);
+    /* Waiting for Redis would take the command timeout, 5 s, at least
+     * once: the calls took less than half of it. */
+    assert_true(rate_clock_monotonic_ns() - t0 < 5 * SEC / 2);
+    wait_all(&t);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(q[i].calls, 1);
+        assert_int_equal(q[i].d.reason, RATE_REASON_STORE_ERROR);
+        assert_int_equal(q[i].d.error, RATE_ETIMEDOUT);
+        assert_true(q[i].d.allowed); /* open */
+    }
+    kill(server, SIGCONT);
+    bool back = false;
+    for (int i = 0; i < 500 && !back; i++) { /* 5 s at most */
+        req_t r;
+        if (start(l, "k", 1, &r) == RATE_PENDING)
+            wait_all(&t);
+        back = r.d.reason != RATE_REASON_STORE_ERROR;
+        if (!back)
+            usleep(10000);
+    }
+    assert_true(back);
+    redisContext *c = raw();
+    redisReply *r = redisCommand(c, "KEYS first:p{*");
+    assert_int_equal(r->elements, 1); /* the policy's one record */
+    freeReplyObject(r);
+    redisFree(c);
+    rate_store_free(as);
+    rate_limiter_free(l);
+    tloop_fini(&t);
+}
+
 /* A loop that refuses to watch: every decision still answered once. */
 static rate_loop_t inner;
 static bool refuse;
@@ -708,6 +758,7 @@ int main(void)
         cmocka_unit_test(free_event),
         cmocka_unit_test(free_wire_uv),
         cmocka_unit_test(free_wire_event),
+        cmocka_unit_test(stopped_first),
         cmocka_unit_test(faults_uv),
         cmocka_unit_test(faults_event),
     };

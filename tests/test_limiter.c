@@ -766,7 +766,10 @@ static void async_decisions(void **state)
     rate_limiter_t *la = limiter_cfg("token-bucket 5/s burst=3", cfg);
     cfg.store = NULL; /* the reference: a private memory store */
     rate_limiter_t *ls = limiter_cfg("token-bucket 5/s burst=3", cfg);
-    cas_store_run_jobs(h); /* nothing queued: the policy's record is sync */
+    /* Nothing queued: on a store that completes later the policy's record
+     * is written at the first decision, through the store (a job of its
+     * own, before the decision's). */
+    assert_int_equal(cas_store_run_jobs(h), 0);
     enum { N = 40 };
     static async_seen_t seen[N];
     memset(seen, 0, sizeof seen);
@@ -782,7 +785,8 @@ static void async_decisions(void **state)
             assert_int_equal(rate_limiter_check(ls, key, 1, 1, 0, &ref[i]),
                              RATE_OK);
             /* One at a time, so that the two see the same sequence. */
-            assert_int_equal(cas_store_run_jobs(h), 1);
+            assert_int_equal(cas_store_run_jobs(h),
+                             round == 0 && i == 0 ? 2 : 1);
             assert_int_equal(seen[i].calls, round + 1);
             assert_memory_equal(&seen[i].d, &ref[i], sizeof ref[i]);
         }
@@ -832,6 +836,117 @@ static void async_decisions(void **state)
     rate_limiter_free(la);
     rate_limiter_free(ls);
     rate_store_free(as);
+}
+
+/* On a store that completes later nothing waits for a policy's record:
+ * the call's policy is registered, and a foreign policy met in a state is
+ * learnt, by jobs of the store's own, each before the decision that needs
+ * it; the decisions are the synchronous ones; a record that cannot be
+ * written is the fail mode's, and is written at the next decision. */
+static void async_records(void **state)
+{
+    (void)state;
+    rate_store_t *as, *ref;
+    cas_store_t *h;
+    assert_int_equal(cas_store_new_async(&as, &h), RATE_OK);
+    assert_int_equal(cas_store_new(&ref, NULL), RATE_OK);
+    rate_limiter_t *a1 = limiter_of("token-bucket 5/s burst=3", as);
+    rate_limiter_t *r1 = limiter_of("token-bucket 5/s burst=3", ref);
+    rate_decision_t rd, out;
+    async_seen_t seen = {0, {0}};
+    /* a1's record: at its first decision, a job before the decision's */
+    assert_int_equal(cas_store_run_jobs(h), 0);
+    assert_int_equal(rate_limiter_check_start_at(a1, "k", 1, 2, 0, SEC, &out,
+                                                 async_cb, &seen),
+                     RATE_PENDING);
+    assert_int_equal(cas_store_run_jobs(h), 2);
+    assert_int_equal(seen.calls, 1);
+    assert_int_equal(rate_limiter_check_at(r1, "k", 1, 2, 0, SEC, &rd),
+                     RATE_OK);
+    assert_memory_equal(&seen.d, &rd, sizeof rd);
+    /* a2 meets a1's state: a1's policy is learnt through the store (the
+     * decision, the learning, the decision again), after a2's record */
+    rate_limiter_t *a2 = limiter_of("fixed-window 4/s", as);
+    rate_limiter_t *r2 = limiter_of("fixed-window 4/s", ref);
+    assert_int_equal(rate_limiter_check_start_at(a2, "k", 1, 1, 0,
+                                                 SEC + 100 * MS, &out,
+                                                 async_cb, &seen),
+                     RATE_PENDING);
+    assert_int_equal(cas_store_run_jobs(h), 4);
+    assert_int_equal(seen.calls, 2);
+    assert_int_equal(rate_limiter_check_at(r2, "k", 1, 1, 0, SEC + 100 * MS,
+                                           &rd),
+                     RATE_OK);
+    assert_memory_equal(&seen.d, &rd, sizeof rd);
+    /* Known now: one job a decision. */
+    assert_int_equal(rate_limiter_check_start_at(a2, "k", 1, 1, 0,
+                                                 SEC + 200 * MS, &out,
+                                                 async_cb, &seen),
+                     RATE_PENDING);
+    assert_int_equal(cas_store_run_jobs(h), 1);
+    assert_int_equal(seen.calls, 3);
+    /* A record that cannot be written: the fail mode's (closed here), and
+     * tried again at the next decision. */
+    rate_limiter_config_t cfg = {0};
+    cfg.store = as;
+    cfg.on_store_error = RATE_FAIL_CLOSED;
+    rate_limiter_t *a3 = limiter_cfg("sliding-window 7/s", cfg);
+    cas_store_set_down(h, 1);
+    assert_int_equal(rate_limiter_check_start_at(a3, "k", 1, 1, 0,
+                                                 SEC + 300 * MS, &out,
+                                                 async_cb, &seen),
+                     RATE_PENDING);
+    assert_int_equal(cas_store_run_jobs(h), 1); /* the record's job failed */
+    assert_int_equal(seen.calls, 4);
+    assert_false(seen.d.allowed);
+    assert_int_equal(seen.d.reason, RATE_REASON_STORE_ERROR);
+    cas_store_set_down(h, 0);
+    assert_int_equal(rate_limiter_check_start_at(a3, "k", 1, 1, 0,
+                                                 SEC + 400 * MS, &out,
+                                                 async_cb, &seen),
+                     RATE_PENDING);
+    /* its record, then a2's state's policy learnt as above */
+    assert_int_equal(cas_store_run_jobs(h), 4);
+    assert_int_equal(seen.calls, 5);
+    assert_true(seen.d.allowed);
+    /* A burst of first decisions writes one record: the others wait on
+     * it, and hear its failure too. */
+    enum { B = 5 };
+    async_seen_t burst[B];
+    memset(burst, 0, sizeof burst);
+    rate_limiter_t *a4 = limiter_cfg("sliding-log 3/s", cfg);
+    cas_store_set_down(h, 1);
+    for (int i = 0; i < B; i++)
+        assert_int_equal(rate_limiter_check_start_at(a4, "b", 1, 1, 0,
+                                                     SEC + 500 * MS, &out,
+                                                     async_cb, &burst[i]),
+                         RATE_PENDING);
+    assert_int_equal(cas_store_run_jobs(h), 1); /* one record job */
+    for (int i = 0; i < B; i++) {
+        assert_int_equal(burst[i].calls, 1);
+        assert_int_equal(burst[i].d.reason, RATE_REASON_STORE_ERROR);
+    }
+    cas_store_set_down(h, 0);
+    for (int i = 0; i < B; i++)
+        assert_int_equal(rate_limiter_check_start_at(a4, "b", 1, 1, 0,
+                                                     SEC + 600 * MS, &out,
+                                                     async_cb, &burst[i]),
+                         RATE_PENDING);
+    assert_int_equal(cas_store_run_jobs(h), 1 + B); /* a record, B decisions */
+    int admitted = 0;
+    for (int i = 0; i < B; i++) {
+        assert_int_equal(burst[i].calls, 2);
+        admitted += burst[i].d.allowed;
+    }
+    assert_int_equal(admitted, 3);
+    rate_limiter_free(a4);
+    rate_limiter_free(a1);
+    rate_limiter_free(a2);
+    rate_limiter_free(a3);
+    rate_limiter_free(r1);
+    rate_limiter_free(r2);
+    rate_store_free(as);
+    rate_store_free(ref);
 }
 
 /* Block after a breach (rate_limit_t.block_ns): once a blocking limit
@@ -917,6 +1032,7 @@ int main(void)
         cmocka_unit_test(store_failure_fallback),
         cmocka_unit_test(refund_penalty_reset),
         cmocka_unit_test(async_decisions),
+        cmocka_unit_test(async_records),
         cmocka_unit_test(block_after_breach),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -681,6 +681,8 @@ static void error_texts(void **state)
     assert_string_equal(rate_err_name(RATE_ECONFLICT), "RATE_ECONFLICT");
     assert_string_equal(rate_strerror(RATE_OK), "success");
     assert_string_equal(rate_strerror(-999), "unknown error");
+    assert_string_equal(rate_err_name(RATE_PENDING), "RATE_PENDING");
+    assert_non_null(strstr(rate_strerror(RATE_PENDING), "not an error"));
     assert_string_equal(rate_reason_name(RATE_REASON_NEVER), "never");
 }
 
