@@ -119,6 +119,12 @@ typedef struct rate_redis_async_stats {
     uint64_t connects;  /* connections attempted */
     uint64_t noscript;  /* NOSCRIPT replies answered with EVAL */
     uint64_t in_flight; /* taken, not yet completed */
+    /* Redis Cluster redirections followed (a command's error reply that
+     * named another master, or asked to wait), and slot maps read. */
+    uint64_t moved;     /* MOVED: the map mended, sent there */
+    uint64_t asked;     /* ASK: sent there after ASKING, once */
+    uint64_t tryagain;  /* TRYAGAIN: sent again after 20 ms */
+    uint64_t refreshes; /* CLUSTER SLOTS replies taken as the map */
 } rate_redis_async_stats_t;
 
 /* RATE_OK and *out, or RATE_EINVAL (NULL out, or a store that is not an

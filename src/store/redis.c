@@ -2143,6 +2143,28 @@ void rate__redis_conf(const redis_store_t *r, rate__redis_conf_t *out)
     out->breaker_cooldown_ns = r->breaker_cooldown_ns;
 }
 
+bool rate__redis_topology(redis_store_t *r, rate__redis_addr_t *nodes,
+                          unsigned cap, unsigned *n, uint8_t map[RC_SLOTS])
+{
+    if (!atomic_load_explicit(&r->ready, memory_order_acquire) || !r->cluster)
+        return false;
+    unsigned k = atomic_load(&r->nnodes);
+    if (k > cap)
+        k = cap;
+    for (unsigned i = 0; i < k; i++) {
+        node_t *nd = atomic_load(&r->nodes[i]);
+        snprintf(nodes[i].host, sizeof nodes[i].host, "%s", nd->host);
+        nodes[i].port = nd->port;
+    }
+    for (unsigned s = 0; s < RC_SLOTS; s++) {
+        uint8_t v = atomic_load_explicit(&r->slot_node[s],
+                                         memory_order_relaxed);
+        map[s] = v <= k ? v : 0;
+    }
+    *n = k;
+    return true;
+}
+
 int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
                          rate_store_t **out, char *err, size_t errlen)
 {
