@@ -551,6 +551,7 @@ static int dispatch(ajob_t *j, anode_t *n, bool asking)
     if (breaker_open(s, n)) {
         if (now < n->open_until || n->probing) {
             s->st.refused++;
+            refresh(s); /* a master gone: its replica may serve it now */
             return RATE_ESTORE; /* open: fail at once */
         }
         probe = true; /* cooled down: this one is the probe, at once */
