@@ -16,6 +16,8 @@
  * - slots migrated under load (SETSLOT IMPORTING / MIGRATING, MIGRATE key
  *   by key, SETSLOT NODE, and back) from another thread: MOVED and ASK
  *   seen and counted, no store error, every key's count exact;
+ * - a redirection loop (two masters each naming the other): 5 MOVED
+ *   followed, then a store error under the fail mode;
  * - a master stopped (SIGSTOP), then one killed, under load: the other
  *   masters' keys are answered, the dead one's fail under the fail mode,
  *   none later than its timeout plus SLACK_NS (counted), each callback
@@ -681,6 +683,69 @@ static void migrated_mid_run(void **state)
     tloop_fini(&t);
 }
 
+/* ------------------------------------------------- a redirection loop */
+
+/* A slot that two masters each say is the other's (SETSLOT NODE on its
+ * owner alone, which gives it up without the other learning it): a
+ * decision on it follows MOVED 5 times, then fails as a store error;
+ * mended, it is answered again. */
+static void redirect_loop(void **state)
+{
+    (void)state;
+    tloop_t t;
+    char key[16], aid[64], bid[64];
+    int a = -1, b = -1;
+    for (int i = 0; b < 0 || a < 0; i++) {
+        assert_true(i < 1000);
+        snprintf(key, sizeof key, "r%d", i);
+        b = master_of_key("loop:", key);
+        a = -1;
+        for (int j = 0; j < RCL_NODES && a < 0; j++)
+            if (j != b && cl.pid[j] > 0 && rcl_is_master(&cl, j))
+                a = j;
+    }
+    char name[48];
+    int len = snprintf(name, sizeof name, "loop:{%s}", key);
+    unsigned slot = rc_key_slot(name, (size_t)len);
+    node_id(a, aid);
+    node_id(b, bid);
+    tloop_init(&t, true);
+    rate_store_t *as = astore(&t, NULL, "loop:", true, false, 5 * SEC);
+    fake_now = 100 * SEC;
+    rate_limiter_t *l = lim("fixed-window 3/m", as, true, RATE_FAIL_CLOSED);
+    redisContext *c = rcl_connect(cl.port[b]);
+    assert_non_null(c);
+    redisReply *r = redisCommand(c, "CLUSTER SETSLOT %u NODE %s", slot, aid);
+    assert_true(r != NULL && r->type != REDIS_REPLY_ERROR);
+    freeReplyObject(r);
+    uint64_t moved = stats(as).moved;
+    req_t q = {0};
+    assert_int_equal(start(l, key, &q), RATE_PENDING);
+    wait_all(&t);
+    assert_int_equal(q.calls, 1);
+    assert_int_equal(q.d.reason, RATE_REASON_STORE_ERROR);
+    assert_int_equal(q.d.error, RATE_ESTORE);
+    assert_false(q.d.allowed); /* the fail mode: closed */
+    assert_int_equal(stats(as).moved - moved, 5);
+    /* Mended: the slot its owner's again. */
+    r = redisCommand(c, "CLUSTER SETSLOT %u NODE %s", slot, bid);
+    assert_true(r != NULL && r->type != REDIS_REPLY_ERROR);
+    freeReplyObject(r);
+    redisFree(c);
+    assert_true(rcl_wait_ok(&cl, 3, 10000));
+    usleep(150000); /* past the map refreshes' pace */
+    assert_int_equal(start(l, key, &q), RATE_PENDING);
+    wait_all(&t);
+    assert_int_equal(q.d.reason, RATE_REASON_ALLOWED);
+    idle(as);
+    rate_limiter_free(l);
+    rate_store_free(as);
+    tloop_fini(&t);
+    rate_store_t *ss = sstore("loop:", true);
+    assert_int_equal(rate_store_redis_drop(ss), RATE_OK);
+    rate_store_free(ss);
+}
+
 /* ----------------------------------------------- a master stopped, killed */
 
 enum { FPOOL = 192, FKEYS = 48 };
@@ -919,6 +984,7 @@ int main(void)
         cmocka_unit_test(many_event),
         cmocka_unit_test(lazy_learns_the_cluster),
         cmocka_unit_test(migrated_mid_run),
+        cmocka_unit_test(redirect_loop),
         cmocka_unit_test(free_uv),
         cmocka_unit_test(free_event),
         cmocka_unit_test(faults_uv),

@@ -797,8 +797,6 @@ static int a_start(void *self, rate_job_t *job)
     if (rc == RATE_OK)
         rc = route(j); /* refused at once: nothing sent */
     if (rc != RATE_OK) {
-        if (j->probe) /* sent nothing after all */
-            j->node->probing = false;
         rate__redis_cmd_free(&j->cmd);
         free(j);
         return rc;
