@@ -2418,11 +2418,19 @@ static int unlink_batch(redis_store_t *r, const char **keys,
                         keys, lens, n, NULL, NULL);
 }
 
+/* The synchronous store behind a Redis store: itself, or the one an
+ * asynchronous Redis store owns; NULL for another store. */
+static redis_store_t *sync_of(rate_store_t *store)
+{
+    redis_store_t *r = rate_store_backend(store, &redis_methods);
+    return r != NULL ? r : rate__redis_async_sync(store);
+}
+
 int rate_store_redis_drop(rate_store_t *store)
 {
     redis_store_t *r;
 
-    if ((r = rate_store_backend(store, &redis_methods)) == NULL)
+    if ((r = sync_of(store)) == NULL)
         return RATE_EINVAL;
     /* The states, shadow states and policy records alike. */
     return scan_prefix(r, unlink_batch, NULL);
@@ -2460,8 +2468,7 @@ int rate_store_redis_touch(rate_store_t *store, uint64_t ttl_ns)
     redis_store_t *r;
     touch_arg_t a;
 
-    if ((r = rate_store_backend(store, &redis_methods)) == NULL ||
-        ttl_ns == 0)
+    if ((r = sync_of(store)) == NULL || ttl_ns == 0)
         return RATE_EINVAL;
     snprintf(a.ms, sizeof a.ms, "%llu", (unsigned long long)ttl_us(ttl_ns));
     return scan_prefix(r, touch_batch, &a);

@@ -957,3 +957,10 @@ int rate_store_redis_async_stats(rate_store_t *store,
     *out = s->st;
     return RATE_OK;
 }
+
+redis_store_t *rate__redis_async_sync(rate_store_t *store)
+{
+    astore_t *s = store != NULL ? rate_store_backend(store, &async_methods)
+                                : NULL;
+    return s != NULL ? s->sync_self : NULL;
+}

@@ -71,6 +71,11 @@ typedef struct rate__redis_conf {
 } rate__redis_conf_t;
 void rate__redis_conf(const redis_store_t *r, rate__redis_conf_t *out);
 
+/* The synchronous store an asynchronous Redis store owns (its back end),
+ * or NULL for any other store (src/store/redis_async.c): what
+ * rate_store_redis_drop and rate_store_redis_touch go through. */
+redis_store_t *rate__redis_async_sync(rate_store_t *store);
+
 /* The synchronous store's topology as it knows it now (no I/O): the
  * addresses of its nodes (the masters it has seen, at most cap of them:
  * *n) and its slot map (map[slot]: a node's index + 1 in that list, 0
