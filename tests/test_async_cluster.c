@@ -7,7 +7,8 @@
  * - differential traces: every request decided through the asynchronous
  *   cluster store (alternating with a synchronous cluster store on the
  *   same keys) equal, field by field, to the synchronous call on a memory
- *   store; keys over every master;
+ *   store; keys over every master, keys with '}' and '{', a policy the
+ *   script declines (the C step over HMGET and compare-and-set);
  * - thousands of decisions in flight across the masters, all started
  *   before the loop turns: exactly each key's limit allowed, every
  *   callback once;
@@ -293,6 +294,8 @@ static const char *const policies[] = {
     "token-bucket 5/s burst=3", "leaky-bucket 7/3s capacity=4",
     "fixed-window 4/700ms", "sliding-log 5/s", "sliding-window 6/s",
     "token-bucket 10/s burst=5; sliding-log 20/3s; fixed-window 30/m",
+    /* a block: the C step over HMGET and the compare-and-set, routed */
+    "token-bucket 5/s burst=3 block=700ms",
 };
 
 static void differential(bool uv)
@@ -312,8 +315,12 @@ static void differential(bool uv)
         for (int i = 0; i < 240; i++) {
             seed = seed * 1103515245u + 12345u;
             fake_now += (seed >> 8) % (150 * MS);
+            /* Keys with a '}' (an escaped name) and a '{' among them. */
             char key[16];
-            snprintf(key, sizeof key, "p%zu-k%u", p, (seed >> 4) % 12);
+            unsigned k = (seed >> 4) % 12;
+            snprintf(key, sizeof key,
+                     k == 0 ? "p%zu}k%u" : k == 1 ? "{p%zu}k%u" : "p%zu-k%u",
+                     p, k);
             uint64_t n = 1 + (seed >> 12) % 2;
             rate_decision_t want, got;
             assert_int_equal(rate_limiter_check_at(ref, key, strlen(key), n,
