@@ -79,7 +79,8 @@ typedef struct rate_loop {
  * ASK once with ASKING, TRYAGAIN after 20 ms, at most 5 redirections per
  * command, after which the decision fails as a store error
  * (docs/async.md, "Redis Cluster").  Each decision is one EVALSHA of the
- * step script (NOSCRIPT: sent again with EVAL), or, for a request the
+ * step script (NOSCRIPT: SCRIPT LOAD on that connection and the EVALSHA
+ * again; a second NOSCRIPT: EVAL), or, for a request the
  * script declines, a load (HMGET) and compare-and-set script, retried on
  * a conflict; its deadline is its start plus command_timeout_ns, kept by
  * one loop timer: when the oldest decision in flight passes its deadline,
@@ -124,7 +125,7 @@ typedef struct rate_redis_async_stats {
     uint64_t timed_out; /* completed with RATE_ETIMEDOUT */
     uint64_t refused;   /* refused at once (breaker open, backoff) */
     uint64_t connects;  /* connections attempted */
-    uint64_t noscript;  /* NOSCRIPT replies answered with EVAL */
+    uint64_t noscript;  /* NOSCRIPT replies answered (load, or EVAL) */
     uint64_t in_flight; /* taken, not yet completed */
     /* Redis Cluster redirections followed (a command's error reply that
      * named another master, or asked to wait), and slot maps read. */

@@ -11,7 +11,7 @@
  * node with at most one connection, made on demand without blocking, its
  * own reconnect backoff and its own circuit breaker.  A decision (a job)
  * is one command at a time: the step script (EVALSHA; after NOSCRIPT,
- * EVAL once), or, for a request the script declines, HMGET, the C step,
+ * SCRIPT LOAD on that connection and EVALSHA again, then EVAL), or, for a request the script declines, HMGET, the C step,
  * and the compare-and-set script, again from HMGET on a conflict.  Each
  * command goes to the master of its key's slot; MOVED mends the map (and
  * asks the cluster for the whole map again, CLUSTER SLOTS on a connected
@@ -55,6 +55,7 @@
 #define MAX_REDIRECTS 5  /* MOVED, ASK, TRYAGAIN followed per command */
 #define TRYAGAIN_NS (20 * UINT64_C(1000000))
 #define REFRESH_MIN_NS (100 * UINT64_C(1000000)) /* between map refreshes */
+#define SCRIPTS_MAX 8    /* scripts a connection loads (redis.c has 6) */
 
 typedef struct astore astore_t;
 typedef struct anode anode_t;
@@ -70,7 +71,15 @@ typedef struct aconn {
     unsigned refs;         /* 1 for hiredis, 1 per running loop callback */
     bool ready;            /* connected (the connect callback said so) */
     int drop_rc; /* what a command handed back without reply fails with */
+    /* The scripts this connection was asked to SCRIPT LOAD after a
+     * NOSCRIPT (a node that never had them, or flushed them). */
+    struct aload {
+        const char *src; /* the script (redis.c's text), NULL: free */
+        int state;       /* LOAD_SENT, LOAD_DONE */
+    } loads[SCRIPTS_MAX];
 } aconn_t;
+
+enum { LOAD_SENT = 1, LOAD_DONE };
 
 /* A server: the single one, or a master of the cluster. */
 struct anode {
@@ -101,7 +110,7 @@ typedef struct ajob {
     bool probe;         /* its command is its node's breaker probe */
     rate__redis_cmd_t cmd;
     int phase;
-    bool evalled; /* NOSCRIPT answered once */
+    unsigned noscripts; /* NOSCRIPT replies to its current command */
     unsigned retries;
     unsigned redirs; /* of the current command */
     void *state; /* the step's new state, for the compare-and-set */
@@ -587,7 +596,7 @@ static int load_cmd(ajob_t *j)
 {
     rate__redis_cmd_free(&j->cmd);
     j->phase = PH_LOAD;
-    j->evalled = false;
+    j->noscripts = 0;
     return rate__redis_load_cmd(j->s->sync_self, &j->job->key, &j->cmd);
 }
 
@@ -616,7 +625,7 @@ static int after_load(ajob_t *j, const redisReply *rep, bool *more)
         return rc;
     rate__redis_cmd_free(&j->cmd);
     j->phase = PH_CAS;
-    j->evalled = false;
+    j->noscripts = 0;
     rc = rate__redis_cas_cmd(j->s->sync_self, &j->job->key, version,
                              j->state, io.new_len, io.ttl_ns, &j->cmd);
     *more = rc == RATE_OK;
@@ -679,6 +688,41 @@ static bool redirect(ajob_t *j, anode_t *n, const redisReply *rep)
     return true;
 }
 
+static void on_loaded(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct aload *l = priv;
+    const redisReply *rep = reply;
+    (void)ac;
+    l->state = rep != NULL && rep->type == REDIS_REPLY_STRING ? LOAD_DONE
+                                                               : 0;
+}
+
+/* After a NOSCRIPT on c for cmd's script: SCRIPT LOAD it there, ahead of
+ * the EVALSHA sent again, unless a load is on its way already (the
+ * NOSCRIPT is of a command sent before it).  One NOSCRIPT after the load
+ * was answered says the script went again: loaded again.  So a burst of
+ * commands that meet a node without the script costs one load and one
+ * more EVALSHA each, not the script's text each. */
+static void script_load(aconn_t *c, const rate__redis_cmd_t *cmd)
+{
+    struct aload *l = NULL;
+
+    if (cmd->script == NULL || !usable(c))
+        return;
+    for (unsigned i = 0; i < SCRIPTS_MAX && l == NULL; i++)
+        if (c->loads[i].src == cmd->script || c->loads[i].src == NULL)
+            l = &c->loads[i];
+    if (l == NULL || l->state == LOAD_SENT)
+        return;
+    if (redisAsyncCommandArgv(c->ac, on_loaded, l, 3,
+                              (const char *[]){"SCRIPT", "LOAD", cmd->script},
+                              (size_t[]){6, 4, cmd->script_len}) ==
+        REDIS_OK) {
+        l->src = cmd->script;
+        l->state = LOAD_SENT;
+    }
+}
+
 static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
 {
     ajob_t *j = priv;
@@ -699,10 +743,13 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
     outcome(j, n, true);
     if (rep->type == REDIS_REPLY_ERROR && redirect(j, n, rep))
         return;
-    if (rate__redis_noscript(rep) && !j->evalled) {
-        j->evalled = true; /* Redis restarted, or SCRIPT FLUSH */
+    if (rate__redis_noscript(rep) && j->noscripts < 2) {
+        /* A node that never had the script, restarted, or SCRIPT FLUSH */
         j->s->st.noscript++;
-        rate__redis_cmd_eval(&j->cmd);
+        if (j->noscripts++ == 0)
+            script_load(c, &j->cmd);
+        else
+            rate__redis_cmd_eval(&j->cmd); /* the second: the script */
         if ((rc = send_on(j, n, j->asking)) != RATE_OK)
             finish(j, rc);
         return;
