@@ -108,6 +108,8 @@ typedef struct ajob {
     bool parked;
     bool asking;        /* its command went after ASKING */
     bool probe;         /* its command is its node's breaker probe */
+    bool taken;         /* start() said RATE_OK: a refusal is no longer
+                           "at once" */
     rate__redis_cmd_t cmd;
     int phase;
     unsigned noscripts; /* NOSCRIPT replies to its current command */
@@ -554,12 +556,12 @@ static int dispatch(ajob_t *j, anode_t *n, bool asking)
     j->node = NULL;
     if (n == NULL) {
         refresh(s);
-        s->st.refused++;
+        s->st.refused += !j->taken;
         return RATE_ESTORE;
     }
     if (breaker_open(s, n)) {
         if (now < n->open_until || n->probing) {
-            s->st.refused++;
+            s->st.refused += !j->taken;
             refresh(s); /* a master gone: its replica may serve it now */
             return RATE_ESTORE; /* open: fail at once */
         }
@@ -568,7 +570,7 @@ static int dispatch(ajob_t *j, anode_t *n, bool asking)
     }
     if (n->conn == NULL) {
         if (now < n->retry_at) {
-            s->st.refused++;
+            s->st.refused += !j->taken;
             return RATE_ESTORE; /* backing off a failed connection */
         }
         if ((rc = connect_node(n)) != RATE_OK)
@@ -848,6 +850,7 @@ static int a_start(void *self, rate_job_t *job)
         free(j);
         return rc;
     }
+    j->taken = true;
     j->prev = s->tail;
     if (s->tail != NULL)
         s->tail->next = j;
