@@ -528,6 +528,8 @@ RATE_API int rate_store_redis_new(const char *url,
  * under its prefix (PREFIX{...}, PREFIX s{...}, PREFIX p{...},
  * PREFIX e{...}, PREFIX es{...}), never another name that merely starts
  * with the prefix (SCAN + UNLINK; in a cluster, on every master).
+ * An asynchronous Redis store (ratelimit_loop.h) is dropped through the
+ * synchronous store it owns, blocking as that one does.
  * RATE_EINVAL for a store that is not a Redis store; RATE_ESTORE or
  * RATE_ETIMEDOUT when Redis fails or does not answer; RATE_ECORRUPT for a
  * reply that does not parse: in a cluster, a master that fails ends its
@@ -580,6 +582,7 @@ RATE_API int rate_store_redis_status(rate_store_t *store,
  * (SCAN + PEXPIRE, a batch at a time): the refresh of a namespace written
  * with no_ttl and safety_ttl_ns, so that keys idle for a while keep their
  * expiry.  Keys written after the SCAN passed them are not touched.
+ * An asynchronous Redis store: through the synchronous store it owns.
  * Returns RATE_OK; RATE_EINVAL for a store that is not a Redis store (or
  * NULL) or a ttl_ns of 0; RATE_ESTORE or RATE_ETIMEDOUT when Redis fails or
  * does not answer; RATE_ECORRUPT for a reply that does not parse (as for

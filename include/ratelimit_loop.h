@@ -72,18 +72,26 @@ typedef struct rate_loop {
  * rate_limiter_check_start and rate_limiter_check_async.  url and options
  * as rate_store_redis_new (docs/redis.md): the same keys, scripts and
  * state, so a key decided by a synchronous Redis store and by this one is
- * one key.  Each decision is one EVALSHA of the step script (NOSCRIPT:
- * sent again with EVAL), or, for a request the script declines, a load
- * (HMGET) and compare-and-set script, retried on a conflict; its deadline
- * is its start plus command_timeout_ns, kept by one loop timer: when the
- * oldest decision in flight passes its deadline, the connection is dropped
- * and every decision on it completes with a store error
- * (RATE_ETIMEDOUT).  The connection is made asynchronously, at the first
- * decision, and made again after a failure no sooner than a backoff
- * doubling from 10 ms to 1 s: meanwhile decisions fail at once (answered
- * by rate_limiter_check_start's RATE_OK, under the fail mode).  The
- * circuit breaker (breaker_failures, breaker_cooldown_ns, no_breaker)
- * counts decisions that failed in a row as the synchronous store does.
+ * one key.  A single server or a Redis Cluster: each command goes to the
+ * master of its key's slot, over one connection per node made
+ * asynchronously when a decision first needs it; MOVED is followed (the
+ * slot map mended, and read again with an asynchronous CLUSTER SLOTS),
+ * ASK once with ASKING, TRYAGAIN after 20 ms, at most 5 redirections per
+ * command, after which the decision fails as a store error
+ * (docs/async.md, "Redis Cluster").  Each decision is one EVALSHA of the
+ * step script (NOSCRIPT: SCRIPT LOAD on that connection and the EVALSHA
+ * again; a second NOSCRIPT: EVAL), or, for a request the
+ * script declines, a load (HMGET) and compare-and-set script, retried on
+ * a conflict; its deadline is its start plus command_timeout_ns, kept by
+ * one loop timer: when the oldest decision in flight passes its deadline,
+ * the connection its command is on is dropped and every decision on that
+ * connection completes with a store error (RATE_ETIMEDOUT).  A node's
+ * connection is made again after a failure no sooner than a backoff
+ * doubling from 10 ms to 1 s: meanwhile that node's decisions fail at once
+ * (answered by rate_limiter_check_start's RATE_OK, under the fail mode).
+ * The circuit breaker (breaker_failures, breaker_cooldown_ns, no_breaker)
+ * counts, per node, the commands that failed in a row, as the synchronous
+ * store does.  pool_size is not used (one connection per node).
  *
  * The store's other entries (a limiter's policy record written by
  * rate_limiter_new, a foreign policy learnt once, reset, refund, penalty,
@@ -91,17 +99,17 @@ typedef struct rate_loop {
  * that this store owns, and block as that store does: make the limiter
  * and do resets outside the loop's hot path.  rate_store_redis_new's
  * connection check at creation is made by that store here too (with
- * lazy_connect, a server down at creation is no error).
+ * lazy_connect, a server down at creation is no error); the cluster's slot
+ * map it found then is this store's first one.
  *
  * `loop` is copied; the loop itself must outlive the store.  Every
  * callback runs on the loop's thread; rate_store_free, on that thread and
  * not from inside one of the store's callbacks, completes every decision
- * in flight (RATE_ECANCELED) before it returns.  A Redis Cluster URL (a
- * server that answers CLUSTER SLOTS with more than one master) is
- * RATE_ENOTSUP here: the asynchronous store speaks to one server.
+ * in flight, on every node (RATE_ECANCELED), before it returns.
  * Returns RATE_OK and *out, or RATE_EINVAL (NULL out, url or loop, a loop
  * table missing a function, a bad URL or option, with err), RATE_ENOMEM,
- * RATE_ENOTSUP (a cluster), or rate_store_redis_new's errors.
+ * or rate_store_redis_new's errors (a cluster with a database other than
+ * 0 is its RATE_EINVAL).
  * Thread-safe: creation yes; the store: the loop's thread only. */
 RATE_API int rate_store_redis_async_new(const char *url,
                                         const rate_redis_options_t *options,
@@ -117,8 +125,14 @@ typedef struct rate_redis_async_stats {
     uint64_t timed_out; /* completed with RATE_ETIMEDOUT */
     uint64_t refused;   /* refused at once (breaker open, backoff) */
     uint64_t connects;  /* connections attempted */
-    uint64_t noscript;  /* NOSCRIPT replies answered with EVAL */
+    uint64_t noscript;  /* NOSCRIPT replies answered (load, or EVAL) */
     uint64_t in_flight; /* taken, not yet completed */
+    /* Redis Cluster redirections followed (a command's error reply that
+     * named another master, or asked to wait), and slot maps read. */
+    uint64_t moved;     /* MOVED: the map mended, sent there */
+    uint64_t asked;     /* ASK: sent there after ASKING, once */
+    uint64_t tryagain;  /* TRYAGAIN: sent again after 20 ms */
+    uint64_t refreshes; /* CLUSTER SLOTS replies taken as the map */
 } rate_redis_async_stats_t;
 
 /* RATE_OK and *out, or RATE_EINVAL (NULL out, or a store that is not an

@@ -2147,6 +2147,28 @@ void rate__redis_conf(const redis_store_t *r, rate__redis_conf_t *out)
     out->breaker_cooldown_ns = r->breaker_cooldown_ns;
 }
 
+bool rate__redis_topology(redis_store_t *r, rate__redis_addr_t *nodes,
+                          unsigned cap, unsigned *n, uint8_t map[RC_SLOTS])
+{
+    if (!atomic_load_explicit(&r->ready, memory_order_acquire) || !r->cluster)
+        return false;
+    unsigned k = atomic_load(&r->nnodes);
+    if (k > cap)
+        k = cap;
+    for (unsigned i = 0; i < k; i++) {
+        node_t *nd = atomic_load(&r->nodes[i]);
+        snprintf(nodes[i].host, sizeof nodes[i].host, "%s", nd->host);
+        nodes[i].port = nd->port;
+    }
+    for (unsigned s = 0; s < RC_SLOTS; s++) {
+        uint8_t v = atomic_load_explicit(&r->slot_node[s],
+                                         memory_order_relaxed);
+        map[s] = v <= k ? v : 0;
+    }
+    *n = k;
+    return true;
+}
+
 int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
                          rate_store_t **out, char *err, size_t errlen)
 {
@@ -2406,11 +2428,19 @@ static int unlink_batch(redis_store_t *r, const char **keys,
                         keys, lens, n, NULL, NULL);
 }
 
+/* The synchronous store behind a Redis store: itself, or the one an
+ * asynchronous Redis store owns; NULL for another store. */
+static redis_store_t *sync_of(rate_store_t *store)
+{
+    redis_store_t *r = rate_store_backend(store, &redis_methods);
+    return r != NULL ? r : rate__redis_async_sync(store);
+}
+
 int rate_store_redis_drop(rate_store_t *store)
 {
     redis_store_t *r;
 
-    if ((r = rate_store_backend(store, &redis_methods)) == NULL)
+    if ((r = sync_of(store)) == NULL)
         return RATE_EINVAL;
     /* The states, shadow states and policy records alike. */
     return scan_prefix(r, unlink_batch, NULL);
@@ -2448,8 +2478,7 @@ int rate_store_redis_touch(rate_store_t *store, uint64_t ttl_ns)
     redis_store_t *r;
     touch_arg_t a;
 
-    if ((r = rate_store_backend(store, &redis_methods)) == NULL ||
-        ttl_ns == 0)
+    if ((r = sync_of(store)) == NULL || ttl_ns == 0)
         return RATE_EINVAL;
     snprintf(a.ms, sizeof a.ms, "%llu", (unsigned long long)ttl_us(ttl_ns));
     return scan_prefix(r, touch_batch, &a);

@@ -5,23 +5,38 @@
  * through rate_loop_t (include/ratelimit_loop.h, docs/async.md).
  *
  * It speaks the synchronous store's protocol (src/store/redis.c builds
- * every command and parses every reply: redis_internal.h), over one
- * connection to one server.  A decision (a job) is one command at a time:
- * the step script (EVALSHA; after NOSCRIPT, EVAL once), or, for a request
- * the script declines, HMGET, the C step, and the compare-and-set script,
- * again from HMGET on a conflict.  Jobs in flight sit on a list in the
- * order they started, which is the order of their deadlines (start plus
- * the command timeout): one loop timer is armed for the oldest; when it
- * passes, the connection is dropped, and hiredis hands every command on
- * it back with no reply, which completes its job with RATE_ETIMEDOUT.
- * Every job has exactly one command in hiredis's queue until it
- * completes, so the job is freed only in that command's callback: a job
- * can never complete twice nor be forgotten.
+ * every command and parses every reply: redis_internal.h), to a single
+ * server or to the masters of a Redis Cluster: both are a list of nodes
+ * and a slot map (a single server is one node serving every slot), each
+ * node with at most one connection, made on demand without blocking, its
+ * own reconnect backoff and its own circuit breaker.  A decision (a job)
+ * is one command at a time: the step script (EVALSHA; after NOSCRIPT,
+ * SCRIPT LOAD on that connection and EVALSHA again, then EVAL), or, for a request the script declines, HMGET, the C step,
+ * and the compare-and-set script, again from HMGET on a conflict.  Each
+ * command goes to the master of its key's slot; MOVED mends the map (and
+ * asks the cluster for the whole map again, CLUSTER SLOTS on a connected
+ * node, asynchronously), ASK sends ASKING and the command to the node
+ * named, TRYAGAIN parks the job for TRYAGAIN_NS: MAX_REDIRECTS per
+ * command, then the error reply stands (a store error).
+ *
+ * Jobs in flight sit on a list in the order they started, which is the
+ * order of their deadlines (start plus the command timeout): one loop
+ * timer is armed for the oldest (or for the first parked job's resend,
+ * when sooner); when the oldest passes, the connection its command is on
+ * is dropped, and hiredis hands every command on it back with no reply,
+ * which completes its job with RATE_ETIMEDOUT (a parked job just
+ * completes).  Every job not parked has exactly one command in one
+ * connection's queue until it completes, so it is freed only in that
+ * command's callback, or by the timer while parked: a job can never
+ * complete twice nor be forgotten.
  *
  * Everything else of the store contract (load, cas, decide, now, remove)
  * goes to a synchronous Redis store over the same URL, which this store
  * owns: the limiter's policy records, resets, and the synchronous calls.
+ * Its topology, read once at creation (no I/O), is this store's first
+ * slot map.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,20 +51,48 @@
 #define BACKOFF_MIN_NS (10 * UINT64_C(1000000))
 #define BACKOFF_MAX_NS RATE_NS_PER_S
 #define CAS_RETRIES 16
+#define MAX_NODES 255    /* nodes a store ever knows (masters, past too) */
+#define MAX_REDIRECTS 5  /* MOVED, ASK, TRYAGAIN followed per command */
+#define TRYAGAIN_NS (20 * UINT64_C(1000000))
+#define REFRESH_MIN_NS (100 * UINT64_C(1000000)) /* between map refreshes */
+#define SCRIPTS_MAX 8    /* scripts a connection loads (redis.c has 6) */
 
 typedef struct astore astore_t;
+typedef struct anode anode_t;
 
 /* One connection: hiredis's context and the loop's watch on its socket.
  * Alive while hiredis may still call its hooks (until cleanup) and while
  * one of its loop callbacks runs (refs). */
 typedef struct aconn {
-    astore_t *s;
+    anode_t *n;
     redisAsyncContext *ac; /* NULL once hiredis has let go of it */
     void *io;              /* the loop's watch; NULL after cleanup */
     unsigned events;       /* watched */
     unsigned refs;         /* 1 for hiredis, 1 per running loop callback */
     bool ready;            /* connected (the connect callback said so) */
+    int drop_rc; /* what a command handed back without reply fails with */
+    /* The scripts this connection was asked to SCRIPT LOAD after a
+     * NOSCRIPT (a node that never had them, or flushed them). */
+    struct aload {
+        const char *src; /* the script (redis.c's text), NULL: free */
+        int state;       /* LOAD_SENT, LOAD_DONE */
+    } loads[SCRIPTS_MAX];
 } aconn_t;
+
+enum { LOAD_SENT = 1, LOAD_DONE };
+
+/* A server: the single one, or a master of the cluster. */
+struct anode {
+    astore_t *s;
+    char host[RC_HOST_MAX];
+    int port;      /* 0: host is a unix socket's path */
+    aconn_t *conn; /* the current connection, or NULL */
+    uint64_t retry_at, backoff;
+    unsigned fails; /* commands failed in a row (the breaker) */
+    uint64_t open_until;
+    bool probing;
+    bool broken; /* the loop refused a watch: drop at the timer */
+};
 
 enum { PH_DECIDE, PH_LOAD, PH_CAS };
 
@@ -57,12 +100,21 @@ enum { PH_DECIDE, PH_LOAD, PH_CAS };
 typedef struct ajob {
     astore_t *s;
     rate_job_t *job;
-    struct ajob *prev, *next; /* the store's list, oldest first */
+    struct ajob *prev, *next;   /* the store's list, oldest first */
+    struct ajob *pprev, *pnext; /* the parked list (TRYAGAIN) */
     uint64_t deadline;
+    uint64_t resend_at; /* parked: when to send again */
+    anode_t *node;      /* where its command is; NULL while parked */
+    bool parked;
+    bool asking;        /* its command went after ASKING */
+    bool probe;         /* its command is its node's breaker probe */
+    bool taken;         /* start() said RATE_OK: a refusal is no longer
+                           "at once" */
     rate__redis_cmd_t cmd;
     int phase;
-    bool evalled; /* NOSCRIPT answered once */
+    unsigned noscripts; /* NOSCRIPT replies to its current command */
     unsigned retries;
+    unsigned redirs; /* of the current command */
     void *state; /* the step's new state, for the compare-and-set */
 } ajob_t;
 
@@ -72,17 +124,20 @@ struct astore {
     void *sync_self;    /* its back end (redis_store_t) */
     const rate_store_methods_t *sm;
     rate__redis_conf_t conf;
-    aconn_t *conn; /* the current connection, or NULL */
+    anode_t *nodes[MAX_NODES];
+    unsigned nnodes;
+    uint8_t slot_node[RC_SLOTS]; /* node index + 1; 0: none known */
+    bool cluster;                /* a cluster (else one node, every slot) */
+    bool refreshing;             /* a CLUSTER SLOTS is out */
+    uintptr_t refresh_gen;       /* of the one out (its callback's priv) */
+    uint64_t refresh_dl, refreshed_at;
     void *timer;
     bool timer_armed;
+    uint64_t timer_at; /* when it expires, if armed */
     ajob_t *head, *tail;
-    int drop_rc;   /* what a command handed back without reply fails with */
-    bool closing;  /* being freed: no new job */
-    bool broken;   /* the loop refused a watch: drop at the timer */
-    uint64_t retry_at, backoff;
-    unsigned fails; /* jobs failed in a row (the breaker) */
-    uint64_t open_until;
-    bool probing;
+    ajob_t *phead, *ptail; /* parked, in the order of resend_at */
+    bool closing; /* being freed: no new job */
+    bool broken;  /* some node is */
     rate_redis_async_stats_t st;
 };
 
@@ -97,12 +152,35 @@ static uint64_t now_of(const astore_t *s)
 
 /* ----------------------------------------------------------- the loop */
 
-static void backoff(astore_t *s)
+static void arm_at(astore_t *s, uint64_t at, uint64_t now)
 {
-    s->backoff = s->backoff == 0 ? BACKOFF_MIN_NS
-                 : s->backoff * 2 > BACKOFF_MAX_NS ? BACKOFF_MAX_NS
-                                                   : s->backoff * 2;
-    s->retry_at = now_of(s) + s->backoff;
+    if (s->closing || (s->timer_armed && s->timer_at <= at))
+        return;
+    if (s->loop.timer_arm(s->loop.ud, s->timer, at > now ? at - now : 0) ==
+        0) {
+        s->timer_armed = true;
+        s->timer_at = at;
+    }
+}
+
+/* Arms the timer for what comes first: a broken node, a parked job's
+ * resend, the oldest deadline. */
+static void arm(astore_t *s, uint64_t now)
+{
+    if (s->broken)
+        arm_at(s, now, now);
+    if (s->phead != NULL)
+        arm_at(s, s->phead->resend_at, now);
+    if (s->head != NULL)
+        arm_at(s, s->head->deadline, now);
+}
+
+static void backoff(anode_t *n)
+{
+    n->backoff = n->backoff == 0 ? BACKOFF_MIN_NS
+                 : n->backoff * 2 > BACKOFF_MAX_NS ? BACKOFF_MAX_NS
+                                                   : n->backoff * 2;
+    n->retry_at = now_of(n->s) + n->backoff;
 }
 
 static void conn_unref(aconn_t *c)
@@ -111,18 +189,26 @@ static void conn_unref(aconn_t *c)
         free(c);
 }
 
+/* A connection commands can still be queued on. */
+static bool usable(const aconn_t *c)
+{
+    return c != NULL && c->ac != NULL &&
+           !(c->ac->c.flags & (REDIS_DISCONNECTING | REDIS_FREEING));
+}
+
 static void watch(aconn_t *c, unsigned on, unsigned off)
 {
     unsigned ev = (c->events | on) & ~off;
+    anode_t *n = c->n;
     if (c->io == NULL || ev == c->events)
         return;
     c->events = ev;
-    if (c->s->loop.io_set(c->s->loop.ud, c->io, ev) != 0 && c->s->conn == c) {
+    if (n->s->loop.io_set(n->s->loop.ud, c->io, ev) != 0 && n->conn == c) {
         /* The loop refused: the connection is dropped from the timer, not
          * from inside hiredis (this runs within its calls). */
-        c->s->broken = true;
-        if (c->s->loop.timer_arm(c->s->loop.ud, c->s->timer, 0) == 0)
-            c->s->timer_armed = true;
+        n->broken = true;
+        n->s->broken = true;
+        arm(n->s, now_of(n->s));
     }
 }
 
@@ -135,15 +221,16 @@ static void h_del_write(void *p) { watch(p, 0, RATE_LOOP_WRITE); }
 static void h_cleanup(void *p)
 {
     aconn_t *c = p;
-    astore_t *s = c->s;
+    anode_t *n = c->n;
+    astore_t *s = n->s;
 
     if (c->io != NULL)
         s->loop.io_free(s->loop.ud, c->io);
     c->io = NULL;
     c->ac = NULL;
-    if (s->conn == c) { /* it failed (drop() unsets conn first) */
-        s->conn = NULL;
-        backoff(s);
+    if (n->conn == c) { /* it failed (drop() unsets conn first) */
+        n->conn = NULL;
+        backoff(n);
     }
     conn_unref(c); /* hiredis calls nothing with c after this */
 }
@@ -160,53 +247,229 @@ static void on_io(void *arg, unsigned events)
     conn_unref(c);
 }
 
-
-/* Drop the connection: every command on it comes back without a reply
- * (its job failing with rc), before this returns unless called from
- * inside one of hiredis's callbacks (then right after it). */
-static void drop(astore_t *s, int rc)
+/* Drop node n's connection: every command on it comes back without a
+ * reply (its job failing with rc), before this returns (it is never
+ * called from inside one of hiredis's callbacks). */
+static void drop(anode_t *n, int rc)
 {
-    aconn_t *c = s->conn;
+    aconn_t *c = n->conn;
 
+    n->broken = false;
     if (c == NULL)
         return;
-    s->conn = NULL;
-    backoff(s);
+    n->conn = NULL;
+    backoff(n);
     if (c->ac != NULL) {
-        int was = s->drop_rc;
-        s->drop_rc = rc;
+        c->drop_rc = rc;
         redisAsyncFree(c->ac);
-        s->drop_rc = was;
     }
 }
 
-static void arm(astore_t *s, uint64_t now)
+/* ---------------------------------------------------------- the nodes */
+
+/* The node host:port, made if it is new; NULL when out of memory or
+ * MAX_NODES are known. */
+static anode_t *node_get(astore_t *s, const char *host, int port)
 {
-    if (s->head == NULL || s->closing)
-        return;
-    uint64_t after = s->head->deadline > now ? s->head->deadline - now : 0;
-    if (s->loop.timer_arm(s->loop.ud, s->timer, after) == 0)
-        s->timer_armed = true;
+    for (unsigned i = 0; i < s->nnodes; i++)
+        if (s->nodes[i]->port == port && strcmp(s->nodes[i]->host, host) == 0)
+            return s->nodes[i];
+    if (s->nnodes == MAX_NODES || strlen(host) >= RC_HOST_MAX)
+        return NULL;
+    anode_t *n = calloc(1, sizeof *n);
+    if (n == NULL)
+        return NULL;
+    n->s = s;
+    snprintf(n->host, sizeof n->host, "%s", host);
+    n->port = port;
+    s->nodes[s->nnodes++] = n;
+    return n;
 }
 
-static void on_timer(void *arg)
+static unsigned node_index(const astore_t *s, const anode_t *n)
 {
-    astore_t *s = arg;
+    for (unsigned i = 0; i < s->nnodes; i++)
+        if (s->nodes[i] == n)
+            return i;
+    return MAX_NODES;
+}
+
+static anode_t *node_of_slot(const astore_t *s, unsigned slot)
+{
+    unsigned idx = s->slot_node[slot];
+    return idx == 0 ? NULL : s->nodes[idx - 1];
+}
+
+static bool breaker_open(const astore_t *s, const anode_t *n)
+{
+    return s->conf.breaker && n->open_until != 0;
+}
+
+/* What a command on n came to: answered (ok), or failed with no reply or
+ * none in time.  The breaker counts the failures in a row; a probe's
+ * outcome closes it or opens it again. */
+static void outcome(ajob_t *j, anode_t *n, bool ok)
+{
+    astore_t *s = j->s;
+    bool probe = j->probe;
+
+    j->probe = false;
+    if (n == NULL || !s->conf.breaker || s->closing)
+        return;
+    if (probe)
+        n->probing = false;
+    if (ok) {
+        n->fails = 0;
+        if (probe)
+            n->open_until = 0;
+    } else if (probe || ++n->fails >= s->conf.breaker_failures) {
+        n->open_until = now_of(s) + s->conf.breaker_cooldown_ns;
+        n->fails = 0;
+    }
+}
+
+static void on_connect(const redisAsyncContext *ac, int status)
+{
+    aconn_t *c = ac->data;
+
+    if (status == REDIS_OK) {
+        c->ready = true;
+        c->n->backoff = 0;
+    } /* else hiredis frees the context now: h_cleanup backs off */
+}
+
+static void on_setup(redisAsyncContext *ac, void *reply, void *priv)
+{
+    const redisReply *rep = reply;
+    (void)priv;
+    if (rep != NULL && rep->type == REDIS_REPLY_ERROR)
+        redisAsyncDisconnect(ac); /* AUTH or SELECT refused */
+}
+
+/* A new connection to n, made without blocking: RATE_OK with n->conn, or
+ * RATE_ESTORE (backing off), RATE_ENOMEM. */
+static int connect_node(anode_t *n)
+{
+    astore_t *s = n->s;
+    aconn_t *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return RATE_ENOMEM;
+    s->st.connects++;
+    redisAsyncContext *ac = n->port == 0
+                                ? redisAsyncConnectUnix(n->host)
+                                : redisAsyncConnect(n->host, n->port);
+    if (ac == NULL || ac->err) {
+        if (ac != NULL)
+            redisAsyncFree(ac);
+        free(c);
+        backoff(n);
+        return RATE_ESTORE;
+    }
+    c->n = n;
+    c->ac = ac;
+    c->refs = 1;
+    c->drop_rc = RATE_ESTORE;
+    c->io = s->loop.io_new(s->loop.ud, ac->c.fd, on_io, c);
+    if (c->io == NULL) {
+        c->ac = NULL;
+        redisAsyncFree(ac);
+        free(c);
+        backoff(n);
+        return RATE_ESTORE;
+    }
+    ac->data = c;
+    ac->ev.data = c;
+    ac->ev.addRead = h_add_read;
+    ac->ev.delRead = h_del_read;
+    ac->ev.addWrite = h_add_write;
+    ac->ev.delWrite = h_del_write;
+    ac->ev.cleanup = h_cleanup;
+    redisAsyncSetConnectCallback(ac, on_connect);
+    n->conn = c;
+    int ok = REDIS_OK;
+    if (s->conf.password[0] != '\0') {
+        if (s->conf.user[0] != '\0')
+            ok = redisAsyncCommand(ac, on_setup, NULL, "AUTH %s %s",
+                                   s->conf.user, s->conf.password);
+        else
+            ok = redisAsyncCommand(ac, on_setup, NULL, "AUTH %s",
+                                   s->conf.password);
+    }
+    if (ok == REDIS_OK && s->conf.db != 0 && !s->cluster)
+        ok = redisAsyncCommand(ac, on_setup, NULL, "SELECT %d", s->conf.db);
+    if (ok != REDIS_OK) {
+        drop(n, RATE_ESTORE);
+        return RATE_ESTORE;
+    }
+    return RATE_OK;
+}
+
+/* ------------------------------------------------------ the slot map */
+
+static void on_slots(redisAsyncContext *ac, void *reply, void *priv)
+{
+    aconn_t *c = ac->data;
+    astore_t *s = c->n->s;
+    const redisReply *rep = reply;
+
+    if ((uintptr_t)priv != s->refresh_gen)
+        return; /* an answer given up on */
+    s->refreshing = false;
+    if (rep == NULL || rep->type != REDIS_REPLY_ARRAY || s->closing)
+        return;
+    size_t nr, cap = rep->elements;
+    rc_range_t *ranges = malloc((cap ? cap : 1) * sizeof *ranges);
+    uint8_t *map = calloc(RC_SLOTS, 1);
+    bool ok = ranges != NULL && map != NULL &&
+              rc_parse_slots(rep, c->n->host, ranges, cap, &nr);
+    for (size_t i = 0; ok && i < nr; i++) {
+        anode_t *n = node_get(s, ranges[i].host, ranges[i].port);
+        unsigned idx = n ? node_index(s, n) : MAX_NODES;
+        ok = idx < MAX_NODES;
+        for (unsigned k = ranges[i].first; ok && k <= ranges[i].last; k++)
+            map[k] = (uint8_t)(idx + 1);
+    }
+    if (ok) {
+        memcpy(s->slot_node, map, RC_SLOTS);
+        s->st.refreshes++;
+    }
+    free(ranges);
+    free(map);
+}
+
+/* Asks the cluster for its slot map again (CLUSTER SLOTS on a node that
+ * is connected and whose breaker is closed; else one it may connect to),
+ * without waiting for the answer: at most one out at a time (given up
+ * after the command timeout) and one per REFRESH_MIN_NS. */
+static void refresh(astore_t *s)
+{
     uint64_t now = now_of(s);
 
-    s->timer_armed = false;
-    if (s->broken) { /* the loop refused to watch the socket */
-        s->broken = false;
-        drop(s, RATE_ESTORE);
-    }
-    if (s->head != NULL && s->head->deadline <= now) {
-        /* Redis did not answer the oldest in time: the connection goes,
-         * and with it every command on it (the synchronous store's reader
-         * fails all it waits for too). */
-        drop(s, RATE_ETIMEDOUT);
-    }
-    if (!s->timer_armed)
-        arm(s, now_of(s));
+    if (!s->cluster || s->closing || now < s->refreshed_at + REFRESH_MIN_NS)
+        return;
+    if (s->refreshing && now < s->refresh_dl)
+        return;
+    anode_t *n = NULL;
+    for (int pass = 0; pass < 3 && n == NULL; pass++)
+        for (unsigned i = 0; i < s->nnodes && n == NULL; i++) {
+            anode_t *m = s->nodes[i];
+            if (breaker_open(s, m))
+                continue;
+            if ((pass == 0 && usable(m->conn) && m->conn->ready) ||
+                (pass == 1 && usable(m->conn)) ||
+                (pass == 2 && m->conn == NULL && now >= m->retry_at &&
+                 connect_node(m) == RATE_OK))
+                n = m;
+        }
+    if (n == NULL)
+        return;
+    s->refreshed_at = now;
+    s->refreshing = true;
+    s->refresh_dl = now + s->conf.command_ns;
+    s->refresh_gen++;
+    if (redisAsyncCommand(n->conn->ac, on_slots, (void *)s->refresh_gen,
+                          "CLUSTER SLOTS") != REDIS_OK)
+        s->refreshing = false;
 }
 
 /* ----------------------------------------------------------- the jobs */
@@ -216,11 +479,29 @@ static bool store_failure(int rc)
     return rc == RATE_ESTORE || rc == RATE_ETIMEDOUT;
 }
 
+static void unpark(ajob_t *j)
+{
+    astore_t *s = j->s;
+    if (j->pprev != NULL)
+        j->pprev->pnext = j->pnext;
+    else
+        s->phead = j->pnext;
+    if (j->pnext != NULL)
+        j->pnext->pprev = j->pprev;
+    else
+        s->ptail = j->pprev;
+    j->pprev = j->pnext = NULL;
+    j->parked = false;
+}
+
+/* Completes j with rc (its command's outcome already counted). */
 static void finish(ajob_t *j, int rc)
 {
     astore_t *s = j->s;
     rate_job_t *job = j->job;
 
+    if (j->parked)
+        unpark(j);
     if (j->prev != NULL)
         j->prev->next = j->next;
     else
@@ -232,21 +513,11 @@ static void finish(ajob_t *j, int rc)
     rate__redis_cmd_free(&j->cmd);
     free(j->state);
     free(j);
-    if (s->conf.breaker && !s->closing) {
-        if (store_failure(rc)) {
-            if (++s->fails >= s->conf.breaker_failures || s->probing)
-                s->open_until = now_of(s) + s->conf.breaker_cooldown_ns;
-        } else {
-            s->fails = 0;
-            s->open_until = 0;
-        }
-        s->probing = false;
-    }
     s->st.completed++;
     s->st.in_flight--;
     if (rc == RATE_ETIMEDOUT)
         s->st.timed_out++;
-    if (s->head == NULL && s->timer_armed) {
+    if (s->head == NULL && s->timer_armed && !s->broken) {
         s->loop.timer_cancel(s->loop.ud, s->timer);
         s->timer_armed = false;
     }
@@ -255,17 +526,71 @@ static void finish(ajob_t *j, int rc)
 
 static void on_reply(redisAsyncContext *ac, void *reply, void *priv);
 
-/* Queue j's command on the current connection: RATE_OK or RATE_ESTORE. */
-static int send_cmd(ajob_t *j)
+/* Queue j's command on n's connection (ASKING first if asking), which must
+ * be there: RATE_OK or RATE_ESTORE. */
+static int send_on(ajob_t *j, anode_t *n, bool asking)
+{
+    if (!usable(n->conn))
+        return RATE_ESTORE;
+    redisAsyncContext *ac = n->conn->ac;
+    if (asking && redisAsyncCommand(ac, NULL, NULL, "ASKING") != REDIS_OK)
+        return RATE_ESTORE;
+    if (redisAsyncCommandArgv(ac, on_reply, j, j->cmd.argc, j->cmd.av,
+                              j->cmd.al) != REDIS_OK)
+        return RATE_ESTORE;
+    j->node = n;
+    j->asking = asking;
+    return RATE_OK;
+}
+
+/* Send j's command to node n (NULL: no master known for its slot) through
+ * n's breaker and backoff, connecting on demand: RATE_OK, or RATE_ESTORE
+ * when refused at once (nothing sent), RATE_ENOMEM. */
+static int dispatch(ajob_t *j, anode_t *n, bool asking)
 {
     astore_t *s = j->s;
+    uint64_t now = now_of(s);
+    bool probe = false;
+    int rc;
 
-    if (s->conn == NULL || s->conn->ac == NULL)
+    j->node = NULL;
+    if (n == NULL) {
+        refresh(s);
+        s->st.refused += !j->taken;
         return RATE_ESTORE;
-    if (redisAsyncCommandArgv(s->conn->ac, on_reply, j, j->cmd.argc,
-                              j->cmd.av, j->cmd.al) != REDIS_OK)
-        return RATE_ESTORE;
+    }
+    if (breaker_open(s, n)) {
+        if (now < n->open_until || n->probing) {
+            s->st.refused += !j->taken;
+            refresh(s); /* a master gone: its replica may serve it now */
+            return RATE_ESTORE; /* open: fail at once */
+        }
+        probe = true; /* cooled down: this one is the probe, at once */
+        n->retry_at = 0;
+    }
+    if (n->conn == NULL) {
+        if (now < n->retry_at) {
+            s->st.refused += !j->taken;
+            return RATE_ESTORE; /* backing off a failed connection */
+        }
+        if ((rc = connect_node(n)) != RATE_OK)
+            return rc;
+    }
+    if ((rc = send_on(j, n, asking)) != RATE_OK)
+        return rc;
+    if (probe) {
+        n->probing = true;
+        j->probe = true;
+    }
     return RATE_OK;
+}
+
+/* Send j's (new) command to the master of its key's slot. */
+static int route(ajob_t *j)
+{
+    j->redirs = 0;
+    return dispatch(j, node_of_slot(j->s, rc_key_slot(j->cmd.k, j->cmd.kl)),
+                    false);
 }
 
 /* The next command of j, built into j->cmd: the load. */
@@ -273,7 +598,7 @@ static int load_cmd(ajob_t *j)
 {
     rate__redis_cmd_free(&j->cmd);
     j->phase = PH_LOAD;
-    j->evalled = false;
+    j->noscripts = 0;
     return rate__redis_load_cmd(j->s->sync_self, &j->job->key, &j->cmd);
 }
 
@@ -302,31 +627,132 @@ static int after_load(ajob_t *j, const redisReply *rep, bool *more)
         return rc;
     rate__redis_cmd_free(&j->cmd);
     j->phase = PH_CAS;
-    j->evalled = false;
+    j->noscripts = 0;
     rc = rate__redis_cas_cmd(j->s->sync_self, &j->job->key, version,
                              j->state, io.new_len, io.ttl_ns, &j->cmd);
     *more = rc == RATE_OK;
     return rc;
 }
 
+/* A redirection (MOVED, ASK, TRYAGAIN) of j's command by node n, followed:
+ * true when j was sent on, parked, or completed; false when the error
+ * reply stands (not one, MAX_REDIRECTS reached, no room for the node). */
+static bool redirect(ajob_t *j, anode_t *n, const redisReply *rep)
+{
+    astore_t *s = j->s;
+    char host[RC_HOST_MAX];
+    unsigned slot;
+    int port, rc;
+
+    rc_redirect_t kind = rc_parse_redirect(rep->str, rep->len, n->host,
+                                           &slot, host, &port);
+    if (kind == RC_NONE) {
+        if (strncmp(rep->str, "CLUSTERDOWN", 11) == 0)
+            refresh(s);
+        return false;
+    }
+    if (j->redirs >= MAX_REDIRECTS)
+        return false;
+    anode_t *to = NULL;
+    if (kind != RC_TRYAGAIN && (to = node_get(s, host, port)) == NULL)
+        return false;
+    j->redirs++;
+    if (kind == RC_MOVED) {
+        s->st.moved++;
+        s->cluster = true; /* a "single server" that is a cluster's node */
+        s->slot_node[slot] = (uint8_t)(node_index(s, to) + 1);
+        refresh(s);
+        rc = dispatch(j, to, false);
+    } else if (kind == RC_ASK) {
+        s->st.asked++;
+        rc = dispatch(j, to, true);
+    } else {
+        s->st.tryagain++;
+        uint64_t now = now_of(s);
+        if (now + TRYAGAIN_NS >= j->deadline) {
+            finish(j, RATE_ETIMEDOUT);
+            return true;
+        }
+        j->node = NULL;
+        j->parked = true;
+        j->resend_at = now + TRYAGAIN_NS;
+        j->pprev = s->ptail;
+        if (s->ptail != NULL)
+            s->ptail->pnext = j;
+        else
+            s->phead = j;
+        s->ptail = j;
+        arm(s, now);
+        return true;
+    }
+    if (rc != RATE_OK)
+        finish(j, rc);
+    return true;
+}
+
+static void on_loaded(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct aload *l = priv;
+    const redisReply *rep = reply;
+    (void)ac;
+    l->state = rep != NULL && rep->type == REDIS_REPLY_STRING ? LOAD_DONE
+                                                               : 0;
+}
+
+/* After a NOSCRIPT on c for cmd's script: SCRIPT LOAD it there, ahead of
+ * the EVALSHA sent again, unless a load is on its way already (the
+ * NOSCRIPT is of a command sent before it).  One NOSCRIPT after the load
+ * was answered says the script went again: loaded again.  So a burst of
+ * commands that meet a node without the script costs one load and one
+ * more EVALSHA each, not the script's text each. */
+static void script_load(aconn_t *c, const rate__redis_cmd_t *cmd)
+{
+    struct aload *l = NULL;
+
+    if (cmd->script == NULL || !usable(c))
+        return;
+    for (unsigned i = 0; i < SCRIPTS_MAX && l == NULL; i++)
+        if (c->loads[i].src == cmd->script || c->loads[i].src == NULL)
+            l = &c->loads[i];
+    if (l == NULL || l->state == LOAD_SENT)
+        return;
+    if (redisAsyncCommandArgv(c->ac, on_loaded, l, 3,
+                              (const char *[]){"SCRIPT", "LOAD", cmd->script},
+                              (size_t[]){6, 4, cmd->script_len}) ==
+        REDIS_OK) {
+        l->src = cmd->script;
+        l->state = LOAD_SENT;
+    }
+}
+
 static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
 {
     ajob_t *j = priv;
-    astore_t *s = j->s;
+    aconn_t *c = ac->data;
+    anode_t *n = j->node;
     const redisReply *rep = reply;
     bool more = false;
     int rc;
 
-    (void)ac;
     if (rep == NULL) { /* the connection went */
-        finish(j, s->drop_rc);
+        rc = c->drop_rc;
+        outcome(j, n, !store_failure(rc));
+        if (store_failure(rc))
+            refresh(j->s); /* a master gone: its replica, later */
+        finish(j, rc);
         return;
     }
-    if (rate__redis_noscript(rep) && !j->evalled) {
-        j->evalled = true; /* Redis restarted, or SCRIPT FLUSH */
-        s->st.noscript++;
-        rate__redis_cmd_eval(&j->cmd);
-        if ((rc = send_cmd(j)) != RATE_OK)
+    outcome(j, n, true);
+    if (rep->type == REDIS_REPLY_ERROR && redirect(j, n, rep))
+        return;
+    if (rate__redis_noscript(rep) && j->noscripts < 2) {
+        /* A node that never had the script, restarted, or SCRIPT FLUSH */
+        j->s->st.noscript++;
+        if (j->noscripts++ == 0)
+            script_load(c, &j->cmd);
+        else
+            rate__redis_cmd_eval(&j->cmd); /* the second: the script */
+        if ((rc = send_on(j, n, j->asking)) != RATE_OK)
             finish(j, rc);
         return;
     }
@@ -346,85 +772,50 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
             break;
         }
     }
-    if (more && (rc = send_cmd(j)) == RATE_OK)
+    if (more && (rc = route(j)) == RATE_OK)
         return;
     finish(j, rc);
 }
 
-/* --------------------------------------------------------- connection */
-
-static void on_setup(redisAsyncContext *ac, void *reply, void *priv)
+/* The timer: broken nodes dropped, parked jobs sent again, and the
+ * connection of the oldest job dropped when its deadline has passed. */
+static void on_timer(void *arg)
 {
-    const redisReply *rep = reply;
-    (void)priv;
-    if (rep != NULL && rep->type == REDIS_REPLY_ERROR)
-        redisAsyncDisconnect(ac); /* AUTH or SELECT refused */
-}
+    astore_t *s = arg;
+    uint64_t now = now_of(s);
 
-static void on_connect(const redisAsyncContext *ac, int status)
-{
-    aconn_t *c = ac->data;
-
-    if (status == REDIS_OK) {
-        c->ready = true;
-        c->s->backoff = 0;
-    } /* else hiredis frees the context now: h_cleanup backs off */
-}
-
-/* A new connection, made without blocking: RATE_OK with s->conn, or
- * RATE_ESTORE. */
-static int connect_now(astore_t *s)
-{
-    aconn_t *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        return RATE_ENOMEM;
-    s->st.connects++;
-    redisAsyncContext *ac =
-        s->conf.port == 0 ? redisAsyncConnectUnix(s->conf.host)
-                          : redisAsyncConnect(s->conf.host, s->conf.port);
-    if (ac == NULL || ac->err) {
-        if (ac != NULL)
-            redisAsyncFree(ac);
-        free(c);
-        backoff(s);
-        return RATE_ESTORE;
+    s->timer_armed = false;
+    if (s->broken) { /* the loop refused to watch a socket */
+        s->broken = false;
+        for (unsigned i = 0; i < s->nnodes; i++)
+            if (s->nodes[i]->broken)
+                drop(s->nodes[i], RATE_ESTORE);
     }
-    c->s = s;
-    c->ac = ac;
-    c->refs = 1;
-    c->io = s->loop.io_new(s->loop.ud, ac->c.fd, on_io, c);
-    if (c->io == NULL) {
-        c->ac = NULL;
-        redisAsyncFree(ac);
-        free(c);
-        backoff(s);
-        return RATE_ESTORE;
+    while (s->phead != NULL && s->phead->resend_at <= now) {
+        ajob_t *j = s->phead;
+        int rc;
+        unpark(j);
+        if ((rc = dispatch(j, node_of_slot(s, rc_key_slot(j->cmd.k,
+                                                          j->cmd.kl)),
+                           false)) != RATE_OK)
+            finish(j, rc);
     }
-    ac->data = c;
-    ac->ev.data = c;
-    ac->ev.addRead = h_add_read;
-    ac->ev.delRead = h_del_read;
-    ac->ev.addWrite = h_add_write;
-    ac->ev.delWrite = h_del_write;
-    ac->ev.cleanup = h_cleanup;
-    redisAsyncSetConnectCallback(ac, on_connect);
-    s->conn = c;
-    int ok = REDIS_OK;
-    if (s->conf.password[0] != '\0') {
-        if (s->conf.user[0] != '\0')
-            ok = redisAsyncCommand(ac, on_setup, NULL, "AUTH %s %s",
-                                   s->conf.user, s->conf.password);
-        else
-            ok = redisAsyncCommand(ac, on_setup, NULL, "AUTH %s",
-                                   s->conf.password);
+    while (s->head != NULL && s->head->deadline <= now) {
+        ajob_t *j = s->head;
+        if (j->parked) {
+            finish(j, RATE_ETIMEDOUT);
+            continue;
+        }
+        /* Redis did not answer it in time: its connection goes, and with
+         * it every command on it (the synchronous store's reader fails
+         * all it waits for too). */
+        if (j->node == NULL || j->node->conn == NULL)
+            break; /* cannot be: a job not parked is on a connection */
+        drop(j->node, RATE_ETIMEDOUT);
+        if (s->head == j)
+            break;
     }
-    if (ok == REDIS_OK && s->conf.db != 0)
-        ok = redisAsyncCommand(ac, on_setup, NULL, "SELECT %d", s->conf.db);
-    if (ok != REDIS_OK) {
-        drop(s, RATE_ESTORE);
-        return RATE_ESTORE;
-    }
-    return RATE_OK;
+    arm(s, now_of(s));
 }
 
 /* ----------------------------------------------------------- contract */
@@ -437,29 +828,9 @@ static int a_start(void *self, rate_job_t *job)
 
     if (s->closing)
         return RATE_ECANCELED;
-    if (s->conf.breaker && s->open_until != 0) {
-        if (now < s->open_until || s->probing) {
-            s->st.refused++;
-            return RATE_ESTORE; /* open: fail at once */
-        }
-        s->probing = true; /* cooled down: this one is the probe */
-    }
-    if (s->conn == NULL) {
-        if (now < s->retry_at) {
-            s->st.refused++;
-            s->probing = false;
-            return RATE_ESTORE; /* backing off a failed connection */
-        }
-        if ((rc = connect_now(s)) != RATE_OK) {
-            s->probing = false;
-            return rc;
-        }
-    }
     ajob_t *j = calloc(1, sizeof *j);
-    if (j == NULL) {
-        s->probing = false;
+    if (j == NULL)
         return RATE_ENOMEM;
-    }
     j->s = s;
     j->job = job;
     j->deadline = now + s->conf.command_ns;
@@ -473,13 +844,13 @@ static int a_start(void *self, rate_job_t *job)
         rc = load_cmd(j);
     }
     if (rc == RATE_OK)
-        rc = send_cmd(j);
+        rc = route(j); /* refused at once: nothing sent */
     if (rc != RATE_OK) {
         rate__redis_cmd_free(&j->cmd);
         free(j);
-        s->probing = false;
         return rc;
     }
+    j->taken = true;
     j->prev = s->tail;
     if (s->tail != NULL)
         s->tail->next = j;
@@ -488,8 +859,7 @@ static int a_start(void *self, rate_job_t *job)
     s->tail = j;
     s->st.started++;
     s->st.in_flight++;
-    if (!s->timer_armed)
-        arm(s, now);
+    arm(s, now);
     return RATE_OK;
 }
 
@@ -530,13 +900,18 @@ static void a_destroy(void *self)
 {
     astore_t *s = self;
 
-    /* Every job in flight completes now, with RATE_ECANCELED (none is
-     * left: each has its command on the connection). */
+    /* Every job in flight completes now, with RATE_ECANCELED: those on a
+     * connection when it goes, the parked ones here. */
     s->closing = true;
-    drop(s, RATE_ECANCELED);
+    for (unsigned i = 0; i < s->nnodes; i++)
+        drop(s->nodes[i], RATE_ECANCELED);
+    while (s->phead != NULL)
+        finish(s->phead, RATE_ECANCELED);
     if (s->timer != NULL)
         s->loop.timer_free(s->loop.ud, s->timer);
     rate_store_free(s->sync);
+    for (unsigned i = 0; i < s->nnodes; i++)
+        free(s->nodes[i]);
     free(s);
 }
 
@@ -551,6 +926,35 @@ static const rate_store_methods_t async_methods = {
     .start = a_start,
     .destroy = a_destroy,
 };
+
+/* The first topology: the synchronous store's slot map when it found a
+ * cluster, else the first seed as the one node serving every slot (a
+ * lazy store that has not reached the server yet: if it is a cluster's
+ * node after all, its first MOVED says so). */
+static int init_nodes(astore_t *s)
+{
+    rate__redis_addr_t *addr = malloc(MAX_NODES * sizeof *addr);
+    unsigned n = 0;
+    int rc = RATE_OK;
+
+    if (addr == NULL)
+        return RATE_ENOMEM;
+    if (rate__redis_topology(s->sync_self, addr, MAX_NODES, &n,
+                             s->slot_node)) {
+        s->cluster = true;
+        for (unsigned i = 0; i < n && rc == RATE_OK; i++)
+            if (node_get(s, addr[i].host, addr[i].port) == NULL)
+                rc = RATE_ENOMEM;
+        /* both lists in the same order: the map's indices hold */
+        s->refreshed_at = now_of(s);
+    } else if (node_get(s, s->conf.host, s->conf.port) == NULL) {
+        rc = RATE_ENOMEM;
+    } else {
+        memset(s->slot_node, 1, RC_SLOTS);
+    }
+    free(addr);
+    return rc;
+}
 
 int rate_store_redis_async_new(const char *url,
                                const rate_redis_options_t *options,
@@ -572,7 +976,6 @@ int rate_store_redis_async_new(const char *url,
     if (s == NULL)
         return RATE_ENOMEM;
     s->loop = *loop;
-    s->drop_rc = RATE_ESTORE;
     if ((rc = rate_store_redis_new(url, options, &s->sync, err, errlen)) !=
         RATE_OK) {
         free(s);
@@ -581,16 +984,12 @@ int rate_store_redis_async_new(const char *url,
     s->sm = rate__redis_methods();
     s->sync_self = rate_store_backend(s->sync, s->sm);
     rate__redis_conf(s->sync_self, &s->conf);
-    if (s->conf.cluster) {
-        rate_store_free(s->sync);
-        free(s);
-        return rate__fail(err, errlen, RATE_ENOTSUP,
-                          "a Redis Cluster: the asynchronous store speaks "
-                          "to one server");
+    if (init_nodes(s) != RATE_OK) {
+        a_destroy(s);
+        return RATE_ENOMEM;
     }
     if ((s->timer = loop->timer_new(loop->ud, on_timer, s)) == NULL) {
-        rate_store_free(s->sync);
-        free(s);
+        a_destroy(s);
         return RATE_ENOMEM;
     }
     if ((rc = rate_store_new(&async_methods, s, out)) != RATE_OK)
@@ -607,4 +1006,11 @@ int rate_store_redis_async_stats(rate_store_t *store,
         return RATE_EINVAL;
     *out = s->st;
     return RATE_OK;
+}
+
+redis_store_t *rate__redis_async_sync(rate_store_t *store)
+{
+    astore_t *s = store != NULL ? rate_store_backend(store, &async_methods)
+                                : NULL;
+    return s != NULL ? s->sync_self : NULL;
 }

@@ -11,6 +11,7 @@
 #include <hiredis/hiredis.h>
 
 #include "../internal.h"
+#include "redis_cluster.h"
 
 typedef struct redis_store redis_store_t;
 
@@ -69,5 +70,24 @@ typedef struct rate__redis_conf {
     uint64_t breaker_cooldown_ns;
 } rate__redis_conf_t;
 void rate__redis_conf(const redis_store_t *r, rate__redis_conf_t *out);
+
+/* The synchronous store an asynchronous Redis store owns (its back end),
+ * or NULL for any other store (src/store/redis_async.c): what
+ * rate_store_redis_drop and rate_store_redis_touch go through. */
+redis_store_t *rate__redis_async_sync(rate_store_t *store);
+
+/* The synchronous store's topology as it knows it now (no I/O): the
+ * addresses of its nodes (the masters it has seen, at most cap of them:
+ * *n) and its slot map (map[slot]: a node's index + 1 in that list, 0
+ * when no master is known for the slot).  False while the topology is not
+ * known yet (a lazy store before its first call) or for a single server:
+ * then nothing is set.  The key's slot of a built command is
+ * rc_key_slot(c->k, c->kl) (redis_cluster.h). */
+typedef struct rate__redis_addr {
+    char host[RC_HOST_MAX];
+    int port;
+} rate__redis_addr_t;
+bool rate__redis_topology(redis_store_t *r, rate__redis_addr_t *nodes,
+                          unsigned cap, unsigned *n, uint8_t map[RC_SLOTS]);
 
 #endif
