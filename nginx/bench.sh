@@ -3,11 +3,14 @@
 #
 # wrk against Debian's nginx serving a small static file: without the
 # module, with it (one limit on $binary_remote_addr that always admits, on
-# the shared-memory store), and with it and the RateLimit fields; rounds
-# alternated in one run, the best requests/s of each kept, and the CPU
-# time the workers spent a request (user + system, from /proc: steadier
-# than requests/s on a machine that others load).
+# the shared-memory store), with it and the RateLimit fields, and (when
+# redis-server is there: a private one on a free loopback port) the same
+# limit on a store=redis:// zone, each request one asynchronous round trip
+# to Redis; rounds alternated in one run, the best requests/s of each
+# kept, and the CPU time the workers spent a request (user + system, from
+# /proc: steadier than requests/s on a machine that others load).
 #   nginx/bench.sh MODULE_SO [ROUNDS] [SECONDS]
+# NO_REDIS=1 leaves the Redis row out.
 set -euo pipefail
 MODULE=$(realpath "$1")
 ROUNDS=${2:-5}
@@ -18,8 +21,10 @@ command -v wrk >/dev/null || { echo "bench: wrk is missing (apt-get install wrk)
 tmp=$(mktemp -d /tmp/nginx_bench.XXXXXX)
 chmod 755 "$tmp"
 pids=()
+rpid=
 cleanup() {
   for p in "${pids[@]}"; do kill -QUIT "$p" 2>/dev/null || true; done
+  [ -n "$rpid" ] && kill "$rpid" 2>/dev/null
   sleep 0.3
   rm -rf "$tmp"
 }
@@ -38,10 +43,11 @@ free_port() {
   done
 }
 
-# start NAME LOAD LOCATION_BODY: an nginx of its own on a free port.
+# start NAME LOAD LOCATION_BODY [STORE]: an nginx of its own on a free
+# port (STORE: the zone's store= and options, default the shared memory).
 start() {
   local name=$1 load=$2 body=$3 dir="$tmp/$1" port zone=
-  [ -n "$load" ] && zone='ratelimit_zone bench "token-bucket 1000000000/s burst=1000000000" keys=100000;'
+  [ -n "$load" ] && zone="ratelimit_zone bench \"token-bucket 1000000000/s burst=1000000000\" ${4:-keys=100000};"
   free_port
   mkdir -p "$dir/logs" "$dir/html"
   chmod 755 "$dir" "$dir/html"
@@ -82,11 +88,26 @@ start module "load_module $MODULE;" 'ratelimit bench $binary_remote_addr;'
 start headers "load_module $MODULE;" 'ratelimit bench $binary_remote_addr; ratelimit_headers on;'
 curl -sf -o /dev/null "$url_module" && curl -sfI "$url_headers" | grep -qi '^RateLimit:' ||
   { echo "bench: the module's nginx does not answer as expected" >&2; exit 1; }
+names="off module headers"
+if [ -z "${NO_REDIS:-}" ] && command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
+  free_port
+  rport=$port
+  redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no >"$tmp/redis.log" 2>&1 &
+  rpid=$!
+  for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  start redis "load_module $MODULE;" 'ratelimit bench $binary_remote_addr; ratelimit_fail closed;' \
+    "store=redis://127.0.0.1:$rport"
+  curl -sf -o /dev/null "$url_redis" ||
+    { echo "bench: the store=redis nginx does not answer 200" >&2; exit 1; }
+  names="$names redis"
+else
+  echo "bench: no redis-server (or NO_REDIS): the store=redis row is left out"
+fi
 
-declare -A best=([off]=0 [module]=0 [headers]=0)
-declare -A cpu=([off]=0 [module]=0 [headers]=0) reqs=([off]=0 [module]=0 [headers]=0)
+declare -A best=([off]=0 [module]=0 [headers]=0 [redis]=0)
+declare -A cpu=([off]=0 [module]=0 [headers]=0 [redis]=0) reqs=([off]=0 [module]=0 [headers]=0 [redis]=0)
 for r in $(seq 1 "$ROUNDS"); do
-  for name in off module headers; do
+  for name in $names; do
     url_var="url_$name"
     master_var="master_$name"
     MASTER=${!master_var}
@@ -98,6 +119,11 @@ for r in $(seq 1 "$ROUNDS"); do
     cpu[$name]=$((cpu[$name] + t1 - t0))
     reqs[$name]=$((reqs[$name] + n))
     echo "round $r $name: $rps requests/s, $((t1 - t0)) ticks for $n requests"
+    if grep -q 'Non-2xx' <<<"$out"; then
+      # (fail closed: a Redis error is a fast 503, which would flatter it)
+      echo "bench: $name answered other than 200: $(grep 'Non-2xx' <<<"$out")" >&2
+      exit 1
+    fi
     [ "$rps" -gt "${best[$name]}" ] && best[$name]=$rps
   done
 done
@@ -111,3 +137,9 @@ echo "best: off ${best[off]}, module ${best[module]}, module+headers ${best[head
 awk -v o="${best[off]}" -v m="${best[module]}" -v h="${best[headers]}" 'BEGIN {
   printf "module/off %.3f (cost %.1f%%), module+headers/off %.3f (cost %.1f%%)\n",
          m / o, 100 * (1 - m / o), h / o, 100 * (1 - h / o) }'
+if [ "${best[redis]}" -gt 0 ]; then
+  awk -v o="${best[off]}" -v r="${best[redis]}" -v co="${cpu[off]}" -v no="${reqs[off]}" \
+      -v cr="${cpu[redis]}" -v nr="${reqs[redis]}" -v hz="$hz" 'BEGIN {
+    printf "store=redis: best %d requests/s, redis/off %.3f (cost %.1f%%); worker CPU a request %.2f us (%.3f of off)\n",
+           r, r / o, 100 * (1 - r / o), cr / hz / nr * 1e6, (cr / nr) / (co / no) }'
+fi
