@@ -10,6 +10,7 @@
 #include <ratelimit.h>
 
 #include "ngx_http_ratelimit_loop.h"
+#include "ngx_http_ratelimit_probe.h"
 
 #define NGX_HTTP_RATELIMIT_KEYS_DEFAULT 10000
 #define NGX_HTTP_RATELIMIT_KEY_MAX_DEFAULT 128
@@ -36,6 +37,8 @@ typedef struct {
      * (lazy_connect, timeout=, prefix=); NULL url: the shared memory. */
     char *redis_url;
     rate_redis_options_t redis;
+    ngx_uint_t probe_index;  /* its target in the worker's probe */
+    ngx_flag_t redis_ready;  /* its store made (or failed to be) */
     /* Per worker, made at init_process: */
     rate_store_t *store;
     rate_limiter_t *limiter[2][2]; /* [shadow][fail open] */
@@ -288,7 +291,7 @@ static ngx_int_t ngx_http_ratelimit_redis_zone(ngx_conf_t *cf,
                                                ngx_str_t *url,
                                                ngx_str_t *prefix,
                                                uint64_t timeout_ns) {
-    rate_redis_options_t *o = &z->redis;
+    rate_redis_options_t *o = &z->redis, po;
     rate_store_t *probe = NULL;
     char *p, err[256];
     int rc;
@@ -321,11 +324,15 @@ static ngx_int_t ngx_http_ratelimit_redis_zone(ngx_conf_t *cf,
     }
     o->prefix = p;
 
-    /* The URL and options, as the worker will make them: a synchronous
-     * store made lazily connects at most once here, bounded by the
-     * timeouts, and fails only on what is malformed. */
+    /* The URL and options, checked as the worker will take them, by a
+     * synchronous store made lazily with timeouts of 1 ns: it fails only
+     * on what is malformed, and its one try at connecting gives up at
+     * once (nginx -t and a reload do not wait for Redis). */
+    po = *o;
+    po.connect_timeout_ns = 1;
+    po.command_timeout_ns = 1;
     err[0] = '\0';
-    rc = rate_store_redis_new(z->redis_url, o, &probe, err, sizeof(err));
+    rc = rate_store_redis_new(z->redis_url, &po, &probe, err, sizeof(err));
     if (rc != RATE_OK && rc != RATE_ESTORE && rc != RATE_ETIMEDOUT) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "ratelimit_zone \"%V\": store=%s: %s: %s",
@@ -769,17 +776,113 @@ static void ngx_http_ratelimit_wall_sleep(void *ud, uint64_t ns) {
 static const rate_clock_t ngx_http_ratelimit_wall = {
     ngx_http_ratelimit_wall_ns, ngx_http_ratelimit_wall_sleep, NULL};
 
-/* Each worker attaches its own handle to each zone's region (made by the
- * master before the fork) and makes its limiters on it.  A zone that
- * fails is logged and answers every request as a store error (the
- * location's ratelimit_fail). */
+/* The zone's four limiters ([shadow][fail open]) on its store. */
+static void ngx_http_ratelimit_limiters(ngx_log_t *log,
+                                        ngx_http_ratelimit_zone_t *z) {
+    rate_limiter_config_t lc;
+    ngx_uint_t s, f;
+    int rc;
+
+    for (s = 0; s < 2; s++) {
+        for (f = 0; f < 2; f++) {
+            ngx_memzero(&lc, sizeof(lc));
+            lc.policy = z->policy;
+            lc.store = z->store;
+            lc.clock = z->redis_url != NULL ? &ngx_http_ratelimit_wall : NULL;
+            lc.shadow = s != 0;
+            lc.on_store_error = f ? RATE_FAIL_OPEN : RATE_FAIL_CLOSED;
+            rc = rate_limiter_new(&lc, &z->limiter[s][f]);
+            if (rc != RATE_OK) {
+                ngx_log_error(NGX_LOG_ALERT, log, 0,
+                              "ratelimit_zone \"%V\": cannot make a "
+                              "limiter: %s",
+                              &z->name, rate_err_name(rc));
+                z->limiter[s][f] = NULL;
+            }
+        }
+    }
+}
+
+/* A Redis zone's asynchronous store and limiters, made once its Redis has
+ * answered the probe (their creation and the policy record's lookup are
+ * synchronous round trips: quick, since it just answered). */
+static void ngx_http_ratelimit_redis_setup(ngx_log_t *log,
+                                           ngx_http_ratelimit_zone_t *z) {
+    char err[256];
+    int rc;
+
+    err[0] = '\0';
+    rc = rate_store_redis_async_new(z->redis_url, &z->redis,
+                                    &ngx_http_ratelimit_loop, &z->store, err,
+                                    sizeof(err));
+    z->redis_ready = 1;
+    if (rc != RATE_OK) {
+        ngx_log_error(NGX_LOG_ALERT, log, 0,
+                      "ratelimit_zone \"%V\": cannot make the Redis store "
+                      "for %s: %s: %s",
+                      &z->name, z->redis_url, rate_err_name(rc), err);
+        z->store = NULL;
+        return;
+    }
+    ngx_http_ratelimit_limiters(log, z);
+}
+
+/* The worker's probe of its Redis zones, and the timer that looks at it
+ * while some zone's Redis has not answered yet. */
+static ngx_http_ratelimit_probe_t *ngx_http_ratelimit_probe;
+static ngx_event_t ngx_http_ratelimit_probe_ev;
+
+#define NGX_HTTP_RATELIMIT_PROBE_POLL 50 /* ms */
+
+static void ngx_http_ratelimit_probe_poll(ngx_event_t *ev) {
+    ngx_http_ratelimit_main_conf_t *rmcf;
+    ngx_http_ratelimit_zone_t **zp, *z;
+    ngx_uint_t i, left = 0;
+
+    if (ngx_http_ratelimit_exiting || ngx_http_ratelimit_probe == NULL) {
+        return;
+    }
+    rmcf = ngx_http_ratelimit_main((ngx_cycle_t *)ngx_cycle);
+    if (rmcf == NULL) {
+        return;
+    }
+    zp = rmcf->zones.elts;
+    for (i = 0; i < rmcf->zones.nelts; i++) {
+        z = zp[i];
+        if (z->redis_url == NULL || z->redis_ready) {
+            continue;
+        }
+        if (!ngx_http_ratelimit_probe_done(ngx_http_ratelimit_probe,
+                                           z->probe_index)) {
+            left++;
+            continue;
+        }
+        ngx_log_error(NGX_LOG_NOTICE, ev->log, 0,
+                      "ratelimit_zone \"%V\": %s answers: deciding",
+                      &z->name, z->redis_url);
+        ngx_http_ratelimit_redis_setup(ev->log, z);
+    }
+    if (left > 0) {
+        ngx_add_timer(ev, NGX_HTTP_RATELIMIT_PROBE_POLL);
+    }
+}
+
+/* Each worker attaches its own handle to each shared-memory zone's region
+ * (made by the master before the fork) and makes its limiters on it.  A
+ * zone that fails is logged and answers every request as a store error
+ * (the location's ratelimit_fail).  Redis zones: a thread of the worker's
+ * probes their servers (ngx_http_ratelimit_probe.h); the worker waits for
+ * it at most the zones' longest timeout (plus 50 ms) and makes
+ * the zones that answered; the others are made by a timer once they do,
+ * and meanwhile fail at once (the fail mode), never blocking the loop. */
 static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
     ngx_http_ratelimit_main_conf_t *rmcf = ngx_http_ratelimit_main(cycle);
+    ngx_http_ratelimit_probe_target_t *t;
     ngx_http_ratelimit_zone_t **zp, *z;
-    rate_limiter_config_t lc;
     rate_shm_options_t opt;
     char err[256];
-    ngx_uint_t i, s, f;
+    ngx_uint_t i, n = 0, left = 0;
+    uint64_t wait_ns = 0, w;
     int rc;
 
     if (rmcf == NULL) {
@@ -790,27 +893,18 @@ static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
     zp = rmcf->zones.elts;
     for (i = 0; i < rmcf->zones.nelts; i++) {
         z = zp[i];
-        err[0] = '\0';
         if (z->redis_url != NULL) {
-            /* lazy_connect: a Redis that is down now is no error; its
-             * decisions fail (the fail mode) until it answers. */
-            rc = rate_store_redis_async_new(z->redis_url, &z->redis,
-                                            &ngx_http_ratelimit_loop,
-                                            &z->store, err, sizeof(err));
-            if (rc != RATE_OK) {
-                ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
-                              "ratelimit_zone \"%V\": cannot make the Redis "
-                              "store for %s: %s: %s",
-                              &z->name, z->redis_url, rate_err_name(rc), err);
-                z->store = NULL;
-                continue;
-            }
-        } else {
-            opt = z->options;
-            opt.init = false;
-            rc = rate_store_shm_new_in(z->region, z->region_size, &opt,
-                                       &z->store, err, sizeof(err));
+            z->redis_ready = 0;
+            z->probe_index = n++;
+            w = z->redis.command_timeout_ns;
+            wait_ns = w > wait_ns ? w : wait_ns;
+            continue;
         }
+        err[0] = '\0';
+        opt = z->options;
+        opt.init = false;
+        rc = rate_store_shm_new_in(z->region, z->region_size, &opt, &z->store,
+                                   err, sizeof(err));
         if (rc != RATE_OK) {
             ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
                           "ratelimit_zone \"%V\": cannot attach to the "
@@ -819,25 +913,65 @@ static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
             z->store = NULL;
             continue;
         }
-        for (s = 0; s < 2; s++) {
-            for (f = 0; f < 2; f++) {
-                ngx_memzero(&lc, sizeof(lc));
-                lc.policy = z->policy;
-                lc.store = z->store;
-                lc.clock =
-                    z->redis_url != NULL ? &ngx_http_ratelimit_wall : NULL;
-                lc.shadow = s != 0;
-                lc.on_store_error = f ? RATE_FAIL_OPEN : RATE_FAIL_CLOSED;
-                rc = rate_limiter_new(&lc, &z->limiter[s][f]);
-                if (rc != RATE_OK) {
-                    ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
-                                  "ratelimit_zone \"%V\": cannot make a "
-                                  "limiter: %s",
-                                  &z->name, rate_err_name(rc));
-                    z->limiter[s][f] = NULL;
-                }
+        ngx_http_ratelimit_limiters(cycle->log, z);
+    }
+    if (n == 0) {
+        return NGX_OK;
+    }
+
+    t = ngx_pcalloc(cycle->pool, n * sizeof(*t));
+    if (t == NULL) {
+        return NGX_ERROR;
+    }
+    for (i = 0; i < rmcf->zones.nelts; i++) {
+        z = zp[i];
+        if (z->redis_url != NULL) {
+            t[z->probe_index].url = z->redis_url;
+            t[z->probe_index].options = &z->redis;
+            t[z->probe_index].policy = z->policy;
+            t[z->probe_index].clock = &ngx_http_ratelimit_wall;
+        }
+    }
+    ngx_http_ratelimit_probe = ngx_http_ratelimit_probe_start(t, n);
+    if (ngx_http_ratelimit_probe == NULL) {
+        /* No thread: the zones are made now, whatever Redis does (a
+         * Redis that does not answer then blocks the worker, docs). */
+        ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
+                      "ratelimit: cannot start the Redis probe thread: "
+                      "making the Redis zones at once");
+        for (i = 0; i < rmcf->zones.nelts; i++) {
+            if (zp[i]->redis_url != NULL) {
+                ngx_http_ratelimit_redis_setup(cycle->log, zp[i]);
             }
         }
+        return NGX_OK;
+    }
+    (void)ngx_http_ratelimit_probe_wait(ngx_http_ratelimit_probe,
+                                        wait_ns + 50000000);
+    for (i = 0; i < rmcf->zones.nelts; i++) {
+        z = zp[i];
+        if (z->redis_url == NULL) {
+            continue;
+        }
+        if (ngx_http_ratelimit_probe_done(ngx_http_ratelimit_probe,
+                                          z->probe_index)) {
+            ngx_http_ratelimit_redis_setup(cycle->log, z);
+            continue;
+        }
+        left++;
+        ngx_log_error(NGX_LOG_WARN, cycle->log, 0,
+                      "ratelimit_zone \"%V\": %s does not answer: its "
+                      "decisions are store errors (ratelimit_fail) until "
+                      "it does",
+                      &z->name, z->redis_url);
+    }
+    if (left > 0) {
+        ngx_http_ratelimit_probe_ev.handler = ngx_http_ratelimit_probe_poll;
+        ngx_http_ratelimit_probe_ev.log = cycle->log;
+        ngx_http_ratelimit_probe_ev.data = NULL;
+        ngx_http_ratelimit_probe_ev.cancelable = 1;
+        ngx_add_timer(&ngx_http_ratelimit_probe_ev,
+                      NGX_HTTP_RATELIMIT_PROBE_POLL);
     }
     return NGX_OK;
 }
@@ -854,6 +988,11 @@ static void ngx_http_ratelimit_exit_process(ngx_cycle_t *cycle) {
      * (RATE_ECANCELED): their callbacks then only let go of their
      * requests.  The store first, then its limiters. */
     ngx_http_ratelimit_exiting = 1;
+    if (ngx_http_ratelimit_probe_ev.timer_set) {
+        ngx_del_timer(&ngx_http_ratelimit_probe_ev);
+    }
+    ngx_http_ratelimit_probe_stop(ngx_http_ratelimit_probe);
+    ngx_http_ratelimit_probe = NULL;
     zp = rmcf->zones.elts;
     for (i = 0; i < rmcf->zones.nelts; i++) {
         rate_store_free(zp[i]->store);

@@ -335,6 +335,25 @@ sleep 1.5 # the slow zone's decisions time out: their callbacks run now
 no_hang "stopped, after the abandoned decisions"
 results=$(logs | grep -E ' /(open|closed)/ f[0-9]$' | awk '{print $2 $3}' | sort | uniq -c | awk '{print $2 $1}' | tr '\n' ' ')
 expect "stopped: results" "$results" "200[error]8 503[error]8 "
+# a reload of b while Redis does not answer: its master does not wait for
+# Redis (nginx -t, the zones' URLs checked without connecting), its new
+# workers start, each waiting at most the longest timeout for its probe
+# thread, then decide every Redis zone as a store error at once, and make
+# the zones once Redis answers (recovers, below, counts on b too).
+started_b() { grep -c 'start worker process [0-9]' "$tmp/b/logs/error.log" || true; }
+waiting_b() { grep -c 'ratelimit_zone "fc": .* does not answer' "$tmp/b/logs/error.log" || true; }
+before=$(started_b)
+t0=$(date +%s%N)
+kill -HUP "$(cat "$tmp/b/nginx.pid")"
+for _ in $(seq 1 200); do [ "$(waiting_b)" -ge 3 ] && break; sleep 0.05; done
+ms=$((($(date +%s%N) - t0) / 1000000))
+expect "reload while stopped: new workers" "$(($(started_b) - before))" 3
+expect "reload while stopped: zones waiting" "$(waiting_b)" 3
+# (the slow zone's 1.5 s timeout bounds the workers' wait for the probe)
+[ "$ms" -le $((1500 + 50 + SLACK_MS)) ] || fail "reload while stopped: the new workers took $ms ms"
+echo "reload while Redis is stopped: new workers up in $ms ms"
+no_hang "stopped, b reloaded"
+failing "stopped, b reloaded"
 kill -CONT "$rpid"
 recovers "after SIGCONT"
 
