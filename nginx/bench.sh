@@ -10,7 +10,9 @@
 # kept, and the CPU time the workers spent a request (user + system, from
 # /proc: steadier than requests/s on a machine that others load).
 #   nginx/bench.sh MODULE_SO [ROUNDS] [SECONDS]
-# NO_REDIS=1 leaves the Redis row out.
+# NO_REDIS=1 leaves the Redis row out; REFUND=1 adds one of two Redis
+# limits whose second always denies (the first refunded: a blocking round
+# trip a request), each answered 429.
 set -euo pipefail
 MODULE=$(realpath "$1")
 ROUNDS=${2:-5}
@@ -100,12 +102,26 @@ if [ -z "${NO_REDIS:-}" ] && command -v redis-server >/dev/null && command -v re
   curl -sf -o /dev/null "$url_redis" ||
     { echo "bench: the store=redis nginx does not answer 200" >&2; exit 1; }
   names="$names redis"
+  if [ -n "${REFUND:-}" ]; then
+    # Two Redis limits, the second always denying (one key, spent by the
+    # check below): each request two asynchronous decisions and the
+    # first one's refund, a blocking round trip (docs/nginx.md).
+    start refund "load_module $MODULE;" \
+      'ratelimit bench $binary_remote_addr; ratelimit deny "x"; ratelimit_status 429;' \
+      "store=redis://127.0.0.1:$rport;
+  ratelimit_zone deny \"fixed-window 1/3650d\" store=redis://127.0.0.1:$rport"
+    curl -s -o /dev/null "$url_refund"
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "$url_refund")" = 429 ] ||
+      { echo "bench: the refund nginx does not deny" >&2; exit 1; }
+    names="$names refund"
+  fi
 else
   echo "bench: no redis-server (or NO_REDIS): the store=redis row is left out"
 fi
 
-declare -A best=([off]=0 [module]=0 [headers]=0 [redis]=0)
-declare -A cpu=([off]=0 [module]=0 [headers]=0 [redis]=0) reqs=([off]=0 [module]=0 [headers]=0 [redis]=0)
+declare -A best=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0)
+declare -A cpu=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0)
+declare -A reqs=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0)
 for r in $(seq 1 "$ROUNDS"); do
   for name in $names; do
     url_var="url_$name"
@@ -119,7 +135,7 @@ for r in $(seq 1 "$ROUNDS"); do
     cpu[$name]=$((cpu[$name] + t1 - t0))
     reqs[$name]=$((reqs[$name] + n))
     echo "round $r $name: $rps requests/s, $((t1 - t0)) ticks for $n requests"
-    if grep -q 'Non-2xx' <<<"$out"; then
+    if [ "$name" != refund ] && grep -q 'Non-2xx' <<<"$out"; then
       # (fail closed: a Redis error is a fast 503, which would flatter it)
       echo "bench: $name answered other than 200: $(grep 'Non-2xx' <<<"$out")" >&2
       exit 1
@@ -142,4 +158,9 @@ if [ "${best[redis]}" -gt 0 ]; then
       -v cr="${cpu[redis]}" -v nr="${reqs[redis]}" -v hz="$hz" 'BEGIN {
     printf "store=redis: best %d requests/s, redis/off %.3f (cost %.1f%%); worker CPU a request %.2f us (%.3f of off)\n",
            r, r / o, 100 * (1 - r / o), cr / hz / nr * 1e6, (cr / nr) / (co / no) }'
+fi
+if [ "${best[refund]}" -gt 0 ]; then
+  awk -v o="${best[off]}" -v r="${best[redis]}" -v f="${best[refund]}" 'BEGIN {
+    printf "two Redis limits, a denial and a blocking refund: best %d requests/s, refund/off %.3f, refund/redis %.3f\n",
+           f, f / o, f / r }'
 fi

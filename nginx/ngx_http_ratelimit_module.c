@@ -11,6 +11,7 @@
 
 #include "ngx_http_ratelimit_loop.h"
 #include "ngx_http_ratelimit_probe.h"
+#include "ngx_http_ratelimit_refund.h"
 
 #define NGX_HTTP_RATELIMIT_KEYS_DEFAULT 10000
 #define NGX_HTTP_RATELIMIT_KEY_MAX_DEFAULT 128
@@ -170,6 +171,8 @@ static ngx_http_output_header_filter_pt ngx_http_next_header_filter;
  * is exiting (exit_process: callbacks then touch no request). */
 static rate_loop_t ngx_http_ratelimit_loop;
 static ngx_uint_t ngx_http_ratelimit_exiting;
+/* The worker's refund thread for its Redis zones (NULL: none). */
+static ngx_http_ratelimit_refund_t *ngx_http_ratelimit_refunder;
 
 static ngx_str_t ngx_http_ratelimit_result_names[] = {
     ngx_null_string, ngx_string("allowed"), ngx_string("limited"),
@@ -932,6 +935,13 @@ static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
             t[z->probe_index].clock = &ngx_http_ratelimit_wall;
         }
     }
+    ngx_http_ratelimit_refunder = ngx_http_ratelimit_refund_start(t, n);
+    if (ngx_http_ratelimit_refunder == NULL) {
+        ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
+                      "ratelimit: cannot start the refund thread: refunds "
+                      "on Redis zones are made on the event loop "
+                      "(blocking round trips)");
+    }
     ngx_http_ratelimit_probe = ngx_http_ratelimit_probe_start(t, n);
     if (ngx_http_ratelimit_probe == NULL) {
         /* No thread: the zones are made now, whatever Redis does (a
@@ -993,6 +1003,19 @@ static void ngx_http_ratelimit_exit_process(ngx_cycle_t *cycle) {
     }
     ngx_http_ratelimit_probe_stop(ngx_http_ratelimit_probe);
     ngx_http_ratelimit_probe = NULL;
+    if (ngx_http_ratelimit_refunder != NULL) {
+        uint64_t made, failed, dropped;
+
+        ngx_http_ratelimit_refund_stop(ngx_http_ratelimit_refunder, &made,
+                                       &failed, &dropped);
+        ngx_http_ratelimit_refunder = NULL;
+        if (made + failed + dropped > 0) {
+            ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
+                          "ratelimit: refunds on Redis zones: %uL made, "
+                          "%uL failed, %uL dropped",
+                          made, failed, dropped);
+        }
+    }
     zp = rmcf->zones.elts;
     for (i = 0; i < rmcf->zones.nelts; i++) {
         rate_store_free(zp[i]->store);
@@ -1097,31 +1120,41 @@ static ngx_int_t ngx_http_ratelimit_finish(ngx_http_request_t *r,
     rate_decision_t *d;
     ngx_str_t key;
     ngx_uint_t j;
-    ngx_flag_t redis_failed;
 
     if (ctx->denied >= 0) {
         d = &ctx->d[ctx->denied];
         /* Nothing is charged on a denial: give back what the limits
          * before the denying one admitted (under shadow, the shadow
-         * state's, as enforcing would).  A refund is synchronous: on a
-         * Redis zone it is a blocking round trip (docs/nginx.md), skipped
-         * when the denial is a Redis zone's store error (that Redis is
-         * failing: the permit stays charged rather than the worker wait
-         * for it). */
-        redis_failed = d->reason == RATE_REASON_STORE_ERROR &&
-                       ctx->zone[ctx->denied]->redis_url != NULL;
+         * state's, as enforcing would).  A refund is a synchronous call:
+         * local on a shared-memory zone, made here; a round trip or more
+         * on a Redis zone, posted to the worker's refund thread, so that
+         * the loop does not wait for it (docs/nginx.md). */
         for (j = 0; j < (ngx_uint_t)ctx->denied; j++) {
-            if (ctx->d[j].reason != RATE_REASON_ALLOWED ||
-                (redis_failed && ctx->zone[j]->redis_url != NULL)) {
+            if (ctx->d[j].reason != RATE_REASON_ALLOWED) {
                 continue;
             }
             l = &limit[ctx->limit_of[j]];
             lim = ctx->zone[j]->limiter[rlcf->shadow ? 1 : 0]
                                        [rlcf->fail_open];
-            if (lim != NULL &&
-                ngx_http_complex_value(r, &l->key, &key) == NGX_OK) {
+            if (lim == NULL ||
+                ngx_http_complex_value(r, &l->key, &key) != NGX_OK) {
+                continue;
+            }
+            if (ctx->zone[j]->redis_url == NULL ||
+                ngx_http_ratelimit_refunder == NULL) {
+                /* (a Redis zone here only when the worker has no refund
+                 * thread: it could not start one, and said so) */
                 (void)rate_limiter_refund(lim, (const char *)key.data,
                                           key.len, 1);
+            } else if (ngx_http_ratelimit_refund_post(
+                           ngx_http_ratelimit_refunder,
+                           ctx->zone[j]->probe_index, rlcf->shadow != 0,
+                           key.data, key.len) != 0) {
+                ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                              "ratelimit: zone \"%V\": a refund is dropped "
+                              "(%d queued): the permit stays charged",
+                              &ctx->zone[j]->name,
+                              NGX_HTTP_RATELIMIT_REFUND_QUEUE);
             }
         }
         if (d->reason == RATE_REASON_STORE_ERROR) {
