@@ -12,7 +12,7 @@
 #   nginx/bench.sh MODULE_SO [ROUNDS] [SECONDS]
 # NO_REDIS=1 leaves the Redis row out; REFUND=1 adds one of two Redis
 # limits whose second always denies (the first refunded: a blocking round
-# trip a request), each answered 429.
+# trip a request, made by the refund thread), each answered 429.
 set -euo pipefail
 MODULE=$(realpath "$1")
 ROUNDS=${2:-5}
@@ -37,7 +37,9 @@ trap cleanup EXIT
 used=" "
 free_port() {
   while :; do
-    port=$((20000 + RANDOM % 40000))
+    # (below Linux's ephemeral ports, 32768 up, which the clients' and
+    # the Redis stores' connections take)
+    port=$((20000 + RANDOM % 12000))
     case "$used" in *" $port "*) continue ;; esac
     (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && continue
     used="$used$port "
@@ -56,7 +58,7 @@ start() {
   printf 'hello, world\n' >"$dir/html/index.html"
   cat >"$dir/nginx.conf" <<CONF
 $load
-error_log $dir/logs/error.log warn;
+error_log $dir/logs/error.log ${5:-warn};
 events { worker_connections 1024; }
 http {
   access_log off;
@@ -105,11 +107,11 @@ if [ -z "${NO_REDIS:-}" ] && command -v redis-server >/dev/null && command -v re
   if [ -n "${REFUND:-}" ]; then
     # Two Redis limits, the second always denying (one key, spent by the
     # check below): each request two asynchronous decisions and the
-    # first one's refund, a blocking round trip (docs/nginx.md).
+    # first one's refund (on the refund thread, docs/nginx.md).
     start refund "load_module $MODULE;" \
       'ratelimit bench $binary_remote_addr; ratelimit deny "x"; ratelimit_status 429;' \
       "store=redis://127.0.0.1:$rport;
-  ratelimit_zone deny \"fixed-window 1/3650d\" store=redis://127.0.0.1:$rport"
+  ratelimit_zone deny \"fixed-window 1/3650d\" store=redis://127.0.0.1:$rport" notice
     curl -s -o /dev/null "$url_refund"
     [ "$(curl -s -o /dev/null -w '%{http_code}' "$url_refund")" = 429 ] ||
       { echo "bench: the refund nginx does not deny" >&2; exit 1; }
@@ -161,6 +163,14 @@ if [ "${best[redis]}" -gt 0 ]; then
 fi
 if [ "${best[refund]}" -gt 0 ]; then
   awk -v o="${best[off]}" -v r="${best[redis]}" -v f="${best[refund]}" 'BEGIN {
-    printf "two Redis limits, a denial and a blocking refund: best %d requests/s, refund/off %.3f, refund/redis %.3f\n",
+    printf "two Redis limits, a denial and a refund (the refund thread): best %d requests/s, refund/off %.3f, refund/redis %.3f\n",
            f, f / o, f / r }'
+  # the refunds the workers made and dropped (logged at their exit)
+  kill -QUIT "$master_refund"
+  for _ in $(seq 1 100); do kill -0 "$master_refund" 2>/dev/null || break; sleep 0.05; done
+  sed -n 's/.*refunds on Redis zones: \([0-9]*\) made, \([0-9]*\) failed, \([0-9]*\) dropped.*/\1 \2 \3/p' \
+    "$tmp/refund/logs/error.log" | awk '{ m += $1; f += $2; d += $3 } END {
+    pct = 100; if (m + d) pct = 100 * m / (m + d)
+    printf "  refunds: %d made, %d failed, %d dropped (%.0f%% made: past that the refund threads saturated)\n",
+           m, f, d, pct }'
 fi

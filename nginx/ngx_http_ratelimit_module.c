@@ -173,6 +173,7 @@ static rate_loop_t ngx_http_ratelimit_loop;
 static ngx_uint_t ngx_http_ratelimit_exiting;
 /* The worker's refund thread for its Redis zones (NULL: none). */
 static ngx_http_ratelimit_refund_t *ngx_http_ratelimit_refunder;
+static ngx_uint_t ngx_http_ratelimit_refunds_dropped;
 
 static ngx_str_t ngx_http_ratelimit_result_names[] = {
     ngx_null_string, ngx_string("allowed"), ngx_string("limited"),
@@ -1149,12 +1150,16 @@ static ngx_int_t ngx_http_ratelimit_finish(ngx_http_request_t *r,
             } else if (ngx_http_ratelimit_refund_post(
                            ngx_http_ratelimit_refunder,
                            ctx->zone[j]->probe_index, rlcf->shadow != 0,
-                           key.data, key.len) != 0) {
+                           key.data, key.len) != 0 &&
+                       ngx_http_ratelimit_refunds_dropped++ % 1000 == 0) {
+                /* (the first, then one line a thousand) */
                 ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
                               "ratelimit: zone \"%V\": a refund is dropped "
-                              "(%d queued): the permit stays charged",
+                              "(%d queued; %uL dropped by this worker): the "
+                              "permit stays charged",
                               &ctx->zone[j]->name,
-                              NGX_HTTP_RATELIMIT_REFUND_QUEUE);
+                              NGX_HTTP_RATELIMIT_REFUND_QUEUE,
+                              (uint64_t)ngx_http_ratelimit_refunds_dropped);
             }
         }
         if (d->reason == RATE_REASON_STORE_ERROR) {
