@@ -85,6 +85,7 @@ http {
   ratelimit_zone fo "fixed-window 1000/30d" store=$redis timeout=${TIMEOUT_MS}ms;
   ratelimit_zone fc "fixed-window 1000/30d" store=$redis timeout=${TIMEOUT_MS}ms;
   ratelimit_zone slow "fixed-window 1000/30d" store=$redis timeout=1500ms;
+  ratelimit_zone lbw "leaky-bucket 10/s capacity=3" store=$redis;
   ratelimit_zone back "fixed-window 3/30d" store=$redis timeout=${TIMEOUT_MS}ms prefix=rl:back:;
   server {
     listen 127.0.0.1:$2;
@@ -109,6 +110,7 @@ http {
     location /open/ { ratelimit fo \$http_x_key; ratelimit_fail open; try_files /index.html =404; }
     location /closed/ { ratelimit fc \$http_x_key; ratelimit_fail closed; try_files /index.html =404; }
     location /slow/ { ratelimit slow \$http_x_key; try_files /index.html =404; }
+    location /wait/ { ratelimit lbw \$http_x_key wait=1s; try_files /index.html =404; }
     location /back/ { ratelimit back \$http_x_key; ratelimit_status 503; try_files /index.html =404; }
   }
 }
@@ -263,6 +265,16 @@ expect "shadow: results" \
   "[allowed]2 [shadow]3 "
 cat "$tmp/a/logs/error.log" "$tmp/b/logs/error.log" |
   grep -q 'ratelimit: would limit (shadow) requests by zone "two"' || fail "shadow: no log line"
+
+# ---- wait= on a Redis leaky bucket (capacity 3, 10/s): 4 requests at
+# once over both instances: 3 pass, spaced 100 ms apart (so the last
+# leaves at least 200 ms after the first, less their own spread), 1 denied.
+t0=$(date +%s%N)
+burst 4 w1 /wait/
+ms=$((($(date +%s%N) - t0) / 1000000))
+expect "wait: 200s" "$(count 200)" 3
+expect "wait: 429s" "$(count 429)" 1
+[ "$ms" -ge 150 ] || fail "wait: the 3 admitted took $ms ms, want at least 150"
 
 # ---- prefix=: the zone's keys under its own prefix.
 expect "prefix" "$(alt 1 -H 'X-Key: p1' /back/)" 200
