@@ -110,9 +110,11 @@ static void ngx_http_ratelimit_io_free(void *ud, void *p) {
     if (c->write->posted) {
         ngx_delete_posted_event(c->write);
     }
-    /* hiredis closes the descriptor after this: nginx must not. */
-    c->fd = (ngx_socket_t)-1;
+    /* As ngx_close_connection, without the close: hiredis closes the
+     * descriptor after this; fd -1 marks any event of it still reported
+     * in this turn as stale. */
     ngx_free_connection(c);
+    c->fd = (ngx_socket_t)-1;
     ngx_free(io);
 }
 

@@ -1206,7 +1206,8 @@ static ngx_int_t ngx_http_ratelimit_finish(ngx_http_request_t *r,
 typedef struct {
     ngx_http_request_t *r; /* NULL once the request is gone */
     ngx_http_ratelimit_ctx_t *ctx;
-    ngx_pool_cleanup_t *cln;
+    ngx_pool_cleanup_t *cln; /* the pool's: when the request is freed */
+    ngx_http_cleanup_t *hcln; /* the request's: when it is terminated */
 } ngx_http_ratelimit_pending_t;
 
 static void ngx_http_ratelimit_pending_cleanup(void *data) {
@@ -1253,6 +1254,7 @@ static void ngx_http_ratelimit_decided(void *ud, int rc,
         return;
     }
     p->cln->handler = NULL;
+    p->hcln->handler = NULL;
     ngx_free(p);
     if (ngx_http_ratelimit_exiting) {
         return; /* the worker is exiting: the store is being freed */
@@ -1309,17 +1311,26 @@ static ngx_int_t ngx_http_ratelimit_run(ngx_http_request_t *r,
             p->r = r;
             p->ctx = ctx;
             p->cln = NULL;
+            p->hcln = NULL;
             rc = rate_limiter_check_start(lim, (const char *)key.data,
                                           key.len, 1, limit[i].max_wait_ns,
                                           d, ngx_http_ratelimit_decided, p);
             if (rc == RATE_PENDING) {
+                /* Let go of the request when it is terminated (a client
+                 * gone, an error) and, in any case, when its pool goes. */
                 p->cln = ngx_pool_cleanup_add(r->pool, 0);
-                if (p->cln == NULL) {
+                p->hcln = p->cln != NULL ? ngx_http_cleanup_add(r, 0) : NULL;
+                if (p->hcln == NULL) {
+                    if (p->cln != NULL) {
+                        p->cln->handler = NULL;
+                    }
                     p->r = NULL; /* the callback lets go of it */
                     return NGX_HTTP_INTERNAL_SERVER_ERROR;
                 }
                 p->cln->handler = ngx_http_ratelimit_pending_cleanup;
                 p->cln->data = p;
+                p->hcln->handler = ngx_http_ratelimit_pending_cleanup;
+                p->hcln->data = p;
                 ctx->pending = 1;
                 /* Meanwhile a client that goes away finalizes the
                  * request (the cleanup lets go of it). */
