@@ -221,6 +221,12 @@ expect "shared C step: 429s" "$(count 429)" 15
 expect "fw in turn" "$(alt 12 -H 'X-Key: q1' /fw/)" \
   "200 200 200 200 200 200 200 200 200 200 429 429"
 expect "fw: another key" "$(alt 1 -H 'X-Key: q2' /fw/)" "200"
+for i in a b; do
+  grep -q '\[error\] .*ratelimit: limiting requests by zone "fw", retry after' "$tmp/$i/logs/error.log" ||
+    fail "instance $i: no denial line for zone fw"
+done
+expect "results" "$(logs | grep ' /fw/ q1$' | awk '{print $3}' | sort | uniq -c | awk '{print $2 $1}' | tr '\n' ' ')" \
+  "[allowed]10 [limited]2 "
 expect "tb in turn" "$(alt 11 -H 'X-Key: q1' /tb/)" \
   "200 200 200 200 200 200 200 200 200 200 429"
 
