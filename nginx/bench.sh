@@ -3,11 +3,16 @@
 #
 # wrk against Debian's nginx serving a small static file: without the
 # module, with it (one limit on $binary_remote_addr that always admits, on
-# the shared-memory store), and with it and the RateLimit fields; rounds
-# alternated in one run, the best requests/s of each kept, and the CPU
-# time the workers spent a request (user + system, from /proc: steadier
-# than requests/s on a machine that others load).
+# the shared-memory store), with it and the RateLimit fields, and (when
+# redis-server is there: a private one on a free loopback port) the same
+# limit on a store=redis:// zone, each request one asynchronous round trip
+# to Redis; rounds alternated in one run, the best requests/s of each
+# kept, and the CPU time the workers spent a request (user + system, from
+# /proc: steadier than requests/s on a machine that others load).
 #   nginx/bench.sh MODULE_SO [ROUNDS] [SECONDS]
+# NO_REDIS=1 leaves the Redis row out; REFUND=1 adds one of two Redis
+# limits whose second always denies (the first refunded: a blocking round
+# trip a request, made by the refund thread), each answered 429.
 set -euo pipefail
 MODULE=$(realpath "$1")
 ROUNDS=${2:-5}
@@ -18,8 +23,10 @@ command -v wrk >/dev/null || { echo "bench: wrk is missing (apt-get install wrk)
 tmp=$(mktemp -d /tmp/nginx_bench.XXXXXX)
 chmod 755 "$tmp"
 pids=()
+rpid=
 cleanup() {
   for p in "${pids[@]}"; do kill -QUIT "$p" 2>/dev/null || true; done
+  [ -n "$rpid" ] && kill "$rpid" 2>/dev/null
   sleep 0.3
   rm -rf "$tmp"
 }
@@ -30,7 +37,9 @@ trap cleanup EXIT
 used=" "
 free_port() {
   while :; do
-    port=$((20000 + RANDOM % 40000))
+    # (below Linux's ephemeral ports, 32768 up, which the clients' and
+    # the Redis stores' connections take)
+    port=$((20000 + RANDOM % 12000))
     case "$used" in *" $port "*) continue ;; esac
     (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && continue
     used="$used$port "
@@ -38,17 +47,18 @@ free_port() {
   done
 }
 
-# start NAME LOAD LOCATION_BODY: an nginx of its own on a free port.
+# start NAME LOAD LOCATION_BODY [STORE]: an nginx of its own on a free
+# port (STORE: the zone's store= and options, default the shared memory).
 start() {
   local name=$1 load=$2 body=$3 dir="$tmp/$1" port zone=
-  [ -n "$load" ] && zone='ratelimit_zone bench "token-bucket 1000000000/s burst=1000000000" keys=100000;'
+  [ -n "$load" ] && zone="ratelimit_zone bench \"token-bucket 1000000000/s burst=1000000000\" ${4:-keys=100000};"
   free_port
   mkdir -p "$dir/logs" "$dir/html"
   chmod 755 "$dir" "$dir/html"
   printf 'hello, world\n' >"$dir/html/index.html"
   cat >"$dir/nginx.conf" <<CONF
 $load
-error_log $dir/logs/error.log warn;
+error_log $dir/logs/error.log ${5:-warn};
 events { worker_connections 1024; }
 http {
   access_log off;
@@ -82,11 +92,40 @@ start module "load_module $MODULE;" 'ratelimit bench $binary_remote_addr;'
 start headers "load_module $MODULE;" 'ratelimit bench $binary_remote_addr; ratelimit_headers on;'
 curl -sf -o /dev/null "$url_module" && curl -sfI "$url_headers" | grep -qi '^RateLimit:' ||
   { echo "bench: the module's nginx does not answer as expected" >&2; exit 1; }
+names="off module headers"
+if [ -z "${NO_REDIS:-}" ] && command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
+  free_port
+  rport=$port
+  redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no >"$tmp/redis.log" 2>&1 &
+  rpid=$!
+  for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  start redis "load_module $MODULE;" 'ratelimit bench $binary_remote_addr; ratelimit_fail closed;' \
+    "store=redis://127.0.0.1:$rport"
+  curl -sf -o /dev/null "$url_redis" ||
+    { echo "bench: the store=redis nginx does not answer 200" >&2; exit 1; }
+  names="$names redis"
+  if [ -n "${REFUND:-}" ]; then
+    # Two Redis limits, the second always denying (one key, spent by the
+    # check below): each request two asynchronous decisions and the
+    # first one's refund (on the refund thread, docs/nginx.md).
+    start refund "load_module $MODULE;" \
+      'ratelimit bench $binary_remote_addr; ratelimit deny "x"; ratelimit_status 429;' \
+      "store=redis://127.0.0.1:$rport;
+  ratelimit_zone deny \"fixed-window 1/3650d\" store=redis://127.0.0.1:$rport" notice
+    curl -s -o /dev/null "$url_refund"
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "$url_refund")" = 429 ] ||
+      { echo "bench: the refund nginx does not deny" >&2; exit 1; }
+    names="$names refund"
+  fi
+else
+  echo "bench: no redis-server (or NO_REDIS): the store=redis row is left out"
+fi
 
-declare -A best=([off]=0 [module]=0 [headers]=0)
-declare -A cpu=([off]=0 [module]=0 [headers]=0) reqs=([off]=0 [module]=0 [headers]=0)
+declare -A best=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0)
+declare -A cpu=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0)
+declare -A reqs=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0)
 for r in $(seq 1 "$ROUNDS"); do
-  for name in off module headers; do
+  for name in $names; do
     url_var="url_$name"
     master_var="master_$name"
     MASTER=${!master_var}
@@ -98,6 +137,11 @@ for r in $(seq 1 "$ROUNDS"); do
     cpu[$name]=$((cpu[$name] + t1 - t0))
     reqs[$name]=$((reqs[$name] + n))
     echo "round $r $name: $rps requests/s, $((t1 - t0)) ticks for $n requests"
+    if [ "$name" != refund ] && grep -q 'Non-2xx' <<<"$out"; then
+      # (fail closed: a Redis error is a fast 503, which would flatter it)
+      echo "bench: $name answered other than 200: $(grep 'Non-2xx' <<<"$out")" >&2
+      exit 1
+    fi
     [ "$rps" -gt "${best[$name]}" ] && best[$name]=$rps
   done
 done
@@ -111,3 +155,22 @@ echo "best: off ${best[off]}, module ${best[module]}, module+headers ${best[head
 awk -v o="${best[off]}" -v m="${best[module]}" -v h="${best[headers]}" 'BEGIN {
   printf "module/off %.3f (cost %.1f%%), module+headers/off %.3f (cost %.1f%%)\n",
          m / o, 100 * (1 - m / o), h / o, 100 * (1 - h / o) }'
+if [ "${best[redis]}" -gt 0 ]; then
+  awk -v o="${best[off]}" -v r="${best[redis]}" -v co="${cpu[off]}" -v no="${reqs[off]}" \
+      -v cr="${cpu[redis]}" -v nr="${reqs[redis]}" -v hz="$hz" 'BEGIN {
+    printf "store=redis: best %d requests/s, redis/off %.3f (cost %.1f%%); worker CPU a request %.2f us (%.3f of off)\n",
+           r, r / o, 100 * (1 - r / o), cr / hz / nr * 1e6, (cr / nr) / (co / no) }'
+fi
+if [ "${best[refund]}" -gt 0 ]; then
+  awk -v o="${best[off]}" -v r="${best[redis]}" -v f="${best[refund]}" 'BEGIN {
+    printf "two Redis limits, a denial and a refund (the refund thread): best %d requests/s, refund/off %.3f, refund/redis %.3f\n",
+           f, f / o, f / r }'
+  # the refunds the workers made and dropped (logged at their exit)
+  kill -QUIT "$master_refund"
+  for _ in $(seq 1 100); do kill -0 "$master_refund" 2>/dev/null || break; sleep 0.05; done
+  sed -n 's/.*refunds on Redis zones: \([0-9]*\) made, \([0-9]*\) failed, \([0-9]*\) dropped.*/\1 \2 \3/p' \
+    "$tmp/refund/logs/error.log" | awk '{ m += $1; f += $2; d += $3 } END {
+    pct = 100; if (m + d) pct = 100 * m / (m + d)
+    printf "  refunds: %d made, %d failed, %d dropped (%.0f%% made: past that the refund threads saturated)\n",
+           m, f, d, pct }'
+fi

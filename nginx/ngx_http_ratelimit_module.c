@@ -9,6 +9,10 @@
 
 #include <ratelimit.h>
 
+#include "ngx_http_ratelimit_loop.h"
+#include "ngx_http_ratelimit_probe.h"
+#include "ngx_http_ratelimit_refund.h"
+
 #define NGX_HTTP_RATELIMIT_KEYS_DEFAULT 10000
 #define NGX_HTTP_RATELIMIT_KEY_MAX_DEFAULT 128
 #define NGX_HTTP_RATELIMIT_MAX 8 /* ratelimit directives a location applies */
@@ -30,6 +34,12 @@ typedef struct {
     size_t zone_size;       /* the nginx zone: the region and the slab pool */
     ngx_shm_zone_t *shm_zone;
     void *region;           /* in the zone, set by the zone's init */
+    /* store=redis://: the URL (NUL-terminated) and the store's options
+     * (lazy_connect, timeout=, prefix=); NULL url: the shared memory. */
+    char *redis_url;
+    rate_redis_options_t redis;
+    ngx_uint_t probe_index;  /* its target in the worker's probe */
+    ngx_flag_t redis_ready;  /* its store made (or failed to be) */
     /* Per worker, made at init_process: */
     rate_store_t *store;
     rate_limiter_t *limiter[2][2]; /* [shadow][fail open] */
@@ -59,7 +69,14 @@ typedef struct {
     ngx_flag_t headers;
     ngx_uint_t n;          /* decisions made */
     ngx_int_t denied;      /* index of the denying decision, or -1 */
+    ngx_uint_t next;       /* the location's next limit to decide */
+    ngx_uint_t errors;     /* store errors among the decisions */
+    uint64_t delay_ns;     /* the longest reservation (wait=) */
+    ngx_http_ratelimit_loc_conf_t *rlcf; /* the deciding location's */
+    ngx_int_t final;       /* the handler's answer when the phases rerun */
+    unsigned pending:1;    /* a Redis decision in flight */
     ngx_http_ratelimit_zone_t *zone[NGX_HTTP_RATELIMIT_MAX];
+    ngx_uint_t limit_of[NGX_HTTP_RATELIMIT_MAX]; /* its limit's index */
     rate_decision_t d[]; /* one a limit of the location */
 } ngx_http_ratelimit_ctx_t;
 
@@ -149,6 +166,14 @@ ngx_module_t ngx_http_ratelimit_module = {
     NGX_MODULE_V1_PADDING};
 
 static ngx_http_output_header_filter_pt ngx_http_next_header_filter;
+
+/* The worker's loop, which its Redis stores are driven by, and whether it
+ * is exiting (exit_process: callbacks then touch no request). */
+static rate_loop_t ngx_http_ratelimit_loop;
+static ngx_uint_t ngx_http_ratelimit_exiting;
+/* The worker's refund thread for its Redis zones (NULL: none). */
+static ngx_http_ratelimit_refund_t *ngx_http_ratelimit_refunder;
+static ngx_uint_t ngx_http_ratelimit_refunds_dropped;
 
 static ngx_str_t ngx_http_ratelimit_result_names[] = {
     ngx_null_string, ngx_string("allowed"), ngx_string("limited"),
@@ -262,6 +287,67 @@ static ngx_int_t ngx_http_ratelimit_parse_uint(ngx_str_t *v, uint64_t *out) {
     return NGX_OK;
 }
 
+/* A store=redis:// zone: its URL and options, checked now (the URL's
+ * syntax, by a store made lazily, which does not connect) so that nginx -t
+ * names a bad one; the store itself is each worker's (init_process). */
+static ngx_int_t ngx_http_ratelimit_redis_zone(ngx_conf_t *cf,
+                                               ngx_http_ratelimit_zone_t *z,
+                                               ngx_str_t *url,
+                                               ngx_str_t *prefix,
+                                               uint64_t timeout_ns) {
+    rate_redis_options_t *o = &z->redis, po;
+    rate_store_t *probe = NULL;
+    char *p, err[256];
+    int rc;
+
+    z->redis_url = ngx_pnalloc(cf->pool, url->len + 1);
+    if (z->redis_url == NULL) {
+        return NGX_ERROR;
+    }
+    ngx_memcpy(z->redis_url, url->data, url->len);
+    z->redis_url[url->len] = '\0';
+    ngx_memzero(o, sizeof(*o));
+    o->lazy_connect = true;
+    o->command_timeout_ns = timeout_ns ? timeout_ns : 100000000; /* 100 ms */
+    o->connect_timeout_ns = o->command_timeout_ns;
+    /* Each zone its own namespace (two zones may limit the same key),
+     * the same in every instance that declares it. */
+    if (prefix->len == 0) {
+        p = ngx_pnalloc(cf->pool, sizeof("ratelimit:") + z->name.len + 1);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+        ngx_sprintf((u_char *)p, "ratelimit:%V:%Z", &z->name);
+    } else {
+        p = ngx_pnalloc(cf->pool, prefix->len + 1);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+        ngx_memcpy(p, prefix->data, prefix->len);
+        p[prefix->len] = '\0';
+    }
+    o->prefix = p;
+
+    /* The URL and options, checked as the worker will take them, by a
+     * synchronous store made lazily with timeouts of 1 ns: it fails only
+     * on what is malformed, and its one try at connecting gives up at
+     * once (nginx -t and a reload do not wait for Redis). */
+    po = *o;
+    po.connect_timeout_ns = 1;
+    po.command_timeout_ns = 1;
+    err[0] = '\0';
+    rc = rate_store_redis_new(z->redis_url, &po, &probe, err, sizeof(err));
+    if (rc != RATE_OK && rc != RATE_ESTORE && rc != RATE_ETIMEDOUT) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit_zone \"%V\": store=%s: %s: %s",
+                           &z->name, z->redis_url, rate_err_name(rc),
+                           err[0] ? err : "refused");
+        return NGX_ERROR;
+    }
+    rate_store_free(probe);
+    return NGX_OK;
+}
+
 static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
                                      void *conf) {
     ngx_http_ratelimit_main_conf_t *rmcf;
@@ -270,6 +356,9 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_pool_cleanup_t *cln;
     uint64_t keys = NGX_HTTP_RATELIMIT_KEYS_DEFAULT;
     uint64_t key_max = NGX_HTTP_RATELIMIT_KEY_MAX_DEFAULT;
+    uint64_t timeout_ns = 0;
+    ngx_str_t url = ngx_null_string, prefix = ngx_null_string;
+    ngx_str_t *shm_only = NULL;
     size_t state;
     char *text, err[256];
     ngx_uint_t i;
@@ -300,23 +389,62 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
             if (arg.len == 3 && ngx_strncmp(arg.data, "shm", 3) == 0) {
                 continue;
             }
-            if (arg.len >= 8 && ngx_strncmp(arg.data, "redis://", 8) == 0) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "ratelimit_zone \"%V\": \"%V\" is not yet "
-                                   "supported: needs the asynchronous Redis "
-                                   "path (use store=shm)",
-                                   &value[1], &value[i]);
-                return NGX_CONF_ERROR;
+            if ((arg.len >= 8 && ngx_strncmp(arg.data, "redis://", 8) == 0) ||
+                (arg.len >= 8 && ngx_strncmp(arg.data, "unix:///", 8) == 0) ||
+                (arg.len >= 9 && ngx_strncmp(arg.data, "rediss://", 9) == 0)) {
+                url = arg; /* checked by the store below */
+                continue;
             }
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "ratelimit_zone \"%V\": unknown store \"%V\" "
-                               "(store=shm)",
+                               "(store=shm, store=redis://HOST:PORT[/DB] or "
+                               "store=unix:///PATH)",
                                &value[1], &arg);
             return NGX_CONF_ERROR;
+        }
+        if (arg.len >= 8 && ngx_strncmp(arg.data, "timeout=", 8) == 0) {
+            char text[64], e[256];
+            int trc;
+
+            if (arg.len - 8 >= sizeof(text)) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "ratelimit_zone \"%V\": \"%V\": too long",
+                                   &value[1], &value[i]);
+                return NGX_CONF_ERROR;
+            }
+            ngx_memcpy(text, arg.data + 8, arg.len - 8);
+            text[arg.len - 8] = '\0';
+            e[0] = '\0';
+            trc = rate_parse_duration(text, &timeout_ns, e, sizeof(e));
+            if (trc != RATE_OK || timeout_ns == 0 ||
+                timeout_ns > (uint64_t)60000000000) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "ratelimit_zone \"%V\": \"%V\": %s",
+                                   &value[1], &value[i],
+                                   trc != RATE_OK ? e
+                                                  : "takes a duration from 1ms "
+                                                    "to 60s");
+                return NGX_CONF_ERROR;
+            }
+            continue;
+        }
+        if (arg.len >= 7 && ngx_strncmp(arg.data, "prefix=", 7) == 0) {
+            prefix = arg;
+            prefix.data += 7;
+            prefix.len -= 7;
+            if (prefix.len == 0) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "ratelimit_zone \"%V\": prefix= takes a "
+                                   "Redis key prefix",
+                                   &value[1]);
+                return NGX_CONF_ERROR;
+            }
+            continue;
         }
         if (arg.len >= 5 && ngx_strncmp(arg.data, "keys=", 5) == 0) {
             arg.data += 5;
             arg.len -= 5;
+            shm_only = &value[i];
             if (ngx_http_ratelimit_parse_uint(&arg, &keys) != NGX_OK) {
                 ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                    "ratelimit_zone \"%V\": \"%V\": keys= "
@@ -329,6 +457,7 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
         if (arg.len >= 8 && ngx_strncmp(arg.data, "key_max=", 8) == 0) {
             arg.data += 8;
             arg.len -= 8;
+            shm_only = &value[i];
             if (ngx_http_ratelimit_parse_uint(&arg, &key_max) != NGX_OK ||
                 key_max > RATE_KEY_MAX) {
                 ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
@@ -341,8 +470,23 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
         }
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "ratelimit_zone \"%V\": unknown parameter \"%V\" "
-                           "(store=, keys=, key_max=)",
+                           "(store=, keys=, key_max=, timeout=, prefix=)",
                            &value[1], &value[i]);
+        return NGX_CONF_ERROR;
+    }
+    if (url.len == 0 && (timeout_ns != 0 || prefix.len != 0)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit_zone \"%V\": timeout= and prefix= are "
+                           "for a Redis store (store=redis://...)",
+                           &value[1]);
+        return NGX_CONF_ERROR;
+    }
+    if (url.len != 0 && shm_only != NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit_zone \"%V\": \"%V\" is for the "
+                           "shared-memory store (store=shm): Redis keeps "
+                           "every key",
+                           &value[1], shm_only);
         return NGX_CONF_ERROR;
     }
 
@@ -383,6 +527,19 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
             name[z->name.len] = '\0';
             (void)rate_policy_set_name(z->policy, name, NULL, 0);
         }
+    }
+
+    if (url.len != 0) {
+        if (ngx_http_ratelimit_redis_zone(cf, z, &url, &prefix, timeout_ns) !=
+            NGX_OK) {
+            return NGX_CONF_ERROR;
+        }
+        zp = ngx_array_push(&rmcf->zones);
+        if (zp == NULL) {
+            return NGX_CONF_ERROR;
+        }
+        *zp = z;
+        return NGX_CONF_OK;
     }
 
     z->options.max_keys = keys;
@@ -599,28 +756,157 @@ ngx_http_ratelimit_main(ngx_cycle_t *cycle) {
                                                ngx_http_ratelimit_module);
 }
 
-/* Each worker attaches its own handle to each zone's region (made by the
- * master before the fork) and makes its limiters on it.  A zone that
- * fails is logged and answers every request as a store error (the
- * location's ratelimit_fail). */
+/* A Redis zone's limiters go by the wall clock (CLOCK_REALTIME): the
+ * scripts go by Redis's TIME (a wall clock too), and a decision the
+ * scripts decline (the C step over HMGET and compare-and-set, at the
+ * limiter's clock) must be on the same time line, in every instance. */
+static uint64_t ngx_http_ratelimit_wall_ns(void *ud) {
+    struct timespec ts;
+
+    (void)ud;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void ngx_http_ratelimit_wall_sleep(void *ud, uint64_t ns) {
+    struct timespec ts;
+
+    (void)ud;
+    ts.tv_sec = (time_t)(ns / 1000000000u);
+    ts.tv_nsec = (long)(ns % 1000000000u);
+    (void)nanosleep(&ts, NULL);
+}
+
+static const rate_clock_t ngx_http_ratelimit_wall = {
+    ngx_http_ratelimit_wall_ns, ngx_http_ratelimit_wall_sleep, NULL};
+
+/* The zone's four limiters ([shadow][fail open]) on its store. */
+static void ngx_http_ratelimit_limiters(ngx_log_t *log,
+                                        ngx_http_ratelimit_zone_t *z) {
+    rate_limiter_config_t lc;
+    ngx_uint_t s, f;
+    int rc;
+
+    for (s = 0; s < 2; s++) {
+        for (f = 0; f < 2; f++) {
+            ngx_memzero(&lc, sizeof(lc));
+            lc.policy = z->policy;
+            lc.store = z->store;
+            lc.clock = z->redis_url != NULL ? &ngx_http_ratelimit_wall : NULL;
+            lc.shadow = s != 0;
+            lc.on_store_error = f ? RATE_FAIL_OPEN : RATE_FAIL_CLOSED;
+            rc = rate_limiter_new(&lc, &z->limiter[s][f]);
+            if (rc != RATE_OK) {
+                ngx_log_error(NGX_LOG_ALERT, log, 0,
+                              "ratelimit_zone \"%V\": cannot make a "
+                              "limiter: %s",
+                              &z->name, rate_err_name(rc));
+                z->limiter[s][f] = NULL;
+            }
+        }
+    }
+}
+
+/* A Redis zone's asynchronous store and limiters, made once its Redis has
+ * answered the probe (their creation and the policy record's lookup are
+ * synchronous round trips: quick, since it just answered). */
+static void ngx_http_ratelimit_redis_setup(ngx_log_t *log,
+                                           ngx_http_ratelimit_zone_t *z) {
+    char err[256];
+    int rc;
+
+    err[0] = '\0';
+    rc = rate_store_redis_async_new(z->redis_url, &z->redis,
+                                    &ngx_http_ratelimit_loop, &z->store, err,
+                                    sizeof(err));
+    z->redis_ready = 1;
+    if (rc != RATE_OK) {
+        ngx_log_error(NGX_LOG_ALERT, log, 0,
+                      "ratelimit_zone \"%V\": cannot make the Redis store "
+                      "for %s: %s: %s",
+                      &z->name, z->redis_url, rate_err_name(rc), err);
+        z->store = NULL;
+        return;
+    }
+    ngx_http_ratelimit_limiters(log, z);
+}
+
+/* The worker's probe of its Redis zones, and the timer that looks at it
+ * while some zone's Redis has not answered yet. */
+static ngx_http_ratelimit_probe_t *ngx_http_ratelimit_probe;
+static ngx_event_t ngx_http_ratelimit_probe_ev;
+
+#define NGX_HTTP_RATELIMIT_PROBE_POLL 50 /* ms */
+
+static void ngx_http_ratelimit_probe_poll(ngx_event_t *ev) {
+    ngx_http_ratelimit_main_conf_t *rmcf;
+    ngx_http_ratelimit_zone_t **zp, *z;
+    ngx_uint_t i, left = 0;
+
+    if (ngx_http_ratelimit_exiting || ngx_http_ratelimit_probe == NULL) {
+        return;
+    }
+    rmcf = ngx_http_ratelimit_main((ngx_cycle_t *)ngx_cycle);
+    if (rmcf == NULL) {
+        return;
+    }
+    zp = rmcf->zones.elts;
+    for (i = 0; i < rmcf->zones.nelts; i++) {
+        z = zp[i];
+        if (z->redis_url == NULL || z->redis_ready) {
+            continue;
+        }
+        if (!ngx_http_ratelimit_probe_done(ngx_http_ratelimit_probe,
+                                           z->probe_index)) {
+            left++;
+            continue;
+        }
+        ngx_log_error(NGX_LOG_NOTICE, ev->log, 0,
+                      "ratelimit_zone \"%V\": %s answers: deciding",
+                      &z->name, z->redis_url);
+        ngx_http_ratelimit_redis_setup(ev->log, z);
+    }
+    if (left > 0) {
+        ngx_add_timer(ev, NGX_HTTP_RATELIMIT_PROBE_POLL);
+    }
+}
+
+/* Each worker attaches its own handle to each shared-memory zone's region
+ * (made by the master before the fork) and makes its limiters on it.  A
+ * zone that fails is logged and answers every request as a store error
+ * (the location's ratelimit_fail).  Redis zones: a thread of the worker's
+ * probes their servers (ngx_http_ratelimit_probe.h); the worker waits for
+ * it at most the zones' longest timeout (plus 50 ms) and makes
+ * the zones that answered; the others are made by a timer once they do,
+ * and meanwhile fail at once (the fail mode), never blocking the loop. */
 static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
     ngx_http_ratelimit_main_conf_t *rmcf = ngx_http_ratelimit_main(cycle);
+    ngx_http_ratelimit_probe_target_t *t;
     ngx_http_ratelimit_zone_t **zp, *z;
-    rate_limiter_config_t lc;
     rate_shm_options_t opt;
     char err[256];
-    ngx_uint_t i, s, f;
+    ngx_uint_t i, n = 0, left = 0;
+    uint64_t wait_ns = 0, w;
     int rc;
 
     if (rmcf == NULL) {
         return NGX_OK;
     }
+    ngx_http_ratelimit_exiting = 0;
+    ngx_http_ratelimit_loop_init(&ngx_http_ratelimit_loop, cycle->log);
     zp = rmcf->zones.elts;
     for (i = 0; i < rmcf->zones.nelts; i++) {
         z = zp[i];
+        if (z->redis_url != NULL) {
+            z->redis_ready = 0;
+            z->probe_index = n++;
+            w = z->redis.command_timeout_ns;
+            wait_ns = w > wait_ns ? w : wait_ns;
+            continue;
+        }
+        err[0] = '\0';
         opt = z->options;
         opt.init = false;
-        err[0] = '\0';
         rc = rate_store_shm_new_in(z->region, z->region_size, &opt, &z->store,
                                    err, sizeof(err));
         if (rc != RATE_OK) {
@@ -631,23 +917,72 @@ static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
             z->store = NULL;
             continue;
         }
-        for (s = 0; s < 2; s++) {
-            for (f = 0; f < 2; f++) {
-                ngx_memzero(&lc, sizeof(lc));
-                lc.policy = z->policy;
-                lc.store = z->store;
-                lc.shadow = s != 0;
-                lc.on_store_error = f ? RATE_FAIL_OPEN : RATE_FAIL_CLOSED;
-                rc = rate_limiter_new(&lc, &z->limiter[s][f]);
-                if (rc != RATE_OK) {
-                    ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
-                                  "ratelimit_zone \"%V\": cannot make a "
-                                  "limiter: %s",
-                                  &z->name, rate_err_name(rc));
-                    z->limiter[s][f] = NULL;
-                }
+        ngx_http_ratelimit_limiters(cycle->log, z);
+    }
+    if (n == 0) {
+        return NGX_OK;
+    }
+
+    t = ngx_pcalloc(cycle->pool, n * sizeof(*t));
+    if (t == NULL) {
+        return NGX_ERROR;
+    }
+    for (i = 0; i < rmcf->zones.nelts; i++) {
+        z = zp[i];
+        if (z->redis_url != NULL) {
+            t[z->probe_index].url = z->redis_url;
+            t[z->probe_index].options = &z->redis;
+            t[z->probe_index].policy = z->policy;
+            t[z->probe_index].clock = &ngx_http_ratelimit_wall;
+        }
+    }
+    ngx_http_ratelimit_refunder = ngx_http_ratelimit_refund_start(t, n);
+    if (ngx_http_ratelimit_refunder == NULL) {
+        ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
+                      "ratelimit: cannot start the refund thread: refunds "
+                      "on Redis zones are made on the event loop "
+                      "(blocking round trips)");
+    }
+    ngx_http_ratelimit_probe = ngx_http_ratelimit_probe_start(t, n);
+    if (ngx_http_ratelimit_probe == NULL) {
+        /* No thread: the zones are made now, whatever Redis does (a
+         * Redis that does not answer then blocks the worker, docs). */
+        ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
+                      "ratelimit: cannot start the Redis probe thread: "
+                      "making the Redis zones at once");
+        for (i = 0; i < rmcf->zones.nelts; i++) {
+            if (zp[i]->redis_url != NULL) {
+                ngx_http_ratelimit_redis_setup(cycle->log, zp[i]);
             }
         }
+        return NGX_OK;
+    }
+    (void)ngx_http_ratelimit_probe_wait(ngx_http_ratelimit_probe,
+                                        wait_ns + 50000000);
+    for (i = 0; i < rmcf->zones.nelts; i++) {
+        z = zp[i];
+        if (z->redis_url == NULL) {
+            continue;
+        }
+        if (ngx_http_ratelimit_probe_done(ngx_http_ratelimit_probe,
+                                          z->probe_index)) {
+            ngx_http_ratelimit_redis_setup(cycle->log, z);
+            continue;
+        }
+        left++;
+        ngx_log_error(NGX_LOG_WARN, cycle->log, 0,
+                      "ratelimit_zone \"%V\": %s does not answer: its "
+                      "decisions are store errors (ratelimit_fail) until "
+                      "it does",
+                      &z->name, z->redis_url);
+    }
+    if (left > 0) {
+        ngx_http_ratelimit_probe_ev.handler = ngx_http_ratelimit_probe_poll;
+        ngx_http_ratelimit_probe_ev.log = cycle->log;
+        ngx_http_ratelimit_probe_ev.data = NULL;
+        ngx_http_ratelimit_probe_ev.cancelable = 1;
+        ngx_add_timer(&ngx_http_ratelimit_probe_ev,
+                      NGX_HTTP_RATELIMIT_PROBE_POLL);
     }
     return NGX_OK;
 }
@@ -660,16 +995,38 @@ static void ngx_http_ratelimit_exit_process(ngx_cycle_t *cycle) {
     if (rmcf == NULL) {
         return;
     }
+    /* Freeing a Redis store completes its decisions in flight
+     * (RATE_ECANCELED): their callbacks then only let go of their
+     * requests.  The store first, then its limiters. */
+    ngx_http_ratelimit_exiting = 1;
+    if (ngx_http_ratelimit_probe_ev.timer_set) {
+        ngx_del_timer(&ngx_http_ratelimit_probe_ev);
+    }
+    ngx_http_ratelimit_probe_stop(ngx_http_ratelimit_probe);
+    ngx_http_ratelimit_probe = NULL;
+    if (ngx_http_ratelimit_refunder != NULL) {
+        uint64_t made, failed, dropped;
+
+        ngx_http_ratelimit_refund_stop(ngx_http_ratelimit_refunder, &made,
+                                       &failed, &dropped);
+        ngx_http_ratelimit_refunder = NULL;
+        if (made + failed + dropped > 0) {
+            ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
+                          "ratelimit: refunds on Redis zones: %uL made, "
+                          "%uL failed, %uL dropped",
+                          made, failed, dropped);
+        }
+    }
     zp = rmcf->zones.elts;
     for (i = 0; i < rmcf->zones.nelts; i++) {
+        rate_store_free(zp[i]->store);
+        zp[i]->store = NULL;
         for (s = 0; s < 2; s++) {
             for (f = 0; f < 2; f++) {
                 rate_limiter_free(zp[i]->limiter[s][f]);
                 zp[i]->limiter[s][f] = NULL;
             }
         }
-        rate_store_free(zp[i]->store);
-        zp[i]->store = NULL;
     }
 }
 
@@ -722,105 +1079,89 @@ static void ngx_http_ratelimit_delay(ngx_http_request_t *r) {
     ngx_http_core_run_phases(r);
 }
 
-static ngx_int_t ngx_http_ratelimit_handler(ngx_http_request_t *r) {
-    ngx_http_ratelimit_loc_conf_t *rlcf;
-    ngx_http_ratelimit_limit_t *limit;
-    ngx_http_ratelimit_ctx_t *ctx;
-    ngx_pool_cleanup_t *cln;
+/* A decision that failed to be made (no store in this worker, a key past
+ * the store's limit): the location's fail mode, as a store error. */
+static void ngx_http_ratelimit_store_error(rate_decision_t *d, int rc,
+                                           ngx_uint_t fail_open) {
+    ngx_memzero(d, sizeof(*d));
+    d->reason = RATE_REASON_STORE_ERROR;
+    d->error = rc;
+    d->allowed = fail_open != 0;
+    d->component = -1;
+}
+
+/* Takes the decision just made, ctx->d[ctx->n], into account. */
+static void ngx_http_ratelimit_account(ngx_http_request_t *r,
+                                       ngx_http_ratelimit_ctx_t *ctx) {
+    rate_decision_t *d = &ctx->d[ctx->n];
+
+    ctx->n++;
+    if (d->reason == RATE_REASON_STORE_ERROR) {
+        ctx->errors++;
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "ratelimit: zone \"%V\": store error %s, %s",
+                      &ctx->zone[ctx->n - 1]->name, rate_err_name(d->error),
+                      d->allowed ? "let through (ratelimit_fail open)"
+                                 : "denied (ratelimit_fail closed)");
+    }
+    if (!d->allowed || d->shadow) {
+        ctx->denied = (ngx_int_t)(ctx->n - 1);
+    } else if (d->delay_ns > ctx->delay_ns) {
+        ctx->delay_ns = d->delay_ns;
+    }
+}
+
+/* Every limit decided (or one denied): the request's outcome, which the
+ * access-phase handler returns. */
+static ngx_int_t ngx_http_ratelimit_finish(ngx_http_request_t *r,
+                                           ngx_http_ratelimit_ctx_t *ctx) {
+    ngx_http_ratelimit_loc_conf_t *rlcf = ctx->rlcf;
+    ngx_http_ratelimit_limit_t *limit = rlcf->limits->elts, *l;
     rate_limiter_t *lim;
     rate_decision_t *d;
     ngx_str_t key;
-    ngx_uint_t i, j, errors = 0;
-    uint64_t delay_ns = 0;
-    int rc;
-
-    if (r != r->main) {
-        return NGX_DECLINED;
-    }
-    rlcf = ngx_http_get_module_loc_conf(r, ngx_http_ratelimit_module);
-    if (rlcf->limits == NULL || ngx_http_ratelimit_find_ctx(r) != NULL) {
-        return NGX_DECLINED;
-    }
-    ctx = ngx_palloc(r->pool, sizeof(*ctx) + rlcf->limits->nelts *
-                                                   sizeof(rate_decision_t));
-    cln = ngx_pool_cleanup_add(r->pool, 0);
-    if (ctx == NULL || cln == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-    ctx->result = NGX_HTTP_RATELIMIT_NONE;
-    ctx->n = 0;
-    cln->handler = ngx_http_ratelimit_marker;
-    cln->data = ctx;
-    ngx_http_set_ctx(r, ctx, ngx_http_ratelimit_module);
-    ctx->denied = -1;
-    ctx->headers = rlcf->headers;
-
-    limit = rlcf->limits->elts;
-    for (i = 0; i < rlcf->limits->nelts; i++) {
-        if (ngx_http_complex_value(r, &limit[i].key, &key) != NGX_OK) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
-        if (key.len == 0) {
-            continue; /* an empty key is not limited */
-        }
-        d = &ctx->d[ctx->n];
-        ctx->zone[ctx->n] = limit[i].zone;
-        lim = limit[i].zone->limiter[rlcf->shadow ? 1 : 0][rlcf->fail_open];
-        rc = lim == NULL ? RATE_ESTORE
-                         : rate_limiter_check(lim, (const char *)key.data,
-                                              key.len, 1,
-                                              limit[i].max_wait_ns, d);
-        if (rc != RATE_OK) {
-            /* No decision (no store in this worker, a key past
-             * RATE_KEY_MAX): the location's fail mode, as a store error. */
-            ngx_memzero(d, sizeof(*d));
-            d->reason = RATE_REASON_STORE_ERROR;
-            d->error = rc;
-            d->allowed = rlcf->fail_open != 0;
-            d->component = -1;
-        }
-        ctx->n++;
-        if (d->reason == RATE_REASON_STORE_ERROR) {
-            errors++;
-            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                          "ratelimit: zone \"%V\": store error %s, %s",
-                          &limit[i].zone->name, rate_err_name(d->error),
-                          d->allowed ? "let through (ratelimit_fail open)"
-                                     : "denied (ratelimit_fail closed)");
-        }
-        if (!d->allowed || d->shadow) {
-            ctx->denied = (ngx_int_t)(ctx->n - 1);
-            break;
-        }
-        if (d->delay_ns > delay_ns) {
-            delay_ns = d->delay_ns;
-        }
-    }
+    ngx_uint_t j;
 
     if (ctx->denied >= 0) {
+        d = &ctx->d[ctx->denied];
         /* Nothing is charged on a denial: give back what the limits
          * before the denying one admitted (under shadow, the shadow
-         * state's, as enforcing would). */
-        limit = rlcf->limits->elts;
+         * state's, as enforcing would).  A refund is a synchronous call:
+         * local on a shared-memory zone, made here; a round trip or more
+         * on a Redis zone, posted to the worker's refund thread, so that
+         * the loop does not wait for it (docs/nginx.md). */
         for (j = 0; j < (ngx_uint_t)ctx->denied; j++) {
-            d = &ctx->d[j];
-            if (d->reason != RATE_REASON_ALLOWED) {
+            if (ctx->d[j].reason != RATE_REASON_ALLOWED) {
                 continue;
             }
+            l = &limit[ctx->limit_of[j]];
             lim = ctx->zone[j]->limiter[rlcf->shadow ? 1 : 0]
                                        [rlcf->fail_open];
-            for (i = 0; i < rlcf->limits->nelts; i++) {
-                if (limit[i].zone == ctx->zone[j]) {
-                    break;
-                }
+            if (lim == NULL ||
+                ngx_http_complex_value(r, &l->key, &key) != NGX_OK) {
+                continue;
             }
-            if (lim != NULL && i < rlcf->limits->nelts &&
-                ngx_http_complex_value(r, &limit[i].key, &key) == NGX_OK) {
+            if (ctx->zone[j]->redis_url == NULL ||
+                ngx_http_ratelimit_refunder == NULL) {
+                /* (a Redis zone here only when the worker has no refund
+                 * thread: it could not start one, and said so) */
                 (void)rate_limiter_refund(lim, (const char *)key.data,
                                           key.len, 1);
+            } else if (ngx_http_ratelimit_refund_post(
+                           ngx_http_ratelimit_refunder,
+                           ctx->zone[j]->probe_index, rlcf->shadow != 0,
+                           key.data, key.len) != 0 &&
+                       ngx_http_ratelimit_refunds_dropped++ % 1000 == 0) {
+                /* (the first, then one line a thousand) */
+                ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                              "ratelimit: zone \"%V\": a refund is dropped "
+                              "(%d queued; %uL dropped by this worker): the "
+                              "permit stays charged",
+                              &ctx->zone[j]->name,
+                              NGX_HTTP_RATELIMIT_REFUND_QUEUE,
+                              (uint64_t)ngx_http_ratelimit_refunds_dropped);
             }
         }
-        d = &ctx->d[ctx->denied];
         if (d->reason == RATE_REASON_STORE_ERROR) {
             ctx->result = NGX_HTTP_RATELIMIT_ERROR;
             return NGX_HTTP_SERVICE_UNAVAILABLE;
@@ -842,13 +1183,13 @@ static ngx_int_t ngx_http_ratelimit_handler(ngx_http_request_t *r) {
     }
     if (ctx->n > 0) {
         ctx->result =
-            errors ? NGX_HTTP_RATELIMIT_ERROR : NGX_HTTP_RATELIMIT_ALLOWED;
+            ctx->errors ? NGX_HTTP_RATELIMIT_ERROR : NGX_HTTP_RATELIMIT_ALLOWED;
     }
-    if (delay_ns > 0 && !rlcf->shadow) {
+    if (ctx->delay_ns > 0 && !rlcf->shadow) {
         /* A reservation (wait=): the request waits on a timer of the
          * worker's loop, then goes on through the phases (not under
          * shadow, which enforces nothing). */
-        ngx_msec_t ms = (ngx_msec_t)((delay_ns + 999999) / 1000000);
+        ngx_msec_t ms = (ngx_msec_t)((ctx->delay_ns + 999999) / 1000000);
 
         r->read_event_handler = ngx_http_test_reading;
         r->write_event_handler = ngx_http_ratelimit_delay;
@@ -857,6 +1198,200 @@ static ngx_int_t ngx_http_ratelimit_handler(ngx_http_request_t *r) {
         return NGX_AGAIN;
     }
     return NGX_DECLINED;
+}
+
+/* A Redis decision in flight: its callback's user data, outside the
+ * request's pool, so that a request finalized meanwhile (the client went
+ * away) is let go by its pool's cleanup and never touched again. */
+typedef struct {
+    ngx_http_request_t *r; /* NULL once the request is gone */
+    ngx_http_ratelimit_ctx_t *ctx;
+    ngx_pool_cleanup_t *cln; /* the pool's: when the request is freed */
+    ngx_http_cleanup_t *hcln; /* the request's: when it is terminated */
+} ngx_http_ratelimit_pending_t;
+
+static void ngx_http_ratelimit_pending_cleanup(void *data) {
+    ngx_http_ratelimit_pending_t *p = data;
+
+    p->r = NULL;
+}
+
+static ngx_int_t ngx_http_ratelimit_run(ngx_http_request_t *r,
+                                        ngx_http_ratelimit_ctx_t *ctx);
+
+/* The write event of a request whose Redis decision came back: decides
+ * the location's next limits, then runs the phases again (the handler
+ * then returns the outcome). */
+static void ngx_http_ratelimit_resume(ngx_http_request_t *r) {
+    ngx_http_ratelimit_ctx_t *ctx = ngx_http_ratelimit_find_ctx(r);
+    ngx_int_t rc;
+
+    if (ctx == NULL) { /* not ours: cannot be, but do not hang */
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+    rc = ngx_http_ratelimit_run(r, ctx);
+    if (rc == NGX_AGAIN) {
+        return; /* the next Redis decision, or a wait= reservation */
+    }
+    ctx->final = rc;
+    r->read_event_handler = ngx_http_block_reading;
+    r->write_event_handler = ngx_http_core_run_phases;
+    ngx_http_core_run_phases(r);
+}
+
+/* A Redis decision's callback, on the worker's loop: the decision goes
+ * into the request's context and the request is resumed from a posted
+ * event (outside the store's and hiredis's calls). */
+static void ngx_http_ratelimit_decided(void *ud, int rc,
+                                       const rate_decision_t *decision) {
+    ngx_http_ratelimit_pending_t *p = ud;
+    ngx_http_request_t *r = p->r;
+    ngx_http_ratelimit_ctx_t *ctx = p->ctx;
+
+    if (r == NULL) { /* the request went while Redis decided */
+        ngx_free(p);
+        return;
+    }
+    p->cln->handler = NULL;
+    p->hcln->handler = NULL;
+    ngx_free(p);
+    if (ngx_http_ratelimit_exiting) {
+        return; /* the worker is exiting: the store is being freed */
+    }
+    ctx->pending = 0;
+    if (rc == RATE_OK) {
+        ctx->d[ctx->n] = *decision;
+    } else {
+        ngx_http_ratelimit_store_error(&ctx->d[ctx->n], rc,
+                                       ctx->rlcf->fail_open);
+    }
+    ngx_http_ratelimit_account(r, ctx);
+    ctx->next++;
+    r->write_event_handler = ngx_http_ratelimit_resume;
+    ngx_post_event(r->connection->write, &ngx_posted_events);
+}
+
+/* Decides the location's limits in turn from ctx->next, until one denies
+ * or all passed (then the outcome: ngx_http_ratelimit_finish), or one is
+ * a Redis decision under way (NGX_AGAIN: its callback resumes). */
+static ngx_int_t ngx_http_ratelimit_run(ngx_http_request_t *r,
+                                        ngx_http_ratelimit_ctx_t *ctx) {
+    ngx_http_ratelimit_loc_conf_t *rlcf = ctx->rlcf;
+    ngx_http_ratelimit_limit_t *limit = rlcf->limits->elts;
+    ngx_http_ratelimit_pending_t *p;
+    ngx_http_ratelimit_zone_t *z;
+    rate_limiter_t *lim;
+    rate_decision_t *d;
+    ngx_str_t key;
+    ngx_uint_t i;
+    int rc;
+
+    while (ctx->next < rlcf->limits->nelts && ctx->denied < 0) {
+        i = ctx->next;
+        if (ngx_http_complex_value(r, &limit[i].key, &key) != NGX_OK) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+        if (key.len == 0) {
+            ctx->next++;
+            continue; /* an empty key is not limited */
+        }
+        z = limit[i].zone;
+        d = &ctx->d[ctx->n];
+        ctx->zone[ctx->n] = z;
+        ctx->limit_of[ctx->n] = i;
+        lim = z->limiter[rlcf->shadow ? 1 : 0][rlcf->fail_open];
+        if (lim == NULL) {
+            rc = RATE_ESTORE;
+        } else if (z->redis_url != NULL) {
+            p = ngx_alloc(sizeof(*p), r->connection->log);
+            if (p == NULL) {
+                return NGX_HTTP_INTERNAL_SERVER_ERROR;
+            }
+            p->r = r;
+            p->ctx = ctx;
+            p->cln = NULL;
+            p->hcln = NULL;
+            rc = rate_limiter_check_start(lim, (const char *)key.data,
+                                          key.len, 1, limit[i].max_wait_ns,
+                                          d, ngx_http_ratelimit_decided, p);
+            if (rc == RATE_PENDING) {
+                /* Let go of the request when it is terminated (a client
+                 * gone, an error) and, in any case, when its pool goes. */
+                p->cln = ngx_pool_cleanup_add(r->pool, 0);
+                p->hcln = p->cln != NULL ? ngx_http_cleanup_add(r, 0) : NULL;
+                if (p->hcln == NULL) {
+                    if (p->cln != NULL) {
+                        p->cln->handler = NULL;
+                    }
+                    p->r = NULL; /* the callback lets go of it */
+                    return NGX_HTTP_INTERNAL_SERVER_ERROR;
+                }
+                p->cln->handler = ngx_http_ratelimit_pending_cleanup;
+                p->cln->data = p;
+                p->hcln->handler = ngx_http_ratelimit_pending_cleanup;
+                p->hcln->data = p;
+                ctx->pending = 1;
+                /* Meanwhile a client that goes away finalizes the
+                 * request (the cleanup lets go of it). */
+                r->read_event_handler = ngx_http_test_reading;
+                r->write_event_handler = ngx_http_request_empty_handler;
+                return NGX_AGAIN;
+            }
+            ngx_free(p); /* decided at once (or no decision) */
+        } else {
+            rc = rate_limiter_check(lim, (const char *)key.data, key.len, 1,
+                                    limit[i].max_wait_ns, d);
+        }
+        if (rc != RATE_OK) {
+            ngx_http_ratelimit_store_error(d, rc, rlcf->fail_open);
+        }
+        ngx_http_ratelimit_account(r, ctx);
+        ctx->next++;
+    }
+    return ngx_http_ratelimit_finish(r, ctx);
+}
+
+static ngx_int_t ngx_http_ratelimit_handler(ngx_http_request_t *r) {
+    ngx_http_ratelimit_loc_conf_t *rlcf;
+    ngx_http_ratelimit_ctx_t *ctx;
+    ngx_pool_cleanup_t *cln;
+    ngx_int_t rc;
+
+    if (r != r->main) {
+        return NGX_DECLINED;
+    }
+    ctx = ngx_http_ratelimit_find_ctx(r);
+    if (ctx != NULL) {
+        /* Decided (or deciding): a Redis decision in flight waits; the
+         * phases run again after the last one return its outcome, once;
+         * then (an internal redirect) the request is not decided again. */
+        if (ctx->pending) {
+            return NGX_AGAIN;
+        }
+        rc = ctx->final;
+        ctx->final = NGX_DECLINED;
+        return rc;
+    }
+    rlcf = ngx_http_get_module_loc_conf(r, ngx_http_ratelimit_module);
+    if (rlcf->limits == NULL) {
+        return NGX_DECLINED;
+    }
+    ctx = ngx_pcalloc(r->pool, sizeof(*ctx) + rlcf->limits->nelts *
+                                                    sizeof(rate_decision_t));
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (ctx == NULL || cln == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+    ctx->result = NGX_HTTP_RATELIMIT_NONE;
+    ctx->denied = -1;
+    ctx->headers = rlcf->headers;
+    ctx->rlcf = rlcf;
+    ctx->final = NGX_DECLINED;
+    cln->handler = ngx_http_ratelimit_marker;
+    cln->data = ctx;
+    ngx_http_set_ctx(r, ctx, ngx_http_ratelimit_module);
+    return ngx_http_ratelimit_run(r, ctx);
 }
 
 /* ------------------------------------------------------------ headers */

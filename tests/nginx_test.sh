@@ -259,8 +259,18 @@ bad() { # bad WHAT DIRECTIVE EXPECTED
     fail "$1: '$(cat "$tmp/bad.out")' does not say '$3'"
   fi
 }
-bad redis 'ratelimit_zone r "fixed-window 5/1h" store=redis://127.0.0.1:6379;' \
-  'not yet supported: needs the asynchronous Redis path'
+bad redisport 'ratelimit_zone r "fixed-window 5/1h" store=redis://127.0.0.1:99999;' \
+  'port is not a number from 1 to 65535'
+bad rediss 'ratelimit_zone r "fixed-window 5/1h" store=rediss://127.0.0.1:6379;' \
+  'TLS (rediss://) is not supported'
+bad redistimeout 'ratelimit_zone r "fixed-window 5/1h" store=redis://127.0.0.1:1 timeout=0ms;' \
+  '"timeout=0ms": takes a duration from 1ms to 60s'
+bad redisdur 'ratelimit_zone r "fixed-window 5/1h" store=redis://127.0.0.1:1 timeout=soon;' \
+  'ratelimit_zone "r": "timeout=soon":'
+bad rediskeys 'ratelimit_zone r "fixed-window 5/1h" store=redis://127.0.0.1:1 keys=5;' \
+  '"keys=5" is for the shared-memory store'
+bad shmtimeout 'ratelimit_zone r "fixed-window 5/1h" timeout=50ms;' \
+  'timeout= and prefix= are for a Redis store'
 bad store 'ratelimit_zone r "fixed-window 5/1h" store=disk;' 'unknown store "disk"'
 bad policy 'ratelimit_zone r "fixed-window 5/fortnight";' 'ratelimit_zone "r": bad policy'
 bad keys 'ratelimit_zone r "fixed-window 5/1h" keys=0;' 'keys= takes a positive whole number'

@@ -1,0 +1,425 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# The nginx module's store=redis:// zones: a private redis-server on a
+# free loopback port and TWO nginx instances (3 workers each, their own
+# prefix, port and pid file, stopped by pid) sharing its limits.  Requests
+# alternate between the instances, one connection each (so that they also
+# spread over the workers), and every status is checked against the exact
+# expectation: each algorithm tested (fixed window, token bucket, a
+# composite, a window the scripts decline so that the C step decides),
+# two limits on a location (nothing charged on a denial), headers, shadow,
+# and Redis stopped (SIGSTOP) then killed mid-run under each fail mode:
+# every request answered within the zone's timeout plus a slack, no worker
+# hung (curl --max-time), a client that goes away while its decision is
+# in flight, and the limits exact again once Redis is back.
+#   nginx_redis_test.sh MODULE_SO
+# Exit 77 (skipped) when nginx, the module or redis-server is absent;
+# under CI=true that is a failure.
+set -euo pipefail
+
+MODULE=${1:-}
+NGINX=${NGINX:-/usr/sbin/nginx}
+
+skip() {
+  if [ "${CI:-}" = true ]; then echo "FAIL (CI=true): $*"; exit 1; fi
+  echo "SKIP: $*"; exit 77
+}
+[ -x "$NGINX" ] || skip "$NGINX is missing (Debian: apt-get install nginx)"
+[ -n "$MODULE" ] && [ -f "$MODULE" ] || skip "the module is not built (Debian: apt-get install nginx-dev, then rebuild)"
+command -v redis-server >/dev/null && command -v redis-cli >/dev/null ||
+  skip "redis-server is missing (Debian: apt-get install redis-server)"
+command -v curl >/dev/null || { echo "nginx_redis_test: curl is missing (scripts/deps.sh test)"; exit 1; }
+
+tmp=$(mktemp -d /tmp/nginx_redis_test.XXXXXX)
+rpid=
+cleanup() {
+  stop_nginx a || true
+  stop_nginx b || true
+  if [ -n "$rpid" ]; then
+    kill -CONT "$rpid" 2>/dev/null || true
+    kill "$rpid" 2>/dev/null || true
+    wait "$rpid" 2>/dev/null || true
+  fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+chmod 755 "$tmp" # the workers run as nobody when started by root
+
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+expect() { # expect WHAT GOT WANT
+  if [ "$2" != "$3" ]; then fail "$1: got '$2', want '$3'"; fi
+}
+
+# shellcheck source=redis_server.sh
+. "$(dirname "$0")/redis_server.sh"
+start_redis "$tmp/redis.log" || { cat "$tmp/redis.log"; echo "FAIL: redis-server did not start"; exit 1; }
+redis="redis://127.0.0.1:$rport"
+
+# The Redis timeout of the failure zones, and the slack a request may take
+# past it on a loaded 2-core machine (a loop turn, the timer's rounding,
+# curl's own start).
+TIMEOUT_MS=100
+SLACK_MS=1500
+
+# conf NAME PORT: the instance's configuration (the same zones in both).
+conf() {
+  local dir="$tmp/$1"
+  cat >"$dir/nginx.conf" <<EOF
+load_module $MODULE;
+error_log $dir/logs/error.log info;
+events { worker_connections 512; }
+http {
+  log_format rl '\$pid \$status [\$ratelimit_result] \$request_uri \$http_x_key';
+  access_log $dir/logs/access.log rl;
+  ratelimit_zone fw "fixed-window 10/30d" store=$redis;
+  ratelimit_zone tb "token-bucket 1/1h burst=10" store=$redis;
+  ratelimit_zone comp "fixed-window 6/30d; token-bucket 1/1h burst=4" store=$redis;
+  ratelimit_zone cstep "fixed-window 5/3650d" store=$redis;
+  ratelimit_zone per_key "fixed-window 5/30d" store=$redis;
+  ratelimit_zone per_user "fixed-window 3/30d" store=$redis;
+  ratelimit_zone local "fixed-window 4/30d";
+  ratelimit_zone hdr "name=gold token-bucket 1/1h burst=3" store=$redis;
+  ratelimit_zone two "fixed-window 2/30d" store=$redis;
+  ratelimit_zone fo "fixed-window 1000/30d" store=$redis timeout=${TIMEOUT_MS}ms;
+  ratelimit_zone fc "fixed-window 1000/30d" store=$redis timeout=${TIMEOUT_MS}ms;
+  ratelimit_zone slow "fixed-window 1000/30d" store=$redis timeout=1500ms;
+  ratelimit_zone lbw "leaky-bucket 10/s capacity=3" store=$redis;
+  ratelimit_zone back "fixed-window 3/30d" store=$redis timeout=${TIMEOUT_MS}ms prefix=rl:back:;
+  server {
+    listen 127.0.0.1:$2;
+    root $dir/html;
+    location = /index.html { }
+    location /fw/ { ratelimit fw \$http_x_key; try_files /index.html =404; }
+    location /tb/ { ratelimit tb \$http_x_key; try_files /index.html =404; }
+    location /comp/ { ratelimit comp \$http_x_key; ratelimit_headers on; try_files /index.html =404; }
+    location /cstep/ { ratelimit cstep \$http_x_key; try_files /index.html =404; }
+    location /both/ {
+      ratelimit per_key \$http_x_key;
+      ratelimit per_user \$http_x_user;
+      try_files /index.html =404;
+    }
+    location /mixed/ {
+      ratelimit per_key \$http_x_key;
+      ratelimit local \$http_x_user;
+      try_files /index.html =404;
+    }
+    location /hdr/ { ratelimit hdr \$http_x_key; ratelimit_headers on; try_files /index.html =404; }
+    location /shadow/ { ratelimit two \$http_x_key; ratelimit_shadow on; ratelimit_headers on; try_files /index.html =404; }
+    location /open/ { ratelimit fo \$http_x_key; ratelimit_fail open; try_files /index.html =404; }
+    location /closed/ { ratelimit fc \$http_x_key; ratelimit_fail closed; try_files /index.html =404; }
+    location /slow/ { ratelimit slow \$http_x_key; try_files /index.html =404; }
+    location /wait/ { ratelimit lbw \$http_x_key wait=1s; try_files /index.html =404; }
+    location /back/ { ratelimit back \$http_x_key; ratelimit_status 503; try_files /index.html =404; }
+  }
+}
+EOF
+}
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# start_nginx NAME: sets port_NAME.
+start_nginx() {
+  local name=$1 dir="$tmp/$1" try port
+  mkdir -p "$dir/logs" "$dir/html"
+  chmod 755 "$dir" "$dir/html"
+  echo hello >"$dir/html/index.html"
+  for try in 1 2 3 4 5 6 7 8; do
+    port=$((20000 + (RANDOM * 7 + try) % 40000))
+    port_free "$port" || continue
+    conf "$name" "$port"
+    if "$NGINX" -p "$dir" -c "$dir/nginx.conf" \
+      -g "pid $dir/nginx.pid; daemon on; worker_processes 3;" 2>"$dir/start.err"; then
+      for _ in $(seq 1 100); do
+        if [ -s "$dir/nginx.pid" ] && curl -s -o /dev/null "http://127.0.0.1:$port/index.html"; then
+          eval "port_$name=$port"
+          return 0
+        fi
+        sleep 0.05
+      done
+    fi
+    grep -q "Address already in use" "$dir/start.err" || break
+  done
+  cat "$dir/start.err" "$dir/logs/error.log" 2>/dev/null || true
+  echo "FAIL: nginx $name did not start"
+  exit 1
+}
+
+stop_nginx() {
+  local pidfile="$tmp/$1/nginx.pid" pid
+  [ -s "$pidfile" ] || return 0
+  pid=$(cat "$pidfile")
+  kill -QUIT "$pid" 2>/dev/null || true
+  for _ in $(seq 1 200); do
+    kill -0 "$pid" 2>/dev/null || { rm -f "$pidfile"; return 0; }
+    sleep 0.05
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  rm -f "$pidfile"
+}
+
+# get NAME [CURL ARGS] PATH: the status from instance NAME; headers (CR
+# stripped) in $tmp/h.
+get() {
+  local name=$1 path=${*: -1} pv
+  shift
+  pv="port_$name"
+  curl -s --max-time 10 -H 'Connection: close' -D "$tmp/h" -o /dev/null -w '%{http_code}' \
+    "${@:1:$#-1}" "http://127.0.0.1:${!pv}$path"
+  sed -i 's/\r$//' "$tmp/h"
+}
+# alt N [CURL ARGS] PATH: N requests in a row, alternating a, b, a, ...;
+# their statuses joined.
+alt() {
+  local n=$1 out=() i
+  shift
+  for i in $(seq 1 "$n"); do
+    if [ $((i % 2)) -eq 1 ]; then out+=("$(get a "$@")"); else out+=("$(get b "$@")"); fi
+  done
+  echo "${out[*]}"
+}
+header() { sed -n "s/^$1: //Ip" "$tmp/h"; }
+# burst N KEY PATH: N requests at once (8 at a time), half to each
+# instance; the statuses, one a line, in $tmp/burst.
+burst() {
+  local n=$1 key=$2 path=$3
+  seq 1 "$n" | awk -v a="$port_a" -v b="$port_b" -v p="$path" \
+    '{ print "http://127.0.0.1:" ($1 % 2 ? a : b) p $1 }' |
+    xargs -P 8 -I{} curl -s --max-time 10 -o /dev/null -H 'Connection: close' \
+      -H "X-Key: $key" -w '%{http_code}\n' {} >"$tmp/burst"
+}
+count() { grep -c "^$1\$" "$tmp/burst" || true; }
+logs() { cat "$tmp/a/logs/access.log" "$tmp/b/logs/access.log"; }
+
+port_a=
+port_b=
+start_nginx a
+start_nginx b
+t_start=$(date +%s)
+
+# ---- one limit across both instances and their workers: 60 requests at
+# once, half to each; exactly the quota passes.
+burst 60 s1 /fw/
+expect "shared fw: 200s" "$(count 200)" 10
+expect "shared fw: 429s" "$(count 429)" 50
+workers=$(logs | grep ' /fw/[0-9]* s1$' | awk '{print $1}' | sort -u | wc -l)
+[ "$workers" -ge 3 ] || fail "shared fw: the requests went to $workers worker(s) of 6"
+echo "shared fw: 60 requests over $workers workers of two instances, 10 admitted"
+burst 40 s2 /tb/
+expect "shared tb: 200s" "$(count 200)" 10
+expect "shared tb: 429s" "$(count 429)" 30
+burst 20 s3 /comp/
+expect "shared composite: 200s" "$(count 200)" 4
+expect "shared composite: 429s" "$(count 429)" 16
+burst 20 s4 /cstep/
+expect "shared C step: 200s" "$(count 200)" 5
+expect "shared C step: 429s" "$(count 429)" 15
+
+# ---- in sequence, alternating: exactly the quota, then denials; another
+# key has its own.
+expect "fw in turn" "$(alt 12 -H 'X-Key: q1' /fw/)" \
+  "200 200 200 200 200 200 200 200 200 200 429 429"
+expect "fw: another key" "$(alt 1 -H 'X-Key: q2' /fw/)" "200"
+for i in a b; do
+  grep -q '\[error\] .*ratelimit: limiting requests by zone "fw", retry after' "$tmp/$i/logs/error.log" ||
+    fail "instance $i: no denial line for zone fw"
+done
+expect "results" "$(logs | grep ' /fw/ q1$' | awk '{print $3}' | sort | uniq -c | awk '{print $2 $1}' | tr '\n' ' ')" \
+  "[allowed]10 [limited]2 "
+expect "tb in turn" "$(alt 11 -H 'X-Key: q1' /tb/)" \
+  "200 200 200 200 200 200 200 200 200 200 429"
+
+# ---- two Redis limits on a location: both must pass; a denial charges
+# neither (the admitted one is refunded).
+expect "both: per_user's 3" "$(alt 6 -H 'X-Key: K1' -H 'X-User: U1' /both/)" \
+  "200 200 200 429 429 429"
+# (a refund on a Redis zone is made by the worker's refund thread, after
+# the answer: let the three land; their count is checked at the end)
+sleep 0.3
+expect "both: per_key refunded" "$(alt 3 -H 'X-Key: K1' -H 'X-User: U2' /both/)" \
+  "200 200 429"
+expect "both: empty user" "$(alt 1 -H 'X-Key: K9' /both/)" "200"
+# a Redis limit then a shared-memory one (each instance its own: 4 each)
+expect "mixed: local's 4 on a" "$(for _ in 1 2 3 4 5; do get a -H 'X-Key: M1' -H 'X-User: V1' /mixed/; echo -n ' '; done)" \
+  "200 200 200 200 429 "
+# per_key (5) was charged 4 by a, not 5: one more passes on b
+sleep 0.3
+expect "mixed: refunded on Redis" "$(get b -H 'X-Key: M1' -H 'X-User: V2' /mixed/) $(get b -H 'X-Key: M1' -H 'X-User: V3' /mixed/)" \
+  "200 429"
+
+# ---- headers: token-bucket 1/1h burst=3, one bucket for both instances.
+expect "headers: a" "$(get a -H 'X-Key: h1' /hdr/)" 200
+expect "headers: RateLimit-Policy" "$(header RateLimit-Policy)" '"gold";q=3;w=10800'
+expect "headers: RateLimit" "$(header RateLimit)" '"gold";r=2;t=3600'
+expect "headers: b" "$(get b -H 'X-Key: h1' /hdr/)" 200
+expect "headers: b's RateLimit" "$(header RateLimit | sed 's/;t=.*//')" '"gold";r=1'
+get a -H 'X-Key: h1' /hdr/ >/dev/null
+expect "headers: 4th" "$(get b -H 'X-Key: h1' /hdr/)" 429
+expect "headers: 429 RateLimit" "$(header RateLimit | sed 's/;t=.*//')" '"gold";r=0'
+ra=$(header Retry-After)
+if ! [[ "$ra" =~ ^[0-9]+$ ]] || [ "$ra" -lt 3500 ] || [ "$ra" -gt 3600 ]; then
+  fail "headers: Retry-After '$ra', want 3500..3600 (a token in an hour)"
+fi
+expect "composite headers" "$(get a -H 'X-Key: c9' /comp/)" 200
+expect "composite: RateLimit-Policy" "$(header RateLimit-Policy)" '"comp";q=4;w=14400'
+
+# ---- shadow: all pass; the would-be denials are marked and logged.
+expect "shadow" "$(alt 5 -H 'X-Key: sh1' /shadow/)" "200 200 200 200 200"
+expect "shadow: results" \
+  "$(logs | grep ' /shadow/ sh1$' | awk '{print $3}' | sort | uniq -c | awk '{print $2 $1}' | tr '\n' ' ')" \
+  "[allowed]2 [shadow]3 "
+cat "$tmp/a/logs/error.log" "$tmp/b/logs/error.log" |
+  grep -q 'ratelimit: would limit (shadow) requests by zone "two"' || fail "shadow: no log line"
+
+# ---- wait= on a Redis leaky bucket (capacity 3, 10/s): 4 requests at
+# once over both instances: 3 pass, spaced 100 ms apart (so the last
+# leaves at least 200 ms after the first, less their own spread), 1 denied.
+t0=$(date +%s%N)
+burst 4 w1 /wait/
+ms=$((($(date +%s%N) - t0) / 1000000))
+expect "wait: 200s" "$(count 200)" 3
+expect "wait: 429s" "$(count 429)" 1
+[ "$ms" -ge 150 ] || fail "wait: the 3 admitted took $ms ms, want at least 150"
+
+# ---- prefix=: the zone's keys under its own prefix.
+expect "prefix" "$(alt 1 -H 'X-Key: p1' /back/)" 200
+[ "$(redis-cli -p "$rport" exists 'rl:back:{p1}')" = 1 ] || fail "prefix=: no key rl:back:{p1}"
+[ "$(redis-cli -p "$rport" exists 'ratelimit:fw:{s1}')" = 1 ] || fail "default prefix: no key ratelimit:fw:{s1}"
+
+# ---- Redis fails mid-run.  timed NAME PATH KEY: "STATUS MS" of one request.
+timed() {
+  local name=$1 pv="port_$1" out
+  out=$(curl -s --max-time 10 -o /dev/null -H 'Connection: close' -H "X-Key: $3" \
+    -w '%{http_code} %{time_total}' "http://127.0.0.1:${!pv}$2") || true
+  awk '{ printf "%s %d\n", $1, $2 * 1000 }' <<<"$out"
+}
+# failing WHAT: 8 requests on each fail mode, alternating the instances;
+# each answered (fail open 200, closed 503) within the timeout + slack.
+max_ms=0
+failing() {
+  local what=$1 i name got st ms
+  for path in /open/ /closed/; do
+    got=()
+    for i in 1 2 3 4 5 6 7 8; do
+      if [ $((i % 2)) -eq 1 ]; then name=a; else name=b; fi
+      read -r st ms <<<"$(timed "$name" "$path" "f$i")"
+      got+=("$st")
+      [ "$ms" -le "$max_ms" ] || max_ms=$ms
+      [ "$ms" -le $((TIMEOUT_MS + SLACK_MS)) ] ||
+        fail "$what $path: request $i took $ms ms (timeout ${TIMEOUT_MS} ms + slack ${SLACK_MS} ms)"
+    done
+    if [ "$path" = /open/ ]; then want="200 200 200 200 200 200 200 200"; else want="503 503 503 503 503 503 503 503"; fi
+    expect "$what $path" "${got[*]}" "$want"
+  done
+}
+# recovers WHAT: the limits decide again (a fresh key on /back/: exactly
+# 3 pass, then 503 the zone's status), within 10 s.
+recovers() {
+  local what=$1 key="r$RANDOM" i
+  for i in $(seq 1 100); do
+    [ "$(get a -H "X-Key: $key-$i" /closed/)" = 200 ] && [ "$(get b -H "X-Key: $key-$i" /closed/)" = 200 ] && break
+    sleep 0.1
+  done
+  [ "$i" -lt 100 ] || fail "$what: Redis back, still no decisions after 10 s"
+  for i in $(seq 1 100); do
+    [ "$(get a -H "X-Key: $key-b$i" /back/)" = 200 ] && [ "$(get b -H "X-Key: $key-b$i" /back/)" = 200 ] && break
+    sleep 0.1
+  done
+  expect "$what: exact again" "$(alt 4 -H "X-Key: $key-b$i" /back/)" "200 503 503 503"
+  burst 20 "$key-fw" /fw/
+  expect "$what: shared fw 200s" "$(count 200)" 10
+}
+# no_hang WHAT: while Redis does not answer, a request on no limit is
+# served at once by every worker (8 of them, one a connection).
+no_hang() {
+  local i name st ms
+  for i in 1 2 3 4 5 6 7 8; do
+    if [ $((i % 2)) -eq 1 ]; then name=a; else name=b; fi
+    read -r st ms <<<"$(timed "$name" /index.html x)"
+    expect "$1: no limit" "$st" 200
+    [ "$ms" -le "$SLACK_MS" ] || fail "$1: a request on no limit took $ms ms"
+  done
+}
+
+# -- stopped (SIGSTOP): connections hang; decisions time out, then the
+# breaker answers at once.  First a client that gives up while its
+# decision is in flight (the slow zone's 1.5 s timeout): its request goes,
+# the late callback must touch nothing of it.
+kill -STOP "$rpid"
+curl -s --max-time 0.3 -o /dev/null -H 'Connection: close' -H 'X-Key: gone' \
+  "http://127.0.0.1:$port_a/slow/" || true
+curl -s --max-time 0.3 -o /dev/null -H 'Connection: close' -H 'X-Key: gone' \
+  "http://127.0.0.1:$port_b/slow/" || true
+no_hang "stopped"
+failing "stopped"
+sleep 1.5 # the slow zone's decisions time out: their callbacks run now
+no_hang "stopped, after the abandoned decisions"
+results=$(logs | grep -E ' /(open|closed)/ f[0-9]$' | awk '{print $2 $3}' | sort | uniq -c | awk '{print $2 $1}' | tr '\n' ' ')
+expect "stopped: results" "$results" "200[error]8 503[error]8 "
+# a reload of b while Redis does not answer: its master does not wait for
+# Redis (nginx -t, the zones' URLs checked without connecting), its new
+# workers start, each waiting at most the longest timeout for its probe
+# thread, then decide every Redis zone as a store error at once, and make
+# the zones once Redis answers (recovers, below, counts on b too).
+started_b() { grep -c 'start worker process [0-9]' "$tmp/b/logs/error.log" || true; }
+waiting_b() { grep -c 'ratelimit_zone "fc": .* does not answer' "$tmp/b/logs/error.log" || true; }
+before=$(started_b)
+t0=$(date +%s%N)
+kill -HUP "$(cat "$tmp/b/nginx.pid")"
+for _ in $(seq 1 200); do [ "$(waiting_b)" -ge 3 ] && break; sleep 0.05; done
+ms=$((($(date +%s%N) - t0) / 1000000))
+expect "reload while stopped: new workers" "$(($(started_b) - before))" 3
+expect "reload while stopped: zones waiting" "$(waiting_b)" 3
+# (the slow zone's 1.5 s timeout bounds the workers' wait for the probe)
+[ "$ms" -le $((1500 + 50 + SLACK_MS)) ] || fail "reload while stopped: the new workers took $ms ms"
+echo "reload while Redis is stopped: new workers up in $ms ms"
+no_hang "stopped, b reloaded"
+failing "stopped, b reloaded"
+kill -CONT "$rpid"
+recovers "after SIGCONT"
+
+# -- killed: connections refused at once; then a new redis-server on the
+# same port (no scripts, no keys: NOSCRIPT answered with EVAL).
+kill -KILL "$rpid"
+wait "$rpid" 2>/dev/null || true
+rpid=
+no_hang "killed"
+failing "killed"
+redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no >>"$tmp/redis.log" 2>&1 &
+rpid=$!
+for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+recovers "after a restart"
+
+# ---- no worker died on the way (a signal would show in the error log).
+if grep -h 'exited on signal' "$tmp/a/logs/error.log" "$tmp/b/logs/error.log"; then
+  fail "a worker died"
+fi
+
+# ---- a graceful stop while a decision is in flight: the request is
+# answered (fail closed: 503) before the worker exits.
+kill -STOP "$rpid"
+curl -s --max-time 10 -o "$tmp/late" -H 'Connection: close' -H 'X-Key: late' \
+  -w '%{http_code}' "http://127.0.0.1:$port_a/slow/" >"$tmp/late.status" &
+cpid=$!
+sleep 0.3
+stop_nginx a
+wait "$cpid" || true
+expect "graceful stop: the pending request" "$(cat "$tmp/late.status")" 503
+kill -CONT "$rpid"
+
+stop_nginx b
+# the refunds on Redis zones, as the workers counted them at their exit:
+# 3 on /both/ and 1 on /mixed/, none failed or dropped
+refunds=$(cat "$tmp/a/logs/error.log" "$tmp/b/logs/error.log" |
+  sed -n 's/.*ratelimit: refunds on Redis zones: \([0-9]*\) made, \([0-9]*\) failed, \([0-9]*\) dropped.*/\1 \2 \3/p' |
+  awk '{ m += $1; f += $2; d += $3 } END { printf "%d made, %d failed, %d dropped", m, f, d }')
+expect "refunds" "$refunds" "4 made, 0 failed, 0 dropped"
+echo "Redis stopped or killed: the slowest answer took $max_ms ms (timeout $TIMEOUT_MS ms)"
+echo "nginx_redis_test: took $(($(date +%s) - t_start)) s"
+if [ "$fails" -ne 0 ]; then
+  echo "nginx_redis_test: $fails failure(s)"
+  tail -20 "$tmp/a/logs/error.log" "$tmp/b/logs/error.log"
+  exit 1
+fi
+echo "nginx_redis_test: all passed"
