@@ -93,14 +93,19 @@ typedef struct rate_loop {
  * counts, per node, the commands that failed in a row, as the synchronous
  * store does.  pool_size is not used (one connection per node).
  *
- * The store's other entries (a limiter's policy record written by
- * rate_limiter_new, a foreign policy learnt once, reset, refund, penalty,
- * rate_store_redis_drop) go through a synchronous store over the same URL
- * that this store owns, and block as that store does: make the limiter
- * and do resets outside the loop's hot path.  rate_store_redis_new's
- * connection check at creation is made by that store here too (with
- * lazy_connect, a server down at creation is no error); the cluster's slot
- * map it found then is this store's first one.
+ * A limiter's policy record and a foreign policy met in a state are
+ * written and read through this store too, by jobs of their own before the
+ * decision that needs them: nothing of rate_limiter_new or
+ * rate_limiter_check_start waits for Redis.  The store's other entries
+ * (reset, refund, penalty, rate_store_redis_drop, the synchronous calls)
+ * go through a synchronous store over the same URL that this store owns,
+ * and block as that store does: do resets outside the loop's hot path.
+ * rate_store_redis_new's connection check at creation is made by that
+ * store here too, and blocks as there; with lazy_connect no connection is
+ * made at creation (nothing waits: a server down, or one that never
+ * answers, is the first decisions' store error).  The cluster's slot map
+ * found by that check is this store's first one (with lazy_connect it is
+ * learnt from the first MOVED).
  *
  * `loop` is copied; the loop itself must outlive the store.  Every
  * callback runs on the loop's thread; rate_store_free, on that thread and

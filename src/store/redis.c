@@ -2172,6 +2172,13 @@ bool rate__redis_topology(redis_store_t *r, rate__redis_addr_t *nodes,
 int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
                          rate_store_t **out, char *err, size_t errlen)
 {
+    return rate__redis_new(url, opt, true, out, err, errlen);
+}
+
+int rate__redis_new(const char *url, const rate_redis_options_t *opt,
+                    bool try_now, rate_store_t **out, char *err,
+                    size_t errlen)
+{
     rate_redis_options_t o = {0};
     redis_store_t *r;
     int rc;
@@ -2235,9 +2242,11 @@ int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
     }
     memcpy(r->prefix, prefix, r->prefix_len + 1);
     /* Connect now, so that a wrong host or password is reported here; a
-     * lazy store connects at its first calls instead if it cannot. */
+     * lazy store connects at its first calls instead if it cannot (and
+     * does not even try now without try_now: an event loop's store). */
     char e[256] = "";
-    rc = discover(r, 0, true, e, sizeof e);
+    rc = try_now || !r->lazy ? discover(r, 0, true, e, sizeof e)
+                             : RATE_ESTORE;
     if (rc != RATE_OK && (!r->lazy || rc == RATE_EINVAL)) {
         rate__fail(err, errlen, rc, "%s", e);
         r_destroy(r);

@@ -976,7 +976,7 @@ int rate_store_redis_async_new(const char *url,
     if (s == NULL)
         return RATE_ENOMEM;
     s->loop = *loop;
-    if ((rc = rate_store_redis_new(url, options, &s->sync, err, errlen)) !=
+    if ((rc = rate__redis_new(url, options, false, &s->sync, err, errlen)) !=
         RATE_OK) {
         free(s);
         return rc;

@@ -56,6 +56,13 @@ int rate__redis_load_parse(const redisReply *rep, const char **state,
                            size_t *len, uint64_t *version);
 int rate__redis_cas_parse(const redisReply *rep);
 
+/* rate_store_redis_new, which with try_now false and lazy_connect does
+ * not try to connect at all (the asynchronous store's, whose creation
+ * must not wait for a Redis that accepts and never answers). */
+int rate__redis_new(const char *url, const rate_redis_options_t *opt,
+                    bool try_now, rate_store_t **out, char *err,
+                    size_t errlen);
+
 /* The synchronous store's table and its settings. */
 const rate_store_methods_t *rate__redis_methods(void);
 typedef struct rate__redis_conf {
