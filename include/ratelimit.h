@@ -541,9 +541,13 @@ RATE_API int rate_store_redis_drop(rate_store_t *store);
 
 /* Copies into buf (cap bytes, cap > 0, NUL-terminated, cut to fit) why
  * the store's last attempt to connect failed, with the server's message:
- * "" when none failed since one succeeded.  Returns RATE_OK; RATE_EINVAL
- * for a store that is not a Redis store, a NULL buf or a cap of 0.
- * Thread-safe: yes. */
+ * "" when none failed since one succeeded.  An asynchronous Redis store
+ * (rate_store_redis_async_new) says the same of its own connections (a
+ * connect refused, AUTH or SELECT refused, a node that did not reply
+ * within the command timeout), each with the node's address.  Returns
+ * RATE_OK; RATE_EINVAL for a store that is not a Redis store, a NULL buf
+ * or a cap of 0.  Thread-safe: yes (an asynchronous store: on its loop's
+ * thread). */
 RATE_API int rate_store_redis_last_error(rate_store_t *store, char *buf,
                                          size_t cap);
 

@@ -653,6 +653,10 @@ static void stopped_first(void **state)
         assert_int_equal(q[i].d.error, RATE_ETIMEDOUT);
         assert_true(q[i].d.allowed); /* open */
     }
+    char why[512] = "";
+    assert_int_equal(rate_store_redis_last_error(as, why, sizeof why),
+                     RATE_OK);
+    assert_non_null(strstr(why, "no reply within the command timeout"));
     kill(server, SIGCONT);
     bool back = false;
     for (int i = 0; i < 500 && !back; i++) { /* 5 s at most */
@@ -669,6 +673,32 @@ static void stopped_first(void **state)
     assert_int_equal(r->elements, 1); /* the policy's one record */
     freeReplyObject(r);
     redisFree(c);
+    assert_int_equal(rate_store_redis_last_error(as, why, sizeof why),
+                     RATE_OK);
+    assert_string_equal(why, ""); /* connected since */
+    rate_store_free(as);
+    rate_limiter_free(l);
+    /* Nothing listening: the store says so, with the address. */
+    char nowhere[64];
+    int free_port = redis_test_free_port();
+    snprintf(nowhere, sizeof nowhere, "redis://127.0.0.1:%d", free_port);
+    rate_redis_options_t o = {0};
+    o.lazy_connect = true;
+    char err[256];
+    assert_int_equal(rate_store_redis_async_new(nowhere, &o, &t.loop, &as,
+                                                err, sizeof err),
+                     RATE_OK);
+    l = lim("token-bucket 9/s burst=9", as, false, RATE_FAIL_CLOSED);
+    req_t q0;
+    if (start(l, "k", 1, &q0) == RATE_PENDING)
+        wait_all(&t);
+    assert_int_equal(q0.d.reason, RATE_REASON_STORE_ERROR);
+    assert_int_equal(rate_store_redis_last_error(as, why, sizeof why),
+                     RATE_OK);
+    char where[64];
+    snprintf(where, sizeof where, "127.0.0.1:%d: cannot connect", free_port);
+    if (strstr(why, where) == NULL)
+        fail_msg("last error '%s'", why);
     rate_store_free(as);
     rate_limiter_free(l);
     tloop_fini(&t);

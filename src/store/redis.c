@@ -2497,8 +2497,9 @@ int rate_store_redis_last_error(rate_store_t *store, char *buf, size_t cap)
 {
     redis_store_t *r;
 
-    if ((r = rate_store_backend(store, &redis_methods)) == NULL ||
-        buf == NULL || cap == 0)
+    if ((r = rate_store_backend(store, &redis_methods)) == NULL)
+        return rate__redis_async_last_error(store, buf, cap);
+    if (buf == NULL || cap == 0)
         return RATE_EINVAL;
     pthread_mutex_lock(&r->err_lock);
     snprintf(buf, cap, "%s", r->last_err);

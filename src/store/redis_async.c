@@ -139,6 +139,8 @@ struct astore {
     bool closing; /* being freed: no new job */
     bool broken;  /* some node is */
     rate_redis_async_stats_t st;
+    char last_err[RC_HOST_MAX + 320]; /* the last failure of a node's
+                           connection (cut to fit); "" since one connected */
 };
 
 static const rate_store_methods_t async_methods;
@@ -328,6 +330,19 @@ static void outcome(ajob_t *j, anode_t *n, bool ok)
     }
 }
 
+/* Says what failed on n, for rate_store_redis_last_error. */
+static void note_err(anode_t *n, const char *what, const char *detail)
+{
+    char where[RC_HOST_MAX + 16];
+
+    if (n->port == 0)
+        snprintf(where, sizeof where, "unix:%s", n->host);
+    else
+        snprintf(where, sizeof where, "%s:%d", n->host, n->port);
+    snprintf(n->s->last_err, sizeof n->s->last_err, "%s: %s%s%.200s", where,
+             what, detail != NULL ? ": " : "", detail != NULL ? detail : "");
+}
+
 static void on_connect(const redisAsyncContext *ac, int status)
 {
     aconn_t *c = ac->data;
@@ -335,15 +350,21 @@ static void on_connect(const redisAsyncContext *ac, int status)
     if (status == REDIS_OK) {
         c->ready = true;
         c->n->backoff = 0;
-    } /* else hiredis frees the context now: h_cleanup backs off */
+        c->n->s->last_err[0] = '\0';
+    } else { /* hiredis frees the context now: h_cleanup backs off */
+        note_err(c->n, "cannot connect", ac->errstr);
+    }
 }
 
 static void on_setup(redisAsyncContext *ac, void *reply, void *priv)
 {
     const redisReply *rep = reply;
+    aconn_t *c = ac->data;
     (void)priv;
-    if (rep != NULL && rep->type == REDIS_REPLY_ERROR)
-        redisAsyncDisconnect(ac); /* AUTH or SELECT refused */
+    if (rep != NULL && rep->type == REDIS_REPLY_ERROR) {
+        note_err(c->n, "AUTH or SELECT refused", rep->str);
+        redisAsyncDisconnect(ac);
+    }
 }
 
 /* A new connection to n, made without blocking: RATE_OK with n->conn, or
@@ -359,6 +380,7 @@ static int connect_node(anode_t *n)
                                 ? redisAsyncConnectUnix(n->host)
                                 : redisAsyncConnect(n->host, n->port);
     if (ac == NULL || ac->err) {
+        note_err(n, "cannot connect", ac != NULL ? ac->errstr : "no memory");
         if (ac != NULL)
             redisAsyncFree(ac);
         free(c);
@@ -811,6 +833,7 @@ static void on_timer(void *arg)
          * all it waits for too). */
         if (j->node == NULL || j->node->conn == NULL)
             break; /* cannot be: a job not parked is on a connection */
+        note_err(j->node, "no reply within the command timeout", NULL);
         drop(j->node, RATE_ETIMEDOUT);
         if (s->head == j)
             break;
@@ -1005,6 +1028,16 @@ int rate_store_redis_async_stats(rate_store_t *store,
     if (s == NULL || out == NULL)
         return RATE_EINVAL;
     *out = s->st;
+    return RATE_OK;
+}
+
+int rate__redis_async_last_error(rate_store_t *store, char *buf, size_t cap)
+{
+    astore_t *s = store != NULL ? rate_store_backend(store, &async_methods)
+                                : NULL;
+    if (s == NULL || buf == NULL || cap == 0)
+        return RATE_EINVAL;
+    snprintf(buf, cap, "%s", s->last_err);
     return RATE_OK;
 }
 

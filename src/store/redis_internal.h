@@ -82,6 +82,9 @@ void rate__redis_conf(const redis_store_t *r, rate__redis_conf_t *out);
  * or NULL for any other store (src/store/redis_async.c): what
  * rate_store_redis_drop and rate_store_redis_touch go through. */
 redis_store_t *rate__redis_async_sync(rate_store_t *store);
+/* rate_store_redis_last_error of an asynchronous Redis store (RATE_EINVAL
+ * for another store). */
+int rate__redis_async_last_error(rate_store_t *store, char *buf, size_t cap);
 
 /* The synchronous store's topology as it knows it now (no I/O): the
  * addresses of its nodes (the masters it has seen, at most cap of them:
