@@ -11,6 +11,7 @@
 #ifndef TEST_REDIS_CLUSTER_H
 #define TEST_REDIS_CLUSTER_H
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -265,6 +266,32 @@ static inline bool rcl_is_master(rcluster_t *cl, int i)
     freeReplyObject(r);
     redisFree(c);
     return m;
+}
+
+/* How many keys under `prefix` node i holds (SCAN); 0 when it does not
+ * take a connection, UINT_MAX when it answers what SCAN does not. */
+static inline unsigned rcl_keys_on(rcluster_t *cl, int i, const char *prefix)
+{
+    redisContext *c = rcl_connect(cl->port[i]);
+    if (c == NULL)
+        return 0;
+    unsigned n = 0;
+    char cursor[32] = "0", pat[64];
+    snprintf(pat, sizeof pat, "%s*", prefix);
+    do {
+        redisReply *r = redisCommand(c, "SCAN %s MATCH %s COUNT 1000", cursor,
+                                     pat);
+        if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+            freeReplyObject(r);
+            n = UINT_MAX;
+            break;
+        }
+        snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
+        n += (unsigned)r->element[1]->elements;
+        freeReplyObject(r);
+    } while (strcmp(cursor, "0") != 0);
+    redisFree(c);
+    return n;
 }
 
 #endif

@@ -134,24 +134,11 @@ static void idle(rate_store_t *as)
                  (unsigned long long)st.in_flight);
 }
 
-/* Keys under `prefix` on node i. */
+/* Keys under `prefix` on node i (0 when it is not up). */
 static unsigned keys_on(int i, const char *prefix)
 {
-    redisContext *c = rcl_connect(cl.port[i]);
-    if (c == NULL)
-        return 0;
-    unsigned n = 0;
-    char cursor[32] = "0", pat[64];
-    snprintf(pat, sizeof pat, "%s*", prefix);
-    do {
-        redisReply *r = redisCommand(c, "SCAN %s MATCH %s COUNT 1000", cursor,
-                                     pat);
-        assert_true(r != NULL && r->type == REDIS_REPLY_ARRAY);
-        snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
-        n += (unsigned)r->element[1]->elements;
-        freeReplyObject(r);
-    } while (strcmp(cursor, "0") != 0);
-    redisFree(c);
+    unsigned n = rcl_keys_on(&cl, i, prefix);
+    assert_true(n != UINT_MAX);
     return n;
 }
 
