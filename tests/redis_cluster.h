@@ -294,4 +294,14 @@ static inline unsigned rcl_keys_on(rcluster_t *cl, int i, const char *prefix)
     return n;
 }
 
+/* The URL naming every node as a seed ("redis://127.0.0.1:P,..."), so
+ * that a store outlives any one of them. */
+static inline void rcl_url(const rcluster_t *cl, char *buf, size_t cap)
+{
+    int n = snprintf(buf, cap, "redis://");
+    for (int i = 0; i < RCL_NODES && n > 0 && (size_t)n < cap; i++)
+        n += snprintf(buf + n, cap - (size_t)n, "%s127.0.0.1:%d",
+                      i ? "," : "", cl->port[i]);
+}
+
 #endif

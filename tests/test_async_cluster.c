@@ -64,10 +64,7 @@ static int group_setup(void **state)
     if (!rcl_start(&cl))
         fail_msg("could not start a Redis Cluster (redis-server and "
                  "redis-cli 7 are needed)");
-    int n = snprintf(curl, sizeof curl, "redis://");
-    for (int i = 0; i < RCL_NODES; i++)
-        n += snprintf(curl + n, sizeof curl - (size_t)n, "%s127.0.0.1:%d",
-                      i ? "," : "", cl.port[i]);
+    rcl_url(&cl, curl, sizeof curl);
     return 0;
 }
 
