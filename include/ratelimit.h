@@ -1181,6 +1181,32 @@ RATE_API int rate_limiter_penalize_at(rate_limiter_t *limiter,
                                       const char *key, size_t key_len,
                                       uint64_t permits, uint64_t now_ns);
 
+/* A refund or a penalty that does not wait, for event loops: as
+ * rate_limiter_refund / rate_limiter_penalize at the limiter's clock, on
+ * a store with an asynchronous entry (rate_store_redis_async_new) through
+ * that entry.  Returns RATE_PENDING when the store took it: done(ud, rc)
+ * then runs exactly once, later, on the thread that drives the store (an
+ * event loop's: the loop's), with what the synchronous call would have
+ * returned (RATE_OK, or the store's error as is: no fail mode;
+ * RATE_ECANCELED when the store is freed first, which runs every pending
+ * done before rate_store_free returns).  Else the result at once, and no
+ * callback: RATE_OK (done now: a store without an asynchronous entry, or
+ * an unlimited key), or an error as the synchronous call's, RATE_EINVAL
+ * also for a NULL done.  The key is copied; ud is the caller's.  The
+ * change is made by the C step at the limiter's clock, never Redis's TIME
+ * (no extra round trip): on Redis, give the limiter a wall clock, or the
+ * store client_time, so that the two agree (docs/async.md).
+ * Thread-safe: as rate_limiter_check_start. */
+typedef void (*rate_done_fn)(void *ud, int rc);
+RATE_API int rate_limiter_refund_start(rate_limiter_t *limiter,
+                                       const char *key, size_t key_len,
+                                       uint64_t permits, rate_done_fn done,
+                                       void *ud);
+RATE_API int rate_limiter_penalize_start(rate_limiter_t *limiter,
+                                         const char *key, size_t key_len,
+                                         uint64_t permits, rate_done_fn done,
+                                         void *ud);
+
 /* Statistics: the store's figures plus the limiter's own.  Thread-safe: yes. */
 RATE_API int rate_limiter_stats(rate_limiter_t *limiter, rate_stats_t *out);
 

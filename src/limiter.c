@@ -730,6 +730,7 @@ typedef struct async_check {
     rate_decide_req_t req;
     rate_decision_t d;
     rate_check_fn cb;
+    rate_done_fn adjusted; /* a refund's or a penalty's (cb: NULL) */
     void *ud;
     uint64_t now;
     bool clock_time; /* now is the limiter's clock's (not the caller's) */
@@ -759,7 +760,10 @@ static bool async_start(async_check_t *a, int *rc, bool whole)
                                  a->step.horizon_ns};
     a->job = (rate_job_t){{a->key, a->job.key.len, a->lim->space},
                           &a->step,
-                          whole && s->m->decide != NULL ? &a->req : NULL,
+                          whole && s->m->decide != NULL &&
+                                  a->arg.op == RATE__OP_DECIDE
+                              ? &a->req
+                              : NULL,
                           &a->d,
                           async_done,
                           a};
@@ -769,7 +773,9 @@ static bool async_start(async_check_t *a, int *rc, bool whole)
 
 static void async_end(async_check_t *a, int rc)
 {
-    if (rc == RATE_EKEY) { /* the store refused the caller's key */
+    if (a->adjusted != NULL) { /* a refund or a penalty: no fail mode */
+        a->adjusted(a->ud, rc);
+    } else if (rc == RATE_EKEY) { /* the store refused the caller's key */
         memset(&a->d, 0, sizeof a->d);
         a->cb(a->ud, RATE_EKEY, &a->d);
     } else {
@@ -955,6 +961,65 @@ static int adjust_key(rate_limiter_t *lim, const rate_policy_t *force,
         return RATE_OK; /* an unlimited key has no state to change */
     rate_key_t k = {key, key_len, lim->space};
     return store_part(lim, lim->store, &lim->book, &k, &arg, now, clock_time);
+}
+
+/* A refund or a penalty through a store's start(): RATE_PENDING (done
+ * runs later), else the result at once, as adjust_key's. */
+static int adjust_start(rate_limiter_t *lim, const char *key, size_t key_len,
+                        uint64_t permits, rate__op_t op, rate_done_fn done,
+                        void *ud)
+{
+    if (lim == NULL || done == NULL)
+        return RATE_EINVAL;
+    uint64_t now = clock_now(lim);
+    if (lim->store->m->start == NULL) /* a store that answers at once */
+        return adjust_key(lim, NULL, key, key_len, permits, now, true, op);
+    async_check_t *a = calloc(1, sizeof *a);
+    if (a == NULL)
+        return RATE_ENOMEM;
+    int store_rc = RATE_OK;
+    int rc = prepare(lim, NULL, key, key_len, permits, 0, now, false, op,
+                     &a->d, &a->arg, &store_rc, false);
+    if (rc == RATE_OK && store_rc == RATE_OK && a->arg.policy->unlimited)
+        rc = RATE_OK; /* an unlimited key has no state to change */
+    else if (rc == RATE_OK && (store_rc == RATE_OK || store_rc == NEED_RECORD)) {
+        a->lim = lim;
+        a->adjusted = done;
+        a->ud = ud;
+        a->now = now;
+        a->clock_time = true;
+        memcpy(a->key, key, key_len);
+        a->job.key.len = key_len;
+        a->job.key.bytes = a->key;
+        a->job.key.space = lim->space;
+        if (store_rc == NEED_RECORD) /* the policy's record first */
+            rc = rate__book_id_start(&lim->book, a->arg.policy,
+                                     async_recorded, a);
+        else
+            (void)async_start(a, &rc, false);
+        if (rc == RATE_OK)
+            return RATE_PENDING;
+    } else if (rc == RATE_OK) {
+        rc = store_rc;
+    }
+    free(a);
+    return rc == RATE_EKEY && store_rc != RATE_OK ? RATE_ESTORE : rc;
+}
+
+int rate_limiter_refund_start(rate_limiter_t *lim, const char *key,
+                              size_t key_len, uint64_t permits,
+                              rate_done_fn done, void *ud)
+{
+    return adjust_start(lim, key, key_len, permits, RATE__OP_REFUND, done,
+                        ud);
+}
+
+int rate_limiter_penalize_start(rate_limiter_t *lim, const char *key,
+                                size_t key_len, uint64_t permits,
+                                rate_done_fn done, void *ud)
+{
+    return adjust_start(lim, key, key_len, permits, RATE__OP_PENALTY, done,
+                        ud);
 }
 
 int rate_limiter_refund(rate_limiter_t *lim, const char *key, size_t key_len,

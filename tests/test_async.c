@@ -584,6 +584,71 @@ static void stopped_first(void **state)
     tloop_fini(&t);
 }
 
+/* A refund and a penalty through the asynchronous Redis store: their
+ * result in the callback, their effect on the next decisions; freed with
+ * one in flight, it hears RATE_ECANCELED before rate_store_free returns. */
+static int adj_rc, adj_calls;
+static void on_adjusted(void *ud, int rc)
+{
+    (void)ud;
+    adj_rc = rc;
+    adj_calls++;
+    pending--;
+}
+
+static void adjust_redis(void **state)
+{
+    (void)state;
+    tloop_t t;
+    tloop_init(&t, false);
+    rate_store_t *as = async_store(&t, "adj:", true, 5 * SEC);
+    fake_now = 300 * SEC;
+    rate_limiter_t *l = lim("fixed-window 3/h", as, true, RATE_FAIL_CLOSED);
+    req_t q;
+    for (int i = 0; i < 4; i++) {
+        if (start(l, "k", 1, &q) == RATE_PENDING)
+            wait_all(&t);
+        assert_int_equal(q.d.allowed, i < 3);
+    }
+    assert_int_equal(rate_limiter_refund_start(l, "k", 1, 2, on_adjusted,
+                                               NULL),
+                     RATE_PENDING);
+    pending++;
+    wait_all(&t);
+    assert_int_equal(adj_calls, 1);
+    assert_int_equal(adj_rc, RATE_OK);
+    for (int i = 0; i < 3; i++) {
+        if (start(l, "k", 1, &q) == RATE_PENDING)
+            wait_all(&t);
+        assert_int_equal(q.d.allowed, i < 2); /* the two refunded */
+    }
+    assert_int_equal(rate_limiter_penalize_start(l, "p", 1, 3, on_adjusted,
+                                                 NULL),
+                     RATE_PENDING);
+    pending++;
+    wait_all(&t);
+    assert_int_equal(adj_calls, 2);
+    assert_int_equal(adj_rc, RATE_OK);
+    if (start(l, "p", 1, &q) == RATE_PENDING)
+        wait_all(&t);
+    assert_false(q.d.allowed);
+    /* In flight when the store goes. */
+    kill(server, SIGSTOP);
+    assert_int_equal(rate_limiter_refund_start(l, "k", 1, 1, on_adjusted,
+                                               NULL),
+                     RATE_PENDING);
+    pending++;
+    for (int i = 0; i < 5; i++) /* the command goes out */
+        tloop_nowait(&t);
+    rate_store_free(as);
+    kill(server, SIGCONT);
+    assert_int_equal(adj_calls, 3);
+    assert_int_equal(adj_rc, RATE_ECANCELED);
+    assert_int_equal(pending, 0);
+    rate_limiter_free(l);
+    tloop_fini(&t);
+}
+
 /* A loop that refuses to watch: every decision still answered once. */
 static rate_loop_t inner;
 static bool refuse;
@@ -669,6 +734,7 @@ int main(void)
         cmocka_unit_test(free_wire_uv),
         cmocka_unit_test(free_wire_event),
         cmocka_unit_test(stopped_first),
+        cmocka_unit_test(adjust_redis),
         cmocka_unit_test(faults_uv),
         cmocka_unit_test(faults_event),
     };

@@ -949,6 +949,104 @@ static void async_records(void **state)
     rate_store_free(ref);
 }
 
+/* Refunds and penalties that do not wait: through a store's start() (its
+ * policy's record first on a new limiter), their result in the callback;
+ * at once on a store that answers at once; errors. */
+static int adjusted_calls, adjusted_rc;
+static void on_adjusted(void *ud, int rc)
+{
+    (void)ud;
+    adjusted_calls++;
+    adjusted_rc = rc;
+}
+
+static void async_adjust(void **state)
+{
+    (void)state;
+    fake_clock_t c = {SEC, 0, 0};
+    rate_clock_t clock = {fake_now, fake_sleep, &c};
+    rate_store_t *as;
+    cas_store_t *h;
+    assert_int_equal(cas_store_new_async(&as, &h), RATE_OK);
+    rate_limiter_config_t cfg = {0};
+    cfg.clock = &clock;
+    cfg.store = as;
+    rate_limiter_t *la = limiter_cfg("fixed-window 3/s", cfg);
+    cfg.store = NULL;
+    rate_limiter_t *lm = limiter_cfg("fixed-window 3/s", cfg);
+    /* A refund first: the record's job, then the refund's. */
+    adjusted_calls = 0;
+    assert_int_equal(rate_limiter_refund_start(la, "k", 1, 1, on_adjusted,
+                                               NULL),
+                     RATE_PENDING);
+    assert_int_equal(cas_store_run_jobs(h), 2);
+    assert_int_equal(adjusted_calls, 1);
+    assert_int_equal(adjusted_rc, RATE_OK);
+    rate_decision_t d;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(rate_limiter_check(la, "k", 1, 1, 0, &d), RATE_OK);
+        assert_true(d.allowed);
+    }
+    assert_int_equal(rate_limiter_check(la, "k", 1, 1, 0, &d), RATE_OK);
+    assert_false(d.allowed);
+    /* Two refunded: two more pass. */
+    assert_int_equal(rate_limiter_refund_start(la, "k", 1, 2, on_adjusted,
+                                               NULL),
+                     RATE_PENDING);
+    assert_int_equal(adjusted_calls, 1); /* not yet */
+    assert_int_equal(cas_store_run_jobs(h), 1);
+    assert_int_equal(adjusted_calls, 2);
+    assert_int_equal(adjusted_rc, RATE_OK);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(rate_limiter_check(la, "k", 1, 1, 0, &d), RATE_OK);
+        assert_true(d.allowed);
+    }
+    assert_int_equal(rate_limiter_check(la, "k", 1, 1, 0, &d), RATE_OK);
+    assert_false(d.allowed);
+    /* A penalty on a fresh key takes its permits. */
+    assert_int_equal(rate_limiter_penalize_start(la, "p", 1, 3, on_adjusted,
+                                                 NULL),
+                     RATE_PENDING);
+    assert_int_equal(cas_store_run_jobs(h), 1);
+    assert_int_equal(adjusted_calls, 3);
+    assert_int_equal(adjusted_rc, RATE_OK);
+    assert_int_equal(rate_limiter_check(la, "p", 1, 1, 0, &d), RATE_OK);
+    assert_false(d.allowed);
+    /* The store's error is the callback's, as is: no fail mode. */
+    cas_store_set_down(h, 1);
+    assert_int_equal(rate_limiter_refund_start(la, "k", 1, 1, on_adjusted,
+                                               NULL),
+                     RATE_PENDING);
+    assert_int_equal(cas_store_run_jobs(h), 1);
+    assert_int_equal(adjusted_calls, 4);
+    assert_int_equal(adjusted_rc, RATE_ESTORE);
+    cas_store_set_down(h, 0);
+    /* A store that answers at once: the result now, no callback. */
+    assert_true(at(lm, "m", SEC, 3, 0).allowed);
+    assert_int_equal(rate_limiter_refund_start(lm, "m", 1, 1, on_adjusted,
+                                               NULL),
+                     RATE_OK);
+    assert_int_equal(adjusted_calls, 4);
+    assert_true(at(lm, "m", SEC, 1, 0).allowed);
+    /* Bad input: an error, no callback. */
+    assert_int_equal(rate_limiter_refund_start(la, "", 0, 1, on_adjusted,
+                                               NULL),
+                     RATE_EKEY);
+    assert_int_equal(rate_limiter_refund_start(la, "k", 1, 1, NULL, NULL),
+                     RATE_EINVAL);
+    assert_int_equal(rate_limiter_penalize_start(NULL, "k", 1, 1,
+                                                 on_adjusted, NULL),
+                     RATE_EINVAL);
+    assert_int_equal(rate_limiter_refund_start(la, "k", 1, RATE_TIME_MAX + 1,
+                                               on_adjusted, NULL),
+                     RATE_ERANGE);
+    assert_int_equal(cas_store_run_jobs(h), 0);
+    assert_int_equal(adjusted_calls, 4);
+    rate_limiter_free(la);
+    rate_limiter_free(lm);
+    rate_store_free(as);
+}
+
 /* Block after a breach (rate_limit_t.block_ns): once a blocking limit
  * denies a request, the key stays denied for the block, whatever its
  * limits say; retry_after says when; a "never" does not block; the store
@@ -1033,6 +1131,7 @@ int main(void)
         cmocka_unit_test(refund_penalty_reset),
         cmocka_unit_test(async_decisions),
         cmocka_unit_test(async_records),
+        cmocka_unit_test(async_adjust),
         cmocka_unit_test(block_after_breach),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
