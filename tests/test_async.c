@@ -632,6 +632,13 @@ static void adjust_redis(void **state)
     if (start(l, "p", 1, &q) == RATE_PENDING)
         wait_all(&t);
     assert_false(q.d.allowed);
+    /* A lazy store, made before any connection, names its scripts right
+     * (their SHA-1, computed): a NOSCRIPT at most once per connection (a
+     * Redis that never had them), never one per decision. */
+    rate_redis_async_stats_t st;
+    assert_int_equal(rate_store_redis_async_stats(as, &st), RATE_OK);
+    assert_true(st.completed >= 9);
+    assert_true(st.noscript <= st.connects);
     /* In flight when the store goes. */
     kill(server, SIGSTOP);
     assert_int_equal(rate_limiter_refund_start(l, "k", 1, 1, on_adjusted,

@@ -86,6 +86,7 @@
 #include <hiredis/hiredis.h>
 
 #include "../internal.h"
+#include "../sha1.h"
 #include "redis_cluster.h"
 #include "redis_internal.h"
 #include "redis_step_lua.h"
@@ -548,12 +549,10 @@ static int open_conn(redis_store_t *r, const char *host, int port,
                         (const char *[]){"SCRIPT", "LOAD", src},
                         (size_t[]){6, 4, len}, &rep);
         if (rc == RATE_OK && rep->type == REDIS_REPLY_STRING && rep->len == 40) {
-            char *dst = i == 0   ? r->sha
-                        : i == 1 ? r->step_sha
-                        : i == 2 ? probe_sha
-                                 : r->lean_sha[i - 3];
-            if (i == 2 || dst[0] == '\0')
-                memcpy(dst, rep->str, 41);
+            /* The store's scripts were named at creation (script_names),
+             * as Redis names them: loaded, they run under those names. */
+            if (i == 2)
+                memcpy(probe_sha, rep->str, 41);
         } else {
             rc = rate__fail(err, errlen, rc ? rc : RATE_ESTORE,
                             "%s: SCRIPT LOAD failed: %s", where,
@@ -2169,6 +2168,18 @@ bool rate__redis_topology(redis_store_t *r, rate__redis_addr_t *nodes,
     return true;
 }
 
+/* The scripts' names (EVALSHA's SHA-1), known before any server is
+ * asked, so that a store that has not connected yet (a lazy one, an event
+ * loop's) sends the right EVALSHA from its first command. */
+static void script_names(redis_store_t *r)
+{
+    rate__sha1_hex(cas_script, sizeof cas_script - 1, r->sha);
+    rate__sha1_hex(redis_step_lua, sizeof redis_step_lua - 1, r->step_sha);
+    for (int i = 0; i < LEAN_COUNT; i++)
+        rate__sha1_hex(lean_scripts[i].src, lean_scripts[i].len,
+                       r->lean_sha[i]);
+}
+
 int rate_store_redis_new(const char *url, const rate_redis_options_t *opt,
                          rate_store_t **out, char *err, size_t errlen)
 {
@@ -2241,6 +2252,7 @@ int rate__redis_new(const char *url, const rate_redis_options_t *opt,
         return RATE_ENOMEM;
     }
     memcpy(r->prefix, prefix, r->prefix_len + 1);
+    script_names(r);
     /* Connect now, so that a wrong host or password is reported here; a
      * lazy store connects at its first calls instead if it cannot (and
      * does not even try now without try_now: an event loop's store). */
