@@ -87,6 +87,7 @@ http {
   ratelimit_zone slow "fixed-window 1000/30d" store=$redis timeout=1500ms;
   ratelimit_zone lbw "leaky-bucket 10/s capacity=3" store=$redis;
   ratelimit_zone back "fixed-window 3/30d" store=$redis timeout=${TIMEOUT_MS}ms prefix=rl:back:;
+  ratelimit_zone late "fixed-window 3/30d" store=$redis timeout=${TIMEOUT_MS}ms;
   server {
     listen 127.0.0.1:$2;
     root $dir/html;
@@ -111,6 +112,7 @@ http {
     location /closed/ { ratelimit fc \$http_x_key; ratelimit_fail closed; try_files /index.html =404; }
     location /slow/ { ratelimit slow \$http_x_key; try_files /index.html =404; }
     location /wait/ { ratelimit lbw \$http_x_key wait=1s; try_files /index.html =404; }
+    location /late/ { ratelimit late \$http_x_key; ratelimit_fail open; try_files /index.html =404; }
     location /back/ { ratelimit back \$http_x_key; ratelimit_status 503; try_files /index.html =404; }
   }
 }
@@ -358,26 +360,55 @@ no_hang "stopped, after the abandoned decisions"
 results=$(logs | grep -E ' /(open|closed)/ f[0-9]$' | awk '{print $2 $3}' | sort | uniq -c | awk '{print $2 $1}' | tr '\n' ' ')
 expect "stopped: results" "$results" "200[error]8 503[error]8 "
 # a reload of b while Redis does not answer: its master does not wait for
-# Redis (nginx -t, the zones' URLs checked without connecting), its new
-# workers start, each waiting at most the longest timeout for its probe
-# thread, then decide every Redis zone as a store error at once, and make
-# the zones once Redis answers (recovers, below, counts on b too).
-started_b() { grep -c 'start worker process [0-9]' "$tmp/b/logs/error.log" || true; }
-waiting_b() { grep -c 'ratelimit_zone "fc": .* does not answer' "$tmp/b/logs/error.log" || true; }
-before=$(started_b)
+# Redis (nginx -t, the zones' URLs checked without connecting), and its new
+# workers make their Redis zones at once, waiting for nothing: they are up
+# and the old ones gone within the slack, and it is the new workers that
+# answer every request below, their first decisions store errors under
+# each fail mode within the timeout + slack; once Redis answers, their
+# counts are exact (the late zone, whose first decision anywhere, and so
+# its policy's record, is one of theirs made while Redis was stopped).
+worker_pids_b() { sed -n 's/.*start worker process \([0-9]*\).*/\1/p' "$tmp/b/logs/error.log"; }
+old_pids=$(worker_pids_b)
+before=$(wc -l <<<"$old_pids")
 t0=$(date +%s%N)
 kill -HUP "$(cat "$tmp/b/nginx.pid")"
-for _ in $(seq 1 200); do [ "$(waiting_b)" -ge 3 ] && break; sleep 0.05; done
+for _ in $(seq 1 200); do
+  new_pids=$(worker_pids_b | tail -n +$((before + 1)))
+  gone=1
+  for p in $old_pids; do kill -0 "$p" 2>/dev/null && gone=0; done
+  [ "$(grep -c . <<<"$new_pids")" -ge 3 ] && [ "$gone" = 1 ] && break
+  sleep 0.05
+done
 ms=$((($(date +%s%N) - t0) / 1000000))
-expect "reload while stopped: new workers" "$(($(started_b) - before))" 3
-expect "reload while stopped: zones waiting" "$(waiting_b)" 3
-# (the slow zone's 1.5 s timeout bounds the workers' wait for the probe)
-[ "$ms" -le $((1500 + 50 + SLACK_MS)) ] || fail "reload while stopped: the new workers took $ms ms"
-echo "reload while Redis is stopped: new workers up in $ms ms"
+expect "reload while stopped: new workers" "$(grep -c . <<<"$new_pids")" 3
+expect "reload while stopped: old workers gone" "$gone" 1
+[ "$ms" -le "$SLACK_MS" ] || fail "reload while stopped: the new workers took $ms ms (slack ${SLACK_MS} ms)"
+echo "reload while Redis is stopped: new workers up, old ones gone, in $ms ms"
+nb=$(wc -l <"$tmp/b/logs/access.log")
 no_hang "stopped, b reloaded"
 failing "stopped, b reloaded"
+for i in 1 2 3 4 5 6; do
+  read -r st ms <<<"$(timed b /late/ "lz$i")"
+  expect "stopped, b reloaded: /late/ (fail open)" "$st" 200
+  [ "$ms" -le "$max_ms" ] || max_ms=$ms
+  [ "$ms" -le $((TIMEOUT_MS + SLACK_MS)) ] ||
+    fail "stopped, b reloaded /late/: request $i took $ms ms (timeout ${TIMEOUT_MS} ms + slack ${SLACK_MS} ms)"
+done
+served=$(tail -n +$((nb + 1)) "$tmp/b/logs/access.log" | awk '{print $1}' | sort -u)
+for p in $served; do
+  grep -qx "$p" <<<"$new_pids" || fail "reload while stopped: request answered by $p, not a new worker"
+done
+expect "stopped, b reloaded: results" \
+  "$(tail -n +$((nb + 1)) "$tmp/b/logs/access.log" | grep -E ' /(open|closed|late)/ ' | awk '{print $2 $3}' | sort | uniq -c | awk '{print $2 $1}' | tr '\n' ' ')" \
+  "200[error]10 503[error]4 "
+echo "reload while stopped: answered by $(grep -c . <<<"$served") new worker(s) of 3"
 kill -CONT "$rpid"
 recovers "after SIGCONT"
+# b's new workers, whose late zone met Redis stopped first: exact now
+# (fixed-window 3/30d: a fresh key, 3 pass, then 429)
+expect "after SIGCONT: b's new workers exact" \
+  "$(for _ in 1 2 3 4 5 6; do get b -H 'X-Key: late1' /late/; echo -n ' '; done)" \
+  "200 200 200 429 429 429 "
 
 # -- killed: connections refused at once; then a new redis-server on the
 # same port (no scripts, no keys: NOSCRIPT answered with EVAL).
