@@ -12,7 +12,9 @@
 # and Redis stopped (SIGSTOP) then killed mid-run under each fail mode:
 # every request answered within the zone's timeout plus a slack, no worker
 # hung (curl --max-time), a client that goes away while its decision is
-# in flight, and the limits exact again once Redis is back.
+# in flight, a reload while Redis is stopped (the new workers make their
+# zones without waiting for it and answer at once under the fail mode),
+# and the limits exact again once Redis is back.
 #   nginx_redis_test.sh MODULE_SO
 # Exit 77 (skipped) when nginx, the module or redis-server is absent;
 # under CI=true that is a failure.
