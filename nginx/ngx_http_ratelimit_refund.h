@@ -28,9 +28,9 @@ typedef struct {
 typedef struct ngx_http_ratelimit_refund_s ngx_http_ratelimit_refund_t;
 
 /* Starts the thread for n Redis zones (t: each zone's URL, options,
- * policy and clock, borrowed until stop; zone i of a post is t[i]).  Each zone's
- * synchronous store (lazy_connect) and its two limiters (enforced and
- * shadow state) are the thread's, made at its first refund.  The thread
+ * policy and clock, borrowed until stop; zone i of a post is t[i]).  Each
+ * zone's synchronous store (lazy_connect) and its two limiters (enforced
+ * and shadow state) are the thread's, made at its first refund.  The thread
  * blocks every signal.  NULL when it cannot start.  Thread: the worker's. */
 ngx_http_ratelimit_refund_t *
 ngx_http_ratelimit_refund_start(const ngx_http_ratelimit_refund_zone_t *t,
