@@ -10,7 +10,6 @@
 #include <ratelimit.h>
 
 #include "ngx_http_ratelimit_loop.h"
-#include "ngx_http_ratelimit_probe.h"
 #include "ngx_http_ratelimit_refund.h"
 
 #define NGX_HTTP_RATELIMIT_KEYS_DEFAULT 10000
@@ -38,8 +37,7 @@ typedef struct {
      * (lazy_connect, timeout=, prefix=); NULL url: the shared memory. */
     char *redis_url;
     rate_redis_options_t redis;
-    ngx_uint_t probe_index;  /* its target in the worker's probe */
-    ngx_flag_t redis_ready;  /* its store made (or failed to be) */
+    ngx_uint_t redis_index;  /* its zone in the worker's refund thread */
     /* Per worker, made at init_process: */
     rate_store_t *store;
     rate_limiter_t *limiter[2][2]; /* [shadow][fail open] */
@@ -296,7 +294,7 @@ static ngx_int_t ngx_http_ratelimit_redis_zone(ngx_conf_t *cf,
                                                ngx_str_t *prefix,
                                                uint64_t timeout_ns) {
     rate_redis_options_t *o = &z->redis, po;
-    rate_store_t *probe = NULL;
+    rate_store_t *check = NULL;
     char *p, err[256];
     int rc;
 
@@ -336,7 +334,7 @@ static ngx_int_t ngx_http_ratelimit_redis_zone(ngx_conf_t *cf,
     po.connect_timeout_ns = 1;
     po.command_timeout_ns = 1;
     err[0] = '\0';
-    rc = rate_store_redis_new(z->redis_url, &po, &probe, err, sizeof(err));
+    rc = rate_store_redis_new(z->redis_url, &po, &check, err, sizeof(err));
     if (rc != RATE_OK && rc != RATE_ESTORE && rc != RATE_ETIMEDOUT) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "ratelimit_zone \"%V\": store=%s: %s: %s",
@@ -344,7 +342,7 @@ static ngx_int_t ngx_http_ratelimit_redis_zone(ngx_conf_t *cf,
                            err[0] ? err : "refused");
         return NGX_ERROR;
     }
-    rate_store_free(probe);
+    rate_store_free(check);
     return NGX_OK;
 }
 
@@ -807,9 +805,11 @@ static void ngx_http_ratelimit_limiters(ngx_log_t *log,
     }
 }
 
-/* A Redis zone's asynchronous store and limiters, made once its Redis has
- * answered the probe (their creation and the policy record's lookup are
- * synchronous round trips: quick, since it just answered). */
+/* A Redis zone's asynchronous store and limiters, made at once: with
+ * lazy_connect the store makes no connection at its creation, and a
+ * limiter on it writes its policy's record through the store, at its first
+ * decision (pending, as the decision is), so nothing here waits for Redis
+ * (docs/nginx.md, docs/async.md). */
 static void ngx_http_ratelimit_redis_setup(ngx_log_t *log,
                                            ngx_http_ratelimit_zone_t *z) {
     char err[256];
@@ -819,7 +819,6 @@ static void ngx_http_ratelimit_redis_setup(ngx_log_t *log,
     rc = rate_store_redis_async_new(z->redis_url, &z->redis,
                                     &ngx_http_ratelimit_loop, &z->store, err,
                                     sizeof(err));
-    z->redis_ready = 1;
     if (rc != RATE_OK) {
         ngx_log_error(NGX_LOG_ALERT, log, 0,
                       "ratelimit_zone \"%V\": cannot make the Redis store "
@@ -831,62 +830,21 @@ static void ngx_http_ratelimit_redis_setup(ngx_log_t *log,
     ngx_http_ratelimit_limiters(log, z);
 }
 
-/* The worker's probe of its Redis zones, and the timer that looks at it
- * while some zone's Redis has not answered yet. */
-static ngx_http_ratelimit_probe_t *ngx_http_ratelimit_probe;
-static ngx_event_t ngx_http_ratelimit_probe_ev;
-
-#define NGX_HTTP_RATELIMIT_PROBE_POLL 50 /* ms */
-
-static void ngx_http_ratelimit_probe_poll(ngx_event_t *ev) {
-    ngx_http_ratelimit_main_conf_t *rmcf;
-    ngx_http_ratelimit_zone_t **zp, *z;
-    ngx_uint_t i, left = 0;
-
-    if (ngx_http_ratelimit_exiting || ngx_http_ratelimit_probe == NULL) {
-        return;
-    }
-    rmcf = ngx_http_ratelimit_main((ngx_cycle_t *)ngx_cycle);
-    if (rmcf == NULL) {
-        return;
-    }
-    zp = rmcf->zones.elts;
-    for (i = 0; i < rmcf->zones.nelts; i++) {
-        z = zp[i];
-        if (z->redis_url == NULL || z->redis_ready) {
-            continue;
-        }
-        if (!ngx_http_ratelimit_probe_done(ngx_http_ratelimit_probe,
-                                           z->probe_index)) {
-            left++;
-            continue;
-        }
-        ngx_log_error(NGX_LOG_NOTICE, ev->log, 0,
-                      "ratelimit_zone \"%V\": %s answers: deciding",
-                      &z->name, z->redis_url);
-        ngx_http_ratelimit_redis_setup(ev->log, z);
-    }
-    if (left > 0) {
-        ngx_add_timer(ev, NGX_HTTP_RATELIMIT_PROBE_POLL);
-    }
-}
-
 /* Each worker attaches its own handle to each shared-memory zone's region
- * (made by the master before the fork) and makes its limiters on it.  A
- * zone that fails is logged and answers every request as a store error
- * (the location's ratelimit_fail).  Redis zones: a thread of the worker's
- * probes their servers (ngx_http_ratelimit_probe.h); the worker waits for
- * it at most the zones' longest timeout (plus 50 ms) and makes
- * the zones that answered; the others are made by a timer once they do,
- * and meanwhile fail at once (the fail mode), never blocking the loop. */
+ * (made by the master before the fork) and makes its limiters on it, and
+ * makes each Redis zone's asynchronous store and limiters on its loop,
+ * never waiting for Redis (a Redis down or not answering is met by the
+ * first decisions: store errors under the location's ratelimit_fail until
+ * it answers).  A zone that fails is logged and answers every request as a
+ * store error.  The Redis zones' refunds go to a refund thread of the
+ * worker's (ngx_http_ratelimit_refund.h). */
 static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
     ngx_http_ratelimit_main_conf_t *rmcf = ngx_http_ratelimit_main(cycle);
-    ngx_http_ratelimit_probe_target_t *t;
+    ngx_http_ratelimit_refund_zone_t *t;
     ngx_http_ratelimit_zone_t **zp, *z;
     rate_shm_options_t opt;
     char err[256];
-    ngx_uint_t i, n = 0, left = 0;
-    uint64_t wait_ns = 0, w;
+    ngx_uint_t i, n = 0;
     int rc;
 
     if (rmcf == NULL) {
@@ -898,10 +856,8 @@ static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
     for (i = 0; i < rmcf->zones.nelts; i++) {
         z = zp[i];
         if (z->redis_url != NULL) {
-            z->redis_ready = 0;
-            z->probe_index = n++;
-            w = z->redis.command_timeout_ns;
-            wait_ns = w > wait_ns ? w : wait_ns;
+            z->redis_index = n++;
+            ngx_http_ratelimit_redis_setup(cycle->log, z);
             continue;
         }
         err[0] = '\0';
@@ -930,10 +886,10 @@ static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
     for (i = 0; i < rmcf->zones.nelts; i++) {
         z = zp[i];
         if (z->redis_url != NULL) {
-            t[z->probe_index].url = z->redis_url;
-            t[z->probe_index].options = &z->redis;
-            t[z->probe_index].policy = z->policy;
-            t[z->probe_index].clock = &ngx_http_ratelimit_wall;
+            t[z->redis_index].url = z->redis_url;
+            t[z->redis_index].options = &z->redis;
+            t[z->redis_index].policy = z->policy;
+            t[z->redis_index].clock = &ngx_http_ratelimit_wall;
         }
     }
     ngx_http_ratelimit_refunder = ngx_http_ratelimit_refund_start(t, n);
@@ -942,47 +898,6 @@ static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
                       "ratelimit: cannot start the refund thread: refunds "
                       "on Redis zones are made on the event loop "
                       "(blocking round trips)");
-    }
-    ngx_http_ratelimit_probe = ngx_http_ratelimit_probe_start(t, n);
-    if (ngx_http_ratelimit_probe == NULL) {
-        /* No thread: the zones are made now, whatever Redis does (a
-         * Redis that does not answer then blocks the worker, docs). */
-        ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
-                      "ratelimit: cannot start the Redis probe thread: "
-                      "making the Redis zones at once");
-        for (i = 0; i < rmcf->zones.nelts; i++) {
-            if (zp[i]->redis_url != NULL) {
-                ngx_http_ratelimit_redis_setup(cycle->log, zp[i]);
-            }
-        }
-        return NGX_OK;
-    }
-    (void)ngx_http_ratelimit_probe_wait(ngx_http_ratelimit_probe,
-                                        wait_ns + 50000000);
-    for (i = 0; i < rmcf->zones.nelts; i++) {
-        z = zp[i];
-        if (z->redis_url == NULL) {
-            continue;
-        }
-        if (ngx_http_ratelimit_probe_done(ngx_http_ratelimit_probe,
-                                          z->probe_index)) {
-            ngx_http_ratelimit_redis_setup(cycle->log, z);
-            continue;
-        }
-        left++;
-        ngx_log_error(NGX_LOG_WARN, cycle->log, 0,
-                      "ratelimit_zone \"%V\": %s does not answer: its "
-                      "decisions are store errors (ratelimit_fail) until "
-                      "it does",
-                      &z->name, z->redis_url);
-    }
-    if (left > 0) {
-        ngx_http_ratelimit_probe_ev.handler = ngx_http_ratelimit_probe_poll;
-        ngx_http_ratelimit_probe_ev.log = cycle->log;
-        ngx_http_ratelimit_probe_ev.data = NULL;
-        ngx_http_ratelimit_probe_ev.cancelable = 1;
-        ngx_add_timer(&ngx_http_ratelimit_probe_ev,
-                      NGX_HTTP_RATELIMIT_PROBE_POLL);
     }
     return NGX_OK;
 }
@@ -999,11 +914,6 @@ static void ngx_http_ratelimit_exit_process(ngx_cycle_t *cycle) {
      * (RATE_ECANCELED): their callbacks then only let go of their
      * requests.  The store first, then its limiters. */
     ngx_http_ratelimit_exiting = 1;
-    if (ngx_http_ratelimit_probe_ev.timer_set) {
-        ngx_del_timer(&ngx_http_ratelimit_probe_ev);
-    }
-    ngx_http_ratelimit_probe_stop(ngx_http_ratelimit_probe);
-    ngx_http_ratelimit_probe = NULL;
     if (ngx_http_ratelimit_refunder != NULL) {
         uint64_t made, failed, dropped;
 
@@ -1149,7 +1059,7 @@ static ngx_int_t ngx_http_ratelimit_finish(ngx_http_request_t *r,
                                           key.len, 1);
             } else if (ngx_http_ratelimit_refund_post(
                            ngx_http_ratelimit_refunder,
-                           ctx->zone[j]->probe_index, rlcf->shadow != 0,
+                           ctx->zone[j]->redis_index, rlcf->shadow != 0,
                            key.data, key.len) != 0 &&
                        ngx_http_ratelimit_refunds_dropped++ % 1000 == 0) {
                 /* (the first, then one line a thousand) */

@@ -21,7 +21,7 @@ typedef struct refund_item {
 } refund_item_t;
 
 typedef struct {
-    ngx_http_ratelimit_probe_target_t t;
+    ngx_http_ratelimit_refund_zone_t t;
     rate_store_t *store;
     rate_limiter_t *lim[2]; /* [shadow] */
     bool made;              /* tried to make them */
@@ -106,7 +106,7 @@ static void *refund_main(void *arg) {
 }
 
 ngx_http_ratelimit_refund_t *
-ngx_http_ratelimit_refund_start(const ngx_http_ratelimit_probe_target_t *t,
+ngx_http_ratelimit_refund_start(const ngx_http_ratelimit_refund_zone_t *t,
                                 size_t n) {
     ngx_http_ratelimit_refund_t *rf;
     sigset_t all, old;

@@ -11,20 +11,29 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ngx_http_ratelimit_probe.h"
+#include <ratelimit.h>
 
 /* Refunds not yet made, past which a post is refused. */
 #define NGX_HTTP_RATELIMIT_REFUND_QUEUE 4096
 
+/* A Redis zone, as the refund thread makes its own store and limiters of
+ * it. */
+typedef struct {
+    const char *url;                     /* borrowed: must outlive the thread */
+    const rate_redis_options_t *options; /* borrowed; lazy_connect forced */
+    const rate_policy_t *policy;         /* borrowed, read only */
+    const rate_clock_t *clock;           /* the limiters' clock, or NULL */
+} ngx_http_ratelimit_refund_zone_t;
+
 typedef struct ngx_http_ratelimit_refund_s ngx_http_ratelimit_refund_t;
 
-/* Starts the thread for n Redis zones (t as for the probe: each zone's
- * URL, options, policy and clock, borrowed until stop).  Each zone's
- * synchronous store (lazy_connect) and its two limiters (enforced and
- * shadow state) are the thread's, made at its first refund.  The thread
+/* Starts the thread for n Redis zones (t: each zone's URL, options,
+ * policy and clock, borrowed until stop; zone i of a post is t[i]).  Each
+ * zone's synchronous store (lazy_connect) and its two limiters (enforced
+ * and shadow state) are the thread's, made at its first refund.  The thread
  * blocks every signal.  NULL when it cannot start.  Thread: the worker's. */
 ngx_http_ratelimit_refund_t *
-ngx_http_ratelimit_refund_start(const ngx_http_ratelimit_probe_target_t *t,
+ngx_http_ratelimit_refund_start(const ngx_http_ratelimit_refund_zone_t *t,
                                 size_t n);
 
 /* Queues a refund of one permit on zone i's key (copied; at most
