@@ -440,7 +440,15 @@ typedef struct rate__known {
     rate_policy_t policy; /* a copy */
     uint32_t id;          /* 0: not yet registered in the store */
     bool legacy;          /* only known by its first-edition fingerprint */
+    /* The limiter's time (ns) from which the record is checked again, in
+     * case the store lost it (src/registry.c, RATE__RECHECK_NS). */
+    _Atomic uint64_t recheck_at;
 } rate__known_t;
+
+/* How often a limiter makes sure the store still holds the records of the
+ * policies it writes states under (a Redis restarted without its data
+ * loses them, and other readers could not read those states). */
+#define RATE__RECHECK_NS (10 * RATE_NS_PER_S)
 
 typedef struct rate__registry {
     _Atomic size_t count; /* published entries */

@@ -60,6 +60,10 @@ typedef struct plan {
      * acquire() (fast says so), then published by `fast`. */
     rate_acquire_t acq[2];
     _Atomic bool fast;
+    /* The limiter's time from which the tag's record is checked again
+     * (RATE__RECHECK_NS: a store may lose it); the bool calls' fast path,
+     * on stores that keep their records, does not look. */
+    _Atomic uint64_t recheck_at;
     struct plan *older;
 } plan_t;
 
@@ -203,6 +207,7 @@ static plan_t *plan_new(const rate_policy_t *p)
         memcpy(&pl->policy, p, sizeof *p);
         atomic_init(&pl->tag, 0);
         atomic_init(&pl->fast, false);
+        atomic_init(&pl->recheck_at, 0);
     }
     return pl;
 }
@@ -216,11 +221,12 @@ static plan_t *plan_new(const rate_policy_t *p)
  * when that takes the store's I/O), or its fingerprint in the first
  * edition's format. */
 static int tag_of(rate_limiter_t *lim, rate__book_t *book,
-                  const rate_policy_t *p, uint32_t *tag, bool wait)
+                  const rate_policy_t *p, uint32_t *tag, bool wait,
+                  uint64_t now)
 {
-    int rc = !wait && !rate__book_known_id(book, p, tag)
+    int rc = !wait && !rate__book_known_id(book, p, tag, now)
                  ? NEED_RECORD
-                 : rate__book_id(book, p, tag);
+                 : rate__book_id(book, p, tag, now);
 
     if (rc == RATE_OK && lim->format == RATE__FORMAT_V1 && book == &lim->book)
         *tag = p->fingerprint;
@@ -229,12 +235,27 @@ static int tag_of(rate_limiter_t *lim, rate__book_t *book,
 
 /* The default plan's tag, known once and then read without a lock. */
 static int plan_tag(rate_limiter_t *lim, plan_t *pl, uint32_t *tag,
-                    bool wait)
+                    bool wait, uint64_t now)
 {
     *tag = atomic_load_explicit(&pl->tag, memory_order_acquire);
-    if (*tag != 0)
+    if (*tag != 0) {
+        uint64_t at = atomic_load_explicit(&pl->recheck_at,
+                                           memory_order_relaxed);
+        if (now < at)
+            return RATE_OK;
+        /* Due: one caller has the book check the record again (the tag
+         * stays: the record is found, or written again where lost). */
+        uint64_t next = now > RATE_TIME_MAX - RATE__RECHECK_NS
+                            ? RATE_TIME_MAX
+                            : now + RATE__RECHECK_NS;
+        if (!atomic_compare_exchange_strong(&pl->recheck_at, &at, next))
+            return RATE_OK;
+        if (!wait)
+            return NEED_RECORD; /* through the store, before the decision */
+        (void)rate__book_rewrite(&lim->book, &pl->policy);
         return RATE_OK;
-    int rc = tag_of(lim, &lim->book, &pl->policy, tag, wait);
+    }
+    int rc = tag_of(lim, &lim->book, &pl->policy, tag, wait, now);
     if (rc != RATE_OK)
         return rc;
     /* Published once, by the first thread to get here (others that looked
@@ -251,6 +272,11 @@ static int plan_tag(rate_limiter_t *lim, plan_t *pl, uint32_t *tag,
                                               lim->space, h == 1};
             atomic_store_explicit(&pl->fast, true, memory_order_release);
         }
+        atomic_store_explicit(&pl->recheck_at,
+                              now > RATE_TIME_MAX - RATE__RECHECK_NS
+                                  ? RATE_TIME_MAX
+                                  : now + RATE__RECHECK_NS,
+                              memory_order_relaxed);
         atomic_store_explicit(&pl->tag, *tag, memory_order_release);
     }
     pthread_mutex_unlock(&lim->plan_lock);
@@ -327,7 +353,7 @@ int rate_limiter_new(const rate_limiter_config_t *cfg, rate_limiter_t **out)
      * decision registers it, through the store, without waiting. */
     uint32_t tag;
     if (lim->m->start == NULL)
-        (void)plan_tag(lim, pl, &tag, true);
+        (void)plan_tag(lim, pl, &tag, true, clock_now(lim));
     *out = lim;
     return RATE_OK;
 }
@@ -382,7 +408,7 @@ int rate_limiter_set_policy(rate_limiter_t *lim, const rate_policy_t *policy)
     pthread_mutex_unlock(&lim->plan_lock);
     uint32_t tag;
     if (lim->m->start == NULL) /* as at creation: now if it can */
-        (void)plan_tag(lim, pl, &tag, true);
+        (void)plan_tag(lim, pl, &tag, true, clock_now(lim));
     return RATE_OK;
 }
 
@@ -467,7 +493,8 @@ static RATE__ALWAYS_INLINE int store_part(rate_limiter_t *lim, rate_store_t *sto
  * (with !wait: NEED_RECORD when it has to be). */
 static int policy_for(rate_limiter_t *lim, const rate_policy_t *force,
                       const char *key, size_t key_len,
-                      const rate_policy_t **p, uint32_t *tag, bool wait)
+                      const rate_policy_t **p, uint32_t *tag, bool wait,
+                      uint64_t now)
 {
     *p = NULL;
     *tag = 0;
@@ -482,11 +509,12 @@ static int policy_for(rate_limiter_t *lim, const rate_policy_t *force,
         if (lim->check_policy &&
             (rc = rate_store_check_policy(lim->store, *p, NULL, 0)) != RATE_OK)
             return rc;
-        return tag_of(lim, &lim->book, *p, tag, wait);
+        return tag_of(lim, &lim->book, *p, tag, wait, now);
     }
     plan_t *pl = atomic_load_explicit(&lim->plan, memory_order_acquire);
     *p = &pl->policy;
-    return pl->policy.unlimited ? RATE_OK : plan_tag(lim, pl, tag, wait);
+    return pl->policy.unlimited ? RATE_OK
+                                : plan_tag(lim, pl, tag, wait, now);
 }
 
 /* Before the store: the input checked (RATE_E* for bad input), the step's
@@ -506,7 +534,7 @@ static RATE__ALWAYS_INLINE int prepare(rate_limiter_t *lim,
     if (permits > RATE_TIME_MAX || max_wait > RATE_TIME_MAX ||
         now > RATE_TIME_MAX)
         return RATE_ERANGE;
-    *store_rc = policy_for(lim, force, key, key_len, &p, &tag, wait);
+    *store_rc = policy_for(lim, force, key, key_len, &p, &tag, wait, now);
     if (*store_rc == RATE_EKEY) /* the library's record key, not the call's */
         *store_rc = RATE_ESTORE;
     *arg = (rate__step_arg_t){p,   tag,     lim->format, &lim->book.known,
@@ -533,7 +561,8 @@ static RATE__ALWAYS_INLINE void finish(rate_limiter_t *lim, rate__step_arg_t *ar
             arg->known = &lim->fb_book.known;
             arg->format = RATE__FORMAT;
             arg->now_ns = now;
-            fb = rate__book_id(&lim->fb_book, arg->policy, &arg->policy_id);
+            fb = rate__book_id(&lim->fb_book, arg->policy, &arg->policy_id,
+                               now);
             if (fb == RATE_OK)
                 fb = store_part(lim, lim->fallback, &lim->fb_book, k, arg,
                                 now, clock_time);
@@ -796,7 +825,7 @@ static void async_recorded(void *ud, int rc)
 
     if (rc == RATE_OK && a->arg.policy_id == 0)
         rc = tag_of(a->lim, &a->lim->book, a->arg.policy, &a->arg.policy_id,
-                    false); /* known now */
+                    false, a->now); /* known now */
     if (rc == RATE_OK) {
         memset(&a->d, 0, sizeof a->d);
         if (async_start(a, &rc, true))
@@ -876,7 +905,7 @@ static int check_async(rate_limiter_t *lim, const char *key, size_t key_len,
     a->job.key.space = lim->space;
     if (store_rc == NEED_RECORD) { /* the policy's record first */
         a->now_out = NULL;
-        store_rc = rate__book_id_start(&lim->book, a->arg.policy,
+        store_rc = rate__book_id_start(&lim->book, a->arg.policy, a->now,
                                        async_recorded, a);
         if (store_rc == RATE_OK)
             return now_out != NULL ? RATE_PENDING : RATE_OK;
@@ -993,7 +1022,7 @@ static int adjust_start(rate_limiter_t *lim, const char *key, size_t key_len,
         a->job.key.bytes = a->key;
         a->job.key.space = lim->space;
         if (store_rc == NEED_RECORD) /* the policy's record first */
-            rc = rate__book_id_start(&lim->book, a->arg.policy,
+            rc = rate__book_id_start(&lim->book, a->arg.policy, now,
                                      async_recorded, a);
         else
             (void)async_start(a, &rc, false);

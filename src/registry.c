@@ -71,7 +71,7 @@ static const rate__known_t *find_policy(const rate__registry_t *r,
 
 /* Appends an entry (the book's lock held). */
 static int add_known(rate__registry_t *r, const rate_policy_t *p, uint32_t id,
-                     bool legacy)
+                     bool legacy, uint64_t recheck_at)
 {
     size_t n = atomic_load_explicit(&r->count, memory_order_relaxed);
     size_t c = n / RATE__KNOWN_CHUNK;
@@ -90,6 +90,7 @@ static int add_known(rate__registry_t *r, const rate_policy_t *p, uint32_t id,
     memcpy(&k->policy, p, sizeof *p);
     k->id = id;
     k->legacy = legacy;
+    atomic_init(&k->recheck_at, recheck_at);
     atomic_store_explicit(&r->count, n + 1, memory_order_release);
     return RATE_OK;
 }
@@ -150,14 +151,19 @@ static int rec_step(void *varg, rate_step_io_t *io)
     return RATE_OK;
 }
 
-/* Adds p with its id, once, whoever found it first. */
-static int book_add(rate__book_t *b, const rate_policy_t *p, uint32_t id)
+/* Adds p with its id, once, whoever found it first; its record checked
+ * again from now + RATE__RECHECK_NS. */
+static int book_add(rate__book_t *b, const rate_policy_t *p, uint32_t id,
+                    uint64_t now)
 {
     int rc = RATE_OK;
 
     pthread_mutex_lock(&b->lock);
     if (find_policy(&b->known, p) == NULL)
-        rc = add_known(&b->known, p, id, false);
+        rc = add_known(&b->known, p, id, false,
+                       now > RATE_TIME_MAX - RATE__RECHECK_NS
+                           ? RATE_TIME_MAX
+                           : now + RATE__RECHECK_NS);
     pthread_mutex_unlock(&b->lock);
     return rc;
 }
@@ -199,27 +205,56 @@ static int register_policy(rate__book_t *b, const rate_policy_t *p,
     return RATE_ECONFLICT;
 }
 
+/* Whether k's record is due to be checked again at `now`: claimed by this
+ * caller (the next is due RATE__RECHECK_NS later). */
+static bool recheck_due(const rate__known_t *k, uint64_t now)
+{
+    rate__known_t *w = (rate__known_t *)k; /* its one mutable field */
+    uint64_t at = atomic_load_explicit(&w->recheck_at, memory_order_relaxed);
+    uint64_t next = now > RATE_TIME_MAX - RATE__RECHECK_NS
+                        ? RATE_TIME_MAX
+                        : now + RATE__RECHECK_NS;
+    return now >= at && atomic_compare_exchange_strong(&w->recheck_at, &at,
+                                                       next);
+}
+
+int rate__book_rewrite(rate__book_t *b, const rate_policy_t *p)
+{
+    uint32_t id;
+    return register_policy(b, p, &id);
+}
+
 bool rate__book_known_id(rate__book_t *b, const rate_policy_t *p,
-                         uint32_t *id)
+                         uint32_t *id, uint64_t now)
 {
     const rate__known_t *k = find_policy(&b->known, p);
 
-    if (k != NULL)
-        *id = k->id;
-    return k != NULL;
+    if (k == NULL)
+        return false;
+    *id = k->id;
+    return !recheck_due(k, now);
 }
 
-int rate__book_id(rate__book_t *b, const rate_policy_t *p, uint32_t *id)
+int rate__book_id(rate__book_t *b, const rate_policy_t *p, uint32_t *id,
+                  uint64_t now)
 {
+    const rate__known_t *k = find_policy(&b->known, p);
     int rc;
 
-    if (rate__book_known_id(b, p, id))
+    if (k != NULL) {
+        *id = k->id;
+        /* Due: the record written again where the store lost it (found
+         * as it is otherwise); a store that fails now fails the decision
+         * anyway, and the next check is due later. */
+        if (recheck_due(k, now))
+            (void)rate__book_rewrite(b, p);
         return RATE_OK;
+    }
     /* The store's I/O is made outside the lock; a race registers the same
      * record twice, which finds it the second time. */
     if ((rc = register_policy(b, p, id)) != RATE_OK)
         return rc;
-    return book_add(b, p, *id);
+    return book_add(b, p, *id, now);
 }
 
 typedef struct copy_arg {
@@ -323,7 +358,7 @@ static int learn_with(rate__book_t *b, uint8_t format, uint32_t tag, int rc,
     const rate_policy_t *k = rate__known_find(&b->known, format, tag);
     if (k == NULL || (p != NULL && k->count == 0))
         rc = add_known(&b->known, p != NULL ? p : &unknown, id,
-                       format == RATE__FORMAT_V1 && p == NULL);
+                       format == RATE__FORMAT_V1 && p == NULL, 0);
     pthread_mutex_unlock(&b->lock);
     rate_policy_free(p);
     return rc;
@@ -355,6 +390,7 @@ struct rate__book_op {
     rate__book_t *book;
     rate__book_op_t *next; /* the book's ops in flight */
     const rate_policy_t *policy; /* registering it; NULL: learning */
+    uint64_t now;                /* the limiter's time of the registration */
     uint8_t format;
     uint32_t tag, try;
     unsigned probes;
@@ -422,7 +458,7 @@ static void op_done(rate_job_t *job, int rc)
         return;
     }
     if (rc == RATE_OK && op->rec.found != REC_OTHER) {
-        op_end(op, book_add(b, op->policy, op->try), true);
+        op_end(op, book_add(b, op->policy, op->try, op->now), true);
         return;
     }
     if (rc == RATE_OK && ++op->probes < ID_PROBES) {
@@ -437,8 +473,9 @@ static void op_done(rate_job_t *job, int rc)
 
 /* Waits on the book's op for the same record, or starts one: RATE_OK (done
  * will be called), or the error at once. */
-static int op_join(rate__book_t *b, const rate_policy_t *p, uint8_t format,
-                   uint32_t tag, void (*done)(void *, int), void *ud)
+static int op_join(rate__book_t *b, const rate_policy_t *p, uint64_t now,
+                   uint8_t format, uint32_t tag, void (*done)(void *, int),
+                   void *ud)
 {
     waiter_t *w = calloc(1, sizeof *w);
     if (w == NULL)
@@ -465,6 +502,7 @@ static int op_join(rate__book_t *b, const rate_policy_t *p, uint8_t format,
     }
     op->book = b;
     op->policy = p;
+    op->now = now;
     op->format = format;
     op->tag = tag;
     if (p != NULL) {
@@ -488,13 +526,14 @@ static int op_join(rate__book_t *b, const rate_policy_t *p, uint8_t format,
 }
 
 int rate__book_id_start(rate__book_t *b, const rate_policy_t *p,
-                        void (*done)(void *ud, int rc), void *ud)
+                        uint64_t now, void (*done)(void *ud, int rc),
+                        void *ud)
 {
-    return op_join(b, p, 0, 0, done, ud);
+    return op_join(b, p, now, 0, 0, done, ud);
 }
 
 int rate__book_learn_start(rate__book_t *b, uint8_t format, uint32_t tag,
                            void (*done)(void *ud, int rc), void *ud)
 {
-    return op_join(b, NULL, format, tag, done, ud);
+    return op_join(b, NULL, 0, format, tag, done, ud);
 }

@@ -939,6 +939,19 @@ static void async_records(void **state)
         admitted += burst[i].d.allowed;
     }
     assert_int_equal(admitted, 3);
+    /* 10 s of the limiter's time on, its record is checked again (the
+     * store may have lost it): a job before the decision's, once. */
+    assert_int_equal(rate_limiter_check_start_at(a4, "b", 1, 1, 0,
+                                                 SEC + 11 * SEC, &out,
+                                                 async_cb, &burst[0]),
+                     RATE_PENDING);
+    assert_int_equal(cas_store_run_jobs(h), 2);
+    assert_int_equal(rate_limiter_check_start_at(a4, "b", 1, 1, 0,
+                                                 SEC + 12 * SEC, &out,
+                                                 async_cb, &burst[0]),
+                     RATE_PENDING);
+    assert_int_equal(cas_store_run_jobs(h), 1);
+    assert_int_equal(burst[0].calls, 4);
     rate_limiter_free(a4);
     rate_limiter_free(a1);
     rate_limiter_free(a2);
