@@ -10,7 +10,6 @@
 #include <ratelimit.h>
 
 #include "ngx_http_ratelimit_loop.h"
-#include "ngx_http_ratelimit_refund.h"
 
 #define NGX_HTTP_RATELIMIT_KEYS_DEFAULT 10000
 #define NGX_HTTP_RATELIMIT_KEY_MAX_DEFAULT 128
@@ -37,7 +36,6 @@ typedef struct {
      * (lazy_connect, timeout=, prefix=); NULL url: the shared memory. */
     char *redis_url;
     rate_redis_options_t redis;
-    ngx_uint_t redis_index;  /* its zone in the worker's refund thread */
     /* Per worker, made at init_process: */
     rate_store_t *store;
     rate_limiter_t *limiter[2][2]; /* [shadow][fail open] */
@@ -169,9 +167,15 @@ static ngx_http_output_header_filter_pt ngx_http_next_header_filter;
  * is exiting (exit_process: callbacks then touch no request). */
 static rate_loop_t ngx_http_ratelimit_loop;
 static ngx_uint_t ngx_http_ratelimit_exiting;
-/* The worker's refund thread for its Redis zones (NULL: none). */
-static ngx_http_ratelimit_refund_t *ngx_http_ratelimit_refunder;
-static ngx_uint_t ngx_http_ratelimit_refunds_dropped;
+/* The worker's refunds on its Redis zones (rate_limiter_refund_start):
+ * made, failed (the store's error), dropped (still pending at the exit),
+ * and the failures' log lines suppressed since the last one (at most one a
+ * second). */
+static uint64_t ngx_http_ratelimit_refunds_made;
+static uint64_t ngx_http_ratelimit_refunds_failed;
+static uint64_t ngx_http_ratelimit_refunds_dropped;
+static uint64_t ngx_http_ratelimit_refunds_quiet;
+static time_t ngx_http_ratelimit_refunds_logged;
 
 static ngx_str_t ngx_http_ratelimit_result_names[] = {
     ngx_null_string, ngx_string("allowed"), ngx_string("limited"),
@@ -836,15 +840,13 @@ static void ngx_http_ratelimit_redis_setup(ngx_log_t *log,
  * never waiting for Redis (a Redis down or not answering is met by the
  * first decisions: store errors under the location's ratelimit_fail until
  * it answers).  A zone that fails is logged and answers every request as a
- * store error.  The Redis zones' refunds go to a refund thread of the
- * worker's (ngx_http_ratelimit_refund.h). */
+ * store error. */
 static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
     ngx_http_ratelimit_main_conf_t *rmcf = ngx_http_ratelimit_main(cycle);
-    ngx_http_ratelimit_refund_zone_t *t;
     ngx_http_ratelimit_zone_t **zp, *z;
     rate_shm_options_t opt;
     char err[256];
-    ngx_uint_t i, n = 0;
+    ngx_uint_t i;
     int rc;
 
     if (rmcf == NULL) {
@@ -856,7 +858,6 @@ static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
     for (i = 0; i < rmcf->zones.nelts; i++) {
         z = zp[i];
         if (z->redis_url != NULL) {
-            z->redis_index = n++;
             ngx_http_ratelimit_redis_setup(cycle->log, z);
             continue;
         }
@@ -875,30 +876,6 @@ static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
         }
         ngx_http_ratelimit_limiters(cycle->log, z);
     }
-    if (n == 0) {
-        return NGX_OK;
-    }
-
-    t = ngx_pcalloc(cycle->pool, n * sizeof(*t));
-    if (t == NULL) {
-        return NGX_ERROR;
-    }
-    for (i = 0; i < rmcf->zones.nelts; i++) {
-        z = zp[i];
-        if (z->redis_url != NULL) {
-            t[z->redis_index].url = z->redis_url;
-            t[z->redis_index].options = &z->redis;
-            t[z->redis_index].policy = z->policy;
-            t[z->redis_index].clock = &ngx_http_ratelimit_wall;
-        }
-    }
-    ngx_http_ratelimit_refunder = ngx_http_ratelimit_refund_start(t, n);
-    if (ngx_http_ratelimit_refunder == NULL) {
-        ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
-                      "ratelimit: cannot start the refund thread: refunds "
-                      "on Redis zones are made on the event loop "
-                      "(blocking round trips)");
-    }
     return NGX_OK;
 }
 
@@ -914,19 +891,6 @@ static void ngx_http_ratelimit_exit_process(ngx_cycle_t *cycle) {
      * (RATE_ECANCELED): their callbacks then only let go of their
      * requests.  The store first, then its limiters. */
     ngx_http_ratelimit_exiting = 1;
-    if (ngx_http_ratelimit_refunder != NULL) {
-        uint64_t made, failed, dropped;
-
-        ngx_http_ratelimit_refund_stop(ngx_http_ratelimit_refunder, &made,
-                                       &failed, &dropped);
-        ngx_http_ratelimit_refunder = NULL;
-        if (made + failed + dropped > 0) {
-            ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
-                          "ratelimit: refunds on Redis zones: %uL made, "
-                          "%uL failed, %uL dropped",
-                          made, failed, dropped);
-        }
-    }
     zp = rmcf->zones.elts;
     for (i = 0; i < rmcf->zones.nelts; i++) {
         rate_store_free(zp[i]->store);
@@ -937,6 +901,18 @@ static void ngx_http_ratelimit_exit_process(ngx_cycle_t *cycle) {
                 zp[i]->limiter[s][f] = NULL;
             }
         }
+    }
+    /* (after the stores: a refund still pending was completed by its
+     * store's freeing, as dropped) */
+    if (ngx_http_ratelimit_refunds_made + ngx_http_ratelimit_refunds_failed +
+            ngx_http_ratelimit_refunds_dropped >
+        0) {
+        ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
+                      "ratelimit: refunds on Redis zones: %uL made, "
+                      "%uL failed, %uL dropped",
+                      ngx_http_ratelimit_refunds_made,
+                      ngx_http_ratelimit_refunds_failed,
+                      ngx_http_ratelimit_refunds_dropped);
     }
 }
 
@@ -1021,6 +997,51 @@ static void ngx_http_ratelimit_account(ngx_http_request_t *r,
     }
 }
 
+/* A refund's end on a Redis zone (rate_limiter_refund_start), on the
+ * worker's loop: counted; a failure logged, at most one line a second. */
+static void ngx_http_ratelimit_refunded(void *ud, int rc) {
+    ngx_http_ratelimit_zone_t *z = ud;
+
+    if (rc == RATE_OK) {
+        ngx_http_ratelimit_refunds_made++;
+        return;
+    }
+    if (rc == RATE_ECANCELED) { /* the store freed first: the exit */
+        ngx_http_ratelimit_refunds_dropped++;
+        return;
+    }
+    ngx_http_ratelimit_refunds_failed++;
+    if (ngx_time() == ngx_http_ratelimit_refunds_logged) {
+        ngx_http_ratelimit_refunds_quiet++;
+        return;
+    }
+    ngx_http_ratelimit_refunds_logged = ngx_time();
+    ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                  "ratelimit: zone \"%V\": a refund failed: %s: the permit "
+                  "stays charged (%uL more since)",
+                  &z->name, rate_err_name(rc),
+                  ngx_http_ratelimit_refunds_quiet);
+    ngx_http_ratelimit_refunds_quiet = 0;
+}
+
+/* Gives back one permit of key on zone z: at once on a shared-memory zone
+ * (local); on a Redis zone without waiting (rate_limiter_refund_start:
+ * its end comes to ngx_http_ratelimit_refunded), the request going on. */
+static void ngx_http_ratelimit_refund(ngx_http_ratelimit_zone_t *z,
+                                      rate_limiter_t *lim, ngx_str_t *key) {
+    int rc;
+
+    if (z->redis_url == NULL) {
+        (void)rate_limiter_refund(lim, (const char *)key->data, key->len, 1);
+        return;
+    }
+    rc = rate_limiter_refund_start(lim, (const char *)key->data, key->len, 1,
+                                   ngx_http_ratelimit_refunded, z);
+    if (rc != RATE_PENDING) {
+        ngx_http_ratelimit_refunded(z, rc);
+    }
+}
+
 /* Every limit decided (or one denied): the request's outcome, which the
  * access-phase handler returns. */
 static ngx_int_t ngx_http_ratelimit_finish(ngx_http_request_t *r,
@@ -1036,10 +1057,7 @@ static ngx_int_t ngx_http_ratelimit_finish(ngx_http_request_t *r,
         d = &ctx->d[ctx->denied];
         /* Nothing is charged on a denial: give back what the limits
          * before the denying one admitted (under shadow, the shadow
-         * state's, as enforcing would).  A refund is a synchronous call:
-         * local on a shared-memory zone, made here; a round trip or more
-         * on a Redis zone, posted to the worker's refund thread, so that
-         * the loop does not wait for it (docs/nginx.md). */
+         * state's, as enforcing would): ngx_http_ratelimit_refund. */
         for (j = 0; j < (ngx_uint_t)ctx->denied; j++) {
             if (ctx->d[j].reason != RATE_REASON_ALLOWED) {
                 continue;
@@ -1051,26 +1069,7 @@ static ngx_int_t ngx_http_ratelimit_finish(ngx_http_request_t *r,
                 ngx_http_complex_value(r, &l->key, &key) != NGX_OK) {
                 continue;
             }
-            if (ctx->zone[j]->redis_url == NULL ||
-                ngx_http_ratelimit_refunder == NULL) {
-                /* (a Redis zone here only when the worker has no refund
-                 * thread: it could not start one, and said so) */
-                (void)rate_limiter_refund(lim, (const char *)key.data,
-                                          key.len, 1);
-            } else if (ngx_http_ratelimit_refund_post(
-                           ngx_http_ratelimit_refunder,
-                           ctx->zone[j]->redis_index, rlcf->shadow != 0,
-                           key.data, key.len) != 0 &&
-                       ngx_http_ratelimit_refunds_dropped++ % 1000 == 0) {
-                /* (the first, then one line a thousand) */
-                ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
-                              "ratelimit: zone \"%V\": a refund is dropped "
-                              "(%d queued; %uL dropped by this worker): the "
-                              "permit stays charged",
-                              &ctx->zone[j]->name,
-                              NGX_HTTP_RATELIMIT_REFUND_QUEUE,
-                              (uint64_t)ngx_http_ratelimit_refunds_dropped);
-            }
+            ngx_http_ratelimit_refund(ctx->zone[j], lim, &key);
         }
         if (d->reason == RATE_REASON_STORE_ERROR) {
             ctx->result = NGX_HTTP_RATELIMIT_ERROR;

@@ -242,8 +242,8 @@ expect "tb in turn" "$(alt 11 -H 'X-Key: q1' /tb/)" \
 # neither (the admitted one is refunded).
 expect "both: per_user's 3" "$(alt 6 -H 'X-Key: K1' -H 'X-User: U1' /both/)" \
   "200 200 200 429 429 429"
-# (a refund on a Redis zone is made by the worker's refund thread, after
-# the answer: let the three land; their count is checked at the end)
+# (a refund on a Redis zone is sent without waiting, the denial answered
+# meanwhile: let the three land; their count is checked at the end)
 sleep 0.3
 expect "both: per_key refunded" "$(alt 3 -H 'X-Key: K1' -H 'X-User: U2' /both/)" \
   "200 200 429"
@@ -454,6 +454,12 @@ refunds=$(cat "$tmp/a/logs/error.log" "$tmp/b/logs/error.log" |
   sed -n 's/.*ratelimit: refunds on Redis zones: \([0-9]*\) made, \([0-9]*\) failed, \([0-9]*\) dropped.*/\1 \2 \3/p' |
   awk '{ m += $1; f += $2; d += $3 } END { printf "%d made, %d failed, %d dropped", m, f, d }')
 expect "refunds" "$refunds" "4 made, 0 failed, 0 dropped"
+# the line only from a worker that refunded: 6 workers of each instance
+# at least (a reload's too) exited, and 4 refunds were made by 4 or fewer
+expect "refunds: no line without a refund" \
+  "$(cat "$tmp/a/logs/error.log" "$tmp/b/logs/error.log" | grep -c 'refunds on Redis zones: 0 made, 0 failed, 0 dropped' || true)" 0
+lines=$(cat "$tmp/a/logs/error.log" "$tmp/b/logs/error.log" | grep -c 'refunds on Redis zones:' || true)
+[ "$lines" -ge 1 ] && [ "$lines" -le 4 ] || fail "refunds: $lines exit lines for 4 refunds"
 echo "Redis stopped or killed: the slowest answer took $max_ms ms (timeout $TIMEOUT_MS ms)"
 echo "nginx_redis_test: took $(($(date +%s) - t_start)) s"
 if [ "$fails" -ne 0 ]; then
