@@ -1294,7 +1294,8 @@ static ngx_int_t ngx_http_ratelimit_handler(ngx_http_request_t *r) {
     }
     ctx->result = NGX_HTTP_RATELIMIT_NONE;
     ctx->denied = -1;
-    ctx->headers = rlcf->headers;
+    /* Shadow mode sends no field: the limit is not enforced. */
+    ctx->headers = rlcf->headers && !rlcf->shadow;
     ctx->rlcf = rlcf;
     ctx->final = NGX_DECLINED;
     cln->handler = ngx_http_ratelimit_marker;

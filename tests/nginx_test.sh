@@ -207,6 +207,9 @@ expect "headers off: none" "$(grep -ci '^ratelimit' "$tmp/h" || true)" 0
 # marked; the enforced limit on the same zone keeps its own state.
 expect "shadow" "$(statuses 5 -H 'X-Key: s1' /shadow/)" "200 200 200 200 200"
 expect "shadow: no fields" "$(grep -ci '^ratelimit' "$tmp/h" || true)" 0
+# an admitted request under shadow carries none either (a fresh key)
+expect "shadow: admitted" "$(get -H 'X-Key: s2' /shadow/)" 200
+expect "shadow: admitted, no fields" "$(grep -ci '^ratelimit\|^retry-after' "$tmp/h" || true)" 0
 expect "shadow: results" \
   "$(grep ' /shadow/ s1$' "$tmp/logs/access.log" | awk '{print $3}' | tr '\n' ' ')" \
   "[allowed] [allowed] [shadow] [shadow] [shadow] "
