@@ -1075,14 +1075,25 @@ static ngx_int_t ngx_http_ratelimit_finish(ngx_http_request_t *r,
             ctx->result = NGX_HTTP_RATELIMIT_ERROR;
             return NGX_HTTP_SERVICE_UNAVAILABLE;
         }
-        ngx_log_error(rlcf->log_level, r->connection->log, 0,
-                      "ratelimit: %s requests by zone \"%V\", retry after "
-                      "%uL ms",
-                      d->shadow ? "would limit (shadow)" : "limiting",
-                      &ctx->zone[ctx->denied]->name,
-                      d->retry_after_ns == RATE_NEVER
-                          ? (uint64_t)0
-                          : d->retry_after_ns / 1000000);
+        if (d->shadow) {
+            /* (the library gives a shadow decision no retry_after) */
+            ngx_log_error(rlcf->log_level, r->connection->log, 0,
+                          "ratelimit: would limit (shadow) requests by "
+                          "zone \"%V\"",
+                          &ctx->zone[ctx->denied]->name);
+        } else if (d->retry_after_ns == RATE_NEVER) {
+            ngx_log_error(rlcf->log_level, r->connection->log, 0,
+                          "ratelimit: limiting requests by zone \"%V\", "
+                          "never admitted (more than the limit holds)",
+                          &ctx->zone[ctx->denied]->name);
+        } else {
+            /* in whole ms rounded up, as Retry-After's seconds are */
+            ngx_log_error(rlcf->log_level, r->connection->log, 0,
+                          "ratelimit: limiting requests by zone \"%V\", "
+                          "retry after %uL ms",
+                          &ctx->zone[ctx->denied]->name,
+                          (d->retry_after_ns + 999999) / 1000000);
+        }
         if (d->shadow) {
             ctx->result = NGX_HTTP_RATELIMIT_SHADOW;
             return NGX_DECLINED;

@@ -215,12 +215,19 @@ expect "shadow: results" \
   "[allowed] [allowed] [shadow] [shadow] [shadow] "
 grep -q 'ratelimit: would limit (shadow) requests by zone "two"' "$tmp/logs/error.log" ||
   fail "shadow: no log line"
+# the library gives a shadow decision no wait: its line names none
+grep -q 'would limit (shadow) requests by zone "two", retry' "$tmp/logs/error.log" &&
+  fail "shadow: the log line names a wait"
 # enforced (status 503, log level warn) on the same key: its own 2
 expect "enforced after shadow" "$(statuses 3 -H 'X-Key: s1' /enforced/)" "200 200 503"
 grep -q '\[warn\] .*ratelimit: limiting requests by zone "two"' "$tmp/logs/error.log" ||
   fail "log level warn: no [warn] line"
 grep -q '\[error\] .*ratelimit: limiting requests by zone "fw"' "$tmp/logs/error.log" ||
   fail "log level: no [error] line by default"
+# an enforced line names its wait in ms rounded up: never "0 ms"
+grep -q 'limiting requests by zone "two", retry after [1-9][0-9]* ms' "$tmp/logs/error.log" ||
+  fail "enforced: the log line names no wait"
+grep -q 'retry after 0 ms' "$tmp/logs/error.log" && fail "a denial logged 'retry after 0 ms'"
 
 # ---- an empty key is not limited, and has no result.
 expect "empty key" "$(statuses 8 /enforced/)" "200 200 200 200 200 200 200 200"
