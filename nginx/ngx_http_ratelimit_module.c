@@ -35,6 +35,7 @@ typedef struct {
     /* store=redis://: the URL (NUL-terminated) and the store's options
      * (lazy_connect, timeout=, prefix=); NULL url: the shared memory. */
     char *redis_url;
+    char *redis_url_log;     /* the same, its password masked: for logs */
     rate_redis_options_t redis;
     /* Per worker, made at init_process: */
     rate_store_t *store;
@@ -289,6 +290,77 @@ static ngx_int_t ngx_http_ratelimit_parse_uint(ngx_str_t *v, uint64_t *out) {
     return NGX_OK;
 }
 
+/* url (len bytes) as it may be logged: a password in it ("user:pw@" or
+ * ":pw@" after "://", before the host) masked as "***" ("user:***@"), and
+ * credentials without a colon masked whole; NUL-terminated, in the pool.
+ * NULL: no memory. */
+static char *ngx_http_ratelimit_mask_url(ngx_pool_t *pool, const u_char *url,
+                                         size_t len) {
+    const u_char *creds, *end, *at = NULL, *colon = NULL, *p;
+    char *out, *o;
+
+    out = ngx_pnalloc(pool, len + sizeof("***"));
+    if (out == NULL) {
+        return NULL;
+    }
+    creds = ngx_strlcasestrn((u_char *)url, (u_char *)url + len,
+                             (u_char *)"://", 3 - 1);
+    if (creds != NULL) {
+        creds += 3;
+        /* the authority ends at the first '/' after the scheme */
+        for (end = creds; end < url + len && *end != '/'; end++) {
+        }
+        for (p = creds; p < end; p++) {
+            if (*p == '@') {
+                at = p; /* the last '@' of the authority */
+            }
+        }
+        if (at != NULL) {
+            for (p = creds; p < at; p++) {
+                if (*p == ':') {
+                    colon = p;
+                    break;
+                }
+            }
+        }
+    }
+    if (at == NULL) {
+        ngx_memcpy(out, url, len);
+        out[len] = '\0';
+        return out;
+    }
+    p = colon != NULL ? colon + 1 : creds;
+    o = (char *)ngx_cpymem(out, url, (size_t)(p - url));
+    o = (char *)ngx_cpymem(o, "***", 3);
+    o = (char *)ngx_cpymem(o, at, (size_t)(url + len - at));
+    *o = '\0';
+    return out;
+}
+
+/* Copies msg into buf (cap bytes, NUL-terminated, cut to fit), each
+ * occurrence of the zone's URL in it (the store's messages quote it)
+ * replaced by its masked form, so that no password reaches a log. */
+static void ngx_http_ratelimit_mask_msg(const ngx_http_ratelimit_zone_t *z,
+                                        const char *msg, char *buf,
+                                        size_t cap) {
+    size_t n = ngx_strlen(z->redis_url), k;
+    const char *hit;
+    char *o = buf, *end = buf + cap - 1;
+
+    while (*msg != '\0' && o < end) {
+        hit = n > 0 ? strstr(msg, z->redis_url) : NULL;
+        if (hit == msg) {
+            for (k = 0; z->redis_url_log[k] != '\0' && o < end; k++) {
+                *o++ = z->redis_url_log[k];
+            }
+            msg += n;
+            continue;
+        }
+        *o++ = *msg++;
+    }
+    *o = '\0';
+}
+
 /* A store=redis:// zone: its URL and options, checked now (the URL's
  * syntax, by a store made lazily, which does not connect) so that nginx -t
  * names a bad one; the store itself is each worker's (init_process). */
@@ -308,6 +380,11 @@ static ngx_int_t ngx_http_ratelimit_redis_zone(ngx_conf_t *cf,
     }
     ngx_memcpy(z->redis_url, url->data, url->len);
     z->redis_url[url->len] = '\0';
+    z->redis_url_log = ngx_http_ratelimit_mask_url(cf->pool, url->data,
+                                                   url->len);
+    if (z->redis_url_log == NULL) {
+        return NGX_ERROR;
+    }
     ngx_memzero(o, sizeof(*o));
     o->lazy_connect = true;
     o->command_timeout_ns = timeout_ns ? timeout_ns : 100000000; /* 100 ms */
@@ -340,10 +417,14 @@ static ngx_int_t ngx_http_ratelimit_redis_zone(ngx_conf_t *cf,
     err[0] = '\0';
     rc = rate_store_redis_new(z->redis_url, &po, &check, err, sizeof(err));
     if (rc != RATE_OK && rc != RATE_ESTORE && rc != RATE_ETIMEDOUT) {
+        char msg[sizeof(err) + 64];
+
+        ngx_http_ratelimit_mask_msg(z, err[0] ? err : "refused", msg,
+                                    sizeof(msg));
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "ratelimit_zone \"%V\": store=%s: %s: %s",
-                           &z->name, z->redis_url, rate_err_name(rc),
-                           err[0] ? err : "refused");
+                           &z->name, z->redis_url_log, rate_err_name(rc),
+                           msg);
         return NGX_ERROR;
     }
     rate_store_free(check);
@@ -397,11 +478,17 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
                 url = arg; /* checked by the store below */
                 continue;
             }
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "ratelimit_zone \"%V\": unknown store \"%V\" "
-                               "(store=shm, store=redis://HOST:PORT[/DB] or "
-                               "store=unix:///PATH)",
-                               &value[1], &arg);
+            {
+                char *shown = ngx_http_ratelimit_mask_url(cf->pool, arg.data,
+                                                          arg.len);
+
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "ratelimit_zone \"%V\": unknown store "
+                                   "\"%s\" (store=shm, "
+                                   "store=redis://HOST:PORT[/DB] or "
+                                   "store=unix:///PATH)",
+                                   &value[1], shown != NULL ? shown : "");
+            }
             return NGX_CONF_ERROR;
         }
         if (arg.len >= 8 && ngx_strncmp(arg.data, "timeout=", 8) == 0) {
@@ -824,10 +911,13 @@ static void ngx_http_ratelimit_redis_setup(ngx_log_t *log,
                                     &ngx_http_ratelimit_loop, &z->store, err,
                                     sizeof(err));
     if (rc != RATE_OK) {
+        char msg[sizeof(err) + 64];
+
+        ngx_http_ratelimit_mask_msg(z, err, msg, sizeof(msg));
         ngx_log_error(NGX_LOG_ALERT, log, 0,
                       "ratelimit_zone \"%V\": cannot make the Redis store "
                       "for %s: %s: %s",
-                      &z->name, z->redis_url, rate_err_name(rc), err);
+                      &z->name, z->redis_url_log, rate_err_name(rc), msg);
         z->store = NULL;
         return;
     }

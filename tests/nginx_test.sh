@@ -271,6 +271,13 @@ bad() { # bad WHAT DIRECTIVE EXPECTED
 }
 bad redisport 'ratelimit_zone r "fixed-window 5/1h" store=redis://127.0.0.1:99999;' \
   'port is not a number from 1 to 65535'
+# a password in a URL is never logged: masked as ***
+bad redispw 'ratelimit_zone r "fixed-window 5/1h" store=redis://me:s3cret@127.0.0.1:99999;' \
+  'store=redis://me:***@127.0.0.1:99999: '
+grep -q s3cret "$tmp/bad.out" && fail "redispw: the password is logged: $(cat "$tmp/bad.out")"
+bad redispw2 'ratelimit_zone r "fixed-window 5/1h" store=redis+tls://:s3cret@127.0.0.1:1;' \
+  'unknown store "redis+tls://:***@127.0.0.1:1"'
+grep -q s3cret "$tmp/bad.out" && fail "redispw2: the password is logged: $(cat "$tmp/bad.out")"
 bad rediss 'ratelimit_zone r "fixed-window 5/1h" store=rediss://127.0.0.1:6379;' \
   'TLS (rediss://) is not supported'
 bad redistimeout 'ratelimit_zone r "fixed-window 5/1h" store=redis://127.0.0.1:1 timeout=0ms;' \
