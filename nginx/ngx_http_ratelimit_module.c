@@ -38,6 +38,8 @@ typedef struct {
     char *redis_url_log;     /* the same, its password masked: for logs */
     rate_redis_options_t redis;
     /* Per worker, made at init_process: */
+    time_t error_logged;      /* the second of the last store-error line */
+    ngx_uint_t error_quiet;   /* store-error lines left out since */
     rate_store_t *store;
     rate_limiter_t *limiter[2][2]; /* [shadow][fail open] */
 } ngx_http_ratelimit_zone_t;
@@ -1066,6 +1068,54 @@ static void ngx_http_ratelimit_store_error(rate_decision_t *d, int rc,
     d->component = -1;
 }
 
+/* A store error's line: at most one a second for each zone in a worker
+ * (an outage would write one a request), with the count of those left out
+ * since the last one, and why when the store knows (a Redis zone: its last
+ * connection's failure, rate_store_redis_last_error; a key past key_max). */
+static void ngx_http_ratelimit_log_store_error(ngx_http_request_t *r,
+                                               ngx_http_ratelimit_zone_t *z,
+                                               const rate_decision_t *d) {
+    char why[256], quiet[64];
+
+    if (z->error_logged == ngx_time()) {
+        z->error_quiet++;
+        return;
+    }
+    why[0] = '\0';
+    if (d->error == RATE_EKEY) {
+        ngx_snprintf((u_char *)why, sizeof(why) - 1,
+                     " (a key longer than %s%uD bytes)%Z",
+                     z->redis_url != NULL ? "" : "key_max=",
+                     z->redis_url != NULL ? (uint32_t)RATE_KEY_MAX
+                                          : z->options.key_max);
+    } else if (z->redis_url != NULL && z->store != NULL) {
+        char err[200];
+
+        err[0] = '\0';
+        if (rate_store_redis_last_error(z->store, err, sizeof(err)) ==
+                RATE_OK &&
+            err[0] != '\0') {
+            ngx_http_ratelimit_mask_msg(z, err, why + 2, sizeof(why) - 3);
+            why[0] = ' ';
+            why[1] = '(';
+            ngx_cpystrn((u_char *)why + ngx_strlen(why), (u_char *)")", 2);
+        }
+    }
+    quiet[0] = '\0';
+    if (z->error_quiet > 0) {
+        ngx_snprintf((u_char *)quiet, sizeof(quiet) - 1, " (%ui more since)%Z",
+                     z->error_quiet);
+    }
+    z->error_logged = ngx_time();
+    z->error_quiet = 0;
+    ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                  "ratelimit: zone \"%V\": store error %s%s, %s%s", &z->name,
+                  rate_err_name(d->error), why,
+                  d->allowed ? "let through (ratelimit_fail open)"
+                             : "denied (ratelimit_fail closed)",
+                  quiet);
+}
+
 /* Takes the decision just made, ctx->d[ctx->n], into account. */
 static void ngx_http_ratelimit_account(ngx_http_request_t *r,
                                        ngx_http_ratelimit_ctx_t *ctx) {
@@ -1074,11 +1124,7 @@ static void ngx_http_ratelimit_account(ngx_http_request_t *r,
     ctx->n++;
     if (d->reason == RATE_REASON_STORE_ERROR) {
         ctx->errors++;
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "ratelimit: zone \"%V\": store error %s, %s",
-                      &ctx->zone[ctx->n - 1]->name, rate_err_name(d->error),
-                      d->allowed ? "let through (ratelimit_fail open)"
-                                 : "denied (ratelimit_fail closed)");
+        ngx_http_ratelimit_log_store_error(r, ctx->zone[ctx->n - 1], d);
     }
     if (!d->allowed || d->shadow) {
         ctx->denied = (ngx_int_t)(ctx->n - 1);

@@ -363,6 +363,20 @@ curl -s --max-time 0.3 -o /dev/null -H 'Connection: close' -H 'X-Key: gone' \
   "http://127.0.0.1:$port_b/slow/" || true
 no_hang "stopped"
 failing "stopped"
+# store-error lines under load: at most one a second for each zone in a
+# worker (6 workers here), whatever the requests: 200 on /open/ (fo)
+fo_lines() { cat "$tmp/a/logs/error.log" "$tmp/b/logs/error.log" | grep -c 'zone "fo": store error' || true; }
+fo_before=$(fo_lines)
+t0=$(date +%s)
+burst 200 flood /open/
+t1=$(date +%s)
+expect "stopped, 200 at once: all let through" "$(count 200)" 200
+fo_n=$(($(fo_lines) - fo_before))
+# (6 workers, one line a second each over the burst's seconds, +1 each for
+# a second boundary crossed)
+[ "$fo_n" -le $((6 * (t1 - t0 + 2))) ] && [ "$fo_n" -lt 50 ] ||
+  fail "stopped, 200 at once: $fo_n store-error lines for 200 requests"
+echo "stopped, 200 requests at once: $fo_n store-error lines in $((t1 - t0 + 1)) s or less"
 sleep 1.5 # the slow zone's decisions time out: their callbacks run now
 no_hang "stopped, after the abandoned decisions"
 results=$(logs | grep -E ' /(open|closed)/ f[0-9]$' | awk '{print $2 $3}' | sort | uniq -c | awk '{print $2 $1}' | tr '\n' ' ')
@@ -425,6 +439,10 @@ wait "$rpid" 2>/dev/null || true
 rpid=
 no_hang "killed"
 failing "killed"
+# the store-error lines say why (the connection's failure, by address)
+cat "$tmp/a/logs/error.log" "$tmp/b/logs/error.log" |
+  grep -q "store error RATE_[A-Z]* (127.0.0.1:$rport: " ||
+  fail "killed: no store-error line says why"
 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no >>"$tmp/redis.log" 2>&1 &
 rpid=$!
 for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done

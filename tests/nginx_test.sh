@@ -240,7 +240,7 @@ expect "fail open" "$(get -H "X-Key: $long" /open/)" 200
 expect "fail: results" \
   "$(grep " $long\$" "$tmp/logs/access.log" | awk '{print $2 $3}' | tr '\n' ' ')" \
   "503[error] 200[error] "
-grep -q 'ratelimit: zone "short": store error RATE_EKEY, denied' "$tmp/logs/error.log" ||
+grep -q 'ratelimit: zone "short": store error RATE_EKEY (a key longer than key_max=16 bytes), denied' "$tmp/logs/error.log" ||
   fail "fail closed: no log line"
 
 # ---- an internal redirect (try_files to a named location that applies
