@@ -649,6 +649,12 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
     /* The slab pool's header and page table (about 1/170 of the zone)
      * before the page-aligned region. */
     z->zone_size = z->region_size + z->region_size / 128 + 16 * ngx_pagesize;
+    /* Its memory, told at each configuration (nginx -t shows it). */
+    ngx_conf_log_error(NGX_LOG_NOTICE, cf, 0,
+                       "ratelimit_zone \"%V\": %uz bytes of shared memory "
+                       "for keys=%uL key_max=%uL (%uz bytes a key)",
+                       &value[1], z->zone_size, keys, key_max,
+                       z->zone_size / (size_t)keys);
 
     if (ngx_http_ratelimit_check_resize(cf, z) != NGX_CONF_OK) {
         return NGX_CONF_ERROR;

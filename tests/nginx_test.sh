@@ -300,6 +300,20 @@ bad fail 'ratelimit_fail maybe;' '"maybe" is neither open nor closed'
 bad wait 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri wait=soon;' 'ratelimit: "wait=soon":'
 bad waitparam 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri delay=1s;' 'unknown parameter "delay=1s"'
 
+# ---- each shared-memory zone's size, logged at notice by nginx -t; a
+# sliding log's grows with its limit
+printf 'load_module %s;\nevents {}\nhttp {\nratelimit_zone m "token-bucket 10/s burst=20";\nratelimit_zone l "sliding-log 100/1m";\n}\n' \
+  "$MODULE" >"$tmp/size.conf"
+"$NGINX" -t -p "$tmp" -c "$tmp/size.conf" -g "pid $tmp/bad.pid;" >"$tmp/size.out" 2>&1 || fail "size: nginx -t: $(cat "$tmp/size.out")"
+size_m=$(sed -n 's/.*ratelimit_zone "m": \([0-9]*\) bytes of shared memory for keys=10000 key_max=128 (\([0-9]*\) bytes a key).*/\1 \2/p' "$tmp/size.out")
+size_l=$(sed -n 's/.*ratelimit_zone "l": \([0-9]*\) bytes of shared memory.*/\1/p' "$tmp/size.out")
+read -r m_bytes m_per <<<"$size_m"
+[ -n "$m_bytes" ] && [ "$m_per" -eq $((m_bytes / 10000)) ] && [ "$m_per" -gt 100 ] ||
+  fail "size: no zone size line for m: $(cat "$tmp/size.out")"
+[ -n "$size_l" ] && [ "$size_l" -gt $((5 * m_bytes)) ] ||
+  fail "size: the sliding log's zone ($size_l) is not larger than 5x the bucket's ($m_bytes)"
+echo "zone sizes: token bucket $m_bytes bytes ($m_per a key), sliding-log 100/1m $size_l bytes"
+
 # ---- a worker killed (SIGKILL) mid-run: the master starts another, which
 # attaches to the zone; the keys are as they were.
 started() { grep -c 'start worker process' "$tmp/logs/error.log" || true; }
