@@ -11,8 +11,8 @@
 # /proc: steadier than requests/s on a machine that others load).
 #   nginx/bench.sh MODULE_SO [ROUNDS] [SECONDS]
 # NO_REDIS=1 leaves the Redis row out; REFUND=1 adds one of two Redis
-# limits whose second always denies (the first refunded: a blocking round
-# trip a request, made by the refund thread), each answered 429.
+# limits whose second always denies (the first refunded without waiting,
+# rate_limiter_refund_start on the worker's loop), each answered 429.
 set -euo pipefail
 MODULE=$(realpath "$1")
 ROUNDS=${2:-5}
@@ -107,7 +107,7 @@ if [ -z "${NO_REDIS:-}" ] && command -v redis-server >/dev/null && command -v re
   if [ -n "${REFUND:-}" ]; then
     # Two Redis limits, the second always denying (one key, spent by the
     # check below): each request two asynchronous decisions and the
-    # first one's refund (on the refund thread, docs/nginx.md).
+    # first one's refund (sent without waiting, docs/nginx.md).
     start refund "load_module $MODULE;" \
       'ratelimit bench $binary_remote_addr; ratelimit deny "x"; ratelimit_status 429;' \
       "store=redis://127.0.0.1:$rport;
@@ -163,7 +163,7 @@ if [ "${best[redis]}" -gt 0 ]; then
 fi
 if [ "${best[refund]}" -gt 0 ]; then
   awk -v o="${best[off]}" -v r="${best[redis]}" -v f="${best[refund]}" 'BEGIN {
-    printf "two Redis limits, a denial and a refund (the refund thread): best %d requests/s, refund/off %.3f, refund/redis %.3f\n",
+    printf "two Redis limits, a denial and a refund: best %d requests/s, refund/off %.3f, refund/redis %.3f\n",
            f, f / o, f / r }'
   # the refunds the workers made and dropped (logged at their exit)
   kill -QUIT "$master_refund"
@@ -171,6 +171,6 @@ if [ "${best[refund]}" -gt 0 ]; then
   sed -n 's/.*refunds on Redis zones: \([0-9]*\) made, \([0-9]*\) failed, \([0-9]*\) dropped.*/\1 \2 \3/p' \
     "$tmp/refund/logs/error.log" | awk '{ m += $1; f += $2; d += $3 } END {
     pct = 100; if (m + d) pct = 100 * m / (m + d)
-    printf "  refunds: %d made, %d failed, %d dropped (%.0f%% made: past that the refund threads saturated)\n",
+    printf "  refunds: %d made, %d failed, %d dropped (%.0f%% made)\n",
            m, f, d, pct }'
 fi

@@ -10,7 +10,6 @@
 #include <ratelimit.h>
 
 #include "ngx_http_ratelimit_loop.h"
-#include "ngx_http_ratelimit_refund.h"
 
 #define NGX_HTTP_RATELIMIT_KEYS_DEFAULT 10000
 #define NGX_HTTP_RATELIMIT_KEY_MAX_DEFAULT 128
@@ -36,9 +35,11 @@ typedef struct {
     /* store=redis://: the URL (NUL-terminated) and the store's options
      * (lazy_connect, timeout=, prefix=); NULL url: the shared memory. */
     char *redis_url;
+    char *redis_url_log;     /* the same, its password masked: for logs */
     rate_redis_options_t redis;
-    ngx_uint_t redis_index;  /* its zone in the worker's refund thread */
     /* Per worker, made at init_process: */
+    time_t error_logged;      /* the second of the last store-error line */
+    ngx_uint_t error_quiet;   /* store-error lines left out since */
     rate_store_t *store;
     rate_limiter_t *limiter[2][2]; /* [shadow][fail open] */
 } ngx_http_ratelimit_zone_t;
@@ -169,9 +170,15 @@ static ngx_http_output_header_filter_pt ngx_http_next_header_filter;
  * is exiting (exit_process: callbacks then touch no request). */
 static rate_loop_t ngx_http_ratelimit_loop;
 static ngx_uint_t ngx_http_ratelimit_exiting;
-/* The worker's refund thread for its Redis zones (NULL: none). */
-static ngx_http_ratelimit_refund_t *ngx_http_ratelimit_refunder;
-static ngx_uint_t ngx_http_ratelimit_refunds_dropped;
+/* The worker's refunds on its Redis zones (rate_limiter_refund_start):
+ * made, failed (the store's error), dropped (still pending at the exit),
+ * and the failures' log lines suppressed since the last one (at most one a
+ * second). */
+static uint64_t ngx_http_ratelimit_refunds_made;
+static uint64_t ngx_http_ratelimit_refunds_failed;
+static uint64_t ngx_http_ratelimit_refunds_dropped;
+static uint64_t ngx_http_ratelimit_refunds_quiet;
+static time_t ngx_http_ratelimit_refunds_logged;
 
 static ngx_str_t ngx_http_ratelimit_result_names[] = {
     ngx_null_string, ngx_string("allowed"), ngx_string("limited"),
@@ -285,6 +292,77 @@ static ngx_int_t ngx_http_ratelimit_parse_uint(ngx_str_t *v, uint64_t *out) {
     return NGX_OK;
 }
 
+/* url (len bytes) as it may be logged: a password in it ("user:pw@" or
+ * ":pw@" after "://", before the host) masked as "***" ("user:***@"), and
+ * credentials without a colon masked whole; NUL-terminated, in the pool.
+ * NULL: no memory. */
+static char *ngx_http_ratelimit_mask_url(ngx_pool_t *pool, const u_char *url,
+                                         size_t len) {
+    const u_char *creds, *end, *at = NULL, *colon = NULL, *p;
+    char *out, *o;
+
+    out = ngx_pnalloc(pool, len + sizeof("***"));
+    if (out == NULL) {
+        return NULL;
+    }
+    creds = ngx_strlcasestrn((u_char *)url, (u_char *)url + len,
+                             (u_char *)"://", 3 - 1);
+    if (creds != NULL) {
+        creds += 3;
+        /* the authority ends at the first '/' after the scheme */
+        for (end = creds; end < url + len && *end != '/'; end++) {
+        }
+        for (p = creds; p < end; p++) {
+            if (*p == '@') {
+                at = p; /* the last '@' of the authority */
+            }
+        }
+        if (at != NULL) {
+            for (p = creds; p < at; p++) {
+                if (*p == ':') {
+                    colon = p;
+                    break;
+                }
+            }
+        }
+    }
+    if (at == NULL) {
+        ngx_memcpy(out, url, len);
+        out[len] = '\0';
+        return out;
+    }
+    p = colon != NULL ? colon + 1 : creds;
+    o = (char *)ngx_cpymem(out, url, (size_t)(p - url));
+    o = (char *)ngx_cpymem(o, "***", 3);
+    o = (char *)ngx_cpymem(o, at, (size_t)(url + len - at));
+    *o = '\0';
+    return out;
+}
+
+/* Copies msg into buf (cap bytes, NUL-terminated, cut to fit), each
+ * occurrence of the zone's URL in it (the store's messages quote it)
+ * replaced by its masked form, so that no password reaches a log. */
+static void ngx_http_ratelimit_mask_msg(const ngx_http_ratelimit_zone_t *z,
+                                        const char *msg, char *buf,
+                                        size_t cap) {
+    size_t n = ngx_strlen(z->redis_url), k;
+    const char *hit;
+    char *o = buf, *end = buf + cap - 1;
+
+    while (*msg != '\0' && o < end) {
+        hit = n > 0 ? strstr(msg, z->redis_url) : NULL;
+        if (hit == msg) {
+            for (k = 0; z->redis_url_log[k] != '\0' && o < end; k++) {
+                *o++ = z->redis_url_log[k];
+            }
+            msg += n;
+            continue;
+        }
+        *o++ = *msg++;
+    }
+    *o = '\0';
+}
+
 /* A store=redis:// zone: its URL and options, checked now (the URL's
  * syntax, by a store made lazily, which does not connect) so that nginx -t
  * names a bad one; the store itself is each worker's (init_process). */
@@ -304,6 +382,11 @@ static ngx_int_t ngx_http_ratelimit_redis_zone(ngx_conf_t *cf,
     }
     ngx_memcpy(z->redis_url, url->data, url->len);
     z->redis_url[url->len] = '\0';
+    z->redis_url_log = ngx_http_ratelimit_mask_url(cf->pool, url->data,
+                                                   url->len);
+    if (z->redis_url_log == NULL) {
+        return NGX_ERROR;
+    }
     ngx_memzero(o, sizeof(*o));
     o->lazy_connect = true;
     o->command_timeout_ns = timeout_ns ? timeout_ns : 100000000; /* 100 ms */
@@ -336,10 +419,14 @@ static ngx_int_t ngx_http_ratelimit_redis_zone(ngx_conf_t *cf,
     err[0] = '\0';
     rc = rate_store_redis_new(z->redis_url, &po, &check, err, sizeof(err));
     if (rc != RATE_OK && rc != RATE_ESTORE && rc != RATE_ETIMEDOUT) {
+        char msg[sizeof(err) + 64];
+
+        ngx_http_ratelimit_mask_msg(z, err[0] ? err : "refused", msg,
+                                    sizeof(msg));
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "ratelimit_zone \"%V\": store=%s: %s: %s",
-                           &z->name, z->redis_url, rate_err_name(rc),
-                           err[0] ? err : "refused");
+                           &z->name, z->redis_url_log, rate_err_name(rc),
+                           msg);
         return NGX_ERROR;
     }
     rate_store_free(check);
@@ -393,11 +480,17 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
                 url = arg; /* checked by the store below */
                 continue;
             }
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "ratelimit_zone \"%V\": unknown store \"%V\" "
-                               "(store=shm, store=redis://HOST:PORT[/DB] or "
-                               "store=unix:///PATH)",
-                               &value[1], &arg);
+            {
+                char *shown = ngx_http_ratelimit_mask_url(cf->pool, arg.data,
+                                                          arg.len);
+
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "ratelimit_zone \"%V\": unknown store "
+                                   "\"%s\" (store=shm, "
+                                   "store=redis://HOST:PORT[/DB] or "
+                                   "store=unix:///PATH)",
+                                   &value[1], shown != NULL ? shown : "");
+            }
             return NGX_CONF_ERROR;
         }
         if (arg.len >= 8 && ngx_strncmp(arg.data, "timeout=", 8) == 0) {
@@ -556,6 +649,12 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
     /* The slab pool's header and page table (about 1/170 of the zone)
      * before the page-aligned region. */
     z->zone_size = z->region_size + z->region_size / 128 + 16 * ngx_pagesize;
+    /* Its memory, told at each configuration (nginx -t shows it). */
+    ngx_conf_log_error(NGX_LOG_NOTICE, cf, 0,
+                       "ratelimit_zone \"%V\": %uz bytes of shared memory "
+                       "for keys=%uL key_max=%uL (%uz bytes a key)",
+                       &value[1], z->zone_size, keys, key_max,
+                       z->zone_size / (size_t)keys);
 
     if (ngx_http_ratelimit_check_resize(cf, z) != NGX_CONF_OK) {
         return NGX_CONF_ERROR;
@@ -820,10 +919,13 @@ static void ngx_http_ratelimit_redis_setup(ngx_log_t *log,
                                     &ngx_http_ratelimit_loop, &z->store, err,
                                     sizeof(err));
     if (rc != RATE_OK) {
+        char msg[sizeof(err) + 64];
+
+        ngx_http_ratelimit_mask_msg(z, err, msg, sizeof(msg));
         ngx_log_error(NGX_LOG_ALERT, log, 0,
                       "ratelimit_zone \"%V\": cannot make the Redis store "
                       "for %s: %s: %s",
-                      &z->name, z->redis_url, rate_err_name(rc), err);
+                      &z->name, z->redis_url_log, rate_err_name(rc), msg);
         z->store = NULL;
         return;
     }
@@ -836,15 +938,13 @@ static void ngx_http_ratelimit_redis_setup(ngx_log_t *log,
  * never waiting for Redis (a Redis down or not answering is met by the
  * first decisions: store errors under the location's ratelimit_fail until
  * it answers).  A zone that fails is logged and answers every request as a
- * store error.  The Redis zones' refunds go to a refund thread of the
- * worker's (ngx_http_ratelimit_refund.h). */
+ * store error. */
 static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
     ngx_http_ratelimit_main_conf_t *rmcf = ngx_http_ratelimit_main(cycle);
-    ngx_http_ratelimit_refund_zone_t *t;
     ngx_http_ratelimit_zone_t **zp, *z;
     rate_shm_options_t opt;
     char err[256];
-    ngx_uint_t i, n = 0;
+    ngx_uint_t i;
     int rc;
 
     if (rmcf == NULL) {
@@ -856,7 +956,6 @@ static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
     for (i = 0; i < rmcf->zones.nelts; i++) {
         z = zp[i];
         if (z->redis_url != NULL) {
-            z->redis_index = n++;
             ngx_http_ratelimit_redis_setup(cycle->log, z);
             continue;
         }
@@ -875,30 +974,6 @@ static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
         }
         ngx_http_ratelimit_limiters(cycle->log, z);
     }
-    if (n == 0) {
-        return NGX_OK;
-    }
-
-    t = ngx_pcalloc(cycle->pool, n * sizeof(*t));
-    if (t == NULL) {
-        return NGX_ERROR;
-    }
-    for (i = 0; i < rmcf->zones.nelts; i++) {
-        z = zp[i];
-        if (z->redis_url != NULL) {
-            t[z->redis_index].url = z->redis_url;
-            t[z->redis_index].options = &z->redis;
-            t[z->redis_index].policy = z->policy;
-            t[z->redis_index].clock = &ngx_http_ratelimit_wall;
-        }
-    }
-    ngx_http_ratelimit_refunder = ngx_http_ratelimit_refund_start(t, n);
-    if (ngx_http_ratelimit_refunder == NULL) {
-        ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
-                      "ratelimit: cannot start the refund thread: refunds "
-                      "on Redis zones are made on the event loop "
-                      "(blocking round trips)");
-    }
     return NGX_OK;
 }
 
@@ -914,19 +989,6 @@ static void ngx_http_ratelimit_exit_process(ngx_cycle_t *cycle) {
      * (RATE_ECANCELED): their callbacks then only let go of their
      * requests.  The store first, then its limiters. */
     ngx_http_ratelimit_exiting = 1;
-    if (ngx_http_ratelimit_refunder != NULL) {
-        uint64_t made, failed, dropped;
-
-        ngx_http_ratelimit_refund_stop(ngx_http_ratelimit_refunder, &made,
-                                       &failed, &dropped);
-        ngx_http_ratelimit_refunder = NULL;
-        if (made + failed + dropped > 0) {
-            ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
-                          "ratelimit: refunds on Redis zones: %uL made, "
-                          "%uL failed, %uL dropped",
-                          made, failed, dropped);
-        }
-    }
     zp = rmcf->zones.elts;
     for (i = 0; i < rmcf->zones.nelts; i++) {
         rate_store_free(zp[i]->store);
@@ -937,6 +999,18 @@ static void ngx_http_ratelimit_exit_process(ngx_cycle_t *cycle) {
                 zp[i]->limiter[s][f] = NULL;
             }
         }
+    }
+    /* (after the stores: a refund still pending was completed by its
+     * store's freeing, as dropped) */
+    if (ngx_http_ratelimit_refunds_made + ngx_http_ratelimit_refunds_failed +
+            ngx_http_ratelimit_refunds_dropped >
+        0) {
+        ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
+                      "ratelimit: refunds on Redis zones: %uL made, "
+                      "%uL failed, %uL dropped",
+                      ngx_http_ratelimit_refunds_made,
+                      ngx_http_ratelimit_refunds_failed,
+                      ngx_http_ratelimit_refunds_dropped);
     }
 }
 
@@ -1000,6 +1074,54 @@ static void ngx_http_ratelimit_store_error(rate_decision_t *d, int rc,
     d->component = -1;
 }
 
+/* A store error's line: at most one a second for each zone in a worker
+ * (an outage would write one a request), with the count of those left out
+ * since the last one, and why when the store knows (a Redis zone: its last
+ * connection's failure, rate_store_redis_last_error; a key past key_max). */
+static void ngx_http_ratelimit_log_store_error(ngx_http_request_t *r,
+                                               ngx_http_ratelimit_zone_t *z,
+                                               const rate_decision_t *d) {
+    char why[256], quiet[64];
+
+    if (z->error_logged == ngx_time()) {
+        z->error_quiet++;
+        return;
+    }
+    why[0] = '\0';
+    if (d->error == RATE_EKEY) {
+        ngx_snprintf((u_char *)why, sizeof(why) - 1,
+                     " (a key longer than %s%uD bytes)%Z",
+                     z->redis_url != NULL ? "" : "key_max=",
+                     z->redis_url != NULL ? (uint32_t)RATE_KEY_MAX
+                                          : z->options.key_max);
+    } else if (z->redis_url != NULL && z->store != NULL) {
+        char err[200];
+
+        err[0] = '\0';
+        if (rate_store_redis_last_error(z->store, err, sizeof(err)) ==
+                RATE_OK &&
+            err[0] != '\0') {
+            ngx_http_ratelimit_mask_msg(z, err, why + 2, sizeof(why) - 3);
+            why[0] = ' ';
+            why[1] = '(';
+            ngx_cpystrn((u_char *)why + ngx_strlen(why), (u_char *)")", 2);
+        }
+    }
+    quiet[0] = '\0';
+    if (z->error_quiet > 0) {
+        ngx_snprintf((u_char *)quiet, sizeof(quiet) - 1, " (%ui more since)%Z",
+                     z->error_quiet);
+    }
+    z->error_logged = ngx_time();
+    z->error_quiet = 0;
+    ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                  "ratelimit: zone \"%V\": store error %s%s, %s%s", &z->name,
+                  rate_err_name(d->error), why,
+                  d->allowed ? "let through (ratelimit_fail open)"
+                             : "denied (ratelimit_fail closed)",
+                  quiet);
+}
+
 /* Takes the decision just made, ctx->d[ctx->n], into account. */
 static void ngx_http_ratelimit_account(ngx_http_request_t *r,
                                        ngx_http_ratelimit_ctx_t *ctx) {
@@ -1008,16 +1130,57 @@ static void ngx_http_ratelimit_account(ngx_http_request_t *r,
     ctx->n++;
     if (d->reason == RATE_REASON_STORE_ERROR) {
         ctx->errors++;
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "ratelimit: zone \"%V\": store error %s, %s",
-                      &ctx->zone[ctx->n - 1]->name, rate_err_name(d->error),
-                      d->allowed ? "let through (ratelimit_fail open)"
-                                 : "denied (ratelimit_fail closed)");
+        ngx_http_ratelimit_log_store_error(r, ctx->zone[ctx->n - 1], d);
     }
     if (!d->allowed || d->shadow) {
         ctx->denied = (ngx_int_t)(ctx->n - 1);
     } else if (d->delay_ns > ctx->delay_ns) {
         ctx->delay_ns = d->delay_ns;
+    }
+}
+
+/* A refund's end on a Redis zone (rate_limiter_refund_start), on the
+ * worker's loop: counted; a failure logged, at most one line a second. */
+static void ngx_http_ratelimit_refunded(void *ud, int rc) {
+    ngx_http_ratelimit_zone_t *z = ud;
+
+    if (rc == RATE_OK) {
+        ngx_http_ratelimit_refunds_made++;
+        return;
+    }
+    if (rc == RATE_ECANCELED) { /* the store freed first: the exit */
+        ngx_http_ratelimit_refunds_dropped++;
+        return;
+    }
+    ngx_http_ratelimit_refunds_failed++;
+    if (ngx_time() == ngx_http_ratelimit_refunds_logged) {
+        ngx_http_ratelimit_refunds_quiet++;
+        return;
+    }
+    ngx_http_ratelimit_refunds_logged = ngx_time();
+    ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                  "ratelimit: zone \"%V\": a refund failed: %s: the permit "
+                  "stays charged (%uL more since)",
+                  &z->name, rate_err_name(rc),
+                  ngx_http_ratelimit_refunds_quiet);
+    ngx_http_ratelimit_refunds_quiet = 0;
+}
+
+/* Gives back one permit of key on zone z: at once on a shared-memory zone
+ * (local); on a Redis zone without waiting (rate_limiter_refund_start:
+ * its end comes to ngx_http_ratelimit_refunded), the request going on. */
+static void ngx_http_ratelimit_refund(ngx_http_ratelimit_zone_t *z,
+                                      rate_limiter_t *lim, ngx_str_t *key) {
+    int rc;
+
+    if (z->redis_url == NULL) {
+        (void)rate_limiter_refund(lim, (const char *)key->data, key->len, 1);
+        return;
+    }
+    rc = rate_limiter_refund_start(lim, (const char *)key->data, key->len, 1,
+                                   ngx_http_ratelimit_refunded, z);
+    if (rc != RATE_PENDING) {
+        ngx_http_ratelimit_refunded(z, rc);
     }
 }
 
@@ -1036,10 +1199,7 @@ static ngx_int_t ngx_http_ratelimit_finish(ngx_http_request_t *r,
         d = &ctx->d[ctx->denied];
         /* Nothing is charged on a denial: give back what the limits
          * before the denying one admitted (under shadow, the shadow
-         * state's, as enforcing would).  A refund is a synchronous call:
-         * local on a shared-memory zone, made here; a round trip or more
-         * on a Redis zone, posted to the worker's refund thread, so that
-         * the loop does not wait for it (docs/nginx.md). */
+         * state's, as enforcing would): ngx_http_ratelimit_refund. */
         for (j = 0; j < (ngx_uint_t)ctx->denied; j++) {
             if (ctx->d[j].reason != RATE_REASON_ALLOWED) {
                 continue;
@@ -1051,39 +1211,31 @@ static ngx_int_t ngx_http_ratelimit_finish(ngx_http_request_t *r,
                 ngx_http_complex_value(r, &l->key, &key) != NGX_OK) {
                 continue;
             }
-            if (ctx->zone[j]->redis_url == NULL ||
-                ngx_http_ratelimit_refunder == NULL) {
-                /* (a Redis zone here only when the worker has no refund
-                 * thread: it could not start one, and said so) */
-                (void)rate_limiter_refund(lim, (const char *)key.data,
-                                          key.len, 1);
-            } else if (ngx_http_ratelimit_refund_post(
-                           ngx_http_ratelimit_refunder,
-                           ctx->zone[j]->redis_index, rlcf->shadow != 0,
-                           key.data, key.len) != 0 &&
-                       ngx_http_ratelimit_refunds_dropped++ % 1000 == 0) {
-                /* (the first, then one line a thousand) */
-                ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
-                              "ratelimit: zone \"%V\": a refund is dropped "
-                              "(%d queued; %uL dropped by this worker): the "
-                              "permit stays charged",
-                              &ctx->zone[j]->name,
-                              NGX_HTTP_RATELIMIT_REFUND_QUEUE,
-                              (uint64_t)ngx_http_ratelimit_refunds_dropped);
-            }
+            ngx_http_ratelimit_refund(ctx->zone[j], lim, &key);
         }
         if (d->reason == RATE_REASON_STORE_ERROR) {
             ctx->result = NGX_HTTP_RATELIMIT_ERROR;
             return NGX_HTTP_SERVICE_UNAVAILABLE;
         }
-        ngx_log_error(rlcf->log_level, r->connection->log, 0,
-                      "ratelimit: %s requests by zone \"%V\", retry after "
-                      "%uL ms",
-                      d->shadow ? "would limit (shadow)" : "limiting",
-                      &ctx->zone[ctx->denied]->name,
-                      d->retry_after_ns == RATE_NEVER
-                          ? (uint64_t)0
-                          : d->retry_after_ns / 1000000);
+        if (d->shadow) {
+            /* (the library gives a shadow decision no retry_after) */
+            ngx_log_error(rlcf->log_level, r->connection->log, 0,
+                          "ratelimit: would limit (shadow) requests by "
+                          "zone \"%V\"",
+                          &ctx->zone[ctx->denied]->name);
+        } else if (d->retry_after_ns == RATE_NEVER) {
+            ngx_log_error(rlcf->log_level, r->connection->log, 0,
+                          "ratelimit: limiting requests by zone \"%V\", "
+                          "never admitted (more than the limit holds)",
+                          &ctx->zone[ctx->denied]->name);
+        } else {
+            /* in whole ms rounded up, as Retry-After's seconds are */
+            ngx_log_error(rlcf->log_level, r->connection->log, 0,
+                          "ratelimit: limiting requests by zone \"%V\", "
+                          "retry after %uL ms",
+                          &ctx->zone[ctx->denied]->name,
+                          (d->retry_after_ns + 999999) / 1000000);
+        }
         if (d->shadow) {
             ctx->result = NGX_HTTP_RATELIMIT_SHADOW;
             return NGX_DECLINED;
@@ -1295,7 +1447,8 @@ static ngx_int_t ngx_http_ratelimit_handler(ngx_http_request_t *r) {
     }
     ctx->result = NGX_HTTP_RATELIMIT_NONE;
     ctx->denied = -1;
-    ctx->headers = rlcf->headers;
+    /* Shadow mode sends no field: the limit is not enforced. */
+    ctx->headers = rlcf->headers && !rlcf->shadow;
     ctx->rlcf = rlcf;
     ctx->final = NGX_DECLINED;
     cln->handler = ngx_http_ratelimit_marker;

@@ -242,8 +242,8 @@ expect "tb in turn" "$(alt 11 -H 'X-Key: q1' /tb/)" \
 # neither (the admitted one is refunded).
 expect "both: per_user's 3" "$(alt 6 -H 'X-Key: K1' -H 'X-User: U1' /both/)" \
   "200 200 200 429 429 429"
-# (a refund on a Redis zone is made by the worker's refund thread, after
-# the answer: let the three land; their count is checked at the end)
+# (a refund on a Redis zone is sent without waiting, the denial answered
+# meanwhile: let the three land; their count is checked at the end)
 sleep 0.3
 expect "both: per_key refunded" "$(alt 3 -H 'X-Key: K1' -H 'X-User: U2' /both/)" \
   "200 200 429"
@@ -363,6 +363,20 @@ curl -s --max-time 0.3 -o /dev/null -H 'Connection: close' -H 'X-Key: gone' \
   "http://127.0.0.1:$port_b/slow/" || true
 no_hang "stopped"
 failing "stopped"
+# store-error lines under load: at most one a second for each zone in a
+# worker (6 workers here), whatever the requests: 200 on /open/ (fo)
+fo_lines() { cat "$tmp/a/logs/error.log" "$tmp/b/logs/error.log" | grep -c 'zone "fo": store error' || true; }
+fo_before=$(fo_lines)
+t0=$(date +%s)
+burst 200 flood /open/
+t1=$(date +%s)
+expect "stopped, 200 at once: all let through" "$(count 200)" 200
+fo_n=$(($(fo_lines) - fo_before))
+# (6 workers, one line a second each over the burst's seconds, +1 each for
+# a second boundary crossed)
+[ "$fo_n" -le $((6 * (t1 - t0 + 2))) ] && [ "$fo_n" -lt 50 ] ||
+  fail "stopped, 200 at once: $fo_n store-error lines for 200 requests"
+echo "stopped, 200 requests at once: $fo_n store-error lines in $((t1 - t0 + 1)) s or less"
 sleep 1.5 # the slow zone's decisions time out: their callbacks run now
 no_hang "stopped, after the abandoned decisions"
 results=$(logs | grep -E ' /(open|closed)/ f[0-9]$' | awk '{print $2 $3}' | sort | uniq -c | awk '{print $2 $1}' | tr '\n' ' ')
@@ -425,6 +439,10 @@ wait "$rpid" 2>/dev/null || true
 rpid=
 no_hang "killed"
 failing "killed"
+# the store-error lines say why (the connection's failure, by address)
+cat "$tmp/a/logs/error.log" "$tmp/b/logs/error.log" |
+  grep -q "store error RATE_[A-Z]* (127.0.0.1:$rport: " ||
+  fail "killed: no store-error line says why"
 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no >>"$tmp/redis.log" 2>&1 &
 rpid=$!
 for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
@@ -454,6 +472,12 @@ refunds=$(cat "$tmp/a/logs/error.log" "$tmp/b/logs/error.log" |
   sed -n 's/.*ratelimit: refunds on Redis zones: \([0-9]*\) made, \([0-9]*\) failed, \([0-9]*\) dropped.*/\1 \2 \3/p' |
   awk '{ m += $1; f += $2; d += $3 } END { printf "%d made, %d failed, %d dropped", m, f, d }')
 expect "refunds" "$refunds" "4 made, 0 failed, 0 dropped"
+# the line only from a worker that refunded: 6 workers of each instance
+# at least (a reload's too) exited, and 4 refunds were made by 4 or fewer
+expect "refunds: no line without a refund" \
+  "$(cat "$tmp/a/logs/error.log" "$tmp/b/logs/error.log" | grep -c 'refunds on Redis zones: 0 made, 0 failed, 0 dropped' || true)" 0
+lines=$(cat "$tmp/a/logs/error.log" "$tmp/b/logs/error.log" | grep -c 'refunds on Redis zones:' || true)
+[ "$lines" -ge 1 ] && [ "$lines" -le 4 ] || fail "refunds: $lines exit lines for 4 refunds"
 echo "Redis stopped or killed: the slowest answer took $max_ms ms (timeout $TIMEOUT_MS ms)"
 echo "nginx_redis_test: took $(($(date +%s) - t_start)) s"
 if [ "$fails" -ne 0 ]; then

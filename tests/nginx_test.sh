@@ -207,17 +207,27 @@ expect "headers off: none" "$(grep -ci '^ratelimit' "$tmp/h" || true)" 0
 # marked; the enforced limit on the same zone keeps its own state.
 expect "shadow" "$(statuses 5 -H 'X-Key: s1' /shadow/)" "200 200 200 200 200"
 expect "shadow: no fields" "$(grep -ci '^ratelimit' "$tmp/h" || true)" 0
+# an admitted request under shadow carries none either (a fresh key)
+expect "shadow: admitted" "$(get -H 'X-Key: s2' /shadow/)" 200
+expect "shadow: admitted, no fields" "$(grep -ci '^ratelimit\|^retry-after' "$tmp/h" || true)" 0
 expect "shadow: results" \
   "$(grep ' /shadow/ s1$' "$tmp/logs/access.log" | awk '{print $3}' | tr '\n' ' ')" \
   "[allowed] [allowed] [shadow] [shadow] [shadow] "
 grep -q 'ratelimit: would limit (shadow) requests by zone "two"' "$tmp/logs/error.log" ||
   fail "shadow: no log line"
+# the library gives a shadow decision no wait: its line names none
+grep -q 'would limit (shadow) requests by zone "two", retry' "$tmp/logs/error.log" &&
+  fail "shadow: the log line names a wait"
 # enforced (status 503, log level warn) on the same key: its own 2
 expect "enforced after shadow" "$(statuses 3 -H 'X-Key: s1' /enforced/)" "200 200 503"
 grep -q '\[warn\] .*ratelimit: limiting requests by zone "two"' "$tmp/logs/error.log" ||
   fail "log level warn: no [warn] line"
 grep -q '\[error\] .*ratelimit: limiting requests by zone "fw"' "$tmp/logs/error.log" ||
   fail "log level: no [error] line by default"
+# an enforced line names its wait in ms rounded up: never "0 ms"
+grep -q 'limiting requests by zone "two", retry after [1-9][0-9]* ms' "$tmp/logs/error.log" ||
+  fail "enforced: the log line names no wait"
+grep -q 'retry after 0 ms' "$tmp/logs/error.log" && fail "a denial logged 'retry after 0 ms'"
 
 # ---- an empty key is not limited, and has no result.
 expect "empty key" "$(statuses 8 /enforced/)" "200 200 200 200 200 200 200 200"
@@ -230,7 +240,7 @@ expect "fail open" "$(get -H "X-Key: $long" /open/)" 200
 expect "fail: results" \
   "$(grep " $long\$" "$tmp/logs/access.log" | awk '{print $2 $3}' | tr '\n' ' ')" \
   "503[error] 200[error] "
-grep -q 'ratelimit: zone "short": store error RATE_EKEY, denied' "$tmp/logs/error.log" ||
+grep -q 'ratelimit: zone "short": store error RATE_EKEY (a key longer than key_max=16 bytes), denied' "$tmp/logs/error.log" ||
   fail "fail closed: no log line"
 
 # ---- an internal redirect (try_files to a named location that applies
@@ -261,6 +271,13 @@ bad() { # bad WHAT DIRECTIVE EXPECTED
 }
 bad redisport 'ratelimit_zone r "fixed-window 5/1h" store=redis://127.0.0.1:99999;' \
   'port is not a number from 1 to 65535'
+# a password in a URL is never logged: masked as ***
+bad redispw 'ratelimit_zone r "fixed-window 5/1h" store=redis://me:s3cret@127.0.0.1:99999;' \
+  'store=redis://me:***@127.0.0.1:99999: '
+grep -q s3cret "$tmp/bad.out" && fail "redispw: the password is logged: $(cat "$tmp/bad.out")"
+bad redispw2 'ratelimit_zone r "fixed-window 5/1h" store=redis+tls://:s3cret@127.0.0.1:1;' \
+  'unknown store "redis+tls://:***@127.0.0.1:1"'
+grep -q s3cret "$tmp/bad.out" && fail "redispw2: the password is logged: $(cat "$tmp/bad.out")"
 bad rediss 'ratelimit_zone r "fixed-window 5/1h" store=rediss://127.0.0.1:6379;' \
   'TLS (rediss://) is not supported'
 bad redistimeout 'ratelimit_zone r "fixed-window 5/1h" store=redis://127.0.0.1:1 timeout=0ms;' \
@@ -282,6 +299,20 @@ bad zone 'server { listen 127.0.0.1:1; location / { ratelimit nope $uri; } }' \
 bad fail 'ratelimit_fail maybe;' '"maybe" is neither open nor closed'
 bad wait 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri wait=soon;' 'ratelimit: "wait=soon":'
 bad waitparam 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri delay=1s;' 'unknown parameter "delay=1s"'
+
+# ---- each shared-memory zone's size, logged at notice by nginx -t; a
+# sliding log's grows with its limit
+printf 'load_module %s;\nevents {}\nhttp {\nratelimit_zone m "token-bucket 10/s burst=20";\nratelimit_zone l "sliding-log 100/1m";\n}\n' \
+  "$MODULE" >"$tmp/size.conf"
+"$NGINX" -t -p "$tmp" -c "$tmp/size.conf" -g "pid $tmp/bad.pid;" >"$tmp/size.out" 2>&1 || fail "size: nginx -t: $(cat "$tmp/size.out")"
+size_m=$(sed -n 's/.*ratelimit_zone "m": \([0-9]*\) bytes of shared memory for keys=10000 key_max=128 (\([0-9]*\) bytes a key).*/\1 \2/p' "$tmp/size.out")
+size_l=$(sed -n 's/.*ratelimit_zone "l": \([0-9]*\) bytes of shared memory.*/\1/p' "$tmp/size.out")
+read -r m_bytes m_per <<<"$size_m"
+[ -n "$m_bytes" ] && [ "$m_per" -eq $((m_bytes / 10000)) ] && [ "$m_per" -gt 100 ] ||
+  fail "size: no zone size line for m: $(cat "$tmp/size.out")"
+[ -n "$size_l" ] && [ "$size_l" -gt $((5 * m_bytes)) ] ||
+  fail "size: the sliding log's zone ($size_l) is not larger than 5x the bucket's ($m_bytes)"
+echo "zone sizes: token bucket $m_bytes bytes ($m_per a key), sliding-log 100/1m $size_l bytes"
 
 # ---- a worker killed (SIGKILL) mid-run: the master starts another, which
 # attaches to the zone; the keys are as they were.
