@@ -48,11 +48,8 @@ cleanup() {
 trap cleanup EXIT
 chmod 755 "$tmp" # the workers run as nobody when started by root
 
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-expect() { # expect WHAT GOT WANT
-  if [ "$2" != "$3" ]; then fail "$1: got '$2', want '$3'"; fi
-}
+# shellcheck source=nginx_lib.sh
+. "$(dirname "$0")/nginx_lib.sh"
 
 # shellcheck source=redis_server.sh
 . "$(dirname "$0")/redis_server.sh"
@@ -125,7 +122,6 @@ http {
 EOF
 }
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # start_nginx NAME: sets port_NAME.
 start_nginx() {
@@ -154,18 +150,7 @@ start_nginx() {
   exit 1
 }
 
-stop_nginx() {
-  local pidfile="$tmp/$1/nginx.pid" pid
-  [ -s "$pidfile" ] || return 0
-  pid=$(cat "$pidfile")
-  kill -QUIT "$pid" 2>/dev/null || true
-  for _ in $(seq 1 200); do
-    kill -0 "$pid" 2>/dev/null || { rm -f "$pidfile"; return 0; }
-    sleep 0.05
-  done
-  kill -KILL "$pid" 2>/dev/null || true
-  rm -f "$pidfile"
-}
+stop_nginx() { stop_pidfile "$tmp/$1/nginx.pid"; }
 
 # get NAME [CURL ARGS] PATH: the status from instance NAME; headers (CR
 # stripped) in $tmp/h.
@@ -187,7 +172,6 @@ alt() {
   done
   echo "${out[*]}"
 }
-header() { sed -n "s/^$1: //Ip" "$tmp/h"; }
 # burst N KEY PATH: N requests at once (8 at a time), half to each
 # instance; the statuses, one a line, in $tmp/burst.
 burst() {

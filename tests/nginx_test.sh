@@ -35,11 +35,8 @@ mkdir -p "$tmp/logs" "$tmp/html"
 chmod 755 "$tmp" "$tmp/html" # the workers run as nobody when started by root
 echo hello >"$tmp/html/index.html"
 
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-expect() { # expect WHAT GOT WANT
-  if [ "$2" != "$3" ]; then fail "$1: got '$2', want '$3'"; fi
-}
+# shellcheck source=nginx_lib.sh
+. "$(dirname "$0")/nginx_lib.sh"
 
 port=
 pidfile="$tmp/nginx.pid"
@@ -99,7 +96,6 @@ http {
 EOF
 }
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 start_nginx() {
   local try
@@ -121,18 +117,7 @@ start_nginx() {
   exit 1
 }
 
-stop_nginx() {
-  [ -s "$pidfile" ] || return 0
-  local pid
-  pid=$(cat "$pidfile")
-  kill -QUIT "$pid" 2>/dev/null || true
-  for _ in $(seq 1 200); do
-    kill -0 "$pid" 2>/dev/null || { rm -f "$pidfile"; return 0; }
-    sleep 0.05
-  done
-  kill -KILL "$pid" 2>/dev/null || true
-  rm -f "$pidfile"
-}
+stop_nginx() { stop_pidfile "$pidfile"; }
 
 # get [CURL ARGS] PATH: the status; headers (CR stripped) in $tmp/h.
 get() {
@@ -148,7 +133,6 @@ statuses() {
   for i in $(seq 1 "$n"); do out+=("$(get "$@")"); done
   echo "${out[*]}"
 }
-header() { sed -n "s/^$1: //Ip" "$tmp/h"; }
 
 start_nginx
 
