@@ -12,9 +12,11 @@
 #define TEST_REDIS_CLUSTER_H
 
 #include <limits.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "redis_server.h"
 
@@ -302,6 +304,109 @@ static inline void rcl_url(const rcluster_t *cl, char *buf, size_t cap)
     for (int i = 0; i < RCL_NODES && n > 0 && (size_t)n < cap; i++)
         n += snprintf(buf + n, cap - (size_t)n, "%s127.0.0.1:%d",
                       i ? "," : "", cl->port[i]);
+}
+
+/* Node i's id (CLUSTER MYID) into id: whether it answered one. */
+static inline bool rcl_node_id(rcluster_t *cl, int i, char id[64])
+{
+    redisContext *c = rcl_connect(cl->port[i]);
+    if (c == NULL)
+        return false;
+    redisReply *r = redisCommand(c, "CLUSTER MYID");
+    bool ok = r != NULL && r->type == REDIS_REPLY_STRING;
+    if (ok)
+        snprintf(id, 64, "%s", r->str);
+    freeReplyObject(r);
+    redisFree(c);
+    return ok;
+}
+
+/* One command of rcl_move_slots: counts it in *errs if it failed, and says
+ * what in why (the first failure only). */
+static inline void rcl_mv_ok(redisContext *c, redisReply *r, const char *what,
+                             unsigned *errs, char *why, size_t cap)
+{
+    if (r == NULL || r->type == REDIS_REPLY_ERROR) {
+        if ((*errs)++ == 0)
+            snprintf(why, cap, "%s: %s", what,
+                     r != NULL ? r->str : c != NULL ? c->errstr : "no node");
+    }
+    freeReplyObject(r);
+}
+
+/* Moves slots [first, last] from node `from` to node `to` as redis-cli
+ * --cluster reshard does: IMPORTING, MIGRATING, the keys `batch` at a
+ * time with a pause of pause_us before each (so that callers meet the slot
+ * half moved: ASK) and before the slot is given, then the new owner told
+ * first, the old one next, the other masters last.  Returns how many
+ * commands failed (0: all went through), the first one said in why.  No
+ * assertion: a test's helper thread may call it. */
+static inline unsigned rcl_move_slots(rcluster_t *cl, int from, int to,
+                                      unsigned first, unsigned last,
+                                      unsigned batch, unsigned pause_us,
+                                      char *why, size_t cap)
+{
+    char fid[64], tid[64];
+    unsigned errs = 0;
+    if (!rcl_node_id(cl, from, fid) || !rcl_node_id(cl, to, tid)) {
+        snprintf(why, cap, "CLUSTER MYID of node %d or %d", from, to);
+        return 1;
+    }
+    redisContext *src = rcl_connect(cl->port[from]);
+    redisContext *dst = rcl_connect(cl->port[to]);
+    if (src == NULL || dst == NULL) {
+        snprintf(why, cap, "no connection to node %d or %d", from, to);
+        redisFree(src);
+        redisFree(dst);
+        return 1;
+    }
+    for (unsigned s = first; s <= last; s++) {
+        rcl_mv_ok(dst, redisCommand(dst, "CLUSTER SETSLOT %u IMPORTING %s", s,
+                                    fid), "IMPORTING", &errs, why, cap);
+        rcl_mv_ok(src, redisCommand(src, "CLUSTER SETSLOT %u MIGRATING %s", s,
+                                    tid), "MIGRATING", &errs, why, cap);
+        for (;;) {
+            redisReply *k = redisCommand(src, "CLUSTER GETKEYSINSLOT %u %u", s,
+                                         batch);
+            if (k == NULL || k->type != REDIS_REPLY_ARRAY) {
+                rcl_mv_ok(src, k, "GETKEYSINSLOT", &errs, why, cap);
+                break;
+            }
+            size_t n = k->elements;
+            for (size_t i = 0; i < n; i++) {
+                usleep(pause_us);
+                rcl_mv_ok(src,
+                          redisCommand(src, "MIGRATE 127.0.0.1 %d %b 0 5000",
+                                       cl->port[to], k->element[i]->str,
+                                       k->element[i]->len),
+                          "MIGRATE", &errs, why, cap);
+            }
+            freeReplyObject(k);
+            if (n == 0)
+                break;
+        }
+        usleep(pause_us);
+        /* The new owner first, then the old, then the others. */
+        int order[RCL_NODES], n = 0;
+        order[n++] = to;
+        order[n++] = from;
+        for (int i = 0; i < RCL_NODES; i++)
+            if (i != to && i != from)
+                order[n++] = i;
+        for (int j = 0; j < n; j++) {
+            if (!rcl_is_master(cl, order[j]))
+                continue;
+            redisContext *c = rcl_connect(cl->port[order[j]]);
+            rcl_mv_ok(c, c != NULL ? redisCommand(c, "CLUSTER SETSLOT %u NODE %s",
+                                                  s, tid)
+                                   : NULL,
+                      "SETSLOT NODE", &errs, why, cap);
+            redisFree(c);
+        }
+    }
+    redisFree(src);
+    redisFree(dst);
+    return errs;
 }
 
 #endif

@@ -429,76 +429,20 @@ static void lazy_learns_the_cluster(void **state)
 
 static void node_id(int i, char id[64])
 {
-    redisContext *c = rcl_connect(cl.port[i]);
-    assert_non_null(c);
-    redisReply *r = redisCommand(c, "CLUSTER MYID");
-    assert_true(r != NULL && r->type == REDIS_REPLY_STRING);
-    snprintf(id, 64, "%s", r->str);
-    freeReplyObject(r);
-    redisFree(c);
+    assert_true(rcl_node_id(&cl, i, id));
 }
 
 /* From the mover thread: no cmocka assertion there. */
 static atomic_int mover_errors;
-static void mv_ok(redisReply *r)
-{
-    if (r == NULL || r->type == REDIS_REPLY_ERROR)
-        atomic_fetch_add(&mover_errors, 1);
-    freeReplyObject(r);
-}
 
-/* Moves slots [first, last] from node `from` to node `to` as redis-cli
- * --cluster reshard does, a pause between keys so that callers meet the
- * slot half moved (ASK). */
+/* Moves slots [first, last] from node `from` to node `to`, a pause
+ * between keys so that callers meet the slot half moved (ASK). */
 static void move_slots(int from, int to, unsigned first, unsigned last)
 {
-    char fid[64], tid[64];
-    node_id(from, fid);
-    node_id(to, tid);
-    redisContext *src = rcl_connect(cl.port[from]);
-    redisContext *dst = rcl_connect(cl.port[to]);
-    if (src == NULL || dst == NULL) {
-        atomic_fetch_add(&mover_errors, 1);
-        return;
-    }
-    for (unsigned s = first; s <= last; s++) {
-        mv_ok(redisCommand(dst, "CLUSTER SETSLOT %u IMPORTING %s", s, fid));
-        mv_ok(redisCommand(src, "CLUSTER SETSLOT %u MIGRATING %s", s, tid));
-        for (;;) {
-            redisReply *k = redisCommand(src, "CLUSTER GETKEYSINSLOT %u 1", s);
-            size_t n = k != NULL && k->type == REDIS_REPLY_ARRAY ? k->elements
-                                                                 : 0;
-            for (size_t i = 0; i < n; i++) {
-                usleep(5000);
-                mv_ok(redisCommand(src, "MIGRATE 127.0.0.1 %d %b 0 5000",
-                                   cl.port[to], k->element[i]->str,
-                                   k->element[i]->len));
-            }
-            freeReplyObject(k);
-            if (n == 0)
-                break;
-        }
-        usleep(5000);
-        int order[RCL_NODES], n = 0;
-        order[n++] = to;
-        order[n++] = from;
-        for (int i = 0; i < RCL_NODES; i++)
-            if (i != to && i != from)
-                order[n++] = i;
-        for (int j = 0; j < n; j++) {
-            if (!rcl_is_master(&cl, order[j]))
-                continue;
-            redisContext *c = rcl_connect(cl.port[order[j]]);
-            if (c == NULL) {
-                atomic_fetch_add(&mover_errors, 1);
-                continue;
-            }
-            mv_ok(redisCommand(c, "CLUSTER SETSLOT %u NODE %s", s, tid));
-            redisFree(c);
-        }
-    }
-    redisFree(src);
-    redisFree(dst);
+    char why[256];
+    unsigned errs = rcl_move_slots(&cl, from, to, first, last, 1, 5000, why,
+                                   sizeof why);
+    atomic_fetch_add(&mover_errors, (int)errs);
 }
 
 enum { MIG_FIRST = 0, MIG_LAST = 15, MIG_KEYS = 64, MIG_POOL = 128 };

@@ -305,71 +305,19 @@ static void stop_callers(run_t *r, pthread_t *th)
 
 static void node_id(int i, char id[64])
 {
-    redisContext *c = rcl_connect(cl.port[i]);
-    assert_non_null(c);
-    redisReply *r = redisCommand(c, "CLUSTER MYID");
-    assert_true(r != NULL && r->type == REDIS_REPLY_STRING);
-    snprintf(id, 64, "%s", r->str);
-    freeReplyObject(r);
-    redisFree(c);
-}
-
-static void expect_ok(redisContext *c, redisReply *r, const char *what)
-{
-    if (r == NULL || r->type == REDIS_REPLY_ERROR)
-        fail_msg("%s: %s", what, r ? r->str : c->errstr);
-    freeReplyObject(r);
+    assert_true(rcl_node_id(&cl, i, id));
 }
 
 /* Moves slots [first, last] from node `from` to node `to` as redis-cli
- * --cluster reshard does. */
+ * --cluster reshard does, 2 ms before each key (callers meet the slot
+ * half moved). */
 static void move_slots(int from, int to, unsigned first, unsigned last)
 {
-    char fid[64], tid[64];
-    node_id(from, fid);
-    node_id(to, tid);
-    redisContext *src = rcl_connect(cl.port[from]);
-    redisContext *dst = rcl_connect(cl.port[to]);
-    for (unsigned s = first; s <= last; s++) {
-        expect_ok(dst, redisCommand(dst, "CLUSTER SETSLOT %u IMPORTING %s", s,
-                                    fid), "IMPORTING");
-        expect_ok(src, redisCommand(src, "CLUSTER SETSLOT %u MIGRATING %s", s,
-                                    tid), "MIGRATING");
-        for (;;) {
-            redisReply *k = redisCommand(src, "CLUSTER GETKEYSINSLOT %u 10", s);
-            assert_true(k != NULL && k->type == REDIS_REPLY_ARRAY);
-            size_t n = k->elements;
-            for (size_t i = 0; i < n; i++) {
-                usleep(2000); /* callers meet the slot half moved */
-                expect_ok(src,
-                          redisCommand(src, "MIGRATE 127.0.0.1 %d %b 0 5000",
-                                       cl.port[to], k->element[i]->str,
-                                       k->element[i]->len),
-                          "MIGRATE");
-            }
-            freeReplyObject(k);
-            if (n == 0)
-                break;
-        }
-        /* The new owner first, then the old, then the others. */
-        int order[RCL_NODES], n = 0;
-        order[n++] = to;
-        order[n++] = from;
-        for (int i = 0; i < RCL_NODES; i++)
-            if (i != to && i != from)
-                order[n++] = i;
-        for (int j = 0; j < n; j++) {
-            int i = order[j];
-            if (!rcl_is_master(&cl, i))
-                continue;
-            redisContext *c = rcl_connect(cl.port[i]);
-            expect_ok(c, redisCommand(c, "CLUSTER SETSLOT %u NODE %s", s, tid),
-                      "SETSLOT NODE");
-            redisFree(c);
-        }
-    }
-    redisFree(src);
-    redisFree(dst);
+    char why[256];
+    if (rcl_move_slots(&cl, from, to, first, last, 10, 2000, why,
+                       sizeof why) != 0)
+        fail_msg("moving slots %u-%u from %d to %d: %s", first, last, from, to,
+                 why);
 }
 
 static void slots_moved_mid_run(void **state)
