@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
 # What the nginx test scripts (nginx_test.sh, nginx_redis_test.sh) share:
-# counting failures, comparing, a free port, stopping an nginx by the pid
-# in its pid file, a response header.  Sourced; $tmp/h holds the headers.
+# counting failures, comparing, a free port, starting an nginx on one and
+# stopping it by the pid in its pid file, a response header.  Sourced;
+# $tmp/h holds the headers.
 
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
@@ -10,6 +11,30 @@ expect() { # expect WHAT GOT WANT
 }
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# launch_nginx DIR WORKERS CONF...: picks a free port into $port, runs the
+# command CONF... to write DIR/nginx.conf for it, starts nginx in DIR (pid
+# file DIR/nginx.pid) and waits until it serves /index.html: 0; else 1,
+# its errors printed (another port is tried while the port was taken).
+launch_nginx() {
+  local dir=$1 workers=$2 try
+  shift 2
+  for try in 1 2 3 4 5 6 7 8; do
+    port=$((20000 + (RANDOM * 7 + try) % 40000))
+    port_free "$port" || continue
+    "$@"
+    if "$NGINX" -p "$dir" -c "$dir/nginx.conf" \
+      -g "pid $dir/nginx.pid; daemon on; worker_processes $workers;" 2>"$dir/start.err"; then
+      for _ in $(seq 1 100); do
+        [ -s "$dir/nginx.pid" ] && curl -s -o /dev/null "http://127.0.0.1:$port/index.html" && return 0
+        sleep 0.05
+      done
+    fi
+    grep -q "Address already in use" "$dir/start.err" || break
+  done
+  cat "$dir/start.err" "$dir/logs/error.log" 2>/dev/null || true
+  return 1
+}
 
 # stop_pidfile PIDFILE: a graceful stop (QUIT), then KILL after 10 s.
 stop_pidfile() {

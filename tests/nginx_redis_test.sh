@@ -125,30 +125,18 @@ EOF
 
 # start_nginx NAME: sets port_NAME.
 start_nginx() {
-  local name=$1 dir="$tmp/$1" try port
+  local name=$1 dir="$tmp/$1" port
   mkdir -p "$dir/logs" "$dir/html"
   chmod 755 "$dir" "$dir/html"
   echo hello >"$dir/html/index.html"
-  for try in 1 2 3 4 5 6 7 8; do
-    port=$((20000 + (RANDOM * 7 + try) % 40000))
-    port_free "$port" || continue
-    conf "$name" "$port"
-    if "$NGINX" -p "$dir" -c "$dir/nginx.conf" \
-      -g "pid $dir/nginx.pid; daemon on; worker_processes 3;" 2>"$dir/start.err"; then
-      for _ in $(seq 1 100); do
-        if [ -s "$dir/nginx.pid" ] && curl -s -o /dev/null "http://127.0.0.1:$port/index.html"; then
-          eval "port_$name=$port"
-          return 0
-        fi
-        sleep 0.05
-      done
-    fi
-    grep -q "Address already in use" "$dir/start.err" || break
-  done
-  cat "$dir/start.err" "$dir/logs/error.log" 2>/dev/null || true
+  if launch_nginx "$dir" 3 conf_here "$name"; then
+    eval "port_$name=$port"
+    return 0
+  fi
   echo "FAIL: nginx $name did not start"
   exit 1
 }
+conf_here() { conf "$1" "$port"; } # at launch_nginx's port
 
 stop_nginx() { stop_pidfile "$tmp/$1/nginx.pid"; }
 

@@ -98,21 +98,7 @@ EOF
 
 
 start_nginx() {
-  local try
-  for try in 1 2 3 4 5 6 7 8; do
-    port=$((20000 + (RANDOM * 7 + try) % 40000))
-    port_free "$port" || continue
-    conf 1000
-    if "$NGINX" -p "$tmp" -c "$tmp/nginx.conf" \
-      -g "pid $pidfile; daemon on; worker_processes 4;" 2>"$tmp/start.err"; then
-      for _ in $(seq 1 100); do
-        [ -s "$pidfile" ] && curl -s -o /dev/null "http://127.0.0.1:$port/index.html" && return 0
-        sleep 0.05
-      done
-    fi
-    grep -q "Address already in use" "$tmp/start.err" || break
-  done
-  cat "$tmp/start.err" "$tmp/logs/error.log" 2>/dev/null || true
+  launch_nginx "$tmp" 4 conf 1000 && return 0
   echo "FAIL: nginx did not start"
   exit 1
 }
