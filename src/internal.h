@@ -450,6 +450,22 @@ typedef struct rate__known {
  * loses them, and other readers could not read those states). */
 #define RATE__RECHECK_NS (10 * RATE_NS_PER_S)
 
+/* When a record checked at `now` is due again. */
+static inline uint64_t rate__recheck_next(uint64_t now)
+{
+    return now > RATE_TIME_MAX - RATE__RECHECK_NS ? RATE_TIME_MAX
+                                                  : now + RATE__RECHECK_NS;
+}
+
+/* Whether the check kept by *at is due at `now`: claimed by this caller
+ * (one of those who find it due), the next set RATE__RECHECK_NS on. */
+static inline bool rate__recheck_claim(_Atomic uint64_t *at, uint64_t now)
+{
+    uint64_t was = atomic_load_explicit(at, memory_order_relaxed);
+    return now >= was &&
+           atomic_compare_exchange_strong(at, &was, rate__recheck_next(now));
+}
+
 typedef struct rate__registry {
     _Atomic size_t count; /* published entries */
     rate__known_t *_Atomic chunk[RATE__KNOWN_CHUNKS];

@@ -239,16 +239,9 @@ static int plan_tag(rate_limiter_t *lim, plan_t *pl, uint32_t *tag,
 {
     *tag = atomic_load_explicit(&pl->tag, memory_order_acquire);
     if (*tag != 0) {
-        uint64_t at = atomic_load_explicit(&pl->recheck_at,
-                                           memory_order_relaxed);
-        if (now < at)
-            return RATE_OK;
         /* Due: one caller has the book check the record again (the tag
          * stays: the record is found, or written again where lost). */
-        uint64_t next = now > RATE_TIME_MAX - RATE__RECHECK_NS
-                            ? RATE_TIME_MAX
-                            : now + RATE__RECHECK_NS;
-        if (!atomic_compare_exchange_strong(&pl->recheck_at, &at, next))
+        if (!rate__recheck_claim(&pl->recheck_at, now))
             return RATE_OK;
         if (!wait)
             return NEED_RECORD; /* through the store, before the decision */
@@ -272,10 +265,7 @@ static int plan_tag(rate_limiter_t *lim, plan_t *pl, uint32_t *tag,
                                               lim->space, h == 1};
             atomic_store_explicit(&pl->fast, true, memory_order_release);
         }
-        atomic_store_explicit(&pl->recheck_at,
-                              now > RATE_TIME_MAX - RATE__RECHECK_NS
-                                  ? RATE_TIME_MAX
-                                  : now + RATE__RECHECK_NS,
+        atomic_store_explicit(&pl->recheck_at, rate__recheck_next(now),
                               memory_order_relaxed);
         atomic_store_explicit(&pl->tag, *tag, memory_order_release);
     }

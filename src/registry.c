@@ -160,10 +160,7 @@ static int book_add(rate__book_t *b, const rate_policy_t *p, uint32_t id,
 
     pthread_mutex_lock(&b->lock);
     if (find_policy(&b->known, p) == NULL)
-        rc = add_known(&b->known, p, id, false,
-                       now > RATE_TIME_MAX - RATE__RECHECK_NS
-                           ? RATE_TIME_MAX
-                           : now + RATE__RECHECK_NS);
+        rc = add_known(&b->known, p, id, false, rate__recheck_next(now));
     pthread_mutex_unlock(&b->lock);
     return rc;
 }
@@ -206,16 +203,11 @@ static int register_policy(rate__book_t *b, const rate_policy_t *p,
 }
 
 /* Whether k's record is due to be checked again at `now`: claimed by this
- * caller (the next is due RATE__RECHECK_NS later). */
+ * caller. */
 static bool recheck_due(const rate__known_t *k, uint64_t now)
 {
     rate__known_t *w = (rate__known_t *)k; /* its one mutable field */
-    uint64_t at = atomic_load_explicit(&w->recheck_at, memory_order_relaxed);
-    uint64_t next = now > RATE_TIME_MAX - RATE__RECHECK_NS
-                        ? RATE_TIME_MAX
-                        : now + RATE__RECHECK_NS;
-    return now >= at && atomic_compare_exchange_strong(&w->recheck_at, &at,
-                                                       next);
+    return rate__recheck_claim(&w->recheck_at, now);
 }
 
 int rate__book_rewrite(rate__book_t *b, const rate_policy_t *p)
