@@ -306,6 +306,22 @@ static inline void rcl_url(const rcluster_t *cl, char *buf, size_t cap)
                       i ? "," : "", cl->port[i]);
 }
 
+/* Waits (5 s at most) until each live master's replicas have every write
+ * made so far (WAIT), so that a look at a replica sees what the master
+ * holds. */
+static inline void rcl_wait_replicas(rcluster_t *cl)
+{
+    for (int i = 0; i < RCL_NODES; i++) {
+        if (cl->pid[i] <= 0 || !rcl_is_master(cl, i))
+            continue;
+        redisContext *c = rcl_connect(cl->port[i]);
+        if (c == NULL)
+            continue;
+        freeReplyObject(redisCommand(c, "WAIT 1 5000"));
+        redisFree(c);
+    }
+}
+
 /* Node i's id (CLUSTER MYID) into id: whether it answered one. */
 static inline bool rcl_node_id(rcluster_t *cl, int i, char id[64])
 {
