@@ -936,6 +936,69 @@ static void takes_over_a_dead_owners_lock(void **state)
     rate_store_free(s);
 }
 
+/* A wake-up the kernel lost costs a sleeper one slice of its wait, not
+ * the lock timeout.  The lost wake-up is made by hand: this thread holds
+ * the shard's lock, a decision sleeps on it, and the lock word's "waiters"
+ * bit is cleared before the unlock, which then wakes nobody (as when the
+ * waiter a wake went to is killed before it takes the lock).  With one
+ * sleep to the timeout, the decision would wait all 10 s and fail. */
+#define FUTEX_WAITERS_BIT 0x80000000u
+
+typedef struct sleeper {
+    rate_limiter_t *lim;
+    int rc;
+    rate_decision_t d;
+} sleeper_t;
+
+static void *decide_once(void *arg)
+{
+    sleeper_t *w = arg;
+    w->rc = rate_limiter_check_at(w->lim, "k", 1, 1, 0, 200, &w->d);
+    return NULL;
+}
+
+static void a_lost_wakeup_costs_a_slice(void **state)
+{
+    (void)state;
+    rate_shm_options_t o = {.max_keys = 100, .shards = 1,
+                            .lock_timeout_ns = 10 * SEC};
+    rate_store_t *s = open_shm(&o);
+    sleeper_t w = {.lim = limiter_of("fixed-window 5/s", s)};
+    assert_true(rate_try_acquire_at(w.lim, "k", 1, 100)); /* the record */
+    uint64_t off_shards;
+    int fd = open(path, O_RDWR);
+    struct stat st;
+    assert_true(fd >= 0 && fstat(fd, &st) == 0);
+    assert_int_equal(pread(fd, &off_shards, 8, HDR_OFF_SHARDS), 8);
+    uint8_t *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE,
+                      MAP_SHARED, fd, 0);
+    assert_true(p != MAP_FAILED);
+    close(fd);
+    pthread_mutex_t *mx = (pthread_mutex_t *)(p + off_shards);
+    unsigned *word = (unsigned *)&mx->__data.__lock; /* glibc's lock word */
+
+    assert_int_equal(pthread_mutex_lock(mx), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, decide_once, &w), 0);
+    /* Until the decision sleeps in the kernel (it sets the bit first). */
+    for (int i = 0; !(__atomic_load_n(word, __ATOMIC_ACQUIRE) &
+                      FUTEX_WAITERS_BIT); i++) {
+        assert_true(i < 20000); /* 20 s */
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    nanosleep(&(struct timespec){0, 1000000}, NULL);
+    __atomic_fetch_and(word, ~FUTEX_WAITERS_BIT, __ATOMIC_ACQ_REL);
+    assert_int_equal(pthread_mutex_unlock(mx), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(w.rc, RATE_OK);
+    assert_int_not_equal(w.d.reason, RATE_REASON_STORE_ERROR);
+    assert_true(w.d.allowed);
+    assert_int_equal(w.d.remaining, 3);
+    munmap(p, (size_t)st.st_size);
+    rate_limiter_free(w.lim);
+    rate_store_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -961,6 +1024,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(two_creators_at_once_share_one_region,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(a_lost_wakeup_costs_a_slice, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(takes_over_a_dead_owners_lock, setup,
                                         teardown),
     };

@@ -55,6 +55,7 @@
 #define MAX_SHARDS 1024u
 #define MAX_BYTES (UINT64_C(64) << 30) /* the largest region: 64 GiB */
 #define REC_KEY 4u /* a policy record's key (the registry's id) */
+#define WAIT_SLICE_NS UINT64_C(10000000) /* 10 ms: see lock() */
 #define SPINS 64u /* tries of a busy lock before sleeping (~40 us) */
 
 enum { READY_NONE = 0, READY_INIT = 1, READY_DONE = 2 };
@@ -391,13 +392,21 @@ static int lock(shm_t *m, pthread_mutex_t *mx, shm_shard_t *s)
         if (looks_free(mx))
             r = pthread_mutex_trylock(mx);
     }
-    if (r == EBUSY) {
+    /* Then sleep, a slice at a time: a wake-up can be lost when a waiter
+     * the kernel woke is killed before it takes the lock (docs/shm.md), and
+     * the next slice's try finds the lock free. */
+    for (uint64_t waited = 0; r == EBUSY || (r == ETIMEDOUT &&
+                                             waited < m->timeout_ns);) {
+        uint64_t slice = m->timeout_ns - waited;
+        if (slice > WAIT_SLICE_NS)
+            slice = WAIT_SLICE_NS;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + m->timeout_ns % RATE_NS_PER_S;
-        ts.tv_sec += (time_t)(m->timeout_ns / RATE_NS_PER_S + ns / RATE_NS_PER_S);
+        uint64_t ns = (uint64_t)ts.tv_nsec + slice;
+        ts.tv_sec += (time_t)(ns / RATE_NS_PER_S);
         ts.tv_nsec = (long)(ns % RATE_NS_PER_S);
         r = pthread_mutex_timedlock(mx, &ts);
+        waited += slice;
     }
     if (__builtin_expect(r == 0, 1))
         return RATE_OK;
