@@ -446,7 +446,7 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_str_t *shm_only = NULL;
     size_t state;
     char *text, err[256];
-    ngx_uint_t i;
+    ngx_uint_t i, j;
     int rc;
 
     (void)cmd;
@@ -468,6 +468,29 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
 
     for (i = 3; i < cf->args->nelts; i++) {
         arg = value[i];
+        /* A parameter given twice is refused: taking the last one would,
+         * e.g., turn "store=redis://... store=shm" silently into a zone
+         * of this host only. */
+        for (j = 3; j < i; j++) {
+            u_char *eq = ngx_strlchr(arg.data, arg.data + arg.len, '=');
+            size_t plen = eq != NULL ? (size_t)(eq - arg.data) + 1 : 0;
+
+            if (plen != 0 && value[j].len >= plen &&
+                ngx_strncmp(value[j].data, arg.data, plen) == 0) {
+                char *shown = ngx_http_ratelimit_mask_url(
+                    cf->pool, arg.data, arg.len);
+                char *first = ngx_http_ratelimit_mask_url(
+                    cf->pool, value[j].data, value[j].len);
+
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "ratelimit_zone \"%V\": \"%s\": %*s is "
+                                   "given twice (first as \"%s\")",
+                                   &value[1], shown != NULL ? shown : "",
+                                   plen, arg.data,
+                                   first != NULL ? first : "");
+                return NGX_CONF_ERROR;
+            }
+        }
         if (arg.len >= 6 && ngx_strncmp(arg.data, "store=", 6) == 0) {
             arg.data += 6;
             arg.len -= 6;

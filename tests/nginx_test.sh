@@ -264,6 +264,15 @@ bad keys 'ratelimit_zone r "fixed-window 5/1h" keys=0;' 'keys= takes a positive 
 bad param 'ratelimit_zone r "fixed-window 5/1h" size=10m;' 'unknown parameter "size=10m"'
 bad dup 'ratelimit_zone r "fixed-window 5/1h"; ratelimit_zone r "fixed-window 5/1h";' \
   'duplicate ratelimit_zone "r"'
+# a parameter given twice is refused (the last one would silently win:
+# a Redis zone turned into this host's own), the URL's password masked
+bad twice 'ratelimit_zone r "fixed-window 5/1h" store=redis://me:s3cret@127.0.0.1:1 store=shm;' \
+  '"store=shm": store= is given twice (first as "store=redis://me:***@127.0.0.1:1")'
+grep -q s3cret "$tmp/bad.out" && fail "twice: the password is logged: $(cat "$tmp/bad.out")"
+bad twicekeys 'ratelimit_zone r "fixed-window 5/1h" keys=5 keys=10;' \
+  '"keys=10": keys= is given twice (first as "keys=5")'
+bad twicetimeout 'ratelimit_zone r "fixed-window 5/1h" store=redis://127.0.0.1:1 timeout=1s prefix=a: timeout=2s;' \
+  '"timeout=2s": timeout= is given twice (first as "timeout=1s")'
 bad zone 'server { listen 127.0.0.1:1; location / { ratelimit nope $uri; } }' \
   'no ratelimit_zone "nope"'
 bad fail 'ratelimit_fail maybe;' '"maybe" is neither open nor closed'
