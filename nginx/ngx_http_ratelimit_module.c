@@ -761,6 +761,16 @@ static char *ngx_http_ratelimit(ngx_conf_t *cf, ngx_command_t *cmd,
     }
     ngx_memzero(limit, sizeof(*limit));
     limit->zone = z;
+    if (value[2].len == 0) {
+        /* An empty key is not limited: this one never would be. */
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit: zone \"%V\": the key is \"\", which "
+                           "limits no request (give a variable, such as "
+                           "$binary_remote_addr, or a constant for one limit "
+                           "for all)",
+                           &value[1]);
+        return NGX_CONF_ERROR;
+    }
     ngx_memzero(&ccv, sizeof(ccv));
     ccv.cf = cf;
     ccv.value = &value[2];

@@ -275,6 +275,8 @@ bad twicetimeout 'ratelimit_zone r "fixed-window 5/1h" store=redis://127.0.0.1:1
   '"timeout=2s": timeout= is given twice (first as "timeout=1s")'
 bad zone 'server { listen 127.0.0.1:1; location / { ratelimit nope $uri; } }' \
   'no ratelimit_zone "nope"'
+bad emptykey 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r "";' \
+  'ratelimit: zone "r": the key is "", which limits no request'
 bad fail 'ratelimit_fail maybe;' '"maybe" is neither open nor closed'
 bad wait 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri wait=soon;' 'ratelimit: "wait=soon":'
 bad waitparam 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri delay=1s;' 'unknown parameter "delay=1s"'
