@@ -1127,6 +1127,14 @@ static void ngx_http_ratelimit_log_store_error(ngx_http_request_t *r,
                      z->redis_url != NULL ? "" : "key_max=",
                      z->redis_url != NULL ? (uint32_t)RATE_KEY_MAX
                                           : z->options.key_max);
+    } else if (d->error == RATE_EFULL && z->redis_url == NULL) {
+        /* (a state always fits: state_max follows from the policy) */
+        ngx_snprintf((u_char *)why, sizeof(why) - 1,
+                     " (the zone's %uD policy records are used: each policy "
+                     "text it had since nginx started takes one; restart "
+                     "nginx)%Z",
+                     z->options.max_policies != 0 ? z->options.max_policies
+                                                  : (uint32_t)64);
     } else if (z->redis_url != NULL && z->store != NULL) {
         char err[200];
 
