@@ -446,7 +446,7 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_str_t *shm_only = NULL;
     size_t state;
     char *text, err[256];
-    ngx_uint_t i;
+    ngx_uint_t i, j;
     int rc;
 
     (void)cmd;
@@ -468,6 +468,29 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
 
     for (i = 3; i < cf->args->nelts; i++) {
         arg = value[i];
+        /* A parameter given twice is refused: taking the last one would,
+         * e.g., turn "store=redis://... store=shm" silently into a zone
+         * of this host only. */
+        for (j = 3; j < i; j++) {
+            u_char *eq = ngx_strlchr(arg.data, arg.data + arg.len, '=');
+            size_t plen = eq != NULL ? (size_t)(eq - arg.data) + 1 : 0;
+
+            if (plen != 0 && value[j].len >= plen &&
+                ngx_strncmp(value[j].data, arg.data, plen) == 0) {
+                char *shown = ngx_http_ratelimit_mask_url(
+                    cf->pool, arg.data, arg.len);
+                char *first = ngx_http_ratelimit_mask_url(
+                    cf->pool, value[j].data, value[j].len);
+
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "ratelimit_zone \"%V\": \"%s\": %*s is "
+                                   "given twice (first as \"%s\")",
+                                   &value[1], shown != NULL ? shown : "",
+                                   plen, arg.data,
+                                   first != NULL ? first : "");
+                return NGX_CONF_ERROR;
+            }
+        }
         if (arg.len >= 6 && ngx_strncmp(arg.data, "store=", 6) == 0) {
             arg.data += 6;
             arg.len -= 6;
@@ -738,6 +761,16 @@ static char *ngx_http_ratelimit(ngx_conf_t *cf, ngx_command_t *cmd,
     }
     ngx_memzero(limit, sizeof(*limit));
     limit->zone = z;
+    if (value[2].len == 0) {
+        /* An empty key is not limited: this one never would be. */
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit: zone \"%V\": the key is \"\", which "
+                           "limits no request (give a variable, such as "
+                           "$binary_remote_addr, or a constant for one limit "
+                           "for all)",
+                           &value[1]);
+        return NGX_CONF_ERROR;
+    }
     ngx_memzero(&ccv, sizeof(ccv));
     ccv.cf = cf;
     ccv.value = &value[2];
@@ -1094,6 +1127,14 @@ static void ngx_http_ratelimit_log_store_error(ngx_http_request_t *r,
                      z->redis_url != NULL ? "" : "key_max=",
                      z->redis_url != NULL ? (uint32_t)RATE_KEY_MAX
                                           : z->options.key_max);
+    } else if (d->error == RATE_EFULL && z->redis_url == NULL) {
+        /* (a state always fits: state_max follows from the policy) */
+        ngx_snprintf((u_char *)why, sizeof(why) - 1,
+                     " (the zone's %uD policy records are used: each policy "
+                     "text it had since nginx started takes one; restart "
+                     "nginx)%Z",
+                     z->options.max_policies != 0 ? z->options.max_policies
+                                                  : (uint32_t)64);
     } else if (z->redis_url != NULL && z->store != NULL) {
         char err[200];
 

@@ -28,6 +28,7 @@ command -v curl >/dev/null || { echo "nginx_test: curl is missing (scripts/deps.
 tmp=$(mktemp -d /tmp/nginx_test.XXXXXX)
 cleanup() {
   stop_nginx || true
+  stop_pidfile "$tmp/p/nginx.pid" || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -264,8 +265,19 @@ bad keys 'ratelimit_zone r "fixed-window 5/1h" keys=0;' 'keys= takes a positive 
 bad param 'ratelimit_zone r "fixed-window 5/1h" size=10m;' 'unknown parameter "size=10m"'
 bad dup 'ratelimit_zone r "fixed-window 5/1h"; ratelimit_zone r "fixed-window 5/1h";' \
   'duplicate ratelimit_zone "r"'
+# a parameter given twice is refused (the last one would silently win:
+# a Redis zone turned into this host's own), the URL's password masked
+bad twice 'ratelimit_zone r "fixed-window 5/1h" store=redis://me:s3cret@127.0.0.1:1 store=shm;' \
+  '"store=shm": store= is given twice (first as "store=redis://me:***@127.0.0.1:1")'
+grep -q s3cret "$tmp/bad.out" && fail "twice: the password is logged: $(cat "$tmp/bad.out")"
+bad twicekeys 'ratelimit_zone r "fixed-window 5/1h" keys=5 keys=10;' \
+  '"keys=10": keys= is given twice (first as "keys=5")'
+bad twicetimeout 'ratelimit_zone r "fixed-window 5/1h" store=redis://127.0.0.1:1 timeout=1s prefix=a: timeout=2s;' \
+  '"timeout=2s": timeout= is given twice (first as "timeout=1s")'
 bad zone 'server { listen 127.0.0.1:1; location / { ratelimit nope $uri; } }' \
   'no ratelimit_zone "nope"'
+bad emptykey 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r "";' \
+  'ratelimit: zone "r": the key is "", which limits no request'
 bad fail 'ratelimit_fail maybe;' '"maybe" is neither open nor closed'
 bad wait 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri wait=soon;' 'ratelimit: "wait=soon":'
 bad waitparam 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri delay=1s;' 'unknown parameter "delay=1s"'
@@ -319,6 +331,65 @@ expect "resize: state kept" "$(statuses 1 -H 'X-Key: spread' /spread/)" "429"
 expect "resize: still serving" "$(statuses 1 -H 'X-Key: fresh' /spread/)" "200"
 
 stop_nginx
+
+# ---- a zone's policy records (docs/nginx.md, "Reloads"): each policy text
+# a zone had since nginx started takes one of its 64; 64 reloads that each
+# change the policy work, the next one's decisions are store errors
+# (RATE_EFULL), whose line says why.  Its own nginx, one worker.
+mkdir -p "$tmp/p/logs" "$tmp/p/html"
+chmod 755 "$tmp/p" "$tmp/p/html"
+echo hello >"$tmp/p/html/index.html"
+pconf() { # pconf LIMIT: the zone's policy, fixed-window LIMIT/1h
+  cat >"$tmp/p/nginx.conf" <<EOF
+load_module $MODULE;
+error_log $tmp/p/logs/error.log info;
+events { worker_connections 64; }
+http {
+  access_log off;
+  ratelimit_zone pr "fixed-window $1/1h";
+  server {
+    listen 127.0.0.1:$port;
+    root $tmp/p/html;
+    location = /index.html { }
+    location /pr/ { ratelimit pr \$http_x_key; add_header X-Conf $1 always; try_files /index.html =404; }
+  }
+}
+EOF
+}
+launch_nginx "$tmp/p" 1 pconf 1 || fail "policy records: nginx did not start"
+# pget KEY: "STATUS CONF" of a request on /pr/ (CONF: the LIMIT of the
+# configuration of the worker that answered)
+pget() {
+  curl -s -o /dev/null -D - -H 'Connection: close' -H "X-Key: $1" \
+    "http://127.0.0.1:$port/pr/" | tr -d '\r' |
+    sed -n 's/^HTTP\/1.1 \([0-9]*\).*/\1/p; s/^X-Conf: //p' | tr '\n' ' '
+}
+got=$(pget p1)
+expect "policy records: the first policy" "${got%% *}" 200
+for i in $(seq 2 65); do
+  pconf "$i"
+  kill -HUP "$(cat "$tmp/p/nginx.pid")"
+  # until a worker of this configuration answers (the old ones' requests
+  # write nothing new: their policies have their records)
+  for _ in $(seq 1 250); do
+    got=$(pget "p$i")
+    [ "${got#* }" = "$i " ] && break
+    sleep 0.02
+  done
+  if [ "${got#* }" != "$i " ]; then
+    fail "policy records: no worker of configuration $i answered: '$got'"
+    break
+  fi
+  if [ "$i" -le 64 ] && [ "${got%% *}" != 200 ]; then
+    fail "policy records: policy $i: '$got', want 200"
+    break
+  fi
+done
+expect "policy records: the 65th policy" "${got%% *}" 503
+grep -q 'ratelimit: zone "pr": store error RATE_EFULL (the zone.s 64 policy records are used: each policy text it had since nginx started takes one; restart nginx), denied' "$tmp/p/logs/error.log" ||
+  fail "policy records: no line that says why: $(grep 'store error' "$tmp/p/logs/error.log" | head -1)"
+stop_pidfile "$tmp/p/nginx.pid"
+
 if [ "$fails" -ne 0 ]; then
   echo "nginx_test: $fails failure(s)"
   tail -20 "$tmp/logs/error.log"
