@@ -802,6 +802,19 @@ static char *ngx_http_ratelimit(ngx_conf_t *cf, ngx_command_t *cmd,
             return NGX_CONF_ERROR;
         }
     }
+    /* Shared-memory zones are decided before Redis zones (each kind in
+     * the order written): a local denial then asks Redis nothing, and a
+     * Redis denial gives back local charges, at once (docs/nginx.md). */
+    if (z->redis_url == NULL) {
+        ngx_http_ratelimit_limit_t tmp = *limit;
+
+        limit = rlcf->limits->elts;
+        for (i = rlcf->limits->nelts - 1;
+             i > 0 && limit[i - 1].zone->redis_url != NULL; i--) {
+            limit[i] = limit[i - 1];
+        }
+        limit[i] = tmp;
+    }
     return NGX_CONF_OK;
 }
 
