@@ -25,10 +25,11 @@
  * when sooner); when the oldest passes, the connection its command is on
  * is dropped, and hiredis hands every command on it back with no reply,
  * which completes its job with RATE_ETIMEDOUT (a parked job just
- * completes).  Every job not parked has exactly one command in one
+ * completes).  Every job not parked, nor waiting for its key's turn (a
+ * C-step job: see turn_take), has exactly one command in one
  * connection's queue until it completes, so it is freed only in that
- * command's callback, or by the timer while parked: a job can never
- * complete twice nor be forgotten.
+ * command's callback, or by the timer while parked or waiting: a job can
+ * never complete twice nor be forgotten.
  *
  * Everything else of the store contract (load, cas, decide, now, remove)
  * goes to a synchronous Redis store over the same URL, which this store
@@ -116,7 +117,24 @@ typedef struct ajob {
     unsigned retries;
     unsigned redirs; /* of the current command */
     void *state; /* the step's new state, for the compare-and-set */
+    struct kturn *turn; /* a step job's key: its turn, held or waited for */
+    struct ajob *qnext; /* waiting: the next in the turn's queue */
 } ajob_t;
+
+/* A key's turn for the C step (load, step, compare-and-set): held by one
+ * job at a time, the others on the key waiting in order, so that this
+ * store's own jobs on one key do not make each other's compare-and-set
+ * fail (a hot key's refunds, a policy the scripts decline). */
+typedef struct kturn {
+    struct kturn *next; /* in its bucket */
+    ajob_t *holder;     /* NULL while handing over */
+    ajob_t *qhead, *qtail;
+    rate_space_t space;
+    size_t len;
+    char bytes[]; /* the key, copied */
+} kturn_t;
+
+#define TURN_BUCKETS 1024u
 
 struct astore {
     rate_loop_t loop;
@@ -136,6 +154,7 @@ struct astore {
     uint64_t timer_at; /* when it expires, if armed */
     ajob_t *head, *tail;
     ajob_t *phead, *ptail; /* parked, in the order of resend_at */
+    kturn_t **turns; /* TURN_BUCKETS, allocated at the first step job */
     bool closing; /* being freed: no new job */
     bool broken;  /* some node is */
     rate_redis_async_stats_t st;
@@ -516,6 +535,8 @@ static void unpark(ajob_t *j)
     j->parked = false;
 }
 
+static void turn_leave(ajob_t *j);
+
 /* Completes j with rc (its command's outcome already counted). */
 static void finish(ajob_t *j, int rc)
 {
@@ -524,6 +545,8 @@ static void finish(ajob_t *j, int rc)
 
     if (j->parked)
         unpark(j);
+    if (j->turn != NULL)
+        turn_leave(j);
     if (j->prev != NULL)
         j->prev->next = j->next;
     else
@@ -613,6 +636,113 @@ static int route(ajob_t *j)
     j->redirs = 0;
     return dispatch(j, node_of_slot(j->s, rc_key_slot(j->cmd.k, j->cmd.kl)),
                     false);
+}
+
+/* ---------------------------------------------------------- key turns */
+
+static size_t turn_bucket(const rate_key_t *k)
+{
+    uint64_t h = 1469598103934665603u ^ (uint64_t)k->space;
+    for (size_t i = 0; i < k->len; i++)
+        h = (h ^ (unsigned char)k->bytes[i]) * 1099511628211u;
+    return (size_t)(h % TURN_BUCKETS);
+}
+
+/* Starts step job j (its load built) in its key's turn: sent now if the
+ * turn is free, else queued behind the jobs on the key.  RATE_OK, or the
+ * error of a send refused at once (the turn left free again). */
+static int turn_take(ajob_t *j)
+{
+    astore_t *s = j->s;
+    const rate_key_t *k = &j->job->key;
+
+    if (s->turns == NULL &&
+        (s->turns = calloc(TURN_BUCKETS, sizeof *s->turns)) == NULL)
+        return RATE_ENOMEM;
+    kturn_t **b = &s->turns[turn_bucket(k)], *t;
+    for (t = *b; t != NULL; t = t->next)
+        if (t->len == k->len && t->space == k->space &&
+            memcmp(t->bytes, k->bytes, k->len) == 0)
+            break;
+    if (t != NULL) { /* held, or being handed over (turn_leave's loop) */
+        j->turn = t; /* waits: its deadline runs meanwhile (on_timer) */
+        if (t->qtail != NULL)
+            t->qtail->qnext = j;
+        else
+            t->qhead = j;
+        t->qtail = j;
+        return RATE_OK;
+    }
+    if ((t = calloc(1, sizeof *t + k->len)) == NULL)
+        return RATE_ENOMEM;
+    memcpy(t->bytes, k->bytes, k->len);
+    t->len = k->len;
+    t->space = k->space;
+    t->next = *b;
+    *b = t;
+    t->holder = j;
+    j->turn = t;
+    int rc = route(j);
+    if (rc != RATE_OK)
+        turn_leave(j);
+    return rc;
+}
+
+/* j leaves its turn (completed, or refused at once): out of the queue if
+ * it waited; if it held it, the next waiter is sent (one past its
+ * deadline, or any while the store closes, completes instead); a turn
+ * nobody holds or waits for goes. */
+static void turn_leave(ajob_t *j)
+{
+    astore_t *s = j->s;
+    kturn_t *t = j->turn;
+
+    j->turn = NULL;
+    if (t->holder == j) {
+        t->holder = NULL;
+    } else { /* a waiter */
+        ajob_t *p = NULL, *q = t->qhead;
+        while (q != NULL && q != j) {
+            p = q;
+            q = q->qnext;
+        }
+        if (q == NULL)
+            return; /* cannot be: a job with a turn holds it or waits */
+        if (p != NULL)
+            p->qnext = j->qnext;
+        else
+            t->qhead = j->qnext;
+        if (t->qtail == j)
+            t->qtail = p;
+        j->qnext = NULL;
+    }
+    while (t->holder == NULL && t->qhead != NULL) {
+        ajob_t *w = t->qhead;
+        t->qhead = w->qnext;
+        if (t->qhead == NULL)
+            t->qtail = NULL;
+        w->qnext = NULL;
+        int rc = RATE_ECANCELED;
+        if (!s->closing) {
+            rc = RATE_ETIMEDOUT;
+            if (w->deadline > now_of(s)) {
+                t->holder = w;
+                if ((rc = route(w)) == RATE_OK)
+                    return;
+                t->holder = NULL;
+            }
+        }
+        w->turn = NULL; /* completed outside the turn: no recursion */
+        finish(w, rc);  /* its callback may take the turn: then it ends */
+    }
+    if (t->holder != NULL || t->qhead != NULL)
+        return;
+    kturn_t **b = &s->turns[turn_bucket(&(rate_key_t){t->bytes, t->len,
+                                                      t->space})];
+    while (*b != t)
+        b = &(*b)->next;
+    *b = t->next;
+    free(t);
 }
 
 /* The next command of j, built into j->cmd: the load. */
@@ -824,8 +954,8 @@ static void on_timer(void *arg)
     }
     while (s->head != NULL && s->head->deadline <= now) {
         ajob_t *j = s->head;
-        if (j->parked) {
-            finish(j, RATE_ETIMEDOUT);
+        if (j->parked || (j->turn != NULL && j->turn->holder != j)) {
+            finish(j, RATE_ETIMEDOUT); /* parked, or waiting its turn */
             continue;
         }
         /* Redis did not answer it in time: its connection goes, and with
@@ -866,8 +996,9 @@ static int a_start(void *self, rate_job_t *job)
     } else {
         rc = load_cmd(j);
     }
+    /* Refused at once: nothing sent.  The C step waits its key's turn. */
     if (rc == RATE_OK)
-        rc = route(j); /* refused at once: nothing sent */
+        rc = j->phase == PH_LOAD ? turn_take(j) : route(j);
     if (rc != RATE_OK) {
         rate__redis_cmd_free(&j->cmd);
         free(j);
@@ -930,6 +1061,9 @@ static void a_destroy(void *self)
         drop(s->nodes[i], RATE_ECANCELED);
     while (s->phead != NULL)
         finish(s->phead, RATE_ECANCELED);
+    /* The jobs waiting for a key's turn went with its holder (each job
+     * held is on a connection or parked): no turn is left. */
+    free(s->turns);
     if (s->timer != NULL)
         s->loop.timer_free(s->loop.ud, s->timer);
     rate_store_free(s->sync);
