@@ -719,9 +719,15 @@ static void bad_args(void **state)
                                                 sizeof err),
                      RATE_EINVAL);
     assert_non_null(strstr(err, "loop"));
+    err[0] = '\0';
     assert_int_equal(rate_store_redis_async_new(url, NULL, &none, NULL, err,
                                                 sizeof err),
                      RATE_EINVAL);
+    assert_string_equal(err, "out is NULL");
+    err[0] = '\0';
+    assert_int_equal(rate_store_redis_new(url, NULL, NULL, err, sizeof err),
+                     RATE_EINVAL);
+    assert_string_equal(err, "out is NULL");
     rate_redis_async_stats_t st;
     assert_int_equal(rate_store_redis_async_stats(NULL, &st), RATE_EINVAL);
     /* a duration above RATE_TIME_MAX wrapped when added to the clock: the

@@ -2195,7 +2195,7 @@ int rate__redis_new(const char *url, const rate_redis_options_t *opt,
     int rc;
 
     if (out == NULL)
-        return RATE_EINVAL;
+        return rate__fail(err, errlen, RATE_EINVAL, "out is NULL");
     *out = NULL;
     if (url == NULL)
         return rate__fail(err, errlen, RATE_EINVAL, "the Redis URL is NULL");
