@@ -417,6 +417,8 @@ typedef enum rate_redis_module {
 } rate_redis_module_t;
 
 typedef struct rate_redis_options {
+    /* connect_timeout_ns, command_timeout_ns and breaker_cooldown_ns are
+     * at most RATE_TIME_MAX (RATE_EINVAL above, naming the option). */
     uint64_t connect_timeout_ns; /* 0: 1 s.  The TCP connect's bound;
                                     at creation (and a lazy store's
                                     creation try), each seed tried has

@@ -2,8 +2,9 @@
 /*
  * ratelimit_event.h -- a rate_loop_t over a libevent event_base
  * (header-only: include it in the program that has libevent, link with
- * -levent_core; the library itself does not depend on libevent).
- * Debian: libevent-dev.
+ * -levent_core; the library itself does not depend on libevent; every
+ * function here is static inline, so a program that includes it and never
+ * calls rate_loop_event needs no -levent_core).  Debian: libevent-dev.
  *
  *   rate_loop_t loop;
  *   rate_loop_event(&loop, base);
@@ -34,7 +35,7 @@ typedef struct rate_ev_timer_ {
     void *arg;
 } rate_ev_timer_;
 
-static void rate_ev_io_cb_(evutil_socket_t fd, short what, void *arg)
+static inline void rate_ev_io_cb_(evutil_socket_t fd, short what, void *arg)
 {
     rate_ev_io_ *p = (rate_ev_io_ *)arg;
     (void)fd;
@@ -42,7 +43,7 @@ static void rate_ev_io_cb_(evutil_socket_t fd, short what, void *arg)
                       ((what & EV_WRITE) ? RATE_LOOP_WRITE : 0));
 }
 
-static void rate_ev_io_free_(void *ud, void *io)
+static inline void rate_ev_io_free_(void *ud, void *io)
 {
     rate_ev_io_ *p = (rate_ev_io_ *)io;
     (void)ud;
@@ -53,7 +54,8 @@ static void rate_ev_io_free_(void *ud, void *io)
     free(p);
 }
 
-static void *rate_ev_io_new_(void *ud, int fd, rate_loop_io_fn fn, void *arg)
+static inline void *rate_ev_io_new_(void *ud, int fd, rate_loop_io_fn fn,
+                                    void *arg)
 {
     rate_ev_io_ *p = (rate_ev_io_ *)calloc(1, sizeof *p);
     if (p == NULL)
@@ -71,7 +73,7 @@ static void *rate_ev_io_new_(void *ud, int fd, rate_loop_io_fn fn, void *arg)
     return p;
 }
 
-static int rate_ev_io_set_(void *ud, void *io, unsigned events)
+static inline int rate_ev_io_set_(void *ud, void *io, unsigned events)
 {
     rate_ev_io_ *p = (rate_ev_io_ *)io;
     unsigned diff = p->events ^ events;
@@ -87,7 +89,7 @@ static int rate_ev_io_set_(void *ud, void *io, unsigned events)
     return rc == 0 ? 0 : -1;
 }
 
-static void rate_ev_timer_cb_(evutil_socket_t fd, short what, void *arg)
+static inline void rate_ev_timer_cb_(evutil_socket_t fd, short what, void *arg)
 {
     rate_ev_timer_ *t = (rate_ev_timer_ *)arg;
     (void)fd;
@@ -95,7 +97,8 @@ static void rate_ev_timer_cb_(evutil_socket_t fd, short what, void *arg)
     t->fn(t->arg);
 }
 
-static void *rate_ev_timer_new_(void *ud, rate_loop_timer_fn fn, void *arg)
+static inline void *rate_ev_timer_new_(void *ud, rate_loop_timer_fn fn,
+                                       void *arg)
 {
     rate_ev_timer_ *t = (rate_ev_timer_ *)calloc(1, sizeof *t);
     if (t == NULL)
@@ -110,7 +113,7 @@ static void *rate_ev_timer_new_(void *ud, rate_loop_timer_fn fn, void *arg)
     return t;
 }
 
-static int rate_ev_timer_arm_(void *ud, void *timer, uint64_t after_ns)
+static inline int rate_ev_timer_arm_(void *ud, void *timer, uint64_t after_ns)
 {
     rate_ev_timer_ *t = (rate_ev_timer_ *)timer;
     uint64_t us = after_ns / 1000 + (after_ns % 1000 != 0);
@@ -121,13 +124,13 @@ static int rate_ev_timer_arm_(void *ud, void *timer, uint64_t after_ns)
     return evtimer_add(t->ev, &tv) == 0 ? 0 : -1;
 }
 
-static void rate_ev_timer_cancel_(void *ud, void *timer)
+static inline void rate_ev_timer_cancel_(void *ud, void *timer)
 {
     (void)ud;
     evtimer_del(((rate_ev_timer_ *)timer)->ev);
 }
 
-static void rate_ev_timer_free_(void *ud, void *timer)
+static inline void rate_ev_timer_free_(void *ud, void *timer)
 {
     rate_ev_timer_ *t = (rate_ev_timer_ *)timer;
     (void)ud;

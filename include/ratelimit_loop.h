@@ -12,7 +12,10 @@
  *
  * Threads: a store made over a loop calls these functions only from the
  * thread that runs the loop (inside rate_limiter_check_start, the loop's
- * callbacks, and rate_store_free); the adapter need not lock.  The adapter
+ * callbacks, and rate_store_free), and timer_new once from the thread
+ * that creates it (rate_store_redis_async_new makes its timer there):
+ * create the store on the loop's thread, or before that loop runs; the
+ * adapter need not lock.  The adapter
  * calls the store's ready functions only from inside the loop's callbacks,
  * never from inside one of its own functions below.
  */
@@ -107,7 +110,11 @@ typedef struct rate_loop {
  * found by that check is this store's first one (with lazy_connect it is
  * learnt from the first MOVED).
  *
- * `loop` is copied; the loop itself must outlive the store.  Every
+ * `loop` is copied; the loop itself must outlive the store.  Creation
+ * calls loop->timer_new (the store's one timer) on the calling thread:
+ * call it on the loop's thread, or before the loop runs (libuv's and
+ * libevent's handles are not to be made while another thread runs their
+ * loop).  Every
  * callback runs on the loop's thread; rate_store_free, on that thread and
  * not from inside one of the store's callbacks, completes every decision
  * in flight, on every node (RATE_ECANCELED), before it returns.

@@ -2,7 +2,9 @@
 /*
  * ratelimit_uv.h -- a rate_loop_t over a libuv loop (header-only: include
  * it in the program that has libuv, link with -luv; the library itself
- * does not depend on libuv).  Debian: libuv1-dev.
+ * does not depend on libuv; every function here is static inline, so a
+ * program that includes it and never calls rate_loop_uv needs no -luv).
+ * Debian: libuv1-dev.
  *
  *   rate_loop_t loop;
  *   rate_loop_uv(&loop, uv_default_loop());
@@ -33,12 +35,12 @@ typedef struct rate_uv_timer_ {
     void *arg;
 } rate_uv_timer_;
 
-static void rate_uv_closed_(uv_handle_t *h)
+static inline void rate_uv_closed_(uv_handle_t *h)
 {
     free(h->data);
 }
 
-static void rate_uv_poll_cb_(uv_poll_t *h, int status, int events)
+static inline void rate_uv_poll_cb_(uv_poll_t *h, int status, int events)
 {
     rate_uv_io_ *p = (rate_uv_io_ *)h->data;
     unsigned ev = 0;
@@ -51,7 +53,8 @@ static void rate_uv_poll_cb_(uv_poll_t *h, int status, int events)
     p->fn(p->arg, ev);
 }
 
-static void *rate_uv_io_new_(void *ud, int fd, rate_loop_io_fn fn, void *arg)
+static inline void *rate_uv_io_new_(void *ud, int fd, rate_loop_io_fn fn,
+                                    void *arg)
 {
     rate_uv_io_ *p = (rate_uv_io_ *)calloc(1, sizeof *p);
     if (p == NULL)
@@ -66,7 +69,7 @@ static void *rate_uv_io_new_(void *ud, int fd, rate_loop_io_fn fn, void *arg)
     return p;
 }
 
-static int rate_uv_io_set_(void *ud, void *io, unsigned events)
+static inline int rate_uv_io_set_(void *ud, void *io, unsigned events)
 {
     rate_uv_io_ *p = (rate_uv_io_ *)io;
     int flags = ((events & RATE_LOOP_READ) ? UV_READABLE : 0) |
@@ -77,7 +80,7 @@ static int rate_uv_io_set_(void *ud, void *io, unsigned events)
     return uv_poll_start(&p->poll, flags, rate_uv_poll_cb_) == 0 ? 0 : -1;
 }
 
-static void rate_uv_io_free_(void *ud, void *io)
+static inline void rate_uv_io_free_(void *ud, void *io)
 {
     rate_uv_io_ *p = (rate_uv_io_ *)io;
     (void)ud;
@@ -85,13 +88,14 @@ static void rate_uv_io_free_(void *ud, void *io)
     uv_close((uv_handle_t *)&p->poll, rate_uv_closed_);
 }
 
-static void rate_uv_timer_cb_(uv_timer_t *h)
+static inline void rate_uv_timer_cb_(uv_timer_t *h)
 {
     rate_uv_timer_ *t = (rate_uv_timer_ *)h->data;
     t->fn(t->arg);
 }
 
-static void *rate_uv_timer_new_(void *ud, rate_loop_timer_fn fn, void *arg)
+static inline void *rate_uv_timer_new_(void *ud, rate_loop_timer_fn fn,
+                                       void *arg)
 {
     rate_uv_timer_ *t = (rate_uv_timer_ *)calloc(1, sizeof *t);
     if (t == NULL)
@@ -106,7 +110,7 @@ static void *rate_uv_timer_new_(void *ud, rate_loop_timer_fn fn, void *arg)
     return t;
 }
 
-static int rate_uv_timer_arm_(void *ud, void *timer, uint64_t after_ns)
+static inline int rate_uv_timer_arm_(void *ud, void *timer, uint64_t after_ns)
 {
     rate_uv_timer_ *t = (rate_uv_timer_ *)timer;
     uint64_t ms = after_ns / 1000000 + (after_ns % 1000000 != 0);
@@ -116,13 +120,13 @@ static int rate_uv_timer_arm_(void *ud, void *timer, uint64_t after_ns)
     return uv_timer_start(&t->timer, rate_uv_timer_cb_, ms, 0) == 0 ? 0 : -1;
 }
 
-static void rate_uv_timer_cancel_(void *ud, void *timer)
+static inline void rate_uv_timer_cancel_(void *ud, void *timer)
 {
     (void)ud;
     uv_timer_stop(&((rate_uv_timer_ *)timer)->timer);
 }
 
-static void rate_uv_timer_free_(void *ud, void *timer)
+static inline void rate_uv_timer_free_(void *ud, void *timer)
 {
     rate_uv_timer_ *t = (rate_uv_timer_ *)timer;
     (void)ud;

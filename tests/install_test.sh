@@ -50,6 +50,47 @@ check env LD_LIBRARY_PATH="$libdir" "$T/shared-norpath"
 # shellcheck disable=SC2046
 check cc "$T/app.c" -o "$T/static" $(pkg-config --cflags ratelimit) "$libdir/libratelimit.a" $(pkg-config --static --libs-only-l ratelimit | sed 's/-lratelimit//')
 check "$T/static"
+# The loop adapters, as a user includes them: both in one file, one used,
+# built without optimization (which keeps a static function that nothing
+# calls) and linked with that one loop's library only; and the public
+# headers compiled as C++ with both adapters used.
+if pkg-config --exists libuv libevent_core; then
+  cat >"$T/adapters.c" <<'C'
+#include <ratelimit_event.h>
+#include <ratelimit_uv.h>
+int main(void)
+{
+    rate_loop_t loop;
+    rate_loop_uv(&loop, uv_default_loop());
+    return loop.io_new == NULL;
+}
+C
+  # shellcheck disable=SC2046
+  check cc -O0 -Wall -Wextra -Werror "$T/adapters.c" -o "$T/adapters" $(pkg-config --cflags --libs ratelimit libuv)
+  sed 's/rate_loop_uv(&loop, uv_default_loop())/struct event_base *b = event_base_new(); rate_loop_event(\&loop, b); event_base_free(b)/' "$T/adapters.c" >"$T/adapters-ev.c"
+  # shellcheck disable=SC2046
+  check cc -O0 -Wall -Wextra -Werror "$T/adapters-ev.c" -o "$T/adapters-ev" $(pkg-config --cflags --libs ratelimit libevent_core)
+  if command -v c++ >/dev/null; then
+    cat >"$T/adapters.cpp" <<'CXX'
+#include <ratelimit.h>
+#include <ratelimit_event.h>
+#include <ratelimit_loop.h>
+#include <ratelimit_store.h>
+#include <ratelimit_uv.h>
+int main()
+{
+    rate_loop_t a, b;
+    struct event_base *base = event_base_new();
+    rate_loop_uv(&a, uv_default_loop());
+    rate_loop_event(&b, base);
+    event_base_free(base);
+    return a.io_new == nullptr || b.io_new == nullptr;
+}
+CXX
+    # shellcheck disable=SC2046
+    check c++ -std=c++17 -Wall -Wextra -Werror -pedantic "$T/adapters.cpp" -o "$T/adapters-cxx" $(pkg-config --cflags --libs ratelimit libuv libevent_core)
+  fi
+fi
 for target in ratelimit ratelimit_static; do
   mkdir -p "$T/cm-$target"
   cat >"$T/cm-$target/CMakeLists.txt" <<CM

@@ -784,11 +784,37 @@ static void bad_args(void **state)
                                                 sizeof err),
                      RATE_EINVAL);
     assert_non_null(strstr(err, "loop"));
+    err[0] = '\0';
     assert_int_equal(rate_store_redis_async_new(url, NULL, &none, NULL, err,
                                                 sizeof err),
                      RATE_EINVAL);
+    assert_string_equal(err, "out is NULL");
+    err[0] = '\0';
+    assert_int_equal(rate_store_redis_new(url, NULL, NULL, err, sizeof err),
+                     RATE_EINVAL);
+    assert_string_equal(err, "out is NULL");
     rate_redis_async_stats_t st;
     assert_int_equal(rate_store_redis_async_stats(NULL, &st), RATE_EINVAL);
+    /* a duration above RATE_TIME_MAX wrapped when added to the clock: the
+     * decisions of a store with command_timeout_ns UINT64_MAX all timed
+     * out at once; refused now, with the option named */
+    rate_loop_t lp;
+    rate_loop_uv(&lp, uv_default_loop());
+    rate_redis_options_t o = {.command_timeout_ns = UINT64_MAX};
+    assert_int_equal(rate_store_redis_async_new(url, &o, &lp, &s, err,
+                                                sizeof err),
+                     RATE_EINVAL);
+    assert_null(s);
+    assert_non_null(strstr(err, "command_timeout_ns"));
+    o = (rate_redis_options_t){.breaker_cooldown_ns = RATE_TIME_MAX + 1};
+    assert_int_equal(rate_store_redis_async_new(url, &o, &lp, &s, err,
+                                                sizeof err),
+                     RATE_EINVAL);
+    assert_non_null(strstr(err, "breaker_cooldown_ns"));
+    o = (rate_redis_options_t){.connect_timeout_ns = UINT64_MAX};
+    assert_int_equal(rate_store_redis_new(url, &o, &s, err, sizeof err),
+                     RATE_EINVAL);
+    assert_non_null(strstr(err, "connect_timeout_ns"));
 }
 
 int main(void)

@@ -2195,7 +2195,7 @@ int rate__redis_new(const char *url, const rate_redis_options_t *opt,
     int rc;
 
     if (out == NULL)
-        return RATE_EINVAL;
+        return rate__fail(err, errlen, RATE_EINVAL, "out is NULL");
     *out = NULL;
     if (url == NULL)
         return rate__fail(err, errlen, RATE_EINVAL, "the Redis URL is NULL");
@@ -2204,6 +2204,18 @@ int rate__redis_new(const char *url, const rate_redis_options_t *opt,
     if (o.pool_size > 1024)
         return rate__fail(err, errlen, RATE_EINVAL, "pool_size %u above 1024",
                           o.pool_size);
+    /* each is added to a clock reading: above RATE_TIME_MAX it could wrap */
+    const struct {
+        const char *name;
+        uint64_t ns;
+    } spans[] = {{"connect_timeout_ns", o.connect_timeout_ns},
+                 {"command_timeout_ns", o.command_timeout_ns},
+                 {"breaker_cooldown_ns", o.breaker_cooldown_ns}};
+    for (size_t i = 0; i < sizeof spans / sizeof spans[0]; i++)
+        if (spans[i].ns > RATE_TIME_MAX)
+            return rate__fail(err, errlen, RATE_EINVAL,
+                              "%s of %llu ns, above RATE_TIME_MAX",
+                              spans[i].name, (unsigned long long)spans[i].ns);
     r = calloc(1, sizeof *r);
     if (r == NULL)
         return RATE_ENOMEM;

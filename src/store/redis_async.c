@@ -1121,7 +1121,7 @@ int rate_store_redis_async_new(const char *url,
     int rc;
 
     if (out == NULL)
-        return RATE_EINVAL;
+        return rate__fail(err, errlen, RATE_EINVAL, "out is NULL");
     *out = NULL;
     if (loop == NULL || loop->io_new == NULL || loop->io_set == NULL ||
         loop->io_free == NULL || loop->timer_new == NULL ||
