@@ -102,9 +102,12 @@ static double redis_benchmark(const char *host, int port, const char *args)
 {
     char cmd[1024], line[512];
     double rps = 0;
-    snprintf(cmd, sizeof cmd,
-             "redis-benchmark -h %s -p %d %s 2>/dev/null | tr '\\r' '\\n'",
-             host, port, args);
+    int n = snprintf(cmd, sizeof cmd,
+                     "redis-benchmark -h %s -p %d %s 2>/dev/null | "
+                     "tr '\\r' '\\n'",
+                     host, port, args);
+    if (n < 0 || (size_t)n >= sizeof cmd)
+        return 0; /* a command cut short would run something else */
     FILE *f = popen(cmd, "r");
     if (f == NULL)
         return 0;
