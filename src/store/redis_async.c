@@ -640,6 +640,16 @@ static int route(ajob_t *j)
 
 /* ---------------------------------------------------------- key turns */
 
+/* Whether j has half its command timeout left: enough for a C step's
+ * next round trip, unless Redis is slow (sent later, a command's wait on
+ * the wire would pass its deadline and take the connection down with
+ * every decision on it). */
+static bool time_left(const ajob_t *j)
+{
+    uint64_t now = now_of(j->s);
+    return j->deadline > now && j->deadline - now > j->s->conf.command_ns / 2;
+}
+
 static size_t turn_bucket(const rate_key_t *k)
 {
     uint64_t h = 1469598103934665603u ^ (uint64_t)k->space;
@@ -648,9 +658,12 @@ static size_t turn_bucket(const rate_key_t *k)
     return (size_t)(h % TURN_BUCKETS);
 }
 
-/* Starts step job j (its load built) in its key's turn: sent now if the
- * turn is free, else queued behind the jobs on the key.  RATE_OK, or the
- * error of a send refused at once (the turn left free again). */
+/* Sends C-step job j (its load built, after a lost compare-and-set) in
+ * its key's turn: now if the turn is free, else queued behind the jobs on
+ * the key that lost theirs.  RATE_OK, or the error of a send refused at
+ * once (the turn left free again).  A job's first try goes without a turn
+ * (route): a denial that writes nothing, the common case on a hot key,
+ * is one load that waits for no one. */
 static int turn_take(ajob_t *j)
 {
     astore_t *s = j->s;
@@ -724,8 +737,8 @@ static void turn_leave(ajob_t *j)
         w->qnext = NULL;
         int rc = RATE_ECANCELED;
         if (!s->closing) {
-            rc = RATE_ETIMEDOUT;
-            if (w->deadline > now_of(s)) {
+            rc = RATE_ECONFLICT; /* lost, and no time left to try again */
+            if (time_left(w)) {
                 t->holder = w;
                 if ((rc = route(w)) == RATE_OK)
                     return;
@@ -919,8 +932,21 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
             break;
         default:
             rc = rate__redis_cas_parse(rep);
-            if (rc == RATE_ECONFLICT && j->retries++ < CAS_RETRIES)
-                more = (rc = load_cmd(j)) == RATE_OK;
+            if (rc != RATE_ECONFLICT || j->retries++ >= CAS_RETRIES)
+                break;
+            /* Lost it: again from the load, in the key's turn (taken
+             * now: queued behind the others that lost it), while half the
+             * timeout is left for the round trips. */
+            if (!time_left(j))
+                break;
+            if ((rc = load_cmd(j)) != RATE_OK)
+                break;
+            if (j->turn != NULL) {
+                more = true;
+                break;
+            }
+            if ((rc = turn_take(j)) == RATE_OK)
+                return;
             break;
         }
     }
@@ -996,9 +1022,8 @@ static int a_start(void *self, rate_job_t *job)
     } else {
         rc = load_cmd(j);
     }
-    /* Refused at once: nothing sent.  The C step waits its key's turn. */
     if (rc == RATE_OK)
-        rc = j->phase == PH_LOAD ? turn_take(j) : route(j);
+        rc = route(j); /* refused at once: nothing sent */
     if (rc != RATE_OK) {
         rate__redis_cmd_free(&j->cmd);
         free(j);
