@@ -170,7 +170,7 @@ if [ "${best[refund]}" -gt 0 ]; then
   for _ in $(seq 1 100); do kill -0 "$master_refund" 2>/dev/null || break; sleep 0.05; done
   sed -n 's/.*refunds on Redis zones: \([0-9]*\) made, \([0-9]*\) failed, \([0-9]*\) dropped.*/\1 \2 \3/p' \
     "$tmp/refund/logs/error.log" | awk '{ m += $1; f += $2; d += $3 } END {
-    pct = 100; if (m + d) pct = 100 * m / (m + d)
+    pct = 100; if (m + f + d) pct = 100 * m / (m + f + d)
     printf "  refunds: %d made, %d failed, %d dropped (%.0f%% made)\n",
            m, f, d, pct }'
 fi
