@@ -83,9 +83,19 @@ typedef struct req {
     uint64_t started, ended;
 } req_t;
 
+/* When set: what the store said failed (rate_store_redis_last_error) at
+ * the first callback with a store error, read inside that callback. */
+static rate_store_t *why_of;
+static char first_why[256];
+
 static void on_decided(void *ud, int rc, const rate_decision_t *d)
 {
     req_t *q = ud;
+    if (why_of != NULL && first_why[0] == '\0' &&
+        d->reason == RATE_REASON_STORE_ERROR &&
+        rate_store_redis_last_error(why_of, first_why, sizeof first_why) !=
+            RATE_OK)
+        first_why[0] = '?';
     q->calls++;
     q->rc = rc;
     q->d = *d;

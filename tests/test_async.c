@@ -375,8 +375,20 @@ static void faults(bool uv)
     idle(as, __LINE__);
     assert_true(ok_answers > 0);
 
-    /* Killed: every decision answered (store errors), none late. */
+    /* Killed with decisions in flight: the first callback already knows
+     * why (the connection lost), before any reconnect is refused. */
+    why_of = as;
+    first_why[0] = '\0';
+    static req_t inflight[8];
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(start(l, "w", 1, &inflight[i]), RATE_PENDING);
     stop_server();
+    wait_all(&t);
+    why_of = NULL;
+    if (strstr(first_why, "connection lost") == NULL)
+        fail_msg("the first store error said \"%s\"", first_why);
+    print_message("the first store error after the kill: %s\n", first_why);
+    /* Killed: every decision answered (store errors), none late. */
     load_for(&t, l, 400 * MS);
     idle(as, __LINE__);
     assert_true(store_errors > 0);

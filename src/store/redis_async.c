@@ -901,6 +901,9 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
 
     if (rep == NULL) { /* the connection went */
         rc = c->drop_rc;
+        if (n != NULL && n->conn == c && c->ready && ac->err != 0)
+            /* lost once up (not dropped by us: drop() unsets conn) */
+            note_err(n, "connection lost", ac->errstr);
         outcome(j, n, !store_failure(rc));
         if (store_failure(rc))
             refresh(j->s); /* a master gone: its replica, later */
