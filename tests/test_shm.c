@@ -986,10 +986,14 @@ static void a_lost_wakeup_costs_a_slice(void **state)
         assert_true(i < 20000); /* 20 s */
         nanosleep(&(struct timespec){0, 1000000}, NULL);
     }
-    nanosleep(&(struct timespec){0, 1000000}, NULL);
+    /* (the bit is set just before the sleep: let it fall asleep) */
+    nanosleep(&(struct timespec){0, 50000000}, NULL);
     __atomic_fetch_and(word, ~FUTEX_WAITERS_BIT, __ATOMIC_ACQ_REL);
+    uint64_t t0 = rate_clock_monotonic_ns();
     assert_int_equal(pthread_mutex_unlock(mx), 0);
     assert_int_equal(pthread_join(th, NULL), 0);
+    /* A slice (10 ms) and scheduling, with 5 s of slack: not the 10 s. */
+    assert_true(rate_clock_monotonic_ns() - t0 < 5 * SEC);
     assert_int_equal(w.rc, RATE_OK);
     assert_int_not_equal(w.d.reason, RATE_REASON_STORE_ERROR);
     assert_true(w.d.allowed);

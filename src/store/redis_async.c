@@ -71,6 +71,7 @@ typedef struct aconn {
     unsigned events;       /* watched */
     unsigned refs;         /* 1 for hiredis, 1 per running loop callback */
     bool ready;            /* connected (the connect callback said so) */
+    bool dropped;          /* by drop(), not lost */
     int drop_rc; /* what a command handed back without reply fails with */
     /* The scripts this connection was asked to SCRIPT LOAD after a
      * NOSCRIPT (a node that never had them, or flushed them). */
@@ -282,6 +283,7 @@ static void drop(anode_t *n, int rc)
     backoff(n);
     if (c->ac != NULL) {
         c->drop_rc = rc;
+        c->dropped = true;
         redisAsyncFree(c->ac);
     }
 }
@@ -737,7 +739,8 @@ static void turn_leave(ajob_t *j)
         w->qnext = NULL;
         int rc = RATE_ECANCELED;
         if (!s->closing) {
-            rc = RATE_ECONFLICT; /* lost, and no time left to try again */
+            /* lost, and no time left to try again */
+            rc = w->deadline <= now_of(s) ? RATE_ETIMEDOUT : RATE_ECONFLICT;
             if (time_left(w)) {
                 t->holder = w;
                 if ((rc = route(w)) == RATE_OK)
@@ -901,9 +904,8 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
 
     if (rep == NULL) { /* the connection went */
         rc = c->drop_rc;
-        if (n != NULL && n->conn == c && c->ready && ac->err != 0)
-            /* lost once up (not dropped by us: drop() unsets conn) */
-            note_err(n, "connection lost", ac->errstr);
+        if (n != NULL && !c->dropped && c->ready && ac->err != 0)
+            note_err(n, "connection lost", ac->errstr); /* once up */
         outcome(j, n, !store_failure(rc));
         if (store_failure(rc))
             refresh(j->s); /* a master gone: its replica, later */

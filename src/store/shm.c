@@ -395,18 +395,21 @@ static int lock(shm_t *m, pthread_mutex_t *mx, shm_shard_t *s)
     /* Then sleep, a slice at a time: a wake-up can be lost when a waiter
      * the kernel woke is killed before it takes the lock (docs/shm.md), and
      * the next slice's try finds the lock free. */
-    for (uint64_t waited = 0; r == EBUSY || (r == ETIMEDOUT &&
-                                             waited < m->timeout_ns);) {
-        uint64_t slice = m->timeout_ns - waited;
-        if (slice > WAIT_SLICE_NS)
-            slice = WAIT_SLICE_NS;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + slice;
-        ts.tv_sec += (time_t)(ns / RATE_NS_PER_S);
-        ts.tv_nsec = (long)(ns % RATE_NS_PER_S);
-        r = pthread_mutex_timedlock(mx, &ts);
-        waited += slice;
+    if (r == EBUSY) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        uint64_t t = (uint64_t)now.tv_sec * RATE_NS_PER_S +
+                     (uint64_t)now.tv_nsec;
+        uint64_t end = t + m->timeout_ns; /* the whole wait's */
+        do {
+            uint64_t until = end - t > WAIT_SLICE_NS ? t + WAIT_SLICE_NS
+                                                     : end;
+            struct timespec ts = {(time_t)(until / RATE_NS_PER_S),
+                                  (long)(until % RATE_NS_PER_S)};
+            r = pthread_mutex_timedlock(mx, &ts);
+            clock_gettime(CLOCK_REALTIME, &now);
+            t = (uint64_t)now.tv_sec * RATE_NS_PER_S + (uint64_t)now.tv_nsec;
+        } while (r == ETIMEDOUT && t < end);
     }
     if (__builtin_expect(r == 0, 1))
         return RATE_OK;
