@@ -752,20 +752,44 @@ static void async_cb(void *ud, int rc, const rate_decision_t *d)
     seen->d = *d;
 }
 
+/* An asynchronous test store (jobs run by cas_store_run_jobs) on a fake
+ * clock at 1 s, a limiter of `text` on it (la), and the same policy on a
+ * private memory store (lm: the reference, which answers at once). */
+typedef struct async_fix {
+    fake_clock_t c;
+    rate_clock_t clock;
+    rate_store_t *as;
+    cas_store_t *h;
+    rate_limiter_t *la, *lm;
+} async_fix_t;
+
+static void async_fix_new(async_fix_t *f, const char *text)
+{
+    f->c = (fake_clock_t){SEC, 0, 0};
+    f->clock = (rate_clock_t){fake_now, fake_sleep, &f->c};
+    assert_int_equal(cas_store_new_async(&f->as, &f->h), RATE_OK);
+    rate_limiter_config_t cfg = {0};
+    cfg.clock = &f->clock;
+    cfg.store = f->as;
+    f->la = limiter_cfg(text, cfg);
+    cfg.store = NULL;
+    f->lm = limiter_cfg(text, cfg);
+}
+
+static void async_fix_free(async_fix_t *f)
+{
+    rate_limiter_free(f->la);
+    rate_limiter_free(f->lm);
+    rate_store_free(f->as);
+}
+
 static void async_decisions(void **state)
 {
     (void)state;
-    fake_clock_t c = {SEC, 0, 0};
-    rate_clock_t clock = {fake_now, fake_sleep, &c};
-    rate_store_t *as;
-    cas_store_t *h;
-    assert_int_equal(cas_store_new_async(&as, &h), RATE_OK);
-    rate_limiter_config_t cfg = {0};
-    cfg.clock = &clock;
-    cfg.store = as;
-    rate_limiter_t *la = limiter_cfg("token-bucket 5/s burst=3", cfg);
-    cfg.store = NULL; /* the reference: a private memory store */
-    rate_limiter_t *ls = limiter_cfg("token-bucket 5/s burst=3", cfg);
+    async_fix_t f;
+    async_fix_new(&f, "token-bucket 5/s burst=3");
+    rate_limiter_t *la = f.la, *ls = f.lm;
+    cas_store_t *h = f.h;
     /* Nothing queued: on a store that completes later the policy's record
      * is written at the first decision, through the store (a job of its
      * own, before the decision's). */
@@ -777,7 +801,7 @@ static void async_decisions(void **state)
     for (int round = 0; round < 2; round++) {
         for (int i = 0; i < N; i++) {
             const char *key = i % 2 ? "a" : "b";
-            c.now = SEC + (uint64_t)(round * N + i) * 50 * MS;
+            f.c.now = SEC + (uint64_t)(round * N + i) * 50 * MS;
             assert_int_equal(rate_limiter_check_async(la, key, 1, 1, 0,
                                                       async_cb, &seen[i]),
                              RATE_OK);
@@ -833,9 +857,7 @@ static void async_decisions(void **state)
     rate_stats_t st;
     rate_limiter_stats(la, &st);
     assert_int_equal(st.allowed + st.denied, 2 * N + N + 1);
-    rate_limiter_free(la);
-    rate_limiter_free(ls);
-    rate_store_free(as);
+    async_fix_free(&f);
 }
 
 /* On a store that completes later nothing waits for a policy's record:
@@ -976,17 +998,10 @@ static void on_adjusted(void *ud, int rc)
 static void async_adjust(void **state)
 {
     (void)state;
-    fake_clock_t c = {SEC, 0, 0};
-    rate_clock_t clock = {fake_now, fake_sleep, &c};
-    rate_store_t *as;
-    cas_store_t *h;
-    assert_int_equal(cas_store_new_async(&as, &h), RATE_OK);
-    rate_limiter_config_t cfg = {0};
-    cfg.clock = &clock;
-    cfg.store = as;
-    rate_limiter_t *la = limiter_cfg("fixed-window 3/s", cfg);
-    cfg.store = NULL;
-    rate_limiter_t *lm = limiter_cfg("fixed-window 3/s", cfg);
+    async_fix_t f;
+    async_fix_new(&f, "fixed-window 3/s");
+    rate_limiter_t *la = f.la, *lm = f.lm;
+    cas_store_t *h = f.h;
     /* A refund first: the record's job, then the refund's. */
     adjusted_calls = 0;
     assert_int_equal(rate_limiter_refund_start(la, "k", 1, 1, on_adjusted,
@@ -1055,9 +1070,7 @@ static void async_adjust(void **state)
                      RATE_ERANGE);
     assert_int_equal(cas_store_run_jobs(h), 0);
     assert_int_equal(adjusted_calls, 4);
-    rate_limiter_free(la);
-    rate_limiter_free(lm);
-    rate_store_free(as);
+    async_fix_free(&f);
 }
 
 /* Block after a breach (rate_limit_t.block_ns): once a blocking limit
