@@ -49,6 +49,24 @@ static int start(rate_limiter_t *l, const char *key, uint64_t n, req_t *q)
     return start_at(l, key, n, q, 0);
 }
 
+/* Decides one permit of `key` until the store answers (not a store
+ * error: after a backoff, a breaker's cooldown), at most `tries` times
+ * 10 ms apart; the last answer. */
+static req_t decide_until_answered(tloop_t *t, rate_limiter_t *l,
+                                   const char *key, int tries)
+{
+    req_t q;
+    memset(&q, 0, sizeof q);
+    for (int i = 0; i < tries; i++) {
+        if (start(l, key, 1, &q) == RATE_PENDING)
+            wait_all(t);
+        if (q.d.reason != RATE_REASON_STORE_ERROR)
+            break;
+        usleep(10000);
+    }
+    return q;
+}
+
 static rate_store_t *async_store(tloop_t *t, const char *prefix,
                                  bool client_time, uint64_t timeout_ns)
 {
@@ -379,14 +397,7 @@ static void faults(bool uv)
      * why (the connection lost), before any reconnect is refused. */
     /* (connected and answering first: a loaded machine may have timed
      * out a few of the load, leaving the store backing off) */
-    req_t one;
-    for (int i = 0; i < 500; i++) {
-        if (start(l, "w", 1, &one) == RATE_PENDING)
-            wait_all(&t);
-        if (one.d.reason != RATE_REASON_STORE_ERROR)
-            break;
-        usleep(10000);
-    }
+    req_t one = decide_until_answered(&t, l, "w", 500);
     assert_int_not_equal(one.d.reason, RATE_REASON_STORE_ERROR);
     why_of = as;
     first_why[0] = '\0';
@@ -561,16 +572,8 @@ static void stopped_first(void **state)
                      RATE_OK);
     assert_non_null(strstr(why, "no reply within the command timeout"));
     kill(server, SIGCONT);
-    bool back = false;
-    for (int i = 0; i < 500 && !back; i++) { /* 5 s at most */
-        req_t r;
-        if (start(l, "k", 1, &r) == RATE_PENDING)
-            wait_all(&t);
-        back = r.d.reason != RATE_REASON_STORE_ERROR;
-        if (!back)
-            usleep(10000);
-    }
-    assert_true(back);
+    req_t back = decide_until_answered(&t, l, "k", 500); /* 5 s at most */
+    assert_int_not_equal(back.d.reason, RATE_REASON_STORE_ERROR);
     redisContext *c = raw();
     redisReply *r = redisCommand(c, "KEYS first:p{*");
     assert_int_equal(r->elements, 1); /* the policy's one record */
@@ -791,15 +794,7 @@ static void loop_refuses(void **state)
     }
     idle(as, __LINE__);
     /* The loop watches again: after the backoff, decisions are made. */
-    req_t w;
-    memset(&w, 0, sizeof w);
-    for (int round = 0; round < 200; round++) {
-        if (start(l, "r", 1, &w) == RATE_PENDING)
-            wait_all(&t);
-        if (w.d.reason != RATE_REASON_STORE_ERROR)
-            break;
-        usleep(10000);
-    }
+    req_t w = decide_until_answered(&t, l, "r", 200);
     assert_true(w.d.allowed);
     rate_limiter_free(l);
     rate_store_redis_drop(as);
