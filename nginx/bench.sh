@@ -90,7 +90,7 @@ ticks() {
 start off "" ""
 start module "load_module $MODULE;" 'ratelimit bench $binary_remote_addr;'
 start headers "load_module $MODULE;" 'ratelimit bench $binary_remote_addr; ratelimit_headers on;'
-curl -sf -o /dev/null "$url_module" && curl -sfI "$url_headers" | grep -qi '^RateLimit:' ||
+curl -sf -o /dev/null "$url_module" && grep -qi '^RateLimit:' <(curl -sfI "$url_headers") ||
   { echo "bench: the module's nginx does not answer as expected" >&2; exit 1; }
 names="off module headers"
 if [ -z "${NO_REDIS:-}" ] && command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then

@@ -45,7 +45,7 @@ provided_by_command() {
 missing=()
 for p in "${want[@]}"; do
   provided_by_command "$p" && continue
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+  if [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]; then
     missing+=("$p")
   fi
 done

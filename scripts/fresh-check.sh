@@ -211,7 +211,8 @@ cd /root/ratelimit
 make uninstall
 left=$(find /usr/local -name '*ratelimit*')
 [ -z "$left" ] || { echo "left after make uninstall: $left"; exit 1; }
-! ldconfig -p | grep -q libratelimit
+ldconfig -p >/tmp/ldconfig.out
+! grep -q libratelimit /tmp/ldconfig.out
 EOF
 if ! in_root "$root" bash /root/install-check.sh >>"$log" 2>&1; then
   tail -n 40 "$log" >&2

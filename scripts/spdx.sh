@@ -37,14 +37,14 @@ while IFS= read -r -d '' f; do
   [ -f "$f" ] && [ ! -L "$f" ] || continue
   line=$(line_for "$f")
   [ -n "$line" ] || continue
-  head -n 20 "$f" | grep -q 'SPDX-License-Identifier:' && continue
+  grep -q 'SPDX-License-Identifier:' <(head -n 20 "$f") && continue
   if [ "$mode" = check ]; then
     echo "$f"
     missing=$((missing + 1))
     continue
   fi
   tmp=$(mktemp)
-  if head -n 1 "$f" | grep -q '^#!'; then
+  if grep -q '^#!' <(head -n 1 "$f"); then
     { head -n 1 "$f"; echo "$line"; tail -n +2 "$f"; } >"$tmp"
   else
     { echo "$line"; cat "$f"; } >"$tmp"

@@ -300,7 +300,7 @@ echo "zone sizes: token bucket $m_bytes bytes ($m_per a key), sliding-log 100/1m
 # attaches to the zone; the keys are as they were.
 started() { grep -c 'start worker process' "$tmp/logs/error.log" || true; }
 before=$(started)
-victim=$(awk '{print $1}' "$tmp/logs/access.log" | sort -u | head -1) # a worker's $pid
+victim=$(awk '{print $1}' "$tmp/logs/access.log" | sort -u | sed -n 1p) # a worker's $pid
 kill -KILL "$victim"
 for _ in $(seq 1 200); do [ "$(started)" -gt "$before" ] && break; sleep 0.05; done
 [ "$(started)" -gt "$before" ] || fail "killed worker: not restarted"
@@ -392,7 +392,7 @@ stop_pidfile "$tmp/p/nginx.pid"
 
 if [ "$fails" -ne 0 ]; then
   echo "nginx_test: $fails failure(s)"
-  tail -20 "$tmp/logs/error.log"
+  tail -n 20 "$tmp/logs/error.log"
   exit 1
 fi
 echo "nginx_test: all passed"
