@@ -129,18 +129,8 @@ static void wait_all(tloop_t *t)
         tloop_turn(t);
 }
 
-static uint64_t fake_now;
-static uint64_t fake_clock(void *ud)
-{
-    (void)ud;
-    return fake_now;
-}
-static void fake_sleep(void *ud, uint64_t ns)
-{
-    (void)ud;
-    fake_now += ns;
-}
-static const rate_clock_t fake = {fake_clock, fake_sleep, NULL};
+static fake_clock_t fclock; /* the fake clock of lim(..., true, ...) */
+static const rate_clock_t fake = {fake_now, fake_sleep, &fclock};
 
 static rate_limiter_t *lim(const char *text, rate_store_t *s, bool fake_time,
                            rate_fail_mode_t fm)

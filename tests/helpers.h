@@ -7,6 +7,7 @@
 
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,6 +22,28 @@
 
 #define MS UINT64_C(1000000)
 #define SEC UINT64_C(1000000000)
+
+/* A clock the test moves by hand, for rate_clock_t (ud: the fake_clock_t):
+ * a sleep moves it forward and is counted.  Atomic: a limiter's threads
+ * (the rules watcher) may read it while the test moves it. */
+typedef struct fake_clock {
+    _Atomic uint64_t now;
+    _Atomic uint64_t slept;   /* the sum of the sleeps */
+    _Atomic unsigned sleeps;  /* how many */
+} fake_clock_t;
+
+static inline uint64_t fake_now(void *ud)
+{
+    return ((fake_clock_t *)ud)->now;
+}
+
+static inline void fake_sleep(void *ud, uint64_t ns)
+{
+    fake_clock_t *c = ud;
+    c->now += ns;
+    c->slept += ns;
+    c->sleeps++;
+}
 
 static inline rate_policy_t *policy_of(const char *text)
 {

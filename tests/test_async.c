@@ -111,7 +111,7 @@ static void idle(rate_store_t *as, int line);
 static void start_at_once(void **state)
 {
     (void)state;
-    fake_now = 1000 * SEC;
+    fclock.now = 1000 * SEC;
     rate_limiter_t *a = lim("fixed-window 3/s", NULL, true, RATE_FAIL_CLOSED);
     rate_limiter_t *b = lim("fixed-window 3/s", NULL, true, RATE_FAIL_CLOSED);
     rate_limiter_t *c = lim("fixed-window 3/s", NULL, false, RATE_FAIL_CLOSED);
@@ -124,7 +124,7 @@ static void start_at_once(void **state)
         assert_int_equal(q.calls, 1); /* no callback: pending unchanged */
         assert_int_equal(pending, 0);
         /* At the caller's time, on a limiter with the real clock. */
-        assert_int_equal(start_at(c, "k", 1, &q, fake_now), RATE_OK);
+        assert_int_equal(start_at(c, "k", 1, &q, fclock.now), RATE_OK);
         same(&d, &q.d, i);
     }
     rate_decision_t d;
@@ -182,7 +182,7 @@ static void differential(bool uv)
     unsigned seed = 7;
     unsigned long async_pending = 0;
     for (size_t p = 0; p < sizeof policies / sizeof *policies; p++) {
-        fake_now = 5000 * SEC + p * 1000 * SEC;
+        fclock.now = 5000 * SEC + p * 1000 * SEC;
         rate_limiter_t *ref = lim(policies[p], NULL, true, RATE_FAIL_CLOSED);
         rate_limiter_t *la = lim(policies[p], as, true, RATE_FAIL_CLOSED);
         rate_limiter_t *lr = lim(policies[p], as, false, RATE_FAIL_CLOSED);
@@ -190,20 +190,20 @@ static void differential(bool uv)
         rate_limiter_t *lm = lim(policies[p], NULL, true, RATE_FAIL_CLOSED);
         for (int i = 0; i < 300; i++) {
             seed = seed * 1103515245u + 12345u;
-            fake_now += (seed >> 8) % (150 * MS);
+            fclock.now += (seed >> 8) % (150 * MS);
             char key[16];
             snprintf(key, sizeof key, "p%zu-k%u", p, (seed >> 4) % 3);
             uint64_t n = 1 + (seed >> 12) % 2;
             rate_decision_t want, got;
             assert_int_equal(rate_limiter_check_at(ref, key, strlen(key), n,
-                                                   0, fake_now, &want),
+                                                   0, fclock.now, &want),
                              RATE_OK);
             req_t q;
             if (i % 2 == 0) {
                 /* Half at the limiter's (fake) clock, half at the caller's
                  * time on a limiter with the real clock. */
                 int rc = i % 4 == 0 ? start(la, key, n, &q)
-                                    : start_at(lr, key, n, &q, fake_now);
+                                    : start_at(lr, key, n, &q, fclock.now);
                 assert_true(rc == RATE_OK || rc == RATE_PENDING);
                 async_pending += rc == RATE_PENDING;
                 wait_all(&t);
@@ -211,7 +211,7 @@ static void differential(bool uv)
                 got = q.d;
             } else {
                 assert_int_equal(rate_limiter_check_at(ls, key, strlen(key), n,
-                                                       0, fake_now, &got),
+                                                       0, fclock.now, &got),
                                  RATE_OK);
             }
             same(&want, &got, i);
@@ -246,7 +246,7 @@ static void many(bool uv)
     tloop_t t;
     tloop_init(&t, uv);
     rate_store_t *as = async_store(&t, uv ? "muv:" : "mev:", true, 10 * SEC);
-    fake_now = 100 * SEC;
+    fclock.now = 100 * SEC;
     rate_limiter_t *l = lim("fixed-window 1000/m", as, true,
                             RATE_FAIL_CLOSED);
     static req_t q[N];
@@ -482,7 +482,7 @@ static void free_in_flight(bool uv, bool on_wire)
     tloop_t t;
     tloop_init(&t, uv);
     rate_store_t *as = async_store(&t, "free:", true, 5 * SEC);
-    fake_now = 100 * SEC;
+    fclock.now = 100 * SEC;
     rate_limiter_t *l = lim("fixed-window 10/h", as, true, RATE_FAIL_OPEN);
     static req_t q[N];
     int at_once = 0;
@@ -628,7 +628,7 @@ static void adjust_redis(void **state)
     tloop_t t;
     tloop_init(&t, false);
     rate_store_t *as = async_store(&t, "adj:", true, 5 * SEC);
-    fake_now = 300 * SEC;
+    fclock.now = 300 * SEC;
     rate_limiter_t *l = lim("fixed-window 3/h", as, true, RATE_FAIL_CLOSED);
     req_t q;
     for (int i = 0; i < 4; i++) {
@@ -707,7 +707,7 @@ static void hot_key_steps_take_turns(void **state)
     tloop_t t;
     tloop_init(&t, false);
     rate_store_t *as = async_store(&t, "turn:", true, 30 * SEC);
-    fake_now = 400 * SEC;
+    fclock.now = 400 * SEC;
     rate_limiter_t *l = lim("fixed-window 100/3650d", as, true,
                             RATE_FAIL_CLOSED);
     static req_t q[N];
@@ -778,7 +778,7 @@ static void loop_refuses(void **state)
     inner = t.loop;
     t.loop.io_set = refuse_io_set;
     rate_store_t *as = async_store(&t, "ref:", true, 5 * SEC);
-    fake_now = 100 * SEC;
+    fclock.now = 100 * SEC;
     rate_limiter_t *l = lim("fixed-window 10/m", as, true, RATE_FAIL_CLOSED);
     enum { N = 50 };
     static req_t q[N];

@@ -180,13 +180,13 @@ static void differential(bool uv)
     unsigned seed = 11;
     unsigned long async_pending = 0;
     for (size_t p = 0; p < sizeof policies / sizeof *policies; p++) {
-        fake_now = 5000 * SEC + p * 1000 * SEC;
+        fclock.now = 5000 * SEC + p * 1000 * SEC;
         rate_limiter_t *ref = lim(policies[p], NULL, true, RATE_FAIL_CLOSED);
         rate_limiter_t *la = lim(policies[p], as, true, RATE_FAIL_CLOSED);
         rate_limiter_t *ls = lim(policies[p], ss, true, RATE_FAIL_CLOSED);
         for (int i = 0; i < 240; i++) {
             seed = seed * 1103515245u + 12345u;
-            fake_now += (seed >> 8) % (150 * MS);
+            fclock.now += (seed >> 8) % (150 * MS);
             /* Keys with a '}' (an escaped name) and a '{' among them. */
             char key[16];
             unsigned k = (seed >> 4) % 12;
@@ -196,7 +196,7 @@ static void differential(bool uv)
             uint64_t n = 1 + (seed >> 12) % 2;
             rate_decision_t want, got;
             assert_int_equal(rate_limiter_check_at(ref, key, strlen(key), n,
-                                                   0, fake_now, &want),
+                                                   0, fclock.now, &want),
                              RATE_OK);
             if (i % 3 != 2) {
                 req_t q = {0};
@@ -213,13 +213,13 @@ static void differential(bool uv)
                 got = q.d;
             } else {
                 assert_int_equal(rate_limiter_check_at(ls, key, strlen(key), n,
-                                                       0, fake_now, &got),
+                                                       0, fclock.now, &got),
                                  RATE_OK);
             }
             expect_same_decision(&want, &got, policies[p],
                                  i % 3 != 2 ? "async cluster"
                                             : "sync cluster",
-                                 i, fake_now, n, 0);
+                                 i, fclock.now, n, 0);
         }
         rate_limiter_free(ref);
         rate_limiter_free(la);
@@ -254,7 +254,7 @@ static void many(bool uv)
     const char *prefix = uv ? "muv:" : "mev:";
     tloop_init(&t, uv);
     rate_store_t *as = astore(&t, NULL, prefix, true, false, 10 * SEC);
-    fake_now = 100 * SEC;
+    fclock.now = 100 * SEC;
     rate_limiter_t *l = lim("fixed-window 40/m", as, true, RATE_FAIL_CLOSED);
     static req_t q[MANY];
     int at_once = 0;
@@ -378,7 +378,7 @@ static void lazy_learns_the_cluster(void **state)
     rate_store_t *as = astore(&t, u, "lz:", true, true, 5 * SEC);
     assert_true(rcl_start_node(&cl, replica));
     assert_true(rcl_wait_ok(&cl, 3, 20000));
-    fake_now = 100 * SEC;
+    fclock.now = 100 * SEC;
     rate_limiter_t *l = lim("fixed-window 3/m", as, true, RATE_FAIL_CLOSED);
     rate_limiter_t *ref = lim("fixed-window 3/m", NULL, true,
                               RATE_FAIL_CLOSED);
@@ -388,14 +388,14 @@ static void lazy_learns_the_cluster(void **state)
         req_t q = {0};
         rate_decision_t want;
         assert_int_equal(rate_limiter_check_at(ref, key, strlen(key), 1, 0,
-                                               fake_now, &want),
+                                               fclock.now, &want),
                          RATE_OK);
         int rc = start(l, key, &q);
         assert_true(rc == RATE_OK || rc == RATE_PENDING);
         wait_all(&t);
         assert_int_equal(q.calls, 1);
         expect_same_decision(&want, &q.d, "lazy", "async cluster", i,
-                             fake_now, 1, 0);
+                             fclock.now, 1, 0);
     }
     rate_redis_async_stats_t st = stats(as);
     print_message("lazy store from a replica: %llu MOVED, %llu map "
@@ -590,7 +590,7 @@ static void redirect_loop(void **state)
     node_id(b, bid);
     tloop_init(&t, true);
     rate_store_t *as = astore(&t, NULL, "loop:", true, false, 5 * SEC);
-    fake_now = 100 * SEC;
+    fclock.now = 100 * SEC;
     rate_limiter_t *l = lim("fixed-window 3/m", as, true, RATE_FAIL_CLOSED);
     redisContext *c = rcl_connect(cl.port[b]);
     assert_non_null(c);
@@ -810,7 +810,7 @@ static void free_in_flight(bool uv)
     tloop_t t;
     tloop_init(&t, uv);
     rate_store_t *as = astore(&t, NULL, "free:", true, false, 5 * SEC);
-    fake_now = 100 * SEC;
+    fclock.now = 100 * SEC;
     rate_limiter_t *l = lim("fixed-window 10/h", as, true, RATE_FAIL_OPEN);
     /* Connected to every master first, then decisions on all of them, a
      * few loop turns (some go out, a few may be answered), and the free. */

@@ -6,25 +6,6 @@
  */
 #include "helpers.h"
 
-typedef struct fake_clock {
-    uint64_t now;
-    uint64_t slept;
-    unsigned sleeps;
-} fake_clock_t;
-
-static uint64_t fake_now(void *ud)
-{
-    return ((fake_clock_t *)ud)->now;
-}
-
-static void fake_sleep(void *ud, uint64_t ns)
-{
-    fake_clock_t *c = ud;
-    c->now += ns;
-    c->slept += ns;
-    c->sleeps++;
-}
-
 static void bad_input(void **state)
 {
     (void)state;

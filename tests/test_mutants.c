@@ -61,17 +61,7 @@ static const rate_store_methods_t failing_methods = {
     .destroy = f_destroy,
 };
 
-static uint64_t own_time;
-static uint64_t own_now(void *ud)
-{
-    (void)ud;
-    return own_time;
-}
-static void own_sleep(void *ud, uint64_t ns)
-{
-    (void)ud;
-    own_time += ns;
-}
+static fake_clock_t own;
 
 /* limiter.c finish(): the fallback decides at the limiter's own time, not
  * at the time the failed store's clock gave (store_part had already set
@@ -82,13 +72,13 @@ static void fallback_keeps_the_limiters_clock(void **state)
     rate_store_t *s;
     assert_int_equal(cas_store_new(&inner, NULL), RATE_OK);
     assert_int_equal(rate_store_new(&failing_methods, NULL, &s), RATE_OK);
-    rate_clock_t clk = {own_now, own_sleep, NULL};
+    rate_clock_t clk = {fake_now, fake_sleep, &own};
     rate_limiter_config_t cfg = {0};
     cfg.store = s;
     cfg.clock = &clk;
     cfg.on_store_error = RATE_FAIL_FALLBACK;
     rate_limiter_t *l = limiter_cfg("fixed-window 2/h", cfg);
-    own_time = 100 * SEC;    /* 3500 s left in the hour */
+    own.now = 100 * SEC;    /* 3500 s left in the hour */
     store_time = 1000 * SEC; /* 2600 s left in the hour */
     now_calls = 0;
     rate_decision_t d;
@@ -101,7 +91,7 @@ static void fallback_keeps_the_limiters_clock(void **state)
     assert_int_equal(d.reset_after_ns, 3500 * SEC);
     /* Later on the limiter's clock, still in its first hour: the same
      * fallback window, whatever the store's clock says. */
-    own_time = 3000 * SEC;
+    own.now = 3000 * SEC;
     store_time = 4000 * SEC; /* the store's next hour */
     assert_int_equal(rate_limiter_check(l, "k", 1, 1, 0, &d), RATE_OK);
     assert_true(d.allowed);

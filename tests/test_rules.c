@@ -14,18 +14,8 @@
 #include "internal.h"
 #include "sf_check.h"
 
-static _Atomic uint64_t fake_now;
-static uint64_t fake_clock(void *ud)
-{
-    (void)ud;
-    return atomic_load(&fake_now);
-}
-static void fake_sleep(void *ud, uint64_t ns)
-{
-    (void)ud;
-    atomic_fetch_add(&fake_now, ns);
-}
-static const rate_clock_t clock_fake = {fake_clock, fake_sleep, NULL};
+static fake_clock_t fclock;
+static const rate_clock_t clock_fake = {fake_now, fake_sleep, &fclock};
 
 static char dir[64];
 
@@ -108,7 +98,7 @@ static void matching_tiers_routes_and_default(void **state)
                      RATE_OK);
     assert_int_equal(rate_rules_generation(r), 1);
     rate_limiter_t *lim = limiter_fake();
-    atomic_store(&fake_now, 0);
+    fclock.now = 0;
 
     /* An unknown tier: the group's default rule, free. */
     rate_outcome_t o = req(r, lim, "u1", "nobody", "/home");
@@ -193,7 +183,7 @@ static void at_the_callers_time(void **state)
                                      sizeof err),
                      RATE_OK);
     rate_limiter_t *lim = limiter_fake();
-    atomic_store(&fake_now, 999 * SEC); /* the limiter's clock: unused */
+    fclock.now = 999 * SEC; /* the limiter's clock: unused */
     rate_attr_t a = {"route", "/search"};
     rate_outcome_t o;
     for (int i = 0; i < 3; i++) {
@@ -233,7 +223,7 @@ static void both_limits_or_neither(void **state)
                                      sizeof err),
                      RATE_OK);
     rate_limiter_t *lim = limiter_fake();
-    atomic_store(&fake_now, 0);
+    fclock.now = 0;
     rate_outcome_t o;
 
     /* free: burst 3.  Three requests pass both (the route counts 3 of 4). */
@@ -407,7 +397,7 @@ static void reload_keeps_state_and_refuses_bad_files(void **state)
     const char *path = write_file("live.conf", good);
     assert_int_equal(rate_rules_load(path, &r, err, sizeof err), RATE_OK);
     rate_limiter_t *lim = limiter_fake();
-    atomic_store(&fake_now, 0);
+    fclock.now = 0;
     for (int i = 0; i < 3; i++)
         assert_true(req(r, lim, "dave", NULL, NULL).allowed);
     assert_false(req(r, lim, "dave", NULL, NULL).allowed);
@@ -437,7 +427,7 @@ static void reload_keeps_state_and_refuses_bad_files(void **state)
                                        err, sizeof err),
                      RATE_OK);
     assert_false(req(r, lim, "dave", NULL, NULL).allowed);
-    atomic_store(&fake_now, SEC);
+    fclock.now = SEC;
     rate_outcome_t o = req(r, lim, "dave", NULL, NULL);
     assert_true(o.allowed);
     assert_int_equal(o.applied[0].decision.remaining, 1);

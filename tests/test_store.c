@@ -182,24 +182,12 @@ static void ttl_is_reset_after(void **state)
     rate_store_free(s);
 }
 
-typedef struct clk {
-    uint64_t now;
-} clk_t;
-static uint64_t clk_now(void *ud)
-{
-    return ((clk_t *)ud)->now;
-}
-static void clk_sleep(void *ud, uint64_t ns)
-{
-    ((clk_t *)ud)->now += ns;
-}
-
 /* A limiter for `text` on the clock c, over a new memory store (*s, to
  * free after the limiter) with the options o. */
-static rate_limiter_t *on_clock(const char *text, clk_t *c,
+static rate_limiter_t *on_clock(const char *text, fake_clock_t *c,
                                 rate_memory_options_t o, rate_store_t **s)
 {
-    rate_clock_t clock = {clk_now, clk_sleep, c}; /* the limiter copies it */
+    rate_clock_t clock = {fake_now, fake_sleep, c}; /* the limiter copies it */
     rate_limiter_config_t cfg = {0};
     assert_int_equal(rate_store_memory_new(&o, s), RATE_OK);
     cfg.store = *s;
@@ -250,7 +238,7 @@ static void max_keys_evicts_and_counts(void **state)
 static void reclaims_only_by_own_clock(void **state)
 {
     (void)state;
-    clk_t c = {1000 * SEC};
+    fake_clock_t c = {1000 * SEC, 0, 0};
     rate_store_t *s;
     rate_limiter_t *l =
         on_clock("fixed-window 1/s", &c, (rate_memory_options_t){4, 0}, &s);
@@ -282,7 +270,7 @@ static void reclaims_only_by_own_clock(void **state)
 static void reclaim_follows_last_write(void **state)
 {
     (void)state;
-    clk_t c = {1000 * SEC};
+    fake_clock_t c = {1000 * SEC, 0, 0};
     rate_store_t *s;
     rate_limiter_t *l =
         on_clock("fixed-window 1/s", &c, (rate_memory_options_t){2, 0}, &s);
@@ -308,7 +296,7 @@ static void reclaim_follows_last_write(void **state)
 static void grows_and_reclaims_unbounded(void **state)
 {
     (void)state;
-    clk_t c = {SEC};
+    fake_clock_t c = {SEC, 0, 0};
     rate_store_t *s;
     rate_limiter_t *l = on_clock("token-bucket 10/s burst=10", &c,
                                  (rate_memory_options_t){0, 4}, &s);
