@@ -6,6 +6,7 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include <ngx_http.h>
+#include <ngx_sha1.h>
 
 #include <ratelimit.h>
 
@@ -1120,10 +1121,41 @@ static void ngx_http_ratelimit_store_error(rate_decision_t *d, int rc,
     d->component = -1;
 }
 
+/* The request's key for limit l: its value, or for a value longer than
+ * the zone keeps (key_max= on shared memory, RATE_KEY_MAX on Redis) its
+ * SHA-1 digest, cut to that length, so that a client cannot pick a key
+ * too long to limit (docs/nginx.md).  NGX_ERROR on a failed evaluation. */
+static ngx_int_t ngx_http_ratelimit_key(ngx_http_request_t *r,
+                                        ngx_http_ratelimit_limit_t *l,
+                                        ngx_str_t *key) {
+    ngx_http_ratelimit_zone_t *z = l->zone;
+    size_t max = z->redis_url != NULL ? RATE_KEY_MAX : z->options.key_max;
+    u_char digest[20];
+    ngx_sha1_t sha1;
+
+    if (ngx_http_complex_value(r, &l->key, key) != NGX_OK) {
+        return NGX_ERROR;
+    }
+    if (key->len <= max) {
+        return NGX_OK;
+    }
+    ngx_sha1_init(&sha1);
+    ngx_sha1_update(&sha1, key->data, key->len);
+    ngx_sha1_final(digest, &sha1);
+    key->len = ngx_min(max, sizeof(digest));
+    key->data = ngx_pnalloc(r->pool, key->len);
+    if (key->data == NULL) {
+        return NGX_ERROR;
+    }
+    ngx_memcpy(key->data, digest, key->len);
+    return NGX_OK;
+}
+
 /* A store error's line: at most one a second for each zone in a worker
  * (an outage would write one a request), with the count of those left out
  * since the last one, and why when the store knows (a Redis zone: its last
- * connection's failure, rate_store_redis_last_error; a key past key_max). */
+ * connection's failure, rate_store_redis_last_error; a zone's policy
+ * records used up). */
 static void ngx_http_ratelimit_log_store_error(ngx_http_request_t *r,
                                                ngx_http_ratelimit_zone_t *z,
                                                const rate_decision_t *d) {
@@ -1134,13 +1166,7 @@ static void ngx_http_ratelimit_log_store_error(ngx_http_request_t *r,
         return;
     }
     why[0] = '\0';
-    if (d->error == RATE_EKEY) {
-        ngx_snprintf((u_char *)why, sizeof(why) - 1,
-                     " (a key longer than %s%uD bytes)%Z",
-                     z->redis_url != NULL ? "" : "key_max=",
-                     z->redis_url != NULL ? (uint32_t)RATE_KEY_MAX
-                                          : z->options.key_max);
-    } else if (d->error == RATE_EFULL && z->redis_url == NULL) {
+    if (d->error == RATE_EFULL && z->redis_url == NULL) {
         /* (a state always fits: state_max follows from the policy) */
         ngx_snprintf((u_char *)why, sizeof(why) - 1,
                      " (the zone's %uD policy records are used: each policy "
@@ -1262,7 +1288,7 @@ static ngx_int_t ngx_http_ratelimit_finish(ngx_http_request_t *r,
             lim = ctx->zone[j]->limiter[rlcf->shadow ? 1 : 0]
                                        [rlcf->fail_open];
             if (lim == NULL ||
-                ngx_http_complex_value(r, &l->key, &key) != NGX_OK) {
+                ngx_http_ratelimit_key(r, l, &key) != NGX_OK) {
                 continue;
             }
             ngx_http_ratelimit_refund(ctx->zone[j], lim, &key);
@@ -1405,7 +1431,7 @@ static ngx_int_t ngx_http_ratelimit_run(ngx_http_request_t *r,
 
     while (ctx->next < rlcf->limits->nelts && ctx->denied < 0) {
         i = ctx->next;
-        if (ngx_http_complex_value(r, &limit[i].key, &key) != NGX_OK) {
+        if (ngx_http_ratelimit_key(r, &limit[i], &key) != NGX_OK) {
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
         if (key.len == 0) {

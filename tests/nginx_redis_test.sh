@@ -112,6 +112,7 @@ http {
     location /hdr/ { ratelimit hdr \$http_x_key; ratelimit_headers on; try_files /index.html =404; }
     location /shadow/ { ratelimit two \$http_x_key; ratelimit_shadow on; ratelimit_headers on; try_files /index.html =404; }
     location /open/ { ratelimit fo \$http_x_key; ratelimit_fail open; try_files /index.html =404; }
+    location /longopen/ { ratelimit two \$http_x_key; ratelimit_fail open; try_files /index.html =404; }
     location /closed/ { ratelimit fc \$http_x_key; ratelimit_fail closed; try_files /index.html =404; }
     location /slow/ { ratelimit slow \$http_x_key; try_files /index.html =404; }
     location /wait/ { ratelimit lbw \$http_x_key wait=2s; try_files /index.html =404; }
@@ -254,6 +255,13 @@ expect "shadow: results" \
 # grep's early exit kills cat with SIGPIPE)
 grep -q 'ratelimit: would limit (shadow) requests by zone "two"' "$tmp/a/logs/error.log" "$tmp/b/logs/error.log" ||
   fail "shadow: no log line"
+
+# ---- a key past RATE_KEY_MAX (512 bytes) is limited under its digest,
+# also under ratelimit_fail open (no store error to let it through)
+longk=$(printf 'L%.0s' $(seq 1 600))
+expect "long key" "$(get a -H "X-Key: $longk" /longopen/) $(get b -H "X-Key: $longk" /longopen/) $(get a -H "X-Key: $longk" /longopen/)" \
+  "200 200 429"
+grep -q 'zone "two": store error' "$tmp/a/logs/error.log" "$tmp/b/logs/error.log" && fail "long key: a store error"
 
 # ---- wait= on a Redis leaky bucket (capacity 3, 2/s): 4 requests at
 # once over both instances: 3 pass, spaced 500 ms apart (the bucket drains
