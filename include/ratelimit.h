@@ -575,6 +575,11 @@ typedef struct rate_redis_status {
                                   compare-and-set path (a policy past the
                                   scripts' exact range, or a state they
                                   would not read): 3 round trips */
+    uint64_t lean_adjustments; /* refunds and penalties made in one round
+                                  trip by a lean script (docs/redis.md) */
+    uint64_t declined_adjustments; /* ... left to the compare-and-set path
+                                  (a composite policy, a sliding window or
+                                  log, a state the scripts would not read) */
 } rate_redis_status_t;
 
 /* Fills *out with the Redis store's state and counts since its creation.
