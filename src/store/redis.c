@@ -13,7 +13,10 @@
  * the key's version and state, cas one EVALSHA of a short script that
  * replaces the state only if the version is unchanged.  A Redis key of
  * another type than a hash (WRONGTYPE) is RATE_ECORRUPT from load, cas and
- * decide, and is never written over.
+ * decide, and is never written over.  A refund or a penalty asked of
+ * decide() (store contract version 4) is a lean script's, in one EVALSHA
+ * or FCALL, for the single limits those scripts decide; anything else is
+ * declined, and the limiter makes it over load and cas.
  *
  * A key is stored as a hash {v: version, s: state bytes}, named by its
  * space, always inside the prefix and always its own Redis Cluster hash
