@@ -878,6 +878,37 @@ static void adjust_scripted(void **state)
                   (unsigned long long)adjusts,
                   (unsigned long long)st.lean_adjustments);
     assert_int_equal(st.lean_adjustments, adjusts);
+    /* A penalty the script declines (past 2^51 in units of g): the job
+     * comes back declined and is made by the C step, with its bytes. */
+    rate_store_t *cs;
+    cas_store_t *h;
+    assert_int_equal(cas_store_new(&cs, &h), RATE_OK);
+    rate_limiter_t *la = lim(adj_policies[0], as, true, RATE_FAIL_CLOSED);
+    rate_limiter_t *lc = lim(adj_policies[0], cs, true, RATE_FAIL_CLOSED);
+    for (int i = 0; i < 2; i++) {
+        uint64_t n = i == 0 ? 1 : UINT64_C(1) << 40;
+        adj_calls = 0;
+        assert_int_equal(rate_limiter_penalize_start(la, "big", 3, n,
+                                                     on_adjusted, NULL),
+                         RATE_PENDING);
+        pending++;
+        wait_all(&t);
+        assert_int_equal(adj_calls, 1);
+        assert_int_equal(adj_rc, RATE_OK);
+        assert_int_equal(rate_limiter_penalize(lc, "big", 3, n), RATE_OK);
+        unsigned char a[64];
+        size_t la_ = cas_store_peek(h, "big", a, sizeof a);
+        redisReply *r = redisCommand(c, "HGET aadj:{big} s");
+        assert_int_equal(r->type, REDIS_REPLY_STRING);
+        assert_int_equal(r->len, la_);
+        assert_memory_equal(r->str, a, la_);
+        freeReplyObject(r);
+    }
+    assert_int_equal(rate_store_redis_async_stats(as, &st), RATE_OK);
+    assert_int_equal(st.lean_adjustments, adjusts + 1); /* the first only */
+    rate_limiter_free(la);
+    rate_limiter_free(lc);
+    rate_store_free(cs);
     redisFree(c);
     rate_store_redis_drop(as);
     rate_store_free(as);
