@@ -759,11 +759,12 @@ static void tampered_state_is_corrupt(void **state)
     drop_store(rs);
 }
 
-/* Refunds, penalties and resets go through the contract's load and cas
- * (decide() is for decisions only): the same sequence of decisions,
- * refunds, penalties and resets on memory and on Redis gives the same
- * answers, field by field, and the same return codes; enforced and shadow
- * limiters alike. */
+/* Refunds and penalties go through decide() (a lean script's for the
+ * single limits those decide, declined to load and cas for the rest),
+ * resets through remove: the same sequence of decisions, refunds,
+ * penalties and resets on memory and on Redis gives the same answers,
+ * field by field, and the same return codes; enforced and shadow limiters
+ * alike. */
 static void adjustments_same_as_memory(void **state)
 {
     (void)state;
