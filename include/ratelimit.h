@@ -575,6 +575,11 @@ typedef struct rate_redis_status {
                                   compare-and-set path (a policy past the
                                   scripts' exact range, or a state they
                                   would not read): 3 round trips */
+    uint64_t lean_adjustments; /* refunds and penalties made in one round
+                                  trip by a lean script (docs/redis.md) */
+    uint64_t declined_adjustments; /* ... left to the compare-and-set path
+                                  (a composite policy, a sliding window or
+                                  log, a state the scripts would not read) */
 } rate_redis_status_t;
 
 /* Fills *out with the Redis store's state and counts since its creation.
@@ -1149,7 +1154,13 @@ RATE_API int rate_limiter_acquire(rate_limiter_t *limiter, const char *key,
  * They return RATE_OK, or RATE_EINVAL (NULL limiter), RATE_EKEY,
  * RATE_ERANGE (permits or time above RATE_TIME_MAX), or the store's error
  * as is: the fail mode decides admissions only.  A shadow limiter changes
- * its own state (unless it shares the enforced one).  Thread-safe: yes. */
+ * its own state (unless it shares the enforced one).  A refund or a
+ * penalty goes through the store as a decision does: on Redis, that of a
+ * single token bucket, leaky bucket or fixed window is one atomic script
+ * (docs/redis.md, "Refunds and penalties"); any other, and on any store
+ * over load and compare-and-set, the step between them, which returns
+ * RATE_ECONFLICT when the key kept changing under it max_retries times.
+ * Thread-safe: yes. */
 
 /* Forgets the key: its next request is a new key's.  (With
  * RATE_FAIL_FALLBACK the insurance store forgets it too.) */
@@ -1194,10 +1205,12 @@ RATE_API int rate_limiter_penalize_at(rate_limiter_t *limiter,
  * done before rate_store_free returns).  Else the result at once, and no
  * callback: RATE_OK (done now: a store without an asynchronous entry, or
  * an unlimited key), or an error as the synchronous call's, RATE_EINVAL
- * also for a NULL done.  The key is copied; ud is the caller's.  The
- * change is made by the C step at the limiter's clock, never Redis's TIME
- * (no extra round trip): on Redis, give the limiter a wall clock, or the
- * store client_time, so that the two agree (docs/async.md).
+ * also for a NULL done.  The key is copied; ud is the caller's.  A change
+ * a lean script makes goes by the clock the scripts' decisions go by
+ * (Redis's TIME, unless client_time); one the C step makes, by the
+ * limiter's clock, never Redis's TIME (no extra round trip): on Redis,
+ * give the limiter a wall clock, or the store client_time, so that the
+ * two agree (docs/async.md).
  * Thread-safe: as rate_limiter_check_start. */
 typedef void (*rate_done_fn)(void *ud, int rc);
 RATE_API int rate_limiter_refund_start(rate_limiter_t *limiter,

@@ -20,6 +20,8 @@
  *              rate_state_acquire(); "not mine" sends the request on.
  *   decide()   optional: the whole decision made in the store (a server
  *              script); it may decline a request it cannot decide exactly.
+ *              From version 4 of the table, refunds and penalties are
+ *              asked of it first too (rate_decide_req_t.op).
  *   update()   the store runs the library's step atomically itself (under
  *              its own lock), or
  *   load() + cas()  the generic pair for any compare-and-set store: the
@@ -51,6 +53,11 @@
  * built with; later versions only append members to the table, and the
  * library reads no member past the version's own.  Version 3 appended
  * check_policy(); a table of version 2 is still accepted (it has none).
+ * Version 4 appended rate_decide_req_t.op: decide() of a version-4 table
+ * may be asked for a refund or a penalty too; a table of version 2 or 3 is
+ * still accepted, and its decide() is only ever asked for admissions (op
+ * RATE_DECIDE_ACQUIRE): its refunds and penalties take update() or load()
+ * and cas(), as before.
  */
 #ifndef RATELIMIT_STORE_H
 #define RATELIMIT_STORE_H
@@ -61,7 +68,7 @@
 extern "C" {
 #endif
 
-#define RATE_STORE_VERSION 3
+#define RATE_STORE_VERSION 4
 
 /* The spaces of keys a store keeps apart. */
 typedef enum rate_space {
@@ -153,7 +160,19 @@ RATE_API int rate_state_acquire(const rate_acquire_t *req, uint64_t permits,
 
 /* --------------------------------------------------- whole decisions */
 
-/* A whole decision, for decide(). */
+/* What decide() is asked to do (rate_decide_req_t.op). */
+typedef enum rate_decide_op {
+    /* An admission: decide `permits` at now_ns and fill *out. */
+    RATE_DECIDE_ACQUIRE = 0,
+    /* A refund (rate_limiter_refund): give `permits` back.  A key with no
+     * state has nothing to give back: RATE_OK, nothing written. */
+    RATE_DECIDE_REFUND = 1,
+    /* A penalty (rate_limiter_penalize): charge `permits` whatever
+     * remains; on a key with no state, charged from its cold start. */
+    RATE_DECIDE_PENALTY = 2
+} rate_decide_op_t;
+
+/* A whole decision, or a whole refund or penalty, for decide(). */
 typedef struct rate_decide_req {
     const rate_policy_t *policy; /* read it with rate_policy_count/limit */
     uint32_t policy_id;  /* the tag of states made under policy */
@@ -166,6 +185,11 @@ typedef struct rate_decide_req {
     bool detail;         /* false: only allowed/reason/delay are read */
     uint64_t max_reset_ns; /* a bound on reset_after when !detail */
     uint64_t horizon_ns; /* as rate_step_t.horizon_ns */
+    /* Version 4: what is asked (RATE_DECIDE_ACQUIRE for a table of version
+     * 2 or 3, which is never asked for anything else).  For a refund or a
+     * penalty, max_wait_ns is 0, detail false, and *out is scratch: the
+     * limiter reads nothing of it. */
+    rate_decide_op_t op;
 } rate_decide_req_t;
 
 /* ---------------------------------------------------- asynchronous part */
@@ -178,7 +202,9 @@ struct rate_job {
     rate_key_t key;
     const rate_step_t *step;       /* what update() would run */
     const rate_decide_req_t *req;  /* what decide() would be asked, or NULL
-                                      (then: the step) */
+                                      (then: the step); a refund's or a
+                                      penalty's only for a table of
+                                      version 4 */
     rate_decision_t *out;          /* decide()'s out */
     /* Called exactly once, with the code update() (what step->fn
      * returned) or, when req is not NULL and the store made the whole
@@ -229,7 +255,21 @@ typedef struct rate_store_methods {
      * state format of docs/algorithms.md ("Stored state"), e.g. with a
      * server-side script.  RATE_OK with *out filled, RATE_ENOTSUP when it
      * cannot for this request (the limiter then uses update or load and
-     * cas: nothing may have been written), or another error. */
+     * cas: nothing may have been written), or another error.
+     *
+     * Version 4: req->op RATE_DECIDE_REFUND or RATE_DECIDE_PENALTY asks
+     * for the whole change, atomically, exactly as the library's step
+     * makes it (docs/algorithms.md, "Changes outside an admission"): the
+     * state read under req->policy at t_eff = max(now_ns, t_last),
+     * changed by each limit's rule, and written back as of t_eff (t_last
+     * becomes t_eff) with the same bytes the step would write, kept at
+     * least as long as the step's expiry says (rate_step_io_t.ttl_ns); a
+     * refund of a key with no state writes nothing.  RATE_OK once done
+     * (*out unread); RATE_ENOTSUP, with nothing written, for any change it
+     * cannot make exactly (a state of another policy or format, a
+     * composite policy, an op it does not know...): the limiter then runs
+     * the step through update or load and cas.  Other errors are the
+     * call's (a refund or a penalty has no fail mode). */
     int (*decide)(void *self, const rate_key_t *key,
                   const rate_decide_req_t *req, rate_decision_t *out);
 
@@ -273,7 +313,7 @@ typedef struct rate_store_methods {
 /* Wraps a back end into a store.  methods is borrowed (usually static
  * const) and must outlive the store; on RATE_OK self is owned by the store
  * (rate_store_free() calls destroy), else it stays the caller's.  RATE_EINVAL
- * for a NULL out or methods, a version other than 2 or 3, or a table
+ * for a NULL out or methods, a version other than 2, 3 or 4, or a table
  * without destroy, remove, and update or load+cas.  Thread-safe: yes. */
 RATE_API int rate_store_new(const rate_store_methods_t *methods, void *self,
                             rate_store_t **out);

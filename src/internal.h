@@ -122,6 +122,11 @@ typedef enum rate__op {
     RATE__OP_PENALTY, /* charge `permits` past what remains, up to the
                          fullest state (a token bucket: into debt) */
 } rate__op_t;
+/* The store contract's names for them (rate_decide_req_t.op). */
+_Static_assert((int)RATE__OP_DECIDE == (int)RATE_DECIDE_ACQUIRE &&
+                   (int)RATE__OP_REFUND == (int)RATE_DECIDE_REFUND &&
+                   (int)RATE__OP_PENALTY == (int)RATE_DECIDE_PENALTY,
+               "one numbering of the operations");
 
 /* One limit's verdict.  *_now describe the state as it is (used when the
  * request is denied by any limit); *_after the state once the request is

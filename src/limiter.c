@@ -428,6 +428,14 @@ static inline uint64_t horizon(const rate_limiter_t *lim, uint64_t now,
                                              memory_order_relaxed);
 }
 
+/* Whether a store's decide() is asked for op: a decision whenever it has
+ * one; a refund or a penalty only from version 4 of its table (a table of
+ * version 2 or 3 never sees one: its decide() knows no op). */
+static inline bool asks_decide(const rate_store_methods_t *m, rate__op_t op)
+{
+    return m->decide != NULL && (op == RATE__OP_DECIDE || m->version >= 4);
+}
+
 /* The store's part of a decision on `store` (the limiter's, or the
  * fallback), with the policies of its `book`: decide() if the store has it,
  * else the step; a state of an unknown policy is learnt and the step run
@@ -439,7 +447,7 @@ static RATE__ALWAYS_INLINE int store_part(rate_limiter_t *lim, rate_store_t *sto
     const rate_policy_t *p = arg->policy;
     int rc = RATE_ENOTSUP;
 
-    if (store->m->decide != NULL && arg->op == RATE__OP_DECIDE) {
+    if (asks_decide(store->m, arg->op)) {
         rate_decide_req_t req = {p,
                                  arg->policy_id,
                                  arg->format,
@@ -449,7 +457,8 @@ static RATE__ALWAYS_INLINE int store_part(rate_limiter_t *lim, rate_store_t *sto
                                  arg->max_wait_ns,
                                  arg->detail,
                                  p->max_reset_ns,
-                                 horizon(lim, now, clock_time)};
+                                 horizon(lim, now, clock_time),
+                                 (rate_decide_op_t)arg->op};
         rc = store->m->decide(store->self, key, &req, arg->decision);
         if (rc != RATE_ENOTSUP)
             return rc;
@@ -771,18 +780,18 @@ static bool async_start(async_check_t *a, int *rc, bool whole)
     a->step = (rate_step_t){rate__step, &a->arg, a->arg.policy->grow, a->now,
                             horizon(a->lim, a->now, a->clock_time),
                             rate__is_cold};
+    bool adjust = a->arg.op != RATE__OP_DECIDE;
     a->req = (rate_decide_req_t){a->arg.policy,    a->arg.policy_id,
                                  a->arg.format,    a->now,
                                  a->clock_time,    a->arg.permits,
-                                 a->arg.max_wait_ns, true,
+                                 a->arg.max_wait_ns, !adjust,
                                  a->arg.policy->max_reset_ns,
-                                 a->step.horizon_ns};
+                                 a->step.horizon_ns,
+                                 (rate_decide_op_t)a->arg.op};
     a->job = (rate_job_t){{a->key, a->job.key.len, a->lim->space},
                           &a->step,
-                          whole && s->m->decide != NULL &&
-                                  a->arg.op == RATE__OP_DECIDE
-                              ? &a->req
-                              : NULL,
+                          whole && asks_decide(s->m, a->arg.op) ? &a->req
+                                                                : NULL,
                           &a->d,
                           async_done,
                           a};
@@ -958,9 +967,10 @@ int rate_limiter_check_start_at(rate_limiter_t *lim, const char *key,
 
 /* ------------------------------------------------- outside admissions */
 
-/* A refund or a penalty on key at now, under the key's policy: the step's
- * adjust pass through the store (no fail mode: the store's error is the
- * call's). */
+/* A refund or a penalty on key at now, under the key's policy: the
+ * store's decide() when its table offers it for changes (version 4), else
+ * (or when it declines) the step's adjust pass through the store, as a
+ * decision goes (no fail mode: the store's error is the call's). */
 static int adjust_key(rate_limiter_t *lim, const rate_policy_t *force,
                       const char *key, size_t key_len,
                       uint64_t permits, uint64_t now, bool clock_time,
@@ -1014,8 +1024,8 @@ static int adjust_start(rate_limiter_t *lim, const char *key, size_t key_len,
         if (store_rc == NEED_RECORD) /* the policy's record first */
             rc = rate__book_id_start(&lim->book, a->arg.policy, now,
                                      async_recorded, a);
-        else
-            (void)async_start(a, &rc, false);
+        else /* the store's decide() first, as for a decision */
+            (void)async_start(a, &rc, true);
         if (rc == RATE_OK)
             return RATE_PENDING;
     } else if (rc == RATE_OK) {

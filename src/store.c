@@ -14,8 +14,8 @@ int rate_store_new(const rate_store_methods_t *m, void *self,
     if (out == NULL)
         return RATE_EINVAL;
     *out = NULL;
-    if (m == NULL || (m->version != 2 && m->version != RATE_STORE_VERSION) || m->destroy == NULL ||
-        m->remove == NULL ||
+    if (m == NULL || m->version < 2 || m->version > RATE_STORE_VERSION ||
+        m->destroy == NULL || m->remove == NULL ||
         (m->update == NULL && (m->load == NULL || m->cas == NULL)))
         return RATE_EINVAL; /* decide() alone is not enough: it may decline */
     s = malloc(sizeof *s);

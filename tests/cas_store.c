@@ -22,6 +22,7 @@ struct cas_store {
     pthread_mutex_t lock;
     rate_job_t **jobs; /* queued by start() */
     int declines;      /* decide() declines (the declining variant) */
+    unsigned asked[3]; /* the recording variant's requests, by op */
     size_t njobs, jobs_cap;
     entry_t *e;
     size_t n, cap;
@@ -171,8 +172,11 @@ static int cs_start(void *self, rate_job_t *job)
             s->jobs_cap = cap;
         }
     }
-    if (rc == RATE_OK)
+    if (rc == RATE_OK) {
         s->jobs[s->njobs++] = job;
+        if (job->req != NULL && (unsigned)job->req->op < 3)
+            s->asked[job->req->op]++;
+    }
     pthread_mutex_unlock(&s->lock);
     return rc;
 }
@@ -352,4 +356,78 @@ void cas_store_poke(cas_store_t *s, const char *key, const void *bytes,
         e->version = ++s->next_version;
     }
     pthread_mutex_unlock(&s->lock);
+}
+
+/* decide() of the recording variant: counted, declined. */
+static int cs_decide_records(void *self, const rate_key_t *key,
+                             const rate_decide_req_t *req,
+                             rate_decision_t *out)
+{
+    cas_store_t *s = self;
+
+    (void)key;
+    (void)out;
+    pthread_mutex_lock(&s->lock);
+    if ((unsigned)req->op < 3)
+        s->asked[req->op]++;
+    pthread_mutex_unlock(&s->lock);
+    return RATE_ENOTSUP;
+}
+
+static const rate_store_methods_t cas_recording_v3 = {
+    .version = 3,
+    .name = "test-cas-recording-v3",
+    .load = cs_load,
+    .cas = cs_cas,
+    .decide = cs_decide_records,
+    .remove = cs_remove,
+    .start = cs_start,
+    .stats = cs_stats,
+    .destroy = cs_destroy,
+};
+
+static const rate_store_methods_t cas_recording_v4 = {
+    .version = 4,
+    .name = "test-cas-recording-v4",
+    .load = cs_load,
+    .cas = cs_cas,
+    .decide = cs_decide_records,
+    .remove = cs_remove,
+    .start = cs_start,
+    .stats = cs_stats,
+    .destroy = cs_destroy,
+};
+
+int cas_store_new_recording(rate_store_t **out, cas_store_t **handle,
+                            int version)
+{
+    cas_store_t *h;
+    int rc = make(version == 3 ? &cas_recording_v3 : &cas_recording_v4, out,
+                  &h);
+    if (rc == RATE_OK) {
+        h->declines = 1;
+        if (handle != NULL)
+            *handle = h;
+    }
+    return rc;
+}
+
+unsigned cas_store_asked(cas_store_t *s, int op)
+{
+    pthread_mutex_lock(&s->lock);
+    unsigned n = op >= 0 && op < 3 ? s->asked[op] : 0;
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
+size_t cas_store_peek(cas_store_t *s, const char *key, void *buf, size_t cap)
+{
+    pthread_mutex_lock(&s->lock);
+    rate_key_t k = {key, strlen(key), RATE_SPACE_STATE};
+    entry_t *e = find(s, &k);
+    size_t len = e ? e->len : 0;
+    if (e != NULL)
+        memcpy(buf, e->val, len < cap ? len : cap);
+    pthread_mutex_unlock(&s->lock);
+    return len;
 }

@@ -21,6 +21,16 @@ int cas_store_new_async(rate_store_t **out, cas_store_t **handle);
  * the job then comes back RATE_ENOTSUP, and must be started again with
  * no request (the step). */
 int cas_store_new_async_declining(rate_store_t **out, cas_store_t **handle);
+/* The asynchronous store with a decide() that records what it is asked
+ * (by rate_decide_req_t.op, on the synchronous path and in the jobs
+ * start() queues) and declines it, in a table of `version` (3 or 4):
+ * the limiter must never ask a version-3 table for a refund or a
+ * penalty. */
+int cas_store_new_recording(rate_store_t **out, cas_store_t **handle,
+                            int version);
+/* How many requests of op (RATE_DECIDE_ACQUIRE, _REFUND, _PENALTY) the
+ * recording store's decide() was asked, or start() was given. */
+unsigned cas_store_asked(cas_store_t *s, int op);
 /* Completes every queued job (in order); returns how many. */
 size_t cas_store_run_jobs(cas_store_t *s);
 /* The next `n` compare-and-sets fail with RATE_ECONFLICT. */
@@ -29,6 +39,9 @@ void cas_store_inject_conflicts(cas_store_t *s, unsigned n);
 void cas_store_set_down(cas_store_t *s, int down);
 /* The TTL last set on `key` (0 if none). */
 uint64_t cas_store_ttl(cas_store_t *s, const char *key);
+/* Copies a key's bytes (at most cap) into buf; their length (0: none). */
+size_t cas_store_peek(cas_store_t *s, const char *key, void *buf,
+                      size_t cap);
 /* Overwrites a key's bytes (to test corrupt state). */
 void cas_store_poke(cas_store_t *s, const char *key, const void *bytes,
                     size_t len);

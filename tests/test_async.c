@@ -21,7 +21,9 @@
  *   rate_store_free returns, with RATE_ECANCELED under the fail mode.
  * Nothing may leak (run under ASan by make test).
  */
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -760,6 +762,245 @@ static void hot_key_steps_take_turns(void **state)
     tloop_fini(&t);
 }
 
+/* Refunds and penalties through the asynchronous Redis store are the lean
+ * scripts' (one EVALSHA each, counted in lean_adjustments), and write the
+ * C step's bytes: random traces of decisions, refunds and penalties at
+ * the fake clock's times, through the loop, against the same calls on the
+ * compare-and-set test store (the C step), decision by decision and byte
+ * by byte after every call.  Permits stay below what any script declines,
+ * so that every change must be the script's. */
+static const char *const adj_policies[] = {
+    "token-bucket 5/s burst=3",
+    "token-bucket 7/3s burst=5",
+    "token-bucket 1000000000/1d burst=1000000000",
+    "leaky-bucket 7/3s capacity=4",
+    "leaky-bucket 1000000000/1d capacity=1000000000",
+    "fixed-window 4/700ms",
+    "fixed-window 1000/1h",
+};
+
+static void adjust_scripted(void **state)
+{
+    (void)state;
+    tloop_t t;
+    tloop_init(&t, true);
+    /* No expiry: Redis's clock would end keys written at the fake one's
+     * times with a short reset before they are read back. */
+    rate_redis_options_t o = {0};
+    rate_store_t *as = NULL;
+    char err[256] = "";
+    o.prefix = "aadj:";
+    o.client_time = true;
+    o.no_ttl = true;
+    o.command_timeout_ns = 5 * SEC;
+    if (rate_store_redis_async_new(url, &o, &t.loop, &as, err, sizeof err) !=
+        RATE_OK)
+        fail_msg("async redis store: %s", err);
+    redisContext *c = raw();
+    uint64_t rnd = 99, adjusts = 0;
+#define RND(n) (rnd ^= rnd << 13, rnd ^= rnd >> 7, rnd ^= rnd << 17, \
+                (n) ? rnd % (n) : 0)
+    for (size_t p = 0; p < sizeof adj_policies / sizeof adj_policies[0];
+         p++) {
+        rate_store_t *cs;
+        cas_store_t *h;
+        assert_int_equal(cas_store_new(&cs, &h), RATE_OK);
+        rate_limiter_t *la = lim(adj_policies[p], as, true, RATE_FAIL_CLOSED);
+        rate_limiter_t *lc = lim(adj_policies[p], cs, true, RATE_FAIL_CLOSED);
+        rate_policy_t *pol = policy_of(adj_policies[p]);
+        const rate_limit_t *l = rate_policy_limit(pol, 0);
+        uint64_t cap = l->algorithm == RATE_FIXED_WINDOW ? l->limit : l->burst;
+        char key[16], name[32];
+        snprintf(key, sizeof key, "k%zu", p);
+        snprintf(name, sizeof name, "aadj:{%s}", key);
+        fclock.now = UINT64_C(1764590000) * SEC + RND(SEC);
+        for (int i = 0; i < 60; i++) {
+            if (RND(10) == 0)
+                fclock.now -= RND(SEC); /* back: t_eff is t_last */
+            else
+                fclock.now += RND(l->period_ns / (1 + RND(8)) + 1);
+            int op = (int)RND(3);
+            uint64_t n = RND(3) == 0 ? RND(3 * cap + 2) : RND(3);
+            /* (a token bucket's debt stops at 2^62 scaled tokens, 53k
+             * tokens for the wide one: a penalty reaching it declines) */
+            if (op == 2 && l->algorithm == RATE_TOKEN_BUCKET)
+                n = RND(4);
+            if (op == 0) {
+                req_t q;
+                rate_decision_t d;
+                if (start(la, key, n, &q) == RATE_PENDING)
+                    wait_all(&t);
+                assert_int_equal(rate_limiter_check(lc, key, strlen(key), n,
+                                                    0, &d), RATE_OK);
+                same(&d, &q.d, i);
+            } else {
+                adj_calls = 0;
+                int rc = op == 1 ? rate_limiter_refund_start(la, key,
+                                                             strlen(key), n,
+                                                             on_adjusted, NULL)
+                                 : rate_limiter_penalize_start(
+                                       la, key, strlen(key), n, on_adjusted,
+                                       NULL);
+                assert_int_equal(rc, RATE_PENDING);
+                pending++;
+                wait_all(&t);
+                assert_int_equal(adj_calls, 1);
+                assert_int_equal(adj_rc, RATE_OK);
+                assert_int_equal(op == 1 ? rate_limiter_refund(lc, key,
+                                                               strlen(key), n)
+                                         : rate_limiter_penalize(
+                                               lc, key, strlen(key), n),
+                                 RATE_OK);
+                adjusts++;
+            }
+            unsigned char a[64], b[64];
+            size_t la_ = cas_store_peek(h, key, a, sizeof a), lb = 0;
+            redisReply *r = redisCommand(c, "HGET %s s", name);
+            if (r->type == REDIS_REPLY_STRING) {
+                lb = r->len;
+                memcpy(b, r->str, lb < 64 ? lb : 64);
+            }
+            freeReplyObject(r);
+            if (la_ != lb || memcmp(a, b, la_) != 0)
+                fail_msg("%s, step %d (op %d, %llu permits): %zu bytes in C, "
+                         "%zu on Redis, or others", adj_policies[p], i, op,
+                         (unsigned long long)n, la_, lb);
+        }
+        rate_policy_free(pol);
+        rate_limiter_free(la);
+        rate_limiter_free(lc);
+        rate_store_free(cs);
+    }
+#undef RND
+    rate_redis_async_stats_t st;
+    assert_int_equal(rate_store_redis_async_stats(as, &st), RATE_OK);
+    print_message("%llu refunds and penalties, %llu by a lean script\n",
+                  (unsigned long long)adjusts,
+                  (unsigned long long)st.lean_adjustments);
+    assert_int_equal(st.lean_adjustments, adjusts);
+    /* A penalty the script declines (past 2^51 in units of g): the job
+     * comes back declined and is made by the C step, with its bytes. */
+    rate_store_t *cs;
+    cas_store_t *h;
+    assert_int_equal(cas_store_new(&cs, &h), RATE_OK);
+    rate_limiter_t *la = lim(adj_policies[0], as, true, RATE_FAIL_CLOSED);
+    rate_limiter_t *lc = lim(adj_policies[0], cs, true, RATE_FAIL_CLOSED);
+    for (int i = 0; i < 2; i++) {
+        uint64_t n = i == 0 ? 1 : UINT64_C(1) << 40;
+        adj_calls = 0;
+        assert_int_equal(rate_limiter_penalize_start(la, "big", 3, n,
+                                                     on_adjusted, NULL),
+                         RATE_PENDING);
+        pending++;
+        wait_all(&t);
+        assert_int_equal(adj_calls, 1);
+        assert_int_equal(adj_rc, RATE_OK);
+        assert_int_equal(rate_limiter_penalize(lc, "big", 3, n), RATE_OK);
+        unsigned char a[64];
+        size_t la_ = cas_store_peek(h, "big", a, sizeof a);
+        redisReply *r = redisCommand(c, "HGET aadj:{big} s");
+        assert_int_equal(r->type, REDIS_REPLY_STRING);
+        assert_int_equal(r->len, la_);
+        assert_memory_equal(r->str, a, la_);
+        freeReplyObject(r);
+    }
+    assert_int_equal(rate_store_redis_async_stats(as, &st), RATE_OK);
+    assert_int_equal(st.lean_adjustments, adjusts + 1); /* the first only */
+    rate_limiter_free(la);
+    rate_limiter_free(lc);
+    rate_store_free(cs);
+    redisFree(c);
+    rate_store_redis_drop(as);
+    rate_store_free(as);
+    tloop_fini(&t);
+}
+
+/* The nginx case (docs/async.md): a hot key that another process's
+ * scripted decisions change all the time (a thread on a synchronous store:
+ * another connection), while this loop refunds and penalizes it: every
+ * change lands (none RATE_ECONFLICT), each one script. */
+typedef struct hot {
+    rate_limiter_t *l;
+    atomic_bool stop;
+    _Atomic uint64_t admitted;
+} hot_t;
+
+static void *hot_hammer(void *arg)
+{
+    hot_t *h = arg;
+    while (!atomic_load(&h->stop)) {
+        rate_decision_t d;
+        if (rate_limiter_check(h->l, "hot", 3, 1, 0, &d) == RATE_OK &&
+            d.allowed)
+            h->admitted++;
+    }
+    return NULL;
+}
+
+static void refunds_do_not_lose_on_a_hot_key(void **state)
+{
+    (void)state;
+    enum { CHANGES = 300, IN_FLIGHT = 30 };
+    const char *text = "token-bucket 1000000/s burst=1000000";
+    tloop_t t;
+    tloop_init(&t, false);
+    rate_store_t *as = async_store(&t, "ahot:", false, 5 * SEC);
+    rate_store_t *hs = redis_store("ahot:", false, 0);
+    rate_limiter_t *la = lim(text, as, false, RATE_FAIL_CLOSED);
+    hot_t h;
+    h.l = limiter_of(text, hs);
+    atomic_init(&h.stop, false);
+    atomic_init(&h.admitted, 0);
+    pthread_t th;
+    pthread_create(&th, NULL, hot_hammer, &h);
+    /* the hammer at work first (at most 10 s on a loaded machine) */
+    for (int i = 0; i < 1000 && atomic_load(&h.admitted) < 20; i++)
+        usleep(10000);
+    uint64_t admitted0 = atomic_load(&h.admitted);
+    refunds_ok = refunds_other = 0;
+    int conflicts = 0, changes = 0;
+    /* CHANGES at least, and on until the hammer has admitted 20 more
+     * meanwhile (a loaded machine may hold its thread back a while) */
+    for (int round = 0;
+         round < 1000 &&
+         (changes < CHANGES || atomic_load(&h.admitted) < admitted0 + 20);
+         round++) {
+        int before = refunds_other;
+        changes += IN_FLIGHT;
+        for (int i = 0; i < IN_FLIGHT; i++) {
+            int rc = i % 3 == 2
+                         ? rate_limiter_penalize_start(la, "hot", 3, 1,
+                                                       on_refunded, NULL)
+                         : rate_limiter_refund_start(la, "hot", 3, 1,
+                                                     on_refunded, NULL);
+            assert_int_equal(rc, RATE_PENDING);
+            pending++;
+        }
+        wait_all(&t);
+        conflicts += refunds_other - before;
+    }
+    atomic_store(&h.stop, true);
+    pthread_join(th, NULL);
+    rate_redis_async_stats_t st;
+    assert_int_equal(rate_store_redis_async_stats(as, &st), RATE_OK);
+    uint64_t meanwhile = atomic_load(&h.admitted) - admitted0;
+    print_message("%d changes: %d made, %d failed; %llu scripted; %llu "
+                  "decisions admitted meanwhile\n", changes, refunds_ok,
+                  refunds_other, (unsigned long long)st.lean_adjustments,
+                  (unsigned long long)meanwhile);
+    assert_true(admitted0 >= 20);
+    assert_true(meanwhile >= 20); /* the key changed under them */
+    assert_int_equal(conflicts, 0);
+    assert_int_equal(refunds_ok, changes);
+    assert_int_equal(st.lean_adjustments, changes);
+    rate_limiter_free(h.l);
+    rate_limiter_free(la);
+    rate_store_free(hs);
+    rate_store_redis_drop(as);
+    rate_store_free(as);
+    tloop_fini(&t);
+}
+
 /* A loop that refuses to watch: every decision still answered once. */
 static rate_loop_t inner;
 static bool refuse;
@@ -865,6 +1106,8 @@ int main(void)
         cmocka_unit_test(stopped_first),
         cmocka_unit_test(adjust_redis),
         cmocka_unit_test(hot_key_steps_take_turns),
+        cmocka_unit_test(adjust_scripted),
+        cmocka_unit_test(refunds_do_not_lose_on_a_hot_key),
         cmocka_unit_test(faults_uv),
         cmocka_unit_test(faults_event),
     };

@@ -1054,6 +1054,88 @@ static void async_adjust(void **state)
     async_fix_free(&f);
 }
 
+/* The contract's versions: a version-3 table's decide() is asked for
+ * admissions only, never for a refund or a penalty (they take load and
+ * cas, synchronous and through start() alike, as before version 4); a
+ * version-4 table's is asked for each refund and penalty first, and when
+ * it declines they still take load and cas.  Either way every decision is
+ * the memory store's, field by field. */
+static void decide_asked_for_changes_from_v4(void **state)
+{
+    (void)state;
+    for (int version = 3; version <= 4; version++) {
+        rate_store_t *s, *ms;
+        cas_store_t *h;
+        assert_int_equal(cas_store_new_recording(&s, &h, version), RATE_OK);
+        assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+        fake_clock_t clk = {SEC, 0, 0};
+        rate_clock_t fc = {fake_now, fake_sleep, &clk};
+        rate_limiter_config_t cfg = {0};
+        cfg.clock = &fc;
+        cfg.store = s;
+        rate_limiter_t *l = limiter_cfg("token-bucket 5/s burst=3", cfg);
+        cfg.store = ms;
+        rate_limiter_t *m = limiter_cfg("token-bucket 5/s burst=3", cfg);
+        unsigned decisions = 0, refunds = 0, penalties = 0;
+        for (int i = 0; i < 40; i++) {
+            clk.now += 70 * MS;
+            rate_decision_t a = at(m, "k", clk.now, 1 + (uint64_t)(i % 2), 0);
+            rate_decision_t b = at(l, "k", clk.now, 1 + (uint64_t)(i % 2), 0);
+            expect_same_decision(&a, &b, "v3/v4 table", "recording", i,
+                                 clk.now, 1, 0);
+            decisions++;
+            uint64_t n = (uint64_t)(i % 4);
+            switch (i % 4) {
+            case 0: /* synchronous, at the caller's time and the clock's */
+                assert_int_equal(rate_limiter_refund_at(m, "k", 1, n, clk.now),
+                                 RATE_OK);
+                assert_int_equal(rate_limiter_refund_at(l, "k", 1, n, clk.now),
+                                 RATE_OK);
+                refunds++;
+                break;
+            case 1:
+                assert_int_equal(rate_limiter_penalize(m, "k", 1, n), RATE_OK);
+                assert_int_equal(rate_limiter_penalize(l, "k", 1, n), RATE_OK);
+                penalties++;
+                break;
+            default: /* through start(): queued, then run */
+                adjusted_calls = 0;
+                assert_int_equal(
+                    i % 4 == 2 ? rate_limiter_refund(m, "k", 1, n)
+                               : rate_limiter_penalize(m, "k", 1, n),
+                    RATE_OK);
+                assert_int_equal(
+                    i % 4 == 2
+                        ? rate_limiter_refund_start(l, "k", 1, n, on_adjusted,
+                                                    NULL)
+                        : rate_limiter_penalize_start(l, "k", 1, n,
+                                                      on_adjusted, NULL),
+                    RATE_PENDING);
+                cas_store_run_jobs(h);
+                assert_int_equal(adjusted_calls, 1);
+                assert_int_equal(adjusted_rc, RATE_OK);
+                if (i % 4 == 2)
+                    refunds++;
+                else
+                    penalties++;
+            }
+        }
+        unsigned acq = cas_store_asked(h, RATE_DECIDE_ACQUIRE),
+                 ref = cas_store_asked(h, RATE_DECIDE_REFUND),
+                 pen = cas_store_asked(h, RATE_DECIDE_PENALTY);
+        if (acq != decisions ||
+            ref != (version == 3 ? 0 : refunds) ||
+            pen != (version == 3 ? 0 : penalties))
+            fail_msg("a version-%d table was asked %u admissions (of %u), "
+                     "%u refunds (of %u), %u penalties (of %u)",
+                     version, acq, decisions, ref, refunds, pen, penalties);
+        rate_limiter_free(l);
+        rate_limiter_free(m);
+        rate_store_free(s);
+        rate_store_free(ms);
+    }
+}
+
 /* Block after a breach (rate_limit_t.block_ns): once a blocking limit
  * denies a request, the key stays denied for the block, whatever its
  * limits say; retry_after says when; a "never" does not block; the store
@@ -1139,6 +1221,7 @@ int main(void)
         cmocka_unit_test(async_decisions),
         cmocka_unit_test(async_records),
         cmocka_unit_test(async_adjust),
+        cmocka_unit_test(decide_asked_for_changes_from_v4),
         cmocka_unit_test(block_after_breach),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

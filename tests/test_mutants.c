@@ -195,9 +195,11 @@ static void store_new_refuses_incomplete_tables(void **state)
     m.destroy = NULL;
     assert_int_equal(try_new(m), RATE_EINVAL);
     m = full;
-    m.version = RATE_STORE_VERSION + 1;
+    m.version = RATE_STORE_VERSION + 1; /* 5: not yet */
     assert_int_equal(try_new(m), RATE_EINVAL);
     m.version = 2; /* the table before check_policy: still accepted */
+    assert_int_equal(try_new(m), RATE_OK);
+    m.version = 3; /* before rate_decide_req_t.op: still accepted */
     assert_int_equal(try_new(m), RATE_OK);
     m.version = 1;
     assert_int_equal(try_new(m), RATE_EINVAL);

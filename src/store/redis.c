@@ -13,7 +13,10 @@
  * the key's version and state, cas one EVALSHA of a short script that
  * replaces the state only if the version is unchanged.  A Redis key of
  * another type than a hash (WRONGTYPE) is RATE_ECORRUPT from load, cas and
- * decide, and is never written over.
+ * decide, and is never written over.  A refund or a penalty asked of
+ * decide() (store contract version 4) is a lean script's, in one EVALSHA
+ * or FCALL, for the single limits those scripts decide; anything else is
+ * declined, and the limiter makes it over load and cas.
  *
  * A key is stored as a hash {v: version, s: state bytes}, named by its
  * space, always inside the prefix and always its own Redis Cluster hash
@@ -246,6 +249,7 @@ typedef struct redis_store {
     char last_err[256]; /* the last connection's failure; "" since one
                            succeeded */
     atomic_uint_fast64_t st_lean, st_general, st_declined;
+    atomic_uint_fast64_t st_lean_adj, st_adj_declined; /* refunds, penalties */
     atomic_uint_fast64_t st_opened, st_rejected, st_redirects, st_refreshes,
         st_connect_failures;
 
@@ -1643,7 +1647,8 @@ static uint64_t gcd64(uint64_t a, uint64_t b)
 
 /* Whether a lean script decides the request exactly (docs/redis.md, "Lean
  * scripts"), and if so which, with its own arguments (after the seven
- * every step script takes) in num.  A bucket's word is sent in units of g,
+ * every step script takes: the word's width, the operation, then the
+ * algorithm's) in num.  A bucket's word is sent in units of g,
  * a common divisor of L and P below 2^36, so that B * P / g <= 2^51; a
  * window of at most 2^52 ns and a count of at most 2^52. */
 #define LEAN_WORD (UINT64_C(1) << 51)
@@ -1665,6 +1670,7 @@ static int lean_of(const rate_decide_req_t *q, char num[][24], int *nn)
             return -1; /* past exact doubles */
         /* the word's width: 16 bytes for a wide bucket (B * P > 2^62) */
         snprintf(num[(*nn)++], 24, "%d", full > (rate_u128_t)1 << 62 ? 16 : 8);
+        snprintf(num[(*nn)++], 24, "%d", (int)q->op);
         snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)(l->limit / g));
         snprintf(num[(*nn)++], 24, "%llu",
                  (unsigned long long)(l->period_ns / g));
@@ -1681,6 +1687,7 @@ static int lean_of(const rate_decide_req_t *q, char num[][24], int *nn)
             l->period_ns >= (UINT64_C(1) << 52))
             return -1;
         snprintf(num[(*nn)++], 24, "8");
+        snprintf(num[(*nn)++], 24, "%d", (int)q->op);
         snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)l->limit);
         snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)l->period_ns);
         return LEAN_FW;
@@ -1797,10 +1804,17 @@ int rate__redis_decide_cmd(const redis_store_t *r, const rate_key_t *key,
         return RATE_EINVAL; /* records are no states to decide over */
     if (q->format != RATE__FORMAT_V1 && q->format != RATE__FORMAT)
         return RATE_ENOTSUP; /* the limiter decides, exactly */
+    bool adjust = q->op != RATE_DECIDE_ACQUIRE;
+    if (adjust && q->op != RATE_DECIDE_REFUND && q->op != RATE_DECIDE_PENALTY)
+        return RATE_ENOTSUP; /* an operation this store does not know */
     int nn = step_head(r, q, false, c->num);
+    if (adjust && r->ttl) /* the change's own expiry, as the step's */
+        snprintf(c->num[4], sizeof c->num[4], "-1");
     int lean = r->lean ? lean_of(q, c->num, &nn) : -1;
     if (lean < 0) {
-        if (!lua_can(q))
+        /* Refunds and penalties only in the lean scripts: the general
+         * script has no such branch (the C step then makes them). */
+        if (adjust || !lua_can(q))
             return RATE_ENOTSUP; /* the limiter decides, exactly */
         nn = step_limits(q->policy, c->num, nn);
     }
@@ -1863,9 +1877,11 @@ static int r_decide(void *self, const rate_key_t *key,
     rate__redis_cmd_t c;
     int rc;
 
+    bool adjust = q->op != RATE_DECIDE_ACQUIRE;
     if ((rc = rate__redis_decide_cmd(r, key, q, &c)) != RATE_OK) {
         if (rc == RATE_ENOTSUP)
-            atomic_fetch_add(&r->st_declined, 1);
+            atomic_fetch_add(adjust ? &r->st_adj_declined : &r->st_declined,
+                             1);
         return rc;
     }
     int lean = c.lean;
@@ -1911,9 +1927,13 @@ static int r_decide(void *self, const rate_key_t *key,
     if (rc == RATE_OK) {
         rc = rate__redis_decide_parse(rep, d);
         if (rc == RATE_ENOTSUP)
-            atomic_fetch_add(&r->st_declined, 1);
+            atomic_fetch_add(adjust ? &r->st_adj_declined : &r->st_declined,
+                             1);
         else if (rc == RATE_OK)
-            atomic_fetch_add(lean >= 0 ? &r->st_lean : &r->st_general, 1);
+            atomic_fetch_add(adjust      ? &r->st_lean_adj
+                             : lean >= 0 ? &r->st_lean
+                                         : &r->st_general,
+                             1);
     }
     freeReplyObject(rep);
     rate__redis_cmd_free(&c);
@@ -2060,8 +2080,10 @@ static int r_decide_any(void *self, const rate_key_t *key,
     redis_store_t *r = self;
     int probe_rc = RATE_OK;
 
+    /* Refunds and penalties: the lean scripts' alone (RATELIMIT.STEP
+     * makes admissions only), over the same bytes as the module's. */
     if (key != NULL && key->space != RATE_SPACE_POLICY &&
-        module_wanted(r, &probe_rc)) {
+        q->op == RATE_DECIDE_ACQUIRE && module_wanted(r, &probe_rc)) {
         int rc = module_decide(r, key, q, d);
         if (rc != MODULE_GONE) {
             if (rc == RATE_OK)
@@ -2558,5 +2580,7 @@ int rate_store_redis_status(rate_store_t *store, rate_redis_status_t *out)
     out->lean_decisions = atomic_load(&r->st_lean);
     out->general_decisions = atomic_load(&r->st_general);
     out->declined = atomic_load(&r->st_declined);
+    out->lean_adjustments = atomic_load(&r->st_lean_adj);
+    out->declined_adjustments = atomic_load(&r->st_adj_declined);
     return RATE_OK;
 }

@@ -931,6 +931,8 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
         switch (j->phase) {
         case PH_DECIDE:
             rc = rate__redis_decide_parse(rep, j->job->out);
+            if (rc == RATE_OK && j->job->req->op != RATE_DECIDE_ACQUIRE)
+                j->s->st.lean_adjustments++; /* a lean script's change */
             break;
         case PH_LOAD:
             rc = after_load(j, rep, &more);

@@ -5,8 +5,8 @@
 -- t mod W = (hi * 2^32 mod W + lo) mod W, the first by math.fmod (exact
 -- for any doubles), the second by % corrected as fdiv does; t and
 -- t_last share a window when t - t_last is the difference of their
--- offsets.  ARGV [9] L, [10] W (ns, below 2^52)
-local L, W = tonumber(ARGV[9]), tonumber(ARGV[10])
+-- offsets.  ARGV [10] L, [11] W (ns, below 2^52)
+local L, W = tonumber(ARGV[10]), tonumber(ARGV[11])
 local function offset(hi, lo)
   local r = (math.fmod(hi * E32, W) + lo) % W -- below 2^53: exact but for
   if r < 0 then r = r + W elseif r >= W then r = r - W end -- one W
@@ -20,6 +20,20 @@ if st ~= nil then
   if dt ~= e - offset(l_hi, l_lo) then cnt = 0 end
 end
 local to_next = W - e
+if OP ~= '0' then
+  -- fw_adjust: a refund uncounts n permits from the current window (none
+  -- once it has rolled), a penalty counts them, up to the limit.
+  local x
+  if OP == '1' then
+    if cnt > n then x = cnt - n else x = 0 end
+  else
+    if n > L - cnt then x = L else x = cnt + n end
+  end
+  local reset = 0
+  if x > 0 then reset = to_next end
+  write(word_out(x, 1), reset)
+  return {1, 1, 0, 0, L, L - x, 0, 0, reset}
+end
 local ok, reason, retry = false, 0, 0
 if n > L then reason = 2; retry = -1
 elseif n == 0 or cnt + n <= L then ok = true

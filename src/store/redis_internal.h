@@ -34,7 +34,8 @@ typedef struct rate__redis_cmd {
 } rate__redis_cmd_t;
 
 /* Build the command of a decide() (RATE_ENOTSUP: the script cannot decide
- * this request exactly; RATE_EINVAL: a policy record's key), of a load()
+ * this request exactly, or it is a refund or a penalty no lean script
+ * makes; RATE_EINVAL: a policy record's key), of a load()
  * and of a cas(), as the synchronous store sends them. */
 int rate__redis_decide_cmd(const redis_store_t *r, const rate_key_t *key,
                            const rate_decide_req_t *q, rate__redis_cmd_t *c);

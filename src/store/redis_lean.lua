@@ -21,9 +21,12 @@
 --          [3] permits, [4] max_wait (ns), [5] ttl (0: none, -1: this
 --          decision's reset_after, else microseconds), [6] policy id (the
 --          state's tag), [7] format (2 or 3), [8] the word's width in
---          bytes (8 or 16), then the algorithm's
+--          bytes (8 or 16), [9] the operation (0 a decision, 1 a refund,
+--          2 a penalty), then the algorithm's
 -- returns  as redis_step.lua: {1, allowed, reason, 0, limit, remaining,
---          delay, retry (-1: never), reset}, {0} declined, {2} WRONGTYPE
+--          delay, retry (-1: never), reset}, {0} declined, {2} WRONGTYPE;
+--          a refund or a penalty: {1, 1, 0, 0, limit, remaining, 0, 0,
+--          reset} of the state it wrote (the client reads none of it)
 local E32 = 4294967296
 local DECLINE = {0}
 -- floor(a / b), 0 <= a < 2^53, 0 < b < 2^53, with no library call (each
@@ -109,6 +112,15 @@ if st ~= nil then
   if t_hi - l_hi >= 1048576 then dt = math.huge
   else dt = (t_hi - l_hi) * E32 + (t_lo - l_lo) end
 end
+
+-- A refund or a penalty (docs/algorithms.md, "Changes outside an
+-- admission"; src/step.c step_adjust): the state at t changed by the
+-- algorithm's rule (each file's OP branch) and written as of t, expiring
+-- after the changed state's reset as the C step's does.  A refund of a key
+-- with no state has nothing to give back: nothing is written.
+local OP = ARGV[9]
+if OP ~= '0' and OP ~= '1' and OP ~= '2' then return DECLINE end
+if OP == '1' and st == nil then return {1, 1, 0, 0, 0, 0, 0, 0, 0} end
 
 -- Two's complement of k = WB / 4 limbs, in place.
 local function negate(l)
@@ -207,7 +219,8 @@ local function write(word, reset)
     redis.call('PERSIST', KEYS[1])
   else
     local us = ttl_us
-    if us < 0 then us = cdiv(reset, 1000) end
+    -- at least 1 (0 says none), as the client's ttl_us for the C step
+    if us < 0 then us = cdiv(reset, 1000); if us < 1 then us = 1 end end
     if us > 2251799813685248 then us = 2251799813685248 end
     -- expire_at (redis_step.lua): the end by Redis's clock, rounded up to
     -- whole milliseconds, plus one
