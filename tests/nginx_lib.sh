@@ -39,6 +39,14 @@ launch_nginx() {
   return 1
 }
 
+# alive PID: the process runs (a zombie does not: a daemon's master, once
+# exited, waits for PID 1 to reap it, which may take a second or more).
+alive() {
+  local st
+  st=$(ps -o stat= -p "$1" 2>/dev/null || true)
+  [ -n "$st" ] && [ "${st#Z}" = "$st" ]
+}
+
 # stop_pidfile PIDFILE: a graceful stop (QUIT), then KILL after 10 s.
 stop_pidfile() {
   local pidfile=$1 pid
@@ -46,7 +54,7 @@ stop_pidfile() {
   pid=$(cat "$pidfile")
   kill -QUIT "$pid" 2>/dev/null || true
   for _ in $(seq 1 200); do
-    kill -0 "$pid" 2>/dev/null || { rm -f "$pidfile"; return 0; }
+    alive "$pid" || { rm -f "$pidfile"; return 0; }
     sleep 0.05
   done
   kill -KILL "$pid" 2>/dev/null || true
@@ -128,7 +136,7 @@ stop_gracefully() {
   kids=$(ps -o pid= --ppid "$pid" 2>/dev/null || true)
   kill -QUIT "$pid" 2>/dev/null || true
   for _ in $(seq 1 200); do
-    kill -0 "$pid" 2>/dev/null || { rm -f "$1"; return 0; }
+    alive "$pid" || { rm -f "$1"; return 0; }
     sleep 0.05
   done
   # shellcheck disable=SC2086
