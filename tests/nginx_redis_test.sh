@@ -406,7 +406,7 @@ EOF
   # waits too and is answered then.  (curl 7.88 sends the RST_STREAM with
   # its next frames on the connection: the /sec/ streams, on a local leaky
   # bucket of 1/s with wait=, answered at 0, 1 and 2 s, make those.)
-  rargs=(-s -k --http2 -Z -H 'X-Key: hA' --max-time 0.2 -o /dev/null -w '%{url} %{http_code}\n' "$turl/hold/1"
+  rargs=(-s -k --http2 -Z -H 'X-Key: hA' --max-time 0.5 -o /dev/null -w '%{url} %{http_code}\n' "$turl/hold/1"
     --next -s -k --http2 -H 'X-Key: hB' --max-time 30 -o /dev/null -w '%{url} %{http_code}\n' "$turl/hold/2")
   for i in 0 1 2; do
     rargs+=(--next -s -k --http2 -H 'X-Key: hS' --max-time 30 -o /dev/null -w '%{url} %{http_code}\n' "$turl/sec/$i")
@@ -417,7 +417,7 @@ EOF
     fail "h2 redis reset: the reset stream's request was not let go (no 499 within 5 s)"
   grep -qE 'client (terminated|canceled) stream' "$hd/logs/error.log" ||
     fail "h2 redis reset: nginx saw no RST_STREAM"
-  curl -s --http2-prior-knowledge --max-time 0.3 -H 'X-Key: hC' -o /dev/null \
+  curl -s --http2-prior-knowledge --max-time 0.5 -H 'X-Key: hC' -o /dev/null \
     "http://127.0.0.1:$port_h/hold/3" || true
   wait_line "$hlog" ' 499 \[-\] /hold/3 hC$' ||
     fail "h2 redis closed: the request was not let go when its connection closed"

@@ -508,7 +508,7 @@ EOF
   [ "$ms" -ge 150 ] || fail "h2 wait: the 3 admitted took $ms ms, want at least 150"
   # A stream reset while it waits (wait=): the hold bucket admits one at
   # once, then one a minute.  /hold/1 waits and curl resets it (RST_STREAM)
-  # at its --max-time, 0.2 s, while /hold/2, waiting too, keeps the
+  # at its --max-time, 0.5 s, while /hold/2, waiting too, keeps the
   # connection open: nginx must let go of the request at once (a 499
   # logged within 5 s, not after its minute).  (curl 7.88 sends the
   # RST_STREAM with its next frames on the connection: the /sec/ streams,
@@ -516,7 +516,7 @@ EOF
   # those.)  Then curl is killed, which closes the connection with /hold/2
   # waiting: let go too.
   expect "h2 reset: the first" "$(h2get -H 'X-Key: r1' /hold/0)" "200 2"
-  rargs=(-s -k --http2 -Z -H 'X-Key: r1' --max-time 0.2 -o /dev/null "$turl/hold/1"
+  rargs=(-s -k --http2 -Z -H 'X-Key: r1' --max-time 0.5 -o /dev/null "$turl/hold/1"
     --next -s -k --http2 -H 'X-Key: r1' --max-time 30 -o /dev/null "$turl/hold/2")
   for i in 0 1 2; do
     rargs+=(--next -s -k --http2 -H 'X-Key: r1' --max-time 30 -o /dev/null "$turl/sec/$i")
@@ -532,7 +532,7 @@ EOF
   wait_line "$h2log" ' 499 \[allowed\] /hold/2 r1$' ||
     fail "h2 closed: a waiting stream's request was not let go when its connection closed"
   # plaintext, one stream, the connection closed while it waits
-  curl -s --http2-prior-knowledge --max-time 0.3 -H 'X-Key: r1' -o /dev/null \
+  curl -s --http2-prior-knowledge --max-time 0.5 -H 'X-Key: r1' -o /dev/null \
     "http://127.0.0.1:$port/hold/3" || true
   wait_line "$h2log" ' 499 \[allowed\] /hold/3 r1$' ||
     fail "h2 closed (prior knowledge): the waiting request was not let go"
