@@ -15,7 +15,7 @@ set -euo pipefail
 build_pkgs=(gcc make cmake pkg-config libxxhash-dev libhiredis-dev
             libcurl4-openssl-dev libjansson-dev libinih-dev libmicrohttpd-dev)
 test_pkgs=(libcmocka-dev libuv1-dev libevent-dev valgrind libxml2-utils clang libclang-rt-14-dev redis-server
-           redis-tools nodejs npm curl wrk
+           redis-tools nodejs npm curl wrk openssl
            nginx nginx-dev libpcre2-dev libssl-dev zlib1g-dev)
 
 usage() { echo "usage: $0 [build|test] | $0 check [build|test]" >&2; exit 2; }

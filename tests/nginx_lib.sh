@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: MIT
 # What the nginx test scripts (nginx_test.sh, nginx_redis_test.sh) share:
 # counting failures, comparing, a free port, starting an nginx on one and
-# stopping it by the pid in its pid file, a response header.  Sourced;
-# $tmp/h holds the headers.
+# stopping it by the pid in its pid file, a response header, and the
+# HTTP/2 helpers.  Sourced; $tmp/h holds the headers.
 
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
@@ -14,8 +14,11 @@ port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # launch_nginx DIR WORKERS CONF...: picks a free port into $port, runs the
 # command CONF... to write DIR/nginx.conf for it, starts nginx in DIR (pid
-# file DIR/nginx.pid) and waits until it serves /index.html: 0; else 1,
-# its errors printed (another port is tried while the port was taken).
+# file DIR/nginx.pid) and waits until it serves /index.html (curl with the
+# arguments in the array ready_args: --http2-prior-knowledge for a port
+# that speaks only HTTP/2): 0; else 1, its errors printed (another port is
+# tried while the port was taken).
+ready_args=()
 launch_nginx() {
   local dir=$1 workers=$2 try
   shift 2
@@ -26,7 +29,7 @@ launch_nginx() {
     if "$NGINX" -p "$dir" -c "$dir/nginx.conf" \
       -g "pid $dir/nginx.pid; daemon on; worker_processes $workers;" 2>"$dir/start.err"; then
       for _ in $(seq 1 100); do
-        [ -s "$dir/nginx.pid" ] && curl -s -o /dev/null "http://127.0.0.1:$port/index.html" && return 0
+        [ -s "$dir/nginx.pid" ] && curl -s "${ready_args[@]}" -o /dev/null "http://127.0.0.1:$port/index.html" && return 0
         sleep 0.05
       done
     fi
@@ -36,6 +39,14 @@ launch_nginx() {
   return 1
 }
 
+# alive PID: the process runs (a zombie does not: a daemon's master, once
+# exited, waits for PID 1 to reap it, which may take a second or more).
+alive() {
+  local st
+  st=$(ps -o stat= -p "$1" 2>/dev/null || true)
+  [ -n "$st" ] && [ "${st#Z}" = "$st" ]
+}
+
 # stop_pidfile PIDFILE: a graceful stop (QUIT), then KILL after 10 s.
 stop_pidfile() {
   local pidfile=$1 pid
@@ -43,7 +54,7 @@ stop_pidfile() {
   pid=$(cat "$pidfile")
   kill -QUIT "$pid" 2>/dev/null || true
   for _ in $(seq 1 200); do
-    kill -0 "$pid" 2>/dev/null || { rm -f "$pidfile"; return 0; }
+    alive "$pid" || { rm -f "$pidfile"; return 0; }
     sleep 0.05
   done
   kill -KILL "$pid" 2>/dev/null || true
@@ -51,3 +62,85 @@ stop_pidfile() {
 }
 
 header() { sed -n "s/^$1: //Ip" "$tmp/h"; }
+
+# ---- HTTP/2.  h2_missing: why this machine cannot test HTTP/2 (nothing
+# when it can): a curl without HTTP/2, no openssl to make a certificate,
+# an nginx without its HTTP/2 module.  (grep reads a process substitution:
+# under pipefail, "cmd | grep -q" fails when grep's early exit kills cmd.)
+h2_missing() {
+  if ! grep -q HTTP2 <(curl -V); then
+    echo "curl has no HTTP/2 support"
+  elif ! command -v openssl >/dev/null; then
+    echo "openssl is missing (scripts/deps.sh test)"
+  elif ! grep -q -- --with-http_v2_module <("$NGINX" -V 2>&1); then
+    echo "$NGINX has no HTTP/2 module"
+  fi
+}
+
+# h2_cert DIR: a self-signed certificate for 127.0.0.1, DIR/h2.crt and
+# DIR/h2.key (a P-256 key: made in milliseconds).
+h2_cert() {
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+    -keyout "$1/h2.key" -out "$1/h2.crt" -days 2 -subj /CN=127.0.0.1 >/dev/null 2>&1
+}
+
+# free_port_but P: a free loopback port other than P.
+free_port_but() {
+  local p try
+  for try in 1 2 3 4 5 6 7 8; do
+    p=$((20000 + (RANDOM * 7 + try) % 40000))
+    [ "$p" != "$1" ] && port_free "$p" && { echo "$p"; return 0; }
+  done
+  echo "$1"
+}
+
+# h2_mux OUT N URL [CURL ARGS]: N requests, URL1 .. URLN, multiplexed as
+# streams of ONE HTTP/2 connection (curl --parallel, which adds a transfer
+# to a connection that multiplexes rather than open another), one line
+# "STATUS HTTP_VERSION NEW_CONNECTIONS" each in OUT.  Over TLS (https, h2
+# by ALPN): Debian 12's curl 7.88 fails every transfer but the first that
+# reuses a prior-knowledge (plaintext) HTTP/2 connection ("Error in the
+# HTTP2 framing layer", curl issue 10634, fixed in curl 8.0).
+h2_mux() {
+  local out=$1 n=$2 url=$3 i
+  shift 3
+  for i in $(seq 1 "$n"); do
+    printf 'url = "%s%s"\noutput = "/dev/null"\n' "$url" "$i"
+  done >"$out.cfg"
+  curl -s -k --http2 -Z --parallel-max 100 --max-time 20 "$@" \
+    -w '%{http_code} %{http_version} %{num_connects}\n' -K "$out.cfg" >"$out" 2>"$out.err" || true
+}
+# h2_count OUT STATUS: how many of OUT's streams were answered STATUS over
+# HTTP/2; h2_conns OUT: how many connections they took.
+h2_count() { grep -c "^$2 2 " "$1" || true; }
+h2_conns() { awk '{ c += $3 } END { print c + 0 }' "$1"; }
+
+# wait_line FILE PATTERN: until FILE has a line matching PATTERN (grep
+# -E), 5 s at most: 0, else 1.
+wait_line() {
+  local _
+  for _ in $(seq 1 100); do
+    grep -qE "$2" "$1" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
+# stop_gracefully PIDFILE: QUIT, then the master must be gone within 10 s
+# (every request answered or let go, no timer left behind): 0; else KILL
+# (the master and its workers, by pid) and 1.
+stop_gracefully() {
+  local pid kids _
+  [ -s "$1" ] || return 0
+  pid=$(cat "$1")
+  kids=$(ps -o pid= --ppid "$pid" 2>/dev/null || true)
+  kill -QUIT "$pid" 2>/dev/null || true
+  for _ in $(seq 1 200); do
+    alive "$pid" || { rm -f "$1"; return 0; }
+    sleep 0.05
+  done
+  # shellcheck disable=SC2086
+  kill -KILL "$pid" $kids 2>/dev/null || true
+  rm -f "$1"
+  return 1
+}

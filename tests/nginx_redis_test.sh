@@ -14,7 +14,10 @@
 # hung (curl --max-time), a client that goes away while its decision is
 # in flight, a reload while Redis is stopped (the new workers make their
 # zones without waiting for it and answer at once under the fail mode),
-# and the limits exact again once Redis is back.
+# and the limits exact again once Redis is back; and HTTP/2 (a third
+# nginx on the same zones: multiplexed streams, headers, two limits, Redis
+# stopped, a stream reset and a connection closed while their decisions
+# wait, a reload with streams in flight).
 #   nginx_redis_test.sh MODULE_SO
 # Exit 77 (skipped) when nginx, the module or redis-server is absent;
 # under CI=true that is a failure.
@@ -38,6 +41,7 @@ rpid=
 cleanup() {
   stop_nginx a || true
   stop_nginx b || true
+  stop_pidfile "$tmp/h2/nginx.pid" || true
   if [ -n "$rpid" ]; then
     kill -CONT "$rpid" 2>/dev/null || true
     kill "$rpid" 2>/dev/null || true
@@ -279,6 +283,200 @@ expect "wait: 429s" "$(count 429)" 1
 expect "prefix" "$(alt 1 -H 'X-Key: p1' /back/)" 200
 [ "$(redis-cli -p "$rport" exists 'rl:back:{p1}')" = 1 ] || fail "prefix=: no key rl:back:{p1}"
 [ "$(redis-cli -p "$rport" exists 'ratelimit:fw:{s1}')" = 1 ] || fail "default prefix: no key ratelimit:fw:{s1}"
+
+# ---- HTTP/2 on Redis zones (docs/nginx.md, "HTTP/2"): a third nginx, h
+# (2 workers), with zones of the same names as a's and b's (the same keys
+# in Redis): plaintext HTTP/2 with prior knowledge on its port (one stream
+# a connection) and HTTP/2 over TLS on $tport, where curl multiplexes
+# (h2_mux).
+hd=$tmp/h2
+why=$(h2_missing)
+if [ -n "$why" ]; then
+  echo "SKIP (HTTP/2 part only): $why"
+else
+  t_h2=$(date +%s%N)
+  mkdir -p "$hd/logs" "$hd/html"
+  chmod 755 "$hd" "$hd/html"
+  echo hello >"$hd/html/index.html"
+  h2_cert "$hd" || fail "h2: openssl made no certificate"
+  tport=
+  hconf() {
+    tport=$(free_port_but "$port")
+    cat >"$hd/nginx.conf" <<EOF
+load_module $MODULE;
+error_log $hd/logs/error.log info;
+events { worker_connections 512; }
+http {
+  log_format rl '\$pid \$server_protocol \$status [\$ratelimit_result] \$request_uri \$http_x_key';
+  access_log $hd/logs/access.log rl;
+  ratelimit_zone fw "fixed-window 10/30d" store=$redis timeout=${COUNT_TIMEOUT_MS}ms;
+  ratelimit_zone per_key "fixed-window 5/30d" store=$redis timeout=${COUNT_TIMEOUT_MS}ms;
+  ratelimit_zone per_user "fixed-window 3/30d" store=$redis timeout=${COUNT_TIMEOUT_MS}ms;
+  ratelimit_zone hdr "name=gold token-bucket 1/1h burst=3" store=$redis timeout=${COUNT_TIMEOUT_MS}ms;
+  ratelimit_zone fo "fixed-window 1000/30d" store=$redis timeout=${TIMEOUT_MS}ms;
+  ratelimit_zone fc "fixed-window 1000/30d" store=$redis timeout=${TIMEOUT_MS}ms;
+  ratelimit_zone hold "fixed-window 1000/30d" store=$redis timeout=10s;
+  ratelimit_zone hsec "leaky-bucket 1/s capacity=3";
+  server {
+    listen 127.0.0.1:$port http2;
+    listen 127.0.0.1:$tport ssl http2;
+    ssl_certificate $hd/h2.crt;
+    ssl_certificate_key $hd/h2.key;
+    root $hd/html;
+    location = /index.html { }
+    location /fw/ { ratelimit fw \$http_x_key; try_files /index.html =404; }
+    location /both/ {
+      ratelimit per_key \$http_x_key;
+      ratelimit per_user \$http_x_user;
+      try_files /index.html =404;
+    }
+    location /hdr/ { ratelimit hdr \$http_x_key; ratelimit_headers on; try_files /index.html =404; }
+    location /open/ { ratelimit fo \$http_x_key; ratelimit_fail open; try_files /index.html =404; }
+    location /closed/ { ratelimit fc \$http_x_key; ratelimit_fail closed; try_files /index.html =404; }
+    location /hold/ { ratelimit hold \$http_x_key; try_files /index.html =404; }
+    location /sec/ { ratelimit hsec \$http_x_key wait=5s; try_files /index.html =404; }
+  }
+}
+EOF
+  }
+  ready_args=(--http2-prior-knowledge)
+  launch_nginx "$hd" 2 hconf || fail "h2: nginx h did not start"
+  ready_args=()
+  port_h=$port
+  turl="https://127.0.0.1:$tport"
+  hlog=$hd/logs/access.log
+  # hget [CURL ARGS] PATH: "STATUS HTTP_VERSION" of one request on h's
+  # plaintext port; headers (CR stripped) in $tmp/h.
+  hget() {
+    local path=${*: -1}
+    curl -s --http2-prior-knowledge --max-time 10 -D "$tmp/h" -o /dev/null \
+      -w '%{http_code} %{http_version}' "${@:1:$#-1}" "http://127.0.0.1:$port_h$path" || true
+    sed -i 's/\r$//' "$tmp/h"
+  }
+  h_workers() { sed -n 's/.*start worker process \([0-9]*\).*/\1/p' "$hd/logs/error.log"; }
+  # 30 streams on one connection, a key of their own: exactly fw's 10 pass
+  h2_mux "$tmp/hm1" 30 "$turl/fw/" -H 'X-Key: hm1'
+  expect "h2 redis: 30 streams, connections" "$(h2_conns "$tmp/hm1")" 1
+  expect "h2 redis: 30 streams, 200s" "$(h2_count "$tmp/hm1" 200)" 10
+  expect "h2 redis: 30 streams, 429s" "$(h2_count "$tmp/hm1" 429)" 20
+  expect "h2 redis: results" \
+    "$(grep ' hm1$' "$hlog" | awk '{print $2 $4}' | sort | uniq -c | awk '{print $2 $1}' | tr '\n' ' ')" \
+    "HTTP/2.0[allowed]10 HTTP/2.0[limited]20 "
+  # one key at once from three HTTP/2 connections to h and 20 HTTP/1.1
+  # requests to a and b: 10 pass in all
+  hpids=()
+  for c in 1 2 3; do
+    h2_mux "$tmp/hm2.$c" 20 "$turl/fw/c$c-" -H 'X-Key: hm2' &
+    hpids+=($!)
+  done
+  burst 20 hm2 /fw/
+  wait "${hpids[@]}"
+  cat "$tmp/hm2.1" "$tmp/hm2.2" "$tmp/hm2.3" >"$tmp/hm2"
+  expect "h2 redis: 3x20 streams, connections" "$(h2_conns "$tmp/hm2")" 3
+  expect "h2 redis: h2 and HTTP/1.1 on one key, 200s" "$(($(h2_count "$tmp/hm2" 200) + $(count 200)))" 10
+  expect "h2 redis: h2 and HTTP/1.1 on one key, 429s" "$(($(h2_count "$tmp/hm2" 429) + $(count 429)))" 70
+  # the fields from the Redis token bucket, as an HTTP/2 client gets them
+  expect "h2 redis headers: 1st" "$(hget -H 'X-Key: hh1' /hdr/)" "200 2"
+  expect "h2 redis headers: RateLimit-Policy" "$(header RateLimit-Policy)" '"gold";q=3;w=10800'
+  expect "h2 redis headers: RateLimit" "$(header RateLimit)" '"gold";r=2;t=3600'
+  hget -H 'X-Key: hh1' /hdr/ >/dev/null
+  hget -H 'X-Key: hh1' /hdr/ >/dev/null
+  expect "h2 redis headers: 4th" "$(hget -H 'X-Key: hh1' /hdr/)" "429 2"
+  expect "h2 redis headers: 429 RateLimit" "$(header RateLimit | sed 's/;t=.*//')" '"gold";r=0'
+  ra=$(header Retry-After)
+  if ! [[ "$ra" =~ ^[0-9]+$ ]] || [ "$ra" -lt 3500 ] || [ "$ra" -gt 3600 ]; then
+    fail "h2 redis headers: Retry-After '$ra', want 3500..3600"
+  fi
+  # two Redis limits, multiplexed: per_user's 3 pass, the denials refunded
+  h2_mux "$tmp/hm3" 6 "$turl/both/" -H 'X-Key: hK1' -H 'X-User: hU1'
+  expect "h2 redis both: 200s" "$(h2_count "$tmp/hm3" 200)" 3
+  expect "h2 redis both: 429s" "$(h2_count "$tmp/hm3" 429)" 3
+  sleep 0.3 # (the refunds land a round trip after the denials)
+  h2_mux "$tmp/hm4" 3 "$turl/both/" -H 'X-Key: hK1' -H 'X-User: hU2'
+  expect "h2 redis both: per_key refunded, 200s" "$(h2_count "$tmp/hm4" 200)" 2
+  expect "h2 redis both: per_key refunded, 429s" "$(h2_count "$tmp/hm4" 429)" 1
+  # -- Redis stopped: 20 streams at once on one connection under each fail
+  # mode, all answered (within the timeout + the slack)
+  kill -STOP "$rpid"
+  for path in /closed/ /open/; do
+    t0=$(date +%s%N)
+    h2_mux "$tmp/hm5" 20 "$turl$path" -H "X-Key: hs$path"
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    if [ "$path" = /open/ ]; then st=200; else st=503; fi
+    expect "h2 redis stopped $path: ${st}s" "$(h2_count "$tmp/hm5" $st)" 20
+    [ "$ms" -le $((TIMEOUT_MS + SLACK_MS)) ] ||
+      fail "h2 redis stopped $path: 20 streams took $ms ms (timeout ${TIMEOUT_MS} ms + slack ${SLACK_MS} ms)"
+  done
+  # a stream reset (RST_STREAM) and a connection closed while their
+  # decisions wait on the stopped Redis (the hold zone's timeout, 10 s, is
+  # not reached): nginx must let go of them at once (a 499 within 5 s);
+  # their late callbacks, once Redis answers, must touch nothing.  /hold/2
+  # waits too and is answered then.  (curl 7.88 sends the RST_STREAM with
+  # its next frames on the connection: the /sec/ streams, on a local leaky
+  # bucket of 1/s with wait=, answered at 0, 1 and 2 s, make those.)
+  rargs=(-s -k --http2 -Z -H 'X-Key: hA' --max-time 0.5 -o /dev/null -w '%{url} %{http_code}\n' "$turl/hold/1"
+    --next -s -k --http2 -H 'X-Key: hB' --max-time 30 -o /dev/null -w '%{url} %{http_code}\n' "$turl/hold/2")
+  for i in 0 1 2; do
+    rargs+=(--next -s -k --http2 -H 'X-Key: hS' --max-time 30 -o /dev/null -w '%{url} %{http_code}\n' "$turl/sec/$i")
+  done
+  curl "${rargs[@]}" >"$tmp/hreset" 2>/dev/null &
+  cpid=$!
+  wait_line "$hlog" ' 499 \[-\] /hold/1 hA$' ||
+    fail "h2 redis reset: the reset stream's request was not let go (no 499 within 5 s)"
+  grep -qE 'client (terminated|canceled) stream' "$hd/logs/error.log" ||
+    fail "h2 redis reset: nginx saw no RST_STREAM"
+  curl -s --http2-prior-knowledge --max-time 0.5 -H 'X-Key: hC' -o /dev/null \
+    "http://127.0.0.1:$port_h/hold/3" || true
+  wait_line "$hlog" ' 499 \[-\] /hold/3 hC$' ||
+    fail "h2 redis closed: the request was not let go when its connection closed"
+  kill -CONT "$rpid"
+  wait "$cpid" || true
+  expect "h2 redis reset: the other stream, after SIGCONT" "$(sed -n 's|.*/hold/2 ||p' "$tmp/hreset")" 200
+  h2_mux "$tmp/hm6" 12 "$turl/fw/" -H 'X-Key: hm6'
+  expect "h2 redis after the resets: 200s" "$(h2_count "$tmp/hm6" 200)" 10
+  expect "h2 redis after the resets: 429s" "$(h2_count "$tmp/hm6" 429)" 2
+  # -- a reload with 10 streams in flight, their decisions waiting on the
+  # stopped Redis: the old worker keeps their connection and answers them
+  # (200) once Redis is back, then exits.  The /index.html stream, answered
+  # at once (its line in the access log), tells that the connection is up
+  # and the other streams sent.
+  kill -STOP "$rpid"
+  old_h=$(h_workers)
+  rargs=(-s -k --http2 -Z --max-time 30 -o /dev/null -w '%{url} %{http_code} %{http_version}\n' "$turl/index.html?reload")
+  for i in $(seq 1 10); do
+    rargs+=(--next -s -k --http2 -H 'X-Key: hR' --max-time 30 -o /dev/null -w '%{url} %{http_code} %{http_version}\n' "$turl/hold/r$i")
+  done
+  curl "${rargs[@]}" >"$tmp/hreload" 2>/dev/null &
+  cpid=$!
+  wait_line "$hlog" ' 200 \[-\] /index.html\?reload -$' || fail "h2 reload: the connection did not start"
+  sleep 0.2
+  kill -HUP "$(cat "$hd/nginx.pid")"
+  for _ in $(seq 1 200); do
+    [ "$(h_workers | wc -l)" -ge $(($(wc -l <<<"$old_h") + 2)) ] && break
+    sleep 0.05
+  done
+  expect "h2 reload: new workers" "$(($(h_workers | wc -l) - $(wc -l <<<"$old_h")))" 2
+  kill -CONT "$rpid"
+  wait "$cpid" || true
+  expect "h2 reload: the streams in flight answered" "$(grep -c '/hold/r[0-9]* 200 2$' "$tmp/hreload" || true)" 10
+  for p in $(grep ' /hold/r[0-9]* hR$' "$hlog" | awk '{print $1}' | sort -u); do
+    grep -qx "$p" <<<"$old_h" || fail "h2 reload: a stream in flight was answered by $p, not an old worker"
+  done
+  gone=0
+  for _ in $(seq 1 200); do
+    gone=1
+    for p in $old_h; do alive "$p" && gone=0; done
+    [ "$gone" = 1 ] && break
+    sleep 0.05
+  done
+  expect "h2 reload: the old workers exited" "$gone" 1
+  if grep -E 'exited on signal|\[alert\]|\[crit\]' "$hd/logs/error.log"; then
+    fail "h2 redis: a worker died or nginx alerted"
+  fi
+  stop_gracefully "$hd/nginx.pid" ||
+    fail "h2 redis: nginx h did not stop within 10 s of QUIT (a request left waiting?)"
+  echo "HTTP/2 on Redis zones: took $((($(date +%s%N) - t_h2) / 1000000)) ms"
+fi
 
 # ---- Redis fails mid-run.  timed NAME PATH KEY: "STATUS MS" of one request.
 timed() {

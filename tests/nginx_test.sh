@@ -8,7 +8,10 @@
 # exact expectation: each algorithm, one limit across the workers, limits
 # that repeat (nothing charged on a denial), composites, headers, shadow,
 # empty keys, the fail modes, the log level, configuration errors, and
-# reloads (same size: state kept; a changed size: refused, state kept).
+# reloads (same size: state kept; a changed size: refused, state kept),
+# and HTTP/2 (an nginx of its own: streams multiplexed on one connection
+# and on several, headers, two limits, wait=, a stream reset and a
+# connection closed while they wait).
 #   nginx_test.sh MODULE_SO
 # Exit 77 (skipped) when nginx or the module is absent; under CI=true that
 # is a failure.
@@ -29,6 +32,7 @@ tmp=$(mktemp -d /tmp/nginx_test.XXXXXX)
 cleanup() {
   stop_nginx || true
   stop_pidfile "$tmp/p/nginx.pid" || true
+  stop_pidfile "$tmp/h2/nginx.pid" || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -401,6 +405,161 @@ expect "policy records: fail open" "$got" "200 65 "
 grep -q 'ratelimit: zone "pr": store error RATE_EFULL (the zone.s 64 policy records are used: each policy text it had since nginx started takes one; restart nginx), denied' "$tmp/p/logs/error.log" ||
   fail "policy records: no line that says why: $(grep 'store error' "$tmp/p/logs/error.log" | head -1)"
 stop_pidfile "$tmp/p/nginx.pid"
+
+# ---- HTTP/2 (docs/nginx.md, "HTTP/2"): an nginx of its own, 2 workers,
+# plaintext HTTP/2 with prior knowledge on $port (one stream a connection)
+# and HTTP/2 over TLS on $tport, where curl multiplexes (h2_mux).
+h2=$tmp/h2
+why=$(h2_missing)
+if [ -n "$why" ]; then
+  echo "SKIP (HTTP/2 part only): $why"
+else
+  t_h2=$(date +%s%N)
+  mkdir -p "$h2/logs" "$h2/html"
+  chmod 755 "$h2" "$h2/html"
+  echo hello >"$h2/html/index.html"
+  h2_cert "$h2" || fail "h2: openssl made no certificate"
+  tport=
+  h2conf() {
+    tport=$(free_port_but "$port")
+    cat >"$h2/nginx.conf" <<EOF
+load_module $MODULE;
+error_log $h2/logs/error.log info;
+events { worker_connections 512; }
+http {
+  log_format rl '\$pid \$server_protocol \$status [\$ratelimit_result] \$request_uri \$http_x_key';
+  access_log $h2/logs/access.log rl;
+  ratelimit_zone h2fw "fixed-window 10/3650d";
+  ratelimit_zone h2hdr "name=gold token-bucket 1/1h burst=3";
+  ratelimit_zone h2key "fixed-window 5/3650d";
+  ratelimit_zone h2user "fixed-window 3/3650d";
+  ratelimit_zone h2lbw "leaky-bucket 10/s capacity=3";
+  ratelimit_zone h2hold "leaky-bucket 1/1m capacity=5";
+  ratelimit_zone h2sec "leaky-bucket 1/s capacity=3";
+  server {
+    listen 127.0.0.1:$port http2;
+    listen 127.0.0.1:$tport ssl http2;
+    ssl_certificate $h2/h2.crt;
+    ssl_certificate_key $h2/h2.key;
+    root $h2/html;
+    location = /index.html { }
+    location /fw/ { ratelimit h2fw \$http_x_key; try_files /index.html =404; }
+    location /hdr/ { ratelimit h2hdr \$http_x_key; ratelimit_headers on; try_files /index.html =404; }
+    location /both/ {
+      ratelimit h2key \$http_x_key;
+      ratelimit h2user \$http_x_user;
+      try_files /index.html =404;
+    }
+    location /wait/ { ratelimit h2lbw \$http_x_key wait=1s; try_files /index.html =404; }
+    location /hold/ { ratelimit h2hold \$http_x_key wait=10m; try_files /index.html =404; }
+    location /sec/ { ratelimit h2sec \$http_x_key wait=5s; try_files /index.html =404; }
+  }
+}
+EOF
+  }
+  ready_args=(--http2-prior-knowledge)
+  launch_nginx "$h2" 2 h2conf || fail "h2: nginx did not start"
+  ready_args=()
+  turl="https://127.0.0.1:$tport"
+  # h2get [CURL ARGS] PATH: "STATUS HTTP_VERSION" of one request on the
+  # plaintext port; headers (CR stripped) in $tmp/h.
+  h2get() {
+    local path=${*: -1}
+    curl -s --http2-prior-knowledge --max-time 10 -D "$tmp/h" -o /dev/null \
+      -w '%{http_code} %{http_version}' "${@:1:$#-1}" "http://127.0.0.1:$port$path" || true
+    sed -i 's/\r$//' "$tmp/h"
+  }
+  h2log=$h2/logs/access.log
+  # 30 streams on one connection, one key: exactly the limit's 10 pass
+  h2_mux "$tmp/m1" 30 "$turl/fw/" -H 'X-Key: m1'
+  expect "h2: 30 streams, connections" "$(h2_conns "$tmp/m1")" 1
+  expect "h2: 30 streams, 200s" "$(h2_count "$tmp/m1" 200)" 10
+  expect "h2: 30 streams, 429s" "$(h2_count "$tmp/m1" 429)" 20
+  expect "h2: results" \
+    "$(grep ' m1$' "$h2log" | awk '{print $2 $4}' | sort | uniq -c | awk '{print $2 $1}' | tr '\n' ' ')" \
+    "HTTP/2.0[allowed]10 HTTP/2.0[limited]20 "
+  # 3 connections at once, 20 streams each, one key: 10 pass in all
+  m2pids=()
+  for c in 1 2 3; do
+    h2_mux "$tmp/m2.$c" 20 "$turl/fw/c$c-" -H 'X-Key: m2' &
+    m2pids+=($!)
+  done
+  wait "${m2pids[@]}"
+  cat "$tmp/m2.1" "$tmp/m2.2" "$tmp/m2.3" >"$tmp/m2"
+  expect "h2: 3x20 streams, connections" "$(h2_conns "$tmp/m2")" 3
+  expect "h2: 3x20 streams, 200s" "$(h2_count "$tmp/m2" 200)" 10
+  expect "h2: 3x20 streams, 429s" "$(h2_count "$tmp/m2" 429)" 50
+  # the fields, as an HTTP/2 client gets them (names in lower case)
+  expect "h2 headers: 1st" "$(h2get -H 'X-Key: h1' /hdr/)" "200 2"
+  expect "h2 headers: RateLimit-Policy" "$(header RateLimit-Policy)" '"gold";q=3;w=10800'
+  expect "h2 headers: RateLimit" "$(header RateLimit)" '"gold";r=2;t=3600'
+  grep -q '^ratelimit-policy: ' "$tmp/h" || fail "h2 headers: no lower-case ratelimit-policy field"
+  h2get -H 'X-Key: h1' /hdr/ >/dev/null
+  h2get -H 'X-Key: h1' /hdr/ >/dev/null
+  expect "h2 headers: 4th" "$(h2get -H 'X-Key: h1' /hdr/)" "429 2"
+  expect "h2 headers: 429 RateLimit" "$(header RateLimit | sed 's/;t=.*//')" '"gold";r=0'
+  ra=$(header Retry-After)
+  if ! [[ "$ra" =~ ^[0-9]+$ ]] || [ "$ra" -lt 3500 ] || [ "$ra" -gt 3600 ]; then
+    fail "h2 headers: Retry-After '$ra', want 3500..3600"
+  fi
+  # two limits, multiplexed: per-user's 3 pass; the denials charge nothing
+  h2_mux "$tmp/m3" 6 "$turl/both/" -H 'X-Key: K1' -H 'X-User: U1'
+  expect "h2 both: 200s" "$(h2_count "$tmp/m3" 200)" 3
+  expect "h2 both: 429s" "$(h2_count "$tmp/m3" 429)" 3
+  h2_mux "$tmp/m4" 3 "$turl/both/" -H 'X-Key: K1' -H 'X-User: U2'
+  expect "h2 both: per-key refunded, 200s" "$(h2_count "$tmp/m4" 200)" 2
+  expect "h2 both: per-key refunded, 429s" "$(h2_count "$tmp/m4" 429)" 1
+  # wait=: 4 streams at once on a leaky bucket of 3 draining 10/s: 3 pass,
+  # the last at least 150 ms after the first; 1 denied
+  t0=$(date +%s%N)
+  h2_mux "$tmp/m5" 4 "$turl/wait/" -H 'X-Key: w1'
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  expect "h2 wait: connections" "$(h2_conns "$tmp/m5")" 1
+  expect "h2 wait: 200s" "$(h2_count "$tmp/m5" 200)" 3
+  expect "h2 wait: 429s" "$(h2_count "$tmp/m5" 429)" 1
+  [ "$ms" -ge 150 ] || fail "h2 wait: the 3 admitted took $ms ms, want at least 150"
+  # A stream reset while it waits (wait=): the hold bucket admits one at
+  # once, then one a minute.  /hold/1 waits and curl resets it (RST_STREAM)
+  # at its --max-time, 0.5 s, while /hold/2, waiting too, keeps the
+  # connection open: nginx must let go of the request at once (a 499
+  # logged within 5 s, not after its minute).  (curl 7.88 sends the
+  # RST_STREAM with its next frames on the connection: the /sec/ streams,
+  # answered at 0, 1 and 2 s by a leaky bucket of 1/s with wait=, make
+  # those.)  Then curl is killed, which closes the connection with /hold/2
+  # waiting: let go too.
+  expect "h2 reset: the first" "$(h2get -H 'X-Key: r1' /hold/0)" "200 2"
+  rargs=(-s -k --http2 -Z -H 'X-Key: r1' --max-time 0.5 -o /dev/null "$turl/hold/1"
+    --next -s -k --http2 -H 'X-Key: r1' --max-time 30 -o /dev/null "$turl/hold/2")
+  for i in 0 1 2; do
+    rargs+=(--next -s -k --http2 -H 'X-Key: r1' --max-time 30 -o /dev/null "$turl/sec/$i")
+  done
+  curl "${rargs[@]}" >/dev/null 2>&1 &
+  cpid=$!
+  wait_line "$h2log" ' 499 \[allowed\] /hold/1 r1$' ||
+    fail "h2 reset: the reset stream's request was not let go (no 499 within 5 s)"
+  grep -qE 'client (terminated|canceled) stream' "$h2/logs/error.log" ||
+    fail "h2 reset: nginx saw no RST_STREAM"
+  kill "$cpid" 2>/dev/null || true
+  wait "$cpid" 2>/dev/null || true
+  wait_line "$h2log" ' 499 \[allowed\] /hold/2 r1$' ||
+    fail "h2 closed: a waiting stream's request was not let go when its connection closed"
+  # plaintext, one stream, the connection closed while it waits
+  curl -s --http2-prior-knowledge --max-time 0.5 -H 'X-Key: r1' -o /dev/null \
+    "http://127.0.0.1:$port/hold/3" || true
+  wait_line "$h2log" ' 499 \[allowed\] /hold/3 r1$' ||
+    fail "h2 closed (prior knowledge): the waiting request was not let go"
+  # still serving, and exact
+  expect "h2 after the resets: a fresh key" "$(h2get -H 'X-Key: r2' /hold/0)" "200 2"
+  h2_mux "$tmp/m6" 12 "$turl/fw/" -H 'X-Key: m6'
+  expect "h2 after the resets: 200s" "$(h2_count "$tmp/m6" 200)" 10
+  expect "h2 after the resets: 429s" "$(h2_count "$tmp/m6" 429)" 2
+  if grep -E 'exited on signal|\[alert\]|\[crit\]' "$h2/logs/error.log"; then
+    fail "h2: a worker died or nginx alerted"
+  fi
+  stop_gracefully "$h2/nginx.pid" ||
+    fail "h2: nginx did not stop within 10 s of QUIT (a request left waiting?)"
+  echo "HTTP/2: took $((($(date +%s%N) - t_h2) / 1000000)) ms"
+fi
 
 if [ "$fails" -ne 0 ]; then
   echo "nginx_test: $fails failure(s)"
