@@ -493,7 +493,10 @@ static void lost_records_come_back(void **state)
     rate_store_t *rs = redis_store("lost:", true, 0);
     rate_limiter_t *a = limiter_of("fixed-window 30/h", rs);
     rate_limiter_t *b = limiter_of("fixed-window 20/h", rs);
-    uint64_t t = rate_clock_monotonic_ns() + 100 * SEC;
+    /* t to t + 12 s in one hour's window, so that the counts carry (from
+     * the monotonic clock + 100 s, one run in 300 crossed an hour) */
+    uint64_t hour = 3600 * SEC;
+    uint64_t t = (rate_clock_monotonic_ns() / hour + 1) * hour + 100 * SEC;
     rate_decision_t d;
     assert_int_equal(rate_limiter_check_at(a, "k", 1, 1, 0, t, &d), RATE_OK);
     assert_true(d.allowed);
