@@ -75,4 +75,25 @@ static inline void drop_store(rate_store_t *rs)
     rate_store_free(rs);
 }
 
+/* A thread that decides key "hot" on its limiter until stop, counting
+ * what it admitted: the scripted decisions of another client on a hot key
+ * (docs/async.md), under refunds the test runs meanwhile. */
+typedef struct hot {
+    rate_limiter_t *l;
+    atomic_bool stop;
+    _Atomic uint64_t admitted;
+} hot_t;
+
+static inline void *hot_hammer(void *arg)
+{
+    hot_t *h = arg;
+    while (!atomic_load(&h->stop)) {
+        rate_decision_t d;
+        if (rate_limiter_check(h->l, "hot", 3, 1, 0, &d) == RATE_OK &&
+            d.allowed)
+            h->admitted++;
+    }
+    return NULL;
+}
+
 #endif

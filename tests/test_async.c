@@ -918,25 +918,8 @@ static void adjust_scripted(void **state)
 /* The nginx case (docs/async.md): a hot key that another process's
  * scripted decisions change all the time (a thread on a synchronous store:
  * another connection), while this loop refunds and penalizes it: every
- * change lands (none RATE_ECONFLICT), each one script. */
-typedef struct hot {
-    rate_limiter_t *l;
-    atomic_bool stop;
-    _Atomic uint64_t admitted;
-} hot_t;
-
-static void *hot_hammer(void *arg)
-{
-    hot_t *h = arg;
-    while (!atomic_load(&h->stop)) {
-        rate_decision_t d;
-        if (rate_limiter_check(h->l, "hot", 3, 1, 0, &d) == RATE_OK &&
-            d.allowed)
-            h->admitted++;
-    }
-    return NULL;
-}
-
+ * change lands (none RATE_ECONFLICT), each one script (hot_hammer:
+ * redis_fixture.h). */
 static void refunds_do_not_lose_on_a_hot_key(void **state)
 {
     (void)state;

@@ -1320,25 +1320,7 @@ static void adjustments_take_one_round_trip(void **state)
  * worker would be), while refunds and penalties run on it: none comes
  * back RATE_ECONFLICT, even with a single retry allowed, since each is one
  * script that cannot lose.  (Through the C step, load and compare-and-set,
- * most lost: see docs/async.md.) */
-typedef struct hot {
-    rate_limiter_t *l;
-    atomic_bool stop;
-    _Atomic uint64_t decisions;
-} hot_t;
-
-static void *hot_hammer(void *arg)
-{
-    hot_t *h = arg;
-    while (!atomic_load(&h->stop)) {
-        rate_decision_t d;
-        if (rate_limiter_check(h->l, "hot", 3, 1, 0, &d) == RATE_OK &&
-            d.allowed)
-            h->decisions++;
-    }
-    return NULL;
-}
-
+ * most lost: see docs/async.md.)  hot_hammer: redis_fixture.h. */
 static void refunds_do_not_lose_to_scripted_decisions(void **state)
 {
     (void)state;
@@ -1355,7 +1337,7 @@ static void refunds_do_not_lose_to_scripted_decisions(void **state)
     for (int i = 0; i < HAMMERS; i++) {
         h[i].l = limiter_of(text, hs);
         atomic_init(&h[i].stop, false);
-        atomic_init(&h[i].decisions, 0);
+        atomic_init(&h[i].admitted, 0);
         pthread_create(&th[i], NULL, hot_hammer, &h[i]);
     }
     /* the hammers at work first (at most 10 s on a loaded machine) */
@@ -1364,7 +1346,7 @@ static void refunds_do_not_lose_to_scripted_decisions(void **state)
         usleep(10000);
         before = 0;
         for (int i = 0; i < HAMMERS; i++)
-            before += atomic_load(&h[i].decisions);
+            before += atomic_load(&h[i].admitted);
     }
     rate_redis_status_t st0, st1;
     assert_int_equal(rate_store_redis_status(rs, &st0), RATE_OK);
@@ -1380,14 +1362,14 @@ static void refunds_do_not_lose_to_scripted_decisions(void **state)
         others += rc != RATE_OK && rc != RATE_ECONFLICT;
         now = 0;
         for (int i = 0; i < HAMMERS; i++)
-            now += atomic_load(&h[i].decisions);
+            now += atomic_load(&h[i].admitted);
     }
     assert_int_equal(rate_store_redis_status(rs, &st1), RATE_OK);
     uint64_t decisions = 0;
     for (int i = 0; i < HAMMERS; i++) {
         atomic_store(&h[i].stop, true);
         pthread_join(th[i], NULL);
-        decisions += h[i].decisions;
+        decisions += h[i].admitted;
         rate_limiter_free(h[i].l);
     }
     print_message("%d changes, %d conflicts, %d other errors, %llu scripted "
