@@ -306,16 +306,23 @@ static const rate_store_methods_t cas_declining_methods = {
     .destroy = cs_destroy,
 };
 
-int cas_store_new_async_declining(rate_store_t **out, cas_store_t **handle)
+/* A store of table m whose decide() declines (h->declines). */
+static int make_declining(const rate_store_methods_t *m, rate_store_t **out,
+                          cas_store_t **handle)
 {
     cas_store_t *h;
-    int rc = make(&cas_declining_methods, out, &h);
+    int rc = make(m, out, &h);
     if (rc == RATE_OK) {
         h->declines = 1;
         if (handle != NULL)
             *handle = h;
     }
     return rc;
+}
+
+int cas_store_new_async_declining(rate_store_t **out, cas_store_t **handle)
+{
+    return make_declining(&cas_declining_methods, out, handle);
 }
 
 void cas_store_inject_conflicts(cas_store_t *s, unsigned n)
@@ -401,15 +408,9 @@ static const rate_store_methods_t cas_recording_v4 = {
 int cas_store_new_recording(rate_store_t **out, cas_store_t **handle,
                             int version)
 {
-    cas_store_t *h;
-    int rc = make(version == 3 ? &cas_recording_v3 : &cas_recording_v4, out,
-                  &h);
-    if (rc == RATE_OK) {
-        h->declines = 1;
-        if (handle != NULL)
-            *handle = h;
-    }
-    return rc;
+    return make_declining(version == 3 ? &cas_recording_v3
+                                       : &cas_recording_v4,
+                          out, handle);
 }
 
 unsigned cas_store_asked(cas_store_t *s, int op)
