@@ -77,9 +77,14 @@ h2_missing() {
   fi
 }
 
-# h2_cert DIR: a self-signed certificate for 127.0.0.1, DIR/h2.crt and
-# DIR/h2.key (a P-256 key: made in milliseconds).
-h2_cert() {
+# h2_prefix DIR: an HTTP/2 nginx's prefix: DIR/logs, DIR/html/index.html
+# (readable by the workers, nobody when started by root), and a self-signed
+# certificate for 127.0.0.1, DIR/h2.crt and DIR/h2.key (a P-256 key: made
+# in milliseconds).  Fails when openssl makes no certificate.
+h2_prefix() {
+  mkdir -p "$1/logs" "$1/html"
+  chmod 755 "$1" "$1/html"
+  echo hello >"$1/html/index.html"
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
     -keyout "$1/h2.key" -out "$1/h2.crt" -days 2 -subj /CN=127.0.0.1 >/dev/null 2>&1
 }

@@ -295,10 +295,7 @@ if [ -n "$why" ]; then
   echo "SKIP (HTTP/2 part only): $why"
 else
   t_h2=$(date +%s%N)
-  mkdir -p "$hd/logs" "$hd/html"
-  chmod 755 "$hd" "$hd/html"
-  echo hello >"$hd/html/index.html"
-  h2_cert "$hd" || fail "h2: openssl made no certificate"
+  h2_prefix "$hd" || fail "h2: openssl made no certificate"
   tport=
   hconf() {
     tport=$(free_port_but "$port")

@@ -415,10 +415,7 @@ if [ -n "$why" ]; then
   echo "SKIP (HTTP/2 part only): $why"
 else
   t_h2=$(date +%s%N)
-  mkdir -p "$h2/logs" "$h2/html"
-  chmod 755 "$h2" "$h2/html"
-  echo hello >"$h2/html/index.html"
-  h2_cert "$h2" || fail "h2: openssl made no certificate"
+  h2_prefix "$h2" || fail "h2: openssl made no certificate"
   tport=
   h2conf() {
     tport=$(free_port_but "$port")
