@@ -20,8 +20,8 @@
  *              rate_state_acquire(); "not mine" sends the request on.
  *   decide()   optional: the whole decision made in the store (a server
  *              script); it may decline a request it cannot decide exactly.
- *              From version 4 of the table, refunds and penalties are
- *              asked of it first too (rate_decide_req_t.op).
+ *              A table that sets decide_changes (version 4) is asked
+ *              for refunds and penalties first too (rate_decide_req_t.op).
  *   update()   the store runs the library's step atomically itself (under
  *              its own lock), or
  *   load() + cas()  the generic pair for any compare-and-set store: the
@@ -53,9 +53,11 @@
  * built with; later versions only append members to the table, and the
  * library reads no member past the version's own.  Version 3 appended
  * check_policy(); a table of version 2 is still accepted (it has none).
- * Version 4 appended rate_decide_req_t.op: decide() of a version-4 table
- * may be asked for a refund or a penalty too; a table of version 2 or 3 is
- * still accepted, and its decide() is only ever asked for admissions (op
+ * Version 4 appended decide_changes (and rate_decide_req_t.op): the
+ * decide() of a table that sets it is asked for refunds and penalties too.
+ * Any other table's decide() (one of version 2 or 3, or of version 4 that
+ * leaves it false, as a store rebuilt against this header without a word
+ * about it does) is only ever asked for admissions (op
  * RATE_DECIDE_ACQUIRE): its refunds and penalties take update() or load()
  * and cas(), as before.
  */
@@ -185,8 +187,8 @@ typedef struct rate_decide_req {
     bool detail;         /* false: only allowed/reason/delay are read */
     uint64_t max_reset_ns; /* a bound on reset_after when !detail */
     uint64_t horizon_ns; /* as rate_step_t.horizon_ns */
-    /* Version 4: what is asked (RATE_DECIDE_ACQUIRE for a table of version
-     * 2 or 3, which is never asked for anything else).  For a refund or a
+    /* Version 4: what is asked (always RATE_DECIDE_ACQUIRE for a table
+     * without decide_changes).  For a refund or a
      * penalty, max_wait_ns is 0, detail false, and *out is scratch: the
      * limiter reads nothing of it. */
     rate_decide_op_t op;
@@ -203,8 +205,8 @@ struct rate_job {
     const rate_step_t *step;       /* what update() would run */
     const rate_decide_req_t *req;  /* what decide() would be asked, or NULL
                                       (then: the step); a refund's or a
-                                      penalty's only for a table of
-                                      version 4 */
+                                      penalty's only for a table that sets
+                                      decide_changes */
     rate_decision_t *out;          /* decide()'s out */
     /* Called exactly once, with the code update() (what step->fn
      * returned) or, when req is not NULL and the store made the whole
@@ -257,7 +259,8 @@ typedef struct rate_store_methods {
      * cannot for this request (the limiter then uses update or load and
      * cas: nothing may have been written), or another error.
      *
-     * Version 4: req->op RATE_DECIDE_REFUND or RATE_DECIDE_PENALTY asks
+     * With decide_changes (version 4): req->op RATE_DECIDE_REFUND or
+     * RATE_DECIDE_PENALTY asks
      * for the whole change, atomically, exactly as the library's step
      * makes it (docs/algorithms.md, "Changes outside an admission"): the
      * state read under req->policy at t_eff = max(now_ns, t_last),
@@ -308,6 +311,12 @@ typedef struct rate_store_methods {
      * I/O. */
     int (*check_policy)(void *self, const rate_policy_t *policy,
                         size_t max_state, char *err, size_t errlen);
+
+    /* Version 4.  Whether decide() makes refunds and penalties too
+     * (rate_decide_req_t.op, see decide()).  False, the value of a table
+     * that does not name it: decide() is asked for admissions only, as
+     * before version 4, whatever version the table says. */
+    bool decide_changes;
 } rate_store_methods_t;
 
 /* Wraps a back end into a store.  methods is borrowed (usually static

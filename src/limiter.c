@@ -429,11 +429,12 @@ static inline uint64_t horizon(const rate_limiter_t *lim, uint64_t now,
 }
 
 /* Whether a store's decide() is asked for op: a decision whenever it has
- * one; a refund or a penalty only from version 4 of its table (a table of
- * version 2 or 3 never sees one: its decide() knows no op). */
+ * one; a refund or a penalty only when its table says it makes them
+ * (decide_changes, version 4: any other decide() knows no op). */
 static inline bool asks_decide(const rate_store_methods_t *m, rate__op_t op)
 {
-    return m->decide != NULL && (op == RATE__OP_DECIDE || m->version >= 4);
+    return m->decide != NULL &&
+           (op == RATE__OP_DECIDE || (m->version >= 4 && m->decide_changes));
 }
 
 /* The store's part of a decision on `store` (the limiter's, or the
@@ -968,7 +969,7 @@ int rate_limiter_check_start_at(rate_limiter_t *lim, const char *key,
 /* ------------------------------------------------- outside admissions */
 
 /* A refund or a penalty on key at now, under the key's policy: the
- * store's decide() when its table offers it for changes (version 4), else
+ * store's decide() when its table offers it for changes (decide_changes), else
  * (or when it declines) the step's adjust pass through the store, as a
  * decision goes (no fail mode: the store's error is the call's). */
 static int adjust_key(rate_limiter_t *lim, const rate_policy_t *force,

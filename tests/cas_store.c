@@ -405,10 +405,24 @@ static const rate_store_methods_t cas_recording_v4 = {
     .destroy = cs_destroy,
 };
 
+static const rate_store_methods_t cas_recording_v4_changes = {
+    .version = 4,
+    .name = "test-cas-recording-v4-changes",
+    .load = cs_load,
+    .cas = cs_cas,
+    .decide = cs_decide_records,
+    .remove = cs_remove,
+    .start = cs_start,
+    .stats = cs_stats,
+    .destroy = cs_destroy,
+    .decide_changes = true,
+};
+
 int cas_store_new_recording(rate_store_t **out, cas_store_t **handle,
-                            int version)
+                            int version, bool changes)
 {
     return make_declining(version == 3 ? &cas_recording_v3
+                          : changes    ? &cas_recording_v4_changes
                                        : &cas_recording_v4,
                           out, handle);
 }

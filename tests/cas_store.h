@@ -23,11 +23,11 @@ int cas_store_new_async(rate_store_t **out, cas_store_t **handle);
 int cas_store_new_async_declining(rate_store_t **out, cas_store_t **handle);
 /* The asynchronous store with a decide() that records what it is asked
  * (by rate_decide_req_t.op, on the synchronous path and in the jobs
- * start() queues) and declines it, in a table of `version` (3 or 4):
- * the limiter must never ask a version-3 table for a refund or a
- * penalty. */
+ * start() queues) and declines it, in a table of `version` (3 or 4) that
+ * sets decide_changes when `changes` (version 4 only): the limiter must
+ * ask no other table for a refund or a penalty. */
 int cas_store_new_recording(rate_store_t **out, cas_store_t **handle,
-                            int version);
+                            int version, bool changes);
 /* How many requests of op (RATE_DECIDE_ACQUIRE, _REFUND, _PENALTY) the
  * recording store's decide() was asked, or start() was given. */
 unsigned cas_store_asked(cas_store_t *s, int op);

@@ -1054,19 +1054,25 @@ static void async_adjust(void **state)
     async_fix_free(&f);
 }
 
-/* The contract's versions: a version-3 table's decide() is asked for
- * admissions only, never for a refund or a penalty (they take load and
- * cas, synchronous and through start() alike, as before version 4); a
- * version-4 table's is asked for each refund and penalty first, and when
- * it declines they still take load and cas.  Either way every decision is
+/* The contract's versions: the decide() of a version-3 table, or of a
+ * version-4 one without decide_changes, is asked for admissions only,
+ * never for a refund or a penalty (they take load and cas, synchronous
+ * and through start() alike, as before version 4); a table with
+ * decide_changes is asked for each refund and penalty first, and when it
+ * declines they still take load and cas.  Either way every decision is
  * the memory store's, field by field. */
 static void decide_asked_for_changes_from_v4(void **state)
 {
     (void)state;
-    for (int version = 3; version <= 4; version++) {
+    /* a version-3 table; a version-4 one without decide_changes (a store
+     * only rebuilt against the new header); one with it */
+    for (int variant = 0; variant < 3; variant++) {
+        int version = variant == 0 ? 3 : 4;
+        bool changes = variant == 2;
         rate_store_t *s, *ms;
         cas_store_t *h;
-        assert_int_equal(cas_store_new_recording(&s, &h, version), RATE_OK);
+        assert_int_equal(cas_store_new_recording(&s, &h, version, changes),
+                         RATE_OK);
         assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
         fake_clock_t clk = {SEC, 0, 0};
         rate_clock_t fc = {fake_now, fake_sleep, &clk};
@@ -1123,12 +1129,13 @@ static void decide_asked_for_changes_from_v4(void **state)
         unsigned acq = cas_store_asked(h, RATE_DECIDE_ACQUIRE),
                  ref = cas_store_asked(h, RATE_DECIDE_REFUND),
                  pen = cas_store_asked(h, RATE_DECIDE_PENALTY);
-        if (acq != decisions ||
-            ref != (version == 3 ? 0 : refunds) ||
-            pen != (version == 3 ? 0 : penalties))
-            fail_msg("a version-%d table was asked %u admissions (of %u), "
-                     "%u refunds (of %u), %u penalties (of %u)",
-                     version, acq, decisions, ref, refunds, pen, penalties);
+        if (acq != decisions || ref != (changes ? refunds : 0) ||
+            pen != (changes ? penalties : 0))
+            fail_msg("a version-%d table (decide_changes %d) was asked %u "
+                     "admissions (of %u), %u refunds (of %u), %u penalties "
+                     "(of %u)",
+                     version, changes, acq, decisions, ref, refunds, pen,
+                     penalties);
         rate_limiter_free(l);
         rate_limiter_free(m);
         rate_store_free(s);

@@ -2145,6 +2145,7 @@ static const rate_store_methods_t redis_methods = {
     .now = r_now,
     .remove = r_remove,
     .destroy = r_destroy,
+    .decide_changes = true, /* the lean scripts' refunds and penalties */
 };
 
 const rate_store_methods_t *rate__redis_methods(void)

@@ -1114,6 +1114,7 @@ static const rate_store_methods_t async_methods = {
     .remove = a_remove,
     .start = a_start,
     .destroy = a_destroy,
+    .decide_changes = true, /* the lean scripts' refunds and penalties */
 };
 
 /* The first topology: the synchronous store's slot map when it found a
