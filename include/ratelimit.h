@@ -1156,10 +1156,13 @@ RATE_API int rate_limiter_acquire(rate_limiter_t *limiter, const char *key,
  * as is: the fail mode decides admissions only.  A shadow limiter changes
  * its own state (unless it shares the enforced one).  A refund or a
  * penalty goes through the store as a decision does: on Redis, that of a
- * single token bucket, leaky bucket or fixed window is one atomic script
- * (docs/redis.md, "Refunds and penalties"); any other, and on any store
- * over load and compare-and-set, the step between them, which returns
- * RATE_ECONFLICT when the key kept changing under it max_retries times.
+ * single token bucket, leaky bucket or fixed window within the lean
+ * scripts' range is one atomic script (docs/redis.md, "Refunds and
+ * penalties", says which they decline: block=, a state of another policy,
+ * a penalty past a token bucket's debt bound...); any other, and on any
+ * store over load and compare-and-set, the step between them, which
+ * returns RATE_ECONFLICT when the key kept changing under it max_retries
+ * times.
  * Thread-safe: yes. */
 
 /* Forgets the key: its next request is a new key's.  (With

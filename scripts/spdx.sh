@@ -27,7 +27,7 @@ line_for() {
     *.sh | *.cmake | *.cmake.in | *.pc.in | CMakeLists.txt | Makefile) echo "# $tag" ;;
     *.lua) echo "-- $tag" ;;
     *.*) ;;
-    *) head -n 1 "$f" | grep -Eq '^#!.*\b(ba|da|k|z)?sh\b' && echo "# $tag" ;;
+    *) grep -Eq '^#!.*\b(ba|da|k|z)?sh\b' <(head -n 1 "$f") && echo "# $tag" ;;
   esac
   return 0
 }

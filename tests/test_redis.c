@@ -977,6 +977,7 @@ static unsigned adj_traces(rate_store_t *rs, const char *prefix,
 {
     redisContext *c = raw();
     rate_redis_status_t st0, st1;
+    rnd_state = 12345; /* the same traces whatever ran before (a filter) */
     assert_int_equal(rate_store_redis_status(rs, &st0), RATE_OK);
     unsigned adjusts = 0;
     for (size_t p = 0; p < ADJ_POLICIES; p++) {
@@ -1147,9 +1148,13 @@ static void adjustments_scripted_as_the_c_step(void **state)
 static void adjustments_expire_as_the_c_step(void **state)
 {
     (void)state;
-    static const char *policies[] = {"token-bucket 5/s burst=3",
-                                     "leaky-bucket 7/3s capacity=4",
-                                     "fixed-window 4/700ms",
+    /* Each take's expiry is 2 s or more of Redis's real time (a permit
+     * of a bucket; the window's 10 s, its first ms), so that no stall
+     * between a take and its change lets the take's key expire first (at
+     * 200 ms, one could: the script then refunds a key that is gone). */
+    static const char *policies[] = {"token-bucket 5/10s burst=3",
+                                     "leaky-bucket 7/30s capacity=4",
+                                     "fixed-window 4/10s",
                                      "token-bucket 1000000000/1d "
                                      "burst=1000000000"};
     redisContext *c = raw();

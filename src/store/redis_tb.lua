@@ -19,7 +19,7 @@ end
 if OP ~= '0' then
   -- tb_adjust: a refund adds n tokens, up to the burst; a penalty takes
   -- them, into debt as far as a reservation may go (2^62 scaled): one
-  -- that would reach that bound, or take more than 2^51 (in units of g),
+  -- that would pass that bound, or take more than 2^51 (in units of g),
   -- declines (the C step clamps it), so every number here stays exact.
   local x
   if OP == '1' then
