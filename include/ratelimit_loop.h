@@ -145,9 +145,12 @@ typedef struct rate_redis_async_stats {
     uint64_t asked;     /* ASK: sent there after ASKING, once */
     uint64_t tryagain;  /* TRYAGAIN: sent again after 20 ms */
     uint64_t refreshes; /* CLUSTER SLOTS replies taken as the map */
-    /* Refunds and penalties a lean script made in one round trip (the
-     * others: the C step over HMGET and compare-and-set). */
+    /* Refunds and penalties a lean script made in one round trip, and
+     * those left to the C step over HMGET and compare-and-set (outside
+     * the scripts' range, or declined by one), as the synchronous store's
+     * rate_redis_status_t counts them. */
     uint64_t lean_adjustments;
+    uint64_t declined_adjustments;
 } rate_redis_async_stats_t;
 
 /* RATE_OK and *out, or RATE_EINVAL (NULL out, or a store that is not an

@@ -906,6 +906,7 @@ static void adjust_scripted(void **state)
     }
     assert_int_equal(rate_store_redis_async_stats(as, &st), RATE_OK);
     assert_int_equal(st.lean_adjustments, adjusts + 1); /* the first only */
+    assert_int_equal(st.declined_adjustments, 1);       /* the second */
     rate_limiter_free(la);
     rate_limiter_free(lc);
     rate_store_free(cs);

@@ -931,8 +931,11 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
         switch (j->phase) {
         case PH_DECIDE:
             rc = rate__redis_decide_parse(rep, j->job->out);
-            if (rc == RATE_OK && j->job->req->op != RATE_DECIDE_ACQUIRE)
+            if (j->job->req->op != RATE_DECIDE_ACQUIRE && rc == RATE_OK)
                 j->s->st.lean_adjustments++; /* a lean script's change */
+            else if (j->job->req->op != RATE_DECIDE_ACQUIRE &&
+                     rc == RATE_ENOTSUP)
+                j->s->st.declined_adjustments++; /* the step makes it */
             break;
         case PH_LOAD:
             rc = after_load(j, rep, &more);
@@ -1024,8 +1027,11 @@ static int a_start(void *self, rate_job_t *job)
         j->phase = PH_DECIDE;
         rc = rate__redis_decide_cmd(s->sync_self, &job->key, job->req,
                                     &j->cmd);
-        if (rc == RATE_ENOTSUP) /* outside the script's range: the step */
+        if (rc == RATE_ENOTSUP) { /* outside the script's range: the step */
+            if (job->req->op != RATE_DECIDE_ACQUIRE)
+                s->st.declined_adjustments++;
             rc = load_cmd(j);
+        }
     } else {
         rc = load_cmd(j);
     }
