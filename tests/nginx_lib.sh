@@ -39,12 +39,34 @@ launch_nginx() {
   return 1
 }
 
+# proc_stat PID: the fields of /proc/PID/stat after the command name
+# (state, ppid, ...), or nothing when there is no such process.  Read from
+# /proc, not ps: procps is in neither scripts/deps.sh nor the minbase root
+# of scripts/fresh-check.sh, and without ps every process would look gone.
+# (The name, in parentheses, may hold spaces and ')': cut at the last ')'.)
+proc_stat() {
+  local line
+  read -r line 2>/dev/null <"/proc/$1/stat" || return 0
+  echo "${line##*) }"
+}
+
 # alive PID: the process runs (a zombie does not: a daemon's master, once
 # exited, waits for PID 1 to reap it, which may take a second or more).
 alive() {
   local st
-  st=$(ps -o stat= -p "$1" 2>/dev/null || true)
-  [ -n "$st" ] && [ "${st#Z}" = "$st" ]
+  st=$(proc_stat "$1")
+  [ -n "$st" ] && [ "${st%% *}" != Z ]
+}
+
+# children PID: the pids of PID's child processes (from /proc).
+children() {
+  local d st rest
+  for d in /proc/[0-9]*; do
+    st=$(proc_stat "${d#/proc/}")
+    rest=${st#* } # from the ppid on
+    [ -n "$st" ] && [ "${rest%% *}" = "$1" ] && echo "${d#/proc/}"
+  done
+  return 0
 }
 
 # stop_pidfile PIDFILE: a graceful stop (QUIT), then KILL after 10 s.
@@ -138,7 +160,7 @@ stop_gracefully() {
   local pid kids _
   [ -s "$1" ] || return 0
   pid=$(cat "$1")
-  kids=$(ps -o pid= --ppid "$pid" 2>/dev/null || true)
+  kids=$(children "$pid")
   kill -QUIT "$pid" 2>/dev/null || true
   for _ in $(seq 1 200); do
     alive "$pid" || { rm -f "$1"; return 0; }
