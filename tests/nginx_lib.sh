@@ -143,10 +143,11 @@ h2_count() { grep -c "^$2 2 " "$1" || true; }
 h2_conns() { awk '{ c += $3 } END { print c + 0 }' "$1"; }
 
 # wait_line FILE PATTERN: until FILE has a line matching PATTERN (grep
-# -E), 5 s at most: 0, else 1.
+# -E), 10 s at most (ample over the HTTP/2 resets' 2 s and the 3 or 4 s
+# at which their RST_STREAM goes): 0, else 1.
 wait_line() {
   local _
-  for _ in $(seq 1 100); do
+  for _ in $(seq 1 200); do
     grep -qE "$2" "$1" 2>/dev/null && return 0
     sleep 0.05
   done
