@@ -175,6 +175,25 @@ burst() {
       -H "X-Key: $key" -w '%{http_code}\n' {} >"$tmp/burst"
 }
 count() { grep -c "^$1\$" "$tmp/burst" || true; }
+# fw_count ZONE KEY: the count admitted on a fixed-window zone's key, as
+# Redis holds it (the state's 14-byte header, then the count, a u64 little-
+# endian: src/step.c, src/algo/fixed_window.c); nothing when there is none.
+fw_count() {
+  od -An -tu8 -j14 -N8 < <(redis-cli -p "$rport" hget "ratelimit:$1:{$2}" s) | tr -d ' '
+}
+# wait_count ZONE KEY N: until that count is N (a refund on a Redis zone is
+# sent without waiting, the denial answered meanwhile: it lands a round
+# trip later), 5 s at most: 0; else the count is printed and 1.
+wait_count() {
+  local _ got
+  for _ in $(seq 1 100); do
+    got=$(fw_count "$1" "$2")
+    [ "$got" = "$3" ] && return 0
+    sleep 0.05
+  done
+  echo "zone $1, key $2: count '$got', want $3"
+  return 1
+}
 logs() { cat "$tmp/a/logs/access.log" "$tmp/b/logs/access.log"; }
 
 port_a=
@@ -220,8 +239,9 @@ expect "tb in turn" "$(alt 11 -H 'X-Key: q1' /tb/)" \
 expect "both: per_user's 3" "$(alt 6 -H 'X-Key: K1' -H 'X-User: U1' /both/)" \
   "200 200 200 429 429 429"
 # (a refund on a Redis zone is sent without waiting, the denial answered
-# meanwhile: let the three land; their count is checked at the end)
-sleep 0.3
+# meanwhile: until the three landed, per_key's count 3; the refunds'
+# count is checked at the end)
+wait_count per_key K1 3 || fail "both: per_key's refunds did not land within 5 s"
 expect "both: per_key refunded" "$(alt 3 -H 'X-Key: K1' -H 'X-User: U2' /both/)" \
   "200 200 429"
 expect "both: empty user" "$(alt 1 -H 'X-Key: K9' /both/)" "200"
@@ -388,7 +408,9 @@ EOF
   h2_mux "$tmp/hm3" 6 "$turl/both/" -H 'X-Key: hK1' -H 'X-User: hU1'
   expect "h2 redis both: 200s" "$(h2_count "$tmp/hm3" 200)" 3
   expect "h2 redis both: 429s" "$(h2_count "$tmp/hm3" 429)" 3
-  sleep 0.3 # (the refunds land a round trip after the denials)
+  # (the refunds land a round trip after the denials: until per_key's
+  # count is 3)
+  wait_count per_key hK1 3 || fail "h2 redis both: per_key's refunds did not land within 5 s"
   h2_mux "$tmp/hm4" 3 "$turl/both/" -H 'X-Key: hK1' -H 'X-User: hU2'
   expect "h2 redis both: per_key refunded, 200s" "$(h2_count "$tmp/hm4" 200)" 2
   expect "h2 redis both: per_key refunded, 429s" "$(h2_count "$tmp/hm4" 429)" 1
