@@ -415,16 +415,20 @@ EOF
   expect "h2 redis both: per_key refunded, 200s" "$(h2_count "$tmp/hm4" 200)" 2
   expect "h2 redis both: per_key refunded, 429s" "$(h2_count "$tmp/hm4" 429)" 1
   # -- Redis stopped: 20 streams at once on one connection under each fail
-  # mode, all answered (within the timeout + the slack)
+  # mode, all answered, each within the timeout + the slack from its being
+  # sent (h2_slowest: curl's start and the TLS handshake, which a loaded
+  # machine may stretch past the slack, left out; a worker that waited on
+  # the stopped Redis past the zone's timeout would show here, and one that
+  # hung, at curl's --max-time, 20 s)
   kill -STOP "$rpid"
   for path in /closed/ /open/; do
-    t0=$(date +%s%N)
     h2_mux "$tmp/hm5" 20 "$turl$path" -H "X-Key: hs$path"
-    ms=$((($(date +%s%N) - t0) / 1000000))
+    ms=$(h2_slowest "$tmp/hm5")
     if [ "$path" = /open/ ]; then st=200; else st=503; fi
     expect "h2 redis stopped $path: ${st}s" "$(h2_count "$tmp/hm5" $st)" 20
     [ "$ms" -le $((TIMEOUT_MS + SLACK_MS)) ] ||
-      fail "h2 redis stopped $path: 20 streams took $ms ms (timeout ${TIMEOUT_MS} ms + slack ${SLACK_MS} ms)"
+      fail "h2 redis stopped $path: a stream took $ms ms once sent (timeout ${TIMEOUT_MS} ms + slack ${SLACK_MS} ms)"
+    echo "h2 redis stopped $path: 20 streams, the slowest $ms ms once sent"
   done
   # a stream reset (RST_STREAM) and a connection closed while their
   # decisions wait on the stopped Redis (the hold zone's timeout, 20 s, is
