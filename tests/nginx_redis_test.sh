@@ -352,6 +352,7 @@ http {
     location /closed/ { ratelimit fc \$http_x_key; ratelimit_fail closed; try_files /index.html =404; }
     location /hold/ { ratelimit hold \$http_x_key; try_files /index.html =404; }
     location /sec/ { ratelimit hsec \$http_x_key wait=5s; try_files /index.html =404; }
+    location = /status { stub_status; }
   }
 }
 EOF
@@ -465,8 +466,10 @@ EOF
   # -- a reload with 10 streams in flight, their decisions waiting on the
   # stopped Redis: the old worker keeps their connection and answers them
   # (200) once Redis is back, then exits.  The /index.html stream, answered
-  # at once (its line in the access log), tells that the connection is up
-  # and the other streams sent.
+  # at once (its line in the access log), tells that the connection is up;
+  # nginx's stub_status, that the 10 streams are in (a stream not yet sent
+  # when the old worker's GOAWAY comes would go to a new worker): its
+  # requests being processed ("Writing") are the 10 and its own.
   kill -STOP "$rpid"
   old_h=$(h_workers)
   rargs=(-s -k --http2 -Z --max-time 30 -o /dev/null -w '%{url} %{http_code} %{http_version}\n' "$turl/index.html?reload")
@@ -476,7 +479,13 @@ EOF
   curl "${rargs[@]}" >"$tmp/hreload" 2>/dev/null &
   cpid=$!
   wait_line "$hlog" ' 200 \[-\] /index.html\?reload -$' || fail "h2 reload: the connection did not start"
-  sleep 0.2
+  for _ in $(seq 1 200); do
+    writing=$(curl -s --http2-prior-knowledge --max-time 10 "http://127.0.0.1:$port_h/status" |
+      sed -n 's/.* Writing: \([0-9]*\) .*/\1/p') || true
+    [ "${writing:-0}" -ge 11 ] && break
+    sleep 0.05
+  done
+  [ "${writing:-0}" -ge 11 ] || fail "h2 reload: $((${writing:-1} - 1)) of the 10 streams in nginx within 10 s"
   kill -HUP "$(cat "$hd/nginx.pid")"
   for _ in $(seq 1 200); do
     [ "$(h_workers | wc -l)" -ge $(($(wc -l <<<"$old_h") + 2)) ] && break
