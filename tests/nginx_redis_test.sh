@@ -122,6 +122,7 @@ http {
     location /wait/ { ratelimit lbw \$http_x_key wait=2s; try_files /index.html =404; }
     location /late/ { ratelimit late \$http_x_key; ratelimit_fail open; try_files /index.html =404; }
     location /back/ { ratelimit back \$http_x_key; ratelimit_status 503; try_files /index.html =404; }
+    location = /status { stub_status; }
   }
 }
 EOF
@@ -675,7 +676,16 @@ kill -STOP "$rpid"
 curl -s --max-time 10 -o "$tmp/late" -H 'Connection: close' -H 'X-Key: late' \
   -w '%{http_code}' "http://127.0.0.1:$port_a/slow/" >"$tmp/late.status" &
 cpid=$!
-sleep 0.3
+# until the request is in nginx (stub_status: Writing 2, it and the
+# status request's own), not a fixed sleep: a request not yet in when the
+# QUIT closes the listening socket would be refused
+for _ in $(seq 1 200); do
+  writing=$(curl -s --max-time 10 -H 'Connection: close' "http://127.0.0.1:$port_a/status" |
+    sed -n 's/.* Writing: \([0-9]*\) .*/\1/p') || true
+  [ "${writing:-0}" -ge 2 ] && break
+  sleep 0.05
+done
+[ "${writing:-0}" -ge 2 ] || fail "graceful stop: the pending request not in nginx within 10 s"
 stop_nginx a
 wait "$cpid" || true
 expect "graceful stop: the pending request" "$(cat "$tmp/late.status")" 503
