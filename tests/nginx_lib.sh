@@ -39,12 +39,34 @@ launch_nginx() {
   return 1
 }
 
+# proc_stat PID: the fields of /proc/PID/stat after the command name
+# (state, ppid, ...), or nothing when there is no such process.  Read from
+# /proc, not ps: procps is in neither scripts/deps.sh nor the minbase root
+# of scripts/fresh-check.sh, and without ps every process would look gone.
+# (The name, in parentheses, may hold spaces and ')': cut at the last ')'.)
+proc_stat() {
+  local line
+  read -r line 2>/dev/null <"/proc/$1/stat" || return 0
+  echo "${line##*) }"
+}
+
 # alive PID: the process runs (a zombie does not: a daemon's master, once
 # exited, waits for PID 1 to reap it, which may take a second or more).
 alive() {
   local st
-  st=$(ps -o stat= -p "$1" 2>/dev/null || true)
-  [ -n "$st" ] && [ "${st#Z}" = "$st" ]
+  st=$(proc_stat "$1")
+  [ -n "$st" ] && [ "${st%% *}" != Z ]
+}
+
+# children PID: the pids of PID's child processes (from /proc).
+children() {
+  local d st rest
+  for d in /proc/[0-9]*; do
+    st=$(proc_stat "${d#/proc/}")
+    rest=${st#* } # from the ppid on
+    [ -n "$st" ] && [ "${rest%% *}" = "$1" ] && echo "${d#/proc/}"
+  done
+  return 0
 }
 
 # stop_pidfile PIDFILE: a graceful stop (QUIT), then KILL after 10 s.
@@ -102,10 +124,13 @@ free_port_but() {
 # h2_mux OUT N URL [CURL ARGS]: N requests, URL1 .. URLN, multiplexed as
 # streams of ONE HTTP/2 connection (curl --parallel, which adds a transfer
 # to a connection that multiplexes rather than open another), one line
-# "STATUS HTTP_VERSION NEW_CONNECTIONS" each in OUT.  Over TLS (https, h2
-# by ALPN): Debian 12's curl 7.88 fails every transfer but the first that
-# reuses a prior-knowledge (plaintext) HTTP/2 connection ("Error in the
-# HTTP2 framing layer", curl issue 10634, fixed in curl 8.0).
+# "STATUS HTTP_VERSION NEW_CONNECTIONS PRETRANSFER TOTAL" each in OUT (the
+# last two curl's times in seconds: until the request could be sent, the
+# connection and its TLS handshake up, and until the answer).  Over TLS
+# (https, h2 by ALPN): Debian 12's curl 7.88 fails every transfer but the
+# first that reuses a prior-knowledge (plaintext) HTTP/2 connection
+# ("Error in the HTTP2 framing layer", curl issue 10634, fixed in curl
+# 8.0).
 h2_mux() {
   local out=$1 n=$2 url=$3 i
   shift 3
@@ -113,18 +138,23 @@ h2_mux() {
     printf 'url = "%s%s"\noutput = "/dev/null"\n' "$url" "$i"
   done >"$out.cfg"
   curl -s -k --http2 -Z --parallel-max 100 --max-time 20 "$@" \
-    -w '%{http_code} %{http_version} %{num_connects}\n' -K "$out.cfg" >"$out" 2>"$out.err" || true
+    -w '%{http_code} %{http_version} %{num_connects} %{time_pretransfer} %{time_total}\n' \
+    -K "$out.cfg" >"$out" 2>"$out.err" || true
 }
 # h2_count OUT STATUS: how many of OUT's streams were answered STATUS over
 # HTTP/2; h2_conns OUT: how many connections they took.
 h2_count() { grep -c "^$2 2 " "$1" || true; }
 h2_conns() { awk '{ c += $3 } END { print c + 0 }' "$1"; }
+# h2_slowest OUT: the longest any of OUT's streams took from being sent to
+# its answer, in ms (the connection's start and TLS handshake left out).
+h2_slowest() { awk '{ d = ($5 - $4) * 1000; if (d > m) m = d } END { printf "%d\n", m }' "$1"; }
 
 # wait_line FILE PATTERN: until FILE has a line matching PATTERN (grep
-# -E), 5 s at most: 0, else 1.
+# -E), 10 s at most (ample over the HTTP/2 resets' 2 s and the 3 or 4 s
+# at which their RST_STREAM goes): 0, else 1.
 wait_line() {
   local _
-  for _ in $(seq 1 100); do
+  for _ in $(seq 1 200); do
     grep -qE "$2" "$1" 2>/dev/null && return 0
     sleep 0.05
   done
@@ -138,7 +168,7 @@ stop_gracefully() {
   local pid kids _
   [ -s "$1" ] || return 0
   pid=$(cat "$1")
-  kids=$(ps -o pid= --ppid "$pid" 2>/dev/null || true)
+  kids=$(children "$pid")
   kill -QUIT "$pid" 2>/dev/null || true
   for _ in $(seq 1 200); do
     alive "$pid" || { rm -f "$1"; return 0; }
