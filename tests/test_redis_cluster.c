@@ -250,9 +250,11 @@ static void replay_byte_for_byte(void **state)
             fail_msg("replay %s: the cluster's output differs (%s)", args[a],
                      dir);
     }
+    /* on the masters, as the other tests count (a replica applies the
+     * drop's deletes a moment later: a loaded run saw one still hold keys) */
     for (int i = 0; i < RCL_NODES; i++)
-        if (keys_on(i, "ratelimit:replay:") != 0)
-            fail_msg("replay left keys on node %d", i);
+        if (rcl_is_master(&cl, i) && keys_on(i, "ratelimit:replay:") != 0)
+            fail_msg("replay left keys on master %d", i);
     snprintf(cmdline, sizeof cmdline, "rm -rf '%s'", dir);
     assert_int_equal(system(cmdline), 0);
 }
