@@ -69,19 +69,9 @@ children() {
   return 0
 }
 
-# stop_pidfile PIDFILE: a graceful stop (QUIT), then KILL after 10 s.
-stop_pidfile() {
-  local pidfile=$1 pid
-  [ -s "$pidfile" ] || return 0
-  pid=$(cat "$pidfile")
-  kill -QUIT "$pid" 2>/dev/null || true
-  for _ in $(seq 1 200); do
-    alive "$pid" || { rm -f "$pidfile"; return 0; }
-    sleep 0.05
-  done
-  kill -KILL "$pid" 2>/dev/null || true
-  rm -f "$pidfile"
-}
+# stop_pidfile PIDFILE: stop_gracefully (below), whatever it took: a
+# cleanup's stop, which checks nothing.
+stop_pidfile() { stop_gracefully "$1" || true; }
 
 header() { sed -n "s/^$1: //Ip" "$tmp/h"; }
 
