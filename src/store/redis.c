@@ -1764,7 +1764,8 @@ static int step_head(const redis_store_t *r, const rate_decide_req_t *q,
     }
     snprintf(num[nn++], 24, "%llu", (unsigned long long)q->permits);
     snprintf(num[nn++], 24, "%llu", (unsigned long long)q->max_wait_ns);
-    if (r->ttl && q->detail) /* the step uses the exact reset */
+    /* the step uses the exact reset: a detailed decision's, a change's */
+    if (r->ttl && (q->detail || q->op != RATE_DECIDE_ACQUIRE))
         snprintf(num[nn++], 24, "-1");
     else
         snprintf(num[nn++], 24, "%llu", (unsigned long long)ttl);
@@ -1808,8 +1809,6 @@ int rate__redis_decide_cmd(const redis_store_t *r, const rate_key_t *key,
     if (adjust && q->op != RATE_DECIDE_REFUND && q->op != RATE_DECIDE_PENALTY)
         return RATE_ENOTSUP; /* an operation this store does not know */
     int nn = step_head(r, q, false, c->num);
-    if (adjust && r->ttl) /* the change's own expiry, as the step's */
-        snprintf(c->num[4], sizeof c->num[4], "-1");
     int lean = r->lean ? lean_of(q, c->num, &nn) : -1;
     if (lean < 0) {
         /* Refunds and penalties only in the lean scripts: the general
