@@ -9,6 +9,9 @@
 #include <ngx_sha1.h>
 
 #include <ratelimit.h>
+#include <ratelimit_redis.h>
+#include <ratelimit_shm.h>
+#include <ratelimit_http.h>
 
 #include "ngx_http_ratelimit_loop.h"
 

@@ -18,6 +18,7 @@
  * capped at the largest integer a structured field holds (15 digits).
  */
 #include "internal.h"
+#include "ratelimit_http.h"
 
 #define SF_INT_MAX UINT64_C(999999999999999) /* RFC 9651 sf-integer */
 

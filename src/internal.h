@@ -21,6 +21,7 @@
 
 #include "ratelimit.h"
 #include "ratelimit_store.h"
+#include "ratelimit_http.h"
 
 typedef unsigned __int128 rate_u128_t;
 typedef __int128 rate_i128_t;

@@ -39,6 +39,7 @@
 #include <stdlib.h>
 
 #include "internal.h"
+#include "ratelimit_http.h"
 
 #define SLOT_CACHE 4u
 #define ERR_MAX 512u

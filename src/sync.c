@@ -30,6 +30,7 @@
 #include <xxhash.h>
 
 #include "ratelimit.h"
+#include "ratelimit_synced.h"
 
 #define SHARDS_MAX 64u
 #define LEASE_DEFAULT 16u

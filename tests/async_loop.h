@@ -18,6 +18,7 @@
 #include <ratelimit_uv.h>
 
 #include "helpers.h"
+#include "ratelimit_redis.h"
 
 static int pending; /* callbacks still to come */
 

@@ -10,6 +10,7 @@
 
 #include "helpers.h"
 #include "redis_server.h"
+#include "ratelimit_redis.h"
 
 static pid_t server;
 static int port;

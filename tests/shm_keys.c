@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include <ratelimit.h>
+#include <ratelimit_shm.h>
 
 int main(int argc, char **argv)
 {

@@ -45,6 +45,7 @@
 #define SLACK_NS (1500 * MS)
 
 #include "async_loop.h"
+#include "ratelimit_redis.h"
 
 static int start(rate_limiter_t *l, const char *key, uint64_t n, req_t *q)
 {

@@ -76,6 +76,7 @@ static int group_teardown(void **state)
 }
 
 #include "async_loop.h"
+#include "ratelimit_redis.h"
 
 static int start(rate_limiter_t *l, const char *key, req_t *q)
 {

@@ -25,6 +25,7 @@
 
 #include "helpers.h"
 #include "dynalite_server.h"
+#include "ratelimit_dynamodb.h"
 
 static pid_t server;
 static int port;

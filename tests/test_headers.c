@@ -6,6 +6,7 @@
  */
 #include "helpers.h"
 #include "sf_check.h"
+#include "ratelimit_http.h"
 
 /* ---------------------------------------------------------------- names */
 

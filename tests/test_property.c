@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
+#include "ratelimit_shm.h"
 
 typedef struct frac {
     __int128 num, den; /* den > 0 */

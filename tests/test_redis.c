@@ -24,6 +24,7 @@
 #include "sched_probe.h"
 
 #include "redis_fixture.h"
+#include "ratelimit_redis.h"
 
 /* ------------------------------------------------------------- traces */
 

@@ -32,6 +32,7 @@
 #include "../src/store/redis_cluster.h"
 #include "helpers.h"
 #include "redis_cluster.h"
+#include "ratelimit_redis.h"
 
 static rcluster_t cl;
 static char curl[160];

@@ -37,6 +37,7 @@
 #include "../src/store/redis_cluster.h"
 #include "redis_fixture.h"
 #include "sched_probe.h"
+#include "ratelimit_redis.h"
 
 static redisReply *cmd(redisContext *c, const char *fmt, ...)
 {

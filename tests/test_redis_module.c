@@ -19,6 +19,7 @@
 #include "redis_server.h"
 
 #include <ratelimit_store.h>
+#include <ratelimit_redis.h>
 
 #ifndef RATE_MODULE_PATH
 #error "RATE_MODULE_PATH: the path of ratelimit.so"

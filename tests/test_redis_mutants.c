@@ -21,6 +21,7 @@
 #include <hiredis/hiredis.h>
 
 #include "redis_fixture.h"
+#include "ratelimit_redis.h"
 
 /* ------------------------------------------------------ commands seen */
 

@@ -12,6 +12,7 @@
 
 #include "helpers.h"
 #include "internal.h"
+#include "ratelimit_http.h"
 #include "sf_check.h"
 
 static fake_clock_t fclock;

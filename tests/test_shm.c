@@ -23,6 +23,8 @@
 #include "helpers.h"
 #include "ratelimit_store.h"
 #include "../src/internal.h" /* struct rate_store: its methods, to wrap */
+#include "ratelimit_shm.h"
+#include "ratelimit_http.h"
 
 static char path[128];
 

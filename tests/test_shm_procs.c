@@ -20,6 +20,7 @@
 
 #include "helpers.h"
 #include "ratelimit_store.h"
+#include "ratelimit_shm.h"
 
 static char path[128];
 

@@ -13,6 +13,7 @@
 
 #include "helpers.h"
 #include "redis_server.h"
+#include "ratelimit_redis.h"
 
 typedef int (*factory_fn)(rate_store_t **out);
 

@@ -11,6 +11,7 @@
 
 #include <pthread.h>
 #include <unistd.h>
+#include "ratelimit_synced.h"
 
 static rate_synced_t *synced(const char *text, rate_store_t *remote,
                              rate_synced_config_t c)

@@ -12,6 +12,8 @@
 
 #include <curl/curl.h>
 #include <pthread.h>
+#include "ratelimit_dynamodb.h"
+#include "ratelimit_synced.h"
 
 static pid_t server;
 static int port;

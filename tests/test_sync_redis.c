@@ -14,6 +14,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
+#include "ratelimit_redis.h"
+#include "ratelimit_synced.h"
 
 #define PROCS 3
 #define THREADS 3

@@ -30,6 +30,8 @@
 #include <time.h>
 
 #include <ratelimit.h>
+#include <ratelimit_redis.h>
+#include <ratelimit_http.h>
 
 #include "metrics.h"
 

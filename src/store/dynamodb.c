@@ -35,6 +35,7 @@
 #include <jansson.h>
 
 #include "../internal.h"
+#include "ratelimit_dynamodb.h"
 
 /* DynamoDB's largest item, bytes (names and values of every attribute). */
 #define ITEM_MAX 409600u

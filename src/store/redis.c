@@ -92,6 +92,7 @@
 #include "../sha1.h"
 #include "redis_cluster.h"
 #include "redis_internal.h"
+#include "ratelimit_redis.h"
 #include "redis_step_lua.h"
 #include "redis_tb_lua.h"
 #include "redis_lb_lua.h"

@@ -48,6 +48,7 @@
 
 #include "ratelimit_loop.h"
 #include "redis_internal.h"
+#include "ratelimit_redis.h"
 
 #define BACKOFF_MIN_NS (10 * UINT64_C(1000000))
 #define BACKOFF_MAX_NS RATE_NS_PER_S

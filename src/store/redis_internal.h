@@ -11,6 +11,7 @@
 #include <hiredis/hiredis.h>
 
 #include "../internal.h"
+#include "ratelimit_redis.h"
 #include "redis_cluster.h"
 
 typedef struct redis_store redis_store_t;

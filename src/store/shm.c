@@ -37,6 +37,7 @@
 #include <xxhash.h>
 
 #include "ratelimit_store.h"
+#include "ratelimit_shm.h"
 
 #define SHM_MAGIC "RLSHMv1\0"
 #define SHM_LAYOUT 1u

@@ -36,6 +36,7 @@
 #include <xxhash.h>
 
 #include "cli.h"
+#include "ratelimit_shm.h"
 
 #define KEYS (1u << 20)
 #define KEYLEN 16

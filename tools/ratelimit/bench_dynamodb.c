@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "ratelimit_dynamodb.h"
 
 #define MS UINT64_C(1000000)
 

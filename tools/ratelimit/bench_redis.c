@@ -15,6 +15,7 @@
 #include "redis_tb_lua.h"   /* the lean scripts: src/store/redis_lean.lua */
 #include "redis_lb_lua.h"   /* then redis_tb.lua, redis_lb.lua, */
 #include "redis_fw_lua.h"   /* redis_fw.lua */
+#include "ratelimit_redis.h"
 
 /* A plain token bucket of the kind everyone writes (Redis's TIME, two
  * HGET, one HSET, an expiry): the ceiling the lean scripts are held to. */

@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "ratelimit_redis.h"
+#include "ratelimit_synced.h"
 
 #define MS UINT64_C(1000000)
 #define NKEYS (1u << 20)

@@ -18,6 +18,9 @@
 
 #include "cli.h"
 #include "trace.h"
+#include "ratelimit_redis.h"
+#include "ratelimit_dynamodb.h"
+#include "ratelimit_shm.h"
 
 int cli_fail(const char *fmt, ...)
 {

@@ -1,0 +1,204 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ratelimit_http.h -- the HTTP layer: the RateLimit and Retry-After
+ * fields of a decision, and rules from a file that pick the policies of a
+ * request (docs/api-server.md).  Built on the public API of ratelimit.h;
+ * in the library when it is built with RATE_WITH_HTTP (the default).
+ */
+#ifndef RATELIMIT_HTTP_H
+#define RATELIMIT_HTTP_H
+
+#include "ratelimit.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ----------------------------------------------------- HTTP header fields */
+
+/* The fields an HTTP server sends for one decision (or one request under
+ * the rules, rate_outcome_headers): the RateLimit-Policy and RateLimit
+ * fields of draft-ietf-httpapi-ratelimit-headers (structured-field lists,
+ * RFC 9651; whole seconds) and Retry-After (delay-seconds, RFC 9110).
+ * An empty string: send no such field.  See docs/api-server.md for the
+ * mapping, case by case. */
+#define RATE_HEADER_LEN 1024
+typedef struct rate_headers {
+    int status;  /* 0: serve the request (after the decision's delay_ns);
+                    429: denied by a limit; 503: the store failed and the
+                    limiter denied (fail-closed) */
+    char policy[RATE_HEADER_LEN];    /* RateLimit-Policy:
+                                        "NAME";q=QUOTA;w=WINDOW */
+    char ratelimit[RATE_HEADER_LEN]; /* RateLimit: "NAME";r=REMAINING;t=RESET */
+    char retry_after[24];            /* Retry-After: seconds, rounded up,
+                                        at least 1 */
+} rate_headers_t;
+
+/* Formats the fields for decision `d`, made under `policy` (the key's:
+ * the limiter's default, or what its resolver returned).  The item's name
+ * is the policy's name ("default" when it has none); the limit described
+ * is the one the decision names (d->component: the one that denied or
+ * constrains most, for a composite):
+ *   token bucket  q = burst B, w = B*P/L rounded up (the time to refill
+ *                 it from empty); leaky bucket q = capacity C,
+ *                 w = C*P/L rounded up; windows q = L, w = W rounded up;
+ *   r = d->remaining (at most q), t = d->reset_after_ns rounded up (until
+ *   the key is back to a full quota).
+ * Cases: allowed (a reservation too): status 0 and both fields; limited:
+ * 429, both fields, Retry-After = retry_after_ns rounded up to whole
+ * seconds, at least 1, so never earlier than a retry can pass; a request
+ * that can never pass (RATE_REASON_NEVER): 429 and both fields, no
+ * Retry-After (no wait helps; a server whose permits measure a request's
+ * size may answer 413 instead); the unlimited policy: status 0, no field;
+ * shadow mode (d->shadow): status 0, no field (the limit is not enforced:
+ * r=0 would be false); a store error under fail-open: status 0, no field;
+ * under fail-closed: 503, no field (no Retry-After: 0, which would send
+ * every client straight back); under the fallback: the fallback's
+ * decision, as above.  Returns RATE_OK, or RATE_EINVAL for a NULL policy,
+ * decision or out; RATE_ERANGE, *out zeroed, for a field that would pass
+ * RATE_HEADER_LEN (no item the library's bounds allow comes near: a
+ * guard).  Thread-safe: yes. */
+RATE_API int rate_headers_format(const rate_policy_t *policy,
+                                 const rate_decision_t *d,
+                                 rate_headers_t *out);
+
+/* ---------------------------------------------------------------- rules */
+
+/* Rules from a file (docs/api-server.md): which named policies a request
+ * gets, from attributes the server passes beside the key (an API key's
+ * tier, the route, the client address: any strings), and what key each is
+ * charged under.  The file is INI:
+ *
+ *   [policies]
+ *   free = token-bucket 10/s burst=20
+ *   pro = token-bucket 100/s burst=200
+ *   enterprise = unlimited
+ *   search = sliding-window 50/s
+ *
+ *   [rule pro]              ; rules are tried in order, in groups
+ *   group = tier
+ *   match = tier=pro        ; ATTR=VALUE ..., all on a line; more lines: any
+ *   policy = pro
+ *   [rule free]             ; no match: every request (the group's default)
+ *   group = tier
+ *   policy = free
+ *   [rule search]
+ *   group = route
+ *   match = route=/search*  ; VALUE* matches a prefix
+ *   policy = search
+ *   key = route             ; one key for the route ("@search:/search")
+ *
+ * In each group the first rule that matches applies; a request gets the
+ * policies of every group's match (at most RATE_RULES_MAX_APPLY), or, when
+ * no rule matches, the limiter's default policy.  It passes only if every
+ * one allows it; when one denies, what the others admitted is refunded
+ * (rate_limiter_refund), so a denial charges nothing.  A refund is not
+ * atomic with the decisions: a concurrent request on the same key may see
+ * the permit spent for that moment. */
+#define RATE_RULES_MAX_APPLY 4
+
+typedef struct rate_rules rate_rules_t;
+
+/* A request's attribute: both NUL-terminated, borrowed for the call. */
+typedef struct rate_attr {
+    const char *name;
+    const char *value;
+} rate_attr_t;
+
+/* One policy's part of a request's outcome.  A plain value: copies, so an
+ * outcome outlives any reload of the rules. */
+typedef struct rate_applied {
+    char policy_name[RATE_POLICY_NAME_MAX + 1];
+    bool unlimited;
+    rate_limit_t limit;        /* the limit the decision names (a copy);
+                                  zero for the unlimited policy */
+    uint64_t permits;
+    bool refunded;             /* admitted, then given back: another
+                                  policy denied the request */
+    rate_decision_t decision;
+} rate_applied_t;
+
+typedef struct rate_outcome {
+    bool allowed;        /* every policy allowed the request */
+    int denied_by;       /* the first applied policy that denied, or -1 */
+    uint64_t delay_ns;   /* allowed: the longest wait of a reservation */
+    uint64_t generation; /* the rules that decided (rate_rules_generation) */
+    size_t count;
+    rate_applied_t applied[RATE_RULES_MAX_APPLY];
+} rate_outcome_t;
+
+/* Reads a rules file into *out.  Errors, each with a one-line message in
+ * err (at most errlen bytes with the NUL) naming the file, the line and
+ * what is wrong ("rules.conf:7: policy 'gold' is not defined ..."):
+ * RATE_EINVAL for a NULL argument or a file that cannot be read,
+ * RATE_EPOLICY for anything wrong in it (a policy's text, an unknown
+ * section or setting, a rule that can never apply, a line longer than
+ * libinih reads), RATE_ENOMEM.  Free with rate_rules_free.
+ * Thread-safe: yes. */
+RATE_API int rate_rules_load(const char *path, rate_rules_t **out,
+                             char *err, size_t errlen);
+
+/* Reads the file again (path NULL: the one it was loaded from; else this
+ * one, which later reloads then read) and, only if all of it is good,
+ * makes it the rules of every later decision, atomically: a decision sees
+ * the old rules or the new, never a mix; decisions running keep theirs.
+ * A bad file changes nothing (errors as for rate_rules_load).  Old rules
+ * are freed once no decision can use them: what is kept does not grow
+ * with the number of reloads (at most one old set per thread that is
+ * deciding at that moment).  Each key's state carries over to the new
+ * policies (docs/algorithms.md, "Policy changes").  Reloads are
+ * serialised; decisions take no lock.  Thread-safe: yes, alongside
+ * rate_rules_check. */
+RATE_API int rate_rules_reload(rate_rules_t *rules, const char *path,
+                               char *err, size_t errlen);
+
+/* The number of the rules in use: 1 after rate_rules_load, one more after
+ * each successful reload; 0 for NULL.  Thread-safe: yes. */
+RATE_API uint64_t rate_rules_generation(const rate_rules_t *rules);
+
+/* Frees the rules; no call may be using them.  NULL: nothing.
+ * Thread-safe: no (no check or reload may run on them). */
+RATE_API void rate_rules_free(rate_rules_t *rules);
+
+/* Decides a request on `limiter` under the rules: the key (the user's, an
+ * API key, an address; 1..RATE_KEY_MAX bytes) and its attributes pick the
+ * policies, each is decided at one time read once (its reservation up to
+ * max_wait_ns), and *out says what each decided.  The limiter's store,
+ * fail mode, shadow mode and listener apply to each decision (the
+ * listener hears each, a refunded one too).  Returns RATE_OK with *out
+ * filled, or: RATE_EINVAL (NULL rules, limiter or out, NULL attrs with
+ * nattrs > 0), RATE_EKEY (a bad key, or a rule's key made from
+ * attributes longer than RATE_KEY_MAX, or than the store keeps),
+ * RATE_ERANGE (permits or max_wait above RATE_TIME_MAX), RATE_ENOMEM (a
+ * thread's first call); then nothing is charged.  The limiter's listener
+ * must not call rate_rules_check on the same rules (the thread's hold on
+ * them is one slot).  Thread-safe: yes; no lock (the thread's first call on these rules takes one, once). */
+RATE_API int rate_rules_check(rate_rules_t *rules, rate_limiter_t *limiter,
+                              const char *key, size_t key_len,
+                              const rate_attr_t *attrs, size_t nattrs,
+                              uint64_t permits, uint64_t max_wait_ns,
+                              rate_outcome_t *out);
+
+/* The same at a caller-supplied time now_ns (<= RATE_TIME_MAX, else
+ * RATE_ERANGE), as rate_limiter_check_at: every policy is decided, and
+ * refunded, at that time.  Thread-safe: yes. */
+RATE_API int rate_rules_check_at(rate_rules_t *rules, rate_limiter_t *limiter,
+                                 const char *key, size_t key_len,
+                                 const rate_attr_t *attrs, size_t nattrs,
+                                 uint64_t permits, uint64_t max_wait_ns,
+                                 uint64_t now_ns, rate_outcome_t *out);
+
+/* The HTTP fields for an outcome, as rate_headers_format for one
+ * decision, with one item per policy applied in each RateLimit field
+ * (a refunded policy's r counts its permits back), status 429 if any
+ * denied (503 if the only denials are fail-closed store errors), and
+ * Retry-After the longest wait of the denials (none if one can never
+ * pass).  RATE_EINVAL for NULL, RATE_ERANGE for fields too long for
+ * *out (zeroed then).  Thread-safe: yes. */
+RATE_API int rate_outcome_headers(const rate_outcome_t *outcome,
+                                  rate_headers_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* RATELIMIT_HTTP_H */
