@@ -623,6 +623,31 @@ RATE_API int rate_limiter_acquire(rate_limiter_t *limiter, const char *key,
                                   size_t key_len, uint64_t permits,
                                   uint64_t timeout_ns, rate_decision_t *out);
 
+/* A decision for key[0..key_len) under `policy` instead of the key's own
+ * (the limiter's default, or what its resolver returns): how a layer above
+ * the limiter applies a policy it chose itself (the rules file of
+ * ratelimit_http.h applies each policy a request's rules pick).  Otherwise
+ * exactly rate_limiter_check (at the limiter's clock) and
+ * rate_limiter_check_at (at now_ns).
+ * Returns: as rate_limiter_check.
+ * Errors: RATE_EINVAL also for a NULL policy (*out zeroed); the others as
+ * rate_limiter_check.
+ * Ownership: `policy` is borrowed for the call; the state it writes
+ * carries over as every policy's does (docs/algorithms.md).
+ * Thread-safe: yes. */
+RATE_API int rate_limiter_check_policy(rate_limiter_t *limiter,
+                                       const rate_policy_t *policy,
+                                       const char *key, size_t key_len,
+                                       uint64_t permits, uint64_t max_wait_ns,
+                                       rate_decision_t *out);
+RATE_API int rate_limiter_check_policy_at(rate_limiter_t *limiter,
+                                          const rate_policy_t *policy,
+                                          const char *key, size_t key_len,
+                                          uint64_t permits,
+                                          uint64_t max_wait_ns,
+                                          uint64_t now_ns,
+                                          rate_decision_t *out);
+
 /* ------------------------------------------ changes outside admissions */
 
 /* These change a key's state outside an admission (docs/algorithms.md,
@@ -663,6 +688,20 @@ RATE_API int rate_limiter_refund(rate_limiter_t *limiter, const char *key,
 RATE_API int rate_limiter_refund_at(rate_limiter_t *limiter, const char *key,
                                     size_t key_len, uint64_t permits,
                                     uint64_t now_ns);
+
+/* A refund under `policy` instead of the key's own, as
+ * rate_limiter_check_policy is a decision under it: gives back what a
+ * decision under that policy admitted.  Returns and errors as
+ * rate_limiter_refund, RATE_EINVAL also for a NULL policy.
+ * Thread-safe: yes. */
+RATE_API int rate_limiter_refund_policy(rate_limiter_t *limiter,
+                                        const rate_policy_t *policy,
+                                        const char *key, size_t key_len,
+                                        uint64_t permits);
+RATE_API int rate_limiter_refund_policy_at(rate_limiter_t *limiter,
+                                           const rate_policy_t *policy,
+                                           const char *key, size_t key_len,
+                                           uint64_t permits, uint64_t now_ns);
 
 /* Charges `permits` whatever remains: a token bucket goes into debt (as
  * far as a reservation may, 2^62 scaled tokens), a leaky bucket fills up

@@ -21,7 +21,6 @@
 
 #include "ratelimit.h"
 #include "ratelimit_store.h"
-#include "ratelimit_http.h"
 
 typedef unsigned __int128 rate_u128_t;
 typedef __int128 rate_i128_t;
@@ -67,38 +66,6 @@ struct rate_policy {
  * the policy holds (src/registry.c).  As rate_policy_format otherwise. */
 size_t rate__policy_format_limits(const rate_policy_t *p, char *buf,
                                   size_t len);
-
-/* The limiter's calls under a policy the caller gives (the rules',
- * src/rules.c), as rate_limiter_check_at and rate_limiter_refund_at;
- * clock_time: now_ns is the limiter's clock (rate__limiter_now), which a
- * store with its own clock may replace. */
-uint64_t rate__limiter_now(rate_limiter_t *lim);
-int rate__limiter_decide_policy(rate_limiter_t *lim, const rate_policy_t *p,
-                                const char *key, size_t key_len,
-                                uint64_t permits, uint64_t max_wait_ns,
-                                uint64_t now_ns, bool clock_time,
-                                rate_decision_t *out);
-int rate__limiter_refund_policy(rate_limiter_t *lim, const rate_policy_t *p,
-                                const char *key, size_t key_len,
-                                uint64_t permits, uint64_t now_ns,
-                                bool clock_time);
-
-/* One item of the RateLimit fields (src/headers.c): a policy's name, the
- * limit its decision names (NULL: none to describe), the decision, and
- * permits given back after it (a rules request another policy denied). */
-typedef struct rate__hitem {
-    const char *name;
-    bool unlimited;
-    const rate_limit_t *limit;
-    const rate_decision_t *d;
-    uint64_t room;
-} rate__hitem_t;
-int rate__headers_items(const rate__hitem_t *items, size_t n,
-                        rate_headers_t *out);
-
-/* Generations of a rules object not yet freed (the current one
- * included): for the tests' count (src/rules.c). */
-size_t rate__rules_live(rate_rules_t *rules);
 
 /* ------------------------------------------------------------ algorithms */
 

@@ -1117,32 +1117,54 @@ int rate_limiter_stats(rate_limiter_t *lim, rate_stats_t *out)
     return RATE_OK;
 }
 
-/* ------------------------------------------------- for the rules */
+/* ---------------------------------------- under a policy the caller gives */
 
-uint64_t rate__limiter_now(rate_limiter_t *lim)
+int rate_limiter_check_policy(rate_limiter_t *lim, const rate_policy_t *policy,
+                              const char *key, size_t key_len,
+                              uint64_t permits, uint64_t max_wait_ns,
+                              rate_decision_t *out)
 {
-    return clock_now(lim);
+    if (policy == NULL) {
+        if (out != NULL)
+            memset(out, 0, sizeof *out);
+        return RATE_EINVAL;
+    }
+    return decide(lim, policy, key, key_len, permits, max_wait_ns,
+                  lim != NULL ? clock_now(lim) : 0, true, true, out);
 }
 
-int rate__limiter_decide_policy(rate_limiter_t *lim, const rate_policy_t *p,
-                                const char *key, size_t key_len,
-                                uint64_t permits, uint64_t max_wait_ns,
-                                uint64_t now_ns, bool clock_time,
-                                rate_decision_t *out)
+int rate_limiter_check_policy_at(rate_limiter_t *lim,
+                                 const rate_policy_t *policy, const char *key,
+                                 size_t key_len, uint64_t permits,
+                                 uint64_t max_wait_ns, uint64_t now_ns,
+                                 rate_decision_t *out)
 {
-    if (p == NULL)
+    if (policy == NULL) {
+        if (out != NULL)
+            memset(out, 0, sizeof *out);
         return RATE_EINVAL;
-    return decide(lim, p, key, key_len, permits, max_wait_ns, now_ns,
-                  clock_time, true, out);
+    }
+    return decide(lim, policy, key, key_len, permits, max_wait_ns, now_ns,
+                  false, true, out);
 }
 
-int rate__limiter_refund_policy(rate_limiter_t *lim, const rate_policy_t *p,
-                                const char *key, size_t key_len,
-                                uint64_t permits, uint64_t now_ns,
-                                bool clock_time)
+int rate_limiter_refund_policy(rate_limiter_t *lim, const rate_policy_t *policy,
+                               const char *key, size_t key_len,
+                               uint64_t permits)
 {
-    if (p == NULL)
+    if (policy == NULL)
         return RATE_EINVAL;
-    return adjust_key(lim, p, key, key_len, permits, now_ns, clock_time,
+    return adjust_key(lim, policy, key, key_len, permits,
+                      lim != NULL ? clock_now(lim) : 0, true, RATE__OP_REFUND);
+}
+
+int rate_limiter_refund_policy_at(rate_limiter_t *lim,
+                                  const rate_policy_t *policy, const char *key,
+                                  size_t key_len, uint64_t permits,
+                                  uint64_t now_ns)
+{
+    if (policy == NULL)
+        return RATE_EINVAL;
+    return adjust_key(lim, policy, key, key_len, permits, now_ns, false,
                       RATE__OP_REFUND);
 }

@@ -1209,11 +1209,63 @@ static void block_after_breach(void **state)
     rate_limiter_free(l);
 }
 
+/* A decision and a refund under a policy the caller gives (what the rules
+ * layer uses): that policy decides, not the limiter's default, and the
+ * key's state is the one every policy shares. */
+static void under_a_given_policy(void **state)
+{
+    (void)state;
+    fake_clock_t c = {.now = 1000 * SEC};
+    rate_clock_t clk = {fake_now, fake_sleep, &c};
+    rate_limiter_t *l =
+        limiter_cfg("token-bucket 1/h burst=10",
+                    (rate_limiter_config_t){.clock = &clk});
+    rate_policy_t *strict;
+    rate_decision_t d;
+    assert_int_equal(rate_policy_parse("token-bucket 1/h burst=2", &strict,
+                                       NULL, 0), RATE_OK);
+    assert_int_equal(rate_limiter_check_policy(l, strict, "k", 1, 1, 0, &d),
+                     RATE_OK);
+    assert_true(d.allowed);
+    assert_int_equal(d.limit, 2);
+    assert_int_equal(d.remaining, 1);
+    assert_int_equal(rate_limiter_check_policy_at(l, strict, "k", 1, 1, 0,
+                                                  1000 * SEC, &d), RATE_OK);
+    assert_true(d.allowed);
+    assert_int_equal(rate_limiter_check_policy(l, strict, "k", 1, 1, 0, &d),
+                     RATE_OK);
+    assert_false(d.allowed); /* the given policy's burst, not the default's */
+    assert_int_equal(rate_limiter_refund_policy(l, strict, "k", 1, 1), RATE_OK);
+    assert_int_equal(rate_limiter_check_policy(l, strict, "k", 1, 1, 0, &d),
+                     RATE_OK);
+    assert_true(d.allowed); /* the refund gave one back */
+    assert_int_equal(rate_limiter_refund_policy_at(l, strict, "k", 1, 1,
+                                                   1000 * SEC), RATE_OK);
+    /* Bad input. */
+    d.allowed = true;
+    assert_int_equal(rate_limiter_check_policy(l, NULL, "k", 1, 1, 0, &d),
+                     RATE_EINVAL);
+    assert_false(d.allowed);
+    assert_int_equal(rate_limiter_check_policy_at(l, NULL, "k", 1, 1, 0, 0,
+                                                  &d), RATE_EINVAL);
+    assert_int_equal(rate_limiter_refund_policy(l, NULL, "k", 1, 1),
+                     RATE_EINVAL);
+    assert_int_equal(rate_limiter_refund_policy_at(l, NULL, "k", 1, 1, 0),
+                     RATE_EINVAL);
+    assert_int_equal(rate_limiter_check_policy(l, strict, "", 0, 1, 0, &d),
+                     RATE_EKEY);
+    assert_int_equal(rate_limiter_check_policy(NULL, strict, "k", 1, 1, 0,
+                                               &d), RATE_EINVAL);
+    rate_limiter_free(l);
+    rate_policy_free(strict);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bad_input),
         cmocka_unit_test(seed_interface),
+        cmocka_unit_test(under_a_given_policy),
         cmocka_unit_test(keys_with_length),
         cmocka_unit_test(keys_of_every_short_length),
         cmocka_unit_test(shadow_mode),

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "internal.h"
+#include "http/http.h"
 #include "ratelimit_http.h"
 #include "sf_check.h"
 

@@ -8,7 +8,7 @@
  * integers: q and w (the quota and its window, in seconds) in
  * RateLimit-Policy, r and t (what remains, and the seconds until the quota
  * is whole again) in RateLimit.  A request decided under several policies
- * (the rules, src/rules.c) gets one item per policy in each field.  The
+ * (the rules, src/http/rules.c) gets one item per policy in each field.  The
  * mapping from each algorithm to q and w, and the answer in each case
  * (denied, never, store errors, shadow, unlimited), are in ratelimit.h
  * (rate_headers_format) and docs/api-server.md.
@@ -17,7 +17,9 @@
  * Retry-After), so that a client that believes it is never early, and
  * capped at the largest integer a structured field holds (15 digits).
  */
-#include "internal.h"
+#include <string.h>
+
+#include "http.h"
 #include "ratelimit_http.h"
 
 #define SF_INT_MAX UINT64_C(999999999999999) /* RFC 9651 sf-integer */
@@ -28,9 +30,9 @@ static uint64_t sf_int(uint64_t v)
 }
 
 /* ns as whole seconds, rounded up. */
-static uint64_t ceil_s(rate_u128_t ns)
+static uint64_t ceil_s(unsigned __int128 ns)
 {
-    rate_u128_t s = (ns + RATE_NS_PER_S - 1) / RATE_NS_PER_S;
+    unsigned __int128 s = (ns + RATE_NS_PER_S - 1) / RATE_NS_PER_S;
 
     return s > SF_INT_MAX ? SF_INT_MAX : (uint64_t)s;
 }
@@ -38,12 +40,12 @@ static uint64_t ceil_s(rate_u128_t ns)
 /* The quota q and window w (seconds, at least 1) of one limit. */
 static void quota_of(const rate_limit_t *l, uint64_t *q, uint64_t *w)
 {
-    rate_u128_t span;
+    unsigned __int128 span; /* B*P passes 64 bits */
 
     if (l->algorithm == RATE_TOKEN_BUCKET || l->algorithm == RATE_LEAKY_BUCKET) {
         /* A bucket of B refills (drains) L per P: empty to full in B*P/L. */
         *q = l->burst;
-        span = ((rate_u128_t)l->burst * l->period_ns + l->limit - 1) / l->limit;
+        span = ((unsigned __int128)l->burst * l->period_ns + l->limit - 1) / l->limit;
     } else {
         *q = l->limit;
         span = l->period_ns;
@@ -182,6 +184,16 @@ int rate__headers_items(const rate__hitem_t *items, size_t n,
     return RATE_OK;
 }
 
+const rate_limit_t *rate__http_limit_of(const rate_policy_t *policy,
+                                        const rate_decision_t *d)
+{
+    size_t n = rate_policy_count(policy); /* 0 for the unlimited policy */
+    if (n == 0)
+        return NULL;
+    int c = d->component;
+    return rate_policy_limit(policy, c >= 0 && (size_t)c < n ? (size_t)c : 0);
+}
+
 int rate_headers_format(const rate_policy_t *policy, const rate_decision_t *d,
                         rate_headers_t *out)
 {
@@ -190,12 +202,8 @@ int rate_headers_format(const rate_policy_t *policy, const rate_decision_t *d,
             memset(out, 0, sizeof *out);
         return RATE_EINVAL;
     }
-    const rate_limit_t *l = NULL;
-    if (!policy->unlimited && policy->count > 0)
-        l = &policy->limits[d->component >= 0 &&
-                                    (size_t)d->component < policy->count
-                                ? d->component
-                                : 0];
-    rate__hitem_t item = {policy->name, policy->unlimited, l, d, 0};
+    rate__hitem_t item = {rate_policy_name(policy),
+                          rate_policy_is_unlimited(policy),
+                          rate__http_limit_of(policy, d), d, 0};
     return rate__headers_items(&item, 1, out);
 }

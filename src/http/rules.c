@@ -35,11 +35,27 @@
 #include <ini.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "internal.h"
-#include "ratelimit_http.h"
+#include <string.h>
+
+#include "http.h"
+
+/* Writes a one-line reason into err (when there is room) and returns rc. */
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
 
 #define SLOT_CACHE 4u
 #define ERR_MAX 512u
@@ -275,7 +291,7 @@ static const rate_policy_t *named_policy(const gen_t *g, const char *s,
                                          size_t n)
 {
     for (size_t i = 0; i < g->nnamed; i++) {
-        const char *name = g->named[i].policy->name;
+        const char *name = rate_policy_name(g->named[i].policy);
         if (strlen(name) == n && memcmp(name, s, n) == 0)
             return g->named[i].policy;
     }
@@ -331,9 +347,9 @@ static bool on_policy(load_t *l, const char *name, const char *value)
         return lfail(l, l->line, "policy '%s' defined twice", name);
     if (rate_policy_parse(value, &p, why, sizeof why) != RATE_OK)
         return lfail(l, l->line, "policy '%s': %s", name, why);
-    if (p->name[0] != '\0' && strcmp(p->name, name) != 0) {
-        lfail(l, l->line, "policy '%s': its text names it '%s'", name,
-              p->name);
+    const char *own = rate_policy_name(p);
+    if (own[0] != '\0' && strcmp(own, name) != 0) {
+        lfail(l, l->line, "policy '%s': its text names it '%s'", name, own);
         rate_policy_free(p);
         return false;
     }
@@ -547,7 +563,7 @@ static int load_file(const char *path, gen_t **out, char *err, size_t errlen)
     memset(&l, 0, sizeof l);
     l.path = path;
     if ((l.file = fopen(path, "r")) == NULL)
-        return rate__fail(err, errlen, RATE_EINVAL, "%s: cannot read: %s",
+        return fail(err, errlen, RATE_EINVAL, "%s: cannot read: %s",
                           path, strerror(errno));
     if ((l.g = calloc(1, sizeof *l.g)) == NULL) {
         fclose(l.file);
@@ -569,7 +585,7 @@ static int load_file(const char *path, gen_t **out, char *err, size_t errlen)
         finish_load(&l);
     if (l.err[0] != '\0') {
         gen_free(l.g);
-        return rate__fail(err, errlen, RATE_EPOLICY, "%s", l.err);
+        return fail(err, errlen, RATE_EPOLICY, "%s", l.err);
     }
     *out = l.g;
     return RATE_OK;
@@ -586,7 +602,7 @@ int rate_rules_load(const char *path, rate_rules_t **out, char *err,
     if (out != NULL)
         *out = NULL;
     if (path == NULL || out == NULL)
-        return rate__fail(err, errlen, RATE_EINVAL, "no rules file (NULL)");
+        return fail(err, errlen, RATE_EINVAL, "no rules file (NULL)");
     if ((rc = load_file(path, &g, err, errlen)) != RATE_OK)
         return rc;
     rate_rules_t *r = calloc(1, sizeof *r);
@@ -637,7 +653,7 @@ int rate_rules_reload(rate_rules_t *r, const char *path, char *err,
     int rc;
 
     if (r == NULL)
-        return rate__fail(err, errlen, RATE_EINVAL, "no rules (NULL)");
+        return fail(err, errlen, RATE_EINVAL, "no rules (NULL)");
     pthread_mutex_lock(&r->lock);
     const char *from = path != NULL ? path : r->path;
     char *keep = path != NULL ? dup_n(path, strlen(path)) : NULL;
@@ -844,9 +860,13 @@ static void refund_admitted(rate_limiter_t *lim, const pick_t *pick,
             continue;
         /* A refund that fails leaves the permits charged: the store is
          * failing, and its next decision is the fail mode's anyway. */
-        (void)rate__limiter_refund_policy(lim, pick[i].policy, pick[i].key,
-                                          pick[i].key_len, permits, now,
-                                          clock_time);
+        if (clock_time)
+            (void)rate_limiter_refund_policy(lim, pick[i].policy, pick[i].key,
+                                             pick[i].key_len, permits);
+        else
+            (void)rate_limiter_refund_policy_at(lim, pick[i].policy,
+                                                pick[i].key, pick[i].key_len,
+                                                permits, now);
         a->refunded = true;
     }
 }
@@ -854,14 +874,14 @@ static void refund_admitted(rate_limiter_t *lim, const pick_t *pick,
 static void fill_applied(rate_applied_t *a, const rate_policy_t *p,
                          uint64_t permits)
 {
-    size_t n = strlen(p->name); /* at most RATE_POLICY_NAME_MAX */
-    memcpy(a->policy_name, p->name, n + 1);
-    a->unlimited = p->unlimited;
+    const char *name = rate_policy_name(p);
+    size_t n = strlen(name); /* at most RATE_POLICY_NAME_MAX */
+    memcpy(a->policy_name, name, n + 1);
+    a->unlimited = rate_policy_is_unlimited(p);
     a->permits = permits;
-    if (!p->unlimited && p->count > 0) {
-        int c = a->decision.component;
-        a->limit = p->limits[c >= 0 && (size_t)c < p->count ? c : 0];
-    }
+    const rate_limit_t *l = rate__http_limit_of(p, &a->decision);
+    if (l != NULL)
+        a->limit = *l;
 }
 
 static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
@@ -905,15 +925,21 @@ static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
         pick[0].key_len = key_len;
         n = 1;
     }
-    uint64_t now = clock_time ? rate__limiter_now(lim) : now_ns;
+    uint64_t now = now_ns; /* with clock_time, each call reads the clock */
     size_t done = 0;
     for (; rc == RATE_OK && done < n; done++) {
         rate_applied_t *a = &out->applied[done];
         memset(a, 0, sizeof *a);
-        rc = rate__limiter_decide_policy(lim, pick[done].policy,
-                                         pick[done].key, pick[done].key_len,
-                                         permits, max_wait_ns, now,
-                                         clock_time, &a->decision);
+        rc = clock_time
+                 ? rate_limiter_check_policy(lim, pick[done].policy,
+                                             pick[done].key,
+                                             pick[done].key_len, permits,
+                                             max_wait_ns, &a->decision)
+                 : rate_limiter_check_policy_at(lim, pick[done].policy,
+                                                pick[done].key,
+                                                pick[done].key_len, permits,
+                                                max_wait_ns, now,
+                                                &a->decision);
         if (rc != RATE_OK)
             break;
         fill_applied(a, pick[done].policy, permits);
