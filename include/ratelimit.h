@@ -543,23 +543,6 @@ RATE_API int rate_limiter_check_at(rate_limiter_t *limiter, const char *key,
 typedef void (*rate_check_fn)(void *ud, int rc,
                               const rate_decision_t *decision);
 
-/* The full call, made asynchronously, at the limiter's clock: for event
- * loops, whose thread must not wait for a store's round trip.  Returns
- * RATE_OK once the decision is under way, and `cb` is then called exactly
- * once: before this returns when the store answers at once (the memory
- * store, and any store without an asynchronous entry: ratelimit_store.h,
- * start()), else later, on the thread the store completes on (an event
- * loop's store: the loop's).  The key is copied; nothing else need stay
- * alive but the limiter, which must not be freed before the callbacks of
- * its decisions have run.  Learning a policy that another limiter wrote
- * into the store (once per policy) is synchronous.  Errors, with no
- * callback: RATE_EINVAL (NULL limiter or cb), RATE_EKEY, RATE_ERANGE,
- * RATE_ENOMEM.  Thread-safe: yes. */
-RATE_API int rate_limiter_check_async(rate_limiter_t *limiter,
-                                      const char *key, size_t key_len,
-                                      uint64_t permits, uint64_t max_wait_ns,
-                                      rate_check_fn cb, void *ud);
-
 /* Returned by rate_limiter_check_start when the decision is under way:
  * not an error (positive); the callback will run. */
 #define RATE_PENDING 1

@@ -227,7 +227,7 @@ RATE_API int rate_store_redis_touch(rate_store_t *store, uint64_t ttl_ns);
 
 /* A Redis store whose decisions never block the loop's thread: Redis's
  * asynchronous context (hiredis) driven by `loop`, for
- * rate_limiter_check_start and rate_limiter_check_async.  url and options
+ * rate_limiter_check_start.  url and options
  * as rate_store_redis_new (docs/redis.md): the same keys, scripts and
  * state, so a key decided by a synchronous Redis store and by this one is
  * one key.  A single server or a Redis Cluster: each command goes to the

@@ -856,10 +856,9 @@ static void async_done(rate_job_t *job, int rc)
     async_end(a, rc);
 }
 
-/* Both asynchronous calls: with now_out NULL the callback always runs
- * (inline when the store answers at once); else a decision made at once
- * is written to *now_out and RATE_OK returned, and RATE_PENDING means the
- * callback will run later. */
+/* The asynchronous call: a decision made at once is written to *now_out
+ * and RATE_OK returned; RATE_PENDING means the callback will run later
+ * (a->now_out is then NULL: the answer goes to the callback). */
 static int check_async(rate_limiter_t *lim, const char *key, size_t key_len,
                        uint64_t permits, uint64_t max_wait_ns, bool clock_time,
                        uint64_t now_ns, rate_decision_t *now_out,
@@ -892,10 +891,7 @@ static int check_async(rate_limiter_t *lim, const char *key, size_t key_len,
         count_verdict(lim, true);
         if (lim->listen != NULL)
             tell(lim, a->arg.policy, key, key_len, true, &a->d);
-        if (now_out != NULL)
-            *now_out = a->d;
-        else
-            cb(ud, RATE_OK, &a->d);
+        *now_out = a->d;
         free(a);
         return RATE_OK;
     }
@@ -908,7 +904,7 @@ static int check_async(rate_limiter_t *lim, const char *key, size_t key_len,
         store_rc = rate__book_id_start(&lim->book, a->arg.policy, a->now,
                                        async_recorded, a);
         if (store_rc == RATE_OK)
-            return now_out != NULL ? RATE_PENDING : RATE_OK;
+            return RATE_PENDING;
         a->now_out = now_out;
         if (store_rc == RATE_EKEY) /* the record's key, not the call's */
             store_rc = RATE_ESTORE;
@@ -921,7 +917,7 @@ static int check_async(rate_limiter_t *lim, const char *key, size_t key_len,
              * async_done later, never from start(). */
             a->now_out = NULL;
             if (async_start(a, &store_rc, true))
-                return now_out != NULL ? RATE_PENDING : RATE_OK;
+                return RATE_PENDING;
             a->now_out = now_out;
         }
         if (store_rc == RATE_EKEY) { /* as for bad input: no callback */
@@ -931,14 +927,6 @@ static int check_async(rate_limiter_t *lim, const char *key, size_t key_len,
     }
     async_end(a, store_rc); /* the callback runs (or *now_out is filled) */
     return RATE_OK;
-}
-
-int rate_limiter_check_async(rate_limiter_t *lim, const char *key,
-                             size_t key_len, uint64_t permits,
-                             uint64_t max_wait_ns, rate_check_fn cb, void *ud)
-{
-    return check_async(lim, key, key_len, permits, max_wait_ns, true, 0, NULL,
-                       cb, ud);
 }
 
 int rate_limiter_check_start(rate_limiter_t *lim, const char *key,

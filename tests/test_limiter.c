@@ -778,14 +778,14 @@ static void async_decisions(void **state)
     enum { N = 40 };
     static async_seen_t seen[N];
     memset(seen, 0, sizeof seen);
-    rate_decision_t ref[N];
+    rate_decision_t ref[N], now_d;
     for (int round = 0; round < 2; round++) {
         for (int i = 0; i < N; i++) {
             const char *key = i % 2 ? "a" : "b";
             f.c.now = SEC + (uint64_t)(round * N + i) * 50 * MS;
-            assert_int_equal(rate_limiter_check_async(la, key, 1, 1, 0,
+            assert_int_equal(rate_limiter_check_start(la, key, 1, 1, 0, &now_d,
                                                       async_cb, &seen[i]),
-                             RATE_OK);
+                             RATE_PENDING);
             assert_int_equal(seen[i].calls, round); /* not yet */
             assert_int_equal(rate_limiter_check(ls, key, 1, 1, 0, &ref[i]),
                              RATE_OK);
@@ -798,9 +798,9 @@ static void async_decisions(void **state)
     }
     /* Many in flight at once: each completes once. */
     for (int i = 0; i < N; i++)
-        assert_int_equal(rate_limiter_check_async(la, "many", 4, 1, 0,
+        assert_int_equal(rate_limiter_check_start(la, "many", 4, 1, 0, &now_d,
                                                   async_cb, &seen[i]),
-                         RATE_OK);
+                         RATE_PENDING);
     assert_int_equal(cas_store_run_jobs(h), N);
     int allowed = 0;
     for (int i = 0; i < N; i++) {
@@ -810,31 +810,33 @@ static void async_decisions(void **state)
     assert_int_equal(allowed, 3); /* the burst, at one instant */
     /* A store failure is the fail mode's, in the callback. */
     cas_store_set_down(h, 1);
-    assert_int_equal(rate_limiter_check_async(la, "a", 1, 1, 0, async_cb,
-                                              &seen[0]),
-                     RATE_OK);
+    assert_int_equal(rate_limiter_check_start(la, "a", 1, 1, 0, &now_d,
+                                              async_cb, &seen[0]),
+                     RATE_PENDING);
     assert_int_equal(cas_store_run_jobs(h), 1);
     assert_int_equal(seen[0].calls, 4);
     assert_false(seen[0].d.allowed);
     assert_int_equal(seen[0].d.reason, RATE_REASON_STORE_ERROR);
     cas_store_set_down(h, 0);
-    /* A store that answers at once: the callback runs before the return. */
+    /* A store that answers at once: the decision is the call's, and the
+     * callback never runs. */
     memset(&seen[0], 0, sizeof seen[0]);
-    assert_int_equal(rate_limiter_check_async(ls, "z", 1, 1, 0, async_cb,
-                                              &seen[0]),
+    assert_int_equal(rate_limiter_check_start(ls, "z", 1, 1, 0, &now_d,
+                                              async_cb, &seen[0]),
                      RATE_OK);
-    assert_int_equal(seen[0].calls, 1);
-    assert_true(seen[0].d.allowed);
+    assert_int_equal(seen[0].calls, 0);
+    assert_true(now_d.allowed);
     /* Bad input: an error and no callback. */
-    assert_int_equal(rate_limiter_check_async(ls, "", 0, 1, 0, async_cb,
-                                              &seen[0]),
+    assert_int_equal(rate_limiter_check_start(ls, "", 0, 1, 0, &now_d,
+                                              async_cb, &seen[0]),
                      RATE_EKEY);
-    assert_int_equal(rate_limiter_check_async(ls, "z", 1, 1, 0, NULL, NULL),
+    assert_int_equal(rate_limiter_check_start(ls, "z", 1, 1, 0, &now_d, NULL,
+                                              NULL),
                      RATE_EINVAL);
-    assert_int_equal(rate_limiter_check_async(NULL, "z", 1, 1, 0, async_cb,
-                                              &seen[0]),
+    assert_int_equal(rate_limiter_check_start(NULL, "z", 1, 1, 0, &now_d,
+                                              async_cb, &seen[0]),
                      RATE_EINVAL);
-    assert_int_equal(seen[0].calls, 1);
+    assert_int_equal(seen[0].calls, 0);
     rate_stats_t st;
     rate_limiter_stats(la, &st);
     assert_int_equal(st.allowed + st.denied, 2 * N + N + 1);

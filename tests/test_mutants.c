@@ -489,9 +489,10 @@ static void async_decline_runs_the_step(void **state)
     assert_int_equal(cas_store_new_async_declining(&s, &h), RATE_OK);
     rate_limiter_t *l = limiter_of("token-bucket 5/s burst=2", s);
     for (int i = 0; i < 3; i++) {
-        assert_int_equal(rate_limiter_check_async(l, "k", 1, 1, 0, async_cb,
-                                                  NULL),
-                         RATE_OK);
+        rate_decision_t now_d;
+        assert_int_equal(rate_limiter_check_start(l, "k", 1, 1, 0, &now_d,
+                                                  async_cb, NULL),
+                         RATE_PENDING);
         /* declined, then run (after the policy's record, the first time) */
         assert_int_equal(cas_store_run_jobs(h), i == 0 ? 3 : 2);
         assert_int_equal(async_calls, i + 1);

@@ -482,8 +482,9 @@ static void refuses_a_key_too_long_for_key_max(void **state)
         assert_false(rate_try_acquire_len(lim, longkey, sizeof longkey, 1));
     }
     async_calls = 0;
-    assert_int_equal(rate_limiter_check_async(lim, longkey, sizeof longkey, 1,
-                                              0, count_async, NULL),
+    rate_decision_t now_d;
+    assert_int_equal(rate_limiter_check_start(lim, longkey, sizeof longkey, 1,
+                                              0, &now_d, count_async, NULL),
                      RATE_EKEY);
     assert_int_equal(async_calls, 0);
     assert_int_equal(rate_limiter_refund_at(lim, longkey, sizeof longkey, 1,
