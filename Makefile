@@ -10,7 +10,7 @@ CMAKE_FLAGS ?=
 # Where `make install` puts things (CMAKE_INSTALL_PREFIX); see docs/install.md.
 PREFIX ?= /usr/local
 
-.PHONY: all deps build build-only demo test test-plain test-asan test-tsan \
+.PHONY: all deps build build-only demo test test-plain test-minimal test-asan test-tsan \
         valgrind fuzz bench install uninstall fresh-check spdx-check clean
 
 all: build
@@ -25,14 +25,19 @@ build:
 
 build-only:
 	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON \
-	  -DRATE_BUILD_TESTS=OFF -DCMAKE_INSTALL_PREFIX="$(PREFIX)" $(CMAKE_FLAGS)
+	  -DRATE_BUILD_TESTS=OFF -DCMAKE_INSTALL_PREFIX="$(PREFIX)" $(ALL_PARTS) \
+	  $(CMAKE_FLAGS)
 	cmake --build build -j $(JOBS)
 
 # The main job on the in-memory default: sample traffic aimed at
 # fixed-window edges through all five algorithms, a table and a chart.
+# Only the core and the command are built (the optional parts off), so
+# only the core's packages are needed.
+DEMO_FLAGS = -DRATE_WITH_REDIS=OFF -DRATE_WITH_DYNAMODB=OFF -DRATE_WITH_HTTP=OFF \
+  -DRATE_BUILD_REDIS_MODULE=OFF -DRATE_BUILD_EXAMPLES=OFF -DRATE_BUILD_NGINX=OFF
 demo:
-	@scripts/deps.sh build
-	@$(MAKE) --no-print-directory build-only
+	@scripts/deps.sh core
+	@$(MAKE) --no-print-directory build-only CMAKE_FLAGS="$(DEMO_FLAGS) $(CMAKE_FLAGS)"
 	@sh scripts/gen-traces.sh build/traces
 	./build/tools/ratelimit/ratelimit compare --rate 10/s --burst 10 \
 	  --svg build/demo.svg build/traces/edges.trace
@@ -40,13 +45,24 @@ demo:
 
 # Every test: plain build, AddressSanitizer + UndefinedBehaviorSanitizer,
 # ThreadSanitizer on the concurrency test, and valgrind.
-test: deps test-plain test-asan test-tsan valgrind fuzz
+test: deps test-plain test-minimal test-asan test-tsan valgrind fuzz
+
+# Every part on, whatever an earlier `make demo` left in build/'s cache.
+ALL_PARTS = -DRATE_WITH_REDIS=ON -DRATE_WITH_DYNAMODB=ON -DRATE_WITH_HTTP=ON \
+  -DRATE_BUILD_REDIS_MODULE=ON -DRATE_BUILD_EXAMPLES=ON -DRATE_BUILD_NGINX=ON
 
 test-plain:
 	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON \
-	  -DRATE_BUILD_TESTS=ON -DCMAKE_INSTALL_PREFIX="$(PREFIX)" $(CMAKE_FLAGS)
+	  -DRATE_BUILD_TESTS=ON -DCMAKE_INSTALL_PREFIX="$(PREFIX)" $(ALL_PARTS) $(CMAKE_FLAGS)
 	cmake --build build -j $(JOBS)
 	cd build && ctest --output-on-failure -j $(JOBS)
+
+# The core alone (every optional part off): its own build and suites.
+test-minimal:
+	cmake -S . -B build-min -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON \
+	  -DRATE_BUILD_TESTS=ON $(DEMO_FLAGS) $(CMAKE_FLAGS)
+	cmake --build build-min -j $(JOBS)
+	cd build-min && ctest --output-on-failure -j $(JOBS)
 
 test-asan:
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DRATE_ASAN=ON $(CMAKE_FLAGS)

@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: MIT
 #
 # The Debian packages the build, the tests and the tools need.
-#   scripts/deps.sh build        install what the build (`make`, `make demo`,
+#   scripts/deps.sh core         install what the core and the command alone
+#                                need (`make demo`), only what is missing
+#   scripts/deps.sh build        install what the build (`make`,
 #                                `make install`) needs, only what is missing
 #   scripts/deps.sh test         the same for the build and every test
 #   scripts/deps.sh check [build|test]
@@ -12,13 +14,14 @@
 # Idempotent: a machine that has them all runs no apt-get at all.
 set -euo pipefail
 
-build_pkgs=(gcc make cmake pkg-config libxxhash-dev libhiredis-dev
+core_pkgs=(gcc make cmake pkg-config libxxhash-dev)
+build_pkgs=("${core_pkgs[@]}" libhiredis-dev
             libcurl4-openssl-dev libjansson-dev libinih-dev libmicrohttpd-dev)
 test_pkgs=(libcmocka-dev libuv1-dev libevent-dev valgrind libxml2-utils clang libclang-rt-14-dev redis-server
            redis-tools nodejs npm curl wrk openssl
            nginx nginx-dev libpcre2-dev libssl-dev zlib1g-dev)
 
-usage() { echo "usage: $0 [build|test] | $0 check [build|test]" >&2; exit 2; }
+usage() { echo "usage: $0 [core|build|test] | $0 check [core|build|test]" >&2; exit 2; }
 
 check_only=0
 set_=${1:-test}
@@ -27,6 +30,7 @@ if [ "$set_" = check ]; then
   set_=${2:-build}
 fi
 case "$set_" in
+  core) want=("${core_pkgs[@]}") ;;
   build) want=("${build_pkgs[@]}") ;;
   test) want=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
   *) usage ;;

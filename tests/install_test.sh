@@ -50,6 +50,17 @@ check env LD_LIBRARY_PATH="$libdir" "$T/shared-norpath"
 # shellcheck disable=SC2046
 check cc "$T/app.c" -o "$T/static" $(pkg-config --cflags ratelimit) "$libdir/libratelimit.a" $(pkg-config --static --libs-only-l ratelimit | sed 's/-lratelimit//')
 check "$T/static"
+# A build with optional parts off installs neither their headers nor
+# their dependencies in ratelimit.pc (ctest sets RATE_PARTS).
+parts=${RATE_PARTS-redis dynamodb http}
+for part in redis dynamodb http; do
+  case " $parts " in
+    *" $part "*) check test -f "$T/prefix/include/ratelimit_$part.h" ;;
+    *) check test ! -e "$T/prefix/include/ratelimit_$part.h" ;;
+  esac
+done
+case " $parts " in *" redis "*) ;; *) check test -z "$(pkg-config --print-requires-private ratelimit | grep -x hiredis)" ;; esac
+case " $parts " in *" http "*) ;; *) check test -z "$(pkg-config --print-requires-private ratelimit | grep -x inih)" ;; esac
 # The loop adapters, as a user includes them: both in one file, one used,
 # built without optimization (which keeps a static function that nothing
 # calls) and linked with that one loop's library only; and the public

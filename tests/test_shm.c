@@ -24,7 +24,9 @@
 #include "ratelimit_store.h"
 #include "../src/internal.h" /* struct rate_store: its methods, to wrap */
 #include "ratelimit_shm.h"
+#ifdef RATE_WITH_HTTP
 #include "ratelimit_http.h"
+#endif
 
 static char path[128];
 
@@ -387,6 +389,7 @@ static void refuses_a_state_that_does_not_fit(void **state)
     assert_int_equal(rate_store_shm_state_size(rate_limiter_policy(lim)),
                      22); /* the old one stays */
 
+#ifdef RATE_WITH_HTTP
     /* A rule's policy is checked too, as each decision comes: a store
      * error (under the fail mode), nothing written. */
     char rpath[160];
@@ -409,6 +412,7 @@ static void refuses_a_state_that_does_not_fit(void **state)
                      RATE_REASON_STORE_ERROR);
     assert_int_equal(out.applied[0].decision.error, RATE_EPOLICY);
     rate_rules_free(rules);
+#endif
     rate_limiter_free(lim);
 
     /* The write-time refusal stays as the back end's own defence, for a

@@ -664,6 +664,10 @@ int cmd_bench(int argc, char **argv)
     }
     if (cluster_url != NULL && redis_url == NULL)
         return cli_fail("bench: --redis-cluster compares with --redis URL");
+#ifndef RATE_WITH_REDIS
+    if (redis_url != NULL) /* refused before the memory figures, not after */
+        return bench_redis(redis_url, cluster_url);
+#endif
     progress = isatty(2);
     make_keys();
     if (shm)

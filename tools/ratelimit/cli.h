@@ -16,12 +16,38 @@ int cmd_replay(int argc, char **argv);
 int cmd_compare(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
-int bench_redis(const char *url, const char *cluster_url); /* bench's Redis part */
-int bench_dynamodb(const char *url); /* bench --store dynamodb://... */
-int bench_sync(const char *url); /* bench --sync URL: the synced mode */
 
 /* Prints "ratelimit: <msg>" on standard error; returns exit status 2. */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The bench's remote parts, in a build with the store they measure. */
+#ifdef RATE_WITH_REDIS
+int bench_redis(const char *url, const char *cluster_url); /* bench's Redis part */
+int bench_sync(const char *url); /* bench --sync URL: the synced mode */
+#else
+static inline int bench_redis(const char *url, const char *cluster_url)
+{
+    (void)url, (void)cluster_url;
+    return cli_fail("bench: --redis: this build has no Redis store (it was "
+                    "built with RATE_WITH_REDIS=OFF)");
+}
+static inline int bench_sync(const char *url)
+{
+    (void)url;
+    return cli_fail("bench: --sync: this build has no Redis store (it was "
+                    "built with RATE_WITH_REDIS=OFF)");
+}
+#endif
+#ifdef RATE_WITH_DYNAMODB
+int bench_dynamodb(const char *url); /* bench --store dynamodb://... */
+#else
+static inline int bench_dynamodb(const char *url)
+{
+    (void)url;
+    return cli_fail("bench: --store dynamodb://: this build has no DynamoDB "
+                    "store (it was built with RATE_WITH_DYNAMODB=OFF)");
+}
+#endif
 
 /* The policy options shared by replay and check (spec/cli-replay.md). */
 typedef struct policy_opts {

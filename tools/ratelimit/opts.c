@@ -18,8 +18,12 @@
 
 #include "cli.h"
 #include "trace.h"
+#ifdef RATE_WITH_REDIS
 #include "ratelimit_redis.h"
+#endif
+#ifdef RATE_WITH_DYNAMODB
 #include "ratelimit_dynamodb.h"
+#endif
 #include "ratelimit_shm.h"
 
 int cli_fail(const char *fmt, ...)
@@ -311,6 +315,54 @@ static bool is_dynamodb(const char *spec)
     return spec != NULL && strncmp(spec, "dynamodb://", 11) == 0;
 }
 
+/* The remote stores' calls the command makes, as far as this build has
+ * them (RATE_WITH_REDIS, RATE_WITH_DYNAMODB): a store the build lacks is
+ * refused when --store names it, so these see only stores it has. */
+static int remote_open(const char *url, const char *prefix,
+                       rate_store_t **st)
+{
+#ifdef RATE_WITH_DYNAMODB
+    if (is_dynamodb(url)) {
+        rate_dynamodb_options_t o = {.prefix = prefix,
+                                     .prefix_len = strlen(prefix),
+                                     .no_ttl = true};
+        return rate_store_dynamodb_new(url, &o, st, NULL, 0);
+    }
+#endif
+#ifdef RATE_WITH_REDIS
+    if (!is_dynamodb(url)) {
+        rate_redis_options_t o = {.prefix = prefix, .no_ttl = true};
+        return rate_store_redis_new(url, &o, st, NULL, 0);
+    }
+#endif
+    (void)url, (void)prefix, (void)st;
+    return RATE_ENOTSUP;
+}
+
+static int remote_drop(rate_store_t *st, bool ddb)
+{
+#ifdef RATE_WITH_DYNAMODB
+    if (ddb)
+        return rate_store_dynamodb_drop(st);
+#endif
+#ifdef RATE_WITH_REDIS
+    if (!ddb)
+        return rate_store_redis_drop(st);
+#endif
+    (void)st, (void)ddb;
+    return RATE_ENOTSUP;
+}
+
+static int remote_touch(rate_store_t *st)
+{
+#ifdef RATE_WITH_REDIS
+    return rate_store_redis_touch(st, CLI_SAFETY_TTL_NS);
+#else
+    (void)st;
+    return RATE_ENOTSUP;
+#endif
+}
+
 static int watchdog_fd = -1;
 static pid_t watchdog_pid = -1;
 
@@ -330,17 +382,11 @@ static void watchdog(int rfd, const char *url, const char *prefix)
     while (n < 0 && errno == EINTR);
     if (n == 1 && c == 'x')
         _exit(0);
-    rate_redis_options_t o = {.prefix = prefix, .no_ttl = true};
-    rate_dynamodb_options_t dopt = {.prefix = prefix,
-                                    .prefix_len = strlen(prefix),
-                                    .no_ttl = true};
     bool ddb = is_dynamodb(url);
     for (int tries = 0; tries < 60; tries++) {
         rate_store_t *st = NULL;
-        if (ddb ? rate_store_dynamodb_new(url, &dopt, &st, NULL, 0) == RATE_OK &&
-                      rate_store_dynamodb_drop(st) == RATE_OK
-                : rate_store_redis_new(url, &o, &st, NULL, 0) == RATE_OK &&
-                      rate_store_redis_drop(st) == RATE_OK) {
+        if (remote_open(url, prefix, &st) == RATE_OK &&
+            remote_drop(st, ddb) == RATE_OK) {
             rate_store_free(st);
             _exit(0);
         }
@@ -350,8 +396,10 @@ static void watchdog(int rfd, const char *url, const char *prefix)
     _exit(1);
 }
 
-static int start_watchdog(const char *cmd, const char *url,
-                          const char *prefix)
+/* (Used by the remote stores only: unused in a build with neither.) */
+static __attribute__((unused)) int start_watchdog(const char *cmd,
+                                                  const char *url,
+                                                  const char *prefix)
 {
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0)
@@ -425,7 +473,7 @@ static void *keeper_main(void *arg)
         if (keeper.stop)
             break;
         pthread_mutex_unlock(&keeper.lock);
-        int rc = rate_store_redis_touch(keeper.store, CLI_SAFETY_TTL_NS);
+        int rc = remote_touch(keeper.store);
         pthread_mutex_lock(&keeper.lock);
         period = rc == RATE_OK ? CLI_SAFETY_TTL_NS / 3 : RATE_NS_PER_S;
     }
@@ -478,7 +526,7 @@ static void stop_keeper(void)
 void cli_limiter_touch(cli_limiter_t *cl)
 {
     if (cl->scratch && !cl->dynamodb && cl->store != NULL)
-        (void)rate_store_redis_touch(cl->store, CLI_SAFETY_TTL_NS);
+        (void)remote_touch(cl->store);
 }
 
 volatile sig_atomic_t cli_signal;
@@ -498,6 +546,7 @@ void cli_catch_signals(void)
     sigaction(SIGTERM, &sa, NULL);
 }
 
+#ifdef RATE_WITH_DYNAMODB
 /* --store dynamodb://TABLE?region=...: the table created if missing; a
  * scratch run in a namespace (key prefix) of its own, its items written
  * without expiry (the trace's clock is not the wall clock), removed at
@@ -527,6 +576,7 @@ static int dynamodb_from_opt(const char *cmd, const char *spec, bool scratch,
     }
     return 0;
 }
+#endif
 
 int store_from_opt(const char *cmd, const char *spec, bool scratch,
                    uint64_t max_keys, rate_store_t **out)
@@ -560,7 +610,13 @@ int store_from_opt(const char *cmd, const char *spec, bool scratch,
                             spec, path);
     }
     if (is_dynamodb(spec))
+#ifdef RATE_WITH_DYNAMODB
         return dynamodb_from_opt(cmd, spec, scratch, out);
+#else
+        return cli_fail("%s: --store '%s': this build has no DynamoDB store "
+                        "(it was built with RATE_WITH_DYNAMODB=OFF)", cmd,
+                        spec);
+#endif
     /* rediss:// goes on to the library, which says why it is refused. */
     if (strncmp(spec, "redis://", 8) != 0 &&
         strncmp(spec, "rediss://", 9) != 0 &&
@@ -568,6 +624,11 @@ int store_from_opt(const char *cmd, const char *spec, bool scratch,
         return cli_fail("%s: --store '%s' is neither 'memory', shm:PATH, "
                         "nor a redis://, unix:// or dynamodb:// URL", cmd,
                         spec);
+#ifndef RATE_WITH_REDIS
+    (void)scratch;
+    return cli_fail("%s: --store '%s': this build has no Redis store (it "
+                    "was built with RATE_WITH_REDIS=OFF)", cmd, spec);
+#else
     rate_redis_options_t o = {0};
     char prefix[96], err[256];
     if (scratch) {
@@ -589,6 +650,7 @@ int store_from_opt(const char *cmd, const char *spec, bool scratch,
         return cli_fail("%s: --store: %s", cmd, err);
     }
     return 0;
+#endif
 }
 
 /* --store shm:PATH.  A region PATH names is attached to; one that is
@@ -674,6 +736,7 @@ const char *cli_store_error(cli_limiter_t *cl, int rc, size_t key_len)
 {
     rate_shm_info_t info;
 
+#ifdef RATE_WITH_DYNAMODB
     if (cl->store != NULL && cl->dynamodb) {
         /* The service's own words, after the error's. */
         int n = snprintf(cl->why, sizeof cl->why, "%s: ", rate_strerror(rc));
@@ -683,6 +746,7 @@ const char *cli_store_error(cli_limiter_t *cl, int rc, size_t key_len)
             return cl->why;
         return rate_strerror(rc);
     }
+#endif
     if (cl->store == NULL || rate_store_shm_info(cl->store, &info) != RATE_OK)
         return rate_strerror(rc);
     if (rc == RATE_EKEY && cl->shm_prefix_len != 0) {
@@ -755,8 +819,7 @@ int cli_limiter_close(cli_limiter_t *cl)
     int rc = 0;
     stop_keeper(); /* no refresh once the removal starts */
     if (cl->scratch && cl->store != NULL) {
-        rc = cl->dynamodb ? rate_store_dynamodb_drop(cl->store)
-                          : rate_store_redis_drop(cl->store);
+        rc = remote_drop(cl->store, cl->dynamodb);
         stop_watchdog(rc == RATE_OK);
     }
     if (cl->shm_scratch && cl->store != NULL)
