@@ -10,7 +10,7 @@ CMAKE_FLAGS ?=
 # Where `make install` puts things (CMAKE_INSTALL_PREFIX); see docs/install.md.
 PREFIX ?= /usr/local
 
-.PHONY: all deps build build-only demo test test-plain test-minimal test-asan test-tsan \
+.PHONY: all deps build build-only demo test test-plain test-minimal abi-check test-asan test-tsan \
         valgrind fuzz bench install uninstall fresh-check spdx-check clean
 
 all: build
@@ -45,7 +45,11 @@ demo:
 
 # Every test: plain build, AddressSanitizer + UndefinedBehaviorSanitizer,
 # ThreadSanitizer on the concurrency test, and valgrind.
-test: deps test-plain test-minimal test-asan test-tsan valgrind fuzz
+test: deps test-plain abi-check test-minimal test-asan test-tsan valgrind fuzz
+
+# The ABI of build/'s library against abi/libratelimit.abi (abidiff).
+abi-check: test-plain
+	@scripts/abi-check.sh build
 
 # Every part on, whatever an earlier `make demo` left in build/'s cache.
 ALL_PARTS = -DRATE_WITH_REDIS=ON -DRATE_WITH_DYNAMODB=ON -DRATE_WITH_HTTP=ON \

@@ -41,10 +41,17 @@
  * *_free(NULL) does nothing.  Keys are only read during a call, never kept by
  * reference (stores copy them).
  *
- * Versions.  Before 1.0 each minor version is a soname of its own
- * (libratelimit.so.0.MINOR): the structs a caller fills in (configs,
- * options, decisions, outcomes) may grow between minor versions, so a
- * program is built against the header of the library it runs with.
+ * Versions and the ABI.  From 0.4 on, a program built against one
+ * release runs with every later one of the same soname
+ * (libratelimit.so.1), which changes only if the ABI must break.  The
+ * structs a caller fills in or allocates (configs, options, limits,
+ * decisions, statistics) end with reserved words, so that later fields
+ * take their place and no struct changes size: initialize them with
+ * `= {...}` or memset, which zeroes the reserve; a constructor refuses a
+ * non-zero reserve (a later field this library does not know) with
+ * RATE_EINVAL (RATE_EPOLICY for a limit).  Structs the library hands out
+ * by pointer (rate_event_t, the store contract's) may grow at their end.
+ * docs/design.md, "A stable ABI", has the rules.
  */
 #ifndef RATELIMIT_H
 #define RATELIMIT_H
@@ -64,7 +71,7 @@ extern "C" {
 #endif
 
 #define RATE_VERSION_MAJOR 0
-#define RATE_VERSION_MINOR 3
+#define RATE_VERSION_MINOR 4
 #define RATE_VERSION_PATCH 0
 
 /* ---------------------------------------------------------------- errors */
@@ -162,6 +169,8 @@ typedef struct rate_limit {
     uint64_t block_ns;  /* 0, or: once this limit denies a request (a
                            "limited", not a "never"), the key stays denied
                            this long (at most 2^61 ns; text: block=DUR) */
+    uint64_t reserved[2]; /* zero (= {...} or memset): room for later
+                               fields; non-zero is RATE_EPOLICY */
 } rate_limit_t;
 
 /* An immutable set of 1..RATE_MAX_LIMITS limits, all applied to one key. */
@@ -337,6 +346,7 @@ typedef struct rate_decision {
     uint64_t delay_ns;     /* wait before acting (reservations only) */
     uint64_t retry_after_ns; /* on a denial; RATE_NEVER if it can never pass */
     uint64_t reset_after_ns; /* until the key is back to its cold start */
+    uint64_t reserved[4]; /* room for later fields; not read */
 } rate_decision_t;
 
 /* Short text for a reason: "allowed", "limited", "never", "store-error". */
@@ -352,6 +362,8 @@ typedef struct rate_memory_options {
     size_t max_keys;  /* 0: unbounded.  Beyond it the least recently used
                          keys are evicted (counted; may change answers). */
     unsigned shards;  /* 0: 256.  Rounded up to a power of two. */
+    uint64_t reserved[6]; /* zero (= {...} or memset): room for later
+                               fields; non-zero is RATE_EINVAL */
 } rate_memory_options_t;
 
 /* The in-memory store: a table split in shards, each behind its own spin
@@ -378,6 +390,7 @@ typedef struct rate_stats {
     uint64_t retries;    /* compare-and-set retries on the generic store path */
     uint64_t store_errors;
     uint64_t bytes;      /* memory the store holds, when it knows */
+    uint64_t reserved[8]; /* room for later fields; not read */
 } rate_stats_t;
 
 /* Fills what the store knows (keys, evictions, reclaimed, bytes; the
@@ -463,6 +476,8 @@ typedef struct rate_limiter_config {
      * One indirect call a decision when set; nothing when NULL. */
     rate_listen_fn listener;
     void *listener_ud;
+    uint64_t reserved[8]; /* zero (= {...} or memset): room for later
+                               fields; non-zero is RATE_EINVAL */
 } rate_limiter_config_t;
 
 /* Makes a limiter.  A store passed in is borrowed: free it after the

@@ -50,6 +50,8 @@ typedef struct rate_dynamodb_options {
     const char *access_key_id;
     const char *secret_access_key;
     const char *session_token; /* NULL: none */
+    uint64_t reserved[8]; /* zero (= {...} or memset): room for later
+                               fields; non-zero is RATE_EINVAL */
 } rate_dynamodb_options_t;
 
 /* The DynamoDB store: url is
@@ -108,6 +110,7 @@ typedef struct rate_dynamodb_counters {
     uint64_t throttled; /* throttling errors (ProvisionedThroughputExceeded,
                            Throttling, RequestLimitExceeded) */
     uint64_t errors;    /* other failed requests */
+    uint64_t reserved[8]; /* room for later fields; not read */
 } rate_dynamodb_counters_t;
 
 /* Fills *out.  RATE_EINVAL for NULL out or a store that is not a DynamoDB

@@ -32,6 +32,7 @@ typedef struct rate_headers {
     char ratelimit[RATE_HEADER_LEN]; /* RateLimit: "NAME";r=REMAINING;t=RESET */
     char retry_after[24];            /* Retry-After: seconds, rounded up,
                                         at least 1 */
+    uint64_t reserved[4]; /* room for later fields; not read */
 } rate_headers_t;
 
 /* Formats the fields for decision `d`, made under `policy` (the key's:
@@ -125,6 +126,7 @@ typedef struct rate_outcome {
     uint64_t generation; /* the rules that decided (rate_rules_generation) */
     size_t count;
     rate_applied_t applied[RATE_RULES_MAX_APPLY];
+    uint64_t reserved[4]; /* room for later fields; not read */
 } rate_outcome_t;
 
 /* Reads a rules file into *out.  Errors, each with a one-line message in

@@ -117,6 +117,8 @@ typedef struct rate_redis_options {
                                     script (redis_step.lua), never a lean
                                     one: the same decisions, slower; for
                                     comparison (docs/redis.md) */
+    uint64_t reserved[8]; /* zero (= {...} or memset): room for later
+                               fields; non-zero is RATE_EINVAL */
 } rate_redis_options_t;
 
 /* The Redis store: url is redis://[[user]:password@]host[:port][/db],
@@ -201,6 +203,7 @@ typedef struct rate_redis_status {
     uint64_t declined_adjustments; /* ... left to the compare-and-set path
                                   (a composite policy, a sliding window or
                                   log, a state the scripts would not read) */
+    uint64_t reserved[8]; /* room for later fields; not read */
 } rate_redis_status_t;
 
 /* Fills *out with the Redis store's state and counts since its creation.
@@ -306,6 +309,7 @@ typedef struct rate_redis_async_stats {
      * rate_redis_status_t counts them. */
     uint64_t lean_adjustments;
     uint64_t declined_adjustments;
+    uint64_t reserved[8]; /* room for later fields; not read */
 } rate_redis_async_stats_t;
 
 /* RATE_OK and *out, or RATE_EINVAL (NULL out, or a store that is not an

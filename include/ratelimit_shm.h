@@ -63,6 +63,8 @@ typedef struct rate_shm_options {
                                by a live process: 0 = 2 s; past it the call
                                fails with RATE_ETIMEDOUT (a lock held by a
                                dead process is taken over at once) */
+    uint64_t reserved[8]; /* zero (= {...} or memset): room for later
+                               fields; non-zero is RATE_EINVAL */
 } rate_shm_options_t;
 
 /* Opens the region in the file at `path` (e.g. /dev/shm/myapp.rl), mapped
@@ -157,6 +159,7 @@ typedef struct rate_shm_info {
     uint32_t shards, key_max, state_max, max_policies;
     bool created;          /* this handle created the file (or initialized
                               the caller's region); false: attached */
+    uint64_t reserved[8]; /* room for later fields; not read */
 } rate_shm_info_t;
 
 /* The region's sizes and counters (of every process that used it).

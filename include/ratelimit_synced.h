@@ -95,6 +95,8 @@ typedef struct rate_synced_config {
     uint64_t sweep_ns;           /* 0: no thread; else a background
                                     thread calls rate_synced_flush this
                                     often (clock calls only) */
+    uint64_t reserved[8]; /* zero (= {...} or memset): room for later
+                               fields; non-zero is RATE_EINVAL */
 } rate_synced_config_t;
 
 /* Makes a synced limiter.  Returns RATE_OK, or with `err` (if not NULL,
@@ -161,6 +163,7 @@ typedef struct rate_synced_stats {
     uint64_t held;          /* permits held now */
     uint64_t keys;          /* entries now */
     uint64_t evictions;     /* entries evicted by max_keys */
+    uint64_t reserved[8]; /* room for later fields; not read */
 } rate_synced_stats_t;
 
 /* Fills *out (each shard's figures read together, the shards one after

@@ -352,8 +352,10 @@ static int cmd_throttle(RedisModuleCtx *ctx, RedisModuleString **argv,
         return RM_ReplyWithError(ctx, "ERR quantity: not a whole number");
     /* redis-cell's GCRA: max_burst + 1 at once, count_per_period per
      * period: our token bucket of that burst and rate. */
-    rate_limit_t l = {RATE_TOKEN_BUCKET, count, period * RATE_NS_PER_S,
-                      burst + 1, 0};
+    rate_limit_t l = {.algorithm = RATE_TOKEN_BUCKET,
+                      .limit = count,
+                      .period_ns = period * RATE_NS_PER_S,
+                      .burst = burst + 1};
     char err[160], msg[200];
     const rate_policy_t *p = policy_of(&l, 1, err, sizeof err);
     if (p == NULL) {

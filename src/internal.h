@@ -249,6 +249,19 @@ int rate__fail(char *err, size_t errlen, int rc, const char *fmt, ...)
 
 /* ---------------------------------------------------------------- helpers */
 
+/* Whether a public struct's reserved words are all zero (docs/design.md,
+ * "A stable ABI"): a non-zero one is a later header's field this library
+ * does not know. */
+#define RATE__RESERVED_ZERO(s) rate__zero_words((s)->reserved, \
+                                                sizeof (s)->reserved / 8)
+static inline bool rate__zero_words(const uint64_t *w, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (w[i] != 0)
+            return false;
+    return true;
+}
+
 static inline uint64_t rate__ceil_div(rate_u128_t a, uint64_t b)
 {
     rate_u128_t q = a / b;

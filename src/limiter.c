@@ -281,7 +281,7 @@ int rate_limiter_new(const rate_limiter_config_t *cfg, rate_limiter_t **out)
     if (out == NULL)
         return RATE_EINVAL;
     *out = NULL;
-    if (cfg == NULL || cfg->policy == NULL)
+    if (cfg == NULL || cfg->policy == NULL || !RATE__RESERVED_ZERO(cfg))
         return RATE_EINVAL;
     if (cfg->on_store_error != RATE_FAIL_CLOSED &&
         cfg->on_store_error != RATE_FAIL_OPEN &&

@@ -147,6 +147,9 @@ static int check_limit(const rate_limit_t *l, size_t i, char *err,
     if (a == NULL)
         return fail(err, errlen, "limit %zu: unknown algorithm %d", i + 1,
                     (int)l->algorithm);
+    if (!RATE__RESERVED_ZERO(l))
+        return fail(err, errlen, "limit %zu: its reserved words are not zero "
+                    "(a field of a later version?)", i + 1);
     if (l->limit == 0)
         return fail(err, errlen, "limit %zu (%s): the rate's count is zero",
                     i + 1, a->name);

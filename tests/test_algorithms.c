@@ -198,7 +198,7 @@ static void at_the_bounds(void **state)
 {
     (void)state;
     const uint64_t B = UINT64_C(1) << 53, P = UINT64_C(1) << 61;
-    rate_limiter_t *l = limiter_c((rate_limit_t){RATE_TOKEN_BUCKET, 1, P, B, 0});
+    rate_limiter_t *l = limiter_c((rate_limit_t){RATE_TOKEN_BUCKET, 1, P, B, 0, {0}});
     EXPECT(l, 0, 1, 0, true, B - 1, 0, 0, P);
     EXPECT(l, 0, B, 0, false, B - 1, 0, P, P);
     EXPECT(l, P - 1, B, 0, false, B - 1, 0, 1, 1);
@@ -213,7 +213,7 @@ static void at_the_bounds(void **state)
     EXPECT(l, 3 * P, 1, 0, false, 0, 0, P, TMAX); /* 4P: past the clock */
     rate_limiter_free(l);
 
-    l = limiter_c((rate_limit_t){RATE_LEAKY_BUCKET, 1, P, B, 0});
+    l = limiter_c((rate_limit_t){RATE_LEAKY_BUCKET, 1, P, B, 0, {0}});
     EXPECT(l, 0, 1, 0, true, B - 1, 0, 0, P);
     EXPECT(l, 0, 1, 0, false, B - 1, 0, P, P);
     EXPECT(l, 0, B - 1, TMAX, true, 0, P, 0, TMAX);
@@ -222,7 +222,7 @@ static void at_the_bounds(void **state)
     rate_limiter_free(l);
 
     /* The largest counts the text takes: 2^63-1 per 2^61 ns. */
-    l = limiter_c((rate_limit_t){RATE_TOKEN_BUCKET, TMAX, P, TMAX, 0});
+    l = limiter_c((rate_limit_t){RATE_TOKEN_BUCKET, TMAX, P, TMAX, 0, {0}});
     EXPECT(l, 0, TMAX, 0, true, 0, 0, 0, P);
     /* One ns refills 2^63-1 scaled tokens: 3.99 tokens. */
     EXPECT(l, 1, 1, 0, true, 2, 0, 0, P);
@@ -230,7 +230,7 @@ static void at_the_bounds(void **state)
     EXPECT(l, 2, 3, 0, true, 3, 0, 0, P);
     rate_limiter_free(l);
 
-    l = limiter_c((rate_limit_t){RATE_FIXED_WINDOW, B, P, 0, 0});
+    l = limiter_c((rate_limit_t){RATE_FIXED_WINDOW, B, P, 0, 0, {0}});
     EXPECT(l, 2 * P + 3, B, 0, true, 0, 0, 0, P - 3);
     EXPECT(l, 2 * P + 3, 1, 0, false, 0, 0, P - 3, P - 3);
     EXPECT(l, 3 * P, B, 0, true, 0, 0, 0, P);
@@ -239,7 +239,7 @@ static void at_the_bounds(void **state)
     /* A sliding window: all 2^53 on the window's last nanosecond; half way
      * through the next the estimate is 2^52, and 2^52 + 1 more pass once
      * prev weighs (2^52 - 1) / 2^53, 256 ns later. */
-    l = limiter_c((rate_limit_t){RATE_SLIDING_WINDOW, B, P, 0, 0});
+    l = limiter_c((rate_limit_t){RATE_SLIDING_WINDOW, B, P, 0, 0, {0}});
     EXPECT(l, P - 1, B, 0, true, 0, 0, 0, P + 1);
     EXPECT(l, P + P / 2, B / 2 + 1, 0, false, B / 2, 0, 256, P / 2);
     EXPECT(l, P + P / 2 + 255, B / 2 + 1, 0, false, B / 2, 0, 1, P / 2 - 255);

@@ -122,7 +122,7 @@ static void memory_small_table(void **state)
 {
     (void)state;
     /* max_keys below the number of keys: evictions race with hits. */
-    rate_memory_options_t o = {5, 0};
+    rate_memory_options_t o = {.max_keys = 5, .shards = 0};
     rate_store_t *s;
     assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
     run_t r;
@@ -186,7 +186,7 @@ static uint64_t thread_cpu_ns(void)
 static void long_log_does_not_starve(void **state)
 {
     (void)state;
-    rate_memory_options_t o = {0, 1};
+    rate_memory_options_t o = {.max_keys = 0, .shards = 1};
     rate_store_t *s;
     assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
     log_run_t r;
@@ -264,7 +264,7 @@ static void *bound_worker(void *arg)
 static void max_keys_under_threads(void **state)
 {
     (void)state;
-    rate_memory_options_t o = {1000, 8};
+    rate_memory_options_t o = {.max_keys = 1000, .shards = 8};
     rate_store_t *s;
     assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
     bound_run_t r = {limiter_of("fixed-window 10/h", s), 0};

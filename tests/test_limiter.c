@@ -1152,7 +1152,7 @@ static void decide_asked_for_changes_from_v4(void **state)
 static void block_after_breach(void **state)
 {
     (void)state;
-    rate_limit_t lim = {RATE_TOKEN_BUCKET, 2, SEC, 2, 10 * SEC};
+    rate_limit_t lim = {RATE_TOKEN_BUCKET, 2, SEC, 2, 10 * SEC, {0}};
     rate_policy_t *p;
     char err[200];
     assert_int_equal(rate_policy_new(&lim, 1, &p, err, sizeof err), RATE_OK);

@@ -447,7 +447,7 @@ static void low_water_only_rises(void **state)
 {
     (void)state;
     rate_store_t *s;
-    assert_int_equal(rate_store_memory_new(&(rate_memory_options_t){2, 1}, &s),
+    assert_int_equal(rate_store_memory_new(&(rate_memory_options_t){.max_keys = 2, .shards = 1}, &s),
                      RATE_OK);
     rate_limiter_t *l = limiter_of("token-bucket 1000/s burst=1", s);
     assert_int_equal(rate_limiter_set_low_water(l, SEC), RATE_OK);

@@ -138,8 +138,8 @@ static void from_c(void **state)
 {
     (void)state;
     rate_limit_t l[2] = {
-        {RATE_TOKEN_BUCKET, 5, SEC, 10, 0},
-        {RATE_SLIDING_LOG, 100, 60 * SEC, 0, 0},
+        {RATE_TOKEN_BUCKET, 5, SEC, 10, 0, {0}},
+        {RATE_SLIDING_LOG, 100, 60 * SEC, 0, 0, {0}},
     };
     rate_policy_t *p = NULL;
     char err[200];
@@ -167,15 +167,15 @@ static void bounds(void **state)
     const uint64_t c53 = UINT64_C(1) << 53, p61 = UINT64_C(1) << 61;
     const uint64_t max = (uint64_t)INT64_MAX;
     rate_limit_t ok[] = {
-        {RATE_TOKEN_BUCKET, c53, p61, c53, 0},
-        {RATE_LEAKY_BUCKET, c53, p61, c53, 0},
-        {RATE_FIXED_WINDOW, c53, p61, 0, 0},
-        {RATE_SLIDING_WINDOW, c53, p61, 0, 0},
-        {RATE_TOKEN_BUCKET, max, p61, max, 0},
-        {RATE_LEAKY_BUCKET, 1, p61, max, 0},
-        {RATE_FIXED_WINDOW, max, p61, 0, 0},
-        {RATE_TOKEN_BUCKET, 1, UINT64_C(1) << 62, 1, 0}, /* narrow, as before */
-        {RATE_TOKEN_BUCKET, 100000, 86400 * SEC, 100000, 0},
+        {RATE_TOKEN_BUCKET, c53, p61, c53, 0, {0}},
+        {RATE_LEAKY_BUCKET, c53, p61, c53, 0, {0}},
+        {RATE_FIXED_WINDOW, c53, p61, 0, 0, {0}},
+        {RATE_SLIDING_WINDOW, c53, p61, 0, 0, {0}},
+        {RATE_TOKEN_BUCKET, max, p61, max, 0, {0}},
+        {RATE_LEAKY_BUCKET, 1, p61, max, 0, {0}},
+        {RATE_FIXED_WINDOW, max, p61, 0, 0, {0}},
+        {RATE_TOKEN_BUCKET, 1, UINT64_C(1) << 62, 1, 0, {0}}, /* narrow, as before */
+        {RATE_TOKEN_BUCKET, 100000, 86400 * SEC, 100000, 0, {0}},
     };
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         rate_policy_t *p = NULL;
@@ -190,11 +190,11 @@ static void bounds(void **state)
         rate_policy_free(p);
     }
     rate_limit_t bad[] = {
-        {RATE_TOKEN_BUCKET, 1, p61 + 1, 3, 0},
-        {RATE_LEAKY_BUCKET, 1, UINT64_C(1) << 62, 2, 0},
-        {RATE_FIXED_WINDOW, 1, p61 + 1, 0, 0},
-        {RATE_TOKEN_BUCKET, 1, SEC, max + 1, 0},
-        {RATE_TOKEN_BUCKET, max + 1, SEC, 1, 0},
+        {RATE_TOKEN_BUCKET, 1, p61 + 1, 3, 0, {0}},
+        {RATE_LEAKY_BUCKET, 1, UINT64_C(1) << 62, 2, 0, {0}},
+        {RATE_FIXED_WINDOW, 1, p61 + 1, 0, 0, {0}},
+        {RATE_TOKEN_BUCKET, 1, SEC, max + 1, 0, {0}},
+        {RATE_TOKEN_BUCKET, max + 1, SEC, 1, 0, {0}},
     };
     const char *why[] = {"above 2^61 ns", "above 2^61 ns", "above 2^61 ns",
                          "above 2^63-1", "above 2^63-1"};
@@ -707,7 +707,7 @@ static void block_option(void **state)
     /* Without a block: the fingerprint of the limits alone, as 0.1 made
      * it (this value was 0.1's for this policy). */
     rate_policy_t *r = policy_of("token-bucket 10/s burst=20");
-    rate_limit_t l = {RATE_TOKEN_BUCKET, 10, SEC, 20, 0};
+    rate_limit_t l = {RATE_TOKEN_BUCKET, 10, SEC, 20, 0, {0}};
     rate_policy_t *s2;
     assert_int_equal(rate_policy_new(&l, 1, &s2, NULL, 0), RATE_OK);
     assert_int_equal(rate_policy_fingerprint(r), rate_policy_fingerprint(s2));

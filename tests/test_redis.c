@@ -184,7 +184,7 @@ static void same_decisions_at_the_boundaries(void **state)
                                   : divisors[rnd(sizeof divisors /
                                                  sizeof divisors[0])];
             rate_limit_t lim = {(rate_algorithm_t)algo, 1 + rnd(5), period,
-                                algo <= 2 ? 1 + rnd(4) : 0, 0};
+                                algo <= 2 ? 1 + rnd(4) : 0, 0, {0}};
             rate_policy_t *p;
             assert_int_equal(rate_policy_new(&lim, 1, &p, NULL, 0), RATE_OK);
             rate_store_t *ms;

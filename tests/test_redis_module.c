@@ -208,7 +208,7 @@ static void same_at_the_boundaries(void **state)
     for (int algo = 1; algo <= 5; algo++) {
         for (int trace = 0; trace < 8; trace++) {
             rate_limit_t lim = {(rate_algorithm_t)algo, 1 + rnd(5),
-                                1 + rnd(997), algo <= 2 ? 1 + rnd(4) : 0, 0};
+                                1 + rnd(997), algo <= 2 ? 1 + rnd(4) : 0, 0, {0}};
             rate_policy_t *p;
             assert_int_equal(rate_policy_new(&lim, 1, &p, NULL, 0), RATE_OK);
             rate_store_t *ms;

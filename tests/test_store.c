@@ -12,6 +12,11 @@
 #include <unistd.h>
 
 #include "helpers.h"
+#include "ratelimit_shm.h"
+#include "ratelimit_synced.h"
+#ifdef RATE_WITH_DYNAMODB
+#include "ratelimit_dynamodb.h"
+#endif
 #ifdef RATE_WITH_REDIS
 #include "ratelimit_redis.h"
 #include "redis_server.h"
@@ -213,7 +218,7 @@ static rate_limiter_t *on_clock(const char *text, fake_clock_t *c,
 static void max_keys_evicts_and_counts(void **state)
 {
     (void)state;
-    rate_memory_options_t o = {4, 0};
+    rate_memory_options_t o = {.max_keys = 4, .shards = 0};
     rate_store_t *s;
     assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
     rate_limiter_t *l = limiter_of("fixed-window 10/h", s);
@@ -241,7 +246,7 @@ static void max_keys_evicts_and_counts(void **state)
     rate_limiter_free(l);
     rate_store_free(s);
 
-    rate_memory_options_t bad = {0, 1u << 20};
+    rate_memory_options_t bad = {.shards = 1u << 20};
     assert_int_equal(rate_store_memory_new(&bad, &s), RATE_EINVAL);
     assert_int_equal(rate_store_memory_new(&o, NULL), RATE_EINVAL);
     rate_store_free(NULL);
@@ -256,7 +261,7 @@ static void reclaims_only_by_own_clock(void **state)
     fake_clock_t c = {1000 * SEC, 0, 0};
     rate_store_t *s;
     rate_limiter_t *l =
-        on_clock("fixed-window 1/s", &c, (rate_memory_options_t){4, 0}, &s);
+        on_clock("fixed-window 1/s", &c, (rate_memory_options_t){.max_keys = 4, .shards = 0}, &s);
     const char *keys[] = {"a", "b", "c", "d", "e", "f"};
     for (int i = 0; i < 4; i++)
         assert_true(rate_try_acquire(l, keys[i], 1));
@@ -288,7 +293,7 @@ static void reclaim_follows_last_write(void **state)
     fake_clock_t c = {1000 * SEC, 0, 0};
     rate_store_t *s;
     rate_limiter_t *l =
-        on_clock("fixed-window 1/s", &c, (rate_memory_options_t){2, 0}, &s);
+        on_clock("fixed-window 1/s", &c, (rate_memory_options_t){.max_keys = 2, .shards = 0}, &s);
     rate_decision_t d;
     assert_int_equal(rate_limiter_check_at(l, "a", 1, 1, 0, 990 * SEC, &d),
                      RATE_OK);
@@ -314,7 +319,7 @@ static void grows_and_reclaims_unbounded(void **state)
     fake_clock_t c = {SEC, 0, 0};
     rate_store_t *s;
     rate_limiter_t *l = on_clock("token-bucket 10/s burst=10", &c,
-                                 (rate_memory_options_t){0, 4}, &s);
+                                 (rate_memory_options_t){.max_keys = 0, .shards = 4}, &s);
     char k[32];
     for (int i = 0; i < 20000; i++) {
         snprintf(k, sizeof k, "key-number-%d-long-enough", i);
@@ -354,7 +359,7 @@ static void max_keys_is_exact(void **state)
     (void)state;
     const size_t sizes[] = {200, 5000, 100000};
     for (size_t z = 0; z < sizeof sizes / sizeof *sizes; z++) {
-        rate_memory_options_t o = {sizes[z], 0};
+        rate_memory_options_t o = {.max_keys = sizes[z], .shards = 0};
         rate_store_t *s;
         assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
         rate_limiter_t *l = limiter_of("fixed-window 10/h", s);
@@ -389,7 +394,7 @@ static void low_water_reclaims(void **state)
     for (int marked = 0; marked < 2; marked++) {
         rate_store_t *s;
         assert_int_equal(rate_store_memory_new(
-                             &(rate_memory_options_t){0, 4}, &s),
+                             &(rate_memory_options_t){.max_keys = 0, .shards = 4}, &s),
                          RATE_OK);
         rate_limiter_t *l = limiter_of("token-bucket 1000/s burst=1", s);
         char k[32];
@@ -428,9 +433,76 @@ static void low_water_reclaims(void **state)
     }
 }
 
+/* A struct a caller fills whose reserved words are not zero (a field of a
+ * later header, run against this library) is refused, never ignored:
+ * every constructor, each part's too (docs/design.md, "A stable ABI"). */
+static void reserved_words_are_refused(void **state)
+{
+    (void)state;
+    char err[200] = "";
+    rate_policy_t *p = NULL;
+    rate_limit_t l = {.algorithm = RATE_TOKEN_BUCKET, .limit = 1,
+                      .period_ns = SEC, .burst = 1};
+    l.reserved[1] = 1;
+    assert_int_equal(rate_policy_new(&l, 1, &p, err, sizeof err),
+                     RATE_EPOLICY);
+    assert_non_null(strstr(err, "limit 1: its reserved words are not zero"));
+    l.reserved[1] = 0;
+    assert_int_equal(rate_policy_new(&l, 1, &p, err, sizeof err), RATE_OK);
+
+    rate_limiter_t *lim = NULL;
+    rate_limiter_config_t cfg = {.policy = p};
+    cfg.reserved[7] = 1;
+    assert_int_equal(rate_limiter_new(&cfg, &lim), RATE_EINVAL);
+    assert_null(lim);
+
+    rate_store_t *s = NULL;
+    rate_memory_options_t mo = {.max_keys = 10};
+    mo.reserved[0] = 1;
+    assert_int_equal(rate_store_memory_new(&mo, &s), RATE_EINVAL);
+    assert_null(s);
+
+    rate_shm_options_t so = {.max_keys = 64};
+    so.reserved[3] = 1;
+    assert_int_equal(rate_store_shm_size(&so), 0);
+    assert_int_equal(rate_store_shm_new("/ratelimit-test-reserved", &so, &s,
+                                        err, sizeof err),
+                     RATE_EINVAL);
+    assert_non_null(strstr(err, "reserved words are not zero"));
+
+    assert_int_equal(rate_store_memory_new(NULL, &s), RATE_OK);
+    rate_synced_config_t sc = {.policy = p, .remote = s, .lease = 1};
+    sc.reserved[0] = 2;
+    rate_synced_t *sy = NULL;
+    assert_int_equal(rate_synced_new(&sc, &sy, err, sizeof err), RATE_EINVAL);
+    assert_non_null(strstr(err, "reserved words are not zero"));
+    rate_store_free(s);
+    s = NULL;
+#ifdef RATE_WITH_REDIS
+    rate_redis_options_t ro = {0};
+    ro.reserved[7] = 1;
+    assert_int_equal(rate_store_redis_new("redis://127.0.0.1:1/0", &ro, &s,
+                                          err, sizeof err),
+                     RATE_EINVAL);
+    assert_non_null(strstr(err, "reserved words are not zero"));
+#endif
+#ifdef RATE_WITH_DYNAMODB
+    rate_dynamodb_options_t dopt = {0};
+    dopt.reserved[0] = 1;
+    assert_int_equal(rate_store_dynamodb_new("dynamodb://t?endpoint=http://"
+                                             "127.0.0.1:1",
+                                             &dopt, &s, err, sizeof err),
+                     RATE_EINVAL);
+    assert_non_null(strstr(err, "reserved words are not zero"));
+#endif
+    assert_null(s);
+    rate_policy_free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(reserved_words_are_refused),
         CONFORMANCE(keys_are_independent_and_binary_safe),
         CONFORMANCE(large_state_round_trips),
         CONFORMANCE(composite_state_round_trips),

@@ -998,6 +998,9 @@ int rate_store_dynamodb_new(const char *url,
                           "the DynamoDB URL is NULL");
     if (opt != NULL)
         o = *opt;
+    if (!RATE__RESERVED_ZERO(&o))
+        return rate__fail(err, errlen, RATE_EINVAL, "the options' reserved "
+                          "words are not zero (a field of a later version?)");
     if (o.prefix_len > PREFIX_MAX || (o.prefix_len > 0 && o.prefix == NULL))
         return rate__fail(err, errlen, RATE_EINVAL,
                           "prefix: at most %u bytes, not NULL with a length",

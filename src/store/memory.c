@@ -951,7 +951,7 @@ static uint32_t slots_for(uint64_t keys)
 
 int rate_store_memory_new(const rate_memory_options_t *opt, rate_store_t **out)
 {
-    rate_memory_options_t o = {0, 0};
+    rate_memory_options_t o = {0};
     memstore_t *m;
     unsigned n = 1;
 
@@ -960,6 +960,8 @@ int rate_store_memory_new(const rate_memory_options_t *opt, rate_store_t **out)
     *out = NULL;
     if (opt != NULL)
         o = *opt;
+    if (!RATE__RESERVED_ZERO(&o))
+        return RATE_EINVAL;
     if (o.shards == 0)
         o.shards = 256;
     if (o.shards > 65536 || o.max_keys > (uint64_t)UINT32_MAX)

@@ -2224,6 +2224,9 @@ int rate__redis_new(const char *url, const rate_redis_options_t *opt,
         return rate__fail(err, errlen, RATE_EINVAL, "the Redis URL is NULL");
     if (opt != NULL)
         o = *opt;
+    if (!RATE__RESERVED_ZERO(&o))
+        return rate__fail(err, errlen, RATE_EINVAL, "the options' reserved "
+                          "words are not zero (a field of a later version?)");
     if (o.pool_size > 1024)
         return rate__fail(err, errlen, RATE_EINVAL, "pool_size %u above 1024",
                           o.pool_size);

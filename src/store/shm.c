@@ -192,6 +192,10 @@ static int make_layout(const rate_shm_options_t *o, layout_t *l, char *err,
                        size_t errlen)
 {
     memset(l, 0, sizeof *l);
+    for (size_t i = 0; i < sizeof o->reserved / sizeof o->reserved[0]; i++)
+        if (o->reserved[i] != 0)
+            return fail(err, errlen, RATE_EINVAL, "the options' reserved "
+                        "words are not zero (a field of a later version?)");
     if (o->max_keys == 0)
         return fail(err, errlen, RATE_EINVAL,
                     "max_keys is required to make a region (0 given)");
@@ -1366,6 +1370,10 @@ static int handle_error(char *err, size_t errlen, int rc, const char *what,
 static int check_options(const rate_shm_options_t *o, char *err,
                          size_t errlen)
 {
+    for (size_t i = 0; i < sizeof o->reserved / sizeof o->reserved[0]; i++)
+        if (o->reserved[i] != 0)
+            return fail(err, errlen, RATE_EINVAL, "the options' reserved "
+                        "words are not zero (a field of a later version?)");
     if (o->prefix != NULL && strlen(o->prefix) >= KEY_MAX_MAX)
         return fail(err, errlen, RATE_EINVAL, "the prefix is too long");
     if (o->lock_timeout_ns > RATE_TIME_MAX)

@@ -754,6 +754,12 @@ int rate_synced_new(const rate_synced_config_t *c, rate_synced_t **out,
         set_err(err, errlen, "no config or out (NULL)");
         return RATE_EINVAL;
     }
+    for (size_t i = 0; i < sizeof c->reserved / sizeof c->reserved[0]; i++)
+        if (c->reserved[i] != 0) {
+            set_err(err, errlen, "the config's reserved words are not zero "
+                                 "(a field of a later version?)");
+            return RATE_EINVAL;
+        }
     if (c->policy == NULL || c->remote == NULL) {
         set_err(err, errlen, c->policy == NULL ? "no policy (NULL)"
                                                : "no remote store (NULL)");

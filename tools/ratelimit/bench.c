@@ -497,7 +497,7 @@ static int bench_shm(void)
     char err[256];
     if (rate_store_shm_new(path, &so, &shm, err, sizeof err) != RATE_OK)
         return cli_fail("bench: %s", err);
-    rate_memory_options_t mo = {KEYS, 0};
+    rate_memory_options_t mo = {.max_keys = KEYS};
     if (rate_store_memory_new(&mo, &mem) != RATE_OK)
         return cli_fail("bench: cannot make a store");
     rate_limiter_t *lm = limiter(OPEN_TB, mem), *ls = limiter(OPEN_TB, shm);
@@ -723,7 +723,7 @@ int cmd_bench(int argc, char **argv)
     double f_fetch = best(m_fetch, table);
     double f_serial = best(m_fetch_serial, table);
     free(table);
-    rate_memory_options_t sized = {KEYS, 0};
+    rate_memory_options_t sized = {.max_keys = KEYS};
     rate_store_t *store;
     if (rate_store_memory_new(&sized, &store) != RATE_OK)
         return cli_fail("bench: cannot make a store");

@@ -368,11 +368,11 @@ static int setup_lanes(lane_t *lanes, uint64_t limit, uint64_t period,
         const char *opt = cli_algorithm_option(cli_algorithm(a));
         bool bucket = opt[0] != '\0';
         rate_policy_t *p;
-        ln->limit = (rate_limit_t){cli_algorithm(a), limit, period,
-                                   !bucket ? 0
-                                   : strcmp(opt, "capacity") == 0 ? capacity
-                                                                  : burst,
-                                   0};
+        ln->limit = (rate_limit_t){
+            .algorithm = cli_algorithm(a), .limit = limit, .period_ns = period,
+            .burst = !bucket ? 0
+                     : strcmp(opt, "capacity") == 0 ? capacity
+                                                    : burst};
         ln->reserves = bucket;
         if (rate_policy_new(&ln->limit, 1, &p, err, sizeof err) != 0)
             return cli_fail("compare: %s", err);
