@@ -135,7 +135,9 @@ typedef struct rate_outcome {
  * RATE_EINVAL for a NULL argument or a file that cannot be read,
  * RATE_EPOLICY for anything wrong in it (a policy's text, an unknown
  * section or setting, a rule that can never apply, a line longer than
- * libinih reads), RATE_ENOMEM.  Free with rate_rules_free.
+ * libinih reads; an empty file, a last line without its newline, no
+ * [rule NAME]: torn or would leave every request unlimited),
+ * RATE_ENOMEM.  Free with rate_rules_free.
  * Thread-safe: yes. */
 RATE_API int rate_rules_load(const char *path, rate_rules_t **out,
                              char *err, size_t errlen);

@@ -225,7 +225,70 @@ expect "generation after a bad file" \
   "$(curl -s "$base/metrics" | sed -n 's/^ratelimit_rules_generation //p')" "$gen"
 expect "enterprise after a bad file" "$(get -H 'X-API-Key: ent-1' "$base/a")" 200
 expect "u1 after a bad file" "$(get -H 'X-API-Key: u1' "$base/a")" 429
+
+# --- a reload of an empty file, or of one cut inside a line (a file being
+# written in place): refused and logged, the rules in use stay (u1, used
+# up on the free tier, stays denied; before, an empty file was adopted
+# and every key was unlimited)
+for torn in empty cut norules; do
+  case $torn in
+    empty) : >"$tmp/rules.conf" ;;
+    cut) head -c 150 "$tmp/good.conf" >"$tmp/rules.conf" ;;
+    norules) printf '[policies]\nfree = token-bucket 1/h burst=10\n' >"$tmp/rules.conf" ;;
+  esac
+  n=$(grep -c 'the rules in use stay' "$tmp/log" || true)
+  kill -HUP "$pid"
+  for _ in $(seq 1 200); do
+    [ "$(grep -c 'the rules in use stay' "$tmp/log")" -gt "$n" ] && break
+    sleep 0.05
+  done
+  case $torn in
+    empty) want='the file is empty' ;;
+    cut) want='the file ends inside this line, without its newline' ;;
+    norules) want='no [rule NAME] section: every request would be unlimited' ;;
+  esac
+  grep -qF "$want" "$tmp/log" || fail "$torn file not reported: $(tail -n 2 "$tmp/log")"
+  expect "generation after the $torn file" \
+    "$(curl -s "$base/metrics" | sed -n 's/^ratelimit_rules_generation //p')" "$gen"
+  expect "u1 after the $torn file" "$(get -H 'X-API-Key: u1' "$base/a")" 429
+done
 stop
+
+# --- slow clients: 40 connections from 127.0.0.1 each trickling a header
+# line every 0.3 s and never ending their headers.  With at most 8 per
+# address, 32 are closed at once; the 8 others are closed by the header
+# deadline (4 s here), though the trickle keeps resetting the idle
+# timeout (30 s); meanwhile a client from another address (127.0.0.2, a
+# loopback address too) is answered, and once the slow ones are gone one
+# from 127.0.0.1 too.  (Before: all 40 were taken and kept open while
+# they trickled, and about 1,030 such connections blocked every client.)
+if command -v python3 >/dev/null; then
+  start "$tmp/good.conf" --max-conns-per-ip 8 --header-timeout 4
+  grep -qF 'at most 1000 connections, 8 per address (0: no cap), headers within 4 s' "$tmp/log" ||
+    fail "the caps are not in the log: $(cat "$tmp/log")"
+  port=${base##*:}
+  python3 "$(dirname "$0")/slow_clients.py" "$port" 40 2 20 >"$tmp/slow" &
+  spid=$!
+  sleep 1
+  t0=$(now_ns)
+  expect "another address during the trickle" \
+    "$(get --interface 127.0.0.2 -m 10 -H 'X-API-Key: other' "$base/a")" 200
+  echo "another address answered in $(( ($(now_ns) - t0) / 1000000 )) ms during the trickle"
+  wait "$spid" || fail "slow_clients.py failed"
+  expect "slow clients: at once, by the deadline, still open" "$(cat "$tmp/slow")" "32 8 0"
+  expect "127.0.0.1 after the slow clients" "$(get -m 10 -H 'X-API-Key: other2' "$base/a")" 200
+  stop
+  grep -q 'stopped (8 connections closed by the header deadline)' "$tmp/log" ||
+    fail "the deadline's count: $(tail -n 1 "$tmp/log")"
+  # a bad cap is a clear error
+  if "$SERVER" --listen 127.0.0.1:0 --config "$tmp/good.conf" --max-conns-per-ip x 2>"$tmp/err"; then
+    fail "--max-conns-per-ip x accepted"
+  fi
+  grep -qF "api-server: --max-conns-per-ip 'x' is not a whole number from 0 to 1000000" "$tmp/err" ||
+    fail "--max-conns-per-ip x: $(cat "$tmp/err")"
+else
+  echo "api_server_test: python3 not installed; the slow-client part is skipped"
+fi
 
 # --- the example's own rules: of 100 requests in a row from one unknown
 # key, the first 10 pass (burst 10), and some get 429s

@@ -390,6 +390,88 @@ static void errors_name_file_and_line(void **state)
     assert_int_equal(rate_rules_load(NULL, &r, err, sizeof err), RATE_EINVAL);
 }
 
+/* Reloads a file of `text` on r: refused with a message holding `want`,
+ * the generation unchanged. */
+static void refused(rate_rules_t *r, const char *text, const char *want)
+{
+    char err[512] = "";
+    uint64_t gen = rate_rules_generation(r);
+    write_file("torn.conf", text);
+    int rc = rate_rules_reload(r, NULL, err, sizeof err);
+    if (rc != RATE_EPOLICY || strstr(err, want) == NULL)
+        fail_msg("'%s': got %d '%s', want '%s'", text, rc, err, want);
+    assert_int_equal(rate_rules_generation(r), gen);
+}
+
+/* A reload never adopts a file that would quietly widen every limit: an
+ * empty file, one cut inside a line (a file being written in place, read
+ * half way), one with no rule, a rule cut before its policy, a rule whose
+ * policy is not there; the rules in use stay (dave, used up on the free
+ * tier, stays denied), and the error says why. */
+static void reload_refuses_empty_or_torn_files(void **state)
+{
+    (void)state;
+    char err[512];
+    rate_rules_t *r;
+    assert_int_equal(rate_rules_load(write_file("torn.conf", good), &r, err,
+                                     sizeof err),
+                     RATE_OK);
+    rate_limiter_t *lim = limiter_fake();
+    fclock.now = 0;
+    for (int i = 0; i < 3; i++)
+        assert_true(req(r, lim, "dave", NULL, NULL).allowed);
+    assert_false(req(r, lim, "dave", NULL, NULL).allowed);
+
+    refused(r, "", "torn.conf:1: the file is empty");
+    refused(r, "\n# only comments\n", "torn.conf:2: no [rule NAME] section: "
+            "every request would be unlimited");
+    refused(r, "[policies]\nfree = token-bucket 2/s burst=3\n",
+            "no [rule NAME] section");
+    /* Every cut of the good file inside a line. */
+    size_t len = strlen(good);
+    char cut[1024];
+    assert_true(len < sizeof cut);
+    for (size_t n = 1; n < len; n++) {
+        if (good[n - 1] == '\n')
+            continue;
+        memcpy(cut, good, n);
+        cut[n] = '\0';
+        refused(r, cut, "without its newline (a file being written, or cut "
+                        "short?)");
+    }
+    /* Cut at a line's end: a rule cut before its policy line, and the
+     * rules without the [policies] they name. */
+    refused(r, "[policies]\nfree = token-bucket 2/s burst=3\n"
+               "[rule free]\ngroup = tier\n",
+            "torn.conf:3: [rule free] has no 'policy =' line");
+    refused(r, "[rule free]\ngroup = tier\npolicy = free\n",
+            "torn.conf:3: policy 'free' is not defined");
+    refused(r, "[policies]\nfree = token-bucket 2/s burst=3\n[rul\n",
+            "torn.conf:3: not a [section]");
+    assert_int_equal(rate_rules_generation(r), 1);
+    assert_false(req(r, lim, "dave", NULL, NULL).allowed);
+
+    /* The whole file again is adopted; so is a file that limits nothing
+     * on purpose. */
+    write_file("torn.conf", good);
+    assert_int_equal(rate_rules_reload(r, NULL, err, sizeof err), RATE_OK);
+    assert_int_equal(rate_rules_generation(r), 2);
+    assert_false(req(r, lim, "dave", NULL, NULL).allowed);
+    write_file("torn.conf", "[policies]\noff = unlimited\n"
+                            "[rule all]\npolicy = off\n");
+    assert_int_equal(rate_rules_reload(r, NULL, err, sizeof err), RATE_OK);
+    assert_true(req(r, lim, "dave", NULL, NULL).allowed);
+    /* The first load is refused alike. */
+    rate_rules_t *r2 = (rate_rules_t *)1;
+    assert_int_equal(rate_rules_load(write_file("empty.conf", ""), &r2, err,
+                                     sizeof err),
+                     RATE_EPOLICY);
+    assert_null(r2);
+    assert_non_null(strstr(err, "empty.conf:1: the file is empty"));
+    rate_rules_free(r);
+    rate_limiter_free(lim);
+}
+
 static void reload_keeps_state_and_refuses_bad_files(void **state)
 {
     (void)state;
@@ -573,6 +655,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(store_errors_in_an_outcome),
         cmocka_unit_test(errors_name_file_and_line),
         cmocka_unit_test(reload_keeps_state_and_refuses_bad_files),
+        cmocka_unit_test(reload_refuses_empty_or_torn_files),
     };
     const struct CMUnitTest load[] = {
         cmocka_unit_test(reloads_while_deciding),

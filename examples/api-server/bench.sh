@@ -59,7 +59,8 @@ EOF
 start() { # start NAME ARGS...: sets port_NAME and pid_NAME
   local name=$1
   shift
-  "$SERVER" --listen 127.0.0.1:0 --config "$tmp/bench.conf" "$@" 2>"$tmp/$name.log" &
+  # wrk's connections all come from 127.0.0.1: no per-address cap
+  "$SERVER" --listen 127.0.0.1:0 --config "$tmp/bench.conf" --max-conns-per-ip 0 "$@" 2>"$tmp/$name.log" &
   pids+=($!)
   local port=
   for _ in $(seq 1 100); do

@@ -3,7 +3,8 @@
  * api-server: a small HTTP API on libmicrohttpd, limited by libratelimit.
  *
  *   api-server --listen 127.0.0.1:PORT --config FILE [--store URL]
- *              [--no-limit]
+ *              [--max-conns-per-ip N] [--max-conns N]
+ *              [--header-timeout SECONDS] [--no-limit]
  *
  * Every path but /metrics is an API call: its key is the X-API-Key header
  * (or "ip:ADDRESS" without one), its attributes the API key, the route
@@ -14,6 +15,12 @@
  * the Prometheus exposition the limiter's listener feeds.  SIGHUP, or a
  * change of the file (checked every 200 ms), reloads the rules; a bad file
  * is reported and the old rules stay.  SIGINT or SIGTERM stops.
+ * One slow client cannot take the server: each address has at most
+ * --max-conns-per-ip connections open (default 32), all at most
+ * --max-conns (default 1000), and a request's line and headers must come
+ * within --header-timeout seconds (default 10) of the connection's start
+ * or of the previous request's end, however slowly they trickle in (the
+ * idle timeout, 30 s, is reset by every byte).
  * --no-limit answers every call as allowed without asking the limiter
  * (the bench's baseline).  See docs/api-server.md.
  */
@@ -26,6 +33,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdbool.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -35,7 +44,22 @@
 
 #include "metrics.h"
 
+/* A connection, from its start to its close, for the header deadline:
+ * `since` is when its current request began (the connection's start, or
+ * the previous request's end), `in` whether that request's headers are
+ * in (the handler was called). */
+typedef struct conn {
+    struct conn *prev, *next;
+    int fd;
+    uint64_t since;
+    bool in, cut;
+} conn_t;
+
 typedef struct server {
+    pthread_mutex_t lock; /* conns */
+    conn_t conns;         /* a ring, conns itself its head */
+    uint64_t header_timeout_ns;
+    uint64_t cut;         /* connections closed by the header deadline */
     rate_rules_t *rules;
     rate_limiter_t *lim;
     rate_store_t *store;
@@ -173,6 +197,99 @@ static void client_address(struct MHD_Connection *c, char *out, size_t len)
     }
 }
 
+/* ------------------------------------------------- slow clients */
+
+/* MHD_OPTION_NOTIFY_CONNECTION: a connection joins the ring when it
+ * starts and leaves it when it closes (before MHD closes its socket, so
+ * that the reaper never shuts down a socket number reused since). */
+static void on_connection(void *cls, struct MHD_Connection *c,
+                          void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    server_t *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        conn_t *k = calloc(1, sizeof *k);
+        *socket_context = k;
+        if (k == NULL || ci == NULL)
+            return; /* no deadline for it: the idle timeout still holds */
+        k->fd = ci->connect_fd;
+        k->since = now_ns();
+        pthread_mutex_lock(&s->lock);
+        k->next = s->conns.next;
+        k->prev = &s->conns;
+        s->conns.next->prev = k;
+        s->conns.next = k;
+        pthread_mutex_unlock(&s->lock);
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        conn_t *k = *socket_context;
+        *socket_context = NULL;
+        if (k == NULL)
+            return;
+        pthread_mutex_lock(&s->lock);
+        if (k->next != NULL) {
+            k->prev->next = k->next;
+            k->next->prev = k->prev;
+        }
+        pthread_mutex_unlock(&s->lock);
+        free(k);
+    }
+}
+
+static conn_t *conn_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci != NULL ? ci->socket_context : NULL;
+}
+
+/* The request's headers are in: no deadline until it ends. */
+static void headers_in(server_t *s, struct MHD_Connection *c)
+{
+    conn_t *k = conn_of(c);
+    if (k == NULL)
+        return;
+    pthread_mutex_lock(&s->lock);
+    k->in = true;
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* MHD_OPTION_NOTIFY_COMPLETED: the next request on a kept-alive
+ * connection has its own deadline, from now. */
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    server_t *s = cls;
+    (void)con_cls;
+    (void)toe;
+    conn_t *k = conn_of(c);
+    if (k == NULL)
+        return;
+    pthread_mutex_lock(&s->lock);
+    k->in = false;
+    k->since = now_ns();
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Every connection whose request's line and headers are not in
+ * header_timeout_ns after it began is shut down (MHD then sees it end
+ * and closes it), however often its client sends a byte.  Called by the
+ * main loop, every 200 ms. */
+static void reap_slow(server_t *s)
+{
+    uint64_t now = now_ns();
+    pthread_mutex_lock(&s->lock);
+    for (conn_t *k = s->conns.next; k != &s->conns; k = k->next) {
+        if (!k->in && !k->cut && now - k->since > s->header_timeout_ns) {
+            shutdown(k->fd, SHUT_RDWR);
+            k->cut = true;
+            s->cut++;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
                                   const char *url, const char *method,
                                   const char *version, const char *upload,
@@ -185,6 +302,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
 
     if (*con_cls == NULL) { /* the headers are in; the body (if any) next */
         *con_cls = &started;
+        headers_in(s, c);
         return MHD_YES;
     }
     if (*upload_size != 0) { /* a body is ignored */
@@ -280,7 +398,9 @@ static void reload(server_t *s, const char *why)
 static int usage(void)
 {
     fprintf(stderr, "usage: api-server --listen 127.0.0.1:PORT --config FILE "
-                    "[--store memory|redis://...] [--no-limit]\n");
+                    "[--store memory|redis://...] [--max-conns-per-ip N] "
+                    "[--max-conns N] [--header-timeout SECONDS] "
+                    "[--no-limit]\n");
     return 2;
 }
 
@@ -302,14 +422,45 @@ static int parse_listen(const char *text, struct sockaddr_in *sa)
     return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
 }
 
+/* A whole number from lo to hi for option `name`: 0, or -1 after saying
+ * what is wrong. */
+static int parse_uint(const char *name, const char *text, unsigned lo,
+                      unsigned hi, unsigned *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(text, &end, 10);
+    if (text[0] < '0' || text[0] > '9' || *end != '\0' || errno != 0 ||
+        v < lo || v > hi) {
+        fprintf(stderr, "api-server: %s '%s' is not a whole number from %u "
+                        "to %u\n", name, text, lo, hi);
+        return -1;
+    }
+    *out = (unsigned)v;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *listen = NULL, *store_url = "memory";
     server_t s = {0};
     char err[512];
+    unsigned per_ip = 32, max_conns = 1000, header_timeout = 10;
 
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc)
+        if (strcmp(argv[i], "--max-conns-per-ip") == 0 && i + 1 < argc) {
+            if (parse_uint("--max-conns-per-ip", argv[++i], 0, 1000000,
+                           &per_ip) != 0)
+                return 2;
+        } else if (strcmp(argv[i], "--max-conns") == 0 && i + 1 < argc) {
+            if (parse_uint("--max-conns", argv[++i], 1, 1000000,
+                           &max_conns) != 0)
+                return 2;
+        } else if (strcmp(argv[i], "--header-timeout") == 0 && i + 1 < argc) {
+            if (parse_uint("--header-timeout", argv[++i], 1, 3600,
+                           &header_timeout) != 0)
+                return 2;
+        } else if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc)
             listen = argv[++i];
         else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
             s.config = argv[++i];
@@ -361,11 +512,21 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
+    pthread_mutex_init(&s.lock, NULL);
+    s.conns.next = s.conns.prev = &s.conns;
+    s.header_timeout_ns = (uint64_t)header_timeout * 1000000000u;
+    /* The idle timeout alone does not stop a client that sends a byte
+     * now and then: the per-address cap (0: none) and the header
+     * deadline (reap_slow) do. */
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG,
         0, NULL, NULL, on_request, &s, MHD_OPTION_SOCK_ADDR,
         (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE, 2u,
-        MHD_OPTION_CONNECTION_TIMEOUT, 30u, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_TIMEOUT, 30u,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
+        MHD_OPTION_CONNECTION_LIMIT, max_conns,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, &s,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, &s, MHD_OPTION_END);
     if (d == NULL) {
         fprintf(stderr, "api-server: cannot listen on %s: %s\n", listen,
                 strerror(errno));
@@ -375,14 +536,18 @@ int main(int argc, char **argv)
         MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     char ip[INET_ADDRSTRLEN];
     inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+    fprintf(stderr, "api-server: at most %u connections, %u per address "
+                    "(0: no cap), headers within %u s\n",
+            max_conns, per_ip, header_timeout);
     fprintf(stderr, "api-server: listening on %s:%u (store %s%s)\n", ip,
             di != NULL ? di->port : ntohs(sa.sin_port), store_url,
             s.no_limit ? ", limiter off" : "");
 
-    stamp_t seen = stamp_of(s.config);
+    stamp_t seen = stamp_of(s.config), changing = seen;
     for (;;) {
         struct timespec tick = {0, 200000000};
         int sig = sigtimedwait(&sigs, NULL, &tick);
+        reap_slow(&s);
         if (sig == SIGINT || sig == SIGTERM)
             break;
         if (sig == SIGHUP) {
@@ -390,17 +555,22 @@ int main(int argc, char **argv)
             reload(&s, "SIGHUP");
             continue;
         }
+        /* A changed file is read once it has stayed the same for a tick
+         * (200 ms), not while it is being written; what is read half
+         * way all the same is refused (rate_rules_reload). */
         stamp_t now = stamp_of(s.config);
-        if (!same_stamp(now, seen)) {
+        if (!same_stamp(now, seen) && same_stamp(now, changing)) {
             seen = now;
             reload(&s, "file changed");
         }
+        changing = now;
     }
     MHD_stop_daemon(d);
     rate_limiter_free(s.lim);
     rate_store_free(s.store);
     rate_rules_free(s.rules);
     metrics_free(s.metrics);
-    fprintf(stderr, "api-server: stopped\n");
+    fprintf(stderr, "api-server: stopped (%llu connections closed by the "
+                    "header deadline)\n", (unsigned long long)s.cut);
     return 0;
 }

@@ -167,6 +167,7 @@ typedef struct load {
     unsigned line;     /* of the line inih is on */
     unsigned section_line; /* of the last [section] line read */
     bool long_line;    /* the reader met a line too long for inih */
+    bool ended;        /* the last line read ended with its newline */
     char err[ERR_MAX]; /* the first error, "" none */
     unsigned err_line;
     rule_t *cur;       /* the [rule] being read */
@@ -200,6 +201,7 @@ static char *read_line(char *str, int num, void *stream)
         return NULL;
     l->line++;
     size_t n = strlen(str);
+    l->ended = n > 0 && str[n - 1] == '\n';
     if (str[strspn(str, " \t")] == '[')
         l->section_line = l->line;
     if (n == (size_t)num - 1 && str[n - 1] != '\n' && !feof(l->file)) {
@@ -581,8 +583,25 @@ static int load_file(const char *path, gen_t **out, char *err, size_t errlen)
     } else if (read_error && l.err[0] == '\0') {
         lfail(&l, l.line, "read error");
     }
+    /* A file being written in place, or cut short, is not read as a
+     * smaller set of rules (that would widen every limit it no longer
+     * names): empty, cut inside a line, or without a rule, it is refused
+     * whatever else it holds. */
+    if (!read_error && l.line == 0) {
+        l.err[0] = '\0';
+        lfail(&l, 1, "the file is empty (a file being written, or cut "
+              "short?): no rules, every request would be unlimited");
+    } else if (!read_error && !l.long_line && !l.ended) {
+        l.err[0] = '\0';
+        lfail(&l, l.line, "the file ends inside this line, without its "
+              "newline (a file being written, or cut short?)");
+    }
     if (l.err[0] == '\0')
         finish_load(&l);
+    if (l.err[0] == '\0' && l.g->nrule == 0)
+        lfail(&l, l.line, "no [rule NAME] section: every request would be "
+              "unlimited (to limit nothing on purpose, write a rule whose "
+              "policy is 'unlimited')");
     if (l.err[0] != '\0') {
         gen_free(l.g);
         return fail(err, errlen, RATE_EPOLICY, "%s", l.err);

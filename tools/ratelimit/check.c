@@ -93,7 +93,8 @@ int cmd_check(int argc, char **argv)
         (store_spec == NULL || strncmp(store_spec, "shm:", 4) != 0))
         return cli_fail("check: --max-keys sizes a shm:PATH region only");
     cli_limiter_t cl;
-    if (cli_limiter_open(&cl, &po, store_spec, false, max_keys) != 0)
+    if (cli_limiter_open(&cl, &po, store_spec, false, max_keys,
+                         CLI_TRACE_KEYS_UNKNOWN) != 0)
         return 2;
     rate_decision_t d;
     int rc = rate_limiter_check(cl.lim, key, strlen(key), permits,

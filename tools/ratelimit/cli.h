@@ -115,6 +115,8 @@ typedef struct cli_limiter {
                          shared-memory region, dropped at close */
     size_t shm_prefix_len; /* that namespace's length (0: none) */
     char *shm_unlink; /* a region file this run created: removed at close */
+    uint64_t shm_keys, shm_bytes; /* that region's capacity and size */
+    uint64_t shm_evictions0; /* the region's evictions when opened */
     char why[320];    /* cli_store_error's text */
     rate_policy_t *policy;
     rate_store_t *store;
@@ -127,13 +129,22 @@ typedef struct cli_limiter {
  * cli_limiter_close() removes (replays on a virtual clock): its keys do
  * not expire by their resets, but by a safety expiry of CLI_SAFETY_TTL_NS,
  * refreshed by a thread every third of that until the close, for a run
- * killed together with its watchdog. */
+ * killed together with its watchdog.  trace_keys: a replay's count of
+ * the trace's distinct keys, which sizes a shm:PATH region it creates
+ * without --max-keys (CLI_TRACE_KEYS_UNKNOWN: not counted). */
 int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
-                     const char *store_spec, bool scratch, uint64_t max_keys);
-/* --store shm:PATH: the capacity (keys) of a region the command creates
- * without --max-keys, and the longest key (namespace included) of one it
- * creates. */
+                     const char *store_spec, bool scratch, uint64_t max_keys,
+                     uint64_t trace_keys);
+#define CLI_TRACE_KEYS_UNKNOWN UINT64_MAX
+/* --store shm:PATH: the capacity (keys) of a region `check` creates
+ * without --max-keys, and of one `replay` creates for a trace it cannot
+ * read ahead (a pipe), as long as that region stays within
+ * CLI_SHM_BUDGET bytes (else fewer keys, at least 1024); and the longest
+ * key (namespace included) of a region the command creates.  A replay of
+ * a file sizes its region from the trace's distinct keys, twice over, and
+ * 256 more. */
 #define CLI_SHM_KEYS 65536u
+#define CLI_SHM_BUDGET ((size_t)256 << 20)
 #define CLI_SHM_KEY_MAX 160u
 /* The reason of a failed decision on a key of key_len bytes, in words
  * that name the store's bound when the store is a shared-memory region

@@ -653,22 +653,110 @@ int store_from_opt(const char *cmd, const char *spec, bool scratch,
 #endif
 }
 
-/* --store shm:PATH.  A region PATH names is attached to; one that is
- * absent is created, with max_keys keys (CLI_SHM_KEYS without --max-keys)
- * and room for the policy's states.  scratch (a replay): a region the run
- * created is removed at the end (cl->shm_unlink); in one that existed the
- * run works in a namespace of its own, dropped at the end
- * (cl->shm_scratch). */
-static int shm_from_opt(cli_limiter_t *cl, const char *cmd, const char *path,
-                        bool scratch, uint64_t max_keys)
+/* The capacity of a region a replay creates without --max-keys: room for
+ * the trace's distinct keys twice over (a second run of the same size in
+ * its namespace fits too) and 256 more; for a trace that cannot be read
+ * ahead (a pipe: trace_keys CLI_TRACE_KEYS_UNKNOWN), CLI_SHM_KEYS, halved
+ * while the region would pass CLI_SHM_BUDGET bytes (a policy of long
+ * states), down to 1024 keys. */
+static uint64_t shm_new_keys(const rate_shm_options_t *so, uint64_t trace_keys)
 {
-    char err[320], prefix[96];
+    if (trace_keys != CLI_TRACE_KEYS_UNKNOWN) {
+        uint64_t keys = trace_keys * 2 + 256;
+        return keys > INT32_MAX ? INT32_MAX : keys;
+    }
+    rate_shm_options_t o = *so;
+    o.max_keys = CLI_SHM_KEYS;
+    while (o.max_keys > 1024 && rate_store_shm_size(&o) > CLI_SHM_BUDGET)
+        o.max_keys /= 2;
+    return o.max_keys;
+}
+
+/* Whether PATH names a file now (for a retry after a race). */
+static bool path_exists(const char *path)
+{
+    return access(path, F_OK) == 0;
+}
+
+/* A shm_attached() error already printed. */
+#define SHM_REPORTED (-1000)
+
+/* After cl->store attached to or created the region at path: checks that
+ * it keeps the policy's states, and for a replay (scratch) notes a region
+ * it created, or reopens one that existed in a namespace of the run's own.
+ * RATE_OK; SHM_REPORTED after printing why; or the reopening's error in
+ * err (the file removed meanwhile, say). */
+static int shm_attached(cli_limiter_t *cl, const char *cmd, const char *path,
+                        bool scratch, size_t need, char *err, size_t errlen)
+{
+    rate_shm_info_t info;
+    char prefix[96];
+
+    if (rate_store_shm_info(cl->store, &info) != RATE_OK) {
+        cli_fail("%s: --store shm:%s: cannot read the region", cmd, path);
+        return SHM_REPORTED;
+    }
+    if (need > info.state_max) {
+        cli_fail("%s: --store shm:%s: the policy's states take up to %zu "
+                 "bytes, the region keeps at most %u (its state_max): it was "
+                 "made for other policies (by another process or run); use "
+                 "another PATH, or remove %s once no process uses it", cmd,
+                 path, need, info.state_max, path);
+        return SHM_REPORTED;
+    }
+    cl->shm_evictions0 = info.evictions;
+    if (!scratch)
+        return RATE_OK;
+    if (info.created) {
+        if ((cl->shm_unlink = strdup(path)) == NULL) {
+            cli_fail("%s: out of memory", cmd);
+            return SHM_REPORTED;
+        }
+        cl->shm_keys = info.max_keys;
+        cl->shm_bytes = info.bytes;
+        return RATE_OK;
+    }
+    /* A namespace of the run's own in a region others may use. */
+    snprintf(prefix, sizeof prefix, "%s:%ld:%llu:", cmd, (long)getpid(),
+             (unsigned long long)rate_clock_monotonic_ns());
+    if (strlen(prefix) + 4 > info.key_max) {
+        cli_fail("%s: --store shm:%s: its key_max leaves no room for a "
+                 "namespace", cmd, path);
+        return SHM_REPORTED;
+    }
+    rate_shm_options_t ns = {.no_create = true, .prefix = prefix};
+    rate_store_t *mine = NULL;
+    int rc = rate_store_shm_new(path, &ns, &mine, err, errlen);
+    if (rc != RATE_OK)
+        return rc;
+    rate_store_free(cl->store);
+    cl->store = mine;
+    cl->shm_scratch = true;
+    cl->shm_prefix_len = strlen(prefix);
+    /* The evictions counted from here: the namespace's region may be
+     * another file than the first attach's, if the file was replaced. */
+    if (rate_store_shm_info(cl->store, &info) == RATE_OK)
+        cl->shm_evictions0 = info.evictions;
+    return RATE_OK;
+}
+
+/* --store shm:PATH.  A region PATH names is attached to; one that is
+ * absent is created, with max_keys keys (without --max-keys: CLI_SHM_KEYS
+ * for check, shm_new_keys() of trace_keys for a replay) and room for the
+ * policy's states.  scratch (a replay): a region the run created is
+ * removed at the end (cl->shm_unlink); in one that existed the run works
+ * in a namespace of its own, dropped at the end (cl->shm_scratch).
+ * Another run may create or remove the file at PATH meanwhile (two
+ * replays at once): a create that finds the file made, or an attach that
+ * finds it gone, starts again, a bounded number of times. */
+static int shm_from_opt(cli_limiter_t *cl, const char *cmd, const char *path,
+                        bool scratch, uint64_t max_keys, uint64_t trace_keys)
+{
+    char err[320];
     size_t need = rate_store_shm_state_size(cl->policy);
-    rate_shm_options_t so = {.max_keys = max_keys ? max_keys : CLI_SHM_KEYS,
-                             .key_max = CLI_SHM_KEY_MAX,
+    rate_shm_options_t so = {.key_max = CLI_SHM_KEY_MAX,
                              .state_max = need > 96 ? (uint32_t)need : 0,
                              .mode = 0600};
-    rate_shm_info_t info;
 
     if (*path == '\0')
         return cli_fail("%s: --store shm:PATH needs a PATH (shm:/dev/shm/"
@@ -677,44 +765,41 @@ static int shm_from_opt(cli_limiter_t *cl, const char *cmd, const char *path,
         return cli_fail("%s: --store '%s': the policy's states take up to "
                         "%zu bytes, more than a region keeps (262144)", cmd,
                         path, need);
-    int rc = rate_store_shm_new(path, &so, &cl->store, err, sizeof err);
-    if (rc == RATE_EINVAL && access(path, F_OK) == 0) {
-        /* An existing region of other sizes: attach to it as it is (of
-         * the capacity --max-keys asks, if given). */
-        rate_shm_options_t as = {.no_create = true, .max_keys = max_keys};
-        rc = rate_store_shm_new(path, &as, &cl->store, err, sizeof err);
+    so.max_keys = max_keys      ? max_keys
+                  : scratch     ? shm_new_keys(&so, trace_keys)
+                                : CLI_SHM_KEYS;
+    int rc = RATE_ESTORE;
+    for (int attempt = 0; attempt < 20 && cli_signal == 0; attempt++) {
+        bool existed = path_exists(path), attach_only = false;
+        rc = rate_store_shm_new(path, &so, &cl->store, err, sizeof err);
+        if (rc == RATE_EINVAL && path_exists(path)) {
+            /* An existing region of other sizes: attach to it as it is
+             * (of the capacity --max-keys asks, if given). */
+            rate_shm_options_t as = {.no_create = true,
+                                     .max_keys = max_keys};
+            attach_only = true;
+            rc = rate_store_shm_new(path, &as, &cl->store, err, sizeof err);
+        }
+        if (rc == RATE_OK) {
+            attach_only = true; /* the namespace's reopening */
+            rc = shm_attached(cl, cmd, path, scratch, need, err, sizeof err);
+        }
+        if (rc == RATE_OK || rc == SHM_REPORTED)
+            break;
+        rate_store_free(cl->store);
+        cl->store = NULL;
+        /* Made or removed by another run meanwhile (an attach that found
+         * no file, a create that found one): try again. */
+        if (rc == RATE_ESTORE && (attach_only || existed != path_exists(path)))
+            continue;
+        break;
     }
+    if (rc == SHM_REPORTED)
+        return 2;
     /* Else the first error: why the region could not be made (no room,
      * too big) or read. */
     if (rc != RATE_OK)
         return cli_fail("%s: --store shm:%s", cmd, err);
-    if (rate_store_shm_info(cl->store, &info) != RATE_OK)
-        return cli_fail("%s: --store shm:%s: cannot read the region", cmd,
-                        path);
-    if (need > info.state_max)
-        return cli_fail("%s: --store shm:%s: the policy's states take up to "
-                        "%zu bytes, the region keeps at most %u (its "
-                        "state_max)", cmd, path, need, info.state_max);
-    if (info.created && scratch) {
-        if ((cl->shm_unlink = strdup(path)) == NULL)
-            return cli_fail("%s: out of memory", cmd);
-    } else if (scratch) {
-        /* A namespace of the run's own in a region others may use. */
-        snprintf(prefix, sizeof prefix, "%s:%ld:%llu:", cmd, (long)getpid(),
-                 (unsigned long long)rate_clock_monotonic_ns());
-        rate_store_free(cl->store);
-        cl->store = NULL;
-        rate_shm_options_t ns = {.no_create = true, .prefix = prefix};
-        if (rate_store_shm_new(path, &ns, &cl->store, err, sizeof err) !=
-            RATE_OK)
-            return cli_fail("%s: --store shm:%s: %s", cmd, path,
-                            strlen(prefix) + 4 > info.key_max
-                                ? "its key_max leaves no room for a "
-                                  "namespace"
-                                : err);
-        cl->shm_scratch = true;
-        cl->shm_prefix_len = strlen(prefix);
-    }
     return 0;
 }
 
@@ -772,14 +857,15 @@ const char *cli_store_error(cli_limiter_t *cl, int rc, size_t key_len)
 }
 
 int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
-                     const char *store_spec, bool scratch, uint64_t max_keys)
+                     const char *store_spec, bool scratch, uint64_t max_keys,
+                     uint64_t trace_keys)
 {
     memset(cl, 0, sizeof *cl);
     if (policy_from_opts(o, &cl->policy, &cl->max_wait_ns) != 0)
         return 2;
     if (store_spec != NULL && strncmp(store_spec, "shm:", 4) == 0) {
-        if (shm_from_opt(cl, o->cmd, store_spec + 4, scratch, max_keys) !=
-            0) {
+        if (shm_from_opt(cl, o->cmd, store_spec + 4, scratch, max_keys,
+                         trace_keys) != 0) {
             cli_limiter_close(cl);
             return 2;
         }

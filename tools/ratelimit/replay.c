@@ -10,6 +10,10 @@
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <ratelimit_shm.h>
 
 #include "cli.h"
 #include "keymap.h"
@@ -47,16 +51,22 @@ static const char usage[] =
     "                     AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or\n"
     "                     ~/.aws/credentials.\n"
     "                     Or shm:PATH, a shared-memory region (docs/shm.md):\n"
-    "                     created if absent and removed at the end; if it\n"
-    "                     exists, the run works in a namespace of its own,\n"
-    "                     removed at the end; the output is the same, but\n"
-    "                     for evictions by the region's bound\n"
+    "                     created if absent, sized for twice the trace's\n"
+    "                     distinct keys and 256 more (read ahead; a pipe:\n"
+    "                     65536 keys, fewer within 256 MB), and removed at\n"
+    "                     the end, also on SIGINT or SIGTERM while it is\n"
+    "                     made; if it exists, the run works in a namespace\n"
+    "                     of its own, removed at the end; other runs may use\n"
+    "                     PATH at once; the output is the same, but for\n"
+    "                     evictions by the region's bound (counted on\n"
+    "                     standard error)\n"
     "  --per-key          a summary line per key (memory grows with the keys)\n"
     "  --max-keys N       memory store: keep at most N keys, evicting the least\n"
     "                     recently used (counted on standard error); an\n"
     "                     evicted key starts cold again: answers may change.\n"
     "                     shm:PATH: the capacity of a region the run creates\n"
-    "                     (default 65536 keys); an existing one must match\n"
+    "                     (default: from the trace, above); an existing one\n"
+    "                     must match\n"
     "  --input FORMAT     trace (TIME KEY [PERMITS], default) or clf (access\n"
     "                     logs in Common or Combined Log Format, and more\n"
     "                     fields after them)\n"
@@ -113,6 +123,60 @@ static void write_line(const trace_req_t *r, const rate_decision_t *d)
     fwrite(buf, 1, (size_t)(p - buf), stdout);
 }
 
+/* 128 + the signal that stopped the run after `line`, said on standard
+ * error with what became of the run's store (`fate`). */
+static int stopped(uint64_t line, const char *fate)
+{
+    int sig = cli_signal;
+    cli_fail("replay: stopped by %s after line %llu%s",
+             sig == SIGINT ? "SIGINT" : "SIGTERM", (unsigned long long)line,
+             fate);
+    return 128 + sig;
+}
+
+/* With a trace in a regular file (FILE, or standard input redirected from
+ * one): its distinct keys in *out, read ahead, then the file rewound and
+ * rd as opened.  Bad lines are passed over here; the replay reports them.
+ * A pipe or a terminal is not read ahead (*out left as it is).  0; 1 when
+ * stopped by a signal; 2 after printing why. */
+static int count_keys(reader_t *rd, uint64_t *out)
+{
+    struct stat st;
+    off_t start = lseek(rd->fd, 0, SEEK_CUR);
+    if (fstat(rd->fd, &st) != 0 || !S_ISREG(st.st_mode) || start < 0)
+        return 0;
+    bool skip = rd->skip_bad;
+    keymap_t keys = {0};
+    trace_req_t r;
+    int more;
+    rd->skip_bad = true;
+    while ((more = reader_next(rd, &r)) == 1) {
+        if (keymap_get(&keys, r.key, r.key_len) == NULL) {
+            more = 2;
+            break;
+        }
+    }
+    *out = keys.n;
+    keymap_free(&keys);
+    /* As reader_open left it: the same file, from the same offset. */
+    if (lseek(rd->fd, start, SEEK_SET) != start) {
+        more = 2;
+    }
+    rd->start = rd->end = 0;
+    rd->eof = false;
+    rd->lineno = 0;
+    rd->nbad = 0;
+    rd->skip_bad = skip;
+    memset(rd->first_bad, 0, sizeof rd->first_bad);
+    if (more == 3)
+        return 1;
+    /* A read error, or no memory to count: the region gets the size of
+     * an uncounted trace. */
+    if (more == 2)
+        *out = CLI_TRACE_KEYS_UNKNOWN;
+    return 0;
+}
+
 int cmd_replay(int argc, char **argv)
 {
     policy_opts_t po = {.cmd = "replay"};
@@ -145,17 +209,35 @@ int cmd_replay(int argc, char **argv)
     if (max_keys_text != NULL &&
         cli_max_keys("replay", max_keys_text, store_spec, &max_keys) != 0)
         return 2;
-    cli_limiter_t cl;
-    if (cli_limiter_open(&cl, &po, store_spec, true, max_keys) != 0)
+    bool shm = store_spec != NULL && strncmp(store_spec, "shm:", 4) == 0;
+    /* On a region: SIGINT and SIGTERM caught from here on, so that one
+     * that comes while the region is made (or the trace read ahead) stops
+     * the run with nothing left behind, not even a temporary file. */
+    if (shm)
+        cli_catch_signals();
+    reader_t rd;
+    if (reader_open(&rd, "replay", input, field,
+                    argc > optind ? argv[optind] : NULL) != 0) {
+        reader_close(&rd);
         return 2;
+    }
+    rd.skip_bad = skip_bad;
+    uint64_t trace_keys = CLI_TRACE_KEYS_UNKNOWN;
+    if (shm && max_keys == 0 && count_keys(&rd, &trace_keys) != 0) {
+        reader_close(&rd);
+        return stopped(0, "");
+    }
+    cli_limiter_t cl;
+    if (cli_limiter_open(&cl, &po, store_spec, true, max_keys,
+                         trace_keys) != 0) {
+        reader_close(&rd);
+        return cli_signal != 0 ? 128 + cli_signal : 2;
+    }
     /* With a Redis namespace of the run's own: SIGINT and SIGTERM stop the
      * run between two requests, so that it removes its keys. */
     if (cl.scratch || cl.shm_scratch || cl.shm_unlink != NULL)
         cli_catch_signals();
-    reader_t rd;
-    int status = reader_open(&rd, "replay", input, field,
-                             argc > optind ? argv[optind] : NULL);
-    rd.skip_bad = skip_bad;
+    int status = 0;
     char failure[640] = ""; /* printed after the namespace is removed */
 
     static char outbuf[1 << 16];
@@ -210,13 +292,29 @@ int cmd_replay(int argc, char **argv)
     if (status == 0) {
         reader_report(&rd);
         rate_stats_t st;
-        if (max_keys != 0 && rate_store_stats(cl.store, &st) == RATE_OK &&
+        if (max_keys != 0 && !shm &&
+            rate_store_stats(cl.store, &st) == RATE_OK &&
             st.evictions > 0)
             fprintf(stderr, "replay: --max-keys %llu evicted %llu keys (an "
                     "evicted key that comes back starts cold: answers may "
                     "differ from an unbounded replay)\n",
                     (unsigned long long)max_keys,
                     (unsigned long long)st.evictions);
+        rate_shm_info_t si;
+        if (shm && rate_store_shm_info(cl.store, &si) == RATE_OK &&
+            si.evictions > cl.shm_evictions0)
+            fprintf(stderr, "replay: the region %s evicted %llu keys during "
+                    "the run (its capacity is %llu keys, shared with any "
+                    "other process using it; an evicted key that comes "
+                    "back starts cold: answers may differ from --store "
+                    "memory)\n", store_spec + 4,
+                    (unsigned long long)(si.evictions - cl.shm_evictions0),
+                    (unsigned long long)si.max_keys);
+        if (cl.shm_unlink != NULL)
+            fprintf(stderr, "replay: made the region %s for %llu keys (%llu "
+                    "bytes), removed at the end\n", cl.shm_unlink,
+                    (unsigned long long)cl.shm_keys,
+                    (unsigned long long)cl.shm_bytes);
         fprintf(stderr, "summary: %llu requests, %llu allowed, %llu denied\n",
                 (unsigned long long)(allowed + denied),
                 (unsigned long long)allowed, (unsigned long long)denied);
@@ -232,7 +330,7 @@ int cmd_replay(int argc, char **argv)
     /* One line of error in all: a failure says whether the run's Redis
      * keys are gone; a failed removal alone says so. */
     bool scratch = cl.scratch;
-    bool shm = cl.shm_scratch || cl.shm_unlink != NULL;
+    shm = cl.shm_scratch || cl.shm_unlink != NULL;
     const char *shm_what = cl.shm_unlink != NULL ? "region file" : "namespace";
     const char *sn = cl.dynamodb ? "DynamoDB" : "Redis";
     int drop = cli_limiter_close(&cl);
