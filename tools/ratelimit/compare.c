@@ -26,7 +26,8 @@ static const char usage[] =
     "usage: ratelimit compare [--rate N/DUR | --limit N --window DUR]\n"
     "                         [--burst N] [--capacity N] [--policy TEXT]...\n"
     "                         [--max-wait DUR] [--svg FILE] [--series FILE]\n"
-    "                         [--input trace|clf] [--key-field FIELD]\n"
+    "                         [--input trace|clf|json] [--key-field FIELD]\n"
+    "                         [--time-field FIELD]\n"
     "                         [--skip-bad] [FILE]\n"
     "\n"
     "Sends one trace through every algorithm at the same long-run rate:\n"
@@ -40,7 +41,8 @@ static const char usage[] =
     "per policy; --series writes the plotted numbers as CSV.  Input as for\n"
     "'ratelimit replay'.\n";
 
-enum { O_SVG = O_POLICY_END, O_SERIES, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_HELP };
+enum { O_SVG = O_POLICY_END, O_SERIES, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_HELP,
+       O_TIMEFIELD };
 
 static const struct option longopts[] = {
     {"rate", required_argument, NULL, O_RATE},
@@ -54,6 +56,7 @@ static const struct option longopts[] = {
     {"series", required_argument, NULL, O_SERIES},
     {"input", required_argument, NULL, O_INPUT},
     {"key-field", required_argument, NULL, O_KEYFIELD},
+    {"time-field", required_argument, NULL, O_TIMEFIELD},
     {"skip-bad", no_argument, NULL, O_SKIPBAD},
     {"help", no_argument, NULL, O_HELP},
     {NULL, 0, NULL, 0},
@@ -416,7 +419,8 @@ static int open_out(const char *path, FILE **f)
 int cmd_compare(int argc, char **argv)
 {
     const char *rate = NULL, *burst_text = NULL, *max_wait_text = NULL;
-    const char *svg = NULL, *series = NULL, *input = "trace", *field = "host";
+    const char *svg = NULL, *series = NULL, *input = "trace", *field = NULL;
+    const char *time_field = NULL;
     const char *limit_text = NULL, *window_text = NULL, *cap_text = NULL;
     const char *policies[16];
     size_t npolicies = 0;
@@ -443,6 +447,7 @@ int cmd_compare(int argc, char **argv)
         case O_SERIES: series = optarg; break;
         case O_INPUT: input = optarg; break;
         case O_KEYFIELD: field = optarg; break;
+        case O_TIMEFIELD: time_field = optarg; break;
         case O_SKIPBAD: skip_bad = true; break;
         case O_HELP: fputs(usage, stdout); return 0;
         default: return getopt_fail("compare", c, argv);
@@ -529,7 +534,7 @@ int cmd_compare(int argc, char **argv)
     }
     reader_t rd = {0};
     if (status == 0)
-        status = reader_open(&rd, "compare", input, field,
+        status = reader_open(&rd, "compare", input, field, time_field,
                              argc > optind ? argv[optind] : NULL);
     rd.skip_bad = skip_bad;
     trace_req_t r;
@@ -568,6 +573,11 @@ int cmd_compare(int argc, char **argv)
     }
     if (status == 0) {
         reader_report(&rd);
+        const rate_policy_t *pols[32];
+        size_t np = 0;
+        for (size_t a = 0; a < nlanes && np < 32; a++)
+            pols[np++] = lanes[a].policy;
+        reader_warn_time(&rd, pols, np);
         print_table(lanes, nlanes);
         if (svg_file != NULL &&
             write_svg(svg_file, chart, lanes, nlanes, period) != 0)
