@@ -14,6 +14,15 @@ fail=0
 
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+# errors: exit 2, nothing on standard output, one line naming the problem
+expect_error() { # STDIN MESSAGE ARGS...
+  local input=$1 msg=$2; shift 2
+  printf '%b' "$input" | "$R" "$@" >"$T/out" 2>"$T/err"
+  local rc=$?
+  if [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -qF -- "$msg" "$T/err" &&
+     [ ! -s "$T/out" ]; then ok
+  else bad "error '$msg' for: $* (rc=$rc, stderr: $(cat "$T/err"), stdout: $(head -c 80 "$T/out"))"; fi
+}
 
 # --- replay vectors: expected output worked out by hand from the spec
 for args in "$V"/*.args; do
@@ -124,14 +133,6 @@ alias_same sliding-window-counter sliding-window --limit 2 --window 1s
 if cmp -s "$T/a" "$T/c" && ! cmp -s "$T/a" "$T/b"; then ok; else bad "sliding-window-counter is sliding-window, not sliding-log"; fi
 
 # --- errors: exit 2, nothing on standard output, one line naming the problem
-expect_error() { # STDIN MESSAGE ARGS...
-  local input=$1 msg=$2; shift 2
-  printf '%b' "$input" | "$R" "$@" >"$T/out" 2>"$T/err"
-  local rc=$?
-  if [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -qF -- "$msg" "$T/err" &&
-     [ ! -s "$T/out" ]; then ok
-  else bad "error '$msg' for: $* (rc=$rc, stderr: $(cat "$T/err"), stdout: $(head -c 80 "$T/out"))"; fi
-}
 TB="--algorithm token-bucket --rate 1/s --burst 1"
 FW="--algorithm fixed-window --limit 1 --window 1s"
 expect_error '' "unknown option '--bogus'" replay $TB --bogus
