@@ -2,8 +2,10 @@
 # SPDX-License-Identifier: MIT
 #
 # The Debian packages the build, the tests and the tools need.
-#   scripts/deps.sh build        install what the build (`make`, `make demo`,
+#   scripts/deps.sh build        install what the build (`make`,
 #                                `make install`) needs, only what is missing
+#   scripts/deps.sh demo         what `make demo` needs: the library and the
+#                                command (the build's without libmicrohttpd)
 #   scripts/deps.sh test         the same for the build and every test
 #   scripts/deps.sh check [build|test]
 #                                install nothing: name each missing package
@@ -12,13 +14,14 @@
 # Idempotent: a machine that has them all runs no apt-get at all.
 set -euo pipefail
 
-build_pkgs=(gcc make cmake pkg-config libxxhash-dev libhiredis-dev
-            libcurl4-openssl-dev libjansson-dev libinih-dev libmicrohttpd-dev)
+demo_pkgs=(gcc make cmake pkg-config libxxhash-dev libhiredis-dev
+           libcurl4-openssl-dev libjansson-dev libinih-dev)
+build_pkgs=("${demo_pkgs[@]}" libmicrohttpd-dev)
 test_pkgs=(libcmocka-dev libuv1-dev libevent-dev valgrind libxml2-utils clang libclang-rt-14-dev redis-server
            redis-tools nodejs npm curl wrk openssl
            nginx nginx-dev libpcre2-dev libssl-dev zlib1g-dev)
 
-usage() { echo "usage: $0 [build|test] | $0 check [build|test]" >&2; exit 2; }
+usage() { echo "usage: $0 [demo|build|test] | $0 check [demo|build|test]" >&2; exit 2; }
 
 check_only=0
 set_=${1:-test}
@@ -27,6 +30,7 @@ if [ "$set_" = check ]; then
   set_=${2:-build}
 fi
 case "$set_" in
+  demo) want=("${demo_pkgs[@]}") ;;
   build) want=("${build_pkgs[@]}") ;;
   test) want=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
   *) usage ;;
@@ -60,10 +64,23 @@ if [ "$check_only" -eq 1 ]; then
   exit 1
 fi
 
-echo "deps: installing ${missing[*]}" >&2
 if [ -n "$SUDO" ]; then
   command -v sudo >/dev/null || { echo "deps: need root or sudo to install ${missing[*]}" >&2; exit 1; }
 fi
+# Progress, not minutes of silence: what is missing, how long it usually
+# takes, then apt's own download and set-up lines, one per package.
+echo "deps: ${#missing[@]} Debian packages missing: ${missing[*]}" >&2
+echo "deps: installing them with apt-get (on a fresh machine about 1 to 3 minutes for" >&2
+echo "deps: the build's packages, 5 to 10 for the tests'; apt's progress follows)" >&2
 export DEBIAN_FRONTEND=noninteractive
+echo "deps: apt-get update (the package lists)" >&2
 ${SUDO}apt-get update -qq
-${SUDO}apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "deps: apt-get install" >&2
+start=$(date +%s)
+if ! ${SUDO}apt-get install -y --no-install-recommends "${missing[@]}" 2>&1 |
+     { grep --line-buffered -E '^(Need to get|Get:|Setting up) ' || true; } |
+     sed -u 's/^/deps:   /' >&2; then
+  echo "deps: apt-get install failed (run it by hand to see why: ${SUDO}apt-get install ${missing[*]})" >&2
+  exit 1
+fi
+echo "deps: done in $(( $(date +%s) - start )) s" >&2
