@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: MIT
 # Thin wrapper over CMake.  `make demo` and `make test` install what is
-# missing (scripts/deps.sh) before building; `make` and `make install`
+# missing (scripts/deps.sh, with progress) before building; `make demo`
+# builds only what it runs (the library and the command); `make` and
+# `make install`
 # install no package: they name what is missing and how to install it.
 # `make`, `make demo` and `make install` build the library and the command
 # without the test suites (-DRATE_BUILD_TESTS=OFF), so they need no cmocka;
@@ -23,6 +25,7 @@ build:
 	@scripts/deps.sh check build
 	@$(MAKE) --no-print-directory build-only
 
+# (The parts `make demo` turns off are turned back on here: one build tree.)
 build-only:
 	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON \
 	  -DRATE_BUILD_TESTS=OFF -DCMAKE_INSTALL_PREFIX="$(PREFIX)" $(ALL_PARTS) \
@@ -36,8 +39,13 @@ build-only:
 DEMO_FLAGS = -DRATE_WITH_REDIS=OFF -DRATE_WITH_DYNAMODB=OFF -DRATE_WITH_HTTP=OFF \
   -DRATE_BUILD_REDIS_MODULE=OFF -DRATE_BUILD_EXAMPLES=OFF -DRATE_BUILD_NGINX=OFF
 demo:
+	@echo "demo: set-up (missing packages: a few minutes on a fresh machine;"
+	@echo "demo: nothing when they are there), then the library and the command"
 	@scripts/deps.sh core
-	@$(MAKE) --no-print-directory build-only CMAKE_FLAGS="$(DEMO_FLAGS) $(CMAKE_FLAGS)"
+	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON \
+	  -DRATE_BUILD_TESTS=OFF -DCMAKE_INSTALL_PREFIX="$(PREFIX)" $(DEMO_FLAGS) \
+	  $(CMAKE_FLAGS)
+	cmake --build build -j $(JOBS) --target ratelimit_cli
 	@sh scripts/gen-traces.sh build/traces
 	./build/tools/ratelimit/ratelimit compare --rate 10/s --burst 10 \
 	  --svg build/demo.svg build/traces/edges.trace

@@ -64,10 +64,23 @@ if [ "$check_only" -eq 1 ]; then
   exit 1
 fi
 
-echo "deps: installing ${missing[*]}" >&2
 if [ -n "$SUDO" ]; then
   command -v sudo >/dev/null || { echo "deps: need root or sudo to install ${missing[*]}" >&2; exit 1; }
 fi
+# Progress, not minutes of silence: what is missing, how long it usually
+# takes, then apt's own download and set-up lines, one per package.
+echo "deps: ${#missing[@]} Debian packages missing: ${missing[*]}" >&2
+echo "deps: installing them with apt-get (on a fresh machine about 1 to 3 minutes for" >&2
+echo "deps: the build's packages, 5 to 10 for the tests'; apt's progress follows)" >&2
 export DEBIAN_FRONTEND=noninteractive
+echo "deps: apt-get update (the package lists)" >&2
 ${SUDO}apt-get update -qq
-${SUDO}apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "deps: apt-get install" >&2
+start=$(date +%s)
+if ! ${SUDO}apt-get install -y --no-install-recommends "${missing[@]}" 2>&1 |
+     { grep --line-buffered -E '^(Need to get|Get:|Setting up) ' || true; } |
+     sed -u 's/^/deps:   /' >&2; then
+  echo "deps: apt-get install failed (run it by hand to see why: ${SUDO}apt-get install ${missing[*]})" >&2
+  exit 1
+fi
+echo "deps: done in $(( $(date +%s) - start )) s" >&2

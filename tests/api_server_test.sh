@@ -26,6 +26,19 @@ expect() { # expect WHAT GOT WANT
   if [ "$2" != "$3" ]; then fail "$1: got '$2', want '$3'"; fi
 }
 
+# --- --help: the usage on standard output, exit 0; a bad argument: its
+# name on standard error, exit 2
+rc=0; "$SERVER" --help >"$tmp/out" 2>"$tmp/err" || rc=$?
+expect "--help exit status" "$rc" 0
+expect "--help on stderr" "$(cat "$tmp/err")" ""
+grep -q -- "--config FILE" "$tmp/out" || fail "--help prints no usage: $(cat "$tmp/out")"
+rc=0; "$SERVER" --bogus >"$tmp/out" 2>"$tmp/err" || rc=$?
+expect "--bogus exit status" "$rc" 2
+expect "--bogus stdout" "$(cat "$tmp/out")" ""
+expect "--bogus message" "$(head -1 "$tmp/err")" "api-server: unknown argument '--bogus'"
+rc=0; "$SERVER" --listen 127.0.0.1:0 >/dev/null 2>"$tmp/err" || rc=$?
+expect "no --config" "$rc:$(head -1 "$tmp/err")" "2:api-server: --config is required"
+
 # start CONFIG [ARGS...]: starts the server on port 0; sets pid and base.
 start() {
   local config=$1
@@ -132,6 +145,9 @@ fi
 expect "content-type 11" "$(header Content-Type)" 'application/problem+json'
 expect "problem body" "$(cat "$tmp/b")" \
   "{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Policy 'free' allows no more requests now; retry after $ra s.\",\"instance\":\"/a\",\"policy\":\"free\",\"retry_after\":$ra}"
+
+# every body ends with a newline, the 429's as the 200's
+expect "problem body's last byte" "$(tail -c 1 "$tmp/b" | od -An -c | tr -d ' ')" '\n'
 
 # --- no key: the client's address is the key (a fresh free bucket)
 expect "no key" "$(get "$base/a")" 200

@@ -18,6 +18,15 @@ ok() { pass=$((pass + 1)); }
 parts=${RATE_PARTS-redis dynamodb http}
 has_part() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+# errors: exit 2, nothing on standard output, one line naming the problem
+expect_error() { # STDIN MESSAGE ARGS...
+  local input=$1 msg=$2; shift 2
+  printf '%b' "$input" | "$R" "$@" >"$T/out" 2>"$T/err"
+  local rc=$?
+  if [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -qF -- "$msg" "$T/err" &&
+     [ ! -s "$T/out" ]; then ok
+  else bad "error '$msg' for: $* (rc=$rc, stderr: $(cat "$T/err"), stdout: $(head -c 80 "$T/out"))"; fi
+}
 
 # --- replay vectors: expected output worked out by hand from the spec
 for args in "$V"/*.args; do
@@ -43,8 +52,67 @@ then ok; else bad "replay --input clf"; fi
 # --- summary on standard error, per key
 printf '0 a\n0 a\n0 b\n' | "$R" replay --algorithm fixed-window --limit 1 \
   --window 1s --per-key >"$T/out" 2>"$T/err"
-if [ "$(cat "$T/err")" = "$(printf 'summary: 3 requests, 2 allowed, 1 denied\na\t1 allowed\t1 denied\nb\t1 allowed\t0 denied')" ] &&
+if [ "$(cat "$T/err")" = "$(printf 'summary: 3 requests, 2 allowed, 1 denied\nkey\trequests\tadmitted\tdenied\tdenied_share\tfirst_denial_s\tfirst_denial\na\t2\t1\t1\t0.500\t0.000000000\t0\nb\t1\t1\t0\t0.000\t-\t-')" ] &&
    [ "$(wc -l <"$T/out")" -eq 3 ]; then ok; else bad "per-key summary"; cat "$T/err"; fi
+# --per-key=FILE: sorted by denials (then requests, then first seen), the
+# first denial's time from the start and as written; --top N on stderr
+printf '5 c\n5 a\n5.5 a\n6 b\n6 b\n6.25 b\n7 b\n7.1 b\n' | "$R" replay --algorithm fixed-window \
+  --limit 1 --window 1s --per-key="$T/pk.tsv" --top 2 >"$T/out" 2>"$T/err"
+want=$(printf 'key\trequests\tadmitted\tdenied\tdenied_share\tfirst_denial_s\tfirst_denial\nb\t5\t2\t3\t0.600\t1.000000000\t6\na\t2\t1\t1\t0.500\t0.500000000\t5.5\nc\t1\t1\t0\t0.000\t-\t-')
+if [ "$(cat "$T/pk.tsv")" = "$want" ] && grep -q "^2 of 3 keys had a request denied; the 2 denied most:" "$T/err" &&
+   grep -qE "^  b +5 +3 +60.0%  1.000: 6$" "$T/err" && ! grep -q "^  c " "$T/err"; then ok
+else bad "--per-key=FILE / --top: $(cat "$T/pk.tsv") / $(cat "$T/err")"; fi
+expect_error '' "cannot write --per-key '/nonexistent/x.tsv'" replay --policy "gcra 1/s" --per-key=/nonexistent/x.tsv
+expect_error '' "--top 'x' is not a whole number" replay --policy "gcra 1/s" --top x
+
+# --- real logs' times: a warning when they are coarser than the policy
+# resolves (40 requests of one second: a token bucket admits its burst, a
+# leaky bucket one), none when they are fine enough; finer times read from
+# a CLF field (nginx's $msec) and from JSON lines
+for i in $(seq 0 39); do echo "1000 user"; done >"$T/sec.trace"
+for i in $(seq 0 39); do printf '1000.%03d user\n' $((i * 25)); done >"$T/fine.trace"
+"$R" replay --policy "token-bucket 10/s burst=20" "$T/sec.trace" >/dev/null 2>"$T/err"
+if [ "$(grep -c "warning: the input's times are whole seconds, coarser than 'token-bucket 10/s burst=20' resolves (a permit every 100 ms)" "$T/err")" -eq 1 ] &&
+   grep -q "token bucket admits at most its burst" "$T/err" &&
+   grep -q "summary: 40 requests, 20 allowed" "$T/err"; then ok
+else bad "coarse-time warning: $(cat "$T/err")"; fi
+"$R" replay --policy "token-bucket 10/s burst=20" "$T/fine.trace" >/dev/null 2>"$T/err"
+if ! grep -q warning "$T/err" && grep -q "summary: 40 requests, 29 allowed" "$T/err"; then ok
+else bad "no warning on fine times: $(cat "$T/err")"; fi
+"$R" replay --policy "fixed-window 10/s" "$T/sec.trace" >/dev/null 2>"$T/err"
+if ! grep -q warning "$T/err"; then ok; else bad "a 1 s window needs no finer times: $(cat "$T/err")"; fi
+"$R" compare --rate 10/s "$T/sec.trace" >/dev/null 2>"$T/err"
+if [ "$(grep -c warning "$T/err")" -eq 1 ]; then ok; else bad "compare: one warning: $(cat "$T/err")"; fi
+i=0; : >"$T/msec.log"; : >"$T/lines.json"
+for i in $(seq 0 39); do
+  printf '10.0.0.1 - - [02/Dec/2025:03:00:00 +0000] "GET / HTTP/1.1" 200 5 1764644400.%03d\n' $((i * 25)) >>"$T/msec.log"
+  printf '{"remote_addr":"10.0.0.1","req":{"uri":"/}"},"time":"1764644400.%03d"}\n' $((i * 25)) >>"$T/lines.json"
+done
+"$R" replay --input clf --time-field 8 --policy "token-bucket 10/s burst=20" "$T/msec.log" >"$T/out" 2>"$T/err"; rc=$?
+"$R" replay --input clf --policy "token-bucket 10/s burst=20" "$T/msec.log" >/dev/null 2>"$T/err2"
+if [ $rc -eq 0 ] && grep -q "summary: 40 requests, 29 allowed" "$T/err" && ! grep -q warning "$T/err" &&
+   [ "$(head -1 "$T/out" | cut -f1)" = 1764644400.000 ] &&
+   grep -q "summary: 40 requests, 20 allowed" "$T/err2" && grep -q "warning" "$T/err2"; then ok
+else bad "--time-field on a CLF log: rc=$rc $(cat "$T/err") / $(cat "$T/err2")"; fi
+"$R" replay --input json --policy "token-bucket 10/s burst=20" "$T/lines.json" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 0 ] && grep -q "summary: 40 requests, 29 allowed" "$T/err" &&
+   [ "$(head -1 "$T/out" | cut -f1-2)" = "$(printf '1764644400.000\t10.0.0.1')" ]; then ok
+else bad "--input json: rc=$rc $(cat "$T/err")"; fi
+printf '{"ip":"a","ts":"2025-12-02T03:00:00.5Z"}\n' | "$R" replay --input json --key-field ip --time-field ts --policy "gcra 1/s" >"$T/out" 2>/dev/null
+if [ "$(cut -f1-2 "$T/out")" = "$(printf '2025-12-02T03:00:00.5Z\ta')" ]; then ok; else bad "json --key-field/--time-field: $(cat "$T/out")"; fi
+expect_error '{"remote_addr":"a"}\n' 'line 1: no time member (name it with --time-field NAME; default "time")' replay --input json --policy "gcra 1/s"
+expect_error '{"time":"1"}\n' 'line 1: no key member' replay --input json --policy "gcra 1/s"
+expect_error '{"time":"yesterday","remote_addr":"a"}\n' "line 1: time is neither seconds since 1970" replay --input json --policy "gcra 1/s"
+expect_error '' "--time-field 'msec' is not a field number from 1 to 64" replay --input clf --time-field msec --policy "gcra 1/s"
+expect_error '' "--time-field applies to --input clf or json" replay --time-field 8 --policy "gcra 1/s"
+expect_error '' "--input 'xml' is not 'trace', 'clf' or 'json'" replay --input xml --policy "gcra 1/s"
+expect_error '10.0.0.1 - - [02/Dec/2025:03:00:00 +0000] "GET / HTTP/1.1" 200 5\n' "line 1: too many fields (a line is TIME KEY [PERMITS]); the line looks like an access log (Common or Combined Log Format): read it with --input clf" replay --policy "gcra 1/s"
+expect_error '{"time":1,"remote_addr":"a"}\n' "the line looks like JSON: read it with --input json" replay --policy "gcra 1/s"
+# lines that go back in time: one warning naming the first, and the rule
+printf '1 a\n2 a\n1.5 b\n0 a\n3 a\n' | "$R" replay --policy "gcra 10/s" >/dev/null 2>"$T/err"
+if [ "$(grep -c warning "$T/err")" -eq 1 ] &&
+   grep -q "warning: 2 requests are earlier than a line before them (first at line 3, at most 2 s back); a key's clock never runs backwards, so such a request is decided at the latest time its key has seen" "$T/err"; then ok
+else bad "out-of-order warning: $(cat "$T/err")"; fi
 
 # --- every name and alias of the library's algorithm map: an alias decides
 # exactly as its algorithm's name, in replay, check and the help
@@ -69,14 +137,6 @@ alias_same sliding-window-counter sliding-window --limit 2 --window 1s
 if cmp -s "$T/a" "$T/c" && ! cmp -s "$T/a" "$T/b"; then ok; else bad "sliding-window-counter is sliding-window, not sliding-log"; fi
 
 # --- errors: exit 2, nothing on standard output, one line naming the problem
-expect_error() { # STDIN MESSAGE ARGS...
-  local input=$1 msg=$2; shift 2
-  printf '%b' "$input" | "$R" "$@" >"$T/out" 2>"$T/err"
-  local rc=$?
-  if [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -qF -- "$msg" "$T/err" &&
-     [ ! -s "$T/out" ]; then ok
-  else bad "error '$msg' for: $* (rc=$rc, stderr: $(cat "$T/err"), stdout: $(head -c 80 "$T/out"))"; fi
-}
 TB="--algorithm token-bucket --rate 1/s --burst 1"
 FW="--algorithm fixed-window --limit 1 --window 1s"
 expect_error '' "unknown option '--bogus'" replay $TB --bogus
@@ -91,8 +151,19 @@ expect_error '' "--burst 'x' is not a whole number up to 2^63-1" replay --algori
 expect_error '' "--capacity does not apply to gcra" replay --algorithm gcra --rate 1/s --burst 1 --capacity 1
 expect_error '' "--burst does not apply to sliding-window-counter" replay --algorithm sliding-window-counter --limit 1 --window 1s --burst 1
 expect_error '' "--max-wait applies only to token-bucket and leaky-bucket" replay --algorithm sliding-window-log --limit 1 --window 1s --max-wait 1s
-expect_error '' "--burst is required for token-bucket" replay --algorithm token-bucket --rate 1/s
-expect_error '' "--capacity is required for leaky-bucket" replay --algorithm leaky-bucket --rate 1/s
+# --burst / --capacity are required with --algorithm (spec/cli-replay.md);
+# the message names the policy text, whose default is the rate's N, and
+# that text decides as the flags with the burst N do
+expect_error '' "--burst is required for token-bucket (or give the policy as --policy 'token-bucket 3/s', whose burst defaults to 3)" replay --algorithm token-bucket --rate 3/s
+expect_error '' "--capacity is required for leaky-bucket (or give the policy as --policy 'leaky-bucket 3/s', whose capacity defaults to 3)" replay --algorithm leaky-bucket --rate 3/s
+printf '0 a\n0 a\n0 a\n0 a\n0.3 a\n0.6 a\n' >"$T/dflt.trace"
+for b in "token-bucket burst" "leaky-bucket capacity"; do
+  set -- $b
+  "$R" replay --policy "$1 3/s" "$T/dflt.trace" >"$T/b" 2>/dev/null
+  "$R" replay --algorithm "$1" --rate 3/s --"$2" 3 "$T/dflt.trace" >"$T/c" 2>/dev/null
+  if [ -s "$T/b" ] && cmp -s "$T/b" "$T/c"; then ok
+  else bad "--policy '$1 3/s' is not --algorithm $1 --rate 3/s --$2 3"; fi
+done
 expect_error '' "--limit is required" replay --algorithm sliding-log --window 1s
 expect_error '' "--window is required" replay --algorithm sliding-log --limit 1
 expect_error '' "--burst must be at least 1" replay --algorithm gcra --rate 1/s --burst 0
@@ -124,7 +195,7 @@ if ! has_part dynamodb; then
   expect_error '' "this build has no DynamoDB store (it was built with RATE_WITH_DYNAMODB=OFF)" replay $TB --store dynamodb://t
 fi
 expect_error '' "--shm for a shared-memory region), not 'shm:/tmp/x.rl'" bench --store shm:/tmp/x.rl
-expect_error '' "--input 'json'" replay $TB --input json
+expect_error '' "--input 'xml'" replay $TB --input xml
 expect_error '' "--key-field 'size'" replay $TB --input clf --key-field size
 expect_error '' "unknown command 'replya'" replya
 # repeated options: the last wins; --opt=value is --opt value
@@ -161,7 +232,7 @@ if [ $rc -eq 0 ] && [ "$(grep -c . "$T/table")" -eq 8 ] &&
    grep -q "^token-bucket 10/s burst=20; sliding-log 15/2s " "$T/table" &&
    grep -q "^fixed-window 5/500ms " "$T/table" &&
    head -1 "$T/pol.csv" | grep -q ',"fixed-window 5/500ms"$' &&
-   [ "$(grep -c '<polyline' "$T/pol.svg")" -eq 8 ]; then ok
+   [ "$(grep -c '<polyline' "$T/pol.svg")" -eq 7 ]; then ok
 else bad "compare --policy rows and lines: rc=$rc $(cat "$T/err")"; cat "$T/table"; fi
 "$R" compare --policy "fixed-window 10/s" "$V/edges-chart.trace" >"$T/table" 2>&1; rc=$?
 if [ $rc -eq 0 ] && [ "$(grep -c . "$T/table")" -eq 2 ]; then ok; else bad "compare --policy alone"; fi
@@ -397,7 +468,24 @@ else bad "chart series at edges: fixed-window peak $fw (table: $spike), sliding-
 last=$(tail -1 "$T/series.csv" | cut -d, -f2)
 if [ "$last" = 5 ] && [ "$(grep -c '^[0-9]' "$T/series.csv")" -ge 30 ]; then ok
 else bad "chart series: last sample $last (want 5: the steady rate, no drop)"; fi
-if grep -q "Admitted in the last 1 s" "$T/chart.svg"; then ok; else bad "chart title"; fi
+if grep -q "Requests per 1 s of the key, and what each policy admits" "$T/chart.svg" &&
+   grep -q "seconds from the start of the trace" "$T/chart.svg"; then ok; else bad "chart title"; fi
+# --- the chart of a dated log: the keys denied most, one column each, in
+# that order; clock times (not 1.76464e+09); the policy's rate drawn
+{ for i in $(seq 0 99); do printf '10.0.0.1 - - [02/Dec/2025:03:00:%02d +0000] "GET / HTTP/1.1" 200 5 %d.%03d\n' $((i / 10)) $((1764644400 + i / 10)) $((i % 10 * 100)); done
+  for i in $(seq 0 49); do printf '10.0.0.2 - - [02/Dec/2025:03:00:%02d +0000] "GET / HTTP/1.1" 200 5 %d.%03d\n' $((i / 5)) $((1764644400 + i / 5)) $((i % 5 * 200)); done
+  for i in $(seq 0 199); do printf '10.0.0.3 - - [02/Dec/2025:03:00:%02d +0000] "GET / HTTP/1.1" 200 5 %d.%03d\n' $((i / 20)) $((1764644400 + i / 20)) $((i % 20 * 50)); done
+  for k in 4 5 6; do printf '10.0.0.%d - - [02/Dec/2025:03:00:00 +0000] "GET / HTTP/1.1" 200 5 1764644400.000\n' $k; done
+} | sort -t' ' -k11,11 -s >"$T/keys.log"
+"$R" compare --input clf --time-field 8 --policy "token-bucket 4/s burst=4" \
+  --policy "sliding-log 4/s" --svg "$T/keys.svg" "$T/keys.log" >/dev/null 2>"$T/err"; rc=$?
+heads=$(grep -o 'font-size="12" font-weight="bold">[^<]*' "$T/keys.svg" | sed 's/.*>//' | tr '\n' ' ')
+if [ $rc -eq 0 ] && xmllint --noout "$T/keys.svg" && [ "$heads" = "10.0.0.3 10.0.0.1 10.0.0.2 " ] &&
+   grep -q "of the 3 keys denied most (of 6)" "$T/keys.svg" && grep -q ">03:00:05<" "$T/keys.svg" &&
+   grep -q "time (UTC) on 2025-12-02" "$T/keys.svg" && ! grep -q "e+09" "$T/keys.svg" &&
+   [ "$(grep -c 'stroke-dasharray="5 3"/>' "$T/keys.svg")" -eq 7 ] &&
+   [ "$(grep -c '<polyline' "$T/keys.svg")" -eq 6 ] && [ "$(grep -c '<polygon' "$T/keys.svg")" -eq 6 ]; then ok
+else bad "per-key chart: rc=$rc heads '$heads' $(cat "$T/err")"; fi
 
 # --- every subcommand that reads input, on an empty input and on one of
 # only comments and blank lines: it ends (a time limit), exits 0, and writes
@@ -423,7 +511,8 @@ for input in empty comments; do
     else bad "compare --svg --input $fmt on $input input: rc=$rc $(head -c 200 "$T/err")"; fi
     timeout 20 "$R" replay --input $fmt --per-key --skip-bad --policy "gcra 1/s; sliding-log 2/1m" "$f" \
       >"$T/out" 2>"$T/err"; rc=$?
-    if [ $rc -eq 0 ] && [ ! -s "$T/out" ] && [ "$(wc -l <"$T/err")" -eq 1 ]; then ok
+    if [ $rc -eq 0 ] && [ ! -s "$T/out" ] && [ "$(wc -l <"$T/err")" -eq 2 ] &&
+       [ "$(tail -1 "$T/err" | cut -f1-2)" = "$(printf 'key\trequests')" ]; then ok
     else bad "replay --per-key --skip-bad --policy on $input input: rc=$rc $(cat "$T/err")"; fi
     timeout 20 "$R" compare --input $fmt --policy "gcra 1/s" --series "$T/e.csv" "$f" >"$T/out" 2>"$T/err"; rc=$?
     if [ $rc -eq 0 ] && [ "$(cat "$T/e.csv")" = 'time,offered,"token-bucket 1/s burst=1"' ]; then ok

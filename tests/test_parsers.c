@@ -54,6 +54,72 @@ static void trace_lines(void **state)
     assert_int_equal(r.key_len, 3);
 }
 
+/* Finer times: nginx's $msec, ISO 8601, JSON lines. */
+static void clock_times_and_json(void **state)
+{
+    (void)state;
+    trace_req_t r;
+    const char *err = NULL;
+    uint64_t t;
+    assert_int_equal(trace_parse_clock("1764644400.123", 14, &t, &err), 0);
+    assert_int_equal(t, UINT64_C(1764644400123000000));
+    const char *iso = "2025-12-02T03:00:00.25+01:00";
+    assert_int_equal(trace_parse_clock(iso, strlen(iso), &t, &err), 0);
+    assert_int_equal(t, UINT64_C(1764640800250000000));
+    iso = "2025-12-02T03:00:00Z";
+    assert_int_equal(trace_parse_clock(iso, strlen(iso), &t, &err), 0);
+    assert_int_equal(t, UINT64_C(1764644400000000000));
+    const char *clf_ts = "02/Dec/2025:03:00:00 +0000";
+    assert_int_equal(trace_parse_clock(clf_ts, 26, &t, &err), 0);
+    assert_int_equal(t, UINT64_C(1764644400000000000));
+    static const char *bad_times[] = {"yesterday", "2025-13-02T03:00:00Z",
+                                      "2025-12-02T03:00:00+1", "1.",
+                                      "2025-12-02T03:00:00.Z", "-5"};
+    for (size_t i = 0; i < sizeof bad_times / sizeof bad_times[0]; i++) {
+        err = NULL;
+        if (trace_parse_clock(bad_times[i], strlen(bad_times[i]), &t,
+                              &err) == 0 || err == NULL)
+            fail_msg("'%s' should not be a time", bad_times[i]);
+    }
+    const char *j = " {\"req\": {\"u\": \"}\\\"\", \"a\": [1, {}]}, \"time\": "
+                    "1764644400.5, \"remote_addr\" : \"10.0.0.1\"}\r";
+    assert_int_equal(json_parse_line(j, strlen(j), "remote_addr", "time", &r,
+                                     &err), TRACE_REQ);
+    assert_int_equal(r.t_ns, UINT64_C(1764644400500000000));
+    assert_int_equal(r.key_len, 8);
+    assert_memory_equal(r.key, "10.0.0.1", 8);
+    assert_int_equal(r.time_len, 12);
+    assert_int_equal(r.permits, 1);
+    /* A nested member of the same name is not the key. */
+    j = "{\"x\":{\"ip\":\"no\"},\"ip\":\"yes\",\"t\":\"1\"}";
+    assert_int_equal(json_parse_line(j, strlen(j), "ip", "t", &r, &err),
+                     TRACE_REQ);
+    assert_memory_equal(r.key, "yes", 3);
+    assert_int_equal(json_parse_line("  ", 2, "k", "t", &r, &err),
+                     TRACE_SKIP);
+    static const char *bad[] = {
+        "[1]", "{\"t\":\"1\"}", "{\"k\":\"a\"}", "{\"k\":\"a\",\"t\":\"x\"}",
+        "{\"k\":\"a\" \"t\":\"1\"}", "{\"k\":\"a\",\"t\":\"1\"", "{\"k\" \"a\"}",
+        "{\"k\":\"\",\"t\":\"1\"}", "{\"k\":{\"a\":1},\"t\":\"1\"}", "{k:1}",
+        "{\"k\":\"a\",\"t\":\"1\",\"x\":[1,2}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err = NULL;
+        if (json_parse_line(bad[i], strlen(bad[i]), "k", "t", &r, &err) !=
+                TRACE_ERR || err == NULL)
+            fail_msg("'%s' should be an error", bad[i]);
+    }
+    /* A CLF line with $msec as field 8. */
+    const char *l = "10.0.0.1 - - [02/Dec/2025:03:00:00 +0000] \"GET / "
+                    "HTTP/1.1\" 200 5 1764644400.125";
+    assert_int_equal(clf_parse_line_at(l, strlen(l), CLF_HOST, 7, &r, &err),
+                     TRACE_REQ);
+    assert_int_equal(r.t_ns, UINT64_C(1764644400125000000));
+    assert_int_equal(r.time_len, 14);
+    assert_int_equal(clf_parse_line_at(l, strlen(l), CLF_HOST, 8, &r, &err),
+                     TRACE_ERR);
+}
+
 static int clf(const char *line, clf_field_t f, trace_req_t *r,
                const char **err)
 {
@@ -259,6 +325,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(trace_lines),
+        cmocka_unit_test(clock_times_and_json),
         cmocka_unit_test(access_logs),
         cmocka_unit_test(access_log_fields),
         cmocka_unit_test(access_log_times),

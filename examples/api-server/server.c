@@ -125,7 +125,7 @@ static void problem(const rate_outcome_t *o, const rate_headers_t *h,
         snprintf(body, len,
                  "{\"type\":\"about:blank\",\"title\":\"Service "
                  "Unavailable\",\"status\":503,\"detail\":\"The rate "
-                 "limiter's store is not answering.\",\"instance\":\"%s\"}",
+                 "limiter's store is not answering.\",\"instance\":\"%s\"}\n",
                  inst);
         return;
     }
@@ -137,14 +137,14 @@ static void problem(const rate_outcome_t *o, const rate_headers_t *h,
                  "{\"type\":\"about:blank\",\"title\":\"Too Many "
                  "Requests\",\"status\":429,\"detail\":\"Policy '%s' "
                  "allows no more requests now; retry after %s s.\","
-                 "\"instance\":\"%s\",\"policy\":\"%s\",\"retry_after\":%s}",
+                 "\"instance\":\"%s\",\"policy\":\"%s\",\"retry_after\":%s}\n",
                  name, h->retry_after, inst, name, h->retry_after);
     else
         snprintf(body, len,
                  "{\"type\":\"about:blank\",\"title\":\"Too Many "
                  "Requests\",\"status\":429,\"detail\":\"Policy '%s' can "
                  "never allow this request.\",\"instance\":\"%s\","
-                 "\"policy\":\"%s\"}",
+                 "\"policy\":\"%s\"}\n",
                  name, inst, name);
 }
 
@@ -344,7 +344,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
         return reply(c, 400, "application/problem+json",
                      "{\"type\":\"about:blank\",\"title\":\"Bad Request\","
                      "\"status\":400,\"detail\":\"The API key is too "
-                     "long.\"}",
+                     "long.\"}\n",
                      NULL);
     rate_outcome_headers(&o, &h);
     if (h.status == 0)
@@ -395,12 +395,37 @@ static void reload(server_t *s, const char *why)
 
 /* ---------------------------------------------------------------- main */
 
-static int usage(void)
+static const char usage_text[] =
+    "usage: api-server --listen IPV4:PORT --config FILE "
+    "[--store memory|redis://...]\n"
+    "                  [--max-conns-per-ip N] [--max-conns N] "
+    "[--header-timeout SECONDS] [--no-limit]\n"
+    "\n"
+    "An HTTP API server limited by a rules file (docs/api-server.md): each\n"
+    "request's X-API-Key, route, method and address pick its policies; a\n"
+    "denial is a 429 with Retry-After, the RateLimit fields and a problem\n"
+    "body.  GET /metrics: Prometheus counters.  SIGHUP, or a change to FILE,\n"
+    "reloads the rules.\n"
+    "\n"
+    "  --listen IPV4:PORT  where to listen (port 0: any free port, logged)\n"
+    "  --config FILE       the rules file (examples/api-server/example.conf)\n"
+    "  --store URL         memory (default) or redis://host[:port][/db]: one\n"
+    "                      limit for every server on that Redis\n"
+    "  --max-conns-per-ip N  connections one address may hold open (default\n"
+    "                      32; 0: no cap)\n"
+    "  --max-conns N       connections open in all (default 1000)\n"
+    "  --header-timeout S  a request's line and headers must come within S\n"
+    "                      seconds (default 10), or the connection is closed\n"
+    "  --no-limit          answer without deciding (the bench's baseline)\n"
+    "  --help              this text\n";
+
+/* A command-line error: what is wrong, then the usage, on standard error. */
+static int usage(const char *what, const char *arg)
 {
-    fprintf(stderr, "usage: api-server --listen 127.0.0.1:PORT --config FILE "
-                    "[--store memory|redis://...] [--max-conns-per-ip N] "
-                    "[--max-conns N] [--header-timeout SECONDS] "
-                    "[--no-limit]\n");
+    if (what != NULL)
+        fprintf(stderr, "api-server: %s%s%s%s\n", what, arg ? " '" : "",
+                arg ? arg : "", arg ? "'" : "");
+    fputs(usage_text, stderr);
     return 2;
 }
 
@@ -468,12 +493,23 @@ int main(int argc, char **argv)
             store_url = argv[++i];
         else if (strcmp(argv[i], "--no-limit") == 0)
             s.no_limit = 1;
+        else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            return fputs(usage_text, stdout) == EOF ? 2 : 0;
+        else if (strncmp(argv[i], "--", 2) == 0 && i + 1 == argc &&
+                 (strcmp(argv[i], "--listen") == 0 ||
+                  strcmp(argv[i], "--config") == 0 ||
+                  strcmp(argv[i], "--store") == 0 ||
+                  strcmp(argv[i], "--max-conns-per-ip") == 0 ||
+                  strcmp(argv[i], "--max-conns") == 0 ||
+                  strcmp(argv[i], "--header-timeout") == 0))
+            return usage("option needs a value:", argv[i]);
         else
-            return usage();
+            return usage("unknown argument", argv[i]);
     }
     struct sockaddr_in sa;
     if (listen == NULL || s.config == NULL)
-        return usage();
+        return usage(listen == NULL ? "--listen is required"
+                                    : "--config is required", NULL);
     if (parse_listen(listen, &sa) != 0) {
         fprintf(stderr, "api-server: --listen '%s' is not IPV4:PORT\n",
                 listen);

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* libFuzzer target: the trace line parser ("TIME KEY [PERMITS]"). */
+/* libFuzzer target: the trace line parser ("TIME KEY [PERMITS]") and the
+ * JSON line parser. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else if (rc == TRACE_ERR && err == NULL) {
         abort();
     }
+    /* The same bytes as a JSON line (--input json). */
+    err = NULL;
+    rc = json_parse_line(line, size, "remote_addr", "time", &r, &err);
+    if ((rc == TRACE_REQ && (r.key < line || r.key + r.key_len > line + size ||
+                             r.key_len == 0 || r.t_ns > INT64_MAX)) ||
+        (rc == TRACE_ERR && err == NULL))
+        abort();
     free(line);
     return 0;
 }

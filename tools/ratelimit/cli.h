@@ -195,7 +195,10 @@ typedef struct reader {
     const char *name; /* FILE, or "standard input", for messages */
     int fd;
     bool clf;
+    bool json;             /* --input json: one JSON object a line */
     int field; /* clf_field_t */
+    int time_field;        /* clf: --time-field N - 1, or -1 */
+    const char *json_key, *json_time; /* json: the members' names */
     char *buf;
     size_t start, end; /* unread bytes buf[start..end) */
     bool eof;
@@ -203,12 +206,23 @@ typedef struct reader {
     bool skip_bad;         /* --skip-bad: skip and count bad lines */
     uint64_t nbad;         /* lines skipped */
     uint64_t first_bad[5]; /* the first few of their numbers */
+    /* What the times were like, for reader_warn_time(): */
+    uint64_t nreq;         /* requests read */
+    uint64_t res_ns;       /* the largest power of ten (ns, at most 1 s)
+                              dividing every time: their resolution */
+    uint64_t t_max;        /* the latest time so far */
+    uint64_t same_instant; /* requests at the time of the one before */
+    uint64_t nearlier;     /* requests earlier than one before them */
+    uint64_t first_earlier, most_back_ns; /* the first one's line, and
+                                             the most any lay back */
 } reader_t;
 
-/* Checks --input and --key-field and opens FILE ("-" or NULL: standard
- * input).  Returns 0, or 2 after printing why. */
+/* Checks --input, --key-field and --time-field (NULL: each format's
+ * default) and opens FILE ("-" or NULL: standard input).  Returns 0, or 2
+ * after printing why. */
 int reader_open(reader_t *r, const char *cmd, const char *input,
-                const char *key_field, const char *path);
+                const char *key_field, const char *time_field,
+                const char *path);
 
 struct trace_req;
 /* The next request: 1, or 0 at the end, or 2 after printing what is wrong
@@ -219,6 +233,12 @@ void reader_close(reader_t *r);
  * many bad lines were skipped and the first few line numbers (nothing when
  * there were none). */
 void reader_report(const reader_t *r);
+/* After the input: one warning line on standard error, if any, when the
+ * input's times are coarser than one of `policy`'s limits can resolve
+ * (a bucket's emission interval, a window's length) while some requests
+ * shared an instant, and one when lines went back in time. */
+void reader_warn_time(const reader_t *r, const rate_policy_t *const *policies,
+                      size_t npolicies);
 
 /* Writes seconds with exactly 9 fractional digits ("0.000000000"). */
 char *fmt_seconds(char *p, uint64_t ns);

@@ -14,6 +14,7 @@
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 #include "keymap.h"
@@ -26,7 +27,8 @@ static const char usage[] =
     "usage: ratelimit compare [--rate N/DUR | --limit N --window DUR]\n"
     "                         [--burst N] [--capacity N] [--policy TEXT]...\n"
     "                         [--max-wait DUR] [--svg FILE] [--series FILE]\n"
-    "                         [--input trace|clf] [--key-field FIELD]\n"
+    "                         [--input trace|clf|json] [--key-field FIELD]\n"
+    "                         [--time-field FIELD]\n"
     "                         [--skip-bad] [FILE]\n"
     "\n"
     "Sends one trace through every algorithm at the same long-run rate:\n"
@@ -35,12 +37,17 @@ static const char usage[] =
     "(--limit N --window DUR is the same as --rate N/DUR).  Each --policy TEXT\n"
     "(the library's policy text, composites too; repeatable) adds a row and a\n"
     "line, beside the algorithms' or, without --rate, alone.  Prints a\n"
-    "table; --svg also writes a chart of the requests admitted in the last\n"
-    "period (a sliding window, sampled every 1/128 of a period), one line\n"
-    "per policy; --series writes the plotted numbers as CSV.  Input as for\n"
-    "'ratelimit replay'.\n";
+    "table; --svg also writes a chart: for the 3 keys denied most (over all\n"
+    "policies), a panel per policy with the key's requests in the last\n"
+    "period (sent, grey) and those the policy admitted (a line), and the\n"
+    "policy's rate (dashed); time in seconds from the start, or UTC clock\n"
+    "time for dated logs.  --series writes the totals over all keys as CSV\n"
+    "(the requests admitted in the last period, sampled every 1/128 of\n"
+    "it).  Input as for 'ratelimit replay' (--input, --key-field,\n"
+    "--time-field, --skip-bad).\n";
 
-enum { O_SVG = O_POLICY_END, O_SERIES, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_HELP };
+enum { O_SVG = O_POLICY_END, O_SERIES, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_HELP,
+       O_TIMEFIELD };
 
 static const struct option longopts[] = {
     {"rate", required_argument, NULL, O_RATE},
@@ -54,6 +61,7 @@ static const struct option longopts[] = {
     {"series", required_argument, NULL, O_SERIES},
     {"input", required_argument, NULL, O_INPUT},
     {"key-field", required_argument, NULL, O_KEYFIELD},
+    {"time-field", required_argument, NULL, O_TIMEFIELD},
     {"skip-bad", no_argument, NULL, O_SKIPBAD},
     {"help", no_argument, NULL, O_HELP},
     {NULL, 0, NULL, 0},
@@ -86,8 +94,11 @@ typedef struct chart {
     uint64_t t0, width_ns, period, t_last;
     unsigned sub; /* bins per period; 0: mean per period of each bin */
     size_t nbins;
+    keymap_t *keys; /* --svg: each key's own series (NULL: none kept) */
     uint64_t offered[MAX_BINS];
 } chart_t;
+
+static void keys_coarsen(keymap_t *keys, size_t nlanes);
 
 static void chart_start(chart_t *c, uint64_t t, uint64_t period)
 {
@@ -115,6 +126,8 @@ static void coarsen(chart_t *c, lane_t *lanes, size_t nlanes)
     for (size_t a = 0; a < nlanes; a++)
         memset(lanes[a].bins + MAX_BINS / 2, 0,
                MAX_BINS / 2 * sizeof *lanes[a].bins);
+    if (c->keys != NULL)
+        keys_coarsen(c->keys, nlanes);
     c->width_ns *= 2;
     c->nbins = (c->nbins + 1) / 2;
     c->sub = c->sub % 2 == 0 ? c->sub / 2 : 0;
@@ -247,103 +260,345 @@ static int write_series(FILE *f, const chart_t *c, const lane_t *lanes,
     return fflush(f) == 0 && !ferror(f) ? 0 : -1;
 }
 
-static int write_svg(FILE *f, const chart_t *c, const lane_t *lanes,
-                     size_t nlanes, uint64_t period)
+/* ---- per-key series, for the chart's per-key panels ----
+ * Each key keeps a list of entries, one per bin in which it sent requests,
+ * in bin order: {bin, offered, admitted by lane 0, 1, ...}.  Memory grows
+ * with the (key, bin) pairs that had traffic, at most one per request. */
+
+static size_t stride(size_t nlanes)
 {
-    static const char *colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
-                                   "#9467bd", "#8c564b", "#e377c2", "#17becf",
-                                   "#bcbd22", "#7f7f7f"};
-    const size_t ncolors = sizeof colors / sizeof colors[0];
-    const double X0 = 70, Y0 = 40, W = 600, H = 300;
-    size_t np = chart_points(c);
-    double ymax = 1;
-    for (size_t i = 0; i < np; i++) {
-        if (chart_value(c, c->offered, i) > ymax)
-            ymax = chart_value(c, c->offered, i);
-        for (size_t a = 0; a < nlanes; a++)
-            if (chart_value(c, lanes[a].bins, i) > ymax)
-                ymax = chart_value(c, lanes[a].bins, i);
+    return 2 + nlanes;
+}
+
+/* The entry of key k for bin b, made if missing; NULL when out of memory. */
+static uint64_t *key_entry(keyrec_t *k, size_t nlanes, uint64_t b)
+{
+    size_t e = stride(nlanes), n = k->nseries;
+    size_t at = n; /* insert here, keeping bin order */
+    while (at > 0 && k->series[(at - 1) * e] >= b) {
+        if (k->series[(at - 1) * e] == b)
+            return &k->series[(at - 1) * e];
+        at--; /* only an out-of-order line looks further back */
     }
-    /* The x axis: from t0 to the last sample (the trace's span), or one
-     * period for an empty trace. */
+    if (n == k->series_cap) {
+        size_t cap = k->series_cap ? k->series_cap * 2 : 8;
+        uint64_t *ns = realloc(k->series, cap * e * sizeof *ns);
+        if (ns == NULL)
+            return NULL;
+        k->series = ns;
+        k->series_cap = cap;
+    }
+    memmove(&k->series[(at + 1) * e], &k->series[at * e],
+            (n - at) * e * sizeof *k->series);
+    memset(&k->series[at * e], 0, e * sizeof *k->series);
+    k->series[at * e] = b;
+    k->nseries++;
+    return &k->series[at * e];
+}
+
+/* The chart halved its resolution: every key's bins too. */
+static void keys_coarsen(keymap_t *keys, size_t nlanes)
+{
+    size_t e = stride(nlanes);
+    for (size_t i = 0; i < keys->n; i++) {
+        keyrec_t *k = &keys->recs[i];
+        size_t out = 0;
+        for (size_t j = 0; j < k->nseries; j++) {
+            uint64_t *src = &k->series[j * e];
+            src[0] /= 2;
+            if (out > 0 && k->series[(out - 1) * e] == src[0]) {
+                for (size_t x = 1; x < e; x++)
+                    k->series[(out - 1) * e + x] += src[x];
+                continue;
+            }
+            if (out != j)
+                memmove(&k->series[out * e], src, e * sizeof *src);
+            out++;
+        }
+        k->nseries = out;
+    }
+}
+
+/* Most denied (over all policies) first, then most requests, then first
+ * seen. */
+static int by_denials(const void *a, const void *b)
+{
+    const keyrec_t *x = *(const keyrec_t *const *)a;
+    const keyrec_t *y = *(const keyrec_t *const *)b;
+    if (x->denied != y->denied)
+        return x->denied < y->denied ? 1 : -1;
+    if (x->allowed != y->allowed)
+        return x->allowed < y->allowed ? 1 : -1;
+    return x->order < y->order ? -1 : x->order > y->order;
+}
+
+/* A policy's long-run rate in permits per chart period: the lowest of its
+ * limits' N per period, scaled to the chart's period. */
+static double lane_rate(const lane_t *ln, uint64_t period)
+{
+    double r = -1;
+    for (size_t i = 0; i < rate_policy_count(ln->policy); i++) {
+        const rate_limit_t *l = rate_policy_limit(ln->policy, i);
+        double v = (double)l->limit * (double)period / (double)l->period_ns;
+        if (r < 0 || v < r)
+            r = v;
+    }
+    return r;
+}
+
+/* A duration for a title: "1 s", "500 ms", "2 min". */
+static const char *dur_words(char *buf, size_t len, uint64_t ns)
+{
+    if (ns % (3600 * RATE_NS_PER_S) == 0)
+        snprintf(buf, len, "%llu h", (unsigned long long)(ns / 3600 / RATE_NS_PER_S));
+    else if (ns % (60 * RATE_NS_PER_S) == 0)
+        snprintf(buf, len, "%llu min", (unsigned long long)(ns / 60 / RATE_NS_PER_S));
+    else if (ns >= RATE_NS_PER_S)
+        snprintf(buf, len, "%g s", (double)ns / 1e9);
+    else
+        snprintf(buf, len, "%g ms", (double)ns / 1e6);
+    return buf;
+}
+
+#define TOP_KEYS 3 /* the chart's columns: the keys denied most */
+
+static int write_svg(FILE *f, const chart_t *c, const lane_t *lanes,
+                     size_t nlanes, uint64_t period, keymap_t *keys)
+{
+    static const char *colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd",
+                                   "#8c564b", "#e377c2", "#17becf", "#bcbd22",
+                                   "#7f7f7f", "#d62728"};
+    const size_t ncolors = sizeof colors / sizeof colors[0];
+    size_t np = chart_points(c), e = stride(nlanes);
+    /* the columns: up to TOP_KEYS keys, most denied first */
+    keyrec_t *top[TOP_KEYS];
+    size_t nk = 0;
+    {
+        keyrec_t **all = malloc((keys->n ? keys->n : 1) * sizeof *all);
+        if (all == NULL)
+            return -1;
+        for (size_t i = 0; i < keys->n; i++)
+            all[i] = &keys->recs[i];
+        qsort(all, keys->n, sizeof *all, by_denials);
+        nk = keys->n < TOP_KEYS ? keys->n : TOP_KEYS;
+        for (size_t i = 0; i < nk; i++)
+            top[i] = all[i];
+        free(all);
+    }
+    if (np == 0)
+        nk = 0;
+    /* dense[k][s * np + i]: series s (0 offered, 1 + a lane a) of column
+     * k's key at bin i */
+    size_t nbins = c->nbins;
+    uint64_t *dense = calloc((nk ? nk : 1) * (1 + nlanes) * (nbins ? nbins : 1),
+                             sizeof *dense);
+    if (dense == NULL)
+        return -1;
+    for (size_t k = 0; k < nk; k++)
+        for (size_t j = 0; j < top[k]->nseries; j++) {
+            const uint64_t *en = &top[k]->series[j * e];
+            if (en[0] >= nbins)
+                continue;
+            for (size_t sidx = 0; sidx <= nlanes; sidx++)
+                dense[(k * (1 + nlanes) + sidx) * nbins + en[0]] = en[1 + sidx];
+        }
+#define SERIES(k, sidx) (dense + ((k) * (1 + nlanes) + (sidx)) * nbins)
+    /* geometry: a panel per (policy, key); columns the keys, rows the
+     * policies */
+    const double W = 980, X0 = 64, XR = 20, GAP = 44, TOPY = 96;
+    const double PH = nlanes > 6 ? 60 : 84, PITCH = PH + 40;
+    size_t ncol = nk ? nk : 1;
+    double pw = (W - X0 - XR - GAP * (double)(ncol - 1)) / (double)ncol;
+    double H = TOPY + PITCH * (double)nlanes + 30;
     double span = np > 0 ? (double)(chart_time(c, np - 1) - c->t0) / 1e9
                          : (double)period / 1e9;
     if (!(span > 0))
         span = (double)period / 1e9;
-    double x0s = (double)c->t0 / 1e9;
-    double ystep = nice_step(ymax, 5), xstep = nice_step(span, 8);
-    ymax = ystep * (double)(long)(ymax / ystep + 0.999);
-    double ps = (double)period / 1e9;
+    char pw_text[32], bin_text[32];
+    dur_words(pw_text, sizeof pw_text, period);
+    dur_words(bin_text, sizeof bin_text, c->width_ns);
+    /* clock time when the trace's times are dates (after 2000), seconds
+     * from the start otherwise */
+    bool clock = c->t0 >= UINT64_C(946684800) * RATE_NS_PER_S;
+    double t0s = (double)(c->t0 / RATE_NS_PER_S) +
+                 (double)(c->t0 % RATE_NS_PER_S) / 1e9;
 
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"980\" "
-               "height=\"400\" viewBox=\"0 0 980 400\" "
-               "font-family=\"sans-serif\" font-size=\"12\">\n"
-               "<rect width=\"980\" height=\"400\" fill=\"white\"/>\n");
-    if (c->sub != 0 || np == 0)
-        fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"14\">Admitted in "
-                   "the last %g s (a sliding window, sampled every %g ms)"
-                   "</text>\n", X0, ps,
-                (c->sub ? (double)c->width_ns : (double)period / 128) / 1e6);
+               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" "
+               "height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
+               "font-family=\"sans-serif\" font-size=\"11\">\n"
+               "<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n",
+            W, H, W, H, W, H);
+    if (nk < keys->n)
+        fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\" "
+                   "font-weight=\"bold\">Requests per %s of the %zu keys "
+                   "denied most (of %zu), and what each policy admits"
+                   "</text>\n", X0, pw_text, nk, keys->n);
     else
-        fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"14\">Admitted per "
-                   "%g s, mean over bins of %g s (trace too long for a "
-                   "sliding window)</text>\n", X0, ps,
-                (double)c->width_ns / 1e9);
-    /* axes, grid and ticks */
-    fprintf(f, "<g stroke=\"#999\" fill=\"none\">\n"
-               "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n"
-               "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n</g>\n",
-            X0, Y0 + H, X0 + W, Y0 + H, X0, Y0, X0, Y0 + H);
-    for (double y = 0; y <= ymax + 1e-9; y += ystep) {
-        double py = Y0 + H - y / ymax * H;
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
-                   "stroke=\"#eee\"/>\n<text x=\"%.1f\" y=\"%.1f\" "
-                   "text-anchor=\"end\">%g</text>\n",
-                X0, py, X0 + W, py, X0 - 6, py + 4, y);
-    }
-    for (double x = 0; x <= span + 1e-9; x += xstep) {
-        double px = X0 + x / span * W;
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
-                   "stroke=\"#999\"/>\n<text x=\"%.1f\" y=\"%.1f\" "
-                   "text-anchor=\"middle\">%g</text>\n",
-                px, Y0 + H, px, Y0 + H + 5, px, Y0 + H + 18, x0s + x);
-    }
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">time "
-               "(s)</text>\n", X0 + W / 2, Y0 + H + 36);
-    fprintf(f, "<text x=\"18\" y=\"%.1f\" text-anchor=\"middle\" "
-               "transform=\"rotate(-90 18 %.1f)\">admitted in the last %g s"
-               "</text>\n", Y0 + H / 2, Y0 + H / 2, ps);
+        fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\" "
+                   "font-weight=\"bold\">Requests per %s of %s, and what "
+                   "each policy admits</text>\n", X0, pw_text,
+                nk == 1 ? "the key" : "each key");
+    if (c->sub != 0 || np == 0)
+        fprintf(f, "<text x=\"%.0f\" y=\"40\">Each point counts one "
+                   "key's requests in the %s before it; the table has every "
+                   "key.</text>\n", X0, pw_text);
+    else
+        fprintf(f, "<text x=\"%.0f\" y=\"40\">Each point is one key's "
+                   "mean per %s over %s (a long trace); the table has every "
+                   "key.</text>\n", X0, pw_text, bin_text);
+    /* the legend: one line above the panels, not beside them */
+    fprintf(f, "<rect x=\"%.0f\" y=\"50\" width=\"22\" height=\"10\" "
+               "fill=\"#ddd\" stroke=\"#aaa\"/><text x=\"%.0f\" y=\"59\">"
+               "sent (offered load)</text>\n"
+               "<line x1=\"%.0f\" y1=\"55\" x2=\"%.0f\" y2=\"55\" "
+               "stroke=\"#333\" stroke-width=\"2\"/><text x=\"%.0f\" "
+               "y=\"59\">admitted (one colour per policy)</text>\n"
+               "<line x1=\"%.0f\" y1=\"55\" x2=\"%.0f\" y2=\"55\" "
+               "stroke=\"#d62728\" stroke-width=\"1.5\" "
+               "stroke-dasharray=\"5 3\"/><text x=\"%.0f\" y=\"59\">the "
+               "policy's rate per %s</text>\n",
+            X0, X0 + 28, X0 + 170, X0 + 192, X0 + 198, X0 + 420, X0 + 442,
+            X0 + 448, pw_text);
     if (np == 0)
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">"
-                   "no requests in the trace</text>\n", X0 + W / 2, Y0 + H / 2);
-    /* series: offered load, then each lane; the limiters' lines drawn
-     * after the offered load, thinner ones over thicker so all show */
-    for (size_t a = 0; a <= nlanes && np > 0; a++) {
-        const uint64_t *v = a == 0 ? c->offered : lanes[a - 1].bins;
-        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%s\" "
-                   "points=\"",
-                a == 0 ? "#bbb" : colors[(a - 1) % ncolors],
-                a == 0 ? "1" : "1.5");
-        for (size_t i = 0; i < np; i++) {
-            double t = (double)(chart_time(c, i) - c->t0) / 1e9;
-            double x = X0 + t / span * W;
-            double y = Y0 + H - chart_value(c, v, i) / ymax * H;
-            fprintf(f, "%s%.1f,%.1f", i ? " " : "", x, y);
+                   "no requests in the trace</text>\n", W / 2, TOPY + 40);
+    /* x ticks: seconds from the start, or clock times on round steps */
+    double xstep;
+    if (clock) {
+        static const double steps[] = {1, 2, 5, 10, 15, 30, 60, 120, 300,
+                                       600, 900, 1800, 3600, 7200, 21600,
+                                       43200, 86400};
+        xstep = 86400;
+        for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++)
+            if (span / steps[i] <= 6 * (pw > 400 ? 2 : 1) / (nk > 1 ? 1.5 : 1)) {
+                xstep = steps[i];
+                break;
+            }
+    } else {
+        xstep = nice_step(span, pw > 400 ? 8 : 4);
+    }
+    double xfirst = clock ? xstep * (double)(long long)((t0s + xstep - 1e-3) /
+                                                        xstep) - t0s
+                          : 0;
+    for (size_t k = 0; k < nk; k++) {
+        double px0 = X0 + (double)k * (pw + GAP);
+        /* the column's scale: its key's largest offered load or rate */
+        double ymax = 1;
+        for (size_t i = 0; i < np; i++)
+            for (size_t sidx = 0; sidx <= nlanes; sidx++)
+                if (chart_value(c, SERIES(k, sidx), i) > ymax)
+                    ymax = chart_value(c, SERIES(k, sidx), i);
+        for (size_t a = 0; a < nlanes; a++)
+            if (lane_rate(&lanes[a], period) > ymax)
+                ymax = lane_rate(&lanes[a], period);
+        double ystep = nice_step(ymax, 2);
+        ymax = ystep * (double)(long)(ymax / ystep + 0.999);
+        /* the column's head: the key */
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" "
+                   "font-weight=\"bold\">", px0, TOPY - 16);
+        char kt[64];
+        size_t kl = top[k]->len < 40 ? top[k]->len : 40;
+        memcpy(kt, top[k]->key, kl);
+        kt[kl] = '\0';
+        for (size_t i = 0; i < kl; i++)
+            if ((unsigned char)kt[i] < 32)
+                kt[i] = '?';
+        xml_text(f, kt);
+        fprintf(f, "%s</text>\n<text x=\"%.1f\" y=\"%.1f\" "
+                   "text-anchor=\"end\" fill=\"#555\">%llu requests</text>\n",
+                top[k]->len > 40 ? "..." : "", px0 + pw, TOPY - 16,
+                (unsigned long long)top[k]->allowed);
+        for (size_t a = 0; a < nlanes; a++) {
+            const char *col = colors[a % ncolors];
+            double py0 = TOPY + (double)a * PITCH, pyb = py0 + PH;
+            uint64_t adm = 0;
+            for (size_t i = 0; i < nbins; i++)
+                adm += SERIES(k, 1 + a)[i];
+            /* the panel's title: the policy, and what it admitted */
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\">", px0,
+                    py0 - 4, col);
+            xml_text(f, lanes[a].text);
+            fprintf(f, "</text>\n<text x=\"%.1f\" y=\"%.1f\" "
+                       "text-anchor=\"end\" fill=\"#555\">%llu admitted"
+                       "</text>\n", px0 + pw, py0 - 4,
+                    (unsigned long long)adm);
+            fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
+                       "height=\"%.1f\" fill=\"none\" stroke=\"#999\"/>\n",
+                    px0, py0, pw, PH);
+            for (double y = ystep; y <= ymax + 1e-9; y += ystep) {
+                double py = pyb - y / ymax * PH;
+                fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" "
+                           "y2=\"%.1f\" stroke=\"#eee\"/>\n", px0, py,
+                        px0 + pw, py);
+            }
+            for (double y = 0; y <= ymax + 1e-9; y += ystep)
+                fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" "
+                           "fill=\"#555\">%g</text>\n", px0 - 4,
+                        pyb - y / ymax * PH + 4, y);
+            for (double x = xfirst; x <= span + 1e-9; x += xstep) {
+                double px = px0 + x / span * pw;
+                fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" "
+                           "y2=\"%.1f\" stroke=\"#999\"/>\n", px, pyb, px,
+                        pyb + 4);
+                char lab[32];
+                if (clock) {
+                    time_t tt = (time_t)(t0s + x + 0.5);
+                    struct tm tm;
+                    gmtime_r(&tt, &tm);
+                    strftime(lab, sizeof lab, xstep >= 60 ? "%H:%M"
+                                                          : "%H:%M:%S", &tm);
+                } else {
+                    snprintf(lab, sizeof lab, "%g", x);
+                }
+                fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" "
+                           "text-anchor=\"middle\" fill=\"#555\">%s</text>\n",
+                        px, pyb + 15, lab);
+            }
+            /* sent: a grey area; admitted: the policy's line; the rate:
+             * dashed */
+            fprintf(f, "<polygon fill=\"#ddd\" stroke=\"#aaa\" "
+                       "stroke-width=\"0.5\" points=\"%.1f,%.1f", px0, pyb);
+            for (size_t i = 0; i < np; i++) {
+                double t = (double)(chart_time(c, i) - c->t0) / 1e9;
+                fprintf(f, " %.1f,%.1f", px0 + t / span * pw,
+                        pyb - chart_value(c, SERIES(k, 0), i) / ymax * PH);
+            }
+            fprintf(f, " %.1f,%.1f\"/>\n", px0 + (double)(chart_time(c, np - 1) - c->t0) / 1e9 / span * pw, pyb);
+            fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" "
+                       "stroke-width=\"1.6\" points=\"", col);
+            for (size_t i = 0; i < np; i++) {
+                double t = (double)(chart_time(c, i) - c->t0) / 1e9;
+                fprintf(f, "%s%.1f,%.1f", i ? " " : "", px0 + t / span * pw,
+                        pyb - chart_value(c, SERIES(k, 1 + a), i) / ymax *
+                                  PH);
+            }
+            fputs("\"/>\n", f);
+            double ry = pyb - lane_rate(&lanes[a], period) / ymax * PH;
+            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" "
+                       "y2=\"%.1f\" stroke=\"#d62728\" stroke-width=\"1.5\" "
+                       "stroke-dasharray=\"5 3\"/>\n", px0, ry, px0 + pw, ry);
         }
-        fputs("\"/>\n", f);
     }
-    /* legend */
-    for (size_t a = 0; a <= nlanes; a++) {
-        double ly = Y0 + 10 + (double)a * 20;
-        fprintf(f, "<line x1=\"690\" y1=\"%.1f\" x2=\"715\" y2=\"%.1f\" "
-                   "stroke=\"%s\" stroke-width=\"3\"/>\n<text x=\"720\" "
-                   "y=\"%.1f\">",
-                ly, ly, a == 0 ? "#bbb" : colors[(a - 1) % ncolors], ly + 4);
-        xml_text(f, a == 0 ? "offered" : lanes[a - 1].text);
-        fputs("</text>\n", f);
+    /* the x axis's name, under the last row */
+    char axis[96];
+    if (clock) {
+        time_t tt = (time_t)t0s;
+        struct tm tm;
+        gmtime_r(&tt, &tm);
+        strftime(axis, sizeof axis, "time (UTC) on %Y-%m-%d", &tm);
+    } else {
+        snprintf(axis, sizeof axis, "seconds from the start of the trace");
     }
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s"
+               "</text>\n", X0 + (W - X0 - XR) / 2, H - 8, axis);
+    fprintf(f, "<text x=\"14\" y=\"%.1f\" text-anchor=\"middle\" "
+               "transform=\"rotate(-90 14 %.1f)\">requests in the last %s"
+               "</text>\n", TOPY + PITCH * (double)nlanes / 2,
+            TOPY + PITCH * (double)nlanes / 2, pw_text);
     fputs("</svg>\n", f);
+#undef SERIES
+    free(dense);
     return fflush(f) == 0 && !ferror(f) ? 0 : -1;
 }
 
@@ -416,7 +671,8 @@ static int open_out(const char *path, FILE **f)
 int cmd_compare(int argc, char **argv)
 {
     const char *rate = NULL, *burst_text = NULL, *max_wait_text = NULL;
-    const char *svg = NULL, *series = NULL, *input = "trace", *field = "host";
+    const char *svg = NULL, *series = NULL, *input = "trace", *field = NULL;
+    const char *time_field = NULL;
     const char *limit_text = NULL, *window_text = NULL, *cap_text = NULL;
     const char *policies[16];
     size_t npolicies = 0;
@@ -443,6 +699,7 @@ int cmd_compare(int argc, char **argv)
         case O_SERIES: series = optarg; break;
         case O_INPUT: input = optarg; break;
         case O_KEYFIELD: field = optarg; break;
+        case O_TIMEFIELD: time_field = optarg; break;
         case O_SKIPBAD: skip_bad = true; break;
         case O_HELP: fputs(usage, stdout); return 0;
         default: return getopt_fail("compare", c, argv);
@@ -527,9 +784,12 @@ int cmd_compare(int argc, char **argv)
         if (status == 0 && period == 0)
             period = rate_policy_limit(p, 0)->period_ns;
     }
+    keymap_t svg_keys = {0};
+    if (status == 0 && svg_file != NULL)
+        chart->keys = &svg_keys;
     reader_t rd = {0};
     if (status == 0)
-        status = reader_open(&rd, "compare", input, field,
+        status = reader_open(&rd, "compare", input, field, time_field,
                              argc > optind ? argv[optind] : NULL);
     rd.skip_bad = skip_bad;
     trace_req_t r;
@@ -544,7 +804,20 @@ int cmd_compare(int argc, char **argv)
             chart_start(chart, r.t_ns, period);
             first = false;
         }
-        chart->offered[bin_of(chart, lanes, nlanes, r.t_ns)] += r.permits;
+        size_t bin = bin_of(chart, lanes, nlanes, r.t_ns);
+        chart->offered[bin] += r.permits;
+        uint64_t *entry = NULL; /* the key's series at this bin (--svg) */
+        keyrec_t *kr = NULL;
+        if (chart->keys != NULL) {
+            kr = keymap_get(chart->keys, r.key, r.key_len);
+            entry = kr ? key_entry(kr, nlanes, bin) : NULL;
+            if (entry == NULL) {
+                status = cli_fail("compare: out of memory");
+                break;
+            }
+            entry[1] += r.permits;
+            kr->allowed++; /* here: the key's requests */
+        }
         for (size_t a = 0; a < nlanes && status == 0; a++) {
             lane_t *ln = &lanes[a];
             rate_decision_t d;
@@ -557,20 +830,29 @@ int cmd_compare(int argc, char **argv)
             }
             if (!d.allowed) {
                 ln->denied++;
+                if (kr != NULL)
+                    kr->denied++; /* over all policies */
                 continue;
             }
             ln->admitted++;
             ln->delay_sum_ns += d.delay_ns;
-            ln->bins[bin_of(chart, lanes, nlanes, r.t_ns)] += r.permits;
+            ln->bins[bin] += r.permits;
+            if (entry != NULL)
+                entry[2 + a] += r.permits;
             if (r.permits > 0 && note_admitted(ln, &r, period) != 0)
                 status = cli_fail("compare: out of memory");
         }
     }
     if (status == 0) {
         reader_report(&rd);
+        const rate_policy_t *pols[32];
+        size_t np = 0;
+        for (size_t a = 0; a < nlanes && np < 32; a++)
+            pols[np++] = lanes[a].policy;
+        reader_warn_time(&rd, pols, np);
         print_table(lanes, nlanes);
         if (svg_file != NULL &&
-            write_svg(svg_file, chart, lanes, nlanes, period) != 0)
+            write_svg(svg_file, chart, lanes, nlanes, period, &svg_keys) != 0)
             status = cli_fail("compare: cannot write '%s'", svg);
         if (status == 0 && series_file != NULL &&
             write_series(series_file, chart, lanes, nlanes) != 0)
@@ -589,5 +871,6 @@ int cmd_compare(int argc, char **argv)
     }
     free(lanes);
     free(chart);
+    keymap_free(&svg_keys);
     return status;
 }

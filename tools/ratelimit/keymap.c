@@ -77,6 +77,7 @@ keyrec_t *keymap_get(keymap_t *m, const char *key, size_t len)
         return NULL;
     memcpy(r->key, key, len);
     r->len = len;
+    r->order = m->n;
     m->slots[j] = (uint32_t)(++m->n);
     return r;
 }
@@ -86,6 +87,8 @@ void keymap_free(keymap_t *m)
     for (size_t i = 0; i < m->n; i++) {
         free(m->recs[i].key);
         free(m->recs[i].times);
+        free(m->recs[i].first_deny_text);
+        free(m->recs[i].series);
     }
     free(m->recs);
     free(m->slots);

@@ -15,7 +15,13 @@
 typedef struct keyrec {
     char *key;
     size_t len;
+    size_t order;            /* first seen as the order-th key (from 0) */
     uint64_t allowed, denied;
+    uint64_t first_deny_ns;  /* replay --per-key: the first denial's time */
+    char *first_deny_text;   /* and its text as written (malloc'd) */
+    size_t first_deny_len;
+    uint64_t *series;        /* compare --svg: the key's chart entries */
+    size_t nseries, series_cap;
     uint64_t *times; /* compare: admitted times */
     size_t head, ntimes, cap; /* queue times[head..ntimes) */
 } keyrec_t;

@@ -278,6 +278,13 @@ int policy_from_opts(const policy_opts_t *o, rate_policy_t **out,
                             sizeof err) != RATE_OK)
             return cli_fail("%s: --rate %s", o->cmd, err);
         snprintf(flag, sizeof flag, "--%s", opt);
+        /* Required here (spec/cli-replay.md); the policy text's form
+         * defaults it to N, which the message points at. */
+        if (option_value(o, opt) == NULL)
+            return cli_fail("%s: %s is required for %s (or give the policy "
+                            "as --policy '%s %s', whose %s defaults to %llu)",
+                            o->cmd, flag, o->algorithm, o->algorithm,
+                            o->rate, opt, (unsigned long long)l.limit);
         if (count_opt(o, flag, option_value(o, opt), &l.burst))
             return 2;
     } else {
@@ -939,21 +946,48 @@ bool policy_opt(policy_opts_t *o, int c, const char *arg)
 #define READER_BUF (2 * READER_MAX_LINE + 2)
 
 int reader_open(reader_t *r, const char *cmd, const char *input,
-                const char *key_field, const char *path)
+                const char *key_field, const char *time_field,
+                const char *path)
 {
     memset(r, 0, sizeof *r);
     r->cmd = cmd;
     r->fd = -1;
+    r->time_field = -1;
+    r->res_ns = RATE_NS_PER_S;
     r->clf = strcmp(input, "clf") == 0;
-    if (!r->clf && strcmp(input, "trace") != 0)
-        return cli_fail("%s: --input '%s' is neither 'trace' nor 'clf'", cmd,
-                        input);
-    r->field = clf_field_from_name(key_field);
-    if (r->field < 0)
-        return cli_fail("%s: --key-field '%s' is not one of host, ident, "
-                        "user, request, method, path, status, referer, agent, "
-                        "xff, or a field number from 1 to %d", cmd, key_field,
-                        CLF_MAX_FIELDS);
+    r->json = strcmp(input, "json") == 0;
+    if (!r->clf && !r->json && strcmp(input, "trace") != 0)
+        return cli_fail("%s: --input '%s' is not 'trace', 'clf' or 'json'",
+                        cmd, input);
+    if (r->json) {
+        r->json_key = key_field ? key_field : "remote_addr";
+        r->json_time = time_field ? time_field : "time";
+        if (r->json_key[0] == '\0' || r->json_time[0] == '\0')
+            return cli_fail("%s: --%s-field is empty (the name of a JSON "
+                            "member)", cmd, r->json_key[0] ? "time" : "key");
+    } else if (!r->clf && (key_field != NULL || time_field != NULL)) {
+        return cli_fail("%s: --%s-field applies to --input clf or json (a "
+                        "trace line is TIME KEY [PERMITS])", cmd,
+                        key_field ? "key" : "time");
+    } else if (r->clf) {
+        if (key_field == NULL)
+            key_field = "host";
+        r->field = clf_field_from_name(key_field);
+        if (r->field < 0)
+            return cli_fail("%s: --key-field '%s' is not one of host, ident, "
+                            "user, request, method, path, status, referer, "
+                            "agent, xff, or a field number from 1 to %d", cmd,
+                            key_field, CLF_MAX_FIELDS);
+        if (time_field != NULL) {
+            int tf = clf_field_from_name(time_field);
+            if (tf < CLF_FIELD_1)
+                return cli_fail("%s: --time-field '%s' is not a field number "
+                                "from 1 to %d (the field holding, e.g., "
+                                "nginx's $msec)", cmd, time_field,
+                                CLF_MAX_FIELDS);
+            r->time_field = tf - CLF_FIELD_1;
+        }
+    }
     r->buf = malloc(READER_BUF);
     if (r->buf == NULL)
         return cli_fail("%s: out of memory", cmd);
@@ -1032,6 +1066,9 @@ static int next_line(reader_t *r, bool skip, char **line, size_t *len)
     }
 }
 
+static const char *input_hint(const char *line, size_t len, const char *err);
+static void note_time(reader_t *r, uint64_t t);
+
 int reader_next(reader_t *r, trace_req_t *req)
 {
     char *line;
@@ -1053,10 +1090,16 @@ int reader_next(reader_t *r, trace_req_t *req)
                      READER_MAX_LINE);
             rc = TRACE_ERR;
             err = msg;
+        } else if (r->clf) {
+            rc = clf_parse_line_at(line, len, (clf_field_t)r->field,
+                                   r->time_field, req, &err);
+        } else if (r->json) {
+            rc = json_parse_line(line, len, r->json_key, r->json_time, req,
+                                 &err);
         } else {
-            rc = r->clf ? clf_parse_line(line, len, (clf_field_t)r->field,
-                                         req, &err)
-                        : trace_parse_line(line, len, req, &err);
+            rc = trace_parse_line(line, len, req, &err);
+            if (rc == TRACE_ERR)
+                err = input_hint(line, len, err);
         }
         if (rc == TRACE_SKIP)
             continue;
@@ -1073,9 +1116,109 @@ int reader_next(reader_t *r, trace_req_t *req)
         if (rc == TRACE_ERR)
             return cli_fail("%s: line %llu: %s", r->cmd,
                             (unsigned long long)r->lineno, err);
+        note_time(r, req->t_ns);
         return 1;
     }
     return 0;
+}
+
+/* A trace line's error, with a hint when the line is an access log's or
+ * JSON (read without --input clf or json). */
+static const char *input_hint(const char *line, size_t len, const char *err)
+{
+    static char msg[200];
+    size_t i = 0;
+    while (i < len && (line[i] == ' ' || line[i] == '\t'))
+        i++;
+    const char *input = NULL;
+    if (i < len && line[i] == '{')
+        input = "json";
+    else if (memchr(line, '[', len) != NULL && memchr(line, '"', len) != NULL)
+        input = "clf";
+    if (input == NULL)
+        return err;
+    snprintf(msg, sizeof msg, "%s; the line looks like %s: read it with "
+             "--input %s", err, input[0] == 'j' ? "JSON" : "an access log "
+             "(Common or Combined Log Format)", input);
+    return msg;
+}
+
+/* Notes what the times are like: their resolution, shared instants, lines
+ * that go back in time. */
+static void note_time(reader_t *r, uint64_t t)
+{
+    while (r->res_ns > 1 && t % r->res_ns != 0)
+        r->res_ns /= 10;
+    if (r->nreq > 0 && t < r->t_max) {
+        if (r->nearlier++ == 0)
+            r->first_earlier = r->lineno;
+        if (r->t_max - t > r->most_back_ns)
+            r->most_back_ns = r->t_max - t;
+    } else if (r->nreq > 0 && t == r->t_max) {
+        r->same_instant++;
+    }
+    if (r->nreq == 0 || t > r->t_max)
+        r->t_max = t;
+    r->nreq++;
+}
+
+/* A duration in words: "1 s", "100 ms", "2.5 us". */
+static const char *words(char *buf, size_t len, uint64_t ns)
+{
+    if (ns >= RATE_NS_PER_S)
+        snprintf(buf, len, "%g s", (double)ns / 1e9);
+    else if (ns >= 1000000)
+        snprintf(buf, len, "%g ms", (double)ns / 1e6);
+    else if (ns >= 1000)
+        snprintf(buf, len, "%g us", (double)ns / 1e3);
+    else
+        snprintf(buf, len, "%llu ns", (unsigned long long)ns);
+    return buf;
+}
+
+void reader_warn_time(const reader_t *r, const rate_policy_t *const *policies,
+                      size_t npolicies)
+{
+    char a[32], b[32], text[200];
+    if (r->nearlier > 0)
+        fprintf(stderr, "%s: warning: %llu request%s earlier than a line "
+                "before %s (first at line %llu, at most %s back); a key's "
+                "clock never runs backwards, so such a request is decided "
+                "at the latest time its key has seen: sort the input by "
+                "time for answers at the times written\n", r->cmd,
+                (unsigned long long)r->nearlier, r->nearlier == 1 ? " is"
+                : "s are", r->nearlier == 1 ? "it" : "them",
+                (unsigned long long)r->first_earlier,
+                words(a, sizeof a, r->most_back_ns));
+    /* Requests apart by less than the resolution show as one instant:
+     * that matters only where some shared one. */
+    if (r->same_instant == 0 || r->nreq < 2)
+        return;
+    for (size_t p = 0; p < npolicies; p++) {
+        for (size_t i = 0; i < rate_policy_count(policies[p]); i++) {
+            const rate_limit_t *l = rate_policy_limit(policies[p], i);
+            bool bucket = is_bucket(l->algorithm);
+            uint64_t need = bucket ? l->period_ns / l->limit : l->period_ns;
+            if (r->res_ns <= need)
+                continue;
+            rate_policy_format(policies[p], text, sizeof text);
+            fprintf(stderr, "%s: warning: the input's times are %s%s, "
+                    "coarser than '%s' resolves (%s%s), and %llu requests "
+                    "shared an instant with the one before: the requests of "
+                    "one step are replayed at one instant, so a token bucket "
+                    "admits at most its burst of them, a leaky bucket about "
+                    "one, a window at most its limit, fewer than the real, "
+                    "spread-out traffic would get.  Give finer times "
+                    "(nginx's $msec: --input clf --time-field N; JSON "
+                    "lines: --input json)\n", r->cmd,
+                    r->res_ns == RATE_NS_PER_S ? "whole seconds" : "in steps of ",
+                    r->res_ns == RATE_NS_PER_S ? "" : words(a, sizeof a, r->res_ns),
+                    text, bucket ? "a permit every " : "a window of ",
+                    words(b, sizeof b, need),
+                    (unsigned long long)r->same_instant);
+            return;
+        }
+    }
 }
 
 void reader_report(const reader_t *r)

@@ -7,6 +7,7 @@
  * memory store keeps every distinct key unless --max-keys bounds it, and
  * --per-key keeps a counter per key.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +31,10 @@ static const char usage[] =
     "\n"
     "  --algorithm NAME   the algorithm (the names are listed at the end)\n"
     "  --rate N/DUR       buckets: N per DUR (10/s, 100/1m, 3/500ms, 10/sec)\n"
-    "  --burst N          token bucket: burst\n"
-    "  --capacity N       leaky bucket: capacity\n"
+    "  --burst N          token bucket: burst (required; --policy TEXT's\n"
+    "                     burst= defaults to the rate's N)\n"
+    "  --capacity N       leaky bucket: capacity (required; --policy TEXT's\n"
+    "                     capacity= defaults to the rate's N)\n"
     "  --limit N          windows: limit per window\n"
     "  --window DUR       windows: window length (1s, 250ms, 1m, 2hours)\n"
     "  --policy TEXT      the library's policy text, composites too, in place\n"
@@ -60,34 +63,54 @@ static const char usage[] =
     "                     PATH at once; the output is the same, but for\n"
     "                     evictions by the region's bound (counted on\n"
     "                     standard error)\n"
-    "  --per-key          a summary line per key (memory grows with the keys)\n"
+    "  --per-key[=FILE]   a table per key, tab-separated, most denied first\n"
+    "                     (key, requests, admitted, denied, denied_share,\n"
+    "                     first_denial_s: seconds from the first request,\n"
+    "                     first_denial: its time as written), on standard\n"
+    "                     error after the summary or into FILE (memory\n"
+    "                     grows with the keys)\n"
+    "  --top N            after the summary, the N keys denied most, with\n"
+    "                     their share denied and first denial\n"
     "  --max-keys N       memory store: keep at most N keys, evicting the least\n"
     "                     recently used (counted on standard error); an\n"
     "                     evicted key starts cold again: answers may change.\n"
     "                     shm:PATH: the capacity of a region the run creates\n"
     "                     (default: from the trace, above); an existing one\n"
     "                     must match\n"
-    "  --input FORMAT     trace (TIME KEY [PERMITS], default) or clf (access\n"
+    "  --input FORMAT     trace (TIME KEY [PERMITS], default), clf (access\n"
     "                     logs in Common or Combined Log Format, and more\n"
-    "                     fields after them)\n"
+    "                     fields after them) or json (one JSON object a\n"
+    "                     line, as nginx's log_format escape=json writes)\n"
     "  --key-field FIELD  clf: host (default), ident, user, request, method,\n"
     "                     path, status, referer, agent, xff (the first\n"
     "                     address of the last quoted field after the agent;\n"
     "                     the host without one), or a field number N (1: host)\n"
+    "                     json: a member's name (default remote_addr)\n"
+    "  --time-field FIELD clf: the number of a field with a finer time than\n"
+    "                     the [timestamp] (nginx's $msec: 1764644400.123);\n"
+    "                     json: a member's name (default time).  A time is\n"
+    "                     seconds since 1970, YYYY-MM-DDTHH:MM:SS[.fff][Z|\n"
+    "                     +hh:mm] or dd/Mon/yyyy:HH:MM:SS +zzzz\n"
     "  --skip-bad         skip bad lines (counted, the first few named on\n"
     "                     standard error) instead of stopping at the first\n"
     "\n"
     "DUR: a whole number and a unit, ns us ms s m h d (or sec, min, hour, day\n"
     "and their plurals).  Lines are at most 65536 bytes.  Errors (bad options,\n"
     "an unreadable FILE, a bad line) print one line on standard error and exit\n"
-    "with status 2; stopped by SIGINT or SIGTERM: 130 or 143.\n";
+    "with status 2; stopped by SIGINT or SIGTERM: 130 or 143.  A warning on\n"
+    "standard error says when the times are coarser than the policy resolves\n"
+    "(whole seconds for 10/s: a second's requests replayed at one instant)\n"
+    "and when lines go back in time (decided at their key's latest time).\n";
 
-enum { O_STORE = O_POLICY_END, O_PERKEY, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_MAXKEYS, O_HELP };
+enum { O_STORE = O_POLICY_END, O_PERKEY, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_MAXKEYS, O_HELP,
+       O_TIMEFIELD, O_TOP };
 
 static const struct option longopts[] = {
     POLICY_LONGOPTS,
     {"store", required_argument, NULL, O_STORE},
-    {"per-key", no_argument, NULL, O_PERKEY},
+    {"per-key", optional_argument, NULL, O_PERKEY},
+    {"top", required_argument, NULL, O_TOP},
+    {"time-field", required_argument, NULL, O_TIMEFIELD},
     {"input", required_argument, NULL, O_INPUT},
     {"key-field", required_argument, NULL, O_KEYFIELD},
     {"skip-bad", no_argument, NULL, O_SKIPBAD},
@@ -177,10 +200,90 @@ static int count_keys(reader_t *rd, uint64_t *out)
     return 0;
 }
 
+/* Most denied first; then most requests; then first seen (stable). */
+static int by_denials(const void *a, const void *b)
+{
+    const keyrec_t *x = a, *y = b;
+    if (x->denied != y->denied)
+        return x->denied < y->denied ? 1 : -1;
+    uint64_t nx = x->allowed + x->denied, ny = y->allowed + y->denied;
+    if (nx != ny)
+        return nx < ny ? 1 : -1;
+    return x->order < y->order ? -1 : x->order > y->order;
+}
+
+/* The share of a key's requests denied, "0.250". */
+static double share(const keyrec_t *k)
+{
+    uint64_t n = k->allowed + k->denied;
+    return n ? (double)k->denied / (double)n : 0;
+}
+
+/* The per-key table (--per-key), tab-separated with a header line. */
+static int write_per_key(FILE *f, const keymap_t *keys, uint64_t t0)
+{
+    fputs("key\trequests\tadmitted\tdenied\tdenied_share\t"
+          "first_denial_s\tfirst_denial\n", f);
+    for (size_t i = 0; i < keys->n; i++) {
+        const keyrec_t *k = &keys->recs[i];
+        char buf[32];
+        fwrite(k->key, 1, k->len, f);
+        fprintf(f, "\t%llu\t%llu\t%llu\t%.3f\t",
+                (unsigned long long)(k->allowed + k->denied),
+                (unsigned long long)k->allowed, (unsigned long long)k->denied,
+                share(k));
+        if (k->denied == 0) {
+            fputs("-\t-\n", f);
+            continue;
+        }
+        *fmt_seconds(buf, k->first_deny_ns > t0 ? k->first_deny_ns - t0 : 0) = '\0';
+        fprintf(f, "%s\t", buf);
+        fwrite(k->first_deny_text, 1, k->first_deny_len, f);
+        fputc('\n', f);
+    }
+    return fflush(f) == 0 && !ferror(f) ? 0 : -1;
+}
+
+/* The --top N summary on standard error. */
+static void write_top(const keymap_t *keys, uint64_t top, uint64_t t0)
+{
+    size_t n = keys->n < top ? keys->n : (size_t)top, w = 3;
+    size_t denied_keys = 0;
+    for (size_t i = 0; i < keys->n; i++)
+        denied_keys += keys->recs[i].denied > 0;
+    fprintf(stderr, "%zu of %zu keys had a request denied", denied_keys,
+            keys->n);
+    if (n == 0 || denied_keys == 0) {
+        fputc('\n', stderr);
+        return;
+    }
+    if (n > denied_keys)
+        n = denied_keys;
+    fprintf(stderr, "; the %zu denied most:\n", n);
+    for (size_t i = 0; i < n; i++)
+        if (keys->recs[i].len > w)
+            w = keys->recs[i].len > 40 ? 40 : keys->recs[i].len;
+    fprintf(stderr, "  %-*s %9s %9s %7s  %s\n", (int)w, "key", "requests",
+            "denied", "share", "first denial (s from the start: as written)");
+    for (size_t i = 0; i < n; i++) {
+        const keyrec_t *k = &keys->recs[i];
+        char buf[32];
+        *fmt_seconds(buf, k->first_deny_ns > t0 ? k->first_deny_ns - t0 : 0) = '\0';
+        fprintf(stderr, "  %-*.*s %9llu %9llu %6.1f%%  %.*s: %.*s\n", (int)w,
+                (int)k->len, k->key,
+                (unsigned long long)(k->allowed + k->denied),
+                (unsigned long long)k->denied, 100 * share(k),
+                (int)(strchr(buf, '.') - buf + 4), buf,
+                (int)k->first_deny_len, k->first_deny_text);
+    }
+}
+
 int cmd_replay(int argc, char **argv)
 {
     policy_opts_t po = {.cmd = "replay"};
-    const char *store_spec = NULL, *input = "trace", *field = "host";
+    const char *store_spec = NULL, *input = "trace", *field = NULL;
+    const char *time_field = NULL, *per_key_path = NULL;
+    uint64_t top = 0;
     bool per_key = false;
     bool skip_bad = false;
     const char *max_keys_text = NULL;
@@ -194,7 +297,16 @@ int cmd_replay(int argc, char **argv)
             continue;
         switch (c) {
         case O_STORE: store_spec = optarg; break;
-        case O_PERKEY: per_key = true; break;
+        case O_PERKEY:
+            per_key = true;
+            per_key_path = optarg;
+            break;
+        case O_TOP:
+            if (rate_parse_count(optarg, &top, NULL, 0) != RATE_OK)
+                return cli_fail("replay: --top '%s' is not a whole number",
+                                optarg);
+            break;
+        case O_TIMEFIELD: time_field = optarg; break;
         case O_INPUT: input = optarg; break;
         case O_KEYFIELD: field = optarg; break;
         case O_SKIPBAD: skip_bad = true; break;
@@ -209,6 +321,12 @@ int cmd_replay(int argc, char **argv)
     if (max_keys_text != NULL &&
         cli_max_keys("replay", max_keys_text, store_spec, &max_keys) != 0)
         return 2;
+    FILE *per_key_file = NULL;
+    if (per_key_path != NULL && (per_key_path[0] == '\0' ||
+        (per_key_file = fopen(per_key_path, "w")) == NULL))
+        return cli_fail("replay: cannot write --per-key '%s': %s",
+                        per_key_path, per_key_path[0] ? strerror(errno)
+                                                       : "no file name");
     bool shm = store_spec != NULL && strncmp(store_spec, "shm:", 4) == 0;
     /* On a region: SIGINT and SIGTERM caught from here on, so that one
      * that comes while the region is made (or the trace read ahead) stops
@@ -216,21 +334,27 @@ int cmd_replay(int argc, char **argv)
     if (shm)
         cli_catch_signals();
     reader_t rd;
-    if (reader_open(&rd, "replay", input, field,
+    if (reader_open(&rd, "replay", input, field, time_field,
                     argc > optind ? argv[optind] : NULL) != 0) {
         reader_close(&rd);
+        if (per_key_file != NULL)
+            fclose(per_key_file);
         return 2;
     }
     rd.skip_bad = skip_bad;
     uint64_t trace_keys = CLI_TRACE_KEYS_UNKNOWN;
     if (shm && max_keys == 0 && count_keys(&rd, &trace_keys) != 0) {
         reader_close(&rd);
+        if (per_key_file != NULL)
+            fclose(per_key_file);
         return stopped(0, "");
     }
     cli_limiter_t cl;
     if (cli_limiter_open(&cl, &po, store_spec, true, max_keys,
                          trace_keys) != 0) {
         reader_close(&rd);
+        if (per_key_file != NULL)
+            fclose(per_key_file);
         return cli_signal != 0 ? 128 + cli_signal : 2;
     }
     /* With a Redis namespace of the run's own: SIGINT and SIGTERM stop the
@@ -243,7 +367,7 @@ int cmd_replay(int argc, char **argv)
     static char outbuf[1 << 16];
     setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
     keymap_t keys = {0};
-    uint64_t allowed = 0, denied = 0;
+    uint64_t allowed = 0, denied = 0, t0 = 0;
     trace_req_t r;
     int more;
     while (status == 0 && (more = reader_next(&rd, &r)) != 0) {
@@ -270,12 +394,24 @@ int cmd_replay(int argc, char **argv)
         write_line(&r, &d);
         if (allowed + denied == 0)
             cli_limiter_touch(&cl); /* the policy's record has no expiry */
+        if (allowed + denied == 0)
+            t0 = r.t_ns;
         d.allowed ? allowed++ : denied++;
-        if (per_key) {
+        if (per_key || top > 0) {
             keyrec_t *k = keymap_get(&keys, r.key, r.key_len);
             if (k == NULL) {
                 status = cli_fail("replay: out of memory");
                 break;
+            }
+            if (!d.allowed && k->denied == 0) {
+                k->first_deny_ns = r.t_ns;
+                k->first_deny_text = malloc(r.time_len ? r.time_len : 1);
+                if (k->first_deny_text == NULL) {
+                    status = cli_fail("replay: out of memory");
+                    break;
+                }
+                memcpy(k->first_deny_text, r.time_text, r.time_len);
+                k->first_deny_len = r.time_len;
             }
             d.allowed ? k->allowed++ : k->denied++;
         }
@@ -315,16 +451,23 @@ int cmd_replay(int argc, char **argv)
                     "bytes), removed at the end\n", cl.shm_unlink,
                     (unsigned long long)cl.shm_keys,
                     (unsigned long long)cl.shm_bytes);
+        const rate_policy_t *pol = cl.policy;
+        reader_warn_time(&rd, &pol, 1);
         fprintf(stderr, "summary: %llu requests, %llu allowed, %llu denied\n",
                 (unsigned long long)(allowed + denied),
                 (unsigned long long)allowed, (unsigned long long)denied);
-        for (size_t i = 0; i < keys.n; i++) {
-            fwrite(keys.recs[i].key, 1, keys.recs[i].len, stderr);
-            fprintf(stderr, "\t%llu allowed\t%llu denied\n",
-                    (unsigned long long)keys.recs[i].allowed,
-                    (unsigned long long)keys.recs[i].denied);
-        }
+        if (keys.n > 1)
+            qsort(keys.recs, keys.n, sizeof *keys.recs, by_denials);
+        if (top > 0)
+            write_top(&keys, top, t0);
+        if (per_key && write_per_key(per_key_file ? per_key_file : stderr,
+                                     &keys, t0) != 0)
+            status = cli_fail("replay: cannot write --per-key '%s'",
+                              per_key_path ? per_key_path : "(stderr)");
     }
+    if (per_key_file != NULL && fclose(per_key_file) != 0 && status == 0)
+        status = cli_fail("replay: cannot write --per-key '%s'",
+                          per_key_path);
     keymap_free(&keys);
     reader_close(&rd);
     /* One line of error in all: a failure says whether the run's Redis

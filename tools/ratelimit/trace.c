@@ -273,6 +273,12 @@ static int clf_next(const char *s, size_t len, size_t *i, const char **f,
 int clf_parse_line(const char *s, size_t len, clf_field_t key_field,
                    trace_req_t *out, const char **err)
 {
+    return clf_parse_line_at(s, len, key_field, -1, out, err);
+}
+
+int clf_parse_line_at(const char *s, size_t len, clf_field_t key_field,
+                      int time_field, trace_req_t *out, const char **err)
+{
     const char *f[CLF_MAX_FIELDS];
     size_t fl[CLF_MAX_FIELDS], i = 0, n = 0;
     char kind[CLF_MAX_FIELDS];
@@ -314,7 +320,7 @@ int clf_parse_line(const char *s, size_t len, clf_field_t key_field,
         *err = what[n];
         return TRACE_ERR;
     }
-    if (clf_time(f[3], fl[3], &out->t_ns, err) != 0)
+    if (time_field < 0 && clf_time(f[3], fl[3], &out->t_ns, err) != 0)
         return TRACE_ERR;
     unsigned status;
     if (fl[5] != 3 || !num(f[5], 3, &status)) {
@@ -323,6 +329,17 @@ int clf_parse_line(const char *s, size_t len, clf_field_t key_field,
     }
     out->time_text = f[3];
     out->time_len = fl[3];
+    if (time_field >= 0) { /* --time-field N: a finer time, e.g. $msec */
+        if ((size_t)time_field >= n) {
+            *err = "the time field (--time-field) is absent on this line";
+            return TRACE_ERR;
+        }
+        if (trace_parse_clock(f[time_field], fl[time_field], &out->t_ns,
+                              err) != 0)
+            return TRACE_ERR;
+        out->time_text = f[time_field];
+        out->time_len = fl[time_field];
+    }
     out->permits = 1;
     const char *k = NULL;
     size_t kl = 0;
@@ -401,5 +418,220 @@ int clf_parse_line(const char *s, size_t len, clf_field_t key_field,
     }
     out->key = k;
     out->key_len = kl;
+    return TRACE_REQ;
+}
+
+/* ------------------------------------------------- clock times, JSON */
+
+/* "2026-12-02T03:00:00[.fff][Z|+hh:mm|+hhmm]" (a space for the T too). */
+static int iso_time(const char *s, size_t n, uint64_t *out, const char **err)
+{
+    unsigned y, mo, d, hh, mm, ss, zh = 0, zm = 0;
+    uint64_t frac = 0;
+
+    *err = "time is not YYYY-MM-DDTHH:MM:SS[.fraction][Z|+hh:mm] (from 1970)";
+    if (n < 19 || s[4] != '-' || s[7] != '-' || (s[10] != 'T' &&
+        s[10] != ' ') || s[13] != ':' || s[16] != ':' || !num(s, 4, &y) ||
+        !num(s + 5, 2, &mo) || !num(s + 8, 2, &d) || !num(s + 11, 2, &hh) ||
+        !num(s + 14, 2, &mm) || !num(s + 17, 2, &ss))
+        return -1;
+    size_t i = 19;
+    if (i < n && (s[i] == '.' || s[i] == ',')) {
+        size_t start = ++i;
+        while (i < n && digit(s[i]))
+            i++;
+        if (i == start || i - start > 9) {
+            *err = i == start ? "time has a '.' without digits after it"
+                              : "time has more than 9 fractional digits";
+            return -1;
+        }
+        for (size_t k = 0; k < 9; k++)
+            frac = frac * 10 +
+                   (start + k < i ? (uint64_t)(s[start + k] - '0') : 0);
+    }
+    int sign = 0;
+    if (i < n && s[i] == 'Z') {
+        i++;
+    } else if (i < n && (s[i] == '+' || s[i] == '-')) {
+        sign = s[i] == '+' ? 1 : -1;
+        if (n - i == 6 && s[i + 3] == ':' && num(s + i + 1, 2, &zh) &&
+            num(s + i + 4, 2, &zm))
+            i += 6;
+        else if (n - i == 5 && num(s + i + 1, 2, &zh) &&
+                 num(s + i + 3, 2, &zm))
+            i += 5;
+        else
+            return -1;
+    }
+    if (i != n || y < 1970 || mo < 1 || mo > 12 || d < 1 || d > 31 ||
+        hh > 23 || mm > 59 || ss > 60 || zh > 14 || zm > 59)
+        return -1;
+    int64_t secs = days_from_civil(y, mo, d) * 86400 + hh * 3600 + mm * 60 +
+                   ss - sign * (int64_t)(zh * 3600 + zm * 60);
+    if (secs < 0 || (uint64_t)secs >= MAX63 / NS_PER_S) {
+        *err = "time outside 1970 to 2262";
+        return -1;
+    }
+    *out = (uint64_t)secs * NS_PER_S + frac;
+    return 0;
+}
+
+int trace_parse_clock(const char *s, size_t n, uint64_t *out_ns,
+                      const char **err)
+{
+    if (n == 26 && s[2] == '/')
+        return clf_time(s, n, out_ns, err);
+    if (n >= 19 && s[4] == '-')
+        return iso_time(s, n, out_ns, err);
+    if (trace_parse_time(s, n, out_ns, err) == 0)
+        return 0;
+    *err = "time is neither seconds since 1970 (1764644400.123, nginx's "
+           "$msec), YYYY-MM-DDTHH:MM:SS[.fff][Z|+hh:mm] nor "
+           "dd/Mon/yyyy:HH:MM:SS +zzzz";
+    return -1;
+}
+
+/* A JSON string at s[*i] == '"': its raw text (escapes kept) in *f, *fl;
+ * *i past the closing quote.  false if unclosed. */
+static bool json_string(const char *s, size_t len, size_t *i, const char **f,
+                        size_t *fl)
+{
+    size_t j = *i + 1;
+    while (j < len && s[j] != '"')
+        j += s[j] == '\\' && j + 1 < len ? 2 : 1;
+    if (j >= len)
+        return false;
+    *f = s + *i + 1;
+    *fl = j - *i - 1;
+    *i = j + 1;
+    return true;
+}
+
+static void json_blanks(const char *s, size_t len, size_t *i)
+{
+    while (*i < len && (blank(s[*i]) || s[*i] == '\n'))
+        (*i)++;
+}
+
+/* Skips one value at s[*i]: its text in *f, *fl (a string without its
+ * quotes; an object or array whole); *quoted whether it was a string.
+ * false on a malformed value. */
+static bool json_value(const char *s, size_t len, size_t *i, const char **f,
+                       size_t *fl, bool *quoted)
+{
+    *quoted = false;
+    if (*i >= len)
+        return false;
+    if (s[*i] == '"') {
+        *quoted = true;
+        return json_string(s, len, i, f, fl);
+    }
+    size_t start = *i;
+    if (s[*i] == '{' || s[*i] == '[') {
+        unsigned depth = 0;
+        while (*i < len) {
+            char c = s[*i];
+            if (c == '"') {
+                const char *x;
+                size_t xl;
+                if (!json_string(s, len, i, &x, &xl))
+                    return false;
+                continue;
+            }
+            (*i)++;
+            if (c == '{' || c == '[')
+                depth++;
+            else if ((c == '}' || c == ']') && --depth == 0)
+                break;
+        }
+        if (depth != 0)
+            return false;
+    } else {
+        while (*i < len && s[*i] != ',' && s[*i] != '}' && !blank(s[*i]))
+            (*i)++;
+        if (*i == start)
+            return false;
+    }
+    *f = s + start;
+    *fl = *i - start;
+    return true;
+}
+
+int json_parse_line(const char *s, size_t len, const char *key_name,
+                    const char *time_name, trace_req_t *out, const char **err)
+{
+    const char *key = NULL, *time = NULL;
+    size_t key_len = 0, time_len = 0, i = 0;
+    size_t kn = strlen(key_name), tn = strlen(time_name);
+
+    if (len > 0 && s[len - 1] == '\r')
+        len--;
+    json_blanks(s, len, &i);
+    if (i == len || s[i] == '#')
+        return TRACE_SKIP;
+    if (s[i] != '{') {
+        *err = "not a JSON object (a line is {\"name\": value, ...})";
+        return TRACE_ERR;
+    }
+    i++;
+    for (;;) {
+        json_blanks(s, len, &i);
+        if (i < len && s[i] == '}')
+            break;
+        const char *name, *v;
+        size_t nl, vl;
+        bool quoted;
+        if (i >= len || s[i] != '"' || !json_string(s, len, &i, &name, &nl)) {
+            *err = "malformed JSON object: a member name is not a string";
+            return TRACE_ERR;
+        }
+        json_blanks(s, len, &i);
+        if (i >= len || s[i] != ':') {
+            *err = "malformed JSON object: no ':' after a member name";
+            return TRACE_ERR;
+        }
+        i++;
+        json_blanks(s, len, &i);
+        if (!json_value(s, len, &i, &v, &vl, &quoted)) {
+            *err = "malformed JSON value (unclosed string, object or array)";
+            return TRACE_ERR;
+        }
+        bool scalar = quoted || (v[0] != '{' && v[0] != '[');
+        if (key == NULL && scalar && nl == kn && memcmp(name, key_name, kn) == 0) {
+            key = v;
+            key_len = vl;
+        }
+        if (time == NULL && scalar && nl == tn &&
+            memcmp(name, time_name, tn) == 0) {
+            time = v;
+            time_len = vl;
+        }
+        json_blanks(s, len, &i);
+        if (i < len && s[i] == ',') {
+            i++;
+            continue;
+        }
+        if (i < len && s[i] == '}')
+            break;
+        *err = "malformed JSON object: no ',' or '}' after a value";
+        return TRACE_ERR;
+    }
+    if (time == NULL) {
+        *err = "no time member (name it with --time-field NAME; default "
+               "\"time\")";
+        return TRACE_ERR;
+    }
+    if (key == NULL || key_len == 0) {
+        *err = "no key member, or it is empty (name it with --key-field "
+               "NAME; default \"remote_addr\")";
+        return TRACE_ERR;
+    }
+    if (trace_parse_clock(time, time_len, &out->t_ns, err) != 0)
+        return TRACE_ERR;
+    out->time_text = time;
+    out->time_len = time_len;
+    out->key = key;
+    out->key_len = key_len;
+    out->permits = 1;
     return TRACE_REQ;
 }

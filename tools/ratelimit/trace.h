@@ -67,4 +67,27 @@ int clf_field_from_name(const char *name);
 int clf_parse_line(const char *line, size_t len, clf_field_t key_field,
                    trace_req_t *out, const char **err);
 
+/* clf_parse_line with the time from field time_field + 1 (0: host)
+ * instead of the bracketed timestamp, in any form trace_parse_clock
+ * reads (nginx's $msec: "1764644400.123"); -1: the bracketed one. */
+int clf_parse_line_at(const char *line, size_t len, clf_field_t key_field,
+                      int time_field, trace_req_t *out, const char **err);
+
+/* A clock time: seconds since 1970 as trace_parse_time reads them
+ * (nginx's $msec), ISO 8601 "YYYY-MM-DDTHH:MM:SS[.fff][Z|+hh:mm]"
+ * (nginx's $time_iso8601) or CLF's "dd/Mon/yyyy:HH:MM:SS +zzzz".  0 on
+ * success, -1 with *err set. */
+int trace_parse_clock(const char *s, size_t len, uint64_t *out_ns,
+                      const char **err);
+
+/* One JSON object a line (nginx's log_format escape=json): the key is the
+ * member named key_name, the time the member named time_name (a string
+ * or a number, as trace_parse_clock reads it); both top-level scalars,
+ * their text as written (a string without its quotes, escapes kept).
+ * Other members, nested ones too, are skipped.  Permits are 1.  Same
+ * returns as trace_parse_line. */
+int json_parse_line(const char *line, size_t len, const char *key_name,
+                    const char *time_name, trace_req_t *out,
+                    const char **err);
+
 #endif
