@@ -70,19 +70,32 @@ typedef struct rate_dynamodb_options {
  * the limiter's fail mode; rate_store_dynamodb_last_error gives the
  * service's message.  Checks the table once here (DescribeTable), so that
  * a missing table, a wrong key schema or an unreachable endpoint is
- * reported now.  Returns RATE_OK, or with `err` (if not NULL, errlen bytes
- * with the NUL) saying why:
+ * reported now.  `options` may be NULL (every option its default).
+ *
+ * Returns: RATE_OK with the store in *out.
+ *
+ * Errors (with `err`, if not NULL, errlen bytes with the NUL, saying why;
+ * *out is NULL):
  *   RATE_EINVAL    NULL url or out, a malformed URL (not dynamodb://, a
  *                  bad table name, no region, an unknown parameter, an
- *                  endpoint not http(s)://), a bad option, no
- *                  credentials, a table of another key schema
+ *                  endpoint not http(s)://), a bad option (non-zero
+ *                  reserved words, a prefix_len above 1024 or with a NULL
+ *                  prefix, a timeout or safety_ttl_ns above
+ *                  RATE_TIME_MAX), no credentials, a table of another key
+ *                  schema
  *   RATE_ESTORE    the endpoint unreachable or refusing (the service's
- *                  message: a missing table, bad credentials, ...)
+ *                  message: a missing table, bad credentials, ...); libcurl
+ *                  that cannot be initialized
  *   RATE_ETIMEDOUT no answer in time, or a new table not ACTIVE in 60 s
  *   RATE_ECORRUPT  an answer that is not JSON
  *   RATE_ENOMEM
- * `options` may be NULL.  Free with rate_store_free.  Thread-safe: yes
- * (callers take connections from a pool, one each per request). */
+ *
+ * Ownership: url and options are read during the call; the prefix and the
+ * credentials are copied; err is the caller's.  The caller frees *out
+ * with rate_store_free.
+ *
+ * Thread-safe: yes (callers take connections from a pool, one each per
+ * request). */
 RATE_API int rate_store_dynamodb_new(const char *url,
                                      const rate_dynamodb_options_t *options,
                                      rate_store_t **out, char *err,
@@ -90,10 +103,18 @@ RATE_API int rate_store_dynamodb_new(const char *url,
 
 /* Deletes every item of the DynamoDB store's prefix (a Scan of the table,
  * then one DeleteItem each): how a scratch namespace is removed.
- * RATE_EINVAL for a store that is not a DynamoDB store or has no prefix;
- * RATE_ENOMEM; the store's error (RATE_ESTORE, RATE_ETIMEDOUT, RATE_ECORRUPT
- * for an answer that is not the JSON of a Scan) when a request fails (the
- * items deleted so far stay deleted).  Thread-safe: yes. */
+ *
+ * Returns: RATE_OK once every page of the Scan is deleted.
+ *
+ * Errors: RATE_EINVAL for a NULL store, one that is not a DynamoDB store,
+ * or one with no prefix (the whole table is not this call's to drop);
+ * RATE_ENOMEM; the store's error (RATE_ESTORE, RATE_ETIMEDOUT,
+ * RATE_ECORRUPT for an answer that is not the JSON of a Scan) when a
+ * request fails (the items deleted so far stay deleted).
+ *
+ * Ownership: store is borrowed; nothing is kept.
+ *
+ * Thread-safe: yes. */
 RATE_API int rate_store_dynamodb_drop(rate_store_t *store);
 
 /* What a DynamoDB store has sent since rate_store_dynamodb_new returned
@@ -113,19 +134,36 @@ typedef struct rate_dynamodb_counters {
     uint64_t reserved[8]; /* room for later fields; not read */
 } rate_dynamodb_counters_t;
 
-/* Fills *out.  RATE_EINVAL for NULL out or a store that is not a DynamoDB
- * store.  Thread-safe: yes (each counter is read atomically, not all
- * together). */
+/* Reads what a DynamoDB store has sent (rate_dynamodb_counters_t).
+ *
+ * Returns: RATE_OK with *out's counters filled (its reserved words are
+ * not written).
+ *
+ * Errors: RATE_EINVAL for a NULL out, or a NULL store or one that is not
+ * a DynamoDB store.
+ *
+ * Ownership: store is borrowed; *out is the caller's; nothing is kept.
+ *
+ * Thread-safe: yes (each counter is read atomically, not all together). */
 RATE_API int rate_store_dynamodb_counters(rate_store_t *store,
                                           rate_dynamodb_counters_t *out);
 
-/* The last failure of a request of the store, as one line naming the
- * operation and carrying the service's own type and message
- * ("GetItem: HTTP 400 ResourceNotFoundException: Requested resource not
- * found"), or the transport's ("GetItem on http://...: Timeout was
- * reached"); "" if none.  Written into buf (len bytes with the NUL, may
- * be 0); returns the text's whole length.  The store's last, whichever
- * thread it failed on.  Thread-safe: yes. */
+/* Tells the last failure of a request of the store (the store's last,
+ * whichever thread it failed on), as one line naming the operation and
+ * carrying the service's own type and message ("GetItem: HTTP 400
+ * ResourceNotFoundException: Requested resource not found"), or the
+ * transport's ("GetItem on http://...: Timeout was reached"); "" if none.
+ *
+ * Returns: the text's whole length (as snprintf, so a result >= len means
+ * it was cut), with the text written into buf (len bytes with the NUL,
+ * cut to fit; len may be 0, or buf NULL: then nothing is written).
+ *
+ * Errors: none; a NULL store or one that is not a DynamoDB store gives ""
+ * and 0.
+ *
+ * Ownership: store is borrowed; buf is the caller's; nothing is kept.
+ *
+ * Thread-safe: yes. */
 RATE_API size_t rate_store_dynamodb_last_error(rate_store_t *store,
                                                char *buf, size_t len);
 

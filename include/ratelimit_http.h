@@ -55,10 +55,19 @@ typedef struct rate_headers {
  * r=0 would be false); a store error under fail-open: status 0, no field;
  * under fail-closed: 503, no field (no Retry-After: 0, which would send
  * every client straight back); under the fallback: the fallback's
- * decision, as above.  Returns RATE_OK, or RATE_EINVAL for a NULL policy,
- * decision or out; RATE_ERANGE, *out zeroed, for a field that would pass
- * RATE_HEADER_LEN (no item the library's bounds allow comes near: a
- * guard).  Thread-safe: yes. */
+ * decision, as above.
+ *
+ * Returns: RATE_OK with *out filled (status and the three fields).
+ *
+ * Errors: RATE_EINVAL for a NULL policy, decision or out (*out zeroed
+ * when it is not NULL); RATE_ERANGE, *out zeroed, for a field that would
+ * pass RATE_HEADER_LEN (no item the library's bounds allow comes near: a
+ * guard).
+ *
+ * Ownership: policy and d are read during the call; *out is the
+ * caller's; nothing is kept.
+ *
+ * Thread-safe: yes. */
 RATE_API int rate_headers_format(const rate_policy_t *policy,
                                  const rate_decision_t *d,
                                  rate_headers_t *out);
@@ -129,15 +138,24 @@ typedef struct rate_outcome {
     uint64_t reserved[4]; /* room for later fields; not read */
 } rate_outcome_t;
 
-/* Reads a rules file into *out.  Errors, each with a one-line message in
- * err (at most errlen bytes with the NUL) naming the file, the line and
- * what is wrong ("rules.conf:7: policy 'gold' is not defined ..."):
- * RATE_EINVAL for a NULL argument or a file that cannot be read,
+/* Reads a rules file and makes the rules of its generation 1.
+ *
+ * Returns: RATE_OK with the rules in *out.
+ *
+ * Errors, each with a one-line message in err (at most errlen bytes with
+ * the NUL) naming the file, the line and what is wrong ("rules.conf:7:
+ * policy 'gold' is not defined ..."); *out is NULL when out is not:
+ * RATE_EINVAL for a NULL path or out, or a file that cannot be opened;
  * RATE_EPOLICY for anything wrong in it (a policy's text, an unknown
  * section or setting, a rule that can never apply, a line longer than
  * libinih reads; an empty file, a last line without its newline, no
- * [rule NAME]: torn or would leave every request unlimited),
- * RATE_ENOMEM.  Free with rate_rules_free.
+ * [rule NAME]: torn or would leave every request unlimited), and for a
+ * read error or a parser out of memory midway (said so in err);
+ * RATE_ENOMEM.
+ *
+ * Ownership: path is copied (a reload without a path reads it again);
+ * err is the caller's.  The caller frees *out with rate_rules_free.
+ *
  * Thread-safe: yes. */
 RATE_API int rate_rules_load(const char *path, rate_rules_t **out,
                              char *err, size_t errlen);
@@ -150,18 +168,45 @@ RATE_API int rate_rules_load(const char *path, rate_rules_t **out,
  * are freed once no decision can use them: what is kept does not grow
  * with the number of reloads (at most one old set per thread that is
  * deciding at that moment).  Each key's state carries over to the new
- * policies (docs/algorithms.md, "Policy changes").  Reloads are
- * serialised; decisions take no lock.  Thread-safe: yes, alongside
- * rate_rules_check. */
+ * policies (docs/algorithms.md, "Policy changes").
+ *
+ * Returns: RATE_OK once the new rules are in use (rate_rules_generation
+ * one more).
+ *
+ * Errors: as for rate_rules_load, with err, and RATE_EINVAL for NULL
+ * rules; the rules in use then stay, and so does the path.
+ *
+ * Ownership: rules is borrowed; a path given is copied (on success) and
+ * replaces the one kept; err is the caller's.
+ *
+ * Thread-safe: yes, alongside rate_rules_check.  Reloads are serialised;
+ * decisions take no lock. */
 RATE_API int rate_rules_reload(rate_rules_t *rules, const char *path,
                                char *err, size_t errlen);
 
-/* The number of the rules in use: 1 after rate_rules_load, one more after
- * each successful reload; 0 for NULL.  Thread-safe: yes. */
+/* Tells which rules are in use (what rate_outcome_t.generation names).
+ *
+ * Returns: the number of the rules in use: 1 after rate_rules_load, one
+ * more after each successful reload; 0 for NULL.
+ *
+ * Errors: none.
+ *
+ * Ownership: rules is borrowed; nothing is kept.
+ *
+ * Thread-safe: yes. */
 RATE_API uint64_t rate_rules_generation(const rate_rules_t *rules);
 
-/* Frees the rules; no call may be using them.  NULL: nothing.
- * Thread-safe: no (no check or reload may run on them). */
+/* Frees the rules, every generation of them kept.  NULL: nothing.
+ *
+ * Returns: nothing.
+ *
+ * Errors: none.
+ *
+ * Ownership: rules is freed; outcomes made under them stay valid (they
+ * are copies).
+ *
+ * Thread-safe: no: no call may be using them (no check or reload may run
+ * on them). */
 RATE_API void rate_rules_free(rate_rules_t *rules);
 
 /* Decides a request on `limiter` under the rules: the key (the user's, an
@@ -169,23 +214,44 @@ RATE_API void rate_rules_free(rate_rules_t *rules);
  * policies, each is decided at one time read once (its reservation up to
  * max_wait_ns), and *out says what each decided.  The limiter's store,
  * fail mode, shadow mode and listener apply to each decision (the
- * listener hears each, a refunded one too).  Returns RATE_OK with *out
- * filled, or: RATE_EINVAL (NULL rules, limiter or out, NULL attrs with
- * nattrs > 0), RATE_EKEY (a bad key, or a rule's key made from
- * attributes longer than RATE_KEY_MAX, or than the store keeps),
- * RATE_ERANGE (permits or max_wait above RATE_TIME_MAX), RATE_ENOMEM (a
- * thread's first call); then nothing is charged.  The limiter's listener
- * must not call rate_rules_check on the same rules (the thread's hold on
- * them is one slot).  Thread-safe: yes; no lock (the thread's first call on these rules takes one, once). */
+ * listener hears each, a refunded one too).  The limiter's listener must
+ * not call rate_rules_check on the same rules (the thread's hold on them
+ * is one slot).
+ *
+ * Returns: RATE_OK with *out filled (allowed or not; a store error is a
+ * decision under the fail mode, as for rate_limiter_check).
+ *
+ * Errors (then nothing is charged, and *out, when not NULL, says no
+ * policy applied: count 0, denied_by -1): RATE_EINVAL (NULL rules,
+ * limiter or out, NULL attrs with nattrs > 0), RATE_EKEY (a bad key, or
+ * a rule's key made from attributes longer than RATE_KEY_MAX, or than
+ * the store keeps), RATE_ERANGE (permits or max_wait above
+ * RATE_TIME_MAX), RATE_ENOMEM (a thread's first call); any other error of
+ * rate_limiter_check_policy.
+ *
+ * Ownership: key, attrs and their strings are read during the call; the
+ * outcome is a copy that outlives any reload; the limiter and the rules
+ * are borrowed.
+ *
+ * Thread-safe: yes; no lock (the thread's first call on these rules takes
+ * one, once). */
 RATE_API int rate_rules_check(rate_rules_t *rules, rate_limiter_t *limiter,
                               const char *key, size_t key_len,
                               const rate_attr_t *attrs, size_t nattrs,
                               uint64_t permits, uint64_t max_wait_ns,
                               rate_outcome_t *out);
 
-/* The same at a caller-supplied time now_ns (<= RATE_TIME_MAX, else
- * RATE_ERANGE), as rate_limiter_check_at: every policy is decided, and
- * refunded, at that time.  Thread-safe: yes. */
+/* The same at a caller-supplied time now_ns, as rate_limiter_check_at:
+ * every policy is decided, and refunded, at that time.
+ *
+ * Returns: as rate_rules_check.
+ *
+ * Errors: as rate_rules_check, and RATE_ERANGE for now_ns above
+ * RATE_TIME_MAX.
+ *
+ * Ownership: as rate_rules_check.
+ *
+ * Thread-safe: yes. */
 RATE_API int rate_rules_check_at(rate_rules_t *rules, rate_limiter_t *limiter,
                                  const char *key, size_t key_len,
                                  const rate_attr_t *attrs, size_t nattrs,
@@ -197,8 +263,18 @@ RATE_API int rate_rules_check_at(rate_rules_t *rules, rate_limiter_t *limiter,
  * (a refunded policy's r counts its permits back), status 429 if any
  * denied (503 if the only denials are fail-closed store errors), and
  * Retry-After the longest wait of the denials (none if one can never
- * pass).  RATE_EINVAL for NULL, RATE_ERANGE for fields too long for
- * *out (zeroed then).  Thread-safe: yes. */
+ * pass).
+ *
+ * Returns: RATE_OK with *out filled.
+ *
+ * Errors: RATE_EINVAL for a NULL outcome or out, or an outcome whose count
+ * is above RATE_RULES_MAX_APPLY; RATE_ERANGE for fields too long for
+ * *out.  *out is zeroed on either (when it is not NULL).
+ *
+ * Ownership: outcome is read during the call; *out is the caller's;
+ * nothing is kept.
+ *
+ * Thread-safe: yes. */
 RATE_API int rate_outcome_headers(const rate_outcome_t *outcome,
                                   rate_headers_t *out);
 

@@ -126,24 +126,43 @@ typedef struct rate_redis_options {
  * order until one answers) or unix:///path.  A server that is a Redis
  * Cluster node is found to be one when the store connects: the store then
  * sends each key's commands to the master of its slot and follows the
- * cluster's redirections and failovers (docs/redis.md); a database other
- * than 0 is then RATE_EINVAL.  Each key lives under PREFIX{KEY} (its own
- * Cluster hash tag; a key holding '}' is escaped, docs/redis.md).
- * Connects at creation (unless lazy_connect), so that a bad host,
- * password, database or a user's missing rights (the ACL's NOPERM, for
- * EVALSHA or HMGET on the store's keys) is reported here: RATE_EINVAL for
- * a malformed URL or option (rediss:// included: no TLS) or a database
- * in a cluster, RATE_ESTORE when Redis cannot be reached or refuses,
- * RATE_ETIMEDOUT when it does not answer in time (a server that accepts
- * and never answers: after connect_timeout_ns + command_timeout_ns per
- * seed tried, "HOST:PORT: CLUSTER SLOTS: timed out after N ms"); `err`
- * (if not NULL) then says why, with the server's message.  Decisions are
- * the memory store's, bit for bit, in one round trip (a Lua twin of the
- * step; see docs/algorithms.md, "Stores"; or, with ratelimit.so loaded,
- * the step itself inside Redis: options->module, docs/redis-module.md);
- * with module RATE_REDIS_MODULE_ON and no module on the server,
- * RATE_ESTORE.  `options` may be NULL.  Thread-safe: yes (callers share
- * pipelined connections). */
+ * cluster's redirections and failovers (docs/redis.md).  Each key lives
+ * under PREFIX{KEY} (its own Cluster hash tag; a key holding '}' is
+ * escaped, docs/redis.md).  Connects at creation (unless lazy_connect),
+ * so that a bad host, password, database or a user's missing rights (the
+ * ACL's NOPERM, for EVALSHA or HMGET on the store's keys) is reported
+ * here.  Decisions are the memory store's, bit for bit, in one round trip
+ * (a Lua twin of the step; see docs/algorithms.md, "Stores"; or, with
+ * ratelimit.so loaded, the step itself inside Redis: options->module,
+ * docs/redis-module.md).  `options` may be NULL (every option its
+ * default).
+ *
+ * Returns: RATE_OK with the store in *out.
+ *
+ * Errors (`err`, if not NULL, errlen bytes with the NUL, then says why,
+ * with the server's message; *out is NULL):
+ *   RATE_EINVAL    NULL out or url; a malformed URL (rediss:// included:
+ *                  no TLS) or option (non-zero reserved words, pool_size
+ *                  above 1024, a timeout or cooldown above RATE_TIME_MAX,
+ *                  a prefix above 256 bytes or holding '{' or '}'); a
+ *                  database other than 0 in a cluster (with lazy_connect
+ *                  too, when found at creation)
+ *   RATE_ESTORE    Redis cannot be reached or refuses (a bad host,
+ *                  password or database, NOPERM); module
+ *                  RATE_REDIS_MODULE_ON and no module on the server
+ *   RATE_ETIMEDOUT it does not answer in time (a server that accepts and
+ *                  never answers: after connect_timeout_ns +
+ *                  command_timeout_ns per seed tried, "HOST:PORT: CLUSTER
+ *                  SLOTS: timed out after N ms")
+ * With lazy_connect, a server that cannot be reached or does not answer
+ * is no error here (rate_store_redis_last_error says why later).
+ *   RATE_ENOMEM
+ *
+ * Ownership: url, options and options->prefix are read during the call
+ * (the prefix and what the URL says are copied); err is the caller's.
+ * The caller frees *out with rate_store_free.
+ *
+ * Thread-safe: yes (callers share pipelined connections). */
 RATE_API int rate_store_redis_new(const char *url,
                                   const rate_redis_options_t *options,
                                   rate_store_t **out, char *err,
@@ -155,24 +174,37 @@ RATE_API int rate_store_redis_new(const char *url,
  * with the prefix (SCAN + UNLINK; in a cluster, on every master).
  * An asynchronous Redis store (ratelimit_loop.h) is dropped through the
  * synchronous store it owns, blocking as that one does.
- * RATE_EINVAL for a store that is not a Redis store; RATE_ESTORE or
- * RATE_ETIMEDOUT when Redis fails or does not answer; RATE_ECORRUPT for a
- * reply that does not parse: in a cluster, a master that fails ends its
- * own scan only, the other masters' keys are still deleted, and the first
- * failure is returned at the end (the keys deleted stay deleted; drop
- * again once the master is back for the rest); RATE_ENOMEM (stops at
- * once).  Thread-safe: yes. */
+ *
+ * Returns: RATE_OK once every master's scan is done.
+ *
+ * Errors: RATE_EINVAL for a NULL store or one that is not a Redis store;
+ * RATE_ESTORE or RATE_ETIMEDOUT when Redis fails or does not answer;
+ * RATE_ECORRUPT for a reply that does not parse: in a cluster, a master
+ * that fails ends its own scan only, the other masters' keys are still
+ * deleted, and the first failure is returned at the end (the keys deleted
+ * stay deleted; drop again once the master is back for the rest);
+ * RATE_ENOMEM (stops at once).
+ *
+ * Ownership: store is borrowed; nothing is kept.
+ *
+ * Thread-safe: yes. */
 RATE_API int rate_store_redis_drop(rate_store_t *store);
 
-/* Copies into buf (cap bytes, cap > 0, NUL-terminated, cut to fit) why
- * the store's last attempt to connect failed, with the server's message:
- * "" when none failed since one succeeded.  An asynchronous Redis store
- * (rate_store_redis_async_new) says the same of its own connections (a
- * connect refused, AUTH or SELECT refused, a node that did not reply
- * within the command timeout), each with the node's address.  Returns
- * RATE_OK; RATE_EINVAL for a store that is not a Redis store, a NULL buf
- * or a cap of 0.  Thread-safe: yes (an asynchronous store: on its loop's
- * thread). */
+/* Tells why the store's last attempt to connect failed, with the server's
+ * message.  An asynchronous Redis store (rate_store_redis_async_new) says
+ * the same of its own connections (a connect refused, AUTH or SELECT
+ * refused, a node that did not reply within the command timeout), each
+ * with the node's address.
+ *
+ * Returns: RATE_OK with the text copied into buf (cap bytes, cap > 0,
+ * NUL-terminated, cut to fit): "" when none failed since one succeeded.
+ *
+ * Errors: RATE_EINVAL for a NULL store or one that is not a Redis store
+ * (synchronous or asynchronous), a NULL buf or a cap of 0.
+ *
+ * Ownership: store is borrowed; buf is the caller's; nothing is kept.
+ *
+ * Thread-safe: yes (an asynchronous store: on its loop's thread). */
 RATE_API int rate_store_redis_last_error(rate_store_t *store, char *buf,
                                          size_t cap);
 
@@ -206,9 +238,18 @@ typedef struct rate_redis_status {
     uint64_t reserved[8]; /* room for later fields; not read */
 } rate_redis_status_t;
 
-/* Fills *out with the Redis store's state and counts since its creation.
- * Returns RATE_OK; RATE_EINVAL for a store that is not a Redis store or a
- * NULL out.  Thread-safe: yes. */
+/* Reads the synchronous Redis store's state and counts since its
+ * creation (an asynchronous one's: rate_store_redis_async_stats).
+ *
+ * Returns: RATE_OK with *out filled (zeroed first; the cluster, masters
+ * and breakers_open only once the server was reached).
+ *
+ * Errors: RATE_EINVAL for a NULL store, one that is not a synchronous
+ * Redis store, or a NULL out.
+ *
+ * Ownership: store is borrowed; *out is the caller's; nothing is kept.
+ *
+ * Thread-safe: yes. */
 RATE_API int rate_store_redis_status(rate_store_t *store,
                                      rate_redis_status_t *out);
 
@@ -217,13 +258,20 @@ RATE_API int rate_store_redis_status(rate_store_t *store,
  * (SCAN + PEXPIRE, a batch at a time): the refresh of a namespace written
  * with no_ttl and safety_ttl_ns, so that keys idle for a while keep their
  * expiry.  Keys written after the SCAN passed them are not touched.
- * An asynchronous Redis store: through the synchronous store it owns.
- * Returns RATE_OK; RATE_EINVAL for a store that is not a Redis store (or
- * NULL) or a ttl_ns of 0; RATE_ESTORE or RATE_ETIMEDOUT when Redis fails or
- * does not answer; RATE_ECORRUPT for a reply that does not parse (as for
+ * An asynchronous Redis store: through the synchronous store it owns
+ * (blocking as it does).
+ *
+ * Returns: RATE_OK once every master's scan is done.
+ *
+ * Errors: RATE_EINVAL for a store that is not a Redis store (or NULL) or
+ * a ttl_ns of 0; RATE_ESTORE or RATE_ETIMEDOUT when Redis fails or does
+ * not answer; RATE_ECORRUPT for a reply that does not parse (as for
  * rate_store_redis_drop, a failing master ends its own scan only, the
  * others are still touched, the first failure is returned at the end,
  * and the keys touched keep their new expiry); RATE_ENOMEM.
+ *
+ * Ownership: store is borrowed; nothing is kept.
+ *
  * Thread-safe: yes, alongside decisions on the same store. */
 RATE_API int rate_store_redis_touch(rate_store_t *store, uint64_t ttl_ns);
 
@@ -268,19 +316,28 @@ RATE_API int rate_store_redis_touch(rate_store_t *store, uint64_t ttl_ns);
  * found by that check is this store's first one (with lazy_connect it is
  * learnt from the first MOVED).
  *
- * `loop` is copied; the loop itself must outlive the store.  Creation
- * calls loop->timer_new (the store's one timer) on the calling thread:
- * call it on the loop's thread, or before the loop runs (libuv's and
- * libevent's handles are not to be made while another thread runs their
- * loop).  Every
- * callback runs on the loop's thread; rate_store_free, on that thread and
- * not from inside one of the store's callbacks, completes every decision
- * in flight, on every node (RATE_ECANCELED), before it returns.
- * Returns RATE_OK and *out, or RATE_EINVAL (NULL out, url or loop, a loop
- * table missing a function, a bad URL or option, with err), RATE_ENOMEM,
- * or rate_store_redis_new's errors (a cluster with a database other than
- * 0 is its RATE_EINVAL).
- * Thread-safe: creation yes; the store: the loop's thread only. */
+ * Creation calls loop->timer_new (the store's one timer) on the calling
+ * thread.  Every callback runs on the loop's thread; rate_store_free, on
+ * that thread and not from inside one of the store's callbacks, completes
+ * every decision in flight, on every node (RATE_ECANCELED), before it
+ * returns.
+ *
+ * Returns: RATE_OK with the store in *out.
+ *
+ * Errors (with err, as for rate_store_redis_new; *out is NULL):
+ * RATE_EINVAL for a NULL out, url or loop, a loop table missing a
+ * function (all but now are required), a bad URL or option;
+ * RATE_ENOMEM, also when loop->timer_new returns NULL; or
+ * rate_store_redis_new's errors (a cluster with a database other than 0
+ * is its RATE_EINVAL).
+ *
+ * Ownership: `loop` (the table) is copied; the loop itself must outlive
+ * the store.  url and options as for rate_store_redis_new.  The caller
+ * frees *out with rate_store_free, on the loop's thread.
+ *
+ * Thread-safe: creation yes, on the loop's thread or before the loop runs
+ * (libuv's and libevent's handles are not to be made while another
+ * thread runs their loop); the store: the loop's thread only. */
 RATE_API int rate_store_redis_async_new(const char *url,
                                         const rate_redis_options_t *options,
                                         const rate_loop_t *loop,
@@ -312,8 +369,17 @@ typedef struct rate_redis_async_stats {
     uint64_t reserved[8]; /* room for later fields; not read */
 } rate_redis_async_stats_t;
 
-/* RATE_OK and *out, or RATE_EINVAL (NULL out, or a store that is not an
- * asynchronous Redis store). */
+/* Reads what an asynchronous Redis store has seen since its creation
+ * (rate_redis_async_stats_t).
+ *
+ * Returns: RATE_OK with *out filled.
+ *
+ * Errors: RATE_EINVAL for a NULL out, or a NULL store or one that is not
+ * an asynchronous Redis store.
+ *
+ * Ownership: store is borrowed; *out is the caller's; nothing is kept.
+ *
+ * Thread-safe: on the loop's thread only (the counts are the loop's). */
 RATE_API int rate_store_redis_async_stats(rate_store_t *store,
                                           rate_redis_async_stats_t *out);
 

@@ -3,6 +3,17 @@
  * ratelimit_shm.h -- the shared-memory store (docs/shm.md): the
  * processes of one host share each key's state through a mapped region,
  * with no server.
+ *
+ * Keys and errors in decisions.  A key longer than the region's key_max
+ * (with the prefix) is the caller's error, as one longer than
+ * RATE_KEY_MAX: the limiter's calls return RATE_EKEY, whatever the fail
+ * mode, and nothing is written.  The store's own errors, which a decision
+ * on it reports as a store error (under the limiter's fail mode):
+ * RATE_EFULL for a state longer than its state_max, or a new policy record
+ * past max_policies; RATE_ETIMEDOUT when a live process held the key's
+ * shard for lock_timeout_ns; RATE_ESTORE for a shard lock the system
+ * refuses (left unrecoverable); RATE_ENOMEM.  Nothing is written on any
+ * of them.
  */
 #ifndef RATELIMIT_SHM_H
 #define RATELIMIT_SHM_H
@@ -75,25 +86,37 @@ typedef struct rate_shm_options {
  * docs/shm.md), initialized, given `mode` (and `group`), then linked into
  * place, so that no process ever sees half a region (two creators at
  * once: one wins, the other attaches); on any error the temporary file is
- * removed and nothing is left at path.  Attaching
- * checks the header (magic, layout version, this build's lock size, the
- * sizes) and refuses, with `err` (if not NULL, errlen bytes with the NUL)
- * naming the mismatch, anything else.  Returns RATE_OK and *out (free it
- * with rate_store_free: that unmaps, and never removes the file), or
- *   RATE_EINVAL  NULL path or out; a bad option (max_keys 0 when creating,
- *                key_max, state_max or shards out of range, a region of
- *                more than 64 GiB, a prefix longer than key_max - 4); an
- *                option that disagrees with an
- *                existing region ("max_keys: the region has 1000, the
- *                options ask 2000")
- *   RATE_ESTORE  the file cannot be opened, created or mapped (errno's
- *                text: no permission, no such directory, no_create and
- *                absent); no room for it ("cannot allocate its N bytes:
- *                No space left on device", from statvfs or the
- *                allocation); it is not a store (bad magic), of another layout
- *                version or build, truncated or of another size than its
- *                header says
+ * removed and nothing is left at path.  Attaching checks the header
+ * (magic, layout version, this build's lock size, the sizes) and refuses
+ * anything else.  options NULL: every option its default (which cannot
+ * create: max_keys is required).
+ *
+ * Returns: RATE_OK with the store in *out.
+ *
+ * Errors (each with `err`, if not NULL, errlen bytes with the NUL, naming
+ * the cause or the mismatch; *out is NULL):
+ *   RATE_EINVAL  NULL or empty path, NULL out; a bad option (non-zero
+ *                reserved words, max_keys 0 when creating or above
+ *                2^31-1, key_max, state_max (22..262144), max_policies
+ *                or shards out of range, a lock_timeout_ns above
+ *                RATE_TIME_MAX, a mode that is not a file mode, a region
+ *                of more than 64 GiB, a prefix longer than key_max - 4);
+ *                an option that disagrees with an existing region
+ *                ("max_keys: the region has 1000, the options ask 2000")
+ *   RATE_ESTORE  the file cannot be opened, created, given its mode or
+ *                group, or mapped (errno's text: no permission, no such
+ *                directory, no_create and absent); no room for it
+ *                ("cannot allocate its N bytes: No space left on
+ *                device", from statvfs or the allocation); its locks
+ *                cannot be made; it is not a store (bad magic), of
+ *                another layout version or build, truncated or of another
+ *                size than its header says
  *   RATE_ENOMEM
+ *
+ * Ownership: path, options and options->prefix are read during the call
+ * (the prefix is copied); err is the caller's.  The caller frees *out with
+ * rate_store_free: that unmaps, and never removes the file.
+ *
  * Thread-safe: yes. */
 RATE_API int rate_store_shm_new(const char *path,
                                 const rate_shm_options_t *options,
@@ -101,27 +124,48 @@ RATE_API int rate_store_shm_new(const char *path,
 
 /* The same store over a region the caller provides (mem, len bytes, at
  * least 64-byte aligned, shared between the processes by the caller, e.g.
- * an nginx shared zone or its own MAP_SHARED mapping), which stays the
- * caller's (rate_store_free does not unmap it).  Who initializes: the
- * caller that passes options->init (once, before any other attaches); or,
- * without init, the first caller to find the region all zero (a fresh
+ * an nginx shared zone or its own MAP_SHARED mapping).  Who initializes:
+ * the caller that passes options->init (once, before any other attaches);
+ * or, without init, the first caller to find the region all zero (a fresh
  * anonymous or ftruncated mapping), by a compare-and-set on its header:
  * the others wait for it (at most lock_timeout_ns).  rate_store_shm_size()
- * tells the bytes needed.  Errors as rate_store_shm_new, and RATE_EINVAL
- * for a NULL or misaligned mem or a len below what the options need;
- * RATE_ESTORE for a region being initialized for longer than
- * lock_timeout_ns (its initializer died: initialize it again with init).
+ * tells the bytes needed; a region longer than the store leaves the rest
+ * unused.
+ *
+ * Returns: RATE_OK with the store in *out.
+ *
+ * Errors (with `err` as for rate_store_shm_new; *out is NULL): those of
+ * rate_store_shm_new that are not about the file, and RATE_EINVAL for a
+ * NULL out, a NULL or misaligned mem, or a len below what the options
+ * need; RATE_ESTORE for a region being initialized for longer than
+ * lock_timeout_ns (its initializer died: initialize it again with init),
+ * one whose initialization never finished, or whose locks cannot be made.
+ *
+ * Ownership: the region stays the caller's (rate_store_free does not
+ * unmap it) and must outlive the store; options as for
+ * rate_store_shm_new.  The caller frees *out with rate_store_free.
+ *
  * Thread-safe: yes. */
 RATE_API int rate_store_shm_new_in(void *mem, size_t len,
                                    const rate_shm_options_t *options,
                                    rate_store_t **out, char *err,
                                    size_t errlen);
 
-/* The bytes a region made with these options takes (a multiple of 4096,
- * at most 64 GiB); 0 for options that are not valid.  Thread-safe: yes. */
+/* Computes the size of the region these options make, for a caller of
+ * rate_store_shm_new_in.
+ *
+ * Returns: the bytes a region made with these options takes (a multiple
+ * of 4096, at most 64 GiB).
+ *
+ * Errors: none; 0 for NULL or options that are not valid (as
+ * rate_store_shm_new would refuse; max_keys 0 too).
+ *
+ * Ownership: options is read during the call; nothing is kept.
+ *
+ * Thread-safe: yes. */
 RATE_API size_t rate_store_shm_size(const rate_shm_options_t *options);
 
-/* The most bytes a state of the policy can take (docs/algorithms.md,
+/* Tells the state_max a region needs for a policy (docs/algorithms.md,
  * "Stored state"): a region whose state_max is at least this keeps every
  * key of the policy.  A policy with a larger one is refused when it is
  * set: rate_store_check_policy, rate_limiter_new and
@@ -130,19 +174,17 @@ RATE_API size_t rate_store_shm_size(const rate_shm_options_t *options);
  * state_max)"), and a resolver's or a rule's such policy is a store error
  * (RATE_EPOLICY) at each decision.  A longer state that still reaches the
  * region (through a caller of the store contract that does not check) is
- * refused when written: RATE_EFULL, and the key keeps its bytes.  The
- * same figure as rate_policy_state_max().  0 for NULL or the unlimited
- * policy.  Thread-safe: yes.
+ * refused when written: RATE_EFULL, and the key keeps its bytes.  (The
+ * store's other errors are in this header's opening comment.)
  *
- * A key longer than the region's key_max (with the prefix) is the
- * caller's error, as one longer than RATE_KEY_MAX: the limiter's calls
- * return RATE_EKEY, whatever the fail mode, and nothing is written.  The
- * store's own errors, which a decision on it reports as a store error
- * (under the limiter's fail mode): RATE_EFULL for a state longer than
- * its state_max, or a new policy record past max_policies; RATE_ETIMEDOUT
- * when a live process held the key's shard for lock_timeout_ns;
- * RATE_ESTORE for a shard lock the system refuses (left unrecoverable);
- * RATE_ENOMEM.  Nothing is written on any of them. */
+ * Returns: the most bytes a state of the policy can take; the same figure
+ * as rate_policy_state_max().
+ *
+ * Errors: none; 0 for NULL or the unlimited policy.
+ *
+ * Ownership: policy is read during the call; nothing is kept.
+ *
+ * Thread-safe: yes. */
 RATE_API size_t rate_store_shm_state_size(const rate_policy_t *policy);
 
 typedef struct rate_shm_info {
@@ -162,24 +204,52 @@ typedef struct rate_shm_info {
     uint64_t reserved[8]; /* room for later fields; not read */
 } rate_shm_info_t;
 
-/* The region's sizes and counters (of every process that used it).
- * RATE_EINVAL for NULL or a store that is not a shared-memory store;
- * RATE_ETIMEDOUT as for a decision.  Thread-safe: yes. */
+/* Reads the region's sizes and counters (of every process that used it),
+ * taking each shard's lock in turn (recovering one a dead process left).
+ *
+ * Returns: RATE_OK with *out filled (zeroed first).
+ *
+ * Errors: RATE_EINVAL for a NULL store or out, or a store that is not a
+ * shared-memory store; RATE_ETIMEDOUT as for a decision (a live process
+ * held a lock for lock_timeout_ns); RATE_ESTORE for a lock the system
+ * refuses.  *out may then be partly filled.
+ *
+ * Ownership: store is borrowed; *out is the caller's; nothing is kept.
+ *
+ * Thread-safe: yes. */
 RATE_API int rate_store_shm_info(rate_store_t *store, rate_shm_info_t *out);
 
 /* A full check of the region's invariants, shard by shard under its lock
  * (recovering one a dead process left): every chain and the free list
  * well formed, each key once, in its own shard and bucket, counts that
  * add up, lengths within the region's bounds, policy records unique.
- * RATE_OK; RATE_ECORRUPT with `err` saying what is wrong; RATE_EINVAL
- * for a store that is not a shared-memory store; RATE_ETIMEDOUT.
+ *
+ * Returns: RATE_OK when every invariant holds.
+ *
+ * Errors (with `err`, if not NULL, errlen bytes with the NUL, saying what
+ * is wrong): RATE_ECORRUPT (the shard, slot or record and the broken
+ * invariant); RATE_EINVAL for a NULL store or one that is not a
+ * shared-memory store; RATE_ETIMEDOUT, or RATE_ESTORE, when a shard's or
+ * the records' lock cannot be taken.
+ *
+ * Ownership: store is borrowed; err is the caller's; nothing is kept.
+ *
  * Thread-safe: yes, alongside decisions. */
 RATE_API int rate_store_shm_check(rate_store_t *store, char *err,
                                   size_t errlen);
 
 /* Removes every key and policy record under the store's prefix (all of
- * them without one), shard by shard.  RATE_OK, RATE_EINVAL for a store
- * that is not a shared-memory store, RATE_ETIMEDOUT.  Thread-safe: yes. */
+ * them without one), shard by shard.
+ *
+ * Returns: RATE_OK once all are removed.
+ *
+ * Errors: RATE_EINVAL for a NULL store or one that is not a shared-memory
+ * store; RATE_ETIMEDOUT, or RATE_ESTORE, when a shard's or the records'
+ * lock cannot be taken (the shards before it are already emptied).
+ *
+ * Ownership: store is borrowed; nothing is kept.
+ *
+ * Thread-safe: yes. */
 RATE_API int rate_store_shm_drop(rate_store_t *store);
 
 #ifdef __cplusplus

@@ -152,10 +152,25 @@ enum {
 
 /* Decides a plain try-acquire of `permits` at now_ns over a key's whole
  * stored state[0..len), in place, when the state is one this pass can
- * decide (made under req->policy, one limit of a fixed size); RATE_ENOTSUP,
- * with nothing touched, for anything else: the store's acquire() then
- * answers RATE_ENOTSUP too.  Call it with the key locked as for an update.
- * Thread-safe: yes (on distinct bytes). */
+ * decide (made under req->policy, one limit of a fixed size).  Call it
+ * with the key locked as for an update.
+ *
+ * Returns: RATE_ACQUIRE_DENIED (the bytes are as they were),
+ * RATE_ACQUIRE_KEPT (allowed, bytes as they were: permits 0) or
+ * RATE_ACQUIRE_WROTE (allowed, state rewritten in place with the same
+ * length, and *ttl_ns set: keep the key at least that long).  *ttl_ns is
+ * written only for RATE_ACQUIRE_WROTE.
+ *
+ * Errors: RATE_ENOTSUP, with nothing touched, for anything else: a policy
+ * of more than one limit or whose algorithm has no plain pass, a state of
+ * another policy, format or size, or a corrupt time; the store's acquire()
+ * then answers RATE_ENOTSUP too.  req and ttl_ns must not be NULL (not
+ * checked).
+ *
+ * Ownership: req and state are borrowed for the call; state is changed in
+ * place; nothing is kept.
+ *
+ * Thread-safe: yes (on distinct bytes); the caller holds the key's lock. */
 RATE_API int rate_state_acquire(const rate_acquire_t *req, uint64_t permits,
                                 uint64_t now_ns, void *state, size_t len,
                                 uint64_t *ttl_ns);
@@ -319,16 +334,35 @@ typedef struct rate_store_methods {
     bool decide_changes;
 } rate_store_methods_t;
 
-/* Wraps a back end into a store.  methods is borrowed (usually static
- * const) and must outlive the store; on RATE_OK self is owned by the store
- * (rate_store_free() calls destroy), else it stays the caller's.  RATE_EINVAL
- * for a NULL out or methods, a version other than 2, 3 or 4, or a table
- * without destroy, remove, and update or load+cas.  Thread-safe: yes. */
+/* Wraps a back end (a method table and its own pointer) into a store.
+ *
+ * Returns: RATE_OK with the new store in *out.
+ *
+ * Errors: RATE_EINVAL for a NULL out or methods, a version other than 2, 3
+ * or 4, or a table without destroy, remove, and update or load+cas
+ * (decide() alone is not enough: it may decline); RATE_ENOMEM.  *out is
+ * NULL on an error (when out is not NULL).
+ *
+ * Ownership: methods is borrowed (usually static const) and must outlive
+ * the store; on RATE_OK self is owned by the store (rate_store_free()
+ * calls destroy), else it stays the caller's.  The caller frees the store
+ * with rate_store_free().
+ *
+ * Thread-safe: yes. */
 RATE_API int rate_store_new(const rate_store_methods_t *methods, void *self,
                             rate_store_t **out);
 
-/* The back end's pointer when `store` was made with `methods`, else NULL:
- * how a back end's own public calls find themselves (rate_store_redis_drop).
+/* Finds a store's back end: how a back end's own public calls find
+ * themselves (rate_store_redis_drop).
+ *
+ * Returns: the back end's pointer (self) when `store` was made with
+ * `methods`, else NULL (a NULL store too).
+ *
+ * Errors: none.
+ *
+ * Ownership: store and methods are borrowed for the call; the pointer
+ * returned stays the store's (valid until rate_store_free()).
+ *
  * Thread-safe: yes. */
 RATE_API void *rate_store_backend(const rate_store_t *store,
                                   const rate_store_methods_t *methods);

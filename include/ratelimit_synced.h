@@ -99,31 +99,69 @@ typedef struct rate_synced_config {
                                fields; non-zero is RATE_EINVAL */
 } rate_synced_config_t;
 
-/* Makes a synced limiter.  Returns RATE_OK, or with `err` (if not NULL,
- * errlen bytes with the NUL) saying why: RATE_EINVAL (NULL config, out,
- * policy or remote; a lease above the policy's capacity), RATE_EPOLICY
- * (the unlimited policy, a block= limit, a policy the remote cannot
- * keep), RATE_ERANGE (lease_ttl_ns, retry_ns, sweep_ns or denial_ttl_ns
- * above RATE_TIME_MAX), RATE_ENOMEM (also: no thread for the sweeper or
- * refiller).
- * Asks the remote nothing yet.  Thread-safe: yes. */
+/* Makes a synced limiter over config->remote.  Asks the remote for no
+ * decision yet: only the policy's record is written there now, when the
+ * remote answers, as rate_limiter_new does for the limiter it makes over
+ * it.  Starts the sweeper thread (sweep_ns) and the refiller thread
+ * (prefetch, with an L of 2 or more) when asked.
+ *
+ * Returns: RATE_OK with the synced limiter in *out.
+ *
+ * Errors (with `err`, if not NULL, errlen bytes with the NUL, saying why;
+ * *out is NULL when out is not):
+ *   RATE_EINVAL   NULL config, out, policy or remote; non-zero reserved
+ *                 words; an on_store_error that is not a fail mode; a
+ *                 lease above the policy's capacity (the smallest burst,
+ *                 capacity or window limit)
+ *   RATE_EPOLICY  the unlimited policy, a block= limit, a policy the
+ *                 remote cannot keep
+ *   RATE_ERANGE   lease_ttl_ns, retry_ns, sweep_ns or denial_ttl_ns above
+ *                 RATE_TIME_MAX
+ *   RATE_ENOMEM   also: no thread for the sweeper or refiller
+ * or another error of rate_limiter_new over the remote (its text in err).
+ *
+ * Ownership: the policy is copied; the remote is borrowed: free it after
+ * the synced limiter.  The caller frees *out with rate_synced_free.
+ *
+ * Thread-safe: yes. */
 RATE_API int rate_synced_new(const rate_synced_config_t *config,
                              rate_synced_t **out, char *err, size_t errlen);
 
-/* Gives every lease held back to the remote (refunds, one round trip per
- * key held, from up to 8 threads at once; failures count as lost), stops
- * the sweeper, frees it.  The clean exit.  NULL: nothing.  Must not race
- * with other calls on it. */
+/* The clean exit: stops the sweeper and the refiller, gives every lease
+ * held back to the remote (refunds, one round trip per key held, from up
+ * to 8 threads at once), and frees the synced limiter.  NULL: nothing.
+ *
+ * Returns: nothing.
+ *
+ * Errors: none; a refund that fails counts its permits as lost.
+ *
+ * Ownership: s is freed; the remote store stays the caller's (free it
+ * after this).
+ *
+ * Thread-safe: no: must not race with other calls on s. */
 RATE_API void rate_synced_free(rate_synced_t *s);
 
-/* A decision for `permits` on key[0..key_len).  RATE_OK with *out filled
- * (allowed or not; reason as rate_limiter_check's, RATE_REASON_STORE_ERROR
- * when the remote failed and the fail mode decided; remaining: the
- * permits this process still holds for the key, not the remote's room;
- * retry_after on a denial).  Requests above L go to the remote as they
- * are (one round trip each).  No reservations (no max_wait).  Errors:
- * RATE_EINVAL (NULL s or out), RATE_EKEY, RATE_ERANGE (permits or time
- * above RATE_TIME_MAX), RATE_ENOMEM (no room for the key's entry).
+/* A decision for `permits` on key[0..key_len), from the key's lease when
+ * it covers them, else after a round trip to the remote.  Requests above
+ * L go to the remote as they are (one round trip each).  No reservations
+ * (no max_wait).  rate_synced_check goes by the clocks of this header's
+ * opening comment; rate_synced_check_at by the caller's now_ns for all
+ * of it.
+ *
+ * Returns: RATE_OK with *out filled (allowed or not; reason as
+ * rate_limiter_check's, RATE_REASON_STORE_ERROR when the remote failed
+ * and the fail mode decided; remaining: the permits this process still
+ * holds for the key, not the remote's room; retry_after on a denial).
+ * The remote failing is no error here: the fail mode decides.
+ *
+ * Errors: RATE_EINVAL (NULL s or out), RATE_EKEY (a NULL or empty key, or
+ * one longer than RATE_KEY_MAX), RATE_ERANGE (permits or time above
+ * RATE_TIME_MAX), RATE_ENOMEM (no room for the key's entry: out of
+ * memory, or a full shard whose every entry is borrowing).
+ *
+ * Ownership: the key is copied when the limiter keeps an entry for it;
+ * *out is the caller's.
+ *
  * Thread-safe: yes. */
 RATE_API int rate_synced_check(rate_synced_t *s, const char *key,
                                size_t key_len, uint64_t permits,
@@ -132,17 +170,35 @@ RATE_API int rate_synced_check_at(rate_synced_t *s, const char *key,
                                   size_t key_len, uint64_t permits,
                                   uint64_t now_ns, rate_decision_t *out);
 
-/* The same as a bool (errors are false).  Thread-safe: yes. */
+/* The same as rate_synced_check, as a bool.
+ *
+ * Returns: true when the permits are admitted.
+ *
+ * Errors: none reported: every error of rate_synced_check is false.
+ *
+ * Ownership: as rate_synced_check.
+ *
+ * Thread-safe: yes. */
 RATE_API bool rate_synced_try_acquire(rate_synced_t *s, const char *key,
                                       size_t key_len, uint64_t permits);
 
 /* Gives back the leases at least lease_ttl_ns old and drops their entries
  * (the *_at form: by the caller's time, for leases taken by *_at calls;
  * the plain one by CLOCK_MONOTONIC, for the clock calls'); all = true
- * gives back every lease whatever its age.  RATE_OK, RATE_EINVAL for
- * NULL, RATE_ERANGE for now_ns above RATE_TIME_MAX, or the first refund's
- * error (the permits are then lost, counted;
- * the rest is still done).  Thread-safe: yes. */
+ * gives back every lease whatever its age.  A key whose denial is cached
+ * and still due keeps its entry (unless all), and so does one with a
+ * round trip in flight.
+ *
+ * Returns: RATE_OK once every due lease is given back.
+ *
+ * Errors: RATE_EINVAL for a NULL s; RATE_ERANGE for now_ns above
+ * RATE_TIME_MAX; or the first refund's error (rate_limiter_refund's, a
+ * store error of the remote): the permits are then lost, counted; the
+ * rest is still done.
+ *
+ * Ownership: s is borrowed; nothing is kept.
+ *
+ * Thread-safe: yes. */
 RATE_API int rate_synced_flush(rate_synced_t *s, bool all);
 RATE_API int rate_synced_flush_at(rate_synced_t *s, uint64_t now_ns,
                                   bool all);
@@ -166,11 +222,28 @@ typedef struct rate_synced_stats {
     uint64_t reserved[8]; /* room for later fields; not read */
 } rate_synced_stats_t;
 
-/* Fills *out (each shard's figures read together, the shards one after
- * another).  RATE_EINVAL for NULL.  Thread-safe: yes. */
+/* Reads the synced limiter's figures (rate_synced_stats_t).
+ *
+ * Returns: RATE_OK with *out filled (zeroed first; each shard's figures
+ * read together, the shards one after another).
+ *
+ * Errors: RATE_EINVAL for a NULL s or out.
+ *
+ * Ownership: s is borrowed; *out is the caller's; nothing is kept.
+ *
+ * Thread-safe: yes. */
 RATE_API int rate_synced_stats(rate_synced_t *s, rate_synced_stats_t *out);
 
-/* The synced limiter's L.  Thread-safe: yes. */
+/* Tells the synced limiter's lease size.
+ *
+ * Returns: its L (config's lease, or the default chosen for the policy);
+ * 0 for NULL.
+ *
+ * Errors: none.
+ *
+ * Ownership: s is borrowed; nothing is kept.
+ *
+ * Thread-safe: yes. */
 RATE_API uint64_t rate_synced_lease(const rate_synced_t *s);
 
 #ifdef __cplusplus
