@@ -18,6 +18,9 @@ static uint64_t read_clock(clockid_t id)
     return (uint64_t)ts.tv_sec * RATE_NS_PER_S + (uint64_t)ts.tv_nsec;
 }
 
+/* The calling thread's call scope (internal.h, rate__call_begin). */
+_Thread_local uint64_t rate__call_start;
+
 uint64_t rate_clock_monotonic_ns(void)
 {
     return read_clock(CLOCK_MONOTONIC);
