@@ -222,6 +222,8 @@ typedef struct fake {
     atomic_bool stop;
     bool cluster;          /* says it is a one-node cluster */
     atomic_int askings;    /* ASKING commands seen */
+    atomic_int slow_ms;    /* > 0: TIME, and the commands on "fake:{slow}"
+                              (HMGET, EVALSHA), answered this late */
 } fake_t;
 
 typedef struct fake_arg {
@@ -267,7 +269,15 @@ static void *fake_conn(void *arg)
         bool has_key = argc > 3 && (strcasecmp(a[0], "EVALSHA") == 0 ||
                                     strcasecmp(a[0], "EVAL") == 0 ||
                                     strcasecmp(a[0], "FCALL") == 0);
-        if (strcasecmp(a[0], "CLUSTER") == 0 && f->cluster) {
+        int slow = atomic_load(&f->slow_ms);
+        if (slow > 0 &&
+            (strcasecmp(a[0], "TIME") == 0 ||
+             (argc > 1 && strcmp(a[1], "fake:{slow}") == 0) ||
+             (has_key && strcmp(a[3], "fake:{slow}") == 0)))
+            usleep((useconds_t)slow * 1000);
+        if (strcasecmp(a[0], "TIME") == 0) {
+            rep = "*2\r\n$10\r\n1700000000\r\n$1\r\n0\r\n";
+        } else if (strcasecmp(a[0], "CLUSTER") == 0 && f->cluster) {
             snprintf(buf, sizeof buf,
                      "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n"
                      "127.0.0.1\r\n:%d\r\n", f->port);
@@ -403,6 +413,57 @@ static void a_deadline_survives_a_handover(void **state)
                  (unsigned long long)(b.took_ns / MS),
                  (unsigned long long)(timeout / MS));
     assert_true(a.took_ns >= 880 * MS); /* A's answer came, late */
+    rate_limiter_free(lim);
+    rate_store_free(rs);
+    fake_stop(&f, acc);
+}
+
+/* A decision over the compare-and-set path (a policy with a block, which
+ * the scripts leave to the C step) makes three commands: TIME, HMGET,
+ * EVALSHA.  They share one deadline, the command timeout from the
+ * decision's start.  Each is answered 600 ms late here, with a 1 s
+ * timeout: 1.8 s per decision when each had its own (the defect);
+ * within it, the decision ends in RATE_ETIMEDOUT at 1 s.  Each decision
+ * must return within the timeout plus 0.5 s of slack (the answers are
+ * 600 ms apart: a loaded machine's scheduling is far below it). */
+static void a_decision_has_one_deadline(void **state)
+{
+    (void)state;
+    fake_t f = {0};
+    pthread_t acc = fake_start(&f);
+
+    const uint64_t timeout = 1000 * MS, slack = 500 * MS;
+    char u[64], err[256] = "";
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", f.port);
+    rate_redis_options_t o = {.prefix = "fake:", .pool_size = 1};
+    o.command_timeout_ns = timeout;
+    o.no_breaker = true;
+    rate_store_t *rs = NULL;
+    if (rate_store_redis_new(u, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("the fake server: %s", err);
+    rate_limiter_t *lim = limiter_of("fixed-window 5/s block=1s", rs);
+    atomic_store(&f.slow_ms, 600);
+    uint64_t worst = 0;
+    int late = 0;
+    for (int i = 0; i < 3; i++) {
+        rate_decision_t d;
+        uint64_t t0 = rate_clock_monotonic_ns();
+        assert_int_equal(rate_limiter_check(lim, "slow", 4, 1, 0, &d),
+                         RATE_OK);
+        uint64_t took = rate_clock_monotonic_ns() - t0;
+        worst = took > worst ? took : worst;
+        late += took > timeout + slack;
+        print_message("decision %d: %llu ms, %s\n", i,
+                      (unsigned long long)(took / MS),
+                      d.reason == RATE_REASON_STORE_ERROR
+                          ? rate_err_name(d.error)
+                          : "answered");
+        usleep(100000); /* past the reconnection's backoff */
+    }
+    print_message("worst decision: %llu ms against a %llu ms timeout\n",
+                  (unsigned long long)(worst / MS),
+                  (unsigned long long)(timeout / MS));
+    assert_int_equal(late, 0);
     rate_limiter_free(lim);
     rate_store_free(rs);
     fake_stop(&f, acc);
@@ -850,6 +911,7 @@ int main(void)
         cmocka_unit_test(every_key_its_own_tag),
         cmocka_unit_test(acl_refusals_are_told),
         cmocka_unit_test(a_deadline_survives_a_handover),
+        cmocka_unit_test(a_decision_has_one_deadline),
         cmocka_unit_test(redirections_are_bounded),
         cmocka_unit_test(a_silent_server_times_out),
         cmocka_unit_test(stopped_redis_costs_a_bounded_wait),

@@ -264,10 +264,13 @@ static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
                      int argc, const char **argv, const size_t *lens,
                      redisReply **out);
 
-/* A call's deadline: now plus the command timeout. */
+/* A call's deadline: the command timeout from the start of the library
+ * call it serves (a decision, refund or penalty: internal.h,
+ * rate__call_begin), so that a module probe, a fallback to the scripts, a
+ * reconnect and the policy's record all share it; from now outside one. */
 static uint64_t deadline_of(const redis_store_t *r)
 {
-    return rate_clock_monotonic_ns() + r->command_ns;
+    return rate__call_deadline_ns(r->command_ns);
 }
 
 static void set_err(redis_store_t *r, const char *msg)
