@@ -469,6 +469,78 @@ static void a_decision_has_one_deadline(void **state)
     fake_stop(&f, acc);
 }
 
+typedef struct later {
+    rate_limiter_t *lim;
+    const char *key;
+    uint64_t start_after_ns, took_ns;
+    int error;
+} later_t;
+
+static void *later_call(void *arg)
+{
+    later_t *t = arg;
+    rate_decision_t d;
+    usleep((useconds_t)(t->start_after_ns / 1000));
+    uint64_t t0 = rate_clock_monotonic_ns();
+    assert_int_equal(rate_limiter_check(t->lim, t->key, strlen(t->key), 1, 0,
+                                        &d),
+                     RATE_OK);
+    t->took_ns = rate_clock_monotonic_ns() - t0;
+    t->error = d.reason == RATE_REASON_STORE_ERROR ? d.error : RATE_OK;
+    return NULL;
+}
+
+/* A command sent later may have an earlier deadline.  Two connections,
+ * which calls take in turn: B's decision (the compare-and-set path) sends
+ * TIME at 0 on one, answered at 1.9 s; A sends a command at 1.0 s on the
+ * other (on "fake:{b}", never answered) and reads there, until its
+ * deadline, 3 s; C's call at 1.5 s takes B's connection, so that B's
+ * HMGET, sent at 1.9 s with B's deadline, 2 s, goes to A's.  The reader
+ * must give up at B's deadline, not at A's: B returns within its 2 s
+ * timeout plus 0.5 s of slack (1 s later otherwise). */
+static void a_later_command_with_an_earlier_deadline(void **state)
+{
+    (void)state;
+    fake_t f = {0};
+    pthread_t acc = fake_start(&f);
+
+    const uint64_t timeout = 2000 * MS, slack = 500 * MS;
+    char u[64], err[256] = "";
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", f.port);
+    rate_redis_options_t o = {.prefix = "fake:", .pool_size = 2};
+    o.command_timeout_ns = timeout;
+    o.no_breaker = true;
+    o.module = RATE_REDIS_MODULE_OFF;
+    rate_store_t *rs = NULL;
+    if (rate_store_redis_new(u, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("the fake server: %s", err);
+    rate_limiter_t *lb = limiter_of("fixed-window 5/s block=1s", rs);
+    rate_limiter_t *la = limiter_of("fixed-window 5/s", rs);
+    atomic_store(&f.slow_ms, 1900);
+    later_t b = {lb, "slow", 0, 0, 0}, a = {la, "b", 1000 * MS, 0, 0},
+            c = {la, "fast", 1500 * MS, 0, 0};
+    pthread_t tb, ta, tc;
+    pthread_create(&tb, NULL, later_call, &b);
+    pthread_create(&ta, NULL, later_call, &a);
+    pthread_create(&tc, NULL, later_call, &c);
+    pthread_join(tb, NULL);
+    pthread_join(ta, NULL);
+    pthread_join(tc, NULL);
+    print_message("B took %llu ms (%s), A %llu ms (%s); timeout %llu ms\n",
+                  (unsigned long long)(b.took_ns / MS), rate_err_name(b.error),
+                  (unsigned long long)(a.took_ns / MS), rate_err_name(a.error),
+                  (unsigned long long)(timeout / MS));
+    if (b.took_ns > timeout + slack)
+        fail_msg("B took %llu ms, its timeout is %llu ms",
+                 (unsigned long long)(b.took_ns / MS),
+                 (unsigned long long)(timeout / MS));
+    assert_int_equal(b.error, RATE_ETIMEDOUT);
+    rate_limiter_free(la);
+    rate_limiter_free(lb);
+    rate_store_free(rs);
+    fake_stop(&f, acc);
+}
+
 /* A listener that never accepts: TCP connects at once (the kernel's
  * backlog), nothing ever answers.  Creation has connect + command timeout
  * (100 + 200 ms) for the whole handshake, and says it timed out; a lazy
@@ -912,6 +984,7 @@ int main(void)
         cmocka_unit_test(acl_refusals_are_told),
         cmocka_unit_test(a_deadline_survives_a_handover),
         cmocka_unit_test(a_decision_has_one_deadline),
+        cmocka_unit_test(a_later_command_with_an_earlier_deadline),
         cmocka_unit_test(redirections_are_bounded),
         cmocka_unit_test(a_silent_server_times_out),
         cmocka_unit_test(stopped_redis_costs_a_bounded_wait),

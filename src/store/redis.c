@@ -64,11 +64,13 @@
  * in batches while earlier replies are still being read, the way
  * auto-pipelining clients work, with no I/O thread: the callers
  * themselves take turns writing and reading.  Each command has a deadline,
- * its call's start plus the command timeout (one for a whole call: its
- * redirections and a NOSCRIPT's resend share it): the reader waits (poll) no
- * longer than the earliest deadline of the commands in flight, then fails
- * them all; a connection made for queued commands is made within the
- * first one's deadline.  A connection that failed is dropped, and
+ * its call's start plus the command timeout (one for a whole library call:
+ * a decision's commands, their redirections and a NOSCRIPT's resend share
+ * it; internal.h, rate__call_begin): the reader waits (poll) no longer
+ * than the earliest deadline of the commands in flight, looked at again
+ * every RECHECK_NS (a command sent later may have an earlier deadline),
+ * then fails them all; a connection made for queued commands is made
+ * within the first one's deadline.  A connection that failed is dropped, and
  * reconnecting is tried again no sooner than a backoff that doubles from
  * 10 ms to 1 s, so while Redis is down a call fails at once instead of
  * waiting on a dead host.
@@ -104,6 +106,7 @@
 #define MAX_REDIRECTS 5   /* MOVED, ASK, TRYAGAIN followed per command */
 #define TRYAGAIN_NS (20 * UINT64_C(1000000))
 #define REFRESH_MIN_NS (100 * UINT64_C(1000000)) /* between map refreshes */
+#define RECHECK_NS (10 * UINT64_C(1000000)) /* a reader's deadline looked at */
 #define BREAKER_FAILURES 5
 #define BREAKER_COOLDOWN_NS RATE_NS_PER_S
 
@@ -742,6 +745,32 @@ static int wait_fd(int fd, short events, uint64_t deadline)
     }
 }
 
+/* The reader's wait for a reply: until fd is readable, no later than the
+ * earliest deadline in flight, looked at again every RECHECK_NS: a
+ * command sent after the wait began may have an earlier deadline than
+ * any before it (its call began earlier: the second command of a
+ * decision).  Called without c->lock; *deadline is updated. */
+static int wait_reply(conn_t *c, int fd, uint64_t *deadline)
+{
+    for (;;) {
+        uint64_t now = rate_clock_monotonic_ns();
+        uint64_t until = now < *deadline && *deadline - now > RECHECK_NS
+                             ? now + RECHECK_NS
+                             : *deadline;
+        int rc = wait_fd(fd, POLLIN, until);
+        if (rc != RATE_ETIMEDOUT || until == *deadline)
+            return rc;
+        pthread_mutex_lock(&c->lock);
+        bool broken = c->broken;
+        uint64_t d = first_deadline(c->fly);
+        pthread_mutex_unlock(&c->lock);
+        if (broken)
+            return RATE_ESTORE; /* the writer failed: its error stands */
+        if (d < *deadline)
+            *deadline = d;
+    }
+}
+
 static int send_all(int fd, const char *p, size_t n, uint64_t deadline)
 {
     while (n > 0) {
@@ -830,7 +859,7 @@ static void read_replies(conn_t *c, mreq_t *me)
             if (redisGetReplyFromReader(ctx, &rep) != REDIS_OK)
                 rc = RATE_ESTORE; /* not the protocol: give up on it */
             else if (rep == NULL &&
-                     (rc = wait_fd(ctx->fd, POLLIN, deadline)) == RATE_OK &&
+                     (rc = wait_reply(c, ctx->fd, &deadline)) == RATE_OK &&
                      redisBufferRead(ctx) != REDIS_OK)
                 rc = reply_status(ctx, NULL);
         }
