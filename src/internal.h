@@ -567,7 +567,7 @@ void rate__clock_sleep(void *ud, uint64_t ns);
 #define RATE__CALL_LAZY UINT64_MAX
 extern _Thread_local uint64_t rate__call_start;
 
-/* Opens a scope (the previous state to give to rate__call_end). */
+/* Opens a scope: the state before it, for rate__call_end. */
 static inline uint64_t rate__call_begin(void)
 {
     uint64_t prev = rate__call_start;
@@ -587,9 +587,13 @@ static inline uint64_t rate__call_begin_now(void)
     return prev;
 }
 
+/* Closes a scope: the outermost one forgets its start; an inner one
+ * leaves it, taken or not, to the outer one (a start taken inside a lazy
+ * outer scope is the outer one's). */
 static inline void rate__call_end(uint64_t prev)
 {
-    rate__call_start = prev;
+    if (prev == 0)
+        rate__call_start = 0;
 }
 
 /* The start a request counts its timeout from: its call's start, or now
