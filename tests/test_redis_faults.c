@@ -224,6 +224,9 @@ typedef struct fake {
     atomic_int askings;    /* ASKING commands seen */
     atomic_int slow_ms;    /* > 0: TIME, and the commands on "fake:{slow}"
                               (HMGET, EVALSHA), answered this late */
+    atomic_int slots_ms;   /* > 0: CLUSTER SLOTS answered this late */
+    int moved_to;          /* the port "fake:{newnode}" is moved to, 1.5 s
+                              after it came */
 } fake_t;
 
 typedef struct fake_arg {
@@ -275,6 +278,8 @@ static void *fake_conn(void *arg)
              (argc > 1 && strcmp(a[1], "fake:{slow}") == 0) ||
              (has_key && strcmp(a[3], "fake:{slow}") == 0)))
             usleep((useconds_t)slow * 1000);
+        if (strcasecmp(a[0], "CLUSTER") == 0 && atomic_load(&f->slots_ms) > 0)
+            usleep((useconds_t)atomic_load(&f->slots_ms) * 1000);
         if (strcasecmp(a[0], "TIME") == 0) {
             rep = "*2\r\n$10\r\n1700000000\r\n$1\r\n0\r\n";
         } else if (strcasecmp(a[0], "CLUSTER") == 0 && f->cluster) {
@@ -299,6 +304,12 @@ static void *fake_conn(void *arg)
         } else if (has_key && strcmp(a[3], "fake:{moved}") == 0) {
             snprintf(buf, sizeof buf, "-MOVED 3 127.0.0.1:%d\r\n", f->port);
             rep = buf; /* to itself, for ever */
+        } else if (has_key && strcmp(a[3], "fake:{newnode}") == 0 &&
+                   f->moved_to != 0) {
+            usleep(1500000);
+            snprintf(buf, sizeof buf, "-MOVED %u 127.0.0.1:%d\r\n",
+                     rc_key_slot(a[3], strlen(a[3])), f->moved_to);
+            rep = buf;
         } else if (has_key && strcmp(a[3], "fake:{ask}") == 0) {
             snprintf(buf, sizeof buf, "-ASK 3 127.0.0.1:%d\r\n", f->port);
             rep = buf;
@@ -539,6 +550,58 @@ static void a_later_command_with_an_earlier_deadline(void **state)
     rate_limiter_free(lb);
     rate_store_free(rs);
     fake_stop(&f, acc);
+}
+
+/* A call redirected to a node new to the store must not wait for a map
+ * refresh that another call makes, with that call's later deadline.  M
+ * sends at 0 on "fake:{newnode}", moved at 1.5 s to another server; R
+ * sends at 1.0 s on "fake:{moved}" (moved to the same node), and refreshes
+ * the map: CLUSTER SLOTS, answered at 4 s, past R's deadline (3 s).  M
+ * must return within its 2 s timeout plus 0.5 s of slack; waiting for
+ * the refresh, it returned at R's deadline, 3 s; not, at 1.5 s, with the
+ * other server's answer. */
+static void a_new_node_waits_for_no_refresh(void **state)
+{
+    (void)state;
+    fake_t g = {0};
+    pthread_t gacc = fake_start(&g);
+    fake_t f = {0};
+    f.cluster = true;
+    f.moved_to = g.port;
+    pthread_t acc = fake_start(&f);
+
+    const uint64_t timeout = 2000 * MS, slack = 500 * MS;
+    char u[64], err[256] = "";
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", f.port);
+    rate_redis_options_t o = {.prefix = "fake:"};
+    o.command_timeout_ns = timeout;
+    o.no_breaker = true;
+    o.module = RATE_REDIS_MODULE_OFF;
+    rate_store_t *rs = NULL;
+    if (rate_store_redis_new(u, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("the fake cluster: %s", err);
+    rate_limiter_t *lim = limiter_of("fixed-window 5/s", rs);
+    atomic_store(&f.slots_ms, 3000);
+    later_t m = {lim, "newnode", 0, 0, 0}, r = {lim, "moved", 1000 * MS, 0, 0};
+    pthread_t tm, tr;
+    pthread_create(&tm, NULL, later_call, &m);
+    pthread_create(&tr, NULL, later_call, &r);
+    pthread_join(tm, NULL);
+    pthread_join(tr, NULL);
+    print_message("M took %llu ms (%s), R %llu ms (%s); timeout %llu ms\n",
+                  (unsigned long long)(m.took_ns / MS), rate_err_name(m.error),
+                  (unsigned long long)(r.took_ns / MS), rate_err_name(r.error),
+                  (unsigned long long)(timeout / MS));
+    if (m.took_ns > timeout + slack)
+        fail_msg("M took %llu ms, its timeout is %llu ms",
+                 (unsigned long long)(m.took_ns / MS),
+                 (unsigned long long)(timeout / MS));
+    assert_int_not_equal(m.error, RATE_ETIMEDOUT); /* the other's answer */
+    atomic_store(&f.slots_ms, 0);
+    rate_limiter_free(lim);
+    rate_store_free(rs);
+    fake_stop(&f, acc);
+    fake_stop(&g, gacc);
 }
 
 /* A listener that never accepts: TCP connects at once (the kernel's
@@ -985,6 +1048,7 @@ int main(void)
         cmocka_unit_test(a_deadline_survives_a_handover),
         cmocka_unit_test(a_decision_has_one_deadline),
         cmocka_unit_test(a_later_command_with_an_earlier_deadline),
+        cmocka_unit_test(a_new_node_waits_for_no_refresh),
         cmocka_unit_test(redirections_are_bounded),
         cmocka_unit_test(a_silent_server_times_out),
         cmocka_unit_test(stopped_redis_costs_a_bounded_wait),

@@ -238,8 +238,12 @@ typedef struct redis_store {
 
     /* The topology: found once (ready), at creation or, lazily, by the
      * first call that reaches a seed; the slot map then follows the
-     * cluster.  Discovery, map refreshes and new nodes under topo_lock. */
+     * cluster.  Discovery and map refreshes under topo_lock, which is held
+     * across their I/O; new nodes under node_lock, which never is (a
+     * call redirected to a new node must not wait for a refresh made by
+     * another call, with that call's deadline). */
     pthread_mutex_t topo_lock;
+    pthread_mutex_t node_lock;
     atomic_bool ready;
     bool cluster; /* set before ready */
     uint64_t topo_retry_at_ns, topo_backoff_ns;
@@ -1049,9 +1053,9 @@ static void node_free(node_t *n)
     free(n);
 }
 
-/* The node host:port, made if it is new (under topo_lock).  NULL when out
- * of memory or MAX_NODES are known. */
-static node_t *node_get_locked(redis_store_t *r, const char *host, int port)
+/* The node host:port, made if it is new (under node_lock, taken here).
+ * NULL when out of memory or MAX_NODES are known. */
+static node_t *node_get_in(redis_store_t *r, const char *host, int port)
 {
     unsigned k = atomic_load(&r->nnodes);
     for (unsigned i = 0; i < k; i++) {
@@ -1073,6 +1077,14 @@ static node_t *node_get_locked(redis_store_t *r, const char *host, int port)
         pthread_mutex_init(&n->conns[i].lock, NULL);
     atomic_store(&r->nodes[k], n);
     atomic_store(&r->nnodes, k + 1);
+    return n;
+}
+
+static node_t *node_get(redis_store_t *r, const char *host, int port)
+{
+    pthread_mutex_lock(&r->node_lock);
+    node_t *n = node_get_in(r, host, port);
+    pthread_mutex_unlock(&r->node_lock);
     return n;
 }
 
@@ -1108,7 +1120,7 @@ static bool apply_slots(redis_store_t *r, const redisReply *rep,
     bool ok = ranges != NULL && map != NULL &&
               rc_parse_slots(rep, self_host, ranges, cap, &nr);
     for (size_t i = 0; ok && i < nr; i++) {
-        node_t *n = node_get_locked(r, ranges[i].host, ranges[i].port);
+        node_t *n = node_get(r, ranges[i].host, ranges[i].port);
         unsigned idx = n ? node_index(r, n) : MAX_NODES;
         ok = idx < MAX_NODES;
         for (unsigned s = ranges[i].first; ok && s <= ranges[i].last; s++)
@@ -1161,7 +1173,7 @@ static void refresh_map(redis_store_t *r, uint64_t dl, bool force)
             n = atomic_load(&r->nodes[j]);
         else if (node_find(r, r->seeds[j - k].host, r->seeds[j - k].port) ==
                  NULL) /* a known node is not asked twice */
-            n = node_get_locked(r, r->seeds[j - k].host,
+            n = node_get(r, r->seeds[j - k].host,
                                 r->seeds[j - k].port);
         redisReply *rep = NULL;
         if (n == NULL || rate_clock_monotonic_ns() >= dl)
@@ -1223,7 +1235,7 @@ static int discover(redis_store_t *r, uint64_t dl, bool wait, char *err,
                 r->cluster = false;
             }
             redisFree(ctx); /* the masters get their own */
-        } else if ((n = node_get_locked(r, r->seeds[i].host,
+        } else if ((n = node_get(r, r->seeds[i].host,
                                         r->unix_socket ? 0
                                                        : r->seeds[i].port)) ==
                    NULL) {
@@ -1319,9 +1331,7 @@ static int kcall(redis_store_t *r, uint64_t dl, const char *key, size_t klen,
         node_t *to = NULL;
         if (kind != RC_TRYAGAIN) {
             if ((to = node_find(r, host, port)) == NULL) {
-                pthread_mutex_lock(&r->topo_lock); /* a node new to us */
-                to = node_get_locked(r, host, port);
-                pthread_mutex_unlock(&r->topo_lock);
+                to = node_get(r, host, port); /* a node new to us */
             }
             unsigned idx = to ? node_index(r, to) : MAX_NODES;
             if (kind == RC_MOVED && idx < MAX_NODES)
@@ -2000,6 +2010,7 @@ static void r_destroy(void *self)
     for (unsigned i = 0; i < atomic_load(&r->nnodes); i++)
         node_free(atomic_load(&r->nodes[i]));
     pthread_mutex_destroy(&r->topo_lock);
+    pthread_mutex_destroy(&r->node_lock);
     pthread_mutex_destroy(&r->err_lock);
     free(r->prefix);
     free(r->fn_lib);
@@ -2274,6 +2285,7 @@ int rate__redis_new(const char *url, const rate_redis_options_t *opt,
     if (r == NULL)
         return RATE_ENOMEM;
     pthread_mutex_init(&r->topo_lock, NULL);
+    pthread_mutex_init(&r->node_lock, NULL);
     pthread_mutex_init(&r->err_lock, NULL);
     if ((rc = parse_url(r, url, err, errlen)) != RATE_OK) {
         r_destroy(r);
