@@ -310,6 +310,8 @@ static void *fake_conn(void *arg)
             snprintf(buf, sizeof buf, "-MOVED %u 127.0.0.1:%d\r\n",
                      rc_key_slot(a[3], strlen(a[3])), f->moved_to);
             rep = buf;
+        } else if (has_key && strcmp(a[3], "fake:{down}") == 0) {
+            rep = "-CLUSTERDOWN The cluster is down\r\n";
         } else if (has_key && strcmp(a[3], "fake:{ask}") == 0) {
             snprintf(buf, sizeof buf, "-ASK 3 127.0.0.1:%d\r\n", f->port);
             rep = buf;
@@ -602,6 +604,40 @@ static void a_new_node_waits_for_no_refresh(void **state)
     rate_store_free(rs);
     fake_stop(&f, acc);
     fake_stop(&g, gacc);
+}
+
+/* A node that answers CLUSTERDOWN (a new cluster's masters do, until
+ * their cluster state is ok: about the node timeout after creation):
+ * a store error at once, and last_error names the node and its words.
+ * Before, last_error said nothing ("") and the errors had no cause. */
+static void cluster_down_is_told(void **state)
+{
+    (void)state;
+    fake_t f = {0};
+    f.cluster = true;
+    pthread_t acc = fake_start(&f);
+    char u[64], err[256] = "", last[256] = "", want[64];
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", f.port);
+    rate_redis_options_t o = {.prefix = "fake:"};
+    rate_store_t *rs = NULL;
+    if (rate_store_redis_new(u, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("the fake cluster: %s", err);
+    rate_limiter_t *lim = limiter_of("fixed-window 5/s", rs);
+    rate_decision_t d;
+    uint64_t t0 = rate_clock_monotonic_ns();
+    assert_int_equal(rate_limiter_check(lim, "down", 4, 1, 0, &d), RATE_OK);
+    assert_true(rate_clock_monotonic_ns() - t0 < 500 * MS);
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    assert_int_equal(d.error, RATE_ESTORE);
+    assert_int_equal(rate_store_redis_last_error(rs, last, sizeof last),
+                     RATE_OK);
+    snprintf(want, sizeof want, "127.0.0.1:%d: CLUSTERDOWN The cluster is "
+             "down", f.port);
+    if (strcmp(last, want) != 0)
+        fail_msg("last_error '%s', want '%s'", last, want);
+    rate_limiter_free(lim);
+    rate_store_free(rs);
+    fake_stop(&f, acc);
 }
 
 /* A listener that never accepts: TCP connects at once (the kernel's
@@ -1049,6 +1085,7 @@ int main(void)
         cmocka_unit_test(a_decision_has_one_deadline),
         cmocka_unit_test(a_later_command_with_an_earlier_deadline),
         cmocka_unit_test(a_new_node_waits_for_no_refresh),
+        cmocka_unit_test(cluster_down_is_told),
         cmocka_unit_test(redirections_are_bounded),
         cmocka_unit_test(a_silent_server_times_out),
         cmocka_unit_test(stopped_redis_costs_a_bounded_wait),

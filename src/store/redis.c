@@ -1324,8 +1324,16 @@ static int kcall(redis_store_t *r, uint64_t dl, const char *key, size_t klen,
         rc_redirect_t kind = rc_parse_redirect(rep->str, rep->len, n->host,
                                                &s, host, &port);
         if (kind == RC_NONE) {
-            if (strncmp(rep->str, "CLUSTERDOWN", 11) == 0)
+            if (strncmp(rep->str, "CLUSTERDOWN", 11) == 0) {
+                /* The node refuses until its cluster state is ok again
+                 * (a new cluster's masters: about the node timeout after
+                 * creation): a store error, which last_error explains. */
+                char e[240];
+                snprintf(e, sizeof e, "%.100s:%d: %.120s", n->host, n->port,
+                         rep->str);
+                set_err(r, e);
                 refresh_map(r, dl, false);
+            }
             return RATE_OK;
         }
         node_t *to = NULL;
