@@ -432,7 +432,10 @@ typedef struct rate_redis_options {
                                     the seeds tried */
     uint64_t command_timeout_ns; /* 0: 1 s.  Every call returns within
                                     this of its start (plus the scheduling
-                                    of threads, a few ms): a command not
+                                    of threads, a few ms), all its
+                                    commands together (a decision's probe,
+                                    script, compare-and-set path, record,
+                                    redirections): a command not
                                     answered by then fails with every
                                     command in flight on its connection
                                     (RATE_ETIMEDOUT), and a connection
@@ -605,9 +608,12 @@ RATE_API int rate_store_redis_touch(rate_store_t *store, uint64_t ttl_ns);
 
 typedef struct rate_dynamodb_options {
     uint64_t connect_timeout_ns; /* 0: 1 s */
-    uint64_t request_timeout_ns; /* 0: 2 s: a request (a round trip,
-                                    connecting included) that takes
-                                    longer is RATE_ETIMEDOUT */
+    uint64_t request_timeout_ns; /* 0: 2 s: a decision's (a refund's,
+                                    a penalty's) requests together, the
+                                    GetItem, the PutItem and a conflict's
+                                    retries, connecting included: each
+                                    gets what is left; past it,
+                                    RATE_ETIMEDOUT */
     const char *prefix;          /* bytes before every key's in the
                                     partition key (a namespace); copied */
     size_t prefix_len;           /* 0..1024 */
@@ -1445,7 +1451,9 @@ RATE_API const rate_clock_t *rate_clock_coarse(void);
  * RATE_FAIL_FALLBACK decides on a private memory store with the same
  * policy (each process alone: at most P x the exact bound, plus P x L).
  * For retry_ns after a failure the remote is not asked; then the next
- * request that needs it asks again: recovery needs nothing else.
+ * request that needs it asks again: recovery needs nothing else.  A
+ * decision's remote calls (give-backs, one or two borrows) share one
+ * remote store timeout from its first call (docs/sync.md, "Time bounds").
  *
  * Clock.  The clock calls decide on the remote limiter's clock: with the
  * Redis store by default Redis's TIME (one clock for every host), with
