@@ -563,7 +563,8 @@ void rate__clock_sleep(void *ud, uint64_t ns);
  * reconnects share one deadline instead of getting one each.  Scopes
  * nest: an inner one keeps the outer one's start.  The start is taken at
  * the first request that asks for it (a memory store never reads the
- * clock for it), unless the scope is opened with rate__call_begin_now. */
+ * clock for it), or earlier by calling rate__call_start_ns (a synced
+ * decision does when it begins to wait for another thread's borrow). */
 #define RATE__CALL_LAZY UINT64_MAX
 extern _Thread_local uint64_t rate__call_start;
 
@@ -573,17 +574,6 @@ static inline uint64_t rate__call_begin(void)
     uint64_t prev = rate__call_start;
     if (prev == 0)
         rate__call_start = RATE__CALL_LAZY;
-    return prev;
-}
-
-/* Opens a scope that starts now, not at its first request: a call that
- * may wait before its first request (a synced decision waits for another
- * thread's borrow of the key) counts that wait too. */
-static inline uint64_t rate__call_begin_now(void)
-{
-    uint64_t prev = rate__call_start;
-    if (prev == 0 || prev == RATE__CALL_LAZY)
-        rate__call_start = rate_clock_monotonic_ns();
     return prev;
 }
 
