@@ -646,6 +646,29 @@ RATE_API int rate_limiter_check_policy_at(rate_limiter_t *limiter,
                                           uint64_t now_ns,
                                           rate_decision_t *out);
 
+/* Opens a deadline scope on the calling thread: until the matching
+ * rate_deadline_end, every store request of every limiter call on this
+ * thread counts its timeout (a Redis store's command_timeout_ns, a
+ * DynamoDB store's request_timeout_ns) from one start, the scope's, so
+ * that the calls made for one request (a server's decisions under several
+ * policies, the synced mode's give-backs and borrows) share one deadline
+ * instead of getting one each.  Every decision, refund and penalty is
+ * such a scope of its own.  The start is taken at the scope's first store
+ * request (a memory store never reads the clock for it), or now by
+ * rate_deadline_start.  Scopes nest: an inner one keeps the outer one's
+ * start.
+ * Returns: a token for rate_deadline_end.  Errors: none.
+ * Ownership: nothing is allocated.  Thread-safe: yes (the scope is the
+ * calling thread's); a scope is closed on the thread that opened it. */
+RATE_API uint64_t rate_deadline_begin(void);
+/* Closes the scope rate_deadline_begin returned `token` for.
+ * Returns: nothing.  Errors: none.  Thread-safe: as rate_deadline_begin. */
+RATE_API void rate_deadline_end(uint64_t token);
+/* Starts the open scope's deadline now, if no store request has yet (a
+ * caller about to wait counts the wait in; nothing outside a scope).
+ * Returns: nothing.  Errors: none.  Thread-safe: as rate_deadline_begin. */
+RATE_API void rate_deadline_start(void);
+
 /* ------------------------------------------ changes outside admissions */
 
 /* These change a key's state outside an admission (docs/algorithms.md,

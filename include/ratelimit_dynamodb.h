@@ -15,9 +15,12 @@ extern "C" {
 
 typedef struct rate_dynamodb_options {
     uint64_t connect_timeout_ns; /* 0: 1 s */
-    uint64_t request_timeout_ns; /* 0: 2 s: a request (a round trip,
-                                    connecting included) that takes
-                                    longer is RATE_ETIMEDOUT */
+    uint64_t request_timeout_ns; /* 0: 2 s: a decision's (a refund's,
+                                    a penalty's) requests together, the
+                                    GetItem, the PutItem and a conflict's
+                                    retries, connecting included: each
+                                    gets what is left; past it,
+                                    RATE_ETIMEDOUT */
     const char *prefix;          /* bytes before every key's in the
                                     partition key (a namespace); copied */
     size_t prefix_len;           /* 0..1024 */

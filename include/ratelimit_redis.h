@@ -53,7 +53,10 @@ typedef struct rate_redis_options {
                                     the seeds tried */
     uint64_t command_timeout_ns; /* 0: 1 s.  Every call returns within
                                     this of its start (plus the scheduling
-                                    of threads, a few ms): a command not
+                                    of threads, a few ms), all its
+                                    commands together (a decision's probe,
+                                    script, compare-and-set path, record,
+                                    redirections): a command not
                                     answered by then fails with every
                                     command in flight on its connection
                                     (RATE_ETIMEDOUT), and a connection

@@ -53,7 +53,9 @@ extern "C" {
  * RATE_FAIL_FALLBACK decides on a private memory store with the same
  * policy (each process alone: at most P x the exact bound, plus P x L).
  * For retry_ns after a failure the remote is not asked; then the next
- * request that needs it asks again: recovery needs nothing else.
+ * request that needs it asks again: recovery needs nothing else.  A
+ * decision's remote calls (give-backs, one or two borrows) share one
+ * remote store timeout from its first call (docs/sync.md, "Time bounds").
  *
  * Clock.  The clock calls decide on the remote limiter's clock: with the
  * Redis store by default Redis's TIME (one clock for every host), with

@@ -18,6 +18,9 @@ static uint64_t read_clock(clockid_t id)
     return (uint64_t)ts.tv_sec * RATE_NS_PER_S + (uint64_t)ts.tv_nsec;
 }
 
+/* The calling thread's call scope (internal.h, rate__call_begin). */
+_Thread_local uint64_t rate__call_start;
+
 uint64_t rate_clock_monotonic_ns(void)
 {
     return read_clock(CLOCK_MONOTONIC);
@@ -56,4 +59,20 @@ const rate_clock_t *rate_clock_coarse(void)
     static const rate_clock_t coarse = {rate__clock_coarse, rate__clock_sleep,
                                         NULL};
     return &coarse;
+}
+
+uint64_t rate_deadline_begin(void)
+{
+    return rate__call_begin();
+}
+
+void rate_deadline_end(uint64_t token)
+{
+    rate__call_end(token);
+}
+
+void rate_deadline_start(void)
+{
+    if (rate__call_start != 0)
+        (void)rate__call_start_ns();
 }

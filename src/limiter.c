@@ -585,13 +585,13 @@ static RATE__ALWAYS_INLINE void finish(rate_limiter_t *lim, rate__step_arg_t *ar
         tell(lim, arg->policy, k->bytes, k->len, d->allowed, d);
 }
 
-static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim,
-                                      const rate_policy_t *force,
-                                      const char *key,
-                                      size_t key_len, uint64_t permits,
-                                      uint64_t max_wait, uint64_t now,
-                                      bool clock_time, bool detail,
-                                      rate_decision_t *d)
+static RATE__ALWAYS_INLINE int decide_in(rate_limiter_t *lim,
+                                         const rate_policy_t *force,
+                                         const char *key,
+                                         size_t key_len, uint64_t permits,
+                                         uint64_t max_wait, uint64_t now,
+                                         bool clock_time, bool detail,
+                                         rate_decision_t *d)
 {
     rate__step_arg_t arg;
     int rc, store_rc = RATE_OK;
@@ -621,6 +621,25 @@ static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim,
     }
     finish(lim, &arg, &k, now, clock_time, store_rc);
     return RATE_OK;
+}
+
+/* A decision: every store request in it (the policy's record, the
+ * decision or its load and compare-and-set retried, the store's clock)
+ * shares one deadline, counted from its first request (internal.h,
+ * rate__call_begin). */
+static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim,
+                                      const rate_policy_t *force,
+                                      const char *key,
+                                      size_t key_len, uint64_t permits,
+                                      uint64_t max_wait, uint64_t now,
+                                      bool clock_time, bool detail,
+                                      rate_decision_t *d)
+{
+    uint64_t scope = rate__call_begin();
+    int rc = decide_in(lim, force, key, key_len, permits, max_wait, now,
+                       clock_time, detail, d);
+    rate__call_end(scope);
+    return rc;
 }
 
 /* The bool calls' general path: the full decision, for any request. */
@@ -960,10 +979,10 @@ int rate_limiter_check_start_at(rate_limiter_t *lim, const char *key,
  * store's decide() when its table offers it for changes (decide_changes), else
  * (or when it declines) the step's adjust pass through the store, as a
  * decision goes (no fail mode: the store's error is the call's). */
-static int adjust_key(rate_limiter_t *lim, const rate_policy_t *force,
-                      const char *key, size_t key_len,
-                      uint64_t permits, uint64_t now, bool clock_time,
-                      rate__op_t op)
+static int adjust_key_in(rate_limiter_t *lim, const rate_policy_t *force,
+                         const char *key, size_t key_len,
+                         uint64_t permits, uint64_t now, bool clock_time,
+                         rate__op_t op)
 {
     rate__step_arg_t arg;
     rate_decision_t d;
@@ -979,6 +998,20 @@ static int adjust_key(rate_limiter_t *lim, const rate_policy_t *force,
         return RATE_OK; /* an unlimited key has no state to change */
     rate_key_t k = {key, key_len, lim->space};
     return store_part(lim, lim->store, &lim->book, &k, &arg, now, clock_time);
+}
+
+/* A refund or a penalty: one deadline for its store requests, as a
+ * decision's. */
+static int adjust_key(rate_limiter_t *lim, const rate_policy_t *force,
+                      const char *key, size_t key_len,
+                      uint64_t permits, uint64_t now, bool clock_time,
+                      rate__op_t op)
+{
+    uint64_t scope = rate__call_begin();
+    int rc = adjust_key_in(lim, force, key, key_len, permits, now, clock_time,
+                           op);
+    rate__call_end(scope);
+    return rc;
 }
 
 /* A refund or a penalty through a store's start(): RATE_PENDING (done

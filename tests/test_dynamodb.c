@@ -1220,6 +1220,138 @@ static void service_failures(void **state)
     close(l.fd);
 }
 
+/* ------------------------------------------- one deadline per decision */
+
+/* A service that answers every request after `delay_ms`, one connection
+ * at a time: DescribeTable with the active table, GetItem with no item,
+ * PutItem with success until `conflicts` is set, then with a failed
+ * condition (as if another writer always got there first). */
+typedef struct slow_service {
+    listener_t l;
+    int delay_ms;
+    atomic_bool conflicts, stop;
+    atomic_uint requests;
+} slow_service_t;
+
+static void *slow_serve(void *arg)
+{
+    slow_service_t *sv = arg;
+    while (!atomic_load(&sv->stop)) {
+        int c = accept(sv->l.fd, NULL, NULL);
+        if (c < 0)
+            break;
+        /* The request, read here so that the delay runs after it. */
+        listener_t *l = &sv->l;
+        size_t head = 0, body = 0;
+        l->len = 0;
+        while (l->len < sizeof l->req - 1) {
+            ssize_t n = read(c, l->req + l->len, sizeof l->req - 1 - l->len);
+            if (n <= 0)
+                break;
+            l->len += (size_t)n;
+            l->req[l->len] = '\0';
+            char *end = strstr(l->req, "\r\n\r\n");
+            if (end != NULL && head == 0) {
+                head = (size_t)(end - l->req) + 4;
+                char *cl = strcasestr(l->req, "\r\ncontent-length:");
+                body = cl ? (size_t)atol(cl + 17) : 0;
+            }
+            if (head != 0 && l->len >= head + body)
+                break;
+        }
+        atomic_fetch_add(&sv->requests, 1);
+        const char *reply = "{}";
+        int status = 200;
+        if (strstr(l->req, "DynamoDB_20120810.DescribeTable") != NULL) {
+            reply = active_table;
+        } else {
+            usleep((useconds_t)sv->delay_ms * 1000);
+            if (strstr(l->req, "DynamoDB_20120810.PutItem") != NULL &&
+                atomic_load(&sv->conflicts)) {
+                status = 400;
+                reply = "{\"__type\":\"com.amazonaws.dynamodb.v20120810#"
+                        "ConditionalCheckFailedException\",\"message\":"
+                        "\"The conditional request failed\"}";
+            }
+        }
+        char resp[4096];
+        int n = snprintf(resp, sizeof resp,
+                         "HTTP/1.1 %d X\r\nContent-Type: application/"
+                         "x-amz-json-1.0\r\nContent-Length: %zu\r\n"
+                         "Connection: close\r\n\r\n%s",
+                         status, strlen(reply), reply);
+        if (write(c, resp, (size_t)n) != n)
+            l->len = 0; /* the client gave up: nothing to do */
+        close(c);
+    }
+    return NULL;
+}
+
+/* A decision makes a GetItem and a PutItem, retried on a conflict: they
+ * share one deadline, the request timeout from the decision's start.
+ * Each request takes 150 ms here and every PutItem conflicts, with 3
+ * retries: 8 requests, 1.2 s, if each had its own timeout (the defect);
+ * within the 400 ms timeout, a decision makes 3 (GetItem, PutItem,
+ * GetItem cut short) and ends in RATE_ETIMEDOUT.  Every decision must
+ * return within the timeout plus 0.5 s (the slack a loaded machine
+ * cannot use up: the stub's answers are 150 ms apart); none may be
+ * late. */
+static void decision_within_one_timeout(void **state)
+{
+    (void)state;
+    char u[128], err[512] = "";
+    slow_service_t sv;
+    pthread_t th;
+
+    memset(&sv, 0, sizeof sv);
+    listener_open(&sv.l, NULL);
+    assert_int_equal(listen(sv.l.fd, 16), 0);
+    sv.delay_ms = 150;
+    pthread_create(&th, NULL, slow_serve, &sv);
+    snprintf(u, sizeof u,
+             "dynamodb://errs?region=us-east-1&endpoint=http://127.0.0.1:%d",
+             sv.l.port);
+    rate_dynamodb_options_t o = {0};
+    o.request_timeout_ns = 400 * MS;
+    o.connect_timeout_ns = 400 * MS;
+    rate_store_t *s = NULL;
+    assert_int_equal(rate_store_dynamodb_new(u, &o, &s, err, sizeof err),
+                     RATE_OK);
+    rate_limiter_config_t cfg = {0};
+    cfg.store = s;
+    cfg.on_store_error = RATE_FAIL_CLOSED;
+    cfg.max_retries = 3;
+    rate_limiter_t *lim = limiter_cfg("fixed-window 5/s", cfg);
+    atomic_store(&sv.conflicts, true);
+
+    const uint64_t slack = 500 * MS;
+    uint64_t worst = 0;
+    int late = 0;
+    for (int i = 0; i < 4; i++) {
+        rate_decision_t d;
+        unsigned before = atomic_load(&sv.requests);
+        uint64_t t0 = rate_clock_monotonic_ns();
+        assert_int_equal(rate_limiter_check(lim, "k", 1, 1, 0, &d), RATE_OK);
+        uint64_t took = rate_clock_monotonic_ns() - t0;
+        worst = took > worst ? took : worst;
+        late += took > o.request_timeout_ns + slack;
+        print_message("decision %d: %.3f s, %u requests, error %s\n", i,
+                      (double)took / 1e9, atomic_load(&sv.requests) - before,
+                      rate_err_name(d.error));
+        assert_false(d.allowed);
+        assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    }
+    print_message("worst decision: %.3f s against a 0.400 s timeout\n",
+                  (double)worst / 1e9);
+    assert_int_equal(late, 0);
+    rate_limiter_free(lim);
+    rate_store_free(s);
+    atomic_store(&sv.stop, true);
+    shutdown(sv.l.fd, SHUT_RDWR);
+    pthread_join(th, NULL);
+    close(sv.l.fd);
+}
+
 /* ------------------------------------------------- dynalite goes away */
 
 /* Dynalite killed while decisions run: every decision after it is a
@@ -1321,6 +1453,7 @@ int main(void)
         cmocka_unit_test(curl_signs_the_documented_example),
         cmocka_unit_test(store_requests_are_signed),
         cmocka_unit_test(service_failures),
+        cmocka_unit_test(decision_within_one_timeout),
         cmocka_unit_test(bad_urls),
         cmocka_unit_test(credentials_from_env_and_file),
         cmocka_unit_test(missing_table_and_creating_one),

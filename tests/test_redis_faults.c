@@ -223,6 +223,11 @@ typedef struct fake {
     atomic_bool stop;
     bool cluster;          /* says it is a one-node cluster */
     atomic_int askings;    /* ASKING commands seen */
+    atomic_int slow_ms;    /* > 0: TIME, and the commands on "fake:{slow}"
+                              (HMGET, EVALSHA), answered this late */
+    atomic_int slots_ms;   /* > 0: CLUSTER SLOTS answered this late */
+    int moved_to;          /* the port "fake:{newnode}" is moved to, 1.5 s
+                              after it came */
 } fake_t;
 
 typedef struct fake_arg {
@@ -268,7 +273,17 @@ static void *fake_conn(void *arg)
         bool has_key = argc > 3 && (strcasecmp(a[0], "EVALSHA") == 0 ||
                                     strcasecmp(a[0], "EVAL") == 0 ||
                                     strcasecmp(a[0], "FCALL") == 0);
-        if (strcasecmp(a[0], "CLUSTER") == 0 && f->cluster) {
+        int slow = atomic_load(&f->slow_ms);
+        if (slow > 0 &&
+            (strcasecmp(a[0], "TIME") == 0 ||
+             (argc > 1 && strcmp(a[1], "fake:{slow}") == 0) ||
+             (has_key && strcmp(a[3], "fake:{slow}") == 0)))
+            usleep((useconds_t)slow * 1000);
+        if (strcasecmp(a[0], "CLUSTER") == 0 && atomic_load(&f->slots_ms) > 0)
+            usleep((useconds_t)atomic_load(&f->slots_ms) * 1000);
+        if (strcasecmp(a[0], "TIME") == 0) {
+            rep = "*2\r\n$10\r\n1700000000\r\n$1\r\n0\r\n";
+        } else if (strcasecmp(a[0], "CLUSTER") == 0 && f->cluster) {
             snprintf(buf, sizeof buf,
                      "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n"
                      "127.0.0.1\r\n:%d\r\n", f->port);
@@ -290,6 +305,14 @@ static void *fake_conn(void *arg)
         } else if (has_key && strcmp(a[3], "fake:{moved}") == 0) {
             snprintf(buf, sizeof buf, "-MOVED 3 127.0.0.1:%d\r\n", f->port);
             rep = buf; /* to itself, for ever */
+        } else if (has_key && strcmp(a[3], "fake:{newnode}") == 0 &&
+                   f->moved_to != 0) {
+            usleep(1500000);
+            snprintf(buf, sizeof buf, "-MOVED %u 127.0.0.1:%d\r\n",
+                     rc_key_slot(a[3], strlen(a[3])), f->moved_to);
+            rep = buf;
+        } else if (has_key && strcmp(a[3], "fake:{down}") == 0) {
+            rep = "-CLUSTERDOWN The cluster is down\r\n";
         } else if (has_key && strcmp(a[3], "fake:{ask}") == 0) {
             snprintf(buf, sizeof buf, "-ASK 3 127.0.0.1:%d\r\n", f->port);
             rep = buf;
@@ -404,6 +427,214 @@ static void a_deadline_survives_a_handover(void **state)
                  (unsigned long long)(b.took_ns / MS),
                  (unsigned long long)(timeout / MS));
     assert_true(a.took_ns >= 880 * MS); /* A's answer came, late */
+    rate_limiter_free(lim);
+    rate_store_free(rs);
+    fake_stop(&f, acc);
+}
+
+/* A decision over the compare-and-set path (a policy with a block, which
+ * the scripts leave to the C step) makes three commands: TIME, HMGET,
+ * EVALSHA.  They share one deadline, the command timeout from the
+ * decision's start.  Each is answered 600 ms late here, with a 1 s
+ * timeout: 1.8 s per decision when each had its own (the defect);
+ * within it, the decision ends in RATE_ETIMEDOUT at 1 s.  Each decision
+ * must return within the timeout plus 0.5 s of slack (the answers are
+ * 600 ms apart: a loaded machine's scheduling is far below it). */
+static void a_decision_has_one_deadline(void **state)
+{
+    (void)state;
+    fake_t f = {0};
+    pthread_t acc = fake_start(&f);
+
+    const uint64_t timeout = 1000 * MS, slack = 500 * MS;
+    char u[64], err[256] = "";
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", f.port);
+    rate_redis_options_t o = {.prefix = "fake:", .pool_size = 1};
+    o.command_timeout_ns = timeout;
+    o.no_breaker = true;
+    rate_store_t *rs = NULL;
+    if (rate_store_redis_new(u, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("the fake server: %s", err);
+    rate_limiter_t *lim = limiter_of("fixed-window 5/s block=1s", rs);
+    atomic_store(&f.slow_ms, 600);
+    uint64_t worst = 0;
+    int late = 0;
+    for (int i = 0; i < 3; i++) {
+        rate_decision_t d;
+        uint64_t t0 = rate_clock_monotonic_ns();
+        assert_int_equal(rate_limiter_check(lim, "slow", 4, 1, 0, &d),
+                         RATE_OK);
+        uint64_t took = rate_clock_monotonic_ns() - t0;
+        worst = took > worst ? took : worst;
+        late += took > timeout + slack;
+        print_message("decision %d: %llu ms, %s\n", i,
+                      (unsigned long long)(took / MS),
+                      d.reason == RATE_REASON_STORE_ERROR
+                          ? rate_err_name(d.error)
+                          : "answered");
+        usleep(100000); /* past the reconnection's backoff */
+    }
+    print_message("worst decision: %llu ms against a %llu ms timeout\n",
+                  (unsigned long long)(worst / MS),
+                  (unsigned long long)(timeout / MS));
+    assert_int_equal(late, 0);
+    rate_limiter_free(lim);
+    rate_store_free(rs);
+    fake_stop(&f, acc);
+}
+
+typedef struct later {
+    rate_limiter_t *lim;
+    const char *key;
+    uint64_t start_after_ns, took_ns;
+    int error;
+} later_t;
+
+static void *later_call(void *arg)
+{
+    later_t *t = arg;
+    rate_decision_t d;
+    usleep((useconds_t)(t->start_after_ns / 1000));
+    uint64_t t0 = rate_clock_monotonic_ns();
+    assert_int_equal(rate_limiter_check(t->lim, t->key, strlen(t->key), 1, 0,
+                                        &d),
+                     RATE_OK);
+    t->took_ns = rate_clock_monotonic_ns() - t0;
+    t->error = d.reason == RATE_REASON_STORE_ERROR ? d.error : RATE_OK;
+    return NULL;
+}
+
+/* A command sent later may have an earlier deadline.  Two connections,
+ * which calls take in turn: B's decision (the compare-and-set path) sends
+ * TIME at 0 on one, answered at 1.9 s; A sends a command at 1.0 s on the
+ * other (on "fake:{b}", never answered) and reads there, until its
+ * deadline, 3 s; C's call at 1.5 s takes B's connection, so that B's
+ * HMGET, sent at 1.9 s with B's deadline, 2 s, goes to A's.  The reader
+ * must give up at B's deadline, not at A's: B returns within its 2 s
+ * timeout plus 0.5 s of slack (1 s later otherwise). */
+static void a_later_command_with_an_earlier_deadline(void **state)
+{
+    (void)state;
+    fake_t f = {0};
+    pthread_t acc = fake_start(&f);
+
+    const uint64_t timeout = 2000 * MS, slack = 500 * MS;
+    char u[64], err[256] = "";
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", f.port);
+    rate_redis_options_t o = {.prefix = "fake:", .pool_size = 2};
+    o.command_timeout_ns = timeout;
+    o.no_breaker = true;
+    o.module = RATE_REDIS_MODULE_OFF;
+    rate_store_t *rs = NULL;
+    if (rate_store_redis_new(u, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("the fake server: %s", err);
+    rate_limiter_t *lb = limiter_of("fixed-window 5/s block=1s", rs);
+    rate_limiter_t *la = limiter_of("fixed-window 5/s", rs);
+    atomic_store(&f.slow_ms, 1900);
+    later_t b = {lb, "slow", 0, 0, 0}, a = {la, "b", 1000 * MS, 0, 0},
+            c = {la, "fast", 1500 * MS, 0, 0};
+    pthread_t tb, ta, tc;
+    pthread_create(&tb, NULL, later_call, &b);
+    pthread_create(&ta, NULL, later_call, &a);
+    pthread_create(&tc, NULL, later_call, &c);
+    pthread_join(tb, NULL);
+    pthread_join(ta, NULL);
+    pthread_join(tc, NULL);
+    print_message("B took %llu ms (%s), A %llu ms (%s); timeout %llu ms\n",
+                  (unsigned long long)(b.took_ns / MS), rate_err_name(b.error),
+                  (unsigned long long)(a.took_ns / MS), rate_err_name(a.error),
+                  (unsigned long long)(timeout / MS));
+    if (b.took_ns > timeout + slack)
+        fail_msg("B took %llu ms, its timeout is %llu ms",
+                 (unsigned long long)(b.took_ns / MS),
+                 (unsigned long long)(timeout / MS));
+    assert_int_equal(b.error, RATE_ETIMEDOUT);
+    rate_limiter_free(la);
+    rate_limiter_free(lb);
+    rate_store_free(rs);
+    fake_stop(&f, acc);
+}
+
+/* A call redirected to a node new to the store must not wait for a map
+ * refresh that another call makes, with that call's later deadline.  M
+ * sends at 0 on "fake:{newnode}", moved at 1.5 s to another server; R
+ * sends at 1.0 s on "fake:{moved}" (moved to the same node), and refreshes
+ * the map: CLUSTER SLOTS, answered at 4 s, past R's deadline (3 s).  M
+ * must return within its 2 s timeout plus 0.5 s of slack; waiting for
+ * the refresh, it returned at R's deadline, 3 s; not, at 1.5 s, with the
+ * other server's answer. */
+static void a_new_node_waits_for_no_refresh(void **state)
+{
+    (void)state;
+    fake_t g = {0};
+    pthread_t gacc = fake_start(&g);
+    fake_t f = {0};
+    f.cluster = true;
+    f.moved_to = g.port;
+    pthread_t acc = fake_start(&f);
+
+    const uint64_t timeout = 2000 * MS, slack = 500 * MS;
+    char u[64], err[256] = "";
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", f.port);
+    rate_redis_options_t o = {.prefix = "fake:"};
+    o.command_timeout_ns = timeout;
+    o.no_breaker = true;
+    o.module = RATE_REDIS_MODULE_OFF;
+    rate_store_t *rs = NULL;
+    if (rate_store_redis_new(u, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("the fake cluster: %s", err);
+    rate_limiter_t *lim = limiter_of("fixed-window 5/s", rs);
+    atomic_store(&f.slots_ms, 3000);
+    later_t m = {lim, "newnode", 0, 0, 0}, r = {lim, "moved", 1000 * MS, 0, 0};
+    pthread_t tm, tr;
+    pthread_create(&tm, NULL, later_call, &m);
+    pthread_create(&tr, NULL, later_call, &r);
+    pthread_join(tm, NULL);
+    pthread_join(tr, NULL);
+    print_message("M took %llu ms (%s), R %llu ms (%s); timeout %llu ms\n",
+                  (unsigned long long)(m.took_ns / MS), rate_err_name(m.error),
+                  (unsigned long long)(r.took_ns / MS), rate_err_name(r.error),
+                  (unsigned long long)(timeout / MS));
+    if (m.took_ns > timeout + slack)
+        fail_msg("M took %llu ms, its timeout is %llu ms",
+                 (unsigned long long)(m.took_ns / MS),
+                 (unsigned long long)(timeout / MS));
+    atomic_store(&f.slots_ms, 0);
+    rate_limiter_free(lim);
+    rate_store_free(rs);
+    fake_stop(&f, acc);
+    fake_stop(&g, gacc);
+}
+
+/* A node that answers CLUSTERDOWN (a new cluster's masters do, until
+ * their cluster state is ok: about the node timeout after creation):
+ * a store error at once, and last_error names the node and its words.
+ * Before, last_error said nothing ("") and the errors had no cause. */
+static void cluster_down_is_told(void **state)
+{
+    (void)state;
+    fake_t f = {0};
+    f.cluster = true;
+    pthread_t acc = fake_start(&f);
+    char u[64], err[256] = "", last[256] = "", want[64];
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", f.port);
+    rate_redis_options_t o = {.prefix = "fake:"};
+    rate_store_t *rs = NULL;
+    if (rate_store_redis_new(u, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("the fake cluster: %s", err);
+    rate_limiter_t *lim = limiter_of("fixed-window 5/s", rs);
+    rate_decision_t d;
+    uint64_t t0 = rate_clock_monotonic_ns();
+    assert_int_equal(rate_limiter_check(lim, "down", 4, 1, 0, &d), RATE_OK);
+    assert_true(rate_clock_monotonic_ns() - t0 < 500 * MS);
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    assert_int_equal(d.error, RATE_ESTORE);
+    assert_int_equal(rate_store_redis_last_error(rs, last, sizeof last),
+                     RATE_OK);
+    snprintf(want, sizeof want, "127.0.0.1:%d: CLUSTERDOWN The cluster is "
+             "down", f.port);
+    if (strcmp(last, want) != 0)
+        fail_msg("last_error '%s', want '%s'", last, want);
     rate_limiter_free(lim);
     rate_store_free(rs);
     fake_stop(&f, acc);
@@ -851,6 +1082,10 @@ int main(void)
         cmocka_unit_test(every_key_its_own_tag),
         cmocka_unit_test(acl_refusals_are_told),
         cmocka_unit_test(a_deadline_survives_a_handover),
+        cmocka_unit_test(a_decision_has_one_deadline),
+        cmocka_unit_test(a_later_command_with_an_earlier_deadline),
+        cmocka_unit_test(a_new_node_waits_for_no_refresh),
+        cmocka_unit_test(cluster_down_is_told),
         cmocka_unit_test(redirections_are_bounded),
         cmocka_unit_test(a_silent_server_times_out),
         cmocka_unit_test(stopped_redis_costs_a_bounded_wait),

@@ -64,6 +64,7 @@ typedef struct ddb {
     uint8_t *prefix;
     size_t prefix_len;
     long connect_ms, request_ms;
+    uint64_t request_ns; /* request_ms in ns: a call's whole budget */
     bool ttl, wall_clock;
     uint64_t safety_s; /* with no_ttl: the TTL attribute's delay, s */
     size_t state_max; /* the largest state bytes an item can hold */
@@ -298,6 +299,26 @@ static int request(ddb_t *d, enum op op, json_t *req, json_t **reply,
         return RATE_ENOMEM;
     }
     CURL *c = h->curl;
+    /* The call's requests share one deadline (internal.h,
+     * rate__call_begin): a decision's GetItem and PutItem, and the
+     * retries of a conflict, all within request_ns of its start.  A
+     * request gets what is left of it (curl's whole transfer, connecting
+     * included); none is left: not sent. */
+    uint64_t now = rate_clock_monotonic_ns();
+    uint64_t deadline = rate__call_deadline_ns(d->request_ns);
+    if (now >= deadline) {
+        put_handle(d, h);
+        free(text);
+        atomic_fetch_add_explicit(&d->errors, 1, memory_order_relaxed);
+        set_last_error(d, "%s on %s: not sent: the call's %ld ms were "
+                       "spent on its earlier requests", op_names[op],
+                       d->endpoint, d->request_ms);
+        return RATE_ETIMEDOUT;
+    }
+    uint64_t left_ms = (deadline - now + 999999) / 1000000;
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS,
+                     left_ms < (uint64_t)d->request_ms ? (long)left_ms
+                                                       : d->request_ms);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, d->headers[op]);
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, text);
     curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(text));
@@ -1036,6 +1057,7 @@ int rate_store_dynamodb_new(const char *url,
     uint64_t rms = o.request_timeout_ns ? (o.request_timeout_ns + 999999) / 1000000 : 2000;
     d->connect_ms = cms > 86400000 ? 86400000L : (long)cms;
     d->request_ms = rms > 86400000 ? 86400000L : (long)rms;
+    d->request_ns = (uint64_t)d->request_ms * 1000000;
     d->ttl = !o.no_ttl;
     if (o.no_ttl && o.safety_ttl_ns != 0)
         d->safety_s = (o.safety_ttl_ns + RATE_NS_PER_S - 1) / RATE_NS_PER_S;

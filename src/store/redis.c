@@ -64,11 +64,13 @@
  * in batches while earlier replies are still being read, the way
  * auto-pipelining clients work, with no I/O thread: the callers
  * themselves take turns writing and reading.  Each command has a deadline,
- * its call's start plus the command timeout (one for a whole call: its
- * redirections and a NOSCRIPT's resend share it): the reader waits (poll) no
- * longer than the earliest deadline of the commands in flight, then fails
- * them all; a connection made for queued commands is made within the
- * first one's deadline.  A connection that failed is dropped, and
+ * its call's start plus the command timeout (one for a whole library call:
+ * a decision's commands, their redirections and a NOSCRIPT's resend share
+ * it; internal.h, rate__call_begin): the reader waits (poll) no longer
+ * than the earliest deadline of the commands in flight, looked at again
+ * every RECHECK_NS (a command sent later may have an earlier deadline),
+ * then fails them all; a connection made for queued commands is made
+ * within the first one's deadline.  A connection that failed is dropped, and
  * reconnecting is tried again no sooner than a backoff that doubles from
  * 10 ms to 1 s, so while Redis is down a call fails at once instead of
  * waiting on a dead host.
@@ -105,6 +107,7 @@
 #define MAX_REDIRECTS 5   /* MOVED, ASK, TRYAGAIN followed per command */
 #define TRYAGAIN_NS (20 * UINT64_C(1000000))
 #define REFRESH_MIN_NS (100 * UINT64_C(1000000)) /* between map refreshes */
+#define RECHECK_NS (10 * UINT64_C(1000000)) /* a reader's deadline looked at */
 #define BREAKER_FAILURES 5
 #define BREAKER_COOLDOWN_NS RATE_NS_PER_S
 
@@ -236,8 +239,12 @@ typedef struct redis_store {
 
     /* The topology: found once (ready), at creation or, lazily, by the
      * first call that reaches a seed; the slot map then follows the
-     * cluster.  Discovery, map refreshes and new nodes under topo_lock. */
+     * cluster.  Discovery and map refreshes under topo_lock, which is held
+     * across their I/O; new nodes under node_lock, which never is (a
+     * call redirected to a new node must not wait for a refresh made by
+     * another call, with that call's deadline). */
     pthread_mutex_t topo_lock;
+    pthread_mutex_t node_lock;
     atomic_bool ready;
     bool cluster; /* set before ready */
     uint64_t topo_retry_at_ns, topo_backoff_ns;
@@ -265,10 +272,13 @@ static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
                      int argc, const char **argv, const size_t *lens,
                      redisReply **out);
 
-/* A call's deadline: now plus the command timeout. */
+/* A call's deadline: the command timeout from the start of the library
+ * call it serves (a decision, refund or penalty: internal.h,
+ * rate__call_begin), so that a module probe, a fallback to the scripts, a
+ * reconnect and the policy's record all share it; from now outside one. */
 static uint64_t deadline_of(const redis_store_t *r)
 {
-    return rate_clock_monotonic_ns() + r->command_ns;
+    return rate__call_deadline_ns(r->command_ns);
 }
 
 static void set_err(redis_store_t *r, const char *msg)
@@ -740,6 +750,32 @@ static int wait_fd(int fd, short events, uint64_t deadline)
     }
 }
 
+/* The reader's wait for a reply: until fd is readable, no later than the
+ * earliest deadline in flight, looked at again every RECHECK_NS: a
+ * command sent after the wait began may have an earlier deadline than
+ * any before it (its call began earlier: the second command of a
+ * decision).  Called without c->lock; *deadline is updated. */
+static int wait_reply(conn_t *c, int fd, uint64_t *deadline)
+{
+    for (;;) {
+        uint64_t now = rate_clock_monotonic_ns();
+        uint64_t until = now < *deadline && *deadline - now > RECHECK_NS
+                             ? now + RECHECK_NS
+                             : *deadline;
+        int rc = wait_fd(fd, POLLIN, until);
+        if (rc != RATE_ETIMEDOUT || until == *deadline)
+            return rc;
+        pthread_mutex_lock(&c->lock);
+        bool broken = c->broken;
+        uint64_t d = first_deadline(c->fly);
+        pthread_mutex_unlock(&c->lock);
+        if (broken)
+            return RATE_ESTORE; /* the writer failed: its error stands */
+        if (d < *deadline)
+            *deadline = d;
+    }
+}
+
 static int send_all(int fd, const char *p, size_t n, uint64_t deadline)
 {
     while (n > 0) {
@@ -828,7 +864,7 @@ static void read_replies(conn_t *c, mreq_t *me)
             if (redisGetReplyFromReader(ctx, &rep) != REDIS_OK)
                 rc = RATE_ESTORE; /* not the protocol: give up on it */
             else if (rep == NULL &&
-                     (rc = wait_fd(ctx->fd, POLLIN, deadline)) == RATE_OK &&
+                     (rc = wait_reply(c, ctx->fd, &deadline)) == RATE_OK &&
                      redisBufferRead(ctx) != REDIS_OK)
                 rc = reply_status(ctx, NULL);
         }
@@ -1018,9 +1054,9 @@ static void node_free(node_t *n)
     free(n);
 }
 
-/* The node host:port, made if it is new (under topo_lock).  NULL when out
- * of memory or MAX_NODES are known. */
-static node_t *node_get_locked(redis_store_t *r, const char *host, int port)
+/* The node host:port, made if it is new (under node_lock, taken here).
+ * NULL when out of memory or MAX_NODES are known. */
+static node_t *node_get_in(redis_store_t *r, const char *host, int port)
 {
     unsigned k = atomic_load(&r->nnodes);
     for (unsigned i = 0; i < k; i++) {
@@ -1042,6 +1078,14 @@ static node_t *node_get_locked(redis_store_t *r, const char *host, int port)
         pthread_mutex_init(&n->conns[i].lock, NULL);
     atomic_store(&r->nodes[k], n);
     atomic_store(&r->nnodes, k + 1);
+    return n;
+}
+
+static node_t *node_get(redis_store_t *r, const char *host, int port)
+{
+    pthread_mutex_lock(&r->node_lock);
+    node_t *n = node_get_in(r, host, port);
+    pthread_mutex_unlock(&r->node_lock);
     return n;
 }
 
@@ -1077,7 +1121,7 @@ static bool apply_slots(redis_store_t *r, const redisReply *rep,
     bool ok = ranges != NULL && map != NULL &&
               rc_parse_slots(rep, self_host, ranges, cap, &nr);
     for (size_t i = 0; ok && i < nr; i++) {
-        node_t *n = node_get_locked(r, ranges[i].host, ranges[i].port);
+        node_t *n = node_get(r, ranges[i].host, ranges[i].port);
         unsigned idx = n ? node_index(r, n) : MAX_NODES;
         ok = idx < MAX_NODES;
         for (unsigned s = ranges[i].first; ok && s <= ranges[i].last; s++)
@@ -1130,7 +1174,7 @@ static void refresh_map(redis_store_t *r, uint64_t dl, bool force)
             n = atomic_load(&r->nodes[j]);
         else if (node_find(r, r->seeds[j - k].host, r->seeds[j - k].port) ==
                  NULL) /* a known node is not asked twice */
-            n = node_get_locked(r, r->seeds[j - k].host,
+            n = node_get(r, r->seeds[j - k].host,
                                 r->seeds[j - k].port);
         redisReply *rep = NULL;
         if (n == NULL || rate_clock_monotonic_ns() >= dl)
@@ -1192,7 +1236,7 @@ static int discover(redis_store_t *r, uint64_t dl, bool wait, char *err,
                 r->cluster = false;
             }
             redisFree(ctx); /* the masters get their own */
-        } else if ((n = node_get_locked(r, r->seeds[i].host,
+        } else if ((n = node_get(r, r->seeds[i].host,
                                         r->unix_socket ? 0
                                                        : r->seeds[i].port)) ==
                    NULL) {
@@ -1281,16 +1325,22 @@ static int kcall(redis_store_t *r, uint64_t dl, const char *key, size_t klen,
         rc_redirect_t kind = rc_parse_redirect(rep->str, rep->len, n->host,
                                                &s, host, &port);
         if (kind == RC_NONE) {
-            if (strncmp(rep->str, "CLUSTERDOWN", 11) == 0)
+            if (strncmp(rep->str, "CLUSTERDOWN", 11) == 0) {
+                /* The node refuses until its cluster state is ok again
+                 * (a new cluster's masters: about the node timeout after
+                 * creation): a store error, which last_error explains. */
+                char e[240];
+                snprintf(e, sizeof e, "%.100s:%d: %.120s", n->host, n->port,
+                         rep->str);
+                set_err(r, e);
                 refresh_map(r, dl, false);
+            }
             return RATE_OK;
         }
         node_t *to = NULL;
         if (kind != RC_TRYAGAIN) {
             if ((to = node_find(r, host, port)) == NULL) {
-                pthread_mutex_lock(&r->topo_lock); /* a node new to us */
-                to = node_get_locked(r, host, port);
-                pthread_mutex_unlock(&r->topo_lock);
+                to = node_get(r, host, port); /* a node new to us */
             }
             unsigned idx = to ? node_index(r, to) : MAX_NODES;
             if (kind == RC_MOVED && idx < MAX_NODES)
@@ -1969,6 +2019,7 @@ static void r_destroy(void *self)
     for (unsigned i = 0; i < atomic_load(&r->nnodes); i++)
         node_free(atomic_load(&r->nodes[i]));
     pthread_mutex_destroy(&r->topo_lock);
+    pthread_mutex_destroy(&r->node_lock);
     pthread_mutex_destroy(&r->err_lock);
     free(r->prefix);
     free(r->fn_lib);
@@ -2246,6 +2297,7 @@ int rate__redis_new(const char *url, const rate_redis_options_t *opt,
     if (r == NULL)
         return RATE_ENOMEM;
     pthread_mutex_init(&r->topo_lock, NULL);
+    pthread_mutex_init(&r->node_lock, NULL);
     pthread_mutex_init(&r->err_lock, NULL);
     if ((rc = parse_url(r, url, err, errlen)) != RATE_OK) {
         r_destroy(r);

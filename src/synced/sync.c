@@ -329,6 +329,7 @@ static void *refill_main(void *arg)
         int rc = RATE_ESTORE;
         bool asked = now >= atomic_load_explicit(&s->down_until,
                                                  memory_order_relaxed);
+        uint64_t scope = rate_deadline_begin(); /* one deadline per top-up */
         if (asked)
             rc = remote_check(s, e->key, e->len, want, clock, now, &d);
         if (rc == RATE_OK && d.allowed) {
@@ -340,6 +341,7 @@ static void *refill_main(void *arg)
             if (rc == RATE_OK && d.allowed)
                 got = x;
         }
+        rate_deadline_end(scope);
         if (asked && rc != RATE_OK)
             atomic_store_explicit(&s->down_until, add_sat(now, s->retry_ns),
                                   memory_order_relaxed);
@@ -363,8 +365,9 @@ static void *refill_main(void *arg)
     return NULL;
 }
 
-static int decide(rate_synced_t *s, const char *key, size_t len,
-                  uint64_t n, bool clock, uint64_t now, rate_decision_t *out)
+static int decide_in(rate_synced_t *s, const char *key, size_t len,
+                     uint64_t n, bool clock, uint64_t now,
+                     rate_decision_t *out)
 {
     if (s == NULL || out == NULL)
         return RATE_EINVAL;
@@ -386,6 +389,7 @@ static int decide(rate_synced_t *s, const char *key, size_t len,
         /* a round trip in flight: wait for it only if this needs it */
         if (e == NULL || !e->borrowing || e->held >= n)
             break;
+        rate_deadline_start(); /* the wait counts in the deadline */
         pthread_cond_wait(&sh->cv, &sh->mu);
     }
     sh->decisions++;
@@ -560,6 +564,20 @@ static int decide(rate_synced_t *s, const char *key, size_t len,
     }
     pthread_mutex_unlock(&sh->mu);
     return RATE_OK;
+}
+
+/* A synced decision: its remote calls (the refunds of an expired lease
+ * and of an evicted key, one or two borrows) share one deadline, the
+ * remote store's timeout from the decision's first remote call or its
+ * wait for another thread's borrow of the key (internal.h,
+ * rate_deadline_begin); a decision made locally reads no clock for it. */
+static int decide(rate_synced_t *s, const char *key, size_t len,
+                  uint64_t n, bool clock, uint64_t now, rate_decision_t *out)
+{
+    uint64_t scope = rate_deadline_begin();
+    int rc = decide_in(s, key, len, n, clock, now, out);
+    rate_deadline_end(scope);
+    return rc;
 }
 
 int rate_synced_check(rate_synced_t *s, const char *key, size_t key_len,
