@@ -26,7 +26,8 @@
  * Threads.  Policies are immutable once made and may be read from any thread.
  * A limiter and its store may be called from any number of threads at once;
  * rate_limiter_free() and rate_store_free() must not race with other calls on
- * the same object.  Each function below ends with its thread-safety.
+ * the same object.  Each function's comment says what it does, then
+ * Returns, Errors, Ownership and Thread-safe (SQLite's and libuv's shape).
  *
  * Errors.  Functions that can fail return an int: RATE_OK (0) or a negative
  * RATE_E* code; rate_strerror() names it.  A denial is not an error: it is
@@ -99,11 +100,10 @@ typedef enum rate_status {
 #undef RATE_X_
 } rate_status_t;
 
-/* rate_strerror: the text of an error code; rate_err_name: the code's name,
- * e.g. "RATE_EKEY".  RATE_OK and RATE_PENDING (no error) have both too.
- * Returns: never NULL; "unknown error" and "RATE_EUNKNOWN" for a code not
- * in the list.  Errors: none.  Ownership: static storage.
- * Thread-safe: yes. */
+/* rate_strerror: an error code's text; rate_err_name: its name, e.g.
+ * "RATE_EKEY" (RATE_OK's and RATE_PENDING's too, which are no errors).
+ * Returns: never NULL ("unknown error", "RATE_EUNKNOWN" for a code not in
+ * the list).  Errors: none.  Ownership: static storage.  Thread-safe: yes. */
 RATE_API const char *rate_strerror(int err);
 RATE_API const char *rate_err_name(int err);
 
@@ -151,16 +151,14 @@ typedef enum rate_algorithm {
 #undef RATE_X_
 } rate_algorithm_t;
 
-/* The algorithm's canonical name ("token-bucket").  Returns: the name, NULL
- * for a value that is none.  Errors: none.  Ownership: static storage.
- * Thread-safe: yes. */
+/* The algorithm's canonical name ("token-bucket").  Returns: the name (NULL
+ * for none).  Errors: none.  Ownership: static storage.  Thread-safe: yes. */
 RATE_API const char *rate_algorithm_name(rate_algorithm_t algorithm);
 
 /* The algorithm a name or alias names ("gcra", "sliding-window-log",
  * "sliding-window-counter" too), exactly as the text form spells it.
- * Returns: RATE_OK, the algorithm in *out.  Errors: RATE_EINVAL for a NULL
- * name or out, or a name that is none (*out untouched).  Ownership: nothing
- * is kept.  Thread-safe: yes. */
+ * Returns: RATE_OK, *out.  Errors: RATE_EINVAL for a NULL name or out, or
+ * a name that is none.  Ownership: nothing is kept.  Thread-safe: yes. */
 RATE_API int rate_algorithm_parse(const char *name, rate_algorithm_t *out);
 
 /* One limit: a plain value the caller fills. */
@@ -179,21 +177,19 @@ typedef struct rate_limit {
 /* An immutable set of 1..RATE_MAX_LIMITS limits, all applied to one key. */
 typedef struct rate_policy rate_policy_t;
 
-/* Makes a policy from `count` limits.  Bounds, within which every decision
- * is exact (64/128-bit integers, docs/algorithms.md): limit, period and
- * burst (capacity) from 1 to 2^63-1 (every count up to 2^53 and beyond); a
- * window, and a bucket's period, up to 2^61 ns (73 years) -- a bucket's
- * period may be longer when burst * period <= 2^62; a window takes no
- * burst (0); a sliding log's limit <= RATE_SLIDING_LOG_MAX.  Durations a
- * decision reports past 2^63-1 ns (a huge bucket refilling at 1 per 2^61
- * ns) read RATE_TIME_MAX.
- * Returns: RATE_OK, the policy in *out (NULL on an error).
- * Errors: RATE_EINVAL for a NULL out.  RATE_EPOLICY for NULL limits, a
- * count of 0 or above RATE_MAX_LIMITS, or a limit out of these bounds (or
- * of an unknown algorithm, with a block above 2^61 ns or a non-zero
- * reserve), with, if `err` is not NULL, a one-line reason naming the bad
- * part (at most errlen bytes with the NUL).  RATE_ENOMEM.
- * Ownership: the limits are copied; the caller frees *out
+/* Makes a policy from `count` limits.  Bounds, within which every decision is
+ * exact (64/128-bit integers, docs/algorithms.md): limit, period and burst
+ * (capacity) from 1 to 2^63-1 (every count up to 2^53 and beyond); a window,
+ * and a bucket's period, up to 2^61 ns (73 years) -- a bucket's period may be
+ * longer when burst * period <= 2^62; a window takes no burst (0); a sliding
+ * log's limit <= RATE_SLIDING_LOG_MAX.  Durations a decision reports past
+ * 2^63-1 ns (a huge bucket refilling at 1 per 2^61 ns) read RATE_TIME_MAX.
+ * Returns: RATE_OK, the policy in *out (NULL on an error).  Errors:
+ * RATE_EINVAL for a NULL out; RATE_EPOLICY for NULL limits, a count of 0 or
+ * above RATE_MAX_LIMITS, or a limit outside these bounds (or with an unknown
+ * algorithm, a block above 2^61 ns, a non-zero reserve), with, if `err` is not
+ * NULL, a one-line reason naming the bad part (at most errlen bytes with the
+ * NUL); RATE_ENOMEM.  Ownership: the limits are copied; the caller frees *out
  * (rate_policy_free).  Thread-safe: yes. */
 RATE_API int rate_policy_new(const rate_limit_t *limits, size_t count,
                              rate_policy_t **out, char *err, size_t errlen);
@@ -203,11 +199,9 @@ RATE_API int rate_policy_new(const rate_limit_t *limits, size_t count,
  *   "sliding-window 100/1m"           "unlimited"
  *   "name=free token-bucket 10/s burst=20"   (a named policy)
  *   "token-bucket 10/s burst=10; sliding-log 1000/1h"
- * Returns: RATE_OK, the policy in *out (NULL on an error).  Errors:
- * RATE_EINVAL for a NULL out; RATE_EPOLICY for NULL or bad text, with the
- * reason in `err` as rate_policy_new writes it; RATE_ENOMEM.  Ownership:
- * the text is only read; the caller frees *out (rate_policy_free).
- * Thread-safe: yes. */
+ * Returns, Errors: as rate_policy_new; RATE_EPOLICY also for NULL or bad
+ * text.  Ownership: the text is only read; the caller frees *out
+ * (rate_policy_free).  Thread-safe: yes. */
 RATE_API int rate_policy_parse(const char *text, rate_policy_t **out,
                                char *err, size_t errlen);
 
@@ -219,59 +213,50 @@ RATE_API int rate_policy_parse(const char *text, rate_policy_t **out,
 RATE_API size_t rate_policy_format(const rate_policy_t *policy, char *buf,
                                    size_t len);
 
-/* The largest stored state of a key under the policy (docs/algorithms.md,
- * "Stored state"): a sliding log's full log included.  Returns: its size in
- * bytes; 0 for the unlimited policy and NULL.  Errors: none.
- * Ownership: nothing is kept.  Thread-safe: yes. */
+/* rate_policy_state_max: the largest stored state of a key under the
+ * policy, a sliding log's full log included; rate_policy_fingerprint: its
+ * 32-bit fingerprint, a hash of its limits, which tagged the states of the
+ * first edition's format; a store's records start a policy's id from it
+ * (both: docs/algorithms.md, "Stored state").  Returns: the size in bytes
+ * (0 for the unlimited policy), the fingerprint; 0 for NULL.
+ * Errors: none.  Ownership: nothing is kept.  Thread-safe: yes. */
 RATE_API size_t rate_policy_state_max(const rate_policy_t *policy);
-
-/* The policy's 32-bit fingerprint: a hash of its limits, which tagged the
- * states of the first edition's format; a store's records start a
- * policy's id from it (docs/algorithms.md, "Stored state").  Returns: the
- * fingerprint (0 for NULL).  Errors: none.  Ownership: nothing is kept.
- * Thread-safe: yes. */
 RATE_API uint32_t rate_policy_fingerprint(const rate_policy_t *policy);
 
 /* Longest policy name, bytes. */
 #define RATE_POLICY_NAME_MAX 64
 
-/* Names the policy: 1..RATE_POLICY_NAME_MAX bytes of letters, digits, '.',
- * '_' and '-' (so that it is an HTTP structured-field string and a
- * Prometheus label value as it is), or NULL or "" for no name.  The name
- * is what the RateLimit-Policy field (rate_headers_format) and a
- * listener (rate_event_t) call the policy; it is no part of its
- * identity: two policies with the same limits and other names share each
- * key's state, and renaming a policy resets no key.  Name a policy before
- * any limiter or other thread uses it (it is then immutable).
- * Returns: RATE_OK.  Errors: RATE_EINVAL for a NULL policy or a bad name
- * (the name then unchanged), with, if `err` is not NULL, a one-line
- * reason (at most errlen bytes with the NUL).  Ownership: the name is
- * copied; limiters copy it with the policy.
- * Thread-safe: no (on the same policy). */
+/* Names the policy: 1..RATE_POLICY_NAME_MAX bytes of letters, digits, '.', '_'
+ * and '-' (so that it is an HTTP structured-field string and a Prometheus
+ * label value as it is), or NULL or "" for no name.  The name is what the
+ * RateLimit-Policy field (rate_headers_format) and a listener (rate_event_t)
+ * call the policy; it is no part of its identity: two policies with the same
+ * limits and other names share each key's state, and renaming a policy resets
+ * no key.  Name a policy before any limiter or other thread uses it (it is
+ * then immutable).  rate_policy_name reads it.
+ * Returns: RATE_OK; the name, "" when it has none (and for NULL).  Errors:
+ * RATE_EINVAL for a NULL policy or a bad name (the name then unchanged), with,
+ * if `err` is not NULL, a one-line reason (at most errlen bytes with the NUL);
+ * reading: none.  Ownership: the name is copied (limiters copy it with the
+ * policy); the one read is borrowed: lives as long as the policy.
+ * Thread-safe: naming: no (on the same policy); reading: yes. */
 RATE_API int rate_policy_set_name(rate_policy_t *policy, const char *name,
                                   char *err, size_t errlen);
-
-/* The policy's name.  Returns: the name, "" when it has none (and for
- * NULL).  Errors: none.  Ownership: borrowed: lives as long as the policy.
- * Thread-safe: yes. */
 RATE_API const char *rate_policy_name(const rate_policy_t *policy);
 
 /* Makes the `unlimited` policy (the text "unlimited"; an enterprise tier):
  * every request is allowed, nothing is written to any store (not even the
  * policy's record), no key is ever charged.  It has no limits
- * (rate_policy_count 0, rate_policy_limit NULL) and stands alone: a
- * composite with it is an error.  Its decisions: allowed, reason
- * RATE_REASON_ALLOWED, component -1, limit and remaining RATE_NO_LIMIT,
- * delay, retry_after and reset_after 0.  An HTTP server should send no
- * RateLimit or X-RateLimit headers for it (test rate_policy_is_unlimited,
- * or limit == RATE_NO_LIMIT).  Returns: RATE_OK, the policy in *out.
- * Errors: RATE_EINVAL for a NULL out; RATE_ENOMEM (*out NULL).  Ownership:
- * the caller frees *out (rate_policy_free).  Thread-safe: yes. */
+ * (rate_policy_count 0, rate_policy_limit NULL) and stands alone: a composite
+ * with it is an error.  Its decisions: allowed, reason RATE_REASON_ALLOWED,
+ * component -1, limit and remaining RATE_NO_LIMIT, delay, retry_after and
+ * reset_after 0.  An HTTP server should send no RateLimit or X-RateLimit
+ * headers for it (test rate_policy_is_unlimited, or limit == RATE_NO_LIMIT:
+ * whether the policy is the unlimited one).
+ * Returns: RATE_OK, the policy in *out; true or false (false for NULL).
+ * Errors: RATE_EINVAL for a NULL out; RATE_ENOMEM (*out NULL); testing: none.
+ * Ownership: the caller frees *out (rate_policy_free).  Thread-safe: yes. */
 RATE_API int rate_policy_unlimited(rate_policy_t **out);
-
-/* Whether the policy is the unlimited one.  Returns: true or false (false
- * for NULL).  Errors: none.  Ownership: nothing is kept.
- * Thread-safe: yes. */
 RATE_API bool rate_policy_is_unlimited(const rate_policy_t *policy);
 
 /* The number of limits, and the i-th.  Returns: the count, and the limit
@@ -285,65 +270,55 @@ RATE_API const rate_limit_t *rate_policy_limit(const rate_policy_t *policy,
 /* The text parsers of the policy text form, each the one that
  * rate_policy_parse uses, for programs that read a count, a duration or a
  * rate on their own (a command's options).  For each: Returns: RATE_OK and
- * the value.  Errors: as listed below, each with, if `err` is not NULL, a
- * one-line message (at most errlen bytes with the NUL) whose subject is
- * the quoted text, so that it reads after an option's name: "--window
- * '1.5s' is not a duration: ...".  Nothing is written to the outputs on an
- * error.  Ownership: nothing is kept.  Thread-safe: yes. */
+ * the value (nothing is written to the outputs on an error).  Errors: as
+ * listed below, each with, if `err` is not NULL, a one-line message (at
+ * most errlen bytes with the NUL) whose subject is the quoted text, so
+ * that it reads after an option's name: "--window '1.5s' is not a
+ * duration: ...".  Ownership: nothing is kept.  Thread-safe: yes. */
 
 /* Parses a count: a whole number from 0 to 2^63-1, digits only.
  * Returns: RATE_OK, the count in *out.  Errors:
  *   RATE_EINVAL  NULL text or out: "no count (NULL)"
  *   RATE_EINVAL  anything but digits ("", "x", "-1", "1.5", " 1"):
  *                "'x' is not a whole number up to 2^63-1"
- *   RATE_ERANGE  digits above 2^63-1: the same message
- * Ownership, Thread-safe: as above (nothing kept; yes). */
+ *   RATE_ERANGE  digits above 2^63-1: the same message */
 RATE_API int rate_parse_count(const char *text, uint64_t *out, char *err,
                               size_t errlen);
 
 /* Parses a duration "250ms", "1s", "1m", "2hours" ("0" alone is zero) into
- * ns: a whole count, then a unit with no space between:
- *   ns  nsec nsecs nanosecond nanoseconds
- *   us  usec usecs microsecond microseconds
- *   ms  msec msecs millisecond milliseconds
- *   s   sec secs second seconds
- *   m   min mins minute minutes
- *   h   hr hrs hour hours
- *   d   day days
+ * ns: a whole count, then a unit with no space between: ns nsec(s)
+ * nanosecond(s), us usec(s) microsecond(s), ms msec(s) millisecond(s),
+ * s sec(s) second(s), m min(s) minute(s), h hr(s) hour(s), d day(s).
  * Returns: RATE_OK, the duration in *out_ns.  Errors:
  *   RATE_EINVAL  NULL text or out_ns: "no duration (NULL)"
  *   RATE_EINVAL  a fraction of a whole number of ns ("1.5s", "0.25h"):
- *                "'1.5s' is not a duration: durations are whole numbers
- *                of a unit; write '1500ms'" (the same time, whole, in the
- *                largest unit that writes it so)
+ *     "'1.5s' is not a duration: durations are whole numbers of a unit;
+ *     write '1500ms'" (the same time, whole, in the largest unit that
+ *     writes it so)
  *   RATE_EINVAL  a fraction of no whole ns ("0.5ns"): "'0.5ns' is not a
- *                duration: durations are whole numbers of a unit (the
- *                smallest is 1ns)"
- *   RATE_EINVAL  anything else ("5", "s", "2fortnights", "1 s", ""):
- *                "'5' is not a duration: COUNTUNIT, units ns us ms s m h d
- *                (or nsec usec msec sec min hr day, singular or plural),
- *                or 0"
+ *     duration: durations are whole numbers of a unit (the smallest is
+ *     1ns)"
+ *   RATE_EINVAL  anything else ("5", "s", "2fortnights", "1 s", ""): "'5'
+ *     is not a duration: COUNTUNIT, units ns us ms s m h d (or nsec usec
+ *     msec sec min hr day, singular or plural), or 0"
  *   RATE_ERANGE  above 2^63-1 ns (a fraction too): "'107000d' is a
- *                duration above 2^63-1 ns"
- * Ownership, Thread-safe: as above (nothing kept; yes). */
+ *     duration above 2^63-1 ns" */
 RATE_API int rate_parse_duration(const char *text, uint64_t *out_ns,
                                  char *err, size_t errlen);
 
 /* Parses a rate "COUNT/[COUNT]UNIT" ("10/s", "100/1m", "1/day", "10/sec",
  * "3/500ms": the duration's count may be left out) into its count and
- * period, the units as above.  Returns: RATE_OK, *count and *period_ns.
+ * period, the units as above.  Returns: RATE_OK, *count, *period_ns.
  * Errors:
  *   RATE_EINVAL  NULL text, count or period_ns: "no rate (NULL)"
  *   RATE_EINVAL  no '/': "'10' is not COUNT/DURATION (e.g. 10/s, 100/1m)"
  *   RATE_EINVAL, RATE_ERANGE  a bad count (as rate_parse_count): "'x/s':
- *                count 'x' is not a whole number up to 2^63-1"
+ *     count 'x' is not a whole number up to 2^63-1"
  *   RATE_EINVAL, RATE_ERANGE  a bad duration (as rate_parse_duration, but
- *                with "[COUNT]UNIT" and no "or 0"): "'1/1.5s': '1.5s' is
- *                not a duration: durations are whole numbers of a unit;
- *                write '1500ms'"
+ *     with "[COUNT]UNIT" and no "or 0"): "'1/1.5s': '1.5s' is not a
+ *     duration: durations are whole numbers of a unit; write '1500ms'"
  *   RATE_EINVAL  a zero count or period ("0/s", "5/0ms"): "'0/s' is zero:
- *                its count is 0", "'5/0ms' is zero: its period is 0"
- * Ownership, Thread-safe: as above (nothing kept; yes). */
+ *     its count is 0", "'5/0ms' is zero: its period is 0" */
 RATE_API int rate_parse_rate(const char *text, uint64_t *count,
                              uint64_t *period_ns, char *err, size_t errlen);
 
@@ -531,17 +506,15 @@ typedef struct rate_limiter_config {
  * answer now; on a store that completes later (an event loop's, with an
  * asynchronous entry), always at the first decision, through the store:
  * neither this call nor rate_limiter_check_start waits for it.
- * Returns: RATE_OK, the limiter in *out (NULL on an error).
- * Errors: RATE_EINVAL for a NULL out, config or policy, a non-zero
- * reserve, an unknown fail mode, or a clock without now_ns or sleep_ns;
- * RATE_EPOLICY when the store cannot keep the policy's states
- * (rate_store_check_policy: a DynamoDB item's 400 KB, a shared-memory
- * region's state_max); RATE_ENOMEM.  A store that does not answer is none.
- * Ownership: the config, its policy and clock are copied; a store passed
- * in is borrowed: free it after the limiter (either order is safe with
+ * Returns: RATE_OK, *out (NULL on an error).  Errors: RATE_EINVAL for a
+ * NULL out, config or policy, a non-zero reserve, an unknown fail mode, a
+ * clock without now_ns or sleep_ns; RATE_EPOLICY when the store cannot
+ * keep the policy's states (rate_store_check_policy: a DynamoDB item's
+ * 400 KB, a shared-memory region's state_max); RATE_ENOMEM.  Ownership:
+ * config, policy and clock are copied; a store passed in is borrowed (as
+ * the ud pointers): free it after the limiter (either order is safe with
  * nothing in flight; an asynchronous store with decisions in flight is
- * freed first: see rate_limiter_check_start); so are the resolver's and
- * listener's ud.  The caller frees *out.  Thread-safe: yes. */
+ * freed first: see rate_limiter_check_start).  Thread-safe: yes. */
 RATE_API int rate_limiter_new(const rate_limiter_config_t *config,
                               rate_limiter_t **out);
 
@@ -563,18 +536,16 @@ RATE_API bool rate_try_acquire(rate_limiter_t *limiter, const char *key,
                                uint64_t permits);
 #define rate_try_acquire1(limiter, key) rate_try_acquire((limiter), (key), 1)
 
-/* The seed call at a caller-supplied time, for servers that read the clock
- * once per request or per event-loop turn.  Returns, Errors: as
+/* rate_try_acquire_at: the seed call at a caller-supplied time, for servers
+ * that read the clock once per request or per event-loop turn.  The *_len*
+ * forms: the same two calls for the key key[0..key_len), any bytes (a NUL
+ * byte too: a raw IPv6 address, a string with a length such as nginx's),
+ * of 1..RATE_KEY_MAX bytes; a caller that knows the length saves measuring
+ * it, and these are the fastest calls of all.  Returns, Errors: as
  * rate_try_acquire; false also for now_ns above RATE_TIME_MAX.
  * Ownership: the key is only read.  Thread-safe: yes. */
 RATE_API bool rate_try_acquire_at(rate_limiter_t *limiter, const char *key,
                                   uint64_t permits, uint64_t now_ns);
-
-/* The same two calls for the key key[0..key_len), any bytes (a NUL byte
- * too: a raw IPv6 address, a string with a length such as nginx's), of
- * 1..RATE_KEY_MAX bytes.  A caller that knows the length saves measuring
- * it, and these are the fastest calls of all.  Returns, Errors: as the two
- * above.  Ownership: the key is only read.  Thread-safe: yes. */
 RATE_API bool rate_try_acquire_len(rate_limiter_t *limiter, const char *key,
                                    size_t key_len, uint64_t permits);
 RATE_API bool rate_try_acquire_len_at(rate_limiter_t *limiter,
@@ -582,23 +553,20 @@ RATE_API bool rate_try_acquire_len_at(rate_limiter_t *limiter,
                                       uint64_t permits, uint64_t now_ns);
 
 /* The full call: one decision for key[0..key_len) with max_wait_ns of
- * reservation (buckets only; see docs/algorithms.md), at the limiter's
- * clock.  Returns: RATE_OK with *out filled (allowed or not); a store
- * failure too (a resolver's policy the store cannot keep included), with
- * reason RATE_REASON_STORE_ERROR, its code in `error` and the fail mode's
- * verdict.  Errors (*out zeroed): RATE_EINVAL for a NULL limiter or out;
- * RATE_EKEY for a NULL or empty key, or one longer than RATE_KEY_MAX or
- * than the store keeps (a shared-memory region's key_max; never under the
- * fail mode); RATE_ERANGE for permits or max_wait_ns above 2^63-1.
- * Ownership: the key is only read (stores copy it).  Thread-safe: yes. */
+ * reservation (buckets only; see docs/algorithms.md), at the limiter's clock;
+ * rate_limiter_check_at: at a caller-supplied time now_ns (a time before the
+ * key's last admitted request counts as that time).
+ * Returns: RATE_OK with *out filled (allowed or not); a store failure too (a
+ * resolver's policy the store cannot keep included), with reason
+ * RATE_REASON_STORE_ERROR, its code in `error` and the fail mode's verdict.
+ * Errors (*out zeroed): RATE_EINVAL for a NULL limiter or out; RATE_EKEY for a
+ * NULL or empty key, or one longer than RATE_KEY_MAX or than the store keeps
+ * (a shared-memory region's key_max; never under the fail mode); RATE_ERANGE
+ * for permits, max_wait_ns or now_ns above 2^63-1.  Ownership: the key is only
+ * read (stores copy it).  Thread-safe: yes. */
 RATE_API int rate_limiter_check(rate_limiter_t *limiter, const char *key,
                                 size_t key_len, uint64_t permits,
                                 uint64_t max_wait_ns, rate_decision_t *out);
-
-/* The same at a caller-supplied time now_ns.  A time before the key's last
- * admitted request counts as that time.  Returns, Errors: as
- * rate_limiter_check; RATE_ERANGE also for now_ns above RATE_TIME_MAX.
- * Ownership: the key is only read.  Thread-safe: yes. */
 RATE_API int rate_limiter_check_at(rate_limiter_t *limiter, const char *key,
                                    size_t key_len, uint64_t permits,
                                    uint64_t max_wait_ns, uint64_t now_ns,
@@ -619,24 +587,26 @@ typedef void (*rate_check_fn)(void *ud, int rc,
 #define RATE_PENDING 1
 
 /* The asynchronous full call for event loops, which answers at once when
- * it can (docs/async.md).  Returns:
+ * it can (docs/async.md).  rate_limiter_check_start_at: the same at a
+ * caller-supplied time now_ns, as rate_limiter_check_at, for a loop that
+ * reads its clock once per turn (the store's script then goes by now_ns,
+ * not Redis's TIME).  Returns:
  *   RATE_OK       the decision is made: *out is filled, exactly as
- *                 rate_limiter_check would fill it (store failures are
- *                 decisions under the fail mode), and cb is NOT called.
- *                 The memory and shared-memory stores, any store without
- *                 an asynchronous entry, an unlimited policy, and a store
- *                 that refuses at once (an asynchronous Redis store whose
- *                 breaker is open or whose reconnect backs off) answer so:
- *                 no allocation survives the call.
+ *     rate_limiter_check would fill it (store failures are decisions
+ *     under the fail mode), and cb is NOT called.  The memory and
+ *     shared-memory stores, any store without an asynchronous entry, an
+ *     unlimited policy, and a store that refuses at once (an asynchronous
+ *     Redis store whose breaker is open or whose reconnect backs off)
+ *     answer so: no allocation survives the call.
  *   RATE_PENDING  the store took the decision: cb(ud, RATE_OK, decision)
- *                 runs exactly once, later, never before this returns, on
- *                 the thread that drives the store (an event loop's store:
- *                 inside the loop's callbacks, on the loop's thread); *out
- *                 is zeroed and not written again (rate_check_fn: a key
- *                 the store then refuses as too long comes as RATE_EKEY).
+ *     runs exactly once, later, never before this returns, on the thread
+ *     that drives the store (an event loop's store: inside the loop's
+ *     callbacks, on the loop's thread); *out is zeroed and not written
+ *     again (rate_check_fn: a key the store then refuses as too long comes
+ *     as RATE_EKEY).
  * Errors (no decision, no callback, *out zeroed): RATE_EINVAL for a NULL
- * limiter, out or cb; RATE_EKEY, RATE_ERANGE as rate_limiter_check;
- * RATE_ENOMEM.
+ * limiter, out or cb; RATE_EKEY, RATE_ERANGE as rate_limiter_check (and
+ * rate_limiter_check_at); RATE_ENOMEM.
  * Ownership: the key is copied; ud is the caller's and is only passed
  * back; the decision handed to cb is valid during the call only.  Until
  * cb has run, the limiter and the store must stay alive.  Freeing the
@@ -657,12 +627,6 @@ RATE_API int rate_limiter_check_start(rate_limiter_t *limiter,
                                       uint64_t permits, uint64_t max_wait_ns,
                                       rate_decision_t *out, rate_check_fn cb,
                                       void *ud);
-
-/* The same at a caller-supplied time now_ns, as rate_limiter_check_at: for
- * a loop that reads its clock once per turn.  The store's script then goes
- * by now_ns, not Redis's TIME.  Returns, Errors, Ownership: as
- * rate_limiter_check_start; RATE_ERANGE also for now_ns above
- * RATE_TIME_MAX.  Thread-safe: as rate_limiter_check_start. */
 RATE_API int rate_limiter_check_start_at(rate_limiter_t *limiter,
                                          const char *key, size_t key_len,
                                          uint64_t permits,
@@ -687,13 +651,10 @@ RATE_API int rate_limiter_acquire(rate_limiter_t *limiter, const char *key,
  * the limiter applies a policy it chose itself (the rules file of
  * ratelimit_http.h applies each policy a request's rules pick).  Otherwise
  * exactly rate_limiter_check (at the limiter's clock) and
- * rate_limiter_check_at (at now_ns).
- * Returns: as rate_limiter_check.
- * Errors: RATE_EINVAL also for a NULL policy (*out zeroed); the others as
- * rate_limiter_check.
- * Ownership: `policy` is borrowed for the call; the state it writes
- * carries over as every policy's does (docs/algorithms.md).
- * Thread-safe: yes. */
+ * rate_limiter_check_at (at now_ns).  Returns, Errors: as those, and
+ * RATE_EINVAL (*out zeroed) for a NULL policy.  Ownership: `policy` is
+ * borrowed for the call; the state it writes carries over as every
+ * policy's does (docs/algorithms.md).  Thread-safe: yes. */
 RATE_API int rate_limiter_check_policy(rate_limiter_t *limiter,
                                        const rate_policy_t *policy,
                                        const char *key, size_t key_len,
@@ -723,9 +684,10 @@ RATE_API int rate_limiter_check_policy_at(rate_limiter_t *limiter,
  * them.  For each of them:
  * Returns: RATE_OK (an unlimited key's: nothing to change).
  * Errors: RATE_EINVAL (NULL limiter), RATE_EKEY (as rate_limiter_check),
- * RATE_ERANGE (permits or time above RATE_TIME_MAX), or the store's error
- * as is (RATE_ECONFLICT when the key kept changing under the step
- * max_retries times): the fail mode decides admissions only.
+ * RATE_ERANGE (permits or time above RATE_TIME_MAX), RATE_EPOLICY (a
+ * resolver's policy the store cannot keep), or the store's error as is
+ * (RATE_ECONFLICT when the key kept changing under the step max_retries
+ * times): the fail mode decides admissions only.
  * Ownership: the key is only read.  Thread-safe: yes. */
 
 /* Forgets the key: its next request is a new key's.  (With
@@ -776,24 +738,23 @@ RATE_API int rate_limiter_penalize_at(rate_limiter_t *limiter,
                                       uint64_t permits, uint64_t now_ns);
 
 /* A refund or a penalty that does not wait, for event loops: as
- * rate_limiter_refund / rate_limiter_penalize at the limiter's clock, on
- * a store with an asynchronous entry (rate_store_redis_async_new) through
- * that entry.  A change a lean script makes goes by the clock the scripts'
- * decisions go by (Redis's TIME, unless client_time); one the C step
- * makes, by the limiter's clock, never Redis's TIME (no extra round
- * trip): on Redis, give the limiter a wall clock, or the store
- * client_time, so that the two agree (docs/async.md).
- * Returns: RATE_PENDING when the store took it: done(ud, rc) then runs
- * exactly once, later, on the thread that drives the store (an event
- * loop's: the loop's), with what the synchronous call would have returned
- * (RATE_OK, or the store's error as is: no fail mode; RATE_ECANCELED when
- * the store is freed first, which runs every pending done before
- * rate_store_free returns).  Else the result at once, and no callback:
- * RATE_OK (done now: a store without an asynchronous entry, or an
- * unlimited key).  Errors (at once, no callback): as the synchronous
- * call's; RATE_EINVAL also for a NULL done; RATE_ENOMEM.
- * Ownership: the key is copied; ud is the caller's.
- * Thread-safe: as rate_limiter_check_start. */
+ * rate_limiter_refund / rate_limiter_penalize at the limiter's clock, on a
+ * store with an asynchronous entry (rate_store_redis_async_new) through that
+ * entry.  A change a lean script makes goes by the clock the scripts'
+ * decisions go by (Redis's TIME, unless client_time); one the C step makes, by
+ * the limiter's clock, never Redis's TIME (no extra round trip): on Redis,
+ * give the limiter a wall clock, or the store client_time, so that the two
+ * agree (docs/async.md).
+ * Returns: RATE_PENDING when the store took it: done(ud, rc) then runs exactly
+ * once, later, on the thread that drives the store (an event loop's: the
+ * loop's), with what the synchronous call would have returned (RATE_OK, or the
+ * store's error as is: no fail mode; RATE_ECANCELED when the store is freed
+ * first, which runs every pending done before rate_store_free returns).  Else
+ * the result at once, and no callback: RATE_OK (done now: a store without an
+ * asynchronous entry, or an unlimited key).  Errors (at once, no callback): as
+ * the synchronous call's; RATE_EINVAL also for a NULL done; RATE_ENOMEM.
+ * Ownership: the key is copied; ud is the caller's.  Thread-safe: as
+ * rate_limiter_check_start. */
 typedef void (*rate_done_fn)(void *ud, int rc);
 RATE_API int rate_limiter_refund_start(rate_limiter_t *limiter,
                                        const char *key, size_t key_len,
@@ -839,13 +800,10 @@ RATE_API int rate_limiter_set_policy(rate_limiter_t *limiter,
 RATE_API int rate_limiter_set_low_water(rate_limiter_t *limiter,
                                         uint64_t t_ns);
 
-/* Reads CLOCK_MONOTONIC.  Returns: the time in ns.  Errors: none.
- * Ownership: nothing.  Thread-safe: yes. */
+/* Read CLOCK_MONOTONIC, and CLOCK_MONOTONIC_COARSE: the same origin, updated
+ * once per kernel tick (a few ms), several times cheaper to read.  Returns:
+ * the time in ns.  Errors: none.  Ownership: nothing.  Thread-safe: yes. */
 RATE_API uint64_t rate_clock_monotonic_ns(void);
-
-/* Reads CLOCK_MONOTONIC_COARSE: the same origin, updated once per kernel
- * tick (a few ms), several times cheaper to read.  Returns: the time in ns.
- * Errors: none.  Ownership: nothing.  Thread-safe: yes. */
 RATE_API uint64_t rate_clock_coarse_ns(void);
 
 /* The coarse clock as a limiter's clock (rate_limiter_config_t.clock):
