@@ -42,17 +42,17 @@
  * *_free(NULL) does nothing.  Keys are only read during a call, never kept by
  * reference (stores copy them).
  *
- * Versions and the ABI.  From 0.4 on, a program built against one
- * release runs with every later one of the same soname
- * (libratelimit.so.1), which changes only if the ABI must break.  The
- * structs a caller fills in or allocates (configs, options, limits,
- * decisions, statistics) end with reserved words, so that later fields
- * take their place and no struct changes size: initialize them with
- * `= {...}` or memset, which zeroes the reserve; a constructor refuses a
- * non-zero reserve (a later field this library does not know) with
- * RATE_EINVAL (RATE_EPOLICY for a limit).  Structs the library hands out
- * by pointer (rate_event_t, the store contract's) may grow at their end.
- * docs/design.md, "A stable ABI", has the rules.
+ * Versions and the ABI.  From 0.4 on, a program built against one release
+ * runs with every later one of the same soname (libratelimit.so.1), which
+ * changes only if the ABI must break.  The structs a caller fills in or
+ * allocates (configs, options, limits, decisions, statistics) end with
+ * reserved words, so that later fields take their place and no struct
+ * changes size: initialize them with `= {...}` or memset, which zeroes the
+ * reserve; a constructor refuses a non-zero reserve (a later field this
+ * library does not know) with RATE_EINVAL (RATE_EPOLICY for a limit).
+ * Structs the library hands out by pointer (rate_event_t, the store
+ * contract's) may grow at their end.  docs/design.md, "A stable ABI", has
+ * the rules.
  */
 #ifndef RATELIMIT_H
 #define RATELIMIT_H
@@ -279,8 +279,8 @@ RATE_API const rate_limit_t *rate_policy_limit(const rate_policy_t *policy,
 /* Parses a count: a whole number from 0 to 2^63-1, digits only.
  * Returns: RATE_OK, the count in *out.  Errors:
  *   RATE_EINVAL  NULL text or out: "no count (NULL)"
- *   RATE_EINVAL  anything but digits ("", "x", "-1", "1.5", " 1"):
- *                "'x' is not a whole number up to 2^63-1"
+ *   RATE_EINVAL  anything but digits ("", "x", "-1", "1.5", " 1"): "'x' is
+ *     not a whole number up to 2^63-1"
  *   RATE_ERANGE  digits above 2^63-1: the same message */
 RATE_API int rate_parse_count(const char *text, uint64_t *out, char *err,
                               size_t errlen);
@@ -523,27 +523,23 @@ RATE_API int rate_limiter_new(const rate_limiter_config_t *config,
  * caller's.  Thread-safe: no (must not race with other calls on it). */
 RATE_API void rate_limiter_free(rate_limiter_t *limiter);
 
-/* The seed interface: whether `permits` may be spent now on the
- * NUL-terminated key.  A fast call: on the memory store, with no resolver
- * and a policy of one limit other than a sliding log, a key already stored
- * is decided in place with no decision record.  Returns: true when allowed
- * (and a shadow limiter's let-through), else false.  Errors: none reported:
- * bad input (NULL limiter, NULL, empty or over-long key -- past
- * RATE_KEY_MAX, or past what the store keeps -- permits above 2^63-1) is
- * false; a store failure follows the fail mode.  Ownership: the key is only
- * read.  Thread-safe: yes. */
+/* The seed interface: whether `permits` may be spent now on the NUL-terminated
+ * key; rate_try_acquire_at: at a caller-supplied time, for servers that read
+ * the clock once per request or per event-loop turn.  rate_try_acquire_len and
+ * _len_at: the same two calls for the key key[0..key_len), any bytes (a NUL
+ * byte too: a raw IPv6 address, a string with a length such as nginx's), of
+ * 1..RATE_KEY_MAX bytes; a caller that knows the length saves measuring it,
+ * and these are the fastest calls of all.  A fast call: on the memory store,
+ * with no resolver and a policy of one limit other than a sliding log, a key
+ * already stored is decided in place with no decision record.
+ * Returns: true when allowed (and a shadow limiter's let-through), else false.
+ * Errors: none reported: bad input (NULL limiter, NULL, empty or over-long key
+ * -- past RATE_KEY_MAX, or past what the store keeps -- permits above 2^63-1,
+ * now_ns above RATE_TIME_MAX) is false; a store failure follows the fail mode.
+ * Ownership: the key is only read.  Thread-safe: yes. */
 RATE_API bool rate_try_acquire(rate_limiter_t *limiter, const char *key,
                                uint64_t permits);
 #define rate_try_acquire1(limiter, key) rate_try_acquire((limiter), (key), 1)
-
-/* rate_try_acquire_at: the seed call at a caller-supplied time, for servers
- * that read the clock once per request or per event-loop turn.  The *_len*
- * forms: the same two calls for the key key[0..key_len), any bytes (a NUL
- * byte too: a raw IPv6 address, a string with a length such as nginx's),
- * of 1..RATE_KEY_MAX bytes; a caller that knows the length saves measuring
- * it, and these are the fastest calls of all.  Returns, Errors: as
- * rate_try_acquire; false also for now_ns above RATE_TIME_MAX.
- * Ownership: the key is only read.  Thread-safe: yes. */
 RATE_API bool rate_try_acquire_at(rate_limiter_t *limiter, const char *key,
                                   uint64_t permits, uint64_t now_ns);
 RATE_API bool rate_try_acquire_len(rate_limiter_t *limiter, const char *key,
@@ -670,25 +666,23 @@ RATE_API int rate_limiter_check_policy_at(rate_limiter_t *limiter,
 
 /* ------------------------------------------ changes outside admissions */
 
-/* These change a key's state outside an admission (docs/algorithms.md,
- * "Bounds and policy changes"), under the key's policy, at the limiter's
- * clock (the *_at forms: at now_ns, which counts as a request's time: the
- * state is read at max(now_ns, t_last) and written with that t_last).  A
- * shadow limiter changes its own state (unless it shares the enforced
- * one).  A refund or a penalty goes through the store as a decision does:
- * on Redis, that of a single token bucket, leaky bucket or fixed window
- * within the lean scripts' range is one atomic script (docs/redis.md,
- * "Refunds and penalties", says which they decline: block=, a state of
- * another policy, a penalty past a token bucket's debt bound...); any
- * other, and on any store over load and compare-and-set, the step between
- * them.  For each of them:
- * Returns: RATE_OK (an unlimited key's: nothing to change).
- * Errors: RATE_EINVAL (NULL limiter), RATE_EKEY (as rate_limiter_check),
- * RATE_ERANGE (permits or time above RATE_TIME_MAX), RATE_EPOLICY (a
- * resolver's policy the store cannot keep), or the store's error as is
- * (RATE_ECONFLICT when the key kept changing under the step max_retries
- * times): the fail mode decides admissions only.
- * Ownership: the key is only read.  Thread-safe: yes. */
+/* These change a key's state outside an admission (docs/algorithms.md, "Bounds
+ * and policy changes"), under the key's policy, at the limiter's clock (the
+ * *_at forms: at now_ns, which counts as a request's time: the state is read
+ * at max(now_ns, t_last) and written with that t_last).  A shadow limiter
+ * changes its own state (unless it shares the enforced one).  A refund or a
+ * penalty goes through the store as a decision does: on Redis, that of a
+ * single token bucket, leaky bucket or fixed window within the lean scripts'
+ * range is one atomic script (docs/redis.md, "Refunds and penalties", says
+ * which they decline: block=, a state of another policy, a penalty past a
+ * token bucket's debt bound...); any other, and on any store over load and
+ * compare-and-set, the step between them.  For each of them:
+ * Returns: RATE_OK (an unlimited key's: nothing to change).  Errors:
+ * RATE_EINVAL (NULL limiter), RATE_EKEY (as rate_limiter_check), RATE_ERANGE
+ * (permits or time above RATE_TIME_MAX), RATE_EPOLICY (a resolver's policy the
+ * store cannot keep), or the store's error as is (RATE_ECONFLICT when the key
+ * kept changing under the step max_retries times): the fail mode decides
+ * admissions only.  Ownership: the key is only read.  Thread-safe: yes. */
 
 /* Forgets the key: its next request is a new key's.  (With
  * RATE_FAIL_FALLBACK the insurance store forgets it too.)  Takes no time
@@ -696,27 +690,24 @@ RATE_API int rate_limiter_check_policy_at(rate_limiter_t *limiter,
 RATE_API int rate_limiter_reset(rate_limiter_t *limiter, const char *key,
                                 size_t key_len);
 
-/* Gives `permits` back: a token bucket gets its tokens back (up to its
- * burst), a leaky bucket drains them, a window uncounts them from the
- * current window (then a sliding counter from the previous one; nothing
- * once the window they were counted in has rolled), a sliding log drops
- * them from its newest entries.  How a server returns a permit that a
- * later check denied (a per-route limit admitted, the user's limit then
- * denied), or cancels a reservation: a reservation is identified by its
- * key and permits, and cancelling it is refunding them (the debt it left
- * is paid back; any delay already waited is not).  A key with no state
- * has nothing to give back: nothing is written. */
+/* Gives `permits` back: a token bucket gets its tokens back (up to its burst),
+ * a leaky bucket drains them, a window uncounts them from the current window
+ * (then a sliding counter from the previous one; nothing once the window they
+ * were counted in has rolled), a sliding log drops them from its newest
+ * entries.  How a server returns a permit that a later check denied (a
+ * per-route limit admitted, the user's limit then denied), or cancels a
+ * reservation: a reservation is identified by its key and permits, and
+ * cancelling it is refunding them (the debt it left is paid back; any delay
+ * already waited is not).  A key with no state has nothing to give back:
+ * nothing is written.  rate_limiter_refund_policy and _policy_at: a refund
+ * under `policy` instead of the key's own, as rate_limiter_check_policy is a
+ * decision under it: gives back what a decision under that policy admitted
+ * (RATE_EINVAL also for a NULL policy; `policy` is borrowed for the call). */
 RATE_API int rate_limiter_refund(rate_limiter_t *limiter, const char *key,
                                  size_t key_len, uint64_t permits);
 RATE_API int rate_limiter_refund_at(rate_limiter_t *limiter, const char *key,
                                     size_t key_len, uint64_t permits,
                                     uint64_t now_ns);
-
-/* A refund under `policy` instead of the key's own, as
- * rate_limiter_check_policy is a decision under it: gives back what a
- * decision under that policy admitted.  Returns, Errors: as
- * rate_limiter_refund, RATE_EINVAL also for a NULL policy.  Ownership:
- * `policy` is borrowed for the call.  Thread-safe: yes. */
 RATE_API int rate_limiter_refund_policy(rate_limiter_t *limiter,
                                         const rate_policy_t *policy,
                                         const char *key, size_t key_len,
@@ -771,19 +762,18 @@ RATE_API int rate_limiter_penalize_start(rate_limiter_t *limiter,
  * Ownership: nothing is kept.  Thread-safe: yes. */
 RATE_API int rate_limiter_stats(rate_limiter_t *limiter, rate_stats_t *out);
 
-/* The limiter's default policy.  Returns: the policy (NULL for a NULL
- * limiter).  Errors: none.  Ownership: borrowed: after
+/* rate_limiter_policy: the limiter's default policy; rate_limiter_set_policy
+ * replaces it for every later decision, decisions already running finishing
+ * under the old one.  Each key's state carries over (docs/algorithms.md,
+ * "Policy changes").  Returns: the policy (NULL for a NULL limiter); RATE_OK.
+ * Errors: reading: none; setting: RATE_EINVAL for a NULL limiter or policy,
+ * RATE_EPOLICY when the store cannot keep the policy's states
+ * (rate_store_check_policy), the old policy then staying, RATE_ENOMEM.
+ * Ownership: the policy read is borrowed and the one set is copied: after
  * rate_limiter_set_policy the pointer returned before still points at the
- * old policy, valid until the limiter is freed.  Thread-safe: yes. */
+ * old policy, whose copy is kept until the limiter is freed.
+ * Thread-safe: yes. */
 RATE_API const rate_policy_t *rate_limiter_policy(const rate_limiter_t *limiter);
-
-/* Replaces the default policy for every later decision; decisions already
- * running finish under the old one.  Each key's state carries over
- * (docs/algorithms.md, "Policy changes").  Returns: RATE_OK.
- * Errors: RATE_EINVAL for a NULL limiter or policy; RATE_EPOLICY when the
- * store cannot keep the policy's states (rate_store_check_policy), the old
- * policy then staying; RATE_ENOMEM.  Ownership: the policy is copied; the
- * old policy's copy is kept until the limiter is freed.  Thread-safe: yes. */
 RATE_API int rate_limiter_set_policy(rate_limiter_t *limiter,
                                      const rate_policy_t *policy);
 
