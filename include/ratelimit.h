@@ -405,11 +405,11 @@ typedef struct rate_stats {
     uint64_t reserved[8]; /* room for later fields; not read */
 } rate_stats_t;
 
-/* Fills what the store knows (keys, evictions, reclaimed, bytes; the
- * verdicts are counted by each limiter, rate_limiter_stats).
- * Returns: RATE_OK, *out zeroed then filled.  Errors: RATE_EINVAL for a
- * NULL store or out; a store's own stats error (the library's: none).
- * Ownership: nothing is kept.  Thread-safe: yes. */
+/* Fills what the store knows (keys, evictions, reclaimed, bytes; the verdicts
+ * are counted by each limiter, rate_limiter_stats).  Returns: RATE_OK, *out
+ * zeroed, then filled.  Errors: RATE_EINVAL for a NULL store or out; the
+ * store's own error as is (none from the memory store).  Ownership: nothing is
+ * kept.  Thread-safe: yes. */
 RATE_API int rate_store_stats(rate_store_t *store, rate_stats_t *out);
 
 /* Frees the store (NULL: nothing); no limiter may use it any more (the
