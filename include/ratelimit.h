@@ -582,42 +582,41 @@ typedef void (*rate_check_fn)(void *ud, int rc,
  * not an error (positive); the callback will run. */
 #define RATE_PENDING 1
 
-/* The asynchronous full call for event loops, which answers at once when
- * it can (docs/async.md).  rate_limiter_check_start_at: the same at a
- * caller-supplied time now_ns, as rate_limiter_check_at, for a loop that
- * reads its clock once per turn (the store's script then goes by now_ns,
- * not Redis's TIME).  Returns:
+/* The asynchronous full call for event loops, which answers at once when it
+ * can (docs/async.md).  rate_limiter_check_start_at: the same at a
+ * caller-supplied time now_ns, as rate_limiter_check_at, for a loop that reads
+ * its clock once per turn (the store's script then goes by now_ns, not Redis's
+ * TIME).  Returns:
  *   RATE_OK       the decision is made: *out is filled, exactly as
- *     rate_limiter_check would fill it (store failures are decisions
- *     under the fail mode), and cb is NOT called.  The memory and
- *     shared-memory stores, any store without an asynchronous entry, an
- *     unlimited policy, and a store that refuses at once (an asynchronous
- *     Redis store whose breaker is open or whose reconnect backs off)
- *     answer so: no allocation survives the call.
- *   RATE_PENDING  the store took the decision: cb(ud, RATE_OK, decision)
- *     runs exactly once, later, never before this returns, on the thread
- *     that drives the store (an event loop's store: inside the loop's
- *     callbacks, on the loop's thread); *out is zeroed and not written
- *     again (rate_check_fn: a key the store then refuses as too long comes
- *     as RATE_EKEY).
+ *     rate_limiter_check would fill it (store failures are decisions under the
+ *     fail mode), and cb is NOT called.  The memory and shared-memory stores,
+ *     any store without an asynchronous entry, an unlimited policy, and a
+ *     store that refuses at once (an asynchronous Redis store whose breaker is
+ *     open or whose reconnect backs off) answer so: no allocation survives the
+ *     call.
+ *   RATE_PENDING  the store took the decision: cb(ud, RATE_OK, decision) runs
+ *     exactly once, later, never before this returns, on the thread that
+ *     drives the store (an event loop's store: inside the loop's callbacks, on
+ *     the loop's thread); *out is zeroed and not written again (rate_check_fn:
+ *     a key the store then refuses as too long comes as RATE_EKEY).
  * Errors (no decision, no callback, *out zeroed): RATE_EINVAL for a NULL
  * limiter, out or cb; RATE_EKEY, RATE_ERANGE as rate_limiter_check (and
  * rate_limiter_check_at); RATE_ENOMEM.
- * Ownership: the key is copied; ud is the caller's and is only passed
- * back; the decision handed to cb is valid during the call only.  Until
- * cb has run, the limiter and the store must stay alive.  Freeing the
- * store (rate_store_free) with decisions in flight is defined: each
- * pending cb runs before rate_store_free returns, with a decision of
- * reason RATE_REASON_STORE_ERROR, error RATE_ECANCELED and the fail
- * mode's verdict (the fallback store's, with RATE_FAIL_FALLBACK); one
- * whose command was already sent may still have been applied.  Free
- * the store first, then the limiter: freeing a limiter with decisions in
- * flight is not allowed.  rate_store_free must not be called from inside
- * one of its own callbacks; a callback may start new decisions.  The
- * limiter's listener (rate_limiter_config_t) hears a pending decision on
- * the thread that completes it, just before cb.
- * Thread-safe: as the store's entries (an event loop's store is driven by
- * one thread: start its decisions on that thread). */
+ * Ownership: the key is copied; ud is the caller's and is only passed back;
+ * the decision handed to cb is valid during the call only.  Until cb has run,
+ * the limiter and the store must stay alive.  Freeing the store
+ * (rate_store_free) with decisions in flight is defined: each pending cb runs
+ * before rate_store_free returns, with a decision of reason
+ * RATE_REASON_STORE_ERROR, error RATE_ECANCELED and the fail mode's verdict
+ * (the fallback store's, with RATE_FAIL_FALLBACK); one whose command was
+ * already sent may still have been applied.  Free the store first, then the
+ * limiter: freeing a limiter with decisions in flight is not allowed.
+ * rate_store_free must not be called from inside one of its own callbacks; a
+ * callback may start new decisions.  The limiter's listener
+ * (rate_limiter_config_t) hears a pending decision on the thread that
+ * completes it, just before cb.
+ * Thread-safe: as the store's entries (an event loop's store is driven by one
+ * thread: start its decisions on that thread). */
 RATE_API int rate_limiter_check_start(rate_limiter_t *limiter,
                                       const char *key, size_t key_len,
                                       uint64_t permits, uint64_t max_wait_ns,
