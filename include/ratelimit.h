@@ -26,7 +26,8 @@
  * Threads.  Policies are immutable once made and may be read from any thread.
  * A limiter and its store may be called from any number of threads at once;
  * rate_limiter_free() and rate_store_free() must not race with other calls on
- * the same object.  Each function below ends with its thread-safety.
+ * the same object.  Each function's comment says what it does, then
+ * Returns, Errors, Ownership and Thread-safe (SQLite's and libuv's shape).
  *
  * Errors.  Functions that can fail return an int: RATE_OK (0) or a negative
  * RATE_E* code; rate_strerror() names it.  A denial is not an error: it is
@@ -41,17 +42,17 @@
  * *_free(NULL) does nothing.  Keys are only read during a call, never kept by
  * reference (stores copy them).
  *
- * Versions and the ABI.  From 0.4 on, a program built against one
- * release runs with every later one of the same soname
- * (libratelimit.so.1), which changes only if the ABI must break.  The
- * structs a caller fills in or allocates (configs, options, limits,
- * decisions, statistics) end with reserved words, so that later fields
- * take their place and no struct changes size: initialize them with
- * `= {...}` or memset, which zeroes the reserve; a constructor refuses a
- * non-zero reserve (a later field this library does not know) with
- * RATE_EINVAL (RATE_EPOLICY for a limit).  Structs the library hands out
- * by pointer (rate_event_t, the store contract's) may grow at their end.
- * docs/design.md, "A stable ABI", has the rules.
+ * Versions and the ABI.  From 0.4 on, a program built against one release
+ * runs with every later one of the same soname (libratelimit.so.1), which
+ * changes only if the ABI must break.  The structs a caller fills in or
+ * allocates (configs, options, limits, decisions, statistics) end with
+ * reserved words, so that later fields take their place and no struct
+ * changes size: initialize them with `= {...}` or memset, which zeroes the
+ * reserve; a constructor refuses a non-zero reserve (a later field this
+ * library does not know) with RATE_EINVAL (RATE_EPOLICY for a limit).
+ * Structs the library hands out by pointer (rate_event_t, the store
+ * contract's) may grow at their end.  docs/design.md, "A stable ABI", has
+ * the rules.
  */
 #ifndef RATELIMIT_H
 #define RATELIMIT_H
@@ -99,11 +100,11 @@ typedef enum rate_status {
 #undef RATE_X_
 } rate_status_t;
 
-/* Text for an error code ("unknown error" for codes not in the list; also
- * RATE_PENDING's, which is no error).
- * Static storage; never NULL.  Thread-safe: yes. */
+/* rate_strerror: an error code's text; rate_err_name: its name, e.g.
+ * "RATE_EKEY" (RATE_OK's and RATE_PENDING's too, which are no errors).
+ * Returns: never NULL ("unknown error", "RATE_EUNKNOWN" for a code not in
+ * the list).  Errors: none.  Ownership: static storage.  Thread-safe: yes. */
 RATE_API const char *rate_strerror(int err);
-/* The code's name, e.g. "RATE_EKEY".  Thread-safe: yes. */
 RATE_API const char *rate_err_name(int err);
 
 /* ----------------------------------------------------------- constants */
@@ -150,14 +151,14 @@ typedef enum rate_algorithm {
 #undef RATE_X_
 } rate_algorithm_t;
 
-/* The algorithm's canonical name ("token-bucket"), NULL for a value that
- * is none.  Static storage.  Thread-safe: yes. */
+/* The algorithm's canonical name ("token-bucket").  Returns: the name (NULL
+ * for none).  Errors: none.  Ownership: static storage.  Thread-safe: yes. */
 RATE_API const char *rate_algorithm_name(rate_algorithm_t algorithm);
 
 /* The algorithm a name or alias names ("gcra", "sliding-window-log",
- * "sliding-window-counter" too), exactly as the text form spells it:
- * RATE_OK, or RATE_EINVAL for NULL or a name that is none.
- * Thread-safe: yes. */
+ * "sliding-window-counter" too), exactly as the text form spells it.
+ * Returns: RATE_OK, *out.  Errors: RATE_EINVAL for a NULL name or out, or
+ * a name that is none.  Ownership: nothing is kept.  Thread-safe: yes. */
 RATE_API int rate_algorithm_parse(const char *name, rate_algorithm_t *out);
 
 /* One limit: a plain value the caller fills. */
@@ -176,152 +177,155 @@ typedef struct rate_limit {
 /* An immutable set of 1..RATE_MAX_LIMITS limits, all applied to one key. */
 typedef struct rate_policy rate_policy_t;
 
-/* Makes a policy from `count` limits (copied).  On RATE_EPOLICY, if `err` is
- * not NULL, writes a one-line reason naming the bad part (at most errlen bytes
- * with the NUL).  Bounds, within which every decision is exact (64/128-bit
- * integers, docs/algorithms.md): limit, period and burst (capacity) from 1
- * to 2^63-1 (every count up to 2^53 and beyond); a window, and a bucket's
- * period, up to 2^61 ns (73 years) -- a bucket's period may be longer when
- * burst * period <= 2^62; a window takes no burst (0); a sliding log's
- * limit <= RATE_SLIDING_LOG_MAX.  Durations a decision reports past 2^63-1
- * ns (a huge bucket refilling at 1 per 2^61 ns) read RATE_TIME_MAX.
- * Thread-safe: yes. */
+/* Makes a policy from `count` limits.  Bounds, within which every decision is
+ * exact (64/128-bit integers, docs/algorithms.md): limit, period and burst
+ * (capacity) from 1 to 2^63-1 (every count up to 2^53 and beyond); a window,
+ * and a bucket's period, up to 2^61 ns (73 years) -- a bucket's period may be
+ * longer when burst * period <= 2^62; a window takes no burst (0); a sliding
+ * log's limit <= RATE_SLIDING_LOG_MAX.  Durations a decision reports past
+ * 2^63-1 ns (a huge bucket refilling at 1 per 2^61 ns) read RATE_TIME_MAX.
+ * Returns: RATE_OK, the policy in *out (NULL on an error).  Errors:
+ * RATE_EINVAL for a NULL out; RATE_EPOLICY for NULL limits, a count of 0 or
+ * above RATE_MAX_LIMITS, or a limit outside these bounds (or with an unknown
+ * algorithm, a block above 2^61 ns, a non-zero reserve), with, if `err` is not
+ * NULL, a one-line reason naming the bad part (at most errlen bytes with the
+ * NUL); RATE_ENOMEM.  Ownership: the limits are copied; the caller frees *out
+ * (rate_policy_free).  Thread-safe: yes. */
 RATE_API int rate_policy_new(const rate_limit_t *limits, size_t count,
                              rate_policy_t **out, char *err, size_t errlen);
 
 /* Parses the policy text form (docs/policy.md), for example
- *   "token-bucket 10/s burst=20"
+ *   "token-bucket 10/s burst=20"      "leaky-bucket 5/s capacity=10"
+ *   "sliding-window 100/1m"           "unlimited"
  *   "name=free token-bucket 10/s burst=20"   (a named policy)
- *   "leaky-bucket 5/s capacity=10"
- *   "sliding-window 100/1m"
  *   "token-bucket 10/s burst=10; sliding-log 1000/1h"
- *   "unlimited"
- * Errors as for rate_policy_new().  Thread-safe: yes. */
+ * Returns, Errors: as rate_policy_new; RATE_EPOLICY also for NULL or bad
+ * text.  Ownership: the text is only read; the caller frees *out
+ * (rate_policy_free).  Thread-safe: yes. */
 RATE_API int rate_policy_parse(const char *text, rate_policy_t **out,
                                char *err, size_t errlen);
 
 /* Writes the policy's canonical text (parsable again) into buf, truncating
- * to len bytes with the NUL; returns the length it needed.  A named
- * policy's text starts with "name=NAME ".  Thread-safe: yes. */
+ * to len bytes with the NUL (buf NULL and len 0: only measures).  A named
+ * policy's text starts with "name=NAME ".  Returns: the length the whole
+ * text needs, the NUL not counted (0 for a NULL policy).  Errors: none.
+ * Ownership: nothing is kept.  Thread-safe: yes. */
 RATE_API size_t rate_policy_format(const rate_policy_t *policy, char *buf,
                                    size_t len);
 
-/* The largest stored state of a key under the policy, in bytes
- * (docs/algorithms.md, "Stored state"): a sliding log's full log
- * included.  0 for the unlimited policy and NULL.  Thread-safe: yes. */
+/* rate_policy_state_max: the largest stored state of a key under the
+ * policy, a sliding log's full log included; rate_policy_fingerprint: its
+ * 32-bit fingerprint, a hash of its limits, which tagged the states of the
+ * first edition's format; a store's records start a policy's id from it
+ * (both: docs/algorithms.md, "Stored state").  Returns: the size in bytes
+ * (0 for the unlimited policy), the fingerprint; 0 for NULL.
+ * Errors: none.  Ownership: nothing is kept.  Thread-safe: yes. */
 RATE_API size_t rate_policy_state_max(const rate_policy_t *policy);
-
-/* The policy's 32-bit fingerprint: a hash of its limits, which tagged the
- * states of the first edition's format; a store's records start a
- * policy's id from it (docs/algorithms.md, "Stored state").
- * Thread-safe: yes. */
 RATE_API uint32_t rate_policy_fingerprint(const rate_policy_t *policy);
 
 /* Longest policy name, bytes. */
 #define RATE_POLICY_NAME_MAX 64
 
-/* Names the policy: 1..RATE_POLICY_NAME_MAX bytes of letters, digits, '.',
- * '_' and '-' (so that it is an HTTP structured-field string and a
- * Prometheus label value as it is), or NULL or "" for no name.  The name
- * is what the RateLimit-Policy field (rate_headers_format) and a
- * listener (rate_event_t) call the policy; it is no part of its
- * identity: two policies with the same limits and other names share each
- * key's state, and renaming a policy resets no key.  Copied.  Returns
- * RATE_OK, or RATE_EINVAL for a NULL policy or a bad name, with, if `err`
- * is not NULL, a one-line reason (at most errlen bytes with the NUL).
- * Name a policy before any limiter or other thread uses it (it is then
- * immutable); limiters copy the name with the policy.
- * Thread-safe: no (on the same policy). */
+/* Names the policy: 1..RATE_POLICY_NAME_MAX bytes of letters, digits, '.', '_'
+ * and '-' (so that it is an HTTP structured-field string and a Prometheus
+ * label value as it is), or NULL or "" for no name.  The name is what the
+ * RateLimit-Policy field (rate_headers_format) and a listener (rate_event_t)
+ * call the policy; it is no part of its identity: two policies with the same
+ * limits and other names share each key's state, and renaming a policy resets
+ * no key.  Name a policy before any limiter or other thread uses it (it is
+ * then immutable).  rate_policy_name reads it.
+ * Returns: RATE_OK; the name, "" when it has none (and for NULL).  Errors:
+ * RATE_EINVAL for a NULL policy or a bad name (the name then unchanged), with,
+ * if `err` is not NULL, a one-line reason (at most errlen bytes with the NUL);
+ * reading: none.  Ownership: the name is copied (limiters copy it with the
+ * policy); the one read is borrowed: lives as long as the policy.
+ * Thread-safe: naming: no (on the same policy); reading: yes. */
 RATE_API int rate_policy_set_name(rate_policy_t *policy, const char *name,
                                   char *err, size_t errlen);
-
-/* The policy's name, "" when it has none (and for NULL).  Borrowed: lives
- * as long as the policy.  Thread-safe: yes. */
 RATE_API const char *rate_policy_name(const rate_policy_t *policy);
 
-/* The `unlimited` policy (the text "unlimited"; an enterprise tier): every
- * request is allowed, nothing is written to any store (not even the
+/* Makes the `unlimited` policy (the text "unlimited"; an enterprise tier):
+ * every request is allowed, nothing is written to any store (not even the
  * policy's record), no key is ever charged.  It has no limits
- * (rate_policy_count 0, rate_policy_limit NULL) and stands alone: a
- * composite with it is an error.  Its decisions: allowed, reason
- * RATE_REASON_ALLOWED, component -1, limit and remaining RATE_NO_LIMIT,
- * delay, retry_after and reset_after 0.  An HTTP server should send no
- * RateLimit or X-RateLimit headers for it (test rate_policy_is_unlimited,
- * or limit == RATE_NO_LIMIT).  RATE_EINVAL for NULL, RATE_ENOMEM.
- * Free with rate_policy_free.  Thread-safe: yes. */
+ * (rate_policy_count 0, rate_policy_limit NULL) and stands alone: a composite
+ * with it is an error.  Its decisions: allowed, reason RATE_REASON_ALLOWED,
+ * component -1, limit and remaining RATE_NO_LIMIT, delay, retry_after and
+ * reset_after 0.  An HTTP server should send no RateLimit or X-RateLimit
+ * headers for it (test rate_policy_is_unlimited, or limit == RATE_NO_LIMIT:
+ * whether the policy is the unlimited one).
+ * Returns: RATE_OK, the policy in *out; true or false (false for NULL).
+ * Errors: RATE_EINVAL for a NULL out; RATE_ENOMEM (*out NULL); testing: none.
+ * Ownership: the caller frees *out (rate_policy_free).  Thread-safe: yes. */
 RATE_API int rate_policy_unlimited(rate_policy_t **out);
-
-/* Whether the policy is the unlimited one (false for NULL).
- * Thread-safe: yes. */
 RATE_API bool rate_policy_is_unlimited(const rate_policy_t *policy);
 
-/* Number of limits, and the i-th (borrowed, lives as long as the policy);
- * 0 and NULL for the unlimited policy. */
+/* The number of limits, and the i-th.  Returns: the count, and the limit
+ * (NULL for i >= the count); 0 and NULL for the unlimited policy and NULL.
+ * Errors: none.  Ownership: the limit is borrowed: lives as long as the
+ * policy.  Thread-safe: yes. */
 RATE_API size_t rate_policy_count(const rate_policy_t *policy);
 RATE_API const rate_limit_t *rate_policy_limit(const rate_policy_t *policy,
                                                size_t i);
 
 /* The text parsers of the policy text form, each the one that
  * rate_policy_parse uses, for programs that read a count, a duration or a
- * rate on their own (a command's options).  Each returns RATE_OK, or an
- * error code with, if `err` is not NULL, a one-line message (at most
- * errlen bytes with the NUL) whose subject is the quoted text, so that it
- * reads after an option's name: "--window '1.5s' is not a duration: ...".
- * Nothing is written to the outputs on an error.  Thread-safe: yes. */
+ * rate on their own (a command's options).  For each: Returns: RATE_OK and
+ * the value (nothing is written to the outputs on an error).  Errors: as
+ * listed below, each with, if `err` is not NULL, a one-line message (at
+ * most errlen bytes with the NUL) whose subject is the quoted text, so
+ * that it reads after an option's name: "--window '1.5s' is not a
+ * duration: ...".  Ownership: nothing is kept.  Thread-safe: yes. */
 
 /* Parses a count: a whole number from 0 to 2^63-1, digits only.
+ * Returns: RATE_OK, the count in *out.  Errors:
  *   RATE_EINVAL  NULL text or out: "no count (NULL)"
- *   RATE_EINVAL  anything but digits ("", "x", "-1", "1.5", " 1"):
- *                "'x' is not a whole number up to 2^63-1"
+ *   RATE_EINVAL  anything but digits ("", "x", "-1", "1.5", " 1"): "'x' is
+ *     not a whole number up to 2^63-1"
  *   RATE_ERANGE  digits above 2^63-1: the same message */
 RATE_API int rate_parse_count(const char *text, uint64_t *out, char *err,
                               size_t errlen);
 
 /* Parses a duration "250ms", "1s", "1m", "2hours" ("0" alone is zero) into
- * ns: a whole count, then a unit with no space between:
- *   ns  nsec nsecs nanosecond nanoseconds
- *   us  usec usecs microsecond microseconds
- *   ms  msec msecs millisecond milliseconds
- *   s   sec secs second seconds
- *   m   min mins minute minutes
- *   h   hr hrs hour hours
- *   d   day days
- * Errors:
+ * ns: a whole count, then a unit with no space between: ns nsec(s)
+ * nanosecond(s), us usec(s) microsecond(s), ms msec(s) millisecond(s),
+ * s sec(s) second(s), m min(s) minute(s), h hr(s) hour(s), d day(s).
+ * Returns: RATE_OK, the duration in *out_ns.  Errors:
  *   RATE_EINVAL  NULL text or out_ns: "no duration (NULL)"
  *   RATE_EINVAL  a fraction of a whole number of ns ("1.5s", "0.25h"):
- *                "'1.5s' is not a duration: durations are whole numbers
- *                of a unit; write '1500ms'" (the same time, whole, in the
- *                largest unit that writes it so)
+ *     "'1.5s' is not a duration: durations are whole numbers of a unit;
+ *     write '1500ms'" (the same time, whole, in the largest unit that
+ *     writes it so)
  *   RATE_EINVAL  a fraction of no whole ns ("0.5ns"): "'0.5ns' is not a
- *                duration: durations are whole numbers of a unit (the
- *                smallest is 1ns)"
- *   RATE_EINVAL  anything else ("5", "s", "2fortnights", "1 s", ""):
- *                "'5' is not a duration: COUNTUNIT, units ns us ms s m h d
- *                (or nsec usec msec sec min hr day, singular or plural),
- *                or 0"
+ *     duration: durations are whole numbers of a unit (the smallest is
+ *     1ns)"
+ *   RATE_EINVAL  anything else ("5", "s", "2fortnights", "1 s", ""): "'5'
+ *     is not a duration: COUNTUNIT, units ns us ms s m h d (or nsec usec
+ *     msec sec min hr day, singular or plural), or 0"
  *   RATE_ERANGE  above 2^63-1 ns (a fraction too): "'107000d' is a
- *                duration above 2^63-1 ns" */
+ *     duration above 2^63-1 ns" */
 RATE_API int rate_parse_duration(const char *text, uint64_t *out_ns,
                                  char *err, size_t errlen);
 
 /* Parses a rate "COUNT/[COUNT]UNIT" ("10/s", "100/1m", "1/day", "10/sec",
  * "3/500ms": the duration's count may be left out) into its count and
- * period, the units as above.  Errors:
+ * period, the units as above.  Returns: RATE_OK, *count, *period_ns.
+ * Errors:
  *   RATE_EINVAL  NULL text, count or period_ns: "no rate (NULL)"
  *   RATE_EINVAL  no '/': "'10' is not COUNT/DURATION (e.g. 10/s, 100/1m)"
  *   RATE_EINVAL, RATE_ERANGE  a bad count (as rate_parse_count): "'x/s':
- *                count 'x' is not a whole number up to 2^63-1"
+ *     count 'x' is not a whole number up to 2^63-1"
  *   RATE_EINVAL, RATE_ERANGE  a bad duration (as rate_parse_duration, but
- *                with "[COUNT]UNIT" and no "or 0"): "'1/1.5s': '1.5s' is
- *                not a duration: durations are whole numbers of a unit;
- *                write '1500ms'"
+ *     with "[COUNT]UNIT" and no "or 0"): "'1/1.5s': '1.5s' is not a
+ *     duration: durations are whole numbers of a unit; write '1500ms'"
  *   RATE_EINVAL  a zero count or period ("0/s", "5/0ms"): "'0/s' is zero:
- *                its count is 0", "'5/0ms' is zero: its period is 0" */
+ *     its count is 0", "'5/0ms' is zero: its period is 0" */
 RATE_API int rate_parse_rate(const char *text, uint64_t *count,
                              uint64_t *period_ns, char *err, size_t errlen);
 
-/* A policy may be freed only when no limiter uses it any more (limiters copy
- * their default policy, but borrow what a resolver returns).  NULL: nothing. */
+/* Frees the policy (NULL: nothing).  Returns: nothing.  Errors: none.
+ * Ownership: free a policy only when no limiter uses it any more (limiters
+ * copy their default policy, but borrow what a resolver returns).
+ * Thread-safe: yes, once no other call uses the policy. */
 RATE_API void rate_policy_free(rate_policy_t *policy);
 
 /* ------------------------------------------------------------ decisions */
@@ -349,7 +353,9 @@ typedef struct rate_decision {
     uint64_t reserved[4]; /* room for later fields; not read */
 } rate_decision_t;
 
-/* Short text for a reason: "allowed", "limited", "never", "store-error". */
+/* Short text for a reason: "allowed", "limited", "never", "store-error".
+ * Returns: never NULL ("unknown" for a value that is none).  Errors: none.
+ * Ownership: static storage.  Thread-safe: yes. */
 RATE_API const char *rate_reason_name(rate_reason_t reason);
 
 /* --------------------------------------------------------------- stores */
@@ -366,16 +372,22 @@ typedef struct rate_memory_options {
                                fields; non-zero is RATE_EINVAL */
 } rate_memory_options_t;
 
-/* The in-memory store: a table split in shards, each behind its own spin
- * lock held only for the step itself.  `options` may be NULL (defaults).
- * Thread-safe: yes. */
+/* Makes the in-memory store: a table split in shards, each behind its own
+ * spin lock held only for the step itself.  `options` may be NULL
+ * (defaults); a bounded store has fewer shards, at least 64 keys each.
+ * Returns: RATE_OK, the store in *out.  Errors: RATE_EINVAL for a NULL out,
+ * a non-zero reserve, shards above 65536 or max_keys above 2^32-1;
+ * RATE_ENOMEM.  Ownership: options are copied; the caller frees *out
+ * (rate_store_free).  Thread-safe: yes. */
 RATE_API int rate_store_memory_new(const rate_memory_options_t *options,
                                    rate_store_t **out);
 
 /* Whether the store can keep every state of `policy` (the store
- * contract's check_policy; a store without one keeps any): RATE_OK, or
- * RATE_EPOLICY with `err` (if not NULL) saying why; RATE_EINVAL for NULL.
- * Thread-safe: yes. */
+ * contract's check_policy; a store without one keeps any, and every store
+ * keeps the unlimited policy).  Returns: RATE_OK when it can.
+ * Errors: RATE_EINVAL for a NULL store or policy; RATE_EPOLICY when it
+ * cannot, with `err` (if not NULL, at most errlen bytes with the NUL)
+ * saying why.  Ownership: nothing is kept.  Thread-safe: yes. */
 RATE_API int rate_store_check_policy(rate_store_t *store,
                                      const rate_policy_t *policy, char *err,
                                      size_t errlen);
@@ -393,12 +405,17 @@ typedef struct rate_stats {
     uint64_t reserved[8]; /* room for later fields; not read */
 } rate_stats_t;
 
-/* Fills what the store knows (keys, evictions, reclaimed, bytes; the
- * verdicts are counted by each limiter, rate_limiter_stats).
- * Thread-safe: yes. */
+/* Fills what the store knows (keys, evictions, reclaimed, bytes; the verdicts
+ * are counted by each limiter, rate_limiter_stats).  Returns: RATE_OK, *out
+ * zeroed, then filled.  Errors: RATE_EINVAL for a NULL store or out; the
+ * store's own error as is (none from the memory store).  Ownership: nothing is
+ * kept.  Thread-safe: yes. */
 RATE_API int rate_store_stats(rate_store_t *store, rate_stats_t *out);
 
-/* Frees the store; no limiter may use it any more.  NULL: nothing. */
+/* Frees the store (NULL: nothing); no limiter may use it any more (the
+ * order with rate_limiter_free: rate_limiter_new, rate_limiter_check_start).
+ * Returns: nothing.  Errors: none.  Ownership: the caller's store, freed.
+ * Thread-safe: no (must not race with other calls on the store). */
 RATE_API void rate_store_free(rate_store_t *store);
 
 /* -------------------------------------------------------------- limiter */
@@ -480,48 +497,51 @@ typedef struct rate_limiter_config {
                                fields; non-zero is RATE_EINVAL */
 } rate_limiter_config_t;
 
-/* Makes a limiter.  A store passed in is borrowed: free it after the
- * limiter (either order is safe with nothing in flight; an asynchronous
- * store with decisions in flight is freed first: see
- * rate_limiter_check_start).  Limiters on one store share each key's state (a shadow one
- * keeps its own unless shadow_shares_state): whichever policy each uses,
- * a key's state carries over between them as docs/algorithms.md ("Policy
- * changes") says, also between processes and hosts on one Redis.
+/* Makes a limiter.  Limiters on one store share each key's state (a shadow
+ * one keeps its own unless shadow_shares_state): whichever policy each
+ * uses, a key's state carries over between them as docs/algorithms.md
+ * ("Policy changes") says, also between processes and hosts on one Redis.
  * The limiter records its policy in the store now (the policy's id there,
  * see ratelimit_store.h), or at its first decision if the store does not
  * answer now; on a store that completes later (an event loop's, with an
  * asynchronous entry), always at the first decision, through the store:
- * neither this call nor rate_limiter_check_start waits for it.  RATE_EPOLICY when the store cannot keep the policy's
- * states (rate_store_check_policy: a DynamoDB item's 400 KB, a
- * shared-memory region's state_max).
- * Thread-safe: yes. */
+ * neither this call nor rate_limiter_check_start waits for it.
+ * Returns: RATE_OK, *out (NULL on an error).  Errors: RATE_EINVAL for a
+ * NULL out, config or policy, a non-zero reserve, an unknown fail mode, a
+ * clock without now_ns or sleep_ns; RATE_EPOLICY when the store cannot
+ * keep the policy's states (rate_store_check_policy: a DynamoDB item's
+ * 400 KB, a shared-memory region's state_max); RATE_ENOMEM.  Ownership:
+ * config, policy and clock are copied; a store passed in is borrowed (as
+ * the ud pointers): free it after the limiter (either order is safe with
+ * nothing in flight; an asynchronous store with decisions in flight is
+ * freed first: see rate_limiter_check_start).  Thread-safe: yes. */
 RATE_API int rate_limiter_new(const rate_limiter_config_t *config,
                               rate_limiter_t **out);
 
-/* Frees the limiter (and its private store).  NULL: nothing. */
+/* Frees the limiter (and its private and fallback stores; NULL: nothing).
+ * Returns: nothing.  Errors: none.  Ownership: a store passed in stays the
+ * caller's.  Thread-safe: no (must not race with other calls on it). */
 RATE_API void rate_limiter_free(rate_limiter_t *limiter);
 
-/* The seed interface: true when `permits` may be spent now on the
- * NUL-terminated key.  Bad input (NULL limiter, NULL, empty or over-long
- * key -- past RATE_KEY_MAX, or past what the store keeps -- permits above
- * 2^63-1) is false; a store failure follows the fail
- * mode.  A fast call: on the memory store, with no resolver and a
- * policy of one limit other than a sliding log, a key already stored is
- * decided in place with no decision record.  Thread-safe: yes. */
+/* The seed interface: whether `permits` may be spent now on the NUL-terminated
+ * key; rate_try_acquire_at: at a caller-supplied time, for servers that read
+ * the clock once per request or per event-loop turn.  rate_try_acquire_len and
+ * _len_at: the same two calls for the key key[0..key_len), any bytes (a NUL
+ * byte too: a raw IPv6 address, a string with a length such as nginx's), of
+ * 1..RATE_KEY_MAX bytes; a caller that knows the length saves measuring it,
+ * and these are the fastest calls of all.  A fast call: on the memory store,
+ * with no resolver and a policy of one limit other than a sliding log, a key
+ * already stored is decided in place with no decision record.
+ * Returns: true when allowed (and a shadow limiter's let-through), else false.
+ * Errors: none reported: bad input (NULL limiter, NULL, empty or over-long key
+ * -- past RATE_KEY_MAX, or past what the store keeps -- permits above 2^63-1,
+ * now_ns above RATE_TIME_MAX) is false; a store failure follows the fail mode.
+ * Ownership: the key is only read.  Thread-safe: yes. */
 RATE_API bool rate_try_acquire(rate_limiter_t *limiter, const char *key,
                                uint64_t permits);
 #define rate_try_acquire1(limiter, key) rate_try_acquire((limiter), (key), 1)
-
-/* The seed call at a caller-supplied time (<= RATE_TIME_MAX, else false),
- * for servers that read the clock once per request or per event-loop turn.
- * Thread-safe: yes. */
 RATE_API bool rate_try_acquire_at(rate_limiter_t *limiter, const char *key,
                                   uint64_t permits, uint64_t now_ns);
-
-/* The same two calls for the key key[0..key_len), any bytes (a NUL byte
- * too: a raw IPv6 address, a string with a length such as nginx's), of
- * 1..RATE_KEY_MAX bytes.  A caller that knows the length saves measuring
- * it, and these are the fastest calls of all.  Thread-safe: yes. */
 RATE_API bool rate_try_acquire_len(rate_limiter_t *limiter, const char *key,
                                    size_t key_len, uint64_t permits);
 RATE_API bool rate_try_acquire_len_at(rate_limiter_t *limiter,
@@ -529,20 +549,20 @@ RATE_API bool rate_try_acquire_len_at(rate_limiter_t *limiter,
                                       uint64_t permits, uint64_t now_ns);
 
 /* The full call: one decision for key[0..key_len) with max_wait_ns of
- * reservation (buckets only; see docs/algorithms.md), at the limiter's clock.
- * Returns RATE_OK with *out filled (allowed or not), or an error code:
- * RATE_EINVAL (NULL limiter or out), RATE_EKEY (NULL, empty, longer than
- * RATE_KEY_MAX, or longer than the store keeps: a shared-memory region's
- * key_max; never under the fail mode), RATE_ERANGE; store failures
- * return RATE_OK with reason RATE_REASON_STORE_ERROR and the fail mode's
- * verdict.  Thread-safe: yes. */
+ * reservation (buckets only; see docs/algorithms.md), at the limiter's clock;
+ * rate_limiter_check_at: at a caller-supplied time now_ns (a time before the
+ * key's last admitted request counts as that time).
+ * Returns: RATE_OK with *out filled (allowed or not); a store failure too (a
+ * resolver's policy the store cannot keep included), with reason
+ * RATE_REASON_STORE_ERROR, its code in `error` and the fail mode's verdict.
+ * Errors (*out zeroed): RATE_EINVAL for a NULL limiter or out; RATE_EKEY for a
+ * NULL or empty key, or one longer than RATE_KEY_MAX or than the store keeps
+ * (a shared-memory region's key_max; never under the fail mode); RATE_ERANGE
+ * for permits, max_wait_ns or now_ns above 2^63-1.  Ownership: the key is only
+ * read (stores copy it).  Thread-safe: yes. */
 RATE_API int rate_limiter_check(rate_limiter_t *limiter, const char *key,
                                 size_t key_len, uint64_t permits,
                                 uint64_t max_wait_ns, rate_decision_t *out);
-
-/* The same at a caller-supplied time now_ns (<= RATE_TIME_MAX).  A time
- * before the key's last admitted request counts as that time.
- * Thread-safe: yes. */
 RATE_API int rate_limiter_check_at(rate_limiter_t *limiter, const char *key,
                                    size_t key_len, uint64_t permits,
                                    uint64_t max_wait_ns, uint64_t now_ns,
@@ -562,48 +582,46 @@ typedef void (*rate_check_fn)(void *ud, int rc,
  * not an error (positive); the callback will run. */
 #define RATE_PENDING 1
 
-/* The asynchronous full call for event loops, which answers at once when
- * it can (docs/async.md).  Returns:
+/* The asynchronous full call for event loops, which answers at once when it
+ * can (docs/async.md).  rate_limiter_check_start_at: the same at a
+ * caller-supplied time now_ns, as rate_limiter_check_at, for a loop that reads
+ * its clock once per turn (the store's script then goes by now_ns, not Redis's
+ * TIME).  Returns:
  *   RATE_OK       the decision is made: *out is filled, exactly as
- *                 rate_limiter_check would fill it (store failures are
- *                 decisions under the fail mode), and cb is NOT called.
- *                 The memory and shared-memory stores, any store without
- *                 an asynchronous entry, an unlimited policy, and a store
- *                 that refuses at once (an asynchronous Redis store whose
- *                 breaker is open or whose reconnect backs off) answer so:
- *                 no allocation survives the call.
- *   RATE_PENDING  the store took the decision: cb(ud, RATE_OK, decision)
- *                 runs exactly once, later, never before this returns, on
- *                 the thread that drives the store (an event loop's store:
- *                 inside the loop's callbacks, on the loop's thread); *out
- *                 is zeroed and not written again.
- *   RATE_EINVAL (NULL limiter, out or cb), RATE_EKEY, RATE_ERANGE,
- *   RATE_ENOMEM: no decision, no callback.
- * Ownership: the key is copied; ud is the caller's and is only passed
- * back; the decision handed to cb is valid during the call only.  Until
- * cb has run, the limiter and the store must stay alive.  Freeing the
- * store (rate_store_free) with decisions in flight is defined: each
- * pending cb runs before rate_store_free returns, with a decision of
- * reason RATE_REASON_STORE_ERROR, error RATE_ECANCELED and the fail
- * mode's verdict (the fallback store's, with RATE_FAIL_FALLBACK); one
- * whose command was already sent may still have been applied.  Free
- * the store first, then the limiter: freeing a limiter with decisions in
- * flight is not allowed.  rate_store_free must not be called from inside
- * one of its own callbacks; a callback may start new decisions.  The
- * limiter's listener (rate_limiter_config_t) hears a pending decision on
- * the thread that completes it, just before cb.
- * Thread-safe: as the store's entries (an event loop's store is driven by
- * one thread: start its decisions on that thread). */
+ *     rate_limiter_check would fill it (store failures are decisions under the
+ *     fail mode), and cb is NOT called.  The memory and shared-memory stores,
+ *     any store without an asynchronous entry, an unlimited policy, and a
+ *     store that refuses at once (an asynchronous Redis store whose breaker is
+ *     open or whose reconnect backs off) answer so: no allocation survives the
+ *     call.
+ *   RATE_PENDING  the store took the decision: cb(ud, RATE_OK, decision) runs
+ *     exactly once, later, never before this returns, on the thread that
+ *     drives the store (an event loop's store: inside the loop's callbacks, on
+ *     the loop's thread); *out is zeroed and not written again (rate_check_fn:
+ *     a key the store then refuses as too long comes as RATE_EKEY).
+ * Errors (no decision, no callback, *out zeroed): RATE_EINVAL for a NULL
+ * limiter, out or cb; RATE_EKEY, RATE_ERANGE as rate_limiter_check (and
+ * rate_limiter_check_at); RATE_ENOMEM.
+ * Ownership: the key is copied; ud is the caller's and is only passed back;
+ * the decision handed to cb is valid during the call only.  Until cb has run,
+ * the limiter and the store must stay alive.  Freeing the store
+ * (rate_store_free) with decisions in flight is defined: each pending cb runs
+ * before rate_store_free returns, with a decision of reason
+ * RATE_REASON_STORE_ERROR, error RATE_ECANCELED and the fail mode's verdict
+ * (the fallback store's, with RATE_FAIL_FALLBACK); one whose command was
+ * already sent may still have been applied.  Free the store first, then the
+ * limiter: freeing a limiter with decisions in flight is not allowed.
+ * rate_store_free must not be called from inside one of its own callbacks; a
+ * callback may start new decisions.  The limiter's listener
+ * (rate_limiter_config_t) hears a pending decision on the thread that
+ * completes it, just before cb.
+ * Thread-safe: as the store's entries (an event loop's store is driven by one
+ * thread: start its decisions on that thread). */
 RATE_API int rate_limiter_check_start(rate_limiter_t *limiter,
                                       const char *key, size_t key_len,
                                       uint64_t permits, uint64_t max_wait_ns,
                                       rate_decision_t *out, rate_check_fn cb,
                                       void *ud);
-
-/* The same at a caller-supplied time now_ns (<= RATE_TIME_MAX; RATE_ERANGE
- * above), as rate_limiter_check_at: for a loop that reads its clock once
- * per turn.  The store's script then goes by now_ns, not Redis's TIME.
- * Thread-safe: as rate_limiter_check_start. */
 RATE_API int rate_limiter_check_start_at(rate_limiter_t *limiter,
                                          const char *key, size_t key_len,
                                          uint64_t permits,
@@ -613,10 +631,12 @@ RATE_API int rate_limiter_check_start_at(rate_limiter_t *limiter,
 
 /* Blocking acquire: waits (with the clock's sleep) until the permits are
  * granted or the timeout would pass.  It never sleeps past now + timeout_ns
- * and returns at once when the wait alone would pass it.  Returns RATE_OK
- * with out->allowed true once granted (delay already slept), RATE_OK with
- * out->allowed false when the deadline does not allow it (or never will), or
- * an error as rate_limiter_check.  Thread-safe: yes. */
+ * (at most RATE_TIME_MAX) and returns at once when the wait alone would
+ * pass it.  Returns: RATE_OK with out->allowed true once granted (delay
+ * already slept), RATE_OK with out->allowed false when the deadline does
+ * not allow it (or never will, or the store failed under a denying fail
+ * mode).  Errors: as rate_limiter_check.  Ownership: the key is only read.
+ * Thread-safe: yes. */
 RATE_API int rate_limiter_acquire(rate_limiter_t *limiter, const char *key,
                                   size_t key_len, uint64_t permits,
                                   uint64_t timeout_ns, rate_decision_t *out);
@@ -626,13 +646,10 @@ RATE_API int rate_limiter_acquire(rate_limiter_t *limiter, const char *key,
  * the limiter applies a policy it chose itself (the rules file of
  * ratelimit_http.h applies each policy a request's rules pick).  Otherwise
  * exactly rate_limiter_check (at the limiter's clock) and
- * rate_limiter_check_at (at now_ns).
- * Returns: as rate_limiter_check.
- * Errors: RATE_EINVAL also for a NULL policy (*out zeroed); the others as
- * rate_limiter_check.
- * Ownership: `policy` is borrowed for the call; the state it writes
- * carries over as every policy's does (docs/algorithms.md).
- * Thread-safe: yes. */
+ * rate_limiter_check_at (at now_ns).  Returns, Errors: as those, and
+ * RATE_EINVAL (*out zeroed) for a NULL policy.  Ownership: `policy` is
+ * borrowed for the call; the state it writes carries over as every
+ * policy's does (docs/algorithms.md).  Thread-safe: yes. */
 RATE_API int rate_limiter_check_policy(rate_limiter_t *limiter,
                                        const rate_policy_t *policy,
                                        const char *key, size_t key_len,
@@ -671,50 +688,48 @@ RATE_API void rate_deadline_start(void);
 
 /* ------------------------------------------ changes outside admissions */
 
-/* These change a key's state outside an admission (docs/algorithms.md,
- * "Bounds and policy changes"), under the key's policy, at the limiter's
- * clock (the *_at forms: at now_ns, which counts as a request's time: the
- * state is read at max(now_ns, t_last) and written with that t_last).
- * They return RATE_OK, or RATE_EINVAL (NULL limiter), RATE_EKEY,
- * RATE_ERANGE (permits or time above RATE_TIME_MAX), or the store's error
- * as is: the fail mode decides admissions only.  A shadow limiter changes
- * its own state (unless it shares the enforced one).  A refund or a
+/* These change a key's state outside an admission (docs/algorithms.md, "Bounds
+ * and policy changes"), under the key's policy, at the limiter's clock (the
+ * *_at forms: at now_ns, which counts as a request's time: the state is read
+ * at max(now_ns, t_last) and written with that t_last).  A shadow limiter
+ * changes its own state (unless it shares the enforced one).  A refund or a
  * penalty goes through the store as a decision does: on Redis, that of a
- * single token bucket, leaky bucket or fixed window within the lean
- * scripts' range is one atomic script (docs/redis.md, "Refunds and
- * penalties", says which they decline: block=, a state of another policy,
- * a penalty past a token bucket's debt bound...); any other, and on any
- * store over load and compare-and-set, the step between them, which
- * returns RATE_ECONFLICT when the key kept changing under it max_retries
- * times.
- * Thread-safe: yes. */
+ * single token bucket, leaky bucket or fixed window within the lean scripts'
+ * range is one atomic script (docs/redis.md, "Refunds and penalties", says
+ * which they decline: block=, a state of another policy, a penalty past a
+ * token bucket's debt bound...); any other, and on any store over load and
+ * compare-and-set, the step between them.  For each of them:
+ * Returns: RATE_OK (an unlimited key's: nothing to change).  Errors:
+ * RATE_EINVAL (NULL limiter), RATE_EKEY (as rate_limiter_check), RATE_ERANGE
+ * (permits or time above RATE_TIME_MAX), RATE_EPOLICY (a resolver's policy the
+ * store cannot keep), or the store's error as is (RATE_ECONFLICT when the key
+ * kept changing under the step max_retries times): the fail mode decides
+ * admissions only.  Ownership: the key is only read.  Thread-safe: yes. */
 
 /* Forgets the key: its next request is a new key's.  (With
- * RATE_FAIL_FALLBACK the insurance store forgets it too.) */
+ * RATE_FAIL_FALLBACK the insurance store forgets it too.)  Takes no time
+ * and no permits: never RATE_ERANGE. */
 RATE_API int rate_limiter_reset(rate_limiter_t *limiter, const char *key,
                                 size_t key_len);
 
-/* Gives `permits` back: a token bucket gets its tokens back (up to its
- * burst), a leaky bucket drains them, a window uncounts them from the
- * current window (then a sliding counter from the previous one; nothing
- * once the window they were counted in has rolled), a sliding log drops
- * them from its newest entries.  How a server returns a permit that a
- * later check denied (a per-route limit admitted, the user's limit then
- * denied), or cancels a reservation: a reservation is identified by its
- * key and permits, and cancelling it is refunding them (the debt it left
- * is paid back; any delay already waited is not).  A key with no state
- * has nothing to give back: nothing is written. */
+/* Gives `permits` back: a token bucket gets its tokens back (up to its burst),
+ * a leaky bucket drains them, a window uncounts them from the current window
+ * (then a sliding counter from the previous one; nothing once the window they
+ * were counted in has rolled), a sliding log drops them from its newest
+ * entries.  How a server returns a permit that a later check denied (a
+ * per-route limit admitted, the user's limit then denied), or cancels a
+ * reservation: a reservation is identified by its key and permits, and
+ * cancelling it is refunding them (the debt it left is paid back; any delay
+ * already waited is not).  A key with no state has nothing to give back:
+ * nothing is written.  rate_limiter_refund_policy and _policy_at: a refund
+ * under `policy` instead of the key's own, as rate_limiter_check_policy is a
+ * decision under it: gives back what a decision under that policy admitted
+ * (RATE_EINVAL also for a NULL policy; `policy` is borrowed for the call). */
 RATE_API int rate_limiter_refund(rate_limiter_t *limiter, const char *key,
                                  size_t key_len, uint64_t permits);
 RATE_API int rate_limiter_refund_at(rate_limiter_t *limiter, const char *key,
                                     size_t key_len, uint64_t permits,
                                     uint64_t now_ns);
-
-/* A refund under `policy` instead of the key's own, as
- * rate_limiter_check_policy is a decision under it: gives back what a
- * decision under that policy admitted.  Returns and errors as
- * rate_limiter_refund, RATE_EINVAL also for a NULL policy.
- * Thread-safe: yes. */
 RATE_API int rate_limiter_refund_policy(rate_limiter_t *limiter,
                                         const rate_policy_t *policy,
                                         const char *key, size_t key_len,
@@ -736,23 +751,23 @@ RATE_API int rate_limiter_penalize_at(rate_limiter_t *limiter,
                                       uint64_t permits, uint64_t now_ns);
 
 /* A refund or a penalty that does not wait, for event loops: as
- * rate_limiter_refund / rate_limiter_penalize at the limiter's clock, on
- * a store with an asynchronous entry (rate_store_redis_async_new) through
- * that entry.  Returns RATE_PENDING when the store took it: done(ud, rc)
- * then runs exactly once, later, on the thread that drives the store (an
- * event loop's: the loop's), with what the synchronous call would have
- * returned (RATE_OK, or the store's error as is: no fail mode;
- * RATE_ECANCELED when the store is freed first, which runs every pending
- * done before rate_store_free returns).  Else the result at once, and no
- * callback: RATE_OK (done now: a store without an asynchronous entry, or
- * an unlimited key), or an error as the synchronous call's, RATE_EINVAL
- * also for a NULL done.  The key is copied; ud is the caller's.  A change
- * a lean script makes goes by the clock the scripts' decisions go by
- * (Redis's TIME, unless client_time); one the C step makes, by the
- * limiter's clock, never Redis's TIME (no extra round trip): on Redis,
- * give the limiter a wall clock, or the store client_time, so that the
- * two agree (docs/async.md).
- * Thread-safe: as rate_limiter_check_start. */
+ * rate_limiter_refund / rate_limiter_penalize at the limiter's clock, on a
+ * store with an asynchronous entry (rate_store_redis_async_new) through that
+ * entry.  A change a lean script makes goes by the clock the scripts'
+ * decisions go by (Redis's TIME, unless client_time); one the C step makes, by
+ * the limiter's clock, never Redis's TIME (no extra round trip): on Redis,
+ * give the limiter a wall clock, or the store client_time, so that the two
+ * agree (docs/async.md).
+ * Returns: RATE_PENDING when the store took it: done(ud, rc) then runs exactly
+ * once, later, on the thread that drives the store (an event loop's: the
+ * loop's), with what the synchronous call would have returned (RATE_OK, or the
+ * store's error as is: no fail mode; RATE_ECANCELED when the store is freed
+ * first, which runs every pending done before rate_store_free returns).  Else
+ * the result at once, and no callback: RATE_OK (done now: a store without an
+ * asynchronous entry, or an unlimited key).  Errors (at once, no callback): as
+ * the synchronous call's; RATE_EINVAL also for a NULL done; RATE_ENOMEM.
+ * Ownership: the key is copied; ud is the caller's.  Thread-safe: as
+ * rate_limiter_check_start. */
 typedef void (*rate_done_fn)(void *ud, int rc);
 RATE_API int rate_limiter_refund_start(rate_limiter_t *limiter,
                                        const char *key, size_t key_len,
@@ -763,21 +778,24 @@ RATE_API int rate_limiter_penalize_start(rate_limiter_t *limiter,
                                          uint64_t permits, rate_done_fn done,
                                          void *ud);
 
-/* Statistics: the store's figures plus the limiter's own.  Thread-safe: yes. */
+/* Statistics: the store's figures (rate_store_stats) plus the limiter's
+ * own (verdicts, retries, store errors).  Returns: RATE_OK, *out filled.
+ * Errors: RATE_EINVAL for a NULL limiter or out; the store's stats error.
+ * Ownership: nothing is kept.  Thread-safe: yes. */
 RATE_API int rate_limiter_stats(rate_limiter_t *limiter, rate_stats_t *out);
 
-/* The limiter's default policy (borrowed).  After rate_limiter_set_policy
- * the pointer returned before still points at the old policy, valid until
- * the limiter is freed.  Thread-safe: yes. */
-RATE_API const rate_policy_t *rate_limiter_policy(const rate_limiter_t *limiter);
-
-/* Replaces the default policy (copied) for every later decision; decisions
- * already running finish under the old one.  Each key's state carries over
- * (docs/algorithms.md, "Policy changes").  The old policy's copy is kept
- * until the limiter is freed.  RATE_EINVAL for NULL; RATE_EPOLICY when the
- * store cannot keep the policy's states (rate_store_check_policy), the
- * old policy then staying; RATE_ENOMEM.
+/* rate_limiter_policy: the limiter's default policy; rate_limiter_set_policy
+ * replaces it for every later decision, decisions already running finishing
+ * under the old one.  Each key's state carries over (docs/algorithms.md,
+ * "Policy changes").  Returns: the policy (NULL for a NULL limiter); RATE_OK.
+ * Errors: reading: none; setting: RATE_EINVAL for a NULL limiter or policy,
+ * RATE_EPOLICY when the store cannot keep the policy's states
+ * (rate_store_check_policy), the old policy then staying, RATE_ENOMEM.
+ * Ownership: the policy read is borrowed and the one set is copied: after
+ * rate_limiter_set_policy the pointer returned before still points at the
+ * old policy, whose copy is kept until the limiter is freed.
  * Thread-safe: yes. */
+RATE_API const rate_policy_t *rate_limiter_policy(const rate_limiter_t *limiter);
 RATE_API int rate_limiter_set_policy(rate_limiter_t *limiter,
                                      const rate_policy_t *policy);
 
@@ -786,25 +804,25 @@ RATE_API int rate_limiter_set_policy(rate_limiter_t *limiter,
  * (an event loop calls it once per turn with the oldest time any of its
  * threads may still pass).  Keys written under the promise whose state is
  * back at its cold start by the mark may then be dropped by the store, as
- * keys are on the library's clock: no answer changes.  The mark only
- * rises (a lower one is ignored).  Limiters sharing a store should then
- * read one clock (CLOCK_MONOTONIC, as the library does).  RATE_EINVAL for
- * NULL, RATE_ERANGE above RATE_TIME_MAX.  Thread-safe: yes. */
+ * keys are on the library's clock: no answer changes.  Limiters sharing a
+ * store should then read one clock (CLOCK_MONOTONIC, as the library does).
+ * Returns: RATE_OK (the mark only rises: a lower one is ignored).
+ * Errors: RATE_EINVAL for a NULL limiter, RATE_ERANGE for t_ns above
+ * RATE_TIME_MAX.  Ownership: nothing is kept.  Thread-safe: yes. */
 RATE_API int rate_limiter_set_low_water(rate_limiter_t *limiter,
                                         uint64_t t_ns);
 
-/* Reads CLOCK_MONOTONIC in ns.  Thread-safe: yes. */
+/* Read CLOCK_MONOTONIC, and CLOCK_MONOTONIC_COARSE: the same origin, updated
+ * once per kernel tick (a few ms), several times cheaper to read.  Returns:
+ * the time in ns.  Errors: none.  Ownership: nothing.  Thread-safe: yes. */
 RATE_API uint64_t rate_clock_monotonic_ns(void);
-
-/* Reads CLOCK_MONOTONIC_COARSE in ns: the same origin, updated once per
- * kernel tick (a few ms), several times cheaper to read.  Thread-safe: yes. */
 RATE_API uint64_t rate_clock_coarse_ns(void);
 
 /* The coarse clock as a limiter's clock (rate_limiter_config_t.clock):
  * servers that accept a time a tick old save most of the clock read.
  * retry_after then holds by that clock: a retry exactly then may still be
- * up to one tick early by the exact one.  Static; never NULL.
- * Thread-safe: yes. */
+ * up to one tick early by the exact one.  Returns: the clock, never NULL.
+ * Errors: none.  Ownership: static: never freed.  Thread-safe: yes. */
 RATE_API const rate_clock_t *rate_clock_coarse(void);
 
 #ifdef __cplusplus
