@@ -11,7 +11,8 @@
  *     memory store, the test CAS store and Redis, at one instant and over
  *     time: admitted never exceeds the more generous policy's bound, for
  *     every algorithm, a composite, and pairs whose algorithms differ
- *     (whose components start cold, as documented);
+ *     (whose components are charged what the old ones count, as
+ *     documented; their joint bound is test_carry_bound.c's);
  *   - an enforcing and a shadow limiter on one store;
  *   - two processes on one Redis, strictly alternating through pipes;
  *   - a state whose policy record is gone, or with an unknown version
@@ -285,7 +286,7 @@ static void check_bound(const rate_policy_t *pa, const rate_policy_t *pb,
         const rate_limit_t *a = rate_policy_limit(pa, i);
         const rate_limit_t *b = rate_policy_limit(pb, i);
         if (a->algorithm != b->algorithm)
-            continue; /* starts cold at each switch: no joint bound */
+            continue; /* charged: test_carry_bound.c checks the pair */
         switch (a->algorithm) {
         case RATE_TOKEN_BUCKET:
         case RATE_LEAKY_BUCKET: {
