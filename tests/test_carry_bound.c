@@ -71,43 +71,20 @@ static uint64_t limit_bound(const rate_limit_t *l, uint64_t s, uint64_t e)
     return 0;
 }
 
-/* The most a policy admits alone in [s, e]: its strictest limit's. */
-static uint64_t policy_bound(const rate_policy_t *p, uint64_t s, uint64_t e)
-{
-    uint64_t b = UINT64_MAX;
-    for (size_t i = 0; i < rate_policy_count(p); i++) {
-        uint64_t x = limit_bound(rate_policy_limit(p, i), s, e);
-        if (x < b)
-            b = x;
-    }
-    return b;
-}
-
 static bool is_bucket(const rate_limit_t *l)
 {
     return l->algorithm == RATE_TOKEN_BUCKET ||
            l->algorithm == RATE_LEAKY_BUCKET;
 }
 
-/* Whether both policies are one bucket (of either kind): their pair keeps
- * a bound of its own (docs/algorithms.md, "Policy changes"). */
-static bool two_buckets(const rate_policy_t *pa, const rate_policy_t *pb)
-{
-    return rate_policy_count(pa) == 1 && rate_policy_count(pb) == 1 &&
-           is_bucket(rate_policy_limit(pa, 0)) &&
-           is_bucket(rate_policy_limit(pb, 0));
-}
-
 /* The pair's bound over [s, e]: the larger of A's and B's, except for two
  * buckets, whose tokens (level) carry over in permits and each refill
  * (drain) at its own rate: the bound of one bucket with the larger burst
  * (capacity) and the faster rate, max(B) + floor((e - s) * max(L/P)). */
-static uint64_t pair_bound(const rate_policy_t *pa, const rate_policy_t *pb,
-                           uint64_t s, uint64_t e)
+static uint64_t limits_bound(const rate_limit_t *a, const rate_limit_t *b,
+                             uint64_t s, uint64_t e)
 {
-    if (two_buckets(pa, pb)) {
-        const rate_limit_t *a = rate_policy_limit(pa, 0);
-        const rate_limit_t *b = rate_policy_limit(pb, 0);
+    if (is_bucket(a) && is_bucket(b)) {
         unsigned __int128 ra = (unsigned __int128)(e - s) * a->limit /
                                a->period_ns;
         unsigned __int128 rb = (unsigned __int128)(e - s) * b->limit /
@@ -116,8 +93,31 @@ static uint64_t pair_bound(const rate_policy_t *pa, const rate_policy_t *pb,
         return sat_add(a->burst > b->burst ? a->burst : b->burst,
                        r > UINT64_MAX ? UINT64_MAX : (uint64_t)r);
     }
-    uint64_t ba = policy_bound(pa, s, e), bb = policy_bound(pb, s, e);
+    uint64_t ba = limit_bound(a, s, e), bb = limit_bound(b, s, e);
     return ba > bb ? ba : bb;
+}
+
+static uint64_t pair_bound(const rate_policy_t *pa, const rate_policy_t *pb,
+                           uint64_t s, uint64_t e)
+{
+    /* for each limit of either policy, the largest pair bound it makes
+     * with a limit of the other; the least of those */
+    uint64_t best = UINT64_MAX;
+    for (int side = 0; side < 2; side++) {
+        const rate_policy_t *p = side ? pb : pa, *q = side ? pa : pb;
+        for (size_t i = 0; i < rate_policy_count(p); i++) {
+            uint64_t most = 0;
+            for (size_t j = 0; j < rate_policy_count(q); j++) {
+                uint64_t x = limits_bound(rate_policy_limit(p, i),
+                                          rate_policy_limit(q, j), s, e);
+                if (x > most)
+                    most = x;
+            }
+            if (most < best)
+                best = most;
+        }
+    }
+    return best;
 }
 
 /* Admissions of a trace: times (non-decreasing) and permits. */
@@ -209,6 +209,7 @@ typedef struct pair {
     rate_policy_t *p[2];
     const char *text[2];
     const char *key;
+    bool bool_calls; /* some requests by rate_try_acquire_at */
     admits_t adm;
 } pair_t;
 
@@ -223,6 +224,7 @@ static void pair_open(pair_t *x, const char *a, const char *b)
         x->w[i] = limiter_of(x->text[i], x->store);
     }
     x->key = "k";
+    x->bool_calls = false;
 }
 
 static void pair_close(pair_t *x)
@@ -256,7 +258,15 @@ static rate_decision_t ask(pair_t *x, int who, uint64_t t, uint64_t n)
             a->restart_who[a->restarts++] = who;
         }
     }
-    rate_decision_t d = at(x->w[who], x->key, t, n, 0);
+    rate_decision_t d;
+    if (x->bool_calls && rnd(2) == 0) {
+        /* the bool call, whose store fast path must hand a state of
+         * another policy on to the general path */
+        d = (rate_decision_t){0};
+        d.allowed = rate_try_acquire_at(x->w[who], x->key, n, t);
+    } else {
+        d = at(x->w[who], x->key, t, n, 0);
+    }
     if (d.reason == RATE_REASON_STORE_ERROR)
         fail_msg("'%s': store error %s", x->text[who], rate_err_name(d.error));
     if (d.allowed && n > 0) {
@@ -300,6 +310,7 @@ static void run_trace(pair_t *x, int kind)
     uint64_t span = longest(x->p[0]) > longest(x->p[1]) ? longest(x->p[0])
                                                         : longest(x->p[1]);
     uint64_t t = T0, end = T0 + 6 * span;
+    x->bool_calls = kind == T_ALTERNATE || kind == T_RANDOM;
     switch (kind) {
     case T_ALTERNATE: {
         /* one spacing for the whole trace: 1 ms, either writer's own
@@ -448,6 +459,34 @@ static void property_all_pairs(void **state)
                     }
                     pair_close(&x);
                 }
+    /* composites: two limits of two random algorithms each */
+    for (int draw = 0; draw < draws * 4; draw++)
+        for (int kind = 0; kind < T_KINDS; kind++) {
+            char a[200], b[200], l1[96], l2[96];
+            int a1 = (int)rnd(5), a2 = (a1 + 1 + (int)rnd(4)) % 5;
+            random_policy(a1, l1, sizeof l1);
+            random_policy(a2, l2, sizeof l2);
+            snprintf(a, sizeof a, "%s; %s", l1, l2);
+            a1 = (int)rnd(5);
+            a2 = (a1 + 1 + (int)rnd(4)) % 5;
+            random_policy(a1, l1, sizeof l1);
+            random_policy(a2, l2, sizeof l2);
+            snprintf(b, sizeof b, "%s; %s", l1, l2);
+            pair_t x;
+            worst_t w = one(a, b, kind, !strict, &x);
+            if (w.excess > 0) {
+                print_message("'%s' and '%s', %s: %llu admitted in [%llu, "
+                              "%llu] ns, bound %llu with %llu restarts\n",
+                              a, b, kind_names[kind],
+                              (unsigned long long)w.admitted,
+                              (unsigned long long)(w.s - T0),
+                              (unsigned long long)(w.e - T0),
+                              (unsigned long long)w.bound,
+                              (unsigned long long)w.restarts);
+                failures++;
+            }
+            pair_close(&x);
+        }
     if (failures > 0)
         fail_msg("%d traces passed the bound", failures);
 }
