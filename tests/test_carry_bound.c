@@ -21,13 +21,21 @@
  *                                   current count never passes L: an
  *                                   upper bound of its own, not exact)
  *
- * and a composite's is the least of its limits'.  The traces are those an
- * adversary would pick: strict alternation at several spacings, each
- * writer asking again exactly when its last denial said it would pass
- * (so timed to the other's recovery, too), bursts at window starts with
- * the other writer in between, and random ones; over random pairs of the
- * five algorithms and random policies, on one memory store with the
- * caller's time.  Every store runs the same C step for a state of
+ * Where that does not hold, the true bound docs/algorithms.md gives is
+ * checked instead: two buckets are bounded as one bucket with the larger
+ * burst and the faster rate; for composites, every limit of either policy
+ * with its most generous pairing in the other bounds the pair (the least
+ * of those); and each time a writer finds the other policy's state back
+ * at its cold start (which a store may have forgotten) it may start from
+ * its own cold start, adding its least capacity (CARRY_STRICT=1 leaves
+ * that allowance out, to survey which pairs need it).
+ *
+ * The traces are those an adversary would pick: strict alternation at
+ * several spacings, each writer asking again exactly when its last denial
+ * said it would pass (so timed to the other's recovery, too), bursts at
+ * window starts with the other writer in between, and random ones; over
+ * random pairs of the five algorithms and random policies (one limit, or
+ * two), on one memory store with the caller's time.  Every store runs the same C step for a state of
  * another policy (the Redis scripts decline it), so this is every store's
  * rule.
  *
@@ -35,8 +43,6 @@
  * by what they are, not by their position ("A; B" against "B; A").
  */
 #include "helpers.h"
-
-#define MIN_NS (60 * SEC)
 
 /* ---------------------------------------------------------- the bound */
 
