@@ -28,6 +28,10 @@ typedef __int128 rate_i128_t;
 /* Largest debt a token bucket may reserve, in scaled tokens (tokens * P),
  * whatever its layout; see docs/algorithms.md. */
 #define RATE__DEBT_MAX (INT64_C(1) << 62)
+/* The most permits a policy change charges to a limit of another
+ * algorithm (rate__algo_t.charge): more than any capacity, and small
+ * enough that u + n never overflows 64 bits. */
+#define RATE__CHARGE_MAX (UINT64_C(1) << 63)
 /* The largest B * P (C * P) of a bucket kept in one 64-bit word (the
  * narrow layout); above it the component is a signed 128-bit word (the
  * wide layout).  The layout never changes a decision. */
@@ -152,10 +156,26 @@ typedef struct rate__algo {
      * is an entry), else 0. */
     uint64_t (*adjust)(const rate_limit_t *l, rate__view_t *v, rate__op_t op,
                        uint64_t n, uint64_t t);
-    /* Makes a cold view the algorithm's most used-up state at t: what a
-     * limit starts from when a policy change gives its place to another
-     * algorithm (docs/algorithms.md, "Policy changes"). */
-    void (*exhaust)(const rate_limit_t *l, rate__view_t *v, uint64_t t);
+    /* The permits a view advanced to t still counts against its limit,
+     * by the algorithm's own rule, rounded up: a token bucket's missing
+     * tokens (its debt included), a leaky bucket's level, a window's
+     * count, a log's sum, a counter's weighted estimate.  What a policy
+     * change carries to a limit of another algorithm (docs/algorithms.md,
+     * "Policy changes"). */
+    uint64_t (*held)(const rate_limit_t *l, const rate__view_t *v,
+                     uint64_t t);
+    /* At most how many permits this limit admitted from a to last
+     * (a <= last), given its view as of last (not advanced): what it
+     * holds plus what its own rule let it recover since a, or what its
+     * windows can count there (saturated at UINT64_MAX). */
+    uint64_t (*since)(const rate_limit_t *l, const rate__view_t *v,
+                      uint64_t last, uint64_t a);
+    /* Makes a cold view one that holds u permits (at most 2^63) admitted
+     * at t: the other side of held().  u may pass the limit's capacity (a
+     * view that denies until it has recovered from all of them); only an
+     * admission, which needs u + n within it, is ever written. */
+    void (*charge)(const rate_limit_t *l, rate__view_t *v, uint64_t t,
+                   uint64_t u);
     /* Optional: a plain try-acquire (max_wait 0, no detail) over a whole
      * stored state of one limit of this algorithm, decided and rewritten in
      * place: what rate_state_acquire() runs (fixed-size components only).

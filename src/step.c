@@ -21,12 +21,15 @@
  * limiter or process) is read under the old policy, found by its tag among
  * the limiter's known policies (or fetched from the store's records by the
  * limiter, when the step asks for it with RATE__NEED_POLICY), as it stood
- * at t_last;
- * each component is carried over to the new policy when the algorithm is
- * the same at the same position, starts used up at t_last when another
- * algorithm is there, and cold where the old policy had no limit; the new
- * policy governs the time from t_last on.  Nothing needs writing
- * until the next admission, so denials still change nothing.
+ * at t_last.  Limits are matched by what they are, not by position: the
+ * same limit, else one whose state keeps its meaning (a bucket of its
+ * kind, a window of its kind and length), is carried over and the new
+ * policy governs the time from t_last on; any other limit is charged, as
+ * admitted at t_eff, the most an unmatched old limit still holds at t_eff
+ * or can have admitted in the time the new one counts; a limit with no
+ * old one left starts cold (docs/algorithms.md, "Policy changes").
+ * Nothing needs writing until the next admission, so denials still change
+ * nothing.
  */
 #include "algo/acquire.h"
 
@@ -136,6 +139,122 @@ bool rate__is_cold(void *varg, const void *state, size_t len, uint64_t now)
            cold_by(p, &ps, now > ps.last ? now : ps.last);
 }
 
+/* Whether two limits are the same limit (algorithm and numbers). */
+static bool same_limit(const rate_limit_t *a, const rate_limit_t *b)
+{
+    return a->algorithm == b->algorithm && a->limit == b->limit &&
+           a->period_ns == b->period_ns && a->burst == b->burst;
+}
+
+/* Whether a limit's state keeps its meaning under another, not the same,
+ * limit: a bucket's under a bucket of its kind (its tokens or level, in
+ * permits), a window's under one of its kind and length (its counts and
+ * entries are of the same windows). */
+static bool is_bucket(const rate_limit_t *l)
+{
+    return l->algorithm == RATE_TOKEN_BUCKET ||
+           l->algorithm == RATE_LEAKY_BUCKET;
+}
+
+static bool same_meaning(const rate_limit_t *a, const rate_limit_t *b)
+{
+    return a->algorithm == b->algorithm &&
+           (is_bucket(a) || a->period_ns == b->period_ns);
+}
+
+/* from[i] for a limit no old limit is matched with: charged what the
+ * unmatched old limits count (OTHERS), or cold (NONE). */
+#define FROM_OTHERS (-1)
+#define FROM_NONE (-2)
+
+/* Matches each limit of the new policy `to` with one of the old `old`'s
+ * by what it is, not by its position: first the very same limit, then one
+ * whose state keeps its meaning (same_meaning), in order; from[i] is the
+ * old limit's index, or FROM_OTHERS when unmatched old limits are left
+ * (charged), else FROM_NONE (a cold start: nothing was counted against
+ * it).  With no state to carry, every limit is FROM_NONE. */
+static void match_limits(const rate_policy_t *old, const rate_policy_t *to,
+                         bool carry, int *from)
+{
+    bool taken[RATE_MAX_LIMITS] = {false};
+    size_t left = carry ? old->count : 0;
+
+    for (size_t i = 0; i < to->count; i++)
+        from[i] = FROM_NONE;
+    if (!carry)
+        return;
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < to->count; i++)
+            for (size_t j = 0; from[i] == FROM_NONE && j < old->count; j++)
+                if (!taken[j] &&
+                    (pass == 0 ? same_limit(&old->limits[j], &to->limits[i])
+                               : same_meaning(&old->limits[j],
+                                              &to->limits[i]))) {
+                    from[i] = (int)j;
+                    taken[j] = true;
+                    left--;
+                }
+    for (size_t i = 0; i < to->count; i++)
+        if (from[i] == FROM_NONE && left > 0)
+            from[i] = FROM_OTHERS;
+}
+
+/* Where the time a limit of another algorithm counts at t begins: a
+ * fixed window's start, the start of the window before for a sliding
+ * counter (its estimate weighs it), t - W + 1 for a log, and for a bucket
+ * the time it takes to recover its whole capacity before t. */
+static uint64_t counts_from(const rate__algo_t *alg, const rate_limit_t *l,
+                            uint64_t t)
+{
+    uint64_t w = l->period_ns;
+    switch (l->algorithm) {
+    case RATE_FIXED_WINDOW:
+        return t / w * w;
+    case RATE_SLIDING_WINDOW:
+        return t / w > 0 ? (t / w - 1) * w : 0;
+    default: {
+        uint64_t span = l->algorithm == RATE_SLIDING_LOG ? w
+                                                         : alg->max_reset(l);
+        return t >= span ? t - span + 1 : 0;
+    }
+    }
+}
+
+/* The permits a limit `to` (of algorithm `alg`) is charged at t: the
+ * most any old limit not matched (from[0..count)) still holds at t by its
+ * own rule, or can have admitted in the time `to` counts at t (all of it
+ * taken as admitted at t); at most RATE__CHARGE_MAX. */
+static uint64_t charge_of(const rate_policy_t *old, const parsed_t *ps,
+                          const int *from, size_t count,
+                          const rate__algo_t *alg, const rate_limit_t *to,
+                          uint64_t t)
+{
+    uint64_t most = 0, a = counts_from(alg, to, t);
+
+    for (size_t j = 0; j < old->count; j++) {
+        bool matched = false;
+        for (size_t i = 0; i < count; i++)
+            matched = matched || from[i] == (int)j;
+        if (matched)
+            continue;
+        const rate__algo_t *oa = old->algo[j];
+        const rate_limit_t *l = &old->limits[j];
+        rate__view_t v;
+        oa->load(l, ps->comp[j], &v);
+        /* a bucket's held count is all it can have left to a bucket */
+        uint64_t since = a <= ps->last && !(is_bucket(l) && is_bucket(to))
+                             ? oa->since(l, &v, ps->last, a)
+                             : 0;
+        oa->advance(l, &v, ps->last, t);
+        uint64_t u = oa->held(l, &v, t);
+        if (since > u)
+            u = since;
+        if (u > most)
+            most = u;
+    }
+    return most < RATE__CHARGE_MAX ? most : RATE__CHARGE_MAX;
+}
+
 static int read_state(rate__step_arg_t *arg, const rate_step_io_t *io,
                       rate__view_t *views, uint64_t *t_eff, uint64_t *last,
                       uint64_t *blocked_until)
@@ -174,7 +293,8 @@ static int read_state(rate__step_arg_t *arg, const rate_step_io_t *io,
         return RATE__NEED_POLICY;
     }
     /* Made under another policy: carry over what has the same meaning, as
-     * of t_last; the new policy then governs the time since.  A state that
+     * of t_last, the new policy then governing the time since; charge the
+     * rest at t_eff (match_limits, charge_of).  A state that
      * has reached its cold start under the old policy by t_eff is a cold
      * key, as it would be had the store forgotten it (which it may).  A
      * first-edition state of a policy no one knows (count 0) starts cold,
@@ -185,25 +305,31 @@ static int read_state(rate__step_arg_t *arg, const rate_step_io_t *io,
     carry = carry && !cold_by(old, &ps, *t_eff);
     if (carry && p->block) /* a block carries to a policy that blocks */
         *blocked_until = ps.blocked_until;
+    int from[RATE_MAX_LIMITS];
+    match_limits(old, p, carry, from);
+    bool charged = false;
     for (size_t i = 0; i < p->count; i++) {
         const rate_limit_t *to = &p->limits[i];
         const rate__algo_t *a = p->algo[i];
-        if (carry && i < old->count &&
-            old->limits[i].algorithm == to->algorithm) {
-            a->load(&old->limits[i], ps.comp[i], &views[i]);
-            a->convert(&old->limits[i], to, ps.last, &views[i]);
+        int j = from[i];
+        if (j >= 0) { /* a limit of the same algorithm keeps its meaning */
+            a->load(&old->limits[j], ps.comp[j], &views[i]);
+            a->convert(&old->limits[j], to, ps.last, &views[i]);
             a->advance(to, &views[i], ps.last, *t_eff);
-        } else if (carry && i < old->count) {
-            /* Another algorithm: nothing of the old one's means the same,
-             * so it starts used up at t_last (never more generous than
-             * what the old state allowed), and recovers by its own rule. */
+        } else if (carry && j == FROM_OTHERS) {
+            /* Another algorithm: what the old limits still hold at t_eff,
+             * each by its own rule, is charged to this one as admitted at
+             * t_eff (the most any of them holds). */
             a->load(to, NULL, &views[i]);
-            a->exhaust(to, &views[i], ps.last);
-            a->advance(to, &views[i], ps.last, *t_eff);
+            a->charge(to, &views[i], *t_eff,
+                      charge_of(old, &ps, from, p->count, a, to, *t_eff));
+            charged = true;
         } else {
-            a->load(to, NULL, &views[i]); /* a limit the old one had not */
+            a->load(to, NULL, &views[i]); /* nothing the old one had */
         }
     }
+    if (charged) /* a charged log's entry is at t_eff */
+        *last = *t_eff;
     return RATE_OK;
 }
 

@@ -895,7 +895,8 @@ static void async_records(void **state)
     rate_limiter_config_t cfg = {0};
     cfg.store = as;
     cfg.on_store_error = RATE_FAIL_CLOSED;
-    rate_limiter_t *a3 = limiter_cfg("sliding-window 7/s", cfg);
+    /* (10: charged a2's window and the 4 the one before can hold) */
+    rate_limiter_t *a3 = limiter_cfg("sliding-window 10/s", cfg);
     cas_store_set_down(h, 1);
     assert_int_equal(rate_limiter_check_start_at(a3, "k", 1, 1, 0,
                                                  SEC + 300 * MS, &out,

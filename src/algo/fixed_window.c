@@ -112,11 +112,32 @@ static uint64_t fw_adjust(const rate_limit_t *l, rate__view_t *v,
     return 0;
 }
 
-/* Used up: the window of t counts its limit. */
-static void fw_exhaust(const rate_limit_t *l, rate__view_t *v, uint64_t t)
+/* Held: the count, if t is in its window (advance has zeroed it else). */
+static uint64_t fw_held(const rate_limit_t *l, const rate__view_t *v,
+                        uint64_t t)
 {
+    (void)l;
     (void)t;
-    v->x = l->limit;
+    return (uint64_t)v->x;
+}
+
+/* Admitted since a, at most: the count of last's window plus the limit
+ * of each window before it that a reaches. */
+static uint64_t fw_since(const rate_limit_t *l, const rate__view_t *v,
+                         uint64_t last, uint64_t a)
+{
+    uint64_t before = last / l->period_ns - a / l->period_ns;
+    rate_u128_t u = (rate_u128_t)before * l->limit + (uint64_t)v->x;
+    return u > UINT64_MAX ? UINT64_MAX : (uint64_t)u;
+}
+
+/* Charged u permits: the window of t counts u. */
+static void fw_charge(const rate_limit_t *l, rate__view_t *v, uint64_t t,
+                      uint64_t u)
+{
+    (void)l;
+    (void)t;
+    v->x = u;
 }
 
 const rate__algo_t rate__fixed_window = {
@@ -132,6 +153,8 @@ const rate__algo_t rate__fixed_window = {
     .max_reset = fw_max_reset,
     .valid = fw_valid,
     .adjust = fw_adjust,
-    .exhaust = fw_exhaust,
+    .held = fw_held,
+    .since = fw_since,
+    .charge = fw_charge,
     .plain = fw_plain,
 };

@@ -187,11 +187,31 @@ static uint64_t lb_adjust(const rate_limit_t *l, rate__view_t *v,
     return 0;
 }
 
-/* Used up: full to its capacity. */
-static void lb_exhaust(const rate_limit_t *l, rate__view_t *v, uint64_t t)
+/* Held: the level, rounded up. */
+static uint64_t lb_held(const rate_limit_t *l, const rate__view_t *v,
+                        uint64_t t)
 {
     (void)t;
-    v->x = (rate_i128_t)l->burst * l->period_ns;
+    return rate__ceil_div_sat((rate_u128_t)v->x, l->period_ns);
+}
+
+/* Admitted since a, at most: the level at last plus the drain since a
+ * (the bucket was at least empty at a). */
+static uint64_t lb_since(const rate_limit_t *l, const rate__view_t *v,
+                         uint64_t last, uint64_t a)
+{
+    return rate__sat_add(lb_held(l, v, last),
+                         rate__ceil_div_sat((rate_u128_t)(last - a) * l->limit,
+                                            l->period_ns));
+}
+
+/* Charged u permits: a level of u (u * P < 2^125), above the capacity if
+ * u is: it then drains before anything passes. */
+static void lb_charge(const rate_limit_t *l, rate__view_t *v, uint64_t t,
+                      uint64_t u)
+{
+    (void)t;
+    v->x = (rate_i128_t)u * l->period_ns;
 }
 
 const rate__algo_t rate__leaky_bucket = {
@@ -207,7 +227,9 @@ const rate__algo_t rate__leaky_bucket = {
     .max_reset = lb_max_reset,
     .valid = lb_valid,
     .adjust = lb_adjust,
-    .exhaust = lb_exhaust,
+    .held = lb_held,
+    .since = lb_since,
+    .charge = lb_charge,
     .plain = lb_plain,
 };
 
@@ -224,6 +246,8 @@ const rate__algo_t rate__leaky_bucket_wide = {
     .max_reset = lb_max_reset,
     .valid = lbw_valid,
     .adjust = lb_adjust,
-    .exhaust = lb_exhaust,
+    .held = lb_held,
+    .since = lb_since,
+    .charge = lb_charge,
     .plain = NULL,
 };

@@ -226,14 +226,43 @@ static uint64_t sl_adjust(const rate_limit_t *l, rate__view_t *v,
     return v->log_sum >= l->limit ? 0 : rate__min_u64(n, l->limit - v->log_sum);
 }
 
-/* Used up: one entry of the limit at t, kept in the view itself. */
-static void sl_exhaust(const rate_limit_t *l, rate__view_t *v, uint64_t t)
+/* Held: the permits logged in the window of t. */
+static uint64_t sl_held(const rate_limit_t *l, const rate__view_t *v,
+                        uint64_t t)
 {
+    (void)l;
+    (void)t;
+    return v->log_sum;
+}
+
+/* Admitted since a, at most: the logged permits at or after a, and, for
+ * the time before the log's window (last - W, last], the limit per W. */
+static uint64_t sl_since(const rate_limit_t *l, const rate__view_t *v,
+                         uint64_t last, uint64_t a)
+{
+    rate_u128_t u = 0;
+    for (uint32_t i = 0; i < v->log_count; i++)
+        if (sl_time(v->log, i) >= a)
+            u += sl_permits(v->log, i);
+    if (last >= l->period_ns && a <= last - l->period_ns)
+        u += (rate_u128_t)l->limit *
+             ((last - l->period_ns - a) / l->period_ns + 1);
+    return u > UINT64_MAX ? UINT64_MAX : (uint64_t)u;
+}
+
+/* Charged u permits: one entry of u at t, kept in the view itself (none
+ * for 0: a cold log). */
+static void sl_charge(const rate_limit_t *l, rate__view_t *v, uint64_t t,
+                      uint64_t u)
+{
+    (void)l;
+    if (u == 0)
+        return;
     rate__put64(v->entry, t);
-    rate__put64(v->entry + 8, l->limit);
+    rate__put64(v->entry + 8, u);
     v->log = v->entry;
     v->log_count = 1;
-    v->log_sum = l->limit;
+    v->log_sum = u;
 }
 
 const rate__algo_t rate__sliding_log = {
@@ -250,6 +279,8 @@ const rate__algo_t rate__sliding_log = {
     .max_reset = sl_max_reset,
     .valid = sl_valid,
     .adjust = sl_adjust,
-    .exhaust = sl_exhaust,
+    .held = sl_held,
+    .since = sl_since,
+    .charge = sl_charge,
     .view_ok = sl_view_ok,
 };

@@ -133,14 +133,19 @@ static bool sw_is_cold(const rate_limit_t *l, const rate__view_t *v)
     return v->x == 0 && v->y == 0;
 }
 
-/* Both counts carry over as they are. */
+/* Both counts carry over (windows of one length), each capped at the new
+ * limit: a count at it denies as any count above it would, and an
+ * admission may then write the previous count back, which a state is
+ * checked to keep within the limit. */
 static void sw_convert(const rate_limit_t *from, const rate_limit_t *to,
                        uint64_t t, rate__view_t *v)
 {
     (void)from;
-    (void)to;
     (void)t;
-    (void)v;
+    if ((uint64_t)v->x > to->limit)
+        v->x = to->limit;
+    if (v->y > to->limit)
+        v->y = to->limit;
 }
 
 static uint64_t sw_max_reset(const rate_limit_t *l)
@@ -177,12 +182,34 @@ static uint64_t sw_adjust(const rate_limit_t *l, rate__view_t *v,
     return 0;
 }
 
-/* Used up: the window of t counts its limit. */
-static void sw_exhaust(const rate_limit_t *l, rate__view_t *v, uint64_t t)
+/* Held: the weighted estimate at t, rounded up. */
+static uint64_t sw_held(const rate_limit_t *l, const rate__view_t *v,
+                        uint64_t t)
 {
+    return rate__ceil_div_sat(
+        sw_scaled(l, (uint64_t)v->x, v->y, t % l->period_ns), l->period_ns);
+}
+
+/* Admitted since a, at most: curr, prev if a reaches its window, and
+ * the limit of each window before that. */
+static uint64_t sw_since(const rate_limit_t *l, const rate__view_t *v,
+                         uint64_t last, uint64_t a)
+{
+    uint64_t before = last / l->period_ns - a / l->period_ns;
+    rate_u128_t u = v->y;
+    if (before > 0)
+        u += (uint64_t)v->x + (rate_u128_t)(before - 1) * l->limit;
+    return u > UINT64_MAX ? UINT64_MAX : (uint64_t)u;
+}
+
+/* Charged u permits: the window of t counts u, the one before nothing. */
+static void sw_charge(const rate_limit_t *l, rate__view_t *v, uint64_t t,
+                      uint64_t u)
+{
+    (void)l;
     (void)t;
     v->x = 0;
-    v->y = l->limit;
+    v->y = u;
 }
 
 const rate__algo_t rate__sliding_window = {
@@ -198,6 +225,8 @@ const rate__algo_t rate__sliding_window = {
     .max_reset = sw_max_reset,
     .valid = sw_valid,
     .adjust = sw_adjust,
-    .exhaust = sw_exhaust,
+    .held = sw_held,
+    .since = sw_since,
+    .charge = sw_charge,
     .plain = sw_plain,
 };

@@ -100,12 +100,33 @@ static uint64_t tb_adjust(const rate_limit_t *l, rate__view_t *v,
     return 0;
 }
 
-/* Used up: no tokens (and no debt). */
-static void tb_exhaust(const rate_limit_t *l, rate__view_t *v, uint64_t t)
+/* Held: the tokens missing from the burst, a debt's included. */
+static uint64_t tb_held(const rate_limit_t *l, const rate__view_t *v,
+                        uint64_t t)
 {
-    (void)l;
     (void)t;
-    v->x = 0;
+    return rate__ceil_div_sat((rate_u128_t)(tb_full(l) - v->x), l->period_ns);
+}
+
+/* Admitted since a, at most: the tokens missing at last plus the refill
+ * since a (the bucket was at most full at a). */
+static uint64_t tb_since(const rate_limit_t *l, const rate__view_t *v,
+                         uint64_t last, uint64_t a)
+{
+    return rate__sat_add(tb_held(l, v, last),
+                         rate__ceil_div_sat((rate_u128_t)(last - a) * l->limit,
+                                            l->period_ns));
+}
+
+/* Charged u permits: the burst less u, into debt as far as a reservation
+ * may go (a debt that deep denies until it is paid, as u would). */
+static void tb_charge(const rate_limit_t *l, rate__view_t *v, uint64_t t,
+                      uint64_t u)
+{
+    (void)t;
+    v->x = tb_full(l) - (rate_i128_t)u * l->period_ns;
+    if (v->x < -RATE__DEBT_MAX)
+        v->x = -RATE__DEBT_MAX;
 }
 
 const rate__algo_t rate__token_bucket = {
@@ -121,7 +142,9 @@ const rate__algo_t rate__token_bucket = {
     .max_reset = tb_max_reset,
     .valid = tb_valid,
     .adjust = tb_adjust,
-    .exhaust = tb_exhaust,
+    .held = tb_held,
+    .since = tb_since,
+    .charge = tb_charge,
     .plain = tb_plain,
 };
 
@@ -219,6 +242,8 @@ const rate__algo_t rate__token_bucket_wide = {
     .max_reset = tb_max_reset,
     .valid = tbw_valid,
     .adjust = tb_adjust,
-    .exhaust = tb_exhaust,
+    .held = tb_held,
+    .since = tb_since,
+    .charge = tb_charge,
     .plain = NULL,
 };
