@@ -1142,6 +1142,15 @@ int rate_store_shm_check(rate_store_t *store, char *err, size_t errlen)
     return rc;
 }
 
+/* Whether a stored key is under the handle's prefix (any key without
+ * one: memcmp is not given the NULL prefix). */
+static bool has_prefix(const shm_t *m, const uint8_t *key, size_t len)
+{
+    return m->prefix_len == 0 ||
+           (len >= m->prefix_len &&
+            memcmp(key, m->prefix, m->prefix_len) == 0);
+}
+
 int rate_store_shm_drop(rate_store_t *store)
 {
     shm_t *m = store != NULL ? rate_store_backend(store, &shm_methods) : NULL;
@@ -1156,8 +1165,7 @@ int rate_store_shm_drop(rate_store_t *store)
         for (uint32_t i = 1; i <= m->shard_cap; i++) {
             shm_slot_t *e = slot_at(m, si, i);
             if (atomic_load_explicit(&e->used, memory_order_relaxed) &&
-                e->key_len >= m->prefix_len &&
-                memcmp(slot_key(m, e), m->prefix, m->prefix_len) == 0)
+                has_prefix(m, slot_key(m, e), e->key_len))
                 slot_remove(m, s, si, i);
         }
         unlock(&s->lock);
@@ -1167,8 +1175,7 @@ int rate_store_shm_drop(rate_store_t *store)
     for (uint32_t i = 0; i < m->max_policies; i++) {
         shm_rec_t *r = rec_at(m, i);
         if (atomic_load_explicit(&r->used, memory_order_relaxed) &&
-            r->key_len >= m->prefix_len &&
-            memcmp(rec_key(r), m->prefix, m->prefix_len) == 0)
+            has_prefix(m, rec_key(r), r->key_len))
             atomic_store_explicit(&r->used, 0, memory_order_release);
     }
     unlock(&m->h->rec_lock);
