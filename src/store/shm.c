@@ -138,7 +138,11 @@ typedef struct shm {
     uint64_t seed;
     uint32_t nshards, shard_cap, nbuckets, key_max, state_max, slot_size;
     uint32_t key_off, state_off, state_stride;
-    uint32_t max_policies, rec_size;
+    uint32_t max_policies, rec_size, shard_size;
+    /* The header's offsets, as checked at attach: never read again from
+     * the region, which anyone who can write it may change. */
+    uint64_t off_shards, off_slots, off_recs, total, max_keys;
+    int mutex_kind; /* glibc's type word of the region's mutexes */
     uint64_t timeout_ns;
     size_t prefix_len;
     char *prefix;
@@ -288,8 +292,8 @@ size_t rate_store_shm_state_size(const rate_policy_t *policy)
 
 static inline shm_shard_t *shard_at(const shm_t *m, uint32_t i)
 {
-    return (shm_shard_t *)(m->base + m->h->off_shards +
-                           (uint64_t)i * m->h->shard_size);
+    return (shm_shard_t *)(m->base + m->off_shards +
+                           (uint64_t)i * m->shard_size);
 }
 
 static inline uint32_t *buckets_of(shm_shard_t *s)
@@ -299,14 +303,15 @@ static inline uint32_t *buckets_of(shm_shard_t *s)
 
 static inline uint32_t shard_index(const shm_t *m, const shm_shard_t *s)
 {
-    return (uint32_t)(((const uint8_t *)s - (m->base + m->h->off_shards)) /
-                      m->h->shard_size);
+    return (uint32_t)(((const uint8_t *)s - (m->base + m->off_shards)) /
+                      m->shard_size);
 }
 
-/* Slot i (1-based) of shard si. */
+/* Slot i (1-based) of shard si: i must have been checked (1..shard_cap)
+ * when it was read from the region. */
 static inline shm_slot_t *slot_at(const shm_t *m, uint32_t si, uint32_t i)
 {
-    return (shm_slot_t *)(m->base + m->h->off_slots +
+    return (shm_slot_t *)(m->base + m->off_slots +
                           ((uint64_t)si * m->shard_cap + (i - 1)) *
                               m->slot_size);
 }
@@ -324,7 +329,7 @@ static inline uint8_t *slot_copy(const shm_t *m, shm_slot_t *e,
 
 static inline shm_rec_t *rec_at(const shm_t *m, uint32_t i)
 {
-    return (shm_rec_t *)(m->base + m->h->off_recs + (uint64_t)i * m->rec_size);
+    return (shm_rec_t *)(m->base + m->off_recs + (uint64_t)i * m->rec_size);
 }
 
 static inline uint8_t *rec_key(shm_rec_t *r)
@@ -380,6 +385,13 @@ static inline void cpu_relax(void)
 
 static int lock(shm_t *m, pthread_mutex_t *mx, shm_shard_t *s)
 {
+#ifdef __GLIBC__
+    /* A mutex of another type than init_mutex() makes (a damaged region)
+     * would take glibc's priority paths, which assert on what they find:
+     * refused first. */
+    if (__builtin_expect(mx->__data.__kind != m->mutex_kind, 0))
+        return RATE_ECORRUPT;
+#endif
     int r = pthread_mutex_trylock(mx);
 
     /* A shard is held for a few dozen ns: spin a little (test, then try)
@@ -472,7 +484,8 @@ static bool slot_is(const shm_t *m, shm_slot_t *e, uint32_t hash,
 }
 
 /* The free list is doubly linked, so that an insert can take the slot it
- * prefers (its home, or one near it) out of the middle. */
+ * prefers (its home, or one near it) out of the middle.  free_push's
+ * caller has checked s->free_head (0..shard_cap). */
 static inline void free_push(const shm_t *m, shm_shard_t *s, uint32_t si,
                              uint32_t i)
 {
@@ -485,17 +498,25 @@ static inline void free_push(const shm_t *m, shm_shard_t *s, uint32_t si,
     s->free_head = i;
 }
 
-static inline void free_take(const shm_t *m, shm_shard_t *s, uint32_t si,
-                             uint32_t i)
+/* Takes free slot i off the list; RATE_ECORRUPT, with nothing written,
+ * unless both its links are in the shard and link back to it. */
+static inline int free_take(const shm_t *m, shm_shard_t *s, uint32_t si,
+                            uint32_t i)
 {
     shm_slot_t *e = slot_at(m, si, i);
+    uint32_t prev = e->prev, next = e->next;
 
-    if (e->prev != 0)
-        slot_at(m, si, e->prev)->next = e->next;
+    if (prev > m->shard_cap || next > m->shard_cap ||
+        (prev != 0 ? slot_at(m, si, prev)->next : s->free_head) != i ||
+        (next != 0 && slot_at(m, si, next)->prev != i))
+        return RATE_ECORRUPT;
+    if (prev != 0)
+        slot_at(m, si, prev)->next = next;
     else
-        s->free_head = e->next;
-    if (e->next != 0)
-        slot_at(m, si, e->next)->prev = e->prev;
+        s->free_head = next;
+    if (next != 0)
+        slot_at(m, si, next)->prev = prev;
+    return RATE_OK;
 }
 
 /* A key's home slot in its shard (1-based): where an insert puts it if it
@@ -563,7 +584,11 @@ static inline void prefetch_key(const shm_t *m, uint32_t si, uint32_t hash)
     prefetch(home + m->slot_size - 1);
 }
 
-/* The key's slot in shard si (locked), or 0. */
+#define DAMAGED UINT32_MAX /* find(): the chain is damaged */
+
+/* The key's slot in shard si (locked), 0, or DAMAGED for a chain that
+ * links out of the shard or to a free slot, or is longer than the shard
+ * (a cycle): each link is checked before it is followed. */
 static inline uint32_t find(const shm_t *m, shm_shard_t *s, uint32_t si,
                             uint32_t hash, const void *key, size_t len,
                             unsigned space)
@@ -571,8 +596,13 @@ static inline uint32_t find(const shm_t *m, shm_shard_t *s, uint32_t si,
     prefetch_key(m, si, hash);
     uint32_t i = buckets_of(s)[hash & (m->nbuckets - 1)];
 
-    while (i != 0) {
+    for (uint32_t n = 0; i != 0; n++) {
+        if (__builtin_expect(i > m->shard_cap || n == m->shard_cap, 0))
+            return DAMAGED;
         shm_slot_t *e = slot_at(m, si, i);
+        if (__builtin_expect(
+                !atomic_load_explicit(&e->used, memory_order_relaxed), 0))
+            return DAMAGED;
         if (slot_is(m, e, hash, key, len, space))
             return i;
         i = e->next;
@@ -580,56 +610,75 @@ static inline uint32_t find(const shm_t *m, shm_shard_t *s, uint32_t si,
     return 0;
 }
 
-/* Unlinks slot i, then frees it (used cleared after the unlink: a crash
- * between the two leaves the key, which a repair links again). */
-static void slot_remove(shm_t *m, shm_shard_t *s, uint32_t si, uint32_t i)
+/* Unlinks slot i (in use), then frees it (used cleared after the unlink:
+ * a crash between the two leaves the key, which a repair links again).
+ * RATE_ECORRUPT, with nothing written, when its chain does not reach it
+ * through links in the shard, or the count or free list's head is out of
+ * bounds. */
+static int slot_remove(shm_t *m, shm_shard_t *s, uint32_t si, uint32_t i)
 {
     shm_slot_t *e = slot_at(m, si, i);
     uint32_t *link = &buckets_of(s)[e->hash & (m->nbuckets - 1)];
 
-    while (*link != 0 && *link != i)
+    for (uint32_t n = 0; *link != i; n++) {
+        if (*link == 0 || *link > m->shard_cap || n == m->shard_cap)
+            return RATE_ECORRUPT;
         link = &slot_at(m, si, *link)->next;
-    if (*link == i)
-        *link = e->next;
+    }
+    if (s->count == 0 || s->count > m->shard_cap ||
+        s->free_head > m->shard_cap)
+        return RATE_ECORRUPT;
+    *link = e->next;
     atomic_store_explicit(&e->used, 0, memory_order_release);
     free_push(m, s, si, i);
     s->count--;
+    return RATE_OK;
 }
 
 /* A key that may be dropped without changing any answer (as the memory
- * store's expired()). */
-static bool expired(const shm_t *m, shm_slot_t *e, const rate_step_t *st)
+ * store's expired()): 1 if so, 0 if not, RATE_ECORRUPT for a state
+ * longer than state_max. */
+static int expired(const shm_t *m, shm_slot_t *e, const rate_step_t *st)
 {
     if (st->horizon_ns == 0 || !(e->flags & F_HORIZON) || st->is_cold == NULL)
-        return false;
+        return 0;
     uint64_t w = atomic_load_explicit(&e->cw, memory_order_relaxed);
+    if (CW_LEN(w) > m->state_max)
+        return RATE_ECORRUPT;
     return st->is_cold(st->arg, slot_copy(m, e, CW_WHICH(w)), CW_LEN(w),
                        st->horizon_ns);
 }
 
 /* Frees one slot of a full shard: a cold key if the hand meets one, else
- * the first not used since the hand last passed (CLOCK). */
-static void make_room(shm_t *m, shm_shard_t *s, uint32_t si,
-                      const rate_step_t *st)
+ * the first not used since the hand last passed (CLOCK).  RATE_ECORRUPT
+ * for a hand out of the shard or a slot it cannot remove. */
+static int make_room(shm_t *m, shm_shard_t *s, uint32_t si,
+                     const rate_step_t *st)
 {
+    if (s->hand >= m->shard_cap)
+        return RATE_ECORRUPT;
     for (uint64_t n = 0; n < 3ull * m->shard_cap; n++) {
         uint32_t i = s->hand + 1;
         shm_slot_t *e = slot_at(m, si, i);
         s->hand = s->hand + 1 == m->shard_cap ? 0 : s->hand + 1;
         if (!atomic_load_explicit(&e->used, memory_order_relaxed))
             continue;
-        if (expired(m, e, st)) {
-            slot_remove(m, s, si, i);
-            s->reclaimed++;
-            return;
+        int cold = expired(m, e, st), rc;
+        if (cold < 0)
+            return cold;
+        if (cold) {
+            if ((rc = slot_remove(m, s, si, i)) == RATE_OK)
+                s->reclaimed++;
+            return rc;
         }
         if (!(e->flags & F_REF)) {
-            slot_remove(m, s, si, i);
-            s->evictions++;
-            return;
+            if ((rc = slot_remove(m, s, si, i)) == RATE_OK)
+                s->evictions++;
+            return rc;
         }
         e->flags &= (uint8_t)~F_REF;
     }
+    return RATE_OK;
 }
 
 /* Inserts a new key with state st[0..len) into shard si (locked). */
@@ -638,8 +687,12 @@ static int insert(shm_t *m, shm_shard_t *s, uint32_t si, uint32_t hash,
                   const void *state, size_t slen, bool horizon,
                   const rate_step_t *st)
 {
-    if (s->count >= m->shard_cap)
-        make_room(m, s, si, st);
+    int rc;
+
+    if (s->count > m->shard_cap || s->free_head > m->shard_cap)
+        return RATE_ECORRUPT;
+    if (s->count == m->shard_cap && (rc = make_room(m, s, si, st)) != RATE_OK)
+        return rc;
     if (s->free_head == 0 || s->count >= m->shard_cap) {
         repair_shard(m, s); /* an index that lost a slot: rebuild it */
         if (s->free_head == 0)
@@ -656,7 +709,11 @@ static int insert(shm_t *m, shm_shard_t *s, uint32_t si, uint32_t hash,
         }
     shm_slot_t *e = slot_at(m, si, i);
     uint64_t gen = CW_GEN(atomic_load_explicit(&e->cw, memory_order_relaxed));
-    free_take(m, s, si, i);
+    /* The free list's head in use: a damaged list (never take a key's
+     * slot). */
+    if (atomic_load_explicit(&e->used, memory_order_relaxed) ||
+        (rc = free_take(m, s, si, i)) != RATE_OK)
+        return RATE_ECORRUPT;
     e->hash = hash;
     e->key_len = (uint16_t)len;
     e->flags = (uint8_t)(space | (horizon ? F_HORIZON : 0));
@@ -744,6 +801,10 @@ static int rec_update(shm_t *m, const char *key, size_t len,
     uint32_t at = rec_find(m, key, len);
     shm_rec_t *r = at != UINT32_MAX ? rec_at(m, at) : NULL;
     if (r != NULL) {
+        if (r->len > REC_TEXT) { /* a damaged length */
+            unlock(&m->h->rec_lock);
+            return RATE_ECORRUPT;
+        }
         io.old_state = rec_text(m, r);
         io.old_len = r->len;
     }
@@ -819,11 +880,16 @@ static int shm_update(void *self, const rate_key_t *k, const rate_step_t *st)
     uint8_t *heap = NULL;
     rate_step_io_t io = {0};
     uint32_t i = find(m, s, si, hash, key, len, space);
-    shm_slot_t *e = i != 0 ? slot_at(m, si, i) : NULL;
+    shm_slot_t *e = i != 0 && i != DAMAGED ? slot_at(m, si, i) : NULL;
     uint64_t w = 0;
     uint8_t *idle = NULL;
-    if (e != NULL) {
+    if (e != NULL)
         w = atomic_load_explicit(&e->cw, memory_order_relaxed);
+    if (__builtin_expect(i == DAMAGED || CW_LEN(w) > m->state_max, 0)) {
+        unlock(&s->lock);
+        return RATE_ECORRUPT;
+    }
+    if (e != NULL) {
         io.old_state = slot_copy(m, e, CW_WHICH(w));
         io.old_len = CW_LEN(w);
         idle = slot_copy(m, e, CW_WHICH(w) ^ 1u);
@@ -880,13 +946,17 @@ static int shm_acquire(void *self, const rate_acquire_t *req,
     if (lock(m, &s->lock, s) != RATE_OK)
         return RATE_ENOTSUP;
     uint32_t i = find(m, s, si, hash, key, len, space);
-    if (i == 0) {
+    if (i == 0 || i == DAMAGED) { /* damaged: update() says so */
         unlock(&s->lock);
         return RATE_ENOTSUP;
     }
     shm_slot_t *e = slot_at(m, si, i);
     uint64_t w = atomic_load_explicit(&e->cw, memory_order_relaxed), ttl;
     size_t n = CW_LEN(w);
+    if (__builtin_expect(n > m->state_max, 0)) {
+        unlock(&s->lock);
+        return RATE_ENOTSUP;
+    }
     uint8_t *idle = slot_copy(m, e, CW_WHICH(w) ^ 1u);
     /* Decided on a copy in the idle half, committed only if rewritten. */
     memcpy(idle, slot_copy(m, e, CW_WHICH(w)), n);
@@ -925,20 +995,19 @@ static int shm_remove(void *self, const rate_key_t *k)
     if ((rc = lock(m, &s->lock, s)) != RATE_OK)
         return rc;
     uint32_t i = find(m, s, si, (uint32_t)h, key, len, space);
-    if (i != 0)
-        slot_remove(m, s, si, i);
+    rc = i == DAMAGED ? RATE_ECORRUPT
+         : i != 0     ? slot_remove(m, s, si, i)
+                      : RATE_OK;
     unlock(&s->lock);
-    return RATE_OK;
+    return rc;
 }
 
 static int gather(shm_t *m, rate_shm_info_t *out)
 {
-    const shm_hdr_t *h = m->h;
-
     memset(out, 0, sizeof *out);
-    out->max_keys = h->max_keys;
+    out->max_keys = m->max_keys;
     out->capacity = (uint64_t)m->nshards * m->shard_cap;
-    out->bytes = h->total;
+    out->bytes = m->total;
     out->slot_bytes = m->slot_size + 4ull * m->nbuckets / m->shard_cap +
                       (SHARD_HDR + m->shard_cap - 1) / m->shard_cap;
     out->shards = m->nshards;
@@ -951,6 +1020,10 @@ static int gather(shm_t *m, rate_shm_info_t *out)
         int rc = lock(m, &s->lock, s);
         if (rc != RATE_OK)
             return rc;
+        if (s->count > m->shard_cap) { /* a damaged count */
+            unlock(&s->lock);
+            return RATE_ECORRUPT;
+        }
         out->keys += s->count;
         out->evictions += s->evictions;
         out->reclaimed += s->reclaimed;
@@ -1054,11 +1127,14 @@ static int check_shard(shm_t *m, uint32_t si, char *err, size_t errlen)
     }
     for (uint32_t bi = 0; bi < m->nbuckets; bi++) {
         uint32_t steps = 0;
-        for (uint32_t i = b[bi]; i != 0; i = slot_at(m, si, i)->next) {
+        /* The chain's links first (in the shard, no cycle), so that the
+         * search for a key twice below walks a chain that ends. */
+        for (uint32_t i = b[bi]; i != 0; i = slot_at(m, si, i)->next)
             if (i > m->shard_cap || ++steps > m->shard_cap)
                 return fail(err, errlen, RATE_ECORRUPT,
                             "shard %u bucket %u: a bad link or a cycle", si,
                             bi);
+        for (uint32_t i = b[bi]; i != 0; i = slot_at(m, si, i)->next) {
             shm_slot_t *e = slot_at(m, si, i);
             if (!atomic_load_explicit(&e->used, memory_order_relaxed))
                 return fail(err, errlen, RATE_ECORRUPT,
@@ -1068,8 +1144,7 @@ static int check_shard(shm_t *m, uint32_t si, char *err, size_t errlen)
                 return fail(err, errlen, RATE_ECORRUPT,
                             "shard %u slot %u: in bucket %u, not its own",
                             si, i, bi);
-            for (uint32_t j = e->next; j != 0 && j <= m->shard_cap;
-                 j = slot_at(m, si, j)->next)
+            for (uint32_t j = e->next; j != 0; j = slot_at(m, si, j)->next)
                 if (slot_is(m, slot_at(m, si, j), e->hash, slot_key(m, e),
                             e->key_len, e->flags & F_SPACE))
                     return fail(err, errlen, RATE_ECORRUPT,
@@ -1110,15 +1185,16 @@ int rate_store_shm_check(rate_store_t *store, char *err, size_t errlen)
     for (uint32_t si = 0; si < m->nshards; si++) {
         shm_shard_t *s = shard_at(m, si);
         if ((rc = lock(m, &s->lock, s)) != RATE_OK)
-            return fail(err, errlen, rc, "shard %u: cannot take its lock",
-                        si);
+            return fail(err, errlen, rc, "shard %u: cannot take its lock%s",
+                        si, rc == RATE_ECORRUPT ? " (damaged)" : "");
         rc = check_shard(m, si, err, errlen);
         unlock(&s->lock);
         if (rc != RATE_OK)
             return rc;
     }
     if ((rc = lock(m, &m->h->rec_lock, NULL)) != RATE_OK)
-        return fail(err, errlen, rc, "the records: cannot take their lock");
+        return fail(err, errlen, rc, "the records: cannot take their lock%s",
+                    rc == RATE_ECORRUPT ? " (damaged)" : "");
     for (uint32_t i = 0; i < m->max_policies && rc == RATE_OK; i++) {
         shm_rec_t *r = rec_at(m, i);
         if (!atomic_load_explicit(&r->used, memory_order_relaxed))
@@ -1158,17 +1234,21 @@ int rate_store_shm_drop(rate_store_t *store)
 
     if (m == NULL)
         return RATE_EINVAL;
+    int damaged = RATE_OK;
     for (uint32_t si = 0; si < m->nshards; si++) {
         shm_shard_t *s = shard_at(m, si);
         if ((rc = lock(m, &s->lock, s)) != RATE_OK)
             return rc;
-        for (uint32_t i = 1; i <= m->shard_cap; i++) {
+        /* A damaged shard keeps what is left of it; the others go on. */
+        for (uint32_t i = 1; i <= m->shard_cap && rc == RATE_OK; i++) {
             shm_slot_t *e = slot_at(m, si, i);
             if (atomic_load_explicit(&e->used, memory_order_relaxed) &&
                 has_prefix(m, slot_key(m, e), e->key_len))
-                slot_remove(m, s, si, i);
+                rc = slot_remove(m, s, si, i);
         }
         unlock(&s->lock);
+        if (rc != RATE_OK)
+            damaged = rc;
     }
     if ((rc = lock(m, &m->h->rec_lock, NULL)) != RATE_OK)
         return rc;
@@ -1179,7 +1259,7 @@ int rate_store_shm_drop(rate_store_t *store)
             atomic_store_explicit(&r->used, 0, memory_order_release);
     }
     unlock(&m->h->rec_lock);
-    return RATE_OK;
+    return damaged;
 }
 
 /* ------------------------------------------------- making, attaching */
@@ -1346,6 +1426,22 @@ static int make_handle(uint8_t *base, size_t map_len,
     m->state_stride = (uint32_t)round_up(h->state_max, 8);
     m->max_policies = h->max_policies;
     m->rec_size = h->rec_size;
+    m->shard_size = h->shard_size;
+    m->off_shards = h->off_shards;
+    m->off_slots = h->off_slots;
+    m->off_recs = h->off_recs;
+    m->total = h->total;
+    m->max_keys = h->max_keys;
+#ifdef __GLIBC__
+    pthread_mutex_t probe;
+    if (init_mutex(&probe) != RATE_OK) {
+        free(m->prefix);
+        free(m);
+        return RATE_ENOMEM;
+    }
+    m->mutex_kind = probe.__data.__kind;
+    pthread_mutex_destroy(&probe);
+#endif
     m->timeout_ns = o->lock_timeout_ns ? o->lock_timeout_ns : DEF_TIMEOUT_NS;
     m->created = created;
     int rc = rate_store_new(&shm_methods, m, out);
