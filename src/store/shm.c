@@ -75,6 +75,11 @@ enum {
 #define CW_MAKE(gen, which, len)                                           \
     (((uint64_t)(gen) << 32) | ((uint64_t)(which) << 24) | (uint64_t)(len))
 
+/* One load of an index, length or count from the region: checked, then
+ * used as loaded (a writer of the file may change it in between; the
+ * compiler must not load it again). */
+#define READ(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+
 /* The region's header: everything another process needs to read it. */
 typedef struct shm_hdr {
     char magic[8];
@@ -467,11 +472,12 @@ static bool slot_valid(const shm_t *m, uint32_t si, shm_slot_t *e)
 {
     uint64_t w = atomic_load_explicit(&e->cw, memory_order_relaxed);
     unsigned space = e->flags & F_SPACE;
+    uint16_t klen = READ(e->key_len);
 
-    if (e->key_len == 0 || e->key_len > m->key_max ||
-        CW_LEN(w) > m->state_max || space > RATE_SPACE_SHADOW)
+    if (klen == 0 || klen > m->key_max || CW_LEN(w) > m->state_max ||
+        space > RATE_SPACE_SHADOW)
         return false;
-    uint64_t h = key_hash(m, slot_key(m, e), e->key_len, space);
+    uint64_t h = key_hash(m, slot_key(m, e), klen, space);
     return (uint32_t)h == e->hash && shard_of_hash(m, h) == si;
 }
 
@@ -484,17 +490,18 @@ static bool slot_is(const shm_t *m, shm_slot_t *e, uint32_t hash,
 }
 
 /* The free list is doubly linked, so that an insert can take the slot it
- * prefers (its home, or one near it) out of the middle.  free_push's
- * caller has checked s->free_head (0..shard_cap). */
+ * prefers (its home, or one near it) out of the middle.  free_push puts i
+ * before `head`, the list's head as the caller read and checked it
+ * (0..shard_cap). */
 static inline void free_push(const shm_t *m, shm_shard_t *s, uint32_t si,
-                             uint32_t i)
+                             uint32_t i, uint32_t head)
 {
     shm_slot_t *e = slot_at(m, si, i);
 
     e->prev = 0;
-    e->next = s->free_head;
-    if (s->free_head != 0)
-        slot_at(m, si, s->free_head)->prev = i;
+    e->next = head;
+    if (head != 0)
+        slot_at(m, si, head)->prev = i;
     s->free_head = i;
 }
 
@@ -504,11 +511,12 @@ static inline int free_take(const shm_t *m, shm_shard_t *s, uint32_t si,
                             uint32_t i)
 {
     shm_slot_t *e = slot_at(m, si, i);
-    uint32_t prev = e->prev, next = e->next;
+    uint32_t prev = READ(e->prev), next = READ(e->next);
 
     if (prev > m->shard_cap || next > m->shard_cap ||
-        (prev != 0 ? slot_at(m, si, prev)->next : s->free_head) != i ||
-        (next != 0 && slot_at(m, si, next)->prev != i))
+        (prev != 0 ? READ(slot_at(m, si, prev)->next) : READ(s->free_head)) !=
+            i ||
+        (next != 0 && READ(slot_at(m, si, next)->prev) != i))
         return RATE_ECORRUPT;
     if (prev != 0)
         slot_at(m, si, prev)->next = next;
@@ -534,6 +542,8 @@ static void repair_shard(shm_t *m, shm_shard_t *s)
 {
     uint32_t si = shard_index(m, s), *b = buckets_of(s);
 
+    uint32_t free_head = 0;
+
     memset(b, 0, (size_t)m->nbuckets * 4);
     s->free_head = 0;
     s->count = 0;
@@ -541,11 +551,15 @@ static void repair_shard(shm_t *m, shm_shard_t *s)
         shm_slot_t *e = slot_at(m, si, i);
         if (atomic_load_explicit(&e->used, memory_order_relaxed)) {
             bool ok = slot_valid(m, si, e);
-            /* A key twice (which no crash should make): keep the first. */
-            for (uint32_t j = b[e->hash & (m->nbuckets - 1)]; ok && j != 0;
-                 j = slot_at(m, si, j)->next)
+            uint16_t klen = READ(e->key_len);
+            /* A key twice (which no crash should make): keep the first.
+             * The chains are this walk's own, checked all the same. */
+            uint32_t j = READ(b[e->hash & (m->nbuckets - 1)]);
+            for (uint32_t n = 0; ok && j != 0 && j <= m->shard_cap &&
+                                 klen <= m->key_max && n < m->shard_cap;
+                 n++, j = READ(slot_at(m, si, j)->next))
                 if (slot_is(m, slot_at(m, si, j), e->hash, slot_key(m, e),
-                            e->key_len, e->flags & F_SPACE))
+                            klen, e->flags & F_SPACE))
                     ok = false;
             if (ok) {
                 uint32_t *head = &b[e->hash & (m->nbuckets - 1)];
@@ -557,7 +571,8 @@ static void repair_shard(shm_t *m, shm_shard_t *s)
             atomic_store_explicit(&e->used, 0, memory_order_release);
             s->repaired++;
         }
-        free_push(m, s, si, i);
+        free_push(m, s, si, i, free_head);
+        free_head = i;
     }
     if (s->hand >= m->shard_cap)
         s->hand = 0;
@@ -594,7 +609,7 @@ static inline uint32_t find(const shm_t *m, shm_shard_t *s, uint32_t si,
                             unsigned space)
 {
     prefetch_key(m, si, hash);
-    uint32_t i = buckets_of(s)[hash & (m->nbuckets - 1)];
+    uint32_t i = READ(buckets_of(s)[hash & (m->nbuckets - 1)]);
 
     for (uint32_t n = 0; i != 0; n++) {
         if (__builtin_expect(i > m->shard_cap || n == m->shard_cap, 0))
@@ -605,7 +620,7 @@ static inline uint32_t find(const shm_t *m, shm_shard_t *s, uint32_t si,
             return DAMAGED;
         if (slot_is(m, e, hash, key, len, space))
             return i;
-        i = e->next;
+        i = READ(e->next);
     }
     return 0;
 }
@@ -620,18 +635,18 @@ static int slot_remove(shm_t *m, shm_shard_t *s, uint32_t si, uint32_t i)
     shm_slot_t *e = slot_at(m, si, i);
     uint32_t *link = &buckets_of(s)[e->hash & (m->nbuckets - 1)];
 
-    for (uint32_t n = 0; *link != i; n++) {
-        if (*link == 0 || *link > m->shard_cap || n == m->shard_cap)
+    for (uint32_t n = 0, j; (j = READ(*link)) != i; n++) {
+        if (j == 0 || j > m->shard_cap || n == m->shard_cap)
             return RATE_ECORRUPT;
-        link = &slot_at(m, si, *link)->next;
+        link = &slot_at(m, si, j)->next;
     }
-    if (s->count == 0 || s->count > m->shard_cap ||
-        s->free_head > m->shard_cap)
+    uint32_t count = READ(s->count), head = READ(s->free_head);
+    if (count == 0 || count > m->shard_cap || head > m->shard_cap)
         return RATE_ECORRUPT;
     *link = e->next;
     atomic_store_explicit(&e->used, 0, memory_order_release);
-    free_push(m, s, si, i);
-    s->count--;
+    free_push(m, s, si, i, head);
+    s->count = count - 1;
     return RATE_OK;
 }
 
@@ -655,12 +670,15 @@ static int expired(const shm_t *m, shm_slot_t *e, const rate_step_t *st)
 static int make_room(shm_t *m, shm_shard_t *s, uint32_t si,
                      const rate_step_t *st)
 {
-    if (s->hand >= m->shard_cap)
+    uint32_t hand = READ(s->hand);
+
+    if (hand >= m->shard_cap)
         return RATE_ECORRUPT;
     for (uint64_t n = 0; n < 3ull * m->shard_cap; n++) {
-        uint32_t i = s->hand + 1;
+        uint32_t i = hand + 1;
         shm_slot_t *e = slot_at(m, si, i);
-        s->hand = s->hand + 1 == m->shard_cap ? 0 : s->hand + 1;
+        hand = i == m->shard_cap ? 0 : i;
+        s->hand = hand;
         if (!atomic_load_explicit(&e->used, memory_order_relaxed))
             continue;
         int cold = expired(m, e, st), rc;
@@ -687,11 +705,12 @@ static int insert(shm_t *m, shm_shard_t *s, uint32_t si, uint32_t hash,
                   const void *state, size_t slen, bool horizon,
                   const rate_step_t *st)
 {
+    uint32_t count = READ(s->count);
     int rc;
 
-    if (s->count > m->shard_cap || s->free_head > m->shard_cap)
+    if (count > m->shard_cap)
         return RATE_ECORRUPT;
-    if (s->count == m->shard_cap && (rc = make_room(m, s, si, st)) != RATE_OK)
+    if (count == m->shard_cap && (rc = make_room(m, s, si, st)) != RATE_OK)
         return rc;
     if (s->free_head == 0 || s->count >= m->shard_cap) {
         repair_shard(m, s); /* an index that lost a slot: rebuild it */
@@ -700,7 +719,9 @@ static int insert(shm_t *m, shm_shard_t *s, uint32_t si, uint32_t hash,
     }
     /* The key's home if free, else a free slot just after it, else the
      * free list's first. */
-    uint32_t i = s->free_head, h = home_of(m, hash);
+    uint32_t i = READ(s->free_head), h = home_of(m, hash);
+    if (i == 0 || i > m->shard_cap) /* changed since the repair */
+        return RATE_ECORRUPT;
     for (uint32_t k = 0; k < 4; k++, h = h == m->shard_cap ? 1 : h + 1)
         if (!atomic_load_explicit(&slot_at(m, si, h)->used,
                                   memory_order_relaxed)) {
@@ -780,10 +801,11 @@ static void repair_records(shm_t *m)
 {
     for (uint32_t i = 0; i < m->max_policies; i++) {
         shm_rec_t *r = rec_at(m, i);
+        uint16_t klen = READ(r->key_len);
         if (!atomic_load_explicit(&r->used, memory_order_relaxed))
             continue;
-        if (r->key_len == 0 || r->key_len > m->key_max || r->len > REC_TEXT ||
-            rec_find(m, rec_key(r), r->key_len) != i)
+        if (klen == 0 || klen > m->key_max || READ(r->len) > REC_TEXT ||
+            rec_find(m, rec_key(r), klen) != i)
             atomic_store_explicit(&r->used, 0, memory_order_release);
     }
 }
@@ -801,12 +823,12 @@ static int rec_update(shm_t *m, const char *key, size_t len,
     uint32_t at = rec_find(m, key, len);
     shm_rec_t *r = at != UINT32_MAX ? rec_at(m, at) : NULL;
     if (r != NULL) {
-        if (r->len > REC_TEXT) { /* a damaged length */
+        io.old_len = READ(r->len);
+        if (io.old_len > REC_TEXT) { /* a damaged length */
             unlock(&m->h->rec_lock);
             return RATE_ECORRUPT;
         }
         io.old_state = rec_text(m, r);
-        io.old_len = r->len;
     }
     io.new_cap = io.old_len + st->grow;
     if (io.new_cap > sizeof stack && (buf = malloc(io.new_cap)) == NULL) {
@@ -1127,14 +1149,12 @@ static int check_shard(shm_t *m, uint32_t si, char *err, size_t errlen)
     }
     for (uint32_t bi = 0; bi < m->nbuckets; bi++) {
         uint32_t steps = 0;
-        /* The chain's links first (in the shard, no cycle), so that the
-         * search for a key twice below walks a chain that ends. */
-        for (uint32_t i = b[bi]; i != 0; i = slot_at(m, si, i)->next)
+        for (uint32_t i = READ(b[bi]); i != 0;
+             i = READ(slot_at(m, si, i)->next)) {
             if (i > m->shard_cap || ++steps > m->shard_cap)
                 return fail(err, errlen, RATE_ECORRUPT,
                             "shard %u bucket %u: a bad link or a cycle", si,
                             bi);
-        for (uint32_t i = b[bi]; i != 0; i = slot_at(m, si, i)->next) {
             shm_slot_t *e = slot_at(m, si, i);
             if (!atomic_load_explicit(&e->used, memory_order_relaxed))
                 return fail(err, errlen, RATE_ECORRUPT,
@@ -1144,17 +1164,32 @@ static int check_shard(shm_t *m, uint32_t si, char *err, size_t errlen)
                 return fail(err, errlen, RATE_ECORRUPT,
                             "shard %u slot %u: in bucket %u, not its own",
                             si, i, bi);
-            for (uint32_t j = e->next; j != 0; j = slot_at(m, si, j)->next)
+            /* The rest of the chain, for the same key: each link checked,
+             * and no more steps than the shard has slots (a cycle behind
+             * this slot). */
+            uint16_t klen = READ(e->key_len);
+            uint32_t rest = 0;
+            if (klen > m->key_max)
+                return fail(err, errlen, RATE_ECORRUPT,
+                            "shard %u slot %u: a key of %u bytes", si, i,
+                            klen);
+            for (uint32_t j = READ(e->next); j != 0;
+                 j = READ(slot_at(m, si, j)->next)) {
+                if (j > m->shard_cap || ++rest > m->shard_cap)
+                    return fail(err, errlen, RATE_ECORRUPT,
+                                "shard %u bucket %u: a bad link or a cycle",
+                                si, bi);
                 if (slot_is(m, slot_at(m, si, j), e->hash, slot_key(m, e),
-                            e->key_len, e->flags & F_SPACE))
+                            klen, e->flags & F_SPACE))
                     return fail(err, errlen, RATE_ECORRUPT,
                                 "shard %u: a key held twice (slots %u, %u)",
                                 si, i, j);
+            }
             linked++;
         }
     }
-    for (uint32_t i = s->free_head, prev = 0; i != 0;
-         prev = i, i = slot_at(m, si, i)->next) {
+    for (uint32_t i = READ(s->free_head), prev = 0; i != 0;
+         prev = i, i = READ(slot_at(m, si, i)->next)) {
         if (i > m->shard_cap || ++free_n > m->shard_cap ||
             slot_at(m, si, i)->prev != prev)
             return fail(err, errlen, RATE_ECORRUPT,
@@ -1197,19 +1232,20 @@ int rate_store_shm_check(rate_store_t *store, char *err, size_t errlen)
                     rc == RATE_ECORRUPT ? " (damaged)" : "");
     for (uint32_t i = 0; i < m->max_policies && rc == RATE_OK; i++) {
         shm_rec_t *r = rec_at(m, i);
+        uint16_t klen = READ(r->key_len);
         if (!atomic_load_explicit(&r->used, memory_order_relaxed))
             continue;
-        if (r->key_len == 0 || r->key_len > m->key_max || r->len > REC_TEXT)
+        if (klen == 0 || klen > m->key_max || READ(r->len) > REC_TEXT)
             rc = fail(err, errlen, RATE_ECORRUPT,
                       "policy record %u: bad lengths", i);
-        else if (rec_find(m, rec_key(r), r->key_len) != i ||
+        else if (rec_find(m, rec_key(r), klen) != i ||
                  r->seq > m->h->rec_seq)
             for (uint32_t j = 0; j < m->max_policies && rc == RATE_OK; j++)
                 if (j != i &&
                     atomic_load_explicit(&rec_at(m, j)->used,
                                          memory_order_relaxed) &&
-                    rec_at(m, j)->key_len == r->key_len &&
-                    memcmp(rec_key(rec_at(m, j)), rec_key(r), r->key_len) == 0)
+                    rec_at(m, j)->key_len == klen &&
+                    memcmp(rec_key(rec_at(m, j)), rec_key(r), klen) == 0)
                     rc = fail(err, errlen, RATE_ECORRUPT,
                               "policy records %u and %u: one key twice", i,
                               j);
