@@ -1363,6 +1363,109 @@ static void survives_a_corrupt_region(void **state)
     alarm(0);
 }
 
+/* A writer of the file that keeps damaging the region's indices while a
+ * process uses it (its own random numbers: rnd() is this thread's). */
+typedef struct scribbler {
+    region_t *r;
+    atomic_bool stop;
+    uint64_t writes;
+} scribbler_t;
+
+static void *scribble(void *arg)
+{
+    scribbler_t *w = arg;
+    region_t *r = w->r;
+    uint64_t x = 0x9e3779b97f4a7c15u;
+    while (!atomic_load(&w->stop)) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        uint32_t si = (uint32_t)(x % r->nshards);
+        uint32_t i = 1 + (uint32_t)((x >> 8) % r->cap);
+        uint32_t v = (x >> 40) & 1 ? (uint32_t)(x >> 20) % (r->cap + 2)
+                                   : (uint32_t)(x >> 32);
+        uint8_t *at;
+        switch ((x >> 56) % 7) {
+        case 0: at = shard_p(r, si) + SHARD_BUCKETS +
+                     4 * ((x >> 24) % r->nbuckets); break;
+        case 1: at = slot_p(r, si, i) + SLOT_NEXT; break;
+        case 2: at = slot_p(r, si, i) + SLOT_PREV; break;
+        case 3: at = shard_p(r, si) + SHARD_FREE; break;
+        case 4: at = shard_p(r, si) + SHARD_HAND; break;
+        case 5: at = shard_p(r, si) + SHARD_COUNT; break;
+        default: at = slot_p(r, si, i) + SLOT_KEY_LEN; break;
+        }
+        __atomic_store_n((uint32_t *)(void *)at, v, __ATOMIC_RELAXED);
+        w->writes++;
+    }
+    return NULL;
+}
+
+/* The same calls while another thread keeps writing bad indices into the
+ * region (a writer of the file does not take the locks): each value is
+ * checked as it is used, not only when first read. */
+static void survives_a_region_damaged_while_in_use(void **state)
+{
+    (void)state;
+    alarm(300);
+    rate_shm_options_t o = {.max_keys = 64, .shards = 2, .max_policies = 4,
+                            .init = true};
+    region_t r = {.len = rate_store_shm_size(&o)};
+    r.mem = aligned_alloc(GUARD, r.len + 2 * GUARD);
+    assert_non_null(r.mem);
+    memset(r.mem, 0xa5, r.len + 2 * GUARD);
+    r.base = r.mem + GUARD;
+    memset(r.base, 0, r.len);
+    rate_store_t *s = NULL;
+    char err[256] = "";
+    assert_int_equal(rate_store_shm_new_in(r.base, r.len, &o, &s, err,
+                                           sizeof err),
+                     RATE_OK);
+    r.nshards = rd32(r.base + HDR_NSHARDS);
+    r.cap = rd32(r.base + HDR_SHARD_CAP);
+    r.nbuckets = rd32(r.base + HDR_NBUCKETS);
+    r.slot_size = rd32(r.base + HDR_SLOT_SIZE);
+    r.shard_size = rd32(r.base + HDR_SHARD_SIZE);
+    r.off_shards = rd64(r.base + HDR_OFF_SHARDS);
+    r.off_slots = rd64(r.base + HDR_OFF_SLOTS);
+    rate_limiter_t *lim = limiter_of("token-bucket 10/s burst=5", s);
+    char key[16];
+    for (int i = 0; i < 40; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        assert_true(rate_try_acquire_at(lim, key, 1, SEC));
+    }
+    uint8_t *clean = malloc(r.len);
+    assert_non_null(clean);
+    memcpy(clean, r.base, r.len);
+
+    scribbler_t w = {.r = &r};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, scribble, &w), 0);
+    int corrupt = 0;
+    for (int round = 0; round < 2000; round++) {
+        /* The index made whole again now and then, so that calls get
+         * past the first damage (a race with the writer, as wanted). */
+        if (round % 4 == 0)
+            for (uint32_t si = 0; si < r.nshards; si++)
+                memcpy(shard_p(&r, si) + SHARD_COUNT,
+                       clean + (shard_p(&r, si) - r.base) + SHARD_COUNT,
+                       r.shard_size - SHARD_COUNT);
+        corrupt += use_damaged(s, lim, 2 * SEC + (uint64_t)round * MS,
+                               round % 5 == 0, "a writer at work") > 0;
+        guards_intact(&r);
+    }
+    atomic_store(&w.stop, true);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    print_message("%d of 2000 rounds met the damage; %llu writes\n", corrupt,
+                  (unsigned long long)w.writes);
+    assert_true(corrupt > 0);
+    rate_limiter_free(lim);
+    rate_store_free(s);
+    free(clean);
+    free(r.mem);
+    alarm(0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1394,6 +1497,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(survives_a_corrupt_region, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(
+            survives_a_region_damaged_while_in_use, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
