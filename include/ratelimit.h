@@ -851,7 +851,9 @@ RATE_API size_t rate_store_shm_size(const rate_shm_options_t *options);
  * its state_max, or a new policy record past max_policies; RATE_ETIMEDOUT
  * when a live process held the key's shard for lock_timeout_ns;
  * RATE_ESTORE for a shard lock the system refuses (left unrecoverable);
- * RATE_ENOMEM.  Nothing is written on any of them. */
+ * RATE_ECORRUPT for a region damaged by a writer of its file (never a
+ * crash: docs/shm.md, "A damaged region"); RATE_ENOMEM.  Nothing is
+ * written on any of them. */
 RATE_API size_t rate_store_shm_state_size(const rate_policy_t *policy);
 
 typedef struct rate_shm_info {
@@ -872,7 +874,8 @@ typedef struct rate_shm_info {
 
 /* The region's sizes and counters (of every process that used it).
  * RATE_EINVAL for NULL or a store that is not a shared-memory store;
- * RATE_ETIMEDOUT as for a decision.  Thread-safe: yes. */
+ * RATE_ETIMEDOUT as for a decision; RATE_ECORRUPT for a key count past
+ * a shard's slots (a damaged region).  Thread-safe: yes. */
 RATE_API int rate_store_shm_info(rate_store_t *store, rate_shm_info_t *out);
 
 /* A full check of the region's invariants, shard by shard under its lock
@@ -887,7 +890,9 @@ RATE_API int rate_store_shm_check(rate_store_t *store, char *err,
 
 /* Removes every key and policy record under the store's prefix (all of
  * them without one), shard by shard.  RATE_OK, RATE_EINVAL for a store
- * that is not a shared-memory store, RATE_ETIMEDOUT.  Thread-safe: yes. */
+ * that is not a shared-memory store, RATE_ETIMEDOUT; RATE_ECORRUPT for a
+ * damaged shard, after dropping what it can of the others.
+ * Thread-safe: yes. */
 RATE_API int rate_store_shm_drop(rate_store_t *store);
 
 typedef struct rate_stats {
