@@ -1466,6 +1466,75 @@ static void survives_a_region_damaged_while_in_use(void **state)
     alarm(0);
 }
 
+/* A writer that flips the header's slots per shard between the region's
+ * own and a number far past it, while others attach. */
+typedef struct flipper {
+    uint8_t *at;
+    uint32_t good, bad;
+    atomic_bool stop;
+} flipper_t;
+
+static void *flip(void *arg)
+{
+    flipper_t *f = arg;
+    while (!atomic_load(&f->stop)) {
+        __atomic_store_n((uint32_t *)(void *)f->at, f->bad, __ATOMIC_RELAXED);
+        __atomic_store_n((uint32_t *)(void *)f->at, f->good, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+/* Attaching checks a copy of the header and makes the handle from that
+ * copy: a header changed between the check and the handle (shard_cap
+ * flipped to a value past the region) is refused or never seen, and each
+ * handle let in works within the region. */
+static void attaches_to_the_header_it_checked(void **state)
+{
+    (void)state;
+    alarm(300);
+    rate_shm_options_t o = {.max_keys = 64, .shards = 1, .init = true};
+    region_t r = {.len = rate_store_shm_size(&o)};
+    r.mem = aligned_alloc(GUARD, r.len + 2 * GUARD);
+    assert_non_null(r.mem);
+    memset(r.mem, 0xa5, r.len + 2 * GUARD);
+    r.base = r.mem + GUARD;
+    memset(r.base, 0, r.len);
+    rate_store_t *s = NULL;
+    char err[256] = "";
+    assert_int_equal(rate_store_shm_new_in(r.base, r.len, &o, &s, err,
+                                           sizeof err),
+                     RATE_OK);
+    rate_store_free(s);
+    flipper_t f = {.at = r.base + HDR_SHARD_CAP,
+                   .good = rd32(r.base + HDR_SHARD_CAP), .bad = 1u << 30};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, flip, &f), 0);
+    rate_shm_options_t attach = {0};
+    int in = 0, refused = 0;
+    for (int i = 0; i < 20000; i++) {
+        s = NULL;
+        if (rate_store_shm_new_in(r.base, r.len, &attach, &s, err,
+                                  sizeof err) != RATE_OK) {
+            refused++;
+            continue;
+        }
+        in++;
+        /* A drop walks every slot the handle thinks the shard has. */
+        assert_int_equal(rate_store_shm_drop(s), RATE_OK);
+        rate_shm_info_t info;
+        assert_int_equal(rate_store_shm_info(s, &info), RATE_OK);
+        assert_true(info.capacity == f.good);
+        rate_store_free(s);
+    }
+    atomic_store(&f.stop, true);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    guards_intact(&r);
+    print_message("%d attached, %d refused\n", in, refused);
+    assert_true(in > 0 && refused > 0);
+    free(r.mem);
+    alarm(0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1499,6 +1568,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(
             survives_a_region_damaged_while_in_use, setup, teardown),
+        cmocka_unit_test_setup_teardown(attaches_to_the_header_it_checked,
+                                        setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

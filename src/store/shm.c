@@ -1362,18 +1362,21 @@ static int init_region(uint8_t *base, const layout_t *l, bool zero)
 }
 
 /* Checks an initialized region of `len` bytes against this build and the
- * options; RATE_OK or an error naming the mismatch. */
-static int check_header(const uint8_t *base, size_t len,
+ * options; RATE_OK or an error naming the mismatch.  The header is copied
+ * to *snap once and the copy checked: the handle is made from it, so a
+ * writer that changes the header meanwhile cannot get past the check. */
+static int check_header(const uint8_t *base, size_t len, shm_hdr_t *snap,
                         const rate_shm_options_t *o, const char *what,
                         char *err, size_t errlen)
 {
-    const shm_hdr_t *h = (const shm_hdr_t *)base;
+    const shm_hdr_t *h = snap;
     layout_t l;
 
     if (len < HDR_BYTES)
         return fail(err, errlen, RATE_ESTORE,
                     "%s: %zu bytes, too short to be a ratelimit shm store "
                     "(truncated?)", what, len);
+    memcpy(snap, base, sizeof *snap);
     if (memcmp(h->magic, SHM_MAGIC, 6) != 0)
         return fail(err, errlen, RATE_ESTORE,
                     "%s: not a ratelimit shm store (bad magic)", what);
@@ -1427,12 +1430,14 @@ static int check_header(const uint8_t *base, size_t len,
     return RATE_OK;
 }
 
-static int make_handle(uint8_t *base, size_t map_len,
+/* A handle on the region at base, its sizes and offsets from h: a copy
+ * of its header that check_header() checked, or that this process made
+ * (never the live header, which a writer may change meanwhile). */
+static int make_handle(uint8_t *base, size_t map_len, const shm_hdr_t *h,
                        const rate_shm_options_t *o, bool created,
                        rate_store_t **out)
 {
     shm_t *m = calloc(1, sizeof *m);
-    shm_hdr_t *h = (shm_hdr_t *)base;
 
     if (m == NULL)
         return RATE_ENOMEM;
@@ -1449,7 +1454,7 @@ static int make_handle(uint8_t *base, size_t map_len,
     }
     m->base = base;
     m->map_len = map_len;
-    m->h = h;
+    m->h = (shm_hdr_t *)base;
     m->seed = h->seed;
     m->nshards = h->nshards;
     m->shard_cap = h->shard_cap;
@@ -1537,10 +1542,10 @@ static int attach_fd(int fd, const char *path, const rate_shm_options_t *o,
     if (p == MAP_FAILED)
         return fail(err, errlen, RATE_ESTORE, "%s: cannot map it: %s", path,
                     strerror(errno));
-    shm_hdr_t *h = p;
+    shm_hdr_t *h = p, snap;
     int rc = atomic_load_explicit(&h->ready, memory_order_acquire) ==
                      READY_DONE
-                 ? check_header(p, len, o, path, err, errlen)
+                 ? check_header(p, len, &snap, o, path, err, errlen)
                  : memcmp(h->magic, SHM_MAGIC, 6) != 0
                        ? fail(err, errlen, RATE_ESTORE,
                               "%s: not a ratelimit shm store (bad magic)",
@@ -1548,8 +1553,9 @@ static int attach_fd(int fd, const char *path, const rate_shm_options_t *o,
                        : fail(err, errlen, RATE_ESTORE,
                               "%s: a region never finished initializing",
                               path);
-    if (rc == RATE_OK && (rc = make_handle(p, len, o, false, out)) != RATE_OK)
-        handle_error(err, errlen, rc, path, o, h->key_max);
+    if (rc == RATE_OK &&
+        (rc = make_handle(p, len, &snap, o, false, out)) != RATE_OK)
+        handle_error(err, errlen, rc, path, o, snap.key_max);
     if (rc != RATE_OK)
         munmap(p, len);
     return rc;
@@ -1624,13 +1630,16 @@ static int create_file(const char *path, const rate_shm_options_t *o,
     } else {
         atomic_store_explicit(&((shm_hdr_t *)p)->ready, READY_DONE,
                               memory_order_release);
+        shm_hdr_t snap; /* as made, before anyone else can write it */
+        memcpy(&snap, p, sizeof snap);
         /* Written to the file before it is published. */
         if (link(tmp, path) != 0) {
             if (errno == EEXIST)
                 *raced = true;
             rc = fail(err, errlen, RATE_ESTORE, "%s: cannot create it: %s",
                       path, strerror(errno));
-        } else if ((rc = make_handle(p, l->total, o, true, out)) != RATE_OK) {
+        } else if ((rc = make_handle(p, l->total, &snap, o, true, out)) !=
+                   RATE_OK) {
             handle_error(err, errlen, rc, path, o, l->key_max);
         } else {
             p = MAP_FAILED; /* the handle's now */
@@ -1723,8 +1732,10 @@ int rate_store_shm_new_in(void *mem, size_t len,
         if ((rc = init_region(mem, &l, true)) != RATE_OK)
             return fail(err, errlen, rc, "cannot make the region's locks");
         /* The region is l.total bytes; any rest of len is not used. */
+        shm_hdr_t snap;
+        memcpy(&snap, h, sizeof snap);
         atomic_store_explicit(&h->ready, READY_DONE, memory_order_release);
-        if ((rc = make_handle(mem, 0, &o, true, out)) != RATE_OK)
+        if ((rc = make_handle(mem, 0, &snap, &o, true, out)) != RATE_OK)
             return handle_error(err, errlen, rc, "the region", &o,
                                 l.key_max);
         return RATE_OK;
@@ -1751,10 +1762,11 @@ int rate_store_shm_new_in(void *mem, size_t len,
     size_t used = len;
     if (h->total <= len)
         used = (size_t)h->total;
-    if ((rc = check_header(mem, used, &o, "the region", err, errlen)) !=
-        RATE_OK)
+    shm_hdr_t snap;
+    if ((rc = check_header(mem, used, &snap, &o, "the region", err,
+                           errlen)) != RATE_OK)
         return rc;
-    if ((rc = make_handle(mem, 0, &o, false, out)) != RATE_OK)
-        return handle_error(err, errlen, rc, "the region", &o, h->key_max);
+    if ((rc = make_handle(mem, 0, &snap, &o, false, out)) != RATE_OK)
+        return handle_error(err, errlen, rc, "the region", &o, snap.key_max);
     return RATE_OK;
 }
