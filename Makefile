@@ -101,11 +101,11 @@ valgrind: test-plain
 # libFuzzer (clang): each target for FUZZ_SECONDS from the seed corpus in
 # tests/fuzz/corpus (copied, so new inputs stay in the build tree).
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS = policy trace clf
+FUZZ_TARGETS = policy trace clf shm
 fuzz:
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_FUZZ=ON \
 	  -DRATE_BUILD_TESTS=OFF -DRATE_BUILD_TOOLS=ON $(CMAKE_FLAGS)
-	cmake --build build-fuzz -j $(JOBS) --target fuzz_policy fuzz_trace fuzz_clf
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_policy fuzz_trace fuzz_clf fuzz_shm
 	@for t in $(FUZZ_TARGETS); do \
 	  mkdir -p build-fuzz/corpus-$$t && cp tests/fuzz/corpus/$$t/* build-fuzz/corpus-$$t/; \
 	  echo "fuzz: fuzz_$$t for $(FUZZ_SECONDS) s"; \

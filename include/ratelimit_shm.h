@@ -12,8 +12,9 @@
  * RATE_EFULL for a state longer than its state_max, or a new policy record
  * past max_policies; RATE_ETIMEDOUT when a live process held the key's
  * shard for lock_timeout_ns; RATE_ESTORE for a shard lock the system
- * refuses (left unrecoverable); RATE_ENOMEM.  Nothing is written on any
- * of them.
+ * refuses (left unrecoverable); RATE_ECORRUPT for a region damaged by a
+ * writer of its file (never a crash: docs/shm.md, "A damaged region");
+ * RATE_ENOMEM.  Nothing is written on any of them.
  */
 #ifndef RATELIMIT_SHM_H
 #define RATELIMIT_SHM_H
@@ -212,7 +213,8 @@ typedef struct rate_shm_info {
  * Errors: RATE_EINVAL for a NULL store or out, or a store that is not a
  * shared-memory store; RATE_ETIMEDOUT as for a decision (a live process
  * held a lock for lock_timeout_ns); RATE_ESTORE for a lock the system
- * refuses.  *out may then be partly filled.
+ * refuses; RATE_ECORRUPT for a key count past a shard's slots (a damaged
+ * region).  *out may then be partly filled.
  *
  * Ownership: store is borrowed; *out is the caller's; nothing is kept.
  *
@@ -245,7 +247,9 @@ RATE_API int rate_store_shm_check(rate_store_t *store, char *err,
  *
  * Errors: RATE_EINVAL for a NULL store or one that is not a shared-memory
  * store; RATE_ETIMEDOUT, or RATE_ESTORE, when a shard's or the records'
- * lock cannot be taken (the shards before it are already emptied).
+ * lock cannot be taken (the shards before it are already emptied);
+ * RATE_ECORRUPT for a damaged shard, after dropping what it can of the
+ * others.
  *
  * Ownership: store is borrowed; nothing is kept.
  *

@@ -106,6 +106,20 @@ if mount -t tmpfs -o size=8m tmpfs "$T/fs" 2>/dev/null; then
 else
   echo "skipped: the tmpfs case (mount -t tmpfs failed: needs root)"
 fi
+# A damaged region (every bucket head out of bounds, as a writer of the
+# file could leave it): an error naming the damage, not a crash.
+Q="$P.damaged"
+"$R" check --key k --policy "fixed-window 5/s" --store "shm:$Q" --max-keys 100 >/dev/null
+u32() { od -An -tu4 -j"$1" -N4 "$Q" | tr -d ' '; }
+nshards=$(u32 20); nbuckets=$(u32 44); shard_size=$(u32 68); off_shards=$(u32 80)
+for ((si = 0; si < nshards; si++)); do
+  head -c $((4 * nbuckets)) /dev/zero | tr '\0' '\377' |
+    dd of="$Q" bs=1 seek=$((off_shards + si * shard_size + 128)) conv=notrunc status=none
+done
+expect_error "check: the shared-memory region is damaged (shard 0 bucket 0: a bad link or a cycle); remove it to start again" \
+  check --key k --policy "fixed-window 5/s" --store "shm:$Q"
+rm -f "$Q"
+
 # a region the run creates for a sliding log is made big enough for it
 printf '0 a\n0 a\n0 a\n' >"$T/log.trace"
 if "$R" replay --policy "sliding-log 100/s" --store "shm:$T/log" "$T/log.trace" >"$T/out" 2>/dev/null &&

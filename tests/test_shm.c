@@ -1010,6 +1010,538 @@ static void a_lost_wakeup_costs_a_slice(void **state)
     rate_store_free(s);
 }
 
+/* ---------------------------------------------------- a corrupt region */
+
+/* More of the layout (version 1), for damaging a region by hand: the
+ * header's sizes and offsets, a shard's index, a slot's and a record's
+ * header fields. */
+#define HDR_SHARD_CAP 40
+#define HDR_NBUCKETS 44
+#define HDR_STATE_MAX 52
+#define HDR_SLOT_SIZE 56
+#define HDR_MAX_POLICIES 60
+#define HDR_REC_SIZE 64
+#define HDR_SHARD_SIZE 68
+#define HDR_NSHARDS 20
+#define HDR_OFF_SLOTS 88
+#define HDR_OFF_RECS 96
+#define MUTEX_BYTES 40 /* sizeof(pthread_mutex_t) here: the locks' bytes */
+#define SHARD_HAND 44
+#define SHARD_FREE 48
+#define SLOT_NEXT 0
+#define SLOT_CW 8
+#define SLOT_KEY_LEN 16
+#define SLOT_USED 18
+#define SLOT_PREV 20
+#define REC_KEY_LEN 4
+#define REC_LEN 8
+#define GUARD 4096u
+
+/* A region in the caller's memory between two guard pages of 0xa5 (a
+ * write past either end shows there, in any build), and where its parts
+ * are. */
+typedef struct region {
+    uint8_t *mem, *base;
+    size_t len;
+    uint32_t nshards, cap, nbuckets, state_max, slot_size, shard_size;
+    uint32_t max_policies, rec_size;
+    uint64_t off_shards, off_slots, off_recs;
+} region_t;
+
+static uint32_t rd32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static uint64_t rd64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static void wr32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, 4);
+}
+
+static uint8_t *shard_p(const region_t *r, uint32_t si)
+{
+    return r->base + r->off_shards + (uint64_t)si * r->shard_size;
+}
+
+static uint8_t *slot_p(const region_t *r, uint32_t si, uint32_t i)
+{
+    return r->base + r->off_slots +
+           ((uint64_t)si * r->cap + (i - 1)) * r->slot_size;
+}
+
+static uint8_t *rec_p(const region_t *r, uint32_t i)
+{
+    return r->base + r->off_recs + (uint64_t)i * r->rec_size;
+}
+
+static void guards_intact(const region_t *r)
+{
+    for (size_t i = 0; i < GUARD; i++)
+        if (r->mem[i] != 0xa5 || r->base[r->len + i] != 0xa5)
+            fail_msg("a write outside the region (guard byte %zu)", i);
+}
+
+/* Whether byte `at` of the region belongs to a lock (never damaged here:
+ * those are glibc's; see docs/shm.md). */
+static bool in_a_lock(const region_t *r, uint64_t at)
+{
+    if (at >= HDR_REC_LOCK && at < HDR_REC_LOCK + MUTEX_BYTES)
+        return true;
+    if (at < r->off_shards || at >= r->off_slots)
+        return false;
+    return (at - r->off_shards) % r->shard_size < MUTEX_BYTES;
+}
+
+/* A damaged index: none, a valid slot (a cycle, or a wrong link), the
+ * last, one past it, all ones, anything. */
+static uint32_t bad_index(const region_t *r)
+{
+    switch (rnd(6)) {
+    case 0: return 0;
+    case 1: return 1 + (uint32_t)rnd(r->cap);
+    case 2: return r->cap;
+    case 3: return r->cap + 1;
+    case 4: return UINT32_MAX;
+    default: return (uint32_t)rnd(UINT64_C(1) << 32);
+    }
+}
+
+/* Damages one thing of the region; says what in `what`. */
+static void damage(region_t *r, char *what, size_t len)
+{
+    uint32_t si = (uint32_t)rnd(r->nshards), i = 1 + (uint32_t)rnd(r->cap);
+    uint8_t *sh = shard_p(r, si), *e = slot_p(r, si, i);
+    uint32_t v = bad_index(r);
+    unsigned kind = (unsigned)rnd(11);
+
+    switch (kind) {
+    case 0: { /* a bucket head, one in use if the shard has any */
+        uint32_t b = (uint32_t)rnd(r->nbuckets);
+        for (uint32_t k = 0; k < r->nbuckets; k++)
+            if (rd32(sh + SHARD_BUCKETS + 4 * ((b + k) % r->nbuckets))) {
+                b = (b + k) % r->nbuckets;
+                break;
+            }
+        wr32(sh + SHARD_BUCKETS + 4 * b, v);
+        snprintf(what, len, "shard %u bucket %u = %u", si, b, v);
+        break;
+    }
+    case 1: wr32(e + SLOT_NEXT, v);
+        snprintf(what, len, "shard %u slot %u next = %u", si, i, v);
+        break;
+    case 2: wr32(e + SLOT_PREV, v);
+        snprintf(what, len, "shard %u slot %u prev = %u", si, i, v);
+        break;
+    case 3: wr32(sh + SHARD_FREE, v);
+        snprintf(what, len, "shard %u free head = %u", si, v);
+        break;
+    case 4: wr32(sh + SHARD_COUNT, v);
+        snprintf(what, len, "shard %u count = %u", si, v);
+        break;
+    case 5: wr32(sh + SHARD_HAND, v);
+        snprintf(what, len, "shard %u hand = %u", si, v);
+        break;
+    case 6: { /* the commit word's length */
+        uint32_t n = rnd(2) ? r->state_max + 1 + (uint32_t)rnd(64)
+                            : (uint32_t)rnd(1u << 24);
+        wr32(e + SLOT_CW, (rd32(e + SLOT_CW) & 0xff000000u) | n);
+        snprintf(what, len, "shard %u slot %u state length = %u", si, i, n);
+        break;
+    }
+    case 7: {
+        uint16_t n = (uint16_t)rnd(65536);
+        memcpy(e + SLOT_KEY_LEN, &n, 2);
+        snprintf(what, len, "shard %u slot %u key length = %u", si, i, n);
+        break;
+    }
+    case 8: e[SLOT_USED] ^= 1;
+        snprintf(what, len, "shard %u slot %u used = %u", si, i,
+                 e[SLOT_USED]);
+        break;
+    case 9: { /* a policy record's lengths */
+        uint8_t *rec = rec_p(r, (uint32_t)rnd(r->max_policies));
+        wr32(rec + (rnd(2) ? REC_LEN : REC_KEY_LEN), v);
+        snprintf(what, len, "a record's length = %u", v);
+        break;
+    }
+    default: { /* a bit anywhere but in a lock */
+        uint64_t at;
+        do
+            at = rnd(r->len);
+        while (in_a_lock(r, at));
+        unsigned bit = (unsigned)rnd(8);
+        r->base[at] ^= (uint8_t)(1u << bit);
+        snprintf(what, len, "byte %llu bit %u", (unsigned long long)at, bit);
+        break;
+    }
+    }
+}
+
+/* A store call on a damaged region: OK, or an error that says so. */
+static void expect_ok_or_corrupt(int rc, const char *call, const char *what)
+{
+    if (rc != RATE_OK && rc != RATE_ECORRUPT && rc != RATE_EFULL)
+        fail_msg("%s after %s: %s", call, what, rate_err_name(rc));
+}
+
+/* Every call on a damaged region: a check, decisions (the full call and
+ * the bool one) on its keys and new ones, resets, the counters, and a
+ * drop when `drop`.  Each must return (no crash, no endless walk), with
+ * RATE_OK or an error; returns how many decisions had RATE_ECORRUPT. */
+static int use_damaged(rate_store_t *s, rate_limiter_t *lim, uint64_t t,
+                       bool drop, const char *what)
+{
+    char err[256] = "", key[16];
+    int rc = rate_store_shm_check(s, err, sizeof err), corrupt = 0;
+    if (rc != RATE_OK && rc != RATE_ECORRUPT)
+        fail_msg("check after %s: %s: %s", what, rate_err_name(rc), err);
+    if (rc == RATE_ECORRUPT && err[0] == '\0')
+        fail_msg("check after %s: RATE_ECORRUPT without a message", what);
+    for (int i = 0; i < 60; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        rate_decision_t d;
+        assert_int_equal(rate_limiter_check_at(lim, key, strlen(key), 1, 0,
+                                               t, &d),
+                         RATE_OK);
+        expect_ok_or_corrupt(d.error, "a decision", what);
+        corrupt += d.error == RATE_ECORRUPT;
+        (void)rate_try_acquire_at(lim, key, 1, t);
+        if (i % 9 == 0)
+            expect_ok_or_corrupt(rate_limiter_reset(lim, key, strlen(key)),
+                                 "a reset", what);
+    }
+    rate_shm_info_t info;
+    rate_stats_t st;
+    expect_ok_or_corrupt(rate_store_shm_info(s, &info), "info", what);
+    expect_ok_or_corrupt(rate_store_stats(s, &st), "stats", what);
+    rc = rate_store_shm_check(s, err, sizeof err);
+    if (rc != RATE_OK && rc != RATE_ECORRUPT)
+        fail_msg("check after %s: %s: %s", what, rate_err_name(rc), err);
+    if (drop)
+        expect_ok_or_corrupt(rate_store_shm_drop(s), "drop", what);
+    return corrupt;
+}
+
+/* A region whose bytes anyone who can write it may change (a file under
+ * /dev/shm): every index read from it is checked before it is used, so a
+ * damaged region is RATE_ECORRUPT for the calls that meet the damage,
+ * never a crash, a write outside the region or an endless walk, also
+ * after the check has reported it.  (Seen before: 11 of 450 random
+ * damages crashed the process.) */
+static void survives_a_corrupt_region(void **state)
+{
+    (void)state;
+    alarm(300); /* an endless walk fails the test, not the run */
+    rate_shm_options_t o = {.max_keys = 64, .shards = 2, .max_policies = 4};
+    region_t r = {.len = rate_store_shm_size(&o)};
+    assert_true(r.len > 0);
+    r.mem = aligned_alloc(GUARD, r.len + 2 * GUARD);
+    assert_non_null(r.mem);
+    memset(r.mem, 0xa5, r.len + 2 * GUARD);
+    r.base = r.mem + GUARD;
+    memset(r.base, 0, r.len);
+    rate_store_t *s = NULL;
+    char err[256] = "";
+    o.init = true;
+    assert_int_equal(rate_store_shm_new_in(r.base, r.len, &o, &s, err,
+                                           sizeof err),
+                     RATE_OK);
+    r.nshards = rd32(r.base + HDR_NSHARDS);
+    r.cap = rd32(r.base + HDR_SHARD_CAP);
+    r.nbuckets = rd32(r.base + HDR_NBUCKETS);
+    r.state_max = rd32(r.base + HDR_STATE_MAX);
+    r.slot_size = rd32(r.base + HDR_SLOT_SIZE);
+    r.max_policies = rd32(r.base + HDR_MAX_POLICIES);
+    r.rec_size = rd32(r.base + HDR_REC_SIZE);
+    r.shard_size = rd32(r.base + HDR_SHARD_SIZE);
+    r.off_shards = rd64(r.base + HDR_OFF_SHARDS);
+    r.off_slots = rd64(r.base + HDR_OFF_SLOTS);
+    r.off_recs = rd64(r.base + HDR_OFF_RECS);
+    assert_int_equal(r.nshards, 2);
+    assert_int_equal(rd32(r.base + 12), MUTEX_BYTES);
+
+    /* 40 keys, every fifth forgotten again (holes in the free list). */
+    rate_limiter_t *lim = limiter_of("token-bucket 10/s burst=5", s);
+    char key[16];
+    for (int i = 0; i < 40; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        assert_true(rate_try_acquire_at(lim, key, 1, SEC));
+        if (i % 5 == 4)
+            assert_int_equal(rate_limiter_reset(lim, key, strlen(key)),
+                             RATE_OK);
+    }
+    check_region(s);
+    uint8_t *clean = malloc(r.len);
+    assert_non_null(clean);
+    memcpy(clean, r.base, r.len);
+
+    /* Every bucket head out of bounds: each decision is RATE_ECORRUPT,
+     * and the check names the bucket. */
+    for (uint32_t si = 0; si < r.nshards; si++)
+        memset(shard_p(&r, si) + SHARD_BUCKETS, 0xff, 4ull * r.nbuckets);
+    rate_decision_t d;
+    assert_int_equal(rate_limiter_check_at(lim, "k0", 2, 1, 0, 2 * SEC, &d),
+                     RATE_OK);
+    assert_int_equal(d.error, RATE_ECORRUPT);
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    assert_false(d.allowed); /* fail closed, the default */
+    assert_false(rate_try_acquire_at(lim, "k1", 1, 2 * SEC));
+    assert_int_equal(rate_store_shm_check(s, err, sizeof err), RATE_ECORRUPT);
+    assert_non_null(strstr(err, "bucket"));
+    assert_int_equal(use_damaged(s, lim, 2 * SEC, true, "bad buckets"), 60);
+    guards_intact(&r);
+
+    /* Every chain a cycle (each slot in use links itself): a lookup of a
+     * key the chain does not hold ends, with RATE_ECORRUPT. */
+    memcpy(r.base, clean, r.len);
+    for (uint32_t si = 0; si < r.nshards; si++)
+        for (uint32_t i = 1; i <= r.cap; i++)
+            if (slot_p(&r, si, i)[SLOT_USED])
+                wr32(slot_p(&r, si, i) + SLOT_NEXT, i);
+    int corrupt = 0;
+    for (int i = 0; i < 100; i++) {
+        snprintf(key, sizeof key, "new%d", i);
+        assert_int_equal(rate_limiter_check_at(lim, key, strlen(key), 1, 0,
+                                               2 * SEC, &d),
+                         RATE_OK);
+        assert_true(d.error == RATE_OK || d.error == RATE_ECORRUPT);
+        corrupt += d.error == RATE_ECORRUPT;
+    }
+    assert_true(corrupt > 0); /* 20 keys in 64 buckets: some of 100 meet one */
+    assert_int_equal(rate_store_shm_check(s, err, sizeof err), RATE_ECORRUPT);
+    guards_intact(&r);
+
+    /* Each shard's lock made a priority-inheriting mutex (glibc's type
+     * bit 0x20) held by a thread that does not exist: glibc's timed lock
+     * then asserts (the kernel answers ESRCH for a robust mutex); the
+     * store refuses a mutex of another type than its own first. */
+    memcpy(r.base, clean, r.len);
+    size_t kind_at = offsetof(pthread_mutex_t, __data.__kind);
+    for (uint32_t si = 0; si < r.nshards; si++) {
+        int kind;
+        memcpy(&kind, shard_p(&r, si) + kind_at, sizeof kind);
+        kind |= 0x20;
+        memcpy(shard_p(&r, si) + kind_at, &kind, sizeof kind);
+        wr32(shard_p(&r, si) + offsetof(pthread_mutex_t, __data.__lock),
+             4194000);
+    }
+    assert_int_equal(rate_limiter_check_at(lim, "k0", 2, 1, 0, 2 * SEC, &d),
+                     RATE_OK);
+    assert_int_equal(d.error, RATE_ECORRUPT);
+    assert_int_equal(rate_store_shm_check(s, err, sizeof err), RATE_ECORRUPT);
+    assert_non_null(strstr(err, "lock (damaged)"));
+    assert_int_equal(rate_store_shm_info(s, &(rate_shm_info_t){0}),
+                     RATE_ECORRUPT);
+    guards_intact(&r);
+
+    /* Then random damage, one to three things at a time, each round on
+     * the clean region again. */
+    int rounds = 3000, with_error = 0;
+    for (int round = 0; round < rounds; round++) {
+        memcpy(r.base, clean, r.len);
+        char what[512] = "", one[128];
+        for (unsigned n = 1 + (unsigned)rnd(3); n > 0; n--) {
+            damage(&r, one, sizeof one);
+            snprintf(what + strlen(what), sizeof what - strlen(what),
+                     "%s%s", what[0] ? ", " : "", one);
+        }
+        with_error += use_damaged(s, lim, 2 * SEC + (uint64_t)round * MS,
+                                  round % 3 == 0, what) > 0;
+        guards_intact(&r);
+    }
+    print_message("%d of %d damaged regions gave RATE_ECORRUPT to a "
+                  "decision\n", with_error, rounds);
+    assert_true(with_error > 0);
+    memcpy(r.base, clean, r.len);
+    check_region(s);
+    rate_limiter_free(lim);
+    rate_store_free(s);
+    free(clean);
+    free(r.mem);
+    alarm(0);
+}
+
+/* A writer of the file that keeps damaging the region's indices while a
+ * process uses it (its own random numbers: rnd() is this thread's). */
+typedef struct scribbler {
+    region_t *r;
+    atomic_bool stop;
+    uint64_t writes;
+} scribbler_t;
+
+static void *scribble(void *arg)
+{
+    scribbler_t *w = arg;
+    region_t *r = w->r;
+    uint64_t x = 0x9e3779b97f4a7c15u;
+    while (!atomic_load(&w->stop)) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        uint32_t si = (uint32_t)(x % r->nshards);
+        uint32_t i = 1 + (uint32_t)((x >> 8) % r->cap);
+        uint32_t v = (x >> 40) & 1 ? (uint32_t)(x >> 20) % (r->cap + 2)
+                                   : (uint32_t)(x >> 32);
+        uint8_t *at;
+        switch ((x >> 56) % 7) {
+        case 0: at = shard_p(r, si) + SHARD_BUCKETS +
+                     4 * ((x >> 24) % r->nbuckets); break;
+        case 1: at = slot_p(r, si, i) + SLOT_NEXT; break;
+        case 2: at = slot_p(r, si, i) + SLOT_PREV; break;
+        case 3: at = shard_p(r, si) + SHARD_FREE; break;
+        case 4: at = shard_p(r, si) + SHARD_HAND; break;
+        case 5: at = shard_p(r, si) + SHARD_COUNT; break;
+        default: at = slot_p(r, si, i) + SLOT_KEY_LEN; break;
+        }
+        __atomic_store_n((uint32_t *)(void *)at, v, __ATOMIC_RELAXED);
+        w->writes++;
+    }
+    return NULL;
+}
+
+/* The same calls while another thread keeps writing bad indices into the
+ * region (a writer of the file does not take the locks): each value is
+ * checked as it is used, not only when first read. */
+static void survives_a_region_damaged_while_in_use(void **state)
+{
+    (void)state;
+    alarm(300);
+    rate_shm_options_t o = {.max_keys = 64, .shards = 2, .max_policies = 4,
+                            .init = true};
+    region_t r = {.len = rate_store_shm_size(&o)};
+    r.mem = aligned_alloc(GUARD, r.len + 2 * GUARD);
+    assert_non_null(r.mem);
+    memset(r.mem, 0xa5, r.len + 2 * GUARD);
+    r.base = r.mem + GUARD;
+    memset(r.base, 0, r.len);
+    rate_store_t *s = NULL;
+    char err[256] = "";
+    assert_int_equal(rate_store_shm_new_in(r.base, r.len, &o, &s, err,
+                                           sizeof err),
+                     RATE_OK);
+    r.nshards = rd32(r.base + HDR_NSHARDS);
+    r.cap = rd32(r.base + HDR_SHARD_CAP);
+    r.nbuckets = rd32(r.base + HDR_NBUCKETS);
+    r.slot_size = rd32(r.base + HDR_SLOT_SIZE);
+    r.shard_size = rd32(r.base + HDR_SHARD_SIZE);
+    r.off_shards = rd64(r.base + HDR_OFF_SHARDS);
+    r.off_slots = rd64(r.base + HDR_OFF_SLOTS);
+    rate_limiter_t *lim = limiter_of("token-bucket 10/s burst=5", s);
+    char key[16];
+    for (int i = 0; i < 40; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        assert_true(rate_try_acquire_at(lim, key, 1, SEC));
+    }
+    uint8_t *clean = malloc(r.len);
+    assert_non_null(clean);
+    memcpy(clean, r.base, r.len);
+
+    scribbler_t w = {.r = &r};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, scribble, &w), 0);
+    int corrupt = 0;
+    for (int round = 0; round < 2000; round++) {
+        /* The index made whole again now and then, so that calls get
+         * past the first damage (a race with the writer, as wanted). */
+        if (round % 4 == 0)
+            for (uint32_t si = 0; si < r.nshards; si++)
+                memcpy(shard_p(&r, si) + SHARD_COUNT,
+                       clean + (shard_p(&r, si) - r.base) + SHARD_COUNT,
+                       r.shard_size - SHARD_COUNT);
+        corrupt += use_damaged(s, lim, 2 * SEC + (uint64_t)round * MS,
+                               round % 5 == 0, "a writer at work") > 0;
+        guards_intact(&r);
+    }
+    atomic_store(&w.stop, true);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    print_message("%d of 2000 rounds met the damage; %llu writes\n", corrupt,
+                  (unsigned long long)w.writes);
+    assert_true(corrupt > 0);
+    rate_limiter_free(lim);
+    rate_store_free(s);
+    free(clean);
+    free(r.mem);
+    alarm(0);
+}
+
+/* A writer that flips the header's slots per shard between the region's
+ * own and a number far past it, while others attach. */
+typedef struct flipper {
+    uint8_t *at;
+    uint32_t good, bad;
+    atomic_bool stop;
+} flipper_t;
+
+static void *flip(void *arg)
+{
+    flipper_t *f = arg;
+    while (!atomic_load(&f->stop)) {
+        __atomic_store_n((uint32_t *)(void *)f->at, f->bad, __ATOMIC_RELAXED);
+        __atomic_store_n((uint32_t *)(void *)f->at, f->good, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+/* Attaching checks a copy of the header and makes the handle from that
+ * copy: a header changed between the check and the handle (shard_cap
+ * flipped to a value past the region) is refused or never seen, and each
+ * handle let in works within the region. */
+static void attaches_to_the_header_it_checked(void **state)
+{
+    (void)state;
+    alarm(300);
+    rate_shm_options_t o = {.max_keys = 64, .shards = 1, .init = true};
+    region_t r = {.len = rate_store_shm_size(&o)};
+    r.mem = aligned_alloc(GUARD, r.len + 2 * GUARD);
+    assert_non_null(r.mem);
+    memset(r.mem, 0xa5, r.len + 2 * GUARD);
+    r.base = r.mem + GUARD;
+    memset(r.base, 0, r.len);
+    rate_store_t *s = NULL;
+    char err[256] = "";
+    assert_int_equal(rate_store_shm_new_in(r.base, r.len, &o, &s, err,
+                                           sizeof err),
+                     RATE_OK);
+    rate_store_free(s);
+    flipper_t f = {.at = r.base + HDR_SHARD_CAP,
+                   .good = rd32(r.base + HDR_SHARD_CAP), .bad = 1u << 30};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, flip, &f), 0);
+    rate_shm_options_t attach = {0};
+    int in = 0, refused = 0;
+    for (int i = 0; i < 20000; i++) {
+        s = NULL;
+        if (rate_store_shm_new_in(r.base, r.len, &attach, &s, err,
+                                  sizeof err) != RATE_OK) {
+            refused++;
+            continue;
+        }
+        in++;
+        /* A drop walks every slot the handle thinks the shard has. */
+        assert_int_equal(rate_store_shm_drop(s), RATE_OK);
+        rate_shm_info_t info;
+        assert_int_equal(rate_store_shm_info(s, &info), RATE_OK);
+        assert_true(info.capacity == f.good);
+        rate_store_free(s);
+    }
+    atomic_store(&f.stop, true);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    guards_intact(&r);
+    print_message("%d attached, %d refused\n", in, refused);
+    assert_true(in > 0 && refused > 0);
+    free(r.mem);
+    alarm(0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1039,6 +1571,12 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(takes_over_a_dead_owners_lock, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(survives_a_corrupt_region, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(
+            survives_a_region_damaged_while_in_use, setup, teardown),
+        cmocka_unit_test_setup_teardown(attaches_to_the_header_it_checked,
+                                        setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -76,6 +76,11 @@ enum {
 #define CW_MAKE(gen, which, len)                                           \
     (((uint64_t)(gen) << 32) | ((uint64_t)(which) << 24) | (uint64_t)(len))
 
+/* One load of an index, length or count from the region: checked, then
+ * used as loaded (a writer of the file may change it in between; the
+ * compiler must not load it again). */
+#define READ(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+
 /* The region's header: everything another process needs to read it. */
 typedef struct shm_hdr {
     char magic[8];
@@ -139,7 +144,11 @@ typedef struct shm {
     uint64_t seed;
     uint32_t nshards, shard_cap, nbuckets, key_max, state_max, slot_size;
     uint32_t key_off, state_off, state_stride;
-    uint32_t max_policies, rec_size;
+    uint32_t max_policies, rec_size, shard_size;
+    /* The header's offsets, as checked at attach: never read again from
+     * the region, which anyone who can write it may change. */
+    uint64_t off_shards, off_slots, off_recs, total, max_keys;
+    int mutex_kind; /* glibc's type word of the region's mutexes */
     uint64_t timeout_ns;
     size_t prefix_len;
     char *prefix;
@@ -293,8 +302,8 @@ size_t rate_store_shm_state_size(const rate_policy_t *policy)
 
 static inline shm_shard_t *shard_at(const shm_t *m, uint32_t i)
 {
-    return (shm_shard_t *)(m->base + m->h->off_shards +
-                           (uint64_t)i * m->h->shard_size);
+    return (shm_shard_t *)(m->base + m->off_shards +
+                           (uint64_t)i * m->shard_size);
 }
 
 static inline uint32_t *buckets_of(shm_shard_t *s)
@@ -304,14 +313,15 @@ static inline uint32_t *buckets_of(shm_shard_t *s)
 
 static inline uint32_t shard_index(const shm_t *m, const shm_shard_t *s)
 {
-    return (uint32_t)(((const uint8_t *)s - (m->base + m->h->off_shards)) /
-                      m->h->shard_size);
+    return (uint32_t)(((const uint8_t *)s - (m->base + m->off_shards)) /
+                      m->shard_size);
 }
 
-/* Slot i (1-based) of shard si. */
+/* Slot i (1-based) of shard si: i must have been checked (1..shard_cap)
+ * when it was read from the region. */
 static inline shm_slot_t *slot_at(const shm_t *m, uint32_t si, uint32_t i)
 {
-    return (shm_slot_t *)(m->base + m->h->off_slots +
+    return (shm_slot_t *)(m->base + m->off_slots +
                           ((uint64_t)si * m->shard_cap + (i - 1)) *
                               m->slot_size);
 }
@@ -329,7 +339,7 @@ static inline uint8_t *slot_copy(const shm_t *m, shm_slot_t *e,
 
 static inline shm_rec_t *rec_at(const shm_t *m, uint32_t i)
 {
-    return (shm_rec_t *)(m->base + m->h->off_recs + (uint64_t)i * m->rec_size);
+    return (shm_rec_t *)(m->base + m->off_recs + (uint64_t)i * m->rec_size);
 }
 
 static inline uint8_t *rec_key(shm_rec_t *r)
@@ -385,6 +395,13 @@ static inline void cpu_relax(void)
 
 static int lock(shm_t *m, pthread_mutex_t *mx, shm_shard_t *s)
 {
+#ifdef __GLIBC__
+    /* A mutex of another type than init_mutex() makes (a damaged region)
+     * would take glibc's priority paths, which assert on what they find:
+     * refused first. */
+    if (__builtin_expect(mx->__data.__kind != m->mutex_kind, 0))
+        return RATE_ECORRUPT;
+#endif
     int r = pthread_mutex_trylock(mx);
 
     /* A shard is held for a few dozen ns: spin a little (test, then try)
@@ -460,11 +477,12 @@ static bool slot_valid(const shm_t *m, uint32_t si, shm_slot_t *e)
 {
     uint64_t w = atomic_load_explicit(&e->cw, memory_order_relaxed);
     unsigned space = e->flags & F_SPACE;
+    uint16_t klen = READ(e->key_len);
 
-    if (e->key_len == 0 || e->key_len > m->key_max ||
-        CW_LEN(w) > m->state_max || space > RATE_SPACE_SHADOW)
+    if (klen == 0 || klen > m->key_max || CW_LEN(w) > m->state_max ||
+        space > RATE_SPACE_SHADOW)
         return false;
-    uint64_t h = key_hash(m, slot_key(m, e), e->key_len, space);
+    uint64_t h = key_hash(m, slot_key(m, e), klen, space);
     return (uint32_t)h == e->hash && shard_of_hash(m, h) == si;
 }
 
@@ -477,30 +495,41 @@ static bool slot_is(const shm_t *m, shm_slot_t *e, uint32_t hash,
 }
 
 /* The free list is doubly linked, so that an insert can take the slot it
- * prefers (its home, or one near it) out of the middle. */
+ * prefers (its home, or one near it) out of the middle.  free_push puts i
+ * before `head`, the list's head as the caller read and checked it
+ * (0..shard_cap). */
 static inline void free_push(const shm_t *m, shm_shard_t *s, uint32_t si,
-                             uint32_t i)
+                             uint32_t i, uint32_t head)
 {
     shm_slot_t *e = slot_at(m, si, i);
 
     e->prev = 0;
-    e->next = s->free_head;
-    if (s->free_head != 0)
-        slot_at(m, si, s->free_head)->prev = i;
+    e->next = head;
+    if (head != 0)
+        slot_at(m, si, head)->prev = i;
     s->free_head = i;
 }
 
-static inline void free_take(const shm_t *m, shm_shard_t *s, uint32_t si,
-                             uint32_t i)
+/* Takes free slot i off the list; RATE_ECORRUPT, with nothing written,
+ * unless both its links are in the shard and link back to it. */
+static inline int free_take(const shm_t *m, shm_shard_t *s, uint32_t si,
+                            uint32_t i)
 {
     shm_slot_t *e = slot_at(m, si, i);
+    uint32_t prev = READ(e->prev), next = READ(e->next);
 
-    if (e->prev != 0)
-        slot_at(m, si, e->prev)->next = e->next;
+    if (prev > m->shard_cap || next > m->shard_cap ||
+        (prev != 0 ? READ(slot_at(m, si, prev)->next) : READ(s->free_head)) !=
+            i ||
+        (next != 0 && READ(slot_at(m, si, next)->prev) != i))
+        return RATE_ECORRUPT;
+    if (prev != 0)
+        slot_at(m, si, prev)->next = next;
     else
-        s->free_head = e->next;
-    if (e->next != 0)
-        slot_at(m, si, e->next)->prev = e->prev;
+        s->free_head = next;
+    if (next != 0)
+        slot_at(m, si, next)->prev = prev;
+    return RATE_OK;
 }
 
 /* A key's home slot in its shard (1-based): where an insert puts it if it
@@ -518,6 +547,8 @@ static void repair_shard(shm_t *m, shm_shard_t *s)
 {
     uint32_t si = shard_index(m, s), *b = buckets_of(s);
 
+    uint32_t free_head = 0;
+
     memset(b, 0, (size_t)m->nbuckets * 4);
     s->free_head = 0;
     s->count = 0;
@@ -525,11 +556,15 @@ static void repair_shard(shm_t *m, shm_shard_t *s)
         shm_slot_t *e = slot_at(m, si, i);
         if (atomic_load_explicit(&e->used, memory_order_relaxed)) {
             bool ok = slot_valid(m, si, e);
-            /* A key twice (which no crash should make): keep the first. */
-            for (uint32_t j = b[e->hash & (m->nbuckets - 1)]; ok && j != 0;
-                 j = slot_at(m, si, j)->next)
+            uint16_t klen = READ(e->key_len);
+            /* A key twice (which no crash should make): keep the first.
+             * The chains are this walk's own, checked all the same. */
+            uint32_t j = READ(b[e->hash & (m->nbuckets - 1)]);
+            for (uint32_t n = 0; ok && j != 0 && j <= m->shard_cap &&
+                                 klen <= m->key_max && n < m->shard_cap;
+                 n++, j = READ(slot_at(m, si, j)->next))
                 if (slot_is(m, slot_at(m, si, j), e->hash, slot_key(m, e),
-                            e->key_len, e->flags & F_SPACE))
+                            klen, e->flags & F_SPACE))
                     ok = false;
             if (ok) {
                 uint32_t *head = &b[e->hash & (m->nbuckets - 1)];
@@ -541,7 +576,8 @@ static void repair_shard(shm_t *m, shm_shard_t *s)
             atomic_store_explicit(&e->used, 0, memory_order_release);
             s->repaired++;
         }
-        free_push(m, s, si, i);
+        free_push(m, s, si, i, free_head);
+        free_head = i;
     }
     if (s->hand >= m->shard_cap)
         s->hand = 0;
@@ -568,73 +604,104 @@ static inline void prefetch_key(const shm_t *m, uint32_t si, uint32_t hash)
     prefetch(home + m->slot_size - 1);
 }
 
-/* The key's slot in shard si (locked), or 0. */
+#define DAMAGED UINT32_MAX /* find(): the chain is damaged */
+
+/* The key's slot in shard si (locked), 0, or DAMAGED for a chain that
+ * links out of the shard or to a free slot, or is longer than the shard
+ * (a cycle): each link is checked before it is followed. */
 static inline uint32_t find(const shm_t *m, shm_shard_t *s, uint32_t si,
                             uint32_t hash, const void *key, size_t len,
                             unsigned space)
 {
     prefetch_key(m, si, hash);
-    uint32_t i = buckets_of(s)[hash & (m->nbuckets - 1)];
+    uint32_t i = READ(buckets_of(s)[hash & (m->nbuckets - 1)]);
 
-    while (i != 0) {
+    for (uint32_t n = 0; i != 0; n++) {
+        if (__builtin_expect(i > m->shard_cap || n == m->shard_cap, 0))
+            return DAMAGED;
         shm_slot_t *e = slot_at(m, si, i);
+        if (__builtin_expect(
+                !atomic_load_explicit(&e->used, memory_order_relaxed), 0))
+            return DAMAGED;
         if (slot_is(m, e, hash, key, len, space))
             return i;
-        i = e->next;
+        i = READ(e->next);
     }
     return 0;
 }
 
-/* Unlinks slot i, then frees it (used cleared after the unlink: a crash
- * between the two leaves the key, which a repair links again). */
-static void slot_remove(shm_t *m, shm_shard_t *s, uint32_t si, uint32_t i)
+/* Unlinks slot i (in use), then frees it (used cleared after the unlink:
+ * a crash between the two leaves the key, which a repair links again).
+ * RATE_ECORRUPT, with nothing written, when its chain does not reach it
+ * through links in the shard, or the count or free list's head is out of
+ * bounds. */
+static int slot_remove(shm_t *m, shm_shard_t *s, uint32_t si, uint32_t i)
 {
     shm_slot_t *e = slot_at(m, si, i);
     uint32_t *link = &buckets_of(s)[e->hash & (m->nbuckets - 1)];
 
-    while (*link != 0 && *link != i)
-        link = &slot_at(m, si, *link)->next;
-    if (*link == i)
-        *link = e->next;
+    for (uint32_t n = 0, j; (j = READ(*link)) != i; n++) {
+        if (j == 0 || j > m->shard_cap || n == m->shard_cap)
+            return RATE_ECORRUPT;
+        link = &slot_at(m, si, j)->next;
+    }
+    uint32_t count = READ(s->count), head = READ(s->free_head);
+    if (count == 0 || count > m->shard_cap || head > m->shard_cap)
+        return RATE_ECORRUPT;
+    *link = e->next;
     atomic_store_explicit(&e->used, 0, memory_order_release);
-    free_push(m, s, si, i);
-    s->count--;
+    free_push(m, s, si, i, head);
+    s->count = count - 1;
+    return RATE_OK;
 }
 
 /* A key that may be dropped without changing any answer (as the memory
- * store's expired()). */
-static bool expired(const shm_t *m, shm_slot_t *e, const rate_step_t *st)
+ * store's expired()): 1 if so, 0 if not, RATE_ECORRUPT for a state
+ * longer than state_max. */
+static int expired(const shm_t *m, shm_slot_t *e, const rate_step_t *st)
 {
     if (st->horizon_ns == 0 || !(e->flags & F_HORIZON) || st->is_cold == NULL)
-        return false;
+        return 0;
     uint64_t w = atomic_load_explicit(&e->cw, memory_order_relaxed);
+    if (CW_LEN(w) > m->state_max)
+        return RATE_ECORRUPT;
     return st->is_cold(st->arg, slot_copy(m, e, CW_WHICH(w)), CW_LEN(w),
                        st->horizon_ns);
 }
 
 /* Frees one slot of a full shard: a cold key if the hand meets one, else
- * the first not used since the hand last passed (CLOCK). */
-static void make_room(shm_t *m, shm_shard_t *s, uint32_t si,
-                      const rate_step_t *st)
+ * the first not used since the hand last passed (CLOCK).  RATE_ECORRUPT
+ * for a hand out of the shard or a slot it cannot remove. */
+static int make_room(shm_t *m, shm_shard_t *s, uint32_t si,
+                     const rate_step_t *st)
 {
+    uint32_t hand = READ(s->hand);
+
+    if (hand >= m->shard_cap)
+        return RATE_ECORRUPT;
     for (uint64_t n = 0; n < 3ull * m->shard_cap; n++) {
-        uint32_t i = s->hand + 1;
+        uint32_t i = hand + 1;
         shm_slot_t *e = slot_at(m, si, i);
-        s->hand = s->hand + 1 == m->shard_cap ? 0 : s->hand + 1;
+        hand = i == m->shard_cap ? 0 : i;
+        s->hand = hand;
         if (!atomic_load_explicit(&e->used, memory_order_relaxed))
             continue;
-        if (expired(m, e, st)) {
-            slot_remove(m, s, si, i);
-            s->reclaimed++;
-            return;
+        int cold = expired(m, e, st), rc;
+        if (cold < 0)
+            return cold;
+        if (cold) {
+            if ((rc = slot_remove(m, s, si, i)) == RATE_OK)
+                s->reclaimed++;
+            return rc;
         }
         if (!(e->flags & F_REF)) {
-            slot_remove(m, s, si, i);
-            s->evictions++;
-            return;
+            if ((rc = slot_remove(m, s, si, i)) == RATE_OK)
+                s->evictions++;
+            return rc;
         }
         e->flags &= (uint8_t)~F_REF;
     }
+    return RATE_OK;
 }
 
 /* Inserts a new key with state st[0..len) into shard si (locked). */
@@ -643,8 +710,13 @@ static int insert(shm_t *m, shm_shard_t *s, uint32_t si, uint32_t hash,
                   const void *state, size_t slen, bool horizon,
                   const rate_step_t *st)
 {
-    if (s->count >= m->shard_cap)
-        make_room(m, s, si, st);
+    uint32_t count = READ(s->count);
+    int rc;
+
+    if (count > m->shard_cap)
+        return RATE_ECORRUPT;
+    if (count == m->shard_cap && (rc = make_room(m, s, si, st)) != RATE_OK)
+        return rc;
     if (s->free_head == 0 || s->count >= m->shard_cap) {
         repair_shard(m, s); /* an index that lost a slot: rebuild it */
         if (s->free_head == 0)
@@ -652,7 +724,9 @@ static int insert(shm_t *m, shm_shard_t *s, uint32_t si, uint32_t hash,
     }
     /* The key's home if free, else a free slot just after it, else the
      * free list's first. */
-    uint32_t i = s->free_head, h = home_of(m, hash);
+    uint32_t i = READ(s->free_head), h = home_of(m, hash);
+    if (i == 0 || i > m->shard_cap) /* changed since the repair */
+        return RATE_ECORRUPT;
     for (uint32_t k = 0; k < 4; k++, h = h == m->shard_cap ? 1 : h + 1)
         if (!atomic_load_explicit(&slot_at(m, si, h)->used,
                                   memory_order_relaxed)) {
@@ -661,7 +735,11 @@ static int insert(shm_t *m, shm_shard_t *s, uint32_t si, uint32_t hash,
         }
     shm_slot_t *e = slot_at(m, si, i);
     uint64_t gen = CW_GEN(atomic_load_explicit(&e->cw, memory_order_relaxed));
-    free_take(m, s, si, i);
+    /* The free list's head in use: a damaged list (never take a key's
+     * slot). */
+    if (atomic_load_explicit(&e->used, memory_order_relaxed) ||
+        (rc = free_take(m, s, si, i)) != RATE_OK)
+        return RATE_ECORRUPT;
     e->hash = hash;
     e->key_len = (uint16_t)len;
     e->flags = (uint8_t)(space | (horizon ? F_HORIZON : 0));
@@ -728,10 +806,11 @@ static void repair_records(shm_t *m)
 {
     for (uint32_t i = 0; i < m->max_policies; i++) {
         shm_rec_t *r = rec_at(m, i);
+        uint16_t klen = READ(r->key_len);
         if (!atomic_load_explicit(&r->used, memory_order_relaxed))
             continue;
-        if (r->key_len == 0 || r->key_len > m->key_max || r->len > REC_TEXT ||
-            rec_find(m, rec_key(r), r->key_len) != i)
+        if (klen == 0 || klen > m->key_max || READ(r->len) > REC_TEXT ||
+            rec_find(m, rec_key(r), klen) != i)
             atomic_store_explicit(&r->used, 0, memory_order_release);
     }
 }
@@ -749,8 +828,12 @@ static int rec_update(shm_t *m, const char *key, size_t len,
     uint32_t at = rec_find(m, key, len);
     shm_rec_t *r = at != UINT32_MAX ? rec_at(m, at) : NULL;
     if (r != NULL) {
+        io.old_len = READ(r->len);
+        if (io.old_len > REC_TEXT) { /* a damaged length */
+            unlock(&m->h->rec_lock);
+            return RATE_ECORRUPT;
+        }
         io.old_state = rec_text(m, r);
-        io.old_len = r->len;
     }
     io.new_cap = io.old_len + st->grow;
     if (io.new_cap > sizeof stack && (buf = malloc(io.new_cap)) == NULL) {
@@ -824,11 +907,16 @@ static int shm_update(void *self, const rate_key_t *k, const rate_step_t *st)
     uint8_t *heap = NULL;
     rate_step_io_t io = {0};
     uint32_t i = find(m, s, si, hash, key, len, space);
-    shm_slot_t *e = i != 0 ? slot_at(m, si, i) : NULL;
+    shm_slot_t *e = i != 0 && i != DAMAGED ? slot_at(m, si, i) : NULL;
     uint64_t w = 0;
     uint8_t *idle = NULL;
-    if (e != NULL) {
+    if (e != NULL)
         w = atomic_load_explicit(&e->cw, memory_order_relaxed);
+    if (__builtin_expect(i == DAMAGED || CW_LEN(w) > m->state_max, 0)) {
+        unlock(&s->lock);
+        return RATE_ECORRUPT;
+    }
+    if (e != NULL) {
         io.old_state = slot_copy(m, e, CW_WHICH(w));
         io.old_len = CW_LEN(w);
         idle = slot_copy(m, e, CW_WHICH(w) ^ 1u);
@@ -885,13 +973,17 @@ static int shm_acquire(void *self, const rate_acquire_t *req,
     if (lock(m, &s->lock, s) != RATE_OK)
         return RATE_ENOTSUP;
     uint32_t i = find(m, s, si, hash, key, len, space);
-    if (i == 0) {
+    if (i == 0 || i == DAMAGED) { /* damaged: update() says so */
         unlock(&s->lock);
         return RATE_ENOTSUP;
     }
     shm_slot_t *e = slot_at(m, si, i);
     uint64_t w = atomic_load_explicit(&e->cw, memory_order_relaxed), ttl;
     size_t n = CW_LEN(w);
+    if (__builtin_expect(n > m->state_max, 0)) {
+        unlock(&s->lock);
+        return RATE_ENOTSUP;
+    }
     uint8_t *idle = slot_copy(m, e, CW_WHICH(w) ^ 1u);
     /* Decided on a copy in the idle half, committed only if rewritten. */
     memcpy(idle, slot_copy(m, e, CW_WHICH(w)), n);
@@ -930,20 +1022,19 @@ static int shm_remove(void *self, const rate_key_t *k)
     if ((rc = lock(m, &s->lock, s)) != RATE_OK)
         return rc;
     uint32_t i = find(m, s, si, (uint32_t)h, key, len, space);
-    if (i != 0)
-        slot_remove(m, s, si, i);
+    rc = i == DAMAGED ? RATE_ECORRUPT
+         : i != 0     ? slot_remove(m, s, si, i)
+                      : RATE_OK;
     unlock(&s->lock);
-    return RATE_OK;
+    return rc;
 }
 
 static int gather(shm_t *m, rate_shm_info_t *out)
 {
-    const shm_hdr_t *h = m->h;
-
     memset(out, 0, sizeof *out);
-    out->max_keys = h->max_keys;
+    out->max_keys = m->max_keys;
     out->capacity = (uint64_t)m->nshards * m->shard_cap;
-    out->bytes = h->total;
+    out->bytes = m->total;
     out->slot_bytes = m->slot_size + 4ull * m->nbuckets / m->shard_cap +
                       (SHARD_HDR + m->shard_cap - 1) / m->shard_cap;
     out->shards = m->nshards;
@@ -956,6 +1047,10 @@ static int gather(shm_t *m, rate_shm_info_t *out)
         int rc = lock(m, &s->lock, s);
         if (rc != RATE_OK)
             return rc;
+        if (s->count > m->shard_cap) { /* a damaged count */
+            unlock(&s->lock);
+            return RATE_ECORRUPT;
+        }
         out->keys += s->count;
         out->evictions += s->evictions;
         out->reclaimed += s->reclaimed;
@@ -1059,7 +1154,8 @@ static int check_shard(shm_t *m, uint32_t si, char *err, size_t errlen)
     }
     for (uint32_t bi = 0; bi < m->nbuckets; bi++) {
         uint32_t steps = 0;
-        for (uint32_t i = b[bi]; i != 0; i = slot_at(m, si, i)->next) {
+        for (uint32_t i = READ(b[bi]); i != 0;
+             i = READ(slot_at(m, si, i)->next)) {
             if (i > m->shard_cap || ++steps > m->shard_cap)
                 return fail(err, errlen, RATE_ECORRUPT,
                             "shard %u bucket %u: a bad link or a cycle", si,
@@ -1073,18 +1169,32 @@ static int check_shard(shm_t *m, uint32_t si, char *err, size_t errlen)
                 return fail(err, errlen, RATE_ECORRUPT,
                             "shard %u slot %u: in bucket %u, not its own",
                             si, i, bi);
-            for (uint32_t j = e->next; j != 0 && j <= m->shard_cap;
-                 j = slot_at(m, si, j)->next)
+            /* The rest of the chain, for the same key: each link checked,
+             * and no more steps than the shard has slots (a cycle behind
+             * this slot). */
+            uint16_t klen = READ(e->key_len);
+            uint32_t rest = 0;
+            if (klen > m->key_max)
+                return fail(err, errlen, RATE_ECORRUPT,
+                            "shard %u slot %u: a key of %u bytes", si, i,
+                            klen);
+            for (uint32_t j = READ(e->next); j != 0;
+                 j = READ(slot_at(m, si, j)->next)) {
+                if (j > m->shard_cap || ++rest > m->shard_cap)
+                    return fail(err, errlen, RATE_ECORRUPT,
+                                "shard %u bucket %u: a bad link or a cycle",
+                                si, bi);
                 if (slot_is(m, slot_at(m, si, j), e->hash, slot_key(m, e),
-                            e->key_len, e->flags & F_SPACE))
+                            klen, e->flags & F_SPACE))
                     return fail(err, errlen, RATE_ECORRUPT,
                                 "shard %u: a key held twice (slots %u, %u)",
                                 si, i, j);
+            }
             linked++;
         }
     }
-    for (uint32_t i = s->free_head, prev = 0; i != 0;
-         prev = i, i = slot_at(m, si, i)->next) {
+    for (uint32_t i = READ(s->free_head), prev = 0; i != 0;
+         prev = i, i = READ(slot_at(m, si, i)->next)) {
         if (i > m->shard_cap || ++free_n > m->shard_cap ||
             slot_at(m, si, i)->prev != prev)
             return fail(err, errlen, RATE_ECORRUPT,
@@ -1115,36 +1225,47 @@ int rate_store_shm_check(rate_store_t *store, char *err, size_t errlen)
     for (uint32_t si = 0; si < m->nshards; si++) {
         shm_shard_t *s = shard_at(m, si);
         if ((rc = lock(m, &s->lock, s)) != RATE_OK)
-            return fail(err, errlen, rc, "shard %u: cannot take its lock",
-                        si);
+            return fail(err, errlen, rc, "shard %u: cannot take its lock%s",
+                        si, rc == RATE_ECORRUPT ? " (damaged)" : "");
         rc = check_shard(m, si, err, errlen);
         unlock(&s->lock);
         if (rc != RATE_OK)
             return rc;
     }
     if ((rc = lock(m, &m->h->rec_lock, NULL)) != RATE_OK)
-        return fail(err, errlen, rc, "the records: cannot take their lock");
+        return fail(err, errlen, rc, "the records: cannot take their lock%s",
+                    rc == RATE_ECORRUPT ? " (damaged)" : "");
     for (uint32_t i = 0; i < m->max_policies && rc == RATE_OK; i++) {
         shm_rec_t *r = rec_at(m, i);
+        uint16_t klen = READ(r->key_len);
         if (!atomic_load_explicit(&r->used, memory_order_relaxed))
             continue;
-        if (r->key_len == 0 || r->key_len > m->key_max || r->len > REC_TEXT)
+        if (klen == 0 || klen > m->key_max || READ(r->len) > REC_TEXT)
             rc = fail(err, errlen, RATE_ECORRUPT,
                       "policy record %u: bad lengths", i);
-        else if (rec_find(m, rec_key(r), r->key_len) != i ||
+        else if (rec_find(m, rec_key(r), klen) != i ||
                  r->seq > m->h->rec_seq)
             for (uint32_t j = 0; j < m->max_policies && rc == RATE_OK; j++)
                 if (j != i &&
                     atomic_load_explicit(&rec_at(m, j)->used,
                                          memory_order_relaxed) &&
-                    rec_at(m, j)->key_len == r->key_len &&
-                    memcmp(rec_key(rec_at(m, j)), rec_key(r), r->key_len) == 0)
+                    rec_at(m, j)->key_len == klen &&
+                    memcmp(rec_key(rec_at(m, j)), rec_key(r), klen) == 0)
                     rc = fail(err, errlen, RATE_ECORRUPT,
                               "policy records %u and %u: one key twice", i,
                               j);
     }
     unlock(&m->h->rec_lock);
     return rc;
+}
+
+/* Whether a stored key is under the handle's prefix (any key without
+ * one: memcmp is not given the NULL prefix). */
+static bool has_prefix(const shm_t *m, const uint8_t *key, size_t len)
+{
+    return m->prefix_len == 0 ||
+           (len >= m->prefix_len &&
+            memcmp(key, m->prefix, m->prefix_len) == 0);
 }
 
 int rate_store_shm_drop(rate_store_t *store)
@@ -1154,30 +1275,32 @@ int rate_store_shm_drop(rate_store_t *store)
 
     if (m == NULL)
         return RATE_EINVAL;
+    int damaged = RATE_OK;
     for (uint32_t si = 0; si < m->nshards; si++) {
         shm_shard_t *s = shard_at(m, si);
         if ((rc = lock(m, &s->lock, s)) != RATE_OK)
             return rc;
-        for (uint32_t i = 1; i <= m->shard_cap; i++) {
+        /* A damaged shard keeps what is left of it; the others go on. */
+        for (uint32_t i = 1; i <= m->shard_cap && rc == RATE_OK; i++) {
             shm_slot_t *e = slot_at(m, si, i);
             if (atomic_load_explicit(&e->used, memory_order_relaxed) &&
-                e->key_len >= m->prefix_len &&
-                memcmp(slot_key(m, e), m->prefix, m->prefix_len) == 0)
-                slot_remove(m, s, si, i);
+                has_prefix(m, slot_key(m, e), e->key_len))
+                rc = slot_remove(m, s, si, i);
         }
         unlock(&s->lock);
+        if (rc != RATE_OK)
+            damaged = rc;
     }
     if ((rc = lock(m, &m->h->rec_lock, NULL)) != RATE_OK)
         return rc;
     for (uint32_t i = 0; i < m->max_policies; i++) {
         shm_rec_t *r = rec_at(m, i);
         if (atomic_load_explicit(&r->used, memory_order_relaxed) &&
-            r->key_len >= m->prefix_len &&
-            memcmp(rec_key(r), m->prefix, m->prefix_len) == 0)
+            has_prefix(m, rec_key(r), r->key_len))
             atomic_store_explicit(&r->used, 0, memory_order_release);
     }
     unlock(&m->h->rec_lock);
-    return RATE_OK;
+    return damaged;
 }
 
 /* ------------------------------------------------- making, attaching */
@@ -1244,18 +1367,21 @@ static int init_region(uint8_t *base, const layout_t *l, bool zero)
 }
 
 /* Checks an initialized region of `len` bytes against this build and the
- * options; RATE_OK or an error naming the mismatch. */
-static int check_header(const uint8_t *base, size_t len,
+ * options; RATE_OK or an error naming the mismatch.  The header is copied
+ * to *snap once and the copy checked: the handle is made from it, so a
+ * writer that changes the header meanwhile cannot get past the check. */
+static int check_header(const uint8_t *base, size_t len, shm_hdr_t *snap,
                         const rate_shm_options_t *o, const char *what,
                         char *err, size_t errlen)
 {
-    const shm_hdr_t *h = (const shm_hdr_t *)base;
+    const shm_hdr_t *h = snap;
     layout_t l;
 
     if (len < HDR_BYTES)
         return fail(err, errlen, RATE_ESTORE,
                     "%s: %zu bytes, too short to be a ratelimit shm store "
                     "(truncated?)", what, len);
+    memcpy(snap, base, sizeof *snap);
     if (memcmp(h->magic, SHM_MAGIC, 6) != 0)
         return fail(err, errlen, RATE_ESTORE,
                     "%s: not a ratelimit shm store (bad magic)", what);
@@ -1309,12 +1435,14 @@ static int check_header(const uint8_t *base, size_t len,
     return RATE_OK;
 }
 
-static int make_handle(uint8_t *base, size_t map_len,
+/* A handle on the region at base, its sizes and offsets from h: a copy
+ * of its header that check_header() checked, or that this process made
+ * (never the live header, which a writer may change meanwhile). */
+static int make_handle(uint8_t *base, size_t map_len, const shm_hdr_t *h,
                        const rate_shm_options_t *o, bool created,
                        rate_store_t **out)
 {
     shm_t *m = calloc(1, sizeof *m);
-    shm_hdr_t *h = (shm_hdr_t *)base;
 
     if (m == NULL)
         return RATE_ENOMEM;
@@ -1331,7 +1459,7 @@ static int make_handle(uint8_t *base, size_t map_len,
     }
     m->base = base;
     m->map_len = map_len;
-    m->h = h;
+    m->h = (shm_hdr_t *)base;
     m->seed = h->seed;
     m->nshards = h->nshards;
     m->shard_cap = h->shard_cap;
@@ -1344,6 +1472,22 @@ static int make_handle(uint8_t *base, size_t map_len,
     m->state_stride = (uint32_t)round_up(h->state_max, 8);
     m->max_policies = h->max_policies;
     m->rec_size = h->rec_size;
+    m->shard_size = h->shard_size;
+    m->off_shards = h->off_shards;
+    m->off_slots = h->off_slots;
+    m->off_recs = h->off_recs;
+    m->total = h->total;
+    m->max_keys = h->max_keys;
+#ifdef __GLIBC__
+    pthread_mutex_t probe;
+    if (init_mutex(&probe) != RATE_OK) {
+        free(m->prefix);
+        free(m);
+        return RATE_ENOMEM;
+    }
+    m->mutex_kind = probe.__data.__kind;
+    pthread_mutex_destroy(&probe);
+#endif
     m->timeout_ns = o->lock_timeout_ns ? o->lock_timeout_ns : DEF_TIMEOUT_NS;
     m->created = created;
     int rc = rate_store_new(&shm_methods, m, out);
@@ -1407,10 +1551,10 @@ static int attach_fd(int fd, const char *path, const rate_shm_options_t *o,
     if (p == MAP_FAILED)
         return fail(err, errlen, RATE_ESTORE, "%s: cannot map it: %s", path,
                     strerror(errno));
-    shm_hdr_t *h = p;
+    shm_hdr_t *h = p, snap;
     int rc = atomic_load_explicit(&h->ready, memory_order_acquire) ==
                      READY_DONE
-                 ? check_header(p, len, o, path, err, errlen)
+                 ? check_header(p, len, &snap, o, path, err, errlen)
                  : memcmp(h->magic, SHM_MAGIC, 6) != 0
                        ? fail(err, errlen, RATE_ESTORE,
                               "%s: not a ratelimit shm store (bad magic)",
@@ -1418,8 +1562,9 @@ static int attach_fd(int fd, const char *path, const rate_shm_options_t *o,
                        : fail(err, errlen, RATE_ESTORE,
                               "%s: a region never finished initializing",
                               path);
-    if (rc == RATE_OK && (rc = make_handle(p, len, o, false, out)) != RATE_OK)
-        handle_error(err, errlen, rc, path, o, h->key_max);
+    if (rc == RATE_OK &&
+        (rc = make_handle(p, len, &snap, o, false, out)) != RATE_OK)
+        handle_error(err, errlen, rc, path, o, snap.key_max);
     if (rc != RATE_OK)
         munmap(p, len);
     return rc;
@@ -1494,13 +1639,16 @@ static int create_file(const char *path, const rate_shm_options_t *o,
     } else {
         atomic_store_explicit(&((shm_hdr_t *)p)->ready, READY_DONE,
                               memory_order_release);
+        shm_hdr_t snap; /* as made, before anyone else can write it */
+        memcpy(&snap, p, sizeof snap);
         /* Written to the file before it is published. */
         if (link(tmp, path) != 0) {
             if (errno == EEXIST)
                 *raced = true;
             rc = fail(err, errlen, RATE_ESTORE, "%s: cannot create it: %s",
                       path, strerror(errno));
-        } else if ((rc = make_handle(p, l->total, o, true, out)) != RATE_OK) {
+        } else if ((rc = make_handle(p, l->total, &snap, o, true, out)) !=
+                   RATE_OK) {
             handle_error(err, errlen, rc, path, o, l->key_max);
         } else {
             p = MAP_FAILED; /* the handle's now */
@@ -1593,8 +1741,10 @@ int rate_store_shm_new_in(void *mem, size_t len,
         if ((rc = init_region(mem, &l, true)) != RATE_OK)
             return fail(err, errlen, rc, "cannot make the region's locks");
         /* The region is l.total bytes; any rest of len is not used. */
+        shm_hdr_t snap;
+        memcpy(&snap, h, sizeof snap);
         atomic_store_explicit(&h->ready, READY_DONE, memory_order_release);
-        if ((rc = make_handle(mem, 0, &o, true, out)) != RATE_OK)
+        if ((rc = make_handle(mem, 0, &snap, &o, true, out)) != RATE_OK)
             return handle_error(err, errlen, rc, "the region", &o,
                                 l.key_max);
         return RATE_OK;
@@ -1621,10 +1771,11 @@ int rate_store_shm_new_in(void *mem, size_t len,
     size_t used = len;
     if (h->total <= len)
         used = (size_t)h->total;
-    if ((rc = check_header(mem, used, &o, "the region", err, errlen)) !=
-        RATE_OK)
+    shm_hdr_t snap;
+    if ((rc = check_header(mem, used, &snap, &o, "the region", err,
+                           errlen)) != RATE_OK)
         return rc;
-    if ((rc = make_handle(mem, 0, &o, false, out)) != RATE_OK)
-        return handle_error(err, errlen, rc, "the region", &o, h->key_max);
+    if ((rc = make_handle(mem, 0, &snap, &o, false, out)) != RATE_OK)
+        return handle_error(err, errlen, rc, "the region", &o, snap.key_max);
     return RATE_OK;
 }

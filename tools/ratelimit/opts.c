@@ -839,7 +839,25 @@ const char *cli_store_error(cli_limiter_t *cl, int rc, size_t key_len)
         return rate_strerror(rc);
     }
 #endif
-    if (cl->store == NULL || rate_store_shm_info(cl->store, &info) != RATE_OK)
+    if (cl->store == NULL)
+        return rate_strerror(rc);
+    int irc = rate_store_shm_info(cl->store, &info);
+    if (rc == RATE_ECORRUPT && irc != RATE_EINVAL) {
+        /* A damaged region: what its check finds, if anything (else the
+         * key's state bytes themselves do not parse). */
+        char what[200] = "";
+        if (rate_store_shm_check(cl->store, what, sizeof what) != RATE_OK &&
+            what[0] != '\0')
+            snprintf(cl->why, sizeof cl->why,
+                     "the shared-memory region is damaged (%s); remove it "
+                     "to start again", what);
+        else
+            snprintf(cl->why, sizeof cl->why,
+                     "the shared-memory region is damaged (the key's state "
+                     "does not parse); remove it to start again");
+        return cl->why;
+    }
+    if (irc != RATE_OK)
         return rate_strerror(rc);
     if (rc == RATE_EKEY && cl->shm_prefix_len != 0) {
         snprintf(cl->why, sizeof cl->why,
