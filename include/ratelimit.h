@@ -23,36 +23,19 @@
  * Redis, DynamoDB and the HTTP layer are optional parts of the library
  * (docs/install.md: RATE_WITH_REDIS, RATE_WITH_DYNAMODB, RATE_WITH_HTTP).
  *
- * Threads.  Policies are immutable once made and may be read from any thread.
- * A limiter and its store may be called from any number of threads at once;
- * rate_limiter_free() and rate_store_free() must not race with other calls on
- * the same object.  Each function's comment says what it does, then
- * Returns, Errors, Ownership and Thread-safe (SQLite's and libuv's shape).
+ * Conventions.  Each function's comment says what it does, then Returns,
+ * Errors, Ownership and Thread-safe.  Errors are negative RATE_E* codes
+ * (rate_strerror names them); a denial is no error but RATE_OK with a
+ * decision whose `allowed` is false.  Times are nanoseconds up to
+ * RATE_TIME_MAX: CLOCK_MONOTONIC by default, the caller's in the *_at
+ * calls.  Whoever calls a *_new calls its *_free (NULL: nothing); keys are
+ * copied, never kept by reference.  Policies are immutable and limiters
+ * and stores thread-safe, but a *_free must not race other calls.
  *
- * Errors.  Functions that can fail return an int: RATE_OK (0) or a negative
- * RATE_E* code; rate_strerror() names it.  A denial is not an error: it is
- * RATE_OK with a filled rate_decision_t whose `allowed` is false.
- *
- * Time.  Every time is an unsigned count of nanoseconds, at most
- * RATE_TIME_MAX.  By default the limiter reads CLOCK_MONOTONIC; the *_at calls
- * take the time from the caller (replays, tests, event loops that read the
- * clock once per turn).
- *
- * Ownership.  Whoever calls a *_new function calls the matching *_free, and
- * *_free(NULL) does nothing.  Keys are only read during a call, never kept by
- * reference (stores copy them).
- *
- * Versions and the ABI.  From 0.4 on, a program built against one release
- * runs with every later one of the same soname (libratelimit.so.1), which
- * changes only if the ABI must break.  The structs a caller fills in or
- * allocates (configs, options, limits, decisions, statistics) end with
- * reserved words, so that later fields take their place and no struct
- * changes size: initialize them with `= {...}` or memset, which zeroes the
- * reserve; a constructor refuses a non-zero reserve (a later field this
- * library does not know) with RATE_EINVAL (RATE_EPOLICY for a limit).
- * Structs the library hands out by pointer (rate_event_t, the store
- * contract's) may grow at their end.  docs/design.md, "A stable ABI", has
- * the rules.
+ * ABI.  From 0.4 on the soname (libratelimit.so.1) changes only if the
+ * ABI must break.  Structs a caller fills in or allocates end with
+ * reserved words for later fields: zero them (`= {...}` or memset); a
+ * non-zero reserve is refused (docs/design.md, "A stable ABI").
  */
 #ifndef RATELIMIT_H
 #define RATELIMIT_H
@@ -277,48 +260,28 @@ RATE_API const rate_limit_t *rate_policy_limit(const rate_policy_t *policy,
  * duration: ...".  Ownership: nothing is kept.  Thread-safe: yes. */
 
 /* Parses a count: a whole number from 0 to 2^63-1, digits only.
- * Returns: RATE_OK, the count in *out.  Errors:
- *   RATE_EINVAL  NULL text or out: "no count (NULL)"
- *   RATE_EINVAL  anything but digits ("", "x", "-1", "1.5", " 1"): "'x' is
- *     not a whole number up to 2^63-1"
- *   RATE_ERANGE  digits above 2^63-1: the same message */
+ * Returns: RATE_OK, the count in *out.  Errors: RATE_EINVAL for NULL text
+ * or out, or anything but digits ("", "-1", "1.5", " 1"); RATE_ERANGE for
+ * digits above 2^63-1. */
 RATE_API int rate_parse_count(const char *text, uint64_t *out, char *err,
                               size_t errlen);
 
 /* Parses a duration "250ms", "1s", "1m", "2hours" ("0" alone is zero) into
- * ns: a whole count, then a unit with no space between: ns nsec(s)
- * nanosecond(s), us usec(s) microsecond(s), ms msec(s) millisecond(s),
- * s sec(s) second(s), m min(s) minute(s), h hr(s) hour(s), d day(s).
- * Returns: RATE_OK, the duration in *out_ns.  Errors:
- *   RATE_EINVAL  NULL text or out_ns: "no duration (NULL)"
- *   RATE_EINVAL  a fraction of a whole number of ns ("1.5s", "0.25h"):
- *     "'1.5s' is not a duration: durations are whole numbers of a unit;
- *     write '1500ms'" (the same time, whole, in the largest unit that
- *     writes it so)
- *   RATE_EINVAL  a fraction of no whole ns ("0.5ns"): "'0.5ns' is not a
- *     duration: durations are whole numbers of a unit (the smallest is
- *     1ns)"
- *   RATE_EINVAL  anything else ("5", "s", "2fortnights", "1 s", ""): "'5'
- *     is not a duration: COUNTUNIT, units ns us ms s m h d (or nsec usec
- *     msec sec min hr day, singular or plural), or 0"
- *   RATE_ERANGE  above 2^63-1 ns (a fraction too): "'107000d' is a
- *     duration above 2^63-1 ns" */
+ * ns: a whole count, then a unit with no space between (ns us ms s m h d,
+ * or nsec usec msec sec min hr day and their long forms, singular or
+ * plural; docs/policy.md).  Returns: RATE_OK, the duration in *out_ns.
+ * Errors: RATE_EINVAL for NULL text or out_ns, a fraction ("1.5s": the
+ * message suggests '1500ms'), or anything else ("5", "1 s", ""); RATE_ERANGE
+ * above 2^63-1 ns. */
 RATE_API int rate_parse_duration(const char *text, uint64_t *out_ns,
                                  char *err, size_t errlen);
 
-/* Parses a rate "COUNT/[COUNT]UNIT" ("10/s", "100/1m", "1/day", "10/sec",
- * "3/500ms": the duration's count may be left out) into its count and
- * period, the units as above.  Returns: RATE_OK, *count, *period_ns.
- * Errors:
- *   RATE_EINVAL  NULL text, count or period_ns: "no rate (NULL)"
- *   RATE_EINVAL  no '/': "'10' is not COUNT/DURATION (e.g. 10/s, 100/1m)"
- *   RATE_EINVAL, RATE_ERANGE  a bad count (as rate_parse_count): "'x/s':
- *     count 'x' is not a whole number up to 2^63-1"
- *   RATE_EINVAL, RATE_ERANGE  a bad duration (as rate_parse_duration, but
- *     with "[COUNT]UNIT" and no "or 0"): "'1/1.5s': '1.5s' is not a
- *     duration: durations are whole numbers of a unit; write '1500ms'"
- *   RATE_EINVAL  a zero count or period ("0/s", "5/0ms"): "'0/s' is zero:
- *     its count is 0", "'5/0ms' is zero: its period is 0" */
+/* Parses a rate "COUNT/[COUNT]UNIT" ("10/s", "100/1m", "3/500ms": the
+ * duration's count may be left out) into its count and period.
+ * Returns: RATE_OK, *count and *period_ns.  Errors: RATE_EINVAL for NULL
+ * text, count or period_ns, no '/', or a zero count or period; a bad count
+ * or duration as rate_parse_count and rate_parse_duration (RATE_EINVAL or
+ * RATE_ERANGE). */
 RATE_API int rate_parse_rate(const char *text, uint64_t *count,
                              uint64_t *period_ns, char *err, size_t errlen);
 
@@ -604,17 +567,11 @@ typedef void (*rate_check_fn)(void *ud, int rc,
  * rate_limiter_check_at); RATE_ENOMEM.
  * Ownership: the key is copied; ud is the caller's and is only passed back;
  * the decision handed to cb is valid during the call only.  Until cb has run,
- * the limiter and the store must stay alive.  Freeing the store
- * (rate_store_free) with decisions in flight is defined: each pending cb runs
- * before rate_store_free returns, with a decision of reason
- * RATE_REASON_STORE_ERROR, error RATE_ECANCELED and the fail mode's verdict
- * (the fallback store's, with RATE_FAIL_FALLBACK); one whose command was
- * already sent may still have been applied.  Free the store first, then the
- * limiter: freeing a limiter with decisions in flight is not allowed.
- * rate_store_free must not be called from inside one of its own callbacks; a
- * callback may start new decisions.  The limiter's listener
- * (rate_limiter_config_t) hears a pending decision on the thread that
- * completes it, just before cb.
+ * the limiter and the store must stay alive; freeing the store first runs
+ * each pending cb with error RATE_ECANCELED under the fail mode, and a
+ * limiter with decisions in flight must not be freed (docs/async.md,
+ * "Freeing").  A callback may start new decisions; the listener hears a
+ * pending decision just before cb.
  * Thread-safe: as the store's entries (an event loop's store is driven by one
  * thread: start its decisions on that thread). */
 RATE_API int rate_limiter_check_start(rate_limiter_t *limiter,
@@ -692,13 +649,10 @@ RATE_API void rate_deadline_start(void);
  * and policy changes"), under the key's policy, at the limiter's clock (the
  * *_at forms: at now_ns, which counts as a request's time: the state is read
  * at max(now_ns, t_last) and written with that t_last).  A shadow limiter
- * changes its own state (unless it shares the enforced one).  A refund or a
- * penalty goes through the store as a decision does: on Redis, that of a
- * single token bucket, leaky bucket or fixed window within the lean scripts'
- * range is one atomic script (docs/redis.md, "Refunds and penalties", says
- * which they decline: block=, a state of another policy, a penalty past a
- * token bucket's debt bound...); any other, and on any store over load and
- * compare-and-set, the step between them.  For each of them:
+ * changes its own state (unless it shares the enforced one).  A change goes
+ * through the store as a decision does (its decide() when the store makes
+ * changes itself, as Redis's scripts mostly do: docs/redis.md, "Refunds and
+ * penalties"), else over load and compare-and-set.  For each of them:
  * Returns: RATE_OK (an unlimited key's: nothing to change).  Errors:
  * RATE_EINVAL (NULL limiter), RATE_EKEY (as rate_limiter_check), RATE_ERANGE
  * (permits or time above RATE_TIME_MAX), RATE_EPOLICY (a resolver's policy the
@@ -753,11 +707,7 @@ RATE_API int rate_limiter_penalize_at(rate_limiter_t *limiter,
 /* A refund or a penalty that does not wait, for event loops: as
  * rate_limiter_refund / rate_limiter_penalize at the limiter's clock, on a
  * store with an asynchronous entry (rate_store_redis_async_new) through that
- * entry.  A change a lean script makes goes by the clock the scripts'
- * decisions go by (Redis's TIME, unless client_time); one the C step makes, by
- * the limiter's clock, never Redis's TIME (no extra round trip): on Redis,
- * give the limiter a wall clock, or the store client_time, so that the two
- * agree (docs/async.md).
+ * entry (on Redis, which clock a change goes by: docs/async.md).
  * Returns: RATE_PENDING when the store took it: done(ud, rc) then runs exactly
  * once, later, on the thread that drives the store (an event loop's: the
  * loop's), with what the synchronous call would have returned (RATE_OK, or the
