@@ -21,14 +21,24 @@ deps:
 	@scripts/deps.sh test
 	@scripts/dynalite.sh >/dev/null
 
+# CORE=1: the core alone (every optional part off; docs/install.md), which
+# needs only the core's packages; with `make install` too.
+ifeq ($(CORE),1)
+PARTS_FLAGS = $(DEMO_FLAGS)
+PARTS_DEPS = core
+else
+PARTS_FLAGS = $(ALL_PARTS)
+PARTS_DEPS = build
+endif
+
 build:
-	@scripts/deps.sh check build
+	@scripts/deps.sh check $(PARTS_DEPS)
 	@$(MAKE) --no-print-directory build-only
 
 # (The parts `make demo` turns off are turned back on here: one build tree.)
 build-only:
 	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON \
-	  -DRATE_BUILD_TESTS=OFF -DCMAKE_INSTALL_PREFIX="$(PREFIX)" $(ALL_PARTS) \
+	  -DRATE_BUILD_TESTS=OFF -DCMAKE_INSTALL_PREFIX="$(PREFIX)" $(PARTS_FLAGS) \
 	  $(CMAKE_FLAGS)
 	cmake --build build -j $(JOBS)
 

@@ -569,8 +569,8 @@ typedef void (*rate_check_fn)(void *ud, int rc,
  * the decision handed to cb is valid during the call only.  Until cb has run,
  * the limiter and the store must stay alive; freeing the store first runs
  * each pending cb with error RATE_ECANCELED under the fail mode, and a
- * limiter with decisions in flight must not be freed (docs/async.md,
- * "Freeing").  A callback may start new decisions; the listener hears a
+ * limiter with decisions in flight must not be freed, nor the store from
+ * inside one of its own callbacks (docs/async.md, "Freeing").  A callback may start new decisions; the listener hears a
  * pending decision just before cb.
  * Thread-safe: as the store's entries (an event loop's store is driven by one
  * thread: start its decisions on that thread). */
@@ -631,16 +631,20 @@ RATE_API int rate_limiter_check_policy_at(rate_limiter_t *limiter,
  * request (a memory store never reads the clock for it), or now by
  * rate_deadline_start.  Scopes nest: an inner one keeps the outer one's
  * start.
+ * Close every scope: one left open makes every later store request on
+ * the thread count from its stale start, and so time out.
  * Returns: a token for rate_deadline_end.  Errors: none.
  * Ownership: nothing is allocated.  Thread-safe: yes (the scope is the
  * calling thread's); a scope is closed on the thread that opened it. */
 RATE_API uint64_t rate_deadline_begin(void);
 /* Closes the scope rate_deadline_begin returned `token` for.
- * Returns: nothing.  Errors: none.  Thread-safe: as rate_deadline_begin. */
+ * Returns: nothing.  Errors: none.  Ownership: none.
+ * Thread-safe: as rate_deadline_begin. */
 RATE_API void rate_deadline_end(uint64_t token);
 /* Starts the open scope's deadline now, if no store request has yet (a
  * caller about to wait counts the wait in; nothing outside a scope).
- * Returns: nothing.  Errors: none.  Thread-safe: as rate_deadline_begin. */
+ * Returns: nothing.  Errors: none.  Ownership: none.
+ * Thread-safe: as rate_deadline_begin. */
 RATE_API void rate_deadline_start(void);
 
 /* ------------------------------------------ changes outside admissions */

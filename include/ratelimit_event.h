@@ -18,6 +18,7 @@
 #define RATELIMIT_EVENT_H
 
 #include <stdlib.h>
+#include <string.h>
 #include <event2/event.h>
 
 #include "ratelimit_loop.h"
@@ -141,6 +142,7 @@ static inline void rate_ev_timer_free_(void *ud, void *timer)
 /* Fills *out for `base`, which must outlive every store made with it. */
 static inline void rate_loop_event(rate_loop_t *out, struct event_base *base)
 {
+    memset(out, 0, sizeof *out);
     out->ud = base;
     out->io_new = rate_ev_io_new_;
     out->io_set = rate_ev_io_set_;

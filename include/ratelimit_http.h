@@ -126,6 +126,7 @@ typedef struct rate_applied {
     bool refunded;             /* admitted, then given back: another
                                   policy denied the request */
     rate_decision_t decision;
+    uint64_t reserved[2];      /* room for later fields; not read */
 } rate_applied_t;
 
 typedef struct rate_outcome {
@@ -211,8 +212,10 @@ RATE_API void rate_rules_free(rate_rules_t *rules);
 
 /* Decides a request on `limiter` under the rules: the key (the user's, an
  * API key, an address; 1..RATE_KEY_MAX bytes) and its attributes pick the
- * policies, each is decided at one time read once (its reservation up to
- * max_wait_ns), and *out says what each decided.  The limiter's store,
+ * policies, each is decided (its reservation up to max_wait_ns; at the
+ * limiter's clock, read for each, or at now_ns for rate_rules_check_at),
+ * all the request's store requests within one store timeout
+ * (rate_deadline_begin), and *out says what each decided.  The limiter's store,
  * fail mode, shadow mode and listener apply to each decision (the
  * listener hears each, a refunded one too).  The limiter's listener must
  * not call rate_rules_check on the same rules (the thread's hold on them

@@ -68,6 +68,10 @@ typedef struct rate_loop {
     /* Optional (NULL: CLOCK_MONOTONIC): now in ns, on the clock the
      * timers go by (a loop that caches its time per turn may return it). */
     uint64_t (*now)(void *ud);
+
+    /* NULL: room for later optional functions (an adapter zeroes the
+     * table first; a non-NULL one is refused with RATE_EINVAL). */
+    void *reserved[4];
 } rate_loop_t;
 
 #ifdef __cplusplus

@@ -19,6 +19,7 @@
 #define RATELIMIT_UV_H
 
 #include <stdlib.h>
+#include <string.h>
 #include <uv.h>
 
 #include "ratelimit_loop.h"
@@ -137,6 +138,7 @@ static inline void rate_uv_timer_free_(void *ud, void *timer)
 /* Fills *out for `loop`, which must outlive every store made with it. */
 static inline void rate_loop_uv(rate_loop_t *out, uv_loop_t *loop)
 {
+    memset(out, 0, sizeof *out);
     out->ud = loop;
     out->io_new = rate_uv_io_new_;
     out->io_set = rate_uv_io_set_;

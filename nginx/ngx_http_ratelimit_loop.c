@@ -185,6 +185,7 @@ static void ngx_http_ratelimit_timer_free(void *ud, void *p) {
 }
 
 void ngx_http_ratelimit_loop_init(rate_loop_t *loop, ngx_log_t *log) {
+    ngx_memzero(loop, sizeof(*loop));
     loop->ud = log;
     loop->io_new = ngx_http_ratelimit_io_new;
     loop->io_set = ngx_http_ratelimit_io_set;

@@ -17,6 +17,9 @@ if [ "${1:-}" = --update ]; then update=1; shift; fi
 so=$(readlink -f "$1/libratelimit.so")
 [ -f "$so" ] || { echo "abi-check: no $1/libratelimit.so (build it first)" >&2; exit 2; }
 command -v abidiff >/dev/null || { echo "abi-check: abidiff missing (apt-get install abigail-tools)" >&2; exit 2; }
+# Without DWARF abidiff sees no types and would pass anything.
+readelf -S "$so" | grep -q '\.debug_info' ||
+  { echo "abi-check: $so has no debug info (build it RelWithDebInfo or Debug): abidiff would compare nothing" >&2; exit 2; }
 base="$S/abi/libratelimit.abi"
 if [ $update -eq 1 ]; then
   # Paths are made relative to the tree, so that the file names no machine.

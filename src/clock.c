@@ -18,8 +18,41 @@ static uint64_t read_clock(clockid_t id)
     return (uint64_t)ts.tv_sec * RATE_NS_PER_S + (uint64_t)ts.tv_nsec;
 }
 
-/* The calling thread's call scope (internal.h, rate__call_begin). */
-_Thread_local uint64_t rate__call_start;
+/* The calling thread's call scope (internal.h, rate__call_begin): 0
+ * outside any, CALL_LAZY in one whose start is not taken yet, else the
+ * start.  initial-exec: a plain thread-pointer access, no
+ * __tls_get_addr call on every decision of the shared library. */
+#define CALL_LAZY UINT64_MAX
+static _Thread_local uint64_t call_start
+    __attribute__((tls_model("initial-exec")));
+
+uint64_t rate__call_begin(void)
+{
+    uint64_t prev = call_start;
+    if (prev == 0)
+        call_start = CALL_LAZY;
+    return prev;
+}
+
+/* The outermost scope forgets its start; an inner one leaves it, taken
+ * or not, to the outer one. */
+void rate__call_end(uint64_t prev)
+{
+    if (prev == 0)
+        call_start = 0;
+}
+
+uint64_t rate__call_start_ns(void)
+{
+    uint64_t s = call_start;
+    if (s == 0 || s == CALL_LAZY) {
+        uint64_t now = rate_clock_monotonic_ns();
+        if (s == CALL_LAZY)
+            call_start = now;
+        return now;
+    }
+    return s;
+}
 
 uint64_t rate_clock_monotonic_ns(void)
 {
@@ -73,6 +106,6 @@ void rate_deadline_end(uint64_t token)
 
 void rate_deadline_start(void)
 {
-    if (rate__call_start != 0)
+    if (call_start != 0)
         (void)rate__call_start_ns();
 }

@@ -566,40 +566,12 @@ void rate__clock_sleep(void *ud, uint64_t ns);
  * the first request that asks for it (a memory store never reads the
  * clock for it), or earlier by calling rate__call_start_ns (a synced
  * decision does when it begins to wait for another thread's borrow). */
-#define RATE__CALL_LAZY UINT64_MAX
-extern _Thread_local uint64_t rate__call_start;
-
-/* Opens a scope: the state before it, for rate__call_end. */
-static inline uint64_t rate__call_begin(void)
-{
-    uint64_t prev = rate__call_start;
-    if (prev == 0)
-        rate__call_start = RATE__CALL_LAZY;
-    return prev;
-}
-
-/* Closes a scope: the outermost one forgets its start; an inner one
- * leaves it, taken or not, to the outer one (a start taken inside a lazy
- * outer scope is the outer one's). */
-static inline void rate__call_end(uint64_t prev)
-{
-    if (prev == 0)
-        rate__call_start = 0;
-}
-
-/* The start a request counts its timeout from: its call's start, or now
- * outside any call (a store used directly, a drop, a creation). */
-static inline uint64_t rate__call_start_ns(void)
-{
-    uint64_t s = rate__call_start;
-    if (s == 0 || s == RATE__CALL_LAZY) {
-        uint64_t now = rate_clock_monotonic_ns();
-        if (s == RATE__CALL_LAZY)
-            rate__call_start = now;
-        return now;
-    }
-    return s;
-}
+uint64_t rate__call_begin(void);    /* opens one: the token for _end */
+void rate__call_end(uint64_t token); /* closes it */
+/* The start a request counts its timeout from: its call's start (taken
+ * now if not yet), or now outside any call (a store used directly, a
+ * drop, a creation). */
+uint64_t rate__call_start_ns(void);
 
 /* The deadline of a request with timeout_ns: its call's start plus it. */
 static inline uint64_t rate__call_deadline_ns(uint64_t timeout_ns)

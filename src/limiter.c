@@ -928,9 +928,11 @@ static int check_async(rate_limiter_t *lim, const char *key, size_t key_len,
         if (store_rc == RATE_EKEY) /* the record's key, not the call's */
             store_rc = RATE_ESTORE;
     } else if (store_rc == RATE_OK) {
-        if (!later) { /* a store that answers at once */
+        if (!later) { /* a store that answers at once: one deadline */
+            uint64_t scope = rate__call_begin();
             store_rc = store_part(lim, lim->store, &lim->book, &a->job.key,
                                   &a->arg, a->now, clock_time);
+            rate__call_end(scope);
         } else {
             /* A later answer goes to the callback; the store calls
              * async_done later, never from start(). */

@@ -61,6 +61,9 @@ for part in redis dynamodb http; do
 done
 case " $parts " in *" redis "*) ;; *) check test -z "$(pkg-config --print-requires-private ratelimit | grep -x hiredis)" ;; esac
 case " $parts " in *" http "*) ;; *) check test -z "$(pkg-config --print-requires-private ratelimit | grep -x inih)" ;; esac
+case " $parts " in *" dynamodb "*) ;; *)
+  check test -z "$(pkg-config --print-requires-private ratelimit | grep -x jansson)"
+  check test -z "$(pkg-config --static --libs ratelimit | grep -w -- -lcurl)" ;; esac
 # The loop adapters, as a user includes them: both in one file, one used,
 # built without optimization (which keeps a static function that nothing
 # calls) and linked with that one loop's library only; and the public
@@ -114,6 +117,20 @@ CM
   check cmake -S "$T/cm-$target" -B "$T/cm-$target/b" -DCMAKE_PREFIX_PATH="$T/prefix"
   check cmake --build "$T/cm-$target/b"
   check "$T/cm-$target/b/app"
+done
+# The package's version rule: 0.4 and this release are found, 0.3 (before
+# the stable ABI) and a later one are not.
+for want in 0.4 "$(sed -n 's/^project(ratelimit VERSION \([0-9.]*\).*/\1/p' "$S/CMakeLists.txt")" 0.3 99.0; do
+  mkdir -p "$T/cm-v"
+  cat >"$T/cm-v/CMakeLists.txt" <<CM
+cmake_minimum_required(VERSION 3.18)
+project(app C)
+find_package(ratelimit $want REQUIRED)
+CM
+  case $want in
+    0.3 | 99.0) check test "$(cmake -S "$T/cm-v" -B "$T/cm-v/b$want" -DCMAKE_PREFIX_PATH="$T/prefix" >/dev/null 2>&1; echo $?)" != 0 ;;
+    *) check cmake -S "$T/cm-v" -B "$T/cm-v/b$want" -DCMAKE_PREFIX_PATH="$T/prefix" ;;
+  esac
 done
 # The installed command runs (it links the library statically).
 check "$T/prefix/bin/ratelimit" --version

@@ -1068,6 +1068,14 @@ static void bad_args(void **state)
                                                 sizeof err),
                      RATE_EINVAL);
     assert_non_null(strstr(err, "breaker_cooldown_ns"));
+    /* a loop table whose reserve is not NULL (a later adapter's function
+     * this library does not know): refused, not ignored */
+    lp.reserved[3] = &lp;
+    assert_int_equal(rate_store_redis_async_new(url, NULL, &lp, &s, err,
+                                                sizeof err),
+                     RATE_EINVAL);
+    assert_non_null(strstr(err, "reserved functions are not NULL"));
+    lp.reserved[3] = NULL;
     o = (rate_redis_options_t){.connect_timeout_ns = UINT64_MAX};
     assert_int_equal(rate_store_redis_new(url, &o, &s, err, sizeof err),
                      RATE_EINVAL);

@@ -988,8 +988,12 @@ int rate_rules_check(rate_rules_t *rules, rate_limiter_t *lim,
                      size_t nattrs, uint64_t permits, uint64_t max_wait_ns,
                      rate_outcome_t *out)
 {
-    return check(rules, lim, key, key_len, attrs, nattrs, permits,
-                 max_wait_ns, 0, true, out);
+    /* One deadline for the request's decisions and refunds. */
+    uint64_t scope = rate_deadline_begin();
+    int rc = check(rules, lim, key, key_len, attrs, nattrs, permits,
+                   max_wait_ns, 0, true, out);
+    rate_deadline_end(scope);
+    return rc;
 }
 
 int rate_rules_check_at(rate_rules_t *rules, rate_limiter_t *lim,
@@ -1005,8 +1009,11 @@ int rate_rules_check_at(rate_rules_t *rules, rate_limiter_t *lim,
         }
         return out == NULL ? RATE_EINVAL : RATE_ERANGE;
     }
-    return check(rules, lim, key, key_len, attrs, nattrs, permits,
-                 max_wait_ns, now_ns, false, out);
+    uint64_t scope = rate_deadline_begin();
+    int rc = check(rules, lim, key, key_len, attrs, nattrs, permits,
+                   max_wait_ns, now_ns, false, out);
+    rate_deadline_end(scope);
+    return rc;
 }
 
 int rate_outcome_headers(const rate_outcome_t *o, rate_headers_t *out)

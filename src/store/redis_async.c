@@ -1169,6 +1169,12 @@ int rate_store_redis_async_new(const char *url,
         loop->timer_free == NULL)
         return rate__fail(err, errlen, RATE_EINVAL,
                           "the loop is NULL or misses a function");
+    for (size_t i = 0; i < sizeof loop->reserved / sizeof loop->reserved[0];
+         i++)
+        if (loop->reserved[i] != NULL)
+            return rate__fail(err, errlen, RATE_EINVAL,
+                              "the loop's reserved functions are not NULL "
+                              "(a field of a later version?)");
     astore_t *s = calloc(1, sizeof *s);
     if (s == NULL)
         return RATE_ENOMEM;

@@ -201,10 +201,6 @@ static int make_layout(const rate_shm_options_t *o, layout_t *l, char *err,
                        size_t errlen)
 {
     memset(l, 0, sizeof *l);
-    for (size_t i = 0; i < sizeof o->reserved / sizeof o->reserved[0]; i++)
-        if (o->reserved[i] != 0)
-            return fail(err, errlen, RATE_EINVAL, "the options' reserved "
-                        "words are not zero (a field of a later version?)");
     if (o->max_keys == 0)
         return fail(err, errlen, RATE_EINVAL,
                     "max_keys is required to make a region (0 given)");
@@ -284,11 +280,15 @@ static int make_layout(const rate_shm_options_t *o, layout_t *l, char *err,
     return RATE_OK;
 }
 
+static int check_options(const rate_shm_options_t *o, char *err,
+                         size_t errlen);
+
 size_t rate_store_shm_size(const rate_shm_options_t *options)
 {
     layout_t l;
 
-    if (options == NULL || make_layout(options, &l, NULL, 0) != RATE_OK)
+    if (options == NULL || check_options(options, NULL, 0) != RATE_OK ||
+        make_layout(options, &l, NULL, 0) != RATE_OK)
         return 0;
     return (size_t)l.total;
 }
