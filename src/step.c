@@ -514,17 +514,15 @@ int rate__step(void *varg, rate_step_io_t *io)
 
 /* The stores' pass for the bool calls.  The token bucket's, the common
  * case, is compiled in here from its header, so that a store's acquire()
- * makes one call and this one makes none; every other algorithm's is called
+ * makes this one call and no other; every other algorithm's is called
  * through its policy. */
-RATE__FLATTEN int rate_state_acquire(const rate_acquire_t *req,
-                                     uint64_t permits, uint64_t now_ns,
-                                     void *state, size_t len,
-                                     uint64_t *ttl_ns)
+int rate_state_acquire(const rate_acquire_t *req, uint64_t permits,
+                       uint64_t now_ns, void *state, size_t len,
+                       uint64_t *ttl_ns)
 {
     const rate_policy_t *p = req->policy;
 
-    if (__builtin_expect(p->algo[0] == &rate__token_bucket && p->count == 1,
-                         1))
+    if (p->algo[0] == &rate__token_bucket && p->count == 1)
         return tb_plain_inline(req, permits, now_ns, state, len, ttl_ns);
     return p->plain != NULL ? p->plain(req, permits, now_ns, state, len,
                                        ttl_ns)
