@@ -7,7 +7,10 @@
  * each update atomic, and drops a key no sooner than its time-to-live.  A
  * back end is a method table (rate_store_methods_t, usually `static const`)
  * and a pointer of its own (`self`), handed to rate_store_new() by one
- * exported constructor of the back end's, as src/store/memory.c does.
+ * exported constructor of the back end's.  Two back ends written on this
+ * header alone are the ones to copy: src/store/shm.c (update(), acquire()
+ * and a bounded store's check_policy()) and tests/cas_store.c (load() and
+ * cas() over a compare-and-set map, and start()).
  *
  * How a decision reaches a store.  The limiter checks the input, picks the
  * key's policy and reads the clock (before the store); then it calls ONE of

@@ -191,7 +191,7 @@ typedef struct rate__algo {
  * an algorithm file's own static valid, load, advance, decide and commit,
  * all inlined into it, so that the constant max_wait 0 and detail false
  * prune them; an algorithm whose functions are in its header (the token
- * bucket's) is inlined into rate_state_acquire itself (algo/acquire.h).  FIXED is
+ * bucket's) is inlined into rate_state_acquire itself (src/step.c).  FIXED is
  * the component's size.  Anything unexpected about the state (another
  * policy, format or size, a corrupt time) is left to rate__step, which
  * reports it.  Only t_last of the header changes: the rest already says

@@ -31,7 +31,7 @@
  * Nothing needs writing until the next admission, so denials still change
  * nothing.
  */
-#include "algo/acquire.h"
+#include "algo/token_bucket.h"
 
 /* The verdicts are written field by field just before they are folded; GCC's
  * straight-line vectorizer would read them back 16 bytes at a time, which
@@ -638,9 +638,19 @@ int rate__step(void *varg, rate_step_io_t *io)
                                        : p->max_reset_ns);
 }
 
+/* The stores' pass for the bool calls.  The token bucket's, the common
+ * case, is compiled in here from its header, so that a store's acquire()
+ * makes this one call and no other; every other algorithm's is called
+ * through its policy. */
 int rate_state_acquire(const rate_acquire_t *req, uint64_t permits,
                        uint64_t now_ns, void *state, size_t len,
                        uint64_t *ttl_ns)
 {
-    return rate__state_acquire(req, permits, now_ns, state, len, ttl_ns);
+    const rate_policy_t *p = req->policy;
+
+    if (p->algo[0] == &rate__token_bucket && p->count == 1)
+        return tb_plain_inline(req, permits, now_ns, state, len, ttl_ns);
+    return p->plain != NULL ? p->plain(req, permits, now_ns, state, len,
+                                       ttl_ns)
+                            : RATE_ENOTSUP;
 }

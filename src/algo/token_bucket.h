@@ -2,8 +2,8 @@
 /*
  * The token bucket's step functions over its stored word u = tokens * P
  * (token_bucket.c has the rest of the algorithm and its table).  They are
- * here, inline, so that rate_state_acquire can take the token bucket's
- * plain pass into the stores' hot path (algo/acquire.h): one source.
+ * here, inline, so that rate_state_acquire (src/step.c) can take the
+ * token bucket's plain pass into the stores' hot path: one source.
  */
 #ifndef RATE_TOKEN_BUCKET_H
 #define RATE_TOKEN_BUCKET_H

@@ -32,22 +32,39 @@
  *
  * Keys are hashed with XXH3 (libxxhash), seeded per store from getrandom()
  * so that clients cannot aim many keys at one shard.
+ *
+ * Uses only the public store contract (ratelimit_store.h), as src/store/shm.c
+ * does: the decisions, the token bucket's fast pass included, are the
+ * library's, reached through rate_state_acquire() and the steps it hands
+ * over.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/random.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include <pthread.h>
+#include "ratelimit_store.h"
 
-#include "../algo/acquire.h"
+#if defined(__GNUC__)
+#define FLATTEN __attribute__((flatten))
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define FLATTEN
+#define ALWAYS_INLINE inline
+#endif
 
 #define KEY_INLINE 16u
-#define STATE_INLINE 22u /* a single bucket or fixed window: 14 + 8 */
-_Static_assert(STATE_INLINE == RATE__HEADER_LEN + 8, "see set_state");
+/* A single bucket or fixed window: the 14-byte header and one 8-byte
+ * component of the stored format (docs/algorithms.md, "Stored state"). */
+#define STATE_INLINE 22u
 #define STACK_STATE 512u
 #define LOAD_NUM 7u /* grow past 7/8 full */
 #define LOAD_DEN 8u
@@ -138,6 +155,38 @@ typedef struct memstore {
     pthread_mutex_t records_lock;
     record_t *records;
 } memstore_t;
+
+/* --------------------------------------------------------------- bytes */
+
+/* Little-endian loads and stores, whatever the alignment: how a probe packs
+ * a short key (see probe_key_init). */
+static inline uint64_t le64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
+
+static inline uint32_t le32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    return v;
+}
+
+static inline void put_le64(uint8_t *p, uint64_t v)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    memcpy(p, &v, sizeof v);
+}
 
 /* ------------------------------------------------------------- locking */
 
@@ -279,22 +328,21 @@ static inline void probe_key_init(probe_key_t *k, const char *key, size_t len,
     k->inl_len = shadow ? SIZE_MAX : len;
     k->shadow = shadow ? F_SHADOW : 0;
     if (len >= KEY_INLINE) { /* the common long-enough key */
-        lo = rate__get64(b);
-        hi = rate__get64(b + 8);
+        lo = le64(b);
+        hi = le64(b + 8);
     } else if (len > 8) { /* the last 8 bytes, shifted down to byte 8 on */
-        lo = rate__get64(b);
-        hi = rate__get64(b + len - 8) >> (8 * (KEY_INLINE - len));
+        lo = le64(b);
+        hi = le64(b + len - 8) >> (8 * (KEY_INLINE - len));
     } else if (len >= 4) { /* two 4-byte loads, overlapping */
-        lo = rate__get32(b) |
-             (uint64_t)rate__get32(b + len - 4) << (8 * (len - 4));
+        lo = le32(b) | (uint64_t)le32(b + len - 4) << (8 * (len - 4));
     } else if (len > 0) { /* first, middle and last bytes */
         lo = b[0] | (uint64_t)b[len / 2] << (8 * (len / 2)) |
              (uint64_t)b[len - 1] << (8 * (len - 1));
     } else {
         lo = 0;
     }
-    rate__put64((uint8_t *)k->pad, lo);
-    rate__put64((uint8_t *)k->pad + 8, hi);
+    put_le64((uint8_t *)k->pad, lo);
+    put_le64((uint8_t *)k->pad + 8, hi);
 }
 
 /* short_key: k is a key of the state space known to be at most KEY_INLINE
@@ -670,9 +718,9 @@ update_copy(shard_t *s, slot_t *e, uint32_t tag, const probe_key_t *pk,
 }
 
 /* The key's shard, by its hash; *tag is the tag the shard files it by. */
-static RATE__ALWAYS_INLINE shard_t *shard_of(const memstore_t *m,
-                                             const char *key, size_t len,
-                                             uint32_t *tag)
+static ALWAYS_INLINE shard_t *shard_of(const memstore_t *m,
+                                       const char *key, size_t len,
+                                       uint32_t *tag)
 {
     uint64_t h = XXH3_64bits_withSeed(key, len, m->seed);
 
@@ -682,10 +730,10 @@ static RATE__ALWAYS_INLINE shard_t *shard_of(const memstore_t *m,
 
 /* Hashes the key, locks its shard and probes.  Returns the shard, locked;
  * *at is the key's slot, or the empty slot that ends its probe. */
-static RATE__ALWAYS_INLINE shard_t *locate(memstore_t *m, const char *key,
-                                           size_t len, bool shadow,
-                                           probe_key_t *pk, uint32_t *tag,
-                                           uint32_t *at)
+static ALWAYS_INLINE shard_t *locate(memstore_t *m, const char *key,
+                                     size_t len, bool shadow,
+                                     probe_key_t *pk, uint32_t *tag,
+                                     uint32_t *at)
 {
     shard_t *s = shard_of(m, key, len, tag);
 
@@ -777,18 +825,15 @@ static int mem_update(void *self, const rate_key_t *k, const rate_step_t *st)
 }
 
 /* The bool calls' pass over a key's slot e in s (locked), and the
- * bookkeeping; unlocks.  0 denied, 1 allowed, RATE_ENOTSUP.  inl: the
- * request's pass is known to be inlined (a constant). */
-static RATE__ALWAYS_INLINE int acquire_at(shard_t *s, slot_t *e,
-                                          const rate_acquire_t *req,
-                                          uint64_t permits, uint64_t now,
-                                          bool inl)
+ * bookkeeping; unlocks.  0 denied, 1 allowed, RATE_ENOTSUP. */
+static ALWAYS_INLINE int acquire_at(shard_t *s, slot_t *e,
+                                    const rate_acquire_t *req,
+                                    uint64_t permits, uint64_t now)
 {
     uint64_t ttl;
     size_t n;
     uint8_t *bytes = slot_state(e, &n);
-    int r = inl ? rate__state_acquire_inline(req, permits, now, bytes, n, &ttl)
-                : rate__state_acquire(req, permits, now, bytes, n, &ttl);
+    int r = rate_state_acquire(req, permits, now, bytes, n, &ttl);
 
     if (r >= 0) {
         e->sr |= F_REF;
@@ -813,22 +858,25 @@ acquire_any(memstore_t *m, const rate_acquire_t *req, const char *key,
         shard_unlock(s);
         return RATE_ENOTSUP;
     }
-    return acquire_at(s, &s->slots[i], req, permits, now, false);
+    return acquire_at(s, &s->slots[i], req, permits, now);
 }
 
-/* A short key of the state space with a free lock: hashed, probed and
- * decided with no call but the pass (none at all when inl: the pass is
- * inlined, a constant of each of the two made below). */
-static RATE__ALWAYS_INLINE int acquire_short(memstore_t *m,
-                                             const rate_acquire_t *req,
-                                             const char *key, size_t len,
-                                             uint64_t permits, uint64_t now,
-                                             bool inl)
+/* The bool calls: a key the store holds, decided where its state lies by
+ * the library's pass.  The hot path (a short key of the state space, a
+ * free lock) is hashed, probed and decided with one call, the pass's;
+ * flattened, so that the hash and the probe are inlined.  Anything else
+ * takes acquire_any. */
+FLATTEN static int mem_acquire(void *self, const rate_acquire_t *req,
+                               const char *key, size_t len,
+                               uint64_t permits, uint64_t now)
 {
+    memstore_t *m = self;
     probe_key_t pk;
     uint32_t tag;
-    shard_t *s = shard_of(m, key, len, &tag);
 
+    if (len > KEY_INLINE || req->space != RATE_SPACE_STATE)
+        return acquire_any(m, req, key, len, permits, now);
+    shard_t *s = shard_of(m, key, len, &tag);
     probe_key_init(&pk, key, len, false);
     if (!shard_trylock(s))
         return acquire_any(m, req, key, len, permits, now);
@@ -837,32 +885,7 @@ static RATE__ALWAYS_INLINE int acquire_short(memstore_t *m,
         shard_unlock(s);
         return RATE_ENOTSUP;
     }
-    return acquire_at(s, &s->slots[i], req, permits, now, inl);
-}
-
-/* ... for a policy whose pass is called through the policy. */
-static __attribute__((noinline)) RATE__FLATTEN int
-acquire_short_called(memstore_t *m, const rate_acquire_t *req,
-                     const char *key, size_t len, uint64_t permits,
-                     uint64_t now)
-{
-    return acquire_short(m, req, key, len, permits, now, false);
-}
-
-/* The bool calls: a key the store holds, decided where its state lies.
- * The hot path (a short key of the state space, a pass inlined here, a
- * free lock) calls nothing, so that it keeps its values in registers;
- * flattened, so that the hash and the pass are inlined.  Other short
- * keys take a path that calls only the pass; anything else, acquire_any. */
-RATE__FLATTEN static int mem_acquire(void *self, const rate_acquire_t *req,
-                                     const char *key, size_t len,
-                                     uint64_t permits, uint64_t now)
-{
-    if (len > KEY_INLINE || req->space != RATE_SPACE_STATE)
-        return acquire_any(self, req, key, len, permits, now);
-    if (!rate__acquire_inline(req))
-        return acquire_short_called(self, req, key, len, permits, now);
-    return acquire_short(self, req, key, len, permits, now, true);
+    return acquire_at(s, &s->slots[i], req, permits, now);
 }
 
 static int mem_remove(void *self, const rate_key_t *k)
