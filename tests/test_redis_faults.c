@@ -228,11 +228,17 @@ typedef struct fake {
     atomic_int slots_ms;   /* > 0: CLUSTER SLOTS answered this late */
     int moved_to;          /* the port "fake:{newnode}" is moved to, 1.5 s
                               after it came */
+    /* The connections' threads, which read f: fake_stop shuts their
+     * sockets and waits until none is left (f may be a test's local). */
+    atomic_int live;
+    atomic_int nfds;
+    int fds[256];          /* -1 once its reader closed it */
+    pthread_mutex_t fds_lock;
 } fake_t;
 
 typedef struct fake_arg {
     fake_t *f;
-    int fd;
+    int fd, idx;
 } fake_arg_t;
 
 static bool read_command(FILE *in, char args[8][64], int *argc)
@@ -261,7 +267,7 @@ static void *fake_conn(void *arg)
 {
     fake_arg_t *fa = arg;
     fake_t *f = fa->f;
-    int fd = fa->fd;
+    int fd = fa->fd, idx = fa->idx;
     free(fa);
     FILE *in = fdopen(fd, "r");
     bool silent = false;
@@ -322,10 +328,14 @@ static void *fake_conn(void *arg)
         if (!silent && send(fd, rep, strlen(rep), MSG_NOSIGNAL) < 0)
             break;
     }
+    pthread_mutex_lock(&f->fds_lock); /* not shut by fake_stop once closed */
+    f->fds[idx] = -1;
     if (in != NULL)
         fclose(in);
     else
         close(fd);
+    pthread_mutex_unlock(&f->fds_lock);
+    atomic_fetch_sub(&f->live, 1); /* f is not read after this */
     return NULL;
 }
 
@@ -339,7 +349,13 @@ static void *fake_accept(void *arg)
         pthread_t th;
         fake_arg_t *fa = malloc(sizeof *fa);
         assert_non_null(fa);
-        *fa = (fake_arg_t){f, fd};
+        pthread_mutex_lock(&f->fds_lock);
+        int i = atomic_fetch_add(&f->nfds, 1);
+        assert_true(i < (int)(sizeof f->fds / sizeof f->fds[0]));
+        f->fds[i] = fd;
+        pthread_mutex_unlock(&f->fds_lock);
+        *fa = (fake_arg_t){f, fd, i};
+        atomic_fetch_add(&f->live, 1);
         pthread_create(&th, NULL, fake_conn, fa);
         pthread_detach(th);
     }
@@ -357,6 +373,7 @@ static pthread_t fake_start(fake_t *f)
     assert_int_equal(listen(f->lfd, 8), 0);
     assert_int_equal(getsockname(f->lfd, (struct sockaddr *)&sa, &sl), 0);
     f->port = ntohs(sa.sin_port);
+    pthread_mutex_init(&f->fds_lock, NULL);
     pthread_t acc;
     pthread_create(&acc, NULL, fake_accept, f);
     return acc;
@@ -368,6 +385,17 @@ static void fake_stop(fake_t *f, pthread_t acc)
     shutdown(f->lfd, SHUT_RDWR);
     close(f->lfd);
     pthread_join(acc, NULL);
+    /* Each connection's reader wakes with its socket shut (one may first
+     * finish a slow answer, 1.5 s at most): none reads f afterwards. */
+    pthread_mutex_lock(&f->fds_lock);
+    for (int i = 0; i < atomic_load(&f->nfds); i++)
+        if (f->fds[i] >= 0)
+            shutdown(f->fds[i], SHUT_RDWR);
+    pthread_mutex_unlock(&f->fds_lock);
+    for (int w = 0; atomic_load(&f->live) > 0; w++) {
+        assert_true(w < 10000); /* 10 s */
+        usleep(1000);
+    }
 }
 
 typedef struct timed {

@@ -983,8 +983,9 @@ int rate_store_memory_new(const rate_memory_options_t *opt, rate_store_t **out)
     *out = NULL;
     if (opt != NULL)
         o = *opt;
-    if (!RATE__RESERVED_ZERO(&o))
-        return RATE_EINVAL;
+    for (size_t i = 0; i < sizeof o.reserved / sizeof o.reserved[0]; i++)
+        if (o.reserved[i] != 0) /* a later version's option */
+            return RATE_EINVAL;
     if (o.shards == 0)
         o.shards = 256;
     if (o.shards > 65536 || o.max_keys > (uint64_t)UINT32_MAX)
