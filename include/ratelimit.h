@@ -227,15 +227,12 @@ RATE_API int rate_policy_set_name(rate_policy_t *policy, const char *name,
                                   char *err, size_t errlen);
 RATE_API const char *rate_policy_name(const rate_policy_t *policy);
 
-/* Makes the `unlimited` policy (the text "unlimited"; an enterprise tier):
- * every request is allowed, nothing is written to any store (not even the
- * policy's record), no key is ever charged.  It has no limits
- * (rate_policy_count 0, rate_policy_limit NULL) and stands alone: a composite
- * with it is an error.  Its decisions: allowed, reason RATE_REASON_ALLOWED,
- * component -1, limit and remaining RATE_NO_LIMIT, delay, retry_after and
- * reset_after 0.  An HTTP server should send no RateLimit or X-RateLimit
- * headers for it (test rate_policy_is_unlimited, or limit == RATE_NO_LIMIT:
- * whether the policy is the unlimited one).
+/* Makes the `unlimited` policy (the text "unlimited"; an enterprise tier;
+ * rate_policy_is_unlimited tells it): every request is allowed, nothing is
+ * written to any store, no key is charged.  It has no limits and stands
+ * alone (a composite with it is an error).  Its decisions: allowed,
+ * component -1, limit and remaining RATE_NO_LIMIT, the durations 0; an
+ * HTTP server sends no RateLimit fields for them.
  * Returns: RATE_OK, the policy in *out; true or false (false for NULL).
  * Errors: RATE_EINVAL for a NULL out; RATE_ENOMEM (*out NULL); testing: none.
  * Ownership: the caller frees *out (rate_policy_free).  Thread-safe: yes. */
@@ -622,15 +619,12 @@ RATE_API int rate_limiter_check_policy_at(rate_limiter_t *limiter,
 
 /* Opens a deadline scope on the calling thread: until the matching
  * rate_deadline_end, every store request of every limiter call on this
- * thread counts its timeout (a Redis store's command_timeout_ns, a
- * DynamoDB store's request_timeout_ns) from one start, the scope's, so
- * that the calls made for one request (a server's decisions under several
- * policies, the synced mode's give-backs and borrows) share one deadline
- * instead of getting one each.  Every decision, refund and penalty is
- * such a scope of its own.  The start is taken at the scope's first store
- * request (a memory store never reads the clock for it), or now by
- * rate_deadline_start.  Scopes nest: an inner one keeps the outer one's
- * start.
+ * thread counts its timeout (command_timeout_ns, request_timeout_ns) from
+ * the scope's start, so that the calls made for one request (decisions
+ * under several policies, the synced mode's borrows) share one deadline.
+ * Each decision, refund and penalty is a scope of its own.  The start is
+ * the scope's first store request's, or rate_deadline_start's; an inner
+ * scope keeps the outer one's.
  * Close every scope: one left open makes every later store request on
  * the thread count from its stale start, and so time out.
  * Returns: a token for rate_deadline_end.  Errors: none.
