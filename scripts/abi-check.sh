@@ -18,7 +18,9 @@ so=$(readlink -f "$1/libratelimit.so")
 [ -f "$so" ] || { echo "abi-check: no $1/libratelimit.so (build it first)" >&2; exit 2; }
 command -v abidiff >/dev/null || { echo "abi-check: abidiff missing (apt-get install abigail-tools)" >&2; exit 2; }
 # Without DWARF abidiff sees no types and would pass anything.
-readelf -S "$so" | grep -q '\.debug_info' ||
+# (grep reads the list itself: `readelf | grep -q` fails under pipefail
+# when grep quits first.)
+grep -q '\.debug_info' <(readelf -S "$so") ||
   { echo "abi-check: $so has no debug info (build it RelWithDebInfo or Debug): abidiff would compare nothing" >&2; exit 2; }
 base="$S/abi/libratelimit.abi"
 if [ $update -eq 1 ]; then
