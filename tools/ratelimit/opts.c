@@ -796,8 +796,11 @@ static int shm_from_opt(cli_limiter_t *cl, const char *cmd, const char *path,
         rate_store_free(cl->store);
         cl->store = NULL;
         /* Made or removed by another run meanwhile (an attach that found
-         * no file, a create that found one): try again. */
-        if (rc == RATE_ESTORE && (attach_only || existed != path_exists(path)))
+         * no file, a create that found one, a region of other sizes gone
+         * before it could be attached to): try again. */
+        bool moved = existed != path_exists(path);
+        if ((rc == RATE_ESTORE && (attach_only || moved)) ||
+            (rc == RATE_EINVAL && moved))
             continue;
         break;
     }
