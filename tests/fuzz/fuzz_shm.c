@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include <ratelimit.h>
+#include <ratelimit_shm.h>
 
 #define HDR_BYTES 4096u /* the header's page (src/store/shm.c) */
 #define HDR_IN 256u     /* the header's part of an input */
