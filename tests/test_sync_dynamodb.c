@@ -20,6 +20,7 @@
 #include <pthread.h>
 #include "ratelimit_dynamodb.h"
 #include "ratelimit_synced.h"
+#include "sync_deadline.h"
 
 static pid_t server;
 static int port;
@@ -257,44 +258,7 @@ static void synced_decision_within_one_timeout(void **state)
     rate_store_t *rs = NULL;
     if (rate_store_dynamodb_new(u, &o, &rs, err, sizeof err) != RATE_OK)
         fail_msg("dynamodb through the delay line: %s", err);
-    rate_policy_t *p = NULL;
-    assert_int_equal(rate_policy_parse("token-bucket 1/h burst=20", &p, NULL,
-                                       0),
-                     RATE_OK);
-    rate_synced_config_t c = {0};
-    c.policy = p;
-    c.remote = rs;
-    c.lease = 16;
-    c.lease_ttl_ns = 60 * SEC;
-    c.on_store_error = RATE_FAIL_CLOSED;
-    rate_synced_t *a = NULL, *b = NULL;
-    assert_int_equal(rate_synced_new(&c, &a, NULL, 0), RATE_OK);
-    assert_int_equal(rate_synced_new(&c, &b, NULL, 0), RATE_OK);
-    rate_decision_t d;
-    assert_int_equal(rate_synced_check(a, "k", 1, 1, &d), RATE_OK);
-    assert_true(d.allowed); /* A borrowed 16: 4 are left */
-
-    atomic_store(&dl.delay_ms, 650);
-    uint64_t t0 = rate_clock_monotonic_ns();
-    assert_int_equal(rate_synced_check(b, "k", 1, 1, &d), RATE_OK);
-    uint64_t took = rate_clock_monotonic_ns() - t0;
-    print_message("B's decision: %llu ms (%s) against a %llu ms timeout\n",
-                  (unsigned long long)(took / MS),
-                  d.reason == RATE_REASON_STORE_ERROR ? rate_err_name(d.error)
-                  : d.allowed                          ? "allowed"
-                                                       : "denied",
-                  (unsigned long long)(timeout / MS));
-    if (took > timeout + slack)
-        fail_msg("B's decision took %llu ms, the timeout is %llu ms",
-                 (unsigned long long)(took / MS),
-                 (unsigned long long)(timeout / MS));
-    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
-    assert_int_equal(d.error, RATE_ETIMEDOUT);
-
-    atomic_store(&dl.delay_ms, 0);
-    rate_synced_free(a);
-    rate_synced_free(b);
-    rate_policy_free(p);
+    synced_decision_within(rs, &dl.delay_ms, 650, timeout, slack);
     rate_store_free(rs);
     shutdown(dl.lfd, SHUT_RDWR);
     close(dl.lfd);
