@@ -1,0 +1,146 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ratelimit_fair.h -- fair shares of a shared limit (docs/fair.md): the
+ * keys (flows) sharing one limit are admitted by weighted max-min
+ * fairness, so that one flow cannot starve the others.
+ */
+#ifndef RATELIMIT_FAIR_H
+#define RATELIMIT_FAIR_H
+
+#include "ratelimit.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A shared limit with fair shares (docs/fair.md).  The shared limit is one
+ * key of a limiter (any policy, any store); the fair limit decides which
+ * flow may spend it.  Not waiting (rate_fair_try_acquire, rate_fair_check):
+ * admitted when the shared limit has room and the flow is the one most
+ * owed (its service per weight is the smallest among the active flows), or
+ * when the room left keeps the reserve of the flows behind it.  Waiting
+ * (rate_fair_acquire): in weighted fair order (virtual finish times),
+ * oldest first within a flow, at most queue_max waiters per queue, every
+ * waiter answered by its deadline.
+ *
+ * Memory: one table of `slots` entries, fixed at creation
+ * (rate_fair_memory); flows past what the table tracks one per entry
+ * share an entry (docs/fair.md, "Bounded memory").  The table is in the
+ * process (shm_path NULL: its threads share it) or in a file mapped by
+ * every process opening the same path (the processes of a host). */
+typedef struct rate_fair rate_fair_t;
+
+#define RATE_FAIR_WEIGHT_MAX (1u << 20) /* largest weight of a flow */
+#define RATE_FAIR_SLOTS_MAX (1u << 20)  /* largest table */
+#define RATE_FAIR_QUEUE_MAX 1024u       /* largest queue_max */
+
+typedef struct rate_fair_config {
+    rate_limiter_t *limiter; /* required; borrowed: free it after */
+    const char *key;         /* required: the shared limit's key, */
+    size_t key_len;          /* 1..RATE_KEY_MAX bytes; copied */
+    unsigned slots;          /* table entries; 0: 64 */
+    unsigned queue_max;      /* waiters per entry; 0: 16 */
+    /* NULL: the table in this process.  Else a file (created if missing,
+     * mode 0600) shared by every process that opens it with the same
+     * slots and queue_max; a file made with others is refused. */
+    const char *shm_path;
+    /* NULL: CLOCK_MONOTONIC.  The times the fair limit passes to the
+     * limiter (its *_at calls) and waits by; copied. */
+    const rate_clock_t *clock;
+    uint64_t reserved[6]; /* zero (= {...} or memset): room for later
+                             fields; non-zero is RATE_EINVAL */
+} rate_fair_config_t;
+
+/* Makes a fair limit.  Returns: RATE_OK, *out (NULL on an error).
+ * Errors, each with, if `err` is not NULL, a one-line reason naming what
+ * is wrong (at most errlen bytes with the NUL): RATE_EINVAL for a NULL out,
+ * config or limiter, a non-zero reserve, a clock without now_ns or
+ * sleep_ns, slots above RATE_FAIR_SLOTS_MAX, queue_max above
+ * RATE_FAIR_QUEUE_MAX, or a shm_path file whose table was made with other
+ * slots or queue_max (or is not a fair table); RATE_EKEY for a NULL, empty
+ * or too long key; RATE_ESTORE for a shm_path that cannot be opened,
+ * sized or mapped (the system's reason in err); RATE_ENOMEM.
+ * Ownership: the config, key and clock are copied; the limiter is
+ * borrowed: free the fair limit first.  Thread-safe: yes. */
+RATE_API int rate_fair_new(const rate_fair_config_t *config,
+                           rate_fair_t **out, char *err, size_t errlen);
+
+/* Frees the fair limit (NULL: nothing); the shm_path file stays.
+ * Returns: nothing.  Errors: none.  Ownership: the limiter stays the
+ * caller's.  Thread-safe: no: no other call on it may run or wait. */
+RATE_API void rate_fair_free(rate_fair_t *fair);
+
+/* Not waiting: one decision for `permits` of flow flow[0..flow_len)
+ * (any bytes, 1..RATE_KEY_MAX) with weight `weight` (1..
+ * RATE_FAIR_WEIGHT_MAX; 0 means 1) on the shared limit, at the fair
+ * limit's clock (rate_fair_check_at: at now_ns).  A denial by the fair
+ * rule (the room left would not keep the reserve of the flows behind) has
+ * reason RATE_REASON_LIMITED and an estimated retry_after; a denial by the
+ * shared limit, its decision as is.
+ * Returns: RATE_OK with *out filled (allowed or not; a store failure is a
+ * decision under the limiter's fail mode).  Errors (*out zeroed, nothing
+ * counted): RATE_EINVAL for a NULL fair or out, or a weight above
+ * RATE_FAIR_WEIGHT_MAX; RATE_EKEY for a NULL, empty or too long flow;
+ * RATE_ERANGE for permits or now_ns above RATE_TIME_MAX; the limiter's
+ * errors as rate_limiter_check_at.  Ownership: the flow is only read.
+ * Thread-safe: yes. */
+RATE_API int rate_fair_check(rate_fair_t *fair, const char *flow,
+                             size_t flow_len, uint32_t weight,
+                             uint64_t permits, rate_decision_t *out);
+RATE_API int rate_fair_check_at(rate_fair_t *fair, const char *flow,
+                                size_t flow_len, uint32_t weight,
+                                uint64_t permits, uint64_t now_ns,
+                                rate_decision_t *out);
+
+/* As rate_fair_check and _at, telling only whether the permits may be
+ * spent.  Returns: true when admitted.  Errors: none reported: bad input
+ * is false.  Ownership, Thread-safe: as rate_fair_check. */
+RATE_API bool rate_fair_try_acquire(rate_fair_t *fair, const char *flow,
+                                    size_t flow_len, uint32_t weight,
+                                    uint64_t permits);
+RATE_API bool rate_fair_try_acquire_at(rate_fair_t *fair, const char *flow,
+                                       size_t flow_len, uint32_t weight,
+                                       uint64_t permits, uint64_t now_ns);
+
+/* Waiting: waits in the flow's queue, in weighted fair order, until the
+ * permits are admitted or timeout_ns (at most RATE_TIME_MAX) has passed.
+ * Returns: RATE_OK with out->allowed true once admitted; RATE_OK with
+ * out->allowed false and reason RATE_REASON_LIMITED when the deadline
+ * came first (answered at the deadline, whatever else happens), or at
+ * once when the flow's queue already holds queue_max waiters; reason
+ * RATE_REASON_NEVER when the shared limit can never admit the permits.
+ * Errors: as rate_fair_check (*out zeroed); RATE_ESTORE when the table's
+ * lock or condition cannot be taken (a damaged shm_path file).
+ * Ownership: the flow is only read.  Thread-safe: yes (any number of
+ * threads and, with shm_path, processes wait at once). */
+RATE_API int rate_fair_acquire(rate_fair_t *fair, const char *flow,
+                               size_t flow_len, uint32_t weight,
+                               uint64_t permits, uint64_t timeout_ns,
+                               rate_decision_t *out);
+
+/* What the fair limit has done (with shm_path: every process's). */
+typedef struct rate_fair_stats {
+    uint64_t flows;          /* table entries in use now */
+    uint64_t slots;          /* table entries in all */
+    uint64_t shared;         /* decisions of a flow that found no entry of
+                                its own (it shared its home entry) */
+    uint64_t fair_denied;    /* denials by the fair rule (a reserve kept) */
+    uint64_t waiting;        /* waiters now */
+    uint64_t queue_full;     /* waiters turned away by a full queue */
+    uint64_t timed_out;      /* waiters answered at their deadline */
+    uint64_t reserved[5];
+} rate_fair_stats_t;
+
+/* Returns: RATE_OK, *out filled.  Errors: RATE_EINVAL for a NULL fair or
+ * out; RATE_ESTORE when the table's lock cannot be taken.  Ownership: nothing kept.  Thread-safe: yes. */
+RATE_API int rate_fair_stats(rate_fair_t *fair, rate_fair_stats_t *out);
+
+/* The bytes of the fair limit's table: fixed at creation, whatever the
+ * number of flows.  Returns: the size (0 for NULL).  Errors: none.
+ * Ownership: none.  Thread-safe: yes. */
+RATE_API size_t rate_fair_memory(const rate_fair_t *fair);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* RATELIMIT_FAIR_H */
