@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "fair_opts.h"
 #include "keymap.h"
 #include "trace.h"
 
@@ -44,10 +45,13 @@ static const char usage[] =
     "time for dated logs.  --series writes the totals over all keys as CSV\n"
     "(the requests admitted in the last period, sampled every 1/128 of\n"
     "it).  Input as for 'ratelimit replay' (--input, --key-field,\n"
-    "--time-field, --skip-bad).\n";
+    "--time-field, --skip-bad).  --fair KEY: each policy is one shared\n"
+    "limit on KEY divided fairly among the trace's keys (docs/fair.md),\n"
+    "with --weight FLOW=W (repeatable; default 1) as for 'ratelimit\n"
+    "replay'; without waiting (no --max-wait).\n";
 
 enum { O_SVG = O_POLICY_END, O_SERIES, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_HELP,
-       O_TIMEFIELD };
+       O_TIMEFIELD, O_FAIR, O_WEIGHT };
 
 static const struct option longopts[] = {
     {"rate", required_argument, NULL, O_RATE},
@@ -63,6 +67,8 @@ static const struct option longopts[] = {
     {"key-field", required_argument, NULL, O_KEYFIELD},
     {"time-field", required_argument, NULL, O_TIMEFIELD},
     {"skip-bad", no_argument, NULL, O_SKIPBAD},
+    {"fair", required_argument, NULL, O_FAIR},
+    {"weight", required_argument, NULL, O_WEIGHT},
     {"help", no_argument, NULL, O_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -71,6 +77,7 @@ typedef struct lane {
     rate_limit_t limit;
     rate_policy_t *policy;
     rate_limiter_t *lim;
+    rate_fair_t *fair; /* --fair: the limit divided fairly among the keys */
     bool reserves; /* gets --max-wait (buckets only) */
     char text[160];
     keymap_t keys;
@@ -677,6 +684,8 @@ int cmd_compare(int argc, char **argv)
     const char *policies[16];
     size_t npolicies = 0;
     bool skip_bad = false;
+    static fair_opts_t fo;
+    memset(&fo, 0, sizeof fo);
     int c;
 
     optind = 1;
@@ -701,6 +710,11 @@ int cmd_compare(int argc, char **argv)
         case O_KEYFIELD: field = optarg; break;
         case O_TIMEFIELD: time_field = optarg; break;
         case O_SKIPBAD: skip_bad = true; break;
+        case O_FAIR: fo.key = optarg; break;
+        case O_WEIGHT:
+            if (fair_opt_weight(&fo, "compare", optarg) != 0)
+                return 2;
+            break;
         case O_HELP: fputs(usage, stdout); return 0;
         default: return getopt_fail("compare", c, argv);
         }
@@ -708,6 +722,11 @@ int cmd_compare(int argc, char **argv)
     if (argc - optind > 1)
         return cli_fail("compare: more than one FILE ('%s', '%s')",
                         argv[optind], argv[optind + 1]);
+    if (fair_opts_check(&fo, "compare") != 0)
+        return 2;
+    if (fo.key != NULL && max_wait_text != NULL)
+        return cli_fail("compare: --fair decides without waiting: it takes "
+                        "no --max-wait");
     uint64_t limit = 0, period = 0, burst, capacity, max_wait = 0;
     char why[256];
     bool five = rate != NULL || limit_text != NULL || window_text != NULL;
@@ -784,6 +803,8 @@ int cmd_compare(int argc, char **argv)
         if (status == 0 && period == 0)
             period = rate_policy_limit(p, 0)->period_ns;
     }
+    for (size_t a = 0; status == 0 && fo.key != NULL && a < nlanes; a++)
+        status = fair_open(&fo, "compare", lanes[a].lim, &lanes[a].fair);
     keymap_t svg_keys = {0};
     if (status == 0 && svg_file != NULL)
         chart->keys = &svg_keys;
@@ -822,8 +843,14 @@ int cmd_compare(int argc, char **argv)
             lane_t *ln = &lanes[a];
             rate_decision_t d;
             uint64_t mw = ln->reserves ? max_wait : 0;
-            if (rate_limiter_check_at(ln->lim, r.key, r.key_len, r.permits,
-                                      mw, r.t_ns, &d) != RATE_OK) {
+            int rc = ln->fair != NULL
+                         ? rate_fair_check_at(ln->fair, r.key, r.key_len,
+                                              fair_weight_of(&fo, r.key,
+                                                             r.key_len),
+                                              r.permits, r.t_ns, &d)
+                         : rate_limiter_check_at(ln->lim, r.key, r.key_len,
+                                                 r.permits, mw, r.t_ns, &d);
+            if (rc != RATE_OK) {
                 status = cli_fail("compare: line %llu: a value is out of "
                                   "range", (unsigned long long)rd.lineno);
                 break;
@@ -864,6 +891,7 @@ int cmd_compare(int argc, char **argv)
         status = cli_fail("compare: cannot write '%s'", series);
     reader_close(&rd);
     for (size_t a = 0; lanes && a < nlanes; a++) {
+        rate_fair_free(lanes[a].fair);
         rate_limiter_free(lanes[a].lim);
         rate_policy_free(lanes[a].policy);
         keymap_free(&lanes[a].keys);

@@ -17,6 +17,7 @@
 #include <ratelimit_shm.h>
 
 #include "cli.h"
+#include "fair_opts.h"
 #include "keymap.h"
 #include "trace.h"
 
@@ -93,6 +94,12 @@ static const char usage[] =
     "                     +hh:mm] or dd/Mon/yyyy:HH:MM:SS +zzzz\n"
     "  --skip-bad         skip bad lines (counted, the first few named on\n"
     "                     standard error) instead of stopping at the first\n"
+    "  --fair KEY         one shared limit, the policy on KEY, divided fairly\n"
+    "                     among the trace's keys (weighted max-min shares,\n"
+    "                     docs/fair.md); each line still names its own key.\n"
+    "                     Decides without waiting (no --max-wait)\n"
+    "  --weight FLOW=W    with --fair: the key FLOW's weight (1..1048576;\n"
+    "                     default 1); repeatable\n"
     "\n"
     "DUR: a whole number and a unit, ns us ms s m h d (or sec, min, hour, day\n"
     "and their plurals).  Lines are at most 65536 bytes.  Errors (bad options,\n"
@@ -103,7 +110,7 @@ static const char usage[] =
     "and when lines go back in time (decided at their key's latest time).\n";
 
 enum { O_STORE = O_POLICY_END, O_PERKEY, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_MAXKEYS, O_HELP,
-       O_TIMEFIELD, O_TOP };
+       O_TIMEFIELD, O_TOP, O_FAIR, O_WEIGHT };
 
 static const struct option longopts[] = {
     POLICY_LONGOPTS,
@@ -115,6 +122,8 @@ static const struct option longopts[] = {
     {"key-field", required_argument, NULL, O_KEYFIELD},
     {"skip-bad", no_argument, NULL, O_SKIPBAD},
     {"max-keys", required_argument, NULL, O_MAXKEYS},
+    {"fair", required_argument, NULL, O_FAIR},
+    {"weight", required_argument, NULL, O_WEIGHT},
     {"help", no_argument, NULL, O_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -288,6 +297,8 @@ int cmd_replay(int argc, char **argv)
     bool skip_bad = false;
     const char *max_keys_text = NULL;
     uint64_t max_keys = 0;
+    static fair_opts_t fo;
+    memset(&fo, 0, sizeof fo);
     int c;
 
     optind = 1;
@@ -311,6 +322,11 @@ int cmd_replay(int argc, char **argv)
         case O_KEYFIELD: field = optarg; break;
         case O_SKIPBAD: skip_bad = true; break;
         case O_MAXKEYS: max_keys_text = optarg; break;
+        case O_FAIR: fo.key = optarg; break;
+        case O_WEIGHT:
+            if (fair_opt_weight(&fo, "replay", optarg) != 0)
+                return 2;
+            break;
         case O_HELP: cli_usage(usage); return 0;
         default: return getopt_fail("replay", c, argv);
         }
@@ -321,6 +337,11 @@ int cmd_replay(int argc, char **argv)
     if (max_keys_text != NULL &&
         cli_max_keys("replay", max_keys_text, store_spec, &max_keys) != 0)
         return 2;
+    if (fair_opts_check(&fo, "replay") != 0)
+        return 2;
+    if (fo.key != NULL && po.max_wait != NULL)
+        return cli_fail("replay: --fair decides without waiting: it takes "
+                        "no --max-wait");
     FILE *per_key_file = NULL;
     if (per_key_path != NULL && (per_key_path[0] == '\0' ||
         (per_key_file = fopen(per_key_path, "w")) == NULL))
@@ -363,6 +384,9 @@ int cmd_replay(int argc, char **argv)
         cli_catch_signals();
     int status = 0;
     char failure[640] = ""; /* printed after the namespace is removed */
+    rate_fair_t *fair = NULL;
+    if (fo.key != NULL && fair_open(&fo, "replay", cl.lim, &fair) != 0)
+        status = 2;
 
     static char outbuf[1 << 16];
     setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
@@ -378,8 +402,14 @@ int cmd_replay(int argc, char **argv)
         if (more == 3)
             break;
         rate_decision_t d;
-        int rc = rate_limiter_check_at(cl.lim, r.key, r.key_len, r.permits,
-                                       cl.max_wait_ns, r.t_ns, &d);
+        int rc = fair != NULL
+                     ? rate_fair_check_at(fair, r.key, r.key_len,
+                                          fair_weight_of(&fo, r.key,
+                                                         r.key_len),
+                                          r.permits, r.t_ns, &d)
+                     : rate_limiter_check_at(cl.lim, r.key, r.key_len,
+                                             r.permits, cl.max_wait_ns,
+                                             r.t_ns, &d);
         if (rc == RATE_OK && d.reason == RATE_REASON_STORE_ERROR)
             rc = d.error;
         if (cli_signal != 0)
@@ -470,6 +500,7 @@ int cmd_replay(int argc, char **argv)
                           per_key_path);
     keymap_free(&keys);
     reader_close(&rd);
+    rate_fair_free(fair);
     /* One line of error in all: a failure says whether the run's Redis
      * keys are gone; a failed removal alone says so. */
     bool scratch = cl.scratch;
