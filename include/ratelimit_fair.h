@@ -47,7 +47,12 @@ typedef struct rate_fair_config {
     /* NULL: CLOCK_MONOTONIC.  The times the fair limit passes to the
      * limiter (its *_at calls) and waits by; copied. */
     const rate_clock_t *clock;
-    uint64_t reserved[6]; /* zero (= {...} or memset): room for later
+    /* NULL: the limiter's policy (at rate_fair_new).  Else the shared
+     * limit's policy, applied with rate_limiter_check_policy_at (how a
+     * rules file's rule shares its policy fairly); borrowed: it must
+     * outlive the fair limit. */
+    const rate_policy_t *policy;
+    uint64_t reserved[5]; /* zero (= {...} or memset): room for later
                              fields; non-zero is RATE_EINVAL */
 } rate_fair_config_t;
 

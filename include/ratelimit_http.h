@@ -104,7 +104,15 @@ RATE_API int rate_headers_format(const rate_policy_t *policy,
  * one allows it; when one denies, what the others admitted is refunded
  * (rate_limiter_refund), so a denial charges nothing.  A refund is not
  * atomic with the decisions: a concurrent request on the same key may see
- * the permit spent for that moment. */
+ * the permit spent for that moment.
+ *
+ * Fair shares (docs/fair.md): `key = fair` charges the rule's one key
+ * ("@RULE") as `shared` does, divided fairly among the requests' own keys
+ * (rate_fair_t, one per rule, policy and limiter, kept in memory until
+ * the rules are replaced: a reload starts the division afresh; it decides
+ * without waiting, max_wait aside); `weight = N` (1..RATE_FAIR_WEIGHT_MAX)
+ * in a rule gives the requests it matches that weight there: the first
+ * matching rule with a weight, in group order (a tier's rule), else 1. */
 #define RATE_RULES_MAX_APPLY 4
 
 typedef struct rate_rules rate_rules_t;

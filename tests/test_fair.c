@@ -915,6 +915,99 @@ static void fair_denial_decision(void **s)
     rate_limiter_free(lim);
 }
 
+/* ------------------------------------------------- the rules file */
+
+#ifdef RATE_WITH_HTTP
+#include "ratelimit_http.h"
+
+/* Writes a rules file of the test's own. */
+static const char *rules_file(const char *text)
+{
+    static char path[64];
+    snprintf(path, sizeof path, "/tmp/test_fair_rules.%d", getpid());
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fputs(text, fp);
+    fclose(fp);
+    return path;
+}
+
+static bool rules_ok(rate_rules_t *rules, rate_limiter_t *lim,
+                     const char *key, const char *tier, uint64_t t)
+{
+    rate_attr_t attr[1] = {{"tier", tier}};
+    rate_outcome_t o;
+    assert_int_equal(rate_rules_check_at(rules, lim, key, strlen(key), attr,
+                                         1, 1, 0, t, &o),
+                     RATE_OK);
+    return o.allowed;
+}
+
+/* A rule with key = fair divides its policy's one key fairly among the
+ * requests' own keys, each weighing what its tier's rule says (weight =
+ * N): two saturated callers, of weights 1 and 3, get 1:3 (+-5%) while a
+ * light caller keeps all it asks; bad weights and keys are named. */
+static void rules_fair(void **s)
+{
+    (void)s;
+    const char *path = rules_file(
+        "[policies]\n"
+        "upstream = token-bucket 100/s burst=20\n"
+        "off = unlimited\n"
+        "[rule gold]\n"
+        "group = tier\n"
+        "match = tier=gold\n"
+        "weight = 3\n"
+        "policy = off\n"
+        "[rule upstream]\n"
+        "group = route\n"
+        "policy = upstream\n"
+        "key = fair\n");
+    rate_rules_t *rules = NULL;
+    char err[512] = "";
+    if (rate_rules_load(path, &rules, err, sizeof err) != RATE_OK)
+        fail_msg("rules: %s", err);
+    rate_limiter_t *lim = limiter_of("unlimited", NULL);
+    uint64_t a = 0, c = 0, light = 0, light_asked = 0;
+    for (uint64_t t = 0; t < 10 * SEC; t += SEC / 1000) {
+        a += rules_ok(rules, lim, "alice", "free", t);
+        c += rules_ok(rules, lim, "carol", "gold", t);
+        if (t % (SEC / 10) == 5 * MS) {
+            light_asked++;
+            light += rules_ok(rules, lim, "dave", "free", t);
+        }
+    }
+    double total = (double)(a + c);
+    if ((double)c < 0.7125 * total || (double)c > 0.7875 * total)
+        fail_msg("weights 1:3 through the rules gave %llu:%llu",
+                 (unsigned long long)a, (unsigned long long)c);
+    if (light + 1 < light_asked)
+        fail_msg("the light caller got %llu of %llu",
+                 (unsigned long long)light, (unsigned long long)light_asked);
+    rate_rules_free(rules);
+
+    /* errors name the line and what is wrong */
+    const char *bad[][2] = {
+        {"weight = 0\n", ":5: weight '0' is not a whole number from 1 to 1048576"},
+        {"weight = 2\nweight = 3\n", ":6: weight given twice in [rule r]"},
+        {"weight = x\n", ":5: weight 'x' is not a whole number"},
+        {"key = fair route\n", ":5: key: 'fair' stands alone"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[256];
+        snprintf(text, sizeof text, "[policies]\np = fixed-window 5/s\n"
+                 "[rule r]\npolicy = p\n%s", bad[i][0]);
+        rules = NULL;
+        assert_int_not_equal(rate_rules_load(rules_file(text), &rules, err,
+                                             sizeof err), RATE_OK);
+        if (strstr(err, bad[i][1]) == NULL)
+            fail_msg("'%s': %s (want '%s')", bad[i][0], err, bad[i][1]);
+    }
+    unlink(path);
+    rate_limiter_free(lim);
+}
+#endif
+
 /* ---------------------------------------------------------- bad input */
 
 static void bad_input_named(void **s)
@@ -1015,6 +1108,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(never_at_once),
         cmocka_unit_test(fair_denial_decision),
         cmocka_unit_test(bad_input_named),
+#ifdef RATE_WITH_HTTP
+        cmocka_unit_test(rules_fair),
+#endif
     };
     const struct CMUnitTest procs[] = {
         cmocka_unit_test(bound_procs),

@@ -328,7 +328,7 @@ static void errors_name_file_and_line(void **state)
         {"[policies]\nfree = token-bucket 1/s\n[rule a]\nmatch = tier=\n",
          "4: match: 'tier=' has no value (write ATTRIBUTE=* for any value)"},
         {"[policies]\nfree = token-bucket 1/s\n[rule a]\nwhen = tier=x\n",
-         "4: unknown setting 'when' in [rule a] (match, policy, key, group)"},
+         "4: unknown setting 'when' in [rule a] (match, policy, key, group, weight)"},
         {"[policies]\nfree = token-bucket 1/s\n\n[rule a]\nmatch = t=x\n",
          "4: [rule a] has no 'policy =' line"},
         {"[policies]\nf = token-bucket 1/s\n[rule a]\npolicy = f\n"
@@ -355,7 +355,7 @@ static void errors_name_file_and_line(void **state)
          "key = route/x\n",
          "5: key: 'route/x' is not an attribute name (letters, digits, '_', "
          "'-' and '.'; 'key' is the request's key, 'shared' one key for the "
-         "rule)"},
+         "rule, 'fair' that key shared fairly)"},
         {"[policies]\nf = token-bucket 1/s\n[rule a]\npolicy = f\n"
          "key = shared route\n",
          "5: key: 'shared' stands alone (one key for every request of [rule "

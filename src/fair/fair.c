@@ -86,6 +86,7 @@ struct rate_fair {
     size_t size;
     bool mapped;
     rate_limiter_t *limiter;
+    const rate_policy_t *policy; /* NULL: the limiter's own */
     rate_clock_t clock;
     bool own_clock;
     uint64_t period_ns; /* the shared policy's first limit's */
@@ -372,6 +373,27 @@ static uint64_t reserve_for(rate_fair_t *f, const fslot_t *me, uint64_t cap,
 
 /* ------------------------------------------------------------ not waiting */
 
+/* The shared limit's decision and refund, under the configured policy
+ * or the limiter's own. */
+static int shared_check(rate_fair_t *f, uint64_t permits, uint64_t now,
+                        rate_decision_t *out)
+{
+    if (f->policy != NULL)
+        return rate_limiter_check_policy_at(f->limiter, f->policy, f->key,
+                                            f->key_len, permits, 0, now, out);
+    return rate_limiter_check_at(f->limiter, f->key, f->key_len, permits, 0,
+                                 now, out);
+}
+
+static int shared_refund(rate_fair_t *f, uint64_t permits, uint64_t now)
+{
+    if (f->policy != NULL)
+        return rate_limiter_refund_policy_at(f->limiter, f->policy, f->key,
+                                             f->key_len, permits, now);
+    return rate_limiter_refund_at(f->limiter, f->key, f->key_len, permits,
+                                  now);
+}
+
 /* Decides a request of the entry (lock held) at now.  full: fill *out
  * (else the bool call's fast path when the flow is within its share). */
 static int decide(rate_fair_t *f, fslot_t *sl, uint64_t permits, uint64_t now,
@@ -379,7 +401,7 @@ static int decide(rate_fair_t *f, fslot_t *sl, uint64_t permits, uint64_t now,
 {
     uint64_t v = vtime(f, ep);
     if (sl->s <= v) {
-        if (!full) {
+        if (!full && f->policy == NULL) {
             bool ok = rate_try_acquire_len_at(f->limiter, f->key, f->key_len,
                                               permits, now);
             out->allowed = ok;
@@ -387,22 +409,19 @@ static int decide(rate_fair_t *f, fslot_t *sl, uint64_t permits, uint64_t now,
                 charge(f, sl, permits);
             return RATE_OK;
         }
-        int rc = rate_limiter_check_at(f->limiter, f->key, f->key_len,
-                                       permits, 0, now, out);
+        int rc = shared_check(f, permits, now, out);
         if (rc == RATE_OK && out->allowed)
             charge(f, sl, permits);
         return rc;
     }
-    int rc = rate_limiter_check_at(f->limiter, f->key, f->key_len, permits, 0,
-                                   now, out);
+    int rc = shared_check(f, permits, now, out);
     if (rc != RATE_OK || !out->allowed)
         return rc;
     if (out->reason == RATE_REASON_ALLOWED && out->limit != RATE_NO_LIMIT &&
         !out->shadow) {
         uint64_t need = reserve_for(f, sl, out->limit, ep);
         if (out->remaining < need) {
-            rc = rate_limiter_refund_at(f->limiter, f->key, f->key_len,
-                                        permits, now);
+            rc = shared_refund(f, permits, now);
             if (rc == RATE_OK) {
                 uint64_t missing = need - out->remaining;
                 unsigned __int128 t = (unsigned __int128)missing *
@@ -602,8 +621,7 @@ static int fair_acquire(rate_fair_t *f, const char *flow, size_t len,
         uint64_t until = deadline;
         if (next_ticket(f, now, ep) == ticket) {
             touch(f, sl, ep);
-            rc = rate_limiter_check_at(f->limiter, f->key, f->key_len, permits,
-                                       0, now, out);
+            rc = shared_check(f, permits, now, out);
             if (rc != RATE_OK || out->allowed ||
                 out->reason != RATE_REASON_LIMITED) {
                 if (ring_find(f, sl, ticket, &k))
@@ -675,7 +693,9 @@ int rate_fair_new(const rate_fair_config_t *c, rate_fair_t **out, char *err,
         f->clock = *c->clock;
         f->own_clock = true;
     }
-    const rate_policy_t *p = rate_limiter_policy(c->limiter);
+    f->policy = c->policy;
+    const rate_policy_t *p =
+        c->policy != NULL ? c->policy : rate_limiter_policy(c->limiter);
     const rate_limit_t *l0 = rate_policy_limit(p, 0);
     f->period_ns = l0 != NULL && l0->period_ns > 0 ? l0->period_ns : RATE_NS_PER_S;
     f->rate_limit = l0 != NULL && l0->limit > 0 ? l0->limit : 1;

@@ -42,6 +42,7 @@
 #include <string.h>
 
 #include "http.h"
+#include "ratelimit_fair.h"
 
 /* Writes a one-line reason into err (when there is room) and returns rc. */
 static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
@@ -84,8 +85,22 @@ typedef struct rule {
     char **key_attr; /* none: the request's own key (or, shared, none) */
     size_t nkey;
     bool shared;     /* one key for every request the rule matches */
+    bool fair;       /* key = fair: that key divided fairly among the
+                        requests' own keys (docs/fair.md) */
+    uint32_t weight; /* weight = N: a matching request's weight; 0: none */
+    struct fair_cell *_Atomic fairs; /* key = fair: per limiter, made at
+                                        its first decision */
     bool has_group, has_key;
 } rule_t;
+
+/* A fair rule's fair limits on one limiter, one per policy; cells are
+ * only pushed (under fair_lock) and freed with the generation. */
+typedef struct fair_cell {
+    rate_limiter_t *lim;
+    rate_fair_t *fair[RATE_RULES_MAX_APPLY];
+    struct fair_cell *next;
+} fair_cell_t;
+static pthread_mutex_t fair_lock = PTHREAD_MUTEX_INITIALIZER;
 
 typedef struct named {
     rate_policy_t *policy; /* its name is the [policies] entry's */
@@ -147,6 +162,12 @@ static void gen_free(gen_t *g)
         for (size_t k = 0; k < r->nkey; k++)
             free(r->key_attr[k]);
         free(r->key_attr);
+        for (fair_cell_t *c = r->fairs, *next; c != NULL; c = next) {
+            next = c->next;
+            for (size_t p = 0; p < RATE_RULES_MAX_APPLY; p++)
+                rate_fair_free(c->fair[p]);
+            free(c);
+        }
         free(r->alt);
         free(r->name);
         free(r->group);
@@ -328,7 +349,7 @@ static bool add_key(load_t *l, const char *w, size_t n, void *arg)
         return lfail(l, l->line,
                      "key: '%.*s' is not an attribute name (letters, digits, "
                      "'_', '-' and '.'; 'key' is the request's key, 'shared' one "
-                     "key for the rule)",
+                     "key for the rule, 'fair' that key shared fairly)",
                      (int)n, w);
     char **k = realloc(r->key_attr, (r->nkey + 1) * sizeof *k);
     if (k == NULL)
@@ -437,18 +458,37 @@ static bool on_rule(load_t *l, const char *name, const char *value)
             return l->err[0] != '\0' ? false
                                      : lfail(l, l->line, "key is empty");
         /* "key" alone is the request's key: the default; "shared" alone
-         * is one key for the rule. */
-        bool shared = false;
-        for (size_t k = 0; k < r->nkey; k++)
+         * is one key for the rule; "fair" alone, that key shared fairly
+         * among the requests' own keys. */
+        bool shared = false, fair = false;
+        for (size_t k = 0; k < r->nkey; k++) {
             shared = shared || strcmp(r->key_attr[k], "shared") == 0;
-        if (shared && r->nkey > 1)
-            return lfail(l, l->line, "key: 'shared' stands alone (one key "
-                         "for every request of [rule %s])", r->name);
-        if (r->nkey == 1 && (shared || strcmp(r->key_attr[0], "key") == 0)) {
+            fair = fair || strcmp(r->key_attr[k], "fair") == 0;
+        }
+        if ((shared || fair) && r->nkey > 1)
+            return lfail(l, l->line, "key: '%s' stands alone (one key "
+                         "for every request of [rule %s])",
+                         shared ? "shared" : "fair", r->name);
+        if (r->nkey == 1 &&
+            (shared || fair || strcmp(r->key_attr[0], "key") == 0)) {
             free(r->key_attr[0]);
             r->nkey = 0;
-            r->shared = shared;
+            r->shared = shared || fair;
+            r->fair = fair;
         }
+        return true;
+    }
+    if (strcmp(name, "weight") == 0) {
+        uint64_t w;
+        if (r->weight != 0)
+            return lfail(l, l->line, "weight given twice in [rule %s]",
+                         r->name);
+        if (rate_parse_count(value, &w, NULL, 0) != RATE_OK || w == 0 ||
+            w > RATE_FAIR_WEIGHT_MAX)
+            return lfail(l, l->line, "weight '%s' is not a whole number "
+                         "from 1 to %u (a request's share of a fair rule's "
+                         "limit)", value, RATE_FAIR_WEIGHT_MAX);
+        r->weight = (uint32_t)w;
         return true;
     }
     if (strcmp(name, "group") == 0) {
@@ -464,7 +504,7 @@ static bool on_rule(load_t *l, const char *name, const char *value)
     }
     return lfail(l, l->line,
                  "unknown setting '%s' in [rule %s] (match, policy, key, "
-                 "group)",
+                 "group, weight)",
                  name, r->name);
 }
 
@@ -863,6 +903,7 @@ static int rule_key(const rule_t *r, const char *key, size_t key_len,
 
 typedef struct pick {
     const rate_policy_t *policy;
+    rate_fair_t *fair; /* a fair rule's: decides instead of the limiter */
     char key[RATE_KEY_MAX + 1];
     size_t key_len;
 } pick_t;
@@ -903,6 +944,35 @@ static void fill_applied(rate_applied_t *a, const rate_policy_t *p,
         a->limit = *l;
 }
 
+/* The fair limit of a fair rule's i-th policy on this limiter, made at
+ * its first decision.  NULL when it cannot be made (out of memory). */
+static rate_fair_t *fair_of(rule_t *r, size_t i, rate_limiter_t *lim)
+{
+    for (fair_cell_t *c = atomic_load(&r->fairs); c != NULL; c = c->next)
+        if (c->lim == lim)
+            return c->fair[i];
+    pthread_mutex_lock(&fair_lock);
+    fair_cell_t *c = atomic_load(&r->fairs);
+    while (c != NULL && c->lim != lim)
+        c = c->next;
+    if (c == NULL && (c = calloc(1, sizeof *c)) != NULL) {
+        c->lim = lim;
+        char key[RATE_KEY_MAX + 1];
+        int n = snprintf(key, sizeof key, "@%s", r->name);
+        for (size_t p = 0; p < r->npolicy; p++) {
+            rate_fair_config_t fc = {.limiter = lim, .key = key,
+                                     .key_len = (size_t)n,
+                                     .policy = r->policy[p]};
+            if (rate_fair_new(&fc, &c->fair[p], NULL, 0) != RATE_OK)
+                c->fair[p] = NULL;
+        }
+        c->next = atomic_load(&r->fairs);
+        atomic_store(&r->fairs, c);
+    }
+    pthread_mutex_unlock(&fair_lock);
+    return c != NULL ? c->fair[i] : NULL;
+}
+
 static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
                  size_t key_len, const rate_attr_t *attrs, size_t nattrs,
                  uint64_t permits, uint64_t max_wait_ns, uint64_t now_ns,
@@ -925,13 +995,20 @@ static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
         return RATE_ENOMEM;
     gen_t *g = hold(rules, s);
     out->generation = g->number;
+    uint32_t weight = 0; /* the first matching rule's with a weight */
     for (size_t k = 0; k < g->ngroup && rc == RATE_OK; k++)
         for (size_t j = g->group_start[k]; j < g->group_start[k + 1]; j++) {
-            const rule_t *r = &g->rule[g->order[j]];
+            rule_t *r = &g->rule[g->order[j]];
             if (!rule_matches(r, attrs, nattrs))
                 continue;
+            if (weight == 0)
+                weight = r->weight;
             for (size_t i = 0; i < r->npolicy && rc == RATE_OK; i++) {
                 pick[n].policy = r->policy[i];
+                pick[n].fair = NULL;
+                if (r->fair && !rate_policy_is_unlimited(r->policy[i]) &&
+                    (pick[n].fair = fair_of(r, i, lim)) == NULL)
+                    rc = RATE_ENOMEM;
                 rc = rule_key(r, key, key_len, attrs, nattrs, pick[n].key,
                               &pick[n].key_len);
                 n++;
@@ -940,6 +1017,7 @@ static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
         }
     if (rc == RATE_OK && n == 0) { /* no rule: the limiter's default */
         pick[0].policy = rate_limiter_policy(lim);
+        pick[0].fair = NULL;
         memcpy(pick[0].key, key, key_len);
         pick[0].key_len = key_len;
         n = 1;
@@ -949,16 +1027,23 @@ static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
     for (; rc == RATE_OK && done < n; done++) {
         rate_applied_t *a = &out->applied[done];
         memset(a, 0, sizeof *a);
-        rc = clock_time
-                 ? rate_limiter_check_policy(lim, pick[done].policy,
-                                             pick[done].key,
-                                             pick[done].key_len, permits,
-                                             max_wait_ns, &a->decision)
-                 : rate_limiter_check_policy_at(lim, pick[done].policy,
-                                                pick[done].key,
-                                                pick[done].key_len, permits,
-                                                max_wait_ns, now,
-                                                &a->decision);
+        if (pick[done].fair != NULL) /* the request's own key is its flow */
+            rc = clock_time
+                     ? rate_fair_check(pick[done].fair, key, key_len,
+                                       weight, permits, &a->decision)
+                     : rate_fair_check_at(pick[done].fair, key, key_len,
+                                          weight, permits, now,
+                                          &a->decision);
+        else if (clock_time)
+            rc = rate_limiter_check_policy(lim, pick[done].policy,
+                                           pick[done].key, pick[done].key_len,
+                                           permits, max_wait_ns,
+                                           &a->decision);
+        else
+            rc = rate_limiter_check_policy_at(lim, pick[done].policy,
+                                              pick[done].key,
+                                              pick[done].key_len, permits,
+                                              max_wait_ns, now, &a->decision);
         if (rc != RATE_OK)
             break;
         fill_applied(a, pick[done].policy, permits);
