@@ -70,6 +70,29 @@ typedef struct rate_fair_config {
 RATE_API int rate_fair_new(const rate_fair_config_t *config,
                            rate_fair_t **out, char *err, size_t errlen);
 
+/* The table in memory the caller shares between its processes (an nginx
+ * shared zone, its own MAP_SHARED mapping), as rate_store_shm_new_in does
+ * for the shared-memory store.  rate_fair_size: the bytes a table of
+ * `slots` and `queue_max` needs (0 defaults as in the config), or 0 when
+ * one is above its maximum.  rate_fair_init_in: makes the table in
+ * mem[0..len) (at least 64-byte aligned), once, before any process
+ * attaches (nginx: the master, in the zone's init).  rate_fair_new_in: a
+ * fair limit on the table there, with the config's slots and queue_max
+ * (shm_path must be NULL).  Returns: the size; RATE_OK and *out.  Errors
+ * (with err as for rate_fair_new): RATE_EINVAL for NULL or misaligned
+ * memory, a len below rate_fair_size, sizes above their maximum, or (new_in)
+ * memory that holds no table of these sizes; rate_fair_new's errors of the
+ * config; RATE_ENOMEM.  Ownership: the memory stays the caller's and must
+ * outlive every fair limit on it; rate_fair_free leaves it as it is.
+ * Thread-safe: rate_fair_init_in: no (no other process may use the
+ * memory meanwhile); the others: yes. */
+RATE_API size_t rate_fair_size(unsigned slots, unsigned queue_max);
+RATE_API int rate_fair_init_in(void *mem, size_t len, unsigned slots,
+                               unsigned queue_max, char *err, size_t errlen);
+RATE_API int rate_fair_new_in(const rate_fair_config_t *config, void *mem,
+                              size_t len, rate_fair_t **out, char *err,
+                              size_t errlen);
+
 /* Frees the fair limit (NULL: nothing); the shm_path file stays.
  * Returns: nothing.  Errors: none.  Ownership: the limiter stays the
  * caller's.  Thread-safe: no: no other call on it may run or wait. */

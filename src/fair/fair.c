@@ -84,7 +84,8 @@ struct rate_fair {
     fslot_t *slot;
     fwait_t *wait; /* slots x queue_max */
     size_t size;
-    bool mapped;
+    bool mapped;   /* a file's mapping (shm_path): unmapped when freed */
+    bool borrowed; /* the caller's memory (rate_fair_new_in): left as is */
     rate_limiter_t *limiter;
     const rate_policy_t *policy; /* NULL: the limiter's own */
     rate_clock_t clock;
@@ -510,7 +511,7 @@ static bool stale(rate_fair_t *f, const fwait_t *w, uint64_t now)
 {
     if (w->deadline < now)
         return true;
-    return f->mapped && w->pid != (int64_t)getpid() &&
+    return (f->mapped || f->borrowed) && w->pid != (int64_t)getpid() &&
            kill((pid_t)w->pid, 0) != 0 && errno == ESRCH;
 }
 
@@ -641,8 +642,117 @@ static int fair_acquire(rate_fair_t *f, const char *flow, size_t len,
 
 /* ------------------------------------------------------------- public */
 
+static int config_check(const rate_fair_config_t *c, rate_fair_t **out,
+                        char *err, size_t errlen);
+static rate_fair_t *handle_new(const rate_fair_config_t *c);
+
 int rate_fair_new(const rate_fair_config_t *c, rate_fair_t **out, char *err,
                   size_t errlen)
+{
+    int rc = config_check(c, out, err, errlen);
+    if (rc != RATE_OK)
+        return rc;
+    unsigned slots = c->slots ? c->slots : SLOTS_DEFAULT;
+    unsigned qmax = c->queue_max ? c->queue_max : QUEUE_DEFAULT;
+    rate_fair_t *f = handle_new(c);
+    if (f == NULL) {
+        set_err(err, errlen, "%s", "out of memory");
+        return RATE_ENOMEM;
+    }
+    if (c->shm_path != NULL) {
+        rc = table_open(f, c->shm_path, slots, qmax, err, errlen);
+    } else {
+        f->size = table_size(slots, qmax);
+        f->h = calloc(1, f->size);
+        rc = f->h == NULL ? RATE_ENOMEM
+                          : table_init(f->h, slots, qmax, f->size, false);
+        if (rc != RATE_OK)
+            set_err(err, errlen, "%s", "out of memory");
+    }
+    if (rc != RATE_OK) {
+        if (!f->mapped)
+            free(f->h);
+        free(f);
+        return rc;
+    }
+    table_bind(f);
+    *out = f;
+    return RATE_OK;
+}
+
+size_t rate_fair_size(unsigned slots, unsigned queue_max)
+{
+    if (slots > RATE_FAIR_SLOTS_MAX || queue_max > RATE_FAIR_QUEUE_MAX)
+        return 0;
+    return table_size(slots ? slots : SLOTS_DEFAULT,
+                      queue_max ? queue_max : QUEUE_DEFAULT);
+}
+
+int rate_fair_init_in(void *mem, size_t len, unsigned slots,
+                      unsigned queue_max, char *err, size_t errlen)
+{
+    size_t need = rate_fair_size(slots, queue_max);
+    if (mem == NULL || ((uintptr_t)mem & 63) != 0) {
+        set_err(err, errlen, "%s", "the memory is NULL or not 64-byte aligned");
+        return RATE_EINVAL;
+    }
+    if (need == 0 || len < need) {
+        set_err(err, errlen, "%s",
+                need == 0 ? "slots or queue_max above their maximum"
+                          : "the memory is shorter than rate_fair_size()");
+        return RATE_EINVAL;
+    }
+    fhdr_t *h = mem;
+    memset(mem, 0, need);
+    int rc = table_init(h, slots ? slots : SLOTS_DEFAULT,
+                        queue_max ? queue_max : QUEUE_DEFAULT, need, true);
+    if (rc != RATE_OK) {
+        set_err(err, errlen, "%s", "its lock could not be made");
+        return rc;
+    }
+    __atomic_store_n(&h->magic, FAIR_MAGIC, __ATOMIC_RELEASE);
+    return RATE_OK;
+}
+
+int rate_fair_new_in(const rate_fair_config_t *c, void *mem, size_t len,
+                     rate_fair_t **out, char *err, size_t errlen)
+{
+    int rc = config_check(c, out, err, errlen);
+    if (rc != RATE_OK)
+        return rc;
+    size_t need = rate_fair_size(c->slots, c->queue_max);
+    const fhdr_t *h = mem;
+    if (c->shm_path != NULL || mem == NULL || ((uintptr_t)mem & 63) != 0 ||
+        len < need) {
+        set_err(err, errlen, "%s",
+                c->shm_path != NULL ? "shm_path and memory of one's own: "
+                                      "give one"
+                                    : "the memory is NULL, not 64-byte "
+                                      "aligned, or shorter than "
+                                      "rate_fair_size()");
+        return RATE_EINVAL;
+    }
+    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != FAIR_MAGIC ||
+        h->size != need) {
+        set_err(err, errlen, "%s", "the memory holds no fair table of these "
+                "slots and queue_max (rate_fair_init_in makes one)");
+        return RATE_EINVAL;
+    }
+    rate_fair_t *f = handle_new(c);
+    if (f == NULL) {
+        set_err(err, errlen, "%s", "out of memory");
+        return RATE_ENOMEM;
+    }
+    f->h = mem;
+    f->size = need;
+    f->borrowed = true;
+    table_bind(f);
+    *out = f;
+    return RATE_OK;
+}
+
+static int config_check(const rate_fair_config_t *c, rate_fair_t **out,
+                        char *err, size_t errlen)
 {
     if (out != NULL)
         *out = NULL;
@@ -679,13 +789,15 @@ int rate_fair_new(const rate_fair_config_t *c, rate_fair_t **out, char *err,
         set_err(err, errlen, "%s", "queue_max above RATE_FAIR_QUEUE_MAX (1024)");
         return RATE_EINVAL;
     }
-    unsigned slots = c->slots ? c->slots : SLOTS_DEFAULT;
-    unsigned qmax = c->queue_max ? c->queue_max : QUEUE_DEFAULT;
+    return RATE_OK;
+}
+
+/* A handle on no table yet: the limiter, key, clock and policy copied. */
+static rate_fair_t *handle_new(const rate_fair_config_t *c)
+{
     rate_fair_t *f = calloc(1, sizeof *f);
-    if (f == NULL) {
-        set_err(err, errlen, "%s", "out of memory");
-        return RATE_ENOMEM;
-    }
+    if (f == NULL)
+        return NULL;
     f->limiter = c->limiter;
     memcpy(f->key, c->key, c->key_len);
     f->key_len = c->key_len;
@@ -699,33 +811,16 @@ int rate_fair_new(const rate_fair_config_t *c, rate_fair_t **out, char *err,
     const rate_limit_t *l0 = rate_policy_limit(p, 0);
     f->period_ns = l0 != NULL && l0->period_ns > 0 ? l0->period_ns : RATE_NS_PER_S;
     f->rate_limit = l0 != NULL && l0->limit > 0 ? l0->limit : 1;
-    int rc;
-    if (c->shm_path != NULL) {
-        rc = table_open(f, c->shm_path, slots, qmax, err, errlen);
-    } else {
-        f->size = table_size(slots, qmax);
-        f->h = calloc(1, f->size);
-        rc = f->h == NULL ? RATE_ENOMEM
-                          : table_init(f->h, slots, qmax, f->size, false);
-        if (rc != RATE_OK)
-            set_err(err, errlen, "%s", "out of memory");
-    }
-    if (rc != RATE_OK) {
-        if (!f->mapped)
-            free(f->h);
-        free(f);
-        return rc;
-    }
-    table_bind(f);
-    *out = f;
-    return RATE_OK;
+    return f;
 }
 
 void rate_fair_free(rate_fair_t *f)
 {
     if (f == NULL)
         return;
-    if (f->mapped) {
+    if (f->borrowed) {
+        /* the table stays: it is the caller's, other processes' too */
+    } else if (f->mapped) {
         munmap(f->h, f->size);
     } else {
         pthread_cond_destroy(&f->h->cv);
