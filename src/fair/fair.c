@@ -72,6 +72,14 @@ typedef struct fhdr {
     uint64_t size;
     uint64_t seed;
     uint64_t vtime;      /* V: never decreasing */
+    /* V is kept between decisions (docs/fair.md, "Internals"): valid in
+     * period vtime_epoch while vmin_count active entries hold s == V;
+     * charging one of them counts down, and at 0 V is found again. */
+    uint64_t vtime_epoch, vmin_count;
+    /* Permits asked in the table's period and the one before (every
+     * entry's), and queued: a bound of any reserve, which spares the
+     * reserve's scan when the shared limit has more room than that. */
+    uint64_t epoch, asked_cur, asked_prev, queued;
     uint64_t ticket_seq;
     uint64_t waiting;
     uint64_t shared, fair_denied, queue_full, timed_out;
@@ -126,9 +134,10 @@ static int table_init(fhdr_t *h, unsigned slots, unsigned queue_max,
         h->seed = rate_clock_monotonic_ns() ^ (uint64_t)getpid();
     if (pthread_mutexattr_init(&ma) != 0)
         return RATE_ENOMEM;
-    pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
-    if (pshared)
+    if (pshared) { /* a process may die holding it */
+        pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
         pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+    }
     int rc = pthread_mutex_init(&h->mu, &ma);
     pthread_mutexattr_destroy(&ma);
     if (rc != 0)
@@ -253,12 +262,15 @@ static uint64_t cost_of(uint64_t permits, uint32_t weight)
  * by V (differences are all the rules read). */
 static void charge(rate_fair_t *f, fslot_t *sl, uint64_t permits)
 {
+    if (sl->s == f->h->vtime && f->h->vmin_count > 0)
+        f->h->vmin_count--;
     sl->s += cost_of(permits, sl->weight);
     if (sl->s > (UINT64_C(1) << 63)) {
         uint64_t v = f->h->vtime;
         for (uint32_t i = 0; i < f->h->slots; i++)
             f->slot[i].s = f->slot[i].s > v ? f->slot[i].s - v : 0;
         f->h->vtime = 0;
+        f->h->vmin_count = 0;
     }
 }
 
@@ -266,15 +278,39 @@ static void charge(rate_fair_t *f, fslot_t *sl, uint64_t permits)
  * than before. */
 static uint64_t vtime(rate_fair_t *f, uint64_t ep)
 {
-    uint64_t m = UINT64_MAX;
-    for (uint32_t i = 0; i < f->h->slots; i++) {
+    fhdr_t *h = f->h;
+    if (h->vmin_count > 0 && h->vtime_epoch == ep)
+        return h->vtime;
+    uint64_t m = UINT64_MAX, count = 0;
+    for (uint32_t i = 0; i < h->slots; i++) {
         const fslot_t *sl = &f->slot[i];
-        if (active(sl, ep) && sl->s < m)
+        if (!active(sl, ep))
+            continue;
+        if (sl->s < m) {
             m = sl->s;
+            count = 0;
+        }
+        count += sl->s == m;
     }
-    if (m != UINT64_MAX && m > f->h->vtime)
-        f->h->vtime = m;
-    return f->h->vtime;
+    if (m != UINT64_MAX && m >= h->vtime) {
+        h->vtime = m;
+        h->vmin_count = count;
+    } else {
+        h->vmin_count = 0; /* none active (or all below: never kept) */
+    }
+    h->vtime_epoch = ep;
+    return h->vtime;
+}
+
+/* Brings the table's totals of asked permits to period ep. */
+static void asked_roll(fhdr_t *h, uint64_t ep, uint64_t permits)
+{
+    if (h->epoch != ep) {
+        h->asked_prev = h->epoch + 1 == ep ? h->asked_cur : 0;
+        h->asked_cur = 0;
+        h->epoch = ep;
+    }
+    h->asked_cur += permits;
 }
 
 /* Brings the entry to this period: what it asked rolls over, and a flow
@@ -287,8 +323,11 @@ static void touch(rate_fair_t *f, fslot_t *sl, uint64_t ep)
     sl->asked_prev = sl->epoch + 1 == ep ? sl->asked_cur : 0;
     sl->asked_cur = 0;
     sl->epoch = ep;
-    if (!was_active && sl->s < f->h->vtime)
+    if (!was_active && sl->s <= f->h->vtime) {
         sl->s = f->h->vtime;
+        if (f->h->vmin_count > 0)
+            f->h->vmin_count++;
+    }
 }
 
 /* The flow's entry: its own within PROBES of its home, else a free one
@@ -315,7 +354,7 @@ static fslot_t *find_slot(rate_fair_t *f, const char *flow, size_t len,
     if (free_sl != NULL) {
         uint64_t v = vtime(f, ep);
         free_sl->hash = h;
-        free_sl->s = v;
+        free_sl->s = v; /* inactive until touched, which counts it at V */
         free_sl->epoch = 0;
         free_sl->asked_cur = free_sl->asked_prev = 0;
         free_sl->weight = weight;
@@ -418,8 +457,10 @@ static int decide(rate_fair_t *f, fslot_t *sl, uint64_t permits, uint64_t now,
     int rc = shared_check(f, permits, now, out);
     if (rc != RATE_OK || !out->allowed)
         return rc;
+    fhdr_t *h = f->h;
+    uint64_t bound = h->asked_cur + h->asked_prev + h->queued;
     if (out->reason == RATE_REASON_ALLOWED && out->limit != RATE_NO_LIMIT &&
-        !out->shadow) {
+        !out->shadow && out->remaining < bound) {
         uint64_t need = reserve_for(f, sl, out->limit, ep);
         if (out->remaining < need) {
             rc = shared_refund(f, permits, now);
@@ -469,6 +510,7 @@ static int fair_check(rate_fair_t *f, const char *flow, size_t len,
     fslot_t *sl = find_slot(f, flow, len, weight ? weight : 1, ep);
     touch(f, sl, ep);
     sl->asked_cur += permits;
+    asked_roll(f->h, ep, permits);
     rc = decide(f, sl, permits, now, ep, full, out);
     if (f->h->waiting > 0 && out->allowed)
         pthread_cond_broadcast(&f->h->cv);
@@ -487,11 +529,13 @@ static fwait_t *ring_at(rate_fair_t *f, const fslot_t *sl, uint32_t k)
 /* Removes the k-th waiter of the entry's ring, keeping the order. */
 static void ring_remove(rate_fair_t *f, fslot_t *sl, uint32_t k)
 {
+    f->h->queued -= ring_at(f, sl, k)->permits;
     for (uint32_t j = k; j + 1 < sl->qlen; j++)
         *ring_at(f, sl, j) = *ring_at(f, sl, j + 1);
     ring_at(f, sl, sl->qlen - 1)->ticket = 0;
     sl->qlen--;
     f->h->waiting--;
+    f->h->vmin_count = 0; /* an entry may have left the active set */
 }
 
 static bool ring_find(rate_fair_t *f, fslot_t *sl, uint64_t ticket,
@@ -579,6 +623,7 @@ static int fair_acquire(rate_fair_t *f, const char *flow, size_t len,
     fslot_t *sl = find_slot(f, flow, len, weight ? weight : 1, ep);
     touch(f, sl, ep);
     sl->asked_cur += permits;
+    asked_roll(f->h, ep, permits);
     if (f->h->waiting == 0) {
         rc = decide(f, sl, permits, now, ep, true, out);
         if (rc != RATE_OK || out->allowed ||
@@ -601,6 +646,7 @@ static int fair_acquire(rate_fair_t *f, const char *flow, size_t len,
                                               .deadline = deadline,
                                               .pid = (int64_t)getpid()};
     f->h->waiting++;
+    f->h->queued += permits;
     pthread_cond_broadcast(&f->h->cv);
     for (;;) {
         now = now_of(f);

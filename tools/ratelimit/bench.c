@@ -593,7 +593,8 @@ static int usage(FILE *f)
           "                       [--redis-cluster URL]\n"
           "       ratelimit bench --store dynamodb://TABLE?region=R[&endpoint=URL]\n"
           "       ratelimit bench --shm [--rounds N] [--iterations N]\n"
-          "       ratelimit bench --sync redis://HOST[:PORT]\n\n"
+          "       ratelimit bench --sync redis://HOST[:PORT]\n"
+          "       ratelimit bench --fair [--rounds N] [--iterations N]\n\n"
           "Measures the floors (clock read; hash + CAS; key fetch + random\n"
           "table read) and ns per decision on the in-memory store, and\n"
           "prints them with their ratios.  Best of N rounds (default 5).\n"
@@ -611,7 +612,10 @@ static int usage(FILE *f)
           "key each.\n"
           "With --sync URL, only the synced mode over the Redis store at\n"
           "URL beside the memory and Redis stores: decisions/s at a hot key\n"
-          "and at 1M keys at random, and round trips per 1000 decisions.\n",
+          "and at 1M keys at random, and round trips per 1000 decisions.\n"
+          "With --fair, only fair shares (docs/fair.md): a fair decision\n"
+          "beside a plain one on one shared limit (memory and shm, 1 to 64\n"
+          "flows), and the waiting call's cost from 1 to 65536 flows.\n",
           f);
     return f == stdout ? 0 : 2;
 }
@@ -619,7 +623,7 @@ static int usage(FILE *f)
 int cmd_bench(int argc, char **argv)
 {
     const char *redis_url = NULL, *cluster_url = NULL;
-    bool shm = false;
+    bool shm = false, fair = false;
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
@@ -640,6 +644,10 @@ int cmd_bench(int argc, char **argv)
         }
         if (strcmp(argv[i], "--shm") == 0) {
             shm = true;
+            continue;
+        }
+        if (strcmp(argv[i], "--fair") == 0) {
+            fair = true;
             continue;
         }
         if (strcmp(argv[i], "--redis") == 0 && i + 1 < argc) {
@@ -668,6 +676,8 @@ int cmd_bench(int argc, char **argv)
     if (redis_url != NULL) /* refused before the memory figures, not after */
         return bench_redis(redis_url, cluster_url);
 #endif
+    if (fair)
+        return bench_fair(rounds, iters);
     progress = isatty(2);
     make_keys();
     if (shm)

@@ -20,6 +20,9 @@ int cmd_bench(int argc, char **argv);
 /* Prints "ratelimit: <msg>" on standard error; returns exit status 2. */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* bench --fair: fair shares beside a plain shared limit (bench_fair.c). */
+int bench_fair(unsigned rounds, uint64_t iters);
+
 /* The bench's remote parts, in a build with the store they measure. */
 #ifdef RATE_WITH_REDIS
 int bench_redis(const char *url, const char *cluster_url); /* bench's Redis part */
