@@ -5,7 +5,8 @@
  *
  * Built only on the public limiter calls: the shared limit is one key of
  * the caller's limiter, asked with rate_limiter_check_at (or the bool
- * call) and given back with rate_limiter_refund_at.  What is ours is the
+ * call; rate_limiter_check_policy_at under a configured policy) and given
+ * back with rate_limiter_refund_at (_policy_at).  What is ours is the
  * table of flows: one flat block without pointers (a header, `slots`
  * entries, then each entry's ring of waiters), so that the same code runs
  * on it in a process (calloc) and in a mapped file shared by processes.
