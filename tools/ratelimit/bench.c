@@ -593,7 +593,8 @@ static int usage(FILE *f)
           "                       [--redis-cluster URL]\n"
           "       ratelimit bench --store dynamodb://TABLE?region=R[&endpoint=URL]\n"
           "       ratelimit bench --shm [--rounds N] [--iterations N]\n"
-          "       ratelimit bench --sync redis://HOST[:PORT]\n\n"
+          "       ratelimit bench --sync redis://HOST[:PORT]\n"
+          "       ratelimit bench --leases [--redis URL]\n\n"
           "Measures the floors (clock read; hash + CAS; key fetch + random\n"
           "table read) and ns per decision on the in-memory store, and\n"
           "prints them with their ratios.  Best of N rounds (default 5).\n"
@@ -611,7 +612,10 @@ static int usage(FILE *f)
           "key each.\n"
           "With --sync URL, only the synced mode over the Redis store at\n"
           "URL beside the memory and Redis stores: decisions/s at a hot key\n"
-          "and at 1M keys at random, and round trips per 1000 decisions.\n",
+          "and at 1M keys at random, and round trips per 1000 decisions.\n"
+          "With --leases, instead: an in-flight lease (acquire + release)\n"
+          "beside one rate decision, on memory, shm and (with --redis) Redis,\n"
+          "with 1 and 64 callers on one key.\n",
           f);
     return f == stdout ? 0 : 2;
 }
@@ -619,7 +623,7 @@ static int usage(FILE *f)
 int cmd_bench(int argc, char **argv)
 {
     const char *redis_url = NULL, *cluster_url = NULL;
-    bool shm = false;
+    bool shm = false, leases = false;
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
@@ -642,6 +646,10 @@ int cmd_bench(int argc, char **argv)
             shm = true;
             continue;
         }
+        if (strcmp(argv[i], "--leases") == 0) {
+            leases = true;
+            continue;
+        }
         if (strcmp(argv[i], "--redis") == 0 && i + 1 < argc) {
             redis_url = argv[++i];
             continue;
@@ -662,6 +670,8 @@ int cmd_bench(int argc, char **argv)
         }
         return cli_fail("bench: unknown option '%s'", argv[i]);
     }
+    if (leases)
+        return bench_leases(redis_url);
     if (cluster_url != NULL && redis_url == NULL)
         return cli_fail("bench: --redis-cluster compares with --redis URL");
 #ifndef RATE_WITH_REDIS

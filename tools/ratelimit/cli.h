@@ -254,4 +254,8 @@ int cli_check_lease(const char *policy_text, const char *key,
                     const char *store_spec, uint64_t max_keys, bool critical,
                     char **cmd);
 
+/* bench --leases (bench_lease.c): leases beside decisions; redis_url may
+ * be NULL.  Returns the exit status. */
+int bench_leases(const char *redis_url);
+
 #endif
