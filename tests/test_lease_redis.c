@@ -6,7 +6,8 @@
  * more than N holders by their own count; holders killed with SIGKILL,
  * their leases back after the TTL, the count exact; Redis stopped and
  * killed: the store's error, nothing granted, the count intact after a
- * restart of a server that kept its data.
+ * restart of a server that kept its data; a Redis Cluster of 3 masters:
+ * threads on keys of every master, each key's bound held.
  * The one wait on time (a 300 ms TTL running out) is polled up to 60 s.
  */
 #include <pthread.h>
@@ -20,6 +21,7 @@
 
 #include <ratelimit_lease.h>
 
+#include "redis_cluster.h"
 #include "redis_fixture.h"
 
 static rate_inflight_policy_t *ipolicy(const char *text)
@@ -287,12 +289,110 @@ static void test_faults(void **state)
     rate_inflight_policy_free(p);
 }
 
+/* ------------------------------------------------------------- cluster */
+
+#define CL_KEYS 12
+#define CL_THREADS 4
+#define CL_ROUNDS 200
+
+typedef struct cl_run {
+    rate_inflight_t *in;
+    _Atomic int inside[CL_KEYS], most[CL_KEYS];
+    _Atomic long errors, granted;
+} cl_run_t;
+
+static void *cl_work(void *arg)
+{
+    cl_run_t *r = arg;
+    for (int i = 0; i < CL_ROUNDS; i++) {
+        int k = i % CL_KEYS;
+        char key[16];
+        snprintf(key, sizeof key, "key-%d", k);
+        rate_lease_t l;
+        rate_decision_t d;
+        if (rate_inflight_acquire(r->in, key, strlen(key), RATE_LEASE_NORMAL,
+                                  &l, &d) != RATE_OK) {
+            r->errors++;
+            continue;
+        }
+        if (!d.allowed)
+            continue;
+        int now = ++r->inside[k];
+        for (int m = r->most[k]; now > m;)
+            if (atomic_compare_exchange_weak(&r->most[k], &m, now))
+                break;
+        r->granted++;
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+        r->inside[k]--;
+        if (rate_inflight_release(r->in, key, strlen(key), &l) != RATE_OK)
+            r->errors++;
+    }
+    return NULL;
+}
+
+static void test_cluster(void **state)
+{
+    (void)state;
+    rcluster_t cl;
+    if (!rcl_start(&cl))
+        skip(); /* no redis-cli --cluster here */
+    char curl[512];
+    rcl_url(&cl, curl, sizeof curl);
+    rate_store_t *s = NULL;
+    char err[256] = "";
+    if (rate_store_redis_new(curl, NULL, &s, err, sizeof err) != RATE_OK) {
+        rcl_stop(&cl);
+        fail_msg("cluster store: %s", err);
+    }
+    rate_inflight_policy_t *p = ipolicy("concurrency 2 ttl=1h");
+    cl_run_t r = {.in = inflight(p, s)};
+    assert_non_null(r.in);
+    pthread_t th[CL_THREADS];
+    for (int t = 0; t < CL_THREADS; t++)
+        assert_int_equal(pthread_create(&th[t], NULL, cl_work, &r), 0);
+    for (int t = 0; t < CL_THREADS; t++)
+        pthread_join(th[t], NULL);
+    assert_int_equal(r.errors, 0);
+    assert_true(r.granted >= CL_ROUNDS);
+    rate_lease_t one[CL_KEYS];
+    for (int k = 0; k < CL_KEYS; k++) {
+        char key[16];
+        rate_decision_t d;
+        snprintf(key, sizeof key, "key-%d", k);
+        assert_true(r.most[k] <= 2);
+        assert_int_equal(held_of(r.in, key), 0);
+        assert_int_equal(rate_inflight_acquire(r.in, key, strlen(key),
+                                               RATE_LEASE_NORMAL, &one[k], &d),
+                         RATE_OK);
+        assert_true(d.allowed);
+    }
+    /* Held now, the keys are on more than one master. */
+    int masters = 0;
+    for (int i = 0; i < RCL_NODES; i++)
+        masters += rcl_is_master(&cl, i) && rcl_keys_on(&cl, i, "") > 0;
+    assert_true(masters >= 2);
+    for (int k = 0; k < CL_KEYS; k++) {
+        char key[16];
+        snprintf(key, sizeof key, "key-%d", k);
+        assert_int_equal(rate_inflight_release(r.in, key, strlen(key),
+                                               &one[k]),
+                         RATE_OK);
+        assert_int_equal(held_of(r.in, key), 0);
+    }
+    rate_inflight_free(r.in);
+    rate_inflight_policy_free(p);
+    rate_store_free(s);
+    rcl_stop(&cl);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_procs),
         cmocka_unit_test(test_chaos),
         cmocka_unit_test(test_faults),
+        cmocka_unit_test(test_cluster),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
