@@ -37,6 +37,7 @@ typedef struct {
 typedef struct {
     ngx_http_inflight_zone_t *zone; /* NULL: none here */
     ngx_http_complex_value_t key;
+    ngx_http_complex_value_t *critical; /* critical=VALUE, or NULL */
     ngx_uint_t status;
 } ngx_http_inflight_loc_conf_t;
 
@@ -69,7 +70,7 @@ static ngx_command_t ngx_http_inflight_commands[] = {
      NGX_HTTP_MAIN_CONF_OFFSET, 0, NULL},
     {ngx_string("ratelimit_inflight"),
      NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
-         NGX_CONF_TAKE2,
+         NGX_CONF_TAKE23,
      ngx_http_inflight, NGX_HTTP_LOC_CONF_OFFSET, 0, NULL},
     {ngx_string("ratelimit_inflight_status"),
      NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
@@ -229,7 +230,7 @@ static char *ngx_http_inflight_zone(ngx_conf_t *cf, ngx_command_t *cmd,
     return NGX_CONF_OK;
 }
 
-/* ratelimit_inflight NAME KEY; */
+/* ratelimit_inflight NAME KEY [critical=VALUE]; */
 static char *ngx_http_inflight(ngx_conf_t *cf, ngx_command_t *cmd,
                                void *conf) {
     ngx_http_inflight_loc_conf_t *lcf = conf;
@@ -268,6 +269,28 @@ static char *ngx_http_inflight(ngx_conf_t *cf, ngx_command_t *cmd,
     if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
         return NGX_CONF_ERROR;
     }
+    if (cf->args->nelts == 4) {
+        ngx_str_t v = value[3];
+        if (v.len < 10 || ngx_strncmp(v.data, "critical=", 9) != 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit_inflight: unknown parameter "
+                               "\"%V\" (critical=VALUE)", &value[3]);
+            return NGX_CONF_ERROR;
+        }
+        v.data += 9;
+        v.len -= 9;
+        lcf->critical = ngx_palloc(cf->pool, sizeof(*lcf->critical));
+        if (lcf->critical == NULL) {
+            return NGX_CONF_ERROR;
+        }
+        ngx_memzero(&ccv, sizeof(ccv));
+        ccv.cf = cf;
+        ccv.value = &v;
+        ccv.complex_value = lcf->critical;
+        if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
+            return NGX_CONF_ERROR;
+        }
+    }
     return NGX_CONF_OK;
 }
 
@@ -296,6 +319,7 @@ static char *ngx_http_inflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
     if (conf->zone == NULL) {
         conf->zone = prev->zone;
         conf->key = prev->key;
+        conf->critical = prev->critical;
     }
     ngx_conf_merge_uint_value(conf->status, prev->status, 503);
     return NGX_CONF_OK;
@@ -391,8 +415,9 @@ static ngx_int_t ngx_http_inflight_handler(ngx_http_request_t *r) {
     ngx_http_inflight_loc_conf_t *lcf;
     ngx_http_inflight_held_t *h;
     ngx_pool_cleanup_t *cln;
+    rate_lease_class_t cls = RATE_LEASE_NORMAL;
     rate_decision_t d;
-    ngx_str_t key;
+    ngx_str_t key, crit;
     int rc;
 
     if (r->main != r ||
@@ -409,6 +434,14 @@ static ngx_int_t ngx_http_inflight_handler(ngx_http_request_t *r) {
     if (key.len == 0) {
         return NGX_DECLINED; /* as limit_conn: an empty key is not limited */
     }
+    if (lcf->critical != NULL) { /* critical: a value, and not "0" */
+        if (ngx_http_complex_value(r, lcf->critical, &crit) != NGX_OK) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+        if (crit.len > 0 && !(crit.len == 1 && crit.data[0] == '0')) {
+            cls = RATE_LEASE_CRITICAL;
+        }
+    }
     cln = ngx_pool_cleanup_add(r->pool, sizeof(*h));
     if (cln == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -421,7 +454,7 @@ static ngx_int_t ngx_http_inflight_handler(ngx_http_request_t *r) {
         return lcf->status; /* the worker could not attach: logged then */
     }
     rc = rate_inflight_acquire(h->zone->inflight, (const char *)key.data,
-                               key.len, RATE_LEASE_NORMAL, &h->lease, &d);
+                               key.len, cls, &h->lease, &d);
     if (rc != RATE_OK) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "ratelimit_inflight: zone \"%V\": %s",

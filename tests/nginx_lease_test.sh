@@ -9,6 +9,7 @@
 #   - a request that ends gives its lease back;
 #   - 3 clients that disconnect while their requests wait on the upstream
 #     give their leases back at once (not after the 60 s TTL);
+#   - a reserve for critical requests (critical=$http_x_critical);
 #   - configuration errors.
 # The slow requests hold for 6 s so that 6 started together overlap on a
 # loaded machine; every other wait is a bounded poll.
@@ -81,6 +82,7 @@ http {
   log_format rl '\$pid \$status \$request_uri';
   access_log $tmp/logs/access.log rl;
   ratelimit_inflight_zone slow "concurrency 3 ttl=1m";
+  ratelimit_inflight_zone pri "concurrency 3 ttl=1m reserve=1";
   server {
     listen 127.0.0.1:$port;
     root $tmp/html;
@@ -88,6 +90,10 @@ http {
       ratelimit_inflight slow all;
       proxy_pass http://127.0.0.1:$uport;
       proxy_read_timeout 120s;
+    }
+    location /pri {
+      ratelimit_inflight pri all critical=\$http_x_critical;
+      proxy_pass http://127.0.0.1:$uport;
     }
   }
 }
@@ -123,7 +129,7 @@ expect "after they ended" "$(cat "$tmp"/sj.* | grep -c '^200$' || true)" 3
 
 # Clients that disconnect while waiting on the upstream release theirs.
 for i in 1 2 3; do
-  curl -s -o /dev/null --max-time 30 "$url/slow?s=60&k=$i" &
+  curl -s -o /dev/null --max-time 100 "$url/slow?s=100&k=$i" &
   echo $! >"$tmp/client.$i"
 done
 for _ in $(seq 600); do # the three held: a fourth is refused
@@ -132,6 +138,7 @@ for _ in $(seq 600); do # the three held: a fourth is refused
   sleep 0.05
 done
 expect "three held: a fourth" "$code" 503
+[ "$code" = 503 ] || tail -20 "$tmp/logs/access.log"
 for i in 1 2 3; do kill "$(cat "$tmp/client.$i")" 2>/dev/null || true; done
 for i in 1 2 3; do wait "$(cat "$tmp/client.$i")" 2>/dev/null || true; done
 code=
@@ -149,8 +156,27 @@ for i in 1 2 3; do
 done
 wait "${cpids[@]}"
 expect "all three back" "$(cat "$tmp"/sl.* | grep -c '^200$' || true)" 3
-grep -q ' 499 /slow?s=60' "$tmp/logs/access.log" && three=1
+grep -q ' 499 /slow?s=100' "$tmp/logs/access.log" && three=1
 expect "the disconnects logged as 499" "$three" 1
+
+# A reserve of 1 for critical requests (critical=\$http_x_critical): two
+# normal ones held, a third normal one is refused, a critical one passes.
+cpids=()
+for i in 1 2; do
+  curl -s -o /dev/null "$url/pri?s=6&p=$i" & cpids+=($!)
+done
+code=
+for _ in $(seq 600); do
+  code=$(curl -s -o /dev/null -w '%{http_code}' "$url/pri?s=0&probe=1")
+  [ "$code" = 503 ] && break
+  sleep 0.05
+done
+expect "two normal held: a normal one" "$code" 503
+expect "two normal held: a critical one" \
+  "$(curl -s -o /dev/null -w '%{http_code}' -H 'X-Critical: 1' "$url/pri?s=0")" 200
+expect "critical: 0 is normal" \
+  "$(curl -s -o /dev/null -w '%{http_code}' -H 'X-Critical: 0' "$url/pri?s=0")" 503
+wait "${cpids[@]}"
 stop_nginx
 
 # Configuration errors.
@@ -170,6 +196,7 @@ EOF
 bad 'missing ttl=DURATION' 'ratelimit_inflight_zone z "concurrency 3";' ''
 bad 'rate limits go on a ratelimit_zone' 'ratelimit_inflight_zone z "concurrency 3 ttl=1s; gcra 1/s";' ''
 bad 'no ratelimit_inflight_zone "y"' 'ratelimit_inflight_zone z "concurrency 3 ttl=1s";' 'ratelimit_inflight y $uri;'
+bad 'unknown parameter "crit=1"' 'ratelimit_inflight_zone z "concurrency 3 ttl=1s";' 'ratelimit_inflight z $uri crit=1;'
 bad 'unknown parameter "size=1"' 'ratelimit_inflight_zone z "concurrency 3 ttl=1s" size=1;' ''
 
 if [ "$fails" -ne 0 ]; then echo "nginx_lease: $fails failed"; exit 1; fi
