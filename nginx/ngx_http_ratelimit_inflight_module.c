@@ -411,6 +411,20 @@ static void ngx_http_inflight_release(void *data) {
     }
 }
 
+/* Marks a request the handler has seen, in its pool: an internal
+ * redirect clears the module's context, not the pool's cleanups. */
+static void ngx_http_inflight_seen(void *data) { (void)data; }
+
+static ngx_int_t ngx_http_inflight_decided(ngx_http_request_t *r) {
+    for (ngx_pool_cleanup_t *c = r->pool->cleanup; c != NULL; c = c->next) {
+        if (c->handler == ngx_http_inflight_seen ||
+            c->handler == ngx_http_inflight_release) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static ngx_int_t ngx_http_inflight_handler(ngx_http_request_t *r) {
     ngx_http_inflight_loc_conf_t *lcf;
     ngx_http_inflight_held_t *h;
@@ -420,8 +434,7 @@ static ngx_int_t ngx_http_inflight_handler(ngx_http_request_t *r) {
     ngx_str_t key, crit;
     int rc;
 
-    if (r->main != r ||
-        ngx_http_get_module_ctx(r, ngx_http_ratelimit_inflight_module)) {
+    if (r->main != r || ngx_http_inflight_decided(r)) {
         return NGX_DECLINED; /* a subrequest, or decided before a redirect */
     }
     lcf = ngx_http_get_module_loc_conf(r, ngx_http_ratelimit_inflight_module);
@@ -448,7 +461,7 @@ static ngx_int_t ngx_http_inflight_handler(ngx_http_request_t *r) {
     }
     h = cln->data;
     ngx_memzero(h, sizeof(*h));
-    ngx_http_set_ctx(r, h, ngx_http_ratelimit_inflight_module);
+    cln->handler = ngx_http_inflight_seen; /* release, once one is held */
     h->zone = lcf->zone;
     if (h->zone->inflight == NULL) {
         return lcf->status; /* the worker could not attach: logged then */

@@ -6,7 +6,8 @@
 # answers after ?s= seconds), one key, concurrency 3:
 #   - 6 requests at once, each on its own connection: exactly 3 answered
 #     200 and 3 refused 503, across the workers;
-#   - a request that ends gives its lease back;
+#   - a request that ends gives its lease back; one redirected internally
+#     holds one lease;
 #   - 3 clients that disconnect while their requests wait on the upstream
 #     give their leases back at once (not after the 60 s TTL);
 #   - a reserve for critical requests (critical=$http_x_critical);
@@ -91,6 +92,14 @@ http {
       proxy_pass http://127.0.0.1:$uport;
       proxy_read_timeout 120s;
     }
+    location /redir {
+      ratelimit_inflight slow all;
+      try_files /nonexistent @back;
+    }
+    location @back {
+      ratelimit_inflight slow all;
+      proxy_pass http://127.0.0.1:$uport;
+    }
     location /pri {
       ratelimit_inflight pri all critical=\$http_x_critical;
       proxy_pass http://127.0.0.1:$uport;
@@ -126,6 +135,16 @@ for i in 1 2 3; do
 done
 wait "${cpids[@]}"
 expect "after they ended" "$(cat "$tmp"/sj.* | grep -c '^200$' || true)" 3
+
+# An internal redirect (try_files to a named location limited by the same
+# zone) holds one lease, not two: three at once all pass.
+cpids=()
+for i in 1 2 3; do
+  curl -s -o /dev/null -w '%{http_code}\n' "$url/redir?s=3&r=$i" >"$tmp/sr.$i" &
+  cpids+=($!)
+done
+wait "${cpids[@]}"
+expect "redirected, one lease each" "$(cat "$tmp"/sr.* | grep -c '^200$' || true)" 3
 
 # Clients that disconnect while waiting on the upstream release theirs.
 for i in 1 2 3; do
