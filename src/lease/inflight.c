@@ -32,7 +32,13 @@ struct rate_inflight {
     uint32_t pid;
     uint64_t id_base;
     _Atomic uint64_t next_id;
+    _Atomic uint64_t reap_after; /* no reaping before (this clock's) time */
 };
+
+/* Reaping reads every lease of the key and asks the kernel about each
+ * holder: at most once per REAP_EVERY_NS an object, so that a flood of
+ * denials (an overloaded server) does not multiply that work. */
+#define REAP_EVERY_NS (100 * UINT64_C(1000000))
 
 static bool zero_reserve(const uint64_t *r, size_t n)
 {
@@ -77,8 +83,11 @@ int rate_inflight_new(const rate_inflight_config_t *cfg, rate_inflight_t **out)
         in->id_base = rate_clock_monotonic_ns() * UINT64_C(0x9e3779b97f4a7c15) ^
                       (uint64_t)in->pid << 32;
     rc = rate__inflight_policy_copy(cfg->policy, &in->policy);
-    if (rc == RATE_OK && (in->store = cfg->store) == NULL)
-        rc = rate_store_memory_new(NULL, &in->own_store), in->store = in->own_store;
+    in->store = cfg->store;
+    if (rc == RATE_OK && in->store == NULL) {
+        rc = rate_store_memory_new(NULL, &in->own_store);
+        in->store = in->own_store;
+    }
     if (rc == RATE_OK && in->policy->rate != NULL)
         rc = make_limiter(in);
     if (rc != RATE_OK) {
@@ -189,6 +198,15 @@ static void fill_lease_decision(const rate_inflight_t *in,
     out->reset_after_ns = a->latest > now ? a->latest - now : 0;
 }
 
+/* Whether this object may reap now (and then not for REAP_EVERY_NS). */
+static bool reap_due(rate_inflight_t *in, uint64_t now)
+{
+    uint64_t after = atomic_load(&in->reap_after);
+    return now >= after &&
+           atomic_compare_exchange_strong(&in->reap_after, &after,
+                                          now + REAP_EVERY_NS);
+}
+
 /* The lease step of an acquire, with a retry after reaping dead holders. */
 static int acquire_lease(rate_inflight_t *in, const char *key, size_t len,
                          rate__lease_step_t *a, bool clock_time)
@@ -203,7 +221,7 @@ static int acquire_lease(rate_inflight_t *in, const char *key, size_t len,
                          ? stack
                          : (heap = malloc(in->policy->max * sizeof *heap));
     rc = run(in, key, len, a, clock_time);
-    if (rc == RATE_OK && !a->granted && in->reap &&
+    if (rc == RATE_OK && !a->granted && in->reap && reap_due(in, a->now_ns) &&
         reap(in, key, len, a->now_ns, clock_time))
         rc = run(in, key, len, a, clock_time);
     free(heap);
