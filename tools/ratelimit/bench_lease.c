@@ -127,6 +127,10 @@ int bench_leases(const char *redis_url)
     char path[64], err[256];
     int status = 0;
 
+#ifndef RATE_WITH_REDIS
+    if (redis_url != NULL) /* refused before the other figures, not after */
+        return cli_fail("bench: --redis: this build has no Redis store");
+#endif
     printf("%-8s %7s %14s %14s %9s\n", "store", "callers", "decisions/s",
            "leases/s", "ratio");
     if (rate_store_memory_new(NULL, &mem) != RATE_OK)
@@ -154,8 +158,6 @@ int bench_leases(const char *redis_url)
         status |= row("redis", rs);
         rate_store_redis_drop(rs);
         rate_store_free(rs);
-#else
-        return cli_fail("bench: --redis: this build has no Redis store");
 #endif
     }
     printf("leases/s: acquire + release pairs (concurrency 64, one key);\n"
