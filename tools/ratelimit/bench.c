@@ -594,7 +594,8 @@ static int usage(FILE *f)
           "       ratelimit bench --store dynamodb://TABLE?region=R[&endpoint=URL]\n"
           "       ratelimit bench --shm [--rounds N] [--iterations N]\n"
           "       ratelimit bench --sync redis://HOST[:PORT]\n"
-          "       ratelimit bench --fair [--rounds N] [--iterations N]\n\n"
+          "       ratelimit bench --fair [--rounds N] [--iterations N]\n"
+          "       ratelimit bench --leases [--redis URL]\n\n"
           "Measures the floors (clock read; hash + CAS; key fetch + random\n"
           "table read) and ns per decision on the in-memory store, and\n"
           "prints them with their ratios.  Best of N rounds (default 5).\n"
@@ -615,7 +616,10 @@ static int usage(FILE *f)
           "and at 1M keys at random, and round trips per 1000 decisions.\n"
           "With --fair, only fair shares (docs/fair.md): a fair decision\n"
           "beside a plain one on one shared limit (memory and shm, 1 to 64\n"
-          "flows), and the waiting call's cost from 1 to 65536 flows.\n",
+          "flows), and the waiting call's cost from 1 to 65536 flows.\n"
+          "With --leases, instead: an in-flight lease (acquire + release)\n"
+          "beside one rate decision, on memory, shm and (with --redis) Redis,\n"
+          "with 1 and 64 callers on one key.\n",
           f);
     return f == stdout ? 0 : 2;
 }
@@ -623,7 +627,7 @@ static int usage(FILE *f)
 int cmd_bench(int argc, char **argv)
 {
     const char *redis_url = NULL, *cluster_url = NULL;
-    bool shm = false, fair = false;
+    bool shm = false, fair = false, leases = false;
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
@@ -650,6 +654,10 @@ int cmd_bench(int argc, char **argv)
             fair = true;
             continue;
         }
+        if (strcmp(argv[i], "--leases") == 0) {
+            leases = true;
+            continue;
+        }
         if (strcmp(argv[i], "--redis") == 0 && i + 1 < argc) {
             redis_url = argv[++i];
             continue;
@@ -670,6 +678,8 @@ int cmd_bench(int argc, char **argv)
         }
         return cli_fail("bench: unknown option '%s'", argv[i]);
     }
+    if (leases)
+        return bench_leases(redis_url);
     if (cluster_url != NULL && redis_url == NULL)
         return cli_fail("bench: --redis-cluster compares with --redis URL");
 #ifndef RATE_WITH_REDIS

@@ -14,6 +14,8 @@ static const char usage[] =
     "                       [--max-keys N]\n"
     "       ratelimit check --key KEY --policy TEXT [--permits N]\n"
     "                       [--max-wait DUR] [--store STORE] [--max-keys N]\n"
+    "       ratelimit check --key KEY --policy 'concurrency N ttl=DUR ...'\n"
+    "                       [--critical] [--store STORE] [-- COMMAND [ARG...]]\n"
     "\n"
     "Asks the store for one decision and prints its fields, one per line.\n"
     "With --store redis://... (keys under 'ratelimit:', expiring after their\n"
@@ -28,9 +30,21 @@ static const char usage[] =
     "Exit status: 0 allowed, 1 denied, 2 error.  Policy options as for\n"
     "'ratelimit replay' (--algorithm, --rate, --burst, --capacity, --limit,\n"
     "--window, --policy).  The default store is a fresh memory store, so\n"
-    "without --store each call starts cold.\n";
+    "without --store each call starts cold.\n"
+    "\n"
+    "With an in-flight policy (docs/leases.md), check takes a lease of the\n"
+    "key, runs COMMAND, extends the lease every third of its TTL while it\n"
+    "runs, and releases it when it ends (SIGINT, SIGTERM, SIGHUP are passed\n"
+    "on to it; a check killed outright leaves a lease that expires after\n"
+    "its TTL, or sooner on shm:PATH, where a dead holder's lease is taken\n"
+    "back).  Exit status: the command's (128+N for a signal); 75 when the\n"
+    "lease is denied (the decision printed, the command not run); 2 on an\n"
+    "error before it runs.  --critical acquires as critical traffic (the\n"
+    "policy's reserve=).  Without a COMMAND it takes and releases a lease:\n"
+    "0 allowed, 1 denied.\n";
 
-enum { O_STORE = O_POLICY_END, O_KEY, O_PERMITS, O_MAXKEYS, O_HELP };
+enum { O_STORE = O_POLICY_END, O_KEY, O_PERMITS, O_MAXKEYS, O_HELP,
+       O_CRITICAL };
 
 static const struct option longopts[] = {
     POLICY_LONGOPTS,
@@ -39,6 +53,7 @@ static const struct option longopts[] = {
     {"permits", required_argument, NULL, O_PERMITS},
     {"max-keys", required_argument, NULL, O_MAXKEYS},
     {"help", no_argument, NULL, O_HELP},
+    {"critical", no_argument, NULL, O_CRITICAL},
     {NULL, 0, NULL, 0},
 };
 
@@ -60,11 +75,12 @@ int cmd_check(int argc, char **argv)
     const char *store_spec = NULL, *key = NULL, *permits_text = "1";
     const char *max_keys_text = NULL;
     uint64_t max_keys = 0;
+    bool critical = false;
     int c;
 
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+:", longopts, NULL)) != -1) {
         if (policy_opt(&po, c, optarg))
             continue;
         switch (c) {
@@ -73,13 +89,26 @@ int cmd_check(int argc, char **argv)
         case O_PERMITS: permits_text = optarg; break;
         case O_MAXKEYS: max_keys_text = optarg; break;
         case O_HELP: cli_usage(usage); return 0;
+        case O_CRITICAL: critical = true; break;
         default: return getopt_fail("check", c, argv);
         }
     }
-    if (optind < argc)
-        return cli_fail("check: unexpected argument '%s'", argv[optind]);
+    bool inflight = po.policy != NULL && strstr(po.policy, "concurrency");
+    if (optind < argc && !inflight)
+        return cli_fail("check: unexpected argument '%s' (a command runs "
+                        "under an in-flight policy only: --policy "
+                        "'concurrency N ttl=DUR')", argv[optind]);
     if (key == NULL || *key == '\0')
         return cli_fail("check: --key is required (a non-empty key)");
+    if (critical && !inflight)
+        return cli_fail("check: --critical needs an in-flight policy");
+    if (inflight) {
+        if (max_keys_text != NULL &&
+            cli_max_keys("check", max_keys_text, store_spec, &max_keys) != 0)
+            return 2;
+        return cli_check_lease(po.policy, key, store_spec, max_keys,
+                               critical, argv + optind);
+    }
     if (strlen(key) > RATE_KEY_MAX)
         return cli_fail("check: --key longer than %d bytes", RATE_KEY_MAX);
     uint64_t permits;

@@ -251,4 +251,14 @@ char *fmt_u64(char *p, uint64_t v);
  * and returns 2.  `c` is getopt's return; argv/optind as getopt left them. */
 int getopt_fail(const char *cmd, int c, char **argv);
 
+/* check under an in-flight policy (lease.c): a lease of key held while
+ * cmd (NULL-terminated; empty: none) runs.  Returns the exit status. */
+int cli_check_lease(const char *policy_text, const char *key,
+                    const char *store_spec, uint64_t max_keys, bool critical,
+                    char **cmd);
+
+/* bench --leases (bench_lease.c): leases beside decisions; redis_url may
+ * be NULL.  Returns the exit status. */
+int bench_leases(const char *redis_url);
+
 #endif

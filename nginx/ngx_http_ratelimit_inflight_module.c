@@ -1,0 +1,508 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ngx_http_ratelimit_inflight_module: in-flight limits (docs/leases.md) in
+ * nginx: at most N requests of a key at once across the workers, each
+ * holding a lease in a shared-memory store kept in an nginx shared zone,
+ * released when the request's pool is destroyed: however the request
+ * ends (answered, failed, the client gone).  A module of its own beside
+ * ngx_http_ratelimit_module, in the same .so (docs/nginx.md, "In-flight
+ * limits").
+ */
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include <ratelimit.h>
+#include <ratelimit_lease.h>
+#include <ratelimit_shm.h>
+
+#define NGX_HTTP_INFLIGHT_KEYS_DEFAULT 10000
+#define NGX_HTTP_INFLIGHT_KEY_MAX 128
+
+typedef struct {
+    ngx_str_t name;
+    rate_inflight_policy_t *policy;
+    rate_shm_options_t options;
+    size_t region_size, zone_size;
+    void *region;             /* in the shared zone */
+    ngx_shm_zone_t *shm_zone;
+    rate_store_t *store;      /* a worker's, over the region */
+    rate_inflight_t *inflight; /* a worker's */
+} ngx_http_inflight_zone_t;
+
+typedef struct {
+    ngx_array_t zones; /* of ngx_http_inflight_zone_t * */
+} ngx_http_inflight_main_conf_t;
+
+typedef struct {
+    ngx_http_inflight_zone_t *zone; /* NULL: none here */
+    ngx_http_complex_value_t key;
+    ngx_http_complex_value_t *critical; /* critical=VALUE, or NULL */
+    ngx_uint_t status;
+} ngx_http_inflight_loc_conf_t;
+
+/* A held lease, released by the request pool's cleanup. */
+typedef struct {
+    ngx_http_inflight_zone_t *zone;
+    rate_lease_t lease;
+    ngx_str_t key;
+    ngx_log_t *log;
+} ngx_http_inflight_held_t;
+
+static ngx_int_t ngx_http_inflight_postconf(ngx_conf_t *cf);
+static void *ngx_http_inflight_create_main_conf(ngx_conf_t *cf);
+static void *ngx_http_inflight_create_loc_conf(ngx_conf_t *cf);
+static char *ngx_http_inflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
+                                              void *child);
+static char *ngx_http_inflight_zone(ngx_conf_t *cf, ngx_command_t *cmd,
+                                    void *conf);
+static char *ngx_http_inflight(ngx_conf_t *cf, ngx_command_t *cmd,
+                               void *conf);
+static ngx_int_t ngx_http_inflight_init_process(ngx_cycle_t *cycle);
+static void ngx_http_inflight_exit_process(ngx_cycle_t *cycle);
+
+static ngx_conf_num_bounds_t ngx_http_inflight_status_bounds = {
+    ngx_conf_check_num_bounds, 400, 599};
+
+static ngx_command_t ngx_http_inflight_commands[] = {
+    {ngx_string("ratelimit_inflight_zone"),
+     NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE23, ngx_http_inflight_zone,
+     NGX_HTTP_MAIN_CONF_OFFSET, 0, NULL},
+    {ngx_string("ratelimit_inflight"),
+     NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
+         NGX_CONF_TAKE23,
+     ngx_http_inflight, NGX_HTTP_LOC_CONF_OFFSET, 0, NULL},
+    {ngx_string("ratelimit_inflight_status"),
+     NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
+         NGX_CONF_TAKE1,
+     ngx_conf_set_num_slot, NGX_HTTP_LOC_CONF_OFFSET,
+     offsetof(ngx_http_inflight_loc_conf_t, status),
+     &ngx_http_inflight_status_bounds},
+    ngx_null_command};
+
+static ngx_http_module_t ngx_http_inflight_module_ctx = {
+    NULL, ngx_http_inflight_postconf,
+    ngx_http_inflight_create_main_conf, NULL,
+    NULL, NULL,
+    ngx_http_inflight_create_loc_conf, ngx_http_inflight_merge_loc_conf};
+
+ngx_module_t ngx_http_ratelimit_inflight_module = {
+    NGX_MODULE_V1,
+    &ngx_http_inflight_module_ctx,
+    ngx_http_inflight_commands,
+    NGX_HTTP_MODULE,
+    NULL, NULL,
+    ngx_http_inflight_init_process, NULL, NULL,
+    ngx_http_inflight_exit_process, NULL,
+    NGX_MODULE_V1_PADDING};
+
+static void ngx_http_inflight_policy_cleanup(void *data) {
+    rate_inflight_policy_free(data);
+}
+
+/* The zone's init, in the master: the region is made (or, on a reload
+ * that keeps the zone, attached to again). */
+static ngx_int_t ngx_http_inflight_init_zone(ngx_shm_zone_t *shm_zone,
+                                             void *data) {
+    ngx_http_inflight_zone_t *z = shm_zone->data;
+    ngx_slab_pool_t *shpool = (ngx_slab_pool_t *)shm_zone->shm.addr;
+    rate_shm_options_t opt = z->options;
+    rate_store_t *store = NULL;
+    char err[256];
+    int rc;
+
+    if (data != NULL || shm_zone->shm.exists) {
+        z->region = shpool->data;
+    } else {
+        z->region = ngx_slab_alloc(shpool, z->region_size);
+        if (z->region == NULL) {
+            ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                          "ratelimit_inflight_zone \"%V\": no room for its "
+                          "%uz bytes", &z->name, z->region_size);
+            return NGX_ERROR;
+        }
+        shpool->data = z->region;
+        opt.init = true;
+    }
+    err[0] = '\0';
+    rc = rate_store_shm_new_in(z->region, z->region_size, &opt, &store, err,
+                               sizeof(err));
+    if (rc != RATE_OK) {
+        ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                      "ratelimit_inflight_zone \"%V\": the shared-memory "
+                      "store refuses the zone: %s: %s",
+                      &z->name, rate_err_name(rc), err);
+        return NGX_ERROR;
+    }
+    rate_store_free(store);
+    return NGX_OK;
+}
+
+/* ratelimit_inflight_zone NAME "concurrency N ttl=DUR [reserve=K]"
+ * [keys=N]; */
+static char *ngx_http_inflight_zone(ngx_conf_t *cf, ngx_command_t *cmd,
+                                    void *conf) {
+    ngx_http_inflight_main_conf_t *mcf = conf;
+    ngx_str_t *value = cf->args->elts;
+    ngx_http_inflight_zone_t *z, **zp;
+    ngx_pool_cleanup_t *cln;
+    uint64_t keys = NGX_HTTP_INFLIGHT_KEYS_DEFAULT;
+    char err[256], *text;
+    int rc;
+
+    (void)cmd;
+    if (cf->args->nelts == 4) {
+        ngx_str_t arg = value[3];
+        ngx_int_t n;
+        if (arg.len < 6 || ngx_strncmp(arg.data, "keys=", 5) != 0 ||
+            (n = ngx_atoi(arg.data + 5, arg.len - 5)) == NGX_ERROR ||
+            n == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit_inflight_zone \"%V\": unknown "
+                               "parameter \"%V\" (keys=N)",
+                               &value[1], &value[3]);
+            return NGX_CONF_ERROR;
+        }
+        keys = (uint64_t)n;
+    }
+    z = ngx_pcalloc(cf->pool, sizeof(*z));
+    text = ngx_pnalloc(cf->pool, value[2].len + 1);
+    if (z == NULL || text == NULL) {
+        return NGX_CONF_ERROR;
+    }
+    z->name = value[1];
+    ngx_memcpy(text, value[2].data, value[2].len);
+    text[value[2].len] = '\0';
+    err[0] = '\0';
+    rc = rate_inflight_policy_parse(text, &z->policy, err, sizeof(err));
+    if (rc != RATE_OK) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit_inflight_zone \"%V\": bad policy "
+                           "\"%V\": %s", &value[1], &value[2], err);
+        return NGX_CONF_ERROR;
+    }
+    cln = ngx_pool_cleanup_add(cf->pool, 0);
+    if (cln == NULL) {
+        rate_inflight_policy_free(z->policy);
+        return NGX_CONF_ERROR;
+    }
+    cln->handler = ngx_http_inflight_policy_cleanup;
+    cln->data = z->policy;
+    if (rate_inflight_policy_rate(z->policy) != NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit_inflight_zone \"%V\": \"%V\": rate "
+                           "limits go on a ratelimit_zone (this zone takes "
+                           "the concurrency clause alone)",
+                           &value[1], &value[2]);
+        return NGX_CONF_ERROR;
+    }
+    z->options.max_keys = keys;
+    z->options.key_max = NGX_HTTP_INFLIGHT_KEY_MAX;
+    z->options.state_max =
+        (uint32_t)ngx_max(rate_inflight_policy_state_max(z->policy), 96);
+    z->region_size = rate_store_shm_size(&z->options);
+    if (z->region_size == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit_inflight_zone \"%V\": the shared-memory "
+                           "store refuses keys=%uL with this policy",
+                           &value[1], keys);
+        return NGX_CONF_ERROR;
+    }
+    z->zone_size = z->region_size + z->region_size / 128 + 16 * ngx_pagesize;
+    z->shm_zone = ngx_shared_memory_add(cf, &z->name, z->zone_size,
+                                        &ngx_http_ratelimit_inflight_module);
+    if (z->shm_zone == NULL) {
+        return NGX_CONF_ERROR;
+    }
+    if (z->shm_zone->data != NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit_inflight_zone \"%V\" is already "
+                           "declared", &value[1]);
+        return NGX_CONF_ERROR;
+    }
+    z->shm_zone->init = ngx_http_inflight_init_zone;
+    z->shm_zone->data = z;
+    zp = ngx_array_push(&mcf->zones);
+    if (zp == NULL) {
+        return NGX_CONF_ERROR;
+    }
+    *zp = z;
+    return NGX_CONF_OK;
+}
+
+/* ratelimit_inflight NAME KEY [critical=VALUE]; */
+static char *ngx_http_inflight(ngx_conf_t *cf, ngx_command_t *cmd,
+                               void *conf) {
+    ngx_http_inflight_loc_conf_t *lcf = conf;
+    ngx_http_inflight_main_conf_t *mcf;
+    ngx_http_compile_complex_value_t ccv;
+    ngx_str_t *value = cf->args->elts;
+    ngx_http_inflight_zone_t **zp;
+    ngx_uint_t i;
+
+    (void)cmd;
+    if (lcf->zone != NULL) {
+        return "is duplicate (one in-flight limit a location)";
+    }
+    mcf = ngx_http_conf_get_module_main_conf(cf,
+                                             ngx_http_ratelimit_inflight_module);
+    zp = mcf->zones.elts;
+    for (i = 0; i < mcf->zones.nelts; i++) {
+        if (zp[i]->name.len == value[1].len &&
+            ngx_strncmp(zp[i]->name.data, value[1].data, value[1].len) == 0) {
+            lcf->zone = zp[i];
+        }
+    }
+    if (lcf->zone == NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit_inflight: no ratelimit_inflight_zone "
+                           "\"%V\" (declare it above, in http)", &value[1]);
+        return NGX_CONF_ERROR;
+    }
+    if (value[2].len == 0) {
+        return "has an empty key: it would limit nothing";
+    }
+    ngx_memzero(&ccv, sizeof(ccv));
+    ccv.cf = cf;
+    ccv.value = &value[2];
+    ccv.complex_value = &lcf->key;
+    if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+    if (cf->args->nelts == 4) {
+        ngx_str_t v = value[3];
+        if (v.len < 10 || ngx_strncmp(v.data, "critical=", 9) != 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit_inflight: unknown parameter "
+                               "\"%V\" (critical=VALUE)", &value[3]);
+            return NGX_CONF_ERROR;
+        }
+        v.data += 9;
+        v.len -= 9;
+        lcf->critical = ngx_palloc(cf->pool, sizeof(*lcf->critical));
+        if (lcf->critical == NULL) {
+            return NGX_CONF_ERROR;
+        }
+        ngx_memzero(&ccv, sizeof(ccv));
+        ccv.cf = cf;
+        ccv.value = &v;
+        ccv.complex_value = lcf->critical;
+        if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
+            return NGX_CONF_ERROR;
+        }
+    }
+    return NGX_CONF_OK;
+}
+
+static void *ngx_http_inflight_create_main_conf(ngx_conf_t *cf) {
+    ngx_http_inflight_main_conf_t *mcf = ngx_pcalloc(cf->pool, sizeof(*mcf));
+    if (mcf == NULL ||
+        ngx_array_init(&mcf->zones, cf->pool, 4, sizeof(void *)) != NGX_OK) {
+        return NULL;
+    }
+    return mcf;
+}
+
+static void *ngx_http_inflight_create_loc_conf(ngx_conf_t *cf) {
+    ngx_http_inflight_loc_conf_t *lcf = ngx_pcalloc(cf->pool, sizeof(*lcf));
+    if (lcf == NULL) {
+        return NULL;
+    }
+    lcf->status = NGX_CONF_UNSET_UINT;
+    return lcf;
+}
+
+static char *ngx_http_inflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
+                                              void *child) {
+    ngx_http_inflight_loc_conf_t *prev = parent, *conf = child;
+    (void)cf;
+    if (conf->zone == NULL) {
+        conf->zone = prev->zone;
+        conf->key = prev->key;
+        conf->critical = prev->critical;
+    }
+    ngx_conf_merge_uint_value(conf->status, prev->status, 503);
+    return NGX_CONF_OK;
+}
+
+/* ------------------------------------------------------------ workers */
+
+static ngx_http_inflight_main_conf_t *
+ngx_http_inflight_main(ngx_cycle_t *cycle) {
+    ngx_http_conf_ctx_t *ctx =
+        (ngx_http_conf_ctx_t *)ngx_get_conf(cycle->conf_ctx, ngx_http_module);
+    return ctx == NULL
+               ? NULL
+               : ctx->main_conf[ngx_http_ratelimit_inflight_module.ctx_index];
+}
+
+static ngx_int_t ngx_http_inflight_init_process(ngx_cycle_t *cycle) {
+    ngx_http_inflight_main_conf_t *mcf = ngx_http_inflight_main(cycle);
+    ngx_http_inflight_zone_t **zp;
+    char err[256];
+    ngx_uint_t i;
+
+    if (mcf == NULL) {
+        return NGX_OK;
+    }
+    zp = mcf->zones.elts;
+    for (i = 0; i < mcf->zones.nelts; i++) {
+        ngx_http_inflight_zone_t *z = zp[i];
+        rate_shm_options_t opt = z->options;
+        int rc;
+        err[0] = '\0';
+        rc = rate_store_shm_new_in(z->region, z->region_size, &opt, &z->store,
+                                   err, sizeof(err));
+        if (rc == RATE_OK) {
+            /* Workers are processes of this host: a crashed one's leases
+             * are taken back at the next denied acquire. */
+            rate_inflight_config_t cfg = {.policy = z->policy,
+                                          .store = z->store,
+                                          .reap_dead_holders = 1};
+            rc = rate_inflight_new(&cfg, &z->inflight);
+        }
+        if (rc != RATE_OK) {
+            ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
+                          "ratelimit_inflight_zone \"%V\": cannot attach: "
+                          "%s: %s", &z->name, rate_err_name(rc), err);
+            rate_store_free(z->store);
+            z->store = NULL;
+            z->inflight = NULL;
+        }
+    }
+    return NGX_OK;
+}
+
+static void ngx_http_inflight_exit_process(ngx_cycle_t *cycle) {
+    ngx_http_inflight_main_conf_t *mcf = ngx_http_inflight_main(cycle);
+    ngx_http_inflight_zone_t **zp;
+    ngx_uint_t i;
+
+    if (mcf == NULL) {
+        return;
+    }
+    zp = mcf->zones.elts;
+    for (i = 0; i < mcf->zones.nelts; i++) {
+        rate_inflight_free(zp[i]->inflight);
+        rate_store_free(zp[i]->store);
+        zp[i]->inflight = NULL;
+        zp[i]->store = NULL;
+    }
+}
+
+/* ------------------------------------------------------------ requests */
+
+/* The request's pool is being destroyed: the request is over, however it
+ * ended.  Its lease goes back. */
+static void ngx_http_inflight_release(void *data) {
+    ngx_http_inflight_held_t *h = data;
+    int rc;
+
+    if (h->zone->inflight == NULL) {
+        return;
+    }
+    rc = rate_inflight_release(h->zone->inflight, (const char *)h->key.data,
+                               h->key.len, &h->lease);
+    if (rc != RATE_OK) {
+        ngx_uint_t level = rc == RATE_EEXPIRED ? NGX_LOG_WARN : NGX_LOG_ERR;
+        ngx_log_error(level, h->log, 0,
+                      "ratelimit_inflight: zone \"%V\": releasing a lease: "
+                      "%s", &h->zone->name, rate_strerror(rc));
+    }
+}
+
+/* Marks a request the handler has seen, in its pool: an internal
+ * redirect clears the module's context, not the pool's cleanups. */
+static void ngx_http_inflight_seen(void *data) { (void)data; }
+
+static ngx_int_t ngx_http_inflight_decided(ngx_http_request_t *r) {
+    for (ngx_pool_cleanup_t *c = r->pool->cleanup; c != NULL; c = c->next) {
+        if (c->handler == ngx_http_inflight_seen ||
+            c->handler == ngx_http_inflight_release) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static ngx_int_t ngx_http_inflight_handler(ngx_http_request_t *r) {
+    ngx_http_inflight_loc_conf_t *lcf;
+    ngx_http_inflight_held_t *h;
+    ngx_pool_cleanup_t *cln;
+    rate_lease_class_t cls = RATE_LEASE_NORMAL;
+    rate_decision_t d;
+    ngx_str_t key, crit;
+    int rc;
+
+    if (r->main != r || ngx_http_inflight_decided(r)) {
+        return NGX_DECLINED; /* a subrequest, or decided before a redirect */
+    }
+    lcf = ngx_http_get_module_loc_conf(r, ngx_http_ratelimit_inflight_module);
+    if (lcf->zone == NULL) {
+        return NGX_DECLINED;
+    }
+    if (ngx_http_complex_value(r, &lcf->key, &key) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+    if (key.len == 0) {
+        return NGX_DECLINED; /* as limit_conn: an empty key is not limited */
+    }
+    if (lcf->critical != NULL) { /* critical: a value, and not "0" */
+        if (ngx_http_complex_value(r, lcf->critical, &crit) != NGX_OK) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+        if (crit.len > 0 && !(crit.len == 1 && crit.data[0] == '0')) {
+            cls = RATE_LEASE_CRITICAL;
+        }
+    }
+    cln = ngx_pool_cleanup_add(r->pool, sizeof(*h));
+    if (cln == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+    h = cln->data;
+    ngx_memzero(h, sizeof(*h));
+    cln->handler = ngx_http_inflight_seen; /* release, once one is held */
+    h->zone = lcf->zone;
+    if (h->zone->inflight == NULL) {
+        return lcf->status; /* the worker could not attach: logged then */
+    }
+    rc = rate_inflight_acquire(h->zone->inflight, (const char *)key.data,
+                               key.len, cls, &h->lease, &d);
+    if (rc != RATE_OK) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "ratelimit_inflight: zone \"%V\": %s",
+                      &h->zone->name, rate_strerror(rc));
+        return lcf->status;
+    }
+    if (!d.allowed) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "ratelimit_inflight: limiting requests by zone \"%V\": "
+                      "%uL in flight", &h->zone->name, d.limit);
+        return lcf->status;
+    }
+    /* The key's bytes may be a header buffer's, reused before the pool
+     * goes: a copy of the pool's own outlives the cleanup. */
+    h->key.data = ngx_pnalloc(r->pool, key.len);
+    if (h->key.data == NULL) {
+        rate_inflight_release(h->zone->inflight, (const char *)key.data,
+                              key.len, &h->lease);
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+    ngx_memcpy(h->key.data, key.data, key.len);
+    h->key.len = key.len;
+    h->log = r->connection->log;
+    cln->handler = ngx_http_inflight_release;
+    return NGX_DECLINED;
+}
+
+static ngx_int_t ngx_http_inflight_postconf(ngx_conf_t *cf) {
+    ngx_http_core_main_conf_t *cmcf =
+        ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
+    ngx_http_handler_pt *h =
+        ngx_array_push(&cmcf->phases[NGX_HTTP_PREACCESS_PHASE].handlers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+    *h = ngx_http_inflight_handler;
+    return NGX_OK;
+}

@@ -1,0 +1,411 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The inflight object: leases of keys in a store, through the lease step
+ * (step.c) run by the store's update or load + compare-and-set, and the
+ * policy's rate limits through a limiter on the same store
+ * (docs/leases.md).  The front checks input and reads the clock; the
+ * store makes each change atomic; nothing here holds a lock.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "../internal.h"
+#include "lease.h"
+
+/* Lease keys live beside rate states, after a prefix no UTF-8 key has. */
+static const char PREFIX[8] = {'\xff', 'L', 'E', 'A', 'S', 'E', '\x01', 0};
+
+#define SCRATCH_STACK 64u
+
+struct rate_inflight {
+    rate_inflight_policy_t *policy;
+    rate_store_t *store, *own_store;
+    rate_limiter_t *limiter; /* the rate part's, or NULL */
+    rate_clock_t clock;
+    bool clock_is_default;
+    bool reap;
+    uint32_t pid;
+    uint64_t id_base;
+    _Atomic uint64_t next_id;
+    _Atomic uint64_t reap_after; /* no reaping before (this clock's) time */
+};
+
+/* Reaping reads every lease of the key and asks the kernel about each
+ * holder: at most once per REAP_EVERY_NS an object, so that a flood of
+ * denials (an overloaded server) does not multiply that work. */
+#define REAP_EVERY_NS (100 * UINT64_C(1000000))
+
+static bool zero_reserve(const uint64_t *r, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (r[i] != 0)
+            return false;
+    return true;
+}
+
+static int make_limiter(rate_inflight_t *in)
+{
+    rate_limiter_config_t lc = {.policy = in->policy->rate,
+                                .store = in->store,
+                                .clock = &in->clock};
+    return rate_limiter_new(&lc, &in->limiter);
+}
+
+int rate_inflight_new(const rate_inflight_config_t *cfg, rate_inflight_t **out)
+{
+    rate_inflight_t *in;
+    int rc;
+
+    if (out == NULL)
+        return RATE_EINVAL;
+    *out = NULL;
+    if (cfg == NULL || cfg->policy == NULL ||
+        !zero_reserve(cfg->reserved, sizeof cfg->reserved /
+                                         sizeof cfg->reserved[0]) ||
+        (cfg->clock != NULL &&
+         (cfg->clock->now_ns == NULL || cfg->clock->sleep_ns == NULL)))
+        return RATE_EINVAL;
+    if ((in = calloc(1, sizeof *in)) == NULL)
+        return RATE_ENOMEM;
+    in->clock_is_default = cfg->clock == NULL;
+    in->clock = cfg->clock != NULL ? *cfg->clock
+                                   : (rate_clock_t){rate__clock_exact,
+                                                  rate__clock_sleep, NULL};
+    in->reap = cfg->reap_dead_holders;
+    in->pid = (uint32_t)getpid();
+    if (getrandom(&in->id_base, sizeof in->id_base, 0) !=
+        (ssize_t)sizeof in->id_base)
+        in->id_base = rate_clock_monotonic_ns() * UINT64_C(0x9e3779b97f4a7c15) ^
+                      (uint64_t)in->pid << 32;
+    rc = rate__inflight_policy_copy(cfg->policy, &in->policy);
+    in->store = cfg->store;
+    if (rc == RATE_OK && in->store == NULL) {
+        rc = rate_store_memory_new(NULL, &in->own_store);
+        in->store = in->own_store;
+    }
+    if (rc == RATE_OK && in->policy->rate != NULL)
+        rc = make_limiter(in);
+    if (rc != RATE_OK) {
+        rate_inflight_free(in);
+        return rc;
+    }
+    *out = in;
+    return RATE_OK;
+}
+
+void rate_inflight_free(rate_inflight_t *in)
+{
+    if (in == NULL)
+        return;
+    rate_limiter_free(in->limiter);
+    rate_store_free(in->own_store);
+    rate_inflight_policy_free(in->policy);
+    free(in);
+}
+
+/* FNV-1a of the key: what a lease remembers of it (never 0). */
+static uint64_t key_hash(const char *key, size_t len)
+{
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (uint8_t)key[i]) * UINT64_C(0x100000001b3);
+    return h != 0 ? h : 1;
+}
+
+static int check_input(const char *key, size_t len, uint64_t now)
+{
+    if (key == NULL || len == 0 || len > RATE_LEASE_KEY_MAX)
+        return RATE_EKEY;
+    return now > RATE_TIME_MAX ? RATE_ERANGE : RATE_OK;
+}
+
+/* Runs one lease step on the key's lease state. */
+static int run(rate_inflight_t *in, const char *key, size_t len,
+               rate__lease_step_t *a, bool clock_time)
+{
+    char buf[sizeof PREFIX + RATE_LEASE_KEY_MAX];
+    memcpy(buf, PREFIX, sizeof PREFIX);
+    memcpy(buf + sizeof PREFIX, key, len);
+    rate_key_t k = {buf, sizeof PREFIX + len, RATE_SPACE_STATE};
+    rate_step_t st = {rate__lease_step, a,
+                      RATE__LEASE_HEADER + RATE__LEASE_ENTRY, a->now_ns,
+                      clock_time ? a->now_ns : 0, rate__lease_is_cold};
+    a->max = in->policy->max;
+    a->reserve = in->policy->reserve;
+    return rate__store_step(in->store, &k, &st, 64, NULL);
+}
+
+static uint64_t new_id(rate_inflight_t *in)
+{
+    uint64_t id;
+    do
+        id = in->id_base + atomic_fetch_add(&in->next_id, 1);
+    while (id == 0);
+    return id;
+}
+
+static bool pid_dead(uint32_t pid)
+{
+    return pid != 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Releases the leases of the key's holders that have died; true when it
+ * released any (the caller then acquires again). */
+static bool reap(rate_inflight_t *in, const char *key, size_t len,
+                 uint64_t now, bool clock_time)
+{
+    size_t cap = (size_t)in->policy->max;
+    uint64_t *ids = malloc(cap * sizeof *ids);
+    uint32_t *pids = malloc(cap * sizeof *pids);
+    bool any = false;
+    rate__lease_step_t a = {.op = LEASE_LIST, .now_ns = now, .ids = ids,
+                            .pids = pids, .cap = cap};
+
+    if (ids != NULL && pids != NULL &&
+        run(in, key, len, &a, clock_time) == RATE_OK) {
+        size_t dead = 0;
+        for (size_t i = 0; i < a.n_ids; i++)
+            if (pids[i] != in->pid && pid_dead(pids[i]))
+                ids[dead++] = ids[i];
+        rate__lease_step_t r = {.op = LEASE_REAP, .now_ns = now, .ids = ids,
+                                .n_ids = dead};
+        any = dead > 0 && run(in, key, len, &r, clock_time) == RATE_OK;
+    }
+    free(ids);
+    free(pids);
+    return any;
+}
+
+static void fill_lease_decision(const rate_inflight_t *in,
+                                const rate__lease_step_t *a, uint64_t now,
+                                rate_decision_t *out)
+{
+    uint64_t limit = a->cls == RATE_LEASE_CRITICAL
+                         ? in->policy->max
+                         : in->policy->max - in->policy->reserve;
+    memset(out, 0, sizeof *out);
+    out->allowed = a->granted;
+    out->reason = a->granted ? RATE_REASON_ALLOWED : RATE_REASON_LIMITED;
+    out->component = 0;
+    out->limit = limit;
+    out->remaining = a->held < limit ? limit - a->held : 0;
+    out->retry_after_ns = a->granted ? 0 : a->retry_at - now;
+    out->reset_after_ns = a->latest > now ? a->latest - now : 0;
+}
+
+/* Whether this object may reap now (and then not for REAP_EVERY_NS). */
+static bool reap_due(rate_inflight_t *in, uint64_t now)
+{
+    uint64_t after = atomic_load(&in->reap_after);
+    return now >= after &&
+           atomic_compare_exchange_strong(&in->reap_after, &after,
+                                          now + REAP_EVERY_NS);
+}
+
+/* The lease step of an acquire, with a retry after reaping dead holders. */
+static int acquire_lease(rate_inflight_t *in, const char *key, size_t len,
+                         rate__lease_step_t *a, bool clock_time)
+{
+    uint64_t stack[SCRATCH_STACK], *heap = NULL;
+    int rc;
+
+    /* Only a normal request under a reserve may wait for more than one
+     * lease to expire: it needs room to sort their expiries. */
+    if (a->cls == RATE_LEASE_NORMAL && in->policy->reserve > 0)
+        a->scratch = in->policy->max <= SCRATCH_STACK
+                         ? stack
+                         : (heap = malloc(in->policy->max * sizeof *heap));
+    rc = run(in, key, len, a, clock_time);
+    if (rc == RATE_OK && !a->granted && in->reap && reap_due(in, a->now_ns) &&
+        reap(in, key, len, a->now_ns, clock_time))
+        rc = run(in, key, len, a, clock_time);
+    free(heap);
+    return rc;
+}
+
+/* The rate part after a lease was granted; a denial gives the lease back. */
+static int rate_part(rate_inflight_t *in, const char *key, size_t len,
+                     uint64_t now, bool clock_time, rate_lease_t *lease,
+                     rate_decision_t *out)
+{
+    rate_decision_t d;
+    int rc = clock_time ? rate_limiter_check(in->limiter, key, len, 1, 0, &d)
+                        : rate_limiter_check_at(in->limiter, key, len, 1, 0,
+                                                now, &d);
+    if (rc == RATE_OK && d.allowed) {
+        if (d.remaining < out->remaining) { /* the tighter limit speaks */
+            out->component = d.component + 1;
+            out->limit = d.limit;
+            out->remaining = d.remaining;
+        }
+        if (d.reset_after_ns > out->reset_after_ns)
+            out->reset_after_ns = d.reset_after_ns;
+        return RATE_OK;
+    }
+    rate__lease_step_t r = {.op = LEASE_RELEASE, .now_ns = now,
+                            .id = lease->id, .expires_ns = lease->expires_ns};
+    int rel = run(in, key, len, &r, clock_time);
+    memset(lease, 0, sizeof *lease);
+    if (rc != RATE_OK)
+        return rc;
+    *out = d;
+    out->component = d.component + 1;
+    return rel == RATE_OK || rel == RATE_EEXPIRED ? RATE_OK : rel;
+}
+
+static int acquire(rate_inflight_t *in, const char *key, size_t len,
+                   rate_lease_class_t cls, uint64_t now, bool clock_time,
+                   rate_lease_t *lease, rate_decision_t *out)
+{
+    int rc;
+
+    if (lease != NULL)
+        memset(lease, 0, sizeof *lease);
+    if (out != NULL)
+        memset(out, 0, sizeof *out);
+    if (in == NULL || lease == NULL || out == NULL ||
+        (cls != RATE_LEASE_NORMAL && cls != RATE_LEASE_CRITICAL))
+        return RATE_EINVAL;
+    if ((rc = check_input(key, len, now)) != RATE_OK)
+        return rc;
+    uint64_t expires = now + in->policy->ttl_ns; /* both below 2^63 */
+    rate__lease_step_t a = {.op = LEASE_ACQUIRE, .now_ns = now, .cls = cls,
+                            .id = new_id(in), .expires_ns = expires,
+                            .pid = in->pid};
+    if ((rc = acquire_lease(in, key, len, &a, clock_time)) != RATE_OK) {
+        out->reason = RATE_REASON_STORE_ERROR;
+        out->error = rc;
+        return rc;
+    }
+    fill_lease_decision(in, &a, now, out);
+    if (!a.granted)
+        return RATE_OK;
+    *lease = (rate_lease_t){.id = a.id, .expires_ns = expires,
+                            .key_hash = key_hash(key, len)};
+    return in->limiter != NULL
+               ? rate_part(in, key, len, now, clock_time, lease, out)
+               : RATE_OK;
+}
+
+int rate_inflight_acquire(rate_inflight_t *in, const char *key, size_t len,
+                          rate_lease_class_t cls, rate_lease_t *lease,
+                          rate_decision_t *out)
+{
+    uint64_t now = in != NULL ? in->clock.now_ns(in->clock.ud) : 0;
+    return acquire(in, key, len, cls, now, in != NULL && in->clock_is_default,
+                   lease, out);
+}
+
+int rate_inflight_acquire_at(rate_inflight_t *in, const char *key, size_t len,
+                             rate_lease_class_t cls, uint64_t now_ns,
+                             rate_lease_t *lease, rate_decision_t *out)
+{
+    return acquire(in, key, len, cls, now_ns, false, lease, out);
+}
+
+/* Release or extend: the handle checked, then one step. */
+static int change(rate_inflight_t *in, const char *key, size_t len,
+                  const rate_lease_t *lease, lease_op_t op, uint64_t expires,
+                  uint64_t now, bool clock_time)
+{
+    int rc;
+
+    if (in == NULL || lease == NULL || lease->id == 0)
+        return RATE_EINVAL;
+    if ((rc = check_input(key, len, now)) != RATE_OK)
+        return rc;
+    if (lease->key_hash != key_hash(key, len))
+        return RATE_EINVAL; /* granted for another key */
+    rate__lease_step_t a = {.op = LEASE_RELEASE, .now_ns = now,
+                            .id = lease->id, .expires_ns = lease->expires_ns};
+    if (op == LEASE_EXTEND) {
+        /* Expired by the handle's own time: no need to ask the store. */
+        if (lease->expires_ns <= now)
+            return RATE_EEXPIRED;
+        a.op = LEASE_EXTEND;
+        a.expires_ns = expires;
+    }
+    return run(in, key, len, &a, clock_time);
+}
+
+static uint64_t now_of(rate_inflight_t *in)
+{
+    return in != NULL ? in->clock.now_ns(in->clock.ud) : 0;
+}
+
+int rate_inflight_release(rate_inflight_t *in, const char *key, size_t len,
+                          const rate_lease_t *lease)
+{
+    return change(in, key, len, lease, LEASE_RELEASE, 0, now_of(in),
+                  in != NULL && in->clock_is_default);
+}
+
+int rate_inflight_release_at(rate_inflight_t *in, const char *key, size_t len,
+                             const rate_lease_t *lease, uint64_t now_ns)
+{
+    return change(in, key, len, lease, LEASE_RELEASE, 0, now_ns, false);
+}
+
+static int extend(rate_inflight_t *in, const char *key, size_t len,
+                  rate_lease_t *lease, uint64_t ttl_ns, uint64_t now,
+                  bool clock_time)
+{
+    if (in == NULL || lease == NULL)
+        return RATE_EINVAL;
+    if (ttl_ns > (UINT64_C(1) << 61) || now > RATE_TIME_MAX)
+        return RATE_ERANGE;
+    uint64_t expires = now + (ttl_ns != 0 ? ttl_ns : in->policy->ttl_ns);
+    int rc = change(in, key, len, lease, LEASE_EXTEND, expires, now,
+                    clock_time);
+    if (rc == RATE_OK)
+        lease->expires_ns = expires;
+    return rc;
+}
+
+int rate_inflight_extend(rate_inflight_t *in, const char *key, size_t len,
+                         rate_lease_t *lease, uint64_t ttl_ns)
+{
+    return extend(in, key, len, lease, ttl_ns, now_of(in),
+                  in != NULL && in->clock_is_default);
+}
+
+int rate_inflight_extend_at(rate_inflight_t *in, const char *key, size_t len,
+                            rate_lease_t *lease, uint64_t ttl_ns,
+                            uint64_t now_ns)
+{
+    return extend(in, key, len, lease, ttl_ns, now_ns, false);
+}
+
+static int held(rate_inflight_t *in, const char *key, size_t len,
+                uint64_t now, bool clock_time, uint64_t *out)
+{
+    int rc;
+
+    if (in == NULL || out == NULL)
+        return RATE_EINVAL;
+    *out = 0;
+    if ((rc = check_input(key, len, now)) != RATE_OK)
+        return rc;
+    rate__lease_step_t a = {.op = LEASE_COUNT, .now_ns = now};
+    if ((rc = run(in, key, len, &a, clock_time)) == RATE_OK)
+        *out = a.held;
+    return rc;
+}
+
+int rate_inflight_held(rate_inflight_t *in, const char *key, size_t len,
+                       uint64_t *out)
+{
+    return held(in, key, len, now_of(in), in != NULL && in->clock_is_default,
+                out);
+}
+
+int rate_inflight_held_at(rate_inflight_t *in, const char *key, size_t len,
+                          uint64_t now_ns, uint64_t *out)
+{
+    return held(in, key, len, now_ns, false, out);
+}

@@ -1,0 +1,278 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * In-flight policies: the `concurrency N ttl=DUR [reserve=K|P%]` clause
+ * among a policy's ';'-separated clauses; the other clauses are handed,
+ * joined, to rate_policy_parse (docs/leases.md, "Policy text").  Built on
+ * ratelimit.h's public parsers alone.
+ */
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lease.h"
+
+#define TTL_MIN_NS UINT64_C(1000000)         /* 1 ms */
+#define TTL_MAX_NS (UINT64_C(1) << 61)
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return RATE_EPOLICY;
+}
+
+/* Parses one value with a public parser, its message after `what`. */
+static int sub(int rc, char *err, size_t errlen, const char *what,
+               const char *msg)
+{
+    return rc == RATE_OK ? RATE_OK
+                         : fail(err, errlen, "concurrency: %s: %s", what, msg);
+}
+
+/* The concurrency clause's words, `text` a private copy (cut in place). */
+static int parse_clause(char *text, rate_inflight_policy_t *p, char *err,
+                        size_t errlen)
+{
+    char msg[160];
+    bool have_n = false, have_ttl = false;
+    char *save = NULL;
+
+    strtok_r(text, " \t", &save); /* "concurrency" itself */
+    for (char *w; (w = strtok_r(NULL, " \t", &save)) != NULL;) {
+        if (!have_n) {
+            if (rate_parse_count(w, &p->max, msg, sizeof msg) != RATE_OK ||
+                p->max == 0 || p->max > RATE_LEASE_MAX)
+                return fail(err, errlen,
+                            "concurrency: '%s' is not a count from 1 to %u",
+                            w, RATE_LEASE_MAX);
+            have_n = true;
+        } else if (strncmp(w, "ttl=", 4) == 0) {
+            int rc = rate_parse_duration(w + 4, &p->ttl_ns, msg, sizeof msg);
+            if (rc != RATE_OK)
+                return sub(rc, err, errlen, "ttl", msg);
+            if (p->ttl_ns < TTL_MIN_NS || p->ttl_ns > TTL_MAX_NS)
+                return fail(err, errlen,
+                            "concurrency: ttl=%s is not from 1ms to 2^61ns",
+                            w + 4);
+            have_ttl = true;
+        } else if (strncmp(w, "reserve=", 8) == 0) {
+            char *v = w + 8;
+            size_t n = strlen(v);
+            uint64_t k;
+            p->reserve_pct = n > 0 && v[n - 1] == '%';
+            if (p->reserve_pct)
+                v[n - 1] = '\0';
+            if (rate_parse_count(v, &k, msg, sizeof msg) != RATE_OK ||
+                (p->reserve_pct && k > 100))
+                return fail(err, errlen,
+                            "concurrency: reserve=%s%s is not a count or a "
+                            "percentage",
+                            v, p->reserve_pct ? "%" : "");
+            p->reserve_arg = k;
+        } else {
+            return fail(err, errlen,
+                        "concurrency: unknown option '%s' (ttl=, reserve=)",
+                        w);
+        }
+    }
+    if (!have_n)
+        return fail(err, errlen, "concurrency: missing the count N");
+    if (!have_ttl)
+        return fail(err, errlen,
+                    "concurrency: missing ttl=DURATION (a lease must expire)");
+    p->reserve = p->reserve_pct ? p->max * p->reserve_arg / 100
+                                : p->reserve_arg;
+    if (p->reserve >= p->max)
+        return fail(err, errlen,
+                    "concurrency: reserve=%llu%s leaves normal traffic "
+                    "nothing (N is %llu)",
+                    (unsigned long long)p->reserve_arg,
+                    p->reserve_pct ? "%" : "", (unsigned long long)p->max);
+    return RATE_OK;
+}
+
+static bool is_concurrency(const char *clause)
+{
+    while (isspace((unsigned char)*clause))
+        clause++;
+    return strncmp(clause, "concurrency", 11) == 0 &&
+           (clause[11] == '\0' || isspace((unsigned char)clause[11]));
+}
+
+/* Splits the text: the concurrency clause into p, the rest into rate. */
+static int split(const char *text, rate_inflight_policy_t *p, char *rate,
+                 char *err, size_t errlen)
+{
+    size_t len = strlen(text);
+    char *copy = malloc(len + 1);
+    int rc = RATE_OK, found = 0;
+    char *save = NULL;
+
+    if (copy == NULL)
+        return RATE_ENOMEM;
+    memcpy(copy, text, len + 1);
+    rate[0] = '\0';
+    for (char *c = strtok_r(copy, ";", &save); c != NULL && rc == RATE_OK;
+         c = strtok_r(NULL, ";", &save)) {
+        if (is_concurrency(c)) {
+            rc = found++ ? fail(err, errlen, "two concurrency clauses")
+                         : parse_clause(c, p, err, errlen);
+        } else if (strspn(c, " \t") != strlen(c)) {
+            if (rate[0] != '\0')
+                strcat(rate, ";");
+            strcat(rate, c);
+        }
+    }
+    if (rc == RATE_OK && !found)
+        rc = fail(err, errlen,
+                  "no concurrency clause ('concurrency N ttl=DURATION')");
+    free(copy);
+    return rc;
+}
+
+int rate_inflight_policy_parse(const char *text, rate_inflight_policy_t **out,
+                               char *err, size_t errlen)
+{
+    rate_inflight_policy_t *p;
+    char *rate;
+    int rc;
+
+    if (out == NULL)
+        return RATE_EINVAL;
+    *out = NULL;
+    if (text == NULL)
+        return fail(err, errlen, "no policy text");
+    if ((p = calloc(1, sizeof *p)) == NULL ||
+        (rate = malloc(strlen(text) + 1)) == NULL) {
+        free(p);
+        return RATE_ENOMEM;
+    }
+    rc = split(text, p, rate, err, errlen);
+    if (rc == RATE_OK && rate[0] != '\0')
+        rc = rate_policy_parse(rate, &p->rate, err, errlen);
+    free(rate);
+    if (rc != RATE_OK) {
+        rate_inflight_policy_free(p);
+        return rc;
+    }
+    *out = p;
+    return RATE_OK;
+}
+
+/* A duration in the largest unit that divides it exactly. */
+static int format_duration(uint64_t ns, char *buf, size_t len)
+{
+    static const struct { uint64_t ns; const char *unit; } units[] = {
+        {UINT64_C(86400000000000), "d"}, {UINT64_C(3600000000000), "h"},
+        {UINT64_C(60000000000), "m"},    {UINT64_C(1000000000), "s"},
+        {UINT64_C(1000000), "ms"},       {UINT64_C(1000), "us"}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (ns % units[i].ns == 0)
+            return snprintf(buf, len, "%llu%s",
+                            (unsigned long long)(ns / units[i].ns),
+                            units[i].unit);
+    return snprintf(buf, len, "%lluns", (unsigned long long)ns);
+}
+
+size_t rate_inflight_policy_format(const rate_inflight_policy_t *p, char *buf,
+                                   size_t len)
+{
+    char ttl[32], reserve[48] = "";
+    int n;
+
+    if (p == NULL) {
+        if (buf != NULL && len > 0)
+            buf[0] = '\0';
+        return 0;
+    }
+    format_duration(p->ttl_ns, ttl, sizeof ttl);
+    if (p->reserve_arg > 0)
+        snprintf(reserve, sizeof reserve, " reserve=%llu%s",
+                 (unsigned long long)p->reserve_arg,
+                 p->reserve_pct ? "%" : "");
+    n = snprintf(buf, len, "concurrency %llu ttl=%s%s%s",
+                 (unsigned long long)p->max, ttl, reserve,
+                 p->rate != NULL ? "; " : "");
+    if (n < 0)
+        return 0;
+    size_t used = (size_t)n;
+    if (p->rate != NULL) {
+        size_t at = used < len ? used : (len > 0 ? len - 1 : 0);
+        used += rate_policy_format(p->rate, buf != NULL ? buf + at : NULL,
+                                   buf != NULL && len > at ? len - at : 0);
+    }
+    return used;
+}
+
+uint64_t rate_inflight_policy_max(const rate_inflight_policy_t *p)
+{
+    return p != NULL ? p->max : 0;
+}
+
+uint64_t rate_inflight_policy_ttl_ns(const rate_inflight_policy_t *p)
+{
+    return p != NULL ? p->ttl_ns : 0;
+}
+
+uint64_t rate_inflight_policy_reserve(const rate_inflight_policy_t *p)
+{
+    return p != NULL ? p->reserve : 0;
+}
+
+const rate_policy_t *rate_inflight_policy_rate(const rate_inflight_policy_t *p)
+{
+    return p != NULL ? p->rate : NULL;
+}
+
+size_t rate_inflight_policy_state_max(const rate_inflight_policy_t *p)
+{
+    return p != NULL ? RATE__LEASE_HEADER + RATE__LEASE_ENTRY * (size_t)p->max
+                     : 0;
+}
+
+void rate_inflight_policy_free(rate_inflight_policy_t *p)
+{
+    if (p == NULL)
+        return;
+    rate_policy_free(p->rate);
+    free(p);
+}
+
+int rate__inflight_policy_copy(const rate_inflight_policy_t *p,
+                               rate_inflight_policy_t **out)
+{
+    rate_inflight_policy_t *c = malloc(sizeof *c);
+    char *text;
+    size_t n;
+    int rc = RATE_OK;
+
+    if (c == NULL)
+        return RATE_ENOMEM;
+    *c = *p;
+    c->rate = NULL;
+    if (p->rate != NULL) {
+        /* A policy is immutable and has no copy call: its text is one. */
+        n = rate_policy_format(p->rate, NULL, 0);
+        if ((text = malloc(n + 1)) == NULL) {
+            free(c);
+            return RATE_ENOMEM;
+        }
+        rate_policy_format(p->rate, text, n + 1);
+        rc = rate_policy_parse(text, &c->rate, NULL, 0);
+        free(text);
+    }
+    if (rc != RATE_OK) {
+        free(c);
+        return rc;
+    }
+    *out = c;
+    return RATE_OK;
+}

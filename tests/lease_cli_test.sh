@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# ratelimit check under an in-flight policy (docs/leases.md): a lease of
+# the key held while a command runs, on a shared-memory region.  The
+# command's status passes through; the (N+1)-th concurrent job is denied
+# with 75 and not run; a lease comes back when its job ends, when check is
+# sent SIGTERM (passed on) and when check is killed with SIGKILL (taken
+# back from the dead holder at once); a job running past the TTL keeps its
+# lease (extended every third of the TTL); policy errors.
+# No assertion depends on speed except the extension, whose slack is two
+# thirds of a 3 s TTL; every wait is a bounded poll.
+# Usage: lease_cli_test.sh RATELIMIT_BINARY
+set -u
+R=$1
+T=$(mktemp -d)
+P=/dev/shm/rl-lease-cli-$$
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$T"; rm -f "$P"' EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+POL="concurrency 2 ttl=3s"
+chk() { "$R" check --key job --policy "$POL" --store "shm:$P" "$@"; }
+# Waits (up to 60 s) for a file to appear.
+await() { for _ in $(seq 600); do [ -e "$1" ] && return 0; sleep 0.1; done; return 1; }
+# A job under check that says it started and runs until its go file
+# appears; a simple command, so that $! is check's own pid.
+J='touch "$0/started.$1"; while [ ! -e "$0/go.$1" ]; do sleep 0.05; done'
+
+# The command's exit status, and its output, pass through.
+out=$(chk -- sh -c 'echo ran; exit 3'); rc=$?
+if [ $rc = 3 ] && [ "$out" = ran ]; then ok; else bad "status $rc, output '$out'"; fi
+
+# Two jobs hold both leases; the third is denied (75) and does not run.
+"$R" check --key job --policy "$POL" --store "shm:$P" -- sh -c "$J" "$T" a & A=$!
+"$R" check --key job --policy "$POL" --store "shm:$P" -- sh -c "$J" "$T" b & B=$!
+await "$T/started.a" && await "$T/started.b" || bad "jobs did not start"
+out=$(chk -- touch "$T/third"); rc=$?
+if [ $rc = 75 ] && [ ! -e "$T/third" ] && grep -q '^decision deny' <<<"$out" &&
+   grep -q '^remaining 0' <<<"$out"; then ok
+else bad "third job: status $rc, ran: $([ -e "$T/third" ] && echo yes), '$out'"; fi
+
+# A job that ends gives its lease back.
+touch "$T/go.a"; wait $A
+if chk -- true; then ok; else bad "no lease after a job ended"; fi
+
+# SIGTERM: passed on to the job, the lease released, 128+15.
+"$R" check --key job --policy "$POL" --store "shm:$P" -- sh -c "$J" "$T" c & C=$!
+await "$T/started.c" || bad "job c did not start"
+out=$(chk -- true); rc=$?
+[ $rc = 75 ] && ok || bad "two held, a third was not denied ($rc)"
+kill -TERM $C; wait $C; rc=$?
+if [ $rc = 143 ] && chk -- true; then ok; else bad "after SIGTERM: status $rc"; fi
+
+# SIGKILL: the dead holder's lease is taken back at once (not after 3 s:
+# the region's dead holders are reaped).
+"$R" check --key job --policy "$POL" --store "shm:$P" -- sh -c "$J" "$T" d & D=$!
+await "$T/started.d" || bad "job d did not start"
+kill -KILL $D; wait $D 2>/dev/null
+touch "$T/go.d" # its orphaned command ends too
+out=$(chk -- true); rc=$?
+if [ $rc = 0 ]; then ok; else bad "after SIGKILL: status $rc, '$out'"; fi
+
+# A job past its TTL keeps its lease: at 4.5 s into a 3 s TTL the two
+# jobs b and e still hold both.
+"$R" check --key job --policy "$POL" --store "shm:$P" -- sh -c "$J" "$T" e & E=$!
+await "$T/started.e" || bad "job e did not start"
+sleep 4.5
+out=$(chk -- true); rc=$?
+if [ $rc = 75 ]; then ok; else bad "an extended lease lapsed ($rc, '$out')"; fi
+touch "$T/go.b" "$T/go.e"; wait $B; wait $E
+
+# Without a command: a lease taken and released, 0 or 1.
+if chk >/dev/null && chk >/dev/null; then ok; else bad "check without a command"; fi
+
+# Errors.
+err=$("$R" check --key job --policy "concurrency 2" 2>&1); rc=$?
+if [ $rc = 2 ] && grep -q 'missing ttl=DURATION' <<<"$err"; then ok; else bad "no ttl: $rc '$err'"; fi
+err=$("$R" check --key job --policy "fixed-window 1/s" -- true 2>&1); rc=$?
+if [ $rc = 2 ] && grep -q 'in-flight policy only' <<<"$err"; then ok; else bad "command without concurrency: $rc '$err'"; fi
+err=$("$R" check --key job --policy "fixed-window 1/s" --critical 2>&1); rc=$?
+if [ $rc = 2 ] && grep -q 'critical needs an in-flight policy' <<<"$err"; then ok; else bad "--critical: $rc '$err'"; fi
+out=$(chk -- /nonexistent/cmd 2>&1); rc=$?
+if [ $rc = 127 ]; then ok; else bad "a missing command: $rc '$out'"; fi
+
+echo "lease_cli: $pass passed, $fail failed"
+[ $fail = 0 ]

@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# In-flight limits in nginx (ratelimit_inflight_zone, docs/nginx.md): an
+# nginx of 2 workers in front of a slow upstream (a Python server that
+# answers after ?s= seconds), one key, concurrency 3:
+#   - 6 requests at once, each on its own connection: exactly 3 answered
+#     200 and 3 refused 503, across the workers;
+#   - a request that ends gives its lease back; one redirected internally
+#     holds one lease;
+#   - 3 clients that disconnect while their requests wait on the upstream
+#     give their leases back at once (not after the 60 s TTL);
+#   - a reserve for critical requests (critical=$http_x_critical);
+#   - configuration errors.
+# The slow requests hold for 6 s so that 6 started together overlap on a
+# loaded machine; every other wait is a bounded poll.
+#   nginx_lease_test.sh MODULE_SO
+# Exit 77 (skipped) when nginx or the module is absent; under CI=true that
+# is a failure.
+set -euo pipefail
+
+MODULE=${1:-}
+NGINX=${NGINX:-/usr/sbin/nginx}
+
+skip() {
+  if [ "${CI:-}" = true ]; then echo "FAIL (CI=true): $*"; exit 1; fi
+  echo "SKIP: $*"; exit 77
+}
+[ -x "$NGINX" ] || skip "$NGINX is missing (Debian: apt-get install nginx)"
+[ -n "$MODULE" ] && [ -f "$MODULE" ] || skip "the module is not built"
+command -v curl >/dev/null || { echo "nginx_lease_test: curl is missing"; exit 1; }
+command -v python3 >/dev/null || skip "python3 is missing (the slow upstream)"
+
+tmp=$(mktemp -d /tmp/nginx_lease_test.XXXXXX)
+upstream_pid=
+cleanup() {
+  stop_nginx || true
+  [ -n "$upstream_pid" ] && kill "$upstream_pid" 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+mkdir -p "$tmp/logs" "$tmp/html"
+chmod 755 "$tmp" "$tmp/html"
+echo hello >"$tmp/html/index.html"
+
+# shellcheck source=nginx_lib.sh
+. "$(dirname "$0")/nginx_lib.sh"
+fails=0
+port=
+pidfile="$tmp/nginx.pid"
+
+# The slow upstream, on a free port it reports.
+python3 - "$tmp/upstream.port" "$tmp" <<'EOF' &
+import http.server, sys, time, urllib.parse
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+        if "mark" in q:  # the test waits for these: the request is in
+            open(sys.argv[2] + "/in." + q["mark"][0], "w").close()
+        time.sleep(float(q.get("s", ["0"])[0]))
+        body = b"ok\n"
+        try:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            pass
+    def log_message(self, *args):
+        pass
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+open(sys.argv[1], "w").write(str(srv.server_address[1]))
+srv.serve_forever()
+EOF
+upstream_pid=$!
+for _ in $(seq 100); do [ -s "$tmp/upstream.port" ] && break; sleep 0.05; done
+uport=$(cat "$tmp/upstream.port")
+
+# Waits (60 s at most) for a file to appear.
+await_file() {
+  for _ in $(seq 1200); do [ -e "$1" ] && return 0; sleep 0.05; done
+  return 1
+}
+
+conf() {
+  cat >"$tmp/nginx.conf" <<EOF
+load_module $MODULE;
+error_log $tmp/logs/error.log info;
+events { worker_connections 512; }
+http {
+  log_format rl '\$pid \$status \$request_uri';
+  access_log $tmp/logs/access.log rl;
+  ratelimit_inflight_zone slow "concurrency 3 ttl=1m";
+  ratelimit_inflight_zone pri "concurrency 3 ttl=1m reserve=1";
+  server {
+    listen 127.0.0.1:$port;
+    root $tmp/html;
+    location /slow {
+      ratelimit_inflight slow all;
+      proxy_pass http://127.0.0.1:$uport;
+      proxy_read_timeout 120s;
+    }
+    location /redir {
+      ratelimit_inflight slow all;
+      try_files /nonexistent @back;
+    }
+    location @back {
+      ratelimit_inflight slow all;
+      proxy_pass http://127.0.0.1:$uport;
+    }
+    location /pri {
+      ratelimit_inflight pri all critical=\$http_x_critical;
+      proxy_pass http://127.0.0.1:$uport;
+    }
+  }
+}
+EOF
+}
+launch_nginx "$tmp" 2 conf || { echo "FAIL: nginx did not start"; exit 1; }
+stop_nginx() { stop_pidfile "$pidfile"; }
+url="http://127.0.0.1:$port"
+
+# Six at once: three held, three refused.
+# (Each wait names its curls: a bare wait would wait for the upstream.)
+cpids=()
+for i in 1 2 3 4 5 6; do
+  curl -s -o /dev/null -w '%{http_code}\n' "$url/slow?s=6&i=$i" >"$tmp/st.$i" &
+  cpids+=($!)
+done
+wait "${cpids[@]}"
+ok=$(cat "$tmp"/st.* | grep -c '^200$' || true)
+refused=$(cat "$tmp"/st.* | grep -c '^503$' || true)
+expect "6 at once: answered" "$ok" 3
+expect "6 at once: refused" "$refused" 3
+pids=$(awk '$3 ~ /^\/slow\?s=6/ {print $1}' "$tmp/logs/access.log" | sort -u | wc -l)
+echo "(6 at once: served by $pids worker(s))"
+
+# Each lease came back: three more pass at once.
+cpids=()
+for i in 1 2 3; do
+  curl -s -o /dev/null -w '%{http_code}\n' "$url/slow?s=1&j=$i" >"$tmp/sj.$i" &
+  cpids+=($!)
+done
+wait "${cpids[@]}"
+expect "after they ended" "$(cat "$tmp"/sj.* | grep -c '^200$' || true)" 3
+
+# An internal redirect (try_files to a named location limited by the same
+# zone) holds one lease, not two: three at once all pass.
+cpids=()
+for i in 1 2 3; do
+  curl -s -o /dev/null -w '%{http_code}\n' "$url/redir?s=3&r=$i" >"$tmp/sr.$i" &
+  cpids+=($!)
+done
+wait "${cpids[@]}"
+expect "redirected, one lease each" "$(cat "$tmp"/sr.* | grep -c '^200$' || true)" 3
+
+# Clients that disconnect while waiting on the upstream release theirs.
+# (No probe until the three are in, at the upstream: a probe among them
+# could take a slot and leave one of them refused.)
+for i in 1 2 3; do
+  curl -s -o /dev/null --max-time 100 "$url/slow?s=100&mark=$i" &
+  echo $! >"$tmp/client.$i"
+done
+for i in 1 2 3; do await_file "$tmp/in.$i" || fail "client $i not in"; done
+code=$(curl -s -o /dev/null -w '%{http_code}' "$url/slow?s=0&probe=1")
+expect "three held: a fourth" "$code" 503
+for i in 1 2 3; do kill "$(cat "$tmp/client.$i")" 2>/dev/null || true; done
+for i in 1 2 3; do wait "$(cat "$tmp/client.$i")" 2>/dev/null || true; done
+code=
+for _ in $(seq 400); do # 20 s at most, a third of the TTL
+  code=$(curl -s -o /dev/null -w '%{http_code}' "$url/slow?s=0&after=1")
+  [ "$code" = 200 ] && break
+  sleep 0.05
+done
+expect "after the clients left" "$code" 200
+three=0
+cpids=()
+for i in 1 2 3; do
+  curl -s -o /dev/null -w '%{http_code}\n' "$url/slow?s=1&l=$i" >"$tmp/sl.$i" &
+  cpids+=($!)
+done
+wait "${cpids[@]}"
+expect "all three back" "$(cat "$tmp"/sl.* | grep -c '^200$' || true)" 3
+[ "$(grep -c ' 499 /slow?s=100' "$tmp/logs/access.log")" = 3 ] && three=1
+expect "the disconnects logged as 499" "$three" 1
+
+# A reserve of 1 for critical requests (critical=\$http_x_critical): two
+# normal ones held, a third normal one is refused, a critical one passes.
+cpids=()
+for i in 1 2; do
+  curl -s -o /dev/null "$url/pri?s=6&mark=p$i" & cpids+=($!)
+done
+for i in 1 2; do await_file "$tmp/in.p$i" || fail "request p$i not in"; done
+expect "two normal held: a normal one" \
+  "$(curl -s -o /dev/null -w '%{http_code}' "$url/pri?s=0")" 503
+expect "two normal held: a critical one" \
+  "$(curl -s -o /dev/null -w '%{http_code}' -H 'X-Critical: 1' "$url/pri?s=0")" 200
+expect "critical: 0 is normal" \
+  "$(curl -s -o /dev/null -w '%{http_code}' -H 'X-Critical: 0' "$url/pri?s=0")" 503
+wait "${cpids[@]}"
+stop_nginx
+
+# Configuration errors.
+bad() { # bad WHAT DIRECTIVES... : nginx -t refuses, naming WHAT
+  cat >"$tmp/bad.conf" <<EOF
+load_module $MODULE;
+error_log $tmp/logs/bad.log;
+events { }
+http { $2 server { listen 127.0.0.1:1; location / { $3 } } }
+EOF
+  if "$NGINX" -t -p "$tmp" -c "$tmp/bad.conf" >"$tmp/bad.out" 2>&1; then
+    fail "$1: accepted"
+  elif ! grep -q "$1" "$tmp/bad.out"; then
+    fail "$1: $(cat "$tmp/bad.out")"
+  fi
+}
+bad 'missing ttl=DURATION' 'ratelimit_inflight_zone z "concurrency 3";' ''
+bad 'rate limits go on a ratelimit_zone' 'ratelimit_inflight_zone z "concurrency 3 ttl=1s; gcra 1/s";' ''
+bad 'no ratelimit_inflight_zone "y"' 'ratelimit_inflight_zone z "concurrency 3 ttl=1s";' 'ratelimit_inflight y $uri;'
+bad 'unknown parameter "crit=1"' 'ratelimit_inflight_zone z "concurrency 3 ttl=1s";' 'ratelimit_inflight z $uri crit=1;'
+bad 'unknown parameter "size=1"' 'ratelimit_inflight_zone z "concurrency 3 ttl=1s" size=1;' ''
+
+if [ "$fails" -ne 0 ]; then echo "nginx_lease: $fails failed"; exit 1; fi
+echo "nginx_lease: all passed"

@@ -1,0 +1,382 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * In-flight limits across processes on one shared-memory region
+ * (docs/leases.md, "Stores, processes and crashes"):
+ *   - forked processes of several threads each acquire and release one
+ *     key; every holder counts itself in a shared page while it holds,
+ *     and the most ever counted is at most N;
+ *   - chaos: holders killed with SIGKILL while holding lose exactly their
+ *     leases: an acquire with reap_dead_holders takes back the dead ones'
+ *     and no live one's; without reaping, their leases come back when
+ *     their TTL runs out.  The count is exact after each.
+ * Times: no assertion depends on how fast the machine is; the one wait
+ * (a TTL of 300 ms running out) is polled up to 60 s, a slack of 200
+ * times the TTL for a loaded machine.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ratelimit_lease.h>
+#include <ratelimit_shm.h>
+
+#include "helpers.h"
+
+static char path[128];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(path, sizeof path, "/dev/shm/rl-test-lease-%ld", (long)getpid());
+    unlink(path);
+    return 0;
+}
+
+/* Holders still alive after a test (one that failed): killed here. */
+static pid_t alive[8];
+static int n_alive;
+
+static int teardown(void **state)
+{
+    (void)state;
+    for (int i = 0; i < n_alive; i++)
+        if (alive[i] > 0 && kill(alive[i], SIGKILL) == 0)
+            waitpid(alive[i], NULL, 0);
+    n_alive = 0;
+    unlink(path);
+    return 0;
+}
+
+/* The region: sized for the policy's largest lease state. */
+static rate_store_t *attach(const rate_inflight_policy_t *p)
+{
+    rate_shm_options_t o = {
+        .max_keys = 256,
+        .state_max = (uint32_t)rate_inflight_policy_state_max(p)};
+    rate_store_t *s = NULL;
+    char err[256] = "";
+    if (rate_store_shm_new(path, &o, &s, err, sizeof err) != RATE_OK)
+        fail_msg("%s: %s", path, err);
+    return s;
+}
+
+static rate_inflight_policy_t *ipolicy(const char *text)
+{
+    rate_inflight_policy_t *p = NULL;
+    char err[256] = "";
+    if (rate_inflight_policy_parse(text, &p, err, sizeof err) != RATE_OK)
+        fail_msg("policy '%s': %s", text, err);
+    return p;
+}
+
+static rate_inflight_t *inflight(const rate_inflight_policy_t *p,
+                                 rate_store_t *s, bool reap)
+{
+    rate_inflight_config_t cfg = {.policy = p, .store = s,
+                                  .reap_dead_holders = reap};
+    rate_inflight_t *in = NULL;
+    if (rate_inflight_new(&cfg, &in) != RATE_OK)
+        return NULL;
+    return in;
+}
+
+static uint64_t held_of(rate_inflight_t *in, const char *key)
+{
+    uint64_t n = UINT64_MAX;
+    assert_int_equal(rate_inflight_held(in, key, strlen(key), &n), RATE_OK);
+    return n;
+}
+
+/* ------------------------------------------------ processes x threads */
+
+#define PROCS 4
+#define PTHREADS 3
+#define ROUNDS 1500
+#define CAP 4
+
+typedef struct shared {
+    _Atomic int inside, most;
+    _Atomic long granted, denied, errors;
+    _Atomic int ready;
+} shared_t;
+
+typedef struct worker {
+    rate_inflight_t *in;
+    shared_t *sh;
+} worker_t;
+
+static void *work(void *arg)
+{
+    worker_t *w = arg;
+    shared_t *sh = w->sh;
+    for (int i = 0; i < ROUNDS; i++) {
+        rate_lease_t l;
+        rate_decision_t d;
+        if (rate_inflight_acquire(w->in, "hot", 3, RATE_LEASE_NORMAL, &l,
+                                  &d) != RATE_OK) {
+            sh->errors++;
+            continue;
+        }
+        if (!d.allowed) {
+            sh->denied++;
+            continue;
+        }
+        int now = ++sh->inside;
+        for (int m = sh->most; now > m;)
+            if (atomic_compare_exchange_weak(&sh->most, &m, now))
+                break;
+        sh->granted++;
+        struct timespec ts = {0, 20000}; /* hold while others run */
+        nanosleep(&ts, NULL);
+        sh->inside--;
+        if (rate_inflight_release(w->in, "hot", 3, &l) != RATE_OK)
+            sh->errors++;
+    }
+    return NULL;
+}
+
+static void test_procs(void **state)
+{
+    (void)state;
+    rate_inflight_policy_t *p = ipolicy("concurrency 4 ttl=1h");
+    rate_store_free(attach(p)); /* create the region */
+    shared_t *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(sh != MAP_FAILED);
+    memset(sh, 0, sizeof *sh);
+    pid_t pids[PROCS];
+    for (int k = 0; k < PROCS; k++) {
+        assert_true((pids[k] = fork()) >= 0);
+        if (pids[k] == 0) {
+            rate_store_t *s = NULL;
+            rate_inflight_t *in;
+            if (rate_store_shm_new(path, NULL, &s, NULL, 0) != RATE_OK ||
+                (in = inflight(p, s, true)) == NULL)
+                _exit(1);
+            pthread_t th[PTHREADS];
+            worker_t w = {in, sh};
+            for (int t = 0; t < PTHREADS; t++)
+                if (pthread_create(&th[t], NULL, work, &w) != 0)
+                    _exit(2);
+            for (int t = 0; t < PTHREADS; t++)
+                pthread_join(th[t], NULL);
+            rate_inflight_free(in);
+            rate_store_free(s);
+            _exit(0);
+        }
+    }
+    for (int k = 0; k < PROCS; k++) {
+        int status;
+        assert_int_equal(waitpid(pids[k], &status, 0), pids[k]);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    assert_int_equal(sh->errors, 0);
+    assert_true(sh->most <= CAP);
+    assert_true(sh->most >= 2); /* they did overlap */
+    assert_int_equal(sh->granted + sh->denied, (long)PROCS * PTHREADS * ROUNDS);
+    rate_store_t *s = attach(p);
+    rate_inflight_t *in = inflight(p, s, false);
+    assert_int_equal(held_of(in, "hot"), 0);
+    rate_inflight_free(in);
+    rate_store_free(s);
+    rate_inflight_policy_free(p);
+    munmap(sh, sizeof *sh);
+}
+
+/* ----------------------------------------------------------------- chaos */
+
+#define HOLDERS 4
+#define EACH 2
+
+/* A child that takes `EACH` leases of "k", says so, and sleeps. */
+static pid_t holder(const rate_inflight_policy_t *p, shared_t *sh)
+{
+    pid_t pid = fork();
+    if (pid != 0) {
+        if (pid > 0 && n_alive < 8)
+            alive[n_alive++] = pid;
+        return pid;
+    }
+    /* A failed assertion in the parent leaves no holder behind. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1)
+        _exit(4);
+    rate_store_t *s = NULL;
+    rate_inflight_t *in;
+    if (rate_store_shm_new(path, NULL, &s, NULL, 0) != RATE_OK ||
+        (in = inflight(p, s, false)) == NULL)
+        _exit(1);
+    for (int i = 0; i < EACH; i++) {
+        rate_lease_t l;
+        rate_decision_t d;
+        if (rate_inflight_acquire(in, "k", 1, RATE_LEASE_NORMAL, &l, &d) !=
+                RATE_OK ||
+            !d.allowed)
+            _exit(3);
+    }
+    sh->ready++;
+    for (;;)
+        pause();
+}
+
+static void wait_ready(shared_t *sh, int n)
+{
+    /* Bounded by count: 60000 polls of 1 ms. */
+    for (int i = 0; i < 60000 && sh->ready < n; i++) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(sh->ready, n);
+}
+
+static void kill_and_wait(pid_t pid)
+{
+    int status;
+    for (int i = 0; i < n_alive; i++)
+        if (alive[i] == pid)
+            alive[i] = 0;
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+}
+
+/* Two of four holders killed: reaping takes back exactly their leases. */
+static void test_chaos_reap(void **state)
+{
+    (void)state;
+    rate_inflight_policy_t *p = ipolicy("concurrency 8 ttl=1h");
+    rate_store_t *s = attach(p);
+    shared_t *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(sh != MAP_FAILED);
+    memset(sh, 0, sizeof *sh);
+    pid_t pids[HOLDERS];
+    for (int k = 0; k < HOLDERS; k++)
+        assert_true((pids[k] = holder(p, sh)) > 0);
+    wait_ready(sh, HOLDERS);
+
+    rate_inflight_t *plain = inflight(p, s, false);
+    rate_inflight_t *reaper = inflight(p, s, true);
+    rate_lease_t l[8];
+    rate_decision_t d;
+    assert_int_equal(held_of(plain, "k"), HOLDERS * EACH);
+    kill_and_wait(pids[0]);
+    kill_and_wait(pids[2]);
+    /* Dead holders' leases still count until someone looks. */
+    assert_int_equal(held_of(plain, "k"), HOLDERS * EACH);
+    assert_int_equal(rate_inflight_acquire(plain, "k", 1, RATE_LEASE_NORMAL,
+                                           &l[0], &d),
+                     RATE_OK);
+    assert_false(d.allowed);
+    /* The reaper takes exactly the dead ones' 4 back, then is full. */
+    int got = 0;
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(rate_inflight_acquire(reaper, "k", 1,
+                                               RATE_LEASE_NORMAL, &l[got], &d),
+                         RATE_OK);
+        got += d.allowed;
+    }
+    assert_int_equal(got, 2 * EACH);
+    assert_int_equal(held_of(plain, "k"), HOLDERS * EACH);
+    for (int i = 0; i < got; i++)
+        assert_int_equal(rate_inflight_release(reaper, "k", 1, &l[i]),
+                         RATE_OK);
+    assert_int_equal(held_of(plain, "k"), (HOLDERS - 2) * EACH);
+    kill_and_wait(pids[1]);
+    kill_and_wait(pids[3]);
+    rate_inflight_free(plain);
+    rate_inflight_free(reaper);
+    rate_store_free(s);
+    rate_inflight_policy_free(p);
+    munmap(sh, sizeof *sh);
+}
+
+/* Every holder killed, no reaping: the leases come back by expiry. */
+static void test_chaos_expiry(void **state)
+{
+    (void)state;
+    rate_inflight_policy_t *p = ipolicy("concurrency 8 ttl=300ms");
+    rate_store_t *s = attach(p);
+    shared_t *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(sh != MAP_FAILED);
+    memset(sh, 0, sizeof *sh);
+    pid_t pids[HOLDERS];
+    for (int k = 0; k < HOLDERS; k++)
+        assert_true((pids[k] = holder(p, sh)) > 0);
+    wait_ready(sh, HOLDERS);
+    uint64_t killed_at = rate_clock_monotonic_ns();
+    for (int k = 0; k < HOLDERS; k++)
+        kill_and_wait(pids[k]);
+
+    rate_inflight_t *in = inflight(p, s, false);
+    uint64_t n = held_of(in, "k");
+    assert_true(n <= HOLDERS * EACH);
+    /* Each lease is gone by its TTL after it was taken (before the kill):
+     * poll, 1 ms apart, up to 60 s. */
+    for (int i = 0; i < 60000 && (n = held_of(in, "k")) > 0; i++) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(n, 0);
+    assert_true(rate_clock_monotonic_ns() - killed_at < 60 * SEC);
+    /* The whole capacity is back, exactly. */
+    rate_lease_t l[9];
+    rate_decision_t d;
+    int got = 0;
+    for (int i = 0; i < 9; i++) {
+        assert_int_equal(rate_inflight_acquire(in, "k", 1, RATE_LEASE_NORMAL,
+                                               &l[got], &d),
+                         RATE_OK);
+        got += d.allowed;
+    }
+    assert_int_equal(got, 8);
+    rate_inflight_free(in);
+    rate_store_free(s);
+    rate_inflight_policy_free(p);
+    munmap(sh, sizeof *sh);
+}
+
+/* A region too small for the policy's states: the store's error, clear. */
+static void test_small_region(void **state)
+{
+    (void)state;
+    rate_shm_options_t o = {.max_keys = 64}; /* state_max 96: 3 leases */
+    rate_store_t *s = NULL;
+    assert_int_equal(rate_store_shm_new(path, &o, &s, NULL, 0), RATE_OK);
+    rate_inflight_policy_t *p = ipolicy("concurrency 5 ttl=1h");
+    rate_inflight_t *in = inflight(p, s, false);
+    rate_lease_t l;
+    rate_decision_t d;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(rate_inflight_acquire(in, "k", 1, RATE_LEASE_NORMAL,
+                                               &l, &d),
+                         RATE_OK);
+        assert_true(d.allowed);
+    }
+    assert_int_equal(rate_inflight_acquire(in, "k", 1, RATE_LEASE_NORMAL, &l,
+                                           &d),
+                     RATE_EFULL);
+    assert_false(d.allowed);
+    assert_int_equal(d.error, RATE_EFULL);
+    assert_int_equal(held_of(in, "k"), 3);
+    rate_inflight_free(in);
+    rate_inflight_policy_free(p);
+    rate_store_free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_procs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_chaos_reap, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_chaos_expiry, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_small_region, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

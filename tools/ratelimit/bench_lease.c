@@ -1,0 +1,167 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ratelimit bench --leases: an in-flight lease (acquire + release) beside
+ * one rate decision, on the memory store, a shared-memory region and,
+ * with --redis URL, Redis; 1 and 64 callers (threads) on one key.  Each
+ * figure is the calls made in a fixed span by all callers; the best of 3
+ * rounds, alternated; the ratio is of the same run (docs/performance.md, "Leases").
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "ratelimit_lease.h"
+#include "ratelimit_shm.h"
+#ifdef RATE_WITH_REDIS
+#include "ratelimit_redis.h"
+#endif
+
+#define SPAN_NS (300 * UINT64_C(1000000))
+#define MAX_CALLERS 64
+
+typedef struct run {
+    rate_limiter_t *lim;
+    rate_inflight_t *in;
+    atomic_bool go, stop;
+    _Atomic uint64_t ops, errors;
+} run_t;
+
+static void *caller(void *arg)
+{
+    run_t *r = arg;
+    uint64_t n = 0, errors = 0;
+    while (!atomic_load(&r->go))
+        ;
+    while (!atomic_load_explicit(&r->stop, memory_order_relaxed)) {
+        if (r->lim != NULL) {
+            rate_decision_t d;
+            errors += rate_limiter_check(r->lim, "hot", 3, 1, 0, &d) !=
+                          RATE_OK || !d.allowed;
+        } else {
+            rate_lease_t l;
+            rate_decision_t d;
+            if (rate_inflight_acquire(r->in, "hot", 3, RATE_LEASE_NORMAL, &l,
+                                      &d) != RATE_OK || !d.allowed)
+                errors++;
+            else
+                errors += rate_inflight_release(r->in, "hot", 3, &l) !=
+                          RATE_OK;
+        }
+        n++;
+    }
+    r->ops += n;
+    r->errors += errors;
+    return NULL;
+}
+
+/* Calls per second of `callers` threads for SPAN_NS. */
+static double measure(rate_limiter_t *lim, rate_inflight_t *in, int callers,
+                      uint64_t *errors)
+{
+    run_t r = {.lim = lim, .in = in};
+    pthread_t th[MAX_CALLERS];
+    for (int i = 0; i < callers; i++)
+        pthread_create(&th[i], NULL, caller, &r);
+    uint64_t t0 = rate_clock_monotonic_ns();
+    atomic_store(&r.go, true);
+    struct timespec ts = {0, (long)SPAN_NS};
+    nanosleep(&ts, NULL);
+    atomic_store(&r.stop, true);
+    for (int i = 0; i < callers; i++)
+        pthread_join(th[i], NULL);
+    double s = (double)(rate_clock_monotonic_ns() - t0) / 1e9;
+    *errors += r.errors;
+    return (double)r.ops / s;
+}
+
+static int row(const char *name, rate_store_t *store)
+{
+    rate_policy_t *rp;
+    rate_inflight_policy_t *ip;
+    char err[256];
+    if (rate_policy_parse("token-bucket 1000000000/s burst=1000000000", &rp,
+                          err, sizeof err) != RATE_OK ||
+        rate_inflight_policy_parse("concurrency 64 ttl=1m", &ip, err,
+                                   sizeof err) != RATE_OK)
+        return cli_fail("bench: %s", err);
+    rate_limiter_config_t lc = {.policy = rp, .store = store};
+    rate_inflight_config_t ic = {.policy = ip, .store = store};
+    rate_limiter_t *lim = NULL;
+    rate_inflight_t *in = NULL;
+    int rc = rate_limiter_new(&lc, &lim);
+    if (rc == RATE_OK)
+        rc = rate_inflight_new(&ic, &in);
+    if (rc != RATE_OK) {
+        rate_limiter_free(lim);
+        return cli_fail("bench: %s: %s", name, rate_strerror(rc));
+    }
+    static const int callers[] = {1, 64};
+    for (size_t c = 0; c < 2; c++) {
+        uint64_t errors = 0;
+        double dec = 0, pair = 0;
+        for (int round = 0; round < 3; round++) { /* alternated, best of 3 */
+            double d = measure(lim, NULL, callers[c], &errors);
+            double p = measure(NULL, in, callers[c], &errors);
+            dec = d > dec ? d : dec;
+            pair = p > pair ? p : pair;
+        }
+        printf("%-8s %7d %14.0f %14.0f %9.2f%s\n", name, callers[c], dec,
+               pair, dec / pair, errors ? "  (errors or denials)" : "");
+        fflush(stdout);
+    }
+    rate_inflight_free(in);
+    rate_limiter_free(lim);
+    rate_inflight_policy_free(ip);
+    rate_policy_free(rp);
+    return 0;
+}
+
+int bench_leases(const char *redis_url)
+{
+    rate_store_t *mem = NULL, *shm = NULL;
+    char path[64], err[256];
+    int status = 0;
+
+#ifndef RATE_WITH_REDIS
+    if (redis_url != NULL) /* refused before the other figures, not after */
+        return cli_fail("bench: --redis: this build has no Redis store");
+#endif
+    printf("%-8s %7s %14s %14s %9s\n", "store", "callers", "decisions/s",
+           "leases/s", "ratio");
+    if (rate_store_memory_new(NULL, &mem) != RATE_OK)
+        return cli_fail("bench: cannot make the memory store");
+    status |= row("memory", mem);
+    rate_store_free(mem);
+
+    snprintf(path, sizeof path, "/dev/shm/rl-bench-lease-%ld", (long)getpid());
+    rate_shm_options_t so = {.max_keys = 1024, .state_max = 14 + 24 * 64};
+    if (rate_store_shm_new(path, &so, &shm, err, sizeof err) != RATE_OK) {
+        unlink(path);
+        return cli_fail("bench: shm: %s", err);
+    }
+    status |= row("shm", shm);
+    rate_store_free(shm);
+    unlink(path);
+
+    if (redis_url != NULL) {
+#ifdef RATE_WITH_REDIS
+        rate_redis_options_t ro = {.prefix = "ratelimit-bench-lease:"};
+        rate_store_t *rs = NULL;
+        if (rate_store_redis_new(redis_url, &ro, &rs, err, sizeof err) !=
+            RATE_OK)
+            return cli_fail("bench: --redis %s: %s", redis_url, err);
+        status |= row("redis", rs);
+        rate_store_redis_drop(rs);
+        rate_store_free(rs);
+#endif
+    }
+    printf("leases/s: acquire + release pairs (concurrency 64, one key);\n"
+           "decisions/s: rate_limiter_check (token bucket, one key);\n"
+           "ratio: what a pair costs in decisions.\n");
+    return status;
+}
