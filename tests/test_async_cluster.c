@@ -44,7 +44,7 @@
 #include <ratelimit_loop.h>
 #include <ratelimit_uv.h>
 
-#include "../src/store/redis_cluster.h"
+#include "../src/store/redis/cluster.h"
 #include "helpers.h"
 #include "redis_cluster.h"
 

@@ -29,7 +29,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 
-#include "../src/store/redis_cluster.h"
+#include "../src/store/redis/cluster.h"
 #include "helpers.h"
 #include "redis_cluster.h"
 #include "ratelimit_redis.h"

@@ -34,7 +34,7 @@
 
 #include <hiredis/hiredis.h>
 
-#include "../src/store/redis_cluster.h"
+#include "../src/store/redis/cluster.h"
 #include "redis_fixture.h"
 #include "sched_probe.h"
 #include "ratelimit_redis.h"

@@ -9,7 +9,7 @@
  */
 #include <hiredis/hiredis.h>
 
-#include "../src/store/redis_cluster.h"
+#include "../src/store/redis/cluster.h"
 #include "helpers.h"
 
 static void crc16_and_slots(void **state)

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
-/* Redis Cluster routing: see redis_cluster.h. */
+/* Redis Cluster routing: see cluster.h. */
 #include <string.h>
 
-#include "redis_cluster.h"
+#include "cluster.h"
 
 uint16_t rc_crc16(const char *buf, size_t len)
 {

@@ -3,7 +3,8 @@
  * Redis Cluster routing for the Redis store (internal): the slot of a key
  * (CRC16 of its hash tag, as the Cluster specification says), the slot
  * map parsed from a CLUSTER SLOTS reply, and the target of a MOVED or ASK
- * redirection.  No I/O: src/store/redis.c does that.  See docs/redis.md.
+ * redirection.  No I/O: the transports (sync.c, async.c) do that.  See
+ * docs/redis.md.
  */
 #ifndef RATE_STORE_REDIS_CLUSTER_H
 #define RATE_STORE_REDIS_CLUSTER_H
@@ -24,6 +25,12 @@ uint16_t rc_crc16(const char *buf, size_t len);
 /* The slot of a key name: CRC16 of the bytes between the first '{' and
  * the first '}' after it, when there are any; else of the whole name. */
 unsigned rc_key_slot(const char *key, size_t len);
+
+/* A node's address (port 0: host is a unix socket's path). */
+typedef struct rc_addr {
+    char host[RC_HOST_MAX];
+    int port;
+} rc_addr_t;
 
 /* One range of slots and the master that serves it. */
 typedef struct rc_range {

@@ -4,12 +4,13 @@
  * hiredis's asynchronous context, driven by the caller's event loop
  * through rate_loop_t (include/ratelimit_loop.h, docs/async.md).
  *
- * It speaks the synchronous store's protocol (src/store/redis.c builds
- * every command and parses every reply: redis_internal.h), to a single
+ * It speaks the synchronous store's protocol (protocol.c builds every
+ * command and parses every reply), to a single
  * server or to the masters of a Redis Cluster: both are a list of nodes
  * and a slot map (a single server is one node serving every slot), each
  * node with at most one connection, made on demand without blocking, its
- * own reconnect backoff and its own circuit breaker.  A decision (a job)
+ * own reconnect backoff and its own circuit breaker (node.h, as the
+ * synchronous transport's).  A decision (a job)
  * is one command at a time: the step script (EVALSHA; after NOSCRIPT,
  * SCRIPT LOAD on that connection and EVALSHA again, then EVAL), or, for a request the script declines, HMGET, the C step,
  * and the compare-and-set script, again from HMGET on a conflict.  Each
@@ -46,18 +47,14 @@
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 
-#include "ratelimit_loop.h"
-#include "redis_internal.h"
+#include "async.h"
 #include "ratelimit_redis.h"
 
-#define BACKOFF_MIN_NS (10 * UINT64_C(1000000))
-#define BACKOFF_MAX_NS RATE_NS_PER_S
 #define CAS_RETRIES 16
-#define MAX_NODES 255    /* nodes a store ever knows (masters, past too) */
-#define MAX_REDIRECTS 5  /* MOVED, ASK, TRYAGAIN followed per command */
-#define TRYAGAIN_NS (20 * UINT64_C(1000000))
-#define REFRESH_MIN_NS (100 * UINT64_C(1000000)) /* between map refreshes */
-#define SCRIPTS_MAX 8    /* scripts a connection loads (redis.c has 6) */
+#define MAX_NODES RATE__REDIS_MAX_NODES
+#define MAX_REDIRECTS RATE__REDIS_MAX_REDIRECTS
+#define TRYAGAIN_NS RATE__REDIS_TRYAGAIN_NS
+#define SCRIPTS_MAX 8    /* scripts a connection loads (protocol.c has 6) */
 
 typedef struct astore astore_t;
 typedef struct anode anode_t;
@@ -77,7 +74,7 @@ typedef struct aconn {
     /* The scripts this connection was asked to SCRIPT LOAD after a
      * NOSCRIPT (a node that never had them, or flushed them). */
     struct aload {
-        const char *src; /* the script (redis.c's text), NULL: free */
+        const char *src; /* the script (protocol.c's text), NULL: free */
         int state;       /* LOAD_SENT, LOAD_DONE */
     } loads[SCRIPTS_MAX];
 } aconn_t;
@@ -90,10 +87,8 @@ struct anode {
     char host[RC_HOST_MAX];
     int port;      /* 0: host is a unix socket's path */
     aconn_t *conn; /* the current connection, or NULL */
-    uint64_t retry_at, backoff;
-    unsigned fails; /* commands failed in a row (the breaker) */
-    uint64_t open_until;
-    bool probing;
+    rate__backoff_t bo; /* reconnecting */
+    rate__breaker_t brk;
     bool broken; /* the loop refused a watch: drop at the timer */
 };
 
@@ -141,8 +136,9 @@ typedef struct kturn {
 struct astore {
     rate_loop_t loop;
     rate_store_t *sync; /* the synchronous store over the same URL */
-    void *sync_self;    /* its back end (redis_store_t) */
+    void *sync_self;    /* its back end */
     const rate_store_methods_t *sm;
+    const rate__redis_proto_t *proto; /* the synchronous store's */
     rate__redis_conf_t conf;
     anode_t *nodes[MAX_NODES];
     unsigned nnodes;
@@ -200,10 +196,7 @@ static void arm(astore_t *s, uint64_t now)
 
 static void backoff(anode_t *n)
 {
-    n->backoff = n->backoff == 0 ? BACKOFF_MIN_NS
-                 : n->backoff * 2 > BACKOFF_MAX_NS ? BACKOFF_MAX_NS
-                                                   : n->backoff * 2;
-    n->retry_at = now_of(n->s) + n->backoff;
+    rate__backoff_failed(&n->bo, now_of(n->s));
 }
 
 static void conn_unref(aconn_t *c)
@@ -326,7 +319,7 @@ static anode_t *node_of_slot(const astore_t *s, unsigned slot)
 
 static bool breaker_open(const astore_t *s, const anode_t *n)
 {
-    return s->conf.breaker && n->open_until != 0;
+    return rate__breaker_is_open(&s->conf.breaker, &n->brk);
 }
 
 /* What a command on n came to: answered (ok), or failed with no reply or
@@ -338,18 +331,11 @@ static void outcome(ajob_t *j, anode_t *n, bool ok)
     bool probe = j->probe;
 
     j->probe = false;
-    if (n == NULL || !s->conf.breaker || s->closing)
+    if (n == NULL || s->closing)
         return;
-    if (probe)
-        n->probing = false;
-    if (ok) {
-        n->fails = 0;
-        if (probe)
-            n->open_until = 0;
-    } else if (probe || ++n->fails >= s->conf.breaker_failures) {
-        n->open_until = now_of(s) + s->conf.breaker_cooldown_ns;
-        n->fails = 0;
-    }
+    rate__breaker_outcome(&s->conf.breaker, &n->brk, probe,
+                          ok ? RATE__OUTCOME_OK : RATE__OUTCOME_FAIL,
+                          now_of(s));
 }
 
 /* Says what failed on n, for rate_store_redis_last_error. */
@@ -371,7 +357,7 @@ static void on_connect(const redisAsyncContext *ac, int status)
 
     if (status == REDIS_OK) {
         c->ready = true;
-        c->n->backoff = 0;
+        rate__backoff_ok(&c->n->bo);
         c->n->s->last_err[0] = '\0';
     } else { /* hiredis frees the context now: h_cleanup backs off */
         note_err(c->n, "cannot connect", ac->errstr);
@@ -489,7 +475,8 @@ static void refresh(astore_t *s)
 {
     uint64_t now = now_of(s);
 
-    if (!s->cluster || s->closing || now < s->refreshed_at + REFRESH_MIN_NS)
+    if (!s->cluster || s->closing ||
+        !rate__refresh_due(s->refreshed_at, now, false))
         return;
     if (s->refreshing && now < s->refresh_dl)
         return;
@@ -501,7 +488,8 @@ static void refresh(astore_t *s)
                 continue;
             if ((pass == 0 && usable(m->conn) && m->conn->ready) ||
                 (pass == 1 && usable(m->conn)) ||
-                (pass == 2 && m->conn == NULL && now >= m->retry_at &&
+                (pass == 2 && m->conn == NULL &&
+                 rate__backoff_ready(&m->bo, now) &&
                  connect_node(m) == RATE_OK))
                 n = m;
         }
@@ -607,29 +595,35 @@ static int dispatch(ajob_t *j, anode_t *n, bool asking)
         s->st.refused += !j->taken;
         return RATE_ESTORE;
     }
-    if (breaker_open(s, n)) {
-        if (now < n->open_until || n->probing) {
-            s->st.refused += !j->taken;
-            refresh(s); /* a master gone: its replica may serve it now */
-            return RATE_ESTORE; /* open: fail at once */
-        }
+    rate__admit_t a = rate__breaker_admit(&s->conf.breaker, &n->brk, now);
+    if (a == RATE__ADMIT_REFUSE) {
+        s->st.refused += !j->taken;
+        refresh(s); /* a master gone: its replica may serve it now */
+        return RATE_ESTORE; /* open: fail at once */
+    }
+    if (a == RATE__ADMIT_PROBE) {
         probe = true; /* cooled down: this one is the probe, at once */
-        n->retry_at = 0;
+        rate__backoff_now(&n->bo);
     }
     if (n->conn == NULL) {
-        if (now < n->retry_at) {
+        if (!rate__backoff_ready(&n->bo, now)) {
             s->st.refused += !j->taken;
-            return RATE_ESTORE; /* backing off a failed connection */
+            rc = RATE_ESTORE; /* backing off a failed connection */
+        } else {
+            rc = connect_node(n);
         }
-        if ((rc = connect_node(n)) != RATE_OK)
-            return rc;
+    } else {
+        rc = RATE_OK;
     }
-    if ((rc = send_on(j, n, asking)) != RATE_OK)
+    if (rc == RATE_OK)
+        rc = send_on(j, n, asking);
+    if (rc != RATE_OK) { /* nothing sent: the probe's turn is free again */
+        if (probe)
+            rate__breaker_outcome(&s->conf.breaker, &n->brk, true,
+                                  RATE__OUTCOME_NEUTRAL, now);
         return rc;
-    if (probe) {
-        n->probing = true;
-        j->probe = true;
     }
+    j->probe = probe;
     return RATE_OK;
 }
 
@@ -768,7 +762,7 @@ static int load_cmd(ajob_t *j)
     rate__redis_cmd_free(&j->cmd);
     j->phase = PH_LOAD;
     j->noscripts = 0;
-    return rate__redis_load_cmd(j->s->sync_self, &j->job->key, &j->cmd);
+    return rate__redis_load_cmd(j->s->proto, &j->job->key, &j->cmd);
 }
 
 /* A load's reply: run the step over it; the compare-and-set, or done. */
@@ -797,7 +791,7 @@ static int after_load(ajob_t *j, const redisReply *rep, bool *more)
     rate__redis_cmd_free(&j->cmd);
     j->phase = PH_CAS;
     j->noscripts = 0;
-    rc = rate__redis_cas_cmd(j->s->sync_self, &j->job->key, version,
+    rc = rate__redis_cas_cmd(j->s->proto, &j->job->key, version,
                              j->state, io.new_len, io.ttl_ns, &j->cmd);
     *more = rc == RATE_OK;
     return rc;
@@ -1026,8 +1020,8 @@ static int a_start(void *self, rate_job_t *job)
     j->deadline = now + s->conf.command_ns;
     if (job->req != NULL) {
         j->phase = PH_DECIDE;
-        rc = rate__redis_decide_cmd(s->sync_self, &job->key, job->req,
-                                    &j->cmd);
+        rc = rate__redis_decide_cmd(s->proto, RATE__VIA_SCRIPTS, false,
+                                    &job->key, job->req, &j->cmd);
         if (rc == RATE_ENOTSUP) { /* outside the script's range: the step */
             if (job->req->op != RATE_DECIDE_ACQUIRE)
                 s->st.declined_adjustments++;
@@ -1124,45 +1118,28 @@ static const rate_store_methods_t async_methods = {
     .decide_changes = true, /* the lean scripts' refunds and penalties */
 };
 
-/* The first topology: the synchronous store's slot map when it found a
- * cluster, else the first seed as the one node serving every slot (a
- * lazy store that has not reached the server yet: if it is a cluster's
- * node after all, its first MOVED says so). */
-static int init_nodes(astore_t *s)
+/* The first topology (rate__rasync_new). */
+static int init_nodes(astore_t *s, const rc_addr_t *addr, unsigned n,
+                      const uint8_t *map)
 {
-    rate__redis_addr_t *addr = malloc(MAX_NODES * sizeof *addr);
-    unsigned n = 0;
-    int rc = RATE_OK;
-
-    if (addr == NULL)
-        return RATE_ENOMEM;
-    if (rate__redis_topology(s->sync_self, addr, MAX_NODES, &n,
-                             s->slot_node)) {
+    if (map != NULL) {
         s->cluster = true;
-        for (unsigned i = 0; i < n && rc == RATE_OK; i++)
+        for (unsigned i = 0; i < n; i++)
             if (node_get(s, addr[i].host, addr[i].port) == NULL)
-                rc = RATE_ENOMEM;
+                return RATE_ENOMEM;
         /* both lists in the same order: the map's indices hold */
+        memcpy(s->slot_node, map, RC_SLOTS);
         s->refreshed_at = now_of(s);
     } else if (node_get(s, s->conf.host, s->conf.port) == NULL) {
-        rc = RATE_ENOMEM;
+        return RATE_ENOMEM;
     } else {
         memset(s->slot_node, 1, RC_SLOTS);
     }
-    free(addr);
-    return rc;
+    return RATE_OK;
 }
 
-int rate_store_redis_async_new(const char *url,
-                               const rate_redis_options_t *options,
-                               const rate_loop_t *loop, rate_store_t **out,
-                               char *err, size_t errlen)
+int rate__rasync_loop_ok(const rate_loop_t *loop, char *err, size_t errlen)
 {
-    int rc;
-
-    if (out == NULL)
-        return rate__fail(err, errlen, RATE_EINVAL, "out is NULL");
-    *out = NULL;
     if (loop == NULL || loop->io_new == NULL || loop->io_set == NULL ||
         loop->io_free == NULL || loop->timer_new == NULL ||
         loop->timer_arm == NULL || loop->timer_cancel == NULL ||
@@ -1175,19 +1152,28 @@ int rate_store_redis_async_new(const char *url,
             return rate__fail(err, errlen, RATE_EINVAL,
                               "the loop's reserved functions are not NULL "
                               "(a field of a later version?)");
+    return RATE_OK;
+}
+
+int rate__rasync_new(const rate_loop_t *loop, rate_store_t *sync,
+                     const rate_store_methods_t *sm, void *sync_self,
+                     const rate__redis_proto_t *proto,
+                     const rate__redis_conf_t *conf, const rc_addr_t *nodes,
+                     unsigned nnodes, const uint8_t *map, rate_store_t **out)
+{
+    int rc;
     astore_t *s = calloc(1, sizeof *s);
-    if (s == NULL)
+    if (s == NULL) {
+        rate_store_free(sync);
         return RATE_ENOMEM;
-    s->loop = *loop;
-    if ((rc = rate__redis_new(url, options, false, &s->sync, err, errlen)) !=
-        RATE_OK) {
-        free(s);
-        return rc;
     }
-    s->sm = rate__redis_methods();
-    s->sync_self = rate_store_backend(s->sync, s->sm);
-    rate__redis_conf(s->sync_self, &s->conf);
-    if (init_nodes(s) != RATE_OK) {
+    s->loop = *loop;
+    s->sync = sync;
+    s->sm = sm;
+    s->sync_self = sync_self;
+    s->proto = proto;
+    s->conf = *conf;
+    if (init_nodes(s, nodes, nnodes, map) != RATE_OK) {
         a_destroy(s);
         return RATE_ENOMEM;
     }
@@ -1211,7 +1197,7 @@ int rate_store_redis_async_stats(rate_store_t *store,
     return RATE_OK;
 }
 
-int rate__redis_async_last_error(rate_store_t *store, char *buf, size_t cap)
+int rate__rasync_last_error(rate_store_t *store, char *buf, size_t cap)
 {
     astore_t *s = store != NULL ? rate_store_backend(store, &async_methods)
                                 : NULL;
@@ -1221,7 +1207,7 @@ int rate__redis_async_last_error(rate_store_t *store, char *buf, size_t cap)
     return RATE_OK;
 }
 
-redis_store_t *rate__redis_async_sync(rate_store_t *store)
+void *rate__rasync_sync(rate_store_t *store)
 {
     astore_t *s = store != NULL ? rate_store_backend(store, &async_methods)
                                 : NULL;

@@ -1,0 +1,723 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The Redis stores' protocol (protocol.h): no I/O, so that the rules of
+ * the keys, the scripts and their replies are written once for both
+ * transports and tested without a server.
+ *
+ * A key is stored as a hash {v: version, s: state bytes}, named by its
+ * space, always inside the prefix and always its own Redis Cluster hash
+ * tag (the braces):
+ *
+ *   RATE_SPACE_STATE   PREFIX "{" KEY "}"   (the first edition's names)
+ *   RATE_SPACE_SHADOW  PREFIX "s{" KEY "}"
+ *   RATE_SPACE_POLICY  PREFIX "p{" HEX "}"  HEX: the key's bytes (a 4-byte
+ *                      id) in order, two lowercase hex digits each, as in
+ *                      "ratelimit:p{0badcafe}"
+ *
+ * A KEY holding a '}' would end the tag early (Redis takes the bytes up to
+ * the first '}'), so such a key is escaped instead, '%' as "%25" and '}'
+ * as "%7d", and named PREFIX "e{" ESC "}" (a state) or PREFIX "es{" ESC "}"
+ * (a shadow state).  A key without '}' keeps its name; a '{' in a key
+ * changes nothing, as Redis reads the tag from the first '{', ours.
+ *
+ * After the prefix comes '{', 's', 'p' or 'e', so no two spaces ever share
+ * a name.  A new key's version starts from Redis's TIME in microseconds,
+ * so a key that expired and came back does not reuse the version a slow
+ * client may still hold.  Every write sets the key's expiry to its
+ * reset_after (never for RATE_TTL_FOREVER, nor with no_ttl).  With no_ttl
+ * and safety_ttl_ns, a state (or shadow state) written gets the safety
+ * expiry instead of none, both from the step's script and from the
+ * compare-and-set script (the policy records, RATE_TTL_FOREVER, still get
+ * none).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../sha1.h"
+#include "protocol.h"
+#include "redis_step_lua.h"
+#include "redis_tb_lua.h"
+#include "redis_lb_lua.h"
+#include "redis_fw_lua.h"
+
+#define LEAN_TB RATE__LEAN_TB
+#define LEAN_LB RATE__LEAN_LB
+#define LEAN_FW RATE__LEAN_FW
+#define LEAN_COUNT RATE__LEAN_COUNT
+
+/* The expiry rule of redis_step.lua's expire_at (see there and
+ * docs/redis.md): the key lives at least `us` microseconds by Redis's own
+ * clock, PEXPIREAT the end rounded up to whole milliseconds, plus one. */
+#define EXPIRE_AT_LUA                                                        \
+    "local function expire_at(key, us, tm)\n"                               \
+    "  if us > 2251799813685248 then us = 2251799813685248 end\n"           \
+    "  local e = tonumber(tm[1]) * 1000000 + tonumber(tm[2]) + us\n"        \
+    "  local ms = math.floor(e / 1000)\n"                                   \
+    "  if ms * 1000 > e then ms = ms - 1\n"                                 \
+    "  elseif (ms + 1) * 1000 <= e then ms = ms + 1 end\n"                  \
+    "  if ms * 1000 < e then ms = ms + 1 end\n"                             \
+    "  redis.call('PEXPIREAT', key, string.format('%.0f', ms + 1))\n"       \
+    "end\n"
+
+/* ARGV: the version expected, the state, the expiry in microseconds from
+ * Redis's TIME (0: none). */
+static const char cas_script[] =
+    EXPIRE_AT_LUA
+    "local cur = redis.call('HGET', KEYS[1], 'v')\n"
+    "if cur == false then cur = '0' end\n"
+    "if cur ~= ARGV[1] then return 0 end\n"
+    "local nv\n"
+    "local t = redis.call('TIME')\n"
+    "if cur == '0' then\n"
+    "  nv = redis.call('HINCRBY', KEYS[1], 'v', t[1] * 1000000 + t[2])\n"
+    "else\n"
+    "  nv = redis.call('HINCRBY', KEYS[1], 'v', 1)\n"
+    "end\n"
+    "redis.call('HSET', KEYS[1], 's', ARGV[2])\n"
+    "local ttl = tonumber(ARGV[3])\n"
+    "if ttl > 0 then expire_at(KEYS[1], ttl, t)\n"
+    "else redis.call('PERSIST', KEYS[1]) end\n"
+    "return nv\n";
+
+/* Run at each connection, with a key of the namespace: whether the user
+ * may run EVALSHA on the store's keys (an ACL says NOPERM first). */
+static const char probe_script[] = "return 1\n";
+
+/* The lean scripts: one per single-limit algorithm (redis_lean.lua, then
+ * redis_tb.lua, redis_lb.lua or redis_fw.lua; see docs/redis.md). */
+static const struct {
+    const char *src;
+    size_t len;
+} lean_scripts[LEAN_COUNT] = {
+    {redis_tb_lua, sizeof redis_tb_lua - 1},
+    {redis_lb_lua, sizeof redis_lb_lua - 1},
+    {redis_fw_lua, sizeof redis_fw_lua - 1},
+};
+
+bool rate__redis_script(unsigned i, const char **src, size_t *len)
+{
+    if (i >= 3 + LEAN_COUNT)
+        return false;
+    *src = i == 0   ? cas_script
+           : i == 1 ? redis_step_lua
+           : i == 2 ? probe_script
+                    : lean_scripts[i - 3].src;
+    *len = i == 0   ? sizeof cas_script - 1
+           : i == 1 ? sizeof redis_step_lua - 1
+           : i == 2 ? sizeof probe_script - 1
+                    : lean_scripts[i - 3].len;
+    return true;
+}
+
+uint64_t rate__redis_ttl_us(uint64_t ns)
+{
+    uint64_t us = ns / 1000 + (ns % 1000 != 0);
+    return us ? us : 1;
+}
+
+/* A call's status, with an error reply counted as a store error, but
+ * WRONGTYPE (the key is no hash: not a state of ours) as a corrupt one.
+ * From a script, Redis 7 starts the message with it; older ones put it
+ * after "ERR Error running script ...": look for it anywhere. */
+int rate__redis_reply_ok(int rc, const redisReply *rep)
+{
+    if (rc != RATE_OK)
+        return rc;
+    if (rep->type != REDIS_REPLY_ERROR)
+        return RATE_OK;
+    return rep->str != NULL && strstr(rep->str, "WRONGTYPE") != NULL
+               ? RATE_ECORRUPT
+               : RATE_ESTORE;
+}
+
+/* ----------------------------------------------------------------- keys */
+
+/* The Redis name of a key (see the top of the file) into buf, or the heap
+ * if it does not fit (free it when *out != buf).  RATE_EINVAL for no bytes
+ * or an unknown space. */
+int rate__redis_key_name(const rate__redis_proto_t *pr, const rate_key_t *key,
+                         char *buf, size_t cap, char **out, size_t *out_len)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t body = 0, open;
+    bool esc = false;
+
+    *out = NULL;
+    if (key == NULL || key->bytes == NULL || key->len == 0)
+        return RATE_EINVAL;
+    switch (key->space) {
+    case RATE_SPACE_STATE:
+    case RATE_SPACE_SHADOW:
+        esc = memchr(key->bytes, '}', key->len) != NULL;
+        for (size_t i = 0; i < key->len; i++) {
+            char ch = ((const char *)key->bytes)[i];
+            body += esc && (ch == '}' || ch == '%') ? 3 : 1;
+        }
+        open = (size_t)1 + (key->space == RATE_SPACE_SHADOW) + esc;
+        break;
+    case RATE_SPACE_POLICY: open = 2, body = key->len * 2; break;
+    default: return RATE_EINVAL;
+    }
+    size_t n = pr->prefix_len + open + body + 1;
+    char *k = n <= cap ? buf : malloc(n);
+    if (k == NULL)
+        return RATE_ENOMEM;
+    memcpy(k, pr->prefix, pr->prefix_len);
+    char *p = k + pr->prefix_len;
+    if (esc)
+        *p++ = 'e';
+    if (key->space == RATE_SPACE_SHADOW)
+        *p++ = 's';
+    else if (key->space == RATE_SPACE_POLICY)
+        *p++ = 'p';
+    *p++ = '{';
+    if (key->space == RATE_SPACE_POLICY) {
+        for (size_t i = 0; i < key->len; i++) {
+            unsigned char b = (unsigned char)key->bytes[i];
+            *p++ = hex[b >> 4];
+            *p++ = hex[b & 15];
+        }
+    } else if (esc) {
+        for (size_t i = 0; i < key->len; i++) {
+            char ch = ((const char *)key->bytes)[i];
+            if (ch == '}' || ch == '%') {
+                *p++ = '%';
+                *p++ = ch == '%' ? '2' : '7';
+                *p++ = ch == '%' ? '5' : 'd';
+            } else {
+                *p++ = ch;
+            }
+        }
+    } else {
+        memcpy(p, key->bytes, key->len);
+        p += key->len;
+    }
+    *p = '}';
+    *out = k;
+    *out_len = n;
+    return RATE_OK;
+}
+
+/* Whether a name is one the store writes under its prefix (see the top of
+ * the file): PREFIX, then "", "s", "p", "e" or "es", then "{", a body of at
+ * least one byte with no '}', and "}" to end it. */
+bool rate__redis_own_name(const rate__redis_proto_t *pr, const char *s,
+                          size_t len)
+{
+    if (len < pr->prefix_len + 3 ||
+        memcmp(s, pr->prefix, pr->prefix_len) != 0 || s[len - 1] != '}')
+        return false;
+    const char *p = s + pr->prefix_len, *end = s + len - 1;
+    if (*p == 'e')
+        p++;
+    if (*p == 's' || (*p == 'p' && p == s + pr->prefix_len))
+        p++;
+    if (p >= end || *p != '{' || p + 1 == end)
+        return false;
+    return memchr(p + 1, '}', (size_t)(end - p - 1)) == NULL;
+}
+
+/* ------------------------------------------------------------- contract */
+
+static int parse_version(const redisReply *v, uint64_t *out)
+{
+    if (v->type == REDIS_REPLY_NIL) {
+        *out = 0;
+        return RATE_OK;
+    }
+    if (v->type != REDIS_REPLY_STRING || v->len > 19 ||
+        !rate__parse_decimal(v->str, v->len, UINT64_MAX, out))
+        return RATE_ECORRUPT;
+    return RATE_OK;
+}
+
+void rate__redis_cmd_free(rate__redis_cmd_t *c)
+{
+    if (c->k != NULL && c->k != c->kb)
+        free(c->k);
+    c->k = NULL;
+}
+
+/* Whether a reply is NOSCRIPT (Redis restarted, or SCRIPT FLUSH). */
+bool rate__redis_noscript(const redisReply *rep)
+{
+    return rep != NULL && rep->type == REDIS_REPLY_ERROR && rep->str != NULL &&
+           strncmp(rep->str, "NOSCRIPT", 8) == 0;
+}
+
+/* Turns an EVALSHA (or FCALL) command into the EVAL of its script. */
+void rate__redis_cmd_eval(rate__redis_cmd_t *c)
+{
+    c->av[0] = "EVAL", c->al[0] = 4;
+    c->av[1] = c->script, c->al[1] = c->script_len;
+}
+
+/* A command's start: empty, and the key's name in it. */
+static int cmd_key(const rate__redis_proto_t *p, const rate_key_t *key,
+                   rate__redis_cmd_t *c)
+{
+    c->argc = 0;
+    c->lean = -1;
+    c->k = NULL;
+    return rate__redis_key_name(p, key, c->kb, sizeof c->kb, &c->k, &c->kl);
+}
+
+/* The command of a load (HMGET of the version and the state). */
+int rate__redis_load_cmd(const rate__redis_proto_t *p, const rate_key_t *key,
+                         rate__redis_cmd_t *c)
+{
+    int rc;
+
+    if ((rc = cmd_key(p, key, c)) != RATE_OK)
+        return rc;
+    c->argc = 4;
+    c->av[0] = "HMGET", c->al[0] = 5;
+    c->av[1] = c->k, c->al[1] = c->kl;
+    c->av[2] = "v", c->al[2] = 1;
+    c->av[3] = "s", c->al[3] = 1;
+    c->script = NULL;
+    c->script_len = 0;
+    return RATE_OK;
+}
+
+/* A load's reply (after reply_ok): *state points into rep (NULL and 0
+ * with *version 0 when absent). */
+int rate__redis_load_parse(const redisReply *rep, const char **state,
+                           size_t *len, uint64_t *version)
+{
+    int rc;
+
+    *state = NULL;
+    *len = 0;
+    *version = 0;
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2)
+        return RATE_ECORRUPT;
+    if ((rc = parse_version(rep->element[0], version)) != RATE_OK)
+        return rc;
+    redisReply *e = rep->element[1];
+    if (*version == 0 || e->type == REDIS_REPLY_NIL) {
+        *version = 0; /* absent (or half-written: treat as absent) */
+        return RATE_OK;
+    }
+    if (e->type != REDIS_REPLY_STRING || e->len == 0)
+        return RATE_ECORRUPT; /* present, but no state: truncated */
+    *state = e->str;
+    *len = e->len;
+    return RATE_OK;
+}
+
+/* The command of a compare-and-set (EVALSHA of cas_script); the state's
+ * bytes stay the caller's. */
+int rate__redis_cas_cmd(const rate__redis_proto_t *p, const rate_key_t *key,
+                        uint64_t version, const void *state, size_t len,
+                        uint64_t ttl_ns, rate__redis_cmd_t *c)
+{
+    int rc;
+
+    if ((rc = cmd_key(p, key, c)) != RATE_OK)
+        return rc;
+    snprintf(c->num[0], sizeof c->num[0], "%llu", (unsigned long long)version);
+    /* 0: no expiry (the script PERSISTs the key): for RATE_TTL_FOREVER
+     * (the policy records) whatever the options, and for everything else
+     * with no_ttl, unless it has a safety expiry. */
+    uint64_t us = ttl_ns == RATE_TTL_FOREVER ? 0
+                  : !p->ttl                  ? p->safety_us
+                                             : rate__redis_ttl_us(ttl_ns);
+    snprintf(c->num[1], sizeof c->num[1], "%llu", (unsigned long long)us);
+    const char *av[7] = {"EVALSHA", p->sha, "1", c->k, c->num[0], state,
+                         c->num[1]};
+    size_t al[7] = {7, 40, 1, c->kl, strlen(c->num[0]), len,
+                    strlen(c->num[1])};
+    memcpy(c->av, av, sizeof av);
+    memcpy(c->al, al, sizeof al);
+    c->argc = 7;
+    c->script = cas_script;
+    c->script_len = sizeof cas_script - 1;
+    return RATE_OK;
+}
+
+/* A compare-and-set's reply (after reply_ok). */
+int rate__redis_cas_parse(const redisReply *rep)
+{
+    return rep->type != REDIS_REPLY_INTEGER ? RATE_ECORRUPT
+           : rep->integer == 0              ? RATE_ECONFLICT
+                                            : RATE_OK;
+}
+
+/* Whether every number the Lua step meets stays below 2^50, where doubles
+ * are exact with room for the products it forms. */
+#define LUA_EXACT (UINT64_C(1) << 50)
+
+static bool lua_can(const rate_decide_req_t *q)
+{
+    const rate_policy_t *p = q->policy;
+    size_t count = rate_policy_count(p);
+    if (q->permits >= LUA_EXACT || q->max_wait_ns >= LUA_EXACT ||
+        count == 0 || count > RATE_MAX_LIMITS)
+        return false;
+    for (size_t i = 0; i < count; i++) {
+        const rate_limit_t *l = rate_policy_limit(p, i);
+        if (l == NULL)
+            return false;
+        rate_u128_t prod = (rate_u128_t)l->period_ns *
+                           (l->burst ? l->burst : l->limit);
+        if (l->limit >= LUA_EXACT || l->period_ns >= LUA_EXACT ||
+            prod * 2 >= LUA_EXACT)
+            return false;
+        if (l->block_ns != 0) /* a block's state is the C step's alone */
+            return false;
+    }
+    return true;
+}
+
+static uint64_t gcd64(uint64_t a, uint64_t b)
+{
+    while (b != 0) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* Whether a lean script decides the request exactly (docs/redis.md, "Lean
+ * scripts"), and if so which, with its own arguments (after the seven
+ * every step script takes: the word's width, the operation, then the
+ * algorithm's) in num.  A bucket's word is sent in units of g,
+ * a common divisor of L and P below 2^36, so that B * P / g <= 2^51; a
+ * window of at most 2^52 ns and a count of at most 2^52. */
+#define LEAN_WORD (UINT64_C(1) << 51)
+#define LEAN_G UINT64_C(10000000000) /* 10^10: g divides it, so g < 2^36 */
+
+static int lean_of(const rate_decide_req_t *q, char num[][24], int *nn)
+{
+    const rate_policy_t *p = q->policy;
+    if (rate_policy_count(p) != 1)
+        return -1;
+    const rate_limit_t *l = rate_policy_limit(p, 0);
+    if (l == NULL || l->block_ns != 0 || l->limit == 0 || l->period_ns == 0)
+        return -1;
+    if (l->algorithm == RATE_TOKEN_BUCKET ||
+        l->algorithm == RATE_LEAKY_BUCKET) {
+        rate_u128_t full = (rate_u128_t)l->burst * l->period_ns;
+        uint64_t g = gcd64(gcd64(l->limit, l->period_ns), LEAN_G);
+        if (l->burst == 0 || full / g > LEAN_WORD)
+            return -1; /* past exact doubles */
+        /* the word's width: 16 bytes for a wide bucket (B * P > 2^62) */
+        snprintf(num[(*nn)++], 24, "%d", full > (rate_u128_t)1 << 62 ? 16 : 8);
+        snprintf(num[(*nn)++], 24, "%d", (int)q->op);
+        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)(l->limit / g));
+        snprintf(num[(*nn)++], 24, "%llu",
+                 (unsigned long long)(l->period_ns / g));
+        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)l->burst);
+        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)g);
+        if (l->algorithm == RATE_LEAKY_BUCKET)
+            return LEAN_LB;
+        snprintf(num[(*nn)++], 24, "%llu",
+                 (unsigned long long)((UINT64_C(1) << 62) / g));
+        return LEAN_TB;
+    }
+    if (l->algorithm == RATE_FIXED_WINDOW) {
+        if (l->limit > (UINT64_C(1) << 52) ||
+            l->period_ns >= (UINT64_C(1) << 52))
+            return -1;
+        snprintf(num[(*nn)++], 24, "8");
+        snprintf(num[(*nn)++], 24, "%d", (int)q->op);
+        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)l->limit);
+        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)l->period_ns);
+        return LEAN_FW;
+    }
+    return -1;
+}
+
+static uint64_t reply_u64(const redisReply *e, bool *ok)
+{
+    if (e->type != REDIS_REPLY_INTEGER || e->integer < -1) {
+        *ok = false;
+        return 0;
+    }
+    return e->integer == -1 ? RATE_NEVER : (uint64_t)e->integer;
+}
+
+/* The step's first seven arguments (see redis_step.lua), which the lean
+ * scripts and RATELIMIT.STEP take too: the time ("" "": Redis's TIME),
+ * permits, max_wait, the expiry (0 none, -1 the decision's reset_after,
+ * else microseconds, or milliseconds for the module: rounded up), the
+ * policy's id and the state's format.  Returns how many it wrote. */
+static int step_head(const rate__redis_proto_t *p, const rate_decide_req_t *q,
+                     bool ms, char (*num)[24])
+{
+    int nn = 0;
+    uint64_t ttl = !p->ttl ? p->safety_us /* 0: none */
+                           : rate__redis_ttl_us(q->max_reset_ns);
+    if (ms)
+        ttl = (ttl + 999) / 1000;
+    if (p->redis_time && q->clock_time) {
+        num[nn++][0] = '\0';
+        num[nn++][0] = '\0';
+    } else {
+        snprintf(num[nn++], 24, "%llu",
+                 (unsigned long long)(q->now_ns / RATE_NS_PER_S));
+        snprintf(num[nn++], 24, "%llu",
+                 (unsigned long long)(q->now_ns % RATE_NS_PER_S));
+    }
+    snprintf(num[nn++], 24, "%llu", (unsigned long long)q->permits);
+    snprintf(num[nn++], 24, "%llu", (unsigned long long)q->max_wait_ns);
+    /* the step uses the exact reset: a detailed decision's, a change's */
+    if (p->ttl && (q->detail || q->op != RATE_DECIDE_ACQUIRE))
+        snprintf(num[nn++], 24, "-1");
+    else
+        snprintf(num[nn++], 24, "%llu", (unsigned long long)ttl);
+    snprintf(num[nn++], 24, "%lu", (unsigned long)q->policy_id);
+    snprintf(num[nn++], 24, "%u", (unsigned)q->format);
+    return nn;
+}
+
+/* The general step's four arguments per limit, after the head. */
+static int step_limits(const rate_policy_t *p, char (*num)[24], int nn)
+{
+    for (size_t i = 0; i < rate_policy_count(p); i++) {
+        const rate_limit_t *l = rate_policy_limit(p, i);
+        snprintf(num[nn++], 24, "%d", (int)l->algorithm);
+        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->limit);
+        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->period_ns);
+        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->burst);
+    }
+    return nn;
+}
+
+/* The command of RATELIMIT.STEP (redis-module/): the general step's
+ * arguments, the expiry in milliseconds.  RATE_ENOTSUP for what the
+ * module does not decide: a block, a refund or a penalty. */
+static int module_cmd(const rate__redis_proto_t *p, const rate_key_t *key,
+                      const rate_decide_req_t *q, rate__redis_cmd_t *c)
+{
+    const rate_policy_t *pol = q->policy;
+    size_t count = rate_policy_count(pol);
+    int rc;
+
+    if (q->op != RATE_DECIDE_ACQUIRE || count == 0 ||
+        count > RATE_MAX_LIMITS)
+        return RATE_ENOTSUP;
+    for (size_t i = 0; i < count; i++)
+        if (rate_policy_limit(pol, i)->block_ns != 0)
+            return RATE_ENOTSUP; /* a block: the compare-and-set path's */
+    if ((rc = cmd_key(p, key, c)) != RATE_OK)
+        return rc;
+    int nn = step_limits(pol, c->num, step_head(p, q, true, c->num));
+    int argc = 0;
+    c->av[argc] = "RATELIMIT.STEP", c->al[argc++] = 14;
+    c->av[argc] = c->k, c->al[argc++] = c->kl;
+    for (int i = 0; i < nn; i++)
+        c->av[argc] = c->num[i], c->al[argc++] = strlen(c->num[i]);
+    c->argc = argc;
+    c->module = true;
+    return RATE_OK;
+}
+
+/* The command of a decide() (protocol.h): via the module, RATELIMIT.STEP;
+ * via the scripts, a lean script when one decides the request exactly
+ * (c->lean its index; an FCALL with fcall), else the general step (see
+ * redis_step.lua for the arguments and replies).  RATE_ENOTSUP when it
+ * cannot decide the request exactly (the limiter then decides itself,
+ * and reads now() itself if it goes by Redis's clock); RATE_EINVAL for a
+ * key of the policy space. */
+int rate__redis_decide_cmd(const rate__redis_proto_t *p, rate__redis_via_t via,
+                           bool fcall, const rate_key_t *key,
+                           const rate_decide_req_t *q, rate__redis_cmd_t *c)
+{
+    int rc;
+
+    c->argc = 0;
+    c->lean = -1;
+    c->module = false;
+    c->script = NULL;
+    c->script_len = 0;
+    c->k = NULL; /* nothing to free before cmd_key */
+    if (key != NULL && key->space == RATE_SPACE_POLICY)
+        return RATE_EINVAL; /* records are no states to decide over */
+    if (q->format != RATE__FORMAT_V1 && q->format != RATE__FORMAT)
+        return RATE_ENOTSUP; /* the limiter decides, exactly */
+    if (via == RATE__VIA_MODULE)
+        return module_cmd(p, key, q, c);
+    bool adjust = q->op != RATE_DECIDE_ACQUIRE;
+    if (adjust && q->op != RATE_DECIDE_REFUND && q->op != RATE_DECIDE_PENALTY)
+        return RATE_ENOTSUP; /* an operation this store does not know */
+    int nn = step_head(p, q, false, c->num);
+    int lean = p->lean ? lean_of(q, c->num, &nn) : -1;
+    if (lean < 0) {
+        /* Refunds and penalties only in the lean scripts: the general
+         * script has no such branch (the C step then makes them). */
+        if (adjust || !lua_can(q))
+            return RATE_ENOTSUP; /* the limiter decides, exactly */
+        nn = step_limits(q->policy, c->num, nn);
+    }
+    if ((rc = cmd_key(p, key, c)) != RATE_OK)
+        return rc;
+    int argc = 0;
+    c->av[argc] = "EVALSHA", c->al[argc++] = 7;
+    c->av[argc] = lean >= 0 ? p->lean_sha[lean] : p->step_sha,
+    c->al[argc++] = 40;
+    c->av[argc] = "1", c->al[argc++] = 1;
+    c->av[argc] = c->k, c->al[argc++] = c->kl;
+    for (int i = 0; i < nn; i++)
+        c->av[argc] = c->num[i], c->al[argc++] = strlen(c->num[i]);
+    c->argc = argc;
+    c->lean = lean;
+    if (lean >= 0) {
+        c->script = lean_scripts[lean].src;
+        c->script_len = lean_scripts[lean].len;
+        if (fcall) {
+            c->av[0] = "FCALL", c->al[0] = 5;
+            c->av[1] = p->fn_name[lean], c->al[1] = strlen(p->fn_name[lean]);
+        }
+    } else {
+        c->script = redis_step_lua;
+        c->script_len = sizeof redis_step_lua - 1;
+    }
+    return RATE_OK;
+}
+
+/* Turns an FCALL of a lean script into its EVALSHA. */
+void rate__redis_cmd_evalsha(const rate__redis_proto_t *p,
+                             rate__redis_cmd_t *c)
+{
+    if (c->lean < 0)
+        return;
+    c->av[0] = "EVALSHA", c->al[0] = 7;
+    c->av[1] = p->lean_sha[c->lean], c->al[1] = 40;
+}
+
+/* A step's reply, the scripts' and the module's (after reply_ok): RATE_OK
+ * with *d, or RATE_ENOTSUP (declined: nothing written, the limiter
+ * decides), RATE_ECORRUPT (the key is not a hash, or a reply that does
+ * not parse). */
+int rate__redis_decide_parse(const redisReply *rep, rate_decision_t *d)
+{
+    bool ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
+              rep->element[0]->type == REDIS_REPLY_INTEGER;
+    long long tag = ok ? rep->element[0]->integer : -1;
+    if (tag == 0 && rep->elements == 1)
+        return RATE_ENOTSUP;
+    if (tag != 1 || rep->elements != 9)
+        return RATE_ECORRUPT; /* tag 2: the key is not a hash */
+    redisReply **e = rep->element;
+    memset(d, 0, sizeof *d);
+    d->allowed = reply_u64(e[1], &ok) == 1;
+    d->reason = (rate_reason_t)reply_u64(e[2], &ok);
+    d->component = e[3]->type == REDIS_REPLY_INTEGER ? (int)e[3]->integer : 0;
+    d->limit = reply_u64(e[4], &ok);
+    d->remaining = reply_u64(e[5], &ok);
+    d->delay_ns = reply_u64(e[6], &ok);
+    d->retry_after_ns = reply_u64(e[7], &ok);
+    d->reset_after_ns = reply_u64(e[8], &ok);
+    return ok && d->reason <= RATE_REASON_NEVER ? RATE_OK : RATE_ECORRUPT;
+}
+
+/* The Functions library of the lean scripts (see the struct): each
+ * script's text as a function's body, FNV-1a of the three the version. */
+static int make_fn_lib(rate__redis_proto_t *p)
+{
+    static const char *tag[LEAN_COUNT] = {"tb", "lb", "fw"};
+    uint32_t h = 2166136261u;
+    size_t len = 64;
+    for (int i = 0; i < LEAN_COUNT; i++) {
+        for (size_t j = 0; j < lean_scripts[i].len; j++)
+            h = (h ^ (unsigned char)lean_scripts[i].src[j]) * 16777619u;
+        len += lean_scripts[i].len + 96;
+    }
+    if ((p->fn_lib = malloc(len)) == NULL)
+        return RATE_ENOMEM;
+    size_t n = (size_t)snprintf(p->fn_lib, len,
+                                "#!lua name=ratelimit_%08x\n", (unsigned)h);
+    for (int i = 0; i < LEAN_COUNT; i++) {
+        snprintf(p->fn_name[i], sizeof p->fn_name[i], "ratelimit_%s_%08x",
+                 tag[i], (unsigned)h);
+        n += (size_t)snprintf(p->fn_lib + n, len - n,
+                              "redis.register_function('%s', "
+                              "function(KEYS, ARGV)\n%s\nend)\n",
+                              p->fn_name[i], lean_scripts[i].src);
+    }
+    p->fn_lib_len = n;
+    return RATE_OK;
+}
+
+/* The scripts' names (EVALSHA's SHA-1), known before any server is
+ * asked, so that a store that has not connected yet (a lazy one, an event
+ * loop's) sends the right EVALSHA from its first command. */
+static void script_names(rate__redis_proto_t *p)
+{
+    rate__sha1_hex(cas_script, sizeof cas_script - 1, p->sha);
+    rate__sha1_hex(redis_step_lua, sizeof redis_step_lua - 1, p->step_sha);
+    for (int i = 0; i < LEAN_COUNT; i++)
+        rate__sha1_hex(lean_scripts[i].src, lean_scripts[i].len,
+                       p->lean_sha[i]);
+}
+
+/* The expiry of each of KEYS (expire_at), in one call for a batch (a key
+ * gone meanwhile is left gone). */
+const char rate__redis_touch_script[] =
+    EXPIRE_AT_LUA
+    "local t = redis.call('TIME')\n"
+    "local us = tonumber(ARGV[1])\n"
+    "for _, k in ipairs(KEYS) do expire_at(k, us, t) end\n"
+    "return #KEYS\n";
+const size_t rate__redis_touch_script_len =
+    sizeof rate__redis_touch_script - 1;
+
+int rate__redis_proto_init(rate__redis_proto_t *p, const char *prefix,
+                           bool ttl, uint64_t safety_ttl_ns, bool redis_time,
+                           bool lean)
+{
+    memset(p, 0, sizeof *p);
+    p->ttl = ttl;
+    p->safety_us = !ttl && safety_ttl_ns != 0
+                       ? rate__redis_ttl_us(safety_ttl_ns)
+                       : 0;
+    p->redis_time = redis_time;
+    p->lean = lean;
+    p->prefix_len = strlen(prefix);
+    if ((p->prefix = malloc(p->prefix_len + 1)) == NULL)
+        return RATE_ENOMEM;
+    memcpy(p->prefix, prefix, p->prefix_len + 1);
+    if (lean && make_fn_lib(p) != RATE_OK)
+        return RATE_ENOMEM;
+    script_names(p);
+    return RATE_OK;
+}
+
+void rate__redis_proto_free(rate__redis_proto_t *p)
+{
+    free(p->prefix);
+    free(p->fn_lib);
+    p->prefix = p->fn_lib = NULL;
+}
+
+bool rate__redis_no_function(const redisReply *rep)
+{
+    return rep != NULL && rep->type == REDIS_REPLY_ERROR && rep->str != NULL &&
+           (strstr(rep->str, "Function not found") != NULL ||
+            strstr(rep->str, "unknown command") != NULL);
+}
+
+int rate__redis_time_parse(const redisReply *rep, uint64_t *ns)
+{
+    uint64_t s, us;
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+        rep->element[0]->type != REDIS_REPLY_STRING ||
+        rep->element[1]->type != REDIS_REPLY_STRING ||
+        !rate__parse_decimal(rep->element[0]->str, rep->element[0]->len,
+                             RATE_TIME_MAX / RATE_NS_PER_S - 1, &s) ||
+        !rate__parse_decimal(rep->element[1]->str, rep->element[1]->len,
+                             999999, &us))
+        return RATE_ECORRUPT;
+    *ns = s * RATE_NS_PER_S + us * 1000;
+    return RATE_OK;
+}
+
+bool rate__redis_has_module(const redisReply *rep)
+{
+    return rep->type == REDIS_REPLY_ARRAY && rep->elements == 1 &&
+           rep->element[0]->type == REDIS_REPLY_ARRAY;
+}

@@ -1,0 +1,327 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The Redis stores' protocol on its own, with no server
+ * (src/store/redis/protocol.c): the names of keys and their escapes, the
+ * choice of the command that decides a request (RATELIMIT.STEP, a lean
+ * script by FCALL or EVALSHA, the general script, or none) with its
+ * arguments, and the parsing of replies fed through hiredis's reader, as
+ * the transports get them.
+ */
+#include <hiredis/hiredis.h>
+
+#include "../src/store/redis/protocol.h"
+#include "helpers.h"
+
+static rate__redis_proto_t proto(bool lean)
+{
+    rate__redis_proto_t p;
+    assert_int_equal(
+        rate__redis_proto_init(&p, "rl:", true, 0, true, lean), RATE_OK);
+    return p;
+}
+
+static void name_is(const rate__redis_proto_t *p, const char *bytes,
+                    size_t len, rate_space_t space, const char *want)
+{
+    char buf[64], *k;
+    size_t kl;
+    rate_key_t key = {bytes, len, space};
+    assert_int_equal(rate__redis_key_name(p, &key, buf, sizeof buf, &k, &kl),
+                     RATE_OK);
+    if (kl != strlen(want) || memcmp(k, want, kl) != 0)
+        fail_msg("name '%.*s', not '%s'", (int)kl, k, want);
+    assert_true(rate__redis_own_name(p, k, kl));
+    if (k != buf)
+        free(k);
+}
+
+static void key_names(void **state)
+{
+    (void)state;
+    rate__redis_proto_t p = proto(true);
+    name_is(&p, "user1", 5, RATE_SPACE_STATE, "rl:{user1}");
+    name_is(&p, "user1", 5, RATE_SPACE_SHADOW, "rl:s{user1}");
+    name_is(&p, "\x0b\xad\xca\xfe", 4, RATE_SPACE_POLICY, "rl:p{0badcafe}");
+    /* a '}' would end the hash tag: escaped, '%' too */
+    name_is(&p, "a}b%c", 5, RATE_SPACE_STATE, "rl:e{a%7db%25c}");
+    name_is(&p, "a}", 2, RATE_SPACE_SHADOW, "rl:es{a%7d}");
+    name_is(&p, "{x", 2, RATE_SPACE_STATE, "rl:{{x}"); /* a '{' stays */
+    /* A long key goes to the heap. */
+    char big[200];
+    memset(big, 'k', sizeof big);
+    char buf[16], *k;
+    size_t kl;
+    rate_key_t key = {big, sizeof big, RATE_SPACE_STATE};
+    assert_int_equal(rate__redis_key_name(&p, &key, buf, sizeof buf, &k, &kl),
+                     RATE_OK);
+    assert_true(k != buf);
+    assert_int_equal(kl, 3 + 2 + sizeof big);
+    free(k);
+    /* no bytes, an unknown space */
+    key = (rate_key_t){"", 0, RATE_SPACE_STATE};
+    assert_int_equal(rate__redis_key_name(&p, &key, buf, sizeof buf, &k, &kl),
+                     RATE_EINVAL);
+    key = (rate_key_t){"x", 1, (rate_space_t)7};
+    assert_int_equal(rate__redis_key_name(&p, &key, buf, sizeof buf, &k, &kl),
+                     RATE_EINVAL);
+    /* names that are not the store's */
+    static const char *other[] = {"rl:",     "rl:{}",   "rl:x{a}", "xx:{a}",
+                                  "rl:{a}b", "rl:{a}}", "rl:sp{a}",
+                                  "rl:ps{a}", "rl:{a"};
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++)
+        if (rate__redis_own_name(&p, other[i], strlen(other[i])))
+            fail_msg("'%s' taken for the store's own", other[i]);
+    rate__redis_proto_free(&p);
+}
+
+/* A request for policy text, one permit, acquire. */
+typedef struct req {
+    rate_policy_t *pol;
+    rate_decide_req_t q;
+} req_t;
+
+static void req_of(req_t *r, const char *text)
+{
+    char err[128];
+    if (rate_policy_parse(text, &r->pol, err, sizeof err) != RATE_OK)
+        fail_msg("%s: %s", text, err);
+    memset(&r->q, 0, sizeof r->q);
+    r->q.policy = r->pol;
+    r->q.policy_id = 7;
+    r->q.format = RATE__FORMAT;
+    r->q.now_ns = 5 * RATE_NS_PER_S + 250;
+    r->q.permits = 1;
+    r->q.max_reset_ns = 2 * RATE_NS_PER_S;
+    r->q.op = RATE_DECIDE_ACQUIRE;
+}
+
+static int cmd_of(const rate__redis_proto_t *p, rate__redis_via_t via,
+                  bool fcall, const req_t *r, rate__redis_cmd_t *c)
+{
+    rate_key_t key = {"k", 1, RATE_SPACE_STATE};
+    return rate__redis_decide_cmd(p, via, fcall, &key, &r->q, c);
+}
+
+static void word_is(const rate__redis_cmd_t *c, int i, const char *want)
+{
+    assert_true(i < c->argc);
+    if (c->al[i] != strlen(want) || memcmp(c->av[i], want, c->al[i]) != 0)
+        fail_msg("word %d: '%.*s', not '%s'", i, (int)c->al[i], c->av[i],
+                 want);
+}
+
+static void command_choice(void **state)
+{
+    (void)state;
+    rate__redis_proto_t p = proto(true), g = proto(false);
+    rate__redis_cmd_t c;
+    req_t r;
+
+    /* One token bucket: its lean script, by EVALSHA or FCALL. */
+    req_of(&r, "token-bucket 10/s burst=20");
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c), RATE_OK);
+    word_is(&c, 0, "EVALSHA");
+    word_is(&c, 1, p.lean_sha[RATE__LEAN_TB]);
+    word_is(&c, 2, "1");
+    word_is(&c, 3, "rl:{k}");
+    word_is(&c, 4, "5");         /* the client's time: seconds */
+    word_is(&c, 5, "250");       /* and nanoseconds */
+    word_is(&c, 6, "1");         /* permits */
+    word_is(&c, 8, "2000000");   /* the expiry, us */
+    word_is(&c, 9, "7");         /* the policy's id */
+    assert_int_equal(c.lean, RATE__LEAN_TB);
+    assert_false(c.module);
+    assert_non_null(c.script);
+    rate__redis_cmd_free(&c);
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, true, &r, &c), RATE_OK);
+    word_is(&c, 0, "FCALL");
+    word_is(&c, 1, p.fn_name[RATE__LEAN_TB]);
+    rate__redis_cmd_evalsha(&p, &c); /* a server without the library */
+    word_is(&c, 0, "EVALSHA");
+    word_is(&c, 1, p.lean_sha[RATE__LEAN_TB]);
+    rate__redis_cmd_eval(&c); /* NOSCRIPT: the script's text */
+    word_is(&c, 0, "EVAL");
+    assert_int_equal(c.al[1], c.script_len);
+    rate__redis_cmd_free(&c);
+    /* The general script when asked for (general_script). */
+    assert_int_equal(cmd_of(&g, RATE__VIA_SCRIPTS, true, &r, &c), RATE_OK);
+    word_is(&c, 0, "EVALSHA");
+    word_is(&c, 1, g.step_sha);
+    assert_int_equal(c.lean, -1);
+    rate__redis_cmd_free(&c);
+    /* The module: its command, the expiry in ms. */
+    assert_int_equal(cmd_of(&p, RATE__VIA_MODULE, true, &r, &c), RATE_OK);
+    word_is(&c, 0, "RATELIMIT.STEP");
+    word_is(&c, 1, "rl:{k}");
+    word_is(&c, 6, "2000");
+    word_is(&c, 9, "1");        /* the algorithm: RATE_TOKEN_BUCKET */
+    word_is(&c, 10, "10");      /* limit */
+    word_is(&c, 12, "20");      /* burst */
+    assert_int_equal(c.argc, 2 + 7 + 4);
+    assert_true(c.module);
+    rate__redis_cmd_free(&c);
+    /* A refund: a lean script's, never the module's. */
+    r.q.op = RATE_DECIDE_REFUND;
+    assert_int_equal(cmd_of(&p, RATE__VIA_MODULE, false, &r, &c),
+                     RATE_ENOTSUP);
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c), RATE_OK);
+    assert_int_equal(c.lean, RATE__LEAN_TB);
+    rate__redis_cmd_free(&c);
+    assert_int_equal(cmd_of(&g, RATE__VIA_SCRIPTS, false, &r, &c),
+                     RATE_ENOTSUP);
+    rate_policy_free(r.pol);
+
+    /* Two limits: the general script, or the module. */
+    req_of(&r, "token-bucket 10/s burst=10; sliding-log 100/1m");
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, true, &r, &c), RATE_OK);
+    word_is(&c, 0, "EVALSHA");
+    word_is(&c, 1, p.step_sha);
+    assert_int_equal(c.argc, 4 + 7 + 8);
+    rate__redis_cmd_free(&c);
+    assert_int_equal(cmd_of(&p, RATE__VIA_MODULE, false, &r, &c), RATE_OK);
+    assert_int_equal(c.argc, 2 + 7 + 8);
+    rate__redis_cmd_free(&c);
+    rate_policy_free(r.pol);
+
+    /* A block: the C step's alone. */
+    req_of(&r, "fixed-window 10/s block=1m");
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c),
+                     RATE_ENOTSUP);
+    assert_int_equal(cmd_of(&p, RATE__VIA_MODULE, false, &r, &c),
+                     RATE_ENOTSUP);
+    rate_policy_free(r.pol);
+
+    /* Past exact doubles: the general script declines before Redis. */
+    req_of(&r, "sliding-window 2000000000000000/1s; fixed-window 1/s");
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c),
+                     RATE_ENOTSUP);
+    assert_int_equal(cmd_of(&p, RATE__VIA_MODULE, false, &r, &c), RATE_OK);
+    rate__redis_cmd_free(&c);
+    rate_policy_free(r.pol);
+
+    /* One fixed window: its lean script; an old format: the limiter's. */
+    req_of(&r, "fixed-window 10/s");
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c), RATE_OK);
+    assert_int_equal(c.lean, RATE__LEAN_FW);
+    rate__redis_cmd_free(&c);
+    r.q.format = 1;
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c),
+                     RATE_ENOTSUP);
+    r.q.format = RATE__FORMAT;
+    /* A policy record's key is no state. */
+    rate_key_t rec = {"\0\0\0\1", 4, RATE_SPACE_POLICY};
+    assert_int_equal(rate__redis_decide_cmd(&p, RATE__VIA_SCRIPTS, false,
+                                            &rec, &r.q, &c),
+                     RATE_EINVAL);
+    rate_policy_free(r.pol);
+    rate__redis_proto_free(&p);
+    rate__redis_proto_free(&g);
+}
+
+static redisReply *resp(const char *text)
+{
+    redisReader *rd = redisReaderCreate();
+    void *rep = NULL;
+    assert_int_equal(redisReaderFeed(rd, text, strlen(text)), REDIS_OK);
+    assert_int_equal(redisReaderGetReply(rd, &rep), REDIS_OK);
+    assert_non_null(rep);
+    redisReaderFree(rd);
+    return rep;
+}
+
+static void replies(void **state)
+{
+    (void)state;
+    rate_decision_t d;
+    redisReply *r;
+
+    r = resp("*9\r\n:1\r\n:1\r\n:0\r\n:0\r\n:10\r\n:9\r\n:0\r\n:0\r\n"
+             ":100000000\r\n");
+    assert_int_equal(rate__redis_decide_parse(r, &d), RATE_OK);
+    assert_true(d.allowed);
+    assert_int_equal(d.limit, 10);
+    assert_int_equal(d.remaining, 9);
+    assert_int_equal(d.reset_after_ns, 100000000);
+    freeReplyObject(r);
+    /* -1: never */
+    r = resp("*9\r\n:1\r\n:0\r\n:0\r\n:0\r\n:10\r\n:0\r\n:0\r\n:-1\r\n"
+             ":5\r\n");
+    assert_int_equal(rate__redis_decide_parse(r, &d), RATE_OK);
+    assert_int_equal(d.retry_after_ns, RATE_NEVER);
+    freeReplyObject(r);
+    r = resp("*1\r\n:0\r\n"); /* declined */
+    assert_int_equal(rate__redis_decide_parse(r, &d), RATE_ENOTSUP);
+    freeReplyObject(r);
+    r = resp("*1\r\n:2\r\n"); /* not a hash */
+    assert_int_equal(rate__redis_decide_parse(r, &d), RATE_ECORRUPT);
+    freeReplyObject(r);
+    r = resp("*9\r\n:1\r\n:1\r\n:0\r\n:0\r\n:10\r\n:-2\r\n:0\r\n:0\r\n:0\r\n");
+    assert_int_equal(rate__redis_decide_parse(r, &d), RATE_ECORRUPT);
+    freeReplyObject(r);
+
+    const char *st;
+    size_t len;
+    uint64_t v;
+    r = resp("*2\r\n$2\r\n42\r\n$3\r\nabc\r\n");
+    assert_int_equal(rate__redis_load_parse(r, &st, &len, &v), RATE_OK);
+    assert_int_equal(v, 42);
+    assert_int_equal(len, 3);
+    assert_memory_equal(st, "abc", 3);
+    freeReplyObject(r);
+    r = resp("*2\r\n$-1\r\n$-1\r\n"); /* absent */
+    assert_int_equal(rate__redis_load_parse(r, &st, &len, &v), RATE_OK);
+    assert_int_equal(v, 0);
+    assert_null(st);
+    freeReplyObject(r);
+    r = resp("*2\r\n$2\r\nx1\r\n$1\r\na\r\n"); /* a version not a number */
+    assert_int_equal(rate__redis_load_parse(r, &st, &len, &v), RATE_ECORRUPT);
+    freeReplyObject(r);
+    r = resp("*2\r\n$1\r\n5\r\n$0\r\n\r\n"); /* present, no state */
+    assert_int_equal(rate__redis_load_parse(r, &st, &len, &v), RATE_ECORRUPT);
+    freeReplyObject(r);
+
+    r = resp(":0\r\n");
+    assert_int_equal(rate__redis_cas_parse(r), RATE_ECONFLICT);
+    freeReplyObject(r);
+    r = resp(":17\r\n");
+    assert_int_equal(rate__redis_cas_parse(r), RATE_OK);
+    freeReplyObject(r);
+
+    r = resp("-WRONGTYPE Operation against a key\r\n");
+    assert_int_equal(rate__redis_reply_ok(RATE_OK, r), RATE_ECORRUPT);
+    freeReplyObject(r);
+    r = resp("-NOSCRIPT No matching script\r\n");
+    assert_int_equal(rate__redis_reply_ok(RATE_OK, r), RATE_ESTORE);
+    assert_true(rate__redis_noscript(r));
+    assert_false(rate__redis_no_function(r));
+    freeReplyObject(r);
+    r = resp("-ERR Function not found\r\n");
+    assert_true(rate__redis_no_function(r));
+    freeReplyObject(r);
+
+    uint64_t ns;
+    r = resp("*2\r\n$10\r\n1700000000\r\n$6\r\n000250\r\n");
+    assert_int_equal(rate__redis_time_parse(r, &ns), RATE_OK);
+    assert_int_equal(ns, UINT64_C(1700000000) * RATE_NS_PER_S + 250000);
+    freeReplyObject(r);
+    r = resp("*2\r\n$1\r\n1\r\n$7\r\n1000000\r\n");
+    assert_int_equal(rate__redis_time_parse(r, &ns), RATE_ECORRUPT);
+    freeReplyObject(r);
+
+    r = resp("*1\r\n*1\r\n$14\r\nratelimit.step\r\n");
+    assert_true(rate__redis_has_module(r));
+    freeReplyObject(r);
+    r = resp("*1\r\n$-1\r\n"); /* COMMAND INFO of an unknown command */
+    assert_false(rate__redis_has_module(r));
+    freeReplyObject(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(key_names),
+        cmocka_unit_test(command_choice),
+        cmocka_unit_test(replies),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
