@@ -292,9 +292,10 @@ RATE_API int rate_store_redis_touch(rate_store_t *store, uint64_t ttl_ns);
  * command, after which the decision fails as a store error
  * (docs/async.md, "Redis Cluster").  Each decision is one command, chosen
  * as the synchronous store chooses it: RATELIMIT.STEP when the server has
- * ratelimit.so (options->module; while that is not known yet, the
- * command itself asks, and an error reply has the scripts decide at once,
- * the module tried again 5 s later, as the synchronous store does), else
+ * ratelimit.so (options->module; while that is not known yet, one
+ * decision's command asks, and an error reply has the scripts decide it
+ * at once, the module tried again 5 s later, as the synchronous store
+ * does), else
  * a lean script's FCALL (after "no such function", FUNCTION LOAD on that
  * connection and the FCALL again; a server that will not load it:
  * EVALSHA), else the general script's EVALSHA (NOSCRIPT: SCRIPT LOAD on

@@ -44,9 +44,9 @@ int rate__rasync_new(const rate_loop_t *loop, rate_store_t *sync,
 /* The synchronous store's choices, which the asynchronous transport
  * follows (store.c; sync_self: its back end): whether to send
  * RATELIMIT.STEP for a decision (while the module's presence is not known
- * the command itself asks: the transport never waits on a probe; once
- * found absent, one decision tries again after the synchronous store's
- * pause), what one came to (answered: used by both from now on; an error
+ * one decision's command asks, the others go by the scripts: the
+ * transport never waits on a probe; once found absent, one decision tries
+ * again after the synchronous store's pause), what one came to (answered: used by both from now on; an error
  * reply: the scripts for that pause), and whether lean scripts go by FCALL
  * (off for good once a server would not load the library). */
 bool rate__redis_module_try(void *sync_self);

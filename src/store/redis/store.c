@@ -474,9 +474,11 @@ bool rate__redis_module_try(void *sync_self)
     redis_store_t *r = sync_self;
     if (r->module_mode == RATE_REDIS_MODULE_OFF)
         return false;
-    if (atomic_load_explicit(&r->module_state, memory_order_relaxed) !=
-        MODULE_OFF)
+    if (atomic_load_explicit(&r->module_state, memory_order_relaxed) ==
+        MODULE_ON)
         return true;
+    /* Not known yet, or off: one decision asks (the first, then one per
+     * pause), the others meanwhile go by the scripts. */
     uint64_t now = rate_clock_monotonic_ns();
     uint64_t at = atomic_load(&r->module_retry_at_ns);
     return now >= at &&
