@@ -444,6 +444,14 @@ static int connect_node(anode_t *n)
 
 /* ------------------------------------------------------ the slot map */
 
+static int node_of(void *ctx, const char *host, int port)
+{
+    astore_t *s = ctx;
+    anode_t *n = node_get(s, host, port);
+    unsigned idx = n ? node_index(s, n) : MAX_NODES;
+    return idx < MAX_NODES ? (int)idx : -1;
+}
+
 static void on_slots(redisAsyncContext *ac, void *reply, void *priv)
 {
     aconn_t *c = ac->data;
@@ -455,23 +463,11 @@ static void on_slots(redisAsyncContext *ac, void *reply, void *priv)
     s->refreshing = false;
     if (rep == NULL || rep->type != REDIS_REPLY_ARRAY || s->closing)
         return;
-    size_t nr, cap = rep->elements;
-    rc_range_t *ranges = malloc((cap ? cap : 1) * sizeof *ranges);
-    uint8_t *map = calloc(RC_SLOTS, 1);
-    bool ok = ranges != NULL && map != NULL &&
-              rc_parse_slots(rep, c->n->host, ranges, cap, &nr);
-    for (size_t i = 0; ok && i < nr; i++) {
-        anode_t *n = node_get(s, ranges[i].host, ranges[i].port);
-        unsigned idx = n ? node_index(s, n) : MAX_NODES;
-        ok = idx < MAX_NODES;
-        for (unsigned k = ranges[i].first; ok && k <= ranges[i].last; k++)
-            map[k] = (uint8_t)(idx + 1);
-    }
-    if (ok) {
+    uint8_t *map = malloc(RC_SLOTS);
+    if (map != NULL && rc_slot_map(rep, c->n->host, node_of, s, map)) {
         memcpy(s->slot_node, map, RC_SLOTS);
         s->st.refreshes++;
     }
-    free(ranges);
     free(map);
 }
 

@@ -71,6 +71,9 @@ static const char cas_script[] =
     "local t = redis.call('TIME')\n"
     "if cur == '0' then\n"
     "  nv = redis.call('HINCRBY', KEYS[1], 'v', t[1] * 1000000 + t[2])\n"
+    "elseif #cur == 19 and cur >= '9223372036854775807' then\n"
+    "  nv = t[1] * 1000000 + t[2]\n" /* past HINCRBY's end: from TIME */
+    "  redis.call('HSET', KEYS[1], 'v', string.format('%.0f', nv))\n"
     "else\n"
     "  nv = redis.call('HINCRBY', KEYS[1], 'v', 1)\n"
     "end\n"

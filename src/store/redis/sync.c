@@ -813,26 +813,23 @@ static unsigned node_index(redis_store_t *r, const node_t *n)
 
 /* Puts a CLUSTER SLOTS reply in the map (slots it does not name: none
  * known).  Under topo_lock.  False for a reply that does not parse. */
+static int node_of(void *ctx, const char *host, int port)
+{
+    redis_store_t *r = ctx;
+    node_t *n = node_get(r, host, port);
+    unsigned idx = n ? node_index(r, n) : RATE__REDIS_MAX_NODES;
+    return idx < RATE__REDIS_MAX_NODES ? (int)idx : -1;
+}
+
 static bool apply_slots(redis_store_t *r, const redisReply *rep,
                         const char *self_host)
 {
-    size_t nr, cap = rep->type == REDIS_REPLY_ARRAY ? rep->elements : 0;
-    rc_range_t *ranges = malloc((cap ? cap : 1) * sizeof *ranges);
-    uint8_t *map = calloc(RC_SLOTS, 1);
-    bool ok = ranges != NULL && map != NULL &&
-              rc_parse_slots(rep, self_host, ranges, cap, &nr);
-    for (size_t i = 0; ok && i < nr; i++) {
-        node_t *n = node_get(r, ranges[i].host, ranges[i].port);
-        unsigned idx = n ? node_index(r, n) : RATE__REDIS_MAX_NODES;
-        ok = idx < RATE__REDIS_MAX_NODES;
-        for (unsigned s = ranges[i].first; ok && s <= ranges[i].last; s++)
-            map[s] = (uint8_t)(idx + 1);
-    }
+    uint8_t *map = malloc(RC_SLOTS);
+    bool ok = map != NULL && rc_slot_map(rep, self_host, node_of, r, map);
     for (unsigned s = 0; ok && s < RC_SLOTS; s++)
         atomic_store_explicit(&r->slot_node[s], map[s], memory_order_relaxed);
     if (ok)
         atomic_fetch_add(&r->st_refreshes, 1);
-    free(ranges);
     free(map);
     return ok;
 }
