@@ -705,8 +705,11 @@ static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
     if (rate_clock_monotonic_ns() >= dl)
         return RATE_ETIMEDOUT; /* the call's time is up before this command
                                   was sent: nothing of the node's doing */
-    rate__admit_t a = rate__breaker_admit(&r->breaker, &n->brk,
-                                          rate_clock_monotonic_ns());
+    /* The clock is read only when the breaker has something to time. */
+    rate__admit_t a = RATE__ADMIT_GO;
+    if (rate__breaker_is_open(&r->breaker, &n->brk))
+        a = rate__breaker_admit(&r->breaker, &n->brk,
+                                rate_clock_monotonic_ns());
     if (a == RATE__ADMIT_REFUSE) {
         atomic_fetch_add(&r->st_rejected, 1);
         return RATE_ESTORE;
@@ -723,7 +726,9 @@ static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
                         : rc == RATE_ENOMEM ? RATE__OUTCOME_NEUTRAL
                                             : RATE__OUTCOME_FAIL;
     if (rate__breaker_outcome(&r->breaker, &n->brk, probe, o,
-                              rate_clock_monotonic_ns()))
+                              o == RATE__OUTCOME_FAIL
+                                  ? rate_clock_monotonic_ns()
+                                  : 0))
         atomic_fetch_add(&r->st_opened, 1);
     return rc;
 }
