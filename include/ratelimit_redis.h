@@ -290,11 +290,18 @@ RATE_API int rate_store_redis_touch(rate_store_t *store, uint64_t ttl_ns);
  * slot map mended, and read again with an asynchronous CLUSTER SLOTS),
  * ASK once with ASKING, TRYAGAIN after 20 ms, at most 5 redirections per
  * command, after which the decision fails as a store error
- * (docs/async.md, "Redis Cluster").  Each decision is one EVALSHA of the
- * step script (NOSCRIPT: SCRIPT LOAD on that connection and the EVALSHA
- * again; a second NOSCRIPT: EVAL), or, for a request the
- * script declines, a load (HMGET) and compare-and-set script, retried on
- * a conflict; its deadline is its start plus command_timeout_ns, kept by
+ * (docs/async.md, "Redis Cluster").  Each decision is one command, chosen
+ * as the synchronous store chooses it: RATELIMIT.STEP when the server has
+ * ratelimit.so (options->module; while that is not known yet, one
+ * decision's command asks, and an error reply has the scripts decide it
+ * at once, the module tried again 5 s later, as the synchronous store
+ * does), else
+ * a lean script's FCALL (after "no such function", FUNCTION LOAD on that
+ * connection and the FCALL again; a server that will not load it:
+ * EVALSHA), else the general script's EVALSHA (NOSCRIPT: SCRIPT LOAD on
+ * that connection and the EVALSHA again; a second NOSCRIPT: EVAL); or,
+ * for a request none of them decides, a load (HMGET) and compare-and-set
+ * script, retried on a conflict; its deadline is its start plus command_timeout_ns, kept by
  * one loop timer: when the oldest decision in flight passes its deadline,
  * the connection its command is on is dropped and every decision on that
  * connection completes with a store error (RATE_ETIMEDOUT).  A node's
@@ -369,7 +376,17 @@ typedef struct rate_redis_async_stats {
      * rate_redis_status_t counts them. */
     uint64_t lean_adjustments;
     uint64_t declined_adjustments;
-    uint64_t reserved[8]; /* room for later fields; not read */
+    /* How decisions were made, as rate_redis_status_t counts them: by
+     * ratelimit.so (RATELIMIT.STEP), module calls answered with an error
+     * (then made by the scripts), by a lean script, by the general script,
+     * and left to the C step over HMGET and compare-and-set (from reserved
+     * words of 0.4.0: a store of 0.4.0 leaves them 0). */
+    uint64_t module_decisions;
+    uint64_t module_fallbacks;
+    uint64_t lean_decisions;
+    uint64_t general_decisions;
+    uint64_t declined;
+    uint64_t reserved[3]; /* room for later fields; not read */
 } rate_redis_async_stats_t;
 
 /* Reads what an asynchronous Redis store has seen since its creation

@@ -10,6 +10,8 @@
 # kept, and the CPU time the workers spent a request (user + system, from
 # /proc: steadier than requests/s on a machine that others load).
 #   nginx/bench.sh MODULE_SO [ROUNDS] [SECONDS]
+# REDIS_MODULE=/path/ratelimit.so loads the Redis module into that
+# redis-server (the zone's decisions then RATELIMIT.STEP, docs/redis-module.md).
 # NO_REDIS=1 leaves the Redis row out; REFUND=1 adds one of two Redis
 # limits whose second always denies (the first refunded without waiting,
 # rate_limiter_refund_start on the worker's loop), each answered 429.
@@ -96,7 +98,9 @@ names="off module headers"
 if [ -z "${NO_REDIS:-}" ] && command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
   free_port
   rport=$port
-  redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no >"$tmp/redis.log" 2>&1 &
+  rmod=()
+  [ -n "${REDIS_MODULE:-}" ] && rmod=(--loadmodule "$(realpath "$REDIS_MODULE")")
+  redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no "${rmod[@]}" >"$tmp/redis.log" 2>&1 &
   rpid=$!
   for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
   start redis "load_module $MODULE;" 'ratelimit bench $binary_remote_addr; ratelimit_fail closed;' \
@@ -104,6 +108,8 @@ if [ -z "${NO_REDIS:-}" ] && command -v redis-server >/dev/null && command -v re
   curl -sf -o /dev/null "$url_redis" ||
     { echo "bench: the store=redis nginx does not answer 200" >&2; exit 1; }
   names="$names redis"
+  [ -n "${REDIS_MODULE:-}" ] &&
+    echo "redis-server with $(redis-cli -p "$rport" MODULE LIST | sed -n 2p) loaded"
   if [ -n "${REFUND:-}" ]; then
     # Two Redis limits, the second always denying (one key, spent by the
     # check below): each request two asynchronous decisions and the

@@ -31,6 +31,10 @@
 
 #define MODULE_NAME "ratelimit"
 #define MODULE_VERSION 1
+/* A key's version: at most 19 digits; below VERSION_TOP it counts up by
+ * one per write (docs/redis.md, "Versions"). */
+#define VERSION_DIGITS_MAX UINT64_C(9999999999999999999)
+#define VERSION_TOP UINT64_C(9223372036854775807)
 
 /* ------------------------------------------------------ the API lookup */
 
@@ -175,9 +179,14 @@ static run_rc_t run_step(RedisModuleCtx *ctx, RedisModuleString *name,
     const char *old = NULL;
     size_t old_len = 0;
     run_rc_t out = RUN_DECLINED;
-    if (v != NULL && !arg_u64(v, UINT64_MAX - 1, &ver))
-        goto done; /* a version that does not parse: not ours to decide */
-    if (v != NULL && s != NULL) {
+    /* The version as the scripts and the client read it: at most 19
+     * digits, else not ours to decide (the client reports it). */
+    if (v != NULL && !arg_u64(v, VERSION_DIGITS_MAX, &ver))
+        goto done;
+    /* No version, version 0 or no state: a new key, as the scripts and
+     * the client's load read it. */
+    bool fresh = v == NULL || ver == 0 || s == NULL;
+    if (!fresh) {
         old = RM_StringPtrLen(s, &old_len);
         if (old_len == 0)
             goto done; /* present, but no state: the store reports it */
@@ -199,12 +208,13 @@ static run_rc_t run_step(RedisModuleCtx *ctx, RedisModuleString *name,
     if (!io.write)
         goto done;
     /* The version moves on with the state, as the scripts move it: a new
-     * key's starts from the server's time in microseconds. */
+     * key's starts from the server's time in microseconds, and so does
+     * one that cannot move on (2^63 - 1 or more, where Redis's HINCRBY
+     * stops: a tampered key), keeping its state. */
     uint64_t now = server_now_ns();
-    long long nv = v != NULL ? (long long)(ver + 1)
-                             : (long long)(now / 1000);
+    uint64_t nv = !fresh && ver < VERSION_TOP ? ver + 1 : now / 1000;
     char vb[24];
-    int vl = snprintf(vb, sizeof vb, "%lld", nv);
+    int vl = snprintf(vb, sizeof vb, "%llu", (unsigned long long)nv);
     RedisModuleString *vs = RM_CreateString(ctx, vb, (size_t)vl);
     RedisModuleString *ss = RM_CreateString(ctx, (const char *)buf,
                                             io.new_len);
@@ -427,9 +437,11 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
     if (rm_init(ctx, MODULE_NAME, MODULE_VERSION) != RM_OK)
         return RM_ERR;
     /* Both write one key, the first argument: a cluster routes them by
-     * it (the store's keys carry their hash tag). */
-    if (RM_CreateCommand(ctx, "ratelimit.step", cmd_step,
-                         "write deny-oom fast", 1, 1, 1) != RM_OK ||
+     * it (the store's keys carry their hash tag).  RATELIMIT.STEP is not
+     * "fast": a full sliding log of 10,000 entries takes milliseconds;
+     * CL.THROTTLE is one token bucket, constant time. */
+    if (RM_CreateCommand(ctx, "ratelimit.step", cmd_step, "write deny-oom",
+                         1, 1, 1) != RM_OK ||
         RM_CreateCommand(ctx, "cl.throttle", cmd_throttle,
                          "write deny-oom fast", 1, 1, 1) != RM_OK)
         return RM_ERR;

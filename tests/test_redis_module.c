@@ -750,6 +750,139 @@ static void step_arguments(void **state)
     redisFree(c);
 }
 
+/* A key's version tampered with (docs/redis.md, "Versions"): 0 reads as a
+ * new key on every path; 2^63 - 1 or more, where Redis's HINCRBY stops,
+ * starts again from TIME with the state kept, whether the module, a lean
+ * script, the general script or the compare-and-set path writes next; a
+ * version of 20 digits is refused by all (a store error, RATE_ECORRUPT),
+ * and left as it was.
+ * Each path's decisions are the memory store's over the same requests. */
+static void tampered_versions(void **state)
+{
+    (void)state;
+    static const char *tampered[] = {"0", "9223372036854775806",
+                                     "9223372036854775807",
+                                     "9223372036854775808",
+                                     "9999999999999999999"};
+    static const struct {
+        const char *name;
+        rate_redis_module_t module;
+        bool general;
+        const char *policy;
+    } paths[] = {
+        {"module", RATE_REDIS_MODULE_ON, false, "token-bucket 5/s burst=3"},
+        {"lean script", RATE_REDIS_MODULE_OFF, false,
+         "token-bucket 5/s burst=3"},
+        {"general script", RATE_REDIS_MODULE_OFF, true,
+         "token-bucket 5/s burst=3"},
+        {"compare-and-set", RATE_REDIS_MODULE_OFF, false,
+         "token-bucket 5/s burst=3 block=700ms"},
+    };
+    redisContext *c = raw_at(port);
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        char prefix[16], err[256] = "";
+        snprintf(prefix, sizeof prefix, "tv%zu:", p);
+        rate_redis_options_t o = {0};
+        rate_store_t *rs = NULL, *ms = NULL;
+        o.prefix = prefix;
+        o.module = paths[p].module;
+        o.general_script = paths[p].general;
+        if (rate_store_redis_new(url, &o, &rs, err, sizeof err) != RATE_OK)
+            fail_msg("redis store: %s", err);
+        assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+        rate_limiter_t *lr = limiter_of(paths[p].policy, rs);
+        rate_limiter_t *lm = limiter_of(paths[p].policy, ms);
+        for (size_t i = 0; i < sizeof tampered / sizeof tampered[0]; i++) {
+            char k[8], fresh[8];
+            snprintf(k, sizeof k, "k%zu", i);
+            snprintf(fresh, sizeof fresh, "f%zu", i);
+            uint64_t t = SEC;
+            rate_decision_t a = at(lm, k, t, 1, 0), b = at(lr, k, t, 1, 0);
+            expect_same_decision(&a, &b, paths[p].name, "before", (int)i, t,
+                                 1, 0);
+            redisReply *r = redisCommand(c, "HSET %s{%s} v %s", prefix, k,
+                                         tampered[i]);
+            freeReplyObject(r);
+            for (int j = 1; j <= 4; j++) {
+                t += 100 * MS;
+                /* version 0: a new key, as memory's fresh one */
+                a = at(lm, i == 0 ? fresh : k, t, 1, 0);
+                b = at(lr, k, t, 1, 0);
+                expect_same_decision(&a, &b, paths[p].name, tampered[i], j,
+                                     t, 1, 0);
+            }
+            r = redisCommand(c, "HGET %s{%s} v", prefix, k);
+            assert_int_equal(r->type, REDIS_REPLY_STRING);
+            unsigned long long v = strtoull(r->str, NULL, 10);
+            if (strspn(r->str, "0123456789") != r->len || r->len > 19 ||
+                v == 0 || v >= UINT64_C(9223372036854775807))
+                fail_msg("%s, v %s: written back as %s", paths[p].name,
+                         tampered[i], r->str);
+            freeReplyObject(r);
+        }
+        /* 20 digits: no version of ours, on any path, with a state or
+         * without; nothing written */
+        rate_decision_t d = at(lr, "big", SEC, 1, 0);
+        redisReply *r = redisCommand(c, "HSET %s{big} v 18446744073709551614",
+                                     prefix);
+        freeReplyObject(r);
+        r = redisCommand(c, "HSET %s{bare} v 18446744073709551614", prefix);
+        freeReplyObject(r);
+        for (int j = 0; j < 4; j++) {
+            const char *key = j % 2 ? "bare" : "big";
+            int rc = rate_limiter_check_at(lr, key, strlen(key), 1, 0,
+                                           SEC + (uint64_t)j * MS, &d);
+            if (rc != RATE_OK || d.reason != RATE_REASON_STORE_ERROR ||
+                d.error != RATE_ECORRUPT)
+                fail_msg("%s: a 20-digit version: %s, reason %d, error %s; "
+                         "not a store error RATE_ECORRUPT", paths[p].name,
+                         rate_err_name(rc), (int)d.reason,
+                         rate_err_name(d.error));
+            assert_false(d.allowed); /* failing closed */
+        }
+        r = redisCommand(c, "HGET %s{big} v", prefix);
+        assert_string_equal(r->str, "18446744073709551614");
+        freeReplyObject(r);
+        r = redisCommand(c, "HLEN %s{bare}", prefix);
+        assert_int_equal(r->integer, 1);
+        freeReplyObject(r);
+        rate_limiter_free(lr);
+        rate_limiter_free(lm);
+        rate_store_free(ms);
+        rate_store_redis_drop(rs);
+        rate_store_free(rs);
+    }
+    redisFree(c);
+}
+
+/* The commands' flags say what they cost: RATELIMIT.STEP may walk a
+ * sliding log of thousands of entries, so it is not "fast"; CL.THROTTLE
+ * is one token bucket, constant time, and is. */
+static bool has_flag(redisContext *c, const char *cmd, const char *flag)
+{
+    redisReply *r = redisCommand(c, "COMMAND INFO %s", cmd);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    assert_int_equal(r->elements, 1);
+    const redisReply *info = r->element[0];
+    assert_int_equal(info->type, REDIS_REPLY_ARRAY);
+    const redisReply *flags = info->element[2];
+    bool found = false;
+    for (size_t i = 0; i < flags->elements; i++)
+        found |= strcmp(flags->element[i]->str, flag) == 0;
+    freeReplyObject(r);
+    return found;
+}
+
+static void honest_flags(void **state)
+{
+    (void)state;
+    redisContext *c = raw_at(port);
+    assert_false(has_flag(c, "ratelimit.step", "fast"));
+    assert_true(has_flag(c, "ratelimit.step", "write"));
+    assert_true(has_flag(c, "cl.throttle", "fast"));
+    redisFree(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -761,6 +894,8 @@ int main(void)
         cmocka_unit_test(fallback_when_absent),
         cmocka_unit_test(cl_throttle_vectors),
         cmocka_unit_test(step_arguments),
+        cmocka_unit_test(tampered_versions),
+        cmocka_unit_test(honest_flags),
         cmocka_unit_test(unload_mid_run),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

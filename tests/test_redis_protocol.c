@@ -11,6 +11,7 @@
 
 #include "../src/store/redis/protocol.h"
 #include "helpers.h"
+#include "redis_reply.h"
 
 static rate__redis_proto_t proto(bool lean)
 {
@@ -218,24 +219,13 @@ static void command_choice(void **state)
     rate__redis_proto_free(&g);
 }
 
-static redisReply *resp(const char *text)
-{
-    redisReader *rd = redisReaderCreate();
-    void *rep = NULL;
-    assert_int_equal(redisReaderFeed(rd, text, strlen(text)), REDIS_OK);
-    assert_int_equal(redisReaderGetReply(rd, &rep), REDIS_OK);
-    assert_non_null(rep);
-    redisReaderFree(rd);
-    return rep;
-}
-
 static void replies(void **state)
 {
     (void)state;
     rate_decision_t d;
     redisReply *r;
 
-    r = resp("*9\r\n:1\r\n:1\r\n:0\r\n:0\r\n:10\r\n:9\r\n:0\r\n:0\r\n"
+    r = parse_resp("*9\r\n:1\r\n:1\r\n:0\r\n:0\r\n:10\r\n:9\r\n:0\r\n:0\r\n"
              ":100000000\r\n");
     assert_int_equal(rate__redis_decide_parse(r, &d), RATE_OK);
     assert_true(d.allowed);
@@ -244,74 +234,74 @@ static void replies(void **state)
     assert_int_equal(d.reset_after_ns, 100000000);
     freeReplyObject(r);
     /* -1: never */
-    r = resp("*9\r\n:1\r\n:0\r\n:0\r\n:0\r\n:10\r\n:0\r\n:0\r\n:-1\r\n"
+    r = parse_resp("*9\r\n:1\r\n:0\r\n:0\r\n:0\r\n:10\r\n:0\r\n:0\r\n:-1\r\n"
              ":5\r\n");
     assert_int_equal(rate__redis_decide_parse(r, &d), RATE_OK);
     assert_int_equal(d.retry_after_ns, RATE_NEVER);
     freeReplyObject(r);
-    r = resp("*1\r\n:0\r\n"); /* declined */
+    r = parse_resp("*1\r\n:0\r\n"); /* declined */
     assert_int_equal(rate__redis_decide_parse(r, &d), RATE_ENOTSUP);
     freeReplyObject(r);
-    r = resp("*1\r\n:2\r\n"); /* not a hash */
+    r = parse_resp("*1\r\n:2\r\n"); /* not a hash */
     assert_int_equal(rate__redis_decide_parse(r, &d), RATE_ECORRUPT);
     freeReplyObject(r);
-    r = resp("*9\r\n:1\r\n:1\r\n:0\r\n:0\r\n:10\r\n:-2\r\n:0\r\n:0\r\n:0\r\n");
+    r = parse_resp("*9\r\n:1\r\n:1\r\n:0\r\n:0\r\n:10\r\n:-2\r\n:0\r\n:0\r\n:0\r\n");
     assert_int_equal(rate__redis_decide_parse(r, &d), RATE_ECORRUPT);
     freeReplyObject(r);
 
     const char *st;
     size_t len;
     uint64_t v;
-    r = resp("*2\r\n$2\r\n42\r\n$3\r\nabc\r\n");
+    r = parse_resp("*2\r\n$2\r\n42\r\n$3\r\nabc\r\n");
     assert_int_equal(rate__redis_load_parse(r, &st, &len, &v), RATE_OK);
     assert_int_equal(v, 42);
     assert_int_equal(len, 3);
     assert_memory_equal(st, "abc", 3);
     freeReplyObject(r);
-    r = resp("*2\r\n$-1\r\n$-1\r\n"); /* absent */
+    r = parse_resp("*2\r\n$-1\r\n$-1\r\n"); /* absent */
     assert_int_equal(rate__redis_load_parse(r, &st, &len, &v), RATE_OK);
     assert_int_equal(v, 0);
     assert_null(st);
     freeReplyObject(r);
-    r = resp("*2\r\n$2\r\nx1\r\n$1\r\na\r\n"); /* a version not a number */
+    r = parse_resp("*2\r\n$2\r\nx1\r\n$1\r\na\r\n"); /* a version not a number */
     assert_int_equal(rate__redis_load_parse(r, &st, &len, &v), RATE_ECORRUPT);
     freeReplyObject(r);
-    r = resp("*2\r\n$1\r\n5\r\n$0\r\n\r\n"); /* present, no state */
+    r = parse_resp("*2\r\n$1\r\n5\r\n$0\r\n\r\n"); /* present, no state */
     assert_int_equal(rate__redis_load_parse(r, &st, &len, &v), RATE_ECORRUPT);
     freeReplyObject(r);
 
-    r = resp(":0\r\n");
+    r = parse_resp(":0\r\n");
     assert_int_equal(rate__redis_cas_parse(r), RATE_ECONFLICT);
     freeReplyObject(r);
-    r = resp(":17\r\n");
+    r = parse_resp(":17\r\n");
     assert_int_equal(rate__redis_cas_parse(r), RATE_OK);
     freeReplyObject(r);
 
-    r = resp("-WRONGTYPE Operation against a key\r\n");
+    r = parse_resp("-WRONGTYPE Operation against a key\r\n");
     assert_int_equal(rate__redis_reply_ok(RATE_OK, r), RATE_ECORRUPT);
     freeReplyObject(r);
-    r = resp("-NOSCRIPT No matching script\r\n");
+    r = parse_resp("-NOSCRIPT No matching script\r\n");
     assert_int_equal(rate__redis_reply_ok(RATE_OK, r), RATE_ESTORE);
     assert_true(rate__redis_noscript(r));
     assert_false(rate__redis_no_function(r));
     freeReplyObject(r);
-    r = resp("-ERR Function not found\r\n");
+    r = parse_resp("-ERR Function not found\r\n");
     assert_true(rate__redis_no_function(r));
     freeReplyObject(r);
 
     uint64_t ns;
-    r = resp("*2\r\n$10\r\n1700000000\r\n$6\r\n000250\r\n");
+    r = parse_resp("*2\r\n$10\r\n1700000000\r\n$6\r\n000250\r\n");
     assert_int_equal(rate__redis_time_parse(r, &ns), RATE_OK);
     assert_int_equal(ns, UINT64_C(1700000000) * RATE_NS_PER_S + 250000);
     freeReplyObject(r);
-    r = resp("*2\r\n$1\r\n1\r\n$7\r\n1000000\r\n");
+    r = parse_resp("*2\r\n$1\r\n1\r\n$7\r\n1000000\r\n");
     assert_int_equal(rate__redis_time_parse(r, &ns), RATE_ECORRUPT);
     freeReplyObject(r);
 
-    r = resp("*1\r\n*1\r\n$14\r\nratelimit.step\r\n");
+    r = parse_resp("*1\r\n*1\r\n$14\r\nratelimit.step\r\n");
     assert_true(rate__redis_has_module(r));
     freeReplyObject(r);
-    r = resp("*1\r\n$-1\r\n"); /* COMMAND INFO of an unknown command */
+    r = parse_resp("*1\r\n$-1\r\n"); /* COMMAND INFO of an unknown command */
     assert_false(rate__redis_has_module(r));
     freeReplyObject(r);
 }

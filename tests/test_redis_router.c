@@ -11,6 +11,7 @@
 
 #include "../src/store/redis/cluster.h"
 #include "helpers.h"
+#include "redis_reply.h"
 
 static void crc16_and_slots(void **state)
 {
@@ -39,17 +40,6 @@ static void crc16_and_slots(void **state)
     assert_int_equal(rc_key_slot("x{a{b}c", 7), rc_key_slot("a{b", 3));
     /* NUL bytes are bytes. */
     assert_int_equal(rc_key_slot("{a\0b}", 5), rc_crc16("a\0b", 3) & 16383);
-}
-
-static redisReply *parse_resp(const char *text)
-{
-    redisReader *rd = redisReaderCreate();
-    void *rep = NULL;
-    assert_int_equal(redisReaderFeed(rd, text, strlen(text)), REDIS_OK);
-    assert_int_equal(redisReaderGetReply(rd, &rep), REDIS_OK);
-    assert_non_null(rep);
-    redisReaderFree(rd);
-    return rep;
 }
 
 /* CLUSTER SLOTS recorded from Redis 7.0.15: a 3-master, 3-replica cluster
@@ -162,6 +152,37 @@ static void slots_reply_parsed(void **state)
     assert_false(rc_parse_slots(NULL, "", r, 8, &n));
 }
 
+/* The slot map both transports keep, from a reply: each master placed by
+ * the caller's node_of (here: by port, 7103 refused in one run). */
+static int port_index(void *ctx, const char *host, int port)
+{
+    (void)host;
+    int refuse = *(int *)ctx;
+    return port == refuse ? -1 : port - 7101;
+}
+
+static void slot_map_built(void **state)
+{
+    (void)state;
+    uint8_t map[RC_SLOTS];
+    int refuse = 0;
+    redisReply *rep = parse_resp(resharded);
+    assert_true(rc_slot_map(rep, "seed", port_index, &refuse, map));
+    assert_int_equal(map[0], 3); /* 7103: index 2, stored + 1 */
+    assert_int_equal(map[9], 3);
+    assert_int_equal(map[10], 1);
+    assert_int_equal(map[5460], 1);
+    assert_int_equal(map[5461], 2);
+    assert_int_equal(map[16383], 3);
+    refuse = 7103; /* a master the caller cannot place */
+    assert_false(rc_slot_map(rep, "seed", port_index, &refuse, map));
+    freeReplyObject(rep);
+    rep = parse_resp("*1\r\n:5\r\n"); /* no CLUSTER SLOTS reply */
+    refuse = 0;
+    assert_false(rc_slot_map(rep, "seed", port_index, &refuse, map));
+    freeReplyObject(rep);
+}
+
 static void redirections_parsed(void **state)
 {
     (void)state;
@@ -198,6 +219,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(crc16_and_slots),
         cmocka_unit_test(slots_reply_parsed),
+        cmocka_unit_test(slot_map_built),
         cmocka_unit_test(redirections_parsed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

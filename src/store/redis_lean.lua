@@ -71,12 +71,15 @@ if cur.err ~= nil then
   return redis.error_reply(cur.err)
 end
 local st = cur[2]
+if cur[1] and (#cur[1] > 19 or not string.find(cur[1], '^%d+$')) then
+  return DECLINE -- as redis_step.lua: the version first, then absent
+end
 if cur[1] == false or cur[1] == '0' or st == false then
   cur[1] = false
   st = nil
-elseif not string.find(cur[1], '^%d+$') or #cur[1] > 19 then
-  return DECLINE
 end
+-- 2^63 - 1 or more (tampered): the version starts again from TIME
+local vtop = cur[1] and #cur[1] == 19 and cur[1] >= '9223372036854775807'
 
 -- The state's header and word: t = max(now, t_last) as {t_hi, t_lo}, dt =
 -- t - t_last (math.huge from 2^52 ns on: 52 days, past every bucket's
@@ -194,7 +197,7 @@ end
 local function write(word, reset)
   local state = struct.pack('<I4I4I4BB', t_lo, t_hi, id, 1, fmt) .. word
   local ttl_us = tonumber(ARGV[5])
-  if tms == nil and (cur[1] == false or ttl_us ~= 0) then
+  if tms == nil and (cur[1] == false or vtop or ttl_us ~= 0) then
     local tm = redis.call('TIME')
     tms, tmu = tonumber(tm[1]), tonumber(tm[2])
   end
@@ -203,7 +206,7 @@ local function write(word, reset)
   -- 19 digits, checked above) plus one, digit by digit: tonumber of a long
   -- string costs more than the rest of the step.
   local ver
-  if cur[1] == false then ver = tms * 1000000 + tmu
+  if cur[1] == false or vtop then ver = tms * 1000000 + tmu
   else
     ver = cur[1]
     local i = #ver

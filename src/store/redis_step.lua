@@ -223,13 +223,19 @@ if cur.err ~= nil then
   return redis.error_reply(cur.err)
 end
 local st = cur[2]
--- no version, version 0 or no state: absent, as the client's load reads it
+-- a version that does not parse: the client reports it (its load, too,
+-- reads the version first); then no version, version 0 or no state:
+-- absent, as the client's load reads it
+if cur[1] and (#cur[1] > 19 or not string.find(cur[1], '^%d+$')) then
+  return DECLINE
+end
 if cur[1] == false or cur[1] == '0' or st == false then
   cur[1] = false
   st = nil
-elseif not string.find(cur[1], '^%d+$') or #cur[1] > 19 then
-  return DECLINE -- a version that does not parse: the client reports it
 end
+-- A version that cannot move on (2^63 - 1 or more, where HINCRBY stops: a
+-- tampered key) starts again from TIME, as a new key's; the state stays.
+local vtop = cur[1] and #cur[1] == 19 and cur[1] >= '9223372036854775807'
 local last = now
 local view = {}
 local off = 15
@@ -553,10 +559,10 @@ if allowed and n > 0 then
   -- One write: the version moves on (a new key's starts from TIME in
   -- microseconds, as the compare-and-set script's does) with the state.
   local ver
-  if tm == nil and (cur[1] == false or ttl_us ~= 0) then
+  if tm == nil and (cur[1] == false or vtop or ttl_us ~= 0) then
     tm = redis.call('TIME')
   end
-  if cur[1] == false then
+  if cur[1] == false or vtop then
     ver = tm[1] * 1000000 + tm[2]
   else
     ver = tonumber(cur[1]) + 1

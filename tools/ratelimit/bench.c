@@ -591,6 +591,8 @@ static int usage(FILE *f)
 {
     fputs("usage: ratelimit bench [--rounds N] [--iterations N] [--redis URL]\n"
           "                       [--redis-cluster URL]\n"
+          "       ratelimit bench --redis URL --workload [--decisions N]\n"
+          "                       [--node-peer COMMAND]\n"
           "       ratelimit bench --store dynamodb://TABLE?region=R[&endpoint=URL]\n"
           "       ratelimit bench --shm [--rounds N] [--iterations N]\n"
           "       ratelimit bench --sync redis://HOST[:PORT]\n"
@@ -603,6 +605,15 @@ static int usage(FILE *f)
           "a PING round trip, and throughput with 1 to 64 callers.  With\n"
           "--redis-cluster too, the same decisions at 1 and 64 callers on\n"
           "the single server and on that Redis Cluster, in turns.\n"
+          "Last, issue 27's workload (N decisions over 100,000 random keys,\n"
+          "every one an admission that writes; N from --decisions, default\n"
+          "40000, the issue's 200000): the blocking store at 1 and 64\n"
+          "callers and the asynchronous store at 1 and 64 in flight, with\n"
+          "the Redis module when the server has it and without, beside\n"
+          "redis-benchmark's ceilings; --workload runs that table alone;\n"
+          "--node-peer COMMAND also runs a peer client in turn with it\n"
+          "(bench/node-peer/run.sh: COMMAND HOST PORT N KEYS IN-FLIGHT\n"
+          "prints \"decisions/s R client_us C\").\n"
           "With --store dynamodb://..., only the DynamoDB store (the table\n"
           "created if missing, the bench's items removed at the end):\n"
           "decisions/s and round trips per decision with 1 and 16 callers,\n"
@@ -627,6 +638,7 @@ static int usage(FILE *f)
 int cmd_bench(int argc, char **argv)
 {
     const char *redis_url = NULL, *cluster_url = NULL;
+    bench_redis_opts_t ro = {0};
     bool shm = false, fair = false, leases = false;
 
     for (int i = 1; i < argc; i++) {
@@ -662,6 +674,24 @@ int cmd_bench(int argc, char **argv)
             redis_url = argv[++i];
             continue;
         }
+        if (strcmp(argv[i], "--workload") == 0) {
+            ro.workload_only = true;
+            continue;
+        }
+        if (strcmp(argv[i], "--node-peer") == 0 && i + 1 < argc) {
+            ro.peer = argv[++i];
+            continue;
+        }
+        if (strcmp(argv[i], "--decisions") == 0 && i + 1 < argc) {
+            unsigned long long v = strtoull(argv[i + 1], &end, 10);
+            if (*end != '\0' || v < 64 || v > 100000000ull)
+                return cli_fail("bench: --decisions wants a whole number "
+                                "from 64 to 100000000, not '%s'",
+                                argv[i + 1]);
+            ro.decisions = v;
+            i++;
+            continue;
+        }
         if (strcmp(argv[i], "--redis-cluster") == 0 && i + 1 < argc) {
             cluster_url = argv[++i];
             continue;
@@ -682,12 +712,18 @@ int cmd_bench(int argc, char **argv)
         return bench_leases(redis_url);
     if (cluster_url != NULL && redis_url == NULL)
         return cli_fail("bench: --redis-cluster compares with --redis URL");
+    if ((ro.workload_only || ro.peer != NULL || ro.decisions != 0) &&
+        redis_url == NULL)
+        return cli_fail("bench: --workload, --decisions and --node-peer "
+                        "measure the Redis store: give --redis URL");
 #ifndef RATE_WITH_REDIS
     if (redis_url != NULL) /* refused before the memory figures, not after */
-        return bench_redis(redis_url, cluster_url);
+        return bench_redis(redis_url, cluster_url, &ro);
 #endif
     if (fair)
         return bench_fair(rounds, iters);
+    if (ro.workload_only)
+        return bench_redis(redis_url, cluster_url, &ro);
     progress = isatty(2);
     make_keys();
     if (shm)
@@ -883,7 +919,7 @@ int cmd_bench(int argc, char **argv)
     fflush(stdout);
     if (redis_url != NULL) {
         note("redis");
-        int rc = bench_redis(redis_url, cluster_url);
+        int rc = bench_redis(redis_url, cluster_url, &ro);
         if (progress)
             fputs("\r\033[K", stderr);
         return rc;

@@ -472,7 +472,8 @@ static void bench_lean(const char *url, const char *host, int port,
         printf("  store errors: %llu\n", (unsigned long long)errors);
 }
 
-int bench_redis(const char *url, const char *cluster_url)
+int bench_redis(const char *url, const char *cluster_url,
+                const bench_redis_opts_t *bo)
 {
     rate_redis_options_t o = {0};
     rate_store_t *store;
@@ -497,6 +498,11 @@ int bench_redis(const char *url, const char *cluster_url)
         }
         if (h[n] == ':')
             port = atoi(h + n + 1);
+    }
+    uint64_t decisions = bo->decisions ? bo->decisions : 40000;
+    if (bo->workload_only) {
+        rate_store_free(store);
+        return bench_redis_load(url, host, port, decisions, bo->peer);
     }
     rate_policy_t *p;
     rate_policy_parse("token-bucket 100000/s burst=1000", &p, NULL, 0);
@@ -594,6 +600,8 @@ int bench_redis(const char *url, const char *cluster_url)
     int rc = cluster_url ? bench_cluster(lim, cluster_url, p, prefix) : 0;
     if (rc == 0)
         rc = bench_module(url, host, port, prefix, p, ceilings, one_args);
+    if (rc == 0)
+        rc = bench_redis_load(url, host, port, decisions, bo->peer);
     rate_store_redis_drop(store);
     rate_limiter_free(lim);
     rate_store_free(store);

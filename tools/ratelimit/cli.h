@@ -24,13 +24,23 @@ int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int bench_fair(unsigned rounds, uint64_t iters);
 
 /* The bench's remote parts, in a build with the store they measure. */
+typedef struct bench_redis_opts {
+    bool workload_only; /* --workload: issue 27's table alone */
+    uint64_t decisions; /* --decisions: its size (0: the default) */
+    const char *peer;   /* --node-peer: the Node peer's command, or NULL */
+} bench_redis_opts_t;
 #ifdef RATE_WITH_REDIS
-int bench_redis(const char *url, const char *cluster_url); /* bench's Redis part */
+int bench_redis(const char *url, const char *cluster_url,
+                const bench_redis_opts_t *o); /* bench's Redis part */
+/* bench --redis's table of issue 27's workload (bench_redis_load.c). */
+int bench_redis_load(const char *url, const char *host, int port,
+                     uint64_t decisions, const char *peer);
 int bench_sync(const char *url); /* bench --sync URL: the synced mode */
 #else
-static inline int bench_redis(const char *url, const char *cluster_url)
+static inline int bench_redis(const char *url, const char *cluster_url,
+                              const bench_redis_opts_t *o)
 {
-    (void)url, (void)cluster_url;
+    (void)url, (void)cluster_url, (void)o;
     return cli_fail("bench: --redis: this build has no Redis store (it was "
                     "built with RATE_WITH_REDIS=OFF)");
 }

@@ -38,6 +38,7 @@
  * Its topology, read once at creation (no I/O), is this store's first
  * slot map.
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,6 +78,7 @@ typedef struct aconn {
         const char *src; /* the script (protocol.c's text), NULL: free */
         int state;       /* LOAD_SENT, LOAD_DONE */
     } loads[SCRIPTS_MAX];
+    int fn_load; /* the Functions library: LOAD_SENT, LOAD_DONE, or 0 */
 } aconn_t;
 
 enum { LOAD_SENT = 1, LOAD_DONE };
@@ -108,7 +110,9 @@ typedef struct ajob {
     bool probe;         /* its command is its node's breaker probe */
     bool taken;         /* start() said RATE_OK: a refusal is no longer
                            "at once" */
-    rate__redis_cmd_t cmd;
+    bool module;        /* its decide is RATELIMIT.STEP */
+    bool fcall;         /* its decide is a lean script's FCALL */
+    unsigned no_fn;     /* "no such function" replies to its FCALL */
     int phase;
     unsigned noscripts; /* NOSCRIPT replies to its current command */
     unsigned retries;
@@ -116,6 +120,7 @@ typedef struct ajob {
     void *state; /* the step's new state, for the compare-and-set */
     struct kturn *turn; /* a step job's key: its turn, held or waited for */
     struct ajob *qnext; /* waiting: the next in the turn's queue */
+    rate__redis_cmd_t cmd; /* last: a job taken again zeroes what is above */
 } ajob_t;
 
 /* A key's turn for the C step (load, step, compare-and-set): held by one
@@ -132,6 +137,7 @@ typedef struct kturn {
 } kturn_t;
 
 #define TURN_BUCKETS 1024u
+#define SPARE_MAX 256u /* jobs kept for the next decisions */
 
 struct astore {
     rate_loop_t loop;
@@ -153,6 +159,8 @@ struct astore {
     ajob_t *head, *tail;
     ajob_t *phead, *ptail; /* parked, in the order of resend_at */
     kturn_t **turns; /* TURN_BUCKETS, allocated at the first step job */
+    ajob_t *spare;   /* completed jobs kept for the next, by next */
+    unsigned nspare;
     bool closing; /* being freed: no new job */
     bool broken;  /* some node is */
     rate_redis_async_stats_t st;
@@ -436,6 +444,14 @@ static int connect_node(anode_t *n)
 
 /* ------------------------------------------------------ the slot map */
 
+static int node_of(void *ctx, const char *host, int port)
+{
+    astore_t *s = ctx;
+    anode_t *n = node_get(s, host, port);
+    unsigned idx = n ? node_index(s, n) : MAX_NODES;
+    return idx < MAX_NODES ? (int)idx : -1;
+}
+
 static void on_slots(redisAsyncContext *ac, void *reply, void *priv)
 {
     aconn_t *c = ac->data;
@@ -447,23 +463,11 @@ static void on_slots(redisAsyncContext *ac, void *reply, void *priv)
     s->refreshing = false;
     if (rep == NULL || rep->type != REDIS_REPLY_ARRAY || s->closing)
         return;
-    size_t nr, cap = rep->elements;
-    rc_range_t *ranges = malloc((cap ? cap : 1) * sizeof *ranges);
-    uint8_t *map = calloc(RC_SLOTS, 1);
-    bool ok = ranges != NULL && map != NULL &&
-              rc_parse_slots(rep, c->n->host, ranges, cap, &nr);
-    for (size_t i = 0; ok && i < nr; i++) {
-        anode_t *n = node_get(s, ranges[i].host, ranges[i].port);
-        unsigned idx = n ? node_index(s, n) : MAX_NODES;
-        ok = idx < MAX_NODES;
-        for (unsigned k = ranges[i].first; ok && k <= ranges[i].last; k++)
-            map[k] = (uint8_t)(idx + 1);
-    }
-    if (ok) {
+    uint8_t *map = malloc(RC_SLOTS);
+    if (map != NULL && rc_slot_map(rep, c->n->host, node_of, s, map)) {
         memcpy(s->slot_node, map, RC_SLOTS);
         s->st.refreshes++;
     }
-    free(ranges);
     free(map);
 }
 
@@ -528,6 +532,36 @@ static void unpark(ajob_t *j)
 
 static void turn_leave(ajob_t *j);
 
+/* A job to fill, zeroed but for its command (a few KB that every
+ * command's builder sets itself): one of the spare ones, else new. */
+static ajob_t *job_get(astore_t *s)
+{
+    ajob_t *j = s->spare;
+    if (j != NULL) {
+        s->spare = j->next;
+        s->nspare--;
+    } else if ((j = malloc(sizeof *j)) == NULL) {
+        return NULL;
+    }
+    memset(j, 0, offsetof(ajob_t, cmd));
+    j->cmd.k = NULL;
+    j->cmd.lean = -1;
+    j->cmd.script = NULL;
+    return j;
+}
+
+/* A job done with, kept for the next decision unless SPARE_MAX are. */
+static void job_put(astore_t *s, ajob_t *j)
+{
+    if (s->nspare >= SPARE_MAX || s->closing) {
+        free(j);
+        return;
+    }
+    j->next = s->spare;
+    s->spare = j;
+    s->nspare++;
+}
+
 /* Completes j with rc (its command's outcome already counted). */
 static void finish(ajob_t *j, int rc)
 {
@@ -548,7 +582,7 @@ static void finish(ajob_t *j, int rc)
         s->tail = j->prev;
     rate__redis_cmd_free(&j->cmd);
     free(j->state);
-    free(j);
+    job_put(s, j);
     s->st.completed++;
     s->st.in_flight--;
     if (rc == RATE_ETIMEDOUT)
@@ -562,6 +596,37 @@ static void finish(ajob_t *j, int rc)
 
 static void on_reply(redisAsyncContext *ac, void *reply, void *priv);
 
+/* The command in Redis's protocol into buf: its length, or 0 when it does
+ * not fit (hiredis formats it then).  Cheaper than hiredis's formatting,
+ * which builds the same bytes with a printf of its own per argument. */
+static size_t resp(char *buf, size_t cap, const rate__redis_cmd_t *c)
+{
+    size_t n = 0;
+    char t[24];
+    for (int i = -1; i < c->argc; i++) {
+        uint64_t v = i < 0 ? (uint64_t)c->argc : c->al[i];
+        int k = 0;
+        do
+            t[k++] = (char)('0' + v % 10);
+        while ((v /= 10) != 0);
+        size_t need = 3 + (size_t)k + (i < 0 ? 0 : c->al[i] + 2);
+        if (cap - n < need)
+            return 0;
+        buf[n++] = i < 0 ? '*' : '$';
+        while (k > 0)
+            buf[n++] = t[--k];
+        buf[n++] = '\r';
+        buf[n++] = '\n';
+        if (i >= 0) {
+            memcpy(buf + n, c->av[i], c->al[i]);
+            n += c->al[i];
+            buf[n++] = '\r';
+            buf[n++] = '\n';
+        }
+    }
+    return n;
+}
+
 /* Queue j's command on n's connection (ASKING first if asking), which must
  * be there: RATE_OK or RATE_ESTORE. */
 static int send_on(ajob_t *j, anode_t *n, bool asking)
@@ -571,8 +636,11 @@ static int send_on(ajob_t *j, anode_t *n, bool asking)
     redisAsyncContext *ac = n->conn->ac;
     if (asking && redisAsyncCommand(ac, NULL, NULL, "ASKING") != REDIS_OK)
         return RATE_ESTORE;
-    if (redisAsyncCommandArgv(ac, on_reply, j, j->cmd.argc, j->cmd.av,
-                              j->cmd.al) != REDIS_OK)
+    char buf[1024];
+    size_t len = resp(buf, sizeof buf, &j->cmd);
+    if ((len > 0 ? redisAsyncFormattedCommand(ac, on_reply, j, buf, len)
+                 : redisAsyncCommandArgv(ac, on_reply, j, j->cmd.argc,
+                                         j->cmd.av, j->cmd.al)) != REDIS_OK)
         return RATE_ESTORE;
     j->node = n;
     j->asking = asking;
@@ -765,6 +833,47 @@ static int load_cmd(ajob_t *j)
     return rate__redis_load_cmd(j->s->proto, &j->job->key, &j->cmd);
 }
 
+/* The command of j's decide(), as the synchronous store chooses it: the
+ * module's RATELIMIT.STEP when the server has it (or may: asked by the
+ * command itself) and the module makes this request, else a lean script
+ * by FCALL (EVALSHA where the server has no Functions), else the general
+ * script; a request no script decides exactly goes to the C step (the
+ * load).  module false: not the module (it just failed). */
+static int decide_cmd(ajob_t *j, bool module)
+{
+    astore_t *s = j->s;
+    const rate_decide_req_t *q = j->job->req;
+    int rc;
+
+    rate__redis_cmd_free(&j->cmd);
+    j->phase = PH_DECIDE;
+    j->noscripts = 0;
+    j->no_fn = 0;
+    j->module = j->fcall = false;
+    if (module && q->op == RATE_DECIDE_ACQUIRE &&
+        rate__redis_module_try(s->sync_self)) {
+        rc = rate__redis_decide_cmd(s->proto, RATE__VIA_MODULE, false,
+                                    &j->job->key, q, &j->cmd);
+        if (rc != RATE_ENOTSUP) {
+            j->module = rc == RATE_OK;
+            return rc;
+        }
+        rate__redis_cmd_free(&j->cmd);
+    }
+    bool fcall = rate__redis_fcall_on(s->sync_self);
+    rc = rate__redis_decide_cmd(s->proto, RATE__VIA_SCRIPTS, fcall,
+                                &j->job->key, q, &j->cmd);
+    if (rc == RATE_ENOTSUP) { /* outside the scripts' range: the step */
+        if (q->op != RATE_DECIDE_ACQUIRE)
+            s->st.declined_adjustments++;
+        else
+            s->st.declined++;
+        return load_cmd(j);
+    }
+    j->fcall = rc == RATE_OK && fcall && j->cmd.lean >= 0;
+    return rc;
+}
+
 /* A load's reply: run the step over it; the compare-and-set, or done. */
 static int after_load(ajob_t *j, const redisReply *rep, bool *more)
 {
@@ -888,6 +997,47 @@ static void script_load(aconn_t *c, const rate__redis_cmd_t *cmd)
     }
 }
 
+static void on_fn_loaded(redisAsyncContext *ac, void *reply, void *priv)
+{
+    aconn_t *c = ac->data;
+    const redisReply *rep = reply;
+    (void)priv;
+    if (rep == NULL) {
+        c->fn_load = 0;
+        return;
+    }
+    bool ok = rep->type == REDIS_REPLY_STRING ||
+              (rep->type == REDIS_REPLY_ERROR &&
+               strstr(rep->str, "already exists") != NULL);
+    c->fn_load = ok ? LOAD_DONE : 0;
+    if (!ok) /* before Redis 7, or a user without the right: EVALSHA */
+        rate__redis_fcall_off(c->n->s->sync_self);
+}
+
+/* After "no such function" on c: FUNCTION LOAD of the lean scripts'
+ * library there, ahead of the FCALL sent again, unless one is on its way
+ * (the reply is of an FCALL sent before it); true when the FCALL may go
+ * again. */
+static bool fn_load(aconn_t *c)
+{
+    const char *lib;
+    size_t len;
+
+    if (!usable(c))
+        return false;
+    if (c->fn_load == LOAD_SENT)
+        return true;
+    lib = c->n->s->proto->fn_lib;
+    len = c->n->s->proto->fn_lib_len;
+    if (redisAsyncCommandArgv(c->ac, on_fn_loaded, NULL, 4,
+                              (const char *[]){"FUNCTION", "LOAD", "REPLACE",
+                                               lib},
+                              (size_t[]){8, 4, 7, len}) != REDIS_OK)
+        return false;
+    c->fn_load = LOAD_SENT;
+    return true;
+}
+
 static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
 {
     ajob_t *j = priv;
@@ -910,6 +1060,32 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
     outcome(j, n, true);
     if (rep->type == REDIS_REPLY_ERROR && redirect(j, n, rep))
         return;
+    if (j->phase == PH_DECIDE && j->module) {
+        rate__redis_module_seen(j->s->sync_self,
+                                rep->type != REDIS_REPLY_ERROR);
+        if (rep->type == REDIS_REPLY_ERROR) {
+            /* "unknown command" (unloaded, a failover to a server without
+             * it), NOPERM: nothing was written; the scripts decide now */
+            j->s->st.module_fallbacks++;
+            if ((rc = decide_cmd(j, false)) == RATE_OK &&
+                (rc = route(j)) == RATE_OK)
+                return;
+            finish(j, rc);
+            return;
+        }
+    }
+    if (j->phase == PH_DECIDE && j->fcall && rate__redis_no_function(rep)) {
+        /* A node without the library (a new node, a restart, FUNCTION
+         * FLUSH): loaded on this connection, then called again; once
+         * more, or a server that will not load it: the EVALSHA. */
+        if (j->no_fn++ > 0 || !fn_load(c)) {
+            rate__redis_cmd_evalsha(j->s->proto, &j->cmd);
+            j->fcall = false;
+        }
+        if ((rc = send_on(j, n, j->asking)) != RATE_OK)
+            finish(j, rc);
+        return;
+    }
     if (rate__redis_noscript(rep) && j->noscripts < 2) {
         /* A node that never had the script, restarted, or SCRIPT FLUSH */
         j->s->st.noscript++;
@@ -924,14 +1100,19 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
     rc = rate__redis_reply_ok(RATE_OK, rep);
     if (rc == RATE_OK) {
         switch (j->phase) {
-        case PH_DECIDE:
+        case PH_DECIDE: {
+            rate_redis_async_stats_t *st = &j->s->st;
+            bool adjust = j->job->req->op != RATE_DECIDE_ACQUIRE;
             rc = rate__redis_decide_parse(rep, j->job->out);
-            if (j->job->req->op != RATE_DECIDE_ACQUIRE && rc == RATE_OK)
-                j->s->st.lean_adjustments++; /* a lean script's change */
-            else if (j->job->req->op != RATE_DECIDE_ACQUIRE &&
-                     rc == RATE_ENOTSUP)
-                j->s->st.declined_adjustments++; /* the step makes it */
+            if (rc == RATE_OK)
+                (*(adjust         ? &st->lean_adjustments /* a lean one's */
+                   : j->module    ? &st->module_decisions
+                   : j->cmd.lean >= 0 ? &st->lean_decisions
+                                      : &st->general_decisions))++;
+            else if (rc == RATE_ENOTSUP) /* the step makes it */
+                (*(adjust ? &st->declined_adjustments : &st->declined))++;
             break;
+        }
         case PH_LOAD:
             rc = after_load(j, rep, &more);
             break;
@@ -1012,21 +1193,14 @@ static int a_start(void *self, rate_job_t *job)
 
     if (s->closing)
         return RATE_ECANCELED;
-    ajob_t *j = calloc(1, sizeof *j);
+    ajob_t *j = job_get(s);
     if (j == NULL)
         return RATE_ENOMEM;
     j->s = s;
     j->job = job;
     j->deadline = now + s->conf.command_ns;
     if (job->req != NULL) {
-        j->phase = PH_DECIDE;
-        rc = rate__redis_decide_cmd(s->proto, RATE__VIA_SCRIPTS, false,
-                                    &job->key, job->req, &j->cmd);
-        if (rc == RATE_ENOTSUP) { /* outside the script's range: the step */
-            if (job->req->op != RATE_DECIDE_ACQUIRE)
-                s->st.declined_adjustments++;
-            rc = load_cmd(j);
-        }
+        rc = decide_cmd(j, true);
     } else {
         rc = load_cmd(j);
     }
@@ -1034,7 +1208,7 @@ static int a_start(void *self, rate_job_t *job)
         rc = route(j); /* refused at once: nothing sent */
     if (rc != RATE_OK) {
         rate__redis_cmd_free(&j->cmd);
-        free(j);
+        job_put(s, j);
         return rc;
     }
     j->taken = true;
@@ -1097,6 +1271,11 @@ static void a_destroy(void *self)
     /* The jobs waiting for a key's turn went with its holder (each job
      * held is on a connection or parked): no turn is left. */
     free(s->turns);
+    while (s->spare != NULL) {
+        ajob_t *j = s->spare;
+        s->spare = j->next;
+        free(j);
+    }
     if (s->timer != NULL)
         s->loop.timer_free(s->loop.ud, s->timer);
     rate_store_free(s->sync);

@@ -41,6 +41,19 @@ int rate__rasync_new(const rate_loop_t *loop, rate_store_t *sync,
                      const rate__redis_conf_t *conf, const rc_addr_t *nodes,
                      unsigned nnodes, const uint8_t *map, rate_store_t **out);
 
+/* The synchronous store's choices, which the asynchronous transport
+ * follows (store.c; sync_self: its back end): whether to send
+ * RATELIMIT.STEP for a decision (while the module's presence is not known
+ * one decision's command asks, the others go by the scripts: the
+ * transport never waits on a probe; once found absent, one decision tries
+ * again after the synchronous store's pause), what one came to (answered: used by both from now on; an error
+ * reply: the scripts for that pause), and whether lean scripts go by FCALL
+ * (off for good once a server would not load the library). */
+bool rate__redis_module_try(void *sync_self);
+void rate__redis_module_seen(void *sync_self, bool answered);
+bool rate__redis_fcall_on(void *sync_self);
+void rate__redis_fcall_off(void *sync_self);
+
 /* The synchronous store's back end an asynchronous Redis store owns, or
  * NULL for any other store: what drop and touch go through. */
 void *rate__rasync_sync(rate_store_t *store);

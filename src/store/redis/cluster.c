@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* Redis Cluster routing: see cluster.h. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "cluster.h"
@@ -116,4 +117,24 @@ rc_redirect_t rc_parse_redirect(const char *s, size_t len,
     *slot = v;
     *port = p;
     return kind;
+}
+
+bool rc_slot_map(const redisReply *rep, const char *self_host,
+                 int (*node_of)(void *ctx, const char *host, int port),
+                 void *ctx, uint8_t map[RC_SLOTS])
+{
+    size_t nr, cap = rep->type == REDIS_REPLY_ARRAY ? rep->elements : 0;
+    rc_range_t *ranges = malloc((cap ? cap : 1) * sizeof *ranges);
+    bool ok = ranges != NULL &&
+              rc_parse_slots(rep, self_host, ranges, cap, &nr);
+    if (ok)
+        memset(map, 0, RC_SLOTS);
+    for (size_t i = 0; ok && i < nr; i++) {
+        int idx = node_of(ctx, ranges[i].host, ranges[i].port);
+        ok = idx >= 0 && idx < 255;
+        for (unsigned s = ranges[i].first; ok && s <= ranges[i].last; s++)
+            map[s] = (uint8_t)(idx + 1);
+    }
+    free(ranges);
+    return ok;
 }

@@ -48,6 +48,16 @@ typedef struct rc_range {
 bool rc_parse_slots(const redisReply *rep, const char *self_host,
                     rc_range_t *out, size_t cap, size_t *n);
 
+/* A slot map (map[slot]: a master's index + 1; 0 for a slot the reply
+ * does not name) from a CLUSTER SLOTS reply, as both transports keep it.
+ * node_of gives the index of the master host:port in the caller's list
+ * of nodes (adding it if new), or a negative number when it cannot.
+ * False for a reply that does not parse, out of memory, or a master
+ * node_of could not place. */
+bool rc_slot_map(const redisReply *rep, const char *self_host,
+                 int (*node_of)(void *ctx, const char *host, int port),
+                 void *ctx, uint8_t map[RC_SLOTS]);
+
 /* The kind of an error reply that redirects. */
 typedef enum rc_redirect {
     RC_NONE = 0,

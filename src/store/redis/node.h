@@ -55,8 +55,8 @@ typedef enum rate__outcome {
 /* Whether a call may go to the node now. */
 rate__admit_t rate__breaker_admit(const rate__breaker_conf_t *cf,
                                   rate__breaker_t *b, uint64_t now);
-/* A call's outcome (probe: it was admitted as the probe).  True when this
- * outcome opened the breaker. */
+/* A call's outcome (probe: it was admitted as the probe); now is read
+ * for a failure only.  True when this outcome opened the breaker. */
 bool rate__breaker_outcome(const rate__breaker_conf_t *cf, rate__breaker_t *b,
                            bool probe, rate__outcome_t o, uint64_t now);
 bool rate__breaker_is_open(const rate__breaker_conf_t *cf,

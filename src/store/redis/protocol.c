@@ -71,6 +71,9 @@ static const char cas_script[] =
     "local t = redis.call('TIME')\n"
     "if cur == '0' then\n"
     "  nv = redis.call('HINCRBY', KEYS[1], 'v', t[1] * 1000000 + t[2])\n"
+    "elseif #cur == 19 and cur >= '9223372036854775807' then\n"
+    "  nv = t[1] * 1000000 + t[2]\n" /* past HINCRBY's end: from TIME */
+    "  redis.call('HSET', KEYS[1], 'v', string.format('%.0f', nv))\n"
     "else\n"
     "  nv = redis.call('HINCRBY', KEYS[1], 'v', 1)\n"
     "end\n"
@@ -307,6 +310,20 @@ int rate__redis_load_parse(const redisReply *rep, const char **state,
     return RATE_OK;
 }
 
+/* v in decimal into out (at least 21 bytes), NUL-terminated: snprintf's
+ * "%llu" without its cost (a decision's command has a dozen numbers). */
+static void dec_u64(char *out, uint64_t v)
+{
+    char t[20];
+    int n = 0;
+    do
+        t[n++] = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    for (int i = 0; i < n; i++)
+        out[i] = t[n - 1 - i];
+    out[n] = '\0';
+}
+
 /* The command of a compare-and-set (EVALSHA of cas_script); the state's
  * bytes stay the caller's. */
 int rate__redis_cas_cmd(const rate__redis_proto_t *p, const rate_key_t *key,
@@ -317,14 +334,14 @@ int rate__redis_cas_cmd(const rate__redis_proto_t *p, const rate_key_t *key,
 
     if ((rc = cmd_key(p, key, c)) != RATE_OK)
         return rc;
-    snprintf(c->num[0], sizeof c->num[0], "%llu", (unsigned long long)version);
+    dec_u64(c->num[0], version);
     /* 0: no expiry (the script PERSISTs the key): for RATE_TTL_FOREVER
      * (the policy records) whatever the options, and for everything else
      * with no_ttl, unless it has a safety expiry. */
     uint64_t us = ttl_ns == RATE_TTL_FOREVER ? 0
                   : !p->ttl                  ? p->safety_us
                                              : rate__redis_ttl_us(ttl_ns);
-    snprintf(c->num[1], sizeof c->num[1], "%llu", (unsigned long long)us);
+    dec_u64(c->num[1], us);
     const char *av[7] = {"EVALSHA", p->sha, "1", c->k, c->num[0], state,
                          c->num[1]};
     size_t al[7] = {7, 40, 1, c->kl, strlen(c->num[0]), len,
@@ -405,27 +422,25 @@ static int lean_of(const rate_decide_req_t *q, char num[][24], int *nn)
         if (l->burst == 0 || full / g > LEAN_WORD)
             return -1; /* past exact doubles */
         /* the word's width: 16 bytes for a wide bucket (B * P > 2^62) */
-        snprintf(num[(*nn)++], 24, "%d", full > (rate_u128_t)1 << 62 ? 16 : 8);
-        snprintf(num[(*nn)++], 24, "%d", (int)q->op);
-        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)(l->limit / g));
-        snprintf(num[(*nn)++], 24, "%llu",
-                 (unsigned long long)(l->period_ns / g));
-        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)l->burst);
-        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)g);
+        dec_u64(num[(*nn)++], full > (rate_u128_t)1 << 62 ? 16u : 8u);
+        dec_u64(num[(*nn)++], (uint64_t)q->op);
+        dec_u64(num[(*nn)++], (l->limit / g));
+        dec_u64(num[(*nn)++], (l->period_ns / g));
+        dec_u64(num[(*nn)++], l->burst);
+        dec_u64(num[(*nn)++], g);
         if (l->algorithm == RATE_LEAKY_BUCKET)
             return LEAN_LB;
-        snprintf(num[(*nn)++], 24, "%llu",
-                 (unsigned long long)((UINT64_C(1) << 62) / g));
+        dec_u64(num[(*nn)++], ((UINT64_C(1) << 62) / g));
         return LEAN_TB;
     }
     if (l->algorithm == RATE_FIXED_WINDOW) {
         if (l->limit > (UINT64_C(1) << 52) ||
             l->period_ns >= (UINT64_C(1) << 52))
             return -1;
-        snprintf(num[(*nn)++], 24, "8");
-        snprintf(num[(*nn)++], 24, "%d", (int)q->op);
-        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)l->limit);
-        snprintf(num[(*nn)++], 24, "%llu", (unsigned long long)l->period_ns);
+        dec_u64(num[(*nn)++], 8u);
+        dec_u64(num[(*nn)++], (uint64_t)q->op);
+        dec_u64(num[(*nn)++], l->limit);
+        dec_u64(num[(*nn)++], l->period_ns);
         return LEAN_FW;
     }
     return -1;
@@ -457,20 +472,18 @@ static int step_head(const rate__redis_proto_t *p, const rate_decide_req_t *q,
         num[nn++][0] = '\0';
         num[nn++][0] = '\0';
     } else {
-        snprintf(num[nn++], 24, "%llu",
-                 (unsigned long long)(q->now_ns / RATE_NS_PER_S));
-        snprintf(num[nn++], 24, "%llu",
-                 (unsigned long long)(q->now_ns % RATE_NS_PER_S));
+        dec_u64(num[nn++], (q->now_ns / RATE_NS_PER_S));
+        dec_u64(num[nn++], (q->now_ns % RATE_NS_PER_S));
     }
-    snprintf(num[nn++], 24, "%llu", (unsigned long long)q->permits);
-    snprintf(num[nn++], 24, "%llu", (unsigned long long)q->max_wait_ns);
+    dec_u64(num[nn++], q->permits);
+    dec_u64(num[nn++], q->max_wait_ns);
     /* the step uses the exact reset: a detailed decision's, a change's */
     if (p->ttl && (q->detail || q->op != RATE_DECIDE_ACQUIRE))
-        snprintf(num[nn++], 24, "-1");
+        memcpy(num[nn++], "-1", 3);
     else
-        snprintf(num[nn++], 24, "%llu", (unsigned long long)ttl);
-    snprintf(num[nn++], 24, "%lu", (unsigned long)q->policy_id);
-    snprintf(num[nn++], 24, "%u", (unsigned)q->format);
+        dec_u64(num[nn++], ttl);
+    dec_u64(num[nn++], q->policy_id);
+    dec_u64(num[nn++], q->format);
     return nn;
 }
 
@@ -479,10 +492,10 @@ static int step_limits(const rate_policy_t *p, char (*num)[24], int nn)
 {
     for (size_t i = 0; i < rate_policy_count(p); i++) {
         const rate_limit_t *l = rate_policy_limit(p, i);
-        snprintf(num[nn++], 24, "%d", (int)l->algorithm);
-        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->limit);
-        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->period_ns);
-        snprintf(num[nn++], 24, "%llu", (unsigned long long)l->burst);
+        dec_u64(num[nn++], (uint64_t)l->algorithm);
+        dec_u64(num[nn++], l->limit);
+        dec_u64(num[nn++], l->period_ns);
+        dec_u64(num[nn++], l->burst);
     }
     return nn;
 }

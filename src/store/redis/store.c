@@ -467,6 +467,51 @@ static int r_decide_any(void *self, const rate_key_t *key,
     return r_decide(self, key, q, d);
 }
 
+/* For the asynchronous transport (async.h): the module's state and the
+ * FCALL flag are the synchronous store's, shared by the two. */
+bool rate__redis_module_try(void *sync_self)
+{
+    redis_store_t *r = sync_self;
+    if (r->module_mode == RATE_REDIS_MODULE_OFF)
+        return false;
+    if (atomic_load_explicit(&r->module_state, memory_order_relaxed) ==
+        MODULE_ON)
+        return true;
+    /* Not known yet, or off: one decision asks (the first, then one per
+     * pause), the others meanwhile go by the scripts. */
+    uint64_t now = rate_clock_monotonic_ns();
+    uint64_t at = atomic_load(&r->module_retry_at_ns);
+    return now >= at &&
+           atomic_compare_exchange_strong(&r->module_retry_at_ns, &at,
+                                          now + MODULE_RETRY_NS);
+}
+
+void rate__redis_module_seen(void *sync_self, bool answered)
+{
+    redis_store_t *r = sync_self;
+    if (answered) {
+        if (atomic_load_explicit(&r->module_state, memory_order_relaxed) !=
+            MODULE_ON)
+            atomic_store(&r->module_state, MODULE_ON);
+        return;
+    }
+    atomic_store(&r->module_retry_at_ns,
+                 rate_clock_monotonic_ns() + MODULE_RETRY_NS);
+    atomic_store(&r->module_state, MODULE_OFF);
+}
+
+bool rate__redis_fcall_on(void *sync_self)
+{
+    redis_store_t *r = sync_self;
+    return atomic_load_explicit(&r->fcall, memory_order_relaxed);
+}
+
+void rate__redis_fcall_off(void *sync_self)
+{
+    redis_store_t *r = sync_self;
+    atomic_store(&r->fcall, false);
+}
+
 static const rate_store_methods_t redis_methods = {
     .version = RATE_STORE_VERSION,
     .name = "redis",

@@ -40,6 +40,12 @@
 #include "sync.h"
 
 #define RECHECK_NS (10 * UINT64_C(1000000)) /* a reader's deadline looked at */
+/* A connection's batches written and not answered yet: a caller finding
+ * as many out queues its command for the reader to send once one is
+ * answered, so that callers who come while Redis works share one write
+ * (one send a decision cost the client and Redis a system call and a
+ * wake-up each), and Redis still has the next batch when it is done. */
+#define MAX_BATCHES 2
 
 /* One caller's command on a shared connection. */
 typedef struct mreq {
@@ -51,6 +57,7 @@ typedef struct mreq {
     struct mreq *next;
     uint64_t deadline_ns; /* the call's start plus the command timeout */
     unsigned skip;        /* replies to drop before its own (ASKING's) */
+    bool last;            /* the last command of its batch */
 } mreq_t;
 
 /* A connection shared by every caller, pipelined both ways.  A caller that
@@ -59,7 +66,9 @@ typedef struct mreq {
  * and hands each to its caller until its own has come (it is the reader).
  * Writing never waits for replies, so commands keep flowing while earlier
  * replies are read and their callers woken: Redis is not left idle while
- * callers wait, and concurrent callers share round trips.  A lone caller
+ * callers wait, and concurrent callers share round trips.  With
+ * MAX_BATCHES written and unanswered, what comes is queued and the reader
+ * sends it when a batch's last reply is read.  A lone caller
  * writes, then reads its own reply: one round trip, no other thread.
  * Fields are under lock, except that only the writer sends on the socket
  * and only the reader reads from it. */
@@ -70,6 +79,7 @@ typedef struct conn {
     char *obuf, *wbuf;      /* queued bytes; the writer's batch */
     size_t olen, ocap, wcap;
     bool writing, reading;
+    unsigned batches;  /* written, their last reply not read yet */
     bool broken;       /* failed: no more I/O; dropped once no role is on it */
     redisContext *ctx; /* NULL: not connected */
     rate__backoff_t backoff; /* reconnecting */
@@ -392,6 +402,7 @@ static void conn_break(conn_t *c, int rc)
     c->broken = true;
     fail_all(c->fly, rc);
     c->fly = c->fly_tail = NULL;
+    c->batches = 0;
 }
 
 /* Drops a broken connection once no role is on it, and hands whatever is
@@ -488,7 +499,7 @@ static int send_all(int fd, const char *p, size_t n, uint64_t deadline)
 static void write_queued(redis_store_t *r, node_t *n, conn_t *c)
 {
     c->writing = true;
-    while (c->head != NULL && !c->broken) {
+    while (c->head != NULL && !c->broken && c->batches < MAX_BATCHES) {
         if (c->ctx == NULL) {
             redisContext *ctx = NULL;
             uint64_t deadline = first_deadline(c->head);
@@ -513,6 +524,8 @@ static void write_queued(redis_store_t *r, node_t *n, conn_t *c)
         else
             c->fly = c->head;
         c->fly_tail = c->tail;
+        c->tail->last = true;
+        c->batches++;
         c->head = c->tail = NULL;
         int fd = c->ctx->fd;
         uint64_t deadline = first_deadline(c->fly);
@@ -532,7 +545,7 @@ static void write_queued(redis_store_t *r, node_t *n, conn_t *c)
  * reply is there after the lock is let go, so that waking it (a system
  * call) never holds up the others.  Called and returns with c->lock
  * held. */
-static void read_replies(conn_t *c, mreq_t *me)
+static void read_replies(redis_store_t *r, node_t *n, conn_t *c, mreq_t *me)
 {
     redisContext *ctx = c->ctx;
     mreq_t *answered = NULL; /* its reply is set; it is not told yet */
@@ -571,6 +584,20 @@ static void read_replies(conn_t *c, mreq_t *me)
         }
         if ((c->fly = q->next) == NULL)
             c->fly_tail = NULL;
+        if (q->last && c->batches > 0 && --c->batches < MAX_BATCHES &&
+            c->head != NULL && !c->writing) {
+            write_queued(r, n, c); /* the reader keeps the connection */
+            if (c->broken) { /* q's reply is still good: hand it over */
+                q->reply = rep;
+                q->status = RATE_OK;
+                if (q == me)
+                    atomic_fetch_or_explicit(&me->sig, SIG_DONE,
+                                             memory_order_relaxed);
+                else
+                    answered = q;
+                break;
+            }
+        }
         q->reply = rep;
         q->status = RATE_OK;
         if (q == me)
@@ -595,7 +622,7 @@ static int conn_call(redis_store_t *r, uint64_t dl, node_t *n, conn_t *c,
                      bool asking, int argc, const char **argv,
                      const size_t *lens, redisReply **out)
 {
-    mreq_t me = {NULL, RATE_OK, 0, NULL, 0, asking ? 1 : 0};
+    mreq_t me = {NULL, RATE_OK, 0, NULL, 0, asking ? 1 : 0, false};
     char *cmd;
     static const char ask[] = "*1\r\n$6\r\nASKING\r\n";
     size_t pre = asking ? sizeof ask - 1 : 0;
@@ -633,13 +660,14 @@ static int conn_call(redis_store_t *r, uint64_t dl, node_t *n, conn_t *c,
         c->head = &me;
     c->tail = &me;
     for (;;) {
-        if (!c->writing && c->head != NULL && !c->broken) {
+        if (!c->writing && c->head != NULL && !c->broken &&
+            c->batches < MAX_BATCHES) {
             write_queued(r, n, c);
             continue;
         }
         if (!c->reading && c->fly != NULL && !c->broken) {
             if (!is_done(&me)) {
-                read_replies(c, &me);
+                read_replies(r, n, c, &me);
                 continue;
             }
             give_turn(c->fly); /* hand the reading on */
@@ -677,8 +705,11 @@ static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
     if (rate_clock_monotonic_ns() >= dl)
         return RATE_ETIMEDOUT; /* the call's time is up before this command
                                   was sent: nothing of the node's doing */
-    rate__admit_t a = rate__breaker_admit(&r->breaker, &n->brk,
-                                          rate_clock_monotonic_ns());
+    /* The clock is read only when the breaker has something to time. */
+    rate__admit_t a = RATE__ADMIT_GO;
+    if (rate__breaker_is_open(&r->breaker, &n->brk))
+        a = rate__breaker_admit(&r->breaker, &n->brk,
+                                rate_clock_monotonic_ns());
     if (a == RATE__ADMIT_REFUSE) {
         atomic_fetch_add(&r->st_rejected, 1);
         return RATE_ESTORE;
@@ -695,7 +726,9 @@ static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
                         : rc == RATE_ENOMEM ? RATE__OUTCOME_NEUTRAL
                                             : RATE__OUTCOME_FAIL;
     if (rate__breaker_outcome(&r->breaker, &n->brk, probe, o,
-                              rate_clock_monotonic_ns()))
+                              o == RATE__OUTCOME_FAIL
+                                  ? rate_clock_monotonic_ns()
+                                  : 0))
         atomic_fetch_add(&r->st_opened, 1);
     return rc;
 }
@@ -785,26 +818,23 @@ static unsigned node_index(redis_store_t *r, const node_t *n)
 
 /* Puts a CLUSTER SLOTS reply in the map (slots it does not name: none
  * known).  Under topo_lock.  False for a reply that does not parse. */
+static int node_of(void *ctx, const char *host, int port)
+{
+    redis_store_t *r = ctx;
+    node_t *n = node_get(r, host, port);
+    unsigned idx = n ? node_index(r, n) : RATE__REDIS_MAX_NODES;
+    return idx < RATE__REDIS_MAX_NODES ? (int)idx : -1;
+}
+
 static bool apply_slots(redis_store_t *r, const redisReply *rep,
                         const char *self_host)
 {
-    size_t nr, cap = rep->type == REDIS_REPLY_ARRAY ? rep->elements : 0;
-    rc_range_t *ranges = malloc((cap ? cap : 1) * sizeof *ranges);
-    uint8_t *map = calloc(RC_SLOTS, 1);
-    bool ok = ranges != NULL && map != NULL &&
-              rc_parse_slots(rep, self_host, ranges, cap, &nr);
-    for (size_t i = 0; ok && i < nr; i++) {
-        node_t *n = node_get(r, ranges[i].host, ranges[i].port);
-        unsigned idx = n ? node_index(r, n) : RATE__REDIS_MAX_NODES;
-        ok = idx < RATE__REDIS_MAX_NODES;
-        for (unsigned s = ranges[i].first; ok && s <= ranges[i].last; s++)
-            map[s] = (uint8_t)(idx + 1);
-    }
+    uint8_t *map = malloc(RC_SLOTS);
+    bool ok = map != NULL && rc_slot_map(rep, self_host, node_of, r, map);
     for (unsigned s = 0; ok && s < RC_SLOTS; s++)
         atomic_store_explicit(&r->slot_node[s], map[s], memory_order_relaxed);
     if (ok)
         atomic_fetch_add(&r->st_refreshes, 1);
-    free(ranges);
     free(map);
     return ok;
 }
