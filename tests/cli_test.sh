@@ -539,7 +539,7 @@ expect_error '' "--permits 'x'" check --key u --algorithm gcra --rate 1/s --burs
 if ! has_part redis; then
   : # a build without the Redis store: refused above
 elif command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
-  . "$(dirname "$0")/redis_server.sh"
+  . "$(dirname "$0")/lib/servers.sh"
   start_redis "$T/redis.log"
   if [ -n "$rpid" ]; then
     trap 'kill "$rpid" 2>/dev/null; rm -rf "$T"' EXIT

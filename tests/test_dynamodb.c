@@ -24,7 +24,7 @@
 #include <curl/curl.h>
 
 #include "helpers.h"
-#include "dynalite_server.h"
+#include "lib/dynalite_server.h"
 #include "ratelimit_dynamodb.h"
 
 static pid_t server;
@@ -149,14 +149,8 @@ static int items_with(const char *b64)
 #define expect_same(a, b, what, i, t, n, mw) \
     expect_same_decision(a, b, what, "dynamodb", i, t, n, mw)
 
-static uint64_t rnd_state = 424242;
-static uint64_t rnd(uint64_t n)
-{
-    rnd_state ^= rnd_state << 13;
-    rnd_state ^= rnd_state >> 7;
-    rnd_state ^= rnd_state << 17;
-    return n ? rnd_state % n : 0;
-}
+#define RND_SEED 424242
+#include "lib/rng.h"
 
 /* Decisions, bool calls, refunds, penalties and resets on a few keys, at
  * the caller's times, on memory and on DynamoDB: every field the same. */

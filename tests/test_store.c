@@ -19,7 +19,7 @@
 #endif
 #ifdef RATE_WITH_REDIS
 #include "ratelimit_redis.h"
-#include "redis_server.h"
+#include "lib/redis_server.h"
 #endif
 
 typedef int (*factory_fn)(rate_store_t **out);
