@@ -92,9 +92,10 @@ test-asan:
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS)
 
+# Only the programs of the suites it runs (tests/suites.cmake's label).
 test-tsan:
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DRATE_TSAN=ON -DRATE_BUILD_TOOLS=OFF $(CMAKE_FLAGS)
-	cmake --build build-tsan -j $(JOBS)
+	cmake --build build-tsan -j $(JOBS) --target suites-concurrency
 	cd build-tsan && setarch "$$(uname -m)" -R env TSAN_OPTIONS=halt_on_error=1 \
 	  ctest --output-on-failure -L concurrency
 
