@@ -236,7 +236,9 @@ static void sm_same_decisions_as_memory(void **state)
         assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
         rate_limiter_t *lm = limiter_of(sm_policies[p], ms);
         rate_limiter_t *ls = limiter_of(sm_policies[p], c->store);
-        uint64_t t = SEC + rnd(5 * SEC);
+        /* One policy at times past 2^51 ns: the Redis scripts decline
+         * them (the C step decides), the others take them as any. */
+        uint64_t t = SEC + rnd(5 * SEC) + (p == 2 ? UINT64_C(1) << 51 : 0);
         for (int i = 0; i < 150; i++) {
             size_t k = rnd(7);
             char key[16];
