@@ -77,6 +77,9 @@ static const char usage[] =
     "                     shm:PATH: the capacity of a region the run creates\n"
     "                     (default: from the trace, above); an existing one\n"
     "                     must match\n"
+    "  --store-timeout DUR  a Redis or DynamoDB store: how long connecting\n"
+    "                     and each command may take (default: the store's\n"
+    "                     own, 1 s for Redis)\n"
     "  --input FORMAT     trace (TIME KEY [PERMITS], default), clf (access\n"
     "                     logs in Common or Combined Log Format, and more\n"
     "                     fields after them) or json (one JSON object a\n"
@@ -102,7 +105,7 @@ static const char usage[] =
     "(whole seconds for 10/s: a second's requests replayed at one instant)\n"
     "and when lines go back in time (decided at their key's latest time).\n";
 
-enum { O_STORE = O_POLICY_END, O_PERKEY, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_MAXKEYS, O_HELP,
+enum { O_STORE = O_POLICY_END, O_PERKEY, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_MAXKEYS, O_STORETIMEOUT, O_HELP,
        O_TIMEFIELD, O_TOP };
 
 static const struct option longopts[] = {
@@ -115,6 +118,7 @@ static const struct option longopts[] = {
     {"key-field", required_argument, NULL, O_KEYFIELD},
     {"skip-bad", no_argument, NULL, O_SKIPBAD},
     {"max-keys", required_argument, NULL, O_MAXKEYS},
+    {"store-timeout", required_argument, NULL, O_STORETIMEOUT},
     {"help", no_argument, NULL, O_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -286,7 +290,7 @@ int cmd_replay(int argc, char **argv)
     uint64_t top = 0;
     bool per_key = false;
     bool skip_bad = false;
-    const char *max_keys_text = NULL;
+    const char *max_keys_text = NULL, *store_timeout_text = NULL;
     uint64_t max_keys = 0;
     int c;
 
@@ -311,6 +315,7 @@ int cmd_replay(int argc, char **argv)
         case O_KEYFIELD: field = optarg; break;
         case O_SKIPBAD: skip_bad = true; break;
         case O_MAXKEYS: max_keys_text = optarg; break;
+        case O_STORETIMEOUT: store_timeout_text = optarg; break;
         case O_HELP: cli_usage(usage); return 0;
         default: return getopt_fail("replay", c, argv);
         }
@@ -320,6 +325,9 @@ int cmd_replay(int argc, char **argv)
                         argv[optind], argv[optind + 1]);
     if (max_keys_text != NULL &&
         cli_max_keys("replay", max_keys_text, store_spec, &max_keys) != 0)
+        return 2;
+    if (store_timeout_text != NULL &&
+        cli_store_timeout("replay", store_timeout_text, store_spec) != 0)
         return 2;
     FILE *per_key_file = NULL;
     if (per_key_path != NULL && (per_key_path[0] == '\0' ||
