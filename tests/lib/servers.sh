@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: MIT
+# shellcheck shell=bash
 # Sourced by the shell suites: waiting on conditions and private servers.
 #
 #   wait_until SECONDS CMD...  runs CMD until it succeeds (0) or SECONDS
