@@ -36,6 +36,77 @@
 #define RND_SEED 12345
 #include "lib/rng.h"
 
+static void same_decisions_as_memory(void **state)
+{
+    (void)state;
+    static const char *policies[] = {
+        "token-bucket 5/s burst=3", "leaky-bucket 7/3s capacity=4",
+        "fixed-window 4/700ms", "sliding-log 5/s", "sliding-window 6/s",
+        "token-bucket 10/s burst=5; sliding-log 20/3s; fixed-window 30/m",
+        /* A block after a breach: the C step's, through compare-and-set. */
+        "token-bucket 5/s burst=3 block=700ms",
+        /* Beyond the Lua step's exact range (B*P >= 2^50): the client
+         * decides through compare-and-set instead, with the same answers. */
+        "token-bucket 1/h burst=400000",
+    };
+    static const char *keys[] = {"a", "user 42", "{braces}", "new\nline",
+                                 "\xff\x00\x01", "}{", "k:1"};
+    static const size_t key_lens[] = {1, 7, 8, 8, 3, 2, 3};
+    rate_store_t *rs = redis_store("diff:", true, 0);
+    unsigned checked = 0;
+    for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
+        rate_store_t *ms;
+        assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+        rate_limiter_t *lm = limiter_of(policies[p], ms);
+        rate_limiter_t *lr = limiter_of(policies[p], rs);
+        char prefix[8];
+        snprintf(prefix, sizeof prefix, "%zu", p); /* keys per policy */
+        /* One policy at times past 2^51 ns: the Lua step declines them. */
+        uint64_t t = rnd(5 * SEC) + (p == 2 ? UINT64_C(1) << 51 : 0);
+        for (int i = 0; i < 300; i++) {
+            size_t k = rnd(7);
+            char key[16];
+            memcpy(key, prefix, 1);
+            memcpy(key + 1, keys[k], key_lens[k]);
+            size_t kl = key_lens[k] + 1;
+            if (rnd(8) == 0 && t > 100 * MS)
+                t -= rnd(100 * MS);
+            else
+                t += rnd(400 * MS);
+            uint64_t n = rnd(6), mw = p % 3 == 0 && rnd(3) == 0 ? rnd(SEC) : 0;
+            rate_decision_t a, b;
+            if (mw == 0 && rnd(4) == 0) {
+                /* The bool call with the key's length: the memory store's
+                 * lane against the Redis store's general path. */
+                bool x = rate_try_acquire_len_at(lm, key, kl, n, t);
+                bool y = rate_try_acquire_len_at(lr, key, kl, n, t);
+                if (x != y)
+                    fail_msg("%s, step %d: bool call %d on memory, %d on "
+                             "Redis", policies[p], i, x, y);
+                checked++;
+                continue;
+            }
+            assert_int_equal(rate_limiter_check_at(lm, key, kl, n, mw, t, &a),
+                             RATE_OK);
+            assert_int_equal(rate_limiter_check_at(lr, key, kl, n, mw, t, &b),
+                             RATE_OK);
+            expect_same(&a, &b, policies[p], i, t, n, mw);
+            checked++;
+        }
+        rate_limiter_free(lm);
+        rate_limiter_free(lr);
+        rate_store_free(ms);
+    }
+    assert_int_equal(checked, 2400);
+    assert_int_equal(rate_store_redis_drop(rs), RATE_OK);
+    redisContext *c = raw();
+    redisReply *r = redisCommand(c, "KEYS diff:*");
+    assert_int_equal(r->elements, 0); /* the namespace is gone */
+    freeReplyObject(r);
+    redisFree(c);
+    rate_store_free(rs);
+}
+
 /* Policies of the buckets' wide layout (B * P > 2^62), beyond the Lua
  * step's bound: decided through compare-and-set by the C step, the same
  * as in memory, over a short trace with reservations. */
@@ -2187,6 +2258,7 @@ static void unix_socket_message(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(same_decisions_as_memory),
         cmocka_unit_test(same_decisions_at_the_boundaries),
         cmocka_unit_test(lean_scripts_at_the_boundaries),
         cmocka_unit_test(lean_general_and_c_share_keys),
