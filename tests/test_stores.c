@@ -33,10 +33,12 @@
 
 static unsigned namespaces; /* a namespace of its own per store made */
 
+#if defined(RATE_WITH_REDIS) || defined(RATE_WITH_DYNAMODB)
 static void ns_next(char *buf, size_t len)
 {
     snprintf(buf, len, "matrix%u:", namespaces++);
 }
+#endif
 
 static int make_memory(store_kind_t *k, rate_store_t **out)
 {
