@@ -92,38 +92,41 @@ test-asan:
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS)
 
+# Only the programs of the suites it runs (tests/suites.cmake's label).
 test-tsan:
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DRATE_TSAN=ON -DRATE_BUILD_TOOLS=OFF $(CMAKE_FLAGS)
-	cmake --build build-tsan -j $(JOBS)
+	cmake --build build-tsan -j $(JOBS) --target suites-concurrency
 	cd build-tsan && setarch "$$(uname -m)" -R env TSAN_OPTIONS=halt_on_error=1 \
 	  ctest --output-on-failure -L concurrency
 
 # (test_dynamodb exits 77 when it is skipped: no dynalite, not under CI=true.)
 VALGRIND_TESTS = policy algorithms limiter store property dynamodb shm headers rules sync
+# JOBS suites at a time (each valgrind runs on one core).
 valgrind: test-plain
-	@for t in $(VALGRIND_TESTS); do \
-	  echo "valgrind: test_$$t"; \
+	@printf '%s\n' $(VALGRIND_TESTS) | xargs -P $(JOBS) -I{} sh -c '\
+	  echo "valgrind: test_{}"; \
 	  valgrind -q --error-exitcode=1 --leak-check=full \
-	    --errors-for-leak-kinds=definite build/tests/test_$$t >/dev/null; \
-	  rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 77 ] || exit 1; \
-	done; echo "valgrind: clean"
+	    --errors-for-leak-kinds=definite build/tests/test_{} >/dev/null; \
+	  rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 77 ] || { echo "valgrind: test_{} failed"; exit 255; }' \
+	  && echo "valgrind: clean"
 
 # libFuzzer (clang): each target for FUZZ_SECONDS from the seed corpus in
-# tests/fuzz/corpus (copied, so new inputs stay in the build tree).
+# tests/fuzz/corpus (copied, so new inputs stay in the build tree), JOBS
+# targets at a time (each fuzzer runs on one core).
 FUZZ_SECONDS ?= 30
 FUZZ_TARGETS = policy trace clf shm
 fuzz:
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_FUZZ=ON \
 	  -DRATE_BUILD_TESTS=OFF -DRATE_BUILD_TOOLS=ON $(CMAKE_FLAGS)
 	cmake --build build-fuzz -j $(JOBS) --target fuzz_policy fuzz_trace fuzz_clf fuzz_shm
-	@for t in $(FUZZ_TARGETS); do \
-	  mkdir -p build-fuzz/corpus-$$t && cp tests/fuzz/corpus/$$t/* build-fuzz/corpus-$$t/; \
-	  echo "fuzz: fuzz_$$t for $(FUZZ_SECONDS) s"; \
-	  build-fuzz/tests/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 \
-	    -rss_limit_mb=2048 build-fuzz/corpus-$$t >build-fuzz/fuzz-$$t.log 2>&1 \
-	    || { tail -n 40 build-fuzz/fuzz-$$t.log; exit 1; }; \
-	  grep -E "^Done [0-9]+ runs" build-fuzz/fuzz-$$t.log || true; \
-	done; echo "fuzz: no crash, leak or hang"
+	@printf '%s\n' $(FUZZ_TARGETS) | xargs -P $(JOBS) -I{} sh -c '\
+	  mkdir -p build-fuzz/corpus-{} && cp tests/fuzz/corpus/{}/* build-fuzz/corpus-{}/; \
+	  echo "fuzz: fuzz_{} for $(FUZZ_SECONDS) s"; \
+	  build-fuzz/tests/fuzz/fuzz_{} -max_total_time=$(FUZZ_SECONDS) -timeout=10 \
+	    -rss_limit_mb=2048 build-fuzz/corpus-{} >build-fuzz/fuzz-{}.log 2>&1 \
+	    || { tail -n 40 build-fuzz/fuzz-{}.log; exit 255; }; \
+	  grep -E "^Done [0-9]+ runs" build-fuzz/fuzz-{}.log || true' \
+	  && echo "fuzz: no crash, leak or hang"
 
 bench: build
 	./build/tools/ratelimit/ratelimit bench

@@ -103,9 +103,14 @@ mount_into() { # mount_into ROOT: /proc, /sys, /dev (with /dev/pts, /dev/shm)
 
 in_root() { # in_root ROOT COMMAND...: a clean login-like environment
   local r=$1; shift
+  # CI passes through (.ci/run sets CI=true: a missing server fails the
+  # suites instead of skipping them), and so does the network's trust:
+  # node reads the CA bundle only when told (see local_cas below).
   chroot "$r" /usr/bin/env -i HOME=/root USER=root LOGNAME=root LANG=C.UTF-8 \
-    TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@"
+    TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    ${CI:+CI=$CI} ${node_cas:+NODE_EXTRA_CA_CERTS=$node_cas} "$@"
 }
+node_cas=
 
 # ---- the base root, cached as a tarball ---------------------------------
 build_base() {
@@ -157,6 +162,15 @@ fi
 root=$(mktemp -d "$workdir/ratelimit-fresh.XXXXXX")
 tar -C "$root" -xf "$base" || die "cannot unpack $base"
 cp -L /etc/resolv.conf "$root/etc/resolv.conf" || die "cannot copy /etc/resolv.conf"
+# The host's local certificate authorities (a network that inspects TLS
+# has one): the network's set-up, like resolv.conf, not a package.
+local_cas=(/usr/local/share/ca-certificates/*.crt)
+if [ -e "${local_cas[0]}" ]; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp -L "${local_cas[@]}" "$root/usr/local/share/ca-certificates/"
+  in_root "$root" update-ca-certificates >/dev/null 2>&1 || die "update-ca-certificates failed in the root"
+  node_cas=/etc/ssl/certs/ca-certificates.crt
+fi
 git clone -q --no-hardlinks "$repo" "$root/root/ratelimit" || die "cannot clone $repo"
 git -C "$root/root/ratelimit" checkout -q --detach "$head" || die "cannot check out $head"
 for tool in cmake pkg-config redis-server valgrind clang; do

@@ -323,7 +323,7 @@ stop
 # --- --store redis://: the state is Redis's, shared by a second server
 # process (skipped without redis-server)
 if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
-  . "$(dirname "$0")/redis_server.sh"
+  . "$(dirname "$0")/lib/servers.sh"
   if start_redis "$tmp/redis.log"; then
     url="redis://127.0.0.1:$rport/0"
     start "$tmp/good.conf" --store "$url"

@@ -25,7 +25,7 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
 fi
 
 # A private server on a free port (a few tries), stopped by its PID.
-. "$(dirname "$0")/redis_server.sh"
+. "$(dirname "$0")/lib/servers.sh"
 start_redis "$T/redis.log"
 if [ -z "$rpid" ]; then
   echo "FAIL: could not start a private redis-server"

@@ -2,7 +2,11 @@
 # What the nginx test scripts (nginx_test.sh, nginx_redis_test.sh) share:
 # counting failures, comparing, a free port, starting an nginx on one and
 # stopping it by the pid in its pid file, a response header, and the
-# HTTP/2 helpers.  Sourced; $tmp/h holds the headers.
+# HTTP/2 helpers.  Sourced; $tmp/h holds the headers.  Waits are on
+# conditions, bounded by TEST_WAIT_S (tests/lib/servers.sh).
+
+# shellcheck source=lib/servers.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/servers.sh"
 
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
@@ -19,6 +23,10 @@ port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # that speaks only HTTP/2): 0; else 1, its errors printed (another port is
 # tried while the port was taken).
 ready_args=()
+nginx_serves() { # DIR: its pid file written, /index.html served on $port
+  [ -s "$1/nginx.pid" ] &&
+    curl -s "${ready_args[@]}" -o /dev/null "http://127.0.0.1:$port/index.html"
+}
 launch_nginx() {
   local dir=$1 workers=$2 try
   shift 2
@@ -28,10 +36,7 @@ launch_nginx() {
     "$@"
     if "$NGINX" -p "$dir" -c "$dir/nginx.conf" \
       -g "pid $dir/nginx.pid; daemon on; worker_processes $workers;" 2>"$dir/start.err"; then
-      for _ in $(seq 1 100); do
-        [ -s "$dir/nginx.pid" ] && curl -s "${ready_args[@]}" -o /dev/null "http://127.0.0.1:$port/index.html" && return 0
-        sleep 0.05
-      done
+      wait_until "$TEST_WAIT_S" nginx_serves "$dir" && return 0
     fi
     grep -q "Address already in use" "$dir/start.err" || break
   done
@@ -131,6 +136,8 @@ h2_mux() {
     -w '%{http_code} %{http_version} %{num_connects} %{time_pretransfer} %{time_total}\n' \
     -K "$out.cfg" >"$out" 2>"$out.err" || true
 }
+gone() { ! alive "$1"; }
+
 # h2_count OUT STATUS: how many of OUT's streams were answered STATUS over
 # HTTP/2; h2_conns OUT: how many connections they took.
 h2_count() { grep -c "^$2 2 " "$1" || true; }
@@ -140,30 +147,20 @@ h2_conns() { awk '{ c += $3 } END { print c + 0 }' "$1"; }
 h2_slowest() { awk '{ d = ($5 - $4) * 1000; if (d > m) m = d } END { printf "%d\n", m }' "$1"; }
 
 # wait_line FILE PATTERN: until FILE has a line matching PATTERN (grep
-# -E), 10 s at most (ample over the HTTP/2 resets' 2 s and the 3 or 4 s
-# at which their RST_STREAM goes): 0, else 1.
-wait_line() {
-  local _
-  for _ in $(seq 1 200); do
-    grep -qE "$2" "$1" 2>/dev/null && return 0
-    sleep 0.05
-  done
-  return 1
-}
+# -E), TEST_WAIT_S at most: 0, else 1.
+has_line() { grep -qE "$2" "$1" 2>/dev/null; }
+wait_line() { wait_until "$TEST_WAIT_S" has_line "$1" "$2"; }
 
-# stop_gracefully PIDFILE: QUIT, then the master must be gone within 10 s
-# (every request answered or let go, no timer left behind): 0; else KILL
-# (the master and its workers, by pid) and 1.
+# stop_gracefully PIDFILE: QUIT, then the master must be gone within
+# TEST_WAIT_S (every request answered or let go, no timer left behind): 0;
+# else KILL (the master and its workers, by pid) and 1.
 stop_gracefully() {
   local pid kids _
   [ -s "$1" ] || return 0
   pid=$(cat "$1")
   kids=$(children "$pid")
   kill -QUIT "$pid" 2>/dev/null || true
-  for _ in $(seq 1 200); do
-    alive "$pid" || { rm -f "$1"; return 0; }
-    sleep 0.05
-  done
+  if wait_until "$TEST_WAIT_S" gone "$pid"; then rm -f "$1"; return 0; fi
   # shellcheck disable=SC2086
   kill -KILL "$pid" $kids 2>/dev/null || true
   rm -f "$1"

@@ -55,8 +55,8 @@ chmod 755 "$tmp" # the workers run as nobody when started by root
 # shellcheck source=nginx_lib.sh
 . "$(dirname "$0")/nginx_lib.sh"
 
-# shellcheck source=redis_server.sh
-. "$(dirname "$0")/redis_server.sh"
+# shellcheck source=lib/servers.sh
+. "$(dirname "$0")/lib/servers.sh"
 start_redis "$tmp/redis.log" || { cat "$tmp/redis.log"; echo "FAIL: redis-server did not start"; exit 1; }
 redis="redis://127.0.0.1:$rport"
 

@@ -36,6 +36,7 @@
 #include <ratelimit_loop.h>
 #include <ratelimit_uv.h>
 
+#include "lib/wait.h"
 #include "redis_fixture.h"
 
 /* The timeout of every Redis command here, and how much later than it a
@@ -484,6 +485,77 @@ static void faults(bool uv)
     rate_store_free(as);
     tloop_fini(&t);
 }
+
+/* Commands Redis has processed since it started (INFO's count, which
+ * counts each INFO too). */
+static long long commands_processed(redisContext *c)
+{
+    redisReply *r = redisCommand(c, "INFO stats");
+    const char *p = r && r->type == REDIS_REPLY_STRING
+                        ? strstr(r->str, "total_commands_processed:")
+                        : NULL;
+    long long n = p ? atoll(p + strlen("total_commands_processed:")) : -1;
+    freeReplyObject(r);
+    return n;
+}
+
+/* A loop that runs late -- a loaded machine did not schedule the process
+ * for longer than the command timeout -- while Redis had answered in
+ * time: the replies are in the socket, unread.  They are the decisions'
+ * answers, not timeouts, whichever the loop runs first on its next turn,
+ * its timers (libuv) or its sockets (libevent).  (Under load, a master
+ * stopped in a cluster kept the timer due, and the healthy masters'
+ * answers were thrown away with their connections: async_cluster's
+ * faults_uv, "decisions on healthy masters failed".) */
+static void late_loop(bool uv)
+{
+    enum { N = 200 };
+    tloop_t t;
+    tloop_init(&t, uv);
+    rate_store_t *as = async_store(&t, uv ? "luv:" : "lev:", true, TIMEOUT_NS);
+    fclock.now = 100 * SEC;
+    rate_limiter_t *l = lim("fixed-window 1000/m", as, true,
+                            RATE_FAIL_CLOSED);
+    req_t q0 = decide_until_answered(&t, l, "late", 500); /* connected */
+    assert_int_not_equal(q0.d.reason, RATE_REASON_STORE_ERROR);
+    redisContext *c = raw();
+    assert_non_null(c);
+    long long before = commands_processed(c), polls = 1;
+    static req_t q[N];
+    for (int i = 0; i < N; i++)
+        assert_int_equal(start(l, "late", 1, &q[i]), RATE_PENDING);
+    uint64_t started = rate_clock_monotonic_ns();
+    /* One turn that does not wait: hiredis writes the commands out when
+     * the loop finds the socket writable; no deadline has passed yet. */
+    tloop_nowait(&t);
+    /* Redis has processed them all (its replies are in our socket)... */
+    bool seen = WAIT_UNTIL(
+        (polls++, commands_processed(c) >= before + polls + N), TEST_WAIT_S);
+    redisFree(c);
+    /* ...and the loop stays away past every deadline: the late turn. */
+    while (rate_clock_monotonic_ns() < started + 2 * TIMEOUT_NS)
+        usleep(10000);
+    /* Turns that do not wait: the answers may all come within the timer's
+     * callback, after which a waiting turn would wait for nothing. */
+    assert_true(WAIT_UNTIL((tloop_nowait(&t), pending == 0), TEST_WAIT_S));
+    int errors = 0;
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(q[i].calls, 1);
+        errors += q[i].d.reason == RATE_REASON_STORE_ERROR;
+    }
+    if (!seen)
+        skip(); /* Redis itself never got to them: nothing to judge */
+    if (errors > 0)
+        fail_msg("%s: %d of %d decisions answered in time by Redis failed "
+                 "when the loop ran late", uv ? "libuv" : "libevent", errors,
+                 N);
+    rate_limiter_free(l);
+    rate_store_free(as);
+    tloop_fini(&t);
+}
+
+static void late_loop_uv(void **state) { (void)state; late_loop(true); }
+static void late_loop_event(void **state) { (void)state; late_loop(false); }
 
 static void faults_uv(void **state) { (void)state; faults(true); }
 static void faults_event(void **state) { (void)state; faults(false); }
@@ -1111,6 +1183,8 @@ int main(void)
         cmocka_unit_test(hot_key_steps_take_turns),
         cmocka_unit_test(adjust_scripted),
         cmocka_unit_test(refunds_do_not_lose_on_a_hot_key),
+        cmocka_unit_test(late_loop_uv),
+        cmocka_unit_test(late_loop_event),
         cmocka_unit_test(faults_uv),
         cmocka_unit_test(faults_event),
     };

@@ -46,7 +46,7 @@
 
 #include "../src/store/redis/cluster.h"
 #include "helpers.h"
-#include "redis_cluster.h"
+#include "lib/redis_cluster.h"
 
 /* The timeout of the commands of the fault tests, and how much later than
  * it a callback may come on a loaded 2-core machine (a loop turn, the

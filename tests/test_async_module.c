@@ -15,7 +15,7 @@
 #include <hiredis/hiredis.h>
 
 #include "async_loop.h"
-#include "redis_server.h"
+#include "lib/redis_server.h"
 
 #ifndef RATE_MODULE_PATH
 #error "RATE_MODULE_PATH: the path of ratelimit.so"

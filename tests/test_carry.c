@@ -219,14 +219,8 @@ static bool open_del(open_store_t *s, rate_space_t space, const void *key,
 
 /* ----------------------------------------------------------- helpers */
 
-static uint64_t rnd_state = 88172645463325252ull;
-static uint64_t rnd(uint64_t n)
-{
-    rnd_state ^= rnd_state << 13;
-    rnd_state ^= rnd_state >> 7;
-    rnd_state ^= rnd_state << 17;
-    return n ? rnd_state % n : 0;
-}
+#define RND_SEED 88172645463325252ull
+#include "lib/rng.h"
 
 static uint32_t le32(const unsigned char *p)
 {

@@ -200,14 +200,8 @@ static worst_t worst_interval(const rate_policy_t *pa, const rate_policy_t *pb,
 
 /* ------------------------------------------------------------ traces */
 
-static uint64_t rnd_state = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(uint64_t n)
-{
-    rnd_state ^= rnd_state << 13;
-    rnd_state ^= rnd_state >> 7;
-    rnd_state ^= rnd_state << 17;
-    return n ? rnd_state % n : 0;
-}
+#define RND_SEED 0x9E3779B97F4A7C15ull
+#include "lib/rng.h"
 
 typedef struct pair {
     rate_store_t *store;

@@ -21,7 +21,7 @@
 
 #include <ratelimit_lease.h>
 
-#include "redis_cluster.h"
+#include "lib/redis_cluster.h"
 #include "redis_fixture.h"
 
 static rate_inflight_policy_t *ipolicy(const char *text)

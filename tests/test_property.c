@@ -302,14 +302,8 @@ static rate_decision_t ref_step(ref_t *r, uint64_t t, uint64_t n,
 
 /* ------------------------------------------------------------- the run */
 
-static uint64_t rnd_state = 0x9e3779b97f4a7c15u;
-static uint64_t rnd(uint64_t n)
-{
-    rnd_state ^= rnd_state << 13;
-    rnd_state ^= rnd_state >> 7;
-    rnd_state ^= rnd_state << 17;
-    return n ? rnd_state % n : 0;
-}
+#define RND_SEED 0x9e3779b97f4a7c15u
+#include "lib/rng.h"
 
 static void run_traces(rate_store_t *store, const char *what)
 {

@@ -33,14 +33,8 @@
 #define expect_same(a, b, what, i, t, n, mw) \
     expect_same_decision(a, b, what, "redis", i, t, n, mw)
 
-static uint64_t rnd_state = 12345;
-static uint64_t rnd(uint64_t n)
-{
-    rnd_state ^= rnd_state << 13;
-    rnd_state ^= rnd_state >> 7;
-    rnd_state ^= rnd_state << 17;
-    return n ? rnd_state % n : 0;
-}
+#define RND_SEED 12345
+#include "lib/rng.h"
 
 static void same_decisions_as_memory(void **state)
 {
@@ -978,7 +972,7 @@ static unsigned adj_traces(rate_store_t *rs, const char *prefix,
 {
     redisContext *c = raw();
     rate_redis_status_t st0, st1;
-    rnd_state = 12345; /* the same traces whatever ran before (a filter) */
+    rnd_seed(12345); /* the same traces whatever ran before (a filter) */
     assert_int_equal(rate_store_redis_status(rs, &st0), RATE_OK);
     unsigned adjusts = 0;
     for (size_t p = 0; p < ADJ_POLICIES; p++) {

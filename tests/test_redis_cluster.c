@@ -31,7 +31,7 @@
 
 #include "../src/store/redis/cluster.h"
 #include "helpers.h"
-#include "redis_cluster.h"
+#include "lib/redis_cluster.h"
 #include "ratelimit_redis.h"
 
 static rcluster_t cl;
@@ -90,14 +90,8 @@ static long long node_ms(int port)
     return ms;
 }
 
-static uint64_t rnd_state = 4242;
-static uint64_t rnd(uint64_t n)
-{
-    rnd_state ^= rnd_state << 13;
-    rnd_state ^= rnd_state >> 7;
-    rnd_state ^= rnd_state << 17;
-    return n ? rnd_state % n : 0;
-}
+#define RND_SEED 4242
+#include "lib/rng.h"
 
 /* --------------------------------------------------------- detection */
 

@@ -16,7 +16,7 @@
 #include <hiredis/hiredis.h>
 
 #include "helpers.h"
-#include "redis_server.h"
+#include "lib/redis_server.h"
 
 #include <ratelimit_store.h>
 #include <ratelimit_redis.h>
@@ -87,14 +87,8 @@ static rate_redis_status_t status_of(rate_store_t *s)
     return st;
 }
 
-static uint64_t rnd_state = 88172645463325252u;
-static uint64_t rnd(uint64_t n)
-{
-    rnd_state ^= rnd_state << 13;
-    rnd_state ^= rnd_state >> 7;
-    rnd_state ^= rnd_state << 17;
-    return n ? rnd_state % n : 0;
-}
+#define RND_SEED 88172645463325252u
+#include "lib/rng.h"
 
 /* ------------------------------------------------------ differential */
 

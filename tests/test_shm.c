@@ -73,14 +73,8 @@ static void check_region(rate_store_t *s)
 
 /* ------------------------------------------------------ differential */
 
-static uint64_t rnd_state = 0x2545f4914f6cdd1du;
-static uint64_t rnd(uint64_t n)
-{
-    rnd_state ^= rnd_state << 13;
-    rnd_state ^= rnd_state >> 7;
-    rnd_state ^= rnd_state << 17;
-    return n ? rnd_state % n : 0;
-}
+#define RND_SEED 0x2545f4914f6cdd1du
+#include "lib/rng.h"
 
 static const char *algo_text(char *buf, size_t len)
 {

@@ -1,11 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Store conformance: one suite, run against the in-memory store, against
- * the small compare-and-set store of cas_store.c (written only against the
- * public headers), and against the Redis store on a private redis-server
- * this test starts on a free loopback port (skipped when there is no
- * redis-server).  Then what only the memory store promises: max_keys,
- * eviction and reclaiming counted apart, statistics.
+ * What only the memory store (and the compare-and-set test store's TTLs)
+ * promise: max_keys, eviction and reclaiming counted apart, statistics,
+ * reserved words.  What every store promises is the store matrix
+ * (tests/lib/store_matrix.h, the `stores` suite).
  */
 #include <signal.h>
 #include <sys/wait.h>
@@ -19,99 +17,7 @@
 #endif
 #ifdef RATE_WITH_REDIS
 #include "ratelimit_redis.h"
-#include "redis_server.h"
 #endif
-
-typedef int (*factory_fn)(rate_store_t **out);
-
-static int make_memory(rate_store_t **out)
-{
-    return rate_store_memory_new(NULL, out);
-}
-
-static int make_cas(rate_store_t **out)
-{
-    return cas_store_new(out, NULL);
-}
-
-#ifdef RATE_WITH_REDIS
-/* The Redis store: a private server for the whole group (its PID, never
- * a name, is what the group's teardown kills), a namespace of its own for
- * each test, dropped after it.  No expiries: the tests' times are their
- * own, not the server's. */
-static pid_t redis_pid;
-static char redis_url[64]; /* "" when no redis-server runs */
-static int redis_tests;
-
-static int make_redis(rate_store_t **out)
-{
-    rate_redis_options_t o = {0};
-    char prefix[32];
-    *out = NULL;
-    if (redis_url[0] == '\0')
-        return RATE_OK; /* no server: the test skips */
-    snprintf(prefix, sizeof prefix, "conformance%d:", redis_tests++);
-    o.prefix = prefix;
-    o.no_ttl = true;
-    return rate_store_redis_new(redis_url, &o, out, NULL, 0);
-}
-
-static int group_setup(void **state)
-{
-    (void)state;
-    int port = redis_test_free_port();
-    if (port == 0)
-        return 0;
-    snprintf(redis_url, sizeof redis_url, "redis://127.0.0.1:%d/0", port);
-    if ((redis_pid = redis_test_start(port, NULL, NULL)) > 0)
-        return 0;
-    fprintf(stderr, "no redis-server: the Redis store's conformance tests "
-                    "are skipped\n");
-    redis_url[0] = '\0';
-    return 0;
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    redis_test_stop(&redis_pid);
-    return 0;
-}
-#else /* a build without the Redis store: its tests skip */
-static int make_redis(rate_store_t **out)
-{
-    *out = NULL;
-    return RATE_OK;
-}
-#define group_setup NULL
-#define group_teardown NULL
-#endif
-
-static int setup(void **state)
-{
-    factory_fn f = (factory_fn)*state;
-    rate_store_t *s = NULL;
-    assert_int_equal(f(&s), RATE_OK);
-    *state = s;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-#ifdef RATE_WITH_REDIS
-    rate_store_redis_drop(*state); /* RATE_EINVAL for the others */
-#endif
-    rate_store_free(*state);
-    return 0;
-}
-
-/* The first line of every conformance test: a NULL store is a Redis one
- * with no server to run on. */
-#define STORE_OR_SKIP(state)                                                \
-    do {                                                                    \
-        if (*(state) == NULL)                                               \
-            skip();                                                         \
-    } while (0)
 
 static rate_decision_t at_key(rate_limiter_t *l, const char *key, size_t len,
                               uint64_t t, uint64_t n)
@@ -119,71 +25,6 @@ static rate_decision_t at_key(rate_limiter_t *l, const char *key, size_t len,
     rate_decision_t d;
     assert_int_equal(rate_limiter_check_at(l, key, len, n, 0, t, &d), RATE_OK);
     return d;
-}
-
-static void keys_are_independent_and_binary_safe(void **state)
-{
-    STORE_OR_SKIP(state);
-    rate_limiter_t *l = limiter_of("fixed-window 2/s", *state);
-    static const char *keys[] = {"a", "b", "a b", "{x}", "line\nbreak",
-                                 "tab\there", "\xff\xfe", "user:42"};
-    char nul[5] = {'n', 0, 'u', 0, 'l'};
-    char longkey[RATE_KEY_MAX];
-    memset(longkey, 'z', sizeof longkey);
-    for (int round = 0; round < 3; round++) {
-        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-            assert_int_equal(at_key(l, keys[i], strlen(keys[i]), 0, 1).allowed,
-                             round < 2);
-        assert_int_equal(at_key(l, nul, 5, 0, 1).allowed, round < 2);
-        assert_int_equal(at_key(l, nul, 3, 0, 1).allowed, round < 2);
-        assert_int_equal(at_key(l, longkey, sizeof longkey, 0, 1).allowed,
-                         round < 2);
-        assert_int_equal(at_key(l, longkey, sizeof longkey - 1, 0, 1).allowed,
-                         round < 2);
-    }
-    rate_limiter_free(l);
-}
-
-static void large_state_round_trips(void **state)
-{
-    STORE_OR_SKIP(state);
-    /* A sliding log of 3000 entries: far past every inline buffer. */
-    rate_limiter_t *l = limiter_of("sliding-log 3000/1h", *state);
-    for (uint64_t i = 0; i < 3000; i++)
-        assert_true(at_key(l, "log", 3, i * MS, 1).allowed);
-    rate_decision_t d = at_key(l, "log", 3, 3000 * MS, 1);
-    assert_false(d.allowed);
-    assert_int_equal(d.retry_after_ns, 3600 * SEC - 3000 * MS);
-    d = at_key(l, "log", 3, 3600 * SEC, 1); /* the first entry leaves */
-    assert_true(d.allowed);
-    assert_int_equal(d.remaining, 0);
-    rate_limiter_free(l);
-}
-
-static void composite_state_round_trips(void **state)
-{
-    STORE_OR_SKIP(state);
-    rate_limiter_t *l = limiter_of(
-        "token-bucket 5/s burst=5; sliding-log 8/10s; sliding-window 9/m",
-        *state);
-    int ok = 0;
-    for (uint64_t t = 0; t < 10 * SEC; t += 100 * MS)
-        ok += at_key(l, "c", 1, t, 1).allowed;
-    assert_int_equal(ok, 8); /* the log's limit binds */
-    rate_limiter_free(l);
-}
-
-static void denials_and_queries_write_nothing(void **state)
-{
-    STORE_OR_SKIP(state);
-    rate_stats_t before, after;
-    rate_limiter_t *l = limiter_of("token-bucket 1/s burst=1", *state);
-    rate_store_stats(*state, &before);
-    at_key(l, "q", 1, 0, 0);  /* query on an absent key */
-    at_key(l, "q", 1, 0, 2);  /* never */
-    rate_store_stats(*state, &after);
-    assert_int_equal(after.keys, before.keys);
-    rate_limiter_free(l);
 }
 
 /* -------------------------------------------------- memory store only */
@@ -343,14 +184,6 @@ static void grows_and_reclaims_unbounded(void **state)
     rate_store_free(s);
 }
 
-#define CONFORMANCE(fn)                                                     \
-    cmocka_unit_test_prestate_setup_teardown(fn, setup, teardown,           \
-                                             (void *)make_memory),          \
-        cmocka_unit_test_prestate_setup_teardown(fn, setup, teardown,       \
-                                                 (void *)make_cas),         \
-        cmocka_unit_test_prestate_setup_teardown(fn, setup, teardown,       \
-                                                 (void *)make_redis)
-
 /* max_keys means what it says: a store bounded at N holds N keys before
  * it evicts any (the first edition's per-shard shares evicted 0.65-4.6%
  * early), and never more. */
@@ -503,10 +336,6 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(reserved_words_are_refused),
-        CONFORMANCE(keys_are_independent_and_binary_safe),
-        CONFORMANCE(large_state_round_trips),
-        CONFORMANCE(composite_state_round_trips),
-        CONFORMANCE(denials_and_queries_write_nothing),
         cmocka_unit_test(ttl_is_reset_after),
         cmocka_unit_test(max_keys_evicts_and_counts),
         cmocka_unit_test(reclaims_only_by_own_clock),
@@ -515,5 +344,5 @@ int main(void)
         cmocka_unit_test(max_keys_is_exact),
         cmocka_unit_test(low_water_reclaims),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,7 +8,7 @@
  * (77) without dynalite, failed under CI=true.
  */
 #include "helpers.h"
-#include "dynalite_server.h"
+#include "lib/dynalite_server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

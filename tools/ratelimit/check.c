@@ -11,11 +11,13 @@
 static const char usage[] =
     "usage: ratelimit check --key KEY --algorithm NAME [policy options]\n"
     "                       [--permits N] [--max-wait DUR] [--store STORE]\n"
-    "                       [--max-keys N]\n"
+    "                       [--max-keys N] [--store-timeout DUR]\n"
     "       ratelimit check --key KEY --policy TEXT [--permits N]\n"
     "                       [--max-wait DUR] [--store STORE] [--max-keys N]\n"
+    "                       [--store-timeout DUR]\n"
     "       ratelimit check --key KEY --policy 'concurrency N ttl=DUR ...'\n"
-    "                       [--critical] [--store STORE] [-- COMMAND [ARG...]]\n"
+    "                       [--critical] [--store STORE] [--store-timeout DUR]\n"
+    "                       [-- COMMAND [ARG...]]\n"
     "\n"
     "Asks the store for one decision and prints its fields, one per line.\n"
     "With --store redis://... (keys under 'ratelimit:', expiring after their\n"
@@ -26,7 +28,9 @@ static const char usage[] =
     "docs/dynamodb.md).  With --store shm:PATH (a shared-memory region,\n"
     "created if absent, 0600, and kept; docs/shm.md) they add up across the\n"
     "calls on one host; --max-keys N is the capacity of a region the call\n"
-    "creates (default 65536 keys).\n"
+    "creates (default 65536 keys).  --store-timeout DUR: how long connecting\n"
+    "to a Redis or DynamoDB store and the decision may take (default: the\n"
+    "store's own, 1 s for Redis).\n"
     "Exit status: 0 allowed, 1 denied, 2 error.  Policy options as for\n"
     "'ratelimit replay' (--algorithm, --rate, --burst, --capacity, --limit,\n"
     "--window, --policy).  The default store is a fresh memory store, so\n"
@@ -43,8 +47,8 @@ static const char usage[] =
     "policy's reserve=).  Without a COMMAND it takes and releases a lease:\n"
     "0 allowed, 1 denied.\n";
 
-enum { O_STORE = O_POLICY_END, O_KEY, O_PERMITS, O_MAXKEYS, O_HELP,
-       O_CRITICAL };
+enum { O_STORE = O_POLICY_END, O_KEY, O_PERMITS, O_MAXKEYS, O_STORETIMEOUT,
+       O_HELP, O_CRITICAL };
 
 static const struct option longopts[] = {
     POLICY_LONGOPTS,
@@ -52,6 +56,7 @@ static const struct option longopts[] = {
     {"key", required_argument, NULL, O_KEY},
     {"permits", required_argument, NULL, O_PERMITS},
     {"max-keys", required_argument, NULL, O_MAXKEYS},
+    {"store-timeout", required_argument, NULL, O_STORETIMEOUT},
     {"help", no_argument, NULL, O_HELP},
     {"critical", no_argument, NULL, O_CRITICAL},
     {NULL, 0, NULL, 0},
@@ -73,7 +78,7 @@ int cmd_check(int argc, char **argv)
 {
     policy_opts_t po = {.cmd = "check"};
     const char *store_spec = NULL, *key = NULL, *permits_text = "1";
-    const char *max_keys_text = NULL;
+    const char *max_keys_text = NULL, *store_timeout_text = NULL;
     uint64_t max_keys = 0;
     bool critical = false;
     int c;
@@ -88,6 +93,7 @@ int cmd_check(int argc, char **argv)
         case O_KEY: key = optarg; break;
         case O_PERMITS: permits_text = optarg; break;
         case O_MAXKEYS: max_keys_text = optarg; break;
+        case O_STORETIMEOUT: store_timeout_text = optarg; break;
         case O_HELP: cli_usage(usage); return 0;
         case O_CRITICAL: critical = true; break;
         default: return getopt_fail("check", c, argv);
@@ -102,6 +108,9 @@ int cmd_check(int argc, char **argv)
         return cli_fail("check: --key is required (a non-empty key)");
     if (critical && !inflight)
         return cli_fail("check: --critical needs an in-flight policy");
+    if (store_timeout_text != NULL &&
+        cli_store_timeout("check", store_timeout_text, store_spec) != 0)
+        return 2;
     if (inflight) {
         if (max_keys_text != NULL &&
             cli_max_keys("check", max_keys_text, store_spec, &max_keys) != 0)

@@ -170,6 +170,14 @@ const char *cli_store_error(cli_limiter_t *cl, int rc, size_t key_len);
  * printing why. */
 int cli_max_keys(const char *cmd, const char *text, const char *store_spec,
                  uint64_t *out);
+/* --store-timeout DUR (replay, check): the Redis or DynamoDB store's
+ * connect and command (request) timeout, 0 without it (the store's own
+ * default: 1 s for Redis).  cli_store_timeout parses it for `cmd` with the
+ * store `store_spec`: 0, or 2 after printing why (not a duration, 0, or a
+ * store without a network timeout). */
+extern uint64_t cli_store_timeout_ns;
+int cli_store_timeout(const char *cmd, const char *text,
+                      const char *store_spec);
 #define CLI_SAFETY_TTL_NS (60 * RATE_NS_PER_S)
 /* A DynamoDB scratch namespace's TTL attribute: a week, never refreshed
  * (DynamoDB's deletion is days late anyway; the reading ignores it). */

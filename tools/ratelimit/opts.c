@@ -563,6 +563,8 @@ static int dynamodb_from_opt(const char *cmd, const char *spec, bool scratch,
 {
     rate_dynamodb_options_t o = {.create_table = true};
     char prefix[96], err[768];
+    o.request_timeout_ns = cli_store_timeout_ns; /* 0: the store's own */
+    o.connect_timeout_ns = cli_store_timeout_ns;
     if (scratch) {
         snprintf(prefix, sizeof prefix, "ratelimit:%s:%ld:%llu:", cmd,
                  (long)getpid(),
@@ -638,6 +640,8 @@ int store_from_opt(const char *cmd, const char *spec, bool scratch,
 #else
     rate_redis_options_t o = {0};
     char prefix[96], err[256];
+    o.command_timeout_ns = cli_store_timeout_ns; /* 0: the store's 1 s */
+    o.connect_timeout_ns = cli_store_timeout_ns;
     if (scratch) {
         /* A namespace of this run's own, dropped at the end; its keys do
          * not expire by the trace's resets (the trace's clock is not
@@ -824,6 +828,27 @@ int cli_max_keys(const char *cmd, const char *text, const char *store_spec,
         return cli_fail("%s: --max-keys '%s' is not a whole number from 1 "
                         "to %llu%s", cmd, text, (unsigned long long)most,
                         shm ? " (a shm:PATH region's bound)" : "");
+    return 0;
+}
+
+uint64_t cli_store_timeout_ns;
+
+int cli_store_timeout(const char *cmd, const char *text,
+                      const char *store_spec)
+{
+    char why[256];
+    uint64_t ns;
+
+    if (rate_parse_duration(text, &ns, why, sizeof why) != RATE_OK)
+        return cli_fail("%s: --store-timeout %s", cmd, why);
+    if (ns == 0)
+        return cli_fail("%s: --store-timeout '%s': must be more than 0", cmd,
+                        text);
+    if (store_spec == NULL || strcmp(store_spec, "memory") == 0 ||
+        strncmp(store_spec, "shm:", 4) == 0)
+        return cli_fail("%s: --store-timeout applies to a redis://, "
+                        "unix:// or dynamodb:// store only", cmd);
+    cli_store_timeout_ns = ns;
     return 0;
 }
 

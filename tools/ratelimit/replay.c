@@ -78,6 +78,9 @@ static const char usage[] =
     "                     shm:PATH: the capacity of a region the run creates\n"
     "                     (default: from the trace, above); an existing one\n"
     "                     must match\n"
+    "  --store-timeout DUR  a Redis or DynamoDB store: how long connecting\n"
+    "                     and each command may take (default: the store's\n"
+    "                     own, 1 s for Redis)\n"
     "  --input FORMAT     trace (TIME KEY [PERMITS], default), clf (access\n"
     "                     logs in Common or Combined Log Format, and more\n"
     "                     fields after them) or json (one JSON object a\n"
@@ -109,8 +112,8 @@ static const char usage[] =
     "(whole seconds for 10/s: a second's requests replayed at one instant)\n"
     "and when lines go back in time (decided at their key's latest time).\n";
 
-enum { O_STORE = O_POLICY_END, O_PERKEY, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_MAXKEYS, O_HELP,
-       O_TIMEFIELD, O_TOP, O_FAIR, O_WEIGHT };
+enum { O_STORE = O_POLICY_END, O_PERKEY, O_INPUT, O_KEYFIELD, O_SKIPBAD, O_MAXKEYS,
+       O_STORETIMEOUT, O_HELP, O_TIMEFIELD, O_TOP, O_FAIR, O_WEIGHT };
 
 static const struct option longopts[] = {
     POLICY_LONGOPTS,
@@ -124,6 +127,7 @@ static const struct option longopts[] = {
     {"max-keys", required_argument, NULL, O_MAXKEYS},
     {"fair", required_argument, NULL, O_FAIR},
     {"weight", required_argument, NULL, O_WEIGHT},
+    {"store-timeout", required_argument, NULL, O_STORETIMEOUT},
     {"help", no_argument, NULL, O_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -295,7 +299,7 @@ int cmd_replay(int argc, char **argv)
     uint64_t top = 0;
     bool per_key = false;
     bool skip_bad = false;
-    const char *max_keys_text = NULL;
+    const char *max_keys_text = NULL, *store_timeout_text = NULL;
     uint64_t max_keys = 0;
     static fair_opts_t fo;
     memset(&fo, 0, sizeof fo);
@@ -327,6 +331,7 @@ int cmd_replay(int argc, char **argv)
             if (fair_opt_weight(&fo, "replay", optarg) != 0)
                 return 2;
             break;
+        case O_STORETIMEOUT: store_timeout_text = optarg; break;
         case O_HELP: cli_usage(usage); return 0;
         default: return getopt_fail("replay", c, argv);
         }
@@ -342,6 +347,9 @@ int cmd_replay(int argc, char **argv)
     if (fo.key != NULL && po.max_wait != NULL)
         return cli_fail("replay: --fair decides without waiting: it takes "
                         "no --max-wait");
+    if (store_timeout_text != NULL &&
+        cli_store_timeout("replay", store_timeout_text, store_spec) != 0)
+        return 2;
     FILE *per_key_file = NULL;
     if (per_key_path != NULL && (per_key_path[0] == '\0' ||
         (per_key_file = fopen(per_key_path, "w")) == NULL))

@@ -1164,17 +1164,31 @@ static void on_timer(void *arg)
                            false)) != RATE_OK)
             finish(j, rc);
     }
+    anode_t *drained = NULL;
     while (s->head != NULL && s->head->deadline <= now) {
         ajob_t *j = s->head;
         if (j->parked || (j->turn != NULL && j->turn->holder != j)) {
             finish(j, RATE_ETIMEDOUT); /* parked, or waiting its turn */
             continue;
         }
+        if (j->node == NULL || j->node->conn == NULL)
+            break; /* cannot be: a job not parked is on a connection */
+        /* A loop that ran late (a loaded machine) may run this timer
+         * before reading the socket (libuv runs timers first): the reply
+         * may be there already.  Read what has come, once per node, and
+         * look at the oldest job again. */
+        if (j->node != drained) {
+            aconn_t *c = j->node->conn;
+            drained = j->node;
+            c->refs++;
+            if (c->ac != NULL)
+                redisAsyncHandleRead(c->ac);
+            conn_unref(c);
+            continue;
+        }
         /* Redis did not answer it in time: its connection goes, and with
          * it every command on it (the synchronous store's reader fails
          * all it waits for too). */
-        if (j->node == NULL || j->node->conn == NULL)
-            break; /* cannot be: a job not parked is on a connection */
         note_err(j->node, "no reply within the command timeout", NULL);
         drop(j->node, RATE_ETIMEDOUT);
         if (s->head == j)

@@ -9,18 +9,13 @@
 #ifndef TEST_DYNALITE_SERVER_H
 #define TEST_DYNALITE_SERVER_H
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
+
+#include "server.h"
 
 #ifndef DYNALITE_DEFAULT
 #define DYNALITE_DEFAULT "dynalite"
@@ -38,34 +33,16 @@ static inline const char *dynalite_program(void)
 /* A loopback port free now (0 if none). */
 static inline int dynalite_free_port(void)
 {
-    struct sockaddr_in a = {0};
-    socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), p = 0;
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        p = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return p;
+    return test_free_port();
 }
 
 static inline bool dynalite_listening(int port)
 {
-    struct sockaddr_in a = {0};
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bool ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
-    if (fd >= 0)
-        close(fd);
-    return ok;
+    return test_port_listening(port);
 }
 
 /* Starts dynalite on 127.0.0.1:port with tables ACTIVE at once, and waits
- * (up to 30 s: node starting on a loaded machine) until it accepts
+ * (up to TEST_WAIT_S: node starting on a loaded machine) until it accepts
  * connections.  Its PID, or 0 when it could not be started. */
 static inline pid_t dynalite_start(int port)
 {
@@ -74,38 +51,16 @@ static inline pid_t dynalite_start(int port)
     if (prog == NULL)
         return 0;
     snprintf(p, sizeof p, "%d", port);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 1);
-        dup2(null, 2);
-        execl(prog, prog, "--host", "127.0.0.1", "--port", p,
-              "--createTableMs", "0", "--deleteTableMs", "0",
-              "--updateTableMs", "0", (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; pid > 0 && i < 3000; i++) {
-        if (dynalite_listening(port))
-            return pid;
-        if (waitpid(pid, NULL, WNOHANG) == pid)
-            return 0;
-        usleep(10000);
-    }
-    if (pid > 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-    }
-    return 0;
+    const char *argv[] = {prog, "--host", "127.0.0.1", "--port", p,
+                          "--createTableMs", "0", "--deleteTableMs", "0",
+                          "--updateTableMs", "0", NULL};
+    pid_t pid = test_spawn(argv);
+    return test_wait_ready(&pid, port, dynalite_listening) ? pid : 0;
 }
 
 static inline void dynalite_stop(pid_t *pid)
 {
-    if (*pid > 0) {
-        kill(*pid, SIGKILL);
-        waitpid(*pid, NULL, 0);
-        *pid = 0;
-    }
+    test_stop(pid);
 }
 
 /* What a test program does when there is no dynalite: under CI=true it

@@ -69,44 +69,23 @@ static inline redisContext *rcl_connect(int port)
     return c;
 }
 
-/* Starts node i (again, after a stop: same port, same node file). */
+/* Starts node i (again, after a stop: same port, same node file) and
+ * waits until it answers PING (up to TEST_WAIT_S). */
 static inline bool rcl_start_node(rcluster_t *cl, int i)
 {
     char p[16], conf[128], rdb[32];
     snprintf(p, sizeof p, "%d", cl->port[i]);
     snprintf(conf, sizeof conf, "%s/nodes-%d.conf", cl->dir, cl->port[i]);
     snprintf(rdb, sizeof rdb, "dump-%d.rdb", cl->port[i]);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 1);
-        dup2(null, 2);
-        execlp("redis-server", "redis-server", "--port", p, "--bind",
-               "127.0.0.1", "--save", "", "--appendonly", "no",
-               "--cluster-enabled", "yes", "--cluster-config-file", conf,
-               "--cluster-node-timeout", "1000", "--dir", cl->dir,
-               "--dbfilename", rdb, "--cluster-replica-validity-factor", "0",
-               "--loglevel", "warning", (char *)NULL);
-        _exit(127);
-    }
-    cl->pid[i] = pid;
-    for (int k = 0; pid > 0 && k < 500; k++) {
-        redisContext *c = rcl_connect(cl->port[i]);
-        bool ok = false;
-        if (c != NULL) {
-            redisReply *r = redisCommand(c, "PING");
-            ok = r != NULL;
-            freeReplyObject(r);
-            redisFree(c);
-        }
-        if (ok)
-            return true;
-        if (waitpid(pid, NULL, WNOHANG) == pid)
-            break;
-        usleep(10000);
-    }
-    return false;
+    const char *argv[] = {"redis-server", "--port", p, "--bind",
+                          "127.0.0.1", "--save", "", "--appendonly", "no",
+                          "--cluster-enabled", "yes", "--cluster-config-file",
+                          conf, "--cluster-node-timeout", "1000", "--dir",
+                          cl->dir, "--dbfilename", rdb,
+                          "--cluster-replica-validity-factor", "0",
+                          "--loglevel", "warning", NULL};
+    cl->pid[i] = test_spawn(argv);
+    return test_wait_ready(&cl->pid[i], cl->port[i], redis_test_answers);
 }
 
 static inline void rcl_stop_node(rcluster_t *cl, int i)
@@ -154,19 +133,28 @@ static inline bool rcl_node_ok(int port, int masters)
     return ok;
 }
 
-/* Waits (up to `ms`) until every running node is ok with `masters`. */
+typedef struct rcl_ok_arg {
+    rcluster_t *cl;
+    int masters;
+} rcl_ok_arg_t;
+
+static inline bool rcl_all_ok(void *ud)
+{
+    rcl_ok_arg_t *a = ud;
+    for (int i = 0; i < RCL_NODES; i++)
+        if (a->cl->pid[i] > 0 && !rcl_node_ok(a->cl->port[i], a->masters))
+            return false;
+    return true;
+}
+
+/* Waits (up to `ms`, and at least TEST_WAIT_S: agreeing takes the nodes
+ * longer on a loaded machine) until every running node is ok with
+ * `masters`. */
 static inline bool rcl_wait_ok(rcluster_t *cl, int masters, int ms)
 {
-    for (int t = 0; t < ms; t += 50) {
-        bool all = true;
-        for (int i = 0; i < RCL_NODES && all; i++)
-            if (cl->pid[i] > 0)
-                all = rcl_node_ok(cl->port[i], masters);
-        if (all)
-            return true;
-        usleep(50000);
-    }
-    return false;
+    rcl_ok_arg_t a = {cl, masters};
+    unsigned s = (unsigned)(ms / 1000) + 1;
+    return wait_until(rcl_all_ok, &a, s > TEST_WAIT_S ? s : TEST_WAIT_S);
 }
 
 static inline void rcl_stop(rcluster_t *cl)

@@ -1,0 +1,381 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The store matrix (header-only, static): what every store must do,
+ * written once and run over a list of store kinds (docs/store-writers.md,
+ * "Testing a store").  For each kind it runs
+ *
+ *   - conformance: keys independent and binary safe, states far past any
+ *     inline buffer, composite states, denials and queries writing nothing;
+ *   - differential traces: random decisions, bool calls, refunds,
+ *     penalties and resets over the five algorithms, composites, a block
+ *     and the buckets' wide layout, every field of every decision the same
+ *     as the memory store's at the same times.
+ *
+ * A kind is a factory (a fresh store in a namespace of its own per test),
+ * with optional start/stop for the server it needs, and, for an
+ * asynchronous store, its loop: decisions then go through
+ * rate_limiter_check_start_at and the loop turns until they complete.
+ * store_matrix_main() runs the kinds named in $RATE_STORES (a comma list;
+ * every kind when unset); a kind whose server cannot start is skipped with
+ * the reason, or fails under CI=true.
+ */
+#ifndef TEST_LIB_STORE_MATRIX_H
+#define TEST_LIB_STORE_MATRIX_H
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../helpers.h"
+#include "rng.h"
+#include "wait.h"
+
+typedef struct store_kind store_kind_t;
+struct store_kind {
+    const char *name;
+    /* Starts what the kind needs (a server, a loop): 0; else non-zero
+     * with the reason in why (the kind is skipped).  NULL: nothing. */
+    int (*start)(store_kind_t *k, char *why, size_t len);
+    void (*stop)(store_kind_t *k); /* NULL: nothing */
+    /* A fresh store in a namespace of its own: RATE_OK. */
+    int (*make)(store_kind_t *k, rate_store_t **out);
+    /* Removes the store's namespace and frees it (NULL: rate_store_free). */
+    void (*drop)(store_kind_t *k, rate_store_t *s);
+    /* An asynchronous store: decisions are started and `turn` runs one
+     * turn of its loop (waiting for an event) until they complete. */
+    void (*turn)(store_kind_t *k);
+    void *ud; /* the kind's own */
+};
+
+typedef struct sm_case {
+    store_kind_t *kind;
+    rate_store_t *store;
+} sm_case_t;
+
+static int sm_setup(void **state)
+{
+    sm_case_t *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    c->kind = *state;
+    int rc = c->kind->make(c->kind, &c->store);
+    if (rc != RATE_OK || c->store == NULL) {
+        free(c);
+        fail_msg("%s: the factory failed: %s", ((store_kind_t *)*state)->name,
+                 rate_err_name(rc));
+    }
+    *state = c;
+    return 0;
+}
+
+static int sm_teardown(void **state)
+{
+    sm_case_t *c = *state;
+    if (c->kind->drop != NULL)
+        c->kind->drop(c->kind, c->store);
+    else
+        rate_store_free(c->store);
+    free(c);
+    return 0;
+}
+
+typedef struct sm_wait {
+    bool done;
+    int rc;
+    rate_decision_t *d;
+} sm_wait_t;
+
+static void sm_decided(void *ud, int rc, const rate_decision_t *d)
+{
+    sm_wait_t *w = ud;
+    w->rc = rc;
+    *w->d = *d;
+    w->done = true;
+}
+
+/* One decision on the case's kind: synchronous, or started and completed
+ * on the kind's loop (the store's own timeout bounds each turn; the test
+ * gives up after TEST_WAIT_S). */
+static inline int sm_check(sm_case_t *c, rate_limiter_t *l, const char *key,
+                           size_t len, uint64_t n, uint64_t mw, uint64_t t,
+                           rate_decision_t *d)
+{
+    if (c->kind->turn == NULL)
+        return rate_limiter_check_at(l, key, len, n, mw, t, d);
+    sm_wait_t w = {false, RATE_OK, d};
+    int rc = rate_limiter_check_start_at(l, key, len, n, mw, t, d,
+                                         sm_decided, &w);
+    if (rc != RATE_PENDING)
+        return rc;
+    uint64_t deadline = test_now_ns() + TEST_WAIT_S * SEC;
+    while (!w.done && test_now_ns() < deadline)
+        c->kind->turn(c->kind);
+    if (!w.done)
+        fail_msg("%s: a decision did not complete in %d s", c->kind->name,
+                 TEST_WAIT_S);
+    return w.rc;
+}
+
+static inline rate_decision_t sm_at(sm_case_t *c, rate_limiter_t *l,
+                                    const char *key, size_t len, uint64_t t,
+                                    uint64_t n)
+{
+    rate_decision_t d;
+    int rc = sm_check(c, l, key, len, n, 0, t, &d);
+    if (rc != RATE_OK)
+        fail_msg("%s: check: %s", c->kind->name, rate_err_name(rc));
+    if (d.reason == RATE_REASON_STORE_ERROR)
+        fail_msg("%s: a store error (%d)", c->kind->name, d.error);
+    return d;
+}
+
+/* ------------------------------------------------------- conformance */
+
+static void sm_keys_are_independent_and_binary_safe(void **state)
+{
+    sm_case_t *c = *state;
+    rate_limiter_t *l = limiter_of("fixed-window 2/s", c->store);
+    static const char *keys[] = {"a", "b", "a b", "{x}", "line\nbreak",
+                                 "tab\there", "\xff\xfe", "user:42"};
+    char nul[5] = {'n', 0, 'u', 0, 'l'};
+    char longkey[RATE_KEY_MAX];
+    memset(longkey, 'z', sizeof longkey);
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+            assert_int_equal(
+                sm_at(c, l, keys[i], strlen(keys[i]), 0, 1).allowed,
+                round < 2);
+        assert_int_equal(sm_at(c, l, nul, 5, 0, 1).allowed, round < 2);
+        assert_int_equal(sm_at(c, l, nul, 3, 0, 1).allowed, round < 2);
+        assert_int_equal(sm_at(c, l, longkey, sizeof longkey, 0, 1).allowed,
+                         round < 2);
+        assert_int_equal(
+            sm_at(c, l, longkey, sizeof longkey - 1, 0, 1).allowed,
+            round < 2);
+    }
+    rate_limiter_free(l);
+}
+
+static void sm_large_state_round_trips(void **state)
+{
+    sm_case_t *c = *state;
+    /* A sliding log of 3000 entries: far past every inline buffer. */
+    rate_limiter_t *l = limiter_of("sliding-log 3000/1h", c->store);
+    for (uint64_t i = 0; i < 3000; i++)
+        assert_true(sm_at(c, l, "log", 3, i * MS, 1).allowed);
+    rate_decision_t d = sm_at(c, l, "log", 3, 3000 * MS, 1);
+    assert_false(d.allowed);
+    assert_int_equal(d.retry_after_ns, 3600 * SEC - 3000 * MS);
+    d = sm_at(c, l, "log", 3, 3600 * SEC, 1); /* the first entry leaves */
+    assert_true(d.allowed);
+    assert_int_equal(d.remaining, 0);
+    rate_limiter_free(l);
+}
+
+static void sm_composite_state_round_trips(void **state)
+{
+    sm_case_t *c = *state;
+    rate_limiter_t *l = limiter_of(
+        "token-bucket 5/s burst=5; sliding-log 8/10s; sliding-window 9/m",
+        c->store);
+    int ok = 0;
+    for (uint64_t t = 0; t < 10 * SEC; t += 100 * MS)
+        ok += sm_at(c, l, "c", 1, t, 1).allowed;
+    assert_int_equal(ok, 8); /* the log's limit binds */
+    rate_limiter_free(l);
+}
+
+static void sm_denials_and_queries_write_nothing(void **state)
+{
+    sm_case_t *c = *state;
+    rate_stats_t before, after;
+    memset(&before, 0, sizeof before); /* a store without stats leaves them */
+    memset(&after, 0, sizeof after);
+    rate_limiter_t *l = limiter_of("token-bucket 1/s burst=1", c->store);
+    rate_store_stats(c->store, &before);
+    sm_at(c, l, "q", 1, 0, 0); /* query on an absent key */
+    sm_at(c, l, "q", 1, 0, 2); /* never */
+    rate_store_stats(c->store, &after);
+    assert_int_equal(after.keys, before.keys);
+    /* and the key is still fresh: a full burst is there */
+    assert_true(sm_at(c, l, "q", 1, 0, 1).allowed);
+    rate_limiter_free(l);
+}
+
+/* ------------------------------------------------------ differential */
+
+/* The policies every store's traces run over: the five algorithms,
+ * composites, a block after a breach, the buckets' wide layout (B * P
+ * past 2^62) and a burst past the Redis scripts' exact range. */
+static const char *const sm_policies[] = {
+    "token-bucket 5/s burst=3",
+    "leaky-bucket 7/3s capacity=4",
+    "fixed-window 4/700ms",
+    "sliding-log 5/s",
+    "sliding-window 6/s",
+    "token-bucket 10/s burst=5; sliding-log 20/3s; fixed-window 30/m",
+    "leaky-bucket 3/s capacity=2; sliding-window 8/2s",
+    "token-bucket 5/s burst=3 block=700ms",
+    "token-bucket 1/h burst=400000",
+    "token-bucket 1/h burst=400000000000",
+};
+
+/* Decisions, bool calls, refunds, penalties and resets on a few keys, at
+ * the caller's times, now and then back in time, on memory and on the
+ * case's store: every field of every decision the same. */
+static void sm_same_decisions_as_memory(void **state)
+{
+    sm_case_t *c = *state;
+    static const char *keys[] = {"a", "user 42", "{braces}", "new\nline",
+                                 "\xff\x00\x01", "}{", "k:1"};
+    static const size_t key_lens[] = {1, 7, 8, 8, 3, 2, 3};
+    unsigned ops[5] = {0};
+    rnd_seed(0x5EED0F57);
+    for (size_t p = 0; p < sizeof sm_policies / sizeof sm_policies[0]; p++) {
+        rate_store_t *ms;
+        assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+        rate_limiter_t *lm = limiter_of(sm_policies[p], ms);
+        rate_limiter_t *ls = limiter_of(sm_policies[p], c->store);
+        /* One policy at times past 2^51 ns: the Redis scripts decline
+         * them (the C step decides), the others take them as any. */
+        uint64_t t = SEC + rnd(5 * SEC) + (p == 2 ? UINT64_C(1) << 51 : 0);
+        for (int i = 0; i < 150; i++) {
+            size_t k = rnd(7);
+            char key[16];
+            key[0] = (char)('a' + p); /* keys per policy */
+            memcpy(key + 1, keys[k], key_lens[k]);
+            size_t kl = key_lens[k] + 1;
+            if (rnd(8) == 0 && t > 100 * MS)
+                t -= rnd(100 * MS);
+            else
+                t += rnd(400 * MS);
+            uint64_t n = rnd(6);
+            int op = (int)rnd(12), x, y;
+            const char *name;
+            if (op < 6) {
+                uint64_t mw = rnd(3) == 0 ? rnd(SEC) : 0;
+                rate_decision_t a, b;
+                assert_int_equal(
+                    rate_limiter_check_at(lm, key, kl, n, mw, t, &a),
+                    RATE_OK);
+                assert_int_equal(sm_check(c, ls, key, kl, n, mw, t, &b),
+                                 RATE_OK);
+                expect_same_decision(&a, &b, sm_policies[p], c->kind->name,
+                                     i, t, n, mw);
+                ops[0]++;
+                continue;
+            } else if (op < 8) {
+                bool bx = rate_try_acquire_len_at(lm, key, kl, n, t);
+                bool by = rate_try_acquire_len_at(ls, key, kl, n, t);
+                if (bx != by)
+                    fail_msg("%s, step %d: bool call %d on memory, %d on %s",
+                             sm_policies[p], i, bx, by, c->kind->name);
+                ops[1]++;
+                continue;
+            } else if (op < 10) {
+                name = "refund";
+                x = rate_limiter_refund_at(lm, key, kl, n, t);
+                y = rate_limiter_refund_at(ls, key, kl, n, t);
+                ops[2]++;
+            } else if (op < 11) {
+                name = "penalize";
+                x = rate_limiter_penalize_at(lm, key, kl, n, t);
+                y = rate_limiter_penalize_at(ls, key, kl, n, t);
+                ops[3]++;
+            } else {
+                name = "reset";
+                x = rate_limiter_reset(lm, key, kl);
+                y = rate_limiter_reset(ls, key, kl);
+                ops[4]++;
+            }
+            if (x != RATE_OK || y != RATE_OK)
+                fail_msg("%s, step %d: %s gives %s on memory, %s on %s",
+                         sm_policies[p], i, name, rate_err_name(x),
+                         rate_err_name(y), c->kind->name);
+        }
+        rate_limiter_free(lm);
+        rate_limiter_free(ls);
+        rate_store_free(ms);
+    }
+    for (int i = 0; i < 5; i++)
+        assert_true(ops[i] > 20); /* every kind of step was taken */
+}
+
+/* ------------------------------------------------------------- runner */
+
+static const struct {
+    const char *name;
+    CMUnitTestFunction fn;
+} sm_cases[] = {
+    {"keys_are_independent_and_binary_safe",
+     sm_keys_are_independent_and_binary_safe},
+    {"large_state_round_trips", sm_large_state_round_trips},
+    {"composite_state_round_trips", sm_composite_state_round_trips},
+    {"denials_and_queries_write_nothing",
+     sm_denials_and_queries_write_nothing},
+    {"same_decisions_as_memory", sm_same_decisions_as_memory},
+};
+#define SM_CASES (sizeof sm_cases / sizeof sm_cases[0])
+
+/* Whether `name` is in the comma list `list` (NULL: every name is). */
+static inline bool sm_selected(const char *list, const char *name)
+{
+    if (list == NULL || *list == '\0')
+        return true;
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0)
+            return true;
+        p += len + (e != NULL);
+    }
+    return false;
+}
+
+/* Runs the matrix over `kinds` (those $RATE_STORES names): 0 when every
+ * case of every kind run passed; 1 when one failed, when $RATE_STORES
+ * names no kind here, or when a kind could not start under CI=true. */
+static inline int store_matrix_main(store_kind_t *kinds, size_t nkinds)
+{
+    const char *only = getenv("RATE_STORES");
+    const char *ci = getenv("CI");
+    bool strict = ci != NULL && strcmp(ci, "true") == 0;
+    int failed = 0;
+    size_t ran = 0;
+    for (size_t k = 0; k < nkinds; k++) {
+        store_kind_t *kind = &kinds[k];
+        if (!sm_selected(only, kind->name))
+            continue;
+        char why[256] = "";
+        if (kind->start != NULL && kind->start(kind, why, sizeof why) != 0) {
+            fprintf(stderr, "store matrix: %s %s: %s\n", kind->name,
+                    strict ? "FAILED (CI=true)" : "SKIPPED", why);
+            failed |= strict;
+            continue;
+        }
+        struct CMUnitTest tests[SM_CASES];
+        char names[SM_CASES][96];
+        for (size_t i = 0; i < SM_CASES; i++) {
+            snprintf(names[i], sizeof names[i], "%s: %s", kind->name,
+                     sm_cases[i].name);
+            tests[i] = (struct CMUnitTest){names[i], sm_cases[i].fn, sm_setup,
+                                           sm_teardown, kind};
+        }
+        char group[64];
+        snprintf(group, sizeof group, "store %s", kind->name);
+        failed |= _cmocka_run_group_tests(group, tests, SM_CASES, NULL,
+                                          NULL) != 0;
+        if (kind->stop != NULL)
+            kind->stop(kind);
+        ran++;
+    }
+    if (ran == 0 && only != NULL) {
+        fprintf(stderr, "store matrix: RATE_STORES=%s names no store kind "
+                        "this build has\n", only);
+        return 1;
+    }
+    return failed;
+}
+
+#endif

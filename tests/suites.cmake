@@ -1,0 +1,91 @@
+# SPDX-License-Identifier: MIT
+# Every suite, one line each, named by its subject (tests/CMakeLists.txt,
+# rate_suite, says what each word means; docs/contributing.md, "A tour of
+# the tests", what each suite checks).  TIMEOUTs only stop a hung suite:
+# they are far above what a suite takes on a loaded machine.
+
+# The core, no server.
+rate_suite(policy)
+rate_suite(algorithms)
+rate_suite(limiter)
+rate_suite(store)
+rate_suite(property)
+rate_suite(concurrency LABELS concurrency)
+rate_suite(mutants)
+rate_suite(carry_bound)
+rate_suite(headers NEEDS HTTP)
+rate_suite(store_public SH store_public_test.sh ARGS ${CMAKE_C_COMPILER}
+           ${CMAKE_SOURCE_DIR}/include ${CMAKE_SOURCE_DIR}/src/store/memory.c
+           ${CMAKE_SOURCE_DIR}/src/store/shm.c)
+rate_suite(sync LABELS concurrency)
+rate_suite(rules NEEDS HTTP)
+rate_suite(rules_reloads C test_rules.c ARGS --reloads NEEDS HTTP LABELS concurrency)
+
+# Every store: conformance and differential traces (tests/lib/store_matrix.h).
+rate_suite(stores LABELS redis dynamodb SERIAL TIMEOUT 900 USES_MODULE USES_ASYNC)
+
+# Shared memory.
+rate_suite(shm)
+rate_suite(shm_threads C test_shm_procs.c ARGS threads LABELS concurrency)
+rate_suite(shm_procs C test_shm_procs.c ARGS procs LABELS shm_procs)
+rate_suite(shm_cli SH shm_cli_test.sh NEEDS TOOLS ARGS $<TARGET_FILE:ratelimit_cli>
+           $<TARGET_FILE:shm_keys> ${CMAKE_CURRENT_SOURCE_DIR}/vectors)
+
+# Redis.
+rate_suite(redis NEEDS REDIS LABELS redis concurrency SERIAL)
+rate_suite(redis_faults NEEDS REDIS LABELS redis concurrency SERIAL)
+rate_suite(redis_mutants NEEDS REDIS LABELS redis SERIAL)
+rate_suite(redis_router NEEDS REDIS)
+rate_suite(redis_protocol NEEDS REDIS)
+rate_suite(sha1 NEEDS REDIS)
+rate_suite(redis_cluster NEEDS REDIS TOOLS LABELS redis SERIAL TIMEOUT 600
+           ARGS $<TARGET_FILE:ratelimit_cli>)
+rate_suite(redis_module NEEDS REDIS MODULE USES_MODULE LABELS redis SERIAL)
+rate_suite(module_cli SH module_cli_test.sh NEEDS REDIS MODULE TOOLS LABELS redis SERIAL
+           ARGS $<TARGET_FILE:ratelimit_cli> ${CMAKE_CURRENT_SOURCE_DIR}/vectors
+           $<TARGET_FILE:ratelimit_redis_module>)
+rate_suite(carry NEEDS REDIS LABELS redis SERIAL)
+rate_suite(carry_cli SH carry_cli_test.sh NEEDS REDIS TOOLS LABELS redis SERIAL
+           ARGS $<TARGET_FILE:ratelimit_cli>)
+rate_suite(async NEEDS ASYNC USES_ASYNC LABELS redis SERIAL TIMEOUT 600)
+rate_suite(async_cluster NEEDS ASYNC USES_ASYNC LABELS redis SERIAL TIMEOUT 600)
+rate_suite(async_module NEEDS ASYNC MODULE USES_ASYNC USES_MODULE LABELS redis SERIAL
+           TIMEOUT 600)
+rate_suite(sync_redis NEEDS REDIS LABELS redis concurrency SERIAL)
+
+# DynamoDB (dynalite; skipped without it, failed under CI=true).
+rate_suite(dynamodb NEEDS DYNAMODB LABELS dynamodb concurrency SERIAL SKIP77)
+rate_suite(dynamodb_cli SH dynamodb_cli_test.sh NEEDS DYNAMODB TOOLS LABELS dynamodb
+           SERIAL SKIP77 ARGS $<TARGET_FILE:ratelimit_cli>
+           ${CMAKE_CURRENT_SOURCE_DIR}/vectors ${RATE_DYNALITE})
+rate_suite(sync_dynamodb NEEDS DYNAMODB LABELS dynamodb concurrency SERIAL SKIP77)
+
+# The command, the example server, nginx, installing.
+rate_suite(parsers NEEDS TOOLS LIBS ratelimit_cli_parse)
+rate_suite(cli SH cli_test.sh NEEDS TOOLS ENV "${RATE_PARTS_ENV}"
+           ARGS $<TARGET_FILE:ratelimit_cli> ${CMAKE_CURRENT_SOURCE_DIR}/vectors)
+rate_suite(api_server SH api_server_test.sh NEEDS API_SERVER
+           ARGS $<TARGET_FILE:api-server> ${CMAKE_SOURCE_DIR}/examples/api-server/example.conf)
+rate_suite(nginx SH nginx_test.sh NEEDS NGINX SKIP77 TIMEOUT 900 ARGS "${RATE_NGINX_SO}")
+rate_suite(nginx_redis SH nginx_redis_test.sh NEEDS NGINX LABELS redis SERIAL SKIP77
+           TIMEOUT 900 ARGS "${RATE_NGINX_SO}")
+rate_suite(install SH install_test.sh NEEDS TOOLS PLAIN ENV "${RATE_PARTS_ENV}"
+           ARGS ${CMAKE_BINARY_DIR})
+
+# Fair shares of a shared limit (docs/fair.md): issue 31's properties on
+# the memory table (threads) and the shared table (processes, shm store).
+rate_suite(fair LABELS concurrency TIMEOUT 300)
+rate_suite(fair_procs C test_fair.c ARGS --procs LABELS shm_procs TIMEOUT 300)
+rate_suite(fair_cli SH fair_cli_test.sh NEEDS TOOLS ARGS $<TARGET_FILE:ratelimit_cli>)
+rate_suite(fair_api SH fair_api_test.sh NEEDS API_SERVER ARGS $<TARGET_FILE:api-server>)
+rate_suite(fair_nginx SH fair_nginx_test.sh NEEDS NGINX SKIP77 TIMEOUT 900
+           ARGS "${RATE_NGINX_SO}")
+
+# In-flight limits with leases (docs/leases.md): the memory and cas stores
+# (threads), shm processes killed with SIGKILL, the command, Redis, nginx.
+rate_suite(lease LABELS concurrency)
+rate_suite(lease_procs LABELS shm_procs)
+rate_suite(lease_cli SH lease_cli_test.sh NEEDS TOOLS ARGS $<TARGET_FILE:ratelimit_cli>)
+rate_suite(lease_redis NEEDS REDIS LABELS redis SERIAL)
+rate_suite(nginx_lease SH nginx_lease_test.sh NEEDS NGINX SKIP77 TIMEOUT 900
+           ARGS "${RATE_NGINX_SO}")
