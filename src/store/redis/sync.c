@@ -816,8 +816,7 @@ static unsigned node_index(redis_store_t *r, const node_t *n)
     return RATE__REDIS_MAX_NODES;
 }
 
-/* Puts a CLUSTER SLOTS reply in the map (slots it does not name: none
- * known).  Under topo_lock.  False for a reply that does not parse. */
+/* The index of the node host:port, made if new (rc_slot_map's node_of). */
 static int node_of(void *ctx, const char *host, int port)
 {
     redis_store_t *r = ctx;
@@ -826,6 +825,8 @@ static int node_of(void *ctx, const char *host, int port)
     return idx < RATE__REDIS_MAX_NODES ? (int)idx : -1;
 }
 
+/* Puts a CLUSTER SLOTS reply in the map (slots it does not name: none
+ * known).  Under topo_lock.  False for a reply that does not parse. */
 static bool apply_slots(redis_store_t *r, const redisReply *rep,
                         const char *self_host)
 {
