@@ -362,6 +362,40 @@ static void test_priority(void **state)
     rate_inflight_free(in);
 }
 
+/* Objects with different N on one key: a small reserve-holding object
+ * meets far more held leases than its N (a larger object took them).  Its
+ * normal-class denial still names the exact slot-back time and writes
+ * nothing past its room (ASan: stack room for N <= 64, heap above). */
+static void mixed_n(const char *small, uint64_t limit)
+{
+    fake_clock_t clk = {.now = SEC};
+    rate_store_t *store;
+    assert_int_equal(rate_store_memory_new(NULL, &store), RATE_OK);
+    rate_inflight_t *big = inflight_on("concurrency 200 ttl=1m", store, &clk);
+    rate_inflight_t *in = inflight_on(small, store, &clk);
+    rate_lease_t l[200], x;
+    rate_decision_t d;
+
+    for (int i = 0; i < 200; i++, clk.now += 1000)
+        assert_true(take(big, "m", RATE_LEASE_NORMAL, &l[i], &d));
+    assert_false(take(in, "m", RATE_LEASE_NORMAL, &x, &d));
+    assert_int_equal(d.limit, limit);
+    /* limit slots free when all but limit - 1 of the 200 are gone. */
+    assert_int_equal(d.retry_after_ns,
+                     l[200 - limit].expires_ns - clk.now);
+    assert_int_equal(held_of(in, "m"), 200);
+    rate_inflight_free(in);
+    rate_inflight_free(big);
+    rate_store_free(store);
+}
+
+static void test_mixed_n(void **state)
+{
+    (void)state;
+    mixed_n("concurrency 4 ttl=1m reserve=1", 3);
+    mixed_n("concurrency 100 ttl=1m reserve=1", 99);
+}
+
 /* A state that is no lease state (a limiter wrote the same bytes' key) is
  * reported, never decided or overwritten. */
 static void test_corrupt(void **state)
@@ -482,6 +516,7 @@ int main(void)
         cmocka_unit_test(test_extend_and_expiry),
         cmocka_unit_test(test_with_rate),
         cmocka_unit_test(test_priority),
+        cmocka_unit_test(test_mixed_n),
         cmocka_unit_test(test_corrupt),
         cmocka_unit_test(test_threads_memory),
         cmocka_unit_test(test_threads_cas),

@@ -215,11 +215,13 @@ static int acquire_lease(rate_inflight_t *in, const char *key, size_t len,
     int rc;
 
     /* Only a normal request under a reserve may wait for more than one
-     * lease to expire: it needs room to sort their expiries. */
-    if (a->cls == RATE_LEASE_NORMAL && in->policy->reserve > 0)
+     * lease to expire: it needs room for its limit's worth of expiries. */
+    if (a->cls == RATE_LEASE_NORMAL && in->policy->reserve > 0) {
         a->scratch = in->policy->max <= SCRATCH_STACK
                          ? stack
                          : (heap = malloc(in->policy->max * sizeof *heap));
+        a->scratch_cap = a->scratch != NULL ? (size_t)in->policy->max : 0;
+    }
     rc = run(in, key, len, a, clock_time);
     if (rc == RATE_OK && !a->granted && in->reap && reap_due(in, a->now_ns) &&
         reap(in, key, len, a->now_ns, clock_time))

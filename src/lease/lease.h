@@ -49,7 +49,10 @@ typedef struct rate__lease_step {
     uint64_t *ids;        /* list: out (cap entries); reap: in (n_ids) */
     uint32_t *pids;       /* list: out */
     size_t cap, n_ids;
-    uint64_t *scratch;    /* acquire: room for N expiries, or NULL */
+    uint64_t *scratch;    /* acquire: room for scratch_cap expiries, or
+                             NULL; the held count may exceed it (another
+                             object with a larger N wrote the key) */
+    size_t scratch_cap;
     /* out */
     bool granted;
     uint64_t held;        /* unexpired leases after the step */

@@ -7,7 +7,6 @@
  * lock, no allocation: a store runs it under its own atomicity, as often
  * as it likes.
  */
-#include <stdlib.h>
 #include <string.h>
 
 #include "lease.h"
@@ -76,31 +75,56 @@ static void write_entry(uint8_t *out, size_t i, const entry_t *e)
     p[20] = e->cls;
 }
 
-static int cmp_u64(const void *a, const void *b)
+/* Restores the min-heap h[0..n) after h[i] grew. */
+static void sift_down(uint64_t *h, size_t n, size_t i)
 {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
+    for (;;) {
+        size_t l = 2 * i + 1, m = i;
+        if (l < n && h[l] < h[m])
+            m = l;
+        if (l + 1 < n && h[l + 1] < h[m])
+            m = l + 1;
+        if (m == i)
+            return;
+        uint64_t t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
 }
 
 /* When a class limited to `limit` gets a slot back: the k-th earliest
- * expiry of the held leases, k = held - limit + 1. */
+ * expiry of the held leases, k = held - limit + 1, which is the limit-th
+ * latest.  The `limit` latest are kept in a min-heap in scratch, so the
+ * room needed is this policy's limit, never the held count (another
+ * object with a larger N may have filled the key). */
 static uint64_t slot_back(const rate__lease_step_t *a, const uint8_t *out,
                           size_t held, uint64_t limit)
 {
     size_t k = held - (size_t)limit + 1;
     uint64_t min = UINT64_MAX;
 
-    if (k == 1 || a->scratch == NULL) {
+    if (k == 1 || a->scratch == NULL || a->scratch_cap < limit) {
         for (size_t i = 0; i < held; i++) {
             uint64_t t = entry_at(out, i).expires;
             min = t < min ? t : min;
         }
-        return min; /* without scratch: the earliest, a lower bound */
+        return min; /* without room: the earliest, a lower bound */
     }
-    for (size_t i = 0; i < held; i++)
-        a->scratch[i] = entry_at(out, i).expires;
-    qsort(a->scratch, held, sizeof a->scratch[0], cmp_u64);
-    return a->scratch[k - 1];
+    uint64_t *h = a->scratch;
+    size_t m = (size_t)limit;
+    for (size_t i = 0; i < m; i++)
+        h[i] = entry_at(out, i).expires;
+    for (size_t i = m / 2; i-- > 0;)
+        sift_down(h, m, i);
+    for (size_t i = m; i < held; i++) {
+        uint64_t t = entry_at(out, i).expires;
+        if (t > h[0]) {
+            h[0] = t;
+            sift_down(h, m, 0);
+        }
+    }
+    return h[0];
 }
 
 /* Acquire, release or extend over the live entries out[0..n). */
