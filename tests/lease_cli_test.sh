@@ -5,8 +5,9 @@
 # command's status passes through; the (N+1)-th concurrent job is denied
 # with 75 and not run; a lease comes back when its job ends, when check is
 # sent SIGTERM (passed on) and when check is killed with SIGKILL (taken
-# back from the dead holder at once); a job running past the TTL keeps its
-# lease (extended every third of the TTL); policy errors.
+# back from the dead holder at once, its command killed with it); a job
+# running past the TTL keeps its lease (extended every third of the TTL);
+# a check without a shared store is refused; policy errors.
 # No assertion depends on speed except the extension, whose slack is two
 # thirds of a 3 s TTL; every wait is a bounded poll.
 # Usage: lease_cli_test.sh RATELIMIT_BINARY
@@ -25,7 +26,7 @@ chk() { "$R" check --key job --policy "$POL" --store "shm:$P" "$@"; }
 await() { for _ in $(seq 600); do [ -e "$1" ] && return 0; sleep 0.1; done; return 1; }
 # A job under check that says it started and runs until its go file
 # appears; a simple command, so that $! is check's own pid.
-J='touch "$0/started.$1"; while [ ! -e "$0/go.$1" ]; do sleep 0.05; done'
+J='echo $$ > "$0/pid.$1"; touch "$0/started.$1"; while [ ! -e "$0/go.$1" ]; do sleep 0.05; done'
 
 # The command's exit status, and its output, pass through.
 out=$(chk -- sh -c 'echo ran; exit 3'); rc=$?
@@ -57,9 +58,15 @@ if [ $rc = 143 ] && chk -- true; then ok; else bad "after SIGTERM: status $rc"; 
 "$R" check --key job --policy "$POL" --store "shm:$P" -- sh -c "$J" "$T" d & D=$!
 await "$T/started.d" || bad "job d did not start"
 kill -KILL $D; wait $D 2>/dev/null
-touch "$T/go.d" # its orphaned command ends too
 out=$(chk -- true); rc=$?
 if [ $rc = 0 ]; then ok; else bad "after SIGKILL: status $rc, '$out'"; fi
+# Its command died with it (no job runs on after its lease was taken
+# back): gone or a zombie within a bounded poll (10 s).
+cmdpid=$(cat "$T/pid.d")
+alive() { [ -e /proc/$1 ] && ! grep -q '^[^)]*) Z' /proc/$1/stat 2>/dev/null; }
+for _ in $(seq 100); do alive "$cmdpid" || break; sleep 0.1; done
+if ! alive "$cmdpid"; then ok; else bad "the command of a killed check runs on"; fi
+touch "$T/go.d" # if it did run on, it ends now
 
 # A job past its TTL keeps its lease: at 4.5 s into a 3 s TTL the two
 # jobs b and e still hold both.
@@ -69,6 +76,45 @@ sleep 4.5
 out=$(chk -- true); rc=$?
 if [ $rc = 75 ]; then ok; else bad "an extended lease lapsed ($rc, '$out')"; fi
 touch "$T/go.b" "$T/go.e"; wait $B; wait $E
+
+# A region of other sizes is used when its states are room enough: one
+# made for concurrency 10 serves concurrency 9, one made for a rate policy
+# an in-flight one; one too small is refused, naming both sizes.
+P2=$P.sizes; P3=$P.rate
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$T"; rm -f "$P" "$P2" "$P3"' EXIT
+ck() { "$R" check --key "$1" --policy "$2" --store "shm:$3" >/dev/null 2>"$T/err"; }
+if ck k "concurrency 10 ttl=3s" "$P2" && ck k "concurrency 9 ttl=3s" "$P2"
+then ok; else bad "concurrency 9 on a concurrency 10 region: $(cat "$T/err")"; fi
+if ck k "sliding-log 20/s" "$P3" && ck j "concurrency 2 ttl=3s" "$P3"
+then ok; else bad "in-flight on a rate region: $(cat "$T/err")"; fi
+ck k "concurrency 20 ttl=3s" "$P2"; rc=$?
+if [ $rc = 2 ] && grep -q 'states of up to 254 bytes, the policy.s take 494' "$T/err"
+then ok; else bad "a region too small: $rc $(cat "$T/err")"; fi
+
+# On Redis (a fleet's store) the lease times are the wall clock, the one
+# the hosts share: the held lease's expiry, read inside the job, is now +
+# the TTL of 1 h by CLOCK_REALTIME (a 60 s slack for a loaded machine;
+# CLOCK_MONOTONIC, the uptime, would be decades off).  The state is field
+# s of the key's hash, its first 8 bytes the latest expiry (little-endian
+# ns).  Needs redis-server.
+if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
+    . "$(dirname "$0")/lib/servers.sh"
+    start_redis "$T/redis.log"
+    if [ -n "$rpid" ]; then
+        lua='local k=redis.call("KEYS","*")[1] local v=redis.call("HGET",k,"s")
+             local t=0 for i=8,1,-1 do t=t*256+string.byte(v,i) end
+             return math.floor(t/1e9)'
+        now=$(date +%s)
+        got=$("$R" check --key job --policy "concurrency 2 ttl=1h" \
+              --store "redis://127.0.0.1:$rport/0" -- \
+              redis-cli -p "$rport" EVAL "$lua" 0 2>&1); rc=$?
+        want=$((now + 3600))
+        if [ $rc = 0 ] && [ "$got" -ge $((want - 60)) ] 2>/dev/null &&
+           [ "$got" -le $((want + 60)) ]; then ok
+        else bad "redis lease expiry '$got' (rc $rc), wanted about $want"; fi
+        stop_pid "$rpid"
+    else bad "could not start a private redis-server"; fi
+else echo "note: no redis-server: the fleet clock is not checked"; fi
 
 # Without a command: a lease taken and released, 0 or 1.
 if chk >/dev/null && chk >/dev/null; then ok; else bad "check without a command"; fi
@@ -80,6 +126,12 @@ err=$("$R" check --key job --policy "fixed-window 1/s" -- true 2>&1); rc=$?
 if [ $rc = 2 ] && grep -q 'in-flight policy only' <<<"$err"; then ok; else bad "command without concurrency: $rc '$err'"; fi
 err=$("$R" check --key job --policy "fixed-window 1/s" --critical 2>&1); rc=$?
 if [ $rc = 2 ] && grep -q 'critical needs an in-flight policy' <<<"$err"; then ok; else bad "--critical: $rc '$err'"; fi
+# No shared store: refused (each check would count only its own lease).
+for s in "" "--store memory"; do
+    err=$("$R" check --key job --policy "$POL" $s -- touch "$T/nostore" 2>&1); rc=$?
+    if [ $rc = 2 ] && [ ! -e "$T/nostore" ] && grep -q 'store shm:PATH' <<<"$err"; then ok
+    else bad "no shared store ('$s'): $rc '$err'"; fi
+done
 out=$(chk -- /nonexistent/cmd 2>&1); rc=$?
 if [ $rc = 127 ]; then ok; else bad "a missing command: $rc '$out'"; fi
 

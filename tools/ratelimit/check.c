@@ -41,11 +41,12 @@ static const char usage[] =
     "runs, and releases it when it ends (SIGINT, SIGTERM, SIGHUP are passed\n"
     "on to it; a check killed outright leaves a lease that expires after\n"
     "its TTL, or sooner on shm:PATH, where a dead holder's lease is taken\n"
-    "back).  Exit status: the command's (128+N for a signal); 75 when the\n"
+    "back; the command is killed with it).  Exit status: the command's (128+N for a signal); 75 when the\n"
     "lease is denied (the decision printed, the command not run); 2 on an\n"
     "error before it runs.  --critical acquires as critical traffic (the\n"
     "policy's reserve=).  Without a COMMAND it takes and releases a lease:\n"
-    "0 allowed, 1 denied.\n";
+    "0 allowed, 1 denied.  It needs a store the jobs share: --store\n"
+    "shm:PATH (one host) or redis:// (a fleet).\n";
 
 enum { O_STORE = O_POLICY_END, O_KEY, O_PERMITS, O_MAXKEYS, O_STORETIMEOUT,
        O_HELP, O_CRITICAL };

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -17,26 +18,73 @@
 #include "ratelimit_lease.h"
 #include "ratelimit_shm.h"
 
+/* The state_max a region needs for the policy: its lease states and
+ * those of its rate clauses. */
+static size_t shm_need(const rate_inflight_policy_t *p)
+{
+    size_t need = rate_inflight_policy_state_max(p);
+    const rate_policy_t *rate = rate_inflight_policy_rate(p);
+    size_t r = rate != NULL ? rate_store_shm_state_size(rate) : 0;
+    return r > need ? r : need;
+}
+
 /* The store: shm:PATH sized for the policy's lease states, else as every
- * command's --store. */
+ * command's --store.  An existing region of other sizes (made by another
+ * policy's check) is used as it is when its states are room enough. */
 static int lease_store(const char *spec, const rate_inflight_policy_t *p,
                        uint64_t max_keys, rate_store_t **out)
 {
-    if (spec == NULL || strncmp(spec, "shm:", 4) != 0)
+    if (strncmp(spec, "shm:", 4) != 0)
         return store_from_opt("check", spec, false, max_keys, out);
+    size_t need = shm_need(p);
     rate_shm_options_t o = {
         .max_keys = max_keys != 0 ? max_keys : 65536,
         .key_max = CLI_SHM_KEY_MAX,
-        .state_max = (uint32_t)rate_inflight_policy_state_max(p)};
+        .state_max = (uint32_t)need};
     char err[256];
     if (o.state_max < 96)
         o.state_max = 96; /* room for the rate policies of other calls */
     if (spec[4] == '\0')
         return cli_fail("check: --store shm:PATH needs a PATH "
                         "(shm:/dev/shm/NAME)");
-    if (rate_store_shm_new(spec + 4, &o, out, err, sizeof err) != RATE_OK)
+    int rc = rate_store_shm_new(spec + 4, &o, out, err, sizeof err);
+    if (rc == RATE_EINVAL && access(spec + 4, F_OK) == 0) {
+        rate_shm_options_t as = {.no_create = true, .max_keys = max_keys};
+        rate_shm_info_t info;
+        rc = rate_store_shm_new(spec + 4, &as, out, err, sizeof err);
+        if (rc == RATE_OK && rate_store_shm_info(*out, &info) == RATE_OK &&
+            info.state_max < need) {
+            rate_store_free(*out);
+            *out = NULL;
+            return cli_fail("check: --store %s: the region keeps states of "
+                            "up to %u bytes, the policy's take %zu (a region "
+                            "made for a smaller policy: use another PATH)",
+                            spec, (unsigned)info.state_max, need);
+        }
+    }
+    if (rc != RATE_OK)
         return cli_fail("check: --store %s: %s", spec, err);
     return 0;
+}
+
+/* The fleet's clock: the hosts sharing a Redis or DynamoDB store must
+ * read lease times off one clock, and CLOCK_MONOTONIC is each host's own
+ * (docs/leases.md, "Redis"). */
+static uint64_t realtime_ns(void *ud)
+{
+    (void)ud;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * RATE_NS_PER_S + (uint64_t)ts.tv_nsec;
+}
+
+static void realtime_sleep(void *ud, uint64_t ns)
+{
+    (void)ud;
+    struct timespec ts = {(time_t)(ns / RATE_NS_PER_S),
+                          (long)(ns % RATE_NS_PER_S)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
 }
 
 static void print_decision(const rate_decision_t *d)
@@ -51,10 +99,16 @@ static void print_decision(const rate_decision_t *d)
     fflush(stdout);
 }
 
+/* Starts the command.  It dies with its holder (PR_SET_PDEATHSIG): a check
+ * killed outright must not leave it running while its lease is taken back.
+ * The parent check closes the race of a holder dying before the prctl. */
 static pid_t spawn(char **cmd, const sigset_t *old)
 {
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            _exit(128 + SIGKILL);
         sigprocmask(SIG_SETMASK, old, NULL);
         execvp(cmd[0], cmd);
         fprintf(stderr, "ratelimit: check: %s: %s\n", cmd[0], strerror(errno));
@@ -108,16 +162,26 @@ int cli_check_lease(const char *policy_text, const char *key,
         return cli_fail("check: --key longer than %d bytes (a lease key's "
                         "bound)", RATE_LEASE_KEY_MAX);
     }
+    /* A memory store is this process's own: the leases would bound
+     * nothing, each check seeing only its own. */
+    if (store_spec == NULL || strcmp(store_spec, "memory") == 0) {
+        rate_inflight_policy_free(p);
+        return cli_fail("check: an in-flight policy needs a store the jobs "
+                        "share: --store shm:PATH (one host) or "
+                        "--store redis://HOST:PORT (a fleet)");
+    }
     if (lease_store(store_spec, p, max_keys, &store) != 0) {
         rate_inflight_policy_free(p);
         return 2;
     }
-    /* A region or memory store is this host's: its dead holders' leases
-     * can be taken back at once (a check killed with SIGKILL). */
+    /* A region is this host's: its dead holders' leases can be taken
+     * back at once (a check killed with SIGKILL). */
     rate_inflight_config_t cfg = {
         .policy = p, .store = store,
-        .reap_dead_holders = store_spec == NULL ||
-                             strncmp(store_spec, "shm:", 4) == 0};
+        .reap_dead_holders = strncmp(store_spec, "shm:", 4) == 0};
+    static const rate_clock_t fleet = {realtime_ns, realtime_sleep, NULL};
+    if (!cfg.reap_dead_holders) /* redis://, unix://, dynamodb://: a fleet's */
+        cfg.clock = &fleet;
     int rc = rate_inflight_new(&cfg, &in);
     if (rc != RATE_OK) {
         cli_fail("check: %s", rate_strerror(rc));
