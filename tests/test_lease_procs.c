@@ -318,13 +318,15 @@ static void test_chaos_expiry(void **state)
     uint64_t n = held_of(in, "k");
     assert_true(n <= HOLDERS * EACH);
     /* Each lease is gone by its TTL after it was taken (before the kill):
-     * poll, 1 ms apart, up to 60 s. */
+     * poll, 1 ms apart, a bounded count; the reclaim must come within the
+     * TTL (300 ms) plus a slack of 5 s for a loaded machine's polling. */
     for (int i = 0; i < 60000 && (n = held_of(in, "k")) > 0; i++) {
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }
+    uint64_t gone_at = rate_clock_monotonic_ns();
     assert_int_equal(n, 0);
-    assert_true(rate_clock_monotonic_ns() - killed_at < 60 * SEC);
+    assert_true(gone_at - killed_at <= 300 * MS + 5 * SEC);
     /* The whole capacity is back, exactly. */
     rate_lease_t l[9];
     rate_decision_t d;
