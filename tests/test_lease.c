@@ -13,6 +13,7 @@
 #include <ratelimit_lease.h>
 
 #include "helpers.h"
+#include "lease_holders.h"
 
 static rate_inflight_policy_t *ipolicy(const char *text)
 {
@@ -435,58 +436,23 @@ static void test_corrupt(void **state)
 #define ROUNDS 4000
 #define CAP 3
 
-typedef struct hammer {
-    rate_inflight_t *in;
-    _Atomic int inside; /* holders right now, by their own count */
-    _Atomic int most;
-    _Atomic long granted, denied, errors;
-} hammer_t;
-
-static void *holder(void *arg)
-{
-    hammer_t *h = arg;
-    for (int i = 0; i < ROUNDS; i++) {
-        rate_lease_t l;
-        rate_decision_t d;
-        if (rate_inflight_acquire(h->in, "hot", 3, RATE_LEASE_NORMAL, &l,
-                                  &d) != RATE_OK) {
-            h->errors++;
-            continue;
-        }
-        if (!d.allowed) {
-            h->denied++;
-            continue;
-        }
-        int now = ++h->inside;
-        for (int m = h->most; now > m;)
-            if (atomic_compare_exchange_weak(&h->most, &m, now))
-                break;
-        h->granted++;
-        /* Hold a while, letting other threads run (2 cores run 2 at
-         * once: the others must be holding too for the bound to bite). */
-        struct timespec ts = {0, 20000};
-        nanosleep(&ts, NULL);
-        h->inside--; /* before the release: never counted after it */
-        if (rate_inflight_release(h->in, "hot", 3, &l) != RATE_OK)
-            h->errors++;
-    }
-    return NULL;
-}
-
 static void run_threads(rate_store_t *store)
 {
-    hammer_t h = {.in = inflight_on("concurrency 3 ttl=1h", store, NULL)};
+    lease_tally_t h = {0};
+    lease_holder_t w = {inflight_on("concurrency 3 ttl=1h", store, NULL), &h,
+                        ROUNDS, 20000};
     pthread_t t[THREADS];
     for (int i = 0; i < THREADS; i++)
-        assert_int_equal(pthread_create(&t[i], NULL, holder, &h), 0);
+        assert_int_equal(pthread_create(&t[i], NULL, lease_holder_loop, &w),
+                         0);
     for (int i = 0; i < THREADS; i++)
         pthread_join(t[i], NULL);
     assert_int_equal(h.errors, 0);
     assert_true(h.most <= CAP);
     assert_true(h.granted >= ROUNDS); /* the bound did not stop everyone */
     assert_int_equal(h.granted + h.denied, (long)THREADS * ROUNDS);
-    assert_int_equal(held_of(h.in, "hot"), 0); /* every release counted */
-    rate_inflight_free(h.in);
+    assert_int_equal(held_of(w.in, "hot"), 0); /* every release counted */
+    rate_inflight_free(w.in);
 }
 
 static void test_threads_memory(void **state)

@@ -26,6 +26,7 @@
 #include <ratelimit_shm.h>
 
 #include "helpers.h"
+#include "lease_holders.h"
 
 static char path[128];
 
@@ -99,46 +100,7 @@ static uint64_t held_of(rate_inflight_t *in, const char *key)
 #define ROUNDS 1500
 #define CAP 4
 
-typedef struct shared {
-    _Atomic int inside, most;
-    _Atomic long granted, denied, errors;
-    _Atomic int ready;
-} shared_t;
-
-typedef struct worker {
-    rate_inflight_t *in;
-    shared_t *sh;
-} worker_t;
-
-static void *work(void *arg)
-{
-    worker_t *w = arg;
-    shared_t *sh = w->sh;
-    for (int i = 0; i < ROUNDS; i++) {
-        rate_lease_t l;
-        rate_decision_t d;
-        if (rate_inflight_acquire(w->in, "hot", 3, RATE_LEASE_NORMAL, &l,
-                                  &d) != RATE_OK) {
-            sh->errors++;
-            continue;
-        }
-        if (!d.allowed) {
-            sh->denied++;
-            continue;
-        }
-        int now = ++sh->inside;
-        for (int m = sh->most; now > m;)
-            if (atomic_compare_exchange_weak(&sh->most, &m, now))
-                break;
-        sh->granted++;
-        struct timespec ts = {0, 20000}; /* hold while others run */
-        nanosleep(&ts, NULL);
-        sh->inside--;
-        if (rate_inflight_release(w->in, "hot", 3, &l) != RATE_OK)
-            sh->errors++;
-    }
-    return NULL;
-}
+typedef lease_tally_t shared_t;
 
 static void test_procs(void **state)
 {
@@ -159,9 +121,9 @@ static void test_procs(void **state)
                 (in = inflight(p, s, true)) == NULL)
                 _exit(1);
             pthread_t th[PTHREADS];
-            worker_t w = {in, sh};
+            lease_holder_t w = {in, sh, ROUNDS, 20000};
             for (int t = 0; t < PTHREADS; t++)
-                if (pthread_create(&th[t], NULL, work, &w) != 0)
+                if (pthread_create(&th[t], NULL, lease_holder_loop, &w) != 0)
                     _exit(2);
             for (int t = 0; t < PTHREADS; t++)
                 pthread_join(th[t], NULL);

@@ -22,6 +22,7 @@
 #include <ratelimit_lease.h>
 
 #include "lib/redis_cluster.h"
+#include "lease_holders.h"
 #include "redis_fixture.h"
 
 static rate_inflight_policy_t *ipolicy(const char *text)
@@ -58,10 +59,7 @@ static uint64_t held_of(rate_inflight_t *in, const char *key)
     return n;
 }
 
-typedef struct shared {
-    _Atomic int inside, most, ready;
-    _Atomic long granted, denied, errors;
-} shared_t;
+typedef lease_tally_t shared_t;
 
 static shared_t *shared_page(void)
 {
@@ -79,41 +77,6 @@ static shared_t *shared_page(void)
 #define ROUNDS 300
 #define CAP 3
 
-typedef struct worker {
-    rate_inflight_t *in;
-    shared_t *sh;
-} worker_t;
-
-static void *work(void *arg)
-{
-    worker_t *w = arg;
-    shared_t *sh = w->sh;
-    for (int i = 0; i < ROUNDS; i++) {
-        rate_lease_t l;
-        rate_decision_t d;
-        if (rate_inflight_acquire(w->in, "hot", 3, RATE_LEASE_NORMAL, &l,
-                                  &d) != RATE_OK) {
-            sh->errors++;
-            continue;
-        }
-        if (!d.allowed) {
-            sh->denied++;
-            continue;
-        }
-        int now = ++sh->inside;
-        for (int m = sh->most; now > m;)
-            if (atomic_compare_exchange_weak(&sh->most, &m, now))
-                break;
-        sh->granted++;
-        struct timespec ts = {0, 200000}; /* hold while others run */
-        nanosleep(&ts, NULL);
-        sh->inside--;
-        if (rate_inflight_release(w->in, "hot", 3, &l) != RATE_OK)
-            sh->errors++;
-    }
-    return NULL;
-}
-
 static void test_procs(void **state)
 {
     (void)state;
@@ -129,9 +92,9 @@ static void test_procs(void **state)
             if (in == NULL)
                 _exit(1);
             pthread_t th[PTHREADS];
-            worker_t w = {in, sh};
+            lease_holder_t w = {in, sh, ROUNDS, 200000};
             for (int t = 0; t < PTHREADS; t++)
-                if (pthread_create(&th[t], NULL, work, &w) != 0)
+                if (pthread_create(&th[t], NULL, lease_holder_loop, &w) != 0)
                     _exit(2);
             for (int t = 0; t < PTHREADS; t++)
                 pthread_join(th[t], NULL);

@@ -6,35 +6,23 @@
  * ratelimit.h's public parsers alone.
  */
 #include <ctype.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../internal.h"
 #include "lease.h"
 
 #define TTL_MIN_NS UINT64_C(1000000)         /* 1 ms */
 #define TTL_MAX_NS (UINT64_C(1) << 61)
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return RATE_EPOLICY;
-}
 
 /* Parses one value with a public parser, its message after `what`. */
 static int sub(int rc, char *err, size_t errlen, const char *what,
                const char *msg)
 {
     return rc == RATE_OK ? RATE_OK
-                         : fail(err, errlen, "concurrency: %s: %s", what, msg);
+                         : rate__fail(err, errlen, RATE_EPOLICY,
+                                      "concurrency: %s: %s", what, msg);
 }
 
 /* The concurrency clause's words, `text` a private copy (cut in place). */
@@ -50,7 +38,7 @@ static int parse_clause(char *text, rate_inflight_policy_t *p, char *err,
         if (!have_n) {
             if (rate_parse_count(w, &p->max, msg, sizeof msg) != RATE_OK ||
                 p->max == 0 || p->max > RATE_LEASE_MAX)
-                return fail(err, errlen,
+                return rate__fail(err, errlen, RATE_EPOLICY,
                             "concurrency: '%s' is not a count from 1 to %u",
                             w, RATE_LEASE_MAX);
             have_n = true;
@@ -59,7 +47,7 @@ static int parse_clause(char *text, rate_inflight_policy_t *p, char *err,
             if (rc != RATE_OK)
                 return sub(rc, err, errlen, "ttl", msg);
             if (p->ttl_ns < TTL_MIN_NS || p->ttl_ns > TTL_MAX_NS)
-                return fail(err, errlen,
+                return rate__fail(err, errlen, RATE_EPOLICY,
                             "concurrency: ttl=%s is not from 1ms to 2^61ns",
                             w + 4);
             have_ttl = true;
@@ -72,26 +60,27 @@ static int parse_clause(char *text, rate_inflight_policy_t *p, char *err,
                 v[n - 1] = '\0';
             if (rate_parse_count(v, &k, msg, sizeof msg) != RATE_OK ||
                 (p->reserve_pct && k > 100))
-                return fail(err, errlen,
+                return rate__fail(err, errlen, RATE_EPOLICY,
                             "concurrency: reserve=%s%s is not a count or a "
                             "percentage",
                             v, p->reserve_pct ? "%" : "");
             p->reserve_arg = k;
         } else {
-            return fail(err, errlen,
+            return rate__fail(err, errlen, RATE_EPOLICY,
                         "concurrency: unknown option '%s' (ttl=, reserve=)",
                         w);
         }
     }
     if (!have_n)
-        return fail(err, errlen, "concurrency: missing the count N");
+        return rate__fail(err, errlen, RATE_EPOLICY,
+                          "concurrency: missing the count N");
     if (!have_ttl)
-        return fail(err, errlen,
+        return rate__fail(err, errlen, RATE_EPOLICY,
                     "concurrency: missing ttl=DURATION (a lease must expire)");
     p->reserve = p->reserve_pct ? p->max * p->reserve_arg / 100
                                 : p->reserve_arg;
     if (p->reserve >= p->max)
-        return fail(err, errlen,
+        return rate__fail(err, errlen, RATE_EPOLICY,
                     "concurrency: reserve=%llu%s leaves normal traffic "
                     "nothing (N is %llu)",
                     (unsigned long long)p->reserve_arg,
@@ -123,7 +112,8 @@ static int split(const char *text, rate_inflight_policy_t *p, char *rate,
     for (char *c = strtok_r(copy, ";", &save); c != NULL && rc == RATE_OK;
          c = strtok_r(NULL, ";", &save)) {
         if (is_concurrency(c)) {
-            rc = found++ ? fail(err, errlen, "two concurrency clauses")
+            rc = found++ ? rate__fail(err, errlen, RATE_EPOLICY,
+                                      "two concurrency clauses")
                          : parse_clause(c, p, err, errlen);
         } else if (strspn(c, " \t") != strlen(c)) {
             if (rate[0] != '\0')
@@ -132,7 +122,7 @@ static int split(const char *text, rate_inflight_policy_t *p, char *rate,
         }
     }
     if (rc == RATE_OK && !found)
-        rc = fail(err, errlen,
+        rc = rate__fail(err, errlen, RATE_EPOLICY,
                   "no concurrency clause ('concurrency N ttl=DURATION')");
     free(copy);
     return rc;
@@ -149,7 +139,7 @@ int rate_inflight_policy_parse(const char *text, rate_inflight_policy_t **out,
         return RATE_EINVAL;
     *out = NULL;
     if (text == NULL)
-        return fail(err, errlen, "no policy text");
+        return rate__fail(err, errlen, RATE_EPOLICY, "no policy text");
     if ((p = calloc(1, sizeof *p)) == NULL ||
         (rate = malloc(strlen(text) + 1)) == NULL) {
         free(p);
