@@ -102,6 +102,13 @@ struct rate_limiter {
 _Static_assert(offsetof(struct rate_limiter, plan) + sizeof(void *) <= 64,
                "the decision path's fields fit one cache line");
 
+uint64_t rate__limiter_id(const rate_limiter_t *lim) { return lim->id; }
+
+const rate_clock_t *rate__limiter_clock(const rate_limiter_t *lim)
+{
+    return &lim->clock;
+}
+
 /* The limiter's clock; the library's own read without the indirect call. */
 static inline uint64_t clock_now(const rate_limiter_t *lim)
 {
