@@ -1130,6 +1130,12 @@ static void bad_input_named(void **s)
     c.slots = RATE_FAIR_SLOTS_MAX + 1;
     assert_int_equal(rate_fair_new(&c, &f, err, sizeof err), RATE_EINVAL);
     assert_non_null(strstr(err, "slots"));
+    /* a decision's cost grows with the table: 4096 entries at most */
+    c.slots = 4097;
+    assert_int_equal(rate_fair_new(&c, &f, err, sizeof err), RATE_EINVAL);
+    assert_non_null(strstr(err, "RATE_FAIR_SLOTS_MAX (4096)"));
+    assert_int_equal(rate_fair_size(4097, 0), 0);
+    assert_int_not_equal(rate_fair_size(4096, 0), 0);
     c.slots = 0;
     c.queue_max = RATE_FAIR_QUEUE_MAX + 1;
     assert_int_equal(rate_fair_new(&c, &f, err, sizeof err), RATE_EINVAL);
