@@ -2,9 +2,9 @@
 /*
  * ratelimit bench --fair: a fair decision (rate_fair_*, docs/fair.md)
  * beside a plain one on the same shared limit, on the memory and the
- * shared-memory stores, and the waiting call's cost as the number of
- * flows grows.  The shared limit admits everything (a token bucket of
- * 10^9/s), so that every figure is the decision's cost, not a denial's;
+ * shared-memory stores.  That shared limit admits everything (a token
+ * bucket of 10^9/s), so that every figure is the decision's cost, not a
+ * denial's;
  * flows take turns, so that most decisions find their flow ahead of the
  * others and take the longer path (the reserve).  Best of the rounds.
  * Then, by table size: a saturated shared limit's not-waiting decision,
