@@ -557,11 +557,6 @@ uint64_t rate__clock_exact(void *ud);
 uint64_t rate__clock_coarse(void *ud);
 void rate__clock_sleep(void *ud, uint64_t ns);
 
-/* A limiter's id (never reused, unlike its address) and its clock, for
- * the layers keeping state per limiter (src/http/rules.c's fair limits). */
-uint64_t rate__limiter_id(const rate_limiter_t *lim);
-const rate_clock_t *rate__limiter_clock(const rate_limiter_t *lim);
-
 /* One deadline per call (docs/redis.md, "Timeouts"): a decision, refund
  * or penalty, or a synced decision, opens a scope on its thread; every
  * request a store makes inside it counts its timeout from the scope's

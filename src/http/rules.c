@@ -42,7 +42,6 @@
 #include <string.h>
 
 #include "http.h"
-#include "../internal.h"
 #include "ratelimit_fair.h"
 
 /* Writes a one-line reason into err (when there is room) and returns rc. */
@@ -955,7 +954,7 @@ static void fill_applied(rate_applied_t *a, const rate_policy_t *p,
 static int fair_of(rule_t *r, size_t i, rate_limiter_t *lim,
                    rate_fair_t **out)
 {
-    uint64_t id = rate__limiter_id(lim);
+    uint64_t id = rate_limiter_id(lim);
     fair_cell_t *c = atomic_load(&r->fairs);
     while (c != NULL && c->lim_id != id)
         c = c->next;
@@ -968,13 +967,11 @@ static int fair_of(rule_t *r, size_t i, rate_limiter_t *lim,
             c->lim_id = id;
             char key[RATE_KEY_MAX + 1];
             int n = snprintf(key, sizeof key, "@%s", r->name);
-            const rate_clock_t *clk = rate__limiter_clock(lim);
+            const rate_clock_t *clk = rate_limiter_clock(lim);
             for (size_t p = 0; p < r->npolicy; p++) {
                 rate_fair_config_t fc = {
                     .limiter = lim, .key = key, .key_len = (size_t)n,
-                    .policy = r->policy[p],
-                    /* the library's clock is the fair limit's default */
-                    .clock = clk->now_ns == rate__clock_exact ? NULL : clk};
+                    .policy = r->policy[p], .clock = clk};
                 c->rc[p] = rate_fair_new(&fc, &c->fair[p], NULL, 0);
             }
             c->next = atomic_load(&r->fairs);
