@@ -485,6 +485,18 @@ RATE_API int rate_limiter_new(const rate_limiter_config_t *config,
  * caller's.  Thread-safe: no (must not race with other calls on it). */
 RATE_API void rate_limiter_free(rate_limiter_t *limiter);
 
+/* The limiter's id: a number no other limiter of this process has had or
+ * will have (an address can be reused after a free), for a layer that keeps
+ * state per limiter.  Returns: the id (never 0); 0 for a NULL limiter.
+ * Errors: none.  Ownership: nothing kept.  Thread-safe: yes. */
+RATE_API uint64_t rate_limiter_id(const rate_limiter_t *limiter);
+
+/* The limiter's clock (the config's, or the library's): for a layer that
+ * must read the time the limiter reads.  Returns: a pointer valid until
+ * rate_limiter_free; NULL for a NULL limiter.  Errors: none.  Ownership:
+ * the limiter's.  Thread-safe: yes. */
+RATE_API const rate_clock_t *rate_limiter_clock(const rate_limiter_t *limiter);
+
 /* The seed interface: whether `permits` may be spent now on the NUL-terminated
  * key; rate_try_acquire_at: at a caller-supplied time, for servers that read
  * the clock once per request or per event-loop turn.  rate_try_acquire_len and

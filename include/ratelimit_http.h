@@ -108,9 +108,15 @@ RATE_API int rate_headers_format(const rate_policy_t *policy,
  *
  * Fair shares (docs/fair.md): `key = fair` charges the rule's one key
  * ("@RULE") as `shared` does, divided fairly among the requests' own keys
- * (rate_fair_t, one per rule, policy and limiter, kept in memory until
+ * (rate_fair_t, one per rule, policy and limiter, made at the limiter's
+ * first decision there, on the limiter's clock, and kept in memory until
  * the rules are replaced: a reload starts the division afresh; it decides
- * without waiting, max_wait aside); `weight = N` (1..RATE_FAIR_WEIGHT_MAX)
+ * without waiting, max_wait aside).  Each limiter ever passed to the
+ * rules keeps its fair tables (rate_fair_memory: about 37 KB per policy
+ * of a fair rule) until a reload or rate_rules_free, even after the
+ * limiter is freed: pass the rules a few long-lived limiters, not one per
+ * request.  A limiter made at a freed one's address starts afresh (the
+ * tables are the limiter's, not the address's).  `weight = N` (1..RATE_FAIR_WEIGHT_MAX)
  * in a rule gives the requests it matches that weight there: the first
  * matching rule with a weight, in group order (a tier's rule), else 1. */
 #define RATE_RULES_MAX_APPLY 4
@@ -237,7 +243,8 @@ RATE_API void rate_rules_free(rate_rules_t *rules);
  * limiter or out, NULL attrs with nattrs > 0), RATE_EKEY (a bad key, or
  * a rule's key made from attributes longer than RATE_KEY_MAX, or than
  * the store keeps), RATE_ERANGE (permits or max_wait above
- * RATE_TIME_MAX), RATE_ENOMEM (a thread's first call); any other error of
+ * RATE_TIME_MAX), RATE_ENOMEM (a thread's first call; a fair rule's
+ * first decision on this limiter: its fair table); any other error of
  * rate_limiter_check_policy.
  *
  * Ownership: key, attrs and their strings are read during the call; the

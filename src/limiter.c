@@ -102,6 +102,16 @@ struct rate_limiter {
 _Static_assert(offsetof(struct rate_limiter, plan) + sizeof(void *) <= 64,
                "the decision path's fields fit one cache line");
 
+uint64_t rate_limiter_id(const rate_limiter_t *lim)
+{
+    return lim == NULL ? 0 : lim->id;
+}
+
+const rate_clock_t *rate_limiter_clock(const rate_limiter_t *lim)
+{
+    return lim == NULL ? NULL : &lim->clock;
+}
+
 /* The limiter's clock; the library's own read without the indirect call. */
 static inline uint64_t clock_now(const rate_limiter_t *lim)
 {

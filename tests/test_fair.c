@@ -1006,6 +1006,100 @@ static void rules_fair(void **s)
     unlink(path);
     rate_limiter_free(lim);
 }
+
+static const char *fair_rule_text =
+    "[policies]\n"
+    "up = token-bucket 1/min burst=1\n"
+    "[rule up]\n"
+    "policy = up\n"
+    "key = fair\n";
+
+/* rate_rules_check on a fair rule goes by the limiter's clock; and a
+ * limiter made where a freed one was (the allocator reuses the address)
+ * gets fair limits of its own, on its own clock, not the freed one's. */
+static void rules_fair_per_limiter(void **s)
+{
+    (void)s;
+    rate_rules_t *rules = NULL;
+    char err[512] = "";
+    const char *path = rules_file(fair_rule_text);
+    if (rate_rules_load(path, &rules, err, sizeof err) != RATE_OK)
+        fail_msg("rules: %s", err);
+    static fake_clock_t fc[8];
+    rate_clock_t clk[8];
+    for (size_t k = 0; k < 8; k++) {
+        fc[k].now = (k + 1) * 1000 * SEC;
+        clk[k] = (rate_clock_t){fake_now, fake_sleep, &fc[k]};
+        rate_limiter_config_t cfg = {0};
+        cfg.clock = &clk[k];
+        rate_limiter_t *lim = limiter_cfg("unlimited", cfg);
+        rate_outcome_t o;
+        assert_int_equal(rate_rules_check(rules, lim, "a", 1, NULL, 0, 1, 0,
+                                          &o), RATE_OK);
+        assert_true(o.allowed);
+        assert_int_equal(rate_rules_check(rules, lim, "a", 1, NULL, 0, 1, 0,
+                                          &o), RATE_OK);
+        assert_false(o.allowed);
+        fc[k].now += 61 * SEC; /* a token back, by this limiter's clock */
+        assert_int_equal(rate_rules_check(rules, lim, "a", 1, NULL, 0, 1, 0,
+                                          &o), RATE_OK);
+        if (!o.allowed)
+            fail_msg("limiter %zu: a minute later by its clock, denied", k);
+        rate_limiter_free(lim);
+    }
+    rate_rules_free(rules);
+    unlink(path);
+}
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define NO_CALLOC_HOOK 1
+#endif
+#endif
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__SANITIZE_THREAD__) && !defined(NO_CALLOC_HOOK)
+/* calloc failing for one size (a fair table's), to see an out-of-memory
+ * reported: glibc's own calloc otherwise.  Not under the sanitizers,
+ * which keep calloc to themselves. */
+extern void *__libc_calloc(size_t n, size_t size);
+static _Atomic size_t calloc_fails;
+void *calloc(size_t n, size_t size)
+{
+    size_t fails = atomic_load(&calloc_fails);
+    if (fails != 0 && size != 0 && n == fails / size && n * size == fails)
+        return NULL;
+    return __libc_calloc(n, size);
+}
+
+/* A fair rule whose fair limit cannot be made (out of memory) fails the
+ * request with RATE_ENOMEM; it is not decided without fairness. */
+static void rules_fair_error_returned(void **s)
+{
+    (void)s;
+    rate_rules_t *rules = NULL;
+    char err[512] = "";
+    const char *path = rules_file(fair_rule_text);
+    if (rate_rules_load(path, &rules, err, sizeof err) != RATE_OK)
+        fail_msg("rules: %s", err);
+    rate_limiter_t *lim = limiter_of("unlimited", NULL);
+    rate_outcome_t o;
+    atomic_store(&calloc_fails, rate_fair_size(0, 0));
+    for (int i = 0; i < 2; i++) { /* made once, the reason kept */
+        int rc = rate_rules_check_at(rules, lim, "a", 1, NULL, 0, 1, 0, 0,
+                                     &o);
+        if (rc != RATE_ENOMEM)
+            fail_msg("no fair table: %s, allowed %d (want RATE_ENOMEM)",
+                     rate_strerror(rc), o.allowed);
+        assert_false(o.allowed);
+        assert_int_equal(o.count, 0);
+    }
+    atomic_store(&calloc_fails, 0);
+    rate_limiter_free(lim);
+    rate_rules_free(rules);
+    unlink(path);
+}
+#define RULES_FAIR_ERROR cmocka_unit_test(rules_fair_error_returned),
+#endif
 #endif
 
 /* ---------------------------------------------------------- bad input */
@@ -1036,6 +1130,12 @@ static void bad_input_named(void **s)
     c.slots = RATE_FAIR_SLOTS_MAX + 1;
     assert_int_equal(rate_fair_new(&c, &f, err, sizeof err), RATE_EINVAL);
     assert_non_null(strstr(err, "slots"));
+    /* a decision's cost grows with the table: 4096 entries at most */
+    c.slots = 4097;
+    assert_int_equal(rate_fair_new(&c, &f, err, sizeof err), RATE_EINVAL);
+    assert_non_null(strstr(err, "RATE_FAIR_SLOTS_MAX (4096)"));
+    assert_int_equal(rate_fair_size(4097, 0), 0);
+    assert_int_not_equal(rate_fair_size(4096, 0), 0);
     c.slots = 0;
     c.queue_max = RATE_FAIR_QUEUE_MAX + 1;
     assert_int_equal(rate_fair_new(&c, &f, err, sizeof err), RATE_EINVAL);
@@ -1110,6 +1210,10 @@ int main(int argc, char **argv)
         cmocka_unit_test(bad_input_named),
 #ifdef RATE_WITH_HTTP
         cmocka_unit_test(rules_fair),
+        cmocka_unit_test(rules_fair_per_limiter),
+#ifdef RULES_FAIR_ERROR
+        RULES_FAIR_ERROR
+#endif
 #endif
     };
     const struct CMUnitTest procs[] = {

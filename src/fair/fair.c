@@ -829,7 +829,7 @@ static int config_check(const rate_fair_config_t *c, rate_fair_t **out,
         return RATE_EINVAL;
     }
     if (c->slots > RATE_FAIR_SLOTS_MAX) {
-        set_err(err, errlen, "%s", "slots above RATE_FAIR_SLOTS_MAX (2^20)");
+        set_err(err, errlen, "%s", "slots above RATE_FAIR_SLOTS_MAX (4096)");
         return RATE_EINVAL;
     }
     if (c->queue_max > RATE_FAIR_QUEUE_MAX) {

@@ -94,10 +94,13 @@ typedef struct rule {
 } rule_t;
 
 /* A fair rule's fair limits on one limiter, one per policy; cells are
- * only pushed (under fair_lock) and freed with the generation. */
+ * only pushed (under fair_lock) and freed with the generation.  A cell is
+ * found by the limiter's id, not its address: a limiter made where a
+ * freed one was must not inherit its fair state (or its clock). */
 typedef struct fair_cell {
-    rate_limiter_t *lim;
+    uint64_t lim_id;
     rate_fair_t *fair[RATE_RULES_MAX_APPLY];
+    int rc[RATE_RULES_MAX_APPLY]; /* rate_fair_new's, for a NULL fair */
     struct fair_cell *next;
 } fair_cell_t;
 static pthread_mutex_t fair_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -945,32 +948,41 @@ static void fill_applied(rate_applied_t *a, const rate_policy_t *p,
 }
 
 /* The fair limit of a fair rule's i-th policy on this limiter, made at
- * its first decision.  NULL when it cannot be made (out of memory). */
-static rate_fair_t *fair_of(rule_t *r, size_t i, rate_limiter_t *lim)
+ * its first decision on the limiter's clock.  Returns RATE_OK and *out,
+ * or why it cannot be made (RATE_ENOMEM; RATE_EKEY for a rule name too
+ * long for the shared key "@NAME"). */
+static int fair_of(rule_t *r, size_t i, rate_limiter_t *lim,
+                   rate_fair_t **out)
 {
-    for (fair_cell_t *c = atomic_load(&r->fairs); c != NULL; c = c->next)
-        if (c->lim == lim)
-            return c->fair[i];
-    pthread_mutex_lock(&fair_lock);
+    uint64_t id = rate_limiter_id(lim);
     fair_cell_t *c = atomic_load(&r->fairs);
-    while (c != NULL && c->lim != lim)
+    while (c != NULL && c->lim_id != id)
         c = c->next;
-    if (c == NULL && (c = calloc(1, sizeof *c)) != NULL) {
-        c->lim = lim;
-        char key[RATE_KEY_MAX + 1];
-        int n = snprintf(key, sizeof key, "@%s", r->name);
-        for (size_t p = 0; p < r->npolicy; p++) {
-            rate_fair_config_t fc = {.limiter = lim, .key = key,
-                                     .key_len = (size_t)n,
-                                     .policy = r->policy[p]};
-            if (rate_fair_new(&fc, &c->fair[p], NULL, 0) != RATE_OK)
-                c->fair[p] = NULL;
+    if (c == NULL) {
+        pthread_mutex_lock(&fair_lock);
+        c = atomic_load(&r->fairs);
+        while (c != NULL && c->lim_id != id)
+            c = c->next;
+        if (c == NULL && (c = calloc(1, sizeof *c)) != NULL) {
+            c->lim_id = id;
+            char key[RATE_KEY_MAX + 1];
+            int n = snprintf(key, sizeof key, "@%s", r->name);
+            const rate_clock_t *clk = rate_limiter_clock(lim);
+            for (size_t p = 0; p < r->npolicy; p++) {
+                rate_fair_config_t fc = {
+                    .limiter = lim, .key = key, .key_len = (size_t)n,
+                    .policy = r->policy[p], .clock = clk};
+                c->rc[p] = rate_fair_new(&fc, &c->fair[p], NULL, 0);
+            }
+            c->next = atomic_load(&r->fairs);
+            atomic_store(&r->fairs, c);
         }
-        c->next = atomic_load(&r->fairs);
-        atomic_store(&r->fairs, c);
+        pthread_mutex_unlock(&fair_lock);
+        if (c == NULL)
+            return RATE_ENOMEM;
     }
-    pthread_mutex_unlock(&fair_lock);
-    return c != NULL ? c->fair[i] : NULL;
+    *out = c->fair[i];
+    return c->fair[i] != NULL ? RATE_OK : c->rc[i];
 }
 
 static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
@@ -1006,11 +1018,11 @@ static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
             for (size_t i = 0; i < r->npolicy && rc == RATE_OK; i++) {
                 pick[n].policy = r->policy[i];
                 pick[n].fair = NULL;
-                if (r->fair && !rate_policy_is_unlimited(r->policy[i]) &&
-                    (pick[n].fair = fair_of(r, i, lim)) == NULL)
-                    rc = RATE_ENOMEM;
-                rc = rule_key(r, key, key_len, attrs, nattrs, pick[n].key,
-                              &pick[n].key_len);
+                if (r->fair && !rate_policy_is_unlimited(r->policy[i]))
+                    rc = fair_of(r, i, lim, &pick[n].fair);
+                if (rc == RATE_OK)
+                    rc = rule_key(r, key, key_len, attrs, nattrs,
+                                  pick[n].key, &pick[n].key_len);
                 n++;
             }
             break; /* the first match of the group */

@@ -627,7 +627,9 @@ static int usage(FILE *f)
           "and at 1M keys at random, and round trips per 1000 decisions.\n"
           "With --fair, only fair shares (docs/fair.md): a fair decision\n"
           "beside a plain one on one shared limit (memory and shm, 1 to 64\n"
-          "flows), and the waiting call's cost from 1 to 65536 flows.\n"
+          "flows), then by table size (64, 1024, 4096 slots) a saturated\n"
+          "decision's cost and the permits/s that 4 threads waiting on a\n"
+          "limit of 2000/s are admitted.\n"
           "With --leases, instead: an in-flight lease (acquire + release)\n"
           "beside one rate decision, on memory, shm and (with --redis) Redis,\n"
           "with 1 and 64 callers on one key.\n",

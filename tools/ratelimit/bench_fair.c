@@ -2,12 +2,15 @@
 /*
  * ratelimit bench --fair: a fair decision (rate_fair_*, docs/fair.md)
  * beside a plain one on the same shared limit, on the memory and the
- * shared-memory stores, and the waiting call's cost as the number of
- * flows grows.  The shared limit admits everything (a token bucket of
- * 10^9/s), so that every figure is the decision's cost, not a denial's;
+ * shared-memory stores.  That shared limit admits everything (a token
+ * bucket of 10^9/s), so that every figure is the decision's cost, not a
+ * denial's;
  * flows take turns, so that most decisions find their flow ahead of the
  * others and take the longer path (the reserve).  Best of the rounds.
+ * Then, by table size: a saturated shared limit's not-waiting decision,
+ * and the waiting call with threads queued on a limit of 2000/s.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -17,7 +20,7 @@
 
 #include "cli.h"
 
-#define FLOWS_MAX 65536
+#define FLOWS_MAX 64
 #define OPEN "token-bucket 1000000000/s burst=1000000000"
 
 static char (*flow)[16];
@@ -47,17 +50,115 @@ static double fair_ns(rate_fair_t *f, unsigned flows, uint64_t iters)
     return per_op(t0, iters);
 }
 
-static double acquire_ns(rate_fair_t *f, unsigned flows, uint64_t iters)
+static double lesser(double a, double b) { return a < b ? a : b; }
+
+/* A saturated shared limit: 4 flows taking turns ask as fast as they
+ * can of a limit of 1000/s (at the clock), so most decisions are
+ * denials and some weigh the reserve. */
+static double saturated_ns(rate_fair_t *f, uint64_t iters)
 {
     uint64_t t0 = rate_clock_monotonic_ns();
-    for (uint64_t i = 0; i < iters; i++) {
-        rate_decision_t d;
-        rate_fair_acquire(f, flow[i % flows], 15, 1, 1, 1000000000, &d);
-    }
+    for (uint64_t i = 0; i < iters; i++)
+        (void)rate_fair_try_acquire(f, flow[i % 4], 15, 1, 1);
     return per_op(t0, iters);
 }
 
-static double lesser(double a, double b) { return a < b ? a : b; }
+#define WAITERS 4
+#define WAIT_EACH 250 /* acquires per thread: 1000 at 2000/s, ~0.5 s */
+
+typedef struct waiter {
+    rate_fair_t *fair;
+    unsigned idx;
+    uint64_t admitted;
+} waiter_t;
+
+static void *waiter_run(void *arg)
+{
+    waiter_t *w = arg;
+    for (unsigned i = 0; i < WAIT_EACH; i++) {
+        rate_decision_t d;
+        if (rate_fair_acquire(w->fair, flow[w->idx], 15, 1, 1, 1000000000,
+                              &d) == RATE_OK && d.allowed)
+            w->admitted++;
+    }
+    return NULL;
+}
+
+/* WAITERS threads, one flow each, queued on the shared limit: permits
+ * admitted per second of the run (the limit's 2000/s at best). */
+static double waiting_rate(rate_fair_t *f)
+{
+    waiter_t w[WAITERS];
+    pthread_t th[WAITERS];
+    uint64_t t0 = rate_clock_monotonic_ns(), admitted = 0;
+    unsigned started = 0;
+    for (unsigned i = 0; i < WAITERS; i++) {
+        w[i] = (waiter_t){f, i, 0};
+        if (pthread_create(&th[i], NULL, waiter_run, &w[i]) == 0)
+            started++;
+        else
+            break;
+    }
+    for (unsigned i = 0; i < started; i++) {
+        pthread_join(th[i], NULL);
+        admitted += w[i].admitted;
+    }
+    return (double)admitted * 1e9 /
+           (double)(rate_clock_monotonic_ns() - t0);
+}
+
+static rate_limiter_t *limiter_of_text(const char *text, rate_store_t *st)
+{
+    rate_policy_t *p = NULL;
+    if (rate_policy_parse(text, &p, NULL, 0) != RATE_OK)
+        return NULL;
+    rate_limiter_config_t c = {.policy = p, .store = st};
+    rate_limiter_t *lim = NULL;
+    rate_limiter_new(&c, &lim);
+    rate_policy_free(p);
+    return lim;
+}
+
+/* Saturated decisions and queued waiters at the smallest, default and
+ * largest tables: the cost of a table's size. */
+static int by_slots(unsigned rounds, uint64_t iters)
+{
+    static const unsigned sizes[] = {64, 1024, RATE_FAIR_SLOTS_MAX};
+    double sat[3], rate[3];
+    char err[256];
+    for (size_t k = 0; k < 3; k++) {
+        rate_limiter_t *lim = limiter_of_text("token-bucket 1000/s burst=10", NULL);
+        rate_limiter_t *wl =
+            limiter_of_text("token-bucket 2000/s burst=20", NULL);
+        rate_fair_t *f = NULL, *wf = NULL;
+        rate_fair_config_t fc = {.limiter = lim, .key = "shared",
+                                 .key_len = 6, .slots = sizes[k]};
+        rate_fair_config_t wc = {.limiter = wl, .key = "shared",
+                                 .key_len = 6, .slots = sizes[k]};
+        if (lim == NULL || wl == NULL ||
+            rate_fair_new(&fc, &f, err, sizeof err) != RATE_OK ||
+            rate_fair_new(&wc, &wf, err, sizeof err) != RATE_OK)
+            return cli_fail("bench: %s", err);
+        sat[k] = 1e300;
+        rate[k] = 0;
+        for (unsigned r = 0; r < rounds; r++) {
+            sat[k] = lesser(sat[k], saturated_ns(f, iters / 4));
+            double a = waiting_rate(wf);
+            rate[k] = a > rate[k] ? a : rate[k];
+        }
+        rate_fair_free(f);
+        rate_fair_free(wf);
+        rate_limiter_free(lim);
+        rate_limiter_free(wl);
+    }
+    printf("by table size (memory store)           slots  "
+           "saturated ns  of 64   waiting admitted/s  of 64\n");
+    for (size_t k = 0; k < 3; k++)
+        printf("  %-36s %5u %13.1f %6.2fx %19.0f %6.2fx\n",
+               k == 0 ? "4 flows; 4 threads on 2000/s" : "", sizes[k],
+               sat[k], sat[k] / sat[0], rate[k], rate[k] / rate[0]);
+    return 0;
+}
 
 static rate_limiter_t *open_limiter(rate_store_t *st)
 {
@@ -72,7 +173,7 @@ static rate_limiter_t *open_limiter(rate_store_t *st)
 
 int bench_fair(unsigned rounds, uint64_t iters)
 {
-    static const unsigned counts[] = {1, 4, 64, 1024, FLOWS_MAX};
+    static const unsigned counts[] = {1, 4, FLOWS_MAX};
     flow = malloc(FLOWS_MAX * sizeof *flow);
     if (flow == NULL)
         return cli_fail("bench: out of memory");
@@ -112,22 +213,7 @@ int bench_fair(unsigned rounds, uint64_t iters)
             printf("  %-52s %8.1f %8.1f %6.2fx  <= 1.5x\n", what, p, f, f / p);
         }
     }
-    printf("waiting call (rate_fair_acquire), nothing to wait for   "
-           "ns/request  of 1 flow\n");
-    for (int s = 0; s < 2; s++) {
-        double one = 0;
-        for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
-            double a = 1e300;
-            for (unsigned r = 0; r < rounds; r++)
-                a = lesser(a, acquire_ns(fair[s], counts[c], iters / 4));
-            if (c == 0)
-                one = a;
-            char what[80];
-            snprintf(what, sizeof what, "%s, %u flow%s",
-                     s ? "shm" : "memory", counts[c], counts[c] > 1 ? "s" : "");
-            printf("  %-52s %8.1f %8.2fx\n", what, a, a / one);
-        }
-    }
+    int rc = by_slots(rounds, iters);
     for (int s = 0; s < 2; s++) {
         rate_fair_free(fair[s]);
         rate_limiter_free(lim[s]);
@@ -136,5 +222,5 @@ int bench_fair(unsigned rounds, uint64_t iters)
     unlink(region);
     unlink(table);
     free(flow);
-    return 0;
+    return rc;
 }
