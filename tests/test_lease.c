@@ -449,7 +449,10 @@ static void run_threads(rate_store_t *store)
         pthread_join(t[i], NULL);
     assert_int_equal(h.errors, 0);
     assert_true(h.most <= CAP);
-    assert_true(h.granted >= ROUNDS); /* the bound did not stop everyone */
+    /* The bound did not stop everyone.  How many get in depends on the
+     * scheduler (under TSan on a loaded machine, a few hundred of 32000),
+     * so this asks for N at least, not a share. */
+    assert_true(h.granted >= CAP);
     assert_int_equal(h.granted + h.denied, (long)THREADS * ROUNDS);
     assert_int_equal(held_of(w.in, "hot"), 0); /* every release counted */
     rate_inflight_free(w.in);
