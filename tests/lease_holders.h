@@ -8,6 +8,7 @@
 #ifndef RATE_TEST_LEASE_HOLDERS_H
 #define RATE_TEST_LEASE_HOLDERS_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
 
@@ -55,6 +56,22 @@ static inline void *lease_holder_loop(void *arg)
             t->errors++;
     }
     return NULL;
+}
+
+/* Runs lease_holder_loop on `threads` threads (at most 16) sharing `w`
+ * and waits for them all: 0 when all ran, -1 when one could not start. */
+static inline int lease_holders_run(lease_holder_t *w, int threads)
+{
+    pthread_t th[16];
+    int started = 0;
+    if (threads > 16)
+        return -1;
+    while (started < threads &&
+           pthread_create(&th[started], NULL, lease_holder_loop, w) == 0)
+        started++;
+    for (int t = 0; t < started; t++)
+        pthread_join(th[t], NULL);
+    return started == threads ? 0 : -1;
 }
 
 #endif

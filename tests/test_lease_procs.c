@@ -120,13 +120,9 @@ static void test_procs(void **state)
             if (rate_store_shm_new(path, NULL, &s, NULL, 0) != RATE_OK ||
                 (in = inflight(p, s, true)) == NULL)
                 _exit(1);
-            pthread_t th[PTHREADS];
             lease_holder_t w = {in, sh, ROUNDS, 20000};
-            for (int t = 0; t < PTHREADS; t++)
-                if (pthread_create(&th[t], NULL, lease_holder_loop, &w) != 0)
-                    _exit(2);
-            for (int t = 0; t < PTHREADS; t++)
-                pthread_join(th[t], NULL);
+            if (lease_holders_run(&w, PTHREADS) != 0)
+                _exit(2);
             rate_inflight_free(in);
             rate_store_free(s);
             _exit(0);

@@ -91,13 +91,9 @@ static void test_procs(void **state)
             rate_inflight_t *in = s != NULL ? inflight(p, s) : NULL;
             if (in == NULL)
                 _exit(1);
-            pthread_t th[PTHREADS];
             lease_holder_t w = {in, sh, ROUNDS, 200000};
-            for (int t = 0; t < PTHREADS; t++)
-                if (pthread_create(&th[t], NULL, lease_holder_loop, &w) != 0)
-                    _exit(2);
-            for (int t = 0; t < PTHREADS; t++)
-                pthread_join(th[t], NULL);
+            if (lease_holders_run(&w, PTHREADS) != 0)
+                _exit(2);
             rate_inflight_free(in);
             rate_store_free(s);
             _exit(0);
