@@ -133,6 +133,7 @@ const rate__algo_t rate__token_bucket = {
     .name = "token-bucket",
     .fixed = TB_FIXED,
     .grow = 0,
+    RATE__LUA_RANGE(50, 51),
     .load = tb_load_any,
     .advance = tb_advance,
     .decide = tb_decide,
@@ -184,6 +185,7 @@ const rate__algo_t rate__token_bucket_wide = {
     .name = "token-bucket",
     .fixed = TBW_FIXED,
     .grow = 0,
+    RATE__LUA_RANGE(50, 51),
     .load = tb_load_any,
     .advance = tbw_advance,
     .decide = tb_decide, /* its wide body */
