@@ -116,6 +116,14 @@ typedef struct rate__algo {
     const char *name;
     size_t fixed; /* bytes of stored state before any log entries */
     size_t grow;  /* bytes more per admission */
+    /* Where the Redis scripts decide this algorithm exactly (docs/redis.md,
+     * "Where the scripts are exact"): every number the general step meets
+     * stays below lua_step; a lean script's numbers (a bucket's word in
+     * units of g, a window's count and length) below lua_lean, 0: no lean
+     * script.  Set by RATE__LUA_RANGE, which the build also reads into the
+     * scripts as constants (cmake/lua_range.cmake): one gate, one place. */
+    uint64_t lua_step;
+    uint64_t lua_lean;
     /* Bytes the stored component at st takes, 0 if `avail` is too short;
      * NULL for a component of always `fixed` bytes. */
     size_t (*size)(const uint8_t *st, size_t avail);
@@ -241,6 +249,14 @@ typedef struct rate__algo {
 #define RATE__DEFINE_PLAIN(prefix, FIXED)                                     \
     RATE__DEFINE_PLAIN_INLINE(prefix, FIXED)                                  \
     RATE__DEFINE_PLAIN_FN(prefix)
+
+/* An algorithm table's exact range in the Redis scripts, as powers of
+ * two (rate__algo_t.lua_step, lua_lean; lean 0: none).  Written with
+ * literal numbers: cmake/lua_range.cmake reads them from the table's file
+ * into the scripts' constants. */
+#define RATE__LUA_RANGE(step_bits, lean_bits)                                  \
+    .lua_step = UINT64_C(1) << (step_bits),                                   \
+    .lua_lean = (lean_bits) == 0 ? 0 : UINT64_C(1) << (lean_bits)
 
 /* Each algorithm's table, rate__<table> of RATE_ALGORITHM_MAP. */
 #define RATE__X(id, value, name, alias, option, span, table) \

@@ -219,6 +219,85 @@ static void command_choice(void **state)
     rate__redis_proto_free(&g);
 }
 
+/* Whether the script the command carries starts with NAME's exactness
+ * constants as the algorithm's table has them (cmake/lua_range.cmake). */
+static void script_has_range(const rate__redis_cmd_t *c, const char *name,
+                             const rate__algo_t *a)
+{
+    char want[160];
+    snprintf(want, sizeof want, "local %s_STEP, %s_LEAN = %llu, %llu\n",
+             name, name, (unsigned long long)a->lua_step,
+             (unsigned long long)a->lua_lean);
+    assert_non_null(c->script);
+    if (strstr(c->script, want) == NULL)
+        fail_msg("the script lacks '%s'", want);
+}
+
+/* The ranges in which the scripts decide exactly are the algorithms'
+ * table members: the C gate reads them, and the scripts carry them as
+ * constants.  A bucket is lean up to B * P / g = lua_lean and no further;
+ * a policy is the general script's below lua_step. */
+static void exact_ranges_from_tables(void **state)
+{
+    (void)state;
+    rate__redis_proto_t p = proto(true);
+    rate__redis_cmd_t c;
+    req_t r;
+    char text[128];
+    const rate__algo_t *tb = rate__algo(RATE_TOKEN_BUCKET);
+    const rate__algo_t *fw = rate__algo(RATE_FIXED_WINDOW);
+    /* 1000/s: g = 1000, P / g = 10^6 */
+    uint64_t top = tb->lua_lean / 1000000;
+
+    assert_true(tb->lua_lean > 0 && tb->lua_step > 0);
+    assert_int_equal(rate__algo(RATE_SLIDING_LOG)->lua_lean, 0);
+    snprintf(text, sizeof text, "token-bucket 1000/s burst=%llu",
+             (unsigned long long)top);
+    req_of(&r, text);
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c), RATE_OK);
+    assert_int_equal(c.lean, RATE__LEAN_TB);
+    script_has_range(&c, "TOKEN_BUCKET", tb);
+    script_has_range(&c, "SLIDING_LOG", rate__algo(RATE_SLIDING_LOG));
+    rate__redis_cmd_free(&c);
+    rate_policy_free(r.pol);
+    snprintf(text, sizeof text, "token-bucket 1000/s burst=%llu",
+             (unsigned long long)top + 1);
+    req_of(&r, text);
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c),
+                     RATE_ENOTSUP); /* past the general script's too */
+    rate_policy_free(r.pol);
+
+    /* A fixed window's count: lean up to lua_lean. */
+    snprintf(text, sizeof text, "fixed-window %llu/s",
+             (unsigned long long)fw->lua_lean);
+    req_of(&r, text);
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c), RATE_OK);
+    assert_int_equal(c.lean, RATE__LEAN_FW);
+    script_has_range(&c, "FIXED_WINDOW", fw);
+    rate__redis_cmd_free(&c);
+    rate_policy_free(r.pol);
+    snprintf(text, sizeof text, "fixed-window %llu/s",
+             (unsigned long long)fw->lua_lean + 1);
+    req_of(&r, text);
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c),
+                     RATE_ENOTSUP);
+    rate_policy_free(r.pol);
+
+    /* The general script: permits below the limits' lua_step. */
+    req_of(&r, "sliding-window 10/s; fixed-window 5/s");
+    r.q.permits = rate__algo(RATE_SLIDING_WINDOW)->lua_step - 1;
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c), RATE_OK);
+    assert_int_equal(c.lean, -1);
+    script_has_range(&c, "SLIDING_WINDOW", rate__algo(RATE_SLIDING_WINDOW));
+    script_has_range(&c, "LEAKY_BUCKET", rate__algo(RATE_LEAKY_BUCKET));
+    rate__redis_cmd_free(&c);
+    r.q.permits += 1;
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c),
+                     RATE_ENOTSUP);
+    rate_policy_free(r.pol);
+    rate__redis_proto_free(&p);
+}
+
 static void replies(void **state)
 {
     (void)state;
@@ -311,6 +390,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(key_names),
         cmocka_unit_test(command_choice),
+        cmocka_unit_test(exact_ranges_from_tables),
         cmocka_unit_test(replies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

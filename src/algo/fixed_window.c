@@ -144,6 +144,7 @@ const rate__algo_t rate__fixed_window = {
     .name = "fixed-window",
     .fixed = FW_FIXED,
     .grow = 0,
+    RATE__LUA_RANGE(50, 52),
     .load = fw_load,
     .advance = fw_advance,
     .decide = fw_decide,

@@ -269,6 +269,7 @@ const rate__algo_t rate__sliding_log = {
     .name = "sliding-log",
     .fixed = SL_HEAD,
     .grow = SL_ENTRY,
+    RATE__LUA_RANGE(50, 0),
     .size = sl_size,
     .load = sl_load,
     .advance = sl_advance,

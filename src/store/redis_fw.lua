@@ -5,8 +5,10 @@
 -- t mod W = (hi * 2^32 mod W + lo) mod W, the first by math.fmod (exact
 -- for any doubles), the second by % corrected as fdiv does; t and
 -- t_last share a window when t - t_last is the difference of their
--- offsets.  ARGV [10] L, [11] W (ns, below 2^52)
+-- offsets.  ARGV [10] L (at most FIXED_WINDOW_LEAN), [11] W (ns, below
+-- it), as the client's gate (lean_of) sends them
 local L, W = tonumber(ARGV[10]), tonumber(ARGV[11])
+if L > FIXED_WINDOW_LEAN or W >= FIXED_WINDOW_LEAN then return DECLINE end
 local function offset(hi, lo)
   local r = (math.fmod(hi * E32, W) + lo) % W -- below 2^53: exact but for
   if r < 0 then r = r + W elseif r >= W then r = r - W end -- one W

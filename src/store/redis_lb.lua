@@ -7,7 +7,7 @@ local L, P, C, g = tonumber(ARGV[10]), tonumber(ARGV[11]),
 local cap = C * P
 local v = 0
 if st ~= nil then
-  v = word_in(g)
+  v = word_in(g, LEAKY_BUCKET_LEAN)
   if v == nil or v < 0 or v > cap then return DECLINE end
   if dt >= cdiv(v, L) then v = 0 else v = v - dt * L end
 end

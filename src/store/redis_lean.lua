@@ -13,8 +13,10 @@
 -- word u (tokens or level, times P) is read in units of g, a common
 -- divisor of L and P below 2^36 chosen by the client: every quantity the
 -- step forms is then a multiple of g, divided out exactly, so that an hour
--- or a day at a large burst stays below 2^51.  A word that is no multiple
--- of g (a state carried over from another policy) declines.
+-- or a day at a large burst stays below 2^51 (the algorithm's NAME_LEAN,
+-- rate__algo_t's lua_lean, which the build writes into the constants
+-- before this text: cmake/lua_range.cmake).  A word that is no multiple of
+-- g (a state carried over from another policy) declines.
 --
 -- KEYS[1]  the key (a hash: v = version, s = state bytes)
 -- ARGV     [1] [2] now as seconds and nanoseconds (both "": Redis's TIME),
@@ -135,14 +137,15 @@ local function negate(l)
 end
 -- The signed word (limbs l) divided by g (< 2^36), in 16-bit steps so
 -- that each partial remainder stays below 2^52: the quotient, or nil if g
--- does not divide it or the quotient passes 2^51 either way.
-local function word_in(g)
+-- does not divide it or the quotient passes lim (the algorithm's
+-- NAME_LEAN, <= 2^52) either way.
+local function word_in(g, lim)
   if w8 ~= nil then
     -- w8 % g, exact but for one g either way (see fdiv)
     local r = w8 % g
     if r ~= 0 and r ~= g and r ~= -g then return nil end
     local q = w8 / g -- exact: g divides it
-    if q > 2251799813685248 or q < -2251799813685248 then return nil end
+    if q > lim or q < -lim then return nil end
     return q
   end
   local l = w
@@ -156,7 +159,7 @@ local function word_in(g)
       local qi = fdiv(cur, g)
       r = cur - qi * g
       q = q * 65536 + qi
-      if q > 2251799813685248 then return nil end
+      if q > lim then return nil end
     end
   end
   if r ~= 0 then return nil end

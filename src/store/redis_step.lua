@@ -3,9 +3,11 @@
 -- src/algo/*.c, made inside Redis over the same state bytes.
 --
 -- Lua numbers are doubles, exact for integers below 2^53.  The client sends
--- this script only for policies whose products stay below 2^50 (B*P, C*P,
--- L*W and every count); here every number read from the state or the
--- arguments is checked to stay below 2^50 as well.  Anything else -- a
+-- this script only for policies whose products stay below each algorithm's
+-- bound NAME_STEP, 2^50 (B*P, C*P, L*W and every count: rate__algo_t's
+-- lua_step, which the build writes into the constants before this text,
+-- cmake/lua_range.cmake); here every number read from the state is checked
+-- against its algorithm's bound as well.  Anything else -- a
 -- larger value, a state made under another policy (a tier change) or in
 -- another format, bytes that do not parse, a state that makes no sense --
 -- returns {0}: the client then makes the decision itself through the
@@ -30,7 +32,7 @@
 --
 -- A state read under the request's policy is checked field by field before
 -- anything is decided (as the C step checks it): t_last below 2^63; a token
--- bucket's u <= B*P (and, a debt, >= -2^50 here); a leaky bucket's
+-- bucket's u <= B*P (and, a debt, >= -TOKEN_BUCKET_STEP here); a leaky bucket's
 -- 0 <= v <= C*P; a fixed window's count <= L; a sliding window's prev and
 -- curr <= L; a sliding log's length 8 + 16 * count and count <= sum <= L;
 -- no bytes left over.  Any failure declines.  These checks take constant
@@ -50,8 +52,6 @@
 -- which is as good: every bucket is full or empty by then, every window
 -- gone.  Windows must divide a second or be whole seconds (1s, 250ms, 1m,
 -- 1h, ...) for their edges to be found exactly; others are declined.
-local LIM = 1125899906842624 -- 2^50
-
 local function fdiv(a, b) -- floor(a / b), 0 <= a < 2^51, 0 < b < 2^51
   local q = math.floor(a / b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
@@ -64,21 +64,28 @@ local function cdiv(a, b) -- ceil(a / b), same ranges
 end
 
 -- Little-endian unsigned 64-bit (and 32-bit) integers from the state bytes;
--- nil when the value is 2^50 or more.
+-- nil when the value is lim (an algorithm's NAME_STEP, <= 2^52) or more.
+-- A value past 2^53 rounds, but never to below lim: the comparison holds.
 local function u32(s, i)
   local a, b, c, d = string.byte(s, i, i + 3)
   return a + b * 256 + c * 65536 + d * 16777216
 end
-local function u64(s, i)
+local function u64(s, i, lim)
   local lo, hi = u32(s, i), u32(s, i + 4)
-  if hi >= 262144 then return nil end -- 2^18 * 2^32 = 2^50
-  return hi * 4294967296 + lo
+  local x = hi * 4294967296 + lo
+  if x >= lim then return nil end
+  return x
 end
-local function i64(s, i) -- signed, |x| < 2^50
+local function i64(s, i, lim) -- signed, -lim <= x < lim
   local lo, hi = u32(s, i), u32(s, i + 4)
-  if hi < 262144 then return hi * 4294967296 + lo end
-  if hi < 4294705152 then return nil end -- below -2^50
-  return -((4294967295 - hi) * 4294967296 + (4294967296 - lo))
+  if hi < 2147483648 then
+    local x = hi * 4294967296 + lo
+    if x >= lim then return nil end
+    return x
+  end
+  local m = (4294967295 - hi) * 4294967296 + (4294967296 - lo)
+  if m > lim then return nil end -- below -lim
+  return -m
 end
 -- `count` little-endian bytes of x (0 <= x < 2^53); with flip, each byte
 -- complemented (255 - b), which writes -(x + 1) in two's complement.
@@ -259,7 +266,7 @@ for c = 1, count do
     local full = B[c] * P[c]
     if have then
       if #st < off + 7 then return DECLINE end -- truncated
-      v.x = i64(st, off); off = off + 8
+      v.x = i64(st, off, TOKEN_BUCKET_STEP); off = off + 8
       if v.x == nil or v.x > full then return DECLINE end
       if v.x < full then
         local missing = full - v.x
@@ -270,7 +277,7 @@ for c = 1, count do
   elseif a == 2 then -- leaky bucket: v = level * P
     if have then
       if #st < off + 7 then return DECLINE end
-      v.x = u64(st, off); off = off + 8
+      v.x = u64(st, off, LEAKY_BUCKET_STEP); off = off + 8
       if v.x == nil or v.x > B[c] * P[c] then return DECLINE end
       if dt >= cdiv(v.x, L[c]) then v.x = 0 else v.x = v.x - dt * L[c] end
     else v.x = 0 end
@@ -279,7 +286,7 @@ for c = 1, count do
     v.x = 0
     if have then
       if #st < off + 7 then return DECLINE end
-      v.x = u64(st, off); off = off + 8
+      v.x = u64(st, off, FIXED_WINDOW_STEP); off = off + 8
       if v.x == nil or v.x > L[c] then return DECLINE end
       local k, ks = window(t, P[c]), window(last, P[c])
       if k == nil then return DECLINE end
@@ -290,7 +297,8 @@ for c = 1, count do
     v.x, v.y = 0, 0
     if have then
       if #st < off + 15 then return DECLINE end
-      v.x = u64(st, off); v.y = u64(st, off + 8); off = off + 16
+      v.x = u64(st, off, SLIDING_WINDOW_STEP)
+      v.y = u64(st, off + 8, SLIDING_WINDOW_STEP); off = off + 16
       if v.x == nil or v.y == nil or v.x > L[c] or v.y > L[c] then
         return DECLINE
       end
@@ -323,7 +331,7 @@ for c = 1, count do
         end
       end
       for i = 0, lo - 1 do
-        local en = u64(st, v.base + i * 16 + 8)
+        local en = u64(st, v.base + i * 16 + 8, SLIDING_LOG_STEP)
         if en == nil then return DECLINE end
         v.sum = v.sum - en
         if v.sum < 0 then return DECLINE end
@@ -441,7 +449,7 @@ for c = 1, count do
       local s = v.sum
       r.retry = 0
       for i = v.first, v.count - 1 do
-        local en = u64(st, v.base + i * 16 + 8)
+        local en = u64(st, v.base + i * 16 + 8, SLIDING_LOG_STEP)
         if en == nil then return DECLINE end
         s = s - en
         if s < 0 then return DECLINE end
@@ -544,7 +552,7 @@ if allowed and n > 0 then
       local from, to = v.base + v.first * 16, v.base + v.count * 16 - 1
       local tail
       if kept > 0 and tcmp(get_t(st, to - 15), t) == 0 then
-        tail = put64(u64(st, to - 7) + n)
+        tail = put64(u64(st, to - 7, SLIDING_LOG_STEP) + n)
         to = to - 8
       else
         tail = put_t(t) .. put64(n)

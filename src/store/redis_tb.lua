@@ -8,7 +8,7 @@ local L, P, B, g = tonumber(ARGV[10]), tonumber(ARGV[11]),
 local full = B * P
 local u = full
 if st ~= nil then
-  u = word_in(g)
+  u = word_in(g, TOKEN_BUCKET_LEAN)
   -- (|u| <= 2^51 here: below the debt bound only when it is below 2^51)
   if u == nil or u > full or -u > tonumber(ARGV[14]) then return DECLINE end
   if u < full then
@@ -19,13 +19,14 @@ end
 if OP ~= '0' then
   -- tb_adjust: a refund adds n tokens, up to the burst; a penalty takes
   -- them, into debt as far as a reservation may go (2^62 scaled): one
-  -- that would pass that bound, or take more than 2^51 (in units of g),
-  -- declines (the C step clamps it), so every number here stays exact.
+  -- that would pass that bound, or take more than TOKEN_BUCKET_LEAN (in
+  -- units of g), declines (the C step clamps it), so every number here
+  -- stays exact.
   local x
   if OP == '1' then
     if n >= cdiv(full - u, P) then x = full else x = u + n * P end
   else
-    if n > fdiv(2251799813685248, P) then return DECLINE end
+    if n > fdiv(TOKEN_BUCKET_LEAN, P) then return DECLINE end
     x = u - n * P
     if -x > tonumber(ARGV[14]) then return DECLINE end
   end

@@ -362,25 +362,26 @@ int rate__redis_cas_parse(const redisReply *rep)
                                             : RATE_OK;
 }
 
-/* Whether every number the Lua step meets stays below 2^50, where doubles
- * are exact with room for the products it forms. */
-#define LUA_EXACT (UINT64_C(1) << 50)
-
+/* Whether every number the general Lua step meets stays below each
+ * limit's algorithm's lua_step (2^50), where doubles are exact with room
+ * for the products it forms; the script checks what it reads from the
+ * state against the same bound (cmake/lua_range.cmake). */
 static bool lua_can(const rate_decide_req_t *q)
 {
     const rate_policy_t *p = q->policy;
     size_t count = rate_policy_count(p);
-    if (q->permits >= LUA_EXACT || q->max_wait_ns >= LUA_EXACT ||
-        count == 0 || count > RATE_MAX_LIMITS)
+    if (count == 0 || count > RATE_MAX_LIMITS)
         return false;
     for (size_t i = 0; i < count; i++) {
         const rate_limit_t *l = rate_policy_limit(p, i);
-        if (l == NULL)
+        const rate__algo_t *a = l != NULL ? rate__algo_for(l) : NULL;
+        if (a == NULL)
             return false;
+        uint64_t exact = a->lua_step;
         rate_u128_t prod = (rate_u128_t)l->period_ns *
                            (l->burst ? l->burst : l->limit);
-        if (l->limit >= LUA_EXACT || l->period_ns >= LUA_EXACT ||
-            prod * 2 >= LUA_EXACT)
+        if (q->permits >= exact || q->max_wait_ns >= exact ||
+            l->limit >= exact || l->period_ns >= exact || prod * 2 >= exact)
             return false;
         if (l->block_ns != 0) /* a block's state is the C step's alone */
             return false;
@@ -401,10 +402,11 @@ static uint64_t gcd64(uint64_t a, uint64_t b)
 /* Whether a lean script decides the request exactly (docs/redis.md, "Lean
  * scripts"), and if so which, with its own arguments (after the seven
  * every step script takes: the word's width, the operation, then the
- * algorithm's) in num.  A bucket's word is sent in units of g,
- * a common divisor of L and P below 2^36, so that B * P / g <= 2^51; a
- * window of at most 2^52 ns and a count of at most 2^52. */
-#define LEAN_WORD (UINT64_C(1) << 51)
+ * algorithm's) in num.  The bounds are the algorithm's lua_lean (the lean
+ * script reads the same as a constant): a bucket's word is sent in units
+ * of g, a common divisor of L and P below 2^36, so that B * P / g <=
+ * lua_lean (2^51); a fixed window's count at most lua_lean and its length
+ * below it (2^52 ns). */
 #define LEAN_G UINT64_C(10000000000) /* 10^10: g divides it, so g < 2^36 */
 
 static int lean_of(const rate_decide_req_t *q, char num[][24], int *nn)
@@ -415,11 +417,14 @@ static int lean_of(const rate_decide_req_t *q, char num[][24], int *nn)
     const rate_limit_t *l = rate_policy_limit(p, 0);
     if (l == NULL || l->block_ns != 0 || l->limit == 0 || l->period_ns == 0)
         return -1;
+    const rate__algo_t *a = rate__algo_for(l);
+    if (a == NULL || a->lua_lean == 0)
+        return -1;
     if (l->algorithm == RATE_TOKEN_BUCKET ||
         l->algorithm == RATE_LEAKY_BUCKET) {
         rate_u128_t full = (rate_u128_t)l->burst * l->period_ns;
         uint64_t g = gcd64(gcd64(l->limit, l->period_ns), LEAN_G);
-        if (l->burst == 0 || full / g > LEAN_WORD)
+        if (l->burst == 0 || full / g > a->lua_lean)
             return -1; /* past exact doubles */
         /* the word's width: 16 bytes for a wide bucket (B * P > 2^62) */
         dec_u64(num[(*nn)++], full > (rate_u128_t)1 << 62 ? 16u : 8u);
@@ -434,8 +439,7 @@ static int lean_of(const rate_decide_req_t *q, char num[][24], int *nn)
         return LEAN_TB;
     }
     if (l->algorithm == RATE_FIXED_WINDOW) {
-        if (l->limit > (UINT64_C(1) << 52) ||
-            l->period_ns >= (UINT64_C(1) << 52))
+        if (l->limit > a->lua_lean || l->period_ns >= a->lua_lean)
             return -1;
         dec_u64(num[(*nn)++], 8u);
         dec_u64(num[(*nn)++], (uint64_t)q->op);
