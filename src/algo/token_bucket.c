@@ -16,8 +16,8 @@
  *           words, and it has the plain pass (rate__token_bucket);
  *   wide    B * P > 2^62 (B up to 2^63-1, P up to 2^61, so B * P < 2^124):
  *           u as a signed 128-bit word, two little-endian u64 words, the
- *           low one first (16 bytes); decided by tb_decide's wide body, in
- *           128 bits, no plain pass (rate__token_bucket_wide).
+ *           low one first (16 bytes); decided in 128 bits, no plain pass
+ *           (rate__token_bucket_wide).
  *
  * Both decide alike: the layout only says how u is stored.  Durations a
  * wide bucket can reach beyond 2^63-1 ns (a refill of 2^124 scaled tokens
@@ -165,6 +165,55 @@ static void tbw_advance(const rate_limit_t *l, rate__view_t *v, uint64_t last,
     v->x = add >= (rate_u128_t)(full - v->x) ? full : v->x + (rate_i128_t)add;
 }
 
+static uint64_t tbw_remaining(const rate_limit_t *l, rate_i128_t u)
+{
+    return u > 0 ? (uint64_t)((rate_u128_t)u / l->period_ns) : 0; /* <= B */
+}
+
+static uint64_t tbw_reset(const rate_limit_t *l, rate_i128_t u)
+{
+    rate_i128_t missing = tb_full(l) - u;
+
+    return missing > 0 ? rate__ceil_div_sat((rate_u128_t)missing, l->limit)
+                       : 0;
+}
+
+/* tb_decide's rule in 128 bits: u in [-2^62, B * P], n * P <= B * P. */
+static void tbw_decide(const rate_limit_t *l, const rate__view_t *v,
+                       uint64_t t, uint64_t n, uint64_t max_wait, bool detail,
+                       rate__verdict_t *out)
+{
+    rate_i128_t u = v->x, need = 0;
+
+    (void)t;
+    *out = (rate__verdict_t){0};
+    if (n > l->burst) {
+        out->reason = RATE_REASON_NEVER;
+        out->retry_after_ns = RATE_NEVER;
+    } else {
+        need = (rate_i128_t)n * l->period_ns;
+        rate_u128_t missing = u < need ? (rate_u128_t)(need - u) : 0;
+        if (n == 0 || need <= u) {
+            out->allowed = true;
+        } else if (max_wait > 0 && u - need >= -RATE__DEBT_MAX &&
+                   missing <= (rate_u128_t)max_wait * l->limit) {
+            out->allowed = true;
+            out->delay_ns = rate__ceil_div_sat(missing, l->limit);
+        } else {
+            out->reason = RATE_REASON_LIMITED;
+            out->retry_after_ns = rate__ceil_div_sat(missing, l->limit);
+        }
+    }
+    if (!detail)
+        return;
+    out->remaining_now = tbw_remaining(l, u);
+    out->reset_now_ns = tbw_reset(l, u);
+    if (out->allowed) {
+        out->remaining_after = tbw_remaining(l, u - need);
+        out->reset_after_ns = tbw_reset(l, u - need);
+    }
+}
+
 static size_t tbw_commit(const rate_limit_t *l, const rate__view_t *v,
                          uint64_t t, uint64_t n, uint8_t *out)
 {
@@ -188,7 +237,7 @@ const rate__algo_t rate__token_bucket_wide = {
     RATE__LUA_RANGE(50, 51),
     .load = tb_load_any,
     .advance = tbw_advance,
-    .decide = tb_decide, /* its wide body */
+    .decide = tbw_decide,
     .commit = tbw_commit,
     .is_cold = tb_is_cold,
     .convert = tb_convert,

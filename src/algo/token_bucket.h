@@ -48,8 +48,7 @@ static inline void tb_load(const rate_limit_t *l, const uint8_t *st, rate__view_
 /* The view of a token bucket always fits 64 bits (-2^62 <= u <= B * P <=
  * 2^62, or whatever a corrupt store gave), so the hot functions work in
  * 64-bit words (token_bucket.h); differences are taken unsigned, where
- * they fit whatever u is.  Only a reservation's bound needs 128 bits
- * (and tb_decide's wide body, for the wide layout's table). */
+ * they fit whatever u is.  Only a reservation's bound needs 128 bits. */
 static inline void tb_advance(const rate_limit_t *l, rate__view_t *v, uint64_t last,
                        uint64_t t)
 {
@@ -61,43 +60,32 @@ static inline uint64_t tb_remaining(const rate_limit_t *l, rate_i128_t u)
     return u > 0 ? rate__div64((rate_u128_t)u, l->period_ns) : 0;
 }
 
-/* The time to refill a bucket holding u, rounded up; a wide bucket's
- * (up to 2^124 scaled tokens at 1 per ns) saturates at RATE_TIME_MAX. */
 static inline uint64_t tb_reset(const rate_limit_t *l, rate_i128_t u)
 {
-    rate_i128_t missing = (rate_i128_t)l->burst * l->period_ns - u;
+    rate_i128_t missing = (rate_i128_t)(l->burst * l->period_ns) - u;
 
-    if (missing <= 0)
-        return 0;
-    if ((rate_u128_t)missing >> 63 == 0) /* the quotient fits */
-        return rate__ceil_div64((rate_u128_t)missing, l->limit);
-    return rate__ceil_div_sat((rate_u128_t)missing, l->limit);
+    return missing > 0 ? rate__ceil_div64((rate_u128_t)missing, l->limit) : 0;
 }
 
-/* One rule for both layouts: u in [-2^62, B * P], n * P <= B * P.  A
- * narrow bucket (B * P <= 2^62, the fast path) decides in 64-bit words,
- * where the difference need - u fits unsigned whatever u is; a wide one in
- * 128 bits, its durations saturated at RATE_TIME_MAX. */
 static inline void tb_decide(const rate_limit_t *l, const rate__view_t *v, uint64_t t,
                       uint64_t n, uint64_t max_wait, bool detail,
                       rate__verdict_t *out)
 {
-    rate_i128_t u = v->x, need = 0;
+    int64_t u = (int64_t)v->x;
+    int64_t need = 0;
 
     (void)t;
     *out = (rate__verdict_t){0};
     if (n > l->burst) {
         out->reason = RATE_REASON_NEVER;
         out->retry_after_ns = RATE_NEVER;
-    } else if (!rate__bucket_wide(l)) {
-        int64_t u64 = (int64_t)u;
-        int64_t need64 = (int64_t)(n * l->period_ns); /* <= B * P */
-        uint64_t missing = (uint64_t)need64 - (uint64_t)u64; /* if u < need */
-        need = need64;
-        if (rate__tb_takes(l, u64, n)) {
+    } else {
+        need = (int64_t)(n * l->period_ns); /* <= B * P */
+        uint64_t missing = (uint64_t)need - (uint64_t)u; /* if u < need */
+        if (rate__tb_takes(l, u, n)) {
             out->allowed = true;
         } else if (max_wait > 0 &&
-                   (rate_i128_t)u64 - need64 >= -RATE__DEBT_MAX &&
+                   (rate_i128_t)u - need >= -RATE__DEBT_MAX &&
                    missing <= (rate_u128_t)max_wait * l->limit) {
             out->allowed = true;
             out->delay_ns = rate__ceil_div64(missing, l->limit);
@@ -105,27 +93,14 @@ static inline void tb_decide(const rate_limit_t *l, const rate__view_t *v, uint6
             out->reason = RATE_REASON_LIMITED;
             out->retry_after_ns = rate__ceil_div64(missing, l->limit);
         }
-    } else {
-        need = (rate_i128_t)n * l->period_ns;
-        rate_u128_t missing = u < need ? (rate_u128_t)(need - u) : 0;
-        if (n == 0 || need <= u) {
-            out->allowed = true;
-        } else if (max_wait > 0 && u - need >= -RATE__DEBT_MAX &&
-                   missing <= (rate_u128_t)max_wait * l->limit) {
-            out->allowed = true;
-            out->delay_ns = rate__ceil_div_sat(missing, l->limit);
-        } else {
-            out->reason = RATE_REASON_LIMITED;
-            out->retry_after_ns = rate__ceil_div_sat(missing, l->limit);
-        }
     }
     if (!detail)
         return;
     out->remaining_now = tb_remaining(l, u);
     out->reset_now_ns = tb_reset(l, u);
     if (out->allowed) {
-        out->remaining_after = tb_remaining(l, u - need);
-        out->reset_after_ns = tb_reset(l, u - need);
+        out->remaining_after = tb_remaining(l, (rate_i128_t)u - need);
+        out->reset_after_ns = tb_reset(l, (rate_i128_t)u - need);
     }
 }
 
