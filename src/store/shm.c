@@ -1675,7 +1675,10 @@ int rate_store_shm_new(const char *path, const rate_shm_options_t *options,
         o = *options;
     if ((rc = check_options(&o, err, errlen)) != RATE_OK)
         return rc;
-    for (int attempt = 0; attempt < 2; attempt++) {
+    /* Each retry follows another process's progress (it linked the region
+     * first, or removed it as we came), so a few rounds end the race; two
+     * were not always enough for four replays on one path under load. */
+    for (int attempt = 0; attempt < 8; attempt++) {
         int fd = open(path, O_RDWR | O_CLOEXEC);
         if (fd >= 0) {
             rc = attach_fd(fd, path, &o, out, err, errlen);
