@@ -141,8 +141,7 @@ static bool load_script(const char *host, int port, const char *src,
     return ok;
 }
 
-/* The server's CPU time so far (INFO cpu), in seconds; 0 if unknown. */
-static double server_cpu_s(const char *host, int port)
+double bench_server_cpu_s(const char *host, int port)
 {
     struct timeval tv = {1, 0};
     redisContext *c = redisConnectWithTimeout(host, port, tv);
@@ -162,7 +161,7 @@ static double server_cpu_s(const char *host, int port)
     return v;
 }
 
-static double self_cpu_s(long *switches)
+double bench_self_cpu_s(long *switches)
 {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -178,11 +177,13 @@ static void where_time_goes(rate_limiter_t *lim, const char *what,
 {
     uint64_t errors = 0;
     long sw0, sw1;
-    double srv0 = server_cpu_s(host, port), cli0 = self_cpu_s(&sw0);
+    double srv0 = bench_server_cpu_s(host, port);
+    double cli0 = bench_self_cpu_s(&sw0);
     uint64_t t0 = rate_clock_monotonic_ns();
     double rate = throughput(lim, 64, 64, 1000, &errors);
     double secs = (double)(rate_clock_monotonic_ns() - t0) / 1e9;
-    double cli1 = self_cpu_s(&sw1), srv1 = server_cpu_s(host, port);
+    double cli1 = bench_self_cpu_s(&sw1);
+    double srv1 = bench_server_cpu_s(host, port);
     double n = rate * secs;
     if (n <= 0)
         return;

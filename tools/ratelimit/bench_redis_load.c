@@ -13,7 +13,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 #include <hiredis/hiredis.h>
 
@@ -86,36 +85,6 @@ static void *caller(void *arg)
     }
 }
 
-static double cpu_s(long *switches)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    *switches = ru.ru_nvcsw + ru.ru_nivcsw;
-    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
-           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
-}
-
-/* Redis's CPU time so far (INFO cpu), in seconds; 0 when unknown. */
-static double redis_cpu_s(const char *host, int port)
-{
-    struct timeval tv = {1, 0};
-    redisContext *c = redisConnectWithTimeout(host, port, tv);
-    double v = 0;
-    if (c != NULL && !c->err) {
-        redisReply *r = redisCommand(c, "INFO cpu");
-        if (r != NULL && r->type == REDIS_REPLY_STRING) {
-            const char *u = strstr(r->str, "used_cpu_user:");
-            const char *y = strstr(r->str, "used_cpu_sys:");
-            if (u != NULL && y != NULL)
-                v = strtod(u + 14, NULL) + strtod(y + 13, NULL);
-        }
-        freeReplyObject(r);
-    }
-    if (c != NULL)
-        redisFree(c);
-    return v;
-}
-
 typedef struct meter {
     double cpu, srv;
     long sw;
@@ -124,8 +93,8 @@ typedef struct meter {
 
 static void meter_start(meter_t *m, const char *host, int port)
 {
-    m->srv = redis_cpu_s(host, port);
-    m->cpu = cpu_s(&m->sw);
+    m->srv = bench_server_cpu_s(host, port);
+    m->cpu = bench_self_cpu_s(&m->sw);
     m->t0 = rate_clock_monotonic_ns();
 }
 
@@ -135,7 +104,7 @@ static figure_t meter_stop(const meter_t *m, const char *host, int port,
     figure_t f = {0};
     long sw;
     double secs = (double)(rate_clock_monotonic_ns() - m->t0) / 1e9;
-    double cpu = cpu_s(&sw), srv = redis_cpu_s(host, port);
+    double cpu = bench_self_cpu_s(&sw), srv = bench_server_cpu_s(host, port);
     if (n == 0 || secs <= 0)
         return f;
     f.rate = (double)n / secs;
@@ -245,7 +214,7 @@ static figure_t run_peer(const char *cmd, const char *host, int port,
     }
     if (pclose(p) != 0)
         f.rate = 0;
-    double srv = redis_cpu_s(host, port);
+    double srv = bench_server_cpu_s(host, port);
     if (f.rate > 0 && m.srv > 0)
         f.server_us = (srv - m.srv) * 1e6 / (double)n;
     return f;

@@ -36,6 +36,10 @@ int bench_redis(const char *url, const char *cluster_url,
 int bench_redis_load(const char *url, const char *host, int port,
                      uint64_t decisions, const char *peer);
 int bench_sync(const char *url); /* bench --sync URL: the synced mode */
+/* A Redis server's CPU time so far (INFO cpu), in seconds; 0 if unknown. */
+double bench_server_cpu_s(const char *host, int port);
+/* This process's CPU time so far in seconds; *switches its context switches. */
+double bench_self_cpu_s(long *switches);
 #else
 static inline int bench_redis(const char *url, const char *cluster_url,
                               const bench_redis_opts_t *o)
