@@ -18,7 +18,7 @@ core_pkgs=(gcc make cmake pkg-config libxxhash-dev)
 build_pkgs=("${core_pkgs[@]}" libhiredis-dev
             libcurl4-openssl-dev libjansson-dev libinih-dev libmicrohttpd-dev)
 test_pkgs=(libcmocka-dev libuv1-dev libevent-dev valgrind libxml2-utils clang libclang-rt-14-dev abigail-tools redis-server
-           redis-tools nodejs curl wrk openssl
+           redis-tools nodejs python3 curl wrk openssl
            nginx nginx-dev libpcre2-dev libssl-dev zlib1g-dev)
 
 usage() { echo "usage: $0 [core|build|test] | $0 check [core|build|test]" >&2; exit 2; }
