@@ -284,6 +284,10 @@ static void safety_ttl_with_no_ttl(void **state)
 #define THREADS 4
 #define PER_THREAD 40
 #define BOUND 60
+/* A decision's deadline for the contention tests: under valgrind on a
+ * loaded machine, six callers' conflicts and retries on one key took past
+ * the default 2 s (5 of 240 decisions timed out in a fresh root). */
+#define CONTENDED_TIMEOUT (60 * SEC)
 
 typedef struct caller {
     rate_limiter_t *lim;
@@ -311,7 +315,7 @@ static void *caller(void *arg)
 static void threads_on_one_key(void **state)
 {
     (void)state;
-    rate_store_t *ds = ddb_store("thr:", false, 0);
+    rate_store_t *ds = ddb_store("thr:", false, CONTENDED_TIMEOUT);
     rate_limiter_t *l = limiter_of("fixed-window 60/1h", ds);
     caller_t c[THREADS] = {0};
     pthread_t th[THREADS];
@@ -352,7 +356,7 @@ static void processes_on_one_key(void **state)
     for (int p = 0; p < PROCS; p++) {
         assert_int_equal(pipe(fds[p]), 0);
         if (fork() == 0) {
-            rate_store_t *ds = ddb_store("proc:", false, 0);
+            rate_store_t *ds = ddb_store("proc:", false, CONTENDED_TIMEOUT);
             rate_limiter_t *l = limiter_of("fixed-window 60/1h", ds);
             caller_t c[2] = {{l, 0, 0}, {l, 0, 0}};
             pthread_t th[2];
