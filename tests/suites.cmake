@@ -79,6 +79,8 @@ rate_suite(fair LABELS concurrency TIMEOUT 300)
 rate_suite(fair_procs C test_fair.c ARGS --procs LABELS shm_procs TIMEOUT 300)
 rate_suite(fair_cli SH fair_cli_test.sh NEEDS TOOLS ARGS $<TARGET_FILE:ratelimit_cli>)
 rate_suite(fair_api SH fair_api_test.sh NEEDS API_SERVER ARGS $<TARGET_FILE:api-server>)
+rate_suite(api_lease SH api_lease_test.sh NEEDS API_SERVER
+           ARGS $<TARGET_FILE:api-server> ${CMAKE_SOURCE_DIR}/examples/api-server/example.conf)
 rate_suite(fair_nginx SH fair_nginx_test.sh NEEDS NGINX SKIP77 TIMEOUT 900
            ARGS "${RATE_NGINX_SO}")
 
