@@ -2,7 +2,8 @@
 /*
  * ngx_http_ratelimit_inflight_module: in-flight limits (docs/leases.md) in
  * nginx: at most N requests of a key at once across the workers, each
- * holding a lease in a shared-memory store kept in an nginx shared zone,
+ * holding a lease in a shared-memory store kept in an nginx shared zone
+ * (or, store=redis://, in Redis, across every nginx that shares it),
  * released when the request's pool is destroyed: however the request
  * ends (answered, failed, the client gone).  A module of its own beside
  * ngx_http_ratelimit_module, in the same .so (docs/nginx.md, "In-flight
@@ -14,7 +15,10 @@
 
 #include <ratelimit.h>
 #include <ratelimit_lease.h>
+#include <ratelimit_redis.h>
 #include <ratelimit_shm.h>
+
+#include "ngx_http_ratelimit_conf.h"
 
 #define NGX_HTTP_INFLIGHT_KEYS_DEFAULT 10000
 #define NGX_HTTP_INFLIGHT_KEY_MAX 128
@@ -26,8 +30,11 @@ typedef struct {
     size_t region_size, zone_size;
     void *region;             /* in the shared zone */
     ngx_shm_zone_t *shm_zone;
-    rate_store_t *store;      /* a worker's, over the region */
+    ngx_http_ratelimit_redis_t redis; /* store=redis://; url NULL: shm */
+    rate_store_t *store;      /* a worker's, over the region or Redis */
     rate_inflight_t *inflight; /* a worker's */
+    time_t error_logged;      /* a worker's last store-error line */
+    ngx_uint_t error_quiet;   /* lines left out since */
 } ngx_http_inflight_zone_t;
 
 typedef struct {
@@ -39,6 +46,7 @@ typedef struct {
     ngx_http_complex_value_t key;
     ngx_http_complex_value_t *critical; /* critical=VALUE, or NULL */
     ngx_uint_t status;
+    ngx_uint_t fail_open; /* a store error lets the request through */
 } ngx_http_inflight_loc_conf_t;
 
 /* A held lease, released by the request pool's cleanup. */
@@ -64,10 +72,19 @@ static void ngx_http_inflight_exit_process(ngx_cycle_t *cycle);
 static ngx_conf_num_bounds_t ngx_http_inflight_status_bounds = {
     ngx_conf_check_num_bounds, 400, 599};
 
+static ngx_conf_enum_t ngx_http_inflight_fail_modes[] = {
+    {ngx_string("closed"), 0}, {ngx_string("open"), 1}, {ngx_null_string, 0}};
+
 static ngx_command_t ngx_http_inflight_commands[] = {
     {ngx_string("ratelimit_inflight_zone"),
-     NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE23, ngx_http_inflight_zone,
+     NGX_HTTP_MAIN_CONF | NGX_CONF_2MORE, ngx_http_inflight_zone,
      NGX_HTTP_MAIN_CONF_OFFSET, 0, NULL},
+    {ngx_string("ratelimit_inflight_fail"),
+     NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
+         NGX_CONF_TAKE1,
+     ngx_conf_set_enum_slot, NGX_HTTP_LOC_CONF_OFFSET,
+     offsetof(ngx_http_inflight_loc_conf_t, fail_open),
+     ngx_http_inflight_fail_modes},
     {ngx_string("ratelimit_inflight"),
      NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
          NGX_CONF_TAKE23,
@@ -139,7 +156,7 @@ static ngx_int_t ngx_http_inflight_init_zone(ngx_shm_zone_t *shm_zone,
 }
 
 /* ratelimit_inflight_zone NAME "concurrency N ttl=DUR [reserve=K]"
- * [keys=N]; */
+ * [keys=N] | [store=redis://... [timeout=DUR] [prefix=P]]; */
 static char *ngx_http_inflight_zone(ngx_conf_t *cf, ngx_command_t *cmd,
                                     void *conf) {
     ngx_http_inflight_main_conf_t *mcf = conf;
@@ -147,23 +164,55 @@ static char *ngx_http_inflight_zone(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_http_inflight_zone_t *z, **zp;
     ngx_pool_cleanup_t *cln;
     uint64_t keys = NGX_HTTP_INFLIGHT_KEYS_DEFAULT;
+    ngx_http_ratelimit_store_args_t store;
+    ngx_str_t *shm_only = NULL;
     char err[256], *text;
+    ngx_uint_t i;
+    ngx_int_t prc;
     int rc;
 
     (void)cmd;
-    if (cf->args->nelts == 4) {
-        ngx_str_t arg = value[3];
-        ngx_int_t n;
-        if (arg.len < 6 || ngx_strncmp(arg.data, "keys=", 5) != 0 ||
-            (n = ngx_atoi(arg.data + 5, arg.len - 5)) == NGX_ERROR ||
-            n == 0) {
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "ratelimit_inflight_zone \"%V\": unknown "
-                               "parameter \"%V\" (keys=N)",
-                               &value[1], &value[3]);
+    ngx_memzero(&store, sizeof(store));
+    for (i = 3; i < cf->args->nelts; i++) {
+        ngx_str_t arg = value[i];
+        if (ngx_http_ratelimit_param_twice(cf, "ratelimit_inflight_zone",
+                                           value, 3, i) != NGX_OK) {
             return NGX_CONF_ERROR;
         }
-        keys = (uint64_t)n;
+        prc = ngx_http_ratelimit_store_param(cf, "ratelimit_inflight_zone",
+                                             value, i, &store);
+        if (prc == NGX_ERROR) {
+            return NGX_CONF_ERROR;
+        }
+        if (prc == NGX_OK) {
+            continue;
+        }
+        arg.data += 5;
+        arg.len -= 5;
+        if (value[i].len < 6 || ngx_strncmp(value[i].data, "keys=", 5) != 0 ||
+            ngx_http_ratelimit_parse_uint(&arg, &keys) != NGX_OK) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit_inflight_zone \"%V\": unknown "
+                               "parameter \"%V\" (keys=N, store=, timeout=, "
+                               "prefix=)",
+                               &value[1], &value[i]);
+            return NGX_CONF_ERROR;
+        }
+        shm_only = &value[i];
+    }
+    if (store.url.len == 0 && (store.timeout_ns != 0 || store.prefix.len != 0)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit_inflight_zone \"%V\": timeout= and "
+                           "prefix= are for a Redis store (store=redis://...)",
+                           &value[1]);
+        return NGX_CONF_ERROR;
+    }
+    if (store.url.len != 0 && shm_only != NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "ratelimit_inflight_zone \"%V\": \"%V\" is for "
+                           "the shared-memory store: Redis keeps every key",
+                           &value[1], shm_only);
+        return NGX_CONF_ERROR;
     }
     z = ngx_pcalloc(cf->pool, sizeof(*z));
     text = ngx_pnalloc(cf->pool, value[2].len + 1);
@@ -195,6 +244,29 @@ static char *ngx_http_inflight_zone(ngx_conf_t *cf, ngx_command_t *cmd,
                            "the concurrency clause alone)",
                            &value[1], &value[2]);
         return NGX_CONF_ERROR;
+    }
+    for (i = 0; i < mcf->zones.nelts; i++) {
+        zp = mcf->zones.elts;
+        if (zp[i]->name.len == z->name.len &&
+            ngx_strncmp(zp[i]->name.data, z->name.data, z->name.len) == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit_inflight_zone \"%V\" is already "
+                               "declared", &value[1]);
+            return NGX_CONF_ERROR;
+        }
+    }
+    if (store.url.len != 0) { /* Redis: no shared zone, each worker a store */
+        if (ngx_http_ratelimit_redis_conf(cf, "ratelimit_inflight_zone",
+                                          &z->name, &store,
+                                          &z->redis) != NGX_OK) {
+            return NGX_CONF_ERROR;
+        }
+        zp = ngx_array_push(&mcf->zones);
+        if (zp == NULL) {
+            return NGX_CONF_ERROR;
+        }
+        *zp = z;
+        return NGX_CONF_OK;
     }
     z->options.max_keys = keys;
     z->options.key_max = NGX_HTTP_INFLIGHT_KEY_MAX;
@@ -309,6 +381,7 @@ static void *ngx_http_inflight_create_loc_conf(ngx_conf_t *cf) {
         return NULL;
     }
     lcf->status = NGX_CONF_UNSET_UINT;
+    lcf->fail_open = NGX_CONF_UNSET_UINT;
     return lcf;
 }
 
@@ -322,10 +395,31 @@ static char *ngx_http_inflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
         conf->critical = prev->critical;
     }
     ngx_conf_merge_uint_value(conf->status, prev->status, 503);
+    ngx_conf_merge_uint_value(conf->fail_open, prev->fail_open, 0);
     return NGX_CONF_OK;
 }
 
 /* ------------------------------------------------------------ workers */
+
+/* A Redis zone's clock: leases are granted and checked by every host that
+ * shares the zone, so each reads the wall clock (NTP's skew between hosts
+ * lengthens or shortens a lease by as much: docs/leases.md). */
+static uint64_t ngx_http_inflight_wall_now(void *ud) {
+    struct timespec ts;
+    (void)ud;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void ngx_http_inflight_wall_sleep(void *ud, uint64_t ns) {
+    struct timespec ts = {(time_t)(ns / 1000000000u),
+                          (long)(ns % 1000000000u)};
+    (void)ud;
+    nanosleep(&ts, NULL);
+}
+
+static const rate_clock_t ngx_http_inflight_wall = {
+    ngx_http_inflight_wall_now, ngx_http_inflight_wall_sleep, NULL};
 
 static ngx_http_inflight_main_conf_t *
 ngx_http_inflight_main(ngx_cycle_t *cycle) {
@@ -351,20 +445,39 @@ static ngx_int_t ngx_http_inflight_init_process(ngx_cycle_t *cycle) {
         rate_shm_options_t opt = z->options;
         int rc;
         err[0] = '\0';
-        rc = rate_store_shm_new_in(z->region, z->region_size, &opt, &z->store,
-                                   err, sizeof(err));
-        if (rc == RATE_OK) {
-            /* Workers are processes of this host: a crashed one's leases
-             * are taken back at the next denied acquire. */
-            rate_inflight_config_t cfg = {.policy = z->policy,
-                                          .store = z->store,
-                                          .reap_dead_holders = 1};
-            rc = rate_inflight_new(&cfg, &z->inflight);
+        if (z->redis.url != NULL) {
+            /* A lazy store: the worker does not wait for Redis now; the
+             * first acquire connects.  Every host one clock: the wall's. */
+            rc = rate_store_redis_new(z->redis.url, &z->redis.options,
+                                      &z->store, err, sizeof(err));
+            if (rc == RATE_OK) {
+                rate_inflight_config_t cfg = {.policy = z->policy,
+                                              .store = z->store,
+                                              .clock = &ngx_http_inflight_wall};
+                rc = rate_inflight_new(&cfg, &z->inflight);
+            }
+        } else {
+            rc = rate_store_shm_new_in(z->region, z->region_size, &opt,
+                                       &z->store, err, sizeof(err));
+            if (rc == RATE_OK) {
+                /* Workers are processes of this host: a crashed one's
+                 * leases are taken back at the next denied acquire. */
+                rate_inflight_config_t cfg = {.policy = z->policy,
+                                              .store = z->store,
+                                              .reap_dead_holders = 1};
+                rc = rate_inflight_new(&cfg, &z->inflight);
+            }
         }
         if (rc != RATE_OK) {
+            char msg[sizeof(err) + 64];
+            if (z->redis.url != NULL) {
+                ngx_http_ratelimit_mask_msg(&z->redis, err, msg, sizeof(msg));
+            } else {
+                ngx_cpystrn((u_char *)msg, (u_char *)err, sizeof(msg));
+            }
             ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
                           "ratelimit_inflight_zone \"%V\": cannot attach: "
-                          "%s: %s", &z->name, rate_err_name(rc), err);
+                          "%s: %s", &z->name, rate_err_name(rc), msg);
             rate_store_free(z->store);
             z->store = NULL;
             z->inflight = NULL;
@@ -409,6 +522,36 @@ static void ngx_http_inflight_release(void *data) {
                       "ratelimit_inflight: zone \"%V\": releasing a lease: "
                       "%s", &h->zone->name, rate_strerror(rc));
     }
+}
+
+/* A failed acquire: one line a second per zone and worker at most (an
+ * outage would write one a request), naming the store's last failure. */
+static void ngx_http_inflight_store_error(ngx_http_request_t *r,
+                                          ngx_http_inflight_zone_t *z, int rc,
+                                          ngx_uint_t fail_open) {
+    char why[300], msg[360];
+
+    if (z->error_logged == ngx_time()) {
+        z->error_quiet++;
+        return;
+    }
+    why[0] = msg[0] = '\0';
+    if (z->redis.url != NULL &&
+        rate_store_redis_last_error(z->store, msg, sizeof(msg)) == RATE_OK &&
+        msg[0] != '\0') {
+        why[0] = ' ';
+        why[1] = '(';
+        ngx_http_ratelimit_mask_msg(&z->redis, msg, why + 2, sizeof(why) - 3);
+        ngx_cpystrn((u_char *)why + ngx_strlen(why), (u_char *)")", 2);
+    }
+    ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                  "ratelimit_inflight: zone \"%V\": store error %s%s, %s "
+                  "(ratelimit_inflight_fail %s) (%ui more since)",
+                  &z->name, rate_err_name(rc), why,
+                  fail_open ? "let through" : "denied",
+                  fail_open ? "open" : "closed", z->error_quiet);
+    z->error_logged = ngx_time();
+    z->error_quiet = 0;
 }
 
 /* Marks a request the handler has seen, in its pool: an internal
@@ -469,10 +612,9 @@ static ngx_int_t ngx_http_inflight_handler(ngx_http_request_t *r) {
     rc = rate_inflight_acquire(h->zone->inflight, (const char *)key.data,
                                key.len, cls, &h->lease, &d);
     if (rc != RATE_OK) {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "ratelimit_inflight: zone \"%V\": %s",
-                      &h->zone->name, rate_strerror(rc));
-        return lcf->status;
+        ngx_http_inflight_store_error(r, h->zone, rc, lcf->fail_open);
+        /* Fail open: served without a lease (none to release). */
+        return lcf->fail_open ? NGX_DECLINED : (ngx_int_t)lcf->status;
     }
     if (!d.allowed) {
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,

@@ -93,3 +93,5 @@ rate_suite(lease_cli SH lease_cli_test.sh NEEDS TOOLS ENV "${RATE_PARTS_ENV}"
 rate_suite(lease_redis NEEDS REDIS LABELS redis SERIAL)
 rate_suite(nginx_lease SH nginx_lease_test.sh NEEDS NGINX SKIP77 TIMEOUT 900
            ARGS "${RATE_NGINX_SO}")
+rate_suite(nginx_lease_redis SH nginx_lease_redis_test.sh NEEDS NGINX LABELS redis
+           SKIP77 TIMEOUT 900 ARGS "${RATE_NGINX_SO}")
