@@ -10,6 +10,7 @@
 
 #include <ratelimit.h>
 #include <ratelimit_redis.h>
+#include <ratelimit_shm.h>
 
 #include "ngx_http_ratelimit_conf.h"
 
@@ -257,5 +258,88 @@ ngx_int_t ngx_http_ratelimit_redis_conf(ngx_conf_t *cf, const char *directive,
         return NGX_ERROR;
     }
     rate_store_free(check);
+    return NGX_OK;
+}
+
+ngx_int_t ngx_http_ratelimit_store_check(ngx_conf_t *cf, const char *directive,
+                                         ngx_str_t *name,
+                                         ngx_http_ratelimit_store_args_t *a,
+                                         ngx_str_t *shm_only) {
+    if (a->url.len == 0 && (a->timeout_ns != 0 || a->prefix.len != 0)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "%s \"%V\": timeout= and prefix= are for a Redis "
+                           "store (store=redis://...)",
+                           directive, name);
+        return NGX_ERROR;
+    }
+    if (a->url.len != 0 && shm_only != NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "%s \"%V\": \"%V\" is for the shared-memory "
+                           "store (store=shm): Redis keeps every key",
+                           directive, name, shm_only);
+        return NGX_ERROR;
+    }
+    return NGX_OK;
+}
+
+ngx_shm_zone_t *ngx_http_ratelimit_shm_add(ngx_conf_t *cf,
+                                           const char *directive,
+                                           ngx_str_t *name, size_t size,
+                                           void *tag, ngx_shm_zone_init_pt init,
+                                           void *data) {
+    ngx_shm_zone_t *zone = ngx_shared_memory_add(cf, name, size, tag);
+
+    if (zone == NULL) {
+        return NULL;
+    }
+    if (zone->data != NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "%s \"%V\" is already declared", directive, name);
+        return NULL;
+    }
+    zone->init = init;
+    zone->data = data;
+    return zone;
+}
+
+ngx_int_t ngx_http_ratelimit_shm_region(ngx_shm_zone_t *shm_zone,
+                                        void *old_data, const char *directive,
+                                        ngx_str_t *name,
+                                        const rate_shm_options_t *options,
+                                        size_t region_size, size_t alloc,
+                                        void **region, ngx_flag_t *made) {
+    ngx_slab_pool_t *shpool = (ngx_slab_pool_t *)shm_zone->shm.addr;
+    rate_shm_options_t opt = *options;
+    rate_store_t *store = NULL;
+    char err[256];
+    int rc;
+
+    if (old_data != NULL || shm_zone->shm.exists) {
+        *region = shpool->data;
+        opt.init = false;
+    } else {
+        *region = ngx_slab_alloc(shpool, alloc);
+        if (*region == NULL) {
+            ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                          "%s \"%V\": no room for its %uz bytes in the "
+                          "shared zone of %uz",
+                          directive, name, alloc, shm_zone->shm.size);
+            return NGX_ERROR;
+        }
+        shpool->data = *region;
+        opt.init = true;
+    }
+    *made = opt.init;
+    err[0] = '\0';
+    rc = rate_store_shm_new_in(*region, region_size, &opt, &store, err,
+                               sizeof(err));
+    if (rc != RATE_OK) {
+        ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                      "%s \"%V\": the shared-memory store refuses the "
+                      "zone: %s: %s",
+                      directive, name, rate_err_name(rc), err);
+        return NGX_ERROR;
+    }
+    rate_store_free(store); /* the region stays: it is the zone's */
     return NGX_OK;
 }

@@ -12,6 +12,7 @@
 #include <ngx_core.h>
 
 #include <ratelimit_redis.h>
+#include <ratelimit_shm.h>
 
 /* A zone's Redis store: its URL (NUL-terminated; NULL: the zone is in
  * shared memory), the same with its password masked, for logs, and the
@@ -61,5 +62,35 @@ ngx_int_t ngx_http_ratelimit_redis_conf(ngx_conf_t *cf, const char *directive,
                                         ngx_str_t *name,
                                         ngx_http_ratelimit_store_args_t *a,
                                         ngx_http_ratelimit_redis_t *out);
+
+/* After a zone directive's parameters: timeout= and prefix= only with a
+ * Redis store, and a shared-memory parameter (shm_only, NULL: none) only
+ * without one.  NGX_OK, or NGX_ERROR (logged). */
+ngx_int_t ngx_http_ratelimit_store_check(ngx_conf_t *cf, const char *directive,
+                                         ngx_str_t *name,
+                                         ngx_http_ratelimit_store_args_t *a,
+                                         ngx_str_t *shm_only);
+
+/* A new shared zone of `size` bytes for a zone directive, its init and
+ * data set; a name declared already is refused.  The zone, or NULL
+ * (logged). */
+ngx_shm_zone_t *ngx_http_ratelimit_shm_add(ngx_conf_t *cf,
+                                           const char *directive,
+                                           ngx_str_t *name, size_t size,
+                                           void *tag, ngx_shm_zone_init_pt init,
+                                           void *data);
+
+/* In a shared zone's init (the master's, at start and at each reload):
+ * the shared-memory store's region, alloc bytes from the zone's slab
+ * pool (the store's region_size first), made and initialized, or, when
+ * the zone is kept over a reload (old_data or the memory exists), the one
+ * there, attached to and checked.  *region, and *made: whether it is new.
+ * NGX_OK, or NGX_ERROR (logged, naming the directive and zone). */
+ngx_int_t ngx_http_ratelimit_shm_region(ngx_shm_zone_t *shm_zone,
+                                        void *old_data, const char *directive,
+                                        ngx_str_t *name,
+                                        const rate_shm_options_t *options,
+                                        size_t region_size, size_t alloc,
+                                        void **region, ngx_flag_t *made);
 
 #endif /* NGX_HTTP_RATELIMIT_CONF_H */

@@ -122,37 +122,12 @@ static void ngx_http_inflight_policy_cleanup(void *data) {
 static ngx_int_t ngx_http_inflight_init_zone(ngx_shm_zone_t *shm_zone,
                                              void *data) {
     ngx_http_inflight_zone_t *z = shm_zone->data;
-    ngx_slab_pool_t *shpool = (ngx_slab_pool_t *)shm_zone->shm.addr;
-    rate_shm_options_t opt = z->options;
-    rate_store_t *store = NULL;
-    char err[256];
-    int rc;
+    ngx_flag_t made;
 
-    if (data != NULL || shm_zone->shm.exists) {
-        z->region = shpool->data;
-    } else {
-        z->region = ngx_slab_alloc(shpool, z->region_size);
-        if (z->region == NULL) {
-            ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
-                          "ratelimit_inflight_zone \"%V\": no room for its "
-                          "%uz bytes", &z->name, z->region_size);
-            return NGX_ERROR;
-        }
-        shpool->data = z->region;
-        opt.init = true;
-    }
-    err[0] = '\0';
-    rc = rate_store_shm_new_in(z->region, z->region_size, &opt, &store, err,
-                               sizeof(err));
-    if (rc != RATE_OK) {
-        ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
-                      "ratelimit_inflight_zone \"%V\": the shared-memory "
-                      "store refuses the zone: %s: %s",
-                      &z->name, rate_err_name(rc), err);
-        return NGX_ERROR;
-    }
-    rate_store_free(store);
-    return NGX_OK;
+    return ngx_http_ratelimit_shm_region(shm_zone, data,
+                                         "ratelimit_inflight_zone", &z->name,
+                                         &z->options, z->region_size,
+                                         z->region_size, &z->region, &made);
 }
 
 /* ratelimit_inflight_zone NAME "concurrency N ttl=DUR [reserve=K]"
@@ -200,18 +175,8 @@ static char *ngx_http_inflight_zone(ngx_conf_t *cf, ngx_command_t *cmd,
         }
         shm_only = &value[i];
     }
-    if (store.url.len == 0 && (store.timeout_ns != 0 || store.prefix.len != 0)) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "ratelimit_inflight_zone \"%V\": timeout= and "
-                           "prefix= are for a Redis store (store=redis://...)",
-                           &value[1]);
-        return NGX_CONF_ERROR;
-    }
-    if (store.url.len != 0 && shm_only != NULL) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "ratelimit_inflight_zone \"%V\": \"%V\" is for "
-                           "the shared-memory store: Redis keeps every key",
-                           &value[1], shm_only);
+    if (ngx_http_ratelimit_store_check(cf, "ratelimit_inflight_zone",
+                                       &value[1], &store, shm_only) != NGX_OK) {
         return NGX_CONF_ERROR;
     }
     z = ngx_pcalloc(cf->pool, sizeof(*z));
@@ -281,19 +246,12 @@ static char *ngx_http_inflight_zone(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
     z->zone_size = z->region_size + z->region_size / 128 + 16 * ngx_pagesize;
-    z->shm_zone = ngx_shared_memory_add(cf, &z->name, z->zone_size,
-                                        &ngx_http_ratelimit_inflight_module);
+    z->shm_zone = ngx_http_ratelimit_shm_add(
+        cf, "ratelimit_inflight_zone", &z->name, z->zone_size,
+        &ngx_http_ratelimit_inflight_module, ngx_http_inflight_init_zone, z);
     if (z->shm_zone == NULL) {
         return NGX_CONF_ERROR;
     }
-    if (z->shm_zone->data != NULL) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "ratelimit_inflight_zone \"%V\" is already "
-                           "declared", &value[1]);
-        return NGX_CONF_ERROR;
-    }
-    z->shm_zone->init = ngx_http_inflight_init_zone;
-    z->shm_zone->data = z;
     zp = ngx_array_push(&mcf->zones);
     if (zp == NULL) {
         return NGX_CONF_ERROR;

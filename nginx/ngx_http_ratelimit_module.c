@@ -210,43 +210,20 @@ static void ngx_http_ratelimit_policy_cleanup(void *data) {
 static ngx_int_t ngx_http_ratelimit_init_zone(ngx_shm_zone_t *shm_zone,
                                               void *data) {
     ngx_http_ratelimit_zone_t *z = shm_zone->data;
-    ngx_http_ratelimit_zone_t *old = data;
-    ngx_slab_pool_t *shpool = (ngx_slab_pool_t *)shm_zone->shm.addr;
-    rate_shm_options_t opt = z->options;
-    rate_store_t *store = NULL;
+    ngx_flag_t made;
     char err[256];
     int rc;
 
-    if (old != NULL || shm_zone->shm.exists) {
-        z->region = shpool->data;
-        opt.init = false;
-    } else {
-        z->region = ngx_slab_alloc(shpool, ngx_align(z->region_size, 64) +
-                                               z->fair_size);
-        if (z->region == NULL) {
-            ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
-                          "ratelimit_zone \"%V\": no room for its %uz bytes "
-                          "in the shared zone of %uz",
-                          &z->name, z->region_size, shm_zone->shm.size);
-            return NGX_ERROR;
-        }
-        shpool->data = z->region;
-        opt.init = true;
-    }
-    err[0] = '\0';
-    rc = rate_store_shm_new_in(z->region, z->region_size, &opt, &store, err,
-                               sizeof(err));
-    if (rc != RATE_OK) {
-        ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
-                      "ratelimit_zone \"%V\": the shared-memory store "
-                      "refuses the zone: %s: %s",
-                      &z->name, rate_err_name(rc), err);
+    if (ngx_http_ratelimit_shm_region(shm_zone, data, "ratelimit_zone",
+                                      &z->name, &z->options, z->region_size,
+                                      ngx_align(z->region_size, 64) +
+                                          z->fair_size,
+                                      &z->region, &made) != NGX_OK) {
         return NGX_ERROR;
     }
-    rate_store_free(store); /* the region stays: it is the zone's */
     if (z->fair) {
         z->fair_mem = (u_char *)z->region + ngx_align(z->region_size, 64);
-        if (!opt.init) {
+        if (!made) {
             return NGX_OK; /* the table kept from before the reload */
         }
         rc = rate_fair_init_in(z->fair_mem, z->fair_size, 0, 0, err,
@@ -394,19 +371,8 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
                            &value[1], &value[i]);
         return NGX_CONF_ERROR;
     }
-    if (store.url.len == 0 && (store.timeout_ns != 0 || store.prefix.len != 0)) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "ratelimit_zone \"%V\": timeout= and prefix= are "
-                           "for a Redis store (store=redis://...)",
-                           &value[1]);
-        return NGX_CONF_ERROR;
-    }
-    if (store.url.len != 0 && shm_only != NULL) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "ratelimit_zone \"%V\": \"%V\" is for the "
-                           "shared-memory store (store=shm): Redis keeps "
-                           "every key",
-                           &value[1], shm_only);
+    if (ngx_http_ratelimit_store_check(cf, "ratelimit_zone", &value[1],
+                                       &store, shm_only) != NGX_OK) {
         return NGX_CONF_ERROR;
     }
 
@@ -492,19 +458,13 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
-    z->shm_zone = ngx_shared_memory_add(cf, &z->name, z->zone_size,
-                                        &ngx_http_ratelimit_module);
+    z->shm_zone = ngx_http_ratelimit_shm_add(cf, "ratelimit_zone", &z->name,
+                                             z->zone_size,
+                                             &ngx_http_ratelimit_module,
+                                             ngx_http_ratelimit_init_zone, z);
     if (z->shm_zone == NULL) {
         return NGX_CONF_ERROR;
     }
-    if (z->shm_zone->data != NULL) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "ratelimit_zone \"%V\" is already declared",
-                           &value[1]);
-        return NGX_CONF_ERROR;
-    }
-    z->shm_zone->init = ngx_http_ratelimit_init_zone;
-    z->shm_zone->data = z;
 
     zp = ngx_array_push(&rmcf->zones);
     if (zp == NULL) {
