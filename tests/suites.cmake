@@ -21,6 +21,7 @@ rate_suite(sync LABELS concurrency)
 rate_suite(rules NEEDS HTTP)
 rate_suite(rules_reloads C test_rules.c ARGS --reloads NEEDS HTTP LABELS concurrency)
 rate_suite(rules_lease NEEDS HTTP)
+rate_suite(rules_lease_threads C test_rules_lease.c ARGS --threads NEEDS HTTP LABELS concurrency)
 
 # Every store: conformance and differential traces (tests/lib/store_matrix.h).
 rate_suite(stores LABELS redis dynamodb SERIAL TIMEOUT 900 USES_MODULE USES_ASYNC)

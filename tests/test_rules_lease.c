@@ -8,6 +8,8 @@
  * leases are held (they stay valid; their generation is kept until the
  * last is released).
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -316,11 +318,12 @@ static void store_failure_denies(void **state)
     assert_int_equal(hd.status, 503);
     assert_string_equal(hd.retry_after, "");
     cas_store_set_down(cs, 0);
-    for (int i = 0; i < 2; i++) { /* nothing was left held */
-        rate_rules_held_t *k;
-        assert_true(acq(r, lim, "ann", "/slow", NULL, &k).allowed);
-        (void)k; /* held until they expire: the store is freed below */
-    }
+    rate_rules_held_t *k[3]; /* nothing was left held: both slots */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(acq(r, lim, "ann", "/slow", NULL, &k[i]).allowed,
+                         i < 2);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(rate_rules_release(k[i]), RATE_OK);
     rate_limiter_free(lim);
     rate_store_free(store);
     rate_rules_free(r);
@@ -366,6 +369,101 @@ static void reload_keeps_leases_held(void **state)
     rate_rules_free(r);
 }
 
+#define HOLDERS 8
+#define ROUNDS 400
+
+typedef struct holder {
+    rate_rules_t *r;
+    rate_limiter_t *lim;
+    _Atomic int *in;   /* holders holding now */
+    _Atomic int *most; /* the most seen at once */
+    _Atomic int *done; /* holders finished */
+    unsigned granted, errors;
+} holder_t;
+
+static void *hold_loop(void *arg)
+{
+    holder_t *h = arg;
+    rate_attr_t a = {"route", "/slow"};
+    for (int i = 0; i < ROUNDS; i++) {
+        rate_outcome_t o;
+        rate_rules_held_t *held;
+        if (rate_rules_acquire(h->r, h->lim, "k", 1, &a, 1, 1, 0, &o,
+                               &held) != RATE_OK) {
+            h->errors++;
+            continue;
+        }
+        if (held == NULL)
+            continue;
+        h->granted++;
+        int now = atomic_fetch_add(h->in, 1) + 1;
+        int seen = atomic_load(h->most);
+        while (now > seen && !atomic_compare_exchange_weak(h->most, &seen, now))
+            ;
+        sched_yield();
+        atomic_fetch_sub(h->in, 1);
+        if (rate_rules_release(held) != RATE_OK)
+            h->errors++;
+    }
+    atomic_fetch_add(h->done, 1);
+    return NULL;
+}
+
+/* Threads hold leases while the file flips between N = 4 and N = 2. */
+static void holders_across_reloads(void **state)
+{
+    (void)state;
+    char err[512];
+    char *four = strdup(slow_rules), *two = strdup(slow_rules);
+    strstr(four, "concurrency 2")[sizeof "concurrency " - 1] = '4';
+    rate_rules_t *r = load(four);
+    const char *pa = write_file("four.conf", four);
+    const char *pb = write_file("two.conf", two);
+    rate_limiter_config_t cfg = {0}; /* the library's clock: real leases */
+    rate_limiter_t *lim = limiter_cfg("name=none unlimited", cfg);
+    _Atomic int in = 0, most = 0, done = 0;
+    holder_t h[HOLDERS];
+    pthread_t t[HOLDERS];
+    for (int i = 0; i < HOLDERS; i++) {
+        h[i] = (holder_t){r, lim, &in, &most, &done, 0, 0};
+        assert_int_equal(pthread_create(&t[i], NULL, hold_loop, &h[i]), 0);
+    }
+    unsigned reloads = 0; /* while the holders run: at least 20 */
+    for (; atomic_load(&done) < HOLDERS || reloads < 20; reloads++)
+        assert_int_equal(rate_rules_reload(r, reloads % 2 ? pa : pb, err,
+                                           sizeof err),
+                         RATE_OK);
+    unsigned granted = 0;
+    for (int i = 0; i < HOLDERS; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(h[i].errors, 0);
+        granted += h[i].granted;
+    }
+    assert_true(atomic_load(&most) <= 4);
+    assert_true(granted > 0);
+    /* Every lease back: the current N (2, the last file) exactly. */
+    assert_int_equal(rate_rules_reload(r, pb, err, sizeof err), RATE_OK);
+    assert_int_equal(rate__rules_live(r), 1);
+    rate_rules_held_t *k[3];
+    rate_attr_t a = {"route", "/slow"};
+    rate_outcome_t o;
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(rate_rules_acquire(r, lim, "k", 1, &a, 1, 1, 0, &o,
+                                            &k[i]),
+                         RATE_OK);
+    assert_non_null(k[0]);
+    assert_non_null(k[1]);
+    assert_null(k[2]);
+    rate_rules_release(k[0]);
+    rate_rules_release(k[1]);
+    print_message("%u reloads, %u leases granted, at most %d held at once\n",
+                  reloads, granted, atomic_load(&most));
+    free(four);
+    free(two);
+    rate_limiter_free(lim);
+    rate_rules_free(r);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -381,7 +479,7 @@ static int teardown(void **state)
     return system(cmd) == 0 ? 0 : -1;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(exactly_n_held),
@@ -391,5 +489,11 @@ int main(void)
         cmocka_unit_test(store_failure_denies),
         cmocka_unit_test(reload_keeps_leases_held),
     };
+    const struct CMUnitTest threads[] = {
+        cmocka_unit_test(holders_across_reloads),
+    };
+    /* --threads: the concurrency part (its own ctest, label concurrency). */
+    if (argc > 1 && strcmp(argv[1], "--threads") == 0)
+        return cmocka_run_group_tests(threads, setup, teardown);
     return cmocka_run_group_tests(tests, setup, teardown);
 }
