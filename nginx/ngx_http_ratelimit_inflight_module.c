@@ -35,6 +35,10 @@ typedef struct {
     rate_inflight_t *inflight; /* a worker's */
     time_t error_logged;      /* a worker's last store-error line */
     ngx_uint_t error_quiet;   /* lines left out since */
+#if (NGX_THREADS)
+    ngx_thread_pool_t *tp;    /* a Redis zone's: where its calls wait */
+    pthread_mutex_t attach;   /* its store made by the first call's thread */
+#endif
 } ngx_http_inflight_zone_t;
 
 typedef struct {
@@ -56,6 +60,28 @@ typedef struct {
     ngx_str_t key;
     ngx_log_t *log;
 } ngx_http_inflight_held_t;
+
+/* A request's decision, kept while a thread acquires (a Redis zone):
+ * the phases rerun the handler, which answers `final` then. */
+typedef struct {
+    ngx_flag_t pending;
+    ngx_int_t final;
+    ngx_http_inflight_held_t *h;
+    ngx_pool_cleanup_t *cln;
+    ngx_uint_t status, fail_open;
+    rate_lease_class_t cls;
+    rate_decision_t d;
+    int rc;
+} ngx_http_inflight_ctx_t;
+
+/* A release handed to a thread: it outlives the request's pool. */
+typedef struct {
+    ngx_http_inflight_zone_t *zone;
+    rate_lease_t lease;
+    size_t key_len;
+    int rc;
+    u_char key[1]; /* key_len bytes */
+} ngx_http_inflight_release_t;
 
 static ngx_int_t ngx_http_inflight_postconf(ngx_conf_t *cf);
 static void *ngx_http_inflight_create_main_conf(ngx_conf_t *cf);
@@ -226,6 +252,15 @@ static char *ngx_http_inflight_zone(ngx_conf_t *cf, ngx_command_t *cmd,
                                           &z->redis) != NGX_OK) {
             return NGX_CONF_ERROR;
         }
+#if (NGX_THREADS)
+        /* The lease calls are synchronous: they wait in nginx's thread
+         * pool "default" (declared, or made with nginx's defaults), not
+         * in the worker's event loop. */
+        z->tp = ngx_thread_pool_add(cf, NULL);
+        if (z->tp == NULL) {
+            return NGX_CONF_ERROR;
+        }
+#endif
         zp = ngx_array_push(&mcf->zones);
         if (zp == NULL) {
             return NGX_CONF_ERROR;
@@ -388,6 +423,29 @@ ngx_http_inflight_main(ngx_cycle_t *cycle) {
                : ctx->main_conf[ngx_http_ratelimit_inflight_module.ctx_index];
 }
 
+/* A Redis zone's store and inflight object, for this worker.  Even lazy,
+ * the store tries Redis once as it is made (up to twice timeout= against
+ * a server that never answers): with threads, the first acquire's thread
+ * makes it, so that the worker never waits for Redis. */
+static int ngx_http_inflight_attach_redis(ngx_http_inflight_zone_t *z,
+                                          char *err, size_t errlen) {
+    int rc = rate_store_redis_new(z->redis.url, &z->redis.options, &z->store,
+                                  err, errlen);
+    if (rc == RATE_OK) {
+        /* Every host one clock: the wall's. */
+        rate_inflight_config_t cfg = {.policy = z->policy,
+                                      .store = z->store,
+                                      .clock = &ngx_http_inflight_wall};
+        rc = rate_inflight_new(&cfg, &z->inflight);
+    }
+    if (rc != RATE_OK) {
+        rate_store_free(z->store);
+        z->store = NULL;
+        z->inflight = NULL;
+    }
+    return rc;
+}
+
 static ngx_int_t ngx_http_inflight_init_process(ngx_cycle_t *cycle) {
     ngx_http_inflight_main_conf_t *mcf = ngx_http_inflight_main(cycle);
     ngx_http_inflight_zone_t **zp;
@@ -403,17 +461,14 @@ static ngx_int_t ngx_http_inflight_init_process(ngx_cycle_t *cycle) {
         rate_shm_options_t opt = z->options;
         int rc;
         err[0] = '\0';
+#if (NGX_THREADS)
+        if (z->tp != NULL) { /* made by the first acquire's thread */
+            pthread_mutex_init(&z->attach, NULL);
+            continue;
+        }
+#endif
         if (z->redis.url != NULL) {
-            /* A lazy store: the worker does not wait for Redis now; the
-             * first acquire connects.  Every host one clock: the wall's. */
-            rc = rate_store_redis_new(z->redis.url, &z->redis.options,
-                                      &z->store, err, sizeof(err));
-            if (rc == RATE_OK) {
-                rate_inflight_config_t cfg = {.policy = z->policy,
-                                              .store = z->store,
-                                              .clock = &ngx_http_inflight_wall};
-                rc = rate_inflight_new(&cfg, &z->inflight);
-            }
+            rc = ngx_http_inflight_attach_redis(z, err, sizeof(err));
         } else {
             rc = rate_store_shm_new_in(z->region, z->region_size, &opt,
                                        &z->store, err, sizeof(err));
@@ -465,6 +520,35 @@ static void ngx_http_inflight_exit_process(ngx_cycle_t *cycle) {
 
 /* The request's pool is being destroyed: the request is over, however it
  * ended.  Its lease goes back. */
+static void ngx_http_inflight_release_failed(ngx_http_inflight_zone_t *z,
+                                             ngx_log_t *log, int rc) {
+    ngx_uint_t level = rc == RATE_EEXPIRED ? NGX_LOG_WARN : NGX_LOG_ERR;
+    ngx_log_error(level, log, 0,
+                  "ratelimit_inflight: zone \"%V\": releasing a lease: %s",
+                  &z->name, rate_strerror(rc));
+}
+
+#if (NGX_THREADS)
+/* In a pool thread: the release. */
+static void ngx_http_inflight_release_thread(void *data, ngx_log_t *log) {
+    ngx_http_inflight_release_t *t = data;
+    (void)log;
+    t->rc = rate_inflight_release(t->zone->inflight, (const char *)t->key,
+                                  t->key_len, &t->lease);
+}
+
+/* Back in the worker: logged if it failed, and freed. */
+static void ngx_http_inflight_release_done(ngx_event_t *ev) {
+    ngx_thread_task_t *task = ev->data;
+    ngx_http_inflight_release_t *t = task->ctx;
+
+    if (t->rc != RATE_OK) {
+        ngx_http_inflight_release_failed(t->zone, ev->log, t->rc);
+    }
+    ngx_free(task);
+}
+#endif
+
 static void ngx_http_inflight_release(void *data) {
     ngx_http_inflight_held_t *h = data;
     int rc;
@@ -472,13 +556,36 @@ static void ngx_http_inflight_release(void *data) {
     if (h->zone->inflight == NULL) {
         return;
     }
+#if (NGX_THREADS)
+    if (h->zone->tp != NULL) {
+        /* The request is over: its pool goes now, the release may wait
+         * on Redis in a thread, with copies of its own. */
+        size_t size = sizeof(ngx_thread_task_t) +
+                      sizeof(ngx_http_inflight_release_t) + h->key.len;
+        ngx_thread_task_t *task = ngx_calloc(size, ngx_cycle->log);
+        if (task != NULL) {
+            ngx_http_inflight_release_t *t = (void *)(task + 1);
+            t->zone = h->zone;
+            t->lease = h->lease;
+            t->key_len = h->key.len;
+            ngx_memcpy(t->key, h->key.data, h->key.len);
+            task->ctx = t;
+            task->handler = ngx_http_inflight_release_thread;
+            task->event.data = task;
+            task->event.handler = ngx_http_inflight_release_done;
+            task->event.log = ngx_cycle->log;
+            if (ngx_thread_task_post(h->zone->tp, task) == NGX_OK) {
+                return;
+            }
+            ngx_free(task);
+        }
+        /* no memory or no thread: released here, waiting */
+    }
+#endif
     rc = rate_inflight_release(h->zone->inflight, (const char *)h->key.data,
                                h->key.len, &h->lease);
     if (rc != RATE_OK) {
-        ngx_uint_t level = rc == RATE_EEXPIRED ? NGX_LOG_WARN : NGX_LOG_ERR;
-        ngx_log_error(level, h->log, 0,
-                      "ratelimit_inflight: zone \"%V\": releasing a lease: "
-                      "%s", &h->zone->name, rate_strerror(rc));
+        ngx_http_inflight_release_failed(h->zone, h->log, rc);
     }
 }
 
@@ -526,15 +633,91 @@ static ngx_int_t ngx_http_inflight_decided(ngx_http_request_t *r) {
     return 0;
 }
 
+/* The answer to an acquire's result (rc, ctx->d): the lease kept for the
+ * pool's cleanup, or the status (a store error under the fail mode). */
+static ngx_int_t ngx_http_inflight_decide(ngx_http_request_t *r,
+                                          ngx_http_inflight_ctx_t *ctx) {
+    ngx_http_inflight_held_t *h = ctx->h;
+
+    if (ctx->rc != RATE_OK) {
+        ngx_http_inflight_store_error(r, h->zone, ctx->rc, ctx->fail_open);
+        /* Fail open: served without a lease (none to release). */
+        return ctx->fail_open ? NGX_DECLINED : (ngx_int_t)ctx->status;
+    }
+    if (!ctx->d.allowed) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "ratelimit_inflight: limiting requests by zone \"%V\": "
+                      "%uL in flight", &h->zone->name, ctx->d.limit);
+        return (ngx_int_t)ctx->status;
+    }
+    ctx->cln->handler = ngx_http_inflight_release;
+    return NGX_DECLINED;
+}
+
+#if (NGX_THREADS)
+/* In a pool thread: the acquire. */
+static void ngx_http_inflight_acquire_thread(void *data, ngx_log_t *log) {
+    ngx_http_inflight_ctx_t *ctx = data;
+    ngx_http_inflight_held_t *h = ctx->h;
+    ngx_http_inflight_zone_t *z = h->zone;
+    char err[256];
+    int rc = RATE_OK;
+
+    pthread_mutex_lock(&z->attach);
+    if (z->inflight == NULL) {
+        err[0] = '\0';
+        rc = ngx_http_inflight_attach_redis(z, err, sizeof(err));
+        if (rc != RATE_OK) { /* a store error: the fail mode's */
+            char msg[sizeof(err) + 64];
+            ngx_http_ratelimit_mask_msg(&z->redis, err, msg, sizeof(msg));
+            ngx_log_error(NGX_LOG_ALERT, log, 0,
+                          "ratelimit_inflight_zone \"%V\": cannot attach: "
+                          "%s: %s", &z->name, rate_err_name(rc), msg);
+        }
+    }
+    pthread_mutex_unlock(&z->attach);
+    if (rc != RATE_OK) {
+        ctx->rc = rc;
+        return;
+    }
+    ctx->rc = rate_inflight_acquire(z->inflight, (const char *)h->key.data,
+                                    h->key.len, ctx->cls, &h->lease, &ctx->d);
+}
+
+/* Back in the worker: the decision, and the phases run on (the handler
+ * answers ctx->final), as nginx's own thread tasks resume a request. */
+static void ngx_http_inflight_acquire_done(ngx_event_t *ev) {
+    ngx_http_request_t *r = ev->data;
+    ngx_connection_t *c = r->connection;
+    ngx_http_inflight_ctx_t *ctx =
+        ngx_http_get_module_ctx(r, ngx_http_ratelimit_inflight_module);
+
+    ngx_http_set_log_request(c->log, r);
+    r->main->blocked--;
+    r->aio = 0;
+    ctx->final = ngx_http_inflight_decide(r, ctx);
+    ctx->pending = 0;
+    if (r->done) {
+        c->write->handler(c->write);
+    } else {
+        r->write_event_handler(r);
+        ngx_http_run_posted_requests(c);
+    }
+}
+#endif
+
 static ngx_int_t ngx_http_inflight_handler(ngx_http_request_t *r) {
     ngx_http_inflight_loc_conf_t *lcf;
     ngx_http_inflight_held_t *h;
+    ngx_http_inflight_ctx_t *ctx;
     ngx_pool_cleanup_t *cln;
     rate_lease_class_t cls = RATE_LEASE_NORMAL;
-    rate_decision_t d;
     ngx_str_t key, crit;
-    int rc;
 
+    ctx = ngx_http_get_module_ctx(r, ngx_http_ratelimit_inflight_module);
+    if (ctx != NULL) { /* decided in a thread: its answer */
+        return ctx->pending ? NGX_AGAIN : ctx->final;
+    }
     if (r->main != r || ngx_http_inflight_decided(r)) {
         return NGX_DECLINED; /* a subrequest, or decided before a redirect */
     }
@@ -557,42 +740,59 @@ static ngx_int_t ngx_http_inflight_handler(ngx_http_request_t *r) {
         }
     }
     cln = ngx_pool_cleanup_add(r->pool, sizeof(*h));
-    if (cln == NULL) {
+    ctx = ngx_pcalloc(r->pool, sizeof(*ctx));
+    if (cln == NULL || ctx == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
     h = cln->data;
     ngx_memzero(h, sizeof(*h));
     cln->handler = ngx_http_inflight_seen; /* release, once one is held */
     h->zone = lcf->zone;
-    if (h->zone->inflight == NULL) {
+    if (h->zone->inflight == NULL
+#if (NGX_THREADS)
+        && h->zone->tp == NULL /* else made by the first acquire's thread */
+#endif
+    ) {
         return lcf->status; /* the worker could not attach: logged then */
-    }
-    rc = rate_inflight_acquire(h->zone->inflight, (const char *)key.data,
-                               key.len, cls, &h->lease, &d);
-    if (rc != RATE_OK) {
-        ngx_http_inflight_store_error(r, h->zone, rc, lcf->fail_open);
-        /* Fail open: served without a lease (none to release). */
-        return lcf->fail_open ? NGX_DECLINED : (ngx_int_t)lcf->status;
-    }
-    if (!d.allowed) {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "ratelimit_inflight: limiting requests by zone \"%V\": "
-                      "%uL in flight", &h->zone->name, d.limit);
-        return lcf->status;
     }
     /* The key's bytes may be a header buffer's, reused before the pool
      * goes: a copy of the pool's own outlives the cleanup. */
     h->key.data = ngx_pnalloc(r->pool, key.len);
     if (h->key.data == NULL) {
-        rate_inflight_release(h->zone->inflight, (const char *)key.data,
-                              key.len, &h->lease);
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
     ngx_memcpy(h->key.data, key.data, key.len);
     h->key.len = key.len;
     h->log = r->connection->log;
-    cln->handler = ngx_http_inflight_release;
-    return NGX_DECLINED;
+    ctx->h = h;
+    ctx->cln = cln;
+    ctx->cls = cls;
+    ctx->status = lcf->status;
+    ctx->fail_open = lcf->fail_open;
+#if (NGX_THREADS)
+    if (h->zone->tp != NULL) {
+        ngx_thread_task_t *task = ngx_thread_task_alloc(r->pool, 0);
+        if (task == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+        task->ctx = ctx;
+        task->handler = ngx_http_inflight_acquire_thread;
+        task->event.data = r;
+        task->event.handler = ngx_http_inflight_acquire_done;
+        if (ngx_thread_task_post(h->zone->tp, task) != NGX_OK) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+        ctx->pending = 1;
+        ngx_http_set_ctx(r, ctx, ngx_http_ratelimit_inflight_module);
+        r->main->blocked++;
+        r->aio = 1;
+        return NGX_AGAIN;
+    }
+#endif
+    ctx->rc = rate_inflight_acquire(h->zone->inflight,
+                                    (const char *)h->key.data, h->key.len,
+                                    cls, &h->lease, &ctx->d);
+    return ngx_http_inflight_decide(r, ctx);
 }
 
 static ngx_int_t ngx_http_inflight_postconf(ngx_conf_t *cf) {

@@ -13,7 +13,11 @@
 #     and three new requests, split over both instances, pass;
 #   - the leases are in Redis under the zone's prefix;
 #   - Redis stopped: the zone's fail mode, closed (503) and open (200),
-#     each answered, and logged with the store's error.
+#     each answered, and logged with the store's error;
+#   - a worker is not held up by a Redis that never answers: with one
+#     worker and a server that takes the commands and never replies
+#     (timeout=60s), a static file is served while a request waits for
+#     its lease (the acquire waits in nginx's thread pool).
 # No step waits on time alone: each waits for a mark, a line or a code,
 # bounded by TEST_WAIT_S.
 #   nginx_lease_redis_test.sh MODULE_SO
@@ -38,12 +42,15 @@ command -v python3 >/dev/null || skip "python3 is missing (the slow upstream)"
 tmp=$(mktemp -d /tmp/nginx_lease_redis_test.XXXXXX)
 upstream_pid=
 rpid=
+mute_pid=
 clients=()
 cleanup() {
   local c
   for c in "${clients[@]}"; do kill "$c" 2>/dev/null || true; done
+  [ -n "$mute_pid" ] && kill "$mute_pid" 2>/dev/null || true
   stop_pidfile "$tmp/a/nginx.pid"
   stop_pidfile "$tmp/b/nginx.pid"
+  stop_pidfile "$tmp/c/nginx.pid"
   [ -n "$upstream_pid" ] && kill "$upstream_pid" 2>/dev/null || true
   stop_pid "$rpid"
   rm -rf "$tmp"
@@ -150,6 +157,62 @@ grep -q 'ratelimit_inflight: zone "slow": store error .*denied (ratelimit_inflig
   fail "no store-error line (closed): $(grep ratelimit_inflight "$tmp/a/logs/error.log" | tail -3)"
 grep -q 'ratelimit_inflight: zone "slow": store error .*let through (ratelimit_inflight_fail open)' "$tmp/b/logs/error.log" ||
   fail "no store-error line (open): $(grep ratelimit_inflight "$tmp/b/logs/error.log" | tail -3)"
+
+# A Redis that takes commands and never answers: the one worker serves a
+# static file while a request waits for its lease.
+python3 - "$tmp/mute.port" "$tmp/mute.asked" <<'EOF' &
+import socket, sys, threading
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(16)
+open(sys.argv[1], "w").write(str(srv.getsockname()[1]))
+def hold(conn):
+    while conn.recv(4096):
+        open(sys.argv[2], "w").close()  # asked, never answered
+while True:
+    conn, _ = srv.accept()
+    threading.Thread(target=hold, args=(conn,), daemon=True).start()
+EOF
+mute_pid=$!
+wait_until "$TEST_WAIT_S" test -s "$tmp/mute.port" || fail "no mute server"
+redis="redis://127.0.0.1:$(cat "$tmp/mute.port")"
+conf_mute() {
+  cat >"$1/nginx.conf" <<EOF
+load_module $MODULE;
+error_log $1/logs/error.log info;
+events { worker_connections 512; }
+http {
+  ratelimit_inflight_zone mute "concurrency 3 ttl=2m" store=$redis timeout=60s;
+  server {
+    listen 127.0.0.1:$port;
+    root $1/html;
+    location /slow {
+      ratelimit_inflight mute all;
+      proxy_pass http://127.0.0.1:$uport;
+    }
+  }
+}
+EOF
+}
+mkdir -p "$tmp/c/logs" "$tmp/c/html"
+chmod 755 "$tmp/c" "$tmp/c/html"
+echo hello >"$tmp/c/html/index.html"
+# Its worker serves at once (each probe bounded: a worker waiting on the
+# mute server, 2 x 60 s, would not answer within the 60 s of the wait).
+ready_args=(--max-time 20)
+launch_nginx "$tmp/c" 1 conf_mute "$tmp/c" || fail "nginx c did not start"
+ready_args=()
+curl -s -o /dev/null --max-time 100 "http://127.0.0.1:$port/slow?s=0" &
+clients+=($!)
+wait_until "$TEST_WAIT_S" test -e "$tmp/mute.asked" || fail "the lease's call never reached the mute server"
+# 20 s for a static file: a generous bound, a third of the Redis timeout.
+expect "a static file while the worker's lease call waits" \
+  "$(curl -s -o /dev/null -w '%{http_code}' --max-time 20 "http://127.0.0.1:$port/index.html")" 200
+kill "$mute_pid" 2>/dev/null || true # the call fails now; the request ends
+wait "$mute_pid" 2>/dev/null || true
+mute_pid=
+for c in "${clients[@]}"; do wait "$c" 2>/dev/null || true; done
+clients=()
 
 # Configuration errors of a Redis zone.
 bad() { # bad WHAT DIRECTIVE : nginx -t refuses, naming WHAT
