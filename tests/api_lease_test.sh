@@ -7,6 +7,7 @@
 # three more are refused at once with 429, Retry-After and the RateLimit
 # fields, and the count stays 3; clients that hang up give their leases
 # back while the work would still run; a finished request gives its back;
+# two servers on one Redis (--store redis://) hold one limit between them;
 # the example's own file holds 20.
 #   api_lease_test.sh API_SERVER EXAMPLE_CONF
 set -euo pipefail
@@ -17,11 +18,16 @@ EXAMPLE=$2
 command -v curl >/dev/null || { echo "api_lease_test: curl is missing (scripts/deps.sh test)"; exit 1; }
 tmp=$(mktemp -d /tmp/api_lease_test.XXXXXX)
 pid=
+pid_a=
+pid_b=
+rpid=
 holders=()
 cleanup() {
   local h
   for h in "${holders[@]}"; do kill "$h" 2>/dev/null || true; done
   if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+  for h in $pid_a $pid_b; do kill "$h" 2>/dev/null || true; wait "$h" 2>/dev/null || true; done
+  stop_pid "$rpid" || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -102,6 +108,50 @@ expect "a bad ms" "$(curl -s -o /dev/null -w '%{http_code}' "$base/slow?ms=x")" 
 wait_until "$TEST_WAIT_S" held_is 0 || fail "a refused ms's lease still held"
 expect "granted in all" "$(metric 'ratelimit_leases_total{result="granted"}')" 5
 stop
+
+# --- --store redis://: two servers (two processes, as on two hosts) on
+# one Redis hold one limit between them.
+if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
+  start_redis "$tmp/redis.log" || { cat "$tmp/redis.log"; echo "FAIL: redis-server did not start"; exit 1; }
+  start_on() { # start_on NAME: a server on Redis; pid_NAME, base_NAME
+    : >"$tmp/log.$1"
+    "$SERVER" --listen 127.0.0.1:0 --config "$tmp/rules.conf" \
+      --store "redis://127.0.0.1:$rport/0" 2>>"$tmp/log.$1" &
+    eval "pid_$1=$!"
+    local port=
+    for _ in $(seq 1 400); do
+      port=$(sed -n 's/^api-server: listening on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$tmp/log.$1")
+      [ -n "$port" ] && break
+      sleep 0.05
+    done
+    [ -n "$port" ] || { cat "$tmp/log.$1"; echo "FAIL: server $1 did not start"; exit 1; }
+    eval "base_$1=http://127.0.0.1:$port"
+  }
+  start_on a
+  start_on b
+  held_on() { # held_on BASE N
+    [ "$(curl -s "$1/metrics" | awk '$1 == "ratelimit_leases_held" { print $2 }')" = "$2" ]
+  }
+  for i in 1 2 3; do
+    b=$base_a; [ "$i" = 3 ] && b=$base_b
+    curl -s -o /dev/null -H "X-API-Key: r$i" "$b/slow?ms=60000" &
+    holders+=($!)
+  done
+  wait_until "$TEST_WAIT_S" held_on "$base_a" 2 || fail "redis: server a never held 2"
+  wait_until "$TEST_WAIT_S" held_on "$base_b" 1 || fail "redis: server b never held 1"
+  expect "redis: a fourth, on b" "$(curl -s -o /dev/null -w '%{http_code}' "$base_b/slow?ms=10")" 429
+  expect "redis: a fourth, on a" "$(curl -s -o /dev/null -w '%{http_code}' "$base_a/slow?ms=10")" 429
+  for h in "${holders[@]}"; do kill "$h" 2>/dev/null || true; wait "$h" 2>/dev/null || true; done
+  holders=()
+  wait_until "$TEST_WAIT_S" held_on "$base_a" 0 || fail "redis: server a still holds"
+  wait_until "$TEST_WAIT_S" held_on "$base_b" 0 || fail "redis: server b still holds"
+  expect "redis: after the hang-ups" "$(curl -s -o /dev/null -w '%{http_code}' "$base_b/slow?ms=10")" 200
+  kill -TERM "$pid_a" "$pid_b"
+  wait "$pid_a" "$pid_b" || true
+  pid_a= pid_b=
+else
+  echo "api_lease_test: redis-server not installed; the Redis part is skipped"
+fi
 
 # The example's own file: /slow under concurrency 20.
 start "$EXAMPLE"

@@ -529,6 +529,26 @@ static void reload(server_t *s, const char *why)
 
 /* ---------------------------------------------------------------- main */
 
+/* With --store redis://, servers on several hosts share the leases of the
+ * rules' in-flight policies, timed by the limiter's clock: the wall's,
+ * one clock for every host (rate decisions are on Redis's own TIME). */
+static uint64_t wall_now(void *ud)
+{
+    struct timespec ts;
+    (void)ud;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void wall_sleep(void *ud, uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    (void)ud;
+    nanosleep(&ts, NULL);
+}
+
+static const rate_clock_t wall_clock = {wall_now, wall_sleep, NULL};
+
 static const char usage_text[] =
     "usage: api-server --listen IPV4:PORT --config FILE "
     "[--store memory|redis://...]\n"
@@ -668,6 +688,7 @@ int main(int argc, char **argv)
         return 1;
     rate_limiter_config_t cfg = {.policy = none,
                                  .store = s.store,
+                                 .clock = s.store != NULL ? &wall_clock : NULL,
                                  .listener = metrics_listen,
                                  .listener_ud = s.metrics};
     if (rate_limiter_new(&cfg, &s.lim) != RATE_OK)
