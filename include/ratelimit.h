@@ -497,6 +497,13 @@ RATE_API uint64_t rate_limiter_id(const rate_limiter_t *limiter);
  * the limiter's.  Thread-safe: yes. */
 RATE_API const rate_clock_t *rate_limiter_clock(const rate_limiter_t *limiter);
 
+/* The limiter's store (the config's, or its private memory store): for a
+ * layer that keeps state of its own beside the limiter's (the rules'
+ * in-flight leases).  Returns: a pointer valid until rate_limiter_free (a
+ * store the caller gave stays the caller's); NULL for a NULL limiter.
+ * Errors: none.  Ownership: borrowed.  Thread-safe: yes. */
+RATE_API rate_store_t *rate_limiter_store(const rate_limiter_t *limiter);
+
 /* The seed interface: whether `permits` may be spent now on the NUL-terminated
  * key; rate_try_acquire_at: at a caller-supplied time, for servers that read
  * the clock once per request or per event-loop turn.  rate_try_acquire_len and

@@ -140,7 +140,12 @@ typedef struct rate_applied {
     bool refunded;             /* admitted, then given back: another
                                   policy denied the request */
     rate_decision_t decision;
-    uint64_t reserved[2];      /* room for later fields; not read */
+    uint64_t concurrency;      /* an in-flight policy's decision on its
+                                  concurrency limit: the leases this
+                                  request's class may hold (N, or N-K
+                                  under a reserve); else 0 (then `limit`
+                                  is the limit named) */
+    uint64_t reserved[1];      /* room for later fields; not read */
 } rate_applied_t;
 
 typedef struct rate_outcome {
@@ -244,8 +249,9 @@ RATE_API void rate_rules_free(rate_rules_t *rules);
  * a rule's key made from attributes longer than RATE_KEY_MAX, or than
  * the store keeps), RATE_ERANGE (permits or max_wait above
  * RATE_TIME_MAX), RATE_ENOMEM (a thread's first call; a fair rule's
- * first decision on this limiter: its fair table); any other error of
- * rate_limiter_check_policy.
+ * first decision on this limiter: its fair table), RATE_EPOLICY (an
+ * in-flight policy applies: only rate_rules_acquire holds leases); any
+ * other error of rate_limiter_check_policy.
  *
  * Ownership: key, attrs and their strings are read during the call; the
  * outcome is a copy that outlives any reload; the limiter and the rules
@@ -276,8 +282,67 @@ RATE_API int rate_rules_check_at(rate_rules_t *rules, rate_limiter_t *limiter,
                                  uint64_t permits, uint64_t max_wait_ns,
                                  uint64_t now_ns, rate_outcome_t *out);
 
+/* ------------------------------------------------- in-flight rules */
+
+/* In-flight policies in a rules file (docs/leases.md, "The rules file"):
+ * a [policies] entry whose text has a `concurrency N ttl=DUR` clause
+ * (rate_inflight_policy_parse's text, rate clauses allowed) holds, for
+ * each request a rule gives it to, a lease of the rule's key from the
+ * decision until rate_rules_release.  `class = critical`, `class =
+ * normal` or `class = ATTRIBUTE` (the request's attribute: "critical"
+ * makes it critical, anything else or none normal) in a rule gives the
+ * class that may use the policy's reserve=: the first matching rule with
+ * a class, in group order, else normal.
+ *
+ * A held request: what rate_rules_acquire leaves held, for
+ * rate_rules_release. */
+typedef struct rate_rules_held rate_rules_held_t;
+
+/* Decides a request as rate_rules_check does and, when it is allowed and
+ * in-flight policies apply, holds one lease of each (one lease whatever
+ * `permits`; an in-flight policy's rate clauses are charged one permit).
+ * The leases are kept by the limiter's store (rate_limiter_store) under
+ * its clock; a denial by any policy holds nothing and charges nothing.
+ * A lease's store failure denies the request (status 503, as a
+ * fail-closed store error), whatever the limiter's fail mode.  A reload
+ * leaves the leases held valid: each is released where it was taken,
+ * and counts against the key's limit of the new rules (a smaller N
+ * denies until fewer are held).
+ *
+ * Returns: RATE_OK with *out filled and *held the leases to release
+ * (NULL when none is held: denied, or no in-flight policy applied).
+ *
+ * Errors: as rate_rules_check (*held NULL); RATE_EKEY also for a rule's
+ * key longer than RATE_LEASE_KEY_MAX (504) bytes under an in-flight
+ * policy; RATE_ENOMEM.
+ *
+ * Ownership: as rate_rules_check; the caller releases *held exactly once
+ * (rate_rules_release), before freeing the rules or the limiter.
+ *
+ * Thread-safe: yes. */
+RATE_API int rate_rules_acquire(rate_rules_t *rules, rate_limiter_t *limiter,
+                                const char *key, size_t key_len,
+                                const rate_attr_t *attrs, size_t nattrs,
+                                uint64_t permits, uint64_t max_wait_ns,
+                                rate_outcome_t *out, rate_rules_held_t **held);
+
+/* Releases every lease of a held request and frees it (NULL: nothing),
+ * however the request ended.
+ *
+ * Returns: RATE_OK; else the first lease's error (RATE_EEXPIRED: it
+ * expired before the release, its slot given back then; a store's
+ * error): the other leases are released all the same, and held is freed
+ * in every case.
+ *
+ * Ownership: held is freed.
+ *
+ * Thread-safe: yes (any thread; once per held). */
+RATE_API int rate_rules_release(rate_rules_held_t *held);
+
 /* The HTTP fields for an outcome, as rate_headers_format for one
  * decision, with one item per policy applied in each RateLimit field
+ * (an in-flight policy's concurrency limit: q=N without w, r the leases
+ * left, t until the last lease held expires)
  * (a refunded policy's r counts its permits back), status 429 if any
  * denied (503 if the only denials are fail-closed store errors), and
  * Retry-After the longest wait of the denials (none if one can never

@@ -14,6 +14,7 @@
 #include <ratelimit_shm.h>
 #include <ratelimit_http.h>
 
+#include "ngx_http_ratelimit_conf.h"
 #include "ngx_http_ratelimit_loop.h"
 
 #define NGX_HTTP_RATELIMIT_KEYS_DEFAULT 10000
@@ -39,9 +40,7 @@ typedef struct {
     void *region;           /* in the zone, set by the zone's init */
     /* store=redis://: the URL (NUL-terminated) and the store's options
      * (lazy_connect, timeout=, prefix=); NULL url: the shared memory. */
-    char *redis_url;
-    char *redis_url_log;     /* the same, its password masked: for logs */
-    rate_redis_options_t redis;
+    ngx_http_ratelimit_redis_t redis;
     /* Per worker, made at init_process: */
     time_t error_logged;      /* the second of the last store-error line */
     ngx_uint_t error_quiet;   /* store-error lines left out since */
@@ -211,43 +210,20 @@ static void ngx_http_ratelimit_policy_cleanup(void *data) {
 static ngx_int_t ngx_http_ratelimit_init_zone(ngx_shm_zone_t *shm_zone,
                                               void *data) {
     ngx_http_ratelimit_zone_t *z = shm_zone->data;
-    ngx_http_ratelimit_zone_t *old = data;
-    ngx_slab_pool_t *shpool = (ngx_slab_pool_t *)shm_zone->shm.addr;
-    rate_shm_options_t opt = z->options;
-    rate_store_t *store = NULL;
+    ngx_flag_t made;
     char err[256];
     int rc;
 
-    if (old != NULL || shm_zone->shm.exists) {
-        z->region = shpool->data;
-        opt.init = false;
-    } else {
-        z->region = ngx_slab_alloc(shpool, ngx_align(z->region_size, 64) +
-                                               z->fair_size);
-        if (z->region == NULL) {
-            ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
-                          "ratelimit_zone \"%V\": no room for its %uz bytes "
-                          "in the shared zone of %uz",
-                          &z->name, z->region_size, shm_zone->shm.size);
-            return NGX_ERROR;
-        }
-        shpool->data = z->region;
-        opt.init = true;
-    }
-    err[0] = '\0';
-    rc = rate_store_shm_new_in(z->region, z->region_size, &opt, &store, err,
-                               sizeof(err));
-    if (rc != RATE_OK) {
-        ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
-                      "ratelimit_zone \"%V\": the shared-memory store "
-                      "refuses the zone: %s: %s",
-                      &z->name, rate_err_name(rc), err);
+    if (ngx_http_ratelimit_shm_region(shm_zone, data, "ratelimit_zone",
+                                      &z->name, &z->options, z->region_size,
+                                      ngx_align(z->region_size, 64) +
+                                          z->fair_size,
+                                      &z->region, &made) != NGX_OK) {
         return NGX_ERROR;
     }
-    rate_store_free(store); /* the region stays: it is the zone's */
     if (z->fair) {
         z->fair_mem = (u_char *)z->region + ngx_align(z->region_size, 64);
-        if (!opt.init) {
+        if (!made) {
             return NGX_OK; /* the table kept from before the reload */
         }
         rc = rate_fair_init_in(z->fair_mem, z->fair_size, 0, 0, err,
@@ -308,161 +284,6 @@ static char *ngx_http_ratelimit_check_resize(ngx_conf_t *cf,
     return NGX_CONF_OK;
 }
 
-static ngx_int_t ngx_http_ratelimit_parse_uint(ngx_str_t *v, uint64_t *out) {
-    ngx_int_t n;
-
-    if (v->len == 0) {
-        return NGX_ERROR;
-    }
-    n = ngx_atoi(v->data, v->len);
-    if (n == NGX_ERROR || n <= 0) {
-        return NGX_ERROR;
-    }
-    *out = (uint64_t)n;
-    return NGX_OK;
-}
-
-/* url (len bytes) as it may be logged: a password in it ("user:pw@" or
- * ":pw@" after "://", before the host) masked as "***" ("user:***@"), and
- * credentials without a colon masked whole; NUL-terminated, in the pool.
- * NULL: no memory. */
-static char *ngx_http_ratelimit_mask_url(ngx_pool_t *pool, const u_char *url,
-                                         size_t len) {
-    const u_char *creds, *end, *at = NULL, *colon = NULL, *p;
-    char *out, *o;
-
-    out = ngx_pnalloc(pool, len + sizeof("***"));
-    if (out == NULL) {
-        return NULL;
-    }
-    creds = ngx_strlcasestrn((u_char *)url, (u_char *)url + len,
-                             (u_char *)"://", 3 - 1);
-    if (creds != NULL) {
-        creds += 3;
-        /* the authority ends at the first '/' after the scheme */
-        for (end = creds; end < url + len && *end != '/'; end++) {
-        }
-        for (p = creds; p < end; p++) {
-            if (*p == '@') {
-                at = p; /* the last '@' of the authority */
-            }
-        }
-        if (at != NULL) {
-            for (p = creds; p < at; p++) {
-                if (*p == ':') {
-                    colon = p;
-                    break;
-                }
-            }
-        }
-    }
-    if (at == NULL) {
-        ngx_memcpy(out, url, len);
-        out[len] = '\0';
-        return out;
-    }
-    p = colon != NULL ? colon + 1 : creds;
-    o = (char *)ngx_cpymem(out, url, (size_t)(p - url));
-    o = (char *)ngx_cpymem(o, "***", 3);
-    o = (char *)ngx_cpymem(o, at, (size_t)(url + len - at));
-    *o = '\0';
-    return out;
-}
-
-/* Copies msg into buf (cap bytes, NUL-terminated, cut to fit), each
- * occurrence of the zone's URL in it (the store's messages quote it)
- * replaced by its masked form, so that no password reaches a log. */
-static void ngx_http_ratelimit_mask_msg(const ngx_http_ratelimit_zone_t *z,
-                                        const char *msg, char *buf,
-                                        size_t cap) {
-    size_t n = ngx_strlen(z->redis_url), k;
-    const char *hit;
-    char *o = buf, *end = buf + cap - 1;
-
-    while (*msg != '\0' && o < end) {
-        hit = n > 0 ? strstr(msg, z->redis_url) : NULL;
-        if (hit == msg) {
-            for (k = 0; z->redis_url_log[k] != '\0' && o < end; k++) {
-                *o++ = z->redis_url_log[k];
-            }
-            msg += n;
-            continue;
-        }
-        *o++ = *msg++;
-    }
-    *o = '\0';
-}
-
-/* A store=redis:// zone: its URL and options, checked now (the URL's
- * syntax, by a store made lazily, which does not connect) so that nginx -t
- * names a bad one; the store itself is each worker's (init_process). */
-static ngx_int_t ngx_http_ratelimit_redis_zone(ngx_conf_t *cf,
-                                               ngx_http_ratelimit_zone_t *z,
-                                               ngx_str_t *url,
-                                               ngx_str_t *prefix,
-                                               uint64_t timeout_ns) {
-    rate_redis_options_t *o = &z->redis, po;
-    rate_store_t *check = NULL;
-    char *p, err[256];
-    int rc;
-
-    z->redis_url = ngx_pnalloc(cf->pool, url->len + 1);
-    if (z->redis_url == NULL) {
-        return NGX_ERROR;
-    }
-    ngx_memcpy(z->redis_url, url->data, url->len);
-    z->redis_url[url->len] = '\0';
-    z->redis_url_log = ngx_http_ratelimit_mask_url(cf->pool, url->data,
-                                                   url->len);
-    if (z->redis_url_log == NULL) {
-        return NGX_ERROR;
-    }
-    ngx_memzero(o, sizeof(*o));
-    o->lazy_connect = true;
-    o->command_timeout_ns = timeout_ns ? timeout_ns : 100000000; /* 100 ms */
-    o->connect_timeout_ns = o->command_timeout_ns;
-    /* Each zone its own namespace (two zones may limit the same key),
-     * the same in every instance that declares it. */
-    if (prefix->len == 0) {
-        p = ngx_pnalloc(cf->pool, sizeof("ratelimit:") + z->name.len + 1);
-        if (p == NULL) {
-            return NGX_ERROR;
-        }
-        ngx_sprintf((u_char *)p, "ratelimit:%V:%Z", &z->name);
-    } else {
-        p = ngx_pnalloc(cf->pool, prefix->len + 1);
-        if (p == NULL) {
-            return NGX_ERROR;
-        }
-        ngx_memcpy(p, prefix->data, prefix->len);
-        p[prefix->len] = '\0';
-    }
-    o->prefix = p;
-
-    /* The URL and options, checked as the worker will take them, by a
-     * synchronous store made lazily with timeouts of 1 ns: it fails only
-     * on what is malformed, and its one try at connecting gives up at
-     * once (nginx -t and a reload do not wait for Redis). */
-    po = *o;
-    po.connect_timeout_ns = 1;
-    po.command_timeout_ns = 1;
-    err[0] = '\0';
-    rc = rate_store_redis_new(z->redis_url, &po, &check, err, sizeof(err));
-    if (rc != RATE_OK && rc != RATE_ESTORE && rc != RATE_ETIMEDOUT) {
-        char msg[sizeof(err) + 64];
-
-        ngx_http_ratelimit_mask_msg(z, err[0] ? err : "refused", msg,
-                                    sizeof(msg));
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "ratelimit_zone \"%V\": store=%s: %s: %s",
-                           &z->name, z->redis_url_log, rate_err_name(rc),
-                           msg);
-        return NGX_ERROR;
-    }
-    rate_store_free(check);
-    return NGX_OK;
-}
-
 static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
                                      void *conf) {
     ngx_http_ratelimit_main_conf_t *rmcf;
@@ -471,17 +292,17 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_pool_cleanup_t *cln;
     uint64_t keys = NGX_HTTP_RATELIMIT_KEYS_DEFAULT;
     uint64_t key_max = NGX_HTTP_RATELIMIT_KEY_MAX_DEFAULT;
-    uint64_t timeout_ns = 0;
-    ngx_str_t url = ngx_null_string, prefix = ngx_null_string;
+    ngx_http_ratelimit_store_args_t store;
     ngx_str_t *shm_only = NULL;
     ngx_flag_t fair = 0;
     size_t state;
     char *text, err[256];
-    ngx_uint_t i, j;
+    ngx_uint_t i;
     int rc;
 
     (void)cmd;
     (void)conf;
+    ngx_memzero(&store, sizeof(store));
     rmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_ratelimit_module);
 
     if (value[1].len == 0) {
@@ -499,91 +320,16 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
 
     for (i = 3; i < cf->args->nelts; i++) {
         arg = value[i];
-        /* A parameter given twice is refused: taking the last one would,
-         * e.g., turn "store=redis://... store=shm" silently into a zone
-         * of this host only. */
-        for (j = 3; j < i; j++) {
-            u_char *eq = ngx_strlchr(arg.data, arg.data + arg.len, '=');
-            size_t plen = eq != NULL ? (size_t)(eq - arg.data) + 1 : 0;
-
-            if (plen != 0 && value[j].len >= plen &&
-                ngx_strncmp(value[j].data, arg.data, plen) == 0) {
-                char *shown = ngx_http_ratelimit_mask_url(
-                    cf->pool, arg.data, arg.len);
-                char *first = ngx_http_ratelimit_mask_url(
-                    cf->pool, value[j].data, value[j].len);
-
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "ratelimit_zone \"%V\": \"%s\": %*s is "
-                                   "given twice (first as \"%s\")",
-                                   &value[1], shown != NULL ? shown : "",
-                                   plen, arg.data,
-                                   first != NULL ? first : "");
-                return NGX_CONF_ERROR;
-            }
-        }
-        if (arg.len >= 6 && ngx_strncmp(arg.data, "store=", 6) == 0) {
-            arg.data += 6;
-            arg.len -= 6;
-            if (arg.len == 3 && ngx_strncmp(arg.data, "shm", 3) == 0) {
-                continue;
-            }
-            if ((arg.len >= 8 && ngx_strncmp(arg.data, "redis://", 8) == 0) ||
-                (arg.len >= 8 && ngx_strncmp(arg.data, "unix:///", 8) == 0) ||
-                (arg.len >= 9 && ngx_strncmp(arg.data, "rediss://", 9) == 0)) {
-                url = arg; /* checked by the store below */
-                continue;
-            }
-            {
-                char *shown = ngx_http_ratelimit_mask_url(cf->pool, arg.data,
-                                                          arg.len);
-
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "ratelimit_zone \"%V\": unknown store "
-                                   "\"%s\" (store=shm, "
-                                   "store=redis://HOST:PORT[/DB] or "
-                                   "store=unix:///PATH)",
-                                   &value[1], shown != NULL ? shown : "");
-            }
+        if (ngx_http_ratelimit_param_twice(cf, "ratelimit_zone", value, 3, i) !=
+            NGX_OK) {
             return NGX_CONF_ERROR;
         }
-        if (arg.len >= 8 && ngx_strncmp(arg.data, "timeout=", 8) == 0) {
-            char text[64], e[256];
-            int trc;
-
-            if (arg.len - 8 >= sizeof(text)) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "ratelimit_zone \"%V\": \"%V\": too long",
-                                   &value[1], &value[i]);
-                return NGX_CONF_ERROR;
-            }
-            ngx_memcpy(text, arg.data + 8, arg.len - 8);
-            text[arg.len - 8] = '\0';
-            e[0] = '\0';
-            trc = rate_parse_duration(text, &timeout_ns, e, sizeof(e));
-            if (trc != RATE_OK || timeout_ns == 0 ||
-                timeout_ns > (uint64_t)60000000000) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "ratelimit_zone \"%V\": \"%V\": %s",
-                                   &value[1], &value[i],
-                                   trc != RATE_OK ? e
-                                                  : "takes a duration from 1ms "
-                                                    "to 60s");
-                return NGX_CONF_ERROR;
-            }
-            continue;
+        rc = ngx_http_ratelimit_store_param(cf, "ratelimit_zone", value, i,
+                                            &store);
+        if (rc == NGX_ERROR) {
+            return NGX_CONF_ERROR;
         }
-        if (arg.len >= 7 && ngx_strncmp(arg.data, "prefix=", 7) == 0) {
-            prefix = arg;
-            prefix.data += 7;
-            prefix.len -= 7;
-            if (prefix.len == 0) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "ratelimit_zone \"%V\": prefix= takes a "
-                                   "Redis key prefix",
-                                   &value[1]);
-                return NGX_CONF_ERROR;
-            }
+        if (rc == NGX_OK) {
             continue;
         }
         if (arg.len >= 5 && ngx_strncmp(arg.data, "keys=", 5) == 0) {
@@ -625,19 +371,8 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
                            &value[1], &value[i]);
         return NGX_CONF_ERROR;
     }
-    if (url.len == 0 && (timeout_ns != 0 || prefix.len != 0)) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "ratelimit_zone \"%V\": timeout= and prefix= are "
-                           "for a Redis store (store=redis://...)",
-                           &value[1]);
-        return NGX_CONF_ERROR;
-    }
-    if (url.len != 0 && shm_only != NULL) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "ratelimit_zone \"%V\": \"%V\" is for the "
-                           "shared-memory store (store=shm): Redis keeps "
-                           "every key",
-                           &value[1], shm_only);
+    if (ngx_http_ratelimit_store_check(cf, "ratelimit_zone", &value[1],
+                                       &store, shm_only) != NGX_OK) {
         return NGX_CONF_ERROR;
     }
 
@@ -681,9 +416,9 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
         }
     }
 
-    if (url.len != 0) {
-        if (ngx_http_ratelimit_redis_zone(cf, z, &url, &prefix, timeout_ns) !=
-            NGX_OK) {
+    if (store.url.len != 0) {
+        if (ngx_http_ratelimit_redis_conf(cf, "ratelimit_zone", &z->name,
+                                          &store, &z->redis) != NGX_OK) {
             return NGX_CONF_ERROR;
         }
         zp = ngx_array_push(&rmcf->zones);
@@ -723,19 +458,13 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
-    z->shm_zone = ngx_shared_memory_add(cf, &z->name, z->zone_size,
-                                        &ngx_http_ratelimit_module);
+    z->shm_zone = ngx_http_ratelimit_shm_add(cf, "ratelimit_zone", &z->name,
+                                             z->zone_size,
+                                             &ngx_http_ratelimit_module,
+                                             ngx_http_ratelimit_init_zone, z);
     if (z->shm_zone == NULL) {
         return NGX_CONF_ERROR;
     }
-    if (z->shm_zone->data != NULL) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "ratelimit_zone \"%V\" is already declared",
-                           &value[1]);
-        return NGX_CONF_ERROR;
-    }
-    z->shm_zone->init = ngx_http_ratelimit_init_zone;
-    z->shm_zone->data = z;
 
     zp = ngx_array_push(&rmcf->zones);
     if (zp == NULL) {
@@ -876,12 +605,12 @@ static char *ngx_http_ratelimit(ngx_conf_t *cf, ngx_command_t *cmd,
     /* Shared-memory zones are decided before Redis zones (each kind in
      * the order written): a local denial then asks Redis nothing, and a
      * Redis denial gives back local charges, at once (docs/nginx.md). */
-    if (z->redis_url == NULL) {
+    if (z->redis.url == NULL) {
         ngx_http_ratelimit_limit_t tmp = *limit;
 
         limit = rlcf->limits->elts;
         for (i = rlcf->limits->nelts - 1;
-             i > 0 && limit[i - 1].zone->redis_url != NULL; i--) {
+             i > 0 && limit[i - 1].zone->redis.url != NULL; i--) {
             limit[i] = limit[i - 1];
         }
         limit[i] = tmp;
@@ -1006,7 +735,7 @@ static void ngx_http_ratelimit_limiters(ngx_log_t *log,
             ngx_memzero(&lc, sizeof(lc));
             lc.policy = z->policy;
             lc.store = z->store;
-            lc.clock = z->redis_url != NULL ? &ngx_http_ratelimit_wall : NULL;
+            lc.clock = z->redis.url != NULL ? &ngx_http_ratelimit_wall : NULL;
             lc.shadow = s != 0;
             lc.on_store_error = f ? RATE_FAIL_OPEN : RATE_FAIL_CLOSED;
             rc = rate_limiter_new(&lc, &z->limiter[s][f]);
@@ -1064,17 +793,17 @@ static void ngx_http_ratelimit_redis_setup(ngx_log_t *log,
     int rc;
 
     err[0] = '\0';
-    rc = rate_store_redis_async_new(z->redis_url, &z->redis,
+    rc = rate_store_redis_async_new(z->redis.url, &z->redis.options,
                                     &ngx_http_ratelimit_loop, &z->store, err,
                                     sizeof(err));
     if (rc != RATE_OK) {
         char msg[sizeof(err) + 64];
 
-        ngx_http_ratelimit_mask_msg(z, err, msg, sizeof(msg));
+        ngx_http_ratelimit_mask_msg(&z->redis, err, msg, sizeof(msg));
         ngx_log_error(NGX_LOG_ALERT, log, 0,
                       "ratelimit_zone \"%V\": cannot make the Redis store "
                       "for %s: %s: %s",
-                      &z->name, z->redis_url_log, rate_err_name(rc), msg);
+                      &z->name, z->redis.url_log, rate_err_name(rc), msg);
         z->store = NULL;
         return;
     }
@@ -1104,7 +833,7 @@ static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
     zp = rmcf->zones.elts;
     for (i = 0; i < rmcf->zones.nelts; i++) {
         z = zp[i];
-        if (z->redis_url != NULL) {
+        if (z->redis.url != NULL) {
             ngx_http_ratelimit_redis_setup(cycle->log, z);
             continue;
         }
@@ -1251,7 +980,7 @@ static ngx_int_t ngx_http_ratelimit_key(ngx_http_request_t *r,
                                         ngx_http_ratelimit_limit_t *l,
                                         ngx_str_t *key) {
     ngx_http_ratelimit_zone_t *z = l->zone;
-    size_t max = z->redis_url != NULL ? RATE_KEY_MAX : z->options.key_max;
+    size_t max = z->redis.url != NULL ? RATE_KEY_MAX : z->options.key_max;
     u_char digest[20];
     ngx_sha1_t sha1;
 
@@ -1288,7 +1017,7 @@ static void ngx_http_ratelimit_log_store_error(ngx_http_request_t *r,
         return;
     }
     why[0] = '\0';
-    if (d->error == RATE_EFULL && z->redis_url == NULL) {
+    if (d->error == RATE_EFULL && z->redis.url == NULL) {
         /* (a state always fits: state_max follows from the policy) */
         ngx_snprintf((u_char *)why, sizeof(why) - 1,
                      " (the zone's %uD policy records are used: each policy "
@@ -1296,14 +1025,15 @@ static void ngx_http_ratelimit_log_store_error(ngx_http_request_t *r,
                      "nginx)%Z",
                      z->options.max_policies != 0 ? z->options.max_policies
                                                   : (uint32_t)64);
-    } else if (z->redis_url != NULL && z->store != NULL) {
+    } else if (z->redis.url != NULL && z->store != NULL) {
         char err[200];
 
         err[0] = '\0';
         if (rate_store_redis_last_error(z->store, err, sizeof(err)) ==
                 RATE_OK &&
             err[0] != '\0') {
-            ngx_http_ratelimit_mask_msg(z, err, why + 2, sizeof(why) - 3);
+            ngx_http_ratelimit_mask_msg(&z->redis, err, why + 2,
+                                        sizeof(why) - 3);
             why[0] = ' ';
             why[1] = '(';
             ngx_cpystrn((u_char *)why + ngx_strlen(why), (u_char *)")", 2);
@@ -1380,7 +1110,7 @@ static void ngx_http_ratelimit_refund(ngx_http_ratelimit_zone_t *z,
                                   z->name.len, 1);
         return;
     }
-    if (z->redis_url == NULL) {
+    if (z->redis.url == NULL) {
         (void)rate_limiter_refund(lim, (const char *)key->data, key->len, 1);
         return;
     }
@@ -1572,7 +1302,7 @@ static ngx_int_t ngx_http_ratelimit_run(ngx_http_request_t *r,
         lim = z->limiter[rlcf->shadow ? 1 : 0][rlcf->fail_open];
         if (lim == NULL) {
             rc = RATE_ESTORE;
-        } else if (z->redis_url != NULL) {
+        } else if (z->redis.url != NULL) {
             p = ngx_alloc(sizeof(*p), r->connection->log);
             if (p == NULL) {
                 return NGX_HTTP_INTERNAL_SERVER_ERROR;

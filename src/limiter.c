@@ -112,6 +112,11 @@ const rate_clock_t *rate_limiter_clock(const rate_limiter_t *lim)
     return lim == NULL ? NULL : &lim->clock;
 }
 
+rate_store_t *rate_limiter_store(const rate_limiter_t *lim)
+{
+    return lim == NULL ? NULL : lim->store;
+}
+
 /* The limiter's clock; the library's own read without the indirect call. */
 static inline uint64_t clock_now(const rate_limiter_t *lim)
 {

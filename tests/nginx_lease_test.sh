@@ -50,28 +50,7 @@ port=
 pidfile="$tmp/nginx.pid"
 
 # The slow upstream, on a free port it reports.
-python3 - "$tmp/upstream.port" "$tmp" <<'EOF' &
-import http.server, sys, time, urllib.parse
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
-        if "mark" in q:  # the test waits for these: the request is in
-            open(sys.argv[2] + "/in." + q["mark"][0], "w").close()
-        time.sleep(float(q.get("s", ["0"])[0]))
-        body = b"ok\n"
-        try:
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        except OSError:
-            pass
-    def log_message(self, *args):
-        pass
-srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-open(sys.argv[1], "w").write(str(srv.server_address[1]))
-srv.serve_forever()
-EOF
+python3 "$(dirname "$0")/lib/slow_upstream.py" "$tmp/upstream.port" "$tmp" &
 upstream_pid=$!
 for _ in $(seq 100); do [ -s "$tmp/upstream.port" ] && break; sleep 0.05; done
 uport=$(cat "$tmp/upstream.port")

@@ -20,6 +20,8 @@ rate_suite(store_public SH store_public_test.sh ARGS ${CMAKE_C_COMPILER}
 rate_suite(sync LABELS concurrency)
 rate_suite(rules NEEDS HTTP)
 rate_suite(rules_reloads C test_rules.c ARGS --reloads NEEDS HTTP LABELS concurrency)
+rate_suite(rules_lease NEEDS HTTP)
+rate_suite(rules_lease_threads C test_rules_lease.c ARGS --threads NEEDS HTTP LABELS concurrency)
 
 # Every store: conformance and differential traces (tests/lib/store_matrix.h).
 rate_suite(stores LABELS redis dynamodb SERIAL TIMEOUT 900 USES_MODULE USES_ASYNC)
@@ -78,6 +80,8 @@ rate_suite(fair LABELS concurrency TIMEOUT 300)
 rate_suite(fair_procs C test_fair.c ARGS --procs LABELS shm_procs TIMEOUT 300)
 rate_suite(fair_cli SH fair_cli_test.sh NEEDS TOOLS ARGS $<TARGET_FILE:ratelimit_cli>)
 rate_suite(fair_api SH fair_api_test.sh NEEDS API_SERVER ARGS $<TARGET_FILE:api-server>)
+rate_suite(api_lease SH api_lease_test.sh NEEDS API_SERVER
+           ARGS $<TARGET_FILE:api-server> ${CMAKE_SOURCE_DIR}/examples/api-server/example.conf)
 rate_suite(fair_nginx SH fair_nginx_test.sh NEEDS NGINX SKIP77 TIMEOUT 900
            ARGS "${RATE_NGINX_SO}")
 
@@ -90,3 +94,5 @@ rate_suite(lease_cli SH lease_cli_test.sh NEEDS TOOLS ENV "${RATE_PARTS_ENV}"
 rate_suite(lease_redis NEEDS REDIS LABELS redis SERIAL)
 rate_suite(nginx_lease SH nginx_lease_test.sh NEEDS NGINX SKIP77 TIMEOUT 900
            ARGS "${RATE_NGINX_SO}")
+rate_suite(nginx_lease_redis SH nginx_lease_redis_test.sh NEEDS NGINX LABELS redis
+           SKIP77 TIMEOUT 900 ARGS "${RATE_NGINX_SO}")

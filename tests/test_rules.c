@@ -328,7 +328,8 @@ static void errors_name_file_and_line(void **state)
         {"[policies]\nfree = token-bucket 1/s\n[rule a]\nmatch = tier=\n",
          "4: match: 'tier=' has no value (write ATTRIBUTE=* for any value)"},
         {"[policies]\nfree = token-bucket 1/s\n[rule a]\nwhen = tier=x\n",
-         "4: unknown setting 'when' in [rule a] (match, policy, key, group, weight)"},
+         "4: unknown setting 'when' in [rule a] (match, policy, key, group, weight, "
+         "class)"},
         {"[policies]\nfree = token-bucket 1/s\n\n[rule a]\nmatch = t=x\n",
          "4: [rule a] has no 'policy =' line"},
         {"[policies]\nf = token-bucket 1/s\n[rule a]\npolicy = f\n"

@@ -45,6 +45,9 @@ struct metrics {
     pslot_t policy[MAX_POLICIES];
     shard_t *_Atomic shards;
     atomic_uint_fast64_t reloads, reload_errors;
+    /* leases: few requests take them; plain shared counters */
+    atomic_uint_fast64_t lease_granted, lease_denied, lease_released,
+        lease_expired, lease_release_errors;
 };
 
 static _Thread_local struct {
@@ -156,6 +159,21 @@ void metrics_reload(metrics_t *m, int ok)
                               memory_order_relaxed);
 }
 
+void metrics_lease(metrics_t *m, lease_event_t ev)
+{
+    atomic_fetch_add_explicit(ev == LEASE_GRANTED ? &m->lease_granted
+                                                  : &m->lease_denied,
+                              1, memory_order_relaxed);
+}
+
+void metrics_lease_released(metrics_t *m, int rc)
+{
+    atomic_fetch_add_explicit(rc == RATE_OK ? &m->lease_released
+                              : rc == RATE_EEXPIRED ? &m->lease_expired
+                                                    : &m->lease_release_errors,
+                              1, memory_order_relaxed);
+}
+
 typedef struct out {
     char *buf;
     size_t len, used;
@@ -254,5 +272,29 @@ size_t metrics_format(metrics_t *m, rate_limiter_t *lim, uint64_t generation,
             "ratelimit_reloads_total{result=\"error\"} %llu\n",
         (unsigned long long)get(&m->reloads),
         (unsigned long long)get(&m->reload_errors));
+    /* Released before granted counts: a scrape between the two reads
+     * must not show a held count below zero. */
+    uint64_t rel = get(&m->lease_released) + get(&m->lease_expired) +
+                   get(&m->lease_release_errors);
+    uint64_t granted = get(&m->lease_granted);
+    put(&o, "# HELP ratelimit_leases_held Requests holding in-flight leases "
+            "now.\n# TYPE ratelimit_leases_held gauge\n"
+            "ratelimit_leases_held %llu\n",
+        (unsigned long long)(granted > rel ? granted - rel : 0));
+    put(&o, "# HELP ratelimit_leases_total Requests under in-flight "
+            "policies, by result.\n# TYPE ratelimit_leases_total counter\n"
+            "ratelimit_leases_total{result=\"granted\"} %llu\n"
+            "ratelimit_leases_total{result=\"denied\"} %llu\n",
+        (unsigned long long)granted,
+        (unsigned long long)get(&m->lease_denied));
+    put(&o, "# HELP ratelimit_lease_releases_total Held requests' releases, "
+            "by result (expired: the lease ran out under its request).\n"
+            "# TYPE ratelimit_lease_releases_total counter\n"
+            "ratelimit_lease_releases_total{result=\"ok\"} %llu\n"
+            "ratelimit_lease_releases_total{result=\"expired\"} %llu\n"
+            "ratelimit_lease_releases_total{result=\"error\"} %llu\n",
+        (unsigned long long)get(&m->lease_released),
+        (unsigned long long)get(&m->lease_expired),
+        (unsigned long long)get(&m->lease_release_errors));
     return o.full ? 0 : o.used;
 }

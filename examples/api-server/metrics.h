@@ -25,6 +25,13 @@ void metrics_latency(metrics_t *m, uint64_t ns);
 /* A reload, and whether it took. */
 void metrics_reload(metrics_t *m, int ok);
 
+/* In-flight leases (docs/leases.md, "The rules file"): a request that
+ * took leases, one an in-flight policy denied, and a held request's
+ * release (ok: 0 for RATE_OK, else the release's error). */
+typedef enum { LEASE_GRANTED, LEASE_DENIED } lease_event_t;
+void metrics_lease(metrics_t *m, lease_event_t ev);
+void metrics_lease_released(metrics_t *m, int rc);
+
 /* Writes the exposition (text format 0.0.4) into buf (len bytes); returns
  * the length, or 0 when it does not fit. */
 size_t metrics_format(metrics_t *m, rate_limiter_t *lim, uint64_t generation,

@@ -9,7 +9,7 @@
  * Every path but /metrics is an API call: its key is the X-API-Key header
  * (or "ip:ADDRESS" without one), its attributes the API key, the route
  * (the path), the method and the client address, and the rules file
- * decides it (rate_rules_check).  Allowed: 200 with the RateLimit fields;
+ * decides it (rate_rules_acquire).  Allowed: 200 with the RateLimit fields;
  * denied: 429 with them, Retry-After and an RFC 9457 problem body; the
  * store failing under fail-closed: 503 with a problem body.  /metrics is
  * the Prometheus exposition the limiter's listener feeds.  SIGHUP, or a
@@ -23,6 +23,13 @@
  * idle timeout, 30 s, is reset by every byte).
  * --no-limit answers every call as allowed without asking the limiter
  * (the bench's baseline).  See docs/api-server.md.
+ *
+ * In-flight policies in the rules hold leases (rate_rules_acquire) for
+ * the request's whole handling, released when libmicrohttpd ends it
+ * (NOTIFY_COMPLETED: answered, failed, timed out or its client gone).
+ * /slow?ms=N stands for slow upstream work: the connection is suspended
+ * for N ms (default 1000) by a sleeper thread that resumes it then, or at
+ * once when its client hangs up.
  */
 #include <errno.h>
 #include <microhttpd.h>
@@ -34,9 +41,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdbool.h>
+#include <stdatomic.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <ratelimit.h>
 #include <ratelimit_redis.h>
@@ -55,6 +64,18 @@ typedef struct conn {
     bool in, cut;
 } conn_t;
 
+/* A request, from its headers to its end (libmicrohttpd's con_cls). */
+typedef struct req {
+    rate_rules_held_t *held; /* its leases, released when it ends */
+    rate_headers_t h;        /* the fields of its decision */
+    int stage;               /* 0: deciding; 1: suspended on /slow */
+    bool gone;               /* its client hung up while it slept */
+    struct MHD_Connection *c;
+    int fd;
+    uint64_t due;            /* when the slow work is over */
+    struct req *next;        /* the sleepers */
+} req_t;
+
 typedef struct server {
     pthread_mutex_t lock; /* conns */
     conn_t conns;         /* a ring, conns itself its head */
@@ -66,6 +87,10 @@ typedef struct server {
     metrics_t *metrics;
     const char *config;
     int no_limit;
+    pthread_mutex_t slow_lock; /* sleepers */
+    req_t *sleepers;           /* suspended /slow requests */
+    pthread_t sleeper;
+    atomic_bool stopping;
 } server_t;
 
 static uint64_t now_ns(void)
@@ -132,7 +157,18 @@ static void problem(const rate_outcome_t *o, const rate_headers_t *h,
     const char *name = o->denied_by >= 0
                            ? o->applied[o->denied_by].policy_name
                            : "";
-    if (h->retry_after[0] != '\0')
+    uint64_t at_once = o->denied_by >= 0
+                           ? o->applied[o->denied_by].concurrency
+                           : 0;
+    if (at_once > 0 && h->retry_after[0] != '\0')
+        snprintf(body, len,
+                 "{\"type\":\"about:blank\",\"title\":\"Too Many "
+                 "Requests\",\"status\":429,\"detail\":\"Policy '%s' "
+                 "has its %llu requests in flight; retry after %s s.\","
+                 "\"instance\":\"%s\",\"policy\":\"%s\",\"retry_after\":%s}\n",
+                 name, (unsigned long long)at_once, h->retry_after, inst,
+                 name, h->retry_after);
+    else if (h->retry_after[0] != '\0')
         snprintf(body, len,
                  "{\"type\":\"about:blank\",\"title\":\"Too Many "
                  "Requests\",\"status\":429,\"detail\":\"Policy '%s' "
@@ -261,8 +297,14 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
     server_t *s = cls;
-    (void)con_cls;
     (void)toe;
+    req_t *q = *con_cls;
+    if (q != NULL) { /* however the request ended: its leases go back */
+        if (q->held != NULL)
+            metrics_lease_released(s->metrics, rate_rules_release(q->held));
+        free(q);
+        *con_cls = NULL;
+    }
     conn_t *k = conn_of(c);
     if (k == NULL)
         return;
@@ -290,25 +332,107 @@ static void reap_slow(server_t *s)
     pthread_mutex_unlock(&s->lock);
 }
 
+/* ------------------------------------------------- slow requests */
+
+/* Whether the client of a suspended request has hung up (read EOF or an
+ * error; a pipelined request's bytes are left for libmicrohttpd). */
+static bool peer_gone(int fd)
+{
+    char b;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                      errno != EINTR);
+}
+
+/* Resumes each sleeping request when its work is over or its client is
+ * gone (then it is closed at once, and its leases released), every 5 ms;
+ * at the end, every one still asleep (as gone). */
+static void *sleeper_main(void *arg)
+{
+    server_t *s = arg;
+    for (;;) {
+        bool stop = atomic_load(&s->stopping);
+        uint64_t now = now_ns();
+        pthread_mutex_lock(&s->slow_lock);
+        for (req_t **link = &s->sleepers; *link != NULL;) {
+            req_t *q = *link;
+            bool gone = stop || peer_gone(q->fd);
+            if (gone || now >= q->due) {
+                *link = q->next;
+                q->gone = gone;
+                MHD_resume_connection(q->c);
+            } else {
+                link = &q->next;
+            }
+        }
+        pthread_mutex_unlock(&s->slow_lock);
+        if (stop)
+            return NULL;
+        struct timespec tick = {0, 5000000};
+        nanosleep(&tick, NULL);
+    }
+}
+
+/* /slow?ms=N: suspends the request for N ms (1..600000, default 1000),
+ * holding whatever it took; the answer comes when it is resumed. */
+static enum MHD_Result start_slow(server_t *s, struct MHD_Connection *c,
+                                  req_t *q)
+{
+    const char *ms = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND,
+                                                 "ms");
+    unsigned long v = 1000;
+    if (ms != NULL) {
+        char *end;
+        errno = 0;
+        v = strtoul(ms, &end, 10);
+        if (ms[0] < '0' || ms[0] > '9' || *end != '\0' || errno != 0 ||
+            v == 0 || v > 600000)
+            return reply(c, 400, "application/problem+json",
+                         "{\"type\":\"about:blank\",\"title\":\"Bad "
+                         "Request\",\"status\":400,\"detail\":\"ms is a "
+                         "whole number from 1 to 600000.\"}\n",
+                         NULL);
+    }
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci == NULL)
+        return reply(c, 500, "text/plain", "no socket\n", NULL);
+    q->fd = ci->connect_fd;
+    q->c = c;
+    q->due = now_ns() + (uint64_t)v * 1000000u;
+    q->stage = 1;
+    pthread_mutex_lock(&s->slow_lock);
+    MHD_suspend_connection(c);
+    q->next = s->sleepers;
+    s->sleepers = q;
+    pthread_mutex_unlock(&s->slow_lock);
+    return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
                                   const char *url, const char *method,
                                   const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls)
 {
-    static int started;
     server_t *s = cls;
     (void)version;
     (void)upload;
 
     if (*con_cls == NULL) { /* the headers are in; the body (if any) next */
-        *con_cls = &started;
+        if ((*con_cls = calloc(1, sizeof(req_t))) == NULL)
+            return MHD_NO;
         headers_in(s, c);
         return MHD_YES;
     }
+    req_t *q = *con_cls;
     if (*upload_size != 0) { /* a body is ignored */
         *upload_size = 0;
         return MHD_YES;
     }
+    if (q->stage == 1) /* a slow request resumed: done, or its client gone */
+        return q->gone ? MHD_NO
+                       : reply(c, 200, "application/json",
+                               "{\"status\":\"ok\"}\n", &q->h);
     if (strcmp(url, "/metrics") == 0)
         return serve_metrics(s, c);
     if (s->no_limit)
@@ -325,7 +449,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
         id = addr;
     }
     size_t plen = strlen(prefix), idlen = strlen(id);
-    if (idlen > RATE_KEY_MAX - plen) /* too long: rate_rules_check says so */
+    if (idlen > RATE_KEY_MAX - plen) /* too long: rate_rules_acquire says so */
         idlen = RATE_KEY_MAX - plen + 1;
     memcpy(key, prefix, plen);
     memcpy(key + plen, id, idlen);
@@ -337,9 +461,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
     rate_outcome_t o;
     rate_headers_t h;
     uint64_t t0 = now_ns();
-    int rc = rate_rules_check(s->rules, s->lim, key, key_len, attrs,
-                              sizeof attrs / sizeof attrs[0], 1, 0, &o);
+    int rc = rate_rules_acquire(s->rules, s->lim, key, key_len, attrs,
+                                sizeof attrs / sizeof attrs[0], 1, 0, &o,
+                                &q->held);
     metrics_latency(s->metrics, now_ns() - t0);
+    if (q->held != NULL)
+        metrics_lease(s->metrics, LEASE_GRANTED);
+    else if (rc == RATE_OK && o.denied_by >= 0 &&
+             o.applied[o.denied_by].concurrency > 0)
+        metrics_lease(s->metrics, LEASE_DENIED);
     if (rc != RATE_OK) /* a key too long for the store */
         return reply(c, 400, "application/problem+json",
                      "{\"type\":\"about:blank\",\"title\":\"Bad Request\","
@@ -347,6 +477,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
                      "long.\"}\n",
                      NULL);
     rate_outcome_headers(&o, &h);
+    if (h.status == 0 && strncmp(url, "/slow", 5) == 0) {
+        q->h = h;
+        return start_slow(s, c, q);
+    }
     if (h.status == 0)
         return reply(c, 200, "application/json", "{\"status\":\"ok\"}\n", &h);
     char body[1024];
@@ -394,6 +528,26 @@ static void reload(server_t *s, const char *why)
 }
 
 /* ---------------------------------------------------------------- main */
+
+/* With --store redis://, servers on several hosts share the leases of the
+ * rules' in-flight policies, timed by the limiter's clock: the wall's,
+ * one clock for every host (rate decisions are on Redis's own TIME). */
+static uint64_t wall_now(void *ud)
+{
+    struct timespec ts;
+    (void)ud;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void wall_sleep(void *ud, uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    (void)ud;
+    nanosleep(&ts, NULL);
+}
+
+static const rate_clock_t wall_clock = {wall_now, wall_sleep, NULL};
 
 static const char usage_text[] =
     "usage: api-server --listen IPV4:PORT --config FILE "
@@ -534,6 +688,7 @@ int main(int argc, char **argv)
         return 1;
     rate_limiter_config_t cfg = {.policy = none,
                                  .store = s.store,
+                                 .clock = s.store != NULL ? &wall_clock : NULL,
                                  .listener = metrics_listen,
                                  .listener_ud = s.metrics};
     if (rate_limiter_new(&cfg, &s.lim) != RATE_OK)
@@ -554,8 +709,12 @@ int main(int argc, char **argv)
     /* The idle timeout alone does not stop a client that sends a byte
      * now and then: the per-address cap (0: none) and the header
      * deadline (reap_slow) do. */
+    pthread_mutex_init(&s.slow_lock, NULL);
+    if (pthread_create(&s.sleeper, NULL, sleeper_main, &s) != 0)
+        return 1;
     struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG,
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG |
+            MHD_ALLOW_SUSPEND_RESUME,
         0, NULL, NULL, on_request, &s, MHD_OPTION_SOCK_ADDR,
         (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE, 2u,
         MHD_OPTION_CONNECTION_TIMEOUT, 30u,
@@ -601,6 +760,8 @@ int main(int argc, char **argv)
         }
         changing = now;
     }
+    atomic_store(&s.stopping, true); /* the sleepers resumed, as gone */
+    pthread_join(s.sleeper, NULL);
     MHD_stop_daemon(d);
     rate_limiter_free(s.lim);
     rate_store_free(s.store);

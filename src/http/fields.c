@@ -139,7 +139,7 @@ int rate__headers_items(const rate__hitem_t *items, size_t n,
             return RATE_EINVAL;
         }
         bool no_info = items[i].unlimited || d->limit == RATE_NO_LIMIT ||
-                       d->shadow || l == NULL ||
+                       d->shadow || (l == NULL && items[i].concurrency == 0) ||
                        (d->reason == RATE_REASON_STORE_ERROR &&
                         d->component < 0);
         if (!d->allowed) {
@@ -157,8 +157,17 @@ int rate__headers_items(const rate__hitem_t *items, size_t n,
         if (no_info)
             continue;
         uint64_t q, w;
-        quota_of(l, &q, &w);
-        put_item(&pf, items[i].name, ";q=", q, ";w=", w);
+        if (l != NULL) {
+            quota_of(l, &q, &w);
+            put_item(&pf, items[i].name, ";q=", q, ";w=", w);
+        } else { /* in flight at once: a quota without a window */
+            q = sf_int(items[i].concurrency);
+            if (pf.used > 0)
+                put_bytes(&pf, ", ", 2);
+            put_name(&pf, items[i].name);
+            put_bytes(&pf, ";q=", 3);
+            put_u64(&pf, q);
+        }
         uint64_t r = d->remaining;
         if (items[i].room > 0) /* admitted, then given back */
             r = r > UINT64_MAX - items[i].room ? UINT64_MAX : r + items[i].room;
@@ -204,6 +213,6 @@ int rate_headers_format(const rate_policy_t *policy, const rate_decision_t *d,
     }
     rate__hitem_t item = {rate_policy_name(policy),
                           rate_policy_is_unlimited(policy),
-                          rate__http_limit_of(policy, d), d, 0};
+                          rate__http_limit_of(policy, d), d, 0, 0};
     return rate__headers_items(&item, 1, out);
 }

@@ -18,6 +18,8 @@ typedef struct rate__hitem {
     const rate_limit_t *limit;
     const rate_decision_t *d;
     uint64_t room;
+    uint64_t concurrency; /* an in-flight limit's N for the request (then
+                             limit is NULL): q=N, no w */
 } rate__hitem_t;
 int rate__headers_items(const rate__hitem_t *items, size_t n,
                         rate_headers_t *out);

@@ -43,6 +43,7 @@
 
 #include "http.h"
 #include "ratelimit_fair.h"
+#include "ratelimit_lease.h"
 
 /* Writes a one-line reason into err (when there is room) and returns rc. */
 static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
@@ -91,7 +92,27 @@ typedef struct rule {
     struct fair_cell *_Atomic fairs; /* key = fair: per limiter, made at
                                         its first decision */
     bool has_group, has_key;
+    /* In-flight policies (docs/leases.md, "The rules file"): the i-th
+     * policy's, or NULL for a rate policy; their inflight objects per
+     * limiter, made at its first decision. */
+    const rate_inflight_policy_t *inflight[RATE_RULES_MAX_APPLY];
+    struct lease_cell *_Atomic leases;
+    int cls;        /* class =: CLS_NONE, CLS_NORMAL, CLS_CRITICAL, CLS_ATTR */
+    char *cls_attr; /* CLS_ATTR: the attribute naming the class */
 } rule_t;
+
+enum { CLS_NONE, CLS_NORMAL, CLS_CRITICAL, CLS_ATTR };
+
+/* An in-flight rule's inflight objects on one limiter (its store and
+ * clock), one per in-flight policy; found by the limiter's id as fair
+ * cells are, pushed under fair_lock, freed with the generation (never
+ * before every lease taken through them is released). */
+typedef struct lease_cell {
+    uint64_t lim_id;
+    rate_inflight_t *in[RATE_RULES_MAX_APPLY];
+    int rc[RATE_RULES_MAX_APPLY]; /* rate_inflight_new's, for a NULL in */
+    struct lease_cell *next;
+} lease_cell_t;
 
 /* A fair rule's fair limits on one limiter, one per policy; cells are
  * only pushed (under fair_lock) and freed with the generation.  A cell is
@@ -106,7 +127,9 @@ typedef struct fair_cell {
 static pthread_mutex_t fair_lock = PTHREAD_MUTEX_INITIALIZER;
 
 typedef struct named {
-    rate_policy_t *policy; /* its name is the [policies] entry's */
+    rate_policy_t *policy; /* its name is the [policies] entry's (an
+                              in-flight one's: the unlimited policy) */
+    rate_inflight_policy_t *inflight; /* or NULL: a rate policy */
 } named_t;
 
 typedef struct gen {
@@ -119,6 +142,8 @@ typedef struct gen {
     size_t *group_start; /* ngroup + 1 offsets into order */
     uint64_t number;
     struct gen *next_retired;
+    _Atomic size_t held; /* requests holding leases through it: kept until
+                            they are released, even retired */
 } gen_t;
 
 typedef struct slot {
@@ -151,8 +176,10 @@ static void gen_free(gen_t *g)
 {
     if (g == NULL)
         return;
-    for (size_t i = 0; i < g->nnamed; i++)
+    for (size_t i = 0; i < g->nnamed; i++) {
         rate_policy_free(g->named[i].policy);
+        rate_inflight_policy_free(g->named[i].inflight);
+    }
     for (size_t i = 0; i < g->nrule; i++) {
         rule_t *r = &g->rule[i];
         for (size_t a = 0; a < r->nalt; a++) {
@@ -171,6 +198,13 @@ static void gen_free(gen_t *g)
                 rate_fair_free(c->fair[p]);
             free(c);
         }
+        for (lease_cell_t *c = r->leases, *next; c != NULL; c = next) {
+            next = c->next;
+            for (size_t p = 0; p < RATE_RULES_MAX_APPLY; p++)
+                rate_inflight_free(c->in[p]);
+            free(c);
+        }
+        free(r->cls_attr);
         free(r->alt);
         free(r->name);
         free(r->group);
@@ -340,6 +374,10 @@ static bool add_policy(load_t *l, const char *w, size_t n, void *arg)
     if (r->npolicy == RATE_RULES_MAX_APPLY)
         return lfail(l, l->line, "more than %d policies in one rule",
                      RATE_RULES_MAX_APPLY);
+    r->inflight[r->npolicy] = NULL;
+    for (size_t i = 0; i < l->g->nnamed; i++)
+        if (l->g->named[i].policy == p)
+            r->inflight[r->npolicy] = l->g->named[i].inflight;
     r->policy[r->npolicy++] = p;
     return true;
 }
@@ -364,14 +402,37 @@ static bool add_key(load_t *l, const char *w, size_t n, void *arg)
     return true;
 }
 
+/* Whether a policy's text has a `concurrency` clause: an in-flight one. */
+static bool is_inflight_text(const char *v)
+{
+    for (const char *p = v; (p = strstr(p, "concurrency")) != NULL; p++) {
+        char after = p[sizeof "concurrency" - 1];
+        bool starts = p == v || p[-1] == ' ' || p[-1] == '\t' || p[-1] == ';';
+        if (starts && (after == ' ' || after == '\t' || after == '\0'))
+            return true;
+    }
+    return false;
+}
+
 static bool on_policy(load_t *l, const char *name, const char *value)
 {
     rate_policy_t *p = NULL;
+    rate_inflight_policy_t *ip = NULL;
     char why[300];
 
     if (named_policy(l->g, name, strlen(name)) != NULL)
         return lfail(l, l->line, "policy '%s' defined twice", name);
-    if (rate_policy_parse(value, &p, why, sizeof why) != RATE_OK)
+    if (is_inflight_text(value)) {
+        /* The in-flight policy; its name is carried by an unlimited
+         * policy of that name, which every lookup by name finds. */
+        if (rate_inflight_policy_parse(value, &ip, why, sizeof why) !=
+            RATE_OK)
+            return lfail(l, l->line, "policy '%s': %s", name, why);
+        if (rate_policy_unlimited(&p) != RATE_OK) {
+            rate_inflight_policy_free(ip);
+            return lfail(l, l->line, "out of memory");
+        }
+    } else if (rate_policy_parse(value, &p, why, sizeof why) != RATE_OK)
         return lfail(l, l->line, "policy '%s': %s", name, why);
     const char *own = rate_policy_name(p);
     if (own[0] != '\0' && strcmp(own, name) != 0) {
@@ -382,15 +443,18 @@ static bool on_policy(load_t *l, const char *name, const char *value)
     if (rate_policy_set_name(p, name, why, sizeof why) != RATE_OK) {
         lfail(l, l->line, "%s", why);
         rate_policy_free(p);
+        rate_inflight_policy_free(ip);
         return false;
     }
     named_t *nn = realloc(l->g->named, (l->g->nnamed + 1) * sizeof *nn);
     if (nn == NULL) {
         rate_policy_free(p);
+        rate_inflight_policy_free(ip);
         return lfail(l, l->line, "out of memory");
     }
     l->g->named = nn;
-    nn[l->g->nnamed++].policy = p;
+    nn[l->g->nnamed].policy = p;
+    nn[l->g->nnamed++].inflight = ip;
     return true;
 }
 
@@ -494,6 +558,24 @@ static bool on_rule(load_t *l, const char *name, const char *value)
         r->weight = (uint32_t)w;
         return true;
     }
+    if (strcmp(name, "class") == 0) {
+        if (r->cls != CLS_NONE)
+            return lfail(l, l->line, "class given twice in [rule %s]",
+                         r->name);
+        if (strcmp(value, "critical") == 0)
+            r->cls = CLS_CRITICAL;
+        else if (strcmp(value, "normal") == 0)
+            r->cls = CLS_NORMAL;
+        else if (is_attr_name(value, strlen(value))) {
+            r->cls = CLS_ATTR;
+            if ((r->cls_attr = dup_n(value, strlen(value))) == NULL)
+                return lfail(l, l->line, "out of memory");
+        } else
+            return lfail(l, l->line, "class '%s' is not 'critical', "
+                         "'normal' or an attribute name (letters, digits, "
+                         "'_', '-' and '.')", value);
+        return true;
+    }
     if (strcmp(name, "group") == 0) {
         if (r->has_group)
             return lfail(l, l->line, "group given twice in [rule %s]",
@@ -507,7 +589,7 @@ static bool on_rule(load_t *l, const char *name, const char *value)
     }
     return lfail(l, l->line,
                  "unknown setting '%s' in [rule %s] (match, policy, key, "
-                 "group, weight)",
+                 "group, weight, class)",
                  name, r->name);
 }
 
@@ -552,6 +634,12 @@ static bool finish_load(load_t *l)
         if (r->npolicy == 0)
             return lfail(l, r->line, "[rule %s] has no 'policy =' line",
                          r->name);
+        for (size_t p = 0; p < r->npolicy && r->fair; p++)
+            if (r->inflight[p] != NULL)
+                return lfail(l, r->policy_line, "[rule %s]: key = fair "
+                             "divides a rate, not in-flight policy '%s' "
+                             "(give it key = shared for one limit of the "
+                             "rule)", r->name, rate_policy_name(r->policy[p]));
         if (r->group == NULL &&
             (r->group = dup_n(DEFAULT_GROUP, strlen(DEFAULT_GROUP))) == NULL)
             return lfail(l, r->line, "out of memory");
@@ -694,7 +782,7 @@ static void reclaim(rate_rules_t *r)
 
     while (*link != NULL) {
         gen_t *g = *link;
-        bool held = false;
+        bool held = atomic_load(&g->held) > 0; /* leases taken through it */
         for (slot_t *s = atomic_load(&r->slots); s != NULL && !held;
              s = s->next)
             held = atomic_load(&s->hp) == g;
@@ -907,17 +995,48 @@ static int rule_key(const rule_t *r, const char *key, size_t key_len,
 typedef struct pick {
     const rate_policy_t *policy;
     rate_fair_t *fair; /* a fair rule's: decides instead of the limiter */
+    rate_inflight_t *in; /* an in-flight policy's: a lease instead */
+    const rate_inflight_policy_t *ip;
+    rate_lease_t lease;  /* in: the lease held (id 0: none) */
     char key[RATE_KEY_MAX + 1];
     size_t key_len;
 } pick_t;
 
+/* A request's leases, held from rate_rules_acquire to rate_rules_release
+ * through the generation that granted them (kept until then). */
+struct rate_rules_held {
+    rate_rules_t *rules;
+    gen_t *gen;
+    size_t n;
+    struct {
+        rate_inflight_t *in;
+        rate_lease_t lease;
+        size_t key_len;
+        char key[RATE_KEY_MAX];
+    } l[RATE_RULES_MAX_APPLY];
+};
+
 /* Gives back what the picks admitted (a later one denied). */
-static void refund_admitted(rate_limiter_t *lim, const pick_t *pick,
+static void refund_admitted(rate_limiter_t *lim, pick_t *pick,
                             rate_outcome_t *out, uint64_t permits,
                             uint64_t now, bool clock_time, size_t upto)
 {
     for (size_t i = 0; i < upto; i++) {
         rate_applied_t *a = &out->applied[i];
+        if (pick[i].in != NULL) { /* a lease: given back, by its id */
+            if (pick[i].lease.id != 0) {
+                (void)(clock_time
+                           ? rate_inflight_release(pick[i].in, pick[i].key,
+                                                   pick[i].key_len,
+                                                   &pick[i].lease)
+                           : rate_inflight_release_at(pick[i].in, pick[i].key,
+                                                      pick[i].key_len,
+                                                      &pick[i].lease, now));
+                pick[i].lease.id = 0;
+                a->refunded = true;
+            }
+            continue;
+        }
         if (!a->decision.allowed || a->decision.shadow || a->unlimited ||
             a->decision.reason == RATE_REASON_STORE_ERROR || permits == 0)
             continue;
@@ -985,10 +1104,119 @@ static int fair_of(rule_t *r, size_t i, rate_limiter_t *lim,
     return c->fair[i] != NULL ? RATE_OK : c->rc[i];
 }
 
+/* The inflight object of a rule's i-th policy (an in-flight one) on this
+ * limiter's store and clock, made at its first decision there. */
+static int lease_of(rule_t *r, size_t i, rate_limiter_t *lim,
+                    rate_inflight_t **out)
+{
+    uint64_t id = rate_limiter_id(lim);
+    lease_cell_t *c = atomic_load(&r->leases);
+    while (c != NULL && c->lim_id != id)
+        c = c->next;
+    if (c == NULL) {
+        pthread_mutex_lock(&fair_lock);
+        c = atomic_load(&r->leases);
+        while (c != NULL && c->lim_id != id)
+            c = c->next;
+        if (c == NULL && (c = calloc(1, sizeof *c)) != NULL) {
+            c->lim_id = id;
+            for (size_t p = 0; p < r->npolicy; p++) {
+                if (r->inflight[p] == NULL)
+                    continue;
+                rate_inflight_config_t ic = {
+                    .policy = r->inflight[p], .store = rate_limiter_store(lim),
+                    .clock = rate_limiter_clock(lim)};
+                c->rc[p] = rate_inflight_new(&ic, &c->in[p]);
+            }
+            c->next = atomic_load(&r->leases);
+            atomic_store(&r->leases, c);
+        }
+        pthread_mutex_unlock(&fair_lock);
+        if (c == NULL)
+            return RATE_ENOMEM;
+    }
+    *out = c->in[i];
+    return c->in[i] != NULL ? RATE_OK : c->rc[i];
+}
+
+/* The class of a request: the first matching rule's with a class. */
+static rate_lease_class_t class_of(const rule_t *r, const rate_attr_t *attrs,
+                                   size_t n)
+{
+    if (r->cls == CLS_CRITICAL)
+        return RATE_LEASE_CRITICAL;
+    if (r->cls == CLS_ATTR) {
+        const char *v = attr_value(attrs, n, r->cls_attr);
+        return v != NULL && strcmp(v, "critical") == 0 ? RATE_LEASE_CRITICAL
+                                                       : RATE_LEASE_NORMAL;
+    }
+    return RATE_LEASE_NORMAL;
+}
+
+/* An in-flight pick's decision: a lease, its store failure a fail-closed
+ * denial (no lease is held), the rate part named as its component. */
+static int decide_lease(pick_t *pk, rate_lease_class_t cls, uint64_t now,
+                        bool clock_time, rate_applied_t *a)
+{
+    int rc = clock_time
+                 ? rate_inflight_acquire(pk->in, pk->key, pk->key_len, cls,
+                                         &pk->lease, &a->decision)
+                 : rate_inflight_acquire_at(pk->in, pk->key, pk->key_len, cls,
+                                            now, &pk->lease, &a->decision);
+    if (rc != RATE_OK && a->decision.reason == RATE_REASON_STORE_ERROR) {
+        a->decision.component = -1;
+        rc = RATE_OK;
+    }
+    if (rc != RATE_OK)
+        return rc;
+    a->permits = 1;
+    if (a->decision.reason == RATE_REASON_STORE_ERROR)
+        return RATE_OK;
+    if (a->decision.component == 0) {
+        a->concurrency = a->decision.limit;
+    } else {
+        const rate_policy_t *rp = rate_inflight_policy_rate(pk->ip);
+        size_t c = (size_t)a->decision.component - 1;
+        if (rp != NULL && c < rate_policy_count(rp))
+            a->limit = *rate_policy_limit(rp, c);
+    }
+    return RATE_OK;
+}
+
+/* The leases an allowed request holds, kept in a record of their own
+ * that keeps the generation (and so their inflight objects) alive. */
+static int keep_leases(rate_rules_t *rules, gen_t *g, pick_t *pick, size_t n,
+                       rate_rules_held_t **held)
+{
+    rate_rules_held_t *h = malloc(sizeof *h);
+    if (h == NULL)
+        return RATE_ENOMEM;
+    h->rules = rules;
+    h->gen = g;
+    h->n = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (pick[i].in == NULL || pick[i].lease.id == 0)
+            continue;
+        h->l[h->n].in = pick[i].in;
+        h->l[h->n].lease = pick[i].lease;
+        h->l[h->n].key_len = pick[i].key_len;
+        memcpy(h->l[h->n].key, pick[i].key, pick[i].key_len);
+        h->n++;
+    }
+    if (h->n == 0) { /* shadow or fail-open leases: none to give back */
+        free(h);
+        return RATE_OK;
+    }
+    atomic_fetch_add(&g->held, 1); /* g is held by the slot meanwhile */
+    *held = h;
+    return RATE_OK;
+}
+
 static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
                  size_t key_len, const rate_attr_t *attrs, size_t nattrs,
                  uint64_t permits, uint64_t max_wait_ns, uint64_t now_ns,
-                 bool clock_time, rate_outcome_t *out)
+                 bool clock_time, rate_outcome_t *out,
+                 rate_rules_held_t **held)
 {
     pick_t pick[RATE_RULES_MAX_APPLY];
     size_t n = 0;
@@ -1008,6 +1236,9 @@ static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
     gen_t *g = hold(rules, s);
     out->generation = g->number;
     uint32_t weight = 0; /* the first matching rule's with a weight */
+    int cls = CLS_NONE;  /* the first matching rule's with a class */
+    rate_lease_class_t lease_cls = RATE_LEASE_NORMAL;
+    bool leases = false;
     for (size_t k = 0; k < g->ngroup && rc == RATE_OK; k++)
         for (size_t j = g->group_start[k]; j < g->group_start[k + 1]; j++) {
             rule_t *r = &g->rule[g->order[j]];
@@ -1015,14 +1246,28 @@ static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
                 continue;
             if (weight == 0)
                 weight = r->weight;
+            if (cls == CLS_NONE && r->cls != CLS_NONE) {
+                cls = r->cls;
+                lease_cls = class_of(r, attrs, nattrs);
+            }
             for (size_t i = 0; i < r->npolicy && rc == RATE_OK; i++) {
                 pick[n].policy = r->policy[i];
                 pick[n].fair = NULL;
-                if (r->fair && !rate_policy_is_unlimited(r->policy[i]))
+                pick[n].in = NULL;
+                pick[n].ip = r->inflight[i];
+                pick[n].lease.id = 0;
+                if (r->inflight[i] != NULL) {
+                    leases = true;
+                    rc = held == NULL ? RATE_EPOLICY
+                                      : lease_of(r, i, lim, &pick[n].in);
+                } else if (r->fair && !rate_policy_is_unlimited(r->policy[i]))
                     rc = fair_of(r, i, lim, &pick[n].fair);
                 if (rc == RATE_OK)
                     rc = rule_key(r, key, key_len, attrs, nattrs,
                                   pick[n].key, &pick[n].key_len);
+                if (rc == RATE_OK && pick[n].in != NULL &&
+                    pick[n].key_len > RATE_LEASE_KEY_MAX)
+                    rc = RATE_EKEY;
                 n++;
             }
             break; /* the first match of the group */
@@ -1030,15 +1275,31 @@ static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
     if (rc == RATE_OK && n == 0) { /* no rule: the limiter's default */
         pick[0].policy = rate_limiter_policy(lim);
         pick[0].fair = NULL;
+        pick[0].in = NULL;
+        pick[0].ip = NULL;
+        pick[0].lease.id = 0;
         memcpy(pick[0].key, key, key_len);
         pick[0].key_len = key_len;
         n = 1;
     }
+    if (rc != RATE_OK)
+        n = 0; /* nothing was decided */
     uint64_t now = now_ns; /* with clock_time, each call reads the clock */
     size_t done = 0;
     for (; rc == RATE_OK && done < n; done++) {
         rate_applied_t *a = &out->applied[done];
         memset(a, 0, sizeof *a);
+        if (pick[done].in != NULL) {
+            rc = decide_lease(&pick[done], lease_cls, now, clock_time, a);
+            if (rc != RATE_OK)
+                break;
+            uint64_t one = a->permits;
+            fill_applied(a, pick[done].policy, one);
+            a->unlimited = false; /* its name's carrier is unlimited */
+            if (!a->decision.allowed && out->denied_by < 0)
+                out->denied_by = (int)done;
+            continue;
+        }
         if (pick[done].fair != NULL) /* the request's own key is its flow */
             rc = clock_time
                      ? rate_fair_check(pick[done].fair, key, key_len,
@@ -1074,9 +1335,63 @@ static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
         if (!out->allowed) {
             out->delay_ns = 0;
             refund_admitted(lim, pick, out, permits, now, clock_time, n);
+        } else if (leases) {
+            rc = keep_leases(rules, g, pick, n, held);
+            if (rc != RATE_OK) { /* no room for the record: hold nothing */
+                refund_admitted(lim, pick, out, permits, now, clock_time, n);
+                memset(out, 0, offsetof(rate_outcome_t, applied));
+                out->denied_by = -1;
+            }
         }
     }
     release(s);
+    return rc;
+}
+
+int rate_rules_release(rate_rules_held_t *h)
+{
+    int first = RATE_OK;
+
+    if (h == NULL)
+        return RATE_OK;
+    for (size_t i = 0; i < h->n; i++) {
+        int rc = rate_inflight_release(h->l[i].in, h->l[i].key,
+                                       h->l[i].key_len, &h->l[i].lease);
+        if (rc != RATE_OK && first == RATE_OK)
+            first = rc;
+    }
+    rate_rules_t *r = h->rules;
+    gen_t *g = h->gen;
+    free(h);
+    /* The last lease of a retired generation: it may go now.  Only the
+     * pointer is compared after the count drops: g may be freed by a
+     * reload's reclaim from then on. */
+    if (atomic_fetch_sub(&g->held, 1) == 1 && atomic_load(&r->current) != g) {
+        pthread_mutex_lock(&r->lock);
+        reclaim(r);
+        pthread_mutex_unlock(&r->lock);
+    }
+    return first;
+}
+
+int rate_rules_acquire(rate_rules_t *rules, rate_limiter_t *lim,
+                       const char *key, size_t key_len,
+                       const rate_attr_t *attrs, size_t nattrs,
+                       uint64_t permits, uint64_t max_wait_ns,
+                       rate_outcome_t *out, rate_rules_held_t **held)
+{
+    if (held == NULL) {
+        if (out != NULL) {
+            memset(out, 0, offsetof(rate_outcome_t, applied));
+            out->denied_by = -1;
+        }
+        return RATE_EINVAL;
+    }
+    *held = NULL;
+    uint64_t scope = rate_deadline_begin();
+    int rc = check(rules, lim, key, key_len, attrs, nattrs, permits,
+                   max_wait_ns, 0, true, out, held);
+    rate_deadline_end(scope);
     return rc;
 }
 
@@ -1088,7 +1403,7 @@ int rate_rules_check(rate_rules_t *rules, rate_limiter_t *lim,
     /* One deadline for the request's decisions and refunds. */
     uint64_t scope = rate_deadline_begin();
     int rc = check(rules, lim, key, key_len, attrs, nattrs, permits,
-                   max_wait_ns, 0, true, out);
+                   max_wait_ns, 0, true, out, NULL);
     rate_deadline_end(scope);
     return rc;
 }
@@ -1108,7 +1423,7 @@ int rate_rules_check_at(rate_rules_t *rules, rate_limiter_t *lim,
     }
     uint64_t scope = rate_deadline_begin();
     int rc = check(rules, lim, key, key_len, attrs, nattrs, permits,
-                   max_wait_ns, now_ns, false, out);
+                   max_wait_ns, now_ns, false, out, NULL);
     rate_deadline_end(scope);
     return rc;
 }
@@ -1124,10 +1439,10 @@ int rate_outcome_headers(const rate_outcome_t *o, rate_headers_t *out)
     }
     for (size_t i = 0; i < o->count; i++) {
         const rate_applied_t *a = &o->applied[i];
-        items[i] = (rate__hitem_t){a->policy_name, a->unlimited,
-                                   a->unlimited ? NULL : &a->limit,
-                                   &a->decision,
-                                   a->refunded ? a->permits : 0};
+        items[i] = (rate__hitem_t){
+            a->policy_name, a->unlimited,
+            a->unlimited || a->concurrency > 0 ? NULL : &a->limit,
+            &a->decision, a->refunded ? a->permits : 0, a->concurrency};
     }
     return rate__headers_items(items, o->count, out);
 }
