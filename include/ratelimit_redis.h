@@ -120,7 +120,13 @@ typedef struct rate_redis_options {
                                     script (redis_step.lua), never a lean
                                     one: the same decisions, slower; for
                                     comparison (docs/redis.md) */
-    uint64_t reserved[8]; /* zero (= {...} or memset): room for later
+    uint64_t generic_leases;     /* non-zero: an in-flight limit's leases
+                                    go by HMGET and compare-and-set (two
+                                    round trips or more each), never by
+                                    RATELIMIT.LEASE or the lease script
+                                    (one); for comparison (docs/leases.md).
+                                    From a reserved word of 0.4.0 */
+    uint64_t reserved[7]; /* zero (= {...} or memset): room for later
                                fields; non-zero is RATE_EINVAL */
 } rate_redis_options_t;
 

@@ -124,6 +124,33 @@ static int check_input(const char *key, size_t len, uint64_t now)
     return now > RATE_TIME_MAX ? RATE_ERANGE : RATE_OK;
 }
 
+/* The operation by the store's lease() (store contract version 5: one
+ * round trip on Redis), or RATE_ENOTSUP when it has none or declines. */
+static int run_whole(rate_inflight_t *in, const rate_key_t *k,
+                     rate__lease_step_t *a)
+{
+    static const rate_lease_op_t ops[] = {
+        [LEASE_ACQUIRE] = RATE_LEASE_OP_ACQUIRE,
+        [LEASE_RELEASE] = RATE_LEASE_OP_RELEASE,
+        [LEASE_EXTEND] = RATE_LEASE_OP_EXTEND,
+        [LEASE_COUNT] = RATE_LEASE_OP_COUNT};
+    if (a->op > LEASE_COUNT) /* listing and reaping: the step's alone */
+        return RATE_ENOTSUP;
+    rate_lease_req_t q = {.op = ops[a->op], .now_ns = a->now_ns,
+                          .max = a->max, .reserve = a->reserve,
+                          .critical = a->cls == RATE_LEASE_CRITICAL,
+                          .id = a->id, .expires_ns = a->expires_ns,
+                          .pid = a->pid};
+    int rc = rate__store_lease(in->store, k, &q);
+    if (rc == RATE_OK) {
+        a->granted = q.granted;
+        a->held = q.held;
+        a->retry_at = q.retry_at_ns;
+        a->latest = q.latest_ns;
+    }
+    return rc;
+}
+
 /* Runs one lease step on the key's lease state. */
 static int run(rate_inflight_t *in, const char *key, size_t len,
                rate__lease_step_t *a, bool clock_time)
@@ -137,6 +164,9 @@ static int run(rate_inflight_t *in, const char *key, size_t len,
                       clock_time ? a->now_ns : 0, rate__lease_is_cold};
     a->max = in->policy->max;
     a->reserve = in->policy->reserve;
+    int rc = run_whole(in, &k, a);
+    if (rc != RATE_ENOTSUP)
+        return rc;
     return rate__store_step(in->store, &k, &st, 64, NULL);
 }
 
