@@ -305,7 +305,7 @@ static size_t stored(redisContext *c, const path_run_t *p, int path,
     return len;
 }
 
-static void run_differential(const char *policy, uint64_t seed)
+static void run_differential(const char *policy, uint64_t seed, bool deep)
 {
     static path_run_t p[PATHS];
     redisContext *c = raw();
@@ -319,9 +319,9 @@ static void run_differential(const char *policy, uint64_t seed)
         p[k].in = inflight_of(policy, p[k].store);
     }
     rnd_seed(seed);
-    int ops[5] = {0};
+    int ops[6] = {0};
     for (int step = 0; step < STEPS; step++) {
-        now += rnd(4) == 0 ? rnd(2 * ttl) : rnd(ttl / 8);
+        now += rnd(16) == 0 ? rnd(2 * ttl) : rnd(ttl / 64);
         int op = (int)rnd(10), key = (int)rnd(KEYS);
         char kb[8];
         snprintf(kb, sizeof kb, "k%d", key);
@@ -348,6 +348,15 @@ static void run_differential(const char *policy, uint64_t seed)
                     }
                 }
             }
+            /* A normal request denied while critical ones hold more
+             * than its limit: it waits for more than one expiry. */
+            uint64_t h0 = 0;
+            if (rc[0] == RATE_OK && !d[0].allowed &&
+                cls == RATE_LEASE_NORMAL &&
+                rate_inflight_held_at(p[0].in, kb, strlen(kb), now, &h0) ==
+                    RATE_OK &&
+                h0 > d[0].limit)
+                ops[5]++;
             for (int k = 1; k < PATHS; k++) {
                 assert_int_equal(rc[k], rc[0]);
                 assert_int_equal(d[k].allowed, d[0].allowed);
@@ -400,9 +409,11 @@ static void run_differential(const char *policy, uint64_t seed)
                          len[GENERIC]);
         }
     }
-    print_message("%s: %d acquires, %d releases (%d refused), %d extends\n",
-                  policy, ops[0], ops[1], ops[3], ops[2]);
+    print_message("%s: %d acquires, %d releases (%d refused), %d extends, "
+                  "%d denials behind more than one lease\n",
+                  policy, ops[0], ops[1], ops[3], ops[2], ops[5]);
     assert_true(ops[3] > 0 && ops[4] > 0); /* both kinds of release seen */
+    assert_true(!deep || ops[5] > 0);
     for (int k = 0; k < PATHS; k++) {
         rate_inflight_free(p[k].in);
         if (p[k].store != NULL) {
@@ -416,20 +427,20 @@ static void run_differential(const char *policy, uint64_t seed)
 static void test_differential_plain(void **state)
 {
     (void)state;
-    run_differential("concurrency 3 ttl=100ms", 11);
+    run_differential("concurrency 3 ttl=100ms", 11, false);
 }
 
 static void test_differential_reserve(void **state)
 {
     (void)state;
-    run_differential("concurrency 6 ttl=100ms reserve=50%", 12);
+    run_differential("concurrency 6 ttl=100ms reserve=50%", 12, true);
 }
 
 /* A larger N, a reserve of a few. */
 static void test_differential_wide(void **state)
 {
     (void)state;
-    run_differential("concurrency 20 ttl=100ms reserve=3", 13);
+    run_differential("concurrency 20 ttl=100ms reserve=3", 13, false);
 }
 
 /* ------------------------------------------------------------ bad bytes */
