@@ -16,7 +16,7 @@
 #include <hiredis/hiredis.h>
 
 #include "helpers.h"
-#include "lib/redis_server.h"
+#include "lib/redis_cluster.h"
 #include "lib/rng.h"
 
 #include <ratelimit_lease.h>
@@ -29,6 +29,10 @@
 static pid_t server;
 static int port;
 static char url[64];
+/* The store's URL and, on a cluster, the cluster (keys read on their
+ * slot's master). */
+static const char *cur_url = url;
+static rcluster_t *cur_cl;
 
 enum { MEM, GENERIC, SCRIPT, MODULE, PATHS };
 static const char *const path_name[PATHS] = {"memory", "generic", "script",
@@ -75,7 +79,7 @@ static rate_store_t *store_of(int path, bool no_ttl)
     o.generic_leases = path == GENERIC;
     rate_store_t *s = NULL;
     char err[256] = "";
-    if (rate_store_redis_new(url, &o, &s, err, sizeof err) != RATE_OK)
+    if (rate_store_redis_new(cur_url, &o, &s, err, sizeof err) != RATE_OK)
         fail_msg("redis store: %s", err);
     return s;
 }
@@ -93,20 +97,39 @@ static rate_inflight_t *inflight_of(const char *text, rate_store_t *s)
     return in;
 }
 
-/* ------------------------------------------------------------ MONITOR */
-
-/* A MONITOR connection: the commands clients send (a script's own
- * commands, "[0 lua]", left out) between two markers. */
-static redisContext *monitor_open(void)
+/* A connection to the server that holds a key's name: the one server, or
+ * its slot's master in a cluster. */
+static redisContext *raw_for(const char *name, size_t len)
 {
-    redisContext *m = raw();
-    redisReply *r = redisCommand(m, "MONITOR");
-    assert_non_null(r);
-    assert_string_equal(r->str, "OK");
+    if (cur_cl == NULL)
+        return raw();
+    redisContext *c = rcl_connect(cur_cl->port[0]);
+    assert_non_null(c);
+    redisReply *r = redisCommand(c, "CLUSTER KEYSLOT %b", name, len);
+    assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+    int m = rcl_master_of(cur_cl, (unsigned)r->integer);
     freeReplyObject(r);
-    return m;
+    redisFree(c);
+    assert_true(m >= 0);
+    struct timeval tv = {5, 0};
+    c = redisConnectWithTimeout("127.0.0.1", cur_cl->port[m], tv);
+    assert_true(c != NULL && c->err == 0);
+    return c;
 }
 
+/* The Redis name of a lease key of a path. */
+static size_t lease_name(int path, const char *key, char *out, size_t cap)
+{
+    size_t n = (size_t)snprintf(out, cap, "%s{", path_prefix[path]);
+    memcpy(out + n, "\xff" "LEASE\x01\0", 8);
+    n += 8;
+    return n + (size_t)snprintf(out + n, cap - n, "%s}", key);
+}
+
+/* ------------------------------------------------------------ MONITOR */
+
+/* The commands clients send (a script's own commands, "[0 lua]", left
+ * out) between two markers, on a MONITOR connection. */
 static void mark(redisContext *c, const char *what)
 {
     redisReply *r = redisCommand(c, "ECHO %s", what);
@@ -150,9 +173,14 @@ static const char *const op_name[OPS] = {"acquire", "extend", "release",
 
 /* The client commands of each operation on one path, after a warm-up
  * (the connection's handshake and the module probe come once). */
-static void count_path(int path, redisContext *mon, redisContext *c,
-                       int counts[OPS], char first[OPS][64])
+static void count_path(int path, int counts[OPS], char first[OPS][64])
 {
+    char name[64];
+    size_t nl = lease_name(path, "rt", name, sizeof name);
+    redisContext *c = raw_for(name, nl), *mon = raw_for(name, nl);
+    redisReply *mr = redisCommand(mon, "MONITOR");
+    assert_non_null(mr);
+    freeReplyObject(mr);
     rate_store_t *s = store_of(path, false);
     rate_inflight_t *in = inflight_of("concurrency 2 ttl=1h", s);
     uint64_t held = 0;
@@ -190,16 +218,16 @@ static void count_path(int path, redisContext *mon, redisContext *c,
     rate_inflight_free(in);
     rate_store_redis_drop(s);
     rate_store_free(s);
+    redisFree(mon);
+    redisFree(c);
 }
 
-static void test_round_trips(void **state)
+static void check_round_trips(void)
 {
-    (void)state;
-    redisContext *mon = monitor_open(), *c = raw();
     int counts[PATHS][OPS];
     char first[PATHS][OPS][64];
     for (int path = GENERIC; path < PATHS; path++)
-        count_path(path, mon, c, counts[path], first[path]);
+        count_path(path, counts[path], first[path]);
     for (int op = 0; op < OPS; op++) {
         print_message("%-8s  generic %d  script %d  module %d  "
                       "(client commands)\n",
@@ -216,8 +244,12 @@ static void test_round_trips(void **state)
     assert_int_equal(counts[GENERIC][OP_RELEASE], 2);
     assert_int_equal(counts[GENERIC][OP_EXTEND], 2);
     assert_int_equal(counts[GENERIC][OP_HELD], 1);
-    redisFree(mon);
-    redisFree(c);
+}
+
+static void test_round_trips(void **state)
+{
+    (void)state;
+    check_round_trips();
 }
 
 /* The key's expiry by both one-round-trip paths: the lease's TTL by
@@ -259,7 +291,7 @@ static void test_expiry(void **state)
 
 /* ------------------------------------------------------ differential */
 
-#define KEYS 3
+#define KEYS 6
 #define STEPS 3000
 #define MAXH 64 /* handles kept per path */
 
@@ -275,15 +307,14 @@ typedef struct path_run {
 
 /* The key's stored bytes with each id replaced by the order it was
  * granted in (1-based; 0 for an id this object never granted). */
-static size_t stored(redisContext *c, const path_run_t *p, int path,
-                     const char *key, uint8_t *out, size_t cap)
+static size_t stored(const path_run_t *p, int path, const char *key,
+                     uint8_t *out, size_t cap)
 {
     char full[64];
-    size_t n = (size_t)snprintf(full, sizeof full, "%s{", path_prefix[path]);
-    memcpy(full + n, "\xff" "LEASE\x01\0", 8);
-    n += 8;
-    n += (size_t)snprintf(full + n, sizeof full - n, "%s}", key);
+    size_t n = lease_name(path, key, full, sizeof full);
+    redisContext *c = raw_for(full, n);
     redisReply *r = redisCommand(c, "HGET %b s", full, n);
+    redisFree(c);
     assert_non_null(r);
     size_t len = 0;
     if (r->type == REDIS_REPLY_STRING) {
@@ -305,10 +336,10 @@ static size_t stored(redisContext *c, const path_run_t *p, int path,
     return len;
 }
 
-static void run_differential(const char *policy, uint64_t seed, bool deep)
+static void run_differential(const char *policy, uint64_t seed, bool deep,
+                             int steps)
 {
     static path_run_t p[PATHS];
-    redisContext *c = raw();
     const uint64_t t0 = UINT64_C(1) << 40, ttl = 100 * UINT64_C(1000000);
     uint64_t now = t0;
     memset(p, 0, sizeof p);
@@ -320,7 +351,7 @@ static void run_differential(const char *policy, uint64_t seed, bool deep)
     }
     rnd_seed(seed);
     int ops[6] = {0};
-    for (int step = 0; step < STEPS; step++) {
+    for (int step = 0; step < steps; step++) {
         now += rnd(16) == 0 ? rnd(2 * ttl) : rnd(ttl / 64);
         int op = (int)rnd(10), key = (int)rnd(KEYS);
         char kb[8];
@@ -400,7 +431,7 @@ static void run_differential(const char *policy, uint64_t seed, bool deep)
         uint8_t b[PATHS][14 + 24 * 64];
         size_t len[PATHS];
         for (int k = GENERIC; k < PATHS; k++)
-            len[k] = stored(c, &p[k], k, kb, b[k], sizeof b[k]);
+            len[k] = stored(&p[k], k, kb, b[k], sizeof b[k]);
         for (int k = SCRIPT; k < PATHS; k++) {
             if (len[k] != len[GENERIC] ||
                 memcmp(b[k], b[GENERIC], len[k]) != 0)
@@ -421,26 +452,25 @@ static void run_differential(const char *policy, uint64_t seed, bool deep)
             rate_store_free(p[k].store);
         }
     }
-    redisFree(c);
 }
 
 static void test_differential_plain(void **state)
 {
     (void)state;
-    run_differential("concurrency 3 ttl=100ms", 11, false);
+    run_differential("concurrency 3 ttl=100ms", 11, false, STEPS);
 }
 
 static void test_differential_reserve(void **state)
 {
     (void)state;
-    run_differential("concurrency 6 ttl=100ms reserve=50%", 12, true);
+    run_differential("concurrency 6 ttl=100ms reserve=50%", 12, true, STEPS);
 }
 
 /* A larger N, a reserve of a few. */
 static void test_differential_wide(void **state)
 {
     (void)state;
-    run_differential("concurrency 20 ttl=100ms reserve=3", 13, false);
+    run_differential("concurrency 20 ttl=100ms reserve=3", 13, false, STEPS);
 }
 
 /* ------------------------------------------------------------ bad bytes */
@@ -515,6 +545,29 @@ static void test_bad_state(void **state)
     redisFree(c);
 }
 
+/* ------------------------------------------------------------- cluster */
+
+/* A Redis Cluster of 3 masters, each with the module: one round trip per
+ * operation on the key's master, by the script and by the module, and
+ * the differential over keys of every master. */
+static void test_cluster(void **state)
+{
+    (void)state;
+    rcluster_t cl;
+    rcl_module = RATE_MODULE_PATH;
+    if (!rcl_start(&cl))
+        fail_msg("the cluster did not start");
+    char curl[512];
+    rcl_url(&cl, curl, sizeof curl);
+    cur_url = curl;
+    cur_cl = &cl;
+    check_round_trips();
+    run_differential("concurrency 4 ttl=100ms reserve=1", 21, false, 600);
+    cur_url = url;
+    cur_cl = NULL;
+    rcl_stop(&cl);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -524,6 +577,7 @@ int main(void)
         cmocka_unit_test(test_differential_reserve),
         cmocka_unit_test(test_differential_wide),
         cmocka_unit_test(test_bad_state),
+        cmocka_unit_test(test_cluster),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
