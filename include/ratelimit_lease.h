@@ -7,7 +7,8 @@
  * (rate_inflight_t) keeps each key's leases in a store, any store, so
  * that the limit holds across the threads of a process (the memory
  * store), the processes of a host (shared memory) and whatever shares a
- * remote store.  Its policy may add rate limits ("concurrency 100
+ * remote store (on Redis, one round trip per acquire, release, extend or
+ * count: the store contract's lease(), docs/leases.md "Leases on Redis").  Its policy may add rate limits ("concurrency 100
  * ttl=1m; token-bucket 10/s"), decided all-or-nothing with the lease.
  * The user's guide, the stored format and the reasons: docs/leases.md.
  *
