@@ -273,6 +273,13 @@ struct rate_job {
      * destroy() returns (the asynchronous Redis store does). */
     void (*done)(rate_job_t *job, int rc);
     void *ud; /* the limiter's */
+    /* Version 5: a lease operation (see lease()), or NULL.  A store that
+     * makes it whole, as lease() would, fills its outputs and sets
+     * lease_made before done(job, RATE_OK); a store that does not (one
+     * that does not know this member, or declines) runs `step`, which is
+     * then the lease step, as for update(): the same answer. */
+    rate_lease_req_t *lease;
+    bool lease_made;
 };
 
 /* ------------------------------------------------------------ the table */

@@ -89,5 +89,6 @@ rate_suite(lease_cli SH lease_cli_test.sh NEEDS TOOLS ENV "${RATE_PARTS_ENV}"
            ARGS $<TARGET_FILE:ratelimit_cli>)
 rate_suite(lease_redis NEEDS REDIS USES_MODULE LABELS redis SERIAL)
 rate_suite(lease_redis_one NEEDS REDIS MODULE USES_MODULE LABELS redis SERIAL)
+rate_suite(lease_async NEEDS ASYNC MODULE USES_ASYNC USES_MODULE LABELS redis SERIAL)
 rate_suite(nginx_lease SH nginx_lease_test.sh NEEDS NGINX SKIP77 TIMEOUT 900
            ARGS "${RATE_NGINX_SO}")

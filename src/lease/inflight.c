@@ -441,3 +441,182 @@ int rate_inflight_held_at(rate_inflight_t *in, const char *key, size_t len,
 {
     return held(in, key, len, now_ns, false, out);
 }
+
+/* ------------------------------------------------ on an event loop */
+
+/* One lease operation through the store's start(): the job first (the
+ * store's done() hands it back), then what the operation needs until the
+ * callback has run. */
+typedef struct lease_job {
+    rate_job_t job;
+    rate_inflight_t *in;
+    rate__lease_step_t a; /* the step (the store's fallback) */
+    rate_lease_req_t q;   /* the whole operation (lease()) */
+    rate_step_t st;
+    rate_lease_t lease;   /* acquire: the one granted; else the handle */
+    rate_lease_fn cb;
+    void *ud;
+    char key[sizeof PREFIX + RATE_LEASE_KEY_MAX];
+} lease_job_t;
+
+static void lease_job_done(rate_job_t *job, int rc)
+{
+    lease_job_t *x = (lease_job_t *)job;
+    rate__lease_step_t *a = &x->a;
+    rate_decision_t d;
+
+    if (rc == RATE_OK && job->lease_made) { /* made whole by the store */
+        a->granted = x->q.granted;
+        a->held = x->q.held;
+        a->retry_at = x->q.retry_at_ns;
+        a->latest = x->q.latest_ns;
+    }
+    memset(&d, 0, sizeof d);
+    if (a->op == LEASE_ACQUIRE) {
+        if (rc == RATE_OK) {
+            fill_lease_decision(x->in, a, a->now_ns, &d);
+        } else {
+            d.reason = RATE_REASON_STORE_ERROR;
+            d.error = rc;
+        }
+        if (rc != RATE_OK || !a->granted)
+            memset(&x->lease, 0, sizeof x->lease);
+        x->cb(x->ud, rc, &x->lease, &d);
+    } else {
+        if (rc == RATE_OK && a->op == LEASE_EXTEND)
+            x->lease.expires_ns = a->expires_ns;
+        x->cb(x->ud, rc, &x->lease, NULL);
+    }
+    free(a->scratch);
+    free(x);
+}
+
+/* Starts the step a on the key through the store's start(): RATE_PENDING,
+ * or the store's refusal (nothing started). */
+static int start_job(rate_inflight_t *in, const char *key, size_t len,
+                     const rate__lease_step_t *a, bool clock_time,
+                     const rate_lease_t *lease, rate_lease_fn cb, void *ud)
+{
+    static const rate_lease_op_t ops[] = {
+        [LEASE_ACQUIRE] = RATE_LEASE_OP_ACQUIRE,
+        [LEASE_RELEASE] = RATE_LEASE_OP_RELEASE,
+        [LEASE_EXTEND] = RATE_LEASE_OP_EXTEND,
+        [LEASE_COUNT] = RATE_LEASE_OP_COUNT};
+    lease_job_t *x = calloc(1, sizeof *x);
+    if (x == NULL)
+        return RATE_ENOMEM;
+    x->in = in;
+    x->cb = cb;
+    x->ud = ud;
+    x->lease = *lease;
+    x->a = *a;
+    x->a.max = in->policy->max;
+    x->a.reserve = in->policy->reserve;
+    /* The step's fallback needs room for the limit's expiries, as
+     * acquire_lease gives it. */
+    if (a->op == LEASE_ACQUIRE && a->cls == RATE_LEASE_NORMAL &&
+        in->policy->reserve > 0 &&
+        (x->a.scratch = malloc(in->policy->max * sizeof *x->a.scratch)) !=
+            NULL)
+        x->a.scratch_cap = (size_t)in->policy->max;
+    x->q = (rate_lease_req_t){.op = ops[a->op], .now_ns = a->now_ns,
+                              .max = x->a.max, .reserve = x->a.reserve,
+                              .critical = a->cls == RATE_LEASE_CRITICAL,
+                              .id = a->id, .expires_ns = a->expires_ns,
+                              .pid = a->pid};
+    x->st = (rate_step_t){rate__lease_step, &x->a,
+                          RATE__LEASE_HEADER + RATE__LEASE_ENTRY, a->now_ns,
+                          clock_time ? a->now_ns : 0, rate__lease_is_cold};
+    memcpy(x->key, PREFIX, sizeof PREFIX);
+    memcpy(x->key + sizeof PREFIX, key, len);
+    x->job = (rate_job_t){{x->key, sizeof PREFIX + len, RATE_SPACE_STATE},
+                          &x->st, NULL, NULL, lease_job_done, x,
+                          in->store->m->version >= 5 ? &x->q : NULL,
+                          false};
+    int rc = in->store->m->start(in->store->self, &x->job);
+    if (rc != RATE_OK) {
+        free(x->a.scratch);
+        free(x);
+        return rc;
+    }
+    return RATE_PENDING;
+}
+
+int rate_inflight_acquire_start(rate_inflight_t *in, const char *key,
+                                size_t len, rate_lease_class_t cls,
+                                rate_lease_t *lease, rate_decision_t *out,
+                                rate_lease_fn cb, void *ud)
+{
+    int rc;
+
+    if (lease != NULL)
+        memset(lease, 0, sizeof *lease);
+    if (out != NULL)
+        memset(out, 0, sizeof *out);
+    if (in == NULL || lease == NULL || out == NULL || cb == NULL ||
+        (cls != RATE_LEASE_NORMAL && cls != RATE_LEASE_CRITICAL))
+        return RATE_EINVAL;
+    if (in->store->m->start == NULL) /* a store that answers at once */
+        return rate_inflight_acquire(in, key, len, cls, lease, out);
+    uint64_t now = in->clock.now_ns(in->clock.ud);
+    if ((rc = check_input(key, len, now)) != RATE_OK)
+        return rc;
+    if (in->limiter != NULL)
+        return RATE_ENOTSUP; /* the rate part: the synchronous call */
+    rate__lease_step_t a = {.op = LEASE_ACQUIRE, .now_ns = now, .cls = cls,
+                            .id = new_id(in),
+                            .expires_ns = now + in->policy->ttl_ns,
+                            .pid = in->pid};
+    rate_lease_t granted = {.id = a.id, .expires_ns = a.expires_ns,
+                            .key_hash = key_hash(key, len)};
+    rc = start_job(in, key, len, &a, in->clock_is_default, &granted, cb, ud);
+    if (rc != RATE_PENDING) {
+        out->reason = RATE_REASON_STORE_ERROR;
+        out->error = rc;
+    }
+    return rc;
+}
+
+/* Release or extend: the handle checked as change() checks it. */
+static int change_start(rate_inflight_t *in, const char *key, size_t len,
+                        const rate_lease_t *lease, lease_op_t op,
+                        uint64_t ttl_ns, rate_lease_fn cb, void *ud)
+{
+    int rc;
+
+    if (in == NULL || lease == NULL || lease->id == 0 || cb == NULL)
+        return RATE_EINVAL;
+    uint64_t now = in->clock.now_ns(in->clock.ud);
+    if (op == LEASE_EXTEND && ttl_ns > (UINT64_C(1) << 61))
+        return RATE_ERANGE;
+    if ((rc = check_input(key, len, now)) != RATE_OK)
+        return rc;
+    if (lease->key_hash != key_hash(key, len))
+        return RATE_EINVAL; /* granted for another key */
+    rate__lease_step_t a = {.op = op, .now_ns = now, .id = lease->id,
+                            .expires_ns = lease->expires_ns};
+    if (op == LEASE_EXTEND) {
+        if (lease->expires_ns <= now)
+            return RATE_EEXPIRED; /* by the handle's own time */
+        a.expires_ns = now + (ttl_ns != 0 ? ttl_ns : in->policy->ttl_ns);
+    }
+    return start_job(in, key, len, &a, in->clock_is_default, lease, cb, ud);
+}
+
+int rate_inflight_release_start(rate_inflight_t *in, const char *key,
+                                size_t len, const rate_lease_t *lease,
+                                rate_lease_fn cb, void *ud)
+{
+    if (in != NULL && cb != NULL && in->store->m->start == NULL)
+        return rate_inflight_release(in, key, len, lease);
+    return change_start(in, key, len, lease, LEASE_RELEASE, 0, cb, ud);
+}
+
+int rate_inflight_extend_start(rate_inflight_t *in, const char *key,
+                               size_t len, rate_lease_t *lease,
+                               uint64_t ttl_ns, rate_lease_fn cb, void *ud)
+{
+    if (in != NULL && cb != NULL && in->store->m->start == NULL)
+        return rate_inflight_extend(in, key, len, lease, ttl_ns);
+    return change_start(in, key, len, lease, LEASE_EXTEND, ttl_ns, cb, ud);
+}

@@ -513,6 +513,22 @@ void rate__redis_fcall_off(void *sync_self)
     atomic_store(&r->fcall, false);
 }
 
+bool rate__redis_generic_leases(void *sync_self)
+{
+    return ((redis_store_t *)sync_self)->generic_leases;
+}
+
+bool rate__redis_lease_module_ok(void *sync_self)
+{
+    redis_store_t *r = sync_self;
+    return !atomic_load_explicit(&r->lease_no_module, memory_order_relaxed);
+}
+
+void rate__redis_lease_module_gone(void *sync_self)
+{
+    atomic_store(&((redis_store_t *)sync_self)->lease_no_module, true);
+}
+
 /* One lease command (lease.h): RATE_OK once answered, with *rep. */
 static int lease_call(redis_store_t *r, bool module, const rate_key_t *key,
                       const rate_lease_req_t *q, uint64_t dl,
