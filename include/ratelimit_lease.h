@@ -218,9 +218,10 @@ typedef void (*rate_lease_fn)(void *ud, int rc, const rate_lease_t *lease,
  * checks (RATE_EINVAL also for a NULL cb; RATE_EKEY, RATE_ERANGE); the
  * store's refusal to start (RATE_ESTORE: a breaker open, a reconnect
  * backing off), with acquire's *out denied with reason
- * RATE_REASON_STORE_ERROR; RATE_ENOTSUP for an acquire whose policy has
- * rate limits on a store with an asynchronous entry (not made
- * asynchronously yet: the synchronous call makes it); RATE_ENOMEM.  No
+ * RATE_REASON_STORE_ERROR; RATE_ENOMEM.  With rate limits in the policy,
+ * a granted lease is followed by the rate part through
+ * rate_limiter_check_start, and a denial gives the lease back (a release
+ * through the loop) before cb runs, as the synchronous call does.  No
  * lease is reaped of dead holders (reap_dead_holders is for the local
  * stores, which answer at once through the synchronous calls).
  * Ownership: the key and handle are copied; ud is the caller's, only

@@ -10,7 +10,8 @@
  * - A differential trace on a fake clock: each operation made by the
  *   synchronous calls on a memory store and through the loop on Redis,
  *   every answer equal; one command per operation on the server
- *   (commandstats: EVALSHA or RATELIMIT.LEASE, as many as operations).
+ *   (commandstats: EVALSHA or RATELIMIT.LEASE, as many as operations);
+ *   with rate limits in the policy too (denials by a rate limit seen).
  * - Many acquires in flight on one key: exactly N granted.
  * - Redis stopped (SIGSTOP past the command timeout) and killed: each
  *   callback once, with the store's error; after a restart, exact.
@@ -184,7 +185,7 @@ static void at_once(void **state)
 
 /* ------------------------------------------------------ differential */
 
-static void differential(int path)
+static void differential(int path, const char *policy)
 {
     server_for(path);
     uv_loop_t uvl;
@@ -197,7 +198,6 @@ static void differential(int path)
     static fake_clock_t fc;
     fc.now = UINT64_C(1) << 40;
     const rate_clock_t clock = {fake_now, fake_sleep, &fc};
-    const char *policy = "concurrency 3 ttl=100ms reserve=1";
     rate_inflight_t *mem = inflight_of(policy, NULL, &clock);
     rate_inflight_t *red = inflight_of(policy, as, &clock);
     /* warm up: the connection made and the scripts loaded */
@@ -219,7 +219,7 @@ static void differential(int path)
     assert_int_equal(w.rc, RATE_OK);
     reset_stats();
     rate_lease_t hm[32], hr[32];
-    int keyof[32], nh = 0, ops = 0;
+    int keyof[32], nh = 0, ops = 0, denied_by_rate = 0;
     rnd_seed(77);
     for (int step = 0; step < 400; step++) {
         fc.now += rnd(16) == 0 ? rnd(200 * MS) : rnd(2 * MS);
@@ -249,7 +249,9 @@ static void differential(int path)
             assert_int_equal(c.d.remaining, dm.remaining);
             assert_int_equal(c.d.retry_after_ns, dm.retry_after_ns);
             assert_int_equal(c.d.reset_after_ns, dm.reset_after_ns);
+            assert_int_equal(c.d.component, dm.component);
             assert_int_equal(c.lease.id != 0, dm.allowed);
+            denied_by_rate += !dm.allowed && dm.component > 0;
             if (dm.allowed) {
                 assert_int_equal(c.lease.expires_ns, lm.expires_ns);
                 int at = nh < 32 ? nh++ : (int)rnd(32);
@@ -292,15 +294,21 @@ static void differential(int path)
     /* One command per operation that went to the server. */
     long long ev = calls_of("evalsha"), md = calls_of("ratelimit.lease"),
               hm_ = calls_of("hmget");
-    print_message("path %d: %d operations, EVALSHA %lld, RATELIMIT.LEASE "
-                  "%lld, HMGET %lld\n", path, ops, ev, md, hm_);
+    print_message("path %d, %s: %d operations, EVALSHA %lld, "
+                  "RATELIMIT.LEASE %lld, HMGET %lld\n", path, policy, ops, ev,
+                  md, hm_);
     assert_int_equal(calls_of("eval"), 0);
+    if (strchr(policy, ';') != NULL) { /* the rate part: other commands */
+        assert_true(denied_by_rate > 0);
+        goto done;
+    }
     if (path == BY_SCRIPT)
         assert_int_equal(ev, ops);
     else if (path == BY_MODULE)
         assert_true(md == ops && ev == 0);
     else
         assert_true(hm_ >= ops); /* the general path: a load each, at least */
+done:
     rate_inflight_free(mem);
     rate_inflight_free(red);
     rate_store_redis_drop(as);
@@ -312,19 +320,29 @@ static void differential(int path)
 static void differential_script(void **state)
 {
     (void)state;
-    differential(BY_SCRIPT);
+    differential(BY_SCRIPT, "concurrency 3 ttl=100ms reserve=1");
 }
 
 static void differential_module(void **state)
 {
     (void)state;
-    differential(BY_MODULE);
+    differential(BY_MODULE, "concurrency 3 ttl=100ms reserve=1");
 }
 
 static void differential_generic(void **state)
 {
     (void)state;
-    differential(BY_GENERIC);
+    differential(BY_GENERIC, "concurrency 3 ttl=100ms reserve=1");
+}
+
+/* With rate limits: the lease, then the rate part through the limiter's
+ * asynchronous call; a denial gives the lease back first. */
+static void differential_rated(void **state)
+{
+    (void)state;
+    differential(BY_SCRIPT, "concurrency 3 ttl=100ms; token-bucket 20/s "
+                            "burst=4");
+    differential(BY_MODULE, "concurrency 3 ttl=100ms; fixed-window 2/100ms");
 }
 
 /* ---------------------------------------------------- many in flight */
@@ -550,6 +568,7 @@ int main(void)
         cmocka_unit_test(differential_script),
         cmocka_unit_test(differential_module),
         cmocka_unit_test(differential_generic),
+        cmocka_unit_test(differential_rated),
         cmocka_unit_test(many),
         cmocka_unit_test(faults_script),
         cmocka_unit_test(faults_module),

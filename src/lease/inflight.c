@@ -456,8 +456,88 @@ typedef struct lease_job {
     rate_lease_t lease;   /* acquire: the one granted; else the handle */
     rate_lease_fn cb;
     void *ud;
+    bool clock_time;
+    rate_decision_t d;    /* acquire: the decision so far */
+    int rate_rc;          /* the rate part's code, while giving back */
     char key[sizeof PREFIX + RATE_LEASE_KEY_MAX];
 } lease_job_t;
+
+static int start_job(rate_inflight_t *in, const char *key, size_t len,
+                     const rate__lease_step_t *a, bool clock_time,
+                     const rate_lease_t *lease, rate_lease_fn cb, void *ud);
+
+static void job_free(lease_job_t *x)
+{
+    free(x->a.scratch);
+    free(x);
+}
+
+/* The lease given back after the rate part denied (or failed): the
+ * acquire's answer is the rate part's, as rate_part() makes it. */
+static void given_back(void *ud, int rc, const rate_lease_t *lease,
+                       const rate_decision_t *unused)
+{
+    lease_job_t *x = ud;
+    (void)lease;
+    (void)unused;
+    memset(&x->lease, 0, sizeof x->lease);
+    if (x->rate_rc == RATE_OK && rc != RATE_OK && rc != RATE_EEXPIRED)
+        x->rate_rc = rc; /* the release's own failure is the call's */
+    x->cb(x->ud, x->rate_rc, &x->lease, &x->d);
+    job_free(x);
+}
+
+/* The rate part's decision for a granted lease (rate_part(), through the
+ * loop): allowed, the answer; else the lease is released first. */
+static void rated(void *ud, int rc, const rate_decision_t *d)
+{
+    lease_job_t *x = ud;
+    if (rc == RATE_OK && d->allowed) {
+        if (d->remaining < x->d.remaining) { /* the tighter limit speaks */
+            x->d.component = d->component + 1;
+            x->d.limit = d->limit;
+            x->d.remaining = d->remaining;
+        }
+        if (d->reset_after_ns > x->d.reset_after_ns)
+            x->d.reset_after_ns = d->reset_after_ns;
+        x->cb(x->ud, RATE_OK, &x->lease, &x->d);
+        job_free(x);
+        return;
+    }
+    x->rate_rc = rc;
+    if (rc == RATE_OK) {
+        x->d = *d;
+        x->d.component = d->component + 1;
+    } else {
+        memset(&x->d, 0, sizeof x->d);
+        x->d.reason = RATE_REASON_STORE_ERROR;
+        x->d.error = rc;
+    }
+    size_t len = x->job.key.len - sizeof PREFIX;
+    rate__lease_step_t r = {.op = LEASE_RELEASE, .now_ns = x->a.now_ns,
+                            .id = x->lease.id,
+                            .expires_ns = x->lease.expires_ns};
+    int grc = start_job(x->in, x->key + sizeof PREFIX, len, &r,
+                        x->clock_time, &x->lease, given_back, x);
+    if (grc != RATE_PENDING)
+        given_back(x, grc, NULL, NULL);
+}
+
+/* After the lease was granted: the rate part, through the limiter's
+ * asynchronous call. */
+static void rate_part_start(lease_job_t *x)
+{
+    rate_decision_t d;
+    const char *key = x->key + sizeof PREFIX;
+    size_t len = x->job.key.len - sizeof PREFIX;
+    int rc = x->clock_time
+                 ? rate_limiter_check_start(x->in->limiter, key, len, 1, 0,
+                                            &d, rated, x)
+                 : rate_limiter_check_start_at(x->in->limiter, key, len, 1,
+                                               0, x->a.now_ns, &d, rated, x);
+    if (rc != RATE_PENDING)
+        rated(x, rc, &d); /* answered at once, or refused */
+}
 
 static void lease_job_done(rate_job_t *job, int rc)
 {
@@ -481,14 +561,18 @@ static void lease_job_done(rate_job_t *job, int rc)
         }
         if (rc != RATE_OK || !a->granted)
             memset(&x->lease, 0, sizeof x->lease);
+        if (rc == RATE_OK && a->granted && x->in->limiter != NULL) {
+            x->d = d;
+            rate_part_start(x);
+            return;
+        }
         x->cb(x->ud, rc, &x->lease, &d);
     } else {
         if (rc == RATE_OK && a->op == LEASE_EXTEND)
             x->lease.expires_ns = a->expires_ns;
         x->cb(x->ud, rc, &x->lease, NULL);
     }
-    free(a->scratch);
-    free(x);
+    job_free(x);
 }
 
 /* Starts the step a on the key through the store's start(): RATE_PENDING,
@@ -508,6 +592,7 @@ static int start_job(rate_inflight_t *in, const char *key, size_t len,
     x->in = in;
     x->cb = cb;
     x->ud = ud;
+    x->clock_time = clock_time;
     x->lease = *lease;
     x->a = *a;
     x->a.max = in->policy->max;
@@ -561,8 +646,6 @@ int rate_inflight_acquire_start(rate_inflight_t *in, const char *key,
     uint64_t now = in->clock.now_ns(in->clock.ud);
     if ((rc = check_input(key, len, now)) != RATE_OK)
         return rc;
-    if (in->limiter != NULL)
-        return RATE_ENOTSUP; /* the rate part: the synchronous call */
     rate__lease_step_t a = {.op = LEASE_ACQUIRE, .now_ns = now, .cls = cls,
                             .id = new_id(in),
                             .expires_ns = now + in->policy->ttl_ns,
