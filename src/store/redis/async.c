@@ -56,7 +56,7 @@
 #define MAX_NODES RATE__REDIS_MAX_NODES
 #define MAX_REDIRECTS RATE__REDIS_MAX_REDIRECTS
 #define TRYAGAIN_NS RATE__REDIS_TRYAGAIN_NS
-#define SCRIPTS_MAX 8    /* scripts a connection loads (protocol.c has 6) */
+#define SCRIPTS_MAX 8    /* scripts a connection loads (protocol.c has 7) */
 
 typedef struct astore astore_t;
 typedef struct anode anode_t;
