@@ -298,6 +298,13 @@ static void differential(int path, const char *policy)
                   "RATELIMIT.LEASE %lld, HMGET %lld\n", path, policy, ops, ev,
                   md, hm_);
     assert_int_equal(calls_of("eval"), 0);
+    rate_redis_async_stats_t st;
+    assert_int_equal(rate_store_redis_async_stats(as, &st), RATE_OK);
+    /* every operation, the warm-up's too, by the path's own route */
+    assert_true(path == BY_MODULE ? st.module_leases > (uint64_t)ops
+                                  : st.module_leases == 0);
+    assert_true(path == BY_SCRIPT ? st.script_leases > (uint64_t)ops
+                                  : st.script_leases == 0);
     if (strchr(policy, ';') != NULL) { /* the rate part: other commands */
         assert_true(denied_by_rate > 0);
         goto done;

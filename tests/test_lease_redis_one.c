@@ -215,6 +215,11 @@ static void count_path(int path, int counts[OPS], char first[OPS][64])
         mark(c, until);
         counts[op] = monitor_count(mon, from, until, first[op], 64);
     }
+    /* The store's own counts: the warm-up and the four operations. */
+    rate_redis_status_t st;
+    assert_int_equal(rate_store_redis_status(s, &st), RATE_OK);
+    assert_int_equal(st.module_leases, path == MODULE ? 5 : 0);
+    assert_int_equal(st.script_leases, path == SCRIPT ? 5 : 0);
     rate_inflight_free(in);
     rate_store_redis_drop(s);
     rate_store_free(s);

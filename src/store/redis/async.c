@@ -1153,6 +1153,9 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
             j->job->lease_made = rc == RATE_OK;
             if (j->module) /* answered: the module is there */
                 rate__redis_module_seen(j->s->sync_self, true);
+            if (rc == RATE_OK || rc == RATE_ELEASE || rc == RATE_EEXPIRED)
+                (*(j->module ? &j->s->st.module_leases
+                             : &j->s->st.script_leases))++;
             break;
         default:
             rc = rate__redis_cas_parse(rep);

@@ -573,11 +573,16 @@ static int r_lease(void *self, const rate_key_t *key, rate_lease_req_t *q)
         freeReplyObject(rep);
         rep = NULL;
         atomic_store(&r->lease_no_module, true);
+        module = false;
         rc = lease_call(r, false, key, q, dl, &rep);
     }
     rc = rate__redis_reply_ok(rc, rep);
     if (rc == RATE_OK)
         rc = rate__redis_lease_parse(rep, q);
+    if (rc == RATE_OK || rc == RATE_ELEASE || rc == RATE_EEXPIRED)
+        atomic_fetch_add_explicit(module ? &r->st_module_leases
+                                         : &r->st_script_leases,
+                                  1, memory_order_relaxed);
     freeReplyObject(rep);
     return rc;
 }
@@ -957,6 +962,8 @@ int rate_store_redis_status(rate_store_t *store, rate_redis_status_t *out)
     out->declined = atomic_load(&r->st_declined);
     out->lean_adjustments = atomic_load(&r->st_lean_adj);
     out->declined_adjustments = atomic_load(&r->st_adj_declined);
+    out->module_leases = atomic_load(&r->st_module_leases);
+    out->script_leases = atomic_load(&r->st_script_leases);
     return RATE_OK;
 }
 
