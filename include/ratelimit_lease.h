@@ -7,7 +7,8 @@
  * (rate_inflight_t) keeps each key's leases in a store, any store, so
  * that the limit holds across the threads of a process (the memory
  * store), the processes of a host (shared memory) and whatever shares a
- * remote store.  Its policy may add rate limits ("concurrency 100
+ * remote store (on Redis, one round trip per acquire, release, extend or
+ * count: the store contract's lease(), docs/leases.md "Leases on Redis").  Its policy may add rate limits ("concurrency 100
  * ttl=1m; token-bucket 10/s"), decided all-or-nothing with the lease.
  * The user's guide, the stored format and the reasons: docs/leases.md.
  *
@@ -186,6 +187,62 @@ RATE_API int rate_inflight_held(rate_inflight_t *inflight, const char *key,
 RATE_API int rate_inflight_held_at(rate_inflight_t *inflight, const char *key,
                                    size_t key_len, uint64_t now_ns,
                                    uint64_t *held);
+
+/* ------------------------------------------------- on an event loop */
+
+/* Called once when an asynchronous lease call completes: rc is the
+ * synchronous call's code (RATE_OK, RATE_ELEASE, RATE_EEXPIRED, a store
+ * error, RATE_ECANCELED when the store was freed first).  lease: acquire:
+ * the lease granted (zeroed when not granted or on an error); extend: the
+ * handle with its new expires_ns (store it: the caller's handle was not
+ * written); release: the handle released.  decision: acquire's (as
+ * rate_inflight_acquire fills it), NULL for release and extend.  Both are
+ * valid during the call only. */
+typedef void (*rate_lease_fn)(void *ud, int rc, const rate_lease_t *lease,
+                              const rate_decision_t *decision);
+
+/* The asynchronous forms of acquire, release and extend, for an object
+ * whose store is an event loop's (rate_store_redis_async_new: one round
+ * trip each, docs/leases.md "On an event loop"), which answer at once
+ * when they can.  Returns:
+ *   RATE_OK, or the call's own error, when answered at once: exactly as
+ *     the synchronous call (acquire fills *lease and *out; extend writes
+ *     *lease), and cb is NOT called.  A store without an asynchronous
+ *     entry (memory, shared memory) answers so; so does a lease that the
+ *     handle says has expired (extend: RATE_EEXPIRED).
+ *   RATE_PENDING  under way: cb runs exactly once, later, never before
+ *     this returns, on the thread that drives the store (an event loop's
+ *     store: the loop's thread); *lease and *out are zeroed and not
+ *     written again.
+ * Errors at once (no callback): those of the synchronous call's input
+ * checks (RATE_EINVAL also for a NULL cb; RATE_EKEY, RATE_ERANGE); the
+ * store's refusal to start (RATE_ESTORE: a breaker open, a reconnect
+ * backing off), with acquire's *out denied with reason
+ * RATE_REASON_STORE_ERROR; RATE_ENOMEM.  With rate limits in the policy,
+ * a granted lease is followed by the rate part through
+ * rate_limiter_check_start, and a denial gives the lease back (a release
+ * through the loop) before cb runs, as the synchronous call does.  No
+ * lease is reaped of dead holders (reap_dead_holders is for the local
+ * stores, which answer at once through the synchronous calls).
+ * Ownership: the key and handle are copied; ud is the caller's, only
+ * passed back.  The object and its store must outlive every pending call
+ * (freeing the store first runs each pending cb with RATE_ECANCELED).
+ * Thread-safe: as the store's entries (an event loop's store: start its
+ * calls on the loop's thread). */
+RATE_API int rate_inflight_acquire_start(rate_inflight_t *inflight,
+                                         const char *key, size_t key_len,
+                                         rate_lease_class_t cls,
+                                         rate_lease_t *lease,
+                                         rate_decision_t *out,
+                                         rate_lease_fn cb, void *ud);
+RATE_API int rate_inflight_release_start(rate_inflight_t *inflight,
+                                         const char *key, size_t key_len,
+                                         const rate_lease_t *lease,
+                                         rate_lease_fn cb, void *ud);
+RATE_API int rate_inflight_extend_start(rate_inflight_t *inflight,
+                                        const char *key, size_t key_len,
+                                        rate_lease_t *lease, uint64_t ttl_ns,
+                                        rate_lease_fn cb, void *ud);
 
 #ifdef __cplusplus
 }

@@ -120,7 +120,13 @@ typedef struct rate_redis_options {
                                     script (redis_step.lua), never a lean
                                     one: the same decisions, slower; for
                                     comparison (docs/redis.md) */
-    uint64_t reserved[8]; /* zero (= {...} or memset): room for later
+    uint64_t generic_leases;     /* non-zero: an in-flight limit's leases
+                                    go by HMGET and compare-and-set (two
+                                    round trips or more each), never by
+                                    RATELIMIT.LEASE or the lease script
+                                    (one); for comparison (docs/leases.md).
+                                    From a reserved word of 0.4.0 */
+    uint64_t reserved[7]; /* zero (= {...} or memset): room for later
                                fields; non-zero is RATE_EINVAL */
 } rate_redis_options_t;
 
@@ -238,7 +244,11 @@ typedef struct rate_redis_status {
     uint64_t declined_adjustments; /* ... left to the compare-and-set path
                                   (a composite policy, a sliding window or
                                   log, a state the scripts would not read) */
-    uint64_t reserved[8]; /* room for later fields; not read */
+    uint64_t module_leases;    /* lease operations (docs/leases.md) made in
+                                  one round trip by RATELIMIT.LEASE */
+    uint64_t script_leases;    /* ... by the lease script (the others went
+                                  by HMGET and compare-and-set) */
+    uint64_t reserved[6]; /* room for later fields; not read */
 } rate_redis_status_t;
 
 /* Reads the synchronous Redis store's state and counts since its
@@ -386,7 +396,11 @@ typedef struct rate_redis_async_stats {
     uint64_t lean_decisions;
     uint64_t general_decisions;
     uint64_t declined;
-    uint64_t reserved[3]; /* room for later fields; not read */
+    /* Lease operations made in one round trip by RATELIMIT.LEASE and by
+     * the lease script (issue 32, from reserved words). */
+    uint64_t module_leases;
+    uint64_t script_leases;
+    uint64_t reserved[1]; /* room for later fields; not read */
 } rate_redis_async_stats_t;
 
 /* Reads what an asynchronous Redis store has seen since its creation

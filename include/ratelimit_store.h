@@ -62,7 +62,10 @@
  * leaves it false, as a store rebuilt against this header without a word
  * about it does) is only ever asked for admissions (op
  * RATE_DECIDE_ACQUIRE): its refunds and penalties take update() or load()
- * and cas(), as before.
+ * and cas(), as before.  Version 5 appended lease(): an in-flight limit's
+ * acquire, release, extend or count made whole in the store (a server
+ * command or script, one round trip); a table of an earlier version has
+ * none, and its leases take update() or load() and cas().
  */
 #ifndef RATELIMIT_STORE_H
 #define RATELIMIT_STORE_H
@@ -73,7 +76,7 @@
 extern "C" {
 #endif
 
-#define RATE_STORE_VERSION 4
+#define RATE_STORE_VERSION 5
 
 /* The spaces of keys a store keeps apart. */
 typedef enum rate_space {
@@ -212,6 +215,40 @@ typedef struct rate_decide_req {
     rate_decide_op_t op;
 } rate_decide_req_t;
 
+/* ----------------------------------------------------------- leases */
+
+/* What lease() is asked (rate_lease_req_t.op). */
+typedef enum rate_lease_op {
+    RATE_LEASE_OP_ACQUIRE = 0, /* add a lease if the class has room */
+    RATE_LEASE_OP_RELEASE = 1, /* remove the lease `id` */
+    RATE_LEASE_OP_EXTEND = 2,  /* move the lease `id`'s expiry */
+    RATE_LEASE_OP_COUNT = 3    /* only count (writes only expired ones out) */
+} rate_lease_op_t;
+
+/* One lease operation for lease(): the request, then what it found.  The
+ * library fills the inputs; the store fills the outputs.  The state it
+ * works on is the lease state of docs/leases.md ("Internals"): a 14-byte
+ * header and 24 bytes per lease, little-endian. */
+typedef struct rate_lease_req {
+    rate_lease_op_t op;
+    uint64_t now_ns;     /* the request's time: leases expired by then
+                            (expires_ns <= now_ns) are dropped first */
+    uint64_t max;        /* the policy's N, 1..10000 */
+    uint64_t reserve;    /* leases kept for critical requests, below max */
+    bool critical;       /* acquire: the request's class is critical */
+    uint64_t id;         /* acquire: the new lease's id (never 0);
+                            release, extend: the lease's */
+    uint64_t expires_ns; /* acquire, extend: the new expiry; release: the
+                            handle's, to tell expired from released */
+    uint32_t pid;        /* acquire: the holder's process (0: unknown) */
+    /* out */
+    bool granted;         /* acquire: the lease was added */
+    uint64_t held;        /* unexpired leases after the operation */
+    uint64_t retry_at_ns; /* acquire denied: when the class gets a slot
+                             back (see lease()) */
+    uint64_t latest_ns;   /* the latest expiry held after it (0: none) */
+} rate_lease_req_t;
+
 /* ---------------------------------------------------- asynchronous part */
 
 /* The store's part of one decision, run later.  The limiter fills it and
@@ -236,6 +273,13 @@ struct rate_job {
      * destroy() returns (the asynchronous Redis store does). */
     void (*done)(rate_job_t *job, int rc);
     void *ud; /* the limiter's */
+    /* Version 5: a lease operation (see lease()), or NULL.  A store that
+     * makes it whole, as lease() would, fills its outputs and sets
+     * lease_made before done(job, RATE_OK); a store that does not (one
+     * that does not know this member, or declines) runs `step`, which is
+     * then the lease step, as for update(): the same answer. */
+    rate_lease_req_t *lease;
+    bool lease_made;
 };
 
 /* ------------------------------------------------------------ the table */
@@ -335,14 +379,39 @@ typedef struct rate_store_methods {
      * that does not name it: decide() is asked for admissions only, as
      * before version 4, whatever version the table says. */
     bool decide_changes;
+
+    /* Version 5.  Optional: one lease operation made whole in the store,
+     * atomically with respect to every other call on the key (a server
+     * command or script: one round trip).  Exactly the lease step
+     * (src/lease/step.c), over the key's bytes, so that a key written by
+     * it and one written by update() or load() and cas() are the same
+     * bytes: the entries expired at now_ns are dropped in order, then
+     * ACQUIRE appends {id, expires_ns, pid, class} when fewer than the
+     * class's limit are held (max, or max - reserve for a normal
+     * request), RELEASE moves the last entry into the released one's
+     * place, EXTEND rewrites the entry's expiry, COUNT changes nothing;
+     * the state is written back (header: latest expiry, count) only when
+     * an entry was dropped, added, removed or moved, kept at least until
+     * its latest expiry (a bare header: expiry 0).  A denied acquire's
+     * retry_at_ns is the earliest expiry held, or, for a normal request
+     * under a reserve, the (held - limit + 1)-th earliest.
+     * Returns: RATE_OK with req's outputs; RATE_ELEASE (release or
+     * extend of an id the key does not hold, and which was not expired:
+     * not in the state read and expires_ns > now_ns) or RATE_EEXPIRED
+     * (the id was there but expired, or expires_ns <= now_ns), nothing
+     * written; RATE_ECORRUPT for bytes that are not a lease state (not
+     * written over); RATE_ENOTSUP, with nothing written, when it cannot
+     * make this one (the library then runs the step through update() or
+     * load() and cas()); or the store's own error. */
+    int (*lease)(void *self, const rate_key_t *key, rate_lease_req_t *req);
 } rate_store_methods_t;
 
 /* Wraps a back end (a method table and its own pointer) into a store.
  *
  * Returns: RATE_OK with the new store in *out.
  *
- * Errors: RATE_EINVAL for a NULL out or methods, a version other than 2, 3
- * or 4, or a table without destroy, remove, and update or load+cas
+ * Errors: RATE_EINVAL for a NULL out or methods, a version other than 2 to
+ * 5, or a table without destroy, remove, and update or load+cas
  * (decide() alone is not enough: it may decline); RATE_ENOMEM.  *out is
  * NULL on an error (when out is not NULL).
  *

@@ -9,6 +9,10 @@
  *   RATELIMIT.STEP key now_s now_ns permits max_wait ttl policy_id format
  *                  [algorithm L P B]...
  *       the arguments and replies of src/store/redis_step.lua;
+ *   RATELIMIT.LEASE key op now max reserve critical id expires pid ttl
+ *       an in-flight limit's lease operation: the lease step
+ *       (src/lease/step.c), the arguments and replies of
+ *       src/lease/lease.lua;
  *   CL.THROTTLE key max_burst count_per_period period [quantity]
  *       redis-cell's command and reply.
  *
@@ -27,6 +31,7 @@
 #include <time.h>
 
 #include "../src/internal.h"
+#include "../src/lease/lease.h"
 #include "rm_api.h"
 
 #define MODULE_NAME "ratelimit"
@@ -159,6 +164,10 @@ typedef struct expiry {
     long long ttl_ms;
 } expiry_t;
 
+static void write_back(RedisModuleCtx *ctx, RedisModuleKey *key,
+                       RedisModuleString *name, bool fresh, uint64_t ver,
+                       const uint8_t *buf, size_t len, uint64_t ttl_ns);
+
 /* Runs the step (arg filled but for the time) over the key's v/s hash and
  * writes, expires and replicates the new state when the step says so.
  * cold_other: a state made under another policy is read as cold (the
@@ -207,6 +216,25 @@ static run_rc_t run_step(RedisModuleCtx *ctx, RedisModuleString *name,
     out = RUN_DECIDED;
     if (!io.write)
         goto done;
+    uint64_t ttl_ns = ex.ttl_ms == 0    ? RATE_TTL_FOREVER
+                      : ex.ttl_ms < 0   ? io.ttl_ns
+                                        : (uint64_t)ex.ttl_ms * 1000000;
+    write_back(ctx, key, name, fresh, ver, buf, io.new_len, ttl_ns);
+done:
+    if (v != NULL)
+        RM_FreeString(ctx, v);
+    if (s != NULL)
+        RM_FreeString(ctx, s);
+    RM_CloseKey(key);
+    return out;
+}
+
+/* Writes a step's new state into the open key's v/s hash, with its
+ * expiry, and replicates both as what was written. */
+static void write_back(RedisModuleCtx *ctx, RedisModuleKey *key,
+                       RedisModuleString *name, bool fresh, uint64_t ver,
+                       const uint8_t *buf, size_t len, uint64_t ttl_ns)
+{
     /* The version moves on with the state, as the scripts move it: a new
      * key's starts from the server's time in microseconds, and so does
      * one that cannot move on (2^63 - 1 or more, where Redis's HINCRBY
@@ -216,15 +244,11 @@ static run_rc_t run_step(RedisModuleCtx *ctx, RedisModuleString *name,
     char vb[24];
     int vl = snprintf(vb, sizeof vb, "%llu", (unsigned long long)nv);
     RedisModuleString *vs = RM_CreateString(ctx, vb, (size_t)vl);
-    RedisModuleString *ss = RM_CreateString(ctx, (const char *)buf,
-                                            io.new_len);
+    RedisModuleString *ss = RM_CreateString(ctx, (const char *)buf, len);
     RM_HashSet(key, RM_HASH_CFIELDS, "v", vs, "s", ss, NULL);
     RM_Replicate(ctx, "HSET", "scscs", name, "v", vs, "s", ss);
     RM_FreeString(ctx, vs);
     RM_FreeString(ctx, ss);
-    uint64_t ttl_ns = ex.ttl_ms == 0    ? RATE_TTL_FOREVER
-                      : ex.ttl_ms < 0   ? io.ttl_ns
-                                        : (uint64_t)ex.ttl_ms * 1000000;
     if (ttl_ns == RATE_TTL_FOREVER || ttl_ns > RATE_TIME_MAX - now) {
         RM_SetExpire(key, RM_NO_EXPIRE);
         RM_Replicate(ctx, "PERSIST", "s", name);
@@ -236,13 +260,6 @@ static run_rc_t run_step(RedisModuleCtx *ctx, RedisModuleString *name,
         RM_SetAbsExpire(key, at);
         RM_Replicate(ctx, "PEXPIREAT", "sl", name, at);
     }
-done:
-    if (v != NULL)
-        RM_FreeString(ctx, v);
-    if (s != NULL)
-        RM_FreeString(ctx, s);
-    RM_CloseKey(key);
-    return out;
 }
 
 static long long reply_ll(uint64_t x)
@@ -331,6 +348,126 @@ static int cmd_step(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
     RM_ReplyWithLongLong(ctx, reply_ll(d.delay_ns));
     RM_ReplyWithLongLong(ctx, reply_ll(d.retry_after_ns));
     return RM_ReplyWithLongLong(ctx, reply_ll(d.reset_after_ns));
+}
+
+/* ----------------------------------------------------- RATELIMIT.LEASE */
+
+/* An argument of exactly n little-endian bytes (a time, an id, a pid). */
+static bool arg_le(RedisModuleString *s, size_t n, uint64_t *out)
+{
+    size_t len;
+    const char *p = RM_StringPtrLen(s, &len);
+    if (len != n)
+        return false;
+    *out = 0;
+    for (size_t i = n; i-- > 0;)
+        *out = *out << 8 | (uint8_t)p[i];
+    return true;
+}
+
+static int reply_lease(RedisModuleCtx *ctx, long long code,
+                       const rate__lease_step_t *a)
+{
+    char t[2][8];
+    uint64_t v[2] = {code == 0 ? a->retry_at : 0, code == 0 ? a->latest : 0};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 8; i++)
+            t[k][i] = (char)(uint8_t)(v[k] >> (8 * i));
+    RM_ReplyWithArray(ctx, 5);
+    RM_ReplyWithLongLong(ctx, code);
+    RM_ReplyWithLongLong(ctx, code == 0 && a->granted);
+    RM_ReplyWithLongLong(ctx, code == 0 ? (long long)a->held : 0);
+    RM_ReplyWithStringBuffer(ctx, t[0], 8);
+    return RM_ReplyWithStringBuffer(ctx, t[1], 8);
+}
+
+/* RATELIMIT.LEASE key op now max reserve critical id expires pid ttl: the
+ * lease step (src/lease/step.c) over the key's v/s hash, with the lease
+ * script's arguments and reply (src/store/redis/lease.c). */
+static int cmd_lease(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
+{
+    if (argc != 11)
+        return RM_WrongArity(ctx);
+    static const char ops[] = "arec";
+    static const lease_op_t op_of[] = {LEASE_ACQUIRE, LEASE_RELEASE,
+                                       LEASE_EXTEND, LEASE_COUNT};
+    size_t ol, tl;
+    const char *o = RM_StringPtrLen(argv[2], &ol);
+    const char *op = ol == 1 ? strchr(ops, o[0]) : NULL;
+    uint64_t now, max, reserve, crit, id, expires, pid, ttl_us = 0;
+    const char *tp = RM_StringPtrLen(argv[10], &tl);
+    bool ttl_step = tl == 2 && tp[0] == '-' && tp[1] == '1';
+    if (op == NULL || o[0] == '\0')
+        return RM_ReplyWithError(ctx, "ERR lease: op is not a, r, e or c");
+    if (!arg_le(argv[3], 8, &now) || !arg_le(argv[7], 8, &id) ||
+        !arg_le(argv[8], 8, &expires) || !arg_le(argv[9], 4, &pid) ||
+        !arg_u64(argv[4], RATE_LEASE_MAX, &max) || max == 0 ||
+        !arg_u64(argv[5], max - 1, &reserve) || !arg_u64(argv[6], 1, &crit) ||
+        (!ttl_step && !arg_u64(argv[10], UINT64_MAX, &ttl_us)))
+        return RM_ReplyWithError(ctx, "ERR lease: malformed arguments");
+    RedisModuleKey *key = RM_OpenKey(ctx, argv[1], RM_READ | RM_WRITE);
+    int type = RM_KeyType(key);
+    if (type != RM_KEYTYPE_EMPTY && type != RM_KEYTYPE_HASH) {
+        RM_CloseKey(key);
+        return RM_ReplyWithError(ctx, "WRONGTYPE Operation against a key "
+                                      "holding the wrong kind of value");
+    }
+    RedisModuleString *v = NULL, *s = NULL;
+    if (type == RM_KEYTYPE_HASH)
+        RM_HashGet(key, RM_HASH_CFIELDS, "v", &v, "s", &s, NULL);
+    uint64_t ver = 0, *heap = NULL;
+    const char *old = NULL;
+    size_t old_len = 0;
+    long long code = 3; /* not a lease state, as the script says */
+    int r;
+    rate__lease_step_t a = {.op = op_of[op - ops], .now_ns = now,
+                            .max = max, .reserve = reserve,
+                            .cls = crit ? RATE_LEASE_CRITICAL
+                                        : RATE_LEASE_NORMAL,
+                            .id = id, .expires_ns = expires,
+                            .pid = (uint32_t)pid};
+    if (v != NULL && !arg_u64(v, VERSION_DIGITS_MAX, &ver))
+        goto done;
+    bool fresh = v == NULL || ver == 0 || s == NULL;
+    if (!fresh) {
+        old = RM_StringPtrLen(s, &old_len);
+        if (old_len == 0)
+            goto done;
+    }
+    /* As the inflight object: a normal request under a reserve is told
+     * when its class gets a slot back, which needs N expiries' room. */
+    if (!crit && reserve > 0 && a.op == LEASE_ACQUIRE &&
+        (heap = malloc(max * sizeof *heap)) != NULL) {
+        a.scratch = heap;
+        a.scratch_cap = (size_t)max;
+    }
+    uint8_t *buf = scratch_for(old_len + RATE__LEASE_ENTRY + 64);
+    if (buf == NULL) {
+        code = -1;
+        goto done;
+    }
+    rate_step_io_t io = {old, old_len, buf, scratch_cap, 0, false, 0};
+    r = rate__lease_step(&a, &io);
+    code = r == RATE_OK        ? 0
+           : r == RATE_ELEASE  ? 1
+           : r == RATE_EEXPIRED ? 2
+                                : 3;
+    if (r == RATE_OK && io.write)
+        write_back(ctx, key, argv[1], fresh, ver, buf, io.new_len,
+                   ttl_step    ? io.ttl_ns
+                   : ttl_us == 0 ? RATE_TTL_FOREVER
+                   : ttl_us > RATE_TIME_MAX / 1000 ? RATE_TIME_MAX
+                                                   : ttl_us * 1000);
+done:
+    free(heap);
+    if (v != NULL)
+        RM_FreeString(ctx, v);
+    if (s != NULL)
+        RM_FreeString(ctx, s);
+    RM_CloseKey(key);
+    if (code < 0)
+        return RM_ReplyWithError(ctx, "ERR out of memory");
+    return reply_lease(ctx, code, &a);
 }
 
 /* --------------------------------------------------------- CL.THROTTLE */
@@ -436,14 +573,16 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
     (void)argc;
     if (rm_init(ctx, MODULE_NAME, MODULE_VERSION) != RM_OK)
         return RM_ERR;
-    /* Both write one key, the first argument: a cluster routes them by
+    /* Each writes one key, the first argument: a cluster routes them by
      * it (the store's keys carry their hash tag).  RATELIMIT.STEP is not
      * "fast": a full sliding log of 10,000 entries takes milliseconds;
      * CL.THROTTLE is one token bucket, constant time. */
     if (RM_CreateCommand(ctx, "ratelimit.step", cmd_step, "write deny-oom",
                          1, 1, 1) != RM_OK ||
         RM_CreateCommand(ctx, "cl.throttle", cmd_throttle,
-                         "write deny-oom fast", 1, 1, 1) != RM_OK)
+                         "write deny-oom fast", 1, 1, 1) != RM_OK ||
+        RM_CreateCommand(ctx, "ratelimit.lease", cmd_lease, "write deny-oom",
+                         1, 1, 1) != RM_OK)
         return RM_ERR;
     return RM_OK;
 }

@@ -55,6 +55,7 @@ typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx,
     X(StringPtrLen, const char *, (const RedisModuleString *, size_t *))     \
     X(ReplyWithArray, int, (RedisModuleCtx *, long))                         \
     X(ReplyWithLongLong, int, (RedisModuleCtx *, long long))                 \
+    X(ReplyWithStringBuffer, int, (RedisModuleCtx *, const char *, size_t))   \
     X(ReplyWithError, int, (RedisModuleCtx *, const char *))                 \
     X(WrongArity, int, (RedisModuleCtx *))                                   \
     X(Replicate, int, (RedisModuleCtx *, const char *, const char *, ...))

@@ -567,6 +567,9 @@ struct rate_store {
 int rate__store_step(const rate_store_t *s, const rate_key_t *key,
                      const rate_step_t *st, unsigned max_retries,
                      unsigned *retries);
+/* The store's lease() (version 5), or RATE_ENOTSUP without one. */
+int rate__store_lease(const rate_store_t *s, const rate_key_t *key,
+                      rate_lease_req_t *req);
 
 /* The library's clock (src/clock.c). */
 uint64_t rate__clock_exact(void *ud);

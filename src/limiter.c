@@ -829,7 +829,9 @@ static bool async_start(async_check_t *a, int *rc, bool whole)
                                                                 : NULL,
                           &a->d,
                           async_done,
-                          a};
+                          a,
+                          NULL,   /* not a lease */
+                          false};
     *rc = s->m->start(s->self, &a->job);
     return *rc == RATE_OK;
 }

@@ -410,7 +410,7 @@ static int op_send(rate__book_op_t *op)
         op->st = (rate_step_t){copy_step, &op->copy, 0, 0, 0, NULL};
     }
     op->job = (rate_job_t){record_key(id, op->kb), &op->st, NULL, NULL,
-                           op_done, op};
+                           op_done, op, NULL, false};
     return op->book->store->m->start(op->book->store->self, &op->job);
 }
 

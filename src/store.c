@@ -137,3 +137,12 @@ int rate__store_step(const rate_store_t *s, const rate_key_t *key,
         return s->m->update(s->self, key, st);
     return run_generic(s, key, st, max_retries, retries);
 }
+
+int rate__store_lease(const rate_store_t *s, const rate_key_t *key,
+                      rate_lease_req_t *req)
+{
+    /* A table before version 5 ends before lease(). */
+    if (s->m->version < 5 || s->m->lease == NULL)
+        return RATE_ENOTSUP;
+    return s->m->lease(s->self, key, req);
+}

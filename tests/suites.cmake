@@ -91,7 +91,9 @@ rate_suite(lease LABELS concurrency)
 rate_suite(lease_procs LABELS shm_procs)
 rate_suite(lease_cli SH lease_cli_test.sh NEEDS TOOLS ENV "${RATE_PARTS_ENV}"
            ARGS $<TARGET_FILE:ratelimit_cli>)
-rate_suite(lease_redis NEEDS REDIS LABELS redis SERIAL)
+rate_suite(lease_redis NEEDS REDIS USES_MODULE LABELS redis SERIAL)
+rate_suite(lease_redis_one NEEDS REDIS MODULE USES_MODULE LABELS redis SERIAL)
+rate_suite(lease_async NEEDS ASYNC MODULE USES_ASYNC USES_MODULE LABELS redis SERIAL)
 rate_suite(nginx_lease SH nginx_lease_test.sh NEEDS NGINX SKIP77 TIMEOUT 900
            ARGS "${RATE_NGINX_SO}")
 rate_suite(nginx_lease_redis SH nginx_lease_redis_test.sh NEEDS NGINX LABELS redis

@@ -4,7 +4,8 @@
  * memory store and on the compare-and-set test store (the generic path),
  * every misuse of a handle with the count checked after it, expiry,
  * extension, rate limits in the same policy, the reserve for critical
- * traffic, and threads that check the bound themselves while holding.
+ * traffic, threads that check the bound themselves while holding, and the
+ * asynchronous _start calls through a store's start().
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -474,6 +475,131 @@ static void test_threads_cas(void **state)
     rate_store_free(store);
 }
 
+/* ------------------------------------------- through a store's start() */
+
+typedef struct started {
+    int calls, rc;
+    rate_lease_t lease;
+    rate_decision_t d;
+} started_t;
+
+static void on_started(void *ud, int rc, const rate_lease_t *lease,
+                       const rate_decision_t *d)
+{
+    started_t *c = ud;
+    c->calls++;
+    c->rc = rc;
+    c->lease = *lease;
+    if (d != NULL)
+        c->d = *d;
+}
+
+static void run_all(cas_store_t *h)
+{
+    while (cas_store_run_jobs(h) > 0) /* chained jobs queue more */
+        ;
+}
+
+/* The _start calls on a store with start() but no lease() (the
+ * compare-and-set test store, queued jobs): the job's step is the lease
+ * step, with the rate part chained after it and a denial given back. */
+static void test_start_calls(void **state)
+{
+    (void)state;
+    rate_store_t *store;
+    cas_store_t *h;
+    fake_clock_t clk = {.now = UINT64_C(1) << 40};
+    assert_int_equal(cas_store_new_async(&store, &h), RATE_OK);
+    rate_inflight_t *in = inflight_on("concurrency 2 ttl=1m; "
+                                      "fixed-window 3/1h",
+                                      store, &clk);
+    started_t c[4];
+    memset(c, 0, sizeof c);
+    for (int i = 0; i < 3; i++) {
+        rate_lease_t l;
+        rate_decision_t d;
+        assert_int_equal(rate_inflight_acquire_start(in, "k", 1,
+                                                     RATE_LEASE_NORMAL, &l,
+                                                     &d, on_started, &c[i]),
+                         RATE_PENDING);
+        assert_int_equal(l.id, 0);
+        assert_int_equal(c[i].calls, 0); /* never from inside the call */
+    }
+    run_all(h);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(c[i].calls, 1);
+        assert_int_equal(c[i].rc, RATE_OK);
+        assert_int_equal(c[i].d.allowed, i < 2);
+        assert_int_equal(c[i].lease.id != 0, i < 2);
+    }
+    assert_int_equal(c[2].d.component, 0); /* the in-flight limit */
+    assert_int_equal(held_of(in, "k"), 2);
+    /* One released: the next acquire passes the in-flight limit and takes
+     * the window's 3rd permit; released too, the one after passes the
+     * in-flight limit and is denied by the window, its lease given back. */
+    for (int i = 0; i < 3; i++) {
+        started_t r = {0};
+        if (i == 1) {
+            rate_lease_t l;
+            rate_decision_t d;
+            assert_int_equal(rate_inflight_acquire_start(
+                                 in, "k", 1, RATE_LEASE_NORMAL, &l, &d,
+                                 on_started, &c[2]),
+                             RATE_PENDING);
+            run_all(h);
+            assert_true(c[2].d.allowed);
+            continue;
+        }
+        assert_int_equal(rate_inflight_release_start(in, "k", 1,
+                                                     &c[i].lease,
+                                                     on_started, &r),
+                         RATE_PENDING);
+        run_all(h);
+        assert_int_equal(r.calls, 1);
+        assert_int_equal(r.rc, RATE_OK);
+        assert_int_equal(r.lease.id, c[i].lease.id);
+    }
+    assert_int_equal(held_of(in, "k"), 1); /* c[1] */
+    rate_lease_t l3;
+    rate_decision_t d3;
+    assert_int_equal(rate_inflight_acquire_start(in, "k", 1,
+                                                 RATE_LEASE_NORMAL, &l3, &d3,
+                                                 on_started, &c[3]),
+                     RATE_PENDING);
+    run_all(h);
+    assert_int_equal(c[3].calls, 1);
+    assert_false(c[3].d.allowed);
+    assert_int_equal(c[3].d.component, 1); /* the window */
+    assert_int_equal(c[3].lease.id, 0);
+    assert_int_equal(held_of(in, "k"), 1); /* c[3]'s lease given back */
+    /* Extend moves the handle it hands back; twice released: ELEASE. */
+    clk.now += 1000;
+    started_t e = {0}, r = {0};
+    assert_int_equal(rate_inflight_extend_start(in, "k", 1, &c[1].lease, 0,
+                                                on_started, &e),
+                     RATE_PENDING);
+    run_all(h);
+    assert_int_equal(e.rc, RATE_OK);
+    assert_int_equal(e.lease.expires_ns, c[1].lease.expires_ns + 1000);
+    for (int round = 0; round < 2; round++) {
+        memset(&r, 0, sizeof r);
+        assert_int_equal(rate_inflight_release_start(in, "k", 1, &c[1].lease,
+                                                     on_started, &r),
+                         RATE_PENDING);
+        run_all(h);
+        assert_int_equal(r.rc, round == 0 ? RATE_OK : RATE_ELEASE);
+    }
+    /* Input errors, at once. */
+    assert_int_equal(rate_inflight_release_start(in, "k", 1, &c[1].lease,
+                                                 NULL, &r),
+                     RATE_EINVAL);
+    assert_int_equal(rate_inflight_release_start(in, "x", 1, &c[1].lease,
+                                                 on_started, &r),
+                     RATE_EINVAL); /* another key's handle */
+    rate_inflight_free(in);
+    rate_store_free(store);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -489,6 +615,7 @@ int main(void)
         cmocka_unit_test(test_corrupt),
         cmocka_unit_test(test_threads_memory),
         cmocka_unit_test(test_threads_cas),
+        cmocka_unit_test(test_start_calls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -124,6 +124,33 @@ static int check_input(const char *key, size_t len, uint64_t now)
     return now > RATE_TIME_MAX ? RATE_ERANGE : RATE_OK;
 }
 
+/* The operation by the store's lease() (store contract version 5: one
+ * round trip on Redis), or RATE_ENOTSUP when it has none or declines. */
+static int run_whole(rate_inflight_t *in, const rate_key_t *k,
+                     rate__lease_step_t *a)
+{
+    static const rate_lease_op_t ops[] = {
+        [LEASE_ACQUIRE] = RATE_LEASE_OP_ACQUIRE,
+        [LEASE_RELEASE] = RATE_LEASE_OP_RELEASE,
+        [LEASE_EXTEND] = RATE_LEASE_OP_EXTEND,
+        [LEASE_COUNT] = RATE_LEASE_OP_COUNT};
+    if (a->op > LEASE_COUNT) /* listing and reaping: the step's alone */
+        return RATE_ENOTSUP;
+    rate_lease_req_t q = {.op = ops[a->op], .now_ns = a->now_ns,
+                          .max = a->max, .reserve = a->reserve,
+                          .critical = a->cls == RATE_LEASE_CRITICAL,
+                          .id = a->id, .expires_ns = a->expires_ns,
+                          .pid = a->pid};
+    int rc = rate__store_lease(in->store, k, &q);
+    if (rc == RATE_OK) {
+        a->granted = q.granted;
+        a->held = q.held;
+        a->retry_at = q.retry_at_ns;
+        a->latest = q.latest_ns;
+    }
+    return rc;
+}
+
 /* Runs one lease step on the key's lease state. */
 static int run(rate_inflight_t *in, const char *key, size_t len,
                rate__lease_step_t *a, bool clock_time)
@@ -137,6 +164,9 @@ static int run(rate_inflight_t *in, const char *key, size_t len,
                       clock_time ? a->now_ns : 0, rate__lease_is_cold};
     a->max = in->policy->max;
     a->reserve = in->policy->reserve;
+    int rc = run_whole(in, &k, a);
+    if (rc != RATE_ENOTSUP)
+        return rc;
     return rate__store_step(in->store, &k, &st, 64, NULL);
 }
 
@@ -410,4 +440,266 @@ int rate_inflight_held_at(rate_inflight_t *in, const char *key, size_t len,
                           uint64_t now_ns, uint64_t *out)
 {
     return held(in, key, len, now_ns, false, out);
+}
+
+/* ------------------------------------------------ on an event loop */
+
+/* One lease operation through the store's start(): the job first (the
+ * store's done() hands it back), then what the operation needs until the
+ * callback has run. */
+typedef struct lease_job {
+    rate_job_t job;
+    rate_inflight_t *in;
+    rate__lease_step_t a; /* the step (the store's fallback) */
+    rate_lease_req_t q;   /* the whole operation (lease()) */
+    rate_step_t st;
+    rate_lease_t lease;   /* acquire: the one granted; else the handle */
+    rate_lease_fn cb;
+    void *ud;
+    bool clock_time;
+    rate_decision_t d;    /* acquire: the decision so far */
+    int rate_rc;          /* the rate part's code, while giving back */
+    char key[sizeof PREFIX + RATE_LEASE_KEY_MAX];
+} lease_job_t;
+
+static int start_job(rate_inflight_t *in, const char *key, size_t len,
+                     const rate__lease_step_t *a, bool clock_time,
+                     const rate_lease_t *lease, rate_lease_fn cb, void *ud);
+
+static void job_free(lease_job_t *x)
+{
+    free(x->a.scratch);
+    free(x);
+}
+
+/* The lease given back after the rate part denied (or failed): the
+ * acquire's answer is the rate part's, as rate_part() makes it. */
+static void given_back(void *ud, int rc, const rate_lease_t *lease,
+                       const rate_decision_t *unused)
+{
+    lease_job_t *x = ud;
+    (void)lease;
+    (void)unused;
+    memset(&x->lease, 0, sizeof x->lease);
+    if (x->rate_rc == RATE_OK && rc != RATE_OK && rc != RATE_EEXPIRED)
+        x->rate_rc = rc; /* the release's own failure is the call's */
+    x->cb(x->ud, x->rate_rc, &x->lease, &x->d);
+    job_free(x);
+}
+
+/* The rate part's decision for a granted lease (rate_part(), through the
+ * loop): allowed, the answer; else the lease is released first. */
+static void rated(void *ud, int rc, const rate_decision_t *d)
+{
+    lease_job_t *x = ud;
+    if (rc == RATE_OK && d->allowed) {
+        if (d->remaining < x->d.remaining) { /* the tighter limit speaks */
+            x->d.component = d->component + 1;
+            x->d.limit = d->limit;
+            x->d.remaining = d->remaining;
+        }
+        if (d->reset_after_ns > x->d.reset_after_ns)
+            x->d.reset_after_ns = d->reset_after_ns;
+        x->cb(x->ud, RATE_OK, &x->lease, &x->d);
+        job_free(x);
+        return;
+    }
+    x->rate_rc = rc;
+    if (rc == RATE_OK) {
+        x->d = *d;
+        x->d.component = d->component + 1;
+    } else {
+        memset(&x->d, 0, sizeof x->d);
+        x->d.reason = RATE_REASON_STORE_ERROR;
+        x->d.error = rc;
+    }
+    size_t len = x->job.key.len - sizeof PREFIX;
+    rate__lease_step_t r = {.op = LEASE_RELEASE, .now_ns = x->a.now_ns,
+                            .id = x->lease.id,
+                            .expires_ns = x->lease.expires_ns};
+    int grc = start_job(x->in, x->key + sizeof PREFIX, len, &r,
+                        x->clock_time, &x->lease, given_back, x);
+    if (grc != RATE_PENDING)
+        given_back(x, grc, NULL, NULL);
+}
+
+/* After the lease was granted: the rate part, through the limiter's
+ * asynchronous call. */
+static void rate_part_start(lease_job_t *x)
+{
+    rate_decision_t d;
+    const char *key = x->key + sizeof PREFIX;
+    size_t len = x->job.key.len - sizeof PREFIX;
+    int rc = x->clock_time
+                 ? rate_limiter_check_start(x->in->limiter, key, len, 1, 0,
+                                            &d, rated, x)
+                 : rate_limiter_check_start_at(x->in->limiter, key, len, 1,
+                                               0, x->a.now_ns, &d, rated, x);
+    if (rc != RATE_PENDING)
+        rated(x, rc, &d); /* answered at once, or refused */
+}
+
+static void lease_job_done(rate_job_t *job, int rc)
+{
+    lease_job_t *x = (lease_job_t *)job;
+    rate__lease_step_t *a = &x->a;
+    rate_decision_t d;
+
+    if (rc == RATE_OK && job->lease_made) { /* made whole by the store */
+        a->granted = x->q.granted;
+        a->held = x->q.held;
+        a->retry_at = x->q.retry_at_ns;
+        a->latest = x->q.latest_ns;
+    }
+    memset(&d, 0, sizeof d);
+    if (a->op == LEASE_ACQUIRE) {
+        if (rc == RATE_OK) {
+            fill_lease_decision(x->in, a, a->now_ns, &d);
+        } else {
+            d.reason = RATE_REASON_STORE_ERROR;
+            d.error = rc;
+        }
+        if (rc != RATE_OK || !a->granted)
+            memset(&x->lease, 0, sizeof x->lease);
+        if (rc == RATE_OK && a->granted && x->in->limiter != NULL) {
+            x->d = d;
+            rate_part_start(x);
+            return;
+        }
+        x->cb(x->ud, rc, &x->lease, &d);
+    } else {
+        if (rc == RATE_OK && a->op == LEASE_EXTEND)
+            x->lease.expires_ns = a->expires_ns;
+        x->cb(x->ud, rc, &x->lease, NULL);
+    }
+    job_free(x);
+}
+
+/* Starts the step a on the key through the store's start(): RATE_PENDING,
+ * or the store's refusal (nothing started). */
+static int start_job(rate_inflight_t *in, const char *key, size_t len,
+                     const rate__lease_step_t *a, bool clock_time,
+                     const rate_lease_t *lease, rate_lease_fn cb, void *ud)
+{
+    static const rate_lease_op_t ops[] = {
+        [LEASE_ACQUIRE] = RATE_LEASE_OP_ACQUIRE,
+        [LEASE_RELEASE] = RATE_LEASE_OP_RELEASE,
+        [LEASE_EXTEND] = RATE_LEASE_OP_EXTEND,
+        [LEASE_COUNT] = RATE_LEASE_OP_COUNT};
+    lease_job_t *x = calloc(1, sizeof *x);
+    if (x == NULL)
+        return RATE_ENOMEM;
+    x->in = in;
+    x->cb = cb;
+    x->ud = ud;
+    x->clock_time = clock_time;
+    x->lease = *lease;
+    x->a = *a;
+    x->a.max = in->policy->max;
+    x->a.reserve = in->policy->reserve;
+    /* The step's fallback needs room for the limit's expiries, as
+     * acquire_lease gives it. */
+    if (a->op == LEASE_ACQUIRE && a->cls == RATE_LEASE_NORMAL &&
+        in->policy->reserve > 0 &&
+        (x->a.scratch = malloc(in->policy->max * sizeof *x->a.scratch)) !=
+            NULL)
+        x->a.scratch_cap = (size_t)in->policy->max;
+    x->q = (rate_lease_req_t){.op = ops[a->op], .now_ns = a->now_ns,
+                              .max = x->a.max, .reserve = x->a.reserve,
+                              .critical = a->cls == RATE_LEASE_CRITICAL,
+                              .id = a->id, .expires_ns = a->expires_ns,
+                              .pid = a->pid};
+    x->st = (rate_step_t){rate__lease_step, &x->a,
+                          RATE__LEASE_HEADER + RATE__LEASE_ENTRY, a->now_ns,
+                          clock_time ? a->now_ns : 0, rate__lease_is_cold};
+    memcpy(x->key, PREFIX, sizeof PREFIX);
+    memcpy(x->key + sizeof PREFIX, key, len);
+    x->job = (rate_job_t){{x->key, sizeof PREFIX + len, RATE_SPACE_STATE},
+                          &x->st, NULL, NULL, lease_job_done, x,
+                          in->store->m->version >= 5 ? &x->q : NULL,
+                          false};
+    int rc = in->store->m->start(in->store->self, &x->job);
+    if (rc != RATE_OK) {
+        free(x->a.scratch);
+        free(x);
+        return rc;
+    }
+    return RATE_PENDING;
+}
+
+int rate_inflight_acquire_start(rate_inflight_t *in, const char *key,
+                                size_t len, rate_lease_class_t cls,
+                                rate_lease_t *lease, rate_decision_t *out,
+                                rate_lease_fn cb, void *ud)
+{
+    int rc;
+
+    if (lease != NULL)
+        memset(lease, 0, sizeof *lease);
+    if (out != NULL)
+        memset(out, 0, sizeof *out);
+    if (in == NULL || lease == NULL || out == NULL || cb == NULL ||
+        (cls != RATE_LEASE_NORMAL && cls != RATE_LEASE_CRITICAL))
+        return RATE_EINVAL;
+    if (in->store->m->start == NULL) /* a store that answers at once */
+        return rate_inflight_acquire(in, key, len, cls, lease, out);
+    uint64_t now = in->clock.now_ns(in->clock.ud);
+    if ((rc = check_input(key, len, now)) != RATE_OK)
+        return rc;
+    rate__lease_step_t a = {.op = LEASE_ACQUIRE, .now_ns = now, .cls = cls,
+                            .id = new_id(in),
+                            .expires_ns = now + in->policy->ttl_ns,
+                            .pid = in->pid};
+    rate_lease_t granted = {.id = a.id, .expires_ns = a.expires_ns,
+                            .key_hash = key_hash(key, len)};
+    rc = start_job(in, key, len, &a, in->clock_is_default, &granted, cb, ud);
+    if (rc != RATE_PENDING) {
+        out->reason = RATE_REASON_STORE_ERROR;
+        out->error = rc;
+    }
+    return rc;
+}
+
+/* Release or extend: the handle checked as change() checks it. */
+static int change_start(rate_inflight_t *in, const char *key, size_t len,
+                        const rate_lease_t *lease, lease_op_t op,
+                        uint64_t ttl_ns, rate_lease_fn cb, void *ud)
+{
+    int rc;
+
+    if (in == NULL || lease == NULL || lease->id == 0 || cb == NULL)
+        return RATE_EINVAL;
+    uint64_t now = in->clock.now_ns(in->clock.ud);
+    if (op == LEASE_EXTEND && ttl_ns > (UINT64_C(1) << 61))
+        return RATE_ERANGE;
+    if ((rc = check_input(key, len, now)) != RATE_OK)
+        return rc;
+    if (lease->key_hash != key_hash(key, len))
+        return RATE_EINVAL; /* granted for another key */
+    rate__lease_step_t a = {.op = op, .now_ns = now, .id = lease->id,
+                            .expires_ns = lease->expires_ns};
+    if (op == LEASE_EXTEND) {
+        if (lease->expires_ns <= now)
+            return RATE_EEXPIRED; /* by the handle's own time */
+        a.expires_ns = now + (ttl_ns != 0 ? ttl_ns : in->policy->ttl_ns);
+    }
+    return start_job(in, key, len, &a, in->clock_is_default, lease, cb, ud);
+}
+
+int rate_inflight_release_start(rate_inflight_t *in, const char *key,
+                                size_t len, const rate_lease_t *lease,
+                                rate_lease_fn cb, void *ud)
+{
+    if (in != NULL && cb != NULL && in->store->m->start == NULL)
+        return rate_inflight_release(in, key, len, lease);
+    return change_start(in, key, len, lease, LEASE_RELEASE, 0, cb, ud);
+}
+
+int rate_inflight_extend_start(rate_inflight_t *in, const char *key,
+                               size_t len, rate_lease_t *lease,
+                               uint64_t ttl_ns, rate_lease_fn cb, void *ud)
+{
+    if (in != NULL && cb != NULL && in->store->m->start == NULL)
+        return rate_inflight_extend(in, key, len, lease, ttl_ns);
+    return change_start(in, key, len, lease, LEASE_EXTEND, ttl_ns, cb, ud);
 }

@@ -71,6 +71,10 @@ static inline redisContext *rcl_connect(int port)
 
 /* Starts node i (again, after a stop: same port, same node file) and
  * waits until it answers PING (up to TEST_WAIT_S). */
+/* A module every node loads (--loadmodule), or NULL: set before
+ * rcl_start. */
+static const char *rcl_module;
+
 static inline bool rcl_start_node(rcluster_t *cl, int i)
 {
     char p[16], conf[128], rdb[32];
@@ -83,7 +87,11 @@ static inline bool rcl_start_node(rcluster_t *cl, int i)
                           conf, "--cluster-node-timeout", "1000", "--dir",
                           cl->dir, "--dbfilename", rdb,
                           "--cluster-replica-validity-factor", "0",
-                          "--loglevel", "warning", NULL};
+                          "--loglevel", "warning", NULL, NULL, NULL};
+    if (rcl_module != NULL) {
+        argv[sizeof argv / sizeof argv[0] - 3] = "--loadmodule";
+        argv[sizeof argv / sizeof argv[0] - 2] = rcl_module;
+    }
     cl->pid[i] = test_spawn(argv);
     return test_wait_ready(&cl->pid[i], cl->port[i], redis_test_answers);
 }

@@ -632,7 +632,9 @@ static int usage(FILE *f)
           "limit of 2000/s are admitted.\n"
           "With --leases, instead: an in-flight lease (acquire + release)\n"
           "beside one rate decision, on memory, shm and (with --redis) Redis,\n"
-          "with 1 and 64 callers on one key.\n",
+          "with 1 and 64 callers on one key; on Redis, leases by the general\n"
+          "path (HMGET + compare-and-set), the lease script and the module\n"
+          "(when loaded), one row each.\n",
           f);
     return f == stdout ? 0 : 2;
 }

@@ -2,7 +2,8 @@
 /*
  * ratelimit bench --leases: an in-flight lease (acquire + release) beside
  * one rate decision, on the memory store, a shared-memory region and,
- * with --redis URL, Redis; 1 and 64 callers (threads) on one key.  Each
+ * with --redis URL, Redis (leases by the general path, the lease script
+ * and the module, side by side); 1 and 64 callers (threads) on one key.  Each
  * figure is the calls made in a fixed span by all callers; the best of 3
  * rounds, alternated; the ratio is of the same run (docs/performance.md, "Leases").
  */
@@ -110,7 +111,7 @@ static int row(const char *name, rate_store_t *store)
             dec = d > dec ? d : dec;
             pair = p > pair ? p : pair;
         }
-        printf("%-8s %7d %14.0f %14.0f %9.2f%s\n", name, callers[c], dec,
+        printf("%-14s %7d %14.0f %14.0f %9.2f%s\n", name, callers[c], dec,
                pair, dec / pair, errors ? "  (errors or denials)" : "");
         fflush(stdout);
     }
@@ -131,7 +132,7 @@ int bench_leases(const char *redis_url)
     if (redis_url != NULL) /* refused before the other figures, not after */
         return cli_fail("bench: --redis: this build has no Redis store");
 #endif
-    printf("%-8s %7s %14s %14s %9s\n", "store", "callers", "decisions/s",
+    printf("%-14s %7s %14s %14s %9s\n", "store", "callers", "decisions/s",
            "leases/s", "ratio");
     if (rate_store_memory_new(NULL, &mem) != RATE_OK)
         return cli_fail("bench: cannot make the memory store");
@@ -150,18 +151,42 @@ int bench_leases(const char *redis_url)
 
     if (redis_url != NULL) {
 #ifdef RATE_WITH_REDIS
-        rate_redis_options_t ro = {.prefix = "ratelimit-bench-lease:"};
-        rate_store_t *rs = NULL;
-        if (rate_store_redis_new(redis_url, &ro, &rs, err, sizeof err) !=
-            RATE_OK)
-            return cli_fail("bench: --redis %s: %s", redis_url, err);
-        status |= row("redis", rs);
-        rate_store_redis_drop(rs);
-        rate_store_free(rs);
+        /* Leases by the general path (HMGET + compare-and-set: two round
+         * trips or more each), by the lease script and by the module (one
+         * each), in one run; the module's row only when the server has
+         * it (docs/leases.md, "Leases on Redis"). */
+        static const struct {
+            const char *name;
+            bool generic;
+            rate_redis_module_t module;
+        } paths[] = {{"redis-generic", true, RATE_REDIS_MODULE_OFF},
+                     {"redis-script", false, RATE_REDIS_MODULE_OFF},
+                     {"redis-module", false, RATE_REDIS_MODULE_ON}};
+        for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+            rate_redis_options_t ro = {.prefix = "ratelimit-bench-lease:",
+                                       .generic_leases = paths[i].generic,
+                                       .module = paths[i].module};
+            rate_store_t *rs = NULL;
+            if (rate_store_redis_new(redis_url, &ro, &rs, err, sizeof err) !=
+                RATE_OK) {
+                if (paths[i].module == RATE_REDIS_MODULE_ON) {
+                    printf("%-14s (no ratelimit.so on the server)\n",
+                           paths[i].name);
+                    continue;
+                }
+                return cli_fail("bench: --redis %s: %s", redis_url, err);
+            }
+            status |= row(paths[i].name, rs);
+            rate_store_redis_drop(rs);
+            rate_store_free(rs);
+        }
 #endif
     }
     printf("leases/s: acquire + release pairs (concurrency 64, one key);\n"
            "decisions/s: rate_limiter_check (token bucket, one key);\n"
-           "ratio: what a pair costs in decisions.\n");
+           "ratio: what a pair costs in decisions.\n"
+           "redis-generic: leases by HMGET + compare-and-set (2 round trips\n"
+           "each, more on a conflict); redis-script, redis-module: by the\n"
+           "lease script or RATELIMIT.LEASE (1 round trip each).\n");
     return status;
 }

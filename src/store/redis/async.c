@@ -49,13 +49,14 @@
 #include <hiredis/hiredis.h>
 
 #include "async.h"
+#include "lease.h"
 #include "ratelimit_redis.h"
 
 #define CAS_RETRIES 16
 #define MAX_NODES RATE__REDIS_MAX_NODES
 #define MAX_REDIRECTS RATE__REDIS_MAX_REDIRECTS
 #define TRYAGAIN_NS RATE__REDIS_TRYAGAIN_NS
-#define SCRIPTS_MAX 8    /* scripts a connection loads (protocol.c has 6) */
+#define SCRIPTS_MAX 8    /* scripts a connection loads (protocol.c has 7) */
 
 typedef struct astore astore_t;
 typedef struct anode anode_t;
@@ -94,7 +95,7 @@ struct anode {
     bool broken; /* the loop refused a watch: drop at the timer */
 };
 
-enum { PH_DECIDE, PH_LOAD, PH_CAS };
+enum { PH_DECIDE, PH_LOAD, PH_CAS, PH_LEASE };
 
 /* One decision in flight. */
 typedef struct ajob {
@@ -874,6 +875,25 @@ static int decide_cmd(ajob_t *j, bool module)
     return rc;
 }
 
+/* The command of j's lease operation (lease.h), as the synchronous store
+ * chooses it: RATELIMIT.LEASE when the server has the module (or may),
+ * else the lease script; with generic_leases, the step's load.  module
+ * false: not the module (it just answered it lacks the command). */
+static int lease_cmd(ajob_t *j, bool module)
+{
+    astore_t *s = j->s;
+
+    rate__redis_cmd_free(&j->cmd);
+    if (rate__redis_generic_leases(s->sync_self))
+        return load_cmd(j);
+    j->phase = PH_LEASE;
+    j->noscripts = 0;
+    j->module = module && rate__redis_lease_module_ok(s->sync_self) &&
+                rate__redis_module_try(s->sync_self);
+    return rate__redis_lease_cmd(s->proto, j->module, &j->job->key,
+                                 j->job->lease, &j->cmd);
+}
+
 /* A load's reply: run the step over it; the compare-and-set, or done. */
 static int after_load(ajob_t *j, const redisReply *rep, bool *more)
 {
@@ -1060,6 +1080,18 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
     outcome(j, n, true);
     if (rep->type == REDIS_REPLY_ERROR && redirect(j, n, rep))
         return;
+    if (j->phase == PH_LEASE && j->module &&
+        rep->type == REDIS_REPLY_ERROR && rep->str != NULL &&
+        strstr(rep->str, "unknown command") != NULL) {
+        /* A module without RATELIMIT.LEASE (or none any more): the lease
+         * script, now and for this store's later leases. */
+        rate__redis_lease_module_gone(j->s->sync_self);
+        if ((rc = lease_cmd(j, false)) == RATE_OK &&
+            (rc = route(j)) == RATE_OK)
+            return;
+        finish(j, rc);
+        return;
+    }
     if (j->phase == PH_DECIDE && j->module) {
         rate__redis_module_seen(j->s->sync_self,
                                 rep->type != REDIS_REPLY_ERROR);
@@ -1115,6 +1147,15 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
         }
         case PH_LOAD:
             rc = after_load(j, rep, &more);
+            break;
+        case PH_LEASE:
+            rc = rate__redis_lease_parse(rep, j->job->lease);
+            j->job->lease_made = rc == RATE_OK;
+            if (j->module) /* answered: the module is there */
+                rate__redis_module_seen(j->s->sync_self, true);
+            if (rc == RATE_OK || rc == RATE_ELEASE || rc == RATE_EEXPIRED)
+                (*(j->module ? &j->s->st.module_leases
+                             : &j->s->st.script_leases))++;
             break;
         default:
             rc = rate__redis_cas_parse(rep);
@@ -1213,7 +1254,9 @@ static int a_start(void *self, rate_job_t *job)
     j->s = s;
     j->job = job;
     j->deadline = now + s->conf.command_ns;
-    if (job->req != NULL) {
+    if (job->lease != NULL) {
+        rc = lease_cmd(j, true);
+    } else if (job->req != NULL) {
         rc = decide_cmd(j, true);
     } else {
         rc = load_cmd(j);

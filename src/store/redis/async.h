@@ -53,6 +53,12 @@ bool rate__redis_module_try(void *sync_self);
 void rate__redis_module_seen(void *sync_self, bool answered);
 bool rate__redis_fcall_on(void *sync_self);
 void rate__redis_fcall_off(void *sync_self);
+/* Leases (lease.h): whether they go by the general path (generic_leases),
+ * whether the module may make them (not known to lack RATELIMIT.LEASE),
+ * and that it lacks it (an "unknown command" reply). */
+bool rate__redis_generic_leases(void *sync_self);
+bool rate__redis_lease_module_ok(void *sync_self);
+void rate__redis_lease_module_gone(void *sync_self);
 
 /* The synchronous store's back end an asynchronous Redis store owns, or
  * NULL for any other store: what drop and touch go through. */

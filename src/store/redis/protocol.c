@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "../../sha1.h"
+#include "lease.h"
 #include "protocol.h"
 #include "redis_step_lua.h"
 #include "redis_tb_lua.h"
@@ -100,6 +101,10 @@ static const struct {
 
 bool rate__redis_script(unsigned i, const char **src, size_t *len)
 {
+    if (i == 3 + LEAN_COUNT) { /* then the lease script (lease.h) */
+        *src = rate__redis_lease_script(len);
+        return true;
+    }
     if (i >= 3 + LEAN_COUNT)
         return false;
     *src = i == 0   ? cas_script

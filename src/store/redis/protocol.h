@@ -50,8 +50,8 @@ int rate__redis_proto_init(rate__redis_proto_t *p, const char *prefix,
 void rate__redis_proto_free(rate__redis_proto_t *p);
 
 /* The scripts a connection loads (SCRIPT LOAD), i from 0 while it
- * returns true: the compare-and-set, the general step, the probe, then
- * the lean scripts.  The probe's index is RATE__REDIS_PROBE_SCRIPT. */
+ * returns true: the compare-and-set, the general step, the probe, the
+ * lean scripts, then the lease script (lease.h).  The probe's index is RATE__REDIS_PROBE_SCRIPT. */
 bool rate__redis_script(unsigned i, const char **src, size_t *len);
 #define RATE__REDIS_PROBE_SCRIPT 2u
 

@@ -38,6 +38,7 @@
 #include <hiredis/hiredis.h>
 
 #include "async.h"
+#include "lease.h"
 #include "sync.h"
 
 #define deadline_of rate__rsync_deadline
@@ -512,6 +513,80 @@ void rate__redis_fcall_off(void *sync_self)
     atomic_store(&r->fcall, false);
 }
 
+bool rate__redis_generic_leases(void *sync_self)
+{
+    return ((redis_store_t *)sync_self)->generic_leases;
+}
+
+bool rate__redis_lease_module_ok(void *sync_self)
+{
+    redis_store_t *r = sync_self;
+    return !atomic_load_explicit(&r->lease_no_module, memory_order_relaxed);
+}
+
+void rate__redis_lease_module_gone(void *sync_self)
+{
+    atomic_store(&((redis_store_t *)sync_self)->lease_no_module, true);
+}
+
+/* One lease command (lease.h): RATE_OK once answered, with *rep. */
+static int lease_call(redis_store_t *r, bool module, const rate_key_t *key,
+                      const rate_lease_req_t *q, uint64_t dl,
+                      redisReply **rep)
+{
+    rate__redis_cmd_t c;
+    int rc = rate__redis_lease_cmd(&r->proto, module, key, q, &c);
+    if (rc != RATE_OK)
+        return rc;
+    rc = rate__rsync_call(r, dl, c.k, c.kl, c.argc, c.av, c.al, rep);
+    if (!module && rc == RATE_OK && rate__redis_noscript(*rep)) {
+        freeReplyObject(*rep); /* Redis restarted or SCRIPT FLUSH */
+        *rep = NULL;
+        rate__redis_cmd_eval(&c);
+        rc = rate__rsync_call(r, dl, c.k, c.kl, c.argc, c.av, c.al, rep);
+    }
+    rate__redis_cmd_free(&c);
+    return rc;
+}
+
+/* lease() (store contract version 5): one round trip, RATELIMIT.LEASE
+ * when the server has the module, else the lease script.  A module
+ * without RATELIMIT.LEASE (an older ratelimit.so) answers an error: the
+ * script makes this one and every later lease of this store. */
+static int r_lease(void *self, const rate_key_t *key, rate_lease_req_t *q)
+{
+    redis_store_t *r = self;
+    int probe_rc = RATE_OK, rc;
+    redisReply *rep = NULL;
+    uint64_t dl = deadline_of(r);
+
+    if (r->generic_leases)
+        return RATE_ENOTSUP;
+    bool module = !atomic_load_explicit(&r->lease_no_module,
+                                        memory_order_relaxed) &&
+                  module_wanted(r, &probe_rc);
+    if (probe_rc != RATE_OK)
+        return probe_rc; /* Redis did not answer */
+    rc = lease_call(r, module, key, q, dl, &rep);
+    if (module && rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
+        rep->str != NULL && strstr(rep->str, "unknown command") != NULL) {
+        freeReplyObject(rep);
+        rep = NULL;
+        atomic_store(&r->lease_no_module, true);
+        module = false;
+        rc = lease_call(r, false, key, q, dl, &rep);
+    }
+    rc = rate__redis_reply_ok(rc, rep);
+    if (rc == RATE_OK)
+        rc = rate__redis_lease_parse(rep, q);
+    if (rc == RATE_OK || rc == RATE_ELEASE || rc == RATE_EEXPIRED)
+        atomic_fetch_add_explicit(module ? &r->st_module_leases
+                                         : &r->st_script_leases,
+                                  1, memory_order_relaxed);
+    freeReplyObject(rep);
+    return rc;
+}
+
 static const rate_store_methods_t redis_methods = {
     .version = RATE_STORE_VERSION,
     .name = "redis",
@@ -522,6 +597,7 @@ static const rate_store_methods_t redis_methods = {
     .remove = r_remove,
     .destroy = r_destroy,
     .decide_changes = true, /* the lean scripts' refunds and penalties */
+    .lease = r_lease,
 };
 
 /* What the asynchronous transport needs of the store's settings. */
@@ -594,6 +670,7 @@ static int redis_new(const char *url, const rate_redis_options_t *opt,
                                  : RATE__REDIS_BREAKER_COOLDOWN_NS;
     r->pool = o.pool_size ? o.pool_size : 2;
     r->module_mode = o.module;
+    r->generic_leases = o.generic_leases != 0;
     const char *prefix = o.prefix ? o.prefix : "ratelimit:";
     if (strlen(prefix) > 256) {
         r_destroy(r);
@@ -885,6 +962,8 @@ int rate_store_redis_status(rate_store_t *store, rate_redis_status_t *out)
     out->declined = atomic_load(&r->st_declined);
     out->lean_adjustments = atomic_load(&r->st_lean_adj);
     out->declined_adjustments = atomic_load(&r->st_adj_declined);
+    out->module_leases = atomic_load(&r->st_module_leases);
+    out->script_leases = atomic_load(&r->st_script_leases);
     return RATE_OK;
 }
 

@@ -63,6 +63,9 @@ typedef struct redis_store {
     _Atomic int module_state; /* MODULE_UNKNOWN, _ON, _OFF */
     _Atomic uint64_t module_retry_at_ns;
     atomic_uint_fast64_t st_module, st_module_fallbacks;
+    bool generic_leases;        /* lease() declines: leases by load + cas */
+    atomic_bool lease_no_module; /* the module has no RATELIMIT.LEASE */
+    atomic_uint_fast64_t st_module_leases, st_script_leases;
 } redis_store_t;
 
 /* A call's deadline: the command timeout from the start of the library

@@ -1,0 +1,121 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Leases on Redis in one round trip (lease.h).  The arguments, after the
+ * key: the operation (a, r, e, c), now, N, the reserve, critical (0/1),
+ * the id, the expiry, the holder's pid, the key's time-to-live (-1: until
+ * its latest expiry, 0: none, else microseconds).  Times and ids go as
+ * 8 little-endian bytes (the pid as 4): Lua's doubles could not carry
+ * them.  The reply: {code, granted, held, retry_at, latest}, code 0 done,
+ * 1 not held, 2 expired, 3 not a lease state; the two times as 8 bytes.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../../sha1.h"
+#include "lease.h"
+#include "lease_lua.h"
+
+static char script_sha[41];
+static pthread_once_t sha_once = PTHREAD_ONCE_INIT;
+
+static void sha_init(void)
+{
+    rate__sha1_hex(lease_lua, sizeof lease_lua - 1, script_sha);
+}
+
+const char *rate__redis_lease_script(size_t *len)
+{
+    *len = sizeof lease_lua - 1;
+    return lease_lua;
+}
+
+static void le(char *out, uint64_t v, size_t n)
+{
+    for (size_t i = 0; i < n; i++, v >>= 8)
+        out[i] = (char)(uint8_t)v;
+}
+
+static uint64_t get_le(const char *s)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | (uint8_t)s[i];
+    return v;
+}
+
+int rate__redis_lease_cmd(const rate__redis_proto_t *p, bool module,
+                          const rate_key_t *key, const rate_lease_req_t *q,
+                          rate__redis_cmd_t *c)
+{
+    static const char *const ops[] = {"a", "r", "e", "c"};
+    int rc;
+
+    if (key->space != RATE_SPACE_STATE || (unsigned)q->op > 3)
+        return RATE_EINVAL;
+    c->argc = 0;
+    c->lean = -1;
+    c->module = module;
+    if ((rc = rate__redis_key_name(p, key, c->kb, sizeof c->kb, &c->k,
+                                   &c->kl)) != RATE_OK)
+        return rc;
+    pthread_once(&sha_once, sha_init);
+    le(c->num[0], q->now_ns, 8);
+    le(c->num[1], q->id, 8);
+    le(c->num[2], q->expires_ns, 8);
+    le(c->num[3], q->pid, 4);
+    snprintf(c->num[4], sizeof c->num[4], "%llu", (unsigned long long)q->max);
+    snprintf(c->num[5], sizeof c->num[5], "%llu",
+             (unsigned long long)q->reserve);
+    /* As a compare-and-set would keep the step's bytes: until the latest
+     * expiry; with no_ttl, the safety expiry or none. */
+    if (p->ttl)
+        strcpy(c->num[6], "-1");
+    else
+        snprintf(c->num[6], sizeof c->num[6], "%llu",
+                 (unsigned long long)p->safety_us);
+    const char *args[] = {ops[q->op], c->num[0], c->num[4], c->num[5],
+                          q->critical ? "1" : "0", c->num[1], c->num[2],
+                          c->num[3], c->num[6]};
+    size_t lens[] = {1, 8, strlen(c->num[4]), strlen(c->num[5]), 1, 8, 8, 4,
+                     strlen(c->num[6])};
+    int n = 0;
+    if (module) {
+        c->av[n] = "RATELIMIT.LEASE", c->al[n++] = 15;
+    } else {
+        c->av[n] = "EVALSHA", c->al[n++] = 7;
+        c->av[n] = script_sha, c->al[n++] = 40;
+        c->av[n] = "1", c->al[n++] = 1;
+    }
+    c->av[n] = c->k, c->al[n++] = c->kl;
+    for (size_t i = 0; i < sizeof args / sizeof args[0]; i++)
+        c->av[n] = args[i], c->al[n++] = lens[i];
+    c->argc = n;
+    c->script = module ? NULL : lease_lua;
+    c->script_len = module ? 0 : sizeof lease_lua - 1;
+    return RATE_OK;
+}
+
+int rate__redis_lease_parse(const redisReply *rep, rate_lease_req_t *q)
+{
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 5)
+        return RATE_ECORRUPT;
+    redisReply *const *e = rep->element;
+    for (int i = 0; i < 3; i++)
+        if (e[i]->type != REDIS_REPLY_INTEGER || e[i]->integer < 0)
+            return RATE_ECORRUPT;
+    for (int i = 3; i < 5; i++)
+        if (e[i]->type != REDIS_REPLY_STRING || e[i]->len != 8)
+            return RATE_ECORRUPT;
+    switch (e[0]->integer) {
+    case 0: break;
+    case 1: return RATE_ELEASE;
+    case 2: return RATE_EEXPIRED;
+    default: return RATE_ECORRUPT;
+    }
+    q->granted = e[1]->integer != 0;
+    q->held = (uint64_t)e[2]->integer;
+    q->retry_at_ns = get_le(e[3]->str);
+    q->latest_ns = get_le(e[4]->str);
+    return RATE_OK;
+}

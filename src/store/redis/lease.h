@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Leases on Redis in one round trip (the store contract's lease(),
+ * version 5): the command of one lease operation, by the module
+ * (RATELIMIT.LEASE, the C lease step inside Redis) or by the lease script
+ * (src/lease/lease.lua, its Lua twin), both with the same arguments and
+ * reply; no I/O (docs/leases.md, "Leases on Redis").
+ */
+#ifndef RATE_STORE_REDIS_LEASE_H
+#define RATE_STORE_REDIS_LEASE_H
+
+#include "protocol.h"
+
+/* The lease script's text (with its length), for SCRIPT LOAD and for
+ * EVAL after NOSCRIPT. */
+const char *rate__redis_lease_script(size_t *len);
+
+/* The command of one lease operation: RATELIMIT.LEASE with module, else
+ * the EVALSHA of the lease script.  RATE_EINVAL for a key that is not a
+ * state's, RATE_ENOMEM; rate__redis_cmd_free() after. */
+int rate__redis_lease_cmd(const rate__redis_proto_t *p, bool module,
+                          const rate_key_t *key, const rate_lease_req_t *q,
+                          rate__redis_cmd_t *c);
+
+/* Its reply (after rate__redis_reply_ok) into q's outputs: RATE_OK,
+ * RATE_ELEASE, RATE_EEXPIRED, or RATE_ECORRUPT (a state that is not a
+ * lease state, or a reply that does not parse). */
+int rate__redis_lease_parse(const redisReply *rep, rate_lease_req_t *q);
+
+#endif

@@ -1,0 +1,588 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Leases on Redis in one round trip (docs/leases.md, "Leases on Redis"):
+ * the store contract's lease() by RATELIMIT.LEASE (ratelimit.so loaded)
+ * and by the lease script, against the general path (HMGET + the
+ * compare-and-set script) and the memory store.  Round trips are counted
+ * on the server with MONITOR (the client's commands, not a script's);
+ * random sequences of acquire, release, extend, counts and expiry on a
+ * virtual clock give the same answers on all four and, on the three
+ * Redis paths, the same stored bytes (ids mapped to the order they were
+ * granted in: each object draws its own).  Bad states are refused by
+ * both one-round-trip paths and never written over.
+ */
+#include <stdbool.h>
+
+#include <hiredis/hiredis.h>
+
+#include "helpers.h"
+#include "lib/redis_cluster.h"
+#include "lib/rng.h"
+
+#include <ratelimit_lease.h>
+#include <ratelimit_redis.h>
+
+#ifndef RATE_MODULE_PATH
+#error "RATE_MODULE_PATH: the path of ratelimit.so"
+#endif
+
+static pid_t server;
+static int port;
+static char url[64];
+/* The store's URL and, on a cluster, the cluster (keys read on their
+ * slot's master). */
+static const char *cur_url = url;
+static rcluster_t *cur_cl;
+
+enum { MEM, GENERIC, SCRIPT, MODULE, PATHS };
+static const char *const path_name[PATHS] = {"memory", "generic", "script",
+                                             "module"};
+static const char *const path_prefix[PATHS] = {NULL, "lg:", "ls:", "lm:"};
+
+static redisContext *raw(void)
+{
+    struct timeval tv = {5, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    if (c == NULL || c->err)
+        fail_msg("cannot connect to port %d", port);
+    return c;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    static const char *const extra[] = {"--loadmodule", RATE_MODULE_PATH,
+                                        NULL};
+    port = redis_test_free_port();
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", port);
+    if ((server = redis_test_start_args(port, extra)) == 0)
+        fail_msg("redis-server did not start on port %d", port);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    redis_test_stop(&server);
+    return 0;
+}
+
+/* The store of one path (NULL for memory: the object's own). */
+static rate_store_t *store_of(int path, bool no_ttl)
+{
+    if (path == MEM)
+        return NULL;
+    /* One connection: the warm-up call makes it, no later call does. */
+    rate_redis_options_t o = {.prefix = path_prefix[path], .no_ttl = no_ttl,
+                              .pool_size = 1};
+    o.module = path == MODULE ? RATE_REDIS_MODULE_ON : RATE_REDIS_MODULE_OFF;
+    o.generic_leases = path == GENERIC;
+    rate_store_t *s = NULL;
+    char err[256] = "";
+    if (rate_store_redis_new(cur_url, &o, &s, err, sizeof err) != RATE_OK)
+        fail_msg("redis store: %s", err);
+    return s;
+}
+
+static rate_inflight_t *inflight_of(const char *text, rate_store_t *s)
+{
+    rate_inflight_policy_t *p = NULL;
+    char err[256] = "";
+    if (rate_inflight_policy_parse(text, &p, err, sizeof err) != RATE_OK)
+        fail_msg("policy '%s': %s", text, err);
+    rate_inflight_config_t cfg = {.policy = p, .store = s};
+    rate_inflight_t *in = NULL;
+    assert_int_equal(rate_inflight_new(&cfg, &in), RATE_OK);
+    rate_inflight_policy_free(p);
+    return in;
+}
+
+/* A connection to the server that holds a key's name: the one server, or
+ * its slot's master in a cluster. */
+static redisContext *raw_for(const char *name, size_t len)
+{
+    if (cur_cl == NULL)
+        return raw();
+    redisContext *c = rcl_connect(cur_cl->port[0]);
+    assert_non_null(c);
+    redisReply *r = redisCommand(c, "CLUSTER KEYSLOT %b", name, len);
+    assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+    int m = rcl_master_of(cur_cl, (unsigned)r->integer);
+    freeReplyObject(r);
+    redisFree(c);
+    assert_true(m >= 0);
+    struct timeval tv = {5, 0};
+    c = redisConnectWithTimeout("127.0.0.1", cur_cl->port[m], tv);
+    assert_true(c != NULL && c->err == 0);
+    return c;
+}
+
+/* The Redis name of a lease key of a path. */
+static size_t lease_name(int path, const char *key, char *out, size_t cap)
+{
+    size_t n = (size_t)snprintf(out, cap, "%s{", path_prefix[path]);
+    memcpy(out + n, "\xff" "LEASE\x01\0", 8);
+    n += 8;
+    return n + (size_t)snprintf(out + n, cap - n, "%s}", key);
+}
+
+/* ------------------------------------------------------------ MONITOR */
+
+/* The commands clients send (a script's own commands, "[0 lua]", left
+ * out) between two markers, on a MONITOR connection. */
+static void mark(redisContext *c, const char *what)
+{
+    redisReply *r = redisCommand(c, "ECHO %s", what);
+    assert_non_null(r);
+    freeReplyObject(r);
+}
+
+/* Reads the monitor up to the marker `until`, counting the client
+ * commands seen after the marker `from` (the first word of the last one
+ * into last). */
+static int monitor_count(redisContext *m, const char *from,
+                         const char *until, char *last, size_t cap)
+{
+    bool counting = false;
+    int n = 0;
+    for (;;) {
+        redisReply *r = NULL;
+        assert_int_equal(redisGetReply(m, (void **)&r), REDIS_OK);
+        assert_true(r->type == REDIS_REPLY_STATUS);
+        bool is_from = strstr(r->str, from) != NULL && strstr(r->str, "\"ECHO\"");
+        bool is_until = strstr(r->str, until) != NULL && strstr(r->str, "\"ECHO\"");
+        if (is_until) {
+            freeReplyObject(r);
+            return n;
+        }
+        if (counting && strstr(r->str, "[0 lua]") == NULL) {
+            n++;
+            const char *q = strchr(r->str, '"');
+            snprintf(last, cap, "%s", q != NULL ? q : r->str);
+        }
+        counting |= is_from;
+        freeReplyObject(r);
+    }
+}
+
+/* ------------------------------------------------------- round trips */
+
+typedef enum { OP_ACQUIRE, OP_EXTEND, OP_RELEASE, OP_HELD, OPS } op_t;
+static const char *const op_name[OPS] = {"acquire", "extend", "release",
+                                         "held"};
+
+/* The client commands of each operation on one path, after a warm-up
+ * (the connection's handshake and the module probe come once). */
+static void count_path(int path, int counts[OPS], char first[OPS][64])
+{
+    char name[64];
+    size_t nl = lease_name(path, "rt", name, sizeof name);
+    redisContext *c = raw_for(name, nl), *mon = raw_for(name, nl);
+    redisReply *mr = redisCommand(mon, "MONITOR");
+    assert_non_null(mr);
+    freeReplyObject(mr);
+    rate_store_t *s = store_of(path, false);
+    rate_inflight_t *in = inflight_of("concurrency 2 ttl=1h", s);
+    uint64_t held = 0;
+    rate_lease_t l;
+    rate_decision_t d;
+    assert_int_equal(rate_inflight_held(in, "rt", 2, &held), RATE_OK);
+    for (int op = 0; op < OPS; op++) {
+        char from[32], until[32];
+        snprintf(from, sizeof from, "m-%d-%d-a", path, op);
+        snprintf(until, sizeof until, "m-%d-%d-b", path, op);
+        mark(c, from);
+        switch ((op_t)op) {
+        case OP_ACQUIRE:
+            assert_int_equal(rate_inflight_acquire(in, "rt", 2,
+                                                   RATE_LEASE_NORMAL, &l, &d),
+                             RATE_OK);
+            assert_true(d.allowed);
+            break;
+        case OP_EXTEND:
+            assert_int_equal(rate_inflight_extend(in, "rt", 2, &l, 0),
+                             RATE_OK);
+            break;
+        case OP_RELEASE:
+            assert_int_equal(rate_inflight_release(in, "rt", 2, &l), RATE_OK);
+            break;
+        case OP_HELD:
+            assert_int_equal(rate_inflight_held(in, "rt", 2, &held), RATE_OK);
+            assert_int_equal(held, 0);
+            break;
+        case OPS: break;
+        }
+        mark(c, until);
+        counts[op] = monitor_count(mon, from, until, first[op], 64);
+    }
+    /* The store's own counts: the warm-up and the four operations. */
+    rate_redis_status_t st;
+    assert_int_equal(rate_store_redis_status(s, &st), RATE_OK);
+    assert_int_equal(st.module_leases, path == MODULE ? 5 : 0);
+    assert_int_equal(st.script_leases, path == SCRIPT ? 5 : 0);
+    rate_inflight_free(in);
+    rate_store_redis_drop(s);
+    rate_store_free(s);
+    redisFree(mon);
+    redisFree(c);
+}
+
+static void check_round_trips(void)
+{
+    int counts[PATHS][OPS];
+    char first[PATHS][OPS][64];
+    for (int path = GENERIC; path < PATHS; path++)
+        count_path(path, counts[path], first[path]);
+    for (int op = 0; op < OPS; op++) {
+        print_message("%-8s  generic %d  script %d  module %d  "
+                      "(client commands)\n",
+                      op_name[op], counts[GENERIC][op], counts[SCRIPT][op],
+                      counts[MODULE][op]);
+        /* Exactly one command: the script or the module's command. */
+        assert_int_equal(counts[SCRIPT][op], 1);
+        assert_int_equal(counts[MODULE][op], 1);
+        assert_non_null(strstr(first[SCRIPT][op], "\"EVALSHA\""));
+        assert_non_null(strstr(first[MODULE][op], "\"RATELIMIT.LEASE\""));
+    }
+    /* The general path: a load, then a compare-and-set for a change. */
+    assert_int_equal(counts[GENERIC][OP_ACQUIRE], 2);
+    assert_int_equal(counts[GENERIC][OP_RELEASE], 2);
+    assert_int_equal(counts[GENERIC][OP_EXTEND], 2);
+    assert_int_equal(counts[GENERIC][OP_HELD], 1);
+}
+
+static void test_round_trips(void **state)
+{
+    (void)state;
+    check_round_trips();
+}
+
+/* The key's expiry by both one-round-trip paths: the lease's TTL by
+ * Redis's clock (rounded up to ms, plus one), as the general path's. */
+static void test_expiry(void **state)
+{
+    (void)state;
+    redisContext *c = raw();
+    for (int path = GENERIC; path < PATHS; path++) {
+        rate_store_t *s = store_of(path, false);
+        rate_inflight_t *in = inflight_of("concurrency 2 ttl=1h", s);
+        rate_lease_t l;
+        rate_decision_t d;
+        assert_int_equal(rate_inflight_acquire(in, "ex", 2, RATE_LEASE_NORMAL,
+                                               &l, &d),
+                         RATE_OK);
+        /* the key's name: prefix, '{', the 8-byte lease prefix, "ex", '}' */
+        char full[64];
+        size_t n = (size_t)snprintf(full, sizeof full, "%s{", path_prefix[path]);
+        memcpy(full + n, "\xff" "LEASE\x01\0ex}", 11);
+        n += 11;
+        redisReply *r = redisCommand(c, "PTTL %b", full, n);
+        assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+        print_message("%s: PTTL %lld ms\n", path_name[path], r->integer);
+        assert_true(r->integer > 3590000 && r->integer <= 3600003);
+        freeReplyObject(r);
+        /* Released: a bare header, kept at most a few ms. */
+        assert_int_equal(rate_inflight_release(in, "ex", 2, &l), RATE_OK);
+        r = redisCommand(c, "PTTL %b", full, n);
+        assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+        assert_true(r->integer <= 3);
+        freeReplyObject(r);
+        rate_inflight_free(in);
+        rate_store_redis_drop(s);
+        rate_store_free(s);
+    }
+    redisFree(c);
+}
+
+/* ------------------------------------------------------ differential */
+
+#define KEYS 6
+#define STEPS 3000
+#define MAXH 64 /* handles kept per path */
+
+typedef struct path_run {
+    rate_store_t *store;
+    rate_inflight_t *in;
+    rate_lease_t held[MAXH]; /* granted handles, live or not */
+    int keyof[MAXH];
+    size_t n;
+    uint64_t order[4 * STEPS]; /* the ids granted, in order */
+    size_t granted;
+} path_run_t;
+
+/* The key's stored bytes with each id replaced by the order it was
+ * granted in (1-based; 0 for an id this object never granted). */
+static size_t stored(const path_run_t *p, int path, const char *key,
+                     uint8_t *out, size_t cap)
+{
+    char full[64];
+    size_t n = lease_name(path, key, full, sizeof full);
+    redisContext *c = raw_for(full, n);
+    redisReply *r = redisCommand(c, "HGET %b s", full, n);
+    redisFree(c);
+    assert_non_null(r);
+    size_t len = 0;
+    if (r->type == REDIS_REPLY_STRING) {
+        assert_true(r->len <= cap);
+        len = r->len;
+        memcpy(out, r->str, len);
+    }
+    freeReplyObject(r);
+    for (size_t e = 14; e + 24 <= len; e += 24) {
+        uint64_t id = 0, ord = 0;
+        for (int i = 7; i >= 0; i--)
+            id = id << 8 | out[e + (size_t)i];
+        for (size_t i = 0; i < p->granted; i++)
+            if (p->order[i] == id)
+                ord = i + 1;
+        for (int i = 0; i < 8; i++)
+            out[e + (size_t)i] = (uint8_t)(ord >> (8 * i));
+    }
+    return len;
+}
+
+static void run_differential(const char *policy, uint64_t seed, bool deep,
+                             int steps)
+{
+    static path_run_t p[PATHS];
+    const uint64_t t0 = UINT64_C(1) << 40, ttl = 100 * UINT64_C(1000000);
+    uint64_t now = t0;
+    memset(p, 0, sizeof p);
+    for (int k = 0; k < PATHS; k++) {
+        /* no_ttl: the keys must not expire by Redis's clock under the
+         * virtual one (the expiry itself: test_expiry). */
+        p[k].store = store_of(k, true);
+        p[k].in = inflight_of(policy, p[k].store);
+    }
+    rnd_seed(seed);
+    int ops[6] = {0};
+    for (int step = 0; step < steps; step++) {
+        now += rnd(16) == 0 ? rnd(2 * ttl) : rnd(ttl / 64);
+        int op = (int)rnd(10), key = (int)rnd(KEYS);
+        char kb[8];
+        snprintf(kb, sizeof kb, "k%d", key);
+        size_t h = p[0].n > 0 ? (size_t)rnd(p[0].n) : 0;
+        int rc[PATHS];
+        rate_decision_t d[PATHS];
+        uint64_t held[PATHS];
+        if (op < 4 || p[0].n == 0) { /* acquire */
+            ops[0]++;
+            rate_lease_class_t cls = rnd(4) == 0 ? RATE_LEASE_CRITICAL
+                                                 : RATE_LEASE_NORMAL;
+            for (int k = 0; k < PATHS; k++) {
+                rate_lease_t l;
+                rc[k] = rate_inflight_acquire_at(p[k].in, kb, strlen(kb), cls,
+                                                 now, &l, &d[k]);
+                if (rc[k] == RATE_OK && d[k].allowed) {
+                    p[k].order[p[k].granted++] = l.id;
+                    if (p[k].n < MAXH) {
+                        p[k].keyof[p[k].n] = key;
+                        p[k].held[p[k].n++] = l;
+                    } else {
+                        p[k].keyof[step % MAXH] = key;
+                        p[k].held[step % MAXH] = l;
+                    }
+                }
+            }
+            /* A normal request denied while critical ones hold more
+             * than its limit: it waits for more than one expiry. */
+            uint64_t h0 = 0;
+            if (rc[0] == RATE_OK && !d[0].allowed &&
+                cls == RATE_LEASE_NORMAL &&
+                rate_inflight_held_at(p[0].in, kb, strlen(kb), now, &h0) ==
+                    RATE_OK &&
+                h0 > d[0].limit)
+                ops[5]++;
+            for (int k = 1; k < PATHS; k++) {
+                assert_int_equal(rc[k], rc[0]);
+                assert_int_equal(d[k].allowed, d[0].allowed);
+                assert_int_equal(d[k].reason, d[0].reason);
+                assert_int_equal(d[k].limit, d[0].limit);
+                assert_int_equal(d[k].remaining, d[0].remaining);
+                assert_int_equal(d[k].retry_after_ns, d[0].retry_after_ns);
+                assert_int_equal(d[k].reset_after_ns, d[0].reset_after_ns);
+            }
+        } else if (op < 7) { /* release (again, maybe; expired, maybe) */
+            ops[1]++;
+            snprintf(kb, sizeof kb, "k%d", key = p[0].keyof[h]);
+            for (int k = 0; k < PATHS; k++)
+                rc[k] = rate_inflight_release_at(p[k].in, kb, strlen(kb),
+                                                 &p[k].held[h], now);
+            for (int k = 1; k < PATHS; k++)
+                assert_int_equal(rc[k], rc[0]);
+            ops[rc[0] == RATE_OK ? 4 : 3]++;
+        } else if (op < 9) { /* extend */
+            ops[2]++;
+            snprintf(kb, sizeof kb, "k%d", key = p[0].keyof[h]);
+            uint64_t t = rnd(3) == 0 ? 0 : rnd(2 * ttl) + 1;
+            for (int k = 0; k < PATHS; k++)
+                rc[k] = rate_inflight_extend_at(p[k].in, kb, strlen(kb),
+                                                &p[k].held[h], t, now);
+            for (int k = 1; k < PATHS; k++) {
+                assert_int_equal(rc[k], rc[0]);
+                assert_int_equal(p[k].held[h].expires_ns,
+                                 p[0].held[h].expires_ns);
+            }
+        } else {
+            for (int k = 0; k < PATHS; k++)
+                rc[k] = rate_inflight_held_at(p[k].in, kb, strlen(kb), now,
+                                              &held[k]);
+            for (int k = 1; k < PATHS; k++) {
+                assert_int_equal(rc[k], rc[0]);
+                assert_int_equal(held[k], held[0]);
+            }
+        }
+        /* The same bytes on the three Redis paths. */
+        uint8_t b[PATHS][14 + 24 * 64];
+        size_t len[PATHS];
+        for (int k = GENERIC; k < PATHS; k++)
+            len[k] = stored(&p[k], k, kb, b[k], sizeof b[k]);
+        for (int k = SCRIPT; k < PATHS; k++) {
+            if (len[k] != len[GENERIC] ||
+                memcmp(b[k], b[GENERIC], len[k]) != 0)
+                fail_msg("step %d: %s's bytes (%zu) differ from the general "
+                         "path's (%zu)", step, path_name[k], len[k],
+                         len[GENERIC]);
+        }
+    }
+    print_message("%s: %d acquires, %d releases (%d refused), %d extends, "
+                  "%d denials behind more than one lease\n",
+                  policy, ops[0], ops[1], ops[3], ops[2], ops[5]);
+    assert_true(ops[3] > 0 && ops[4] > 0); /* both kinds of release seen */
+    assert_true(!deep || ops[5] > 0);
+    for (int k = 0; k < PATHS; k++) {
+        rate_inflight_free(p[k].in);
+        if (p[k].store != NULL) {
+            rate_store_redis_drop(p[k].store);
+            rate_store_free(p[k].store);
+        }
+    }
+}
+
+static void test_differential_plain(void **state)
+{
+    (void)state;
+    run_differential("concurrency 3 ttl=100ms", 11, false, STEPS);
+}
+
+static void test_differential_reserve(void **state)
+{
+    (void)state;
+    run_differential("concurrency 6 ttl=100ms reserve=50%", 12, true, STEPS);
+}
+
+/* A larger N, a reserve of a few. */
+static void test_differential_wide(void **state)
+{
+    (void)state;
+    run_differential("concurrency 20 ttl=100ms reserve=3", 13, false, STEPS);
+}
+
+/* ------------------------------------------------------------ bad bytes */
+
+/* Bytes that are not a lease state, and a key of another type: both one-
+ * round-trip paths answer RATE_ECORRUPT and write nothing. */
+static void test_bad_state(void **state)
+{
+    (void)state;
+    redisContext *c = raw();
+    static const struct {
+        const char *s;
+        size_t len;
+    } bad[] = {
+        {"xyz", 3},
+        /* a header announcing one entry, with none */
+        {"\0\0\0\0\0\0\0\0\1\0\0\0\0L", 14},
+        /* a header with a wrong format byte */
+        {"\0\0\0\0\0\0\0\0\0\0\0\0\0R", 14},
+        /* one entry with id 0 */
+        {"\0\0\0\0\0\0\0\1\1\0\0\0\0L" "\0\0\0\0\0\0\0\0"
+         "\0\0\0\0\0\0\0\1" "\0\0\0\0" "\0\0\0\0", 38},
+        /* one entry of class 2 */
+        {"\0\0\0\0\0\0\0\1\1\0\0\0\0L" "\1\0\0\0\0\0\0\0"
+         "\0\0\0\0\0\0\0\1" "\0\0\0\0" "\2\0\0\0", 38},
+    };
+    for (int path = SCRIPT; path < PATHS; path++) {
+        rate_store_t *s = store_of(path, false);
+        rate_inflight_t *in = inflight_of("concurrency 2 ttl=1h", s);
+        char full[64];
+        size_t n = (size_t)snprintf(full, sizeof full, "%s{", path_prefix[path]);
+        memcpy(full + n, "\xff" "LEASE\x01\0bad}", 12);
+        n += 12;
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            redisReply *r = redisCommand(c, "HSET %b v 7 s %b", full, n,
+                                         bad[i].s, bad[i].len);
+            freeReplyObject(r);
+            rate_lease_t l = {.id = 5, .expires_ns = UINT64_MAX / 4};
+            rate_decision_t d;
+            uint64_t held;
+            assert_int_equal(rate_inflight_acquire(in, "bad", 3,
+                                                   RATE_LEASE_NORMAL, &l, &d),
+                             RATE_ECORRUPT);
+            assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+            assert_int_equal(rate_inflight_held(in, "bad", 3, &held),
+                             RATE_ECORRUPT);
+            r = redisCommand(c, "HGET %b s", full, n);
+            assert_int_equal(r->type, REDIS_REPLY_STRING);
+            assert_int_equal(r->len, bad[i].len);
+            assert_memory_equal(r->str, bad[i].s, bad[i].len);
+            freeReplyObject(r);
+            r = redisCommand(c, "HGET %b v", full, n);
+            assert_string_equal(r->str, "7");
+            freeReplyObject(r);
+        }
+        redisReply *r = redisCommand(c, "DEL %b", full, n);
+        freeReplyObject(r);
+        r = redisCommand(c, "SET %b text", full, n);
+        freeReplyObject(r);
+        rate_lease_t l;
+        rate_decision_t d;
+        assert_int_equal(rate_inflight_acquire(in, "bad", 3, RATE_LEASE_NORMAL,
+                                               &l, &d),
+                         RATE_ECORRUPT);
+        r = redisCommand(c, "GET %b", full, n);
+        assert_string_equal(r->str, "text");
+        freeReplyObject(r);
+        rate_inflight_free(in);
+        rate_store_redis_drop(s);
+        rate_store_free(s);
+    }
+    redisFree(c);
+}
+
+/* ------------------------------------------------------------- cluster */
+
+/* A Redis Cluster of 3 masters, each with the module: one round trip per
+ * operation on the key's master, by the script and by the module, and
+ * the differential over keys of every master. */
+static void test_cluster(void **state)
+{
+    (void)state;
+    rcluster_t cl;
+    rcl_module = RATE_MODULE_PATH;
+    if (!rcl_start(&cl))
+        fail_msg("the cluster did not start");
+    char curl[512];
+    rcl_url(&cl, curl, sizeof curl);
+    cur_url = curl;
+    cur_cl = &cl;
+    check_round_trips();
+    run_differential("concurrency 4 ttl=100ms reserve=1", 21, false, 600);
+    cur_url = url;
+    cur_cl = NULL;
+    rcl_stop(&cl);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trips),
+        cmocka_unit_test(test_expiry),
+        cmocka_unit_test(test_differential_plain),
+        cmocka_unit_test(test_differential_reserve),
+        cmocka_unit_test(test_differential_wide),
+        cmocka_unit_test(test_bad_state),
+        cmocka_unit_test(test_cluster),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
