@@ -35,6 +35,7 @@
 
 #define RND_SEED 12345
 #include "lib/rng.h"
+#include "lib/wait.h"
 
 static void same_decisions_as_memory(void **state)
 {
@@ -1315,6 +1316,15 @@ static void adjustments_take_one_round_trip(void **state)
     drop_store(rs);
 }
 
+/* What n hammers have admitted so far. */
+static uint64_t hammers_admitted(hot_t *h, int n)
+{
+    uint64_t sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += atomic_load(&h[i].admitted);
+    return sum;
+}
+
 /* A hot key that other clients' scripted decisions change all the time
  * (threads on a store of their own: another connection, as another nginx
  * worker would be), while refunds and penalties run on it: none comes
@@ -1340,14 +1350,10 @@ static void refunds_do_not_lose_to_scripted_decisions(void **state)
         atomic_init(&h[i].admitted, 0);
         pthread_create(&th[i], NULL, hot_hammer, &h[i]);
     }
-    /* the hammers at work first (at most 10 s on a loaded machine) */
+    /* the hammers at work first */
     uint64_t before = 0;
-    for (int w = 0; w < 1000 && before < 20 * HAMMERS; w++) {
-        usleep(10000);
-        before = 0;
-        for (int i = 0; i < HAMMERS; i++)
-            before += atomic_load(&h[i].admitted);
-    }
+    WAIT_UNTIL((before = hammers_admitted(h, HAMMERS)) >= 20 * HAMMERS,
+               TEST_WAIT_S);
     rate_redis_status_t st0, st1;
     assert_int_equal(rate_store_redis_status(rs, &st0), RATE_OK);
     int conflicts = 0, others = 0, changes = 0;
@@ -1883,12 +1889,9 @@ static void redis_down_and_back(void **state)
 
     start_server(NULL, NULL); /* same port, empty: recovers by itself */
     rate_decision_t d;
-    uint64_t deadline = rate_clock_monotonic_ns() + 5 * SEC;
-    do {
-        usleep(20000);
-        d = at(closed, "k", SEC, 1, 0);
-    } while (d.reason == RATE_REASON_STORE_ERROR &&
-             rate_clock_monotonic_ns() < deadline);
+    WAIT_UNTIL((d = at(closed, "k", SEC, 1, 0)).reason !=
+                   RATE_REASON_STORE_ERROR,
+               TEST_WAIT_S);
     assert_int_not_equal(d.reason, RATE_REASON_STORE_ERROR);
     assert_true(d.allowed);
     rate_limiter_free(closed);
@@ -1910,6 +1913,10 @@ typedef struct storm {
     atomic_bool *restarted;
 } storm_t;
 
+/* Every caller's answers and store errors so far (the main thread waits
+ * on them). */
+static atomic_uint storm_answers, storm_errors;
+
 static void *storm_caller(void *arg)
 {
     storm_t *s = arg;
@@ -1927,13 +1934,23 @@ static void *storm_caller(void *arg)
             s->longest_ns = took;
         if (d.reason == RATE_REASON_STORE_ERROR) {
             s->errors++;
+            atomic_fetch_add(&storm_errors, 1);
         } else {
             s->answered++;
+            atomic_fetch_add(&storm_answers, 1);
             if (after)
                 atomic_fetch_add(&s->answered_after, 1);
         }
     }
     return NULL;
+}
+
+static bool storm_all_answered_after(storm_t *s)
+{
+    for (int i = 0; i < MANY; i++)
+        if (atomic_load(&s[i].answered_after) == 0)
+            return false;
+    return true;
 }
 
 static void callers_ride_out_a_restart(void **state)
@@ -1949,27 +1966,27 @@ static void callers_ride_out_a_restart(void **state)
     storm_t s[MANY];
     sched_probe_t probe;
     sched_probe_start(&probe);
+    atomic_store(&storm_answers, 0);
+    atomic_store(&storm_errors, 0);
     for (int i = 0; i < MANY; i++) {
         s[i] = (storm_t){lim, i, &stop, 0, 0, 0, 0, &restarted};
         atomic_init(&s[i].answered_after, 0);
         pthread_create(&th[i], NULL, storm_caller, &s[i]);
     }
-    usleep(200000);
+    /* The callers at work (20 answers each on average), then the server
+     * stopped until they have met the outage (one store error each on
+     * average): counts, not times, so that a loaded machine's callers are
+     * mid-run in both. */
+    assert_true(WAIT_UNTIL(atomic_load(&storm_answers) >= 20 * MANY,
+                           TEST_WAIT_S));
     stop_server(); /* mid-run: requests are in flight */
-    usleep(300000);
+    assert_true(WAIT_UNTIL(atomic_load(&storm_errors) >= MANY, TEST_WAIT_S));
     start_server(NULL, NULL);
     atomic_store(&restarted, true);
     /* Until every caller has been answered again (past the reconnect
-     * backoff and the breaker's cool-down), or 10 s: a loaded machine may
-     * take a while to run all of them. */
-    for (int waited = 0; waited < 200; waited++) {
-        int pending = 0;
-        for (int i = 0; i < MANY; i++)
-            pending += atomic_load(&s[i].answered_after) == 0;
-        if (pending == 0)
-            break;
-        usleep(50000);
-    }
+     * backoff and the breaker's cool-down): a loaded machine may take a
+     * while to run all of them. */
+    WAIT_UNTIL(storm_all_answered_after(s), TEST_WAIT_S);
     atomic_store(&stop, true);
     for (int i = 0; i < MANY; i++)
         pthread_join(th[i], NULL);
@@ -1983,7 +2000,8 @@ static void callers_ride_out_a_restart(void **state)
     for (int i = 0; i < MANY; i++) {
         errors += s[i].errors;
         if (atomic_load(&s[i].answered_after) == 0)
-            fail_msg("caller %d got no answer in 10 s after the restart", i);
+            fail_msg("caller %d got no answer in %d s after the restart", i,
+                     TEST_WAIT_S);
         if (s[i].longest_ns > bound)
             fail_msg("caller %d waited %llu ms, past %llu ms (the "
                      "scheduler's worst delay: %llu ms)", i,
