@@ -1230,9 +1230,18 @@ static void adjustments_expire_as_the_c_step(void **state)
                 snprintf(key, sizeof key, "e%d%zu%zu", mode, p, i);
                 snprintf(name, sizeof name, "adje:{%s}", key);
                 uint64_t t = UINT64_C(1764590000) * SEC + i * 3 * MS;
+                /* The take's own expiry (its reset, a few hundred us for
+                 * the large buckets) runs on Redis's clock: on a loaded
+                 * machine the key may be gone before the change comes,
+                 * which then finds no state and writes none. */
+                uint64_t t_take = redis_time_us(c), us_take = 0;
                 if (cases[i].take > 0) {
                     at(lc, key, t, cases[i].take, 0);
                     at(lr, key, t, cases[i].take, 0);
+                    uint64_t nt = cas_store_ttl(h, key);
+                    us_take = nt / 1000 + (nt % 1000 != 0);
+                    if (us_take == 0)
+                        us_take = 1;
                 }
                 t += 100 * MS;
                 uint64_t t0 = redis_time_us(c);
@@ -1280,8 +1289,11 @@ static void adjustments_expire_as_the_c_step(void **state)
                     if (end != -1)
                         fail_msg("%s, case %zu: PEXPIRETIME %lld under "
                                  "no_ttl", policies[p], i, end);
-                } else if (end == -2 && t1 >= t0 + us + 1000) {
-                    continue; /* gone, but in its time */
+                } else if (end == -2 &&
+                           (t1 >= t0 + us + 1000 ||
+                            (mode == 0 && cases[i].take > 0 &&
+                             t1 >= t_take + us_take + 1000))) {
+                    continue; /* gone, but in its time (or the take's) */
                 } else if (end <= 0 || (uint64_t)end * 1000 < t0 + us + 1000 ||
                            (uint64_t)end * 1000 > t1 + us + 2000) {
                     fail_msg("%s, case %zu, mode %d: expiry at %lld ms, the "
