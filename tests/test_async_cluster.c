@@ -47,6 +47,7 @@
 #include "../src/store/redis/cluster.h"
 #include "helpers.h"
 #include "lib/redis_cluster.h"
+#include "lib/wait.h"
 
 /* The timeout of the commands of the fault tests, and how much later than
  * it a callback may come on a loaded 2-core machine (a loop turn, the
@@ -454,15 +455,25 @@ static void move_slots(int from, int to, unsigned first, unsigned last)
 enum { MIG_FIRST = 0, MIG_LAST = 15, MIG_KEYS = 64, MIG_POOL = 128 };
 static int mig_from, mig_to;
 static atomic_bool mover_done;
+static atomic_uint mig_calls; /* decisions answered so far */
+
+/* Until n more decisions have been answered: the load runs before, between
+ * and after the moves by a count, not a time (a loaded machine's loop may
+ * turn seldom). */
+static void mig_answered(unsigned n)
+{
+    unsigned target = atomic_load(&mig_calls) + n;
+    WAIT_UNTIL(atomic_load(&mig_calls) >= target, TEST_WAIT_S);
+}
 
 static void *mover(void *arg)
 {
     (void)arg;
-    usleep(100000);
+    mig_answered(500);
     move_slots(mig_from, mig_to, MIG_FIRST, MIG_LAST);
-    usleep(100000);
+    mig_answered(500);
     move_slots(mig_to, mig_from, MIG_FIRST, MIG_LAST); /* and back */
-    usleep(100000);
+    mig_answered(500);
     atomic_store(&mover_done, true);
     return NULL;
 }
@@ -498,6 +509,7 @@ static void migrated_mid_run(void **state)
                             RATE_FAIL_CLOSED);
     atomic_store(&mover_errors, 0);
     atomic_store(&mover_done, false);
+    atomic_store(&mig_calls, 0);
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, mover, NULL), 0);
     unsigned calls = 0, errors = 0, k = 0;
@@ -508,7 +520,7 @@ static void migrated_mid_run(void **state)
                 continue;
             if (busy[i]) {
                 busy[i] = false;
-                calls++;
+                atomic_store(&mig_calls, ++calls);
                 if (q[i].d.reason == RATE_REASON_STORE_ERROR) {
                     if (errors++ == 0)
                         print_message("store error %d on key %s\n",
