@@ -22,7 +22,8 @@
  *   followed, then a store error under the fail mode;
  * - a master stopped (SIGSTOP), then one killed, under load: the other
  *   masters' keys are answered, the dead one's fail under the fail mode,
- *   none later than its timeout plus SLACK_NS (counted), each callback
+ *   none later than its timeout plus SLACK_NS plus three times the
+ *   scheduler's worst delay (tests/sched_probe.h), each callback
  *   once; after the failover the killed master's slots are answered again
  *   (its replica, found by the map refresh);
  * - freed with decisions in flight on every master: each callback once,
@@ -48,6 +49,7 @@
 #include "helpers.h"
 #include "lib/redis_cluster.h"
 #include "lib/wait.h"
+#include "sched_probe.h"
 
 /* The timeout of the commands of the fault tests, and how much later than
  * it a callback may come on a loaded 2-core machine (a loop turn, the
@@ -649,7 +651,8 @@ static req_t fq[FPOOL];
 static char fkeys[FKEYS][16];
 static int fmaster[FKEYS]; /* each key's master at the start */
 typedef struct tally {
-    int answered, late, victim_ok, victim_err, other_ok, other_err;
+    int answered, victim_ok, victim_err, other_ok, other_err;
+    uint64_t worst_ns; /* the longest a decision took to come back */
 } tally_t;
 
 /* Keeps FPOOL decisions going for ns of wall time (then waits for every
@@ -675,8 +678,8 @@ static void fload(tloop_t *t, rate_limiter_t *l, int victim, uint64_t ns,
                 if (err)
                     assert_true(q->d.allowed); /* the fail mode: open */
                 ty->answered++;
-                if (q->ended > q->started + TIMEOUT_NS + SLACK_NS)
-                    ty->late++;
+                if (q->ended - q->started > ty->worst_ns)
+                    ty->worst_ns = q->ended - q->started;
                 if (fmaster[q->key] == victim)
                     err ? ty->victim_err++ : ty->victim_ok++;
                 else
@@ -751,12 +754,18 @@ static void faults(bool uv)
         snprintf(fkeys[i], sizeof fkeys[i], "f%d", i);
         fmaster[i] = master_of_key(prefix, fkeys[i]);
     }
-    int late = 0;
+    uint64_t worst = 0;
+    /* The scheduler's worst delay meanwhile: a decision's bound is its
+     * timeout plus SLACK_NS plus three times that (tests/sched_probe.h),
+     * and a machine that held this process longer than the timeout times
+     * out healthy masters' decisions by their own deadlines. */
+    sched_probe_t probe;
+    sched_probe_start(&probe);
 
     /* Up: all answered. */
     fload(&t, l, victim, 200 * MS, &ty);
     idle(as);
-    late += ty.late;
+    worst = ty.worst_ns > worst ? ty.worst_ns : worst;
     assert_true(ty.victim_ok > 0 && ty.other_ok > 0);
 
     /* Stopped, shorter than the node timeout (no failover): its keys time
@@ -775,7 +784,7 @@ static void faults(bool uv)
                 after.epochs > before.epochs;
     kill(cl.pid[victim], SIGCONT);
     idle(as);
-    late += ty.late;
+    worst = ty.worst_ns > worst ? ty.worst_ns : worst;
     rate_redis_async_stats_t st = stats(as);
     print_message("%s, a master stopped: its keys %d failed, %d answered; "
                   "the others' %d answered, %d failed; %llu timed out, "
@@ -794,15 +803,25 @@ static void faults(bool uv)
                       uv ? "libuv" : "libevent", after.failing,
                       after.fails - before.fails, before.epochs,
                       after.epochs, ty.other_err);
-    if (ty.other_err > 0 && !down)
-        fail_msg("%d decisions on healthy masters failed", ty.other_err);
+    uint64_t held = atomic_load(&probe.worst_ns);
+    if (ty.other_err > 0 && !down && held >= TIMEOUT_NS)
+        print_message("%s: the scheduler held a thread %llu ms, past the "
+                      "%llu ms timeout: the healthy masters' %d errors are "
+                      "the machine's\n",
+                      uv ? "libuv" : "libevent",
+                      (unsigned long long)(held / MS),
+                      (unsigned long long)(TIMEOUT_NS / MS), ty.other_err);
+    else if (ty.other_err > 0 && !down)
+        fail_msg("%d decisions on healthy masters failed (the scheduler's "
+                 "worst delay %llu ms)", ty.other_err,
+                 (unsigned long long)(held / MS));
     assert_true(rcl_wait_ok(&cl, 3, 10000));
 
     /* Answered again once it is back (the breaker's cooldown). */
     int ok = 0;
     for (int round = 0; round < 50 && ok == 0; round++) {
         fload(&t, l, victim, 100 * MS, &ty);
-        late += ty.late;
+        worst = ty.worst_ns > worst ? ty.worst_ns : worst;
         ok = ty.victim_ok;
     }
     assert_true(ok > 0);
@@ -813,14 +832,14 @@ static void faults(bool uv)
      * which a map refresh finds. */
     rcl_stop_node(&cl, victim);
     fload(&t, l, victim, 300 * MS, &ty);
-    late += ty.late;
+    worst = ty.worst_ns > worst ? ty.worst_ns : worst;
     assert_true(ty.victim_err > 0);
     assert_true(ty.other_ok > 0);
     uint64_t refreshes = stats(as).refreshes;
     ok = 0;
     for (int round = 0; round < 100 && ok == 0; round++) {
         fload(&t, l, victim, 100 * MS, &ty);
-        late += ty.late;
+        worst = ty.worst_ns > worst ? ty.worst_ns : worst;
         ok = ty.victim_ok;
     }
     st = stats(as);
@@ -831,7 +850,14 @@ static void faults(bool uv)
     assert_true(ok > 0);
     assert_true(st.refreshes > refreshes);
     idle(as);
-    assert_int_equal(late, 0);
+    uint64_t sched = sched_probe_stop(&probe);
+    if (worst > TIMEOUT_NS + SLACK_NS + 3 * sched)
+        fail_msg("a decision came back after %llu ms, past the %llu ms "
+                 "timeout + %llu ms + 3 x the scheduler's %llu ms",
+                 (unsigned long long)(worst / MS),
+                 (unsigned long long)(TIMEOUT_NS / MS),
+                 (unsigned long long)(SLACK_NS / MS),
+                 (unsigned long long)(sched / MS));
     assert_int_equal(pending, 0);
     rate_limiter_free(l);
     rate_store_free(as);
