@@ -97,7 +97,7 @@ test-tsan:
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DRATE_TSAN=ON -DRATE_BUILD_TOOLS=OFF $(CMAKE_FLAGS)
 	cmake --build build-tsan -j $(JOBS) --target suites-concurrency
 	cd build-tsan && setarch "$$(uname -m)" -R env TSAN_OPTIONS=halt_on_error=1 \
-	  ctest --output-on-failure -L concurrency
+	  ctest --output-on-failure -j $(JOBS) -L concurrency
 
 # (test_dynamodb exits 77 when it is skipped: no dynalite, not under CI=true.)
 VALGRIND_TESTS = policy algorithms limiter store property dynamodb shm headers rules sync

@@ -10,6 +10,8 @@ set -euo pipefail
 
 SERVER=$1
 EXAMPLE=$2
+# shellcheck source=lib/servers.sh
+. "$(dirname "$0")/lib/servers.sh" # wait_until, TEST_WAIT_S
 command -v curl >/dev/null || { echo "api_server_test: curl is missing (scripts/deps.sh test)"; exit 1; }
 
 tmp=$(mktemp -d /tmp/api_server_test.XXXXXX)
@@ -49,11 +51,11 @@ start() {
   "$SERVER" --listen 127.0.0.1:0 --config "$config" "$@" 2>>"$tmp/log" &
   pid=$!
   local port=
-  for _ in $(seq 1 400); do
+  listening() {
     port=$(sed -n 's/^api-server: listening on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$tmp/log")
-    [ -n "$port" ] && break
-    sleep 0.05
-  done
+    [ -n "$port" ]
+  }
+  wait_until "$TEST_WAIT_S" listening || true
   [ -n "$port" ] || { cat "$tmp/log"; echo "FAIL: the server did not start"; exit 1; }
   base="http://127.0.0.1:$port"
 }
@@ -204,12 +206,10 @@ curl -s -H 'X-API-Key: pro-1' -w '%{http_code}\n' "${urls[@]}" >"$tmp/codes" &
 cpid=$!
 # Signals of one kind pending together are one: each SIGHUP waits for the
 # reload before it to be logged (a loaded machine may be slow to run it).
+reloads_logged() { [ "$(grep -c 'SIGHUP: rules reloaded' "$tmp/log")" -ge "$1" ]; }
 for i in 1 2 3 4 5; do
   kill -HUP "$pid"
-  for _ in $(seq 1 200); do
-    [ "$(grep -c 'SIGHUP: rules reloaded' "$tmp/log")" -ge "$i" ] && break
-    sleep 0.05
-  done
+  wait_until "$TEST_WAIT_S" reloads_logged "$i" || true
 done
 # the same policies, written again (a change of the file)
 sed 's/^pro = token-bucket 100\/h burst=2000$/pro = token-bucket 100\/h burst=2000 /' \
@@ -217,10 +217,7 @@ sed 's/^pro = token-bucket 100\/h burst=2000$/pro = token-bucket 100\/h burst=20
 wait "$cpid"
 expect "answers during reloads" "$(grep -c . "$tmp/codes")" 1000
 expect "all 200 during reloads" "$(grep -vc '^200$' "$tmp/codes" || true)" 0
-for _ in $(seq 1 200); do
-  grep -q 'file changed: rules reloaded' "$tmp/log" && break
-  sleep 0.05
-done
+wait_until "$TEST_WAIT_S" grep -q 'file changed: rules reloaded' "$tmp/log" || true
 grep -q 'file changed: rules reloaded' "$tmp/log" || fail "no reload on the file's change: $(cat "$tmp/log")"
 expect "SIGHUP reloads" "$(grep -c 'SIGHUP: rules reloaded' "$tmp/log")" 5
 # state kept: u1 is still used up, and the route too
@@ -231,10 +228,7 @@ expect "search after reloads" "$(get -H 'X-API-Key: pro-1' "$base/search")" 429
 gen=$(curl -s "$base/metrics" | sed -n 's/^ratelimit_rules_generation //p')
 printf '[policies]\nfree = token-bucket 10/fortnight\n' >"$tmp/rules.conf"
 kill -HUP "$pid"
-for _ in $(seq 1 200); do
-  grep -q 'the rules in use stay' "$tmp/log" && break
-  sleep 0.05
-done
+wait_until "$TEST_WAIT_S" grep -q 'the rules in use stay' "$tmp/log" || true
 grep -qF "$tmp/rules.conf:2: policy 'free': limit 1: rate '10/fortnight'" "$tmp/log" ||
   fail "bad file not reported: $(tail -n 2 "$tmp/log")"
 expect "generation after a bad file" \
@@ -253,11 +247,9 @@ for torn in empty cut norules; do
     norules) printf '[policies]\nfree = token-bucket 1/h burst=10\n' >"$tmp/rules.conf" ;;
   esac
   n=$(grep -c 'the rules in use stay' "$tmp/log" || true)
+  stays_logged_over() { [ "$(grep -c 'the rules in use stay' "$tmp/log")" -gt "$1" ]; }
   kill -HUP "$pid"
-  for _ in $(seq 1 200); do
-    [ "$(grep -c 'the rules in use stay' "$tmp/log")" -gt "$n" ] && break
-    sleep 0.05
-  done
+  wait_until "$TEST_WAIT_S" stays_logged_over "$n" || true
   case $torn in
     empty) want='the file is empty' ;;
     cut) want='the file ends inside this line, without its newline' ;;
@@ -283,9 +275,10 @@ if command -v python3 >/dev/null; then
   grep -qF 'at most 1000 connections, 8 per address (0: no cap), headers within 4 s' "$tmp/log" ||
     fail "the caps are not in the log: $(cat "$tmp/log")"
   port=${base##*:}
-  python3 "$(dirname "$0")/slow_clients.py" "$port" 40 2 20 >"$tmp/slow" &
+  python3 "$(dirname "$0")/slow_clients.py" "$port" 40 2 20 "$tmp/slow.ready" >"$tmp/slow" &
   spid=$!
-  sleep 1
+  # (all 40 connected and trickling, not a fixed second)
+  wait_until "$TEST_WAIT_S" test -e "$tmp/slow.ready" || true
   t0=$(now_ns)
   expect "another address during the trickle" \
     "$(get --interface 127.0.0.2 -m 10 -H 'X-API-Key: other' "$base/a")" 200

@@ -570,19 +570,17 @@ elif command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
     # Stopped by a signal, killed, or Redis stalled: the run's keys do not
     # stay behind, and one line of error says what happened.
     rkeys() { redis-cli -p "$rport" -n 3 dbsize; }
-    wait_keys() { # WANT: polls for up to 10 s
-      for _ in $(seq 100); do [ "$(rkeys)" = "$1" ] && return 0; sleep 0.1; done
-      return 1
-    }
+    keys_are() { [ "$(rkeys)" = "$1" ]; }
+    keys_over() { [ "$(rkeys)" -gt "$1" ]; }
+    wait_keys() { wait_until "$TEST_WAIT_S" keys_are "$1"; }
     rm -f "$T/fifo"; mkfifo "$T/fifo"
     for sig in INT TERM KILL; do
-      { for i in $(seq 300); do echo "0 k$i"; done; exec sleep 20; } >"$T/fifo" &
+      { for i in $(seq 300); do echo "0 k$i"; done; exec sleep 600; } >"$T/fifo" & # (holds the pipe open: killed below)
       feeder=$!
       "$R" replay $TB --store "redis://127.0.0.1:$rport/3" <"$T/fifo" >"$T/out" 2>"$T/err" &
       rp=$!
       # 300 keys and the record of the policy they were written under
-      for _ in $(seq 100); do [ "$(rkeys)" = 301 ] && break; sleep 0.1; done
-      if [ "$(rkeys)" = 301 ]; then ok; else bad "replay via Redis never wrote its keys ($sig)"; fi
+      if wait_keys 301; then ok; else bad "replay via Redis never wrote its keys ($sig)"; fi
       kill -$sig "$rp"; { wait "$rp"; } 2>/dev/null; rc=$?
       kill "$feeder" 2>/dev/null; wait "$feeder" 2>/dev/null
       case $sig in INT) want=130;; TERM) want=143;; KILL) want=137;; esac
@@ -600,12 +598,23 @@ elif command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
     # run lasts, also while it waits for its input (at 20 s: after 21 s
     # idle, more than 45 s are left)
     k4() { redis-cli -p "$rport" -n 4 "$@"; }
-    { for i in $(seq 300); do echo "0 k$i"; done; exec sleep 60; } >"$T/fifo" &
+    { for i in $(seq 300); do echo "0 k$i"; done; exec sleep 600; } >"$T/fifo" & # (holds the pipe open: killed below)
     feeder=$!
     "$R" replay $TB --store "redis://127.0.0.1:$rport/4" <"$T/fifo" >/dev/null 2>"$T/err" &
     rp=$!
-    for _ in $(seq 100); do [ "$(k4 dbsize)" = 301 ] && break; sleep 0.1; done
-    sleep 21
+    k4_301() { [ "$(k4 dbsize)" = 301 ]; }
+    wait_until "$TEST_WAIT_S" k4_301
+    # The keeper's first refresh (20 s in, by the run's wall clock): the
+    # policy record's PTTL goes up, then every key's is above 45 s.
+    rec=$(k4 --scan --pattern 'ratelimit:replay:*:p{*' | head -n 1)
+    pttl0=$(k4 pttl "$rec")
+    refreshed() { [ "$(k4 pttl "$rec")" -gt "$pttl0" ]; }
+    all_fresh() {
+      k4 --scan | sed 's/^/PTTL /' | k4 | awk '!($1 > 45000) { b = 1 } END { exit b }'
+    }
+    if [ -n "$rec" ] && wait_until $((TEST_WAIT_S + 20)) refreshed &&
+       wait_until "$TEST_WAIT_S" all_fresh; then ok
+    else bad "replay via Redis: no refresh of the safety expiry ($rec: $pttl0 ms, then $(k4 pttl "$rec") ms)"; fi
     wd=$(ps -o pid= --ppid "$rp" | tr -d ' ')
     if [ -n "$wd" ] && [ "$(k4 dbsize)" = 301 ]; then ok
     else bad "replay via Redis: no watchdog ($wd) or not 301 keys ($(k4 dbsize))"; fi
@@ -613,7 +622,9 @@ elif command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
     [ -n "$wd" ] && kill -KILL $wd
     kill -KILL "$rp"; { wait "$rp"; } 2>/dev/null
     kill "$feeder" 2>/dev/null; wait "$feeder" 2>/dev/null
-    sleep 0.5 # a watchdog that survived would have removed them by now
+    # (the watchdog gone, not a zombie: it can remove nothing after this)
+    wd_gone() { [ -z "$wd" ] || [ ! -e "/proc/$wd" ] || grep -q '^[^)]*) Z' "/proc/$wd/stat" 2>/dev/null; }
+    wait_until "$TEST_WAIT_S" wd_gone || bad "the watchdog $wd outlived SIGKILL"
     k4 --scan >"$T/keys"
     sed 's/^/PTTL /' "$T/keys" | k4 >"$T/pttl"
     if [ "$(wc -l <"$T/keys")" -eq 301 ] && [ "$(wc -l <"$T/pttl")" -eq 301 ] &&
@@ -626,7 +637,8 @@ elif command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
     awk 'BEGIN { for (i = 0; i < 300000; i++) print "0 k" i }' >"$T/many.trace"
     "$R" replay $TB --store "redis://127.0.0.1:$rport/3" "$T/many.trace" >/dev/null 2>"$T/err" &
     rp=$!
-    for _ in $(seq 100); do [ "$(rkeys)" -gt 100 ] && break; sleep 0.1; done
+    wait_until "$TEST_WAIT_S" keys_over 100
+    # (a stall of 3 s of wall time, past the default 1 s timeout: the point)
     kill -STOP "$rpid"; sleep 3; kill -CONT "$rpid"
     wait "$rp"; rc=$?
     if [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] &&
@@ -639,8 +651,8 @@ elif command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
     "$R" replay $TB --store "redis://127.0.0.1:$rport/3" --store-timeout 60s \
       "$T/stall.trace" >"$T/out" 2>"$T/err" &
     rp=$!
-    for _ in $(seq 100); do [ "$(rkeys)" -gt 100 ] && break; sleep 0.1; done
-    kill -STOP "$rpid"; sleep 2; kill -CONT "$rpid"
+    wait_until "$TEST_WAIT_S" keys_over 100
+    kill -STOP "$rpid"; sleep 2; kill -CONT "$rpid" # a 2 s stall: the point
     wait "$rp"; rc=$?
     if [ $rc -eq 0 ] && [ "$(wc -l <"$T/out")" -eq 20000 ] && wait_keys 0; then ok
     else bad "replay --store-timeout 60s during a 2 s stall: rc=$rc, $(wc -l <"$T/out") lines, $(cat "$T/err")"; fi

@@ -19,19 +19,9 @@ ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 command -v redis-server >/dev/null || { echo "no redis-server"; exit 1; }
-for _ in 1 2 3 4 5 6 7 8; do
-  rport=$((20000 + RANDOM % 40000))
-  redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no \
-    --loadmodule "$SO" --enable-module-command yes >"$T/redis.log" 2>&1 &
-  rpid=$!
-  for _ in $(seq 50); do
-    redis-cli -p "$rport" ping >/dev/null 2>&1 && break
-    kill -0 "$rpid" 2>/dev/null || break
-    sleep 0.1
-  done
-  redis-cli -p "$rport" ping >/dev/null 2>&1 && break
-  kill "$rpid" 2>/dev/null; wait "$rpid" 2>/dev/null; rpid=""
-done
+# shellcheck source=lib/servers.sh
+. "$(dirname "$0")/lib/servers.sh"
+start_redis "$T/redis.log" --loadmodule "$SO" --enable-module-command yes
 [ -n "$rpid" ] || { echo "could not start redis-server with $SO"; cat "$T/redis.log"; exit 1; }
 
 calls() { # RATELIMIT.STEP calls so far

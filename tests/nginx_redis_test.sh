@@ -184,15 +184,11 @@ fw_count() {
 }
 # wait_count ZONE KEY N: until that count is N (a refund on a Redis zone is
 # sent without waiting, the denial answered meanwhile: it lands a round
-# trip later), 5 s at most: 0; else the count is printed and 1.
+# trip later), TEST_WAIT_S at most: 0; else the count is printed and 1.
+count_is() { [ "$(fw_count "$1" "$2")" = "$3" ]; }
 wait_count() {
-  local _ got
-  for _ in $(seq 1 100); do
-    got=$(fw_count "$1" "$2")
-    [ "$got" = "$3" ] && return 0
-    sleep 0.05
-  done
-  echo "zone $1, key $2: count '$got', want $3"
+  wait_until "$TEST_WAIT_S" count_is "$1" "$2" "$3" && return 0
+  echo "zone $1, key $2: count '$(fw_count "$1" "$2")', want $3"
   return 1
 }
 logs() { cat "$tmp/a/logs/access.log" "$tmp/b/logs/access.log"; }
@@ -480,18 +476,16 @@ EOF
   curl "${rargs[@]}" >"$tmp/hreload" 2>/dev/null &
   cpid=$!
   wait_line "$hlog" ' 200 \[-\] /index.html\?reload -$' || fail "h2 reload: the connection did not start"
-  for _ in $(seq 1 200); do
+  h_writing() {
     writing=$(curl -s --http2-prior-knowledge --max-time 10 "http://127.0.0.1:$port_h/status" |
       sed -n 's/.* Writing: \([0-9]*\) .*/\1/p') || true
-    [ "${writing:-0}" -ge 11 ] && break
-    sleep 0.05
-  done
-  [ "${writing:-0}" -ge 11 ] || fail "h2 reload: $((${writing:-1} - 1)) of the 10 streams in nginx within 10 s"
+    [ "${writing:-0}" -ge "$1" ]
+  }
+  wait_until "$TEST_WAIT_S" h_writing 11 ||
+    fail "h2 reload: $((${writing:-1} - 1)) of the 10 streams in nginx within $TEST_WAIT_S s"
   kill -HUP "$(cat "$hd/nginx.pid")"
-  for _ in $(seq 1 200); do
-    [ "$(h_workers | wc -l)" -ge $(($(wc -l <<<"$old_h") + 2)) ] && break
-    sleep 0.05
-  done
+  h_new_workers() { [ "$(h_workers | wc -l)" -ge $(($(wc -l <<<"$old_h") + 2)) ]; }
+  wait_until "$TEST_WAIT_S" h_new_workers
   expect "h2 reload: new workers" "$(($(h_workers | wc -l) - $(wc -l <<<"$old_h")))" 2
   kill -CONT "$rpid"
   wait "$cpid" || true
@@ -499,13 +493,9 @@ EOF
   for p in $(grep ' /hold/r[0-9]* hR$' "$hlog" | awk '{print $1}' | sort -u); do
     grep -qx "$p" <<<"$old_h" || fail "h2 reload: a stream in flight was answered by $p, not an old worker"
   done
+  old_gone() { gone=1; for p in $old_h; do alive "$p" && gone=0; done; [ "$gone" = 1 ]; }
   gone=0
-  for _ in $(seq 1 200); do
-    gone=1
-    for p in $old_h; do alive "$p" && gone=0; done
-    [ "$gone" = 1 ] && break
-    sleep 0.05
-  done
+  wait_until "$TEST_WAIT_S" old_gone
   expect "h2 reload: the old workers exited" "$gone" 1
   if grep -E 'exited on signal|\[alert\]|\[crit\]' "$hd/logs/error.log"; then
     fail "h2 redis: a worker died or nginx alerted"
@@ -542,18 +532,20 @@ failing() {
   done
 }
 # recovers WHAT: the limits decide again (a fresh key on /back/: exactly
-# 3 pass, then 503 the zone's status), within 10 s.
+# 3 pass, then 503 the zone's status), within TEST_WAIT_S.  (ri: a fresh
+# key each try.)
+both_pass() {
+  ri=$((ri + 1))
+  [ "$(get a -H "X-Key: $1$ri" "$2")" = 200 ] && [ "$(get b -H "X-Key: $1$ri" "$2")" = 200 ]
+}
 recovers() {
   local what=$1 key="r$RANDOM" i
-  for i in $(seq 1 100); do
-    [ "$(get a -H "X-Key: $key-$i" /closed/)" = 200 ] && [ "$(get b -H "X-Key: $key-$i" /closed/)" = 200 ] && break
-    sleep 0.1
-  done
-  [ "$i" -lt 100 ] || fail "$what: Redis back, still no decisions after 10 s"
-  for i in $(seq 1 100); do
-    [ "$(get a -H "X-Key: $key-b$i" /back/)" = 200 ] && [ "$(get b -H "X-Key: $key-b$i" /back/)" = 200 ] && break
-    sleep 0.1
-  done
+  ri=0
+  wait_until "$TEST_WAIT_S" both_pass "$key-" /closed/ ||
+    fail "$what: Redis back, still no decisions after $TEST_WAIT_S s"
+  ri=0
+  wait_until "$TEST_WAIT_S" both_pass "$key-b" /back/
+  i=$ri
   expect "$what: exact again" "$(alt 4 -H "X-Key: $key-b$i" /back/)" "200 503 503 503"
   burst 20 "$key-fw" /fw/
   expect "$what: shared fw 200s" "$(count 200)" 10
@@ -591,8 +583,11 @@ t1=$(date +%s)
 expect "stopped, 200 at once: all let through" "$(count 200)" 200
 fo_n=$(($(fo_lines) - fo_before))
 # (6 workers, one line a second each over the burst's seconds, +1 each for
-# a second boundary crossed)
-[ "$fo_n" -le $((6 * (t1 - t0 + 2))) ] && [ "$fo_n" -lt 50 ] ||
+# a second boundary crossed; and fewer than one for every other request,
+# which a line per request would pass.  The burst's seconds are measured,
+# not assumed: on a loaded machine it lasts longer, and a fixed cap of 50
+# failed a fresh-root run with 56 lines.)
+[ "$fo_n" -le $((6 * (t1 - t0 + 2))) ] && [ "$fo_n" -lt 100 ] ||
   fail "stopped, 200 at once: $fo_n store-error lines for 200 requests"
 echo "stopped, 200 requests at once: $fo_n store-error lines in $((t1 - t0 + 1)) s or less"
 sleep 1.5 # the slow zone's decisions time out: their callbacks run now
@@ -612,13 +607,13 @@ old_pids=$(worker_pids_b)
 before=$(wc -l <<<"$old_pids")
 t0=$(date +%s%N)
 kill -HUP "$(cat "$tmp/b/nginx.pid")"
-for _ in $(seq 1 200); do
+b_reloaded() {
   new_pids=$(worker_pids_b | tail -n +$((before + 1)))
   gone=1
   for p in $old_pids; do kill -0 "$p" 2>/dev/null && gone=0; done
-  [ "$(grep -c . <<<"$new_pids")" -ge 3 ] && [ "$gone" = 1 ] && break
-  sleep 0.05
-done
+  [ "$(grep -c . <<<"$new_pids")" -ge 3 ] && [ "$gone" = 1 ]
+}
+wait_until "$TEST_WAIT_S" b_reloaded
 ms=$((($(date +%s%N) - t0) / 1000000))
 expect "reload while stopped: new workers" "$(grep -c . <<<"$new_pids")" 3
 expect "reload while stopped: old workers gone" "$gone" 1
@@ -662,7 +657,7 @@ grep -q "store error RATE_[A-Z]* (127.0.0.1:$rport: " "$tmp/a/logs/error.log" "$
   fail "killed: no store-error line says why"
 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no >>"$tmp/redis.log" 2>&1 &
 rpid=$!
-for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+wait_until "$TEST_WAIT_S" redis_up_or_gone "$rport" "$rpid"
 recovers "after a restart"
 
 # ---- no worker died on the way (a signal would show in the error log).
@@ -679,13 +674,13 @@ cpid=$!
 # until the request is in nginx (stub_status: Writing 2, it and the
 # status request's own), not a fixed sleep: a request not yet in when the
 # QUIT closes the listening socket would be refused
-for _ in $(seq 1 200); do
+a_writing() {
   writing=$(curl -s --max-time 10 -H 'Connection: close' "http://127.0.0.1:$port_a/status" |
     sed -n 's/.* Writing: \([0-9]*\) .*/\1/p') || true
-  [ "${writing:-0}" -ge 2 ] && break
-  sleep 0.05
-done
-[ "${writing:-0}" -ge 2 ] || fail "graceful stop: the pending request not in nginx within 10 s"
+  [ "${writing:-0}" -ge 2 ]
+}
+wait_until "$TEST_WAIT_S" a_writing ||
+  fail "graceful stop: the pending request not in nginx within $TEST_WAIT_S s"
 stop_nginx a
 wait "$cpid" || true
 expect "graceful stop: the pending request" "$(cat "$tmp/late.status")" 503

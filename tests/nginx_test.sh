@@ -307,10 +307,11 @@ echo "zone sizes: token bucket $m_bytes bytes ($m_per a key), sliding-log 100/1m
 # ---- a worker killed (SIGKILL) mid-run: the master starts another, which
 # attaches to the zone; the keys are as they were.
 started() { grep -c 'start worker process' "$tmp/logs/error.log" || true; }
+started_over() { [ "$(started)" -gt "$1" ]; }
 before=$(started)
 victim=$(awk '{print $1}' "$tmp/logs/access.log" | sort -u | sed -n 1p) # a worker's $pid
 kill -KILL "$victim"
-for _ in $(seq 1 200); do [ "$(started)" -gt "$before" ] && break; sleep 0.05; done
+wait_until "$TEST_WAIT_S" started_over "$before"
 [ "$(started)" -gt "$before" ] || fail "killed worker: not restarted"
 expect "killed worker: keys kept" "$(statuses 4 -H 'X-Key: spread' /spread/)" "429 429 429 429"
 expect "killed worker: fw kept" "$(statuses 4 -H 'X-Key: k2' /fw/)" "200 200 200 200"
@@ -320,7 +321,7 @@ expect "killed worker: fw limited" "$(statuses 1 -H 'X-Key: k2' /fw/)" "429"
 before=$(started)
 # same configuration (same sizes): the zones are kept, with their keys
 kill -HUP "$(cat "$pidfile")"
-for _ in $(seq 1 200); do [ "$(started)" -ge $((before + 4)) ] && break; sleep 0.05; done
+wait_until "$TEST_WAIT_S" started_over $((before + 3))
 [ "$(started)" -ge $((before + 4)) ] || fail "reload: no new workers"
 expect "reload kept the keys" "$(statuses 2 -H 'X-Key: k1' /fw/)" "429 429"
 expect "reload kept across workers" "$(statuses 1 -H 'X-Key: spread' /spread/)" "429"
@@ -330,10 +331,10 @@ expect "reload: new key" "$(statuses 1 -H 'X-Key: k3' /fw/)" "200"
 conf 5000
 before=$(started)
 kill -HUP "$(cat "$pidfile")"
-for _ in $(seq 1 200); do grep -q 'a reload cannot resize' "$tmp/logs/error.log" && break; sleep 0.05; done
+wait_line "$tmp/logs/error.log" 'a reload cannot resize'
 grep -q 'ratelimit_zone "spread": its size would change from' "$tmp/logs/error.log" ||
   fail "resize: no message"
-sleep 0.3
+sleep 0.3 # (a grace for a wrong outcome, new workers, to show: none may come)
 expect "resize: no new workers" "$(started)" "$before"
 expect "resize: state kept" "$(statuses 1 -H 'X-Key: spread' /spread/)" "429"
 expect "resize: still serving" "$(statuses 1 -H 'X-Key: fresh' /spread/)" "200"
@@ -373,6 +374,8 @@ pget() {
     "http://127.0.0.1:$port${2:-/pr/}" | tr -d '\r' |
     sed -n 's/^HTTP\/1.1 \([0-9]*\).*/\1/p; s/^X-Conf: //p' | tr '\n' ' '
 }
+# conf_answers KEY N [PATH]: a worker of configuration N answered (in got)
+conf_answers() { got=$(pget "$1" "${3:-/pr/}"); [ "${got#* }" = "$2 " ]; }
 got=$(pget p1)
 expect "policy records: the first policy" "${got%% *}" 200
 for i in $(seq 2 65); do
@@ -380,11 +383,7 @@ for i in $(seq 2 65); do
   kill -HUP "$(cat "$tmp/p/nginx.pid")"
   # until a worker of this configuration answers (the old ones' requests
   # write nothing new: their policies have their records)
-  for _ in $(seq 1 250); do
-    got=$(pget "p$i")
-    [ "${got#* }" = "$i " ] && break
-    sleep 0.02
-  done
+  wait_until "$TEST_WAIT_S" conf_answers "p$i" "$i"
   if [ "${got#* }" != "$i " ]; then
     fail "policy records: no worker of configuration $i answered: '$got'"
     break
@@ -397,11 +396,7 @@ done
 expect "policy records: the 65th policy" "${got%% *}" 503
 # the same store error under ratelimit_fail open: let through (by a worker
 # of configuration 65: one of 64 may still answer while it stops)
-for _ in $(seq 1 250); do
-  got=$(pget p65 /po/)
-  [ "${got#* }" = "65 " ] && break
-  sleep 0.02
-done
+wait_until "$TEST_WAIT_S" conf_answers p65 65 /po/
 expect "policy records: fail open" "$got" "200 65 "
 grep -q 'ratelimit: zone "pr": store error RATE_EFULL (the zone.s 64 policy records are used: each policy text it had since nginx started takes one; restart nginx), denied' "$tmp/p/logs/error.log" ||
   fail "policy records: no line that says why: $(grep 'store error' "$tmp/p/logs/error.log" | head -1)"

@@ -10,6 +10,8 @@ set -u
 R=$1
 K=$2
 V=$3
+# shellcheck source=lib/servers.sh
+. "$(dirname "$0")/lib/servers.sh" # wait_until, TEST_WAIT_S
 T=$(mktemp -d)
 P=/dev/shm/rl-cli-test-$$
 trap 'umount "$T/fs" 2>/dev/null; rm -rf "$T"; rm -f "$P" "$P".*' EXIT
@@ -129,18 +131,17 @@ else bad "a sliding log on a region the run creates"; fi
 # Stopped by a signal: the region file the run made (or its namespace in
 # one that exists) removed, and one line of error says so.
 rm -f "$T/fifo"; mkfifo "$T/fifo"
+# the run has read the 300 lines (their keys are in the region)
+read_300() { case $("$K" "$1" 2>/dev/null) in "300 "*|"301 "*) return 0;; esac; return 1; }
 for where in file namespace; do
   if [ $where = file ]; then Q=$P.sig; want_keys=""; what="region file"
   else Q=$P; want_keys=$("$K" "$P"); what=namespace; fi
   for sig in INT TERM; do
-    { for i in $(seq 300); do echo "0 k$i"; done; exec sleep 20; } >"$T/fifo" &
+    { for i in $(seq 300); do echo "0 k$i"; done; exec sleep 600; } >"$T/fifo" & # (holds the pipe open: killed below)
     feeder=$!
     "$R" replay --policy "token-bucket 1/s burst=1" --store "shm:$Q" <"$T/fifo" >"$T/out" 2>"$T/err" &
     rp=$!
-    for _ in $(seq 100); do
-      case $("$K" "$Q" 2>/dev/null) in "300 "*|"301 "*) break;; esac
-      sleep 0.1
-    done
+    wait_until "$TEST_WAIT_S" read_300 "$Q"
     kill -$sig "$rp"; { wait "$rp"; } 2>/dev/null; rc=$?
     kill "$feeder" 2>/dev/null; wait "$feeder" 2>/dev/null
     case $sig in INT) want=130;; TERM) want=143;; esac

@@ -2,13 +2,15 @@
 # SPDX-License-Identifier: MIT
 """Slow partial requests against a server on 127.0.0.1 (api_server_test.sh).
 
-    slow_clients.py PORT COUNT EARLY_S SECONDS
+    slow_clients.py PORT COUNT EARLY_S SECONDS [READY_FILE]
 
 Opens COUNT connections from 127.0.0.1, sends each a request line, then
 one more header line every 0.3 s (never the blank line that ends the
 headers), for at most SECONDS.  Prints three counts: the connections the
 server closed within EARLY_S seconds (refused at once: over a cap), those
-it closed later (a deadline), and those still open at the end.
+it closed later (a deadline), and those still open at the end.  With
+READY_FILE, creates it once every connection has sent its request line
+(the test waits for that, not for a time).
 """
 import socket
 import sys
@@ -27,6 +29,8 @@ for i in range(count):
         s.sendall(b"GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\n")
     except OSError:
         closed[i] = time.monotonic() - t0
+if len(sys.argv) > 5:
+    open(sys.argv[5], "w").close()
 n = 0
 while time.monotonic() - t0 < seconds and len(closed) < count:
     for i, s in socks.items():

@@ -54,19 +54,20 @@ static int start(rate_limiter_t *l, const char *key, uint64_t n, req_t *q)
 }
 
 /* Decides one permit of `key` until the store answers (not a store
- * error: after a backoff, a breaker's cooldown), at most `tries` times
- * 10 ms apart; the last answer. */
+ * error: after a backoff, a breaker's cooldown), tries 10 ms apart, for
+ * TEST_WAIT_S at most; the last answer. */
 static req_t decide_until_answered(tloop_t *t, rate_limiter_t *l,
-                                   const char *key, int tries)
+                                   const char *key)
 {
     req_t q;
     memset(&q, 0, sizeof q);
-    for (int i = 0; i < tries; i++) {
+    uint64_t end = test_now_ns() + (uint64_t)TEST_WAIT_S * SEC;
+    for (;;) {
         if (start(l, key, 1, &q) == RATE_PENDING)
             wait_all(t);
-        if (q.d.reason != RATE_REASON_STORE_ERROR)
+        if (q.d.reason != RATE_REASON_STORE_ERROR || test_now_ns() >= end)
             break;
-        usleep(10000);
+        usleep(10000); /* a pause between tries, not a wait */
     }
     return q;
 }
@@ -401,7 +402,7 @@ static void faults(bool uv)
      * why (the connection lost), before any reconnect is refused. */
     /* (connected and answering first: a loaded machine may have timed
      * out a few of the load, leaving the store backing off) */
-    req_t one = decide_until_answered(&t, l, "w", 500);
+    req_t one = decide_until_answered(&t, l, "w");
     assert_int_not_equal(one.d.reason, RATE_REASON_STORE_ERROR);
     why_of = as;
     first_why[0] = '\0';
@@ -516,7 +517,7 @@ static void late_loop(bool uv)
     fclock.now = 100 * SEC;
     rate_limiter_t *l = lim("fixed-window 1000/m", as, true,
                             RATE_FAIL_CLOSED);
-    req_t q0 = decide_until_answered(&t, l, "late", 500); /* connected */
+    req_t q0 = decide_until_answered(&t, l, "late"); /* connected */
     assert_int_not_equal(q0.d.reason, RATE_REASON_STORE_ERROR);
     redisContext *c = raw();
     assert_non_null(c);
@@ -657,7 +658,7 @@ static void stopped_first(void **state)
                      RATE_OK);
     assert_non_null(strstr(why, "no reply within the command timeout"));
     kill(server, SIGCONT);
-    req_t back = decide_until_answered(&t, l, "k", 500); /* 5 s at most */
+    req_t back = decide_until_answered(&t, l, "k");
     assert_int_not_equal(back.d.reason, RATE_REASON_STORE_ERROR);
     redisContext *c = raw();
     redisReply *r = redisCommand(c, "KEYS first:p{*");
@@ -1020,9 +1021,8 @@ static void refunds_do_not_lose_on_a_hot_key(void **state)
     atomic_init(&h.admitted, 0);
     pthread_t th;
     pthread_create(&th, NULL, hot_hammer, &h);
-    /* the hammer at work first (at most 10 s on a loaded machine) */
-    for (int i = 0; i < 1000 && atomic_load(&h.admitted) < 20; i++)
-        usleep(10000);
+    /* the hammer at work first */
+    WAIT_UNTIL(atomic_load(&h.admitted) >= 20, TEST_WAIT_S);
     uint64_t admitted0 = atomic_load(&h.admitted);
     refunds_ok = refunds_other = 0;
     int conflicts = 0, changes = 0;
@@ -1102,7 +1102,7 @@ static void loop_refuses(void **state)
     }
     idle(as, __LINE__);
     /* The loop watches again: after the backoff, decisions are made. */
-    req_t w = decide_until_answered(&t, l, "r", 200);
+    req_t w = decide_until_answered(&t, l, "r");
     assert_true(w.d.allowed);
     rate_limiter_free(l);
     rate_store_redis_drop(as);

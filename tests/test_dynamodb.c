@@ -24,6 +24,7 @@
 #include <curl/curl.h>
 
 #include "helpers.h"
+#include "lib/wait.h"
 #include "lib/dynalite_server.h"
 #include "ratelimit_dynamodb.h"
 
@@ -1341,7 +1342,10 @@ static void service_message_is_kept(void **state)
     char out[1024];
     assert_int_equal(raw("DeleteTable", "{\"TableName\":\"" TABLE "\"}", out,
                          sizeof out), 200);
-    usleep(100000);
+    /* until dynalite has deleted it (DescribeTable: 400, not found) */
+    assert_true(WAIT_UNTIL(raw("DescribeTable", "{\"TableName\":\"" TABLE "\"}",
+                               out, sizeof out) == 400,
+                           TEST_WAIT_S));
     assert_int_equal(rate_limiter_check(l, "k", 1, 1, 0, &d), RATE_OK);
     assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
     assert_int_equal(d.error, RATE_ESTORE);

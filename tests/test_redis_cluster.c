@@ -32,6 +32,7 @@
 #include "../src/store/redis/cluster.h"
 #include "helpers.h"
 #include "lib/redis_cluster.h"
+#include "lib/wait.h"
 #include "ratelimit_redis.h"
 
 static rcluster_t cl;
@@ -294,7 +295,7 @@ static void *work(void *arg)
         atomic_fetch_add(&r->calls, 1);
         if (d.reason == RATE_REASON_STORE_ERROR) {
             atomic_fetch_add(&r->errors, 1);
-            usleep(2000);
+            usleep(2000); /* a caller backing off: a pace, not a wait */
             continue;
         }
         if (d.allowed)
@@ -312,6 +313,16 @@ static void start_callers(run_t *r, pthread_t *th, worker_t *w)
         w[i] = (worker_t){r, 77u + (unsigned)i * 1000u};
         pthread_create(&th[i], NULL, work, &w[i]);
     }
+}
+
+/* Until the callers have made n more calls (answers or errors): a count,
+ * not a time, so that a loaded machine's callers meet the next step too. */
+static void calls_made(run_t *r, unsigned n)
+{
+    unsigned target = atomic_load(&r->calls) + n;
+    if (!WAIT_UNTIL(atomic_load(&r->calls) >= target, TEST_WAIT_S))
+        fail_msg("the callers made %u calls of %u in %d s",
+                 atomic_load(&r->calls), target, TEST_WAIT_S);
 }
 
 static void stop_callers(run_t *r, pthread_t *th)
@@ -360,9 +371,9 @@ static void slots_moved_mid_run(void **state)
     pthread_t th[CALLERS];
     worker_t w[CALLERS];
     start_callers(&r, th, w);
-    usleep(300000);
+    calls_made(&r, 1000);
     move_slots(from, to, first, last);
-    usleep(300000);
+    calls_made(&r, 1000);
     /* And back with redis-cli itself: it takes the source's first slots,
      * these. */
     char fid[64], tid[64], seed[32], nslots[16];
@@ -374,7 +385,7 @@ static void slots_moved_mid_run(void **state)
                        "--cluster-from", fid, "--cluster-to", tid,
                        "--cluster-slots", nslots, "--cluster-yes", NULL};
     assert_int_equal(rcl_run(reshard), 0);
-    usleep(300000);
+    calls_made(&r, 1000);
     stop_callers(&r, th);
     rate_redis_status_t st;
     assert_int_equal(rate_store_redis_status(rs, &st), RATE_OK);
@@ -405,6 +416,14 @@ static void slots_moved_mid_run(void **state)
 
 /* ------------------------------------------------------------ failover */
 
+static bool all_answered_after(run_t *r)
+{
+    for (int k = 0; k < NKEYS; k++)
+        if (!atomic_load(&r->answered_after[k]))
+            return false;
+    return true;
+}
+
 static void master_killed_mid_run(void **state)
 {
     (void)state;
@@ -419,17 +438,13 @@ static void master_killed_mid_run(void **state)
     pthread_t th[CALLERS];
     worker_t w[CALLERS];
     start_callers(&r, th, w);
-    usleep(300000);
+    calls_made(&r, 1000);
     uint64_t t_kill = rate_clock_monotonic_ns();
     rcl_stop_node(&cl, victim);
     /* The replica is promoted by the cluster (node timeout 1 s). */
     int now = -1;
-    for (int i = 0; i < 300; i++) {
-        now = rcl_master_of(&cl, 1000);
-        if (now >= 0 && now != victim)
-            break;
-        usleep(50000);
-    }
+    WAIT_UNTIL((now = rcl_master_of(&cl, 1000)) >= 0 && now != victim,
+               TEST_WAIT_S);
     if (now < 0 || now == victim) {
         for (int i = 0; i < RCL_NODES; i++) {
             redisContext *c = cl.pid[i] > 0 ? rcl_connect(cl.port[i]) : NULL;
@@ -445,13 +460,7 @@ static void master_killed_mid_run(void **state)
     assert_true(rcl_wait_ok(&cl, 3, 10000));
     atomic_store(&r.mark_ns, rate_clock_monotonic_ns());
     /* Every key answered again, with no restart of the store. */
-    bool all = false;
-    for (int i = 0; i < 200 && !all; i++) {
-        usleep(50000);
-        all = true;
-        for (int k = 0; k < NKEYS; k++)
-            all &= atomic_load(&r.answered_after[k]);
-    }
+    bool all = WAIT_UNTIL(all_answered_after(&r), TEST_WAIT_S);
     uint64_t t_all = rate_clock_monotonic_ns();
     stop_callers(&r, th);
     rate_redis_status_t st;

@@ -37,6 +37,7 @@
 #include "../src/store/redis/cluster.h"
 #include "redis_fixture.h"
 #include "sched_probe.h"
+#include "lib/wait.h"
 #include "ratelimit_redis.h"
 
 static redisReply *cmd(redisContext *c, const char *fmt, ...)
@@ -392,10 +393,7 @@ static void fake_stop(fake_t *f, pthread_t acc)
         if (f->fds[i] >= 0)
             shutdown(f->fds[i], SHUT_RDWR);
     pthread_mutex_unlock(&f->fds_lock);
-    for (int w = 0; atomic_load(&f->live) > 0; w++) {
-        assert_true(w < 10000); /* 10 s */
-        usleep(1000);
-    }
+    assert_true(WAIT_UNTIL(atomic_load(&f->live) == 0, TEST_WAIT_S));
 }
 
 typedef struct timed {
@@ -813,16 +811,19 @@ static void *caller_run(void *arg)
 /* Waits until every caller has been answered since Redis came back (past
  * the breaker's cool-down and the reconnect backoff), or 10 s: a loaded
  * machine may take a while to run all of them. */
+static bool all_answered(caller_t *s, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (atomic_load(&s[i].answered_after) == 0)
+            return false;
+    return true;
+}
+
+/* Until every caller has been answered in phase 2 (the checks after it
+ * say which was not). */
 static void wait_answered(caller_t *s, int n)
 {
-    for (int waited = 0; waited < 200; waited++) {
-        int pending = 0;
-        for (int i = 0; i < n; i++)
-            pending += atomic_load(&s[i].answered_after) == 0;
-        if (pending == 0)
-            return;
-        usleep(50000);
-    }
+    WAIT_UNTIL(all_answered(s, n), TEST_WAIT_S);
 }
 
 static void stopped_redis_costs_a_bounded_wait(void **state)
@@ -852,13 +853,12 @@ static void stopped_redis_costs_a_bounded_wait(void **state)
         s[i] = (caller_t){lim, i, &phase, timeout + 500 * MS, 0, 0, 0, 0, 0};
         pthread_create(&th[i], NULL, caller_run, &s[i]);
     }
-    usleep(300000);
+    usleep(300000); /* (the callers at work first: a pace, not a wait) */
     kill(server, SIGSTOP);
     atomic_store(&phase, 1);
-    usleep(1500000);
+    usleep(1500000); /* the outage: 1.5 s of wall time is the point */
     atomic_store(&phase, 2);
     kill(server, SIGCONT);
-    usleep(300000);
     wait_answered(s, THREADS);
     atomic_store(&phase, 3);
     for (int i = 0; i < THREADS; i++)
@@ -919,13 +919,12 @@ static void stopped_redis_without_breaker(void **state)
         s[i] = (caller_t){lim, i, &phase, timeout + 500 * MS, 0, 0, 0, 0, 0};
         pthread_create(&th[i], NULL, caller_run, &s[i]);
     }
-    usleep(200000);
+    usleep(200000); /* (the callers at work first: a pace, not a wait) */
     kill(server, SIGSTOP);
     atomic_store(&phase, 1);
-    usleep(1000000);
+    usleep(1000000); /* the outage: 1 s of wall time is the point */
     atomic_store(&phase, 2);
     kill(server, SIGCONT);
-    usleep(300000);
     wait_answered(s, THREADS);
     atomic_store(&phase, 3);
     for (int i = 0; i < THREADS; i++)
@@ -957,7 +956,7 @@ static rate_decision_t wait_answer(rate_limiter_t *lim, const char *key,
     rate_decision_t d;
     uint64_t until = rate_clock_monotonic_ns() + within_ns;
     do {
-        usleep(20000);
+        usleep(20000); /* a pause between tries, not a wait */
         assert_int_equal(rate_limiter_check(lim, key, strlen(key), 1, 0, &d),
                          RATE_OK);
     } while (d.reason == RATE_REASON_STORE_ERROR &&
@@ -1008,11 +1007,11 @@ static void lazy_connect_rides_out_redis_down(void **state)
     }
     /* Started on that port: decisions resume by themselves. */
     start_server(NULL, NULL);
-    rate_decision_t d = wait_answer(lim, "k", 5 * SEC);
+    rate_decision_t d = wait_answer(lim, "k", TEST_WAIT_S * SEC);
     assert_int_not_equal(d.reason, RATE_REASON_STORE_ERROR);
     assert_true(d.allowed);
-    d = wait_answer(lim, "k", SEC);
-    d = wait_answer(lim, "k", SEC);
+    d = wait_answer(lim, "k", TEST_WAIT_S * SEC);
+    d = wait_answer(lim, "k", TEST_WAIT_S * SEC);
     assert_false(d.allowed); /* 2/h: the store's count */
     assert_int_equal(rate_store_redis_status(rs, &st), RATE_OK);
     assert_true(st.ready);
@@ -1033,7 +1032,7 @@ static void lazy_connect_rides_out_redis_down(void **state)
     if (strstr(last, "cannot connect") == NULL)
         fail_msg("last error after the kill: '%s'", last);
     start_server(NULL, NULL);
-    d = wait_answer(lim, "k", 5 * SEC);
+    d = wait_answer(lim, "k", TEST_WAIT_S * SEC);
     assert_int_not_equal(d.reason, RATE_REASON_STORE_ERROR);
     assert_true(d.allowed); /* a new, empty server */
     assert_int_equal(rate_store_redis_last_error(NULL, last, sizeof last),
@@ -1075,10 +1074,9 @@ static void lazy_connect_under_many_callers(void **state)
                               0};
             pthread_create(&th[i], NULL, caller_run, &s[i]);
         }
-        usleep(500000);
+        usleep(500000); /* the outage: 0.5 s of wall time is the point */
         start_server(NULL, NULL);
         atomic_store(&phase, 2);
-        usleep(300000);
         wait_answered(s, THREADS);
         atomic_store(&phase, 3);
         for (int i = 0; i < THREADS; i++)

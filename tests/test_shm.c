@@ -18,6 +18,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <stdatomic.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -75,6 +77,7 @@ static void check_region(rate_store_t *s)
 
 #define RND_SEED 0x2545f4914f6cdd1du
 #include "lib/rng.h"
+#include "lib/wait.h"
 
 static const char *algo_text(char *buf, size_t len)
 {
@@ -949,13 +952,30 @@ typedef struct sleeper {
     rate_limiter_t *lim;
     int rc;
     rate_decision_t d;
+    _Atomic long tid; /* the deciding thread's, once it runs */
 } sleeper_t;
 
 static void *decide_once(void *arg)
 {
     sleeper_t *w = arg;
+    atomic_store(&w->tid, (long)syscall(SYS_gettid));
     w->rc = rate_limiter_check_at(w->lim, "k", 1, 1, 0, 200, &w->d);
     return NULL;
+}
+
+/* Whether thread tid of this process is asleep (state S in its stat). */
+static bool thread_sleeps(long tid)
+{
+    char stat_path[64], buf[256];
+    snprintf(stat_path, sizeof stat_path, "/proc/self/task/%ld/stat", tid);
+    FILE *f = fopen(stat_path, "r");
+    if (f == NULL)
+        return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *end = strrchr(buf, ')'); /* after the command's name */
+    return end != NULL && end[1] == ' ' && end[2] == 'S';
 }
 
 static void a_lost_wakeup_costs_a_slice(void **state)
@@ -987,8 +1007,9 @@ static void a_lost_wakeup_costs_a_slice(void **state)
         assert_true(i < 20000); /* 20 s */
         nanosleep(&(struct timespec){0, 1000000}, NULL);
     }
-    /* (the bit is set just before the sleep: let it fall asleep) */
-    nanosleep(&(struct timespec){0, 50000000}, NULL);
+    /* (the bit is set just before the sleep: until it has fallen asleep,
+     * its state in /proc 'S') */
+    assert_true(WAIT_UNTIL(thread_sleeps(atomic_load(&w.tid)), TEST_WAIT_S));
     __atomic_fetch_and(word, ~FUTEX_WAITERS_BIT, __ATOMIC_ACQ_REL);
     uint64_t t0 = rate_clock_monotonic_ns();
     assert_int_equal(pthread_mutex_unlock(mx), 0);

@@ -8,6 +8,7 @@
  * keeps its own leases, as a process does.
  */
 #include "helpers.h"
+#include "lib/wait.h"
 
 #include <pthread.h>
 #include <unistd.h>
@@ -720,8 +721,7 @@ static void sweeper_gives_back(void **state)
     uint64_t t0 = rate_clock_monotonic_ns();
     assert_true(rate_synced_try_acquire(s, "k", 1, 1));
     /* the entry leaves the table before its refund is counted */
-    for (int i = 0; i < 5000 && stats(s).returned != 9; i++)
-        usleep(1000);
+    WAIT_UNTIL(stats(s).returned == 9, TEST_WAIT_S);
     rate_synced_stats_t st = stats(s);
     assert_int_equal(st.keys, 0);
     assert_int_equal(st.returned, 9);

@@ -20,6 +20,7 @@
 #include "ratelimit_redis.h"
 #include "ratelimit_synced.h"
 #include "sync_deadline.h"
+#include "lib/wait.h"
 
 #define PROCS 3
 #define THREADS 3
@@ -167,6 +168,15 @@ static uint64_t total(void)
     return n;
 }
 
+/* Whether every process has admitted n or more. */
+static bool each_admitted(uint64_t n)
+{
+    for (int p = 0; p < PROCS; p++)
+        if (atomic_load(&sh->admitted[p]) < n)
+            return false;
+    return true;
+}
+
 /* The room Redis has left over keys k0..k{keys-1} (queries, on its TIME). */
 static uint64_t room(rate_store_t *rs, int keys, const char *policy)
 {
@@ -245,14 +255,15 @@ static void process_killed_mid_run(void **state)
     const char *prefix = "synck:";
     pid_t pid[PROCS];
     pid[0] = spawn((run_t){prefix, 1, 5, 0, NULL, NULL, true, 0, false});
-    for (int i = 0; i < 10000 && atomic_load(&sh->admitted[0]) < 15; i++)
-        usleep(1000);
+    WAIT_UNTIL(atomic_load(&sh->admitted[0]) >= 15, TEST_WAIT_S);
     assert_int_equal(atomic_load(&sh->admitted[0]), 15);
     for (int p = 1; p < PROCS; p++)
         pid[p] = spawn((run_t){prefix, 1, 0, p, NULL, NULL, false, 0, false});
-    usleep(100000);
+    /* the others admitted some (a count, not a time) */
+    assert_true(WAIT_UNTIL(total() >= 15 + 2 * (PROCS - 1), TEST_WAIT_S));
     kill(pid[0], SIGKILL); /* mid-run: the others are deciding */
     reap(pid[0], true);
+    /* (the others go on a while: what follows holds however far they got) */
     usleep(200000);
     atomic_store(&sh->stop, 1);
     for (int p = 1; p < PROCS; p++)
@@ -285,13 +296,18 @@ static void remote_killed_and_restarted(void **state)
     for (int p = 0; p < PROCS; p++)
         pid[p] = spawn((run_t){prefix, 1, 0, p, NULL, FAST, false, 0, false});
     uint64_t t0 = rate_clock_monotonic_ns();
-    usleep(300000);
+    /* Counts, not times: every process at work (each admitted some: a
+     * process not yet connected when Redis stops cannot make its store),
+     * then the outage seen, then (past the store's reconnect backoff) more
+     * admitted after the restart than all the leases held before it. */
+    WAIT_UNTIL(each_admitted(LEASE), TEST_WAIT_S);
     uint64_t before = total();
     stop_server();
-    usleep(300000);
+    WAIT_UNTIL(atomic_load(&sh->store_errors) >= PROCS, TEST_WAIT_S);
     start_server(NULL, NULL);
     atomic_store(&sh->restarted, 1);
-    usleep(1500000); /* past the store's longest reconnect backoff */
+    WAIT_UNTIL(atomic_load(&sh->admitted_after) > 2 * PROCS * LEASE,
+               TEST_WAIT_S);
     atomic_store(&sh->stop, 1);
     for (int p = 0; p < PROCS; p++)
         reap(pid[p], false);

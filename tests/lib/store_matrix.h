@@ -317,20 +317,26 @@ static const struct {
 };
 #define SM_CASES (sizeof sm_cases / sizeof sm_cases[0])
 
-/* Whether `name` is in the comma list `list` (NULL: every name is). */
+/* Whether `name` is in the comma list `list` (NULL: every name is).  A
+ * list of names each after a '-' names every kind but those
+ * (RATE_STORES=-dynamodb: all the others). */
 static inline bool sm_selected(const char *list, const char *name)
 {
     if (list == NULL || *list == '\0')
         return true;
+    bool but = *list == '-';
     size_t n = strlen(name);
     for (const char *p = list; *p;) {
         const char *e = strchr(p, ',');
         size_t len = e ? (size_t)(e - p) : strlen(p);
-        if (len == n && strncmp(p, name, n) == 0)
-            return true;
-        p += len + (e != NULL);
+        const char *word = p;
+        if (but && len > 0 && *word == '-')
+            word++, len--;
+        if (len == n && strncmp(word, name, n) == 0)
+            return !but;
+        p = word + len + (e != NULL);
     }
-    return false;
+    return but;
 }
 
 /* Runs the matrix over `kinds` (those $RATE_STORES names): 0 when every
