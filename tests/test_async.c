@@ -558,6 +558,56 @@ static void late_loop(bool uv)
 static void late_loop_uv(void **state) { (void)state; late_loop(true); }
 static void late_loop_event(void **state) { (void)state; late_loop(false); }
 
+/* A loop that runs late before it has even written the commands out:
+ * Redis never saw them, so they time out, but the connection answered
+ * before and is alive.  Only those decisions fail: the connection is not
+ * dropped (no new connect) and the next decision is answered at once,
+ * not refused by a backoff.  (Before: the whole connection went, as if
+ * Redis hung -- async_cluster's faults_event, "1051 decisions on healthy
+ * masters failed", in a fresh root under load.) */
+static void late_writes(bool uv)
+{
+    enum { N = 50 };
+    tloop_t t;
+    tloop_init(&t, uv);
+    rate_store_t *as = async_store(&t, uv ? "lwu:" : "lwe:", true, TIMEOUT_NS);
+    fclock.now = 100 * SEC;
+    rate_limiter_t *l = lim("fixed-window 1000/m", as, true,
+                            RATE_FAIL_CLOSED);
+    req_t q0 = decide_until_answered(&t, l, "late"); /* connected */
+    assert_int_not_equal(q0.d.reason, RATE_REASON_STORE_ERROR);
+    rate_redis_async_stats_t st0, st1;
+    assert_int_equal(rate_store_redis_async_stats(as, &st0), RATE_OK);
+    static req_t q[N];
+    for (int i = 0; i < N; i++)
+        assert_int_equal(start(l, "late", 1, &q[i]), RATE_PENDING);
+    /* No turn of the loop: nothing is written, and every deadline passes. */
+    uint64_t started = rate_clock_monotonic_ns();
+    while (rate_clock_monotonic_ns() < started + 2 * TIMEOUT_NS)
+        usleep(10000);
+    assert_true(WAIT_UNTIL((tloop_nowait(&t), pending == 0), TEST_WAIT_S));
+    for (int i = 0; i < N; i++)
+        assert_int_equal(q[i].calls, 1);
+    req_t next;
+    memset(&next, 0, sizeof next);
+    if (start(l, "late", 1, &next) == RATE_PENDING)
+        wait_all(&t);
+    assert_int_equal(rate_store_redis_async_stats(as, &st1), RATE_OK);
+    if (next.d.reason == RATE_REASON_STORE_ERROR || st1.connects != st0.connects)
+        fail_msg("%s: a live connection went when the loop ran late "
+                 "(connects %llu -> %llu, refused %llu -> %llu)",
+                 uv ? "libuv" : "libevent", (unsigned long long)st0.connects,
+                 (unsigned long long)st1.connects,
+                 (unsigned long long)st0.refused,
+                 (unsigned long long)st1.refused);
+    rate_limiter_free(l);
+    rate_store_free(as);
+    tloop_fini(&t);
+}
+
+static void late_writes_uv(void **state) { (void)state; late_writes(true); }
+static void late_writes_event(void **state) { (void)state; late_writes(false); }
+
 static void faults_uv(void **state) { (void)state; faults(true); }
 static void faults_event(void **state) { (void)state; faults(false); }
 
@@ -1185,6 +1235,8 @@ int main(void)
         cmocka_unit_test(refunds_do_not_lose_on_a_hot_key),
         cmocka_unit_test(late_loop_uv),
         cmocka_unit_test(late_loop_event),
+        cmocka_unit_test(late_writes_uv),
+        cmocka_unit_test(late_writes_event),
         cmocka_unit_test(faults_uv),
         cmocka_unit_test(faults_event),
     };

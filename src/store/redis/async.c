@@ -72,6 +72,7 @@ typedef struct aconn {
     unsigned refs;         /* 1 for hiredis, 1 per running loop callback */
     bool ready;            /* connected (the connect callback said so) */
     bool dropped;          /* by drop(), not lost */
+    uint64_t last_reply;   /* when a reply last came on it (now_of) */
     int drop_rc; /* what a command handed back without reply fails with */
     /* The scripts this connection was asked to SCRIPT LOAD after a
      * NOSCRIPT (a node that never had them, or flushed them). */
@@ -113,6 +114,8 @@ typedef struct ajob {
                            "at once" */
     bool module;        /* its decide is RATELIMIT.STEP */
     bool fcall;         /* its decide is a lean script's FCALL */
+    bool abandoned;     /* timed out on a live connection: done() was
+                           called; its reply, when it comes, is dropped */
     unsigned no_fn;     /* "no such function" replies to its FCALL */
     int phase;
     unsigned noscripts; /* NOSCRIPT replies to its current command */
@@ -563,7 +566,9 @@ static void job_put(astore_t *s, ajob_t *j)
     s->nspare++;
 }
 
-/* Completes j with rc (its command's outcome already counted). */
+/* Completes j with rc (its command's outcome already counted): off the
+ * store's lists, back to the spares unless it waits for its reply
+ * (abandoned), and then its job answered. */
 static void finish(ajob_t *j, int rc)
 {
     astore_t *s = j->s;
@@ -583,7 +588,10 @@ static void finish(ajob_t *j, int rc)
         s->tail = j->prev;
     rate__redis_cmd_free(&j->cmd);
     free(j->state);
-    job_put(s, j);
+    j->state = NULL;
+    j->job = NULL;
+    if (!j->abandoned)
+        job_put(s, j);
     s->st.completed++;
     s->st.in_flight--;
     if (rc == RATE_ETIMEDOUT)
@@ -593,6 +601,15 @@ static void finish(ajob_t *j, int rc)
         s->timer_armed = false;
     }
     job->done(job, rc);
+}
+
+/* Times j out while its command stays on a live connection: the caller
+ * has its answer by the deadline, and the reply is dropped when it comes
+ * (on_reply), so the other commands on that connection go on. */
+static void abandon(ajob_t *j)
+{
+    j->abandoned = true;
+    finish(j, RATE_ETIMEDOUT);
 }
 
 static void on_reply(redisAsyncContext *ac, void *reply, void *priv);
@@ -1067,6 +1084,13 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
     bool more = false;
     int rc;
 
+    if (rep != NULL)
+        c->last_reply = now_of(j->s);
+    if (j->abandoned) { /* its caller was answered at its deadline */
+        outcome(j, n, rep != NULL || !store_failure(c->drop_rc));
+        job_put(j->s, j);
+        return;
+    }
     if (rep == NULL) { /* the connection went */
         rc = c->drop_rc;
         if (n != NULL && !c->dropped && c->ready && ac->err != 0)
@@ -1227,9 +1251,20 @@ static void on_timer(void *arg)
             conn_unref(c);
             continue;
         }
-        /* Redis did not answer it in time: its connection goes, and with
-         * it every command on it (the synchronous store's reader fails
-         * all it waits for too). */
+        /* No reply in time.  A connection that answered anything since
+         * the job began, or a timer that ran late by half the timeout
+         * (this process was held off its core, not Redis), is alive: the
+         * job alone times out and the commands behind it go on.  One
+         * silent for the whole timeout hangs: it goes, and with it every
+         * command on it (the synchronous store's reader fails all it
+         * waits for too). */
+        uint64_t began = j->deadline - s->conf.command_ns;
+        if (j->node->conn->last_reply > began ||
+            (now > s->timer_at &&
+             now - s->timer_at >= s->conf.command_ns / 2)) {
+            abandon(j);
+            continue;
+        }
         note_err(j->node, "no reply within the command timeout", NULL);
         drop(j->node, RATE_ETIMEDOUT);
         if (s->head == j)
