@@ -31,8 +31,8 @@ extern "C" {
 typedef struct rate_fair rate_fair_t;
 
 #define RATE_FAIR_WEIGHT_MAX (1u << 20) /* largest weight of a flow */
-/* Largest table: a decision scans the table's entries (about 1 ns each,
- * under the table's lock; docs/fair.md, "Bounded memory"). */
+/* Largest table (docs/fair.md, "Bounded memory"; no decision scans the
+ * table, whatever its size). */
 #define RATE_FAIR_SLOTS_MAX 4096u
 #define RATE_FAIR_QUEUE_MAX 1024u       /* largest queue_max */
 

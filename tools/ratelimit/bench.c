@@ -629,7 +629,8 @@ static int usage(FILE *f)
           "beside a plain one on one shared limit (memory and shm, 1 to 64\n"
           "flows), then by table size (64, 1024, 4096 slots) a saturated\n"
           "decision's cost and the permits/s that 4 threads waiting on a\n"
-          "limit of 2000/s are admitted.\n"
+          "limit of 2000/s are admitted, and the waiting call's CPU time\n"
+          "per request with 1 to 4096 active flows.\n"
           "With --leases, instead: an in-flight lease (acquire + release)\n"
           "beside one rate decision, on memory, shm and (with --redis) Redis,\n"
           "with 1 and 64 callers on one key.\n",
