@@ -31,6 +31,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -40,6 +41,7 @@
 
 #include "ratelimit.h"
 #include "ratelimit_fair.h"
+#include "ratelimit_loop.h"
 
 #define FAIR_MAGIC UINT64_C(0x3276726961667272) /* "rrfairv2" */
 #define FIX 20                                  /* 2^20 per permit */
@@ -47,7 +49,10 @@
 #define SLOTS_DEFAULT 64u
 #define QUEUE_DEFAULT 16u
 #define LEARN 64u /* permits asked between full decisions, room unknown */
-#define POLL_NS (1000000u) /* a custom clock's waits: re-read every 1 ms */
+#define POLL_NS (1000000u)
+/* An asynchronous waiter on a table shared by processes looks again this
+ * often: a waiter of another process cannot wake it. */
+#define ASYNC_POLL_NS (2000000u) /* a custom clock's waits: re-read every 1 ms */
 
 /* ------------------------------------------------------------- the table */
 
@@ -58,9 +63,10 @@ typedef struct fwait {
     uint64_t ticket;   /* unique in the table; 0: a free seat */
     uint64_t permits;
     uint64_t deadline; /* the fair limit's clock */
-    int64_t pid;       /* the waiting process */
+    uint64_t arec;     /* an asynchronous waiter's record (in process
+                          pid); 0: a thread waits on `wake` */
+    int32_t pid;       /* the waiting process */
     uint32_t wake;     /* futex word: bumped to wake this waiter */
-    uint32_t pad_;
 } fwait_t;
 
 /* "None" for the 1-based links and heap positions below. */
@@ -136,7 +142,19 @@ struct rate_fair {
     uint64_t rate_limit; /* ... and its limit, for retry estimates */
     size_t key_len;
     char key[RATE_KEY_MAX];
+    struct fasync *as; /* from the first rate_fair_acquire_start */
 };
+
+/* The asynchronous waiters (rate_fair_acquire_start): their loop, an
+ * eventfd watched on it that wakers write to, the records pending (the
+ * loop's thread only) and those woken (under mu). */
+typedef struct fasync {
+    pthread_mutex_t mu;
+    rate_loop_t loop;
+    void *io;
+    int efd;
+    struct arec *pending, *ready;
+} fasync_t;
 
 /* The fields fast_try reads without the lock are written with these (and
  * asked_seq, room_until read with them under the lock too). */
@@ -859,6 +877,7 @@ static void ring_remove(rate_fair_t *f, fslot_t *sl, uint32_t k)
     f->h->queued -= w->permits;
     sl->qpermits -= w->permits;
     w->ticket = 0;
+    w->arec = 0;
     if (k == 0) {
         sl->qhead = (sl->qhead + 1) % q;
     } else {
@@ -884,7 +903,8 @@ static fwait_t *ring_push(rate_fair_t *f, fslot_t *sl, uint64_t ticket,
     w->ticket = ticket;
     w->permits = permits;
     w->deadline = deadline;
-    w->pid = (int64_t)getpid();
+    w->pid = (int32_t)getpid();
+    w->arec = 0;
     f->ring[b + (sl->qhead + sl->qlen) % q] = (uint16_t)seat;
     sl->qlen++;
     sl->qpermits += permits;
@@ -912,7 +932,7 @@ static bool stale(rate_fair_t *f, const fwait_t *w, uint64_t now)
 {
     if (w->deadline < now)
         return true;
-    return (f->mapped || f->borrowed) && w->pid != (int64_t)getpid() &&
+    return (f->mapped || f->borrowed) && w->pid != (int32_t)getpid() &&
            kill((pid_t)w->pid, 0) != 0 && errno == ESRCH;
 }
 
@@ -924,8 +944,14 @@ static long futex(uint32_t *word, int op, uint32_t val,
 
 /* Wakes the waiter's thread (every thread on its seat's word: a seat
  * freed and taken again may still have its former owner asleep on it). */
+static void async_wake(uint64_t arec);
+
 static void wake_seat(rate_fair_t *f, fwait_t *w)
 {
+    if (w->arec != 0 && w->pid == (int32_t)getpid()) {
+        async_wake(w->arec);
+        return;
+    }
     __atomic_add_fetch(&w->wake, 1, __ATOMIC_RELEASE);
     int op = FUTEX_WAKE | (f->mapped || f->borrowed ? 0 : FUTEX_PRIVATE_FLAG);
     futex(&w->wake, op, INT32_MAX, NULL, 0);
@@ -1064,6 +1090,254 @@ static int fair_acquire(rate_fair_t *f, const char *flow, size_t len,
     }
 }
 
+
+/* ------------------------------------------------- waiting, asynchronous */
+
+/* An asynchronous waiter: its seat in the table, its timer on the loop,
+ * its callback.  Freed on the loop's thread once answered. */
+typedef struct arec {
+    rate_fair_t *f;
+    void *timer;
+    rate_check_fn cb;
+    void *ud;
+    fslot_t *sl;
+    fwait_t *seat;
+    uint64_t ticket, permits, deadline;
+    struct arec *next, *prev; /* the handle's pending list */
+    struct arec *rnext;       /* the handle's woken list */
+    bool ready;
+} arec_t;
+
+/* Called by a waker (table lock held, any thread of the process): queues
+ * the record as woken and pokes the loop's eventfd. */
+static void async_wake(uint64_t arec)
+{
+    arec_t *r = (arec_t *)(uintptr_t)arec;
+    rate_fair_t *f = r->f;
+    pthread_mutex_lock(&f->as->mu);
+    if (!r->ready) {
+        r->ready = true;
+        r->rnext = f->as->ready;
+        f->as->ready = r;
+    }
+    pthread_mutex_unlock(&f->as->mu);
+    uint64_t one = 1;
+    ssize_t n = write(f->as->efd, &one, sizeof one);
+    (void)n; /* a full counter is still readable: the loop wakes */
+}
+
+/* Answers the waiter (its seat already gone, lock released): unlinked,
+ * its timer freed, then its callback, then the record freed. */
+static void async_finish(arec_t *r, int rc, const rate_decision_t *d)
+{
+    rate_fair_t *f = r->f;
+    pthread_mutex_lock(&f->as->mu);
+    if (r->ready) {
+        arec_t **pp = &f->as->ready;
+        while (*pp != r)
+            pp = &(*pp)->rnext;
+        *pp = r->rnext;
+        r->ready = false;
+    }
+    pthread_mutex_unlock(&f->as->mu);
+    if (r->prev != NULL)
+        r->prev->next = r->next;
+    else
+        f->as->pending = r->next;
+    if (r->next != NULL)
+        r->next->prev = r->prev;
+    f->as->loop.timer_free(f->as->loop.ud, r->timer);
+    r->cb(r->ud, rc, d);
+    free(r);
+}
+
+/* One look at the waiter, as the thread waiter's loop does once a wake:
+ * answered (too late, admitted, or the shared limit's other answer), or
+ * its timer armed for its deadline or the limit's retry time. */
+static void async_step(arec_t *r)
+{
+    rate_fair_t *f = r->f;
+    rate_decision_t d;
+    memset(&d, 0, sizeof d);
+    int rc = table_lock(f);
+    if (rc != RATE_OK) {
+        async_finish(r, rc, &d);
+        return;
+    }
+    uint64_t now = now_of(f);
+    expire(f, epoch_at(f, now), now);
+    if (r->seat->ticket != r->ticket || now >= r->deadline) {
+        uint32_t k; /* (a seat dropped as stale was counted then) */
+        if (r->seat->ticket == r->ticket && ring_find(f, r->sl, r->ticket, &k)) {
+            ring_remove(f, r->sl, k);
+            f->h->timed_out++;
+        }
+        wake_next(f);
+        table_unlock(f);
+        denied(&d, 0);
+        async_finish(r, RATE_OK, &d);
+        return;
+    }
+    uint64_t until = r->deadline;
+    if (next_waiter(f, now) == r->seat) {
+        f->h->top_ticket = r->ticket;
+        touch(f, r->sl, epoch_at(f, now));
+        rc = shared_check(f, r->permits, now, &d);
+        if (rc != RATE_OK || d.allowed || d.reason != RATE_REASON_LIMITED) {
+            ring_remove(f, r->sl, 0);
+            if (rc == RATE_OK && d.allowed)
+                charge(f, r->sl, r->permits);
+            wake_next(f);
+            table_unlock(f);
+            if (rc != RATE_OK)
+                memset(&d, 0, sizeof d);
+            async_finish(r, rc, &d);
+            return;
+        }
+        if (d.retry_after_ns < r->deadline - now)
+            until = now + (d.retry_after_ns ? d.retry_after_ns : 1);
+    } else if ((f->mapped || f->borrowed) && until - now > ASYNC_POLL_NS) {
+        until = now + ASYNC_POLL_NS;
+    }
+    table_unlock(f);
+    uint64_t after = until - now;
+    if (f->own_clock && after > POLL_NS)
+        after = POLL_NS;
+    f->as->loop.timer_arm(f->as->loop.ud, r->timer, after);
+}
+
+static void async_timer_cb(void *arg)
+{
+    async_step(arg);
+}
+
+/* The eventfd is readable: every woken waiter takes a step. */
+static void async_io_cb(void *arg, unsigned events)
+{
+    rate_fair_t *f = arg;
+    uint64_t v;
+    (void)events;
+    while (read(f->as->efd, &v, sizeof v) > 0)
+        ;
+    for (;;) {
+        pthread_mutex_lock(&f->as->mu);
+        arec_t *r = f->as->ready;
+        if (r != NULL) {
+            f->as->ready = r->rnext;
+            r->ready = false;
+        }
+        pthread_mutex_unlock(&f->as->mu);
+        if (r == NULL)
+            break;
+        async_step(r);
+    }
+}
+
+/* The handle's first asynchronous call binds it to the loop. */
+static int async_bind(rate_fair_t *f, const rate_loop_t *loop)
+{
+    if (f->as != NULL)
+        return f->as->loop.ud == loop->ud ? RATE_OK : RATE_EINVAL;
+    fasync_t *as = calloc(1, sizeof *as);
+    if (as == NULL)
+        return RATE_ENOMEM;
+    as->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    as->loop = *loop;
+    as->io = as->efd < 0 ? NULL
+                         : loop->io_new(loop->ud, as->efd, async_io_cb, f);
+    if (as->io == NULL || loop->io_set(loop->ud, as->io, RATE_LOOP_READ) != 0) {
+        if (as->io != NULL)
+            loop->io_free(loop->ud, as->io);
+        if (as->efd >= 0)
+            close(as->efd);
+        free(as);
+        return RATE_ENOMEM;
+    }
+    pthread_mutex_init(&as->mu, NULL);
+    f->as = as;
+    return RATE_OK;
+}
+
+int rate_fair_acquire_start(rate_fair_t *f, const rate_loop_t *loop,
+                            const char *flow, size_t flow_len,
+                            uint32_t weight, uint64_t permits,
+                            uint64_t max_wait_ns, rate_decision_t *out,
+                            rate_check_fn cb, void *ud)
+{
+    if (out == NULL)
+        return RATE_EINVAL;
+    memset(out, 0, sizeof *out);
+    if (loop == NULL || cb == NULL || loop->io_new == NULL ||
+        loop->io_set == NULL || loop->io_free == NULL ||
+        loop->timer_new == NULL || loop->timer_arm == NULL ||
+        loop->timer_free == NULL)
+        return RATE_EINVAL;
+    int rc = check_input(f, flow, flow_len, weight, permits, 0);
+    if (rc == RATE_OK && max_wait_ns > RATE_TIME_MAX)
+        rc = RATE_ERANGE;
+    if (rc == RATE_OK)
+        rc = async_bind(f, loop);
+    if (rc != RATE_OK)
+        return rc;
+    arec_t *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return RATE_ENOMEM;
+    r->timer = loop->timer_new(loop->ud, async_timer_cb, r);
+    if (r->timer == NULL) {
+        free(r);
+        return RATE_ENOMEM;
+    }
+    uint64_t now = now_of(f);
+    uint64_t deadline = max_wait_ns > RATE_TIME_MAX - now ? RATE_TIME_MAX
+                                                          : now + max_wait_ns;
+    rc = table_lock(f);
+    bool queue = false;
+    if (rc == RATE_OK) {
+        fslot_t *sl = enter(f, flow, flow_len, weight, permits, now);
+        queue = true;
+        if (f->h->waiting == 0) {
+            rc = decide(f, sl, permits, now, true, out);
+            queue = !(rc != RATE_OK || out->allowed ||
+                      out->reason != RATE_REASON_LIMITED || max_wait_ns == 0 ||
+                      out->retry_after_ns > deadline - now);
+        }
+        while (queue && sl->qlen > 0 && stale(f, ring_at(f, sl, 0), now)) {
+            fwait_t *old = ring_at(f, sl, 0);
+            ring_remove(f, sl, 0);
+            f->h->timed_out++;
+            wake_seat(f, old);
+        }
+        if (queue && sl->qlen >= f->h->queue_max) {
+            f->h->queue_full++;
+            denied(out, f->period_ns);
+            queue = false;
+        }
+        if (queue) {
+            *r = (arec_t){.f = f, .timer = r->timer, .cb = cb, .ud = ud,
+                          .sl = sl, .ticket = ++f->h->ticket_seq,
+                          .permits = permits, .deadline = deadline};
+            r->seat = ring_push(f, sl, r->ticket, permits, deadline);
+            r->seat->arec = (uint64_t)(uintptr_t)r;
+            r->next = f->as->pending;
+            if (f->as->pending != NULL)
+                f->as->pending->prev = r;
+            f->as->pending = r;
+        }
+        table_unlock(f);
+    }
+    if (!queue) {
+        loop->timer_free(loop->ud, r->timer);
+        free(r);
+        if (rc != RATE_OK)
+            memset(out, 0, sizeof *out);
+        return rc;
+    }
+    memset(out, 0, sizeof *out);
+    /* Its first look on the loop's next turn: the callback never runs
+     * before this returns. */
+    loop->timer_arm(loop->ud, r->timer, 0);
+    return RATE_PENDING;
+}
 
 /* Rebuilds the table's indexes from its entries and seats, after a
  * process died holding the lock (a scan of the table, that once): each
@@ -1294,6 +1568,26 @@ void rate_fair_free(rate_fair_t *f)
 {
     if (f == NULL)
         return;
+    while (f->as != NULL && f->as->pending != NULL) { /* answered now */
+        arec_t *r = f->as->pending;
+        rate_decision_t d;
+        memset(&d, 0, sizeof d);
+        if (table_lock(f) == RATE_OK) {
+            uint32_t k;
+            if (r->seat->ticket == r->ticket &&
+                ring_find(f, r->sl, r->ticket, &k))
+                ring_remove(f, r->sl, k);
+            wake_next(f);
+            table_unlock(f);
+        }
+        async_finish(r, RATE_ECANCELED, &d);
+    }
+    if (f->as != NULL) {
+        f->as->loop.io_free(f->as->loop.ud, f->as->io);
+        close(f->as->efd);
+        pthread_mutex_destroy(&f->as->mu);
+        free(f->as);
+    }
     if (f->borrowed) {
         /* the table stays: it is the caller's, other processes' too */
     } else if (f->mapped) {
