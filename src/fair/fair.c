@@ -1675,9 +1675,11 @@ int rate_fair_stats(rate_fair_t *f, rate_fair_stats_t *out)
     memset(out, 0, sizeof *out);
     if (table_lock(f) != RATE_OK)
         return RATE_ESTORE;
-    uint64_t now = now_of(f);
-    expire(f, epoch_at(f, now), now);
-    out->flows = f->h->nactive;
+    /* the active entries at the fair clock's now, counted without
+     * expiring any: a look changes nothing */
+    uint64_t ep = epoch_at(f, now_of(f));
+    for (uint32_t i = f->h->lhead; i != NIL; i = f->slot[i - 1].lnext)
+        out->flows += f->slot[i - 1].epoch + 1 >= ep || f->slot[i - 1].qlen > 0;
     out->slots = f->h->slots;
     out->shared = f->h->shared;
     out->fair_denied = f->h->fair_denied;
