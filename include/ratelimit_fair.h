@@ -8,6 +8,7 @@
 #define RATELIMIT_FAIR_H
 
 #include "ratelimit.h"
+#include "ratelimit_loop.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -31,8 +32,8 @@ extern "C" {
 typedef struct rate_fair rate_fair_t;
 
 #define RATE_FAIR_WEIGHT_MAX (1u << 20) /* largest weight of a flow */
-/* Largest table: a decision scans the table's entries (about 1 ns each,
- * under the table's lock; docs/fair.md, "Bounded memory"). */
+/* Largest table (docs/fair.md, "Bounded memory"; no decision scans the
+ * table, whatever its size). */
 #define RATE_FAIR_SLOTS_MAX 4096u
 #define RATE_FAIR_QUEUE_MAX 1024u       /* largest queue_max */
 
@@ -147,6 +148,38 @@ RATE_API int rate_fair_acquire(rate_fair_t *fair, const char *flow,
                                size_t flow_len, uint32_t weight,
                                uint64_t permits, uint64_t timeout_ns,
                                rate_decision_t *out);
+
+/* Waiting, for event loops: as rate_fair_acquire (the same queues, order
+ * and bound; max_wait_ns as its timeout_ns), without blocking the
+ * caller.  Returns RATE_OK with *out filled when the answer is known at
+ * once (admitted; denied with no wait possible or wanted; the flow's
+ * queue full), and cb is NOT called; or RATE_PENDING (positive, not an
+ * error): the request waits in its flow's queue, *out is zeroed, and
+ * cb(ud, rc, decision) runs exactly once, later, inside the loop's
+ * callbacks on its thread, never before this returns: rc RATE_OK with
+ * the decision (admitted, or denied at the deadline with reason
+ * RATE_REASON_LIMITED: every waiter is answered at its deadline by a
+ * timer of the loop, whatever else happens), RATE_ESTORE (zeroed) when
+ * the table's lock could not be taken, RATE_ECANCELED (zeroed) when the
+ * fair limit is freed first.  Woken waiters are told through an eventfd
+ * watched on the loop; on a table shared by processes (shm_path,
+ * rate_fair_new_in) a waiter also looks every 2 ms, since a waiter of
+ * another process cannot wake it.
+ * Errors (no callback, *out zeroed): as rate_fair_acquire; RATE_EINVAL
+ * for a NULL loop or cb, a loop without io or timer functions, or a loop
+ * other than the one of this fair limit's first asynchronous call (one
+ * fair limit, one loop); RATE_ENOMEM.
+ * Ownership: the flow is only read; the loop table is copied at the first
+ * call, and its loop must outlive the fair limit; ud is the caller's.
+ * Thread-safe: call it on the loop's thread (other threads may use the
+ * fair limit's other calls meanwhile); rate_fair_free answers pending
+ * waiters (RATE_ECANCELED) and must run on that thread too. */
+RATE_API int rate_fair_acquire_start(rate_fair_t *fair, const rate_loop_t *loop,
+                                     const char *flow, size_t flow_len,
+                                     uint32_t weight, uint64_t permits,
+                                     uint64_t max_wait_ns,
+                                     rate_decision_t *out, rate_check_fn cb,
+                                     void *ud);
 
 /* What the fair limit has done (with shm_path: every process's). */
 typedef struct rate_fair_stats {

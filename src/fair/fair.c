@@ -21,6 +21,7 @@
 #endif
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -30,6 +31,8 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,22 +41,36 @@
 
 #include "ratelimit.h"
 #include "ratelimit_fair.h"
+#include "ratelimit_loop.h"
 
-#define FAIR_MAGIC UINT64_C(0x3176726961667272) /* "rrfairv1" */
+#define FAIR_MAGIC UINT64_C(0x3276726961667272) /* "rrfairv2" */
 #define FIX 20                                  /* 2^20 per permit */
 #define PROBES 8u
 #define SLOTS_DEFAULT 64u
 #define QUEUE_DEFAULT 16u
-#define POLL_NS (1000000u) /* a custom clock's waits: re-read every 1 ms */
+#define LEARN 64u /* permits asked between full decisions, room unknown */
+#define POLL_NS (1000000u)
+/* An asynchronous waiter on a table shared by processes looks again this
+ * often: a waiter of another process cannot wake it. */
+#define ASYNC_POLL_NS (2000000u) /* a custom clock's waits: re-read every 1 ms */
 
 /* ------------------------------------------------------------- the table */
 
+/* A waiter's seat in its entry's array: it stays put while the waiter
+ * waits (the order is kept apart, in the entry's ring of seat numbers),
+ * so that the waiter can sleep on its own word and be woken alone. */
 typedef struct fwait {
-    uint64_t ticket;   /* unique in the table; 0: none */
+    uint64_t ticket;   /* unique in the table; 0: a free seat */
     uint64_t permits;
     uint64_t deadline; /* the fair limit's clock */
-    int64_t pid;       /* the waiting process */
+    uint64_t arec;     /* an asynchronous waiter's record (in process
+                          pid); 0: a thread waits on `wake` */
+    int32_t pid;       /* the waiting process */
+    uint32_t wake;     /* futex word: bumped to wake this waiter */
 } fwait_t;
+
+/* "None" for the 1-based links and heap positions below. */
+#define NIL 0u
 
 typedef struct fslot {
     uint64_t hash;      /* the flow's; 0: free */
@@ -61,9 +78,15 @@ typedef struct fslot {
     uint64_t epoch;     /* period it last asked in, plus 1; 0: never */
     uint64_t asked_cur; /* permits asked in that period (waiters too) */
     uint64_t asked_prev;/* ... and in the period before it */
+    uint64_t ftag;      /* its queue's head's virtual finish time */
+    uint64_t qpermits;  /* permits its waiters ask for */
+    uint64_t pend;      /* cost admitted by fast_try, not yet in s */
     uint32_t weight;
-    uint32_t qhead;     /* ring of waiters: first, count */
+    uint32_t qhead;     /* ring of seat numbers: first, count */
     uint32_t qlen;
+    uint32_t apos;      /* 1 + its place in the heap of active entries */
+    uint32_t wpos;      /* 1 + its place in the heap of queues */
+    uint32_t lprev, lnext; /* 1 + neighbours in the active list */
     uint32_t pad_;
 } fslot_t;
 
@@ -73,25 +96,41 @@ typedef struct fhdr {
     uint64_t size;
     uint64_t seed;
     uint64_t vtime;      /* V: never decreasing */
-    /* V is kept between decisions (docs/fair.md, "Internals"): valid in
-     * period vtime_epoch while vmin_count active entries hold s == V;
-     * charging one of them counts down, and at 0 V is found again. */
-    uint64_t vtime_epoch, vmin_count;
-    /* Permits asked in the table's period and the one before (every
-     * entry's), and queued: a bound of any reserve, which spares the
-     * reserve's scan when the shared limit has more room than that. */
-    uint64_t epoch, asked_cur, asked_prev, queued;
+    /* The active entries (docs/fair.md, "Internals"): a heap by virtual
+     * service (its top is V) and a list by the period they last asked in
+     * (its head expires first); their count and total weight. */
+    uint32_t nactive, nqueues; /* ... and the heap of queues' size */
+    uint32_t lhead, ltail;
+    uint64_t total_w;
+    /* Permits asked of the table in all (asked_seq) and its value where
+     * the table's period began (seq_cur) and the period before it
+     * (seq_prev): asked_seq - seq_prev, plus the queued permits, is what
+     * was asked in this period and the last, a bound of any reserve,
+     * which spares the reserve's scan when the shared limit has more
+     * room than that. */
+    uint64_t epoch, asked_seq, seq_cur, seq_prev, queued;
+    uint64_t epoch_start; /* the clock's time where `epoch` began */
+    /* A lower bound of the shared limit's room is room_until - asked_seq:
+     * its last full decision's `remaining` less every permit asked since
+     * (room only grows with time); 0: unknown.  With more room than any
+     * reserve, a decision needs neither the reserve nor (not waiting)
+     * the lock: fast_try. */
+    uint64_t room_until;
+    uint64_t learn_seq; /* room unknown: a full decision from asked_seq */
     uint64_t ticket_seq;
     uint64_t waiting;
+    uint64_t top_ticket; /* the next waiter as last woken or seen */
     uint64_t shared, fair_denied, queue_full, timed_out;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
 } fhdr_t;
 
 struct rate_fair {
     fhdr_t *h;
     fslot_t *slot;
-    fwait_t *wait; /* slots x queue_max */
+    uint32_t *aheap; /* slots: entry numbers, heap by s */
+    uint32_t *wheap; /* slots: entry numbers, heap by ftag */
+    uint16_t *ring;  /* slots x queue_max seat numbers */
+    fwait_t *wait;   /* slots x queue_max seats */
     size_t size;
     bool mapped;   /* a file's mapping (shm_path): unmapped when freed */
     bool borrowed; /* the caller's memory (rate_fair_new_in): left as is */
@@ -103,7 +142,24 @@ struct rate_fair {
     uint64_t rate_limit; /* ... and its limit, for retry estimates */
     size_t key_len;
     char key[RATE_KEY_MAX];
+    struct fasync *as; /* from the first rate_fair_acquire_start */
 };
+
+/* The asynchronous waiters (rate_fair_acquire_start): their loop, an
+ * eventfd watched on it that wakers write to, the records pending (the
+ * loop's thread only) and those woken (under mu). */
+typedef struct fasync {
+    pthread_mutex_t mu;
+    rate_loop_t loop;
+    void *io;
+    int efd;
+    struct arec *pending, *ready;
+} fasync_t;
+
+/* The fields fast_try reads without the lock are written with these (and
+ * asked_seq, room_until read with them under the lock too). */
+#define LD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
 
 static void set_err(char *err, size_t errlen, const char *fmt, const char *arg)
 {
@@ -111,23 +167,34 @@ static void set_err(char *err, size_t errlen, const char *fmt, const char *arg)
         snprintf(err, errlen, fmt, arg);
 }
 
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
 static size_t table_size(unsigned slots, unsigned queue_max)
 {
-    return sizeof(fhdr_t) + (size_t)slots * sizeof(fslot_t) +
-           (size_t)slots * queue_max * sizeof(fwait_t);
+    size_t q = (size_t)slots * queue_max;
+    return align64(sizeof(fhdr_t)) + align64((size_t)slots * sizeof(fslot_t)) +
+           align64((size_t)slots * 2 * sizeof(uint32_t)) +
+           align64(q * sizeof(uint16_t)) + q * sizeof(fwait_t);
 }
 
 static void table_bind(rate_fair_t *f)
 {
-    f->slot = (fslot_t *)(void *)((char *)f->h + sizeof(fhdr_t));
-    f->wait = (fwait_t *)(void *)(f->slot + f->h->slots);
+    char *p = (char *)f->h + align64(sizeof(fhdr_t));
+    size_t n = f->h->slots, q = n * f->h->queue_max;
+    f->slot = (fslot_t *)(void *)p;
+    p += align64(n * sizeof(fslot_t));
+    f->aheap = (uint32_t *)(void *)p;
+    f->wheap = f->aheap + n;
+    p += align64(n * 2 * sizeof(uint32_t));
+    f->ring = (uint16_t *)(void *)p;
+    p += align64(q * sizeof(uint16_t));
+    f->wait = (fwait_t *)(void *)p;
 }
 
 static int table_init(fhdr_t *h, unsigned slots, unsigned queue_max,
                       size_t size, bool pshared)
 {
     pthread_mutexattr_t ma;
-    pthread_condattr_t ca;
     h->slots = slots;
     h->queue_max = queue_max;
     h->size = size;
@@ -141,26 +208,23 @@ static int table_init(fhdr_t *h, unsigned slots, unsigned queue_max,
     }
     int rc = pthread_mutex_init(&h->mu, &ma);
     pthread_mutexattr_destroy(&ma);
-    if (rc != 0)
-        return RATE_ENOMEM;
-    if (pthread_condattr_init(&ca) != 0)
-        return RATE_ENOMEM;
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    if (pshared)
-        pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
-    rc = pthread_cond_init(&h->cv, &ca);
-    pthread_condattr_destroy(&ca);
     return rc != 0 ? RATE_ENOMEM : RATE_OK;
 }
 
-/* Takes the table's lock; a process that died holding it leaves the
- * table's counters as they were at some step of a decision, which every
- * rule tolerates, so the lock is simply made consistent again. */
+
+static void table_repair(rate_fair_t *f);
+
+/* Takes the table's lock; a process that died holding it may have left
+ * a heap or list half changed, so the lock is made consistent again and
+ * the table's indexes are rebuilt from its entries (table_repair). */
 static int table_lock(rate_fair_t *f)
 {
     int rc = pthread_mutex_lock(&f->h->mu);
-    if (rc == EOWNERDEAD)
+    if (rc == EOWNERDEAD) {
         rc = pthread_mutex_consistent(&f->h->mu);
+        if (rc == 0)
+            table_repair(f);
+    }
     return rc == 0 ? RATE_OK : RATE_ESTORE;
 }
 
@@ -233,6 +297,7 @@ static int table_open(rate_fair_t *f, const char *path, unsigned slots,
     return RATE_OK;
 }
 
+
 /* ------------------------------------------ virtual time and the reserve */
 
 static uint64_t now_of(const rate_fair_t *f)
@@ -241,77 +306,268 @@ static uint64_t now_of(const rate_fair_t *f)
                         : rate_clock_monotonic_ns();
 }
 
-static uint64_t epoch_of(const rate_fair_t *f, uint64_t now)
+/* The period of `now` (plus 1), lock held: the division is done once a
+ * period, not once a decision. */
+static uint64_t epoch_at(rate_fair_t *f, uint64_t now)
 {
+    fhdr_t *h = f->h;
+    if (h->epoch != 0 && now >= h->epoch_start &&
+        now - h->epoch_start < f->period_ns)
+        return h->epoch;
     return now / f->period_ns + 1;
-}
-
-static bool active(const fslot_t *sl, uint64_t ep)
-{
-    return sl->hash != 0 && (sl->qlen > 0 || sl->epoch + 1 >= ep);
 }
 
 /* ceil(permits x 2^FIX / weight), kept far below overflow. */
 static uint64_t cost_of(uint64_t permits, uint32_t weight)
 {
+    if (weight == 1 && permits < (UINT64_C(1) << 42))
+        return permits << FIX;
     unsigned __int128 c = ((unsigned __int128)permits << FIX) + weight - 1;
     c /= weight;
     return c > (UINT64_C(1) << 62) ? UINT64_C(1) << 62 : (uint64_t)c;
 }
 
-/* Adds cost to s; when virtual times near 2^63 every one is moved down
- * by V (differences are all the rules read). */
-static void charge(rate_fair_t *f, fslot_t *sl, uint64_t permits)
+static uint32_t idx_of(const rate_fair_t *f, const fslot_t *sl)
 {
-    if (sl->s == f->h->vtime && f->h->vmin_count > 0)
-        f->h->vmin_count--;
-    sl->s += cost_of(permits, sl->weight);
-    if (sl->s > (UINT64_C(1) << 63)) {
-        uint64_t v = f->h->vtime;
-        for (uint32_t i = 0; i < f->h->slots; i++)
-            f->slot[i].s = f->slot[i].s > v ? f->slot[i].s - v : 0;
-        f->h->vtime = 0;
-        f->h->vmin_count = 0;
+    return (uint32_t)(sl - f->slot);
+}
+
+/* Two binary min-heaps of entry numbers, each entry knowing its place
+ * (apos, wpos: 1-based, 0 when out): the active entries by virtual
+ * service (the top's is V) and the queues by their head's finish time
+ * (the top's head is the next waiter).  O(log n) a change. */
+typedef struct heap {
+    uint32_t *a;
+    uint32_t *n;
+    bool by_tag;
+} heap_t;
+
+static heap_t aheap(rate_fair_t *f) { return (heap_t){f->aheap, &f->h->nactive, false}; }
+static heap_t wheap(rate_fair_t *f) { return (heap_t){f->wheap, &f->h->nqueues, true}; }
+
+static uint64_t hkey(const rate_fair_t *f, const heap_t *hp, uint32_t e)
+{
+    return hp->by_tag ? f->slot[e].ftag : f->slot[e].s;
+}
+
+static void hset(rate_fair_t *f, const heap_t *hp, uint32_t i, uint32_t e)
+{
+    hp->a[i] = e;
+    if (hp->by_tag)
+        f->slot[e].wpos = i + 1;
+    else
+        f->slot[e].apos = i + 1;
+}
+
+static void heap_fix(rate_fair_t *f, const heap_t *hp, uint32_t i)
+{
+    uint32_t n = *hp->n, e = hp->a[i];
+    uint64_t k = hkey(f, hp, e);
+    while (i > 0) { /* up */
+        uint32_t p = (i - 1) / 2;
+        if (hkey(f, hp, hp->a[p]) <= k)
+            break;
+        hset(f, hp, i, hp->a[p]);
+        i = p;
+    }
+    for (;;) { /* down */
+        uint32_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && hkey(f, hp, hp->a[c + 1]) < hkey(f, hp, hp->a[c]))
+            c++;
+        if (hkey(f, hp, hp->a[c]) >= k)
+            break;
+        hset(f, hp, i, hp->a[c]);
+        i = c;
+    }
+    hset(f, hp, i, e);
+}
+
+static void heap_push(rate_fair_t *f, const heap_t *hp, uint32_t e)
+{
+    uint32_t i = (*hp->n)++;
+    hset(f, hp, i, e);
+    heap_fix(f, hp, i);
+}
+
+static void heap_remove(rate_fair_t *f, const heap_t *hp, uint32_t pos1)
+{
+    uint32_t i = pos1 - 1, e = hp->a[i], last = --(*hp->n);
+    if (hp->by_tag)
+        f->slot[e].wpos = NIL;
+    else
+        f->slot[e].apos = NIL;
+    if (i != last) {
+        hset(f, hp, i, hp->a[last]);
+        heap_fix(f, hp, i);
     }
 }
 
-/* V: the smallest virtual service among the active flows, never lower
- * than before. */
-static uint64_t vtime(rate_fair_t *f, uint64_t ep)
+/* V follows the active heap's top; it never decreases. */
+static void vtime_update(rate_fair_t *f)
 {
     fhdr_t *h = f->h;
-    if (h->vmin_count > 0 && h->vtime_epoch == ep)
-        return h->vtime;
-    uint64_t m = UINT64_MAX, count = 0;
-    for (uint32_t i = 0; i < h->slots; i++) {
-        const fslot_t *sl = &f->slot[i];
-        if (!active(sl, ep))
-            continue;
-        if (sl->s < m) {
-            m = sl->s;
-            count = 0;
-        }
-        count += sl->s == m;
-    }
-    if (m != UINT64_MAX && m >= h->vtime) {
-        h->vtime = m;
-        h->vmin_count = count;
-    } else {
-        h->vmin_count = 0; /* none active (or all below: never kept) */
-    }
-    h->vtime_epoch = ep;
-    return h->vtime;
+    if (h->nactive > 0 && f->slot[f->aheap[0]].s > h->vtime)
+        h->vtime = f->slot[f->aheap[0]].s;
 }
 
-/* Brings the table's totals of asked permits to period ep. */
-static void asked_roll(fhdr_t *h, uint64_t ep, uint64_t permits)
+static void list_unlink(rate_fair_t *f, fslot_t *sl)
 {
-    if (h->epoch != ep) {
-        h->asked_prev = h->epoch + 1 == ep ? h->asked_cur : 0;
-        h->asked_cur = 0;
-        h->epoch = ep;
+    fhdr_t *h = f->h;
+    if (sl->lprev != NIL)
+        f->slot[sl->lprev - 1].lnext = sl->lnext;
+    else
+        h->lhead = sl->lnext;
+    if (sl->lnext != NIL)
+        f->slot[sl->lnext - 1].lprev = sl->lprev;
+    else
+        h->ltail = sl->lprev;
+    sl->lprev = sl->lnext = NIL;
+}
+
+static void list_append(rate_fair_t *f, fslot_t *sl)
+{
+    fhdr_t *h = f->h;
+    uint32_t me = idx_of(f, sl) + 1;
+    sl->lnext = NIL;
+    sl->lprev = h->ltail;
+    if (h->ltail != NIL)
+        f->slot[h->ltail - 1].lnext = me;
+    else
+        h->lhead = me;
+    h->ltail = me;
+}
+
+/* The queue's head's finish time, and its place in the heap of queues:
+ * F = max(s, V) + n / w (start-time fair queueing's tag, fixed while the
+ * head and the flow's service stay). */
+static void retag(rate_fair_t *f, fslot_t *sl)
+{
+    const heap_t hp = wheap(f);
+    if (sl->qlen == 0) {
+        if (sl->wpos != NIL)
+            heap_remove(f, &hp, sl->wpos);
+        return;
     }
-    h->asked_cur += permits;
+    uint32_t seat = f->ring[(size_t)idx_of(f, sl) * f->h->queue_max + sl->qhead];
+    const fwait_t *w = &f->wait[(size_t)idx_of(f, sl) * f->h->queue_max + seat];
+    uint64_t v = f->h->vtime;
+    sl->ftag = (sl->s > v ? sl->s : v) + cost_of(w->permits, sl->weight);
+    if (sl->wpos == NIL)
+        heap_push(f, &hp, idx_of(f, sl));
+    else
+        heap_fix(f, &hp, sl->wpos - 1);
+}
+
+/* Moves every virtual time down by V when they near 2^63 (differences
+ * are all the rules read; the heaps' order stays). */
+static void rebase(rate_fair_t *f)
+{
+    uint64_t v = f->h->vtime;
+    for (uint32_t i = 0; i < f->h->slots; i++) {
+        fslot_t *sl = &f->slot[i];
+        sl->s = sl->s > v ? sl->s - v : 0;
+        sl->ftag = sl->ftag > v ? sl->ftag - v : 0;
+    }
+    f->h->vtime = 0;
+}
+
+/* The active heap after an entry's s grew: down only (the hot path's
+ * one heap step; nothing to do for a leaf). */
+static void aheap_down(rate_fair_t *f, uint32_t i)
+{
+    uint32_t n = f->h->nactive, *a = f->aheap, e = a[i];
+    uint64_t k = f->slot[e].s;
+    for (;;) {
+        uint32_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && f->slot[a[c + 1]].s < f->slot[a[c]].s)
+            c++;
+        if (f->slot[a[c]].s >= k)
+            break;
+        a[i] = a[c];
+        f->slot[a[i]].apos = i + 1;
+        i = c;
+    }
+    a[i] = e;
+    f->slot[e].apos = i + 1;
+    uint64_t top = f->slot[a[0]].s;
+    if (top > f->h->vtime)
+        f->h->vtime = top;
+}
+
+/* Adds a cost to s; the heaps follow. */
+static void charge_cost(rate_fair_t *f, fslot_t *sl, uint64_t cost)
+{
+    sl->s += cost;
+    if (sl->apos != NIL)
+        aheap_down(f, sl->apos - 1);
+    if (sl->qlen > 0)
+        retag(f, sl);
+    if (sl->s > (UINT64_C(1) << 63))
+        rebase(f);
+}
+
+static void charge(rate_fair_t *f, fslot_t *sl, uint64_t permits)
+{
+    charge_cost(f, sl, cost_of(permits, sl->weight));
+}
+
+/* Takes into s what fast_try admitted for the entry since (lock held). */
+static void fold(rate_fair_t *f, fslot_t *sl)
+{
+    if (LD(sl->pend) != 0)
+        charge_cost(f, sl, __atomic_exchange_n(&sl->pend, 0, __ATOMIC_RELAXED));
+}
+
+static void activate(rate_fair_t *f, fslot_t *sl)
+{
+    if (sl->s < f->h->vtime)
+        sl->s = f->h->vtime; /* no credit for the idle time */
+    const heap_t hp = aheap(f);
+    heap_push(f, &hp, idx_of(f, sl));
+    f->h->total_w += sl->weight;
+    list_append(f, sl);
+    vtime_update(f);
+}
+
+static void deactivate(rate_fair_t *f, fslot_t *sl)
+{
+    const heap_t hp = aheap(f);
+    heap_remove(f, &hp, sl->apos);
+    f->h->total_w -= sl->weight;
+    list_unlink(f, sl);
+    vtime_update(f);
+}
+
+/* Brings the table to period ep: the totals of asked permits roll, and
+ * the entries that asked in neither this period nor the one before leave
+ * the active set, from the list's head (oldest first).  An entry with
+ * waiters stays: it goes to the list's tail. */
+static void expire(rate_fair_t *f, uint64_t ep, uint64_t now)
+{
+    fhdr_t *h = f->h;
+    if (h->epoch != ep) {
+        uint64_t seq = LD(h->asked_seq);
+        ST(h->seq_prev, h->epoch + 1 == ep ? h->seq_cur : seq);
+        ST(h->seq_cur, seq);
+        uint64_t start = (ep - 1) * f->period_ns;
+        ST(h->epoch_start, start > now ? now : start); /* a clock gone back */
+        ST(h->epoch, ep);
+    }
+    for (uint32_t n = h->nactive; n > 0 && h->lhead != NIL; n--) {
+        fslot_t *sl = &f->slot[h->lhead - 1];
+        if (sl->epoch + 1 >= ep)
+            break;
+        if (sl->qlen > 0) {
+            list_unlink(f, sl);
+            list_append(f, sl);
+        } else {
+            deactivate(f, sl);
+        }
+    }
 }
 
 /* Brings the entry to this period: what it asked rolls over, and a flow
@@ -320,59 +576,61 @@ static void touch(rate_fair_t *f, fslot_t *sl, uint64_t ep)
 {
     if (sl->epoch == ep)
         return;
-    bool was_active = active(sl, ep);
     sl->asked_prev = sl->epoch + 1 == ep ? sl->asked_cur : 0;
     sl->asked_cur = 0;
-    sl->epoch = ep;
-    if (!was_active && sl->s <= f->h->vtime) {
-        sl->s = f->h->vtime;
-        if (f->h->vmin_count > 0)
-            f->h->vmin_count++;
+    ST(sl->epoch, ep);
+    if (sl->apos == NIL) {
+        activate(f, sl);
+    } else { /* the list stays in the order of the last period asked */
+        list_unlink(f, sl);
+        list_append(f, sl);
     }
 }
 
+static void set_weight(rate_fair_t *f, fslot_t *sl, uint32_t weight)
+{
+    if (sl->weight == weight)
+        return;
+    if (sl->apos != NIL)
+        f->h->total_w = f->h->total_w - sl->weight + weight;
+    ST(sl->weight, weight);
+}
+
 /* The flow's entry: its own within PROBES of its home, else a free one
- * there, else its home entry shared (counted). */
+ * there, else its home entry shared (counted).  A free entry is one out
+ * of the active set. */
 static fslot_t *find_slot(rate_fair_t *f, const char *flow, size_t len,
-                          uint32_t weight, uint64_t ep)
+                          uint32_t weight)
 {
     uint64_t h = XXH3_64bits_withSeed(flow, len, f->h->seed);
     if (h == 0)
         h = 1;
     uint32_t n = f->h->slots;
-    uint32_t home = (uint32_t)(h % n);
+    uint32_t home = (uint32_t)(((h >> 32) * n) >> 32);
     fslot_t *free_sl = NULL;
     uint32_t probes = n < PROBES ? n : PROBES;
-    for (uint32_t i = 0; i < probes; i++) {
-        fslot_t *sl = &f->slot[(home + i) % n];
+    for (uint32_t i = 0, k = home; i < probes; i++, k = k + 1 == n ? 0 : k + 1) {
+        fslot_t *sl = &f->slot[k];
         if (sl->hash == h) {
-            sl->weight = weight;
+            set_weight(f, sl, weight);
             return sl;
         }
-        if (free_sl == NULL && !active(sl, ep))
+        if (free_sl == NULL && sl->apos == NIL && sl->qlen == 0)
             free_sl = sl;
     }
     if (free_sl != NULL) {
-        uint64_t v = vtime(f, ep);
-        free_sl->hash = h;
-        free_sl->s = v; /* inactive until touched, which counts it at V */
-        free_sl->epoch = 0;
+        ST(free_sl->hash, h);
+        free_sl->s = f->h->vtime;
+        ST(free_sl->epoch, 0);
         free_sl->asked_cur = free_sl->asked_prev = 0;
-        free_sl->weight = weight;
+        ST(free_sl->weight, weight);
+        ST(free_sl->pend, 0);
         free_sl->qhead = free_sl->qlen = 0;
+        free_sl->qpermits = 0;
         return free_sl;
     }
     f->h->shared++;
     return &f->slot[home];
-}
-
-static uint64_t queued(const rate_fair_t *f, const fslot_t *sl)
-{
-    uint64_t q = 0;
-    size_t base = (size_t)(sl - f->slot) * f->h->queue_max;
-    for (uint32_t k = 0; k < sl->qlen; k++)
-        q += f->wait[base + (sl->qhead + k) % f->h->queue_max].permits;
-    return q;
 }
 
 static uint64_t min3(uint64_t a, uint64_t b, uint64_t c)
@@ -383,20 +641,16 @@ static uint64_t min3(uint64_t a, uint64_t b, uint64_t c)
 
 /* What the active flows behind `me` are owed (docs/fair.md, "the rule"):
  * for each, the least of its share of the capacity, what it asked lately
- * and what it needs to catch up with me. */
-static uint64_t reserve_for(rate_fair_t *f, const fslot_t *me, uint64_t cap,
-                            uint64_t ep)
+ * and what it needs to catch up with me.  A walk of the active list. */
+static uint64_t reserve_for(rate_fair_t *f, const fslot_t *me, uint64_t cap)
 {
-    uint64_t total_w = 0;
-    for (uint32_t i = 0; i < f->h->slots; i++)
-        if (active(&f->slot[i], ep))
-            total_w += f->slot[i].weight;
+    uint64_t total_w = f->h->total_w;
     if (total_w == 0)
         return 0;
     unsigned __int128 r = 0;
-    for (uint32_t i = 0; i < f->h->slots; i++) {
-        const fslot_t *sl = &f->slot[i];
-        if (sl == me || !active(sl, ep) || sl->s >= me->s)
+    for (uint32_t i = f->h->lhead; i != NIL; i = f->slot[i - 1].lnext) {
+        const fslot_t *sl = &f->slot[i - 1];
+        if (sl == me || sl->s >= me->s)
             continue;
         unsigned __int128 share =
             (unsigned __int128)cap * sl->weight / total_w;
@@ -405,7 +659,7 @@ static uint64_t reserve_for(rate_fair_t *f, const fslot_t *me, uint64_t cap,
              ((UINT64_C(1) << FIX) - 1)) >> FIX;
         uint64_t asked = (sl->asked_cur > sl->asked_prev ? sl->asked_cur
                                                           : sl->asked_prev) +
-                         queued(f, sl);
+                         sl->qpermits;
         r += min3(share > UINT64_MAX ? UINT64_MAX : (uint64_t)share, asked,
                   catch_up > UINT64_MAX ? UINT64_MAX : (uint64_t)catch_up);
     }
@@ -419,11 +673,21 @@ static uint64_t reserve_for(rate_fair_t *f, const fslot_t *me, uint64_t cap,
 static int shared_check(rate_fair_t *f, uint64_t permits, uint64_t now,
                         rate_decision_t *out)
 {
+    int rc;
     if (f->policy != NULL)
-        return rate_limiter_check_policy_at(f->limiter, f->policy, f->key,
-                                            f->key_len, permits, 0, now, out);
-    return rate_limiter_check_at(f->limiter, f->key, f->key_len, permits, 0,
-                                 now, out);
+        rc = rate_limiter_check_policy_at(f->limiter, f->policy, f->key,
+                                          f->key_len, permits, 0, now, out);
+    else
+        rc = rate_limiter_check_at(f->limiter, f->key, f->key_len, permits, 0,
+                                   now, out);
+    uint64_t seq = LD(f->h->asked_seq);
+    ST(f->h->room_until,
+       rc == RATE_OK && out->reason == RATE_REASON_ALLOWED &&
+               out->limit != RATE_NO_LIMIT && !out->shadow &&
+               out->remaining > 0 && out->remaining <= UINT64_MAX - seq
+           ? seq + out->remaining
+           : 0);
+    return rc;
 }
 
 static int shared_refund(rate_fair_t *f, uint64_t permits, uint64_t now)
@@ -435,34 +699,46 @@ static int shared_refund(rate_fair_t *f, uint64_t permits, uint64_t now)
                                   now);
 }
 
-/* Decides a request of the entry (lock held) at now.  full: fill *out
- * (else the bool call's fast path when the flow is within its share). */
-static int decide(rate_fair_t *f, fslot_t *sl, uint64_t permits, uint64_t now,
-                  uint64_t ep, bool full, rate_decision_t *out)
+/* The bool call on the shared limit (the limiter's own policy); a denial
+ * leaves the room unknown. */
+static bool shared_try(rate_fair_t *f, uint64_t permits, uint64_t now)
 {
-    uint64_t v = vtime(f, ep);
-    if (sl->s <= v) {
-        if (!full && f->policy == NULL) {
-            bool ok = rate_try_acquire_len_at(f->limiter, f->key, f->key_len,
-                                              permits, now);
-            out->allowed = ok;
-            if (ok)
-                charge(f, sl, permits);
-            return RATE_OK;
-        }
-        int rc = shared_check(f, permits, now, out);
-        if (rc == RATE_OK && out->allowed)
+    bool ok = rate_try_acquire_len_at(f->limiter, f->key, f->key_len, permits,
+                                      now);
+    if (!ok)
+        ST(f->h->room_until, 0);
+    return ok;
+}
+
+/* Decides a request of the entry (lock held) at now.  full: fill *out
+ * (else the bool call's fast path: when the flow is within its share, or
+ * when the shared limit's room, known from its last full decision, keeps
+ * more than any reserve after the request). */
+static int decide(rate_fair_t *f, fslot_t *sl, uint64_t permits, uint64_t now,
+                  bool full, rate_decision_t *out)
+{
+    fhdr_t *h = f->h;
+    uint64_t seq = LD(h->asked_seq), until = LD(h->room_until);
+    uint64_t bound = seq - h->seq_prev + h->queued;
+    /* The room, unknown, is learnt by a full decision now and then (at
+     * most one per LEARN permits asked), so that fast_try can start. */
+    bool learn = until == 0 && seq >= h->learn_seq;
+    if (learn)
+        h->learn_seq = seq + LEARN;
+    if (!full && f->policy == NULL && !learn &&
+        (sl->s <= h->vtime || (until >= seq && until - seq >= bound))) {
+        out->allowed = shared_try(f, permits, now);
+        if (out->allowed)
             charge(f, sl, permits);
-        return rc;
+        return RATE_OK;
     }
     int rc = shared_check(f, permits, now, out);
     if (rc != RATE_OK || !out->allowed)
         return rc;
-    fhdr_t *h = f->h;
-    uint64_t bound = h->asked_cur + h->asked_prev + h->queued;
-    if (out->reason == RATE_REASON_ALLOWED && out->limit != RATE_NO_LIMIT &&
-        !out->shadow && out->remaining < bound) {
-        uint64_t need = reserve_for(f, sl, out->limit, ep);
+    if (sl->s > h->vtime && out->reason == RATE_REASON_ALLOWED &&
+        out->limit != RATE_NO_LIMIT && !out->shadow &&
+        out->remaining < bound) {
+        uint64_t need = reserve_for(f, sl, out->limit);
         if (out->remaining < need) {
             rc = shared_refund(f, permits, now);
             if (rc == RATE_OK) {
@@ -477,7 +753,8 @@ static int decide(rate_fair_t *f, fslot_t *sl, uint64_t permits, uint64_t now,
                 out->delay_ns = 0;
                 out->retry_after_ns =
                     t > RATE_TIME_MAX ? RATE_TIME_MAX : (uint64_t)t;
-                f->h->fair_denied++;
+                h->fair_denied++;
+                ST(h->room_until, LD(h->asked_seq) + out->remaining);
                 return RATE_OK;
             }
             /* The refund failed (a store error): the permits stay spent,
@@ -500,43 +777,142 @@ static int check_input(const rate_fair_t *f, const char *flow, size_t len,
     return RATE_OK;
 }
 
+static void wake_next(rate_fair_t *f);
+
+/* The flow's entry brought to now, its request counted as asked. */
+static fslot_t *enter(rate_fair_t *f, const char *flow, size_t len,
+                      uint32_t weight, uint64_t permits, uint64_t now)
+{
+    uint64_t ep = epoch_at(f, now);
+    expire(f, ep, now);
+    fslot_t *sl = find_slot(f, flow, len, weight ? weight : 1);
+    fold(f, sl);
+    touch(f, sl, ep);
+    sl->asked_cur += permits;
+    __atomic_add_fetch(&f->h->asked_seq, permits, __ATOMIC_RELAXED);
+    return sl;
+}
+
+/* The bool call's path without the table's lock, taken while the shared
+ * limit has more room than every permit asked in this period and the
+ * last (so no reserve can be at stake), nothing waits, and the flow's
+ * entry was brought to this period already: the permits are counted in
+ * asked_seq and the shared limit decides alone.  The flow's service is
+ * not charged then: it is counted while the limit is contended
+ * (docs/fair.md, "The path without the lock").  Returns 1 admitted,
+ * 0 denied, -1 when the lock must be taken. */
+static int fast_try(rate_fair_t *f, const char *flow, size_t len,
+                    uint32_t weight, uint64_t permits, uint64_t now)
+{
+    fhdr_t *h = f->h;
+    uint64_t ep = LD(h->epoch), start = LD(h->epoch_start);
+    if (f->policy != NULL || LD(h->waiting) != 0 || ep == 0 || now < start ||
+        now - start >= f->period_ns)
+        return -1;
+    uint64_t until = LD(h->room_until), seq = LD(h->asked_seq) + permits;
+    uint64_t prev = LD(h->seq_prev);
+    if (until < seq || until - seq < seq - prev)
+        return -1;
+    uint64_t hv = XXH3_64bits_withSeed(flow, len, h->seed);
+    if (hv == 0)
+        hv = 1;
+    uint32_t n = h->slots;
+    uint32_t k = (uint32_t)(((hv >> 32) * n) >> 32);
+    uint32_t probes = n < PROBES ? n : PROBES;
+    fslot_t *sl = NULL;
+    for (uint32_t i = 0; sl == NULL; i++, k = k + 1 == n ? 0 : k + 1) {
+        if (i == probes)
+            return -1;
+        if (LD(f->slot[k].hash) == hv)
+            sl = &f->slot[k];
+    }
+    uint32_t w = weight ? weight : 1;
+    if (LD(sl->epoch) != ep || LD(sl->weight) != w)
+        return -1;
+    __atomic_add_fetch(&h->asked_seq, permits, __ATOMIC_RELAXED);
+    if (rate_try_acquire_len_at(f->limiter, f->key, f->key_len, permits, now)) {
+        __atomic_add_fetch(&sl->pend, cost_of(permits, w), __ATOMIC_RELAXED);
+        return 1;
+    }
+    ST(h->room_until, 0);
+    return 0;
+}
+
 static int fair_check(rate_fair_t *f, const char *flow, size_t len,
                       uint32_t weight, uint64_t permits, uint64_t now,
                       bool full, rate_decision_t *out)
 {
-    uint64_t ep = epoch_of(f, now);
     int rc = table_lock(f);
     if (rc != RATE_OK)
         return rc;
-    fslot_t *sl = find_slot(f, flow, len, weight ? weight : 1, ep);
-    touch(f, sl, ep);
-    sl->asked_cur += permits;
-    asked_roll(f->h, ep, permits);
-    rc = decide(f, sl, permits, now, ep, full, out);
-    if (f->h->waiting > 0 && out->allowed)
-        pthread_cond_broadcast(&f->h->cv);
+    fslot_t *sl = enter(f, flow, len, weight, permits, now);
+    rc = decide(f, sl, permits, now, full, out);
+    if (f->h->waiting > 0)
+        wake_next(f); /* an admission may have made another queue next */
     table_unlock(f);
     return rc;
 }
 
 /* ---------------------------------------------------------------- waiting */
 
-static fwait_t *ring_at(rate_fair_t *f, const fslot_t *sl, uint32_t k)
+static size_t base_of(const rate_fair_t *f, const fslot_t *sl)
 {
-    size_t base = (size_t)(sl - f->slot) * f->h->queue_max;
-    return &f->wait[base + (sl->qhead + k) % f->h->queue_max];
+    return (size_t)idx_of(f, sl) * f->h->queue_max;
 }
 
-/* Removes the k-th waiter of the entry's ring, keeping the order. */
+/* The k-th waiter of the entry's queue (0: its head). */
+static fwait_t *ring_at(rate_fair_t *f, const fslot_t *sl, uint32_t k)
+{
+    size_t b = base_of(f, sl);
+    return &f->wait[b + f->ring[b + (sl->qhead + k) % f->h->queue_max]];
+}
+
+/* Removes the k-th waiter of the entry's queue, keeping the order; its
+ * seat is free again. */
 static void ring_remove(rate_fair_t *f, fslot_t *sl, uint32_t k)
 {
-    f->h->queued -= ring_at(f, sl, k)->permits;
-    for (uint32_t j = k; j + 1 < sl->qlen; j++)
-        *ring_at(f, sl, j) = *ring_at(f, sl, j + 1);
-    ring_at(f, sl, sl->qlen - 1)->ticket = 0;
+    size_t b = base_of(f, sl);
+    uint32_t q = f->h->queue_max;
+    fwait_t *w = ring_at(f, sl, k);
+    f->h->queued -= w->permits;
+    sl->qpermits -= w->permits;
+    w->ticket = 0;
+    w->arec = 0;
+    if (k == 0) {
+        sl->qhead = (sl->qhead + 1) % q;
+    } else {
+        for (uint32_t j = k; j + 1 < sl->qlen; j++)
+            f->ring[b + (sl->qhead + j) % q] =
+                f->ring[b + (sl->qhead + j + 1) % q];
+    }
     sl->qlen--;
-    f->h->waiting--;
-    f->h->vmin_count = 0; /* an entry may have left the active set */
+    ST(f->h->waiting, f->h->waiting - 1);
+    if (k == 0)
+        retag(f, sl);
+}
+
+/* Appends a waiter to the entry's queue (not full): the seat it took. */
+static fwait_t *ring_push(rate_fair_t *f, fslot_t *sl, uint64_t ticket,
+                          uint64_t permits, uint64_t deadline)
+{
+    size_t b = base_of(f, sl);
+    uint32_t q = f->h->queue_max, seat = 0;
+    while (f->wait[b + seat].ticket != 0) /* a free one exists: qlen < q */
+        seat++;
+    fwait_t *w = &f->wait[b + seat];
+    w->ticket = ticket;
+    w->permits = permits;
+    w->deadline = deadline;
+    w->pid = (int32_t)getpid();
+    w->arec = 0;
+    f->ring[b + (sl->qhead + sl->qlen) % q] = (uint16_t)seat;
+    sl->qlen++;
+    sl->qpermits += permits;
+    f->h->queued += permits;
+    ST(f->h->waiting, f->h->waiting + 1);
+    if (sl->qlen == 1)
+        retag(f, sl);
+    return w;
 }
 
 static bool ring_find(rate_fair_t *f, fslot_t *sl, uint64_t ticket,
@@ -556,38 +932,61 @@ static bool stale(rate_fair_t *f, const fwait_t *w, uint64_t now)
 {
     if (w->deadline < now)
         return true;
-    return (f->mapped || f->borrowed) && w->pid != (int64_t)getpid() &&
+    return (f->mapped || f->borrowed) && w->pid != (int32_t)getpid() &&
            kill((pid_t)w->pid, 0) != 0 && errno == ESRCH;
 }
 
-/* The ticket of the waiter served next: the queue head with the smallest
- * virtual finish time (ties: the older ticket); 0 when none.  Stale heads
- * are dropped on the way. */
-static uint64_t next_ticket(rate_fair_t *f, uint64_t now, uint64_t ep)
+static long futex(uint32_t *word, int op, uint32_t val,
+                  const struct timespec *ts, uint32_t val3)
 {
-    uint64_t v = vtime(f, ep);
-    uint64_t best = 0, best_f = UINT64_MAX;
-    for (uint32_t i = 0; i < f->h->slots; i++) {
-        fslot_t *sl = &f->slot[i];
-        while (sl->qlen > 0 && stale(f, ring_at(f, sl, 0), now)) {
-            ring_remove(f, sl, 0);
-            f->h->timed_out++;
-        }
-        if (sl->qlen == 0)
-            continue;
-        const fwait_t *w = ring_at(f, sl, 0);
-        uint64_t fin = (sl->s > v ? sl->s : v) + cost_of(w->permits, sl->weight);
-        if (fin < best_f || (fin == best_f && w->ticket < best)) {
-            best_f = fin;
-            best = w->ticket;
-        }
-    }
-    return best;
+    return syscall(SYS_futex, word, op, val, ts, NULL, val3);
 }
 
-/* Waits on the table's condition until the fair clock reads `until` or
- * the condition is signalled (lock held). */
-static void wait_until(rate_fair_t *f, uint64_t now, uint64_t until)
+/* Wakes the waiter's thread (every thread on its seat's word: a seat
+ * freed and taken again may still have its former owner asleep on it). */
+static void async_wake(uint64_t arec);
+
+static void wake_seat(rate_fair_t *f, fwait_t *w)
+{
+    if (w->arec != 0 && w->pid == (int32_t)getpid()) {
+        async_wake(w->arec);
+        return;
+    }
+    __atomic_add_fetch(&w->wake, 1, __ATOMIC_RELEASE);
+    int op = FUTEX_WAKE | (f->mapped || f->borrowed ? 0 : FUTEX_PRIVATE_FLAG);
+    futex(&w->wake, op, INT32_MAX, NULL, 0);
+}
+
+/* The next waiter (the head of the queue with the smallest finish time,
+ * stale heads dropped on the way), or NULL. */
+static fwait_t *next_waiter(rate_fair_t *f, uint64_t now)
+{
+    while (f->h->nqueues > 0) {
+        fslot_t *sl = &f->slot[f->wheap[0]];
+        fwait_t *w = ring_at(f, sl, 0);
+        if (!stale(f, w, now))
+            return w;
+        ring_remove(f, sl, 0);
+        f->h->timed_out++;
+        wake_seat(f, w); /* its owner, if alive, answers itself: too late */
+    }
+    return NULL;
+}
+
+/* Wakes the next waiter when it is not the one last woken or seen (the
+ * only waiter that asks the shared limit). */
+static void wake_next(rate_fair_t *f)
+{
+    fwait_t *w = next_waiter(f, now_of(f));
+    if (w != NULL && w->ticket != f->h->top_ticket) {
+        f->h->top_ticket = w->ticket;
+        wake_seat(f, w);
+    }
+}
+
+/* Sleeps on the seat's word (lock released meanwhile) until the fair
+ * clock reads `until` or the seat is woken. */
+static int wait_until(rate_fair_t *f, fwait_t *w, uint64_t now, uint64_t until)
 {
     uint64_t d = until > now ? until - now : 0;
     if (f->own_clock && d > POLL_NS)
@@ -596,9 +995,12 @@ static void wait_until(rate_fair_t *f, uint64_t now, uint64_t until)
     uint64_t at = real + d > RATE_TIME_MAX ? RATE_TIME_MAX : real + d;
     struct timespec ts = {.tv_sec = (time_t)(at / RATE_NS_PER_S),
                           .tv_nsec = (long)(at % RATE_NS_PER_S)};
-    int rc = pthread_cond_timedwait(&f->h->cv, &f->h->mu, &ts);
-    if (rc == EOWNERDEAD)
-        pthread_mutex_consistent(&f->h->mu);
+    uint32_t seen = __atomic_load_n(&w->wake, __ATOMIC_ACQUIRE);
+    table_unlock(f);
+    int op = FUTEX_WAIT_BITSET |
+             (f->mapped || f->borrowed ? 0 : FUTEX_PRIVATE_FLAG);
+    futex(&w->wake, op, seen, &ts, FUTEX_BITSET_MATCH_ANY);
+    return table_lock(f);
 }
 
 static void denied(rate_decision_t *out, uint64_t retry_ns)
@@ -617,22 +1019,24 @@ static int fair_acquire(rate_fair_t *f, const char *flow, size_t len,
     uint64_t now = now_of(f);
     uint64_t deadline = timeout > RATE_TIME_MAX - now ? RATE_TIME_MAX
                                                       : now + timeout;
-    uint64_t ep = epoch_of(f, now);
     int rc = table_lock(f);
     if (rc != RATE_OK)
         return rc;
-    fslot_t *sl = find_slot(f, flow, len, weight ? weight : 1, ep);
-    touch(f, sl, ep);
-    sl->asked_cur += permits;
-    asked_roll(f->h, ep, permits);
+    fslot_t *sl = enter(f, flow, len, weight, permits, now);
     if (f->h->waiting == 0) {
-        rc = decide(f, sl, permits, now, ep, true, out);
+        rc = decide(f, sl, permits, now, true, out);
         if (rc != RATE_OK || out->allowed ||
             out->reason != RATE_REASON_LIMITED || timeout == 0 ||
             out->retry_after_ns > deadline - now) {
             table_unlock(f);
             return rc;
         }
+    }
+    while (sl->qlen > 0 && stale(f, ring_at(f, sl, 0), now)) {
+        fwait_t *old = ring_at(f, sl, 0);
+        ring_remove(f, sl, 0);
+        f->h->timed_out++;
+        wake_seat(f, old);
     }
     if (sl->qlen >= f->h->queue_max) {
         f->h->queue_full++;
@@ -641,50 +1045,349 @@ static int fair_acquire(rate_fair_t *f, const char *flow, size_t len,
         return RATE_OK;
     }
     uint64_t ticket = ++f->h->ticket_seq;
-    sl->qlen++;
-    *ring_at(f, sl, sl->qlen - 1) = (fwait_t){.ticket = ticket,
-                                              .permits = permits,
-                                              .deadline = deadline,
-                                              .pid = (int64_t)getpid()};
-    f->h->waiting++;
-    f->h->queued += permits;
-    pthread_cond_broadcast(&f->h->cv);
+    fwait_t *me = ring_push(f, sl, ticket, permits, deadline);
     for (;;) {
-        now = now_of(f);
-        ep = epoch_of(f, now);
         uint32_t k;
-        if (!ring_find(f, sl, ticket, &k)) { /* dropped as stale: too late */
+        if (me->ticket != ticket) { /* dropped as stale: too late */
+            wake_next(f);
             table_unlock(f);
             denied(out, 0);
             return RATE_OK;
         }
         if (now >= deadline) {
-            ring_remove(f, sl, k);
+            if (ring_find(f, sl, ticket, &k))
+                ring_remove(f, sl, k);
             f->h->timed_out++;
-            pthread_cond_broadcast(&f->h->cv);
+            wake_next(f);
             table_unlock(f);
             denied(out, 0);
             return RATE_OK;
         }
         uint64_t until = deadline;
-        if (next_ticket(f, now, ep) == ticket) {
-            touch(f, sl, ep);
+        if (next_waiter(f, now) == me) {
+            f->h->top_ticket = ticket;
+            touch(f, sl, epoch_at(f, now));
             rc = shared_check(f, permits, now, out);
             if (rc != RATE_OK || out->allowed ||
                 out->reason != RATE_REASON_LIMITED) {
-                if (ring_find(f, sl, ticket, &k))
-                    ring_remove(f, sl, k);
+                ring_remove(f, sl, 0);
                 if (rc == RATE_OK && out->allowed)
                     charge(f, sl, permits);
-                pthread_cond_broadcast(&f->h->cv);
+                wake_next(f);
                 table_unlock(f);
                 return rc;
             }
             if (out->retry_after_ns < deadline - now)
                 until = now + (out->retry_after_ns ? out->retry_after_ns : 1);
         }
-        wait_until(f, now, until);
+        rc = wait_until(f, me, now, until);
+        if (rc != RATE_OK) { /* the lock is lost: the seat stays to expire */
+            memset(out, 0, sizeof *out);
+            return rc;
+        }
+        now = now_of(f);
+        expire(f, epoch_at(f, now), now);
     }
+}
+
+
+/* ------------------------------------------------- waiting, asynchronous */
+
+/* An asynchronous waiter: its seat in the table, its timer on the loop,
+ * its callback.  Freed on the loop's thread once answered. */
+typedef struct arec {
+    rate_fair_t *f;
+    void *timer;
+    rate_check_fn cb;
+    void *ud;
+    fslot_t *sl;
+    fwait_t *seat;
+    uint64_t ticket, permits, deadline;
+    struct arec *next, *prev; /* the handle's pending list */
+    struct arec *rnext;       /* the handle's woken list */
+    bool ready;
+} arec_t;
+
+/* Called by a waker (table lock held, any thread of the process): queues
+ * the record as woken and pokes the loop's eventfd. */
+static void async_wake(uint64_t arec)
+{
+    arec_t *r = (arec_t *)(uintptr_t)arec;
+    rate_fair_t *f = r->f;
+    pthread_mutex_lock(&f->as->mu);
+    if (!r->ready) {
+        r->ready = true;
+        r->rnext = f->as->ready;
+        f->as->ready = r;
+    }
+    pthread_mutex_unlock(&f->as->mu);
+    uint64_t one = 1;
+    ssize_t n = write(f->as->efd, &one, sizeof one);
+    (void)n; /* a full counter is still readable: the loop wakes */
+}
+
+/* Answers the waiter (its seat already gone, lock released): unlinked,
+ * its timer freed, then its callback, then the record freed. */
+static void async_finish(arec_t *r, int rc, const rate_decision_t *d)
+{
+    rate_fair_t *f = r->f;
+    pthread_mutex_lock(&f->as->mu);
+    if (r->ready) {
+        arec_t **pp = &f->as->ready;
+        while (*pp != r)
+            pp = &(*pp)->rnext;
+        *pp = r->rnext;
+        r->ready = false;
+    }
+    pthread_mutex_unlock(&f->as->mu);
+    if (r->prev != NULL)
+        r->prev->next = r->next;
+    else
+        f->as->pending = r->next;
+    if (r->next != NULL)
+        r->next->prev = r->prev;
+    f->as->loop.timer_free(f->as->loop.ud, r->timer);
+    r->cb(r->ud, rc, d);
+    free(r);
+}
+
+/* One look at the waiter, as the thread waiter's loop does once a wake:
+ * answered (too late, admitted, or the shared limit's other answer), or
+ * its timer armed for its deadline or the limit's retry time. */
+static void async_step(arec_t *r)
+{
+    rate_fair_t *f = r->f;
+    rate_decision_t d;
+    memset(&d, 0, sizeof d);
+    int rc = table_lock(f);
+    if (rc != RATE_OK) {
+        async_finish(r, rc, &d);
+        return;
+    }
+    uint64_t now = now_of(f);
+    expire(f, epoch_at(f, now), now);
+    if (r->seat->ticket != r->ticket || now >= r->deadline) {
+        uint32_t k; /* (a seat dropped as stale was counted then) */
+        if (r->seat->ticket == r->ticket && ring_find(f, r->sl, r->ticket, &k)) {
+            ring_remove(f, r->sl, k);
+            f->h->timed_out++;
+        }
+        wake_next(f);
+        table_unlock(f);
+        denied(&d, 0);
+        async_finish(r, RATE_OK, &d);
+        return;
+    }
+    uint64_t until = r->deadline;
+    if (next_waiter(f, now) == r->seat) {
+        f->h->top_ticket = r->ticket;
+        touch(f, r->sl, epoch_at(f, now));
+        rc = shared_check(f, r->permits, now, &d);
+        if (rc != RATE_OK || d.allowed || d.reason != RATE_REASON_LIMITED) {
+            ring_remove(f, r->sl, 0);
+            if (rc == RATE_OK && d.allowed)
+                charge(f, r->sl, r->permits);
+            wake_next(f);
+            table_unlock(f);
+            if (rc != RATE_OK)
+                memset(&d, 0, sizeof d);
+            async_finish(r, rc, &d);
+            return;
+        }
+        if (d.retry_after_ns < r->deadline - now)
+            until = now + (d.retry_after_ns ? d.retry_after_ns : 1);
+    } else if ((f->mapped || f->borrowed) && until - now > ASYNC_POLL_NS) {
+        until = now + ASYNC_POLL_NS;
+    }
+    table_unlock(f);
+    uint64_t after = until - now;
+    if (f->own_clock && after > POLL_NS)
+        after = POLL_NS;
+    f->as->loop.timer_arm(f->as->loop.ud, r->timer, after);
+}
+
+static void async_timer_cb(void *arg)
+{
+    async_step(arg);
+}
+
+/* The eventfd is readable: every woken waiter takes a step. */
+static void async_io_cb(void *arg, unsigned events)
+{
+    rate_fair_t *f = arg;
+    uint64_t v;
+    (void)events;
+    while (read(f->as->efd, &v, sizeof v) > 0)
+        ;
+    for (;;) {
+        pthread_mutex_lock(&f->as->mu);
+        arec_t *r = f->as->ready;
+        if (r != NULL) {
+            f->as->ready = r->rnext;
+            r->ready = false;
+        }
+        pthread_mutex_unlock(&f->as->mu);
+        if (r == NULL)
+            break;
+        async_step(r);
+    }
+}
+
+/* The handle's first asynchronous call binds it to the loop. */
+static int async_bind(rate_fair_t *f, const rate_loop_t *loop)
+{
+    if (f->as != NULL)
+        return f->as->loop.ud == loop->ud ? RATE_OK : RATE_EINVAL;
+    fasync_t *as = calloc(1, sizeof *as);
+    if (as == NULL)
+        return RATE_ENOMEM;
+    as->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    as->loop = *loop;
+    as->io = as->efd < 0 ? NULL
+                         : loop->io_new(loop->ud, as->efd, async_io_cb, f);
+    if (as->io == NULL || loop->io_set(loop->ud, as->io, RATE_LOOP_READ) != 0) {
+        if (as->io != NULL)
+            loop->io_free(loop->ud, as->io);
+        if (as->efd >= 0)
+            close(as->efd);
+        free(as);
+        return RATE_ENOMEM;
+    }
+    pthread_mutex_init(&as->mu, NULL);
+    f->as = as;
+    return RATE_OK;
+}
+
+int rate_fair_acquire_start(rate_fair_t *f, const rate_loop_t *loop,
+                            const char *flow, size_t flow_len,
+                            uint32_t weight, uint64_t permits,
+                            uint64_t max_wait_ns, rate_decision_t *out,
+                            rate_check_fn cb, void *ud)
+{
+    if (out == NULL)
+        return RATE_EINVAL;
+    memset(out, 0, sizeof *out);
+    if (loop == NULL || cb == NULL || loop->io_new == NULL ||
+        loop->io_set == NULL || loop->io_free == NULL ||
+        loop->timer_new == NULL || loop->timer_arm == NULL ||
+        loop->timer_free == NULL)
+        return RATE_EINVAL;
+    int rc = check_input(f, flow, flow_len, weight, permits, 0);
+    if (rc == RATE_OK && max_wait_ns > RATE_TIME_MAX)
+        rc = RATE_ERANGE;
+    if (rc == RATE_OK)
+        rc = async_bind(f, loop);
+    if (rc != RATE_OK)
+        return rc;
+    arec_t *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return RATE_ENOMEM;
+    r->timer = loop->timer_new(loop->ud, async_timer_cb, r);
+    if (r->timer == NULL) {
+        free(r);
+        return RATE_ENOMEM;
+    }
+    uint64_t now = now_of(f);
+    uint64_t deadline = max_wait_ns > RATE_TIME_MAX - now ? RATE_TIME_MAX
+                                                          : now + max_wait_ns;
+    rc = table_lock(f);
+    bool queue = false;
+    if (rc == RATE_OK) {
+        fslot_t *sl = enter(f, flow, flow_len, weight, permits, now);
+        queue = true;
+        if (f->h->waiting == 0) {
+            rc = decide(f, sl, permits, now, true, out);
+            queue = !(rc != RATE_OK || out->allowed ||
+                      out->reason != RATE_REASON_LIMITED || max_wait_ns == 0 ||
+                      out->retry_after_ns > deadline - now);
+        }
+        while (queue && sl->qlen > 0 && stale(f, ring_at(f, sl, 0), now)) {
+            fwait_t *old = ring_at(f, sl, 0);
+            ring_remove(f, sl, 0);
+            f->h->timed_out++;
+            wake_seat(f, old);
+        }
+        if (queue && sl->qlen >= f->h->queue_max) {
+            f->h->queue_full++;
+            denied(out, f->period_ns);
+            queue = false;
+        }
+        if (queue) {
+            *r = (arec_t){.f = f, .timer = r->timer, .cb = cb, .ud = ud,
+                          .sl = sl, .ticket = ++f->h->ticket_seq,
+                          .permits = permits, .deadline = deadline};
+            r->seat = ring_push(f, sl, r->ticket, permits, deadline);
+            r->seat->arec = (uint64_t)(uintptr_t)r;
+            r->next = f->as->pending;
+            if (f->as->pending != NULL)
+                f->as->pending->prev = r;
+            f->as->pending = r;
+        }
+        table_unlock(f);
+    }
+    if (!queue) {
+        loop->timer_free(loop->ud, r->timer);
+        free(r);
+        if (rc != RATE_OK)
+            memset(out, 0, sizeof *out);
+        return rc;
+    }
+    memset(out, 0, sizeof *out);
+    /* Its first look on the loop's next turn: the callback never runs
+     * before this returns. */
+    loop->timer_arm(loop->ud, r->timer, 0);
+    return RATE_PENDING;
+}
+
+/* Rebuilds the table's indexes from its entries and seats, after a
+ * process died holding the lock (a scan of the table, that once): each
+ * queue in ticket order (its arrival order), the active set as the
+ * entries that asked in this period or the one before or have waiters. */
+static void table_repair(rate_fair_t *f)
+{
+    fhdr_t *h = f->h;
+    uint32_t n = h->slots, q = h->queue_max;
+    h->nactive = h->nqueues = 0;
+    h->lhead = h->ltail = NIL;
+    h->total_w = h->queued = h->top_ticket = 0;
+    ST(h->waiting, 0);
+    ST(h->room_until, 0);
+    for (uint32_t i = 0; i < n; i++) {
+        fslot_t *sl = &f->slot[i];
+        size_t b = (size_t)i * q;
+        uint32_t cnt = 0;
+        sl->apos = sl->wpos = sl->lprev = sl->lnext = NIL;
+        sl->qpermits = 0;
+        for (uint32_t seat = 0; seat < q; seat++) {
+            const fwait_t *w = &f->wait[b + seat];
+            if (w->ticket == 0)
+                continue;
+            uint32_t j = cnt++;
+            while (j > 0 && f->wait[b + f->ring[b + j - 1]].ticket > w->ticket) {
+                f->ring[b + j] = f->ring[b + j - 1];
+                j--;
+            }
+            f->ring[b + j] = (uint16_t)seat;
+            sl->qpermits += w->permits;
+        }
+        sl->qhead = 0;
+        sl->qlen = cnt;
+        h->queued += sl->qpermits;
+        ST(h->waiting, h->waiting + cnt);
+    }
+    const heap_t hp = aheap(f);
+    for (uint32_t i = 0; i < n; i++) {
+        fslot_t *sl = &f->slot[i];
+        if (sl->hash == 0 || (sl->epoch + 1 < h->epoch && sl->qlen == 0))
+            continue;
+        heap_push(f, &hp, i);
+        h->total_w += sl->weight;
+        list_append(f, sl);
+    }
+    vtime_update(f);
+    for (uint32_t i = 0; i < n; i++)
+        if (f->slot[i].qlen > 0)
+            retag(f, &f->slot[i]);
 }
 
 /* ------------------------------------------------------------- public */
@@ -865,12 +1568,31 @@ void rate_fair_free(rate_fair_t *f)
 {
     if (f == NULL)
         return;
+    while (f->as != NULL && f->as->pending != NULL) { /* answered now */
+        arec_t *r = f->as->pending;
+        rate_decision_t d;
+        memset(&d, 0, sizeof d);
+        if (table_lock(f) == RATE_OK) {
+            uint32_t k;
+            if (r->seat->ticket == r->ticket &&
+                ring_find(f, r->sl, r->ticket, &k))
+                ring_remove(f, r->sl, k);
+            wake_next(f);
+            table_unlock(f);
+        }
+        async_finish(r, RATE_ECANCELED, &d);
+    }
+    if (f->as != NULL) {
+        f->as->loop.io_free(f->as->loop.ud, f->as->io);
+        close(f->as->efd);
+        pthread_mutex_destroy(&f->as->mu);
+        free(f->as);
+    }
     if (f->borrowed) {
         /* the table stays: it is the caller's, other processes' too */
     } else if (f->mapped) {
         munmap(f->h, f->size);
     } else {
-        pthread_cond_destroy(&f->h->cv);
         pthread_mutex_destroy(&f->h->mu);
         free(f->h);
     }
@@ -911,6 +1633,9 @@ bool rate_fair_try_acquire_at(rate_fair_t *f, const char *flow,
 {
     if (check_input(f, flow, flow_len, weight, permits, now_ns) != RATE_OK)
         return false;
+    int fast = fast_try(f, flow, flow_len, weight, permits, now_ns);
+    if (fast >= 0)
+        return fast == 1;
     rate_decision_t d;
     d.allowed = false;
     return fair_check(f, flow, flow_len, weight, permits, now_ns, false, &d) ==
@@ -950,10 +1675,11 @@ int rate_fair_stats(rate_fair_t *f, rate_fair_stats_t *out)
     memset(out, 0, sizeof *out);
     if (table_lock(f) != RATE_OK)
         return RATE_ESTORE;
-    uint64_t ep = epoch_of(f, now_of(f));
-    for (uint32_t i = 0; i < f->h->slots; i++)
-        if (active(&f->slot[i], ep))
-            out->flows++;
+    /* the active entries at the fair clock's now, counted without
+     * expiring any: a look changes nothing */
+    uint64_t ep = epoch_at(f, now_of(f));
+    for (uint32_t i = f->h->lhead; i != NIL; i = f->slot[i - 1].lnext)
+        out->flows += f->slot[i - 1].epoch + 1 >= ep || f->slot[i - 1].qlen > 0;
     out->slots = f->h->slots;
     out->shared = f->h->shared;
     out->fair_denied = f->h->fair_denied;

@@ -6,13 +6,16 @@
  * bucket of 10^9/s), so that every figure is the decision's cost, not a
  * denial's;
  * flows take turns, so that most decisions find their flow ahead of the
- * others and take the longer path (the reserve).  Best of the rounds.
+ * others.  Times are the thread's CPU time (the machine may be shared:
+ * time spent preempted is not the decision's), best of the rounds.
  * Then, by table size: a saturated shared limit's not-waiting decision,
- * and the waiting call with threads queued on a limit of 2000/s.
+ * and the waiting call with threads queued on a limit of 2000/s; last,
+ * the waiting call's CPU time per request as the number of flows grows.
  */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <ratelimit_fair.h>
@@ -20,21 +23,33 @@
 
 #include "cli.h"
 
-#define FLOWS_MAX 64
+#define FLOWS_MAX 4096
+#define SIDE_SLOTS 256 /* the side-by-side's table: 4x its 64 flows */
 #define OPEN "token-bucket 1000000000/s burst=1000000000"
 
 static char (*flow)[16];
 
+static uint64_t cpu_ns(clockid_t which)
+{
+    struct timespec ts;
+    clock_gettime(which, &ts);
+    return (uint64_t)ts.tv_sec * RATE_NS_PER_S + (uint64_t)ts.tv_nsec;
+}
+
 static double per_op(uint64_t t0, uint64_t n)
 {
-    return (double)(rate_clock_monotonic_ns() - t0) / (double)n;
+    return (double)(cpu_ns(CLOCK_THREAD_CPUTIME_ID) - t0) / (double)n;
 }
+
+/* One clock for the open limit's decisions, plain and fair alike, so
+ * that no call asks at a time before the key's last. */
+static uint64_t at_ns;
 
 static double plain_ns(rate_limiter_t *lim, uint64_t iters)
 {
-    uint64_t t0 = rate_clock_monotonic_ns(), ok = 0;
+    uint64_t t0 = cpu_ns(CLOCK_THREAD_CPUTIME_ID), ok = 0;
     for (uint64_t i = 0; i < iters; i++)
-        ok += rate_try_acquire_len_at(lim, "shared", 6, 1, i);
+        ok += rate_try_acquire_len_at(lim, "shared", 6, 1, ++at_ns);
     if (ok != iters)
         fprintf(stderr, "bench: the open limit denied\n");
     return per_op(t0, iters);
@@ -42,9 +57,9 @@ static double plain_ns(rate_limiter_t *lim, uint64_t iters)
 
 static double fair_ns(rate_fair_t *f, unsigned flows, uint64_t iters)
 {
-    uint64_t t0 = rate_clock_monotonic_ns(), ok = 0;
+    uint64_t t0 = cpu_ns(CLOCK_THREAD_CPUTIME_ID), ok = 0;
     for (uint64_t i = 0; i < iters; i++)
-        ok += rate_fair_try_acquire_at(f, flow[i % flows], 15, 1, 1, i);
+        ok += rate_fair_try_acquire_at(f, flow[i % flows], 15, 1, 1, ++at_ns);
     if (ok != iters)
         fprintf(stderr, "bench: the open limit denied a fair request\n");
     return per_op(t0, iters);
@@ -57,7 +72,7 @@ static double lesser(double a, double b) { return a < b ? a : b; }
  * denials and some weigh the reserve. */
 static double saturated_ns(rate_fair_t *f, uint64_t iters)
 {
-    uint64_t t0 = rate_clock_monotonic_ns();
+    uint64_t t0 = cpu_ns(CLOCK_THREAD_CPUTIME_ID);
     for (uint64_t i = 0; i < iters; i++)
         (void)rate_fair_try_acquire(f, flow[i % 4], 15, 1, 1);
     return per_op(t0, iters);
@@ -105,6 +120,72 @@ static double waiting_rate(rate_fair_t *f)
     }
     return (double)admitted * 1e9 /
            (double)(rate_clock_monotonic_ns() - t0);
+}
+
+static rate_limiter_t *limiter_of_text(const char *text, rate_store_t *st);
+
+#define BY_FLOWS_THREADS 4
+#define BY_FLOWS_EACH 500 /* acquires per thread: 2000 at 4000/s, ~0.5 s */
+
+typedef struct spread {
+    rate_fair_t *fair;
+    unsigned idx, flows;
+} spread_t;
+
+static void *spread_run(void *arg)
+{
+    spread_t *w = arg;
+    for (unsigned i = 0; i < BY_FLOWS_EACH; i++) {
+        rate_decision_t d;
+        unsigned fl = (i * BY_FLOWS_THREADS + w->idx) % w->flows;
+        (void)rate_fair_acquire(w->fair, flow[fl], 15, 1, 1, 1000000000, &d);
+    }
+    return NULL;
+}
+
+/* The waiting call's cost per request as the number of active flows
+ * grows: every flow is made active first (one request each), then 4
+ * threads queue on a limit of 4000/s, each request of a flow in turn;
+ * the process's CPU time per request, beside 1 flow's. */
+static int by_flows(void)
+{
+    static const unsigned counts[] = {1, 10, 100, 1000, RATE_FAIR_SLOTS_MAX};
+    double cost[5];
+    char err[256];
+    for (size_t k = 0; k < 5; k++) {
+        rate_limiter_t *lim =
+            limiter_of_text("token-bucket 4000/s burst=40", NULL);
+        rate_fair_t *f = NULL;
+        rate_fair_config_t fc = {.limiter = lim, .key = "shared", .key_len = 6,
+                                 .slots = RATE_FAIR_SLOTS_MAX};
+        if (lim == NULL || rate_fair_new(&fc, &f, err, sizeof err) != RATE_OK)
+            return cli_fail("bench: %s", err);
+        for (unsigned i = 0; i < counts[k]; i++)
+            (void)rate_fair_try_acquire(f, flow[i], 15, 1, 1);
+        spread_t w[BY_FLOWS_THREADS];
+        pthread_t th[BY_FLOWS_THREADS];
+        unsigned started = 0;
+        uint64_t t0 = cpu_ns(CLOCK_PROCESS_CPUTIME_ID);
+        for (unsigned i = 0; i < BY_FLOWS_THREADS; i++) {
+            w[i] = (spread_t){f, i, counts[k]};
+            if (pthread_create(&th[i], NULL, spread_run, &w[i]) != 0)
+                break;
+            started++;
+        }
+        for (unsigned i = 0; i < started; i++)
+            pthread_join(th[i], NULL);
+        cost[k] = (double)(cpu_ns(CLOCK_PROCESS_CPUTIME_ID) - t0) /
+                  (double)(started * BY_FLOWS_EACH);
+        rate_fair_free(f);
+        rate_limiter_free(lim);
+    }
+    printf("waiting, by active flows (4096 slots)  flows  "
+           "CPU ns/request  of 1 flow\n");
+    for (size_t k = 0; k < 5; k++)
+        printf("  %-36s %5u %15.0f %9.2fx\n",
+               k == 0 ? "4 threads queued on 4000/s" : "", counts[k], cost[k],
+               cost[k] / cost[0]);
+    return 0;
 }
 
 static rate_limiter_t *limiter_of_text(const char *text, rate_store_t *st)
@@ -173,7 +254,7 @@ static rate_limiter_t *open_limiter(rate_store_t *st)
 
 int bench_fair(unsigned rounds, uint64_t iters)
 {
-    static const unsigned counts[] = {1, 4, FLOWS_MAX};
+    static const unsigned counts[] = {1, 4, 64};
     flow = malloc(FLOWS_MAX * sizeof *flow);
     if (flow == NULL)
         return cli_fail("bench: out of memory");
@@ -192,13 +273,13 @@ int bench_fair(unsigned rounds, uint64_t iters)
     rate_fair_t *fair[2] = {NULL, NULL};
     for (int s = 0; s < 2; s++) {
         rate_fair_config_t fc = {.limiter = lim[s], .key = "shared",
-                                 .key_len = 6,
+                                 .key_len = 6, .slots = SIDE_SLOTS,
                                  .shm_path = s ? table : NULL};
         if (lim[s] == NULL ||
             rate_fair_new(&fc, &fair[s], err, sizeof err) != RATE_OK)
             return cli_fail("bench: %s", err);
     }
-    printf("fair shares beside a plain shared limit (ns/decision)   "
+    printf("fair shares beside a plain shared limit (CPU ns/decision) "
            "plain     fair   ratio  target\n");
     for (int s = 0; s < 2; s++) {
         for (size_t c = 0; c < 3; c++) {
@@ -208,12 +289,15 @@ int bench_fair(unsigned rounds, uint64_t iters)
                 f = lesser(f, fair_ns(fair[s], counts[c], iters));
             }
             char what[80];
-            snprintf(what, sizeof what, "%s, %u flow%s",
-                     s ? "shm" : "memory", counts[c], counts[c] > 1 ? "s" : "");
+            snprintf(what, sizeof what, "%s, %u flow%s (%u slots)",
+                     s ? "shm" : "memory", counts[c], counts[c] > 1 ? "s" : "",
+                     SIDE_SLOTS);
             printf("  %-52s %8.1f %8.1f %6.2fx  <= 1.5x\n", what, p, f, f / p);
         }
     }
     int rc = by_slots(rounds, iters);
+    if (rc == 0)
+        rc = by_flows();
     for (int s = 0; s < 2; s++) {
         rate_fair_free(fair[s]);
         rate_limiter_free(lim[s]);
