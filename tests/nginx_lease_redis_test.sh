@@ -28,16 +28,9 @@ set -euo pipefail
 MODULE=${1:-}
 NGINX=${NGINX:-/usr/sbin/nginx}
 
-skip() {
-  if [ "${CI:-}" = true ]; then echo "FAIL (CI=true): $*"; exit 1; fi
-  echo "SKIP: $*"; exit 77
-}
-[ -x "$NGINX" ] || skip "$NGINX is missing (Debian: apt-get install nginx)"
-[ -n "$MODULE" ] && [ -f "$MODULE" ] || skip "the module is not built"
-command -v redis-server >/dev/null && command -v redis-cli >/dev/null ||
-  skip "redis-server is missing (Debian: apt-get install redis-server)"
-command -v curl >/dev/null || { echo "nginx_lease_redis_test: curl is missing"; exit 1; }
-command -v python3 >/dev/null || skip "python3 is missing (the slow upstream)"
+# shellcheck source=nginx_lib.sh
+. "$(dirname "$0")/nginx_lib.sh"
+nginx_needs nginx_lease_redis_test redis python3
 
 tmp=$(mktemp -d /tmp/nginx_lease_redis_test.XXXXXX)
 upstream_pid=
@@ -58,8 +51,6 @@ cleanup() {
 trap cleanup EXIT
 chmod 755 "$tmp"
 
-# shellcheck source=nginx_lib.sh
-. "$(dirname "$0")/nginx_lib.sh"
 fails=0
 
 start_redis "$tmp/redis.log" || { cat "$tmp/redis.log"; echo "FAIL: redis-server did not start"; exit 1; }

@@ -22,14 +22,9 @@ set -euo pipefail
 MODULE=${1:-}
 NGINX=${NGINX:-/usr/sbin/nginx}
 
-skip() {
-  if [ "${CI:-}" = true ]; then echo "FAIL (CI=true): $*"; exit 1; fi
-  echo "SKIP: $*"; exit 77
-}
-[ -x "$NGINX" ] || skip "$NGINX is missing (Debian: apt-get install nginx)"
-[ -n "$MODULE" ] && [ -f "$MODULE" ] || skip "the module is not built"
-command -v curl >/dev/null || { echo "nginx_lease_test: curl is missing"; exit 1; }
-command -v python3 >/dev/null || skip "python3 is missing (the slow upstream)"
+# shellcheck source=nginx_lib.sh
+. "$(dirname "$0")/nginx_lib.sh"
+nginx_needs nginx_lease_test python3
 
 tmp=$(mktemp -d /tmp/nginx_lease_test.XXXXXX)
 upstream_pid=
@@ -43,8 +38,6 @@ mkdir -p "$tmp/logs" "$tmp/html"
 chmod 755 "$tmp" "$tmp/html"
 echo hello >"$tmp/html/index.html"
 
-# shellcheck source=nginx_lib.sh
-. "$(dirname "$0")/nginx_lib.sh"
 fails=0
 port=
 pidfile="$tmp/nginx.pid"

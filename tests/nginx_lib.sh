@@ -8,6 +8,25 @@
 # shellcheck source=lib/servers.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib/servers.sh"
 
+# nginx_needs NAME [redis] [python3]: what an nginx suite needs, nginx at
+# $NGINX, the module at $MODULE and the tools named (skipped when absent),
+# and curl (a failure when absent).
+nginx_needs() {
+  local name=$1 w
+  shift
+  [ -x "$NGINX" ] || skip "$NGINX is missing (Debian: apt-get install nginx)"
+  [ -n "$MODULE" ] && [ -f "$MODULE" ] ||
+    skip "the module is not built (Debian: apt-get install nginx-dev, then rebuild)"
+  for w in "$@"; do
+    case $w in
+      redis) command -v redis-server >/dev/null && command -v redis-cli >/dev/null ||
+               skip "redis-server is missing (Debian: apt-get install redis-server)" ;;
+      python3) command -v python3 >/dev/null || skip "python3 is missing (the slow upstream)" ;;
+    esac
+  done
+  command -v curl >/dev/null || { echo "$name: curl is missing (scripts/deps.sh test)"; exit 1; }
+}
+
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 expect() { # expect WHAT GOT WANT

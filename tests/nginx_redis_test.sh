@@ -26,15 +26,9 @@ set -euo pipefail
 MODULE=${1:-}
 NGINX=${NGINX:-/usr/sbin/nginx}
 
-skip() {
-  if [ "${CI:-}" = true ]; then echo "FAIL (CI=true): $*"; exit 1; fi
-  echo "SKIP: $*"; exit 77
-}
-[ -x "$NGINX" ] || skip "$NGINX is missing (Debian: apt-get install nginx)"
-[ -n "$MODULE" ] && [ -f "$MODULE" ] || skip "the module is not built (Debian: apt-get install nginx-dev, then rebuild)"
-command -v redis-server >/dev/null && command -v redis-cli >/dev/null ||
-  skip "redis-server is missing (Debian: apt-get install redis-server)"
-command -v curl >/dev/null || { echo "nginx_redis_test: curl is missing (scripts/deps.sh test)"; exit 1; }
+# shellcheck source=nginx_lib.sh
+. "$(dirname "$0")/nginx_lib.sh"
+nginx_needs nginx_redis_test redis
 
 tmp=$(mktemp -d /tmp/nginx_redis_test.XXXXXX)
 rpid=
@@ -52,8 +46,6 @@ cleanup() {
 trap cleanup EXIT
 chmod 755 "$tmp" # the workers run as nobody when started by root
 
-# shellcheck source=nginx_lib.sh
-. "$(dirname "$0")/nginx_lib.sh"
 
 # shellcheck source=lib/servers.sh
 . "$(dirname "$0")/lib/servers.sh"

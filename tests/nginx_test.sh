@@ -20,13 +20,9 @@ set -euo pipefail
 MODULE=${1:-}
 NGINX=${NGINX:-/usr/sbin/nginx}
 
-skip() {
-  if [ "${CI:-}" = true ]; then echo "FAIL (CI=true): $*"; exit 1; fi
-  echo "SKIP: $*"; exit 77
-}
-[ -x "$NGINX" ] || skip "$NGINX is missing (Debian: apt-get install nginx)"
-[ -n "$MODULE" ] && [ -f "$MODULE" ] || skip "the module is not built (Debian: apt-get install nginx-dev, then rebuild)"
-command -v curl >/dev/null || { echo "nginx_test: curl is missing (scripts/deps.sh test)"; exit 1; }
+# shellcheck source=nginx_lib.sh
+. "$(dirname "$0")/nginx_lib.sh"
+nginx_needs nginx_test
 
 tmp=$(mktemp -d /tmp/nginx_test.XXXXXX)
 cleanup() {
@@ -40,8 +36,6 @@ mkdir -p "$tmp/logs" "$tmp/html"
 chmod 755 "$tmp" "$tmp/html" # the workers run as nobody when started by root
 echo hello >"$tmp/html/index.html"
 
-# shellcheck source=nginx_lib.sh
-. "$(dirname "$0")/nginx_lib.sh"
 
 port=
 pidfile="$tmp/nginx.pid"
