@@ -31,24 +31,8 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-expect() { if [ "$2" != "$3" ]; then fail "$1: got '$2', want '$3'"; fi; }
-
-start() {
-  : >"$tmp/log"
-  "$SERVER" --listen 127.0.0.1:0 --config "$1" 2>>"$tmp/log" &
-  pid=$!
-  local port=
-  for _ in $(seq 1 400); do
-    port=$(sed -n 's/^api-server: listening on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$tmp/log")
-    [ -n "$port" ] && break
-    sleep 0.05
-  done
-  [ -n "$port" ] || { cat "$tmp/log"; echo "FAIL: the server did not start"; exit 1; }
-  base="http://127.0.0.1:$port"
-}
-stop() { kill -TERM "$pid"; wait "$pid" || true; pid=; }
+# shellcheck source=api_lib.sh
+. "$(dirname "$0")/api_lib.sh"
 metric() { # metric NAME_AND_LABELS: its value on /metrics
   curl -s "$base/metrics" | awk -v m="$1" '$1 == m { print $2 }'
 }

@@ -21,12 +21,9 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
+# shellcheck source=api_lib.sh
+. "$(dirname "$0")/api_lib.sh"
 
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-expect() { # expect WHAT GOT WANT
-  if [ "$2" != "$3" ]; then fail "$1: got '$2', want '$3'"; fi
-}
 
 # --- --help: the usage on standard output, exit 0; a bad argument: its
 # name on standard error, exit 2
@@ -41,31 +38,6 @@ expect "--bogus message" "$(head -1 "$tmp/err")" "api-server: unknown argument '
 rc=0; "$SERVER" --listen 127.0.0.1:0 >/dev/null 2>"$tmp/err" || rc=$?
 expect "no --config" "$rc:$(head -1 "$tmp/err")" "2:api-server: --config is required"
 
-# start CONFIG [ARGS...]: starts the server on port 0; sets pid and base.
-start() {
-  local config=$1
-  shift
-  # emptied here, not by the child's redirection: that one may come after
-  # the loop below has read the last server's port
-  : >"$tmp/log"
-  "$SERVER" --listen 127.0.0.1:0 --config "$config" "$@" 2>>"$tmp/log" &
-  pid=$!
-  local port=
-  listening() {
-    port=$(sed -n 's/^api-server: listening on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$tmp/log")
-    [ -n "$port" ]
-  }
-  wait_until "$TEST_WAIT_S" listening || true
-  [ -n "$port" ] || { cat "$tmp/log"; echo "FAIL: the server did not start"; exit 1; }
-  base="http://127.0.0.1:$port"
-}
-stop() {
-  kill -TERM "$pid"
-  local rc=0
-  wait "$pid" || rc=$?
-  pid=
-  expect "exit status after SIGTERM" "$rc" 0
-}
 
 # get [CURL ARGS] URL: the response's headers (CR stripped) to $tmp/h, its
 # body to $tmp/b; prints the status.
