@@ -14,25 +14,12 @@
 #include "http/http.h"
 #include "ratelimit_http.h"
 #include "sf_check.h"
+#include "lib/tmpdir.h"
 
 static fake_clock_t fclock;
 static const rate_clock_t clock_fake = {fake_now, fake_sleep, &fclock};
 
-static char dir[64];
-
-/* Writes `text` to a file of the test's directory; returns its path. */
-static const char *write_file(const char *name, const char *text)
-{
-    static char path[4][128];
-    static int next;
-    char *p = path[next++ % 4];
-    snprintf(p, 128, "%s/%s", dir, name);
-    FILE *f = fopen(p, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-    return p;
-}
+TEST_DIR_SETUP("test_rules")
 
 static const char *good =
     "# tiers, and a per-route limit\n"
@@ -94,7 +81,7 @@ static void matching_tiers_routes_and_default(void **state)
     (void)state;
     char err[512] = "";
     rate_rules_t *r;
-    assert_int_equal(rate_rules_load(write_file("good.conf", good), &r, err,
+    assert_int_equal(rate_rules_load(test_dir_file("good.conf", good), &r, err,
                                      sizeof err),
                      RATE_OK);
     assert_int_equal(rate_rules_generation(r), 1);
@@ -151,7 +138,7 @@ static void matching_tiers_routes_and_default(void **state)
 
     /* No rule matches: the limiter's default policy, by the key. */
     assert_int_equal(
-        rate_rules_load(write_file("route-only.conf",
+        rate_rules_load(test_dir_file("route-only.conf",
                                    "[policies]\ns = fixed-window 1/m\n"
                                    "[rule s]\nmatch = route=/s\npolicy = s\n"),
                         &r, err, sizeof err),
@@ -180,7 +167,7 @@ static void at_the_callers_time(void **state)
     (void)state;
     char err[512];
     rate_rules_t *r;
-    assert_int_equal(rate_rules_load(write_file("good.conf", good), &r, err,
+    assert_int_equal(rate_rules_load(test_dir_file("good.conf", good), &r, err,
                                      sizeof err),
                      RATE_OK);
     rate_limiter_t *lim = limiter_fake();
@@ -220,7 +207,7 @@ static void both_limits_or_neither(void **state)
     (void)state;
     char err[512];
     rate_rules_t *r;
-    assert_int_equal(rate_rules_load(write_file("good.conf", good), &r, err,
+    assert_int_equal(rate_rules_load(test_dir_file("good.conf", good), &r, err,
                                      sizeof err),
                      RATE_OK);
     rate_limiter_t *lim = limiter_fake();
@@ -268,7 +255,7 @@ static void store_errors_in_an_outcome(void **state)
     (void)state;
     char err[512];
     rate_rules_t *r;
-    assert_int_equal(rate_rules_load(write_file("good.conf", good), &r, err,
+    assert_int_equal(rate_rules_load(test_dir_file("good.conf", good), &r, err,
                                      sizeof err),
                      RATE_OK);
     for (int open = 0; open < 2; open++) {
@@ -363,7 +350,7 @@ static void errors_name_file_and_line(void **state)
          "a])"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const char *path = write_file("bad.conf", cases[i].text);
+        const char *path = test_dir_file("bad.conf", cases[i].text);
         char err[512] = "", want[600];
         rate_rules_t *r = (rate_rules_t *)1;
         assert_int_equal(rate_rules_load(path, &r, err, sizeof err),
@@ -379,7 +366,7 @@ static void errors_name_file_and_line(void **state)
     strcat(longer, "\n");
     char err[512];
     rate_rules_t *r;
-    const char *path = write_file("long.conf", longer);
+    const char *path = test_dir_file("long.conf", longer);
     assert_int_equal(rate_rules_load(path, &r, err, sizeof err), RATE_EPOLICY);
     assert_non_null(strstr(err, ":2: line longer than"));
     /* A file that is not there. */
@@ -397,7 +384,7 @@ static void refused(rate_rules_t *r, const char *text, const char *want)
 {
     char err[512] = "";
     uint64_t gen = rate_rules_generation(r);
-    write_file("torn.conf", text);
+    test_dir_file("torn.conf", text);
     int rc = rate_rules_reload(r, NULL, err, sizeof err);
     if (rc != RATE_EPOLICY || strstr(err, want) == NULL)
         fail_msg("'%s': got %d '%s', want '%s'", text, rc, err, want);
@@ -414,7 +401,7 @@ static void reload_refuses_empty_or_torn_files(void **state)
     (void)state;
     char err[512];
     rate_rules_t *r;
-    assert_int_equal(rate_rules_load(write_file("torn.conf", good), &r, err,
+    assert_int_equal(rate_rules_load(test_dir_file("torn.conf", good), &r, err,
                                      sizeof err),
                      RATE_OK);
     rate_limiter_t *lim = limiter_fake();
@@ -454,17 +441,17 @@ static void reload_refuses_empty_or_torn_files(void **state)
 
     /* The whole file again is adopted; so is a file that limits nothing
      * on purpose. */
-    write_file("torn.conf", good);
+    test_dir_file("torn.conf", good);
     assert_int_equal(rate_rules_reload(r, NULL, err, sizeof err), RATE_OK);
     assert_int_equal(rate_rules_generation(r), 2);
     assert_false(req(r, lim, "dave", NULL, NULL).allowed);
-    write_file("torn.conf", "[policies]\noff = unlimited\n"
+    test_dir_file("torn.conf", "[policies]\noff = unlimited\n"
                             "[rule all]\npolicy = off\n");
     assert_int_equal(rate_rules_reload(r, NULL, err, sizeof err), RATE_OK);
     assert_true(req(r, lim, "dave", NULL, NULL).allowed);
     /* The first load is refused alike. */
     rate_rules_t *r2 = (rate_rules_t *)1;
-    assert_int_equal(rate_rules_load(write_file("empty.conf", ""), &r2, err,
+    assert_int_equal(rate_rules_load(test_dir_file("empty.conf", ""), &r2, err,
                                      sizeof err),
                      RATE_EPOLICY);
     assert_null(r2);
@@ -478,7 +465,7 @@ static void reload_keeps_state_and_refuses_bad_files(void **state)
     (void)state;
     char err[512];
     rate_rules_t *r;
-    const char *path = write_file("live.conf", good);
+    const char *path = test_dir_file("live.conf", good);
     assert_int_equal(rate_rules_load(path, &r, err, sizeof err), RATE_OK);
     rate_limiter_t *lim = limiter_fake();
     fclock.now = 0;
@@ -487,7 +474,7 @@ static void reload_keeps_state_and_refuses_bad_files(void **state)
     assert_false(req(r, lim, "dave", NULL, NULL).allowed);
 
     /* A bad file: an error, and the old rules stay. */
-    write_file("live.conf", "[policies]\nfree = token-bucket 0/s\n");
+    test_dir_file("live.conf", "[policies]\nfree = token-bucket 0/s\n");
     assert_int_equal(rate_rules_reload(r, NULL, err, sizeof err),
                      RATE_EPOLICY);
     if (strstr(err, "live.conf:2: policy 'free': limit 1 (token-bucket): "
@@ -497,7 +484,7 @@ static void reload_keeps_state_and_refuses_bad_files(void **state)
     assert_false(req(r, lim, "dave", NULL, NULL).allowed);
 
     /* The same file again: dave stays used up (his state is his key's). */
-    write_file("live.conf", good);
+    test_dir_file("live.conf", good);
     assert_int_equal(rate_rules_reload(r, NULL, err, sizeof err), RATE_OK);
     assert_int_equal(rate_rules_generation(r), 2);
     assert_false(req(r, lim, "dave", NULL, NULL).allowed);
@@ -507,7 +494,7 @@ static void reload_keeps_state_and_refuses_bad_files(void **state)
     static const char *bigger =
         "[policies]\nfree = token-bucket 2/s burst=10\n"
         "[rule free]\npolicy = free\n";
-    assert_int_equal(rate_rules_reload(r, write_file("bigger.conf", bigger),
+    assert_int_equal(rate_rules_reload(r, test_dir_file("bigger.conf", bigger),
                                        err, sizeof err),
                      RATE_OK);
     assert_false(req(r, lim, "dave", NULL, NULL).allowed);
@@ -584,8 +571,8 @@ static void reloads_while_deciding(void **state)
     unsigned reloads = env != NULL ? (unsigned)atoi(env) : RELOADS_DEFAULT;
     char err[512];
     char pa[128], pb[128];
-    snprintf(pa, sizeof pa, "%s", write_file("a.conf", file_a));
-    snprintf(pb, sizeof pb, "%s", write_file("b.conf", file_b));
+    snprintf(pa, sizeof pa, "%s", test_dir_file("a.conf", file_a));
+    snprintf(pb, sizeof pb, "%s", test_dir_file("b.conf", file_b));
     rate_rules_t *r;
     assert_int_equal(rate_rules_load(pa, &r, err, sizeof err), RATE_OK);
     rate_limiter_t *lim = limiter_of("token-bucket 1/s", NULL);
@@ -632,21 +619,6 @@ static void reloads_while_deciding(void **state)
     rate_rules_free(r);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(dir, sizeof dir, "/tmp/test_rules.XXXXXX");
-    return mkdtemp(dir) != NULL ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -663,6 +635,6 @@ int main(int argc, char **argv)
     };
     /* --reloads: the concurrency part (its own ctest, label concurrency). */
     if (argc > 1 && strcmp(argv[1], "--reloads") == 0)
-        return cmocka_run_group_tests(load, setup, teardown);
-    return cmocka_run_group_tests(tests, setup, teardown);
+        return cmocka_run_group_tests(load, test_dir_setup, test_dir_teardown);
+    return cmocka_run_group_tests(tests, test_dir_setup, test_dir_teardown);
 }

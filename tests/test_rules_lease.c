@@ -17,29 +17,17 @@
 #include "ratelimit_http.h"
 #include "ratelimit_lease.h"
 #include "sf_check.h"
+#include "lib/tmpdir.h"
 
 static fake_clock_t fclock;
 static const rate_clock_t clock_fake = {fake_now, fake_sleep, &fclock};
-static char dir[64];
-
-static const char *write_file(const char *name, const char *text)
-{
-    static char path[4][128];
-    static int next;
-    char *p = path[next++ % 4];
-    snprintf(p, 128, "%s/%s", dir, name);
-    FILE *f = fopen(p, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-    return p;
-}
+TEST_DIR_SETUP("test_rules_lease")
 
 static rate_rules_t *load(const char *text)
 {
     char err[512] = "";
     rate_rules_t *r = NULL;
-    int rc = rate_rules_load(write_file("rules.conf", text), &r, err,
+    int rc = rate_rules_load(test_dir_file("rules.conf", text), &r, err,
                              sizeof err);
     if (rc != RATE_OK)
         fail_msg("load: %s", err);
@@ -289,7 +277,7 @@ static void errors_name_the_line(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char err[512] = "", want[512];
         rate_rules_t *r = (rate_rules_t *)1;
-        const char *path = write_file("bad.conf", cases[i].text);
+        const char *path = test_dir_file("bad.conf", cases[i].text);
         assert_int_equal(rate_rules_load(path, &r, err, sizeof err),
                          RATE_EPOLICY);
         assert_null(r);
@@ -346,7 +334,7 @@ static void reload_keeps_leases_held(void **state)
     char *text = strdup(slow_rules);
     char *two = strstr(text, "concurrency 2");
     two[sizeof "concurrency " - 1] = '1'; /* N = 1 */
-    assert_int_equal(rate_rules_reload(r, write_file("rules.conf", text),
+    assert_int_equal(rate_rules_reload(r, test_dir_file("rules.conf", text),
                                        err, sizeof err),
                      RATE_OK);
     free(text);
@@ -417,8 +405,8 @@ static void holders_across_reloads(void **state)
     char *four = strdup(slow_rules), *two = strdup(slow_rules);
     strstr(four, "concurrency 2")[sizeof "concurrency " - 1] = '4';
     rate_rules_t *r = load(four);
-    const char *pa = write_file("four.conf", four);
-    const char *pb = write_file("two.conf", two);
+    const char *pa = test_dir_file("four.conf", four);
+    const char *pb = test_dir_file("two.conf", two);
     rate_limiter_config_t cfg = {0}; /* the library's clock: real leases */
     rate_limiter_t *lim = limiter_cfg("name=none unlimited", cfg);
     _Atomic int in = 0, most = 0, done = 0;
@@ -464,21 +452,6 @@ static void holders_across_reloads(void **state)
     rate_rules_free(r);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(dir, sizeof dir, "/tmp/test_rules_lease.XXXXXX");
-    return mkdtemp(dir) != NULL ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -494,6 +467,6 @@ int main(int argc, char **argv)
     };
     /* --threads: the concurrency part (its own ctest, label concurrency). */
     if (argc > 1 && strcmp(argv[1], "--threads") == 0)
-        return cmocka_run_group_tests(threads, setup, teardown);
-    return cmocka_run_group_tests(tests, setup, teardown);
+        return cmocka_run_group_tests(threads, test_dir_setup, test_dir_teardown);
+    return cmocka_run_group_tests(tests, test_dir_setup, test_dir_teardown);
 }
