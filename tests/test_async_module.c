@@ -21,31 +21,11 @@
 #error "RATE_MODULE_PATH: the path of ratelimit.so"
 #endif
 
-static pid_t server;
-static int port;
-static char url[64];
-
 static const char *const with_module[] = {
     "--loadmodule", RATE_MODULE_PATH, "--enable-module-command", "yes",
     NULL};
 
-static int group_setup(void **state)
-{
-    (void)state;
-    port = redis_test_free_port();
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", port);
-    server = redis_test_start_args(port, with_module);
-    if (server == 0)
-        fail_msg("redis-server with %s did not start", RATE_MODULE_PATH);
-    return 0;
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    redis_test_stop(&server);
-    return 0;
-}
+REDIS_GROUP_SERVER(with_module)
 
 static redisContext *raw(void)
 {

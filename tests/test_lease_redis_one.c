@@ -26,9 +26,9 @@
 #error "RATE_MODULE_PATH: the path of ratelimit.so"
 #endif
 
-static pid_t server;
-static int port;
-static char url[64];
+static const char *const with_module[] = {"--loadmodule", RATE_MODULE_PATH,
+                                         NULL};
+REDIS_GROUP_SERVER(with_module)
 /* The store's URL and, on a cluster, the cluster (keys read on their
  * slot's master). */
 static const char *cur_url = url;
@@ -46,25 +46,6 @@ static redisContext *raw(void)
     if (c == NULL || c->err)
         fail_msg("cannot connect to port %d", port);
     return c;
-}
-
-static int group_setup(void **state)
-{
-    (void)state;
-    static const char *const extra[] = {"--loadmodule", RATE_MODULE_PATH,
-                                        NULL};
-    port = redis_test_free_port();
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", port);
-    if ((server = redis_test_start_args(port, extra)) == 0)
-        fail_msg("redis-server did not start on port %d", port);
-    return 0;
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    redis_test_stop(&server);
-    return 0;
 }
 
 /* The store of one path (NULL for memory: the object's own). */

@@ -25,9 +25,6 @@
 #error "RATE_MODULE_PATH: the path of ratelimit.so"
 #endif
 
-static pid_t server;
-static int port;
-static char url[64];
 
 static redisContext *raw_at(int p)
 {
@@ -50,21 +47,7 @@ static const char *const with_module[] = {
     "--loadmodule", RATE_MODULE_PATH, "--enable-module-command", "yes",
     "--enable-debug-command", "yes", NULL};
 
-static int group_setup(void **state)
-{
-    (void)state;
-    port = redis_test_free_port();
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", port);
-    server = start_with(port, with_module);
-    return 0;
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    redis_test_stop(&server);
-    return 0;
-}
+REDIS_GROUP_SERVER(with_module)
 
 static rate_store_t *store_on(const char *u, const char *prefix, bool no_ttl,
                               rate_redis_module_t module)

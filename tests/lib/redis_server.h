@@ -72,4 +72,28 @@ static inline void redis_test_stop(pid_t *pid)
     test_stop(pid);
 }
 
+/* A suite's one private server: `server` (its PID), `port` and `url`
+ * (redis://127.0.0.1:PORT/0), started by the cmocka group set-up
+ * group_setup with the options `extra` (as redis_test_start_args) and
+ * stopped by group_teardown. */
+#define REDIS_GROUP_SERVER(extra)                                           \
+    static pid_t server;                                                    \
+    static int port;                                                        \
+    static char url[64];                                                    \
+    static int group_setup(void **state)                                    \
+    {                                                                       \
+        (void)state;                                                        \
+        port = redis_test_free_port();                                      \
+        snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", port);          \
+        if ((server = redis_test_start_args(port, (extra))) == 0)           \
+            fail_msg("redis-server did not start on port %d", port);        \
+        return 0;                                                           \
+    }                                                                       \
+    static int group_teardown(void **state)                                 \
+    {                                                                       \
+        (void)state;                                                        \
+        redis_test_stop(&server);                                           \
+        return 0;                                                           \
+    }
+
 #endif
