@@ -8,7 +8,7 @@
  *
  *   RATELIMIT.STEP key now_s now_ns permits max_wait ttl policy_id format
  *                  [algorithm L P B]...
- *       the arguments and replies of src/store/redis_step.lua;
+ *       the arguments and replies of src/store/redis/step.lua;
  *   CL.THROTTLE key max_burst count_per_period period [quantity]
  *       redis-cell's command and reply.
  *
