@@ -60,16 +60,15 @@ check_script() { # FILE PIECE...
     if grep -n -- '^--@include' "$f"; then fail "$f: an --@include left"; fi
     grep -q '^local TOKEN_BUCKET_STEP, TOKEN_BUCKET_LEAN = ' "$f" ||
         fail "$f: no range constants"
-    for piece in "$@"; do
-        n=$(grep -c "^local $piece = {}\$" "$f")
-        [ "$n" = 1 ] || fail "$f: 'local $piece = {}' $n times, want once"
+    for piece in "$@"; do # each rule's decide, once
+        n=$(grep -c "^local function ${piece}_decide(" "$f")
+        [ "$n" = 1 ] || fail "$f: ${piece}_decide defined $n times, want once"
     done
 }
-check_script redis_step.lua token_bucket leaky_bucket fixed_window \
-    sliding_window sliding_log
-check_script redis_tb.lua token_bucket
-check_script redis_lb.lua leaky_bucket
-check_script redis_fw.lua fixed_window
+check_script redis_step.lua tb lb fw sw sl
+check_script redis_tb.lua tb
+check_script redis_lb.lua lb
+check_script redis_fw.lua fw
 
 if [ "$fails" -ne 0 ]; then
     echo "$fails failure(s)"

@@ -1,6 +1,7 @@
 -- SPDX-License-Identifier: MIT
 -- Sliding log in Lua: the rule of sliding_log.c for the Redis scripts, in
--- the shape of the C table (rate__algo_t): load, advance, decide, status,
+-- the shape of the C table (rate__algo_t), its
+-- members as local functions sl_NAME (as in sliding_log.c): load, advance, decide, status,
 -- valid (sl_view_ok) and commit.  Unlike the other pieces it reads its
 -- entries from the state bytes itself, with the general step's byte and
 -- time helpers (u32, u64, get_t, put_t, put32, put64, tcmp, tdiff, tminus:
@@ -14,13 +15,12 @@
 -- What is checked where follows sliding_log.c: in constant time on load,
 -- the entries a read touches as it goes, and the whole window's entries
 -- (valid) only before an admission writes them back.
-local sliding_log = {}
 
 -- The component at off (st nil: a new key) under a limit of L: the view
 -- and the offset after it, or nil (declined) when the counts or the
 -- length cannot be this library's (count <= sum <= L, and the entries
 -- there).
-function sliding_log.load(st, off, L)
+local function sl_load(st, off, L)
   if st == nil then return {base = off, first = 0, count = 0, sum = 0}, off end
   if #st < off + 7 then return nil end
   local count, sum = u32(st, off), u32(st, off + 4)
@@ -32,7 +32,7 @@ end
 -- Drops the entries at or before t - W (a binary search, then their
 -- permits subtracted): false (declined) on an entry's time or permits out
 -- of range, or a running sum below zero (a tampered log).
-function sliding_log.advance(st, v, t, W)
+local function sl_advance(st, v, t, W)
   if v.count == 0 then return true end
   local lo, hi = 0, v.count
   local cut = tminus(t, W)
@@ -68,7 +68,7 @@ end
 -- ok, reason (0 ok, 1 limited, 2 never), delay (always 0), retry (-1:
 -- never; else when enough of the oldest entries have left); nil:
 -- declined (an entry out of range on the way).
-function sliding_log.decide(st, v, n, L, W, t)
+local function sl_decide(st, v, n, L, W, t)
   if n > L then return false, 2, 0, -1 end
   if n == 0 or v.sum + n <= L then return true, 0, 0, 0 end
   local s = v.sum
@@ -88,7 +88,7 @@ end
 
 -- remaining and reset (ns until the newest entry leaves) of the view
 -- with n more permits admitted at t (0: as it is); nil: declined.
-function sliding_log.status(st, v, L, W, t, n)
+local function sl_status(st, v, L, W, t, n)
   local remaining = 0
   if v.sum + n < L then remaining = L - v.sum - n end
   if n > 0 then return remaining, W end
@@ -108,7 +108,7 @@ end
 -- entry above L needs no test of its own, since entries of at least 1
 -- each then sum past L >= the pruned sum; nor does every time against
 -- t_last, once they are in order: the newest does.
-function sliding_log.valid(st, v, last_lo, last_hi)
+local function sl_valid(st, v, last_lo, last_hi)
   local phi, plo, total = 0, 0, 0
   local pos = v.base + v.first * 16
   local unpack = struct.unpack
@@ -125,7 +125,7 @@ end
 -- The component after admitting n >= 1 at t: the kept entries, copied
 -- once (then once more by the driver's table.concat), and either the
 -- newest entry's permits raised (an entry at t already) or a new entry.
-function sliding_log.commit(st, v, n, t)
+local function sl_commit(st, v, n, t)
   local kept = v.count - v.first
   local from, to = v.base + v.first * 16, v.base + v.count * 16 - 1
   local tail

@@ -1,6 +1,7 @@
 -- SPDX-License-Identifier: MIT
 -- Sliding window counter in Lua: the rule of sliding_window.c for the
--- Redis scripts, in the shape of the C table (rate__algo_t): load,
+-- Redis scripts, in the shape of the C table (rate__algo_t), its
+-- members as local functions sw_NAME (as in sliding_window.c): load,
 -- advance, decide, commit, and status.  A driver includes this file
 -- (cmake/lua_script.cmake) and finds the windows around it: how far t is
 -- from t_last's window (roll) and e, t's offset in its window of W ns.
@@ -10,11 +11,10 @@
 -- exact while the driver's gate keeps L * W below 2^53
 -- (SLIDING_WINDOW_STEP).  Uses the driver's fdiv.  The general step
 -- includes it; there is no lean script, so no adjust.
-local sliding_window = {}
 
 -- The stored counts (nil: a new key) as a view; nil when this library
 -- never writes them (a count past the limit).
-function sliding_window.load(prev, curr, L)
+local function sw_load(prev, curr, L)
   if prev == nil then return 0, 0 end
   if prev > L or curr > L then return nil end
   return prev, curr
@@ -22,7 +22,7 @@ end
 
 -- The counts at t: roll 0 when t is in t_last's window, 1 in the next
 -- one (the current count becomes the previous), 2 later (both gone).
-function sliding_window.advance(prev, curr, roll)
+local function sw_advance(prev, curr, roll)
   if roll == 0 then return prev, curr end
   if roll == 1 then return curr, 0 end
   return 0, 0
@@ -33,7 +33,7 @@ local function sw_used(prev, curr, W, e) return prev * (W - e) + curr * W end
 -- ok, reason (0 ok, 1 limited, 2 never), delay (always 0), retry (-1:
 -- never; else the first time the weighted estimate lets n pass: within
 -- this window as prev's weight falls, or in the next one).
-function sliding_window.decide(prev, curr, n, L, W, e)
+local function sw_decide(prev, curr, n, L, W, e)
   if n > L then return false, 2, 0, -1 end
   if n == 0 or sw_used(prev, curr + n, W, e) <= L * W then
     return true, 0, 0, 0
@@ -58,12 +58,12 @@ function sliding_window.decide(prev, curr, n, L, W, e)
 end
 
 -- The counts after admitting n.
-function sliding_window.commit(prev, curr, n)
+local function sw_commit(prev, curr, n)
   return prev, curr + n
 end
 
 -- remaining and reset (ns until both counts are gone).
-function sliding_window.status(prev, curr, L, W, e)
+local function sw_status(prev, curr, L, W, e)
   local u, remaining, reset = sw_used(prev, curr, W, e), 0, 0
   if u < L * W then remaining = fdiv(L * W - u, W) end
   if curr > 0 then reset = 2 * W - e

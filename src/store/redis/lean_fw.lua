@@ -23,19 +23,19 @@ if st ~= nil then
   if cnt == nil then return DECLINE end
   same = dt == e - offset(l_hi, l_lo)
 end
-cnt = fixed_window.load(cnt, L)
+cnt = fw_load(cnt, L)
 if cnt == nil then return DECLINE end
-cnt = fixed_window.advance(cnt, same)
+cnt = fw_advance(cnt, same)
 local to_next = W - e
 if OP ~= '0' then
-  local x = fixed_window.adjust(cnt, OP == '1' and 1 or 2, n, L)
-  local remaining, reset = fixed_window.status(x, L, to_next)
+  local x = fw_adjust(cnt, OP == '1' and 1 or 2, n, L)
+  local remaining, reset = fw_status(x, L, to_next)
   write(word_out(x, 1), reset)
   return {1, 1, 0, 0, L, remaining, 0, 0, reset}
 end
-local ok, reason, delay, retry = fixed_window.decide(cnt, n, L, to_next)
+local ok, reason, delay, retry = fw_decide(cnt, n, L, to_next)
 local x = cnt
-if ok then x = fixed_window.commit(cnt, n) end
-local remaining, reset = fixed_window.status(x, L, to_next)
+if ok then x = fw_commit(cnt, n) end
+local remaining, reset = fw_status(x, L, to_next)
 if ok and n > 0 then write(word_out(x, 1), reset) end
 return {1, ok and 1 or 0, reason, 0, L, remaining, delay, retry, reset}

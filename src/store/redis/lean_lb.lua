@@ -12,19 +12,19 @@ if st ~= nil then
   v = word_in(g, LEAKY_BUCKET_LEAN)
   if v == nil then return DECLINE end
 end
-v = leaky_bucket.load(v, P, C)
+v = lb_load(v, P, C)
 if v == nil then return DECLINE end
-v = leaky_bucket.advance(v, dt, L)
+v = lb_advance(v, dt, L)
 if OP ~= '0' then
-  local x = leaky_bucket.adjust(v, OP == '1' and 1 or 2, n, P, C)
-  local remaining, reset = leaky_bucket.status(x, L, P, C)
+  local x = lb_adjust(v, OP == '1' and 1 or 2, n, P, C)
+  local remaining, reset = lb_status(x, L, P, C)
   write(word_out(x, g), reset)
   return {1, 1, 0, 0, C, remaining, 0, 0, reset}
 end
 local ok, reason, delay, retry =
-  leaky_bucket.decide(v, n, L, P, C, tonumber(ARGV[4]))
+  lb_decide(v, n, L, P, C, tonumber(ARGV[4]))
 local x = v
-if ok then x = leaky_bucket.commit(v, n, P) end
-local remaining, reset = leaky_bucket.status(x, L, P, C)
+if ok then x = lb_commit(v, n, P) end
+local remaining, reset = lb_status(x, L, P, C)
 if ok and n > 0 then write(word_out(x, g), reset) end
 return {1, ok and 1 or 0, reason, 0, C, remaining, delay, retry, reset}

@@ -15,23 +15,23 @@ if st ~= nil then
   u = word_in(g, TOKEN_BUCKET_LEAN)
   if u == nil then return DECLINE end
 end
-u = token_bucket.load(u, P, B, debt)
+u = tb_load(u, P, B, debt)
 if u == nil then return DECLINE end
-u = token_bucket.advance(u, dt, L, P, B)
+u = tb_advance(u, dt, L, P, B)
 if OP ~= '0' then
   -- a penalty past TOKEN_BUCKET_LEAN (in units of g) or the debt bound
   -- declines (the C step clamps it): every number here stays exact
-  local x = token_bucket.adjust(u, OP == '1' and 1 or 2, n, P, B, debt,
+  local x = tb_adjust(u, OP == '1' and 1 or 2, n, P, B, debt,
                                 TOKEN_BUCKET_LEAN)
   if x == nil then return DECLINE end
-  local remaining, reset = token_bucket.status(x, L, P, B)
+  local remaining, reset = tb_status(x, L, P, B)
   write(word_out(x, g), reset)
   return {1, 1, 0, 0, B, remaining, 0, 0, reset}
 end
 local ok, reason, delay, retry =
-  token_bucket.decide(u, n, L, P, B, tonumber(ARGV[4]), debt)
+  tb_decide(u, n, L, P, B, tonumber(ARGV[4]), debt)
 local x = u
-if ok then x = token_bucket.commit(u, n, P) end
-local remaining, reset = token_bucket.status(x, L, P, B)
+if ok then x = tb_commit(u, n, P) end
+local remaining, reset = tb_status(x, L, P, B)
 if ok and n > 0 then write(word_out(x, g), reset) end
 return {1, ok and 1 or 0, reason, 0, B, remaining, delay, retry, reset}

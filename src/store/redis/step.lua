@@ -202,8 +202,8 @@ local function expire_at(key, us, tm)
   redis.call('PEXPIREAT', key, string.format('%.0f', ms + 1))
 end
 
--- The algorithms' rules (src/algo/NAME.lua, one table each, in the shape
--- of the C tables), over the helpers above: the build puts each file's
+-- The algorithms' rules (src/algo/NAME.lua: tb_load, tb_advance, ... in
+-- the shape of the C tables), over the helpers above: the build puts each file's
 -- text here (cmake/lua_script.cmake).
 --@include src/algo/token_bucket.lua
 --@include src/algo/leaky_bucket.lua
@@ -287,9 +287,9 @@ for c = 1, count do
       x = i64(st, off, TOKEN_BUCKET_STEP); off = off + 8
       if x == nil then return DECLINE end
     end
-    x = token_bucket.load(x, P[c], B[c], DEBT)
+    x = tb_load(x, P[c], B[c], DEBT)
     if x == nil then return DECLINE end
-    v.x = token_bucket.advance(x, dt, L[c], P[c], B[c])
+    v.x = tb_advance(x, dt, L[c], P[c], B[c])
   elseif a == 2 then -- leaky bucket: v = level * P
     local x
     if have then
@@ -297,9 +297,9 @@ for c = 1, count do
       x = u64(st, off, LEAKY_BUCKET_STEP); off = off + 8
       if x == nil then return DECLINE end
     end
-    x = leaky_bucket.load(x, P[c], B[c])
+    x = lb_load(x, P[c], B[c])
     if x == nil then return DECLINE end
-    v.x = leaky_bucket.advance(x, dt, L[c])
+    v.x = lb_advance(x, dt, L[c])
   elseif a == 3 then -- fixed window: the count of t_last's window
     if window(t, P[c]) == nil then return DECLINE end
     local x, same_w = nil, false
@@ -311,9 +311,9 @@ for c = 1, count do
       if k == nil then return DECLINE end
       same_w = same(k, ks)
     end
-    x = fixed_window.load(x, L[c])
+    x = fw_load(x, L[c])
     if x == nil then return DECLINE end
-    v.x = fixed_window.advance(x, same_w)
+    v.x = fw_advance(x, same_w)
   elseif a == 5 then -- sliding window counter: prev, curr
     if window(t, P[c]) == nil then return DECLINE end
     local x, y, roll = nil, nil, 0
@@ -327,12 +327,12 @@ for c = 1, count do
       if same(k, next_window(ks, P[c])) then roll = 1
       elseif not same(k, ks) then roll = 2 end
     end
-    x, y = sliding_window.load(x, y, L[c])
+    x, y = sw_load(x, y, L[c])
     if x == nil then return DECLINE end
-    v.x, v.y = sliding_window.advance(x, y, roll)
+    v.x, v.y = sw_advance(x, y, roll)
   elseif a == 4 then -- sliding log: entries (time, permits), their sum
-    v, off = sliding_log.load(st, off, L[c])
-    if v == nil or not sliding_log.advance(st, v, t, P[c]) then
+    v, off = sl_load(st, off, L[c])
+    if v == nil or not sl_advance(st, v, t, P[c]) then
       return DECLINE
     end
   else
@@ -351,48 +351,48 @@ for c = 1, count do
   if a == 1 then
     local u = v.x
     r.ok, r.reason, r.delay, r.retry =
-      token_bucket.decide(u, n, L[c], P[c], B[c], max_wait, DEBT)
-    r.rem_now, r.reset_now = token_bucket.status(u, L[c], P[c], B[c])
+      tb_decide(u, n, L[c], P[c], B[c], max_wait, DEBT)
+    r.rem_now, r.reset_now = tb_status(u, L[c], P[c], B[c])
     if r.ok then
-      r.new = token_bucket.commit(u, n, P[c])
-      r.rem_after, r.reset_after = token_bucket.status(r.new, L[c], P[c], B[c])
+      r.new = tb_commit(u, n, P[c])
+      r.rem_after, r.reset_after = tb_status(r.new, L[c], P[c], B[c])
     end
   elseif a == 2 then
     local lv = v.x
     r.ok, r.reason, r.delay, r.retry =
-      leaky_bucket.decide(lv, n, L[c], P[c], B[c], max_wait)
-    r.rem_now, r.reset_now = leaky_bucket.status(lv, L[c], P[c], B[c])
+      lb_decide(lv, n, L[c], P[c], B[c], max_wait)
+    r.rem_now, r.reset_now = lb_status(lv, L[c], P[c], B[c])
     if r.ok then
-      r.new = leaky_bucket.commit(lv, n, P[c])
-      r.rem_after, r.reset_after = leaky_bucket.status(r.new, L[c], P[c], B[c])
+      r.new = lb_commit(lv, n, P[c])
+      r.rem_after, r.reset_after = lb_status(r.new, L[c], P[c], B[c])
     end
   elseif a == 3 then
     local _, e = window(t, P[c])
     local to_next = P[c] - e
     r.ok, r.reason, r.delay, r.retry =
-      fixed_window.decide(v.x, n, L[c], to_next)
-    r.rem_now, r.reset_now = fixed_window.status(v.x, L[c], to_next)
+      fw_decide(v.x, n, L[c], to_next)
+    r.rem_now, r.reset_now = fw_status(v.x, L[c], to_next)
     if r.ok then
-      r.new = fixed_window.commit(v.x, n)
-      r.rem_after, r.reset_after = fixed_window.status(r.new, L[c], to_next)
+      r.new = fw_commit(v.x, n)
+      r.rem_after, r.reset_after = fw_status(r.new, L[c], to_next)
     end
   elseif a == 5 then
     local _, e = window(t, P[c])
     r.ok, r.reason, r.delay, r.retry =
-      sliding_window.decide(v.x, v.y, n, L[c], P[c], e)
-    r.rem_now, r.reset_now = sliding_window.status(v.x, v.y, L[c], P[c], e)
+      sw_decide(v.x, v.y, n, L[c], P[c], e)
+    r.rem_now, r.reset_now = sw_status(v.x, v.y, L[c], P[c], e)
     if r.ok then
-      local x, y = sliding_window.commit(v.x, v.y, n)
-      r.rem_after, r.reset_after = sliding_window.status(x, y, L[c], P[c], e)
+      local x, y = sw_commit(v.x, v.y, n)
+      r.rem_after, r.reset_after = sw_status(x, y, L[c], P[c], e)
     end
   elseif a == 4 then
     r.ok, r.reason, r.delay, r.retry =
-      sliding_log.decide(st, v, n, L[c], P[c], t)
+      sl_decide(st, v, n, L[c], P[c], t)
     if r.ok == nil then return DECLINE end
-    r.rem_now, r.reset_now = sliding_log.status(st, v, L[c], P[c], t, 0)
+    r.rem_now, r.reset_now = sl_status(st, v, L[c], P[c], t, 0)
     if r.rem_now == nil then return DECLINE end
     if r.ok then
-      r.rem_after, r.reset_after = sliding_log.status(st, v, L[c], P[c], t, n)
+      r.rem_after, r.reset_after = sl_status(st, v, L[c], P[c], t, n)
     end
   end
   ver[c] = r
@@ -431,11 +431,11 @@ if A[comp + 1] <= 2 then limit = B[comp + 1] end
 
 -- An admission with n >= 1 writes the new state, bumps the version and sets
 -- the expiry; anything else writes nothing.  A log's entries still in the
--- window are checked in full first (sliding_log.valid).
+-- window are checked in full first (sl_valid).
 if allowed and n > 0 and st ~= nil then
   local llo, lhi = u32(st, 1), u32(st, 5)
   for c = 1, count do
-    if A[c] == 4 and not sliding_log.valid(st, view[c], llo, lhi) then
+    if A[c] == 4 and not sl_valid(st, view[c], llo, lhi) then
       return DECLINE
     end
   end
@@ -447,9 +447,9 @@ if allowed and n > 0 then
     if a == 1 then parts[#parts + 1] = puti64(r.new)
     elseif a == 2 or a == 3 then parts[#parts + 1] = put64(r.new)
     elseif a == 5 then
-      local x, y = sliding_window.commit(v.x, v.y, n)
+      local x, y = sw_commit(v.x, v.y, n)
       parts[#parts + 1] = put64(x) .. put64(y)
-    else parts[#parts + 1] = sliding_log.commit(st, v, n, t) end
+    else parts[#parts + 1] = sl_commit(st, v, n, t) end
   end
 
   local state = table.concat(parts)
