@@ -8,7 +8,7 @@
  *
  *   RATELIMIT.STEP key now_s now_ns permits max_wait ttl policy_id format
  *                  [algorithm L P B]...
- *       the arguments and replies of src/store/redis_step.lua;
+ *       the arguments and replies of src/store/redis/step.lua;
  *   RATELIMIT.LEASE key op now max reserve critical id expires pid ttl
  *       an in-flight limit's lease operation: the lease step
  *       (src/lease/step.c), the arguments and replies of

@@ -51,6 +51,8 @@ rate_suite(redis_faults NEEDS REDIS LABELS redis concurrency SERIAL)
 rate_suite(redis_mutants NEEDS REDIS LABELS redis)
 rate_suite(redis_router NEEDS REDIS)
 rate_suite(redis_protocol NEEDS REDIS)
+rate_suite(lua_assemble SH lua_assemble_test.sh ARGS ${CMAKE_COMMAND}
+           ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/generated NEEDS REDIS)
 rate_suite(sha1 NEEDS REDIS)
 rate_suite(redis_cluster NEEDS REDIS TOOLS LABELS redis SERIAL TIMEOUT 600
            ARGS $<TARGET_FILE:ratelimit_cli>)

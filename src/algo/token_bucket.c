@@ -16,8 +16,9 @@
  *           words, and it has the plain pass (rate__token_bucket);
  *   wide    B * P > 2^62 (B up to 2^63-1, P up to 2^61, so B * P < 2^124):
  *           u as a signed 128-bit word, two little-endian u64 words, the
- *           low one first (16 bytes); decided in 128 bits, no plain pass
- *           (rate__token_bucket_wide).
+ *           low one first (16 bytes); decided by the wide body of
+ *           tb_decide_any (in 128 bits, reached only past the narrow
+ *           range), no plain pass (rate__token_bucket_wide).
  *
  * Both decide alike: the layout only says how u is stored.  Durations a
  * wide bucket can reach beyond 2^63-1 ns (a refill of 2^124 scaled tokens
@@ -83,6 +84,10 @@ static uint64_t tb_max_reset(const rate_limit_t *l)
 
 RATE__DEFINE_PLAIN_FN(tb)
 
+static void tb_decide_any(const rate_limit_t *l, const rate__view_t *v,
+                          uint64_t t, uint64_t n, uint64_t max_wait,
+                          bool detail, rate__verdict_t *out);
+
 /* A refund adds its tokens, up to the burst; a penalty takes them, into
  * debt as far as a reservation may go. */
 static uint64_t tb_adjust(const rate_limit_t *l, rate__view_t *v,
@@ -136,7 +141,7 @@ const rate__algo_t rate__token_bucket = {
     RATE__LUA_RANGE(50, 51),
     .load = tb_load_any,
     .advance = tb_advance,
-    .decide = tb_decide,
+    .decide = tb_decide_any,
     .commit = tb_commit,
     .is_cold = tb_is_cold,
     .convert = tb_convert,
@@ -178,14 +183,15 @@ static uint64_t tbw_reset(const rate_limit_t *l, rate_i128_t u)
                        : 0;
 }
 
-/* tb_decide's rule in 128 bits: u in [-2^62, B * P], n * P <= B * P. */
-static void tbw_decide(const rate_limit_t *l, const rate__view_t *v,
-                       uint64_t t, uint64_t n, uint64_t max_wait, bool detail,
-                       rate__verdict_t *out)
+/* tb_decide's rule in 128 bits, the wide body of tb_decide_any: u in
+ * [-2^62, B * P], n * P <= B * P.  Out of line and cold: only a bucket
+ * past the narrow range reaches it. */
+__attribute__((noinline, cold)) static void
+tb_decide_wide(const rate_limit_t *l, const rate__view_t *v, uint64_t n,
+               uint64_t max_wait, bool detail, rate__verdict_t *out)
 {
     rate_i128_t u = v->x, need = 0;
 
-    (void)t;
     *out = (rate__verdict_t){0};
     if (n > l->burst) {
         out->reason = RATE_REASON_NEVER;
@@ -214,6 +220,20 @@ static void tbw_decide(const rate_limit_t *l, const rate__view_t *v,
     }
 }
 
+/* One decide for both layouts, both tables' .decide: a narrow bucket
+ * (B * P <= 2^62) takes tb_decide, the 64-bit body that the plain pass
+ * (rate_state_acquire) runs without this guard; a wide one the 128-bit
+ * body.  The layout never changes a decision. */
+static void tb_decide_any(const rate_limit_t *l, const rate__view_t *v,
+                          uint64_t t, uint64_t n, uint64_t max_wait,
+                          bool detail, rate__verdict_t *out)
+{
+    if (__builtin_expect(rate__bucket_wide(l), 0))
+        tb_decide_wide(l, v, n, max_wait, detail, out);
+    else
+        tb_decide(l, v, t, n, max_wait, detail, out);
+}
+
 static size_t tbw_commit(const rate_limit_t *l, const rate__view_t *v,
                          uint64_t t, uint64_t n, uint8_t *out)
 {
@@ -237,7 +257,7 @@ const rate__algo_t rate__token_bucket_wide = {
     RATE__LUA_RANGE(50, 51),
     .load = tb_load_any,
     .advance = tbw_advance,
-    .decide = tbw_decide,
+    .decide = tb_decide_any,
     .commit = tbw_commit,
     .is_cold = tb_is_cold,
     .convert = tb_convert,

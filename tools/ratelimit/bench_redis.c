@@ -10,10 +10,10 @@
 #include <hiredis/hiredis.h>
 
 #include "cli.h"
-#include "redis_step_lua.h" /* generated from src/store/redis_step.lua */
-#include "redis_tb_lua.h"   /* the lean scripts: src/store/redis_lean.lua */
-#include "redis_lb_lua.h"   /* then redis_tb.lua, redis_lb.lua, */
-#include "redis_fw_lua.h"   /* redis_fw.lua */
+#include "redis_step_lua.h" /* assembled from src/store/redis/step.lua */
+#include "redis_tb_lua.h"   /* the lean scripts, assembled from */
+#include "redis_lb_lua.h"   /* src/store/redis/lean_tb.lua, */
+#include "redis_fw_lua.h"   /* lean_lb.lua, lean_fw.lua */
 #include "ratelimit_redis.h"
 
 /* A plain token bucket of the kind everyone writes (Redis's TIME, two

@@ -47,7 +47,7 @@
 #define LEAN_FW RATE__LEAN_FW
 #define LEAN_COUNT RATE__LEAN_COUNT
 
-/* The expiry rule of redis_step.lua's expire_at (see there and
+/* The expiry rule of step.lua's expire_at (see there and
  * docs/redis.md): the key lives at least `us` microseconds by Redis's own
  * clock, PEXPIREAT the end rounded up to whole milliseconds, plus one. */
 #define EXPIRE_AT_LUA                                                        \
@@ -88,8 +88,9 @@ static const char cas_script[] =
  * may run EVALSHA on the store's keys (an ACL says NOPERM first). */
 static const char probe_script[] = "return 1\n";
 
-/* The lean scripts: one per single-limit algorithm (redis_lean.lua, then
- * redis_tb.lua, redis_lb.lua or redis_fw.lua; see docs/redis.md). */
+/* The lean scripts: one per single-limit algorithm (lean_tb.lua,
+ * lean_lb.lua, lean_fw.lua here, each with lean.lua and its algorithm's
+ * src/algo/NAME.lua, assembled by the build; see docs/redis.md). */
 static const struct {
     const char *src;
     size_t len;
@@ -464,7 +465,7 @@ static uint64_t reply_u64(const redisReply *e, bool *ok)
     return e->integer == -1 ? RATE_NEVER : (uint64_t)e->integer;
 }
 
-/* The step's first seven arguments (see redis_step.lua), which the lean
+/* The step's first seven arguments (see step.lua), which the lean
  * scripts and RATELIMIT.STEP take too: the time ("" "": Redis's TIME),
  * permits, max_wait, the expiry (0 none, -1 the decision's reset_after,
  * else microseconds, or milliseconds for the module: rounded up), the
@@ -541,7 +542,7 @@ static int module_cmd(const rate__redis_proto_t *p, const rate_key_t *key,
 /* The command of a decide() (protocol.h): via the module, RATELIMIT.STEP;
  * via the scripts, a lean script when one decides the request exactly
  * (c->lean its index; an FCALL with fcall), else the general step (see
- * redis_step.lua for the arguments and replies).  RATE_ENOTSUP when it
+ * step.lua for the arguments and replies).  RATE_ENOTSUP when it
  * cannot decide the request exactly (the limiter then decides itself,
  * and reads now() itself if it goes by Redis's clock); RATE_EINVAL for a
  * key of the policy space. */

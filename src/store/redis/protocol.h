@@ -32,7 +32,7 @@ typedef struct rate__redis_proto {
     bool lean;          /* the lean scripts (not general_script) */
     uint64_t safety_us; /* with no_ttl: a state's expiry in us; 0 none */
     char sha[41];       /* the compare-and-set script */
-    char step_sha[41];  /* the general step (redis_step.lua) */
+    char step_sha[41];  /* the general step (step.lua) */
     char lean_sha[RATE__LEAN_COUNT][41];
     /* The lean scripts as one Redis 7 Functions library (FCALL, faster
      * than EVALSHA of the same body: docs/redis.md), named after a hash of

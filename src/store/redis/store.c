@@ -11,7 +11,7 @@
  *
  * A decision is one round trip: RATELIMIT.STEP when the server has the
  * module (redis-module/, the C step itself), else a lean script (FCALL)
- * or the general step script (EVALSHA of redis_step.lua, a Lua twin of
+ * or the general step script (EVALSHA of step.lua, a Lua twin of
  * src/step.c over the same state bytes).  The scripts decline whatever
  * they cannot decide exactly in doubles (see docs/algorithms.md,
  * "Stores"), and any state that makes no sense, writing nothing; decide()

@@ -1,10 +1,12 @@
 -- SPDX-License-Identifier: MIT
 -- The lean scripts' common part (docs/redis.md, "Lean scripts"): each of
--- redis_tb.lua, redis_lb.lua, redis_fw.lua is sent after this text, as one
--- script that decides one single-limit policy of its algorithm over the
--- same state bytes as src/step.c (header: t_last u64, tag u32, count u8,
--- format u8; then the limit's one word, 8 bytes or a wide bucket's 16), or declines ({0}, nothing
--- written) and the client decides through the compare-and-set path.
+-- lean_tb.lua, lean_lb.lua, lean_fw.lua includes this text first, then
+-- its algorithm's rule (src/algo/NAME.lua), as one script that decides
+-- one single-limit policy of its algorithm over the same state bytes as
+-- src/step.c (header: t_last u64, tag u32, count u8, format u8; then the
+-- limit's one word, 8 bytes or a wide bucket's 16), or declines ({0},
+-- nothing written) and the client decides through the compare-and-set
+-- path.  The build assembles them (cmake/lua_script.cmake).
 --
 -- Numbers are doubles, exact below 2^53.  A time in nanoseconds is not, so
 -- times are kept as two 32-bit halves {hi, lo} (t = hi * 2^32 + lo), read
@@ -15,7 +17,7 @@
 -- step forms is then a multiple of g, divided out exactly, so that an hour
 -- or a day at a large burst stays below 2^51 (the algorithm's NAME_LEAN,
 -- rate__algo_t's lua_lean, which the build writes into the constants
--- before this text: cmake/lua_range.cmake).  A word that is no multiple of
+-- included first: cmake/lua_range.cmake).  A word that is no multiple of
 -- g (a state carried over from another policy) declines.
 --
 -- KEYS[1]  the key (a hash: v = version, s = state bytes)
@@ -25,10 +27,11 @@
 --          state's tag), [7] format (2 or 3), [8] the word's width in
 --          bytes (8 or 16), [9] the operation (0 a decision, 1 a refund,
 --          2 a penalty), then the algorithm's
--- returns  as redis_step.lua: {1, allowed, reason, 0, limit, remaining,
+-- returns  as step.lua: {1, allowed, reason, 0, limit, remaining,
 --          delay, retry (-1: never), reset}, {0} declined, {2} WRONGTYPE;
 --          a refund or a penalty: {1, 1, 0, 0, limit, remaining, 0, 0,
 --          reset} of the state it wrote (the client reads none of it)
+--@include lua_range.lua
 local E32 = 4294967296
 local DECLINE = {0}
 -- floor(a / b), 0 <= a < 2^53, 0 < b < 2^53, with no library call (each
@@ -74,7 +77,7 @@ if cur.err ~= nil then
 end
 local st = cur[2]
 if cur[1] and (#cur[1] > 19 or not string.find(cur[1], '^%d+$')) then
-  return DECLINE -- as redis_step.lua: the version first, then absent
+  return DECLINE -- as step.lua: the version first, then absent
 end
 if cur[1] == false or cur[1] == '0' or st == false then
   cur[1] = false
@@ -120,7 +123,7 @@ end
 
 -- A refund or a penalty (docs/algorithms.md, "Changes outside an
 -- admission"; src/step.c step_adjust): the state at t changed by the
--- algorithm's rule (each file's OP branch) and written as of t, expiring
+-- algorithm's rule (its piece's adjust) and written as of t, expiring
 -- after the changed state's reset as the C step's does.  A refund of a key
 -- with no state has nothing to give back: nothing is written.
 local OP = ARGV[9]
@@ -228,7 +231,7 @@ local function write(word, reset)
     -- at least 1 (0 says none), as the client's ttl_us for the C step
     if us < 0 then us = cdiv(reset, 1000); if us < 1 then us = 1 end end
     if us > 2251799813685248 then us = 2251799813685248 end
-    -- expire_at (redis_step.lua): the end by Redis's clock, rounded up to
+    -- expire_at (step.lua): the end by Redis's clock, rounded up to
     -- whole milliseconds, plus one
     local e = tms * 1000000 + tmu + us
     local ms = cdiv(e, 1000)

@@ -1,11 +1,15 @@
 -- SPDX-License-Identifier: MIT
--- The Redis store's one-round-trip step: the decision of src/step.c and
--- src/algo/*.c, made inside Redis over the same state bytes.
+-- The Redis store's one-round-trip step, the general script: the decision
+-- of src/step.c, made inside Redis over the same state bytes.  A driver:
+-- the algorithms' rules are src/algo/NAME.lua, which the build puts in
+-- where the --@include lines say (cmake/lua_script.cmake); this file reads
+-- the state's bytes into their numbers, folds their verdicts as
+-- src/step.c does, and writes the state back.
 --
 -- Lua numbers are doubles, exact for integers below 2^53.  The client sends
 -- this script only for policies whose products stay below each algorithm's
 -- bound NAME_STEP, 2^50 (B*P, C*P, L*W and every count: rate__algo_t's
--- lua_step, which the build writes into the constants before this text,
+-- lua_step, which the build writes into the constants included first,
 -- cmake/lua_range.cmake); here every number read from the state is checked
 -- against its algorithm's bound as well.  Anything else -- a
 -- larger value, a state made under another policy (a tier change) or in
@@ -52,6 +56,7 @@
 -- which is as good: every bucket is full or empty by then, every window
 -- gone.  Windows must divide a second or be whole seconds (1s, 250ms, 1m,
 -- 1h, ...) for their edges to be found exactly; others are declined.
+--@include lua_range.lua
 local function fdiv(a, b) -- floor(a / b), 0 <= a < 2^51, 0 < b < 2^51
   local q = math.floor(a / b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
@@ -197,6 +202,18 @@ local function expire_at(key, us, tm)
   redis.call('PEXPIREAT', key, string.format('%.0f', ms + 1))
 end
 
+-- The algorithms' rules (src/algo/NAME.lua: tb_load, tb_advance, ... in
+-- the shape of the C tables), over the helpers above: the build puts each file's
+-- text here (cmake/lua_script.cmake).
+--@include src/algo/token_bucket.lua
+--@include src/algo/leaky_bucket.lua
+--@include src/algo/fixed_window.lua
+--@include src/algo/sliding_window.lua
+--@include src/algo/sliding_log.lua
+-- A reservation's debt bound, 2^62 scaled tokens (RATE__DEBT_MAX): never
+-- reached within TOKEN_BUCKET_STEP, as in C.
+local DEBT = 4611686018427387904
+
 local now, tm
 if ARGV[1] == '' then
   tm = redis.call('TIME')
@@ -259,84 +276,64 @@ if tcmp(last, t) > 0 then t = last end
 local dt = tdiff(t, last)
 
 -- Load and advance each limit to t (spec: refill, drain, roll, prune).
+-- Here the bytes become numbers; the rules are the pieces'.
 for c = 1, count do
   local a, v = A[c], {}
   local have = st ~= nil
   if a == 1 then -- token bucket: u = tokens * P
-    local full = B[c] * P[c]
+    local x
     if have then
       if #st < off + 7 then return DECLINE end -- truncated
-      v.x = i64(st, off, TOKEN_BUCKET_STEP); off = off + 8
-      if v.x == nil or v.x > full then return DECLINE end
-      if v.x < full then
-        local missing = full - v.x
-        if dt >= cdiv(missing, L[c]) then v.x = full
-        else v.x = v.x + dt * L[c] end
-      end
-    else v.x = full end
+      x = i64(st, off, TOKEN_BUCKET_STEP); off = off + 8
+      if x == nil then return DECLINE end
+    end
+    x = tb_load(x, P[c], B[c], DEBT)
+    if x == nil then return DECLINE end
+    v.x = tb_advance(x, dt, L[c], P[c], B[c])
   elseif a == 2 then -- leaky bucket: v = level * P
+    local x
     if have then
       if #st < off + 7 then return DECLINE end
-      v.x = u64(st, off, LEAKY_BUCKET_STEP); off = off + 8
-      if v.x == nil or v.x > B[c] * P[c] then return DECLINE end
-      if dt >= cdiv(v.x, L[c]) then v.x = 0 else v.x = v.x - dt * L[c] end
-    else v.x = 0 end
+      x = u64(st, off, LEAKY_BUCKET_STEP); off = off + 8
+      if x == nil then return DECLINE end
+    end
+    x = lb_load(x, P[c], B[c])
+    if x == nil then return DECLINE end
+    v.x = lb_advance(x, dt, L[c])
   elseif a == 3 then -- fixed window: the count of t_last's window
     if window(t, P[c]) == nil then return DECLINE end
-    v.x = 0
+    local x, same_w = nil, false
     if have then
       if #st < off + 7 then return DECLINE end
-      v.x = u64(st, off, FIXED_WINDOW_STEP); off = off + 8
-      if v.x == nil or v.x > L[c] then return DECLINE end
+      x = u64(st, off, FIXED_WINDOW_STEP); off = off + 8
+      if x == nil then return DECLINE end
       local k, ks = window(t, P[c]), window(last, P[c])
       if k == nil then return DECLINE end
-      if not same(k, ks) then v.x = 0 end
+      same_w = same(k, ks)
     end
+    x = fw_load(x, L[c])
+    if x == nil then return DECLINE end
+    v.x = fw_advance(x, same_w)
   elseif a == 5 then -- sliding window counter: prev, curr
     if window(t, P[c]) == nil then return DECLINE end
-    v.x, v.y = 0, 0
+    local x, y, roll = nil, nil, 0
     if have then
       if #st < off + 15 then return DECLINE end
-      v.x = u64(st, off, SLIDING_WINDOW_STEP)
-      v.y = u64(st, off + 8, SLIDING_WINDOW_STEP); off = off + 16
-      if v.x == nil or v.y == nil or v.x > L[c] or v.y > L[c] then
-        return DECLINE
-      end
+      x = u64(st, off, SLIDING_WINDOW_STEP)
+      y = u64(st, off + 8, SLIDING_WINDOW_STEP); off = off + 16
+      if x == nil or y == nil then return DECLINE end
       local k, ks = window(t, P[c]), window(last, P[c])
       if k == nil then return DECLINE end
-      if same(k, next_window(ks, P[c])) then v.x, v.y = v.y, 0
-      elseif not same(k, ks) then v.x, v.y = 0, 0 end
+      if same(k, next_window(ks, P[c])) then roll = 1
+      elseif not same(k, ks) then roll = 2 end
     end
+    x, y = sw_load(x, y, L[c])
+    if x == nil then return DECLINE end
+    v.x, v.y = sw_advance(x, y, roll)
   elseif a == 4 then -- sliding log: entries (time, permits), their sum
-    v.first, v.count, v.sum, v.base = 0, 0, 0, off
-    if have then
-      if #st < off + 7 then return DECLINE end
-      v.count = u32(st, off); v.sum = u32(st, off + 4)
-      -- constant time, as sl_valid: count <= sum <= L, and the length
-      if v.sum > L[c] or v.count > v.sum or #st < off + 7 + v.count * 16 then
-        return DECLINE
-      end
-      v.base = off + 8
-      off = off + 8 + v.count * 16
-      -- drop entries at or before t - W (binary search, then subtract: a
-      -- running sum below zero is a tampered log, declined)
-      local lo, hi = 0, v.count
-      local cut = tminus(t, P[c])
-      if cut ~= nil then
-        while lo < hi do
-          local mid = math.floor((lo + hi) / 2)
-          local et = get_t(st, v.base + mid * 16)
-          if et == nil then return DECLINE end
-          if tcmp(et, cut) <= 0 then lo = mid + 1 else hi = mid end
-        end
-      end
-      for i = 0, lo - 1 do
-        local en = u64(st, v.base + i * 16 + 8, SLIDING_LOG_STEP)
-        if en == nil then return DECLINE end
-        v.sum = v.sum - en
-        if v.sum < 0 then return DECLINE end
-      end
-      v.first = lo
+    v, off = sl_load(st, off, L[c])
+    if v == nil or not sl_advance(st, v, t, P[c]) then
+      return DECLINE
     end
   else
     return DECLINE
@@ -346,131 +343,56 @@ end
 if st ~= nil and off ~= #st + 1 then return DECLINE end
 
 -- Decide each limit: allowed, reason (0 ok, 1 limited, 2 never), delay,
--- retry, and remaining/reset now and after.
+-- retry, and remaining/reset now and after (the view with n admitted).
 local NEVER = -1
 local ver = {}
 for c = 1, count do
-  local a, v, r = A[c], view[c], {delay = 0, retry = 0}
+  local a, v, r = A[c], view[c], {}
   if a == 1 then
-    local need, full = n * P[c], B[c] * P[c]
     local u = v.x
-    if n > B[c] then r.reason = 2; r.retry = NEVER
-    elseif n == 0 or u >= need then r.ok = true
-    elseif max_wait > 0 and cdiv(need - u, L[c]) <= max_wait then
-      r.ok = true; r.delay = cdiv(need - u, L[c])
-    else r.reason = 1; r.retry = cdiv(need - u, L[c]) end
-    local function rem(x) if x > 0 then return fdiv(x, P[c]) end return 0 end
-    local function rst(x) if full - x > 0 then return cdiv(full - x, L[c]) end return 0 end
-    r.rem_now, r.reset_now = rem(u), rst(u)
-    if r.ok then r.rem_after, r.reset_after = rem(u - need), rst(u - need) end
-    r.new = u - need
+    r.ok, r.reason, r.delay, r.retry =
+      tb_decide(u, n, L[c], P[c], B[c], max_wait, DEBT)
+    r.rem_now, r.reset_now = tb_status(u, L[c], P[c], B[c])
+    if r.ok then
+      r.new = tb_commit(u, n, P[c])
+      r.rem_after, r.reset_after = tb_status(r.new, L[c], P[c], B[c])
+    end
   elseif a == 2 then
-    local need, cap, lv = n * P[c], B[c] * P[c], v.x
-    if n > B[c] then r.reason = 2; r.retry = NEVER
-    elseif n == 0 then r.ok = true
-    elseif lv + need <= cap and cdiv(lv, L[c]) <= max_wait then
-      r.ok = true; r.delay = cdiv(lv, L[c])
-    else r.reason = 1; r.retry = cdiv(lv, L[c]) end
-    local function rem(x) if cap - x > 0 then return fdiv(cap - x, P[c]) end return 0 end
-    r.rem_now, r.reset_now = rem(lv), cdiv(lv, L[c])
-    if r.ok then r.rem_after, r.reset_after = rem(lv + need), cdiv(lv + need, L[c]) end
-    r.new = lv + need
+    local lv = v.x
+    r.ok, r.reason, r.delay, r.retry =
+      lb_decide(lv, n, L[c], P[c], B[c], max_wait)
+    r.rem_now, r.reset_now = lb_status(lv, L[c], P[c], B[c])
+    if r.ok then
+      r.new = lb_commit(lv, n, P[c])
+      r.rem_after, r.reset_after = lb_status(r.new, L[c], P[c], B[c])
+    end
   elseif a == 3 then
-    local cnt, W = v.x, P[c]
-    local _, e = window(t, W)
-    local to_next = W - e
-    if n > L[c] then r.reason = 2; r.retry = NEVER
-    elseif n == 0 or cnt + n <= L[c] then r.ok = true
-    else r.reason = 1; r.retry = to_next end
-    r.rem_now = L[c] - cnt
-    r.reset_now = 0
-    if cnt > 0 then r.reset_now = to_next end
+    local _, e = window(t, P[c])
+    local to_next = P[c] - e
+    r.ok, r.reason, r.delay, r.retry =
+      fw_decide(v.x, n, L[c], to_next)
+    r.rem_now, r.reset_now = fw_status(v.x, L[c], to_next)
     if r.ok then
-      r.rem_after = L[c] - cnt - n
-      r.reset_after = 0
-      if cnt + n > 0 then r.reset_after = to_next end
+      r.new = fw_commit(v.x, n)
+      r.rem_after, r.reset_after = fw_status(r.new, L[c], to_next)
     end
-    r.new = cnt + n
   elseif a == 5 then
-    local prev, curr, W = v.x, v.y, P[c]
-    local _, e = window(t, W)
-    local cap = L[c] * W
-    local function used(p, q) return p * (W - e) + q * W end
-    local function rem(p, q)
-      local u = used(p, q)
-      if u < cap then return fdiv(cap - u, W) end return 0
-    end
-    local function rst(p, q)
-      if q > 0 then return 2 * W - e end
-      if p > 0 then return W - e end
-      return 0
-    end
-    if n > L[c] then r.reason = 2; r.retry = NEVER
-    elseif n == 0 or used(prev, curr + n) <= cap then r.ok = true
-    else
-      r.reason = 1
-      local d = nil
-      if curr + n <= L[c] and prev > 0 then
-        local q = fdiv((L[c] - curr - n) * W, prev)
-        if q > 0 and q <= W then
-          local e1 = W - q
-          if e1 > e then d = e1 - e end
-        elseif q > W then d = 0 end
-      end
-      if d == nil then
-        local e2 = 0
-        if curr > 0 then
-          local q = fdiv((L[c] - n) * W, curr)
-          if q >= W then e2 = 0 else e2 = W - q end
-        end
-        d = (W - e) + e2
-      end
-      r.retry = d
-    end
-    r.rem_now, r.reset_now = rem(prev, curr), rst(prev, curr)
-    if r.ok then r.rem_after, r.reset_after = rem(prev, curr + n), rst(prev, curr + n) end
-  elseif a == 4 then
-    local W = P[c]
-    -- An entry inside the window leaves it W - (t - time) from now, in
-    -- (0, W]; nil for a time out of that range (a tampered entry, whose
-    -- answer C computes in unsigned arithmetic: declined).
-    local function eleft(i)
-      local et = get_t(st, v.base + i * 16)
-      if et == nil then return nil end
-      local e = W - tdiff(t, et)
-      if e <= 0 or e > W then return nil end
-      return e
-    end
-    local live = v.count - v.first
-    if n > L[c] then r.reason = 2; r.retry = NEVER
-    elseif n == 0 or v.sum + n <= L[c] then r.ok = true
-    else
-      r.reason = 1
-      local s = v.sum
-      r.retry = 0
-      for i = v.first, v.count - 1 do
-        local en = u64(st, v.base + i * 16 + 8, SLIDING_LOG_STEP)
-        if en == nil then return DECLINE end
-        s = s - en
-        if s < 0 then return DECLINE end
-        if s + n <= L[c] then
-          r.retry = eleft(i)
-          if r.retry == nil then return DECLINE end
-          break
-        end
-      end
-    end
-    r.rem_now = 0
-    if v.sum < L[c] then r.rem_now = L[c] - v.sum end
-    r.reset_now = 0
-    if live > 0 then
-      r.reset_now = eleft(v.count - 1)
-      if r.reset_now == nil then return DECLINE end
-    end
+    local _, e = window(t, P[c])
+    r.ok, r.reason, r.delay, r.retry =
+      sw_decide(v.x, v.y, n, L[c], P[c], e)
+    r.rem_now, r.reset_now = sw_status(v.x, v.y, L[c], P[c], e)
     if r.ok then
-      r.rem_after = 0
-      if v.sum + n < L[c] then r.rem_after = L[c] - v.sum - n end
-      if n > 0 then r.reset_after = W else r.reset_after = r.reset_now end
+      local x, y = sw_commit(v.x, v.y, n)
+      r.rem_after, r.reset_after = sw_status(x, y, L[c], P[c], e)
+    end
+  elseif a == 4 then
+    r.ok, r.reason, r.delay, r.retry =
+      sl_decide(st, v, n, L[c], P[c], t)
+    if r.ok == nil then return DECLINE end
+    r.rem_now, r.reset_now = sl_status(st, v, L[c], P[c], t, 0)
+    if r.rem_now == nil then return DECLINE end
+    if r.ok then
+      r.rem_after, r.reset_after = sl_status(st, v, L[c], P[c], t, n)
     end
   end
   ver[c] = r
@@ -507,35 +429,15 @@ if allowed then retry = 0 end
 local limit = L[comp + 1]
 if A[comp + 1] <= 2 then limit = B[comp + 1] end
 
--- A log's entries still in the window, in full, before an admission writes
--- them back (sl_view_ok): each of 1..L permits, times non-decreasing and
--- none after t_last, their sum the pruned sum.  Linear in the log, as
--- copying it is, so kept lean: struct.unpack reads an entry in one call,
--- its time as two 32-bit halves (compared high, then low; exact) and its
--- permits as one 64-bit number (a double, exact up to 2^53, and never
--- rounded down to L or below); an entry above L needs no test of its own,
--- since entries of at least 1 each then sum past L >= the pruned sum; nor
--- does every time against t_last, once they are in order: the newest does.
-local function log_ok(v)
-  local phi, plo, total = 0, 0, 0
-  local pos = v.base + v.first * 16
-  local unpack = struct.unpack
-  for _ = v.first + 1, v.count do
-    local tlo, thi, p
-    tlo, thi, p, pos = unpack('<I4I4I8', st, pos)
-    if p < 1 or thi < phi or (thi == phi and tlo < plo) then return false end
-    total = total + p
-    phi, plo = thi, tlo
-  end
-  local lhi, llo = u32(st, 5), u32(st, 1)
-  return total == v.sum and (phi < lhi or (phi == lhi and plo <= llo))
-end
-
 -- An admission with n >= 1 writes the new state, bumps the version and sets
--- the expiry; anything else writes nothing.
+-- the expiry; anything else writes nothing.  A log's entries still in the
+-- window are checked in full first (sl_valid).
 if allowed and n > 0 and st ~= nil then
+  local llo, lhi = u32(st, 1), u32(st, 5)
   for c = 1, count do
-    if A[c] == 4 and not log_ok(view[c]) then return DECLINE end
+    if A[c] == 4 and not sl_valid(st, view[c], llo, lhi) then
+      return DECLINE
+    end
   end
 end
 if allowed and n > 0 then
@@ -544,25 +446,12 @@ if allowed and n > 0 then
     local a, v, r = A[c], view[c], ver[c]
     if a == 1 then parts[#parts + 1] = puti64(r.new)
     elseif a == 2 or a == 3 then parts[#parts + 1] = put64(r.new)
-    elseif a == 5 then parts[#parts + 1] = put64(v.x) .. put64(v.y + n)
-    else
-      -- the kept entries, copied once (then once more by table.concat),
-      -- and either the newest entry's permits raised or a new entry
-      local kept = v.count - v.first
-      local from, to = v.base + v.first * 16, v.base + v.count * 16 - 1
-      local tail
-      if kept > 0 and tcmp(get_t(st, to - 15), t) == 0 then
-        tail = put64(u64(st, to - 7, SLIDING_LOG_STEP) + n)
-        to = to - 8
-      else
-        tail = put_t(t) .. put64(n)
-        kept = kept + 1
-      end
-      parts[#parts + 1] = put32(kept) .. put32(v.sum + n)
-      if to >= from then parts[#parts + 1] = string.sub(st, from, to) end
-      parts[#parts + 1] = tail
-    end
+    elseif a == 5 then
+      local x, y = sw_commit(v.x, v.y, n)
+      parts[#parts + 1] = put64(x) .. put64(y)
+    else parts[#parts + 1] = sl_commit(st, v, n, t) end
   end
+
   local state = table.concat(parts)
   -- One write: the version moves on (a new key's starts from TIME in
   -- microseconds, as the compare-and-set script's does) with the state.
