@@ -14,20 +14,15 @@
 
 #include "../../sha1.h"
 #include "lease.h"
-#include "lease_lua.h"
 
 static char script_sha[41];
 static pthread_once_t sha_once = PTHREAD_ONCE_INIT;
 
 static void sha_init(void)
 {
-    rate__sha1_hex(lease_lua, sizeof lease_lua - 1, script_sha);
-}
-
-const char *rate__redis_lease_script(size_t *len)
-{
-    *len = sizeof lease_lua - 1;
-    return lease_lua;
+    size_t len;
+    const char *src = rate__redis_lease_script(&len);
+    rate__sha1_hex(src, len, script_sha);
 }
 
 static void le(char *out, uint64_t v, size_t n)
@@ -91,8 +86,10 @@ int rate__redis_lease_cmd(const rate__redis_proto_t *p, bool module,
     for (size_t i = 0; i < sizeof args / sizeof args[0]; i++)
         c->av[n] = args[i], c->al[n++] = lens[i];
     c->argc = n;
-    c->script = module ? NULL : lease_lua;
-    c->script_len = module ? 0 : sizeof lease_lua - 1;
+    size_t len;
+    const char *src = rate__redis_lease_script(&len);
+    c->script = module ? NULL : src;
+    c->script_len = module ? 0 : len;
     return RATE_OK;
 }
 

@@ -11,10 +11,6 @@
 
 #include "protocol.h"
 
-/* The lease script's text (with its length), for SCRIPT LOAD and for
- * EVAL after NOSCRIPT. */
-const char *rate__redis_lease_script(size_t *len);
-
 /* The command of one lease operation: RATELIMIT.LEASE with module, else
  * the EVALSHA of the lease script.  RATE_EINVAL for a key that is not a
  * state's, RATE_ENOMEM; rate__redis_cmd_free() after. */

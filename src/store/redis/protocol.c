@@ -35,7 +35,7 @@
 #include <string.h>
 
 #include "../../sha1.h"
-#include "lease.h"
+#include "lease_lua.h"
 #include "protocol.h"
 #include "redis_step_lua.h"
 #include "redis_tb_lua.h"
@@ -100,9 +100,15 @@ static const struct {
     {redis_fw_lua, sizeof redis_fw_lua - 1},
 };
 
+const char *rate__redis_lease_script(size_t *len)
+{
+    *len = sizeof lease_lua - 1;
+    return lease_lua;
+}
+
 bool rate__redis_script(unsigned i, const char **src, size_t *len)
 {
-    if (i == 3 + LEAN_COUNT) { /* then the lease script (lease.h) */
+    if (i == 3 + LEAN_COUNT) { /* then the lease script (lease.c) */
         *src = rate__redis_lease_script(len);
         return true;
     }

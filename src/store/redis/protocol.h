@@ -51,8 +51,13 @@ void rate__redis_proto_free(rate__redis_proto_t *p);
 
 /* The scripts a connection loads (SCRIPT LOAD), i from 0 while it
  * returns true: the compare-and-set, the general step, the probe, the
- * lean scripts, then the lease script (lease.h).  The probe's index is RATE__REDIS_PROBE_SCRIPT. */
+ * lean scripts, then the lease script.  The probe's index is
+ * RATE__REDIS_PROBE_SCRIPT. */
 bool rate__redis_script(unsigned i, const char **src, size_t *len);
+
+/* The lease script's text (src/lease/lease.lua, assembled; with its
+ * length), for SCRIPT LOAD and for EVAL after NOSCRIPT (lease.c). */
+const char *rate__redis_lease_script(size_t *len);
 #define RATE__REDIS_PROBE_SCRIPT 2u
 
 /* The script that sets the expiry of each of KEYS to ARGV[1] us. */
