@@ -128,10 +128,11 @@ for i = 1, #live do
 end
 if not changed then return reply(0, granted, #live, retry, latest) end
 
+-- A new key's version (no version, zero, or no state) starts from TIME
+-- in microseconds, as the module's and the rate step's do, and so does
+-- one that cannot move on (2^63 - 1 or more, where HINCRBY stops).
 local t = redis.call('TIME')
-if not ver or ver == '0' then
-  redis.call('HINCRBY', KEYS[1], 'v', t[1] * 1000000 + t[2])
-elseif #ver == 19 and ver >= '9223372036854775807' then
+if fresh or (#ver == 19 and ver >= '9223372036854775807') then
   redis.call('HSET', KEYS[1], 'v', string.format('%.0f', t[1] * 1000000 + t[2]))
 else
   redis.call('HINCRBY', KEYS[1], 'v', 1)
