@@ -110,6 +110,14 @@ static void test_policy_errors(void **state)
         {"token-bucket 10/s", "no concurrency clause"},
         {"concurrency 1 ttl=1s; token-bucket 10/q", "10/q"},
         {"", "no concurrency clause"},
+        /* an option given twice, an empty clause: refused, as
+         * rate_policy_parse refuses them, not the last one silently */
+        {"concurrency 10 ttl=1s ttl=1h", "concurrency: ttl= given twice"},
+        {"concurrency 10 ttl=1s reserve=1 reserve=50%",
+         "concurrency: reserve= given twice"},
+        {"concurrency 10 ttl=1s;", "clause 2 is empty"},
+        {"concurrency 10 ttl=1s;; token-bucket 5/s", "clause 2 is empty"},
+        {" ; concurrency 10 ttl=1s", "clause 1 is empty"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rate_inflight_policy_t *p = (void *)1;
