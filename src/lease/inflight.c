@@ -277,14 +277,13 @@ static int acquire_lease(rate_inflight_t *in, const char *key, size_t len,
     uint64_t stack[SCRATCH_STACK], *heap = NULL;
     int rc;
 
-    /* Only a normal request under a reserve may wait for more than one
-     * lease to expire: it needs room for its limit's worth of expiries. */
-    if (a->cls == RATE_LEASE_NORMAL && in->policy->reserve > 0) {
-        a->scratch = in->policy->max <= SCRATCH_STACK
-                         ? stack
-                         : (heap = malloc(in->policy->max * sizeof *heap));
-        a->scratch_cap = a->scratch != NULL ? (size_t)in->policy->max : 0;
-    }
+    /* A denial names when this class gets a slot back, which may take
+     * more than one lease to expire (a reserve, or more leases held than
+     * this N by an object of a larger N): room for the limit's expiries. */
+    a->scratch = in->policy->max <= SCRATCH_STACK
+                     ? stack
+                     : (heap = malloc(in->policy->max * sizeof *heap));
+    a->scratch_cap = a->scratch != NULL ? (size_t)in->policy->max : 0;
     rc = run(in, key, len, a, clock_time);
     if (rc == RATE_OK && !a->granted && in->reap && reap_due(in, a->now_ns) &&
         reap(in, key, len, a->now_ns, clock_time))
@@ -632,8 +631,7 @@ static int start_job(rate_inflight_t *in, const char *key, size_t len,
     x->a.reserve = in->policy->reserve;
     /* The step's fallback needs room for the limit's expiries, as
      * acquire_lease gives it. */
-    if (a->op == LEASE_ACQUIRE && a->cls == RATE_LEASE_NORMAL &&
-        in->policy->reserve > 0 &&
+    if (a->op == LEASE_ACQUIRE &&
         (x->a.scratch = malloc(in->policy->max * sizeof *x->a.scratch)) !=
             NULL)
         x->a.scratch_cap = (size_t)in->policy->max;

@@ -78,14 +78,12 @@ local granted, retry = false, nil
 if op == 'a' then
   local limit = critical and max or max - reserve
   if #live >= limit then
-    -- When this class gets a slot back: the earliest expiry, or under a
-    -- reserve for a normal request the (held - limit + 1)-th earliest.
+    -- When this class gets a slot back: the (held - limit + 1)-th
+    -- earliest expiry (more than one under a reserve, or when an object
+    -- of a larger N filled the key).
     local k = #live - limit + 1
     local t = {}
     for i = 1, #live do t[i] = live[i]:sub(9, 16) end
-    if k == 1 or critical or reserve == 0 then
-      k = 1
-    end
     table.sort(t, function(x, y)
       local xh, xl = u64(x, 1)
       local yh, yl = u64(y, 1)
