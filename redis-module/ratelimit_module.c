@@ -434,9 +434,9 @@ static int cmd_lease(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
         if (old_len == 0)
             goto done;
     }
-    /* As the inflight object: a normal request under a reserve is told
-     * when its class gets a slot back, which needs N expiries' room. */
-    if (!crit && reserve > 0 && a.op == LEASE_ACQUIRE &&
+    /* As the inflight object: a denial is told when its class gets a
+     * slot back, which needs N expiries' room. */
+    if (a.op == LEASE_ACQUIRE &&
         (heap = malloc(max * sizeof *heap)) != NULL) {
         a.scratch = heap;
         a.scratch_cap = (size_t)max;

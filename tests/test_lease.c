@@ -110,6 +110,14 @@ static void test_policy_errors(void **state)
         {"token-bucket 10/s", "no concurrency clause"},
         {"concurrency 1 ttl=1s; token-bucket 10/q", "10/q"},
         {"", "no concurrency clause"},
+        /* an option given twice, an empty clause: refused, as
+         * rate_policy_parse refuses them, not the last one silently */
+        {"concurrency 10 ttl=1s ttl=1h", "concurrency: ttl= given twice"},
+        {"concurrency 10 ttl=1s reserve=1 reserve=50%",
+         "concurrency: reserve= given twice"},
+        {"concurrency 10 ttl=1s;", "clause 2 is empty"},
+        {"concurrency 10 ttl=1s;; token-bucket 5/s", "clause 2 is empty"},
+        {" ; concurrency 10 ttl=1s", "clause 1 is empty"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rate_inflight_policy_t *p = (void *)1;
@@ -364,11 +372,12 @@ static void test_priority(void **state)
     rate_inflight_free(in);
 }
 
-/* Objects with different N on one key: a small reserve-holding object
- * meets far more held leases than its N (a larger object took them).  Its
- * normal-class denial still names the exact slot-back time and writes
- * nothing past its room (ASan: stack room for N <= 64, heap above). */
-static void mixed_n(const char *small, uint64_t limit)
+/* Objects with different N on one key: a small object meets far more
+ * held leases than its N (a larger object took them).  Its denial, in
+ * either class, with or without a reserve, still names the exact
+ * slot-back time (docs/leases.md, "Priority") and writes nothing past its
+ * room (ASan: stack room for N <= 64, heap above). */
+static void mixed_n(const char *small, uint64_t limit, rate_lease_class_t cls)
 {
     fake_clock_t clk = {.now = SEC};
     rate_store_t *store;
@@ -380,7 +389,7 @@ static void mixed_n(const char *small, uint64_t limit)
 
     for (int i = 0; i < 200; i++, clk.now += 1000)
         assert_true(take(big, "m", RATE_LEASE_NORMAL, &l[i], &d));
-    assert_false(take(in, "m", RATE_LEASE_NORMAL, &x, &d));
+    assert_false(take(in, "m", cls, &x, &d));
     assert_int_equal(d.limit, limit);
     /* limit slots free when all but limit - 1 of the 200 are gone. */
     assert_int_equal(d.retry_after_ns,
@@ -394,8 +403,11 @@ static void mixed_n(const char *small, uint64_t limit)
 static void test_mixed_n(void **state)
 {
     (void)state;
-    mixed_n("concurrency 4 ttl=1m reserve=1", 3);
-    mixed_n("concurrency 100 ttl=1m reserve=1", 99);
+    mixed_n("concurrency 4 ttl=1m reserve=1", 3, RATE_LEASE_NORMAL);
+    mixed_n("concurrency 100 ttl=1m reserve=1", 99, RATE_LEASE_NORMAL);
+    mixed_n("concurrency 4 ttl=1m", 4, RATE_LEASE_NORMAL);
+    mixed_n("concurrency 100 ttl=1m", 100, RATE_LEASE_NORMAL);
+    mixed_n("concurrency 4 ttl=1m reserve=1", 4, RATE_LEASE_CRITICAL);
 }
 
 /* A state that is no lease state (a limiter wrote the same bytes' key) is

@@ -330,6 +330,69 @@ static void test_small_region(void **state)
     rate_store_free(s);
 }
 
+/* An inflight object made before fork() (as an nginx master makes a
+ * shared-memory store before its workers): the child's leases carry the
+ * child's pid, so a dead child's lease is reaped, and its ids are not the
+ * parent's (a release by one never takes the other's lease). */
+static void test_fork_after_new(void **state)
+{
+    (void)state;
+    rate_inflight_policy_t *p = ipolicy("concurrency 2 ttl=1h");
+    rate_store_t *s = attach(p);
+    rate_inflight_t *in = inflight(p, s, true);
+    assert_non_null(in);
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) { /* acquires, tells its id, dies holding it */
+        rate_lease_t l;
+        rate_decision_t d;
+        uint64_t id = 0;
+        if (rate_inflight_acquire(in, "f", 1, RATE_LEASE_NORMAL, &l, &d) ==
+                RATE_OK &&
+            d.allowed)
+            id = l.id;
+        if (write(fd[1], &id, sizeof id) != (ssize_t)sizeof id)
+            _exit(2);
+        raise(SIGKILL);
+        _exit(3);
+    }
+    alive[n_alive++] = child;
+    uint64_t child_id = 0;
+    assert_int_equal(read(fd[0], &child_id, sizeof child_id),
+                     (ssize_t)sizeof child_id);
+    int st;
+    assert_int_equal(waitpid(child, &st, 0), child);
+    n_alive = 0;
+    assert_true(WIFSIGNALED(st));
+    assert_true(child_id != 0);
+    close(fd[0]);
+    close(fd[1]);
+
+    rate_lease_t mine, more;
+    rate_decision_t d;
+    assert_int_equal(rate_inflight_acquire(in, "f", 1, RATE_LEASE_NORMAL,
+                                           &mine, &d),
+                     RATE_OK);
+    assert_true(d.allowed);
+    if (mine.id == child_id)
+        fail_msg("the parent's lease has the child's id %llu",
+                 (unsigned long long)child_id);
+    /* Full: the dead child's lease is reaped, the acquire granted. */
+    assert_int_equal(rate_inflight_acquire(in, "f", 1, RATE_LEASE_NORMAL,
+                                           &more, &d),
+                     RATE_OK);
+    assert_true(d.allowed);
+    assert_int_equal(held_of(in, "f"), 2);
+    assert_int_equal(rate_inflight_release(in, "f", 1, &mine), RATE_OK);
+    assert_int_equal(rate_inflight_release(in, "f", 1, &more), RATE_OK);
+    assert_int_equal(held_of(in, "f"), 0);
+    rate_inflight_free(in);
+    rate_store_free(s);
+    rate_inflight_policy_free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -337,6 +400,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_chaos_reap, setup, teardown),
         cmocka_unit_test_setup_teardown(test_chaos_expiry, setup, teardown),
         cmocka_unit_test_setup_teardown(test_small_region, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fork_after_new, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

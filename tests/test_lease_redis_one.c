@@ -459,6 +459,56 @@ static void test_differential_wide(void **state)
     run_differential("concurrency 20 ttl=100ms reserve=3", 13, false, STEPS);
 }
 
+/* Objects of different N on one key, every path: a small object without
+ * a reserve (and a critical request under one) meeting more leases than
+ * its N is told the exact slot-back time, the (held - N + 1)-th earliest
+ * expiry, as the memory store tells it; not the earliest. */
+static void test_mixed_n(void **state)
+{
+    (void)state;
+    static const struct { const char *text; rate_lease_class_t cls;
+                          int limit; } small[] = {
+        {"concurrency 3 ttl=1h", RATE_LEASE_NORMAL, 3},
+        {"concurrency 3 ttl=1h reserve=1", RATE_LEASE_CRITICAL, 3},
+        {"concurrency 3 ttl=1h reserve=1", RATE_LEASE_NORMAL, 2},
+    };
+    /* (memory: test_lease's test_mixed_n, on one shared store) */
+    for (int path = GENERIC; path < PATHS; path++) {
+        for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) {
+            rate_store_t *s = store_of(path, false);
+            rate_inflight_t *big = inflight_of("concurrency 8 ttl=1h", s);
+            rate_inflight_t *in = inflight_of(small[i].text, s);
+            uint64_t now = UINT64_C(1000000000);
+            rate_lease_t l[8], x;
+            rate_decision_t d;
+            char key[32];
+            snprintf(key, sizeof key, "mixed%zu", i);
+            for (int j = 0; j < 8; j++, now += 1000000)
+                assert_int_equal(rate_inflight_acquire_at(big, key,
+                                     strlen(key), RATE_LEASE_NORMAL, now,
+                                     &l[j], &d),
+                                 RATE_OK);
+            assert_int_equal(rate_inflight_acquire_at(in, key, strlen(key),
+                                                      small[i].cls, now, &x,
+                                                      &d),
+                             RATE_OK);
+            assert_false(d.allowed);
+            uint64_t want = l[8 - small[i].limit].expires_ns - now;
+            if (d.retry_after_ns != want)
+                fail_msg("%s, '%s' (%s): retry after %llu ns, not %llu",
+                         path_name[path], small[i].text,
+                         small[i].cls == RATE_LEASE_CRITICAL ? "critical"
+                                                             : "normal",
+                         (unsigned long long)d.retry_after_ns,
+                         (unsigned long long)want);
+            rate_inflight_free(in);
+            rate_inflight_free(big);
+            rate_store_redis_drop(s);
+            rate_store_free(s);
+        }
+    }
+}
+
 /* ------------------------------------------------------------ bad bytes */
 
 /* Bytes that are not a lease state, and a key of another type: both one-
@@ -531,6 +581,54 @@ static void test_bad_state(void **state)
     redisFree(c);
 }
 
+/* A key with a version but no state (or version "00": zero) is a new
+ * key: the script and the module alike start its version from the
+ * server's TIME in microseconds, as the rate step's script does, never
+ * from the stale number plus one (which a compare-and-set client may have
+ * seen before: an ABA). */
+static void test_fresh_version(void **state)
+{
+    (void)state;
+    redisContext *c = raw();
+    static const char *const vers[] = {"5", "00"};
+    for (int path = SCRIPT; path < PATHS; path++) {
+        rate_store_t *s = store_of(path, false);
+        rate_inflight_t *in = inflight_of("concurrency 2 ttl=1h", s);
+        char full[64];
+        size_t n = (size_t)snprintf(full, sizeof full, "%s{", path_prefix[path]);
+        memcpy(full + n, "\xff" "LEASE\x01\0fv}", 11);
+        n += 11;
+        for (size_t i = 0; i < sizeof vers / sizeof vers[0]; i++) {
+            redisReply *r = redisCommand(c, "DEL %b", full, n);
+            freeReplyObject(r);
+            r = redisCommand(c, "HSET %b v %s", full, n, vers[i]);
+            freeReplyObject(r);
+            rate_lease_t l;
+            rate_decision_t d;
+            assert_int_equal(rate_inflight_acquire(in, "fv", 2,
+                                                   RATE_LEASE_NORMAL, &l, &d),
+                             RATE_OK);
+            assert_true(d.allowed);
+            r = redisCommand(c, "HGET %b v", full, n);
+            assert_int_equal(r->type, REDIS_REPLY_STRING);
+            unsigned long long v = strtoull(r->str, NULL, 10);
+            if (v < UINT64_C(1000000000000000)) /* 2001 in microseconds */
+                fail_msg("%s: version %s then '%s', not the server's time",
+                         path_name[path], vers[i], r->str);
+            freeReplyObject(r);
+            uint64_t held;
+            assert_int_equal(rate_inflight_held(in, "fv", 2, &held), RATE_OK);
+            assert_int_equal(held, 1);
+        }
+        redisReply *r = redisCommand(c, "DEL %b", full, n);
+        freeReplyObject(r);
+        rate_inflight_free(in);
+        rate_store_redis_drop(s);
+        rate_store_free(s);
+    }
+    redisFree(c);
+}
+
 /* ------------------------------------------------------------- cluster */
 
 /* A Redis Cluster of 3 masters, each with the module: one round trip per
@@ -563,6 +661,8 @@ int main(void)
         cmocka_unit_test(test_differential_reserve),
         cmocka_unit_test(test_differential_wide),
         cmocka_unit_test(test_bad_state),
+        cmocka_unit_test(test_fresh_version),
+        cmocka_unit_test(test_mixed_n),
         cmocka_unit_test(test_cluster),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

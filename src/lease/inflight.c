@@ -7,6 +7,7 @@
  * store makes each change atomic; nothing here holds a lock.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -29,7 +30,6 @@ struct rate_inflight {
     rate_clock_t clock;
     bool clock_is_default;
     bool reap;
-    uint32_t pid;
     uint64_t id_base;
     _Atomic uint64_t next_id;
     _Atomic uint64_t reap_after; /* no reaping before (this clock's) time */
@@ -39,6 +39,40 @@ struct rate_inflight {
  * holder: at most once per REAP_EVERY_NS an object, so that a flood of
  * denials (an overloaded server) does not multiply that work. */
 #define REAP_EVERY_NS (100 * UINT64_C(1000000))
+
+/* The process's identity, as a lease records it: its pid and a random
+ * salt of its lease ids.  A child of fork() gets its own (the atfork
+ * handler runs in the child alone, before it has other threads), so an
+ * object made before fork() gives each process its own pid and ids. */
+static _Atomic uint32_t proc_pid;
+static _Atomic uint64_t proc_salt;
+static pthread_once_t proc_once = PTHREAD_ONCE_INIT;
+
+static uint64_t random64(void)
+{
+    uint64_t r;
+    if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r)
+        r = rate_clock_monotonic_ns() * UINT64_C(0x9e3779b97f4a7c15) ^
+            (uint64_t)getpid() << 32;
+    return r;
+}
+
+static void proc_child(void)
+{
+    atomic_store(&proc_pid, (uint32_t)getpid());
+    atomic_store(&proc_salt, random64());
+}
+
+static void proc_init(void)
+{
+    proc_child();
+    (void)pthread_atfork(NULL, NULL, proc_child);
+}
+
+static uint32_t my_pid(void)
+{
+    return atomic_load_explicit(&proc_pid, memory_order_relaxed);
+}
 
 static bool zero_reserve(const uint64_t *r, size_t n)
 {
@@ -77,11 +111,8 @@ int rate_inflight_new(const rate_inflight_config_t *cfg, rate_inflight_t **out)
                                    : (rate_clock_t){rate__clock_exact,
                                                   rate__clock_sleep, NULL};
     in->reap = cfg->reap_dead_holders;
-    in->pid = (uint32_t)getpid();
-    if (getrandom(&in->id_base, sizeof in->id_base, 0) !=
-        (ssize_t)sizeof in->id_base)
-        in->id_base = rate_clock_monotonic_ns() * UINT64_C(0x9e3779b97f4a7c15) ^
-                      (uint64_t)in->pid << 32;
+    pthread_once(&proc_once, proc_init);
+    in->id_base = random64();
     rc = rate__inflight_policy_copy(cfg->policy, &in->policy);
     in->store = cfg->store;
     if (rc == RATE_OK && in->store == NULL) {
@@ -174,7 +205,9 @@ static uint64_t new_id(rate_inflight_t *in)
 {
     uint64_t id;
     do
-        id = in->id_base + atomic_fetch_add(&in->next_id, 1);
+        id = (in->id_base ^ atomic_load_explicit(&proc_salt,
+                                                 memory_order_relaxed)) +
+             atomic_fetch_add(&in->next_id, 1);
     while (id == 0);
     return id;
 }
@@ -200,7 +233,7 @@ static bool reap(rate_inflight_t *in, const char *key, size_t len,
         run(in, key, len, &a, clock_time) == RATE_OK) {
         size_t dead = 0;
         for (size_t i = 0; i < a.n_ids; i++)
-            if (pids[i] != in->pid && pid_dead(pids[i]))
+            if (pids[i] != my_pid() && pid_dead(pids[i]))
                 ids[dead++] = ids[i];
         rate__lease_step_t r = {.op = LEASE_REAP, .now_ns = now, .ids = ids,
                                 .n_ids = dead};
@@ -244,14 +277,13 @@ static int acquire_lease(rate_inflight_t *in, const char *key, size_t len,
     uint64_t stack[SCRATCH_STACK], *heap = NULL;
     int rc;
 
-    /* Only a normal request under a reserve may wait for more than one
-     * lease to expire: it needs room for its limit's worth of expiries. */
-    if (a->cls == RATE_LEASE_NORMAL && in->policy->reserve > 0) {
-        a->scratch = in->policy->max <= SCRATCH_STACK
-                         ? stack
-                         : (heap = malloc(in->policy->max * sizeof *heap));
-        a->scratch_cap = a->scratch != NULL ? (size_t)in->policy->max : 0;
-    }
+    /* A denial names when this class gets a slot back, which may take
+     * more than one lease to expire (a reserve, or more leases held than
+     * this N by an object of a larger N): room for the limit's expiries. */
+    a->scratch = in->policy->max <= SCRATCH_STACK
+                     ? stack
+                     : (heap = malloc(in->policy->max * sizeof *heap));
+    a->scratch_cap = a->scratch != NULL ? (size_t)in->policy->max : 0;
     rc = run(in, key, len, a, clock_time);
     if (rc == RATE_OK && !a->granted && in->reap && reap_due(in, a->now_ns) &&
         reap(in, key, len, a->now_ns, clock_time))
@@ -308,7 +340,7 @@ static int acquire(rate_inflight_t *in, const char *key, size_t len,
     uint64_t expires = now + in->policy->ttl_ns; /* both below 2^63 */
     rate__lease_step_t a = {.op = LEASE_ACQUIRE, .now_ns = now, .cls = cls,
                             .id = new_id(in), .expires_ns = expires,
-                            .pid = in->pid};
+                            .pid = my_pid()};
     if ((rc = acquire_lease(in, key, len, &a, clock_time)) != RATE_OK) {
         out->reason = RATE_REASON_STORE_ERROR;
         out->error = rc;
@@ -599,8 +631,7 @@ static int start_job(rate_inflight_t *in, const char *key, size_t len,
     x->a.reserve = in->policy->reserve;
     /* The step's fallback needs room for the limit's expiries, as
      * acquire_lease gives it. */
-    if (a->op == LEASE_ACQUIRE && a->cls == RATE_LEASE_NORMAL &&
-        in->policy->reserve > 0 &&
+    if (a->op == LEASE_ACQUIRE &&
         (x->a.scratch = malloc(in->policy->max * sizeof *x->a.scratch)) !=
             NULL)
         x->a.scratch_cap = (size_t)in->policy->max;
@@ -649,7 +680,7 @@ int rate_inflight_acquire_start(rate_inflight_t *in, const char *key,
     rate__lease_step_t a = {.op = LEASE_ACQUIRE, .now_ns = now, .cls = cls,
                             .id = new_id(in),
                             .expires_ns = now + in->policy->ttl_ns,
-                            .pid = in->pid};
+                            .pid = my_pid()};
     rate_lease_t granted = {.id = a.id, .expires_ns = a.expires_ns,
                             .key_hash = key_hash(key, len)};
     rc = start_job(in, key, len, &a, in->clock_is_default, &granted, cb, ud);

@@ -78,14 +78,12 @@ local granted, retry = false, nil
 if op == 'a' then
   local limit = critical and max or max - reserve
   if #live >= limit then
-    -- When this class gets a slot back: the earliest expiry, or under a
-    -- reserve for a normal request the (held - limit + 1)-th earliest.
+    -- When this class gets a slot back: the (held - limit + 1)-th
+    -- earliest expiry (more than one under a reserve, or when an object
+    -- of a larger N filled the key).
     local k = #live - limit + 1
     local t = {}
     for i = 1, #live do t[i] = live[i]:sub(9, 16) end
-    if k == 1 or critical or reserve == 0 then
-      k = 1
-    end
     table.sort(t, function(x, y)
       local xh, xl = u64(x, 1)
       local yh, yl = u64(y, 1)
@@ -128,10 +126,11 @@ for i = 1, #live do
 end
 if not changed then return reply(0, granted, #live, retry, latest) end
 
+-- A new key's version (no version, zero, or no state) starts from TIME
+-- in microseconds, as the module's and the rate step's do, and so does
+-- one that cannot move on (2^63 - 1 or more, where HINCRBY stops).
 local t = redis.call('TIME')
-if not ver or ver == '0' then
-  redis.call('HINCRBY', KEYS[1], 'v', t[1] * 1000000 + t[2])
-elseif #ver == 19 and ver >= '9223372036854775807' then
+if fresh or (#ver == 19 and ver >= '9223372036854775807') then
   redis.call('HSET', KEYS[1], 'v', string.format('%.0f', t[1] * 1000000 + t[2]))
 else
   redis.call('HINCRBY', KEYS[1], 'v', 1)

@@ -30,7 +30,7 @@ static int parse_clause(char *text, rate_inflight_policy_t *p, char *err,
                         size_t errlen)
 {
     char msg[160];
-    bool have_n = false, have_ttl = false;
+    bool have_n = false, have_ttl = false, have_reserve = false;
     char *save = NULL;
 
     strtok_r(text, " \t", &save); /* "concurrency" itself */
@@ -43,6 +43,9 @@ static int parse_clause(char *text, rate_inflight_policy_t *p, char *err,
                             w, RATE_LEASE_MAX);
             have_n = true;
         } else if (strncmp(w, "ttl=", 4) == 0) {
+            if (have_ttl)
+                return rate__fail(err, errlen, RATE_EPOLICY,
+                                  "concurrency: ttl= given twice");
             int rc = rate_parse_duration(w + 4, &p->ttl_ns, msg, sizeof msg);
             if (rc != RATE_OK)
                 return sub(rc, err, errlen, "ttl", msg);
@@ -52,6 +55,10 @@ static int parse_clause(char *text, rate_inflight_policy_t *p, char *err,
                             w + 4);
             have_ttl = true;
         } else if (strncmp(w, "reserve=", 8) == 0) {
+            if (have_reserve)
+                return rate__fail(err, errlen, RATE_EPOLICY,
+                                  "concurrency: reserve= given twice");
+            have_reserve = true;
             char *v = w + 8;
             size_t n = strlen(v);
             uint64_t k;
@@ -103,19 +110,27 @@ static int split(const char *text, rate_inflight_policy_t *p, char *rate,
     size_t len = strlen(text);
     char *copy = malloc(len + 1);
     int rc = RATE_OK, found = 0;
-    char *save = NULL;
 
     if (copy == NULL)
         return RATE_ENOMEM;
     memcpy(copy, text, len + 1);
     rate[0] = '\0';
-    for (char *c = strtok_r(copy, ";", &save); c != NULL && rc == RATE_OK;
-         c = strtok_r(NULL, ";", &save)) {
-        if (is_concurrency(c)) {
+    /* Clause by clause; an empty one is refused, as rate_policy_parse
+     * refuses an empty limit (an empty text: no concurrency clause). */
+    size_t idx = 0;
+    for (char *c = copy, *next; c != NULL && rc == RATE_OK && len > 0;
+         c = next) {
+        if ((next = strchr(c, ';')) != NULL)
+            *next++ = '\0';
+        idx++;
+        if (strspn(c, " \t") == strlen(c)) {
+            rc = rate__fail(err, errlen, RATE_EPOLICY, "clause %zu is empty",
+                            idx);
+        } else if (is_concurrency(c)) {
             rc = found++ ? rate__fail(err, errlen, RATE_EPOLICY,
                                       "two concurrency clauses")
                          : parse_clause(c, p, err, errlen);
-        } else if (strspn(c, " \t") != strlen(c)) {
+        } else {
             if (rate[0] != '\0')
                 strcat(rate, ";");
             strcat(rate, c);
