@@ -147,6 +147,7 @@ struct astore {
     rate_loop_t loop;
     rate_store_t *sync; /* the synchronous store over the same URL */
     void *sync_self;    /* its back end */
+    rate__redis_paths_t *paths; /* the synchronous store's (paths.h) */
     const rate_store_methods_t *sm;
     const rate__redis_proto_t *proto; /* the synchronous store's */
     rate__redis_conf_t conf;
@@ -869,7 +870,7 @@ static int decide_cmd(ajob_t *j, bool module)
     j->no_fn = 0;
     j->module = j->fcall = false;
     if (module && q->op == RATE_DECIDE_ACQUIRE &&
-        rate__redis_module_try(s->sync_self)) {
+        rate__redis_module_try(s->paths)) {
         rc = rate__redis_decide_cmd(s->proto, RATE__VIA_MODULE, false,
                                     &j->job->key, q, &j->cmd);
         if (rc != RATE_ENOTSUP) {
@@ -878,7 +879,7 @@ static int decide_cmd(ajob_t *j, bool module)
         }
         rate__redis_cmd_free(&j->cmd);
     }
-    bool fcall = rate__redis_fcall_on(s->sync_self);
+    bool fcall = rate__redis_fcall_on(s->paths);
     rc = rate__redis_decide_cmd(s->proto, RATE__VIA_SCRIPTS, fcall,
                                 &j->job->key, q, &j->cmd);
     if (rc == RATE_ENOTSUP) { /* outside the scripts' range: the step */
@@ -901,12 +902,12 @@ static int lease_cmd(ajob_t *j, bool module)
     astore_t *s = j->s;
 
     rate__redis_cmd_free(&j->cmd);
-    if (rate__redis_generic_leases(s->sync_self))
+    if (rate__redis_generic_leases(s->paths))
         return load_cmd(j);
     j->phase = PH_LEASE;
     j->noscripts = 0;
-    j->module = module && rate__redis_lease_module_ok(s->sync_self) &&
-                rate__redis_module_try(s->sync_self);
+    j->module = module && rate__redis_lease_module_ok(s->paths) &&
+                rate__redis_module_try(s->paths);
     return rate__redis_lease_cmd(s->proto, j->module, &j->job->key,
                                  j->job->lease, &j->cmd);
 }
@@ -1048,7 +1049,7 @@ static void on_fn_loaded(redisAsyncContext *ac, void *reply, void *priv)
                strstr(rep->str, "already exists") != NULL);
     c->fn_load = ok ? LOAD_DONE : 0;
     if (!ok) /* before Redis 7, or a user without the right: EVALSHA */
-        rate__redis_fcall_off(c->n->s->sync_self);
+        rate__redis_fcall_off(c->n->s->paths);
 }
 
 /* After "no such function" on c: FUNCTION LOAD of the lean scripts'
@@ -1109,7 +1110,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
         strstr(rep->str, "unknown command") != NULL) {
         /* A module without RATELIMIT.LEASE (or none any more): the lease
          * script, now and for this store's later leases. */
-        rate__redis_lease_module_gone(j->s->sync_self);
+        rate__redis_lease_module_gone(j->s->paths);
         if ((rc = lease_cmd(j, false)) == RATE_OK &&
             (rc = route(j)) == RATE_OK)
             return;
@@ -1117,7 +1118,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
         return;
     }
     if (j->phase == PH_DECIDE && j->module) {
-        rate__redis_module_seen(j->s->sync_self,
+        rate__redis_module_seen(j->s->paths,
                                 rep->type != REDIS_REPLY_ERROR);
         if (rep->type == REDIS_REPLY_ERROR) {
             /* "unknown command" (unloaded, a failover to a server without
@@ -1176,7 +1177,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
             rc = rate__redis_lease_parse(rep, j->job->lease);
             j->job->lease_made = rc == RATE_OK;
             if (j->module) /* answered: the module is there */
-                rate__redis_module_seen(j->s->sync_self, true);
+                rate__redis_module_seen(j->s->paths, true);
             if (rc == RATE_OK || rc == RATE_ELEASE || rc == RATE_EEXPIRED)
                 (*(j->module ? &j->s->st.module_leases
                              : &j->s->st.script_leases))++;
@@ -1428,6 +1429,7 @@ int rate__rasync_loop_ok(const rate_loop_t *loop, char *err, size_t errlen)
 
 int rate__rasync_new(const rate_loop_t *loop, rate_store_t *sync,
                      const rate_store_methods_t *sm, void *sync_self,
+                     rate__redis_paths_t *paths,
                      const rate__redis_proto_t *proto,
                      const rate__redis_conf_t *conf, const rc_addr_t *nodes,
                      unsigned nnodes, const uint8_t *map, rate_store_t **out)
@@ -1442,6 +1444,7 @@ int rate__rasync_new(const rate_loop_t *loop, rate_store_t *sync,
     s->sync = sync;
     s->sm = sm;
     s->sync_self = sync_self;
+    s->paths = paths;
     s->proto = proto;
     s->conf = *conf;
     if (init_nodes(s, nodes, nnodes, map) != RATE_OK) {

@@ -259,7 +259,7 @@ static int r_decide(void *self, const rate_key_t *key,
     int rc;
 
     bool adjust = q->op != RATE_DECIDE_ACQUIRE;
-    bool fcall = atomic_load(&r->fcall);
+    bool fcall = atomic_load(&r->paths.fcall);
     if ((rc = rate__redis_decide_cmd(&r->proto, RATE__VIA_SCRIPTS, fcall, key,
                                      q, &c)) != RATE_OK) {
         if (rc == RATE_ENOTSUP)
@@ -290,7 +290,7 @@ static int r_decide(void *self, const rate_key_t *key,
         freeReplyObject(rep);
         rep = NULL;
         if (!loaded && (rc == RATE_OK || rc == RATE_ESTORE)) {
-            atomic_store(&r->fcall, false);
+            atomic_store(&r->paths.fcall, false);
             rate__redis_cmd_eval(&c);
         }
         if (rc == RATE_OK || rc == RATE_ESTORE)
@@ -358,9 +358,7 @@ static void r_destroy(void *self)
  * policy but a blocking one exactly (no 2^50 bound), over the same keys.
  * Whether the server has it is asked once (COMMAND INFO); a decision
  * answered "unknown command" is made by the scripts at once, and the
- * module tried again no sooner than MODULE_RETRY_NS later. */
-enum { MODULE_UNKNOWN = 0, MODULE_ON = 1, MODULE_OFF = 2 };
-#define MODULE_RETRY_NS (5 * RATE_NS_PER_S)
+ * module tried again no sooner than RATE__MODULE_RETRY_NS later. */
 #define MODULE_GONE 100 /* module_decide: no module there; not a RATE_E* */
 
 /* Whether the server has RATELIMIT.STEP: RATE_OK with *has, or the
@@ -372,7 +370,7 @@ static int module_probe(redis_store_t *r, bool *has)
                    (const char *[]){"COMMAND", "INFO", "ratelimit.step"},
                    (size_t[]){7, 4, 14}, &rep);
     /* An error reply (an ACL without COMMAND) counts as no module: the
-     * retry after MODULE_RETRY_NS tries the command itself. */
+     * retry after RATE__MODULE_RETRY_NS tries the command itself. */
     if (rc == RATE_OK)
         *has = rate__redis_has_module(rep);
     freeReplyObject(rep);
@@ -385,25 +383,25 @@ static int module_probe(redis_store_t *r, bool *has)
 static bool module_wanted(redis_store_t *r, int *rc)
 {
     *rc = RATE_OK;
-    if (r->module_mode == RATE_REDIS_MODULE_OFF)
+    if (r->paths.module_mode == RATE_REDIS_MODULE_OFF)
         return false;
-    int st = atomic_load_explicit(&r->module_state, memory_order_relaxed);
-    if (st == MODULE_ON)
+    int st = atomic_load_explicit(&r->paths.module_state, memory_order_relaxed);
+    if (st == RATE__MODULE_ON)
         return true;
-    if (st == MODULE_OFF) {
+    if (st == RATE__MODULE_OFF) {
         uint64_t now = rate_clock_monotonic_ns();
-        uint64_t at = atomic_load(&r->module_retry_at_ns);
+        uint64_t at = atomic_load(&r->paths.module_retry_at_ns);
         /* One caller tries again once the pause is over. */
         return now >= at &&
-               atomic_compare_exchange_strong(&r->module_retry_at_ns, &at,
-                                              now + MODULE_RETRY_NS);
+               atomic_compare_exchange_strong(&r->paths.module_retry_at_ns, &at,
+                                              now + RATE__MODULE_RETRY_NS);
     }
     bool has = false;
     if ((*rc = module_probe(r, &has)) != RATE_OK)
         return false; /* asked again at the next decision */
-    atomic_store(&r->module_retry_at_ns,
-                 rate_clock_monotonic_ns() + MODULE_RETRY_NS);
-    atomic_store(&r->module_state, has ? MODULE_ON : MODULE_OFF);
+    atomic_store(&r->paths.module_retry_at_ns,
+                 rate_clock_monotonic_ns() + RATE__MODULE_RETRY_NS);
+    atomic_store(&r->paths.module_state, has ? RATE__MODULE_ON : RATE__MODULE_OFF);
     return has;
 }
 
@@ -453,80 +451,19 @@ static int r_decide_any(void *self, const rate_key_t *key,
              * back): use it from now on. */
             if ((rc == RATE_OK || rc == RATE_ENOTSUP ||
                  rc == RATE_ECORRUPT) &&
-                atomic_load_explicit(&r->module_state,
-                                     memory_order_relaxed) != MODULE_ON)
-                atomic_store(&r->module_state, MODULE_ON);
+                atomic_load_explicit(&r->paths.module_state,
+                                     memory_order_relaxed) != RATE__MODULE_ON)
+                atomic_store(&r->paths.module_state, RATE__MODULE_ON);
             return rc;
         }
         atomic_fetch_add(&r->st_module_fallbacks, 1);
-        atomic_store(&r->module_retry_at_ns,
-                     rate_clock_monotonic_ns() + MODULE_RETRY_NS);
-        atomic_store(&r->module_state, MODULE_OFF);
+        atomic_store(&r->paths.module_retry_at_ns,
+                     rate_clock_monotonic_ns() + RATE__MODULE_RETRY_NS);
+        atomic_store(&r->paths.module_state, RATE__MODULE_OFF);
     }
     if (probe_rc != RATE_OK)
         return probe_rc; /* Redis did not answer: nor would the script */
     return r_decide(self, key, q, d);
-}
-
-/* For the asynchronous transport (async.h): the module's state and the
- * FCALL flag are the synchronous store's, shared by the two. */
-bool rate__redis_module_try(void *sync_self)
-{
-    redis_store_t *r = sync_self;
-    if (r->module_mode == RATE_REDIS_MODULE_OFF)
-        return false;
-    if (atomic_load_explicit(&r->module_state, memory_order_relaxed) ==
-        MODULE_ON)
-        return true;
-    /* Not known yet, or off: one decision asks (the first, then one per
-     * pause), the others meanwhile go by the scripts. */
-    uint64_t now = rate_clock_monotonic_ns();
-    uint64_t at = atomic_load(&r->module_retry_at_ns);
-    return now >= at &&
-           atomic_compare_exchange_strong(&r->module_retry_at_ns, &at,
-                                          now + MODULE_RETRY_NS);
-}
-
-void rate__redis_module_seen(void *sync_self, bool answered)
-{
-    redis_store_t *r = sync_self;
-    if (answered) {
-        if (atomic_load_explicit(&r->module_state, memory_order_relaxed) !=
-            MODULE_ON)
-            atomic_store(&r->module_state, MODULE_ON);
-        return;
-    }
-    atomic_store(&r->module_retry_at_ns,
-                 rate_clock_monotonic_ns() + MODULE_RETRY_NS);
-    atomic_store(&r->module_state, MODULE_OFF);
-}
-
-bool rate__redis_fcall_on(void *sync_self)
-{
-    redis_store_t *r = sync_self;
-    return atomic_load_explicit(&r->fcall, memory_order_relaxed);
-}
-
-void rate__redis_fcall_off(void *sync_self)
-{
-    redis_store_t *r = sync_self;
-    atomic_store(&r->fcall, false);
-}
-
-bool rate__redis_generic_leases(void *sync_self)
-{
-    return ((redis_store_t *)sync_self)->generic_leases;
-}
-
-bool rate__redis_lease_module_ok(void *sync_self)
-{
-    redis_store_t *r = sync_self;
-    return !atomic_load_explicit(&r->lease_no_module, memory_order_relaxed);
-}
-
-void rate__redis_lease_module_gone(void *sync_self)
-{
-    atomic_store(&((redis_store_t *)sync_self)->lease_no_module, true);
 }
 
 /* One lease command (lease.h): RATE_OK once answered, with *rep. */
@@ -560,9 +497,9 @@ static int r_lease(void *self, const rate_key_t *key, rate_lease_req_t *q)
     redisReply *rep = NULL;
     uint64_t dl = deadline_of(r);
 
-    if (r->generic_leases)
+    if (r->paths.generic_leases)
         return RATE_ENOTSUP;
-    bool module = !atomic_load_explicit(&r->lease_no_module,
+    bool module = !atomic_load_explicit(&r->paths.lease_no_module,
                                         memory_order_relaxed) &&
                   module_wanted(r, &probe_rc);
     if (probe_rc != RATE_OK)
@@ -572,7 +509,7 @@ static int r_lease(void *self, const rate_key_t *key, rate_lease_req_t *q)
         rep->str != NULL && strstr(rep->str, "unknown command") != NULL) {
         freeReplyObject(rep);
         rep = NULL;
-        atomic_store(&r->lease_no_module, true);
+        atomic_store(&r->paths.lease_no_module, true);
         module = false;
         rc = lease_call(r, false, key, q, dl, &rep);
     }
@@ -669,8 +606,8 @@ static int redis_new(const char *url, const rate_redis_options_t *opt,
                                  ? o.breaker_cooldown_ns
                                  : RATE__REDIS_BREAKER_COOLDOWN_NS;
     r->pool = o.pool_size ? o.pool_size : 2;
-    r->module_mode = o.module;
-    r->generic_leases = o.generic_leases != 0;
+    r->paths.module_mode = o.module;
+    r->paths.generic_leases = o.generic_leases != 0;
     const char *prefix = o.prefix ? o.prefix : "ratelimit:";
     if (strlen(prefix) > 256) {
         r_destroy(r);
@@ -689,7 +626,7 @@ static int redis_new(const char *url, const rate_redis_options_t *opt,
         r_destroy(r);
         return RATE_ENOMEM;
     }
-    atomic_store(&r->fcall, r->proto.lean);
+    atomic_store(&r->paths.fcall, r->proto.lean);
     /* Connect now, so that a wrong host or password is reported here; a
      * lazy store connects at its first calls instead if it cannot (and
      * does not even try now without try_now: an event loop's store). */
@@ -701,7 +638,7 @@ static int redis_new(const char *url, const rate_redis_options_t *opt,
         r_destroy(r);
         return rc;
     }
-    if (rc == RATE_OK && r->module_mode == RATE_REDIS_MODULE_ON) {
+    if (rc == RATE_OK && r->paths.module_mode == RATE_REDIS_MODULE_ON) {
         bool has = false; /* forced: the server must have it */
         if ((rc = module_probe(r, &has)) == RATE_OK && !has)
             rc = RATE_ESTORE;
@@ -712,7 +649,7 @@ static int redis_new(const char *url, const rate_redis_options_t *opt,
             r_destroy(r);
             return rc;
         }
-        atomic_store(&r->module_state, MODULE_ON);
+        atomic_store(&r->paths.module_state, RATE__MODULE_ON);
     }
     if ((rc = rate_store_new(&redis_methods, r, out)) != RATE_OK)
         r_destroy(r);
@@ -954,7 +891,7 @@ int rate_store_redis_status(rate_store_t *store, rate_redis_status_t *out)
     out->redirections = atomic_load(&r->st_redirects);
     out->map_refreshes = atomic_load(&r->st_refreshes);
     out->connect_failures = atomic_load(&r->st_connect_failures);
-    out->module = atomic_load(&r->module_state) == MODULE_ON;
+    out->module = atomic_load(&r->paths.module_state) == RATE__MODULE_ON;
     out->module_decisions = atomic_load(&r->st_module);
     out->module_fallbacks = atomic_load(&r->st_module_fallbacks);
     out->lean_decisions = atomic_load(&r->st_lean);
@@ -998,7 +935,7 @@ int rate_store_redis_async_new(const char *url,
     }
     bool cluster = rate__rsync_topology(r, addr, RATE__REDIS_MAX_NODES, &n,
                                         map);
-    rc = rate__rasync_new(loop, sync, &redis_methods, r, &r->proto, &conf,
+    rc = rate__rasync_new(loop, sync, &redis_methods, r, &r->paths, &r->proto, &conf,
                           addr, n, cluster ? map : NULL, out);
     free(addr);
     free(map);

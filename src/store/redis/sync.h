@@ -15,6 +15,7 @@
 #include "../../internal.h"
 #include "cluster.h"
 #include "node.h"
+#include "paths.h"
 #include "protocol.h"
 #include "ratelimit_redis.h"
 
@@ -32,7 +33,6 @@ typedef struct redis_store {
     rate__breaker_conf_t breaker;
     uint64_t connect_ns, command_ns;
     rate__redis_proto_t proto;
-    atomic_bool fcall; /* every node took FUNCTION LOAD: FCALL, else EVALSHA */
 
     /* The topology: found once (ready), at creation or, lazily, by the
      * first call that reaches a seed; the slot map then follows the
@@ -58,13 +58,9 @@ typedef struct redis_store {
     atomic_uint_fast64_t st_opened, st_rejected, st_redirects, st_refreshes,
         st_connect_failures;
 
-    /* ratelimit.so (store.c) */
-    rate_redis_module_t module_mode;
-    _Atomic int module_state; /* MODULE_UNKNOWN, _ON, _OFF */
-    _Atomic uint64_t module_retry_at_ns;
+    /* ratelimit.so, FCALL, leases: which way calls go (paths.h) */
+    rate__redis_paths_t paths;
     atomic_uint_fast64_t st_module, st_module_fallbacks;
-    bool generic_leases;        /* lease() declines: leases by load + cas */
-    atomic_bool lease_no_module; /* the module has no RATELIMIT.LEASE */
     atomic_uint_fast64_t st_module_leases, st_script_leases;
 } redis_store_t;
 
