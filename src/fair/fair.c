@@ -53,6 +53,10 @@
 /* An asynchronous waiter on a table shared by processes looks again this
  * often: a waiter of another process cannot wake it. */
 #define ASYNC_POLL_NS (2000000u) /* a custom clock's waits: re-read every 1 ms */
+/* A waiter not next on a table shared by processes looks again this
+ * often: the next waiter's process may be killed, and only the next
+ * waiter asks the shared limit. */
+#define DEAD_POLL_NS (10000000u)
 
 /* ------------------------------------------------------------- the table */
 
@@ -1084,6 +1088,14 @@ static int fair_acquire(rate_fair_t *f, const char *flow, size_t len,
             }
             if (out->retry_after_ns < deadline - now)
                 until = now + (out->retry_after_ns ? out->retry_after_ns : 1);
+        } else {
+            /* The next waiter may be new (one dropped as stale): woken.
+             * On a shared table, look again now and then: the process
+             * of the next waiter may be killed, and nothing else wakes
+             * the waiters behind it. */
+            wake_next(f);
+            if ((f->mapped || f->borrowed) && until - now > DEAD_POLL_NS)
+                until = now + DEAD_POLL_NS;
         }
         rc = wait_until(f, me, now, until);
         if (rc != RATE_OK) { /* the lock is lost: the seat stays to expire */
