@@ -92,6 +92,8 @@ rate_suite(install SH install_test.sh NEEDS TOOLS PLAIN ENV "${RATE_PARTS_ENV}"
 # the memory table (threads) and the shared table (processes, shm store).
 rate_suite(fair LABELS concurrency TIMEOUT 300)
 rate_suite(fair_procs C test_fair.c ARGS --procs LABELS shm_procs TIMEOUT 300)
+rate_suite(fair_review LABELS concurrency TIMEOUT 300)
+rate_suite(fair_check LABELS concurrency TIMEOUT 300)
 rate_suite(fair_async NEEDS ASYNC USES_ASYNC LABELS concurrency TIMEOUT 300)
 rate_suite(fair_cli SH fair_cli_test.sh NEEDS TOOLS ARGS $<TARGET_FILE:ratelimit_cli>)
 rate_suite(fair_api SH fair_api_test.sh NEEDS API_SERVER ARGS $<TARGET_FILE:api-server>)

@@ -53,6 +53,10 @@
 /* An asynchronous waiter on a table shared by processes looks again this
  * often: a waiter of another process cannot wake it. */
 #define ASYNC_POLL_NS (2000000u) /* a custom clock's waits: re-read every 1 ms */
+/* A waiter not next on a table shared by processes looks again this
+ * often: the next waiter's process may be killed, and only the next
+ * waiter asks the shared limit. */
+#define DEAD_POLL_NS (10000000u)
 
 /* ------------------------------------------------------------- the table */
 
@@ -460,8 +464,8 @@ static void retag(rate_fair_t *f, fslot_t *sl)
         heap_fix(f, &hp, sl->wpos - 1);
 }
 
-/* Moves every virtual time down by V when they near 2^63 (differences
- * are all the rules read; the heaps' order stays). */
+/* Moves every virtual time down by V when V passes LEAD_MAX
+ * (differences are all the rules read; the heaps' order stays). */
 static void rebase(rate_fair_t *f)
 {
     uint64_t v = f->h->vtime;
@@ -498,15 +502,20 @@ static void aheap_down(rate_fair_t *f, uint32_t i)
         f->h->vtime = top;
 }
 
-/* Adds a cost to s; the heaps follow. */
+/* Adds a cost to s, keeping s at most LEAD_MAX ahead of V, and V at
+ * most LEAD_MAX (rebased past it): every s, and a finish time (s plus a
+ * cost of at most 2^62), then stays below 2^64 however long the run.  A
+ * flow 2^41 permits ahead of the slowest is as far ahead as any. */
+#define LEAD_MAX (UINT64_C(1) << 61)
 static void charge_cost(rate_fair_t *f, fslot_t *sl, uint64_t cost)
 {
-    sl->s += cost;
+    uint64_t top = f->h->vtime + LEAD_MAX;
+    sl->s += sl->s >= top ? 0 : cost < top - sl->s ? cost : top - sl->s;
     if (sl->apos != NIL)
         aheap_down(f, sl->apos - 1);
     if (sl->qlen > 0)
         retag(f, sl);
-    if (sl->s > (UINT64_C(1) << 63))
+    if (f->h->vtime > LEAD_MAX)
         rebase(f);
 }
 
@@ -1079,6 +1088,14 @@ static int fair_acquire(rate_fair_t *f, const char *flow, size_t len,
             }
             if (out->retry_after_ns < deadline - now)
                 until = now + (out->retry_after_ns ? out->retry_after_ns : 1);
+        } else {
+            /* The next waiter may be new (one dropped as stale): woken.
+             * On a shared table, look again now and then: the process
+             * of the next waiter may be killed, and nothing else wakes
+             * the waiters behind it. */
+            wake_next(f);
+            if ((f->mapped || f->borrowed) && until - now > DEAD_POLL_NS)
+                until = now + DEAD_POLL_NS;
         }
         rc = wait_until(f, me, now, until);
         if (rc != RATE_OK) { /* the lock is lost: the seat stays to expire */
