@@ -120,6 +120,47 @@ static double redis_benchmark(const char *host, int port, const char *args)
     return rps;
 }
 
+/* Whether one call of a redis-benchmark row (its words from EVALSHA or
+ * FCALL on, '' for an empty argument, its key's {__rand_int__} as
+ * {check}) writes its key: that the row measures decisions, not an early
+ * return on arguments the script reads another way. */
+static bool row_decides(const char *host, int port, const char *row)
+{
+    const char *from = strstr(row, "EVALSHA ");
+    if (from == NULL)
+        from = strstr(row, "FCALL ");
+    char buf[640], *words[32], *save = NULL;
+    size_t lens[32];
+    int n = 0;
+    if (from == NULL || strlen(from) >= sizeof buf)
+        return false;
+    strcpy(buf, from);
+    for (char *w = strtok_r(buf, " ", &save); w != NULL && n < 32;
+         w = strtok_r(NULL, " ", &save)) {
+        char *r = strstr(w, "{__rand_int__}");
+        if (r != NULL)
+            memcpy(r, "{check}", sizeof "{check}");
+        if (strcmp(w, "''") == 0)
+            w[0] = '\0';
+        words[n] = w;
+        lens[n] = strlen(w);
+        n++;
+    }
+    struct timeval tv = {2, 0};
+    redisContext *c = redisConnectWithTimeout(host, port, tv);
+    bool ok = false;
+    if (c != NULL && !c->err && n > 3) {
+        freeReplyObject(redisCommandArgv(c, n, (const char **)words, lens));
+        redisReply *r = redisCommand(c, "EXISTS %s", words[3]);
+        ok = r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+        freeReplyObject(r);
+        freeReplyObject(redisCommand(c, "DEL %s", words[3]));
+    }
+    if (c != NULL)
+        redisFree(c);
+    return ok;
+}
+
 /* SCRIPT LOAD of a script on a fresh connection; sha must hold 41 bytes. */
 static bool load_script(const char *host, int port, const char *src,
                         char *sha)
@@ -334,14 +375,14 @@ static void bench_lean(const char *url, const char *host, int port,
              "1000000000 1000", head, sha[2], prefix, id);
     /* token-bucket 100000/s burst=1000: g = 10^5, L/g = 1, P/g = 10^4 */
     snprintf(args[3], sizeof args[3],
-             "%s %s 1 %stb{__rand_int__} '' '' 1 0 -1 %u 3 8 1 10000 1000 "
+             "%s %s 1 %stb{__rand_int__} '' '' 1 0 -1 %u 3 8 0 1 10000 1000 "
              "100000 46116860184273", head, sha[3], prefix, id);
     snprintf(args[4], sizeof args[4],
-             "%s %s 1 %slb{__rand_int__} '' '' 1 0 -1 %u 3 8 1 10000 1000 "
+             "%s %s 1 %slb{__rand_int__} '' '' 1 0 -1 %u 3 8 0 1 10000 1000 "
              "100000", head, sha[4], prefix, id);
     /* fixed-window 100000000/1h */
     snprintf(args[5], sizeof args[5],
-             "%s %s 1 %sfw{__rand_int__} '' '' 1 0 -1 %u 3 8 100000000 "
+             "%s %s 1 %sfw{__rand_int__} '' '' 1 0 -1 %u 3 8 0 100000000 "
              "3600000000000", head, sha[5], prefix, id);
     /* The same three as a Functions library of the bench's own, as the
      * store sends them (docs/redis.md), deleted at the end. */
@@ -373,6 +414,20 @@ static void bench_lean(const char *url, const char *host, int port,
         }
         freeReplyObject(fr);
     }
+    /* (the lean rows: ARGV[9] is the operation, 0 an admission) */
+    for (int i = 1; i < rows; i++)
+        if (!row_decides(host, port, args[i])) {
+            fprintf(stderr, "ratelimit: bench: the row '%s' does not write "
+                            "its key: its arguments are not a decision\n",
+                    names[i]);
+            if (rows == 9)
+                freeReplyObject(
+                    redisCommand(fc, "FUNCTION DELETE ratelimit_bench"));
+            if (fc != NULL)
+                redisFree(fc);
+            free(lib);
+            return;
+        }
     double best[9] = {0};
     for (int r = 0; r < 3; r++)
         for (int i = 0; i < rows; i++) {
