@@ -782,10 +782,17 @@ static void reclaim(rate_rules_t *r)
 
     while (*link != NULL) {
         gen_t *g = *link;
-        bool held = atomic_load(&g->held) > 0; /* leases taken through it */
+        /* The callers' hazard slots first, then the leases: a caller adds
+         * its lease (keep_leases) before it clears its slot, so one seen
+         * with its slot clear has its lease counted by then.  (The other
+         * order could read no lease yet, then a slot just cleared, and
+         * free g under a lease: a crash in rules_lease_threads.) */
+        bool held = false;
         for (slot_t *s = atomic_load(&r->slots); s != NULL && !held;
              s = s->next)
             held = atomic_load(&s->hp) == g;
+        if (!held)
+            held = atomic_load(&g->held) > 0; /* leases taken through it */
         if (held) {
             link = &g->next_retired;
         } else {
