@@ -550,6 +550,7 @@ static ajob_t *job_get(astore_t *s)
     }
     memset(j, 0, offsetof(ajob_t, cmd));
     j->cmd.k = NULL;
+    j->cmd.k2 = NULL;
     j->cmd.lean = -1;
     j->cmd.script = NULL;
     return j;
@@ -1388,6 +1389,7 @@ static const rate_store_methods_t async_methods = {
     .start = a_start,
     .destroy = a_destroy,
     .decide_changes = true, /* the lean scripts' refunds and penalties */
+    .lease_rate = true, /* start(): an acquire with its rate limits */
 };
 
 /* The first topology (rate__rasync_new). */

@@ -535,6 +535,7 @@ static const rate_store_methods_t redis_methods = {
     .destroy = r_destroy,
     .decide_changes = true, /* the lean scripts' refunds and penalties */
     .lease = r_lease,
+    .lease_rate = true, /* an acquire with its rate limits, one command */
 };
 
 /* What the asynchronous transport needs of the store's settings. */
