@@ -137,6 +137,29 @@ static void server_for(int path)
         start_server(NULL, NULL);
 }
 
+/* A test's loop: libuv's, adapted. */
+static void loop_open(uv_loop_t *uvl, rate_loop_t *loop)
+{
+    assert_int_equal(uv_loop_init(uvl), 0);
+    rate_loop_uv(loop, uvl);
+}
+
+/* A test's end: its inflight objects freed (NULL ones skipped), then its
+ * store's keys dropped and the store freed (unless already freed: NULL),
+ * then the loop run out and closed (nothing may be left on it). */
+static void loop_close(uv_loop_t *uvl, rate_store_t *as, rate_inflight_t *a,
+                       rate_inflight_t *b)
+{
+    rate_inflight_free(a);
+    rate_inflight_free(b);
+    if (as != NULL) {
+        rate_store_redis_drop(as);
+        rate_store_free(as);
+    }
+    uv_run(uvl, UV_RUN_NOWAIT);
+    assert_int_equal(uv_loop_close(uvl), 0);
+}
+
 /* ------------------------------------------------------------ at once */
 
 static void at_once(void **state)
@@ -192,8 +215,7 @@ static void differential(int path, const char *policy)
     server_for(path);
     uv_loop_t uvl;
     rate_loop_t loop;
-    assert_int_equal(uv_loop_init(&uvl), 0);
-    rate_loop_uv(&loop, &uvl);
+    loop_open(&uvl, &loop);
     /* no_ttl: the keys must not expire by Redis's clock under the fake
      * one */
     rate_store_t *as = async_store(&loop, "la:", path, true);
@@ -323,12 +345,7 @@ static void differential(int path, const char *policy)
         assert_true(md + ms == ops && ev == 0);
     else
         assert_true(hm_ >= ops); /* the general path: a load each, at least */
-    rate_inflight_free(mem);
-    rate_inflight_free(red);
-    rate_store_redis_drop(as);
-    rate_store_free(as);
-    uv_run(&uvl, UV_RUN_NOWAIT);
-    assert_int_equal(uv_loop_close(&uvl), 0);
+    loop_close(&uvl, as, mem, red);
 }
 
 static void differential_script(void **state)
@@ -369,8 +386,7 @@ static void many(void **state)
     server_for(BY_SCRIPT);
     uv_loop_t uvl;
     rate_loop_t loop;
-    assert_int_equal(uv_loop_init(&uvl), 0);
-    rate_loop_uv(&loop, &uvl);
+    loop_open(&uvl, &loop);
     rate_store_t *as = async_store(&loop, "lm:", BY_SCRIPT, false);
     rate_inflight_t *in = inflight_of("concurrency 7 ttl=1h", as, NULL);
     static call_t c[MANY];
@@ -434,11 +450,7 @@ static void many(void **state)
     }
     assert_int_equal(rate_inflight_held(in, "hot", 3, &held), RATE_OK);
     assert_int_equal(held, 0);
-    rate_inflight_free(in);
-    rate_store_redis_drop(as);
-    rate_store_free(as);
-    uv_run(&uvl, UV_RUN_NOWAIT);
-    assert_int_equal(uv_loop_close(&uvl), 0);
+    loop_close(&uvl, as, in, NULL);
 }
 
 /* -------------------------------------------------------------- faults */
@@ -467,8 +479,7 @@ static void faults(int path)
     server_for(path);
     uv_loop_t uvl;
     rate_loop_t loop;
-    assert_int_equal(uv_loop_init(&uvl), 0);
-    rate_loop_uv(&loop, &uvl);
+    loop_open(&uvl, &loop);
     rate_store_t *as = async_store(&loop, "lf:", path, false);
     rate_inflight_t *in = inflight_of("concurrency 2 ttl=1h", as, NULL);
     call_t a, b;
@@ -517,11 +528,7 @@ static void faults(int path)
         assert_int_equal(b.rc, RATE_OK);
         assert_int_equal(b.d.allowed, i < 2);
     }
-    rate_inflight_free(in);
-    rate_store_redis_drop(as);
-    rate_store_free(as);
-    uv_run(&uvl, UV_RUN_NOWAIT);
-    assert_int_equal(uv_loop_close(&uvl), 0);
+    loop_close(&uvl, as, in, NULL);
 }
 
 static void faults_script(void **state)
@@ -544,8 +551,7 @@ static void free_in_flight(void **state)
     server_for(BY_SCRIPT);
     uv_loop_t uvl;
     rate_loop_t loop;
-    assert_int_equal(uv_loop_init(&uvl), 0);
-    rate_loop_uv(&loop, &uvl);
+    loop_open(&uvl, &loop);
     rate_store_t *as = async_store(&loop, "lx:", BY_SCRIPT, false);
     rate_inflight_t *in = inflight_of("concurrency 2 ttl=1h", as, NULL);
     call_t w;
@@ -570,9 +576,7 @@ static void free_in_flight(void **state)
         assert_int_equal(c[i].d.reason, RATE_REASON_STORE_ERROR);
         assert_int_equal(c[i].lease.id, 0);
     }
-    rate_inflight_free(in);
-    uv_run(&uvl, UV_RUN_NOWAIT);
-    assert_int_equal(uv_loop_close(&uvl), 0);
+    loop_close(&uvl, NULL, in, NULL); /* the store was freed above */
 }
 
 int main(void)
