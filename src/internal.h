@@ -576,12 +576,13 @@ bool rate__store_lease_rate(const rate_store_t *s);
 /* For a layer that has the store decide a limiter's rate limits within
  * another operation (an acquire with its lease): the decide() request of
  * one permit on key at now, as the limiter would ask it (its policy for
- * the key, the policy's tag in the store, waiting for the record if need
- * be).  RATE_OK with *req; RATE_ENOTSUP for an unlimited policy, a bad
+ * the key, the policy's tag in the store; with wait, writing the
+ * policy's record first if need be, else RATE_ENOTSUP until the limiter
+ * has).  RATE_OK with *req; RATE_ENOTSUP for an unlimited policy, a bad
  * key or time, or any trouble (the caller then asks the limiter). */
 int rate__limiter_decide_req(rate_limiter_t *lim, const char *key,
                              size_t len, uint64_t now, bool clock_time,
-                             rate_decide_req_t *req);
+                             bool wait, rate_decide_req_t *req);
 
 /* The library's clock (src/clock.c). */
 uint64_t rate__clock_exact(void *ud);

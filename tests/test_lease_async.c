@@ -241,6 +241,22 @@ static void differential(int path, const char *policy)
         usleep(10000);
     }
     assert_int_equal(w.rc, RATE_OK);
+    /* Under a policy with rate limits the first acquire goes in two steps
+     * (the policy's record is written through the loop, never waited
+     * for); a second one, with its rate limits, has its script loaded on
+     * the connection (NOSCRIPT once).  Their decisions are kept apart. */
+    if (strchr(policy, ';') != NULL) {
+        w.calls = 0;
+        assert_int_equal(rate_inflight_acquire_start(red, "warm", 4,
+                                                     RATE_LEASE_NORMAL, &wl,
+                                                     &wd, on_lease, &w),
+                         RATE_PENDING);
+        pending++;
+        wait_all(&uvl);
+        assert_int_equal(w.rc, RATE_OK);
+    }
+    rate_redis_async_stats_t st0;
+    assert_int_equal(rate_store_redis_async_stats(as, &st0), RATE_OK);
     reset_stats();
     rate_lease_t hm[32], hr[32];
     int keyof[32], nh = 0, ops = 0, denied_by_rate = 0;
@@ -336,7 +352,8 @@ static void differential(int path, const char *policy)
         if (path != BY_GENERIC)
             assert_int_equal(st.module_decisions + st.lean_decisions +
                                  st.general_decisions,
-                             0);
+                             st0.module_decisions + st0.lean_decisions +
+                                 st0.general_decisions);
         assert_true(path != BY_MODULE || ms > 0);
     }
     if (path == BY_SCRIPT)

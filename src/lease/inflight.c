@@ -356,7 +356,7 @@ static int acquire_whole(rate_inflight_t *in, const char *key, size_t len,
 
     if (!rate__store_lease_rate(in->store) ||
         rate__limiter_decide_req(in->limiter, key, len, a->now_ns,
-                                 clock_time, &rq) != RATE_OK)
+                                 clock_time, true, &rq) != RATE_OK)
         return RATE_ENOTSUP;
     rate_key_t lk = lease_key(buf, key, len);
     rate_key_t rk = {key, len, RATE_SPACE_STATE};
@@ -751,8 +751,10 @@ static int start_job(rate_inflight_t *in, const char *key, size_t len,
     x->rk = (rate_key_t){x->key + sizeof PREFIX, len, RATE_SPACE_STATE};
     if (whole && a->op == LEASE_ACQUIRE && in->limiter != NULL &&
         rate__store_lease_rate(in->store) &&
+        /* never waiting on the loop for the policy's record: until the
+         * limiter has written it (through the loop), the two steps */
         rate__limiter_decide_req(in->limiter, key, len, a->now_ns,
-                                 clock_time, &x->rq) == RATE_OK) {
+                                 clock_time, false, &x->rq) == RATE_OK) {
         x->q.rate = &x->rq;
         x->q.rate_key = &x->rk;
         x->q.rate_out = &x->rd;
