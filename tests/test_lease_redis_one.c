@@ -694,6 +694,92 @@ static void test_differential_wide(void **state)
  * a reserve (and a critical request under one) meeting more leases than
  * its N is told the exact slot-back time, the (held - N + 1)-th earliest
  * expiry, as the memory store tells it; not the earliest. */
+/* A rate state the one command cannot decide (written under another
+ * policy: a tier change) is declined by the script and the module alike,
+ * with no lease taken and nothing charged; the acquire then goes in two
+ * steps, whose limiter carries the state over: the memory store's
+ * answers, one lease held. */
+static void test_declined_rate(void **state)
+{
+    (void)state;
+    rate_decision_t want[3];
+    for (int path = MEM; path < PATHS; path++) {
+        rate_store_t *s = store_of(path, false);
+        rate_store_t *mem = NULL;
+        if (s == NULL)
+            assert_int_equal(rate_store_memory_new(NULL, &mem), RATE_OK);
+        rate_policy_t *old = NULL;
+        char err[128];
+        assert_int_equal(rate_policy_parse("token-bucket 5/h burst=2", &old,
+                                           err, sizeof err), RATE_OK);
+        rate_limiter_config_t lc = {.policy = old, .store = s ? s : mem};
+        rate_limiter_t *lim = NULL;
+        assert_int_equal(rate_limiter_new(&lc, &lim), RATE_OK);
+        rate_decision_t d;
+        assert_int_equal(rate_limiter_check(lim, "tc", 2, 1, 0, &d), RATE_OK);
+        assert_true(d.allowed); /* the old tier's state: one token left */
+        rate_inflight_t *in =
+            inflight_of("concurrency 2 ttl=1h; token-bucket 5/h burst=3",
+                        s ? s : mem);
+        rate_redis_status_t st0, st;
+        if (s != NULL)
+            assert_int_equal(rate_store_redis_status(s, &st0), RATE_OK);
+        for (int i = 0; i < 3; i++) {
+            rate_lease_t l;
+            assert_int_equal(rate_inflight_acquire(in, "tc", 2,
+                                                   RATE_LEASE_NORMAL, &l, &d),
+                             RATE_OK);
+            if (path == MEM) {
+                want[i] = d;
+                print_message("memory: acquire %d: allowed %d component %d "
+                              "remaining %llu\n", i, d.allowed, d.component,
+                              (unsigned long long)d.remaining);
+            }
+            assert_int_equal(d.allowed, want[i].allowed);
+            assert_int_equal(d.component, want[i].component);
+            assert_int_equal(d.remaining, want[i].remaining);
+            assert_int_equal(d.retry_after_ns != 0,
+                             want[i].retry_after_ns != 0);
+        }
+        /* carried over: the token left, then denials */
+        assert_true(want[0].allowed && !want[1].allowed && !want[2].allowed);
+        assert_int_equal(want[1].component, 1);
+        uint64_t held = 0;
+        assert_int_equal(rate_inflight_held(in, "tc", 2, &held), RATE_OK);
+        assert_int_equal(held, 1);
+        if (s != NULL && path != GENERIC) {
+            /* each declined by the one command, then the two steps */
+            assert_int_equal(rate_store_redis_status(s, &st), RATE_OK);
+            uint64_t leases = path == MODULE
+                                  ? st.module_leases - st0.module_leases
+                                  : st.script_leases - st0.script_leases;
+            uint64_t decided = st.module_decisions + st.lean_decisions +
+                               st.general_decisions + st.declined -
+                               (st0.module_decisions + st0.lean_decisions +
+                                st0.general_decisions + st0.declined);
+            print_message("%s: %llu lease commands, %llu rate decisions of "
+                          "their own\n", path_name[path],
+                          (unsigned long long)leases,
+                          (unsigned long long)decided);
+            /* The first acquire declined (not counted), then its lease
+             * and its rate decision apart; the limiter rewrote the state
+             * under the new tier: the next two in one command each. */
+            assert_int_equal(leases, 4); /* 3 acquires, the count */
+            /* (the script's is the lean script's decline, counted; the
+             * module's RATELIMIT.STEP declines uncounted) */
+            assert_int_equal(decided, path == SCRIPT ? 1 : 0);
+        }
+        rate_inflight_free(in);
+        rate_limiter_free(lim);
+        rate_policy_free(old);
+        if (s != NULL) {
+            rate_store_redis_drop(s);
+            rate_store_free(s);
+        }
+        rate_store_free(mem);
+    }
+}
+
 /* With rate limits: the lease and the rate decision in one command, the
  * same answers as the memory store and the general path, the same bytes
  * (the leases' and the rate state's) on the script and the module. */
@@ -901,6 +987,7 @@ int main(void)
         cmocka_unit_test(test_round_trips),
         cmocka_unit_test(test_rate_round_trips),
         cmocka_unit_test(test_all_or_nothing),
+        cmocka_unit_test(test_declined_rate),
         cmocka_unit_test(test_expiry),
         cmocka_unit_test(test_differential_plain),
         cmocka_unit_test(test_differential_reserve),
