@@ -282,7 +282,7 @@ int bench_leases(const char *redis_url)
         printf("combined: acquire + release pairs of \"concurrency 64 "
                "ttl=1m; token-bucket\n"
                "100000/s\": two steps, the lease then the rate limits (3\n"
-               "round trips a pair, as before 0.5); one command, the lease\n"
-               "with its rate limits (2 a pair); ratio: one / two.\n");
+               "round trips a pair); one command, the lease with its rate\n"
+               "limits (2 a pair); ratio: one / two.\n");
     return status;
 }

@@ -26,9 +26,9 @@
  *
  *   leases of KEY      PREFIX "l{" KEY "}", or PREFIX "el{" ESC "}"
  *
- * (Before 0.5 they were named as any state key, PREFIX "{" "\xffLEASE"...
- * "}": docs/leases.md, "Leases on Redis", says what that means for a
- * rolling upgrade.)
+ * (Earlier builds, before any release had leases, named them as any
+ * state key, PREFIX "{" "\xffLEASE"... "}": docs/leases.md, "Leases on
+ * Redis", says what mixing builds means.)
  *
  * After the prefix comes '{', 's', 'p', 'l' or 'e', so no two spaces ever
  * share a name.  A new key's version starts from Redis's TIME in microseconds,
