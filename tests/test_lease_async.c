@@ -10,7 +10,7 @@
  * - A differential trace on a fake clock: each operation made by the
  *   synchronous calls on a memory store and through the loop on Redis,
  *   every answer equal; one command per operation on the server
- *   (commandstats: EVALSHA or RATELIMIT.LEASE, as many as operations);
+ *   (commandstats: FCALL or RATELIMIT.LEASE, as many as operations);
  *   with rate limits in the policy too (denials by a rate limit seen):
  *   an acquire is still one command (RATELIMIT.LEASESTEP, or the
  *   lease-and-rate script), the rate limits never decided on their own.
@@ -332,11 +332,12 @@ static void differential(int path, const char *policy)
         }
     }
     /* One command per operation that went to the server. */
-    long long ev = calls_of("evalsha"), md = calls_of("ratelimit.lease"),
+    long long ev = calls_of("evalsha"), fcalls = calls_of("fcall"),
+              md = calls_of("ratelimit.lease"),
               ms = calls_of("ratelimit.leasestep"), hm_ = calls_of("hmget");
-    print_message("path %d, %s: %d operations, EVALSHA %lld, "
+    print_message("path %d, %s: %d operations, EVALSHA %lld, FCALL %lld, "
                   "RATELIMIT.LEASE %lld, RATELIMIT.LEASESTEP %lld, HMGET "
-                  "%lld\n", path, policy, ops, ev, md, ms, hm_);
+                  "%lld\n", path, policy, ops, ev, fcalls, md, ms, hm_);
     assert_int_equal(calls_of("eval"), 0);
     rate_redis_async_stats_t st;
     assert_int_equal(rate_store_redis_async_stats(as, &st), RATE_OK);
@@ -357,9 +358,9 @@ static void differential(int path, const char *policy)
         assert_true(path != BY_MODULE || ms > 0);
     }
     if (path == BY_SCRIPT)
-        assert_int_equal(ev, ops);
+        assert_true(fcalls == ops && ev == 0); /* by FCALL: Functions here */
     else if (path == BY_MODULE)
-        assert_true(md + ms == ops && ev == 0);
+        assert_true(md + ms == ops && ev == 0 && fcalls == 0);
     else
         assert_true(hm_ >= ops); /* the general path: a load each, at least */
     loop_close(&uvl, as, mem, red);
@@ -560,6 +561,41 @@ static void faults_module(void **state)
     faults(BY_MODULE);
 }
 
+/* ------------------------------------------------- FUNCTION FLUSH */
+
+/* The lease scripts go by FCALL; a node that lost the library (FUNCTION
+ * FLUSH) has it loaded again on the connection, and each operation is
+ * made once, plain or with rate limits. */
+static void function_flush(void **state)
+{
+    (void)state;
+    server_for(BY_SCRIPT);
+    uv_loop_t uvl;
+    rate_loop_t loop;
+    loop_open(&uvl, &loop);
+    rate_store_t *as = async_store(&loop, "lfn:", BY_SCRIPT, false);
+    rate_inflight_t *in =
+        inflight_of("concurrency 5 ttl=1h; fixed-window 3/h", as, NULL);
+    call_t a;
+    for (int i = 0; i < 100 && acquire_now(in, &uvl, &a)->rc != RATE_OK; i++)
+        usleep(10000); /* the first: connected, the policy's record */
+    assert_true(a.d.allowed);
+    for (int i = 0; i < 3; i++) {
+        redisContext *c = raw();
+        freeReplyObject(redisCommand(c, "FUNCTION FLUSH"));
+        redisFree(c);
+        acquire_now(in, &uvl, &a);
+        assert_int_equal(a.calls, 1);
+        assert_int_equal(a.rc, RATE_OK);
+        assert_int_equal(a.d.allowed, i < 2); /* the fourth: the rate */
+        assert_int_equal(a.d.component, 1);   /* (the tighter, admitted) */
+    }
+    uint64_t held = 0;
+    assert_int_equal(rate_inflight_held(in, "f", 1, &held), RATE_OK);
+    assert_int_equal(held, 3);
+    loop_close(&uvl, as, in, NULL);
+}
+
 /* ---------------------------------------------------------- freeing */
 
 static void free_in_flight(void **state)
@@ -607,6 +643,7 @@ int main(void)
         cmocka_unit_test(many),
         cmocka_unit_test(faults_script),
         cmocka_unit_test(faults_module),
+        cmocka_unit_test(function_flush),
         cmocka_unit_test(free_in_flight),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -234,7 +234,8 @@ static void check_round_trips(void)
         /* Exactly one command: the script or the module's command. */
         assert_int_equal(counts[SCRIPT][op], 1);
         assert_int_equal(counts[MODULE][op], 1);
-        assert_non_null(strstr(first[SCRIPT][op], "\"EVALSHA\""));
+        /* the lease scripts by FCALL (the server has Functions) */
+        assert_non_null(strstr(first[SCRIPT][op], "\"FCALL\""));
         assert_non_null(strstr(first[MODULE][op], "\"RATELIMIT.LEASE\""));
     }
     /* The general path: a load, then a compare-and-set for a change. */
@@ -349,7 +350,8 @@ static void check_rate_round_trips(void)
                       counts[MODULE][op]);
         assert_int_equal(counts[SCRIPT][op], 1);
         assert_int_equal(counts[MODULE][op], 1);
-        assert_non_null(strstr(first[SCRIPT][op], "\"EVALSHA\""));
+        /* the lease scripts by FCALL (the server has Functions) */
+        assert_non_null(strstr(first[SCRIPT][op], "\"FCALL\""));
         assert_non_null(strstr(first[MODULE][op],
                                op == RR_RELEASE ? "\"RATELIMIT.LEASE\""
                                                 : "\"RATELIMIT.LEASESTEP\""));
@@ -780,6 +782,40 @@ static void test_declined_rate(void **state)
     }
 }
 
+/* The lease scripts go by FCALL (the Functions library, loaded on first
+ * use); after FUNCTION FLUSH the store loads it again and the operation
+ * is made, plain or with rate limits, exactly once. */
+static void test_function_flush(void **state)
+{
+    (void)state;
+    redisContext *c = raw();
+    rate_store_t *s = store_of(SCRIPT, false);
+    rate_inflight_t *in =
+        inflight_of("concurrency 3 ttl=1h; fixed-window 2/h", s);
+    rate_lease_t l[3];
+    rate_decision_t d;
+    uint64_t held = 0;
+    for (int i = 0; i < 3; i++) {
+        freeReplyObject(redisCommand(c, "FUNCTION FLUSH"));
+        assert_int_equal(rate_inflight_acquire(in, "ff", 2, RATE_LEASE_NORMAL,
+                                               &l[i], &d), RATE_OK);
+        assert_int_equal(d.allowed, i < 2); /* the third: the rate limit */
+        assert_int_equal(d.component, 1);   /* (the tighter, admitted) */
+    }
+    freeReplyObject(redisCommand(c, "FUNCTION FLUSH"));
+    assert_int_equal(rate_inflight_release(in, "ff", 2, &l[0]), RATE_OK);
+    freeReplyObject(redisCommand(c, "FUNCTION FLUSH"));
+    assert_int_equal(rate_inflight_held(in, "ff", 2, &held), RATE_OK);
+    assert_int_equal(held, 1);
+    rate_redis_status_t st;
+    assert_int_equal(rate_store_redis_status(s, &st), RATE_OK);
+    assert_int_equal(st.script_leases, 5);
+    rate_inflight_free(in);
+    rate_store_redis_drop(s);
+    rate_store_free(s);
+    redisFree(c);
+}
+
 /* With rate limits: the lease and the rate decision in one command, the
  * same answers as the memory store and the general path, the same bytes
  * (the leases' and the rate state's) on the script and the module. */
@@ -988,6 +1024,7 @@ int main(void)
         cmocka_unit_test(test_rate_round_trips),
         cmocka_unit_test(test_all_or_nothing),
         cmocka_unit_test(test_declined_rate),
+        cmocka_unit_test(test_function_flush),
         cmocka_unit_test(test_expiry),
         cmocka_unit_test(test_differential_plain),
         cmocka_unit_test(test_differential_reserve),

@@ -49,8 +49,8 @@ static uint64_t get_le(const char *s)
 }
 
 int rate__redis_lease_cmd(const rate__redis_proto_t *p, bool module,
-                          const rate_key_t *key, const rate_lease_req_t *q,
-                          rate__redis_cmd_t *c)
+                          bool fcall, const rate_key_t *key,
+                          const rate_lease_req_t *q, rate__redis_cmd_t *c)
 {
     static const char *const ops[] = {"a", "r", "e", "c"};
     int rc;
@@ -106,6 +106,11 @@ int rate__redis_lease_cmd(const rate__redis_proto_t *p, bool module,
         c->av[n] = "RATELIMIT.LEASESTEP", c->al[n++] = 19;
     } else if (module) {
         c->av[n] = "RATELIMIT.LEASE", c->al[n++] = 15;
+    } else if (fcall && p->fn_lib != NULL) {
+        const char *fn = with_rate ? p->fn_lease_rate : p->fn_lease;
+        c->av[n] = "FCALL", c->al[n++] = 5;
+        c->av[n] = fn, c->al[n++] = strlen(fn);
+        c->av[n] = with_rate ? "2" : "1", c->al[n++] = 1;
     } else {
         c->av[n] = "EVALSHA", c->al[n++] = 7;
         c->av[n] = with_rate ? rate_sha : script_sha, c->al[n++] = 40;
@@ -125,6 +130,21 @@ int rate__redis_lease_cmd(const rate__redis_proto_t *p, bool module,
     c->script = module ? NULL : src;
     c->script_len = module ? 0 : len;
     return RATE_OK;
+}
+
+bool rate__redis_lease_fcall(const rate__redis_cmd_t *c)
+{
+    return c->argc > 0 && c->al[0] == 5 && memcmp(c->av[0], "FCALL", 5) == 0;
+}
+
+void rate__redis_lease_evalsha(rate__redis_cmd_t *c)
+{
+    if (!rate__redis_lease_fcall(c))
+        return;
+    pthread_once(&sha_once, sha_init);
+    c->av[0] = "EVALSHA", c->al[0] = 7;
+    /* the rate key after the key: an acquire with rate limits */
+    c->av[1] = c->k2 != NULL ? rate_sha : script_sha, c->al[1] = 40;
 }
 
 int rate__redis_lease_parse(const redisReply *rep, rate_lease_req_t *q)

@@ -706,29 +706,40 @@ int rate__redis_decide_parse(const redisReply *rep, rate_decision_t *d)
     return ok && d->reason <= RATE_REASON_NEVER ? RATE_OK : RATE_ECORRUPT;
 }
 
-/* The Functions library of the lean scripts (see the struct): each
- * script's text as a function's body, FNV-1a of the three the version. */
+/* The Functions library of the lean scripts and the lease scripts (see
+ * the struct): each script's text as a function's body, FNV-1a of their
+ * texts the version. */
 static int make_fn_lib(rate__redis_proto_t *p)
 {
-    static const char *tag[LEAN_COUNT] = {"tb", "lb", "fw"};
+    /* the lean scripts, then the lease scripts (lease.c) */
+    enum { FNS = LEAN_COUNT + 2 };
+    static const char *tag[FNS] = {"tb", "lb", "fw", "lease", "leaserate"};
+    const char *src[FNS];
+    char *name[FNS];
     uint32_t h = 2166136261u;
     size_t len = 64;
-    for (int i = 0; i < LEAN_COUNT; i++) {
-        for (size_t j = 0; j < lean_scripts[i].len; j++)
-            h = (h ^ (unsigned char)lean_scripts[i].src[j]) * 16777619u;
-        len += lean_scripts[i].len + 96;
+    for (int i = 0; i < FNS; i++) {
+        size_t sl = i < LEAN_COUNT ? lean_scripts[i].len : 0;
+        src[i] = i < LEAN_COUNT    ? lean_scripts[i].src
+                 : i == LEAN_COUNT ? rate__redis_lease_script(&sl)
+                                   : rate__redis_lease_rate_script(&sl);
+        name[i] = i < LEAN_COUNT    ? p->fn_name[i]
+                  : i == LEAN_COUNT ? p->fn_lease
+                                    : p->fn_lease_rate;
+        for (size_t j = 0; j < sl; j++)
+            h = (h ^ (unsigned char)src[i][j]) * 16777619u;
+        len += sl + 96;
     }
     if ((p->fn_lib = malloc(len)) == NULL)
         return RATE_ENOMEM;
     size_t n = (size_t)snprintf(p->fn_lib, len,
                                 "#!lua name=ratelimit_%08x\n", (unsigned)h);
-    for (int i = 0; i < LEAN_COUNT; i++) {
-        snprintf(p->fn_name[i], sizeof p->fn_name[i], "ratelimit_%s_%08x",
-                 tag[i], (unsigned)h);
+    for (int i = 0; i < FNS; i++) {
+        snprintf(name[i], 32, "ratelimit_%s_%08x", tag[i], (unsigned)h);
         n += (size_t)snprintf(p->fn_lib + n, len - n,
                               "redis.register_function('%s', "
                               "function(KEYS, ARGV)\n%s\nend)\n",
-                              p->fn_name[i], lean_scripts[i].src);
+                              name[i], src[i]);
     }
     p->fn_lib_len = n;
     return RATE_OK;

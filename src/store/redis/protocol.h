@@ -40,6 +40,8 @@ typedef struct rate__redis_proto {
     char *fn_lib;
     size_t fn_lib_len;
     char fn_name[RATE__LEAN_COUNT][32];
+    /* ... and the lease scripts in it (lease.lua, lease_rate.lua) */
+    char fn_lease[32], fn_lease_rate[32];
 } rate__redis_proto_t;
 
 /* Copies the prefix, names the scripts and builds the Functions library
