@@ -54,8 +54,12 @@ static rate_store_t *store_of(int path, bool no_ttl)
     if (path == MEM)
         return NULL;
     /* One connection: the warm-up call makes it, no later call does. */
+    /* A generous command timeout: nothing here measures one, and a
+     * loaded machine (a sanitizer build among other runs) may take more
+     * than the default 1 s to answer now and then. */
     rate_redis_options_t o = {.prefix = path_prefix[path], .no_ttl = no_ttl,
-                              .pool_size = 1};
+                              .pool_size = 1,
+                              .command_timeout_ns = 30 * UINT64_C(1000000000)};
     o.module = path == MODULE ? RATE_REDIS_MODULE_ON : RATE_REDIS_MODULE_OFF;
     o.generic_leases = path == GENERIC;
     rate_store_t *s = NULL;
