@@ -65,7 +65,12 @@
  * and cas(), as before.  Version 5 appended lease(): an in-flight limit's
  * acquire, release, extend or count made whole in the store (a server
  * command or script, one round trip); a table of an earlier version has
- * none, and its leases take update() or load() and cas().
+ * none, and its leases take update() or load() and cas().  Version 6
+ * appended lease_rate (and rate_lease_req_t's rate members): the lease()
+ * of a table that sets it is asked an acquire together with the rate
+ * limits of its policy, all or nothing, in one operation; any other
+ * table's lease() is never handed rate limits (the library asks them of
+ * decide() or the step after the lease, as before).
  */
 #ifndef RATELIMIT_STORE_H
 #define RATELIMIT_STORE_H
@@ -76,7 +81,7 @@
 extern "C" {
 #endif
 
-#define RATE_STORE_VERSION 5
+#define RATE_STORE_VERSION 6
 
 /* The spaces of keys a store keeps apart. */
 typedef enum rate_space {
@@ -247,6 +252,14 @@ typedef struct rate_lease_req {
     uint64_t retry_at_ns; /* acquire denied: when the class gets a slot
                              back (see lease()) */
     uint64_t latest_ns;   /* the latest expiry held after it (0: none) */
+    /* Version 6, only for a table that sets lease_rate, only with
+     * RATE_LEASE_OP_ACQUIRE: the rate limits decided with the lease, all
+     * or nothing (see lease()); rate NULL: the lease alone. */
+    const rate_decide_req_t *rate; /* in: as decide() would be asked it */
+    const rate_key_t *rate_key;    /* in: the rate state's key */
+    rate_decision_t *rate_out;     /* out: the rate decision, when made */
+    bool rate_decided;             /* out: *rate_out was made (the class
+                                      had room for the lease) */
 } rate_lease_req_t;
 
 /* ---------------------------------------------------- asynchronous part */
@@ -402,8 +415,28 @@ typedef struct rate_store_methods {
      * written; RATE_ECORRUPT for bytes that are not a lease state (not
      * written over); RATE_ENOTSUP, with nothing written, when it cannot
      * make this one (the library then runs the step through update() or
-     * load() and cas()); or the store's own error. */
+     * load() and cas()); or the store's own error.
+     *
+     * With lease_rate (version 6), an acquire may come with req->rate:
+     * the policy's rate limits, to be decided in the same atomic
+     * operation, over the state of req->rate_key, exactly as decide()
+     * would decide req->rate there.  First the entries expired at now_ns
+     * are dropped, as a COUNT drops them; then, if the class has no room,
+     * the acquire is denied as above and the rate limits are not asked
+     * (nothing charged, rate_decided false); else the rate decision is
+     * made into *req->rate_out (rate_decided true), and only if it admits
+     * is the lease appended (granted).  A rate denial leaves the lease
+     * state as the COUNT left it.  RATE_ENOTSUP when the store cannot
+     * decide these rate limits exactly: no lease added, nothing charged
+     * (expired leases may have been dropped, as a COUNT drops them); the
+     * library then acquires the lease alone and decides the rate limits
+     * after it. */
     int (*lease)(void *self, const rate_key_t *key, rate_lease_req_t *req);
+
+    /* Version 6.  Whether lease() takes an acquire's rate limits too
+     * (rate_lease_req_t.rate, see lease()).  False, the value of a table
+     * that does not name it: lease() is never handed rate limits. */
+    bool lease_rate;
 } rate_store_methods_t;
 
 /* Wraps a back end (a method table and its own pointer) into a store.
@@ -411,7 +444,7 @@ typedef struct rate_store_methods {
  * Returns: RATE_OK with the new store in *out.
  *
  * Errors: RATE_EINVAL for a NULL out or methods, a version other than 2 to
- * 5, or a table without destroy, remove, and update or load+cas
+ * 6, or a table without destroy, remove, and update or load+cas
  * (decide() alone is not enough: it may decline); RATE_ENOMEM.  *out is
  * NULL on an error (when out is not NULL).
  *

@@ -13,6 +13,9 @@
  *       an in-flight limit's lease operation: the lease step
  *       (src/lease/step.c), the arguments and replies of
  *       src/lease/lease.lua;
+ *   RATELIMIT.LEASESTEP lease_key rate_key [lease arguments] [step
+ *       arguments]: an acquire with its rate limits, all or nothing, as
+ *       src/store/redis/lease_rate.lua makes it;
  *   CL.THROTTLE key max_burst count_per_period period [quantity]
  *       redis-cell's command and reply.
  *
@@ -168,6 +171,56 @@ static void write_back(RedisModuleCtx *ctx, RedisModuleKey *key,
                        RedisModuleString *name, bool fresh, uint64_t ver,
                        const uint8_t *buf, size_t len, uint64_t ttl_ns);
 
+/* A key opened for a step, with its stored state as the scripts and the
+ * client's load read it (one reading for every command). */
+typedef struct stored {
+    RedisModuleKey *key;
+    RedisModuleString *v, *s; /* the hash's fields, or NULL */
+    uint64_t ver;
+    bool fresh;      /* no version, version 0 or no state: a new key */
+    const char *old; /* the state's bytes (NULL when fresh) */
+    size_t old_len;
+} stored_t;
+
+typedef enum stored_rc {
+    STORED_READ,      /* *st filled */
+    STORED_WRONGTYPE, /* the key is no hash */
+    STORED_NOT_OURS   /* a version past 19 digits, or a state of no bytes:
+                         declined (the client's load reports it) */
+} stored_rc_t;
+
+/* Opens the key and reads its state; stored_close() after, whatever it
+ * returned. */
+static stored_rc_t stored_open(RedisModuleCtx *ctx, RedisModuleString *name,
+                               stored_t *st)
+{
+    memset(st, 0, sizeof *st);
+    st->key = RM_OpenKey(ctx, name, RM_READ | RM_WRITE);
+    int type = RM_KeyType(st->key);
+    if (type != RM_KEYTYPE_EMPTY && type != RM_KEYTYPE_HASH)
+        return STORED_WRONGTYPE;
+    if (type == RM_KEYTYPE_HASH)
+        RM_HashGet(st->key, RM_HASH_CFIELDS, "v", &st->v, "s", &st->s, NULL);
+    if (st->v != NULL && !arg_u64(st->v, VERSION_DIGITS_MAX, &st->ver))
+        return STORED_NOT_OURS;
+    st->fresh = st->v == NULL || st->ver == 0 || st->s == NULL;
+    if (!st->fresh) {
+        st->old = RM_StringPtrLen(st->s, &st->old_len);
+        if (st->old_len == 0)
+            return STORED_NOT_OURS;
+    }
+    return STORED_READ;
+}
+
+static void stored_close(RedisModuleCtx *ctx, stored_t *st)
+{
+    if (st->v != NULL)
+        RM_FreeString(ctx, st->v);
+    if (st->s != NULL)
+        RM_FreeString(ctx, st->s);
+    RM_CloseKey(st->key);
+}
+
 /* Runs the step (arg filled but for the time) over the key's v/s hash and
  * writes, expires and replicates the new state when the step says so.
  * cold_other: a state made under another policy is read as cold (the
@@ -175,31 +228,16 @@ static void write_back(RedisModuleCtx *ctx, RedisModuleKey *key,
 static run_rc_t run_step(RedisModuleCtx *ctx, RedisModuleString *name,
                          rate__step_arg_t *arg, expiry_t ex, bool cold_other)
 {
-    RedisModuleKey *key = RM_OpenKey(ctx, name, RM_READ | RM_WRITE);
-    int type = RM_KeyType(key);
-    if (type != RM_KEYTYPE_EMPTY && type != RM_KEYTYPE_HASH) {
-        RM_CloseKey(key);
-        return RUN_WRONGTYPE;
-    }
-    RedisModuleString *v = NULL, *s = NULL;
-    if (type == RM_KEYTYPE_HASH)
-        RM_HashGet(key, RM_HASH_CFIELDS, "v", &v, "s", &s, NULL);
-    uint64_t ver = 0;
-    const char *old = NULL;
-    size_t old_len = 0;
+    stored_t st;
     run_rc_t out = RUN_DECLINED;
-    /* The version as the scripts and the client read it: at most 19
-     * digits, else not ours to decide (the client reports it). */
-    if (v != NULL && !arg_u64(v, VERSION_DIGITS_MAX, &ver))
-        goto done;
-    /* No version, version 0 or no state: a new key, as the scripts and
-     * the client's load read it. */
-    bool fresh = v == NULL || ver == 0 || s == NULL;
-    if (!fresh) {
-        old = RM_StringPtrLen(s, &old_len);
-        if (old_len == 0)
-            goto done; /* present, but no state: the store reports it */
+    switch (stored_open(ctx, name, &st)) {
+    case STORED_WRONGTYPE: out = RUN_WRONGTYPE; goto done;
+    case STORED_NOT_OURS: goto done;
+    case STORED_READ: break;
     }
+    RedisModuleKey *key = st.key;
+    const char *old = st.old;
+    size_t old_len = st.old_len;
     uint8_t *buf = scratch_for(old_len + arg->policy->grow + 64);
     if (buf == NULL) {
         out = RUN_NOMEM;
@@ -219,13 +257,9 @@ static run_rc_t run_step(RedisModuleCtx *ctx, RedisModuleString *name,
     uint64_t ttl_ns = ex.ttl_ms == 0    ? RATE_TTL_FOREVER
                       : ex.ttl_ms < 0   ? io.ttl_ns
                                         : (uint64_t)ex.ttl_ms * 1000000;
-    write_back(ctx, key, name, fresh, ver, buf, io.new_len, ttl_ns);
+    write_back(ctx, key, name, st.fresh, st.ver, buf, io.new_len, ttl_ns);
 done:
-    if (v != NULL)
-        RM_FreeString(ctx, v);
-    if (s != NULL)
-        RM_FreeString(ctx, s);
-    RM_CloseKey(key);
+    stored_close(ctx, &st);
     return out;
 }
 
@@ -276,63 +310,87 @@ static int reply_tag(RedisModuleCtx *ctx, long long tag)
     return RM_ReplyWithLongLong(ctx, tag);
 }
 
-static int cmd_step(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
+/* The step's arguments after the key (step.lua's): the time, permits,
+ * max_wait, the expiry, the policy's id, the format, then four words a
+ * limit. */
+typedef struct step_in {
+    uint64_t now, permits, max_wait, id, format;
+    long long ttl; /* -1, 0 or milliseconds */
+    size_t count;
+    rate_limit_t limits[RATE_MAX_LIMITS];
+} step_in_t;
+
+enum { STEP_PARSED, STEP_BAD, STEP_DECLINE };
+
+/* Reads n arguments av (n - 7 a multiple of 4, checked by the caller):
+ * STEP_PARSED, STEP_BAD with *err the error reply, or STEP_DECLINE for
+ * what the step would not take as it stands (the scripts decline it: the
+ * client decides through compare-and-set and reports what is wrong). */
+static int step_parse(RedisModuleString **av, int n, step_in_t *in,
+                      const char **err)
 {
-    if (argc < 13 || (argc - 9) % 4 != 0 || (argc - 9) / 4 > RATE_MAX_LIMITS)
-        return RM_WrongArity(ctx);
-    uint64_t now, s, ns, permits, max_wait, ttl_abs, id, format;
-    long long ttl;
-    bool server_time = arg_empty(argv[2]) && arg_empty(argv[3]);
-    if (server_time) {
-        now = server_now_ns();
+    uint64_t s, ns, ttl_abs;
+    memset(in, 0, sizeof *in);
+    if (arg_empty(av[0]) && arg_empty(av[1])) {
+        in->now = server_now_ns();
     } else {
-        if (!arg_u64(argv[2], RATE_TIME_MAX / RATE_NS_PER_S, &s) ||
-            !arg_u64(argv[3], RATE_NS_PER_S - 1, &ns) ||
+        if (!arg_u64(av[0], RATE_TIME_MAX / RATE_NS_PER_S, &s) ||
+            !arg_u64(av[1], RATE_NS_PER_S - 1, &ns) ||
             s * RATE_NS_PER_S > RATE_TIME_MAX - ns)
-            return RM_ReplyWithError(ctx, "ERR now_s now_ns: not a time");
-        now = s * RATE_NS_PER_S + ns;
+            return *err = "ERR now_s now_ns: not a time", STEP_BAD;
+        in->now = s * RATE_NS_PER_S + ns;
     }
     size_t tl;
-    const char *tp = RM_StringPtrLen(argv[6], &tl);
+    const char *tp = RM_StringPtrLen(av[4], &tl);
     if (tl == 2 && tp[0] == '-' && tp[1] == '1')
-        ttl = -1;
-    else if (arg_u64(argv[6], (uint64_t)INT64_MAX / 1000000, &ttl_abs))
-        ttl = (long long)ttl_abs;
+        in->ttl = -1;
+    else if (arg_u64(av[4], (uint64_t)INT64_MAX / 1000000, &ttl_abs))
+        in->ttl = (long long)ttl_abs;
     else
-        return RM_ReplyWithError(ctx, "ERR ttl: not -1, 0 or milliseconds");
-    if (!arg_u64(argv[4], UINT64_MAX, &permits) ||
-        !arg_u64(argv[5], UINT64_MAX, &max_wait))
-        return RM_ReplyWithError(ctx, "ERR permits max_wait: not numbers");
-    if (!arg_u64(argv[7], UINT32_MAX, &id) || !arg_u64(argv[8], 255, &format))
-        return RM_ReplyWithError(ctx, "ERR policy_id format: not numbers");
-    size_t count = (size_t)(argc - 9) / 4;
-    rate_limit_t limits[RATE_MAX_LIMITS];
-    memset(limits, 0, sizeof limits);
-    for (size_t i = 0; i < count; i++) {
+        return *err = "ERR ttl: not -1, 0 or milliseconds", STEP_BAD;
+    if (!arg_u64(av[2], UINT64_MAX, &in->permits) ||
+        !arg_u64(av[3], UINT64_MAX, &in->max_wait))
+        return *err = "ERR permits max_wait: not numbers", STEP_BAD;
+    if (!arg_u64(av[5], UINT32_MAX, &in->id) ||
+        !arg_u64(av[6], 255, &in->format))
+        return *err = "ERR policy_id format: not numbers", STEP_BAD;
+    in->count = (size_t)(n - 7) / 4;
+    for (size_t i = 0; i < in->count; i++) {
         uint64_t a;
-        RedisModuleString **l = argv + 9 + 4 * i;
-        if (!arg_u64(l[0], 255, &a) || !arg_u64(l[1], UINT64_MAX, &limits[i].limit) ||
-            !arg_u64(l[2], UINT64_MAX, &limits[i].period_ns) ||
-            !arg_u64(l[3], UINT64_MAX, &limits[i].burst))
-            return RM_ReplyWithError(ctx, "ERR a limit: not numbers");
-        limits[i].algorithm = (rate_algorithm_t)a;
+        RedisModuleString **l = av + 7 + 4 * i;
+        rate_limit_t *lim = &in->limits[i];
+        if (!arg_u64(l[0], 255, &a) || !arg_u64(l[1], UINT64_MAX, &lim->limit) ||
+            !arg_u64(l[2], UINT64_MAX, &lim->period_ns) ||
+            !arg_u64(l[3], UINT64_MAX, &lim->burst))
+            return *err = "ERR a limit: not numbers", STEP_BAD;
+        lim->algorithm = (rate_algorithm_t)a;
     }
-    /* Anything the step would not take as it stands is declined, as the
-     * scripts decline it: the client decides through compare-and-set and
-     * reports what is wrong. */
-    if ((format != RATE__FORMAT && format != RATE__FORMAT_V1) ||
-        permits > RATE_TIME_MAX || max_wait > RATE_TIME_MAX)
-        return reply_tag(ctx, 0);
-    const rate_policy_t *p = policy_of(limits, count, NULL, 0);
+    if ((in->format != RATE__FORMAT && in->format != RATE__FORMAT_V1) ||
+        in->permits > RATE_TIME_MAX || in->max_wait > RATE_TIME_MAX)
+        return STEP_DECLINE;
+    return STEP_PARSED;
+}
+
+/* The step of `in` over the key `name` into *d. */
+static run_rc_t step_run(RedisModuleCtx *ctx, RedisModuleString *name,
+                         const step_in_t *in, rate_decision_t *d)
+{
+    const rate_policy_t *p = policy_of(in->limits, in->count, NULL, 0);
     if (p == NULL)
-        return reply_tag(ctx, 0);
-    rate_decision_t d;
-    memset(&d, 0, sizeof d);
-    rate__step_arg_t arg = {p,   (uint32_t)id, (uint8_t)format, NULL,
-                            now, permits,      max_wait,        true,
-                            RATE__OP_DECIDE,   &d,              0,
-                            0};
-    switch (run_step(ctx, argv[1], &arg, (expiry_t){ttl}, false)) {
+        return RUN_DECLINED;
+    memset(d, 0, sizeof *d);
+    rate__step_arg_t arg = {p,       (uint32_t)in->id, (uint8_t)in->format,
+                            NULL,    in->now,          in->permits,
+                            in->max_wait, true,        RATE__OP_DECIDE,
+                            d,       0,                0};
+    return run_step(ctx, name, &arg, (expiry_t){in->ttl}, false);
+}
+
+/* step.lua's reply for a run of the step: {tag} or the decision. */
+static int reply_step(RedisModuleCtx *ctx, run_rc_t rc,
+                      const rate_decision_t *d)
+{
+    switch (rc) {
     case RUN_DECLINED: return reply_tag(ctx, 0);
     case RUN_WRONGTYPE: return reply_tag(ctx, 2);
     case RUN_NOMEM: return RM_ReplyWithError(ctx, "ERR out of memory");
@@ -340,14 +398,29 @@ static int cmd_step(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
     }
     RM_ReplyWithArray(ctx, 9);
     RM_ReplyWithLongLong(ctx, 1);
-    RM_ReplyWithLongLong(ctx, d.allowed);
-    RM_ReplyWithLongLong(ctx, (long long)d.reason);
-    RM_ReplyWithLongLong(ctx, d.component);
-    RM_ReplyWithLongLong(ctx, reply_ll(d.limit));
-    RM_ReplyWithLongLong(ctx, reply_ll(d.remaining));
-    RM_ReplyWithLongLong(ctx, reply_ll(d.delay_ns));
-    RM_ReplyWithLongLong(ctx, reply_ll(d.retry_after_ns));
-    return RM_ReplyWithLongLong(ctx, reply_ll(d.reset_after_ns));
+    RM_ReplyWithLongLong(ctx, d->allowed);
+    RM_ReplyWithLongLong(ctx, (long long)d->reason);
+    RM_ReplyWithLongLong(ctx, d->component);
+    RM_ReplyWithLongLong(ctx, reply_ll(d->limit));
+    RM_ReplyWithLongLong(ctx, reply_ll(d->remaining));
+    RM_ReplyWithLongLong(ctx, reply_ll(d->delay_ns));
+    RM_ReplyWithLongLong(ctx, reply_ll(d->retry_after_ns));
+    return RM_ReplyWithLongLong(ctx, reply_ll(d->reset_after_ns));
+}
+
+static int cmd_step(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
+{
+    if (argc < 13 || (argc - 9) % 4 != 0 || (argc - 9) / 4 > RATE_MAX_LIMITS)
+        return RM_WrongArity(ctx);
+    step_in_t in;
+    const char *err = NULL;
+    switch (step_parse(argv + 2, argc - 2, &in, &err)) {
+    case STEP_BAD: return RM_ReplyWithError(ctx, err);
+    case STEP_DECLINE: return reply_tag(ctx, 0);
+    default: break;
+    }
+    rate_decision_t d;
+    return reply_step(ctx, step_run(ctx, argv[1], &in, &d), &d);
 }
 
 /* ----------------------------------------------------- RATELIMIT.LEASE */
@@ -365,20 +438,127 @@ static bool arg_le(RedisModuleString *s, size_t n, uint64_t *out)
     return true;
 }
 
-static int reply_lease(RedisModuleCtx *ctx, long long code,
-                       const rate__lease_step_t *a)
+/* The lease reply's five elements, after the array's header. */
+static int reply_lease_body(RedisModuleCtx *ctx, long long code,
+                            const rate__lease_step_t *a)
 {
     char t[2][8];
     uint64_t v[2] = {code == 0 ? a->retry_at : 0, code == 0 ? a->latest : 0};
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < 8; i++)
             t[k][i] = (char)(uint8_t)(v[k] >> (8 * i));
-    RM_ReplyWithArray(ctx, 5);
     RM_ReplyWithLongLong(ctx, code);
     RM_ReplyWithLongLong(ctx, code == 0 && a->granted);
     RM_ReplyWithLongLong(ctx, code == 0 ? (long long)a->held : 0);
     RM_ReplyWithStringBuffer(ctx, t[0], 8);
     return RM_ReplyWithStringBuffer(ctx, t[1], 8);
+}
+
+static int reply_lease(RedisModuleCtx *ctx, long long code,
+                       const rate__lease_step_t *a)
+{
+    RM_ReplyWithArray(ctx, 5);
+    return reply_lease_body(ctx, code, a);
+}
+
+/* A lease command's arguments after the key: op now max reserve critical
+ * id expires pid ttl, into a (and the expiry: the step's, or ttl_us). */
+typedef struct lease_in {
+    rate__lease_step_t a;
+    bool ttl_step;   /* ttl -1: until the latest expiry */
+    uint64_t ttl_us; /* else: microseconds, 0 none */
+} lease_in_t;
+
+static const char *lease_parse(RedisModuleString **av, lease_in_t *in)
+{
+    static const char ops[] = "arec";
+    static const lease_op_t op_of[] = {LEASE_ACQUIRE, LEASE_RELEASE,
+                                       LEASE_EXTEND, LEASE_COUNT};
+    size_t ol, tl;
+    const char *o = RM_StringPtrLen(av[0], &ol);
+    const char *op = ol == 1 ? strchr(ops, o[0]) : NULL;
+    uint64_t now, max, reserve, crit, id, expires, pid;
+    const char *tp = RM_StringPtrLen(av[8], &tl);
+    memset(in, 0, sizeof *in);
+    in->ttl_step = tl == 2 && tp[0] == '-' && tp[1] == '1';
+    if (op == NULL || o[0] == '\0')
+        return "ERR lease: op is not a, r, e or c";
+    if (!arg_le(av[1], 8, &now) || !arg_le(av[5], 8, &id) ||
+        !arg_le(av[6], 8, &expires) || !arg_le(av[7], 4, &pid) ||
+        !arg_u64(av[2], RATE_LEASE_MAX, &max) || max == 0 ||
+        !arg_u64(av[3], max - 1, &reserve) || !arg_u64(av[4], 1, &crit) ||
+        (!in->ttl_step && !arg_u64(av[8], UINT64_MAX, &in->ttl_us)))
+        return "ERR lease: malformed arguments";
+    in->a = (rate__lease_step_t){.op = op_of[op - ops], .now_ns = now,
+                                 .max = max, .reserve = reserve,
+                                 .cls = crit ? RATE_LEASE_CRITICAL
+                                             : RATE_LEASE_NORMAL,
+                                 .id = id, .expires_ns = expires,
+                                 .pid = (uint32_t)pid};
+    return NULL;
+}
+
+enum { LEASE_NOMEM = -1, LEASE_WRONGTYPE = -2 };
+
+/* The lease step in->a (of the op `op`) over the key's v/s hash, written
+ * back when it says so: the reply's code (0 done, 1 not held, 2 expired,
+ * 3 not a lease state), LEASE_NOMEM or LEASE_WRONGTYPE. */
+static long long lease_run(RedisModuleCtx *ctx, RedisModuleString *name,
+                           lease_in_t *in, lease_op_t op)
+{
+    rate__lease_step_t *a = &in->a;
+    stored_t st;
+    uint64_t *heap = NULL;
+    long long code = 3; /* not a lease state, as the script says */
+    int r;
+
+    a->op = op;
+    a->scratch = NULL;
+    a->scratch_cap = 0;
+    a->granted = false;
+    a->held = a->retry_at = a->latest = 0;
+    switch (stored_open(ctx, name, &st)) {
+    case STORED_WRONGTYPE: code = LEASE_WRONGTYPE; goto done;
+    case STORED_NOT_OURS: goto done;
+    case STORED_READ: break;
+    }
+    /* As the inflight object: a denial is told when its class gets a
+     * slot back, which needs N expiries' room. */
+    if (a->op == LEASE_ACQUIRE &&
+        (heap = malloc(a->max * sizeof *heap)) != NULL) {
+        a->scratch = heap;
+        a->scratch_cap = (size_t)a->max;
+    }
+    uint8_t *buf = scratch_for(st.old_len + RATE__LEASE_ENTRY + 64);
+    if (buf == NULL) {
+        code = LEASE_NOMEM;
+        goto done;
+    }
+    rate_step_io_t io = {st.old, st.old_len, buf, scratch_cap, 0, false, 0};
+    r = rate__lease_step(a, &io);
+    code = r == RATE_OK        ? 0
+           : r == RATE_ELEASE  ? 1
+           : r == RATE_EEXPIRED ? 2
+                                : 3;
+    if (r == RATE_OK && io.write)
+        write_back(ctx, st.key, name, st.fresh, st.ver, buf, io.new_len,
+                   in->ttl_step    ? io.ttl_ns
+                   : in->ttl_us == 0 ? RATE_TTL_FOREVER
+                   : in->ttl_us > RATE_TIME_MAX / 1000 ? RATE_TIME_MAX
+                                                       : in->ttl_us * 1000);
+done:
+    free(heap);
+    a->scratch = NULL;
+    stored_close(ctx, &st);
+    return code;
+}
+
+static int reply_lease_error(RedisModuleCtx *ctx, long long code)
+{
+    return code == LEASE_WRONGTYPE
+               ? RM_ReplyWithError(ctx, "WRONGTYPE Operation against a key "
+                                        "holding the wrong kind of value")
+               : RM_ReplyWithError(ctx, "ERR out of memory");
 }
 
 /* RATELIMIT.LEASE key op now max reserve critical id expires pid ttl: the
@@ -388,86 +568,66 @@ static int cmd_lease(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 {
     if (argc != 11)
         return RM_WrongArity(ctx);
-    static const char ops[] = "arec";
-    static const lease_op_t op_of[] = {LEASE_ACQUIRE, LEASE_RELEASE,
-                                       LEASE_EXTEND, LEASE_COUNT};
-    size_t ol, tl;
-    const char *o = RM_StringPtrLen(argv[2], &ol);
-    const char *op = ol == 1 ? strchr(ops, o[0]) : NULL;
-    uint64_t now, max, reserve, crit, id, expires, pid, ttl_us = 0;
-    const char *tp = RM_StringPtrLen(argv[10], &tl);
-    bool ttl_step = tl == 2 && tp[0] == '-' && tp[1] == '1';
-    if (op == NULL || o[0] == '\0')
-        return RM_ReplyWithError(ctx, "ERR lease: op is not a, r, e or c");
-    if (!arg_le(argv[3], 8, &now) || !arg_le(argv[7], 8, &id) ||
-        !arg_le(argv[8], 8, &expires) || !arg_le(argv[9], 4, &pid) ||
-        !arg_u64(argv[4], RATE_LEASE_MAX, &max) || max == 0 ||
-        !arg_u64(argv[5], max - 1, &reserve) || !arg_u64(argv[6], 1, &crit) ||
-        (!ttl_step && !arg_u64(argv[10], UINT64_MAX, &ttl_us)))
-        return RM_ReplyWithError(ctx, "ERR lease: malformed arguments");
-    RedisModuleKey *key = RM_OpenKey(ctx, argv[1], RM_READ | RM_WRITE);
-    int type = RM_KeyType(key);
-    if (type != RM_KEYTYPE_EMPTY && type != RM_KEYTYPE_HASH) {
-        RM_CloseKey(key);
-        return RM_ReplyWithError(ctx, "WRONGTYPE Operation against a key "
-                                      "holding the wrong kind of value");
-    }
-    RedisModuleString *v = NULL, *s = NULL;
-    if (type == RM_KEYTYPE_HASH)
-        RM_HashGet(key, RM_HASH_CFIELDS, "v", &v, "s", &s, NULL);
-    uint64_t ver = 0, *heap = NULL;
-    const char *old = NULL;
-    size_t old_len = 0;
-    long long code = 3; /* not a lease state, as the script says */
-    int r;
-    rate__lease_step_t a = {.op = op_of[op - ops], .now_ns = now,
-                            .max = max, .reserve = reserve,
-                            .cls = crit ? RATE_LEASE_CRITICAL
-                                        : RATE_LEASE_NORMAL,
-                            .id = id, .expires_ns = expires,
-                            .pid = (uint32_t)pid};
-    if (v != NULL && !arg_u64(v, VERSION_DIGITS_MAX, &ver))
-        goto done;
-    bool fresh = v == NULL || ver == 0 || s == NULL;
-    if (!fresh) {
-        old = RM_StringPtrLen(s, &old_len);
-        if (old_len == 0)
-            goto done;
-    }
-    /* As the inflight object: a denial is told when its class gets a
-     * slot back, which needs N expiries' room. */
-    if (a.op == LEASE_ACQUIRE &&
-        (heap = malloc(max * sizeof *heap)) != NULL) {
-        a.scratch = heap;
-        a.scratch_cap = (size_t)max;
-    }
-    uint8_t *buf = scratch_for(old_len + RATE__LEASE_ENTRY + 64);
-    if (buf == NULL) {
-        code = -1;
-        goto done;
-    }
-    rate_step_io_t io = {old, old_len, buf, scratch_cap, 0, false, 0};
-    r = rate__lease_step(&a, &io);
-    code = r == RATE_OK        ? 0
-           : r == RATE_ELEASE  ? 1
-           : r == RATE_EEXPIRED ? 2
-                                : 3;
-    if (r == RATE_OK && io.write)
-        write_back(ctx, key, argv[1], fresh, ver, buf, io.new_len,
-                   ttl_step    ? io.ttl_ns
-                   : ttl_us == 0 ? RATE_TTL_FOREVER
-                   : ttl_us > RATE_TIME_MAX / 1000 ? RATE_TIME_MAX
-                                                   : ttl_us * 1000);
-done:
-    free(heap);
-    if (v != NULL)
-        RM_FreeString(ctx, v);
-    if (s != NULL)
-        RM_FreeString(ctx, s);
-    RM_CloseKey(key);
+    lease_in_t in;
+    const char *err = lease_parse(argv + 2, &in);
+    if (err != NULL)
+        return RM_ReplyWithError(ctx, err);
+    long long code = lease_run(ctx, argv[1], &in, in.a.op);
     if (code < 0)
+        return reply_lease_error(ctx, code);
+    return reply_lease(ctx, code, &in.a);
+}
+
+/* RATELIMIT.LEASESTEP lease_key rate_key op now max reserve critical id
+ * expires pid ttl now_s now_ns permits max_wait ttl policy_id format
+ * [algorithm L P B]...: an acquire with its rate limits, all or nothing,
+ * as src/store/redis/lease_rate.lua makes it (the same steps, arguments,
+ * reply and bytes): the leases counted; no room for the class: the
+ * acquire, denied; else the rate step, and the acquire only if it
+ * admits.  The reply: the lease's five, then the step's reply (0: not
+ * asked). */
+static int cmd_leasestep(RedisModuleCtx *ctx, RedisModuleString **argv,
+                         int argc)
+{
+    if (argc < 23 || (argc - 19) % 4 != 0 ||
+        (argc - 19) / 4 > RATE_MAX_LIMITS)
+        return RM_WrongArity(ctx);
+    lease_in_t in;
+    step_in_t rs;
+    const char *err = lease_parse(argv + 3, &in);
+    if (err == NULL && in.a.op != LEASE_ACQUIRE)
+        err = "ERR lease: an acquire with rate limits only";
+    if (err != NULL)
+        return RM_ReplyWithError(ctx, err);
+    int parsed = step_parse(argv + 12, argc - 12, &rs, &err);
+    if (parsed == STEP_BAD)
+        return RM_ReplyWithError(ctx, err);
+    long long code = lease_run(ctx, argv[1], &in, LEASE_COUNT);
+    uint64_t limit = in.a.cls == RATE_LEASE_CRITICAL ? in.a.max
+                                                     : in.a.max - in.a.reserve;
+    if (code == 0 && in.a.held >= limit) /* no room: denied, when back */
+        code = lease_run(ctx, argv[1], &in, LEASE_ACQUIRE);
+    if (code < 0)
+        return reply_lease_error(ctx, code);
+    if (code != 0 || in.a.held >= limit) { /* the rate limits not asked */
+        RM_ReplyWithArray(ctx, 6);
+        reply_lease_body(ctx, code, &in.a);
+        return RM_ReplyWithLongLong(ctx, 0);
+    }
+    rate_decision_t d;
+    memset(&d, 0, sizeof d);
+    run_rc_t rrc = parsed == STEP_DECLINE ? RUN_DECLINED
+                                          : step_run(ctx, argv[2], &rs, &d);
+    if (rrc == RUN_NOMEM)
         return RM_ReplyWithError(ctx, "ERR out of memory");
-    return reply_lease(ctx, code, &a);
+    if (rrc == RUN_DECIDED && d.allowed) {
+        code = lease_run(ctx, argv[1], &in, LEASE_ACQUIRE);
+        if (code < 0)
+            return reply_lease_error(ctx, code);
+    }
+    RM_ReplyWithArray(ctx, 6);
+    reply_lease_body(ctx, code, &in.a);
+    return reply_step(ctx, rrc, &d);
 }
 
 /* --------------------------------------------------------- CL.THROTTLE */
@@ -582,7 +742,10 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
         RM_CreateCommand(ctx, "cl.throttle", cmd_throttle,
                          "write deny-oom fast", 1, 1, 1) != RM_OK ||
         RM_CreateCommand(ctx, "ratelimit.lease", cmd_lease, "write deny-oom",
-                         1, 1, 1) != RM_OK)
+                         1, 1, 1) != RM_OK ||
+        /* two keys, the leases' and the rate state's (one hash tag) */
+        RM_CreateCommand(ctx, "ratelimit.leasestep", cmd_leasestep,
+                         "write deny-oom", 1, 2, 1) != RM_OK)
         return RM_ERR;
     return RM_OK;
 }

@@ -657,6 +657,47 @@ static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim,
     return rc;
 }
 
+/* rate__limiter_decide_req (internal.h): what store_part() would ask the
+ * store's decide() for one permit, without asking it. */
+int rate__limiter_decide_req(rate_limiter_t *lim, const char *key,
+                             size_t len, uint64_t now, bool clock_time,
+                             bool wait, rate_decide_req_t *req)
+{
+    rate__step_arg_t arg;
+    rate_decision_t d;
+    int store_rc = RATE_OK;
+
+    if (lim == NULL || lim->space != RATE_SPACE_STATE)
+        return RATE_ENOTSUP;
+    if (!wait) {
+        /* Not even claiming a due recheck of the record: the limiter's
+         * own call, which the caller falls back to, makes it through the
+         * loop. */
+        plan_t *pl = atomic_load_explicit(&lim->plan, memory_order_acquire);
+        if (lim->resolve == NULL &&
+            atomic_load_explicit(&pl->tag, memory_order_acquire) != 0 &&
+            now >= atomic_load_explicit(&pl->recheck_at,
+                                        memory_order_relaxed))
+            return RATE_ENOTSUP;
+    }
+    if (prepare(lim, NULL, key, len, 1, 0, now, true, RATE__OP_DECIDE, &d,
+                &arg, &store_rc, wait) != RATE_OK ||
+        store_rc != RATE_OK || arg.policy->unlimited)
+        return RATE_ENOTSUP;
+    *req = (rate_decide_req_t){arg.policy,
+                               arg.policy_id,
+                               arg.format,
+                               now,
+                               clock_time,
+                               1,
+                               0,
+                               true,
+                               arg.policy->max_reset_ns,
+                               horizon(lim, now, clock_time),
+                               RATE_DECIDE_ACQUIRE};
+    return RATE_OK;
+}
+
 /* The bool calls' general path: the full decision, for any request. */
 static __attribute__((noinline)) bool try_general(rate_limiter_t *lim,
                                                   const char *key, size_t len,

@@ -142,7 +142,14 @@ int rate__store_lease(const rate_store_t *s, const rate_key_t *key,
                       rate_lease_req_t *req)
 {
     /* A table before version 5 ends before lease(). */
-    if (s->m->version < 5 || s->m->lease == NULL)
+    if (s->m->version < 5 || s->m->lease == NULL ||
+        (req->rate != NULL && !rate__store_lease_rate(s)))
         return RATE_ENOTSUP;
     return s->m->lease(s->self, key, req);
+}
+
+bool rate__store_lease_rate(const rate_store_t *s)
+{
+    /* A table before version 6 ends before lease_rate. */
+    return s->m->version >= 6 && s->m->lease_rate;
 }

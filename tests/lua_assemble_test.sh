@@ -69,6 +69,11 @@ check_script redis_step.lua tb lb fw sw sl
 check_script redis_tb.lua tb
 check_script redis_lb.lua lb
 check_script redis_fw.lua fw
+# the lease-and-rate script: the general step's rules once, beside the
+# lease step (its count and acquire, once)
+check_script lease_rate.lua tb lb fw sw sl
+n=$(grep -c "^local function lease_step(KEYS, ARGV)" "$gen/lease_rate.lua")
+[ "$n" = 1 ] || fail "lease_rate.lua: lease_step defined $n times, want once"
 
 if [ "$fails" -ne 0 ]; then
     echo "$fails failure(s)"

@@ -54,8 +54,12 @@ static rate_store_t *store_of(int path, bool no_ttl)
     if (path == MEM)
         return NULL;
     /* One connection: the warm-up call makes it, no later call does. */
+    /* A generous command timeout: nothing here measures one, and a
+     * loaded machine (a sanitizer build among other runs) may take more
+     * than the default 1 s to answer now and then. */
     rate_redis_options_t o = {.prefix = path_prefix[path], .no_ttl = no_ttl,
-                              .pool_size = 1};
+                              .pool_size = 1,
+                              .command_timeout_ns = 30 * UINT64_C(1000000000)};
     o.module = path == MODULE ? RATE_REDIS_MODULE_ON : RATE_REDIS_MODULE_OFF;
     o.generic_leases = path == GENERIC;
     rate_store_t *s = NULL;
@@ -98,13 +102,25 @@ static redisContext *raw_for(const char *name, size_t len)
     return c;
 }
 
-/* The Redis name of a lease key of a path. */
+/* The Redis name of a key of a path: the prefix, the mark ("" a rate
+ * state, "l" its leases), then the key's own tag (a '}' escaped as "%7d",
+ * the name then marked 'e' first). */
+static size_t tagged_name(int path, const char *mark, const char *key,
+                          char *out, size_t cap)
+{
+    bool esc = strchr(key, '}') != NULL;
+    size_t n = (size_t)snprintf(out, cap, "%s%s%s{", path_prefix[path],
+                                esc ? "e" : "", mark);
+    for (const char *q = key; *q; q++)
+        n += (size_t)snprintf(out + n, cap - n, *q == '}' ? "%%7d" : "%c",
+                              *q);
+    return n + (size_t)snprintf(out + n, cap - n, "}");
+}
+
+/* The Redis name of a key's leases: under the key's own tag. */
 static size_t lease_name(int path, const char *key, char *out, size_t cap)
 {
-    size_t n = (size_t)snprintf(out, cap, "%s{", path_prefix[path]);
-    memcpy(out + n, "\xff" "LEASE\x01\0", 8);
-    n += 8;
-    return n + (size_t)snprintf(out + n, cap - n, "%s}", key);
+    return tagged_name(path, "l", key, out, cap);
 }
 
 /* ------------------------------------------------------------ MONITOR */
@@ -222,7 +238,8 @@ static void check_round_trips(void)
         /* Exactly one command: the script or the module's command. */
         assert_int_equal(counts[SCRIPT][op], 1);
         assert_int_equal(counts[MODULE][op], 1);
-        assert_non_null(strstr(first[SCRIPT][op], "\"EVALSHA\""));
+        /* the lease scripts by FCALL (the server has Functions) */
+        assert_non_null(strstr(first[SCRIPT][op], "\"FCALL\""));
         assert_non_null(strstr(first[MODULE][op], "\"RATELIMIT.LEASE\""));
     }
     /* The general path: a load, then a compare-and-set for a change. */
@@ -236,6 +253,172 @@ static void test_round_trips(void **state)
 {
     (void)state;
     check_round_trips();
+}
+
+/* ------------------------------------ acquires with rate limits */
+
+typedef enum { RR_ADMIT, RR_LEASE_DENY, RR_RATE_DENY, RR_RELEASE, RRS } rr_t;
+static const char *const rr_name[RRS] = {"admitted", "lease denial",
+                                         "rate denial", "release"};
+
+/* The client commands of an acquire admitted, denied by the in-flight
+ * limit, denied by the rate limit, and of a release, under "concurrency
+ * 2 ttl=1h; fixed-window 2/h", after a warm-up (the connection, the
+ * module probe and the policy's record come once). */
+static void count_rate_path(int path, int counts[RRS], char first[RRS][64])
+{
+    char name[64];
+    size_t nl = lease_name(path, "rr", name, sizeof name);
+    redisContext *c = raw_for(name, nl), *mon = raw_for(name, nl);
+    freeReplyObject(redisCommand(mon, "MONITOR"));
+    rate_store_t *s = store_of(path, false);
+    rate_inflight_t *in = inflight_of("concurrency 2 ttl=1h; fixed-window 2/h",
+                                      s);
+    rate_lease_t w, a, b, l;
+    rate_decision_t d;
+    assert_int_equal(rate_inflight_acquire(in, "warm", 4, RATE_LEASE_NORMAL,
+                                           &w, &d), RATE_OK);
+    assert_true(d.allowed);
+    assert_int_equal(rate_inflight_release(in, "warm", 4, &w), RATE_OK);
+    assert_int_equal(rate_inflight_acquire(in, "rr", 2, RATE_LEASE_NORMAL,
+                                           &b, &d), RATE_OK);
+    assert_true(d.allowed);
+    for (int op = 0; op < RRS; op++) {
+        char from[32], until[32];
+        snprintf(from, sizeof from, "r-%d-%d-a", path, op);
+        snprintf(until, sizeof until, "r-%d-%d-b", path, op);
+        mark(c, from);
+        switch ((rr_t)op) {
+        case RR_ADMIT: /* the second lease, the second permit */
+            assert_int_equal(rate_inflight_acquire(in, "rr", 2,
+                                                   RATE_LEASE_NORMAL, &a, &d),
+                             RATE_OK);
+            assert_true(d.allowed);
+            break;
+        case RR_LEASE_DENY: /* two held */
+            assert_int_equal(rate_inflight_acquire(in, "rr", 2,
+                                                   RATE_LEASE_NORMAL, &l, &d),
+                             RATE_OK);
+            assert_false(d.allowed);
+            assert_int_equal(d.component, 0);
+            break;
+        case RR_RELEASE:
+            assert_int_equal(rate_inflight_release(in, "rr", 2, &a), RATE_OK);
+            break;
+        case RR_RATE_DENY: /* room for a lease, no permit left */
+            assert_int_equal(rate_inflight_release(in, "rr", 2, &b), RATE_OK);
+            mark(c, "r-skip");
+            assert_int_equal(rate_inflight_acquire(in, "rr", 2,
+                                                   RATE_LEASE_NORMAL, &l, &d),
+                             RATE_OK);
+            assert_false(d.allowed);
+            assert_int_equal(d.component, 1);
+            assert_int_equal(l.id, 0);
+            break;
+        case RRS: break;
+        }
+        mark(c, until);
+        counts[op] = monitor_count(mon, op == RR_RATE_DENY ? "r-skip" : from,
+                                   until, first[op], 64);
+    }
+    /* The rate denial left no lease: the one held is gone too. */
+    uint64_t held = 9;
+    assert_int_equal(rate_inflight_held(in, "rr", 2, &held), RATE_OK);
+    assert_int_equal(held, 0);
+    /* The store's counts: warm-up 2, b, a, 2 denials, 2 releases, held */
+    rate_redis_status_t st;
+    assert_int_equal(rate_store_redis_status(s, &st), RATE_OK);
+    assert_int_equal(st.module_leases, path == MODULE ? 9 : 0);
+    assert_int_equal(st.script_leases, path == SCRIPT ? 9 : 0);
+    /* ... and no decision of the rate limits on its own */
+    assert_int_equal(st.module_decisions + st.lean_decisions +
+                         st.general_decisions,
+                     path == GENERIC ? 4 : 0);
+    rate_inflight_free(in);
+    rate_store_redis_drop(s);
+    rate_store_free(s);
+    redisFree(mon);
+    redisFree(c);
+}
+
+static void check_rate_round_trips(void)
+{
+    int counts[PATHS][RRS];
+    char first[PATHS][RRS][64];
+    for (int path = GENERIC; path < PATHS; path++)
+        count_rate_path(path, counts[path], first[path]);
+    for (int op = 0; op < RRS; op++) {
+        print_message("%-13s generic %d  script %d  module %d  "
+                      "(client commands)\n",
+                      rr_name[op], counts[GENERIC][op], counts[SCRIPT][op],
+                      counts[MODULE][op]);
+        assert_int_equal(counts[SCRIPT][op], 1);
+        assert_int_equal(counts[MODULE][op], 1);
+        /* the lease scripts by FCALL (the server has Functions) */
+        assert_non_null(strstr(first[SCRIPT][op], "\"FCALL\""));
+        assert_non_null(strstr(first[MODULE][op],
+                               op == RR_RELEASE ? "\"RATELIMIT.LEASE\""
+                                                : "\"RATELIMIT.LEASESTEP\""));
+    }
+    /* The general path: the lease's load and compare-and-set, the rate
+     * decision, and for a rate denial the lease given back. */
+    assert_int_equal(counts[GENERIC][RR_ADMIT], 3);
+    assert_int_equal(counts[GENERIC][RR_LEASE_DENY], 1);
+    assert_int_equal(counts[GENERIC][RR_RATE_DENY], 5);
+    assert_int_equal(counts[GENERIC][RR_RELEASE], 2);
+}
+
+/* One command per acquire with rate limits, admitted or denied by either
+ * limit (store contract version 6: lease() with the rate limits). */
+static void test_rate_round_trips(void **state)
+{
+    (void)state;
+    check_rate_round_trips();
+}
+
+/* All or nothing on every path: a denial by the in-flight limit charges
+ * no permit, a denial by a rate limit holds no lease. */
+static void test_all_or_nothing(void **state)
+{
+    (void)state;
+    for (int path = MEM; path < PATHS; path++) {
+        rate_store_t *s = store_of(path, false);
+        rate_inflight_t *in =
+            inflight_of("concurrency 1 ttl=1h; fixed-window 3/h", s);
+        rate_lease_t a, l;
+        rate_decision_t d;
+        uint64_t held = 9;
+        assert_int_equal(rate_inflight_acquire(in, "an", 2, RATE_LEASE_NORMAL,
+                                               &a, &d), RATE_OK);
+        assert_true(d.allowed);
+        for (int i = 0; i < 5; i++) { /* denied by the lease: no permit */
+            assert_int_equal(rate_inflight_acquire(in, "an", 2,
+                                                   RATE_LEASE_NORMAL, &l, &d),
+                             RATE_OK);
+            assert_false(d.allowed);
+            assert_int_equal(d.component, 0);
+        }
+        for (int i = 0; i < 2; i++) { /* so two permits are left */
+            assert_int_equal(rate_inflight_release(in, "an", 2, &a), RATE_OK);
+            assert_int_equal(rate_inflight_acquire(in, "an", 2,
+                                                   RATE_LEASE_NORMAL, &a, &d),
+                             RATE_OK);
+            assert_true(d.allowed);
+        }
+        assert_int_equal(rate_inflight_release(in, "an", 2, &a), RATE_OK);
+        assert_int_equal(rate_inflight_acquire(in, "an", 2, RATE_LEASE_NORMAL,
+                                               &l, &d), RATE_OK);
+        assert_false(d.allowed); /* by the rate limit: no lease held */
+        assert_int_equal(d.component, 1);
+        assert_int_equal(d.remaining, 0);
+        assert_int_equal(rate_inflight_held(in, "an", 2, &held), RATE_OK);
+        assert_int_equal(held, 0);
+        rate_inflight_free(in);
+        if (s != NULL) {
+            rate_store_redis_drop(s);
+            rate_store_free(s);
+        }
+    }
 }
 
 /* The key's expiry by both one-round-trip paths: the lease's TTL by
@@ -252,11 +435,9 @@ static void test_expiry(void **state)
         assert_int_equal(rate_inflight_acquire(in, "ex", 2, RATE_LEASE_NORMAL,
                                                &l, &d),
                          RATE_OK);
-        /* the key's name: prefix, '{', the 8-byte lease prefix, "ex", '}' */
+        /* the key's name: prefix, "l{", "ex", '}' */
         char full[64];
-        size_t n = (size_t)snprintf(full, sizeof full, "%s{", path_prefix[path]);
-        memcpy(full + n, "\xff" "LEASE\x01\0ex}", 11);
-        n += 11;
+        size_t n = lease_name(path, "ex", full, sizeof full);
         redisReply *r = redisCommand(c, "PTTL %b", full, n);
         assert_int_equal(r->type, REDIS_REPLY_INTEGER);
         print_message("%s: PTTL %lld ms\n", path_name[path], r->integer);
@@ -322,6 +503,39 @@ static size_t stored(const path_run_t *p, int path, const char *key,
     return len;
 }
 
+/* The differential's key number k: one of them holds a '}' (its Redis
+ * names escaped). */
+static void key_text(char *out, size_t cap, int k)
+{
+    snprintf(out, cap, k == KEYS - 1 ? "k}%d" : "k%d", k);
+}
+
+/* Whether a lease state is a bare header: no lease, no latest expiry. */
+static bool bare(const uint8_t *b, size_t len)
+{
+    static const uint8_t zero[13];
+    return len == 14 && memcmp(b, zero, 13) == 0 && b[13] == 'L';
+}
+
+/* The key's rate state's bytes (as its limiter names it). */
+static size_t rate_stored(int path, const char *key, uint8_t *out, size_t cap)
+{
+    char full[64];
+    size_t n = tagged_name(path, "", key, full, sizeof full);
+    redisContext *c = raw_for(full, n);
+    redisReply *r = redisCommand(c, "HGET %b s", full, n);
+    redisFree(c);
+    assert_non_null(r);
+    size_t len = 0;
+    if (r->type == REDIS_REPLY_STRING) {
+        assert_true(r->len <= cap);
+        len = r->len;
+        memcpy(out, r->str, len);
+    }
+    freeReplyObject(r);
+    return len;
+}
+
 static void run_differential(const char *policy, uint64_t seed, bool deep,
                              int steps)
 {
@@ -336,12 +550,12 @@ static void run_differential(const char *policy, uint64_t seed, bool deep,
         p[k].in = inflight_of(policy, p[k].store);
     }
     rnd_seed(seed);
-    int ops[6] = {0};
+    int ops[7] = {0};
     for (int step = 0; step < steps; step++) {
         now += rnd(16) == 0 ? rnd(2 * ttl) : rnd(ttl / 64);
         int op = (int)rnd(10), key = (int)rnd(KEYS);
         char kb[8];
-        snprintf(kb, sizeof kb, "k%d", key);
+        key_text(kb, sizeof kb, key);
         size_t h = p[0].n > 0 ? (size_t)rnd(p[0].n) : 0;
         int rc[PATHS];
         rate_decision_t d[PATHS];
@@ -374,6 +588,7 @@ static void run_differential(const char *policy, uint64_t seed, bool deep,
                     RATE_OK &&
                 h0 > d[0].limit)
                 ops[5]++;
+            ops[6] += rc[0] == RATE_OK && !d[0].allowed && d[0].component > 0;
             for (int k = 1; k < PATHS; k++) {
                 assert_int_equal(rc[k], rc[0]);
                 assert_int_equal(d[k].allowed, d[0].allowed);
@@ -385,7 +600,7 @@ static void run_differential(const char *policy, uint64_t seed, bool deep,
             }
         } else if (op < 7) { /* release (again, maybe; expired, maybe) */
             ops[1]++;
-            snprintf(kb, sizeof kb, "k%d", key = p[0].keyof[h]);
+            key_text(kb, sizeof kb, key = p[0].keyof[h]);
             for (int k = 0; k < PATHS; k++)
                 rc[k] = rate_inflight_release_at(p[k].in, kb, strlen(kb),
                                                  &p[k].held[h], now);
@@ -394,7 +609,7 @@ static void run_differential(const char *policy, uint64_t seed, bool deep,
             ops[rc[0] == RATE_OK ? 4 : 3]++;
         } else if (op < 9) { /* extend */
             ops[2]++;
-            snprintf(kb, sizeof kb, "k%d", key = p[0].keyof[h]);
+            key_text(kb, sizeof kb, key = p[0].keyof[h]);
             uint64_t t = rnd(3) == 0 ? 0 : rnd(2 * ttl) + 1;
             for (int k = 0; k < PATHS; k++)
                 rc[k] = rate_inflight_extend_at(p[k].in, kb, strlen(kb),
@@ -413,23 +628,45 @@ static void run_differential(const char *policy, uint64_t seed, bool deep,
                 assert_int_equal(held[k], held[0]);
             }
         }
-        /* The same bytes on the three Redis paths. */
+        /* The same bytes on the three Redis paths: the script's and the
+         * module's exactly; the general path's too, but for a key with
+         * no lease, absent where an acquire with rate limits denied by a
+         * rate limit only counted, a bare header where the general path
+         * took the lease and gave it back. */
         uint8_t b[PATHS][14 + 24 * 64];
         size_t len[PATHS];
         for (int k = GENERIC; k < PATHS; k++)
             len[k] = stored(&p[k], k, kb, b[k], sizeof b[k]);
+        if (len[MODULE] != len[SCRIPT] ||
+            memcmp(b[MODULE], b[SCRIPT], len[SCRIPT]) != 0)
+            fail_msg("step %d: the module's lease bytes (%zu) differ from "
+                     "the script's (%zu)", step, len[MODULE], len[SCRIPT]);
+        bool rated = strchr(policy, ';') != NULL;
         for (int k = SCRIPT; k < PATHS; k++) {
+            if (rated && len[k] == 0 && bare(b[GENERIC], len[GENERIC]))
+                continue;
             if (len[k] != len[GENERIC] ||
                 memcmp(b[k], b[GENERIC], len[k]) != 0)
                 fail_msg("step %d: %s's bytes (%zu) differ from the general "
                          "path's (%zu)", step, path_name[k], len[k],
                          len[GENERIC]);
         }
+        /* The rate state's bytes, the same on the three. */
+        for (int k = GENERIC; rated && k < PATHS; k++)
+            len[k] = rate_stored(k, kb, b[k], sizeof b[k]);
+        for (int k = SCRIPT; rated && k < PATHS; k++)
+            if (len[k] != len[GENERIC] ||
+                memcmp(b[k], b[GENERIC], len[k]) != 0)
+                fail_msg("step %d: %s's rate state (%zu bytes) differs from "
+                         "the general path's (%zu)", step, path_name[k],
+                         len[k], len[GENERIC]);
     }
-    print_message("%s: %d acquires, %d releases (%d refused), %d extends, "
-                  "%d denials behind more than one lease\n",
-                  policy, ops[0], ops[1], ops[3], ops[2], ops[5]);
+    print_message("%s: %d acquires (%d denied by a rate limit), %d releases "
+                  "(%d refused), %d extends, %d denials behind more than one "
+                  "lease\n",
+                  policy, ops[0], ops[6], ops[1], ops[3], ops[2], ops[5]);
     assert_true(ops[3] > 0 && ops[4] > 0); /* both kinds of release seen */
+    assert_true((ops[6] > 0) == (strchr(policy, ';') != NULL));
     assert_true(!deep || ops[5] > 0);
     for (int k = 0; k < PATHS; k++) {
         rate_inflight_free(p[k].in);
@@ -463,6 +700,138 @@ static void test_differential_wide(void **state)
  * a reserve (and a critical request under one) meeting more leases than
  * its N is told the exact slot-back time, the (held - N + 1)-th earliest
  * expiry, as the memory store tells it; not the earliest. */
+/* A rate state the one command cannot decide (written under another
+ * policy: a tier change) is declined by the script and the module alike,
+ * with no lease taken and nothing charged; the acquire then goes in two
+ * steps, whose limiter carries the state over: the memory store's
+ * answers, one lease held. */
+static void test_declined_rate(void **state)
+{
+    (void)state;
+    rate_decision_t want[3];
+    for (int path = MEM; path < PATHS; path++) {
+        rate_store_t *s = store_of(path, false);
+        rate_store_t *mem = NULL;
+        if (s == NULL)
+            assert_int_equal(rate_store_memory_new(NULL, &mem), RATE_OK);
+        rate_policy_t *old = NULL;
+        char err[128];
+        assert_int_equal(rate_policy_parse("token-bucket 5/h burst=2", &old,
+                                           err, sizeof err), RATE_OK);
+        rate_limiter_config_t lc = {.policy = old, .store = s ? s : mem};
+        rate_limiter_t *lim = NULL;
+        assert_int_equal(rate_limiter_new(&lc, &lim), RATE_OK);
+        rate_decision_t d;
+        assert_int_equal(rate_limiter_check(lim, "tc", 2, 1, 0, &d), RATE_OK);
+        assert_true(d.allowed); /* the old tier's state: one token left */
+        rate_inflight_t *in =
+            inflight_of("concurrency 2 ttl=1h; token-bucket 5/h burst=3",
+                        s ? s : mem);
+        rate_redis_status_t st0, st;
+        if (s != NULL)
+            assert_int_equal(rate_store_redis_status(s, &st0), RATE_OK);
+        for (int i = 0; i < 3; i++) {
+            rate_lease_t l;
+            assert_int_equal(rate_inflight_acquire(in, "tc", 2,
+                                                   RATE_LEASE_NORMAL, &l, &d),
+                             RATE_OK);
+            if (path == MEM) {
+                want[i] = d;
+                print_message("memory: acquire %d: allowed %d component %d "
+                              "remaining %llu\n", i, d.allowed, d.component,
+                              (unsigned long long)d.remaining);
+            }
+            assert_int_equal(d.allowed, want[i].allowed);
+            assert_int_equal(d.component, want[i].component);
+            assert_int_equal(d.remaining, want[i].remaining);
+            assert_int_equal(d.retry_after_ns != 0,
+                             want[i].retry_after_ns != 0);
+        }
+        /* carried over: the token left, then denials */
+        assert_true(want[0].allowed && !want[1].allowed && !want[2].allowed);
+        assert_int_equal(want[1].component, 1);
+        uint64_t held = 0;
+        assert_int_equal(rate_inflight_held(in, "tc", 2, &held), RATE_OK);
+        assert_int_equal(held, 1);
+        if (s != NULL && path != GENERIC) {
+            /* each declined by the one command, then the two steps */
+            assert_int_equal(rate_store_redis_status(s, &st), RATE_OK);
+            uint64_t leases = path == MODULE
+                                  ? st.module_leases - st0.module_leases
+                                  : st.script_leases - st0.script_leases;
+            uint64_t decided = st.module_decisions + st.lean_decisions +
+                               st.general_decisions + st.declined -
+                               (st0.module_decisions + st0.lean_decisions +
+                                st0.general_decisions + st0.declined);
+            print_message("%s: %llu lease commands, %llu rate decisions of "
+                          "their own\n", path_name[path],
+                          (unsigned long long)leases,
+                          (unsigned long long)decided);
+            /* The first acquire declined (not counted), then its lease
+             * and its rate decision apart; the limiter rewrote the state
+             * under the new tier: the next two in one command each. */
+            assert_int_equal(leases, 4); /* 3 acquires, the count */
+            /* (the script's is the lean script's decline, counted; the
+             * module's RATELIMIT.STEP declines uncounted) */
+            assert_int_equal(decided, path == SCRIPT ? 1 : 0);
+        }
+        rate_inflight_free(in);
+        rate_limiter_free(lim);
+        rate_policy_free(old);
+        if (s != NULL) {
+            rate_store_redis_drop(s);
+            rate_store_free(s);
+        }
+        rate_store_free(mem);
+    }
+}
+
+/* The lease scripts go by FCALL (the Functions library, loaded on first
+ * use); after FUNCTION FLUSH the store loads it again and the operation
+ * is made, plain or with rate limits, exactly once. */
+static void test_function_flush(void **state)
+{
+    (void)state;
+    redisContext *c = raw();
+    rate_store_t *s = store_of(SCRIPT, false);
+    rate_inflight_t *in =
+        inflight_of("concurrency 3 ttl=1h; fixed-window 2/h", s);
+    rate_lease_t l[3];
+    rate_decision_t d;
+    uint64_t held = 0;
+    for (int i = 0; i < 3; i++) {
+        freeReplyObject(redisCommand(c, "FUNCTION FLUSH"));
+        assert_int_equal(rate_inflight_acquire(in, "ff", 2, RATE_LEASE_NORMAL,
+                                               &l[i], &d), RATE_OK);
+        assert_int_equal(d.allowed, i < 2); /* the third: the rate limit */
+        assert_int_equal(d.component, 1);   /* (the tighter, admitted) */
+    }
+    freeReplyObject(redisCommand(c, "FUNCTION FLUSH"));
+    assert_int_equal(rate_inflight_release(in, "ff", 2, &l[0]), RATE_OK);
+    freeReplyObject(redisCommand(c, "FUNCTION FLUSH"));
+    assert_int_equal(rate_inflight_held(in, "ff", 2, &held), RATE_OK);
+    assert_int_equal(held, 1);
+    rate_redis_status_t st;
+    assert_int_equal(rate_store_redis_status(s, &st), RATE_OK);
+    assert_int_equal(st.script_leases, 5);
+    rate_inflight_free(in);
+    rate_store_redis_drop(s);
+    rate_store_free(s);
+    redisFree(c);
+}
+
+/* With rate limits: the lease and the rate decision in one command, the
+ * same answers as the memory store and the general path, the same bytes
+ * (the leases' and the rate state's) on the script and the module. */
+static void test_differential_rated(void **state)
+{
+    (void)state;
+    run_differential("concurrency 3 ttl=100ms; token-bucket 20/s burst=2",
+                     31, false, STEPS);
+    run_differential("concurrency 4 ttl=100ms reserve=1; fixed-window "
+                     "2/50ms; sliding-window 8/1s", 32, false, STEPS);
+}
+
 static void test_mixed_n(void **state)
 {
     (void)state;
@@ -537,9 +906,7 @@ static void test_bad_state(void **state)
         rate_store_t *s = store_of(path, false);
         rate_inflight_t *in = inflight_of("concurrency 2 ttl=1h", s);
         char full[64];
-        size_t n = (size_t)snprintf(full, sizeof full, "%s{", path_prefix[path]);
-        memcpy(full + n, "\xff" "LEASE\x01\0bad}", 12);
-        n += 12;
+        size_t n = lease_name(path, "bad", full, sizeof full);
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
             redisReply *r = redisCommand(c, "HSET %b v 7 s %b", full, n,
                                          bad[i].s, bad[i].len);
@@ -595,9 +962,7 @@ static void test_fresh_version(void **state)
         rate_store_t *s = store_of(path, false);
         rate_inflight_t *in = inflight_of("concurrency 2 ttl=1h", s);
         char full[64];
-        size_t n = (size_t)snprintf(full, sizeof full, "%s{", path_prefix[path]);
-        memcpy(full + n, "\xff" "LEASE\x01\0fv}", 11);
-        n += 11;
+        size_t n = lease_name(path, "fv", full, sizeof full);
         for (size_t i = 0; i < sizeof vers / sizeof vers[0]; i++) {
             redisReply *r = redisCommand(c, "DEL %b", full, n);
             freeReplyObject(r);
@@ -647,6 +1012,10 @@ static void test_cluster(void **state)
     cur_cl = &cl;
     check_round_trips();
     run_differential("concurrency 4 ttl=100ms reserve=1", 21, false, 600);
+    /* a key's leases and its rate state on one slot: one command */
+    check_rate_round_trips();
+    run_differential("concurrency 3 ttl=100ms; token-bucket 40/s burst=3",
+                     22, false, 600);
     cur_url = url;
     cur_cl = NULL;
     rcl_stop(&cl);
@@ -656,10 +1025,15 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trips),
+        cmocka_unit_test(test_rate_round_trips),
+        cmocka_unit_test(test_all_or_nothing),
+        cmocka_unit_test(test_declined_rate),
+        cmocka_unit_test(test_function_flush),
         cmocka_unit_test(test_expiry),
         cmocka_unit_test(test_differential_plain),
         cmocka_unit_test(test_differential_reserve),
         cmocka_unit_test(test_differential_wide),
+        cmocka_unit_test(test_differential_rated),
         cmocka_unit_test(test_bad_state),
         cmocka_unit_test(test_fresh_version),
         cmocka_unit_test(test_mixed_n),

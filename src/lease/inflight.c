@@ -182,14 +182,21 @@ static int run_whole(rate_inflight_t *in, const rate_key_t *k,
     return rc;
 }
 
+/* The store key of a key's leases, in buf. */
+static rate_key_t lease_key(char buf[sizeof PREFIX + RATE_LEASE_KEY_MAX],
+                            const char *key, size_t len)
+{
+    memcpy(buf, PREFIX, sizeof PREFIX);
+    memcpy(buf + sizeof PREFIX, key, len);
+    return (rate_key_t){buf, sizeof PREFIX + len, RATE_SPACE_STATE};
+}
+
 /* Runs one lease step on the key's lease state. */
 static int run(rate_inflight_t *in, const char *key, size_t len,
                rate__lease_step_t *a, bool clock_time)
 {
     char buf[sizeof PREFIX + RATE_LEASE_KEY_MAX];
-    memcpy(buf, PREFIX, sizeof PREFIX);
-    memcpy(buf + sizeof PREFIX, key, len);
-    rate_key_t k = {buf, sizeof PREFIX + len, RATE_SPACE_STATE};
+    rate_key_t k = lease_key(buf, key, len);
     rate_step_t st = {rate__lease_step, a,
                       RATE__LEASE_HEADER + RATE__LEASE_ENTRY, a->now_ns,
                       clock_time ? a->now_ns : 0, rate__lease_is_cold};
@@ -292,6 +299,26 @@ static int acquire_lease(rate_inflight_t *in, const char *key, size_t len,
     return rc;
 }
 
+/* An admission by the rate limits d beside the lease's decision out: the
+ * tighter limit speaks. */
+static void merge_rate(rate_decision_t *out, const rate_decision_t *d)
+{
+    if (d->remaining < out->remaining) {
+        out->component = d->component + 1;
+        out->limit = d->limit;
+        out->remaining = d->remaining;
+    }
+    if (d->reset_after_ns > out->reset_after_ns)
+        out->reset_after_ns = d->reset_after_ns;
+}
+
+/* A denial by the rate limits d: the acquire's answer. */
+static void rate_denial(rate_decision_t *out, const rate_decision_t *d)
+{
+    *out = *d;
+    out->component = d->component + 1;
+}
+
 /* The rate part after a lease was granted; a denial gives the lease back. */
 static int rate_part(rate_inflight_t *in, const char *key, size_t len,
                      uint64_t now, bool clock_time, rate_lease_t *lease,
@@ -302,13 +329,7 @@ static int rate_part(rate_inflight_t *in, const char *key, size_t len,
                         : rate_limiter_check_at(in->limiter, key, len, 1, 0,
                                                 now, &d);
     if (rc == RATE_OK && d.allowed) {
-        if (d.remaining < out->remaining) { /* the tighter limit speaks */
-            out->component = d.component + 1;
-            out->limit = d.limit;
-            out->remaining = d.remaining;
-        }
-        if (d.reset_after_ns > out->reset_after_ns)
-            out->reset_after_ns = d.reset_after_ns;
+        merge_rate(out, &d);
         return RATE_OK;
     }
     rate__lease_step_t r = {.op = LEASE_RELEASE, .now_ns = now,
@@ -317,9 +338,56 @@ static int rate_part(rate_inflight_t *in, const char *key, size_t len,
     memset(lease, 0, sizeof *lease);
     if (rc != RATE_OK)
         return rc;
-    *out = d;
-    out->component = d.component + 1;
+    rate_denial(out, &d);
     return rel == RATE_OK || rel == RATE_EEXPIRED ? RATE_OK : rel;
+}
+
+/* The lease and the rate limits in one operation of the store (lease()
+ * with the rate limits, store contract version 6: one round trip on
+ * Redis), all or nothing; RATE_ENOTSUP when the store cannot (the lease
+ * alone, then the rate limits, make the acquire). */
+static int acquire_whole(rate_inflight_t *in, const char *key, size_t len,
+                         rate__lease_step_t *a, bool clock_time,
+                         rate_lease_t *lease, rate_decision_t *out)
+{
+    rate_decide_req_t rq;
+    rate_decision_t d;
+    char buf[sizeof PREFIX + RATE_LEASE_KEY_MAX];
+
+    if (!rate__store_lease_rate(in->store) ||
+        rate__limiter_decide_req(in->limiter, key, len, a->now_ns,
+                                 clock_time, true, &rq) != RATE_OK)
+        return RATE_ENOTSUP;
+    rate_key_t lk = lease_key(buf, key, len);
+    rate_key_t rk = {key, len, RATE_SPACE_STATE};
+    memset(&d, 0, sizeof d);
+    rate_lease_req_t q = {.op = RATE_LEASE_OP_ACQUIRE, .now_ns = a->now_ns,
+                          .max = in->policy->max,
+                          .reserve = in->policy->reserve,
+                          .critical = a->cls == RATE_LEASE_CRITICAL,
+                          .id = a->id, .expires_ns = a->expires_ns,
+                          .pid = a->pid, .rate = &rq, .rate_key = &rk,
+                          .rate_out = &d};
+    int rc = rate__store_lease(in->store, &lk, &q);
+    if (rc != RATE_OK)
+        return rc;
+    /* Denied by the in-flight limit: dead holders are looked for by the
+     * lease alone (acquire_lease), which then decides again. */
+    if (!q.granted && !q.rate_decided && in->reap)
+        return RATE_ENOTSUP;
+    a->granted = q.granted;
+    a->held = q.held;
+    a->retry_at = q.retry_at_ns;
+    a->latest = q.latest_ns;
+    fill_lease_decision(in, a, a->now_ns, out);
+    if (q.rate_decided && !q.granted)
+        rate_denial(out, &d);
+    else if (q.granted) {
+        *lease = (rate_lease_t){.id = a->id, .expires_ns = a->expires_ns,
+                                .key_hash = key_hash(key, len)};
+        merge_rate(out, &d);
+    }
+    return RATE_OK;
 }
 
 static int acquire(rate_inflight_t *in, const char *key, size_t len,
@@ -341,6 +409,15 @@ static int acquire(rate_inflight_t *in, const char *key, size_t len,
     rate__lease_step_t a = {.op = LEASE_ACQUIRE, .now_ns = now, .cls = cls,
                             .id = new_id(in), .expires_ns = expires,
                             .pid = my_pid()};
+    if (in->limiter != NULL &&
+        (rc = acquire_whole(in, key, len, &a, clock_time, lease, out)) !=
+            RATE_ENOTSUP) {
+        if (rc != RATE_OK) {
+            out->reason = RATE_REASON_STORE_ERROR;
+            out->error = rc;
+        }
+        return rc;
+    }
     if ((rc = acquire_lease(in, key, len, &a, clock_time)) != RATE_OK) {
         out->reason = RATE_REASON_STORE_ERROR;
         out->error = rc;
@@ -484,6 +561,9 @@ typedef struct lease_job {
     rate_inflight_t *in;
     rate__lease_step_t a; /* the step (the store's fallback) */
     rate_lease_req_t q;   /* the whole operation (lease()) */
+    rate_decide_req_t rq; /* acquire: its rate limits, when q.rate */
+    rate_key_t rk;        /* their key (the key's bytes in `key`) */
+    rate_decision_t rd;   /* their decision, when q.rate_decided */
     rate_step_t st;
     rate_lease_t lease;   /* acquire: the one granted; else the handle */
     rate_lease_fn cb;
@@ -496,7 +576,8 @@ typedef struct lease_job {
 
 static int start_job(rate_inflight_t *in, const char *key, size_t len,
                      const rate__lease_step_t *a, bool clock_time,
-                     const rate_lease_t *lease, rate_lease_fn cb, void *ud);
+                     const rate_lease_t *lease, rate_lease_fn cb, void *ud,
+                     bool whole);
 
 static void job_free(lease_job_t *x)
 {
@@ -525,21 +606,14 @@ static void rated(void *ud, int rc, const rate_decision_t *d)
 {
     lease_job_t *x = ud;
     if (rc == RATE_OK && d->allowed) {
-        if (d->remaining < x->d.remaining) { /* the tighter limit speaks */
-            x->d.component = d->component + 1;
-            x->d.limit = d->limit;
-            x->d.remaining = d->remaining;
-        }
-        if (d->reset_after_ns > x->d.reset_after_ns)
-            x->d.reset_after_ns = d->reset_after_ns;
+        merge_rate(&x->d, d);
         x->cb(x->ud, RATE_OK, &x->lease, &x->d);
         job_free(x);
         return;
     }
     x->rate_rc = rc;
     if (rc == RATE_OK) {
-        x->d = *d;
-        x->d.component = d->component + 1;
+        rate_denial(&x->d, d);
     } else {
         memset(&x->d, 0, sizeof x->d);
         x->d.reason = RATE_REASON_STORE_ERROR;
@@ -550,7 +624,7 @@ static void rated(void *ud, int rc, const rate_decision_t *d)
                             .id = x->lease.id,
                             .expires_ns = x->lease.expires_ns};
     int grc = start_job(x->in, x->key + sizeof PREFIX, len, &r,
-                        x->clock_time, &x->lease, given_back, x);
+                        x->clock_time, &x->lease, given_back, x, false);
     if (grc != RATE_PENDING)
         given_back(x, grc, NULL, NULL);
 }
@@ -577,6 +651,25 @@ static void lease_job_done(rate_job_t *job, int rc)
     rate__lease_step_t *a = &x->a;
     rate_decision_t d;
 
+    if (rc == RATE_ENOTSUP && x->q.rate != NULL) {
+        /* The store could not decide the rate limits with the lease: the
+         * lease alone, then the rate limits, as for a store without. */
+        rate__lease_step_t again = *a;
+        again.scratch = NULL; /* start_job gives it its own */
+        again.scratch_cap = 0;
+        rc = start_job(x->in, x->key + sizeof PREFIX,
+                       x->job.key.len - sizeof PREFIX, &again, x->clock_time,
+                       &x->lease, x->cb, x->ud, false);
+        if (rc != RATE_PENDING) {
+            memset(&d, 0, sizeof d);
+            d.reason = RATE_REASON_STORE_ERROR;
+            d.error = rc;
+            memset(&x->lease, 0, sizeof x->lease);
+            x->cb(x->ud, rc, &x->lease, &d);
+        }
+        job_free(x);
+        return;
+    }
     if (rc == RATE_OK && job->lease_made) { /* made whole by the store */
         a->granted = x->q.granted;
         a->held = x->q.held;
@@ -591,9 +684,17 @@ static void lease_job_done(rate_job_t *job, int rc)
             d.reason = RATE_REASON_STORE_ERROR;
             d.error = rc;
         }
+        if (rc == RATE_OK && job->lease_made && x->q.rate_decided) {
+            /* the rate limits decided with the lease, all or nothing */
+            if (a->granted)
+                merge_rate(&d, &x->rd);
+            else
+                rate_denial(&d, &x->rd);
+        }
         if (rc != RATE_OK || !a->granted)
             memset(&x->lease, 0, sizeof x->lease);
-        if (rc == RATE_OK && a->granted && x->in->limiter != NULL) {
+        if (rc == RATE_OK && a->granted && x->in->limiter != NULL &&
+            !(job->lease_made && x->q.rate_decided)) {
             x->d = d;
             rate_part_start(x);
             return;
@@ -608,10 +709,12 @@ static void lease_job_done(rate_job_t *job, int rc)
 }
 
 /* Starts the step a on the key through the store's start(): RATE_PENDING,
- * or the store's refusal (nothing started). */
+ * or the store's refusal (nothing started).  whole: an acquire asks the
+ * store for the rate limits too, when it takes them (lease_rate). */
 static int start_job(rate_inflight_t *in, const char *key, size_t len,
                      const rate__lease_step_t *a, bool clock_time,
-                     const rate_lease_t *lease, rate_lease_fn cb, void *ud)
+                     const rate_lease_t *lease, rate_lease_fn cb, void *ud,
+                     bool whole)
 {
     static const rate_lease_op_t ops[] = {
         [LEASE_ACQUIRE] = RATE_LEASE_OP_ACQUIRE,
@@ -645,11 +748,29 @@ static int start_job(rate_inflight_t *in, const char *key, size_t len,
                           clock_time ? a->now_ns : 0, rate__lease_is_cold};
     memcpy(x->key, PREFIX, sizeof PREFIX);
     memcpy(x->key + sizeof PREFIX, key, len);
+    x->rk = (rate_key_t){x->key + sizeof PREFIX, len, RATE_SPACE_STATE};
+    if (whole && a->op == LEASE_ACQUIRE && in->limiter != NULL &&
+        rate__store_lease_rate(in->store) &&
+        /* never waiting on the loop for the policy's record: until the
+         * limiter has written it (through the loop), the two steps */
+        rate__limiter_decide_req(in->limiter, key, len, a->now_ns,
+                                 clock_time, false, &x->rq) == RATE_OK) {
+        x->q.rate = &x->rq;
+        x->q.rate_key = &x->rk;
+        x->q.rate_out = &x->rd;
+    }
     x->job = (rate_job_t){{x->key, sizeof PREFIX + len, RATE_SPACE_STATE},
                           &x->st, NULL, NULL, lease_job_done, x,
                           in->store->m->version >= 5 ? &x->q : NULL,
                           false};
     int rc = in->store->m->start(in->store->self, &x->job);
+    if (rc == RATE_ENOTSUP && x->q.rate != NULL) {
+        /* not for these rate limits: the lease alone */
+        x->q.rate = NULL;
+        x->q.rate_key = NULL;
+        x->q.rate_out = NULL;
+        rc = in->store->m->start(in->store->self, &x->job);
+    }
     if (rc != RATE_OK) {
         free(x->a.scratch);
         free(x);
@@ -683,7 +804,8 @@ int rate_inflight_acquire_start(rate_inflight_t *in, const char *key,
                             .pid = my_pid()};
     rate_lease_t granted = {.id = a.id, .expires_ns = a.expires_ns,
                             .key_hash = key_hash(key, len)};
-    rc = start_job(in, key, len, &a, in->clock_is_default, &granted, cb, ud);
+    rc = start_job(in, key, len, &a, in->clock_is_default, &granted, cb, ud,
+                   true);
     if (rc != RATE_PENDING) {
         out->reason = RATE_REASON_STORE_ERROR;
         out->error = rc;
@@ -714,7 +836,8 @@ static int change_start(rate_inflight_t *in, const char *key, size_t len,
             return RATE_EEXPIRED; /* by the handle's own time */
         a.expires_ns = now + (ttl_ns != 0 ? ttl_ns : in->policy->ttl_ns);
     }
-    return start_job(in, key, len, &a, in->clock_is_default, lease, cb, ud);
+    return start_job(in, key, len, &a, in->clock_is_default, lease, cb, ud,
+                     false);
 }
 
 int rate_inflight_release_start(rate_inflight_t *in, const char *key,

@@ -635,7 +635,8 @@ static int usage(FILE *f)
           "beside one rate decision, on memory, shm and (with --redis) Redis,\n"
           "with 1 and 64 callers on one key; on Redis, leases by the general\n"
           "path (HMGET + compare-and-set), the lease script and the module\n"
-          "(when loaded), one row each.\n",
+          "(when loaded), one row each; then a combined policy's acquire +\n"
+          "release as two steps (lease, then rate) and as one command.\n",
           f);
     return f == stdout ? 0 : 2;
 }

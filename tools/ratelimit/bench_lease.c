@@ -3,7 +3,8 @@
  * ratelimit bench --leases: an in-flight lease (acquire + release) beside
  * one rate decision, on the memory store, a shared-memory region and,
  * with --redis URL, Redis (leases by the general path, the lease script
- * and the module, side by side); 1 and 64 callers (threads) on one key.  Each
+ * and the module, side by side; then a combined policy's acquire and
+ * release as two steps and as one command); 1 and 64 callers (threads) on one key.  Each
  * figure is the calls made in a fixed span by all callers; the best of 3
  * rounds, alternated; the ratio is of the same run (docs/performance.md, "Leases").
  */
@@ -39,7 +40,21 @@ static void *caller(void *arg)
     while (!atomic_load(&r->go))
         ;
     while (!atomic_load_explicit(&r->stop, memory_order_relaxed)) {
-        if (r->lim != NULL) {
+        if (r->lim != NULL && r->in != NULL) {
+            /* A combined policy as two steps: the lease, then the rate
+             * limits (how an acquire went before they were one). */
+            rate_lease_t l;
+            rate_decision_t d, rd;
+            if (rate_inflight_acquire(r->in, "hot", 3, RATE_LEASE_NORMAL, &l,
+                                      &d) != RATE_OK || !d.allowed) {
+                errors++;
+            } else {
+                errors += rate_limiter_check(r->lim, "hot", 3, 1, 0, &rd) !=
+                              RATE_OK || !rd.allowed;
+                errors += rate_inflight_release(r->in, "hot", 3, &l) !=
+                          RATE_OK;
+            }
+        } else if (r->lim != NULL) {
             rate_decision_t d;
             errors += rate_limiter_check(r->lim, "hot", 3, 1, 0, &d) !=
                           RATE_OK || !d.allowed;
@@ -122,6 +137,62 @@ static int row(const char *name, rate_store_t *store)
     return 0;
 }
 
+#ifdef RATE_WITH_REDIS
+/* A combined policy's acquire + release on one Redis store: as two steps
+ * (a lease-only object and a limiter, the two round trips an acquire took
+ * before) and as one (the combined object: one command). */
+static int combined_row(const char *name, rate_store_t *store)
+{
+    static const char rate[] = "token-bucket 100000/s burst=100000";
+    rate_policy_t *rp;
+    rate_inflight_policy_t *lp, *cp;
+    char err[256];
+    if (rate_policy_parse(rate, &rp, err, sizeof err) != RATE_OK ||
+        rate_inflight_policy_parse("concurrency 64 ttl=1m", &lp, err,
+                                   sizeof err) != RATE_OK ||
+        rate_inflight_policy_parse("concurrency 64 ttl=1m; token-bucket "
+                                   "100000/s burst=100000",
+                                   &cp, err, sizeof err) != RATE_OK)
+        return cli_fail("bench: %s", err);
+    rate_limiter_config_t lc = {.policy = rp, .store = store};
+    rate_inflight_config_t li = {.policy = lp, .store = store};
+    rate_inflight_config_t ci = {.policy = cp, .store = store};
+    rate_limiter_t *lim = NULL;
+    rate_inflight_t *lease = NULL, *both = NULL;
+    int rc = rate_limiter_new(&lc, &lim);
+    if (rc == RATE_OK)
+        rc = rate_inflight_new(&li, &lease);
+    if (rc == RATE_OK)
+        rc = rate_inflight_new(&ci, &both);
+    if (rc != RATE_OK) {
+        rate_limiter_free(lim);
+        rate_inflight_free(lease);
+        return cli_fail("bench: %s: %s", name, rate_strerror(rc));
+    }
+    static const int callers[] = {1, 64};
+    for (size_t c = 0; c < 2; c++) {
+        uint64_t errors = 0;
+        double two = 0, one = 0;
+        for (int round = 0; round < 3; round++) { /* alternated, best of 3 */
+            double t = measure(lim, lease, callers[c], &errors);
+            double o = measure(NULL, both, callers[c], &errors);
+            two = t > two ? t : two;
+            one = o > one ? o : one;
+        }
+        printf("%-14s %7d %14.0f %14.0f %9.2f%s\n", name, callers[c], two,
+               one, one / two, errors ? "  (errors or denials)" : "");
+        fflush(stdout);
+    }
+    rate_inflight_free(both);
+    rate_inflight_free(lease);
+    rate_limiter_free(lim);
+    rate_inflight_policy_free(cp);
+    rate_inflight_policy_free(lp);
+    rate_policy_free(rp);
+    return 0;
+}
+#endif
+
 int bench_leases(const char *redis_url)
 {
     rate_store_t *mem = NULL, *shm = NULL;
@@ -180,6 +251,25 @@ int bench_leases(const char *redis_url)
             rate_store_redis_drop(rs);
             rate_store_free(rs);
         }
+        /* A combined policy: its acquire + release as two steps and as
+         * one command (docs/leases.md, "Leases on Redis"). */
+        printf("\ncombined policy (concurrency 64; token bucket)\n"
+               "%-14s %7s %14s %14s %9s\n", "store", "callers",
+               "two steps/s", "one command/s", "ratio");
+        for (size_t i = 1; i < sizeof paths / sizeof paths[0]; i++) {
+            rate_redis_options_t ro = {.prefix = "ratelimit-bench-lease:",
+                                       .module = paths[i].module};
+            rate_store_t *rs = NULL;
+            if (rate_store_redis_new(redis_url, &ro, &rs, err, sizeof err) !=
+                RATE_OK) {
+                printf("%-14s (no ratelimit.so on the server)\n",
+                       paths[i].name);
+                continue;
+            }
+            status |= combined_row(paths[i].name, rs);
+            rate_store_redis_drop(rs);
+            rate_store_free(rs);
+        }
 #endif
     }
     printf("leases/s: acquire + release pairs (concurrency 64, one key);\n"
@@ -188,5 +278,11 @@ int bench_leases(const char *redis_url)
            "redis-generic: leases by HMGET + compare-and-set (2 round trips\n"
            "each, more on a conflict); redis-script, redis-module: by the\n"
            "lease script or RATELIMIT.LEASE (1 round trip each).\n");
+    if (redis_url != NULL)
+        printf("combined: acquire + release pairs of \"concurrency 64 "
+               "ttl=1m; token-bucket\n"
+               "100000/s\": two steps, the lease then the rate limits (3\n"
+               "round trips a pair); one command, the lease with its rate\n"
+               "limits (2 a pair); ratio: one / two.\n");
     return status;
 }

@@ -550,6 +550,7 @@ static ajob_t *job_get(astore_t *s)
     }
     memset(j, 0, offsetof(ajob_t, cmd));
     j->cmd.k = NULL;
+    j->cmd.k2 = NULL;
     j->cmd.lean = -1;
     j->cmd.script = NULL;
     return j;
@@ -906,10 +907,14 @@ static int lease_cmd(ajob_t *j, bool module)
         return load_cmd(j);
     j->phase = PH_LEASE;
     j->noscripts = 0;
+    j->no_fn = 0;
     j->module = module && rate__redis_lease_module_ok(s->paths) &&
                 rate__redis_module_try(s->paths);
-    return rate__redis_lease_cmd(s->proto, j->module, &j->job->key,
-                                 j->job->lease, &j->cmd);
+    int rc = rate__redis_lease_cmd(s->proto, j->module,
+                                   !j->module && rate__redis_fcall_on(s->paths),
+                                   &j->job->key, j->job->lease, &j->cmd);
+    j->fcall = rc == RATE_OK && rate__redis_lease_fcall(&j->cmd);
+    return rc;
 }
 
 /* A load's reply: run the step over it; the compare-and-set, or done. */
@@ -1131,12 +1136,16 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
             return;
         }
     }
-    if (j->phase == PH_DECIDE && j->fcall && rate__redis_no_function(rep)) {
+    if ((j->phase == PH_DECIDE || j->phase == PH_LEASE) && j->fcall &&
+        rate__redis_no_function(rep)) {
         /* A node without the library (a new node, a restart, FUNCTION
          * FLUSH): loaded on this connection, then called again; once
          * more, or a server that will not load it: the EVALSHA. */
         if (j->no_fn++ > 0 || !fn_load(c)) {
-            rate__redis_cmd_evalsha(j->s->proto, &j->cmd);
+            if (j->phase == PH_LEASE)
+                rate__redis_lease_evalsha(&j->cmd);
+            else
+                rate__redis_cmd_evalsha(j->s->proto, &j->cmd);
             j->fcall = false;
         }
         if ((rc = send_on(j, n, j->asking)) != RATE_OK)
@@ -1388,6 +1397,7 @@ static const rate_store_methods_t async_methods = {
     .start = a_start,
     .destroy = a_destroy,
     .decide_changes = true, /* the lean scripts' refunds and penalties */
+    .lease_rate = true, /* start(): an acquire with its rate limits */
 };
 
 /* The first topology (rate__rasync_new). */

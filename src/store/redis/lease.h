@@ -12,11 +12,17 @@
 #include "protocol.h"
 
 /* The command of one lease operation: RATELIMIT.LEASE with module, else
- * the EVALSHA of the lease script.  RATE_EINVAL for a key that is not a
+ * the lease script, by FCALL with fcall (the Functions library of
+ * protocol.h), else by EVALSHA.  RATE_EINVAL for a key that is not a
  * state's, RATE_ENOMEM; rate__redis_cmd_free() after. */
 int rate__redis_lease_cmd(const rate__redis_proto_t *p, bool module,
-                          const rate_key_t *key, const rate_lease_req_t *q,
-                          rate__redis_cmd_t *c);
+                          bool fcall, const rate_key_t *key,
+                          const rate_lease_req_t *q, rate__redis_cmd_t *c);
+
+/* Whether c is a lease script's FCALL; then, turn it into its EVALSHA
+ * (a server without the library, or that will not load it). */
+bool rate__redis_lease_fcall(const rate__redis_cmd_t *c);
+void rate__redis_lease_evalsha(rate__redis_cmd_t *c);
 
 /* Its reply (after rate__redis_reply_ok) into q's outputs: RATE_OK,
  * RATE_ELEASE, RATE_EEXPIRED, or RATE_ECORRUPT (a state that is not a

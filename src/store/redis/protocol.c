@@ -20,8 +20,18 @@
  * (a shadow state).  A key without '}' keeps its name; a '{' in a key
  * changes nothing, as Redis reads the tag from the first '{', ours.
  *
- * After the prefix comes '{', 's', 'p' or 'e', so no two spaces ever share
- * a name.  A new key's version starts from Redis's TIME in microseconds,
+ * A key's leases (src/lease/: a state key of the bytes "\xffLEASE\x01\0"
+ * then the key's) are named by the key's own tag, so that one command
+ * may touch both the key's rate state and its leases on a Redis Cluster:
+ *
+ *   leases of KEY      PREFIX "l{" KEY "}", or PREFIX "el{" ESC "}"
+ *
+ * (Earlier builds, before any release had leases, named them as any
+ * state key, PREFIX "{" "\xffLEASE"... "}": docs/leases.md, "Leases on
+ * Redis", says what mixing builds means.)
+ *
+ * After the prefix comes '{', 's', 'p', 'l' or 'e', so no two spaces ever
+ * share a name.  A new key's version starts from Redis's TIME in microseconds,
  * so a key that expired and came back does not reuse the version a slow
  * client may still hold.  Every write sets the key's expiry to its
  * reset_after (never for RATE_TTL_FOREVER, nor with no_ttl).  With no_ttl
@@ -36,6 +46,7 @@
 
 #include "../../sha1.h"
 #include "lease_lua.h"
+#include "lease_rate_lua.h"
 #include "protocol.h"
 #include "redis_step_lua.h"
 #include "redis_tb_lua.h"
@@ -106,13 +117,23 @@ const char *rate__redis_lease_script(size_t *len)
     return lease_lua;
 }
 
+const char *rate__redis_lease_rate_script(size_t *len)
+{
+    *len = sizeof lease_rate_lua - 1;
+    return lease_rate_lua;
+}
+
 bool rate__redis_script(unsigned i, const char **src, size_t *len)
 {
-    if (i == 3 + LEAN_COUNT) { /* then the lease script (lease.c) */
+    if (i == 3 + LEAN_COUNT) { /* then the lease scripts (lease.c) */
         *src = rate__redis_lease_script(len);
         return true;
     }
-    if (i >= 3 + LEAN_COUNT)
+    if (i == 4 + LEAN_COUNT) {
+        *src = rate__redis_lease_rate_script(len);
+        return true;
+    }
+    if (i >= 4 + LEAN_COUNT)
         return false;
     *src = i == 0   ? cas_script
            : i == 1 ? redis_step_lua
@@ -148,6 +169,10 @@ int rate__redis_reply_ok(int rc, const redisReply *rep)
 
 /* ----------------------------------------------------------------- keys */
 
+/* The bytes before a key's own in the store key of its leases
+ * (src/lease/inflight.c, docs/leases.md). */
+static const char LEASE_PREFIX[8] = {'\xff', 'L', 'E', 'A', 'S', 'E', '\x01', 0};
+
 /* The Redis name of a key (see the top of the file) into buf, or the heap
  * if it does not fit (free it when *out != buf).  RATE_EINVAL for no bytes
  * or an unknown space. */
@@ -161,6 +186,16 @@ int rate__redis_key_name(const rate__redis_proto_t *pr, const rate_key_t *key,
     *out = NULL;
     if (key == NULL || key->bytes == NULL || key->len == 0)
         return RATE_EINVAL;
+    /* A key's leases: under the key's own tag (see the top). */
+    rate_key_t lk;
+    bool lease = key->space == RATE_SPACE_STATE &&
+                 key->len > sizeof LEASE_PREFIX &&
+                 memcmp(key->bytes, LEASE_PREFIX, sizeof LEASE_PREFIX) == 0;
+    if (lease) {
+        lk = (rate_key_t){key->bytes + sizeof LEASE_PREFIX,
+                          key->len - sizeof LEASE_PREFIX, RATE_SPACE_STATE};
+        key = &lk;
+    }
     switch (key->space) {
     case RATE_SPACE_STATE:
     case RATE_SPACE_SHADOW:
@@ -169,7 +204,7 @@ int rate__redis_key_name(const rate__redis_proto_t *pr, const rate_key_t *key,
             char ch = ((const char *)key->bytes)[i];
             body += esc && (ch == '}' || ch == '%') ? 3 : 1;
         }
-        open = (size_t)1 + (key->space == RATE_SPACE_SHADOW) + esc;
+        open = (size_t)1 + (key->space == RATE_SPACE_SHADOW) + esc + lease;
         break;
     case RATE_SPACE_POLICY: open = 2, body = key->len * 2; break;
     default: return RATE_EINVAL;
@@ -184,6 +219,8 @@ int rate__redis_key_name(const rate__redis_proto_t *pr, const rate_key_t *key,
         *p++ = 'e';
     if (key->space == RATE_SPACE_SHADOW)
         *p++ = 's';
+    else if (lease)
+        *p++ = 'l';
     else if (key->space == RATE_SPACE_POLICY)
         *p++ = 'p';
     *p++ = '{';
@@ -215,8 +252,8 @@ int rate__redis_key_name(const rate__redis_proto_t *pr, const rate_key_t *key,
 }
 
 /* Whether a name is one the store writes under its prefix (see the top of
- * the file): PREFIX, then "", "s", "p", "e" or "es", then "{", a body of at
- * least one byte with no '}', and "}" to end it. */
+ * the file): PREFIX, then "", "s", "p", "l", "e", "es" or "el", then "{", a
+ * body of at least one byte with no '}', and "}" to end it. */
 bool rate__redis_own_name(const rate__redis_proto_t *pr, const char *s,
                           size_t len)
 {
@@ -226,7 +263,7 @@ bool rate__redis_own_name(const rate__redis_proto_t *pr, const char *s,
     const char *p = s + pr->prefix_len, *end = s + len - 1;
     if (*p == 'e')
         p++;
-    if (*p == 's' || (*p == 'p' && p == s + pr->prefix_len))
+    if (*p == 's' || *p == 'l' || (*p == 'p' && p == s + pr->prefix_len))
         p++;
     if (p >= end || *p != '{' || p + 1 == end)
         return false;
@@ -252,6 +289,8 @@ void rate__redis_cmd_free(rate__redis_cmd_t *c)
     if (c->k != NULL && c->k != c->kb)
         free(c->k);
     c->k = NULL;
+    free(c->k2);
+    c->k2 = NULL;
 }
 
 /* Whether a reply is NOSCRIPT (Redis restarted, or SCRIPT FLUSH). */
@@ -275,6 +314,7 @@ static int cmd_key(const rate__redis_proto_t *p, const rate_key_t *key,
     c->argc = 0;
     c->lean = -1;
     c->k = NULL;
+    c->k2 = NULL;
     return rate__redis_key_name(p, key, c->kb, sizeof c->kb, &c->k, &c->kl);
 }
 
@@ -516,6 +556,27 @@ static int step_limits(const rate_policy_t *p, char (*num)[24], int nn)
     return nn;
 }
 
+int rate__redis_step_args(const rate__redis_proto_t *p, bool module,
+                          const rate_decide_req_t *q, char (*num)[24],
+                          int *nn)
+{
+    const rate_policy_t *pol = q->policy;
+    size_t count = rate_policy_count(pol);
+
+    if (q->op != RATE_DECIDE_ACQUIRE || count == 0 ||
+        count > RATE_MAX_LIMITS ||
+        (q->format != RATE__FORMAT_V1 && q->format != RATE__FORMAT))
+        return RATE_ENOTSUP;
+    for (size_t i = 0; i < count; i++)
+        if (rate_policy_limit(pol, i)->block_ns != 0)
+            return RATE_ENOTSUP; /* a block: the compare-and-set path's */
+    if (!module && !lua_can(q))
+        return RATE_ENOTSUP;
+    *nn += step_head(p, q, module, num + *nn);
+    *nn = step_limits(pol, num, *nn);
+    return RATE_OK;
+}
+
 /* The command of RATELIMIT.STEP (redis-module/): the general step's
  * arguments, the expiry in milliseconds.  RATE_ENOTSUP for what the
  * module does not decide: a block, a refund or a penalty. */
@@ -564,6 +625,7 @@ int rate__redis_decide_cmd(const rate__redis_proto_t *p, rate__redis_via_t via,
     c->script = NULL;
     c->script_len = 0;
     c->k = NULL; /* nothing to free before cmd_key */
+    c->k2 = NULL;
     if (key != NULL && key->space == RATE_SPACE_POLICY)
         return RATE_EINVAL; /* records are no states to decide over */
     if (q->format != RATE__FORMAT_V1 && q->format != RATE__FORMAT)
@@ -644,29 +706,40 @@ int rate__redis_decide_parse(const redisReply *rep, rate_decision_t *d)
     return ok && d->reason <= RATE_REASON_NEVER ? RATE_OK : RATE_ECORRUPT;
 }
 
-/* The Functions library of the lean scripts (see the struct): each
- * script's text as a function's body, FNV-1a of the three the version. */
+/* The Functions library of the lean scripts and the lease scripts (see
+ * the struct): each script's text as a function's body, FNV-1a of their
+ * texts the version. */
 static int make_fn_lib(rate__redis_proto_t *p)
 {
-    static const char *tag[LEAN_COUNT] = {"tb", "lb", "fw"};
+    /* the lean scripts, then the lease scripts (lease.c) */
+    enum { FNS = LEAN_COUNT + 2 };
+    static const char *tag[FNS] = {"tb", "lb", "fw", "lease", "leaserate"};
+    const char *src[FNS];
+    char *name[FNS];
     uint32_t h = 2166136261u;
     size_t len = 64;
-    for (int i = 0; i < LEAN_COUNT; i++) {
-        for (size_t j = 0; j < lean_scripts[i].len; j++)
-            h = (h ^ (unsigned char)lean_scripts[i].src[j]) * 16777619u;
-        len += lean_scripts[i].len + 96;
+    for (int i = 0; i < FNS; i++) {
+        size_t sl = i < LEAN_COUNT ? lean_scripts[i].len : 0;
+        src[i] = i < LEAN_COUNT    ? lean_scripts[i].src
+                 : i == LEAN_COUNT ? rate__redis_lease_script(&sl)
+                                   : rate__redis_lease_rate_script(&sl);
+        name[i] = i < LEAN_COUNT    ? p->fn_name[i]
+                  : i == LEAN_COUNT ? p->fn_lease
+                                    : p->fn_lease_rate;
+        for (size_t j = 0; j < sl; j++)
+            h = (h ^ (unsigned char)src[i][j]) * 16777619u;
+        len += sl + 96;
     }
     if ((p->fn_lib = malloc(len)) == NULL)
         return RATE_ENOMEM;
     size_t n = (size_t)snprintf(p->fn_lib, len,
                                 "#!lua name=ratelimit_%08x\n", (unsigned)h);
-    for (int i = 0; i < LEAN_COUNT; i++) {
-        snprintf(p->fn_name[i], sizeof p->fn_name[i], "ratelimit_%s_%08x",
-                 tag[i], (unsigned)h);
+    for (int i = 0; i < FNS; i++) {
+        snprintf(name[i], 32, "ratelimit_%s_%08x", tag[i], (unsigned)h);
         n += (size_t)snprintf(p->fn_lib + n, len - n,
                               "redis.register_function('%s', "
                               "function(KEYS, ARGV)\n%s\nend)\n",
-                              p->fn_name[i], lean_scripts[i].src);
+                              name[i], src[i]);
     }
     p->fn_lib_len = n;
     return RATE_OK;

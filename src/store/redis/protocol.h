@@ -40,6 +40,8 @@ typedef struct rate__redis_proto {
     char *fn_lib;
     size_t fn_lib_len;
     char fn_name[RATE__LEAN_COUNT][32];
+    /* ... and the lease scripts in it (lease.lua, lease_rate.lua) */
+    char fn_lease[32], fn_lease_rate[32];
 } rate__redis_proto_t;
 
 /* Copies the prefix, names the scripts and builds the Functions library
@@ -64,7 +66,9 @@ const char *rate__redis_lease_script(size_t *len);
 extern const char rate__redis_touch_script[];
 extern const size_t rate__redis_touch_script_len;
 
-#define RATE__REDIS_ARGS_MAX (4 + 7 + 4 * RATE_MAX_LIMITS)
+/* The longest command: an acquire with rate limits (lease.c), the
+ * EVALSHA's 5 words, the lease's 9 arguments and the step's. */
+#define RATE__REDIS_ARGS_MAX (5 + 9 + 7 + 4 * RATE_MAX_LIMITS)
 
 /* One command: argc, av, al for hiredis's argv calls; the bytes it points
  * to live in it (or in the caller's state for a compare-and-set).
@@ -73,10 +77,12 @@ typedef struct rate__redis_cmd {
     int argc;
     const char *av[RATE__REDIS_ARGS_MAX];
     size_t al[RATE__REDIS_ARGS_MAX];
-    char num[7 + 4 * RATE_MAX_LIMITS][24];
+    char num[7 + 7 + 4 * RATE_MAX_LIMITS][24];
     char kb[RATE_KEY_MAX * 3 + 300]; /* the key's name when it fits */
     char *k;                         /* the key's name (kb or the heap) */
     size_t kl;
+    char *k2;  /* an acquire with rate limits: the rate key's name (heap) */
+    size_t kl2;
     int lean;           /* a decide's lean script (its index), or -1 */
     bool module;        /* a decide's RATELIMIT.STEP */
     const char *script; /* the script of an EVALSHA, for NOSCRIPT */
@@ -95,6 +101,17 @@ typedef enum rate__redis_via {
  * it when *out != buf).  RATE_EINVAL for no bytes or an unknown space. */
 int rate__redis_key_name(const rate__redis_proto_t *p, const rate_key_t *key,
                          char *buf, size_t cap, char **out, size_t *out_len);
+/* The step's arguments for q after the key (step.lua's, or with module
+ * RATELIMIT.STEP's, whose expiry is in ms) into num, from num[*nn] on:
+ * RATE_OK, or RATE_ENOTSUP when neither decides q exactly (a block, a
+ * refund or penalty, another format, and for the script its 2^50
+ * bound). */
+int rate__redis_step_args(const rate__redis_proto_t *p, bool module,
+                          const rate_decide_req_t *q, char (*num)[24],
+                          int *nn);
+/* The lease-and-rate script's text (lease_rate.lua: an acquire with the
+ * rate limits, all or nothing; lease.c). */
+const char *rate__redis_lease_rate_script(size_t *len);
 /* Whether a name is one the store writes under its prefix. */
 bool rate__redis_own_name(const rate__redis_proto_t *p, const char *s,
                           size_t len);

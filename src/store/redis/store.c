@@ -246,6 +246,34 @@ static int r_now(void *self, uint64_t *now_ns)
     return redis_now(r, now_ns);
 }
 
+/* After an FCALL answered "no such function" (a node without the
+ * library, loaded on first use: a new node, a restart without
+ * persistence, FUNCTION FLUSH): the library loaded there, then c called
+ * again into *rep.  A server that will not load it (before Redis 7, or a
+ * user without the right) gets c's script by EVAL instead, and this
+ * store's scripts from now on (FCALL off). */
+static int fcall_again(redis_store_t *r, uint64_t dl, rate__redis_cmd_t *c,
+                       redisReply **rep)
+{
+    int rc = rate__rsync_call(r, dl, c->k, c->kl, 4,
+               (const char *[]){"FUNCTION", "LOAD", "REPLACE",
+                                r->proto.fn_lib},
+               (size_t[]){8, 4, 7, r->proto.fn_lib_len}, rep);
+    bool loaded = rc == RATE_OK && (*rep)->type == REDIS_REPLY_STRING;
+    /* another caller loaded it first: it is there */
+    loaded |= rc == RATE_OK && (*rep)->type == REDIS_REPLY_ERROR &&
+              strstr((*rep)->str, "already exists") != NULL;
+    freeReplyObject(*rep);
+    *rep = NULL;
+    if (!loaded && (rc == RATE_OK || rc == RATE_ESTORE)) {
+        atomic_store(&r->paths.fcall, false);
+        rate__redis_cmd_eval(c);
+    }
+    if (rc == RATE_OK || rc == RATE_ESTORE)
+        rc = rate__rsync_call(r, dl, c->k, c->kl, c->argc, c->av, c->al, rep);
+    return rc;
+}
+
 /* decide() by the scripts, in one round trip: the lean script's FCALL
  * when the server has the Functions library (loaded on first use), else
  * an EVALSHA.  Returns RATE_ENOTSUP when the script declines (nothing
@@ -273,28 +301,9 @@ static int r_decide(void *self, const rate_key_t *key,
     uint64_t dl = deadline_of(r);
     rc = rate__rsync_call(r, dl, c.k, c.kl, c.argc, c.av, c.al, &rep);
     if (fcall && rc == RATE_OK && rate__redis_no_function(rep)) {
-        /* A node without the library (loaded on first use: a new node, a
-         * restart without persistence, FUNCTION FLUSH): load it there,
-         * then call again.  A server that will not (before Redis 7, or a
-         * user without the right) gets the script instead, from now on. */
         freeReplyObject(rep);
         rep = NULL;
-        rc = rate__rsync_call(r, dl, c.k, c.kl, 4,
-                   (const char *[]){"FUNCTION", "LOAD", "REPLACE",
-                                    r->proto.fn_lib},
-                   (size_t[]){8, 4, 7, r->proto.fn_lib_len}, &rep);
-        bool loaded = rc == RATE_OK && rep->type == REDIS_REPLY_STRING;
-        /* another caller loaded it first: it is there */
-        loaded |= rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
-                  strstr(rep->str, "already exists") != NULL;
-        freeReplyObject(rep);
-        rep = NULL;
-        if (!loaded && (rc == RATE_OK || rc == RATE_ESTORE)) {
-            atomic_store(&r->paths.fcall, false);
-            rate__redis_cmd_eval(&c);
-        }
-        if (rc == RATE_OK || rc == RATE_ESTORE)
-            rc = rate__rsync_call(r, dl, c.k, c.kl, c.argc, c.av, c.al, &rep);
+        rc = fcall_again(r, dl, &c, &rep);
     } else if (rc == RATE_OK && rate__redis_noscript(rep)) {
         freeReplyObject(rep); /* Redis restarted or SCRIPT FLUSH */
         rate__redis_cmd_eval(&c);
@@ -472,11 +481,16 @@ static int lease_call(redis_store_t *r, bool module, const rate_key_t *key,
                       redisReply **rep)
 {
     rate__redis_cmd_t c;
-    int rc = rate__redis_lease_cmd(&r->proto, module, key, q, &c);
+    bool fcall = !module && atomic_load(&r->paths.fcall);
+    int rc = rate__redis_lease_cmd(&r->proto, module, fcall, key, q, &c);
     if (rc != RATE_OK)
         return rc;
     rc = rate__rsync_call(r, dl, c.k, c.kl, c.argc, c.av, c.al, rep);
-    if (!module && rc == RATE_OK && rate__redis_noscript(*rep)) {
+    if (fcall && rc == RATE_OK && rate__redis_no_function(*rep)) {
+        freeReplyObject(*rep);
+        *rep = NULL;
+        rc = fcall_again(r, dl, &c, rep);
+    } else if (!module && rc == RATE_OK && rate__redis_noscript(*rep)) {
         freeReplyObject(*rep); /* Redis restarted or SCRIPT FLUSH */
         *rep = NULL;
         rate__redis_cmd_eval(&c);
@@ -535,6 +549,7 @@ static const rate_store_methods_t redis_methods = {
     .destroy = r_destroy,
     .decide_changes = true, /* the lean scripts' refunds and penalties */
     .lease = r_lease,
+    .lease_rate = true, /* an acquire with its rate limits, one command */
 };
 
 /* What the asynchronous transport needs of the store's settings. */
