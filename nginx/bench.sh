@@ -15,6 +15,9 @@
 # NO_REDIS=1 leaves the Redis row out; REFUND=1 adds one of two Redis
 # limits whose second always denies (the first refunded without waiting,
 # rate_limiter_refund_start on the worker's loop), each answered 429.
+# BASE_MODULE=/path/other.so adds a row "base": the Redis row's nginx with
+# that module (another build's, main's say) on the same Redis, in turn
+# with the others: two builds side by side in one run.
 set -euo pipefail
 MODULE=$(realpath "$1")
 ROUNDS=${2:-5}
@@ -108,6 +111,14 @@ if [ -z "${NO_REDIS:-}" ] && command -v redis-server >/dev/null && command -v re
   curl -sf -o /dev/null "$url_redis" ||
     { echo "bench: the store=redis nginx does not answer 200" >&2; exit 1; }
   names="$names redis"
+  if [ -n "${BASE_MODULE:-}" ]; then
+    start base "load_module $(realpath "$BASE_MODULE");" \
+      'ratelimit bench $binary_remote_addr; ratelimit_fail closed;' \
+      "store=redis://127.0.0.1:$rport"
+    curl -sf -o /dev/null "$url_base" ||
+      { echo "bench: the BASE_MODULE nginx does not answer 200" >&2; exit 1; }
+    names="$names base"
+  fi
   [ -n "${REDIS_MODULE:-}" ] &&
     echo "redis-server with $(redis-cli -p "$rport" MODULE LIST | sed -n 2p) loaded"
   if [ -n "${REFUND:-}" ]; then
@@ -127,9 +138,9 @@ else
   echo "bench: no redis-server (or NO_REDIS): the store=redis row is left out"
 fi
 
-declare -A best=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0)
-declare -A cpu=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0)
-declare -A reqs=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0)
+declare -A best=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0 [base]=0)
+declare -A cpu=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0 [base]=0)
+declare -A reqs=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0 [base]=0)
 for r in $(seq 1 "$ROUNDS"); do
   for name in $names; do
     url_var="url_$name"
@@ -166,6 +177,13 @@ if [ "${best[redis]}" -gt 0 ]; then
       -v cr="${cpu[redis]}" -v nr="${reqs[redis]}" -v hz="$hz" 'BEGIN {
     printf "store=redis: best %d requests/s, redis/off %.3f (cost %.1f%%); worker CPU a request %.2f us (%.3f of off)\n",
            r, r / o, 100 * (1 - r / o), cr / hz / nr * 1e6, (cr / nr) / (co / no) }'
+fi
+if [ "${best[base]}" -gt 0 ]; then
+  awk -v o="${best[off]}" -v r="${best[redis]}" -v b="${best[base]}" -v co="${cpu[off]}" \
+      -v no="${reqs[off]}" -v cr="${cpu[redis]}" -v nr="${reqs[redis]}" -v cb="${cpu[base]}" \
+      -v nb="${reqs[base]}" -v hz="$hz" 'BEGIN {
+    printf "store=redis, BASE_MODULE: best %d requests/s, base/off %.3f; worker CPU a request %.2f us (%.3f of off); this/base: requests/s %.3f, CPU a request %.3f\n",
+           b, b / o, cb / hz / nb * 1e6, (cb / nb) / (co / no), r / b, (cr / nr) / (cb / nb) }'
 fi
 if [ "${best[refund]}" -gt 0 ]; then
   awk -v o="${best[off]}" -v r="${best[redis]}" -v f="${best[refund]}" 'BEGIN {
