@@ -78,6 +78,17 @@ CONF
   eval "master_$name=$(cat "$dir/nginx.pid")"
 }
 
+# rticks: the CPU clock ticks (user + system) of the private redis-server
+# so far (0 without one).
+rticks() {
+  local rest
+  [ -n "$rpid" ] || { echo 0; return; }
+  rest=$(cat "/proc/$rpid/stat")
+  rest=${rest##*) }
+  set -- $rest
+  echo $((${12} + ${13}))
+}
+
 # ticks MASTER: the CPU clock ticks (user + system) its workers used so far.
 ticks() {
   local f t=0 rest
@@ -141,17 +152,21 @@ fi
 declare -A best=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0 [base]=0)
 declare -A cpu=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0 [base]=0)
 declare -A reqs=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0 [base]=0)
+declare -A rcpu=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0 [base]=0)
 for r in $(seq 1 "$ROUNDS"); do
   for name in $names; do
     url_var="url_$name"
     master_var="master_$name"
     MASTER=${!master_var}
     t0=$(ticks)
+    r0=$(rticks)
     out=$(wrk -t2 -c32 -d"${SECS}s" "${!url_var}")
     t1=$(ticks)
+    r1=$(rticks)
     rps=$(awk '/^Requests\/sec/ {printf "%d", $2}' <<<"$out")
     n=$(awk '/requests in/ {print $1}' <<<"$out")
     cpu[$name]=$((cpu[$name] + t1 - t0))
+    rcpu[$name]=$((rcpu[$name] + r1 - r0))
     reqs[$name]=$((reqs[$name] + n))
     echo "round $r $name: $rps requests/s, $((t1 - t0)) ticks for $n requests"
     if [ "$name" != refund ] && grep -q 'Non-2xx' <<<"$out"; then
@@ -184,6 +199,10 @@ if [ "${best[base]}" -gt 0 ]; then
       -v nb="${reqs[base]}" -v hz="$hz" 'BEGIN {
     printf "store=redis, BASE_MODULE: best %d requests/s, base/off %.3f; worker CPU a request %.2f us (%.3f of off); this/base: requests/s %.3f, CPU a request %.3f\n",
            b, b / o, cb / hz / nb * 1e6, (cb / nb) / (co / no), r / b, (cr / nr) / (cb / nb) }'
+  awk -v rr="${rcpu[redis]}" -v nr="${reqs[redis]}" -v rb="${rcpu[base]}" -v nb="${reqs[base]}" \
+      -v hz="$hz" 'BEGIN {
+    printf "redis-server CPU a request: this %.2f us, base %.2f us (this/base %.3f)\n",
+           rr / hz / nr * 1e6, rb / hz / nb * 1e6, (rr / nr) / (rb / nb) }'
 fi
 if [ "${best[refund]}" -gt 0 ]; then
   awk -v o="${best[off]}" -v r="${best[redis]}" -v f="${best[refund]}" 'BEGIN {
