@@ -17,7 +17,9 @@
 # rate_limiter_refund_start on the worker's loop), each answered 429.
 # BASE_MODULE=/path/other.so adds a row "base": the Redis row's nginx with
 # that module (another build's, main's say) on the same Redis, in turn
-# with the others: two builds side by side in one run.
+# with the others: two builds side by side in one run.  REDIS_TIMEOUT=2s
+# sets those zones' timeout= (default the zone's, 100 ms): on a machine
+# loaded past its cores a round may otherwise see timeouts, and fails.
 set -euo pipefail
 MODULE=$(realpath "$1")
 ROUNDS=${2:-5}
@@ -112,20 +114,21 @@ names="off module headers"
 if [ -z "${NO_REDIS:-}" ] && command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
   free_port
   rport=$port
+  rtimeout=${REDIS_TIMEOUT:+ timeout=$REDIS_TIMEOUT}
   rmod=()
   [ -n "${REDIS_MODULE:-}" ] && rmod=(--loadmodule "$(realpath "$REDIS_MODULE")")
   redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no "${rmod[@]}" >"$tmp/redis.log" 2>&1 &
   rpid=$!
   for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
   start redis "load_module $MODULE;" 'ratelimit bench $binary_remote_addr; ratelimit_fail closed;' \
-    "store=redis://127.0.0.1:$rport"
+    "store=redis://127.0.0.1:$rport$rtimeout"
   curl -sf -o /dev/null "$url_redis" ||
     { echo "bench: the store=redis nginx does not answer 200" >&2; exit 1; }
   names="$names redis"
   if [ -n "${BASE_MODULE:-}" ]; then
     start base "load_module $(realpath "$BASE_MODULE");" \
       'ratelimit bench $binary_remote_addr; ratelimit_fail closed;' \
-      "store=redis://127.0.0.1:$rport"
+      "store=redis://127.0.0.1:$rport$rtimeout"
     curl -sf -o /dev/null "$url_base" ||
       { echo "bench: the BASE_MODULE nginx does not answer 200" >&2; exit 1; }
     names="$names base"
