@@ -54,7 +54,7 @@ start_redis "$tmp/redis.log" || { cat "$tmp/redis.log"; echo "FAIL: redis-server
 
 # The slow proxy: its port written to $tmp/proxy.port once it listens.
 cat >"$tmp/proxy.py" <<'PY'
-import socket, sys, threading, time
+import os, socket, sys, threading, time
 
 redis_port, port_file = int(sys.argv[1]), sys.argv[2]
 ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -67,7 +67,6 @@ ls.bind(("127.0.0.1", 0))
 ls.listen(16)
 with open(port_file + ".tmp", "w") as f:
     f.write(str(ls.getsockname()[1]))
-import os
 os.rename(port_file + ".tmp", port_file)
 
 def pump(src, dst, slow):
