@@ -34,7 +34,11 @@ extern "C" {
 
 /* Called by the adapter when the descriptor is ready for `events` (some of
  * those it was told to watch).  The store may free the watch from inside
- * (io_free): the adapter must then call nothing more for it. */
+ * (io_free): the adapter must then call nothing more for it.  An adapter
+ * may call it for RATE_LOOP_WRITE without asking the kernel, on a
+ * descriptor that was writable before (nginx's posts it to the end of the
+ * turn): the store's write may then find EAGAIN, and it keeps WRITE
+ * watched, which the adapter then waits for as level-triggered. */
 typedef void (*rate_loop_io_fn)(void *arg, unsigned events);
 /* Called by the adapter when an armed timer expires (once per arming). */
 typedef void (*rate_loop_timer_fn)(void *arg);

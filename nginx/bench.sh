@@ -15,6 +15,11 @@
 # NO_REDIS=1 leaves the Redis row out; REFUND=1 adds one of two Redis
 # limits whose second always denies (the first refunded without waiting,
 # rate_limiter_refund_start on the worker's loop), each answered 429.
+# BASE_MODULE=/path/other.so adds a row "base": the Redis row's nginx with
+# that module (another build's, main's say) on the same Redis, in turn
+# with the others: two builds side by side in one run.  REDIS_TIMEOUT=2s
+# sets those zones' timeout= (default the zone's, 100 ms): on a machine
+# loaded past its cores a round may otherwise see timeouts, and fails.
 set -euo pipefail
 MODULE=$(realpath "$1")
 ROUNDS=${2:-5}
@@ -75,6 +80,17 @@ CONF
   eval "master_$name=$(cat "$dir/nginx.pid")"
 }
 
+# rticks: the CPU clock ticks (user + system) of the private redis-server
+# so far (0 without one).
+rticks() {
+  local rest
+  [ -n "$rpid" ] || { echo 0; return; }
+  rest=$(cat "/proc/$rpid/stat")
+  rest=${rest##*) }
+  set -- $rest
+  echo $((${12} + ${13}))
+}
+
 # ticks MASTER: the CPU clock ticks (user + system) its workers used so far.
 ticks() {
   local f t=0 rest
@@ -98,16 +114,25 @@ names="off module headers"
 if [ -z "${NO_REDIS:-}" ] && command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
   free_port
   rport=$port
+  rtimeout=${REDIS_TIMEOUT:+ timeout=$REDIS_TIMEOUT}
   rmod=()
   [ -n "${REDIS_MODULE:-}" ] && rmod=(--loadmodule "$(realpath "$REDIS_MODULE")")
   redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no "${rmod[@]}" >"$tmp/redis.log" 2>&1 &
   rpid=$!
   for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
   start redis "load_module $MODULE;" 'ratelimit bench $binary_remote_addr; ratelimit_fail closed;' \
-    "store=redis://127.0.0.1:$rport"
+    "store=redis://127.0.0.1:$rport$rtimeout"
   curl -sf -o /dev/null "$url_redis" ||
     { echo "bench: the store=redis nginx does not answer 200" >&2; exit 1; }
   names="$names redis"
+  if [ -n "${BASE_MODULE:-}" ]; then
+    start base "load_module $(realpath "$BASE_MODULE");" \
+      'ratelimit bench $binary_remote_addr; ratelimit_fail closed;' \
+      "store=redis://127.0.0.1:$rport$rtimeout"
+    curl -sf -o /dev/null "$url_base" ||
+      { echo "bench: the BASE_MODULE nginx does not answer 200" >&2; exit 1; }
+    names="$names base"
+  fi
   [ -n "${REDIS_MODULE:-}" ] &&
     echo "redis-server with $(redis-cli -p "$rport" MODULE LIST | sed -n 2p) loaded"
   if [ -n "${REFUND:-}" ]; then
@@ -127,20 +152,24 @@ else
   echo "bench: no redis-server (or NO_REDIS): the store=redis row is left out"
 fi
 
-declare -A best=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0)
-declare -A cpu=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0)
-declare -A reqs=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0)
+declare -A best=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0 [base]=0)
+declare -A cpu=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0 [base]=0)
+declare -A reqs=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0 [base]=0)
+declare -A rcpu=([off]=0 [module]=0 [headers]=0 [redis]=0 [refund]=0 [base]=0)
 for r in $(seq 1 "$ROUNDS"); do
   for name in $names; do
     url_var="url_$name"
     master_var="master_$name"
     MASTER=${!master_var}
     t0=$(ticks)
+    r0=$(rticks)
     out=$(wrk -t2 -c32 -d"${SECS}s" "${!url_var}")
     t1=$(ticks)
+    r1=$(rticks)
     rps=$(awk '/^Requests\/sec/ {printf "%d", $2}' <<<"$out")
     n=$(awk '/requests in/ {print $1}' <<<"$out")
     cpu[$name]=$((cpu[$name] + t1 - t0))
+    rcpu[$name]=$((rcpu[$name] + r1 - r0))
     reqs[$name]=$((reqs[$name] + n))
     echo "round $r $name: $rps requests/s, $((t1 - t0)) ticks for $n requests"
     if [ "$name" != refund ] && grep -q 'Non-2xx' <<<"$out"; then
@@ -166,6 +195,17 @@ if [ "${best[redis]}" -gt 0 ]; then
       -v cr="${cpu[redis]}" -v nr="${reqs[redis]}" -v hz="$hz" 'BEGIN {
     printf "store=redis: best %d requests/s, redis/off %.3f (cost %.1f%%); worker CPU a request %.2f us (%.3f of off)\n",
            r, r / o, 100 * (1 - r / o), cr / hz / nr * 1e6, (cr / nr) / (co / no) }'
+fi
+if [ "${best[base]}" -gt 0 ]; then
+  awk -v o="${best[off]}" -v r="${best[redis]}" -v b="${best[base]}" -v co="${cpu[off]}" \
+      -v no="${reqs[off]}" -v cr="${cpu[redis]}" -v nr="${reqs[redis]}" -v cb="${cpu[base]}" \
+      -v nb="${reqs[base]}" -v hz="$hz" 'BEGIN {
+    printf "store=redis, BASE_MODULE: best %d requests/s, base/off %.3f; worker CPU a request %.2f us (%.3f of off); this/base: requests/s %.3f, CPU a request %.3f\n",
+           b, b / o, cb / hz / nb * 1e6, (cb / nb) / (co / no), r / b, (cr / nr) / (cb / nb) }'
+  awk -v rr="${rcpu[redis]}" -v nr="${reqs[redis]}" -v rb="${rcpu[base]}" -v nb="${reqs[base]}" \
+      -v hz="$hz" 'BEGIN {
+    printf "redis-server CPU a request: this %.2f us, base %.2f us (this/base %.3f)\n",
+           rr / hz / nr * 1e6, rb / hz / nb * 1e6, (rr / nr) / (rb / nb) }'
 fi
 if [ "${best[refund]}" -gt 0 ]; then
   awk -v o="${best[off]}" -v r="${best[redis]}" -v f="${best[refund]}" 'BEGIN {

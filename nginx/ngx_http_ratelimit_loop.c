@@ -6,8 +6,14 @@
  * on the worker's only thread.
  *
  * A watch is an nginx connection taken with ngx_get_connection for the
- * store's descriptor (hiredis's socket), its read and write events added
- * and deleted level-triggered as the store asks.  hiredis closes the
+ * store's descriptor (hiredis's socket), its read event added and deleted
+ * level-triggered as the store asks.  Write interest on a socket that has
+ * been writable once is a posted event instead: nginx runs it at the end
+ * of the turn, after every request read in the turn has queued its
+ * command, so a turn's commands go out in one write and no epoll_ctl.
+ * Only a write that does not finish (the store still watches WRITE after
+ * its callback) adds the level-triggered write event, until the store
+ * drops it (docs/internals/nginx.md, "Redis zones").  hiredis closes the
  * descriptor itself: the connection is given back with fd = -1.  A timer
  * is an ngx_event_t on nginx's timer tree, in milliseconds rounded up.
  */
@@ -19,9 +25,14 @@
 
 typedef struct {
     ngx_connection_t *c;
-    unsigned events;
+    unsigned events; /* what the store watches */
     rate_loop_io_fn fn;
     void *arg;
+    /* The socket was reported writable once (a connect in progress waits
+     * for the kernel; after that, write interest is posted). */
+    unsigned writable : 1;
+    unsigned in_write : 1; /* inside fn for a write */
+    unsigned freed : 1;    /* io_free'd inside it: freed after it */
 } ngx_http_ratelimit_io_t;
 
 typedef struct {
@@ -30,12 +41,58 @@ typedef struct {
     void *arg;
 } ngx_http_ratelimit_timer_t;
 
-static void ngx_http_ratelimit_io_handler(ngx_event_t *ev) {
+static void ngx_http_ratelimit_read_handler(ngx_event_t *ev) {
     ngx_connection_t *c = ev->data;
     ngx_http_ratelimit_io_t *io = c->data;
 
     /* The store may free the watch (and so c) from inside fn. */
-    io->fn(io->arg, ev->write ? RATE_LOOP_WRITE : RATE_LOOP_READ);
+    io->fn(io->arg, RATE_LOOP_READ);
+}
+
+/* Brings the write event in line with what the store watches after a
+ * write callback: a write that did not finish (EAGAIN: Redis reads
+ * slowly, a connect in progress) waits for the kernel's readiness,
+ * level-triggered; one that did drops it. */
+static void ngx_http_ratelimit_write_settle(ngx_http_ratelimit_io_t *io) {
+    ngx_event_t *wev = io->c->write;
+
+    if (io->events & RATE_LOOP_WRITE) {
+        if (wev->active) {
+            return;
+        }
+        /* (tests/nginx_redis_slow_test.sh looks for this line) */
+        ngx_log_debug1(NGX_LOG_DEBUG_EVENT, wev->log, 0,
+                       "ratelimit: a write to Redis did not finish, "
+                       "waiting for fd:%d to be writable",
+                       io->c->fd);
+        if (ngx_add_event(wev, NGX_WRITE_EVENT, NGX_LEVEL_EVENT) != NGX_OK) {
+            /* The loop refused: try again next turn rather than leave
+             * the store's bytes unsent. */
+            ngx_post_event(wev, &ngx_posted_next_events);
+        }
+    } else if (wev->active) {
+        (void)ngx_del_event(wev, NGX_WRITE_EVENT, 0);
+    }
+}
+
+/* The write event, posted (the socket was writable before: it is tried)
+ * or reported by the kernel. */
+static void ngx_http_ratelimit_write_handler(ngx_event_t *ev) {
+    ngx_connection_t *c = ev->data;
+    ngx_http_ratelimit_io_t *io = c->data;
+
+    if (!(io->events & RATE_LOOP_WRITE)) {
+        return; /* dropped meanwhile */
+    }
+    io->writable = 1;
+    io->in_write = 1;
+    io->fn(io->arg, RATE_LOOP_WRITE);
+    io->in_write = 0;
+    if (io->freed) { /* the store let go of the watch inside fn */
+        ngx_free(io);
+        return;
+    }
+    ngx_http_ratelimit_write_settle(io);
 }
 
 static void *ngx_http_ratelimit_io_new(void *ud, int fd, rate_loop_io_fn fn,
@@ -60,8 +117,8 @@ static void *ngx_http_ratelimit_io_new(void *ud, int fd, rate_loop_io_fn fn,
     c->log = log;
     c->read->log = log;
     c->write->log = log;
-    c->read->handler = ngx_http_ratelimit_io_handler;
-    c->write->handler = ngx_http_ratelimit_io_handler;
+    c->read->handler = ngx_http_ratelimit_read_handler;
+    c->write->handler = ngx_http_ratelimit_write_handler;
     return io;
 }
 
@@ -81,11 +138,24 @@ static int ngx_http_ratelimit_io_set(void *ud, void *p, unsigned events) {
         io->events ^= RATE_LOOP_READ;
     }
     if (diff & RATE_LOOP_WRITE) {
-        rc = (events & RATE_LOOP_WRITE)
-                 ? ngx_add_event(io->c->write, NGX_WRITE_EVENT,
-                                 NGX_LEVEL_EVENT)
-                 : ngx_del_event(io->c->write, NGX_WRITE_EVENT, 0);
-        if (rc != NGX_OK) {
+        ngx_event_t *wev = io->c->write;
+
+        if (io->in_write) {
+            /* inside the write callback: settled after it */
+        } else if (!(events & RATE_LOOP_WRITE)) {
+            if (wev->posted) {
+                ngx_delete_posted_event(wev);
+            }
+            if (wev->active &&
+                ngx_del_event(wev, NGX_WRITE_EVENT, 0) != NGX_OK) {
+                return -1;
+            }
+        } else if (io->writable) {
+            /* Run at the end of this turn, after the other requests
+             * read in it have queued their commands: one write. */
+            ngx_post_event(wev, &ngx_posted_events);
+        } else if (ngx_add_event(wev, NGX_WRITE_EVENT, NGX_LEVEL_EVENT) !=
+                   NGX_OK) {
             return -1;
         }
         io->events ^= RATE_LOOP_WRITE;
@@ -115,6 +185,11 @@ static void ngx_http_ratelimit_io_free(void *ud, void *p) {
      * in this turn as stale. */
     ngx_free_connection(c);
     c->fd = (ngx_socket_t)-1;
+    io->events = 0;
+    if (io->in_write) {
+        io->freed = 1; /* the write handler frees it once fn returns */
+        return;
+    }
     ngx_free(io);
 }
 

@@ -85,6 +85,8 @@ rate_suite(api_server SH api_server_test.sh NEEDS API_SERVER
 rate_suite(nginx SH nginx_test.sh NEEDS NGINX SKIP77 TIMEOUT 900 ARGS "${RATE_NGINX_SO}")
 rate_suite(nginx_redis SH nginx_redis_test.sh NEEDS NGINX LABELS redis SERIAL SKIP77
            TIMEOUT 900 ARGS "${RATE_NGINX_SO}")
+rate_suite(nginx_redis_slow SH nginx_redis_slow_test.sh NEEDS NGINX LABELS redis SERIAL
+           SKIP77 TIMEOUT 900 ARGS "${RATE_NGINX_SO}")
 rate_suite(install SH install_test.sh NEEDS TOOLS PLAIN ENV "${RATE_PARTS_ENV}"
            ARGS ${CMAKE_BINARY_DIR})
 
