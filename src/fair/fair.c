@@ -158,6 +158,9 @@ typedef struct fasync {
     void *io;
     int efd;
     struct arec *pending, *ready;
+    /* Answered for a lock that could not be taken: their seats may still
+     * name them, so they are kept until rate_fair_free (async_fail). */
+    struct arec *dead;
 } fasync_t;
 
 /* The fields fast_try reads without the lock are written with these (and
@@ -228,6 +231,8 @@ static int table_lock(rate_fair_t *f)
         rc = pthread_mutex_consistent(&f->h->mu);
         if (rc == 0)
             table_repair(f);
+        else /* not held on failure: the lock is then unrecoverable */
+            pthread_mutex_unlock(&f->h->mu);
     }
     return rc == 0 ? RATE_OK : RATE_ESTORE;
 }
@@ -957,8 +962,9 @@ static void async_wake(uint64_t arec);
 
 static void wake_seat(rate_fair_t *f, fwait_t *w)
 {
-    if (w->arec != 0 && w->pid == (int32_t)getpid()) {
-        async_wake(w->arec);
+    uint64_t arec = __atomic_load_n(&w->arec, __ATOMIC_RELAXED);
+    if (arec != 0 && w->pid == (int32_t)getpid()) {
+        async_wake(arec);
         return;
     }
     __atomic_add_fetch(&w->wake, 1, __ATOMIC_RELEASE);
@@ -1123,6 +1129,7 @@ typedef struct arec {
     struct arec *next, *prev; /* the handle's pending list */
     struct arec *rnext;       /* the handle's woken list */
     bool ready;
+    bool dead; /* answered by async_fail: its seat may still name it */
 } arec_t;
 
 /* Called by a waker (table lock held, any thread of the process): queues
@@ -1132,7 +1139,7 @@ static void async_wake(uint64_t arec)
     arec_t *r = (arec_t *)(uintptr_t)arec;
     rate_fair_t *f = r->f;
     pthread_mutex_lock(&f->as->mu);
-    if (!r->ready) {
+    if (!r->ready && !r->dead) {
         r->ready = true;
         r->rnext = f->as->ready;
         f->as->ready = r;
@@ -1168,6 +1175,60 @@ static void async_finish(arec_t *r, int rc, const rate_decision_t *d)
     free(r);
 }
 
+/* Answers the waiter with rc when the table's lock cannot be taken: its
+ * seat cannot be removed then and still names the record, which a waker
+ * reaches (async_wake) if the lock is ever made whole again, so the
+ * record is kept, dead, until rate_fair_free (async_bury). */
+static void async_fail(arec_t *r, int rc)
+{
+    rate_fair_t *f = r->f;
+    rate_decision_t d;
+    memset(&d, 0, sizeof d);
+    pthread_mutex_lock(&f->as->mu);
+    if (r->ready) {
+        arec_t **pp = &f->as->ready;
+        while (*pp != r)
+            pp = &(*pp)->rnext;
+        *pp = r->rnext;
+        r->ready = false;
+    }
+    r->dead = true;
+    pthread_mutex_unlock(&f->as->mu);
+    if (r->prev != NULL)
+        r->prev->next = r->next;
+    else
+        f->as->pending = r->next;
+    if (r->next != NULL)
+        r->next->prev = r->prev;
+    f->as->loop.timer_free(f->as->loop.ud, r->timer);
+    r->timer = NULL;
+    r->cb(r->ud, rc, &d);
+    r->next = f->as->dead;
+    f->as->dead = r;
+}
+
+/* Frees the dead records (rate_fair_free): each seat still theirs is
+ * removed under the lock, or, when it still cannot be taken (nobody
+ * holds it then), unmarked, so that no waker reaches a freed record. */
+static void async_bury(rate_fair_t *f)
+{
+    while (f->as->dead != NULL) {
+        arec_t *r = f->as->dead;
+        f->as->dead = r->next;
+        if (table_lock(f) == RATE_OK) {
+            uint32_t k;
+            if (r->seat->ticket == r->ticket &&
+                ring_find(f, r->sl, r->ticket, &k))
+                ring_remove(f, r->sl, k);
+            table_unlock(f);
+        } else if (__atomic_load_n(&r->seat->ticket, __ATOMIC_RELAXED) ==
+                   r->ticket) {
+            __atomic_store_n(&r->seat->arec, 0, __ATOMIC_RELAXED);
+        }
+        free(r);
+    }
+}
+
 /* One look at the waiter, as the thread waiter's loop does once a wake:
  * answered (too late, admitted, or the shared limit's other answer), or
  * its timer armed for its deadline or the limit's retry time. */
@@ -1178,7 +1239,7 @@ static void async_step(arec_t *r)
     memset(&d, 0, sizeof d);
     int rc = table_lock(f);
     if (rc != RATE_OK) {
-        async_finish(r, rc, &d);
+        async_fail(r, rc);
         return;
     }
     uint64_t now = now_of(f);
@@ -1250,11 +1311,22 @@ static void async_io_cb(void *arg, unsigned events)
     }
 }
 
+/* One loop is told from another by its whole table: the adapter's ud
+ * and every function (two adapters may share a ud). */
+static bool loop_same(const rate_loop_t *a, const rate_loop_t *b)
+{
+    return a->ud == b->ud && a->io_new == b->io_new &&
+           a->io_set == b->io_set && a->io_free == b->io_free &&
+           a->timer_new == b->timer_new && a->timer_arm == b->timer_arm &&
+           a->timer_cancel == b->timer_cancel &&
+           a->timer_free == b->timer_free && a->now == b->now;
+}
+
 /* The handle's first asynchronous call binds it to the loop. */
 static int async_bind(rate_fair_t *f, const rate_loop_t *loop)
 {
     if (f->as != NULL)
-        return f->as->loop.ud == loop->ud ? RATE_OK : RATE_EINVAL;
+        return loop_same(&f->as->loop, loop) ? RATE_OK : RATE_EINVAL;
     fasync_t *as = calloc(1, sizeof *as);
     if (as == NULL)
         return RATE_ENOMEM;
@@ -1589,17 +1661,19 @@ void rate_fair_free(rate_fair_t *f)
         arec_t *r = f->as->pending;
         rate_decision_t d;
         memset(&d, 0, sizeof d);
-        if (table_lock(f) == RATE_OK) {
-            uint32_t k;
-            if (r->seat->ticket == r->ticket &&
-                ring_find(f, r->sl, r->ticket, &k))
-                ring_remove(f, r->sl, k);
-            wake_next(f);
-            table_unlock(f);
+        if (table_lock(f) != RATE_OK) {
+            async_fail(r, RATE_ECANCELED); /* its seat stays: buried below */
+            continue;
         }
+        uint32_t k;
+        if (r->seat->ticket == r->ticket && ring_find(f, r->sl, r->ticket, &k))
+            ring_remove(f, r->sl, k);
+        wake_next(f);
+        table_unlock(f);
         async_finish(r, RATE_ECANCELED, &d);
     }
     if (f->as != NULL) {
+        async_bury(f);
         f->as->loop.io_free(f->as->loop.ud, f->as->io);
         close(f->as->efd);
         pthread_mutex_destroy(&f->as->mu);

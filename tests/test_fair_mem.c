@@ -1,0 +1,296 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Fair shares in memory (docs/fair.md): the regressions of issue 31's
+ * second review, each a defect of src/fair/fair.c: an asynchronous
+ * waiter's record freed while its seat still named it; loops told apart
+ * by their ud alone.  White box: this file compiles src/fair/fair.c
+ * itself (as test_fair_check.c does) to reach the table's lock and
+ * entries.
+ */
+#include "helpers.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include "fair/fair.c"
+
+/* A loop whose timers the test fires itself. */
+#define TIMERS 16
+typedef struct ttimer {
+    rate_loop_timer_fn fn;
+    void *arg;
+    bool used, armed;
+} ttimer_t;
+
+typedef struct tloop {
+    ttimer_t t[TIMERS];
+    rate_loop_io_fn io_fn;
+    void *io_arg;
+} tloop_t;
+
+static void *io_new(void *ud, int fd, rate_loop_io_fn fn, void *arg)
+{
+    tloop_t *l = ud;
+    (void)fd;
+    l->io_fn = fn;
+    l->io_arg = arg;
+    return l;
+}
+
+static int io_set(void *ud, void *io, unsigned ev)
+{
+    (void)ud;
+    (void)io;
+    (void)ev;
+    return 0;
+}
+
+static void io_free(void *ud, void *io)
+{
+    (void)io;
+    ((tloop_t *)ud)->io_fn = NULL;
+}
+
+static void *timer_new(void *ud, rate_loop_timer_fn fn, void *arg)
+{
+    tloop_t *l = ud;
+    for (int i = 0; i < TIMERS; i++)
+        if (!l->t[i].used) {
+            l->t[i] = (ttimer_t){fn, arg, true, false};
+            return &l->t[i];
+        }
+    return NULL;
+}
+
+static int timer_arm(void *ud, void *t, uint64_t ns)
+{
+    (void)ud;
+    (void)ns;
+    ((ttimer_t *)t)->armed = true;
+    return 0;
+}
+
+static void timer_cancel(void *ud, void *t)
+{
+    (void)ud;
+    ((ttimer_t *)t)->armed = false;
+}
+
+static void timer_free(void *ud, void *t)
+{
+    (void)ud;
+    memset(t, 0, sizeof(ttimer_t));
+}
+
+/* Another adapter's timer_new: the same loop functions otherwise. */
+static void *timer_new_other(void *ud, rate_loop_timer_fn fn, void *arg)
+{
+    return timer_new(ud, fn, arg);
+}
+
+static rate_loop_t loop_of(tloop_t *l)
+{
+    return (rate_loop_t){.ud = l, .io_new = io_new, .io_set = io_set,
+                         .io_free = io_free, .timer_new = timer_new,
+                         .timer_arm = timer_arm, .timer_cancel = timer_cancel,
+                         .timer_free = timer_free};
+}
+
+/* Fires every armed timer once (a loop turn). */
+static void fire(tloop_t *l)
+{
+    for (int i = 0; i < TIMERS; i++)
+        if (l->t[i].used && l->t[i].armed) {
+            l->t[i].armed = false;
+            l->t[i].fn(l->t[i].arg);
+        }
+}
+
+typedef struct answers {
+    int calls, rc;
+} answers_t;
+
+static void on_answer(void *ud, int rc, const rate_decision_t *d)
+{
+    answers_t *a = ud;
+    (void)d;
+    a->calls++;
+    a->rc = rc;
+}
+
+static void *lock_and_exit(void *p)
+{
+    pthread_mutex_lock(p); /* robust: its owner ends holding it */
+    return NULL;
+}
+
+/* Makes the table's (robust) lock unrecoverable: its owner ended holding
+ * it, and the next owner left it without making it consistent. */
+static void lock_break(pthread_mutex_t *mu)
+{
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, lock_and_exit, mu), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(pthread_mutex_lock(mu), EOWNERDEAD);
+    pthread_mutex_unlock(mu);
+    assert_int_equal(pthread_mutex_lock(mu), ENOTRECOVERABLE);
+}
+
+/* Makes the lock whole again (as a table made again would). */
+static void lock_remake(pthread_mutex_t *mu)
+{
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
+    pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+    pthread_mutex_destroy(mu);
+    assert_int_equal(pthread_mutex_init(mu, &ma), 0);
+    pthread_mutexattr_destroy(&ma);
+}
+
+/* Finding (a): an asynchronous waiter whose step finds the table's lock
+ * unrecoverable is answered RATE_ESTORE; its seat cannot be removed then
+ * and still names its record.  The record was freed at once, so a waker
+ * that reached the seat later (the lock made whole, the seat next) used
+ * freed memory (AddressSanitizer: heap-use-after-free; a plain build
+ * crashed or called back twice).  Now the record is kept until the fair
+ * limit is freed, and answered once. */
+static void async_lock_lost(void **s)
+{
+    (void)s;
+    char path[] = "/tmp/rate-fair-mem-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    unlink(path);
+    fake_clock_t clk = {.now = SEC};
+    rate_clock_t ck = {.now_ns = fake_now, .sleep_ns = fake_sleep, .ud = &clk};
+    rate_limiter_t *lim = limiter_of("token-bucket 1/s burst=1", NULL);
+    rate_fair_config_t fc = {.limiter = lim, .key = "shared", .key_len = 6,
+                             .shm_path = path, .clock = &ck};
+    rate_fair_t *f = NULL;
+    char err[256] = "";
+    if (rate_fair_new(&fc, &f, err, sizeof err) != RATE_OK)
+        fail_msg("rate_fair_new: %s", err);
+    tloop_t *l = calloc(1, sizeof *l);
+    rate_loop_t loop = loop_of(l);
+    assert_true(rate_try_acquire_len_at(lim, "shared", 6, 1, clk.now));
+    answers_t a = {0};
+    rate_decision_t d;
+    assert_int_equal(rate_fair_acquire_start(f, &loop, "w", 1, 1, 1, 10 * SEC,
+                                             &d, on_answer, &a),
+                     RATE_PENDING);
+    lock_break(&f->h->mu);
+    fire(l); /* its first look: the lock cannot be taken */
+    assert_int_equal(a.calls, 1);
+    assert_int_equal(a.rc, RATE_ESTORE);
+    lock_remake(&f->h->mu);
+    /* Another flow's decision wakes the next waiter: the seat left. */
+    assert_int_equal(rate_fair_check_at(f, "z", 1, 1, 1, clk.now, &d),
+                     RATE_OK);
+    if (l->io_fn != NULL)
+        l->io_fn(l->io_arg, RATE_LOOP_READ);
+    fire(l);
+    assert_int_equal(a.calls, 1); /* answered once */
+    rate_fair_free(f); /* the kept record freed, its seat removed */
+    assert_int_equal(a.calls, 1);
+    /* The seat is gone from the table: a new handle finds no waiter. */
+    assert_int_equal(rate_fair_new(&fc, &f, err, sizeof err), RATE_OK);
+    rate_fair_stats_t st;
+    assert_int_equal(rate_fair_stats(f, &st), RATE_OK);
+    assert_int_equal(st.waiting, 0);
+    rate_fair_free(f);
+    unlink(path);
+    free(l);
+    rate_limiter_free(lim);
+}
+
+/* Finding (a), on freeing: waiters still pending when the fair limit is
+ * freed with its lock unrecoverable are answered RATE_ECANCELED, and no
+ * seat is left naming a freed record. */
+static void free_lock_lost(void **s)
+{
+    (void)s;
+    char path[] = "/tmp/rate-fair-mem-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    unlink(path);
+    fake_clock_t clk = {.now = SEC};
+    rate_clock_t ck = {.now_ns = fake_now, .sleep_ns = fake_sleep, .ud = &clk};
+    rate_limiter_t *lim = limiter_of("token-bucket 1/s burst=1", NULL);
+    rate_fair_config_t fc = {.limiter = lim, .key = "shared", .key_len = 6,
+                             .shm_path = path, .clock = &ck};
+    rate_fair_t *f = NULL, *g = NULL;
+    assert_int_equal(rate_fair_new(&fc, &f, NULL, 0), RATE_OK);
+    assert_int_equal(rate_fair_new(&fc, &g, NULL, 0), RATE_OK);
+    tloop_t *l = calloc(1, sizeof *l);
+    rate_loop_t loop = loop_of(l);
+    assert_true(rate_try_acquire_len_at(lim, "shared", 6, 1, clk.now));
+    answers_t a = {0};
+    rate_decision_t d;
+    assert_int_equal(rate_fair_acquire_start(f, &loop, "w", 1, 1, 1, 10 * SEC,
+                                             &d, on_answer, &a),
+                     RATE_PENDING);
+    lock_break(&f->h->mu);
+    rate_fair_free(f);
+    assert_int_equal(a.calls, 1);
+    assert_int_equal(a.rc, RATE_ECANCELED);
+    /* Another handle of this process on the same table: the seat left
+     * behind names no record (it would wake a freed one). */
+    lock_remake(&g->h->mu);
+    for (uint32_t i = 0; i < g->h->slots * g->h->queue_max; i++)
+        if (g->wait[i].ticket != 0)
+            assert_int_equal(g->wait[i].arec, 0);
+    assert_int_equal(rate_fair_check_at(g, "z", 1, 1, 1, clk.now, &d),
+                     RATE_OK);
+    rate_fair_free(g);
+    unlink(path);
+    free(l);
+    rate_limiter_free(lim);
+}
+
+/* Finding (c): a fair limit serves one loop, told from another by its
+ * whole table, not its ud alone: a second adapter with the same ud (and
+ * other functions) is refused; the same table in another copy is the
+ * same loop. */
+static void loop_identity(void **s)
+{
+    (void)s;
+    rate_limiter_t *lim = limiter_of("token-bucket 100/s burst=100", NULL);
+    rate_fair_config_t fc = {.limiter = lim, .key = "shared", .key_len = 6};
+    rate_fair_t *f = NULL;
+    assert_int_equal(rate_fair_new(&fc, &f, NULL, 0), RATE_OK);
+    tloop_t *l = calloc(1, sizeof *l);
+    rate_loop_t a = loop_of(l), copy = loop_of(l), b = loop_of(l);
+    b.timer_new = timer_new_other;
+    answers_t ans = {0};
+    rate_decision_t d;
+    assert_int_equal(rate_fair_acquire_start(f, &a, "x", 1, 1, 1, SEC, &d,
+                                             on_answer, &ans), RATE_OK);
+    assert_true(d.allowed);
+    assert_int_equal(rate_fair_acquire_start(f, &copy, "x", 1, 1, 1, SEC, &d,
+                                             on_answer, &ans), RATE_OK);
+    assert_true(d.allowed);
+    assert_int_equal(rate_fair_acquire_start(f, &b, "x", 1, 1, 1, SEC, &d,
+                                             on_answer, &ans), RATE_EINVAL);
+    assert_false(d.allowed);
+    b = loop_of(l);
+    b.now = fake_now; /* a loop's clock is part of it too */
+    assert_int_equal(rate_fair_acquire_start(f, &b, "x", 1, 1, 1, SEC, &d,
+                                             on_answer, &ans), RATE_EINVAL);
+    assert_int_equal(ans.calls, 0);
+    rate_fair_free(f);
+    free(l);
+    rate_limiter_free(lim);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(async_lock_lost),
+        cmocka_unit_test(free_lock_lost),
+        cmocka_unit_test(loop_identity),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
