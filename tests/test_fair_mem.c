@@ -12,7 +12,27 @@
 #include <pthread.h>
 #include <unistd.h>
 
+/* The shared limit's bool call, as fair.c makes it, goes through
+ * hooked_try: a test runs other decisions inside the path without the
+ * lock, between its reading the table and its charging the flow. */
+static bool hooked_try(rate_limiter_t *lim, const char *key, size_t len,
+                       uint64_t permits, uint64_t now);
+#define rate_try_acquire_len_at hooked_try
 #include "fair/fair.c"
+#undef rate_try_acquire_len_at
+
+static void (*try_hook)(void); /* run once, inside the next bool call */
+
+static bool hooked_try(rate_limiter_t *lim, const char *key, size_t len,
+                       uint64_t permits, uint64_t now)
+{
+    bool ok = rate_try_acquire_len_at(lim, key, len, permits, now);
+    void (*hook)(void) = try_hook;
+    try_hook = NULL;
+    if (hook != NULL)
+        hook();
+    return ok;
+}
 
 /* A loop whose timers the test fires itself. */
 #define TIMERS 16
@@ -285,12 +305,76 @@ static void loop_identity(void **s)
     rate_limiter_free(lim);
 }
 
+/* Finding (b): the path without the lock charges what it admits to the
+ * flow's entry (pend) after the shared limit's call.  When the entry was
+ * taken by another flow meanwhile (the table moved on two periods, by
+ * another thread's caller-supplied time, and the entry went free), the
+ * cost landed on the new flow, charged at its next decision under the
+ * lock as its own service: the new flow was put behind for a request it
+ * never made.  Now the entry's generation turns the late cost away. */
+static rate_fair_t *reuse_f;
+static fslot_t *reuse_sl;
+static uint64_t reuse_s;
+
+static void take_entry(void)
+{
+    rate_decision_t d;
+    /* 5 s on: x's entry is free, and y's home, so y takes it */
+    assert_int_equal(rate_fair_check_at(reuse_f, "y", 1, 1, 1, 15 * SEC, &d),
+                     RATE_OK);
+    assert_true(d.allowed);
+    reuse_s = reuse_sl->s;
+}
+
+static uint32_t home_of(const rate_fair_t *f, const char *key)
+{
+    uint64_t h = XXH3_64bits_withSeed(key, strlen(key), f->h->seed);
+    h = h == 0 ? 1 : h;
+    return (uint32_t)(((h >> 32) * f->h->slots) >> 32);
+}
+
+static void fast_cost_reused(void **s)
+{
+    (void)s;
+    rate_limiter_t *lim =
+        limiter_of("token-bucket 1000000/s burst=1000000", NULL);
+    rate_fair_config_t fc = {.limiter = lim, .key = "shared", .key_len = 6,
+                             .slots = 2};
+    rate_fair_t *f = NULL;
+    assert_int_equal(rate_fair_new(&fc, &f, NULL, 0), RATE_OK);
+    /* A seed that gives x and y one home (the table's own, chosen here). */
+    for (f->h->seed = 1; home_of(f, "x") != home_of(f, "y"); f->h->seed++)
+        ;
+    rate_decision_t d;
+    assert_int_equal(rate_fair_check_at(f, "x", 1, 1, 1, 10 * SEC, &d),
+                     RATE_OK);
+    assert_true(d.allowed);
+    fslot_t *x = &f->slot[home_of(f, "x")];
+    reuse_f = f;
+    reuse_sl = x;
+    try_hook = take_entry;
+    uint64_t seq = f->h->asked_seq;
+    assert_true(rate_fair_try_acquire_at(f, "x", 1, 1, 1, 10 * SEC + 1));
+    assert_null(try_hook);                   /* the hook ran ... */
+    assert_int_equal(f->h->asked_seq, seq + 2); /* ... in the fast path */
+    uint64_t yhash = XXH3_64bits_withSeed("y", 1, f->h->seed);
+    assert_int_equal(x->hash, yhash ? yhash : 1); /* y took x's entry */
+    /* y's next decision under the lock: charged its own permit only. */
+    assert_int_equal(rate_fair_check_at(f, "y", 1, 1, 1, 15 * SEC + 1, &d),
+                     RATE_OK);
+    assert_true(d.allowed);
+    assert_int_equal(x->s - reuse_s, UINT64_C(1) << FIX);
+    rate_fair_free(f);
+    rate_limiter_free(lim);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(async_lock_lost),
         cmocka_unit_test(free_lock_lost),
         cmocka_unit_test(loop_identity),
+        cmocka_unit_test(fast_cost_reused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

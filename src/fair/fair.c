@@ -73,6 +73,14 @@ typedef struct fwait {
     uint32_t wake;     /* futex word: bumped to wake this waiter */
 } fwait_t;
 
+/* An entry's pend word: the cost fast_try admitted and the lock has not
+ * folded into s yet (low bits), and a generation (high bits) bumped when
+ * the entry is taken by another flow, so that a cost in flight for the
+ * flow before lands on no other flow (fast_try's compare-and-swap). */
+#define PEND_BITS 40
+#define PEND_COST ((UINT64_C(1) << PEND_BITS) - 1)
+#define PEND_GEN(x) ((x) >> PEND_BITS)
+
 /* "None" for the 1-based links and heap positions below. */
 #define NIL 0u
 
@@ -84,7 +92,8 @@ typedef struct fslot {
     uint64_t asked_prev;/* ... and in the period before it */
     uint64_t ftag;      /* its queue's head's virtual finish time */
     uint64_t qpermits;  /* permits its waiters ask for */
-    uint64_t pend;      /* cost admitted by fast_try, not yet in s */
+    uint64_t pend;      /* cost admitted by fast_try, not yet in s (the
+                           low PEND_BITS), and the entry's generation */
     uint32_t weight;
     uint32_t qhead;     /* ring of seat numbers: first, count */
     uint32_t qlen;
@@ -529,11 +538,14 @@ static void charge(rate_fair_t *f, fslot_t *sl, uint64_t permits)
     charge_cost(f, sl, cost_of(permits, sl->weight));
 }
 
-/* Takes into s what fast_try admitted for the entry since (lock held). */
+/* Takes into s what fast_try admitted for the entry since (lock held);
+ * the generation stays. */
 static void fold(rate_fair_t *f, fslot_t *sl)
 {
-    if (LD(sl->pend) != 0)
-        charge_cost(f, sl, __atomic_exchange_n(&sl->pend, 0, __ATOMIC_RELAXED));
+    if ((LD(sl->pend) & PEND_COST) != 0)
+        charge_cost(f, sl, __atomic_fetch_and(&sl->pend, ~PEND_COST,
+                                              __ATOMIC_RELAXED) &
+                               PEND_COST);
 }
 
 static void activate(rate_fair_t *f, fslot_t *sl)
@@ -638,7 +650,12 @@ static fslot_t *find_slot(rate_fair_t *f, const char *flow, size_t len,
         ST(free_sl->epoch, 0);
         free_sl->asked_cur = free_sl->asked_prev = 0;
         ST(free_sl->weight, weight);
-        ST(free_sl->pend, 0);
+        /* The former flow's cost not yet folded goes with its record
+         * (it was idle two periods); the new generation, published after
+         * the hash, turns away a cost still in flight for it. */
+        __atomic_store_n(&free_sl->pend,
+                         (PEND_GEN(LD(free_sl->pend)) + 1) << PEND_BITS,
+                         __ATOMIC_RELEASE);
         free_sl->qhead = free_sl->qlen = 0;
         free_sl->qpermits = 0;
         return free_sl;
@@ -841,11 +858,27 @@ static int fast_try(rate_fair_t *f, const char *flow, size_t len,
             sl = &f->slot[k];
     }
     uint32_t w = weight ? weight : 1;
-    if (LD(sl->epoch) != ep || LD(sl->weight) != w)
+    /* The entry's generation, then its hash again: still the flow's, the
+     * generation is the flow's too (find_slot publishes a new one after a
+     * new hash).  A cost past what the word holds goes through the lock. */
+    uint64_t pw = __atomic_load_n(&sl->pend, __ATOMIC_ACQUIRE);
+    uint64_t cost = cost_of(permits, w);
+    if (LD(sl->hash) != hv || LD(sl->epoch) != ep || LD(sl->weight) != w ||
+        cost > (PEND_COST >> 8) || (pw & PEND_COST) > (PEND_COST >> 1))
         return -1;
     __atomic_add_fetch(&h->asked_seq, permits, __ATOMIC_RELAXED);
     if (rate_try_acquire_len_at(f->limiter, f->key, f->key_len, permits, now)) {
-        __atomic_add_fetch(&sl->pend, cost_of(permits, w), __ATOMIC_RELAXED);
+        /* Charged to this generation only: an entry taken by another
+         * flow meanwhile keeps none of it (docs/fair.md). */
+        uint64_t cur = pw;
+        while (PEND_GEN(cur) == PEND_GEN(pw)) {
+            uint64_t c = (cur & PEND_COST) + cost;
+            uint64_t next = (cur & ~PEND_COST) | (c > PEND_COST ? PEND_COST : c);
+            if (__atomic_compare_exchange_n(&sl->pend, &cur, next, true,
+                                            __ATOMIC_RELAXED,
+                                            __ATOMIC_RELAXED))
+                break;
+        }
         return 1;
     }
     ST(h->room_until, 0);
