@@ -824,6 +824,19 @@ static fslot_t *enter(rate_fair_t *f, const char *flow, size_t len,
     return sl;
 }
 
+/* A cost fast_try added to a generation of the entry after its own (the
+ * entry taken by another flow meanwhile) is taken back, unless the new
+ * flow's decision under the lock folded it first (then it stays
+ * charged: at most the costs in flight at that moment). */
+__attribute__((noinline)) static void pend_undo(fslot_t *sl, uint64_t cost)
+{
+    uint64_t cur = LD(sl->pend);
+    while ((cur & PEND_COST) >= cost &&
+           !__atomic_compare_exchange_n(&sl->pend, &cur, cur - cost, true,
+                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+}
+
 /* The bool call's path without the table's lock, taken while the shared
  * limit has more room than every permit asked in this period and the
  * last (so no reserve can be at stake), nothing waits, and the flow's
@@ -849,13 +862,17 @@ static int fast_try(rate_fair_t *f, const char *flow, size_t len,
         hv = 1;
     uint32_t n = h->slots;
     uint32_t k = (uint32_t)(((hv >> 32) * n) >> 32);
-    uint32_t probes = n < PROBES ? n : PROBES;
-    fslot_t *sl = NULL;
-    for (uint32_t i = 0; sl == NULL; i++, k = k + 1 == n ? 0 : k + 1) {
-        if (i == probes)
-            return -1;
-        if (LD(f->slot[k].hash) == hv)
-            sl = &f->slot[k];
+    fslot_t *sl = &f->slot[k];
+    if (__builtin_expect(LD(sl->hash) != hv, 0)) { /* past its home */
+        uint32_t probes = n < PROBES ? n : PROBES;
+        for (uint32_t i = 1;; i++) {
+            if (i == probes)
+                return -1;
+            k = k + 1 == n ? 0 : k + 1;
+            if (LD(f->slot[k].hash) == hv)
+                break;
+        }
+        sl = &f->slot[k];
     }
     uint32_t w = weight ? weight : 1;
     /* The entry's generation, then its hash again: still the flow's, the
@@ -868,17 +885,12 @@ static int fast_try(rate_fair_t *f, const char *flow, size_t len,
         return -1;
     __atomic_add_fetch(&h->asked_seq, permits, __ATOMIC_RELAXED);
     if (rate_try_acquire_len_at(f->limiter, f->key, f->key_len, permits, now)) {
-        /* Charged to this generation only: an entry taken by another
-         * flow meanwhile keeps none of it (docs/fair.md). */
-        uint64_t cur = pw;
-        while (PEND_GEN(cur) == PEND_GEN(pw)) {
-            uint64_t c = (cur & PEND_COST) + cost;
-            uint64_t next = (cur & ~PEND_COST) | (c > PEND_COST ? PEND_COST : c);
-            if (__atomic_compare_exchange_n(&sl->pend, &cur, next, true,
-                                            __ATOMIC_RELAXED,
-                                            __ATOMIC_RELAXED))
-                break;
-        }
+        /* Charged to the generation read: a cost that lands on a later
+         * one (the entry taken by another flow meanwhile) is taken back
+         * (docs/fair.md, "The path without the lock"). */
+        uint64_t old = __atomic_fetch_add(&sl->pend, cost, __ATOMIC_RELAXED);
+        if (PEND_GEN(old) != PEND_GEN(pw))
+            pend_undo(sl, cost);
         return 1;
     }
     ST(h->room_until, 0);
