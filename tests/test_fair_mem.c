@@ -373,6 +373,37 @@ static void fast_cost_reused(void **s)
     rate_limiter_free(lim);
 }
 
+/* The path without the lock reads a flow's home entry and the next
+ * together: on tables of 1, 2 and 3 entries (the next is the home
+ * itself, or the first again) flows found, not found and sharing an
+ * entry are decided, each call returning. */
+static void tiny_tables(void **s)
+{
+    (void)s;
+    for (unsigned slots = 1; slots <= 3; slots++) {
+        rate_limiter_t *lim =
+            limiter_of("token-bucket 1000000/s burst=1000000", NULL);
+        rate_fair_config_t fc = {.limiter = lim, .key = "shared",
+                                 .key_len = 6, .slots = slots};
+        rate_fair_t *f = NULL;
+        assert_int_equal(rate_fair_new(&fc, &f, NULL, 0), RATE_OK);
+        rate_decision_t d;
+        assert_int_equal(rate_fair_check_at(f, "a", 1, 1, 1, SEC, &d),
+                         RATE_OK);
+        for (unsigned i = 0; i < 400; i++) {
+            char key[8];
+            int kn = snprintf(key, sizeof key, "f%u", i % 5);
+            assert_true(rate_fair_try_acquire_at(f, key, (size_t)kn, 1, 1,
+                                                 SEC + i));
+        }
+        rate_fair_stats_t st;
+        assert_int_equal(rate_fair_stats(f, &st), RATE_OK);
+        assert_true(st.flows <= slots);
+        rate_fair_free(f);
+        rate_limiter_free(lim);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -380,6 +411,7 @@ int main(void)
         cmocka_unit_test(free_lock_lost),
         cmocka_unit_test(loop_identity),
         cmocka_unit_test(fast_cost_reused),
+        cmocka_unit_test(tiny_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
