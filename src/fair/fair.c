@@ -862,19 +862,11 @@ static int fast_try(rate_fair_t *f, const char *flow, size_t len,
         hv = 1;
     uint32_t n = h->slots;
     uint32_t k = (uint32_t)(((hv >> 32) * n) >> 32);
-    /* The home entry and the next read together, no branch between:
-     * nearly every flow is at one of them, and a mispredicted branch for
-     * each flow past its home cost more than the second read. */
-    uint32_t k1 = k + 1 == n ? 0 : k + 1;
     fslot_t *sl = &f->slot[k];
-    fslot_t *s1 = &f->slot[k1];
-    bool at0 = LD(sl->hash) == hv, at1 = LD(s1->hash) == hv;
-    sl = at0 ? sl : s1;
-    if (__builtin_expect(!at0 && !at1, 0)) { /* further on */
+    if (__builtin_expect(LD(sl->hash) != hv, 0)) { /* past its home */
         uint32_t probes = n < PROBES ? n : PROBES;
-        k = k1;
-        for (uint32_t i = 2;; i++) {
-            if (i >= probes)
+        for (uint32_t i = 1;; i++) {
+            if (i == probes)
                 return -1;
             k = k + 1 == n ? 0 : k + 1;
             if (LD(f->slot[k].hash) == hv)
