@@ -168,7 +168,7 @@ RATE_API int rate_fair_acquire(rate_fair_t *fair, const char *flow,
  * Errors (no callback, *out zeroed): as rate_fair_acquire; RATE_EINVAL
  * for a NULL loop or cb, a loop without io or timer functions, or a loop
  * other than the one of this fair limit's first asynchronous call (one
- * fair limit, one loop); RATE_ENOMEM.
+ * fair limit, one loop: the same ud and functions); RATE_ENOMEM.
  * Ownership: the flow is only read; the loop table is copied at the first
  * call, and its loop must outlive the fair limit; ud is the caller's.
  * Thread-safe: call it on the loop's thread (other threads may use the

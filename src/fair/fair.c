@@ -73,6 +73,14 @@ typedef struct fwait {
     uint32_t wake;     /* futex word: bumped to wake this waiter */
 } fwait_t;
 
+/* An entry's pend word: the cost fast_try admitted and the lock has not
+ * folded into s yet (low bits), and a generation (high bits) bumped when
+ * the entry is taken by another flow, so that a cost in flight for the
+ * flow before lands on no other flow (fast_try's compare-and-swap). */
+#define PEND_BITS 40
+#define PEND_COST ((UINT64_C(1) << PEND_BITS) - 1)
+#define PEND_GEN(x) ((x) >> PEND_BITS)
+
 /* "None" for the 1-based links and heap positions below. */
 #define NIL 0u
 
@@ -84,7 +92,8 @@ typedef struct fslot {
     uint64_t asked_prev;/* ... and in the period before it */
     uint64_t ftag;      /* its queue's head's virtual finish time */
     uint64_t qpermits;  /* permits its waiters ask for */
-    uint64_t pend;      /* cost admitted by fast_try, not yet in s */
+    uint64_t pend;      /* cost admitted by fast_try, not yet in s (the
+                           low PEND_BITS), and the entry's generation */
     uint32_t weight;
     uint32_t qhead;     /* ring of seat numbers: first, count */
     uint32_t qlen;
@@ -158,6 +167,9 @@ typedef struct fasync {
     void *io;
     int efd;
     struct arec *pending, *ready;
+    /* Answered for a lock that could not be taken: their seats may still
+     * name them, so they are kept until rate_fair_free (async_fail). */
+    struct arec *dead;
 } fasync_t;
 
 /* The fields fast_try reads without the lock are written with these (and
@@ -228,6 +240,8 @@ static int table_lock(rate_fair_t *f)
         rc = pthread_mutex_consistent(&f->h->mu);
         if (rc == 0)
             table_repair(f);
+        else /* not held on failure: the lock is then unrecoverable */
+            pthread_mutex_unlock(&f->h->mu);
     }
     return rc == 0 ? RATE_OK : RATE_ESTORE;
 }
@@ -524,11 +538,14 @@ static void charge(rate_fair_t *f, fslot_t *sl, uint64_t permits)
     charge_cost(f, sl, cost_of(permits, sl->weight));
 }
 
-/* Takes into s what fast_try admitted for the entry since (lock held). */
+/* Takes into s what fast_try admitted for the entry since (lock held);
+ * the generation stays. */
 static void fold(rate_fair_t *f, fslot_t *sl)
 {
-    if (LD(sl->pend) != 0)
-        charge_cost(f, sl, __atomic_exchange_n(&sl->pend, 0, __ATOMIC_RELAXED));
+    if ((LD(sl->pend) & PEND_COST) != 0)
+        charge_cost(f, sl, __atomic_fetch_and(&sl->pend, ~PEND_COST,
+                                              __ATOMIC_RELAXED) &
+                               PEND_COST);
 }
 
 static void activate(rate_fair_t *f, fslot_t *sl)
@@ -633,7 +650,12 @@ static fslot_t *find_slot(rate_fair_t *f, const char *flow, size_t len,
         ST(free_sl->epoch, 0);
         free_sl->asked_cur = free_sl->asked_prev = 0;
         ST(free_sl->weight, weight);
-        ST(free_sl->pend, 0);
+        /* The former flow's cost not yet folded goes with its record
+         * (it was idle two periods); the new generation, published after
+         * the hash, turns away a cost still in flight for it. */
+        __atomic_store_n(&free_sl->pend,
+                         (PEND_GEN(LD(free_sl->pend)) + 1) << PEND_BITS,
+                         __ATOMIC_RELEASE);
         free_sl->qhead = free_sl->qlen = 0;
         free_sl->qpermits = 0;
         return free_sl;
@@ -802,6 +824,19 @@ static fslot_t *enter(rate_fair_t *f, const char *flow, size_t len,
     return sl;
 }
 
+/* A cost fast_try added to a generation of the entry after its own (the
+ * entry taken by another flow meanwhile) is taken back, unless the new
+ * flow's decision under the lock folded it first (then it stays
+ * charged: at most the costs in flight at that moment). */
+__attribute__((noinline)) static void pend_undo(fslot_t *sl, uint64_t cost)
+{
+    uint64_t cur = LD(sl->pend);
+    while ((cur & PEND_COST) >= cost &&
+           !__atomic_compare_exchange_n(&sl->pend, &cur, cur - cost, true,
+                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+}
+
 /* The bool call's path without the table's lock, taken while the shared
  * limit has more room than every permit asked in this period and the
  * last (so no reserve can be at stake), nothing waits, and the flow's
@@ -827,20 +862,35 @@ static int fast_try(rate_fair_t *f, const char *flow, size_t len,
         hv = 1;
     uint32_t n = h->slots;
     uint32_t k = (uint32_t)(((hv >> 32) * n) >> 32);
-    uint32_t probes = n < PROBES ? n : PROBES;
-    fslot_t *sl = NULL;
-    for (uint32_t i = 0; sl == NULL; i++, k = k + 1 == n ? 0 : k + 1) {
-        if (i == probes)
-            return -1;
-        if (LD(f->slot[k].hash) == hv)
-            sl = &f->slot[k];
+    fslot_t *sl = &f->slot[k];
+    if (__builtin_expect(LD(sl->hash) != hv, 0)) { /* past its home */
+        uint32_t probes = n < PROBES ? n : PROBES;
+        for (uint32_t i = 1;; i++) {
+            if (i == probes)
+                return -1;
+            k = k + 1 == n ? 0 : k + 1;
+            if (LD(f->slot[k].hash) == hv)
+                break;
+        }
+        sl = &f->slot[k];
     }
     uint32_t w = weight ? weight : 1;
-    if (LD(sl->epoch) != ep || LD(sl->weight) != w)
+    /* The entry's generation, then its hash again: still the flow's, the
+     * generation is the flow's too (find_slot publishes a new one after a
+     * new hash).  A cost past what the word holds goes through the lock. */
+    uint64_t pw = __atomic_load_n(&sl->pend, __ATOMIC_ACQUIRE);
+    uint64_t cost = cost_of(permits, w);
+    if (LD(sl->hash) != hv || LD(sl->epoch) != ep || LD(sl->weight) != w ||
+        cost > (PEND_COST >> 8) || (pw & PEND_COST) > (PEND_COST >> 1))
         return -1;
     __atomic_add_fetch(&h->asked_seq, permits, __ATOMIC_RELAXED);
     if (rate_try_acquire_len_at(f->limiter, f->key, f->key_len, permits, now)) {
-        __atomic_add_fetch(&sl->pend, cost_of(permits, w), __ATOMIC_RELAXED);
+        /* Charged to the generation read: a cost that lands on a later
+         * one (the entry taken by another flow meanwhile) is taken back
+         * (docs/fair.md, "The path without the lock"). */
+        uint64_t old = __atomic_fetch_add(&sl->pend, cost, __ATOMIC_RELAXED);
+        if (PEND_GEN(old) != PEND_GEN(pw))
+            pend_undo(sl, cost);
         return 1;
     }
     ST(h->room_until, 0);
@@ -957,8 +1007,9 @@ static void async_wake(uint64_t arec);
 
 static void wake_seat(rate_fair_t *f, fwait_t *w)
 {
-    if (w->arec != 0 && w->pid == (int32_t)getpid()) {
-        async_wake(w->arec);
+    uint64_t arec = __atomic_load_n(&w->arec, __ATOMIC_RELAXED);
+    if (arec != 0 && w->pid == (int32_t)getpid()) {
+        async_wake(arec);
         return;
     }
     __atomic_add_fetch(&w->wake, 1, __ATOMIC_RELEASE);
@@ -1123,6 +1174,7 @@ typedef struct arec {
     struct arec *next, *prev; /* the handle's pending list */
     struct arec *rnext;       /* the handle's woken list */
     bool ready;
+    bool dead; /* answered by async_fail: its seat may still name it */
 } arec_t;
 
 /* Called by a waker (table lock held, any thread of the process): queues
@@ -1132,7 +1184,7 @@ static void async_wake(uint64_t arec)
     arec_t *r = (arec_t *)(uintptr_t)arec;
     rate_fair_t *f = r->f;
     pthread_mutex_lock(&f->as->mu);
-    if (!r->ready) {
+    if (!r->ready && !r->dead) {
         r->ready = true;
         r->rnext = f->as->ready;
         f->as->ready = r;
@@ -1168,6 +1220,60 @@ static void async_finish(arec_t *r, int rc, const rate_decision_t *d)
     free(r);
 }
 
+/* Answers the waiter with rc when the table's lock cannot be taken: its
+ * seat cannot be removed then and still names the record, which a waker
+ * reaches (async_wake) if the lock is ever made whole again, so the
+ * record is kept, dead, until rate_fair_free (async_bury). */
+static void async_fail(arec_t *r, int rc)
+{
+    rate_fair_t *f = r->f;
+    rate_decision_t d;
+    memset(&d, 0, sizeof d);
+    pthread_mutex_lock(&f->as->mu);
+    if (r->ready) {
+        arec_t **pp = &f->as->ready;
+        while (*pp != r)
+            pp = &(*pp)->rnext;
+        *pp = r->rnext;
+        r->ready = false;
+    }
+    r->dead = true;
+    pthread_mutex_unlock(&f->as->mu);
+    if (r->prev != NULL)
+        r->prev->next = r->next;
+    else
+        f->as->pending = r->next;
+    if (r->next != NULL)
+        r->next->prev = r->prev;
+    f->as->loop.timer_free(f->as->loop.ud, r->timer);
+    r->timer = NULL;
+    r->cb(r->ud, rc, &d);
+    r->next = f->as->dead;
+    f->as->dead = r;
+}
+
+/* Frees the dead records (rate_fair_free): each seat still theirs is
+ * removed under the lock, or, when it still cannot be taken (nobody
+ * holds it then), unmarked, so that no waker reaches a freed record. */
+static void async_bury(rate_fair_t *f)
+{
+    while (f->as->dead != NULL) {
+        arec_t *r = f->as->dead;
+        f->as->dead = r->next;
+        if (table_lock(f) == RATE_OK) {
+            uint32_t k;
+            if (r->seat->ticket == r->ticket &&
+                ring_find(f, r->sl, r->ticket, &k))
+                ring_remove(f, r->sl, k);
+            table_unlock(f);
+        } else if (__atomic_load_n(&r->seat->ticket, __ATOMIC_RELAXED) ==
+                   r->ticket) {
+            __atomic_store_n(&r->seat->arec, 0, __ATOMIC_RELAXED);
+        }
+        free(r);
+    }
+}
+
 /* One look at the waiter, as the thread waiter's loop does once a wake:
  * answered (too late, admitted, or the shared limit's other answer), or
  * its timer armed for its deadline or the limit's retry time. */
@@ -1178,7 +1284,7 @@ static void async_step(arec_t *r)
     memset(&d, 0, sizeof d);
     int rc = table_lock(f);
     if (rc != RATE_OK) {
-        async_finish(r, rc, &d);
+        async_fail(r, rc);
         return;
     }
     uint64_t now = now_of(f);
@@ -1250,11 +1356,22 @@ static void async_io_cb(void *arg, unsigned events)
     }
 }
 
+/* One loop is told from another by its whole table: the adapter's ud
+ * and every function (two adapters may share a ud). */
+static bool loop_same(const rate_loop_t *a, const rate_loop_t *b)
+{
+    return a->ud == b->ud && a->io_new == b->io_new &&
+           a->io_set == b->io_set && a->io_free == b->io_free &&
+           a->timer_new == b->timer_new && a->timer_arm == b->timer_arm &&
+           a->timer_cancel == b->timer_cancel &&
+           a->timer_free == b->timer_free && a->now == b->now;
+}
+
 /* The handle's first asynchronous call binds it to the loop. */
 static int async_bind(rate_fair_t *f, const rate_loop_t *loop)
 {
     if (f->as != NULL)
-        return f->as->loop.ud == loop->ud ? RATE_OK : RATE_EINVAL;
+        return loop_same(&f->as->loop, loop) ? RATE_OK : RATE_EINVAL;
     fasync_t *as = calloc(1, sizeof *as);
     if (as == NULL)
         return RATE_ENOMEM;
@@ -1589,17 +1706,19 @@ void rate_fair_free(rate_fair_t *f)
         arec_t *r = f->as->pending;
         rate_decision_t d;
         memset(&d, 0, sizeof d);
-        if (table_lock(f) == RATE_OK) {
-            uint32_t k;
-            if (r->seat->ticket == r->ticket &&
-                ring_find(f, r->sl, r->ticket, &k))
-                ring_remove(f, r->sl, k);
-            wake_next(f);
-            table_unlock(f);
+        if (table_lock(f) != RATE_OK) {
+            async_fail(r, RATE_ECANCELED); /* its seat stays: buried below */
+            continue;
         }
+        uint32_t k;
+        if (r->seat->ticket == r->ticket && ring_find(f, r->sl, r->ticket, &k))
+            ring_remove(f, r->sl, k);
+        wake_next(f);
+        table_unlock(f);
         async_finish(r, RATE_ECANCELED, &d);
     }
     if (f->as != NULL) {
+        async_bury(f);
         f->as->loop.io_free(f->as->loop.ud, f->as->io);
         close(f->as->efd);
         pthread_mutex_destroy(&f->as->mu);
