@@ -13,6 +13,11 @@
  *       an in-flight limit's lease operation: the lease step
  *       (src/lease/step.c), the arguments and replies of
  *       src/lease/lease.lua;
+ *   RATELIMIT.FAIR key table (RATELIMIT.STEP's arguments) hash weight
+ *                  slots period_us period_ns limit
+ *       a fair shares' decision (docs/fair.md): the step gated by the
+ *       fair rule (src/fair/step.c) over the table, the arguments and
+ *       replies of src/fair/fair.lua;
  *   CL.THROTTLE key max_burst count_per_period period [quantity]
  *       redis-cell's command and reply.
  *
@@ -31,6 +36,7 @@
 #include <time.h>
 
 #include "../src/internal.h"
+#include "../src/fair/step.h"
 #include "../src/lease/lease.h"
 #include "rm_api.h"
 
@@ -168,12 +174,21 @@ static void write_back(RedisModuleCtx *ctx, RedisModuleKey *key,
                        RedisModuleString *name, bool fresh, uint64_t ver,
                        const uint8_t *buf, size_t len, uint64_t ttl_ns);
 
+/* A look at a decision before its state is written (RATELIMIT.FAIR's
+ * rule): false keeps the state as it was (*d may then be changed). */
+typedef struct gate {
+    bool (*fn)(void *ud, rate_decision_t *d);
+    void *ud;
+} gate_t;
+
 /* Runs the step (arg filled but for the time) over the key's v/s hash and
- * writes, expires and replicates the new state when the step says so.
+ * writes, expires and replicates the new state when the step says so
+ * (and the gate, if any, lets it).
  * cold_other: a state made under another policy is read as cold (the
  * step's own rule would need that policy's record) instead of declined. */
 static run_rc_t run_step(RedisModuleCtx *ctx, RedisModuleString *name,
-                         rate__step_arg_t *arg, expiry_t ex, bool cold_other)
+                         rate__step_arg_t *arg, expiry_t ex, bool cold_other,
+                         const gate_t *gate)
 {
     RedisModuleKey *key = RM_OpenKey(ctx, name, RM_READ | RM_WRITE);
     int type = RM_KeyType(key);
@@ -214,6 +229,8 @@ static run_rc_t run_step(RedisModuleCtx *ctx, RedisModuleString *name,
     if (rc != RATE_OK)
         goto done; /* another policy's state, a corrupt one: declined */
     out = RUN_DECIDED;
+    if (gate != NULL && !gate->fn(gate->ud, arg->decision))
+        goto done;
     if (!io.write)
         goto done;
     uint64_t ttl_ns = ex.ttl_ms == 0    ? RATE_TTL_FOREVER
@@ -276,54 +293,96 @@ static int reply_tag(RedisModuleCtx *ctx, long long tag)
     return RM_ReplyWithLongLong(ctx, tag);
 }
 
+/* RATELIMIT.STEP's arguments after the key (now_s now_ns permits
+ * max_wait ttl policy_id format, then `count` limits), shared with
+ * RATELIMIT.FAIR.  NULL, or the error to reply. */
+typedef struct step_args {
+    uint64_t now, permits, max_wait, id, format;
+    long long ttl;
+    size_t count;
+    rate_limit_t limits[RATE_MAX_LIMITS];
+} step_args_t;
+
+static const char *step_args(RedisModuleString **argv, size_t count,
+                             step_args_t *a)
+{
+    uint64_t s, ns, ttl_abs;
+    memset(a, 0, sizeof *a);
+    if (arg_empty(argv[0]) && arg_empty(argv[1])) {
+        a->now = server_now_ns();
+    } else {
+        if (!arg_u64(argv[0], RATE_TIME_MAX / RATE_NS_PER_S, &s) ||
+            !arg_u64(argv[1], RATE_NS_PER_S - 1, &ns) ||
+            s * RATE_NS_PER_S > RATE_TIME_MAX - ns)
+            return "ERR now_s now_ns: not a time";
+        a->now = s * RATE_NS_PER_S + ns;
+    }
+    size_t tl;
+    const char *tp = RM_StringPtrLen(argv[4], &tl);
+    if (tl == 2 && tp[0] == '-' && tp[1] == '1')
+        a->ttl = -1;
+    else if (arg_u64(argv[4], (uint64_t)INT64_MAX / 1000000, &ttl_abs))
+        a->ttl = (long long)ttl_abs;
+    else
+        return "ERR ttl: not -1, 0 or milliseconds";
+    if (!arg_u64(argv[2], UINT64_MAX, &a->permits) ||
+        !arg_u64(argv[3], UINT64_MAX, &a->max_wait))
+        return "ERR permits max_wait: not numbers";
+    if (!arg_u64(argv[5], UINT32_MAX, &a->id) ||
+        !arg_u64(argv[6], 255, &a->format))
+        return "ERR policy_id format: not numbers";
+    a->count = count;
+    for (size_t i = 0; i < count; i++) {
+        uint64_t al;
+        RedisModuleString **l = argv + 7 + 4 * i;
+        if (!arg_u64(l[0], 255, &al) ||
+            !arg_u64(l[1], UINT64_MAX, &a->limits[i].limit) ||
+            !arg_u64(l[2], UINT64_MAX, &a->limits[i].period_ns) ||
+            !arg_u64(l[3], UINT64_MAX, &a->limits[i].burst))
+            return "ERR a limit: not numbers";
+        a->limits[i].algorithm = (rate_algorithm_t)al;
+    }
+    return NULL;
+}
+
+/* The policy of the arguments, or NULL for anything the step would not
+ * take as it stands: declined, as the scripts decline it (the client
+ * decides through compare-and-set and reports what is wrong). */
+static const rate_policy_t *step_policy(const step_args_t *a)
+{
+    if ((a->format != RATE__FORMAT && a->format != RATE__FORMAT_V1) ||
+        a->permits > RATE_TIME_MAX || a->max_wait > RATE_TIME_MAX)
+        return NULL;
+    return policy_of(a->limits, a->count, NULL, 0);
+}
+
+static void reply_decision(RedisModuleCtx *ctx, const rate_decision_t *d,
+                           long long words)
+{
+    RM_ReplyWithArray(ctx, words);
+    RM_ReplyWithLongLong(ctx, 1);
+    RM_ReplyWithLongLong(ctx, d->allowed);
+    RM_ReplyWithLongLong(ctx, (long long)d->reason);
+    RM_ReplyWithLongLong(ctx, d->component);
+    RM_ReplyWithLongLong(ctx, reply_ll(d->limit));
+    RM_ReplyWithLongLong(ctx, reply_ll(d->remaining));
+    RM_ReplyWithLongLong(ctx, reply_ll(d->delay_ns));
+    RM_ReplyWithLongLong(ctx, reply_ll(d->retry_after_ns));
+    RM_ReplyWithLongLong(ctx, reply_ll(d->reset_after_ns));
+}
+
 static int cmd_step(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 {
     if (argc < 13 || (argc - 9) % 4 != 0 || (argc - 9) / 4 > RATE_MAX_LIMITS)
         return RM_WrongArity(ctx);
-    uint64_t now, s, ns, permits, max_wait, ttl_abs, id, format;
-    long long ttl;
-    bool server_time = arg_empty(argv[2]) && arg_empty(argv[3]);
-    if (server_time) {
-        now = server_now_ns();
-    } else {
-        if (!arg_u64(argv[2], RATE_TIME_MAX / RATE_NS_PER_S, &s) ||
-            !arg_u64(argv[3], RATE_NS_PER_S - 1, &ns) ||
-            s * RATE_NS_PER_S > RATE_TIME_MAX - ns)
-            return RM_ReplyWithError(ctx, "ERR now_s now_ns: not a time");
-        now = s * RATE_NS_PER_S + ns;
-    }
-    size_t tl;
-    const char *tp = RM_StringPtrLen(argv[6], &tl);
-    if (tl == 2 && tp[0] == '-' && tp[1] == '1')
-        ttl = -1;
-    else if (arg_u64(argv[6], (uint64_t)INT64_MAX / 1000000, &ttl_abs))
-        ttl = (long long)ttl_abs;
-    else
-        return RM_ReplyWithError(ctx, "ERR ttl: not -1, 0 or milliseconds");
-    if (!arg_u64(argv[4], UINT64_MAX, &permits) ||
-        !arg_u64(argv[5], UINT64_MAX, &max_wait))
-        return RM_ReplyWithError(ctx, "ERR permits max_wait: not numbers");
-    if (!arg_u64(argv[7], UINT32_MAX, &id) || !arg_u64(argv[8], 255, &format))
-        return RM_ReplyWithError(ctx, "ERR policy_id format: not numbers");
-    size_t count = (size_t)(argc - 9) / 4;
-    rate_limit_t limits[RATE_MAX_LIMITS];
-    memset(limits, 0, sizeof limits);
-    for (size_t i = 0; i < count; i++) {
-        uint64_t a;
-        RedisModuleString **l = argv + 9 + 4 * i;
-        if (!arg_u64(l[0], 255, &a) || !arg_u64(l[1], UINT64_MAX, &limits[i].limit) ||
-            !arg_u64(l[2], UINT64_MAX, &limits[i].period_ns) ||
-            !arg_u64(l[3], UINT64_MAX, &limits[i].burst))
-            return RM_ReplyWithError(ctx, "ERR a limit: not numbers");
-        limits[i].algorithm = (rate_algorithm_t)a;
-    }
-    /* Anything the step would not take as it stands is declined, as the
-     * scripts decline it: the client decides through compare-and-set and
-     * reports what is wrong. */
-    if ((format != RATE__FORMAT && format != RATE__FORMAT_V1) ||
-        permits > RATE_TIME_MAX || max_wait > RATE_TIME_MAX)
-        return reply_tag(ctx, 0);
-    const rate_policy_t *p = policy_of(limits, count, NULL, 0);
+    step_args_t sa;
+    const char *bad = step_args(argv + 2, (size_t)(argc - 9) / 4, &sa);
+    if (bad != NULL)
+        return RM_ReplyWithError(ctx, bad);
+    uint64_t now = sa.now, permits = sa.permits, max_wait = sa.max_wait;
+    uint64_t id = sa.id, format = sa.format;
+    long long ttl = sa.ttl;
+    const rate_policy_t *p = step_policy(&sa);
     if (p == NULL)
         return reply_tag(ctx, 0);
     rate_decision_t d;
@@ -332,22 +391,14 @@ static int cmd_step(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
                             now, permits,      max_wait,        true,
                             RATE__OP_DECIDE,   &d,              0,
                             0};
-    switch (run_step(ctx, argv[1], &arg, (expiry_t){ttl}, false)) {
+    switch (run_step(ctx, argv[1], &arg, (expiry_t){ttl}, false, NULL)) {
     case RUN_DECLINED: return reply_tag(ctx, 0);
     case RUN_WRONGTYPE: return reply_tag(ctx, 2);
     case RUN_NOMEM: return RM_ReplyWithError(ctx, "ERR out of memory");
     case RUN_DECIDED: break;
     }
-    RM_ReplyWithArray(ctx, 9);
-    RM_ReplyWithLongLong(ctx, 1);
-    RM_ReplyWithLongLong(ctx, d.allowed);
-    RM_ReplyWithLongLong(ctx, (long long)d.reason);
-    RM_ReplyWithLongLong(ctx, d.component);
-    RM_ReplyWithLongLong(ctx, reply_ll(d.limit));
-    RM_ReplyWithLongLong(ctx, reply_ll(d.remaining));
-    RM_ReplyWithLongLong(ctx, reply_ll(d.delay_ns));
-    RM_ReplyWithLongLong(ctx, reply_ll(d.retry_after_ns));
-    return RM_ReplyWithLongLong(ctx, reply_ll(d.reset_after_ns));
+    reply_decision(ctx, &d, 9);
+    return RM_OK;
 }
 
 /* ----------------------------------------------------- RATELIMIT.LEASE */
@@ -470,6 +521,147 @@ done:
     return reply_lease(ctx, code, &a);
 }
 
+/* ------------------------------------------------------ RATELIMIT.FAIR */
+
+/* One fair decision's table, open while the step runs. */
+typedef struct fair_run {
+    RedisModuleCtx *ctx;
+    RedisModuleString *name; /* the table's key */
+    rate__fair_step_t a;
+    uint64_t period_ns, limit;
+    bool forever; /* the step's ttl 0: no expiry */
+    bool corrupt, denied;
+} fair_run_t;
+
+/* Writes the table into its key's field t, kept three fair periods (at
+ * least a second) of the server's clock, or for good with the shared
+ * key (ttl 0), as the script keeps it. */
+static void fair_write(fair_run_t *fr, RedisModuleKey *key, const uint8_t *t,
+                       size_t len)
+{
+    RedisModuleString *ts = RM_CreateString(fr->ctx, (const char *)t, len);
+    RM_HashSet(key, RM_HASH_CFIELDS, "t", ts, NULL);
+    RM_Replicate(fr->ctx, "HSET", "scs", fr->name, "t", ts);
+    RM_FreeString(fr->ctx, ts);
+    if (fr->forever) { /* as the shared limit's key (the store's no_ttl) */
+        RM_SetExpire(key, RM_NO_EXPIRE);
+        RM_Replicate(fr->ctx, "PERSIST", "s", fr->name);
+        return;
+    }
+    uint64_t ms = (3 * fr->a.period_us + 999) / 1000;
+    ms = ms < 1000 ? 1000 : ms > (UINT64_C(1) << 40) ? UINT64_C(1) << 40 : ms;
+    long long at = (long long)(server_now_ns() / 1000000 + ms);
+    RM_SetAbsExpire(key, at);
+    RM_Replicate(fr->ctx, "PEXPIREAT", "sl", fr->name, at);
+}
+
+/* The gate of RATELIMIT.FAIR: the fair rule (src/fair/step.c) over the
+ * table, after the shared limit's verdict and before its write. */
+static bool fair_gate(void *ud, rate_decision_t *d)
+{
+    fair_run_t *fr = ud;
+    RedisModuleKey *key = RM_OpenKey(fr->ctx, fr->name, RM_READ | RM_WRITE);
+    int type = RM_KeyType(key);
+    RedisModuleString *ts = NULL;
+    uint8_t *t = NULL;
+    size_t len = rate__fair_table_len(fr->a.slots);
+    if (type != RM_KEYTYPE_EMPTY && type != RM_KEYTYPE_HASH)
+        goto corrupt;
+    if (type == RM_KEYTYPE_HASH)
+        RM_HashGet(key, RM_HASH_CFIELDS, "t", &ts, NULL);
+    if (ts != NULL) {
+        const char *old = RM_StringPtrLen(ts, &len);
+        if ((t = malloc(len ? len : 1)) == NULL)
+            goto corrupt;
+        memcpy(t, old, len);
+        if (!rate__fair_valid(t, len))
+            goto corrupt;
+    } else {
+        if ((t = malloc(len)) == NULL)
+            goto corrupt;
+        rate__fair_init(t, fr->a.slots);
+    }
+    rate__fair_enter(&fr->a, t);
+    bool ok = d->allowed;
+    if (ok && d->reason == RATE_REASON_ALLOWED) {
+        uint64_t need = rate__fair_reserve(&fr->a, t, d->limit);
+        if (d->remaining < need) {
+            d->retry_after_ns = rate__fair_retry_ns(need - d->remaining,
+                                                    fr->period_ns, fr->limit);
+            d->allowed = ok = false;
+            d->reason = RATE_REASON_LIMITED;
+            d->remaining += fr->a.permits;
+            d->delay_ns = 0;
+            fr->denied = true;
+        }
+    }
+    if (ok && fr->a.permits > 0)
+        rate__fair_charge(&fr->a, t);
+    fair_write(fr, key, t, len);
+    free(t);
+    if (ts != NULL)
+        RM_FreeString(fr->ctx, ts);
+    RM_CloseKey(key);
+    return ok;
+corrupt:
+    fr->corrupt = true;
+    free(t);
+    if (ts != NULL)
+        RM_FreeString(fr->ctx, ts);
+    RM_CloseKey(key);
+    return false;
+}
+
+/* RATELIMIT.FAIR key table now_s now_ns permits max_wait ttl policy_id
+ * format [algorithm L P B]... hash weight slots period_us period_ns limit:
+ * the shared limit's step gated by the fair rule, with the fair script's
+ * arguments and reply (src/fair/fair.lua, src/store/redis/fair.c). */
+static int cmd_fair(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
+{
+    if (argc < 20 || (argc - 16) % 4 != 0 || (argc - 16) / 4 > RATE_MAX_LIMITS)
+        return RM_WrongArity(ctx);
+    step_args_t sa;
+    const char *bad = step_args(argv + 3, (size_t)(argc - 16) / 4, &sa);
+    if (bad != NULL)
+        return RM_ReplyWithError(ctx, bad);
+    RedisModuleString **f = argv + argc - 6;
+    fair_run_t fr = {.ctx = ctx, .name = argv[2]};
+    if (!arg_le(f[0], 8, &fr.a.hash) || fr.a.hash == 0 ||
+        !arg_u64(f[1], RATE__FAIR_WEIGHT_MAX, &fr.a.weight) ||
+        fr.a.weight == 0 ||
+        !arg_u64(f[2], RATE__FAIR_SLOTS_MAX, &fr.a.slots) || fr.a.slots == 0 ||
+        !arg_u64(f[3], (UINT64_C(1) << 53) - 1, &fr.a.period_us) ||
+        fr.a.period_us == 0 || !arg_u64(f[4], UINT64_MAX, &fr.period_ns) ||
+        !arg_u64(f[5], UINT64_MAX, &fr.limit))
+        return RM_ReplyWithError(ctx, "ERR fair: malformed arguments");
+    const rate_policy_t *p = step_policy(&sa);
+    /* Past Lua's exact integers the script declines: so does this. */
+    if (p == NULL || sa.now / 1000 >= (UINT64_C(1) << 53) ||
+        sa.permits >= RATE__FAIR_ASKED_MAX)
+        return reply_tag(ctx, 0);
+    fr.a.now_us = sa.now / 1000;
+    fr.forever = sa.ttl == 0;
+    fr.a.permits = sa.permits;
+    rate_decision_t d;
+    memset(&d, 0, sizeof d);
+    rate__step_arg_t arg = {p,      (uint32_t)sa.id, (uint8_t)sa.format,
+                            NULL,   sa.now,          sa.permits,
+                            0,      true,            RATE__OP_DECIDE,
+                            &d,     0,               0};
+    gate_t gate = {fair_gate, &fr};
+    switch (run_step(ctx, argv[1], &arg, (expiry_t){sa.ttl}, false, &gate)) {
+    case RUN_DECLINED: return reply_tag(ctx, 0);
+    case RUN_WRONGTYPE: return reply_tag(ctx, 2);
+    case RUN_NOMEM: return RM_ReplyWithError(ctx, "ERR out of memory");
+    case RUN_DECIDED: break;
+    }
+    if (fr.corrupt)
+        return reply_tag(ctx, 3);
+    reply_decision(ctx, &d, 11);
+    RM_ReplyWithLongLong(ctx, fr.denied);
+    return RM_ReplyWithLongLong(ctx, fr.a.shared);
+}
+
 /* --------------------------------------------------------- CL.THROTTLE */
 
 /* Whole seconds, rounded up. */
@@ -526,7 +718,7 @@ static int cmd_throttle(RedisModuleCtx *ctx, RedisModuleString **argv,
                             &d,
                             0,
                             0};
-    switch (run_step(ctx, argv[1], &arg, (expiry_t){-1}, true)) {
+    switch (run_step(ctx, argv[1], &arg, (expiry_t){-1}, true, NULL)) {
     case RUN_WRONGTYPE:
         return RM_ReplyWithError(ctx, "WRONGTYPE Operation against a key "
                                       "holding the wrong kind of value");
@@ -582,7 +774,9 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
         RM_CreateCommand(ctx, "cl.throttle", cmd_throttle,
                          "write deny-oom fast", 1, 1, 1) != RM_OK ||
         RM_CreateCommand(ctx, "ratelimit.lease", cmd_lease, "write deny-oom",
-                         1, 1, 1) != RM_OK)
+                         1, 1, 1) != RM_OK ||
+        RM_CreateCommand(ctx, "ratelimit.fair", cmd_fair, "write deny-oom",
+                         1, 2, 1) != RM_OK)
         return RM_ERR;
     return RM_OK;
 }

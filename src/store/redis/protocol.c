@@ -215,7 +215,7 @@ int rate__redis_key_name(const rate__redis_proto_t *pr, const rate_key_t *key,
 }
 
 /* Whether a name is one the store writes under its prefix (see the top of
- * the file): PREFIX, then "", "s", "p", "e" or "es", then "{", a body of at
+ * the file): PREFIX, then "", "s", "f", "p", "e", "es" or "ef", then "{", a body of at
  * least one byte with no '}', and "}" to end it. */
 bool rate__redis_own_name(const rate__redis_proto_t *pr, const char *s,
                           size_t len)
@@ -226,8 +226,8 @@ bool rate__redis_own_name(const rate__redis_proto_t *pr, const char *s,
     const char *p = s + pr->prefix_len, *end = s + len - 1;
     if (*p == 'e')
         p++;
-    if (*p == 's' || (*p == 'p' && p == s + pr->prefix_len))
-        p++;
+    if (*p == 's' || *p == 'f' || (*p == 'p' && p == s + pr->prefix_len))
+        p++; /* f: a shared limit's fair table (src/store/redis/fair.c) */
     if (p >= end || *p != '{' || p + 1 == end)
         return false;
     return memchr(p + 1, '}', (size_t)(end - p - 1)) == NULL;
