@@ -28,27 +28,8 @@ if (fmt ~= 2 and fmt ~= 3) or id == nil or count < 1 or count % 1 ~= 0 then
   return DECLINE
 end
 
--- Read the state (nil: a new key).  A key that is not a hash is no state
--- of ours: reported, never written.
-local cur = redis.pcall('HMGET', KEYS[1], 'v', 's')
-if cur.err ~= nil then
-  if string.find(cur.err, 'WRONGTYPE', 1, true) then return {2} end
-  return redis.error_reply(cur.err)
-end
-local st = cur[2]
--- a version that does not parse: the client reports it (its load, too,
--- reads the version first); then no version, version 0 or no state:
--- absent, as the client's load reads it
-if cur[1] and (#cur[1] > 19 or not string.find(cur[1], '^%d+$')) then
-  return DECLINE
-end
-if cur[1] == false or cur[1] == '0' or st == false then
-  cur[1] = false
-  st = nil
-end
--- A version that cannot move on (2^63 - 1 or more, where HINCRBY stops: a
--- tampered key) starts again from TIME, as a new key's; the state stays.
-local vtop = cur[1] and #cur[1] == 19 and cur[1] >= '9223372036854775807'
+-- Read the state (nil: a new key).
+--@include src/store/redis/read_state.lua
 local last = now
 local view = {}
 local off = 15
