@@ -15,7 +15,7 @@
 #include <hiredis/hiredis.h>
 
 #include "helpers.h"
-#include "lib/redis_server.h"
+#include "lib/redis_cluster.h"
 
 #include <ratelimit_fair.h>
 #include <ratelimit_redis.h>
@@ -74,8 +74,9 @@ typedef struct host {
     rate_fair_t *fair;
 } host_t;
 
-static void host_open(host_t *h, int path, const char *policy,
-                      const char *prefix)
+static void host_open_at(host_t *h, const char *at, int path,
+                         const char *policy, const char *prefix,
+                         const char *key)
 {
     /* Keys kept for good: a trace's time may run slower than the
      * server's clock, by which keys would expire. */
@@ -83,12 +84,19 @@ static void host_open(host_t *h, int path, const char *policy,
                               .no_ttl = true};
     o.module = path == MODULE ? RATE_REDIS_MODULE_ON : RATE_REDIS_MODULE_OFF;
     char err[256] = "";
-    if (rate_store_redis_new(url, &o, &h->store, err, sizeof err) != RATE_OK)
+    if (rate_store_redis_new(at, &o, &h->store, err, sizeof err) != RATE_OK)
         fail_msg("redis store: %s", err);
     h->lim = limiter_of(policy, h->store);
-    rate_fair_config_t fc = {.limiter = h->lim, .key = "shared", .key_len = 6};
+    rate_fair_config_t fc = {.limiter = h->lim, .key = key,
+                             .key_len = strlen(key)};
     if (rate_fair_new(&fc, &h->fair, err, sizeof err) != RATE_OK)
         fail_msg("rate_fair_new: %s", err);
+}
+
+static void host_open(host_t *h, int path, const char *policy,
+                      const char *prefix)
+{
+    host_open_at(h, url, path, policy, prefix, "shared");
 }
 
 static void host_close(host_t *h)
@@ -514,6 +522,52 @@ static void redis_down(void **s)
     }
 }
 
+/* A Redis Cluster of 3 masters (with the module): a shared limit's table
+ * is on its key's slot (a script or command naming keys of two slots
+ * would be refused, CROSSSLOT), for shared keys spread over the
+ * masters; each decision one command, none failing. */
+static void cluster(void **s)
+{
+    (void)s;
+    rcluster_t cl;
+    rcl_module = RATE_MODULE_PATH;
+    if (!rcl_start(&cl))
+        fail_msg("the cluster did not start");
+    char curl[512];
+    rcl_url(&cl, curl, sizeof curl);
+    static const char *const keys[] = {"a", "b", "c", "d", "e", "f",
+                                       "g", "h", "up}stream"};
+    const size_t nkeys = sizeof keys / sizeof keys[0];
+    for (int p = 0; p < PATHS; p++) {
+        host_t h[9];
+        for (size_t k = 0; k < nkeys; k++)
+            host_open_at(&h[k], curl, p, algos10[0], "fcl:", keys[k]);
+        uint64_t admitted = 0;
+        for (size_t i = 0; i < 300; i++) {
+            char flow[8];
+            snprintf(flow, sizeof flow, "u%zu", i % 3);
+            rate_decision_t d;
+            assert_int_equal(rate_fair_check_at(h[i % nkeys].fair, flow,
+                                                strlen(flow), 1, 1,
+                                                (uint64_t)i * 10 * MS, &d),
+                             RATE_OK);
+            if (d.error != RATE_OK)
+                fail_msg("%s, key %s: %s", path_name[p], keys[i % nkeys],
+                         rate_strerror(d.error));
+            admitted += d.allowed;
+        }
+        uint64_t made = 0;
+        for (size_t k = 0; k < nkeys; k++) {
+            rate_redis_status_t st = status_of(&h[k]);
+            made += p == MODULE ? st.module_fair : st.script_fair;
+            host_close(&h[k]);
+        }
+        assert_int_equal(made, 300);
+        assert_true(admitted > 0);
+    }
+    rcl_stop(&cl);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -521,7 +575,7 @@ int main(void)
         cmocka_unit_test(light),       cmocka_unit_test(weights),
         cmocka_unit_test(two_hosts),   cmocka_unit_test(work),
         cmocka_unit_test(same_bytes),  cmocka_unit_test(bad_tables),
-        cmocka_unit_test(redis_down),
+        cmocka_unit_test(redis_down),  cmocka_unit_test(cluster),
     };
     if (getenv("FAIR_REDIS_ONLY") != NULL) /* one case, by name */
         cmocka_set_test_filter(getenv("FAIR_REDIS_ONLY"));
