@@ -426,6 +426,33 @@ static void round_trips(void **s)
     }
 }
 
+/* The calls without a time go by the limiter's clock, Redis's TIME:
+ * still one command each, decided in Redis. */
+static void server_clock(void **s)
+{
+    (void)s;
+    for (int p = 0; p < PATHS; p++) {
+        flush();
+        host_t h[1];
+        host_open(h, p, "token-bucket 10/s burst=10", "sc:");
+        uint64_t t0 = rate_clock_monotonic_ns(), admitted = 0;
+        for (int i = 0; i < 30; i++) {
+            rate_decision_t d;
+            assert_int_equal(rate_fair_check(h->fair, "u", 1, 1, 1, &d),
+                             RATE_OK);
+            assert_int_equal(d.error, RATE_OK);
+            admitted += d.allowed;
+            admitted += rate_fair_try_acquire(h->fair, "v", 1, 2, 1);
+        }
+        /* the burst, and what refilled meanwhile (whole seconds, up) */
+        uint64_t secs = (rate_clock_monotonic_ns() - t0) / SEC + 1;
+        assert_true(admitted >= 10 && admitted <= 10 + 10 * secs);
+        rate_redis_status_t st = status_of(h);
+        assert_int_equal(p == MODULE ? st.module_fair : st.script_fair, 60);
+        host_close(h);
+    }
+}
+
 /* ----------------------------------------------------------- bad input */
 
 static void bad_tables(void **s)
@@ -476,6 +503,21 @@ static void bad_tables(void **s)
         assert_int_equal(rate_limiter_check_fair_at(h->lim, NULL, "shared", 6,
                                                     &q, 1, SEC, &d),
                          RATE_EINVAL);
+        /* a store without fair(): nothing decided, the caller's table */
+        rate_limiter_t *mem = limiter_of(algos10[0], NULL);
+        q.slots = 64;
+        d.allowed = true;
+        assert_int_equal(rate_limiter_check_fair_at(mem, NULL, "shared", 6,
+                                                    &q, 1, SEC, &d),
+                         RATE_ENOTSUP);
+        assert_false(d.allowed);
+        assert_int_equal(rate_limiter_check_fair_at(mem, NULL, NULL, 0, NULL,
+                                                    0, 0, NULL),
+                         RATE_ENOTSUP);
+        assert_int_equal(rate_limiter_check_fair_at(h->lim, NULL, NULL, 0,
+                                                    NULL, 0, 0, NULL),
+                         RATE_OK);
+        rate_limiter_free(mem);
         redisFree(c);
         host_close(h);
     }
@@ -575,7 +617,8 @@ int main(void)
         cmocka_unit_test(light),       cmocka_unit_test(weights),
         cmocka_unit_test(two_hosts),   cmocka_unit_test(work),
         cmocka_unit_test(same_bytes),  cmocka_unit_test(bad_tables),
-        cmocka_unit_test(redis_down),  cmocka_unit_test(cluster),
+        cmocka_unit_test(redis_down),  cmocka_unit_test(server_clock),
+        cmocka_unit_test(cluster),
     };
     if (getenv("FAIR_REDIS_ONLY") != NULL) /* one case, by name */
         cmocka_set_test_filter(getenv("FAIR_REDIS_ONLY"));
