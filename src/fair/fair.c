@@ -44,6 +44,7 @@
 #include "ratelimit_fair.h"
 #include "ratelimit_loop.h"
 #include "ratelimit_store.h"
+#include "step.h" /* the rule's arithmetic, shared with the fleet's table */
 
 #define FAIR_MAGIC UINT64_C(0x3276726961667272) /* "rrfairv2" */
 #define FIX 20                                  /* 2^20 per permit */
@@ -650,11 +651,7 @@ static fslot_t *find_slot(rate_fair_t *f, const char *flow, size_t len,
     return &f->slot[home];
 }
 
-static uint64_t min3(uint64_t a, uint64_t b, uint64_t c)
-{
-    uint64_t m = a < b ? a : b;
-    return m < c ? m : c;
-}
+_Static_assert(FIX == RATE__FAIR_FIX, "one fixed point for both tables");
 
 /* What the active flows behind `me` are owed (docs/fair.md, "the rule"):
  * for each, the least of its share of the capacity, what it asked lately
@@ -669,16 +666,10 @@ static uint64_t reserve_for(rate_fair_t *f, const fslot_t *me, uint64_t cap)
         const fslot_t *sl = &f->slot[i - 1];
         if (sl == me || sl->s >= me->s)
             continue;
-        unsigned __int128 share =
-            (unsigned __int128)cap * sl->weight / total_w;
-        unsigned __int128 catch_up =
-            (((unsigned __int128)(me->s - sl->s) * sl->weight) +
-             ((UINT64_C(1) << FIX) - 1)) >> FIX;
         uint64_t asked = (sl->asked_cur > sl->asked_prev ? sl->asked_cur
                                                           : sl->asked_prev) +
                          sl->qpermits;
-        r += min3(share > UINT64_MAX ? UINT64_MAX : (uint64_t)share, asked,
-                  catch_up > UINT64_MAX ? UINT64_MAX : (uint64_t)catch_up);
+        r += rate__fair_term(cap, sl->weight, total_w, me->s - sl->s, asked);
     }
     return r > RATE_TIME_MAX ? RATE_TIME_MAX : (uint64_t)r;
 }

@@ -161,17 +161,10 @@ uint64_t rate__fair_reserve(const rate__fair_step_t *a, const uint8_t *t,
         uint64_t s = fld(e, F_S), w = fld(e, F_WEIGHT);
         if (i == a->me || !active(e, a->ep) || s >= my_s)
             continue;
-        unsigned __int128 share = (unsigned __int128)cap * w / a->total_w;
-        unsigned __int128 catch_up =
-            ((unsigned __int128)(my_s - s) * w +
-             ((UINT64_C(1) << RATE__FAIR_FIX) - 1)) >> RATE__FAIR_FIX;
         uint64_t cur = fld(e, F_CUR), prev = fld(e, F_PREV);
-        uint64_t term = cur > prev ? cur : prev;
-        if (share < term)
-            term = (uint64_t)share;
-        if (catch_up < term)
-            term = (uint64_t)catch_up;
-        need += term; /* each below 2^50, the sum saturates at 2^52 */
+        /* each below 2^50, the sum saturates at 2^52 */
+        need += rate__fair_term(cap, w, a->total_w, my_s - s,
+                                cur > prev ? cur : prev);
         if (need > RATE__FAIR_NEED_MAX)
             need = RATE__FAIR_NEED_MAX;
     }

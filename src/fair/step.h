@@ -49,6 +49,27 @@ typedef struct rate__fair_step {
     uint64_t total_w;   /* the active entries' weights */
 } rate__fair_step_t;
 
+/* One flow's part of a reserve (docs/fair.md, "the rule"), the same in
+ * the process's table (fair.c) and the fleet's (step.c): the least of its
+ * share of the capacity floor(cap w / total_w), what it asked lately, and
+ * what it needs to catch up, ceil(behind w / 2^20) for `behind` the
+ * service it is behind by. */
+static inline uint64_t rate__fair_term(uint64_t cap, uint64_t w,
+                                       uint64_t total_w, uint64_t behind,
+                                       uint64_t asked)
+{
+    unsigned __int128 share = (unsigned __int128)cap * w / total_w;
+    unsigned __int128 catch_up =
+        ((unsigned __int128)behind * w + ((UINT64_C(1) << RATE__FAIR_FIX) - 1))
+        >> RATE__FAIR_FIX;
+    uint64_t term = asked;
+    if (share < term)
+        term = (uint64_t)share;
+    if (catch_up < term)
+        term = (uint64_t)catch_up;
+    return term;
+}
+
 size_t rate__fair_table_len(uint64_t slots);
 /* A new, empty table of `slots` entries into t (rate__fair_table_len). */
 void rate__fair_init(uint8_t *t, uint64_t slots);
