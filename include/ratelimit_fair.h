@@ -28,7 +28,16 @@ extern "C" {
  * (rate_fair_memory); flows past what the table tracks one per entry
  * share an entry (docs/fair.md, "Bounded memory").  The table is in the
  * process (shm_path NULL: its threads share it) or in a file mapped by
- * every process opening the same path (the processes of a host). */
+ * every process opening the same path (the processes of a host).
+ *
+ * A fleet: when the limiter's store makes fair decisions itself (the
+ * store contract's fair(), version 6: the Redis store), the not-waiting
+ * calls go there by themselves, one round trip each, over a table kept
+ * beside the shared key (32 + 48 x slots bytes) that every fair limit
+ * of that key on that Redis shares; rate_fair_check and
+ * rate_fair_try_acquire then go by the limiter's clock (Redis TIME)
+ * unless the config gives a clock.  The waiting calls stay on the local
+ * table (docs/fair.md, "Redis (a fleet)"). */
 typedef struct rate_fair rate_fair_t;
 
 #define RATE_FAIR_WEIGHT_MAX (1u << 20) /* largest weight of a flow */

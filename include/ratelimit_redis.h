@@ -248,7 +248,11 @@ typedef struct rate_redis_status {
                                   one round trip by RATELIMIT.LEASE */
     uint64_t script_leases;    /* ... by the lease script (the others went
                                   by HMGET and compare-and-set) */
-    uint64_t reserved[6]; /* room for later fields; not read */
+    uint64_t module_fair;      /* fair decisions (docs/fair.md, "Redis")
+                                  made in one round trip by
+                                  RATELIMIT.FAIR */
+    uint64_t script_fair;      /* ... by the fair script */
+    uint64_t reserved[4]; /* room for later fields; not read */
 } rate_redis_status_t;
 
 /* Reads the synchronous Redis store's state and counts since its

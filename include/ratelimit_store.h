@@ -70,7 +70,12 @@
  * of a table that sets it is asked an acquire together with the rate
  * limits of its policy, all or nothing, in one operation; any other
  * table's lease() is never handed rate limits (the library asks them of
- * decide() or the step after the lease, as before).
+ * decide() or the step after the lease, as before).  Version 6 also
+ * appended fair(): a fair shares' decision (docs/fair.md) made whole in
+ * the store, the shared limit and the fair table of its flows together
+ * (one round trip on Redis); a table without it has none, and a fair
+ * limit on it keeps its table in the process (or its shm_path file), as
+ * before.
  */
 #ifndef RATELIMIT_STORE_H
 #define RATELIMIT_STORE_H
@@ -262,6 +267,25 @@ typedef struct rate_lease_req {
                                       had room for the lease) */
 } rate_lease_req_t;
 
+/* ------------------------------------------------------ fair shares */
+
+/* The flow of one fair decision for fair() (version 6): the request, then
+ * what it found.  The library fills the inputs; the store fills the
+ * outputs. */
+typedef struct rate_fair_req {
+    uint64_t flow_hash; /* the flow's 64-bit hash (XXH3 of its bytes, seed
+                           0; never 0): equal on every host */
+    uint32_t weight;    /* 1..2^20 (RATE_FAIR_WEIGHT_MAX) */
+    uint32_t slots;     /* a new table's entries, 1..4096; a table made
+                           already keeps its own */
+    /* out */
+    bool fair_denied;   /* denied by the fair rule: the room left would not
+                           keep the reserve of the flows behind */
+    bool shared;        /* the flow found no entry of its own (it shares
+                           its home entry) */
+    uint64_t reserved[4]; /* zero: room for later fields */
+} rate_fair_req_t;
+
 /* ---------------------------------------------------- asynchronous part */
 
 /* The store's part of one decision, run later.  The limiter fills it and
@@ -437,6 +461,34 @@ typedef struct rate_store_methods {
      * (rate_lease_req_t.rate, see lease()).  False, the value of a table
      * that does not name it: lease() is never handed rate limits. */
     bool lease_rate;
+
+    /* Version 6 too.  Optional: one not-waiting decision of a shared limit
+     * with fair shares (docs/fair.md), made whole in the store,
+     * atomically with respect to every other call on the key and on its
+     * fair table (a server command or script: one round trip).  `key` is
+     * the shared limit's; the store keeps the fair table beside it (on
+     * Redis: on the key's hash tag, docs/fair.md).  req is the
+     * shared limit's admission as decide() gets it (op
+     * RATE_DECIDE_ACQUIRE, max_wait_ns 0).  The rule, exactly as
+     * src/fair/step.c makes it: the flow is counted in its entry of the
+     * table (a bounded table of req->slots entries, 8 probes, a flow
+     * past them sharing its home entry); the shared limit decides the
+     * request as decide() would; an admission of a flow ahead of the
+     * least served active one stands only if the shared limit's
+     * remaining after it keeps the reserve of the flows behind (else
+     * nothing of the shared limit is written, *out is a denial with
+     * reason RATE_REASON_LIMITED, remaining + permits and an estimated
+     * retry_after, and fair->fair_denied is set); an admission is charged
+     * to the flow's service.  The table is written whatever the answer.
+     * Returns: RATE_OK with *out and fair's outputs; RATE_ENOTSUP, with
+     * nothing written, when it cannot decide this one exactly (the fair
+     * limit then decides it on its table in the process, as for a store
+     * without fair()); RATE_ECORRUPT for a fair table (or a state) whose
+     * bytes are not one (left as they are); or the store's own error
+     * (then the limiter's fail mode decides). */
+    int (*fair)(void *self, const rate_key_t *key,
+                const rate_decide_req_t *req, rate_fair_req_t *fair,
+                rate_decision_t *out);
 } rate_store_methods_t;
 
 /* Wraps a back end (a method table and its own pointer) into a store.
@@ -471,6 +523,35 @@ RATE_API int rate_store_new(const rate_store_methods_t *methods, void *self,
  * Thread-safe: yes. */
 RATE_API void *rate_store_backend(const rate_store_t *store,
                                   const rate_store_methods_t *methods);
+
+/* A fair decision made whole in the limiter's store (its fair(), version
+ * 6): the shared limit `key` under `policy` (NULL: the limiter's own, or
+ * its resolver's), the flow in *fair, `permits` at the limiter's clock
+ * (rate_limiter_check_fair: a store with a clock of its own, Redis TIME,
+ * may use it) or at now_ns (_at).  How the fair layer reaches a fleet's
+ * table (docs/fair.md); a program has little reason to call it itself.
+ * Returns: RATE_OK with *out (the limiter's fail mode, shadow mode and
+ * counters applied, as rate_limiter_check) and fair's outputs;
+ * RATE_ENOTSUP, with nothing counted or written, when the store has no
+ * fair() or declines this request (the caller decides another way).
+ * Errors (*out zeroed): RATE_EINVAL for a NULL limiter, fair or out, a
+ * zero flow_hash, a weight of 0 or above 2^20, slots of 0 or above 4096,
+ * or non-zero reserved words; RATE_EKEY for a NULL, empty or too long
+ * key; RATE_ERANGE for permits or now_ns above RATE_TIME_MAX.
+ * Called with key, fair and out all NULL, it only asks: RATE_OK when the
+ * limiter's store has fair(), else RATE_ENOTSUP.
+ * Ownership: nothing kept.  Thread-safe: yes. */
+RATE_API int rate_limiter_check_fair(rate_limiter_t *lim,
+                                     const rate_policy_t *policy,
+                                     const char *key, size_t key_len,
+                                     rate_fair_req_t *fair, uint64_t permits,
+                                     rate_decision_t *out);
+RATE_API int rate_limiter_check_fair_at(rate_limiter_t *lim,
+                                        const rate_policy_t *policy,
+                                        const char *key, size_t key_len,
+                                        rate_fair_req_t *fair,
+                                        uint64_t permits, uint64_t now_ns,
+                                        rate_decision_t *out);
 
 #ifdef __cplusplus
 }

@@ -16,6 +16,11 @@
  *   RATELIMIT.LEASESTEP lease_key rate_key [lease arguments] [step
  *       arguments]: an acquire with its rate limits, all or nothing, as
  *       src/store/redis/lease_rate.lua makes it;
+ *   RATELIMIT.FAIR key table (RATELIMIT.STEP's arguments) hash weight
+ *                  slots period_us period_ns limit
+ *       a fair shares' decision (docs/fair.md): the step gated by the
+ *       fair rule (src/fair/step.c) over the table, the arguments and
+ *       replies of src/fair/fair.lua;
  *   CL.THROTTLE key max_burst count_per_period period [quantity]
  *       redis-cell's command and reply.
  *
@@ -34,6 +39,7 @@
 #include <time.h>
 
 #include "../src/internal.h"
+#include "../src/fair/step.h"
 #include "../src/lease/lease.h"
 #include "rm_api.h"
 
@@ -221,12 +227,21 @@ static void stored_close(RedisModuleCtx *ctx, stored_t *st)
     RM_CloseKey(st->key);
 }
 
+/* A look at a decision before its state is written (RATELIMIT.FAIR's
+ * rule): false keeps the state as it was (*d may then be changed). */
+typedef struct gate {
+    bool (*fn)(void *ud, rate_decision_t *d);
+    void *ud;
+} gate_t;
+
 /* Runs the step (arg filled but for the time) over the key's v/s hash and
- * writes, expires and replicates the new state when the step says so.
+ * writes, expires and replicates the new state when the step says so
+ * (and the gate, if any, lets it).
  * cold_other: a state made under another policy is read as cold (the
  * step's own rule would need that policy's record) instead of declined. */
 static run_rc_t run_step(RedisModuleCtx *ctx, RedisModuleString *name,
-                         rate__step_arg_t *arg, expiry_t ex, bool cold_other)
+                         rate__step_arg_t *arg, expiry_t ex, bool cold_other,
+                         const gate_t *gate)
 {
     stored_t st;
     run_rc_t out = RUN_DECLINED;
@@ -252,6 +267,8 @@ static run_rc_t run_step(RedisModuleCtx *ctx, RedisModuleString *name,
     if (rc != RATE_OK)
         goto done; /* another policy's state, a corrupt one: declined */
     out = RUN_DECIDED;
+    if (gate != NULL && !gate->fn(gate->ud, arg->decision))
+        goto done;
     if (!io.write)
         goto done;
     uint64_t ttl_ns = ex.ttl_ms == 0    ? RATE_TTL_FOREVER
@@ -383,7 +400,24 @@ static run_rc_t step_run(RedisModuleCtx *ctx, RedisModuleString *name,
                             NULL,    in->now,          in->permits,
                             in->max_wait, true,        RATE__OP_DECIDE,
                             d,       0,                0};
-    return run_step(ctx, name, &arg, (expiry_t){in->ttl}, false);
+    return run_step(ctx, name, &arg, (expiry_t){in->ttl}, false, NULL);
+}
+
+/* A decision's reply, the first 9 of an array of `words`; the caller
+ * adds the rest. */
+static void reply_decision(RedisModuleCtx *ctx, const rate_decision_t *d,
+                           long long words)
+{
+    RM_ReplyWithArray(ctx, words);
+    RM_ReplyWithLongLong(ctx, 1);
+    RM_ReplyWithLongLong(ctx, d->allowed);
+    RM_ReplyWithLongLong(ctx, (long long)d->reason);
+    RM_ReplyWithLongLong(ctx, d->component);
+    RM_ReplyWithLongLong(ctx, reply_ll(d->limit));
+    RM_ReplyWithLongLong(ctx, reply_ll(d->remaining));
+    RM_ReplyWithLongLong(ctx, reply_ll(d->delay_ns));
+    RM_ReplyWithLongLong(ctx, reply_ll(d->retry_after_ns));
+    RM_ReplyWithLongLong(ctx, reply_ll(d->reset_after_ns));
 }
 
 /* step.lua's reply for a run of the step: {tag} or the decision. */
@@ -396,16 +430,8 @@ static int reply_step(RedisModuleCtx *ctx, run_rc_t rc,
     case RUN_NOMEM: return RM_ReplyWithError(ctx, "ERR out of memory");
     case RUN_DECIDED: break;
     }
-    RM_ReplyWithArray(ctx, 9);
-    RM_ReplyWithLongLong(ctx, 1);
-    RM_ReplyWithLongLong(ctx, d->allowed);
-    RM_ReplyWithLongLong(ctx, (long long)d->reason);
-    RM_ReplyWithLongLong(ctx, d->component);
-    RM_ReplyWithLongLong(ctx, reply_ll(d->limit));
-    RM_ReplyWithLongLong(ctx, reply_ll(d->remaining));
-    RM_ReplyWithLongLong(ctx, reply_ll(d->delay_ns));
-    RM_ReplyWithLongLong(ctx, reply_ll(d->retry_after_ns));
-    return RM_ReplyWithLongLong(ctx, reply_ll(d->reset_after_ns));
+    reply_decision(ctx, d, 9);
+    return RM_OK;
 }
 
 static int cmd_step(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
@@ -630,6 +656,150 @@ static int cmd_leasestep(RedisModuleCtx *ctx, RedisModuleString **argv,
     return reply_step(ctx, rrc, &d);
 }
 
+/* ------------------------------------------------------ RATELIMIT.FAIR */
+
+/* One fair decision's table, open while the step runs. */
+typedef struct fair_run {
+    RedisModuleCtx *ctx;
+    RedisModuleString *name; /* the table's key */
+    rate__fair_step_t a;
+    uint64_t period_ns, limit;
+    bool forever; /* the step's ttl 0: no expiry */
+    bool corrupt, denied;
+} fair_run_t;
+
+/* Writes the table into its key's field t, kept three fair periods (at
+ * least a second) of the server's clock, or for good with the shared
+ * key (ttl 0), as the script keeps it. */
+static void fair_write(fair_run_t *fr, RedisModuleKey *key, const uint8_t *t,
+                       size_t len)
+{
+    RedisModuleString *ts = RM_CreateString(fr->ctx, (const char *)t, len);
+    RM_HashSet(key, RM_HASH_CFIELDS, "t", ts, NULL);
+    RM_Replicate(fr->ctx, "HSET", "scs", fr->name, "t", ts);
+    RM_FreeString(fr->ctx, ts);
+    if (fr->forever) { /* as the shared limit's key (the store's no_ttl) */
+        RM_SetExpire(key, RM_NO_EXPIRE);
+        RM_Replicate(fr->ctx, "PERSIST", "s", fr->name);
+        return;
+    }
+    uint64_t ms = (3 * fr->a.period_us + 999) / 1000;
+    ms = ms < 1000 ? 1000 : ms > (UINT64_C(1) << 40) ? UINT64_C(1) << 40 : ms;
+    long long at = (long long)(server_now_ns() / 1000000 + ms);
+    RM_SetAbsExpire(key, at);
+    RM_Replicate(fr->ctx, "PEXPIREAT", "sl", fr->name, at);
+}
+
+/* The gate of RATELIMIT.FAIR: the fair rule (src/fair/step.c) over the
+ * table, after the shared limit's verdict and before its write. */
+static bool fair_gate(void *ud, rate_decision_t *d)
+{
+    fair_run_t *fr = ud;
+    RedisModuleKey *key = RM_OpenKey(fr->ctx, fr->name, RM_READ | RM_WRITE);
+    int type = RM_KeyType(key);
+    RedisModuleString *ts = NULL;
+    uint8_t *t = NULL;
+    size_t len = rate__fair_table_len(fr->a.slots);
+    if (type != RM_KEYTYPE_EMPTY && type != RM_KEYTYPE_HASH)
+        goto corrupt;
+    if (type == RM_KEYTYPE_HASH)
+        RM_HashGet(key, RM_HASH_CFIELDS, "t", &ts, NULL);
+    if (ts != NULL) {
+        const char *old = RM_StringPtrLen(ts, &len);
+        if ((t = malloc(len ? len : 1)) == NULL)
+            goto corrupt;
+        memcpy(t, old, len);
+        if (!rate__fair_valid(t, len))
+            goto corrupt;
+    } else {
+        if ((t = malloc(len)) == NULL)
+            goto corrupt;
+        rate__fair_init(t, fr->a.slots);
+    }
+    rate__fair_enter(&fr->a, t);
+    bool ok = d->allowed;
+    if (ok && d->reason == RATE_REASON_ALLOWED) {
+        uint64_t need = rate__fair_reserve(&fr->a, t, d->limit);
+        if (d->remaining < need) {
+            d->retry_after_ns = rate__fair_retry_ns(need - d->remaining,
+                                                    fr->period_ns, fr->limit);
+            d->allowed = ok = false;
+            d->reason = RATE_REASON_LIMITED;
+            d->remaining += fr->a.permits;
+            d->delay_ns = 0;
+            fr->denied = true;
+        }
+    }
+    if (ok && fr->a.permits > 0)
+        rate__fair_charge(&fr->a, t);
+    fair_write(fr, key, t, len);
+    free(t);
+    if (ts != NULL)
+        RM_FreeString(fr->ctx, ts);
+    RM_CloseKey(key);
+    return ok;
+corrupt:
+    fr->corrupt = true;
+    free(t);
+    if (ts != NULL)
+        RM_FreeString(fr->ctx, ts);
+    RM_CloseKey(key);
+    return false;
+}
+
+/* RATELIMIT.FAIR key table now_s now_ns permits max_wait ttl policy_id
+ * format [algorithm L P B]... hash weight slots period_us period_ns limit:
+ * the shared limit's step gated by the fair rule, with the fair script's
+ * arguments and reply (src/fair/fair.lua, src/store/redis/fair.c). */
+static int cmd_fair(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
+{
+    if (argc < 20 || (argc - 16) % 4 != 0 || (argc - 16) / 4 > RATE_MAX_LIMITS)
+        return RM_WrongArity(ctx);
+    step_in_t sa;
+    const char *err = NULL;
+    switch (step_parse(argv + 3, argc - 9, &sa, &err)) {
+    case STEP_BAD: return RM_ReplyWithError(ctx, err);
+    case STEP_DECLINE: return reply_tag(ctx, 0);
+    default: break;
+    }
+    RedisModuleString **f = argv + argc - 6;
+    fair_run_t fr = {.ctx = ctx, .name = argv[2]};
+    if (!arg_le(f[0], 8, &fr.a.hash) || fr.a.hash == 0 ||
+        !arg_u64(f[1], RATE__FAIR_WEIGHT_MAX, &fr.a.weight) ||
+        fr.a.weight == 0 ||
+        !arg_u64(f[2], RATE__FAIR_SLOTS_MAX, &fr.a.slots) || fr.a.slots == 0 ||
+        !arg_u64(f[3], (UINT64_C(1) << 53) - 1, &fr.a.period_us) ||
+        fr.a.period_us == 0 || !arg_u64(f[4], UINT64_MAX, &fr.period_ns) ||
+        !arg_u64(f[5], UINT64_MAX, &fr.limit))
+        return RM_ReplyWithError(ctx, "ERR fair: malformed arguments");
+    const rate_policy_t *p = policy_of(sa.limits, sa.count, NULL, 0);
+    /* Past Lua's exact integers the script declines: so does this. */
+    if (p == NULL || sa.now / 1000 >= (UINT64_C(1) << 53) ||
+        sa.permits >= RATE__FAIR_ASKED_MAX)
+        return reply_tag(ctx, 0);
+    fr.a.now_us = sa.now / 1000;
+    fr.forever = sa.ttl == 0;
+    fr.a.permits = sa.permits;
+    rate_decision_t d;
+    memset(&d, 0, sizeof d);
+    rate__step_arg_t arg = {p,      (uint32_t)sa.id, (uint8_t)sa.format,
+                            NULL,   sa.now,          sa.permits,
+                            0,      true,            RATE__OP_DECIDE,
+                            &d,     0,               0};
+    gate_t gate = {fair_gate, &fr};
+    switch (run_step(ctx, argv[1], &arg, (expiry_t){sa.ttl}, false, &gate)) {
+    case RUN_DECLINED: return reply_tag(ctx, 0);
+    case RUN_WRONGTYPE: return reply_tag(ctx, 2);
+    case RUN_NOMEM: return RM_ReplyWithError(ctx, "ERR out of memory");
+    case RUN_DECIDED: break;
+    }
+    if (fr.corrupt)
+        return reply_tag(ctx, 3);
+    reply_decision(ctx, &d, 11);
+    RM_ReplyWithLongLong(ctx, fr.denied);
+    return RM_ReplyWithLongLong(ctx, fr.a.shared);
+}
+
 /* --------------------------------------------------------- CL.THROTTLE */
 
 /* Whole seconds, rounded up. */
@@ -686,7 +856,7 @@ static int cmd_throttle(RedisModuleCtx *ctx, RedisModuleString **argv,
                             &d,
                             0,
                             0};
-    switch (run_step(ctx, argv[1], &arg, (expiry_t){-1}, true)) {
+    switch (run_step(ctx, argv[1], &arg, (expiry_t){-1}, true, NULL)) {
     case RUN_WRONGTYPE:
         return RM_ReplyWithError(ctx, "WRONGTYPE Operation against a key "
                                       "holding the wrong kind of value");
@@ -745,7 +915,10 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
                          1, 1, 1) != RM_OK ||
         /* two keys, the leases' and the rate state's (one hash tag) */
         RM_CreateCommand(ctx, "ratelimit.leasestep", cmd_leasestep,
-                         "write deny-oom", 1, 2, 1) != RM_OK)
+                         "write deny-oom", 1, 2, 1) != RM_OK ||
+        /* two keys, the shared limit's and its fair table (one hash tag) */
+        RM_CreateCommand(ctx, "ratelimit.fair", cmd_fair, "write deny-oom",
+                         1, 2, 1) != RM_OK)
         return RM_ERR;
     return RM_OK;
 }

@@ -1249,3 +1249,84 @@ int rate_limiter_refund_policy_at(rate_limiter_t *lim,
     return adjust_key(lim, policy, key, key_len, permits, now_ns, false,
                       RATE__OP_REFUND);
 }
+
+/* ------------------------------------ fair shares in the store (version 6) */
+
+/* A fair decision through the store's fair() (ratelimit_store.h): the
+ * input checked and the policy's tag had as for a decision, then the
+ * store's whole answer, with the fail mode, shadow mode and counters
+ * after it; RATE_ENOTSUP, nothing counted, when the store has none or
+ * declines (the fair layer then decides on its own table). */
+static int fair_in(rate_limiter_t *lim, const rate_policy_t *force,
+                   const char *key, size_t key_len, rate_fair_req_t *fq,
+                   uint64_t permits, uint64_t now, bool clock_time,
+                   rate_decision_t *d)
+{
+    rate__step_arg_t arg;
+    int rc, store_rc = RATE_OK;
+
+    if (key == NULL && fq == NULL && d == NULL) /* the probe */
+        return lim != NULL && lim->m->version >= 6 && lim->m->fair != NULL
+                   ? RATE_OK
+                   : RATE_ENOTSUP;
+    if (d != NULL)
+        memset(d, 0, sizeof *d);
+    if (lim == NULL || d == NULL || fq == NULL || fq->flow_hash == 0 ||
+        fq->weight == 0 || fq->weight > (UINT32_C(1) << 20) ||
+        fq->slots == 0 || fq->slots > 4096 || !RATE__RESERVED_ZERO(fq))
+        return RATE_EINVAL;
+    if (lim->m->version < 6 || lim->m->fair == NULL)
+        return RATE_ENOTSUP;
+    rc = prepare(lim, force, key, key_len, permits, 0, now, true,
+                 RATE__OP_DECIDE, d, &arg, &store_rc, true);
+    if (rc != RATE_OK)
+        return rc;
+    if (arg.policy->unlimited)
+        return RATE_ENOTSUP; /* nothing to share: the fair layer's own */
+    fq->fair_denied = fq->shared = false;
+    rate_key_t k = {key, key_len, lim->space};
+    if (store_rc == RATE_OK) {
+        const rate_policy_t *p = arg.policy;
+        rate_decide_req_t req = {p,           arg.policy_id, arg.format,
+                                 now,         clock_time,    permits,
+                                 0,           true,          p->max_reset_ns,
+                                 horizon(lim, now, clock_time),
+                                 RATE_DECIDE_ACQUIRE};
+        store_rc = lim->m->fair(lim->self, &k, &req, fq, d);
+        if (store_rc == RATE_ENOTSUP) {
+            memset(d, 0, sizeof *d);
+            return RATE_ENOTSUP;
+        }
+    }
+    if (store_rc == RATE_EKEY) {
+        memset(d, 0, sizeof *d);
+        return RATE_EKEY;
+    }
+    finish(lim, &arg, &k, now, clock_time, store_rc);
+    return RATE_OK;
+}
+
+int rate_limiter_check_fair(rate_limiter_t *lim, const rate_policy_t *policy,
+                            const char *key, size_t key_len,
+                            rate_fair_req_t *fair, uint64_t permits,
+                            rate_decision_t *out)
+{
+    uint64_t scope = rate__call_begin();
+    int rc = fair_in(lim, policy, key, key_len, fair, permits,
+                     lim != NULL ? clock_now(lim) : 0, true, out);
+    rate__call_end(scope);
+    return rc;
+}
+
+int rate_limiter_check_fair_at(rate_limiter_t *lim,
+                               const rate_policy_t *policy, const char *key,
+                               size_t key_len, rate_fair_req_t *fair,
+                               uint64_t permits, uint64_t now_ns,
+                               rate_decision_t *out)
+{
+    uint64_t scope = rate__call_begin();
+    int rc = fair_in(lim, policy, key, key_len, fair, permits, now_ns, false,
+                     out);
+    rate__call_end(scope);
+    return rc;
+}

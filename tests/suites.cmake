@@ -98,6 +98,7 @@ rate_suite(fair_review LABELS concurrency TIMEOUT 300)
 rate_suite(fair_check LABELS concurrency TIMEOUT 300)
 rate_suite(fair_mem LABELS concurrency TIMEOUT 300)
 rate_suite(fair_async NEEDS ASYNC USES_ASYNC LABELS concurrency TIMEOUT 300)
+rate_suite(fair_redis NEEDS REDIS MODULE USES_MODULE LABELS redis SERIAL TIMEOUT 600)
 rate_suite(fair_cli SH fair_cli_test.sh NEEDS TOOLS ARGS $<TARGET_FILE:ratelimit_cli>)
 rate_suite(fair_api SH fair_api_test.sh NEEDS API_SERVER ARGS $<TARGET_FILE:api-server>)
 rate_suite(api_lease SH api_lease_test.sh NEEDS API_SERVER

@@ -24,6 +24,7 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,8 @@
 #include "ratelimit.h"
 #include "ratelimit_fair.h"
 #include "ratelimit_loop.h"
+#include "ratelimit_store.h"
+#include "step.h" /* the rule's arithmetic, shared with the fleet's table */
 
 #define FAIR_MAGIC UINT64_C(0x3276726961667272) /* "rrfairv2" */
 #define FIX 20                                  /* 2^20 per permit */
@@ -156,6 +159,12 @@ struct rate_fair {
     size_t key_len;
     char key[RATE_KEY_MAX];
     struct fasync *as; /* from the first rate_fair_acquire_start */
+    /* The limiter's store makes fair decisions itself (its fair(),
+     * version 6: a fleet's table on Redis): the not-waiting calls go
+     * there; what it declines is decided on this table.  With its
+     * counts of fair denials and shared entries. */
+    bool fleet;
+    _Atomic uint64_t fleet_denied, fleet_shared;
 };
 
 /* The asynchronous waiters (rate_fair_acquire_start): their loop, an
@@ -664,11 +673,7 @@ static fslot_t *find_slot(rate_fair_t *f, const char *flow, size_t len,
     return &f->slot[home];
 }
 
-static uint64_t min3(uint64_t a, uint64_t b, uint64_t c)
-{
-    uint64_t m = a < b ? a : b;
-    return m < c ? m : c;
-}
+_Static_assert(FIX == RATE__FAIR_FIX, "one fixed point for both tables");
 
 /* What the active flows behind `me` are owed (docs/fair.md, "the rule"):
  * for each, the least of its share of the capacity, what it asked lately
@@ -683,16 +688,10 @@ static uint64_t reserve_for(rate_fair_t *f, const fslot_t *me, uint64_t cap)
         const fslot_t *sl = &f->slot[i - 1];
         if (sl == me || sl->s >= me->s)
             continue;
-        unsigned __int128 share =
-            (unsigned __int128)cap * sl->weight / total_w;
-        unsigned __int128 catch_up =
-            (((unsigned __int128)(me->s - sl->s) * sl->weight) +
-             ((UINT64_C(1) << FIX) - 1)) >> FIX;
         uint64_t asked = (sl->asked_cur > sl->asked_prev ? sl->asked_cur
                                                           : sl->asked_prev) +
                          sl->qpermits;
-        r += min3(share > UINT64_MAX ? UINT64_MAX : (uint64_t)share, asked,
-                  catch_up > UINT64_MAX ? UINT64_MAX : (uint64_t)catch_up);
+        r += rate__fair_term(cap, sl->weight, total_w, me->s - sl->s, asked);
     }
     return r > RATE_TIME_MAX ? RATE_TIME_MAX : (uint64_t)r;
 }
@@ -1695,7 +1694,35 @@ static rate_fair_t *handle_new(const rate_fair_config_t *c)
     const rate_limit_t *l0 = rate_policy_limit(p, 0);
     f->period_ns = l0 != NULL && l0->period_ns > 0 ? l0->period_ns : RATE_NS_PER_S;
     f->rate_limit = l0 != NULL && l0->limit > 0 ? l0->limit : 1;
+    f->fleet = rate_limiter_check_fair_at(c->limiter, NULL, NULL, 0, NULL, 0,
+                                          0, NULL) == RATE_OK;
     return f;
+}
+
+/* A not-waiting decision by the store's fair() (docs/fair.md, "Redis (a
+ * fleet)"), at now (clock_time: the limiter's clock, e.g. Redis TIME, so
+ * that every host goes by one); RATE_ENOTSUP when there is none or it
+ * declines (then this table decides). */
+static int fleet_check(rate_fair_t *f, const char *flow, size_t len,
+                       uint32_t weight, uint64_t permits, uint64_t now,
+                       bool clock_time, rate_decision_t *out)
+{
+    if (!f->fleet)
+        return RATE_ENOTSUP;
+    uint64_t h = XXH3_64bits(flow, len);
+    rate_fair_req_t q = {.flow_hash = h ? h : 1, .weight = weight ? weight : 1,
+                         .slots = f->h->slots};
+    int rc = clock_time
+                 ? rate_limiter_check_fair(f->limiter, f->policy, f->key,
+                                           f->key_len, &q, permits, out)
+                 : rate_limiter_check_fair_at(f->limiter, f->policy, f->key,
+                                              f->key_len, &q, permits, now,
+                                              out);
+    if (rc == RATE_OK && q.fair_denied)
+        atomic_fetch_add_explicit(&f->fleet_denied, 1, memory_order_relaxed);
+    if (rc == RATE_OK && q.shared)
+        atomic_fetch_add_explicit(&f->fleet_shared, 1, memory_order_relaxed);
+    return rc;
 }
 
 void rate_fair_free(rate_fair_t *f)
@@ -1745,7 +1772,9 @@ int rate_fair_check_at(rate_fair_t *f, const char *flow, size_t flow_len,
     int rc = check_input(f, flow, flow_len, weight, permits, now_ns);
     if (rc != RATE_OK)
         return rc;
-    rc = fair_check(f, flow, flow_len, weight, permits, now_ns, true, out);
+    rc = fleet_check(f, flow, flow_len, weight, permits, now_ns, false, out);
+    if (rc == RATE_ENOTSUP)
+        rc = fair_check(f, flow, flow_len, weight, permits, now_ns, true, out);
     if (rc != RATE_OK)
         memset(out, 0, sizeof *out);
     return rc;
@@ -1759,6 +1788,12 @@ int rate_fair_check(rate_fair_t *f, const char *flow, size_t flow_len,
             memset(out, 0, sizeof *out);
         return RATE_EINVAL;
     }
+    if (f->fleet && !f->own_clock && out != NULL &&
+        check_input(f, flow, flow_len, weight, permits, 0) == RATE_OK) {
+        int rc = fleet_check(f, flow, flow_len, weight, permits, 0, true, out);
+        if (rc != RATE_ENOTSUP)
+            return rc;
+    }
     return rate_fair_check_at(f, flow, flow_len, weight, permits, now_of(f),
                               out);
 }
@@ -1769,6 +1804,13 @@ bool rate_fair_try_acquire_at(rate_fair_t *f, const char *flow,
 {
     if (check_input(f, flow, flow_len, weight, permits, now_ns) != RATE_OK)
         return false;
+    if (f->fleet) {
+        rate_decision_t fd;
+        int rc = fleet_check(f, flow, flow_len, weight, permits, now_ns, false,
+                             &fd);
+        if (rc != RATE_ENOTSUP)
+            return rc == RATE_OK && fd.allowed;
+    }
     int fast = fast_try(f, flow, flow_len, weight, permits, now_ns);
     if (fast >= 0)
         return fast == 1;
@@ -1782,6 +1824,13 @@ bool rate_fair_try_acquire_at(rate_fair_t *f, const char *flow,
 bool rate_fair_try_acquire(rate_fair_t *f, const char *flow, size_t flow_len,
                            uint32_t weight, uint64_t permits)
 {
+    if (f != NULL && f->fleet && !f->own_clock &&
+        check_input(f, flow, flow_len, weight, permits, 0) == RATE_OK) {
+        rate_decision_t fd;
+        int rc = fleet_check(f, flow, flow_len, weight, permits, 0, true, &fd);
+        if (rc != RATE_ENOTSUP)
+            return rc == RATE_OK && fd.allowed;
+    }
     return f != NULL && rate_fair_try_acquire_at(f, flow, flow_len, weight,
                                                  permits, now_of(f));
 }
@@ -1817,8 +1866,8 @@ int rate_fair_stats(rate_fair_t *f, rate_fair_stats_t *out)
     for (uint32_t i = f->h->lhead; i != NIL; i = f->slot[i - 1].lnext)
         out->flows += f->slot[i - 1].epoch + 1 >= ep || f->slot[i - 1].qlen > 0;
     out->slots = f->h->slots;
-    out->shared = f->h->shared;
-    out->fair_denied = f->h->fair_denied;
+    out->shared = f->h->shared + atomic_load(&f->fleet_shared);
+    out->fair_denied = f->h->fair_denied + atomic_load(&f->fleet_denied);
     out->waiting = f->h->waiting;
     out->queue_full = f->h->queue_full;
     out->timed_out = f->h->timed_out;

@@ -597,6 +597,7 @@ static int usage(FILE *f)
           "       ratelimit bench --shm [--rounds N] [--iterations N]\n"
           "       ratelimit bench --sync redis://HOST[:PORT]\n"
           "       ratelimit bench --fair [--rounds N] [--iterations N]\n"
+          "       ratelimit bench --fair --redis URL [--rounds N]\n"
           "       ratelimit bench --leases [--redis URL]\n\n"
           "Measures the floors (clock read; hash + CAS; key fetch + random\n"
           "table read) and ns per decision on the in-memory store, and\n"
@@ -630,7 +631,10 @@ static int usage(FILE *f)
           "flows), then by table size (64, 1024, 4096 slots) a saturated\n"
           "decision's cost and the permits/s that 4 threads waiting on a\n"
           "limit of 2000/s are admitted, and the waiting call's CPU time\n"
-          "per request with 1 to 4096 active flows.\n"
+          "per request with 1 to 4096 active flows.  With --fair --redis\n"
+          "URL, instead: a fair decision on Redis (the fair script, and\n"
+          "RATELIMIT.FAIR when the server has ratelimit.so) beside a plain\n"
+          "decision of the same limit, 1 caller.\n"
           "With --leases, instead: an in-flight lease (acquire + release)\n"
           "beside one rate decision, on memory, shm and (with --redis) Redis,\n"
           "with 1 and 64 callers on one key; on Redis, leases by the general\n"
@@ -725,6 +729,10 @@ int cmd_bench(int argc, char **argv)
 #ifndef RATE_WITH_REDIS
     if (redis_url != NULL) /* refused before the memory figures, not after */
         return bench_redis(redis_url, cluster_url, &ro);
+#endif
+#ifdef RATE_WITH_REDIS
+    if (fair && redis_url != NULL)
+        return bench_fair_redis(redis_url, rounds);
 #endif
     if (fair)
         return bench_fair(rounds, iters);

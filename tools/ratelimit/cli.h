@@ -22,6 +22,9 @@ int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* bench --fair: fair shares beside a plain shared limit (bench_fair.c). */
 int bench_fair(unsigned rounds, uint64_t iters);
+/* bench --fair --redis URL: a fair decision beside a plain one on Redis,
+ * by the script and the module (bench_fair_redis.c). */
+int bench_fair_redis(const char *url, unsigned rounds);
 
 /* The bench's remote parts, in a build with the store they measure. */
 typedef struct bench_redis_opts {

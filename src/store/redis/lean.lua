@@ -70,21 +70,7 @@ if now_lo >= E32 then now_lo = now_lo - E32; now_hi = now_hi + 1 end
 -- ARGV[4] (max_wait) and ARGV[5] (ttl) are read where they are needed.
 local n, id, fmt = tonumber(ARGV[3]), tonumber(ARGV[6]), tonumber(ARGV[7])
 
-local cur = redis.pcall('HMGET', KEYS[1], 'v', 's')
-if cur.err ~= nil then
-  if string.find(cur.err, 'WRONGTYPE', 1, true) then return {2} end
-  return redis.error_reply(cur.err)
-end
-local st = cur[2]
-if cur[1] and (#cur[1] > 19 or not string.find(cur[1], '^%d+$')) then
-  return DECLINE -- as step.lua: the version first, then absent
-end
-if cur[1] == false or cur[1] == '0' or st == false then
-  cur[1] = false
-  st = nil
-end
--- 2^63 - 1 or more (tampered): the version starts again from TIME
-local vtop = cur[1] and #cur[1] == 19 and cur[1] >= '9223372036854775807'
+--@include src/store/redis/read_state.lua
 
 -- The state's header and word: t = max(now, t_last) as {t_hi, t_lo}, dt =
 -- t - t_last (math.huge from 2^52 ns on: 52 days, past every bucket's

@@ -26,6 +26,7 @@ typedef struct rate__redis_paths {
     atomic_bool fcall; /* every node took FUNCTION LOAD: FCALL, else EVALSHA */
     bool generic_leases;         /* lease() declines: leases by load + cas */
     atomic_bool lease_no_module; /* the module has no RATELIMIT.LEASE */
+    atomic_bool fair_no_module;  /* the module has no RATELIMIT.FAIR */
 } rate__redis_paths_t;
 
 /* Whether to send RATELIMIT.STEP for a decision without probing first:

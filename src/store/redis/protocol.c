@@ -252,8 +252,10 @@ int rate__redis_key_name(const rate__redis_proto_t *pr, const rate_key_t *key,
 }
 
 /* Whether a name is one the store writes under its prefix (see the top of
- * the file): PREFIX, then "", "s", "p", "l", "e", "es" or "el", then "{", a
- * body of at least one byte with no '}', and "}" to end it. */
+ * the file): PREFIX, then "", "s", "f", "l", "p", "e", "es", "ef" or "el",
+ * then "{", a body of at least one byte with no '}', and "}" to end it.
+ * (f: a shared limit's fair table, src/store/redis/fair.c; l: a key's
+ * leases.) */
 bool rate__redis_own_name(const rate__redis_proto_t *pr, const char *s,
                           size_t len)
 {
@@ -263,7 +265,8 @@ bool rate__redis_own_name(const rate__redis_proto_t *pr, const char *s,
     const char *p = s + pr->prefix_len, *end = s + len - 1;
     if (*p == 'e')
         p++;
-    if (*p == 's' || *p == 'l' || (*p == 'p' && p == s + pr->prefix_len))
+    if (*p == 's' || *p == 'f' || *p == 'l' ||
+        (*p == 'p' && p == s + pr->prefix_len))
         p++;
     if (p >= end || *p != '{' || p + 1 == end)
         return false;

@@ -38,6 +38,7 @@
 #include <hiredis/hiredis.h>
 
 #include "async.h"
+#include "fair.h"
 #include "lease.h"
 #include "sync.h"
 
@@ -538,6 +539,66 @@ static int r_lease(void *self, const rate_key_t *key, rate_lease_req_t *q)
     return rc;
 }
 
+/* One fair command (fair.h): RATE_OK once answered, with *rep. */
+static int fair_call(redis_store_t *r, bool module, const rate_key_t *key,
+                     const rate_decide_req_t *q, const rate_fair_req_t *f,
+                     uint64_t dl, redisReply **rep)
+{
+    rate__redis_fair_cmd_t c;
+    int rc = rate__redis_fair_cmd(&r->proto, module, key, q, f, &c);
+    if (rc == RATE_OK) {
+        rc = rate__rsync_call(r, dl, c.c.k, c.c.kl, c.argc, c.av, c.al, rep);
+        if (!module && rc == RATE_OK && rate__redis_noscript(*rep)) {
+            freeReplyObject(*rep); /* Redis restarted or SCRIPT FLUSH */
+            *rep = NULL;
+            rate__redis_fair_eval(&c);
+            rc = rate__rsync_call(r, dl, c.c.k, c.c.kl, c.argc, c.av, c.al,
+                                  rep);
+        }
+    }
+    rate__redis_fair_free(&c);
+    return rc;
+}
+
+/* fair() (store contract version 6): one round trip, RATELIMIT.FAIR when
+ * the server has the module, else the fair script.  A module without
+ * RATELIMIT.FAIR (an older ratelimit.so) answers an error: the script
+ * makes this one and every later fair decision of this store. */
+static int r_fair(void *self, const rate_key_t *key,
+                  const rate_decide_req_t *q, rate_fair_req_t *f,
+                  rate_decision_t *d)
+{
+    redis_store_t *r = self;
+    int probe_rc = RATE_OK, rc;
+    redisReply *rep = NULL;
+    uint64_t dl = deadline_of(r);
+
+    bool module = !atomic_load_explicit(&r->paths.fair_no_module,
+                                        memory_order_relaxed) &&
+                  module_wanted(r, &probe_rc);
+    if (probe_rc != RATE_OK)
+        return probe_rc; /* Redis did not answer */
+    rc = fair_call(r, module, key, q, f, dl, &rep);
+    if (module && rc == RATE_OK && rep->type == REDIS_REPLY_ERROR &&
+        rep->str != NULL && strstr(rep->str, "unknown command") != NULL) {
+        freeReplyObject(rep);
+        rep = NULL;
+        atomic_store(&r->paths.fair_no_module, true);
+        module = false;
+        rc = fair_call(r, false, key, q, f, dl, &rep);
+    }
+    if (rc == RATE_OK)
+        rc = rate__redis_reply_ok(rc, rep);
+    if (rc == RATE_OK)
+        rc = rate__redis_fair_parse(rep, d, f);
+    if (rc == RATE_OK)
+        atomic_fetch_add_explicit(module ? &r->st_module_fair
+                                         : &r->st_script_fair,
+                                  1, memory_order_relaxed);
+    freeReplyObject(rep);
+    return rc;
+}
+
 static const rate_store_methods_t redis_methods = {
     .version = RATE_STORE_VERSION,
     .name = "redis",
@@ -550,6 +611,7 @@ static const rate_store_methods_t redis_methods = {
     .decide_changes = true, /* the lean scripts' refunds and penalties */
     .lease = r_lease,
     .lease_rate = true, /* an acquire with its rate limits, one command */
+    .fair = r_fair,
 };
 
 /* What the asynchronous transport needs of the store's settings. */
@@ -916,6 +978,8 @@ int rate_store_redis_status(rate_store_t *store, rate_redis_status_t *out)
     out->declined_adjustments = atomic_load(&r->st_adj_declined);
     out->module_leases = atomic_load(&r->st_module_leases);
     out->script_leases = atomic_load(&r->st_script_leases);
+    out->module_fair = atomic_load(&r->st_module_fair);
+    out->script_fair = atomic_load(&r->st_script_fair);
     return RATE_OK;
 }
 

@@ -62,6 +62,7 @@ typedef struct redis_store {
     rate__redis_paths_t paths;
     atomic_uint_fast64_t st_module, st_module_fallbacks;
     atomic_uint_fast64_t st_module_leases, st_script_leases;
+    atomic_uint_fast64_t st_module_fair, st_script_fair;
 } redis_store_t;
 
 /* A call's deadline: the command timeout from the start of the library

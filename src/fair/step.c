@@ -1,0 +1,213 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The fair rule over a fleet's table (step.h; docs/fair.md, "Redis (a
+ * fleet)"): the not-waiting rule of fair.c -- virtual service, V, the
+ * reserve of the flows behind -- over a flat table in the store, walked
+ * whole at each decision (no heaps: the table is small and lives in
+ * Redis).  Pure: no I/O, no clock, no allocation.  Its Lua twin is
+ * src/fair/fair.lua; both keep every number below 2^53.
+ */
+#include <string.h>
+
+#include "step.h"
+
+static const uint8_t MAGIC[8] = {'r', 'f', 'a', 'i', 'r', 1, 0, 0};
+
+enum { F_HASH, F_S, F_EPOCH, F_CUR, F_PREV, F_WEIGHT };
+
+static uint64_t get(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static void put(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++, v >>= 8)
+        p[i] = (uint8_t)v;
+}
+
+static uint8_t *ent(uint8_t *t, uint64_t i)
+{
+    return t + RATE__FAIR_HDR + i * RATE__FAIR_ENTRY;
+}
+
+static uint64_t fld(const uint8_t *e, int f) { return get(e + 8 * f); }
+static void set(uint8_t *e, int f, uint64_t v) { put(e + 8 * f, v); }
+
+static bool used(const uint8_t *e)
+{
+    static const uint8_t zero[8];
+    return memcmp(e, zero, 8) != 0;
+}
+
+/* Asked in period ep or the one before (a clock gone back: later). */
+static bool active(const uint8_t *e, uint64_t ep)
+{
+    uint64_t e_ep = fld(e, F_EPOCH);
+    return used(e) && e_ep != 0 && e_ep + 1 >= ep;
+}
+
+size_t rate__fair_table_len(uint64_t slots)
+{
+    return RATE__FAIR_HDR + (size_t)slots * RATE__FAIR_ENTRY;
+}
+
+void rate__fair_init(uint8_t *t, uint64_t slots)
+{
+    memset(t, 0, rate__fair_table_len(slots));
+    memcpy(t, MAGIC, sizeof MAGIC);
+    put(t + 8, slots);
+}
+
+bool rate__fair_valid(const uint8_t *t, size_t len)
+{
+    const uint64_t top = UINT64_C(1) << 53;
+    if (len < RATE__FAIR_HDR || memcmp(t, MAGIC, sizeof MAGIC) != 0)
+        return false;
+    uint64_t slots = get(t + 8);
+    if (slots < 1 || slots > RATE__FAIR_SLOTS_MAX ||
+        len != rate__fair_table_len(slots) || get(t + 16) >= top ||
+        get(t + 24) != 0)
+        return false;
+    for (uint64_t i = 0; i < slots; i++) {
+        const uint8_t *e = ent((uint8_t *)t, i);
+        for (int f = F_S; f <= F_WEIGHT; f++)
+            if (fld(e, f) >= top)
+                return false;
+        uint64_t w = fld(e, F_WEIGHT);
+        if (used(e) && (w < 1 || w > RATE__FAIR_WEIGHT_MAX))
+            return false;
+    }
+    return true;
+}
+
+/* The flow's entry: its own within PROBES of its home, else the first
+ * one not active there (taken, at s = V), else its home, shared. */
+static uint32_t find(rate__fair_step_t *a, uint8_t *t, uint64_t slots,
+                     uint64_t v)
+{
+    uint64_t home = ((a->hash >> 32) * slots) >> 32;
+    uint64_t probes = slots < RATE__FAIR_PROBES ? slots : RATE__FAIR_PROBES;
+    uint64_t k = home, free_k = slots;
+    for (uint64_t i = 0; i < probes; i++, k = k + 1 == slots ? 0 : k + 1) {
+        uint8_t *e = ent(t, k);
+        if (fld(e, F_HASH) == a->hash) {
+            set(e, F_WEIGHT, a->weight);
+            return (uint32_t)k;
+        }
+        if (free_k == slots && !active(e, a->ep))
+            free_k = k;
+    }
+    if (free_k == slots) {
+        a->shared = true;
+        return (uint32_t)home;
+    }
+    uint8_t *e = ent(t, free_k);
+    memset(e, 0, RATE__FAIR_ENTRY);
+    set(e, F_HASH, a->hash);
+    set(e, F_S, v);
+    set(e, F_WEIGHT, a->weight);
+    return (uint32_t)free_k;
+}
+
+void rate__fair_enter(rate__fair_step_t *a, uint8_t *t)
+{
+    uint64_t slots = get(t + 8), v = get(t + 16);
+    a->ep = a->now_us / a->period_us + 1;
+    a->shared = false;
+    a->me = find(a, t, slots, v);
+    uint8_t *me = ent(t, a->me);
+    /* What it asked rolls over; back from idle, it restarts at V. */
+    uint64_t e_ep = fld(me, F_EPOCH);
+    if (e_ep != a->ep) {
+        bool was = e_ep != 0 && e_ep + 1 >= a->ep;
+        set(me, F_PREV, e_ep + 1 == a->ep ? fld(me, F_CUR) : 0);
+        set(me, F_CUR, 0);
+        if (!was && fld(me, F_S) < v)
+            set(me, F_S, v);
+        set(me, F_EPOCH, a->ep);
+    }
+    uint64_t cur = fld(me, F_CUR) + a->permits;
+    set(me, F_CUR, cur > RATE__FAIR_ASKED_MAX ? RATE__FAIR_ASKED_MAX : cur);
+    /* V: the least service of the active entries, never decreasing. */
+    uint64_t least = UINT64_MAX, w = 0;
+    for (uint64_t i = 0; i < slots; i++) {
+        const uint8_t *e = ent(t, i);
+        if (!active(e, a->ep))
+            continue;
+        w += fld(e, F_WEIGHT);
+        if (fld(e, F_S) < least)
+            least = fld(e, F_S);
+    }
+    if (least != UINT64_MAX && least > v)
+        v = least;
+    put(t + 16, v);
+    a->vtime = v;
+    a->total_w = w;
+}
+
+uint64_t rate__fair_reserve(const rate__fair_step_t *a, const uint8_t *t,
+                            uint64_t cap)
+{
+    const uint8_t *me = ent((uint8_t *)t, a->me);
+    uint64_t my_s = fld(me, F_S), slots = get(t + 8), need = 0;
+    if (my_s <= a->vtime || a->total_w == 0)
+        return 0;
+    for (uint64_t i = 0; i < slots; i++) {
+        const uint8_t *e = ent((uint8_t *)t, i);
+        uint64_t s = fld(e, F_S), w = fld(e, F_WEIGHT);
+        if (i == a->me || !active(e, a->ep) || s >= my_s)
+            continue;
+        uint64_t cur = fld(e, F_CUR), prev = fld(e, F_PREV);
+        /* each below 2^50, the sum saturates at 2^52 */
+        need += rate__fair_term(cap, w, a->total_w, my_s - s,
+                                cur > prev ? cur : prev);
+        if (need > RATE__FAIR_NEED_MAX)
+            need = RATE__FAIR_NEED_MAX;
+    }
+    return need;
+}
+
+void rate__fair_charge(rate__fair_step_t *a, uint8_t *t)
+{
+    uint8_t *me = ent(t, a->me);
+    uint64_t w = fld(me, F_WEIGHT), slots = get(t + 8);
+    unsigned __int128 c =
+        (((unsigned __int128)a->permits << RATE__FAIR_FIX) + w - 1) / w;
+    uint64_t cost = c > RATE__FAIR_LEAD ? RATE__FAIR_LEAD : (uint64_t)c;
+    uint64_t s = fld(me, F_S) + cost, top = a->vtime + RATE__FAIR_LEAD;
+    set(me, F_S, s > top ? top : s);
+    /* V follows the least active service. */
+    uint64_t least = UINT64_MAX, v = a->vtime;
+    for (uint64_t i = 0; i < slots; i++) {
+        const uint8_t *e = ent(t, i);
+        if (active(e, a->ep) && fld(e, F_S) < least)
+            least = fld(e, F_S);
+    }
+    if (least != UINT64_MAX && least > v)
+        v = least;
+    if (v > RATE__FAIR_REBASE) { /* differences are all the rule reads */
+        for (uint64_t i = 0; i < slots; i++) {
+            uint8_t *e = ent(t, i);
+            uint64_t es = fld(e, F_S);
+            set(e, F_S, es > v ? es - v : 0);
+        }
+        v = 0;
+    }
+    put(t + 16, v);
+    a->vtime = v;
+}
+
+uint64_t rate__fair_retry_ns(uint64_t missing, uint64_t period_ns,
+                             uint64_t limit)
+{
+    double x = (double)missing * (double)period_ns /
+               (double)(limit ? limit : 1);
+    if (x >= 9223372036854775807.0) /* RATE_TIME_MAX */
+        return UINT64_C(9223372036854775807);
+    uint64_t r = (uint64_t)x; /* then up, as Lua's math.ceil */
+    return (double)r < x ? r + 1 : r;
+}

@@ -1,0 +1,626 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Fair shares on Redis (docs/fair.md, "Redis (a fleet)"): the store
+ * contract's fair() by the fair script and by RATELIMIT.FAIR
+ * (ratelimit.so loaded), on traces of caller-supplied times.  Issue 31's
+ * properties 1-4 with the five algorithms as the shared limit; two fair
+ * limits ("hosts", each with its own store) sharing one table; the
+ * script and the module leaving the same bytes after the same trace; one
+ * command per decision (the store's counters and the server's); bad
+ * tables refused and left as they are; a Redis that does not answer
+ * decided by the limiter's fail mode.
+ */
+#include <stdbool.h>
+
+#include <hiredis/hiredis.h>
+
+#include "helpers.h"
+#include "lib/redis_cluster.h"
+
+#include <ratelimit_fair.h>
+#include <ratelimit_redis.h>
+#include <ratelimit_store.h>
+
+#ifndef RATE_MODULE_PATH
+#error "RATE_MODULE_PATH: the path of ratelimit.so"
+#endif
+
+static const char *const with_module[] = {"--loadmodule", RATE_MODULE_PATH,
+                                         NULL};
+REDIS_GROUP_SERVER(with_module)
+
+/* The shared limit: 10 a second (properties 1, 4), 4 (property 2: a
+ * heavy flow 100 times it stays a short trace), 50 (property 3: enough
+ * admissions for 5%). */
+#define ALGOS 5
+static const char *const algos4[ALGOS] = {
+    "token-bucket 4/s burst=4", "leaky-bucket 4/s capacity=4",
+    "fixed-window 4/1s", "sliding-window 4/1s", "sliding-log 4/1s"};
+static const char *const algos10[ALGOS] = {
+    "token-bucket 10/s burst=10", "leaky-bucket 10/s capacity=10",
+    "fixed-window 10/1s", "sliding-window 10/1s", "sliding-log 10/1s"};
+static const char *const algos50[ALGOS] = {
+    "token-bucket 50/s burst=50", "leaky-bucket 50/s capacity=50",
+    "fixed-window 50/1s", "sliding-window 50/1s", "sliding-log 50/1s"};
+
+/* Not the leaky bucket: a strict pacer that holds no room (test_fair.c,
+ * holds_room; docs/fair.md). */
+static bool holds_room(int a) { return a != 1; }
+
+enum { SCRIPT, MODULE, PATHS };
+static const char *const path_name[PATHS] = {"script", "module"};
+
+static redisContext *raw(void)
+{
+    struct timeval tv = {5, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    if (c == NULL || c->err)
+        fail_msg("cannot connect to port %d", port);
+    return c;
+}
+
+static void flush(void)
+{
+    redisContext *c = raw();
+    freeReplyObject(redisCommand(c, "FLUSHALL"));
+    redisFree(c);
+}
+
+/* One host: a store of its own on the suite's Redis, a limiter, a fair
+ * limit on the key "shared". */
+typedef struct host {
+    rate_store_t *store;
+    rate_limiter_t *lim;
+    rate_fair_t *fair;
+} host_t;
+
+static void host_open_at(host_t *h, const char *at, int path,
+                         const char *policy, const char *prefix,
+                         const char *key)
+{
+    /* Keys kept for good: a trace's time may run slower than the
+     * server's clock, by which keys would expire. */
+    rate_redis_options_t o = {.prefix = prefix, .pool_size = 1,
+                              .no_ttl = true};
+    o.module = path == MODULE ? RATE_REDIS_MODULE_ON : RATE_REDIS_MODULE_OFF;
+    char err[256] = "";
+    if (rate_store_redis_new(at, &o, &h->store, err, sizeof err) != RATE_OK)
+        fail_msg("redis store: %s", err);
+    h->lim = limiter_of(policy, h->store);
+    rate_fair_config_t fc = {.limiter = h->lim, .key = key,
+                             .key_len = strlen(key)};
+    if (rate_fair_new(&fc, &h->fair, err, sizeof err) != RATE_OK)
+        fail_msg("rate_fair_new: %s", err);
+}
+
+static void host_open(host_t *h, int path, const char *policy,
+                      const char *prefix)
+{
+    host_open_at(h, url, path, policy, prefix, "shared");
+}
+
+static void host_close(host_t *h)
+{
+    rate_fair_free(h->fair);
+    rate_limiter_free(h->lim);
+    rate_store_free(h->store);
+}
+
+static rate_redis_status_t status_of(const host_t *h)
+{
+    rate_redis_status_t st;
+    assert_int_equal(rate_store_redis_status(h->store, &st), RATE_OK);
+    return st;
+}
+
+typedef struct flow {
+    const char *name;
+    uint32_t weight;
+    uint64_t gap_ns; /* one request every gap_ns */
+    uint64_t start_ns, stop_ns;
+    int host;        /* which host decides its requests */
+    uint64_t asked, admitted, asked_late, admitted_late; /* late: from 1 s */
+} flow_t;
+
+/* Runs the flows' requests merged in time order over [0, end) on the
+ * hosts; records the admitted requests' times in adm (room for cap). */
+static size_t run_trace(host_t *hosts, flow_t *fl, int n, uint64_t end,
+                        uint64_t *adm, size_t cap)
+{
+    uint64_t next[4];
+    size_t na = 0;
+    for (int i = 0; i < n; i++) {
+        next[i] = fl[i].start_ns;
+        fl[i].asked = fl[i].admitted = fl[i].asked_late = fl[i].admitted_late = 0;
+    }
+    for (;;) {
+        int k = -1;
+        for (int i = 0; i < n; i++)
+            if (next[i] < end && next[i] < fl[i].stop_ns &&
+                (k < 0 || next[i] < next[k]))
+                k = i;
+        if (k < 0)
+            break;
+        uint64_t t = next[k];
+        next[k] += fl[k].gap_ns;
+        fl[k].asked++;
+        fl[k].asked_late += t >= SEC;
+        if (rate_fair_try_acquire_at(hosts[fl[k].host].fair, fl[k].name,
+                                     strlen(fl[k].name), fl[k].weight, 1, t)) {
+            fl[k].admitted++;
+            fl[k].admitted_late += t >= SEC;
+            if (adm != NULL && na < cap)
+                adm[na++] = t;
+        }
+    }
+    return na;
+}
+
+/* What the shared limit alone admits of one request every gap over
+ * [from, to) (a memory limiter). */
+static uint64_t alone(const char *policy, uint64_t from, uint64_t to,
+                      uint64_t gap)
+{
+    rate_limiter_t *plain = limiter_of(policy, NULL);
+    uint64_t n = 0;
+    for (uint64_t t = from; t < to; t += gap)
+        n += rate_try_acquire_at(plain, "shared", 1, t);
+    rate_limiter_free(plain);
+    return n;
+}
+
+/* ------------------------------------------------ property 1: the bound */
+
+/* Every interval's admissions within the policy's own bound (L = 10 per
+ * P = 1 s): a bucket's L x span / P + its burst; a window's L per
+ * aligned window; a log's L per any span below W. */
+static void check_bound(int path, int algo, const uint64_t *adm, size_t n)
+{
+    const uint64_t L = 10, P = SEC;
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = i; j < n && adm[j] - adm[i] <= 2 * P; j++) {
+            uint64_t span = adm[j] - adm[i], count = j - i + 1;
+            bool over = algo <= 1   ? count > L + (span * L + P - 1) / P
+                        : algo == 4 ? span < P && count > L
+                                    : adm[i] / P == adm[j] / P && count > L;
+            if (over)
+                fail_msg("%s %s: %llu admitted in %llu ns (from %llu)",
+                         path_name[path], algos10[algo],
+                         (unsigned long long)count, (unsigned long long)span,
+                         (unsigned long long)adm[i]);
+        }
+}
+
+static void bound(void **s)
+{
+    (void)s;
+    static uint64_t adm[4000];
+    for (int p = 0; p < PATHS; p++)
+        for (int a = 0; a < ALGOS; a++) {
+            flush();
+            host_t h[1];
+            host_open(h, p, algos10[a], "fb:");
+            flow_t fl[3] = {
+                {.name = "heavy", .weight = 1, .gap_ns = SEC / 100, .stop_ns = UINT64_MAX},
+                {.name = "light", .weight = 1, .gap_ns = SEC / 5, .start_ns = 3 * MS, .stop_ns = UINT64_MAX},
+                {.name = "mid", .weight = 4, .gap_ns = SEC / 30, .start_ns = 1500 * MS, .stop_ns = 4 * SEC}};
+            size_t n = run_trace(h, fl, 3, 5 * SEC, adm, 4000);
+            check_bound(p, a, adm, n);
+            if (n < 30)
+                fail_msg("%s %s: only %zu admitted", path_name[p], algos10[a], n);
+            rate_redis_status_t st = status_of(h);
+            if ((p == MODULE ? st.module_fair : st.script_fair) == 0)
+                fail_msg("%s %s: no fair decision made in Redis", path_name[p],
+                         algos10[a]);
+            host_close(h);
+        }
+}
+
+/* --------------------------------- property 2: a light flow gets its fill */
+
+static void light(void **s)
+{
+    (void)s;
+    for (int p = 0; p < PATHS; p++)
+        for (int a = 0; a < ALGOS; a++) {
+            if (!holds_room(a))
+                continue;
+            flush();
+            host_t h[1];
+            host_open(h, p, algos4[a], "fl:");
+            /* heavy offers 100x the limit, light a quarter of it */
+            flow_t fl[2] = {
+                {.name = "heavy", .weight = 1, .gap_ns = SEC / 400, .stop_ns = UINT64_MAX},
+                {.name = "light", .weight = 1, .gap_ns = SEC, .start_ns = 7 * MS, .stop_ns = UINT64_MAX}};
+            run_trace(h, fl, 2, 8 * SEC, NULL, 0);
+            if (fl[1].asked - fl[1].admitted > 8 ||
+                fl[1].asked_late - fl[1].admitted_late > 1)
+                fail_msg("%s %s: light asked %llu, admitted %llu (from 1 s: "
+                         "%llu of %llu)", path_name[p], algos4[a],
+                         (unsigned long long)fl[1].asked,
+                         (unsigned long long)fl[1].admitted,
+                         (unsigned long long)fl[1].admitted_late,
+                         (unsigned long long)fl[1].asked_late);
+            /* and the heavy one the rest, less the light flow's reserve
+             * per window where held room costs rate (docs/fair.md) */
+            uint64_t want = alone(algos4[a], 0, 8 * SEC, SEC / 400);
+            uint64_t slack = a >= 3 ? 8 : 2;
+            uint64_t total = fl[0].admitted + fl[1].admitted;
+            if (total + slack < want)
+                fail_msg("%s %s: %llu admitted in all, the limit alone %llu",
+                         path_name[p], algos4[a], (unsigned long long)total,
+                         (unsigned long long)want);
+            host_close(h);
+        }
+}
+
+/* ----------------------------------------------- property 3: weights 1:2:4 */
+
+/* Saturated flows of weights 1:2:4 (each asking 1.4x its share), decided
+ * by `nhosts` fair limits: with two, w2's requests go through the second
+ * host, which sees no other flow and would take its fill if the hosts
+ * did not share one table. */
+static void weights_on(int nhosts)
+{
+    for (int p = 0; p < PATHS; p++)
+        for (int a = 0; a < ALGOS; a++) {
+            if (!holds_room(a))
+                continue;
+            flush();
+            host_t h[2];
+            for (int i = 0; i < nhosts; i++)
+                host_open(&h[i], p, algos50[a], "fw:");
+            flow_t fl[3] = {
+                {.name = "w1", .weight = 1, .gap_ns = SEC / 10, .stop_ns = UINT64_MAX},
+                {.name = "w2", .weight = 2, .gap_ns = SEC / 20, .start_ns = 1, .stop_ns = UINT64_MAX, .host = nhosts - 1},
+                {.name = "w4", .weight = 4, .gap_ns = SEC / 40, .start_ns = 2, .stop_ns = UINT64_MAX}};
+            run_trace(h, fl, 3, 10 * SEC, NULL, 0);
+            double total = (double)(fl[0].admitted + fl[1].admitted + fl[2].admitted);
+            for (int i = 0; i < 3; i++) {
+                double want = total * fl[i].weight / 7.0;
+                double got = (double)fl[i].admitted;
+                if (got < want * 0.95 || got > want * 1.05)
+                    fail_msg("%s %s, %d host(s): weight %u got %.0f of %.0f, "
+                             "want %.1f +-5%%", path_name[p], algos50[a],
+                             nhosts, fl[i].weight, got, total, want);
+            }
+            for (int i = 0; i < nhosts; i++)
+                host_close(&h[i]);
+        }
+}
+
+static void weights(void **s) { (void)s; weights_on(1); }
+static void two_hosts(void **s) { (void)s; weights_on(2); }
+
+/* ------------------------------------------- property 4: work-conserving */
+
+static void work(void **s)
+{
+    (void)s;
+    for (int p = 0; p < PATHS; p++)
+        for (int a = 0; a < ALGOS; a++) {
+            flush();
+            host_t h[1];
+            host_open(h, p, algos10[a], "fc:");
+            flow_t one[1] = {{.name = "only", .weight = 3, .gap_ns = SEC / 70,
+                              .stop_ns = UINT64_MAX}};
+            run_trace(h, one, 1, 5 * SEC, NULL, 0);
+            uint64_t want = alone(algos10[a], 0, 5 * SEC, SEC / 70);
+            if (one[0].admitted != want)
+                fail_msg("%s %s: one flow admitted %llu, the limit alone %llu",
+                         path_name[p], algos10[a],
+                         (unsigned long long)one[0].admitted,
+                         (unsigned long long)want);
+            host_close(h);
+        }
+}
+
+/* ------------------------- one rule: the script's bytes are the module's */
+
+static char *hget(redisContext *c, const char *key, const char *field,
+                  size_t *len)
+{
+    redisReply *r = redisCommand(c, "HGET %s %s", key, field);
+    assert_non_null(r);
+    char *out = NULL;
+    *len = 0;
+    if (r->type == REDIS_REPLY_STRING) {
+        out = malloc(r->len + 1);
+        memcpy(out, r->str, r->len);
+        *len = r->len;
+    }
+    freeReplyObject(r);
+    return out;
+}
+
+static void same_bytes(void **s)
+{
+    (void)s;
+    for (int a = 0; a < ALGOS; a++) {
+        flush();
+        host_t h[2];
+        host_open(&h[0], SCRIPT, algos10[a], "bs:");
+        host_open(&h[1], MODULE, algos10[a], "bm:");
+        for (int k = 0; k < 2; k++) {
+            flow_t fl[3] = {
+                {.name = "a", .weight = 1, .gap_ns = SEC / 50, .stop_ns = UINT64_MAX, .host = k},
+                {.name = "b", .weight = 3, .gap_ns = SEC / 7, .start_ns = 5, .stop_ns = 3 * SEC, .host = k},
+                {.name = "c", .weight = 2, .gap_ns = SEC / 20, .start_ns = 2 * SEC, .stop_ns = UINT64_MAX, .host = k}};
+            run_trace(h, fl, 3, 6 * SEC, NULL, 0);
+        }
+        redisContext *c = raw();
+        size_t l1, l2, s1, s2;
+        char *t1 = hget(c, "bs:f{shared}", "t", &l1);
+        char *t2 = hget(c, "bm:f{shared}", "t", &l2);
+        char *st1 = hget(c, "bs:{shared}", "s", &s1);
+        char *st2 = hget(c, "bm:{shared}", "s", &s2);
+        assert_non_null(t1);
+        assert_int_equal(l1, 32 + 48 * 64);
+        if (l1 != l2 || memcmp(t1, t2, l1) != 0)
+            fail_msg("%s: the script's table and the module's differ",
+                     algos10[a]);
+        if (st1 == NULL || s1 != s2 || memcmp(st1, st2, s1) != 0)
+            fail_msg("%s: the shared states differ", algos10[a]);
+        assert_int_equal(status_of(&h[0]).script_fair,
+                         status_of(&h[1]).module_fair);
+        free(t1), free(t2), free(st1), free(st2);
+        redisFree(c);
+        host_close(&h[0]);
+        host_close(&h[1]);
+    }
+}
+
+/* ------------------------------------------- one command per decision */
+
+/* A field's number in INFO's section (e.g. "cmdstat_evalsha:calls="). */
+static long long info_count(redisContext *c, const char *section,
+                            const char *field)
+{
+    redisReply *r = redisCommand(c, "INFO %s", section);
+    assert_non_null(r);
+    const char *p = strstr(r->str, field);
+    long long v = p != NULL ? atoll(p + strlen(field)) : 0;
+    freeReplyObject(r);
+    return v;
+}
+
+static void round_trips(void **s)
+{
+    (void)s;
+    for (int p = 0; p < PATHS; p++) {
+        flush();
+        host_t h[1];
+        host_open(h, p, algos10[0], "rt:");
+        /* the first decision loads what it needs (the module's probe) */
+        rate_fair_try_acquire_at(h->fair, "x", 1, 1, 1, 0);
+        rate_redis_status_t st0 = status_of(h);
+        redisContext *c = raw();
+        /* The module's command runs no command inside: the server's
+         * total counts the client's alone.  The script's (whose redis.call
+         * count there too) is one EVALSHA per decision. */
+        const char *field = p == MODULE ? "total_commands_processed:"
+                                        : "cmdstat_evalsha:calls=";
+        const char *section = p == MODULE ? "stats" : "commandstats";
+        long long before = info_count(c, section, field);
+        const int N = 200;
+        for (int i = 0; i < N; i++) {
+            char flow[16];
+            snprintf(flow, sizeof flow, "f%d", i % 7);
+            rate_decision_t d;
+            assert_int_equal(rate_fair_check_at(h->fair, flow, strlen(flow),
+                                                1 + (uint32_t)i % 3, 1,
+                                                (uint64_t)i * 20 * MS, &d),
+                             RATE_OK);
+            assert_int_equal(d.error, RATE_OK);
+        }
+        long long after = info_count(c, section, field);
+        /* N decisions (and, in the total, the first INFO) */
+        assert_int_equal(after - before, N + (p == MODULE));
+        rate_redis_status_t st = status_of(h);
+        uint64_t made = p == MODULE ? st.module_fair - st0.module_fair
+                                    : st.script_fair - st0.script_fair;
+        assert_int_equal(made, N);
+        assert_int_equal(st.declined, st0.declined);
+        redisFree(c);
+        host_close(h);
+    }
+}
+
+/* The calls without a time go by the limiter's clock, Redis's TIME:
+ * still one command each, decided in Redis. */
+static void server_clock(void **s)
+{
+    (void)s;
+    for (int p = 0; p < PATHS; p++) {
+        flush();
+        host_t h[1];
+        host_open(h, p, "token-bucket 10/s burst=10", "sc:");
+        uint64_t t0 = rate_clock_monotonic_ns(), admitted = 0;
+        for (int i = 0; i < 30; i++) {
+            rate_decision_t d;
+            assert_int_equal(rate_fair_check(h->fair, "u", 1, 1, 1, &d),
+                             RATE_OK);
+            assert_int_equal(d.error, RATE_OK);
+            admitted += d.allowed;
+            admitted += rate_fair_try_acquire(h->fair, "v", 1, 2, 1);
+        }
+        /* the burst, and what refilled meanwhile (whole seconds, up) */
+        uint64_t secs = (rate_clock_monotonic_ns() - t0) / SEC + 1;
+        assert_true(admitted >= 10 && admitted <= 10 + 10 * secs);
+        rate_redis_status_t st = status_of(h);
+        assert_int_equal(p == MODULE ? st.module_fair : st.script_fair, 60);
+        host_close(h);
+    }
+}
+
+/* ----------------------------------------------------------- bad input */
+
+static void bad_tables(void **s)
+{
+    (void)s;
+    for (int p = 0; p < PATHS; p++) {
+        flush();
+        host_t h[1];
+        host_open(h, p, algos10[0], "bt:");
+        redisContext *c = raw();
+        /* not a hash; a hash whose t is no table; a table of a bad size */
+        for (int k = 0; k < 3; k++) {
+            freeReplyObject(redisCommand(c, "DEL bt:f{shared} bt:{shared}"));
+            char t[40] = {'r', 'f', 'a', 'i', 'r', 1, 0, 0, 1};
+            redisReply *set =
+                k == 0 ? redisCommand(c, "SET bt:f{shared} junk")
+                : k == 1 ? redisCommand(c, "HSET bt:f{shared} t rfair")
+                         : redisCommand(c, "HSET bt:f{shared} t %b", t,
+                                        sizeof t);
+            assert_true(set != NULL && set->type != REDIS_REPLY_ERROR);
+            freeReplyObject(set);
+            redisReply *b = redisCommand(c, "DUMP bt:f{shared}");
+            rate_decision_t d;
+            assert_int_equal(rate_fair_check_at(h->fair, "u", 1, 1, 1, SEC, &d),
+                             RATE_OK);
+            /* a store error: the fail mode (closed) decided, and said so */
+            assert_false(d.allowed);
+            assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+            assert_int_equal(d.error, RATE_ECORRUPT);
+            redisReply *a = redisCommand(c, "DUMP bt:f{shared}");
+            assert_true(a->len == b->len && memcmp(a->str, b->str, a->len) == 0);
+            redisReply *e = redisCommand(c, "EXISTS bt:{shared}");
+            assert_int_equal(e->integer, 0); /* the shared limit unspent */
+            freeReplyObject(a), freeReplyObject(b), freeReplyObject(e);
+        }
+        /* bad calls: told, nothing counted */
+        rate_decision_t d;
+        assert_int_equal(rate_fair_check_at(h->fair, "u", 1,
+                                            RATE_FAIR_WEIGHT_MAX + 1, 1, SEC, &d),
+                         RATE_EINVAL);
+        assert_int_equal(rate_fair_check_at(h->fair, "", 0, 1, 1, SEC, &d),
+                         RATE_EKEY);
+        rate_fair_req_t q = {.flow_hash = 0, .weight = 1, .slots = 64};
+        assert_int_equal(rate_limiter_check_fair_at(h->lim, NULL, "shared", 6,
+                                                    &q, 1, SEC, &d),
+                         RATE_EINVAL);
+        q.flow_hash = 1, q.slots = 5000;
+        assert_int_equal(rate_limiter_check_fair_at(h->lim, NULL, "shared", 6,
+                                                    &q, 1, SEC, &d),
+                         RATE_EINVAL);
+        /* a store without fair(): nothing decided, the caller's table */
+        rate_limiter_t *mem = limiter_of(algos10[0], NULL);
+        q.slots = 64;
+        d.allowed = true;
+        assert_int_equal(rate_limiter_check_fair_at(mem, NULL, "shared", 6,
+                                                    &q, 1, SEC, &d),
+                         RATE_ENOTSUP);
+        assert_false(d.allowed);
+        assert_int_equal(rate_limiter_check_fair_at(mem, NULL, NULL, 0, NULL,
+                                                    0, 0, NULL),
+                         RATE_ENOTSUP);
+        assert_int_equal(rate_limiter_check_fair_at(h->lim, NULL, NULL, 0,
+                                                    NULL, 0, 0, NULL),
+                         RATE_OK);
+        rate_limiter_free(mem);
+        redisFree(c);
+        host_close(h);
+    }
+}
+
+/* A Redis that does not answer: the limiter's fail mode decides. */
+static void redis_down(void **s)
+{
+    (void)s;
+    char down[64];
+    snprintf(down, sizeof down, "redis://127.0.0.1:%d/0",
+             redis_test_free_port());
+    for (int mode = 0; mode < 2; mode++) {
+        rate_redis_options_t o = {.lazy_connect = true,
+                                  .command_timeout_ns = 200 * MS,
+                                  .connect_timeout_ns = 200 * MS};
+        rate_store_t *st = NULL;
+        char err[256] = "";
+        if (rate_store_redis_new(down, &o, &st, err, sizeof err) != RATE_OK)
+            fail_msg("redis store: %s", err);
+        rate_limiter_config_t cfg = {.store = st,
+                                     .on_store_error = mode == 0
+                                                           ? RATE_FAIL_CLOSED
+                                                           : RATE_FAIL_OPEN};
+        rate_limiter_t *lim = limiter_cfg(algos10[0], cfg);
+        rate_fair_config_t fc = {.limiter = lim, .key = "shared", .key_len = 6};
+        rate_fair_t *f = NULL;
+        assert_int_equal(rate_fair_new(&fc, &f, err, sizeof err), RATE_OK);
+        for (int i = 0; i < 3; i++) {
+            rate_decision_t d;
+            assert_int_equal(rate_fair_check_at(f, "u", 1, 1, 1,
+                                                (uint64_t)i * MS, &d),
+                             RATE_OK);
+            assert_int_equal(d.allowed, mode == 1);
+            assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+            assert_int_not_equal(d.error, RATE_OK);
+            assert_int_equal(rate_fair_try_acquire_at(f, "u", 1, 1, 1,
+                                                      (uint64_t)i * MS),
+                             mode == 1);
+        }
+        rate_fair_free(f);
+        rate_limiter_free(lim);
+        rate_store_free(st);
+    }
+}
+
+/* A Redis Cluster of 3 masters (with the module): a shared limit's table
+ * is on its key's slot (a script or command naming keys of two slots
+ * would be refused, CROSSSLOT), for shared keys spread over the
+ * masters; each decision one command, none failing. */
+static void cluster(void **s)
+{
+    (void)s;
+    rcluster_t cl;
+    rcl_module = RATE_MODULE_PATH;
+    if (!rcl_start(&cl))
+        fail_msg("the cluster did not start");
+    char curl[512];
+    rcl_url(&cl, curl, sizeof curl);
+    static const char *const keys[] = {"a", "b", "c", "d", "e", "f",
+                                       "g", "h", "up}stream"};
+    const size_t nkeys = sizeof keys / sizeof keys[0];
+    for (int p = 0; p < PATHS; p++) {
+        host_t h[9];
+        for (size_t k = 0; k < nkeys; k++)
+            host_open_at(&h[k], curl, p, algos10[0], "fcl:", keys[k]);
+        uint64_t admitted = 0;
+        for (size_t i = 0; i < 300; i++) {
+            char flow[8];
+            snprintf(flow, sizeof flow, "u%zu", i % 3);
+            rate_decision_t d;
+            assert_int_equal(rate_fair_check_at(h[i % nkeys].fair, flow,
+                                                strlen(flow), 1, 1,
+                                                (uint64_t)i * 10 * MS, &d),
+                             RATE_OK);
+            if (d.error != RATE_OK)
+                fail_msg("%s, key %s: %s", path_name[p], keys[i % nkeys],
+                         rate_strerror(d.error));
+            admitted += d.allowed;
+        }
+        uint64_t made = 0;
+        for (size_t k = 0; k < nkeys; k++) {
+            rate_redis_status_t st = status_of(&h[k]);
+            made += p == MODULE ? st.module_fair : st.script_fair;
+            host_close(&h[k]);
+        }
+        assert_int_equal(made, 300);
+        assert_true(admitted > 0);
+    }
+    rcl_stop(&cl);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(round_trips), cmocka_unit_test(bound),
+        cmocka_unit_test(light),       cmocka_unit_test(weights),
+        cmocka_unit_test(two_hosts),   cmocka_unit_test(work),
+        cmocka_unit_test(same_bytes),  cmocka_unit_test(bad_tables),
+        cmocka_unit_test(redis_down),  cmocka_unit_test(server_clock),
+        cmocka_unit_test(cluster),
+    };
+    if (getenv("FAIR_REDIS_ONLY") != NULL) /* one case, by name */
+        cmocka_set_test_filter(getenv("FAIR_REDIS_ONLY"));
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
