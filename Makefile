@@ -73,42 +73,60 @@ abi-check: test-plain
 ALL_PARTS = -DRATE_WITH_REDIS=ON -DRATE_WITH_DYNAMODB=ON -DRATE_WITH_HTTP=ON \
   -DRATE_BUILD_REDIS_MODULE=ON -DRATE_BUILD_EXAMPLES=ON -DRATE_BUILD_NGINX=ON
 
+# ctest in two phases: the suites without a time bound JOBS at a time, then
+# those with one (label serial: SERIAL in tests/suites.cmake) SERIAL_JOBS
+# at a time and beside nothing else; they mostly wait (on timeouts, on
+# their servers), each using about a quarter of a core.  $(1): more options.
+SERIAL_JOBS ?= 2
+CTEST_PHASES = ctest --output-on-failure -j $(JOBS) -LE serial $(1) && \
+  ctest --output-on-failure -j $(SERIAL_JOBS) -L serial $(1)
+
 test-plain:
 	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON \
 	  -DRATE_BUILD_TESTS=ON -DCMAKE_INSTALL_PREFIX="$(PREFIX)" $(ALL_PARTS) $(CMAKE_FLAGS)
 	cmake --build build -j $(JOBS)
-	cd build && ctest --output-on-failure -j $(JOBS)
+	cd build && $(call CTEST_PHASES)
 
-# The core alone (every optional part off): its own build and suites.
+# The core alone (every optional part off): its own build, every suite
+# built (they compile and link without the parts), and the suites whose
+# checks depend on the parts run (label parts: tests/CMakeLists.txt).  The
+# others run the same core sources, compiled the same way, as test-plain's.
 test-minimal:
 	cmake -S . -B build-min -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON \
 	  -DRATE_BUILD_TESTS=ON $(DEMO_FLAGS) $(CMAKE_FLAGS)
 	cmake --build build-min -j $(JOBS)
-	cd build-min && ctest --output-on-failure -j $(JOBS)
+	cd build-min && $(call CTEST_PHASES,-L parts)
 
 test-asan:
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DRATE_ASAN=ON $(CMAKE_FLAGS)
 	cmake --build build-asan -j $(JOBS)
-	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  ctest --output-on-failure -j $(JOBS)
+	cd build-asan && export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  && $(call CTEST_PHASES)
 
 # Only the programs of the suites it runs (tests/suites.cmake's label).
 test-tsan:
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DRATE_TSAN=ON -DRATE_BUILD_TOOLS=OFF $(CMAKE_FLAGS)
 	cmake --build build-tsan -j $(JOBS) --target suites-concurrency
 	cd build-tsan && setarch "$$(uname -m)" -R env TSAN_OPTIONS=halt_on_error=1 \
-	  ctest --output-on-failure -j $(JOBS) -L concurrency
+	  $(SHELL) -c '$(call CTEST_PHASES,-L concurrency)'
 
-# (test_dynamodb exits 77 when it is skipped: no dynalite, not under CI=true.)
-VALGRIND_TESTS = policy algorithms limiter store property dynamodb shm headers rules sync
+# memcheck for what ASan cannot see (reads of uninitialised memory), on
+# suites that run every source file of the library at least once, the
+# cheapest that do (docs/contributing.md, "What runs where"), the longest
+# first; NAME:ENV runs build/tests/test_NAME with ENV.  (A suite exits 77
+# when it is skipped: no dynalite, not under CI=true.)
+VALGRIND_TESTS = dynamodb sync stores:RATE_STORES=cas,shm,redis_async_uv lease \
+  fair_check redis_mutants algorithms limiter policy rules headers sha1 \
+  redis_protocol redis_router fair_review
 # JOBS suites at a time (each valgrind runs on one core).
 valgrind: test-plain
 	@printf '%s\n' $(VALGRIND_TESTS) | xargs -P $(JOBS) -I{} sh -c '\
-	  echo "valgrind: test_{}"; \
-	  valgrind -q --error-exitcode=1 --leak-check=full \
-	    --errors-for-leak-kinds=definite build/tests/test_{} >/dev/null; \
-	  rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 77 ] || { echo "valgrind: test_{} failed"; exit 255; }' \
-	  && echo "valgrind: clean"
+	  t=$${1%%:*}; e=$${1#"$$t"}; e=$${e#:}; \
+	  echo "valgrind: test_$$t $$e"; \
+	  env $$e valgrind -q --error-exitcode=1 --leak-check=full \
+	    --errors-for-leak-kinds=definite build/tests/test_$$t >/dev/null; \
+	  rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 77 ] || { echo "valgrind: test_$$t failed"; exit 255; }' \
+	  sh {} && echo "valgrind: clean"
 
 # libFuzzer (clang): each target for FUZZ_SECONDS from the seed corpus in
 # tests/fuzz/corpus (copied, so new inputs stay in the build tree), JOBS

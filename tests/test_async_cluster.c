@@ -94,6 +94,9 @@ static rate_store_t *astore(tloop_t *t, const char *u, const char *prefix,
     char err[256] = "";
     o.prefix = prefix;
     o.client_time = client_time;
+    /* The fake clock's keys must not expire by Redis's (a loaded machine
+     * may pause the test longer than a state lives). */
+    o.no_ttl = client_time;
     o.command_timeout_ns = timeout_ns;
     o.connect_timeout_ns = timeout_ns;
     o.breaker_cooldown_ns = 100 * MS;
@@ -111,6 +114,7 @@ static rate_store_t *sstore(const char *prefix, bool client_time)
     char err[256] = "";
     o.prefix = prefix;
     o.client_time = client_time;
+    o.no_ttl = client_time; /* as astore's */
     o.command_timeout_ns = 2 * SEC;
     o.connect_timeout_ns = 2 * SEC;
     if (rate_store_redis_new(curl, &o, &s, err, sizeof err) != RATE_OK)
