@@ -15,6 +15,7 @@
 
 #include "fair/fair.c"
 
+#include "lib/hand_loop.h"
 #include "lib/rng.h"
 
 /* Every invariant of the table (lock held or no other user). */
@@ -103,74 +104,6 @@ static void checked(rate_fair_t *f)
     table_unlock(f);
 }
 
-/* A loop whose timers and watch the test fires itself. */
-#define TIMERS 512
-typedef struct ttimer {
-    rate_loop_timer_fn fn;
-    void *arg;
-    bool used, armed;
-} ttimer_t;
-
-typedef struct tloop {
-    ttimer_t t[TIMERS];
-    rate_loop_io_fn io_fn;
-    void *io_arg;
-} tloop_t;
-
-static void *io_new(void *ud, int fd, rate_loop_io_fn fn, void *arg)
-{
-    tloop_t *l = ud;
-    (void)fd;
-    l->io_fn = fn;
-    l->io_arg = arg;
-    return l;
-}
-
-static int io_set(void *ud, void *io, unsigned ev)
-{
-    (void)ud;
-    (void)io;
-    (void)ev;
-    return 0;
-}
-
-static void io_free(void *ud, void *io)
-{
-    (void)io;
-    ((tloop_t *)ud)->io_fn = NULL;
-}
-
-static void *timer_new(void *ud, rate_loop_timer_fn fn, void *arg)
-{
-    tloop_t *l = ud;
-    for (int i = 0; i < TIMERS; i++)
-        if (!l->t[i].used) {
-            l->t[i] = (ttimer_t){fn, arg, true, false};
-            return &l->t[i];
-        }
-    return NULL;
-}
-
-static int timer_arm(void *ud, void *t, uint64_t ns)
-{
-    (void)ud;
-    (void)ns;
-    ((ttimer_t *)t)->armed = true;
-    return 0;
-}
-
-static void timer_cancel(void *ud, void *t)
-{
-    (void)ud;
-    ((ttimer_t *)t)->armed = false;
-}
-
-static void timer_free(void *ud, void *t)
-{
-    (void)ud;
-    memset(t, 0, sizeof(ttimer_t));
-}
-
 static uint64_t ck_now;
 static uint64_t clock_now(void *ud) { (void)ud; return ck_now; }
 static void clock_sleep(void *ud, uint64_t ns) { (void)ud; ck_now += ns; }
@@ -200,10 +133,7 @@ static void random_ops(void **s)
     ck_now = SEC;
     assert_int_equal(rate_fair_new(&fc, &f, NULL, 0), RATE_OK);
     tloop_t *l = calloc(1, sizeof *l);
-    rate_loop_t loop = {.ud = l, .io_new = io_new, .io_set = io_set,
-                        .io_free = io_free, .timer_new = timer_new,
-                        .timer_arm = timer_arm, .timer_cancel = timer_cancel,
-                        .timer_free = timer_free};
+    rate_loop_t loop = loop_of(l);
     int started = 0;
     answered = 0;
     for (int step = 0; step < 20000; step++) {
@@ -233,7 +163,7 @@ static void random_ops(void **s)
         case 3: { /* a loop turn: the watch, then some armed timers */
             if (l->io_fn != NULL)
                 l->io_fn(l->io_arg, RATE_LOOP_READ);
-            for (int i = 0; i < TIMERS; i++)
+            for (int i = 0; i < HAND_LOOP_TIMERS; i++)
                 if (l->t[i].used && l->t[i].armed && rnd(2) == 0) {
                     l->t[i].armed = false;
                     l->t[i].fn(l->t[i].arg);

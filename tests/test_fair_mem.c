@@ -19,6 +19,7 @@ static bool hooked_try(rate_limiter_t *lim, const char *key, size_t len,
                        uint64_t permits, uint64_t now);
 #define rate_try_acquire_len_at hooked_try
 #include "fair/fair.c"
+#include "lib/hand_loop.h"
 #undef rate_try_acquire_len_at
 
 static void (*try_hook)(void); /* run once, inside the next bool call */
@@ -34,92 +35,16 @@ static bool hooked_try(rate_limiter_t *lim, const char *key, size_t len,
     return ok;
 }
 
-/* A loop whose timers the test fires itself. */
-#define TIMERS 16
-typedef struct ttimer {
-    rate_loop_timer_fn fn;
-    void *arg;
-    bool used, armed;
-} ttimer_t;
-
-typedef struct tloop {
-    ttimer_t t[TIMERS];
-    rate_loop_io_fn io_fn;
-    void *io_arg;
-} tloop_t;
-
-static void *io_new(void *ud, int fd, rate_loop_io_fn fn, void *arg)
-{
-    tloop_t *l = ud;
-    (void)fd;
-    l->io_fn = fn;
-    l->io_arg = arg;
-    return l;
-}
-
-static int io_set(void *ud, void *io, unsigned ev)
-{
-    (void)ud;
-    (void)io;
-    (void)ev;
-    return 0;
-}
-
-static void io_free(void *ud, void *io)
-{
-    (void)io;
-    ((tloop_t *)ud)->io_fn = NULL;
-}
-
-static void *timer_new(void *ud, rate_loop_timer_fn fn, void *arg)
-{
-    tloop_t *l = ud;
-    for (int i = 0; i < TIMERS; i++)
-        if (!l->t[i].used) {
-            l->t[i] = (ttimer_t){fn, arg, true, false};
-            return &l->t[i];
-        }
-    return NULL;
-}
-
-static int timer_arm(void *ud, void *t, uint64_t ns)
-{
-    (void)ud;
-    (void)ns;
-    ((ttimer_t *)t)->armed = true;
-    return 0;
-}
-
-static void timer_cancel(void *ud, void *t)
-{
-    (void)ud;
-    ((ttimer_t *)t)->armed = false;
-}
-
-static void timer_free(void *ud, void *t)
-{
-    (void)ud;
-    memset(t, 0, sizeof(ttimer_t));
-}
-
 /* Another adapter's timer_new: the same loop functions otherwise. */
 static void *timer_new_other(void *ud, rate_loop_timer_fn fn, void *arg)
 {
     return timer_new(ud, fn, arg);
 }
 
-static rate_loop_t loop_of(tloop_t *l)
-{
-    return (rate_loop_t){.ud = l, .io_new = io_new, .io_set = io_set,
-                         .io_free = io_free, .timer_new = timer_new,
-                         .timer_arm = timer_arm, .timer_cancel = timer_cancel,
-                         .timer_free = timer_free};
-}
-
 /* Fires every armed timer once (a loop turn). */
 static void fire(tloop_t *l)
 {
-    for (int i = 0; i < TIMERS; i++)
+    for (int i = 0; i < HAND_LOOP_TIMERS; i++)
         if (l->t[i].used && l->t[i].armed) {
             l->t[i].armed = false;
             l->t[i].fn(l->t[i].arg);
