@@ -1194,9 +1194,9 @@ static void async_wake(uint64_t arec)
     (void)n; /* a full counter is still readable: the loop wakes */
 }
 
-/* Answers the waiter (its seat already gone, lock released): unlinked,
- * its timer freed, then its callback, then the record freed. */
-static void async_finish(arec_t *r, int rc, const rate_decision_t *d)
+/* Takes the waiter off the ready and pending lists and frees its timer;
+ * dead: marked so under the lock, so that no waker readies it again. */
+static void async_unlink(arec_t *r, bool dead)
 {
     rate_fair_t *f = r->f;
     pthread_mutex_lock(&f->as->mu);
@@ -1207,6 +1207,8 @@ static void async_finish(arec_t *r, int rc, const rate_decision_t *d)
         *pp = r->rnext;
         r->ready = false;
     }
+    if (dead)
+        r->dead = true;
     pthread_mutex_unlock(&f->as->mu);
     if (r->prev != NULL)
         r->prev->next = r->next;
@@ -1215,6 +1217,14 @@ static void async_finish(arec_t *r, int rc, const rate_decision_t *d)
     if (r->next != NULL)
         r->next->prev = r->prev;
     f->as->loop.timer_free(f->as->loop.ud, r->timer);
+    r->timer = NULL;
+}
+
+/* Answers the waiter (its seat already gone, lock released): unlinked,
+ * its timer freed, then its callback, then the record freed. */
+static void async_finish(arec_t *r, int rc, const rate_decision_t *d)
+{
+    async_unlink(r, false);
     r->cb(r->ud, rc, d);
     free(r);
 }
@@ -1228,24 +1238,7 @@ static void async_fail(arec_t *r, int rc)
     rate_fair_t *f = r->f;
     rate_decision_t d;
     memset(&d, 0, sizeof d);
-    pthread_mutex_lock(&f->as->mu);
-    if (r->ready) {
-        arec_t **pp = &f->as->ready;
-        while (*pp != r)
-            pp = &(*pp)->rnext;
-        *pp = r->rnext;
-        r->ready = false;
-    }
-    r->dead = true;
-    pthread_mutex_unlock(&f->as->mu);
-    if (r->prev != NULL)
-        r->prev->next = r->next;
-    else
-        f->as->pending = r->next;
-    if (r->next != NULL)
-        r->next->prev = r->prev;
-    f->as->loop.timer_free(f->as->loop.ud, r->timer);
-    r->timer = NULL;
+    async_unlink(r, true);
     r->cb(r->ud, rc, &d);
     r->next = f->as->dead;
     f->as->dead = r;
