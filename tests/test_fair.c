@@ -13,6 +13,7 @@
  * deadline test, which has a stated slack of one second.
  */
 #include "helpers.h"
+#include "lib/fair_trace.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -41,23 +42,15 @@ typedef struct driver {
     int nflows;
 } driver_t;
 
-typedef struct flow {
-    const char *name;
-    uint32_t weight;
-    uint64_t gap_ns;   /* one request every gap_ns (demand) */
-    uint64_t start_ns, stop_ns;
-    uint64_t asked, admitted;
-    uint64_t asked_late, admitted_late; /* from 1 s on */
-} flow_t;
-
 typedef struct req {
     uint64_t t;
     uint32_t weight;
     char name[32];
 } req_t;
 
-static bool decide(driver_t *d, int i, const flow_t *fl, uint64_t t)
+static bool decide(void *ctx, int i, const flow_t *fl, uint64_t t)
 {
+    driver_t *d = ctx;
     if (d->fair != NULL)
         return rate_fair_try_acquire_at(d->fair, fl->name, strlen(fl->name),
                                         fl->weight, 1, t);
@@ -165,40 +158,6 @@ static void driver_end(driver_t *d)
     }
 }
 
-/* Runs the flows' requests merged in time order over [0, end); records
- * the admitted requests' times in adm (if not NULL, room for cap). */
-static size_t run_trace(driver_t *d, flow_t *fl, int n, uint64_t end,
-                        uint64_t *adm, size_t cap)
-{
-    uint64_t next[FLOWS_MAX];
-    size_t na = 0;
-    for (int i = 0; i < n; i++) {
-        next[i] = fl[i].start_ns;
-        fl[i].asked = fl[i].admitted = 0;
-        fl[i].asked_late = fl[i].admitted_late = 0;
-    }
-    for (;;) {
-        int k = -1;
-        for (int i = 0; i < n; i++)
-            if (next[i] < end && next[i] < fl[i].stop_ns &&
-                (k < 0 || next[i] < next[k]))
-                k = i;
-        if (k < 0)
-            break;
-        uint64_t t = next[k];
-        next[k] += fl[k].gap_ns;
-        fl[k].asked++;
-        fl[k].asked_late += t >= SEC;
-        if (decide(d, k, &fl[k], t)) {
-            fl[k].admitted++;
-            fl[k].admitted_late += t >= SEC;
-            if (adm != NULL && na < cap)
-                adm[na++] = t;
-        }
-    }
-    return na;
-}
-
 /* ------------------------------------------------ property 1: the bound */
 
 /* Every interval's admissions within the policy's own bound: a bucket's
@@ -277,7 +236,7 @@ static void prop1_bound(bool procs)
             {.name = "heavy", .weight = 1, .gap_ns = SEC / 5000, .stop_ns = UINT64_MAX},
             {.name = "light", .weight = 1, .gap_ns = SEC / 10, .start_ns = 3 * MS, .stop_ns = UINT64_MAX},
             {.name = "mid", .weight = 4, .gap_ns = SEC / 150, .start_ns = 1500 * MS, .stop_ns = 4 * SEC}};
-        size_t n = run_trace(&d, fl, 3, 5 * SEC, adm, 20000);
+        size_t n = fair_trace_run(decide, &d, fl, 3, 5 * SEC, adm, 20000);
         check_bound(a, adm, n);
         if (n < 300) /* and it admitted (5 s at 100/s) */
             fail_msg("%s: only %zu admitted", algos[a], n);
@@ -309,7 +268,7 @@ static void prop2_light(bool procs)
         flow_t fl[2] = {
             {.name = "heavy", .weight = 1, .gap_ns = SEC / 10000, .stop_ns = UINT64_MAX},
             {.name = "light", .weight = 1, .gap_ns = SEC / 10, .start_ns = 7 * MS, .stop_ns = UINT64_MAX}};
-        run_trace(&d, fl, 2, 10 * SEC, NULL, 0);
+        fair_trace_run(decide, &d, fl, 2, 10 * SEC, NULL, 0);
         /* all of it, to within one permit per period (10 periods); and
          * once the first period is over (a window the heavy flow drained
          * before the light one first asked), all of it but one */
@@ -356,7 +315,7 @@ static void prop3_weights(bool procs)
             {.name = "w1", .weight = 1, .gap_ns = SEC / 1000, .stop_ns = UINT64_MAX},
             {.name = "w2", .weight = 2, .gap_ns = SEC / 1000, .start_ns = 1, .stop_ns = UINT64_MAX},
             {.name = "w4", .weight = 4, .gap_ns = SEC / 1000, .start_ns = 2, .stop_ns = UINT64_MAX}};
-        run_trace(&d, fl, 3, 10 * SEC, NULL, 0);
+        fair_trace_run(decide, &d, fl, 3, 10 * SEC, NULL, 0);
         double total = (double)(fl[0].admitted + fl[1].admitted + fl[2].admitted);
         for (int i = 0; i < 3; i++) {
             double want = total * fl[i].weight / 7.0;
@@ -383,7 +342,7 @@ static void prop4_work(bool procs)
         rate_limiter_t *lim = start(&d, procs, 1, algos[a]);
         flow_t fl[1] = {{.name = "only", .weight = 3, .gap_ns = SEC / 700,
                          .stop_ns = UINT64_MAX}};
-        run_trace(&d, fl, 1, 5 * SEC, NULL, 0);
+        fair_trace_run(decide, &d, fl, 1, 5 * SEC, NULL, 0);
         stop(&d, lim);
         rate_limiter_t *plain = limiter_of(algos[a], NULL);
         uint64_t want = 0;
@@ -401,10 +360,10 @@ static void prop4_work(bool procs)
         flow_t two[2] = {
             {.name = "a", .weight = 1, .gap_ns = SEC / 1000, .stop_ns = UINT64_MAX},
             {.name = "b", .weight = 1, .gap_ns = SEC / 1000, .start_ns = 1, .stop_ns = 2 * SEC}};
-        run_trace(&d, two, 2, 2 * SEC, NULL, 0);
+        fair_trace_run(decide, &d, two, 2, 2 * SEC, NULL, 0);
         flow_t late[1] = {{.name = "a", .weight = 1, .gap_ns = SEC / 1000,
                            .start_ns = 4 * SEC, .stop_ns = UINT64_MAX}};
-        run_trace(&d, late, 1, 7 * SEC, NULL, 0);
+        fair_trace_run(decide, &d, late, 1, 7 * SEC, NULL, 0);
         stop(&d, lim);
         plain = limiter_of(algos[a], NULL);
         want = 0;
@@ -432,11 +391,11 @@ static void prop_windup(bool procs)
     flow_t two[2] = {
         {.name = "a", .weight = 1, .gap_ns = SEC / 1000, .stop_ns = UINT64_MAX},
         {.name = "b", .weight = 1, .gap_ns = SEC / 1000, .start_ns = 1, .stop_ns = 2 * SEC}};
-    run_trace(&d, two, 2, 5 * SEC, NULL, 0);
+    fair_trace_run(decide, &d, two, 2, 5 * SEC, NULL, 0);
     two[0].start_ns = 5 * SEC;
     two[1].start_ns = 5 * SEC + 1;
     two[1].stop_ns = UINT64_MAX;
-    run_trace(&d, two, 2, 7 * SEC, NULL, 0);
+    fair_trace_run(decide, &d, two, 2, 7 * SEC, NULL, 0);
     stop(&d, lim);
     double total = (double)(two[0].admitted + two[1].admitted);
     for (int i = 0; i < 2; i++)

@@ -93,6 +93,55 @@ static void lock_remake(pthread_mutex_t *mu)
     pthread_mutexattr_destroy(&ma);
 }
 
+/* The lost-lock tests' start: a fair limit on its own shm table, its one
+ * permit taken, and flow "w" waiting on the hand-fired loop. */
+typedef struct lost {
+    char path[32];
+    fake_clock_t clk;
+    rate_clock_t ck;
+    rate_limiter_t *lim;
+    rate_fair_config_t fc;
+    tloop_t *l;
+    rate_loop_t loop;
+    answers_t a;
+} lost_t;
+
+static rate_fair_t *lost_start(lost_t *x)
+{
+    snprintf(x->path, sizeof x->path, "/tmp/rate-fair-mem-XXXXXX");
+    int fd = mkstemp(x->path);
+    assert_true(fd >= 0);
+    close(fd);
+    unlink(x->path);
+    x->clk = (fake_clock_t){.now = SEC};
+    x->ck = (rate_clock_t){.now_ns = fake_now, .sleep_ns = fake_sleep,
+                           .ud = &x->clk};
+    x->lim = limiter_of("token-bucket 1/s burst=1", NULL);
+    x->fc = (rate_fair_config_t){.limiter = x->lim, .key = "shared",
+                                 .key_len = 6, .shm_path = x->path,
+                                 .clock = &x->ck};
+    rate_fair_t *f = NULL;
+    char err[256] = "";
+    if (rate_fair_new(&x->fc, &f, err, sizeof err) != RATE_OK)
+        fail_msg("rate_fair_new: %s", err);
+    x->l = calloc(1, sizeof *x->l);
+    x->loop = loop_of(x->l);
+    x->a = (answers_t){0};
+    assert_true(rate_try_acquire_len_at(x->lim, "shared", 6, 1, x->clk.now));
+    rate_decision_t d;
+    assert_int_equal(rate_fair_acquire_start(f, &x->loop, "w", 1, 1, 1,
+                                             10 * SEC, &d, on_answer, &x->a),
+                     RATE_PENDING);
+    return f;
+}
+
+static void lost_end(lost_t *x)
+{
+    unlink(x->path);
+    free(x->l);
+    rate_limiter_free(x->lim);
+}
+
 /* Finding (a): an asynchronous waiter whose step finds the table's lock
  * unrecoverable is answered RATE_ESTORE; its seat cannot be removed then
  * and still names its record.  The record was freed at once, so a waker
@@ -103,51 +152,30 @@ static void lock_remake(pthread_mutex_t *mu)
 static void async_lock_lost(void **s)
 {
     (void)s;
-    char path[] = "/tmp/rate-fair-mem-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    unlink(path);
-    fake_clock_t clk = {.now = SEC};
-    rate_clock_t ck = {.now_ns = fake_now, .sleep_ns = fake_sleep, .ud = &clk};
-    rate_limiter_t *lim = limiter_of("token-bucket 1/s burst=1", NULL);
-    rate_fair_config_t fc = {.limiter = lim, .key = "shared", .key_len = 6,
-                             .shm_path = path, .clock = &ck};
-    rate_fair_t *f = NULL;
-    char err[256] = "";
-    if (rate_fair_new(&fc, &f, err, sizeof err) != RATE_OK)
-        fail_msg("rate_fair_new: %s", err);
-    tloop_t *l = calloc(1, sizeof *l);
-    rate_loop_t loop = loop_of(l);
-    assert_true(rate_try_acquire_len_at(lim, "shared", 6, 1, clk.now));
-    answers_t a = {0};
+    lost_t x;
+    rate_fair_t *f = lost_start(&x);
     rate_decision_t d;
-    assert_int_equal(rate_fair_acquire_start(f, &loop, "w", 1, 1, 1, 10 * SEC,
-                                             &d, on_answer, &a),
-                     RATE_PENDING);
     lock_break(&f->h->mu);
-    fire(l); /* its first look: the lock cannot be taken */
-    assert_int_equal(a.calls, 1);
-    assert_int_equal(a.rc, RATE_ESTORE);
+    fire(x.l); /* its first look: the lock cannot be taken */
+    assert_int_equal(x.a.calls, 1);
+    assert_int_equal(x.a.rc, RATE_ESTORE);
     lock_remake(&f->h->mu);
     /* Another flow's decision wakes the next waiter: the seat left. */
-    assert_int_equal(rate_fair_check_at(f, "z", 1, 1, 1, clk.now, &d),
+    assert_int_equal(rate_fair_check_at(f, "z", 1, 1, 1, x.clk.now, &d),
                      RATE_OK);
-    if (l->io_fn != NULL)
-        l->io_fn(l->io_arg, RATE_LOOP_READ);
-    fire(l);
-    assert_int_equal(a.calls, 1); /* answered once */
+    if (x.l->io_fn != NULL)
+        x.l->io_fn(x.l->io_arg, RATE_LOOP_READ);
+    fire(x.l);
+    assert_int_equal(x.a.calls, 1); /* answered once */
     rate_fair_free(f); /* the kept record freed, its seat removed */
-    assert_int_equal(a.calls, 1);
+    assert_int_equal(x.a.calls, 1);
     /* The seat is gone from the table: a new handle finds no waiter. */
-    assert_int_equal(rate_fair_new(&fc, &f, err, sizeof err), RATE_OK);
+    assert_int_equal(rate_fair_new(&x.fc, &f, NULL, 0), RATE_OK);
     rate_fair_stats_t st;
     assert_int_equal(rate_fair_stats(f, &st), RATE_OK);
     assert_int_equal(st.waiting, 0);
     rate_fair_free(f);
-    unlink(path);
-    free(l);
-    rate_limiter_free(lim);
+    lost_end(&x);
 }
 
 /* Finding (a), on freeing: waiters still pending when the fair limit is
@@ -156,43 +184,24 @@ static void async_lock_lost(void **s)
 static void free_lock_lost(void **s)
 {
     (void)s;
-    char path[] = "/tmp/rate-fair-mem-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    unlink(path);
-    fake_clock_t clk = {.now = SEC};
-    rate_clock_t ck = {.now_ns = fake_now, .sleep_ns = fake_sleep, .ud = &clk};
-    rate_limiter_t *lim = limiter_of("token-bucket 1/s burst=1", NULL);
-    rate_fair_config_t fc = {.limiter = lim, .key = "shared", .key_len = 6,
-                             .shm_path = path, .clock = &ck};
-    rate_fair_t *f = NULL, *g = NULL;
-    assert_int_equal(rate_fair_new(&fc, &f, NULL, 0), RATE_OK);
-    assert_int_equal(rate_fair_new(&fc, &g, NULL, 0), RATE_OK);
-    tloop_t *l = calloc(1, sizeof *l);
-    rate_loop_t loop = loop_of(l);
-    assert_true(rate_try_acquire_len_at(lim, "shared", 6, 1, clk.now));
-    answers_t a = {0};
-    rate_decision_t d;
-    assert_int_equal(rate_fair_acquire_start(f, &loop, "w", 1, 1, 1, 10 * SEC,
-                                             &d, on_answer, &a),
-                     RATE_PENDING);
+    lost_t x;
+    rate_fair_t *f = lost_start(&x), *g = NULL;
+    assert_int_equal(rate_fair_new(&x.fc, &g, NULL, 0), RATE_OK);
     lock_break(&f->h->mu);
     rate_fair_free(f);
-    assert_int_equal(a.calls, 1);
-    assert_int_equal(a.rc, RATE_ECANCELED);
+    assert_int_equal(x.a.calls, 1);
+    assert_int_equal(x.a.rc, RATE_ECANCELED);
     /* Another handle of this process on the same table: the seat left
      * behind names no record (it would wake a freed one). */
     lock_remake(&g->h->mu);
     for (uint32_t i = 0; i < g->h->slots * g->h->queue_max; i++)
         if (g->wait[i].ticket != 0)
             assert_int_equal(g->wait[i].arec, 0);
-    assert_int_equal(rate_fair_check_at(g, "z", 1, 1, 1, clk.now, &d),
+    rate_decision_t d;
+    assert_int_equal(rate_fair_check_at(g, "z", 1, 1, 1, x.clk.now, &d),
                      RATE_OK);
     rate_fair_free(g);
-    unlink(path);
-    free(l);
-    rate_limiter_free(lim);
+    lost_end(&x);
 }
 
 /* Finding (c): a fair limit serves one loop, told from another by its

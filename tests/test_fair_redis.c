@@ -15,6 +15,7 @@
 #include <hiredis/hiredis.h>
 
 #include "helpers.h"
+#include "lib/fair_trace.h"
 #include "lib/redis_cluster.h"
 
 #include <ratelimit_fair.h>
@@ -113,47 +114,13 @@ static rate_redis_status_t status_of(const host_t *h)
     return st;
 }
 
-typedef struct flow {
-    const char *name;
-    uint32_t weight;
-    uint64_t gap_ns; /* one request every gap_ns */
-    uint64_t start_ns, stop_ns;
-    int host;        /* which host decides its requests */
-    uint64_t asked, admitted, asked_late, admitted_late; /* late: from 1 s */
-} flow_t;
-
-/* Runs the flows' requests merged in time order over [0, end) on the
- * hosts; records the admitted requests' times in adm (room for cap). */
-static size_t run_trace(host_t *hosts, flow_t *fl, int n, uint64_t end,
-                        uint64_t *adm, size_t cap)
+/* A request of flow i decided on its host's fair table. */
+static bool host_decide(void *ctx, int i, const flow_t *fl, uint64_t t)
 {
-    uint64_t next[4];
-    size_t na = 0;
-    for (int i = 0; i < n; i++) {
-        next[i] = fl[i].start_ns;
-        fl[i].asked = fl[i].admitted = fl[i].asked_late = fl[i].admitted_late = 0;
-    }
-    for (;;) {
-        int k = -1;
-        for (int i = 0; i < n; i++)
-            if (next[i] < end && next[i] < fl[i].stop_ns &&
-                (k < 0 || next[i] < next[k]))
-                k = i;
-        if (k < 0)
-            break;
-        uint64_t t = next[k];
-        next[k] += fl[k].gap_ns;
-        fl[k].asked++;
-        fl[k].asked_late += t >= SEC;
-        if (rate_fair_try_acquire_at(hosts[fl[k].host].fair, fl[k].name,
-                                     strlen(fl[k].name), fl[k].weight, 1, t)) {
-            fl[k].admitted++;
-            fl[k].admitted_late += t >= SEC;
-            if (adm != NULL && na < cap)
-                adm[na++] = t;
-        }
-    }
-    return na;
+    (void)i;
+    host_t *hosts = ctx;
+    return rate_fair_try_acquire_at(hosts[fl->host].fair, fl->name,
+                                    strlen(fl->name), fl->weight, 1, t);
 }
 
 /* What the shared limit alone admits of one request every gap over
@@ -204,7 +171,7 @@ static void bound(void **s)
                 {.name = "heavy", .weight = 1, .gap_ns = SEC / 100, .stop_ns = UINT64_MAX},
                 {.name = "light", .weight = 1, .gap_ns = SEC / 5, .start_ns = 3 * MS, .stop_ns = UINT64_MAX},
                 {.name = "mid", .weight = 4, .gap_ns = SEC / 30, .start_ns = 1500 * MS, .stop_ns = 4 * SEC}};
-            size_t n = run_trace(h, fl, 3, 5 * SEC, adm, 4000);
+            size_t n = fair_trace_run(host_decide, h, fl, 3, 5 * SEC, adm, 4000);
             check_bound(p, a, adm, n);
             if (n < 30)
                 fail_msg("%s %s: only %zu admitted", path_name[p], algos10[a], n);
@@ -232,7 +199,7 @@ static void light(void **s)
             flow_t fl[2] = {
                 {.name = "heavy", .weight = 1, .gap_ns = SEC / 400, .stop_ns = UINT64_MAX},
                 {.name = "light", .weight = 1, .gap_ns = SEC, .start_ns = 7 * MS, .stop_ns = UINT64_MAX}};
-            run_trace(h, fl, 2, 8 * SEC, NULL, 0);
+            fair_trace_run(host_decide, h, fl, 2, 8 * SEC, NULL, 0);
             if (fl[1].asked - fl[1].admitted > 8 ||
                 fl[1].asked_late - fl[1].admitted_late > 1)
                 fail_msg("%s %s: light asked %llu, admitted %llu (from 1 s: "
@@ -274,7 +241,7 @@ static void weights_on(int nhosts)
                 {.name = "w1", .weight = 1, .gap_ns = SEC / 10, .stop_ns = UINT64_MAX},
                 {.name = "w2", .weight = 2, .gap_ns = SEC / 20, .start_ns = 1, .stop_ns = UINT64_MAX, .host = nhosts - 1},
                 {.name = "w4", .weight = 4, .gap_ns = SEC / 40, .start_ns = 2, .stop_ns = UINT64_MAX}};
-            run_trace(h, fl, 3, 10 * SEC, NULL, 0);
+            fair_trace_run(host_decide, h, fl, 3, 10 * SEC, NULL, 0);
             double total = (double)(fl[0].admitted + fl[1].admitted + fl[2].admitted);
             for (int i = 0; i < 3; i++) {
                 double want = total * fl[i].weight / 7.0;
@@ -304,7 +271,7 @@ static void work(void **s)
             host_open(h, p, algos10[a], "fc:");
             flow_t one[1] = {{.name = "only", .weight = 3, .gap_ns = SEC / 70,
                               .stop_ns = UINT64_MAX}};
-            run_trace(h, one, 1, 5 * SEC, NULL, 0);
+            fair_trace_run(host_decide, h, one, 1, 5 * SEC, NULL, 0);
             uint64_t want = alone(algos10[a], 0, 5 * SEC, SEC / 70);
             if (one[0].admitted != want)
                 fail_msg("%s %s: one flow admitted %llu, the limit alone %llu",
@@ -346,7 +313,7 @@ static void same_bytes(void **s)
                 {.name = "a", .weight = 1, .gap_ns = SEC / 50, .stop_ns = UINT64_MAX, .host = k},
                 {.name = "b", .weight = 3, .gap_ns = SEC / 7, .start_ns = 5, .stop_ns = 3 * SEC, .host = k},
                 {.name = "c", .weight = 2, .gap_ns = SEC / 20, .start_ns = 2 * SEC, .stop_ns = UINT64_MAX, .host = k}};
-            run_trace(h, fl, 3, 6 * SEC, NULL, 0);
+            fair_trace_run(host_decide, h, fl, 3, 6 * SEC, NULL, 0);
         }
         redisContext *c = raw();
         size_t l1, l2, s1, s2;

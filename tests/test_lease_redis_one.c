@@ -224,29 +224,51 @@ static void count_path(int path, int counts[OPS], char first[OPS][64])
     redisFree(c);
 }
 
-static void check_round_trips(void)
+/* One kind of operation's round trips: each operation's client commands
+ * on the three paths, counted by `count`; exactly one command (the script
+ * by FCALL, the module's command) on the script and module paths, and
+ * `generic` on the general one. */
+typedef struct trips {
+    void (*count)(int path, int *counts, char (*first)[64]);
+    int ops;
+    const char *const *name;
+    const int *generic;
+    const char *const *module_cmd; /* quoted, as MONITOR prints it */
+} trips_t;
+
+#define TRIPS_MAX 4
+
+static void check_trips(const trips_t *t)
 {
-    int counts[PATHS][OPS];
-    char first[PATHS][OPS][64];
+    int counts[PATHS][TRIPS_MAX];
+    char first[PATHS][TRIPS_MAX][64];
+    assert_true(t->ops <= TRIPS_MAX);
     for (int path = GENERIC; path < PATHS; path++)
-        count_path(path, counts[path], first[path]);
-    for (int op = 0; op < OPS; op++) {
-        print_message("%-8s  generic %d  script %d  module %d  "
+        t->count(path, counts[path], first[path]);
+    for (int op = 0; op < t->ops; op++) {
+        print_message("%-13s generic %d  script %d  module %d  "
                       "(client commands)\n",
-                      op_name[op], counts[GENERIC][op], counts[SCRIPT][op],
+                      t->name[op], counts[GENERIC][op], counts[SCRIPT][op],
                       counts[MODULE][op]);
-        /* Exactly one command: the script or the module's command. */
         assert_int_equal(counts[SCRIPT][op], 1);
         assert_int_equal(counts[MODULE][op], 1);
         /* the lease scripts by FCALL (the server has Functions) */
         assert_non_null(strstr(first[SCRIPT][op], "\"FCALL\""));
-        assert_non_null(strstr(first[MODULE][op], "\"RATELIMIT.LEASE\""));
+        assert_non_null(strstr(first[MODULE][op], t->module_cmd[op]));
+        assert_int_equal(counts[GENERIC][op], t->generic[op]);
     }
-    /* The general path: a load, then a compare-and-set for a change. */
-    assert_int_equal(counts[GENERIC][OP_ACQUIRE], 2);
-    assert_int_equal(counts[GENERIC][OP_RELEASE], 2);
-    assert_int_equal(counts[GENERIC][OP_EXTEND], 2);
-    assert_int_equal(counts[GENERIC][OP_HELD], 1);
+}
+
+/* The general path: a load, then a compare-and-set for a change. */
+static const int lease_generic[OPS] = {2, 2, 2, 1};
+static const char *const lease_module[OPS] = {
+    "\"RATELIMIT.LEASE\"", "\"RATELIMIT.LEASE\"", "\"RATELIMIT.LEASE\"",
+    "\"RATELIMIT.LEASE\""};
+
+static void check_round_trips(void)
+{
+    check_trips(&(trips_t){count_path, OPS, op_name, lease_generic,
+                           lease_module});
 }
 
 static void test_round_trips(void **state)
@@ -341,31 +363,17 @@ static void count_rate_path(int path, int counts[RRS], char first[RRS][64])
     redisFree(c);
 }
 
+/* The general path: the lease's load and compare-and-set, the rate
+ * decision, and for a rate denial the lease given back. */
+static const int rate_generic[RRS] = {3, 1, 5, 2};
+static const char *const rate_module[RRS] = {
+    "\"RATELIMIT.LEASESTEP\"", "\"RATELIMIT.LEASESTEP\"",
+    "\"RATELIMIT.LEASESTEP\"", "\"RATELIMIT.LEASE\""};
+
 static void check_rate_round_trips(void)
 {
-    int counts[PATHS][RRS];
-    char first[PATHS][RRS][64];
-    for (int path = GENERIC; path < PATHS; path++)
-        count_rate_path(path, counts[path], first[path]);
-    for (int op = 0; op < RRS; op++) {
-        print_message("%-13s generic %d  script %d  module %d  "
-                      "(client commands)\n",
-                      rr_name[op], counts[GENERIC][op], counts[SCRIPT][op],
-                      counts[MODULE][op]);
-        assert_int_equal(counts[SCRIPT][op], 1);
-        assert_int_equal(counts[MODULE][op], 1);
-        /* the lease scripts by FCALL (the server has Functions) */
-        assert_non_null(strstr(first[SCRIPT][op], "\"FCALL\""));
-        assert_non_null(strstr(first[MODULE][op],
-                               op == RR_RELEASE ? "\"RATELIMIT.LEASE\""
-                                                : "\"RATELIMIT.LEASESTEP\""));
-    }
-    /* The general path: the lease's load and compare-and-set, the rate
-     * decision, and for a rate denial the lease given back. */
-    assert_int_equal(counts[GENERIC][RR_ADMIT], 3);
-    assert_int_equal(counts[GENERIC][RR_LEASE_DENY], 1);
-    assert_int_equal(counts[GENERIC][RR_RATE_DENY], 5);
-    assert_int_equal(counts[GENERIC][RR_RELEASE], 2);
+    check_trips(&(trips_t){count_rate_path, RRS, rr_name, rate_generic,
+                           rate_module});
 }
 
 /* One command per acquire with rate limits, admitted or denied by either

@@ -10,6 +10,7 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,6 +96,29 @@ static double measure(rate_limiter_t *lim, rate_inflight_t *in, int callers,
     return (double)r.ops / s;
 }
 
+/* Way A (a_lim, a_in) and way B (B's lease object alone) measured in
+ * turn, best of 3 each, with 1 and 64 callers: a row each of A's rate,
+ * B's, and A/B (B/A when b_over_a). */
+static void rows(const char *name, rate_limiter_t *a_lim, rate_inflight_t *a_in,
+                 rate_inflight_t *b_in, bool b_over_a)
+{
+    static const int callers[] = {1, 64};
+    for (size_t c = 0; c < 2; c++) {
+        uint64_t errors = 0;
+        double a = 0, b = 0;
+        for (int round = 0; round < 3; round++) { /* alternated */
+            double x = measure(a_lim, a_in, callers[c], &errors);
+            double y = measure(NULL, b_in, callers[c], &errors);
+            a = x > a ? x : a;
+            b = y > b ? y : b;
+        }
+        printf("%-14s %7d %14.0f %14.0f %9.2f%s\n", name, callers[c], a, b,
+               b_over_a ? b / a : a / b,
+               errors ? "  (errors or denials)" : "");
+        fflush(stdout);
+    }
+}
+
 static int row(const char *name, rate_store_t *store)
 {
     rate_policy_t *rp;
@@ -116,20 +140,7 @@ static int row(const char *name, rate_store_t *store)
         rate_limiter_free(lim);
         return cli_fail("bench: %s: %s", name, rate_strerror(rc));
     }
-    static const int callers[] = {1, 64};
-    for (size_t c = 0; c < 2; c++) {
-        uint64_t errors = 0;
-        double dec = 0, pair = 0;
-        for (int round = 0; round < 3; round++) { /* alternated, best of 3 */
-            double d = measure(lim, NULL, callers[c], &errors);
-            double p = measure(NULL, in, callers[c], &errors);
-            dec = d > dec ? d : dec;
-            pair = p > pair ? p : pair;
-        }
-        printf("%-14s %7d %14.0f %14.0f %9.2f%s\n", name, callers[c], dec,
-               pair, dec / pair, errors ? "  (errors or denials)" : "");
-        fflush(stdout);
-    }
+    rows(name, lim, NULL, in, false);
     rate_inflight_free(in);
     rate_limiter_free(lim);
     rate_inflight_policy_free(ip);
@@ -169,20 +180,7 @@ static int combined_row(const char *name, rate_store_t *store)
         rate_inflight_free(lease);
         return cli_fail("bench: %s: %s", name, rate_strerror(rc));
     }
-    static const int callers[] = {1, 64};
-    for (size_t c = 0; c < 2; c++) {
-        uint64_t errors = 0;
-        double two = 0, one = 0;
-        for (int round = 0; round < 3; round++) { /* alternated, best of 3 */
-            double t = measure(lim, lease, callers[c], &errors);
-            double o = measure(NULL, both, callers[c], &errors);
-            two = t > two ? t : two;
-            one = o > one ? o : one;
-        }
-        printf("%-14s %7d %14.0f %14.0f %9.2f%s\n", name, callers[c], two,
-               one, one / two, errors ? "  (errors or denials)" : "");
-        fflush(stdout);
-    }
+    rows(name, lim, lease, both, true);
     rate_inflight_free(both);
     rate_inflight_free(lease);
     rate_limiter_free(lim);
