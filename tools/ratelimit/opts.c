@@ -801,10 +801,12 @@ static int shm_from_opt(cli_limiter_t *cl, const char *cmd, const char *path,
         cl->store = NULL;
         /* Made or removed by another run meanwhile (an attach that found
          * no file, a create that found one, a region of other sizes gone
-         * before it could be attached to): try again. */
+         * before it could be attached to, or made and removed again while
+         * this attempt looked at it): try again.  (Options refused with no
+         * region there are refused again, at once, each time.) */
         bool moved = existed != path_exists(path);
         if ((rc == RATE_ESTORE && (attach_only || moved)) ||
-            (rc == RATE_EINVAL && moved))
+            (rc == RATE_EINVAL && (moved || !path_exists(path))))
             continue;
         break;
     }
