@@ -404,7 +404,7 @@ static void faults(bool uv)
     worst_ns = 0;
     /* The scheduler's worst delay meanwhile: a decision's bound is its
      * timeout plus SLACK_NS plus three times that (tests/sched_probe.h). */
-    sched_probe_t probe;
+    static sched_probe_t probe; /* a failed check leaves its thread on */
     sched_probe_start(&probe);
 
     /* Up: answered (a loaded machine may time out a few: not asserted). */

@@ -146,18 +146,73 @@ typedef struct rcl_ok_arg {
     int masters;
 } rcl_ok_arg_t;
 
+/* Node `port`'s slot map as text, "START-END:PORT," for each range in the
+ * order CLUSTER SLOTS gives (by START); "" when it does not answer. */
+static inline void rcl_slots_text(int port, char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    redisContext *c = rcl_connect(port);
+    if (c == NULL)
+        return;
+    redisReply *r = redisCommand(c, "CLUSTER SLOTS");
+    for (size_t k = 0; r != NULL && r->type == REDIS_REPLY_ARRAY &&
+                       k < r->elements && n < cap;
+         k++) {
+        redisReply *e = r->element[k];
+        int w = snprintf(buf + n, cap - n, "%lld-%lld:%lld,",
+                         e->element[0]->integer, e->element[1]->integer,
+                         e->element[2]->element[1]->integer);
+        n += w > 0 ? (size_t)w : 0;
+    }
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+/* Whether no slot is half-moved on node `port` (CLUSTER NODES names none
+ * MIGRATING, "[S->-ID]", or IMPORTING, "[S-<-ID]"): a key of such a slot
+ * may be sent to another node by ASK. */
+static inline bool rcl_node_settled(int port)
+{
+    redisContext *c = rcl_connect(port);
+    if (c == NULL)
+        return false;
+    redisReply *r = redisCommand(c, "CLUSTER NODES");
+    bool ok = r != NULL && r->type == REDIS_REPLY_STRING &&
+              strstr(r->str, "->-") == NULL && strstr(r->str, "-<-") == NULL;
+    freeReplyObject(r);
+    redisFree(c);
+    return ok;
+}
+
+/* Every running node ok with `masters`, no slot half-moved, and all of
+ * them giving the same slot map: a node restarted as a replica may, for a
+ * while, still name itself master of the slots it had, and a test that
+ * asks it which node holds a key would be told wrong. */
 static inline bool rcl_all_ok(void *ud)
 {
     rcl_ok_arg_t *a = ud;
-    for (int i = 0; i < RCL_NODES; i++)
-        if (a->cl->pid[i] > 0 && !rcl_node_ok(a->cl->port[i], a->masters))
+    char first[1024] = "", map[1024];
+    for (int i = 0; i < RCL_NODES; i++) {
+        if (a->cl->pid[i] <= 0)
+            continue;
+        if (!rcl_node_ok(a->cl->port[i], a->masters) ||
+            !rcl_node_settled(a->cl->port[i]))
             return false;
+        rcl_slots_text(a->cl->port[i], map, sizeof map);
+        if (map[0] == '\0')
+            return false;
+        if (first[0] == '\0')
+            memcpy(first, map, sizeof first);
+        else if (strcmp(map, first) != 0)
+            return false;
+    }
     return true;
 }
 
 /* Waits (up to `ms`, and at least TEST_WAIT_S: agreeing takes the nodes
  * longer on a loaded machine) until every running node is ok with
- * `masters`. */
+ * `masters` and they agree on the slot map. */
 static inline bool rcl_wait_ok(rcluster_t *cl, int masters, int ms)
 {
     rcl_ok_arg_t a = {cl, masters};
