@@ -61,9 +61,14 @@ demo:
 	  --svg build/demo.svg build/traces/edges.trace
 	@echo "chart: build/demo.svg"
 
-# Every test: plain build, AddressSanitizer + UndefinedBehaviorSanitizer,
-# ThreadSanitizer on the concurrency test, and valgrind.
+# Every test: each suite once under AddressSanitizer +
+# UndefinedBehaviorSanitizer (the plain build runs the few a sanitized
+# build cannot: nginx's, installing), ThreadSanitizer on the concurrency
+# suites, valgrind on the plain build, and the fuzzers.
 test: deps test-plain abi-check test-minimal test-asan test-tsan valgrind fuzz
+# (The fuzzers for 10 s each in `make test`: the seed corpus and a first
+# search; `make fuzz` alone searches FUZZ_SECONDS, 30 s each.)
+test: FUZZ_SECONDS = 10
 
 # The ABI of build/'s library against abi/libratelimit.abi (abidiff).
 abi-check: test-plain
@@ -81,20 +86,26 @@ SERIAL_JOBS ?= 2
 CTEST_PHASES = ctest --output-on-failure -j $(JOBS) -LE serial $(1) && \
   ctest --output-on-failure -j $(SERIAL_JOBS) -L serial $(1)
 
+# The plain build (every program, for valgrind and the ABI check too)
+# runs the suites labelled plain: those a sanitized build leaves out
+# (tests/CMakeLists.txt).  PLAIN=all: every suite.
+PLAIN ?= plain
+PLAIN_LABEL = $(if $(filter all,$(PLAIN)),,-L $(PLAIN))
 test-plain:
 	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON \
 	  -DRATE_BUILD_TESTS=ON -DCMAKE_INSTALL_PREFIX="$(PREFIX)" $(ALL_PARTS) $(CMAKE_FLAGS)
 	cmake --build build -j $(JOBS)
-	cd build && $(call CTEST_PHASES)
+	cd build && $(call CTEST_PHASES,$(PLAIN_LABEL))
 
-# The core alone (every optional part off): its own build, every suite
-# built (they compile and link without the parts), and the suites whose
-# checks depend on the parts run (label parts: tests/CMakeLists.txt).  The
-# others run the same core sources, compiled the same way, as test-plain's.
+# The core alone (every optional part off): its own build of the library,
+# the command and the programs of the suites whose checks depend on the
+# parts (label parts: tests/CMakeLists.txt), and those suites run.  The
+# others run the same core sources as the sanitized builds'.
 test-minimal:
 	cmake -S . -B build-min -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON \
 	  -DRATE_BUILD_TESTS=ON $(DEMO_FLAGS) $(CMAKE_FLAGS)
-	cmake --build build-min -j $(JOBS)
+	cmake --build build-min -j $(JOBS) --target ratelimit ratelimit_static \
+	  ratelimit_cli shm_keys suites-parts
 	cd build-min && $(call CTEST_PHASES,-L parts)
 
 test-asan:

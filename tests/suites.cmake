@@ -13,7 +13,7 @@ rate_suite(property)
 rate_suite(concurrency LABELS concurrency)
 rate_suite(mutants)
 # (Under a sanitizer 2 draws, not 6: each draw covers every pair and trace
-# kind, the same code paths; the plain build runs all 6.)
+# kind, the same code paths; a plain build's ctest runs all 6.)
 set(RATE_CARRY_ENV "")
 if(RATE_SANITIZED)
   set(RATE_CARRY_ENV "CARRY_DRAWS=2")

@@ -219,7 +219,7 @@ static void same_at_the_boundaries(void **state)
             assert_int_equal(rate_limiter_new(&cfg, &lm), RATE_OK);
             cfg.store = rs;
             assert_int_equal(rate_limiter_new(&cfg, &lr), RATE_OK);
-            char key[16];
+            char key[32];
             snprintf(key, sizeof key, "%d-%d", algo, trace);
             uint64_t t = rnd(3000);
             for (int i = 0; i < 60; i++) {

@@ -161,7 +161,7 @@ static void grows_and_reclaims_unbounded(void **state)
     rate_store_t *s;
     rate_limiter_t *l = on_clock("token-bucket 10/s burst=10", &c,
                                  (rate_memory_options_t){.max_keys = 0, .shards = 4}, &s);
-    char k[32];
+    char k[48];
     for (int i = 0; i < 20000; i++) {
         snprintf(k, sizeof k, "key-number-%d-long-enough", i);
         assert_true(rate_try_acquire(l, k, 10));
