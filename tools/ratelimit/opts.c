@@ -804,9 +804,9 @@ static int shm_from_opt(cli_limiter_t *cl, const char *cmd, const char *path,
          * before it could be attached to, or made and removed again while
          * this attempt looked at it): try again.  (Options refused with no
          * region there are refused again, at once, each time.) */
-        bool moved = existed != path_exists(path);
+        bool there = path_exists(path), moved = existed != there;
         if ((rc == RATE_ESTORE && (attach_only || moved)) ||
-            (rc == RATE_EINVAL && (moved || !path_exists(path))))
+            (rc == RATE_EINVAL && (moved || !there)))
             continue;
         break;
     }
