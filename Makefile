@@ -86,15 +86,20 @@ SERIAL_JOBS ?= 2
 CTEST_PHASES = ctest --output-on-failure -j $(JOBS) -LE serial $(1) && \
   ctest --output-on-failure -j $(SERIAL_JOBS) -L serial $(1)
 
-# The plain build (every program, for valgrind and the ABI check too)
-# runs the suites labelled plain: those a sanitized build leaves out
-# (tests/CMakeLists.txt).  PLAIN=all: every suite.
+# The plain build runs the suites labelled plain: those a sanitized build
+# leaves out (tests/CMakeLists.txt).  It builds the library, the command,
+# the modules and the examples, and of the suites' programs only those
+# valgrind runs (the ASan build compiles and runs every one).  PLAIN=all:
+# every suite, every program.
 PLAIN ?= plain
 PLAIN_LABEL = $(if $(filter all,$(PLAIN)),,-L $(PLAIN))
+VALGRIND_PROGRAMS = $(foreach t,$(VALGRIND_TESTS),test_$(firstword $(subst :, ,$(t))))
+PLAIN_PROGRAMS = $(if $(filter all,$(PLAIN)),suites,$(VALGRIND_PROGRAMS))
 test-plain:
 	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON \
-	  -DRATE_BUILD_TESTS=ON -DCMAKE_INSTALL_PREFIX="$(PREFIX)" $(ALL_PARTS) $(CMAKE_FLAGS)
-	cmake --build build -j $(JOBS)
+	  -DRATE_BUILD_TESTS=ON -DRATE_SUITES_IN_ALL=OFF -DCMAKE_INSTALL_PREFIX="$(PREFIX)" \
+	  $(ALL_PARTS) $(CMAKE_FLAGS)
+	cmake --build build -j $(JOBS) --target all $(PLAIN_PROGRAMS)
 	cd build && $(call CTEST_PHASES,$(PLAIN_LABEL))
 
 # The core alone (every optional part off): its own build of the library,
