@@ -47,7 +47,7 @@ rate_suite(shm_cli SH shm_cli_test.sh NEEDS TOOLS ARGS $<TARGET_FILE:ratelimit_c
 
 # Redis.
 rate_suite(redis NEEDS REDIS LABELS redis concurrency SERIAL)
-rate_suite(redis_faults NEEDS REDIS LABELS redis concurrency ALONE)
+rate_suite(redis_faults NEEDS REDIS LABELS redis concurrency SERIAL)
 rate_suite(redis_mutants NEEDS REDIS LABELS redis)
 rate_suite(redis_router NEEDS REDIS)
 rate_suite(redis_protocol NEEDS REDIS)
@@ -63,8 +63,8 @@ rate_suite(module_cli SH module_cli_test.sh NEEDS REDIS MODULE TOOLS LABELS redi
 rate_suite(carry NEEDS REDIS LABELS redis SERIAL)
 rate_suite(carry_cli SH carry_cli_test.sh NEEDS REDIS TOOLS LABELS redis SERIAL
            ARGS $<TARGET_FILE:ratelimit_cli>)
-rate_suite(async NEEDS ASYNC USES_ASYNC LABELS redis ALONE TIMEOUT 600)
-rate_suite(async_cluster NEEDS ASYNC USES_ASYNC LABELS redis ALONE TIMEOUT 600)
+rate_suite(async NEEDS ASYNC USES_ASYNC LABELS redis SERIAL TIMEOUT 600)
+rate_suite(async_cluster NEEDS ASYNC USES_ASYNC LABELS redis SERIAL TIMEOUT 600)
 rate_suite(async_module NEEDS ASYNC MODULE USES_ASYNC USES_MODULE LABELS redis SERIAL
            TIMEOUT 600)
 rate_suite(sync_redis NEEDS REDIS LABELS redis concurrency SERIAL)
