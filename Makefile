@@ -66,9 +66,9 @@ demo:
 # build cannot: nginx's, installing), ThreadSanitizer on the concurrency
 # suites, valgrind on the plain build, and the fuzzers.
 test: deps test-plain abi-check test-minimal test-asan test-tsan valgrind fuzz
-# (The fuzzers for 10 s each in `make test`: the seed corpus and a first
+# (The fuzzers for 5 s each in `make test`: the seed corpus and a first
 # search; `make fuzz` alone searches FUZZ_SECONDS, 30 s each.)
-test: FUZZ_SECONDS = 10
+test: FUZZ_SECONDS = 5
 
 # The ABI of build/'s library against abi/libratelimit.abi (abidiff).
 abi-check: test-plain
@@ -82,24 +82,25 @@ ALL_PARTS = -DRATE_WITH_REDIS=ON -DRATE_WITH_DYNAMODB=ON -DRATE_WITH_HTTP=ON \
 # those with one (label serial: SERIAL in tests/suites.cmake) SERIAL_JOBS
 # at a time and beside nothing else; they mostly wait (on timeouts, on
 # their servers), each using about a quarter of a core.  $(1): more options.
-SERIAL_JOBS ?= 2
+SERIAL_JOBS ?= 3
 CTEST_PHASES = ctest --output-on-failure -j $(JOBS) -LE serial $(1) && \
   ctest --output-on-failure -j $(SERIAL_JOBS) -L serial $(1)
 
 # The plain build runs the suites labelled plain: those a sanitized build
 # leaves out (tests/CMakeLists.txt).  It builds the library, the command,
 # the modules and the examples, and of the suites' programs only those
-# valgrind runs (the ASan build compiles and runs every one).  PLAIN=all:
-# every suite, every program.
+# labelled valgrind (the ASan build compiles and runs every one).
+# PLAIN=all: every suite, every program.  (One target per `cmake --build`:
+# CMake's makefiles build the targets of one call one after another.)
 PLAIN ?= plain
 PLAIN_LABEL = $(if $(filter all,$(PLAIN)),,-L $(PLAIN))
-VALGRIND_PROGRAMS = $(foreach t,$(VALGRIND_TESTS),test_$(firstword $(subst :, ,$(t))))
-PLAIN_PROGRAMS = $(if $(filter all,$(PLAIN)),suites,$(VALGRIND_PROGRAMS))
+PLAIN_PROGRAMS = $(if $(filter all,$(PLAIN)),suites,suites-valgrind)
 test-plain:
 	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_BUILD_TOOLS=ON \
 	  -DRATE_BUILD_TESTS=ON -DRATE_SUITES_IN_ALL=OFF -DCMAKE_INSTALL_PREFIX="$(PREFIX)" \
 	  $(ALL_PARTS) $(CMAKE_FLAGS)
-	cmake --build build -j $(JOBS) --target all $(PLAIN_PROGRAMS)
+	cmake --build build -j $(JOBS)
+	cmake --build build -j $(JOBS) --target $(PLAIN_PROGRAMS)
 	cd build && $(call CTEST_PHASES,$(PLAIN_LABEL))
 
 # The core alone (every optional part off): its own build of the library,
@@ -129,8 +130,9 @@ test-tsan:
 # memcheck for what ASan cannot see (reads of uninitialised memory), on
 # suites that run every source file of the library at least once, the
 # cheapest that do (docs/contributing.md, "What runs where"), the longest
-# first; NAME:ENV runs build/tests/test_NAME with ENV.  (A suite exits 77
-# when it is skipped: no dynalite, not under CI=true.)
+# first; NAME:ENV runs build/tests/test_NAME with ENV.  Each is labelled
+# valgrind in tests/suites.cmake, so that the plain build builds it.  (A
+# suite exits 77 when it is skipped: no dynalite, not under CI=true.)
 VALGRIND_TESTS = dynamodb sync stores:RATE_STORES=cas,shm,redis_async_uv lease \
   fair_check redis_mutants algorithms limiter policy rules headers sha1 \
   redis_protocol redis_router fair_review
@@ -139,6 +141,7 @@ valgrind: test-plain
 	@printf '%s\n' $(VALGRIND_TESTS) | xargs -P $(JOBS) -I{} sh -c '\
 	  t=$${1%%:*}; e=$${1#"$$t"}; e=$${e#:}; \
 	  echo "valgrind: test_$$t $$e"; \
+	  [ -x build/tests/test_$$t ] || { echo "valgrind: no build/tests/test_$$t (LABELS valgrind in tests/suites.cmake?)"; exit 255; }; \
 	  env $$e valgrind -q --error-exitcode=1 --leak-check=full \
 	    --errors-for-leak-kinds=definite build/tests/test_$$t >/dev/null; \
 	  rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 77 ] || { echo "valgrind: test_$$t failed"; exit 255; }' \

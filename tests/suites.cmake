@@ -5,9 +5,9 @@
 # they are far above what a suite takes on a loaded machine.
 
 # The core, no server.
-rate_suite(policy)
-rate_suite(algorithms)
-rate_suite(limiter)
+rate_suite(policy LABELS valgrind)
+rate_suite(algorithms LABELS valgrind)
+rate_suite(limiter LABELS valgrind)
 rate_suite(store)
 rate_suite(property)
 rate_suite(concurrency LABELS concurrency)
@@ -19,12 +19,12 @@ if(RATE_SANITIZED)
   set(RATE_CARRY_ENV "CARRY_DRAWS=2")
 endif()
 rate_suite(carry_bound ENV ${RATE_CARRY_ENV})
-rate_suite(headers NEEDS HTTP)
+rate_suite(headers NEEDS HTTP LABELS valgrind)
 rate_suite(store_public SH store_public_test.sh ARGS ${CMAKE_C_COMPILER}
            ${CMAKE_SOURCE_DIR}/include ${CMAKE_SOURCE_DIR}/src/store/memory.c
            ${CMAKE_SOURCE_DIR}/src/store/shm.c)
-rate_suite(sync LABELS concurrency)
-rate_suite(rules NEEDS HTTP)
+rate_suite(sync LABELS valgrind concurrency)
+rate_suite(rules NEEDS HTTP LABELS valgrind)
 rate_suite(rules_reloads C test_rules.c ARGS --reloads NEEDS HTTP LABELS concurrency)
 rate_suite(rules_lease NEEDS HTTP)
 rate_suite(rules_lease_threads C test_rules_lease.c ARGS --threads NEEDS HTTP LABELS concurrency)
@@ -33,7 +33,7 @@ rate_suite(rules_lease_threads C test_rules_lease.c ARGS --threads NEEDS HTTP LA
 # Not SERIAL (their stores' timeouts are 30 s: no bound a loaded machine
 # can pass), and DynamoDB's kind apart (it takes as long as the others
 # together): the two run beside other suites.
-rate_suite(stores LABELS redis TIMEOUT 900 USES_MODULE USES_ASYNC
+rate_suite(stores LABELS valgrind redis TIMEOUT 900 USES_MODULE USES_ASYNC
            ENV "RATE_STORES=-dynamodb")
 rate_suite(stores_dynamodb C test_stores.c NEEDS DYNAMODB LABELS dynamodb
            TIMEOUT 900 USES_MODULE USES_ASYNC ENV "RATE_STORES=dynamodb")
@@ -48,12 +48,12 @@ rate_suite(shm_cli SH shm_cli_test.sh NEEDS TOOLS ARGS $<TARGET_FILE:ratelimit_c
 # Redis.
 rate_suite(redis NEEDS REDIS LABELS redis concurrency SERIAL)
 rate_suite(redis_faults NEEDS REDIS LABELS redis concurrency SERIAL)
-rate_suite(redis_mutants NEEDS REDIS LABELS redis)
-rate_suite(redis_router NEEDS REDIS)
-rate_suite(redis_protocol NEEDS REDIS)
+rate_suite(redis_mutants NEEDS REDIS LABELS valgrind redis)
+rate_suite(redis_router NEEDS REDIS LABELS valgrind)
+rate_suite(redis_protocol NEEDS REDIS LABELS valgrind)
 rate_suite(lua_assemble SH lua_assemble_test.sh ARGS ${CMAKE_COMMAND}
            ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/generated NEEDS REDIS)
-rate_suite(sha1 NEEDS REDIS)
+rate_suite(sha1 NEEDS REDIS LABELS valgrind)
 rate_suite(redis_cluster NEEDS REDIS TOOLS LABELS redis SERIAL TIMEOUT 600
            ARGS $<TARGET_FILE:ratelimit_cli>)
 rate_suite(redis_module NEEDS REDIS MODULE USES_MODULE LABELS redis)
@@ -70,7 +70,7 @@ rate_suite(async_module NEEDS ASYNC MODULE USES_ASYNC USES_MODULE LABELS redis S
 rate_suite(sync_redis NEEDS REDIS LABELS redis concurrency SERIAL)
 
 # DynamoDB (dynalite; skipped without it, failed under CI=true).
-rate_suite(dynamodb NEEDS DYNAMODB LABELS dynamodb concurrency SERIAL SKIP77)
+rate_suite(dynamodb NEEDS DYNAMODB LABELS valgrind dynamodb concurrency SERIAL SKIP77)
 rate_suite(dynamodb_cli SH dynamodb_cli_test.sh NEEDS DYNAMODB TOOLS LABELS dynamodb
            SERIAL SKIP77 ARGS $<TARGET_FILE:ratelimit_cli>
            ${CMAKE_CURRENT_SOURCE_DIR}/vectors ${RATE_DYNALITE})
@@ -94,8 +94,8 @@ rate_suite(install SH install_test.sh NEEDS TOOLS PLAIN ENV "${RATE_PARTS_ENV}"
 # the memory table (threads) and the shared table (processes, shm store).
 rate_suite(fair LABELS concurrency TIMEOUT 300)
 rate_suite(fair_procs C test_fair.c ARGS --procs LABELS shm_procs TIMEOUT 300)
-rate_suite(fair_review LABELS concurrency TIMEOUT 300)
-rate_suite(fair_check LABELS concurrency TIMEOUT 300)
+rate_suite(fair_review LABELS valgrind concurrency TIMEOUT 300)
+rate_suite(fair_check LABELS valgrind concurrency TIMEOUT 300)
 rate_suite(fair_mem LABELS concurrency TIMEOUT 300)
 rate_suite(fair_async NEEDS ASYNC USES_ASYNC LABELS concurrency TIMEOUT 300)
 rate_suite(fair_redis NEEDS REDIS MODULE USES_MODULE LABELS redis SERIAL TIMEOUT 600)
@@ -108,7 +108,7 @@ rate_suite(fair_nginx SH fair_nginx_test.sh NEEDS NGINX SKIP77 TIMEOUT 900
 
 # In-flight limits with leases (docs/leases.md): the memory and cas stores
 # (threads), shm processes killed with SIGKILL, the command, Redis, nginx.
-rate_suite(lease LABELS concurrency)
+rate_suite(lease LABELS valgrind concurrency)
 rate_suite(lease_procs LABELS shm_procs)
 rate_suite(lease_cli SH lease_cli_test.sh NEEDS TOOLS ENV "${RATE_PARTS_ENV}"
            ARGS $<TARGET_FILE:ratelimit_cli>)
