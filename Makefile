@@ -64,11 +64,9 @@ demo:
 # Every test: each suite once under AddressSanitizer +
 # UndefinedBehaviorSanitizer (the plain build runs the few a sanitized
 # build cannot: nginx's, installing), ThreadSanitizer on the concurrency
-# suites, valgrind on the plain build, and the fuzzers.
-test: deps test-plain abi-check test-minimal test-asan test-tsan valgrind fuzz
-# (The fuzzers for 5 s each in `make test`: the seed corpus and a first
-# search; `make fuzz` alone searches FUZZ_SECONDS, 30 s each.)
-test: FUZZ_SECONDS = 5
+# suites, valgrind on the plain build.  The fuzz targets' seed corpus is
+# replayed by suites of the ASan build (fuzz_NAME); `make fuzz` searches.
+test: deps test-plain abi-check test-minimal test-asan test-tsan valgrind
 
 # The ABI of build/'s library against abi/libratelimit.abi (abidiff).
 abi-check: test-plain
@@ -153,6 +151,7 @@ valgrind: test-plain
 FUZZ_SECONDS ?= 30
 FUZZ_TARGETS = policy trace clf shm
 fuzz:
+	@scripts/deps.sh fuzz
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_FUZZ=ON \
 	  -DRATE_BUILD_TESTS=OFF -DRATE_BUILD_TOOLS=ON $(CMAKE_FLAGS)
 	cmake --build build-fuzz -j $(JOBS) --target fuzz_policy fuzz_trace fuzz_clf fuzz_shm

@@ -7,6 +7,8 @@
 #   scripts/deps.sh build        install what the build (`make`,
 #                                `make install`) needs, only what is missing
 #   scripts/deps.sh test         the same for the build and every test
+#   scripts/deps.sh fuzz         the same for the build and `make fuzz`
+#                                (clang and its libFuzzer)
 #   scripts/deps.sh check [build|test]
 #                                install nothing: name each missing package
 #                                and the command that installs them, and exit
@@ -17,11 +19,12 @@ set -euo pipefail
 core_pkgs=(gcc make cmake pkg-config libxxhash-dev)
 build_pkgs=("${core_pkgs[@]}" libhiredis-dev
             libcurl4-openssl-dev libjansson-dev libinih-dev libmicrohttpd-dev)
-test_pkgs=(libcmocka-dev libuv1-dev libevent-dev valgrind libxml2-utils clang libclang-rt-14-dev abigail-tools redis-server
+test_pkgs=(libcmocka-dev libuv1-dev libevent-dev valgrind libxml2-utils abigail-tools redis-server
            redis-tools nodejs python3 curl wrk openssl
            nginx nginx-dev libpcre2-dev libssl-dev zlib1g-dev)
+fuzz_pkgs=(clang libclang-rt-14-dev)
 
-usage() { echo "usage: $0 [core|build|test] | $0 check [core|build|test]" >&2; exit 2; }
+usage() { echo "usage: $0 [core|build|test|fuzz] | $0 check [core|build|test|fuzz]" >&2; exit 2; }
 
 check_only=0
 set_=${1:-test}
@@ -33,6 +36,7 @@ case "$set_" in
   core) want=("${core_pkgs[@]}") ;;
   build) want=("${build_pkgs[@]}") ;;
   test) want=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
+  fuzz) want=("${build_pkgs[@]}" "${fuzz_pkgs[@]}") ;;
   *) usage ;;
 esac
 

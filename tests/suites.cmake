@@ -119,3 +119,13 @@ rate_suite(nginx_lease SH nginx_lease_test.sh NEEDS NGINX SKIP77 TIMEOUT 900
            ARGS "${RATE_NGINX_SO}")
 rate_suite(nginx_lease_redis SH nginx_lease_redis_test.sh NEEDS NGINX LABELS redis
            SKIP77 TIMEOUT 900 ARGS "${RATE_NGINX_SO}")
+
+# The libFuzzer targets' seed corpus, each input once (fuzz/replay.c as
+# main; `make fuzz` searches further with libFuzzer itself).
+set(RATE_CORPUS ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/corpus)
+rate_suite(fuzz_policy C fuzz/fuzz_policy.c LIBS rate_fuzz_replay ARGS ${RATE_CORPUS}/policy)
+rate_suite(fuzz_shm C fuzz/fuzz_shm.c LIBS rate_fuzz_replay ARGS ${RATE_CORPUS}/shm)
+rate_suite(fuzz_trace C fuzz/fuzz_trace.c NEEDS TOOLS LIBS rate_fuzz_replay ratelimit_cli_parse
+           ARGS ${RATE_CORPUS}/trace)
+rate_suite(fuzz_clf C fuzz/fuzz_clf.c NEEDS TOOLS LIBS rate_fuzz_replay ratelimit_cli_parse
+           ARGS ${RATE_CORPUS}/clf)
