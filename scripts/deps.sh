@@ -9,7 +9,7 @@
 #   scripts/deps.sh test         the same for the build and every test
 #   scripts/deps.sh fuzz         the same for the build and `make fuzz`
 #                                (clang and its libFuzzer)
-#   scripts/deps.sh check [build|test]
+#   scripts/deps.sh check [core|build|test|fuzz]
 #                                install nothing: name each missing package
 #                                and the command that installs them, and exit
 #                                1 if any is missing
