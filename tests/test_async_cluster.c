@@ -357,7 +357,7 @@ static void many(bool uv)
     rate_limiter_free(l);
     /* Dropped through the store's synchronous side (outside the loop). */
     assert_int_equal(rate_store_redis_drop(as), RATE_OK);
-    rcl_wait_replicas(&cl); /* the replicas too have the UNLINKs */
+    assert_true(rcl_wait_replicas(&cl)); /* the replicas have the UNLINKs */
     for (int i = 0; i < RCL_NODES; i++)
         if (cl.pid[i] > 0 && keys_on(i, prefix) != 0)
             fail_msg("%s keys left on node %d", prefix, i);

@@ -357,20 +357,77 @@ static inline void rcl_url(const rcluster_t *cl, char *buf, size_t cap)
                       i ? "," : "", cl->port[i]);
 }
 
-/* Waits (5 s at most) until each live master's replicas have every write
- * made so far (WAIT), so that a look at a replica sees what the master
- * holds. */
-static inline void rcl_wait_replicas(rcluster_t *cl)
+/* Node i's replication offset (ROLE: a master's own, a replica's as far
+ * as it has applied its master's stream) into *off, and for a replica its
+ * master's port into *master_port (0 for a master): whether it answered. */
+static inline bool rcl_offset(rcluster_t *cl, int i, long long *off,
+                              int *master_port)
 {
-    for (int i = 0; i < RCL_NODES; i++) {
-        if (cl->pid[i] <= 0 || !rcl_is_master(cl, i))
-            continue;
-        redisContext *c = rcl_connect(cl->port[i]);
-        if (c == NULL)
-            continue;
-        freeReplyObject(redisCommand(c, "WAIT 1 5000"));
-        redisFree(c);
+    redisContext *c = rcl_connect(cl->port[i]);
+    if (c == NULL)
+        return false;
+    redisReply *r = redisCommand(c, "ROLE");
+    bool ok = false;
+    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements >= 2 &&
+        r->element[0]->type == REDIS_REPLY_STRING) {
+        if (strcmp(r->element[0]->str, "master") == 0 &&
+            r->element[1]->type == REDIS_REPLY_INTEGER) {
+            *off = r->element[1]->integer;
+            *master_port = 0;
+            ok = true;
+        } else if (strcmp(r->element[0]->str, "slave") == 0 &&
+                   r->elements >= 5 &&
+                   r->element[2]->type == REDIS_REPLY_INTEGER &&
+                   r->element[4]->type == REDIS_REPLY_INTEGER) {
+            *master_port = (int)r->element[2]->integer;
+            *off = r->element[4]->integer;
+            ok = true;
+        }
     }
+    freeReplyObject(r);
+    redisFree(c);
+    return ok;
+}
+
+typedef struct {
+    rcluster_t *cl;
+    long long want[RCL_NODES]; /* each replica's master's offset; -1: none */
+} rcl_repl_arg_t;
+
+static inline bool rcl_replicas_caught_up(void *ud)
+{
+    rcl_repl_arg_t *a = ud;
+    for (int i = 0; i < RCL_NODES; i++) {
+        long long off;
+        int mport;
+        if (a->want[i] >= 0 &&
+            (!rcl_offset(a->cl, i, &off, &mport) || off < a->want[i]))
+            return false;
+    }
+    return true;
+}
+
+/* Waits (up to TEST_WAIT_S) until every running replica has applied what
+ * its master had written when this was called: each replica's offset
+ * reaches its master's.  False if one did not. */
+static inline bool rcl_wait_replicas(rcluster_t *cl)
+{
+    rcl_repl_arg_t a = {.cl = cl};
+    long long moff[RCL_NODES];
+    int mport[RCL_NODES];
+    for (int i = 0; i < RCL_NODES; i++) {
+        a.want[i] = -1;
+        if (cl->pid[i] <= 0 || !rcl_offset(cl, i, &moff[i], &mport[i]))
+            mport[i] = -1;
+    }
+    for (int i = 0; i < RCL_NODES; i++) {
+        if (mport[i] <= 0)
+            continue; /* a master, or not running */
+        for (int m = 0; m < RCL_NODES; m++)
+            if (mport[m] == 0 && cl->port[m] == mport[i])
+                a.want[i] = moff[m];
+    }
+    return wait_until(rcl_replicas_caught_up, &a, TEST_WAIT_S);
 }
 
 /* Node i's id (CLUSTER MYID) into id: whether it answered one. */
