@@ -306,19 +306,44 @@ static inline int rcl_master_of(rcluster_t *cl, unsigned slot)
     return -1;
 }
 
-/* Whether node i is a master now. */
-static inline bool rcl_is_master(rcluster_t *cl, int i)
+/* Node i's replication offset (ROLE: a master's own, a replica's as far
+ * as it has applied its master's stream) into *off, and for a replica its
+ * master's port into *master_port (0 for a master): whether it answered. */
+static inline bool rcl_offset(rcluster_t *cl, int i, long long *off,
+                              int *master_port)
 {
     redisContext *c = rcl_connect(cl->port[i]);
-    bool m = false;
     if (c == NULL)
         return false;
     redisReply *r = redisCommand(c, "ROLE");
-    m = r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
-        strcmp(r->element[0]->str, "master") == 0;
+    bool ok = false;
+    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements >= 2 &&
+        r->element[0]->type == REDIS_REPLY_STRING) {
+        if (strcmp(r->element[0]->str, "master") == 0 &&
+            r->element[1]->type == REDIS_REPLY_INTEGER) {
+            *off = r->element[1]->integer;
+            *master_port = 0;
+            ok = true;
+        } else if (strcmp(r->element[0]->str, "slave") == 0 &&
+                   r->elements >= 5 &&
+                   r->element[2]->type == REDIS_REPLY_INTEGER &&
+                   r->element[4]->type == REDIS_REPLY_INTEGER) {
+            *master_port = (int)r->element[2]->integer;
+            *off = r->element[4]->integer;
+            ok = true;
+        }
+    }
     freeReplyObject(r);
     redisFree(c);
-    return m;
+    return ok;
+}
+
+/* Whether node i is a master now. */
+static inline bool rcl_is_master(rcluster_t *cl, int i)
+{
+    long long off;
+    int master_port;
+    return rcl_offset(cl, i, &off, &master_port) && master_port == 0;
 }
 
 /* How many keys under `prefix` node i holds (SCAN); 0 when it does not
@@ -355,38 +380,6 @@ static inline void rcl_url(const rcluster_t *cl, char *buf, size_t cap)
     for (int i = 0; i < RCL_NODES && n > 0 && (size_t)n < cap; i++)
         n += snprintf(buf + n, cap - (size_t)n, "%s127.0.0.1:%d",
                       i ? "," : "", cl->port[i]);
-}
-
-/* Node i's replication offset (ROLE: a master's own, a replica's as far
- * as it has applied its master's stream) into *off, and for a replica its
- * master's port into *master_port (0 for a master): whether it answered. */
-static inline bool rcl_offset(rcluster_t *cl, int i, long long *off,
-                              int *master_port)
-{
-    redisContext *c = rcl_connect(cl->port[i]);
-    if (c == NULL)
-        return false;
-    redisReply *r = redisCommand(c, "ROLE");
-    bool ok = false;
-    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements >= 2 &&
-        r->element[0]->type == REDIS_REPLY_STRING) {
-        if (strcmp(r->element[0]->str, "master") == 0 &&
-            r->element[1]->type == REDIS_REPLY_INTEGER) {
-            *off = r->element[1]->integer;
-            *master_port = 0;
-            ok = true;
-        } else if (strcmp(r->element[0]->str, "slave") == 0 &&
-                   r->elements >= 5 &&
-                   r->element[2]->type == REDIS_REPLY_INTEGER &&
-                   r->element[4]->type == REDIS_REPLY_INTEGER) {
-            *master_port = (int)r->element[2]->integer;
-            *off = r->element[4]->integer;
-            ok = true;
-        }
-    }
-    freeReplyObject(r);
-    redisFree(c);
-    return ok;
 }
 
 typedef struct {
