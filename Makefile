@@ -127,23 +127,19 @@ test-tsan:
 
 # memcheck for what ASan cannot see (reads of uninitialised memory), on
 # suites that run every source file of the library at least once, the
-# cheapest that do (docs/contributing.md, "What runs where"), the longest
-# first; NAME:ENV runs build/tests/test_NAME with ENV.  Each is labelled
-# valgrind in tests/suites.cmake, so that the plain build builds it.  (A
-# suite exits 77 when it is skipped: no dynalite, not under CI=true.)
-VALGRIND_TESTS = dynamodb sync stores:RATE_STORES=cas,shm,redis_async_uv lease \
-  fair_check redis_mutants algorithms limiter policy rules headers sha1 \
-  redis_protocol redis_router fair_review
-# JOBS suites at a time (each valgrind runs on one core).
+# cheapest that do (docs/contributing.md, "What runs where"): those
+# labelled valgrind in tests/suites.cmake, which the plain build builds
+# and lists in build/tests/valgrind.list ("PROGRAM [ENV...]" a line), JOBS
+# at a time (each valgrind runs on one core).  (A suite exits 77 when it
+# is skipped: no dynalite, not under CI=true.)
 valgrind: test-plain
-	@printf '%s\n' $(VALGRIND_TESTS) | xargs -P $(JOBS) -I{} sh -c '\
-	  t=$${1%%:*}; e=$${1#"$$t"}; e=$${e#:}; \
-	  echo "valgrind: test_$$t $$e"; \
-	  [ -x build/tests/test_$$t ] || { echo "valgrind: no build/tests/test_$$t (LABELS valgrind in tests/suites.cmake?)"; exit 255; }; \
-	  env $$e valgrind -q --error-exitcode=1 --leak-check=full \
-	    --errors-for-leak-kinds=definite build/tests/test_$$t >/dev/null; \
-	  rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 77 ] || { echo "valgrind: test_$$t failed"; exit 255; }' \
-	  sh {} && echo "valgrind: clean"
+	@xargs -P $(JOBS) -I{} sh -c '\
+	  set -- $$1; t=$$1; shift; \
+	  echo "valgrind: $$t $$*"; \
+	  env "$$@" valgrind -q --error-exitcode=1 --leak-check=full \
+	    --errors-for-leak-kinds=definite build/tests/$$t >/dev/null; \
+	  rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 77 ] || { echo "valgrind: $$t failed"; exit 255; }' \
+	  sh {} < build/tests/valgrind.list && echo "valgrind: clean"
 
 # libFuzzer (clang): each target for FUZZ_SECONDS from the seed corpus in
 # tests/fuzz/corpus (copied, so new inputs stay in the build tree), JOBS

@@ -34,7 +34,8 @@ rate_suite(rules_lease_threads C test_rules_lease.c ARGS --threads NEEDS HTTP LA
 # can pass), and DynamoDB's kind apart (it takes as long as the others
 # together): the two run beside other suites.
 rate_suite(stores LABELS valgrind redis TIMEOUT 900 USES_MODULE USES_ASYNC
-           ENV "RATE_STORES=-dynamodb")
+           ENV "RATE_STORES=-dynamodb"
+           VALGRIND_ENV "RATE_STORES=cas,shm,redis_async_uv")
 rate_suite(stores_dynamodb C test_stores.c NEEDS DYNAMODB LABELS dynamodb
            TIMEOUT 900 USES_MODULE USES_ASYNC ENV "RATE_STORES=dynamodb")
 
