@@ -157,10 +157,11 @@ done
 # the signal lands while the temporary PATH.XXXXXX exists): the run stops
 # with 143 or 130 and leaves no file at all.  The signal is sent as soon
 # as the temporary file is seen (polled by a shell builtin, bounded).
-# A signal may also land after the region is made, on a loaded machine:
-# the run then ends as usual (0, the region removed at the end); either
-# way nothing is left, and at least one of the runs must have been
-# stopped while it made the region.
+# On a loaded machine the poll may see the temporary file only after the
+# region is made, or never (the whole run passed between two polls): the
+# run then ends as usual (0, the region removed at the end).  Either way
+# nothing is left, and at least one of the runs must have been stopped
+# while it made the region (the file seen, then 143 or 130).
 printf '0 a\n' >"$T/one.trace"
 stopped_making=0
 for sig in TERM INT TERM INT TERM INT TERM INT; do
@@ -176,8 +177,8 @@ for sig in TERM INT TERM INT TERM INT TERM INT; do
   kill -$sig "$rp" 2>/dev/null; { wait "$rp"; } 2>/dev/null; rc=$?
   case $sig in INT) want=130;; TERM) want=143;; esac
   left=$(compgen -G "$Q*" | tr '\n' ' ')
-  [ $rc -eq $want ] && stopped_making=$((stopped_making + 1))
-  if [ $seen = yes ] && [ -z "$left" ] &&
+  [ $seen = yes ] && [ $rc -eq $want ] && stopped_making=$((stopped_making + 1))
+  if [ -z "$left" ] &&
      { [ $rc -eq $want ] || { [ $rc -eq 0 ] && grep -q "removed at the end" "$T/err"; }; }; then ok
   else bad "SIG$sig while the region is made: seen=$seen rc=$rc, left '$left', $(cat "$T/err")"; fi
   rm -f "$Q" "$Q".*
