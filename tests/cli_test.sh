@@ -561,6 +561,12 @@ if [ $rc -eq 0 ]; then ok; else bad "check with an empty standard input: rc=$rc"
 if [ $rc -eq 0 ] && grep -qx "decision allow" "$T/out" && grep -qx "remaining 0" "$T/out"; then ok; else bad "check allow rc=$rc"; fi
 "$R" check --key u --algorithm gcra --rate 1/s --burst 1 --permits 2 >"$T/out"; rc=$?
 if [ $rc -eq 1 ] && grep -qx "retry_after inf" "$T/out"; then ok; else bad "check deny rc=$rc"; fi
+# without --store each run starts cold, and check says so (on standard
+# error: standard output stays the decision); with a store it does not
+"$R" check --key u --algorithm gcra --rate 1/s --burst 1 >/dev/null 2>"$T/err"
+"$R" check --key u --algorithm gcra --rate 1/s --burst 1 --store "shm:$T/note.rl" >/dev/null 2>"$T/err2"
+if grep -q "no --store, so a fresh memory store" "$T/err" && ! grep -q "note" "$T/err2"; then ok
+else bad "check without --store: $(cat "$T/err") / $(cat "$T/err2")"; fi
 expect_error '' "--key is required" check --algorithm gcra --rate 1/s --burst 1
 expect_error '' "--permits 'x'" check --key u --algorithm gcra --rate 1/s --burst 1 --permits x
 

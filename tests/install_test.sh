@@ -59,6 +59,11 @@ for part in redis dynamodb http; do
     *) check test ! -e "$T/prefix/include/ratelimit_$part.h" ;;
   esac
 done
+# docs/install.md's list of what is installed names every header installed.
+sed -n '/^    PREFIX\/include\//,/^    PREFIX\/lib\//p' "$S/docs/install.md" >"$T/doc-headers"
+for h in "$T"/prefix/include/ratelimit*.h; do
+  check grep -qw "$(basename "$h")" "$T/doc-headers"
+done
 case " $parts " in *" redis "*) ;; *) check test -z "$(pkg-config --print-requires-private ratelimit | grep -x hiredis)" ;; esac
 case " $parts " in *" http "*) ;; *) check test -z "$(pkg-config --print-requires-private ratelimit | grep -x inih)" ;; esac
 case " $parts " in *" dynamodb "*) ;; *)
