@@ -58,6 +58,8 @@ rate_suite(sha1 NEEDS REDIS LABELS valgrind)
 rate_suite(redis_cluster NEEDS REDIS TOOLS LABELS redis SERIAL TIMEOUT 600
            ARGS $<TARGET_FILE:ratelimit_cli>)
 rate_suite(redis_module NEEDS REDIS MODULE USES_MODULE LABELS redis)
+rate_suite(module_symbols SH module_symbols_test.sh NEEDS MODULE LABELS redis SKIP77
+           ARGS $<TARGET_FILE:ratelimit_redis_module>)
 rate_suite(module_cli SH module_cli_test.sh NEEDS REDIS MODULE TOOLS LABELS redis SERIAL
            ARGS $<TARGET_FILE:ratelimit_cli> ${CMAKE_CURRENT_SOURCE_DIR}/vectors
            $<TARGET_FILE:ratelimit_redis_module>)
