@@ -108,6 +108,17 @@ static bool arg_u64(RedisModuleString *s, uint64_t max, uint64_t *out)
     return true;
 }
 
+/* Whether two key arguments name one key.  A command of two keys
+ * refuses that: it opens both at once, and two handles on one key are
+ * two views of it (a handle made while the key was absent, written after
+ * the other made it, stops Redis on an assertion). */
+static bool same_key(RedisModuleString *a, RedisModuleString *b)
+{
+    size_t al, bl;
+    const char *ap = rm.StringPtrLen(a, &al), *bp = rm.StringPtrLen(b, &bl);
+    return al == bl && memcmp(ap, bp, al) == 0;
+}
+
 static bool arg_empty(RedisModuleString *s)
 {
     size_t n;
@@ -619,6 +630,9 @@ static int cmd_leasestep(RedisModuleCtx *ctx, RedisModuleString **argv,
     if (argc < 23 || (argc - 19) % 4 != 0 ||
         (argc - 19) / 4 > RATE_MAX_LIMITS)
         return rm.WrongArity(ctx);
+    if (same_key(argv[1], argv[2]))
+        return rm.ReplyWithError(ctx, "ERR lease: lease_key and rate_key "
+                                      "are the same key");
     lease_in_t in;
     step_in_t rs;
     const char *err = lease_parse(argv + 3, &in);
@@ -756,6 +770,9 @@ static int cmd_fair(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 {
     if (argc < 20 || (argc - 16) % 4 != 0 || (argc - 16) / 4 > RATE_MAX_LIMITS)
         return rm.WrongArity(ctx);
+    if (same_key(argv[1], argv[2]))
+        return rm.ReplyWithError(ctx, "ERR fair: key and table are the same "
+                                      "key");
     step_in_t sa;
     const char *err = NULL;
     switch (step_parse(argv + 3, argc - 9, &sa, &err)) {
