@@ -45,9 +45,8 @@
 
 #define MODULE_NAME "ratelimit"
 #define MODULE_VERSION 1
-/* A key's version: at most 19 digits; below VERSION_TOP it counts up by
- * one per write (docs/redis.md, "Versions"). */
-#define VERSION_DIGITS_MAX UINT64_C(9999999999999999999)
+/* A key's version (rate__version_parse) counts up by one per write below
+ * VERSION_TOP (docs/redis.md, "Versions"). */
 #define VERSION_TOP UINT64_C(9223372036854775807)
 
 /* ------------------------------------------------------ the API lookup */
@@ -203,8 +202,9 @@ typedef struct stored {
 typedef enum stored_rc {
     STORED_READ,      /* *st filled */
     STORED_WRONGTYPE, /* the key is no hash */
-    STORED_NOT_OURS   /* a version past 19 digits, or a state of no bytes:
-                         declined (the client's load reports it) */
+    STORED_NOT_OURS   /* no version of ours (rate__version_parse), or a
+                         state of no bytes: declined (the client's load
+                         reports it) */
 } stored_rc_t;
 
 /* Opens the key and reads its state; stored_close() after, whatever it
@@ -219,8 +219,12 @@ static stored_rc_t stored_open(RedisModuleCtx *ctx, RedisModuleString *name,
         return STORED_WRONGTYPE;
     if (type == RM_KEYTYPE_HASH)
         rm.HashGet(st->key, RM_HASH_CFIELDS, "v", &st->v, "s", &st->s, NULL);
-    if (st->v != NULL && !arg_u64(st->v, VERSION_DIGITS_MAX, &st->ver))
-        return STORED_NOT_OURS;
+    if (st->v != NULL) {
+        size_t n;
+        const char *v = rm.StringPtrLen(st->v, &n);
+        if (!rate__version_parse(v, n, &st->ver))
+            return STORED_NOT_OURS;
+    }
     st->fresh = st->v == NULL || st->ver == 0 || st->s == NULL;
     if (!st->fresh) {
         st->old = rm.StringPtrLen(st->s, &st->old_len);
