@@ -804,10 +804,10 @@ static int cmd_fair(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
     fr.a.permits = sa.permits;
     rate_decision_t d;
     memset(&d, 0, sizeof d);
-    rate__step_arg_t arg = {p,      (uint32_t)sa.id, (uint8_t)sa.format,
-                            NULL,   sa.now,          sa.permits,
-                            0,      true,            RATE__OP_DECIDE,
-                            &d,     0,               0};
+    rate__step_arg_t arg = {p,           (uint32_t)sa.id, (uint8_t)sa.format,
+                            NULL,        sa.now,          sa.permits,
+                            sa.max_wait, true,            RATE__OP_DECIDE,
+                            &d,          0,               0};
     gate_t gate = {fair_gate, &fr};
     switch (run_step(ctx, argv[1], &arg, (expiry_t){sa.ttl}, false, &gate)) {
     case RUN_DECLINED: return reply_tag(ctx, 0);

@@ -22,6 +22,9 @@
 #include <ratelimit_redis.h>
 #include <ratelimit_store.h>
 
+#include "internal.h"
+#include "store/redis/fair.h"
+
 #ifndef RATE_MODULE_PATH
 #error "RATE_MODULE_PATH: the path of ratelimit.so"
 #endif
@@ -490,6 +493,82 @@ static void bad_tables(void **s)
     }
 }
 
+/* One fair decision's reply, by the module or the script (EVAL), for the
+ * key "k" under prefix, as the store sends it but with max_wait (the
+ * fair layer's own is 0). */
+static redisReply *fair_raw(redisContext *c, int path, const char *prefix,
+                            rate_policy_t *pol, uint64_t now, uint64_t permits,
+                            uint64_t max_wait)
+{
+    rate__redis_proto_t p;
+    assert_int_equal(rate__redis_proto_init(&p, prefix, true, 0, false, false),
+                     RATE_OK);
+    rate_decide_req_t q = {.policy = pol, .policy_id = 1,
+                           .format = RATE__FORMAT, .now_ns = now,
+                           .permits = permits, .max_wait_ns = max_wait,
+                           .detail = true, .op = RATE_DECIDE_ACQUIRE};
+    rate_fair_req_t f = {.flow_hash = UINT64_C(0x1234567890abcdef),
+                         .weight = 1, .slots = 4};
+    rate_key_t key = {"k", 1, RATE_SPACE_STATE};
+    rate__redis_fair_cmd_t cmd;
+    assert_int_equal(rate__redis_fair_cmd(&p, path == MODULE, &key, &q, &f,
+                                          &cmd),
+                     RATE_OK);
+    rate__redis_fair_eval(&cmd);
+    redisReply *r = redisCommandArgv(c, cmd.argc, cmd.av, cmd.al);
+    assert_non_null(r);
+    rate__redis_fair_free(&cmd);
+    rate__redis_proto_free(&p);
+    return r;
+}
+
+/* max_wait: RATELIMIT.FAIR honours it as the fair script does (a bucket's
+ * admission ahead, with its delay), word for word, and both leave the
+ * same shared state. */
+static void max_wait_both(void **s)
+{
+    (void)s;
+    flush();
+    redisContext *c = raw();
+    rate_policy_t *pol = policy_of("token-bucket 10/s burst=2");
+    static const char *const pre[PATHS] = {"ws:", "wm:"};
+    static const struct {
+        uint64_t permits, max_wait;
+    } reqs[] = {{2, 0}, {1, SEC}, {1, 0}, {2, 50 * MS}, {2, SEC}};
+    bool delayed = false;
+    for (size_t i = 0; i < sizeof reqs / sizeof reqs[0]; i++) {
+        uint64_t now = 1000 * SEC + i * MS;
+        redisReply *r[PATHS];
+        for (int p = 0; p < PATHS; p++)
+            r[p] = fair_raw(c, p, pre[p], pol, now, reqs[i].permits,
+                            reqs[i].max_wait);
+        if (r[0]->type != REDIS_REPLY_ARRAY || r[0]->elements != 11)
+            fail_msg("request %zu: the script did not decide", i);
+        if (r[1]->type != REDIS_REPLY_ARRAY ||
+            r[1]->elements != r[0]->elements)
+            fail_msg("request %zu: the module's reply is not the script's",
+                     i);
+        for (size_t e = 0; e < r[0]->elements; e++)
+            if (r[0]->element[e]->integer != r[1]->element[e]->integer)
+                fail_msg("request %zu (max_wait %llu ns), word %zu: script "
+                         "%lld, module %lld", i,
+                         (unsigned long long)reqs[i].max_wait, e,
+                         r[0]->element[e]->integer, r[1]->element[e]->integer);
+        delayed |= r[0]->element[1]->integer == 1 &&
+                   r[0]->element[6]->integer > 0;
+        freeReplyObject(r[0]), freeReplyObject(r[1]);
+    }
+    assert_true(delayed); /* an admission ahead was among them */
+    size_t l1, l2;
+    char *s1 = hget(c, "ws:{k}", "s", &l1), *s2 = hget(c, "wm:{k}", "s", &l2);
+    assert_non_null(s1);
+    if (l1 != l2 || memcmp(s1, s2, l1) != 0)
+        fail_msg("max_wait: the shared states differ");
+    free(s1), free(s2);
+    rate_policy_free(pol);
+    redisFree(c);
+}
+
 /* A Redis that does not answer: the limiter's fail mode decides. */
 static void redis_down(void **s)
 {
@@ -585,6 +664,7 @@ int main(void)
         cmocka_unit_test(two_hosts),   cmocka_unit_test(work),
         cmocka_unit_test(same_bytes),  cmocka_unit_test(bad_tables),
         cmocka_unit_test(redis_down),  cmocka_unit_test(server_clock),
+        cmocka_unit_test(max_wait_both),
         cmocka_unit_test(cluster),
     };
     if (getenv("FAIR_REDIS_ONLY") != NULL) /* one case, by name */
