@@ -22,6 +22,7 @@
 #include <ratelimit_redis.h>
 #include <ratelimit_store.h>
 
+#include "fair/step.h"
 #include "internal.h"
 #include "store/redis/fair.h"
 
@@ -425,23 +426,62 @@ static void server_clock(void **s)
 
 /* ----------------------------------------------------------- bad input */
 
+static void put64(char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++, v >>= 8)
+        p[i] = (char)(uint8_t)v;
+}
+
+/* A table of two slots with V, its first entry a flow active in period
+ * ep - 1 (a fair period of 1 s: at 1 s, ep is 2) with service s and
+ * asked `asked`. */
+#define TABLE2 (32 + 2 * 48)
+static void table2(char *t, uint64_t v, uint64_t s, uint64_t asked)
+{
+    memset(t, 0, TABLE2);
+    memcpy(t, "rfair\1\0\0", 8);
+    put64(t + 8, 2);
+    put64(t + 16, v);
+    put64(t + 32, UINT64_C(0x5eed5eed5eed5eed)); /* the flow's hash */
+    put64(t + 40, s);
+    put64(t + 48, 2);     /* the period it asked in, plus 1 */
+    put64(t + 56, asked); /* in that period */
+    put64(t + 72, 1);     /* its weight */
+}
+
 static void bad_tables(void **s)
 {
     (void)s;
+    const uint64_t top = (UINT64_C(1) << 53) - 1;
     for (int p = 0; p < PATHS; p++) {
         flush();
         host_t h[1];
         host_open(h, p, algos10[0], "bt:");
         redisContext *c = raw();
-        /* not a hash; a hash whose t is no table; a table of a bad size */
-        for (int k = 0; k < 3; k++) {
+        /* not a hash; a hash whose t is no table; a table of a bad size;
+         * tables whose numbers no decision writes, where the script's
+         * doubles would round and C's integers not: V at 2^53 - 1, or
+         * past RATE__FAIR_S_MAX, a flow's s past it, what a flow asked
+         * past RATE__FAIR_ASKED_MAX */
+        for (int k = 0; k < 7; k++) {
             freeReplyObject(redisCommand(c, "DEL bt:f{shared} bt:{shared}"));
             char t[40] = {'r', 'f', 'a', 'i', 'r', 1, 0, 0, 1};
+            char big[TABLE2];
+            if (k == 3)
+                table2(big, top, top, 1);
+            else if (k == 4)
+                table2(big, RATE__FAIR_S_MAX + 1, RATE__FAIR_S_MAX + 1, 1);
+            else if (k == 5)
+                table2(big, 0, RATE__FAIR_S_MAX + 1, 1);
+            else if (k == 6)
+                table2(big, 0, 0, RATE__FAIR_ASKED_MAX + 1);
             redisReply *set =
                 k == 0 ? redisCommand(c, "SET bt:f{shared} junk")
                 : k == 1 ? redisCommand(c, "HSET bt:f{shared} t rfair")
-                         : redisCommand(c, "HSET bt:f{shared} t %b", t,
-                                        sizeof t);
+                : k == 2 ? redisCommand(c, "HSET bt:f{shared} t %b", t,
+                                        sizeof t)
+                         : redisCommand(c, "HSET bt:f{shared} t %b", big,
+                                        sizeof big);
             assert_true(set != NULL && set->type != REDIS_REPLY_ERROR);
             freeReplyObject(set);
             redisReply *b = redisCommand(c, "DUMP bt:f{shared}");
@@ -458,8 +498,25 @@ static void bad_tables(void **s)
             assert_int_equal(e->integer, 0); /* the shared limit unspent */
             freeReplyObject(a), freeReplyObject(b), freeReplyObject(e);
         }
-        /* bad calls: told, nothing counted */
+        /* the shared limit's version with a leading zero: no version of
+         * ours (docs/redis.md, "Versions"), left as it is */
+        freeReplyObject(redisCommand(c, "DEL bt:f{shared} bt:{shared}"));
         rate_decision_t d;
+        assert_int_equal(rate_fair_check_at(h->fair, "u", 1, 1, 1, SEC, &d),
+                         RATE_OK);
+        assert_true(d.allowed);
+        freeReplyObject(redisCommand(c, "HSET bt:{shared} v 05"));
+        redisReply *b = redisCommand(c, "DUMP bt:{shared}");
+        assert_int_equal(rate_fair_check_at(h->fair, "u", 1, 1, 1, SEC, &d),
+                         RATE_OK);
+        if (d.reason != RATE_REASON_STORE_ERROR || d.error != RATE_ECORRUPT)
+            fail_msg("%s: version 05: reason %d, error %s; not a store error "
+                     "RATE_ECORRUPT", path_name[p], (int)d.reason,
+                     rate_err_name(d.error));
+        redisReply *a = redisCommand(c, "DUMP bt:{shared}");
+        assert_true(a->len == b->len && memcmp(a->str, b->str, a->len) == 0);
+        freeReplyObject(a), freeReplyObject(b);
+        /* bad calls: told, nothing counted */
         assert_int_equal(rate_fair_check_at(h->fair, "u", 1,
                                             RATE_FAIR_WEIGHT_MAX + 1, 1, SEC, &d),
                          RATE_EINVAL);
@@ -491,6 +548,52 @@ static void bad_tables(void **s)
         redisFree(c);
         host_close(h);
     }
+}
+
+/* A table at the edge of what the rule writes (V and a flow's s at
+ * RATE__FAIR_S_MAX, what it asked at RATE__FAIR_ASKED_MAX) is taken by
+ * both paths, and the script and the module leave the same bytes after
+ * the same decisions (a rebase among them). */
+static void edge_tables(void **s)
+{
+    (void)s;
+    flush();
+    host_t h[PATHS];
+    static const char *const pre[PATHS] = {"es:", "em:"};
+    redisContext *c = raw();
+    for (int p = 0; p < PATHS; p++) {
+        host_open(&h[p], p, "token-bucket 10/s burst=10", pre[p]);
+        char t[TABLE2], name[32];
+        table2(t, RATE__FAIR_S_MAX, RATE__FAIR_S_MAX, RATE__FAIR_ASKED_MAX);
+        snprintf(name, sizeof name, "%sf{shared}", pre[p]);
+        freeReplyObject(redisCommand(c, "HSET %s t %b", name, t, sizeof t));
+    }
+    for (int i = 0; i < 12; i++) {
+        const char *flow = i % 3 ? "x" : "y";
+        for (int p = 0; p < PATHS; p++) {
+            rate_decision_t d;
+            assert_int_equal(rate_fair_check_at(h[p].fair, flow, 1,
+                                                1 + (uint32_t)(i % 2), 1,
+                                                SEC + (uint64_t)i * 30 * MS,
+                                                &d),
+                             RATE_OK);
+            if (d.error != RATE_OK)
+                fail_msg("%s, decision %d: %s", path_name[p], i,
+                         rate_strerror(d.error));
+        }
+    }
+    size_t l1, l2;
+    char *t1 = hget(c, "es:f{shared}", "t", &l1);
+    char *t2 = hget(c, "em:f{shared}", "t", &l2);
+    assert_int_equal(l1, TABLE2);
+    if (l1 != l2 || memcmp(t1, t2, l1) != 0)
+        fail_msg("an edge table: the script's and the module's bytes differ");
+    assert_int_equal(status_of(&h[0]).script_fair, 12);
+    assert_int_equal(status_of(&h[1]).module_fair, 12);
+    free(t1), free(t2);
+    redisFree(c);
+    for (int p = 0; p < PATHS; p++)
+        host_close(&h[p]);
 }
 
 /* One fair decision's reply, by the module or the script (EVAL), for the
@@ -664,7 +767,7 @@ int main(void)
         cmocka_unit_test(two_hosts),   cmocka_unit_test(work),
         cmocka_unit_test(same_bytes),  cmocka_unit_test(bad_tables),
         cmocka_unit_test(redis_down),  cmocka_unit_test(server_clock),
-        cmocka_unit_test(max_wait_both),
+        cmocka_unit_test(edge_tables), cmocka_unit_test(max_wait_both),
         cmocka_unit_test(cluster),
     };
     if (getenv("FAIR_REDIS_ONLY") != NULL) /* one case, by name */
