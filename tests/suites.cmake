@@ -32,12 +32,13 @@ rate_suite(rules_lease_threads C test_rules_lease.c ARGS --threads NEEDS HTTP LA
 # Every store: conformance and differential traces (tests/lib/store_matrix.h).
 # Not SERIAL (their stores' timeouts are 30 s: no bound a loaded machine
 # can pass), and DynamoDB's kind apart (it takes as long as the others
-# together): the two run beside other suites.
+# together; skipped without dynalite, failed under CI=true): the two run
+# beside other suites.
 rate_suite(stores LABELS valgrind redis TIMEOUT 900 USES_MODULE USES_ASYNC
            ENV "RATE_STORES=-dynamodb"
            VALGRIND_ENV "RATE_STORES=cas,shm,redis_async_uv")
 rate_suite(stores_dynamodb C test_stores.c NEEDS DYNAMODB LABELS dynamodb
-           TIMEOUT 900 USES_MODULE USES_ASYNC ENV "RATE_STORES=dynamodb")
+           TIMEOUT 900 SKIP77 USES_MODULE USES_ASYNC ENV "RATE_STORES=dynamodb")
 
 # Shared memory.
 rate_suite(shm)
