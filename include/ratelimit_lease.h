@@ -96,10 +96,15 @@ typedef struct rate_inflight_config {
     rate_store_t *store;       /* NULL: a private in-memory store; else
                                   borrowed: free it after the object */
     const rate_clock_t *clock; /* NULL: CLOCK_MONOTONIC; copied */
-    /* The store is shared only by processes of this host, in one PID
-     * namespace (memory, shared memory): an acquire the in-flight limit
-     * would deny first releases the leases of holders that have died
-     * (docs/leases.md, "Stores, processes and crashes"). */
+    /* An acquire the in-flight limit would deny first releases the
+     * leases of holders that have died (docs/leases.md, "Crashed
+     * holders"), judged by kill(pid, 0).  Only for the library's memory
+     * store (store NULL or rate_store_memory_new) and shared-memory store
+     * (ratelimit_shm.h), and only when every process using the region is
+     * of this host and of one PID namespace (a PID of another namespace
+     * names another process here: a live holder would lose its lease).
+     * Set with any other store (Redis, DynamoDB, a store of one's own),
+     * whose holders may be on other hosts, it is RATE_EINVAL. */
     bool reap_dead_holders;
     uint64_t reserved[6]; /* zero (= {...} or memset); non-zero is
                              RATE_EINVAL */
@@ -110,7 +115,8 @@ typedef struct rate_inflight_config {
  * the one a limiter of the same store keeps for the key).
  * Returns: RATE_OK, *out (NULL on an error).  Errors: RATE_EINVAL for a
  * NULL out, config or policy, a non-zero reserve, a clock without now_ns
- * or sleep_ns; RATE_EPOLICY when the store cannot keep the rate part's
+ * or sleep_ns, reap_dead_holders with a store other than the library's
+ * memory or shared-memory store; RATE_EPOLICY when the store cannot keep the rate part's
  * states; RATE_ENOMEM.  Ownership: config, policy and clock copied, the
  * store borrowed; the caller frees *out (rate_inflight_free).
  * Thread-safe: yes. */

@@ -10,8 +10,10 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <ratelimit_lease.h>
+#include <ratelimit_shm.h>
 
 #include "helpers.h"
 #include "lease_holders.h"
@@ -263,6 +265,49 @@ static void test_misuse(void **state)
                                               RATE_TIME_MAX + 1, &c, &d),
                      RATE_ERANGE);
     rate_inflight_free(in);
+}
+
+/* reap_dead_holders judges a holder by its PID: taken on the memory and
+ * shared-memory stores, refused on any other (a store of another host's
+ * holders, here the compare-and-set store), whose live holders it would
+ * reap. */
+static void test_reap_stores(void **state)
+{
+    (void)state;
+    rate_inflight_policy_t *p = ipolicy("concurrency 1 ttl=10s");
+    rate_store_t *cas, *mem, *shm;
+    char path[] = "/tmp/rate-lease-reap-XXXXXX", err[256] = "";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    unlink(path);
+    rate_shm_options_t so = {.max_keys = 16, .key_max = 64, .state_max = 96};
+    assert_int_equal(cas_store_new(&cas, NULL), RATE_OK);
+    assert_int_equal(rate_store_memory_new(NULL, &mem), RATE_OK);
+    assert_int_equal(rate_store_shm_new(path, &so, &shm, err, sizeof err),
+                     RATE_OK);
+    rate_inflight_config_t cfg = {.policy = p, .reap_dead_holders = true};
+    rate_inflight_t *in = NULL;
+    assert_int_equal(rate_inflight_new(&cfg, &in), RATE_OK);
+    rate_inflight_free(in);
+    cfg.store = mem;
+    assert_int_equal(rate_inflight_new(&cfg, &in), RATE_OK);
+    rate_inflight_free(in);
+    cfg.store = shm;
+    assert_int_equal(rate_inflight_new(&cfg, &in), RATE_OK);
+    rate_inflight_free(in);
+    cfg.store = cas;
+    in = (rate_inflight_t *)1;
+    assert_int_equal(rate_inflight_new(&cfg, &in), RATE_EINVAL);
+    assert_null(in);
+    cfg.reap_dead_holders = false; /* without it, any store */
+    assert_int_equal(rate_inflight_new(&cfg, &in), RATE_OK);
+    rate_inflight_free(in);
+    rate_store_free(shm);
+    unlink(path);
+    rate_store_free(mem);
+    rate_store_free(cas);
+    rate_inflight_policy_free(p);
 }
 
 /* Extending keeps a lease held past its first TTL; expiry then frees it. */
@@ -620,6 +665,7 @@ int main(void)
         cmocka_unit_test(test_basic_memory),
         cmocka_unit_test(test_basic_cas),
         cmocka_unit_test(test_misuse),
+        cmocka_unit_test(test_reap_stores),
         cmocka_unit_test(test_extend_and_expiry),
         cmocka_unit_test(test_with_rate),
         cmocka_unit_test(test_priority),

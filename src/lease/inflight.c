@@ -104,6 +104,11 @@ int rate_inflight_new(const rate_inflight_config_t *cfg, rate_inflight_t **out)
         (cfg->clock != NULL &&
          (cfg->clock->now_ns == NULL || cfg->clock->sleep_ns == NULL)))
         return RATE_EINVAL;
+    /* A holder's PID means something only on this host, in this PID
+     * namespace: never on a store other hosts share. */
+    if (cfg->reap_dead_holders && cfg->store != NULL &&
+        !rate__store_is_host_local(cfg->store))
+        return RATE_EINVAL;
     if ((in = calloc(1, sizeof *in)) == NULL)
         return RATE_ENOMEM;
     in->clock_is_default = cfg->clock == NULL;
