@@ -12,9 +12,14 @@
  * ttl=1m; token-bucket 10/s"), decided all-or-nothing with the lease.
  * The user's guide, the stored format and the reasons: docs/leases.md.
  *
- * Conventions as ratelimit.h's.  Times are ns, CLOCK_MONOTONIC by
- * default, the caller's in the *_at calls (one clock for every holder of
- * a key: a lease's expiry is a time of the clock that granted it).
+ * Conventions as ratelimit.h's.  Times are ns, the caller's in the *_at
+ * calls.  A lease's expiry is a time of the clock that granted it, so
+ * every holder of a key must read one clock: the default is one per
+ * store, whoever calls (the library, the ratelimit command, nginx):
+ * CLOCK_MONOTONIC on the memory and shared-memory stores (this host's),
+ * CLOCK_REALTIME on any other (Redis, DynamoDB, one's own: a store other
+ * hosts may share; their clocks' skew lengthens or shortens a lease by as
+ * much).  A clock of one's own must be every holder's of the store.
  */
 #ifndef RATELIMIT_LEASE_H
 #define RATELIMIT_LEASE_H
@@ -95,7 +100,12 @@ typedef struct rate_inflight_config {
     const rate_inflight_policy_t *policy; /* required; copied */
     rate_store_t *store;       /* NULL: a private in-memory store; else
                                   borrowed: free it after the object */
-    const rate_clock_t *clock; /* NULL: CLOCK_MONOTONIC; copied */
+    const rate_clock_t *clock; /* NULL: the store's default (above):
+                                  CLOCK_MONOTONIC on memory and shared
+                                  memory, else CLOCK_REALTIME (the
+                                  library's default clock, a limiter's
+                                  rate_limiter_clock, is taken so too);
+                                  copied */
     /* An acquire the in-flight limit would deny first releases the
      * leases of holders that have died (docs/leases.md, "Crashed
      * holders"), judged by kill(pid, 0).  Only for the library's memory

@@ -592,6 +592,7 @@ int rate__limiter_decide_req(rate_limiter_t *lim, const char *key,
 /* The library's clock (src/clock.c). */
 uint64_t rate__clock_exact(void *ud);
 uint64_t rate__clock_coarse(void *ud);
+uint64_t rate__clock_wall(void *ud);
 void rate__clock_sleep(void *ud, uint64_t ns);
 
 /* One deadline per call (docs/redis.md, "Timeouts"): a decision, refund

@@ -28,7 +28,7 @@ struct rate_inflight {
     rate_store_t *store, *own_store;
     rate_limiter_t *limiter; /* the rate part's, or NULL */
     rate_clock_t clock;
-    bool clock_is_default;
+    bool clock_is_default; /* the library's CLOCK_MONOTONIC */
     bool reap;
     uint64_t id_base;
     _Atomic uint64_t next_id;
@@ -111,10 +111,20 @@ int rate_inflight_new(const rate_inflight_config_t *cfg, rate_inflight_t **out)
         return RATE_EINVAL;
     if ((in = calloc(1, sizeof *in)) == NULL)
         return RATE_ENOMEM;
-    in->clock_is_default = cfg->clock == NULL;
-    in->clock = cfg->clock != NULL ? *cfg->clock
-                                   : (rate_clock_t){rate__clock_exact,
-                                                  rate__clock_sleep, NULL};
+    /* One clock per store, whoever calls: CLOCK_MONOTONIC on this host's
+     * stores, the wall clock on one that other hosts may share. */
+    bool host_local = cfg->store == NULL ||
+                      rate__store_is_host_local(cfg->store);
+    /* The library's own clock (a limiter's default, handed on by the
+     * rules) is the default too. */
+    bool own = cfg->clock != NULL && cfg->clock->now_ns != rate__clock_exact;
+    in->clock_is_default = !own && host_local;
+    if (own)
+        in->clock = *cfg->clock;
+    else
+        in->clock = (rate_clock_t){host_local ? rate__clock_exact
+                                              : rate__clock_wall,
+                                   rate__clock_sleep, NULL};
     in->reap = cfg->reap_dead_holders;
     pthread_once(&proc_once, proc_init);
     in->id_base = random64();

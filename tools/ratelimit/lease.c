@@ -67,26 +67,6 @@ static int lease_store(const char *spec, const rate_inflight_policy_t *p,
     return 0;
 }
 
-/* The fleet's clock: the hosts sharing a Redis or DynamoDB store must
- * read lease times off one clock, and CLOCK_MONOTONIC is each host's own
- * (docs/leases.md, "Redis"). */
-static uint64_t realtime_ns(void *ud)
-{
-    (void)ud;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * RATE_NS_PER_S + (uint64_t)ts.tv_nsec;
-}
-
-static void realtime_sleep(void *ud, uint64_t ns)
-{
-    (void)ud;
-    struct timespec ts = {(time_t)(ns / RATE_NS_PER_S),
-                          (long)(ns % RATE_NS_PER_S)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
-
 static void print_decision(const rate_decision_t *d)
 {
     printf("decision %s\n", d->allowed ? "allow" : "deny");
@@ -179,9 +159,9 @@ int cli_check_lease(const char *policy_text, const char *key,
     rate_inflight_config_t cfg = {
         .policy = p, .store = store,
         .reap_dead_holders = strncmp(store_spec, "shm:", 4) == 0};
-    static const rate_clock_t fleet = {realtime_ns, realtime_sleep, NULL};
-    if (!cfg.reap_dead_holders) /* redis://, unix://, dynamodb://: a fleet's */
-        cfg.clock = &fleet;
+    /* The library's clock for the store (the wall clock on redis://,
+     * unix://, dynamodb://): the one every other holder of the key reads
+     * with the library's default. */
     int rc = rate_inflight_new(&cfg, &in);
     if (rc != RATE_OK) {
         cli_fail("check: %s", rate_strerror(rc));
