@@ -54,7 +54,8 @@ typedef struct rate_lease {
 typedef struct rate_inflight_policy rate_inflight_policy_t;
 
 /* Parses "concurrency N ttl=DUR [reserve=K|reserve=P%]", alone or among
- * rate clauses separated by ';' (docs/leases.md): N from 1 to
+ * rate clauses separated by ';', after an optional "name=NAME " first
+ * (the rate part's name when it has one; docs/leases.md): N from 1 to
  * RATE_LEASE_MAX, the TTL from 1 ms to 2^61 ns, the reserve below N.
  * Returns: RATE_OK, *out.  Errors: RATE_EINVAL for a NULL out;
  * RATE_EPOLICY for NULL text, no concurrency clause or two, a bad count,

@@ -589,6 +589,11 @@ int rate__limiter_decide_req(rate_limiter_t *lim, const char *key,
                              size_t len, uint64_t now, bool clock_time,
                              bool wait, rate_decide_req_t *req);
 
+/* Checks a policy name (rate_policy_set_name's rule): RATE_OK, or
+ * RATE_EINVAL with a one-line reason in err. */
+int rate__policy_check_name(const char *name, size_t len, char *err,
+                            size_t errlen);
+
 /* The library's clock (src/clock.c). */
 uint64_t rate__clock_exact(void *ud);
 uint64_t rate__clock_coarse(void *ud);

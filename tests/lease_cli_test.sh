@@ -169,6 +169,27 @@ for s in "" "--store memory"; do
     if [ $rc = 2 ] && [ ! -e "$T/nostore" ] && grep -q 'store shm:PATH' <<<"$err"; then ok
     else bad "no shared store ('$s'): $rc '$err'"; fi
 done
+# Which policy is in-flight: one with a concurrency clause, named or not;
+# not a rate policy whose name merely starts with the word.
+out=$("$R" check --key k --policy "name=concurrency-api fixed-window 5/s" 2>&1); rc=$?
+if [ $rc = 0 ] && grep -q '^decision allow' <<<"$out"; then ok
+else bad "a rate policy named concurrency-api: $rc '$out'"; fi
+out=$("$R" check --key named --policy "name=api concurrency 2 ttl=3s" \
+      --store "shm:$P" -- true 2>&1); rc=$?
+if [ $rc = 0 ]; then ok; else bad "name=api concurrency 2: $rc '$out'"; fi
+err=$("$R" check --key named --policy "name=api concurrency 2" \
+      --store "shm:$P" 2>&1); rc=$?
+if [ $rc = 2 ] && grep -q 'missing ttl=DURATION' <<<"$err"; then ok
+else bad "name=api concurrency 2 without ttl: $rc '$err'"; fi
+# A region made by check keeps keys of 160 bytes: a lease key is the key
+# and 8 bytes, so 152 bytes pass and 153 are refused, saying so.
+k152=$(printf 'k%.0s' $(seq 152)); k153=${k152}k
+if chk2=$("$R" check --key "$k152" --policy "$POL" --store "shm:$P" -- true 2>&1)
+then ok; else bad "a key of 152 bytes: '$chk2'"; fi
+err=$("$R" check --key "$k153" --policy "$POL" --store "shm:$P" -- touch "$T/long" 2>&1); rc=$?
+if [ $rc = 2 ] && [ ! -e "$T/long" ] && grep -q 'at most 152 bytes' <<<"$err"; then ok
+else bad "a key of 153 bytes: $rc '$err'"; fi
+
 out=$(chk -- /nonexistent/cmd 2>&1); rc=$?
 if [ $rc = 127 ]; then ok; else bad "a missing command: $rc '$out'"; fi
 

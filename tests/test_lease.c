@@ -71,6 +71,13 @@ static void test_policy_text(void **state)
          "concurrency 5 ttl=1s; token-bucket 10/s burst=20"},
         {"fixed-window 3/s; concurrency 2 ttl=2h reserve=1",
          "concurrency 2 ttl=2h reserve=1; fixed-window 3/s"},
+        /* a name before the concurrency clause: the policy's, or its
+         * rate part's when it has one; before a rate clause, as ever */
+        {"name=api concurrency 2 ttl=1s", "name=api concurrency 2 ttl=1s"},
+        {" name=api  concurrency 2 ttl=1s; fixed-window 3/s",
+         "concurrency 2 ttl=1s; name=api fixed-window 3/s"},
+        {"name=concurrency-api fixed-window 3/s; concurrency 2 ttl=1s",
+         "concurrency 2 ttl=1s; name=concurrency-api fixed-window 3/s"},
     };
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         rate_inflight_policy_t *p = ipolicy(good[i].in);
@@ -85,6 +92,11 @@ static void test_policy_text(void **state)
         rate_inflight_policy_free(again);
         rate_inflight_policy_free(p);
     }
+    rate_inflight_policy_t *named =
+        ipolicy("name=api concurrency 2 ttl=1s; token-bucket 5/s");
+    assert_string_equal(rate_policy_name(rate_inflight_policy_rate(named)),
+                        "api");
+    rate_inflight_policy_free(named);
     rate_inflight_policy_t *p = ipolicy("concurrency 10 ttl=5s reserve=25%");
     assert_int_equal(rate_inflight_policy_max(p), 10);
     assert_int_equal(rate_inflight_policy_ttl_ns(p), 5 * SEC);
@@ -120,6 +132,10 @@ static void test_policy_errors(void **state)
         {"concurrency 10 ttl=1s;", "clause 2 is empty"},
         {"concurrency 10 ttl=1s;; token-bucket 5/s", "clause 2 is empty"},
         {" ; concurrency 10 ttl=1s", "clause 1 is empty"},
+        {"name=a/b concurrency 2 ttl=1s", "policy name 'a/b' has '/'"},
+        {"name= concurrency 2 ttl=1s", "name= is empty"},
+        {"name=api concurrency 2", "missing ttl=DURATION"},
+        {"name=concurrency-api token-bucket 5/s", "no concurrency clause"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rate_inflight_policy_t *p = (void *)1;

@@ -18,6 +18,10 @@
 #include "ratelimit_lease.h"
 #include "ratelimit_shm.h"
 
+/* The bytes a lease's store key adds to the key (RATE_KEY_MAX less
+ * RATE_LEASE_KEY_MAX). */
+#define LEASE_KEY_EXTRA ((unsigned)(RATE_KEY_MAX - RATE_LEASE_KEY_MAX))
+
 /* The state_max a region needs for the policy: its lease states and
  * those of its rate clauses. */
 static size_t shm_need(const rate_inflight_policy_t *p)
@@ -153,6 +157,20 @@ int cli_check_lease(const char *policy_text, const char *key,
     if (lease_store(store_spec, p, max_keys, &store) != 0) {
         rate_inflight_policy_free(p);
         return 2;
+    }
+    /* A region keeps keys of up to its key_max bytes, and a lease's store
+     * key is the key and 8 bytes more (docs/leases.md). */
+    rate_shm_info_t info;
+    if (rate_store_shm_info(store, &info) == RATE_OK &&
+        strlen(key) + LEASE_KEY_EXTRA > info.key_max) {
+        cli_fail("check: --key of %zu bytes is longer than --store %s "
+                 "keeps for a lease: at most %u bytes (its key_max, %u, "
+                 "less the lease key's %u)",
+                 strlen(key), store_spec,
+                 info.key_max > LEASE_KEY_EXTRA
+                     ? info.key_max - LEASE_KEY_EXTRA : 0,
+                 info.key_max, LEASE_KEY_EXTRA);
+        goto out;
     }
     /* A region is this host's: its dead holders' leases can be taken
      * back at once (a check killed with SIGKILL). */
