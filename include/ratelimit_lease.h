@@ -165,13 +165,18 @@ RATE_API int rate_inflight_acquire_at(rate_inflight_t *inflight,
                                       rate_lease_t *lease,
                                       rate_decision_t *out);
 
-/* Releases a lease of key[0..key_len): its slot is free at once.
+/* Releases a lease of key[0..key_len): its slot is free at once.  On a
+ * store without its own lease call (load and compare-and-set), a release
+ * that keeps conflicting with other holders' changes is tried again,
+ * after growing, jittered pauses, for as long as the lease lives: it is
+ * never lost to contention (it may wait meanwhile).
  * Returns: RATE_OK.  Errors (nothing changed by any of them):
  * RATE_EINVAL for a NULL inflight or lease, a lease with id 0, or one
  * granted for another key; RATE_EKEY, RATE_ERANGE as acquire's;
  * RATE_ELEASE when the key holds no lease of that id (released already);
- * RATE_EEXPIRED when it expired before this call (its slot was given back
- * then); RATE_ECORRUPT and the store's errors as acquire's.
+ * RATE_EEXPIRED when it expired before this call, or while it was tried
+ * again (its slot was given back then); RATE_ECORRUPT and the store's
+ * errors as acquire's but RATE_ECONFLICT.
  * Ownership: the key and lease are only read.  Thread-safe: yes. */
 RATE_API int rate_inflight_release(rate_inflight_t *inflight, const char *key,
                                    size_t key_len, const rate_lease_t *lease);
@@ -182,7 +187,8 @@ RATE_API int rate_inflight_release_at(rate_inflight_t *inflight,
 
 /* Extends a held lease: it now expires ttl_ns from now (0: the policy's
  * TTL; a shorter TTL than it had is allowed: it moves the expiry either
- * way), written back into lease->expires_ns.
+ * way), written back into lease->expires_ns; tried again under
+ * contention as a release is.
  * Returns: RATE_OK.  Errors (nothing changed): as rate_inflight_release,
  * and RATE_ERANGE for ttl_ns above 2^61 ns.  Ownership: the key is only
  * read; *lease is updated.  Thread-safe: yes (one thread per lease). */

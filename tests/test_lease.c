@@ -548,6 +548,82 @@ static void test_threads_cas(void **state)
     rate_store_free(store);
 }
 
+/* Releases on the compare-and-set path are never lost to contention:
+ * one release through 1000 conflicts in a row (past the 64 retries of one
+ * step), then RELEASERS threads holding a lease each release at once, with
+ * more conflicts injected among them: every release RATE_OK, none held
+ * after.  A release still conflicting when its lease would expire ends
+ * with RATE_EEXPIRED (its slot back by expiry), not in a hang. */
+#define RELEASERS 32
+
+typedef struct releaser {
+    rate_inflight_t *in;
+    pthread_barrier_t *go;
+    rate_lease_t lease;
+    int rc;
+} releaser_t;
+
+static void *release_at_once(void *arg)
+{
+    releaser_t *r = arg;
+    pthread_barrier_wait(r->go);
+    r->rc = rate_inflight_release(r->in, "hot", 3, &r->lease);
+    return NULL;
+}
+
+static void test_release_contention(void **state)
+{
+    (void)state;
+    rate_store_t *store;
+    cas_store_t *h;
+    rate_decision_t d;
+    rate_lease_t one;
+    assert_int_equal(cas_store_new(&store, &h), RATE_OK);
+    rate_inflight_t *in = inflight_on("concurrency 32 ttl=1h", store, NULL);
+
+    assert_true(take(in, "hot", RATE_LEASE_NORMAL, &one, &d));
+    cas_store_inject_conflicts(h, 1000);
+    assert_int_equal(rate_inflight_release(in, "hot", 3, &one), RATE_OK);
+    cas_store_inject_conflicts(h, 0);
+    assert_int_equal(held_of(in, "hot"), 0);
+
+    releaser_t r[RELEASERS];
+    pthread_t t[RELEASERS];
+    pthread_barrier_t go;
+    assert_int_equal(pthread_barrier_init(&go, NULL, RELEASERS), 0);
+    for (int i = 0; i < RELEASERS; i++) {
+        r[i] = (releaser_t){in, &go, {0}, -100};
+        assert_true(take(in, "hot", RATE_LEASE_NORMAL, &r[i].lease, &d));
+    }
+    assert_int_equal(held_of(in, "hot"), RELEASERS);
+    cas_store_inject_conflicts(h, 500);
+    for (int i = 0; i < RELEASERS; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, release_at_once, &r[i]),
+                         0);
+    for (int i = 0; i < RELEASERS; i++)
+        pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&go);
+    cas_store_inject_conflicts(h, 0);
+    for (int i = 0; i < RELEASERS; i++)
+        if (r[i].rc != RATE_OK)
+            fail_msg("release %d: %s", i, rate_err_name(r[i].rc));
+    assert_int_equal(held_of(in, "hot"), 0);
+    rate_inflight_free(in);
+
+    /* Conflicts for longer than the lease lives: RATE_EEXPIRED, at once
+     * when it lives 0 ns more (the caller's time at its expiry - 1). */
+    fake_clock_t clk = {.now = SEC};
+    in = inflight_on("concurrency 1 ttl=1ms", store, &clk);
+    assert_true(take(in, "k", RATE_LEASE_NORMAL, &one, &d));
+    cas_store_inject_conflicts(h, UINT32_MAX);
+    assert_int_equal(rate_inflight_release_at(in, "k", 1, &one,
+                                              one.expires_ns - 1),
+                     RATE_EEXPIRED);
+    cas_store_inject_conflicts(h, 0);
+    rate_inflight_free(in);
+    rate_store_free(store);
+}
+
 /* ------------------------------------------- through a store's start() */
 
 typedef struct started {
@@ -689,6 +765,7 @@ int main(void)
         cmocka_unit_test(test_corrupt),
         cmocka_unit_test(test_threads_memory),
         cmocka_unit_test(test_threads_cas),
+        cmocka_unit_test(test_release_contention),
         cmocka_unit_test(test_start_calls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

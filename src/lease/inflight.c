@@ -464,7 +464,41 @@ int rate_inflight_acquire_at(rate_inflight_t *in, const char *key, size_t len,
     return acquire(in, key, len, cls, now_ns, false, lease, out);
 }
 
-/* Release or extend: the handle checked, then one step. */
+/* The pauses between a release's or an extend's rounds of conflicts. */
+#define CHANGE_PAUSE_MIN_NS UINT64_C(20000)    /* 20 us */
+#define CHANGE_PAUSE_MAX_NS UINT64_C(5000000)  /* 5 ms */
+
+/* A release or an extend whose compare-and-sets keep conflicting with
+ * other holders' changes (a store without lease()) tries again after a
+ * growing, jittered pause, for as long as the lease lives (life_ns from
+ * now, measured on CLOCK_MONOTONIC): contention never loses it.  Then
+ * RATE_EEXPIRED: its slot came back by its expiry. */
+static int run_change(rate_inflight_t *in, const char *key, size_t len,
+                      rate__lease_step_t *a, bool clock_time,
+                      uint64_t life_ns)
+{
+    uint64_t start = rate_clock_monotonic_ns(), pause = CHANGE_PAUSE_MIN_NS;
+    uint64_t seed = a->id;
+    for (;;) {
+        int rc = run(in, key, len, a, clock_time);
+        if (rc != RATE_ECONFLICT)
+            return rc;
+        uint64_t spent = rate_clock_monotonic_ns() - start;
+        if (spent >= life_ns)
+            return RATE_EEXPIRED;
+        /* Half the pause, and a random part of the other half, so that
+         * the threads that conflicted come back at different times. */
+        seed = seed * UINT64_C(6364136223846793005) +
+               UINT64_C(1442695040888963407);
+        uint64_t wait = pause / 2 + (seed >> 33) % (pause / 2 + 1);
+        rate__clock_sleep(NULL, wait < life_ns - spent ? wait
+                                                       : life_ns - spent);
+        if (pause < CHANGE_PAUSE_MAX_NS)
+            pause *= 2;
+    }
+}
+
+/* Release or extend: the handle checked, then its step. */
 static int change(rate_inflight_t *in, const char *key, size_t len,
                   const rate_lease_t *lease, lease_op_t op, uint64_t expires,
                   uint64_t now, bool clock_time)
@@ -486,7 +520,8 @@ static int change(rate_inflight_t *in, const char *key, size_t len,
         a.op = LEASE_EXTEND;
         a.expires_ns = expires;
     }
-    return run(in, key, len, &a, clock_time);
+    return run_change(in, key, len, &a, clock_time,
+                      lease->expires_ns > now ? lease->expires_ns - now : 0);
 }
 
 static uint64_t now_of(rate_inflight_t *in)
