@@ -570,8 +570,12 @@ int rate__store_step(const rate_store_t *s, const rate_key_t *key,
 /* Whether the store is the library's memory store (this process's own)
  * or its shared-memory store (this host's): the stores whose holders'
  * PIDs can be judged by kill() (an inflight object's reap_dead_holders). */
-bool rate__store_is_host_local(const rate_store_t *s);
-bool rate__store_is_memory(const rate_store_t *s);
+bool rate__store_is_memory(const rate_store_t *s); /* src/store/memory.c */
+bool rate__store_is_shm(const rate_store_t *s);    /* src/store/shm.c */
+static inline bool rate__store_is_host_local(const rate_store_t *s)
+{
+    return rate__store_is_memory(s) || rate__store_is_shm(s);
+}
 /* The store's lease() (version 5), or RATE_ENOTSUP without one. */
 int rate__store_lease(const rate_store_t *s, const rate_key_t *key,
                       rate_lease_req_t *req);

@@ -1122,14 +1122,12 @@ static const rate_store_methods_t shm_methods = {
     .check_policy = shm_check_policy,
 };
 
-/* Declared in src/internal.h (this file is built on the public headers
- * alone). */
-bool rate__store_is_memory(const rate_store_t *s);
-bool rate__store_is_host_local(const rate_store_t *s);
-bool rate__store_is_host_local(const rate_store_t *s)
+/* Whether s is a shared-memory store (declared in src/internal.h: this
+ * file is built on the public headers alone). */
+bool rate__store_is_shm(const rate_store_t *s);
+bool rate__store_is_shm(const rate_store_t *s)
 {
-    return rate__store_is_memory(s) ||
-           rate_store_backend(s, &shm_methods) != NULL;
+    return rate_store_backend(s, &shm_methods) != NULL;
 }
 
 /* -------------------------------------------------- the public extras */
