@@ -12,9 +12,14 @@
  * ttl=1m; token-bucket 10/s"), decided all-or-nothing with the lease.
  * The user's guide, the stored format and the reasons: docs/leases.md.
  *
- * Conventions as ratelimit.h's.  Times are ns, CLOCK_MONOTONIC by
- * default, the caller's in the *_at calls (one clock for every holder of
- * a key: a lease's expiry is a time of the clock that granted it).
+ * Conventions as ratelimit.h's.  Times are ns, the caller's in the *_at
+ * calls.  A lease's expiry is a time of the clock that granted it, so
+ * every holder of a key must read one clock: the default is one per
+ * store, whoever calls (the library, the ratelimit command, nginx):
+ * CLOCK_MONOTONIC on the memory and shared-memory stores (this host's),
+ * CLOCK_REALTIME on any other (Redis, DynamoDB, one's own: a store other
+ * hosts may share; their clocks' skew lengthens or shortens a lease by as
+ * much).  A clock of one's own must be every holder's of the store.
  */
 #ifndef RATELIMIT_LEASE_H
 #define RATELIMIT_LEASE_H
@@ -49,7 +54,8 @@ typedef struct rate_lease {
 typedef struct rate_inflight_policy rate_inflight_policy_t;
 
 /* Parses "concurrency N ttl=DUR [reserve=K|reserve=P%]", alone or among
- * rate clauses separated by ';' (docs/leases.md): N from 1 to
+ * rate clauses separated by ';', after an optional "name=NAME " first
+ * (the rate part's name when it has one; docs/leases.md): N from 1 to
  * RATE_LEASE_MAX, the TTL from 1 ms to 2^61 ns, the reserve below N.
  * Returns: RATE_OK, *out.  Errors: RATE_EINVAL for a NULL out;
  * RATE_EPOLICY for NULL text, no concurrency clause or two, a bad count,
@@ -95,11 +101,21 @@ typedef struct rate_inflight_config {
     const rate_inflight_policy_t *policy; /* required; copied */
     rate_store_t *store;       /* NULL: a private in-memory store; else
                                   borrowed: free it after the object */
-    const rate_clock_t *clock; /* NULL: CLOCK_MONOTONIC; copied */
-    /* The store is shared only by processes of this host, in one PID
-     * namespace (memory, shared memory): an acquire the in-flight limit
-     * would deny first releases the leases of holders that have died
-     * (docs/leases.md, "Stores, processes and crashes"). */
+    const rate_clock_t *clock; /* NULL: the store's default (above):
+                                  CLOCK_MONOTONIC on memory and shared
+                                  memory, else CLOCK_REALTIME (the
+                                  library's default clock, a limiter's
+                                  rate_limiter_clock, is taken so too);
+                                  copied */
+    /* An acquire the in-flight limit would deny first releases the
+     * leases of holders that have died (docs/leases.md, "Crashed
+     * holders"), judged by kill(pid, 0).  Only for the library's memory
+     * store (store NULL or rate_store_memory_new) and shared-memory store
+     * (ratelimit_shm.h), and only when every process using the region is
+     * of this host and of one PID namespace (a PID of another namespace
+     * names another process here: a live holder would lose its lease).
+     * Set with any other store (Redis, DynamoDB, a store of one's own),
+     * whose holders may be on other hosts, it is RATE_EINVAL. */
     bool reap_dead_holders;
     uint64_t reserved[6]; /* zero (= {...} or memset); non-zero is
                              RATE_EINVAL */
@@ -110,7 +126,8 @@ typedef struct rate_inflight_config {
  * the one a limiter of the same store keeps for the key).
  * Returns: RATE_OK, *out (NULL on an error).  Errors: RATE_EINVAL for a
  * NULL out, config or policy, a non-zero reserve, a clock without now_ns
- * or sleep_ns; RATE_EPOLICY when the store cannot keep the rate part's
+ * or sleep_ns, reap_dead_holders with a store other than the library's
+ * memory or shared-memory store; RATE_EPOLICY when the store cannot keep the rate part's
  * states; RATE_ENOMEM.  Ownership: config, policy and clock copied, the
  * store borrowed; the caller frees *out (rate_inflight_free).
  * Thread-safe: yes. */
@@ -148,13 +165,18 @@ RATE_API int rate_inflight_acquire_at(rate_inflight_t *inflight,
                                       rate_lease_t *lease,
                                       rate_decision_t *out);
 
-/* Releases a lease of key[0..key_len): its slot is free at once.
+/* Releases a lease of key[0..key_len): its slot is free at once.  On a
+ * store without its own lease call (load and compare-and-set), a release
+ * that keeps conflicting with other holders' changes is tried again,
+ * after growing, jittered pauses, for as long as the lease lives: it is
+ * never lost to contention (it may wait meanwhile).
  * Returns: RATE_OK.  Errors (nothing changed by any of them):
  * RATE_EINVAL for a NULL inflight or lease, a lease with id 0, or one
  * granted for another key; RATE_EKEY, RATE_ERANGE as acquire's;
  * RATE_ELEASE when the key holds no lease of that id (released already);
- * RATE_EEXPIRED when it expired before this call (its slot was given back
- * then); RATE_ECORRUPT and the store's errors as acquire's.
+ * RATE_EEXPIRED when it expired before this call, or while it was tried
+ * again (its slot was given back then); RATE_ECORRUPT and the store's
+ * errors as acquire's but RATE_ECONFLICT.
  * Ownership: the key and lease are only read.  Thread-safe: yes. */
 RATE_API int rate_inflight_release(rate_inflight_t *inflight, const char *key,
                                    size_t key_len, const rate_lease_t *lease);
@@ -165,7 +187,8 @@ RATE_API int rate_inflight_release_at(rate_inflight_t *inflight,
 
 /* Extends a held lease: it now expires ttl_ns from now (0: the policy's
  * TTL; a shorter TTL than it had is allowed: it moves the expiry either
- * way), written back into lease->expires_ns.
+ * way), written back into lease->expires_ns; tried again under
+ * contention as a release is.
  * Returns: RATE_OK.  Errors (nothing changed): as rate_inflight_release,
  * and RATE_ERANGE for ttl_ns above 2^61 ns.  Ownership: the key is only
  * read; *lease is updated.  Thread-safe: yes (one thread per lease). */

@@ -70,6 +70,14 @@ uint64_t rate__clock_exact(void *ud)
     return rate_clock_monotonic_ns();
 }
 
+/* The wall clock, CLOCK_REALTIME: the one the hosts sharing a store have
+ * in common (the default of an inflight object on such a store). */
+uint64_t rate__clock_wall(void *ud)
+{
+    (void)ud;
+    return read_clock(CLOCK_REALTIME);
+}
+
 uint64_t rate__clock_coarse(void *ud)
 {
     (void)ud;

@@ -580,6 +580,15 @@ struct rate_store {
 int rate__store_step(const rate_store_t *s, const rate_key_t *key,
                      const rate_step_t *st, unsigned max_retries,
                      unsigned *retries);
+/* Whether the store is the library's memory store (this process's own)
+ * or its shared-memory store (this host's): the stores whose holders'
+ * PIDs can be judged by kill() (an inflight object's reap_dead_holders). */
+bool rate__store_is_memory(const rate_store_t *s); /* src/store/memory.c */
+bool rate__store_is_shm(const rate_store_t *s);    /* src/store/shm.c */
+static inline bool rate__store_is_host_local(const rate_store_t *s)
+{
+    return rate__store_is_memory(s) || rate__store_is_shm(s);
+}
 /* The store's lease() (version 5), or RATE_ENOTSUP without one. */
 int rate__store_lease(const rate_store_t *s, const rate_key_t *key,
                       rate_lease_req_t *req);
@@ -597,9 +606,15 @@ int rate__limiter_decide_req(rate_limiter_t *lim, const char *key,
                              size_t len, uint64_t now, bool clock_time,
                              bool wait, rate_decide_req_t *req);
 
+/* Checks a policy name (rate_policy_set_name's rule): RATE_OK, or
+ * RATE_EINVAL with a one-line reason in err. */
+int rate__policy_check_name(const char *name, size_t len, char *err,
+                            size_t errlen);
+
 /* The library's clock (src/clock.c). */
 uint64_t rate__clock_exact(void *ud);
 uint64_t rate__clock_coarse(void *ud);
+uint64_t rate__clock_wall(void *ud);
 void rate__clock_sleep(void *ud, uint64_t ns);
 
 /* One deadline per call (docs/redis.md, "Timeouts"): a decision, refund

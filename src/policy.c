@@ -261,7 +261,8 @@ int rate_policy_new(const rate_limit_t *limits, size_t count,
 }
 
 /* Checks a policy name (RATE_POLICY_NAME_MAX bytes of [A-Za-z0-9._-]). */
-static int check_name(const char *name, size_t len, char *err, size_t errlen)
+int rate__policy_check_name(const char *name, size_t len, char *err,
+                            size_t errlen)
 {
     if (len > RATE_POLICY_NAME_MAX)
         return rate__fail(err, errlen, RATE_EINVAL,
@@ -292,7 +293,7 @@ int rate_policy_set_name(rate_policy_t *policy, const char *name, char *err,
 
     if (policy == NULL)
         return rate__fail(err, errlen, RATE_EINVAL, "no policy (NULL)");
-    if ((rc = check_name(name, len, err, errlen)) != RATE_OK)
+    if ((rc = rate__policy_check_name(name, len, err, errlen)) != RATE_OK)
         return rc;
     memcpy(policy->name, name != NULL ? name : "", len);
     policy->name[len] = '\0';
@@ -796,7 +797,8 @@ int rate_policy_parse(const char *text, rate_policy_t **out, char *err,
             return fail(err, errlen, "name= is empty; write name=NAME before "
                         "the first limit, or leave it out");
         char why[200];
-        if (check_name(name, name_len, why, sizeof why) != RATE_OK)
+        if (rate__policy_check_name(name, name_len, why, sizeof why) !=
+            RATE_OK)
             return fail(err, errlen, "%s", why);
         s = name + name_len;
         if (*s == ';')

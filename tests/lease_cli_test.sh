@@ -10,9 +10,12 @@
 # a check without a shared store is refused; policy errors.
 # No assertion depends on speed except the extension, whose slack is two
 # thirds of a 3 s TTL; every wait is a bounded poll.
-# Usage: lease_cli_test.sh RATELIMIT_BINARY
+# On Redis, check and a program on the library's defaults (LEASE_HOLD)
+# share one key under one clock: N=1 held by either denies the other.
+# Usage: lease_cli_test.sh RATELIMIT_BINARY [LEASE_HOLD]
 set -u
 R=$1
+H=${2-}
 T=$(mktemp -d)
 P=/dev/shm/rl-lease-cli-$$
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$T"; rm -f "$P"' EXIT
@@ -116,6 +119,35 @@ elif command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
         if [ $rc = 0 ] && [ "$got" -ge $((want - 60)) ] 2>/dev/null &&
            [ "$got" -le $((want + 60)) ]; then ok
         else bad "redis lease expiry '$got' (rc $rc), wanted about $want"; fi
+        # One clock per store, whoever calls: the library's lease denies
+        # check's at N=1, check's the library's, and once both are
+        # released the key is free (no lease timed by another clock held
+        # for decades).
+        if [ -n "$H" ]; then
+            url="redis://127.0.0.1:$rport/0"; hp="concurrency 1 ttl=1h"
+            "$H" "$url" shared "$hp" "$T/go.h" >"$T/h.out" 2>&1 & HP=$!
+            for _ in $(seq 600); do
+                grep -q . "$T/h.out" && break; sleep 0.1
+            done
+            if grep -qx allow "$T/h.out"; then ok
+            else bad "the library's first lease: '$(cat "$T/h.out")'"; fi
+            out=$("$R" check --key shared --policy "$hp" --store "$url" -- \
+                  touch "$T/both"); rc=$?
+            if [ $rc = 75 ] && [ ! -e "$T/both" ]; then ok
+            else bad "check took a lease the library holds at N=1 ($rc)"; fi
+            touch "$T/go.h"; wait $HP; rc=$?
+            [ $rc = 0 ] && ok || bad "the library's release ($rc)"
+            "$R" check --key shared --policy "$hp" --store "$url" -- \
+                sh -c "$J" "$T" f & F=$!
+            await "$T/started.f" || bad "job f did not start"
+            out=$("$H" "$url" shared "$hp" "$T/go.h" 2>&1); rc=$?
+            if [ $rc = 1 ] && [ "$out" = deny ]; then ok
+            else bad "the library took a lease check holds at N=1 ($rc '$out')"; fi
+            touch "$T/go.f"; wait $F
+            out=$("$H" "$url" shared "$hp" "$T/go.h" 2>&1); rc=$?
+            if [ $rc = 0 ] && [ "$out" = allow ]; then ok
+            else bad "the key after both released ($rc '$out')"; fi
+        fi
         stop_pid "$rpid"
     else bad "could not start a private redis-server"; fi
 elif [ "${CI:-}" = true ]; then bad "no redis-server under CI=true"
@@ -137,6 +169,27 @@ for s in "" "--store memory"; do
     if [ $rc = 2 ] && [ ! -e "$T/nostore" ] && grep -q 'store shm:PATH' <<<"$err"; then ok
     else bad "no shared store ('$s'): $rc '$err'"; fi
 done
+# Which policy is in-flight: one with a concurrency clause, named or not;
+# not a rate policy whose name merely starts with the word.
+out=$("$R" check --key k --policy "name=concurrency-api fixed-window 5/s" 2>&1); rc=$?
+if [ $rc = 0 ] && grep -q '^decision allow' <<<"$out"; then ok
+else bad "a rate policy named concurrency-api: $rc '$out'"; fi
+out=$("$R" check --key named --policy "name=api concurrency 2 ttl=3s" \
+      --store "shm:$P" -- true 2>&1); rc=$?
+if [ $rc = 0 ]; then ok; else bad "name=api concurrency 2: $rc '$out'"; fi
+err=$("$R" check --key named --policy "name=api concurrency 2" \
+      --store "shm:$P" 2>&1); rc=$?
+if [ $rc = 2 ] && grep -q 'missing ttl=DURATION' <<<"$err"; then ok
+else bad "name=api concurrency 2 without ttl: $rc '$err'"; fi
+# A region made by check keeps keys of 160 bytes: a lease key is the key
+# and 8 bytes, so 152 bytes pass and 153 are refused, saying so.
+k152=$(printf 'k%.0s' $(seq 152)); k153=${k152}k
+if chk2=$("$R" check --key "$k152" --policy "$POL" --store "shm:$P" -- true 2>&1)
+then ok; else bad "a key of 152 bytes: '$chk2'"; fi
+err=$("$R" check --key "$k153" --policy "$POL" --store "shm:$P" -- touch "$T/long" 2>&1); rc=$?
+if [ $rc = 2 ] && [ ! -e "$T/long" ] && grep -q 'at most 152 bytes' <<<"$err"; then ok
+else bad "a key of 153 bytes: $rc '$err'"; fi
+
 out=$(chk -- /nonexistent/cmd 2>&1); rc=$?
 if [ $rc = 127 ]; then ok; else bad "a missing command: $rc '$out'"; fi
 

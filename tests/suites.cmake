@@ -114,8 +114,12 @@ rate_suite(fair_nginx SH fair_nginx_test.sh NEEDS NGINX SKIP77 TIMEOUT 900
 # (threads), shm processes killed with SIGKILL, the command, Redis, nginx.
 rate_suite(lease LABELS valgrind concurrency)
 rate_suite(lease_procs LABELS shm_procs)
+set(RATE_LEASE_HOLD "")
+if(RATE_WITH_REDIS)
+  set(RATE_LEASE_HOLD $<TARGET_FILE:lease_hold>)
+endif()
 rate_suite(lease_cli SH lease_cli_test.sh NEEDS TOOLS ENV "${RATE_PARTS_ENV}"
-           ARGS $<TARGET_FILE:ratelimit_cli>)
+           ARGS $<TARGET_FILE:ratelimit_cli> ${RATE_LEASE_HOLD})
 rate_suite(lease_redis NEEDS REDIS USES_MODULE LABELS redis SERIAL)
 rate_suite(lease_redis_one NEEDS REDIS MODULE USES_MODULE LABELS redis SERIAL)
 rate_suite(lease_async NEEDS ASYNC MODULE USES_ASYNC USES_MODULE LABELS redis SERIAL)

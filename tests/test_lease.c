@@ -10,8 +10,10 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <ratelimit_lease.h>
+#include <ratelimit_shm.h>
 
 #include "helpers.h"
 #include "lease_holders.h"
@@ -69,6 +71,13 @@ static void test_policy_text(void **state)
          "concurrency 5 ttl=1s; token-bucket 10/s burst=20"},
         {"fixed-window 3/s; concurrency 2 ttl=2h reserve=1",
          "concurrency 2 ttl=2h reserve=1; fixed-window 3/s"},
+        /* a name before the concurrency clause: the policy's, or its
+         * rate part's when it has one; before a rate clause, as ever */
+        {"name=api concurrency 2 ttl=1s", "name=api concurrency 2 ttl=1s"},
+        {" name=api  concurrency 2 ttl=1s; fixed-window 3/s",
+         "concurrency 2 ttl=1s; name=api fixed-window 3/s"},
+        {"name=concurrency-api fixed-window 3/s; concurrency 2 ttl=1s",
+         "concurrency 2 ttl=1s; name=concurrency-api fixed-window 3/s"},
     };
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         rate_inflight_policy_t *p = ipolicy(good[i].in);
@@ -83,6 +92,11 @@ static void test_policy_text(void **state)
         rate_inflight_policy_free(again);
         rate_inflight_policy_free(p);
     }
+    rate_inflight_policy_t *named =
+        ipolicy("name=api concurrency 2 ttl=1s; token-bucket 5/s");
+    assert_string_equal(rate_policy_name(rate_inflight_policy_rate(named)),
+                        "api");
+    rate_inflight_policy_free(named);
     rate_inflight_policy_t *p = ipolicy("concurrency 10 ttl=5s reserve=25%");
     assert_int_equal(rate_inflight_policy_max(p), 10);
     assert_int_equal(rate_inflight_policy_ttl_ns(p), 5 * SEC);
@@ -118,6 +132,10 @@ static void test_policy_errors(void **state)
         {"concurrency 10 ttl=1s;", "clause 2 is empty"},
         {"concurrency 10 ttl=1s;; token-bucket 5/s", "clause 2 is empty"},
         {" ; concurrency 10 ttl=1s", "clause 1 is empty"},
+        {"name=a/b concurrency 2 ttl=1s", "policy name 'a/b' has '/'"},
+        {"name= concurrency 2 ttl=1s", "name= is empty"},
+        {"name=api concurrency 2", "missing ttl=DURATION"},
+        {"name=concurrency-api token-bucket 5/s", "no concurrency clause"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rate_inflight_policy_t *p = (void *)1;
@@ -263,6 +281,49 @@ static void test_misuse(void **state)
                                               RATE_TIME_MAX + 1, &c, &d),
                      RATE_ERANGE);
     rate_inflight_free(in);
+}
+
+/* reap_dead_holders judges a holder by its PID: taken on the memory and
+ * shared-memory stores, refused on any other (a store of another host's
+ * holders, here the compare-and-set store), whose live holders it would
+ * reap. */
+static void test_reap_stores(void **state)
+{
+    (void)state;
+    rate_inflight_policy_t *p = ipolicy("concurrency 1 ttl=10s");
+    rate_store_t *cas, *mem, *shm;
+    char path[] = "/tmp/rate-lease-reap-XXXXXX", err[256] = "";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    unlink(path);
+    rate_shm_options_t so = {.max_keys = 16, .key_max = 64, .state_max = 96};
+    assert_int_equal(cas_store_new(&cas, NULL), RATE_OK);
+    assert_int_equal(rate_store_memory_new(NULL, &mem), RATE_OK);
+    assert_int_equal(rate_store_shm_new(path, &so, &shm, err, sizeof err),
+                     RATE_OK);
+    rate_inflight_config_t cfg = {.policy = p, .reap_dead_holders = true};
+    rate_inflight_t *in = NULL;
+    assert_int_equal(rate_inflight_new(&cfg, &in), RATE_OK);
+    rate_inflight_free(in);
+    cfg.store = mem;
+    assert_int_equal(rate_inflight_new(&cfg, &in), RATE_OK);
+    rate_inflight_free(in);
+    cfg.store = shm;
+    assert_int_equal(rate_inflight_new(&cfg, &in), RATE_OK);
+    rate_inflight_free(in);
+    cfg.store = cas;
+    in = (rate_inflight_t *)1;
+    assert_int_equal(rate_inflight_new(&cfg, &in), RATE_EINVAL);
+    assert_null(in);
+    cfg.reap_dead_holders = false; /* without it, any store */
+    assert_int_equal(rate_inflight_new(&cfg, &in), RATE_OK);
+    rate_inflight_free(in);
+    rate_store_free(shm);
+    unlink(path);
+    rate_store_free(mem);
+    rate_store_free(cas);
+    rate_inflight_policy_free(p);
 }
 
 /* Extending keeps a lease held past its first TTL; expiry then frees it. */
@@ -487,6 +548,82 @@ static void test_threads_cas(void **state)
     rate_store_free(store);
 }
 
+/* Releases on the compare-and-set path are never lost to contention:
+ * one release through 1000 conflicts in a row (past the 64 retries of one
+ * step), then RELEASERS threads holding a lease each release at once, with
+ * more conflicts injected among them: every release RATE_OK, none held
+ * after.  A release still conflicting when its lease would expire ends
+ * with RATE_EEXPIRED (its slot back by expiry), not in a hang. */
+#define RELEASERS 32
+
+typedef struct releaser {
+    rate_inflight_t *in;
+    pthread_barrier_t *go;
+    rate_lease_t lease;
+    int rc;
+} releaser_t;
+
+static void *release_at_once(void *arg)
+{
+    releaser_t *r = arg;
+    pthread_barrier_wait(r->go);
+    r->rc = rate_inflight_release(r->in, "hot", 3, &r->lease);
+    return NULL;
+}
+
+static void test_release_contention(void **state)
+{
+    (void)state;
+    rate_store_t *store;
+    cas_store_t *h;
+    rate_decision_t d;
+    rate_lease_t one;
+    assert_int_equal(cas_store_new(&store, &h), RATE_OK);
+    rate_inflight_t *in = inflight_on("concurrency 32 ttl=1h", store, NULL);
+
+    assert_true(take(in, "hot", RATE_LEASE_NORMAL, &one, &d));
+    cas_store_inject_conflicts(h, 1000);
+    assert_int_equal(rate_inflight_release(in, "hot", 3, &one), RATE_OK);
+    cas_store_inject_conflicts(h, 0);
+    assert_int_equal(held_of(in, "hot"), 0);
+
+    releaser_t r[RELEASERS];
+    pthread_t t[RELEASERS];
+    pthread_barrier_t go;
+    assert_int_equal(pthread_barrier_init(&go, NULL, RELEASERS), 0);
+    for (int i = 0; i < RELEASERS; i++) {
+        r[i] = (releaser_t){in, &go, {0}, -100};
+        assert_true(take(in, "hot", RATE_LEASE_NORMAL, &r[i].lease, &d));
+    }
+    assert_int_equal(held_of(in, "hot"), RELEASERS);
+    cas_store_inject_conflicts(h, 500);
+    for (int i = 0; i < RELEASERS; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, release_at_once, &r[i]),
+                         0);
+    for (int i = 0; i < RELEASERS; i++)
+        pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&go);
+    cas_store_inject_conflicts(h, 0);
+    for (int i = 0; i < RELEASERS; i++)
+        if (r[i].rc != RATE_OK)
+            fail_msg("release %d: %s", i, rate_err_name(r[i].rc));
+    assert_int_equal(held_of(in, "hot"), 0);
+    rate_inflight_free(in);
+
+    /* Conflicts for longer than the lease lives: RATE_EEXPIRED, at once
+     * when it lives 0 ns more (the caller's time at its expiry - 1). */
+    fake_clock_t clk = {.now = SEC};
+    in = inflight_on("concurrency 1 ttl=1ms", store, &clk);
+    assert_true(take(in, "k", RATE_LEASE_NORMAL, &one, &d));
+    cas_store_inject_conflicts(h, UINT32_MAX);
+    assert_int_equal(rate_inflight_release_at(in, "k", 1, &one,
+                                              one.expires_ns - 1),
+                     RATE_EEXPIRED);
+    cas_store_inject_conflicts(h, 0);
+    rate_inflight_free(in);
+    rate_store_free(store);
+}
+
 /* ------------------------------------------- through a store's start() */
 
 typedef struct started {
@@ -620,6 +757,7 @@ int main(void)
         cmocka_unit_test(test_basic_memory),
         cmocka_unit_test(test_basic_cas),
         cmocka_unit_test(test_misuse),
+        cmocka_unit_test(test_reap_stores),
         cmocka_unit_test(test_extend_and_expiry),
         cmocka_unit_test(test_with_rate),
         cmocka_unit_test(test_priority),
@@ -627,6 +765,7 @@ int main(void)
         cmocka_unit_test(test_corrupt),
         cmocka_unit_test(test_threads_memory),
         cmocka_unit_test(test_threads_cas),
+        cmocka_unit_test(test_release_contention),
         cmocka_unit_test(test_start_calls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -28,7 +28,7 @@ struct rate_inflight {
     rate_store_t *store, *own_store;
     rate_limiter_t *limiter; /* the rate part's, or NULL */
     rate_clock_t clock;
-    bool clock_is_default;
+    bool clock_is_default; /* the library's CLOCK_MONOTONIC */
     bool reap;
     uint64_t id_base;
     _Atomic uint64_t next_id;
@@ -104,12 +104,27 @@ int rate_inflight_new(const rate_inflight_config_t *cfg, rate_inflight_t **out)
         (cfg->clock != NULL &&
          (cfg->clock->now_ns == NULL || cfg->clock->sleep_ns == NULL)))
         return RATE_EINVAL;
+    /* A holder's PID means something only on this host, in this PID
+     * namespace: never on a store other hosts share. */
+    if (cfg->reap_dead_holders && cfg->store != NULL &&
+        !rate__store_is_host_local(cfg->store))
+        return RATE_EINVAL;
     if ((in = calloc(1, sizeof *in)) == NULL)
         return RATE_ENOMEM;
-    in->clock_is_default = cfg->clock == NULL;
-    in->clock = cfg->clock != NULL ? *cfg->clock
-                                   : (rate_clock_t){rate__clock_exact,
-                                                  rate__clock_sleep, NULL};
+    /* One clock per store, whoever calls: CLOCK_MONOTONIC on this host's
+     * stores, the wall clock on one that other hosts may share. */
+    bool host_local = cfg->store == NULL ||
+                      rate__store_is_host_local(cfg->store);
+    /* The library's own clock (a limiter's default, handed on by the
+     * rules) is the default too. */
+    bool own = cfg->clock != NULL && cfg->clock->now_ns != rate__clock_exact;
+    in->clock_is_default = !own && host_local;
+    if (own)
+        in->clock = *cfg->clock;
+    else
+        in->clock = (rate_clock_t){host_local ? rate__clock_exact
+                                              : rate__clock_wall,
+                                   rate__clock_sleep, NULL};
     in->reap = cfg->reap_dead_holders;
     pthread_once(&proc_once, proc_init);
     in->id_base = random64();
@@ -449,7 +464,41 @@ int rate_inflight_acquire_at(rate_inflight_t *in, const char *key, size_t len,
     return acquire(in, key, len, cls, now_ns, false, lease, out);
 }
 
-/* Release or extend: the handle checked, then one step. */
+/* The pauses between a release's or an extend's rounds of conflicts. */
+#define CHANGE_PAUSE_MIN_NS UINT64_C(20000)    /* 20 us */
+#define CHANGE_PAUSE_MAX_NS UINT64_C(5000000)  /* 5 ms */
+
+/* A release or an extend whose compare-and-sets keep conflicting with
+ * other holders' changes (a store without lease()) tries again after a
+ * growing, jittered pause, for as long as the lease lives (life_ns from
+ * now, measured on CLOCK_MONOTONIC): contention never loses it.  Then
+ * RATE_EEXPIRED: its slot came back by its expiry. */
+static int run_change(rate_inflight_t *in, const char *key, size_t len,
+                      rate__lease_step_t *a, bool clock_time,
+                      uint64_t life_ns)
+{
+    uint64_t start = rate_clock_monotonic_ns(), pause = CHANGE_PAUSE_MIN_NS;
+    uint64_t seed = a->id;
+    for (;;) {
+        int rc = run(in, key, len, a, clock_time);
+        if (rc != RATE_ECONFLICT)
+            return rc;
+        uint64_t spent = rate_clock_monotonic_ns() - start;
+        if (spent >= life_ns)
+            return RATE_EEXPIRED;
+        /* Half the pause, and a random part of the other half, so that
+         * the threads that conflicted come back at different times. */
+        seed = seed * UINT64_C(6364136223846793005) +
+               UINT64_C(1442695040888963407);
+        uint64_t wait = pause / 2 + (seed >> 33) % (pause / 2 + 1);
+        rate__clock_sleep(NULL, wait < life_ns - spent ? wait
+                                                       : life_ns - spent);
+        if (pause < CHANGE_PAUSE_MAX_NS)
+            pause *= 2;
+    }
+}
+
+/* Release or extend: the handle checked, then its step. */
 static int change(rate_inflight_t *in, const char *key, size_t len,
                   const rate_lease_t *lease, lease_op_t op, uint64_t expires,
                   uint64_t now, bool clock_time)
@@ -471,7 +520,8 @@ static int change(rate_inflight_t *in, const char *key, size_t len,
         a.op = LEASE_EXTEND;
         a.expires_ns = expires;
     }
-    return run(in, key, len, &a, clock_time);
+    return run_change(in, key, len, &a, clock_time,
+                      lease->expires_ns > now ? lease->expires_ns - now : 0);
 }
 
 static uint64_t now_of(rate_inflight_t *in)

@@ -21,6 +21,9 @@ struct rate_inflight_policy {
     uint64_t reserve_arg; /* as written: a count, or a percentage */
     bool reserve_pct;
     rate_policy_t *rate;  /* the rate clauses, or NULL */
+    /* name= before the concurrency clause of a policy without rate
+     * clauses ("" none; with them, the rate part carries it) */
+    char name[RATE_POLICY_NAME_MAX + 1];
 };
 
 /* A copy of p (its rate part parsed again from its text). */

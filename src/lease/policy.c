@@ -103,13 +103,38 @@ static bool is_concurrency(const char *clause)
            (clause[11] == '\0' || isspace((unsigned char)clause[11]));
 }
 
-/* Splits the text: the concurrency clause into p, the rest into rate. */
+/* A first clause "name=NAME concurrency ...": the name checked and kept
+ * in p, *clause moved past it.  A name before a rate clause is left to
+ * rate_policy_parse. */
+static int take_name(char **clause, rate_inflight_policy_t *p, char *err,
+                     size_t errlen)
+{
+    char *c = *clause + strspn(*clause, " \t"), why[200];
+    if (strncmp(c, "name=", 5) != 0)
+        return RATE_OK;
+    size_t n = strcspn(c + 5, " \t");
+    if (c[5 + n] == '\0' || !is_concurrency(c + 5 + n))
+        return RATE_OK;
+    if (n == 0 || rate__policy_check_name(c + 5, n, why, sizeof why) != RATE_OK)
+        return rate__fail(err, errlen, RATE_EPOLICY, "%s",
+                          n == 0 ? "name= is empty; write name=NAME before "
+                                   "the first clause, or leave it out"
+                                 : why);
+    memcpy(p->name, c + 5, n);
+    p->name[n] = '\0';
+    *clause = c + 5 + n;
+    return RATE_OK;
+}
+
+/* Splits the text: the concurrency clause into p, the rest into rate (a
+ * name= before the concurrency clause first, when there is a rest). */
 static int split(const char *text, rate_inflight_policy_t *p, char *rate,
                  char *err, size_t errlen)
 {
     size_t len = strlen(text);
     char *copy = malloc(len + 1);
     int rc = RATE_OK, found = 0;
+    bool any_rate = false;
 
     if (copy == NULL)
         return RATE_ENOMEM;
@@ -123,6 +148,10 @@ static int split(const char *text, rate_inflight_policy_t *p, char *rate,
         if ((next = strchr(c, ';')) != NULL)
             *next++ = '\0';
         idx++;
+        if (idx == 1 && (rc = take_name(&c, p, err, errlen)) != RATE_OK)
+            break;
+        if (p->name[0] != '\0' && idx == 1)
+            snprintf(rate, len + 1, "name=%s ", p->name);
         if (strspn(c, " \t") == strlen(c)) {
             rc = rate__fail(err, errlen, RATE_EPOLICY, "clause %zu is empty",
                             idx);
@@ -131,11 +160,16 @@ static int split(const char *text, rate_inflight_policy_t *p, char *rate,
                                       "two concurrency clauses")
                          : parse_clause(c, p, err, errlen);
         } else {
-            if (rate[0] != '\0')
+            if (any_rate)
                 strcat(rate, ";");
             strcat(rate, c);
+            any_rate = true;
         }
     }
+    if (!any_rate)
+        rate[0] = '\0'; /* the name, if any, stays the policy's own */
+    else
+        p->name[0] = '\0'; /* the rate part's */
     if (rc == RATE_OK && !found)
         rc = rate__fail(err, errlen, RATE_EPOLICY,
                   "no concurrency clause ('concurrency N ttl=DURATION')");
@@ -203,7 +237,9 @@ size_t rate_inflight_policy_format(const rate_inflight_policy_t *p, char *buf,
         snprintf(reserve, sizeof reserve, " reserve=%llu%s",
                  (unsigned long long)p->reserve_arg,
                  p->reserve_pct ? "%" : "");
-    n = snprintf(buf, len, "concurrency %llu ttl=%s%s%s",
+    n = snprintf(buf, len, "%s%s%sconcurrency %llu ttl=%s%s%s",
+                 p->name[0] != '\0' ? "name=" : "", p->name,
+                 p->name[0] != '\0' ? " " : "",
                  (unsigned long long)p->max, ttl, reserve,
                  p->rate != NULL ? "; " : "");
     if (n < 0)

@@ -956,6 +956,14 @@ static const rate_store_methods_t memory_methods = {
     .destroy = mem_destroy,
 };
 
+/* Whether s is a memory store (declared in src/internal.h: this file is
+ * built on the public headers alone). */
+bool rate__store_is_memory(const rate_store_t *s);
+bool rate__store_is_memory(const rate_store_t *s)
+{
+    return rate_store_backend(s, &memory_methods) != NULL;
+}
+
 static uint64_t isqrt(uint64_t x)
 {
     uint64_t r = 0;

@@ -1122,6 +1122,14 @@ static const rate_store_methods_t shm_methods = {
     .check_policy = shm_check_policy,
 };
 
+/* Whether s is a shared-memory store (declared in src/internal.h: this
+ * file is built on the public headers alone). */
+bool rate__store_is_shm(const rate_store_t *s);
+bool rate__store_is_shm(const rate_store_t *s)
+{
+    return rate_store_backend(s, &shm_methods) != NULL;
+}
+
 /* -------------------------------------------------- the public extras */
 
 int rate_store_shm_info(rate_store_t *store, rate_shm_info_t *out)

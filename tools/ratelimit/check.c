@@ -75,6 +75,26 @@ static void field_seconds(const char *name, uint64_t ns)
     printf("%s %s\n", name, buf);
 }
 
+/* Whether the policy text has a `concurrency` clause: a clause whose
+ * first word (after the first clause's name=NAME) is that word, as
+ * rate_inflight_policy_parse finds it; a rate policy named
+ * "concurrency-api" has none. */
+static bool has_concurrency(const char *text)
+{
+    for (const char *c = text; c != NULL; c = strchr(c, ';')) {
+        c += c == text ? 0 : 1;
+        c += strspn(c, " \t");
+        if (c == text + strspn(text, " \t") && strncmp(c, "name=", 5) == 0) {
+            c += strcspn(c, " \t;");
+            c += strspn(c, " \t");
+        }
+        if (strncmp(c, "concurrency", 11) == 0 &&
+            (c[11] == '\0' || c[11] == ' ' || c[11] == '\t' || c[11] == ';'))
+            return true;
+    }
+    return false;
+}
+
 int cmd_check(int argc, char **argv)
 {
     policy_opts_t po = {.cmd = "check"};
@@ -100,7 +120,7 @@ int cmd_check(int argc, char **argv)
         default: return getopt_fail("check", c, argv);
         }
     }
-    bool inflight = po.policy != NULL && strstr(po.policy, "concurrency");
+    bool inflight = po.policy != NULL && has_concurrency(po.policy);
     if (optind < argc && !inflight)
         return cli_fail("check: unexpected argument '%s' (a command runs "
                         "under an in-flight policy only: --policy "

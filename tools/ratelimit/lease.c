@@ -18,6 +18,10 @@
 #include "ratelimit_lease.h"
 #include "ratelimit_shm.h"
 
+/* The bytes a lease's store key adds to the key (RATE_KEY_MAX less
+ * RATE_LEASE_KEY_MAX). */
+#define LEASE_KEY_EXTRA ((unsigned)(RATE_KEY_MAX - RATE_LEASE_KEY_MAX))
+
 /* The state_max a region needs for the policy: its lease states and
  * those of its rate clauses. */
 static size_t shm_need(const rate_inflight_policy_t *p)
@@ -65,26 +69,6 @@ static int lease_store(const char *spec, const rate_inflight_policy_t *p,
     if (rc != RATE_OK)
         return cli_fail("check: --store %s: %s", spec, err);
     return 0;
-}
-
-/* The fleet's clock: the hosts sharing a Redis or DynamoDB store must
- * read lease times off one clock, and CLOCK_MONOTONIC is each host's own
- * (docs/leases.md, "Redis"). */
-static uint64_t realtime_ns(void *ud)
-{
-    (void)ud;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * RATE_NS_PER_S + (uint64_t)ts.tv_nsec;
-}
-
-static void realtime_sleep(void *ud, uint64_t ns)
-{
-    (void)ud;
-    struct timespec ts = {(time_t)(ns / RATE_NS_PER_S),
-                          (long)(ns % RATE_NS_PER_S)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
 }
 
 static void print_decision(const rate_decision_t *d)
@@ -174,14 +158,28 @@ int cli_check_lease(const char *policy_text, const char *key,
         rate_inflight_policy_free(p);
         return 2;
     }
+    /* A region keeps keys of up to its key_max bytes, and a lease's store
+     * key is the key and 8 bytes more (docs/leases.md). */
+    rate_shm_info_t info;
+    if (rate_store_shm_info(store, &info) == RATE_OK &&
+        strlen(key) + LEASE_KEY_EXTRA > info.key_max) {
+        cli_fail("check: --key of %zu bytes is longer than --store %s "
+                 "keeps for a lease: at most %u bytes (its key_max, %u, "
+                 "less the lease key's %u)",
+                 strlen(key), store_spec,
+                 info.key_max > LEASE_KEY_EXTRA
+                     ? info.key_max - LEASE_KEY_EXTRA : 0,
+                 info.key_max, LEASE_KEY_EXTRA);
+        goto out;
+    }
     /* A region is this host's: its dead holders' leases can be taken
      * back at once (a check killed with SIGKILL). */
     rate_inflight_config_t cfg = {
         .policy = p, .store = store,
         .reap_dead_holders = strncmp(store_spec, "shm:", 4) == 0};
-    static const rate_clock_t fleet = {realtime_ns, realtime_sleep, NULL};
-    if (!cfg.reap_dead_holders) /* redis://, unix://, dynamodb://: a fleet's */
-        cfg.clock = &fleet;
+    /* The library's clock for the store (the wall clock on redis://,
+     * unix://, dynamodb://): the one every other holder of the key reads
+     * with the library's default. */
     int rc = rate_inflight_new(&cfg, &in);
     if (rc != RATE_OK) {
         cli_fail("check: %s", rate_strerror(rc));
