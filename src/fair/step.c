@@ -163,7 +163,7 @@ uint64_t rate__fair_reserve(const rate__fair_step_t *a, const uint8_t *t,
             continue;
         uint64_t cur = fld(e, F_CUR), prev = fld(e, F_PREV);
         /* each below 2^50, the sum saturates at 2^52 */
-        need += rate__fair_term(cap, w, a->total_w, my_s - s,
+        need += rate__fair_fleet_term(cap, w, a->total_w, my_s - s,
                                 cur > prev ? cur : prev);
         if (need > RATE__FAIR_NEED_MAX)
             need = RATE__FAIR_NEED_MAX;

@@ -54,7 +54,7 @@ typedef struct rate__fair_step {
  * share of the capacity floor(cap w / total_w), what it asked lately, and
  * what it needs to catch up, ceil(behind w / 2^20) for `behind` the
  * service it is behind by. */
-static inline uint64_t rate__fair_term(uint64_t cap, uint64_t w,
+static inline uint64_t rate__fair_fleet_term(uint64_t cap, uint64_t w,
                                        uint64_t total_w, uint64_t behind,
                                        uint64_t asked)
 {
