@@ -710,7 +710,7 @@ static uint64_t terms_for(rate_fair_t *f, const fslot_t *me, uint64_t cap,
         uint64_t asked = recent(sl);
         if (sl == me || sl->s >= me->s ||
             rate__fair_is_light(&f->shape, asked, sl->lsum, sl->weight,
-                                total_w))
+                                total_w, cap))
             continue;
         r += rate__fair_term(&f->shape, now / 1000, cap, sl->weight, total_w,
                              me->s - sl->s, asked);
@@ -728,7 +728,7 @@ static bool light_count(rate_fair_t *f, fslot_t *sl, uint64_t permits,
     rate__fair_light_t *l = &f->h->light;
     rate__fair_light_count(l, &f->shape, now / 1000, permits);
     bool light = rate__fair_is_light(&f->shape, recent(sl), sl->lsum,
-                                     sl->weight, f->h->total_w);
+                                     sl->weight, f->h->total_w, f->h->cap);
     if (light) {
         rate__fair_light_add(l, &f->shape, permits);
         uint64_t g = (uint64_t)sl->lgave + permits;
@@ -870,7 +870,7 @@ static void keep_light_room(rate_fair_t *f, fslot_t *sl, uint64_t permits,
     if (!out->allowed || out->reason != RATE_REASON_ALLOWED ||
         out->limit == RATE_NO_LIMIT || out->shadow ||
         rate__fair_is_light(&f->shape, recent(sl), sl->lsum, sl->weight,
-                            f->h->total_w))
+                            f->h->total_w, out->limit))
         return;
     uint64_t need = need_of(f, sl, out->limit, now);
     if (out->remaining < need && shared_refund(f, permits, now) == RATE_OK)

@@ -51,12 +51,16 @@ uint64_t rate__fair_long_decay(uint64_t sum, uint64_t periods)
 }
 
 bool rate__fair_is_light(const rate__fair_shape_t *sh, uint64_t asked,
-                         uint64_t long_sum, uint64_t w, uint64_t total_w)
+                         uint64_t long_sum, uint64_t w, uint64_t total_w,
+                         uint64_t cap)
 {
     if (total_w == 0)
         return true;
     u128 top = (u128)sh->limit * w + total_w; /* (share + 1) x total_w */
-    return (u128)asked * total_w <= top || (u128)long_sum * total_w <= 8 * top;
+    if ((u128)asked * total_w <= top)
+        return true;
+    return asked <= (cap ? cap : sh->limit) / 2 &&
+           (u128)long_sum * total_w <= 8 * top;
 }
 
 /* The backlog drained to now (the shared rate: L permits a period, so
