@@ -207,7 +207,7 @@ static const char *policy_text[ALGOS] = {"token-bucket 50/s burst=50",
  * prints the table without failing. */
 static const unsigned light_min[SHAPES][ALGOS] = {
     [RARE] = {95, 93, 92, 45},
-    [PAGES] = {87, 83, 45, 8},
+    [PAGES] = {78, 68, 45, 8},
     [CRON] = {85, 85, 85, 8},
     [SCRAPER] = {95, 90, 90, 75},
     [DIURNAL] = {95, 95, 95, 50},

@@ -107,6 +107,7 @@ typedef struct fslot {
     uint32_t lgave;     /* permits it added to the light backlog while
                            light (rule.h), taken back if it turns heavy */
     uint64_t lsum;      /* its long demand (rate__fair_long_decay) */
+    uint64_t since;     /* the period it first asked in, plus 1 */
 } fslot_t;
 
 typedef struct fhdr {
@@ -625,6 +626,8 @@ static void touch(rate_fair_t *f, fslot_t *sl, uint64_t ep)
     sl->lsum = sl->epoch == 0 || ep < sl->epoch
                    ? 0
                    : rate__fair_long_decay(sl->lsum, ep - sl->epoch);
+    if (sl->since == 0 || ep < sl->since)
+        sl->since = ep;
     ST(sl->epoch, ep);
     if (sl->apos == NIL) {
         activate(f, sl);
@@ -681,6 +684,7 @@ static fslot_t *find_slot(rate_fair_t *f, const char *flow, size_t len,
         free_sl->qpermits = 0;
         free_sl->lgave = 0;
         free_sl->lsum = 0;
+        free_sl->since = 0;
         return free_sl;
     }
     f->h->shared++;
@@ -698,6 +702,12 @@ static uint64_t recent(const fslot_t *sl)
            sl->qpermits;
 }
 
+/* Known for two periods or more: its long demand tells (rule.h). */
+static bool known(const fslot_t *sl)
+{
+    return sl->since != 0 && sl->epoch >= sl->since + 2;
+}
+
 static uint64_t terms_for(rate_fair_t *f, const fslot_t *me, uint64_t cap,
                           uint64_t now)
 {
@@ -709,8 +719,8 @@ static uint64_t terms_for(rate_fair_t *f, const fslot_t *me, uint64_t cap,
         const fslot_t *sl = &f->slot[i - 1];
         uint64_t asked = recent(sl);
         if (sl == me || sl->s >= me->s ||
-            rate__fair_is_light(&f->shape, asked, sl->lsum, sl->weight,
-                                total_w, cap))
+            rate__fair_is_light(&f->shape, asked, sl->lsum, known(sl),
+                                sl->weight, total_w, cap))
             continue;
         r += rate__fair_term(&f->shape, now / 1000, cap, sl->weight, total_w,
                              me->s - sl->s, asked);
@@ -728,7 +738,8 @@ static bool light_count(rate_fair_t *f, fslot_t *sl, uint64_t permits,
     rate__fair_light_t *l = &f->h->light;
     rate__fair_light_count(l, &f->shape, now / 1000, permits);
     bool light = rate__fair_is_light(&f->shape, recent(sl), sl->lsum,
-                                     sl->weight, f->h->total_w, f->h->cap);
+                                     known(sl), sl->weight, f->h->total_w,
+                                     f->h->cap);
     if (light) {
         rate__fair_light_add(l, &f->shape, permits);
         uint64_t g = (uint64_t)sl->lgave + permits;
@@ -744,11 +755,19 @@ static bool light_count(rate_fair_t *f, fslot_t *sl, uint64_t permits,
 }
 
 /* The room a request of the entry that is not light must leave in the
- * shared limit of capacity cap (lock held). */
+ * shared limit of capacity cap, whose room after the request is
+ * `remaining` (lock held).  The walk for the catch-up terms is spared
+ * when the room exceeds the light part plus every permit asked in this
+ * period and the last (and queued), a bound of any terms' sum. */
 static uint64_t need_of(rate_fair_t *f, const fslot_t *sl, uint64_t cap,
-                        uint64_t now)
+                        uint64_t now, uint64_t remaining)
 {
-    return rate__fair_need(&f->h->light, &f->shape, now / 1000, cap,
+    fhdr_t *h = f->h;
+    uint64_t light = rate__fair_need(&h->light, &f->shape, now / 1000, cap, 0);
+    uint64_t bound = LD(h->asked_seq) - h->seq_prev + h->queued;
+    if (remaining >= light && remaining - light >= bound)
+        return light;
+    return rate__fair_need(&h->light, &f->shape, now / 1000, cap,
                            terms_for(f, sl, cap, now));
 }
 
@@ -845,7 +864,7 @@ static int decide(rate_fair_t *f, fslot_t *sl, uint64_t permits, uint64_t now,
         return rc;
     if (!light && out->reason == RATE_REASON_ALLOWED &&
         out->limit != RATE_NO_LIMIT && !out->shadow) {
-        uint64_t need = need_of(f, sl, out->limit, now);
+        uint64_t need = need_of(f, sl, out->limit, now, out->remaining);
         if (out->remaining < need) {
             rc = shared_refund(f, permits, now);
             if (rc == RATE_OK) {
@@ -869,10 +888,10 @@ static void keep_light_room(rate_fair_t *f, fslot_t *sl, uint64_t permits,
 {
     if (!out->allowed || out->reason != RATE_REASON_ALLOWED ||
         out->limit == RATE_NO_LIMIT || out->shadow ||
-        rate__fair_is_light(&f->shape, recent(sl), sl->lsum, sl->weight,
-                            f->h->total_w, out->limit))
+        rate__fair_is_light(&f->shape, recent(sl), sl->lsum, known(sl),
+                            sl->weight, f->h->total_w, out->limit))
         return;
-    uint64_t need = need_of(f, sl, out->limit, now);
+    uint64_t need = need_of(f, sl, out->limit, now, out->remaining);
     if (out->remaining < need && shared_refund(f, permits, now) == RATE_OK)
         fair_deny(f, out, permits, need);
 }

@@ -51,15 +51,15 @@ uint64_t rate__fair_long_decay(uint64_t sum, uint64_t periods)
 }
 
 bool rate__fair_is_light(const rate__fair_shape_t *sh, uint64_t asked,
-                         uint64_t long_sum, uint64_t w, uint64_t total_w,
-                         uint64_t cap)
+                         uint64_t long_sum, bool known, uint64_t w,
+                         uint64_t total_w, uint64_t cap)
 {
     if (total_w == 0)
         return true;
     u128 top = (u128)sh->limit * w + total_w; /* (share + 1) x total_w */
     if ((u128)asked * total_w <= top)
         return true;
-    return asked <= (cap ? cap : sh->limit) / 2 &&
+    return known && asked <= (cap ? cap : sh->limit) / 2 &&
            (u128)long_sum * total_w <= 8 * top;
 }
 
@@ -184,14 +184,14 @@ uint64_t rate__fair_light_bound(const rate__fair_light_t *l,
 
 /* Whether now_us is in the last slice of a window, where a window's
  * light room is given back: a slice long enough for the table's asks
- * (its last period's) to take that room twice over, P / (A / 2 light),
- * from P/256 to P/2. */
+ * (its last period's) to take that room four times over,
+ * P / (A / 4 light), from P/256 to P/2. */
 static bool window_end(const rate__fair_light_t *l,
                        const rate__fair_shape_t *sh, uint64_t now_us,
                        uint64_t light)
 {
     uint64_t asks = l->a_prev > l->a_cur ? l->a_prev : l->a_cur;
-    uint64_t k = asks / (2 * light);
+    uint64_t k = asks / (4 * light);
     uint64_t slice = sh->period_us / (k ? k : 1);
     if (slice < sh->period_us / 256)
         slice = sh->period_us / 256;
