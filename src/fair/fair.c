@@ -920,7 +920,7 @@ static fslot_t *enter(rate_fair_t *f, const char *flow, size_t len,
     fold(f, sl);
     touch(f, sl, ep);
     sl->asked_cur += permits;
-    sl->lsum = sl->lsum + permits < sl->lsum ? UINT64_MAX : sl->lsum + permits;
+    sl->lsum = rate__fair_long_add(sl->lsum, permits);
     __atomic_add_fetch(&f->h->asked_seq, permits, __ATOMIC_RELAXED);
     return sl;
 }

@@ -40,6 +40,11 @@ rate__fair_shape_t rate__fair_shape_of(int algorithm, uint64_t limit,
     return sh;
 }
 
+uint64_t rate__fair_long_add(uint64_t sum, uint64_t permits)
+{
+    return sat((u128)sum + permits);
+}
+
 uint64_t rate__fair_long_decay(uint64_t sum, uint64_t periods)
 {
     for (uint64_t i = 0; i < periods && sum > 0; i++) {
@@ -56,11 +61,11 @@ bool rate__fair_is_light(const rate__fair_shape_t *sh, uint64_t asked,
 {
     if (total_w == 0)
         return true;
-    u128 top = (u128)sh->limit * w + total_w; /* (share + 1) x total_w */
-    if ((u128)asked * total_w <= top)
+    u128 share = (u128)sh->limit * w / total_w;
+    if (asked <= share + 1)
         return true;
     return known && asked <= (cap ? cap : sh->limit) / 2 &&
-           (u128)long_sum * total_w <= 8 * top;
+           long_sum <= 8 * (share + 1);
 }
 
 /* The backlog drained to now (the shared rate: L permits a period, so

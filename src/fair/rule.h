@@ -83,6 +83,8 @@ rate__fair_shape_t rate__fair_shape_of(int algorithm, uint64_t limit,
  * period since (about 8 times what it asks a period, over the last 8 or
  * so).  Brought forward `periods` periods. */
 uint64_t rate__fair_long_decay(uint64_t sum, uint64_t periods);
+/* sum + permits, saturating as the table's numbers do. */
+uint64_t rate__fair_long_add(uint64_t sum, uint64_t permits);
 
 /* Whether a flow of weight w is light: it asked lately (the larger of
  * this period's and the last's, this request included) no more than its
