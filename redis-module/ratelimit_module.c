@@ -45,18 +45,18 @@
 
 #define MODULE_NAME "ratelimit"
 #define MODULE_VERSION 1
-/* A key's version: at most 19 digits; below VERSION_TOP it counts up by
- * one per write (docs/redis.md, "Versions"). */
-#define VERSION_DIGITS_MAX UINT64_C(9999999999999999999)
+/* A key's version (rate__version_parse) counts up by one per write below
+ * VERSION_TOP (docs/redis.md, "Versions"). */
 #define VERSION_TOP UINT64_C(9223372036854775807)
 
 /* ------------------------------------------------------ the API lookup */
 
-#define RM_DEFINE_(name, ret, args) ret(*RM_##name) args;
-RM_API_MAP(RM_DEFINE_)
-#undef RM_DEFINE_
+/* The server's calls (rm_api.h), looked up at load time. */
+static rm_api_t rm;
 
-int rm_init(RedisModuleCtx *ctx, const char *name, int version)
+/* Looks up every call of RM_API_MAP and registers the module's name:
+ * RM_OK, or RM_ERR when the server lacks a call or the name is taken. */
+static int rm_init(RedisModuleCtx *ctx, const char *name, int version)
 {
     /* The documented handshake: the context's first word is GetApi. */
     int (*get_api)(const char *, void *);
@@ -64,13 +64,13 @@ int rm_init(RedisModuleCtx *ctx, const char *name, int version)
     memcpy(&first, (void *)ctx, sizeof first);
     memcpy(&get_api, &first, sizeof get_api);
 #define RM_LOOKUP_(fn, ret, args)                                            \
-    if (get_api("RedisModule_" #fn, (void *)&RM_##fn) != RM_OK)              \
+    if (get_api("RedisModule_" #fn, (void *)&rm.fn) != RM_OK)                \
         return RM_ERR;
     RM_API_MAP(RM_LOOKUP_)
 #undef RM_LOOKUP_
-    if (RM_IsModuleNameBusy(name))
+    if (rm.IsModuleNameBusy(name))
         return RM_ERR;
-    RM_SetModuleAttribs(ctx, name, version, RM_APIVER_1);
+    rm.SetModuleAttribs(ctx, name, version, RM_APIVER_1);
     return RM_OK;
 }
 
@@ -89,7 +89,7 @@ static uint64_t server_now_ns(void)
 static bool arg_u64(RedisModuleString *s, uint64_t max, uint64_t *out)
 {
     size_t n;
-    const char *p = RM_StringPtrLen(s, &n);
+    const char *p = rm.StringPtrLen(s, &n);
     uint64_t v = 0;
     if (n == 0 || n > 20)
         return false;
@@ -107,10 +107,21 @@ static bool arg_u64(RedisModuleString *s, uint64_t max, uint64_t *out)
     return true;
 }
 
+/* Whether two key arguments name one key.  A command of two keys
+ * refuses that: it opens both at once, and two handles on one key are
+ * two views of it (a handle made while the key was absent, written after
+ * the other made it, stops Redis on an assertion). */
+static bool same_key(RedisModuleString *a, RedisModuleString *b)
+{
+    size_t al, bl;
+    const char *ap = rm.StringPtrLen(a, &al), *bp = rm.StringPtrLen(b, &bl);
+    return al == bl && memcmp(ap, bp, al) == 0;
+}
+
 static bool arg_empty(RedisModuleString *s)
 {
     size_t n;
-    RM_StringPtrLen(s, &n);
+    rm.StringPtrLen(s, &n);
     return n == 0;
 }
 
@@ -191,8 +202,9 @@ typedef struct stored {
 typedef enum stored_rc {
     STORED_READ,      /* *st filled */
     STORED_WRONGTYPE, /* the key is no hash */
-    STORED_NOT_OURS   /* a version past 19 digits, or a state of no bytes:
-                         declined (the client's load reports it) */
+    STORED_NOT_OURS   /* no version of ours (rate__version_parse), or a
+                         state of no bytes: declined (the client's load
+                         reports it) */
 } stored_rc_t;
 
 /* Opens the key and reads its state; stored_close() after, whatever it
@@ -201,17 +213,21 @@ static stored_rc_t stored_open(RedisModuleCtx *ctx, RedisModuleString *name,
                                stored_t *st)
 {
     memset(st, 0, sizeof *st);
-    st->key = RM_OpenKey(ctx, name, RM_READ | RM_WRITE);
-    int type = RM_KeyType(st->key);
+    st->key = rm.OpenKey(ctx, name, RM_READ | RM_WRITE);
+    int type = rm.KeyType(st->key);
     if (type != RM_KEYTYPE_EMPTY && type != RM_KEYTYPE_HASH)
         return STORED_WRONGTYPE;
     if (type == RM_KEYTYPE_HASH)
-        RM_HashGet(st->key, RM_HASH_CFIELDS, "v", &st->v, "s", &st->s, NULL);
-    if (st->v != NULL && !arg_u64(st->v, VERSION_DIGITS_MAX, &st->ver))
-        return STORED_NOT_OURS;
+        rm.HashGet(st->key, RM_HASH_CFIELDS, "v", &st->v, "s", &st->s, NULL);
+    if (st->v != NULL) {
+        size_t n;
+        const char *v = rm.StringPtrLen(st->v, &n);
+        if (!rate__version_parse(v, n, &st->ver))
+            return STORED_NOT_OURS;
+    }
     st->fresh = st->v == NULL || st->ver == 0 || st->s == NULL;
     if (!st->fresh) {
-        st->old = RM_StringPtrLen(st->s, &st->old_len);
+        st->old = rm.StringPtrLen(st->s, &st->old_len);
         if (st->old_len == 0)
             return STORED_NOT_OURS;
     }
@@ -221,10 +237,10 @@ static stored_rc_t stored_open(RedisModuleCtx *ctx, RedisModuleString *name,
 static void stored_close(RedisModuleCtx *ctx, stored_t *st)
 {
     if (st->v != NULL)
-        RM_FreeString(ctx, st->v);
+        rm.FreeString(ctx, st->v);
     if (st->s != NULL)
-        RM_FreeString(ctx, st->s);
-    RM_CloseKey(st->key);
+        rm.FreeString(ctx, st->s);
+    rm.CloseKey(st->key);
 }
 
 /* A look at a decision before its state is written (RATELIMIT.FAIR's
@@ -294,22 +310,22 @@ static void write_back(RedisModuleCtx *ctx, RedisModuleKey *key,
     uint64_t nv = !fresh && ver < VERSION_TOP ? ver + 1 : now / 1000;
     char vb[24];
     int vl = snprintf(vb, sizeof vb, "%llu", (unsigned long long)nv);
-    RedisModuleString *vs = RM_CreateString(ctx, vb, (size_t)vl);
-    RedisModuleString *ss = RM_CreateString(ctx, (const char *)buf, len);
-    RM_HashSet(key, RM_HASH_CFIELDS, "v", vs, "s", ss, NULL);
-    RM_Replicate(ctx, "HSET", "scscs", name, "v", vs, "s", ss);
-    RM_FreeString(ctx, vs);
-    RM_FreeString(ctx, ss);
+    RedisModuleString *vs = rm.CreateString(ctx, vb, (size_t)vl);
+    RedisModuleString *ss = rm.CreateString(ctx, (const char *)buf, len);
+    rm.HashSet(key, RM_HASH_CFIELDS, "v", vs, "s", ss, NULL);
+    rm.Replicate(ctx, "HSET", "scscs", name, "v", vs, "s", ss);
+    rm.FreeString(ctx, vs);
+    rm.FreeString(ctx, ss);
     if (ttl_ns == RATE_TTL_FOREVER || ttl_ns > RATE_TIME_MAX - now) {
-        RM_SetExpire(key, RM_NO_EXPIRE);
-        RM_Replicate(ctx, "PERSIST", "s", name);
+        rm.SetExpire(key, RM_NO_EXPIRE);
+        rm.Replicate(ctx, "PERSIST", "s", name);
     } else {
         /* Whole ms, rounded up, plus one: Redis counts from its own ms
          * clock, which never runs ahead of this one. */
         uint64_t end = now + ttl_ns;
         long long at = (long long)(end / 1000000 + (end % 1000000 != 0) + 1);
-        RM_SetAbsExpire(key, at);
-        RM_Replicate(ctx, "PEXPIREAT", "sl", name, at);
+        rm.SetAbsExpire(key, at);
+        rm.Replicate(ctx, "PEXPIREAT", "sl", name, at);
     }
 }
 
@@ -323,8 +339,8 @@ static long long reply_ll(uint64_t x)
 
 static int reply_tag(RedisModuleCtx *ctx, long long tag)
 {
-    RM_ReplyWithArray(ctx, 1);
-    return RM_ReplyWithLongLong(ctx, tag);
+    rm.ReplyWithArray(ctx, 1);
+    return rm.ReplyWithLongLong(ctx, tag);
 }
 
 /* The step's arguments after the key (step.lua's): the time, permits,
@@ -358,7 +374,7 @@ static int step_parse(RedisModuleString **av, int n, step_in_t *in,
         in->now = s * RATE_NS_PER_S + ns;
     }
     size_t tl;
-    const char *tp = RM_StringPtrLen(av[4], &tl);
+    const char *tp = rm.StringPtrLen(av[4], &tl);
     if (tl == 2 && tp[0] == '-' && tp[1] == '1')
         in->ttl = -1;
     else if (arg_u64(av[4], (uint64_t)INT64_MAX / 1000000, &ttl_abs))
@@ -408,16 +424,16 @@ static run_rc_t step_run(RedisModuleCtx *ctx, RedisModuleString *name,
 static void reply_decision(RedisModuleCtx *ctx, const rate_decision_t *d,
                            long long words)
 {
-    RM_ReplyWithArray(ctx, words);
-    RM_ReplyWithLongLong(ctx, 1);
-    RM_ReplyWithLongLong(ctx, d->allowed);
-    RM_ReplyWithLongLong(ctx, (long long)d->reason);
-    RM_ReplyWithLongLong(ctx, d->component);
-    RM_ReplyWithLongLong(ctx, reply_ll(d->limit));
-    RM_ReplyWithLongLong(ctx, reply_ll(d->remaining));
-    RM_ReplyWithLongLong(ctx, reply_ll(d->delay_ns));
-    RM_ReplyWithLongLong(ctx, reply_ll(d->retry_after_ns));
-    RM_ReplyWithLongLong(ctx, reply_ll(d->reset_after_ns));
+    rm.ReplyWithArray(ctx, words);
+    rm.ReplyWithLongLong(ctx, 1);
+    rm.ReplyWithLongLong(ctx, d->allowed);
+    rm.ReplyWithLongLong(ctx, (long long)d->reason);
+    rm.ReplyWithLongLong(ctx, d->component);
+    rm.ReplyWithLongLong(ctx, reply_ll(d->limit));
+    rm.ReplyWithLongLong(ctx, reply_ll(d->remaining));
+    rm.ReplyWithLongLong(ctx, reply_ll(d->delay_ns));
+    rm.ReplyWithLongLong(ctx, reply_ll(d->retry_after_ns));
+    rm.ReplyWithLongLong(ctx, reply_ll(d->reset_after_ns));
 }
 
 /* step.lua's reply for a run of the step: {tag} or the decision. */
@@ -427,7 +443,7 @@ static int reply_step(RedisModuleCtx *ctx, run_rc_t rc,
     switch (rc) {
     case RUN_DECLINED: return reply_tag(ctx, 0);
     case RUN_WRONGTYPE: return reply_tag(ctx, 2);
-    case RUN_NOMEM: return RM_ReplyWithError(ctx, "ERR out of memory");
+    case RUN_NOMEM: return rm.ReplyWithError(ctx, "ERR out of memory");
     case RUN_DECIDED: break;
     }
     reply_decision(ctx, d, 9);
@@ -437,11 +453,11 @@ static int reply_step(RedisModuleCtx *ctx, run_rc_t rc,
 static int cmd_step(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 {
     if (argc < 13 || (argc - 9) % 4 != 0 || (argc - 9) / 4 > RATE_MAX_LIMITS)
-        return RM_WrongArity(ctx);
+        return rm.WrongArity(ctx);
     step_in_t in;
     const char *err = NULL;
     switch (step_parse(argv + 2, argc - 2, &in, &err)) {
-    case STEP_BAD: return RM_ReplyWithError(ctx, err);
+    case STEP_BAD: return rm.ReplyWithError(ctx, err);
     case STEP_DECLINE: return reply_tag(ctx, 0);
     default: break;
     }
@@ -455,7 +471,7 @@ static int cmd_step(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 static bool arg_le(RedisModuleString *s, size_t n, uint64_t *out)
 {
     size_t len;
-    const char *p = RM_StringPtrLen(s, &len);
+    const char *p = rm.StringPtrLen(s, &len);
     if (len != n)
         return false;
     *out = 0;
@@ -473,17 +489,17 @@ static int reply_lease_body(RedisModuleCtx *ctx, long long code,
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < 8; i++)
             t[k][i] = (char)(uint8_t)(v[k] >> (8 * i));
-    RM_ReplyWithLongLong(ctx, code);
-    RM_ReplyWithLongLong(ctx, code == 0 && a->granted);
-    RM_ReplyWithLongLong(ctx, code == 0 ? (long long)a->held : 0);
-    RM_ReplyWithStringBuffer(ctx, t[0], 8);
-    return RM_ReplyWithStringBuffer(ctx, t[1], 8);
+    rm.ReplyWithLongLong(ctx, code);
+    rm.ReplyWithLongLong(ctx, code == 0 && a->granted);
+    rm.ReplyWithLongLong(ctx, code == 0 ? (long long)a->held : 0);
+    rm.ReplyWithStringBuffer(ctx, t[0], 8);
+    return rm.ReplyWithStringBuffer(ctx, t[1], 8);
 }
 
 static int reply_lease(RedisModuleCtx *ctx, long long code,
                        const rate__lease_step_t *a)
 {
-    RM_ReplyWithArray(ctx, 5);
+    rm.ReplyWithArray(ctx, 5);
     return reply_lease_body(ctx, code, a);
 }
 
@@ -501,10 +517,10 @@ static const char *lease_parse(RedisModuleString **av, lease_in_t *in)
     static const lease_op_t op_of[] = {LEASE_ACQUIRE, LEASE_RELEASE,
                                        LEASE_EXTEND, LEASE_COUNT};
     size_t ol, tl;
-    const char *o = RM_StringPtrLen(av[0], &ol);
+    const char *o = rm.StringPtrLen(av[0], &ol);
     const char *op = ol == 1 ? strchr(ops, o[0]) : NULL;
     uint64_t now, max, reserve, crit, id, expires, pid;
-    const char *tp = RM_StringPtrLen(av[8], &tl);
+    const char *tp = rm.StringPtrLen(av[8], &tl);
     memset(in, 0, sizeof *in);
     in->ttl_step = tl == 2 && tp[0] == '-' && tp[1] == '1';
     if (op == NULL || o[0] == '\0')
@@ -582,9 +598,9 @@ done:
 static int reply_lease_error(RedisModuleCtx *ctx, long long code)
 {
     return code == LEASE_WRONGTYPE
-               ? RM_ReplyWithError(ctx, "WRONGTYPE Operation against a key "
+               ? rm.ReplyWithError(ctx, "WRONGTYPE Operation against a key "
                                         "holding the wrong kind of value")
-               : RM_ReplyWithError(ctx, "ERR out of memory");
+               : rm.ReplyWithError(ctx, "ERR out of memory");
 }
 
 /* RATELIMIT.LEASE key op now max reserve critical id expires pid ttl: the
@@ -593,11 +609,11 @@ static int reply_lease_error(RedisModuleCtx *ctx, long long code)
 static int cmd_lease(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 {
     if (argc != 11)
-        return RM_WrongArity(ctx);
+        return rm.WrongArity(ctx);
     lease_in_t in;
     const char *err = lease_parse(argv + 2, &in);
     if (err != NULL)
-        return RM_ReplyWithError(ctx, err);
+        return rm.ReplyWithError(ctx, err);
     long long code = lease_run(ctx, argv[1], &in, in.a.op);
     if (code < 0)
         return reply_lease_error(ctx, code);
@@ -617,17 +633,20 @@ static int cmd_leasestep(RedisModuleCtx *ctx, RedisModuleString **argv,
 {
     if (argc < 23 || (argc - 19) % 4 != 0 ||
         (argc - 19) / 4 > RATE_MAX_LIMITS)
-        return RM_WrongArity(ctx);
+        return rm.WrongArity(ctx);
+    if (same_key(argv[1], argv[2]))
+        return rm.ReplyWithError(ctx, "ERR lease: lease_key and rate_key "
+                                      "are the same key");
     lease_in_t in;
     step_in_t rs;
     const char *err = lease_parse(argv + 3, &in);
     if (err == NULL && in.a.op != LEASE_ACQUIRE)
         err = "ERR lease: an acquire with rate limits only";
     if (err != NULL)
-        return RM_ReplyWithError(ctx, err);
+        return rm.ReplyWithError(ctx, err);
     int parsed = step_parse(argv + 12, argc - 12, &rs, &err);
     if (parsed == STEP_BAD)
-        return RM_ReplyWithError(ctx, err);
+        return rm.ReplyWithError(ctx, err);
     long long code = lease_run(ctx, argv[1], &in, LEASE_COUNT);
     uint64_t limit = in.a.cls == RATE_LEASE_CRITICAL ? in.a.max
                                                      : in.a.max - in.a.reserve;
@@ -636,22 +655,22 @@ static int cmd_leasestep(RedisModuleCtx *ctx, RedisModuleString **argv,
     if (code < 0)
         return reply_lease_error(ctx, code);
     if (code != 0 || in.a.held >= limit) { /* the rate limits not asked */
-        RM_ReplyWithArray(ctx, 6);
+        rm.ReplyWithArray(ctx, 6);
         reply_lease_body(ctx, code, &in.a);
-        return RM_ReplyWithLongLong(ctx, 0);
+        return rm.ReplyWithLongLong(ctx, 0);
     }
     rate_decision_t d;
     memset(&d, 0, sizeof d);
     run_rc_t rrc = parsed == STEP_DECLINE ? RUN_DECLINED
                                           : step_run(ctx, argv[2], &rs, &d);
     if (rrc == RUN_NOMEM)
-        return RM_ReplyWithError(ctx, "ERR out of memory");
+        return rm.ReplyWithError(ctx, "ERR out of memory");
     if (rrc == RUN_DECIDED && d.allowed) {
         code = lease_run(ctx, argv[1], &in, LEASE_ACQUIRE);
         if (code < 0)
             return reply_lease_error(ctx, code);
     }
-    RM_ReplyWithArray(ctx, 6);
+    rm.ReplyWithArray(ctx, 6);
     reply_lease_body(ctx, code, &in.a);
     return reply_step(ctx, rrc, &d);
 }
@@ -674,20 +693,20 @@ typedef struct fair_run {
 static void fair_write(fair_run_t *fr, RedisModuleKey *key, const uint8_t *t,
                        size_t len)
 {
-    RedisModuleString *ts = RM_CreateString(fr->ctx, (const char *)t, len);
-    RM_HashSet(key, RM_HASH_CFIELDS, "t", ts, NULL);
-    RM_Replicate(fr->ctx, "HSET", "scs", fr->name, "t", ts);
-    RM_FreeString(fr->ctx, ts);
+    RedisModuleString *ts = rm.CreateString(fr->ctx, (const char *)t, len);
+    rm.HashSet(key, RM_HASH_CFIELDS, "t", ts, NULL);
+    rm.Replicate(fr->ctx, "HSET", "scs", fr->name, "t", ts);
+    rm.FreeString(fr->ctx, ts);
     if (fr->forever) { /* as the shared limit's key (the store's no_ttl) */
-        RM_SetExpire(key, RM_NO_EXPIRE);
-        RM_Replicate(fr->ctx, "PERSIST", "s", fr->name);
+        rm.SetExpire(key, RM_NO_EXPIRE);
+        rm.Replicate(fr->ctx, "PERSIST", "s", fr->name);
         return;
     }
     uint64_t ms = (3 * fr->a.period_us + 999) / 1000;
     ms = ms < 1000 ? 1000 : ms > (UINT64_C(1) << 40) ? UINT64_C(1) << 40 : ms;
     long long at = (long long)(server_now_ns() / 1000000 + ms);
-    RM_SetAbsExpire(key, at);
-    RM_Replicate(fr->ctx, "PEXPIREAT", "sl", fr->name, at);
+    rm.SetAbsExpire(key, at);
+    rm.Replicate(fr->ctx, "PEXPIREAT", "sl", fr->name, at);
 }
 
 /* The gate of RATELIMIT.FAIR: the fair rule (src/fair/step.c) over the
@@ -695,17 +714,17 @@ static void fair_write(fair_run_t *fr, RedisModuleKey *key, const uint8_t *t,
 static bool fair_gate(void *ud, rate_decision_t *d)
 {
     fair_run_t *fr = ud;
-    RedisModuleKey *key = RM_OpenKey(fr->ctx, fr->name, RM_READ | RM_WRITE);
-    int type = RM_KeyType(key);
+    RedisModuleKey *key = rm.OpenKey(fr->ctx, fr->name, RM_READ | RM_WRITE);
+    int type = rm.KeyType(key);
     RedisModuleString *ts = NULL;
     uint8_t *t = NULL;
     size_t len = rate__fair_table_len(fr->a.slots);
     if (type != RM_KEYTYPE_EMPTY && type != RM_KEYTYPE_HASH)
         goto corrupt;
     if (type == RM_KEYTYPE_HASH)
-        RM_HashGet(key, RM_HASH_CFIELDS, "t", &ts, NULL);
+        rm.HashGet(key, RM_HASH_CFIELDS, "t", &ts, NULL);
     if (ts != NULL) {
-        const char *old = RM_StringPtrLen(ts, &len);
+        const char *old = rm.StringPtrLen(ts, &len);
         if ((t = malloc(len ? len : 1)) == NULL)
             goto corrupt;
         memcpy(t, old, len);
@@ -735,15 +754,15 @@ static bool fair_gate(void *ud, rate_decision_t *d)
     fair_write(fr, key, t, len);
     free(t);
     if (ts != NULL)
-        RM_FreeString(fr->ctx, ts);
-    RM_CloseKey(key);
+        rm.FreeString(fr->ctx, ts);
+    rm.CloseKey(key);
     return ok;
 corrupt:
     fr->corrupt = true;
     free(t);
     if (ts != NULL)
-        RM_FreeString(fr->ctx, ts);
-    RM_CloseKey(key);
+        rm.FreeString(fr->ctx, ts);
+    rm.CloseKey(key);
     return false;
 }
 
@@ -754,11 +773,14 @@ corrupt:
 static int cmd_fair(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 {
     if (argc < 20 || (argc - 16) % 4 != 0 || (argc - 16) / 4 > RATE_MAX_LIMITS)
-        return RM_WrongArity(ctx);
+        return rm.WrongArity(ctx);
+    if (same_key(argv[1], argv[2]))
+        return rm.ReplyWithError(ctx, "ERR fair: key and table are the same "
+                                      "key");
     step_in_t sa;
     const char *err = NULL;
     switch (step_parse(argv + 3, argc - 9, &sa, &err)) {
-    case STEP_BAD: return RM_ReplyWithError(ctx, err);
+    case STEP_BAD: return rm.ReplyWithError(ctx, err);
     case STEP_DECLINE: return reply_tag(ctx, 0);
     default: break;
     }
@@ -771,7 +793,7 @@ static int cmd_fair(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
         !arg_u64(f[3], (UINT64_C(1) << 53) - 1, &fr.a.period_us) ||
         fr.a.period_us == 0 || !arg_u64(f[4], UINT64_MAX, &fr.period_ns) ||
         !arg_u64(f[5], UINT64_MAX, &fr.limit))
-        return RM_ReplyWithError(ctx, "ERR fair: malformed arguments");
+        return rm.ReplyWithError(ctx, "ERR fair: malformed arguments");
     const rate_policy_t *p = policy_of(sa.limits, sa.count, NULL, 0);
     /* Past Lua's exact integers the script declines: so does this. */
     if (p == NULL || sa.now / 1000 >= (UINT64_C(1) << 53) ||
@@ -782,22 +804,22 @@ static int cmd_fair(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
     fr.a.permits = sa.permits;
     rate_decision_t d;
     memset(&d, 0, sizeof d);
-    rate__step_arg_t arg = {p,      (uint32_t)sa.id, (uint8_t)sa.format,
-                            NULL,   sa.now,          sa.permits,
-                            0,      true,            RATE__OP_DECIDE,
-                            &d,     0,               0};
+    rate__step_arg_t arg = {p,           (uint32_t)sa.id, (uint8_t)sa.format,
+                            NULL,        sa.now,          sa.permits,
+                            sa.max_wait, true,            RATE__OP_DECIDE,
+                            &d,          0,               0};
     gate_t gate = {fair_gate, &fr};
     switch (run_step(ctx, argv[1], &arg, (expiry_t){sa.ttl}, false, &gate)) {
     case RUN_DECLINED: return reply_tag(ctx, 0);
     case RUN_WRONGTYPE: return reply_tag(ctx, 2);
-    case RUN_NOMEM: return RM_ReplyWithError(ctx, "ERR out of memory");
+    case RUN_NOMEM: return rm.ReplyWithError(ctx, "ERR out of memory");
     case RUN_DECIDED: break;
     }
     if (fr.corrupt)
         return reply_tag(ctx, 3);
     reply_decision(ctx, &d, 11);
-    RM_ReplyWithLongLong(ctx, fr.denied);
-    return RM_ReplyWithLongLong(ctx, fr.a.shared);
+    rm.ReplyWithLongLong(ctx, fr.denied);
+    return rm.ReplyWithLongLong(ctx, fr.a.shared);
 }
 
 /* --------------------------------------------------------- CL.THROTTLE */
@@ -812,21 +834,21 @@ static int cmd_throttle(RedisModuleCtx *ctx, RedisModuleString **argv,
                         int argc)
 {
     if (argc != 5 && argc != 6)
-        return RM_WrongArity(ctx);
+        return rm.WrongArity(ctx);
     uint64_t burst, count, period, quantity = 1;
     if (!arg_u64(argv[2], (uint64_t)INT64_MAX - 1, &burst))
-        return RM_ReplyWithError(ctx, "ERR max_burst: not a whole number");
+        return rm.ReplyWithError(ctx, "ERR max_burst: not a whole number");
     if (!arg_u64(argv[3], (uint64_t)INT64_MAX, &count) || count == 0)
-        return RM_ReplyWithError(ctx,
+        return rm.ReplyWithError(ctx,
                                  "ERR count_per_period: not a whole number "
                                  "from 1");
     if (!arg_u64(argv[4], RATE_TIME_MAX / RATE_NS_PER_S, &period) ||
         period == 0)
-        return RM_ReplyWithError(ctx,
+        return rm.ReplyWithError(ctx,
                                  "ERR period: not a whole number of seconds "
                                  "from 1");
     if (argc == 6 && !arg_u64(argv[5], RATE_TIME_MAX, &quantity))
-        return RM_ReplyWithError(ctx, "ERR quantity: not a whole number");
+        return rm.ReplyWithError(ctx, "ERR quantity: not a whole number");
     /* redis-cell's GCRA: max_burst + 1 at once, count_per_period per
      * period: our token bucket of that burst and rate. */
     rate_limit_t l = {.algorithm = RATE_TOKEN_BUCKET,
@@ -837,7 +859,7 @@ static int cmd_throttle(RedisModuleCtx *ctx, RedisModuleString **argv,
     const rate_policy_t *p = policy_of(&l, 1, err, sizeof err);
     if (p == NULL) {
         snprintf(msg, sizeof msg, "ERR %s", err);
-        return RM_ReplyWithError(ctx, msg);
+        return rm.ReplyWithError(ctx, msg);
     }
     rate_decision_t d;
     memset(&d, 0, sizeof d);
@@ -858,21 +880,21 @@ static int cmd_throttle(RedisModuleCtx *ctx, RedisModuleString **argv,
                             0};
     switch (run_step(ctx, argv[1], &arg, (expiry_t){-1}, true, NULL)) {
     case RUN_WRONGTYPE:
-        return RM_ReplyWithError(ctx, "WRONGTYPE Operation against a key "
+        return rm.ReplyWithError(ctx, "WRONGTYPE Operation against a key "
                                       "holding the wrong kind of value");
-    case RUN_NOMEM: return RM_ReplyWithError(ctx, "ERR out of memory");
+    case RUN_NOMEM: return rm.ReplyWithError(ctx, "ERR out of memory");
     case RUN_DECLINED:
-        return RM_ReplyWithError(ctx, "ERR the key's state does not parse");
+        return rm.ReplyWithError(ctx, "ERR the key's state does not parse");
     case RUN_DECIDED: break;
     }
-    RM_ReplyWithArray(ctx, 5);
-    RM_ReplyWithLongLong(ctx, !d.allowed);
-    RM_ReplyWithLongLong(ctx, (long long)(burst + 1));
-    RM_ReplyWithLongLong(ctx, reply_ll(d.remaining));
-    RM_ReplyWithLongLong(ctx, d.allowed || d.retry_after_ns == RATE_NEVER
+    rm.ReplyWithArray(ctx, 5);
+    rm.ReplyWithLongLong(ctx, !d.allowed);
+    rm.ReplyWithLongLong(ctx, (long long)(burst + 1));
+    rm.ReplyWithLongLong(ctx, reply_ll(d.remaining));
+    rm.ReplyWithLongLong(ctx, d.allowed || d.retry_after_ns == RATE_NEVER
                                   ? -1
                                   : ceil_s(d.retry_after_ns));
-    return RM_ReplyWithLongLong(ctx, ceil_s(d.reset_after_ns));
+    return rm.ReplyWithLongLong(ctx, ceil_s(d.reset_after_ns));
 }
 
 /* ------------------------------------------------------------- loading */
@@ -907,17 +929,17 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
      * it (the store's keys carry their hash tag).  RATELIMIT.STEP is not
      * "fast": a full sliding log of 10,000 entries takes milliseconds;
      * CL.THROTTLE is one token bucket, constant time. */
-    if (RM_CreateCommand(ctx, "ratelimit.step", cmd_step, "write deny-oom",
+    if (rm.CreateCommand(ctx, "ratelimit.step", cmd_step, "write deny-oom",
                          1, 1, 1) != RM_OK ||
-        RM_CreateCommand(ctx, "cl.throttle", cmd_throttle,
+        rm.CreateCommand(ctx, "cl.throttle", cmd_throttle,
                          "write deny-oom fast", 1, 1, 1) != RM_OK ||
-        RM_CreateCommand(ctx, "ratelimit.lease", cmd_lease, "write deny-oom",
+        rm.CreateCommand(ctx, "ratelimit.lease", cmd_lease, "write deny-oom",
                          1, 1, 1) != RM_OK ||
         /* two keys, the leases' and the rate state's (one hash tag) */
-        RM_CreateCommand(ctx, "ratelimit.leasestep", cmd_leasestep,
+        rm.CreateCommand(ctx, "ratelimit.leasestep", cmd_leasestep,
                          "write deny-oom", 1, 2, 1) != RM_OK ||
         /* two keys, the shared limit's and its fair table (one hash tag) */
-        RM_CreateCommand(ctx, "ratelimit.fair", cmd_fair, "write deny-oom",
+        rm.CreateCommand(ctx, "ratelimit.fair", cmd_fair, "write deny-oom",
                          1, 2, 1) != RM_OK)
         return RM_ERR;
     return RM_OK;

@@ -5,9 +5,15 @@
  * module header, and none is copied here).  The server passes the module
  * context to RedisModule_OnLoad; the context's first member is the
  * server's GetApi function, which hands out every other call by its name
- * ("RedisModule_OpenKey", ...).  rm_init() looks each one up once, at
- * load time, and fails the load when the server lacks one.  Which calls
- * and why: docs/redis-module.md, "The declarations".
+ * ("RedisModule_OpenKey", ...).  The module looks each one up once, at
+ * load time, into a table of its own (rm_api_t), and fails the load when
+ * the server lacks one.  Which calls and why: docs/redis-module.md, "The
+ * declarations".
+ *
+ * The table is a struct, not one global per call: redis-server exports
+ * its own functions under names like RM_OpenKey, and a module global of
+ * that name, built without hidden visibility, would be bound to the
+ * server's function (the load then writes into the server's code).
  */
 #ifndef RATELIMIT_RM_API_H
 #define RATELIMIT_RM_API_H
@@ -60,12 +66,11 @@ typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx,
     X(WrongArity, int, (RedisModuleCtx *))                                   \
     X(Replicate, int, (RedisModuleCtx *, const char *, const char *, ...))
 
-#define RM_DECLARE_(name, ret, args) extern ret(*RM_##name) args;
-RM_API_MAP(RM_DECLARE_)
-#undef RM_DECLARE_
-
-/* Looks up every call of RM_API_MAP and registers the module's name:
- * RM_OK, or RM_ERR when the server lacks a call or the name is taken. */
-int rm_init(RedisModuleCtx *ctx, const char *name, int version);
+/* The table of the calls, one member each, named as in RM_API_MAP. */
+#define RM_MEMBER_(name, ret, args) ret(*name) args;
+typedef struct rm_api {
+    RM_API_MAP(RM_MEMBER_)
+} rm_api_t;
+#undef RM_MEMBER_
 
 #endif

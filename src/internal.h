@@ -378,6 +378,19 @@ static inline bool rate__parse_decimal(const char *s, size_t len, uint64_t max,
     return true;
 }
 
+/* A Redis key's version (its hash's field v) as every path reads it:
+ * "0", or 1 to 19 digits without a leading zero (docs/redis.md,
+ * "Versions").  False for anything else: no version of ours, a corrupt
+ * key, never read as a number (05 and 5 would be one version for a
+ * reader and two for the compare-and-set script's string compare). */
+static inline bool rate__version_parse(const char *s, size_t len,
+                                       uint64_t *out)
+{
+    if (len == 0 || len > 19 || (len > 1 && s[0] == '0'))
+        return false;
+    return rate__parse_decimal(s, len, UINT64_MAX, out);
+}
+
 static inline uint64_t rate__min_u64(uint64_t a, uint64_t b)
 {
     return a < b ? a : b;

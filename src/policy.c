@@ -624,8 +624,16 @@ static int parse_rate(token_t t, size_t idx, rate_limit_t *l, char *err,
     char why[256];
 
     if (rate_rule(t.s, t.len, &l->limit, &l->period_ns, why, sizeof why) !=
-        RATE_OK)
+        RATE_OK) {
+        /* nginx's limit_req spells a rate 10r/s or 10r/m. */
+        const char *slash = memchr(t.s, '/', t.len);
+        if (slash != NULL && slash > t.s && slash[-1] == 'r')
+            return fail(err, errlen, "limit %zu: rate %s (write %.*s/%.*s: "
+                        "no 'r' before the '/', as nginx's limit_req has)",
+                        idx + 1, why, (int)(slash - 1 - t.s), t.s,
+                        (int)(t.s + t.len - slash - 1), slash + 1);
         return fail(err, errlen, "limit %zu: rate %s", idx + 1, why);
+    }
     return RATE_OK;
 }
 

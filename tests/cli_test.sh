@@ -98,6 +98,34 @@ else bad "--time-field on a CLF log: rc=$rc $(cat "$T/err") / $(cat "$T/err2")";
 if [ $rc -eq 0 ] && grep -q "summary: 40 requests, 29 allowed" "$T/err" &&
    [ "$(head -1 "$T/out" | cut -f1-2)" = "$(printf '1764644400.000\t10.0.0.1')" ]; then ok
 else bad "--input json: rc=$rc $(cat "$T/err")"; fi
+# the warning says what a sliding window does with whole seconds (about
+# half its rate), and reaches a chart saved by compare --svg
+"$R" replay --policy "sliding-window 5/500ms" "$T/sec.trace" >/dev/null 2>"$T/err"
+if grep -q "sliding window about half its rate" "$T/err" && ! grep -q "fewer than the real" "$T/err"; then ok
+else bad "coarse-time warning on a sliding window: $(cat "$T/err")"; fi
+"$R" compare --rate 10/s --svg "$T/coarse.svg" "$T/sec.trace" >/dev/null 2>&1
+"$R" compare --rate 10/s --svg "$T/finec.svg" "$T/fine.trace" >/dev/null 2>&1
+if grep -q "Warning: the input's times are whole seconds" "$T/coarse.svg" &&
+   ! grep -q "Warning" "$T/finec.svg" && { ! command -v xmllint >/dev/null || xmllint --noout "$T/coarse.svg"; }; then ok
+else bad "the coarse-time warning in compare's chart"; fi
+# under --fair the policy's rate is the shared limit's: no key's panel
+# draws it as the key's own
+"$R" compare --rate 10/s --fair up --svg "$T/fair.svg" "$T/fine.trace" >/dev/null 2>&1
+if grep -q "shared fairly by all the keys" "$T/fair.svg" && ! grep -q "stroke-dasharray" "$T/fair.svg" &&
+   grep -q "stroke-dasharray" "$T/finec.svg"; then ok
+else bad "compare --fair's chart draws the shared rate in a key's panel"; fi
+# --time-field on a combined log without $msec: the error says what the
+# field is and that leaving the option out reads [time]
+printf '10.0.0.1 - - [02/Dec/2025:03:00:00 +0000] "GET / HTTP/1.1" 200 5 "-" "curl/8"\n' >"$T/combined.log"
+"$R" replay --input clf --time-field 10 --policy "gcra 1/s" "$T/combined.log" >/dev/null 2>"$T/err"; rc=$?
+if [ $rc -eq 2 ] && grep -q "a combined log has 9 fields" "$T/err" && grep -q "leave --time-field out" "$T/err"; then ok
+else bad "--time-field past a combined log's fields: rc=$rc $(cat "$T/err")"; fi
+# a first denial read from $msec is shown as the date and time it stands for
+"$R" replay --input clf --time-field 8 --policy "token-bucket 10/s burst=20" --top 1 \
+  --per-key="$T/msec.tsv" "$T/msec.log" >/dev/null 2>"$T/err"
+if grep -qE "^  10\.0\.0\.1 .*: 2025-12-02T03:00:00\.[0-9]{3}Z$" "$T/err" &&
+   [ "$(tail -1 "$T/msec.tsv" | cut -f7)" = "$(grep -oE '2025-12-02T03:00:00\.[0-9]{3}Z' "$T/err")" ]; then ok
+else bad "first denial of a \$msec log as a date: $(cat "$T/err") / $(cat "$T/msec.tsv")"; fi
 printf '{"ip":"a","ts":"2025-12-02T03:00:00.5Z"}\n' | "$R" replay --input json --key-field ip --time-field ts --policy "gcra 1/s" >"$T/out" 2>/dev/null
 if [ "$(cut -f1-2 "$T/out")" = "$(printf '2025-12-02T03:00:00.5Z\ta')" ]; then ok; else bad "json --key-field/--time-field: $(cat "$T/out")"; fi
 expect_error '{"remote_addr":"a"}\n' 'line 1: no time member (name it with --time-field NAME; default "time")' replay --input json --policy "gcra 1/s"
@@ -533,6 +561,12 @@ if [ $rc -eq 0 ]; then ok; else bad "check with an empty standard input: rc=$rc"
 if [ $rc -eq 0 ] && grep -qx "decision allow" "$T/out" && grep -qx "remaining 0" "$T/out"; then ok; else bad "check allow rc=$rc"; fi
 "$R" check --key u --algorithm gcra --rate 1/s --burst 1 --permits 2 >"$T/out"; rc=$?
 if [ $rc -eq 1 ] && grep -qx "retry_after inf" "$T/out"; then ok; else bad "check deny rc=$rc"; fi
+# without --store each run starts cold, and check says so (on standard
+# error: standard output stays the decision); with a store it does not
+"$R" check --key u --algorithm gcra --rate 1/s --burst 1 >/dev/null 2>"$T/err"
+"$R" check --key u --algorithm gcra --rate 1/s --burst 1 --store "shm:$T/note.rl" >/dev/null 2>"$T/err2"
+if grep -q "no --store, so a fresh memory store" "$T/err" && ! grep -q "note" "$T/err2"; then ok
+else bad "check without --store: $(cat "$T/err") / $(cat "$T/err2")"; fi
 expect_error '' "--key is required" check --algorithm gcra --rate 1/s --burst 1
 expect_error '' "--permits 'x'" check --key u --algorithm gcra --rate 1/s --burst 1 --permits x
 

@@ -5,13 +5,21 @@
 # pkg-config, shared (the run-time path given by -Wl,-rpath, the line of
 # docs/install.md, or by LD_LIBRARY_PATH) and static; with CMake
 # find_package(ratelimit), the shared and the static target.  Runs the
-# installed command, then uninstalls and checks that nothing is left.
+# installed command; loads the installed Redis module (when the build has
+# it) into a private redis-server, by the line of docs/redis-module.md,
+# and runs a command through it; then uninstalls and checks that nothing
+# is left.
 # Usage: install_test.sh BUILD_DIR
 set -eu
 B=$1
 S=$(cd "$(dirname "$0")/.." && pwd)
 T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
+rpid=""
+# shellcheck source=lib/servers.sh
+. "$S/tests/lib/servers.sh"
+# (stop_pid || true: its wait returns the killed server's status, which
+# set -e would take for a failure)
+trap 'stop_pid "$rpid" || true; rm -rf "$T"' EXIT
 export RATE_INSTALL_LIST="$T/installed.txt"
 bash "$S/scripts/install.sh" install "$B" "$T/prefix" >"$T/install.log" 2>&1 \
   || { cat "$T/install.log"; exit 1; }
@@ -58,6 +66,11 @@ for part in redis dynamodb http; do
     *" $part "*) check test -f "$T/prefix/include/ratelimit_$part.h" ;;
     *) check test ! -e "$T/prefix/include/ratelimit_$part.h" ;;
   esac
+done
+# docs/install.md's list of what is installed names every header installed.
+sed -n '/^    PREFIX\/include\//,/^    PREFIX\/lib\//p' "$S/docs/install.md" >"$T/doc-headers"
+for h in "$T"/prefix/include/ratelimit*.h; do
+  check grep -qw "$(basename "$h")" "$T/doc-headers"
 done
 case " $parts " in *" redis "*) ;; *) check test -z "$(pkg-config --print-requires-private ratelimit | grep -x hiredis)" ;; esac
 case " $parts " in *" http "*) ;; *) check test -z "$(pkg-config --print-requires-private ratelimit | grep -x inih)" ;; esac
@@ -134,6 +147,24 @@ CM
 done
 # The installed command runs (it links the library statically).
 check "$T/prefix/bin/ratelimit" --version
+# The installed Redis module loads (Redis 7 refuses a module it may not
+# execute: installed 0755) and answers a command.
+if grep -q '^RATE_BUILD_REDIS_MODULE:BOOL=ON' "$B/CMakeCache.txt"; then
+  so="${libdir}ratelimit/ratelimit.so"
+  check test -f "$so"
+  check test "$(stat -c %a "$so" 2>/dev/null)" = 755
+  if ! command -v redis-server >/dev/null; then
+    fail=$((fail + 1)); echo "FAIL: no redis-server to load $so into"
+  elif start_redis "$T/redis.log" --loadmodule "$so"; then
+    check test "$(redis-cli -p "$rport" CL.THROTTLE installed 1 1 1 | head -1)" = 0
+    check test "$(redis-cli -p "$rport" MODULE LIST | grep -cx ratelimit)" = 1
+    stop_pid "$rpid" || true; rpid=""
+  else
+    fail=$((fail + 1))
+    echo "FAIL: redis-server --loadmodule $so did not start:"
+    tail -5 "$T/redis.log"
+  fi
+fi
 # Uninstall removes every file and every directory the install created.
 check bash "$S/scripts/install.sh" uninstall "$B"
 check test ! -e "$T/prefix"

@@ -242,6 +242,9 @@ bad() { # bad WHAT DIRECTIVE EXPECTED
     fail "$1: '$(cat "$tmp/bad.out")' does not say '$3'"
   fi
 }
+# limit_req's spelling of a rate: the error says how to write it here
+bad nginxrate 'ratelimit_zone r "token-bucket 10r/s burst=20";' \
+  "(write 10/s: no 'r' before the '/', as nginx's limit_req has)"
 bad redisport 'ratelimit_zone r "fixed-window 5/1h" store=redis://127.0.0.1:99999;' \
   'port is not a number from 1 to 65535'
 # a password in a URL is never logged: masked as ***

@@ -22,6 +22,10 @@
 #include <ratelimit_redis.h>
 #include <ratelimit_store.h>
 
+#include "fair/step.h"
+#include "internal.h"
+#include "store/redis/fair.h"
+
 #ifndef RATE_MODULE_PATH
 #error "RATE_MODULE_PATH: the path of ratelimit.so"
 #endif
@@ -422,23 +426,62 @@ static void server_clock(void **s)
 
 /* ----------------------------------------------------------- bad input */
 
+static void put64(char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++, v >>= 8)
+        p[i] = (char)(uint8_t)v;
+}
+
+/* A table of two slots with V, its first entry a flow active in period
+ * ep - 1 (a fair period of 1 s: at 1 s, ep is 2) with service s and
+ * asked `asked`. */
+#define TABLE2 (32 + 2 * 48)
+static void table2(char *t, uint64_t v, uint64_t s, uint64_t asked)
+{
+    memset(t, 0, TABLE2);
+    memcpy(t, "rfair\1\0\0", 8);
+    put64(t + 8, 2);
+    put64(t + 16, v);
+    put64(t + 32, UINT64_C(0x5eed5eed5eed5eed)); /* the flow's hash */
+    put64(t + 40, s);
+    put64(t + 48, 2);     /* the period it asked in, plus 1 */
+    put64(t + 56, asked); /* in that period */
+    put64(t + 72, 1);     /* its weight */
+}
+
 static void bad_tables(void **s)
 {
     (void)s;
+    const uint64_t top = (UINT64_C(1) << 53) - 1;
     for (int p = 0; p < PATHS; p++) {
         flush();
         host_t h[1];
         host_open(h, p, algos10[0], "bt:");
         redisContext *c = raw();
-        /* not a hash; a hash whose t is no table; a table of a bad size */
-        for (int k = 0; k < 3; k++) {
+        /* not a hash; a hash whose t is no table; a table of a bad size;
+         * tables whose numbers no decision writes, where the script's
+         * doubles would round and C's integers not: V at 2^53 - 1, or
+         * past RATE__FAIR_S_MAX, a flow's s past it, what a flow asked
+         * past RATE__FAIR_ASKED_MAX */
+        for (int k = 0; k < 7; k++) {
             freeReplyObject(redisCommand(c, "DEL bt:f{shared} bt:{shared}"));
             char t[40] = {'r', 'f', 'a', 'i', 'r', 1, 0, 0, 1};
+            char big[TABLE2];
+            if (k == 3)
+                table2(big, top, top, 1);
+            else if (k == 4)
+                table2(big, RATE__FAIR_S_MAX + 1, RATE__FAIR_S_MAX + 1, 1);
+            else if (k == 5)
+                table2(big, 0, RATE__FAIR_S_MAX + 1, 1);
+            else if (k == 6)
+                table2(big, 0, 0, RATE__FAIR_ASKED_MAX + 1);
             redisReply *set =
                 k == 0 ? redisCommand(c, "SET bt:f{shared} junk")
                 : k == 1 ? redisCommand(c, "HSET bt:f{shared} t rfair")
-                         : redisCommand(c, "HSET bt:f{shared} t %b", t,
-                                        sizeof t);
+                : k == 2 ? redisCommand(c, "HSET bt:f{shared} t %b", t,
+                                        sizeof t)
+                         : redisCommand(c, "HSET bt:f{shared} t %b", big,
+                                        sizeof big);
             assert_true(set != NULL && set->type != REDIS_REPLY_ERROR);
             freeReplyObject(set);
             redisReply *b = redisCommand(c, "DUMP bt:f{shared}");
@@ -455,8 +498,25 @@ static void bad_tables(void **s)
             assert_int_equal(e->integer, 0); /* the shared limit unspent */
             freeReplyObject(a), freeReplyObject(b), freeReplyObject(e);
         }
-        /* bad calls: told, nothing counted */
+        /* the shared limit's version with a leading zero: no version of
+         * ours (docs/redis.md, "Versions"), left as it is */
+        freeReplyObject(redisCommand(c, "DEL bt:f{shared} bt:{shared}"));
         rate_decision_t d;
+        assert_int_equal(rate_fair_check_at(h->fair, "u", 1, 1, 1, SEC, &d),
+                         RATE_OK);
+        assert_true(d.allowed);
+        freeReplyObject(redisCommand(c, "HSET bt:{shared} v 05"));
+        redisReply *b = redisCommand(c, "DUMP bt:{shared}");
+        assert_int_equal(rate_fair_check_at(h->fair, "u", 1, 1, 1, SEC, &d),
+                         RATE_OK);
+        if (d.reason != RATE_REASON_STORE_ERROR || d.error != RATE_ECORRUPT)
+            fail_msg("%s: version 05: reason %d, error %s; not a store error "
+                     "RATE_ECORRUPT", path_name[p], (int)d.reason,
+                     rate_err_name(d.error));
+        redisReply *a = redisCommand(c, "DUMP bt:{shared}");
+        assert_true(a->len == b->len && memcmp(a->str, b->str, a->len) == 0);
+        freeReplyObject(a), freeReplyObject(b);
+        /* bad calls: told, nothing counted */
         assert_int_equal(rate_fair_check_at(h->fair, "u", 1,
                                             RATE_FAIR_WEIGHT_MAX + 1, 1, SEC, &d),
                          RATE_EINVAL);
@@ -488,6 +548,128 @@ static void bad_tables(void **s)
         redisFree(c);
         host_close(h);
     }
+}
+
+/* A table at the edge of what the rule writes (V and a flow's s at
+ * RATE__FAIR_S_MAX, what it asked at RATE__FAIR_ASKED_MAX) is taken by
+ * both paths, and the script and the module leave the same bytes after
+ * the same decisions (a rebase among them). */
+static void edge_tables(void **s)
+{
+    (void)s;
+    flush();
+    host_t h[PATHS];
+    static const char *const pre[PATHS] = {"es:", "em:"};
+    redisContext *c = raw();
+    for (int p = 0; p < PATHS; p++) {
+        host_open(&h[p], p, "token-bucket 10/s burst=10", pre[p]);
+        char t[TABLE2], name[32];
+        table2(t, RATE__FAIR_S_MAX, RATE__FAIR_S_MAX, RATE__FAIR_ASKED_MAX);
+        snprintf(name, sizeof name, "%sf{shared}", pre[p]);
+        freeReplyObject(redisCommand(c, "HSET %s t %b", name, t, sizeof t));
+    }
+    for (int i = 0; i < 12; i++) {
+        const char *flow = i % 3 ? "x" : "y";
+        for (int p = 0; p < PATHS; p++) {
+            rate_decision_t d;
+            assert_int_equal(rate_fair_check_at(h[p].fair, flow, 1,
+                                                1 + (uint32_t)(i % 2), 1,
+                                                SEC + (uint64_t)i * 30 * MS,
+                                                &d),
+                             RATE_OK);
+            if (d.error != RATE_OK)
+                fail_msg("%s, decision %d: %s", path_name[p], i,
+                         rate_strerror(d.error));
+        }
+    }
+    size_t l1, l2;
+    char *t1 = hget(c, "es:f{shared}", "t", &l1);
+    char *t2 = hget(c, "em:f{shared}", "t", &l2);
+    assert_int_equal(l1, TABLE2);
+    if (l1 != l2 || memcmp(t1, t2, l1) != 0)
+        fail_msg("an edge table: the script's and the module's bytes differ");
+    assert_int_equal(status_of(&h[0]).script_fair, 12);
+    assert_int_equal(status_of(&h[1]).module_fair, 12);
+    free(t1), free(t2);
+    redisFree(c);
+    for (int p = 0; p < PATHS; p++)
+        host_close(&h[p]);
+}
+
+/* One fair decision's reply, by the module or the script (EVAL), for the
+ * key "k" under prefix, as the store sends it but with max_wait (the
+ * fair layer's own is 0). */
+static redisReply *fair_raw(redisContext *c, int path, const char *prefix,
+                            rate_policy_t *pol, uint64_t now, uint64_t permits,
+                            uint64_t max_wait)
+{
+    rate__redis_proto_t p;
+    assert_int_equal(rate__redis_proto_init(&p, prefix, true, 0, false, false),
+                     RATE_OK);
+    rate_decide_req_t q = {.policy = pol, .policy_id = 1,
+                           .format = RATE__FORMAT, .now_ns = now,
+                           .permits = permits, .max_wait_ns = max_wait,
+                           .detail = true, .op = RATE_DECIDE_ACQUIRE};
+    rate_fair_req_t f = {.flow_hash = UINT64_C(0x1234567890abcdef),
+                         .weight = 1, .slots = 4};
+    rate_key_t key = {"k", 1, RATE_SPACE_STATE};
+    rate__redis_fair_cmd_t cmd;
+    assert_int_equal(rate__redis_fair_cmd(&p, path == MODULE, &key, &q, &f,
+                                          &cmd),
+                     RATE_OK);
+    rate__redis_fair_eval(&cmd);
+    redisReply *r = redisCommandArgv(c, cmd.argc, cmd.av, cmd.al);
+    assert_non_null(r);
+    rate__redis_fair_free(&cmd);
+    rate__redis_proto_free(&p);
+    return r;
+}
+
+/* max_wait: RATELIMIT.FAIR honours it as the fair script does (a bucket's
+ * admission ahead, with its delay), word for word, and both leave the
+ * same shared state. */
+static void max_wait_both(void **s)
+{
+    (void)s;
+    flush();
+    redisContext *c = raw();
+    rate_policy_t *pol = policy_of("token-bucket 10/s burst=2");
+    static const char *const pre[PATHS] = {"ws:", "wm:"};
+    static const struct {
+        uint64_t permits, max_wait;
+    } reqs[] = {{2, 0}, {1, SEC}, {1, 0}, {2, 50 * MS}, {2, SEC}};
+    bool delayed = false;
+    for (size_t i = 0; i < sizeof reqs / sizeof reqs[0]; i++) {
+        uint64_t now = 1000 * SEC + i * MS;
+        redisReply *r[PATHS];
+        for (int p = 0; p < PATHS; p++)
+            r[p] = fair_raw(c, p, pre[p], pol, now, reqs[i].permits,
+                            reqs[i].max_wait);
+        if (r[0]->type != REDIS_REPLY_ARRAY || r[0]->elements != 11)
+            fail_msg("request %zu: the script did not decide", i);
+        if (r[1]->type != REDIS_REPLY_ARRAY ||
+            r[1]->elements != r[0]->elements)
+            fail_msg("request %zu: the module's reply is not the script's",
+                     i);
+        for (size_t e = 0; e < r[0]->elements; e++)
+            if (r[0]->element[e]->integer != r[1]->element[e]->integer)
+                fail_msg("request %zu (max_wait %llu ns), word %zu: script "
+                         "%lld, module %lld", i,
+                         (unsigned long long)reqs[i].max_wait, e,
+                         r[0]->element[e]->integer, r[1]->element[e]->integer);
+        delayed |= r[0]->element[1]->integer == 1 &&
+                   r[0]->element[6]->integer > 0;
+        freeReplyObject(r[0]), freeReplyObject(r[1]);
+    }
+    assert_true(delayed); /* an admission ahead was among them */
+    size_t l1, l2;
+    char *s1 = hget(c, "ws:{k}", "s", &l1), *s2 = hget(c, "wm:{k}", "s", &l2);
+    assert_non_null(s1);
+    if (l1 != l2 || memcmp(s1, s2, l1) != 0)
+        fail_msg("max_wait: the shared states differ");
+    free(s1), free(s2);
+    rate_policy_free(pol);
+    redisFree(c);
 }
 
 /* A Redis that does not answer: the limiter's fail mode decides. */
@@ -585,6 +767,7 @@ int main(void)
         cmocka_unit_test(two_hosts),   cmocka_unit_test(work),
         cmocka_unit_test(same_bytes),  cmocka_unit_test(bad_tables),
         cmocka_unit_test(redis_down),  cmocka_unit_test(server_clock),
+        cmocka_unit_test(edge_tables), cmocka_unit_test(max_wait_both),
         cmocka_unit_test(cluster),
     };
     if (getenv("FAIR_REDIS_ONLY") != NULL) /* one case, by name */

@@ -956,48 +956,116 @@ static void test_bad_state(void **state)
     redisFree(c);
 }
 
-/* A key with a version but no state (or version "00": zero) is a new
- * key: the script and the module alike start its version from the
- * server's TIME in microseconds, as the rate step's script does, never
- * from the stale number plus one (which a compare-and-set client may have
- * seen before: an ABA). */
+/* A path's end: its key removed, its objects freed. */
+static void path_done(redisContext *c, const char *full, size_t n,
+                      rate_inflight_t *in, rate_store_t *s)
+{
+    freeReplyObject(redisCommand(c, "DEL %b", full, n));
+    rate_inflight_free(in);
+    rate_store_redis_drop(s);
+    rate_store_free(s);
+}
+
+/* The versions of test_bad_version on one path's lease key `full`, by
+ * the in-flight object in (RATE_ECORRUPT, nothing written). */
+static void bad_versions_on(redisContext *c, int path, rate_inflight_t *in,
+                            const char *full, size_t n)
+{
+    static const char *const vers[] = {"05", "00", "01234567890123456789",
+                                       "18446744073709551614", "x1"};
+    for (size_t i = 0; i < sizeof vers / sizeof vers[0]; i++) {
+        for (int with_state = 0; with_state < 2; with_state++) {
+            redisReply *r = redisCommand(c, "DEL %b", full, n);
+            freeReplyObject(r);
+            rate_lease_t l;
+            rate_decision_t d;
+            uint64_t held;
+            if (with_state) /* a lease state, as the path wrote it */
+                assert_int_equal(rate_inflight_acquire(in, "bv", 2,
+                                                       RATE_LEASE_NORMAL, &l,
+                                                       &d),
+                                 RATE_OK);
+            r = redisCommand(c, "HSET %b v %s", full, n, vers[i]);
+            freeReplyObject(r);
+            r = redisCommand(c, "DUMP %b", full, n);
+            int rc = rate_inflight_acquire(in, "bv", 2, RATE_LEASE_NORMAL,
+                                           &l, &d);
+            if (rc != RATE_ECORRUPT)
+                fail_msg("%s: version %s%s: %s, not RATE_ECORRUPT",
+                         path_name[path], vers[i],
+                         with_state ? " with a state" : "",
+                         rate_err_name(rc));
+            assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+            assert_int_equal(rate_inflight_held(in, "bv", 2, &held),
+                             RATE_ECORRUPT);
+            redisReply *a = redisCommand(c, "DUMP %b", full, n);
+            assert_true(a->len == r->len &&
+                        memcmp(a->str, r->str, a->len) == 0);
+            freeReplyObject(a);
+            freeReplyObject(r);
+        }
+    }
+}
+
+/* A version that is no version of ours (docs/redis.md, "Versions": a
+ * leading zero, 20 characters, not digits) on a key's leases, with a
+ * lease state or without, and with rate limits or without (an acquire
+ * with them is RATELIMIT.LEASESTEP's or the lease-rate script's): the
+ * general path (HMGET and compare-and-set), the script and the module
+ * alike answer RATE_ECORRUPT and write nothing. */
+static void test_bad_version(void **state)
+{
+    (void)state;
+    redisContext *c = raw();
+    static const char *const policies[] = {
+        "concurrency 2 ttl=1h", "concurrency 2 ttl=1h; fixed-window 5/h"};
+    for (int path = GENERIC; path < PATHS; path++) {
+        rate_store_t *s = store_of(path, false);
+        char full[64];
+        size_t n = lease_name(path, "bv", full, sizeof full);
+        for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
+            rate_inflight_t *in = inflight_of(policies[p], s);
+            bad_versions_on(c, path, in, full, n);
+            rate_inflight_free(in);
+        }
+        path_done(c, full, n, NULL, s);
+    }
+    redisFree(c);
+}
+
+/* A key with a version but no state is a new key: the script and the
+ * module alike start its version from the server's TIME in
+ * microseconds, as the rate step's script does, never from the stale
+ * number plus one (which a compare-and-set client may have seen before:
+ * an ABA). */
 static void test_fresh_version(void **state)
 {
     (void)state;
     redisContext *c = raw();
-    static const char *const vers[] = {"5", "00"};
     for (int path = SCRIPT; path < PATHS; path++) {
         rate_store_t *s = store_of(path, false);
         rate_inflight_t *in = inflight_of("concurrency 2 ttl=1h", s);
         char full[64];
         size_t n = lease_name(path, "fv", full, sizeof full);
-        for (size_t i = 0; i < sizeof vers / sizeof vers[0]; i++) {
-            redisReply *r = redisCommand(c, "DEL %b", full, n);
-            freeReplyObject(r);
-            r = redisCommand(c, "HSET %b v %s", full, n, vers[i]);
-            freeReplyObject(r);
-            rate_lease_t l;
-            rate_decision_t d;
-            assert_int_equal(rate_inflight_acquire(in, "fv", 2,
-                                                   RATE_LEASE_NORMAL, &l, &d),
-                             RATE_OK);
-            assert_true(d.allowed);
-            r = redisCommand(c, "HGET %b v", full, n);
-            assert_int_equal(r->type, REDIS_REPLY_STRING);
-            unsigned long long v = strtoull(r->str, NULL, 10);
-            if (v < UINT64_C(1000000000000000)) /* 2001 in microseconds */
-                fail_msg("%s: version %s then '%s', not the server's time",
-                         path_name[path], vers[i], r->str);
-            freeReplyObject(r);
-            uint64_t held;
-            assert_int_equal(rate_inflight_held(in, "fv", 2, &held), RATE_OK);
-            assert_int_equal(held, 1);
-        }
-        redisReply *r = redisCommand(c, "DEL %b", full, n);
+        redisReply *r = redisCommand(c, "HSET %b v 5", full, n);
         freeReplyObject(r);
-        rate_inflight_free(in);
-        rate_store_redis_drop(s);
-        rate_store_free(s);
+        rate_lease_t l;
+        rate_decision_t d;
+        assert_int_equal(rate_inflight_acquire(in, "fv", 2, RATE_LEASE_NORMAL,
+                                               &l, &d),
+                         RATE_OK);
+        assert_true(d.allowed);
+        r = redisCommand(c, "HGET %b v", full, n);
+        assert_int_equal(r->type, REDIS_REPLY_STRING);
+        unsigned long long v = strtoull(r->str, NULL, 10);
+        if (v < UINT64_C(1000000000000000)) /* 2001 in microseconds */
+            fail_msg("%s: version 5 then '%s', not the server's time",
+                     path_name[path], r->str);
+        freeReplyObject(r);
+        uint64_t held;
+        assert_int_equal(rate_inflight_held(in, "fv", 2, &held), RATE_OK);
+        assert_int_equal(held, 1);
+        path_done(c, full, n, in, s);
     }
     redisFree(c);
 }
@@ -1043,6 +1111,7 @@ int main(void)
         cmocka_unit_test(test_differential_wide),
         cmocka_unit_test(test_differential_rated),
         cmocka_unit_test(test_bad_state),
+        cmocka_unit_test(test_bad_version),
         cmocka_unit_test(test_fresh_version),
         cmocka_unit_test(test_mixed_n),
         cmocka_unit_test(test_cluster),

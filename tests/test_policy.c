@@ -534,6 +534,9 @@ static void names_rates_and_units(void **state)
         {"token-bucket 10/1.5s", "limit 1: rate '10/1.5s': '1.5s' is not a duration"},
         {"token-bucket 10/s burst=x", "limit 1: burst value 'x' is not a whole number up to 2^63-1"},
         {"token-bucket 10/fortnight", "units ns us ms s m h d"},
+        {"token-bucket 10r/s burst=5", "(write 10/s: no 'r' before the '/', "
+                                       "as nginx's limit_req has)"},
+        {"sliding-window 600r/m", "write 600/m"},
         {"tocken-bucket 10/s", "(token-bucket, gcra, leaky-bucket"},
         {"token-bucket 10/s speed=3", "burst= for token-bucket, capacity= "
                                       "for leaky-bucket"},

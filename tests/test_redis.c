@@ -1740,6 +1740,22 @@ static void tampered_logs_are_never_admitted(void **state)
     drop_store(rs);
 }
 
+/* EVALSHA calls that ran (INFO commandstats: calls less failed_calls,
+ * so that a NOSCRIPT answered by loading the script again, which the
+ * store does on its own, is not counted as a second round trip). */
+static int evalsha_ran(const char *info)
+{
+    const char *ev = strstr(info, "cmdstat_evalsha:calls=");
+    if (ev == NULL)
+        return 0;
+    const char *fc = strstr(ev, "failed_calls=");
+    const char *eol = strchr(ev, '\n');
+    int failed = fc != NULL && (eol == NULL || fc < eol) ? atoi(fc + 13) : 0;
+    if (failed != 0)
+        print_message("%.*s\n", eol ? (int)(eol - ev) : 80, ev);
+    return atoi(ev + 22) - failed;
+}
+
 /* A full log of RATE_SLIDING_LOG_MAX entries: a denial is answered in Lua
  * (one EVALSHA, its own HMGET) without reading the entries it does not
  * prune; an admission that prunes the oldest checks and rewrites the rest;
@@ -1773,7 +1789,7 @@ static void full_log_in_lua(void **state)
         assert_int_equal(b.retry_after_ns, 10 * SEC - (N - 1) * MS);
     }
     redisReply *r = redisCommand(c, "INFO commandstats");
-    assert_int_equal(atoi(strstr(r->str, "cmdstat_evalsha:calls=") + 22), 10);
+    assert_int_equal(evalsha_ran(r->str), 10);
     assert_int_equal(atoi(strstr(r->str, "cmdstat_hmget:calls=") + 20), 10);
     freeReplyObject(r);
     /* Each a millisecond on: the oldest entry leaves, one comes. */
@@ -1784,7 +1800,7 @@ static void full_log_in_lua(void **state)
         assert_true(b.allowed);
     }
     r = redisCommand(c, "INFO commandstats");
-    assert_int_equal(atoi(strstr(r->str, "cmdstat_evalsha:calls=") + 22), 15);
+    assert_int_equal(evalsha_ran(r->str), 15);
     assert_int_equal(atoi(strstr(r->str, "cmdstat_hmget:calls=") + 20), 15);
     freeReplyObject(r);
     r = redisCommand(c, "HGET flog:{k} s");

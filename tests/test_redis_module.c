@@ -21,6 +21,9 @@
 #include <ratelimit_store.h>
 #include <ratelimit_redis.h>
 
+#include "internal.h"
+#include "store/redis/fair.h"
+
 #ifndef RATE_MODULE_PATH
 #error "RATE_MODULE_PATH: the path of ratelimit.so"
 #endif
@@ -751,8 +754,8 @@ static void step_arguments(void **state)
  * new key on every path; 2^63 - 1 or more, where Redis's HINCRBY stops,
  * starts again from TIME with the state kept, whether the module, a lean
  * script, the general script or the compare-and-set path writes next; a
- * version of 20 digits is refused by all (a store error, RATE_ECORRUPT),
- * and left as it was.
+ * version of 20 digits or with a leading zero is refused by all (a store
+ * error, RATE_ECORRUPT), and left as it was.
  * Each path's decisions are the memory store's over the same requests. */
 static void tampered_versions(void **state)
 {
@@ -817,32 +820,44 @@ static void tampered_versions(void **state)
                          tampered[i], r->str);
             freeReplyObject(r);
         }
-        /* 20 digits: no version of ours, on any path, with a state or
-         * without; nothing written */
+        /* 20 digits, a leading zero: no version of ours, on any path,
+         * with a state or without; nothing written (a leading zero was
+         * once read as a number by some paths and compared as text by
+         * the compare-and-set script, which then never matched) */
+        static const char *not_ours[] = {"18446744073709551614", "05",
+                                         "00", "007",
+                                         "01234567890123456789"};
         rate_decision_t d = at(lr, "big", SEC, 1, 0);
-        redisReply *r = redisCommand(c, "HSET %s{big} v 18446744073709551614",
-                                     prefix);
-        freeReplyObject(r);
-        r = redisCommand(c, "HSET %s{bare} v 18446744073709551614", prefix);
-        freeReplyObject(r);
-        for (int j = 0; j < 4; j++) {
-            const char *key = j % 2 ? "bare" : "big";
-            int rc = rate_limiter_check_at(lr, key, strlen(key), 1, 0,
-                                           SEC + (uint64_t)j * MS, &d);
-            if (rc != RATE_OK || d.reason != RATE_REASON_STORE_ERROR ||
-                d.error != RATE_ECORRUPT)
-                fail_msg("%s: a 20-digit version: %s, reason %d, error %s; "
-                         "not a store error RATE_ECORRUPT", paths[p].name,
-                         rate_err_name(rc), (int)d.reason,
-                         rate_err_name(d.error));
-            assert_false(d.allowed); /* failing closed */
+        for (size_t v = 0; v < sizeof not_ours / sizeof not_ours[0]; v++) {
+            redisReply *r = redisCommand(c, "HSET %s{big} v %s", prefix,
+                                         not_ours[v]);
+            freeReplyObject(r);
+            r = redisCommand(c, "HSET %s{bare} v %s", prefix, not_ours[v]);
+            freeReplyObject(r);
+            for (int j = 0; j < 4; j++) {
+                const char *key = j % 2 ? "bare" : "big";
+                int rc = rate_limiter_check_at(lr, key, strlen(key), 1, 0,
+                                               SEC + (uint64_t)j * MS, &d);
+                if (rc != RATE_OK || d.reason != RATE_REASON_STORE_ERROR ||
+                    d.error != RATE_ECORRUPT)
+                    fail_msg("%s: version %s: %s, reason %d, error %s; not "
+                             "a store error RATE_ECORRUPT", paths[p].name,
+                             not_ours[v], rate_err_name(rc), (int)d.reason,
+                             rate_err_name(d.error));
+                assert_false(d.allowed); /* failing closed */
+            }
+            r = redisCommand(c, "HGET %s{big} v", prefix);
+            assert_string_equal(r->str, not_ours[v]);
+            freeReplyObject(r);
+            r = redisCommand(c, "HLEN %s{big}", prefix);
+            assert_int_equal(r->integer, 2);
+            freeReplyObject(r);
+            r = redisCommand(c, "HLEN %s{bare}", prefix);
+            assert_int_equal(r->integer, 1);
+            freeReplyObject(r);
+            r = redisCommand(c, "DEL %s{bare}", prefix);
+            freeReplyObject(r);
         }
-        r = redisCommand(c, "HGET %s{big} v", prefix);
-        assert_string_equal(r->str, "18446744073709551614");
-        freeReplyObject(r);
-        r = redisCommand(c, "HLEN %s{bare}", prefix);
-        assert_int_equal(r->integer, 1);
-        freeReplyObject(r);
         rate_limiter_free(lr);
         rate_limiter_free(lm);
         rate_store_free(ms);
@@ -850,6 +865,135 @@ static void tampered_versions(void **state)
         rate_store_free(rs);
     }
     redisFree(c);
+}
+
+/* ------------------------------------------------------ one key twice */
+
+/* r is an error reply naming the same key; its text into out. */
+static void expect_same_key_error(redisReply *r, const char *what, char *out,
+                                  size_t cap)
+{
+    if (r == NULL)
+        fail_msg("%s: no reply (the server is gone?)", what);
+    if (r->type != REDIS_REPLY_ERROR || strstr(r->str, "same key") == NULL)
+        fail_msg("%s: not an error naming the same key (type %d: %s)", what,
+                 r->type, r->type == REDIS_REPLY_ERROR ? r->str : "");
+    snprintf(out, cap, "%s", r->str);
+    freeReplyObject(r);
+}
+
+static void expect_pong(redisContext *c, const char *after)
+{
+    redisReply *r = redisCommand(c, "PING");
+    if (r == NULL || r->type != REDIS_REPLY_STATUS ||
+        strcmp(r->str, "PONG") != 0)
+        fail_msg("no PONG after %s: the server is gone", after);
+    freeReplyObject(r);
+}
+
+/* A fair decision's command (RATELIMIT.FAIR, or the EVAL of the fair
+ * script) as the store sends it for key "k" under prefix: an admission
+ * of one permit at 1000 s under a token bucket, on an absent key. */
+static void fair_words(rate__redis_proto_t *p, bool module,
+                       rate_policy_t *pol, rate__redis_fair_cmd_t *cmd)
+{
+    rate_decide_req_t q = {.policy = pol, .policy_id = 1,
+                           .format = RATE__FORMAT, .now_ns = 1000 * SEC,
+                           .permits = 1, .detail = true,
+                           .op = RATE_DECIDE_ACQUIRE};
+    rate_fair_req_t f = {.flow_hash = UINT64_C(0x1234567890abcdef),
+                         .weight = 1, .slots = 4};
+    rate_key_t key = {"k", 1, RATE_SPACE_STATE};
+    assert_int_equal(rate__redis_fair_cmd(p, module, &key, &q, &f, cmd),
+                     RATE_OK);
+    rate__redis_fair_eval(cmd); /* the script's text: EVAL, not EVALSHA */
+}
+
+/* RATELIMIT.LEASESTEP's words after its keys: an acquire of one lease of
+ * three, then one permit of a token bucket, at 1000 s. */
+static int leasestep_words(const char **av, size_t *al)
+{
+    static const char now[8] = {0, 0x10, (char)0xa5, (char)0xd4,
+                                (char)0xe8, 0, 0, 0};
+    static const char id[8] = {1}, expires[8] = {0, 0, 0, 0, 0, 0, 0, 1};
+    static const char pid[4] = {42};
+    static const char *const text[] = {
+        "a", NULL, "3", "0", "0", NULL, NULL, NULL, "-1", "1000", "0", "1",
+        "0", "-1", "1", "3", "1", "10", "1000000000", "10"};
+    int n = (int)(sizeof text / sizeof text[0]);
+    for (int i = 0; i < n; i++) {
+        av[i] = text[i];
+        al[i] = text[i] != NULL ? strlen(text[i]) : 0;
+    }
+    av[1] = now, al[1] = 8;
+    av[5] = id, al[5] = 8;
+    av[6] = expires, al[6] = 8;
+    av[7] = pid, al[7] = 4;
+    return n;
+}
+
+/* A command of two keys given one key twice (the library never names
+ * them alike; any client that may run the store's commands can):
+ * RATELIMIT.FAIR and RATELIMIT.LEASESTEP refuse it with an error naming
+ * it, their scripts (fair.lua, lease_rate.lua) with the same error, and
+ * the server still answers, with nothing written.  RATELIMIT.FAIR once
+ * stopped redis-server here on an assertion (db.c, 'de != NULL'), for an
+ * admitted request over an absent key.  A server of its own, so that a
+ * crash stops no other test. */
+static void one_key_twice(void **state)
+{
+    (void)state;
+    int p2 = redis_test_free_port();
+    pid_t pid = start_with(p2, with_module);
+    redisContext *c = raw_at(p2);
+    char module_err[256], script_err[256];
+
+    /* RATELIMIT.FAIR key key ..., then the script's EVAL of the same */
+    rate__redis_proto_t p;
+    assert_int_equal(rate__redis_proto_init(&p, "one:", true, 0, false, false),
+                     RATE_OK);
+    rate_policy_t *pol = policy_of("token-bucket 10/s burst=10");
+    rate__redis_fair_cmd_t cmd;
+    fair_words(&p, true, pol, &cmd);
+    cmd.av[2] = cmd.av[1], cmd.al[2] = cmd.al[1];
+    expect_same_key_error(redisCommandArgv(c, cmd.argc, cmd.av, cmd.al),
+                          "RATELIMIT.FAIR", module_err, sizeof module_err);
+    expect_pong(c, "RATELIMIT.FAIR with one key twice");
+    rate__redis_fair_free(&cmd);
+    fair_words(&p, false, pol, &cmd);
+    assert_string_equal(cmd.av[0], "EVAL");
+    cmd.av[4] = cmd.av[3], cmd.al[4] = cmd.al[3];
+    expect_same_key_error(redisCommandArgv(c, cmd.argc, cmd.av, cmd.al),
+                          "the fair script", script_err, sizeof script_err);
+    assert_string_equal(module_err, script_err);
+    rate__redis_fair_free(&cmd);
+
+    /* RATELIMIT.LEASESTEP key key ..., then lease_rate.lua's EVAL */
+    const char *av[32];
+    size_t al[32], len;
+    av[0] = "RATELIMIT.LEASESTEP", av[1] = av[2] = "one:l{k}";
+    al[0] = strlen(av[0]), al[1] = al[2] = strlen(av[1]);
+    int n = 3 + leasestep_words(av + 3, al + 3);
+    expect_same_key_error(redisCommandArgv(c, n, av, al),
+                          "RATELIMIT.LEASESTEP", module_err,
+                          sizeof module_err);
+    expect_pong(c, "RATELIMIT.LEASESTEP with one key twice");
+    av[0] = "EVAL", av[1] = rate__redis_lease_rate_script(&len), av[2] = "2";
+    av[3] = av[4] = "one:l{k}";
+    al[0] = 4, al[1] = len, al[2] = 1, al[3] = al[4] = strlen(av[3]);
+    n = 5 + leasestep_words(av + 5, al + 5);
+    expect_same_key_error(redisCommandArgv(c, n, av, al),
+                          "the lease-rate script", script_err,
+                          sizeof script_err);
+    assert_string_equal(module_err, script_err);
+
+    redisReply *r = redisCommand(c, "DBSIZE");
+    assert_int_equal(r->integer, 0); /* nothing written */
+    freeReplyObject(r);
+    rate_policy_free(pol);
+    rate__redis_proto_free(&p);
+    redisFree(c);
+    redis_test_stop(&pid);
 }
 
 /* The commands' flags say what they cost: RATELIMIT.STEP may walk a
@@ -892,6 +1036,7 @@ int main(void)
         cmocka_unit_test(cl_throttle_vectors),
         cmocka_unit_test(step_arguments),
         cmocka_unit_test(tampered_versions),
+        cmocka_unit_test(one_key_twice),
         cmocka_unit_test(honest_flags),
         cmocka_unit_test(unload_mid_run),
     };

@@ -348,6 +348,31 @@ static void replies(void **state)
     r = parse_resp("*2\r\n$1\r\n5\r\n$0\r\n\r\n"); /* present, no state */
     assert_int_equal(rate__redis_load_parse(r, &st, &len, &v), RATE_ECORRUPT);
     freeReplyObject(r);
+    /* The version's text (docs/redis.md, "Versions"): 0 is a new key;
+     * a leading zero or 20 characters is no version of ours, which the
+     * compare-and-set script, comparing text, would never match. */
+    r = parse_resp("*2\r\n$1\r\n0\r\n$3\r\nabc\r\n");
+    assert_int_equal(rate__redis_load_parse(r, &st, &len, &v), RATE_OK);
+    assert_int_equal(v, 0);
+    assert_null(st);
+    freeReplyObject(r);
+    static const char *const not_ours[] = {
+        "*2\r\n$2\r\n05\r\n$3\r\nabc\r\n",
+        "*2\r\n$2\r\n00\r\n$3\r\nabc\r\n",
+        "*2\r\n$20\r\n01234567890123456789\r\n$3\r\nabc\r\n",
+        "*2\r\n$20\r\n18446744073709551614\r\n$3\r\nabc\r\n",
+        "*2\r\n$0\r\n\r\n$3\r\nabc\r\n"};
+    for (size_t i = 0; i < sizeof not_ours / sizeof not_ours[0]; i++) {
+        r = parse_resp(not_ours[i]);
+        if (rate__redis_load_parse(r, &st, &len, &v) != RATE_ECORRUPT)
+            fail_msg("version of reply %zu: read as %llu", i,
+                     (unsigned long long)v);
+        freeReplyObject(r);
+    }
+    r = parse_resp("*2\r\n$19\r\n9999999999999999999\r\n$3\r\nabc\r\n");
+    assert_int_equal(rate__redis_load_parse(r, &st, &len, &v), RATE_OK);
+    assert_int_equal(v, UINT64_C(9999999999999999999));
+    freeReplyObject(r);
 
     r = parse_resp(":0\r\n");
     assert_int_equal(rate__redis_cas_parse(r), RATE_ECONFLICT);

@@ -18,9 +18,15 @@
 -- returns  step.lua's reply and two more: fair_denied (0/1), shared
 --          (0/1); {0}: declined (nothing written: the client's table
 --          decides); {2}: KEYS[1] is not a hash; {3}: KEYS[2] is not a
---          fair table (both left as they are)
+--          fair table (both left as they are); an error when KEYS[1] and
+--          KEYS[2] are one key
 --@include src/store/redis/step_lib.lua
 --@include src/fair/fair_rule.lua
+-- One key for both: refused, as RATELIMIT.FAIR refuses it (the table's
+-- write would land in the shared limit's hash).
+if KEYS[1] == KEYS[2] then
+  return redis.error_reply('ERR fair: key and table are the same key')
+end
 local F_LIMIT = tonumber(table.remove(ARGV))
 local F_PERIOD = tonumber(table.remove(ARGV))
 local F_PERIOD_US = tonumber(table.remove(ARGV))

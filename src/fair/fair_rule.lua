@@ -14,6 +14,9 @@ local FAIR_LEAD = 17592186044416 -- 2^44
 local FAIR_REBASE = 1099511627776 -- 2^40
 local FAIR_ASKED_MAX = 1125899906842624 -- 2^50
 local FAIR_NEED_MAX = 4503599627370496 -- 2^52
+-- The most V or a flow's s can be (2^40 + 2^44, RATE__FAIR_S_MAX): past
+-- it a table is refused, as the C rule refuses it (sums would round).
+local FAIR_S_MAX = 18691697672192
 
 local FAIR_ZERO48 = string.rep('\0', 48)
 
@@ -32,12 +35,14 @@ end
 
 -- The table's bytes into {slots, v, e = {...}}, each entry
 -- {h, s, ep, cur, prev, w, raw} (raw: its bytes while unchanged; an
--- entry rewritten has dirty set); nil for bytes that are not a table.
+-- entry rewritten has dirty set); nil for bytes that are not a table the
+-- rule could have written (as rate__fair_valid).
 local function fair_read(str)
   if #str < 32 or str:sub(1, 8) ~= FAIR_MAGIC then return nil end
   local slots, v = fair_num(str, 9), fair_num(str, 17)
   if slots == nil or v == nil or slots < 1 or slots > 4096 or
-     #str ~= 32 + 48 * slots or str:sub(25, 32) ~= FAIR_ZERO8 then
+     v > FAIR_S_MAX or #str ~= 32 + 48 * slots or
+     str:sub(25, 32) ~= FAIR_ZERO8 then
     return nil
   end
   local e = {}
@@ -53,7 +58,9 @@ local function fair_read(str)
            cur = fair_at(b, 25), prev = fair_at(b, 33), w = fair_at(b, 41),
            raw = raw}
       if x.s == nil or x.ep == nil or x.cur == nil or x.prev == nil or
-         x.w == nil or (x.h ~= FAIR_ZERO8 and (x.w < 1 or x.w > FAIR_ONE)) then
+         x.w == nil or x.s > FAIR_S_MAX or x.cur > FAIR_ASKED_MAX or
+         x.prev > FAIR_ASKED_MAX or
+         (x.h ~= FAIR_ZERO8 and (x.w < 1 or x.w > FAIR_ONE)) then
         return nil
       end
     end

@@ -69,14 +69,15 @@ bool rate__fair_valid(const uint8_t *t, size_t len)
         return false;
     uint64_t slots = get(t + 8);
     if (slots < 1 || slots > RATE__FAIR_SLOTS_MAX ||
-        len != rate__fair_table_len(slots) || get(t + 16) >= top ||
-        get(t + 24) != 0)
+        len != rate__fair_table_len(slots) ||
+        get(t + 16) > RATE__FAIR_S_MAX || get(t + 24) != 0)
         return false;
     for (uint64_t i = 0; i < slots; i++) {
         const uint8_t *e = ent((uint8_t *)t, i);
-        for (int f = F_S; f <= F_WEIGHT; f++)
-            if (fld(e, f) >= top)
-                return false;
+        if (fld(e, F_S) > RATE__FAIR_S_MAX || fld(e, F_EPOCH) >= top ||
+            fld(e, F_CUR) > RATE__FAIR_ASKED_MAX ||
+            fld(e, F_PREV) > RATE__FAIR_ASKED_MAX || fld(e, F_WEIGHT) >= top)
+            return false;
         uint64_t w = fld(e, F_WEIGHT);
         if (used(e) && (w < 1 || w > RATE__FAIR_WEIGHT_MAX))
             return false;

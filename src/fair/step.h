@@ -30,6 +30,11 @@
 #define RATE__FAIR_LEAD (UINT64_C(1) << 44)
 #define RATE__FAIR_REBASE (UINT64_C(1) << 40)
 #define RATE__FAIR_ASKED_MAX (UINT64_C(1) << 50)
+/* The most V or a flow's s can be in a table the rule wrote (V at most
+ * REBASE after a charge, a flow at most LEAD past it); a table past it
+ * is refused, since the Lua twin's doubles would then round where C
+ * does not. */
+#define RATE__FAIR_S_MAX (RATE__FAIR_REBASE + RATE__FAIR_LEAD)
 #define RATE__FAIR_NEED_MAX (UINT64_C(1) << 52)
 
 /* One decision's walk over the table: the inputs, then what enter()
@@ -73,7 +78,10 @@ static inline uint64_t rate__fair_fleet_term(uint64_t cap, uint64_t w,
 size_t rate__fair_table_len(uint64_t slots);
 /* A new, empty table of `slots` entries into t (rate__fair_table_len). */
 void rate__fair_init(uint8_t *t, uint64_t slots);
-/* Whether t[0..len) is a table (its numbers in range). */
+/* Whether t[0..len) is a table the rule could have written: its header,
+ * V and every s at most RATE__FAIR_S_MAX, what a flow asked at most
+ * RATE__FAIR_ASKED_MAX, every other number below 2^53, a used entry's
+ * weight 1..2^20. */
 bool rate__fair_valid(const uint8_t *t, size_t len);
 /* Counts the request in the flow's entry (found or taken) and brings the
  * table to this period; a flow back from idle restarts at V.  t is a

@@ -46,11 +46,14 @@ end
 
 local got = redis.call('HMGET', KEYS[1], 'v', 's')
 local ver, st = got[1], got[2]
-if ver and (#ver > 19 or not string.match(ver, '^%d+$')) then
+-- A version is 0 or 1 to 19 digits without a leading zero (docs/redis.md,
+-- "Versions"); anything else is no key of ours.
+if ver and ver ~= '0' and
+   (#ver > 19 or not string.find(ver, '^[1-9]%d*$')) then
   return reply(3, false, 0)
 end
 -- No version, version 0 or no state: a new key (as the client's load).
-local fresh = not ver or tonumber(ver) == 0 or not st
+local fresh = not ver or ver == '0' or not st
 local old = {}
 if not fresh then
   if #st < 14 or st:byte(14) ~= 76 or st:byte(13) ~= 0 then

@@ -135,6 +135,11 @@ int cmd_check(int argc, char **argv)
     if (cli_limiter_open(&cl, &po, store_spec, false, max_keys,
                          CLI_TRACE_KEYS_UNKNOWN) != 0)
         return 2;
+    if (store_spec == NULL)
+        fprintf(stderr, "check: note: no --store, so a fresh memory store "
+                "that forgets this call when the command ends: each run "
+                "starts cold (--store shm:PATH or redis://... keeps the "
+                "state between runs)\n");
     rate_decision_t d;
     int rc = rate_limiter_check(cl.lim, key, strlen(key), permits,
                                 cl.max_wait_ns, &d);

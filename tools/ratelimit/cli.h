@@ -267,6 +267,10 @@ void reader_report(const reader_t *r);
  * shared an instant, and one when lines went back in time. */
 void reader_warn_time(const reader_t *r, const rate_policy_t *const *policies,
                       size_t npolicies);
+/* The coarse-time warning of reader_warn_time as one short sentence for a
+ * chart, into buf: false (buf untouched) when there is none. */
+bool reader_coarse_note(const reader_t *r, const rate_policy_t *const *policies,
+                        size_t npolicies, char *buf, size_t len);
 
 /* Writes seconds with exactly 9 fractional digits ("0.000000000"). */
 char *fmt_seconds(char *p, uint64_t ns);

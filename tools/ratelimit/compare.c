@@ -369,8 +369,11 @@ static const char *dur_words(char *buf, size_t len, uint64_t ns)
 
 #define TOP_KEYS 3 /* the chart's columns: the keys denied most */
 
+/* note: the input's warning on its times (NULL: none), a line under the
+ * chart, so that a saved chart carries it. */
 static int write_svg(FILE *f, const chart_t *c, const lane_t *lanes,
-                     size_t nlanes, uint64_t period, keymap_t *keys)
+                     size_t nlanes, uint64_t period, keymap_t *keys,
+                     const char *note)
 {
     static const char *colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd",
                                    "#8c564b", "#e377c2", "#17becf", "#bcbd22",
@@ -417,6 +420,10 @@ static int write_svg(FILE *f, const chart_t *c, const lane_t *lanes,
     size_t ncol = nk ? nk : 1;
     double pw = (W - X0 - XR - GAP * (double)(ncol - 1)) / (double)ncol;
     double H = TOPY + PITCH * (double)nlanes + 30;
+    double H_all = H + (note != NULL ? 22 : 0);
+    /* Under --fair the rate is the shared limit's, of all keys together:
+     * not drawn in a key's panel as if it were the key's own. */
+    bool fair = nlanes > 0 && lanes[0].fair != NULL;
     double span = np > 0 ? (double)(chart_time(c, np - 1) - c->t0) / 1e9
                          : (double)period / 1e9;
     if (!(span > 0))
@@ -435,7 +442,7 @@ static int write_svg(FILE *f, const chart_t *c, const lane_t *lanes,
                "height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
                "font-family=\"sans-serif\" font-size=\"11\">\n"
                "<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n",
-            W, H, W, H, W, H);
+            W, H_all, W, H_all, W, H_all);
     if (nk < keys->n)
         fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\" "
                    "font-weight=\"bold\">Requests per %s of the %zu keys "
@@ -460,13 +467,18 @@ static int write_svg(FILE *f, const chart_t *c, const lane_t *lanes,
                "sent (offered load)</text>\n"
                "<line x1=\"%.0f\" y1=\"55\" x2=\"%.0f\" y2=\"55\" "
                "stroke=\"#333\" stroke-width=\"2\"/><text x=\"%.0f\" "
-               "y=\"59\">admitted (one colour per policy)</text>\n"
-               "<line x1=\"%.0f\" y1=\"55\" x2=\"%.0f\" y2=\"55\" "
-               "stroke=\"#d62728\" stroke-width=\"1.5\" "
-               "stroke-dasharray=\"5 3\"/><text x=\"%.0f\" y=\"59\">the "
-               "policy's rate per %s</text>\n",
-            X0, X0 + 28, X0 + 170, X0 + 192, X0 + 198, X0 + 420, X0 + 442,
-            X0 + 448, pw_text);
+               "y=\"59\">admitted (one colour per policy)</text>\n",
+            X0, X0 + 28, X0 + 170, X0 + 192, X0 + 198);
+    if (fair)
+        fprintf(f, "<text x=\"%.0f\" y=\"59\">each policy is one limit "
+                   "shared fairly by all the keys (its rate is theirs "
+                   "together)</text>\n", X0 + 420);
+    else
+        fprintf(f, "<line x1=\"%.0f\" y1=\"55\" x2=\"%.0f\" y2=\"55\" "
+                   "stroke=\"#d62728\" stroke-width=\"1.5\" "
+                   "stroke-dasharray=\"5 3\"/><text x=\"%.0f\" y=\"59\">"
+                   "the policy's rate per %s</text>\n",
+                X0 + 420, X0 + 442, X0 + 448, pw_text);
     if (np == 0)
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">"
                    "no requests in the trace</text>\n", W / 2, TOPY + 40);
@@ -496,7 +508,7 @@ static int write_svg(FILE *f, const chart_t *c, const lane_t *lanes,
             for (size_t sidx = 0; sidx <= nlanes; sidx++)
                 if (chart_value(c, SERIES(k, sidx), i) > ymax)
                     ymax = chart_value(c, SERIES(k, sidx), i);
-        for (size_t a = 0; a < nlanes; a++)
+        for (size_t a = 0; a < nlanes && !fair; a++)
             if (lane_rate(&lanes[a], period) > ymax)
                 ymax = lane_rate(&lanes[a], period);
         double ystep = nice_step(ymax, 2);
@@ -581,6 +593,8 @@ static int write_svg(FILE *f, const chart_t *c, const lane_t *lanes,
                                   PH);
             }
             fputs("\"/>\n", f);
+            if (fair)
+                continue;
             double ry = pyb - lane_rate(&lanes[a], period) / ymax * PH;
             fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" "
                        "y2=\"%.1f\" stroke=\"#d62728\" stroke-width=\"1.5\" "
@@ -603,6 +617,12 @@ static int write_svg(FILE *f, const chart_t *c, const lane_t *lanes,
                "transform=\"rotate(-90 14 %.1f)\">requests in the last %s"
                "</text>\n", TOPY + PITCH * (double)nlanes / 2,
             TOPY + PITCH * (double)nlanes / 2, pw_text);
+    if (note != NULL) {
+        fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" fill=\"#d62728\">", X0,
+                H + 12);
+        xml_text(f, note);
+        fputs("</text>\n", f);
+    }
     fputs("</svg>\n", f);
 #undef SERIES
     free(dense);
@@ -877,9 +897,12 @@ int cmd_compare(int argc, char **argv)
         for (size_t a = 0; a < nlanes && np < 32; a++)
             pols[np++] = lanes[a].policy;
         reader_warn_time(&rd, pols, np);
+        char note[200];
+        bool coarse = reader_coarse_note(&rd, pols, np, note, sizeof note);
         print_table(lanes, nlanes);
         if (svg_file != NULL &&
-            write_svg(svg_file, chart, lanes, nlanes, period, &svg_keys) != 0)
+            write_svg(svg_file, chart, lanes, nlanes, period, &svg_keys,
+                      coarse ? note : NULL) != 0)
             status = cli_fail("compare: cannot write '%s'", svg);
         if (status == 0 && series_file != NULL &&
             write_series(series_file, chart, lanes, nlanes) != 0)

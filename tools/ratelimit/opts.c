@@ -1224,10 +1224,33 @@ static const char *words(char *buf, size_t len, uint64_t ns)
     return buf;
 }
 
+/* The first limit of the policies whose resolution the input's times are
+ * coarser than, while some requests shared an instant (that matters only
+ * where some did); its policy's index into *pi.  NULL: none. */
+static const rate_limit_t *coarse_limit(const reader_t *r,
+                                        const rate_policy_t *const *policies,
+                                        size_t npolicies, size_t *pi)
+{
+    if (r->same_instant == 0 || r->nreq < 2)
+        return NULL;
+    for (size_t p = 0; p < npolicies; p++)
+        for (size_t i = 0; i < rate_policy_count(policies[p]); i++) {
+            const rate_limit_t *l = rate_policy_limit(policies[p], i);
+            uint64_t need = is_bucket(l->algorithm) ? l->period_ns / l->limit
+                                                    : l->period_ns;
+            if (r->res_ns > need) {
+                *pi = p;
+                return l;
+            }
+        }
+    return NULL;
+}
+
 void reader_warn_time(const reader_t *r, const rate_policy_t *const *policies,
                       size_t npolicies)
 {
     char a[32], b[32], text[200];
+    size_t p;
     if (r->nearlier > 0)
         fprintf(stderr, "%s: warning: %llu request%s earlier than a line "
                 "before %s (first at line %llu, at most %s back); a key's "
@@ -1238,35 +1261,42 @@ void reader_warn_time(const reader_t *r, const rate_policy_t *const *policies,
                 : "s are", r->nearlier == 1 ? "it" : "them",
                 (unsigned long long)r->first_earlier,
                 words(a, sizeof a, r->most_back_ns));
-    /* Requests apart by less than the resolution show as one instant:
-     * that matters only where some shared one. */
-    if (r->same_instant == 0 || r->nreq < 2)
+    const rate_limit_t *l = coarse_limit(r, policies, npolicies, &p);
+    if (l == NULL)
         return;
-    for (size_t p = 0; p < npolicies; p++) {
-        for (size_t i = 0; i < rate_policy_count(policies[p]); i++) {
-            const rate_limit_t *l = rate_policy_limit(policies[p], i);
-            bool bucket = is_bucket(l->algorithm);
-            uint64_t need = bucket ? l->period_ns / l->limit : l->period_ns;
-            if (r->res_ns <= need)
-                continue;
-            rate_policy_format(policies[p], text, sizeof text);
-            fprintf(stderr, "%s: warning: the input's times are %s%s, "
-                    "coarser than '%s' resolves (%s%s), and %llu requests "
-                    "shared an instant with the one before: the requests of "
-                    "one step are replayed at one instant, so a token bucket "
-                    "admits at most its burst of them, a leaky bucket about "
-                    "one, a window at most its limit, fewer than the real, "
-                    "spread-out traffic would get.  Give finer times "
-                    "(nginx's $msec: --input clf --time-field N; JSON "
-                    "lines: --input json)\n", r->cmd,
-                    r->res_ns == RATE_NS_PER_S ? "whole seconds" : "in steps of ",
-                    r->res_ns == RATE_NS_PER_S ? "" : words(a, sizeof a, r->res_ns),
-                    text, bucket ? "a permit every " : "a window of ",
-                    words(b, sizeof b, need),
-                    (unsigned long long)r->same_instant);
-            return;
-        }
-    }
+    bool bucket = is_bucket(l->algorithm);
+    uint64_t need = bucket ? l->period_ns / l->limit : l->period_ns;
+    rate_policy_format(policies[p], text, sizeof text);
+    fprintf(stderr, "%s: warning: the input's times are %s%s, "
+            "coarser than '%s' resolves (%s%s), and %llu requests "
+            "shared an instant with the one before: the requests of "
+            "one step are replayed at one instant, which changes what a "
+            "policy admits, either way: a token bucket admits at most its "
+            "burst of them, a leaky bucket about one, a fixed window at "
+            "most its limit, and a sliding window about half its rate "
+            "(each step finds only the room the step before left).  Give "
+            "finer times (nginx's $msec: --input clf --time-field N; JSON "
+            "lines: --input json)\n", r->cmd,
+            r->res_ns == RATE_NS_PER_S ? "whole seconds" : "in steps of ",
+            r->res_ns == RATE_NS_PER_S ? "" : words(a, sizeof a, r->res_ns),
+            text, bucket ? "a permit every " : "a window of ",
+            words(b, sizeof b, need), (unsigned long long)r->same_instant);
+}
+
+bool reader_coarse_note(const reader_t *r, const rate_policy_t *const *policies,
+                        size_t npolicies, char *buf, size_t len)
+{
+    size_t p;
+    char a[32];
+    if (coarse_limit(r, policies, npolicies, &p) == NULL)
+        return false;
+    snprintf(buf, len, "Warning: the input's times are %s%s, coarser than "
+             "the policies resolve: each step's requests were replayed at "
+             "one instant, so what is admitted differs from real, "
+             "spread-out traffic.",
+             r->res_ns == RATE_NS_PER_S ? "whole seconds" : "in steps of ",
+             r->res_ns == RATE_NS_PER_S ? "" : words(a, sizeof a, r->res_ns));
+    return true;
 }
 
 void reader_report(const reader_t *r)

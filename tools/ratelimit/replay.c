@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <ratelimit_shm.h>
@@ -233,7 +234,37 @@ static double share(const keyrec_t *k)
 }
 
 /* The per-key table (--per-key), tab-separated with a header line. */
-static int write_per_key(FILE *f, const keymap_t *keys, uint64_t t0)
+/* The first denial's time as written, except a bare number from a log
+ * (nginx's $msec, a JSON time in seconds since 1970): that is shown as
+ * the UTC date and time it stands for, to the millisecond. */
+static void when_text(const keyrec_t *k, bool log_input, char *buf,
+                      size_t cap, const char **text, int *len)
+{
+    *text = k->first_deny_text;
+    *len = (int)k->first_deny_len;
+    if (!log_input || k->first_deny_len == 0)
+        return;
+    for (size_t i = 0; i < k->first_deny_len; i++)
+        if ((k->first_deny_text[i] < '0' || k->first_deny_text[i] > '9') &&
+            k->first_deny_text[i] != '.')
+            return;
+    time_t secs = (time_t)(k->first_deny_ns / RATE_NS_PER_S);
+    struct tm tm;
+    if (gmtime_r(&secs, &tm) == NULL)
+        return;
+    size_t n = strftime(buf, cap, "%Y-%m-%dT%H:%M:%S", &tm);
+    if (n == 0)
+        return;
+    int m = snprintf(buf + n, cap - n, ".%03uZ",
+                     (unsigned)(k->first_deny_ns % RATE_NS_PER_S / 1000000));
+    if (m < 0 || (size_t)m >= cap - n)
+        return;
+    *text = buf;
+    *len = (int)(n + (size_t)m);
+}
+
+static int write_per_key(FILE *f, const keymap_t *keys, uint64_t t0,
+                         bool log_input)
 {
     fputs("key\trequests\tadmitted\tdenied\tdenied_share\t"
           "first_denial_s\tfirst_denial\n", f);
@@ -249,16 +280,21 @@ static int write_per_key(FILE *f, const keymap_t *keys, uint64_t t0)
             fputs("-\t-\n", f);
             continue;
         }
+        char when[40];
+        const char *wt;
+        int wl;
         *fmt_seconds(buf, k->first_deny_ns > t0 ? k->first_deny_ns - t0 : 0) = '\0';
         fprintf(f, "%s\t", buf);
-        fwrite(k->first_deny_text, 1, k->first_deny_len, f);
+        when_text(k, log_input, when, sizeof when, &wt, &wl);
+        fwrite(wt, 1, (size_t)wl, f);
         fputc('\n', f);
     }
     return fflush(f) == 0 && !ferror(f) ? 0 : -1;
 }
 
 /* The --top N summary on standard error. */
-static void write_top(const keymap_t *keys, uint64_t top, uint64_t t0)
+static void write_top(const keymap_t *keys, uint64_t top, uint64_t t0,
+                      bool log_input)
 {
     size_t n = keys->n < top ? keys->n : (size_t)top, w = 3;
     size_t denied_keys = 0;
@@ -280,14 +316,16 @@ static void write_top(const keymap_t *keys, uint64_t top, uint64_t t0)
             "denied", "share", "first denial (s from the start: as written)");
     for (size_t i = 0; i < n; i++) {
         const keyrec_t *k = &keys->recs[i];
-        char buf[32];
+        char buf[32], when[40];
+        const char *wt;
+        int wl;
         *fmt_seconds(buf, k->first_deny_ns > t0 ? k->first_deny_ns - t0 : 0) = '\0';
+        when_text(k, log_input, when, sizeof when, &wt, &wl);
         fprintf(stderr, "  %-*.*s %9llu %9llu %6.1f%%  %.*s: %.*s\n", (int)w,
                 (int)k->len, k->key,
                 (unsigned long long)(k->allowed + k->denied),
                 (unsigned long long)k->denied, 100 * share(k),
-                (int)(strchr(buf, '.') - buf + 4), buf,
-                (int)k->first_deny_len, k->first_deny_text);
+                (int)(strchr(buf, '.') - buf + 4), buf, wl, wt);
     }
 }
 
@@ -496,10 +534,11 @@ int cmd_replay(int argc, char **argv)
                 (unsigned long long)allowed, (unsigned long long)denied);
         if (keys.n > 1)
             qsort(keys.recs, keys.n, sizeof *keys.recs, by_denials);
+        bool log_input = strcmp(input, "trace") != 0;
         if (top > 0)
-            write_top(&keys, top, t0);
+            write_top(&keys, top, t0, log_input);
         if (per_key && write_per_key(per_key_file ? per_key_file : stderr,
-                                     &keys, t0) != 0)
+                                     &keys, t0, log_input) != 0)
             status = cli_fail("replay: cannot write --per-key '%s'",
                               per_key_path ? per_key_path : "(stderr)");
     }

@@ -331,7 +331,13 @@ int clf_parse_line_at(const char *s, size_t len, clf_field_t key_field,
     out->time_len = fl[3];
     if (time_field >= 0) { /* --time-field N: a finer time, e.g. $msec */
         if ((size_t)time_field >= n) {
-            *err = "the time field (--time-field) is absent on this line";
+            *err = n <= 9 ? "the time field (--time-field) is absent on this "
+                            "line: a combined log has 9 fields; --time-field "
+                            "names one logged after them, such as nginx's "
+                            "$msec as field 10 (without it, leave "
+                            "--time-field out: the [time] field is read)"
+                          : "the time field (--time-field) is absent on this "
+                            "line: it has fewer fields";
             return TRACE_ERR;
         }
         if (trace_parse_clock(f[time_field], fl[time_field], &out->t_ns,

@@ -12,7 +12,8 @@
 -- ARGV     [1..9] the lease script's arguments (the op 'a'), then the
 --          general step's, from its time on
 -- returns  the lease script's five, then the step's reply, or 0 when the
---          class had no room (the rate limits not asked)
+--          class had no room (the rate limits not asked); an error when
+--          KEYS[1] and KEYS[2] are one key
 --
 -- The steps: a count of the leases (expired ones dropped, as always);
 -- with no room for the class, the acquire (denied: its retry time, nothing
@@ -31,6 +32,11 @@ local largs = {}
 for i = 1, 9 do largs[i] = ARGV[i] end
 local rargs = {}
 for i = 10, #ARGV do rargs[i - 9] = ARGV[i] end
+-- One key for both: refused, as RATELIMIT.LEASESTEP refuses it (the
+-- leases and the rate state would overwrite each other).
+if KEYS[1] == KEYS[2] then
+  return redis.error_reply('ERR lease: lease_key and rate_key are the same key')
+end
 if largs[1] ~= 'a' then
   return redis.error_reply('ERR lease: an acquire with rate limits only')
 end

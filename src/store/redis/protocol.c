@@ -281,8 +281,8 @@ static int parse_version(const redisReply *v, uint64_t *out)
         *out = 0;
         return RATE_OK;
     }
-    if (v->type != REDIS_REPLY_STRING || v->len > 19 ||
-        !rate__parse_decimal(v->str, v->len, UINT64_MAX, out))
+    if (v->type != REDIS_REPLY_STRING ||
+        !rate__version_parse(v->str, v->len, out))
         return RATE_ECORRUPT;
     return RATE_OK;
 }
