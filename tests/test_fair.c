@@ -455,8 +455,8 @@ static void million_memory(void **s)
     (void)s;
     rate_limiter_t *lim = limiter_of(algos[0], NULL);
     rate_fair_t *f = fair_mem(lim);
-    /* documented: the table is slots x (112 + 42 x queue_max) + header */
-    assert_true(rate_fair_memory(f) < 64 * (112 + 42 * 16) + 1280);
+    /* documented: the table is slots x (120 + 42 x queue_max) + header */
+    assert_true(rate_fair_memory(f) < 64 * (120 + 42 * 16) + 1280);
     many_flows(f, lim);
     rate_fair_free(f);
     rate_limiter_free(lim);

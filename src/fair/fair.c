@@ -702,10 +702,11 @@ static uint64_t recent(const fslot_t *sl)
            sl->qpermits;
 }
 
-/* Known for two periods or more: its long demand tells (rule.h). */
-static bool known(const fslot_t *sl)
+/* The periods since the flow first asked, this one included (rule.h). */
+static uint64_t age(const fslot_t *sl)
 {
-    return sl->since != 0 && sl->epoch >= sl->since + 2;
+    return sl->since != 0 && sl->epoch >= sl->since ? sl->epoch - sl->since + 1
+                                                     : 0;
 }
 
 static uint64_t terms_for(rate_fair_t *f, const fslot_t *me, uint64_t cap,
@@ -719,7 +720,7 @@ static uint64_t terms_for(rate_fair_t *f, const fslot_t *me, uint64_t cap,
         const fslot_t *sl = &f->slot[i - 1];
         uint64_t asked = recent(sl);
         if (sl == me || sl->s >= me->s ||
-            rate__fair_is_light(&f->shape, asked, sl->lsum, known(sl),
+            rate__fair_is_light(&f->shape, asked, sl->lsum, age(sl),
                                 sl->weight, total_w, cap))
             continue;
         r += rate__fair_term(&f->shape, now / 1000, cap, sl->weight, total_w,
@@ -738,7 +739,7 @@ static bool light_count(rate_fair_t *f, fslot_t *sl, uint64_t permits,
     rate__fair_light_t *l = &f->h->light;
     rate__fair_light_count(l, &f->shape, now / 1000, permits);
     bool light = rate__fair_is_light(&f->shape, recent(sl), sl->lsum,
-                                     known(sl), sl->weight, f->h->total_w,
+                                     age(sl), sl->weight, f->h->total_w,
                                      f->h->cap);
     if (light) {
         rate__fair_light_add(l, &f->shape, permits);
@@ -888,7 +889,7 @@ static void keep_light_room(rate_fair_t *f, fslot_t *sl, uint64_t permits,
 {
     if (!out->allowed || out->reason != RATE_REASON_ALLOWED ||
         out->limit == RATE_NO_LIMIT || out->shadow ||
-        rate__fair_is_light(&f->shape, recent(sl), sl->lsum, known(sl),
+        rate__fair_is_light(&f->shape, recent(sl), sl->lsum, age(sl),
                             sl->weight, f->h->total_w, out->limit))
         return;
     uint64_t need = need_of(f, sl, out->limit, now, out->remaining);

@@ -55,8 +55,23 @@ uint64_t rate__fair_long_decay(uint64_t sum, uint64_t periods)
     return sum;
 }
 
+/* What k periods of the same demand sum to in a long demand, in 2^20ths
+ * of 8 periods' worth: 2^20 - r_k, r_0 = 2^20, r_k+1 = r_k - r_k / 8
+ * (about 1 - (7/8)^k; the Lua twin holds the same table). */
+static const uint32_t long_part[65] = {
+    0, 131072, 245760, 346112, 433920, 510752, 577980, 636804,
+    688275, 733312, 772720, 807202, 837373, 863773, 886873, 907085,
+    924771, 940246, 953787, 965635, 976002, 985073, 993010, 999955,
+    1006032, 1011350, 1016003, 1020074, 1023636, 1026753, 1029480, 1031867,
+    1033955, 1035782, 1037381, 1038780, 1040004, 1041075, 1042012, 1042832,
+    1043550, 1044178, 1044727, 1045208, 1045629, 1045997, 1046319, 1046601,
+    1046847, 1047063, 1047252, 1047417, 1047561, 1047687, 1047798, 1047895,
+    1047980, 1048054, 1048119, 1048176, 1048226, 1048269, 1048307, 1048340,
+    1048369,
+};
+
 bool rate__fair_is_light(const rate__fair_shape_t *sh, uint64_t asked,
-                         uint64_t long_sum, bool known, uint64_t w,
+                         uint64_t long_sum, uint64_t age, uint64_t w,
                          uint64_t total_w, uint64_t cap)
 {
     if (total_w == 0)
@@ -64,8 +79,13 @@ bool rate__fair_is_light(const rate__fair_shape_t *sh, uint64_t asked,
     u128 share = (u128)sh->limit * w / total_w;
     if (asked <= share + 1)
         return true;
-    return known && asked <= (cap ? cap : sh->limit) / 2 &&
-           long_sum <= 8 * (share + 1);
+    if (age < 3 || asked > (cap ? cap : sh->limit) / 2)
+        return false;
+    /* long_sum <= 8 (share + 1) x part(age) / 2^20, the product split as
+     * the Lua twin splits it */
+    uint64_t a = (uint64_t)(8 * (share + 1)), b = long_part[age > 64 ? 64 : age];
+    uint64_t q = a >> 20, r = a & ((UINT64_C(1) << 20) - 1);
+    return long_sum <= q * b + ((r * b) >> 20);
 }
 
 /* The backlog drained to now (the shared rate: L permits a period, so

@@ -88,12 +88,14 @@ uint64_t rate__fair_long_add(uint64_t sum, uint64_t permits);
 
 /* Whether a flow of weight w is light: it asked lately (the larger of
  * this period's and the last's, this request included) no more than its
- * share of the rate plus one, floor(L w / total_w) + 1; or, known for
- * two periods or more (`known`), it asks that little over the long run
- * (long_sum / 8) and lately no more than half the capacity cap (0: L):
- * a flow that comes now and then in bursts. */
+ * share of the rate plus one, floor(L w / total_w) + 1; or, seen in
+ * three periods or more (`age`: the periods since it first asked,
+ * this one included), it asks that little over the long run (its long
+ * demand against what that share would have summed to over its age, up
+ * to 64) and lately no more than half the capacity cap (0: L): a flow
+ * that comes now and then in bursts. */
 bool rate__fair_is_light(const rate__fair_shape_t *sh, uint64_t asked,
-                         uint64_t long_sum, bool known, uint64_t w,
+                         uint64_t long_sum, uint64_t age, uint64_t w,
                          uint64_t total_w, uint64_t cap);
 
 /* Brings the estimator to now_us and counts `permits` asked of the table

@@ -21,13 +21,28 @@ local function rule_sat(x)
   return x
 end
 
--- As rate__fair_is_light (known: a boolean).
-local function rule_is_light(sh, asked, long_sum, known, w, total, cap)
+-- What k periods of the same demand sum to in a long demand, in 2^20ths
+-- of 8 periods' worth (rule.c's long_part; RULE_LONG[k + 1]).
+local RULE_LONG = {0, 131072, 245760, 346112, 433920, 510752, 577980,
+  636804, 688275, 733312, 772720, 807202, 837373, 863773, 886873, 907085,
+  924771, 940246, 953787, 965635, 976002, 985073, 993010, 999955, 1006032,
+  1011350, 1016003, 1020074, 1023636, 1026753, 1029480, 1031867, 1033955,
+  1035782, 1037381, 1038780, 1040004, 1041075, 1042012, 1042832, 1043550,
+  1044178, 1044727, 1045208, 1045629, 1045997, 1046319, 1046601, 1046847,
+  1047063, 1047252, 1047417, 1047561, 1047687, 1047798, 1047895, 1047980,
+  1048054, 1048119, 1048176, 1048226, 1048269, 1048307, 1048340, 1048369}
+
+-- As rate__fair_is_light (age: the periods since the flow first asked).
+local function rule_is_light(sh, asked, long_sum, age, w, total, cap)
   if total == 0 then return true end
   local share = rule_muldiv(sh.limit, w, total)
   if asked <= share + 1 then return true end
   if cap == 0 then cap = sh.limit end
-  return known and asked <= fdiv(cap, 2) and long_sum <= 8 * (share + 1)
+  if age < 3 or asked > fdiv(cap, 2) then return false end
+  if age > 64 then age = 64 end
+  local a, b = 8 * (share + 1), RULE_LONG[age + 1]
+  local q = fdiv(a, RULE_ONE)
+  return long_sum <= q * b + fdiv((a - q * RULE_ONE) * b, RULE_ONE)
 end
 
 local function rule_long_add(sum, n)
