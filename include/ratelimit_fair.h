@@ -33,7 +33,7 @@ extern "C" {
  * A fleet: when the limiter's store makes fair decisions itself (the
  * store contract's fair(), version 6: the Redis store), the not-waiting
  * calls go there by themselves, one round trip each, over a table kept
- * beside the shared key (32 + 48 x slots bytes) that every fair limit
+ * beside the shared key (112 + 72 x slots bytes) that every fair limit
  * of that key on that Redis shares; rate_fair_check and
  * rate_fair_try_acquire then go by the limiter's clock (Redis TIME)
  * unless the config gives a clock.  The waiting calls stay on the local

@@ -728,17 +728,28 @@ static bool fair_gate(void *ud, rate_decision_t *d)
         if ((t = malloc(len ? len : 1)) == NULL)
             goto corrupt;
         memcpy(t, old, len);
-        if (!rate__fair_valid(t, len))
-            goto corrupt;
+        if (!rate__fair_valid(t, len)) { /* the first format's, read anew */
+            uint64_t slots = len >= 16 ? (uint64_t)t[8] | (uint64_t)t[9] << 8
+                                       : 0;
+            size_t nlen = slots ? rate__fair_table_len(slots) : 0;
+            uint8_t *n = nlen ? malloc(nlen) : NULL;
+            if (n == NULL || rate__fair_import(t, len, n, nlen) == 0) {
+                free(n);
+                goto corrupt;
+            }
+            free(t);
+            t = n, len = nlen;
+        }
     } else {
         if ((t = malloc(len)) == NULL)
             goto corrupt;
         rate__fair_init(t, fr->a.slots);
     }
+    fr->a.cap = d->limit;
     rate__fair_enter(&fr->a, t);
     bool ok = d->allowed;
     if (ok && d->reason == RATE_REASON_ALLOWED) {
-        uint64_t need = rate__fair_reserve(&fr->a, t, d->limit);
+        uint64_t need = rate__fair_reserve(&fr->a, t);
         if (d->remaining < need) {
             d->retry_after_ns = rate__fair_retry_ns(need - d->remaining,
                                                     fr->period_ns, fr->limit);
@@ -797,8 +808,16 @@ static int cmd_fair(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
     const rate_policy_t *p = policy_of(sa.limits, sa.count, NULL, 0);
     /* Past Lua's exact integers the script declines: so does this. */
     if (p == NULL || sa.now / 1000 >= (UINT64_C(1) << 53) ||
-        sa.permits >= RATE__FAIR_ASKED_MAX)
+        sa.permits >= RATE__FAIR_ASKED_MAX || fr.limit >= RATE__FAIR_ASKED_MAX)
         return reply_tag(ctx, 0);
+    for (size_t i = 0; i < sa.count; i++)
+        if (sa.limits[i].limit >= RATE__FAIR_ASKED_MAX)
+            return reply_tag(ctx, 0);
+    /* The rule's view of the shared limit: its first limit's algorithm,
+     * the limit and the fair period given (rule.h). */
+    fr.a.shape = rate__fair_shape_of((int)sa.limits[0].algorithm, fr.limit,
+                                     fr.period_ns);
+    fr.a.shape.period_us = fr.a.period_us;
     fr.a.now_us = sa.now / 1000;
     fr.forever = sa.ttl == 0;
     fr.a.permits = sa.permits;

@@ -271,9 +271,14 @@ static void prop2_light(bool procs)
         fair_trace_run(decide, &d, fl, 2, 10 * SEC, NULL, 0);
         /* all of it, to within one permit per period (10 periods); and
          * once the first period is over (a window the heavy flow drained
-         * before the light one first asked), all of it but one */
-        if (fl[1].asked - fl[1].admitted > 10 ||
-            fl[1].asked_late - fl[1].admitted_late > 1)
+         * before the light one first asked), all of it but one.  Not on a
+         * sliding log: room held there costs the log's rate, so it keeps
+         * at most L/50 for light flows (docs/fair.md, "The rule"): of a
+         * light flow at a tenth of the limit, about a third. */
+        bool log = strncmp(algos[a], "sliding-log", 11) == 0;
+        if (log ? fl[1].admitted * 10 < fl[1].asked * 3
+                : (fl[1].asked - fl[1].admitted > 10 ||
+                   fl[1].asked_late - fl[1].admitted_late > 1))
             fail_msg("%s: light flow asked %llu, admitted %llu (from 1 s: "
                      "%llu of %llu)", algos[a],
                      (unsigned long long)fl[1].asked,
@@ -282,14 +287,20 @@ static void prop2_light(bool procs)
                      (unsigned long long)fl[1].asked_late);
         /* and the heavy one the rest (work-conserving): what the limit
          * alone admits of the heavy flow's requests, less one permit per
-         * period; in a sliding window or log also less the light flow's
-         * reserve per window (room held there costs rate: docs/fair.md) */
+         * period */
         rate_limiter_t *plain = limiter_of(algos[a], NULL);
         uint64_t want = 0;
         for (uint64_t t = 0; t < 10 * SEC; t += SEC / 10000)
             want += rate_try_acquire_at(plain, "shared", 1, t);
         rate_limiter_free(plain);
-        uint64_t slack = strncmp(algos[a], "sliding", 7) == 0 ? 110 : 10;
+        uint64_t slack = 10;
+        /* a bucket keeps an eighth of its burst for light flows not seen
+         * yet: the burst's eighth, once (docs/fair.md, "The rule"); a
+         * log, what holding L/50 costs its rate (2 a second) */
+        if (strncmp(algos[a], "token", 5) == 0)
+            slack += 100 / 8;
+        if (log)
+            slack += 20;
         uint64_t total = fl[0].admitted + fl[1].admitted;
         if (total + slack < want)
             fail_msg("%s: %llu admitted in all, the limit alone %llu",
@@ -333,7 +344,8 @@ static void weights_procs(void **s) { (void)s; prop3_weights(true); }
 
 /* ------------------------------------------- property 4: work-conserving */
 
-/* A single flow gets exactly what the shared limit alone admits; a
+/* A single flow gets what the shared limit alone admits (a bucket keeps
+ * an eighth of its burst for light flows, once); a
  * second flow that stops leaves the whole limit to the first. */
 static void prop4_work(bool procs)
 {
@@ -349,7 +361,10 @@ static void prop4_work(bool procs)
         for (uint64_t t = 0; t < 5 * SEC; t += SEC / 700)
             want += rate_try_acquire_at(plain, "shared", 1, t);
         rate_limiter_free(plain);
-        if (fl[0].admitted != want)
+        /* all of it, but in a bucket the eighth of its burst kept for
+         * light flows (once: the rate is the flow's) */
+        uint64_t kept = strncmp(algos[a], "token", 5) == 0 ? 100 / 8 : 0;
+        if (fl[0].admitted > want || fl[0].admitted + kept < want)
             fail_msg("%s: one flow admitted %llu, the limit alone %llu",
                      algos[a], (unsigned long long)fl[0].admitted,
                      (unsigned long long)want);
@@ -370,7 +385,7 @@ static void prop4_work(bool procs)
         for (uint64_t t = 4 * SEC; t < 7 * SEC; t += SEC / 1000)
             want += rate_try_acquire_at(plain, "shared", 1, t);
         rate_limiter_free(plain);
-        if (late[0].admitted != want)
+        if (late[0].admitted > want || late[0].admitted + kept < want)
             fail_msg("%s: alone again, 3 s gave %llu, the limit alone %llu",
                      algos[a], (unsigned long long)late[0].admitted,
                      (unsigned long long)want);
@@ -440,8 +455,8 @@ static void million_memory(void **s)
     (void)s;
     rate_limiter_t *lim = limiter_of(algos[0], NULL);
     rate_fair_t *f = fair_mem(lim);
-    /* documented: the table is slots x (104 + 42 x queue_max) + header */
-    assert_true(rate_fair_memory(f) < 64 * (104 + 42 * 16) + 1024);
+    /* documented: the table is slots x (120 + 42 x queue_max) + header */
+    assert_true(rate_fair_memory(f) < 64 * (120 + 42 * 16) + 1280);
     many_flows(f, lim);
     rate_fair_free(f);
     rate_limiter_free(lim);

@@ -277,7 +277,9 @@ static void work(void **s)
                               .stop_ns = UINT64_MAX}};
             fair_trace_run(host_decide, h, one, 1, 5 * SEC, NULL, 0);
             uint64_t want = alone(algos10[a], 0, 5 * SEC, SEC / 70);
-            if (one[0].admitted != want)
+            /* a bucket keeps an eighth of its burst for light flows, once */
+            uint64_t kept = strncmp(algos10[a], "token", 5) == 0 ? 10 / 8 : 0;
+            if (one[0].admitted > want || one[0].admitted + kept < want)
                 fail_msg("%s %s: one flow admitted %llu, the limit alone %llu",
                          path_name[p], algos10[a],
                          (unsigned long long)one[0].admitted,
@@ -326,7 +328,7 @@ static void same_bytes(void **s)
         char *st1 = hget(c, "bs:{shared}", "s", &s1);
         char *st2 = hget(c, "bm:{shared}", "s", &s2);
         assert_non_null(t1);
-        assert_int_equal(l1, 32 + 48 * 64);
+        assert_int_equal(l1, 112 + 72 * 64);
         if (l1 != l2 || memcmp(t1, t2, l1) != 0)
             fail_msg("%s: the script's table and the module's differ",
                      algos10[a]);
@@ -551,9 +553,9 @@ static void bad_tables(void **s)
 }
 
 /* A table at the edge of what the rule writes (V and a flow's s at
- * RATE__FAIR_S_MAX, what it asked at RATE__FAIR_ASKED_MAX) is taken by
- * both paths, and the script and the module leave the same bytes after
- * the same decisions (a rebase among them). */
+ * RATE__FAIR_S_MAX, what it asked at RATE__FAIR_ASKED_MAX), in the first
+ * format, is taken by both paths, and the script and the module leave the
+ * same bytes after the same decisions (a rebase among them). */
 static void edge_tables(void **s)
 {
     (void)s;
@@ -585,7 +587,8 @@ static void edge_tables(void **s)
     size_t l1, l2;
     char *t1 = hget(c, "es:f{shared}", "t", &l1);
     char *t2 = hget(c, "em:f{shared}", "t", &l2);
-    assert_int_equal(l1, TABLE2);
+    /* a table of the first format, written anew in this one by both */
+    assert_int_equal(l1, 112 + 2 * 72);
     if (l1 != l2 || memcmp(t1, t2, l1) != 0)
         fail_msg("an edge table: the script's and the module's bytes differ");
     assert_int_equal(status_of(&h[0]).script_fair, 12);

@@ -44,9 +44,10 @@
 #include "ratelimit_fair.h"
 #include "ratelimit_loop.h"
 #include "ratelimit_store.h"
-#include "step.h" /* the rule's arithmetic, shared with the fleet's table */
+#include "rule.h" /* the rule's arithmetic, shared with the fleet's table */
+#include "step.h"
 
-#define FAIR_MAGIC UINT64_C(0x3276726961667272) /* "rrfairv2" */
+#define FAIR_MAGIC UINT64_C(0x3376726961667272) /* "rrfairv3" */
 #define FIX 20                                  /* 2^20 per permit */
 #define PROBES 8u
 #define SLOTS_DEFAULT 64u
@@ -103,7 +104,10 @@ typedef struct fslot {
     uint32_t apos;      /* 1 + its place in the heap of active entries */
     uint32_t wpos;      /* 1 + its place in the heap of queues */
     uint32_t lprev, lnext; /* 1 + neighbours in the active list */
-    uint32_t pad_;
+    uint32_t lgave;     /* permits it added to the light backlog while
+                           light (rule.h), taken back if it turns heavy */
+    uint64_t lsum;      /* its long demand (rate__fair_long_decay) */
+    uint64_t since;     /* the period it first asked in, plus 1 */
 } fslot_t;
 
 typedef struct fhdr {
@@ -137,6 +141,11 @@ typedef struct fhdr {
     uint64_t waiting;
     uint64_t top_ticket; /* the next waiter as last woken or seen */
     uint64_t shared, fair_denied, queue_full, timed_out;
+    rate__fair_light_t light; /* the light flows' demand (rule.h) */
+    uint64_t cap; /* the shared limit's capacity, as last decided */
+    /* A bound of the light reserve, for fast_try (read without the
+     * lock): rate__fair_light_bound as of the last decision. */
+    uint64_t light_bound;
     pthread_mutex_t mu;
 } fhdr_t;
 
@@ -156,6 +165,7 @@ struct rate_fair {
     bool own_clock;
     uint64_t period_ns; /* the shared policy's first limit's */
     uint64_t rate_limit; /* ... and its limit, for retry estimates */
+    rate__fair_shape_t shape; /* the same limit, as the rule reads it */
     size_t key_len;
     char key[RATE_KEY_MAX];
     struct fasync *as; /* from the first rate_fair_acquire_start */
@@ -613,6 +623,11 @@ static void touch(rate_fair_t *f, fslot_t *sl, uint64_t ep)
         return;
     sl->asked_prev = sl->epoch + 1 == ep ? sl->asked_cur : 0;
     sl->asked_cur = 0;
+    sl->lsum = sl->epoch == 0 || ep < sl->epoch
+                   ? 0
+                   : rate__fair_long_decay(sl->lsum, ep - sl->epoch);
+    if (sl->since == 0 || ep < sl->since)
+        sl->since = ep;
     ST(sl->epoch, ep);
     if (sl->apos == NIL) {
         activate(f, sl);
@@ -667,6 +682,9 @@ static fslot_t *find_slot(rate_fair_t *f, const char *flow, size_t len,
                          __ATOMIC_RELEASE);
         free_sl->qhead = free_sl->qlen = 0;
         free_sl->qpermits = 0;
+        free_sl->lgave = 0;
+        free_sl->lsum = 0;
+        free_sl->since = 0;
         return free_sl;
     }
     f->h->shared++;
@@ -675,25 +693,83 @@ static fslot_t *find_slot(rate_fair_t *f, const char *flow, size_t len,
 
 _Static_assert(FIX == RATE__FAIR_FIX, "one fixed point for both tables");
 
-/* What the active flows behind `me` are owed (docs/fair.md, "the rule"):
- * for each, the least of its share of the capacity, what it asked lately
- * and what it needs to catch up with me.  A walk of the active list. */
-static uint64_t reserve_for(rate_fair_t *f, const fslot_t *me, uint64_t cap)
+/* What the flows behind `me` that are not light are owed (docs/fair.md,
+ * "The rule"): for each, rate__fair_term, summed for rate__fair_need.  A
+ * walk of the active list. */
+static uint64_t recent(const fslot_t *sl)
+{
+    return (sl->asked_cur > sl->asked_prev ? sl->asked_cur : sl->asked_prev) +
+           sl->qpermits;
+}
+
+/* The periods since the flow first asked, this one included (rule.h). */
+static uint64_t age(const fslot_t *sl)
+{
+    return sl->since != 0 && sl->epoch >= sl->since ? sl->epoch - sl->since + 1
+                                                     : 0;
+}
+
+static uint64_t terms_for(rate_fair_t *f, const fslot_t *me, uint64_t cap,
+                          uint64_t now)
 {
     uint64_t total_w = f->h->total_w;
-    if (total_w == 0)
+    if (total_w == 0 || me->s <= f->h->vtime)
         return 0;
     unsigned __int128 r = 0;
     for (uint32_t i = f->h->lhead; i != NIL; i = f->slot[i - 1].lnext) {
         const fslot_t *sl = &f->slot[i - 1];
-        if (sl == me || sl->s >= me->s)
+        uint64_t asked = recent(sl);
+        if (sl == me || sl->s >= me->s ||
+            rate__fair_is_light(&f->shape, asked, sl->lsum, age(sl),
+                                sl->weight, total_w, cap))
             continue;
-        uint64_t asked = (sl->asked_cur > sl->asked_prev ? sl->asked_cur
-                                                          : sl->asked_prev) +
-                         sl->qpermits;
-        r += rate__fair_term(cap, sl->weight, total_w, me->s - sl->s, asked);
+        r += rate__fair_term(&f->shape, now / 1000, cap, sl->weight, total_w,
+                             me->s - sl->s, asked);
     }
-    return r > RATE_TIME_MAX ? RATE_TIME_MAX : (uint64_t)r;
+    return r > RATE__FAIR_LIGHT_MAX ? RATE__FAIR_LIGHT_MAX : (uint64_t)r;
+}
+
+/* Counts a request of the entry in the light estimator (lock held): its
+ * permits go to the light backlog while the flow is light; a flow that
+ * is no longer light takes back what it gave.  Returns whether it is
+ * light. */
+static bool light_count(rate_fair_t *f, fslot_t *sl, uint64_t permits,
+                        uint64_t now)
+{
+    rate__fair_light_t *l = &f->h->light;
+    rate__fair_light_count(l, &f->shape, now / 1000, permits);
+    bool light = rate__fair_is_light(&f->shape, recent(sl), sl->lsum,
+                                     age(sl), sl->weight, f->h->total_w,
+                                     f->h->cap);
+    if (light) {
+        rate__fair_light_add(l, &f->shape, permits);
+        uint64_t g = (uint64_t)sl->lgave + permits;
+        sl->lgave = g > UINT32_MAX ? UINT32_MAX : (uint32_t)g;
+    } else if (sl->lgave > 0) {
+        uint64_t back = sl->asked_cur + sl->asked_prev;
+        rate__fair_light_take_back(l, &f->shape,
+                                   sl->lgave < back ? sl->lgave : back);
+        sl->lgave = 0;
+    }
+    ST(f->h->light_bound, rate__fair_light_bound(l, &f->shape, f->h->cap));
+    return light;
+}
+
+/* The room a request of the entry that is not light must leave in the
+ * shared limit of capacity cap, whose room after the request is
+ * `remaining` (lock held).  The walk for the catch-up terms is spared
+ * when the room exceeds the light part plus every permit asked in this
+ * period and the last (and queued), a bound of any terms' sum. */
+static uint64_t need_of(rate_fair_t *f, const fslot_t *sl, uint64_t cap,
+                        uint64_t now, uint64_t remaining)
+{
+    fhdr_t *h = f->h;
+    uint64_t light = rate__fair_need(&h->light, &f->shape, now / 1000, cap, 0);
+    uint64_t bound = LD(h->asked_seq) - h->seq_prev + h->queued;
+    if (remaining >= light && remaining - light >= bound)
+        return light;
+    return rate__fair_need(&h->light, &f->shape, now / 1000, cap,
+                           terms_for(f, sl, cap, now));
 }
 
 /* ------------------------------------------------------------ not waiting */
@@ -710,6 +786,8 @@ static int shared_check(rate_fair_t *f, uint64_t permits, uint64_t now,
     else
         rc = rate_limiter_check_at(f->limiter, f->key, f->key_len, permits, 0,
                                    now, out);
+    if (rc == RATE_OK && out->limit != RATE_NO_LIMIT && out->limit > 0)
+        f->h->cap = out->limit;
     uint64_t seq = LD(f->h->asked_seq);
     ST(f->h->room_until,
        rc == RATE_OK && out->reason == RATE_REASON_ALLOWED &&
@@ -740,6 +818,25 @@ static bool shared_try(rate_fair_t *f, uint64_t permits, uint64_t now)
     return ok;
 }
 
+/* A fair denial into *out (the shared limit's permits already given
+ * back): the room missing to `need`, refilled at the shared policy's
+ * rate, as the retry estimate. */
+static void fair_deny(rate_fair_t *f, rate_decision_t *out, uint64_t permits,
+                      uint64_t need)
+{
+    uint64_t missing = need - out->remaining;
+    unsigned __int128 t =
+        ((unsigned __int128)missing * f->period_ns + f->rate_limit - 1) /
+        f->rate_limit;
+    out->allowed = false;
+    out->reason = RATE_REASON_LIMITED;
+    out->remaining += permits;
+    out->delay_ns = 0;
+    out->retry_after_ns = t > RATE_TIME_MAX ? RATE_TIME_MAX : (uint64_t)t;
+    f->h->fair_denied++;
+    ST(f->h->room_until, LD(f->h->asked_seq) + out->remaining);
+}
+
 /* Decides a request of the entry (lock held) at now.  full: fill *out
  * (else the bool call's fast path: when the flow is within its share, or
  * when the shared limit's room, known from its last full decision, keeps
@@ -755,8 +852,9 @@ static int decide(rate_fair_t *f, fslot_t *sl, uint64_t permits, uint64_t now,
     bool learn = until == 0 && seq >= h->learn_seq;
     if (learn)
         h->learn_seq = seq + LEARN;
+    bool light = light_count(f, sl, permits, now);
     if (!full && f->policy == NULL && !learn &&
-        (sl->s <= h->vtime || (until >= seq && until - seq >= bound))) {
+        (light || (until >= seq && until - seq >= bound + h->light_bound))) {
         out->allowed = shared_try(f, permits, now);
         if (out->allowed)
             charge(f, sl, permits);
@@ -765,26 +863,13 @@ static int decide(rate_fair_t *f, fslot_t *sl, uint64_t permits, uint64_t now,
     int rc = shared_check(f, permits, now, out);
     if (rc != RATE_OK || !out->allowed)
         return rc;
-    if (sl->s > h->vtime && out->reason == RATE_REASON_ALLOWED &&
-        out->limit != RATE_NO_LIMIT && !out->shadow &&
-        out->remaining < bound) {
-        uint64_t need = reserve_for(f, sl, out->limit);
+    if (!light && out->reason == RATE_REASON_ALLOWED &&
+        out->limit != RATE_NO_LIMIT && !out->shadow) {
+        uint64_t need = need_of(f, sl, out->limit, now, out->remaining);
         if (out->remaining < need) {
             rc = shared_refund(f, permits, now);
             if (rc == RATE_OK) {
-                uint64_t missing = need - out->remaining;
-                unsigned __int128 t = (unsigned __int128)missing *
-                                          f->period_ns +
-                                      f->rate_limit - 1;
-                t /= f->rate_limit;
-                out->allowed = false;
-                out->reason = RATE_REASON_LIMITED;
-                out->remaining += permits;
-                out->delay_ns = 0;
-                out->retry_after_ns =
-                    t > RATE_TIME_MAX ? RATE_TIME_MAX : (uint64_t)t;
-                h->fair_denied++;
-                ST(h->room_until, LD(h->asked_seq) + out->remaining);
+                fair_deny(f, out, permits, need);
                 return RATE_OK;
             }
             /* The refund failed (a store error): the permits stay spent,
@@ -793,6 +878,23 @@ static int decide(rate_fair_t *f, fslot_t *sl, uint64_t permits, uint64_t now,
     }
     charge(f, sl, permits);
     return RATE_OK;
+}
+
+/* The next waiter's admission (lock held), when its flow is not light,
+ * must leave the room the rule keeps (rate__fair_need), as a request
+ * that does not wait must: else it is given back and *out says when the
+ * room is expected. */
+static void keep_light_room(rate_fair_t *f, fslot_t *sl, uint64_t permits,
+                            uint64_t now, rate_decision_t *out)
+{
+    if (!out->allowed || out->reason != RATE_REASON_ALLOWED ||
+        out->limit == RATE_NO_LIMIT || out->shadow ||
+        rate__fair_is_light(&f->shape, recent(sl), sl->lsum, age(sl),
+                            sl->weight, f->h->total_w, out->limit))
+        return;
+    uint64_t need = need_of(f, sl, out->limit, now, out->remaining);
+    if (out->remaining < need && shared_refund(f, permits, now) == RATE_OK)
+        fair_deny(f, out, permits, need);
 }
 
 static int check_input(const rate_fair_t *f, const char *flow, size_t len,
@@ -819,6 +921,7 @@ static fslot_t *enter(rate_fair_t *f, const char *flow, size_t len,
     fold(f, sl);
     touch(f, sl, ep);
     sl->asked_cur += permits;
+    sl->lsum = rate__fair_long_add(sl->lsum, permits);
     __atomic_add_fetch(&f->h->asked_seq, permits, __ATOMIC_RELAXED);
     return sl;
 }
@@ -854,7 +957,8 @@ static int fast_try(rate_fair_t *f, const char *flow, size_t len,
         return -1;
     uint64_t until = LD(h->room_until), seq = LD(h->asked_seq) + permits;
     uint64_t prev = LD(h->seq_prev);
-    if (until < seq || until - seq < seq - prev)
+    if (until < seq || until - seq < seq - prev ||
+        until - seq - (seq - prev) < LD(h->light_bound))
         return -1;
     uint64_t hv = XXH3_64bits_withSeed(flow, len, h->seed);
     if (hv == 0)
@@ -1127,6 +1231,8 @@ static int fair_acquire(rate_fair_t *f, const char *flow, size_t len,
             f->h->top_ticket = ticket;
             touch(f, sl, epoch_at(f, now));
             rc = shared_check(f, permits, now, out);
+            if (rc == RATE_OK)
+                keep_light_room(f, sl, permits, now, out);
             if (rc != RATE_OK || out->allowed ||
                 out->reason != RATE_REASON_LIMITED) {
                 ring_remove(f, sl, 0);
@@ -1687,6 +1793,8 @@ static rate_fair_t *handle_new(const rate_fair_config_t *c)
     const rate_limit_t *l0 = rate_policy_limit(p, 0);
     f->period_ns = l0 != NULL && l0->period_ns > 0 ? l0->period_ns : RATE_NS_PER_S;
     f->rate_limit = l0 != NULL && l0->limit > 0 ? l0->limit : 1;
+    f->shape = rate__fair_shape_of(l0 != NULL ? (int)l0->algorithm : 0,
+                                   f->rate_limit, f->period_ns);
     f->fleet = rate_limiter_check_fair_at(c->limiter, NULL, NULL, 0, NULL, 0,
                                           0, NULL) == RATE_OK;
     return f;

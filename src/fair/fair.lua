@@ -21,6 +21,7 @@
 --          fair table (both left as they are); an error when KEYS[1] and
 --          KEYS[2] are one key
 --@include src/store/redis/step_lib.lua
+--@include src/fair/rule.lua
 --@include src/fair/fair_rule.lua
 -- One key for both: refused, as RATELIMIT.FAIR refuses it (the table's
 -- write would land in the shared limit's hash).
@@ -56,13 +57,25 @@ if f_got then
 else
   T = fair_new(F_SLOTS)
 end
+-- The rule's view of the shared limit (rule.h): its first limit's
+-- algorithm, that limit and the fair period; past 2^50 the client
+-- decides, as the module does.
+if F_LIMIT >= FAIR_ASKED_MAX then return DECLINE end
+for c = 1, count do
+  if L[c] >= FAIR_ASKED_MAX then return DECLINE end
+end
+local f_kinds = {RULE_BUCKET, RULE_PACER, RULE_FIXED, RULE_LOG, RULE_COUNTER}
+local f_sh = {limit = F_LIMIT, p = F_PERIOD_US, kind = f_kinds[A[1]]}
+if f_sh.kind == nil then return DECLINE end
 local f_ep = fdiv(f_now_us, F_PERIOD_US) + 1
-local f_me, f_shared, f_total = fair_enter(T, F_HASH, F_WEIGHT, f_ep, n)
--- The rule: an admission of a flow ahead of the least served stands only
--- if the room left keeps the reserve of the flows behind it.
+local f_me, f_shared, f_total, f_light =
+  fair_enter(T, F_HASH, F_WEIGHT, f_ep, n, f_sh, f_now_us, limit)
+-- The rule: an admission that is not light stands only if the room left
+-- keeps what the rule keeps (the light flows' and the flows' behind).
 local f_denied = false
 if allowed and reason == 0 then
-  local need = fair_reserve(T, f_me, f_ep, f_total, limit)
+  local need = fair_reserve(T, f_me, f_ep, f_total, limit, f_sh, f_now_us,
+                            f_light)
   if remaining < need then
     f_denied, allowed, reason, delay = true, false, 1, 0
     remaining = remaining + n

@@ -2,18 +2,25 @@
 /*
  * The fair rule over a fleet's table (step.h; docs/fair.md, "Redis (a
  * fleet)"): the not-waiting rule of fair.c -- virtual service, V, the
- * reserve of the flows behind -- over a flat table in the store, walked
+ * light flows' room and the catch-up terms of the flows behind, rule.h's
+ * arithmetic -- over a flat table in the store, walked
  * whole at each decision (no heaps: the table is small and lives in
  * Redis).  Pure: no I/O, no clock, no allocation.  Its Lua twin is
- * src/fair/fair.lua; both keep every number below 2^53.
+ * src/fair/fair_rule.lua (with rule.lua); both keep every number below
+ * 2^53.
  */
 #include <string.h>
 
 #include "step.h"
 
-static const uint8_t MAGIC[8] = {'r', 'f', 'a', 'i', 'r', 1, 0, 0};
+static const uint8_t MAGIC[8] = {'r', 'f', 'a', 'i', 'r', 2, 0, 0};
+static const uint8_t MAGIC1[8] = {'r', 'f', 'a', 'i', 'r', 1, 0, 0};
 
-enum { F_HASH, F_S, F_EPOCH, F_CUR, F_PREV, F_WEIGHT };
+enum { F_HASH, F_S, F_EPOCH, F_CUR, F_PREV, F_WEIGHT, F_GAVE, F_LSUM,
+       F_SINCE };
+#define HDR1 32u   /* the first format's header and entry */
+#define ENTRY1 48u
+#define LIGHT_AT 32u /* the estimator's words in the header */
 
 static uint64_t get(const uint8_t *p)
 {
@@ -62,28 +69,90 @@ void rate__fair_init(uint8_t *t, uint64_t slots)
     put(t + 8, slots);
 }
 
-bool rate__fair_valid(const uint8_t *t, size_t len)
+/* The first format's checks (v1: its header and entry sizes), or this
+ * format's: the header, V and every s at most RATE__FAIR_S_MAX, what a
+ * flow asked at most RATE__FAIR_ASKED_MAX, every other number below
+ * 2^53, a used entry's weight 1..2^20. */
+static bool valid_as(const uint8_t *t, size_t len, bool v1)
 {
     const uint64_t top = UINT64_C(1) << 53;
-    if (len < RATE__FAIR_HDR || memcmp(t, MAGIC, sizeof MAGIC) != 0)
+    size_t hdr = v1 ? HDR1 : RATE__FAIR_HDR, esz = v1 ? ENTRY1 : RATE__FAIR_ENTRY;
+    if (len < hdr || memcmp(t, v1 ? MAGIC1 : MAGIC, 8) != 0)
         return false;
     uint64_t slots = get(t + 8);
     if (slots < 1 || slots > RATE__FAIR_SLOTS_MAX ||
-        len != rate__fair_table_len(slots) ||
-        get(t + 16) > RATE__FAIR_S_MAX || get(t + 24) != 0)
+        len != hdr + (size_t)slots * esz || get(t + 16) > RATE__FAIR_S_MAX ||
+        get(t + 24) != 0)
         return false;
+    for (size_t k = LIGHT_AT; k < hdr; k += 8)
+        if (get(t + k) >= top)
+            return false;
     for (uint64_t i = 0; i < slots; i++) {
-        const uint8_t *e = ent((uint8_t *)t, i);
+        const uint8_t *e = t + hdr + i * esz;
         if (fld(e, F_S) > RATE__FAIR_S_MAX || fld(e, F_EPOCH) >= top ||
             fld(e, F_CUR) > RATE__FAIR_ASKED_MAX ||
             fld(e, F_PREV) > RATE__FAIR_ASKED_MAX || fld(e, F_WEIGHT) >= top)
             return false;
+        for (int f = F_GAVE; !v1 && f <= F_SINCE; f++)
+            if (fld(e, f) > RATE__FAIR_LIGHT_MAX)
+                return false;
         uint64_t w = fld(e, F_WEIGHT);
         if (used(e) && (w < 1 || w > RATE__FAIR_WEIGHT_MAX))
             return false;
     }
     return true;
 }
+
+bool rate__fair_valid(const uint8_t *t, size_t len)
+{
+    return valid_as(t, len, false);
+}
+
+uint64_t rate__fair_import(const uint8_t *t, size_t len, uint8_t *out,
+                           size_t out_len)
+{
+    if (!valid_as(t, len, true))
+        return 0;
+    uint64_t slots = get(t + 8);
+    if (out_len != rate__fair_table_len(slots))
+        return 0;
+    rate__fair_init(out, slots);
+    memcpy(out + 16, t + 16, 8); /* V */
+    for (uint64_t i = 0; i < slots; i++)
+        memcpy(ent(out, i), t + HDR1 + i * ENTRY1, ENTRY1);
+    return slots;
+}
+
+/* The periods since the entry's flow first asked, ep included. */
+static uint64_t age(const uint8_t *e, uint64_t ep)
+{
+    uint64_t since = fld(e, F_SINCE);
+    return since != 0 && ep >= since ? ep - since + 1 : 0;
+}
+
+/* The table's light estimator, as rule.h's struct (and back). */
+static rate__fair_light_t light_of(const uint8_t *t)
+{
+    const uint8_t *p = t + LIGHT_AT;
+    rate__fair_light_t l;
+    l.q = get(p), l.t_us = get(p + 8), l.bucket = get(p + 16);
+    for (int i = 0; i < 4; i++)
+        l.peak[i] = get(p + 24 + 8 * i);
+    l.ep = get(p + 56), l.a_cur = get(p + 64), l.a_prev = get(p + 72);
+    return l;
+}
+
+static void light_put(uint8_t *t, const rate__fair_light_t *l)
+{
+    uint8_t *p = t + LIGHT_AT;
+    put(p, l->q), put(p + 8, l->t_us), put(p + 16, l->bucket);
+    for (int i = 0; i < 4; i++)
+        put(p + 24 + 8 * i, l->peak[i]);
+    put(p + 56, l->ep), put(p + 64, l->a_cur), put(p + 72, l->a_prev);
+}
+
+_Static_assert(LIGHT_AT + 8 * RATE__FAIR_LIGHT_WORDS == RATE__FAIR_HDR,
+               "the header ends with the estimator");
 
 /* The flow's entry: its own within PROBES of its home, else the first
  * one not active there (taken, at s = V), else its home, shared. */
@@ -129,10 +198,17 @@ void rate__fair_enter(rate__fair_step_t *a, uint8_t *t)
         set(me, F_CUR, 0);
         if (!was && fld(me, F_S) < v)
             set(me, F_S, v);
+        set(me, F_LSUM, e_ep == 0 || a->ep < e_ep
+                            ? 0
+                            : rate__fair_long_decay(fld(me, F_LSUM),
+                                                    a->ep - e_ep));
+        if (fld(me, F_SINCE) == 0 || a->ep < fld(me, F_SINCE))
+            set(me, F_SINCE, a->ep);
         set(me, F_EPOCH, a->ep);
     }
     uint64_t cur = fld(me, F_CUR) + a->permits;
     set(me, F_CUR, cur > RATE__FAIR_ASKED_MAX ? RATE__FAIR_ASKED_MAX : cur);
+    set(me, F_LSUM, rate__fair_long_add(fld(me, F_LSUM), a->permits));
     /* V: the least service of the active entries, never decreasing. */
     uint64_t least = UINT64_MAX, w = 0;
     for (uint64_t i = 0; i < slots; i++) {
@@ -148,28 +224,51 @@ void rate__fair_enter(rate__fair_step_t *a, uint8_t *t)
     put(t + 16, v);
     a->vtime = v;
     a->total_w = w;
+    /* The light flows' estimator: the request counted, a light one's
+     * permits added to the backlog, a heavy one's earlier ones taken
+     * back (fair.c's light_count). */
+    rate__fair_light_t l = light_of(t);
+    rate__fair_light_count(&l, &a->shape, a->now_us, a->permits);
+    uint64_t c = fld(me, F_CUR), p = fld(me, F_PREV);
+    a->light = rate__fair_is_light(&a->shape, c > p ? c : p, fld(me, F_LSUM),
+                                   age(me, a->ep), fld(me, F_WEIGHT), w,
+                                   a->cap);
+    if (a->light) {
+        rate__fair_light_add(&l, &a->shape, a->permits);
+        uint64_t g = fld(me, F_GAVE) + a->permits;
+        set(me, F_GAVE, g > RATE__FAIR_LIGHT_MAX ? RATE__FAIR_LIGHT_MAX : g);
+    } else if (fld(me, F_GAVE) > 0) {
+        uint64_t back = c + p, g = fld(me, F_GAVE);
+        rate__fair_light_take_back(&l, &a->shape, g < back ? g : back);
+        set(me, F_GAVE, 0);
+    }
+    light_put(t, &l);
 }
 
-uint64_t rate__fair_reserve(const rate__fair_step_t *a, const uint8_t *t,
-                            uint64_t cap)
+uint64_t rate__fair_reserve(const rate__fair_step_t *a, const uint8_t *t)
 {
-    const uint8_t *me = ent((uint8_t *)t, a->me);
-    uint64_t my_s = fld(me, F_S), slots = get(t + 8), need = 0;
-    if (my_s <= a->vtime || a->total_w == 0)
+    if (a->light)
         return 0;
-    for (uint64_t i = 0; i < slots; i++) {
+    const uint8_t *me = ent((uint8_t *)t, a->me);
+    uint64_t my_s = fld(me, F_S), slots = get(t + 8), terms = 0;
+    for (uint64_t i = 0; my_s > a->vtime && a->total_w > 0 && i < slots; i++) {
         const uint8_t *e = ent((uint8_t *)t, i);
         uint64_t s = fld(e, F_S), w = fld(e, F_WEIGHT);
         if (i == a->me || !active(e, a->ep) || s >= my_s)
             continue;
         uint64_t cur = fld(e, F_CUR), prev = fld(e, F_PREV);
+        uint64_t asked = cur > prev ? cur : prev;
+        if (rate__fair_is_light(&a->shape, asked, fld(e, F_LSUM),
+                                age(e, a->ep), w, a->total_w, a->cap))
+            continue;
         /* each below 2^50, the sum saturates at 2^52 */
-        need += rate__fair_term(cap, w, a->total_w, my_s - s,
-                                cur > prev ? cur : prev);
-        if (need > RATE__FAIR_NEED_MAX)
-            need = RATE__FAIR_NEED_MAX;
+        terms += rate__fair_term(&a->shape, a->now_us, a->cap, w,
+                                 a->total_w, my_s - s, asked);
+        if (terms > RATE__FAIR_NEED_MAX)
+            terms = RATE__FAIR_NEED_MAX;
     }
-    return need;
+    rate__fair_light_t l = light_of(t);
+    return rate__fair_need(&l, &a->shape, a->now_us, a->cap, terms);
 }
 
 void rate__fair_charge(rate__fair_step_t *a, uint8_t *t)

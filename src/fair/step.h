@@ -5,11 +5,16 @@
  * run by the Redis module's RATELIMIT.FAIR, with its Lua twin in
  * src/fair/fair.lua (docs/fair.md, "Redis: the table's bytes").
  *
- * The table: a 32-byte header ("rfair" 1 0 0, slots, V, 0) and `slots`
- * entries of 48 bytes (the flow's hash as 8 bytes, then its virtual
- * service s, the period it last asked in plus 1, what it asked in that
- * period and the one before, its weight), every number a little-endian
- * u64 below 2^53 so that Lua's doubles read it exactly.
+ * The table: a 112-byte header ("rfair" 2 0 0, slots, V, 0, then the
+ * light flows' estimator: rule.h's rate__fair_light_t, 10 words) and
+ * `slots` entries of 72 bytes (the flow's hash as 8 bytes, then its
+ * virtual service s, the period it last asked in plus 1, what it asked
+ * in that period and the one before, its weight, what it added to the
+ * light backlog while light, its long demand, the period it first asked
+ * in plus 1), every number a little-endian u64 below 2^53 so that Lua's
+ * doubles read it exactly.  A table of the first format ("rfair" 1 0 0,
+ * 32-byte header, 48-byte entries) is read as one of these with the
+ * added numbers 0 (rate__fair_import).
  */
 #ifndef RATE_FAIR_STEP_H
 #define RATE_FAIR_STEP_H
@@ -18,8 +23,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RATE__FAIR_HDR 32u
-#define RATE__FAIR_ENTRY 48u
+#include "rule.h"
+
+#define RATE__FAIR_HDR 112u
+#define RATE__FAIR_ENTRY 72u
 #define RATE__FAIR_FIX 20 /* 2^20 of service per permit at weight 1 */
 #define RATE__FAIR_PROBES 8u
 #define RATE__FAIR_SLOTS_MAX 4096u
@@ -46,34 +53,16 @@ typedef struct rate__fair_step {
     uint64_t now_us;    /* the request's time in microseconds, < 2^53 */
     uint64_t period_us; /* the fair period (>= 1) */
     uint64_t permits;   /* < 2^50 (the scripts' range) */
+    rate__fair_shape_t shape; /* the shared policy's first limit */
+    uint64_t cap;       /* the decision's capacity (its limit) */
     /* out of enter() */
+    bool light;         /* the request is light (rule.h) */
     uint32_t me;        /* the flow's entry */
     bool shared;        /* it shares its home entry with another flow */
     uint64_t ep;        /* this period, plus 1 */
     uint64_t vtime;     /* V after the flow was counted */
     uint64_t total_w;   /* the active entries' weights */
 } rate__fair_step_t;
-
-/* One flow's part of a reserve (docs/fair.md, "the rule"), the same in
- * the process's table (fair.c) and the fleet's (step.c): the least of its
- * share of the capacity floor(cap w / total_w), what it asked lately, and
- * what it needs to catch up, ceil(behind w / 2^20) for `behind` the
- * service it is behind by. */
-static inline uint64_t rate__fair_term(uint64_t cap, uint64_t w,
-                                       uint64_t total_w, uint64_t behind,
-                                       uint64_t asked)
-{
-    unsigned __int128 share = (unsigned __int128)cap * w / total_w;
-    unsigned __int128 catch_up =
-        ((unsigned __int128)behind * w + ((UINT64_C(1) << RATE__FAIR_FIX) - 1))
-        >> RATE__FAIR_FIX;
-    uint64_t term = asked;
-    if (share < term)
-        term = (uint64_t)share;
-    if (catch_up < term)
-        term = (uint64_t)catch_up;
-    return term;
-}
 
 size_t rate__fair_table_len(uint64_t slots);
 /* A new, empty table of `slots` entries into t (rate__fair_table_len). */
@@ -83,15 +72,20 @@ void rate__fair_init(uint8_t *t, uint64_t slots);
  * RATE__FAIR_ASKED_MAX, every other number below 2^53, a used entry's
  * weight 1..2^20. */
 bool rate__fair_valid(const uint8_t *t, size_t len);
+/* A table of the first format (32-byte header, 48-byte entries) that is
+ * valid as that format, into out (rate__fair_table_len of its slots) as
+ * this format's with the added numbers 0: its slots, or 0 when t is no
+ * such table. */
+uint64_t rate__fair_import(const uint8_t *t, size_t len, uint8_t *out,
+                           size_t out_len);
 /* Counts the request in the flow's entry (found or taken) and brings the
  * table to this period; a flow back from idle restarts at V.  t is a
  * valid table. */
 void rate__fair_enter(rate__fair_step_t *a, uint8_t *t);
-/* The reserve of the active flows behind the flow (0 when none is
- * behind it: it is the most owed) for a shared limit of capacity cap
- * (cap < 2^50 in the scripts' range; more saturates). */
-uint64_t rate__fair_reserve(const rate__fair_step_t *a, const uint8_t *t,
-                            uint64_t cap);
+/* The room the request must leave in the shared limit (rule.h's
+ * rate__fair_need; 0 for a light request): the light flows' reserve and
+ * the catch-up terms of the heavy flows behind it. */
+uint64_t rate__fair_reserve(const rate__fair_step_t *a, const uint8_t *t);
 /* The admitted permits charged to the flow's service (and V moved down
  * once past REBASE). */
 void rate__fair_charge(rate__fair_step_t *a, uint8_t *t);

@@ -7,6 +7,8 @@
 #include "cli.h"
 #include "fair_opts.h"
 
+#include <ratelimit_store.h>
+
 int fair_opt_weight(fair_opts_t *o, const char *cmd, const char *text)
 {
     const char *eq = strrchr(text, '=');
@@ -62,8 +64,17 @@ uint32_t fair_weight_of(const fair_opts_t *o, const char *flow, size_t len)
 int fair_open(const fair_opts_t *o, const char *cmd, rate_limiter_t *lim,
               rate_fair_t **out)
 {
+    /* In the process, the largest table: a replay's flows are tracked
+     * one an entry however many there are (up to 4096 active at once), so
+     * that what it shows is the rule's, not the table's sharing.  A store
+     * that keeps the table itself (Redis: read and written whole at each
+     * decision) keeps its default. */
+    bool fleet = rate_limiter_check_fair_at(lim, NULL, NULL, 0, NULL, 0, 0,
+                                            NULL) == RATE_OK;
     rate_fair_config_t c = {.limiter = lim, .key = o->key,
-                            .key_len = strlen(o->key)};
+                            .key_len = strlen(o->key),
+                            .slots = fleet ? 0 : RATE_FAIR_SLOTS_MAX,
+                            .queue_max = fleet ? 0 : 1};
     char why[256];
     if (rate_fair_new(&c, out, why, sizeof why) != RATE_OK)
         return cli_fail("%s: --fair: %s", cmd, why);
