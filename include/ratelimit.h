@@ -328,7 +328,9 @@ typedef struct rate_store rate_store_t;
 
 typedef struct rate_memory_options {
     size_t max_keys;  /* 0: unbounded.  Beyond it the least recently used
-                         keys are evicted (counted; may change answers). */
+                         keys are evicted (counted; may change answers),
+                         never a key with in-flight leases held: with
+                         only those left a new key is RATE_EFULL. */
     unsigned shards;  /* 0: 256.  Rounded up to a power of two. */
     uint64_t reserved[6]; /* zero (= {...} or memset): room for later
                                fields; non-zero is RATE_EINVAL */

@@ -10,8 +10,10 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <ratelimit_lease.h>
+#include <ratelimit_shm.h>
 
 #include "helpers.h"
 #include "lease_holders.h"
@@ -443,6 +445,126 @@ static void test_corrupt(void **state)
     rate_store_free(store);
 }
 
+/* ------------------------------------------------------- key pressure */
+
+#define PRESSURE_KEYS 64
+
+static rate_store_t *bounded_memory(void)
+{
+    rate_memory_options_t o = {.max_keys = PRESSURE_KEYS};
+    rate_store_t *store = NULL;
+    assert_int_equal(rate_store_memory_new(&o, &store), RATE_OK);
+    return store;
+}
+
+static char shm_path[128];
+
+static rate_store_t *bounded_shm(void)
+{
+    rate_shm_options_t o = {.max_keys = PRESSURE_KEYS};
+    rate_store_t *store = NULL;
+    char err[256] = "";
+    snprintf(shm_path, sizeof shm_path, "/dev/shm/rl-test-lease-keys-%ld",
+             (long)getpid());
+    unlink(shm_path);
+    if (rate_store_shm_new(shm_path, &o, &store, err, sizeof err) != RATE_OK)
+        fail_msg("%s: %s", shm_path, err);
+    return store;
+}
+
+/* A store bounded to PRESSURE_KEYS keys: a key with a lease held is never
+ * evicted by new keys (the bound N=1 holds and the holder's release finds
+ * its lease); with every key held a new key is refused (RATE_EFULL), a
+ * released key makes room again, and so does one whose leases expired. */
+static void run_pressure(rate_store_t *store)
+{
+    fake_clock_t clk = {.now = 100 * SEC};
+    rate_inflight_t *in = inflight_on("concurrency 1 ttl=1h", store, &clk);
+    rate_lease_t held, l, other;
+    rate_decision_t d;
+    char key[32];
+
+    assert_true(take(in, "held", RATE_LEASE_NORMAL, &held, &d));
+    for (int i = 0; i < 8 * PRESSURE_KEYS; i++) { /* churn: many keys */
+        snprintf(key, sizeof key, "churn-%d", i);
+        assert_true(take(in, key, RATE_LEASE_NORMAL, &l, &d));
+        assert_int_equal(rate_inflight_release(in, key, strlen(key), &l),
+                         RATE_OK);
+        clk.now += 1000;
+    }
+    assert_false(take(in, "held", RATE_LEASE_NORMAL, &l, &d)); /* N=1 */
+    assert_int_equal(held_of(in, "held"), 1);
+    assert_int_equal(rate_inflight_release(in, "held", 4, &held), RATE_OK);
+
+    /* Every key held: a new key is refused, never a held one dropped. */
+    rate_lease_t all[PRESSURE_KEYS];
+    for (int i = 0; i < PRESSURE_KEYS; i++) {
+        snprintf(key, sizeof key, "full-%d", i);
+        assert_true(take(in, key, RATE_LEASE_NORMAL, &all[i], &d));
+    }
+    assert_int_equal(rate_inflight_acquire(in, "new", 3, RATE_LEASE_NORMAL,
+                                           &other, &d),
+                     RATE_EFULL);
+    assert_false(d.allowed);
+    assert_int_equal(d.error, RATE_EFULL);
+    assert_int_equal(other.id, 0);
+    for (int i = 0; i < PRESSURE_KEYS; i++) {
+        snprintf(key, sizeof key, "full-%d", i);
+        assert_int_equal(held_of(in, key), 1);
+    }
+    /* A released key may go. */
+    assert_int_equal(rate_inflight_release(in, "full-0", 6, &all[0]),
+                     RATE_OK);
+    assert_true(take(in, "new", RATE_LEASE_NORMAL, &other, &d));
+    /* By a caller's time, expired leases are not known to be gone for
+     * good (a later call may carry an earlier time): still refused. */
+    clk.now += 2 * 3600 * SEC;
+    assert_int_equal(rate_inflight_acquire(in, "newer", 5, RATE_LEASE_NORMAL,
+                                           &l, &d),
+                     RATE_EFULL);
+    for (int i = 1; i < PRESSURE_KEYS; i++) { /* given back by release */
+        snprintf(key, sizeof key, "full-%d", i);
+        assert_int_equal(rate_inflight_release_at(in, key, strlen(key),
+                                                  &all[i], all[i].expires_ns - 1),
+                         RATE_OK);
+    }
+    assert_int_equal(rate_inflight_release_at(in, "new", 3, &other,
+                                              other.expires_ns - 1),
+                     RATE_OK);
+    rate_inflight_free(in);
+
+    /* By the library's clock they are: their keys are reclaimed. */
+    in = inflight_on("concurrency 1 ttl=1ms", store, NULL);
+    for (int i = 0; i < PRESSURE_KEYS; i++) {
+        snprintf(key, sizeof key, "short-%d", i);
+        assert_true(take(in, key, RATE_LEASE_NORMAL, &all[i], &d));
+    }
+    struct timespec pause = {0, 2000000}; /* past the 1 ms TTL */
+    uint64_t last = all[PRESSURE_KEYS - 1].expires_ns;
+    while (rate_clock_monotonic_ns() <= last)
+        nanosleep(&pause, NULL);
+    assert_true(take(in, "newer", RATE_LEASE_NORMAL, &l, &d));
+    assert_int_equal(rate_inflight_release(in, "newer", 5, &l), RATE_OK);
+    rate_inflight_free(in);
+}
+
+static void test_pressure_memory(void **state)
+{
+    (void)state;
+    rate_store_t *store = bounded_memory();
+    run_pressure(store);
+    rate_store_free(store);
+}
+
+static void test_pressure_shm(void **state)
+{
+    (void)state;
+    rate_store_t *store = bounded_shm();
+    run_pressure(store);
+    rate_store_free(store);
+    unlink(shm_path);
+}
+
 /* ------------------------------------------------------------- threads */
 
 #define THREADS 8
@@ -625,6 +747,8 @@ int main(void)
         cmocka_unit_test(test_priority),
         cmocka_unit_test(test_mixed_n),
         cmocka_unit_test(test_corrupt),
+        cmocka_unit_test(test_pressure_memory),
+        cmocka_unit_test(test_pressure_shm),
         cmocka_unit_test(test_threads_memory),
         cmocka_unit_test(test_threads_cas),
         cmocka_unit_test(test_start_calls),

@@ -30,6 +30,7 @@ struct rate_inflight {
     rate_clock_t clock;
     bool clock_is_default;
     bool reap;
+    bool pin; /* the store's keys are bounded in number (see pins()) */
     uint64_t id_base;
     _Atomic uint64_t next_id;
     _Atomic uint64_t reap_after; /* no reaping before (this clock's) time */
@@ -90,6 +91,19 @@ static int make_limiter(rate_inflight_t *in)
     return rate_limiter_new(&lc, &in->limiter);
 }
 
+/* Whether the store bounds its keys in number, evicting the least used,
+ * and keeps no time-to-live (this library's memory and shared-memory
+ * stores): there a key with leases held is written with RATE_TTL_FOREVER,
+ * a key such a store never evicts, so that it never forgets a held lease.
+ * A store that expires keys by their time-to-live (Redis, DynamoDB)
+ * keeps a key until its latest lease expires. */
+static bool pins(const rate_store_t *s)
+{
+    const char *name = s->m->name;
+    return name != NULL &&
+           (strcmp(name, "memory") == 0 || strcmp(name, "shm") == 0);
+}
+
 int rate_inflight_new(const rate_inflight_config_t *cfg, rate_inflight_t **out)
 {
     rate_inflight_t *in;
@@ -119,6 +133,7 @@ int rate_inflight_new(const rate_inflight_config_t *cfg, rate_inflight_t **out)
         rc = rate_store_memory_new(NULL, &in->own_store);
         in->store = in->own_store;
     }
+    in->pin = rc == RATE_OK && pins(in->store);
     if (rc == RATE_OK && in->policy->rate != NULL)
         rc = make_limiter(in);
     if (rc != RATE_OK) {
@@ -202,6 +217,7 @@ static int run(rate_inflight_t *in, const char *key, size_t len,
                       clock_time ? a->now_ns : 0, rate__lease_is_cold};
     a->max = in->policy->max;
     a->reserve = in->policy->reserve;
+    a->pin = in->pin;
     int rc = run_whole(in, &k, a);
     if (rc != RATE_ENOTSUP)
         return rc;
@@ -732,6 +748,7 @@ static int start_job(rate_inflight_t *in, const char *key, size_t len,
     x->a = *a;
     x->a.max = in->policy->max;
     x->a.reserve = in->policy->reserve;
+    x->a.pin = in->pin;
     /* The step's fallback needs room for the limit's expiries, as
      * acquire_lease gives it. */
     if (a->op == LEASE_ACQUIRE &&
