@@ -412,36 +412,99 @@ static void test_mixed_n(void **state)
     mixed_n("concurrency 4 ttl=1m reserve=1", 4, RATE_LEASE_CRITICAL);
 }
 
-/* A state that is no lease state (a limiter wrote the same bytes' key) is
- * reported, never decided or overwritten. */
+/* A state that is no lease state (a rate state's bytes where the lease
+ * state lies) is reported, never decided or overwritten. */
 static void test_corrupt(void **state)
 {
     (void)state;
     rate_store_t *store;
-    assert_int_equal(rate_store_memory_new(NULL, &store), RATE_OK);
-    rate_limiter_config_t lc = {.policy = policy_of("fixed-window 5/s"),
-                                .store = store};
-    rate_limiter_t *lim;
-    assert_int_equal(rate_limiter_new(&lc, &lim), RATE_OK);
-    const char key[] = "\xffLEASE\x01\0k";
-    assert_true(rate_try_acquire_len(lim, key, sizeof key - 1, 1));
-    rate_inflight_t *in = inflight_on("concurrency 2 ttl=1s", store, NULL);
+    cas_store_t *h;
+    assert_int_equal(cas_store_new(&store, &h), RATE_OK);
+    rate_inflight_t *in = inflight_on("concurrency 2 ttl=1h", store, NULL);
     rate_lease_t l;
     rate_decision_t d;
+    assert_true(take(in, "k", RATE_LEASE_NORMAL, &l, &d));
+    const char lkey[] = "\xffLEASE\x01\0k"; /* where k's leases lie */
+    /* A fixed window's state: the 14-byte header (format 1), a count. */
+    uint8_t rate_state[22] = {[12] = 0, [13] = 1, [14] = 3};
+    cas_store_poke_len(h, lkey, sizeof lkey - 1, rate_state,
+                       sizeof rate_state);
     assert_int_equal(rate_inflight_acquire(in, "k", 1, RATE_LEASE_NORMAL, &l,
                                            &d),
                      RATE_ECORRUPT);
     assert_false(d.allowed);
     assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
     assert_int_equal(d.error, RATE_ECORRUPT);
-    /* The limiter's state is intact: 4 more fit in its window. */
-    int ok = 0;
-    for (int i = 0; i < 6; i++)
-        ok += rate_try_acquire_len(lim, key, sizeof key - 1, 1);
-    assert_true(ok <= 4);
+    uint64_t n;
+    assert_int_equal(rate_inflight_held(in, "k", 1, &n), RATE_ECORRUPT);
+    /* Not written back: the bytes are as they were. */
+    uint8_t now[64];
+    assert_int_equal(cas_store_peek_len(h, lkey, sizeof lkey - 1, now,
+                                        sizeof now),
+                     sizeof rate_state);
+    assert_memory_equal(now, rate_state, sizeof rate_state);
+    rate_inflight_free(in);
+    rate_store_free(store);
+}
+
+/* A caller's key in the library's namespace (it begins with the lease
+ * keys' prefix) is refused with RATE_EKEY by every call, so no limiter
+ * reaches a key's lease state by its name: the leases stay as held. */
+static void run_reserved(rate_store_t *store)
+{
+    rate_limiter_config_t lc = {.policy = policy_of("fixed-window 5/s"),
+                                .store = store};
+    rate_limiter_t *lim;
+    assert_int_equal(rate_limiter_new(&lc, &lim), RATE_OK);
+    rate_inflight_t *in = inflight_on("concurrency 2 ttl=1h", store, NULL);
+    rate_lease_t l, other;
+    rate_decision_t d;
+    assert_true(take(in, "k", RATE_LEASE_NORMAL, &l, &d));
+
+    const char key[] = "\xffLEASE\x01\0k"; /* k's lease state's name */
+    size_t len = sizeof key - 1;
+    for (int i = 0; i < 3; i++)
+        assert_false(rate_try_acquire_len(lim, key, len, 1));
+    int reset_rc = rate_limiter_reset(lim, key, len);
+    assert_int_equal(held_of(in, "k"), 1); /* not removed, not written */
+    assert_int_equal(reset_rc, RATE_EKEY);
+    /* A key whose leases come later: no rate state is in their way. */
+    const char jkey[] = "\xffLEASE\x01\0j";
+    assert_false(rate_try_acquire_len(lim, jkey, sizeof jkey - 1, 1));
+    assert_true(take(in, "j", RATE_LEASE_NORMAL, &other, &d));
+    assert_int_equal(rate_inflight_release(in, "j", 1, &other), RATE_OK);
+    assert_int_equal(rate_limiter_acquire(lim, key, len, 1, 0, &d),
+                     RATE_EKEY);
+    assert_int_equal(rate_limiter_check(lim, key, len, 1, 0, &d), RATE_EKEY);
+    assert_int_equal(rate_limiter_penalize(lim, key, len, 1), RATE_EKEY);
+    assert_int_equal(rate_limiter_refund(lim, key, len, 1), RATE_EKEY);
+    assert_int_equal(rate_inflight_acquire(in, key, len, RATE_LEASE_NORMAL,
+                                           &other, &d),
+                     RATE_EKEY);
+    /* The prefix alone, or longer: the namespace, refused too. */
+    assert_int_equal(rate_limiter_check(lim, key, 8, 1, 0, &d), RATE_EKEY);
+    /* Shorter than the prefix, or differing in a byte: a key as any. */
+    assert_int_equal(rate_limiter_check(lim, key, 7, 1, 0, &d), RATE_OK);
+    assert_true(d.allowed);
+    char near[sizeof key];
+    memcpy(near, key, sizeof key);
+    near[6] = '\x02';
+    assert_true(rate_try_acquire_len(lim, near, len, 1));
+
+    assert_int_equal(held_of(in, "k"), 1);
+    assert_int_equal(rate_inflight_release(in, "k", 1, &l), RATE_OK);
+    assert_int_equal(held_of(in, "k"), 0);
     rate_inflight_free(in);
     rate_limiter_free(lim);
     rate_policy_free((rate_policy_t *)lc.policy);
+}
+
+static void test_reserved_memory(void **state)
+{
+    (void)state;
+    rate_store_t *store;
+    assert_int_equal(rate_store_memory_new(NULL, &store), RATE_OK);
+    run_reserved(store);
     rate_store_free(store);
 }
 
@@ -554,6 +617,15 @@ static void test_pressure_memory(void **state)
     rate_store_t *store = bounded_memory();
     run_pressure(store);
     rate_store_free(store);
+}
+
+static void test_reserved_shm(void **state)
+{
+    (void)state;
+    rate_store_t *store = bounded_shm();
+    run_reserved(store);
+    rate_store_free(store);
+    unlink(shm_path);
 }
 
 static void test_pressure_shm(void **state)
@@ -747,6 +819,8 @@ int main(void)
         cmocka_unit_test(test_priority),
         cmocka_unit_test(test_mixed_n),
         cmocka_unit_test(test_corrupt),
+        cmocka_unit_test(test_reserved_memory),
+        cmocka_unit_test(test_reserved_shm),
         cmocka_unit_test(test_pressure_memory),
         cmocka_unit_test(test_pressure_shm),
         cmocka_unit_test(test_threads_memory),

@@ -18,8 +18,9 @@
 #include "../internal.h"
 #include "lease.h"
 
-/* Lease keys live beside rate states, after a prefix no UTF-8 key has. */
-static const char PREFIX[8] = {'\xff', 'L', 'E', 'A', 'S', 'E', '\x01', 0};
+/* Lease keys live beside rate states, after a prefix no UTF-8 key has and
+ * no caller's key may have (rate__key_reserved). */
+static const char PREFIX[RATE_KEY_RESERVED_LEN] = RATE_KEY_RESERVED;
 
 #define SCRATCH_STACK 64u
 
@@ -165,7 +166,8 @@ static uint64_t key_hash(const char *key, size_t len)
 
 static int check_input(const char *key, size_t len, uint64_t now)
 {
-    if (key == NULL || len == 0 || len > RATE_LEASE_KEY_MAX)
+    if (key == NULL || len == 0 || len > RATE_LEASE_KEY_MAX ||
+        rate__key_reserved(key, len))
         return RATE_EKEY;
     return now > RATE_TIME_MAX ? RATE_ERANGE : RATE_OK;
 }
