@@ -52,6 +52,18 @@ upstream_pid=$!
 for _ in $(seq 100); do [ -s "$tmp/upstream.port" ] && break; sleep 0.05; done
 uport=$(cat "$tmp/upstream.port")
 
+# Polls URL (20 s at most, a third of the TTL) until it answers 200;
+# prints the last code.
+await_200() {
+  local code=
+  for _ in $(seq 400); do
+    code=$(curl -s -o /dev/null -w '%{http_code}' "$1")
+    [ "$code" = 200 ] && break
+    sleep 0.05
+  done
+  echo "$code"
+}
+
 # Waits (60 s at most) for a file to appear.
 await_file() {
   for _ in $(seq 1200); do [ -e "$1" ] && return 0; sleep 0.05; done
@@ -151,13 +163,7 @@ code=$(curl -s -o /dev/null -w '%{http_code}' "$url/slow?s=0&probe=1")
 expect "three held: a fourth" "$code" 503
 for i in 1 2 3; do kill "$(cat "$tmp/client.$i")" 2>/dev/null || true; done
 for i in 1 2 3; do wait "$(cat "$tmp/client.$i")" 2>/dev/null || true; done
-code=
-for _ in $(seq 400); do # 20 s at most, a third of the TTL
-  code=$(curl -s -o /dev/null -w '%{http_code}' "$url/slow?s=0&after=1")
-  [ "$code" = 200 ] && break
-  sleep 0.05
-done
-expect "after the clients left" "$code" 200
+expect "after the clients left" "$(await_200 "$url/slow?s=0&after=1")" 200
 three=0
 cpids=()
 for i in 1 2 3; do
@@ -197,13 +203,8 @@ expect "tiny zone: the held key still held, a second refused" \
   "$(curl -s -o /dev/null -w '%{http_code}' "$url/tinyfile/index.html?k=held")" 503
 kill "$held_pid" 2>/dev/null || true
 wait "$held_pid" 2>/dev/null || true
-code=
-for _ in $(seq 400); do # 20 s at most, a third of the TTL
-  code=$(curl -s -o /dev/null -w '%{http_code}' "$url/tinyfile/index.html?k=held")
-  [ "$code" = 200 ] && break
-  sleep 0.05
-done
-expect "tiny zone: the held key given back" "$code" 200
+expect "tiny zone: the held key given back" \
+  "$(await_200 "$url/tinyfile/index.html?k=held")" 200
 expect "tiny zone: no release failed" \
   "$(grep -c 'releasing a lease' "$tmp/logs/error.log" || true)" 0
 

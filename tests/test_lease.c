@@ -619,22 +619,25 @@ static void test_pressure_memory(void **state)
     rate_store_free(store);
 }
 
+/* run over a fresh bounded shm region, removed after. */
+static void on_shm(void (*run)(rate_store_t *))
+{
+    rate_store_t *store = bounded_shm();
+    run(store);
+    rate_store_free(store);
+    unlink(shm_path);
+}
+
 static void test_reserved_shm(void **state)
 {
     (void)state;
-    rate_store_t *store = bounded_shm();
-    run_reserved(store);
-    rate_store_free(store);
-    unlink(shm_path);
+    on_shm(run_reserved);
 }
 
 static void test_pressure_shm(void **state)
 {
     (void)state;
-    rate_store_t *store = bounded_shm();
-    run_pressure(store);
-    rate_store_free(store);
-    unlink(shm_path);
+    on_shm(run_pressure);
 }
 
 /* ------------------------------------------------------------- threads */
