@@ -64,8 +64,8 @@ extern "C" {
     X(EINVAL, -1, "invalid argument")                                       \
     X(ENOMEM, -2, "out of memory")                                          \
     X(EKEY, -3,                                                             \
-      "key is NULL, empty, or longer than RATE_KEY_MAX bytes or than the "  \
-      "store keeps")                                                        \
+      "key is NULL, empty, reserved (begins \\xffLEASE\\x01\\0), or longer " \
+      "than RATE_KEY_MAX bytes or than the store keeps")                    \
     X(EPOLICY, -4, "invalid policy")                                        \
     X(ERANGE, -5, "time or permits out of range")                           \
     X(ESTORE, -6, "store unavailable")                                      \
@@ -97,6 +97,11 @@ RATE_API const char *rate_err_name(int err);
 #define RATE_NEVER UINT64_MAX          /* retry_after of a request that can never succeed */
 #define RATE_TIME_MAX ((uint64_t)INT64_MAX) /* largest time or duration, ns */
 #define RATE_KEY_MAX 512               /* longest key, bytes */
+/* Keys that begin with these 8 bytes (FF 'LEASE' 01 00) are the library's
+ * own (the state of a key's in-flight leases, docs/leases.md): a call
+ * given one returns RATE_EKEY (a bool call: false). */
+#define RATE_KEY_RESERVED "\xffLEASE\x01"
+#define RATE_KEY_RESERVED_LEN 8u       /* its bytes, the NUL included */
 #define RATE_MAX_LIMITS 4              /* limits in one policy */
 #define RATE_SLIDING_LOG_MAX 10000u    /* largest limit of a sliding log */
 #define RATE_NO_LIMIT UINT64_MAX       /* limit and remaining of an unlimited
@@ -328,7 +333,9 @@ typedef struct rate_store rate_store_t;
 
 typedef struct rate_memory_options {
     size_t max_keys;  /* 0: unbounded.  Beyond it the least recently used
-                         keys are evicted (counted; may change answers). */
+                         keys are evicted (counted; may change answers),
+                         never a key with in-flight leases held: with
+                         only those left a new key is RATE_EFULL. */
     unsigned shards;  /* 0: 256.  Rounded up to a power of two. */
     uint64_t reserved[6]; /* zero (= {...} or memset): room for later
                                fields; non-zero is RATE_EINVAL */

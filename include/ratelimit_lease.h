@@ -152,7 +152,8 @@ RATE_API void rate_inflight_free(rate_inflight_t *inflight);
  * longer than RATE_LEASE_KEY_MAX or than the store keeps; RATE_ERANGE for
  * now_ns above RATE_TIME_MAX; RATE_ECORRUPT for a stored lease state that
  * is not one (not written back); the store's own error as is (RATE_EFULL
- * for a state longer than the store keeps, RATE_ESTORE, RATE_ETIMEDOUT,
+ * for a state longer than the store keeps, or a new key in a store full
+ * of keys with leases held, which it never evicts; RATE_ESTORE, RATE_ETIMEDOUT,
  * RATE_ECONFLICT); RATE_ENOMEM.  A rate limit's store failure follows
  * that limiter's fail mode (closed: denied, the lease given back).
  * Ownership: the key is only read.  Thread-safe: yes. */

@@ -43,8 +43,10 @@ typedef struct rate_shm_options {
                                spread by hash: max_keys keys fit); a new
                                key in a full shard evicts that shard's
                                least recently used key (CLOCK), counted in
-                               evictions.  One shard holds max_keys
-                               exactly */
+                               evictions, never a key with in-flight
+                               leases held (with only those left a new
+                               key is RATE_EFULL).  One shard holds
+                               max_keys exactly */
     unsigned shards;        /* 0: up to 64, each of at least 256 keys;
                                rounded up to a power of two, at most 1024
                                and at most max_keys */

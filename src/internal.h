@@ -22,6 +22,15 @@
 #include "ratelimit.h"
 #include "ratelimit_store.h"
 
+/* Whether a caller's key lies in the library's own namespace (it begins
+ * with RATE_KEY_RESERVED, the prefix of the lease states' keys): such a
+ * key is refused, so that no call reaches a lease state by its name. */
+static inline bool rate__key_reserved(const char *key, size_t len)
+{
+    return len >= RATE_KEY_RESERVED_LEN && (unsigned char)key[0] == 0xff &&
+           memcmp(key, RATE_KEY_RESERVED, RATE_KEY_RESERVED_LEN) == 0;
+}
+
 typedef unsigned __int128 rate_u128_t;
 typedef __int128 rate_i128_t;
 

@@ -544,7 +544,8 @@ static RATE__ALWAYS_INLINE int prepare(rate_limiter_t *lim,
     const rate_policy_t *p;
     uint32_t tag;
 
-    if (key == NULL || key_len == 0 || key_len > RATE_KEY_MAX)
+    if (key == NULL || key_len == 0 || key_len > RATE_KEY_MAX ||
+        rate__key_reserved(key, key_len))
         return RATE_EKEY;
     if (permits > RATE_TIME_MAX || max_wait > RATE_TIME_MAX ||
         now > RATE_TIME_MAX)
@@ -728,6 +729,7 @@ static RATE__ALWAYS_INLINE bool try_acquire(rate_limiter_t *lim,
     plan_t *pl = atomic_load_explicit(&lim->plan, memory_order_acquire);
     if (!atomic_load_explicit(&pl->fast, memory_order_acquire) ||
         key == NULL || len - 1 >= RATE_KEY_MAX ||
+        (unsigned char)key[0] == 0xff || /* perhaps reserved */
         (permits | now) > RATE_TIME_MAX)
         return try_general(lim, key, len, permits, now, clock_time);
     const rate_acquire_t *req = &pl->acq[horizon(lim, now, clock_time) != 0];
@@ -1167,7 +1169,8 @@ int rate_limiter_reset(rate_limiter_t *lim, const char *key, size_t key_len)
 {
     if (lim == NULL)
         return RATE_EINVAL;
-    if (key == NULL || key_len == 0 || key_len > RATE_KEY_MAX)
+    if (key == NULL || key_len == 0 || key_len > RATE_KEY_MAX ||
+        rate__key_reserved(key, key_len))
         return RATE_EKEY;
     rate_key_t k = {key, key_len, lim->space};
     int rc = lim->store->m->remove(lim->store->self, &k);

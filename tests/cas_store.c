@@ -352,8 +352,14 @@ uint64_t cas_store_ttl(cas_store_t *s, const char *key)
 void cas_store_poke(cas_store_t *s, const char *key, const void *bytes,
                     size_t len)
 {
+    cas_store_poke_len(s, key, strlen(key), bytes, len);
+}
+
+void cas_store_poke_len(cas_store_t *s, const char *key, size_t key_len,
+                        const void *bytes, size_t len)
+{
     pthread_mutex_lock(&s->lock);
-    rate_key_t k = {key, strlen(key), RATE_SPACE_STATE};
+    rate_key_t k = {key, key_len, RATE_SPACE_STATE};
     entry_t *e = find(s, &k);
     if (e != NULL) {
         unsigned char *v = realloc(e->val, len ? len : 1);
@@ -437,8 +443,14 @@ unsigned cas_store_asked(cas_store_t *s, int op)
 
 size_t cas_store_peek(cas_store_t *s, const char *key, void *buf, size_t cap)
 {
+    return cas_store_peek_len(s, key, strlen(key), buf, cap);
+}
+
+size_t cas_store_peek_len(cas_store_t *s, const char *key, size_t key_len,
+                          void *buf, size_t cap)
+{
     pthread_mutex_lock(&s->lock);
-    rate_key_t k = {key, strlen(key), RATE_SPACE_STATE};
+    rate_key_t k = {key, key_len, RATE_SPACE_STATE};
     entry_t *e = find(s, &k);
     size_t len = e ? e->len : 0;
     if (e != NULL)

@@ -42,8 +42,14 @@ uint64_t cas_store_ttl(cas_store_t *s, const char *key);
 /* Copies a key's bytes (at most cap) into buf; their length (0: none). */
 size_t cas_store_peek(cas_store_t *s, const char *key, void *buf,
                       size_t cap);
+/* The same for a key of key_len bytes (any bytes, a NUL too). */
+size_t cas_store_peek_len(cas_store_t *s, const char *key, size_t key_len,
+                          void *buf, size_t cap);
 /* Overwrites a key's bytes (to test corrupt state). */
 void cas_store_poke(cas_store_t *s, const char *key, const void *bytes,
                     size_t len);
+/* The same for a key of key_len bytes (any bytes, a NUL too). */
+void cas_store_poke_len(cas_store_t *s, const char *key, size_t key_len,
+                        const void *bytes, size_t len);
 
 #endif

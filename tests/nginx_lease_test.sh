@@ -11,6 +11,10 @@
 #   - 3 clients that disconnect while their requests wait on the upstream
 #     give their leases back at once (not after the 60 s TTL);
 #   - a reserve for critical requests (critical=$http_x_critical);
+#   - a zone of 64 keys (keys=64): a key held while 512 others come and
+#     go is never evicted (a second request of it is still refused at
+#     N=1, and its release finds its lease); a zone whose every key is
+#     held refuses a new key as a store error, logged;
 #   - configuration errors.
 # The slow requests hold for 6 s so that 6 started together overlap on a
 # loaded machine; every other wait is a bounded poll.
@@ -48,6 +52,18 @@ upstream_pid=$!
 for _ in $(seq 100); do [ -s "$tmp/upstream.port" ] && break; sleep 0.05; done
 uport=$(cat "$tmp/upstream.port")
 
+# Polls URL (20 s at most, a third of the TTL) until it answers 200;
+# prints the last code.
+await_200() {
+  local code=
+  for _ in $(seq 400); do
+    code=$(curl -s -o /dev/null -w '%{http_code}' "$1")
+    [ "$code" = 200 ] && break
+    sleep 0.05
+  done
+  echo "$code"
+}
+
 # Waits (60 s at most) for a file to appear.
 await_file() {
   for _ in $(seq 1200); do [ -e "$1" ] && return 0; sleep 0.05; done
@@ -64,6 +80,7 @@ http {
   access_log $tmp/logs/access.log rl;
   ratelimit_inflight_zone slow "concurrency 3 ttl=1m";
   ratelimit_inflight_zone pri "concurrency 3 ttl=1m reserve=1";
+  ratelimit_inflight_zone tiny "concurrency 1 ttl=1m" keys=64;
   server {
     listen 127.0.0.1:$port;
     root $tmp/html;
@@ -79,6 +96,14 @@ http {
     location @back {
       ratelimit_inflight slow all;
       proxy_pass http://127.0.0.1:$uport;
+    }
+    location /tiny {
+      ratelimit_inflight tiny \$arg_k;
+      proxy_pass http://127.0.0.1:$uport;
+    }
+    location /tinyfile/ {
+      ratelimit_inflight tiny \$arg_k;
+      alias $tmp/html/;
     }
     location /pri {
       ratelimit_inflight pri all critical=\$http_x_critical;
@@ -138,13 +163,7 @@ code=$(curl -s -o /dev/null -w '%{http_code}' "$url/slow?s=0&probe=1")
 expect "three held: a fourth" "$code" 503
 for i in 1 2 3; do kill "$(cat "$tmp/client.$i")" 2>/dev/null || true; done
 for i in 1 2 3; do wait "$(cat "$tmp/client.$i")" 2>/dev/null || true; done
-code=
-for _ in $(seq 400); do # 20 s at most, a third of the TTL
-  code=$(curl -s -o /dev/null -w '%{http_code}' "$url/slow?s=0&after=1")
-  [ "$code" = 200 ] && break
-  sleep 0.05
-done
-expect "after the clients left" "$code" 200
+expect "after the clients left" "$(await_200 "$url/slow?s=0&after=1")" 200
 three=0
 cpids=()
 for i in 1 2 3; do
@@ -170,6 +189,43 @@ expect "two normal held: a critical one" \
 expect "critical: 0 is normal" \
   "$(curl -s -o /dev/null -w '%{http_code}' -H 'X-Critical: 0' "$url/pri?s=0")" 503
 wait "${cpids[@]}"
+
+# A zone of 64 keys: one key held (N=1) while 512 other keys come and go,
+# each request holding its key's lease for its own short life.
+curl -s -o /dev/null "$url/tiny?k=held&s=30&mark=t0" &
+held_pid=$!
+await_file "$tmp/in.t0" || fail "the held request is not in"
+urls=()
+for i in $(seq 512); do urls+=(-o /dev/null "$url/tinyfile/index.html?k=churn$i"); done
+churn_ok=$(curl -s -w '%{http_code}\n' "${urls[@]}" | grep -c '^200$' || true)
+expect "tiny zone: the other keys served" "$churn_ok" 512
+expect "tiny zone: the held key still held, a second refused" \
+  "$(curl -s -o /dev/null -w '%{http_code}' "$url/tinyfile/index.html?k=held")" 503
+kill "$held_pid" 2>/dev/null || true
+wait "$held_pid" 2>/dev/null || true
+expect "tiny zone: the held key given back" \
+  "$(await_200 "$url/tinyfile/index.html?k=held")" 200
+expect "tiny zone: no release failed" \
+  "$(grep -c 'releasing a lease' "$tmp/logs/error.log" || true)" 0
+
+# Every key of the zone held: a new key is refused (a store error, the
+# fail mode closed), never a held key dropped.
+cpids=()
+for i in $(seq 64); do
+  curl -s -o /dev/null "$url/tiny?k=full$i&s=30&mark=f$i" & cpids+=($!)
+done
+for i in $(seq 64); do await_file "$tmp/in.f$i" || fail "request f$i not in"; done
+expect "tiny zone full: a new key refused" \
+  "$(curl -s -o /dev/null -w '%{http_code}' "$url/tinyfile/index.html?k=new")" 503
+expect "tiny zone full: a held key still held" \
+  "$(curl -s -o /dev/null -w '%{http_code}' "$url/tinyfile/index.html?k=full1")" 503
+full_logged=0
+grep -q 'zone "tiny": store error RATE_EFULL' "$tmp/logs/error.log" && full_logged=1
+expect "tiny zone full: the store error logged" "$full_logged" 1
+kill "${cpids[@]}" 2>/dev/null || true
+wait "${cpids[@]}" 2>/dev/null || true
+expect "tiny zone: no release failed at all" \
+  "$(grep -c 'releasing a lease' "$tmp/logs/error.log" || true)" 0
 stop_nginx
 
 # Configuration errors.

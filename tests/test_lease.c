@@ -471,37 +471,232 @@ static void test_mixed_n(void **state)
     mixed_n("concurrency 4 ttl=1m reserve=1", 4, RATE_LEASE_CRITICAL);
 }
 
-/* A state that is no lease state (a limiter wrote the same bytes' key) is
- * reported, never decided or overwritten. */
+/* A state that is no lease state (a rate state's bytes where the lease
+ * state lies) is reported, never decided or overwritten. */
 static void test_corrupt(void **state)
 {
     (void)state;
     rate_store_t *store;
-    assert_int_equal(rate_store_memory_new(NULL, &store), RATE_OK);
-    rate_limiter_config_t lc = {.policy = policy_of("fixed-window 5/s"),
-                                .store = store};
-    rate_limiter_t *lim;
-    assert_int_equal(rate_limiter_new(&lc, &lim), RATE_OK);
-    const char key[] = "\xffLEASE\x01\0k";
-    assert_true(rate_try_acquire_len(lim, key, sizeof key - 1, 1));
-    rate_inflight_t *in = inflight_on("concurrency 2 ttl=1s", store, NULL);
+    cas_store_t *h;
+    assert_int_equal(cas_store_new(&store, &h), RATE_OK);
+    rate_inflight_t *in = inflight_on("concurrency 2 ttl=1h", store, NULL);
     rate_lease_t l;
     rate_decision_t d;
+    assert_true(take(in, "k", RATE_LEASE_NORMAL, &l, &d));
+    const char lkey[] = "\xffLEASE\x01\0k"; /* where k's leases lie */
+    /* A fixed window's state: the 14-byte header (format 1), a count. */
+    uint8_t rate_state[22] = {[12] = 0, [13] = 1, [14] = 3};
+    cas_store_poke_len(h, lkey, sizeof lkey - 1, rate_state,
+                       sizeof rate_state);
     assert_int_equal(rate_inflight_acquire(in, "k", 1, RATE_LEASE_NORMAL, &l,
                                            &d),
                      RATE_ECORRUPT);
     assert_false(d.allowed);
     assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
     assert_int_equal(d.error, RATE_ECORRUPT);
-    /* The limiter's state is intact: 4 more fit in its window. */
-    int ok = 0;
-    for (int i = 0; i < 6; i++)
-        ok += rate_try_acquire_len(lim, key, sizeof key - 1, 1);
-    assert_true(ok <= 4);
+    uint64_t n;
+    assert_int_equal(rate_inflight_held(in, "k", 1, &n), RATE_ECORRUPT);
+    /* Not written back: the bytes are as they were. */
+    uint8_t now[64];
+    assert_int_equal(cas_store_peek_len(h, lkey, sizeof lkey - 1, now,
+                                        sizeof now),
+                     sizeof rate_state);
+    assert_memory_equal(now, rate_state, sizeof rate_state);
+    rate_inflight_free(in);
+    rate_store_free(store);
+}
+
+/* A caller's key in the library's namespace (it begins with the lease
+ * keys' prefix) is refused with RATE_EKEY by every call, so no limiter
+ * reaches a key's lease state by its name: the leases stay as held. */
+static void run_reserved(rate_store_t *store)
+{
+    rate_limiter_config_t lc = {.policy = policy_of("fixed-window 5/s"),
+                                .store = store};
+    rate_limiter_t *lim;
+    assert_int_equal(rate_limiter_new(&lc, &lim), RATE_OK);
+    rate_inflight_t *in = inflight_on("concurrency 2 ttl=1h", store, NULL);
+    rate_lease_t l, other;
+    rate_decision_t d;
+    assert_true(take(in, "k", RATE_LEASE_NORMAL, &l, &d));
+
+    const char key[] = "\xffLEASE\x01\0k"; /* k's lease state's name */
+    size_t len = sizeof key - 1;
+    for (int i = 0; i < 3; i++)
+        assert_false(rate_try_acquire_len(lim, key, len, 1));
+    int reset_rc = rate_limiter_reset(lim, key, len);
+    assert_int_equal(held_of(in, "k"), 1); /* not removed, not written */
+    assert_int_equal(reset_rc, RATE_EKEY);
+    /* A key whose leases come later: no rate state is in their way. */
+    const char jkey[] = "\xffLEASE\x01\0j";
+    assert_false(rate_try_acquire_len(lim, jkey, sizeof jkey - 1, 1));
+    assert_true(take(in, "j", RATE_LEASE_NORMAL, &other, &d));
+    assert_int_equal(rate_inflight_release(in, "j", 1, &other), RATE_OK);
+    assert_int_equal(rate_limiter_acquire(lim, key, len, 1, 0, &d),
+                     RATE_EKEY);
+    assert_int_equal(rate_limiter_check(lim, key, len, 1, 0, &d), RATE_EKEY);
+    assert_int_equal(rate_limiter_penalize(lim, key, len, 1), RATE_EKEY);
+    assert_int_equal(rate_limiter_refund(lim, key, len, 1), RATE_EKEY);
+    assert_int_equal(rate_inflight_acquire(in, key, len, RATE_LEASE_NORMAL,
+                                           &other, &d),
+                     RATE_EKEY);
+    /* The prefix alone, or longer: the namespace, refused too. */
+    assert_int_equal(rate_limiter_check(lim, key, 8, 1, 0, &d), RATE_EKEY);
+    /* Shorter than the prefix, or differing in a byte: a key as any. */
+    assert_int_equal(rate_limiter_check(lim, key, 7, 1, 0, &d), RATE_OK);
+    assert_true(d.allowed);
+    char near[sizeof key];
+    memcpy(near, key, sizeof key);
+    near[6] = '\x02';
+    assert_true(rate_try_acquire_len(lim, near, len, 1));
+
+    assert_int_equal(held_of(in, "k"), 1);
+    assert_int_equal(rate_inflight_release(in, "k", 1, &l), RATE_OK);
+    assert_int_equal(held_of(in, "k"), 0);
     rate_inflight_free(in);
     rate_limiter_free(lim);
     rate_policy_free((rate_policy_t *)lc.policy);
+}
+
+static void test_reserved_memory(void **state)
+{
+    (void)state;
+    rate_store_t *store;
+    assert_int_equal(rate_store_memory_new(NULL, &store), RATE_OK);
+    run_reserved(store);
     rate_store_free(store);
+}
+
+/* ------------------------------------------------------- key pressure */
+
+#define PRESSURE_KEYS 64
+
+static rate_store_t *bounded_memory(void)
+{
+    rate_memory_options_t o = {.max_keys = PRESSURE_KEYS};
+    rate_store_t *store = NULL;
+    assert_int_equal(rate_store_memory_new(&o, &store), RATE_OK);
+    return store;
+}
+
+static char shm_path[128];
+
+static rate_store_t *bounded_shm(void)
+{
+    rate_shm_options_t o = {.max_keys = PRESSURE_KEYS};
+    rate_store_t *store = NULL;
+    char err[256] = "";
+    snprintf(shm_path, sizeof shm_path, "/dev/shm/rl-test-lease-keys-%ld",
+             (long)getpid());
+    unlink(shm_path);
+    if (rate_store_shm_new(shm_path, &o, &store, err, sizeof err) != RATE_OK)
+        fail_msg("%s: %s", shm_path, err);
+    return store;
+}
+
+/* A store bounded to PRESSURE_KEYS keys: a key with a lease held is never
+ * evicted by new keys (the bound N=1 holds and the holder's release finds
+ * its lease); with every key held a new key is refused (RATE_EFULL), a
+ * released key makes room again, and so does one whose leases expired. */
+static void run_pressure(rate_store_t *store)
+{
+    fake_clock_t clk = {.now = 100 * SEC};
+    rate_inflight_t *in = inflight_on("concurrency 1 ttl=1h", store, &clk);
+    rate_lease_t held, l, other;
+    rate_decision_t d;
+    char key[32];
+
+    assert_true(take(in, "held", RATE_LEASE_NORMAL, &held, &d));
+    for (int i = 0; i < 8 * PRESSURE_KEYS; i++) { /* churn: many keys */
+        snprintf(key, sizeof key, "churn-%d", i);
+        assert_true(take(in, key, RATE_LEASE_NORMAL, &l, &d));
+        assert_int_equal(rate_inflight_release(in, key, strlen(key), &l),
+                         RATE_OK);
+        clk.now += 1000;
+    }
+    assert_false(take(in, "held", RATE_LEASE_NORMAL, &l, &d)); /* N=1 */
+    assert_int_equal(held_of(in, "held"), 1);
+    assert_int_equal(rate_inflight_release(in, "held", 4, &held), RATE_OK);
+
+    /* Every key held: a new key is refused, never a held one dropped. */
+    rate_lease_t all[PRESSURE_KEYS];
+    for (int i = 0; i < PRESSURE_KEYS; i++) {
+        snprintf(key, sizeof key, "full-%d", i);
+        assert_true(take(in, key, RATE_LEASE_NORMAL, &all[i], &d));
+    }
+    assert_int_equal(rate_inflight_acquire(in, "new", 3, RATE_LEASE_NORMAL,
+                                           &other, &d),
+                     RATE_EFULL);
+    assert_false(d.allowed);
+    assert_int_equal(d.error, RATE_EFULL);
+    assert_int_equal(other.id, 0);
+    for (int i = 0; i < PRESSURE_KEYS; i++) {
+        snprintf(key, sizeof key, "full-%d", i);
+        assert_int_equal(held_of(in, key), 1);
+    }
+    /* A released key may go. */
+    assert_int_equal(rate_inflight_release(in, "full-0", 6, &all[0]),
+                     RATE_OK);
+    assert_true(take(in, "new", RATE_LEASE_NORMAL, &other, &d));
+    /* By a caller's time, expired leases are not known to be gone for
+     * good (a later call may carry an earlier time): still refused. */
+    clk.now += 2 * 3600 * SEC;
+    assert_int_equal(rate_inflight_acquire(in, "newer", 5, RATE_LEASE_NORMAL,
+                                           &l, &d),
+                     RATE_EFULL);
+    for (int i = 1; i < PRESSURE_KEYS; i++) { /* given back by release */
+        snprintf(key, sizeof key, "full-%d", i);
+        assert_int_equal(rate_inflight_release_at(in, key, strlen(key),
+                                                  &all[i], all[i].expires_ns - 1),
+                         RATE_OK);
+    }
+    assert_int_equal(rate_inflight_release_at(in, "new", 3, &other,
+                                              other.expires_ns - 1),
+                     RATE_OK);
+    rate_inflight_free(in);
+
+    /* By the library's clock they are: their keys are reclaimed. */
+    in = inflight_on("concurrency 1 ttl=1ms", store, NULL);
+    for (int i = 0; i < PRESSURE_KEYS; i++) {
+        snprintf(key, sizeof key, "short-%d", i);
+        assert_true(take(in, key, RATE_LEASE_NORMAL, &all[i], &d));
+    }
+    struct timespec pause = {0, 2000000}; /* past the 1 ms TTL */
+    uint64_t last = all[PRESSURE_KEYS - 1].expires_ns;
+    while (rate_clock_monotonic_ns() <= last)
+        nanosleep(&pause, NULL);
+    assert_true(take(in, "newer", RATE_LEASE_NORMAL, &l, &d));
+    assert_int_equal(rate_inflight_release(in, "newer", 5, &l), RATE_OK);
+    rate_inflight_free(in);
+}
+
+static void test_pressure_memory(void **state)
+{
+    (void)state;
+    rate_store_t *store = bounded_memory();
+    run_pressure(store);
+    rate_store_free(store);
+}
+
+/* run over a fresh bounded shm region, removed after. */
+static void on_shm(void (*run)(rate_store_t *))
+{
+    rate_store_t *store = bounded_shm();
+    run(store);
+    rate_store_free(store);
+    unlink(shm_path);
+}
+
+static void test_reserved_shm(void **state)
+{
+    (void)state;
+    on_shm(run_reserved);
+}
+
+static void test_pressure_shm(void **state)
+{
+    (void)state;
+    on_shm(run_pressure);
 }
 
 /* ------------------------------------------------------------- threads */
@@ -763,6 +958,10 @@ int main(void)
         cmocka_unit_test(test_priority),
         cmocka_unit_test(test_mixed_n),
         cmocka_unit_test(test_corrupt),
+        cmocka_unit_test(test_reserved_memory),
+        cmocka_unit_test(test_reserved_shm),
+        cmocka_unit_test(test_pressure_memory),
+        cmocka_unit_test(test_pressure_shm),
         cmocka_unit_test(test_threads_memory),
         cmocka_unit_test(test_threads_cas),
         cmocka_unit_test(test_release_contention),

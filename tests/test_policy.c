@@ -679,7 +679,8 @@ static void error_texts(void **state)
 {
     (void)state;
     assert_string_equal(rate_strerror(RATE_EKEY),
-                        "key is NULL, empty, or longer than RATE_KEY_MAX "
+                        "key is NULL, empty, reserved (begins "
+                        "\\xffLEASE\\x01\\0), or longer than RATE_KEY_MAX "
                         "bytes or than the store keeps");
     assert_string_equal(rate_err_name(RATE_ECONFLICT), "RATE_ECONFLICT");
     assert_string_equal(rate_strerror(RATE_OK), "success");

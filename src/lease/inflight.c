@@ -18,8 +18,9 @@
 #include "../internal.h"
 #include "lease.h"
 
-/* Lease keys live beside rate states, after a prefix no UTF-8 key has. */
-static const char PREFIX[8] = {'\xff', 'L', 'E', 'A', 'S', 'E', '\x01', 0};
+/* Lease keys live beside rate states, after a prefix no UTF-8 key has and
+ * no caller's key may have (rate__key_reserved). */
+static const char PREFIX[RATE_KEY_RESERVED_LEN] = RATE_KEY_RESERVED;
 
 #define SCRATCH_STACK 64u
 
@@ -30,6 +31,7 @@ struct rate_inflight {
     rate_clock_t clock;
     bool clock_is_default; /* the library's CLOCK_MONOTONIC */
     bool reap;
+    bool pin; /* the store's keys are bounded in number (see pins()) */
     uint64_t id_base;
     _Atomic uint64_t next_id;
     _Atomic uint64_t reap_after; /* no reaping before (this clock's) time */
@@ -90,6 +92,19 @@ static int make_limiter(rate_inflight_t *in)
     return rate_limiter_new(&lc, &in->limiter);
 }
 
+/* Whether the store bounds its keys in number, evicting the least used,
+ * and keeps no time-to-live (this library's memory and shared-memory
+ * stores): there a key with leases held is written with RATE_TTL_FOREVER,
+ * a key such a store never evicts, so that it never forgets a held lease.
+ * A store that expires keys by their time-to-live (Redis, DynamoDB)
+ * keeps a key until its latest lease expires. */
+static bool pins(const rate_store_t *s)
+{
+    const char *name = s->m->name;
+    return name != NULL &&
+           (strcmp(name, "memory") == 0 || strcmp(name, "shm") == 0);
+}
+
 int rate_inflight_new(const rate_inflight_config_t *cfg, rate_inflight_t **out)
 {
     rate_inflight_t *in;
@@ -134,6 +149,7 @@ int rate_inflight_new(const rate_inflight_config_t *cfg, rate_inflight_t **out)
         rc = rate_store_memory_new(NULL, &in->own_store);
         in->store = in->own_store;
     }
+    in->pin = rc == RATE_OK && pins(in->store);
     if (rc == RATE_OK && in->policy->rate != NULL)
         rc = make_limiter(in);
     if (rc != RATE_OK) {
@@ -165,7 +181,8 @@ static uint64_t key_hash(const char *key, size_t len)
 
 static int check_input(const char *key, size_t len, uint64_t now)
 {
-    if (key == NULL || len == 0 || len > RATE_LEASE_KEY_MAX)
+    if (key == NULL || len == 0 || len > RATE_LEASE_KEY_MAX ||
+        rate__key_reserved(key, len))
         return RATE_EKEY;
     return now > RATE_TIME_MAX ? RATE_ERANGE : RATE_OK;
 }
@@ -217,6 +234,7 @@ static int run(rate_inflight_t *in, const char *key, size_t len,
                       clock_time ? a->now_ns : 0, rate__lease_is_cold};
     a->max = in->policy->max;
     a->reserve = in->policy->reserve;
+    a->pin = in->pin;
     int rc = run_whole(in, &k, a);
     if (rc != RATE_ENOTSUP)
         return rc;
@@ -782,6 +800,7 @@ static int start_job(rate_inflight_t *in, const char *key, size_t len,
     x->a = *a;
     x->a.max = in->policy->max;
     x->a.reserve = in->policy->reserve;
+    x->a.pin = in->pin;
     /* The step's fallback needs room for the limit's expiries, as
      * acquire_lease gives it. */
     if (a->op == LEASE_ACQUIRE &&

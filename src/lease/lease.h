@@ -49,6 +49,9 @@ typedef struct rate__lease_step {
     uint64_t expires_ns;  /* acquire, extend: the new expiry; release and
                              extend: the handle's, to tell expired apart */
     uint32_t pid;         /* acquire: the holder's */
+    bool pin;             /* write a state with leases held with
+                             RATE_TTL_FOREVER (never evicted), not a TTL
+                             to its latest expiry */
     uint64_t *ids;        /* list: out (cap entries); reap: in (n_ids) */
     uint32_t *pids;       /* list: out */
     size_t cap, n_ids;

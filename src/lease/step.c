@@ -240,7 +240,9 @@ int rate__lease_step(void *varg, rate_step_io_t *io)
     out[13] = RATE__LEASE_FORMAT;
     io->new_len = RATE__LEASE_HEADER + n * RATE__LEASE_ENTRY;
     io->write = true;
-    io->ttl_ns = a->latest > a->now_ns ? a->latest - a->now_ns : 0;
+    io->ttl_ns = a->pin && n > 0           ? RATE_TTL_FOREVER
+                 : a->latest > a->now_ns ? a->latest - a->now_ns
+                                         : 0;
     return RATE_OK;
 }
 

@@ -20,8 +20,11 @@
  * of the step, at the request's horizon only: a caller-supplied time with
  * no low-water mark never drops another key), then evicts by CLOCK (second
  * chance), an approximation of least-recently-used that needs one bit per
- * key.  Evictions are counted: they may change later answers.  Keys whose
- * reset has passed are also dropped when an unbounded shard grows.
+ * key.  Evictions are counted: they may change later answers.  A key last
+ * written with RATE_TTL_FOREVER (a key with leases held) is never evicted,
+ * only reclaimed once cold; with nothing else to drop a new key is refused
+ * (RATE_EFULL).  Keys whose reset has passed are also dropped when an
+ * unbounded shard grows.
  *
  * The bool calls' acquire() decides a key the store holds where its state
  * lies, with rate_state_acquire(); it declines everything else, untouched.
@@ -80,6 +83,8 @@ enum {
                             (rate_step_t.horizon_ns) */
     STATE_LEN = 0x1f,    /* sr: an inline state's length */
     F_SHADOW = 0x20,     /* sr: a key of the shadow space */
+    F_PIN = 0x40,        /* sr: last written with RATE_TTL_FOREVER: never
+                            evicted (reclaimed only once cold) */
     F_REF = 0x80,        /* sr: used since the CLOCK hand last passed */
 };
 
@@ -414,6 +419,13 @@ static inline void mark_written(slot_t *e, bool horizon)
     e->kf = (uint8_t)((e->kf & ~F_HORIZON) | (horizon ? F_HORIZON : 0));
 }
 
+/* After the step wrote: whether the key is kept from eviction. */
+static inline void mark_pinned(slot_t *e, uint64_t ttl_ns)
+{
+    e->sr = (uint8_t)((e->sr & ~F_PIN) |
+                      (ttl_ns == RATE_TTL_FOREVER ? F_PIN : 0));
+}
+
 /* Backward-shift deletion: later entries of the same run move up so every
  * probe still reaches its key without tombstones. */
 static void slot_remove(shard_t *s, uint32_t i)
@@ -454,26 +466,29 @@ static bool expired(slot_t *e, const rate_step_t *st)
 }
 
 /* Frees one slot in a full shard: a key past its reset if the hand meets
- * one, else the first key not used since the hand last passed. */
-static void make_room(shard_t *s, const rate_step_t *st)
+ * one, else the first key not used since the hand last passed; never a
+ * pinned key that is not cold.  False when every key is pinned (two turns
+ * of the hand: the first may only clear reference bits). */
+static bool make_room(shard_t *s, const rate_step_t *st)
 {
-    for (;;) {
+    for (uint64_t n = 0; n < 2ull * s->cap + 1; n++) {
         slot_t *e = &s->slots[s->hand];
         if (s->ctrl[s->hand] != 0) {
             if (expired(e, st)) {
                 slot_remove(s, s->hand);
                 s->reclaimed++;
-                return;
+                return true;
             }
-            if (!(e->sr & F_REF)) {
+            if (!(e->sr & (F_REF | F_PIN))) {
                 slot_remove(s, s->hand);
                 s->evictions++;
-                return;
+                return true;
             }
             e->sr &= (uint8_t)~F_REF;
         }
         s->hand = next(s, s->hand);
     }
+    return false;
 }
 
 static int rehash(shard_t *s, uint32_t cap, const rate_step_t *st)
@@ -518,24 +533,20 @@ static int rehash(shard_t *s, uint32_t cap, const rate_step_t *st)
     return RATE_OK;
 }
 
-/* With the store at max_keys: frees one key, in s (locked) if it holds
- * any, else in another shard that is free at once (never waiting for a
- * lock while holding one); RATE_EFULL when none is. */
+/* With the store at max_keys: frees one key, in s (locked) if it can,
+ * else in another shard that is free at once (never waiting for a lock
+ * while holding one); RATE_EFULL when none can (every key pinned). */
 static int make_room_somewhere(shard_t *s, const rate_step_t *st)
 {
     memstore_t *m = s->store;
 
-    if (s->count > 0) {
-        make_room(s, st);
+    if (s->count > 0 && make_room(s, st))
         return RATE_OK;
-    }
     for (unsigned i = 0; i < m->nshards; i++) {
         shard_t *o = &m->shards[i];
         if (o == s || !take(o))
             continue;
-        bool done = o->count > 0;
-        if (done)
-            make_room(o, st);
+        bool done = o->count > 0 && make_room(o, st);
         shard_unlock(o);
         if (done)
             return RATE_OK;
@@ -589,7 +600,7 @@ static int set_state(shard_t *s, slot_t *e, const uint8_t *st, size_t len)
         e->state[12] = st[12];
         e->state[13] = st[13];
         memcpy(e->state + 14, st + 14, 8);
-        e->sr = (uint8_t)((e->sr & (F_REF | F_SHADOW)) | len);
+        e->sr = (uint8_t)((e->sr & (F_REF | F_SHADOW | F_PIN)) | len);
         return RATE_OK;
     }
     if (len > UINT32_MAX / 2)
@@ -711,6 +722,7 @@ update_copy(shard_t *s, slot_t *e, uint32_t tag, const probe_key_t *pk,
                 e = &s->slots[probe(s, tag, pk, false)];
             /* A new key earns its reference bit on its second use. */
             mark_written(e, st->horizon_ns != 0);
+            mark_pinned(e, io.ttl_ns);
         }
     }
     shard_unlock(s);

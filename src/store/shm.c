@@ -66,6 +66,8 @@ enum {
     F_SPACE = 0x03,   /* its key's rate_space_t (state or shadow) */
     F_REF = 0x04,     /* used since the CLOCK hand last passed */
     F_HORIZON = 0x08, /* last written by a request with a horizon */
+    F_PIN = 0x10,     /* last written with RATE_TTL_FOREVER: never evicted
+                         (reclaimed only once cold) */
 };
 
 /* The commit word: bits 0..23 the state's length, bit 24 which copy holds
@@ -670,7 +672,8 @@ static int expired(const shm_t *m, shm_slot_t *e, const rate_step_t *st)
 }
 
 /* Frees one slot of a full shard: a cold key if the hand meets one, else
- * the first not used since the hand last passed (CLOCK).  RATE_ECORRUPT
+ * the first not used since the hand last passed (CLOCK), never a pinned
+ * one.  RATE_EFULL when every key is pinned and none cold, RATE_ECORRUPT
  * for a hand out of the shard or a slot it cannot remove. */
 static int make_room(shm_t *m, shm_shard_t *s, uint32_t si,
                      const rate_step_t *st)
@@ -694,20 +697,20 @@ static int make_room(shm_t *m, shm_shard_t *s, uint32_t si,
                 s->reclaimed++;
             return rc;
         }
-        if (!(e->flags & F_REF)) {
+        if (!(e->flags & (F_REF | F_PIN))) {
             if ((rc = slot_remove(m, s, si, i)) == RATE_OK)
                 s->evictions++;
             return rc;
         }
         e->flags &= (uint8_t)~F_REF;
     }
-    return RATE_OK;
+    return RATE_EFULL;
 }
 
 /* Inserts a new key with state st[0..len) into shard si (locked). */
 static int insert(shm_t *m, shm_shard_t *s, uint32_t si, uint32_t hash,
                   const void *key, size_t len, unsigned space,
-                  const void *state, size_t slen, bool horizon,
+                  const void *state, size_t slen, uint8_t flags,
                   const rate_step_t *st)
 {
     uint32_t count = READ(s->count);
@@ -742,7 +745,7 @@ static int insert(shm_t *m, shm_shard_t *s, uint32_t si, uint32_t hash,
         return RATE_ECORRUPT;
     e->hash = hash;
     e->key_len = (uint16_t)len;
-    e->flags = (uint8_t)(space | (horizon ? F_HORIZON : 0));
+    e->flags = (uint8_t)(space | flags);
     memcpy(slot_key(m, e), key, len);
     memcpy(slot_copy(m, e, 0), state, slen);
     atomic_store_explicit(&e->cw, CW_MAKE(gen + 1, 0, slen),
@@ -935,18 +938,18 @@ static int shm_update(void *self, const rate_key_t *k, const rate_step_t *st)
     }
     rc = st->fn(st->arg, &io);
     if (rc == RATE_OK && io.write) {
-        bool horizon = st->horizon_ns != 0;
+        uint8_t f = (uint8_t)((st->horizon_ns != 0 ? F_HORIZON : 0) |
+                              (io.ttl_ns == RATE_TTL_FOREVER ? F_PIN : 0));
         if (io.new_len > m->state_max) {
             rc = RATE_EFULL; /* refused: the key keeps its bytes */
         } else if (e != NULL) {
             if (io.new_state != idle)
                 memcpy(idle, io.new_state, io.new_len);
             commit(e, w, io.new_len);
-            e->flags = (uint8_t)((e->flags & ~F_HORIZON) |
-                                 (horizon ? F_HORIZON : 0));
+            e->flags = (uint8_t)((e->flags & ~(F_HORIZON | F_PIN)) | f);
         } else {
             rc = insert(m, s, si, hash, key, len, space, io.new_state,
-                        io.new_len, horizon, st);
+                        io.new_len, f, st);
         }
     }
     unlock(&s->lock);
