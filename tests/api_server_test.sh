@@ -254,6 +254,7 @@ expect "the log's first line" "$(head -1 "$tmp/log")" \
   "api-server: listening on ${base#http://} (pid $pid, store memory)"
 spid=$(sed -n '1s/.*(pid \([0-9]*\),.*/\1/p' "$tmp/log") # as docs/api-server.md
 expect "the PID logged" "$spid" "$pid"
+[ -n "$spid" ] || spid=$pid # reported above; the rest goes on
 generation() { curl -s "$base/metrics" | sed -n 's/^ratelimit_rules_generation //p'; }
 mkfifo "$tmp/fifo"
 exec 4<>"$tmp/fifo" # a writer held open: the server's reads wait for more
