@@ -234,6 +234,71 @@ for torn in empty cut norules; do
 done
 stop
 
+# --- a long reload: the file is read on a thread of its own.  The server
+# starts on 20000 policies and rules; the file is then swapped for a pipe
+# the test feeds, so that a reload lasts exactly as long as the test
+# wants.  Meanwhile requests are answered, a silent connection is closed
+# by the header deadline (2 s; 10 s allowed: the idle timeout is 30 s), a
+# SIGHUP is not lost, and SIGTERM stops the server within 5 s.  The log's
+# first line gives the port and the PID, the one to signal.
+awk 'BEGIN {
+  print "[policies]"; print "free = token-bucket 1/h burst=1000"
+  for (i = 0; i < 20000; i++) printf "p%d = token-bucket %d/h burst=10\n", i, i + 1
+  for (i = 0; i < 20000; i++)
+    printf "[rule r%d]\ngroup = tier\nmatch = api_key=k%d\npolicy = p%d\n", i, i, i
+  print "[rule free]"; print "group = tier"; print "policy = free"
+}' >"$tmp/big.orig"
+cp "$tmp/big.orig" "$tmp/big.conf"
+start "$tmp/big.conf" --header-timeout 2
+expect "the log's first line" "$(head -1 "$tmp/log")" \
+  "api-server: listening on ${base#http://} (pid $pid, store memory)"
+spid=$(sed -n '1s/.*(pid \([0-9]*\),.*/\1/p' "$tmp/log") # as docs/api-server.md
+expect "the PID logged" "$spid" "$pid"
+[ -n "$spid" ] || spid=$pid # reported above; the rest goes on
+generation() { curl -s "$base/metrics" | sed -n 's/^ratelimit_rules_generation //p'; }
+mkfifo "$tmp/fifo"
+exec 4<>"$tmp/fifo" # a writer held open: the server's reads wait for more
+mv "$tmp/fifo" "$tmp/big.conf"
+kill -HUP "$spid"
+readings_over() { [ "$(grep -c ': reading .*big\.conf$' "$tmp/log")" -gt "$1" ]; }
+wait_until "$TEST_WAIT_S" readings_over 0 || true
+head -n 1000 "$tmp/big.orig" >&4 # well under a pipe's buffer
+expect "answered during a reload" "$(get -m 10 -H 'X-API-Key: k7' "$base/a")" 200
+expect "its policy during a reload" "$(header RateLimit-Policy | cut -d';' -f1)" '"p7"'
+expect "generation during a reload" "$(generation)" 1
+exec 5<>"/dev/tcp/127.0.0.1/${base##*:}" # sends nothing
+rc=0; timeout 10 cat <&5 >/dev/null || rc=$?
+exec 5<&-
+expect "silent connection closed during a reload (0: closed, 124: open at 10 s)" "$rc" 0
+kill -HUP "$spid" # during the reload: one more once it is over
+tail -n +1001 "$tmp/big.orig" >&4 &
+wpid=$!
+exec 4>&- # the rest's writer the last: its end is the file's
+wait_until "$TEST_WAIT_S" grep -q 'rules reloaded (generation 2)' "$tmp/log" || true
+grep -q 'rules reloaded (generation 2)' "$tmp/log" || fail "the long reload never ended: $(cat "$tmp/log")"
+wait "$wpid" || true
+expect "generation after the long reload" "$(generation)" 2
+expect "answered after the long reload" "$(get -m 10 -H 'X-API-Key: k7' "$base/a")" 200
+# no writer now: the next reading waits to open the pipe
+wait_until "$TEST_WAIT_S" readings_over 1 || true
+readings_over 1 || fail "the SIGHUP during the reload was lost: $(cat "$tmp/log")"
+# SIGTERM while a reload waits: the server ends within 5 s, status 0
+t0=$SECONDS
+kill -TERM "$spid"
+gone() { ! kill -0 "$spid" 2>/dev/null; }
+wait_until 5 gone || true
+if gone; then
+  rc=0; wait "$pid" || rc=$?
+  expect "exit status after SIGTERM during a reload" "$rc" 0
+  grep -q 'stopping during a reload' "$tmp/log" ||
+    fail "no word of the reload dropped: $(tail -n 3 "$tmp/log")"
+else
+  fail "SIGTERM during a reload: still running after $((SECONDS - t0)) s"
+  kill -KILL "$spid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+fi
+pid=
+
 # --- slow clients: 40 connections from 127.0.0.1 each trickling a header
 # line every 0.3 s and never ending their headers.  With at most 8 per
 # address, 32 are closed at once; the 8 others are closed by the header
@@ -294,7 +359,7 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
   if start_redis "$tmp/redis.log"; then
     url="redis://127.0.0.1:$rport/0"
     start "$tmp/good.conf" --store "$url"
-    grep -q "(store $url)" "$tmp/log" || fail "redis store not in the log: $(cat "$tmp/log")"
+    grep -q " store $url)" "$tmp/log" || fail "redis store not in the log: $(cat "$tmp/log")"
     t0=$(now_ns)
     for i in $(seq 1 10); do
       expect "redis status $i" "$(get -H 'X-API-Key: shared-user' "$base/a")" 200

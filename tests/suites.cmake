@@ -26,6 +26,7 @@ rate_suite(store_public SH store_public_test.sh ARGS ${CMAKE_C_COMPILER}
 rate_suite(sync LABELS valgrind concurrency)
 rate_suite(rules NEEDS HTTP LABELS valgrind)
 rate_suite(rules_reloads C test_rules.c ARGS --reloads NEEDS HTTP LABELS concurrency)
+rate_suite(rules_linear C test_rules.c ARGS --linear NEEDS HTTP)
 rate_suite(rules_lease NEEDS HTTP)
 rate_suite(rules_lease_threads C test_rules_lease.c ARGS --threads NEEDS HTTP LABELS concurrency)
 

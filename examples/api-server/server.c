@@ -13,8 +13,11 @@
  * denied: 429 with them, Retry-After and an RFC 9457 problem body; the
  * store failing under fail-closed: 503 with a problem body.  /metrics is
  * the Prometheus exposition the limiter's listener feeds.  SIGHUP, or a
- * change of the file (checked every 200 ms), reloads the rules; a bad file
- * is reported and the old rules stay.  SIGINT or SIGTERM stops.
+ * change of the file (checked every 200 ms), reloads the rules on a
+ * thread of its own, so that the main loop goes on taking signals and
+ * closing slow connections however long the file takes to read; a bad
+ * file is reported and the old rules stay.  SIGINT or SIGTERM stops.
+ * The log's first line gives the port and the PID.
  * One slow client cannot take the server: each address has at most
  * --max-conns-per-ip connections open (default 32), all at most
  * --max-conns (default 1000), and a request's line and headers must come
@@ -513,18 +516,56 @@ static int same_stamp(stamp_t a, stamp_t b)
            a.mtime.tv_nsec == b.mtime.tv_nsec;
 }
 
-static void reload(server_t *s, const char *why)
-{
+/* A reload runs on a thread of its own (rate_rules_reload reads the file,
+ * and only if it is good swaps it in); the main loop starts it, and logs
+ * its result once it is over. */
+typedef struct reloader {
+    server_t *s;
+    pthread_t thread;
+    bool running;     /* started and not yet collected (the loop's) */
+    bool threaded;    /* on its thread (else it ran on the loop) */
+    atomic_bool done; /* the thread's work is over */
+    const char *why;
+    int rc;
+    uint64_t generation;
     char err[512];
-    if (rate_rules_reload(s->rules, NULL, err, sizeof err) == RATE_OK) {
-        metrics_reload(s->metrics, 1);
+} reloader_t;
+
+static void *reload_main(void *arg)
+{
+    reloader_t *rl = arg;
+    rl->rc = rate_rules_reload(rl->s->rules, NULL, rl->err, sizeof rl->err);
+    rl->generation = rate_rules_generation(rl->s->rules);
+    atomic_store(&rl->done, true);
+    return NULL;
+}
+
+/* The reload over, if it is: its result logged and counted. */
+static void reload_collect(reloader_t *rl)
+{
+    if (!rl->running || !atomic_load(&rl->done))
+        return;
+    if (rl->threaded)
+        pthread_join(rl->thread, NULL);
+    rl->running = false;
+    metrics_reload(rl->s->metrics, rl->rc == RATE_OK);
+    if (rl->rc == RATE_OK)
         fprintf(stderr, "api-server: %s: rules reloaded (generation %llu)\n",
-                why, (unsigned long long)rate_rules_generation(s->rules));
-    } else {
-        metrics_reload(s->metrics, 0);
-        fprintf(stderr, "api-server: %s: %s; the rules in use stay\n", why,
-                err);
-    }
+                rl->why, (unsigned long long)rl->generation);
+    else
+        fprintf(stderr, "api-server: %s: %s; the rules in use stay\n",
+                rl->why, rl->err);
+}
+
+static void reload_start(reloader_t *rl, const char *why)
+{
+    rl->why = why;
+    atomic_store(&rl->done, false);
+    fprintf(stderr, "api-server: %s: reading %s\n", why, rl->s->config);
+    rl->running = true;
+    rl->threaded = pthread_create(&rl->thread, NULL, reload_main, rl) == 0;
+    if (!rl->threaded)
+        reload_main(rl); /* no thread: read here, the loop waiting */
 }
 
 /* ---------------------------------------------------------------- main */
@@ -622,7 +663,8 @@ static int parse_uint(const char *name, const char *text, unsigned lo,
 int main(int argc, char **argv)
 {
     const char *listen = NULL, *store_url = "memory";
-    server_t s = {0};
+    /* Static: a reload still reading at the end keeps it in use. */
+    static server_t s;
     char err[512];
     unsigned per_ip = 32, max_conns = 1000, header_timeout = 10;
 
@@ -731,13 +773,18 @@ int main(int argc, char **argv)
         MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     char ip[INET_ADDRSTRLEN];
     inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+    /* The first line: where, and which process (to signal this one). */
+    fprintf(stderr, "api-server: listening on %s:%u (pid %ld, store %s%s)\n",
+            ip, di != NULL ? di->port : ntohs(sa.sin_port), (long)getpid(),
+            store_url, s.no_limit ? ", limiter off" : "");
     fprintf(stderr, "api-server: at most %u connections, %u per address "
                     "(0: no cap), headers within %u s\n",
             max_conns, per_ip, header_timeout);
-    fprintf(stderr, "api-server: listening on %s:%u (store %s%s)\n", ip,
-            di != NULL ? di->port : ntohs(sa.sin_port), store_url,
-            s.no_limit ? ", limiter off" : "");
 
+    /* Static: a reload still reading at the end keeps using it. */
+    static reloader_t rl;
+    rl.s = &s;
+    const char *pending = NULL; /* a reload asked for, and why */
     stamp_t seen = stamp_of(s.config), changing = seen;
     for (;;) {
         struct timespec tick = {0, 200000000};
@@ -747,25 +794,39 @@ int main(int argc, char **argv)
             break;
         if (sig == SIGHUP) {
             seen = stamp_of(s.config);
-            reload(&s, "SIGHUP");
-            continue;
+            pending = "SIGHUP";
+        } else {
+            /* A changed file is read once it has stayed the same for a
+             * tick (200 ms), not while it is being written; what is read
+             * half way all the same is refused (rate_rules_reload). */
+            stamp_t now = stamp_of(s.config);
+            if (!same_stamp(now, seen) && same_stamp(now, changing)) {
+                seen = now;
+                pending = "file changed";
+            }
+            changing = now;
         }
-        /* A changed file is read once it has stayed the same for a tick
-         * (200 ms), not while it is being written; what is read half
-         * way all the same is refused (rate_rules_reload). */
-        stamp_t now = stamp_of(s.config);
-        if (!same_stamp(now, seen) && same_stamp(now, changing)) {
-            seen = now;
-            reload(&s, "file changed");
+        /* One reload at a time; one asked for meanwhile (a change made
+         * while the file was read) starts when it is over. */
+        reload_collect(&rl);
+        if (pending != NULL && !rl.running) {
+            reload_start(&rl, pending);
+            pending = NULL;
         }
-        changing = now;
     }
     atomic_store(&s.stopping, true); /* the sleepers resumed, as gone */
     pthread_join(s.sleeper, NULL);
     MHD_stop_daemon(d);
+    reload_collect(&rl);
     rate_limiter_free(s.lim);
     rate_store_free(s.store);
-    rate_rules_free(s.rules);
+    /* A reload still reading keeps the rules (and s): the process ends
+     * without waiting for it. */
+    if (rl.running)
+        fprintf(stderr, "api-server: stopping during a reload of %s: the "
+                        "reload is dropped\n", s.config);
+    else
+        rate_rules_free(s.rules);
     metrics_free(s.metrics);
     fprintf(stderr, "api-server: stopped (%llu connections closed by the "
                     "header deadline)\n", (unsigned long long)s.cut);

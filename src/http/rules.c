@@ -19,7 +19,8 @@
  * thread-local cache, added once under the mutex) publishes the pointer,
  * then reads the current one again to be sure it was not swapped
  * meanwhile; no lock, and nothing shared is written but the thread's own
- * slot.  A reload (serialised by the mutex) retires the old generation
+ * slot.  A reload (serialised by a mutex of its own, the file read before
+ * the swap takes the slots' mutex) retires the old generation
  * and frees every retired one no slot points at.  A thread holds at most
  * one generation at a time, so at most one generation per thread stays
  * retired: what is kept is bounded by the threads, never by the number of
@@ -36,6 +37,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -156,7 +158,9 @@ typedef struct slot {
 struct rate_rules {
     _Atomic(gen_t *) current;
     slot_t *_Atomic slots;
-    pthread_mutex_t lock; /* reloads, adding a slot */
+    pthread_mutex_t lock; /* a reload's swap, adding a slot, reclaiming */
+    pthread_mutex_t reload_lock; /* one reload at a time: the path, and
+                                    files swapped in the order read */
     gen_t *retired;
     char *path;
     uint64_t id;
@@ -218,6 +222,105 @@ static void gen_free(gen_t *g)
 
 /* -------------------------------------------------------------- parsing */
 
+/* Grows an array of n elements of `size` bytes that is about to get its
+ * (n+1)-th: to double its size when n is 0 or a power of two, which is
+ * when it is full (each array grows only by this).  A reading is linear
+ * in the file however many elements one array gets.  False: no memory
+ * (*arr unchanged). */
+static bool grow(void *arr, size_t n, size_t size)
+{
+    if ((n & (n - 1)) != 0)
+        return true;
+    size_t cap = n == 0 ? 1 : 2 * n;
+    if (cap > SIZE_MAX / size)
+        return false;
+    void *p = realloc(*(void **)arr, cap * size);
+    if (p == NULL)
+        return false;
+    *(void **)arr = p;
+    return true;
+}
+
+/* A set of names, each an index into an array that holds the name (the
+ * named policies, the rules): open addressing, kept at most half full,
+ * so that finding a name is as quick with 100,000 names as with ten. */
+typedef struct names {
+    size_t *slot; /* index + 1; 0: empty */
+    size_t cap;   /* a power of two, or 0 */
+    size_t count;
+} names_t;
+
+static size_t name_hash(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603u; /* FNV-1a */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211u;
+    return (size_t)(h ^ (h >> 29));
+}
+
+/* The index whose name (by name_of) is s[0..n), or SIZE_MAX. */
+static size_t names_find(const names_t *t, const char *s, size_t n,
+                         const char *(*name_of)(const void *, size_t),
+                         const void *arr)
+{
+    if (t->cap == 0)
+        return SIZE_MAX;
+    for (size_t i = name_hash(s, n) & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
+        if (t->slot[i] == 0)
+            return SIZE_MAX;
+        const char *name = name_of(arr, t->slot[i] - 1);
+        if (strncmp(name, s, n) == 0 && name[n] == '\0')
+            return t->slot[i] - 1;
+    }
+}
+
+/* Adds index idx, whose name is not in t yet.  False: no memory. */
+static bool names_add(names_t *t, size_t idx,
+                      const char *(*name_of)(const void *, size_t),
+                      const void *arr)
+{
+    if (2 * (t->count + 1) > t->cap) {
+        size_t cap = t->cap == 0 ? 16 : 2 * t->cap;
+        size_t *slot = calloc(cap, sizeof *slot);
+        if (slot == NULL)
+            return false;
+        for (size_t i = 0; i < t->cap; i++) {
+            if (t->slot[i] == 0)
+                continue;
+            const char *name = name_of(arr, t->slot[i] - 1);
+            size_t j = name_hash(name, strlen(name)) & (cap - 1);
+            while (slot[j] != 0)
+                j = (j + 1) & (cap - 1);
+            slot[j] = t->slot[i];
+        }
+        free(t->slot);
+        t->slot = slot;
+        t->cap = cap;
+    }
+    const char *name = name_of(arr, idx);
+    size_t j = name_hash(name, strlen(name)) & (t->cap - 1);
+    while (t->slot[j] != 0)
+        j = (j + 1) & (t->cap - 1);
+    t->slot[j] = idx + 1;
+    t->count++;
+    return true;
+}
+
+static const char *policy_name_at(const void *arr, size_t i)
+{
+    return rate_policy_name(((const named_t *)arr)[i].policy);
+}
+
+static const char *rule_name_at(const void *arr, size_t i)
+{
+    return ((const rule_t *)arr)[i].name;
+}
+
+static const char *rule_group_at(const void *arr, size_t i)
+{
+    return ((const rule_t *)arr)[i].group;
+}
+
 typedef struct load {
     gen_t *g;
     const char *path;
@@ -231,6 +334,9 @@ typedef struct load {
     rule_t *cur;       /* the [rule] being read */
     char section[256];
     unsigned cur_section_line; /* where `section` began */
+    names_t policies;  /* the named policies' indexes, by name */
+    names_t rules;     /* the rules' indexes, by name */
+    names_t groups;    /* the groups' first rules' indexes, by name */
 } load_t;
 
 static bool lfail(load_t *l, unsigned line, const char *fmt, ...)
@@ -333,11 +439,9 @@ static bool add_cond(load_t *l, const char *w, size_t n, void *arg)
                      "match: '%.*s' has no value (write ATTRIBUTE=* for any "
                      "value)",
                      (int)n, w);
-    cond_t *c = realloc(a->cond, (a->count + 1) * sizeof *c);
-    if (c == NULL)
+    if (!grow(&a->cond, a->count, sizeof *a->cond))
         return lfail(l, l->line, "out of memory");
-    a->cond = c;
-    c = &a->cond[a->count];
+    cond_t *c = &a->cond[a->count];
     c->prefix = eq[vlen] == '*';
     c->attr = dup_n(w, (size_t)(eq - w));
     c->value = dup_n(eq + 1, vlen - c->prefix);
@@ -347,37 +451,31 @@ static bool add_cond(load_t *l, const char *w, size_t n, void *arg)
     return true;
 }
 
-static const rate_policy_t *named_policy(const gen_t *g, const char *s,
-                                         size_t n)
+/* The named policy called s[0..n), or NULL. */
+static const named_t *named_policy(const load_t *l, const char *s, size_t n)
 {
-    for (size_t i = 0; i < g->nnamed; i++) {
-        const char *name = rate_policy_name(g->named[i].policy);
-        if (strlen(name) == n && memcmp(name, s, n) == 0)
-            return g->named[i].policy;
-    }
-    return NULL;
+    size_t i = names_find(&l->policies, s, n, policy_name_at, l->g->named);
+    return i == SIZE_MAX ? NULL : &l->g->named[i];
 }
 
 static bool add_policy(load_t *l, const char *w, size_t n, void *arg)
 {
     rule_t *r = arg;
-    const rate_policy_t *p = named_policy(l->g, w, n);
+    const named_t *np = named_policy(l, w, n);
 
-    if (p == NULL)
+    if (np == NULL)
         return lfail(l, l->line,
                      "policy '%.*s' is not defined (name it in [policies], "
                      "above the rules)",
                      (int)n, w);
+    const rate_policy_t *p = np->policy;
     for (size_t i = 0; i < r->npolicy; i++)
         if (r->policy[i] == p)
             return lfail(l, l->line, "policy '%.*s' given twice", (int)n, w);
     if (r->npolicy == RATE_RULES_MAX_APPLY)
         return lfail(l, l->line, "more than %d policies in one rule",
                      RATE_RULES_MAX_APPLY);
-    r->inflight[r->npolicy] = NULL;
-    for (size_t i = 0; i < l->g->nnamed; i++)
-        if (l->g->named[i].policy == p)
-            r->inflight[r->npolicy] = l->g->named[i].inflight;
+    r->inflight[r->npolicy] = np->inflight;
     r->policy[r->npolicy++] = p;
     return true;
 }
@@ -392,11 +490,9 @@ static bool add_key(load_t *l, const char *w, size_t n, void *arg)
                      "'_', '-' and '.'; 'key' is the request's key, 'shared' one "
                      "key for the rule, 'fair' that key shared fairly)",
                      (int)n, w);
-    char **k = realloc(r->key_attr, (r->nkey + 1) * sizeof *k);
-    if (k == NULL)
+    if (!grow(&r->key_attr, r->nkey, sizeof *r->key_attr))
         return lfail(l, l->line, "out of memory");
-    r->key_attr = k;
-    if ((k[r->nkey] = dup_n(w, n)) == NULL)
+    if ((r->key_attr[r->nkey] = dup_n(w, n)) == NULL)
         return lfail(l, l->line, "out of memory");
     r->nkey++;
     return true;
@@ -420,7 +516,7 @@ static bool on_policy(load_t *l, const char *name, const char *value)
     rate_inflight_policy_t *ip = NULL;
     char why[300];
 
-    if (named_policy(l->g, name, strlen(name)) != NULL)
+    if (named_policy(l, name, strlen(name)) != NULL)
         return lfail(l, l->line, "policy '%s' defined twice", name);
     if (is_inflight_text(value)) {
         /* The in-flight policy; its name is carried by an unlimited
@@ -446,15 +542,16 @@ static bool on_policy(load_t *l, const char *name, const char *value)
         rate_inflight_policy_free(ip);
         return false;
     }
-    named_t *nn = realloc(l->g->named, (l->g->nnamed + 1) * sizeof *nn);
-    if (nn == NULL) {
+    if (!grow(&l->g->named, l->g->nnamed, sizeof *l->g->named)) {
         rate_policy_free(p);
         rate_inflight_policy_free(ip);
         return lfail(l, l->line, "out of memory");
     }
-    l->g->named = nn;
+    named_t *nn = l->g->named;
     nn[l->g->nnamed].policy = p;
     nn[l->g->nnamed++].inflight = ip;
+    if (!names_add(&l->policies, l->g->nnamed - 1, policy_name_at, nn))
+        return lfail(l, l->line, "out of memory");
     return true;
 }
 
@@ -471,19 +568,19 @@ static bool start_rule(load_t *l, const char *section)
                      "[%s]: a rule's name is letters, digits, '_', '-' and "
                      "'.' ([rule NAME])",
                      section);
-    for (size_t i = 0; i < g->nrule; i++)
-        if (strcmp(g->rule[i].name, name) == 0)
-            return lfail(l, l->section_line, "[rule %s] given twice (first "
-                         "at line %u)", name, g->rule[i].line);
-    rule_t *r = realloc(g->rule, (g->nrule + 1) * sizeof *r);
-    if (r == NULL)
+    size_t first = names_find(&l->rules, name, strlen(name), rule_name_at,
+                              g->rule);
+    if (first != SIZE_MAX)
+        return lfail(l, l->section_line, "[rule %s] given twice (first "
+                     "at line %u)", name, g->rule[first].line);
+    if (!grow(&g->rule, g->nrule, sizeof *g->rule))
         return lfail(l, l->line, "out of memory");
-    g->rule = r;
-    r = &g->rule[g->nrule++];
+    rule_t *r = &g->rule[g->nrule++];
     memset(r, 0, sizeof *r);
     r->line = l->section_line;
     r->name = dup_n(name, strlen(name));
-    if (r->name == NULL)
+    if (r->name == NULL ||
+        !names_add(&l->rules, g->nrule - 1, rule_name_at, g->rule))
         return lfail(l, l->line, "out of memory");
     l->cur = r;
     return true;
@@ -494,11 +591,9 @@ static bool on_rule(load_t *l, const char *name, const char *value)
     rule_t *r = l->cur;
 
     if (strcmp(name, "match") == 0) {
-        alt_t *a = realloc(r->alt, (r->nalt + 1) * sizeof *a);
-        if (a == NULL)
+        if (!grow(&r->alt, r->nalt, sizeof *r->alt))
             return lfail(l, l->line, "out of memory");
-        r->alt = a;
-        a = &r->alt[r->nalt++];
+        alt_t *a = &r->alt[r->nalt++];
         memset(a, 0, sizeof *a);
         if (!each_word(l, value, add_cond, a))
             return l->err[0] != '\0'
@@ -622,64 +717,93 @@ static int on_line(void *user, const char *section, const char *name,
 }
 
 /* After the whole file: every rule complete, none unreachable, and the
- * rules ordered by group. */
+ * rules ordered by group (the groups in the order they first appear, each
+ * in file order: a counting sort). */
 static bool finish_load(load_t *l)
 {
     gen_t *g = l->g;
-    char *groups[64];
+    size_t first[64]; /* each group's first rule */
     size_t ng = 0, apply = 0;
+    size_t *gidx = malloc((g->nrule + 1) * sizeof *gidx); /* rule's group */
 
+    if (gidx == NULL)
+        return lfail(l, 1, "out of memory");
     for (size_t i = 0; i < g->nrule; i++) {
         rule_t *r = &g->rule[i];
+        bool ok = false;
         if (r->npolicy == 0)
-            return lfail(l, r->line, "[rule %s] has no 'policy =' line",
-                         r->name);
-        for (size_t p = 0; p < r->npolicy && r->fair; p++)
+            lfail(l, r->line, "[rule %s] has no 'policy =' line", r->name);
+        else if (r->group == NULL &&
+                 (r->group = dup_n(DEFAULT_GROUP, strlen(DEFAULT_GROUP))) ==
+                     NULL)
+            lfail(l, r->line, "out of memory");
+        else
+            ok = true;
+        for (size_t p = 0; ok && p < r->npolicy && r->fair; p++)
             if (r->inflight[p] != NULL)
-                return lfail(l, r->policy_line, "[rule %s]: key = fair "
-                             "divides a rate, not in-flight policy '%s' "
-                             "(give it key = shared for one limit of the "
-                             "rule)", r->name, rate_policy_name(r->policy[p]));
-        if (r->group == NULL &&
-            (r->group = dup_n(DEFAULT_GROUP, strlen(DEFAULT_GROUP))) == NULL)
-            return lfail(l, r->line, "out of memory");
-        size_t k;
-        for (k = 0; k < ng && strcmp(groups[k], r->group) != 0; k++)
-            ;
-        if (k == ng) {
-            if (ng == sizeof groups / sizeof groups[0])
-                return lfail(l, r->line, "more than 64 groups");
-            groups[ng++] = r->group;
+                ok = lfail(l, r->policy_line, "[rule %s]: key = fair "
+                           "divides a rate, not in-flight policy '%s' "
+                           "(give it key = shared for one limit of the "
+                           "rule)", r->name, rate_policy_name(r->policy[p]));
+        if (!ok) {
+            free(gidx);
+            return false;
         }
+        size_t f = names_find(&l->groups, r->group, strlen(r->group),
+                              rule_group_at, g->rule);
+        size_t k;
+        for (k = 0; f != SIZE_MAX && first[k] != f; k++)
+            ;
+        if (f == SIZE_MAX) {
+            if (ng == sizeof first / sizeof first[0] ||
+                !names_add(&l->groups, i, rule_group_at, g->rule)) {
+                free(gidx);
+                return ng == sizeof first / sizeof first[0]
+                           ? lfail(l, r->line, "more than 64 groups")
+                           : lfail(l, r->line, "out of memory");
+            }
+            first[ng] = i;
+            k = ng++;
+        }
+        gidx[i] = k;
     }
     g->ngroup = ng;
     g->order = malloc((g->nrule + 1) * sizeof *g->order);
-    g->group_start = malloc((ng + 1) * sizeof *g->group_start);
-    if (g->order == NULL || g->group_start == NULL)
+    g->group_start = calloc(ng + 1, sizeof *g->group_start);
+    size_t most[64] = {0};   /* the most policies of a rule, per group */
+    size_t every[64];        /* a rule of the group with no match, or none */
+    if (g->order == NULL || g->group_start == NULL) {
+        free(gidx);
         return lfail(l, 1, "out of memory");
-    size_t o = 0;
-    for (size_t k = 0; k < ng; k++) {
-        const rule_t *every = NULL; /* a rule of the group with no match */
-        size_t most = 0;
-        g->group_start[k] = o;
-        for (size_t i = 0; i < g->nrule; i++) {
-            rule_t *r = &g->rule[i];
-            if (strcmp(r->group, groups[k]) != 0)
-                continue;
-            if (every != NULL)
-                return lfail(l, r->line,
-                             "[rule %s] can never apply: [rule %s] (line %u) "
-                             "above it in group '%s' matches every request",
-                             r->name, every->name, every->line, r->group);
-            if (r->nalt == 0)
-                every = r;
-            if (r->npolicy > most)
-                most = r->npolicy;
-            g->order[o++] = i;
-        }
-        apply += most;
     }
-    g->group_start[ng] = o;
+    for (size_t i = 0; i < g->nrule; i++)
+        g->group_start[gidx[i] + 1]++;
+    for (size_t k = 0; k < ng; k++) {
+        g->group_start[k + 1] += g->group_start[k];
+        every[k] = SIZE_MAX;
+    }
+    size_t next[64];
+    memcpy(next, g->group_start, ng * sizeof next[0]);
+    for (size_t i = 0; i < g->nrule; i++) {
+        const rule_t *r = &g->rule[i];
+        size_t k = gidx[i];
+        if (every[k] != SIZE_MAX) {
+            const rule_t *e = &g->rule[every[k]];
+            free(gidx);
+            return lfail(l, r->line,
+                         "[rule %s] can never apply: [rule %s] (line %u) "
+                         "above it in group '%s' matches every request",
+                         r->name, e->name, e->line, r->group);
+        }
+        if (r->nalt == 0)
+            every[k] = i;
+        if (r->npolicy > most[k])
+            most[k] = r->npolicy;
+        g->order[next[k]++] = i;
+    }
+    free(gidx);
+    for (size_t k = 0; k < ng; k++)
+        apply += most[k];
     if (apply > RATE_RULES_MAX_APPLY)
         return lfail(l, g->nrule ? g->rule[g->nrule - 1].line : 1,
                      "the rules can apply %zu policies to one request (the "
@@ -733,6 +857,9 @@ static int load_file(const char *path, gen_t **out, char *err, size_t errlen)
         lfail(&l, l.line, "no [rule NAME] section: every request would be "
               "unlimited (to limit nothing on purpose, write a rule whose "
               "policy is 'unlimited')");
+    free(l.policies.slot);
+    free(l.rules.slot);
+    free(l.groups.slot);
     if (l.err[0] != '\0') {
         gen_free(l.g);
         return fail(err, errlen, RATE_EPOLICY, "%s", l.err);
@@ -764,6 +891,7 @@ int rate_rules_load(const char *path, rate_rules_t **out, char *err,
         return RATE_ENOMEM;
     }
     pthread_mutex_init(&r->lock, NULL);
+    pthread_mutex_init(&r->reload_lock, NULL);
     r->path = p;
     r->id = atomic_fetch_add(&next_rules_id, 1);
     g->number = 1;
@@ -811,18 +939,21 @@ int rate_rules_reload(rate_rules_t *r, const char *path, char *err,
 
     if (r == NULL)
         return fail(err, errlen, RATE_EINVAL, "no rules (NULL)");
-    pthread_mutex_lock(&r->lock);
+    /* The file is read outside r->lock: a long read never holds up a
+     * thread's first decision (slot_find) or a lease's release. */
+    pthread_mutex_lock(&r->reload_lock);
     const char *from = path != NULL ? path : r->path;
     char *keep = path != NULL ? dup_n(path, strlen(path)) : NULL;
     if (path != NULL && keep == NULL) {
-        pthread_mutex_unlock(&r->lock);
+        pthread_mutex_unlock(&r->reload_lock);
         return RATE_ENOMEM;
     }
     if ((rc = load_file(from, &g, err, errlen)) != RATE_OK) {
-        pthread_mutex_unlock(&r->lock);
+        pthread_mutex_unlock(&r->reload_lock);
         free(keep);
         return rc; /* the rules in use stay */
     }
+    pthread_mutex_lock(&r->lock);
     atomic_fetch_add(&r->live, 1);
     g->number = atomic_load(&r->generation) + 1;
     gen_t *old = atomic_exchange(&r->current, g);
@@ -830,11 +961,12 @@ int rate_rules_reload(rate_rules_t *r, const char *path, char *err,
     old->next_retired = r->retired;
     r->retired = old;
     reclaim(r);
+    pthread_mutex_unlock(&r->lock);
     if (keep != NULL) {
         free(r->path);
         r->path = keep;
     }
-    pthread_mutex_unlock(&r->lock);
+    pthread_mutex_unlock(&r->reload_lock);
     return RATE_OK;
 }
 
@@ -864,6 +996,7 @@ void rate_rules_free(rate_rules_t *r)
         s = next;
     }
     pthread_mutex_destroy(&r->lock);
+    pthread_mutex_destroy(&r->reload_lock);
     free(r->path);
     free(r);
 }
