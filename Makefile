@@ -145,12 +145,12 @@ valgrind: test-plain
 # tests/fuzz/corpus (copied, so new inputs stay in the build tree), JOBS
 # targets at a time (each fuzzer runs on one core).
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS = policy trace clf shm
+FUZZ_TARGETS = policy trace clf shm fair
 fuzz:
 	@scripts/deps.sh fuzz
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_FUZZ=ON \
 	  -DRATE_BUILD_TESTS=OFF -DRATE_BUILD_TOOLS=ON $(CMAKE_FLAGS)
-	cmake --build build-fuzz -j $(JOBS) --target fuzz_policy fuzz_trace fuzz_clf fuzz_shm
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_policy fuzz_trace fuzz_clf fuzz_shm fuzz_fair
 	@printf '%s\n' $(FUZZ_TARGETS) | xargs -P $(JOBS) -I{} sh -c '\
 	  mkdir -p build-fuzz/corpus-{} && cp tests/fuzz/corpus/{}/* build-fuzz/corpus-{}/; \
 	  echo "fuzz: fuzz_{} for $(FUZZ_SECONDS) s"; \

@@ -127,6 +127,10 @@ rate_suite(nginx_lease_redis SH nginx_lease_redis_test.sh NEEDS NGINX LABELS red
 set(RATE_CORPUS ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/corpus)
 rate_suite(fuzz_policy C fuzz/fuzz_policy.c LIBS rate_fuzz_replay ARGS ${RATE_CORPUS}/policy)
 rate_suite(fuzz_shm C fuzz/fuzz_shm.c LIBS rate_fuzz_replay ARGS ${RATE_CORPUS}/shm)
+rate_suite(fuzz_fair C fuzz/fuzz_fair.c LIBS rate_fuzz_replay ARGS ${RATE_CORPUS}/fair)
+# ... and 300 randomly damaged copies of the fair table's, each in a process.
+rate_suite(fair_damage C fuzz/fuzz_fair.c LIBS rate_fuzz_replay
+           ARGS --damage 300 7 ${RATE_CORPUS}/fair/table)
 rate_suite(fuzz_trace C fuzz/fuzz_trace.c NEEDS TOOLS LIBS rate_fuzz_replay ratelimit_cli_parse
            ARGS ${RATE_CORPUS}/trace)
 rate_suite(fuzz_clf C fuzz/fuzz_clf.c NEEDS TOOLS LIBS rate_fuzz_replay ratelimit_cli_parse
