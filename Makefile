@@ -145,7 +145,7 @@ valgrind: test-plain
 # tests/fuzz/corpus (copied, so new inputs stay in the build tree), JOBS
 # targets at a time (each fuzzer runs on one core).
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS = policy trace clf shm module
+FUZZ_TARGETS = policy trace clf shm module fair
 fuzz:
 	@scripts/deps.sh fuzz
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRATE_FUZZ=ON \

@@ -73,8 +73,10 @@ typedef struct rate_fair_config {
  * is wrong (at most errlen bytes with the NUL): RATE_EINVAL for a NULL out,
  * config or limiter, a non-zero reserve, a clock without now_ns or
  * sleep_ns, slots above RATE_FAIR_SLOTS_MAX, queue_max above
- * RATE_FAIR_QUEUE_MAX, or a shm_path file whose table was made with other
- * slots or queue_max (or is not a fair table); RATE_EKEY for a NULL, empty
+ * RATE_FAIR_QUEUE_MAX, or a shm_path file that is not a fair table of
+ * these slots and queue_max (err says which: made with others, not a
+ * fair table, of another version, of another size, a damaged header or
+ * lock; docs/fair.md, "A damaged table"); RATE_EKEY for a NULL, empty
  * or too long key; RATE_ESTORE for a shm_path that cannot be opened,
  * sized or mapped (the system's reason in err); RATE_ENOMEM.
  * Ownership: the config, key and clock are copied; the limiter is
@@ -93,7 +95,8 @@ RATE_API int rate_fair_new(const rate_fair_config_t *config,
  * (shm_path must be NULL).  Returns: the size; RATE_OK and *out.  Errors
  * (with err as for rate_fair_new): RATE_EINVAL for NULL or misaligned
  * memory, a len below rate_fair_size, sizes above their maximum, or (new_in)
- * memory that holds no table of these sizes; rate_fair_new's errors of the
+ * memory that holds no table of these sizes (err says why, as for a
+ * shm_path file); rate_fair_new's errors of the
  * config; RATE_ENOMEM.  Ownership: the memory stays the caller's and must
  * outlive every fair limit on it; rate_fair_free leaves it as it is.
  * Thread-safe: rate_fair_init_in: no (no other process may use the
@@ -122,7 +125,14 @@ RATE_API void rate_fair_free(rate_fair_t *fair);
  * counted): RATE_EINVAL for a NULL fair or out, or a weight above
  * RATE_FAIR_WEIGHT_MAX; RATE_EKEY for a NULL, empty or too long flow;
  * RATE_ERANGE for permits or now_ns above RATE_TIME_MAX; the limiter's
- * errors as rate_limiter_check_at.  Ownership: the flow is only read.
+ * errors as rate_limiter_check_at.  A table shared by processes
+ * (shm_path, rate_fair_new_in) adds its own (docs/fair.md, "A damaged
+ * table"): RATE_ECORRUPT for a table damaged by a writer of its memory
+ * (permits the shared limit admitted meanwhile are given back);
+ * RATE_ETIMEDOUT when its lock stayed held, by one holder, for 5 s of
+ * the fair clock (a damaged lock word that looks held: later calls that
+ * find it so fail at once); RATE_ESTORE when the system refuses the
+ * lock (unrecoverable).  Ownership: the flow is only read.
  * Thread-safe: yes. */
 RATE_API int rate_fair_check(rate_fair_t *fair, const char *flow,
                              size_t flow_len, uint32_t weight,
@@ -149,8 +159,11 @@ RATE_API bool rate_fair_try_acquire_at(rate_fair_t *fair, const char *flow,
  * came first (answered at the deadline, whatever else happens), or at
  * once when the flow's queue already holds queue_max waiters; reason
  * RATE_REASON_NEVER when the shared limit can never admit the permits.
- * Errors: as rate_fair_check (*out zeroed); RATE_ESTORE when the table's
- * lock or condition cannot be taken (a damaged shm_path file).
+ * On a table shared by processes, a lock still held by another at the
+ * deadline is that too: a denial at the deadline.
+ * Errors: as rate_fair_check (*out zeroed): RATE_ECORRUPT,
+ * RATE_ETIMEDOUT (the lock held by one holder for 5 s before the
+ * deadline), RATE_ESTORE (a lock the system refuses).
  * Ownership: the flow is only read.  Thread-safe: yes (any number of
  * threads and, with shm_path, processes wait at once). */
 RATE_API int rate_fair_acquire(rate_fair_t *fair, const char *flow,
@@ -168,12 +181,13 @@ RATE_API int rate_fair_acquire(rate_fair_t *fair, const char *flow,
  * callbacks on its thread, never before this returns: rc RATE_OK with
  * the decision (admitted, or denied at the deadline with reason
  * RATE_REASON_LIMITED: every waiter is answered at its deadline by a
- * timer of the loop, whatever else happens), RATE_ESTORE (zeroed) when
- * the table's lock could not be taken, RATE_ECANCELED (zeroed) when the
- * fair limit is freed first.  Woken waiters are told through an eventfd
- * watched on the loop; on a table shared by processes (shm_path,
- * rate_fair_new_in) a waiter also looks every 2 ms, since a waiter of
- * another process cannot wake it.
+ * timer of the loop, whatever else happens), rate_fair_acquire's errors
+ * (zeroed: a damaged table, its lock held or refused), RATE_ECANCELED
+ * (zeroed) when the fair limit is freed first.  Woken waiters are told
+ * through an eventfd watched on the loop; on a table shared by
+ * processes (shm_path, rate_fair_new_in) a waiter also looks every 2 ms,
+ * since a waiter of another process (or of another fair limit of this
+ * process) cannot wake it.
  * Errors (no callback, *out zeroed): as rate_fair_acquire; RATE_EINVAL
  * for a NULL loop or cb, a loop without io or timer functions, or a loop
  * other than the one of this fair limit's first asynchronous call (one
@@ -203,8 +217,10 @@ typedef struct rate_fair_stats {
     uint64_t reserved[5];
 } rate_fair_stats_t;
 
-/* Returns: RATE_OK, *out filled.  Errors: RATE_EINVAL for a NULL fair or
- * out; RATE_ESTORE when the table's lock cannot be taken.  Ownership: nothing kept.  Thread-safe: yes. */
+/* Returns: RATE_OK, *out filled.  Errors (*out zeroed): RATE_EINVAL for a
+ * NULL fair or out; a shared table's RATE_ECORRUPT, RATE_ETIMEDOUT or
+ * RATE_ESTORE, as rate_fair_check.  Ownership: nothing kept.
+ * Thread-safe: yes. */
 RATE_API int rate_fair_stats(rate_fair_t *fair, rate_fair_stats_t *out);
 
 /* The bytes of the fair limit's table: fixed at creation, whatever the

@@ -103,6 +103,7 @@ rate_suite(fair_review LABELS valgrind concurrency TIMEOUT 300)
 rate_suite(fair_check LABELS valgrind concurrency TIMEOUT 300)
 rate_suite(fair_mem LABELS concurrency TIMEOUT 300)
 rate_suite(fair_shapes TIMEOUT 600)
+rate_suite(fair_corrupt TIMEOUT 300)
 rate_suite(fair_async NEEDS ASYNC USES_ASYNC LABELS concurrency TIMEOUT 300)
 rate_suite(fair_redis NEEDS REDIS MODULE USES_MODULE LABELS redis SERIAL TIMEOUT 600)
 rate_suite(fair_cli SH fair_cli_test.sh NEEDS TOOLS ARGS $<TARGET_FILE:ratelimit_cli>)
@@ -138,6 +139,10 @@ rate_suite(fuzz_shm C fuzz/fuzz_shm.c LIBS rate_fuzz_replay ARGS ${RATE_CORPUS}/
 rate_suite(fuzz_module C fuzz/fuzz_module.c NEEDS MODULE
            LIBS rate_fuzz_replay rate_test_module_host ratelimit_module_cmds
            ARGS ${RATE_CORPUS}/module)
+rate_suite(fuzz_fair C fuzz/fuzz_fair.c LIBS rate_fuzz_replay ARGS ${RATE_CORPUS}/fair)
+# ... and 300 randomly damaged copies of the fair table's, each in a process.
+rate_suite(fair_damage C fuzz/fuzz_fair.c LIBS rate_fuzz_replay
+           ARGS --damage 300 7 ${RATE_CORPUS}/fair/table)
 rate_suite(fuzz_trace C fuzz/fuzz_trace.c NEEDS TOOLS LIBS rate_fuzz_replay ratelimit_cli_parse
            ARGS ${RATE_CORPUS}/trace)
 rate_suite(fuzz_clf C fuzz/fuzz_clf.c NEEDS TOOLS LIBS rate_fuzz_replay ratelimit_cli_parse

@@ -22,7 +22,7 @@
 static void table_check(rate_fair_t *f)
 {
     fhdr_t *h = f->h;
-    uint32_t n = h->slots, q = h->queue_max;
+    uint32_t n = f->slots, q = f->qmax;
     uint64_t total_w = 0, queued = 0, waiting = 0;
     uint32_t active = 0, queues = 0;
     assert_true(h->nactive <= n && h->nqueues <= n);
@@ -71,8 +71,11 @@ static void table_check(rate_fair_t *f)
         assert_true(sl->qlen <= q);
         /* a queue: distinct seats, tickets rising, the seats' sums */
         uint64_t qp = 0, last = 0, seats = 0;
-        for (uint32_t k = 0; k < sl->qlen; k++) {
-            const fwait_t *w = ring_at(f, sl, k);
+        fqueue_t fq;
+        assert_int_equal(queue_of(f, sl, &fq), RATE_OK);
+        for (uint32_t k = 0; k < fq.len; k++) {
+            fwait_t *w;
+            assert_int_equal(queue_seat(f, sl, &fq, k, &w), RATE_OK);
             assert_true(w->ticket > last);
             last = w->ticket;
             qp += w->permits;

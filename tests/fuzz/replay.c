@@ -2,7 +2,9 @@
 /* Runs a libFuzzer target without libFuzzer: each file named, or each file
  * in each directory named, through LLVMFuzzerTestOneInput once.  The
  * suites fuzz_NAME replay the seed corpus this way under ASan and UBSan;
- * `make fuzz` searches with the real libFuzzer (clang). */
+ * `make fuzz` searches with the real libFuzzer (clang).  With --damage
+ * COUNT SEED FILE [KEEP_DIR], randomly damaged copies of FILE instead,
+ * each in a process of its own (damage.c). */
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,6 +15,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* Optional in a target (fuzz_shm has one): weak, so null when absent. */
 __attribute__((weak)) int LLVMFuzzerInitialize(int *argc, char ***argv);
+int rate__fuzz_damage(int argc, char **argv);
 
 static int run_file(const char *path)
 {
@@ -70,6 +73,8 @@ int main(int argc, char **argv)
     }
     if (LLVMFuzzerInitialize != NULL)
         LLVMFuzzerInitialize(&argc, &argv);
+    if (strcmp(argv[1], "--damage") == 0)
+        return rate__fuzz_damage(argc - 2, argv + 2);
     for (int i = 1; i < argc; i++) {
         struct stat st;
         if (stat(argv[i], &st) != 0) {
