@@ -1132,8 +1132,7 @@ static uint64_t recent(const fslot_t *sl)
 /* The periods since the flow first asked, this one included (rule.h). */
 static uint64_t age(const fslot_t *sl)
 {
-    return sl->since != 0 && sl->epoch >= sl->since ? sl->epoch - sl->since + 1
-                                                     : 0;
+    return rate__fair_age(sl->since, sl->epoch);
 }
 
 static int terms_for(rate_fair_t *f, const fslot_t *me, uint64_t cap,
@@ -1176,16 +1175,10 @@ static bool light_count(rate_fair_t *f, fslot_t *sl, uint64_t permits,
     bool light = rate__fair_is_light(&f->shape, recent(sl), sl->lsum,
                                      age(sl), sl->weight, f->h->total_w,
                                      f->h->cap);
-    if (light) {
-        rate__fair_light_add(l, &f->shape, permits);
-        uint64_t g = (uint64_t)sl->lgave + permits;
-        sl->lgave = g > UINT32_MAX ? UINT32_MAX : (uint32_t)g;
-    } else if (sl->lgave > 0) {
-        uint64_t back = sl->asked_cur + sl->asked_prev;
-        rate__fair_light_take_back(l, &f->shape,
-                                   sl->lgave < back ? sl->lgave : back);
-        sl->lgave = 0;
-    }
+    uint64_t g = rate__fair_light_request(l, &f->shape, light, permits,
+                                          sl->lgave,
+                                          sl->asked_cur + sl->asked_prev);
+    sl->lgave = g > UINT32_MAX ? UINT32_MAX : (uint32_t)g;
     ST(f->h->light_bound, rate__fair_light_bound(l, &f->shape, f->h->cap));
     return light;
 }

@@ -146,6 +146,25 @@ void rate__fair_light_take_back(rate__fair_light_t *l,
         *pk = l->q;
 }
 
+uint64_t rate__fair_age(uint64_t since, uint64_t ep)
+{
+    return since != 0 && ep >= since ? ep - since + 1 : 0;
+}
+
+uint64_t rate__fair_light_request(rate__fair_light_t *l,
+                                  const rate__fair_shape_t *sh, bool light,
+                                  uint64_t permits, uint64_t gave,
+                                  uint64_t asked)
+{
+    if (light) {
+        rate__fair_light_add(l, sh, permits);
+        return sat((u128)gave + permits);
+    }
+    if (gave > 0)
+        rate__fair_light_take_back(l, sh, gave < asked ? gave : asked);
+    return 0;
+}
+
 uint64_t rate__fair_term(const rate__fair_shape_t *sh, uint64_t now_us,
                          uint64_t cap, uint64_t w, uint64_t total_w,
                          uint64_t behind, uint64_t asked)

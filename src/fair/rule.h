@@ -104,6 +104,20 @@ void rate__fair_light_count(rate__fair_light_t *l,
                             const rate__fair_shape_t *sh, uint64_t now_us,
                             uint64_t permits);
 
+/* The periods since a flow first asked (since: that period plus 1, 0
+ * never), period ep (plus 1) included. */
+uint64_t rate__fair_age(uint64_t since, uint64_t ep);
+
+/* A request counted in the estimator (after _count) for a flow that has
+ * given `gave` permits to the backlog while light: a light request's
+ * permits are added to the backlog, a heavy one takes back what its flow
+ * gave (at most `asked`, what it asked in this period and the last).
+ * Returns the flow's new `gave` (saturating at RATE__FAIR_LIGHT_MAX). */
+uint64_t rate__fair_light_request(rate__fair_light_t *l,
+                                  const rate__fair_shape_t *sh, bool light,
+                                  uint64_t permits, uint64_t gave,
+                                  uint64_t asked);
+
 /* Adds a light request's permits to the backlog (after _count). */
 void rate__fair_light_add(rate__fair_light_t *l, const rate__fair_shape_t *sh,
                           uint64_t permits);

@@ -126,8 +126,7 @@ uint64_t rate__fair_import(const uint8_t *t, size_t len, uint8_t *out,
 /* The periods since the entry's flow first asked, ep included. */
 static uint64_t age(const uint8_t *e, uint64_t ep)
 {
-    uint64_t since = fld(e, F_SINCE);
-    return since != 0 && ep >= since ? ep - since + 1 : 0;
+    return rate__fair_age(fld(e, F_SINCE), ep);
 }
 
 /* The table's light estimator, as rule.h's struct (and back). */
@@ -233,15 +232,9 @@ void rate__fair_enter(rate__fair_step_t *a, uint8_t *t)
     a->light = rate__fair_is_light(&a->shape, c > p ? c : p, fld(me, F_LSUM),
                                    age(me, a->ep), fld(me, F_WEIGHT), w,
                                    a->cap);
-    if (a->light) {
-        rate__fair_light_add(&l, &a->shape, a->permits);
-        uint64_t g = fld(me, F_GAVE) + a->permits;
-        set(me, F_GAVE, g > RATE__FAIR_LIGHT_MAX ? RATE__FAIR_LIGHT_MAX : g);
-    } else if (fld(me, F_GAVE) > 0) {
-        uint64_t back = c + p, g = fld(me, F_GAVE);
-        rate__fair_light_take_back(&l, &a->shape, g < back ? g : back);
-        set(me, F_GAVE, 0);
-    }
+    set(me, F_GAVE, rate__fair_light_request(&l, &a->shape, a->light,
+                                             a->permits, fld(me, F_GAVE),
+                                             c + p));
     light_put(t, &l);
 }
 
