@@ -111,11 +111,12 @@ typedef struct rate_inflight_config {
      * leases of holders that have died (docs/leases.md, "Crashed
      * holders"), judged by kill(pid, 0).  Only for the library's memory
      * store (store NULL or rate_store_memory_new) and shared-memory store
-     * (ratelimit_shm.h), and only when every process using the region is
-     * of this host and of one PID namespace (a PID of another namespace
-     * names another process here: a live holder would lose its lease).
-     * Set with any other store (Redis, DynamoDB, a store of one's own),
-     * whose holders may be on other hosts, it is RATE_EINVAL. */
+     * (ratelimit_shm.h).  A lease records its holder's PID namespace, and
+     * only holders of this process's namespace are judged (a PID of
+     * another names another process here, or none): processes of several
+     * namespaces (containers) may share a region.  Set with any other
+     * store (Redis, DynamoDB, a store of one's own), whose holders may be
+     * on other hosts, it is RATE_EINVAL. */
     bool reap_dead_holders;
     uint64_t reserved[6]; /* zero (= {...} or memset); non-zero is
                              RATE_EINVAL */

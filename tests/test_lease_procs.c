@@ -8,12 +8,16 @@
  *   - chaos: holders killed with SIGKILL while holding lose exactly their
  *     leases: an acquire with reap_dead_holders takes back the dead ones'
  *     and no live one's; without reaping, their leases come back when
- *     their TTL runs out.  The count is exact after each.
+ *     their TTL runs out.  The count is exact after each;
+ *   - a reaper in another PID namespace never takes a live holder's
+ *     lease (its pid means another process there, or none).
  * Times: no assertion depends on how fast the machine is; the one wait
  * (a TTL of 300 ms running out) is polled up to 60 s, a slack of 200
  * times the TTL for a loaded machine.
  */
+#include <errno.h>
 #include <pthread.h>
+#include <sched.h> /* unshare (the build defines _GNU_SOURCE) */
 #include <signal.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
@@ -393,6 +397,75 @@ static void test_fork_after_new(void **state)
     rate_inflight_policy_free(p);
 }
 
+/* A holder's pid is judged only in its own PID namespace: a process in
+ * a new one (where the holder's pid is no process) that reaps dead
+ * holders does not take this live holder's lease.  Skipped where this
+ * process may not make a PID namespace. */
+static void test_pid_namespaces(void **state)
+{
+    (void)state;
+    rate_inflight_policy_t *p = ipolicy("concurrency 1 ttl=1h");
+    rate_store_t *s = attach(p);
+    rate_inflight_t *in = inflight(p, s, true);
+    rate_lease_t mine;
+    rate_decision_t d;
+    assert_int_equal(rate_inflight_acquire(in, "ns", 2, RATE_LEASE_NORMAL,
+                                           &mine, &d),
+                     RATE_OK);
+    assert_true(d.allowed);
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) { /* its next child is pid 1 of a new namespace */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (unshare(CLONE_NEWPID) != 0)
+            _exit(errno == EPERM || errno == EINVAL ? 77 : 2);
+        pid_t inner = fork();
+        if (inner == 0) { /* reaps, then acquires: 1 granted, 0 not */
+            rate_store_t *cs = NULL;
+            rate_inflight_t *ci;
+            rate_lease_t l;
+            int32_t got = -1;
+            if (rate_store_shm_new(path, NULL, &cs, NULL, 0) == RATE_OK &&
+                (ci = inflight(p, cs, true)) != NULL &&
+                rate_inflight_acquire(ci, "ns", 2, RATE_LEASE_NORMAL, &l,
+                                      &d) == RATE_OK)
+                got = d.allowed;
+            _exit(write(fd[1], &got, sizeof got) == (ssize_t)sizeof got
+                      ? 0
+                      : 3);
+        }
+        int st = 0;
+        if (inner < 0 || waitpid(inner, &st, 0) != inner)
+            _exit(4);
+        _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 5);
+    }
+    alive[n_alive++] = child;
+    int st;
+    assert_int_equal(waitpid(child, &st, 0), child);
+    n_alive = 0;
+    close(fd[1]);
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) == 77) {
+        close(fd[0]);
+        rate_inflight_free(in);
+        rate_store_free(s);
+        rate_inflight_policy_free(p);
+        skip();
+    }
+    assert_int_equal(WEXITSTATUS(st), 0);
+    int32_t got = -1;
+    assert_int_equal(read(fd[0], &got, sizeof got), (ssize_t)sizeof got);
+    close(fd[0]);
+    assert_int_equal(got, 0); /* denied: this live holder kept its lease */
+    assert_int_equal(held_of(in, "ns"), 1);
+    assert_int_equal(rate_inflight_release(in, "ns", 2, &mine), RATE_OK);
+    rate_inflight_free(in);
+    rate_store_free(s);
+    rate_inflight_policy_free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -401,6 +474,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_chaos_expiry, setup, teardown),
         cmocka_unit_test_setup_teardown(test_small_region, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fork_after_new, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pid_namespaces, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -184,6 +184,30 @@ static void test_chaos(void **state)
     munmap(sh, sizeof *sh);
 }
 
+/* ------------------------------------------------------------ one clock */
+
+/* Leases on Redis go by one clock whoever takes them: the library's
+ * default (no clock given) is the wall clock, the one a host sharing the
+ * store with others reads; and reaping dead holders, which judges a pid
+ * by this host's kernel, is refused. */
+static void test_one_clock(void **state)
+{
+    (void)state;
+    rate_store_t *s = store_of("lease-clock:");
+    char why[256];
+    const char *fail = lease_one_clock(s, "clk", why, sizeof why);
+    if (fail != NULL)
+        fail_msg("%s", fail);
+    rate_inflight_policy_t *p = ipolicy("concurrency 1 ttl=1s");
+    rate_inflight_config_t cfg = {.policy = p, .store = s,
+                                  .reap_dead_holders = true};
+    rate_inflight_t *in = (void *)1;
+    assert_int_equal(rate_inflight_new(&cfg, &in), RATE_EINVAL);
+    assert_null(in);
+    rate_inflight_policy_free(p);
+    drop_store(s);
+}
+
 /* ---------------------------------------------------------------- faults */
 
 /* How a store makes leases (docs/leases.md, "Leases on Redis"). */
@@ -437,6 +461,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_procs),
         cmocka_unit_test(test_chaos),
+        cmocka_unit_test(test_one_clock),
         cmocka_unit_test(test_faults),
         cmocka_unit_test(test_faults_generic),
         cmocka_unit_test(test_faults_module),

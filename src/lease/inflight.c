@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../internal.h"
@@ -32,6 +33,7 @@ struct rate_inflight {
     bool clock_is_default; /* the library's CLOCK_MONOTONIC */
     bool reap;
     bool pin; /* the store's keys are bounded in number (see pins()) */
+    bool host_local; /* a holder's pid can be judged (memory, shm) */
     uint64_t id_base;
     _Atomic uint64_t next_id;
     _Atomic uint64_t reap_after; /* no reaping before (this clock's) time */
@@ -42,11 +44,15 @@ struct rate_inflight {
  * denials (an overloaded server) does not multiply that work. */
 #define REAP_EVERY_NS (100 * UINT64_C(1000000))
 
-/* The process's identity, as a lease records it: its pid and a random
- * salt of its lease ids.  A child of fork() gets its own (the atfork
- * handler runs in the child alone, before it has other threads), so an
- * object made before fork() gives each process its own pid and ids. */
+/* The process's identity, as a lease records it: its pid, its PID
+ * namespace (24 bits of the namespace's inode number, 0 when unknown: a
+ * pid names a process only there) and a random salt of its lease ids.  A
+ * child of fork() gets its own (the atfork handler runs in the child
+ * alone, before it has other threads; after unshare(CLONE_NEWPID) the
+ * next child is in another namespace), so an object made before fork()
+ * gives each process its own pid and ids. */
 static _Atomic uint32_t proc_pid;
+static _Atomic uint32_t proc_ns;
 static _Atomic uint64_t proc_salt;
 static pthread_once_t proc_once = PTHREAD_ONCE_INIT;
 
@@ -59,9 +65,22 @@ static uint64_t random64(void)
     return r;
 }
 
+/* This process's PID namespace, as a lease records it: the low 24 bits of
+ * the namespace's inode number (0 is taken as 0xffffff), or 0 without
+ * /proc (then no lease's pid is judged). */
+static uint32_t pid_namespace(void)
+{
+    struct stat st;
+    if (stat("/proc/self/ns/pid", &st) != 0)
+        return 0;
+    uint32_t ns = (uint32_t)st.st_ino & 0xffffffu;
+    return ns != 0 ? ns : 0xffffffu;
+}
+
 static void proc_child(void)
 {
     atomic_store(&proc_pid, (uint32_t)getpid());
+    atomic_store(&proc_ns, pid_namespace());
     atomic_store(&proc_salt, random64());
 }
 
@@ -74,6 +93,15 @@ static void proc_init(void)
 static uint32_t my_pid(void)
 {
     return atomic_load_explicit(&proc_pid, memory_order_relaxed);
+}
+
+/* The PID namespace a lease of this object records: this process's on
+ * this host's stores, else 0 (there a pid is never judged). */
+static uint32_t my_ns(const rate_inflight_t *in)
+{
+    return in->host_local
+               ? atomic_load_explicit(&proc_ns, memory_order_relaxed)
+               : 0;
 }
 
 static bool zero_reserve(const uint64_t *r, size_t n)
@@ -134,6 +162,7 @@ int rate_inflight_new(const rate_inflight_config_t *cfg, rate_inflight_t **out)
      * rules) is the default too. */
     bool own = cfg->clock != NULL && cfg->clock->now_ns != rate__clock_exact;
     in->clock_is_default = !own && host_local;
+    in->host_local = host_local;
     if (own)
         in->clock = *cfg->clock;
     else
@@ -267,9 +296,11 @@ static bool reap(rate_inflight_t *in, const char *key, size_t len,
     uint32_t *pids = malloc(cap * sizeof *pids);
     bool any = false;
     rate__lease_step_t a = {.op = LEASE_LIST, .now_ns = now, .ids = ids,
-                            .pids = pids, .cap = cap};
+                            .pids = pids, .cap = cap, .ns = my_ns(in)};
 
-    if (ids != NULL && pids != NULL &&
+    /* Only the holders of this process's PID namespace: elsewhere their
+     * pids name other processes here, or none. */
+    if (ids != NULL && pids != NULL && a.ns != 0 &&
         run(in, key, len, &a, clock_time) == RATE_OK) {
         size_t dead = 0;
         for (size_t i = 0; i < a.n_ids; i++)
@@ -441,7 +472,7 @@ static int acquire(rate_inflight_t *in, const char *key, size_t len,
     uint64_t expires = now + in->policy->ttl_ns; /* both below 2^63 */
     rate__lease_step_t a = {.op = LEASE_ACQUIRE, .now_ns = now, .cls = cls,
                             .id = new_id(in), .expires_ns = expires,
-                            .pid = my_pid()};
+                            .pid = my_pid(), .ns = my_ns(in)};
     if (in->limiter != NULL &&
         (rc = acquire_whole(in, key, len, &a, clock_time, lease, out)) !=
             RATE_ENOTSUP) {
@@ -870,7 +901,7 @@ int rate_inflight_acquire_start(rate_inflight_t *in, const char *key,
     rate__lease_step_t a = {.op = LEASE_ACQUIRE, .now_ns = now, .cls = cls,
                             .id = new_id(in),
                             .expires_ns = now + in->policy->ttl_ns,
-                            .pid = my_pid()};
+                            .pid = my_pid(), .ns = my_ns(in)};
     rate_lease_t granted = {.id = a.id, .expires_ns = a.expires_ns,
                             .key_hash = key_hash(key, len)};
     rc = start_job(in, key, len, &a, in->clock_is_default, &granted, cb, ud,

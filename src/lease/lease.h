@@ -35,7 +35,8 @@ typedef enum lease_op {
     LEASE_RELEASE,
     LEASE_EXTEND,
     LEASE_COUNT,
-    LEASE_LIST, /* the unexpired leases' ids and pids, into ids/pids */
+    LEASE_LIST, /* the unexpired leases' ids and pids of the holders in
+                   PID namespace ns (none for ns 0), into ids/pids */
     LEASE_REAP  /* remove the leases whose ids are in ids[0..n_ids) */
 } lease_op_t;
 
@@ -49,6 +50,8 @@ typedef struct rate__lease_step {
     uint64_t expires_ns;  /* acquire, extend: the new expiry; release and
                              extend: the handle's, to tell expired apart */
     uint32_t pid;         /* acquire: the holder's */
+    uint32_t ns;          /* acquire: the holder's PID namespace (24 bits,
+                             0: unknown); list: whose holders to list */
     bool pin;             /* write a state with leases held with
                              RATE_TTL_FOREVER (never evicted), not a TTL
                              to its latest expiry */

@@ -41,12 +41,14 @@ typedef struct entry {
     uint64_t id, expires;
     uint32_t pid;
     uint8_t cls;
+    uint32_t ns; /* the holder's PID namespace, 24 bits (0: unknown) */
 } entry_t;
 
 static entry_t entry_at(const uint8_t *state, size_t i)
 {
     const uint8_t *e = state + RATE__LEASE_HEADER + i * RATE__LEASE_ENTRY;
-    return (entry_t){get64(e), get64(e + 8), get32(e + 16), e[20]};
+    return (entry_t){get64(e), get64(e + 8), get32(e + 16), e[20],
+                     get32(e + 20) >> 8};
 }
 
 /* The number of entries of a state this library wrote, or -1. */
@@ -71,8 +73,7 @@ static void write_entry(uint8_t *out, size_t i, const entry_t *e)
     put64(p, e->id);
     put64(p + 8, e->expires);
     put32(p + 16, e->pid);
-    memset(p + 20, 0, 4);
-    p[20] = e->cls;
+    put32(p + 20, e->ns << 8 | e->cls);
 }
 
 /* Restores the min-heap h[0..n) after h[i] grew. */
@@ -141,7 +142,8 @@ static int apply(rate__lease_step_t *a, uint8_t *out, size_t *n,
             a->retry_at = slot_back(a, out, *n, limit);
             return RATE_OK;
         }
-        entry_t e = {a->id, a->expires_ns, a->pid, (uint8_t)a->cls};
+        entry_t e = {a->id, a->expires_ns, a->pid, (uint8_t)a->cls,
+                     a->ns & 0xffffffu};
         write_entry(out, (*n)++, &e);
         a->granted = *changed = true;
         return RATE_OK;
@@ -189,12 +191,14 @@ static int apply(rate__lease_step_t *a, uint8_t *out, size_t *n,
         }
         return RATE_OK;
     case LEASE_LIST:
-        for (i = 0; i < *n && i < a->cap; i++) {
+        a->n_ids = 0;
+        for (i = 0; i < *n && a->n_ids < a->cap; i++) {
             entry_t e = entry_at(out, i);
-            a->ids[i] = e.id;
-            a->pids[i] = e.pid;
+            if (a->ns == 0 || e.ns != a->ns)
+                continue; /* a pid of another namespace, or unknown */
+            a->ids[a->n_ids] = e.id;
+            a->pids[a->n_ids++] = e.pid;
         }
-        a->n_ids = i;
         return RATE_OK;
     case LEASE_COUNT:
         return RATE_OK;
