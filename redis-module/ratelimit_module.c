@@ -38,9 +38,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "../src/internal.h"
-#include "../src/fair/step.h"
-#include "../src/lease/lease.h"
+#include "internal.h"
+#include "fair/step.h"
+#include "lease/lease.h"
 #include "rm_api.h"
 
 #define MODULE_NAME "ratelimit"
