@@ -38,7 +38,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "internal.h"
+#include "step.h"
 #include "fair/step.h"
 #include "lease/lease.h"
 #include "rm_api.h"

@@ -32,6 +32,7 @@
  * nothing.
  */
 #include "algo/token_bucket.h"
+#include "step.h"
 
 /* The verdicts are written field by field just before they are folded; GCC's
  * straight-line vectorizer would read them back 16 bytes at a time, which

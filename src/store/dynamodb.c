@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/random.h>
@@ -34,7 +35,8 @@
 #include <curl/curl.h>
 #include <jansson.h>
 
-#include "../internal.h"
+#include "../call.h"
+#include "../kit.h"
 #include "ratelimit_dynamodb.h"
 
 /* DynamoDB's largest item, bytes (names and values of every attribute). */

@@ -12,7 +12,8 @@
 
 #include <hiredis/hiredis.h>
 
-#include "../../internal.h"
+#include "../../call.h"
+#include "../../kit.h"
 
 /* The lean scripts, one per single-limit algorithm (docs/redis.md). */
 typedef enum rate__lean {

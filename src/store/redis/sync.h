@@ -12,7 +12,8 @@
 
 #include <hiredis/hiredis.h>
 
-#include "../../internal.h"
+#include "../../call.h"
+#include "../../kit.h"
 #include "cluster.h"
 #include "node.h"
 #include "paths.h"
