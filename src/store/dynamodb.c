@@ -301,7 +301,7 @@ static int request(ddb_t *d, enum op op, json_t *req, json_t **reply,
         return RATE_ENOMEM;
     }
     CURL *c = h->curl;
-    /* The call's requests share one deadline (internal.h,
+    /* The call's requests share one deadline (call.h,
      * rate__call_begin): a decision's GetItem and PutItem, and the
      * retries of a conflict, all within request_ns of its start.  A
      * request gets what is left of it (curl's whole transfer, connecting

@@ -621,7 +621,7 @@ static int decide_in(rate_synced_t *s, const char *key, size_t len,
 /* A synced decision: its remote calls (the refunds of an expired lease
  * and of an evicted key, one or two borrows) share one deadline, the
  * remote store's timeout from the decision's first remote call or its
- * wait for another thread's borrow of the key (internal.h,
+ * wait for another thread's borrow of the key (call.h,
  * rate_deadline_begin); a decision made locally reads no clock for it. */
 static int decide(rate_synced_t *s, const char *key, size_t len,
                   uint64_t n, bool clock, uint64_t now, rate_decision_t *out)
