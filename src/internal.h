@@ -2,16 +2,15 @@
 /*
  * internal.h -- the core's own: a store's handle and the calls the limiter,
  * the stores' common code and the clock share (src/limiter.c, src/store.c,
- * src/clock.c), over the kit (kit.h), the step (step.h) and the call scope
- * (call.h).  Never installed; a part above the core reads the public
- * headers instead (docs/design.md, "Layers").
+ * src/clock.c), over the kit (kit.h) and the call scope (call.h).  Never
+ * installed; a part above the core reads the public headers instead
+ * (docs/design.md, "Layers").
  */
 #ifndef RATE_INTERNAL_H
 #define RATE_INTERNAL_H
 
 #include "call.h"
 #include "kit.h"
-#include "step.h"
 
 /* A store: its back end's table and pointer. */
 struct rate_store {

@@ -260,6 +260,16 @@ struct rate_policy {
     char name[RATE_POLICY_NAME_MAX + 1];
 };
 
+/* The policy's canonical text without its name: what a store's record of
+ * the policy holds (src/registry.c).  As rate_policy_format otherwise. */
+size_t rate__policy_format_limits(const rate_policy_t *p, char *buf,
+                                  size_t len);
+
+/* Checks a policy name (rate_policy_set_name's rule): RATE_OK, or
+ * RATE_EINVAL with a one-line reason in err. */
+int rate__policy_check_name(const char *name, size_t len, char *err,
+                            size_t errlen);
+
 /* ------------------------------------------------------------ algorithms */
 
 /* One limit's state as seen at t_eff, after refill, drain, window roll or

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 
 #include "registry.h"
+#include "step.h"
 
 #define DEFAULT_RETRIES 64u
 #define LEARN_ROUNDS 4u /* policies learnt for one decision, at most */
