@@ -2296,8 +2296,8 @@ static const char *function_named(const redisReply *r, const char *prefix)
     return NULL;
 }
 
-/* A lean script keeps the numbers it read from a policy's arguments for
- * the next call with the same policy id (lean_lib.lua): two policies
+/* A lean script keeps the numbers it read from a policy's argument for
+ * the next call with the same argument (lean_lib.lua): two policies
  * whose ids collide but whose numbers differ are each decided by their
  * own numbers.  Called by FCALL directly, with one made-up id: a fixed
  * window of 5, then of 1, on fresh keys: 4 then 0 remaining. */
@@ -2311,16 +2311,19 @@ static void lean_numbers_by_policy_not_id(void **state)
     redisReply *list = redisCommand(c, "FUNCTION LIST");
     const char *fn = function_named(list, "ratelimit_fw_");
     assert_non_null(fn);
+    /* the policy's numbers: expiry, id, format, width, limit, window */
     static const struct {
-        const char *key, *limit, *ttl;
+        const char *key, *policy;
         long long remaining;
-    } calls[] = {{"ids:{a}", "5", "-1", 4}, {"ids:{b}", "1", "-1", 0},
-                 {"ids:{c}", "5", "-1", 4}, {"ids:{d}", "5", "0", 4},
-                 {"ids:{d}", "1", "0", 0}};
+    } calls[] = {{"ids:{a}", "-1 7 3 8 5 1000000000000", 4},
+                 {"ids:{b}", "-1 7 3 8 1 1000000000000", 0},
+                 {"ids:{c}", "-1 7 3 8 5 1000000000000", 4},
+                 {"ids:{d}", "0 7 3 8 5 1000000000000", 4},
+                 {"ids:{d}", "0 7 3 8 1 1000000000000", 0}};
     for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
         redisReply *r = redisCommand(
-            c, "FCALL %s 1 %s 1000 0 1 0 %s 7 3 8 0 %s 1000000000000", fn,
-            calls[i].key, calls[i].ttl, calls[i].limit);
+            c, "FCALL %s 1 %s 1000 0 1 0 0 %s", fn, calls[i].key,
+            calls[i].policy);
         assert_int_equal(r->type, REDIS_REPLY_ARRAY);
         assert_int_equal(r->elements, 9);
         if (r->element[5]->integer != calls[i].remaining)

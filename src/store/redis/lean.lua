@@ -23,11 +23,13 @@
 --
 -- KEYS[1]  the key (a hash: v = version, s = state bytes)
 -- ARGV     [1] [2] now as seconds and nanoseconds (both "": Redis's TIME),
---          [3] permits, [4] max_wait (ns), [5] ttl (0: none, -1: this
---          decision's reset_after, else microseconds), [6] policy id (the
---          state's tag), [7] format (2 or 3), [8] the word's width in
---          bytes (8 or 16), [9] the operation (0 a decision, 1 a refund,
---          2 a penalty), then the algorithm's
+--          [3] permits, [4] max_wait (ns), [5] the operation (0 a
+--          decision, 1 a refund, 2 a penalty), [6] the policy's numbers
+--          in one argument, decimals one space apart (LAST of them, read
+--          into num once per policy: lean_lib.lua's nums): [1] ttl (0:
+--          none, -1: this decision's reset_after, else microseconds), [2]
+--          policy id (the state's tag), [3] format (2 or 3), [4] the
+--          word's width in bytes (8 or 16), then the algorithm's from [5]
 -- returns  as step.lua: {1, allowed, reason, 0, limit, remaining,
 --          delay, retry (-1: never), reset}, {0} declined, {2} WRONGTYPE;
 --          a refund or a penalty: {1, 1, 0, 0, limit, remaining, 0, 0,
@@ -49,12 +51,13 @@ else
   tms = nil -- the caller's time: Redis's is read when writing
 end
 if now_lo >= E32 then now_lo = now_lo - E32; now_hi = now_hi + 1 end
--- The policy's numbers, ARGV[5] (ttl) to the algorithm's last (nums, in
--- lean_lib.lua); ARGV[4] (max_wait) is read where it is needed.
+-- The policy's numbers (nums, in lean_lib.lua); ARGV[4] (max_wait) is
+-- read where it is needed.
 local n = 1
 if ARGV[3] ~= '1' then n = tonumber(ARGV[3]) end
-local num = nums(ARGV, LAST)
-local id, fmt = num[6], num[7]
+local num = nums(ARGV[6], LAST)
+if num == nil then return DECLINE end
+local id, fmt = num[2], num[3]
 
 --@include src/store/redis/read_state.lua
 
@@ -63,10 +66,10 @@ local id, fmt = num[6], num[7]
 -- refill and every window), t_last's halves {l_hi, l_lo} and the word:
 -- w8, a number, when it is 8 bytes below 2^53 either way (the common
 -- case, read in the same struct.unpack as the header), else its 32-bit
--- limbs, low first, in w (all nil: a new key).  WB (ARGV[8]) is the
+-- limbs, low first, in w (all nil: a new key).  WB (num[4]) is the
 -- word's width in bytes: 8, or 16 for a wide bucket (B * P > 2^62).
 local WB = 8
-if ARGV[8] ~= '8' then WB = 16 end
+if num[4] ~= 8 then WB = 16 end
 local t_hi, t_lo, dt, w, w8 = now_hi, now_lo, 0, nil, nil
 local l_hi, l_lo
 if st ~= nil then
@@ -98,7 +101,7 @@ end
 -- algorithm's rule (its piece's adjust) and written as of t, expiring
 -- after the changed state's reset as the C step's does.  A refund of a key
 -- with no state has nothing to give back: nothing is written.
-local OP = ARGV[9]
+local OP = ARGV[5]
 if OP ~= '0' and OP ~= '1' and OP ~= '2' then return DECLINE end
 if OP == '1' and st == nil then return {1, 1, 0, 0, 0, 0, 0, 0, 0} end
 
@@ -176,7 +179,7 @@ end
 -- version on and sets the expiry (reset: this decision's, in ns).
 local function write(word, reset)
   local state = struct.pack('<I4I4I4BB', t_lo, t_hi, id, 1, fmt) .. word
-  local ttl_us = num[5]
+  local ttl_us = num[1]
   if tms == nil and (cur[1] == false or vtop or ttl_us ~= 0) then
     local tm = redis.call('TIME')
     tms, tmu = tonumber(tm[1]), tonumber(tm[2])

@@ -2,13 +2,13 @@
 -- The lean leaky bucket's driver, one limit (docs/redis.md, "Lean
 -- scripts"): the common part, then the rule (src/algo/leaky_bucket.lua)
 -- over v = level * P in units of g.
--- ARGV [10] L/g, [11] P/g, [12] C (the capacity), [13] g
+-- num (the policy's numbers) [5] L/g, [6] P/g, [7] C (the capacity), [8] g
 --@include src/store/redis/lean_lib.lua
 --@include src/algo/leaky_bucket.lua
-local LAST = 13
+local LAST = 8
 --@call
 --@include src/store/redis/lean.lua
-local L, P, C, g = num[10], num[11], num[12], num[13]
+local L, P, C, g = num[5], num[6], num[7], num[8]
 local v
 if st ~= nil then
   v = word_in(g, LEAKY_BUCKET_LEAN)

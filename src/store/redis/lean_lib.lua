@@ -45,31 +45,29 @@ local function secs_ns(str)
   return secs_s, secs_hi, secs_lo
 end
 
--- The numbers of ARGV[5] to ARGV[last] (the expiry, the policy's id and
--- format, the word's width, the operation, the algorithm's), by index:
--- tonumber (strtod) of each costs more than most of the step, and they
--- are the same from call to call of a policy.  Kept by the policy's id
--- (ARGV[6]) with the strings they were read from; used only when every
--- string is the same (Lua's strings are interned: each test compares two
--- pointers).  At most NUMS_MAX policies: past that, the cache starts over.
+-- The policy's numbers (lean.lua's ARGV[6]: decimals, one space apart)
+-- as a table, or nil unless there are exactly `last` of them: tonumber
+-- (strtod) of each costs more than most of the step, and they are the
+-- same from call to call of a policy.  Kept by the exact string they
+-- were read from (Lua's strings are interned: the look-up hashes no
+-- bytes).  At most NUMS_MAX strings: past that, the cache starts over.
 local NUMS_MAX = 1024
 local nums_cache, nums_count = {}, 0
-local function nums(argv, last)
-  local e = nums_cache[argv[6]]
-  if e ~= nil and e.last == last then
-    local i = 5
-    while i <= last and e[i] == argv[i] do i = i + 1 end
-    if i > last then return e.num end
+local function nums(str, last)
+  local e = nums_cache[str]
+  if e ~= nil then return e end
+  e = {}
+  local i = 0
+  for word in string.gmatch(str, '[^ ]+') do
+    i = i + 1
+    e[i] = tonumber(word)
+    if e[i] == nil then return nil end
   end
-  e = {last = last, num = {}}
-  for i = 5, last do
-    e[i] = argv[i]
-    e.num[i] = tonumber(argv[i])
-  end
+  if i ~= last then return nil end
   if nums_count >= NUMS_MAX then nums_cache, nums_count = {}, 0 end
-  if nums_cache[argv[6]] == nil then nums_count = nums_count + 1 end
-  nums_cache[argv[6]] = e
-  return e.num
+  nums_count = nums_count + 1
+  nums_cache[str] = e
+  return e
 end
 
 -- An 8-byte word past 2^53 (its 32-bit limbs lo, hi; signed), as

@@ -2,15 +2,16 @@
 -- The lean token bucket's driver, one limit (docs/redis.md, "Lean
 -- scripts"): the common part, then the rule (src/algo/token_bucket.lua)
 -- over u = tokens * P in units of g.
--- ARGV [10] L/g, [11] P/g, [12] B, [13] g, [14] the debt bound 2^62 / g,
--- rounded down (a reservation may not take u below it, as in C)
+-- num (the policy's numbers) [5] L/g, [6] P/g, [7] B, [8] g, [9] the debt
+-- bound 2^62 / g, rounded down (a reservation may not take u below it, as
+-- in C)
 --@include src/store/redis/lean_lib.lua
 --@include src/algo/token_bucket.lua
-local LAST = 14
+local LAST = 9
 --@call
 --@include src/store/redis/lean.lua
-local L, P, B, g = num[10], num[11], num[12], num[13]
-local debt = num[14]
+local L, P, B, g = num[5], num[6], num[7], num[8]
+local debt = num[9]
 local u
 if st ~= nil then
   -- (|u| <= 2^51 here: below the debt bound only when it is below 2^51)

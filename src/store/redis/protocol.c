@@ -655,8 +655,28 @@ int rate__redis_decide_cmd(const rate__redis_proto_t *p, rate__redis_via_t via,
     c->al[argc++] = 40;
     c->av[argc] = "1", c->al[argc++] = 1;
     c->av[argc] = c->k, c->al[argc++] = c->kl;
-    for (int i = 0; i < nn; i++)
-        c->av[argc] = c->num[i], c->al[argc++] = strlen(c->num[i]);
+    if (lean >= 0) {
+        /* the time, permits, max_wait, the operation (num[8]), then the
+         * policy's numbers as one argument (lean.lua): the expiry, id,
+         * format, the word's width (num[4..7]) and the algorithm's */
+        for (int i = 0; i < 4; i++)
+            c->av[argc] = c->num[i], c->al[argc++] = strlen(c->num[i]);
+        c->av[argc] = c->num[8], c->al[argc++] = strlen(c->num[8]);
+        size_t n = 0;
+        for (int i = 4; i < nn; i++) {
+            if (i == 8)
+                continue;
+            size_t l = strlen(c->num[i]);
+            if (n > 0)
+                c->pk[n++] = ' ';
+            memcpy(c->pk + n, c->num[i], l);
+            n += l;
+        }
+        c->av[argc] = c->pk, c->al[argc++] = n;
+    } else {
+        for (int i = 0; i < nn; i++)
+            c->av[argc] = c->num[i], c->al[argc++] = strlen(c->num[i]);
+    }
     c->argc = argc;
     c->lean = lean;
     if (lean >= 0) {
