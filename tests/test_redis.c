@@ -2280,6 +2280,63 @@ static void safety_ttl_with_no_ttl(void **state)
     redisFree(c);
 }
 
+/* The name of the first function of the reply r (FUNCTION LIST) that
+ * starts with prefix, or NULL. */
+static const char *function_named(const redisReply *r, const char *prefix)
+{
+    if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)
+        return strncmp(r->str, prefix, strlen(prefix)) == 0 ? r->str : NULL;
+    if (r->type != REDIS_REPLY_ARRAY)
+        return NULL;
+    for (size_t i = 0; i < r->elements; i++) {
+        const char *n = function_named(r->element[i], prefix);
+        if (n != NULL)
+            return n;
+    }
+    return NULL;
+}
+
+/* A lean script keeps the numbers it read from a policy's argument for
+ * the next call with the same argument (lean_lib.lua): two policies
+ * whose ids collide but whose numbers differ are each decided by their
+ * own numbers.  Called by FCALL directly, with one made-up id: a fixed
+ * window of 5, then of 1, on fresh keys: 4 then 0 remaining. */
+static void lean_numbers_by_policy_not_id(void **state)
+{
+    (void)state;
+    rate_store_t *rs = redis_store("ids:", true, 0);
+    rate_limiter_t *l = limiter_of("fixed-window 5/1000s", rs);
+    at(l, "load", SEC, 1, 0); /* loads the lean scripts' library */
+    redisContext *c = raw();
+    redisReply *list = redisCommand(c, "FUNCTION LIST");
+    const char *fn = function_named(list, "ratelimit_fw_");
+    assert_non_null(fn);
+    /* the policy's numbers: expiry, id, format, width, limit, window */
+    static const struct {
+        const char *key, *policy;
+        long long remaining;
+    } calls[] = {{"ids:{a}", "-1 7 3 8 5 1000000000000", 4},
+                 {"ids:{b}", "-1 7 3 8 1 1000000000000", 0},
+                 {"ids:{c}", "-1 7 3 8 5 1000000000000", 4},
+                 {"ids:{d}", "0 7 3 8 5 1000000000000", 4},
+                 {"ids:{d}", "0 7 3 8 1 1000000000000", 0}};
+    for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+        redisReply *r = redisCommand(
+            c, "FCALL %s 1 %s 1000 0 1 0 0 %s", fn, calls[i].key,
+            calls[i].policy);
+        assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+        assert_int_equal(r->elements, 9);
+        if (r->element[5]->integer != calls[i].remaining)
+            fail_msg("call %zu: %lld remaining, not %lld", i,
+                     r->element[5]->integer, calls[i].remaining);
+        freeReplyObject(r);
+    }
+    freeReplyObject(list);
+    redisFree(c);
+    rate_limiter_free(l);
+    drop_store(rs);
+}
+
 /* rate_store_redis_touch sets the expiry of every key under the prefix,
  * records too, over several SCAN batches, and of nothing outside it (a
  * glob character in the prefix is taken as itself); later writes set the
@@ -2391,6 +2448,7 @@ int main(void)
         cmocka_unit_test(unix_socket),
         cmocka_unit_test(safety_ttl_with_no_ttl),
         cmocka_unit_test(touch_sets_every_expiry),
+        cmocka_unit_test(lean_numbers_by_policy_not_id),
         cmocka_unit_test(unix_socket_message),
     };
     if (getenv("TEST_FILTER") != NULL) /* one test, while working on it */

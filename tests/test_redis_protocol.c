@@ -128,8 +128,11 @@ static void command_choice(void **state)
     word_is(&c, 4, "5");         /* the client's time: seconds */
     word_is(&c, 5, "250");       /* and nanoseconds */
     word_is(&c, 6, "1");         /* permits */
-    word_is(&c, 8, "2000000");   /* the expiry, us */
-    word_is(&c, 9, "7");         /* the policy's id */
+    word_is(&c, 8, "0");         /* the operation: a decision */
+    /* the policy's numbers in one argument: the expiry (us), the id, the
+     * format, the word's width, L/g, P/g, B, g, the debt bound 2^62 / g */
+    word_is(&c, 9, "2000000 7 3 8 1 100000000 20 10 461168601842738790");
+    assert_int_equal(c.argc, 4 + 6);
     assert_int_equal(c.lean, RATE__LEAN_TB);
     assert_false(c.module);
     assert_non_null(c.script);

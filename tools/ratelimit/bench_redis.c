@@ -17,8 +17,9 @@
 #include "ratelimit_redis.h"
 
 /* A plain token bucket of the kind everyone writes (Redis's TIME, two
- * HGET, one HSET, an expiry): the ceiling the lean scripts are held to. */
-static const char plain_tb_lua[] =
+ * HGET, one HSET, an expiry): the ceiling the lean scripts are held to.
+ * ARGV: rate (per second), burst. */
+const char bench_plain_tb_lua[] =
     "local t = redis.call('TIME')\n"
     "local now = t[1] * 1000000 + t[2]\n"
     "local tokens = tonumber(redis.call('HGET', KEYS[1], 't'))\n"
@@ -359,7 +360,7 @@ static void bench_lean(const char *url, const char *host, int port,
         "lean token bucket, FCALL (the store's)",
         "lean leaky bucket, FCALL (the store's)",
         "lean fixed window, FCALL (the store's)"};
-    const char *src[6] = {"return 1",   plain_tb_lua, redis_step_lua,
+    const char *src[6] = {"return 1", bench_plain_tb_lua, redis_step_lua,
                           redis_tb_lua, redis_lb_lua, redis_fw_lua};
     for (int i = 0; i < 6; i++)
         if (!load_script(host, port, src[i], sha[i]))
@@ -373,33 +374,42 @@ static void bench_lean(const char *url, const char *host, int port,
     snprintf(args[2], sizeof args[2],
              "%s %s 1 %sgen{__rand_int__} '' '' 1 0 -1 %u 3 1 100000 "
              "1000000000 1000", head, sha[2], prefix, id);
-    /* token-bucket 100000/s burst=1000: g = 10^5, L/g = 1, P/g = 10^4 */
+    /* The lean scripts: time, permits, max_wait, the operation (0, an
+     * admission), then the policy's numbers in one argument (lean.lua):
+     * the expiry, id, format, the word's width and the algorithm's.
+     * token-bucket 100000/s burst=1000: g = 10^5, L/g = 1, P/g = 10^4 */
     snprintf(args[3], sizeof args[3],
-             "%s %s 1 %stb{__rand_int__} '' '' 1 0 -1 %u 3 8 0 1 10000 1000 "
-             "100000 46116860184273", head, sha[3], prefix, id);
+             "%s %s 1 %stb{__rand_int__} '' '' 1 0 0 '-1 %u 3 8 1 10000 "
+             "1000 100000 46116860184273'", head, sha[3], prefix, id);
     snprintf(args[4], sizeof args[4],
-             "%s %s 1 %slb{__rand_int__} '' '' 1 0 -1 %u 3 8 0 1 10000 1000 "
-             "100000", head, sha[4], prefix, id);
+             "%s %s 1 %slb{__rand_int__} '' '' 1 0 0 '-1 %u 3 8 1 10000 "
+             "1000 100000'", head, sha[4], prefix, id);
     /* fixed-window 100000000/1h */
     snprintf(args[5], sizeof args[5],
-             "%s %s 1 %sfw{__rand_int__} '' '' 1 0 -1 %u 3 8 0 100000000 "
-             "3600000000000", head, sha[5], prefix, id);
+             "%s %s 1 %sfw{__rand_int__} '' '' 1 0 0 '-1 %u 3 8 100000000 "
+             "3600000000000'", head, sha[5], prefix, id);
     /* The same three as a Functions library of the bench's own, as the
      * store sends them (docs/redis.md), deleted at the end. */
     int rows = 6;
     size_t liblen = 64 + sizeof redis_tb_lua + sizeof redis_lb_lua +
-                    sizeof redis_fw_lua + 3 * 96;
+                    sizeof redis_fw_lua + 3 * 128;
     char *lib = malloc(liblen);
     struct timeval tv = {2, 0};
     redisContext *fc = redisConnectWithTimeout(host, port, tv);
     if (lib != NULL && fc != NULL && !fc->err) {
         size_t n = (size_t)snprintf(lib, liblen,
                                     "#!lua name=ratelimit_bench\n");
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 3; i++) {
+            /* the part before "--@call" at load, as the store's library */
+            const char *call = strstr(src[3 + i], "\n--@call\n");
+            int pre = call != NULL ? (int)(call - src[3 + i]) : 0;
             n += (size_t)snprintf(lib + n, liblen - n,
-                                  "redis.register_function('rlbench_%d', "
-                                  "function(KEYS, ARGV)\n%s\nend)\n",
-                                  i, src[3 + i]);
+                                  "do\n%.*s\nredis.register_function("
+                                  "'rlbench_%d', function(KEYS, ARGV)\n%s"
+                                  "\nend)\nend\n",
+                                  pre, src[3 + i], i,
+                                  call != NULL ? call : src[3 + i]);
+        }
         redisReply *fr = redisCommand(fc, "FUNCTION LOAD REPLACE %b", lib, n);
         if (fr != NULL && fr->type == REDIS_REPLY_STRING) {
             for (int i = 0; i < 3; i++) {
@@ -414,7 +424,7 @@ static void bench_lean(const char *url, const char *host, int port,
         }
         freeReplyObject(fr);
     }
-    /* (the lean rows: ARGV[9] is the operation, 0 an admission) */
+    /* (the lean rows: ARGV[5] is the operation, 0 an admission) */
     for (int i = 1; i < rows; i++)
         if (!row_decides(host, port, args[i])) {
             fprintf(stderr, "ratelimit: bench: the row '%s' does not write "
@@ -428,18 +438,27 @@ static void bench_lean(const char *url, const char *host, int port,
             free(lib);
             return;
         }
-    double best[9] = {0};
+    /* calls/s, and Redis's CPU per call (INFO cpu: all its threads,
+     * the protocol's share too), the least of the rounds */
+    double best[9] = {0}, cpu[9] = {0};
     for (int r = 0; r < 3; r++)
         for (int i = 0; i < rows; i++) {
+            double c0 = bench_server_cpu_s(host, port);
             double v = redis_benchmark(host, port, args[i]);
+            double c = (bench_server_cpu_s(host, port) - c0) * 1e6 /
+                       (i == 0 ? 200000.0 : 60000.0);
             best[i] = v > best[i] ? v : best[i];
+            if (v > 0 && c0 > 0 && (cpu[i] == 0 || c < cpu[i]))
+                cpu[i] = c;
         }
     printf("\nScripts, pipelined (redis-benchmark -c 50 -P 16, 64 keys, "
            "best of 3):\n");
-    printf("  %-40s %12s %10s\n", "script", "calls/s", "x plain");
+    printf("  %-40s %12s %10s %12s %10s\n", "script", "calls/s", "x plain",
+           "Redis us", "x plain");
     for (int i = 0; i < rows; i++)
-        printf("  %-40s %12.0f %10.2f\n", names[i], best[i],
-               best[1] > 0 ? best[i] / best[1] : 0);
+        printf("  %-40s %12.0f %10.2f %12.2f %10.2f\n", names[i], best[i],
+               best[1] > 0 ? best[i] / best[1] : 0, cpu[i],
+               cpu[1] > 0 ? cpu[i] / cpu[1] : 0);
     if (rows == 9)
         freeReplyObject(redisCommand(fc, "FUNCTION DELETE ratelimit_bench"));
     if (fc != NULL)

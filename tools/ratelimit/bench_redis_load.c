@@ -334,10 +334,11 @@ int bench_redis_load(const char *url, const char *host, int port,
     nset = module ? 2 : 1;
 
     /* The ceilings, with the store's own arguments for this policy. */
-    char one_sha[41], args[3][640];
+    char one_sha[41], plain_sha[41], args[4][640];
     unsigned id = (unsigned)rate_policy_fingerprint(p);
     bool tcp = strncmp(url, "redis://", 8) == 0;
     bool ceil = tcp && sha_of(host, port, "return 1", one_sha);
+    bool plain = ceil && sha_of(host, port, bench_plain_tb_lua, plain_sha);
     if (ceil) {
         snprintf(args[0], sizeof args[0],
                  "-n %llu -c 50 -P 16 EVALSHA %s 0",
@@ -353,6 +354,13 @@ int bench_redis_load(const char *url, const char *host, int port,
                  "1000000000 1000000000",
                  (unsigned long long)n1, LOAD_KEYS, prefix, id);
     }
+    /* the minimal token-bucket script everyone writes, the same rate and
+     * burst, over the same number of keys: the ceiling for a script */
+    if (plain)
+        snprintf(args[3], sizeof args[3],
+                 "-n %llu -r %d -c 50 -P 16 EVALSHA %s 1 "
+                 "%splain{__rand_int__} 1000000000 1000000000",
+                 (unsigned long long)n64, LOAD_KEYS, plain_sha, prefix);
     char peer_cmd[1024] = "";
     if (peer != NULL)
         snprintf(peer_cmd, sizeof peer_cmd, "%s %s %d %llu %d 64", peer,
@@ -361,7 +369,7 @@ int bench_redis_load(const char *url, const char *host, int port,
     /* Two rounds, every row in turn in each, the best of each kept: a
      * slow spell of the shared machine then falls on every row alike. */
     figure_t best[2][ROWS] = {{{0}}}, peer_best = {0};
-    double c_one = 0, c_step = 0, c_seq = 0;
+    double c_one = 0, c_step = 0, c_seq = 0, c_plain = 0, plain_us = 0;
     for (int r = 0; r < 2; r++) {
         if (peer != NULL) {
             figure_t f = run_peer(peer_cmd, host, port, n64);
@@ -371,6 +379,16 @@ int bench_redis_load(const char *url, const char *host, int port,
         if (ceil) {
             double v = rb(host, port, args[0]);
             c_one = v > c_one ? v : c_one;
+            if (plain) {
+                double c0 = bench_server_cpu_s(host, port);
+                v = rb(host, port, args[3]);
+                double us = (bench_server_cpu_s(host, port) - c0) * 1e6 /
+                            (double)n64;
+                if (v > c_plain) {
+                    c_plain = v;
+                    plain_us = c0 > 0 ? us : 0;
+                }
+            }
             if (module) {
                 v = rb(host, port, args[1]);
                 c_step = v > c_step ? v : c_step;
@@ -424,6 +442,16 @@ int bench_redis_load(const char *url, const char *host, int port,
     if (ceil) {
         printf("  redis-benchmark, same server, same run:\n");
         printf("  %-40s %10.0f\n", "EVALSHA 'return 1', -c 50 -P 16", c_one);
+        if (plain) {
+            int s = nset - 1; /* the scripts' rows */
+            printf("  %-40s %10.0f %7s %7s %7.2f\n",
+                   "plain token-bucket script, -c 50 -P 16", c_plain, "", "",
+                   plain_us);
+            printf("  %-40s async 64: %.2fx, blocking 64: %.2fx\n",
+                   "  scripts against it",
+                   c_plain > 0 ? best[s][ROW_A64].rate / c_plain : 0,
+                   c_plain > 0 ? best[s][ROW_B64].rate / c_plain : 0);
+        }
         if (module) {
             printf("  %-40s %10.0f   async+module 64: %.2fx, blocking+module "
                    "64: %.2fx\n",

@@ -41,6 +41,10 @@ int bench_redis_load(const char *url, const char *host, int port,
 int bench_sync(const char *url); /* bench --sync URL: the synced mode */
 /* A Redis server's CPU time so far (INFO cpu), in seconds; 0 if unknown. */
 double bench_server_cpu_s(const char *host, int port);
+/* A plain token-bucket script of the kind everyone writes (TIME, two
+ * HGET, HSET, an expiry; ARGV rate/s, burst): the Redis benches' ceiling
+ * for a script (bench_redis.c). */
+extern const char bench_plain_tb_lua[];
 /* This process's CPU time so far in seconds; *switches its context switches. */
 double bench_self_cpu_s(long *switches);
 #else

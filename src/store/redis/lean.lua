@@ -1,7 +1,8 @@
 -- SPDX-License-Identifier: MIT
 -- The lean scripts' common part (docs/redis.md, "Lean scripts"): each of
--- lean_tb.lua, lean_lb.lua, lean_fw.lua includes this text first, then
--- its algorithm's rule (src/algo/NAME.lua), as one script that decides
+-- lean_tb.lua, lean_lb.lua, lean_fw.lua includes lean_lib.lua and its
+-- algorithm's rule (src/algo/NAME.lua), then this text, as one script
+-- (LAST, the driver's, is its last argument's index) that decides
 -- one single-limit policy of its algorithm over the same state bytes as
 -- src/step.c (header: t_last u64, tag u32, count u8, format u8; then the
 -- limit's one word, 8 bytes or a wide bucket's 16), or declines ({0},
@@ -22,53 +23,41 @@
 --
 -- KEYS[1]  the key (a hash: v = version, s = state bytes)
 -- ARGV     [1] [2] now as seconds and nanoseconds (both "": Redis's TIME),
---          [3] permits, [4] max_wait (ns), [5] ttl (0: none, -1: this
---          decision's reset_after, else microseconds), [6] policy id (the
---          state's tag), [7] format (2 or 3), [8] the word's width in
---          bytes (8 or 16), [9] the operation (0 a decision, 1 a refund,
---          2 a penalty), then the algorithm's
+--          [3] permits, [4] max_wait (ns), [5] the operation (0 a
+--          decision, 1 a refund, 2 a penalty), [6] the policy's numbers
+--          in one argument, decimals one space apart (LAST of them, read
+--          into num once per policy: lean_lib.lua's nums): [1] ttl (0:
+--          none, -1: this decision's reset_after, else microseconds), [2]
+--          policy id (the state's tag), [3] format (2 or 3), [4] the
+--          word's width in bytes (8 or 16), then the algorithm's from [5]
 -- returns  as step.lua: {1, allowed, reason, 0, limit, remaining,
 --          delay, retry (-1: never), reset}, {0} declined, {2} WRONGTYPE;
 --          a refund or a penalty: {1, 1, 0, 0, limit, remaining, 0, 0,
 --          reset} of the state it wrote (the client reads none of it)
---@include lua_range.lua
-local E32 = 4294967296
-local DECLINE = {0}
--- floor(a / b), 0 <= a < 2^53, 0 < b < 2^53, with no library call (each
--- costs as much as a dozen operations): Lua's a % b is a - floor(a / b) *
--- b in doubles, off by at most one b when a / b rounds, and exact once
--- corrected, as is the division of a - r that follows.
-local function fdiv(a, b)
-  local r = a % b
-  if r < 0 then r = r + b elseif r >= b then r = r - b end
-  return (a - r) / b
-end
-local function cdiv(a, b)
-  local q = fdiv(a, b)
-  if q * b < a then q = q + 1 end
-  return q
-end
 
--- now: {hi, lo}, from Redis's TIME or the caller's (s, ns), s < 2^34:
--- with s = a * 2^32 + b, s * 10^9 = (a * 5^9 * 2^9) * 2^32 + (b * 5^9) *
--- 2^9, each product exact below 2^53.
-local tms, tmu, s, sub -- Redis's TIME, once read: seconds, microseconds
+-- now: {hi, lo}, from Redis's TIME or the caller's (s, ns): the whole
+-- second's halves (secs_ns, in lean_lib.lua) plus the nanoseconds.
+local tms, tmu, now_hi, now_lo -- Redis's TIME, once read: s, us
 if ARGV[1] == '' then
   local tm = redis.call('TIME')
-  tms, tmu = tonumber(tm[1]), tonumber(tm[2])
-  s, sub = tms, tmu * 1000
+  tms, now_hi, now_lo = secs_ns(tm[1])
+  tmu = tonumber(tm[2])
+  now_lo = now_lo + tmu * 1000
 else
-  s, sub = tonumber(ARGV[1]), tonumber(ARGV[2])
-  if s == nil or sub == nil or s >= 17179869184 then return DECLINE end
+  tms, now_hi, now_lo = secs_ns(ARGV[1])
+  local sub = tonumber(ARGV[2])
+  if tms == nil or sub == nil then return DECLINE end
+  now_lo = now_lo + sub
+  tms = nil -- the caller's time: Redis's is read when writing
 end
-local sb = s % E32 -- exact: s < 2^34, and so for Y < 2^53
-local Y = sb * 1953125
-local yl = Y % 8388608
-local now_hi = (s - sb) / E32 * 1000000000 + (Y - yl) / 8388608
-local now_lo = yl * 512 + sub
 if now_lo >= E32 then now_lo = now_lo - E32; now_hi = now_hi + 1 end
--- ARGV[4] (max_wait) and ARGV[5] (ttl) are read where they are needed.
-local n, id, fmt = tonumber(ARGV[3]), tonumber(ARGV[6]), tonumber(ARGV[7])
+-- The policy's numbers (nums, in lean_lib.lua); ARGV[4] (max_wait) is
+-- read where it is needed.
+local n = 1
+if ARGV[3] ~= '1' then n = tonumber(ARGV[3]) end
+local num = nums(ARGV[6], LAST)
+if num == nil then return DECLINE end
+local id, fmt = num[2], num[3]
 
 --@include src/store/redis/read_state.lua
 
@@ -77,10 +66,10 @@ local n, id, fmt = tonumber(ARGV[3]), tonumber(ARGV[6]), tonumber(ARGV[7])
 -- refill and every window), t_last's halves {l_hi, l_lo} and the word:
 -- w8, a number, when it is 8 bytes below 2^53 either way (the common
 -- case, read in the same struct.unpack as the header), else its 32-bit
--- limbs, low first, in w (all nil: a new key).  WB (ARGV[8]) is the
+-- limbs, low first, in w (all nil: a new key).  WB (num[4]) is the
 -- word's width in bytes: 8, or 16 for a wide bucket (B * P > 2^62).
 local WB = 8
-if ARGV[8] ~= '8' then WB = 16 end
+if num[4] ~= 8 then WB = 16 end
 local t_hi, t_lo, dt, w, w8 = now_hi, now_lo, 0, nil, nil
 local l_hi, l_lo
 if st ~= nil then
@@ -112,7 +101,7 @@ end
 -- algorithm's rule (its piece's adjust) and written as of t, expiring
 -- after the changed state's reset as the C step's does.  A refund of a key
 -- with no state has nothing to give back: nothing is written.
-local OP = ARGV[9]
+local OP = ARGV[5]
 if OP ~= '0' and OP ~= '1' and OP ~= '2' then return DECLINE end
 if OP == '1' and st == nil then return {1, 1, 0, 0, 0, 0, 0, 0, 0} end
 
@@ -137,6 +126,7 @@ local function word_in(g, lim)
     if q > lim or q < -lim then return nil end
     return q
   end
+  if WB == 8 then return word8_in(w[1], w[2], g, lim) end
   local l = w
   local neg = l[WB / 4] >= 2147483648
   if neg then negate(l) end
@@ -163,6 +153,7 @@ local function word_out(x, g)
   if WB == 8 and m > -9007199254740992 and m < 9007199254740992 then
     return struct.pack('<i8', m)
   end
+  if WB == 8 then return struct.pack('<I4I4', word8_out(x, g)) end
   local neg = x < 0
   if neg then x = -x end
   local l, carry = {}, 0
@@ -188,25 +179,32 @@ end
 -- version on and sets the expiry (reset: this decision's, in ns).
 local function write(word, reset)
   local state = struct.pack('<I4I4I4BB', t_lo, t_hi, id, 1, fmt) .. word
-  local ttl_us = tonumber(ARGV[5])
+  local ttl_us = num[1]
   if tms == nil and (cur[1] == false or vtop or ttl_us ~= 0) then
     local tm = redis.call('TIME')
     tms, tmu = tonumber(tm[1]), tonumber(tm[2])
   end
-  -- The version: a new key's from TIME in microseconds (a number below
-  -- 2^53, which Redis writes in full); else the decimal string (at most
-  -- 19 digits, checked above) plus one, digit by digit: tonumber of a long
-  -- string costs more than the rest of the step.
+  -- The version: a new key's from TIME in microseconds (below 2^53);
+  -- else the decimal string (at most 19 digits, checked above) plus one,
+  -- digit by digit: tonumber of a long string costs more than the rest of
+  -- the step.  Numbers go to Redis as strings made here: Redis formats a
+  -- number argument with %.17g, several times the cost of %d.
   local ver
-  if cur[1] == false or vtop then ver = tms * 1000000 + tmu
+  if cur[1] == false or vtop then
+    ver = string.format('%d', tms * 1000000 + tmu)
   else
     ver = cur[1]
     local i = #ver
-    while i > 0 and string.byte(ver, i) == 57 do i = i - 1 end
-    if i == 0 then ver = '1' .. string.rep('0', #ver)
+    local b = string.byte(ver, i)
+    if b ~= 57 then -- the common case: no carry
+      ver = string.sub(ver, 1, i - 1) .. string.char(b + 1)
     else
-      ver = string.sub(ver, 1, i - 1) .. string.char(string.byte(ver, i) + 1)
-            .. string.rep('0', #ver - i)
+      while i > 0 and string.byte(ver, i) == 57 do i = i - 1 end
+      if i == 0 then ver = '1' .. string.rep('0', #ver)
+      else
+        ver = string.sub(ver, 1, i - 1) ..
+              string.char(string.byte(ver, i) + 1) .. string.rep('0', #ver - i)
+      end
     end
   end
   redis.call('HSET', KEYS[1], 'v', ver, 's', state)
@@ -221,6 +219,6 @@ local function write(word, reset)
     -- whole milliseconds, plus one
     local e = tms * 1000000 + tmu + us
     local ms = cdiv(e, 1000)
-    redis.call('PEXPIREAT', KEYS[1], ms + 1)
+    redis.call('PEXPIREAT', KEYS[1], string.format('%d', ms + 1))
   end
 end

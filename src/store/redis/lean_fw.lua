@@ -5,11 +5,14 @@
 -- is t mod W = (hi * 2^32 mod W + lo) mod W, the first by math.fmod
 -- (exact for any doubles), the second by % corrected as fdiv does; t and
 -- t_last share a window when t - t_last is the difference of their
--- offsets.  ARGV [10] L (at most FIXED_WINDOW_LEAN), [11] W (ns, below
+-- offsets.  num [5] L (at most FIXED_WINDOW_LEAN), [6] W (ns, below
 -- it), as the client's gate (lean_of) sends them
---@include src/store/redis/lean.lua
+--@include src/store/redis/lean_lib.lua
 --@include src/algo/fixed_window.lua
-local L, W = tonumber(ARGV[10]), tonumber(ARGV[11])
+local LAST = 6
+--@call
+--@include src/store/redis/lean.lua
+local L, W = num[5], num[6]
 if L > FIXED_WINDOW_LEAN or W >= FIXED_WINDOW_LEAN then return DECLINE end
 local function offset(hi, lo)
   local r = (math.fmod(hi * E32, W) + lo) % W -- below 2^53: exact but for

@@ -2,11 +2,13 @@
 -- The lean leaky bucket's driver, one limit (docs/redis.md, "Lean
 -- scripts"): the common part, then the rule (src/algo/leaky_bucket.lua)
 -- over v = level * P in units of g.
--- ARGV [10] L/g, [11] P/g, [12] C (the capacity), [13] g
---@include src/store/redis/lean.lua
+-- num (the policy's numbers) [5] L/g, [6] P/g, [7] C (the capacity), [8] g
+--@include src/store/redis/lean_lib.lua
 --@include src/algo/leaky_bucket.lua
-local L, P, C, g = tonumber(ARGV[10]), tonumber(ARGV[11]),
-                   tonumber(ARGV[12]), tonumber(ARGV[13])
+local LAST = 8
+--@call
+--@include src/store/redis/lean.lua
+local L, P, C, g = num[5], num[6], num[7], num[8]
 local v
 if st ~= nil then
   v = word_in(g, LEAKY_BUCKET_LEAN)
@@ -22,7 +24,7 @@ if OP ~= '0' then
   return {1, 1, 0, 0, C, remaining, 0, 0, reset}
 end
 local ok, reason, delay, retry =
-  lb_decide(v, n, L, P, C, tonumber(ARGV[4]))
+  lb_decide(v, n, L, P, C, ARGV[4] == '0' and 0 or tonumber(ARGV[4]))
 local x = v
 if ok then x = lb_commit(v, n, P) end
 local remaining, reset = lb_status(x, L, P, C)

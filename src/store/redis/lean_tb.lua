@@ -2,13 +2,16 @@
 -- The lean token bucket's driver, one limit (docs/redis.md, "Lean
 -- scripts"): the common part, then the rule (src/algo/token_bucket.lua)
 -- over u = tokens * P in units of g.
--- ARGV [10] L/g, [11] P/g, [12] B, [13] g, [14] the debt bound 2^62 / g,
--- rounded down (a reservation may not take u below it, as in C)
---@include src/store/redis/lean.lua
+-- num (the policy's numbers) [5] L/g, [6] P/g, [7] B, [8] g, [9] the debt
+-- bound 2^62 / g, rounded down (a reservation may not take u below it, as
+-- in C)
+--@include src/store/redis/lean_lib.lua
 --@include src/algo/token_bucket.lua
-local L, P, B, g = tonumber(ARGV[10]), tonumber(ARGV[11]),
-                   tonumber(ARGV[12]), tonumber(ARGV[13])
-local debt = tonumber(ARGV[14])
+local LAST = 9
+--@call
+--@include src/store/redis/lean.lua
+local L, P, B, g = num[5], num[6], num[7], num[8]
+local debt = num[9]
 local u
 if st ~= nil then
   -- (|u| <= 2^51 here: below the debt bound only when it is below 2^51)
@@ -29,7 +32,7 @@ if OP ~= '0' then
   return {1, 1, 0, 0, B, remaining, 0, 0, reset}
 end
 local ok, reason, delay, retry =
-  tb_decide(u, n, L, P, B, tonumber(ARGV[4]), debt)
+  tb_decide(u, n, L, P, B, ARGV[4] == '0' and 0 or tonumber(ARGV[4]), debt)
 local x = u
 if ok then x = tb_commit(u, n, P) end
 local remaining, reset = tb_status(x, L, P, B)

@@ -655,8 +655,28 @@ int rate__redis_decide_cmd(const rate__redis_proto_t *p, rate__redis_via_t via,
     c->al[argc++] = 40;
     c->av[argc] = "1", c->al[argc++] = 1;
     c->av[argc] = c->k, c->al[argc++] = c->kl;
-    for (int i = 0; i < nn; i++)
-        c->av[argc] = c->num[i], c->al[argc++] = strlen(c->num[i]);
+    if (lean >= 0) {
+        /* the time, permits, max_wait, the operation (num[8]), then the
+         * policy's numbers as one argument (lean.lua): the expiry, id,
+         * format, the word's width (num[4..7]) and the algorithm's */
+        for (int i = 0; i < 4; i++)
+            c->av[argc] = c->num[i], c->al[argc++] = strlen(c->num[i]);
+        c->av[argc] = c->num[8], c->al[argc++] = strlen(c->num[8]);
+        size_t n = 0;
+        for (int i = 4; i < nn; i++) {
+            if (i == 8)
+                continue;
+            size_t l = strlen(c->num[i]);
+            if (n > 0)
+                c->pk[n++] = ' ';
+            memcpy(c->pk + n, c->num[i], l);
+            n += l;
+        }
+        c->av[argc] = c->pk, c->al[argc++] = n;
+    } else {
+        for (int i = 0; i < nn; i++)
+            c->av[argc] = c->num[i], c->al[argc++] = strlen(c->num[i]);
+    }
     c->argc = argc;
     c->lean = lean;
     if (lean >= 0) {
@@ -712,6 +732,8 @@ int rate__redis_decide_parse(const redisReply *rep, rate_decision_t *d)
 /* The Functions library of the lean scripts and the lease scripts (see
  * the struct): each script's text as a function's body, FNV-1a of their
  * texts the version. */
+#define LEAN_CALL_MARK "\n--@call\n"
+
 static int make_fn_lib(rate__redis_proto_t *p)
 {
     /* the lean scripts, then the lease scripts (lease.c) */
@@ -731,18 +753,23 @@ static int make_fn_lib(rate__redis_proto_t *p)
                                     : p->fn_lease_rate;
         for (size_t j = 0; j < sl; j++)
             h = (h ^ (unsigned char)src[i][j]) * 16777619u;
-        len += sl + 96;
+        len += sl + 128;
     }
     if ((p->fn_lib = malloc(len)) == NULL)
         return RATE_ENOMEM;
     size_t n = (size_t)snprintf(p->fn_lib, len,
                                 "#!lua name=ratelimit_%08x\n", (unsigned)h);
     for (int i = 0; i < FNS; i++) {
+        /* A lean script's part before its "--@call" line (lean_lib.lua)
+         * runs once, at the library's load; the rest at each call. */
+        const char *call = strstr(src[i], LEAN_CALL_MARK);
+        int pre = call != NULL ? (int)(call - src[i]) : 0;
+        const char *body = call != NULL ? call : src[i];
         snprintf(name[i], 32, "ratelimit_%s_%08x", tag[i], (unsigned)h);
         n += (size_t)snprintf(p->fn_lib + n, len - n,
-                              "redis.register_function('%s', "
-                              "function(KEYS, ARGV)\n%s\nend)\n",
-                              name[i], src[i]);
+                              "do\n%.*s\nredis.register_function('%s', "
+                              "function(KEYS, ARGV)\n%s\nend)\nend\n",
+                              pre, src[i], name[i], body);
     }
     p->fn_lib_len = n;
     return RATE_OK;

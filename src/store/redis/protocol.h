@@ -79,6 +79,7 @@ typedef struct rate__redis_cmd {
     const char *av[RATE__REDIS_ARGS_MAX];
     size_t al[RATE__REDIS_ARGS_MAX];
     char num[7 + 7 + 4 * RATE_MAX_LIMITS][24];
+    char pk[10 * 24]; /* a lean script's policy numbers, in one argument */
     char kb[RATE_KEY_MAX * 3 + 300]; /* the key's name when it fits */
     char *k;                         /* the key's name (kb or the heap) */
     size_t kl;
