@@ -35,6 +35,13 @@ static uint64_t age(const fslot_t *sl)
     return rate__fair_age(sl->since, sl->epoch);
 }
 
+/* The entry's flow as the rule reads it. */
+static rate__fair_flow_t flow_of(const fslot_t *sl)
+{
+    return (rate__fair_flow_t){sl->asked_cur, sl->asked_prev, sl->lsum,
+                               sl->since};
+}
+
 static int terms_for(rate_fair_t *f, const fslot_t *me, uint64_t cap,
                      uint64_t now, uint64_t *terms)
 {
@@ -51,13 +58,11 @@ static int terms_for(rate_fair_t *f, const fslot_t *me, uint64_t cap,
             return rc;
         if (sl == NULL)
             break;
-        uint64_t asked = recent(sl);
-        if (sl == me || sl->s >= me->s ||
-            rate__fair_is_light(&f->shape, asked, sl->lsum, age(sl),
-                                sl->weight, total_w, cap))
+        if (sl == me || sl->s >= me->s)
             continue;
-        r += rate__fair_term(&f->shape, now / 1000, cap, sl->weight, total_w,
-                             me->s - sl->s, asked);
+        rate__fair_flow_t fl = flow_of(sl);
+        r += rate__fair_owed(&f->shape, now / 1000, cap, &fl, recent(sl),
+                             age(sl), sl->weight, total_w, me->s - sl->s);
     }
     *terms = r > RATE__FAIR_LIGHT_MAX ? RATE__FAIR_LIGHT_MAX : (uint64_t)r;
     return RATE_OK;
@@ -71,13 +76,11 @@ static bool light_count(rate_fair_t *f, fslot_t *sl, uint64_t permits,
                         uint64_t now)
 {
     rate__fair_light_t *l = &f->h->light;
-    rate__fair_light_count(l, &f->shape, now / 1000, permits);
-    bool light = rate__fair_is_light(&f->shape, recent(sl), sl->lsum,
-                                     age(sl), sl->weight, f->h->total_w,
-                                     f->h->cap);
-    uint64_t g = rate__fair_light_request(l, &f->shape, light, permits,
-                                          sl->lgave,
-                                          sl->asked_cur + sl->asked_prev);
+    rate__fair_flow_t fl = flow_of(sl);
+    uint64_t g = sl->lgave;
+    bool light = rate__fair_light_note(l, &f->shape, now / 1000, permits, &fl,
+                                       recent(sl), age(sl), sl->weight,
+                                       f->h->total_w, f->h->cap, &g);
     sl->lgave = g > UINT32_MAX ? UINT32_MAX : (uint32_t)g;
     ST(f->h->light_bound, rate__fair_light_bound(l, &f->shape, f->h->cap));
     return light;

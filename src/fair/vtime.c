@@ -157,13 +157,13 @@ int rate__ft_touch(rate_fair_t *f, fslot_t *sl, uint64_t ep)
 {
     if (sl->epoch == ep)
         return RATE_OK;
-    sl->asked_prev = sl->epoch + 1 == ep ? sl->asked_cur : 0;
-    sl->asked_cur = 0;
-    sl->lsum = sl->epoch == 0 || ep < sl->epoch
-                   ? 0
-                   : rate__fair_long_decay(sl->lsum, ep - sl->epoch);
-    if (sl->since == 0 || ep < sl->since)
-        sl->since = ep;
+    rate__fair_flow_t fl = {sl->asked_cur, sl->asked_prev, sl->lsum,
+                            sl->since};
+    rate__fair_roll(&fl, sl->epoch, ep);
+    sl->asked_cur = fl.cur;
+    sl->asked_prev = fl.prev;
+    sl->lsum = fl.lsum;
+    sl->since = fl.since;
     ST(sl->epoch, ep);
     /* the list stays in the order of the last period asked */
     return LD(sl->apos) == NIL ? activate(f, sl) : rate__ft_list_to_tail(f, sl);
