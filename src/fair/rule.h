@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The fair rule's arithmetic, written once for both tables: the process's
- * (fair.c) and the fleet's (step.c, run by the Redis module; its Lua twin
+ * (decide.c, vtime.c) and the fleet's (step.c, run by the Redis module; its Lua twin
  * is fair_rule.lua).  Pure: no clock, I/O, locks or allocation.
  *
  * A request is *light* when its flow asked, in this period and the last,

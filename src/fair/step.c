@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The fair rule over a fleet's table (step.h; docs/fair.md, "Redis (a
- * fleet)"): the not-waiting rule of fair.c -- virtual service, V, the
+ * fleet)"): the not-waiting rule of decide.c -- virtual service, V, the
  * light flows' room and the catch-up terms of the flows behind, rule.h's
  * arithmetic -- over a flat table in the store, walked
  * whole at each decision (no heaps: the table is small and lives in
@@ -230,7 +230,7 @@ void rate__fair_enter(rate__fair_step_t *a, uint8_t *t)
     a->total_w = w;
     /* The light flows' estimator: the request counted, a light one's
      * permits added to the backlog, a heavy one's earlier ones taken
-     * back (fair.c's light_count). */
+     * back (rate__fair_light_note, as decide.c's light_count). */
     rate__fair_light_t l = light_of(t);
     rate__fair_flow_t fl = flow_of(me);
     uint64_t gave = fld(me, F_GAVE);
