@@ -20,9 +20,8 @@
 
 #define LEARN 64u /* permits asked between full decisions, room unknown */
 
-/* What the flows behind `me` that are not light are owed (docs/fair.md,
- * "The rule"): for each, rate__fair_term, summed for rate__fair_need into
- * *terms.  A walk of the active list (RATE_ECORRUPT when it is damaged). */
+/* What the flow asked lately, as the rule reads it: the larger of this
+ * period's and the last's, plus what its waiters ask. */
 static uint64_t recent(const fslot_t *sl)
 {
     return (sl->asked_cur > sl->asked_prev ? sl->asked_cur : sl->asked_prev) +
@@ -42,6 +41,9 @@ static rate__fair_flow_t flow_of(const fslot_t *sl)
                                sl->since};
 }
 
+/* What the flows behind `me` that are not light are owed (docs/fair.md,
+ * "The rule"): for each, rate__fair_owed, summed for rate__fair_need into
+ * *terms.  A walk of the active list (RATE_ECORRUPT when it is damaged). */
 static int terms_for(rate_fair_t *f, const fslot_t *me, uint64_t cap,
                      uint64_t now, uint64_t *terms)
 {
