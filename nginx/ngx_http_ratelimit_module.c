@@ -9,12 +9,12 @@
 #include <ngx_sha1.h>
 
 #include <ratelimit.h>
-#include <ratelimit_fair.h>
 #include <ratelimit_redis.h>
 #include <ratelimit_shm.h>
 #include <ratelimit_http.h>
 
 #include "ngx_http_ratelimit_conf.h"
+#include "ngx_http_ratelimit_fair.h"
 #include "ngx_http_ratelimit_loop.h"
 
 #define NGX_HTTP_RATELIMIT_KEYS_DEFAULT 10000
@@ -46,13 +46,9 @@ typedef struct {
     ngx_uint_t error_quiet;   /* store-error lines left out since */
     rate_store_t *store;
     rate_limiter_t *limiter[2][2]; /* [shadow][fail open] */
-    /* fair: the zone's one limit (its key: the zone's name) divided
-     * fairly among the requests' keys (docs/fair.md); its table follows
-     * the region in the zone.  Per worker, one fair limit a limiter. */
-    ngx_flag_t fair;
-    size_t fair_size;
-    void *fair_mem;
-    rate_fair_t *fair_limit[2][2];
+    /* fair: the zone's one limit divided fairly among the requests'
+     * keys (ngx_http_ratelimit_fair.h); its table follows the region. */
+    ngx_http_ratelimit_fair_t fair;
 } ngx_http_ratelimit_zone_t;
 
 typedef struct {
@@ -104,8 +100,6 @@ static char *ngx_http_ratelimit(ngx_conf_t *cf, ngx_command_t *cmd,
 static char *ngx_http_ratelimit_fail(ngx_conf_t *cf, ngx_command_t *cmd,
                                      void *conf);
 static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle);
-static void ngx_http_ratelimit_fair_limits(ngx_log_t *log,
-                                           ngx_http_ratelimit_zone_t *z);
 static void ngx_http_ratelimit_exit_process(ngx_cycle_t *cycle);
 
 static ngx_conf_enum_t ngx_http_ratelimit_log_levels[] = {
@@ -211,31 +205,17 @@ static ngx_int_t ngx_http_ratelimit_init_zone(ngx_shm_zone_t *shm_zone,
                                               void *data) {
     ngx_http_ratelimit_zone_t *z = shm_zone->data;
     ngx_flag_t made;
-    char err[256];
-    int rc;
 
     if (ngx_http_ratelimit_shm_region(shm_zone, data, "ratelimit_zone",
                                       &z->name, &z->options, z->region_size,
                                       ngx_align(z->region_size, 64) +
-                                          z->fair_size,
+                                          z->fair.size,
                                       &z->region, &made) != NGX_OK) {
         return NGX_ERROR;
     }
-    if (z->fair) {
-        z->fair_mem = (u_char *)z->region + ngx_align(z->region_size, 64);
-        if (!made) {
-            return NGX_OK; /* the table kept from before the reload */
-        }
-        rc = rate_fair_init_in(z->fair_mem, z->fair_size, 0, 0, err,
-                               sizeof(err));
-        if (rc != RATE_OK) {
-            ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
-                          "ratelimit_zone \"%V\": the fair table: %s: %s",
-                          &z->name, rate_err_name(rc), err);
-            return NGX_ERROR;
-        }
-    }
-    return NGX_OK;
+    return ngx_http_ratelimit_fair_init_zone(
+        &z->fair, (u_char *)z->region + ngx_align(z->region_size, 64), made,
+        &z->name, shm_zone->shm.log);
 }
 
 /* A reload cannot resize a zone: nginx would then make a new one, empty,
@@ -382,7 +362,7 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
     }
     z->name = value[1];
     z->policy_text = value[2];
-    z->fair = fair;
+    z->fair.on = fair;
     text = ngx_pnalloc(cf->pool, value[2].len + 1);
     if (text == NULL) {
         return NGX_CONF_ERROR;
@@ -444,9 +424,8 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
     }
     /* The slab pool's header and page table (about 1/170 of the zone)
      * before the page-aligned region (and a fair zone's table). */
-    z->fair_size = fair ? rate_fair_size(0, 0) : 0;
     z->zone_size = z->region_size + z->region_size / 128 + 16 * ngx_pagesize;
-    z->zone_size += z->fair_size + z->fair_size / 128 + (fair ? 64 : 0);
+    z->zone_size += ngx_http_ratelimit_fair_zone_size(&z->fair);
     /* Its memory, told at each configuration (nginx -t shows it). */
     ngx_conf_log_error(NGX_LOG_NOTICE, cf, 0,
                        "ratelimit_zone \"%V\": %uz bytes of shared memory "
@@ -554,24 +533,17 @@ static char *ngx_http_ratelimit(ngx_conf_t *cf, ngx_command_t *cmd,
 
         if (w.len > 7 && ngx_strncmp(w.data, "weight=", 7) == 0 &&
             limit->weight == NULL) {
-            if (!z->fair) {
+            if (!z->fair.on) {
                 ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                    "ratelimit: \"%V\": zone \"%V\" is not "
                                    "fair (ratelimit_zone ... fair)",
                                    &w, &value[1]);
                 return NGX_CONF_ERROR;
             }
-            limit->weight = ngx_pcalloc(cf->pool, sizeof(*limit->weight));
-            if (limit->weight == NULL) {
-                return NGX_CONF_ERROR;
-            }
             w.data += 7;
             w.len -= 7;
-            ngx_memzero(&ccv, sizeof(ccv));
-            ccv.cf = cf;
-            ccv.value = &w;
-            ccv.complex_value = limit->weight;
-            if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
+            if (ngx_http_ratelimit_fair_weight_conf(cf, &w, &limit->weight) !=
+                NGX_CONF_OK) {
                 return NGX_CONF_ERROR;
             }
             continue;
@@ -584,7 +556,7 @@ static char *ngx_http_ratelimit(ngx_conf_t *cf, ngx_command_t *cmd,
                                &w);
             return NGX_CONF_ERROR;
         }
-        if (z->fair) {
+        if (z->fair.on) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "ratelimit: \"%V\": zone \"%V\" is fair: "
                                "its decisions do not wait",
@@ -750,38 +722,6 @@ static void ngx_http_ratelimit_limiters(ngx_log_t *log,
     }
 }
 
-/* A fair zone's fair limits, one per limiter, on the zone's table; the
- * shared limit's key is the zone's name. */
-static void ngx_http_ratelimit_fair_limits(ngx_log_t *log,
-                                           ngx_http_ratelimit_zone_t *z) {
-    rate_fair_config_t fc;
-    char err[256];
-    ngx_uint_t s, f;
-    int rc;
-
-    for (s = 0; s < 2; s++) {
-        for (f = 0; f < 2; f++) {
-            z->fair_limit[s][f] = NULL;
-            if (z->limiter[s][f] == NULL) {
-                continue;
-            }
-            ngx_memzero(&fc, sizeof(fc));
-            fc.limiter = z->limiter[s][f];
-            fc.key = (const char *)z->name.data;
-            fc.key_len = z->name.len;
-            err[0] = '\0';
-            rc = rate_fair_new_in(&fc, z->fair_mem, z->fair_size,
-                                  &z->fair_limit[s][f], err, sizeof(err));
-            if (rc != RATE_OK) {
-                ngx_log_error(NGX_LOG_ALERT, log, 0,
-                              "ratelimit_zone \"%V\": cannot attach to the "
-                              "fair table: %s: %s",
-                              &z->name, rate_err_name(rc), err);
-            }
-        }
-    }
-}
-
 /* A Redis zone's asynchronous store and limiters, made at once: with
  * lazy_connect the store makes no connection at its creation, and a
  * limiter on it writes its policy's record through the store, at its first
@@ -851,8 +791,9 @@ static ngx_int_t ngx_http_ratelimit_init_process(ngx_cycle_t *cycle) {
             continue;
         }
         ngx_http_ratelimit_limiters(cycle->log, z);
-        if (z->fair) {
-            ngx_http_ratelimit_fair_limits(cycle->log, z);
+        if (z->fair.on) {
+            ngx_http_ratelimit_fair_attach(&z->fair, z->limiter, &z->name,
+                                           cycle->log);
         }
     }
     return NGX_OK;
@@ -874,10 +815,9 @@ static void ngx_http_ratelimit_exit_process(ngx_cycle_t *cycle) {
     for (i = 0; i < rmcf->zones.nelts; i++) {
         rate_store_free(zp[i]->store);
         zp[i]->store = NULL;
+        ngx_http_ratelimit_fair_detach(&zp[i]->fair);
         for (s = 0; s < 2; s++) {
             for (f = 0; f < 2; f++) {
-                rate_fair_free(zp[i]->fair_limit[s][f]);
-                zp[i]->fair_limit[s][f] = NULL;
                 rate_limiter_free(zp[i]->limiter[s][f]);
                 zp[i]->limiter[s][f] = NULL;
             }
@@ -961,21 +901,6 @@ static void ngx_http_ratelimit_store_error(rate_decision_t *d, int rc,
  * the zone keeps (key_max= on shared memory, RATE_KEY_MAX on Redis) its
  * SHA-1 digest, cut to that length, so that a client cannot pick a key
  * too long to limit (docs/nginx.md).  NGX_ERROR on a failed evaluation. */
-/* A fair zone's request weight: weight='s value, a whole number from 1 to
- * RATE_FAIR_WEIGHT_MAX; empty, missing or anything else weighs 1. */
-static uint32_t ngx_http_ratelimit_weight(ngx_http_request_t *r,
-                                          ngx_http_ratelimit_limit_t *l) {
-    ngx_str_t v;
-    ngx_int_t n;
-
-    if (l->weight == NULL ||
-        ngx_http_complex_value(r, l->weight, &v) != NGX_OK || v.len == 0) {
-        return 1;
-    }
-    n = ngx_atoi(v.data, v.len);
-    return n >= 1 && n <= (ngx_int_t)RATE_FAIR_WEIGHT_MAX ? (uint32_t)n : 1;
-}
-
 static ngx_int_t ngx_http_ratelimit_key(ngx_http_request_t *r,
                                         ngx_http_ratelimit_limit_t *l,
                                         ngx_str_t *key) {
@@ -1105,7 +1030,7 @@ static void ngx_http_ratelimit_refund(ngx_http_ratelimit_zone_t *z,
                                       rate_limiter_t *lim, ngx_str_t *key) {
     int rc;
 
-    if (z->fair) { /* the zone's one key, whichever key asked */
+    if (z->fair.on) { /* the zone's one key, whichever key asked */
         (void)rate_limiter_refund(lim, (const char *)z->name.data,
                                   z->name.len, 1);
         return;
@@ -1338,16 +1263,10 @@ static ngx_int_t ngx_http_ratelimit_run(ngx_http_request_t *r,
                 return NGX_AGAIN;
             }
             ngx_free(p); /* decided at once (or no decision) */
-        } else if (z->fair) {
-            rate_fair_t *fl = z->fair_limit[rlcf->shadow ? 1 : 0]
-                                           [rlcf->fail_open];
-
-            rc = fl == NULL ? RATE_ESTORE
-                            : rate_fair_check(fl, (const char *)key.data,
-                                              key.len,
-                                              ngx_http_ratelimit_weight(
-                                                  r, &limit[i]),
-                                              1, d);
+        } else if (z->fair.on) {
+            rc = ngx_http_ratelimit_fair_check(r, &z->fair, rlcf->shadow,
+                                               rlcf->fail_open, &key,
+                                               limit[i].weight, d);
         } else {
             rc = rate_limiter_check(lim, (const char *)key.data, key.len, 1,
                                     limit[i].max_wait_ns, d);

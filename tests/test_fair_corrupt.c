@@ -8,16 +8,22 @@
  * RATE_ECORRUPT at once, one held by a live thread that never lets go
  * is waited for a bounded time (a waiter answered at its deadline); an
  * asynchronous seat's damaged name reaches no memory that is no record.
- * White box: this file compiles src/fair/fair.c itself (as
- * test_fair_check.c does) to reach the table's fields.
+ * White box: this file includes the fair table's private headers to
+ * reach the table's fields, and compiles src/fair/wait_async.c itself
+ * (its definitions take the place of the library's) to reach the
+ * asynchronous waiters' records.
  */
 #include "helpers.h"
 
+#include <errno.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
-#include "fair/fair.c"
+#include "fair/index.h"
+#include "fair/table.h"
+#include "fair/wait_async.c"
 
 #include "lib/hand_loop.h"
 

@@ -1,24 +1,25 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Fair shares in memory (docs/fair.md): the regressions of issue 31's
- * second review, each a defect of src/fair/fair.c: an asynchronous
+ * second review, each a defect of src/fair/: an asynchronous
  * waiter's record freed while its seat still named it; loops told apart
- * by their ud alone.  White box: this file compiles src/fair/fair.c
- * itself (as test_fair_check.c does) to reach the table's lock and
- * entries.
+ * by their ud alone.  White box: this file compiles src/fair/decide.c
+ * itself (its definitions take the place of the library's) to reach the
+ * table's lock and entries and to hook the path without the lock.
  */
 #include "helpers.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <unistd.h>
 
-/* The shared limit's bool call, as fair.c makes it, goes through
+/* The shared limit's bool call, as decide.c makes it, goes through
  * hooked_try: a test runs other decisions inside the path without the
  * lock, between its reading the table and its charging the flow. */
 static bool hooked_try(rate_limiter_t *lim, const char *key, size_t len,
                        uint64_t permits, uint64_t now);
 #define rate_try_acquire_len_at hooked_try
-#include "fair/fair.c"
+#include "fair/decide.c"
 #include "lib/hand_loop.h"
 #undef rate_try_acquire_len_at
 

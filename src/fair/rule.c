@@ -165,6 +165,41 @@ uint64_t rate__fair_light_request(rate__fair_light_t *l,
     return 0;
 }
 
+void rate__fair_roll(rate__fair_flow_t *fl, uint64_t last, uint64_t ep)
+{
+    fl->prev = last + 1 == ep ? fl->cur : 0;
+    fl->cur = 0;
+    fl->lsum = last == 0 || ep < last ? 0
+                                      : rate__fair_long_decay(fl->lsum,
+                                                              ep - last);
+    if (fl->since == 0 || ep < fl->since)
+        fl->since = ep;
+}
+
+bool rate__fair_light_note(rate__fair_light_t *l, const rate__fair_shape_t *sh,
+                           uint64_t now_us, uint64_t permits,
+                           const rate__fair_flow_t *fl, uint64_t asked,
+                           uint64_t age, uint64_t w, uint64_t total_w,
+                           uint64_t cap, uint64_t *gave)
+{
+    rate__fair_light_count(l, sh, now_us, permits);
+    bool light = rate__fair_is_light(sh, asked, fl->lsum, age, w, total_w,
+                                     cap);
+    *gave = rate__fair_light_request(l, sh, light, permits, *gave,
+                                     fl->cur + fl->prev);
+    return light;
+}
+
+uint64_t rate__fair_owed(const rate__fair_shape_t *sh, uint64_t now_us,
+                         uint64_t cap, const rate__fair_flow_t *fl,
+                         uint64_t asked, uint64_t age, uint64_t w,
+                         uint64_t total_w, uint64_t behind)
+{
+    if (rate__fair_is_light(sh, asked, fl->lsum, age, w, total_w, cap))
+        return 0;
+    return rate__fair_term(sh, now_us, cap, w, total_w, behind, asked);
+}
+
 uint64_t rate__fair_term(const rate__fair_shape_t *sh, uint64_t now_us,
                          uint64_t cap, uint64_t w, uint64_t total_w,
                          uint64_t behind, uint64_t asked)

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The fair rule's arithmetic, written once for both tables: the process's
- * (fair.c) and the fleet's (step.c, run by the Redis module; its Lua twin
+ * (decide.c, vtime.c) and the fleet's (step.c, run by the Redis module; its Lua twin
  * is fair_rule.lua).  Pure: no clock, I/O, locks or allocation.
  *
  * A request is *light* when its flow asked, in this period and the last,
@@ -127,6 +127,40 @@ void rate__fair_light_add(rate__fair_light_t *l, const rate__fair_shape_t *sh,
 void rate__fair_light_take_back(rate__fair_light_t *l,
                                 const rate__fair_shape_t *sh,
                                 uint64_t permits);
+
+/* A flow as the rule reads it, on either table. */
+typedef struct rate__fair_flow {
+    uint64_t cur;   /* permits it asked in the period it last asked in */
+    uint64_t prev;  /* ... and in the period before that */
+    uint64_t lsum;  /* its long demand (rate__fair_long_add) */
+    uint64_t since; /* the period it first asked in, plus 1; 0: never */
+} rate__fair_flow_t;
+
+/* The flow brought from the period it last asked in (`last`, plus 1; 0:
+ * never) to period ep (plus 1): what it asked rolls over (to `prev` when
+ * ep follows `last`, else it is forgotten), its long demand decays, and
+ * `since` is set when it is new (or the clock went back). */
+void rate__fair_roll(rate__fair_flow_t *fl, uint64_t last, uint64_t ep);
+
+/* A request of `permits` of the flow counted in the estimator at now_us
+ * (every request: rate__fair_light_count), then, as light or not
+ * (rate__fair_is_light, on `asked`: the larger of the flow's cur and prev,
+ * plus what it has waiting; `age`: rate__fair_age), its permits added to
+ * the backlog or what it gave taken back (rate__fair_light_request, with
+ * *gave).  Returns whether the request is light. */
+bool rate__fair_light_note(rate__fair_light_t *l, const rate__fair_shape_t *sh,
+                           uint64_t now_us, uint64_t permits,
+                           const rate__fair_flow_t *fl, uint64_t asked,
+                           uint64_t age, uint64_t w, uint64_t total_w,
+                           uint64_t cap, uint64_t *gave);
+
+/* What a flow behind the request's flow by `behind` of virtual service is
+ * owed: 0 when it is light, else its catch-up term (rate__fair_term);
+ * asked and age as for rate__fair_light_note. */
+uint64_t rate__fair_owed(const rate__fair_shape_t *sh, uint64_t now_us,
+                         uint64_t cap, const rate__fair_flow_t *fl,
+                         uint64_t asked, uint64_t age, uint64_t w,
+                         uint64_t total_w, uint64_t behind);
 
 /* One heavy flow's catch-up term (docs/fair.md: the least of its share of
  * the capacity, what it asked lately and what it needs to catch up),

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The fair rule over a fleet's table (step.h; docs/fair.md, "Redis (a
- * fleet)"): the not-waiting rule of fair.c -- virtual service, V, the
+ * fleet)"): the not-waiting rule of decide.c -- virtual service, V, the
  * light flows' room and the catch-up terms of the flows behind, rule.h's
  * arithmetic -- over a flat table in the store, walked
  * whole at each decision (no heaps: the table is small and lives in
@@ -129,6 +129,13 @@ static uint64_t age(const uint8_t *e, uint64_t ep)
     return rate__fair_age(fld(e, F_SINCE), ep);
 }
 
+/* The entry's flow as the rule reads it. */
+static rate__fair_flow_t flow_of(const uint8_t *e)
+{
+    return (rate__fair_flow_t){fld(e, F_CUR), fld(e, F_PREV), fld(e, F_LSUM),
+                               fld(e, F_SINCE)};
+}
+
 /* The table's light estimator, as rule.h's struct (and back). */
 static rate__fair_light_t light_of(const uint8_t *t)
 {
@@ -193,16 +200,14 @@ void rate__fair_enter(rate__fair_step_t *a, uint8_t *t)
     uint64_t e_ep = fld(me, F_EPOCH);
     if (e_ep != a->ep) {
         bool was = e_ep != 0 && e_ep + 1 >= a->ep;
-        set(me, F_PREV, e_ep + 1 == a->ep ? fld(me, F_CUR) : 0);
-        set(me, F_CUR, 0);
+        rate__fair_flow_t fl = flow_of(me);
+        rate__fair_roll(&fl, e_ep, a->ep);
+        set(me, F_PREV, fl.prev);
+        set(me, F_CUR, fl.cur);
         if (!was && fld(me, F_S) < v)
             set(me, F_S, v);
-        set(me, F_LSUM, e_ep == 0 || a->ep < e_ep
-                            ? 0
-                            : rate__fair_long_decay(fld(me, F_LSUM),
-                                                    a->ep - e_ep));
-        if (fld(me, F_SINCE) == 0 || a->ep < fld(me, F_SINCE))
-            set(me, F_SINCE, a->ep);
+        set(me, F_LSUM, fl.lsum);
+        set(me, F_SINCE, fl.since);
         set(me, F_EPOCH, a->ep);
     }
     uint64_t cur = fld(me, F_CUR) + a->permits;
@@ -225,16 +230,15 @@ void rate__fair_enter(rate__fair_step_t *a, uint8_t *t)
     a->total_w = w;
     /* The light flows' estimator: the request counted, a light one's
      * permits added to the backlog, a heavy one's earlier ones taken
-     * back (fair.c's light_count). */
+     * back (rate__fair_light_note, as decide.c's light_count). */
     rate__fair_light_t l = light_of(t);
-    rate__fair_light_count(&l, &a->shape, a->now_us, a->permits);
-    uint64_t c = fld(me, F_CUR), p = fld(me, F_PREV);
-    a->light = rate__fair_is_light(&a->shape, c > p ? c : p, fld(me, F_LSUM),
-                                   age(me, a->ep), fld(me, F_WEIGHT), w,
-                                   a->cap);
-    set(me, F_GAVE, rate__fair_light_request(&l, &a->shape, a->light,
-                                             a->permits, fld(me, F_GAVE),
-                                             c + p));
+    rate__fair_flow_t fl = flow_of(me);
+    uint64_t gave = fld(me, F_GAVE);
+    a->light = rate__fair_light_note(&l, &a->shape, a->now_us, a->permits,
+                                     &fl, fl.cur > fl.prev ? fl.cur : fl.prev,
+                                     age(me, a->ep), fld(me, F_WEIGHT), w,
+                                     a->cap, &gave);
+    set(me, F_GAVE, gave);
     light_put(t, &l);
 }
 
@@ -249,14 +253,11 @@ uint64_t rate__fair_reserve(const rate__fair_step_t *a, const uint8_t *t)
         uint64_t s = fld(e, F_S), w = fld(e, F_WEIGHT);
         if (i == a->me || !active(e, a->ep) || s >= my_s)
             continue;
-        uint64_t cur = fld(e, F_CUR), prev = fld(e, F_PREV);
-        uint64_t asked = cur > prev ? cur : prev;
-        if (rate__fair_is_light(&a->shape, asked, fld(e, F_LSUM),
-                                age(e, a->ep), w, a->total_w, a->cap))
-            continue;
+        rate__fair_flow_t fl = flow_of(e);
         /* each below 2^50, the sum saturates at 2^52 */
-        terms += rate__fair_term(&a->shape, a->now_us, a->cap, w,
-                                 a->total_w, my_s - s, asked);
+        terms += rate__fair_owed(&a->shape, a->now_us, a->cap, &fl,
+                                 fl.cur > fl.prev ? fl.cur : fl.prev,
+                                 age(e, a->ep), w, a->total_w, my_s - s);
         if (terms > RATE__FAIR_NEED_MAX)
             terms = RATE__FAIR_NEED_MAX;
     }

@@ -42,7 +42,7 @@
 
 #define SLOTS 16u
 #define QMAX 4u
-#define HDR_SEED 24u /* the header's hash seed (src/fair/fair.c) */
+#define HDR_SEED 24u /* the header's hash seed (src/fair/table.h) */
 #define NOW (UINT64_C(1000) * RATE_NS_PER_S)
 #define SPEED 64u
 #define HOUR (UINT64_C(3600) * RATE_NS_PER_S)
