@@ -1,0 +1,86 @@
+# SPDX-License-Identifier: MIT
+"""Exact rate limiting over libratelimit (docs/python.md).
+
+    import ratelimit
+    limiter = ratelimit.Limiter(ratelimit.Policy("token-bucket 10/s burst=20"))
+    d = limiter.check("user:42")
+    if not d.allowed:
+        retry_in = d.retry_after        # seconds (inf: never)
+
+Policies take the library's text form (docs/policy.md) or the wording of
+`limits` and Flask-Limiter ("10/minute", "10 per minute", "5/second;
+100/hour"), which makes fixed windows unless `algorithm` says otherwise.
+Stores: memory_store(), shm_store(path, max_keys=N), redis_store(url).
+Errors of the library raise ratelimit.Error (the library's message, .code,
+.name); wrong types raise TypeError, numbers out of range OverflowError,
+a closed limiter ValueError.
+"""
+
+import re as _re
+
+from . import _ratelimit
+from ._ratelimit import (Decision, Error, Limiter, Store, memory_store,
+                         monotonic_ns, noop, parse_duration, redis_store,
+                         shm_store, NEVER, KEY_MAX)
+
+__version__ = _ratelimit.__version__
+
+# The error codes: EINVAL, EKEY, EPOLICY, ERANGE, ESTORE, ... (Error.code).
+_CODES = [n for n in dir(_ratelimit) if n[:1] == "E" and n[1:].isupper()]
+globals().update((n, getattr(_ratelimit, n)) for n in _CODES)
+
+# The wording of `limits` (its limits.util.parse_many): "[count] [per|/]
+# [n] [unit]", several joined by , ; or |.
+_LIMITS_ONE = _re.compile(
+    r"\s*([0-9]+)\s*(?:/|\s*per\s*)\s*([0-9]+)?\s*"
+    r"(second|minute|hour|day|month|year)s?\s*", _re.IGNORECASE)
+_LIMITS_SEP = _re.compile(r"[,;|]")
+# Its units in the library's: a month is 30 days, a year 12 months, as
+# `limits` counts them.
+_LIMITS_UNITS = {"second": (1, "s"), "minute": (1, "m"), "hour": (1, "h"),
+                 "day": (1, "d"), "month": (30, "d"), "year": (360, "d")}
+_ALGORITHMS = ("token-bucket", "gcra", "leaky-bucket", "fixed-window",
+               "sliding-log", "sliding-window")
+
+
+def limits_text(text, algorithm="fixed-window"):
+    """The library's policy text for `limits` wording ("10/minute",
+    "10 per 2 hours; 100/day"), each limit under `algorithm` (a bucket's
+    burst or capacity is the count); None when `text` is not that wording."""
+    if algorithm not in _ALGORITHMS:
+        raise ValueError("algorithm must be one of %s, not %r"
+                         % (", ".join(_ALGORITHMS), algorithm))
+    parts = []
+    for one in _LIMITS_SEP.split(text):
+        m = _LIMITS_ONE.fullmatch(one)
+        if not m:
+            return None
+        count, n, unit = m.group(1), int(m.group(2) or 1), m.group(3).lower()
+        scale, suffix = _LIMITS_UNITS[unit]
+        part = "%s %s/%d%s" % (algorithm, count, n * scale, suffix)
+        if algorithm in ("token-bucket", "gcra"):
+            part += " burst=" + count
+        elif algorithm == "leaky-bucket":
+            part += " capacity=" + count
+        parts.append(part)
+    return "; ".join(parts)
+
+
+class Policy(_ratelimit.Policy):
+    """Policy(text, name=None, algorithm="fixed-window"): the library's text
+    form, or the wording of `limits` (each of its limits then under
+    `algorithm`).  str(policy) is the canonical text; .limits the limits."""
+
+    def __init__(self, text, name=None, algorithm="fixed-window"):
+        if isinstance(text, (str, bytes)):
+            s = text.decode() if isinstance(text, bytes) else text
+            if "\0" not in s:
+                translated = limits_text(s, algorithm)
+                if translated is not None:
+                    text = translated
+        super().__init__(text, name)
+
+
+__all__ = ["Decision", "Error", "Limiter", "Policy", "Store", "memory_store",
+           "shm_store", "redis_store", "limits_text", "monotonic_ns",
+           "parse_duration", "noop", "NEVER", "KEY_MAX"] + _CODES

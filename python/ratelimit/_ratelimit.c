@@ -1,0 +1,1314 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * _ratelimit.c -- the CPython binding of libratelimit (docs/python.md).
+ *
+ * Map: errors; Policy; the stores (Store: memory, shm, Redis); Limiter
+ * (decisions, changes, headers); the module.
+ *
+ * Every call that may block (a store's I/O, a shared-memory lock, an
+ * acquire's sleep) runs with the GIL released.  A Limiter's calls hold its
+ * read lock while they run without the GIL, and close() takes the write
+ * lock, so that close() never frees a limiter another thread is using;
+ * a Store stays open while a Limiter on it is open.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "ratelimit.h"
+#include "ratelimit_http.h"
+#include "ratelimit_redis.h"
+#include "ratelimit_shm.h"
+
+#define ERRLEN 512
+
+static PyObject *Error; /* ratelimit.Error */
+
+/* ---------------------------------------------------------------- errors */
+
+/* Raises ratelimit.Error(message) with .code and .name: the library's
+ * message (`detail`, when the call gave one) or rate_strerror's text. */
+static PyObject *raise_rc(int rc, const char *detail)
+{
+    const char *msg = (detail && detail[0]) ? detail : rate_strerror(rc);
+    PyObject *exc = PyObject_CallFunction(Error, "s", msg);
+    if (!exc)
+        return NULL;
+    PyObject *code = PyLong_FromLong(rc);
+    PyObject *name = PyUnicode_FromString(rate_err_name(rc));
+    if (code && name) {
+        PyObject_SetAttrString(exc, "code", code);
+        PyObject_SetAttrString(exc, "name", name);
+    }
+    Py_XDECREF(code);
+    Py_XDECREF(name);
+    PyErr_SetObject(Error, exc);
+    Py_DECREF(exc);
+    return NULL;
+}
+
+/* A C string without NUL bytes from str (UTF-8) or bytes: what the library's
+ * NUL-terminated arguments (texts, paths, URLs) take. */
+static int cstring_arg(PyObject *obj, const char *what, const char **out)
+{
+    Py_ssize_t len;
+    const char *s;
+    if (PyUnicode_Check(obj)) {
+        s = PyUnicode_AsUTF8AndSize(obj, &len);
+        if (!s)
+            return -1;
+    } else if (PyBytes_Check(obj)) {
+        s = PyBytes_AS_STRING(obj);
+        len = PyBytes_GET_SIZE(obj);
+    } else {
+        PyErr_Format(PyExc_TypeError, "%s must be str or bytes, not %.100s",
+                     what, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if ((size_t)len != strlen(s)) {
+        PyErr_Format(PyExc_ValueError, "%s holds a NUL byte", what);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+/* A key: str (its UTF-8) or bytes-like, any bytes (NUL too: keys go with
+ * their length).  The view is released by key_release. */
+typedef struct {
+    Py_buffer view;
+    const char *ptr;
+    size_t len;
+    int has_view;
+} key_arg_t;
+
+static int key_get(PyObject *obj, key_arg_t *k)
+{
+    k->has_view = 0;
+    if (PyUnicode_Check(obj)) {
+        Py_ssize_t len;
+        k->ptr = PyUnicode_AsUTF8AndSize(obj, &len);
+        if (!k->ptr)
+            return -1;
+        k->len = (size_t)len;
+        return 0;
+    }
+    if (PyObject_GetBuffer(obj, &k->view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "key must be str or bytes, not %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    k->has_view = 1;
+    k->ptr = k->view.buf;
+    k->len = (size_t)k->view.len;
+    return 0;
+}
+
+static void key_release(key_arg_t *k)
+{
+    if (k->has_view)
+        PyBuffer_Release(&k->view);
+}
+
+/* A count or a time in ns: a non-negative int up to 2^64-1 (the library
+ * itself refuses what is above its bounds, RATE_ERANGE). */
+static int u64_arg(PyObject *obj, const char *what, uint64_t *out)
+{
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be int, not %.100s", what,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_OverflowError, "%s must be from 0 to 2**64-1",
+                     what);
+        return -1;
+    }
+    *out = (uint64_t)v;
+    return 0;
+}
+
+/* A duration in seconds (int or float) as ns; None is `dflt`. */
+static int seconds_arg(PyObject *obj, const char *what, uint64_t dflt,
+                       uint64_t *out)
+{
+    if (obj == NULL || obj == Py_None) {
+        *out = dflt;
+        return 0;
+    }
+    if (PyLong_Check(obj)) {
+        uint64_t s;
+        if (u64_arg(obj, what, &s) < 0)
+            return -1;
+        if (s > RATE_TIME_MAX / RATE_NS_PER_S) {
+            PyErr_Format(PyExc_OverflowError, "%s is above 2**63-1 ns", what);
+            return -1;
+        }
+        *out = s * RATE_NS_PER_S;
+        return 0;
+    }
+    if (PyFloat_Check(obj)) {
+        double s = PyFloat_AS_DOUBLE(obj);
+        if (!(s >= 0.0)) {
+            PyErr_Format(PyExc_ValueError, "%s must be a duration >= 0", what);
+            return -1;
+        }
+        if (s * 1e9 >= 9.2e18) {
+            PyErr_Format(PyExc_OverflowError, "%s is above 2**63-1 ns", what);
+            return -1;
+        }
+        *out = (uint64_t)llround(s * 1e9);
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "%s must be seconds (int or float), not %.100s",
+                 what, Py_TYPE(obj)->tp_name);
+    return -1;
+}
+
+/* ------------------------------------------------------------- decisions */
+
+static PyTypeObject *DecisionType;
+
+static PyStructSequence_Field decision_fields[] = {
+    {"allowed", "act on the request (after delay)"},
+    {"reason", "'allowed', 'limited', 'never' or 'store-error'"},
+    {"remaining", "room left right after this decision"},
+    {"limit", "L of the limit that decided (burst/capacity for the buckets)"},
+    {"delay", "seconds to wait before acting (reservations)"},
+    {"retry_after", "seconds until a retry may pass (inf: never)"},
+    {"reset_after", "seconds until the key is back to its cold start"},
+    {"delay_ns", "delay in ns"},
+    {"retry_after_ns", "retry_after in ns (2**64-1: never)"},
+    {"reset_after_ns", "reset_after in ns"},
+    {"component", "index of the limit that decided (-1: unlimited)"},
+    {"shadow", "shadow mode let a denial through"},
+    {"error", "with reason 'store-error': the store's code"},
+    {NULL, NULL}};
+
+static PyStructSequence_Desc decision_desc = {
+    "ratelimit.Decision", "One decision of a Limiter.", decision_fields, 13};
+
+static double ns_seconds(uint64_t ns)
+{
+    return ns == RATE_NEVER ? INFINITY : (double)ns / 1e9;
+}
+
+static PyObject *decision_new(const rate_decision_t *d)
+{
+    PyObject *o = PyStructSequence_New(DecisionType);
+    if (!o)
+        return NULL;
+    PyObject *v[13] = {
+        PyBool_FromLong(d->allowed),
+        PyUnicode_FromString(rate_reason_name(d->reason)),
+        PyLong_FromUnsignedLongLong(d->remaining),
+        PyLong_FromUnsignedLongLong(d->limit),
+        PyFloat_FromDouble(ns_seconds(d->delay_ns)),
+        PyFloat_FromDouble(ns_seconds(d->retry_after_ns)),
+        PyFloat_FromDouble(ns_seconds(d->reset_after_ns)),
+        PyLong_FromUnsignedLongLong(d->delay_ns),
+        PyLong_FromUnsignedLongLong(d->retry_after_ns),
+        PyLong_FromUnsignedLongLong(d->reset_after_ns),
+        PyLong_FromLong(d->component),
+        PyBool_FromLong(d->shadow),
+        PyLong_FromLong(d->error),
+    };
+    int bad = 0;
+    for (int i = 0; i < 13; i++) {
+        if (!v[i])
+            bad = 1;
+        PyStructSequence_SET_ITEM(o, i, v[i] ? v[i] : (Py_INCREF(Py_None), Py_None));
+    }
+    if (bad) {
+        Py_DECREF(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* The decision back from its Python record (for headers()). */
+static int decision_from(PyObject *o, rate_decision_t *d)
+{
+    if (!PyObject_TypeCheck(o, DecisionType)) {
+        PyErr_SetString(PyExc_TypeError, "decision must be a ratelimit.Decision");
+        return -1;
+    }
+    memset(d, 0, sizeof *d);
+    const char *reason = PyUnicode_AsUTF8(PyStructSequence_GET_ITEM(o, 1));
+    if (!reason)
+        return -1;
+    for (int r = 0; r <= RATE_REASON_STORE_ERROR; r++)
+        if (strcmp(reason, rate_reason_name((rate_reason_t)r)) == 0)
+            d->reason = (rate_reason_t)r;
+    d->allowed = PyObject_IsTrue(PyStructSequence_GET_ITEM(o, 0)) == 1;
+    d->remaining = PyLong_AsUnsignedLongLong(PyStructSequence_GET_ITEM(o, 2));
+    d->limit = PyLong_AsUnsignedLongLong(PyStructSequence_GET_ITEM(o, 3));
+    d->delay_ns = PyLong_AsUnsignedLongLong(PyStructSequence_GET_ITEM(o, 7));
+    d->retry_after_ns = PyLong_AsUnsignedLongLong(PyStructSequence_GET_ITEM(o, 8));
+    d->reset_after_ns = PyLong_AsUnsignedLongLong(PyStructSequence_GET_ITEM(o, 9));
+    d->component = (int)PyLong_AsLong(PyStructSequence_GET_ITEM(o, 10));
+    d->shadow = PyObject_IsTrue(PyStructSequence_GET_ITEM(o, 11)) == 1;
+    d->error = (int)PyLong_AsLong(PyStructSequence_GET_ITEM(o, 12));
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* --------------------------------------------------------------- Policy */
+
+typedef struct {
+    PyObject_HEAD
+    rate_policy_t *policy;
+} PolicyObject;
+
+static PyTypeObject PolicyType;
+
+static int Policy_init(PolicyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"text", "name", NULL};
+    PyObject *text_obj, *name_obj = Py_None;
+    const char *text, *name = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:Policy", kwlist, &text_obj,
+                                     &name_obj))
+        return -1;
+    if (cstring_arg(text_obj, "policy text", &text) < 0)
+        return -1;
+    if (name_obj != Py_None && cstring_arg(name_obj, "policy name", &name) < 0)
+        return -1;
+    char err[ERRLEN] = "";
+    rate_policy_t *p = NULL;
+    int rc = rate_policy_parse(text, &p, err, sizeof err);
+    if (rc == RATE_OK && name)
+        rc = rate_policy_set_name(p, name, err, sizeof err);
+    if (rc != RATE_OK) {
+        rate_policy_free(p);
+        raise_rc(rc, err);
+        return -1;
+    }
+    rate_policy_free(self->policy);
+    self->policy = p;
+    return 0;
+}
+
+static void Policy_dealloc(PolicyObject *self)
+{
+    rate_policy_free(self->policy);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Policy_str(PolicyObject *self)
+{
+    if (!self->policy)
+        return PyUnicode_FromString("");
+    size_t n = rate_policy_format(self->policy, NULL, 0);
+    char *buf = PyMem_Malloc(n + 1);
+    if (!buf)
+        return PyErr_NoMemory();
+    rate_policy_format(self->policy, buf, n + 1);
+    PyObject *s = PyUnicode_FromStringAndSize(buf, (Py_ssize_t)n);
+    PyMem_Free(buf);
+    return s;
+}
+
+static PyObject *Policy_repr(PolicyObject *self)
+{
+    PyObject *s = Policy_str(self);
+    if (!s)
+        return NULL;
+    PyObject *r = PyUnicode_FromFormat("ratelimit.Policy(%R)", s);
+    Py_DECREF(s);
+    return r;
+}
+
+static int policy_ready(PolicyObject *self)
+{
+    if (!self->policy) {
+        PyErr_SetString(PyExc_ValueError, "Policy.__init__ was not called");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Policy_get_name(PolicyObject *self, void *c)
+{
+    (void)c;
+    return PyUnicode_FromString(rate_policy_name(self->policy));
+}
+
+static PyObject *Policy_get_unlimited(PolicyObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(rate_policy_is_unlimited(self->policy));
+}
+
+/* The limits, each a dict of the rate_limit_t fields. */
+static PyObject *Policy_get_limits(PolicyObject *self, void *c)
+{
+    (void)c;
+    size_t n = rate_policy_count(self->policy);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list && i < n; i++) {
+        const rate_limit_t *l = rate_policy_limit(self->policy, i);
+        PyObject *d = Py_BuildValue(
+            "{s:s,s:K,s:K,s:K,s:K}", "algorithm",
+            rate_algorithm_name(l->algorithm), "limit",
+            (unsigned long long)l->limit, "period_ns",
+            (unsigned long long)l->period_ns, "burst",
+            (unsigned long long)l->burst, "block_ns",
+            (unsigned long long)l->block_ns);
+        if (!d) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, d);
+    }
+    return list;
+}
+
+static PyGetSetDef Policy_getset[] = {
+    {"name", (getter)Policy_get_name, NULL, "the policy's name ('' none)", NULL},
+    {"unlimited", (getter)Policy_get_unlimited, NULL, "the unlimited policy", NULL},
+    {"limits", (getter)Policy_get_limits, NULL, "its limits, as dicts", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyObject *Policy_richcompare(PyObject *a, PyObject *b, int op)
+{
+    if (!PyObject_TypeCheck(b, &PolicyType) || (op != Py_EQ && op != Py_NE))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *sa = Policy_str((PolicyObject *)a), *sb = NULL;
+    if (sa)
+        sb = Policy_str((PolicyObject *)b);
+    if (!sb) {
+        Py_XDECREF(sa);
+        return NULL;
+    }
+    PyObject *r = PyObject_RichCompare(sa, sb, op);
+    Py_DECREF(sa);
+    Py_DECREF(sb);
+    return r;
+}
+
+static PyTypeObject PolicyType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ratelimit.Policy",
+    .tp_basicsize = sizeof(PolicyObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "Policy(text, name=None): a policy in the library's text form "
+              "(docs/policy.md).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Policy_init,
+    .tp_dealloc = (destructor)Policy_dealloc,
+    .tp_str = (reprfunc)Policy_str,
+    .tp_repr = (reprfunc)Policy_repr,
+    .tp_getset = Policy_getset,
+    .tp_richcompare = Policy_richcompare,
+};
+
+/* ---------------------------------------------------------------- Store */
+
+typedef struct {
+    PyObject_HEAD
+    rate_store_t *store;
+    const char *kind;   /* "memory", "shm", "redis" */
+    Py_ssize_t users;   /* open limiters on it */
+} StoreObject;
+
+static PyTypeObject StoreType;
+
+static StoreObject *store_alloc(const char *kind)
+{
+    StoreObject *s = PyObject_New(StoreObject, &StoreType);
+    if (s) {
+        s->store = NULL;
+        s->kind = kind;
+        s->users = 0;
+    }
+    return s;
+}
+
+static void Store_dealloc(StoreObject *self)
+{
+    /* A limiter holds a reference: no user is left here. */
+    rate_store_free(self->store);
+    PyObject_Free(self);
+}
+
+static PyObject *Store_close(StoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->users > 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the store has open limiters: close them first");
+        return NULL;
+    }
+    rate_store_t *st = self->store;
+    self->store = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rate_store_free(st);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static int store_open(StoreObject *self)
+{
+    if (!self->store) {
+        PyErr_SetString(PyExc_ValueError, "the store is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Store_stats(StoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (store_open(self) < 0)
+        return NULL;
+    rate_stats_t st;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rate_store_stats(self->store, &st);
+    Py_END_ALLOW_THREADS
+    if (rc != RATE_OK)
+        return raise_rc(rc, NULL);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K}", "keys",
+                         (unsigned long long)st.keys, "evictions",
+                         (unsigned long long)st.evictions, "reclaimed",
+                         (unsigned long long)st.reclaimed, "bytes",
+                         (unsigned long long)st.bytes);
+}
+
+/* Deletes every key of a shared-memory or Redis store's namespace. */
+static PyObject *Store_drop(StoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (store_open(self) < 0)
+        return NULL;
+    int rc;
+    if (strcmp(self->kind, "shm") == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = rate_store_shm_drop(self->store);
+        Py_END_ALLOW_THREADS
+    } else if (strcmp(self->kind, "redis") == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = rate_store_redis_drop(self->store);
+        Py_END_ALLOW_THREADS
+    } else {
+        PyErr_SetString(PyExc_TypeError, "drop() is for shm and Redis stores");
+        return NULL;
+    }
+    if (rc != RATE_OK)
+        return raise_rc(rc, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Store_enter(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Py_INCREF(self);
+    return self;
+}
+
+static PyObject *Store_exit(StoreObject *self, PyObject *args)
+{
+    (void)args;
+    return Store_close(self, NULL);
+}
+
+static PyObject *Store_get_kind(StoreObject *self, void *c)
+{
+    (void)c;
+    return PyUnicode_FromString(self->kind);
+}
+
+static PyObject *Store_get_closed(StoreObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(self->store == NULL);
+}
+
+static PyMethodDef Store_methods[] = {
+    {"close", (PyCFunction)Store_close, METH_NOARGS,
+     "Frees the store (no limiter may be open on it)."},
+    {"stats", (PyCFunction)Store_stats, METH_NOARGS, "The store's figures."},
+    {"drop", (PyCFunction)Store_drop, METH_NOARGS,
+     "Deletes every key of the store's namespace (shm, Redis)."},
+    {"__enter__", Store_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)Store_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef Store_getset[] = {
+    {"kind", (getter)Store_get_kind, NULL, "memory, shm or redis", NULL},
+    {"closed", (getter)Store_get_closed, NULL, "closed already", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject StoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ratelimit.Store",
+    .tp_basicsize = sizeof(StoreObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A store of key states: memory_store(), shm_store(), redis_store().",
+    .tp_dealloc = (destructor)Store_dealloc,
+    .tp_methods = Store_methods,
+    .tp_getset = Store_getset,
+};
+
+static PyObject *mod_memory_store(PyObject *m, PyObject *args, PyObject *kw)
+{
+    (void)m;
+    static char *kwlist[] = {"max_keys", "shards", NULL};
+    unsigned long long max_keys = 0;
+    unsigned int shards = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$KI:memory_store", kwlist,
+                                     &max_keys, &shards))
+        return NULL;
+    rate_memory_options_t o;
+    memset(&o, 0, sizeof o);
+    o.max_keys = (size_t)max_keys;
+    o.shards = shards;
+    StoreObject *s = store_alloc("memory");
+    if (!s)
+        return NULL;
+    int rc = rate_store_memory_new(&o, &s->store);
+    if (rc != RATE_OK) {
+        Py_DECREF(s);
+        return raise_rc(rc, NULL);
+    }
+    return (PyObject *)s;
+}
+
+static PyObject *mod_shm_store(PyObject *m, PyObject *args, PyObject *kw)
+{
+    (void)m;
+    static char *kwlist[] = {"path", "max_keys", "key_max", "state_max",
+                             "prefix", "no_create", "mode", NULL};
+    PyObject *path_obj, *prefix_obj = Py_None;
+    unsigned long long max_keys = 0;
+    unsigned int key_max = 0, state_max = 0, mode = 0;
+    int no_create = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$KIIOpI:shm_store", kwlist,
+                                     &path_obj, &max_keys, &key_max,
+                                     &state_max, &prefix_obj, &no_create,
+                                     &mode))
+        return NULL;
+    rate_shm_options_t o;
+    memset(&o, 0, sizeof o);
+    const char *path, *prefix = NULL;
+    if (cstring_arg(path_obj, "path", &path) < 0)
+        return NULL;
+    if (prefix_obj != Py_None && cstring_arg(prefix_obj, "prefix", &prefix) < 0)
+        return NULL;
+    o.max_keys = max_keys;
+    o.key_max = key_max;
+    o.state_max = state_max;
+    o.prefix = prefix;
+    o.no_create = no_create != 0;
+    o.mode = mode;
+    StoreObject *s = store_alloc("shm");
+    if (!s)
+        return NULL;
+    char err[ERRLEN] = "";
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rate_store_shm_new(path, &o, &s->store, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc != RATE_OK) {
+        Py_DECREF(s);
+        return raise_rc(rc, err);
+    }
+    return (PyObject *)s;
+}
+
+static PyObject *mod_redis_store(PyObject *m, PyObject *args, PyObject *kw)
+{
+    (void)m;
+    static char *kwlist[] = {"url", "prefix", "module", "no_ttl",
+                             "client_time", "connect_timeout",
+                             "command_timeout", "pool_size", "lazy_connect",
+                             NULL};
+    PyObject *url_obj, *prefix_obj = Py_None, *module_obj = Py_None;
+    PyObject *cto = Py_None, *cmto = Py_None;
+    int no_ttl = 0, client_time = 0, lazy = 0;
+    unsigned int pool = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOppOOIp:redis_store",
+                                     kwlist, &url_obj, &prefix_obj,
+                                     &module_obj, &no_ttl, &client_time, &cto,
+                                     &cmto, &pool, &lazy))
+        return NULL;
+    rate_redis_options_t o;
+    memset(&o, 0, sizeof o);
+    const char *url, *prefix = NULL, *module = "auto";
+    if (cstring_arg(url_obj, "url", &url) < 0)
+        return NULL;
+    if (prefix_obj != Py_None && cstring_arg(prefix_obj, "prefix", &prefix) < 0)
+        return NULL;
+    if (module_obj != Py_None && cstring_arg(module_obj, "module", &module) < 0)
+        return NULL;
+    if (strcmp(module, "auto") == 0)
+        o.module = RATE_REDIS_MODULE_AUTO;
+    else if (strcmp(module, "on") == 0)
+        o.module = RATE_REDIS_MODULE_ON;
+    else if (strcmp(module, "off") == 0)
+        o.module = RATE_REDIS_MODULE_OFF;
+    else {
+        PyErr_Format(PyExc_ValueError,
+                     "module must be 'auto', 'on' or 'off', not '%s'", module);
+        return NULL;
+    }
+    if (seconds_arg(cto, "connect_timeout", 0, &o.connect_timeout_ns) < 0 ||
+        seconds_arg(cmto, "command_timeout", 0, &o.command_timeout_ns) < 0)
+        return NULL;
+    o.prefix = prefix;
+    o.no_ttl = no_ttl != 0;
+    o.client_time = client_time != 0;
+    o.pool_size = pool;
+    o.lazy_connect = lazy != 0;
+    StoreObject *s = store_alloc("redis");
+    if (!s)
+        return NULL;
+    char err[ERRLEN] = "";
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rate_store_redis_new(url, &o, &s->store, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc != RATE_OK) {
+        Py_DECREF(s);
+        return raise_rc(rc, err);
+    }
+    return (PyObject *)s;
+}
+
+/* -------------------------------------------------------------- Limiter */
+
+typedef struct {
+    PyObject_HEAD
+    rate_limiter_t *limiter;
+    PyObject *store;  /* StoreObject or NULL (a private memory store) */
+    PyObject *policy; /* the default PolicyObject */
+    pthread_rwlock_t lock; /* read: a call; write: close */
+    int lock_ready;
+} LimiterObject;
+
+static PyTypeObject LimiterType;
+
+static int Limiter_init(LimiterObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"policy", "store", "fail", "shadow", NULL};
+    PyObject *policy, *store = Py_None, *fail_obj = Py_None;
+    int shadow = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$Op:Limiter", kwlist,
+                                     &policy, &store, &fail_obj, &shadow))
+        return -1;
+    if (self->limiter || self->lock_ready) {
+        PyErr_SetString(PyExc_RuntimeError, "Limiter.__init__ called twice");
+        return -1;
+    }
+    if (!PyObject_TypeCheck(policy, &PolicyType)) {
+        PyErr_Format(PyExc_TypeError, "policy must be a ratelimit.Policy, not %.100s",
+                     Py_TYPE(policy)->tp_name);
+        return -1;
+    }
+    if (policy_ready((PolicyObject *)policy) < 0)
+        return -1;
+    if (store != Py_None && !PyObject_TypeCheck(store, &StoreType)) {
+        PyErr_Format(PyExc_TypeError, "store must be a ratelimit.Store, not %.100s",
+                     Py_TYPE(store)->tp_name);
+        return -1;
+    }
+    if (store != Py_None && store_open((StoreObject *)store) < 0)
+        return -1;
+    rate_limiter_config_t c;
+    memset(&c, 0, sizeof c);
+    c.policy = ((PolicyObject *)policy)->policy;
+    c.store = store == Py_None ? NULL : ((StoreObject *)store)->store;
+    c.shadow = shadow != 0;
+    if (fail_obj != Py_None) {
+        const char *fail;
+        if (cstring_arg(fail_obj, "fail", &fail) < 0)
+            return -1;
+        if (strcmp(fail, "closed") == 0)
+            c.on_store_error = RATE_FAIL_CLOSED;
+        else if (strcmp(fail, "open") == 0)
+            c.on_store_error = RATE_FAIL_OPEN;
+        else if (strcmp(fail, "fallback") == 0)
+            c.on_store_error = RATE_FAIL_FALLBACK;
+        else {
+            PyErr_Format(PyExc_ValueError,
+                         "fail must be 'closed', 'open' or 'fallback', not '%s'",
+                         fail);
+            return -1;
+        }
+    }
+    if (pthread_rwlock_init(&self->lock, NULL) != 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->lock_ready = 1;
+    int rc;
+    rate_limiter_t *lim = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rate_limiter_new(&c, &lim);
+    Py_END_ALLOW_THREADS
+    if (rc != RATE_OK) {
+        raise_rc(rc, NULL);
+        return -1;
+    }
+    self->limiter = lim;
+    Py_INCREF(policy);
+    self->policy = policy;
+    if (store != Py_None) {
+        Py_INCREF(store);
+        self->store = store;
+        ((StoreObject *)store)->users++;
+    }
+    return 0;
+}
+
+static void limiter_close(LimiterObject *self)
+{
+    if (!self->limiter)
+        return;
+    rate_limiter_t *lim;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_wrlock(&self->lock);
+    lim = self->limiter;
+    self->limiter = NULL;
+    pthread_rwlock_unlock(&self->lock);
+    rate_limiter_free(lim);
+    Py_END_ALLOW_THREADS
+    if (self->store)
+        ((StoreObject *)self->store)->users--;
+}
+
+static PyObject *Limiter_close(LimiterObject *self, PyObject *unused)
+{
+    (void)unused;
+    limiter_close(self);
+    Py_RETURN_NONE;
+}
+
+static void Limiter_dealloc(LimiterObject *self)
+{
+    limiter_close(self);
+    if (self->lock_ready)
+        pthread_rwlock_destroy(&self->lock);
+    Py_XDECREF(self->store);
+    Py_XDECREF(self->policy);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Takes the read lock with the GIL released; fails on a closed limiter
+ * (the lock then released).  Call with the GIL released. */
+static int limiter_enter(LimiterObject *self)
+{
+    pthread_rwlock_rdlock(&self->lock);
+    if (!self->limiter) {
+        pthread_rwlock_unlock(&self->lock);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *raise_closed(void)
+{
+    PyErr_SetString(PyExc_ValueError, "the limiter is closed");
+    return NULL;
+}
+
+static int limiter_usable(LimiterObject *self)
+{
+    if (!self->lock_ready) {
+        PyErr_SetString(PyExc_ValueError, "Limiter.__init__ was not called");
+        return -1;
+    }
+    if (!self->limiter) {
+        raise_closed();
+        return -1;
+    }
+    return 0;
+}
+
+/* check(key, permits=1, *, max_wait=0, now=None, policy=None) */
+static PyObject *Limiter_check(LimiterObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"key", "permits", "max_wait", "now", "policy", NULL};
+    PyObject *key_obj, *permits_obj = NULL, *wait_obj = Py_None;
+    PyObject *now_obj = Py_None, *policy_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$OOO:check", kwlist,
+                                     &key_obj, &permits_obj, &wait_obj,
+                                     &now_obj, &policy_obj))
+        return NULL;
+    if (limiter_usable(self) < 0)
+        return NULL;
+    uint64_t permits = 1, wait_ns, now_ns = 0;
+    if (permits_obj && u64_arg(permits_obj, "permits", &permits) < 0)
+        return NULL;
+    if (seconds_arg(wait_obj, "max_wait", 0, &wait_ns) < 0)
+        return NULL;
+    if (now_obj != Py_None && u64_arg(now_obj, "now", &now_ns) < 0)
+        return NULL;
+    const rate_policy_t *policy = NULL;
+    if (policy_obj != Py_None) {
+        if (!PyObject_TypeCheck(policy_obj, &PolicyType)) {
+            PyErr_SetString(PyExc_TypeError, "policy must be a ratelimit.Policy");
+            return NULL;
+        }
+        if (policy_ready((PolicyObject *)policy_obj) < 0)
+            return NULL;
+        policy = ((PolicyObject *)policy_obj)->policy;
+    }
+    key_arg_t k;
+    if (key_get(key_obj, &k) < 0)
+        return NULL;
+    rate_decision_t d;
+    int rc = 0, closed = 0, at = now_obj != Py_None;
+    Py_BEGIN_ALLOW_THREADS
+    if (limiter_enter(self) < 0) {
+        closed = 1;
+    } else {
+        if (policy && at)
+            rc = rate_limiter_check_policy_at(self->limiter, policy, k.ptr,
+                                              k.len, permits, wait_ns, now_ns, &d);
+        else if (policy)
+            rc = rate_limiter_check_policy(self->limiter, policy, k.ptr, k.len,
+                                           permits, wait_ns, &d);
+        else if (at)
+            rc = rate_limiter_check_at(self->limiter, k.ptr, k.len, permits,
+                                       wait_ns, now_ns, &d);
+        else
+            rc = rate_limiter_check(self->limiter, k.ptr, k.len, permits,
+                                    wait_ns, &d);
+        pthread_rwlock_unlock(&self->lock);
+    }
+    Py_END_ALLOW_THREADS
+    key_release(&k);
+    if (closed)
+        return raise_closed();
+    if (rc != RATE_OK)
+        return raise_rc(rc, NULL);
+    return decision_new(&d);
+}
+
+/* try_acquire(key, permits=1, *, now=None) -> bool: the fast call; bad input
+ * raises (the C call would answer False). */
+static PyObject *Limiter_try_acquire(LimiterObject *self, PyObject *args,
+                                     PyObject *kw)
+{
+    static char *kwlist[] = {"key", "permits", "now", NULL};
+    PyObject *key_obj, *permits_obj = NULL, *now_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$O:try_acquire", kwlist,
+                                     &key_obj, &permits_obj, &now_obj))
+        return NULL;
+    if (limiter_usable(self) < 0)
+        return NULL;
+    uint64_t permits = 1, now_ns = 0;
+    if (permits_obj && u64_arg(permits_obj, "permits", &permits) < 0)
+        return NULL;
+    if (now_obj != Py_None && u64_arg(now_obj, "now", &now_ns) < 0)
+        return NULL;
+    if (permits > RATE_TIME_MAX || now_ns > RATE_TIME_MAX)
+        return raise_rc(RATE_ERANGE, NULL);
+    key_arg_t k;
+    if (key_get(key_obj, &k) < 0)
+        return NULL;
+    if (k.len == 0 || k.len > RATE_KEY_MAX ||
+        (k.len >= RATE_KEY_RESERVED_LEN &&
+         memcmp(k.ptr, RATE_KEY_RESERVED, RATE_KEY_RESERVED_LEN) == 0)) {
+        key_release(&k);
+        return raise_rc(RATE_EKEY, NULL);
+    }
+    bool ok = false;
+    int closed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (limiter_enter(self) < 0) {
+        closed = 1;
+    } else {
+        ok = now_obj != Py_None
+                 ? rate_try_acquire_len_at(self->limiter, k.ptr, k.len, permits, now_ns)
+                 : rate_try_acquire_len(self->limiter, k.ptr, k.len, permits);
+        pthread_rwlock_unlock(&self->lock);
+    }
+    Py_END_ALLOW_THREADS
+    key_release(&k);
+    if (closed)
+        return raise_closed();
+    return PyBool_FromLong(ok);
+}
+
+/* acquire(key, permits=1, *, timeout=0) -> Decision: waits (GIL released). */
+static PyObject *Limiter_acquire(LimiterObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"key", "permits", "timeout", NULL};
+    PyObject *key_obj, *permits_obj = NULL, *timeout_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$O:acquire", kwlist,
+                                     &key_obj, &permits_obj, &timeout_obj))
+        return NULL;
+    if (limiter_usable(self) < 0)
+        return NULL;
+    uint64_t permits = 1, timeout_ns;
+    if (permits_obj && u64_arg(permits_obj, "permits", &permits) < 0)
+        return NULL;
+    if (seconds_arg(timeout_obj, "timeout", 0, &timeout_ns) < 0)
+        return NULL;
+    key_arg_t k;
+    if (key_get(key_obj, &k) < 0)
+        return NULL;
+    rate_decision_t d;
+    int rc = 0, closed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (limiter_enter(self) < 0) {
+        closed = 1;
+    } else {
+        rc = rate_limiter_acquire(self->limiter, k.ptr, k.len, permits,
+                                  timeout_ns, &d);
+        pthread_rwlock_unlock(&self->lock);
+    }
+    Py_END_ALLOW_THREADS
+    key_release(&k);
+    if (closed)
+        return raise_closed();
+    if (rc != RATE_OK)
+        return raise_rc(rc, NULL);
+    return decision_new(&d);
+}
+
+enum change { CHANGE_REFUND, CHANGE_PENALIZE, CHANGE_RESET };
+
+static PyObject *limiter_change(LimiterObject *self, PyObject *args,
+                                PyObject *kw, enum change what)
+{
+    static char *kwlist[] = {"key", "permits", "now", "policy", NULL};
+    PyObject *key_obj, *permits_obj = NULL, *now_obj = Py_None;
+    PyObject *policy_obj = Py_None;
+    if (what == CHANGE_RESET) {
+        static char *kwreset[] = {"key", NULL};
+        if (!PyArg_ParseTupleAndKeywords(args, kw, "O:reset", kwreset, &key_obj))
+            return NULL;
+    } else if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$OO:change", kwlist,
+                                            &key_obj, &permits_obj, &now_obj,
+                                            &policy_obj)) {
+        return NULL;
+    }
+    if (limiter_usable(self) < 0)
+        return NULL;
+    uint64_t permits = 1, now_ns = 0;
+    if (permits_obj && u64_arg(permits_obj, "permits", &permits) < 0)
+        return NULL;
+    if (now_obj != Py_None && u64_arg(now_obj, "now", &now_ns) < 0)
+        return NULL;
+    const rate_policy_t *policy = NULL;
+    if (policy_obj != Py_None) {
+        if (what != CHANGE_REFUND || !PyObject_TypeCheck(policy_obj, &PolicyType)) {
+            PyErr_SetString(PyExc_TypeError,
+                            "policy must be a ratelimit.Policy (refund only)");
+            return NULL;
+        }
+        if (policy_ready((PolicyObject *)policy_obj) < 0)
+            return NULL;
+        policy = ((PolicyObject *)policy_obj)->policy;
+    }
+    key_arg_t k;
+    if (key_get(key_obj, &k) < 0)
+        return NULL;
+    int rc = 0, closed = 0, at = now_obj != Py_None;
+    Py_BEGIN_ALLOW_THREADS
+    if (limiter_enter(self) < 0) {
+        closed = 1;
+    } else {
+        rate_limiter_t *l = self->limiter;
+        switch (what) {
+        case CHANGE_REFUND:
+            if (policy)
+                rc = at ? rate_limiter_refund_policy_at(l, policy, k.ptr, k.len,
+                                                        permits, now_ns)
+                        : rate_limiter_refund_policy(l, policy, k.ptr, k.len,
+                                                     permits);
+            else
+                rc = at ? rate_limiter_refund_at(l, k.ptr, k.len, permits, now_ns)
+                        : rate_limiter_refund(l, k.ptr, k.len, permits);
+            break;
+        case CHANGE_PENALIZE:
+            rc = at ? rate_limiter_penalize_at(l, k.ptr, k.len, permits, now_ns)
+                    : rate_limiter_penalize(l, k.ptr, k.len, permits);
+            break;
+        case CHANGE_RESET:
+            rc = rate_limiter_reset(l, k.ptr, k.len);
+            break;
+        }
+        pthread_rwlock_unlock(&self->lock);
+    }
+    Py_END_ALLOW_THREADS
+    key_release(&k);
+    if (closed)
+        return raise_closed();
+    if (rc != RATE_OK)
+        return raise_rc(rc, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Limiter_refund(LimiterObject *self, PyObject *a, PyObject *kw)
+{
+    return limiter_change(self, a, kw, CHANGE_REFUND);
+}
+
+static PyObject *Limiter_penalize(LimiterObject *self, PyObject *a, PyObject *kw)
+{
+    return limiter_change(self, a, kw, CHANGE_PENALIZE);
+}
+
+static PyObject *Limiter_reset(LimiterObject *self, PyObject *a, PyObject *kw)
+{
+    return limiter_change(self, a, kw, CHANGE_RESET);
+}
+
+/* headers(decision, policy=None) -> (status, {field: value}): the RateLimit
+ * header fields (ratelimit_http.h) of a decision made under `policy` (the
+ * limiter's default when None). */
+static PyObject *Limiter_headers(LimiterObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"decision", "policy", NULL};
+    PyObject *dec, *policy_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:headers", kwlist, &dec,
+                                     &policy_obj))
+        return NULL;
+    if (limiter_usable(self) < 0)
+        return NULL;
+    if (policy_obj == Py_None)
+        policy_obj = self->policy;
+    if (!PyObject_TypeCheck(policy_obj, &PolicyType)) {
+        PyErr_SetString(PyExc_TypeError, "policy must be a ratelimit.Policy");
+        return NULL;
+    }
+    if (policy_ready((PolicyObject *)policy_obj) < 0)
+        return NULL;
+    rate_decision_t d;
+    if (decision_from(dec, &d) < 0)
+        return NULL;
+    rate_headers_t h;
+    int rc = rate_headers_format(((PolicyObject *)policy_obj)->policy, &d, &h);
+    if (rc != RATE_OK)
+        return raise_rc(rc, NULL);
+    PyObject *fields = PyDict_New();
+    if (!fields)
+        return NULL;
+    const char *names[3] = {"RateLimit-Policy", "RateLimit", "Retry-After"};
+    const char *values[3] = {h.policy, h.ratelimit, h.retry_after};
+    for (int i = 0; i < 3; i++) {
+        if (!values[i][0])
+            continue;
+        PyObject *v = PyUnicode_FromString(values[i]);
+        if (!v || PyDict_SetItemString(fields, names[i], v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(fields);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return Py_BuildValue("(iN)", h.status, fields);
+}
+
+static PyObject *Limiter_stats(LimiterObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (limiter_usable(self) < 0)
+        return NULL;
+    rate_stats_t st;
+    int rc = 0, closed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (limiter_enter(self) < 0) {
+        closed = 1;
+    } else {
+        rc = rate_limiter_stats(self->limiter, &st);
+        pthread_rwlock_unlock(&self->lock);
+    }
+    Py_END_ALLOW_THREADS
+    if (closed)
+        return raise_closed();
+    if (rc != RATE_OK)
+        return raise_rc(rc, NULL);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K}", "keys",
+                         (unsigned long long)st.keys, "allowed",
+                         (unsigned long long)st.allowed, "denied",
+                         (unsigned long long)st.denied, "store_errors",
+                         (unsigned long long)st.store_errors, "evictions",
+                         (unsigned long long)st.evictions);
+}
+
+static PyObject *Limiter_enter(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Py_INCREF(self);
+    return self;
+}
+
+static PyObject *Limiter_exit(LimiterObject *self, PyObject *args)
+{
+    (void)args;
+    limiter_close(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Limiter_get_policy(LimiterObject *self, void *c)
+{
+    (void)c;
+    if (!self->policy)
+        Py_RETURN_NONE;
+    Py_INCREF(self->policy);
+    return self->policy;
+}
+
+static PyObject *Limiter_get_store(LimiterObject *self, void *c)
+{
+    (void)c;
+    PyObject *s = self->store ? self->store : Py_None;
+    Py_INCREF(s);
+    return s;
+}
+
+static PyObject *Limiter_get_closed(LimiterObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(self->limiter == NULL);
+}
+
+static PyMethodDef Limiter_methods[] = {
+    {"check", (PyCFunction)(void (*)(void))Limiter_check,
+     METH_VARARGS | METH_KEYWORDS,
+     "check(key, permits=1, *, max_wait=0, now=None, policy=None) -> Decision"},
+    {"try_acquire", (PyCFunction)(void (*)(void))Limiter_try_acquire,
+     METH_VARARGS | METH_KEYWORDS,
+     "try_acquire(key, permits=1, *, now=None) -> bool"},
+    {"acquire", (PyCFunction)(void (*)(void))Limiter_acquire,
+     METH_VARARGS | METH_KEYWORDS,
+     "acquire(key, permits=1, *, timeout=0) -> Decision: waits up to timeout s"},
+    {"refund", (PyCFunction)(void (*)(void))Limiter_refund,
+     METH_VARARGS | METH_KEYWORDS,
+     "refund(key, permits=1, *, now=None, policy=None): gives permits back"},
+    {"penalize", (PyCFunction)(void (*)(void))Limiter_penalize,
+     METH_VARARGS | METH_KEYWORDS,
+     "penalize(key, permits=1, *, now=None): charges permits whatever remains"},
+    {"reset", (PyCFunction)(void (*)(void))Limiter_reset,
+     METH_VARARGS | METH_KEYWORDS, "reset(key): forgets the key"},
+    {"headers", (PyCFunction)(void (*)(void))Limiter_headers,
+     METH_VARARGS | METH_KEYWORDS,
+     "headers(decision, policy=None) -> (status, fields)"},
+    {"stats", (PyCFunction)Limiter_stats, METH_NOARGS, "the limiter's figures"},
+    {"close", (PyCFunction)Limiter_close, METH_NOARGS,
+     "frees the limiter; later calls raise ValueError"},
+    {"__enter__", Limiter_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)Limiter_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef Limiter_getset[] = {
+    {"policy", (getter)Limiter_get_policy, NULL, "the default policy", NULL},
+    {"store", (getter)Limiter_get_store, NULL, "the store (None: private)", NULL},
+    {"closed", (getter)Limiter_get_closed, NULL, "closed already", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject LimiterType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ratelimit.Limiter",
+    .tp_basicsize = sizeof(LimiterObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "Limiter(policy, store=None, *, fail='closed', shadow=False)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Limiter_init,
+    .tp_dealloc = (destructor)Limiter_dealloc,
+    .tp_methods = Limiter_methods,
+    .tp_getset = Limiter_getset,
+};
+
+/* --------------------------------------------------------------- module */
+
+/* The floor of the bench: a Python call into a C function that does
+ * nothing. */
+static PyObject *mod_noop(PyObject *m, PyObject *args)
+{
+    (void)m;
+    (void)args;
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_monotonic_ns(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(rate_clock_monotonic_ns());
+}
+
+static PyObject *mod_parse_duration(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    const char *text;
+    if (cstring_arg(arg, "duration", &text) < 0)
+        return NULL;
+    char err[ERRLEN] = "";
+    uint64_t ns;
+    int rc = rate_parse_duration(text, &ns, err, sizeof err);
+    if (rc != RATE_OK)
+        return raise_rc(rc, err);
+    return PyLong_FromUnsignedLongLong(ns);
+}
+
+static PyMethodDef module_methods[] = {
+    {"memory_store", (PyCFunction)(void (*)(void))mod_memory_store,
+     METH_VARARGS | METH_KEYWORDS,
+     "memory_store(*, max_keys=0, shards=0) -> Store"},
+    {"shm_store", (PyCFunction)(void (*)(void))mod_shm_store,
+     METH_VARARGS | METH_KEYWORDS,
+     "shm_store(path, *, max_keys=0, key_max=0, state_max=0, prefix=None, "
+     "no_create=False, mode=0) -> Store"},
+    {"redis_store", (PyCFunction)(void (*)(void))mod_redis_store,
+     METH_VARARGS | METH_KEYWORDS,
+     "redis_store(url, *, prefix=None, module='auto', no_ttl=False, "
+     "client_time=False, connect_timeout=None, command_timeout=None, "
+     "pool_size=0, lazy_connect=False) -> Store"},
+    {"noop", mod_noop, METH_VARARGS, "does nothing (the bench's floor)"},
+    {"monotonic_ns", mod_monotonic_ns, METH_NOARGS,
+     "the library's clock (CLOCK_MONOTONIC), ns"},
+    {"parse_duration", mod_parse_duration, METH_O,
+     "parse_duration(text) -> ns ('250ms', '1m')"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "ratelimit._ratelimit",
+    "The C binding of libratelimit (use the ratelimit package).", -1,
+    module_methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__ratelimit(void)
+{
+    PyObject *m = PyModule_Create(&module_def);
+    if (!m)
+        return NULL;
+    DecisionType = PyStructSequence_NewType(&decision_desc);
+    if (!DecisionType || PyType_Ready(&PolicyType) < 0 ||
+        PyType_Ready(&StoreType) < 0 || PyType_Ready(&LimiterType) < 0)
+        goto fail;
+    Error = PyErr_NewExceptionWithDoc(
+        "ratelimit.Error",
+        "An error of the library: the message is the library's; .code is "
+        "the RATE_E* code, .name its name.",
+        NULL, NULL);
+    if (!Error)
+        goto fail;
+    if (PyModule_AddObjectRef(m, "Error", Error) < 0 ||
+        PyModule_AddObjectRef(m, "Decision", (PyObject *)DecisionType) < 0 ||
+        PyModule_AddObjectRef(m, "Policy", (PyObject *)&PolicyType) < 0 ||
+        PyModule_AddObjectRef(m, "Store", (PyObject *)&StoreType) < 0 ||
+        PyModule_AddObjectRef(m, "Limiter", (PyObject *)&LimiterType) < 0)
+        goto fail;
+#define ADD_CODE(name, code, text)                                   \
+    if (PyModule_AddIntConstant(m, #name, code) < 0)              \
+        goto fail;
+    RATE_ERRNO_MAP(ADD_CODE)
+#undef ADD_CODE
+    if (PyModule_AddObject(m, "NEVER",
+                           PyLong_FromUnsignedLongLong(RATE_NEVER)) < 0 ||
+        PyModule_AddIntConstant(m, "KEY_MAX", RATE_KEY_MAX) < 0 ||
+        PyModule_AddStringConstant(m, "__version__", "0.4.0") < 0)
+        goto fail;
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}
