@@ -1,0 +1,65 @@
+# SPDX-License-Identifier: MIT
+"""The same decisions as the C command's `replay` (its trace contract) on
+random traces, on each store."""
+
+import random
+import subprocess
+
+import pytest
+
+import ratelimit
+
+POLICIES = [
+    ("token-bucket 5/s burst=3", "0"),
+    ("token-bucket 5/s burst=3", "2s"),
+    ("leaky-bucket 4/s capacity=2", "1s"),
+    ("fixed-window 3/700ms", "0"),
+    ("sliding-log 3/1s", "0"),
+    ("sliding-window 4/1s", "0"),
+    ("token-bucket 10/s burst=4; fixed-window 20/3s", "0"),
+    ("sliding-window 5/2s block=1s", "0"),
+]
+STORES = ["memory", "shm", "redis", "redis-module"]
+
+
+def seconds(ns):
+    return "%d.%09d" % divmod(ns, 10**9)
+
+
+def trace(rng, n=300):
+    t, lines = 0, []
+    for _ in range(n):
+        t += rng.choice([0, 0, 1, rng.randrange(1, 10**9),
+                         rng.randrange(1, 3 * 10**8)])
+        key = rng.choice(["a", "b", "c", "key:with:colons"])
+        permits = rng.choice([1, 1, 1, 0, 2, 3, 5])
+        lines.append((t, key, permits))
+    return lines
+
+
+def replay_line(t, key, permits, d):
+    return "\t".join([
+        seconds(t), key, str(permits), "allow" if d.allowed else "deny",
+        seconds(d.delay_ns), str(d.remaining),
+        "inf" if d.retry_after_ns == ratelimit.NEVER else seconds(d.retry_after_ns),
+        seconds(d.reset_after_ns)])
+
+
+@pytest.mark.parametrize("store_kind", STORES)
+@pytest.mark.parametrize("policy,max_wait", POLICIES)
+def test_replay_differential(cli, make_store, store_kind, policy, max_wait):
+    rng = random.Random("%s|%s|%s" % (store_kind, policy, max_wait))
+    requests = trace(rng)
+    text = "".join("%s %s %d\n" % (seconds(t), k, p) for t, k, p in requests)
+    want = subprocess.run(
+        [cli, "replay", "--policy", policy, "--max-wait", max_wait],
+        input=text.encode(), capture_output=True, check=True).stdout.decode()
+    wait_s = ratelimit.parse_duration(max_wait) / 1e9 if max_wait != "0" else 0
+    got = []
+    with ratelimit.Limiter(ratelimit.Policy(policy),
+                           make_store(store_kind)) as lim:
+        for t, k, p in requests:
+            got.append(replay_line(t, k, p,
+                                   lim.check(k, p, max_wait=wait_s, now=t)))
+    assert "\n".join(got) == want.rstrip("\n")
+    assert want.count("\n") == len(requests)
