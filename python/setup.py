@@ -16,6 +16,19 @@ import shlex
 import subprocess
 
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+# ratelimit-limits.pth: registers the ratelimit+ storages of limits and
+# Flask-Limiter when limits is imported (_ratelimit_autoload.py), so that a
+# storage URI is all an application changes.
+PTH = "ratelimit-limits.pth"
+
+
+class build_py_pth(build_py):
+    def run(self):
+        super().run()
+        with open(os.path.join(self.build_lib, PTH), "w") as f:
+            f.write("import _ratelimit_autoload as m; m.install()\n")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -63,11 +76,13 @@ setup(
                 "and Flask-Limiter",
     license="MIT",
     packages=["ratelimit"],
+    py_modules=["_ratelimit_autoload"],
     ext_modules=[Extension(
         "ratelimit._ratelimit", ["ratelimit/_ratelimit.c"],
         include_dirs=inc, library_dirs=libdirs, libraries=libs,
         extra_compile_args=other + ["-std=c11", "-Wall", "-Wextra", "-Werror",
                                     "-Wno-missing-field-initializers",
                                     "-Wno-cast-function-type"])],
+    cmdclass={"build_py": build_py_pth},
     zip_safe=False,
 )

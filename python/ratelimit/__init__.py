@@ -21,7 +21,7 @@ import re as _re
 from . import _ratelimit
 from ._ratelimit import (Decision, Error, Limiter, Store, memory_store,
                          monotonic_ns, noop, parse_duration, redis_store,
-                         shm_store, NEVER, KEY_MAX)
+                         shm_store, strerror, NEVER, KEY_MAX)
 
 __version__ = _ratelimit.__version__
 
@@ -66,6 +66,16 @@ def limits_text(text, algorithm="fixed-window"):
     return "; ".join(parts)
 
 
+def raise_store_error(decision):
+    """Raises Error for a decision the store failed (reason 'store-error'),
+    with the store's code and message, for callers that would rather stop
+    than take the fail mode's verdict."""
+    name, text = strerror(decision.error)
+    e = Error(text)
+    e.code, e.name = decision.error, name
+    raise e
+
+
 class Policy(_ratelimit.Policy):
     """Policy(text, name=None, algorithm="fixed-window"): the library's text
     form, or the wording of `limits` (each of its limits then under
@@ -82,5 +92,5 @@ class Policy(_ratelimit.Policy):
 
 
 __all__ = ["Decision", "Error", "Limiter", "Policy", "Store", "memory_store",
-           "shm_store", "redis_store", "limits_text", "monotonic_ns",
-           "parse_duration", "noop", "NEVER", "KEY_MAX"] + _CODES
+           "shm_store", "redis_store", "limits_text", "raise_store_error", "monotonic_ns",
+           "parse_duration", "strerror", "noop", "NEVER", "KEY_MAX"] + _CODES

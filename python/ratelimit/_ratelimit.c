@@ -15,6 +15,7 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
@@ -1250,7 +1251,21 @@ static PyObject *mod_parse_duration(PyObject *m, PyObject *arg)
     return PyLong_FromUnsignedLongLong(ns);
 }
 
+static PyObject *mod_strerror(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    long code = PyLong_AsLong(arg);
+    if (code == -1 && PyErr_Occurred())
+        return NULL;
+    if (code < INT_MIN || code > INT_MAX)
+        code = INT_MIN;
+    return Py_BuildValue("(ss)", rate_err_name((int)code),
+                         rate_strerror((int)code));
+}
+
 static PyMethodDef module_methods[] = {
+    {"strerror", mod_strerror, METH_O,
+     "strerror(code) -> (name, text): an error code's name and message"},
     {"memory_store", (PyCFunction)(void (*)(void))mod_memory_store,
      METH_VARARGS | METH_KEYWORDS,
      "memory_store(*, max_keys=0, shards=0) -> Store"},
