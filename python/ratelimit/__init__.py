@@ -16,11 +16,13 @@ Errors of the library raise ratelimit.Error (the library's message, .code,
 a closed limiter ValueError.
 """
 
+import asyncio as _asyncio
 import re as _re
 
 from . import _ratelimit
 from ._ratelimit import (Decision, Error, Limiter, Store, memory_store,
                          monotonic_ns, noop, parse_duration, redis_store,
+                         redis_async_store,
                          shm_store, strerror, NEVER, KEY_MAX)
 
 __version__ = _ratelimit.__version__
@@ -91,6 +93,28 @@ class Policy(_ratelimit.Policy):
         super().__init__(text, name)
 
 
-__all__ = ["Decision", "Error", "Limiter", "Policy", "Store", "memory_store",
+class AsyncLimiter(Limiter):
+    """A Limiter whose check() and acquire() are coroutines that never block
+    the event loop: on redis_async_store(url, loop) the decision is the
+    asynchronous store's (its socket and timer on the loop, no thread);
+    on the other stores it is made at once.  Run them on the loop's thread.
+    refund(), penalize() and reset() are the Limiter's (on an asynchronous
+    Redis store they block, through the synchronous store it owns)."""
+
+    async def check(self, key, permits=1, *, max_wait=0):
+        fut = _asyncio.get_running_loop().create_future()
+        d = self._check_start(key, permits, max_wait, fut)
+        return d if d is not None else await fut
+
+    async def acquire(self, key, permits=1, *, timeout=0):
+        """Reserves permits (waiting up to `timeout` s) and sleeps the
+        reservation's delay: the Decision, allowed or not."""
+        d = await self.check(key, permits, max_wait=timeout)
+        if d.allowed and d.delay_ns:
+            await _asyncio.sleep(d.delay)
+        return d
+
+
+__all__ = ["AsyncLimiter", "redis_async_store", "Decision", "Error", "Limiter", "Policy", "Store", "memory_store",
            "shm_store", "redis_store", "limits_text", "raise_store_error", "monotonic_ns",
            "parse_duration", "strerror", "noop", "NEVER", "KEY_MAX"] + _CODES

@@ -2,8 +2,10 @@
 /*
  * _ratelimit.c -- the CPython binding of libratelimit (docs/python.md).
  *
- * Map: errors; Policy; the stores (Store: memory, shm, Redis); Limiter
- * (decisions, changes, headers); the module.
+ * Map: errors; Policy; the asyncio adapter (a rate_loop_t on asyncio's
+ * add_reader, add_writer and call_later); the stores (Store: memory, shm,
+ * Redis, asynchronous Redis); Limiter (decisions, asynchronous decisions,
+ * changes, headers); the module.
  *
  * Every call that may block (a store's I/O, a shared-memory lock, an
  * acquire's sleep) runs with the GIL released.  A Limiter's calls hold its
@@ -22,6 +24,7 @@
 
 #include "ratelimit.h"
 #include "ratelimit_http.h"
+#include "ratelimit_loop.h"
 #include "ratelimit_redis.h"
 #include "ratelimit_shm.h"
 
@@ -408,13 +411,267 @@ static PyTypeObject PolicyType = {
     .tp_richcompare = Policy_richcompare,
 };
 
+
+/* ------------------------------------------------------ asyncio adapter */
+
+/* A rate_loop_t over an asyncio event loop: a watch is an IoWatch object
+ * whose bound methods are the loop's reader and writer callbacks, a timer
+ * a LoopTimer whose bound method call_later calls.  The store calls the
+ * table on the loop's thread, from asyncio's callbacks or from the
+ * binding's calls (GIL held), and from rate_store_free and creation (GIL
+ * released): each function takes the GIL itself. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *loop;       /* the asyncio loop */
+    int fd;
+    unsigned events;      /* watched now */
+    rate_loop_io_fn fn;
+    void *arg;
+    int freed;
+} IoWatchObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *loop;
+    PyObject *handle;     /* the TimerHandle while armed, else NULL */
+    rate_loop_timer_fn fn;
+    void *arg;
+    int freed;
+} LoopTimerObject;
+
+static void IoWatch_dealloc(IoWatchObject *self)
+{
+    Py_XDECREF(self->loop);
+    PyObject_Free(self);
+}
+
+static PyObject *io_ready(IoWatchObject *self, unsigned events)
+{
+    if (!self->freed && (self->events & events))
+        self->fn(self->arg, events);
+    Py_RETURN_NONE;
+}
+
+static PyObject *IoWatch_on_read(IoWatchObject *self, PyObject *unused)
+{
+    (void)unused;
+    return io_ready(self, RATE_LOOP_READ);
+}
+
+static PyObject *IoWatch_on_write(IoWatchObject *self, PyObject *unused)
+{
+    (void)unused;
+    return io_ready(self, RATE_LOOP_WRITE);
+}
+
+static PyMethodDef IoWatch_methods[] = {
+    {"on_read", (PyCFunction)IoWatch_on_read, METH_NOARGS, NULL},
+    {"on_write", (PyCFunction)IoWatch_on_write, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject IoWatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ratelimit._IoWatch",
+    .tp_basicsize = sizeof(IoWatchObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)IoWatch_dealloc,
+    .tp_methods = IoWatch_methods,
+};
+
+static void LoopTimer_dealloc(LoopTimerObject *self)
+{
+    Py_XDECREF(self->loop);
+    Py_XDECREF(self->handle);
+    PyObject_Free(self);
+}
+
+static PyObject *LoopTimer_fire(LoopTimerObject *self, PyObject *unused)
+{
+    (void)unused;
+    Py_CLEAR(self->handle);
+    if (!self->freed)
+        self->fn(self->arg);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef LoopTimer_methods[] = {
+    {"fire", (PyCFunction)LoopTimer_fire, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject LoopTimerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ratelimit._LoopTimer",
+    .tp_basicsize = sizeof(LoopTimerObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)LoopTimer_dealloc,
+    .tp_methods = LoopTimer_methods,
+};
+
+/* An exception inside the adapter cannot reach a Python caller: it is
+ * reported as unraisable and the function fails as the table allows. */
+static void adapter_unraisable(const char *what)
+{
+    if (PyErr_Occurred()) {
+        PyObject *msg = PyUnicode_FromString(what);
+        PyErr_WriteUnraisable(msg);
+        Py_XDECREF(msg);
+    }
+}
+
+static void *aio_io_new(void *ud, int fd, rate_loop_io_fn fn, void *arg)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    IoWatchObject *w = PyObject_New(IoWatchObject, &IoWatchType);
+    if (w) {
+        Py_INCREF((PyObject *)ud);
+        w->loop = ud;
+        w->fd = fd;
+        w->events = 0;
+        w->fn = fn;
+        w->arg = arg;
+        w->freed = 0;
+    } else {
+        adapter_unraisable("ratelimit: asyncio watch");
+    }
+    PyGILState_Release(g);
+    return w;
+}
+
+/* Adds or removes the reader or writer whose bit changed. */
+static int aio_watch_bit(IoWatchObject *w, unsigned events, unsigned bit,
+                         const char *add, const char *remove,
+                         const char *method)
+{
+    PyObject *r;
+    if ((events & bit) && !(w->events & bit)) {
+        PyObject *cb = PyObject_GetAttrString((PyObject *)w, method);
+        if (!cb)
+            return -1;
+        r = PyObject_CallMethod(w->loop, add, "iO", w->fd, cb);
+        Py_DECREF(cb);
+    } else if (!(events & bit) && (w->events & bit)) {
+        r = PyObject_CallMethod(w->loop, remove, "i", w->fd);
+    } else {
+        return 0;
+    }
+    if (!r)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static int aio_io_set(void *ud, void *io, unsigned events)
+{
+    (void)ud;
+    PyGILState_STATE g = PyGILState_Ensure();
+    IoWatchObject *w = io;
+    int rc = 0;
+    if (aio_watch_bit(w, events, RATE_LOOP_READ, "add_reader", "remove_reader",
+                      "on_read") < 0 ||
+        aio_watch_bit(w, events, RATE_LOOP_WRITE, "add_writer",
+                      "remove_writer", "on_write") < 0) {
+        adapter_unraisable("ratelimit: asyncio add_reader/add_writer");
+        rc = -1;
+    } else {
+        w->events = events;
+    }
+    PyGILState_Release(g);
+    return rc;
+}
+
+static void aio_io_free(void *ud, void *io)
+{
+    (void)ud;
+    PyGILState_STATE g = PyGILState_Ensure();
+    IoWatchObject *w = io;
+    if (aio_watch_bit(w, 0, RATE_LOOP_READ, "add_reader", "remove_reader",
+                      "on_read") < 0 ||
+        aio_watch_bit(w, 0, RATE_LOOP_WRITE, "add_writer", "remove_writer",
+                      "on_write") < 0)
+        PyErr_Clear(); /* a closed loop: nothing left to remove */
+    w->events = 0;
+    w->freed = 1;
+    Py_DECREF(w);
+    PyGILState_Release(g);
+}
+
+static void *aio_timer_new(void *ud, rate_loop_timer_fn fn, void *arg)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    LoopTimerObject *t = PyObject_New(LoopTimerObject, &LoopTimerType);
+    if (t) {
+        Py_INCREF((PyObject *)ud);
+        t->loop = ud;
+        t->handle = NULL;
+        t->fn = fn;
+        t->arg = arg;
+        t->freed = 0;
+    } else {
+        adapter_unraisable("ratelimit: asyncio timer");
+    }
+    PyGILState_Release(g);
+    return t;
+}
+
+static void aio_timer_cancel_held(LoopTimerObject *t)
+{
+    if (t->handle) {
+        PyObject *r = PyObject_CallMethod(t->handle, "cancel", NULL);
+        if (r)
+            Py_DECREF(r);
+        else
+            PyErr_Clear();
+        Py_CLEAR(t->handle);
+    }
+}
+
+static int aio_timer_arm(void *ud, void *timer, uint64_t after_ns)
+{
+    (void)ud;
+    PyGILState_STATE g = PyGILState_Ensure();
+    LoopTimerObject *t = timer;
+    aio_timer_cancel_held(t);
+    int rc = 0;
+    PyObject *cb = PyObject_GetAttrString((PyObject *)t, "fire");
+    if (cb) {
+        t->handle = PyObject_CallMethod(t->loop, "call_later", "dO",
+                                        (double)after_ns / 1e9, cb);
+        Py_DECREF(cb);
+    }
+    if (!t->handle) {
+        adapter_unraisable("ratelimit: asyncio call_later");
+        rc = -1;
+    }
+    PyGILState_Release(g);
+    return rc;
+}
+
+static void aio_timer_cancel(void *ud, void *timer)
+{
+    (void)ud;
+    PyGILState_STATE g = PyGILState_Ensure();
+    aio_timer_cancel_held(timer);
+    PyGILState_Release(g);
+}
+
+static void aio_timer_free(void *ud, void *timer)
+{
+    (void)ud;
+    PyGILState_STATE g = PyGILState_Ensure();
+    LoopTimerObject *t = timer;
+    aio_timer_cancel_held(t);
+    t->freed = 1;
+    Py_DECREF(t);
+    PyGILState_Release(g);
+}
+
 /* ---------------------------------------------------------------- Store */
 
 typedef struct {
     PyObject_HEAD
     rate_store_t *store;
-    const char *kind;   /* "memory", "shm", "redis" */
+    const char *kind;   /* "memory", "shm", "redis", "redis-async" */
     Py_ssize_t users;   /* open limiters on it */
+    PyObject *loop;     /* redis-async: the asyncio loop, kept alive */
 } StoreObject;
 
 static PyTypeObject StoreType;
@@ -426,6 +683,7 @@ static StoreObject *store_alloc(const char *kind)
         s->store = NULL;
         s->kind = kind;
         s->users = 0;
+        s->loop = NULL;
     }
     return s;
 }
@@ -434,6 +692,7 @@ static void Store_dealloc(StoreObject *self)
 {
     /* A limiter holds a reference: no user is left here. */
     rate_store_free(self->store);
+    Py_XDECREF(self->loop);
     PyObject_Free(self);
 }
 
@@ -492,7 +751,7 @@ static PyObject *Store_drop(StoreObject *self, PyObject *unused)
         Py_BEGIN_ALLOW_THREADS
         rc = rate_store_shm_drop(self->store);
         Py_END_ALLOW_THREADS
-    } else if (strcmp(self->kind, "redis") == 0) {
+    } else if (strncmp(self->kind, "redis", 5) == 0) {
         Py_BEGIN_ALLOW_THREADS
         rc = rate_store_redis_drop(self->store);
         Py_END_ALLOW_THREADS
@@ -680,6 +939,79 @@ static PyObject *mod_redis_store(PyObject *m, PyObject *args, PyObject *kw)
     return (PyObject *)s;
 }
 
+/* redis_async_store(url, loop, ...): the asynchronous Redis store over an
+ * asyncio loop (create it on the loop's thread; close it there). */
+static PyObject *mod_redis_async_store(PyObject *m, PyObject *args, PyObject *kw)
+{
+    (void)m;
+    static char *kwlist[] = {"url", "loop", "prefix", "module", "no_ttl",
+                             "connect_timeout", "command_timeout",
+                             "lazy_connect", NULL};
+    PyObject *url_obj, *loop_obj, *prefix_obj = Py_None, *module_obj = Py_None;
+    PyObject *cto = Py_None, *cmto = Py_None;
+    int no_ttl = 0, lazy = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOpOOp:redis_async_store",
+                                     kwlist, &url_obj, &loop_obj, &prefix_obj,
+                                     &module_obj, &no_ttl, &cto, &cmto, &lazy))
+        return NULL;
+    rate_redis_options_t o;
+    memset(&o, 0, sizeof o);
+    const char *url, *prefix = NULL, *module = "auto";
+    if (cstring_arg(url_obj, "url", &url) < 0)
+        return NULL;
+    if (prefix_obj != Py_None && cstring_arg(prefix_obj, "prefix", &prefix) < 0)
+        return NULL;
+    if (module_obj != Py_None && cstring_arg(module_obj, "module", &module) < 0)
+        return NULL;
+    if (strcmp(module, "auto") == 0)
+        o.module = RATE_REDIS_MODULE_AUTO;
+    else if (strcmp(module, "on") == 0)
+        o.module = RATE_REDIS_MODULE_ON;
+    else if (strcmp(module, "off") == 0)
+        o.module = RATE_REDIS_MODULE_OFF;
+    else {
+        PyErr_Format(PyExc_ValueError,
+                     "module must be 'auto', 'on' or 'off', not '%s'", module);
+        return NULL;
+    }
+    if (!PyObject_HasAttrString(loop_obj, "add_reader") ||
+        !PyObject_HasAttrString(loop_obj, "call_later")) {
+        PyErr_SetString(PyExc_TypeError, "loop must be an asyncio event loop");
+        return NULL;
+    }
+    if (seconds_arg(cto, "connect_timeout", 0, &o.connect_timeout_ns) < 0 ||
+        seconds_arg(cmto, "command_timeout", 0, &o.command_timeout_ns) < 0)
+        return NULL;
+    o.prefix = prefix;
+    o.no_ttl = no_ttl != 0;
+    o.lazy_connect = lazy != 0;
+    rate_loop_t loop;
+    memset(&loop, 0, sizeof loop);
+    loop.ud = loop_obj;
+    loop.io_new = aio_io_new;
+    loop.io_set = aio_io_set;
+    loop.io_free = aio_io_free;
+    loop.timer_new = aio_timer_new;
+    loop.timer_arm = aio_timer_arm;
+    loop.timer_cancel = aio_timer_cancel;
+    loop.timer_free = aio_timer_free;
+    StoreObject *s = store_alloc("redis-async");
+    if (!s)
+        return NULL;
+    Py_INCREF(loop_obj);
+    s->loop = loop_obj;
+    char err[ERRLEN] = "";
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rate_store_redis_async_new(url, &o, &loop, &s->store, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc != RATE_OK) {
+        Py_DECREF(s);
+        return raise_rc(rc, err);
+    }
+    return (PyObject *)s;
+}
+
 /* -------------------------------------------------------------- Limiter */
 
 typedef struct {
@@ -689,6 +1021,7 @@ typedef struct {
     PyObject *policy; /* the default PolicyObject */
     pthread_rwlock_t lock; /* read: a call; write: close */
     int lock_ready;
+    Py_ssize_t in_flight; /* asynchronous decisions not yet called back */
 } LimiterObject;
 
 static PyTypeObject LimiterType;
@@ -785,6 +1118,11 @@ static void limiter_close(LimiterObject *self)
 static PyObject *Limiter_close(LimiterObject *self, PyObject *unused)
 {
     (void)unused;
+    if (self->in_flight > 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the limiter has decisions in flight: await them first");
+        return NULL;
+    }
     limiter_close(self);
     Py_RETURN_NONE;
 }
@@ -974,6 +1312,102 @@ static PyObject *Limiter_acquire(LimiterObject *self, PyObject *args, PyObject *
     return decision_new(&d);
 }
 
+
+/* The asynchronous decision's callback: the future gets the decision, or
+ * Error; a cancelled future nothing.  ud is a (future, limiter) tuple the
+ * call made, which keeps both alive until now. */
+static void check_done(void *ud, int rc, const rate_decision_t *d)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *pair = ud; /* (future, limiter) */
+    PyObject *fut = PyTuple_GET_ITEM(pair, 0);
+    ((LimiterObject *)PyTuple_GET_ITEM(pair, 1))->in_flight--;
+    PyObject *done = PyObject_CallMethod(fut, "done", NULL);
+    int skip = done ? PyObject_IsTrue(done) : 1;
+    Py_XDECREF(done);
+    if (!skip) {
+        PyObject *r = NULL;
+        if (rc == RATE_OK) {
+            PyObject *dec = decision_new(d);
+            if (dec) {
+                r = PyObject_CallMethod(fut, "set_result", "(O)", dec);
+                Py_DECREF(dec);
+            }
+        } else {
+            raise_rc(rc, NULL);
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            r = PyObject_CallMethod(fut, "set_exception", "(O)", value);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+        }
+        if (!r) {
+            /* never leave the awaiting task hanging: it gets the error */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            r = PyObject_CallMethod(fut, "set_exception", "(O)",
+                                    value ? value : Py_None);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+        }
+        Py_XDECREF(r);
+    }
+    if (PyErr_Occurred())
+        adapter_unraisable("ratelimit: asynchronous decision");
+    Py_DECREF(pair);
+    PyGILState_Release(g);
+}
+
+/* _check_start(key, permits, max_wait_ns, future) -> Decision or None: the
+ * decision at once, or None and the future gets it (on the loop's thread;
+ * never blocks). */
+static PyObject *Limiter_check_start(LimiterObject *self, PyObject *args)
+{
+    PyObject *key_obj, *permits_obj, *wait_obj, *fut;
+    if (!PyArg_ParseTuple(args, "OOOO:_check_start", &key_obj, &permits_obj,
+                          &wait_obj, &fut))
+        return NULL;
+    if (limiter_usable(self) < 0)
+        return NULL;
+    uint64_t permits, wait_ns;
+    if (u64_arg(permits_obj, "permits", &permits) < 0 ||
+        seconds_arg(wait_obj, "max_wait", 0, &wait_ns) < 0)
+        return NULL;
+    key_arg_t k;
+    if (key_get(key_obj, &k) < 0)
+        return NULL;
+    rate_decision_t d;
+    PyObject *pair = PyTuple_Pack(2, fut, (PyObject *)self);
+    if (!pair) {
+        key_release(&k);
+        return NULL;
+    }
+    /* The GIL stays held: the call never blocks, and the adapter and the
+     * callback run on this thread (a close() in another thread holds the
+     * write lock only while it frees, which takes no GIL). */
+    if (limiter_enter(self) < 0) {
+        key_release(&k);
+        Py_DECREF(pair);
+        return raise_closed();
+    }
+    self->in_flight++;
+    int rc = rate_limiter_check_start(self->limiter, k.ptr, k.len, permits,
+                                      wait_ns, &d, check_done, pair);
+    pthread_rwlock_unlock(&self->lock);
+    key_release(&k);
+    if (rc == RATE_PENDING)
+        Py_RETURN_NONE;
+    self->in_flight--;
+    Py_DECREF(pair);
+    if (rc != RATE_OK)
+        return raise_rc(rc, NULL);
+    return decision_new(&d);
+}
+
 enum change { CHANGE_REFUND, CHANGE_PENALIZE, CHANGE_RESET };
 
 static PyObject *limiter_change(LimiterObject *self, PyObject *args,
@@ -1146,8 +1580,7 @@ static PyObject *Limiter_enter(PyObject *self, PyObject *unused)
 static PyObject *Limiter_exit(LimiterObject *self, PyObject *args)
 {
     (void)args;
-    limiter_close(self);
-    Py_RETURN_NONE;
+    return Limiter_close(self, NULL);
 }
 
 static PyObject *Limiter_get_policy(LimiterObject *self, void *c)
@@ -1177,6 +1610,8 @@ static PyMethodDef Limiter_methods[] = {
     {"check", (PyCFunction)(void (*)(void))Limiter_check,
      METH_VARARGS | METH_KEYWORDS,
      "check(key, permits=1, *, max_wait=0, now=None, policy=None) -> Decision"},
+    {"_check_start", (PyCFunction)Limiter_check_start, METH_VARARGS,
+     "_check_start(key, permits, max_wait, future) -> Decision or None"},
     {"try_acquire", (PyCFunction)(void (*)(void))Limiter_try_acquire,
      METH_VARARGS | METH_KEYWORDS,
      "try_acquire(key, permits=1, *, now=None) -> bool"},
@@ -1278,6 +1713,11 @@ static PyMethodDef module_methods[] = {
      "redis_store(url, *, prefix=None, module='auto', no_ttl=False, "
      "client_time=False, connect_timeout=None, command_timeout=None, "
      "pool_size=0, lazy_connect=False) -> Store"},
+    {"redis_async_store", (PyCFunction)(void (*)(void))mod_redis_async_store,
+     METH_VARARGS | METH_KEYWORDS,
+     "redis_async_store(url, loop, *, prefix=None, module='auto', "
+     "no_ttl=False, connect_timeout=None, command_timeout=None, "
+     "lazy_connect=False) -> Store"},
     {"noop", mod_noop, METH_VARARGS, "does nothing (the bench's floor)"},
     {"monotonic_ns", mod_monotonic_ns, METH_NOARGS,
      "the library's clock (CLOCK_MONOTONIC), ns"},
@@ -1297,7 +1737,8 @@ PyMODINIT_FUNC PyInit__ratelimit(void)
         return NULL;
     DecisionType = PyStructSequence_NewType(&decision_desc);
     if (!DecisionType || PyType_Ready(&PolicyType) < 0 ||
-        PyType_Ready(&StoreType) < 0 || PyType_Ready(&LimiterType) < 0)
+        PyType_Ready(&StoreType) < 0 || PyType_Ready(&LimiterType) < 0 ||
+        PyType_Ready(&IoWatchType) < 0 || PyType_Ready(&LoopTimerType) < 0)
         goto fail;
     Error = PyErr_NewExceptionWithDoc(
         "ratelimit.Error",
