@@ -1022,7 +1022,63 @@ typedef struct {
     pthread_rwlock_t lock; /* read: a call; write: close */
     int lock_ready;
     Py_ssize_t in_flight; /* asynchronous decisions not yet called back */
+    int memory_only;      /* on a memory store: its calls never wait */
 } LimiterObject;
+
+/* A decision on the memory store never waits (a shard's spin lock is held
+ * for the step only): it keeps the GIL, saving the release and the take.
+ * Every other store's calls release it. */
+#define DECIDE_BEGIN(self) \
+    { \
+        PyThreadState *ts_ = (self)->memory_only ? NULL : PyEval_SaveThread();
+#define DECIDE_END \
+    if (ts_) \
+        PyEval_RestoreThread(ts_); \
+    }
+
+/* Arguments of a METH_FASTCALL | METH_KEYWORDS method: out[i] is the
+ * argument named names[i] (positions first, up to npos), or left as it is.
+ * Returns -1 with TypeError for an unknown, repeated or extra argument. */
+static int fast_args(const char *fname, PyObject *const *args,
+                     Py_ssize_t nargs, PyObject *kwnames,
+                     const char *const *names, Py_ssize_t npos,
+                     Py_ssize_t nrequired, PyObject **out)
+{
+    if (nargs > npos) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s() takes at most %zd positional arguments (%zd given)",
+                     fname, npos, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        out[i] = args[i];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    Py_ssize_t given = nargs;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        const char *kw = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+        if (!kw)
+            return -1;
+        Py_ssize_t i = 0;
+        while (names[i] && strcmp(names[i], kw) != 0)
+            i++;
+        if (!names[i] || i < nargs) {
+            PyErr_Format(PyExc_TypeError,
+                         names[i] ? "%s() got multiple values for argument '%s'"
+                                  : "%s() got an unexpected keyword argument '%s'",
+                         fname, kw);
+            return -1;
+        }
+        out[i] = args[nargs + k];
+        if (i < nrequired)
+            given++;
+    }
+    if (given < nrequired && out[0] == NULL) {
+        PyErr_Format(PyExc_TypeError, "%s() missing its argument '%s'", fname,
+                     names[0]);
+        return -1;
+    }
+    return 0;
+}
 
 static PyTypeObject LimiterType;
 
@@ -1089,6 +1145,8 @@ static int Limiter_init(LimiterObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->limiter = lim;
+    self->memory_only = store == Py_None ||
+                        strcmp(((StoreObject *)store)->kind, "memory") == 0;
     Py_INCREF(policy);
     self->policy = policy;
     if (store != Py_None) {
@@ -1169,15 +1227,16 @@ static int limiter_usable(LimiterObject *self)
 }
 
 /* check(key, permits=1, *, max_wait=0, now=None, policy=None) */
-static PyObject *Limiter_check(LimiterObject *self, PyObject *args, PyObject *kw)
+static PyObject *Limiter_check(LimiterObject *self, PyObject *const *args,
+                               Py_ssize_t nargs, PyObject *kwnames)
 {
-    static char *kwlist[] = {"key", "permits", "max_wait", "now", "policy", NULL};
-    PyObject *key_obj, *permits_obj = NULL, *wait_obj = Py_None;
-    PyObject *now_obj = Py_None, *policy_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$OOO:check", kwlist,
-                                     &key_obj, &permits_obj, &wait_obj,
-                                     &now_obj, &policy_obj))
+    static const char *const names[] = {"key", "permits", "max_wait", "now",
+                                        "policy", NULL};
+    PyObject *a[5] = {NULL, NULL, Py_None, Py_None, Py_None};
+    if (fast_args("check", args, nargs, kwnames, names, 2, 1, a) < 0)
         return NULL;
+    PyObject *key_obj = a[0], *permits_obj = a[1], *wait_obj = a[2];
+    PyObject *now_obj = a[3], *policy_obj = a[4];
     if (limiter_usable(self) < 0)
         return NULL;
     uint64_t permits = 1, wait_ns, now_ns = 0;
@@ -1202,7 +1261,7 @@ static PyObject *Limiter_check(LimiterObject *self, PyObject *args, PyObject *kw
         return NULL;
     rate_decision_t d;
     int rc = 0, closed = 0, at = now_obj != Py_None;
-    Py_BEGIN_ALLOW_THREADS
+    DECIDE_BEGIN(self)
     if (limiter_enter(self) < 0) {
         closed = 1;
     } else {
@@ -1220,7 +1279,7 @@ static PyObject *Limiter_check(LimiterObject *self, PyObject *args, PyObject *kw
                                     wait_ns, &d);
         pthread_rwlock_unlock(&self->lock);
     }
-    Py_END_ALLOW_THREADS
+    DECIDE_END
     key_release(&k);
     if (closed)
         return raise_closed();
@@ -1231,14 +1290,15 @@ static PyObject *Limiter_check(LimiterObject *self, PyObject *args, PyObject *kw
 
 /* try_acquire(key, permits=1, *, now=None) -> bool: the fast call; bad input
  * raises (the C call would answer False). */
-static PyObject *Limiter_try_acquire(LimiterObject *self, PyObject *args,
-                                     PyObject *kw)
+static PyObject *Limiter_try_acquire(LimiterObject *self,
+                                     PyObject *const *args, Py_ssize_t nargs,
+                                     PyObject *kwnames)
 {
-    static char *kwlist[] = {"key", "permits", "now", NULL};
-    PyObject *key_obj, *permits_obj = NULL, *now_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$O:try_acquire", kwlist,
-                                     &key_obj, &permits_obj, &now_obj))
+    static const char *const names[] = {"key", "permits", "now", NULL};
+    PyObject *a[3] = {NULL, NULL, Py_None};
+    if (fast_args("try_acquire", args, nargs, kwnames, names, 2, 1, a) < 0)
         return NULL;
+    PyObject *key_obj = a[0], *permits_obj = a[1], *now_obj = a[2];
     if (limiter_usable(self) < 0)
         return NULL;
     uint64_t permits = 1, now_ns = 0;
@@ -1259,7 +1319,7 @@ static PyObject *Limiter_try_acquire(LimiterObject *self, PyObject *args,
     }
     bool ok = false;
     int closed = 0;
-    Py_BEGIN_ALLOW_THREADS
+    DECIDE_BEGIN(self)
     if (limiter_enter(self) < 0) {
         closed = 1;
     } else {
@@ -1268,7 +1328,7 @@ static PyObject *Limiter_try_acquire(LimiterObject *self, PyObject *args,
                  : rate_try_acquire_len(self->limiter, k.ptr, k.len, permits);
         pthread_rwlock_unlock(&self->lock);
     }
-    Py_END_ALLOW_THREADS
+    DECIDE_END
     key_release(&k);
     if (closed)
         return raise_closed();
@@ -1608,12 +1668,12 @@ static PyObject *Limiter_get_closed(LimiterObject *self, void *c)
 
 static PyMethodDef Limiter_methods[] = {
     {"check", (PyCFunction)(void (*)(void))Limiter_check,
-     METH_VARARGS | METH_KEYWORDS,
+     METH_FASTCALL | METH_KEYWORDS,
      "check(key, permits=1, *, max_wait=0, now=None, policy=None) -> Decision"},
     {"_check_start", (PyCFunction)Limiter_check_start, METH_VARARGS,
      "_check_start(key, permits, max_wait, future) -> Decision or None"},
     {"try_acquire", (PyCFunction)(void (*)(void))Limiter_try_acquire,
-     METH_VARARGS | METH_KEYWORDS,
+     METH_FASTCALL | METH_KEYWORDS,
      "try_acquire(key, permits=1, *, now=None) -> bool"},
     {"acquire", (PyCFunction)(void (*)(void))Limiter_acquire,
      METH_VARARGS | METH_KEYWORDS,

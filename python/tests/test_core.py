@@ -164,6 +164,13 @@ def test_bad_input_raises_library_errors(call):
     (lambda l: l.acquire("k", timeout=float("inf")), OverflowError),
     (lambda l: l.refund("k", policy=1), TypeError),
     (lambda l: l.reset(b"k", 1), TypeError),
+    (lambda l: l.check(), TypeError),
+    (lambda l: l.check(permits=1), TypeError),
+    (lambda l: l.check("k", 1, 0), TypeError),
+    (lambda l: l.check("k", bogus=1), TypeError),
+    (lambda l: l.check("k", key="k"), TypeError),
+    (lambda l: l.try_acquire("k", 1, 2), TypeError),
+    (lambda l: l.try_acquire("k", max_wait=1), TypeError),
 ])
 def test_wrong_types_raise(call, exc):
     with Limiter(Policy("fixed-window 1/m")) as lim:
