@@ -20,7 +20,7 @@ import asyncio as _asyncio
 import re as _re
 
 from . import _ratelimit
-from ._ratelimit import (Decision, Error, Limiter, Store, memory_store,
+from ._ratelimit import (Decision, Error, Limiter, Lease, Store, memory_store,
                          monotonic_ns, noop, parse_duration, redis_store,
                          redis_async_store,
                          shm_store, strerror, NEVER, KEY_MAX)
@@ -93,6 +93,31 @@ class Policy(_ratelimit.Policy):
         super().__init__(text, name)
 
 
+class Limited(Exception):
+    """Raised by InFlight.lease() when the in-flight limit (or a rate limit
+    of its policy) denies: .decision says which and when to retry."""
+
+    def __init__(self, decision):
+        super().__init__("limited: retry after %.3f s" % decision.retry_after)
+        self.decision = decision
+
+
+class InFlight(_ratelimit.InFlight):
+    """InFlight("concurrency 10 ttl=30s[; token-bucket 5/s]", store=None):
+    at most N requests of a key at once (docs/leases.md).  acquire() ->
+    (Decision, Lease or None); lease() -> a Lease to use in a with block:
+
+        with inflight.lease("user:42"):
+            ...                     # released on leaving, even by an error
+    """
+
+    def lease(self, key, *, critical=False):
+        d, held = self.acquire(key, critical=critical)
+        if held is None:
+            raise Limited(d)
+        return held
+
+
 class AsyncLimiter(Limiter):
     """A Limiter whose check() and acquire() are coroutines that never block
     the event loop: on redis_async_store(url, loop) the decision is the
@@ -115,6 +140,6 @@ class AsyncLimiter(Limiter):
         return d
 
 
-__all__ = ["AsyncLimiter", "redis_async_store", "Decision", "Error", "Limiter", "Policy", "Store", "memory_store",
+__all__ = ["AsyncLimiter", "InFlight", "Lease", "Limited", "redis_async_store", "Decision", "Error", "Limiter", "Policy", "Store", "memory_store",
            "shm_store", "redis_store", "limits_text", "raise_store_error", "monotonic_ns",
            "parse_duration", "strerror", "noop", "NEVER", "KEY_MAX"] + _CODES

@@ -5,7 +5,7 @@
  * Map: errors; Policy; the asyncio adapter (a rate_loop_t on asyncio's
  * add_reader, add_writer and call_later); the stores (Store: memory, shm,
  * Redis, asynchronous Redis); Limiter (decisions, asynchronous decisions,
- * changes, headers); the module.
+ * changes, headers); InFlight and Lease (in-flight limits); the module.
  *
  * Every call that may block (a store's I/O, a shared-memory lock, an
  * acquire's sleep) runs with the GIL released.  A Limiter's calls hold its
@@ -24,6 +24,7 @@
 
 #include "ratelimit.h"
 #include "ratelimit_http.h"
+#include "ratelimit_lease.h"
 #include "ratelimit_loop.h"
 #include "ratelimit_redis.h"
 #include "ratelimit_shm.h"
@@ -1714,6 +1715,429 @@ static PyTypeObject LimiterType = {
     .tp_getset = Limiter_getset,
 };
 
+
+/* -------------------------------------------------------- InFlight, Lease */
+
+typedef struct {
+    PyObject_HEAD
+    rate_inflight_t *inflight;
+    PyObject *store;
+    pthread_rwlock_t lock; /* read: a call; write: close */
+    int lock_ready;
+    int memory_only;
+} InFlightObject;
+
+typedef struct {
+    PyObject_HEAD
+    InFlightObject *owner;
+    PyObject *key;        /* bytes */
+    rate_lease_t lease;
+    int released;
+} LeaseObject;
+
+static PyTypeObject InFlightType;
+static PyTypeObject LeaseType;
+
+static int InFlight_init(InFlightObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"policy", "store", "reap_dead_holders", NULL};
+    PyObject *text_obj, *store = Py_None;
+    int reap = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$p:InFlight", kwlist,
+                                     &text_obj, &store, &reap))
+        return -1;
+    if (self->inflight || self->lock_ready) {
+        PyErr_SetString(PyExc_RuntimeError, "InFlight.__init__ called twice");
+        return -1;
+    }
+    const char *text;
+    if (cstring_arg(text_obj, "in-flight policy text", &text) < 0)
+        return -1;
+    if (store != Py_None && !PyObject_TypeCheck(store, &StoreType)) {
+        PyErr_Format(PyExc_TypeError, "store must be a ratelimit.Store, not %.100s",
+                     Py_TYPE(store)->tp_name);
+        return -1;
+    }
+    if (store != Py_None && store_open((StoreObject *)store) < 0)
+        return -1;
+    char err[ERRLEN] = "";
+    rate_inflight_policy_t *p = NULL;
+    int rc = rate_inflight_policy_parse(text, &p, err, sizeof err);
+    if (rc != RATE_OK) {
+        raise_rc(rc, err);
+        return -1;
+    }
+    rate_inflight_config_t c;
+    memset(&c, 0, sizeof c);
+    c.policy = p;
+    c.store = store == Py_None ? NULL : ((StoreObject *)store)->store;
+    c.reap_dead_holders = reap != 0;
+    rate_inflight_t *in = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rate_inflight_new(&c, &in);
+    Py_END_ALLOW_THREADS
+    rate_inflight_policy_free(p);
+    if (rc != RATE_OK) {
+        raise_rc(rc, NULL);
+        return -1;
+    }
+    if (pthread_rwlock_init(&self->lock, NULL) != 0) {
+        rate_inflight_free(in);
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->lock_ready = 1;
+    self->inflight = in;
+    self->memory_only = store == Py_None ||
+                        strcmp(((StoreObject *)store)->kind, "memory") == 0;
+    if (store != Py_None) {
+        Py_INCREF(store);
+        self->store = store;
+        ((StoreObject *)store)->users++;
+    }
+    return 0;
+}
+
+static void inflight_close(InFlightObject *self)
+{
+    if (!self->inflight)
+        return;
+    rate_inflight_t *in;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_wrlock(&self->lock);
+    in = self->inflight;
+    self->inflight = NULL;
+    pthread_rwlock_unlock(&self->lock);
+    rate_inflight_free(in);
+    Py_END_ALLOW_THREADS
+    if (self->store)
+        ((StoreObject *)self->store)->users--;
+}
+
+static void InFlight_dealloc(InFlightObject *self)
+{
+    inflight_close(self);
+    if (self->lock_ready)
+        pthread_rwlock_destroy(&self->lock);
+    Py_XDECREF(self->store);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *InFlight_close(InFlightObject *self, PyObject *unused)
+{
+    (void)unused;
+    inflight_close(self);
+    Py_RETURN_NONE;
+}
+
+static int inflight_usable(InFlightObject *self)
+{
+    if (!self->lock_ready) {
+        PyErr_SetString(PyExc_ValueError, "InFlight.__init__ was not called");
+        return -1;
+    }
+    if (!self->inflight) {
+        PyErr_SetString(PyExc_ValueError, "the in-flight limit is closed");
+        return -1;
+    }
+    return 0;
+}
+
+/* Takes the read lock; fails on a closed object.  GIL released. */
+static int inflight_enter(InFlightObject *self)
+{
+    pthread_rwlock_rdlock(&self->lock);
+    if (!self->inflight) {
+        pthread_rwlock_unlock(&self->lock);
+        return -1;
+    }
+    return 0;
+}
+
+/* The key as bytes (a Lease keeps it for its release). */
+static PyObject *key_bytes(PyObject *key_obj)
+{
+    key_arg_t k;
+    if (key_get(key_obj, &k) < 0)
+        return NULL;
+    PyObject *b = PyBytes_FromStringAndSize(k.ptr, (Py_ssize_t)k.len);
+    key_release(&k);
+    return b;
+}
+
+/* acquire(key, *, critical=False, now=None) -> (Decision, Lease or None) */
+static PyObject *InFlight_acquire(InFlightObject *self, PyObject *args,
+                                  PyObject *kw)
+{
+    static char *kwlist[] = {"key", "critical", "now", NULL};
+    PyObject *key_obj, *now_obj = Py_None;
+    int critical = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$pO:acquire", kwlist,
+                                     &key_obj, &critical, &now_obj))
+        return NULL;
+    if (inflight_usable(self) < 0)
+        return NULL;
+    uint64_t now_ns = 0;
+    if (now_obj != Py_None && u64_arg(now_obj, "now", &now_ns) < 0)
+        return NULL;
+    PyObject *key = key_bytes(key_obj);
+    if (!key)
+        return NULL;
+    const char *kp = PyBytes_AS_STRING(key);
+    size_t kl = (size_t)PyBytes_GET_SIZE(key);
+    rate_lease_class_t cls = critical ? RATE_LEASE_CRITICAL : RATE_LEASE_NORMAL;
+    rate_lease_t lease;
+    rate_decision_t d;
+    int rc = 0, closed = 0;
+    DECIDE_BEGIN(self)
+    if (inflight_enter(self) < 0) {
+        closed = 1;
+    } else {
+        rc = now_obj != Py_None
+                 ? rate_inflight_acquire_at(self->inflight, kp, kl, cls, now_ns,
+                                            &lease, &d)
+                 : rate_inflight_acquire(self->inflight, kp, kl, cls, &lease, &d);
+        pthread_rwlock_unlock(&self->lock);
+    }
+    DECIDE_END
+    if (closed || rc != RATE_OK) {
+        Py_DECREF(key);
+        if (closed) {
+            PyErr_SetString(PyExc_ValueError, "the in-flight limit is closed");
+            return NULL;
+        }
+        return raise_rc(rc, NULL);
+    }
+    PyObject *dec = decision_new(&d);
+    if (!dec) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    if (!d.allowed || lease.id == 0) {
+        Py_DECREF(key);
+        return Py_BuildValue("(NO)", dec, Py_None);
+    }
+    LeaseObject *l = PyObject_New(LeaseObject, &LeaseType);
+    if (!l) {
+        Py_DECREF(key);
+        Py_DECREF(dec);
+        return NULL;
+    }
+    Py_INCREF(self);
+    l->owner = self;
+    l->key = key;
+    l->lease = lease;
+    l->released = 0;
+    return Py_BuildValue("(NN)", dec, (PyObject *)l);
+}
+
+static PyObject *InFlight_held(InFlightObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"key", "now", NULL};
+    PyObject *key_obj, *now_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$O:held", kwlist, &key_obj,
+                                     &now_obj))
+        return NULL;
+    if (inflight_usable(self) < 0)
+        return NULL;
+    uint64_t now_ns = 0, held = 0;
+    if (now_obj != Py_None && u64_arg(now_obj, "now", &now_ns) < 0)
+        return NULL;
+    key_arg_t k;
+    if (key_get(key_obj, &k) < 0)
+        return NULL;
+    int rc = 0, closed = 0;
+    DECIDE_BEGIN(self)
+    if (inflight_enter(self) < 0) {
+        closed = 1;
+    } else {
+        rc = now_obj != Py_None
+                 ? rate_inflight_held_at(self->inflight, k.ptr, k.len, now_ns, &held)
+                 : rate_inflight_held(self->inflight, k.ptr, k.len, &held);
+        pthread_rwlock_unlock(&self->lock);
+    }
+    DECIDE_END
+    key_release(&k);
+    if (closed) {
+        PyErr_SetString(PyExc_ValueError, "the in-flight limit is closed");
+        return NULL;
+    }
+    if (rc != RATE_OK)
+        return raise_rc(rc, NULL);
+    return PyLong_FromUnsignedLongLong(held);
+}
+
+static PyObject *InFlight_enter(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Py_INCREF(self);
+    return self;
+}
+
+static PyObject *InFlight_exit(InFlightObject *self, PyObject *args)
+{
+    (void)args;
+    inflight_close(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef InFlight_methods[] = {
+    {"acquire", (PyCFunction)(void (*)(void))InFlight_acquire,
+     METH_VARARGS | METH_KEYWORDS,
+     "acquire(key, *, critical=False, now=None) -> (Decision, Lease or None)"},
+    {"held", (PyCFunction)(void (*)(void))InFlight_held,
+     METH_VARARGS | METH_KEYWORDS, "held(key, *, now=None) -> leases held"},
+    {"close", (PyCFunction)InFlight_close, METH_NOARGS,
+     "frees the object; leases held stay until released or expired"},
+    {"__enter__", InFlight_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)InFlight_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject InFlightType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ratelimit.InFlight",
+    .tp_basicsize = sizeof(InFlightObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "InFlight(policy, store=None, *, reap_dead_holders=False): "
+              "an in-flight limit (\"concurrency 10 ttl=30s\", docs/leases.md)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)InFlight_init,
+    .tp_dealloc = (destructor)InFlight_dealloc,
+    .tp_methods = InFlight_methods,
+};
+
+static void Lease_dealloc(LeaseObject *self)
+{
+    Py_XDECREF(self->owner);
+    Py_XDECREF(self->key);
+    PyObject_Free(self);
+}
+
+enum lease_op { LEASE_RELEASE, LEASE_EXTEND };
+
+static PyObject *lease_call(LeaseObject *self, enum lease_op op, uint64_t ttl_ns)
+{
+    if (self->released) {
+        PyErr_SetString(PyExc_ValueError, "the lease is released already");
+        return NULL;
+    }
+    InFlightObject *in = self->owner;
+    if (inflight_usable(in) < 0)
+        return NULL;
+    const char *kp = PyBytes_AS_STRING(self->key);
+    size_t kl = (size_t)PyBytes_GET_SIZE(self->key);
+    rate_lease_t lease = self->lease;
+    int rc = 0, closed = 0;
+    DECIDE_BEGIN(in)
+    if (inflight_enter(in) < 0) {
+        closed = 1;
+    } else {
+        rc = op == LEASE_RELEASE
+                 ? rate_inflight_release(in->inflight, kp, kl, &lease)
+                 : rate_inflight_extend(in->inflight, kp, kl, &lease, ttl_ns);
+        pthread_rwlock_unlock(&in->lock);
+    }
+    DECIDE_END
+    if (closed) {
+        PyErr_SetString(PyExc_ValueError, "the in-flight limit is closed");
+        return NULL;
+    }
+    if (op == LEASE_RELEASE && (rc == RATE_OK || rc == RATE_ELEASE ||
+                                rc == RATE_EEXPIRED))
+        self->released = 1;
+    if (rc != RATE_OK)
+        return raise_rc(rc, NULL);
+    self->lease = lease;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Lease_release(LeaseObject *self, PyObject *unused)
+{
+    (void)unused;
+    return lease_call(self, LEASE_RELEASE, 0);
+}
+
+static PyObject *Lease_extend(LeaseObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"ttl", NULL};
+    PyObject *ttl_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:extend", kwlist, &ttl_obj))
+        return NULL;
+    uint64_t ttl_ns;
+    if (seconds_arg(ttl_obj, "ttl", 0, &ttl_ns) < 0)
+        return NULL;
+    return lease_call(self, LEASE_EXTEND, ttl_ns);
+}
+
+static PyObject *Lease_enter(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Py_INCREF(self);
+    return self;
+}
+
+/* Leaving the block releases the lease (unless released in it); a failed
+ * release raises only when the block itself raised nothing. */
+static PyObject *Lease_exit(LeaseObject *self, PyObject *args)
+{
+    PyObject *exc_type = PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0)
+                                                    : Py_None;
+    if (self->released)
+        Py_RETURN_FALSE;
+    PyObject *r = lease_call(self, LEASE_RELEASE, 0);
+    if (!r && exc_type != Py_None)
+        PyErr_Clear();
+    if (!r && exc_type == Py_None)
+        return NULL;
+    Py_XDECREF(r);
+    Py_RETURN_FALSE;
+}
+
+static PyObject *Lease_get_expires_ns(LeaseObject *self, void *c)
+{
+    (void)c;
+    return PyLong_FromUnsignedLongLong(self->lease.expires_ns);
+}
+
+static PyObject *Lease_get_released(LeaseObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(self->released);
+}
+
+static PyObject *Lease_get_key(LeaseObject *self, void *c)
+{
+    (void)c;
+    Py_INCREF(self->key);
+    return self->key;
+}
+
+static PyMethodDef Lease_methods[] = {
+    {"release", (PyCFunction)Lease_release, METH_NOARGS,
+     "gives the slot back (Error RATE_EEXPIRED when it lapsed first)"},
+    {"extend", (PyCFunction)(void (*)(void))Lease_extend,
+     METH_VARARGS | METH_KEYWORDS,
+     "extend(ttl=None): expires ttl s from now (None: the policy's TTL)"},
+    {"__enter__", Lease_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)Lease_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef Lease_getset[] = {
+    {"expires_ns", (getter)Lease_get_expires_ns, NULL,
+     "when it lapses unless extended (the store's clock)", NULL},
+    {"released", (getter)Lease_get_released, NULL, "released already", NULL},
+    {"key", (getter)Lease_get_key, NULL, "its key, bytes", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject LeaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ratelimit.Lease",
+    .tp_basicsize = sizeof(LeaseObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A lease held: release() it, or use it as a context manager.",
+    .tp_dealloc = (destructor)Lease_dealloc,
+    .tp_methods = Lease_methods,
+    .tp_getset = Lease_getset,
+};
+
 /* --------------------------------------------------------------- module */
 
 /* The floor of the bench: a Python call into a C function that does
@@ -1798,7 +2222,8 @@ PyMODINIT_FUNC PyInit__ratelimit(void)
     DecisionType = PyStructSequence_NewType(&decision_desc);
     if (!DecisionType || PyType_Ready(&PolicyType) < 0 ||
         PyType_Ready(&StoreType) < 0 || PyType_Ready(&LimiterType) < 0 ||
-        PyType_Ready(&IoWatchType) < 0 || PyType_Ready(&LoopTimerType) < 0)
+        PyType_Ready(&IoWatchType) < 0 || PyType_Ready(&LoopTimerType) < 0 ||
+        PyType_Ready(&InFlightType) < 0 || PyType_Ready(&LeaseType) < 0)
         goto fail;
     Error = PyErr_NewExceptionWithDoc(
         "ratelimit.Error",
@@ -1811,7 +2236,9 @@ PyMODINIT_FUNC PyInit__ratelimit(void)
         PyModule_AddObjectRef(m, "Decision", (PyObject *)DecisionType) < 0 ||
         PyModule_AddObjectRef(m, "Policy", (PyObject *)&PolicyType) < 0 ||
         PyModule_AddObjectRef(m, "Store", (PyObject *)&StoreType) < 0 ||
-        PyModule_AddObjectRef(m, "Limiter", (PyObject *)&LimiterType) < 0)
+        PyModule_AddObjectRef(m, "Limiter", (PyObject *)&LimiterType) < 0 ||
+        PyModule_AddObjectRef(m, "InFlight", (PyObject *)&InFlightType) < 0 ||
+        PyModule_AddObjectRef(m, "Lease", (PyObject *)&LeaseType) < 0)
         goto fail;
 #define ADD_CODE(name, code, text)                                   \
     if (PyModule_AddIntConstant(m, #name, code) < 0)              \
