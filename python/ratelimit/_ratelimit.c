@@ -412,7 +412,6 @@ static PyTypeObject PolicyType = {
     .tp_richcompare = Policy_richcompare,
 };
 
-
 /* ------------------------------------------------------ asyncio adapter */
 
 /* A rate_loop_t over an asyncio event loop: a watch is an IoWatch object
@@ -881,21 +880,24 @@ static PyObject *mod_shm_store(PyObject *m, PyObject *args, PyObject *kw)
     return (PyObject *)s;
 }
 
-static PyObject *mod_redis_store(PyObject *m, PyObject *args, PyObject *kw)
+/* The Redis stores: redis_store(url, ...), and redis_async_store(url,
+ * loop, ...) over an asyncio loop (create it on the loop's thread; close
+ * it there). */
+static PyObject *redis_store_new(PyObject *args, PyObject *kw, int async)
 {
-    (void)m;
-    static char *kwlist[] = {"url", "prefix", "module", "no_ttl",
+    static char *kwlist[] = {"url", "loop", "prefix", "module", "no_ttl",
                              "client_time", "connect_timeout",
                              "command_timeout", "pool_size", "lazy_connect",
                              NULL};
-    PyObject *url_obj, *prefix_obj = Py_None, *module_obj = Py_None;
-    PyObject *cto = Py_None, *cmto = Py_None;
+    PyObject *url_obj, *loop_obj = Py_None, *prefix_obj = Py_None;
+    PyObject *module_obj = Py_None, *cto = Py_None, *cmto = Py_None;
     int no_ttl = 0, client_time = 0, lazy = 0;
     unsigned int pool = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOppOOIp:redis_store",
-                                     kwlist, &url_obj, &prefix_obj,
-                                     &module_obj, &no_ttl, &client_time, &cto,
-                                     &cmto, &pool, &lazy))
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kw,
+            async ? "OO|$OOppOOIp:redis_async_store" : "O|$OOOppOOIp:redis_store",
+            kwlist, &url_obj, &loop_obj, &prefix_obj, &module_obj, &no_ttl,
+            &client_time, &cto, &cmto, &pool, &lazy))
         return NULL;
     rate_redis_options_t o;
     memset(&o, 0, sizeof o);
@@ -920,71 +922,18 @@ static PyObject *mod_redis_store(PyObject *m, PyObject *args, PyObject *kw)
     if (seconds_arg(cto, "connect_timeout", 0, &o.connect_timeout_ns) < 0 ||
         seconds_arg(cmto, "command_timeout", 0, &o.command_timeout_ns) < 0)
         return NULL;
+    if (async ? !PyObject_HasAttrString(loop_obj, "add_reader") ||
+                    !PyObject_HasAttrString(loop_obj, "call_later")
+              : loop_obj != Py_None) {
+        PyErr_SetString(PyExc_TypeError,
+                        async ? "loop must be an asyncio event loop"
+                              : "redis_store takes no loop (redis_async_store does)");
+        return NULL;
+    }
     o.prefix = prefix;
     o.no_ttl = no_ttl != 0;
     o.client_time = client_time != 0;
     o.pool_size = pool;
-    o.lazy_connect = lazy != 0;
-    StoreObject *s = store_alloc("redis");
-    if (!s)
-        return NULL;
-    char err[ERRLEN] = "";
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = rate_store_redis_new(url, &o, &s->store, err, sizeof err);
-    Py_END_ALLOW_THREADS
-    if (rc != RATE_OK) {
-        Py_DECREF(s);
-        return raise_rc(rc, err);
-    }
-    return (PyObject *)s;
-}
-
-/* redis_async_store(url, loop, ...): the asynchronous Redis store over an
- * asyncio loop (create it on the loop's thread; close it there). */
-static PyObject *mod_redis_async_store(PyObject *m, PyObject *args, PyObject *kw)
-{
-    (void)m;
-    static char *kwlist[] = {"url", "loop", "prefix", "module", "no_ttl",
-                             "connect_timeout", "command_timeout",
-                             "lazy_connect", NULL};
-    PyObject *url_obj, *loop_obj, *prefix_obj = Py_None, *module_obj = Py_None;
-    PyObject *cto = Py_None, *cmto = Py_None;
-    int no_ttl = 0, lazy = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOpOOp:redis_async_store",
-                                     kwlist, &url_obj, &loop_obj, &prefix_obj,
-                                     &module_obj, &no_ttl, &cto, &cmto, &lazy))
-        return NULL;
-    rate_redis_options_t o;
-    memset(&o, 0, sizeof o);
-    const char *url, *prefix = NULL, *module = "auto";
-    if (cstring_arg(url_obj, "url", &url) < 0)
-        return NULL;
-    if (prefix_obj != Py_None && cstring_arg(prefix_obj, "prefix", &prefix) < 0)
-        return NULL;
-    if (module_obj != Py_None && cstring_arg(module_obj, "module", &module) < 0)
-        return NULL;
-    if (strcmp(module, "auto") == 0)
-        o.module = RATE_REDIS_MODULE_AUTO;
-    else if (strcmp(module, "on") == 0)
-        o.module = RATE_REDIS_MODULE_ON;
-    else if (strcmp(module, "off") == 0)
-        o.module = RATE_REDIS_MODULE_OFF;
-    else {
-        PyErr_Format(PyExc_ValueError,
-                     "module must be 'auto', 'on' or 'off', not '%s'", module);
-        return NULL;
-    }
-    if (!PyObject_HasAttrString(loop_obj, "add_reader") ||
-        !PyObject_HasAttrString(loop_obj, "call_later")) {
-        PyErr_SetString(PyExc_TypeError, "loop must be an asyncio event loop");
-        return NULL;
-    }
-    if (seconds_arg(cto, "connect_timeout", 0, &o.connect_timeout_ns) < 0 ||
-        seconds_arg(cmto, "command_timeout", 0, &o.command_timeout_ns) < 0)
-        return NULL;
-    o.prefix = prefix;
-    o.no_ttl = no_ttl != 0;
     o.lazy_connect = lazy != 0;
     rate_loop_t loop;
     memset(&loop, 0, sizeof loop);
@@ -996,21 +945,63 @@ static PyObject *mod_redis_async_store(PyObject *m, PyObject *args, PyObject *kw
     loop.timer_arm = aio_timer_arm;
     loop.timer_cancel = aio_timer_cancel;
     loop.timer_free = aio_timer_free;
-    StoreObject *s = store_alloc("redis-async");
+    StoreObject *s = store_alloc(async ? "redis-async" : "redis");
     if (!s)
         return NULL;
-    Py_INCREF(loop_obj);
-    s->loop = loop_obj;
+    if (async) {
+        Py_INCREF(loop_obj);
+        s->loop = loop_obj;
+    }
     char err[ERRLEN] = "";
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = rate_store_redis_async_new(url, &o, &loop, &s->store, err, sizeof err);
+    rc = async ? rate_store_redis_async_new(url, &o, &loop, &s->store, err,
+                                            sizeof err)
+               : rate_store_redis_new(url, &o, &s->store, err, sizeof err);
     Py_END_ALLOW_THREADS
     if (rc != RATE_OK) {
         Py_DECREF(s);
         return raise_rc(rc, err);
     }
     return (PyObject *)s;
+}
+
+static PyObject *mod_redis_store(PyObject *m, PyObject *args, PyObject *kw)
+{
+    (void)m;
+    return redis_store_new(args, kw, 0);
+}
+
+static PyObject *mod_redis_async_store(PyObject *m, PyObject *args, PyObject *kw)
+{
+    (void)m;
+    return redis_store_new(args, kw, 1);
+}
+
+/* A store argument: None or an open Store.  Returns -1 with the error
+ * raised. */
+static int store_arg(PyObject *store)
+{
+    if (store == Py_None)
+        return 0;
+    if (!PyObject_TypeCheck(store, &StoreType)) {
+        PyErr_Format(PyExc_TypeError, "store must be a ratelimit.Store, not %.100s",
+                     Py_TYPE(store)->tp_name);
+        return -1;
+    }
+    return store_open((StoreObject *)store);
+}
+
+/* Keeps the store (None: nothing) for a Limiter or an InFlight made on it,
+ * which it then outlives.  Returns whether its calls never wait (memory). */
+static int store_attach(PyObject *store, PyObject **slot)
+{
+    if (store == Py_None)
+        return 1;
+    Py_INCREF(store);
+    *slot = store;
+    ((StoreObject *)store)->users++;
+    return strcmp(((StoreObject *)store)->kind, "memory") == 0;
 }
 
 /* -------------------------------------------------------------- Limiter */
@@ -1102,12 +1093,7 @@ static int Limiter_init(LimiterObject *self, PyObject *args, PyObject *kw)
     }
     if (policy_ready((PolicyObject *)policy) < 0)
         return -1;
-    if (store != Py_None && !PyObject_TypeCheck(store, &StoreType)) {
-        PyErr_Format(PyExc_TypeError, "store must be a ratelimit.Store, not %.100s",
-                     Py_TYPE(store)->tp_name);
-        return -1;
-    }
-    if (store != Py_None && store_open((StoreObject *)store) < 0)
+    if (store_arg(store) < 0)
         return -1;
     rate_limiter_config_t c;
     memset(&c, 0, sizeof c);
@@ -1146,15 +1132,9 @@ static int Limiter_init(LimiterObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->limiter = lim;
-    self->memory_only = store == Py_None ||
-                        strcmp(((StoreObject *)store)->kind, "memory") == 0;
+    self->memory_only = store_attach(store, &self->store);
     Py_INCREF(policy);
     self->policy = policy;
-    if (store != Py_None) {
-        Py_INCREF(store);
-        self->store = store;
-        ((StoreObject *)store)->users++;
-    }
     return 0;
 }
 
@@ -1715,7 +1695,6 @@ static PyTypeObject LimiterType = {
     .tp_getset = Limiter_getset,
 };
 
-
 /* -------------------------------------------------------- InFlight, Lease */
 
 typedef struct {
@@ -1753,12 +1732,7 @@ static int InFlight_init(InFlightObject *self, PyObject *args, PyObject *kw)
     const char *text;
     if (cstring_arg(text_obj, "in-flight policy text", &text) < 0)
         return -1;
-    if (store != Py_None && !PyObject_TypeCheck(store, &StoreType)) {
-        PyErr_Format(PyExc_TypeError, "store must be a ratelimit.Store, not %.100s",
-                     Py_TYPE(store)->tp_name);
-        return -1;
-    }
-    if (store != Py_None && store_open((StoreObject *)store) < 0)
+    if (store_arg(store) < 0)
         return -1;
     char err[ERRLEN] = "";
     rate_inflight_policy_t *p = NULL;
@@ -1788,13 +1762,7 @@ static int InFlight_init(InFlightObject *self, PyObject *args, PyObject *kw)
     }
     self->lock_ready = 1;
     self->inflight = in;
-    self->memory_only = store == Py_None ||
-                        strcmp(((StoreObject *)store)->kind, "memory") == 0;
-    if (store != Py_None) {
-        Py_INCREF(store);
-        self->store = store;
-        ((StoreObject *)store)->users++;
-    }
+    self->memory_only = store_attach(store, &self->store);
     return 0;
 }
 

@@ -83,6 +83,34 @@ def shm_path():
         os.unlink(path)
 
 
+def fork_workers(count, child):
+    """Forks `count` workers, as a pre-fork server does; each runs
+    child(w), w its pipe to the parent, and exits 0 unless it raised.
+    Returns their pids and the pipes' read ends."""
+    pids, reads = [], []
+    for _ in range(count):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            code = 1
+            try:
+                child(w)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        pids.append(pid)
+        reads.append(r)
+    return pids, reads
+
+
+def wait_workers(pids):
+    for pid in pids:
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+
+
 def unique_prefix():
     return "py%s:" % uuid.uuid4().hex[:12]
 

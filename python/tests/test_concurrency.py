@@ -141,28 +141,15 @@ def test_prefork_workers_share_one_shm_limit(shm_path):
     workers, per_worker, limit = 4, 300, 500
     store = ratelimit.shm_store(shm_path, max_keys=1024)
     lim = Limiter(Policy("sliding-window %d/1h" % limit), store)
-    pids, reads = [], []
-    for _ in range(workers):
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(r)
-            n = 0
-            try:
-                for _ in range(per_worker):
-                    n += lim.check("site", now=T0).allowed
-            finally:
-                os.write(w, str(n).encode())
-                os._exit(0)
-        os.close(w)
-        pids.append(pid)
-        reads.append(r)
-    total = 0
-    for pid, r in zip(pids, reads):
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-        total += int(os.read(r, 64) or b"0")
-        os.close(r)
+    def child(w):
+        n = 0
+        for _ in range(per_worker):
+            n += lim.check("site", now=T0).allowed
+        os.write(w, str(n).encode())
+
+    pids, reads = conftest.fork_workers(workers, child)
+    conftest.wait_workers(pids)
+    total = sum(int(os.read(r, 64) or b"0") for r in reads)
     assert total == limit
     # the parent sees the workers' state
     assert lim.check("site", now=T0).remaining == 0

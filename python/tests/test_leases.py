@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+import conftest
 import ratelimit
 from ratelimit import InFlight, Limited
 
@@ -94,32 +95,19 @@ def test_forked_workers_share_one_in_flight_limit(shm_path):
     store = ratelimit.shm_store(shm_path, max_keys=64, state_max=256)
     f = InFlight("concurrency %d ttl=1m" % limit, store)
     go_r, go_w = os.pipe()
-    results = []
-    pids = []
-    for _ in range(workers):
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(r)
-            code = 1
-            try:
-                _, lease = f.acquire("site")
-                os.write(w, b"1" if lease else b"0")
-                os.read(go_r, 1)  # hold it until the parent has counted
-                if lease:
-                    lease.release()
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(w)
-        pids.append(pid)
-        results.append(r)
+
+    def child(w):
+        _, lease = f.acquire("site")
+        os.write(w, b"1" if lease else b"0")
+        os.read(go_r, 1)  # hold it until the parent has counted
+        if lease:
+            lease.release()
+
+    pids, results = conftest.fork_workers(workers, child)
     got = [os.read(r, 1) for r in results]
     assert got.count(b"1") == limit and f.held("site") == limit
     os.write(go_w, b"x" * workers)
-    for pid in pids:
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+    conftest.wait_workers(pids)
     assert f.held("site") == 0
     f.close()
     store.close()
