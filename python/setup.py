@@ -80,9 +80,9 @@ setup(
     ext_modules=[Extension(
         "ratelimit._ratelimit", ["ratelimit/_ratelimit.c"],
         include_dirs=inc, library_dirs=libdirs, libraries=libs,
-        extra_compile_args=other + ["-std=c11", "-Wall", "-Wextra", "-Werror",
-                                    "-Wno-missing-field-initializers",
-                                    "-Wno-cast-function-type"])],
+        extra_compile_args=other + ["-std=c11", "-Wall", "-Wextra",
+                                    "-Wconversion", "-Wshadow",
+                                    "-Wstrict-prototypes", "-Werror"])],
     cmdclass={"build_py": build_py_pth},
     zip_safe=False,
 )
