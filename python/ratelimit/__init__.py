@@ -126,9 +126,9 @@ class AsyncLimiter(Limiter):
     refund(), penalize() and reset() are the Limiter's (on an asynchronous
     Redis store they block, through the synchronous store it owns)."""
 
-    async def check(self, key, permits=1, *, max_wait=0):
+    async def check(self, key, permits=1, *, max_wait=0, now=None):
         fut = _asyncio.get_running_loop().create_future()
-        d = self._check_start(key, permits, max_wait, fut)
+        d = self._check_start(key, permits, max_wait, fut, now)
         return d if d is not None else await fut
 
     async def acquire(self, key, permits=1, *, timeout=0):

@@ -1403,20 +1403,21 @@ static void check_done(void *ud, int rc, const rate_decision_t *d)
     PyGILState_Release(g);
 }
 
-/* _check_start(key, permits, max_wait_ns, future) -> Decision or None: the
- * decision at once, or None and the future gets it (on the loop's thread;
- * never blocks). */
+/* _check_start(key, permits, max_wait, future, now=None) -> Decision or
+ * None: the decision at once, or None and the future gets it (on the
+ * loop's thread; never blocks). */
 static PyObject *Limiter_check_start(LimiterObject *self, PyObject *args)
 {
-    PyObject *key_obj, *permits_obj, *wait_obj, *fut;
-    if (!PyArg_ParseTuple(args, "OOOO:_check_start", &key_obj, &permits_obj,
-                          &wait_obj, &fut))
+    PyObject *key_obj, *permits_obj, *wait_obj, *fut, *now_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOO|O:_check_start", &key_obj, &permits_obj,
+                          &wait_obj, &fut, &now_obj))
         return NULL;
     if (limiter_usable(self) < 0)
         return NULL;
-    uint64_t permits, wait_ns;
+    uint64_t permits, wait_ns, now_ns = 0;
     if (u64_arg(permits_obj, "permits", &permits) < 0 ||
-        seconds_arg(wait_obj, "max_wait", 0, &wait_ns) < 0)
+        seconds_arg(wait_obj, "max_wait", 0, &wait_ns) < 0 ||
+        (now_obj != Py_None && u64_arg(now_obj, "now", &now_ns) < 0))
         return NULL;
     key_arg_t k;
     if (key_get(key_obj, &k) < 0)
@@ -1436,8 +1437,13 @@ static PyObject *Limiter_check_start(LimiterObject *self, PyObject *args)
         return raise_closed();
     }
     self->in_flight++;
-    int rc = rate_limiter_check_start(self->limiter, k.ptr, k.len, permits,
-                                      wait_ns, &d, check_done, pair);
+    int rc = now_obj != Py_None
+                 ? rate_limiter_check_start_at(self->limiter, k.ptr, k.len,
+                                               permits, wait_ns, now_ns, &d,
+                                               check_done, pair)
+                 : rate_limiter_check_start(self->limiter, k.ptr, k.len,
+                                            permits, wait_ns, &d, check_done,
+                                            pair);
     pthread_rwlock_unlock(&self->lock);
     key_release(&k);
     if (rc == RATE_PENDING)
@@ -1652,7 +1658,7 @@ static PyMethodDef Limiter_methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "check(key, permits=1, *, max_wait=0, now=None, policy=None) -> Decision"},
     {"_check_start", (PyCFunction)Limiter_check_start, METH_VARARGS,
-     "_check_start(key, permits, max_wait, future) -> Decision or None"},
+     "_check_start(key, permits, max_wait, future, now=None) -> Decision or None"},
     {"try_acquire", (PyCFunction)(void (*)(void))Limiter_try_acquire,
      METH_FASTCALL | METH_KEYWORDS,
      "try_acquire(key, permits=1, *, now=None) -> bool"},

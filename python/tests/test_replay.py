@@ -2,11 +2,13 @@
 """The same decisions as the C command's `replay` (its trace contract) on
 random traces, on each store."""
 
+import asyncio
 import random
 import subprocess
 
 import pytest
 
+import conftest
 import ratelimit
 
 POLICIES = [
@@ -19,7 +21,7 @@ POLICIES = [
     ("token-bucket 10/s burst=4; fixed-window 20/3s", "0"),
     ("sliding-window 5/2s block=1s", "0"),
 ]
-STORES = ["memory", "shm", "redis", "redis-module"]
+STORES = ["memory", "shm", "redis", "redis-module", "redis-async"]
 
 
 def seconds(ns):
@@ -45,9 +47,27 @@ def replay_line(t, key, permits, d):
         seconds(d.reset_after_ns)])
 
 
+async def replay_async(request, policy, wait_s, requests):
+    """The trace through the asynchronous Redis store on asyncio, one
+    decision at a time (a trace's order is its meaning)."""
+    store = ratelimit.redis_async_store(
+        request.getfixturevalue("redis_url"), asyncio.get_running_loop(),
+        prefix=conftest.unique_prefix(), no_ttl=True, module="off")
+    lim = ratelimit.AsyncLimiter(ratelimit.Policy(policy), store)
+    got = []
+    for t, k, p in requests:
+        d = await lim.check(k, p, max_wait=wait_s, now=t)
+        got.append(replay_line(t, k, p, d))
+    lim.close()
+    store.drop()
+    store.close()
+    return got
+
+
 @pytest.mark.parametrize("store_kind", STORES)
 @pytest.mark.parametrize("policy,max_wait", POLICIES)
-def test_replay_differential(cli, make_store, store_kind, policy, max_wait):
+def test_replay_differential(cli, make_store, request, store_kind, policy,
+                             max_wait):
     rng = random.Random("%s|%s|%s" % (store_kind, policy, max_wait))
     requests = trace(rng)
     text = "".join("%s %s %d\n" % (seconds(t), k, p) for t, k, p in requests)
@@ -55,11 +75,14 @@ def test_replay_differential(cli, make_store, store_kind, policy, max_wait):
         [cli, "replay", "--policy", policy, "--max-wait", max_wait],
         input=text.encode(), capture_output=True, check=True).stdout.decode()
     wait_s = ratelimit.parse_duration(max_wait) / 1e9 if max_wait != "0" else 0
-    got = []
-    with ratelimit.Limiter(ratelimit.Policy(policy),
-                           make_store(store_kind)) as lim:
-        for t, k, p in requests:
-            got.append(replay_line(t, k, p,
-                                   lim.check(k, p, max_wait=wait_s, now=t)))
+    if store_kind == "redis-async":
+        got = asyncio.run(replay_async(request, policy, wait_s, requests))
+    else:
+        got = []
+        with ratelimit.Limiter(ratelimit.Policy(policy),
+                               make_store(store_kind)) as lim:
+            for t, k, p in requests:
+                got.append(replay_line(
+                    t, k, p, lim.check(k, p, max_wait=wait_s, now=t)))
     assert "\n".join(got) == want.rstrip("\n")
     assert want.count("\n") == len(requests)
