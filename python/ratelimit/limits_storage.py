@@ -32,6 +32,8 @@ import ratelimit
 # The largest sliding log; a moving window of a larger limit is decided by
 # the two-window counter (docs/algorithms.md).
 SLIDING_LOG_MAX = 10000
+# Keys whose parse is kept (the cache starts over when full).
+_KEYS_CACHED = 65536
 _SECONDS = {g.GRANULARITY.name: g.GRANULARITY.seconds
             for g in GRANULARITIES.values()}
 
@@ -65,6 +67,7 @@ class RatelimitStorage(Storage, MovingWindowSupport):
                                           self._store)
         self._policies = {}
         self._policies_lock = threading.Lock()
+        self._keys = {}  # key -> (amount, expiry): its parse, cached
         super().__init__(uri, **options)
 
     @staticmethod
@@ -112,10 +115,15 @@ class RatelimitStorage(Storage, MovingWindowSupport):
         return d
 
     def _window(self, key, expiry=None):
-        limit = _limit_of_key(key)
+        limit = self._keys.get(key)
         if limit is None:
-            raise ValueError("ratelimit storage: %r is not a key of "
-                             "limits's RateLimitItem.key_for" % key)
+            limit = _limit_of_key(key)
+            if limit is None:
+                raise ValueError("ratelimit storage: %r is not a key of "
+                                 "limits's RateLimitItem.key_for" % key)
+            if len(self._keys) >= _KEYS_CACHED:
+                self._keys.clear()
+            self._keys[key] = limit
         if expiry is not None and expiry != limit[1]:
             raise ValueError("ratelimit storage: expiry %d does not match the "
                              "key %r" % (expiry, key))
