@@ -65,6 +65,80 @@ def redis_url():
     server.stop()
 
 
+def free_cluster_port():
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+class RedisCluster:
+    """Three masters (no replicas) made by redis-cli --cluster create."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="rl-py-cluster-")
+        self.ports, self.procs = [], []
+        for i in range(3):
+            port = free_cluster_port()
+            node_dir = os.path.join(self.dir, str(i))
+            os.mkdir(node_dir)
+            self.procs.append(subprocess.Popen(
+                [shutil.which("redis-server") or "redis-server",
+                 "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", node_dir,
+                 "--cluster-enabled", "yes", "--cluster-node-timeout", "1000"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.ports.append(port)
+        for port in self.ports:
+            self.wait(lambda: self.cli(port, "ping") == "PONG")
+        subprocess.run(
+            ["redis-cli", "--cluster", "create"] +
+            ["127.0.0.1:%d" % p for p in self.ports] +
+            ["--cluster-replicas", "0", "--cluster-yes"],
+            check=True, capture_output=True, timeout=60)
+        for port in self.ports:
+            self.wait(lambda: "cluster_state:ok" in self.cli(port, "cluster",
+                                                             "info"))
+        self.url = "redis://127.0.0.1:%d" % self.ports[0]
+
+    @staticmethod
+    def cli(port, *args):
+        out = subprocess.run(["redis-cli", "-p", str(port)] + list(args),
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.strip()
+
+    @staticmethod
+    def wait(ok):
+        deadline = time.monotonic() + 60
+        while not ok():
+            assert time.monotonic() < deadline, "the cluster never came up"
+            time.sleep(0.1)
+
+    def keys_on(self, port):
+        return int(self.cli(port, "dbsize") or 0)
+
+    def stop(self):
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.wait(30)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    cluster = RedisCluster()
+    yield cluster
+    cluster.stop()
+
+
 @pytest.fixture(scope="session")
 def redis_module_url():
     module = os.environ.get("RATELIMIT_REDIS_MODULE")
@@ -118,7 +192,8 @@ def unique_prefix():
 @pytest.fixture
 def make_store(request, shm_path):
     """make_store(kind): a fresh store of that kind: memory, shm, redis
-    (the scripts), redis-module (ratelimit.so), closed after the test."""
+    (the scripts), redis-module (ratelimit.so), redis-cluster (three
+    masters), closed after the test."""
     made = []
 
     def make(kind):
@@ -130,6 +205,9 @@ def make_store(request, shm_path):
             url = request.getfixturevalue("redis_url")
             st = ratelimit.redis_store(url, prefix=unique_prefix(), no_ttl=True,
                                        module="off")
+        elif kind == "redis-cluster":
+            url = request.getfixturevalue("redis_cluster").url
+            st = ratelimit.redis_store(url, prefix=unique_prefix(), no_ttl=True)
         elif kind == "redis-module":
             url = request.getfixturevalue("redis_module_url")
             st = ratelimit.redis_store(url, prefix=unique_prefix(), no_ttl=True,
@@ -141,6 +219,6 @@ def make_store(request, shm_path):
 
     yield make
     for st in made:
-        if st.kind in ("redis", "shm"):
+        if st.kind in ("redis", "shm"):  # a cluster's too: kind "redis"
             st.drop()
         st.close()

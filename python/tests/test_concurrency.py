@@ -16,7 +16,8 @@ from ratelimit import Limiter, Policy
 T0 = 10**12
 
 
-@pytest.mark.parametrize("store_kind", ["memory", "shm", "redis"])
+@pytest.mark.parametrize("store_kind", ["memory", "shm", "redis",
+                                        "redis-cluster"])
 def test_threads_share_one_limit_exactly(make_store, store_kind):
     threads, per_thread, limit = 8, 250, 777
     allowed = [0] * threads

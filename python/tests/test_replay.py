@@ -21,7 +21,8 @@ POLICIES = [
     ("token-bucket 10/s burst=4; fixed-window 20/3s", "0"),
     ("sliding-window 5/2s block=1s", "0"),
 ]
-STORES = ["memory", "shm", "redis", "redis-module", "redis-async"]
+STORES = ["memory", "shm", "redis", "redis-module", "redis-async",
+          "redis-cluster", "redis-cluster-async"]
 
 
 def seconds(ns):
@@ -47,11 +48,12 @@ def replay_line(t, key, permits, d):
         seconds(d.reset_after_ns)])
 
 
-async def replay_async(request, policy, wait_s, requests):
-    """The trace through the asynchronous Redis store on asyncio, one
-    decision at a time (a trace's order is its meaning)."""
+async def replay_async(url, policy, wait_s, requests):
+    """The trace through the asynchronous Redis store (a single server or a
+    cluster) on asyncio, one decision at a time (a trace's order is its
+    meaning)."""
     store = ratelimit.redis_async_store(
-        request.getfixturevalue("redis_url"), asyncio.get_running_loop(),
+        url, asyncio.get_running_loop(),
         prefix=conftest.unique_prefix(), no_ttl=True, module="off")
     lim = ratelimit.AsyncLimiter(ratelimit.Policy(policy), store)
     got = []
@@ -75,8 +77,20 @@ def test_replay_differential(cli, make_store, request, store_kind, policy,
         [cli, "replay", "--policy", policy, "--max-wait", max_wait],
         input=text.encode(), capture_output=True, check=True).stdout.decode()
     wait_s = ratelimit.parse_duration(max_wait) / 1e9 if max_wait != "0" else 0
-    if store_kind == "redis-async":
-        got = asyncio.run(replay_async(request, policy, wait_s, requests))
+    if store_kind.startswith("redis-cluster"):
+        url = request.getfixturevalue("redis_cluster").url
+    elif store_kind.startswith("redis"):
+        url = request.getfixturevalue("redis_url")
+    if store_kind in ("redis-async", "redis-cluster-async"):
+        got = asyncio.run(replay_async(url, policy, wait_s, requests))
+    elif store_kind == "redis-cluster":
+        store = ratelimit.redis_store(url, prefix=conftest.unique_prefix(),
+                                      no_ttl=True)
+        with ratelimit.Limiter(ratelimit.Policy(policy), store) as lim:
+            got = [replay_line(t, k, p, lim.check(k, p, max_wait=wait_s, now=t))
+                   for t, k, p in requests]
+        store.drop()
+        store.close()
     else:
         got = []
         with ratelimit.Limiter(ratelimit.Policy(policy),
@@ -86,3 +100,16 @@ def test_replay_differential(cli, make_store, request, store_kind, policy,
                     t, k, p, lim.check(k, p, max_wait=wait_s, now=t)))
     assert "\n".join(got) == want.rstrip("\n")
     assert want.count("\n") == len(requests)
+
+
+def test_cluster_keys_live_on_every_master(redis_cluster):
+    # the cluster rows above decide on three masters, not on one
+    store = ratelimit.redis_store(redis_cluster.url,
+                                  prefix=conftest.unique_prefix())
+    with ratelimit.Limiter(ratelimit.Policy("fixed-window 5/1m"),
+                           store) as lim:
+        for i in range(60):
+            assert lim.check("key%d" % i).allowed
+        assert all(redis_cluster.keys_on(p) > 0 for p in redis_cluster.ports)
+    store.drop()
+    store.close()
