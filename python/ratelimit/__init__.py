@@ -20,7 +20,7 @@ import asyncio as _asyncio
 import re as _re
 
 from . import _ratelimit
-from ._ratelimit import (Decision, Error, Limiter, Lease, Store, memory_store,
+from ._ratelimit import (Decision, Error, Fair, Limiter, Lease, Store, memory_store,
                          monotonic_ns, noop, parse_duration, redis_store,
                          redis_async_store,
                          shm_store, strerror, NEVER, KEY_MAX)
@@ -140,6 +140,6 @@ class AsyncLimiter(Limiter):
         return d
 
 
-__all__ = ["AsyncLimiter", "InFlight", "Lease", "Limited", "redis_async_store", "Decision", "Error", "Limiter", "Policy", "Store", "memory_store",
+__all__ = ["AsyncLimiter", "Fair", "InFlight", "Lease", "Limited", "redis_async_store", "Decision", "Error", "Limiter", "Policy", "Store", "memory_store",
            "shm_store", "redis_store", "limits_text", "raise_store_error", "monotonic_ns",
            "parse_duration", "strerror", "noop", "NEVER", "KEY_MAX"] + _CODES

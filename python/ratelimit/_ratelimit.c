@@ -5,7 +5,8 @@
  * Map: errors; Policy; the asyncio adapter (a rate_loop_t on asyncio's
  * add_reader, add_writer and call_later); the stores (Store: memory, shm,
  * Redis, asynchronous Redis); Limiter (decisions, asynchronous decisions,
- * changes, headers); InFlight and Lease (in-flight limits); the module.
+ * changes, headers); InFlight and Lease (in-flight limits); Fair (fair
+ * shares); the module.
  *
  * Every call that may block (a store's I/O, a shared-memory lock, an
  * acquire's sleep) runs with the GIL released.  A Limiter's calls hold its
@@ -23,6 +24,7 @@
 #include <string.h>
 
 #include "ratelimit.h"
+#include "ratelimit_fair.h"
 #include "ratelimit_http.h"
 #include "ratelimit_lease.h"
 #include "ratelimit_loop.h"
@@ -1015,6 +1017,7 @@ typedef struct {
     int lock_ready;
     Py_ssize_t in_flight; /* asynchronous decisions not yet called back */
     int memory_only;      /* on a memory store: its calls never wait */
+    Py_ssize_t users;     /* open Fair limits on it */
 } LimiterObject;
 
 /* A decision on the memory store never waits (a shard's spin lock is held
@@ -1160,6 +1163,11 @@ static PyObject *Limiter_close(LimiterObject *self, PyObject *unused)
     if (self->in_flight > 0) {
         PyErr_SetString(PyExc_RuntimeError,
                         "the limiter has decisions in flight: await them first");
+        return NULL;
+    }
+    if (self->users > 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the limiter has open fair limits: close them first");
         return NULL;
     }
     limiter_close(self);
@@ -2112,6 +2120,192 @@ static PyTypeObject LeaseType = {
     .tp_getset = Lease_getset,
 };
 
+
+/* ----------------------------------------------------------------- Fair */
+
+typedef struct {
+    PyObject_HEAD
+    rate_fair_t *fair;
+    LimiterObject *limiter; /* kept open while this is */
+    pthread_rwlock_t lock;  /* read: a call; write: close */
+    int lock_ready;
+} FairObject;
+
+static int Fair_init(FairObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"limiter", "key", "slots", "queue_max",
+                             "shm_path", NULL};
+    PyObject *lim_obj, *key_obj, *path_obj = Py_None;
+    unsigned int slots = 0, queue_max = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$IIO:Fair", kwlist, &lim_obj,
+                                     &key_obj, &slots, &queue_max, &path_obj))
+        return -1;
+    if (self->fair || self->lock_ready) {
+        PyErr_SetString(PyExc_RuntimeError, "Fair.__init__ called twice");
+        return -1;
+    }
+    if (!PyObject_TypeCheck(lim_obj, &LimiterType)) {
+        PyErr_Format(PyExc_TypeError, "limiter must be a ratelimit.Limiter, not %.100s",
+                     Py_TYPE(lim_obj)->tp_name);
+        return -1;
+    }
+    LimiterObject *lim = (LimiterObject *)lim_obj;
+    if (limiter_usable(lim) < 0)
+        return -1;
+    const char *path = NULL;
+    if (path_obj != Py_None && cstring_arg(path_obj, "shm_path", &path) < 0)
+        return -1;
+    key_arg_t k;
+    if (key_get(key_obj, &k) < 0)
+        return -1;
+    rate_fair_config_t c;
+    memset(&c, 0, sizeof c);
+    c.limiter = lim->limiter;
+    c.key = k.ptr;
+    c.key_len = k.len;
+    c.slots = slots;
+    c.queue_max = queue_max;
+    c.shm_path = path;
+    char err[ERRLEN] = "";
+    rate_fair_t *f = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rate_fair_new(&c, &f, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    key_release(&k);
+    if (rc != RATE_OK) {
+        raise_rc(rc, err);
+        return -1;
+    }
+    if (pthread_rwlock_init(&self->lock, NULL) != 0) {
+        rate_fair_free(f);
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->lock_ready = 1;
+    self->fair = f;
+    Py_INCREF(lim);
+    self->limiter = lim;
+    lim->users++;
+    return 0;
+}
+
+static void fair_close(FairObject *self)
+{
+    if (!self->fair)
+        return;
+    rate_fair_t *f;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_wrlock(&self->lock);
+    f = self->fair;
+    self->fair = NULL;
+    pthread_rwlock_unlock(&self->lock);
+    rate_fair_free(f);
+    Py_END_ALLOW_THREADS
+    self->limiter->users--;
+}
+
+static void Fair_dealloc(FairObject *self)
+{
+    fair_close(self);
+    if (self->lock_ready)
+        pthread_rwlock_destroy(&self->lock);
+    Py_XDECREF(self->limiter);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Fair_close(FairObject *self, PyObject *unused)
+{
+    (void)unused;
+    fair_close(self);
+    Py_RETURN_NONE;
+}
+
+/* check(flow, permits=1, *, weight=1, now=None) -> Decision */
+static PyObject *Fair_check(FairObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"flow", "permits", "weight", "now", NULL};
+    PyObject *flow_obj, *permits_obj = NULL, *weight_obj = NULL;
+    PyObject *now_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$OO:check", kwlist,
+                                     &flow_obj, &permits_obj, &weight_obj,
+                                     &now_obj))
+        return NULL;
+    if (!self->lock_ready || !self->fair) {
+        PyErr_SetString(PyExc_ValueError, "the fair limit is closed");
+        return NULL;
+    }
+    uint64_t permits = 1, weight = 1, now_ns = 0;
+    if ((permits_obj && u64_arg(permits_obj, "permits", &permits) < 0) ||
+        (weight_obj && u64_arg(weight_obj, "weight", &weight) < 0) ||
+        (now_obj != Py_None && u64_arg(now_obj, "now", &now_ns) < 0))
+        return NULL;
+    if (weight > UINT32_MAX)
+        return raise_rc(RATE_EINVAL, "weight above RATE_FAIR_WEIGHT_MAX");
+    key_arg_t k;
+    if (key_get(flow_obj, &k) < 0)
+        return NULL;
+    rate_decision_t d;
+    int rc = 0, closed = 0;
+    DECIDE_BEGIN(self->limiter)
+    pthread_rwlock_rdlock(&self->lock);
+    if (!self->fair) {
+        closed = 1;
+    } else {
+        rc = now_obj != Py_None
+                 ? rate_fair_check_at(self->fair, k.ptr, k.len, (uint32_t)weight,
+                                      permits, now_ns, &d)
+                 : rate_fair_check(self->fair, k.ptr, k.len, (uint32_t)weight,
+                                   permits, &d);
+    }
+    pthread_rwlock_unlock(&self->lock);
+    DECIDE_END
+    key_release(&k);
+    if (closed) {
+        PyErr_SetString(PyExc_ValueError, "the fair limit is closed");
+        return NULL;
+    }
+    if (rc != RATE_OK)
+        return raise_rc(rc, NULL);
+    return decision_new(&d);
+}
+
+static PyObject *Fair_enter(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Py_INCREF(self);
+    return self;
+}
+
+static PyObject *Fair_exit(FairObject *self, PyObject *args)
+{
+    (void)args;
+    fair_close(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Fair_methods[] = {
+    {"check", (PyCFunction)(void (*)(void))Fair_check,
+     METH_VARARGS | METH_KEYWORDS,
+     "check(flow, permits=1, *, weight=1, now=None) -> Decision"},
+    {"close", (PyCFunction)Fair_close, METH_NOARGS, "frees the fair limit"},
+    {"__enter__", Fair_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)Fair_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject FairType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ratelimit.Fair",
+    .tp_basicsize = sizeof(FairObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Fair(limiter, key, *, slots=0, queue_max=0, shm_path=None): "
+              "the limiter's limit on `key` shared fairly by flows "
+              "(docs/fair.md)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Fair_init,
+    .tp_dealloc = (destructor)Fair_dealloc,
+    .tp_methods = Fair_methods,
+};
+
 /* --------------------------------------------------------------- module */
 
 /* The floor of the bench: a Python call into a C function that does
@@ -2197,7 +2391,8 @@ PyMODINIT_FUNC PyInit__ratelimit(void)
     if (!DecisionType || PyType_Ready(&PolicyType) < 0 ||
         PyType_Ready(&StoreType) < 0 || PyType_Ready(&LimiterType) < 0 ||
         PyType_Ready(&IoWatchType) < 0 || PyType_Ready(&LoopTimerType) < 0 ||
-        PyType_Ready(&InFlightType) < 0 || PyType_Ready(&LeaseType) < 0)
+        PyType_Ready(&InFlightType) < 0 || PyType_Ready(&LeaseType) < 0 ||
+        PyType_Ready(&FairType) < 0)
         goto fail;
     Error = PyErr_NewExceptionWithDoc(
         "ratelimit.Error",
@@ -2212,7 +2407,8 @@ PyMODINIT_FUNC PyInit__ratelimit(void)
         PyModule_AddObjectRef(m, "Store", (PyObject *)&StoreType) < 0 ||
         PyModule_AddObjectRef(m, "Limiter", (PyObject *)&LimiterType) < 0 ||
         PyModule_AddObjectRef(m, "InFlight", (PyObject *)&InFlightType) < 0 ||
-        PyModule_AddObjectRef(m, "Lease", (PyObject *)&LeaseType) < 0)
+        PyModule_AddObjectRef(m, "Lease", (PyObject *)&LeaseType) < 0 ||
+        PyModule_AddObjectRef(m, "Fair", (PyObject *)&FairType) < 0)
         goto fail;
 #define ADD_CODE(name, code, text)                                   \
     if (PyModule_AddIntConstant(m, #name, code) < 0)              \
