@@ -17,6 +17,7 @@ a closed limiter ValueError.
 """
 
 import asyncio as _asyncio
+import collections as _collections
 import re as _re
 
 from . import _ratelimit
@@ -118,6 +119,25 @@ class InFlight(_ratelimit.InFlight):
         return held
 
 
+class Outcome(_collections.namedtuple(
+        "Outcome", "allowed denied_by delay_ns applied status headers")):
+    """A request's outcome under the rules: allowed, the index of the first
+    policy that denied (-1: none), the longest reservation's wait (ns),
+    `applied` as (policy name, Decision, refunded) for each policy, and
+    the HTTP status (0: serve; 429; 503) and header fields."""
+
+
+class Rules(_ratelimit._Rules):
+    """Rules(path): a rules file (docs/api-server.md): which named policies
+    a request gets from its attributes, and under which key."""
+
+    def check(self, limiter, key, attrs=None, permits=1, *, max_wait=0,
+              now=None):
+        allowed, denied_by, delay_ns, applied, (status, fields) = \
+            self._check(limiter, key, attrs or {}, permits, max_wait, now)
+        return Outcome(allowed, denied_by, delay_ns, applied, status, fields)
+
+
 class AsyncLimiter(Limiter):
     """A Limiter whose check() and acquire() are coroutines that never block
     the event loop: on redis_async_store(url, loop) the decision is the
@@ -140,6 +160,6 @@ class AsyncLimiter(Limiter):
         return d
 
 
-__all__ = ["AsyncLimiter", "Fair", "InFlight", "Lease", "Limited", "redis_async_store", "Decision", "Error", "Limiter", "Policy", "Store", "memory_store",
+__all__ = ["AsyncLimiter", "Outcome", "Rules", "Fair", "InFlight", "Lease", "Limited", "redis_async_store", "Decision", "Error", "Limiter", "Policy", "Store", "memory_store",
            "shm_store", "redis_store", "limits_text", "raise_store_error", "monotonic_ns",
            "parse_duration", "strerror", "noop", "NEVER", "KEY_MAX"] + _CODES

@@ -6,7 +6,7 @@
  * add_reader, add_writer and call_later); the stores (Store: memory, shm,
  * Redis, asynchronous Redis); Limiter (decisions, asynchronous decisions,
  * changes, headers); InFlight and Lease (in-flight limits); Fair (fair
- * shares); the module.
+ * shares); Rules (the rules file); the module.
  *
  * Every call that may block (a store's I/O, a shared-memory lock, an
  * acquire's sleep) runs with the GIL released.  A Limiter's calls hold its
@@ -1552,6 +1552,8 @@ static PyObject *Limiter_reset(LimiterObject *self, PyObject *a, PyObject *kw)
     return limiter_change(self, a, kw, CHANGE_RESET);
 }
 
+static PyObject *headers_new(const rate_headers_t *hp);
+
 /* headers(decision, policy=None) -> (status, {field: value}): the RateLimit
  * header fields (ratelimit_http.h) of a decision made under `policy` (the
  * limiter's default when None). */
@@ -1579,6 +1581,13 @@ static PyObject *Limiter_headers(LimiterObject *self, PyObject *args, PyObject *
     int rc = rate_headers_format(((PolicyObject *)policy_obj)->policy, &d, &h);
     if (rc != RATE_OK)
         return raise_rc(rc, NULL);
+    return headers_new(&h);
+}
+
+/* (status, {field: value}) of formatted header fields: those not empty. */
+static PyObject *headers_new(const rate_headers_t *hp)
+{
+    const rate_headers_t h = *hp;
     PyObject *fields = PyDict_New();
     if (!fields)
         return NULL;
@@ -2306,6 +2315,205 @@ static PyTypeObject FairType = {
     .tp_methods = Fair_methods,
 };
 
+
+/* ---------------------------------------------------------------- Rules */
+
+typedef struct {
+    PyObject_HEAD
+    rate_rules_t *rules;
+    pthread_rwlock_t lock; /* read: a call; write: close */
+    int lock_ready;
+} RulesObject;
+
+static int Rules_init(RulesObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"path", NULL};
+    PyObject *path_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:Rules", kwlist, &path_obj))
+        return -1;
+    if (self->rules || self->lock_ready) {
+        PyErr_SetString(PyExc_RuntimeError, "Rules.__init__ called twice");
+        return -1;
+    }
+    PyObject *path_bytes = NULL;
+    if (!PyUnicode_FSConverter(path_obj, &path_bytes))
+        return -1;
+    const char *path = PyBytes_AS_STRING(path_bytes);
+    char err[ERRLEN] = "";
+    rate_rules_t *r = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rate_rules_load(path, &r, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_bytes);
+    if (rc != RATE_OK) {
+        raise_rc(rc, err);
+        return -1;
+    }
+    if (pthread_rwlock_init(&self->lock, NULL) != 0) {
+        rate_rules_free(r);
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->lock_ready = 1;
+    self->rules = r;
+    return 0;
+}
+
+static void rules_close(RulesObject *self)
+{
+    if (!self->rules)
+        return;
+    rate_rules_t *r;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_wrlock(&self->lock);
+    r = self->rules;
+    self->rules = NULL;
+    pthread_rwlock_unlock(&self->lock);
+    rate_rules_free(r);
+    Py_END_ALLOW_THREADS
+}
+
+static void Rules_dealloc(RulesObject *self)
+{
+    rules_close(self);
+    if (self->lock_ready)
+        pthread_rwlock_destroy(&self->lock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Rules_close(RulesObject *self, PyObject *unused)
+{
+    (void)unused;
+    rules_close(self);
+    Py_RETURN_NONE;
+}
+
+/* The outcome: (allowed, denied_by, delay_ns, [(policy name, Decision,
+ * refunded), ...], (status, fields)). */
+static PyObject *outcome_new(const rate_outcome_t *o)
+{
+    PyObject *applied = PyList_New((Py_ssize_t)o->count);
+    for (size_t i = 0; applied && i < o->count; i++) {
+        const rate_applied_t *a = &o->applied[i];
+        PyObject *item = Py_BuildValue("(sNO)", a->policy_name,
+                                       decision_new(&a->decision),
+                                       a->refunded ? Py_True : Py_False);
+        if (!item) {
+            Py_CLEAR(applied);
+            break;
+        }
+        PyList_SET_ITEM(applied, (Py_ssize_t)i, item);
+    }
+    if (!applied)
+        return NULL;
+    rate_headers_t h;
+    int rc = rate_outcome_headers(o, &h);
+    if (rc != RATE_OK) {
+        Py_DECREF(applied);
+        return raise_rc(rc, NULL);
+    }
+    PyObject *headers = headers_new(&h);
+    if (!headers) {
+        Py_DECREF(applied);
+        return NULL;
+    }
+    return Py_BuildValue("(OiKNN)", o->allowed ? Py_True : Py_False,
+                         o->denied_by, (unsigned long long)o->delay_ns,
+                         applied, headers);
+}
+
+/* _check(limiter, key, attrs, permits, max_wait, now) -> the outcome tuple */
+static PyObject *Rules_check(RulesObject *self, PyObject *args)
+{
+    PyObject *lim_obj, *key_obj, *attrs_obj, *permits_obj, *wait_obj, *now_obj;
+    if (!PyArg_ParseTuple(args, "OOOOOO:_check", &lim_obj, &key_obj, &attrs_obj,
+                          &permits_obj, &wait_obj, &now_obj))
+        return NULL;
+    if (!self->lock_ready || !self->rules) {
+        PyErr_SetString(PyExc_ValueError, "the rules are closed");
+        return NULL;
+    }
+    if (!PyObject_TypeCheck(lim_obj, &LimiterType)) {
+        PyErr_SetString(PyExc_TypeError, "limiter must be a ratelimit.Limiter");
+        return NULL;
+    }
+    LimiterObject *lim = (LimiterObject *)lim_obj;
+    if (limiter_usable(lim) < 0)
+        return NULL;
+    if (!PyDict_Check(attrs_obj)) {
+        PyErr_SetString(PyExc_TypeError, "attrs must be a dict of str to str");
+        return NULL;
+    }
+    uint64_t permits, wait_ns, now_ns = 0;
+    if (u64_arg(permits_obj, "permits", &permits) < 0 ||
+        seconds_arg(wait_obj, "max_wait", 0, &wait_ns) < 0 ||
+        (now_obj != Py_None && u64_arg(now_obj, "now", &now_ns) < 0))
+        return NULL;
+    Py_ssize_t n = PyDict_Size(attrs_obj);
+    rate_attr_t *attrs = PyMem_Calloc((size_t)(n > 0 ? n : 1), sizeof *attrs);
+    if (!attrs)
+        return PyErr_NoMemory();
+    PyObject *name, *value;
+    Py_ssize_t pos = 0, i = 0;
+    while (PyDict_Next(attrs_obj, &pos, &name, &value)) {
+        if (cstring_arg(name, "attribute name", &attrs[i].name) < 0 ||
+            cstring_arg(value, "attribute value", &attrs[i].value) < 0) {
+            PyMem_Free(attrs);
+            return NULL;
+        }
+        i++;
+    }
+    key_arg_t k;
+    if (key_get(key_obj, &k) < 0) {
+        PyMem_Free(attrs);
+        return NULL;
+    }
+    rate_outcome_t o;
+    int rc = 0, closed = 0;
+    DECIDE_BEGIN(lim)
+    pthread_rwlock_rdlock(&self->lock);
+    if (!self->rules || limiter_enter(lim) < 0) {
+        closed = 1;
+    } else {
+        rc = now_obj != Py_None
+                 ? rate_rules_check_at(self->rules, lim->limiter, k.ptr, k.len,
+                                       attrs, (size_t)n, permits, wait_ns,
+                                       now_ns, &o)
+                 : rate_rules_check(self->rules, lim->limiter, k.ptr, k.len,
+                                    attrs, (size_t)n, permits, wait_ns, &o);
+        pthread_rwlock_unlock(&lim->lock);
+    }
+    pthread_rwlock_unlock(&self->lock);
+    DECIDE_END
+    key_release(&k);
+    PyMem_Free(attrs);
+    if (closed) {
+        PyErr_SetString(PyExc_ValueError, "the rules or the limiter are closed");
+        return NULL;
+    }
+    if (rc != RATE_OK)
+        return raise_rc(rc, NULL);
+    return outcome_new(&o);
+}
+
+static PyMethodDef Rules_methods[] = {
+    {"_check", (PyCFunction)Rules_check, METH_VARARGS,
+     "_check(limiter, key, attrs, permits, max_wait, now) -> outcome tuple"},
+    {"close", (PyCFunction)Rules_close, METH_NOARGS, "frees the rules"},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject RulesType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ratelimit._Rules",
+    .tp_basicsize = sizeof(RulesObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "_Rules(path): a rules file (use ratelimit.Rules)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Rules_init,
+    .tp_dealloc = (destructor)Rules_dealloc,
+    .tp_methods = Rules_methods,
+};
+
 /* --------------------------------------------------------------- module */
 
 /* The floor of the bench: a Python call into a C function that does
@@ -2392,7 +2600,7 @@ PyMODINIT_FUNC PyInit__ratelimit(void)
         PyType_Ready(&StoreType) < 0 || PyType_Ready(&LimiterType) < 0 ||
         PyType_Ready(&IoWatchType) < 0 || PyType_Ready(&LoopTimerType) < 0 ||
         PyType_Ready(&InFlightType) < 0 || PyType_Ready(&LeaseType) < 0 ||
-        PyType_Ready(&FairType) < 0)
+        PyType_Ready(&FairType) < 0 || PyType_Ready(&RulesType) < 0)
         goto fail;
     Error = PyErr_NewExceptionWithDoc(
         "ratelimit.Error",
@@ -2408,7 +2616,8 @@ PyMODINIT_FUNC PyInit__ratelimit(void)
         PyModule_AddObjectRef(m, "Limiter", (PyObject *)&LimiterType) < 0 ||
         PyModule_AddObjectRef(m, "InFlight", (PyObject *)&InFlightType) < 0 ||
         PyModule_AddObjectRef(m, "Lease", (PyObject *)&LeaseType) < 0 ||
-        PyModule_AddObjectRef(m, "Fair", (PyObject *)&FairType) < 0)
+        PyModule_AddObjectRef(m, "Fair", (PyObject *)&FairType) < 0 ||
+        PyModule_AddObjectRef(m, "_Rules", (PyObject *)&RulesType) < 0)
         goto fail;
 #define ADD_CODE(name, code, text)                                   \
     if (PyModule_AddIntConstant(m, #name, code) < 0)              \
