@@ -178,6 +178,21 @@ static int seconds_arg(PyObject *obj, const char *what, uint64_t dflt,
     return -1;
 }
 
+/* __enter__ of the objects that are context managers: the object. */
+static PyObject *enter_self(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Py_INCREF(self);
+    return self;
+}
+
+/* __exit__ of those whose leaving closes them: their close(). */
+static PyObject *exit_close(PyObject *self, PyObject *args)
+{
+    (void)args;
+    return PyObject_CallMethod(self, "close", NULL);
+}
+
 /* ------------------------------------------------------------- decisions */
 
 static PyTypeObject *DecisionType;
@@ -766,19 +781,6 @@ static PyObject *Store_drop(StoreObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *Store_enter(PyObject *self, PyObject *unused)
-{
-    (void)unused;
-    Py_INCREF(self);
-    return self;
-}
-
-static PyObject *Store_exit(StoreObject *self, PyObject *args)
-{
-    (void)args;
-    return Store_close(self, NULL);
-}
-
 static PyObject *Store_get_kind(StoreObject *self, void *c)
 {
     (void)c;
@@ -797,8 +799,8 @@ static PyMethodDef Store_methods[] = {
     {"stats", (PyCFunction)Store_stats, METH_NOARGS, "The store's figures."},
     {"drop", (PyCFunction)Store_drop, METH_NOARGS,
      "Deletes every key of the store's namespace (shm, Redis)."},
-    {"__enter__", Store_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)Store_exit, METH_VARARGS, NULL},
+    {"__enter__", enter_self, METH_NOARGS, NULL},
+    {"__exit__", exit_close, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Store_getset[] = {
@@ -1634,19 +1636,6 @@ static PyObject *Limiter_stats(LimiterObject *self, PyObject *unused)
                          (unsigned long long)st.evictions);
 }
 
-static PyObject *Limiter_enter(PyObject *self, PyObject *unused)
-{
-    (void)unused;
-    Py_INCREF(self);
-    return self;
-}
-
-static PyObject *Limiter_exit(LimiterObject *self, PyObject *args)
-{
-    (void)args;
-    return Limiter_close(self, NULL);
-}
-
 static PyObject *Limiter_get_policy(LimiterObject *self, void *c)
 {
     (void)c;
@@ -1696,8 +1685,8 @@ static PyMethodDef Limiter_methods[] = {
     {"stats", (PyCFunction)Limiter_stats, METH_NOARGS, "the limiter's figures"},
     {"close", (PyCFunction)Limiter_close, METH_NOARGS,
      "frees the limiter; later calls raise ValueError"},
-    {"__enter__", Limiter_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)Limiter_exit, METH_VARARGS, NULL},
+    {"__enter__", enter_self, METH_NOARGS, NULL},
+    {"__exit__", exit_close, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Limiter_getset[] = {
@@ -1958,20 +1947,6 @@ static PyObject *InFlight_held(InFlightObject *self, PyObject *args, PyObject *k
     return PyLong_FromUnsignedLongLong(held);
 }
 
-static PyObject *InFlight_enter(PyObject *self, PyObject *unused)
-{
-    (void)unused;
-    Py_INCREF(self);
-    return self;
-}
-
-static PyObject *InFlight_exit(InFlightObject *self, PyObject *args)
-{
-    (void)args;
-    inflight_close(self);
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef InFlight_methods[] = {
     {"acquire", (PyCFunction)(void (*)(void))InFlight_acquire,
      METH_VARARGS | METH_KEYWORDS,
@@ -1980,8 +1955,8 @@ static PyMethodDef InFlight_methods[] = {
      METH_VARARGS | METH_KEYWORDS, "held(key, *, now=None) -> leases held"},
     {"close", (PyCFunction)InFlight_close, METH_NOARGS,
      "frees the object; leases held stay until released or expired"},
-    {"__enter__", InFlight_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)InFlight_exit, METH_VARARGS, NULL},
+    {"__enter__", enter_self, METH_NOARGS, NULL},
+    {"__exit__", exit_close, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject InFlightType = {
@@ -2059,13 +2034,6 @@ static PyObject *Lease_extend(LeaseObject *self, PyObject *args, PyObject *kw)
     return lease_call(self, LEASE_EXTEND, ttl_ns);
 }
 
-static PyObject *Lease_enter(PyObject *self, PyObject *unused)
-{
-    (void)unused;
-    Py_INCREF(self);
-    return self;
-}
-
 /* Leaving the block releases the lease (unless released in it); a failed
  * release raises only when the block itself raised nothing. */
 static PyObject *Lease_exit(LeaseObject *self, PyObject *args)
@@ -2108,7 +2076,7 @@ static PyMethodDef Lease_methods[] = {
     {"extend", (PyCFunction)(void (*)(void))Lease_extend,
      METH_VARARGS | METH_KEYWORDS,
      "extend(ttl=None): expires ttl s from now (None: the policy's TTL)"},
-    {"__enter__", Lease_enter, METH_NOARGS, NULL},
+    {"__enter__", enter_self, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Lease_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
@@ -2279,27 +2247,13 @@ static PyObject *Fair_check(FairObject *self, PyObject *args, PyObject *kw)
     return decision_new(&d);
 }
 
-static PyObject *Fair_enter(PyObject *self, PyObject *unused)
-{
-    (void)unused;
-    Py_INCREF(self);
-    return self;
-}
-
-static PyObject *Fair_exit(FairObject *self, PyObject *args)
-{
-    (void)args;
-    fair_close(self);
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef Fair_methods[] = {
     {"check", (PyCFunction)(void (*)(void))Fair_check,
      METH_VARARGS | METH_KEYWORDS,
      "check(flow, permits=1, *, weight=1, now=None) -> Decision"},
     {"close", (PyCFunction)Fair_close, METH_NOARGS, "frees the fair limit"},
-    {"__enter__", Fair_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)Fair_exit, METH_VARARGS, NULL},
+    {"__enter__", enter_self, METH_NOARGS, NULL},
+    {"__exit__", exit_close, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject FairType = {
