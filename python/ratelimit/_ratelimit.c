@@ -1715,7 +1715,7 @@ typedef struct {
     PyObject *store;
     pthread_rwlock_t lock; /* read: a call; write: close */
     int lock_ready;
-    int memory_only;
+    int memory_only;       /* 0: lease calls release the GIL (DECIDE_BEGIN) */
 } InFlightObject;
 
 typedef struct {
@@ -1774,7 +1774,10 @@ static int InFlight_init(InFlightObject *self, PyObject *args, PyObject *kw)
     }
     self->lock_ready = 1;
     self->inflight = in;
-    self->memory_only = store_attach(store, &self->store);
+    /* A release or an extension may pause between retries under
+     * contention, on any store: lease calls always release the GIL. */
+    store_attach(store, &self->store);
+    self->memory_only = 0;
     return 0;
 }
 
@@ -2106,6 +2109,7 @@ typedef struct {
     LimiterObject *limiter; /* kept open while this is */
     pthread_rwlock_t lock;  /* read: a call; write: close */
     int lock_ready;
+    int memory_only;        /* a memory limiter and a table in this process */
 } FairObject;
 
 static int Fair_init(FairObject *self, PyObject *args, PyObject *kw)
@@ -2161,6 +2165,8 @@ static int Fair_init(FairObject *self, PyObject *args, PyObject *kw)
     }
     self->lock_ready = 1;
     self->fair = f;
+    /* a table shared by processes has a lock that may wait */
+    self->memory_only = lim->memory_only && path == NULL;
     Py_INCREF(lim);
     self->limiter = lim;
     lim->users++;
@@ -2224,7 +2230,7 @@ static PyObject *Fair_check(FairObject *self, PyObject *args, PyObject *kw)
         return NULL;
     rate_decision_t d;
     int rc = 0, closed = 0;
-    DECIDE_BEGIN(self->limiter)
+    DECIDE_BEGIN(self)
     pthread_rwlock_rdlock(&self->lock);
     if (!self->fair) {
         closed = 1;
