@@ -21,7 +21,9 @@ build_pkgs=("${core_pkgs[@]}" libhiredis-dev
             libcurl4-openssl-dev libjansson-dev libinih-dev libmicrohttpd-dev)
 test_pkgs=(libcmocka-dev libuv1-dev libevent-dev valgrind libxml2-utils abigail-tools redis-server
            redis-tools nodejs python3 curl wrk openssl
-           nginx nginx-dev libpcre2-dev libssl-dev zlib1g-dev)
+           nginx nginx-dev libpcre2-dev libssl-dev zlib1g-dev
+           python3-dev python3-setuptools python3-venv python3-pytest
+           python3-limits python3-flask-limiter python3-starlette python3-uvicorn)
 fuzz_pkgs=(clang libclang-rt-14-dev)
 
 usage() { echo "usage: $0 [core|build|test|fuzz] | $0 check [core|build|test|fuzz]" >&2; exit 2; }

@@ -95,6 +95,11 @@ rate_suite(nginx_redis_slow SH nginx_redis_slow_test.sh NEEDS NGINX LABELS redis
            SKIP77 TIMEOUT 900 ARGS "${RATE_NGINX_SO}")
 rate_suite(install SH install_test.sh NEEDS TOOLS PLAIN ENV "${RATE_PARTS_ENV}"
            ARGS ${CMAKE_BINARY_DIR})
+# The Python binding (python/, docs/python.md): a plain build's, since
+# CPython has no sanitizer runtime to load it with.
+rate_suite(python SH python_test.sh NEEDS TOOLS PLAIN REDIS HTTP MODULE
+           LABELS redis TIMEOUT 900 ARGS ${CMAKE_BINARY_DIR}
+           $<TARGET_FILE:ratelimit_cli> $<TARGET_FILE:ratelimit_redis_module>)
 
 # Fair shares of a shared limit (docs/fair.md): issue 31's properties on
 # the memory table (threads) and the shared table (processes, shm store).

@@ -1,0 +1,165 @@
+# SPDX-License-Identifier: MIT
+"""Exact rate limiting over libratelimit (docs/python.md).
+
+    import ratelimit
+    limiter = ratelimit.Limiter(ratelimit.Policy("token-bucket 10/s burst=20"))
+    d = limiter.check("user:42")
+    if not d.allowed:
+        retry_in = d.retry_after        # seconds (inf: never)
+
+Policies take the library's text form (docs/policy.md) or the wording of
+`limits` and Flask-Limiter ("10/minute", "10 per minute", "5/second;
+100/hour"), which makes fixed windows unless `algorithm` says otherwise.
+Stores: memory_store(), shm_store(path, max_keys=N), redis_store(url).
+Errors of the library raise ratelimit.Error (the library's message, .code,
+.name); wrong types raise TypeError, numbers out of range OverflowError,
+a closed limiter ValueError.
+"""
+
+import asyncio as _asyncio
+import collections as _collections
+import re as _re
+
+from . import _ratelimit
+from ._ratelimit import (Decision, Error, Fair, Limiter, Lease, Store, memory_store,
+                         monotonic_ns, noop, parse_duration, redis_store,
+                         redis_async_store,
+                         shm_store, strerror, NEVER, KEY_MAX)
+
+__version__ = _ratelimit.__version__
+
+# The error codes: EINVAL, EKEY, EPOLICY, ERANGE, ESTORE, ... (Error.code).
+_CODES = [n for n in dir(_ratelimit) if n[:1] == "E" and n[1:].isupper()]
+globals().update((n, getattr(_ratelimit, n)) for n in _CODES)
+
+# The wording of `limits` (its limits.util.parse_many): "[count] [per|/]
+# [n] [unit]", several joined by , ; or |.
+_LIMITS_ONE = _re.compile(
+    r"\s*([0-9]+)\s*(?:/|\s*per\s*)\s*([0-9]+)?\s*"
+    r"(second|minute|hour|day|month|year)s?\s*", _re.IGNORECASE)
+_LIMITS_SEP = _re.compile(r"[,;|]")
+# Its units in the library's: a month is 30 days, a year 12 months, as
+# `limits` counts them.
+_LIMITS_UNITS = {"second": (1, "s"), "minute": (1, "m"), "hour": (1, "h"),
+                 "day": (1, "d"), "month": (30, "d"), "year": (360, "d")}
+_ALGORITHMS = ("token-bucket", "gcra", "leaky-bucket", "fixed-window",
+               "sliding-log", "sliding-window")
+
+
+def limits_text(text, algorithm="fixed-window"):
+    """The library's policy text for `limits` wording ("10/minute",
+    "10 per 2 hours; 100/day"), each limit under `algorithm` (a bucket's
+    burst or capacity is the count); None when `text` is not that wording."""
+    if algorithm not in _ALGORITHMS:
+        raise ValueError("algorithm must be one of %s, not %r"
+                         % (", ".join(_ALGORITHMS), algorithm))
+    parts = []
+    for one in _LIMITS_SEP.split(text):
+        m = _LIMITS_ONE.fullmatch(one)
+        if not m:
+            return None
+        count, n, unit = m.group(1), int(m.group(2) or 1), m.group(3).lower()
+        scale, suffix = _LIMITS_UNITS[unit]
+        part = "%s %s/%d%s" % (algorithm, count, n * scale, suffix)
+        if algorithm in ("token-bucket", "gcra"):
+            part += " burst=" + count
+        elif algorithm == "leaky-bucket":
+            part += " capacity=" + count
+        parts.append(part)
+    return "; ".join(parts)
+
+
+def raise_store_error(decision):
+    """Raises Error for a decision the store failed (reason 'store-error'),
+    with the store's code and message, for callers that would rather stop
+    than take the fail mode's verdict."""
+    name, text = strerror(decision.error)
+    e = Error(text)
+    e.code, e.name = decision.error, name
+    raise e
+
+
+class Policy(_ratelimit.Policy):
+    """Policy(text, name=None, algorithm="fixed-window"): the library's text
+    form, or the wording of `limits` (each of its limits then under
+    `algorithm`).  str(policy) is the canonical text; .limits the limits."""
+
+    def __init__(self, text, name=None, algorithm="fixed-window"):
+        if isinstance(text, (str, bytes)):
+            s = text.decode() if isinstance(text, bytes) else text
+            if "\0" not in s:
+                translated = limits_text(s, algorithm)
+                if translated is not None:
+                    text = translated
+        super().__init__(text, name)
+
+
+class Limited(Exception):
+    """Raised by InFlight.lease() when the in-flight limit (or a rate limit
+    of its policy) denies: .decision says which and when to retry."""
+
+    def __init__(self, decision):
+        super().__init__("limited: retry after %.3f s" % decision.retry_after)
+        self.decision = decision
+
+
+class InFlight(_ratelimit.InFlight):
+    """InFlight("concurrency 10 ttl=30s[; token-bucket 5/s]", store=None):
+    at most N requests of a key at once (docs/leases.md).  acquire() ->
+    (Decision, Lease or None); lease() -> a Lease to use in a with block:
+
+        with inflight.lease("user:42"):
+            ...                     # released on leaving, even by an error
+    """
+
+    def lease(self, key, *, critical=False):
+        d, held = self.acquire(key, critical=critical)
+        if held is None:
+            raise Limited(d)
+        return held
+
+
+class Outcome(_collections.namedtuple(
+        "Outcome", "allowed denied_by delay_ns applied status headers")):
+    """A request's outcome under the rules: allowed, the index of the first
+    policy that denied (-1: none), the longest reservation's wait (ns),
+    `applied` as (policy name, Decision, refunded) for each policy, and
+    the HTTP status (0: serve; 429; 503) and header fields."""
+
+
+class Rules(_ratelimit._Rules):
+    """Rules(path): a rules file (docs/api-server.md): which named policies
+    a request gets from its attributes, and under which key."""
+
+    def check(self, limiter, key, attrs=None, permits=1, *, max_wait=0,
+              now=None):
+        allowed, denied_by, delay_ns, applied, (status, fields) = \
+            self._check(limiter, key, attrs or {}, permits, max_wait, now)
+        return Outcome(allowed, denied_by, delay_ns, applied, status, fields)
+
+
+class AsyncLimiter(Limiter):
+    """A Limiter whose check() and acquire() are coroutines that never block
+    the event loop: on redis_async_store(url, loop) the decision is the
+    asynchronous store's (its socket and timer on the loop, no thread);
+    on the other stores it is made at once.  Run them on the loop's thread.
+    refund(), penalize() and reset() are the Limiter's (on an asynchronous
+    Redis store they block, through the synchronous store it owns)."""
+
+    async def check(self, key, permits=1, *, max_wait=0, now=None):
+        fut = _asyncio.get_running_loop().create_future()
+        d = self._check_start(key, permits, max_wait, fut, now)
+        return d if d is not None else await fut
+
+    async def acquire(self, key, permits=1, *, timeout=0):
+        """Reserves permits (waiting up to `timeout` s) and sleeps the
+        reservation's delay: the Decision, allowed or not."""
+        d = await self.check(key, permits, max_wait=timeout)
+        if d.allowed and d.delay_ns:
+            await _asyncio.sleep(d.delay)
+        return d
+
+
+__all__ = ["AsyncLimiter", "Outcome", "Rules", "Fair", "InFlight", "Lease", "Limited", "redis_async_store", "Decision", "Error", "Limiter", "Policy", "Store", "memory_store",
+           "shm_store", "redis_store", "limits_text", "raise_store_error", "monotonic_ns",
+           "parse_duration", "strerror", "noop", "NEVER", "KEY_MAX"] + _CODES

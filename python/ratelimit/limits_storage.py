@@ -1,0 +1,245 @@
+# SPDX-License-Identifier: MIT
+"""A storage for `limits` and Flask-Limiter whose decisions the library
+makes (docs/python.md, "limits and Flask-Limiter").
+
+Importing this module registers the storage schemes the way `limits`
+extends itself (its storage registry):
+
+    ratelimit+memory://
+    ratelimit+shm:///dev/shm/app.rl[?max_keys=N&key_max=N&prefix=P]
+    ratelimit+redis://[[user]:password@]host[:port][/db][?prefix=P&module=off]
+
+and the strategies "ratelimit-token-bucket" and "ratelimit-sliding-window"
+beside the three of `limits` (a leaky bucket, which
+spaces requests out, has no place in limits's hit-or-miss strategies),
+whose fixed and moving windows this storage decides as the library's fixed window and
+sliding log.  Flask-Limiter then switches with its storage URI:
+
+    Limiter(get_remote_address, app=app, storage_uri="ratelimit+shm:///dev/shm/app.rl")
+"""
+
+import math
+import threading
+import time
+import urllib.parse
+
+from limits.limits import GRANULARITIES
+from limits.storage import MovingWindowSupport, Storage
+from limits.strategies import STRATEGIES, RateLimiter
+
+import ratelimit
+
+# The largest sliding log; a moving window of a larger limit is decided by
+# the two-window counter (docs/algorithms.md).
+SLIDING_LOG_MAX = 10000
+# Keys whose parse is kept (the cache starts over when full).
+_KEYS_CACHED = 65536
+_SECONDS = {g.GRANULARITY.name: g.GRANULARITY.seconds
+            for g in GRANULARITIES.values()}
+
+
+def _limit_of_key(key):
+    """(amount, expiry in s) of a key made by limits's RateLimitItem.key_for
+    (".../AMOUNT/MULTIPLES/GRANULARITY"), or None."""
+    parts = key.rsplit("/", 3)
+    if len(parts) != 4 or not parts[1].isdigit() or not parts[2].isdigit():
+        return None
+    seconds = _SECONDS.get(parts[3])
+    if seconds is None or int(parts[1]) == 0 or int(parts[2]) == 0:
+        return None
+    return int(parts[1]), int(parts[2]) * seconds
+
+
+class RatelimitStorage(Storage, MovingWindowSupport):
+    """The library's stores behind limits's Storage interface.  Each call is
+    one decision of the library under the limit its key names (the count
+    and window a limits key ends with)."""
+
+    STORAGE_SCHEME = ["ratelimit+memory", "ratelimit+shm", "ratelimit+redis"]
+
+    def __init__(self, uri, **options):
+        parsed = urllib.parse.urlparse(uri)
+        query = dict(urllib.parse.parse_qsl(parsed.query))
+        query.update({k: str(v) for k, v in options.items()})
+        self._make_store = self._store_maker(parsed, query)
+        self._store = self._make_store()
+        self._limiter = ratelimit.Limiter(ratelimit.Policy("unlimited"),
+                                          self._store)
+        self._policies = {}
+        self._policies_lock = threading.Lock()
+        self._keys = {}  # key -> (amount, expiry): its parse, cached
+        super().__init__(uri, **options)
+
+    @staticmethod
+    def _store_maker(parsed, query):
+        kind = parsed.scheme.split("+", 1)[1]
+        if kind == "memory":
+            return ratelimit.memory_store
+        if kind == "shm":
+            if not parsed.path:
+                raise ValueError("ratelimit+shm: the URI needs a path "
+                                 "(ratelimit+shm:///dev/shm/app.rl)")
+            return lambda: ratelimit.shm_store(
+                parsed.path, max_keys=int(query.get("max_keys", 65536)),
+                key_max=int(query.get("key_max", 256)),
+                state_max=int(query.get("state_max", 0)),
+                prefix=query.get("prefix"))
+        url = urllib.parse.urlunparse(("redis",) + tuple(parsed[1:4]) + ("", ""))
+        return lambda: ratelimit.redis_store(
+            url, prefix=query.get("prefix"), module=query.get("module", "auto"))
+
+    def _policy(self, algorithm, amount, expiry):
+        k = (algorithm, amount, expiry)
+        p = self._policies.get(k)
+        if p is None:
+            if algorithm == "sliding-log" and amount > SLIDING_LOG_MAX:
+                algorithm = "sliding-window"
+            text = "%s %d/%ds" % (algorithm, amount, expiry)
+            if algorithm == "token-bucket":
+                text += " burst=%d" % amount
+            elif algorithm == "leaky-bucket":
+                text += " capacity=%d" % amount
+            p = ratelimit.Policy(text)
+            with self._policies_lock:
+                self._policies[k] = p
+        return p
+
+    def decide(self, algorithm, key, amount, expiry, cost=1):
+        """One decision of the library under `algorithm` amount/expiry s; a
+        store failure raises ratelimit.Error (Flask-Limiter's swallow_errors
+        and in-memory fallback then have their say)."""
+        d = self._limiter.check(key, cost,
+                                policy=self._policy(algorithm, amount, expiry))
+        if d.reason == "store-error":
+            ratelimit.raise_store_error(d)
+        return d
+
+    def _window(self, key, expiry=None):
+        limit = self._keys.get(key)
+        if limit is None:
+            limit = _limit_of_key(key)
+            if limit is None:
+                raise ValueError("ratelimit storage: %r is not a key of "
+                                 "limits's RateLimitItem.key_for" % key)
+            if len(self._keys) >= _KEYS_CACHED:
+                self._keys.clear()
+            self._keys[key] = limit
+        if expiry is not None and expiry != limit[1]:
+            raise ValueError("ratelimit storage: expiry %d does not match the "
+                             "key %r" % (expiry, key))
+        return limit
+
+    # -- the fixed window (limits's incr, get, get_expiry)
+
+    def incr(self, key, expiry, elastic_expiry=False, amount=1):
+        """The fixed window's hit: the count after it when admitted; when
+        denied, the count it would have made (above the limit), charging
+        nothing."""
+        if elastic_expiry:
+            raise NotImplementedError(
+                "ratelimit storage: no elastic expiry (fixed-window-elastic-"
+                "expiry); use fixed-window or a ratelimit-* strategy")
+        limit, window = self._window(key, expiry)
+        d = self.decide("fixed-window", key, limit, window, amount)
+        used = limit - d.remaining
+        return used if d.allowed else used + amount
+
+    def get(self, key):
+        limit, window = self._window(key)
+        d = self.decide("fixed-window", key, limit, window, 0)
+        return limit - d.remaining
+
+    def get_expiry(self, key):
+        limit, window = self._window(key)
+        d = self.decide("fixed-window", key, limit, window, 0)
+        return math.ceil(time.time() + d.reset_after)
+
+    # -- the moving window
+
+    def acquire_entry(self, key, limit, expiry, amount=1):
+        return self.decide("sliding-log", key, limit, expiry, amount).allowed
+
+    def get_moving_window(self, key, limit, expiry):
+        """(start, count): start is `expiry` before the full quota is back
+        (the newest entry leaves), where limits's own storages give the
+        oldest entry's time."""
+        d = self.decide("sliding-log", key, limit, expiry, 0)
+        count = limit - d.remaining
+        now = time.time()
+        if count == 0:
+            return int(now), 0
+        return math.ceil(now + d.reset_after) - expiry, count
+
+    # -- the rest of the interface
+
+    def clear(self, key):
+        self._limiter.reset(key)
+
+    def check(self):
+        """Healthy when the store answers a query."""
+        try:
+            self.decide("fixed-window", "ratelimit-health", 1, 1, 0)
+            return True
+        except ratelimit.Error:
+            return False
+
+    def reset(self):
+        """Forgets every key: a shared-memory or Redis store's namespace is
+        dropped (every process's), a memory store made anew."""
+        if self._store.kind == "memory":
+            old_limiter, old_store = self._limiter, self._store
+            self._store = self._make_store()
+            self._limiter = ratelimit.Limiter(ratelimit.Policy("unlimited"),
+                                              self._store)
+            old_limiter.close()
+            old_store.close()
+        else:
+            self._store.drop()
+        return None
+
+    def close(self):
+        self._limiter.close()
+        self._store.close()
+
+
+class _LibraryStrategy(RateLimiter):
+    """A strategy decided by the library on a RatelimitStorage: hit, test and
+    get_window_stats as limits documents them."""
+
+    ALGORITHM = None
+
+    def __init__(self, storage):
+        if not isinstance(storage, RatelimitStorage):
+            raise NotImplementedError(
+                "the ratelimit-* strategies need a ratelimit+ storage, not %s"
+                % storage.__class__.__name__)
+        super().__init__(storage)
+
+    def hit(self, item, *identifiers, cost=1):
+        return self.storage.decide(self.ALGORITHM, item.key_for(*identifiers),
+                                   item.amount, item.get_expiry(), cost).allowed
+
+    def test(self, item, *identifiers):
+        d = self.storage.decide(self.ALGORITHM, item.key_for(*identifiers),
+                                item.amount, item.get_expiry(), 0)
+        return d.remaining >= 1
+
+    def get_window_stats(self, item, *identifiers):
+        """(reset, remaining): reset is when the full quota is back."""
+        d = self.storage.decide(self.ALGORITHM, item.key_for(*identifiers),
+                                item.amount, item.get_expiry(), 0)
+        return math.ceil(time.time() + d.reset_after), d.remaining
+
+
+class TokenBucketRateLimiter(_LibraryStrategy):
+    """"ratelimit-token-bucket": AMOUNT per EXPIRY, a burst of AMOUNT."""
+    ALGORITHM = "token-bucket"
+
+
+class SlidingWindowRateLimiter(_LibraryStrategy):
+    """"ratelimit-sliding-window": the two-window counter."""
+    ALGORITHM = "sliding-window"
+
+
+STRATEGIES.setdefault("ratelimit-token-bucket", TokenBucketRateLimiter)
+STRATEGIES.setdefault("ratelimit-sliding-window", SlidingWindowRateLimiter)

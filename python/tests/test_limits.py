@@ -1,0 +1,170 @@
+# SPDX-License-Identifier: MIT
+"""The storage for limits and Flask-Limiter: what limits documents for its
+strategies (hit, test, get_window_stats, clear, reset) on each store, the
+ratelimit-* strategies, one limit shared with a Limiter of the binding,
+and a real Flask app that names nothing but its storage URI."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from limits import parse
+from limits.storage import storage_from_string
+from limits.strategies import STRATEGIES
+
+import conftest
+import ratelimit
+from ratelimit.limits_storage import RatelimitStorage
+
+
+@pytest.fixture(params=["memory", "shm", "redis"])
+def storage(request, shm_path):
+    if request.param == "memory":
+        uri = "ratelimit+memory://"
+    elif request.param == "shm":
+        uri = "ratelimit+shm://" + shm_path + "?max_keys=1024&state_max=512"
+    else:
+        url = request.getfixturevalue("redis_url")
+        uri = "ratelimit+" + url + "/0?prefix=" + conftest.unique_prefix()
+    st = storage_from_string(uri)
+    assert isinstance(st, RatelimitStorage)
+    yield st
+    st.reset()
+    st.close()
+
+
+@pytest.mark.parametrize("strategy", ["fixed-window", "moving-window",
+                                      "ratelimit-token-bucket",
+                                      "ratelimit-sliding-window"])
+def test_strategy_contract(storage, strategy):
+    limiter = STRATEGIES[strategy](storage)
+    item = parse("5/minute")
+    assert limiter.test(item, "user")
+    assert limiter.hit(item, "user", cost=2)
+    for _ in range(3):
+        assert limiter.hit(item, "user")
+    assert not limiter.hit(item, "user")
+    assert not limiter.test(item, "user")
+    reset, remaining = limiter.get_window_stats(item, "user")
+    assert remaining == 0
+    # (the two-window counter forgets a key two windows on)
+    span = 120 if strategy == "ratelimit-sliding-window" else 60
+    assert time.time() - 1 <= reset <= time.time() + span + 1
+    assert limiter.hit(item, "other")  # keys apart
+    limiter.clear(item, "user")
+    assert limiter.test(item, "user")
+    assert limiter.get_window_stats(item, "user")[1] == 5
+    limiter.hit(item, "user")
+    storage.reset()
+    assert limiter.get_window_stats(item, "user")[1] == 5
+
+
+def test_fixed_window_counts_and_expiry(storage):
+    item = parse("3 per hour")
+    key = item.key_for("k")
+    assert storage.incr(key, item.get_expiry()) == 1
+    assert storage.incr(key, item.get_expiry(), amount=2) == 3
+    assert storage.incr(key, item.get_expiry()) == 4  # denied, not counted
+    assert storage.get(key) == 3
+    now = time.time()
+    assert now <= storage.get_expiry(key) <= now + 3601
+    with pytest.raises(NotImplementedError):
+        storage.incr(key, item.get_expiry(), elastic_expiry=True)
+    with pytest.raises(ValueError):
+        storage.incr("not-a-limits-key", 60)
+    with pytest.raises(ValueError):
+        storage.incr(key, 60)  # the key says an hour
+    assert storage.check()
+
+
+def test_library_strategies_need_this_storage():
+    with pytest.raises(NotImplementedError):
+        STRATEGIES["ratelimit-token-bucket"](storage_from_string("memory://"))
+
+
+def test_one_limit_shared_with_the_binding(shm_path):
+    # limits's fixed window 4/minute and the library's "fixed-window 4/m"
+    # on one shared-memory region are one limit.
+    st = storage_from_string("ratelimit+shm://" + shm_path)
+    fw = STRATEGIES["fixed-window"](st)
+    item = parse("4/minute")
+    store = ratelimit.shm_store(shm_path, max_keys=65536, key_max=256)
+    with ratelimit.Limiter(ratelimit.Policy("fixed-window 4/m"), store) as lim:
+        key = item.key_for("site")
+        assert fw.hit(item, "site") and fw.hit(item, "site")
+        assert lim.check(key).remaining == 1
+        assert fw.hit(item, "site")
+        assert not lim.check(key).allowed
+        assert not fw.hit(item, "site")
+    store.close()
+    st.close()
+
+
+def test_store_failures_raise():
+    # at creation, and in a decision (Flask-Limiter's swallow_errors and
+    # in_memory_fallback then have their say)
+    with pytest.raises(ratelimit.Error):
+        storage_from_string("ratelimit+redis://127.0.0.1:1")
+    st = RatelimitStorage("ratelimit+memory://")
+    st._limiter.close()
+    st._store.close()
+    st._store = ratelimit.redis_store("redis://127.0.0.1:1", lazy_connect=True)
+    st._limiter = ratelimit.Limiter(ratelimit.Policy("unlimited"), st._store)
+    with pytest.raises(ratelimit.Error) as e:
+        st.incr(parse("1/second").key_for("k"), 1)
+    assert e.value.name == "RATE_ESTORE"
+    assert not st.check()
+    st.close()
+
+
+FLASK_APP = textwrap.dedent("""
+    import sys
+    from flask import Flask
+    from flask_limiter import Limiter
+    from flask_limiter.util import get_remote_address
+
+    app = Flask(__name__)
+    limiter = Limiter(get_remote_address, app=app, storage_uri=sys.argv[1],
+                      strategy=sys.argv[2], headers_enabled=True)
+
+    @app.route("/")
+    @limiter.limit("3/minute")
+    def index():
+        return "ok"
+
+    @app.route("/free")
+    @limiter.exempt
+    def free():
+        return "free"
+
+    assert "ratelimit" in sys.modules  # the .pth registered the storage
+    client = app.test_client()
+    for _ in range(5):
+        r = client.get("/")
+        print(r.status_code, r.headers.get("X-RateLimit-Remaining"))
+    print(client.get("/free").status_code)
+""")
+
+
+@pytest.mark.parametrize("strategy", ["fixed-window", "moving-window",
+                                      "ratelimit-token-bucket"])
+@pytest.mark.parametrize("kind", ["shm", "redis"])
+def test_flask_app_switches_by_its_storage_uri(tmp_path, shm_path, request,
+                                               strategy, kind):
+    if kind == "shm":
+        uri = "ratelimit+shm://" + shm_path
+    else:
+        uri = ("ratelimit+" + request.getfixturevalue("redis_url") +
+               "?prefix=" + conftest.unique_prefix())
+    app = tmp_path / "app.py"
+    app.write_text(FLASK_APP)
+    # The app imports neither ratelimit nor its storage module.
+    assert "ratelimit" not in FLASK_APP.replace('"ratelimit" in', "")
+    out = subprocess.run([sys.executable, str(app), uri, strategy],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:6] == [
+        "200 2", "200 1", "200 0", "429 0", "429 0", "200"]

@@ -1,0 +1,80 @@
+# SPDX-License-Identifier: MIT
+"""The rules file: policies picked by a request's attributes, the outcome
+and its header fields."""
+
+import pytest
+
+import ratelimit
+from ratelimit import Limiter, Policy, Rules
+
+T0 = 10**12
+RULES = """\
+[policies]
+free = fixed-window 2/1m
+pro = fixed-window 5/1m
+search = fixed-window 3/1m
+
+[rule pro]
+group = tier
+match = tier=pro
+policy = pro
+
+[rule free]
+group = tier
+policy = free
+
+[rule search]
+group = route
+match = route=/search*
+policy = search
+key = route
+"""
+
+
+def test_rules_pick_policies_by_attributes(tmp_path):
+    path = tmp_path / "rules.conf"
+    path.write_text(RULES)
+    rules = Rules(str(path))
+    with Limiter(Policy("fixed-window 100/1m")) as lim:
+        out = rules.check(lim, "alice", {"tier": "free"}, now=T0)
+        assert out.allowed and out.status == 0
+        assert [a[0] for a in out.applied] == ["free"]
+        assert out.headers["RateLimit-Policy"] == '"free";q=2;w=60'
+        rules.check(lim, "alice", {"tier": "free"}, now=T0)
+        out = rules.check(lim, "alice", {"tier": "free"}, now=T0)
+        assert not out.allowed and out.status == 429 and out.denied_by == 0
+        assert "Retry-After" in out.headers
+        # a pro key has its own policy; the route is the search rule's key
+        for user in ("bob", "carol", "dave"):
+            out = rules.check(lim, user, {"tier": "pro", "route": "/search?q"},
+                              now=T0)
+            assert out.allowed
+            assert [a[0] for a in out.applied] == ["pro", "search"]
+        out = rules.check(lim, "erin", {"tier": "pro", "route": "/search?q"},
+                          now=T0)
+        assert not out.allowed and out.denied_by == 1
+        name, decision, refunded = out.applied[0]
+        assert name == "pro" and decision.allowed and refunded  # given back
+        with pytest.raises(TypeError):
+            rules.check(lim, "k", ["tier"])
+        with pytest.raises(ValueError):
+            rules.check(lim, "k", {"tier": "a\0b"})
+    with pytest.raises(ValueError):
+        rules.check(lim, "k", {"tier": "free"})  # the limiter is closed
+    rules.close()
+    with pytest.raises(ValueError):
+        rules.check(Limiter(Policy("fixed-window 1/s")), "k")
+
+
+def test_bad_rules_files_name_file_and_line(tmp_path):
+    path = tmp_path / "bad.conf"
+    path.write_text(RULES.replace("policy = search", "policy = gold"))
+    with pytest.raises(ratelimit.Error) as e:
+        Rules(str(path))
+    assert e.value.name == "RATE_EPOLICY"
+    assert "bad.conf:" in str(e.value) and "gold" in str(e.value)
+    with pytest.raises(ratelimit.Error) as e:
+        Rules(str(tmp_path / "missing.conf"))
+    assert e.value.name == "RATE_EINVAL"
+    with pytest.raises(ValueError):
+        Rules("a\0b")
