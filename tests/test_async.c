@@ -16,7 +16,7 @@
  * - Redis killed, stopped (SIGSTOP) and restarted under load: every
  *   callback exactly once, none later than its timeout plus SLACK_NS
  *   plus three times the scheduler's worst delay in the run
- *   (tests/sched_probe.h), decisions allowed again after the restart.
+ *   (tests/lib/sched_probe.h), decisions allowed again after the restart.
  * - NOSCRIPT (SCRIPT FLUSH) answered with EVAL.
  * - Freeing the store with decisions in flight: each callback runs before
  *   rate_store_free returns, with RATE_ECANCELED under the fail mode.
@@ -38,8 +38,8 @@
 #include <ratelimit_uv.h>
 
 #include "lib/wait.h"
-#include "redis_fixture.h"
-#include "sched_probe.h"
+#include "lib/redis_fixture.h"
+#include "lib/sched_probe.h"
 
 /* The timeout of every Redis command here, and how much later than it a
  * callback may come on a loaded 2-core machine (a loop turn, the timer's
@@ -47,7 +47,7 @@
 #define TIMEOUT_NS (200 * MS)
 #define SLACK_NS (1500 * MS)
 
-#include "async_loop.h"
+#include "lib/async_loop.h"
 #include "ratelimit_redis.h"
 
 static int start(rate_limiter_t *l, const char *key, uint64_t n, req_t *q)
@@ -403,7 +403,7 @@ static void faults(bool uv)
     late = answered = store_errors = ok_answers = 0;
     worst_ns = 0;
     /* The scheduler's worst delay meanwhile: a decision's bound is its
-     * timeout plus SLACK_NS plus three times that (tests/sched_probe.h). */
+     * timeout plus SLACK_NS plus three times that (tests/lib/sched_probe.h). */
     static sched_probe_t probe; /* a failed check leaves its thread on */
     sched_probe_start(&probe);
 

@@ -14,7 +14,7 @@
 
 #include <hiredis/hiredis.h>
 
-#include "async_loop.h"
+#include "lib/async_loop.h"
 #include "lib/redis_server.h"
 
 #ifndef RATE_MODULE_PATH

@@ -23,8 +23,8 @@
 
 #include <curl/curl.h>
 
-#include "helpers.h"
-#include "lease_holders.h"
+#include "lib/helpers.h"
+#include "lib/lease_holders.h"
 #include "lib/wait.h"
 #include "lib/dynalite_server.h"
 #include "ratelimit_dynamodb.h"

@@ -12,7 +12,7 @@
  * The waiting properties count admissions (not wall time), except the
  * deadline test, which has a stated slack of one second.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "lib/fair_trace.h"
 
 #include <pthread.h>

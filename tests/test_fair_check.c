@@ -7,7 +7,7 @@
  * itself to read the table (its definitions take the place of the
  * library's).
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -11,7 +11,7 @@
  * White box: this file compiles src/fair/fair.c itself (as
  * test_fair_check.c does) to reach the table's fields.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 
 #include <pthread.h>
 #include <signal.h>

@@ -7,7 +7,7 @@
  * itself (as test_fair_check.c does) to reach the table's lock and
  * entries.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 
 #include <pthread.h>
 #include <unistd.h>

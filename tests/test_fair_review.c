@@ -4,7 +4,7 @@
  * by attacking the fair table: virtual time over long runs; a process
  * killed while its waiter was the next one.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 
 #include <pthread.h>
 #include <signal.h>

@@ -32,7 +32,7 @@
 #include <ratelimit_uv.h>
 
 #include "lib/rng.h"
-#include "redis_fixture.h"
+#include "lib/redis_fixture.h"
 
 #ifndef RATE_MODULE_PATH
 #error "RATE_MODULE_PATH: the path of ratelimit.so"

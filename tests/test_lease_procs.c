@@ -29,8 +29,8 @@
 #include <ratelimit_lease.h>
 #include <ratelimit_shm.h>
 
-#include "helpers.h"
-#include "lease_holders.h"
+#include "lib/helpers.h"
+#include "lib/lease_holders.h"
 
 static char path[128];
 

@@ -23,8 +23,8 @@
 #include <ratelimit_lease.h>
 
 #include "lib/redis_cluster.h"
-#include "lease_holders.h"
-#include "redis_fixture.h"
+#include "lib/lease_holders.h"
+#include "lib/redis_fixture.h"
 
 static rate_inflight_policy_t *ipolicy(const char *text)
 {

@@ -21,9 +21,9 @@
 
 #include <hiredis/hiredis.h>
 
-#include "sched_probe.h"
+#include "lib/sched_probe.h"
 
-#include "redis_fixture.h"
+#include "lib/redis_fixture.h"
 #include "ratelimit_redis.h"
 
 /* ------------------------------------------------------------- traces */

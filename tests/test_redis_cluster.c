@@ -30,7 +30,7 @@
 #include <stdatomic.h>
 
 #include "../src/store/redis/cluster.h"
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "lib/redis_cluster.h"
 #include "lib/wait.h"
 #include "ratelimit_redis.h"

@@ -35,8 +35,8 @@
 #include <hiredis/hiredis.h>
 
 #include "../src/store/redis/cluster.h"
-#include "redis_fixture.h"
-#include "sched_probe.h"
+#include "lib/redis_fixture.h"
+#include "lib/sched_probe.h"
 #include "lib/wait.h"
 #include "ratelimit_redis.h"
 

@@ -15,7 +15,7 @@
 
 #include <hiredis/hiredis.h>
 
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "lib/redis_server.h"
 
 #include <ratelimit_store.h>

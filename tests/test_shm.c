@@ -22,7 +22,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "ratelimit_store.h"
 #include "../src/internal.h" /* struct rate_store: its methods, to wrap */
 #include "ratelimit_shm.h"

@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "ratelimit_store.h"
 #include "ratelimit_shm.h"
 

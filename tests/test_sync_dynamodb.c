@@ -7,7 +7,7 @@
  * what was not admitted, and far fewer requests than decisions.  Skipped
  * (77) without dynalite, failed under CI=true.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "lib/dynalite_server.h"
 
 #include <arpa/inet.h>
@@ -20,7 +20,7 @@
 #include <pthread.h>
 #include "ratelimit_dynamodb.h"
 #include "ratelimit_synced.h"
-#include "sync_deadline.h"
+#include "lib/sync_deadline.h"
 
 static pid_t server;
 static int port;

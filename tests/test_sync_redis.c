@@ -9,7 +9,7 @@
  * leases come back by themselves).  Each count is an atomic in memory
  * shared by the processes, added to as each decision is made.
  */
-#include "redis_fixture.h"
+#include "lib/redis_fixture.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -19,7 +19,7 @@
 #include <sys/socket.h>
 #include "ratelimit_redis.h"
 #include "ratelimit_synced.h"
-#include "sync_deadline.h"
+#include "lib/sync_deadline.h"
 #include "lib/wait.h"
 
 #define PROCS 3

@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../helpers.h"
+#include "helpers.h"
 #include "rng.h"
 #include "wait.h"
 
