@@ -39,6 +39,7 @@
 
 #include "lib/wait.h"
 #include "lib/redis_fixture.h"
+#include "lib/rng.h"
 #include "lib/sched_probe.h"
 
 /* The timeout of every Redis command here, and how much later than it a
@@ -952,9 +953,8 @@ static void adjust_scripted(void **state)
         RATE_OK)
         fail_msg("async redis store: %s", err);
     redisContext *c = raw();
-    uint64_t rnd = 99, adjusts = 0;
-#define RND(n) (rnd ^= rnd << 13, rnd ^= rnd >> 7, rnd ^= rnd << 17, \
-                (n) ? rnd % (n) : 0)
+    uint64_t adjusts = 0;
+    rnd_seed(99);
     for (size_t p = 0; p < sizeof adj_policies / sizeof adj_policies[0];
          p++) {
         rate_store_t *cs;
@@ -968,18 +968,18 @@ static void adjust_scripted(void **state)
         char key[16], name[32];
         snprintf(key, sizeof key, "k%zu", p);
         snprintf(name, sizeof name, "aadj:{%s}", key);
-        fclock.now = UINT64_C(1764590000) * SEC + RND(SEC);
+        fclock.now = UINT64_C(1764590000) * SEC + rnd(SEC);
         for (int i = 0; i < 60; i++) {
-            if (RND(10) == 0)
-                fclock.now -= RND(SEC); /* back: t_eff is t_last */
+            if (rnd(10) == 0)
+                fclock.now -= rnd(SEC); /* back: t_eff is t_last */
             else
-                fclock.now += RND(l->period_ns / (1 + RND(8)) + 1);
-            int op = (int)RND(3);
-            uint64_t n = RND(3) == 0 ? RND(3 * cap + 2) : RND(3);
+                fclock.now += rnd(l->period_ns / (1 + rnd(8)) + 1);
+            int op = (int)rnd(3);
+            uint64_t n = rnd(3) == 0 ? rnd(3 * cap + 2) : rnd(3);
             /* (a token bucket's debt stops at 2^62 scaled tokens, 53k
              * tokens for the wide one: a penalty reaching it declines) */
             if (op == 2 && l->algorithm == RATE_TOKEN_BUCKET)
-                n = RND(4);
+                n = rnd(4);
             if (op == 0) {
                 req_t q;
                 rate_decision_t d;
@@ -1026,7 +1026,6 @@ static void adjust_scripted(void **state)
         rate_limiter_free(lc);
         rate_store_free(cs);
     }
-#undef RND
     rate_redis_async_stats_t st;
     assert_int_equal(rate_store_redis_async_stats(as, &st), RATE_OK);
     print_message("%llu refunds and penalties, %llu by a lean script\n",

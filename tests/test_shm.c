@@ -1399,9 +1399,7 @@ static void *scribble(void *arg)
     region_t *r = w->r;
     uint64_t x = 0x9e3779b97f4a7c15u;
     while (!atomic_load(&w->stop)) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        rnd_next(&x);
         uint32_t si = (uint32_t)(x % r->nshards);
         uint32_t i = 1 + (uint32_t)((x >> 8) % r->cap);
         uint32_t v = (x >> 40) & 1 ? (uint32_t)(x >> 20) % (r->cap + 2)
