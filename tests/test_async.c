@@ -64,14 +64,9 @@ static req_t decide_until_answered(tloop_t *t, rate_limiter_t *l,
 {
     req_t q;
     memset(&q, 0, sizeof q);
-    uint64_t end = test_now_ns() + (uint64_t)TEST_WAIT_S * SEC;
-    for (;;) {
-        if (start(l, key, 1, &q) == RATE_PENDING)
-            wait_all(t);
-        if (q.d.reason != RATE_REASON_STORE_ERROR || test_now_ns() >= end)
-            break;
-        usleep(10000); /* a pause between tries, not a wait */
-    }
+    WAIT_UNTIL((start(l, key, 1, &q) == RATE_PENDING ? wait_all(t) : (void)0,
+                q.d.reason != RATE_REASON_STORE_ERROR),
+               TEST_WAIT_S);
     return q;
 }
 

@@ -1002,11 +1002,9 @@ static void a_lost_wakeup_costs_a_slice(void **state)
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, decide_once, &w), 0);
     /* Until the decision sleeps in the kernel (it sets the bit first). */
-    for (int i = 0; !(__atomic_load_n(word, __ATOMIC_ACQUIRE) &
-                      FUTEX_WAITERS_BIT); i++) {
-        assert_true(i < 20000); /* 20 s */
-        nanosleep(&(struct timespec){0, 1000000}, NULL);
-    }
+    assert_true(WAIT_UNTIL(__atomic_load_n(word, __ATOMIC_ACQUIRE) &
+                               FUTEX_WAITERS_BIT,
+                           TEST_WAIT_S));
     /* (the bit is set just before the sleep: until it has fallen asleep,
      * its state in /proc 'S') */
     assert_true(WAIT_UNTIL(thread_sleeps(atomic_load(&w.tid)), TEST_WAIT_S));
