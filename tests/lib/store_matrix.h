@@ -517,10 +517,14 @@ static void sm_random_policies_same_as_memory(void **state)
 
 /* ------------------------------------------------------------- runner */
 
-static const struct {
+/* A case of a matrix: its name and its test, which reads its sm_case_t
+ * from *state. */
+typedef struct sm_case_def {
     const char *name;
     CMUnitTestFunction fn;
-} sm_cases[] = {
+} sm_case_def_t;
+
+static const sm_case_def_t sm_cases[] = {
     {"keys_are_independent_and_binary_safe",
      sm_keys_are_independent_and_binary_safe},
     {"large_state_round_trips", sm_large_state_round_trips},
@@ -555,11 +559,16 @@ static inline bool sm_selected(const char *list, const char *name)
     return but;
 }
 
-/* Runs the matrix over `kinds` (those $RATE_STORES names): 0 when every
- * case of every kind run passed; 1 when one failed, when $RATE_STORES
- * names no kind here, or when a kind could not start under CI=true; 77
- * (ctest's skip) when every kind named could not start (no dynalite). */
-static inline int store_matrix_main(store_kind_t *kinds, size_t nkinds)
+#define SM_MAX_CASES 16
+
+/* Runs `cases` over `kinds` (those $RATE_STORES names), each case on a
+ * fresh store of its kind: 0 when every case of every kind run passed; 1
+ * when one failed, when $RATE_STORES names no kind here, or when a kind
+ * could not start under CI=true; 77 (ctest's skip) when every kind named
+ * could not start (no dynalite).  (Another matrix over store kinds, such
+ * as the synced mode's remotes, runs its own cases with it.) */
+static inline int store_matrix_run(store_kind_t *kinds, size_t nkinds,
+                                   const sm_case_def_t *cases, size_t ncases)
 {
     const char *only = getenv("RATE_STORES");
     const char *ci = getenv("CI");
@@ -578,17 +587,18 @@ static inline int store_matrix_main(store_kind_t *kinds, size_t nkinds)
             skipped++;
             continue;
         }
-        struct CMUnitTest tests[SM_CASES];
-        char names[SM_CASES][96];
-        for (size_t i = 0; i < SM_CASES; i++) {
+        struct CMUnitTest tests[SM_MAX_CASES];
+        char names[SM_MAX_CASES][96];
+        assert_true(ncases <= SM_MAX_CASES);
+        for (size_t i = 0; i < ncases; i++) {
             snprintf(names[i], sizeof names[i], "%s: %s", kind->name,
-                     sm_cases[i].name);
-            tests[i] = (struct CMUnitTest){names[i], sm_cases[i].fn, sm_setup,
+                     cases[i].name);
+            tests[i] = (struct CMUnitTest){names[i], cases[i].fn, sm_setup,
                                            sm_teardown, kind};
         }
         char group[64];
         snprintf(group, sizeof group, "store %s", kind->name);
-        failed |= _cmocka_run_group_tests(group, tests, SM_CASES, NULL,
+        failed |= _cmocka_run_group_tests(group, tests, ncases, NULL,
                                           NULL) != 0;
         if (kind->stop != NULL)
             kind->stop(kind);
@@ -602,6 +612,12 @@ static inline int store_matrix_main(store_kind_t *kinds, size_t nkinds)
         return 1;
     }
     return failed;
+}
+
+/* The store matrix's own cases over `kinds`. */
+static inline int store_matrix_main(store_kind_t *kinds, size_t nkinds)
+{
+    return store_matrix_run(kinds, nkinds, sm_cases, SM_CASES);
 }
 
 #endif
