@@ -259,9 +259,7 @@ static char ddb_url[160];
 static int start_dynamodb(store_kind_t *k, char *why, size_t len)
 {
     (void)k;
-    setenv("AWS_ACCESS_KEY_ID", "AKIDTEST", 1);
-    setenv("AWS_SECRET_ACCESS_KEY", "test-secret", 1);
-    unsetenv("AWS_SESSION_TOKEN");
+    dynalite_credentials();
     int port = dynalite_free_port();
     if (dynalite_program() == NULL) {
         snprintf(why, len, "no dynalite (make deps installs it: "
@@ -272,10 +270,7 @@ static int start_dynamodb(store_kind_t *k, char *why, size_t len)
         snprintf(why, len, "dynalite could not start");
         return 1;
     }
-    snprintf(ddb_url, sizeof ddb_url,
-             "dynamodb://ratelimit-matrix?region=us-east-1&endpoint="
-             "http://127.0.0.1:%d",
-             port);
+    dynalite_url(ddb_url, sizeof ddb_url, "ratelimit-matrix", port);
     return 0;
 }
 

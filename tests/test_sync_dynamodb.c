@@ -41,13 +41,9 @@ static rate_store_t *ddb_store(bool create)
 static int group_setup(void **state)
 {
     (void)state;
-    setenv("AWS_ACCESS_KEY_ID", "AKIDTEST", 1);
-    setenv("AWS_SECRET_ACCESS_KEY", "test-secret", 1);
-    unsetenv("AWS_SESSION_TOKEN");
+    dynalite_credentials();
     port = dynalite_free_port();
-    snprintf(url, sizeof url,
-             "dynamodb://ratelimit-sync?region=us-east-1&endpoint="
-             "http://127.0.0.1:%d", port);
+    dynalite_url(url, sizeof url, "ratelimit-sync", port);
     server = dynalite_start(port);
     return server == 0 ? -1 : 0;
 }

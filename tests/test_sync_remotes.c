@@ -100,13 +100,6 @@ static remote_t redis_remote = {.delay_ms = 1000};
 #endif
 
 #ifdef RATE_WITH_DYNAMODB
-static void dynamodb_url(char *buf, size_t len, int port)
-{
-    snprintf(buf, len,
-             "dynamodb://ratelimit-sync?region=us-east-1&endpoint="
-             "http://127.0.0.1:%d", port);
-}
-
 static int start_dynamodb(store_kind_t *k, char *why, size_t len)
 {
     remote_t *r = k->ud;
@@ -114,9 +107,7 @@ static int start_dynamodb(store_kind_t *k, char *why, size_t len)
         snprintf(why, len, "no dynalite (`make deps`, or set DYNALITE)");
         return 1;
     }
-    setenv("AWS_ACCESS_KEY_ID", "AKIDTEST", 1);
-    setenv("AWS_SECRET_ACCESS_KEY", "test-secret", 1);
-    unsetenv("AWS_SESSION_TOKEN");
+    dynalite_credentials();
     r->port = dynalite_free_port();
     if ((r->pid = dynalite_start(r->port)) == 0) {
         snprintf(why, len, "dynalite could not start");
@@ -124,7 +115,7 @@ static int start_dynamodb(store_kind_t *k, char *why, size_t len)
     }
     /* The table, made directly (not through the line). */
     char url[160], err[512] = "";
-    dynamodb_url(url, sizeof url, r->port);
+    dynalite_url(url, sizeof url, "ratelimit-remotes", r->port);
     rate_dynamodb_options_t o = {.create_table = true};
     rate_store_t *s = NULL;
     if (rate_store_dynamodb_new(url, &o, &s, err, sizeof err) != RATE_OK) {
@@ -145,7 +136,7 @@ static int make_dynamodb(store_kind_t *k, rate_store_t **out)
 {
     remote_t *r = k->ud;
     char url[160], prefix[32], err[512] = "";
-    dynamodb_url(url, sizeof url, r->dl.port);
+    dynalite_url(url, sizeof url, "ratelimit-remotes", r->dl.port);
     snprintf(prefix, sizeof prefix, "remote%u:", namespaces++);
     rate_dynamodb_options_t o = {0};
     o.prefix = prefix;
