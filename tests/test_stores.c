@@ -91,9 +91,7 @@ static int make_shm(store_kind_t *k, rate_store_t **out)
             o.prefix = "ns1:";
         rc = rate_store_shm_new(h->path, &o, out, err, sizeof err);
     }
-    if (rc != RATE_OK)
-        fprintf(stderr, "%s: %s\n", k->name, err);
-    return rc;
+    return sm_made(k, rc, err);
 }
 
 /* The region still whole after the case (rate_store_shm_check), then
@@ -210,9 +208,7 @@ static int make_redis(store_kind_t *k, rate_store_t **out)
     else
 #endif
         rc = rate_store_redis_new(r->url, &o, out, err, sizeof err);
-    if (rc != RATE_OK)
-        fprintf(stderr, "%s: %s\n", k->name, err);
-    return rc;
+    return sm_made(k, rc, err);
 }
 
 static void drop_redis(store_kind_t *k, rate_store_t *s)
@@ -292,9 +288,7 @@ static int make_dynamodb(store_kind_t *k, rate_store_t **out)
     o.request_timeout_ns = 30 * SEC; /* generous, as for Redis */
     o.connect_timeout_ns = 30 * SEC;
     int rc = rate_store_dynamodb_new(ddb_url, &o, out, err, sizeof err);
-    if (rc != RATE_OK)
-        fprintf(stderr, "%s: %s\n", k->name, err);
-    return rc;
+    return sm_made(k, rc, err);
 }
 
 static void drop_dynamodb(store_kind_t *k, rate_store_t *s)

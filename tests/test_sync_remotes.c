@@ -47,6 +47,17 @@ typedef struct remote {
 
 static unsigned namespaces; /* a namespace of its own per store made */
 
+/* The delay line in front of the kind's server, just started: 0; else
+ * the server is stopped again, and 1 with the reason in why. */
+static int line_up(remote_t *r, char *why, size_t len)
+{
+    if (delay_line_start(&r->dl, r->port))
+        return 0;
+    test_stop(&r->pid);
+    snprintf(why, len, "no delay line could listen");
+    return 1;
+}
+
 static void stop_remote(store_kind_t *k)
 {
     remote_t *r = k->ud;
@@ -63,12 +74,7 @@ static int start_redis(store_kind_t *k, char *why, size_t len)
         snprintf(why, len, "no redis-server could start");
         return 1;
     }
-    if (!delay_line_start(&r->dl, r->port)) {
-        redis_test_stop(&r->pid);
-        snprintf(why, len, "no delay line could listen");
-        return 1;
-    }
-    return 0;
+    return line_up(r, why, len);
 }
 
 /* Through the delay line, a pool of one connection, no breaker. */
@@ -84,9 +90,7 @@ static int make_redis(store_kind_t *k, rate_store_t **out)
     o.no_breaker = true;
     o.module = RATE_REDIS_MODULE_OFF;
     int rc = rate_store_redis_new(url, &o, out, err, sizeof err);
-    if (rc != RATE_OK)
-        fprintf(stderr, "%s: %s\n", k->name, err);
-    return rc;
+    return sm_made(k, rc, err);
 }
 
 static void drop_redis(store_kind_t *k, rate_store_t *s)
@@ -124,12 +128,7 @@ static int start_dynamodb(store_kind_t *k, char *why, size_t len)
         return 1;
     }
     rate_store_free(s);
-    if (!delay_line_start(&r->dl, r->port)) {
-        dynalite_stop(&r->pid);
-        snprintf(why, len, "no delay line could listen");
-        return 1;
-    }
-    return 0;
+    return line_up(r, why, len);
 }
 
 static int make_dynamodb(store_kind_t *k, rate_store_t **out)
@@ -144,9 +143,7 @@ static int make_dynamodb(store_kind_t *k, rate_store_t **out)
     o.request_timeout_ns = TIMEOUT_NS;
     o.connect_timeout_ns = TIMEOUT_NS;
     int rc = rate_store_dynamodb_new(url, &o, out, err, sizeof err);
-    if (rc != RATE_OK)
-        fprintf(stderr, "%s: %s\n", k->name, err);
-    return rc;
+    return sm_made(k, rc, err);
 }
 
 /* A borrow is a GetItem and a PutItem (a denial writes nothing). */

@@ -52,6 +52,15 @@ struct store_kind {
     void *ud; /* the kind's own */
 };
 
+/* What a kind's factory returns: rc, with the store's message on stderr
+ * when it failed. */
+static inline int sm_made(const store_kind_t *k, int rc, const char *err)
+{
+    if (rc != RATE_OK)
+        fprintf(stderr, "%s: %s\n", k->name, err);
+    return rc;
+}
+
 typedef struct sm_case {
     store_kind_t *kind;
     rate_store_t *store;
