@@ -12,7 +12,7 @@
  *   RATELIMIT.LEASE key op now max reserve critical id expires pid ttl
  *       an in-flight limit's lease operation: the lease step
  *       (src/lease/step.c), the arguments and replies of
- *       src/lease/lease.lua;
+ *       src/store/redis/lease.lua;
  *   RATELIMIT.LEASESTEP lease_key rate_key [lease arguments] [step
  *       arguments]: an acquire with its rate limits, all or nothing, as
  *       src/store/redis/lease_rate.lua makes it;
@@ -20,7 +20,7 @@
  *                  slots period_us period_ns limit
  *       a fair shares' decision (docs/fair.md): the step gated by the
  *       fair rule (src/fair/step.c) over the table, the arguments and
- *       replies of src/fair/fair.lua;
+ *       replies of src/store/redis/fair.lua;
  *   CL.THROTTLE key max_burst count_per_period period [quantity]
  *       redis-cell's command and reply.
  *
@@ -38,9 +38,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "../src/internal.h"
-#include "../src/fair/step.h"
-#include "../src/lease/lease.h"
+#include "step.h"
+#include "fair/step.h"
+#include "lease/lease.h"
 #include "rm_api.h"
 
 #define MODULE_NAME "ratelimit"
@@ -780,7 +780,7 @@ corrupt:
 /* RATELIMIT.FAIR key table now_s now_ns permits max_wait ttl policy_id
  * format [algorithm L P B]... hash weight slots period_us period_ns limit:
  * the shared limit's step gated by the fair rule, with the fair script's
- * arguments and reply (src/fair/fair.lua, src/store/redis/fair.c). */
+ * arguments and reply (src/store/redis/fair.lua, src/store/redis/fair.c). */
 static int cmd_fair(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 {
     if (argc < 20 || (argc - 16) % 4 != 0 || (argc - 16) / 4 > RATE_MAX_LIMITS)

@@ -18,7 +18,7 @@ static uint64_t read_clock(clockid_t id)
     return (uint64_t)ts.tv_sec * RATE_NS_PER_S + (uint64_t)ts.tv_nsec;
 }
 
-/* The calling thread's call scope (internal.h, rate__call_begin): 0
+/* The calling thread's call scope (call.h, rate__call_begin): 0
  * outside any, CALL_LAZY in one whose start is not taken yet, else the
  * start.  initial-exec: a plain thread-pointer access, no
  * __tls_get_addr call on every decision of the shared library. */

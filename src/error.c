@@ -6,7 +6,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "internal.h"
+#include "kit.h"
 
 int rate__fail(char *err, size_t errlen, int rc, const char *fmt, ...)
 {

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 
 #include "registry.h"
+#include "step.h"
 
 #define DEFAULT_RETRIES 64u
 #define LEARN_ROUNDS 4u /* policies learnt for one decision, at most */
@@ -641,7 +642,7 @@ static RATE__ALWAYS_INLINE int decide_in(rate_limiter_t *lim,
 
 /* A decision: every store request in it (the policy's record, the
  * decision or its load and compare-and-set retried, the store's clock)
- * shares one deadline, counted from its first request (internal.h,
+ * shares one deadline, counted from its first request (call.h,
  * rate__call_begin). */
 static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim,
                                       const rate_policy_t *force,

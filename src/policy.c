@@ -23,7 +23,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "internal.h"
+#include "step.h"
 
 /* What RATE_ALGORITHM_MAP says of each algorithm. */
 typedef struct algo_info {

@@ -15,7 +15,7 @@
  * so two policies never share an id, whatever their fingerprints, and a
  * state's tag names its policy for every reader of the store.
  *
- * Known policies are kept in an append-only list (internal.h): readers
+ * Known policies are kept in an append-only list (step.h): readers
  * take no lock, so the step may read it under a store's lock; adding takes
  * the book's mutex, and never happens under a store's lock (the step asks
  * for a policy by returning RATE__NEED_POLICY instead).

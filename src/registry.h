@@ -8,6 +8,7 @@
 #include <pthread.h>
 
 #include "internal.h"
+#include "known.h"
 
 typedef struct rate__book_op rate__book_op_t;
 

@@ -3,7 +3,7 @@
  * The step every store runs: a key's whole state in, its new state and the
  * decision out.  Pure: no clock, no I/O, no allocation, no lock.
  *
- * Stored bytes (integers little-endian, src/internal.h):
+ * Stored bytes (integers little-endian, src/kit.h):
  *
  *   header  u64 t_last      t_eff of the last admitted request
  *           u32 tag         the policy the components were made under: its
@@ -32,6 +32,7 @@
  * nothing.
  */
 #include "algo/token_bucket.h"
+#include "step.h"
 
 /* The verdicts are written field by field just before they are folded; GCC's
  * straight-line vectorizer would read them back 16 bytes at a time, which

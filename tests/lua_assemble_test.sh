@@ -6,7 +6,8 @@
 # in order; a missing file, a file included twice and a cycle stop it with
 # a message naming what is wrong; and the build's own scripts are whole:
 # no --@include left, the range constants and each algorithm's rule
-# (src/algo/NAME.lua) in every script that decides it, once.
+# (src/algo/NAME.lua) in every script that decides it, once; and only
+# the Redis store's scripts (src/store/redis/) include.
 #
 # usage: lua_assemble_test.sh CMAKE SOURCE_DIR GENERATED_DIR
 set -u
@@ -74,6 +75,16 @@ check_script redis_fw.lua fw
 check_script lease_rate.lua tb lb fw sw sl
 n=$(grep -c "^local function lease_step(KEYS, ARGV)" "$gen/lease_rate.lua")
 [ "$n" = 1 ] || fail "lease_rate.lua: lease_step defined $n times, want once"
+
+# The includes run one way: only the Redis store's drivers and pieces
+# (src/store/redis/) include; the rules beside their C (src/algo/*.lua,
+# src/fair/*.lua) are leaves, so no script's pieces make a circle.
+while IFS= read -r f; do
+    case $f in "$src"/src/store/redis/*) continue ;; esac
+    if grep -q -- '^--@include' "$f"; then
+        fail "${f#"$src"/}: includes a file; only src/store/redis/ may"
+    fi
+done < <(find "$src/src" -name '*.lua')
 
 if [ "$fails" -ne 0 ]; then
     echo "$fails failure(s)"

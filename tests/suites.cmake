@@ -23,6 +23,7 @@ rate_suite(headers NEEDS HTTP LABELS valgrind)
 rate_suite(store_public SH store_public_test.sh ARGS ${CMAKE_C_COMPILER}
            ${CMAKE_SOURCE_DIR}/include ${CMAKE_SOURCE_DIR}/src/store/memory.c
            ${CMAKE_SOURCE_DIR}/src/store/shm.c)
+rate_suite(part_includes SH part_includes_test.sh ARGS ${CMAKE_SOURCE_DIR})
 rate_suite(sync LABELS valgrind concurrency)
 rate_suite(rules NEEDS HTTP LABELS valgrind)
 rate_suite(rules_reloads C test_rules.c ARGS --reloads NEEDS HTTP LABELS concurrency)

@@ -19,8 +19,7 @@
  * times; the limit is 50 a second (a token bucket's burst 50).
  */
 #include "lib/helpers.h"
-#define RND_SEED 0x5ca1ab1e0ddba11ull
-#include "lib/rng.h"
+#include "lib/fair_shapes.h"
 #include "lib/tmpdir.h"
 #include <stdlib.h>
 #include <unistd.h>
@@ -28,107 +27,9 @@
 #include "ratelimit_shm.h"
 
 #define L 50u
-#define SEC UINT64_C(1000000000)
 #define SPAN (30 * SEC) /* each trace's length */
-#define MAX_EV 200000u
 
-typedef struct ev {
-    uint64_t t;
-    uint32_t key;  /* 0: the heavy flow; others: light clients */
-    bool light;
-} ev_t;
-
-static ev_t evs[MAX_EV];
-static size_t nev;
-
-static void add(uint64_t t, uint32_t key, bool light)
-{
-    if (t >= SPAN)
-        return;
-    assert_true(nev < MAX_EV);
-    evs[nev++] = (ev_t){t, key, light};
-}
-
-static int by_time(const void *a, const void *b)
-{
-    const ev_t *x = a, *y = b;
-    return x->t < y->t ? -1 : x->t > y->t ? 1 : (x->key > y->key) - (x->key < y->key);
-}
-
-/* The heavy flow: 50 times the limit, evenly, from `from` to `to`. */
-static void heavy(uint64_t from, uint64_t to)
-{
-    uint64_t gap = SEC / (50 * L);
-    for (uint64_t t = from; t < to; t += gap)
-        add(t, 0, false);
-}
-
-typedef enum shape {
-    RARE,     /* 60 clients, each once every 6 s at its own moment */
-    PAGES,    /* 4 clients, each a burst of 10-30 every few seconds */
-    CRON,     /* 10 clients in the same millisecond every 6 s */
-    SCRAPER,  /* the heavy flow comes and goes; 2 steady light clients */
-    DIURNAL,  /* rare clients from none to 60 over the trace */
-    CHURN,    /* light clients joining and leaving */
-    SHAPES
-} shape_t;
-
-static const char *shape_name[SHAPES] = {"rare", "pages", "cron", "scraper",
-                                         "diurnal", "churn"};
-
-static void make(shape_t s)
-{
-    nev = 0;
-    rnd_seed(1 + (uint64_t)s);
-    switch (s) {
-    case RARE:
-        heavy(0, SPAN);
-        for (uint32_t k = 1; k <= 60; k++)
-            for (uint64_t t = rnd(6 * SEC); t < SPAN; t += 6 * SEC)
-                add(t, k, true);
-        break;
-    case PAGES:
-        heavy(0, SPAN);
-        for (uint32_t k = 1; k <= 4; k++)
-            for (uint64_t t = rnd(4 * SEC); t < SPAN;
-                 t += 4 * SEC + rnd(6 * SEC)) {
-                uint64_t n = 10 + rnd(21);
-                for (uint64_t i = 0; i < n; i++)
-                    add(t + i * 2000000, k, true); /* a request each 2 ms */
-            }
-        break;
-    case CRON:
-        heavy(0, SPAN);
-        for (uint64_t t = 3 * SEC + 250000000; t < SPAN; t += 6 * SEC)
-            for (uint32_t k = 1; k <= 10; k++)
-                add(t + k * 50000, k, true);
-        break;
-    case SCRAPER: /* 8 s on, 4 s off */
-        for (uint64_t t = 0; t < SPAN; t += 12 * SEC)
-            heavy(t, t + 8 * SEC);
-        for (uint32_t k = 1; k <= 2; k++)
-            for (uint64_t t = k * 37000000; t < SPAN; t += SEC / 4)
-                add(t, k, true);
-        break;
-    case DIURNAL: /* client k starts at k/60 of the trace */
-        heavy(0, SPAN);
-        for (uint32_t k = 1; k <= 60; k++)
-            for (uint64_t t = SPAN / 60 * k + rnd(6 * SEC); t < SPAN;
-                 t += 6 * SEC)
-                add(t, k, true);
-        break;
-    case CHURN: /* each light client stays 5-10 s, asking once a second */
-        heavy(0, SPAN);
-        for (uint32_t k = 1; k <= 20; k++) {
-            uint64_t from = rnd(SPAN), to = from + 5 * SEC + rnd(5 * SEC);
-            for (uint64_t t = from; t < to; t += SEC + rnd(SEC / 5))
-                add(t, k, true);
-        }
-        break;
-    case SHAPES: break;
-    }
-    qsort(evs, nev, sizeof *evs, by_time);
-}
+static shape_trace_t trace;
 
 typedef struct counts {
     uint64_t total, heavy, light, light_asked;
@@ -166,22 +67,22 @@ static counts_t run(const char *policy, bool shm, bool fair)
     if (fair && rate_fair_new(&fc, &f, err, sizeof err) != RATE_OK)
         fail_msg("rate_fair_new: %s", err);
     counts_t c = {0};
-    for (size_t i = 0; i < nev; i++) {
+    for (size_t i = 0; i < trace.n; i++) {
         char key[16];
-        int n = snprintf(key, sizeof key, "k%u", evs[i].key);
+        int n = snprintf(key, sizeof key, "k%u", trace.ev[i].key);
         rate_decision_t d;
         bool ok;
         if (fair) {
             assert_int_equal(rate_fair_check_at(f, key, (size_t)n, 1, 1,
-                                                evs[i].t, &d),
+                                                trace.ev[i].t, &d),
                              RATE_OK);
             ok = d.allowed;
         } else {
-            ok = rate_try_acquire_len_at(lim, "shared", 6, 1, evs[i].t);
+            ok = rate_try_acquire_len_at(lim, "shared", 6, 1, trace.ev[i].t);
         }
         c.total += ok;
-        c.light_asked += evs[i].light;
-        if (evs[i].light)
+        c.light_asked += trace.ev[i].light;
+        if (trace.ev[i].light)
             c.light += ok;
         else
             c.heavy += ok;
@@ -206,18 +107,18 @@ static const char *policy_text[ALGOS] = {"token-bucket 50/s burst=50",
  * window after a full one, where a page's burst may come.  SHAPES_SURVEY=1
  * prints the table without failing. */
 static const unsigned light_min[SHAPES][ALGOS] = {
-    [RARE] = {95, 93, 92, 45},
-    [PAGES] = {78, 68, 45, 8},
-    [CRON] = {85, 85, 85, 8},
-    [SCRAPER] = {95, 90, 90, 75},
-    [DIURNAL] = {95, 95, 95, 50},
-    [CHURN] = {95, 95, 94, 50},
+    [SHAPE_RARE] = {95, 93, 92, 45},
+    [SHAPE_PAGES] = {78, 68, 45, 8},
+    [SHAPE_CRON] = {85, 85, 85, 8},
+    [SHAPE_SCRAPER] = {95, 90, 90, 75},
+    [SHAPE_DIURNAL] = {95, 95, 95, 50},
+    [SHAPE_CHURN] = {95, 95, 94, 50},
 };
 
 static void shapes_on(bool shm)
 {
     for (int s = 0; s < SHAPES; s++) {
-        make((shape_t)s);
+        shape_make(&trace, (shape_t)s, L, SPAN);
         for (int a = 0; a < ALGOS; a++) {
             counts_t one = run(policy_text[a], shm, false);
             counts_t fr = run(policy_text[a], shm, true);
@@ -267,8 +168,9 @@ static void shm_store(void **state)
 static void lone_heavy(void **state)
 {
     (void)state;
-    nev = 0;
-    heavy(0, SPAN);
+    trace.n = 0;
+    trace.span = SPAN;
+    shape_heavy(&trace, L, 0, SPAN);
     for (int a = 0; a < ALGOS; a++) {
         counts_t one = run(policy_text[a], false, false);
         counts_t fr = run(policy_text[a], false, true);

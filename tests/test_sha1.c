@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The SHA-1 that names the Redis store's scripts (src/sha1.c): the
+ * The SHA-1 that names the Redis store's scripts (src/store/redis/sha1.c): the
  * standard's test vectors, the padding's edges (55, 56, 63, 64 and 65
  * bytes: one block or two for the tail), and a long message.
  */
@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "../src/sha1.h"
+#include "../src/store/redis/sha1.h"
 
 static void check(const char *msg, size_t len, const char *want)
 {

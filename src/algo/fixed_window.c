@@ -6,7 +6,7 @@
  * index is t_last / W, so it is not stored.  A later request in another
  * window starts from zero.
  */
-#include "../internal.h"
+#include "../kit.h"
 
 #define FW_FIXED 8 /* bytes of stored state */
 

@@ -21,7 +21,7 @@
  * bits wide, so the layout never changes a decision.  A drain time beyond
  * 2^63-1 ns (a wide bucket at 1 per ns) is reported as RATE_TIME_MAX.
  */
-#include "../internal.h"
+#include "../kit.h"
 
 #define LB_FIXED 8   /* bytes of stored state, narrow */
 #define LBW_FIXED 16 /* wide */

@@ -11,7 +11,7 @@
  * Pruning happens only when an admission rewrites the state, relative to
  * that admission's t_eff (= the new t_last), as the spec requires.
  */
-#include "../internal.h"
+#include "../kit.h"
 
 #define SL_HEAD 8u
 #define SL_ENTRY 16u

@@ -7,7 +7,7 @@
  * k = t_last / W.  At e = t - k*W the estimate is prev*(W-e)/W + curr; it is
  * never formed: every comparison is scaled by W and done in 128 bits.
  */
-#include "../internal.h"
+#include "../kit.h"
 
 #define SW_FIXED 16 /* bytes of stored state */
 

@@ -8,7 +8,7 @@
 #ifndef RATE_TOKEN_BUCKET_H
 #define RATE_TOKEN_BUCKET_H
 
-#include "../internal.h"
+#include "../kit.h"
 
 /* u after a refill over dt ns: u + dt * L, capped at B * P.  A full or
  * over-full bucket (a corrupt store's) stays as it is.  The difference is

@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: MIT
 -- The fair rule over a fleet's table: src/fair/step.c in Lua, the same
--- bytes and answers (a piece of src/fair/fair.lua, after
+-- bytes and answers (a piece of src/store/redis/fair.lua, after
 -- src/store/redis/step_lib.lua, whose u32, put64 and fdiv it uses).
 -- The table: a 112-byte header ('rfair' 2 0 0, slots, V, 0, the light
 -- flows' estimator's 10 words), then slots entries of 72 bytes (hash as

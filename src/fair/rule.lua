@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: MIT
 -- The fair rule's arithmetic: src/fair/rule.c in Lua, the same numbers
--- for the same inputs (a piece of src/fair/fair.lua, after
+-- for the same inputs (a piece of src/store/redis/fair.lua, after
 -- src/store/redis/step_lib.lua, whose fdiv and cdiv it uses).  Every
 -- number stays below 2^53 (Lua's exact integers); where rule.c takes a
 -- product in 128 bits, this computes it split so that each step is exact.

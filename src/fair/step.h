@@ -3,7 +3,7 @@
  * The fair rule of one not-waiting decision over a fleet's table (the
  * store contract's fair(), version 6): pure C over the table's bytes,
  * run by the Redis module's RATELIMIT.FAIR, with its Lua twin in
- * src/fair/fair.lua (docs/fair.md, "Redis: the table's bytes").
+ * src/store/redis/fair.lua (docs/fair.md, "Redis: the table's bytes").
  *
  * The table: a 112-byte header ("rfair" 2 0 0, slots, V, 0, then the
  * light flows' estimator: rule.h's rate__fair_light_t, 10 words) and

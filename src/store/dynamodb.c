@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/random.h>
@@ -34,7 +35,8 @@
 #include <curl/curl.h>
 #include <jansson.h>
 
-#include "../internal.h"
+#include "../call.h"
+#include "../kit.h"
 #include "ratelimit_dynamodb.h"
 
 /* DynamoDB's largest item, bytes (names and values of every attribute). */
@@ -299,7 +301,7 @@ static int request(ddb_t *d, enum op op, json_t *req, json_t **reply,
         return RATE_ENOMEM;
     }
     CURL *c = h->curl;
-    /* The call's requests share one deadline (internal.h,
+    /* The call's requests share one deadline (call.h,
      * rate__call_begin): a decision's GetItem and PutItem, and the
      * retries of a conflict, all within request_ns of its start.  A
      * request gets what is left of it (curl's whole transfer, connecting

@@ -365,6 +365,180 @@ static void *refill_main(void *arg)
     return NULL;
 }
 
+/* A decision made by the fail mode (the remote down, or its round trip
+ * failed), counted in the shard; called without the shard's mutex. */
+static void decide_failed(rate_synced_t *s, shard_t *sh, const char *key,
+                          size_t len, uint64_t n, bool clock, uint64_t now,
+                          int rc, rate_decision_t *out)
+{
+    fail_decide(s, key, len, n, clock, now, rc, out);
+    pthread_mutex_lock(&sh->mu);
+    if (out->allowed)
+        sh->allowed++;
+    else
+        sh->denied++;
+    pthread_mutex_unlock(&sh->mu);
+}
+
+/* What the shard answers without a round trip, called with its mutex
+ * held: a query, a lease that holds n, a cached denial, or the fail mode
+ * while the remote is down.  True once answered (the mutex released);
+ * false when the key needs a borrow (the mutex still held). */
+static bool decide_local(rate_synced_t *s, shard_t *sh, entry_t *e,
+                         const char *key, size_t len, uint64_t n, bool clock,
+                         uint64_t now, rate_decision_t *out)
+{
+    if (n == 0) { /* a query: what this process holds */
+        out->allowed = true;
+        out->remaining = e != NULL ? e->held : 0;
+        sh->local++;
+        sh->allowed++;
+        pthread_mutex_unlock(&sh->mu);
+        return true;
+    }
+    bool down =
+        now < atomic_load_explicit(&s->down_until, memory_order_relaxed);
+    if (e != NULL && e->held >= n &&
+        (down || e->borrowing || !expired(s, e, now))) {
+        local_allow(sh, e, n, now, out);
+        sh->local++;
+        sh->allowed++;
+        if (!down)
+            maybe_prefetch(s, e, clock, now);
+        pthread_mutex_unlock(&sh->mu);
+        return true;
+    }
+    uint64_t have = e != NULL && !expired(s, e, now) ? e->held : 0;
+    if (e != NULL && e->denied_until != 0 && now < e->denied_until &&
+        n - have >= e->denied_need) {
+        out->reason = e->denied_reason;
+        out->retry_after_ns = e->denied_until == UINT64_MAX
+                                  ? RATE_NEVER
+                                  : e->denied_until - now;
+        out->remaining = e->held;
+        sh->local++;
+        sh->denied++;
+        pthread_mutex_unlock(&sh->mu);
+        return true;
+    }
+    if (down) {
+        pthread_mutex_unlock(&sh->mu);
+        decide_failed(s, sh, key, len, n, clock, now, RATE_ESTORE, out);
+        return true;
+    }
+    return false;
+}
+
+/* A new entry for the key, called with the shard's mutex held: in a full
+ * shard the least recently used entry not borrowing is detached first
+ * (*victim, for the caller to give back and free).  NULL when every
+ * entry is borrowing or memory is short (the mutex still held). */
+static entry_t *entry_new(shard_t *sh, uint64_t h, const char *key,
+                          size_t len, uint64_t now, size_t shard_cap,
+                          entry_t **victim)
+{
+    *victim = NULL;
+    if (shard_cap != 0 && sh->count >= shard_cap) {
+        for (entry_t *v = sh->oldest; v != NULL; v = v->newer)
+            if (!v->borrowing) {
+                *victim = v;
+                break;
+            }
+        if (*victim == NULL)
+            return NULL;
+        detach(sh, *victim);
+        sh->evictions++;
+    }
+    entry_t *e = calloc(1, sizeof *e + len);
+    if (e == NULL)
+        return NULL;
+    e->hash = h;
+    e->len = len;
+    memcpy(e->key, key, len);
+    e->lease_t = now;
+    e->last_t = now;
+    size_t b = (h >> 8) & (sh->nbuckets - 1);
+    e->next = sh->buckets[b];
+    sh->buckets[b] = e;
+    list_push(sh, e);
+    if (++sh->count > sh->nbuckets)
+        grow(sh);
+    return e;
+}
+
+/* The round trips of a borrow: a whole lease (want), else what the remote
+ * has, or exactly this request's need, whose denial's retry_after is then
+ * exact for it (*cache).  *got: the permits borrowed; *d the remote's
+ * last decision. */
+static int borrow(rate_synced_t *s, const char *key, size_t len,
+                  uint64_t want, uint64_t need, bool clock, uint64_t now,
+                  rate_decision_t *d, uint64_t *got, bool *cache)
+{
+    *got = 0;
+    *cache = false;
+    int rc = remote_check(s, key, len, want, clock, now, d);
+    if (rc == RATE_OK && d->allowed) {
+        *got = want;
+    } else if (rc == RATE_OK && d->reason == RATE_REASON_LIMITED &&
+               want > need) {
+        uint64_t x = d->remaining >= need
+                         ? (d->remaining < want ? d->remaining : want - 1)
+                         : need;
+        rc = remote_check(s, key, len, x, clock, now, d);
+        if (rc == RATE_OK && d->allowed)
+            *got = x;
+        else if (rc == RATE_OK)
+            *cache = x == need;
+    } else if (rc == RATE_OK) {
+        *cache = true; /* want == need: exact */
+    }
+    return rc;
+}
+
+/* A borrow's outcome in the entry and the decision, called with the
+ * shard's mutex held (released on return): the permits added and n
+ * taken from them, or the remote's denial, cached for the key when exact
+ * (denial_ttl_ns at most). */
+static void borrow_settle(rate_synced_t *s, shard_t *sh, entry_t *e,
+                          uint64_t n, bool clock, uint64_t now, uint64_t got,
+                          uint64_t need, bool cache, const rate_decision_t *d,
+                          rate_decision_t *out)
+{
+    if (got > 0) {
+        e->held += got;
+        sh->held += got;
+        sh->borrowed += got;
+        e->lease_t = now;
+        e->denied_until = 0;
+        list_unlink(sh, e);
+        list_push(sh, e);
+        local_allow(sh, e, n, now, out);
+        sh->allowed++;
+        maybe_prefetch(s, e, clock, now);
+    } else {
+        out->allowed = false;
+        out->reason = d->reason;
+        out->retry_after_ns = d->retry_after_ns;
+        out->reset_after_ns = d->reset_after_ns;
+        out->component = d->component;
+        out->limit = d->limit;
+        out->remaining = e->held;
+        uint64_t wait = d->retry_after_ns;
+        if (s->denial_ttl_ns != 0 && wait > s->denial_ttl_ns)
+            wait = s->denial_ttl_ns;
+        if (cache && wait > 0) {
+            e->denied_until = add_sat(now, wait);
+            e->denied_need = need;
+            e->denied_reason = d->reason;
+        }
+        sh->denied++;
+    }
+    pthread_mutex_unlock(&sh->mu);
+}
+
+/* One synced decision: locally when the shard can answer, else a borrow
+ * for the key (its entry made or taken and marked borrowing, the rest of
+ * an expired lease and an evicted key's lease given back first). */
 static int decide_in(rate_synced_t *s, const char *key, size_t len,
                      uint64_t n, bool clock, uint64_t now,
                      rate_decision_t *out)
@@ -393,90 +567,21 @@ static int decide_in(rate_synced_t *s, const char *key, size_t len,
         pthread_cond_wait(&sh->cv, &sh->mu);
     }
     sh->decisions++;
-    if (n == 0) { /* a query: what this process holds */
-        out->allowed = true;
-        out->remaining = e != NULL ? e->held : 0;
-        sh->local++;
-        sh->allowed++;
-        pthread_mutex_unlock(&sh->mu);
+    if (decide_local(s, sh, e, key, len, n, clock, now, out))
         return RATE_OK;
-    }
-    bool down =
-        now < atomic_load_explicit(&s->down_until, memory_order_relaxed);
-    if (e != NULL && e->held >= n &&
-        (down || e->borrowing || !expired(s, e, now))) {
-        local_allow(sh, e, n, now, out);
-        sh->local++;
-        sh->allowed++;
-        if (!down)
-            maybe_prefetch(s, e, clock, now);
-        pthread_mutex_unlock(&sh->mu);
-        return RATE_OK;
-    }
-    uint64_t have = e != NULL && !expired(s, e, now) ? e->held : 0;
-    if (e != NULL && e->denied_until != 0 && now < e->denied_until &&
-        n - have >= e->denied_need) {
-        out->reason = e->denied_reason;
-        out->retry_after_ns = e->denied_until == UINT64_MAX
-                                  ? RATE_NEVER
-                                  : e->denied_until - now;
-        out->remaining = e->held;
-        sh->local++;
-        sh->denied++;
-        pthread_mutex_unlock(&sh->mu);
-        return RATE_OK;
-    }
-    if (down) {
-        pthread_mutex_unlock(&sh->mu);
-        fail_decide(s, key, len, n, clock, now, RATE_ESTORE, out);
-        pthread_mutex_lock(&sh->mu);
-        if (out->allowed)
-            sh->allowed++;
-        else
-            sh->denied++;
-        pthread_mutex_unlock(&sh->mu);
-        return RATE_OK;
-    }
 
-    /* A round trip: make or take the entry, mark it borrowing. */
+    uint64_t have = e != NULL && !expired(s, e, now) ? e->held : 0;
     entry_t *victim = NULL;
-    if (e == NULL) {
-        if (s->shard_cap != 0 && sh->count >= s->shard_cap) {
-            for (entry_t *v = sh->oldest; v != NULL; v = v->newer)
-                if (!v->borrowing) {
-                    victim = v;
-                    break;
-                }
-            if (victim == NULL) {
-                sh->decisions--;
-                pthread_mutex_unlock(&sh->mu);
-                return RATE_ENOMEM; /* every entry is borrowing */
-            }
-            detach(sh, victim);
-            sh->evictions++;
+    if (e == NULL &&
+        (e = entry_new(sh, h, key, len, now, s->shard_cap, &victim)) == NULL) {
+        sh->decisions--;
+        pthread_mutex_unlock(&sh->mu);
+        if (victim != NULL) {
+            give_back(s, victim->key, victim->len, victim->held,
+                      victim->clock, victim->last_t);
+            free(victim);
         }
-        e = calloc(1, sizeof *e + len);
-        if (e == NULL) {
-            sh->decisions--;
-            pthread_mutex_unlock(&sh->mu);
-            if (victim != NULL) {
-                give_back(s, victim->key, victim->len, victim->held,
-                          victim->clock, victim->last_t);
-                free(victim);
-            }
-            return RATE_ENOMEM;
-        }
-        e->hash = h;
-        e->len = len;
-        memcpy(e->key, key, len);
-        e->lease_t = now;
-        e->last_t = now;
-        size_t b = (h >> 8) & (sh->nbuckets - 1);
-        e->next = sh->buckets[b];
-        sh->buckets[b] = e;
-        list_push(sh, e);
-        if (++sh->count > sh->nbuckets)
-            grow(sh);
+        return RATE_ENOMEM; /* every entry borrowing, or no memory */
     }
     e->clock = clock;
     uint64_t back = e->held - have; /* an expired lease's rest */
@@ -495,27 +600,9 @@ static int decide_in(rate_synced_t *s, const char *key, size_t len,
     give_back(s, key, len, back, clock, back_t);
 
     rate_decision_t d;
-    uint64_t got = 0;
-    bool cache = false;
-    int rc = remote_check(s, key, len, want, clock, now, &d);
-    if (rc == RATE_OK && d.allowed) {
-        got = want;
-    } else if (rc == RATE_OK && d.reason == RATE_REASON_LIMITED &&
-               want > need) {
-        /* The remote has less than a whole lease: take what it has, or
-         * ask for exactly what this request needs, whose denial's
-         * retry_after is then exact for it. */
-        uint64_t x = d.remaining >= need
-                         ? (d.remaining < want ? d.remaining : want - 1)
-                         : need;
-        rc = remote_check(s, key, len, x, clock, now, &d);
-        if (rc == RATE_OK && d.allowed)
-            got = x;
-        else if (rc == RATE_OK)
-            cache = x == need;
-    } else if (rc == RATE_OK) {
-        cache = true; /* want == need: exact */
-    }
+    uint64_t got;
+    bool cache;
+    int rc = borrow(s, key, len, want, need, clock, now, &d, &got, &cache);
 
     pthread_mutex_lock(&sh->mu);
     e->borrowing = false;
@@ -524,52 +611,17 @@ static int decide_in(rate_synced_t *s, const char *key, size_t len,
         pthread_mutex_unlock(&sh->mu);
         atomic_store_explicit(&s->down_until, add_sat(now, s->retry_ns),
                               memory_order_relaxed);
-        fail_decide(s, key, len, n, clock, now, rc, out);
-        pthread_mutex_lock(&sh->mu);
-        if (out->allowed)
-            sh->allowed++;
-        else
-            sh->denied++;
-        pthread_mutex_unlock(&sh->mu);
+        decide_failed(s, sh, key, len, n, clock, now, rc, out);
         return RATE_OK;
     }
-    if (got > 0) {
-        e->held += got;
-        sh->held += got;
-        sh->borrowed += got;
-        e->lease_t = now;
-        e->denied_until = 0;
-        list_unlink(sh, e);
-        list_push(sh, e);
-        local_allow(sh, e, n, now, out);
-        sh->allowed++;
-        maybe_prefetch(s, e, clock, now);
-    } else {
-        out->allowed = false;
-        out->reason = d.reason;
-        out->retry_after_ns = d.retry_after_ns;
-        out->reset_after_ns = d.reset_after_ns;
-        out->component = d.component;
-        out->limit = d.limit;
-        out->remaining = e->held;
-        uint64_t wait = d.retry_after_ns;
-        if (s->denial_ttl_ns != 0 && wait > s->denial_ttl_ns)
-            wait = s->denial_ttl_ns;
-        if (cache && wait > 0) {
-            e->denied_until = add_sat(now, wait);
-            e->denied_need = need;
-            e->denied_reason = d.reason;
-        }
-        sh->denied++;
-    }
-    pthread_mutex_unlock(&sh->mu);
+    borrow_settle(s, sh, e, n, clock, now, got, need, cache, &d, out);
     return RATE_OK;
 }
 
 /* A synced decision: its remote calls (the refunds of an expired lease
  * and of an evicted key, one or two borrows) share one deadline, the
  * remote store's timeout from the decision's first remote call or its
- * wait for another thread's borrow of the key (internal.h,
+ * wait for another thread's borrow of the key (call.h,
  * rate_deadline_begin); a decision made locally reads no clock for it. */
 static int decide(rate_synced_t *s, const char *key, size_t len,
                   uint64_t n, bool clock, uint64_t now, rate_decision_t *out)
@@ -763,15 +815,12 @@ void rate_synced_free(rate_synced_t *s)
     free(s);
 }
 
-int rate_synced_new(const rate_synced_config_t *c, rate_synced_t **out,
-                    char *err, size_t errlen)
+/* The config checked, as rate_synced_new's errors say; with RATE_OK the
+ * lease (c->lease, or the default within the policy's capacity) and
+ * whether the policy's limits take refunds (no window counts them). */
+static int check_config(const rate_synced_config_t *c, uint64_t *lease_out,
+                        bool *refundable, char *err, size_t errlen)
 {
-    if (out != NULL)
-        *out = NULL;
-    if (c == NULL || out == NULL) {
-        set_err(err, errlen, "no config or out (NULL)");
-        return RATE_EINVAL;
-    }
     for (size_t i = 0; i < sizeof c->reserved / sizeof c->reserved[0]; i++)
         if (c->reserved[i] != 0) {
             set_err(err, errlen, "the config's reserved words are not zero "
@@ -794,7 +843,7 @@ int rate_synced_new(const rate_synced_config_t *c, rate_synced_t **out,
         return RATE_EINVAL;
     }
     uint64_t cap = UINT64_MAX;
-    bool refundable = true;
+    *refundable = true;
     for (size_t i = 0; i < rate_policy_count(c->policy); i++) {
         const rate_limit_t *l = rate_policy_limit(c->policy, i);
         if (l->block_ns != 0) {
@@ -807,7 +856,7 @@ int rate_synced_new(const rate_synced_config_t *c, rate_synced_t **out,
             cap = capacity_of(l);
         if (l->algorithm == RATE_SLIDING_LOG ||
             l->algorithm == RATE_SLIDING_WINDOW)
-            refundable = false;
+            *refundable = false;
     }
     uint64_t lease = c->lease != 0 ? c->lease
                                    : (cap < LEASE_DEFAULT ? cap : LEASE_DEFAULT);
@@ -824,16 +873,16 @@ int rate_synced_new(const rate_synced_config_t *c, rate_synced_t **out,
         set_err(err, errlen, "a duration above 2^63-1 ns");
         return RATE_ERANGE;
     }
+    *lease_out = lease;
+    return RATE_OK;
+}
 
-    rate_synced_t *s = calloc(1, sizeof *s);
-    if (s == NULL) {
-        set_err(err, errlen, "out of memory");
-        return RATE_ENOMEM;
-    }
-    pthread_mutex_init(&s->sweep_mu, NULL);
-    pthread_cond_init(&s->sweep_cv, NULL);
-    pthread_mutex_init(&s->q_mu, NULL);
-    pthread_cond_init(&s->q_cv, NULL);
+/* The limiter on the remote store (fail closed: the synced limiter
+ * applies its own fail mode) and, for RATE_FAIL_FALLBACK, the local
+ * one. */
+static int make_limiters(rate_synced_t *s, const rate_synced_config_t *c,
+                         char *err, size_t errlen)
+{
     rate_limiter_config_t rc = {0};
     rc.policy = c->policy;
     rc.store = c->remote;
@@ -843,7 +892,6 @@ int rate_synced_new(const rate_synced_config_t *c, rate_synced_t **out,
         set_err(err, errlen, r == RATE_EPOLICY
                                  ? "the remote store cannot keep the policy"
                                  : rate_strerror(r));
-        rate_synced_free(s);
         return r;
     }
     if (c->on_store_error == RATE_FAIL_FALLBACK) {
@@ -852,30 +900,26 @@ int rate_synced_new(const rate_synced_config_t *c, rate_synced_t **out,
         r = rate_limiter_new(&fc, &s->fallback);
         if (r != RATE_OK) {
             set_err(err, errlen, rate_strerror(r));
-            rate_synced_free(s);
             return r;
         }
     }
-    s->policy = rate_limiter_policy(s->remote);
-    s->lease = lease;
-    s->ttl_ns = c->lease_ttl_ns != 0 ? c->lease_ttl_ns : TTL_DEFAULT;
-    s->retry_ns = c->retry_ns != 0 ? c->retry_ns : RETRY_DEFAULT;
-    s->sweep_ns = c->sweep_ns;
-    s->denial_ttl_ns = c->denial_ttl_ns;
-    s->fail = c->on_store_error;
-    s->refundable = refundable;
-    s->limit0 = capacity_of(rate_policy_limit(s->policy, 0));
-    s->seed = (XXH64_hash_t)(uintptr_t)s ^ rate_clock_monotonic_ns();
+    return RATE_OK;
+}
+
+/* The shards: as many as SHARDS_MAX, fewer for a small max_keys, each
+ * keeping max_keys / shards keys (0: no bound). */
+static int make_shards(rate_synced_t *s, size_t max_keys, char *err,
+                       size_t errlen)
+{
     unsigned n = SHARDS_MAX;
-    if (c->max_keys != 0)
-        while (n > 1 && n > c->max_keys)
+    if (max_keys != 0)
+        while (n > 1 && n > max_keys)
             n /= 2;
     s->nshards = n;
-    s->shard_cap = c->max_keys != 0 ? c->max_keys / n : 0;
+    s->shard_cap = max_keys != 0 ? max_keys / n : 0;
     s->shards = calloc(n, sizeof *s->shards);
     if (s->shards == NULL) {
         set_err(err, errlen, "out of memory");
-        rate_synced_free(s);
         return RATE_ENOMEM;
     }
     for (unsigned i = 0; i < n; i++) {
@@ -887,28 +931,77 @@ int rate_synced_new(const rate_synced_config_t *c, rate_synced_t **out,
         if (sh->buckets == NULL) {
             s->nshards = i + 1;
             set_err(err, errlen, "out of memory");
-            rate_synced_free(s);
             return RATE_ENOMEM;
         }
     }
-    if (c->prefetch && lease >= 2) {
-        r = pthread_create(&s->refiller, NULL, refill_main, s);
-        if (r != 0) {
+    return RATE_OK;
+}
+
+/* The refiller (with prefetch, a lease of 2 or more) and the sweeper
+ * (with sweep_ns). */
+static int start_threads(rate_synced_t *s, bool prefetch, char *err,
+                         size_t errlen)
+{
+    if (prefetch && s->lease >= 2) {
+        if (pthread_create(&s->refiller, NULL, refill_main, s) != 0) {
             set_err(err, errlen, "cannot start the refiller thread");
-            rate_synced_free(s);
             return RATE_ENOMEM;
         }
         s->refilling = true;
         s->prefetch = true;
     }
     if (s->sweep_ns != 0) {
-        r = pthread_create(&s->sweeper, NULL, sweep_main, s);
-        if (r != 0) {
+        if (pthread_create(&s->sweeper, NULL, sweep_main, s) != 0) {
             set_err(err, errlen, "cannot start the sweeper thread");
-            rate_synced_free(s);
             return RATE_ENOMEM;
         }
         s->sweeping = true;
+    }
+    return RATE_OK;
+}
+
+int rate_synced_new(const rate_synced_config_t *c, rate_synced_t **out,
+                    char *err, size_t errlen)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (c == NULL || out == NULL) {
+        set_err(err, errlen, "no config or out (NULL)");
+        return RATE_EINVAL;
+    }
+    uint64_t lease;
+    bool refundable;
+    int r = check_config(c, &lease, &refundable, err, errlen);
+    if (r != RATE_OK)
+        return r;
+
+    rate_synced_t *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        set_err(err, errlen, "out of memory");
+        return RATE_ENOMEM;
+    }
+    pthread_mutex_init(&s->sweep_mu, NULL);
+    pthread_cond_init(&s->sweep_cv, NULL);
+    pthread_mutex_init(&s->q_mu, NULL);
+    pthread_cond_init(&s->q_cv, NULL);
+    if ((r = make_limiters(s, c, err, errlen)) != RATE_OK) {
+        rate_synced_free(s);
+        return r;
+    }
+    s->policy = rate_limiter_policy(s->remote);
+    s->lease = lease;
+    s->ttl_ns = c->lease_ttl_ns != 0 ? c->lease_ttl_ns : TTL_DEFAULT;
+    s->retry_ns = c->retry_ns != 0 ? c->retry_ns : RETRY_DEFAULT;
+    s->sweep_ns = c->sweep_ns;
+    s->denial_ttl_ns = c->denial_ttl_ns;
+    s->fail = c->on_store_error;
+    s->refundable = refundable;
+    s->limit0 = capacity_of(rate_policy_limit(s->policy, 0));
+    s->seed = (XXH64_hash_t)(uintptr_t)s ^ rate_clock_monotonic_ns();
+    if ((r = make_shards(s, c->max_keys, err, errlen)) != RATE_OK ||
+        (r = start_threads(s, c->prefetch, err, errlen)) != RATE_OK) {
+        rate_synced_free(s);
+        return r;
     }
     *out = s;
     return RATE_OK;

@@ -8,7 +8,8 @@
 #ifndef RATE_STORE_REDIS_ASYNC_H
 #define RATE_STORE_REDIS_ASYNC_H
 
-#include "../../internal.h"
+#include "../../call.h"
+#include "../../kit.h"
 #include "cluster.h"
 #include "node.h"
 #include "paths.h"

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../sha1.h"
+#include "sha1.h"
 #include "fair.h"
 #include "fair_lua.h"
 

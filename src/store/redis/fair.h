@@ -3,7 +3,7 @@
  * Fair shares on Redis in one round trip (the store contract's fair(),
  * version 6): the command of one fair decision, by the module
  * (RATELIMIT.FAIR, src/fair/step.c inside Redis) or by the fair script
- * (src/fair/fair.lua, its Lua twin), both with the same arguments and
+ * (src/store/redis/fair.lua, its Lua twin), both with the same arguments and
  * reply; no I/O (docs/fair.md, "Redis (a fleet)").
  */
 #ifndef RATE_STORE_REDIS_FAIR_H

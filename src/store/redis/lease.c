@@ -19,7 +19,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../../sha1.h"
+#include "sha1.h"
 #include "lease.h"
 
 static char script_sha[41], rate_sha[41];

@@ -3,7 +3,7 @@
  * Leases on Redis in one round trip (the store contract's lease(),
  * version 5): the command of one lease operation, by the module
  * (RATELIMIT.LEASE, the C lease step inside Redis) or by the lease script
- * (src/lease/lease.lua, its Lua twin), both with the same arguments and
+ * (src/store/redis/lease.lua, its Lua twin), both with the same arguments and
  * reply; no I/O (docs/leases.md, "Leases on Redis").
  */
 #ifndef RATE_STORE_REDIS_LEASE_H

@@ -2,7 +2,7 @@
 -- An in-flight limit's acquire with the policy's rate limits, all or
 -- nothing, in one script (docs/leases.md, "Leases on Redis"; the store
 -- contract's lease() with rate limits, include/ratelimit_store.h): the
--- lease step (src/lease/lease.lua) and the general rate step
+-- lease step (src/store/redis/lease.lua) and the general rate step
 -- (src/store/redis/step.lua), each included whole as the body of a
 -- function of its own KEYS and ARGV, so that their locals and their
 -- returns stay theirs.  RATELIMIT.LEASESTEP (redis-module/) makes the same
@@ -22,7 +22,7 @@
 -- denial, or a step that declines, leaves the leases as the count left
 -- them.
 local function lease_step(KEYS, ARGV)
---@include src/lease/lease.lua
+--@include src/store/redis/lease.lua
 end
 local function rate_step(KEYS, ARGV)
 --@include src/store/redis/step.lua

@@ -44,7 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../sha1.h"
+#include "sha1.h"
 #include "lease_lua.h"
 #include "lease_rate_lua.h"
 #include "protocol.h"

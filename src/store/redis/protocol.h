@@ -12,7 +12,8 @@
 
 #include <hiredis/hiredis.h>
 
-#include "../../internal.h"
+#include "../../call.h"
+#include "../../kit.h"
 
 /* The lean scripts, one per single-limit algorithm (docs/redis.md). */
 typedef enum rate__lean {
@@ -57,7 +58,7 @@ void rate__redis_proto_free(rate__redis_proto_t *p);
  * RATE__REDIS_PROBE_SCRIPT. */
 bool rate__redis_script(unsigned i, const char **src, size_t *len);
 
-/* The lease script's text (src/lease/lease.lua, assembled; with its
+/* The lease script's text (src/store/redis/lease.lua, assembled; with its
  * length), for SCRIPT LOAD and for EVAL after NOSCRIPT (lease.c). */
 const char *rate__redis_lease_script(size_t *len);
 #define RATE__REDIS_PROBE_SCRIPT 2u

@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: MIT
 -- The general step's decision (a piece of src/store/redis/step.lua and
--- src/fair/fair.lua, after step_lib.lua): the arguments and the key's
+-- src/store/redis/fair.lua, after step_lib.lua): the arguments and the key's
 -- state read, every limit decided, the verdicts folded; nothing written.
 -- A request it cannot decide exactly returns {0} (DECLINE) from the script.
 local now, tm

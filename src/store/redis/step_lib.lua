@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: MIT
 -- The general step's helpers and the algorithms' rules (a piece of
--- src/store/redis/step.lua and src/fair/fair.lua; docs/redis.md, "How the
+-- src/store/redis/step.lua and src/store/redis/fair.lua; docs/redis.md, "How the
 -- scripts are made"): integers and times over doubles, the state's bytes,
 -- expiries.
 --@include lua_range.lua

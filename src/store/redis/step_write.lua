@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: MIT
 -- The general step's write (a piece of src/store/redis/step.lua and
--- src/fair/fair.lua, after step_decide.lua): an admission writes the new
+-- src/store/redis/fair.lua, after step_decide.lua): an admission writes the new
 -- state, moves the version on and sets the expiry.
 -- An admission with n >= 1 writes the new state, bumps the version and sets
 -- the expiry; anything else writes nothing.  A log's entries still in the

@@ -16,7 +16,7 @@
  * themselves take turns writing and reading.  Each command has a deadline,
  * its call's start plus the command timeout (one for a whole library call:
  * a decision's commands, their redirections and a NOSCRIPT's resend share
- * it; internal.h, rate__call_begin): the reader waits (poll) no longer
+ * it; call.h, rate__call_begin): the reader waits (poll) no longer
  * than the earliest deadline of the commands in flight, looked at again
  * every RECHECK_NS (a command sent later may have an earlier deadline),
  * then fails them all; a connection made for queued commands is made

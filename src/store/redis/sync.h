@@ -12,7 +12,8 @@
 
 #include <hiredis/hiredis.h>
 
-#include "../../internal.h"
+#include "../../call.h"
+#include "../../kit.h"
 #include "cluster.h"
 #include "node.h"
 #include "paths.h"
@@ -66,7 +67,7 @@ typedef struct redis_store {
 } redis_store_t;
 
 /* A call's deadline: the command timeout from the start of the library
- * call it serves (a decision, refund or penalty: internal.h,
+ * call it serves (a decision, refund or penalty: call.h,
  * rate__call_begin), so that a module probe, a fallback to the scripts, a
  * reconnect and the policy's record all share it; from now outside one. */
 static inline uint64_t rate__rsync_deadline(const redis_store_t *r)

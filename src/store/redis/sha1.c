@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * SHA-1 over a whole message in memory (src/sha1.h): the message padded
+ * SHA-1 over a whole message in memory (sha1.h): the message padded
  * to whole 64-byte blocks (a 0x80 byte, zeros, its length in bits as 8
  * big-endian bytes), each block expanded to 80 words and run through the
  * 80 rounds of the standard.
