@@ -2,7 +2,7 @@
 /*
  * See cas_store.h.  A mutex and a growing array: simple on purpose.
  */
-#include "cas_store.h"
+#include "lib/cas_store.h"
 
 #include <pthread.h>
 #include <stdlib.h>

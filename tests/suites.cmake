@@ -74,6 +74,10 @@ rate_suite(async_cluster NEEDS ASYNC USES_ASYNC LABELS redis SERIAL TIMEOUT 600)
 rate_suite(async_module NEEDS ASYNC MODULE USES_ASYNC USES_MODULE LABELS redis SERIAL
            TIMEOUT 600)
 rate_suite(sync_redis NEEDS REDIS LABELS redis concurrency SERIAL)
+# The synced mode over each remote behind a delay line (tests/lib/
+# store_matrix.h's runner), DynamoDB's kind apart as in the store matrix.
+rate_suite(sync_remotes NEEDS REDIS LABELS redis concurrency SERIAL
+           ENV "RATE_STORES=-dynamodb")
 
 # DynamoDB (dynalite; skipped without it, failed under CI=true).
 rate_suite(dynamodb NEEDS DYNAMODB LABELS valgrind dynamodb concurrency SERIAL SKIP77)
@@ -81,6 +85,8 @@ rate_suite(dynamodb_cli SH dynamodb_cli_test.sh NEEDS DYNAMODB TOOLS LABELS dyna
            SERIAL SKIP77 ARGS $<TARGET_FILE:ratelimit_cli>
            ${CMAKE_CURRENT_SOURCE_DIR}/vectors ${RATE_DYNALITE})
 rate_suite(sync_dynamodb NEEDS DYNAMODB LABELS dynamodb concurrency SERIAL SKIP77)
+rate_suite(sync_remotes_dynamodb C test_sync_remotes.c NEEDS DYNAMODB
+           LABELS dynamodb concurrency SERIAL SKIP77 ENV "RATE_STORES=dynamodb")
 
 # The command, the example server, nginx, installing.
 rate_suite(parsers NEEDS TOOLS LIBS ratelimit_cli_parse)

@@ -5,7 +5,7 @@
  * zero permits, requests that can never pass, time running backwards.
  * Every expected number was worked out by hand from spec/algorithms.md.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 
 #define N RATE_NEVER
 

@@ -16,7 +16,7 @@
  * - Redis killed, stopped (SIGSTOP) and restarted under load: every
  *   callback exactly once, none later than its timeout plus SLACK_NS
  *   plus three times the scheduler's worst delay in the run
- *   (tests/sched_probe.h), decisions allowed again after the restart.
+ *   (tests/lib/sched_probe.h), decisions allowed again after the restart.
  * - NOSCRIPT (SCRIPT FLUSH) answered with EVAL.
  * - Freeing the store with decisions in flight: each callback runs before
  *   rate_store_free returns, with RATE_ECANCELED under the fail mode.
@@ -38,8 +38,9 @@
 #include <ratelimit_uv.h>
 
 #include "lib/wait.h"
-#include "redis_fixture.h"
-#include "sched_probe.h"
+#include "lib/redis_fixture.h"
+#include "lib/rng.h"
+#include "lib/sched_probe.h"
 
 /* The timeout of every Redis command here, and how much later than it a
  * callback may come on a loaded 2-core machine (a loop turn, the timer's
@@ -47,7 +48,7 @@
 #define TIMEOUT_NS (200 * MS)
 #define SLACK_NS (1500 * MS)
 
-#include "async_loop.h"
+#include "lib/async_loop.h"
 #include "ratelimit_redis.h"
 
 static int start(rate_limiter_t *l, const char *key, uint64_t n, req_t *q)
@@ -63,14 +64,9 @@ static req_t decide_until_answered(tloop_t *t, rate_limiter_t *l,
 {
     req_t q;
     memset(&q, 0, sizeof q);
-    uint64_t end = test_now_ns() + (uint64_t)TEST_WAIT_S * SEC;
-    for (;;) {
-        if (start(l, key, 1, &q) == RATE_PENDING)
-            wait_all(t);
-        if (q.d.reason != RATE_REASON_STORE_ERROR || test_now_ns() >= end)
-            break;
-        usleep(10000); /* a pause between tries, not a wait */
-    }
+    WAIT_UNTIL((start(l, key, 1, &q) == RATE_PENDING ? wait_all(t) : (void)0,
+                q.d.reason != RATE_REASON_STORE_ERROR),
+               TEST_WAIT_S);
     return q;
 }
 
@@ -403,7 +399,7 @@ static void faults(bool uv)
     late = answered = store_errors = ok_answers = 0;
     worst_ns = 0;
     /* The scheduler's worst delay meanwhile: a decision's bound is its
-     * timeout plus SLACK_NS plus three times that (tests/sched_probe.h). */
+     * timeout plus SLACK_NS plus three times that (tests/lib/sched_probe.h). */
     static sched_probe_t probe; /* a failed check leaves its thread on */
     sched_probe_start(&probe);
 
@@ -952,9 +948,8 @@ static void adjust_scripted(void **state)
         RATE_OK)
         fail_msg("async redis store: %s", err);
     redisContext *c = raw();
-    uint64_t rnd = 99, adjusts = 0;
-#define RND(n) (rnd ^= rnd << 13, rnd ^= rnd >> 7, rnd ^= rnd << 17, \
-                (n) ? rnd % (n) : 0)
+    uint64_t adjusts = 0;
+    rnd_seed(99);
     for (size_t p = 0; p < sizeof adj_policies / sizeof adj_policies[0];
          p++) {
         rate_store_t *cs;
@@ -968,18 +963,18 @@ static void adjust_scripted(void **state)
         char key[16], name[32];
         snprintf(key, sizeof key, "k%zu", p);
         snprintf(name, sizeof name, "aadj:{%s}", key);
-        fclock.now = UINT64_C(1764590000) * SEC + RND(SEC);
+        fclock.now = UINT64_C(1764590000) * SEC + rnd(SEC);
         for (int i = 0; i < 60; i++) {
-            if (RND(10) == 0)
-                fclock.now -= RND(SEC); /* back: t_eff is t_last */
+            if (rnd(10) == 0)
+                fclock.now -= rnd(SEC); /* back: t_eff is t_last */
             else
-                fclock.now += RND(l->period_ns / (1 + RND(8)) + 1);
-            int op = (int)RND(3);
-            uint64_t n = RND(3) == 0 ? RND(3 * cap + 2) : RND(3);
+                fclock.now += rnd(l->period_ns / (1 + rnd(8)) + 1);
+            int op = (int)rnd(3);
+            uint64_t n = rnd(3) == 0 ? rnd(3 * cap + 2) : rnd(3);
             /* (a token bucket's debt stops at 2^62 scaled tokens, 53k
              * tokens for the wide one: a penalty reaching it declines) */
             if (op == 2 && l->algorithm == RATE_TOKEN_BUCKET)
-                n = RND(4);
+                n = rnd(4);
             if (op == 0) {
                 req_t q;
                 rate_decision_t d;
@@ -1026,7 +1021,6 @@ static void adjust_scripted(void **state)
         rate_limiter_free(lc);
         rate_store_free(cs);
     }
-#undef RND
     rate_redis_async_stats_t st;
     assert_int_equal(rate_store_redis_async_stats(as, &st), RATE_OK);
     print_message("%llu refunds and penalties, %llu by a lean script\n",

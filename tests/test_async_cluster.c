@@ -23,7 +23,7 @@
  * - a master stopped (SIGSTOP), then one killed, under load: the other
  *   masters' keys are answered, the dead one's fail under the fail mode,
  *   none later than its timeout plus SLACK_NS plus three times the
- *   scheduler's worst delay (tests/sched_probe.h), each callback
+ *   scheduler's worst delay (tests/lib/sched_probe.h), each callback
  *   once; after the failover the killed master's slots are answered again
  *   (its replica, found by the map refresh);
  * - freed with decisions in flight on every master: each callback once,
@@ -46,10 +46,10 @@
 #include <ratelimit_uv.h>
 
 #include "../src/store/redis/cluster.h"
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "lib/redis_cluster.h"
 #include "lib/wait.h"
-#include "sched_probe.h"
+#include "lib/sched_probe.h"
 
 /* The timeout of the commands of the fault tests, and how much later than
  * it a callback may come on a loaded 2-core machine (a loop turn, the
@@ -78,7 +78,7 @@ static int group_teardown(void **state)
     return 0;
 }
 
-#include "async_loop.h"
+#include "lib/async_loop.h"
 #include "ratelimit_redis.h"
 
 static int start(rate_limiter_t *l, const char *key, req_t *q)
@@ -808,7 +808,7 @@ static void faults(bool uv)
     }
     uint64_t worst = 0;
     /* The scheduler's worst delay meanwhile: a decision's bound is its
-     * timeout plus SLACK_NS plus three times that (tests/sched_probe.h),
+     * timeout plus SLACK_NS plus three times that (tests/lib/sched_probe.h),
      * and a machine that held this process longer than the timeout times
      * out healthy masters' decisions by their own deadlines. */
     static sched_probe_t probe; /* a failed check leaves its thread on */

@@ -14,8 +14,11 @@
 
 #include <hiredis/hiredis.h>
 
-#include "async_loop.h"
+#include "lib/async_loop.h"
 #include "lib/redis_server.h"
+
+#define RND_SEED 88172645463325252u
+#include "lib/rng.h"
 
 #ifndef RATE_MODULE_PATH
 #error "RATE_MODULE_PATH: the path of ratelimit.so"
@@ -97,14 +100,6 @@ static rate_redis_async_stats_t astats(rate_store_t *s)
     return st;
 }
 
-static uint64_t rnd_state = 88172645463325252u;
-static uint64_t rnd(uint64_t n)
-{
-    rnd_state ^= rnd_state << 13;
-    rnd_state ^= rnd_state >> 7;
-    rnd_state ^= rnd_state << 17;
-    return n ? rnd_state % n : 0;
-}
 
 /* One asynchronous decision at time `at`, waited for. */
 static rate_decision_t decide_async(tloop_t *t, rate_limiter_t *l,

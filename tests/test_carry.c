@@ -36,7 +36,7 @@
 
 #include <hiredis/hiredis.h>
 
-#include "redis_fixture.h"
+#include "lib/redis_fixture.h"
 #include "ratelimit_redis.h"
 
 /* ------------------------------------------------------- the server */

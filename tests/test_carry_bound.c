@@ -42,7 +42,7 @@
  * Also: the figures of issue 29 as cases of their own, and limits matched
  * by what they are, not by their position ("A; B" against "B; A").
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 
 /* ---------------------------------------------------------- the bound */
 

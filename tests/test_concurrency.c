@@ -8,7 +8,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "helpers.h"
+#include "lib/helpers.h"
 
 #define THREADS 4
 #define SHARED 3

@@ -23,8 +23,8 @@
 
 #include <curl/curl.h>
 
-#include "helpers.h"
-#include "lease_holders.h"
+#include "lib/helpers.h"
+#include "lib/lease_holders.h"
 #include "lib/wait.h"
 #include "lib/dynalite_server.h"
 #include "ratelimit_dynamodb.h"
@@ -35,13 +35,6 @@ static int port;
 static char endpoint[64];
 static char url[160]; /* the test's table, which the group creates */
 #define TABLE "ratelimit-test"
-
-static void set_test_credentials(void)
-{
-    setenv("AWS_ACCESS_KEY_ID", "AKIDTEST", 1);
-    setenv("AWS_SECRET_ACCESS_KEY", "test-secret", 1);
-    unsetenv("AWS_SESSION_TOKEN");
-}
 
 static rate_store_t *ddb_store(const char *prefix, bool no_ttl,
                                uint64_t timeout_ns)
@@ -62,7 +55,7 @@ static rate_store_t *ddb_store(const char *prefix, bool no_ttl,
 static int group_setup(void **state)
 {
     (void)state;
-    set_test_credentials();
+    dynalite_credentials();
     port = dynalite_free_port();
     snprintf(endpoint, sizeof endpoint, "http://127.0.0.1:%d", port);
     snprintf(url, sizeof url, "dynamodb://" TABLE "?region=us-east-1&endpoint=%s",
@@ -621,7 +614,7 @@ static void credentials_from_env_and_file(void **state)
     assert_non_null(strstr(err, "go together"));
     o.secret_access_key = "x";
     assert_int_equal(make(url, &o, err, sizeof err), RATE_OK);
-    set_test_credentials();
+    dynalite_credentials();
     assert_int_equal(make(url, NULL, err, sizeof err), RATE_OK);
 }
 

@@ -12,8 +12,9 @@
  * The waiting properties count admissions (not wall time), except the
  * deadline test, which has a stated slack of one second.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "lib/fair_trace.h"
+#include "lib/wait.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -592,15 +593,11 @@ static void prop5_order(bool procs, const char *policy)
         for (int i = 0; i < HEAVY; i++)
             assert_int_equal(pthread_create(&th[i], NULL, heavy_thread, &arg), 0);
     }
-    /* the heavy flow's queue filled (bounded by counting polls) */
+    /* the heavy flow's queue filled */
     rate_fair_stats_t st = {0};
-    for (int i = 0; i < 20000; i++) {
-        assert_int_equal(rate_fair_stats(f, &st), RATE_OK);
-        if (st.waiting >= HEAVY - 1)
-            break;
-        usleep(500);
-    }
-    assert_true(st.waiting >= HEAVY - 1);
+    assert_true(WAIT_UNTIL(rate_fair_stats(f, &st) == RATE_OK &&
+                               st.waiting >= HEAVY - 1,
+                           TEST_WAIT_S));
     uint64_t worst = 0;
     for (int r = 0; r < 20; r++) {
         uint64_t s0 = c->seq;
@@ -693,10 +690,8 @@ static bool on_time(int i, uint64_t took)
 static void wait_for_waiters(rate_fair_t *f, uint64_t n)
 {
     rate_fair_stats_t st = {0};
-    for (int k = 0; k < 20000 && st.waiting < n; k++) {
-        usleep(200);
-        assert_int_equal(rate_fair_stats(f, &st), RATE_OK);
-    }
+    WAIT_UNTIL(rate_fair_stats(f, &st) == RATE_OK && st.waiting >= n,
+               TEST_WAIT_S);
     assert_int_equal(st.waiting, n);
 }
 

@@ -8,7 +8,7 @@
  * one table, answers at once, bad input, and freeing with waiters.
  * Orders are counted, not timed; the deadline checks have a stated slack.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 
 #include <pthread.h>
 #include <string.h>

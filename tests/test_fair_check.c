@@ -6,7 +6,7 @@
  * robust lock's repair).  White box: this file includes the fair table's
  * private headers (src/fair/table.h) to read the table.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -13,7 +13,7 @@
  * (its definitions take the place of the library's) to reach the
  * asynchronous waiters' records.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 
 #include <errno.h>
 #include <linux/futex.h>

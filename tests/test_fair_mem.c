@@ -7,7 +7,7 @@
  * itself (its definitions take the place of the library's) to reach the
  * table's lock and entries and to hook the path without the lock.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 
 #include <errno.h>
 #include <pthread.h>

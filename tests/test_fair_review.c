@@ -4,7 +4,8 @@
  * by attacking the fair table: virtual time over long runs; a process
  * killed while its waiter was the next one.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
+#include "lib/wait.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -69,16 +70,13 @@ static void *wait_b(void *p)
     return NULL;
 }
 
-/* Waits (bounded by counting) until the table holds n waiters. */
+/* Waits until the table holds n waiters. */
 static void until_waiting(rate_fair_t *f, uint64_t n)
 {
-    rate_fair_stats_t st;
-    for (int i = 0; i < 20000; i++) {
-        assert_int_equal(rate_fair_stats(f, &st), RATE_OK);
-        if (st.waiting == n)
-            return;
-        usleep(1000);
-    }
+    rate_fair_stats_t st = {0};
+    if (WAIT_UNTIL(rate_fair_stats(f, &st) == RATE_OK && st.waiting == n,
+                   TEST_WAIT_S))
+        return;
     fail_msg("never %llu waiters (%llu)", (unsigned long long)n,
              (unsigned long long)st.waiting);
 }

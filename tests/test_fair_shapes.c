@@ -18,7 +18,7 @@
  * Requests are the not-waiting call (rate_fair_check_at) at the trace's
  * times; the limit is 50 a second (a token bucket's burst 50).
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "lib/fair_shapes.h"
 #include "lib/tmpdir.h"
 #include <stdlib.h>

@@ -4,8 +4,8 @@
  * hand-worked cases, each output also parsed as a structured-field list
  * (sf_check.h), and the listener of a limiter.
  */
-#include "helpers.h"
-#include "sf_check.h"
+#include "lib/helpers.h"
+#include "lib/sf_check.h"
 #include "ratelimit_http.h"
 
 /* ---------------------------------------------------------------- names */

@@ -15,8 +15,9 @@
 #include <ratelimit_lease.h>
 #include <ratelimit_shm.h>
 
-#include "helpers.h"
-#include "lease_holders.h"
+#include "lib/helpers.h"
+#include "lib/lease_holders.h"
+#include "lib/wait.h"
 
 static rate_inflight_policy_t *ipolicy(const char *text)
 {
@@ -661,10 +662,8 @@ static void run_pressure(rate_store_t *store)
         snprintf(key, sizeof key, "short-%d", i);
         assert_true(take(in, key, RATE_LEASE_NORMAL, &all[i], &d));
     }
-    struct timespec pause = {0, 2000000}; /* past the 1 ms TTL */
-    uint64_t last = all[PRESSURE_KEYS - 1].expires_ns;
-    while (rate_clock_monotonic_ns() <= last)
-        nanosleep(&pause, NULL);
+    uint64_t last = all[PRESSURE_KEYS - 1].expires_ns; /* past the TTL */
+    assert_true(WAIT_UNTIL(rate_clock_monotonic_ns() > last, TEST_WAIT_S));
     assert_true(take(in, "newer", RATE_LEASE_NORMAL, &l, &d));
     assert_int_equal(rate_inflight_release(in, "newer", 5, &l), RATE_OK);
     rate_inflight_free(in);

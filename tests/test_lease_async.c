@@ -32,7 +32,7 @@
 #include <ratelimit_uv.h>
 
 #include "lib/rng.h"
-#include "redis_fixture.h"
+#include "lib/redis_fixture.h"
 
 #ifndef RATE_MODULE_PATH
 #error "RATE_MODULE_PATH: the path of ratelimit.so"
@@ -228,18 +228,14 @@ static void differential(int path, const char *policy)
     call_t w = {0};
     rate_lease_t wl;
     rate_decision_t wd;
-    for (int i = 0; i < 50; i++) {
-        w.calls = 0;
-        if (rate_inflight_acquire_start(red, "warm", 4, RATE_LEASE_NORMAL,
-                                        &wl, &wd, on_lease,
-                                        &w) == RATE_PENDING) {
-            pending++;
-            wait_all(&uvl);
-        }
-        if (w.rc == RATE_OK)
-            break;
-        usleep(10000);
-    }
+    WAIT_UNTIL((w.calls = 0,
+                rate_inflight_acquire_start(red, "warm", 4, RATE_LEASE_NORMAL,
+                                            &wl, &wd, on_lease,
+                                            &w) == RATE_PENDING
+                    ? (pending++, wait_all(&uvl))
+                    : (void)0,
+                w.rc == RATE_OK),
+               TEST_WAIT_S);
     assert_int_equal(w.rc, RATE_OK);
     /* Under a policy with rate limits the first acquire goes in two steps
      * (the policy's record is written through the loop, never waited
@@ -411,18 +407,16 @@ static void many(void **state)
     memset(c, 0, sizeof c);
     int granted = 0, denied = 0, errors = 0;
     /* Started at once, answered later (after a first connection). */
-    for (int tries = 0; tries < 100; tries++) {
+    {
         rate_lease_t l;
         rate_decision_t d;
-        call_t w = {0};
-        if (rate_inflight_acquire_start(in, "w", 1, RATE_LEASE_NORMAL, &l, &d,
-                                        on_lease, &w) == RATE_PENDING) {
-            pending++;
-            wait_all(&uvl);
-            if (w.rc == RATE_OK)
-                break;
-        }
-        usleep(10000);
+        call_t w;
+        assert_true(WAIT_UNTIL(
+            (memset(&w, 0, sizeof w),
+             rate_inflight_acquire_start(in, "w", 1, RATE_LEASE_NORMAL, &l,
+                                         &d, on_lease, &w) == RATE_PENDING &&
+                 (pending++, wait_all(&uvl), w.rc == RATE_OK)),
+            TEST_WAIT_S));
     }
     for (int i = 0; i < MANY; i++) {
         rate_lease_t l;
@@ -501,8 +495,7 @@ static void faults(int path)
     rate_store_t *as = async_store(&loop, "lf:", path, false);
     rate_inflight_t *in = inflight_of("concurrency 2 ttl=1h", as, NULL);
     call_t a, b;
-    for (int i = 0; i < 100 && acquire_now(in, &uvl, &a)->rc != RATE_OK; i++)
-        usleep(10000);
+    WAIT_UNTIL(acquire_now(in, &uvl, &a)->rc == RATE_OK, TEST_WAIT_S);
     assert_int_equal(a.rc, RATE_OK);
     assert_true(a.d.allowed);
     /* Stopped: each call's store error, once. */
@@ -528,17 +521,13 @@ static void faults(int path)
         start_server(NULL, NULL);
     call_t r = {0};
     int rc = RATE_ESTORE;
-    for (int i = 0; i < 600 && rc != RATE_OK && rc != RATE_ELEASE; i++) {
-        r.calls = 0;
-        rc = rate_inflight_release_start(in, "f", 1, &a.lease, on_lease, &r);
-        if (rc == RATE_PENDING) {
-            pending++;
-            wait_all(&uvl);
-            rc = r.rc;
-        }
-        if (rc != RATE_ELEASE)
-            usleep(10000);
-    }
+    WAIT_UNTIL((r.calls = 0,
+                rc = rate_inflight_release_start(in, "f", 1, &a.lease,
+                                                 on_lease, &r),
+                rc == RATE_PENDING ? (pending++, wait_all(&uvl), rc = r.rc)
+                                   : rc,
+                rc == RATE_OK || rc == RATE_ELEASE),
+               TEST_WAIT_S);
     assert_int_equal(rc, RATE_ELEASE); /* lost with the server's data */
     /* Exact: two granted, the third denied. */
     for (int i = 0; i < 3; i++) {
@@ -577,8 +566,8 @@ static void function_flush(void **state)
     rate_inflight_t *in =
         inflight_of("concurrency 5 ttl=1h; fixed-window 3/h", as, NULL);
     call_t a;
-    for (int i = 0; i < 100 && acquire_now(in, &uvl, &a)->rc != RATE_OK; i++)
-        usleep(10000); /* the first: connected, the policy's record */
+    /* the first: connected, the policy's record */
+    WAIT_UNTIL(acquire_now(in, &uvl, &a)->rc == RATE_OK, TEST_WAIT_S);
     assert_true(a.d.allowed);
     for (int i = 0; i < 3; i++) {
         redisContext *c = raw();
@@ -608,8 +597,7 @@ static void free_in_flight(void **state)
     rate_store_t *as = async_store(&loop, "lx:", BY_SCRIPT, false);
     rate_inflight_t *in = inflight_of("concurrency 2 ttl=1h", as, NULL);
     call_t w;
-    for (int i = 0; i < 100 && acquire_now(in, &uvl, &w)->rc != RATE_OK; i++)
-        usleep(10000);
+    WAIT_UNTIL(acquire_now(in, &uvl, &w)->rc == RATE_OK, TEST_WAIT_S);
     call_t c[5];
     memset(c, 0, sizeof c);
     for (int i = 0; i < 5; i++) {

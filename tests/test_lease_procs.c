@@ -29,8 +29,9 @@
 #include <ratelimit_lease.h>
 #include <ratelimit_shm.h>
 
-#include "helpers.h"
-#include "lease_holders.h"
+#include "lib/helpers.h"
+#include "lib/lease_holders.h"
+#include "lib/wait.h"
 
 static char path[128];
 
@@ -188,11 +189,7 @@ static pid_t holder(const rate_inflight_policy_t *p, shared_t *sh)
 
 static void wait_ready(shared_t *sh, int n)
 {
-    /* Bounded by count: 60000 polls of 1 ms. */
-    for (int i = 0; i < 60000 && sh->ready < n; i++) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
+    WAIT_UNTIL(sh->ready >= n, TEST_WAIT_S);
     assert_int_equal(sh->ready, n);
 }
 
@@ -280,12 +277,9 @@ static void test_chaos_expiry(void **state)
     uint64_t n = held_of(in, "k");
     assert_true(n <= HOLDERS * EACH);
     /* Each lease is gone by its TTL after it was taken (before the kill):
-     * poll, 1 ms apart, a bounded count; the reclaim must come within the
-     * TTL (300 ms) plus a slack of 5 s for a loaded machine's polling. */
-    for (int i = 0; i < 60000 && (n = held_of(in, "k")) > 0; i++) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
+     * the reclaim must come within the TTL (300 ms) plus a slack of 5 s
+     * for a loaded machine's polling. */
+    WAIT_UNTIL((n = held_of(in, "k")) == 0, TEST_WAIT_S);
     uint64_t gone_at = rate_clock_monotonic_ns();
     assert_int_equal(n, 0);
     assert_true(gone_at - killed_at <= 300 * MS + 5 * SEC);

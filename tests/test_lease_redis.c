@@ -23,8 +23,8 @@
 #include <ratelimit_lease.h>
 
 #include "lib/redis_cluster.h"
-#include "lease_holders.h"
-#include "redis_fixture.h"
+#include "lib/lease_holders.h"
+#include "lib/redis_fixture.h"
 
 static rate_inflight_policy_t *ipolicy(const char *text)
 {
@@ -149,10 +149,7 @@ static void test_chaos(void **state)
                 pause();
         }
     }
-    for (int i = 0; i < 60000 && sh->ready < HOLDERS; i++) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
+    WAIT_UNTIL(sh->ready >= HOLDERS, TEST_WAIT_S);
     assert_int_equal(sh->ready, HOLDERS);
     for (int k = 0; k < HOLDERS; k++) {
         int status;
@@ -163,10 +160,7 @@ static void test_chaos(void **state)
     rate_inflight_t *in = inflight(p, s);
     uint64_t n = held_of(in, "k");
     assert_true(n <= HOLDERS * EACH);
-    for (int i = 0; i < 60000 && (n = held_of(in, "k")) > 0; i++) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
+    WAIT_UNTIL((n = held_of(in, "k")) == 0, TEST_WAIT_S);
     assert_int_equal(n, 0);
     rate_lease_t l[7];
     rate_decision_t d;
@@ -273,21 +267,13 @@ static void run_faults(lease_path_t path)
      * out may still have run once the server went on (a one-round-trip
      * acquire or release is one command): b may be held, a released. */
     uint64_t n = UINT64_MAX;
-    for (int i = 0; i < 600; i++) {
-        if (rate_inflight_held(in, "f", 1, &n) == RATE_OK)
-            break;
-        struct timespec ts = {0, 10000000};
-        nanosleep(&ts, NULL);
-    }
+    WAIT_UNTIL(rate_inflight_held(in, "f", 1, &n) == RATE_OK, TEST_WAIT_S);
     assert_true(n <= 2);
     rc = rate_inflight_release(in, "f", 1, &a);
     assert_true(rc == RATE_OK || rc == RATE_ELEASE || rc == RATE_EEXPIRED);
     /* Whatever ran, nothing leaks past the TTL: the count comes back to 0
-     * (polled up to 60 s for a 1 s TTL). */
-    for (int i = 0; i < 6000 && (n = held_of(in, "f")) > 0; i++) {
-        struct timespec ts = {0, 10000000};
-        nanosleep(&ts, NULL);
-    }
+     * (waited for up to TEST_WAIT_S for a 1 s TTL). */
+    WAIT_UNTIL((n = held_of(in, "f")) == 0, TEST_WAIT_S);
     assert_int_equal(n, 0);
     rate_inflight_free(in);
     rate_inflight_policy_free(brief);
@@ -307,12 +293,7 @@ static void run_faults(lease_path_t path)
     assert_true(rc == RATE_ESTORE || rc == RATE_ETIMEDOUT);
     restart_for(path);
     n = UINT64_MAX;
-    for (int i = 0; i < 600; i++) {
-        if (rate_inflight_held(in, "k", 1, &n) == RATE_OK)
-            break;
-        struct timespec ts = {0, 10000000};
-        nanosleep(&ts, NULL);
-    }
+    WAIT_UNTIL(rate_inflight_held(in, "k", 1, &n) == RATE_OK, TEST_WAIT_S);
     assert_int_equal(n, 0); /* lost with the server's data */
     assert_int_equal(rate_inflight_release(in, "k", 1, &a), RATE_ELEASE);
     assert_int_equal(rate_inflight_extend(in, "k", 1, &a, 0), RATE_ELEASE);

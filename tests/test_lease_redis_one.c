@@ -15,7 +15,7 @@
 
 #include <hiredis/hiredis.h>
 
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "lib/redis_cluster.h"
 #include "lib/rng.h"
 

@@ -4,7 +4,7 @@
  * on one key, the blocking acquire on an injected clock, tier changes that
  * keep a key's state, and the fail mode when the store fails.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 
 static void bad_input(void **state)
 {

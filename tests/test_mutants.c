@@ -4,7 +4,7 @@
  * each case names the line of behaviour it holds.  Memory and CAS stores only; the Redis ones
  * are in test_redis_mutants.c.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 
 #include "registry.h"
 

@@ -3,7 +3,7 @@
  * The command's input parsers, line by line: trace lines (spec) and access
  * logs in Common / Combined Log Format, well-formed and malformed.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 
 #include "keymap.h"
 #include "trace.h"

@@ -3,7 +3,7 @@
  * The policy text form and validation: every bad part gets an error that
  * names it.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 
 /* Two limits field by field (a struct's padding is not data). */
 static void expect_same_limit(const rate_limit_t *a, const rate_limit_t *b)

@@ -11,7 +11,7 @@
  */
 #include <unistd.h>
 
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "ratelimit_shm.h"
 
 typedef struct frac {

@@ -5,9 +5,9 @@
  *
  * - found to be a cluster from any node (a seed list whose first seed is
  *   dead too); a database other than 0 refused;
- * - differential traces against the memory store, keys over every master,
- *   rate_store_redis_touch reaching every key, and rate_store_redis_drop
- *   clearing every master;
+ * - keys over every master, rate_store_redis_touch reaching every key,
+ *   and rate_store_redis_drop clearing every master (that a cluster's
+ *   decisions are the memory store's is the store matrix's);
  * - `ratelimit replay --store redis://<a node>` printing the memory
  *   store's output byte for byte, and leaving no key on any master;
  * - slots moved under callers (SETSLOT IMPORTING / MIGRATING, MIGRATE,
@@ -30,7 +30,7 @@
 #include <stdatomic.h>
 
 #include "../src/store/redis/cluster.h"
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "lib/redis_cluster.h"
 #include "lib/wait.h"
 #include "ratelimit_redis.h"
@@ -125,7 +125,10 @@ static void found_from_any_node(void **state)
 
 /* ------------------------------------------------------ differential */
 
-static void same_decisions_as_memory(void **state)
+/* Keys of every policy spread over every master; touch reaches every
+ * key and drop clears every master.  (That the cluster's decisions are
+ * the memory store's is the store matrix's, tests/test_stores.c.) */
+static void keys_over_every_master(void **state)
 {
     (void)state;
     static const char *policies[] = {
@@ -134,37 +137,24 @@ static void same_decisions_as_memory(void **state)
         "token-bucket 5/s burst=3 block=700ms", /* the C step, by CAS */
     };
     rate_store_t *rs = cstore(NULL, "cdiff:");
-    unsigned checked = 0;
+    unsigned answered = 0;
     for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
-        rate_store_t *ms;
-        assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
-        rate_limiter_t *lm = limiter_of(policies[p], ms);
         rate_limiter_t *lr = limiter_of(policies[p], rs);
         uint64_t t = SEC;
-        for (int i = 0; i < 600; i++) {
+        for (int i = 0; i < 120; i++) {
             char key[32];
             snprintf(key, sizeof key, i % 7 ? "p%zu:k%d" : "p%zu}b{%d", p,
-                     (int)rnd(60));
+                     i % 60);
             t += rnd(150) * MS;
-            uint64_t n = 1 + rnd(2);
-            rate_decision_t a = at(lm, key, t, n, 0);
-            rate_decision_t b = at(lr, key, t, n, 0);
-            if (memcmp(&a, &b, sizeof a) != 0)
-                fail_msg("%s, request %d key %s: memory allowed=%d rem=%llu "
-                         "retry=%llu; cluster allowed=%d reason=%d err=%d "
-                         "rem=%llu retry=%llu",
-                         policies[p], i, key, a.allowed,
-                         (unsigned long long)a.remaining,
-                         (unsigned long long)a.retry_after_ns, b.allowed,
-                         b.reason, b.error, (unsigned long long)b.remaining,
-                         (unsigned long long)b.retry_after_ns);
-            checked++;
+            rate_decision_t b = at(lr, key, t, 1 + rnd(2), 0);
+            if (b.reason == RATE_REASON_STORE_ERROR)
+                fail_msg("%s, request %d key %s: %s", policies[p], i, key,
+                         rate_err_name(b.error));
+            answered++;
         }
-        rate_limiter_free(lm);
         rate_limiter_free(lr);
-        rate_store_free(ms);
     }
-    assert_int_equal(checked, 3600);
+    assert_int_equal(answered, 720);
     unsigned masters = 0, total = 0;
     for (int i = 0; i < RCL_NODES; i++)
         if (rcl_is_master(&cl, i)) {
@@ -667,7 +657,7 @@ int main(int argc, char **argv)
     binary = argv[1];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(found_from_any_node),
-        cmocka_unit_test(same_decisions_as_memory),
+        cmocka_unit_test(keys_over_every_master),
         cmocka_unit_test(replay_byte_for_byte),
         cmocka_unit_test(stopped_master_opens_its_breaker_only),
         cmocka_unit_test(drop_goes_on_past_a_stopped_master),

@@ -3,7 +3,8 @@
  * ratelimit.so, the Redis module, in a private redis-server started with
  * --loadmodule: the store over the module against the memory store and
  * the store over the scripts, field by field (the module and the scripts
- * also taking turns on the same keys); the expiry against the server's
+ * also taking turns on the same keys; the module at the boundaries of
+ * small random policies is the store matrix's, tests/test_stores.c); the expiry against the server's
  * TIME; a replica and an AOF reload ending with the same bytes and
  * expiries; the store falling back to the scripts when the module is
  * absent or unloaded mid-run; CL.THROTTLE against hand-worked vectors of
@@ -15,7 +16,7 @@
 
 #include <hiredis/hiredis.h>
 
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "lib/redis_server.h"
 
 #include <ratelimit_store.h>
@@ -197,64 +198,6 @@ static void three_ways_same(void **state)
     rate_store_free(rl);
     rate_store_free(tm);
     rate_store_free(tl);
-}
-
-/* Small random policies and nanosecond steps, so that refills completing
- * exactly now, window edges and log expiries happen all the time (and
- * idle gaps past 2^50 ns): the module against memory. */
-static void same_at_the_boundaries(void **state)
-{
-    (void)state;
-    rate_store_t *rs = store_on(url, "edge:", true, RATE_REDIS_MODULE_ON);
-    unsigned checked = 0;
-    for (int algo = 1; algo <= 5; algo++) {
-        for (int trace = 0; trace < 8; trace++) {
-            rate_limit_t lim = {(rate_algorithm_t)algo, 1 + rnd(5),
-                                1 + rnd(997), algo <= 2 ? 1 + rnd(4) : 0, 0, {0}};
-            rate_policy_t *p;
-            assert_int_equal(rate_policy_new(&lim, 1, &p, NULL, 0), RATE_OK);
-            rate_store_t *ms;
-            assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
-            rate_limiter_config_t cfg = {0};
-            rate_limiter_t *lm, *lr;
-            cfg.policy = p;
-            cfg.store = ms;
-            assert_int_equal(rate_limiter_new(&cfg, &lm), RATE_OK);
-            cfg.store = rs;
-            assert_int_equal(rate_limiter_new(&cfg, &lr), RATE_OK);
-            char key[32];
-            snprintf(key, sizeof key, "%d-%d", algo, trace);
-            uint64_t t = rnd(3000);
-            for (int i = 0; i < 60; i++) {
-                if (rnd(10) == 0 && t > 50)
-                    t -= rnd(50);
-                else if (rnd(40) == 0)
-                    t += (UINT64_C(1) << 51) + rnd(SEC);
-                else
-                    t += rnd(4) == 0 ? 0 : rnd(lim.period_ns * 2);
-                uint64_t cap = algo <= 2 ? lim.burst : lim.limit;
-                uint64_t n = rnd(cap + 2);
-                uint64_t mw = algo <= 2 && rnd(3) == 0 ? rnd(3000) : 0;
-                rate_decision_t a, b;
-                assert_int_equal(rate_limiter_check_at(lm, key, strlen(key), n,
-                                                       mw, t, &a),
-                                 RATE_OK);
-                assert_int_equal(rate_limiter_check_at(lr, key, strlen(key), n,
-                                                       mw, t, &b),
-                                 RATE_OK);
-                expect_same_decision(&a, &b, key, "module", i, t, n, mw);
-                checked++;
-            }
-            rate_limiter_free(lm);
-            rate_limiter_free(lr);
-            rate_store_free(ms);
-            rate_policy_free(p);
-        }
-    }
-    assert_int_equal(checked, 5 * 8 * 60);
-    assert_true(status_of(rs).module_decisions >= checked);
-    rate_store_redis_drop(rs);
-    rate_store_free(rs);
 }
 
 /* ------------------------------------------------------------ expiry */
@@ -1028,7 +971,6 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(three_ways_same),
-        cmocka_unit_test(same_at_the_boundaries),
         cmocka_unit_test(expiry_never_early),
         cmocka_unit_test(replica_same_state),
         cmocka_unit_test(aof_reload_same_state),

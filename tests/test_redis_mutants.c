@@ -20,7 +20,7 @@
 
 #include <hiredis/hiredis.h>
 
-#include "redis_fixture.h"
+#include "lib/redis_fixture.h"
 #include "ratelimit_redis.h"
 
 /* ------------------------------------------------------ commands seen */

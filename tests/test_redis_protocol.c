@@ -10,8 +10,8 @@
 #include <hiredis/hiredis.h>
 
 #include "../src/store/redis/protocol.h"
-#include "helpers.h"
-#include "redis_reply.h"
+#include "lib/helpers.h"
+#include "lib/redis_reply.h"
 
 static rate__redis_proto_t proto(bool lean)
 {

@@ -10,8 +10,8 @@
 #include <hiredis/hiredis.h>
 
 #include "../src/store/redis/cluster.h"
-#include "helpers.h"
-#include "redis_reply.h"
+#include "lib/helpers.h"
+#include "lib/redis_reply.h"
 
 static void crc16_and_slots(void **state)
 {

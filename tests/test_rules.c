@@ -10,10 +10,10 @@
 #include <pthread.h>
 #include <unistd.h>
 
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "http/http.h"
 #include "ratelimit_http.h"
-#include "sf_check.h"
+#include "lib/sf_check.h"
 #include "lib/tmpdir.h"
 
 static fake_clock_t fclock;

@@ -12,11 +12,11 @@
 #include <stdatomic.h>
 #include <unistd.h>
 
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "http/http.h"
 #include "ratelimit_http.h"
 #include "ratelimit_lease.h"
-#include "sf_check.h"
+#include "lib/sf_check.h"
 #include "lib/tmpdir.h"
 
 static fake_clock_t fclock;

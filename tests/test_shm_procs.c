@@ -18,7 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "helpers.h"
+#include "lib/helpers.h"
+#include "lib/rng.h"
 #include "ratelimit_store.h"
 #include "ratelimit_shm.h"
 
@@ -303,7 +304,7 @@ static void chaos_worker(chaos_t *c, int slot)
     }
     rate_limiter_t *big = limiter_of(BIG_POLICY, s);
     rate_limiter_t *small = limiter_of(SMALL_POLICY, s);
-    rate_limiter_t *rnd = limiter_of("token-bucket 1/ms burst=2", s);
+    rate_limiter_t *churn = limiter_of("token-bucket 1/ms burst=2", s);
     while (!atomic_load(&c->stop)) {
         uint64_t t0 = now_ns();
         rate_decision_t d;
@@ -321,14 +322,12 @@ static void chaos_worker(chaos_t *c, int slot)
         atomic_store(&c->w[slot].in_small, 0);
         /* Keys coming and going: inserts, evictions, removals. */
         char key[16];
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        rnd_next(&x);
         snprintf(key, sizeof key, "r%u", (unsigned)(x % 1000));
         if (x % 16 == 0) {
-            if (rate_limiter_reset(rnd, key, strlen(key)) != RATE_OK)
+            if (rate_limiter_reset(churn, key, strlen(key)) != RATE_OK)
                 atomic_fetch_add(&c->w[slot].errors, 1);
-        } else if (rate_limiter_check(rnd, key, strlen(key), 1, 0, &d) !=
+        } else if (rate_limiter_check(churn, key, strlen(key), 1, 0, &d) !=
                        RATE_OK ||
                    d.reason == RATE_REASON_STORE_ERROR) {
             atomic_fetch_add(&c->w[slot].errors, 1);
@@ -340,7 +339,7 @@ static void chaos_worker(chaos_t *c, int slot)
     }
     rate_limiter_free(big);
     rate_limiter_free(small);
-    rate_limiter_free(rnd);
+    rate_limiter_free(churn);
     rate_store_free(s);
     _exit(0);
 }
@@ -374,9 +373,7 @@ static void workers_killed_at_random(void **state)
     }
     uint64_t start = now_ns();
     for (unsigned k = 0; k < kills; k++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        rnd_next(&x);
         struct timespec ts = {0, (long)(x % 2000000)}; /* up to 2 ms */
         nanosleep(&ts, NULL);
         int v = (int)((x >> 24) % WORKERS);

@@ -9,7 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "ratelimit_shm.h"
 #include "ratelimit_synced.h"
 #ifdef RATE_WITH_DYNAMODB

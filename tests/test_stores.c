@@ -2,13 +2,15 @@
 /*
  * The store matrix over every store this build has (tests/lib/
  * store_matrix.h): memory, the compare-and-set test store (public headers
- * only), shared memory, Redis through its scripts, Redis through
- * ratelimit.so, a Redis Cluster, the asynchronous Redis store on libuv and
- * on libevent, and DynamoDB (dynalite).  Each server is private, on a free
+ * only), shared memory (a file, a file through a prefix, the caller's
+ * memory; each region checked after each case), Redis through its
+ * scripts, Redis through ratelimit.so, a Redis Cluster, the asynchronous
+ * Redis store on libuv and on libevent, and DynamoDB (dynalite).  Each server is private, on a free
  * loopback port, stopped by its PID.  `RATE_STORES=shm,redis test_stores`
  * runs some of them.  Each back end's own suite keeps only its own failure
  * modes.
  */
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -54,31 +56,66 @@ static int make_cas(store_kind_t *k, rate_store_t **out)
 
 /* ------------------------------------------------------------- shm */
 
-static char shm_path[128];
+/* The three ways to hold a region: a file, a file again through a
+ * namespace (a prefix), memory of the caller's own. */
+typedef enum { SHM_FILE, SHM_PREFIX, SHM_IN } shm_way_t;
+
+typedef struct shm_kind {
+    shm_way_t way;
+    char path[128];
+    void *mem; /* SHM_IN: the caller's region */
+    size_t len;
+} shm_kind_t;
 
 static int make_shm(store_kind_t *k, rate_store_t **out)
 {
-    (void)k;
+    shm_kind_t *h = k->ud;
     rate_shm_options_t o = {0};
     char err[256] = "";
-    snprintf(shm_path, sizeof shm_path, "/dev/shm/rl-test-stores-%ld-%u",
-             (long)getpid(), namespaces++);
-    unlink(shm_path);
     o.max_keys = 256;
     o.key_max = RATE_KEY_MAX + 64; /* the longest key and its prefix */
     o.state_max = 65536;           /* a sliding log of 3000 entries */
-    int rc = rate_store_shm_new(shm_path, &o, out, err, sizeof err);
-    if (rc != RATE_OK)
-        fprintf(stderr, "shm: %s\n", err);
-    return rc;
+    o.max_policies = 256;          /* the random policies of a case */
+    int rc;
+    if (h->way == SHM_IN) {
+        h->len = rate_store_shm_size(&o);
+        h->mem = mmap(NULL, h->len, PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        assert_true(h->mem != MAP_FAILED);
+        rc = rate_store_shm_new_in(h->mem, h->len, &o, out, err, sizeof err);
+    } else {
+        snprintf(h->path, sizeof h->path, "/dev/shm/rl-test-stores-%ld-%u",
+                 (long)getpid(), namespaces++);
+        unlink(h->path);
+        if (h->way == SHM_PREFIX)
+            o.prefix = "ns1:";
+        rc = rate_store_shm_new(h->path, &o, out, err, sizeof err);
+    }
+    return sm_made(k, rc, err);
 }
 
+/* The region still whole after the case (rate_store_shm_check), then
+ * gone. */
 static void drop_shm(store_kind_t *k, rate_store_t *s)
 {
-    (void)k;
+    shm_kind_t *h = k->ud;
+    char err[256] = "";
+    int rc = rate_store_shm_check(s, err, sizeof err);
+    if (rc != RATE_OK)
+        fail_msg("%s: the region's check: %s: %s", k->name, rate_err_name(rc),
+                 err);
+    if (h->way == SHM_PREFIX)
+        assert_int_equal(rate_store_shm_drop(s), RATE_OK);
     rate_store_free(s);
-    unlink(shm_path);
+    if (h->way == SHM_IN)
+        munmap(h->mem, h->len);
+    else
+        unlink(h->path);
 }
+
+static shm_kind_t shm_file = {.way = SHM_FILE};
+static shm_kind_t shm_prefix = {.way = SHM_PREFIX};
+static shm_kind_t shm_in = {.way = SHM_IN};
 
 #ifdef RATE_WITH_REDIS
 /* ----------------------------------------------------------- Redis */
@@ -171,9 +208,7 @@ static int make_redis(store_kind_t *k, rate_store_t **out)
     else
 #endif
         rc = rate_store_redis_new(r->url, &o, out, err, sizeof err);
-    if (rc != RATE_OK)
-        fprintf(stderr, "%s: %s\n", k->name, err);
-    return rc;
+    return sm_made(k, rc, err);
 }
 
 static void drop_redis(store_kind_t *k, rate_store_t *s)
@@ -220,9 +255,7 @@ static char ddb_url[160];
 static int start_dynamodb(store_kind_t *k, char *why, size_t len)
 {
     (void)k;
-    setenv("AWS_ACCESS_KEY_ID", "AKIDTEST", 1);
-    setenv("AWS_SECRET_ACCESS_KEY", "test-secret", 1);
-    unsetenv("AWS_SESSION_TOKEN");
+    dynalite_credentials();
     int port = dynalite_free_port();
     if (dynalite_program() == NULL) {
         snprintf(why, len, "no dynalite (make deps installs it: "
@@ -233,10 +266,7 @@ static int start_dynamodb(store_kind_t *k, char *why, size_t len)
         snprintf(why, len, "dynalite could not start");
         return 1;
     }
-    snprintf(ddb_url, sizeof ddb_url,
-             "dynamodb://ratelimit-matrix?region=us-east-1&endpoint="
-             "http://127.0.0.1:%d",
-             port);
+    dynalite_url(ddb_url, sizeof ddb_url, "ratelimit-matrix", port);
     return 0;
 }
 
@@ -258,9 +288,7 @@ static int make_dynamodb(store_kind_t *k, rate_store_t **out)
     o.request_timeout_ns = 30 * SEC; /* generous, as for Redis */
     o.connect_timeout_ns = 30 * SEC;
     int rc = rate_store_dynamodb_new(ddb_url, &o, out, err, sizeof err);
-    if (rc != RATE_OK)
-        fprintf(stderr, "%s: %s\n", k->name, err);
-    return rc;
+    return sm_made(k, rc, err);
 }
 
 static void drop_dynamodb(store_kind_t *k, rate_store_t *s)
@@ -276,7 +304,10 @@ int main(void)
     store_kind_t kinds[] = {
         {.name = "memory", .make = make_memory},
         {.name = "cas", .make = make_cas},
-        {.name = "shm", .make = make_shm, .drop = drop_shm},
+        {.name = "shm", .make = make_shm, .drop = drop_shm, .ud = &shm_file},
+        {.name = "shm_prefix", .make = make_shm, .drop = drop_shm,
+         .ud = &shm_prefix},
+        {.name = "shm_in", .make = make_shm, .drop = drop_shm, .ud = &shm_in},
 #ifdef RATE_WITH_REDIS
         {.name = "redis", .start = start_redis, .stop = stop_redis,
          .make = make_redis, .drop = drop_redis, .ud = &redis_scripts},

@@ -7,7 +7,7 @@
  * bad input.  "Processes" here are synced limiters on one remote: each
  * keeps its own leases, as a process does.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "lib/wait.h"
 
 #include <pthread.h>

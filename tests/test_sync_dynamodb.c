@@ -7,20 +7,16 @@
  * what was not admitted, and far fewer requests than decisions.  Skipped
  * (77) without dynalite, failed under CI=true.
  */
-#include "helpers.h"
+#include "lib/helpers.h"
 #include "lib/dynalite_server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdatomic.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
 #include <pthread.h>
 #include "ratelimit_dynamodb.h"
 #include "ratelimit_synced.h"
-#include "sync_deadline.h"
 
 static pid_t server;
 static int port;
@@ -45,13 +41,9 @@ static rate_store_t *ddb_store(bool create)
 static int group_setup(void **state)
 {
     (void)state;
-    setenv("AWS_ACCESS_KEY_ID", "AKIDTEST", 1);
-    setenv("AWS_SECRET_ACCESS_KEY", "test-secret", 1);
-    unsetenv("AWS_SESSION_TOKEN");
+    dynalite_credentials();
     port = dynalite_free_port();
-    snprintf(url, sizeof url,
-             "dynamodb://ratelimit-sync?region=us-east-1&endpoint="
-             "http://127.0.0.1:%d", port);
+    dynalite_url(url, sizeof url, "ratelimit-sync", port);
     server = dynalite_start(port);
     return server == 0 ? -1 : 0;
 }
@@ -133,138 +125,6 @@ static void synced_over_dynamodb(void **state)
     rate_policy_free(p);
 }
 
-/* ------------------------------------------ one deadline per decision */
-
-/* A delay line in front of dynalite: each request (the first bytes a
- * client sends after the last answer, or after it connected) is passed
- * on `delay_ms` late (0: at once), the rest and the answers at once.  A
- * thread per connection. */
-typedef struct delay_line {
-    int lfd, port;
-    atomic_int delay_ms;
-} delay_line_t;
-
-typedef struct delay_conn {
-    delay_line_t *dl;
-    int client, upstream;
-    atomic_bool answered; /* an answer came since the last request */
-} delay_conn_t;
-
-static void *delay_down(void *arg)
-{
-    delay_conn_t *dc = arg;
-    char buf[65536];
-    ssize_t n;
-    while ((n = read(dc->upstream, buf, sizeof buf)) > 0) {
-        atomic_store(&dc->answered, true);
-        if (send(dc->client, buf, (size_t)n, MSG_NOSIGNAL) != n)
-            break;
-    }
-    shutdown(dc->client, SHUT_RDWR);
-    return NULL;
-}
-
-static void *delay_up(void *arg)
-{
-    delay_conn_t *dc = arg;
-    pthread_t down;
-    pthread_create(&down, NULL, delay_down, dc);
-    char buf[65536];
-    ssize_t n;
-    while ((n = read(dc->client, buf, sizeof buf)) > 0) {
-        int ms = atomic_load(&dc->dl->delay_ms);
-        if (atomic_exchange(&dc->answered, false) && ms > 0)
-            usleep((useconds_t)ms * 1000);
-        if (send(dc->upstream, buf, (size_t)n, MSG_NOSIGNAL) != n)
-            break;
-    }
-    shutdown(dc->upstream, SHUT_RDWR);
-    pthread_join(down, NULL);
-    close(dc->upstream);
-    close(dc->client);
-    free(dc);
-    return NULL;
-}
-
-static void *delay_accept(void *arg)
-{
-    delay_line_t *dl = arg;
-    for (;;) {
-        int c = accept(dl->lfd, NULL, NULL);
-        if (c < 0)
-            break;
-        struct sockaddr_in sa = {0};
-        sa.sin_family = AF_INET;
-        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        sa.sin_port = htons((uint16_t)port);
-        int u = socket(AF_INET, SOCK_STREAM, 0);
-        delay_conn_t *dc = calloc(1, sizeof *dc);
-        if (dc == NULL || connect(u, (struct sockaddr *)&sa, sizeof sa) != 0) {
-            free(dc);
-            close(u);
-            close(c);
-            continue;
-        }
-        dc->dl = dl;
-        dc->client = c;
-        dc->upstream = u;
-        atomic_init(&dc->answered, true);
-        pthread_t th;
-        pthread_create(&th, NULL, delay_up, dc);
-        pthread_detach(th);
-    }
-    return NULL;
-}
-
-/* A synced decision that borrows twice (the remote has less than a
- * lease: then what it has) makes a GetItem for the first (a denial writes
- * nothing) and a GetItem and a PutItem for the second; all three share
- * one deadline, the store's request timeout from the decision's start.
- * Each request reaches dynalite 650 ms late here, with a 1.2 s timeout:
- * A holds 16 of the 20 permits; B's decision took 0.65 s plus the second
- * borrow's own 1.2 s when each borrow had its own timeout (the defect);
- * within it, the second borrow's PutItem is cut short and the fail mode
- * decides at 1.2 s.  B must return within the timeout plus 0.5 s of
- * slack (the requests are 650 ms apart: a loaded machine's scheduling is
- * far below it). */
-static void synced_decision_within_one_timeout(void **state)
-{
-    (void)state;
-    delay_line_t dl = {0};
-    struct sockaddr_in sa = {0};
-    socklen_t sl = sizeof sa;
-    dl.lfd = socket(AF_INET, SOCK_STREAM, 0);
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(bind(dl.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
-    assert_int_equal(listen(dl.lfd, 16), 0);
-    assert_int_equal(getsockname(dl.lfd, (struct sockaddr *)&sa, &sl), 0);
-    dl.port = ntohs(sa.sin_port);
-    pthread_t acc;
-    pthread_create(&acc, NULL, delay_accept, &dl);
-
-    const uint64_t timeout = 1200 * MS, slack = 500 * MS;
-    char u[200], err[512] = "";
-    snprintf(u, sizeof u,
-             "dynamodb://ratelimit-sync?region=us-east-1&endpoint="
-             "http://127.0.0.1:%d", dl.port);
-    rate_store_t *made = ddb_store(true); /* the table, directly */
-    rate_store_free(made);
-    rate_dynamodb_options_t o = {0};
-    o.prefix = "syncdl:";
-    o.prefix_len = 7;
-    o.request_timeout_ns = timeout;
-    o.connect_timeout_ns = timeout;
-    rate_store_t *rs = NULL;
-    if (rate_store_dynamodb_new(u, &o, &rs, err, sizeof err) != RATE_OK)
-        fail_msg("dynamodb through the delay line: %s", err);
-    synced_decision_within(rs, &dl.delay_ms, 650, timeout, slack);
-    rate_store_free(rs);
-    shutdown(dl.lfd, SHUT_RDWR);
-    close(dl.lfd);
-    pthread_join(acc, NULL);
-}
-
 int main(void)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -272,7 +132,6 @@ int main(void)
         return dynalite_missing("test_sync_dynamodb");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(synced_over_dynamodb),
-        cmocka_unit_test(synced_decision_within_one_timeout),
     };
     int rc = cmocka_run_group_tests(tests, group_setup, group_teardown);
     curl_global_cleanup();

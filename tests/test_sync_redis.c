@@ -9,17 +9,13 @@
  * leases come back by themselves).  Each count is an atomic in memory
  * shared by the processes, added to as each decision is made.
  */
-#include "redis_fixture.h"
+#include "lib/redis_fixture.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include "ratelimit_redis.h"
 #include "ratelimit_synced.h"
-#include "sync_deadline.h"
 #include "lib/wait.h"
 
 #define PROCS 3
@@ -335,113 +331,6 @@ static void remote_killed_and_restarted(void **state)
                  (unsigned long long)atomic_load(&sh->admitted_after));
 }
 
-/* ------------------------------------------ one deadline per decision */
-
-/* A delay line in front of the test's Redis: what a client sends is
- * passed on `delay_ms` after it came (0: at once), the answers at once.
- * One connection at a time (the store's pool of one). */
-typedef struct delay_line {
-    int lfd, port;
-    atomic_int delay_ms;
-    atomic_bool stop;
-    int client, upstream;
-} delay_line_t;
-
-static void *delay_down(void *arg)
-{
-    delay_line_t *dl = arg;
-    char buf[65536];
-    ssize_t n;
-    while ((n = read(dl->upstream, buf, sizeof buf)) > 0)
-        if (send(dl->client, buf, (size_t)n, MSG_NOSIGNAL) != n)
-            break;
-    shutdown(dl->client, SHUT_RDWR);
-    return NULL;
-}
-
-static void *delay_accept(void *arg)
-{
-    delay_line_t *dl = arg;
-    while (!atomic_load(&dl->stop)) {
-        int c = accept(dl->lfd, NULL, NULL);
-        if (c < 0)
-            break;
-        struct sockaddr_in sa = {0};
-        sa.sin_family = AF_INET;
-        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        sa.sin_port = htons((uint16_t)port);
-        int u = socket(AF_INET, SOCK_STREAM, 0);
-        if (connect(u, (struct sockaddr *)&sa, sizeof sa) != 0) {
-            close(u);
-            close(c);
-            continue;
-        }
-        dl->client = c;
-        dl->upstream = u;
-        pthread_t down;
-        pthread_create(&down, NULL, delay_down, dl);
-        char buf[65536];
-        ssize_t n;
-        while ((n = read(c, buf, sizeof buf)) > 0) {
-            int ms = atomic_load(&dl->delay_ms);
-            if (ms > 0)
-                usleep((useconds_t)ms * 1000);
-            if (send(u, buf, (size_t)n, MSG_NOSIGNAL) != n)
-                break;
-        }
-        shutdown(u, SHUT_RDWR);
-        pthread_join(down, NULL);
-        close(u);
-        close(c);
-    }
-    return NULL;
-}
-
-/* A synced decision may make two borrows (the remote has less than a
- * lease: then what it has) and give back an expired lease first; they
- * share one deadline, the remote store's command timeout from the
- * decision's start.  Here each command reaches Redis 1 s late, with a
- * 1.2 s timeout: A holds 16 of the 20 permits, B's decision asks for a
- * lease (denied: 4 left) and then for the 4: 2 s if each borrow had its
- * own timeout (the defect); within it, B's second borrow times out and
- * the fail mode decides, at 1.2 s.  B must return within the timeout
- * plus 0.5 s of slack (the commands are 1 s apart: a loaded machine's
- * scheduling is far below it). */
-static void synced_decision_within_one_timeout(void **state)
-{
-    (void)state;
-    delay_line_t dl = {0};
-    struct sockaddr_in sa = {0};
-    socklen_t sl = sizeof sa;
-    dl.lfd = socket(AF_INET, SOCK_STREAM, 0);
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(bind(dl.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
-    assert_int_equal(listen(dl.lfd, 4), 0);
-    assert_int_equal(getsockname(dl.lfd, (struct sockaddr *)&sa, &sl), 0);
-    dl.port = ntohs(sa.sin_port);
-    pthread_t acc;
-    pthread_create(&acc, NULL, delay_accept, &dl);
-
-    const uint64_t timeout = 1200 * MS, slack = 500 * MS;
-    char u[64], err[256] = "";
-    snprintf(u, sizeof u, "redis://127.0.0.1:%d", dl.port);
-    rate_redis_options_t o = {.prefix = "syncdl:", .pool_size = 1};
-    o.command_timeout_ns = timeout;
-    o.connect_timeout_ns = timeout;
-    o.no_breaker = true;
-    o.module = RATE_REDIS_MODULE_OFF;
-    rate_store_t *rs = NULL;
-    if (rate_store_redis_new(u, &o, &rs, err, sizeof err) != RATE_OK)
-        fail_msg("redis through the delay line: %s", err);
-    synced_decision_within(rs, &dl.delay_ms, 1000, timeout, slack);
-    drop_store(rs);
-    atomic_store(&dl.stop, true);
-    shutdown(dl.lfd, SHUT_RDWR);
-    close(dl.lfd);
-    pthread_join(acc, NULL);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -449,7 +338,6 @@ int main(void)
         cmocka_unit_test(fleet_on_many_keys),
         cmocka_unit_test(process_killed_mid_run),
         cmocka_unit_test(remote_killed_and_restarted),
-        cmocka_unit_test(synced_decision_within_one_timeout),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -63,6 +63,23 @@ static inline void dynalite_stop(pid_t *pid)
     test_stop(pid);
 }
 
+/* The credentials a test's stores sign with (dynalite checks none). */
+static inline void dynalite_credentials(void)
+{
+    setenv("AWS_ACCESS_KEY_ID", "AKIDTEST", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "test-secret", 1);
+    unsetenv("AWS_SESSION_TOKEN");
+}
+
+/* The store URL of `table` on a dynalite at 127.0.0.1:port. */
+static inline void dynalite_url(char *buf, size_t len, const char *table,
+                                int port)
+{
+    snprintf(buf, len,
+             "dynamodb://%s?region=us-east-1&endpoint=http://127.0.0.1:%d",
+             table, port);
+}
+
 /* What a test program does when there is no dynalite: under CI=true it
  * fails (exit 1), else it is skipped (77, ctest's SKIP_RETURN_CODE). */
 static inline int dynalite_missing(const char *test)

@@ -9,7 +9,7 @@
 #define TEST_REDIS_FIXTURE_H
 
 #include "helpers.h"
-#include "lib/redis_server.h"
+#include "redis_server.h"
 #include "ratelimit_redis.h"
 
 static pid_t server;
