@@ -221,6 +221,18 @@ static void at_the_bounds(void **state)
     EXPECT(l, 0, B + 1, TMAX, false, 0, 0, N, TMAX);
     rate_limiter_free(l);
 
+    /* The fullest narrow bucket (B * P = 2^62, 8 bytes of state) at 1 per
+     * 2^31 ns: two reservations of the whole burst leave the deepest debt,
+     * -2^62, and the burst then misses 2^63 scaled tokens, 2^63 ns at 1
+     * per ns: past the clock, so RATE_TIME_MAX, as a wide bucket says (the
+     * narrow layout's own body once said 2^63). */
+    const uint64_t B31 = UINT64_C(1) << 31;
+    l = limiter_c((rate_limit_t){RATE_TOKEN_BUCKET, 1, B31, B31, 0, {0}});
+    EXPECT(l, 0, B31, TMAX, true, 0, 0, 0, UINT64_C(1) << 62);
+    EXPECT(l, 0, B31, TMAX, true, 0, UINT64_C(1) << 62, 0, TMAX);
+    EXPECT(l, 0, B31, 0, false, 0, 0, TMAX, TMAX);
+    rate_limiter_free(l);
+
     /* The largest counts the text takes: 2^63-1 per 2^61 ns. */
     l = limiter_c((rate_limit_t){RATE_TOKEN_BUCKET, TMAX, P, TMAX, 0, {0}});
     EXPECT(l, 0, TMAX, 0, true, 0, 0, 0, P);

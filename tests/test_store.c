@@ -217,6 +217,34 @@ static void max_keys_is_exact(void **state)
     }
 }
 
+/* A store sized for a million keys of 16 bytes holds them in 48 bytes
+ * each at most, everything counted (slots, control bytes, shards): 47.3
+ * with every shard at its share, 0.2 more for each shard the keys' hash
+ * overfills (one store in four has one; four, which would pass 48, is
+ * about one in a million).  49.2 when shards grew past 7/8 full. */
+static void a_million_keys_in_48_bytes(void **state)
+{
+    (void)state;
+    const uint32_t n = 1u << 20;
+    rate_store_t *s;
+    assert_int_equal(rate_store_memory_new(
+                         &(rate_memory_options_t){.max_keys = n}, &s),
+                     RATE_OK);
+    rate_limiter_t *l = limiter_of("token-bucket 1000/s burst=1000000", s);
+    char k[17];
+    for (uint32_t i = 0; i < n; i++) {
+        snprintf(k, sizeof k, "user:%011u", i);
+        assert_true(rate_try_acquire_at(l, k, 1, SEC));
+    }
+    rate_stats_t st;
+    rate_store_stats(s, &st);
+    assert_int_equal(st.keys, n);
+    assert_int_equal(st.evictions, 0);
+    assert_true(st.bytes <= 48ull * n);
+    rate_limiter_free(l);
+    rate_store_free(s);
+}
+
 /* The caller's low-water mark: keys decided only at caller times are
  * reclaimed once cold at the mark, as on the library's clock, and every
  * answer stays the spec's; without a mark none is (another key's time
@@ -342,6 +370,7 @@ int main(void)
         cmocka_unit_test(reclaim_follows_last_write),
         cmocka_unit_test(grows_and_reclaims_unbounded),
         cmocka_unit_test(max_keys_is_exact),
+        cmocka_unit_test(a_million_keys_in_48_bytes),
         cmocka_unit_test(low_water_reclaims),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

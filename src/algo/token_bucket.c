@@ -12,24 +12,19 @@
  * Two layouts of the component, chosen by the limit alone:
  *
  *   narrow  B * P <= 2^62: u in one signed 64-bit word (8 bytes), the
- *           common case; its functions are in token_bucket.h, in 64-bit
- *           words, and it has the plain pass (rate__token_bucket);
+ *           common case, with the plain pass (rate__token_bucket);
  *   wide    B * P > 2^62 (B up to 2^63-1, P up to 2^61, so B * P < 2^124):
  *           u as a signed 128-bit word, two little-endian u64 words, the
- *           low one first (16 bytes); decided by the wide body of
- *           tb_decide_any (in 128 bits, reached only past the narrow
- *           range), no plain pass (rate__token_bucket_wide).
+ *           low one first (16 bytes), no plain pass
+ *           (rate__token_bucket_wide).
  *
- * Both decide alike: the layout only says how u is stored.  Durations a
- * wide bucket can reach beyond 2^63-1 ns (a refill of 2^124 scaled tokens
- * at 1 per ns) are reported as RATE_TIME_MAX.
+ * Every function but load, commit and valid is shared, as the leaky
+ * bucket's are: the view is 128 bits wide, so the layout only says how u
+ * is stored.  The hot ones (advance, decide) are in token_bucket.h.
+ * Durations beyond 2^63-1 ns (a wide bucket's refill of 2^124 scaled
+ * tokens at 1 per ns) are reported as RATE_TIME_MAX.
  */
 #include "token_bucket.h"
-
-static rate_i128_t tb_full(const rate_limit_t *l)
-{
-    return (rate_i128_t)l->burst * l->period_ns;
-}
 
 /* Reads either layout, by the limit's (a carried-over state is loaded
  * with the limit it was written under). */
@@ -84,10 +79,6 @@ static uint64_t tb_max_reset(const rate_limit_t *l)
 
 RATE__DEFINE_PLAIN_FN(tb)
 
-static void tb_decide_any(const rate_limit_t *l, const rate__view_t *v,
-                          uint64_t t, uint64_t n, uint64_t max_wait,
-                          bool detail, rate__verdict_t *out);
-
 /* A refund adds its tokens, up to the burst; a penalty takes them, into
  * debt as far as a reservation may go. */
 static uint64_t tb_adjust(const rate_limit_t *l, rate__view_t *v,
@@ -141,7 +132,7 @@ const rate__algo_t rate__token_bucket = {
     RATE__LUA_RANGE(50, 51),
     .load = tb_load_any,
     .advance = tb_advance,
-    .decide = tb_decide_any,
+    .decide = tb_decide,
     .commit = tb_commit,
     .is_cold = tb_is_cold,
     .convert = tb_convert,
@@ -157,82 +148,6 @@ const rate__algo_t rate__token_bucket = {
 /* ----------------------------------------------------------- wide layout */
 
 #define TBW_FIXED 16 /* bytes of stored state: u, 128 bits */
-
-/* u after a refill over dt ns: u + dt * L (< 2^126), capped at B * P. */
-static void tbw_advance(const rate_limit_t *l, rate__view_t *v, uint64_t last,
-                        uint64_t t)
-{
-    rate_i128_t full = tb_full(l);
-    rate_u128_t add = (rate_u128_t)(t - last) * l->limit;
-
-    if (v->x >= full)
-        return;
-    v->x = add >= (rate_u128_t)(full - v->x) ? full : v->x + (rate_i128_t)add;
-}
-
-static uint64_t tbw_remaining(const rate_limit_t *l, rate_i128_t u)
-{
-    return u > 0 ? (uint64_t)((rate_u128_t)u / l->period_ns) : 0; /* <= B */
-}
-
-static uint64_t tbw_reset(const rate_limit_t *l, rate_i128_t u)
-{
-    rate_i128_t missing = tb_full(l) - u;
-
-    return missing > 0 ? rate__ceil_div_sat((rate_u128_t)missing, l->limit)
-                       : 0;
-}
-
-/* tb_decide's rule in 128 bits, the wide body of tb_decide_any: u in
- * [-2^62, B * P], n * P <= B * P.  Out of line and cold: only a bucket
- * past the narrow range reaches it. */
-__attribute__((noinline, cold)) static void
-tb_decide_wide(const rate_limit_t *l, const rate__view_t *v, uint64_t n,
-               uint64_t max_wait, bool detail, rate__verdict_t *out)
-{
-    rate_i128_t u = v->x, need = 0;
-
-    *out = (rate__verdict_t){0};
-    if (n > l->burst) {
-        out->reason = RATE_REASON_NEVER;
-        out->retry_after_ns = RATE_NEVER;
-    } else {
-        need = (rate_i128_t)n * l->period_ns;
-        rate_u128_t missing = u < need ? (rate_u128_t)(need - u) : 0;
-        if (n == 0 || need <= u) {
-            out->allowed = true;
-        } else if (max_wait > 0 && u - need >= -RATE__DEBT_MAX &&
-                   missing <= (rate_u128_t)max_wait * l->limit) {
-            out->allowed = true;
-            out->delay_ns = rate__ceil_div_sat(missing, l->limit);
-        } else {
-            out->reason = RATE_REASON_LIMITED;
-            out->retry_after_ns = rate__ceil_div_sat(missing, l->limit);
-        }
-    }
-    if (!detail)
-        return;
-    out->remaining_now = tbw_remaining(l, u);
-    out->reset_now_ns = tbw_reset(l, u);
-    if (out->allowed) {
-        out->remaining_after = tbw_remaining(l, u - need);
-        out->reset_after_ns = tbw_reset(l, u - need);
-    }
-}
-
-/* One decide for both layouts, both tables' .decide: a narrow bucket
- * (B * P <= 2^62) takes tb_decide, the 64-bit body that the plain pass
- * (rate_state_acquire) runs without this guard; a wide one the 128-bit
- * body.  The layout never changes a decision. */
-static void tb_decide_any(const rate_limit_t *l, const rate__view_t *v,
-                          uint64_t t, uint64_t n, uint64_t max_wait,
-                          bool detail, rate__verdict_t *out)
-{
-    if (__builtin_expect(rate__bucket_wide(l), 0))
-        tb_decide_wide(l, v, n, max_wait, detail, out);
-    else
-        tb_decide(l, v, t, n, max_wait, detail, out);
-}
 
 static size_t tbw_commit(const rate_limit_t *l, const rate__view_t *v,
                          uint64_t t, uint64_t n, uint8_t *out)
@@ -256,8 +171,8 @@ const rate__algo_t rate__token_bucket_wide = {
     .grow = 0,
     RATE__LUA_RANGE(50, 51),
     .load = tb_load_any,
-    .advance = tbw_advance,
-    .decide = tb_decide_any,
+    .advance = tb_advance,
+    .decide = tb_decide,
     .commit = tbw_commit,
     .is_cold = tb_is_cold,
     .convert = tb_convert,

@@ -69,8 +69,16 @@
  * component of the stored format (docs/algorithms.md, "Stored state"). */
 #define STATE_INLINE 22u
 #define STACK_STATE 512u
-#define LOAD_NUM 7u /* grow past 7/8 full */
-#define LOAD_DEN 8u
+/* Grow past 10/11 full: a bounded store sized for a million keys then
+ * holds one in 47.3 bytes (a slot and its control byte at 87% load, with
+ * the shards' slack; 0.2 more for each shard that outgrows it), at about
+ * 4 probes a hit. */
+#define LOAD_NUM 10u
+#define LOAD_DEN 11u
+/* An unbounded shard's first size (it doubles from there): the slots of
+ * 8 keys at 7/8 load, as before the load above was raised, so that the
+ * sizes it grows through stay as they were. */
+#define INITIAL_SLOTS 10u
 #define BACKOFF_MIN 128u /* pauses (about 20 ns each on our machines) */
 #define BACKOFF_MAX 2048u /* so a waiter looks again at least every ~40 us */
 
@@ -985,7 +993,7 @@ static uint64_t isqrt(uint64_t x)
     return r;
 }
 
-/* Slots for `keys` keys at no more than 7/8 load. */
+/* Slots for `keys` keys at no more than LOAD_NUM/LOAD_DEN load. */
 static uint32_t slots_for(uint64_t keys)
 {
     uint64_t cap = keys * LOAD_DEN / LOAD_NUM + 1;
@@ -1039,10 +1047,12 @@ int rate_store_memory_new(const rate_memory_options_t *opt, rate_store_t **out)
         s->store = m;
         /* Room for the shard's share of max_keys and three standard
          * deviations more (the keys of a full store are spread by their
-         * hash, not evenly), so that few bounded shards ever grow. */
+         * hash, not evenly), so that few bounded shards ever grow.  An
+         * unbounded shard starts at INITIAL_SLOTS and doubles. */
         uint64_t share = o.max_keys / n;
-        uint32_t cap = slots_for(o.max_keys != 0 ? share + 3 * isqrt(share) + 8
-                                                 : 8);
+        uint32_t cap = o.max_keys != 0
+                           ? slots_for(share + 3 * isqrt(share) + 8)
+                           : INITIAL_SLOTS;
         s->slots = calloc(cap, sizeof(slot_t));
         s->ctrl = calloc(cap, 1);
         if (s->slots == NULL || s->ctrl == NULL) {

@@ -15,6 +15,9 @@
  *              one, so one decision's misses never overlap the next one's)
  *              and as independent iterations, whose misses the CPU
  *              overlaps (shown for reference).
+ *   contended  two threads, each on a CPU of its own, adding one to a
+ *              shared 64-bit word with a load and a compare-and-swap:
+ *              what any exact decision on one shared key pays at least.
  * Every figure is the best of several rounds (the machines are shared and
  * noisy; the best round is the one least disturbed).  One thread's figures
  * are taken pinned to one CPU beside floors taken there, on each of two
@@ -44,6 +47,7 @@
 static unsigned rounds = 5;
 static uint64_t iters = 2000000;
 static bool progress;
+static const char *java_peer; /* --java-peer COMMAND, or NULL */
 
 static uint64_t now_ns(void)
 {
@@ -268,13 +272,24 @@ static void pin_thread(int cpu)
     pthread_setaffinity_np(pthread_self(), sizeof one, &one);
 }
 
+/* The contended floor's word (a line of its own). */
+static _Alignas(64) _Atomic uint64_t shared_word;
+
 static void *run_worker(void *arg)
 {
     worker_t *w = arg;
     uint64_t ok = 0, i = 0, t = now_ns();
     pin_thread(w->cpu);
     pthread_barrier_wait(w->start);
-    while (!atomic_load_explicit(w->stop, memory_order_relaxed)) {
+    while (w->lim == NULL &&
+           !atomic_load_explicit(w->stop, memory_order_relaxed)) {
+        uint64_t old = atomic_load_explicit(&shared_word, memory_order_relaxed);
+        while (!atomic_compare_exchange_weak(&shared_word, &old, old + 1))
+            ;
+        i++;
+    }
+    while (w->lim != NULL &&
+           !atomic_load_explicit(w->stop, memory_order_relaxed)) {
         ok += rate_try_acquire_at(w->lim, w->key, 1, t + i);
         i++;
     }
@@ -283,7 +298,8 @@ static void *run_worker(void *arg)
     return NULL;
 }
 
-/* Decisions per microsecond of `n` threads at once, on cpus[0..n-1]. */
+/* Decisions per microsecond of `n` threads at once, on cpus[0..n-1]
+ * (lim NULL: the contended floor's compare-and-swaps instead). */
 static double threads(rate_limiter_t *lim, int n, const int *cpus,
                       bool same_key)
 {
@@ -310,6 +326,33 @@ static double threads(rate_limiter_t *lim, int n, const int *cpus,
     uint64_t dt = now_ns() - t0;
     pthread_barrier_destroy(&start);
     return (double)total * 1000.0 / (double)dt;
+}
+
+/* Runs the Java peer (bench/guava-peer/run.sh) and prints its figures
+ * beside ours: each thread's ns per decision with two threads on one
+ * limiter (`ours`, of the line above), and the peer's one thread.  The
+ * peer prints "one NS" and "two NS" lines. */
+static void print_java_peer(double ours)
+{
+    FILE *f = popen(java_peer, "r");
+    double one = 0, two = 0, v;
+    char line[256], what[16];
+
+    while (f != NULL && fgets(line, sizeof line, f) != NULL) {
+        if (sscanf(line, "%15s %lf", what, &v) != 2)
+            continue;
+        if (strcmp(what, "one") == 0)
+            one = v;
+        else if (strcmp(what, "two") == 0)
+            two = v;
+    }
+    if (f == NULL || pclose(f) != 0 || one <= 0 || two <= 0) {
+        printf("  java peer: no figures from '%s'\n", java_peer);
+        return;
+    }
+    printf("  %-40s %8.1f %7.2fx  (its ns / ours, 2 threads, one key)\n",
+           "Guava RateLimiter, 2 threads, one", two, two / ours);
+    printf("  %-40s %8.1f\n", "Guava RateLimiter, 1 thread", one);
 }
 
 /* The first two CPUs this process may run on, and all of them (*set);
@@ -590,7 +633,7 @@ static int bench_shm(void)
 static int usage(FILE *f)
 {
     fputs("usage: ratelimit bench [--rounds N] [--iterations N] [--redis URL]\n"
-          "                       [--redis-cluster URL]\n"
+          "                       [--redis-cluster URL] [--java-peer COMMAND]\n"
           "       ratelimit bench --redis URL --workload [--decisions N]\n"
           "                       [--node-peer COMMAND]\n"
           "       ratelimit bench --store dynamodb://TABLE?region=R[&endpoint=URL]\n"
@@ -602,6 +645,9 @@ static int usage(FILE *f)
           "Measures the floors (clock read; hash + CAS; key fetch + random\n"
           "table read) and ns per decision on the in-memory store, and\n"
           "prints them with their ratios.  Best of N rounds (default 5).\n"
+          "--java-peer COMMAND also runs a Java peer for two threads on\n"
+          "one key (bench/guava-peer/run.sh: Guava's RateLimiter; prints\n"
+          "\"one NS\" and \"two NS\" lines).\n"
           "With --redis, also the Redis store at that URL: latency against\n"
           "a PING round trip, and throughput with 1 to 64 callers.  With\n"
           "--redis-cluster too, the same decisions at 1 and 64 callers on\n"
@@ -686,6 +732,10 @@ int cmd_bench(int argc, char **argv)
         }
         if (strcmp(argv[i], "--workload") == 0) {
             ro.workload_only = true;
+            continue;
+        }
+        if (strcmp(argv[i], "--java-peer") == 0 && i + 1 < argc) {
+            java_peer = argv[++i];
             continue;
         }
         if (strcmp(argv[i], "--node-peer") == 0 && i + 1 < argc) {
@@ -775,8 +825,10 @@ int cmd_bench(int argc, char **argv)
     note("two threads");
     /* Round by round, so that a slow spell of the shared machine hurts
      * one thread and two alike; the best of each (in decisions/us). */
-    double one_t = 0, two_d = 0, two_s = 0;
+    double one_t = 0, two_d = 0, two_s = 0, two_cas = 0;
     for (unsigned r = 0; have_two && r < rounds; r++) {
+        double c = threads(NULL, 2, cpus, true);
+        two_cas = c > two_cas ? c : two_cas;
         double solo = (threads(lim, 1, &cpus[0], false) +
                        threads(lim, 1, &cpus[1], false)) / 2;
         one_t = solo > one_t ? solo : one_t;
@@ -910,6 +962,11 @@ int cmd_bench(int argc, char **argv)
                2 * one_t / two_s);
         printf("  %-40s %8.1f\n", "1 thread (mean of the two CPUs)",
                1000.0 / one_t);
+        printf("  %-40s %8.1f %7.2fx  (each thread's ns, load + CAS)\n",
+               "floor: 2 threads, one word contended", 2000.0 / two_cas,
+               two_cas / two_s);
+        if (java_peer != NULL)
+            print_java_peer(2000.0 / two_s);
     } else {
         printf("  2 threads: this process has one CPU\n");
     }
