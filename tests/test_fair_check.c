@@ -75,7 +75,7 @@ static void table_check(rate_fair_t *f)
         fqueue_t fq;
         assert_int_equal(queue_of(f, sl, &fq), RATE_OK);
         for (uint32_t k = 0; k < fq.len; k++) {
-            fwait_t *w;
+            fwait_t *w = NULL;
             assert_int_equal(queue_seat(f, sl, &fq, k, &w), RATE_OK);
             assert_true(w->ticket > last);
             last = w->ticket;
