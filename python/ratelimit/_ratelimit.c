@@ -141,6 +141,46 @@ static int u64_arg(PyObject *obj, const char *what, uint64_t *out)
     return 0;
 }
 
+/* An integer option (NULL: not given, *out kept): an int from 0 to `max`
+ * (the range of the C field it fills, or the library's bound where the
+ * library's error would not name the option), so that none wraps to
+ * another value: ValueError when negative, OverflowError above `max`. */
+static int uint_opt(PyObject *obj, const char *what, unsigned long long max,
+                    unsigned long long *out)
+{
+    if (obj == NULL)
+        return 0;
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be int, not %.100s", what,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow < 0 || (overflow == 0 && v < 0)) {
+        PyErr_Format(PyExc_ValueError, "%s must be >= 0, not %R", what, obj);
+        return -1;
+    }
+    unsigned long long u = (unsigned long long)v;
+    int above = 0;
+    if (overflow > 0) {
+        u = PyLong_AsUnsignedLongLong(obj);
+        if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            above = 1; /* above 2**64-1 */
+        }
+    }
+    if (above || u > max) {
+        PyErr_Format(PyExc_OverflowError, "%s must be at most %llu, not %R",
+                     what, max, obj);
+        return -1;
+    }
+    *out = u;
+    return 0;
+}
+
 /* A duration in seconds (int or float) as ns; None is `dflt`. */
 static int seconds_arg(PyObject *obj, const char *what, uint64_t dflt,
                        uint64_t *out)
@@ -822,15 +862,19 @@ static PyObject *mod_memory_store(PyObject *m, PyObject *args, PyObject *kw)
 {
     (void)m;
     static char *kwlist[] = {"max_keys", "shards", NULL};
-    unsigned long long max_keys = 0;
-    unsigned int shards = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$KI:memory_store", kwlist,
-                                     &max_keys, &shards))
+    PyObject *max_keys_obj = NULL, *shards_obj = NULL;
+    unsigned long long max_keys = 0, shards = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OO:memory_store", kwlist,
+                                     &max_keys_obj, &shards_obj))
+        return NULL;
+    /* the library's bounds (rate_store_memory_new: RATE_EINVAL alone) */
+    if (uint_opt(max_keys_obj, "max_keys", UINT32_MAX, &max_keys) < 0 ||
+        uint_opt(shards_obj, "shards", 65536, &shards) < 0)
         return NULL;
     rate_memory_options_t o;
     memset(&o, 0, sizeof o);
     o.max_keys = (size_t)max_keys;
-    o.shards = shards;
+    o.shards = (unsigned)shards;
     StoreObject *s = store_alloc("memory");
     if (!s)
         return NULL;
@@ -848,13 +892,20 @@ static PyObject *mod_shm_store(PyObject *m, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"path", "max_keys", "key_max", "state_max",
                              "prefix", "no_create", "mode", NULL};
     PyObject *path_obj, *prefix_obj = Py_None;
-    unsigned long long max_keys = 0;
-    unsigned int key_max = 0, state_max = 0, mode = 0;
+    PyObject *max_keys_obj = NULL, *key_max_obj = NULL;
+    PyObject *state_max_obj = NULL, *mode_obj = NULL;
+    unsigned long long max_keys = 0, key_max = 0, state_max = 0, mode = 0;
     int no_create = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$KIIOpI:shm_store", kwlist,
-                                     &path_obj, &max_keys, &key_max,
-                                     &state_max, &prefix_obj, &no_create,
-                                     &mode))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOOOpO:shm_store", kwlist,
+                                     &path_obj, &max_keys_obj, &key_max_obj,
+                                     &state_max_obj, &prefix_obj, &no_create,
+                                     &mode_obj))
+        return NULL;
+    /* the fields' ranges; rate_store_shm_new names its own bounds */
+    if (uint_opt(max_keys_obj, "max_keys", UINT64_MAX, &max_keys) < 0 ||
+        uint_opt(key_max_obj, "key_max", UINT32_MAX, &key_max) < 0 ||
+        uint_opt(state_max_obj, "state_max", UINT32_MAX, &state_max) < 0 ||
+        uint_opt(mode_obj, "mode", UINT_MAX, &mode) < 0)
         return NULL;
     rate_shm_options_t o;
     memset(&o, 0, sizeof o);
@@ -864,11 +915,11 @@ static PyObject *mod_shm_store(PyObject *m, PyObject *args, PyObject *kw)
     if (prefix_obj != Py_None && cstring_arg(prefix_obj, "prefix", &prefix) < 0)
         return NULL;
     o.max_keys = max_keys;
-    o.key_max = key_max;
-    o.state_max = state_max;
+    o.key_max = (uint32_t)key_max;
+    o.state_max = (uint32_t)state_max;
     o.prefix = prefix;
     o.no_create = no_create != 0;
-    o.mode = mode;
+    o.mode = (unsigned)mode;
     StoreObject *s = store_alloc("shm");
     if (!s)
         return NULL;
@@ -895,13 +946,16 @@ static PyObject *redis_store_new(PyObject *args, PyObject *kw, int async)
                              NULL};
     PyObject *url_obj, *loop_obj = Py_None, *prefix_obj = Py_None;
     PyObject *module_obj = Py_None, *cto = Py_None, *cmto = Py_None;
+    PyObject *pool_obj = NULL;
     int no_ttl = 0, client_time = 0, lazy = 0;
-    unsigned int pool = 0;
+    unsigned long long pool = 0;
     if (!PyArg_ParseTupleAndKeywords(
             args, kw,
-            async ? "OO|$OOppOOIp:redis_async_store" : "O|$OOOppOOIp:redis_store",
+            async ? "OO|$OOppOOOp:redis_async_store" : "O|$OOOppOOOp:redis_store",
             kwlist, &url_obj, &loop_obj, &prefix_obj, &module_obj, &no_ttl,
-            &client_time, &cto, &cmto, &pool, &lazy))
+            &client_time, &cto, &cmto, &pool_obj, &lazy))
+        return NULL;
+    if (uint_opt(pool_obj, "pool_size", UINT_MAX, &pool) < 0)
         return NULL;
     rate_redis_options_t o;
     memset(&o, 0, sizeof o);
@@ -937,7 +991,7 @@ static PyObject *redis_store_new(PyObject *args, PyObject *kw, int async)
     o.prefix = prefix;
     o.no_ttl = no_ttl != 0;
     o.client_time = client_time != 0;
-    o.pool_size = pool;
+    o.pool_size = (unsigned)pool;
     o.lazy_connect = lazy != 0;
     rate_loop_t loop;
     memset(&loop, 0, sizeof loop);
@@ -2117,9 +2171,14 @@ static int Fair_init(FairObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"limiter", "key", "slots", "queue_max",
                              "shm_path", NULL};
     PyObject *lim_obj, *key_obj, *path_obj = Py_None;
-    unsigned int slots = 0, queue_max = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$IIO:Fair", kwlist, &lim_obj,
-                                     &key_obj, &slots, &queue_max, &path_obj))
+    PyObject *slots_obj = NULL, *queue_obj = NULL;
+    unsigned long long slots = 0, queue_max = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOO:Fair", kwlist, &lim_obj,
+                                     &key_obj, &slots_obj, &queue_obj,
+                                     &path_obj))
+        return -1;
+    if (uint_opt(slots_obj, "slots", UINT_MAX, &slots) < 0 ||
+        uint_opt(queue_obj, "queue_max", UINT_MAX, &queue_max) < 0)
         return -1;
     if (self->fair || self->lock_ready) {
         PyErr_SetString(PyExc_RuntimeError, "Fair.__init__ called twice");
@@ -2144,8 +2203,8 @@ static int Fair_init(FairObject *self, PyObject *args, PyObject *kw)
     c.limiter = lim->limiter;
     c.key = k.ptr;
     c.key_len = k.len;
-    c.slots = slots;
-    c.queue_max = queue_max;
+    c.slots = (unsigned)slots;
+    c.queue_max = (unsigned)queue_max;
     c.shm_path = path;
     char err[ERRLEN] = "";
     rate_fair_t *f = NULL;

@@ -252,3 +252,39 @@ def test_stats():
         lim.check("a", now=T0)
         s = lim.stats()
         assert (s["allowed"], s["denied"]) == (1, 1)
+
+
+@pytest.mark.parametrize("call, exc, name", [
+    (lambda p: ratelimit.shm_store(p, max_keys=10, key_max=2**32 + 16),
+     OverflowError, "key_max"),
+    (lambda p: ratelimit.shm_store(p, max_keys=10, key_max=2**40),
+     OverflowError, "key_max"),
+    (lambda p: ratelimit.shm_store(p, max_keys=10, state_max=2**32),
+     OverflowError, "state_max"),
+    (lambda p: ratelimit.shm_store(p, max_keys=10, mode=2**40),
+     OverflowError, "mode"),
+    (lambda p: ratelimit.shm_store(p, max_keys=-1), ValueError, "max_keys"),
+    (lambda p: ratelimit.shm_store(p, max_keys=2**64), OverflowError,
+     "max_keys"),
+    (lambda p: ratelimit.memory_store(max_keys=-1), ValueError, "max_keys"),
+    (lambda p: ratelimit.memory_store(max_keys=2**33), OverflowError,
+     "max_keys"),
+    (lambda p: ratelimit.memory_store(shards=2**32 + 1), OverflowError,
+     "shards"),
+    (lambda p: ratelimit.redis_store("redis://127.0.0.1:1", pool_size=2**40,
+                                     lazy_connect=True),
+     OverflowError, "pool_size"),
+    (lambda p: ratelimit.redis_store("redis://127.0.0.1:1", pool_size=-2,
+                                     lazy_connect=True),
+     ValueError, "pool_size"),
+    (lambda p: ratelimit.Fair(Limiter(Policy("token-bucket 5/s")), "k",
+                              slots=2**32 + 4), OverflowError, "slots"),
+])
+def test_integer_options_out_of_range_raise_naming_the_option(shm_path, call,
+                                                              exc, name):
+    # an option out of its type's range raises, never wraps to another value
+    with pytest.raises(exc, match=name):
+        call(shm_path)
+    with pytest.raises(TypeError, match="key_max"):
+        ratelimit.shm_store(shm_path, max_keys=10, key_max="16")
+
