@@ -256,6 +256,32 @@ static PyStructSequence_Field decision_fields[] = {
 static PyStructSequence_Desc decision_desc = {
     "ratelimit.Decision", "One decision of a Limiter.", decision_fields, 13};
 
+/* bool(decision) is decision.allowed, so that `if limiter.acquire(k):`
+ * reads as it should (a tuple of 13 fields is otherwise always true). */
+static PyObject *Decision_bool(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    return Py_NewRef(PyStructSequence_GET_ITEM(self, 0));
+}
+
+static PyMethodDef decision_bool_def = {
+    "__bool__", Decision_bool, METH_NOARGS, "self.allowed"};
+
+/* Gives the Decision type its __bool__ (a struct sequence's description
+ * takes no methods; setting the attribute fills the type's slot). */
+static int decision_type_ready(void)
+{
+    DecisionType = PyStructSequence_NewType(&decision_desc);
+    if (!DecisionType)
+        return -1;
+    PyObject *m = PyDescr_NewMethod(DecisionType, &decision_bool_def);
+    if (!m)
+        return -1;
+    int rc = PyObject_SetAttrString((PyObject *)DecisionType, "__bool__", m);
+    Py_DECREF(m);
+    return rc;
+}
+
 static double ns_seconds(uint64_t ns)
 {
     return ns == RATE_NEVER ? INFINITY : (double)ns / 1e9;
@@ -2614,8 +2640,7 @@ PyMODINIT_FUNC PyInit__ratelimit(void)
     PyObject *m = PyModule_Create(&module_def);
     if (!m)
         return NULL;
-    DecisionType = PyStructSequence_NewType(&decision_desc);
-    if (!DecisionType || PyType_Ready(&PolicyType) < 0 ||
+    if (decision_type_ready() < 0 || PyType_Ready(&PolicyType) < 0 ||
         PyType_Ready(&StoreType) < 0 || PyType_Ready(&LimiterType) < 0 ||
         PyType_Ready(&IoWatchType) < 0 || PyType_Ready(&LoopTimerType) < 0 ||
         PyType_Ready(&InFlightType) < 0 || PyType_Ready(&LeaseType) < 0 ||

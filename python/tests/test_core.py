@@ -288,3 +288,12 @@ def test_integer_options_out_of_range_raise_naming_the_option(shm_path, call,
     with pytest.raises(TypeError, match="key_max"):
         ratelimit.shm_store(shm_path, max_keys=10, key_max="16")
 
+
+def test_a_denied_decision_is_false():
+    with Limiter(Policy("fixed-window 1/1h")) as lim:
+        first, second = lim.check("k"), lim.check("k")
+        assert first and first.allowed
+        assert not second and not second.allowed
+        assert bool(lim.acquire("k")) is False
+        assert isinstance(second, tuple) and second[0] is False
+
