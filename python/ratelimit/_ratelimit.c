@@ -859,7 +859,32 @@ static PyObject *Store_get_closed(StoreObject *self, void *c)
     return PyBool_FromLong(self->store == NULL);
 }
 
+/* check_policy(policy): None when the store keeps every state of the
+ * policy, else raises Error with its reason (rate_store_check_policy). */
+static PyObject *Store_check_policy(StoreObject *self, PyObject *policy)
+{
+    if (store_open(self) < 0)
+        return NULL;
+    if (!PyObject_TypeCheck(policy, &PolicyType)) {
+        PyErr_Format(PyExc_TypeError, "policy must be a ratelimit.Policy, not %.100s",
+                     Py_TYPE(policy)->tp_name);
+        return NULL;
+    }
+    if (policy_ready((PolicyObject *)policy) < 0)
+        return NULL;
+    char err[ERRLEN] = "";
+    int rc = rate_store_check_policy(self->store,
+                                     ((PolicyObject *)policy)->policy, err,
+                                     sizeof err);
+    if (rc != RATE_OK)
+        return raise_rc(rc, err);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Store_methods[] = {
+    {"check_policy", (PyCFunction)Store_check_policy, METH_O,
+     "check_policy(policy): raises Error (RATE_EPOLICY, the store's reason) "
+     "when the store cannot keep the policy's states."},
     {"close", (PyCFunction)Store_close, METH_NOARGS,
      "Frees the store (no limiter may be open on it)."},
     {"stats", (PyCFunction)Store_stats, METH_NOARGS, "The store's figures."},
@@ -1088,6 +1113,21 @@ static int store_attach(PyObject *store, PyObject **slot)
     return strcmp(((StoreObject *)store)->kind, "memory") == 0;
 }
 
+/* Raises the error of a call that set or used `policy` on `store` (None:
+ * the limiter's private memory store): RATE_EPOLICY with the store's
+ * reason (rate_store_check_policy: "the policy's states take up to N
+ * bytes, ..."), which the limiter's calls do not pass on. */
+static PyObject *raise_policy_rc(int rc, PyObject *store,
+                                 const rate_policy_t *policy)
+{
+    char err[ERRLEN] = "";
+    if (rc == RATE_EPOLICY && store && store != Py_None && policy &&
+        ((StoreObject *)store)->store)
+        (void)rate_store_check_policy(((StoreObject *)store)->store, policy,
+                                      err, sizeof err);
+    return raise_rc(rc, err);
+}
+
 /* -------------------------------------------------------------- Limiter */
 
 typedef struct {
@@ -1213,7 +1253,7 @@ static int Limiter_init(LimiterObject *self, PyObject *args, PyObject *kw)
     rc = rate_limiter_new(&c, &lim);
     Py_END_ALLOW_THREADS
     if (rc != RATE_OK) {
-        raise_rc(rc, NULL);
+        raise_policy_rc(rc, store, c.policy);
         return -1;
     }
     self->limiter = lim;
@@ -1355,7 +1395,7 @@ static PyObject *Limiter_check(LimiterObject *self, PyObject *const *args,
     if (closed)
         return raise_closed();
     if (rc != RATE_OK)
-        return raise_rc(rc, NULL);
+        return raise_policy_rc(rc, self->store, policy);
     return decision_new(&d);
 }
 

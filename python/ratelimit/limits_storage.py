@@ -108,9 +108,11 @@ class RatelimitStorage(Storage, MovingWindowSupport):
         """One decision of the library under `algorithm` amount/expiry s; a
         store failure raises ratelimit.Error (Flask-Limiter's swallow_errors
         and in-memory fallback then have their say)."""
-        d = self._limiter.check(key, cost,
-                                policy=self._policy(algorithm, amount, expiry))
+        policy = self._policy(algorithm, amount, expiry)
+        d = self._limiter.check(key, cost, policy=policy)
         if d.reason == "store-error":
+            if d.error == ratelimit.EPOLICY:
+                self._store.check_policy(policy)  # raises with the reason
             ratelimit.raise_store_error(d)
         return d
 

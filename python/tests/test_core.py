@@ -297,3 +297,15 @@ def test_a_denied_decision_is_false():
         assert bool(lim.acquire("k")) is False
         assert isinstance(second, tuple) and second[0] is False
 
+
+def test_the_library_s_error_text_reaches_the_exception(shm_path):
+    store = ratelimit.shm_store(shm_path, max_keys=100)
+    with pytest.raises(Error, match="states take up to [0-9]+ bytes.*"
+                                    "keeps at most 96") as e:
+        Limiter(Policy("sliding-log 100/1m"), store)
+    assert e.value.name == "RATE_EPOLICY"
+    with pytest.raises(Error, match="states take up to"):
+        store.check_policy(Policy("sliding-log 100/1m"))
+    assert store.check_policy(Policy("sliding-log 4/1m")) is None
+    store.close()
+

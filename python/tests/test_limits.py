@@ -168,3 +168,12 @@ def test_flask_app_switches_by_its_storage_uri(tmp_path, shm_path, request,
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:6] == [
         "200 2", "200 1", "200 0", "429 0", "429 0", "200"]
+
+
+def test_a_policy_the_store_cannot_keep_raises_the_store_s_reason(shm_path):
+    # a moving window of 100 on a region of the default state_max (96 bytes)
+    st = storage_from_string("ratelimit+shm://" + shm_path + "?state_max=96")
+    with pytest.raises(ratelimit.Error, match="states take up to") as e:
+        STRATEGIES["moving-window"](st).hit(parse("100/minute"), "k")
+    assert e.value.name == "RATE_EPOLICY"
+    st.close()
