@@ -22,6 +22,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
+#include <time.h>
 
 #include "ratelimit.h"
 #include "ratelimit_fair.h"
@@ -1447,6 +1448,7 @@ static PyObject *Limiter_try_acquire(LimiterObject *self,
 }
 
 /* acquire(key, permits=1, *, timeout=0) -> Decision: waits (GIL released). */
+#define ACQUIRE_SLICE_NS 100000000u /* 100 ms */
 static PyObject *Limiter_acquire(LimiterObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"key", "permits", "timeout", NULL};
@@ -1464,17 +1466,42 @@ static PyObject *Limiter_acquire(LimiterObject *self, PyObject *args, PyObject *
     key_arg_t k;
     if (key_get(key_obj, &k) < 0)
         return NULL;
+    /* The wait goes in slices of at most ACQUIRE_SLICE_NS, the signals'
+     * handlers run between them: Ctrl-C ends a long wait. */
     rate_decision_t d;
     int rc = 0, closed = 0;
-    Py_BEGIN_ALLOW_THREADS
-    if (limiter_enter(self) < 0) {
-        closed = 1;
-    } else {
-        rc = rate_limiter_acquire(self->limiter, k.ptr, k.len, permits,
-                                  timeout_ns, &d);
-        pthread_rwlock_unlock(&self->lock);
+    uint64_t start = rate_clock_monotonic_ns();
+    for (;;) {
+        uint64_t spent = rate_clock_monotonic_ns() - start;
+        uint64_t left = spent < timeout_ns ? timeout_ns - spent : 0;
+        uint64_t pause = 0;
+        Py_BEGIN_ALLOW_THREADS
+        if (limiter_enter(self) < 0) {
+            closed = 1;
+        } else {
+            rc = rate_limiter_acquire(self->limiter, k.ptr, k.len, permits,
+                                      left < ACQUIRE_SLICE_NS ? left
+                                                              : ACQUIRE_SLICE_NS,
+                                      &d);
+            pthread_rwlock_unlock(&self->lock);
+        }
+        /* denied for now, a retry within the timeout: wait a slice */
+        if (!closed && rc == RATE_OK && !d.allowed &&
+            d.reason == RATE_REASON_LIMITED && d.retry_after_ns <= left) {
+            pause = d.retry_after_ns < ACQUIRE_SLICE_NS ? d.retry_after_ns
+                                                        : ACQUIRE_SLICE_NS;
+            struct timespec ts = {(time_t)(pause / RATE_NS_PER_S),
+                                  (long)(pause % RATE_NS_PER_S)};
+            nanosleep(&ts, NULL); /* a signal cuts it short: checked below */
+        }
+        Py_END_ALLOW_THREADS
+        if (closed || rc != RATE_OK || pause == 0)
+            break;
+        if (PyErr_CheckSignals() < 0) {
+            key_release(&k);
+            return NULL;
+        }
     }
-    Py_END_ALLOW_THREADS
     key_release(&k);
     if (closed)
         return raise_closed();

@@ -309,3 +309,32 @@ def test_the_library_s_error_text_reaches_the_exception(shm_path):
     assert store.check_policy(Policy("sliding-log 4/1m")) is None
     store.close()
 
+
+def test_ctrl_c_stops_a_waiting_acquire():
+    # A child waits on an acquire of an hour; SIGINT must end it with
+    # KeyboardInterrupt.  Its wait is an hour and the bound 60 s, slack a
+    # loaded machine cannot use up.
+    import signal
+    import subprocess
+    import sys
+    import time
+    code = ("import ratelimit, sys\n"
+            "lim = ratelimit.Limiter(ratelimit.Policy('token-bucket 1/1h'))\n"
+            "lim.try_acquire('k')\n"
+            "try:\n"
+            "    print('waiting', flush=True)\n"
+            "    lim.acquire('k', timeout=7200)\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted', flush=True)\n"
+            "    sys.exit(3)\n")
+    child = subprocess.Popen([sys.executable, "-c", code],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "waiting\n"
+        time.sleep(0.2)  # into the acquire
+        child.send_signal(signal.SIGINT)
+        out, _ = child.communicate(timeout=60)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == 3 and out == "interrupted\n"
