@@ -170,6 +170,30 @@ def test_flask_app_switches_by_its_storage_uri(tmp_path, shm_path, request,
         "200 2", "200 1", "200 0", "429 0", "429 0", "200"]
 
 
+@pytest.mark.parametrize("kind, size", [("memory", 600), ("shm", 300)])
+def test_a_key_too_long_for_the_store_is_limited_all_the_same(shm_path, kind,
+                                                              size):
+    # a client-supplied key (an API key header) longer than the store keeps
+    # (RATE_KEY_MAX; the URI's key_max of 256 on shm) is limited under its
+    # digest, not refused
+    uri = "ratelimit+memory://" if kind == "memory" else \
+        "ratelimit+shm://" + shm_path
+    st = storage_from_string(uri)
+    item = parse("3/minute")
+    for strategy in ("fixed-window", "moving-window"):
+        limiter = STRATEGIES[strategy](st)
+        long_a, long_b = "a" * size + strategy, "a" * size + strategy + "b"
+        assert [limiter.hit(item, long_a) for _ in range(4)] == \
+            [True, True, True, False]
+        assert not limiter.test(item, long_a)
+        assert limiter.get_window_stats(item, long_a)[1] == 0
+        assert limiter.hit(item, long_b)  # another key, another digest
+        limiter.clear(item, long_a)
+        assert limiter.hit(item, long_a)
+    st.reset()
+    st.close()
+
+
 def test_a_policy_the_store_cannot_keep_raises_the_store_s_reason(shm_path):
     # a moving window of 100 on a region of the default state_max (96 bytes)
     st = storage_from_string("ratelimit+shm://" + shm_path + "?state_max=96")
