@@ -100,8 +100,11 @@ class RatelimitStorage(Storage, MovingWindowSupport):
                 state_max=int(query.get("state_max", 0)),
                 prefix=query.get("prefix"))
         url = urllib.parse.urlunparse(("redis",) + tuple(parsed[1:4]) + ("", ""))
+        # connected on first use: an app starts while Redis is down, and
+        # its requests' errors let Flask-Limiter's in-memory fallback apply
         return lambda: ratelimit.redis_store(
-            url, prefix=query.get("prefix"), module=query.get("module", "auto"))
+            url, prefix=query.get("prefix"), module=query.get("module", "auto"),
+            lazy_connect=True)
 
     def _policy(self, algorithm, amount, expiry):
         k = (algorithm, amount, expiry)

@@ -106,8 +106,6 @@ def test_one_limit_shared_with_the_binding(shm_path):
 def test_store_failures_raise():
     # at creation, and in a decision (Flask-Limiter's swallow_errors and
     # in_memory_fallback then have their say)
-    with pytest.raises(ratelimit.Error):
-        storage_from_string("ratelimit+redis://127.0.0.1:1")
     st = RatelimitStorage("ratelimit+memory://")
     st._limiter.close()
     st._store.close()
@@ -191,6 +189,17 @@ def test_a_key_too_long_for_the_store_is_limited_all_the_same(shm_path, kind,
         limiter.clear(item, long_a)
         assert limiter.hit(item, long_a)
     st.reset()
+    st.close()
+
+
+def test_a_redis_storage_starts_while_redis_is_down():
+    # the store connects on first use, so an app starts and its first
+    # request's error lets Flask-Limiter's in-memory fallback apply
+    st = storage_from_string("ratelimit+redis://127.0.0.1:1")
+    with pytest.raises(ratelimit.Error) as e:
+        st.incr(parse("1/second").key_for("k"), 1)
+    assert e.value.name == "RATE_ESTORE"
+    assert not st.check()
     st.close()
 
 
