@@ -152,12 +152,22 @@ class AsyncLimiter(Limiter):
         return d if d is not None else await fut
 
     async def acquire(self, key, permits=1, *, timeout=0):
-        """Reserves permits (waiting up to `timeout` s) and sleeps the
-        reservation's delay: the Decision, allowed or not."""
-        d = await self.check(key, permits, max_wait=timeout)
-        if d.allowed and d.delay_ns:
-            await _asyncio.sleep(d.delay)
-        return d
+        """Waits up to `timeout` s for the permits, as Limiter.acquire does:
+        a reservation's delay is slept, and a denial whose retry_after
+        falls within the timeout (a window that has to end first) is
+        retried then.  The Decision, allowed or not."""
+        loop = _asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            left = max(deadline - loop.time(), 0.0)
+            d = await self.check(key, permits, max_wait=left)
+            if d.allowed:
+                if d.delay_ns:
+                    await _asyncio.sleep(d.delay)
+                return d
+            if d.reason != "limited" or not 0 < d.retry_after <= left:
+                return d
+            await _asyncio.sleep(d.retry_after)
 
 
 __all__ = ["AsyncLimiter", "Outcome", "Rules", "Fair", "InFlight", "Lease", "Limited", "redis_async_store", "Decision", "Error", "Limiter", "Policy", "Store", "memory_store",

@@ -22,6 +22,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
+#include <time.h>
 
 #include "ratelimit.h"
 #include "ratelimit_fair.h"
@@ -141,6 +142,46 @@ static int u64_arg(PyObject *obj, const char *what, uint64_t *out)
     return 0;
 }
 
+/* An integer option (NULL: not given, *out kept): an int from 0 to `max`
+ * (the range of the C field it fills, or the library's bound where the
+ * library's error would not name the option), so that none wraps to
+ * another value: ValueError when negative, OverflowError above `max`. */
+static int uint_opt(PyObject *obj, const char *what, unsigned long long max,
+                    unsigned long long *out)
+{
+    if (obj == NULL)
+        return 0;
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be int, not %.100s", what,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow < 0 || (overflow == 0 && v < 0)) {
+        PyErr_Format(PyExc_ValueError, "%s must be >= 0, not %R", what, obj);
+        return -1;
+    }
+    unsigned long long u = (unsigned long long)v;
+    int above = 0;
+    if (overflow > 0) {
+        u = PyLong_AsUnsignedLongLong(obj);
+        if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            above = 1; /* above 2**64-1 */
+        }
+    }
+    if (above || u > max) {
+        PyErr_Format(PyExc_OverflowError, "%s must be at most %llu, not %R",
+                     what, max, obj);
+        return -1;
+    }
+    *out = u;
+    return 0;
+}
+
 /* A duration in seconds (int or float) as ns; None is `dflt`. */
 static int seconds_arg(PyObject *obj, const char *what, uint64_t dflt,
                        uint64_t *out)
@@ -215,6 +256,32 @@ static PyStructSequence_Field decision_fields[] = {
 
 static PyStructSequence_Desc decision_desc = {
     "ratelimit.Decision", "One decision of a Limiter.", decision_fields, 13};
+
+/* bool(decision) is decision.allowed, so that `if limiter.acquire(k):`
+ * reads as it should (a tuple of 13 fields is otherwise always true). */
+static PyObject *Decision_bool(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    return Py_NewRef(PyStructSequence_GET_ITEM(self, 0));
+}
+
+static PyMethodDef decision_bool_def = {
+    "__bool__", Decision_bool, METH_NOARGS, "self.allowed"};
+
+/* Gives the Decision type its __bool__ (a struct sequence's description
+ * takes no methods; setting the attribute fills the type's slot). */
+static int decision_type_ready(void)
+{
+    DecisionType = PyStructSequence_NewType(&decision_desc);
+    if (!DecisionType)
+        return -1;
+    PyObject *m = PyDescr_NewMethod(DecisionType, &decision_bool_def);
+    if (!m)
+        return -1;
+    int rc = PyObject_SetAttrString((PyObject *)DecisionType, "__bool__", m);
+    Py_DECREF(m);
+    return rc;
+}
 
 static double ns_seconds(uint64_t ns)
 {
@@ -793,7 +860,32 @@ static PyObject *Store_get_closed(StoreObject *self, void *c)
     return PyBool_FromLong(self->store == NULL);
 }
 
+/* check_policy(policy): None when the store keeps every state of the
+ * policy, else raises Error with its reason (rate_store_check_policy). */
+static PyObject *Store_check_policy(StoreObject *self, PyObject *policy)
+{
+    if (store_open(self) < 0)
+        return NULL;
+    if (!PyObject_TypeCheck(policy, &PolicyType)) {
+        PyErr_Format(PyExc_TypeError, "policy must be a ratelimit.Policy, not %.100s",
+                     Py_TYPE(policy)->tp_name);
+        return NULL;
+    }
+    if (policy_ready((PolicyObject *)policy) < 0)
+        return NULL;
+    char err[ERRLEN] = "";
+    int rc = rate_store_check_policy(self->store,
+                                     ((PolicyObject *)policy)->policy, err,
+                                     sizeof err);
+    if (rc != RATE_OK)
+        return raise_rc(rc, err);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Store_methods[] = {
+    {"check_policy", (PyCFunction)Store_check_policy, METH_O,
+     "check_policy(policy): raises Error (RATE_EPOLICY, the store's reason) "
+     "when the store cannot keep the policy's states."},
     {"close", (PyCFunction)Store_close, METH_NOARGS,
      "Frees the store (no limiter may be open on it)."},
     {"stats", (PyCFunction)Store_stats, METH_NOARGS, "The store's figures."},
@@ -822,15 +914,19 @@ static PyObject *mod_memory_store(PyObject *m, PyObject *args, PyObject *kw)
 {
     (void)m;
     static char *kwlist[] = {"max_keys", "shards", NULL};
-    unsigned long long max_keys = 0;
-    unsigned int shards = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$KI:memory_store", kwlist,
-                                     &max_keys, &shards))
+    PyObject *max_keys_obj = NULL, *shards_obj = NULL;
+    unsigned long long max_keys = 0, shards = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OO:memory_store", kwlist,
+                                     &max_keys_obj, &shards_obj))
+        return NULL;
+    /* the library's bounds (rate_store_memory_new: RATE_EINVAL alone) */
+    if (uint_opt(max_keys_obj, "max_keys", UINT32_MAX, &max_keys) < 0 ||
+        uint_opt(shards_obj, "shards", 65536, &shards) < 0)
         return NULL;
     rate_memory_options_t o;
     memset(&o, 0, sizeof o);
     o.max_keys = (size_t)max_keys;
-    o.shards = shards;
+    o.shards = (unsigned)shards;
     StoreObject *s = store_alloc("memory");
     if (!s)
         return NULL;
@@ -848,13 +944,20 @@ static PyObject *mod_shm_store(PyObject *m, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"path", "max_keys", "key_max", "state_max",
                              "prefix", "no_create", "mode", NULL};
     PyObject *path_obj, *prefix_obj = Py_None;
-    unsigned long long max_keys = 0;
-    unsigned int key_max = 0, state_max = 0, mode = 0;
+    PyObject *max_keys_obj = NULL, *key_max_obj = NULL;
+    PyObject *state_max_obj = NULL, *mode_obj = NULL;
+    unsigned long long max_keys = 0, key_max = 0, state_max = 0, mode = 0;
     int no_create = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$KIIOpI:shm_store", kwlist,
-                                     &path_obj, &max_keys, &key_max,
-                                     &state_max, &prefix_obj, &no_create,
-                                     &mode))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOOOpO:shm_store", kwlist,
+                                     &path_obj, &max_keys_obj, &key_max_obj,
+                                     &state_max_obj, &prefix_obj, &no_create,
+                                     &mode_obj))
+        return NULL;
+    /* the fields' ranges; rate_store_shm_new names its own bounds */
+    if (uint_opt(max_keys_obj, "max_keys", UINT64_MAX, &max_keys) < 0 ||
+        uint_opt(key_max_obj, "key_max", UINT32_MAX, &key_max) < 0 ||
+        uint_opt(state_max_obj, "state_max", UINT32_MAX, &state_max) < 0 ||
+        uint_opt(mode_obj, "mode", UINT_MAX, &mode) < 0)
         return NULL;
     rate_shm_options_t o;
     memset(&o, 0, sizeof o);
@@ -864,11 +967,11 @@ static PyObject *mod_shm_store(PyObject *m, PyObject *args, PyObject *kw)
     if (prefix_obj != Py_None && cstring_arg(prefix_obj, "prefix", &prefix) < 0)
         return NULL;
     o.max_keys = max_keys;
-    o.key_max = key_max;
-    o.state_max = state_max;
+    o.key_max = (uint32_t)key_max;
+    o.state_max = (uint32_t)state_max;
     o.prefix = prefix;
     o.no_create = no_create != 0;
-    o.mode = mode;
+    o.mode = (unsigned)mode;
     StoreObject *s = store_alloc("shm");
     if (!s)
         return NULL;
@@ -895,13 +998,16 @@ static PyObject *redis_store_new(PyObject *args, PyObject *kw, int async)
                              NULL};
     PyObject *url_obj, *loop_obj = Py_None, *prefix_obj = Py_None;
     PyObject *module_obj = Py_None, *cto = Py_None, *cmto = Py_None;
+    PyObject *pool_obj = NULL;
     int no_ttl = 0, client_time = 0, lazy = 0;
-    unsigned int pool = 0;
+    unsigned long long pool = 0;
     if (!PyArg_ParseTupleAndKeywords(
             args, kw,
-            async ? "OO|$OOppOOIp:redis_async_store" : "O|$OOOppOOIp:redis_store",
+            async ? "OO|$OOppOOOp:redis_async_store" : "O|$OOOppOOOp:redis_store",
             kwlist, &url_obj, &loop_obj, &prefix_obj, &module_obj, &no_ttl,
-            &client_time, &cto, &cmto, &pool, &lazy))
+            &client_time, &cto, &cmto, &pool_obj, &lazy))
+        return NULL;
+    if (uint_opt(pool_obj, "pool_size", UINT_MAX, &pool) < 0)
         return NULL;
     rate_redis_options_t o;
     memset(&o, 0, sizeof o);
@@ -937,7 +1043,7 @@ static PyObject *redis_store_new(PyObject *args, PyObject *kw, int async)
     o.prefix = prefix;
     o.no_ttl = no_ttl != 0;
     o.client_time = client_time != 0;
-    o.pool_size = pool;
+    o.pool_size = (unsigned)pool;
     o.lazy_connect = lazy != 0;
     rate_loop_t loop;
     memset(&loop, 0, sizeof loop);
@@ -1006,6 +1112,21 @@ static int store_attach(PyObject *store, PyObject **slot)
     *slot = store;
     ((StoreObject *)store)->users++;
     return strcmp(((StoreObject *)store)->kind, "memory") == 0;
+}
+
+/* Raises the error of a call that set or used `policy` on `store` (None:
+ * the limiter's private memory store): RATE_EPOLICY with the store's
+ * reason (rate_store_check_policy: "the policy's states take up to N
+ * bytes, ..."), which the limiter's calls do not pass on. */
+static PyObject *raise_policy_rc(int rc, PyObject *store,
+                                 const rate_policy_t *policy)
+{
+    char err[ERRLEN] = "";
+    if (rc == RATE_EPOLICY && store && store != Py_None && policy &&
+        ((StoreObject *)store)->store)
+        (void)rate_store_check_policy(((StoreObject *)store)->store, policy,
+                                      err, sizeof err);
+    return raise_rc(rc, err);
 }
 
 /* -------------------------------------------------------------- Limiter */
@@ -1133,7 +1254,7 @@ static int Limiter_init(LimiterObject *self, PyObject *args, PyObject *kw)
     rc = rate_limiter_new(&c, &lim);
     Py_END_ALLOW_THREADS
     if (rc != RATE_OK) {
-        raise_rc(rc, NULL);
+        raise_policy_rc(rc, store, c.policy);
         return -1;
     }
     self->limiter = lim;
@@ -1275,7 +1396,7 @@ static PyObject *Limiter_check(LimiterObject *self, PyObject *const *args,
     if (closed)
         return raise_closed();
     if (rc != RATE_OK)
-        return raise_rc(rc, NULL);
+        return raise_policy_rc(rc, self->store, policy);
     return decision_new(&d);
 }
 
@@ -1327,6 +1448,7 @@ static PyObject *Limiter_try_acquire(LimiterObject *self,
 }
 
 /* acquire(key, permits=1, *, timeout=0) -> Decision: waits (GIL released). */
+#define ACQUIRE_SLICE_NS 100000000u /* 100 ms */
 static PyObject *Limiter_acquire(LimiterObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"key", "permits", "timeout", NULL};
@@ -1344,17 +1466,42 @@ static PyObject *Limiter_acquire(LimiterObject *self, PyObject *args, PyObject *
     key_arg_t k;
     if (key_get(key_obj, &k) < 0)
         return NULL;
+    /* The wait goes in slices of at most ACQUIRE_SLICE_NS, the signals'
+     * handlers run between them: Ctrl-C ends a long wait. */
     rate_decision_t d;
     int rc = 0, closed = 0;
-    Py_BEGIN_ALLOW_THREADS
-    if (limiter_enter(self) < 0) {
-        closed = 1;
-    } else {
-        rc = rate_limiter_acquire(self->limiter, k.ptr, k.len, permits,
-                                  timeout_ns, &d);
-        pthread_rwlock_unlock(&self->lock);
+    uint64_t start = rate_clock_monotonic_ns();
+    for (;;) {
+        uint64_t spent = rate_clock_monotonic_ns() - start;
+        uint64_t left = spent < timeout_ns ? timeout_ns - spent : 0;
+        uint64_t pause = 0;
+        Py_BEGIN_ALLOW_THREADS
+        if (limiter_enter(self) < 0) {
+            closed = 1;
+        } else {
+            rc = rate_limiter_acquire(self->limiter, k.ptr, k.len, permits,
+                                      left < ACQUIRE_SLICE_NS ? left
+                                                              : ACQUIRE_SLICE_NS,
+                                      &d);
+            pthread_rwlock_unlock(&self->lock);
+        }
+        /* denied for now, a retry within the timeout: wait a slice */
+        if (!closed && rc == RATE_OK && !d.allowed &&
+            d.reason == RATE_REASON_LIMITED && d.retry_after_ns <= left) {
+            pause = d.retry_after_ns < ACQUIRE_SLICE_NS ? d.retry_after_ns
+                                                        : ACQUIRE_SLICE_NS;
+            struct timespec ts = {(time_t)(pause / RATE_NS_PER_S),
+                                  (long)(pause % RATE_NS_PER_S)};
+            nanosleep(&ts, NULL); /* a signal cuts it short: checked below */
+        }
+        Py_END_ALLOW_THREADS
+        if (closed || rc != RATE_OK || pause == 0)
+            break;
+        if (PyErr_CheckSignals() < 0) {
+            key_release(&k);
+            return NULL;
+        }
     }
-    Py_END_ALLOW_THREADS
     key_release(&k);
     if (closed)
         return raise_closed();
@@ -2117,9 +2264,14 @@ static int Fair_init(FairObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"limiter", "key", "slots", "queue_max",
                              "shm_path", NULL};
     PyObject *lim_obj, *key_obj, *path_obj = Py_None;
-    unsigned int slots = 0, queue_max = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$IIO:Fair", kwlist, &lim_obj,
-                                     &key_obj, &slots, &queue_max, &path_obj))
+    PyObject *slots_obj = NULL, *queue_obj = NULL;
+    unsigned long long slots = 0, queue_max = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOO:Fair", kwlist, &lim_obj,
+                                     &key_obj, &slots_obj, &queue_obj,
+                                     &path_obj))
+        return -1;
+    if (uint_opt(slots_obj, "slots", UINT_MAX, &slots) < 0 ||
+        uint_opt(queue_obj, "queue_max", UINT_MAX, &queue_max) < 0)
         return -1;
     if (self->fair || self->lock_ready) {
         PyErr_SetString(PyExc_RuntimeError, "Fair.__init__ called twice");
@@ -2144,8 +2296,8 @@ static int Fair_init(FairObject *self, PyObject *args, PyObject *kw)
     c.limiter = lim->limiter;
     c.key = k.ptr;
     c.key_len = k.len;
-    c.slots = slots;
-    c.queue_max = queue_max;
+    c.slots = (unsigned)slots;
+    c.queue_max = (unsigned)queue_max;
     c.shm_path = path;
     char err[ERRLEN] = "";
     rate_fair_t *f = NULL;
@@ -2555,8 +2707,7 @@ PyMODINIT_FUNC PyInit__ratelimit(void)
     PyObject *m = PyModule_Create(&module_def);
     if (!m)
         return NULL;
-    DecisionType = PyStructSequence_NewType(&decision_desc);
-    if (!DecisionType || PyType_Ready(&PolicyType) < 0 ||
+    if (decision_type_ready() < 0 || PyType_Ready(&PolicyType) < 0 ||
         PyType_Ready(&StoreType) < 0 || PyType_Ready(&LimiterType) < 0 ||
         PyType_Ready(&IoWatchType) < 0 || PyType_Ready(&LoopTimerType) < 0 ||
         PyType_Ready(&InFlightType) < 0 || PyType_Ready(&LeaseType) < 0 ||

@@ -6,7 +6,7 @@ Importing this module registers the storage schemes the way `limits`
 extends itself (its storage registry):
 
     ratelimit+memory://
-    ratelimit+shm:///dev/shm/app.rl[?max_keys=N&key_max=N&prefix=P]
+    ratelimit+shm:///dev/shm/app.rl[?max_keys=N&key_max=N&state_max=N&prefix=P]
     ratelimit+redis://[[user]:password@]host[:port][/db][?prefix=P&module=off]
 
 and the strategies "ratelimit-token-bucket" and "ratelimit-sliding-window"
@@ -18,6 +18,7 @@ sliding log.  Flask-Limiter then switches with its storage URI:
     Limiter(get_remote_address, app=app, storage_uri="ratelimit+shm:///dev/shm/app.rl")
 """
 
+import hashlib
 import math
 import threading
 import time
@@ -36,6 +37,13 @@ SLIDING_LOG_MAX = 10000
 _KEYS_CACHED = 65536
 _SECONDS = {g.GRANULARITY.name: g.GRANULARITY.seconds
             for g in GRANULARITIES.values()}
+
+
+def _digest_key(key):
+    """The key a key too long for the store is decided under: a prefix and
+    its BLAKE2b-128 in hex (40 bytes, no "/", so no key of limits's
+    key_for is one)."""
+    return "blake2b:" + hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
 
 
 def _limit_of_key(key):
@@ -62,6 +70,13 @@ class RatelimitStorage(Storage, MovingWindowSupport):
         query = dict(urllib.parse.parse_qsl(parsed.query))
         query.update({k: str(v) for k, v in options.items()})
         self._make_store = self._store_maker(parsed, query)
+        # the longest key the store keeps (a shared-memory region's key_max
+        # counts its prefix); a longer one is decided under its digest
+        self._key_room = ratelimit.KEY_MAX
+        if parsed.scheme == "ratelimit+shm":
+            self._key_room = min(self._key_room,
+                                 int(query.get("key_max", 256)) -
+                                 len(query.get("prefix", "").encode()))
         self._store = self._make_store()
         self._limiter = ratelimit.Limiter(ratelimit.Policy("unlimited"),
                                           self._store)
@@ -85,8 +100,11 @@ class RatelimitStorage(Storage, MovingWindowSupport):
                 state_max=int(query.get("state_max", 0)),
                 prefix=query.get("prefix"))
         url = urllib.parse.urlunparse(("redis",) + tuple(parsed[1:4]) + ("", ""))
+        # connected on first use: an app starts while Redis is down, and
+        # its requests' errors let Flask-Limiter's in-memory fallback apply
         return lambda: ratelimit.redis_store(
-            url, prefix=query.get("prefix"), module=query.get("module", "auto"))
+            url, prefix=query.get("prefix"), module=query.get("module", "auto"),
+            lazy_connect=True)
 
     def _policy(self, algorithm, amount, expiry):
         k = (algorithm, amount, expiry)
@@ -104,13 +122,22 @@ class RatelimitStorage(Storage, MovingWindowSupport):
                 self._policies[k] = p
         return p
 
+    def _store_key(self, key):
+        """The key itself, or its digest when it is longer than the store
+        keeps (a client's header as the key): every key is limited."""
+        if len(key) * 4 <= self._key_room or len(key.encode()) <= self._key_room:
+            return key
+        return _digest_key(key)
+
     def decide(self, algorithm, key, amount, expiry, cost=1):
         """One decision of the library under `algorithm` amount/expiry s; a
         store failure raises ratelimit.Error (Flask-Limiter's swallow_errors
         and in-memory fallback then have their say)."""
-        d = self._limiter.check(key, cost,
-                                policy=self._policy(algorithm, amount, expiry))
+        policy = self._policy(algorithm, amount, expiry)
+        d = self._limiter.check(self._store_key(key), cost, policy=policy)
         if d.reason == "store-error":
+            if d.error == ratelimit.EPOLICY:
+                self._store.check_policy(policy)  # raises with the reason
             ratelimit.raise_store_error(d)
         return d
 
@@ -173,7 +200,7 @@ class RatelimitStorage(Storage, MovingWindowSupport):
     # -- the rest of the interface
 
     def clear(self, key):
-        self._limiter.reset(key)
+        self._limiter.reset(self._store_key(key))
 
     def check(self):
         """Healthy when the store answers a query."""

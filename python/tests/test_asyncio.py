@@ -106,3 +106,21 @@ def test_errors_and_a_closed_store_cancel_decisions(redis_url):
             ratelimit.redis_async_store(redis_url, object())
 
     asyncio.run(main())
+
+
+def test_acquire_waits_for_a_fixed_window_as_the_sync_one_does():
+    # a window of 1 s: the next window comes within the 5 s timeout
+    async def main():
+        lim = AsyncLimiter(Policy("fixed-window 1/1s"))
+        first = await lim.acquire("k")
+        second = await lim.acquire("k", timeout=5.0)
+        third = await lim.acquire("k")  # no timeout: denied at once
+        lim.close()
+        return first, second, third
+
+    first, second, third = asyncio.run(main())
+    assert first.allowed and second.allowed
+    assert not third.allowed and third.reason == "limited"
+    sync = ratelimit.Limiter(Policy("fixed-window 1/1s"))
+    assert sync.acquire("k").allowed and sync.acquire("k", timeout=5.0).allowed
+    sync.close()

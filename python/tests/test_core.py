@@ -252,3 +252,89 @@ def test_stats():
         lim.check("a", now=T0)
         s = lim.stats()
         assert (s["allowed"], s["denied"]) == (1, 1)
+
+
+@pytest.mark.parametrize("call, exc, name", [
+    (lambda p: ratelimit.shm_store(p, max_keys=10, key_max=2**32 + 16),
+     OverflowError, "key_max"),
+    (lambda p: ratelimit.shm_store(p, max_keys=10, key_max=2**40),
+     OverflowError, "key_max"),
+    (lambda p: ratelimit.shm_store(p, max_keys=10, state_max=2**32),
+     OverflowError, "state_max"),
+    (lambda p: ratelimit.shm_store(p, max_keys=10, mode=2**40),
+     OverflowError, "mode"),
+    (lambda p: ratelimit.shm_store(p, max_keys=-1), ValueError, "max_keys"),
+    (lambda p: ratelimit.shm_store(p, max_keys=2**64), OverflowError,
+     "max_keys"),
+    (lambda p: ratelimit.memory_store(max_keys=-1), ValueError, "max_keys"),
+    (lambda p: ratelimit.memory_store(max_keys=2**33), OverflowError,
+     "max_keys"),
+    (lambda p: ratelimit.memory_store(shards=2**32 + 1), OverflowError,
+     "shards"),
+    (lambda p: ratelimit.redis_store("redis://127.0.0.1:1", pool_size=2**40,
+                                     lazy_connect=True),
+     OverflowError, "pool_size"),
+    (lambda p: ratelimit.redis_store("redis://127.0.0.1:1", pool_size=-2,
+                                     lazy_connect=True),
+     ValueError, "pool_size"),
+    (lambda p: ratelimit.Fair(Limiter(Policy("token-bucket 5/s")), "k",
+                              slots=2**32 + 4), OverflowError, "slots"),
+])
+def test_integer_options_out_of_range_raise_naming_the_option(shm_path, call,
+                                                              exc, name):
+    # an option out of its type's range raises, never wraps to another value
+    with pytest.raises(exc, match=name):
+        call(shm_path)
+    with pytest.raises(TypeError, match="key_max"):
+        ratelimit.shm_store(shm_path, max_keys=10, key_max="16")
+
+
+def test_a_denied_decision_is_false():
+    with Limiter(Policy("fixed-window 1/1h")) as lim:
+        first, second = lim.check("k"), lim.check("k")
+        assert first and first.allowed
+        assert not second and not second.allowed
+        assert bool(lim.acquire("k")) is False
+        assert isinstance(second, tuple) and second[0] is False
+
+
+def test_the_library_s_error_text_reaches_the_exception(shm_path):
+    store = ratelimit.shm_store(shm_path, max_keys=100)
+    with pytest.raises(Error, match="states take up to [0-9]+ bytes.*"
+                                    "keeps at most 96") as e:
+        Limiter(Policy("sliding-log 100/1m"), store)
+    assert e.value.name == "RATE_EPOLICY"
+    with pytest.raises(Error, match="states take up to"):
+        store.check_policy(Policy("sliding-log 100/1m"))
+    assert store.check_policy(Policy("sliding-log 4/1m")) is None
+    store.close()
+
+
+def test_ctrl_c_stops_a_waiting_acquire():
+    # A child waits on an acquire of an hour; SIGINT must end it with
+    # KeyboardInterrupt.  Its wait is an hour and the bound 60 s, slack a
+    # loaded machine cannot use up.
+    import signal
+    import subprocess
+    import sys
+    import time
+    code = ("import ratelimit, sys\n"
+            "lim = ratelimit.Limiter(ratelimit.Policy('token-bucket 1/1h'))\n"
+            "lim.try_acquire('k')\n"
+            "try:\n"
+            "    print('waiting', flush=True)\n"
+            "    lim.acquire('k', timeout=7200)\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted', flush=True)\n"
+            "    sys.exit(3)\n")
+    child = subprocess.Popen([sys.executable, "-c", code],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "waiting\n"
+        time.sleep(0.2)  # into the acquire
+        child.send_signal(signal.SIGINT)
+        out, _ = child.communicate(timeout=60)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == 3 and out == "interrupted\n"

@@ -106,8 +106,6 @@ def test_one_limit_shared_with_the_binding(shm_path):
 def test_store_failures_raise():
     # at creation, and in a decision (Flask-Limiter's swallow_errors and
     # in_memory_fallback then have their say)
-    with pytest.raises(ratelimit.Error):
-        storage_from_string("ratelimit+redis://127.0.0.1:1")
     st = RatelimitStorage("ratelimit+memory://")
     st._limiter.close()
     st._store.close()
@@ -168,3 +166,47 @@ def test_flask_app_switches_by_its_storage_uri(tmp_path, shm_path, request,
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:6] == [
         "200 2", "200 1", "200 0", "429 0", "429 0", "200"]
+
+
+@pytest.mark.parametrize("kind, size", [("memory", 600), ("shm", 300)])
+def test_a_key_too_long_for_the_store_is_limited_all_the_same(shm_path, kind,
+                                                              size):
+    # a client-supplied key (an API key header) longer than the store keeps
+    # (RATE_KEY_MAX; the URI's key_max of 256 on shm) is limited under its
+    # digest, not refused
+    uri = "ratelimit+memory://" if kind == "memory" else \
+        "ratelimit+shm://" + shm_path
+    st = storage_from_string(uri)
+    item = parse("3/minute")
+    for strategy in ("fixed-window", "moving-window"):
+        limiter = STRATEGIES[strategy](st)
+        long_a, long_b = "a" * size + strategy, "a" * size + strategy + "b"
+        assert [limiter.hit(item, long_a) for _ in range(4)] == \
+            [True, True, True, False]
+        assert not limiter.test(item, long_a)
+        assert limiter.get_window_stats(item, long_a)[1] == 0
+        assert limiter.hit(item, long_b)  # another key, another digest
+        limiter.clear(item, long_a)
+        assert limiter.hit(item, long_a)
+    st.reset()
+    st.close()
+
+
+def test_a_redis_storage_starts_while_redis_is_down():
+    # the store connects on first use, so an app starts and its first
+    # request's error lets Flask-Limiter's in-memory fallback apply
+    st = storage_from_string("ratelimit+redis://127.0.0.1:1")
+    with pytest.raises(ratelimit.Error) as e:
+        st.incr(parse("1/second").key_for("k"), 1)
+    assert e.value.name == "RATE_ESTORE"
+    assert not st.check()
+    st.close()
+
+
+def test_a_policy_the_store_cannot_keep_raises_the_store_s_reason(shm_path):
+    # a moving window of 100 on a region of the default state_max (96 bytes)
+    st = storage_from_string("ratelimit+shm://" + shm_path + "?state_max=96")
+    with pytest.raises(ratelimit.Error, match="states take up to") as e:
+        STRATEGIES["moving-window"](st).hit(parse("100/minute"), "k")
+    assert e.value.name == "RATE_EPOLICY"
+    st.close()
