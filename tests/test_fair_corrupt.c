@@ -360,7 +360,7 @@ static void other_values(void **s)
     /* a seat of no process (a pid of 0 or less) is dropped as gone */
     fslot_t *sl = queued_entry(&b);
     fqueue_t q;
-    fwait_t *w;
+    fwait_t *w = NULL;
     assert_int_equal(queue_of(b.f, sl, &q), RATE_OK);
     assert_int_equal(queue_seat(b.f, sl, &q, 0, &w), RATE_OK);
     w->pid = -1;
