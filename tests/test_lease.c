@@ -135,6 +135,10 @@ static void test_policy_errors(void **state)
         {" ; concurrency 10 ttl=1s", "clause 1 is empty"},
         {"name=a/b concurrency 2 ttl=1s", "policy name 'a/b' has '/'"},
         {"name= concurrency 2 ttl=1s", "name= is empty"},
+        /* 65 bytes: one past RATE_POLICY_NAME_MAX */
+        {"name=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+         "aaaaaaaaaaaaaaaaaaaaaaaaa concurrency 2 ttl=1s",
+         "policy name 'aaaaaaaaaaaaaaaa...' is longer than 64 bytes"},
         {"name=api concurrency 2", "missing ttl=DURATION"},
         {"name=concurrency-api token-bucket 5/s", "no concurrency clause"},
     };
