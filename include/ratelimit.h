@@ -801,6 +801,13 @@ RATE_API uint64_t rate_clock_coarse_ns(void);
  * Errors: none.  Ownership: static: never freed.  Thread-safe: yes. */
 RATE_API const rate_clock_t *rate_clock_coarse(void);
 
+/* The library's own clock, the default of a limiter
+ * (rate_limiter_config_t.clock NULL): CLOCK_MONOTONIC, and a sleep of
+ * clock_nanosleep on it.  A layer can tell it from a caller's clock by its
+ * now_ns.  Returns: the clock, never NULL.  Errors: none.
+ * Ownership: static: never freed.  Thread-safe: yes. */
+RATE_API const rate_clock_t *rate_clock_exact(void);
+
 #ifdef __cplusplus
 }
 #endif

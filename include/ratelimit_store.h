@@ -553,6 +553,60 @@ RATE_API int rate_limiter_check_fair_at(rate_limiter_t *lim,
                                         uint64_t permits, uint64_t now_ns,
                                         rate_decision_t *out);
 
+/* ------------------------------------- operations beside the limiter */
+
+/* For a layer above the limiter that has the store decide the limiter's
+ * rate limits inside another operation of its own (an inflight object's
+ * acquire, its lease and its rate limits in one lease(), docs/leases.md):
+ * the decide() request of one permit on `key` at now_ns, exactly as the
+ * limiter would ask it (the key's policy, its tag in the store, the state
+ * format, the horizon).  clock_time: now_ns is the limiter's clock's.
+ * wait: may write the policy's record in the store first (a store call);
+ * false: never does, and answers RATE_ENOTSUP until the limiter's own
+ * calls have written it (for an event loop's thread).
+ * Returns: RATE_OK with *req.  RATE_ENOTSUP, *req untouched, for anything
+ * the caller should instead leave to the limiter's own calls: a NULL
+ * limiter, a shadow limiter with a space of its own, an unlimited policy,
+ * a bad key or time, the policy's record not (yet) written, or a store
+ * error (the limiter's own call then reports it).
+ * Errors: RATE_EINVAL for a NULL req.
+ * Ownership: req->policy is the limiter's, valid while the limiter lives
+ * and its policy is not replaced (use it within the operation); nothing
+ * else is kept.  Thread-safe: yes. */
+RATE_API int rate_limiter_decide_req(rate_limiter_t *lim, const char *key,
+                                     size_t key_len, uint64_t now_ns,
+                                     bool clock_time, bool wait,
+                                     rate_decide_req_t *req);
+
+/* The store's table, for a layer that calls a method the limiter has no
+ * call for (lease(), start(); its version, name and lease_rate): call a
+ * method with rate_store_backend(store, table) as its self, and read no
+ * member past table->version's own (see "Versions" above).
+ * Returns: the table the store was made with; NULL for a NULL store.
+ * Errors: none.  Ownership: the table is the back end's (borrowed; valid
+ * until rate_store_free()).  Thread-safe: yes. */
+RATE_API const rate_store_methods_t *
+rate_store_methods(const rate_store_t *store);
+
+/* Runs `step` over `key` through the store, as the limiter runs its own:
+ * update(), or load() and cas() with the step between them, retried on a
+ * conflict (up to 64 times).
+ * Returns: what step->fn returned (RATE_OK or the step's own code).
+ * Errors: RATE_ECONFLICT when the retries ran out (nothing written by
+ * this call); RATE_EINVAL for a NULL store, key or step; the store's own
+ * errors.  Ownership: key and step are borrowed for the call; nothing is
+ * kept.  Thread-safe: yes (the store makes each run atomic). */
+RATE_API int rate_store_step(const rate_store_t *store, const rate_key_t *key,
+                             const rate_step_t *step);
+
+/* Whether the store is one of this library's stores whose holders live on
+ * this host: its memory store (this process's) or its shared-memory store
+ * (this host's), where a process id names a process and kill() can judge
+ * it (rate_inflight_config_t.reap_dead_holders).
+ * Returns: true for those two; false for any other store and for NULL.
+ * Errors: none.  Ownership: nothing kept.  Thread-safe: yes. */
+RATE_API bool rate_store_is_host_local(const rate_store_t *store);
+
 #ifdef __cplusplus
 }
 #endif

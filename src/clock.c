@@ -70,14 +70,6 @@ uint64_t rate__clock_exact(void *ud)
     return rate_clock_monotonic_ns();
 }
 
-/* The wall clock, CLOCK_REALTIME: the one the hosts sharing a store have
- * in common (the default of an inflight object on such a store). */
-uint64_t rate__clock_wall(void *ud)
-{
-    (void)ud;
-    return read_clock(CLOCK_REALTIME);
-}
-
 uint64_t rate__clock_coarse(void *ud)
 {
     (void)ud;
@@ -100,6 +92,13 @@ const rate_clock_t *rate_clock_coarse(void)
     static const rate_clock_t coarse = {rate__clock_coarse, rate__clock_sleep,
                                         NULL};
     return &coarse;
+}
+
+const rate_clock_t *rate_clock_exact(void)
+{
+    static const rate_clock_t exact = {rate__clock_exact, rate__clock_sleep,
+                                       NULL};
+    return &exact;
 }
 
 uint64_t rate_deadline_begin(void)

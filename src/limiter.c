@@ -118,6 +118,13 @@ rate_store_t *rate_limiter_store(const rate_limiter_t *lim)
     return lim == NULL ? NULL : lim->store;
 }
 
+/* Here, not in store.c: the step's objects (the Redis module's) have no
+ * memory or shared-memory store. */
+bool rate_store_is_host_local(const rate_store_t *store)
+{
+    return store != NULL && rate__store_is_host_local(store);
+}
+
 /* The limiter's clock; the library's own read without the indirect call. */
 static inline uint64_t clock_now(const rate_limiter_t *lim)
 {
@@ -659,16 +666,18 @@ static RATE__ALWAYS_INLINE int decide(rate_limiter_t *lim,
     return rc;
 }
 
-/* rate__limiter_decide_req (internal.h): what store_part() would ask the
- * store's decide() for one permit, without asking it. */
-int rate__limiter_decide_req(rate_limiter_t *lim, const char *key,
-                             size_t len, uint64_t now, bool clock_time,
-                             bool wait, rate_decide_req_t *req)
+/* rate_limiter_decide_req (ratelimit_store.h): what store_part() would ask
+ * the store's decide() for one permit, without asking it. */
+int rate_limiter_decide_req(rate_limiter_t *lim, const char *key, size_t len,
+                            uint64_t now, bool clock_time, bool wait,
+                            rate_decide_req_t *req)
 {
     rate__step_arg_t arg;
     rate_decision_t d;
     int store_rc = RATE_OK;
 
+    if (req == NULL)
+        return RATE_EINVAL;
     if (lim == NULL || lim->space != RATE_SPACE_STATE)
         return RATE_ENOTSUP;
     if (!wait) {

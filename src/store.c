@@ -33,6 +33,19 @@ void *rate_store_backend(const rate_store_t *store,
     return store != NULL && store->m == m ? store->self : NULL;
 }
 
+const rate_store_methods_t *rate_store_methods(const rate_store_t *store)
+{
+    return store != NULL ? store->m : NULL;
+}
+
+int rate_store_step(const rate_store_t *store, const rate_key_t *key,
+                    const rate_step_t *step)
+{
+    if (store == NULL || key == NULL || step == NULL)
+        return RATE_EINVAL;
+    return rate__store_step(store, key, step, 64, NULL);
+}
+
 int rate_store_stats(rate_store_t *store, rate_stats_t *out)
 {
     if (store == NULL || out == NULL)
@@ -136,20 +149,4 @@ int rate__store_step(const rate_store_t *s, const rate_key_t *key,
     if (s->m->update != NULL)
         return s->m->update(s->self, key, st);
     return run_generic(s, key, st, max_retries, retries);
-}
-
-int rate__store_lease(const rate_store_t *s, const rate_key_t *key,
-                      rate_lease_req_t *req)
-{
-    /* A table before version 5 ends before lease(). */
-    if (s->m->version < 5 || s->m->lease == NULL ||
-        (req->rate != NULL && !rate__store_lease_rate(s)))
-        return RATE_ENOTSUP;
-    return s->m->lease(s->self, key, req);
-}
-
-bool rate__store_lease_rate(const rate_store_t *s)
-{
-    /* A table before version 6 ends before lease_rate. */
-    return s->m->version >= 6 && s->m->lease_rate;
 }

@@ -56,9 +56,7 @@ check src/store/redis '*' ../../call.h ../../kit.h
 check src/fair '*'
 check src/http '*'
 check src/synced '*'
-# Leases: the core's own calls (rate__store_lease, the limiter's decide
-# request) until a public door carries them.
-check src/lease '*' ../internal.h
+check src/lease '*'
 # The Redis module: the step and the fair and lease steps, through the
 # step's include path (ratelimit_step), never a relative path.
 check redis-module '*' step.h kit.h fair/step.h lease/lease.h rm_api.h

@@ -135,6 +135,10 @@ static void test_policy_errors(void **state)
         {" ; concurrency 10 ttl=1s", "clause 1 is empty"},
         {"name=a/b concurrency 2 ttl=1s", "policy name 'a/b' has '/'"},
         {"name= concurrency 2 ttl=1s", "name= is empty"},
+        /* 65 bytes: one past RATE_POLICY_NAME_MAX */
+        {"name=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+         "aaaaaaaaaaaaaaaaaaaaaaaaa concurrency 2 ttl=1s",
+         "policy name 'aaaaaaaaaaaaaaaa...' is longer than 64 bytes"},
         {"name=api concurrency 2", "missing ttl=DURATION"},
         {"name=concurrency-api token-bucket 5/s", "no concurrency clause"},
     };
@@ -504,6 +508,102 @@ static void test_corrupt(void **state)
                      sizeof rate_state);
     assert_memory_equal(now, rate_state, sizeof rate_state);
     rate_inflight_free(in);
+    rate_store_free(store);
+}
+
+/* A step that appends one byte to the key's bytes and counts its runs. */
+static int grow_step(void *arg, rate_step_io_t *io)
+{
+    size_t *runs = arg;
+    (*runs)++;
+    if (io->old_len > 0)
+        memcpy(io->new_state, io->old_state, io->old_len);
+    ((uint8_t *)io->new_state)[io->old_len] = (uint8_t)io->old_len;
+    io->new_len = io->old_len + 1;
+    io->write = true;
+    io->ttl_ns = RATE_TTL_FOREVER;
+    return RATE_OK;
+}
+
+/* The public calls the lease layer is built on (ratelimit_store.h and
+ * rate_clock_exact), each with its errors. */
+static void run_doors(rate_store_t *store, bool host_local)
+{
+    const rate_store_methods_t *m = rate_store_methods(store);
+    assert_non_null(m);
+    assert_non_null(rate_store_backend(store, m));
+    assert_int_equal(rate_store_is_host_local(store), host_local);
+
+    size_t runs = 0;
+    rate_key_t k = {"door", 4, RATE_SPACE_STATE};
+    rate_step_t st = {grow_step, &runs, 1, 1, 0, NULL};
+    assert_int_equal(rate_store_step(store, &k, &st), RATE_OK);
+    assert_int_equal(rate_store_step(store, &k, &st), RATE_OK);
+    assert_true(runs >= 2);
+    assert_int_equal(rate_store_step(NULL, &k, &st), RATE_EINVAL);
+    assert_int_equal(rate_store_step(store, NULL, &st), RATE_EINVAL);
+    assert_int_equal(rate_store_step(store, &k, NULL), RATE_EINVAL);
+
+    rate_policy_t *p = policy_of("name=door token-bucket 5/s burst=5");
+    rate_limiter_config_t lc = {.policy = p, .store = store};
+    rate_limiter_t *lim;
+    assert_int_equal(rate_limiter_new(&lc, &lim), RATE_OK);
+    rate_decide_req_t rq;
+    memset(&rq, 0, sizeof rq);
+    assert_int_equal(rate_limiter_decide_req(lim, "k", 1, 7 * SEC, false,
+                                             true, &rq),
+                     RATE_OK);
+    assert_non_null(rq.policy);
+    assert_int_equal(rq.now_ns, 7 * SEC);
+    assert_int_equal(rq.permits, 1);
+    assert_false(rq.clock_time);
+    assert_int_equal(rq.op, RATE_DECIDE_ACQUIRE);
+    assert_int_equal(rate_limiter_decide_req(lim, "k", 1, 7 * SEC, false,
+                                             true, NULL),
+                     RATE_EINVAL);
+    assert_int_equal(rate_limiter_decide_req(NULL, "k", 1, 7 * SEC, false,
+                                             true, &rq),
+                     RATE_ENOTSUP);
+    assert_int_equal(rate_limiter_decide_req(lim, "", 0, 7 * SEC, false,
+                                             true, &rq),
+                     RATE_ENOTSUP);
+    assert_int_equal(rate_limiter_decide_req(lim, "k", 1, RATE_TIME_MAX + 1,
+                                             false, true, &rq),
+                     RATE_ENOTSUP);
+    rate_limiter_free(lim);
+    rate_policy_free(p);
+
+    p = policy_of("unlimited");
+    lc.policy = p;
+    assert_int_equal(rate_limiter_new(&lc, &lim), RATE_OK);
+    assert_int_equal(rate_limiter_decide_req(lim, "k", 1, 7 * SEC, false,
+                                             true, &rq),
+                     RATE_ENOTSUP);
+    rate_limiter_free(lim);
+    rate_policy_free(p);
+}
+
+static void test_doors(void **state)
+{
+    (void)state;
+    rate_store_t *store;
+    cas_store_t *h;
+
+    assert_null(rate_store_methods(NULL));
+    assert_false(rate_store_is_host_local(NULL));
+    const rate_clock_t *exact = rate_clock_exact();
+    assert_ptr_equal(exact, rate_clock_exact());
+    uint64_t before = rate_clock_monotonic_ns();
+    assert_true(exact->now_ns(exact->ud) >= before);
+    exact->sleep_ns(exact->ud, 1000); /* 1 us */
+    assert_true(rate_clock_monotonic_ns() - before >= 1000);
+
+    assert_int_equal(rate_store_memory_new(NULL, &store), RATE_OK);
+    assert_string_equal(rate_store_methods(store)->name, "memory");
+    run_doors(store, true);
+    rate_store_free(store);
+    assert_int_equal(cas_store_new(&store, &h), RATE_OK);
+    run_doors(store, false);
     rate_store_free(store);
 }
 
@@ -965,6 +1065,7 @@ int main(void)
         cmocka_unit_test(test_threads_cas),
         cmocka_unit_test(test_release_contention),
         cmocka_unit_test(test_start_calls),
+        cmocka_unit_test(test_doors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

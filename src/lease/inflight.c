@@ -14,16 +14,42 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
-#include "../internal.h"
 #include "lease.h"
 
+/* Whether the store's lease() takes an acquire's rate limits (version 6,
+ * lease_rate; a table before version 6 ends before it). */
+static bool lease_rate(const rate_store_t *s)
+{
+    const rate_store_methods_t *m = rate_store_methods(s);
+    return m->version >= 6 && m->lease_rate;
+}
+
 /* Lease keys live beside rate states, after a prefix no UTF-8 key has and
- * no caller's key may have (rate__key_reserved). */
+ * no caller's key may have (key_reserved). */
 static const char PREFIX[RATE_KEY_RESERVED_LEN] = RATE_KEY_RESERVED;
 
 #define SCRATCH_STACK 64u
+
+/* Whether a caller's key lies in the library's own namespace (begins with
+ * the lease keys' prefix): refused, so that no call reaches a lease state
+ * by its name. */
+static bool key_reserved(const char *key, size_t len)
+{
+    return len >= sizeof PREFIX && memcmp(key, PREFIX, sizeof PREFIX) == 0;
+}
+
+/* The wall clock, CLOCK_REALTIME: the one the hosts sharing a store have
+ * in common (the default of an inflight object on such a store). */
+static uint64_t wall_now(void *ud)
+{
+    struct timespec ts;
+    (void)ud;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * RATE_NS_PER_S + (uint64_t)ts.tv_nsec;
+}
 
 struct rate_inflight {
     rate_inflight_policy_t *policy;
@@ -128,7 +154,7 @@ static int make_limiter(rate_inflight_t *in)
  * keeps a key until its latest lease expires. */
 static bool pins(const rate_store_t *s)
 {
-    const char *name = s->m->name;
+    const char *name = rate_store_methods(s)->name;
     return name != NULL &&
            (strcmp(name, "memory") == 0 || strcmp(name, "shm") == 0);
 }
@@ -150,25 +176,25 @@ int rate_inflight_new(const rate_inflight_config_t *cfg, rate_inflight_t **out)
     /* A holder's PID means something only on this host, in this PID
      * namespace: never on a store other hosts share. */
     if (cfg->reap_dead_holders && cfg->store != NULL &&
-        !rate__store_is_host_local(cfg->store))
+        !rate_store_is_host_local(cfg->store))
         return RATE_EINVAL;
     if ((in = calloc(1, sizeof *in)) == NULL)
         return RATE_ENOMEM;
     /* One clock per store, whoever calls: CLOCK_MONOTONIC on this host's
      * stores, the wall clock on one that other hosts may share. */
     bool host_local = cfg->store == NULL ||
-                      rate__store_is_host_local(cfg->store);
+                      rate_store_is_host_local(cfg->store);
     /* The library's own clock (a limiter's default, handed on by the
      * rules) is the default too. */
-    bool own = cfg->clock != NULL && cfg->clock->now_ns != rate__clock_exact;
+    const rate_clock_t *exact = rate_clock_exact();
+    bool own = cfg->clock != NULL && cfg->clock->now_ns != exact->now_ns;
     in->clock_is_default = !own && host_local;
     in->host_local = host_local;
     if (own)
         in->clock = *cfg->clock;
     else
-        in->clock = (rate_clock_t){host_local ? rate__clock_exact
-                                              : rate__clock_wall,
-                                   rate__clock_sleep, NULL};
+        in->clock = (rate_clock_t){host_local ? exact->now_ns : wall_now,
+                                   exact->sleep_ns, NULL};
     in->reap = cfg->reap_dead_holders;
     pthread_once(&proc_once, proc_init);
     in->id_base = random64();
@@ -211,9 +237,22 @@ static uint64_t key_hash(const char *key, size_t len)
 static int check_input(const char *key, size_t len, uint64_t now)
 {
     if (key == NULL || len == 0 || len > RATE_LEASE_KEY_MAX ||
-        rate__key_reserved(key, len))
+        key_reserved(key, len))
         return RATE_EKEY;
     return now > RATE_TIME_MAX ? RATE_ERANGE : RATE_OK;
+}
+
+/* The store's lease() (store contract version 5), or RATE_ENOTSUP without
+ * one; an acquire with rate limits only to a table that takes them
+ * (version 6, lease_rate). */
+static int store_lease(const rate_store_t *s, const rate_key_t *k,
+                       rate_lease_req_t *q)
+{
+    const rate_store_methods_t *m = rate_store_methods(s);
+    if (m->version < 5 || m->lease == NULL ||
+        (q->rate != NULL && !lease_rate(s)))
+        return RATE_ENOTSUP;
+    return m->lease(rate_store_backend(s, m), k, q);
 }
 
 /* The operation by the store's lease() (store contract version 5: one
@@ -233,7 +272,7 @@ static int run_whole(rate_inflight_t *in, const rate_key_t *k,
                           .critical = a->cls == RATE_LEASE_CRITICAL,
                           .id = a->id, .expires_ns = a->expires_ns,
                           .pid = a->pid};
-    int rc = rate__store_lease(in->store, k, &q);
+    int rc = store_lease(in->store, k, &q);
     if (rc == RATE_OK) {
         a->granted = q.granted;
         a->held = q.held;
@@ -267,7 +306,7 @@ static int run(rate_inflight_t *in, const char *key, size_t len,
     int rc = run_whole(in, &k, a);
     if (rc != RATE_ENOTSUP)
         return rc;
-    return rate__store_step(in->store, &k, &st, 64, NULL);
+    return rate_store_step(in->store, &k, &st);
 }
 
 static uint64_t new_id(rate_inflight_t *in)
@@ -418,9 +457,9 @@ static int acquire_whole(rate_inflight_t *in, const char *key, size_t len,
     rate_decision_t d;
     char buf[sizeof PREFIX + RATE_LEASE_KEY_MAX];
 
-    if (!rate__store_lease_rate(in->store) ||
-        rate__limiter_decide_req(in->limiter, key, len, a->now_ns,
-                                 clock_time, true, &rq) != RATE_OK)
+    if (!lease_rate(in->store) ||
+        rate_limiter_decide_req(in->limiter, key, len, a->now_ns,
+                                clock_time, true, &rq) != RATE_OK)
         return RATE_ENOTSUP;
     rate_key_t lk = lease_key(buf, key, len);
     rate_key_t rk = {key, len, RATE_SPACE_STATE};
@@ -432,7 +471,7 @@ static int acquire_whole(rate_inflight_t *in, const char *key, size_t len,
                           .id = a->id, .expires_ns = a->expires_ns,
                           .pid = a->pid, .rate = &rq, .rate_key = &rk,
                           .rate_out = &d};
-    int rc = rate__store_lease(in->store, &lk, &q);
+    int rc = store_lease(in->store, &lk, &q);
     if (rc != RATE_OK)
         return rc;
     /* Denied by the in-flight limit: dead holders are looked for by the
@@ -540,8 +579,9 @@ static int run_change(rate_inflight_t *in, const char *key, size_t len,
         seed = seed * UINT64_C(6364136223846793005) +
                UINT64_C(1442695040888963407);
         uint64_t wait = pause / 2 + (seed >> 33) % (pause / 2 + 1);
-        rate__clock_sleep(NULL, wait < life_ns - spent ? wait
-                                                       : life_ns - spent);
+        rate_clock_exact()->sleep_ns(NULL, wait < life_ns - spent
+                                               ? wait
+                                               : life_ns - spent);
         if (pause < CHANGE_PAUSE_MAX_NS)
             pause *= 2;
     }
@@ -850,26 +890,27 @@ static int start_job(rate_inflight_t *in, const char *key, size_t len,
     memcpy(x->key + sizeof PREFIX, key, len);
     x->rk = (rate_key_t){x->key + sizeof PREFIX, len, RATE_SPACE_STATE};
     if (whole && a->op == LEASE_ACQUIRE && in->limiter != NULL &&
-        rate__store_lease_rate(in->store) &&
+        lease_rate(in->store) &&
         /* never waiting on the loop for the policy's record: until the
          * limiter has written it (through the loop), the two steps */
-        rate__limiter_decide_req(in->limiter, key, len, a->now_ns,
-                                 clock_time, false, &x->rq) == RATE_OK) {
+        rate_limiter_decide_req(in->limiter, key, len, a->now_ns,
+                                clock_time, false, &x->rq) == RATE_OK) {
         x->q.rate = &x->rq;
         x->q.rate_key = &x->rk;
         x->q.rate_out = &x->rd;
     }
+    const rate_store_methods_t *m = rate_store_methods(in->store);
+    void *self = rate_store_backend(in->store, m);
     x->job = (rate_job_t){{x->key, sizeof PREFIX + len, RATE_SPACE_STATE},
                           &x->st, NULL, NULL, lease_job_done, x,
-                          in->store->m->version >= 5 ? &x->q : NULL,
-                          false};
-    int rc = in->store->m->start(in->store->self, &x->job);
+                          m->version >= 5 ? &x->q : NULL, false};
+    int rc = m->start(self, &x->job);
     if (rc == RATE_ENOTSUP && x->q.rate != NULL) {
         /* not for these rate limits: the lease alone */
         x->q.rate = NULL;
         x->q.rate_key = NULL;
         x->q.rate_out = NULL;
-        rc = in->store->m->start(in->store->self, &x->job);
+        rc = m->start(self, &x->job);
     }
     if (rc != RATE_OK) {
         free(x->a.scratch);
@@ -893,7 +934,7 @@ int rate_inflight_acquire_start(rate_inflight_t *in, const char *key,
     if (in == NULL || lease == NULL || out == NULL || cb == NULL ||
         (cls != RATE_LEASE_NORMAL && cls != RATE_LEASE_CRITICAL))
         return RATE_EINVAL;
-    if (in->store->m->start == NULL) /* a store that answers at once */
+    if (rate_store_methods(in->store)->start == NULL) /* a store that answers at once */
         return rate_inflight_acquire(in, key, len, cls, lease, out);
     uint64_t now = in->clock.now_ns(in->clock.ud);
     if ((rc = check_input(key, len, now)) != RATE_OK)
@@ -944,7 +985,7 @@ int rate_inflight_release_start(rate_inflight_t *in, const char *key,
                                 size_t len, const rate_lease_t *lease,
                                 rate_lease_fn cb, void *ud)
 {
-    if (in != NULL && cb != NULL && in->store->m->start == NULL)
+    if (in != NULL && cb != NULL && rate_store_methods(in->store)->start == NULL)
         return rate_inflight_release(in, key, len, lease);
     return change_start(in, key, len, lease, LEASE_RELEASE, 0, cb, ud);
 }
@@ -953,7 +994,7 @@ int rate_inflight_extend_start(rate_inflight_t *in, const char *key,
                                size_t len, rate_lease_t *lease,
                                uint64_t ttl_ns, rate_lease_fn cb, void *ud)
 {
-    if (in != NULL && cb != NULL && in->store->m->start == NULL)
+    if (in != NULL && cb != NULL && rate_store_methods(in->store)->start == NULL)
         return rate_inflight_extend(in, key, len, lease, ttl_ns);
     return change_start(in, key, len, lease, LEASE_EXTEND, ttl_ns, cb, ud);
 }
