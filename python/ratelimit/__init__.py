@@ -33,15 +33,17 @@ _CODES = [n for n in dir(_ratelimit) if n[:1] == "E" and n[1:].isupper()]
 globals().update((n, getattr(_ratelimit, n)) for n in _CODES)
 
 # The wording of `limits` (its limits.util.parse_many): "[count] [per|/]
-# [n] [unit]", several joined by , ; or |.
+# [n] [unit]", several joined by , ; or |; and the library's short units
+# (s, m, h, d: "10/s", "100/5m"), as the README writes a rate.
 _LIMITS_ONE = _re.compile(
     r"\s*([0-9]+)\s*(?:/|\s*per\s*)\s*([0-9]+)?\s*"
-    r"(second|minute|hour|day|month|year)s?\s*", _re.IGNORECASE)
+    r"(?:(second|minute|hour|day|month|year)s?|(s|m|h|d))\s*", _re.IGNORECASE)
 _LIMITS_SEP = _re.compile(r"[,;|]")
 # Its units in the library's: a month is 30 days, a year 12 months, as
 # `limits` counts them.
 _LIMITS_UNITS = {"second": (1, "s"), "minute": (1, "m"), "hour": (1, "h"),
                  "day": (1, "d"), "month": (30, "d"), "year": (360, "d")}
+_SHORT_UNITS = {"s": "second", "m": "minute", "h": "hour", "d": "day"}
 _ALGORITHMS = ("token-bucket", "gcra", "leaky-bucket", "fixed-window",
                "sliding-log", "sliding-window")
 
@@ -58,7 +60,8 @@ def limits_text(text, algorithm="fixed-window"):
         m = _LIMITS_ONE.fullmatch(one)
         if not m:
             return None
-        count, n, unit = m.group(1), int(m.group(2) or 1), m.group(3).lower()
+        count, n = m.group(1), int(m.group(2) or 1)
+        unit = (m.group(3) or _SHORT_UNITS[m.group(4).lower()]).lower()
         scale, suffix = _LIMITS_UNITS[unit]
         part = "%s %s/%d%s" % (algorithm, count, n * scale, suffix)
         if algorithm in ("token-bucket", "gcra"):

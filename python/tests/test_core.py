@@ -28,9 +28,17 @@ def test_policy_text_and_canonical_form():
     ("5/second; 100/hour", "fixed-window 5/s; fixed-window 100/h"),
     ("1/day|7 per month", "fixed-window 1/d; fixed-window 7/30d"),
     ("2 per year", "fixed-window 2/360d"),
+    ("10/s", "fixed-window 10/s"),
+    ("100/5m; 1000 per d", "fixed-window 100/5m; fixed-window 1000/d"),
 ])
 def test_policy_limits_wording(text, expect):
     assert str(Policy(text)) == str(Policy(expect))
+
+
+@pytest.mark.parametrize("text", ["10/ms", "10/sm", "10/x"])
+def test_policy_not_limits_wording_is_the_library_s(text):
+    with pytest.raises(ratelimit.Error):
+        Policy(text)
 
 
 def test_policy_limits_wording_other_algorithm():
