@@ -641,7 +641,8 @@ static int usage(FILE *f)
           "       ratelimit bench --sync redis://HOST[:PORT]\n"
           "       ratelimit bench --fair [--rounds N] [--iterations N]\n"
           "       ratelimit bench --fair --redis URL [--rounds N]\n"
-          "       ratelimit bench --leases [--redis URL]\n\n"
+          "       ratelimit bench --leases [--redis URL]\n"
+          "       ratelimit bench --rules\n\n"
           "Measures the floors (clock read; hash + CAS; key fetch + random\n"
           "table read) and ns per decision on the in-memory store, and\n"
           "prints them with their ratios.  Best of N rounds (default 5).\n"
@@ -686,7 +687,10 @@ static int usage(FILE *f)
           "with 1 and 64 callers on one key; on Redis, leases by the general\n"
           "path (HMGET + compare-and-set), the lease script and the module\n"
           "(when loaded), one row each; then a combined policy's acquire +\n"
-          "release as two steps (lease, then rate) and as one command.\n",
+          "release as two steps (lease, then rate) and as one command.\n"
+          "With --rules, instead: a rules check by the size of the rules\n"
+          "file (10 to 100,000 API keys, a rule per key and one tier rule\n"
+          "listing them) beside a file of one rule.\n",
           f);
     return f == stdout ? 0 : 2;
 }
@@ -722,6 +726,8 @@ int cmd_bench(int argc, char **argv)
             fair = true;
             continue;
         }
+        if (strcmp(argv[i], "--rules") == 0)
+            return bench_rules();
         if (strcmp(argv[i], "--leases") == 0) {
             leases = true;
             continue;

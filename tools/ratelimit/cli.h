@@ -294,4 +294,15 @@ int cli_check_lease(const char *policy_text, const char *key,
  * be NULL.  Returns the exit status. */
 int bench_leases(const char *redis_url);
 
+/* bench --rules (bench_rules.c): a rules check by the rules file's size. */
+#ifdef RATE_WITH_HTTP
+int bench_rules(void);
+#else
+static inline int bench_rules(void)
+{
+    return cli_fail("bench: --rules: this build has no rules (it was built "
+                    "with RATE_WITH_HTTP=OFF)");
+}
+#endif
+
 #endif
