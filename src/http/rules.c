@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "http.h"
+#include "match.h"
 #include "ratelimit_fair.h"
 #include "ratelimit_lease.h"
 
@@ -65,22 +66,11 @@ static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
 #define ERR_MAX 512u
 #define DEFAULT_GROUP "default"
 
-typedef struct cond {
-    char *attr;
-    char *value; /* without the '*' of a prefix */
-    bool prefix; /* VALUE*: any value starting so ("*" alone: any value) */
-} cond_t;
-
-typedef struct alt { /* one match line: all its conditions hold */
-    cond_t *cond;
-    size_t count;
-} alt_t;
-
 typedef struct rule {
     char *name;
     char *group;
     unsigned line;
-    alt_t *alt; /* none: matches every request */
+    rate__alt_t *alt; /* none: matches every request */
     size_t nalt;
     const rate_policy_t *policy[RATE_RULES_MAX_APPLY];
     size_t npolicy;
@@ -142,6 +132,7 @@ typedef struct gen {
     size_t *order; /* the rules by group, then file order */
     size_t ngroup;
     size_t *group_start; /* ngroup + 1 offsets into order */
+    rate__match_ix_t *ix; /* each group's index of its rules' match lines */
     uint64_t number;
     struct gen *next_retired;
     _Atomic size_t held; /* requests holding leases through it: kept until
@@ -213,6 +204,9 @@ static void gen_free(gen_t *g)
         free(r->name);
         free(r->group);
     }
+    for (size_t k = 0; g->ix != NULL && k < g->ngroup; k++)
+        rate__match_free(&g->ix[k]);
+    free(g->ix);
     free(g->named);
     free(g->rule);
     free(g->order);
@@ -250,14 +244,6 @@ typedef struct names {
     size_t count;
 } names_t;
 
-static size_t name_hash(const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603u; /* FNV-1a */
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (unsigned char)s[i]) * 1099511628211u;
-    return (size_t)(h ^ (h >> 29));
-}
-
 /* The index whose name (by name_of) is s[0..n), or SIZE_MAX. */
 static size_t names_find(const names_t *t, const char *s, size_t n,
                          const char *(*name_of)(const void *, size_t),
@@ -265,7 +251,7 @@ static size_t names_find(const names_t *t, const char *s, size_t n,
 {
     if (t->cap == 0)
         return SIZE_MAX;
-    for (size_t i = name_hash(s, n) & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
+    for (size_t i = rate__str_hash(s, n) & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
         if (t->slot[i] == 0)
             return SIZE_MAX;
         const char *name = name_of(arr, t->slot[i] - 1);
@@ -288,7 +274,7 @@ static bool names_add(names_t *t, size_t idx,
             if (t->slot[i] == 0)
                 continue;
             const char *name = name_of(arr, t->slot[i] - 1);
-            size_t j = name_hash(name, strlen(name)) & (cap - 1);
+            size_t j = rate__str_hash(name, strlen(name)) & (cap - 1);
             while (slot[j] != 0)
                 j = (j + 1) & (cap - 1);
             slot[j] = t->slot[i];
@@ -298,7 +284,7 @@ static bool names_add(names_t *t, size_t idx,
         t->cap = cap;
     }
     const char *name = name_of(arr, idx);
-    size_t j = name_hash(name, strlen(name)) & (t->cap - 1);
+    size_t j = rate__str_hash(name, strlen(name)) & (t->cap - 1);
     while (t->slot[j] != 0)
         j = (j + 1) & (t->cap - 1);
     t->slot[j] = idx + 1;
@@ -425,7 +411,7 @@ static char *dup_n(const char *s, size_t n)
 
 static bool add_cond(load_t *l, const char *w, size_t n, void *arg)
 {
-    alt_t *a = arg;
+    rate__alt_t *a = arg;
     const char *eq = memchr(w, '=', n);
 
     if (eq == NULL || !is_attr_name(w, (size_t)(eq - w)))
@@ -441,7 +427,7 @@ static bool add_cond(load_t *l, const char *w, size_t n, void *arg)
                      (int)n, w);
     if (!grow(&a->cond, a->count, sizeof *a->cond))
         return lfail(l, l->line, "out of memory");
-    cond_t *c = &a->cond[a->count];
+    rate__cond_t *c = &a->cond[a->count];
     c->prefix = eq[vlen] == '*';
     c->attr = dup_n(w, (size_t)(eq - w));
     c->value = dup_n(eq + 1, vlen - c->prefix);
@@ -593,7 +579,7 @@ static bool on_rule(load_t *l, const char *name, const char *value)
     if (strcmp(name, "match") == 0) {
         if (!grow(&r->alt, r->nalt, sizeof *r->alt))
             return lfail(l, l->line, "out of memory");
-        alt_t *a = &r->alt[r->nalt++];
+        rate__alt_t *a = &r->alt[r->nalt++];
         memset(a, 0, sizeof *a);
         if (!each_word(l, value, add_cond, a))
             return l->err[0] != '\0'
@@ -719,6 +705,26 @@ static int on_line(void *user, const char *section, const char *name,
 /* After the whole file: every rule complete, none unreachable, and the
  * rules ordered by group (the groups in the order they first appear, each
  * in file order: a counting sort). */
+/* Each group's index of its rules' match lines (match.c). */
+static bool index_groups(load_t *l)
+{
+    gen_t *g = l->g;
+    rate__match_rule_t *mr = malloc((g->nrule + 1) * sizeof *mr);
+
+    g->ix = calloc(g->ngroup + 1, sizeof *g->ix);
+    bool ok = mr != NULL && g->ix != NULL;
+    for (size_t k = 0; ok && k < g->ngroup; k++) {
+        size_t first = g->group_start[k], n = g->group_start[k + 1] - first;
+        for (size_t j = 0; j < n; j++) {
+            const rule_t *r = &g->rule[g->order[first + j]];
+            mr[j] = (rate__match_rule_t){r->alt, r->nalt};
+        }
+        ok = rate__match_build(&g->ix[k], mr, n);
+    }
+    free(mr);
+    return ok ? true : lfail(l, 1, "out of memory");
+}
+
 static bool finish_load(load_t *l)
 {
     gen_t *g = l->g;
@@ -809,7 +815,7 @@ static bool finish_load(load_t *l)
                      "the rules can apply %zu policies to one request (the "
                      "most of each group); at most %d",
                      apply, RATE_RULES_MAX_APPLY);
-    return true;
+    return index_groups(l);
 }
 
 static int load_file(const char *path, gen_t **out, char *err, size_t errlen)
@@ -1062,34 +1068,6 @@ static void release(slot_t *s)
 
 /* ------------------------------------------------------------ decisions */
 
-static const char *attr_value(const rate_attr_t *attrs, size_t n,
-                              const char *name)
-{
-    for (size_t i = 0; i < n; i++)
-        if (attrs[i].name != NULL && strcmp(attrs[i].name, name) == 0)
-            return attrs[i].value != NULL ? attrs[i].value : "";
-    return NULL;
-}
-
-static bool rule_matches(const rule_t *r, const rate_attr_t *attrs, size_t n)
-{
-    if (r->nalt == 0)
-        return true;
-    for (size_t a = 0; a < r->nalt; a++) {
-        bool all = true;
-        for (size_t c = 0; c < r->alt[a].count && all; c++) {
-            const cond_t *k = &r->alt[a].cond[c];
-            const char *v = attr_value(attrs, n, k->attr);
-            all = v != NULL &&
-                  (k->prefix ? strncmp(v, k->value, strlen(k->value)) == 0
-                             : strcmp(v, k->value) == 0);
-        }
-        if (all)
-            return true;
-    }
-    return false;
-}
-
 /* The key a rule charges: the request's, "@RULE" (shared), or
  * "@RULE:V1|V2..." of its key attributes (a missing attribute is empty).
  * RATE_EKEY when too long. */
@@ -1117,7 +1095,7 @@ static int rule_key(const rule_t *r, const char *key, size_t key_len,
             v = key;
             vl = key_len;
         } else {
-            v = attr_value(attrs, n, r->key_attr[k]);
+            v = rate__attr_value(attrs, n, r->key_attr[k]);
             v = v != NULL ? v : "";
             vl = strlen(v);
         }
@@ -1286,7 +1264,7 @@ static rate_lease_class_t class_of(const rule_t *r, const rate_attr_t *attrs,
     if (r->cls == CLS_CRITICAL)
         return RATE_LEASE_CRITICAL;
     if (r->cls == CLS_ATTR) {
-        const char *v = attr_value(attrs, n, r->cls_attr);
+        const char *v = rate__attr_value(attrs, n, r->cls_attr);
         return v != NULL && strcmp(v, "critical") == 0 ? RATE_LEASE_CRITICAL
                                                        : RATE_LEASE_NORMAL;
     }
@@ -1379,39 +1357,39 @@ static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
     int cls = CLS_NONE;  /* the first matching rule's with a class */
     rate_lease_class_t lease_cls = RATE_LEASE_NORMAL;
     bool leases = false;
-    for (size_t k = 0; k < g->ngroup && rc == RATE_OK; k++)
-        for (size_t j = g->group_start[k]; j < g->group_start[k + 1]; j++) {
-            rule_t *r = &g->rule[g->order[j]];
-            if (!rule_matches(r, attrs, nattrs))
-                continue;
-            if (weight == 0)
-                weight = r->weight;
-            if (cls == CLS_NONE && r->cls != CLS_NONE) {
-                cls = r->cls;
-                lease_cls = class_of(r, attrs, nattrs);
-            }
-            for (size_t i = 0; i < r->npolicy && rc == RATE_OK; i++) {
-                pick[n].policy = r->policy[i];
-                pick[n].fair = NULL;
-                pick[n].in = NULL;
-                pick[n].ip = r->inflight[i];
-                pick[n].lease.id = 0;
-                if (r->inflight[i] != NULL) {
-                    leases = true;
-                    rc = held == NULL ? RATE_EPOLICY
-                                      : lease_of(r, i, lim, &pick[n].in);
-                } else if (r->fair && !rate_policy_is_unlimited(r->policy[i]))
-                    rc = fair_of(r, i, lim, &pick[n].fair);
-                if (rc == RATE_OK)
-                    rc = rule_key(r, key, key_len, attrs, nattrs,
-                                  pick[n].key, &pick[n].key_len);
-                if (rc == RATE_OK && pick[n].in != NULL &&
-                    pick[n].key_len > RATE_LEASE_KEY_MAX)
-                    rc = RATE_EKEY;
-                n++;
-            }
-            break; /* the first match of the group */
+    for (size_t k = 0; k < g->ngroup && rc == RATE_OK; k++) {
+        /* the group's first rule that matches (match.c) */
+        size_t j = rate__match_first(&g->ix[k], attrs, nattrs);
+        if (j == SIZE_MAX)
+            continue;
+        rule_t *r = &g->rule[g->order[g->group_start[k] + j]];
+        if (weight == 0)
+            weight = r->weight;
+        if (cls == CLS_NONE && r->cls != CLS_NONE) {
+            cls = r->cls;
+            lease_cls = class_of(r, attrs, nattrs);
         }
+        for (size_t i = 0; i < r->npolicy && rc == RATE_OK; i++) {
+            pick[n].policy = r->policy[i];
+            pick[n].fair = NULL;
+            pick[n].in = NULL;
+            pick[n].ip = r->inflight[i];
+            pick[n].lease.id = 0;
+            if (r->inflight[i] != NULL) {
+                leases = true;
+                rc = held == NULL ? RATE_EPOLICY
+                                  : lease_of(r, i, lim, &pick[n].in);
+            } else if (r->fair && !rate_policy_is_unlimited(r->policy[i]))
+                rc = fair_of(r, i, lim, &pick[n].fair);
+            if (rc == RATE_OK)
+                rc = rule_key(r, key, key_len, attrs, nattrs,
+                              pick[n].key, &pick[n].key_len);
+            if (rc == RATE_OK && pick[n].in != NULL &&
+                pick[n].key_len > RATE_LEASE_KEY_MAX)
+                rc = RATE_EKEY;
+            n++;
+        }
+    }
     if (rc == RATE_OK && n == 0) { /* no rule: the limiter's default */
         pick[0].policy = rate_limiter_policy(lim);
         pick[0].fair = NULL;
