@@ -777,14 +777,24 @@ static void index_finds_what_a_scan_finds(void **state)
     rate_limiter_free(lim);
 }
 
+/* A new file called name in the test's folder, open for writing; its
+ * path in *path (until the next call). */
+static FILE *dir_file(const char *name, const char **path)
+{
+    static char buf[128];
+    snprintf(buf, sizeof buf, "%s/%s", test_dir, name);
+    FILE *f = fopen(buf, "w");
+    assert_non_null(f);
+    *path = buf;
+    return f;
+}
+
 /* Writes a file of n policies and n rules (each naming its own policy, in
  * four groups, one in-flight policy in eight) to `name`; its path. */
 static const char *big_file(const char *name, size_t n)
 {
-    static char path[128];
-    snprintf(path, sizeof path, "%s/%s", test_dir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
+    const char *path;
+    FILE *f = dir_file(name, &path);
     fputs("[policies]\n", f);
     for (size_t i = 0; i < n; i++)
         if (i % 8 == 7)
@@ -851,10 +861,8 @@ static void reading_is_linear(void **state)
  * rule with a match line each; then a rule for every other key. */
 static const char *keys_file(const char *name, size_t n, bool rule_each)
 {
-    static char path[128];
-    snprintf(path, sizeof path, "%s/%s", test_dir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
+    const char *path;
+    FILE *f = dir_file(name, &path);
     fputs("[policies]\nfree = token-bucket 5/s burst=10\n", f);
     for (size_t i = 0; i < n; i++)
         fprintf(f, "p%zu = token-bucket 1000000/s burst=1000000\n", i);
