@@ -808,6 +808,15 @@ RATE_API const rate_clock_t *rate_clock_coarse(void);
  * Ownership: static: never freed.  Thread-safe: yes. */
 RATE_API const rate_clock_t *rate_clock_exact(void);
 
+/* The wall clock, CLOCK_REALTIME (ns since the Unix epoch), and the
+ * library's sleep: the one clock hosts that share a store have in common,
+ * for what more than one host times (leases on Redis or DynamoDB, a
+ * decision the Redis scripts decline, which they would take at Redis's
+ * TIME).  NTP's steps move it, and NTP's skew between hosts lengthens or
+ * shortens what it times by as much.  Returns: the clock, never NULL.
+ * Errors: none.  Ownership: static: never freed.  Thread-safe: yes. */
+RATE_API const rate_clock_t *rate_clock_wall(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -394,26 +394,6 @@ static char *ngx_http_inflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
 
 /* ------------------------------------------------------------ workers */
 
-/* A Redis zone's clock: leases are granted and checked by every host that
- * shares the zone, so each reads the wall clock (NTP's skew between hosts
- * lengthens or shortens a lease by as much: docs/leases.md). */
-static uint64_t ngx_http_inflight_wall_now(void *ud) {
-    struct timespec ts;
-    (void)ud;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static void ngx_http_inflight_wall_sleep(void *ud, uint64_t ns) {
-    struct timespec ts = {(time_t)(ns / 1000000000u),
-                          (long)(ns % 1000000000u)};
-    (void)ud;
-    nanosleep(&ts, NULL);
-}
-
-static const rate_clock_t ngx_http_inflight_wall = {
-    ngx_http_inflight_wall_now, ngx_http_inflight_wall_sleep, NULL};
-
 static ngx_http_inflight_main_conf_t *
 ngx_http_inflight_main(ngx_cycle_t *cycle) {
     ngx_http_conf_ctx_t *ctx =
@@ -432,10 +412,12 @@ static int ngx_http_inflight_attach_redis(ngx_http_inflight_zone_t *z,
     int rc = rate_store_redis_new(z->redis.url, &z->redis.options, &z->store,
                                   err, errlen);
     if (rc == RATE_OK) {
-        /* Every host one clock: the wall's. */
+        /* Leases are granted and checked by every host that shares the
+         * zone: one clock, the wall's (NTP's skew between hosts lengthens
+         * or shortens a lease by as much: docs/leases.md). */
         rate_inflight_config_t cfg = {.policy = z->policy,
                                       .store = z->store,
-                                      .clock = &ngx_http_inflight_wall};
+                                      .clock = rate_clock_wall()};
         rc = rate_inflight_new(&cfg, &z->inflight);
     }
     if (rc != RATE_OK) {

@@ -671,30 +671,6 @@ ngx_http_ratelimit_main(ngx_cycle_t *cycle) {
                                                ngx_http_ratelimit_module);
 }
 
-/* A Redis zone's limiters go by the wall clock (CLOCK_REALTIME): the
- * scripts go by Redis's TIME (a wall clock too), and a decision the
- * scripts decline (the C step over HMGET and compare-and-set, at the
- * limiter's clock) must be on the same time line, in every instance. */
-static uint64_t ngx_http_ratelimit_wall_ns(void *ud) {
-    struct timespec ts;
-
-    (void)ud;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static void ngx_http_ratelimit_wall_sleep(void *ud, uint64_t ns) {
-    struct timespec ts;
-
-    (void)ud;
-    ts.tv_sec = (time_t)(ns / 1000000000u);
-    ts.tv_nsec = (long)(ns % 1000000000u);
-    (void)nanosleep(&ts, NULL);
-}
-
-static const rate_clock_t ngx_http_ratelimit_wall = {
-    ngx_http_ratelimit_wall_ns, ngx_http_ratelimit_wall_sleep, NULL};
-
 /* The zone's four limiters ([shadow][fail open]) on its store. */
 static void ngx_http_ratelimit_limiters(ngx_log_t *log,
                                         ngx_http_ratelimit_zone_t *z) {
@@ -707,7 +683,12 @@ static void ngx_http_ratelimit_limiters(ngx_log_t *log,
             ngx_memzero(&lc, sizeof(lc));
             lc.policy = z->policy;
             lc.store = z->store;
-            lc.clock = z->redis.url != NULL ? &ngx_http_ratelimit_wall : NULL;
+            /* A Redis zone's limiters go by the wall clock: the scripts
+             * go by Redis's TIME (a wall clock too), and a decision they
+             * decline (the C step over HMGET and compare-and-set, at the
+             * limiter's clock) must be on the same time line, in every
+             * instance. */
+            lc.clock = z->redis.url != NULL ? rate_clock_wall() : NULL;
             lc.shadow = s != 0;
             lc.on_store_error = f ? RATE_FAIL_OPEN : RATE_FAIL_CLOSED;
             rc = rate_limiter_new(&lc, &z->limiter[s][f]);

@@ -59,6 +59,12 @@ uint64_t rate_clock_monotonic_ns(void)
     return read_clock(CLOCK_MONOTONIC);
 }
 
+static uint64_t wall_now(void *ud)
+{
+    (void)ud;
+    return read_clock(CLOCK_REALTIME);
+}
+
 uint64_t rate_clock_coarse_ns(void)
 {
     return read_clock(CLOCK_MONOTONIC_COARSE);
@@ -99,6 +105,12 @@ const rate_clock_t *rate_clock_exact(void)
     static const rate_clock_t exact = {rate__clock_exact, rate__clock_sleep,
                                        NULL};
     return &exact;
+}
+
+const rate_clock_t *rate_clock_wall(void)
+{
+    static const rate_clock_t wall = {wall_now, rate__clock_sleep, NULL};
+    return &wall;
 }
 
 uint64_t rate_deadline_begin(void)

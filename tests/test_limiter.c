@@ -4,6 +4,8 @@
  * on one key, the blocking acquire on an injected clock, tier changes that
  * keep a key's state, and the fail mode when the store fails.
  */
+#include <time.h>
+
 #include "lib/helpers.h"
 
 static void bad_input(void **state)
@@ -1263,10 +1265,40 @@ static void under_a_given_policy(void **state)
     rate_policy_free(strict);
 }
 
+/* The library's clocks: each the same static clock at every call, each
+ * reading its own kernel clock (the wall's the epoch's time, which no
+ * monotonic clock is near), and their sleep waiting at least its span. */
+static void the_clocks(void **state)
+{
+    (void)state;
+    const rate_clock_t *c[3] = {rate_clock_exact(), rate_clock_coarse(),
+                                rate_clock_wall()};
+    assert_ptr_equal(c[0], rate_clock_exact());
+    assert_ptr_equal(c[1], rate_clock_coarse());
+    assert_ptr_equal(c[2], rate_clock_wall());
+    struct timespec a, b;
+    clock_gettime(CLOCK_REALTIME, &a);
+    uint64_t mono = rate_clock_monotonic_ns();
+    uint64_t t[3] = {c[0]->now_ns(c[0]->ud), c[1]->now_ns(c[1]->ud),
+                     c[2]->now_ns(c[2]->ud)};
+    clock_gettime(CLOCK_REALTIME, &b);
+    assert_true(t[0] >= mono && t[0] <= rate_clock_monotonic_ns());
+    /* the coarse clock lags by at most a tick (1-10 ms); a second here */
+    assert_true(t[1] + 1000000000u >= mono && t[1] <= rate_clock_monotonic_ns());
+    assert_true(t[2] >= (uint64_t)a.tv_sec * 1000000000u + (uint64_t)a.tv_nsec);
+    assert_true(t[2] <= (uint64_t)b.tv_sec * 1000000000u + (uint64_t)b.tv_nsec);
+    for (int i = 0; i < 3; i++) {
+        uint64_t before = rate_clock_monotonic_ns();
+        c[i]->sleep_ns(c[i]->ud, 2000000); /* 2 ms */
+        assert_true(rate_clock_monotonic_ns() - before >= 2000000);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bad_input),
+        cmocka_unit_test(the_clocks),
         cmocka_unit_test(seed_interface),
         cmocka_unit_test(under_a_given_policy),
         cmocka_unit_test(keys_with_length),

@@ -570,25 +570,6 @@ static void reload_start(reloader_t *rl, const char *why)
 
 /* ---------------------------------------------------------------- main */
 
-/* With --store redis://, servers on several hosts share the leases of the
- * rules' in-flight policies, timed by the limiter's clock: the wall's,
- * one clock for every host (rate decisions are on Redis's own TIME). */
-static uint64_t wall_now(void *ud)
-{
-    struct timespec ts;
-    (void)ud;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static void wall_sleep(void *ud, uint64_t ns)
-{
-    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
-    (void)ud;
-    nanosleep(&ts, NULL);
-}
-
-static const rate_clock_t wall_clock = {wall_now, wall_sleep, NULL};
 
 static const char usage_text[] =
     "usage: api-server --listen IPV4:PORT --config FILE "
@@ -728,9 +709,14 @@ int main(int argc, char **argv)
     if (rate_policy_parse("name=none unlimited", &none, err, sizeof err) !=
         RATE_OK)
         return 1;
+    /* With --store redis://, servers on several hosts share the leases of
+     * the rules' in-flight policies, timed by the limiter's clock: the
+     * wall's, one clock for every host (rate decisions are on Redis's own
+     * TIME). */
     rate_limiter_config_t cfg = {.policy = none,
                                  .store = s.store,
-                                 .clock = s.store != NULL ? &wall_clock : NULL,
+                                 .clock = s.store != NULL ? rate_clock_wall()
+                                                          : NULL,
                                  .listener = metrics_listen,
                                  .listener_ud = s.metrics};
     if (rate_limiter_new(&cfg, &s.lim) != RATE_OK)

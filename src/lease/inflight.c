@@ -41,16 +41,6 @@ static bool key_reserved(const char *key, size_t len)
     return len >= sizeof PREFIX && memcmp(key, PREFIX, sizeof PREFIX) == 0;
 }
 
-/* The wall clock, CLOCK_REALTIME: the one the hosts sharing a store have
- * in common (the default of an inflight object on such a store). */
-static uint64_t wall_now(void *ud)
-{
-    struct timespec ts;
-    (void)ud;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * RATE_NS_PER_S + (uint64_t)ts.tv_nsec;
-}
-
 struct rate_inflight {
     rate_inflight_policy_t *policy;
     rate_store_t *store, *own_store;
@@ -193,8 +183,7 @@ int rate_inflight_new(const rate_inflight_config_t *cfg, rate_inflight_t **out)
     if (own)
         in->clock = *cfg->clock;
     else
-        in->clock = (rate_clock_t){host_local ? exact->now_ns : wall_now,
-                                   exact->sleep_ns, NULL};
+        in->clock = host_local ? *exact : *rate_clock_wall();
     in->reap = cfg->reap_dead_holders;
     pthread_once(&proc_once, proc_init);
     in->id_base = random64();
