@@ -69,6 +69,9 @@ def pkg_config_flags():
 
 
 inc, libdirs, libs, other = pkg_config_flags()
+# The DynamoDB store is in the library when it links libcurl (its
+# RATE_WITH_DYNAMODB): the binding then has dynamodb_store.
+macros = [("RATE_WITH_DYNAMODB", "1")] if "curl" in libs else []
 
 setup(
     name="ratelimit",
@@ -82,6 +85,7 @@ setup(
         "ratelimit._ratelimit", sorted(glob.glob("src/*.c")),
         depends=glob.glob("src/*.h"),
         include_dirs=inc + ["src"], library_dirs=libdirs, libraries=libs,
+        define_macros=macros,
         extra_compile_args=other + ["-std=c11", "-Wall", "-Wextra",
                                     "-Wconversion", "-Wshadow",
                                     "-Wstrict-prototypes", "-Werror",

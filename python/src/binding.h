@@ -6,8 +6,9 @@
  * Rooms: module.c (the module, its types and functions), convert.c
  * (errors, arguments, the guard), decision.c (Decision, header fields),
  * policy.c, store.c (Store, memory, shared memory), store_redis.c,
- * async.c (the rate_loop_t adapter on asyncio, asynchronous decisions),
- * limiter.c, lease.c (InFlight, Lease), fair.c, rules.c.
+ * store_dynamodb.c, async.c (the rate_loop_t adapter on asyncio,
+ * asynchronous decisions), limiter.c, synced.c (the synced mode),
+ * lease.c (InFlight, Lease), fair.c, rules.c.
  *
  * Every call that may block (a store's I/O, a shared-memory lock, an
  * acquire's sleep) runs with the GIL released.  An object over a library
@@ -67,6 +68,9 @@ int uint_opt(PyObject *obj, const char *what, unsigned long long max,
              unsigned long long *out);
 /* A duration in seconds (int or float) as ns; NULL or None is `dflt`. */
 int seconds_arg(PyObject *obj, const char *what, uint64_t dflt, uint64_t *out);
+
+/* A fail mode, "closed", "open" or "fallback" (NULL or None: *out kept). */
+int fail_arg(PyObject *obj, rate_fail_mode_t *out);
 
 /* Arguments of a METH_FASTCALL | METH_KEYWORDS method: out[i] is the
  * argument named names[i] (positions first, up to npos), or left as it
@@ -167,6 +171,10 @@ PyObject *raise_policy_rc(int rc, PyObject *store, const rate_policy_t *policy);
 
 extern PyMethodDef store_redis_functions[];
 
+/* -------------------------------------------------- store_dynamodb.c */
+
+extern PyMethodDef store_dynamodb_functions[];
+
 /* ----------------------------------------------------------- async.c */
 
 extern PyTypeObject IoWatchType, LoopTimerType;
@@ -196,8 +204,12 @@ int limiter_arg(PyObject *obj, LimiterObject **out);
 /* _check_start (async.c), a method of Limiter. */
 PyObject *Limiter_check_start(LimiterObject *self, PyObject *args);
 
-/* ------------------------------------------------ lease.c fair.c rules.c */
+/* ------------------------------------------- lease.c fair.c rules.c */
 
 extern PyTypeObject InFlightType, LeaseType, FairType, RulesType;
+
+/* ---------------------------------------------------------- synced.c */
+
+extern PyTypeObject SyncedType;
 
 #endif

@@ -242,6 +242,28 @@ int fast_args(const char *fname, PyObject *const *args,
     return 0;
 }
 
+int fail_arg(PyObject *obj, rate_fail_mode_t *out)
+{
+    const char *fail;
+    if (obj == NULL || obj == Py_None)
+        return 0;
+    if (cstring_arg(obj, "fail", &fail) < 0)
+        return -1;
+    if (strcmp(fail, "closed") == 0)
+        *out = RATE_FAIL_CLOSED;
+    else if (strcmp(fail, "open") == 0)
+        *out = RATE_FAIL_OPEN;
+    else if (strcmp(fail, "fallback") == 0)
+        *out = RATE_FAIL_FALLBACK;
+    else {
+        PyErr_Format(PyExc_ValueError,
+                     "fail must be 'closed', 'open' or 'fallback', not '%s'",
+                     fail);
+        return -1;
+    }
+    return 0;
+}
+
 /* -------------------------------------------------------- context managers */
 
 /* __enter__ of the objects that are context managers: the object. */

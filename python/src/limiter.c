@@ -25,23 +25,8 @@ static int Limiter_init(LimiterObject *self, PyObject *args, PyObject *kw)
         return -1;
     c.store = store == Py_None ? NULL : ((StoreObject *)store)->store;
     c.shadow = shadow != 0;
-    if (fail_obj != Py_None) {
-        const char *fail;
-        if (cstring_arg(fail_obj, "fail", &fail) < 0)
-            return -1;
-        if (strcmp(fail, "closed") == 0)
-            c.on_store_error = RATE_FAIL_CLOSED;
-        else if (strcmp(fail, "open") == 0)
-            c.on_store_error = RATE_FAIL_OPEN;
-        else if (strcmp(fail, "fallback") == 0)
-            c.on_store_error = RATE_FAIL_FALLBACK;
-        else {
-            PyErr_Format(PyExc_ValueError,
-                         "fail must be 'closed', 'open' or 'fallback', not '%s'",
-                         fail);
-            return -1;
-        }
-    }
+    if (fail_arg(fail_obj, &c.on_store_error) < 0)
+        return -1;
     int rc;
     rate_limiter_t *lim = NULL;
     Py_BEGIN_ALLOW_THREADS

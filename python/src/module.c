@@ -74,14 +74,15 @@ static const struct {
     {"Policy", &PolicyType},     {"Store", &StoreType},
     {"Limiter", &LimiterType},   {"InFlight", &InFlightType},
     {"Lease", &LeaseType},       {"Fair", &FairType},
-    {"_Rules", &RulesType},      {NULL, &IoWatchType},
-    {NULL, &LoopTimerType},
+    {"_Rules", &RulesType},      {"SyncedLimiter", &SyncedType},
+    {NULL, &IoWatchType},        {NULL, &LoopTimerType},
 };
 
 /* The rooms' functions beside the module's own. */
 static PyMethodDef *const room_functions[] = {
     store_functions,
     store_redis_functions,
+    store_dynamodb_functions,
 };
 
 static int module_add_types(PyObject *m)

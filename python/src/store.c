@@ -5,7 +5,7 @@
  * drop(), check_policy(); the constructors of the stores in this process
  * and host, memory_store() and shm_store(); and what the objects made on
  * a store use of it.  The remote stores have their own rooms
- * (store_redis.c).
+ * (store_redis.c, store_dynamodb.c).
  */
 #include "binding.h"
 
@@ -14,6 +14,9 @@
 
 #include "ratelimit_redis.h"
 #include "ratelimit_shm.h"
+#ifdef RATE_WITH_DYNAMODB
+#include "ratelimit_dynamodb.h"
+#endif
 
 StoreObject *store_alloc(const char *kind)
 {
@@ -94,8 +97,15 @@ static PyObject *Store_drop(StoreObject *self, PyObject *unused)
         Py_BEGIN_ALLOW_THREADS
         rc = rate_store_redis_drop(self->store);
         Py_END_ALLOW_THREADS
+#ifdef RATE_WITH_DYNAMODB
+    } else if (strcmp(self->kind, "dynamodb") == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = rate_store_dynamodb_drop(self->store);
+        Py_END_ALLOW_THREADS
+#endif
     } else {
-        PyErr_SetString(PyExc_TypeError, "drop() is for shm and Redis stores");
+        PyErr_SetString(PyExc_TypeError,
+                        "drop() is for shm, Redis and DynamoDB stores");
         return NULL;
     }
     if (rc != RATE_OK)
@@ -137,7 +147,7 @@ static PyMethodDef Store_methods[] = {
      "Frees the store (no limiter may be open on it)."},
     {"stats", (PyCFunction)Store_stats, METH_NOARGS, "The store's figures."},
     {"drop", (PyCFunction)Store_drop, METH_NOARGS,
-     "Deletes every key of the store's namespace (shm, Redis)."},
+     "Deletes every key of the store's namespace (shm, Redis, DynamoDB)."},
     {"__enter__", enter_self, METH_NOARGS, NULL},
     {"__exit__", exit_close, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};
