@@ -171,7 +171,62 @@ static PyObject *Rules_check(RulesObject *self, PyObject *args)
     return outcome_new(&o);
 }
 
+/* reload(path=None) -> generation: the file read again (or `path`, which
+ * later reloads then read); a bad file raises and keeps the rules. */
+static PyObject *Rules_reload(RulesObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"path", NULL};
+    PyObject *path_obj = Py_None, *path_bytes = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:reload", kwlist, &path_obj))
+        return NULL;
+    if (guard_usable(&self->guard, "Rules", RULES_CLOSED) < 0)
+        return NULL;
+    if (path_obj != Py_None && !PyUnicode_FSConverter(path_obj, &path_bytes))
+        return NULL;
+    const char *path = path_bytes ? PyBytes_AS_STRING(path_bytes) : NULL;
+    char err[ERRLEN] = "";
+    int rc = 0, closed = 0;
+    uint64_t generation = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (guard_enter(&self->guard) < 0) {
+        closed = 1;
+    } else {
+        rc = rate_rules_reload(self->guard.handle, path, err, sizeof err);
+        generation = rate_rules_generation(self->guard.handle);
+        guard_leave(&self->guard);
+    }
+    Py_END_ALLOW_THREADS
+    Py_XDECREF(path_bytes);
+    if (closed)
+        return guard_raise_closed(RULES_CLOSED);
+    if (rc != RATE_OK)
+        return raise_rc(rc, err);
+    return PyLong_FromUnsignedLongLong(generation);
+}
+
+/* The generation in use: 1 once loaded, one more for each reload. */
+static PyObject *Rules_get_generation(RulesObject *self, void *c)
+{
+    (void)c;
+    /* the read lock: a close() on another thread frees without the GIL */
+    if (guard_usable(&self->guard, "Rules", RULES_CLOSED) < 0 ||
+        guard_enter(&self->guard) < 0)
+        return PyErr_Occurred() ? NULL : guard_raise_closed(RULES_CLOSED);
+    uint64_t generation = rate_rules_generation(self->guard.handle);
+    guard_leave(&self->guard);
+    return PyLong_FromUnsignedLongLong(generation);
+}
+
+static PyGetSetDef Rules_getset[] = {
+    {"generation", (getter)Rules_get_generation, NULL,
+     "the rules in use: 1 once loaded, one more for each reload", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
 static PyMethodDef Rules_methods[] = {
+    {"reload", (PyCFunction)(void (*)(void))Rules_reload,
+     METH_VARARGS | METH_KEYWORDS,
+     "reload(path=None) -> generation: reads the file again; a bad file "
+     "raises Error and the rules in use stay"},
     {"_check", (PyCFunction)Rules_check, METH_VARARGS,
      "_check(limiter, key, attrs, permits, max_wait, now) -> outcome tuple"},
     {"close", (PyCFunction)Rules_close, METH_NOARGS, "frees the rules"},
@@ -186,5 +241,6 @@ PyTypeObject RulesType = {
     .tp_init = (initproc)Rules_init,
     .tp_dealloc = (destructor)Rules_dealloc,
     .tp_methods = Rules_methods,
+    .tp_getset = Rules_getset,
 };
 

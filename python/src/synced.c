@@ -241,10 +241,13 @@ static PyObject *Synced_stats(SyncedObject *self, PyObject *unused)
 static PyObject *Synced_get_lease(SyncedObject *self, void *c)
 {
     (void)c;
-    if (guard_usable(&self->guard, "SyncedLimiter", SYNCED_CLOSED) < 0)
-        return NULL;
-    /* fixed when made: no lock needed while the handle is open */
-    return PyLong_FromUnsignedLongLong(rate_synced_lease(self->guard.handle));
+    /* the read lock: a close() on another thread frees without the GIL */
+    if (guard_usable(&self->guard, "SyncedLimiter", SYNCED_CLOSED) < 0 ||
+        guard_enter(&self->guard) < 0)
+        return PyErr_Occurred() ? NULL : guard_raise_closed(SYNCED_CLOSED);
+    uint64_t lease = rate_synced_lease(self->guard.handle);
+    guard_leave(&self->guard);
+    return PyLong_FromUnsignedLongLong(lease);
 }
 
 static PyObject *Synced_get_policy(SyncedObject *self, void *c)
