@@ -107,6 +107,21 @@ static PyObject *Synced_close(SyncedObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* After a call: 0, or -1 with its error raised (closed meanwhile, or the
+ * library's). */
+static int synced_result(int closed, int rc)
+{
+    if (closed) {
+        guard_raise_closed(SYNCED_CLOSED);
+        return -1;
+    }
+    if (rc != RATE_OK) {
+        raise_rc(rc, NULL);
+        return -1;
+    }
+    return 0;
+}
+
 /* The decision for check() and try_acquire(); -1 with the error raised. */
 static int synced_decide(SyncedObject *self, PyObject *args, PyObject *kw,
                          const char *fmt, rate_decision_t *d)
@@ -139,15 +154,7 @@ static int synced_decide(SyncedObject *self, PyObject *args, PyObject *kw,
     }
     Py_END_ALLOW_THREADS
     key_release(&k);
-    if (closed) {
-        guard_raise_closed(SYNCED_CLOSED);
-        return -1;
-    }
-    if (rc != RATE_OK) {
-        raise_rc(rc, NULL);
-        return -1;
-    }
-    return 0;
+    return synced_result(closed, rc);
 }
 
 /* check(key, permits=1, *, now=None) -> Decision */
@@ -195,10 +202,8 @@ static PyObject *Synced_flush(SyncedObject *self, PyObject *args, PyObject *kw)
         guard_leave(&self->guard);
     }
     Py_END_ALLOW_THREADS
-    if (closed)
-        return guard_raise_closed(SYNCED_CLOSED);
-    if (rc != RATE_OK)
-        return raise_rc(rc, NULL);
+    if (synced_result(closed, rc) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -217,10 +222,8 @@ static PyObject *Synced_stats(SyncedObject *self, PyObject *unused)
         guard_leave(&self->guard);
     }
     Py_END_ALLOW_THREADS
-    if (closed)
-        return guard_raise_closed(SYNCED_CLOSED);
-    if (rc != RATE_OK)
-        return raise_rc(rc, NULL);
+    if (synced_result(closed, rc) < 0)
+        return NULL;
     return Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}",
         "decisions", (unsigned long long)st.decisions,

@@ -94,17 +94,22 @@ def test_threads_share_one_limit_exactly(dynalite):
     store.close()
 
 
+def proxied_store(dynalite, proxy):
+    """A store reaching dynalite through the proxy."""
+    url = ("dynamodb://rl_py?region=us-east-1&endpoint=http://127.0.0.1:%d"
+           % proxy.port)
+    return ratelimit.dynamodb_store(
+        url, prefix=conftest.unique_prefix(), create_table=True,
+        access_key_id="AKIDTEST", secret_access_key="test-secret",
+        connect_timeout=5, request_timeout=10)
+
+
 def test_gil_released_in_store_calls(dynalite):
     # Held through a call, the GIL would stop the proxy's threads: the
     # store's creation and decisions would time out instead.
     proxy = Proxy(dynalite.port)
     try:
-        url = ("dynamodb://rl_py?region=us-east-1&endpoint=http://127.0.0.1:%d"
-               % proxy.port)
-        store = ratelimit.dynamodb_store(
-            url, prefix=conftest.unique_prefix(), create_table=True,
-            access_key_id="AKIDTEST", secret_access_key="test-secret",
-            connect_timeout=5, request_timeout=10)
+        store = proxied_store(dynalite, proxy)
         with ratelimit.Limiter(ratelimit.Policy("token-bucket 20/s burst=1"),
                                store) as lim:
             assert lim.check("k").allowed
@@ -120,11 +125,7 @@ def test_gil_released_in_store_calls(dynalite):
 def test_synced_over_dynamodb_releases_the_gil(dynalite):
     proxy = Proxy(dynalite.port)
     try:
-        url = ("dynamodb://rl_py?region=us-east-1&endpoint=http://127.0.0.1:%d"
-               % proxy.port)
-        store = ratelimit.dynamodb_store(
-            url, prefix=conftest.unique_prefix(), access_key_id="AKIDTEST",
-            secret_access_key="test-secret", request_timeout=10)
+        store = proxied_store(dynalite, proxy)
         policy = ratelimit.Policy("fixed-window 10/h")
         with ratelimit.SyncedLimiter(policy, store, lease=4) as s:
             assert s.check("k").allowed                # a borrow
