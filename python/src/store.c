@@ -82,7 +82,8 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
                          (unsigned long long)st.bytes);
 }
 
-/* Deletes every key of a shared-memory or Redis store's namespace. */
+/* Deletes every key of a shared-memory, Redis or DynamoDB store's
+ * namespace. */
 static PyObject *Store_drop(StoreObject *self, PyObject *unused)
 {
     (void)unused;

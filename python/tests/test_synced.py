@@ -125,7 +125,7 @@ def test_flush_gives_back_what_is_due():
     store.close()
 
 
-def test_remote_failing_follows_the_fail_mode(redis_url):
+def test_remote_failing_follows_the_fail_mode():
     # a Redis that is not there: fail="open" admits, the default denies
     # with reason store-error, and the limiter stays usable
     dead = ratelimit.redis_store("redis://127.0.0.1:1", lazy_connect=True,
