@@ -7,6 +7,7 @@ leases back; bad input raises."""
 
 import random
 import subprocess
+import threading
 
 import pytest
 
@@ -85,6 +86,34 @@ def test_two_processes_stay_within_the_bound(cli, make_store, remote):
                 (k, exact.get(k), got.get(k))
         for q in procs:
             q.close()
+
+
+@pytest.mark.parametrize("remote", ["memory", "redis"])
+def test_threads_share_one_synced_limiter(make_store, remote):
+    # one process, 8 threads on one key: from the cold start never more
+    # than the window's 300, and what is not admitted is what the lease
+    # still holds
+    threads, per_thread = 8, 60
+    allowed = [0] * threads
+    with ratelimit.SyncedLimiter(ratelimit.Policy("fixed-window 300/1h"),
+                                 make_store(remote), lease=7) as s:
+        start = threading.Barrier(threads)
+
+        def worker(i):
+            start.wait()
+            for _ in range(per_thread):
+                allowed[i] += s.check("shared", now=10**12).allowed
+
+        ts = [threading.Thread(target=worker, args=(i,))
+              for i in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        st = s.stats()
+        assert sum(allowed) + st["held"] == 300
+        assert st["held"] < 7
+        assert st["allowed"] == sum(allowed)
 
 
 def test_close_gives_the_leases_back():
