@@ -11,6 +11,7 @@ LD_LIBRARY_PATH; its own dependencies (hiredis, libcurl, ...) are the
 system's shared libraries.
 """
 
+import glob
 import os
 import shlex
 import subprocess
@@ -68,6 +69,9 @@ def pkg_config_flags():
 
 
 inc, libdirs, libs, other = pkg_config_flags()
+# The DynamoDB store is in the library when it links libcurl (its
+# RATE_WITH_DYNAMODB): the binding then has dynamodb_store.
+macros = [("RATE_WITH_DYNAMODB", "1")] if "curl" in libs else []
 
 setup(
     name="ratelimit",
@@ -78,11 +82,14 @@ setup(
     packages=["ratelimit"],
     py_modules=["_ratelimit_autoload"],
     ext_modules=[Extension(
-        "ratelimit._ratelimit", ["ratelimit/_ratelimit.c"],
-        include_dirs=inc, library_dirs=libdirs, libraries=libs,
+        "ratelimit._ratelimit", sorted(glob.glob("src/*.c")),
+        depends=glob.glob("src/*.h"),
+        include_dirs=inc + ["src"], library_dirs=libdirs, libraries=libs,
+        define_macros=macros,
         extra_compile_args=other + ["-std=c11", "-Wall", "-Wextra",
                                     "-Wconversion", "-Wshadow",
-                                    "-Wstrict-prototypes", "-Werror"])],
+                                    "-Wstrict-prototypes", "-Werror",
+                                    "-fvisibility=hidden"])],
     cmdclass={"build_py": build_py_pth},
     zip_safe=False,
 )

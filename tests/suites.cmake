@@ -105,7 +105,8 @@ rate_suite(install SH install_test.sh NEEDS TOOLS PLAIN ENV "${RATE_PARTS_ENV}"
 # CPython has no sanitizer runtime to load it with.
 rate_suite(python SH python_test.sh NEEDS TOOLS PLAIN REDIS HTTP MODULE
            LABELS redis TIMEOUT 900 ARGS ${CMAKE_BINARY_DIR}
-           $<TARGET_FILE:ratelimit_cli> $<TARGET_FILE:ratelimit_redis_module>)
+           $<TARGET_FILE:ratelimit_cli> $<TARGET_FILE:ratelimit_redis_module>
+           ${RATE_DYNALITE})
 
 # Fair shares of a shared limit (docs/fair.md): issue 31's properties on
 # the memory table (threads) and the shared table (processes, shm store).

@@ -25,6 +25,10 @@ from ._ratelimit import (Decision, Error, Fair, Limiter, Lease, Store, memory_st
                          monotonic_ns, noop, parse_duration, redis_store,
                          redis_async_store,
                          shm_store, strerror, NEVER, KEY_MAX)
+from ._ratelimit import SyncedLimiter
+# The DynamoDB store, when the library was built with it (the default).
+if hasattr(_ratelimit, "dynamodb_store"):
+    from ._ratelimit import dynamodb_counters, dynamodb_last_error, dynamodb_store
 
 __version__ = _ratelimit.__version__
 
@@ -176,3 +180,5 @@ class AsyncLimiter(Limiter):
 __all__ = ["AsyncLimiter", "Outcome", "Rules", "Fair", "InFlight", "Lease", "Limited", "redis_async_store", "Decision", "Error", "Limiter", "Policy", "Store", "memory_store",
            "shm_store", "redis_store", "limits_text", "raise_store_error", "monotonic_ns",
            "parse_duration", "strerror", "noop", "NEVER", "KEY_MAX"] + _CODES
+__all__ += ["SyncedLimiter"] + [n for n in ("dynamodb_store", "dynamodb_counters",
+                                            "dynamodb_last_error") if n in globals()]

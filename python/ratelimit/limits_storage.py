@@ -8,6 +8,7 @@ extends itself (its storage registry):
     ratelimit+memory://
     ratelimit+shm:///dev/shm/app.rl[?max_keys=N&key_max=N&state_max=N&prefix=P]
     ratelimit+redis://[[user]:password@]host[:port][/db][?prefix=P&module=off]
+    ratelimit+dynamodb://TABLE?region=R[&endpoint=URL&prefix=P&create_table=1]
 
 and the strategies "ratelimit-token-bucket" and "ratelimit-sliding-window"
 beside the three of `limits` (a leaky bucket, which
@@ -63,7 +64,8 @@ class RatelimitStorage(Storage, MovingWindowSupport):
     one decision of the library under the limit its key names (the count
     and window a limits key ends with)."""
 
-    STORAGE_SCHEME = ["ratelimit+memory", "ratelimit+shm", "ratelimit+redis"]
+    STORAGE_SCHEME = ["ratelimit+memory", "ratelimit+shm", "ratelimit+redis",
+                      "ratelimit+dynamodb"]
 
     def __init__(self, uri, **options):
         parsed = urllib.parse.urlparse(uri)
@@ -99,12 +101,26 @@ class RatelimitStorage(Storage, MovingWindowSupport):
                 key_max=int(query.get("key_max", 256)),
                 state_max=int(query.get("state_max", 0)),
                 prefix=query.get("prefix"))
+        if kind == "dynamodb":
+            return RatelimitStorage._dynamodb_maker(parsed, query)
         url = urllib.parse.urlunparse(("redis",) + tuple(parsed[1:4]) + ("", ""))
         # connected on first use: an app starts while Redis is down, and
         # its requests' errors let Flask-Limiter's in-memory fallback apply
         return lambda: ratelimit.redis_store(
             url, prefix=query.get("prefix"), module=query.get("module", "auto"),
             lazy_connect=True)
+
+    @staticmethod
+    def _dynamodb_maker(parsed, query):
+        """The library's URL keeps the table, region and endpoint; prefix
+        and create_table are the store's options; credentials come from
+        the environment or ~/.aws/credentials (docs/dynamodb.md)."""
+        params = {k: query[k] for k in ("region", "endpoint") if k in query}
+        url = "dynamodb://%s?%s" % (parsed.netloc,
+                                    urllib.parse.urlencode(params, safe=":/"))
+        create = query.get("create_table", "0").lower() in ("1", "true", "yes")
+        return lambda: ratelimit.dynamodb_store(
+            url, prefix=query.get("prefix"), create_table=create)
 
     def _policy(self, algorithm, amount, expiry):
         k = (algorithm, amount, expiry)

@@ -149,6 +149,68 @@ def redis_module_url():
     server.stop()
 
 
+class Dynalite:
+    """A private dynalite (DynamoDB's API in Node, in memory) on a free
+    loopback port, its tables ACTIVE at once, as the C DynamoDB suites
+    start it (tests/lib/dynalite_server.h)."""
+
+    def __init__(self, program):
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [program, "--host", "127.0.0.1", "--port", str(self.port),
+             "--createTableMs", "0", "--deleteTableMs", "0",
+             "--updateTableMs", "0"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60  # node starting on a loaded machine
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 1).close()
+                break
+            except OSError:
+                assert self.proc.poll() is None, "dynalite exited"
+                assert time.monotonic() < deadline, "dynalite never listened"
+                time.sleep(0.05)
+
+    def url(self, table="rl_py"):
+        return ("dynamodb://%s?region=us-east-1&endpoint=http://127.0.0.1:%d"
+                % (table, self.port))
+
+    def store(self, **options):
+        """A DynamoDB store in a namespace of its own (dynalite checks no
+        credentials; these are what the store signs with)."""
+        options.setdefault("prefix", unique_prefix())
+        return ratelimit.dynamodb_store(
+            self.url(), create_table=True, access_key_id="AKIDTEST",
+            secret_access_key="test-secret", **options)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+@pytest.fixture(scope="session")
+def dynalite():
+    """The DynamoDB tests' server: $DYNALITE, else the one `make deps`
+    installs (python_test.sh passes its path).  Without it they are
+    skipped, as the C DynamoDB suites are, and fail under CI=true."""
+    program = (os.environ.get("DYNALITE") or
+               os.environ.get("RATELIMIT_DYNALITE") or "")
+    missing = None
+    if not hasattr(ratelimit, "dynamodb_store"):
+        missing = "the library was built without the DynamoDB store"
+    elif not (program and os.access(program, os.X_OK)
+              and shutil.which("node")):
+        missing = ("no dynalite (npm package) here: `make deps` installs it "
+                   "(scripts/dynalite.sh), or set DYNALITE to its program")
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail("DynamoDB tests cannot run (CI=true): " + missing)
+        pytest.skip(missing)
+    server = Dynalite(program)
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def shm_path():
     path = "/dev/shm/rl-py-%s.rl" % uuid.uuid4().hex
@@ -193,7 +255,7 @@ def unique_prefix():
 def make_store(request, shm_path):
     """make_store(kind): a fresh store of that kind: memory, shm, redis
     (the scripts), redis-module (ratelimit.so), redis-cluster (three
-    masters), closed after the test."""
+    masters), dynamodb (dynalite), closed after the test."""
     made = []
 
     def make(kind):
@@ -212,6 +274,8 @@ def make_store(request, shm_path):
             url = request.getfixturevalue("redis_module_url")
             st = ratelimit.redis_store(url, prefix=unique_prefix(), no_ttl=True,
                                        module="on")
+        elif kind == "dynamodb":
+            st = request.getfixturevalue("dynalite").store(no_ttl=True)
         else:
             raise ValueError(kind)
         made.append(st)
@@ -219,6 +283,6 @@ def make_store(request, shm_path):
 
     yield make
     for st in made:
-        if st.kind in ("redis", "shm"):  # a cluster's too: kind "redis"
+        if st.kind in ("redis", "shm", "dynamodb"):  # a cluster's: "redis"
             st.drop()
         st.close()

@@ -20,12 +20,19 @@ import ratelimit
 from ratelimit.limits_storage import RatelimitStorage
 
 
-@pytest.fixture(params=["memory", "shm", "redis"])
+@pytest.fixture(params=["memory", "shm", "redis", "dynamodb"])
 def storage(request, shm_path):
     if request.param == "memory":
         uri = "ratelimit+memory://"
     elif request.param == "shm":
         uri = "ratelimit+shm://" + shm_path + "?max_keys=1024&state_max=512"
+    elif request.param == "dynamodb":
+        # credentials as an application gets them: the environment
+        env = request.getfixturevalue("monkeypatch")
+        env.setenv("AWS_ACCESS_KEY_ID", "AKIDTEST")
+        env.setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
+        uri = ("ratelimit+" + request.getfixturevalue("dynalite").url() +
+               "&create_table=1&prefix=" + conftest.unique_prefix())
     else:
         url = request.getfixturevalue("redis_url")
         uri = "ratelimit+" + url + "/0?prefix=" + conftest.unique_prefix()

@@ -22,7 +22,7 @@ POLICIES = [
     ("sliding-window 5/2s block=1s", "0"),
 ]
 STORES = ["memory", "shm", "redis", "redis-module", "redis-async",
-          "redis-cluster", "redis-cluster-async"]
+          "redis-cluster", "redis-cluster-async", "dynamodb"]
 
 
 def seconds(ns):

@@ -78,3 +78,57 @@ def test_bad_rules_files_name_file_and_line(tmp_path):
     assert e.value.name == "RATE_EINVAL"
     with pytest.raises(ValueError):
         Rules("a\0b")
+
+
+def test_reload_takes_a_changed_file_and_keeps_on_a_bad_one(tmp_path):
+    path = tmp_path / "rules.conf"
+    path.write_text(RULES)
+    rules = Rules(path)                               # a path-like too
+    assert rules.generation == 1
+    with Limiter(Policy("fixed-window 100/1m")) as lim:
+        def passes(user):
+            n = 0
+            while rules.check(lim, user, {"tier": "free"}, now=T0).allowed:
+                n += 1
+            return n
+        assert passes("u1") == 2
+        # the file changed on disk: the next decision has the new policy
+        path.write_text(RULES.replace("free = fixed-window 2/1m",
+                                      "free = fixed-window 4/1m"))
+        assert rules.reload() == 2 and rules.generation == 2
+        out = rules.check(lim, "u2", {"tier": "free"}, now=T0)
+        assert out.headers["RateLimit-Policy"] == '"free";q=4;w=60'
+        assert passes("u3") == 4
+        # a damaged file: the library's error, the rules in use stay
+        path.write_text(RULES.replace("policy = search", "policy = gold"))
+        with pytest.raises(ratelimit.Error) as e:
+            rules.reload()
+        assert e.value.name == "RATE_EPOLICY"
+        assert "rules.conf:" in str(e.value) and "gold" in str(e.value)
+        assert rules.generation == 2
+        assert passes("u4") == 4
+        path.write_text(RULES[:len(RULES) // 2])        # torn midway
+        with pytest.raises(ratelimit.Error):
+            rules.reload()
+        path.unlink()                                   # gone
+        with pytest.raises(ratelimit.Error) as e:
+            rules.reload()
+        assert e.value.name == "RATE_EINVAL"
+        assert passes("u5") == 4 and rules.generation == 2
+        # another file, which later reloads then read
+        other = tmp_path / "other.conf"
+        other.write_text(RULES.replace("free = fixed-window 2/1m",
+                                       "free = fixed-window 1/1m"))
+        assert rules.reload(str(other)) == 3
+        assert passes("u6") == 1
+        other.write_text(RULES)
+        assert rules.reload() == 4 and passes("u7") == 2
+        with pytest.raises(ValueError):
+            rules.reload("a\0b")
+        with pytest.raises(TypeError):
+            rules.reload(42)
+    rules.close()
+    with pytest.raises(ValueError, match="closed"):
+        rules.reload()
+    with pytest.raises(ValueError, match="closed"):
+        rules.generation
