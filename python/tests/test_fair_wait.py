@@ -111,20 +111,22 @@ def test_ctrl_c_ends_a_long_wait_and_gives_an_admission_back():
     # The waiter's permit comes 2 s after the first was taken, its timeout
     # 20 s; SIGINT comes once it waits.  Its waiting thread stays queued,
     # is admitted at 2 s, and gives the permit back: the limit has it then.
-    with Limiter(Policy("token-bucket 1/2s burst=1")) as lim:
-        fair = Fair(lim, "shared")
-        assert fair.check("a").allowed
-        sender = threading.Thread(target=lambda: (
-            wait_for(lambda: fair.stats()["waiting"] == 1, "b waits"),
-            os.kill(os.getpid(), signal.SIGINT)))
-        sender.start()
-        with pytest.raises(KeyboardInterrupt):
-            fair.acquire("b", timeout=20)
-        # before its answer (at 2 s): the waiting thread still waits
-        assert fair.stats()["waiting"] == 1
-        sender.join()
-        fair.close()  # waits for the waiting thread's answer (at 2 s)
-        assert lim.check("shared").allowed  # the admission given back
+    lim = Limiter(Policy("token-bucket 1/2s burst=1"))
+    fair = Fair(lim, "shared")
+    assert fair.check("a").allowed
+    sender = threading.Thread(target=lambda: (
+        wait_for(lambda: fair.stats()["waiting"] == 1, "b waits"),
+        os.kill(os.getpid(), signal.SIGINT)))
+    sender.start()
+    with pytest.raises(KeyboardInterrupt):
+        fair.acquire("b", timeout=20)
+    # before its answer (at 2 s): the waiting thread still waits
+    waiting = fair.stats()["waiting"]
+    sender.join()
+    fair.close()  # waits for the waiting thread's answer (at 2 s)
+    assert waiting == 1
+    assert lim.check("shared").allowed  # the admission given back
+    lim.close()
 
 
 def test_async_waiters_admitted_without_blocking_the_loop():
