@@ -120,52 +120,8 @@ static PyObject *Fair_close(FairObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-/* check(flow, permits=1, *, weight=1, now=None) -> Decision */
-static PyObject *Fair_check(FairObject *self, PyObject *args, PyObject *kw)
-{
-    static char *kwlist[] = {"flow", "permits", "weight", "now", NULL};
-    PyObject *flow_obj, *permits_obj = NULL, *weight_obj = NULL;
-    PyObject *now_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$OO:check", kwlist,
-                                     &flow_obj, &permits_obj, &weight_obj,
-                                     &now_obj))
-        return NULL;
-    if (guard_usable(&self->guard, "Fair", FAIR_CLOSED) < 0)
-        return NULL;
-    uint64_t permits = 1, weight = 1, now_ns = 0;
-    if ((permits_obj && u64_arg(permits_obj, "permits", &permits) < 0) ||
-        (weight_obj && u64_arg(weight_obj, "weight", &weight) < 0) ||
-        (now_obj != Py_None && u64_arg(now_obj, "now", &now_ns) < 0))
-        return NULL;
-    if (weight > UINT32_MAX)
-        return raise_rc(RATE_EINVAL, "weight above RATE_FAIR_WEIGHT_MAX");
-    key_arg_t k;
-    if (key_get(flow_obj, &k) < 0)
-        return NULL;
-    rate_decision_t d;
-    int rc = 0, closed = 0;
-    DECIDE_BEGIN(self)
-    if (guard_enter(&self->guard) < 0) {
-        closed = 1;
-    } else {
-        rate_fair_t *f = self->guard.handle;
-        rc = now_obj != Py_None
-                 ? rate_fair_check_at(f, k.ptr, k.len, (uint32_t)weight,
-                                      permits, now_ns, &d)
-                 : rate_fair_check(f, k.ptr, k.len, (uint32_t)weight, permits,
-                                   &d);
-        guard_leave(&self->guard);
-    }
-    DECIDE_END
-    key_release(&k);
-    if (closed)
-        return guard_raise_closed(FAIR_CLOSED);
-    if (rc != RATE_OK)
-        return raise_rc(rc, NULL);
-    return decision_new(&d);
-}
-
-/* The flow, permits and weight of a waiting call; -1 with the error. */
+/* The flow, permits and weight of a call on an open Fair; -1 with the
+ * error. */
 static int fair_args(FairObject *self, PyObject *flow_obj, PyObject *permits_obj,
                      PyObject *weight_obj, key_arg_t *k, uint64_t *permits,
                      uint32_t *weight)
@@ -183,6 +139,45 @@ static int fair_args(FairObject *self, PyObject *flow_obj, PyObject *permits_obj
     }
     *weight = (uint32_t)w;
     return key_get(flow_obj, k);
+}
+
+/* check(flow, permits=1, *, weight=1, now=None) -> Decision */
+static PyObject *Fair_check(FairObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"flow", "permits", "weight", "now", NULL};
+    PyObject *flow_obj, *permits_obj = NULL, *weight_obj = NULL;
+    PyObject *now_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$OO:check", kwlist,
+                                     &flow_obj, &permits_obj, &weight_obj,
+                                     &now_obj))
+        return NULL;
+    uint64_t permits, now_ns = 0;
+    uint32_t weight;
+    key_arg_t k;
+    if ((now_obj != Py_None && u64_arg(now_obj, "now", &now_ns) < 0) ||
+        fair_args(self, flow_obj, permits_obj, weight_obj, &k, &permits,
+                  &weight) < 0)
+        return NULL;
+    rate_decision_t d;
+    int rc = 0, closed = 0;
+    DECIDE_BEGIN(self)
+    if (guard_enter(&self->guard) < 0) {
+        closed = 1;
+    } else {
+        rate_fair_t *f = self->guard.handle;
+        rc = now_obj != Py_None
+                 ? rate_fair_check_at(f, k.ptr, k.len, weight, permits, now_ns,
+                                      &d)
+                 : rate_fair_check(f, k.ptr, k.len, weight, permits, &d);
+        guard_leave(&self->guard);
+    }
+    DECIDE_END
+    key_release(&k);
+    if (closed)
+        return guard_raise_closed(FAIR_CLOSED);
+    if (rc != RATE_OK)
+        return raise_rc(rc, NULL);
+    return decision_new(&d);
 }
 
 /* Gives an admission nobody takes back to the shared limit (a waiter

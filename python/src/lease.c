@@ -373,15 +373,21 @@ static void Lease_dealloc(LeaseObject *self)
 
 enum lease_op { LEASE_RELEASE, LEASE_EXTEND };
 
-static PyObject *lease_call(LeaseObject *self, enum lease_op op, uint64_t ttl_ns)
+/* A lease not released yet, of an open InFlight; -1 with the error. */
+static int lease_usable(LeaseObject *self)
 {
     if (self->released) {
         PyErr_SetString(PyExc_ValueError, "the lease is released already");
-        return NULL;
+        return -1;
     }
-    InFlightObject *in = self->owner;
-    if (inflight_usable(in) < 0)
+    return inflight_usable(self->owner);
+}
+
+static PyObject *lease_call(LeaseObject *self, enum lease_op op, uint64_t ttl_ns)
+{
+    if (lease_usable(self) < 0)
         return NULL;
+    InFlightObject *in = self->owner;
     const char *kp = PyBytes_AS_STRING(self->key);
     size_t kl = (size_t)PyBytes_GET_SIZE(self->key);
     rate_lease_t lease = self->lease;
@@ -459,13 +465,9 @@ static void lease_changed(void *ud, int rc, const rate_lease_t *lease,
 static PyObject *lease_change_start(LeaseObject *self, enum lease_op op,
                                     uint64_t ttl_ns, PyObject *fut)
 {
-    if (self->released) {
-        PyErr_SetString(PyExc_ValueError, "the lease is released already");
+    if (lease_usable(self) < 0)
         return NULL;
-    }
     InFlightObject *in = self->owner;
-    if (inflight_usable(in) < 0)
-        return NULL;
     PyObject *t = Py_BuildValue("(OOi)", fut, (PyObject *)self, (int)op);
     if (!t)
         return NULL;
