@@ -168,8 +168,9 @@ static void lease_dropped(void *ud, int rc, const rate_lease_t *lease,
 }
 
 /* An asynchronous acquire's callback: the future gets (Decision, Lease or
- * None), or Error; a lease granted to a task cancelled meanwhile is
- * released at once (through the loop).  ud: (future, inflight, key). */
+ * None), or Error; a lease granted to a task cancelled meanwhile (or that
+ * no Lease object could be made for) is released at once, through the
+ * loop.  ud: (future, inflight, key). */
 static void lease_acquired(void *ud, int rc, const rate_lease_t *lease,
                            const rate_decision_t *d)
 {
@@ -179,14 +180,17 @@ static void lease_acquired(void *ud, int rc, const rate_lease_t *lease,
     InFlightObject *self = (InFlightObject *)PyTuple_GET_ITEM(t, 1);
     PyObject *key = PyTuple_GET_ITEM(t, 2);
     self->in_flight--;
+    int taken = 0; /* the lease is the task's */
     if (!future_done(fut)) {
         PyObject *res = NULL;
         if (rc == RATE_OK) {
             Py_INCREF(key);
             res = lease_answer(self, key, d, lease);
         }
+        taken = res != NULL;
         future_answer(fut, rc, res);
-    } else if (rc == RATE_OK && lease->id != 0 && self->guard.handle) {
+    }
+    if (!taken && rc == RATE_OK && lease->id != 0 && self->guard.handle) {
         Py_INCREF(self);
         self->in_flight++;
         int rrc = rate_inflight_release_start(
