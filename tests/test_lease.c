@@ -1043,6 +1043,56 @@ static void test_start_calls(void **state)
     rate_store_free(store);
 }
 
+/* A release or an extend through start() that the store gives up on for
+ * conflicts (RATE_ECONFLICT: the test store's job loses 64
+ * compare-and-sets, as the asynchronous Redis store's loses its tries) is
+ * tried again while the lease lives, as the synchronous call is: never
+ * lost to contention; RATE_EEXPIRED once the lease has expired. */
+static void test_start_change_conflicts(void **state)
+{
+    (void)state;
+    rate_store_t *store;
+    cas_store_t *h;
+    fake_clock_t clk = {.now = UINT64_C(1) << 40};
+    assert_int_equal(cas_store_new_async(&store, &h), RATE_OK);
+    rate_inflight_t *in = inflight_on("concurrency 3 ttl=1m", store, &clk);
+    rate_lease_t l[3];
+    rate_decision_t d;
+    for (int i = 0; i < 3; i++)
+        assert_true(take(in, "k", RATE_LEASE_NORMAL, &l[i], &d));
+    started_t r = {0}, e = {0};
+    cas_store_inject_conflicts(h, 150); /* more than two jobs' tries */
+    assert_int_equal(rate_inflight_release_start(in, "k", 1, &l[0],
+                                                 on_started, &r),
+                     RATE_PENDING);
+    run_all(h);
+    assert_int_equal(r.calls, 1);
+    assert_int_equal(r.rc, RATE_OK);
+    assert_int_equal(held_of(in, "k"), 2);
+    clk.now += SEC; /* the extended lease outlives the others */
+    cas_store_inject_conflicts(h, 150);
+    assert_int_equal(rate_inflight_extend_start(in, "k", 1, &l[1], 0,
+                                                on_started, &e),
+                     RATE_PENDING);
+    run_all(h);
+    assert_int_equal(e.calls, 1);
+    assert_int_equal(e.rc, RATE_OK);
+    assert_int_equal(e.lease.expires_ns, clk.now + 60 * SEC);
+    /* The lease expires while its release conflicts: RATE_EEXPIRED. */
+    memset(&r, 0, sizeof r);
+    cas_store_inject_conflicts(h, 64);
+    assert_int_equal(rate_inflight_release_start(in, "k", 1, &l[2],
+                                                 on_started, &r),
+                     RATE_PENDING);
+    clk.now = l[2].expires_ns;
+    run_all(h);
+    assert_int_equal(r.calls, 1);
+    assert_int_equal(r.rc, RATE_EEXPIRED);
+    assert_int_equal(held_of(in, "k"), 1); /* l[1], extended */
+    rate_inflight_free(in);
+    rate_store_free(store);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1065,6 +1115,7 @@ int main(void)
         cmocka_unit_test(test_threads_cas),
         cmocka_unit_test(test_release_contention),
         cmocka_unit_test(test_start_calls),
+        cmocka_unit_test(test_start_change_conflicts),
         cmocka_unit_test(test_doors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

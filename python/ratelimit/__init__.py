@@ -177,7 +177,92 @@ class AsyncLimiter(Limiter):
             await _asyncio.sleep(d.retry_after)
 
 
-__all__ = ["AsyncLimiter", "Outcome", "Rules", "Fair", "InFlight", "Lease", "Limited", "redis_async_store", "Decision", "Error", "Limiter", "Policy", "Store", "memory_store",
+class AsyncFair(Fair):
+    """A Fair whose acquire() is a coroutine that waits in the flow's queue
+    on the event loop (rate_fair_acquire_start: a timer and an eventfd of
+    the loop, no thread), never blocking it.  One loop per fair limit: its
+    first acquire's; run its calls and close() on that loop's thread.
+    check() is the Fair's (it never waits on a table in this process)."""
+
+    async def acquire(self, flow, permits=1, *, weight=1, timeout=0):
+        """Waits up to `timeout` s in the flow's queue, in weighted fair
+        order: the Decision, allowed, or denied (reason 'limited') at the
+        deadline or at once when the flow's queue is full.  A task
+        cancelled meanwhile leaves its place; permits admitted to it later
+        go back to the shared limit."""
+        loop = _asyncio.get_running_loop()
+        fut = loop.create_future()
+        d = self._acquire_start(flow, permits, weight, timeout, fut, loop)
+        return d if d is not None else await fut
+
+
+class AsyncInFlight(InFlight):
+    """An InFlight whose calls are coroutines that never block the event
+    loop: on redis_async_store(url, loop) each is one command through the
+    loop (rate_inflight_acquire_start, ...); on the memory and
+    shared-memory stores they answer at once.  Run them on the loop's
+    thread.
+
+        async with inflight.lease("user:42"):
+            ...              # released on leaving, by an error or a
+                             # cancellation too
+    """
+
+    async def acquire(self, key, *, critical=False):
+        """(Decision, Lease or None).  A task cancelled while it waits
+        leaves no lease held: one granted meanwhile is released."""
+        fut = _asyncio.get_running_loop().create_future()
+        r = self._acquire_start(key, critical, fut)
+        return r if r is not None else await fut
+
+    async def release(self, lease):
+        """Gives the lease's slot back (Error RATE_EEXPIRED when it lapsed
+        first; ValueError when released already)."""
+        fut = _asyncio.get_running_loop().create_future()
+        if lease._release_start(fut) is None:
+            await fut
+
+    async def extend(self, lease, ttl=None):
+        """The lease now expires `ttl` s from now (None: the policy's)."""
+        fut = _asyncio.get_running_loop().create_future()
+        if lease._extend_start(ttl, fut) is None:
+            await fut
+
+    def lease(self, key, *, critical=False):
+        """An asynchronous context manager: `async with` acquires (raising
+        Limited when denied) and releases on leaving the block."""
+        return _AsyncLeaseBlock(self, key, critical)
+
+
+class _AsyncLeaseBlock:
+    __slots__ = ("_inflight", "_key", "_critical", "_lease")
+
+    def __init__(self, inflight, key, critical):
+        self._inflight, self._key, self._critical = inflight, key, critical
+        self._lease = None
+
+    async def __aenter__(self):
+        d, lease = await self._inflight.acquire(self._key,
+                                                critical=self._critical)
+        if lease is None:
+            raise Limited(d)
+        self._lease = lease
+        return lease
+
+    async def __aexit__(self, exc_type, exc, tb):
+        if self._lease.released:
+            return False
+        try:
+            # Started before any await: a second cancellation of the task
+            # cannot stop the release, only the wait for its answer.
+            await self._inflight.release(self._lease)
+        except Exception:
+            if exc_type is None:
+                raise  # the block's own error, if any, is the one raised
+        return False
+
+
+__all__ = ["AsyncFair", "AsyncInFlight", "AsyncLimiter", "Outcome", "Rules", "Fair", "InFlight", "Lease", "Limited", "redis_async_store", "Decision", "Error", "Limiter", "Policy", "Store", "memory_store",
            "shm_store", "redis_store", "limits_text", "raise_store_error", "monotonic_ns",
            "parse_duration", "strerror", "noop", "NEVER", "KEY_MAX"] + _CODES
 __all__ += ["SyncedLimiter"] + [n for n in ("dynamodb_store", "dynamodb_counters",

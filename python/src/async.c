@@ -288,6 +288,31 @@ static PyObject *future_fail(PyObject *fut)
     return r;
 }
 
+int future_done(PyObject *fut)
+{
+    PyObject *done = PyObject_CallMethod(fut, "done", NULL);
+    int skip = done ? PyObject_IsTrue(done) : 1;
+    Py_XDECREF(done);
+    if (skip)
+        PyErr_Clear();
+    return skip != 0;
+}
+
+void future_answer(PyObject *fut, int rc, PyObject *res)
+{
+    PyObject *r = NULL;
+    if (rc == RATE_OK && res) {
+        r = PyObject_CallMethod(fut, "set_result", "(O)", res);
+        Py_DECREF(res);
+    } else if (rc != RATE_OK) {
+        raise_rc(rc, NULL);
+    }
+    /* never leave the awaiting task hanging: it gets the error */
+    if (!r)
+        r = future_fail(fut);
+    Py_XDECREF(r);
+}
+
 /* The asynchronous decision's callback: the future gets the decision, or
  * Error; a cancelled future nothing.  ud is a (future, limiter) tuple the
  * call made, which keeps both alive until now. */
@@ -297,26 +322,8 @@ static void check_done(void *ud, int rc, const rate_decision_t *d)
     PyObject *pair = ud; /* (future, limiter) */
     PyObject *fut = PyTuple_GET_ITEM(pair, 0);
     ((LimiterObject *)PyTuple_GET_ITEM(pair, 1))->in_flight--;
-    PyObject *done = PyObject_CallMethod(fut, "done", NULL);
-    int skip = done ? PyObject_IsTrue(done) : 1;
-    Py_XDECREF(done);
-    if (!skip) {
-        PyObject *r = NULL;
-        if (rc == RATE_OK) {
-            PyObject *dec = decision_new(d);
-            if (dec) {
-                r = PyObject_CallMethod(fut, "set_result", "(O)", dec);
-                Py_DECREF(dec);
-            }
-        } else {
-            raise_rc(rc, NULL);
-            r = future_fail(fut);
-        }
-        /* never leave the awaiting task hanging: it gets the error */
-        if (!r)
-            r = future_fail(fut);
-        Py_XDECREF(r);
-    }
+    if (!future_done(fut))
+        future_answer(fut, rc, rc == RATE_OK ? decision_new(d) : NULL);
     if (PyErr_Occurred())
         adapter_unraisable("ratelimit: asynchronous decision");
     Py_DECREF(pair);

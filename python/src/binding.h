@@ -110,6 +110,10 @@ void guard_leave(guard_t *g);
 /* Without the GIL: takes the handle out under the write lock (NULL when
  * closed already), for its owner to free. */
 void *guard_take(guard_t *g);
+/* With the GIL, on an event loop's thread: takes the read lock without
+ * waiting; -1 (the lock not held) when the handle is closed or a close is
+ * under way. */
+int guard_enter_now(guard_t *g);
 
 /* A call that never waits (memory stores: a shard's spin lock is held for
  * the step only) keeps the GIL, saving its release and take; every other
@@ -183,6 +187,13 @@ void aio_loop_init(rate_loop_t *l, PyObject *loop);
 /* Reports the exception set (if any) as unraisable: the adapter's and the
  * callbacks' errors cannot reach a Python caller. */
 void adapter_unraisable(const char *what);
+/* In an asynchronous call's callback (GIL held): whether its future is
+ * done already (its task cancelled), and then takes no answer. */
+int future_done(PyObject *fut);
+/* Answers the future: `res` (a new reference, stolen; NULL with the error
+ * set when it could not be made) for rc RATE_OK, else Error for rc; any
+ * failure becomes its exception, so that the awaiting task never hangs. */
+void future_answer(PyObject *fut, int rc, PyObject *res);
 
 /* --------------------------------------------------------- limiter.c */
 
@@ -203,6 +214,12 @@ extern PyTypeObject LimiterType;
 int limiter_arg(PyObject *obj, LimiterObject **out);
 /* _check_start (async.c), a method of Limiter. */
 PyObject *Limiter_check_start(LimiterObject *self, PyObject *args);
+/* A wait that Ctrl-C ends: step(ctx) runs with the GIL released, again
+ * while it returns 1, each run waiting at most WAIT_SLICE_NS, and the
+ * signals' handlers run between the runs.  0 once step returns 0; -1 with
+ * the handler's exception (KeyboardInterrupt). */
+#define WAIT_SLICE_NS 100000000u /* 100 ms */
+int wait_in_slices(int (*step)(void *ctx), void *ctx);
 
 /* ------------------------------------------- lease.c fair.c rules.c */
 

@@ -344,6 +344,17 @@ void guard_leave(guard_t *g)
     pthread_rwlock_unlock(&g->lock);
 }
 
+int guard_enter_now(guard_t *g)
+{
+    if (pthread_rwlock_tryrdlock(&g->lock) != 0)
+        return -1;
+    if (!g->handle) {
+        pthread_rwlock_unlock(&g->lock);
+        return -1;
+    }
+    return 0;
+}
+
 void *guard_take(guard_t *g)
 {
     pthread_rwlock_wrlock(&g->lock);

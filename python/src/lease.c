@@ -2,7 +2,8 @@
 /*
  * lease.c -- in-flight limits (docs/leases.md): ratelimit.InFlight, a
  * rate_inflight_t on a Store, whose acquire() gives a ratelimit.Lease to
- * release (a context manager) or extend.
+ * release (a context manager) or extend; and their asynchronous forms
+ * (_acquire_start, _release_start, _extend_start, for AsyncInFlight).
  */
 #include "binding.h"
 
@@ -15,6 +16,7 @@ typedef struct {
     guard_t guard;         /* a rate_inflight_t */
     PyObject *store;
     int memory_only;       /* 0: lease calls release the GIL (DECIDE_BEGIN) */
+    Py_ssize_t in_flight;  /* asynchronous lease calls not yet called back */
 } InFlightObject;
 
 typedef struct {
@@ -95,6 +97,12 @@ static void InFlight_dealloc(InFlightObject *self)
 static PyObject *InFlight_close(InFlightObject *self, PyObject *unused)
 {
     (void)unused;
+    if (self->in_flight > 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the in-flight limit has lease calls in flight: await "
+                        "them first");
+        return NULL;
+    }
     inflight_close(self);
     Py_RETURN_NONE;
 }
@@ -102,6 +110,146 @@ static PyObject *InFlight_close(InFlightObject *self, PyObject *unused)
 static int inflight_usable(InFlightObject *self)
 {
     return guard_usable(&self->guard, "InFlight", INFLIGHT_CLOSED);
+}
+
+/* (Decision, Lease or None) of an acquire's answer; key (bytes, stolen)
+ * is the Lease's. */
+static PyObject *lease_answer(InFlightObject *self, PyObject *key,
+                              const rate_decision_t *d,
+                              const rate_lease_t *lease)
+{
+    PyObject *dec = decision_new(d);
+    if (!dec) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    if (!d->allowed || lease->id == 0) {
+        Py_DECREF(key);
+        return Py_BuildValue("(NO)", dec, Py_None);
+    }
+    LeaseObject *l = PyObject_New(LeaseObject, &LeaseType);
+    if (!l) {
+        Py_DECREF(key);
+        Py_DECREF(dec);
+        return NULL;
+    }
+    Py_INCREF(self);
+    l->owner = self;
+    l->key = key;
+    l->lease = *lease;
+    l->released = 0;
+    return Py_BuildValue("(NN)", dec, (PyObject *)l);
+}
+
+/* Takes the read lock without waiting (the GIL held, on the loop's
+ * thread); fails, raising, on a closed object or a close under way. */
+static int inflight_enter_now(InFlightObject *self)
+{
+    if (guard_enter_now(&self->guard) < 0) {
+        guard_raise_closed(INFLIGHT_CLOSED);
+        return -1;
+    }
+    return 0;
+}
+
+/* The release of a lease granted to a task cancelled meanwhile: ud is the
+ * InFlight. */
+static void lease_dropped(void *ud, int rc, const rate_lease_t *lease,
+                          const rate_decision_t *d)
+{
+    (void)rc;
+    (void)lease;
+    (void)d;
+    PyGILState_STATE g = PyGILState_Ensure();
+    InFlightObject *self = ud;
+    self->in_flight--;
+    Py_DECREF(self);
+    PyGILState_Release(g);
+}
+
+/* An asynchronous acquire's callback: the future gets (Decision, Lease or
+ * None), or Error; a lease granted to a task cancelled meanwhile (or that
+ * no Lease object could be made for) is released at once, through the
+ * loop.  ud: (future, inflight, key). */
+static void lease_acquired(void *ud, int rc, const rate_lease_t *lease,
+                           const rate_decision_t *d)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *t = ud;
+    PyObject *fut = PyTuple_GET_ITEM(t, 0);
+    InFlightObject *self = (InFlightObject *)PyTuple_GET_ITEM(t, 1);
+    PyObject *key = PyTuple_GET_ITEM(t, 2);
+    self->in_flight--;
+    int taken = 0; /* the lease is the task's */
+    if (!future_done(fut)) {
+        PyObject *res = NULL;
+        if (rc == RATE_OK) {
+            Py_INCREF(key);
+            res = lease_answer(self, key, d, lease);
+        }
+        taken = res != NULL;
+        future_answer(fut, rc, res);
+    }
+    if (!taken && rc == RATE_OK && lease->id != 0 && self->guard.handle) {
+        Py_INCREF(self);
+        self->in_flight++;
+        int rrc = rate_inflight_release_start(
+            self->guard.handle, PyBytes_AS_STRING(key),
+            (size_t)PyBytes_GET_SIZE(key), lease, lease_dropped, self);
+        if (rrc != RATE_PENDING) {
+            self->in_flight--;
+            Py_DECREF(self);
+        }
+    }
+    if (PyErr_Occurred())
+        adapter_unraisable("ratelimit: asynchronous lease");
+    Py_DECREF(t);
+    PyGILState_Release(g);
+}
+
+/* _acquire_start(key, critical, future) -> (Decision, Lease or None), or
+ * None and the future gets it (on the loop's thread; never blocks on the
+ * asynchronous Redis store). */
+static PyObject *InFlight_acquire_start(InFlightObject *self, PyObject *args)
+{
+    PyObject *key_obj, *fut;
+    int critical;
+    if (!PyArg_ParseTuple(args, "OpO:_acquire_start", &key_obj, &critical, &fut))
+        return NULL;
+    if (inflight_usable(self) < 0)
+        return NULL;
+    PyObject *key = key_bytes(key_obj);
+    if (!key)
+        return NULL;
+    PyObject *t = PyTuple_Pack(3, fut, (PyObject *)self, key);
+    if (!t) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    if (inflight_enter_now(self) < 0) {
+        Py_DECREF(key);
+        Py_DECREF(t);
+        return NULL;
+    }
+    rate_lease_t lease;
+    rate_decision_t d;
+    self->in_flight++;
+    int rc = rate_inflight_acquire_start(
+        self->guard.handle, PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key),
+        critical ? RATE_LEASE_CRITICAL : RATE_LEASE_NORMAL, &lease, &d,
+        lease_acquired, t);
+    guard_leave(&self->guard);
+    if (rc == RATE_PENDING) {
+        Py_DECREF(key);
+        Py_RETURN_NONE;
+    }
+    self->in_flight--;
+    Py_DECREF(t);
+    if (rc != RATE_OK) {
+        Py_DECREF(key);
+        return raise_rc(rc, NULL);
+    }
+    return lease_answer(self, key, &d, &lease);
 }
 
 /* acquire(key, *, critical=False, now=None) -> (Decision, Lease or None) */
@@ -145,27 +293,7 @@ static PyObject *InFlight_acquire(InFlightObject *self, PyObject *args,
             return guard_raise_closed(INFLIGHT_CLOSED);
         return raise_rc(rc, NULL);
     }
-    PyObject *dec = decision_new(&d);
-    if (!dec) {
-        Py_DECREF(key);
-        return NULL;
-    }
-    if (!d.allowed || lease.id == 0) {
-        Py_DECREF(key);
-        return Py_BuildValue("(NO)", dec, Py_None);
-    }
-    LeaseObject *l = PyObject_New(LeaseObject, &LeaseType);
-    if (!l) {
-        Py_DECREF(key);
-        Py_DECREF(dec);
-        return NULL;
-    }
-    Py_INCREF(self);
-    l->owner = self;
-    l->key = key;
-    l->lease = lease;
-    l->released = 0;
-    return Py_BuildValue("(NN)", dec, (PyObject *)l);
+    return lease_answer(self, key, &d, &lease);
 }
 
 static PyObject *InFlight_held(InFlightObject *self, PyObject *args, PyObject *kw)
@@ -206,6 +334,8 @@ static PyMethodDef InFlight_methods[] = {
     {"acquire", (PyCFunction)(void (*)(void))InFlight_acquire,
      METH_VARARGS | METH_KEYWORDS,
      "acquire(key, *, critical=False, now=None) -> (Decision, Lease or None)"},
+    {"_acquire_start", (PyCFunction)InFlight_acquire_start, METH_VARARGS,
+     NULL},
     {"held", (PyCFunction)(void (*)(void))InFlight_held,
      METH_VARARGS | METH_KEYWORDS, "held(key, *, now=None) -> leases held"},
     {"close", (PyCFunction)InFlight_close, METH_NOARGS,
@@ -213,6 +343,17 @@ static PyMethodDef InFlight_methods[] = {
     {"__enter__", enter_self, METH_NOARGS, NULL},
     {"__exit__", exit_close, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};
+
+static PyObject *InFlight_get_pending(InFlightObject *self, void *c)
+{
+    (void)c;
+    return PyLong_FromSsize_t(self->in_flight);
+}
+
+static PyGetSetDef InFlight_getset[] = {
+    {"pending", (getter)InFlight_get_pending, NULL,
+     "asynchronous lease calls of this object not yet answered", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
 
 PyTypeObject InFlightType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ratelimit.InFlight",
@@ -224,6 +365,7 @@ PyTypeObject InFlightType = {
     .tp_init = (initproc)InFlight_init,
     .tp_dealloc = (destructor)InFlight_dealloc,
     .tp_methods = InFlight_methods,
+    .tp_getset = InFlight_getset,
 };
 
 static void Lease_dealloc(LeaseObject *self)
@@ -235,15 +377,21 @@ static void Lease_dealloc(LeaseObject *self)
 
 enum lease_op { LEASE_RELEASE, LEASE_EXTEND };
 
-static PyObject *lease_call(LeaseObject *self, enum lease_op op, uint64_t ttl_ns)
+/* A lease not released yet, of an open InFlight; -1 with the error. */
+static int lease_usable(LeaseObject *self)
 {
     if (self->released) {
         PyErr_SetString(PyExc_ValueError, "the lease is released already");
-        return NULL;
+        return -1;
     }
-    InFlightObject *in = self->owner;
-    if (inflight_usable(in) < 0)
+    return inflight_usable(self->owner);
+}
+
+static PyObject *lease_call(LeaseObject *self, enum lease_op op, uint64_t ttl_ns)
+{
+    if (lease_usable(self) < 0)
         return NULL;
+    InFlightObject *in = self->owner;
     const char *kp = PyBytes_AS_STRING(self->key);
     size_t kl = (size_t)PyBytes_GET_SIZE(self->key);
     rate_lease_t lease = self->lease;
@@ -285,6 +433,93 @@ static PyObject *Lease_extend(LeaseObject *self, PyObject *args, PyObject *kw)
     if (seconds_arg(ttl_obj, "ttl", 0, &ttl_ns) < 0)
         return NULL;
     return lease_call(self, LEASE_EXTEND, ttl_ns);
+}
+
+/* An asynchronous release's or extend's callback: the lease object takes
+ * the answer (released; its new expiry), the future None or Error.
+ * ud: (future, lease, op). */
+static void lease_changed(void *ud, int rc, const rate_lease_t *lease,
+                          const rate_decision_t *d)
+{
+    (void)d;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *t = ud;
+    PyObject *fut = PyTuple_GET_ITEM(t, 0);
+    LeaseObject *self = (LeaseObject *)PyTuple_GET_ITEM(t, 1);
+    long op = PyLong_AsLong(PyTuple_GET_ITEM(t, 2));
+    self->owner->in_flight--;
+    if (op == LEASE_RELEASE)
+        /* a store's failure leaves it held: it may be released again */
+        self->released = rc == RATE_OK || rc == RATE_ELEASE ||
+                         rc == RATE_EEXPIRED;
+    else if (rc == RATE_OK)
+        self->lease.expires_ns = lease->expires_ns;
+    if (!future_done(fut)) {
+        Py_INCREF(Py_None);
+        future_answer(fut, rc, Py_None);
+    }
+    if (PyErr_Occurred())
+        adapter_unraisable("ratelimit: asynchronous lease");
+    Py_DECREF(t);
+    PyGILState_Release(g);
+}
+
+/* _release_start(future), _extend_start(ttl, future) -> True when done
+ * at once, None when the future gets the answer (on the loop's thread). */
+static PyObject *lease_change_start(LeaseObject *self, enum lease_op op,
+                                    uint64_t ttl_ns, PyObject *fut)
+{
+    if (lease_usable(self) < 0)
+        return NULL;
+    InFlightObject *in = self->owner;
+    PyObject *t = Py_BuildValue("(OOi)", fut, (PyObject *)self, (int)op);
+    if (!t)
+        return NULL;
+    if (inflight_enter_now(in) < 0) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    const char *kp = PyBytes_AS_STRING(self->key);
+    size_t kl = (size_t)PyBytes_GET_SIZE(self->key);
+    rate_lease_t lease = self->lease;
+    in->in_flight++;
+    int rc = op == LEASE_RELEASE
+                 ? rate_inflight_release_start(in->guard.handle, kp, kl, &lease,
+                                               lease_changed, t)
+                 : rate_inflight_extend_start(in->guard.handle, kp, kl, &lease,
+                                              ttl_ns, lease_changed, t);
+    guard_leave(&in->guard);
+    if (rc == RATE_PENDING) {
+        if (op == LEASE_RELEASE)
+            self->released = 1; /* no second release while this one runs */
+        Py_RETURN_NONE;
+    }
+    in->in_flight--;
+    Py_DECREF(t);
+    if (op == LEASE_RELEASE && (rc == RATE_OK || rc == RATE_ELEASE ||
+                                rc == RATE_EEXPIRED))
+        self->released = 1;
+    if (rc != RATE_OK)
+        return raise_rc(rc, NULL);
+    if (op == LEASE_EXTEND)
+        self->lease = lease;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Lease_release_start(LeaseObject *self, PyObject *fut)
+{
+    return lease_change_start(self, LEASE_RELEASE, 0, fut);
+}
+
+static PyObject *Lease_extend_start(LeaseObject *self, PyObject *args)
+{
+    PyObject *ttl_obj, *fut;
+    if (!PyArg_ParseTuple(args, "OO:_extend_start", &ttl_obj, &fut))
+        return NULL;
+    uint64_t ttl_ns;
+    if (seconds_arg(ttl_obj, "ttl", 0, &ttl_ns) < 0)
+        return NULL;
+    return lease_change_start(self, LEASE_EXTEND, ttl_ns, fut);
 }
 
 /* Leaving the block releases the lease (unless released in it); a failed
@@ -329,6 +564,8 @@ static PyMethodDef Lease_methods[] = {
     {"extend", (PyCFunction)(void (*)(void))Lease_extend,
      METH_VARARGS | METH_KEYWORDS,
      "extend(ttl=None): expires ttl s from now (None: the policy's TTL)"},
+    {"_release_start", (PyCFunction)Lease_release_start, METH_O, NULL},
+    {"_extend_start", (PyCFunction)Lease_extend_start, METH_VARARGS, NULL},
     {"__enter__", enter_self, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Lease_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};

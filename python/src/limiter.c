@@ -200,8 +200,59 @@ static PyObject *Limiter_try_acquire(LimiterObject *self,
     return PyBool_FromLong(ok);
 }
 
+int wait_in_slices(int (*step)(void *ctx), void *ctx)
+{
+    for (;;) {
+        int more;
+        Py_BEGIN_ALLOW_THREADS
+        more = step(ctx);
+        Py_END_ALLOW_THREADS
+        if (!more)
+            return 0;
+        if (PyErr_CheckSignals() < 0)
+            return -1;
+    }
+}
+
+/* acquire()'s wait, which goes in slices (wait_in_slices). */
+typedef struct {
+    LimiterObject *self;
+    key_arg_t k;
+    uint64_t permits, timeout_ns, start;
+    rate_decision_t d;
+    int rc, closed;
+} acquire_wait_t;
+
+/* One slice: the library's acquire for what is left of the timeout, at
+ * most a slice; then, denied with a retry within the timeout, a pause
+ * until it (at most a slice) and 1 to go on. */
+static int acquire_slice(void *ctx)
+{
+    acquire_wait_t *a = ctx;
+    uint64_t spent = rate_clock_monotonic_ns() - a->start;
+    uint64_t left = spent < a->timeout_ns ? a->timeout_ns - spent : 0;
+    if (guard_enter(&a->self->guard) < 0) {
+        a->closed = 1;
+        return 0;
+    }
+    a->rc = rate_limiter_acquire(a->self->guard.handle, a->k.ptr, a->k.len,
+                                 a->permits,
+                                 left < WAIT_SLICE_NS ? left : WAIT_SLICE_NS,
+                                 &a->d);
+    guard_leave(&a->self->guard);
+    if (a->rc != RATE_OK || a->d.allowed ||
+        a->d.reason != RATE_REASON_LIMITED || a->d.retry_after_ns > left ||
+        a->d.retry_after_ns == 0)
+        return 0;
+    uint64_t pause = a->d.retry_after_ns < WAIT_SLICE_NS ? a->d.retry_after_ns
+                                                         : WAIT_SLICE_NS;
+    struct timespec ts = {(time_t)(pause / RATE_NS_PER_S),
+                          (long)(pause % RATE_NS_PER_S)};
+    nanosleep(&ts, NULL); /* a signal cuts it short: its handler runs next */
+    return 1;
+}
+
 /* acquire(key, permits=1, *, timeout=0) -> Decision: waits (GIL released). */
-#define ACQUIRE_SLICE_NS 100000000u /* 100 ms */
 static PyObject *Limiter_acquire(LimiterObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"key", "permits", "timeout", NULL};
@@ -211,56 +262,26 @@ static PyObject *Limiter_acquire(LimiterObject *self, PyObject *args, PyObject *
         return NULL;
     if (limiter_usable(self) < 0)
         return NULL;
-    uint64_t permits = 1, timeout_ns;
-    if (permits_obj && u64_arg(permits_obj, "permits", &permits) < 0)
+    acquire_wait_t a;
+    memset(&a, 0, sizeof a);
+    a.self = self;
+    a.permits = 1;
+    if (permits_obj && u64_arg(permits_obj, "permits", &a.permits) < 0)
         return NULL;
-    if (seconds_arg(timeout_obj, "timeout", 0, &timeout_ns) < 0)
+    if (seconds_arg(timeout_obj, "timeout", 0, &a.timeout_ns) < 0)
         return NULL;
-    key_arg_t k;
-    if (key_get(key_obj, &k) < 0)
+    if (key_get(key_obj, &a.k) < 0)
         return NULL;
-    /* The wait goes in slices of at most ACQUIRE_SLICE_NS, the signals'
-     * handlers run between them: Ctrl-C ends a long wait. */
-    rate_decision_t d;
-    int rc = 0, closed = 0;
-    uint64_t start = rate_clock_monotonic_ns();
-    for (;;) {
-        uint64_t spent = rate_clock_monotonic_ns() - start;
-        uint64_t left = spent < timeout_ns ? timeout_ns - spent : 0;
-        uint64_t pause = 0;
-        Py_BEGIN_ALLOW_THREADS
-        if (guard_enter(&self->guard) < 0) {
-            closed = 1;
-        } else {
-            rc = rate_limiter_acquire(self->guard.handle, k.ptr, k.len, permits,
-                                      left < ACQUIRE_SLICE_NS ? left
-                                                              : ACQUIRE_SLICE_NS,
-                                      &d);
-            guard_leave(&self->guard);
-        }
-        /* denied for now, a retry within the timeout: wait a slice */
-        if (!closed && rc == RATE_OK && !d.allowed &&
-            d.reason == RATE_REASON_LIMITED && d.retry_after_ns <= left) {
-            pause = d.retry_after_ns < ACQUIRE_SLICE_NS ? d.retry_after_ns
-                                                        : ACQUIRE_SLICE_NS;
-            struct timespec ts = {(time_t)(pause / RATE_NS_PER_S),
-                                  (long)(pause % RATE_NS_PER_S)};
-            nanosleep(&ts, NULL); /* a signal cuts it short: checked below */
-        }
-        Py_END_ALLOW_THREADS
-        if (closed || rc != RATE_OK || pause == 0)
-            break;
-        if (PyErr_CheckSignals() < 0) {
-            key_release(&k);
-            return NULL;
-        }
-    }
-    key_release(&k);
-    if (closed)
+    a.start = rate_clock_monotonic_ns();
+    int interrupted = wait_in_slices(acquire_slice, &a) < 0;
+    key_release(&a.k);
+    if (interrupted)
+        return NULL;
+    if (a.closed)
         return guard_raise_closed(LIMITER_CLOSED);
-    if (rc != RATE_OK)
-        return raise_rc(rc, NULL);
-    return decision_new(&d);
+    if (a.rc != RATE_OK)
+        return raise_rc(a.rc, NULL);
+    return decision_new(&a.d);
 }
 
 enum change { CHANGE_REFUND, CHANGE_PENALIZE, CHANGE_RESET };

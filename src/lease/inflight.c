@@ -773,6 +773,31 @@ static void rate_part_start(lease_job_t *x)
         rated(x, rc, &d); /* answered at once, or refused */
 }
 
+/* A release or an extend that the store gave up on for other holders'
+ * changes (RATE_ECONFLICT: its compare-and-sets kept losing) is started
+ * again, as the synchronous call tries again, for as long as the lease
+ * lives: true when it is under way again (x freed); else *rc is the
+ * answer, RATE_EEXPIRED once the lease has expired. */
+static bool change_again(lease_job_t *x, int *rc)
+{
+    uint64_t now = x->in->clock.now_ns(x->in->clock.ud);
+    if (x->lease.expires_ns <= now) {
+        *rc = RATE_EEXPIRED;
+        return false;
+    }
+    rate__lease_step_t a = {.op = x->a.op, .now_ns = now, .id = x->a.id,
+                            .expires_ns = x->a.expires_ns};
+    int src = start_job(x->in, x->key + sizeof PREFIX,
+                        x->job.key.len - sizeof PREFIX, &a, x->clock_time,
+                        &x->lease, x->cb, x->ud, false);
+    if (src != RATE_PENDING) {
+        *rc = src;
+        return false;
+    }
+    job_free(x);
+    return true;
+}
+
 static void lease_job_done(rate_job_t *job, int rc)
 {
     lease_job_t *x = (lease_job_t *)job;
@@ -829,6 +854,8 @@ static void lease_job_done(rate_job_t *job, int rc)
         }
         x->cb(x->ud, rc, &x->lease, &d);
     } else {
+        if (rc == RATE_ECONFLICT && change_again(x, &rc))
+            return;
         if (rc == RATE_OK && a->op == LEASE_EXTEND)
             x->lease.expires_ns = a->expires_ns;
         x->cb(x->ud, rc, &x->lease, NULL);
