@@ -11,6 +11,7 @@ LD_LIBRARY_PATH; its own dependencies (hiredis, libcurl, ...) are the
 system's shared libraries.
 """
 
+import glob
 import os
 import shlex
 import subprocess
@@ -78,11 +79,13 @@ setup(
     packages=["ratelimit"],
     py_modules=["_ratelimit_autoload"],
     ext_modules=[Extension(
-        "ratelimit._ratelimit", ["ratelimit/_ratelimit.c"],
-        include_dirs=inc, library_dirs=libdirs, libraries=libs,
+        "ratelimit._ratelimit", sorted(glob.glob("src/*.c")),
+        depends=glob.glob("src/*.h"),
+        include_dirs=inc + ["src"], library_dirs=libdirs, libraries=libs,
         extra_compile_args=other + ["-std=c11", "-Wall", "-Wextra",
                                     "-Wconversion", "-Wshadow",
-                                    "-Wstrict-prototypes", "-Werror"])],
+                                    "-Wstrict-prototypes", "-Werror",
+                                    "-fvisibility=hidden"])],
     cmdclass={"build_py": build_py_pth},
     zip_safe=False,
 )

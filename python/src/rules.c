@@ -1,0 +1,190 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rules.c -- the rules file (docs/api-server.md): ratelimit._Rules, a
+ * rate_rules_t whose _check decides a request's attributes on a Limiter;
+ * ratelimit.Rules (__init__.py) wraps its outcome tuple.
+ */
+#include "binding.h"
+
+#include <string.h>
+
+typedef struct {
+    PyObject_HEAD
+    guard_t guard; /* a rate_rules_t */
+} RulesObject;
+
+#define RULES_CLOSED "the rules are closed"
+
+static int Rules_init(RulesObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"path", NULL};
+    PyObject *path_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:Rules", kwlist, &path_obj))
+        return -1;
+    if (guard_init_twice(&self->guard, "Rules") < 0)
+        return -1;
+    PyObject *path_bytes = NULL;
+    if (!PyUnicode_FSConverter(path_obj, &path_bytes))
+        return -1;
+    const char *path = PyBytes_AS_STRING(path_bytes);
+    char err[ERRLEN] = "";
+    rate_rules_t *r = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = rate_rules_load(path, &r, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_bytes);
+    if (rc != RATE_OK) {
+        raise_rc(rc, err);
+        return -1;
+    }
+    if (guard_init(&self->guard, r) < 0) {
+        rate_rules_free(r);
+        return -1;
+    }
+    return 0;
+}
+
+static void rules_close(RulesObject *self)
+{
+    if (!self->guard.handle)
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    rate_rules_free(guard_take(&self->guard));
+    Py_END_ALLOW_THREADS
+}
+
+static void Rules_dealloc(RulesObject *self)
+{
+    rules_close(self);
+    guard_fini(&self->guard);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Rules_close(RulesObject *self, PyObject *unused)
+{
+    (void)unused;
+    rules_close(self);
+    Py_RETURN_NONE;
+}
+
+/* The outcome: (allowed, denied_by, delay_ns, [(policy name, Decision,
+ * refunded), ...], (status, fields)). */
+static PyObject *outcome_new(const rate_outcome_t *o)
+{
+    PyObject *applied = PyList_New((Py_ssize_t)o->count);
+    for (size_t i = 0; applied && i < o->count; i++) {
+        const rate_applied_t *a = &o->applied[i];
+        PyObject *item = Py_BuildValue("(sNO)", a->policy_name,
+                                       decision_new(&a->decision),
+                                       a->refunded ? Py_True : Py_False);
+        if (!item) {
+            Py_CLEAR(applied);
+            break;
+        }
+        PyList_SET_ITEM(applied, (Py_ssize_t)i, item);
+    }
+    if (!applied)
+        return NULL;
+    rate_headers_t h;
+    int rc = rate_outcome_headers(o, &h);
+    if (rc != RATE_OK) {
+        Py_DECREF(applied);
+        return raise_rc(rc, NULL);
+    }
+    PyObject *headers = headers_new(&h);
+    if (!headers) {
+        Py_DECREF(applied);
+        return NULL;
+    }
+    return Py_BuildValue("(OiKNN)", o->allowed ? Py_True : Py_False,
+                         o->denied_by, (unsigned long long)o->delay_ns,
+                         applied, headers);
+}
+
+/* _check(limiter, key, attrs, permits, max_wait, now) -> the outcome tuple */
+static PyObject *Rules_check(RulesObject *self, PyObject *args)
+{
+    PyObject *lim_obj, *key_obj, *attrs_obj, *permits_obj, *wait_obj, *now_obj;
+    if (!PyArg_ParseTuple(args, "OOOOOO:_check", &lim_obj, &key_obj, &attrs_obj,
+                          &permits_obj, &wait_obj, &now_obj))
+        return NULL;
+    LimiterObject *lim;
+    if (guard_usable(&self->guard, "Rules", RULES_CLOSED) < 0 ||
+        limiter_arg(lim_obj, &lim) < 0)
+        return NULL;
+    if (!PyDict_Check(attrs_obj)) {
+        PyErr_SetString(PyExc_TypeError, "attrs must be a dict of str to str");
+        return NULL;
+    }
+    uint64_t permits, wait_ns, now_ns = 0;
+    if (u64_arg(permits_obj, "permits", &permits) < 0 ||
+        seconds_arg(wait_obj, "max_wait", 0, &wait_ns) < 0 ||
+        (now_obj != Py_None && u64_arg(now_obj, "now", &now_ns) < 0))
+        return NULL;
+    Py_ssize_t n = PyDict_Size(attrs_obj);
+    rate_attr_t *attrs = PyMem_Calloc((size_t)(n > 0 ? n : 1), sizeof *attrs);
+    if (!attrs)
+        return PyErr_NoMemory();
+    PyObject *name, *value;
+    Py_ssize_t pos = 0, i = 0;
+    while (PyDict_Next(attrs_obj, &pos, &name, &value)) {
+        if (cstring_arg(name, "attribute name", &attrs[i].name) < 0 ||
+            cstring_arg(value, "attribute value", &attrs[i].value) < 0) {
+            PyMem_Free(attrs);
+            return NULL;
+        }
+        i++;
+    }
+    key_arg_t k;
+    if (key_get(key_obj, &k) < 0) {
+        PyMem_Free(attrs);
+        return NULL;
+    }
+    rate_outcome_t o;
+    int rc = 0, closed = 0;
+    DECIDE_BEGIN(lim)
+    if (guard_enter(&self->guard) < 0) {
+        closed = 1;
+    } else {
+        if (guard_enter(&lim->guard) < 0) {
+            closed = 1;
+        } else {
+            rate_rules_t *r = self->guard.handle;
+            rc = now_obj != Py_None
+                     ? rate_rules_check_at(r, lim->guard.handle, k.ptr, k.len,
+                                           attrs, (size_t)n, permits, wait_ns,
+                                           now_ns, &o)
+                     : rate_rules_check(r, lim->guard.handle, k.ptr, k.len,
+                                        attrs, (size_t)n, permits, wait_ns, &o);
+            guard_leave(&lim->guard);
+        }
+        guard_leave(&self->guard);
+    }
+    DECIDE_END
+    key_release(&k);
+    PyMem_Free(attrs);
+    if (closed)
+        return guard_raise_closed("the rules or the limiter are closed");
+    if (rc != RATE_OK)
+        return raise_rc(rc, NULL);
+    return outcome_new(&o);
+}
+
+static PyMethodDef Rules_methods[] = {
+    {"_check", (PyCFunction)Rules_check, METH_VARARGS,
+     "_check(limiter, key, attrs, permits, max_wait, now) -> outcome tuple"},
+    {"close", (PyCFunction)Rules_close, METH_NOARGS, "frees the rules"},
+    {NULL, NULL, 0, NULL}};
+
+PyTypeObject RulesType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ratelimit._Rules",
+    .tp_basicsize = sizeof(RulesObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "_Rules(path): a rules file (use ratelimit.Rules)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Rules_init,
+    .tp_dealloc = (destructor)Rules_dealloc,
+    .tp_methods = Rules_methods,
+};
+
