@@ -7,7 +7,8 @@
  * (errors, arguments, the guard), decision.c (Decision, header fields),
  * policy.c, store.c (Store, memory, shared memory), store_redis.c,
  * async.c (the rate_loop_t adapter on asyncio, asynchronous decisions),
- * limiter.c, lease.c (InFlight, Lease), fair.c, rules.c.
+ * limiter.c, lease.c (InFlight, Lease), fair.c, rules.c, limits.c (the
+ * hot calls of the storage for limits).
  *
  * Every call that may block (a store's I/O, a shared-memory lock, an
  * acquire's sleep) runs with the GIL released.  An object over a library
@@ -199,5 +200,9 @@ PyObject *Limiter_check_start(LimiterObject *self, PyObject *args);
 /* ------------------------------------------------ lease.c fair.c rules.c */
 
 extern PyTypeObject InFlightType, LeaseType, FairType, RulesType;
+
+/* ---------------------------------------------------------- limits.c */
+
+extern PyTypeObject LimitsCallsType;
 
 #endif

@@ -75,7 +75,7 @@ static const struct {
     {"Limiter", &LimiterType},   {"InFlight", &InFlightType},
     {"Lease", &LeaseType},       {"Fair", &FairType},
     {"_Rules", &RulesType},      {NULL, &IoWatchType},
-    {NULL, &LoopTimerType},
+    {NULL, &LoopTimerType},      {"_LimitsCalls", &LimitsCallsType},
 };
 
 /* The rooms' functions beside the module's own. */

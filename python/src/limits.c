@@ -1,0 +1,294 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * limits.c -- _LimitsCalls, the base of ratelimit.limits_storage's storage
+ * for `limits` (docs/python.md, "limits and Flask-Limiter"): its hot calls,
+ * incr (a fixed window's hit) and acquire_entry (a moving window's), in C.
+ *
+ * The storage's Python side parses a key made by limits's key_for once
+ * and keeps what a decision on it needs in two dicts (a key -> (policy,
+ * expiry, store key, limit) for the fixed window; a key -> (policy, limit,
+ * expiry, store key) for the moving window).  A call whose key is there,
+ * with the same limit and expiry, is decided here without a Python frame
+ * or a Decision; any other call goes to the storage's _incr or
+ * _acquire_entry, which check it, fill the dicts and decide.  A store
+ * failure goes to its _store_failed, which raises.
+ */
+#include "binding.h"
+
+#include <limits.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *limiter; /* the Limiter deciding (set by _use); NULL: none */
+    PyObject *fixed;   /* dict: key -> (policy, expiry, store key, limit) */
+    PyObject *moving;  /* dict: key -> (policy, limit, expiry, store key) */
+} LimitsCallsObject;
+
+static PyObject *LimitsCalls_new(PyTypeObject *type, PyObject *args,
+                                 PyObject *kw)
+{
+    (void)args;
+    (void)kw;
+    LimitsCallsObject *self = (LimitsCallsObject *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    self->fixed = PyDict_New();
+    self->moving = PyDict_New();
+    if (!self->fixed || !self->moving) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int LimitsCalls_traverse(LimitsCallsObject *self, visitproc visit,
+                                void *arg)
+{
+    Py_VISIT(self->limiter);
+    Py_VISIT(self->fixed);
+    Py_VISIT(self->moving);
+    return 0;
+}
+
+static int LimitsCalls_clear(LimitsCallsObject *self)
+{
+    Py_CLEAR(self->limiter);
+    Py_CLEAR(self->fixed);
+    Py_CLEAR(self->moving);
+    return 0;
+}
+
+static void LimitsCalls_dealloc(LimitsCallsObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    LimitsCalls_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* _use(limiter): the Limiter that decides from now on. */
+static PyObject *LimitsCalls_use(LimitsCallsObject *self, PyObject *limiter)
+{
+    if (!PyObject_TypeCheck(limiter, &LimiterType)) {
+        PyErr_Format(PyExc_TypeError, "limiter must be a ratelimit.Limiter, not %.100s",
+                     Py_TYPE(limiter)->tp_name);
+        return NULL;
+    }
+    Py_INCREF(limiter);
+    Py_XSETREF(self->limiter, limiter);
+    Py_RETURN_NONE;
+}
+
+/* The call on the storage's Python side (`name`: _incr, _acquire_entry)
+ * with the arguments as they came. */
+static PyObject *slow_call(LimitsCallsObject *self, const char *name,
+                           PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames)
+{
+    PyObject *m = PyObject_GetAttrString((PyObject *)self, name);
+    if (!m)
+        return NULL;
+    PyObject *r = PyObject_Vectorcall(m, args, (size_t)nargs, kwnames);
+    Py_DECREF(m);
+    return r;
+}
+
+/* One decision of `policy_obj` (a Policy) on the store key `skey` for
+ * `permits_obj` permits (NULL: 1), as Limiter.check(skey, permits,
+ * policy=policy) makes it: 0 with *d and *permits, or -1 with the error
+ * raised (bad permits, a closed limiter, the library's error, a store
+ * failure by the storage's _store_failed). */
+static int decide(LimitsCallsObject *self, PyObject *policy_obj, PyObject *skey,
+                  PyObject *permits_obj, uint64_t *permits, rate_decision_t *d)
+{
+    LimiterObject *lim = (LimiterObject *)self->limiter;
+    const rate_policy_t *policy;
+    if (!lim) {
+        PyErr_SetString(PyExc_RuntimeError, "the storage has no limiter");
+        return -1;
+    }
+    *permits = 1;
+    if (guard_usable(&lim->guard, "Limiter", LIMITER_CLOSED) < 0 ||
+        (permits_obj && u64_arg(permits_obj, "permits", permits) < 0) ||
+        policy_arg(policy_obj, &policy) < 0)
+        return -1;
+    key_arg_t k;
+    if (key_get(skey, &k) < 0)
+        return -1;
+    int rc = 0, closed = 0;
+    Py_INCREF(lim); /* the storage may swap its limiter meanwhile */
+    DECIDE_BEGIN(lim)
+    if (guard_enter(&lim->guard) < 0) {
+        closed = 1;
+    } else {
+        rc = rate_limiter_check_policy(lim->guard.handle, policy, k.ptr, k.len,
+                                       *permits, 0, d);
+        guard_leave(&lim->guard);
+    }
+    DECIDE_END
+    key_release(&k);
+    int out = -1;
+    if (closed)
+        guard_raise_closed(LIMITER_CLOSED);
+    else if (rc != RATE_OK)
+        raise_policy_rc(rc, lim->store, policy);
+    else if (d->reason == RATE_REASON_STORE_ERROR) {
+        PyObject *dec = decision_new(d);
+        if (dec) {
+            PyObject *r = PyObject_CallMethod((PyObject *)self, "_store_failed",
+                                              "OO", dec, policy_obj);
+            Py_XDECREF(r);
+            Py_DECREF(dec);
+            if (r && !PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError,
+                                "_store_failed returned without raising");
+        }
+    } else
+        out = 0;
+    Py_DECREF(lim);
+    return out;
+}
+
+/* The cached entry of `key` in `dict` (a tuple of `n`), borrowed, or NULL
+ * (with an error raised, or none: not cached). */
+static PyObject *entry_of(PyObject *dict, PyObject *key, Py_ssize_t n)
+{
+    PyObject *e = PyDict_GetItemWithError(dict, key);
+    if (e && (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != n))
+        return NULL; /* not ours: the slow path */
+    return e;
+}
+
+/* incr(key, expiry, elastic_expiry=False, amount=1): the fixed window's
+ * hit, as the storage's _incr documents it. */
+static PyObject *LimitsCalls_incr(LimitsCallsObject *self, PyObject *const *args,
+                                  Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"key", "expiry", "elastic_expiry",
+                                        "amount", NULL};
+    PyObject *a[4] = {NULL, NULL, NULL, NULL};
+    if (fast_args("incr", args, nargs, kwnames, names, 4, 2, a) < 0)
+        return NULL;
+    PyObject *e = NULL;
+    int same = 0;
+    if (a[0] && a[1] && (!a[2] || a[2] == Py_False) &&
+        (e = entry_of(self->fixed, a[0], 4)) != NULL &&
+        (same = PyObject_RichCompareBool(a[1], PyTuple_GET_ITEM(e, 1), Py_EQ)) < 0)
+        return NULL;
+    if (!e || !same) {
+        if (PyErr_Occurred())
+            return NULL;
+        return slow_call(self, "_incr", args, nargs, kwnames);
+    }
+    PyObject *limit_obj = PyTuple_GET_ITEM(e, 3);
+    Py_INCREF(e); /* a decision that releases the GIL may see it replaced */
+    uint64_t permits;
+    rate_decision_t d;
+    int rc = decide(self, PyTuple_GET_ITEM(e, 0), PyTuple_GET_ITEM(e, 2), a[3],
+                    &permits, &d);
+    PyObject *out = NULL;
+    if (rc == 0) {
+        /* the count after the hit when admitted; when denied, the count
+         * it would have made (above the limit): limit - remaining (+ n) */
+        unsigned long long limit = PyLong_AsUnsignedLongLong(limit_obj);
+        if (limit == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            limit = 0; /* the general arithmetic below */
+        }
+        unsigned long long used = limit - d.remaining;
+        if (d.remaining <= limit && (d.allowed || permits <= ULLONG_MAX - used))
+            out = PyLong_FromUnsignedLongLong(d.allowed ? used : used + permits);
+        else {
+            PyObject *rem = PyLong_FromUnsignedLongLong(d.remaining);
+            PyObject *n = PyLong_FromUnsignedLongLong(d.allowed ? 0 : permits);
+            PyObject *u = rem ? PyNumber_Subtract(limit_obj, rem) : NULL;
+            out = u && n ? PyNumber_Add(u, n) : NULL;
+            Py_XDECREF(rem);
+            Py_XDECREF(n);
+            Py_XDECREF(u);
+        }
+    }
+    Py_DECREF(e);
+    return out;
+}
+
+/* acquire_entry(key, limit, expiry, amount=1): the moving window's hit,
+ * whether it was admitted. */
+static PyObject *LimitsCalls_acquire_entry(LimitsCallsObject *self,
+                                           PyObject *const *args,
+                                           Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"key", "limit", "expiry", "amount",
+                                        NULL};
+    PyObject *a[4] = {NULL, NULL, NULL, NULL};
+    if (fast_args("acquire_entry", args, nargs, kwnames, names, 4, 3, a) < 0)
+        return NULL;
+    PyObject *e = NULL;
+    int same = 0;
+    if (a[0] && a[1] && a[2] && (e = entry_of(self->moving, a[0], 4)) != NULL) {
+        same = PyObject_RichCompareBool(a[1], PyTuple_GET_ITEM(e, 1), Py_EQ);
+        if (same > 0)
+            same = PyObject_RichCompareBool(a[2], PyTuple_GET_ITEM(e, 2), Py_EQ);
+        if (same < 0)
+            return NULL;
+    }
+    if (!e || !same) {
+        if (PyErr_Occurred())
+            return NULL;
+        return slow_call(self, "_acquire_entry", args, nargs, kwnames);
+    }
+    Py_INCREF(e);
+    uint64_t permits;
+    rate_decision_t d;
+    int rc = decide(self, PyTuple_GET_ITEM(e, 0), PyTuple_GET_ITEM(e, 3), a[3],
+                    &permits, &d);
+    Py_DECREF(e);
+    if (rc < 0)
+        return NULL;
+    return PyBool_FromLong(d.allowed);
+}
+
+static PyMethodDef LimitsCalls_methods[] = {
+    {"incr", (PyCFunction)(void (*)(void))LimitsCalls_incr,
+     METH_FASTCALL | METH_KEYWORDS,
+     "incr(key, expiry, elastic_expiry=False, amount=1) -> int: the fixed "
+     "window's hit: the count after it when admitted; when denied, the "
+     "count it would have made (above the limit), charging nothing"},
+    {"acquire_entry", (PyCFunction)(void (*)(void))LimitsCalls_acquire_entry,
+     METH_FASTCALL | METH_KEYWORDS,
+     "acquire_entry(key, limit, expiry, amount=1) -> bool: the moving "
+     "window's hit"},
+    {"_use", (PyCFunction)LimitsCalls_use, METH_O,
+     "_use(limiter): the Limiter that decides"},
+    {NULL, NULL, 0, NULL}};
+
+static PyObject *LimitsCalls_get_fixed(LimitsCallsObject *self, void *c)
+{
+    (void)c;
+    return Py_NewRef(self->fixed);
+}
+
+static PyObject *LimitsCalls_get_moving(LimitsCallsObject *self, void *c)
+{
+    (void)c;
+    return Py_NewRef(self->moving);
+}
+
+static PyGetSetDef LimitsCalls_getset[] = {
+    {"_fixed", (getter)LimitsCalls_get_fixed, NULL,
+     "key -> (policy, expiry, store key, limit) of the fixed window", NULL},
+    {"_moving", (getter)LimitsCalls_get_moving, NULL,
+     "key -> (policy, limit, expiry, store key) of the moving window", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+PyTypeObject LimitsCallsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ratelimit._LimitsCalls",
+    .tp_basicsize = sizeof(LimitsCallsObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The hot calls of the storage for limits (limits_storage).",
+    .tp_new = LimitsCalls_new,
+    .tp_dealloc = (destructor)LimitsCalls_dealloc,
+    .tp_traverse = (traverseproc)LimitsCalls_traverse,
+    .tp_clear = (inquiry)LimitsCalls_clear,
+    .tp_methods = LimitsCalls_methods,
+    .tp_getset = LimitsCalls_getset,
+};
