@@ -168,19 +168,22 @@ static PyObject *LimitsCalls_incr(LimitsCallsObject *self, PyObject *const *args
     PyObject *a[4] = {NULL, NULL, NULL, NULL};
     if (fast_args("incr", args, nargs, kwnames, names, 4, 2, a) < 0)
         return NULL;
+    /* the entry held: a comparison may run Python code that changes the
+     * dict, and a decision that releases the GIL lets other threads in */
     PyObject *e = NULL;
     int same = 0;
     if (a[0] && a[1] && (!a[2] || a[2] == Py_False) &&
-        (e = entry_of(self->fixed, a[0], 4)) != NULL &&
-        (same = PyObject_RichCompareBool(a[1], PyTuple_GET_ITEM(e, 1), Py_EQ)) < 0)
-        return NULL;
-    if (!e || !same) {
-        if (PyErr_Occurred())
+        (e = entry_of(self->fixed, a[0], 4)) != NULL) {
+        Py_INCREF(e);
+        same = PyObject_RichCompareBool(a[1], PyTuple_GET_ITEM(e, 1), Py_EQ);
+    }
+    if (same <= 0) {
+        Py_XDECREF(e);
+        if (same < 0 || PyErr_Occurred())
             return NULL;
         return slow_call(self, "_incr", args, nargs, kwnames);
     }
     PyObject *limit_obj = PyTuple_GET_ITEM(e, 3);
-    Py_INCREF(e); /* a decision that releases the GIL may see it replaced */
     uint64_t permits;
     rate_decision_t d;
     int rc = decide(self, PyTuple_GET_ITEM(e, 0), PyTuple_GET_ITEM(e, 2), a[3],
@@ -190,12 +193,12 @@ static PyObject *LimitsCalls_incr(LimitsCallsObject *self, PyObject *const *args
         /* the count after the hit when admitted; when denied, the count
          * it would have made (above the limit): limit - remaining (+ n) */
         unsigned long long limit = PyLong_AsUnsignedLongLong(limit_obj);
-        if (limit == (unsigned long long)-1 && PyErr_Occurred()) {
-            PyErr_Clear();
-            limit = 0; /* the general arithmetic below */
-        }
+        int fits = !(limit == (unsigned long long)-1 && PyErr_Occurred());
+        if (!fits)
+            PyErr_Clear(); /* Python's arithmetic below */
         unsigned long long used = limit - d.remaining;
-        if (d.remaining <= limit && (d.allowed || permits <= ULLONG_MAX - used))
+        if (fits && d.remaining <= limit &&
+            (d.allowed || permits <= ULLONG_MAX - used))
             out = PyLong_FromUnsignedLongLong(d.allowed ? used : used + permits);
         else {
             PyObject *rem = PyLong_FromUnsignedLongLong(d.remaining);
@@ -222,21 +225,20 @@ static PyObject *LimitsCalls_acquire_entry(LimitsCallsObject *self,
     PyObject *a[4] = {NULL, NULL, NULL, NULL};
     if (fast_args("acquire_entry", args, nargs, kwnames, names, 4, 3, a) < 0)
         return NULL;
-    PyObject *e = NULL;
+    PyObject *e = NULL; /* held, as in incr */
     int same = 0;
     if (a[0] && a[1] && a[2] && (e = entry_of(self->moving, a[0], 4)) != NULL) {
+        Py_INCREF(e);
         same = PyObject_RichCompareBool(a[1], PyTuple_GET_ITEM(e, 1), Py_EQ);
         if (same > 0)
             same = PyObject_RichCompareBool(a[2], PyTuple_GET_ITEM(e, 2), Py_EQ);
-        if (same < 0)
-            return NULL;
     }
-    if (!e || !same) {
-        if (PyErr_Occurred())
+    if (same <= 0) {
+        Py_XDECREF(e);
+        if (same < 0 || PyErr_Occurred())
             return NULL;
         return slow_call(self, "_acquire_entry", args, nargs, kwnames);
     }
-    Py_INCREF(e);
     uint64_t permits;
     rate_decision_t d;
     int rc = decide(self, PyTuple_GET_ITEM(e, 0), PyTuple_GET_ITEM(e, 3), a[3],

@@ -122,6 +122,26 @@ def test_a_closed_storage_raises_on_a_key_seen_before():
         st.acquire_entry(mkey, 2, 60)
 
 
+def test_arguments_that_change_the_storage_as_they_are_compared():
+    # an expiry or limit whose == empties the storage's kept entries: the
+    # entry in use stays alive, and the decision is made all the same
+    st = RatelimitStorage("ratelimit+memory://")
+    key, mkey = parse("3/hour").key_for("k"), parse("2/minute").key_for("k")
+    assert st.incr(key, 3600) == 1 and st.acquire_entry(mkey, 2, 60)
+
+    class Emptying(int):
+        def __eq__(self, other):
+            st._fixed.clear()
+            st._moving.clear()
+            return int(self) == other
+        __hash__ = int.__hash__
+
+    assert st.incr(key, Emptying(3600)) == 2
+    assert st.acquire_entry(mkey, Emptying(2), 60)
+    assert not st.acquire_entry(mkey, 2, Emptying(60))
+    st.close()
+
+
 def test_library_strategies_need_this_storage():
     with pytest.raises(NotImplementedError):
         STRATEGIES["ratelimit-token-bucket"](storage_from_string("memory://"))
