@@ -148,14 +148,31 @@ static int decide(LimitsCallsObject *self, PyObject *policy_obj, PyObject *skey,
     return out;
 }
 
-/* The cached entry of `key` in `dict` (a tuple of `n`), borrowed, or NULL
- * (with an error raised, or none: not cached). */
-static PyObject *entry_of(PyObject *dict, PyObject *key, Py_ssize_t n)
+/* The entry kept for `key` in `dict` (a tuple of 4), held in *e, when
+ * args[i] equals its item at[i] for each i below n: 1; 0 when there is none
+ * or they differ (the call then goes to the slow path); -1 with the error
+ * raised.  Held because a comparison may run Python code that changes the
+ * dict, and a decision that releases the GIL lets other threads in. */
+static int entry_for(PyObject *dict, PyObject *key, PyObject *const *args,
+                     const int *at, int n, PyObject **e)
 {
-    PyObject *e = PyDict_GetItemWithError(dict, key);
-    if (e && (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != n))
-        return NULL; /* not ours: the slow path */
-    return e;
+    *e = PyDict_GetItemWithError(dict, key);
+    if (!*e)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyTuple_CheckExact(*e) || PyTuple_GET_SIZE(*e) != 4) {
+        *e = NULL; /* not ours: the slow path */
+        return 0;
+    }
+    Py_INCREF(*e);
+    for (int i = 0; i < n; i++) {
+        int same = PyObject_RichCompareBool(args[i], PyTuple_GET_ITEM(*e, at[i]),
+                                            Py_EQ);
+        if (same <= 0) {
+            Py_CLEAR(*e);
+            return same;
+        }
+    }
+    return 1;
 }
 
 /* incr(key, expiry, elastic_expiry=False, amount=1): the fixed window's
@@ -168,21 +185,12 @@ static PyObject *LimitsCalls_incr(LimitsCallsObject *self, PyObject *const *args
     PyObject *a[4] = {NULL, NULL, NULL, NULL};
     if (fast_args("incr", args, nargs, kwnames, names, 4, 2, a) < 0)
         return NULL;
-    /* the entry held: a comparison may run Python code that changes the
-     * dict, and a decision that releases the GIL lets other threads in */
     PyObject *e = NULL;
-    int same = 0;
-    if (a[0] && a[1] && (!a[2] || a[2] == Py_False) &&
-        (e = entry_of(self->fixed, a[0], 4)) != NULL) {
-        Py_INCREF(e);
-        same = PyObject_RichCompareBool(a[1], PyTuple_GET_ITEM(e, 1), Py_EQ);
-    }
-    if (same <= 0) {
-        Py_XDECREF(e);
-        if (same < 0 || PyErr_Occurred())
-            return NULL;
-        return slow_call(self, "_incr", args, nargs, kwnames);
-    }
+    int found = 0;
+    if (a[0] && a[1] && (!a[2] || a[2] == Py_False))
+        found = entry_for(self->fixed, a[0], &a[1], (const int[]){1}, 1, &e);
+    if (found <= 0)
+        return found < 0 ? NULL : slow_call(self, "_incr", args, nargs, kwnames);
     PyObject *limit_obj = PyTuple_GET_ITEM(e, 3);
     uint64_t permits;
     rate_decision_t d;
@@ -225,20 +233,13 @@ static PyObject *LimitsCalls_acquire_entry(LimitsCallsObject *self,
     PyObject *a[4] = {NULL, NULL, NULL, NULL};
     if (fast_args("acquire_entry", args, nargs, kwnames, names, 4, 3, a) < 0)
         return NULL;
-    PyObject *e = NULL; /* held, as in incr */
-    int same = 0;
-    if (a[0] && a[1] && a[2] && (e = entry_of(self->moving, a[0], 4)) != NULL) {
-        Py_INCREF(e);
-        same = PyObject_RichCompareBool(a[1], PyTuple_GET_ITEM(e, 1), Py_EQ);
-        if (same > 0)
-            same = PyObject_RichCompareBool(a[2], PyTuple_GET_ITEM(e, 2), Py_EQ);
-    }
-    if (same <= 0) {
-        Py_XDECREF(e);
-        if (same < 0 || PyErr_Occurred())
-            return NULL;
-        return slow_call(self, "_acquire_entry", args, nargs, kwnames);
-    }
+    PyObject *e = NULL;
+    int found = 0;
+    if (a[0] && a[1] && a[2])
+        found = entry_for(self->moving, a[0], &a[1], (const int[]){1, 2}, 2, &e);
+    if (found <= 0)
+        return found < 0 ? NULL
+                         : slow_call(self, "_acquire_entry", args, nargs, kwnames);
     uint64_t permits;
     rate_decision_t d;
     int rc = decide(self, PyTuple_GET_ITEM(e, 0), PyTuple_GET_ITEM(e, 3), a[3],
