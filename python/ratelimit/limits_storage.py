@@ -64,10 +64,10 @@ class RatelimitStorage(_ratelimit._LimitsCalls, Storage, MovingWindowSupport):
     one decision of the library under the limit its key names (the count
     and window a limits key ends with).
 
-    The hot calls, incr and acquire_entry, are the C base's: a key seen
-    before (its parse, policy and store key kept in _fixed and _moving) is
-    decided there; the first call on a key comes to _incr and
-    _acquire_entry here."""
+    The hot calls, incr, get, get_expiry and acquire_entry, are the C
+    base's: a key seen before (its parse, policy and store key kept in
+    _fixed and _moving) is decided there; the first call on a key comes to
+    _incr, _get, _get_expiry and _acquire_entry here."""
 
     STORAGE_SCHEME = ["ratelimit+memory", "ratelimit+shm", "ratelimit+redis"]
 
@@ -206,11 +206,13 @@ class RatelimitStorage(_ratelimit._LimitsCalls, Storage, MovingWindowSupport):
             self._store_failed(d, policy)
         return d
 
-    def get(self, key):
+    def _get(self, key):
+        """get's first call on a key (the C base's get then answers)."""
         policy, _, skey, limit = self._fixed_entry(key)
         return limit - self._fixed_decide(policy, skey, 0).remaining
 
-    def get_expiry(self, key):
+    def _get_expiry(self, key):
+        """get_expiry's first call on a key (the C base's then answers)."""
         policy, _, skey, _ = self._fixed_entry(key)
         d = self._fixed_decide(policy, skey, 0)
         return math.ceil(time.time() + d.reset_after)

@@ -1,21 +1,26 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * limits.c -- _LimitsCalls, the base of ratelimit.limits_storage's storage
- * for `limits` (docs/python.md, "limits and Flask-Limiter"): its hot calls,
- * incr (a fixed window's hit) and acquire_entry (a moving window's), in C.
+ * for `limits` (docs/python.md, "limits and Flask-Limiter"): its hot calls
+ * in C, incr (a fixed window's hit), get and get_expiry (its test and
+ * window stats, which Flask-Limiter's headers ask for each request) and
+ * acquire_entry (a moving window's hit).
  *
  * The storage's Python side parses a key made by limits's key_for once
  * and keeps what a decision on it needs in two dicts (a key -> (policy,
  * expiry, store key, limit) for the fixed window; a key -> (policy, limit,
  * expiry, store key) for the moving window).  A call whose key is there,
  * with the same limit and expiry, is decided here without a Python frame
- * or a Decision; any other call goes to the storage's _incr or
- * _acquire_entry, which check it, fill the dicts and decide.  A store
+ * or a Decision; any other call goes to the storage's _incr, _get,
+ * _get_expiry or _acquire_entry, which check it, fill the dicts and
+ * decide.  A store
  * failure goes to its _store_failed, which raises.
  */
 #include "binding.h"
 
 #include <limits.h>
+#include <math.h>
+#include <time.h>
 
 typedef struct {
     PyObject_HEAD
@@ -175,6 +180,29 @@ static int entry_for(PyObject *dict, PyObject *key, PyObject *const *args,
     return 1;
 }
 
+/* A fixed window's count from a decision under `limit_obj` (an int):
+ * limit - remaining, plus `extra` (a denied hit's permits: the count it
+ * would have made). */
+static PyObject *count_of(PyObject *limit_obj, const rate_decision_t *d,
+                          uint64_t extra)
+{
+    unsigned long long limit = PyLong_AsUnsignedLongLong(limit_obj);
+    int fits = !(limit == (unsigned long long)-1 && PyErr_Occurred());
+    if (!fits)
+        PyErr_Clear(); /* Python's arithmetic below */
+    unsigned long long used = limit - d->remaining;
+    if (fits && d->remaining <= limit && extra <= ULLONG_MAX - used)
+        return PyLong_FromUnsignedLongLong(used + extra);
+    PyObject *rem = PyLong_FromUnsignedLongLong(d->remaining);
+    PyObject *n = PyLong_FromUnsignedLongLong(extra);
+    PyObject *u = rem ? PyNumber_Subtract(limit_obj, rem) : NULL;
+    PyObject *out = u && n ? PyNumber_Add(u, n) : NULL;
+    Py_XDECREF(rem);
+    Py_XDECREF(n);
+    Py_XDECREF(u);
+    return out;
+}
+
 /* incr(key, expiry, elastic_expiry=False, amount=1): the fixed window's
  * hit, as the storage's _incr documents it. */
 static PyObject *LimitsCalls_incr(LimitsCallsObject *self, PyObject *const *args,
@@ -196,30 +224,54 @@ static PyObject *LimitsCalls_incr(LimitsCallsObject *self, PyObject *const *args
     rate_decision_t d;
     int rc = decide(self, PyTuple_GET_ITEM(e, 0), PyTuple_GET_ITEM(e, 2), a[3],
                     &permits, &d);
-    PyObject *out = NULL;
-    if (rc == 0) {
-        /* the count after the hit when admitted; when denied, the count
-         * it would have made (above the limit): limit - remaining (+ n) */
-        unsigned long long limit = PyLong_AsUnsignedLongLong(limit_obj);
-        int fits = !(limit == (unsigned long long)-1 && PyErr_Occurred());
-        if (!fits)
-            PyErr_Clear(); /* Python's arithmetic below */
-        unsigned long long used = limit - d.remaining;
-        if (fits && d.remaining <= limit &&
-            (d.allowed || permits <= ULLONG_MAX - used))
-            out = PyLong_FromUnsignedLongLong(d.allowed ? used : used + permits);
-        else {
-            PyObject *rem = PyLong_FromUnsignedLongLong(d.remaining);
-            PyObject *n = PyLong_FromUnsignedLongLong(d.allowed ? 0 : permits);
-            PyObject *u = rem ? PyNumber_Subtract(limit_obj, rem) : NULL;
-            out = u && n ? PyNumber_Add(u, n) : NULL;
-            Py_XDECREF(rem);
-            Py_XDECREF(n);
-            Py_XDECREF(u);
-        }
-    }
+    PyObject *out = rc == 0 ? count_of(limit_obj, &d, d.allowed ? 0 : permits)
+                            : NULL;
     Py_DECREF(e);
     return out;
+}
+
+/* get(key) and get_expiry(key): the count of a key's fixed window; when
+ * its quota is whole again, in seconds since the epoch rounded up (as
+ * math.ceil(time.time() + reset_after)).  A key not kept goes to the
+ * storage's `slow` (_get, _get_expiry). */
+static PyObject *fixed_query(LimitsCallsObject *self, PyObject *key,
+                             int expiry, const char *slow)
+{
+    PyObject *e = NULL;
+    int found = entry_for(self->fixed, key, NULL, NULL, 0, &e);
+    if (found <= 0)
+        return found < 0 ? NULL
+                         : PyObject_CallMethod((PyObject *)self, slow, "O", key);
+    PyObject *zero = PyLong_FromLong(0);
+    uint64_t permits;
+    rate_decision_t d;
+    int rc = zero ? decide(self, PyTuple_GET_ITEM(e, 0), PyTuple_GET_ITEM(e, 2),
+                           zero, &permits, &d)
+                  : -1;
+    Py_XDECREF(zero);
+    PyObject *out = NULL;
+    if (rc == 0 && expiry) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double now = (double)((int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec) / 1e9;
+        double reset = d.reset_after_ns == RATE_NEVER
+                           ? INFINITY
+                           : (double)d.reset_after_ns / 1e9;
+        out = PyLong_FromDouble(ceil(now + reset));
+    } else if (rc == 0)
+        out = count_of(PyTuple_GET_ITEM(e, 3), &d, 0);
+    Py_DECREF(e);
+    return out;
+}
+
+static PyObject *LimitsCalls_get(LimitsCallsObject *self, PyObject *key)
+{
+    return fixed_query(self, key, 0, "_get");
+}
+
+static PyObject *LimitsCalls_get_expiry(LimitsCallsObject *self, PyObject *key)
+{
+    return fixed_query(self, key, 1, "_get_expiry");
 }
 
 /* acquire_entry(key, limit, expiry, amount=1): the moving window's hit,
@@ -260,6 +312,11 @@ static PyMethodDef LimitsCalls_methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "acquire_entry(key, limit, expiry, amount=1) -> bool: the moving "
      "window's hit"},
+    {"get", (PyCFunction)LimitsCalls_get, METH_O,
+     "get(key) -> int: the count of the key's fixed window"},
+    {"get_expiry", (PyCFunction)LimitsCalls_get_expiry, METH_O,
+     "get_expiry(key) -> int: when the key's fixed window is whole again "
+     "(seconds since the epoch, rounded up)"},
     {"_use", (PyCFunction)LimitsCalls_use, METH_O,
      "_use(limiter): the Limiter that decides"},
     {NULL, NULL, 0, NULL}};

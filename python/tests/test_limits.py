@@ -106,8 +106,16 @@ def test_a_key_seen_before_is_decided_alike(storage):
         storage.incr(key, 3600, elastic_expiry=True)
     with pytest.raises(ValueError):
         storage.incr(key, 60)  # the key says an hour
+    assert storage.get(key) == 3
+    now = time.time()
+    assert now <= storage.get_expiry(key) <= now + 3601
+    assert storage.get(item.key_for("unseen")) == 0
+    with pytest.raises(ValueError):
+        storage.get("LIMITER/unseen/3/1/fortnight")
     storage.reset()
+    assert storage.get(key) == 0
     assert storage.incr(key, 3600) == 1
+    assert storage.get(key) == 1
     assert storage.acquire_entry(mkey, 2, 60)
 
 
@@ -116,8 +124,10 @@ def test_a_closed_storage_raises_on_a_key_seen_before():
     key, mkey = parse("3/hour").key_for("k"), parse("2/minute").key_for("k")
     assert st.incr(key, 3600) == 1 and st.acquire_entry(mkey, 2, 60)
     st.close()
-    with pytest.raises(ValueError, match="closed"):
-        st.incr(key, 3600)
+    for call in (lambda: st.incr(key, 3600), lambda: st.get(key),
+                 lambda: st.get_expiry(key)):
+        with pytest.raises(ValueError, match="closed"):
+            call()
     with pytest.raises(ValueError, match="closed"):
         st.acquire_entry(mkey, 2, 60)
 
@@ -190,7 +200,9 @@ def test_store_failures_raise_on_a_key_seen_before():
     st._store = ratelimit.redis_store("redis://127.0.0.1:1", lazy_connect=True)
     st._limiter = ratelimit.Limiter(ratelimit.Policy("unlimited"), st._store)
     st._use(st._limiter)
-    for call in (lambda: st.incr(key, 1), lambda: st.acquire_entry(mkey, 5, 60)):
+    for call in (lambda: st.incr(key, 1), lambda: st.get(key),
+                 lambda: st.get_expiry(key),
+                 lambda: st.acquire_entry(mkey, 5, 60)):
         with pytest.raises(ratelimit.Error) as e:
             call()
         assert e.value.name == "RATE_ESTORE"
