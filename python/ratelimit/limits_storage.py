@@ -30,6 +30,7 @@ from limits.storage import MovingWindowSupport, Storage
 from limits.strategies import STRATEGIES, RateLimiter
 
 import ratelimit
+from ratelimit import _ratelimit
 
 # The largest sliding log; a moving window of a larger limit is decided by
 # the two-window counter (docs/algorithms.md).
@@ -59,10 +60,15 @@ def _limit_of_key(key):
     return int(parts[1]), int(parts[2]) * seconds
 
 
-class RatelimitStorage(Storage, MovingWindowSupport):
+class RatelimitStorage(_ratelimit._LimitsCalls, Storage, MovingWindowSupport):
     """The library's stores behind limits's Storage interface.  Each call is
     one decision of the library under the limit its key names (the count
-    and window a limits key ends with)."""
+    and window a limits key ends with).
+
+    The hot calls, incr, get, get_expiry and acquire_entry, are the C
+    base's: a key seen before (its parse, policy and store key kept in
+    _fixed and _moving) is decided there; the first call on a key comes to
+    _incr, _get, _get_expiry and _acquire_entry here."""
 
     STORAGE_SCHEME = ["ratelimit+memory", "ratelimit+shm", "ratelimit+redis",
                       "ratelimit+dynamodb"]
@@ -82,6 +88,7 @@ class RatelimitStorage(Storage, MovingWindowSupport):
         self._store = self._make_store()
         self._limiter = ratelimit.Limiter(ratelimit.Policy("unlimited"),
                                           self._store)
+        self._use(self._limiter)
         self._policies = {}
         self._policies_lock = threading.Lock()
         self._keys = {}  # key -> (amount, expiry): its parse, cached
@@ -152,10 +159,20 @@ class RatelimitStorage(Storage, MovingWindowSupport):
         policy = self._policy(algorithm, amount, expiry)
         d = self._limiter.check(self._store_key(key), cost, policy=policy)
         if d.reason == "store-error":
-            if d.error == ratelimit.EPOLICY:
-                self._store.check_policy(policy)  # raises with the reason
-            ratelimit.raise_store_error(d)
+            self._store_failed(d, policy)
         return d
+
+    def _store_failed(self, d, policy):
+        """Raises ratelimit.Error for a decision the store failed."""
+        if d.error == ratelimit.EPOLICY:
+            self._store.check_policy(policy)  # raises with the reason
+        ratelimit.raise_store_error(d)
+
+    @staticmethod
+    def _cache(cache, key, entry):
+        if len(cache) >= _KEYS_CACHED:
+            cache.clear()
+        cache[key] = entry
 
     def _window(self, key, expiry=None):
         limit = self._keys.get(key)
@@ -174,33 +191,60 @@ class RatelimitStorage(Storage, MovingWindowSupport):
 
     # -- the fixed window (limits's incr, get, get_expiry)
 
-    def incr(self, key, expiry, elastic_expiry=False, amount=1):
-        """The fixed window's hit: the count after it when admitted; when
-        denied, the count it would have made (above the limit), charging
-        nothing."""
+    def _fixed_entry(self, key, expiry=None):
+        """(policy, expiry, store key, limit) of a key, kept in _fixed for
+        the next calls (the C base's incr reads it)."""
+        e = self._fixed.get(key)
+        if e is None or (expiry is not None and expiry != e[1]):
+            limit, window = self._window(key, expiry)
+            e = (self._policy("fixed-window", limit, window), window,
+                 self._store_key(key), limit)
+            self._cache(self._fixed, key, e)
+        return e
+
+    def _incr(self, key, expiry, elastic_expiry=False, amount=1):
+        """incr's first call on a key (the C base's incr then decides the
+        next ones): the fixed window's hit, the count after it when
+        admitted; when denied, the count it would have made (above the
+        limit), charging nothing."""
         if elastic_expiry:
             raise NotImplementedError(
                 "ratelimit storage: no elastic expiry (fixed-window-elastic-"
                 "expiry); use fixed-window or a ratelimit-* strategy")
-        limit, window = self._window(key, expiry)
-        d = self.decide("fixed-window", key, limit, window, amount)
+        policy, window, skey, limit = self._fixed_entry(key, expiry)
+        d = self._fixed_decide(policy, skey, amount)
         used = limit - d.remaining
         return used if d.allowed else used + amount
 
-    def get(self, key):
-        limit, window = self._window(key)
-        d = self.decide("fixed-window", key, limit, window, 0)
-        return limit - d.remaining
+    def _fixed_decide(self, policy, skey, amount):
+        d = self._limiter.check(skey, amount, policy=policy)
+        if d.reason == "store-error":
+            self._store_failed(d, policy)
+        return d
 
-    def get_expiry(self, key):
-        limit, window = self._window(key)
-        d = self.decide("fixed-window", key, limit, window, 0)
+    def _get(self, key):
+        """get's first call on a key (the C base's get then answers)."""
+        policy, _, skey, limit = self._fixed_entry(key)
+        return limit - self._fixed_decide(policy, skey, 0).remaining
+
+    def _get_expiry(self, key):
+        """get_expiry's first call on a key (the C base's then answers)."""
+        policy, _, skey, _ = self._fixed_entry(key)
+        d = self._fixed_decide(policy, skey, 0)
         return math.ceil(time.time() + d.reset_after)
 
     # -- the moving window
 
-    def acquire_entry(self, key, limit, expiry, amount=1):
-        return self.decide("sliding-log", key, limit, expiry, amount).allowed
+    def _acquire_entry(self, key, limit, expiry, amount=1):
+        """acquire_entry's first call on a key with this limit and expiry
+        (the C base's acquire_entry then decides the next ones)."""
+        policy = self._policy("sliding-log", limit, expiry)
+        skey = self._store_key(key)
+        self._cache(self._moving, key, (policy, limit, expiry, skey))
+        d = self._limiter.check(skey, amount, policy=policy)
+        if d.reason == "store-error":
+            self._store_failed(d, policy)
+        return d.allowed
 
     def get_moving_window(self, key, limit, expiry):
         """(start, count): start is `expiry` before the full quota is back
@@ -234,6 +278,7 @@ class RatelimitStorage(Storage, MovingWindowSupport):
             self._store = self._make_store()
             self._limiter = ratelimit.Limiter(ratelimit.Policy("unlimited"),
                                               self._store)
+            self._use(self._limiter)
             old_limiter.close()
             old_store.close()
         else:

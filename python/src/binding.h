@@ -8,7 +8,8 @@
  * policy.c, store.c (Store, memory, shared memory), store_redis.c,
  * store_dynamodb.c, async.c (the rate_loop_t adapter on asyncio,
  * asynchronous decisions), limiter.c, synced.c (the synced mode),
- * lease.c (InFlight, Lease), fair.c, rules.c.
+ * lease.c (InFlight, Lease), fair.c, rules.c, limits.c (the hot calls
+ * of the storage for limits).
  *
  * Every call that may block (a store's I/O, a shared-memory lock, an
  * acquire's sleep) runs with the GIL released.  An object over a library
@@ -228,5 +229,9 @@ extern PyTypeObject InFlightType, LeaseType, FairType, RulesType;
 /* ---------------------------------------------------------- synced.c */
 
 extern PyTypeObject SyncedType;
+
+/* ---------------------------------------------------------- limits.c */
+
+extern PyTypeObject LimitsCallsType;
 
 #endif

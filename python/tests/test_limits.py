@@ -87,6 +87,78 @@ def test_fixed_window_counts_and_expiry(storage):
     assert storage.check()
 
 
+def test_a_key_seen_before_is_decided_alike(storage):
+    # The first call on a key parses it; the next ones are decided by the
+    # storage's C base from what was kept: the same counts, the same
+    # errors, and a reset seen.
+    item, window = parse("3 per hour"), parse("2 per minute")
+    key, mkey = item.key_for("seen"), window.key_for("seen")
+    assert [storage.incr(key, 3600) for _ in range(4)] == [1, 2, 3, 4]
+    assert storage.incr(key, 3600, False, 0) == 3
+    assert storage.incr(key=key, expiry=3600, amount=5) == 8
+    assert [storage.acquire_entry(mkey, 2, 60) for _ in range(3)] == \
+        [True, True, False]
+    assert not storage.acquire_entry(mkey, 2, 60, amount=1)
+    with pytest.raises(TypeError):
+        storage.incr(key, 3600, amount="1")
+    with pytest.raises(OverflowError):
+        storage.incr(key, 3600, amount=-1)
+    with pytest.raises(TypeError):
+        storage.acquire_entry(mkey, 2, 60, amount=1.0)
+    with pytest.raises(TypeError):
+        storage.incr(key)
+    with pytest.raises(TypeError):
+        storage.incr(key, 3600, cost=1)
+    with pytest.raises(NotImplementedError):
+        storage.incr(key, 3600, elastic_expiry=True)
+    with pytest.raises(ValueError):
+        storage.incr(key, 60)  # the key says an hour
+    assert storage.get(key) == 3
+    now = time.time()
+    assert now <= storage.get_expiry(key) <= now + 3601
+    assert storage.get(item.key_for("unseen")) == 0
+    with pytest.raises(ValueError):
+        storage.get("LIMITER/unseen/3/1/fortnight")
+    storage.reset()
+    assert storage.get(key) == 0
+    assert storage.incr(key, 3600) == 1
+    assert storage.get(key) == 1
+    assert storage.acquire_entry(mkey, 2, 60)
+
+
+def test_a_closed_storage_raises_on_a_key_seen_before():
+    st = RatelimitStorage("ratelimit+memory://")
+    key, mkey = parse("3/hour").key_for("k"), parse("2/minute").key_for("k")
+    assert st.incr(key, 3600) == 1 and st.acquire_entry(mkey, 2, 60)
+    st.close()
+    for call in (lambda: st.incr(key, 3600), lambda: st.get(key),
+                 lambda: st.get_expiry(key)):
+        with pytest.raises(ValueError, match="closed"):
+            call()
+    with pytest.raises(ValueError, match="closed"):
+        st.acquire_entry(mkey, 2, 60)
+
+
+def test_arguments_that_change_the_storage_as_they_are_compared():
+    # an expiry or limit whose == empties the storage's kept entries: the
+    # entry in use stays alive, and the decision is made all the same
+    st = RatelimitStorage("ratelimit+memory://")
+    key, mkey = parse("3/hour").key_for("k"), parse("2/minute").key_for("k")
+    assert st.incr(key, 3600) == 1 and st.acquire_entry(mkey, 2, 60)
+
+    class Emptying(int):
+        def __eq__(self, other):
+            st._fixed.clear()
+            st._moving.clear()
+            return int(self) == other
+        __hash__ = int.__hash__
+
+    assert st.incr(key, Emptying(3600)) == 2
+    assert st.acquire_entry(mkey, Emptying(2), 60)
+    assert not st.acquire_entry(mkey, 2, Emptying(60))
+    st.close()
+
+
 def test_library_strategies_need_this_storage():
     with pytest.raises(NotImplementedError):
         STRATEGIES["ratelimit-token-bucket"](storage_from_string("memory://"))
@@ -122,6 +194,25 @@ def test_store_failures_raise():
         st.incr(parse("1/second").key_for("k"), 1)
     assert e.value.name == "RATE_ESTORE"
     assert not st.check()
+    st.close()
+
+
+def test_store_failures_raise_on_a_key_seen_before():
+    # a key decided before (its parse kept), then the store fails
+    st = RatelimitStorage("ratelimit+memory://")
+    key, mkey = parse("5/second").key_for("k"), parse("5/minute").key_for("k")
+    assert st.incr(key, 1) == 1 and st.acquire_entry(mkey, 5, 60)
+    st._limiter.close()
+    st._store.close()
+    st._store = ratelimit.redis_store("redis://127.0.0.1:1", lazy_connect=True)
+    st._limiter = ratelimit.Limiter(ratelimit.Policy("unlimited"), st._store)
+    st._use(st._limiter)
+    for call in (lambda: st.incr(key, 1), lambda: st.get(key),
+                 lambda: st.get_expiry(key),
+                 lambda: st.acquire_entry(mkey, 5, 60)):
+        with pytest.raises(ratelimit.Error) as e:
+            call()
+        assert e.value.name == "RATE_ESTORE"
     st.close()
 
 
