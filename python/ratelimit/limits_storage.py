@@ -41,6 +41,13 @@ _SECONDS = {g.GRANULARITY.name: g.GRANULARITY.seconds
             for g in GRANULARITIES.values()}
 
 
+def _reset_at(reset_after):
+    """The epoch second the whole quota is back: now, as limits says it,
+    for a key with nothing to give back; else rounded up."""
+    now = time.time()
+    return int(now) if reset_after == 0 else math.ceil(now + reset_after)
+
+
 def _digest_key(key):
     """The key a key too long for the store is decided under: a prefix and
     its BLAKE2b-128 in hex (40 bytes, no "/", so no key of limits's
@@ -231,7 +238,7 @@ class RatelimitStorage(_ratelimit._LimitsCalls, Storage, MovingWindowSupport):
         """get_expiry's first call on a key (the C base's then answers)."""
         policy, _, skey, _ = self._fixed_entry(key)
         d = self._fixed_decide(policy, skey, 0)
-        return math.ceil(time.time() + d.reset_after)
+        return _reset_at(d.reset_after)
 
     # -- the moving window
 
@@ -316,7 +323,7 @@ class _LibraryStrategy(RateLimiter):
         """(reset, remaining): reset is when the full quota is back."""
         d = self.storage.decide(self.ALGORITHM, item.key_for(*identifiers),
                                 item.amount, item.get_expiry(), 0)
-        return math.ceil(time.time() + d.reset_after), d.remaining
+        return _reset_at(d.reset_after), d.remaining
 
 
 class TokenBucketRateLimiter(_LibraryStrategy):

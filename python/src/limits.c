@@ -251,13 +251,13 @@ static PyObject *fixed_query(LimitsCallsObject *self, PyObject *key,
     Py_XDECREF(zero);
     PyObject *out = NULL;
     if (rc == 0 && expiry) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        double now = (double)((int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec) / 1e9;
+        /* as limits_storage._reset_at: now for nothing to give back */
+        const rate_clock_t *wall = rate_clock_wall();
+        double now = (double)wall->now_ns(wall->ud) / 1e9;
         double reset = d.reset_after_ns == RATE_NEVER
                            ? INFINITY
                            : (double)d.reset_after_ns / 1e9;
-        out = PyLong_FromDouble(ceil(now + reset));
+        out = PyLong_FromDouble(reset == 0 ? floor(now) : ceil(now + reset));
     } else if (rc == 0)
         out = count_of(PyTuple_GET_ITEM(e, 3), &d, 0);
     Py_DECREF(e);

@@ -69,6 +69,26 @@ def test_strategy_contract(storage, strategy):
     assert limiter.get_window_stats(item, "user")[1] == 5
 
 
+@pytest.mark.parametrize("strategy", ["fixed-window",
+                                      "ratelimit-token-bucket",
+                                      "ratelimit-sliding-window"])
+def test_an_unused_key_is_whole_now(storage, strategy):
+    # A key with nothing to give back resets now (the second, as limits's
+    # own storages say it), not a second on: on the first call (Python)
+    # and on a key seen before (the C base's get_expiry).
+    limiter = STRATEGIES[strategy](storage)
+    item = parse("10 per 2 second")
+    for _ in range(2):
+        before = int(time.time())
+        reset, remaining = limiter.get_window_stats(item, "unused")
+        assert remaining == 10
+        assert before <= reset <= int(time.time())
+        if strategy == "fixed-window":
+            before = int(time.time())
+            assert before <= storage.get_expiry(item.key_for("unused")) \
+                <= int(time.time())
+
+
 def test_fixed_window_counts_and_expiry(storage):
     item = parse("3 per hour")
     key = item.key_for("k")
