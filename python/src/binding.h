@@ -155,6 +155,7 @@ typedef struct {
     rate_store_t *store;
     const char *kind;   /* "memory", "shm", "redis", "redis-async", ... */
     Py_ssize_t users;   /* open limiters (and in-flight limits) on it */
+    Py_ssize_t busy;    /* its own calls under way without the GIL */
     PyObject *loop;     /* redis-async: the asyncio loop, kept alive */
 } StoreObject;
 

@@ -25,6 +25,7 @@ StoreObject *store_alloc(const char *kind)
         s->store = NULL;
         s->kind = kind;
         s->users = 0;
+        s->busy = 0;
         s->loop = NULL;
     }
     return s;
@@ -44,6 +45,12 @@ static PyObject *Store_close(StoreObject *self, PyObject *unused)
     if (self->users > 0) {
         PyErr_SetString(PyExc_RuntimeError,
                         "the store has open limiters: close them first");
+        return NULL;
+    }
+    if (self->busy > 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the store is in use by another thread (stats() or "
+                        "drop()): close it when that call is back");
         return NULL;
     }
     rate_store_t *st = self->store;
@@ -69,10 +76,13 @@ static PyObject *Store_stats(StoreObject *self, PyObject *unused)
     if (store_open(self) < 0)
         return NULL;
     rate_stats_t st;
+    rate_store_t *store = self->store;
     int rc;
+    self->busy++; /* close() waits for it (with the GIL, as this count) */
     Py_BEGIN_ALLOW_THREADS
-    rc = rate_store_stats(self->store, &st);
+    rc = rate_store_stats(store, &st);
     Py_END_ALLOW_THREADS
+    self->busy--;
     if (rc != RATE_OK)
         return raise_rc(rc, NULL);
     return Py_BuildValue("{s:K,s:K,s:K,s:K}", "keys",
@@ -89,26 +99,27 @@ static PyObject *Store_drop(StoreObject *self, PyObject *unused)
     (void)unused;
     if (store_open(self) < 0)
         return NULL;
-    int rc;
-    if (strcmp(self->kind, "shm") == 0) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = rate_store_shm_drop(self->store);
-        Py_END_ALLOW_THREADS
-    } else if (strncmp(self->kind, "redis", 5) == 0) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = rate_store_redis_drop(self->store);
-        Py_END_ALLOW_THREADS
+    int (*drop)(rate_store_t *) = NULL;
+    if (strcmp(self->kind, "shm") == 0)
+        drop = rate_store_shm_drop;
+    else if (strncmp(self->kind, "redis", 5) == 0)
+        drop = rate_store_redis_drop;
 #ifdef RATE_WITH_DYNAMODB
-    } else if (strcmp(self->kind, "dynamodb") == 0) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = rate_store_dynamodb_drop(self->store);
-        Py_END_ALLOW_THREADS
+    else if (strcmp(self->kind, "dynamodb") == 0)
+        drop = rate_store_dynamodb_drop;
 #endif
-    } else {
+    if (drop == NULL) {
         PyErr_SetString(PyExc_TypeError,
                         "drop() is for shm, Redis and DynamoDB stores");
         return NULL;
     }
+    rate_store_t *store = self->store;
+    int rc;
+    self->busy++; /* close() waits for it (with the GIL, as this count) */
+    Py_BEGIN_ALLOW_THREADS
+    rc = drop(store);
+    Py_END_ALLOW_THREADS
+    self->busy--;
     if (rc != RATE_OK)
         return raise_rc(rc, NULL);
     Py_RETURN_NONE;

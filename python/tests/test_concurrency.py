@@ -135,6 +135,71 @@ def test_gil_released_in_store_calls(redis_url):
         proxy.close()
 
 
+class GatedProxy(Proxy):
+    """A proxy that holds Redis's replies while `gate` is clear, and says
+    by `asked` that a request went through."""
+
+    def __init__(self, port):
+        self.gate, self.asked = threading.Event(), threading.Event()
+        self.gate.set()
+        super().__init__(port)
+
+    def accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            for a, b, up in ((client, upstream, True),
+                             (upstream, client, False)):
+                threading.Thread(target=self.pump_gated, args=(a, b, up),
+                                 daemon=True).start()
+
+    def pump_gated(self, a, b, up):
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    break
+                if up:
+                    self.asked.set()
+                else:
+                    self.gate.wait()
+                b.sendall(data)
+        except OSError:
+            pass
+
+
+def test_close_waits_for_a_store_call_under_way(redis_url):
+    # drop() runs without the GIL: a close() from another thread meanwhile
+    # is refused (the store would be freed under it), and works after.
+    proxy = GatedProxy(int(redis_url.rsplit(":", 1)[1]))
+    try:
+        store = ratelimit.redis_store("redis://127.0.0.1:%d" % proxy.port,
+                                      prefix=conftest.unique_prefix(),
+                                      command_timeout=10.0)
+        with Limiter(Policy("token-bucket 20/s"), store) as lim:
+            assert lim.try_acquire("k")  # connected
+        proxy.gate.clear()
+        proxy.asked.clear()
+        done = []
+        t = threading.Thread(target=lambda: done.append(store.drop()))
+        t.start()
+        assert proxy.asked.wait(10)
+        with pytest.raises(RuntimeError, match="in use"):
+            store.close()
+        assert not store.closed
+        proxy.gate.set()
+        t.join(10)
+        assert done == [None]
+        store.close()
+        assert store.closed
+    finally:
+        proxy.gate.set()
+        proxy.close()
+
+
 def test_prefork_workers_share_one_shm_limit(shm_path):
     # The parent makes the store and the limiter, then forks its workers,
     # as a pre-fork server (gunicorn) does; every worker decides on the
