@@ -356,8 +356,8 @@ static int ensure_conn(redis_store_t *r, node_t *n, conn_t *c,
 /* Waking callers.  Marking one done may be its last touch by another
  * thread: the caller may return (its mreq_t is on its stack) as soon as it
  * sees the bit, so its bell bit is read first, and the wake-up names only
- * the connection's bell.  A caller woken for another's bit (32 apart in
- * the queue) finds its sig unchanged and sleeps again. */
+ * the connection's bell.  A caller woken for another's bit (NBELLS * 32
+ * places apart in the queue) finds its sig unchanged and sleeps again. */
 #define SIG_DONE 1u
 #define SIG_TURN 2u
 
