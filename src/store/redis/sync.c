@@ -661,40 +661,33 @@ static int conn_call(redis_store_t *r, uint64_t dl, node_t *n, conn_t *c,
                      const size_t *lens, redisReply **out)
 {
     mreq_t me = {NULL, RATE_OK, 0, NULL, 0, asking ? 1 : 0, false, 0, 0};
-    char *cmd;
     static const char ask[] = "*1\r\n$6\r\nASKING\r\n";
     size_t pre = asking ? sizeof ask - 1 : 0;
-    int len = redisFormatCommandArgv(&cmd, argc, argv, lens);
+    size_t len = rate__redis_resp(NULL, 0, argc, argv, lens);
 
     *out = NULL;
-    if (len < 0)
-        return RATE_ENOMEM;
-    if (rate_clock_monotonic_ns() >= dl) {
-        redisFreeCommand(cmd);
+    if (rate_clock_monotonic_ns() >= dl)
         return RATE_ETIMEDOUT; /* its call's time is up (redirections) */
-    }
     pthread_mutex_lock(&c->lock);
-    me.deadline_ns = dl;
-    me.bell = c->nbit / 32 % NBELLS;
-    me.bit = 1u << (c->nbit % 32);
-    c->nbit++;
-    if (c->olen + pre + (size_t)len > c->ocap) {
+    if (c->olen + pre + len > c->ocap) {
         size_t cap = c->ocap ? c->ocap : 4096;
-        while (cap < c->olen + pre + (size_t)len)
+        while (cap < c->olen + pre + len)
             cap *= 2;
         char *p = realloc(c->obuf, cap);
         if (p == NULL) {
             pthread_mutex_unlock(&c->lock);
-            redisFreeCommand(cmd);
             return RATE_ENOMEM;
         }
         c->obuf = p;
         c->ocap = cap;
     }
     memcpy(c->obuf + c->olen, ask, pre);
-    memcpy(c->obuf + c->olen + pre, cmd, (size_t)len);
-    c->olen += pre + (size_t)len;
-    redisFreeCommand(cmd);
+    rate__redis_resp(c->obuf + c->olen + pre, len, argc, argv, lens);
+    c->olen += pre + len;
+    me.deadline_ns = dl;
+    me.bell = c->nbit / 32 % NBELLS;
+    me.bit = 1u << (c->nbit % 32);
+    c->nbit++;
     if (c->tail != NULL)
         c->tail->next = &me;
     else
