@@ -1674,10 +1674,13 @@ static void shared_limit_across_processes(void **state)
 
 /* Many threads on shared connections: each must get its own replies.
  * Thread i asks 60 times at one instant on its own key under its own
- * policy (limit 10 + i), so it must see exactly 10 + i admitted. */
+ * policy (limit 10 + i % 40), so it must see exactly that many admitted.
+ * The threads start together (go), to crowd the connections. */
 #define MANY 16
+#define CROWD 160 /* more callers on one connection than its bells' bits */
 typedef struct own {
     rate_store_t *store;
+    pthread_barrier_t *go;
     int i, admitted, errors;
 } own_t;
 
@@ -1685,7 +1688,7 @@ static void *own_key(void *arg)
 {
     own_t *o = arg;
     char text[48], key[16];
-    snprintf(text, sizeof text, "fixed-window %d/h", 10 + o->i);
+    snprintf(text, sizeof text, "fixed-window %d/h", 10 + o->i % 40);
     snprintf(key, sizeof key, "own%d", o->i);
     rate_policy_t *p = NULL;
     rate_policy_parse(text, &p, NULL, 0);
@@ -1694,6 +1697,7 @@ static void *own_key(void *arg)
     cfg.policy = p;
     cfg.store = o->store;
     rate_limiter_new(&cfg, &l);
+    pthread_barrier_wait(o->go);
     for (int k = 0; k < 60; k++) {
         rate_decision_t d;
         rate_limiter_check_at(l, key, strlen(key), 1, 0, 7 * SEC, &d);
@@ -1705,21 +1709,25 @@ static void *own_key(void *arg)
     return NULL;
 }
 
-/* MANY threads on one store, each on its own key and limit: each must
- * get exactly its own answers back through the shared connections. */
-static void own_keys_on(rate_store_t *rs)
+/* n threads on one store, each on its own key and limit: each must get
+ * exactly its own answers back through the shared connections. */
+static void own_keys_on(rate_store_t *rs, int n)
 {
-    pthread_t th[MANY];
-    own_t o[MANY];
-    for (int i = 0; i < MANY; i++) {
-        o[i] = (own_t){rs, i, 0, 0};
-        pthread_create(&th[i], NULL, own_key, &o[i]);
+    pthread_t th[CROWD];
+    own_t o[CROWD];
+    pthread_barrier_t go;
+    assert_true(n <= CROWD);
+    pthread_barrier_init(&go, NULL, (unsigned)n);
+    for (int i = 0; i < n; i++) {
+        o[i] = (own_t){rs, &go, i, 0, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, own_key, &o[i]), 0);
     }
-    for (int i = 0; i < MANY; i++)
+    for (int i = 0; i < n; i++)
         pthread_join(th[i], NULL);
-    for (int i = 0; i < MANY; i++) {
+    pthread_barrier_destroy(&go);
+    for (int i = 0; i < n; i++) {
         assert_int_equal(o[i].errors, 0);
-        assert_int_equal(o[i].admitted, 10 + i);
+        assert_int_equal(o[i].admitted, 10 + i % 40);
     }
 }
 
@@ -1727,7 +1735,26 @@ static void replies_reach_their_callers(void **state)
 {
     (void)state;
     rate_store_t *rs = redis_store("own:", true, 0);
-    own_keys_on(rs);
+    own_keys_on(rs, MANY);
+    drop_store(rs);
+}
+
+/* More callers on one connection than it has ways to wake them apart
+ * (sync.c's bells: 128 bits): callers woken for another's bit must sleep
+ * again and still get their own replies, and none may sleep through its
+ * own. */
+static void crowd_on_one_connection(void **state)
+{
+    (void)state;
+    /* 30 s a command: no loaded machine's slack can fail a call */
+    rate_redis_options_t o = {.prefix = "crowd:", .no_ttl = true,
+                              .pool_size = 1,
+                              .command_timeout_ns = 30 * SEC};
+    rate_store_t *rs = NULL;
+    char err[256] = "";
+    if (rate_store_redis_new(url, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("redis store: %s", err);
+    own_keys_on(rs, CROWD);
     drop_store(rs);
 }
 
@@ -1986,7 +2013,7 @@ static void unix_socket(void **state)
     o.prefix = "unix:";
     assert_int_equal(rate_store_redis_new(sock_url, &o, &s, err, sizeof err),
                      RATE_OK);
-    own_keys_on(s);
+    own_keys_on(s, MANY);
     rate_store_redis_drop(s);
     rate_store_free(s);
     stop_server();
@@ -2242,6 +2269,7 @@ int main(void)
         cmocka_unit_test(full_log_in_lua),
         cmocka_unit_test(shared_limit_across_processes),
         cmocka_unit_test(replies_reach_their_callers),
+        cmocka_unit_test(crowd_on_one_connection),
         cmocka_unit_test(redis_down_and_back),
         cmocka_unit_test(callers_ride_out_a_restart),
         cmocka_unit_test(bad_urls_hosts_and_passwords),

@@ -616,37 +616,6 @@ static void abandon(ajob_t *j)
 
 static void on_reply(redisAsyncContext *ac, void *reply, void *priv);
 
-/* The command in Redis's protocol into buf: its length, or 0 when it does
- * not fit (hiredis formats it then).  Cheaper than hiredis's formatting,
- * which builds the same bytes with a printf of its own per argument. */
-static size_t resp(char *buf, size_t cap, const rate__redis_cmd_t *c)
-{
-    size_t n = 0;
-    char t[24];
-    for (int i = -1; i < c->argc; i++) {
-        uint64_t v = i < 0 ? (uint64_t)c->argc : c->al[i];
-        int k = 0;
-        do
-            t[k++] = (char)('0' + v % 10);
-        while ((v /= 10) != 0);
-        size_t need = 3 + (size_t)k + (i < 0 ? 0 : c->al[i] + 2);
-        if (cap - n < need)
-            return 0;
-        buf[n++] = i < 0 ? '*' : '$';
-        while (k > 0)
-            buf[n++] = t[--k];
-        buf[n++] = '\r';
-        buf[n++] = '\n';
-        if (i >= 0) {
-            memcpy(buf + n, c->av[i], c->al[i]);
-            n += c->al[i];
-            buf[n++] = '\r';
-            buf[n++] = '\n';
-        }
-    }
-    return n;
-}
-
 /* Queue j's command on n's connection (ASKING first if asking), which must
  * be there: RATE_OK or RATE_ESTORE. */
 static int send_on(ajob_t *j, anode_t *n, bool asking)
@@ -656,11 +625,13 @@ static int send_on(ajob_t *j, anode_t *n, bool asking)
     redisAsyncContext *ac = n->conn->ac;
     if (asking && redisAsyncCommand(ac, NULL, NULL, "ASKING") != REDIS_OK)
         return RATE_ESTORE;
-    char buf[1024];
-    size_t len = resp(buf, sizeof buf, &j->cmd);
-    if ((len > 0 ? redisAsyncFormattedCommand(ac, on_reply, j, buf, len)
-                 : redisAsyncCommandArgv(ac, on_reply, j, j->cmd.argc,
-                                         j->cmd.av, j->cmd.al)) != REDIS_OK)
+    char buf[1024]; /* the command's bytes when they fit (protocol.h) */
+    size_t len = rate__redis_resp(buf, sizeof buf, j->cmd.argc, j->cmd.av,
+                                  j->cmd.al);
+    if ((len <= sizeof buf
+             ? redisAsyncFormattedCommand(ac, on_reply, j, buf, len)
+             : redisAsyncCommandArgv(ac, on_reply, j, j->cmd.argc, j->cmd.av,
+                                     j->cmd.al)) != REDIS_OK)
         return RATE_ESTORE;
     j->node = n;
     j->asking = asking;

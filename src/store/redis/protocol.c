@@ -303,6 +303,37 @@ bool rate__redis_noscript(const redisReply *rep)
            strncmp(rep->str, "NOSCRIPT", 8) == 0;
 }
 
+size_t rate__redis_resp(char *buf, size_t cap, int argc,
+                        const char *const *av, const size_t *al)
+{
+    size_t n = 0;
+    for (int i = -1; i < argc; i++) {
+        char t[24];
+        uint64_t v = i < 0 ? (uint64_t)argc : al[i];
+        int k = 0;
+        do
+            t[k++] = (char)('0' + v % 10);
+        while ((v /= 10) != 0);
+        size_t need = 3 + (size_t)k + (i < 0 ? 0 : al[i] + 2);
+        if (cap < n || cap - n < need) {
+            n += need; /* only measured from here on */
+            continue;
+        }
+        buf[n++] = i < 0 ? '*' : '$';
+        while (k > 0)
+            buf[n++] = t[--k];
+        buf[n++] = '\r';
+        buf[n++] = '\n';
+        if (i >= 0) {
+            memcpy(buf + n, av[i], al[i]);
+            n += al[i];
+            buf[n++] = '\r';
+            buf[n++] = '\n';
+        }
+    }
+    return n;
+}
+
 /* Turns an EVALSHA (or FCALL) command into the EVAL of its script. */
 void rate__redis_cmd_eval(rate__redis_cmd_t *c)
 {

@@ -136,6 +136,12 @@ int rate__redis_cas_cmd(const rate__redis_proto_t *p, const rate_key_t *key,
                         uint64_t version, const void *state, size_t len,
                         uint64_t ttl_ns, rate__redis_cmd_t *c);
 void rate__redis_cmd_free(rate__redis_cmd_t *c);
+/* A command in Redis's protocol: its length, the bytes written into buf
+ * only when that is at most cap (as snprintf measures).  Cheaper than
+ * hiredis's formatting, which prints each argument's length with a
+ * printf of its own and allocates. */
+size_t rate__redis_resp(char *buf, size_t cap, int argc,
+                        const char *const *av, const size_t *al);
 /* Turn an EVALSHA (or FCALL) into the EVAL of its script (after
  * NOSCRIPT), and an FCALL into the EVALSHA of its script. */
 void rate__redis_cmd_eval(rate__redis_cmd_t *c);

@@ -46,18 +46,22 @@
  * (one send a decision cost the client and Redis a system call and a
  * wake-up each), and Redis still has the next batch when it is done. */
 #define MAX_BATCHES 2
+#define NBELLS 4 /* a connection's futex words for its callers (struct conn) */
 
 /* One caller's command on a shared connection. */
 typedef struct mreq {
     redisReply *reply; /* out, on RATE_OK */
     int status;        /* out */
     /* Bit 0: done (reply and status are set); above it, a count bumped to
-     * hand the caller a role.  The caller sleeps on it (a futex). */
+     * hand the caller a role.  The caller sleeps on its connection's bell
+     * until this changes. */
     _Atomic uint32_t sig;
     struct mreq *next;
     uint64_t deadline_ns; /* the call's start plus the command timeout */
     unsigned skip;        /* replies to drop before its own (ASKING's) */
     bool last;            /* the last command of its batch */
+    unsigned bell;        /* its bell and bit there (queue order) */
+    uint32_t bit;
 } mreq_t;
 
 /* A connection shared by every caller, pipelined both ways.  A caller that
@@ -81,6 +85,13 @@ typedef struct conn {
     bool writing, reading;
     unsigned batches;  /* written, their last reply not read yet */
     bool broken;       /* failed: no more I/O; dropped once no role is on it */
+    /* Callers sleep on a bell (a futex word, moved on by every wake-up),
+     * each with one bit of its 32, given in queue order, so that the
+     * reader wakes every caller a read answered in one system call or
+     * two.  The callers on a connection are answered in order, so those
+     * waiting are consecutive: up to NBELLS * 32 callers share no bit. */
+    _Atomic uint32_t bell[NBELLS];
+    unsigned nbit; /* the next caller's place */
     redisContext *ctx; /* NULL: not connected */
     rate__backoff_t backoff; /* reconnecting */
 } conn_t;
@@ -342,28 +353,54 @@ static int ensure_conn(redis_store_t *r, node_t *n, conn_t *c,
     return rc;
 }
 
-/* Waking a caller.  Marking one done may be its last touch by another
+/* Waking callers.  Marking one done may be its last touch by another
  * thread: the caller may return (its mreq_t is on its stack) as soon as it
- * sees the bit, and the futex wake that follows only names the address. */
+ * sees the bit, so its bell bit is read first, and the wake-up names only
+ * the connection's bell.  A caller woken for another's bit (NBELLS * 32
+ * places apart in the queue) finds its sig unchanged and sleeps again. */
 #define SIG_DONE 1u
 #define SIG_TURN 2u
 
-static void sig_wake(_Atomic uint32_t *w)
+/* The callers to wake: a mask of bits for each bell. */
+typedef struct peal {
+    uint32_t bits[NBELLS];
+} peal_t;
+
+/* Wakes the callers sleeping with any of p's bits, after their sig changed,
+ * and clears p. */
+static void ring(conn_t *c, peal_t *p)
 {
-    syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    for (unsigned b = 0; b < NBELLS; b++)
+        if (p->bits[b] != 0) {
+            atomic_fetch_add_explicit(&c->bell[b], 1, memory_order_release);
+            syscall(SYS_futex, &c->bell[b], FUTEX_WAKE_BITSET_PRIVATE,
+                    INT_MAX, NULL, NULL, p->bits[b]);
+            p->bits[b] = 0;
+        }
 }
 
-static void mark_done(mreq_t *q)
+static bool peal_empty(const peal_t *p)
 {
+    uint32_t any = 0;
+    for (unsigned b = 0; b < NBELLS; b++)
+        any |= p->bits[b];
+    return any == 0;
+}
+
+/* Marks q done, its bit added to p, to be rung. */
+static void set_done(mreq_t *q, peal_t *p)
+{
+    p->bits[q->bell] |= q->bit;
     atomic_fetch_or_explicit(&q->sig, SIG_DONE, memory_order_release);
-    sig_wake(&q->sig);
 }
 
 /* Hands q's caller a role: it is in a queue, so not done, so alive. */
-static void give_turn(mreq_t *q)
+static void give_turn(conn_t *c, mreq_t *q)
 {
-    atomic_fetch_add_explicit(&q->sig, SIG_TURN, memory_order_relaxed);
-    sig_wake(&q->sig);
+    peal_t p = {{0}};
+    p.bits[q->bell] = q->bit;
+    atomic_fetch_add_explicit(&q->sig, SIG_TURN, memory_order_release);
+    ring(c, &p);
 }
 
 static bool is_done(mreq_t *q)
@@ -372,14 +409,16 @@ static bool is_done(mreq_t *q)
 }
 
 /* Ends every request of a list with the status rc.  Under c->lock. */
-static void fail_all(mreq_t *q, int rc)
+static void fail_all(conn_t *c, mreq_t *q, int rc)
 {
+    peal_t p = {{0}};
     for (mreq_t *nx; q != NULL; q = nx) {
-        nx = q->next; /* q may be gone once it is done and woken */
+        nx = q->next; /* q may be gone once it is done */
         q->status = rc;
         q->reply = NULL;
-        mark_done(q);
+        set_done(q, &p);
     }
+    ring(c, &p);
 }
 
 /* The earliest deadline of a list.  Under c->lock. */
@@ -400,7 +439,7 @@ static void conn_break(conn_t *c, int rc)
     if (!c->broken && c->ctx != NULL)
         shutdown(c->ctx->fd, SHUT_RDWR);
     c->broken = true;
-    fail_all(c->fly, rc);
+    fail_all(c, c->fly, rc);
     c->fly = c->fly_tail = NULL;
     c->batches = 0;
 }
@@ -416,13 +455,13 @@ static void conn_settle(conn_t *c)
     c->broken = false;
     rate__backoff_now(&c->backoff); /* reconnect at once, then back off */
     if (c->head != NULL)
-        give_turn(c->head);
+        give_turn(c, c->head);
 }
 
 /* Fails every queued command.  Under c->lock. */
 static void fail_queued(conn_t *c, int rc)
 {
-    fail_all(c->head, rc);
+    fail_all(c, c->head, rc);
     c->head = c->tail = NULL;
     c->olen = 0;
 }
@@ -541,14 +580,14 @@ static void write_queued(redis_store_t *r, node_t *n, conn_t *c)
 
 /* The reader: reads replies in order and hands each to its caller, until
  * me's own has come or nothing is in flight; it waits no later than the
- * earliest deadline in flight, then fails them all.  A caller is told its
- * reply is there after the lock is let go, so that waking it (a system
- * call) never holds up the others.  Called and returns with c->lock
- * held. */
+ * earliest deadline in flight, then fails them all.  The callers answered
+ * are woken together (one ring) once no whole reply is left to read, and
+ * after the lock is let go, so that waking them (a system call) never
+ * holds up the others.  Called and returns with c->lock held. */
 static void read_replies(redis_store_t *r, node_t *n, conn_t *c, mreq_t *me)
 {
     redisContext *ctx = c->ctx;
-    mreq_t *answered = NULL; /* its reply is set; it is not told yet */
+    peal_t answered = {{0}}; /* callers done and not woken yet */
 
     c->reading = true;
     while (!is_done(me) && c->fly != NULL && !c->broken) {
@@ -556,16 +595,15 @@ static void read_replies(redis_store_t *r, node_t *n, conn_t *c, mreq_t *me)
         int rc = RATE_OK;
         uint64_t deadline = first_deadline(c->fly);
         pthread_mutex_unlock(&c->lock);
-        if (answered != NULL)
-            mark_done(answered);
-        answered = NULL;
         while (rc == RATE_OK && rep == NULL) {
-            if (redisGetReplyFromReader(ctx, &rep) != REDIS_OK)
+            if (redisGetReplyFromReader(ctx, &rep) != REDIS_OK) {
                 rc = RATE_ESTORE; /* not the protocol: give up on it */
-            else if (rep == NULL &&
-                     (rc = wait_reply(c, ctx->fd, &deadline)) == RATE_OK &&
-                     redisBufferRead(ctx) != REDIS_OK)
-                rc = reply_status(ctx, NULL);
+            } else if (rep == NULL) {
+                ring(c, &answered);
+                if ((rc = wait_reply(c, ctx->fd, &deadline)) == RATE_OK &&
+                    redisBufferRead(ctx) != REDIS_OK)
+                    rc = reply_status(ctx, NULL);
+            }
         }
         pthread_mutex_lock(&c->lock);
         if (c->broken) { /* the writer failed meanwhile */
@@ -594,7 +632,7 @@ static void read_replies(redis_store_t *r, node_t *n, conn_t *c, mreq_t *me)
                     atomic_fetch_or_explicit(&me->sig, SIG_DONE,
                                              memory_order_relaxed);
                 else
-                    answered = q;
+                    set_done(q, &answered);
                 break;
             }
         }
@@ -603,13 +641,13 @@ static void read_replies(redis_store_t *r, node_t *n, conn_t *c, mreq_t *me)
         if (q == me)
             atomic_fetch_or_explicit(&me->sig, SIG_DONE, memory_order_relaxed);
         else
-            answered = q;
+            set_done(q, &answered);
     }
     c->reading = false;
     conn_settle(c);
-    if (answered != NULL) {
+    if (!peal_empty(&answered)) {
         pthread_mutex_unlock(&c->lock);
-        mark_done(answered);
+        ring(c, &answered);
         pthread_mutex_lock(&c->lock);
     }
 }
@@ -622,38 +660,34 @@ static int conn_call(redis_store_t *r, uint64_t dl, node_t *n, conn_t *c,
                      bool asking, int argc, const char **argv,
                      const size_t *lens, redisReply **out)
 {
-    mreq_t me = {NULL, RATE_OK, 0, NULL, 0, asking ? 1 : 0, false};
-    char *cmd;
+    mreq_t me = {NULL, RATE_OK, 0, NULL, 0, asking ? 1 : 0, false, 0, 0};
     static const char ask[] = "*1\r\n$6\r\nASKING\r\n";
     size_t pre = asking ? sizeof ask - 1 : 0;
-    int len = redisFormatCommandArgv(&cmd, argc, argv, lens);
+    size_t len = rate__redis_resp(NULL, 0, argc, argv, lens);
 
     *out = NULL;
-    if (len < 0)
-        return RATE_ENOMEM;
-    if (rate_clock_monotonic_ns() >= dl) {
-        redisFreeCommand(cmd);
+    if (rate_clock_monotonic_ns() >= dl)
         return RATE_ETIMEDOUT; /* its call's time is up (redirections) */
-    }
     pthread_mutex_lock(&c->lock);
-    me.deadline_ns = dl;
-    if (c->olen + pre + (size_t)len > c->ocap) {
+    if (c->olen + pre + len > c->ocap) {
         size_t cap = c->ocap ? c->ocap : 4096;
-        while (cap < c->olen + pre + (size_t)len)
+        while (cap < c->olen + pre + len)
             cap *= 2;
         char *p = realloc(c->obuf, cap);
         if (p == NULL) {
             pthread_mutex_unlock(&c->lock);
-            redisFreeCommand(cmd);
             return RATE_ENOMEM;
         }
         c->obuf = p;
         c->ocap = cap;
     }
     memcpy(c->obuf + c->olen, ask, pre);
-    memcpy(c->obuf + c->olen + pre, cmd, (size_t)len);
-    c->olen += pre + (size_t)len;
-    redisFreeCommand(cmd);
+    rate__redis_resp(c->obuf + c->olen + pre, len, argc, argv, lens);
+    c->olen += pre + len;
+    me.deadline_ns = dl;
+    me.bell = c->nbit / 32 % NBELLS;
+    me.bit = 1u << (c->nbit % 32);
+    c->nbit++;
     if (c->tail != NULL)
         c->tail->next = &me;
     else
@@ -670,17 +704,22 @@ static int conn_call(redis_store_t *r, uint64_t dl, node_t *n, conn_t *c,
                 read_replies(r, n, c, &me);
                 continue;
             }
-            give_turn(c->fly); /* hand the reading on */
+            give_turn(c, c->fly); /* hand the reading on */
         }
         uint32_t seen = atomic_load_explicit(&me.sig, memory_order_acquire);
         if (seen & SIG_DONE)
             break;
         pthread_mutex_unlock(&c->lock);
         uint32_t now;
-        while ((now = atomic_load_explicit(&me.sig, memory_order_acquire)) ==
-               seen)
-            syscall(SYS_futex, &me.sig, FUTEX_WAIT_PRIVATE, seen, NULL, NULL,
-                    0);
+        for (;;) { /* the bell read first: a ring after it fails the wait */
+            uint32_t bell = atomic_load_explicit(&c->bell[me.bell],
+                                                 memory_order_acquire);
+            if ((now = atomic_load_explicit(&me.sig, memory_order_acquire)) !=
+                seen)
+                break;
+            syscall(SYS_futex, &c->bell[me.bell], FUTEX_WAIT_BITSET_PRIVATE, bell,
+                    NULL, NULL, me.bit);
+        }
         if (now & SIG_DONE) { /* answered: no role to look after */
             *out = me.reply;
             return me.status;
