@@ -882,20 +882,31 @@ acquire_any(memstore_t *m, const rate_acquire_t *req, const char *key,
     return acquire_at(s, &s->slots[i], req, permits, now);
 }
 
-/* acquire() for a short key whose shard was busy: waits for the lock
- * (the key is hashed already, and trying again at once would only take
- * the lock's line from the holder). */
-static __attribute__((noinline)) int
-acquire_busy(shard_t *s, const rate_acquire_t *req, const probe_key_t *pk,
-             uint32_t tag, uint64_t permits, uint64_t now)
+/* acquire() for a short key of the state space in s (locked): probed,
+ * then decided by acquire_at; unlocks. */
+static ALWAYS_INLINE int acquire_short(shard_t *s, uint32_t tag,
+                                       const probe_key_t *pk,
+                                       const rate_acquire_t *req,
+                                       uint64_t permits, uint64_t now)
 {
-    shard_lock_wait(s);
     uint32_t i = probe(s, tag, pk, true);
+
     if (s->ctrl[i] == 0) {
         shard_unlock(s);
         return RATE_ENOTSUP;
     }
     return acquire_at(s, &s->slots[i], req, permits, now);
+}
+
+/* The same when the shard was busy: waits for the lock (the key is hashed
+ * already, and trying again at once would only take the lock's line from
+ * the holder). */
+static __attribute__((noinline)) int
+acquire_busy(shard_t *s, uint32_t tag, const probe_key_t *pk,
+             const rate_acquire_t *req, uint64_t permits, uint64_t now)
+{
+    shard_lock_wait(s);
+    return acquire_short(s, tag, pk, req, permits, now);
 }
 
 /* The bool calls: a key the store holds, decided where its state lies by
@@ -916,13 +927,8 @@ FLATTEN static int mem_acquire(void *self, const rate_acquire_t *req,
     shard_t *s = shard_of(m, key, len, &tag);
     probe_key_init(&pk, key, len, false);
     if (!shard_trylock(s))
-        return acquire_busy(s, req, &pk, tag, permits, now);
-    uint32_t i = probe(s, tag, &pk, true);
-    if (s->ctrl[i] == 0) {
-        shard_unlock(s);
-        return RATE_ENOTSUP;
-    }
-    return acquire_at(s, &s->slots[i], req, permits, now);
+        return acquire_busy(s, tag, &pk, req, permits, now);
+    return acquire_short(s, tag, &pk, req, permits, now);
 }
 
 static int mem_remove(void *self, const rate_key_t *k)
