@@ -6,6 +6,7 @@
  * ThreadSanitizer too (label "concurrency").
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 
 #include "lib/helpers.h"
@@ -283,6 +284,159 @@ static void max_keys_under_threads(void **state)
     rate_store_free(s);
 }
 
+/* One key, exactly: threads decide one shared key in phases, every
+ * decision of a phase at the phase's time, so that a phase grants exactly
+ * the tokens the rule has at that time: the burst at first, then the
+ * refill since the last phase (each phase tries more than it can grant,
+ * so it ends empty).  A lost update shows as a grant too many, a torn
+ * state as a count off either way.  Alongside, on a store of one shard:
+ * nothing, or a thread inserting and removing keys (the table grows, so
+ * its arrays are replaced under the hot key, and removals shift slots,
+ * the hot key's among them), or a thread switching the limiter between
+ * two policies of the same rate (tokens keep their number across the
+ * change, so the counts stay known). */
+#define EXACT_THREADS 4
+#define EXACT_PHASES 200
+#define EXACT_TRIES 48 /* per thread and phase: 192 > the burst */
+#define EXACT_BURST 64
+#define EXACT_TICK (100 * MS) /* one token at 10/s */
+#define EXACT_GROW (1u << 10) /* keys the churn grows the table to */
+
+typedef struct exact_run {
+    rate_limiter_t *lim;
+    pthread_barrier_t start, end;
+    atomic_uint_fast64_t t; /* the phase's time */
+    atomic_uint_fast64_t granted;
+    atomic_bool stop; /* read by the deciding threads at a phase's start */
+    atomic_bool done; /* the racer's */
+    atomic_uint racer_ops; /* changes the racer made */
+    rate_policy_t *policies[2];
+} exact_run_t;
+
+static void *exact_worker(void *arg)
+{
+    exact_run_t *r = arg;
+    for (;;) {
+        pthread_barrier_wait(&r->start);
+        if (atomic_load(&r->stop))
+            return NULL;
+        uint64_t t = atomic_load(&r->t);
+        for (int i = 0; i < EXACT_TRIES; i++)
+            if (rate_try_acquire_at(r->lim, "hot", 1, t))
+                atomic_fetch_add(&r->granted, 1);
+        pthread_barrier_wait(&r->end);
+    }
+}
+
+/* Grows the table to EXACT_GROW keys, then inserts one and removes an
+ * older one in turn, until the phases are over. */
+static void *exact_churn(void *arg)
+{
+    exact_run_t *r = arg;
+    char k[32];
+    for (unsigned i = 0; !atomic_load(&r->done); i++) {
+        snprintf(k, sizeof k, "fill-%u", i);
+        (void)rate_try_acquire_at(r->lim, k, 1, SEC);
+        if (i >= EXACT_GROW) {
+            snprintf(k, sizeof k, "fill-%u", i - EXACT_GROW + (i % 7));
+            assert_int_equal(rate_limiter_reset(r->lim, k, strlen(k)),
+                             RATE_OK);
+        }
+        atomic_fetch_add(&r->racer_ops, 1);
+    }
+    return NULL;
+}
+
+static void *exact_policies(void *arg)
+{
+    exact_run_t *r = arg;
+    for (unsigned i = 0; i < 4000 && !atomic_load(&r->done); i++) {
+        assert_int_equal(rate_limiter_set_policy(r->lim, r->policies[i % 2]),
+                         RATE_OK);
+        atomic_fetch_add(&r->racer_ops, 1);
+        sched_yield();
+    }
+    return NULL;
+}
+
+/* The phases go on past EXACT_PHASES until the racer has made
+ * racer_ops changes (counted, so that a slow machine only runs longer). */
+static void one_key_exact(void *(*racer)(void *), unsigned racer_ops,
+                          const char *what)
+{
+    rate_memory_options_t o = {.max_keys = 0, .shards = 1};
+    rate_store_t *s;
+    exact_run_t r;
+    pthread_t th[EXACT_THREADS], other;
+    uint64_t t = SEC, expected = EXACT_BURST, got = 0;
+    bool bad = false;
+    int p;
+
+    memset(&r, 0, sizeof r);
+    assert_int_equal(rate_store_memory_new(&o, &s), RATE_OK);
+    r.lim = limiter_of("token-bucket 10/s burst=64", s);
+    assert_int_equal(rate_policy_parse("token-bucket 10/s burst=64",
+                                       &r.policies[0], NULL, 0), RATE_OK);
+    assert_int_equal(rate_policy_parse("token-bucket 600/m burst=64",
+                                       &r.policies[1], NULL, 0), RATE_OK);
+    pthread_barrier_init(&r.start, NULL, EXACT_THREADS + 1);
+    pthread_barrier_init(&r.end, NULL, EXACT_THREADS + 1);
+    for (int i = 0; i < EXACT_THREADS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, exact_worker, &r), 0);
+    if (racer != NULL)
+        assert_int_equal(pthread_create(&other, NULL, racer, &r), 0);
+    /* A phase that grants another count ends the run (the threads are
+     * stopped and joined before the failure is reported). */
+    for (p = 0;
+         p < EXACT_PHASES || atomic_load(&r.racer_ops) < racer_ops; p++) {
+        atomic_store(&r.t, t);
+        atomic_store(&r.granted, 0);
+        pthread_barrier_wait(&r.start);
+        pthread_barrier_wait(&r.end);
+        got = atomic_load(&r.granted);
+        if ((bad = got != expected))
+            break;
+        uint64_t tokens = 1 + (uint64_t)p * 13 % 80; /* some past the burst */
+        t += tokens * EXACT_TICK;
+        expected = tokens < EXACT_BURST ? tokens : EXACT_BURST;
+    }
+    atomic_store(&r.done, true);
+    atomic_store(&r.stop, true);
+    pthread_barrier_wait(&r.start);
+    for (int i = 0; i < EXACT_THREADS; i++)
+        pthread_join(th[i], NULL);
+    if (racer != NULL)
+        pthread_join(other, NULL);
+    pthread_barrier_destroy(&r.start);
+    pthread_barrier_destroy(&r.end);
+    rate_policy_free(r.policies[0]);
+    rate_policy_free(r.policies[1]);
+    rate_limiter_free(r.lim);
+    rate_store_free(s);
+    if (bad)
+        fail_msg("%s: phase %d granted %llu of one key, the rule %llu", what,
+                 p, (unsigned long long)got, (unsigned long long)expected);
+}
+
+static void one_key_exact_alone(void **state)
+{
+    (void)state;
+    one_key_exact(NULL, 0, "alone");
+}
+
+static void one_key_exact_churn(void **state)
+{
+    (void)state;
+    one_key_exact(exact_churn, EXACT_GROW + 4000,
+                  "beside inserts and removals");
+}
+
+static void one_key_exact_policy(void **state)
+{
+    (void)state;
+    one_key_exact(exact_policies, 200, "beside policy changes");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -292,6 +446,9 @@ int main(void)
         cmocka_unit_test(memory_small_table),
         cmocka_unit_test(long_log_does_not_starve),
         cmocka_unit_test(max_keys_under_threads),
+        cmocka_unit_test(one_key_exact_alone),
+        cmocka_unit_test(one_key_exact_churn),
+        cmocka_unit_test(one_key_exact_policy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

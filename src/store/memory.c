@@ -254,12 +254,13 @@ static __attribute__((noinline, cold)) void shard_lock_wait(shard_t *s)
 }
 
 /* Takes the lock if it is free and no waiter is starving, at once; false
- * otherwise. */
+ * otherwise.  Looks before it exchanges, as take() does: a failed exchange
+ * would take the line (and with it the lock) from the holder. */
 static inline bool shard_trylock(shard_t *s)
 {
     return __builtin_expect(
         atomic_load_explicit(&s->starving, memory_order_relaxed) == 0 &&
-            !atomic_exchange_explicit(&s->lock, 1, memory_order_acquire),
+            take(s),
         1);
 }
 
@@ -881,11 +882,38 @@ acquire_any(memstore_t *m, const rate_acquire_t *req, const char *key,
     return acquire_at(s, &s->slots[i], req, permits, now);
 }
 
+/* acquire() for a short key of the state space in s (locked): probed,
+ * then decided by acquire_at; unlocks. */
+static ALWAYS_INLINE int acquire_short(shard_t *s, uint32_t tag,
+                                       const probe_key_t *pk,
+                                       const rate_acquire_t *req,
+                                       uint64_t permits, uint64_t now)
+{
+    uint32_t i = probe(s, tag, pk, true);
+
+    if (s->ctrl[i] == 0) {
+        shard_unlock(s);
+        return RATE_ENOTSUP;
+    }
+    return acquire_at(s, &s->slots[i], req, permits, now);
+}
+
+/* The same when the shard was busy: waits for the lock (the key is hashed
+ * already, and trying again at once would only take the lock's line from
+ * the holder). */
+static __attribute__((noinline)) int
+acquire_busy(shard_t *s, uint32_t tag, const probe_key_t *pk,
+             const rate_acquire_t *req, uint64_t permits, uint64_t now)
+{
+    shard_lock_wait(s);
+    return acquire_short(s, tag, pk, req, permits, now);
+}
+
 /* The bool calls: a key the store holds, decided where its state lies by
  * the library's pass.  The hot path (a short key of the state space, a
  * free lock) is hashed, probed and decided with one call, the pass's;
- * flattened, so that the hash and the probe are inlined.  Anything else
- * takes acquire_any. */
+ * flattened, so that the hash and the probe are inlined.  A busy lock
+ * takes acquire_busy, anything else acquire_any. */
 FLATTEN static int mem_acquire(void *self, const rate_acquire_t *req,
                                const char *key, size_t len,
                                uint64_t permits, uint64_t now)
@@ -899,13 +927,8 @@ FLATTEN static int mem_acquire(void *self, const rate_acquire_t *req,
     shard_t *s = shard_of(m, key, len, &tag);
     probe_key_init(&pk, key, len, false);
     if (!shard_trylock(s))
-        return acquire_any(m, req, key, len, permits, now);
-    uint32_t i = probe(s, tag, &pk, true);
-    if (s->ctrl[i] == 0) {
-        shard_unlock(s);
-        return RATE_ENOTSUP;
-    }
-    return acquire_at(s, &s->slots[i], req, permits, now);
+        return acquire_busy(s, tag, &pk, req, permits, now);
+    return acquire_short(s, tag, &pk, req, permits, now);
 }
 
 static int mem_remove(void *self, const rate_key_t *k)
