@@ -250,9 +250,9 @@ typedef void (*rate_lease_fn)(void *ud, int rc, const rate_lease_t *lease,
  * lease is reaped of dead holders (reap_dead_holders is for the local
  * stores, which answer at once through the synchronous calls).  A release
  * or an extend that the store gives up on for other holders' changes
- * (RATE_ECONFLICT) is started again, as the synchronous call tries again,
- * for as long as the lease lives (then RATE_EEXPIRED): cb never sees
- * RATE_ECONFLICT for them.
+ * (RATE_ECONFLICT) is started again at once (the synchronous call pauses
+ * between rounds; these calls have no timer), for as long as the lease
+ * lives (then RATE_EEXPIRED): cb never sees RATE_ECONFLICT for them.
  * Ownership: the key and handle are copied; ud is the caller's, only
  * passed back.  The object and its store must outlive every pending call
  * (freeing the store first runs each pending cb with RATE_ECANCELED).

@@ -63,7 +63,7 @@ static bool pick_attr(const rate__match_rule_t *rules, size_t n,
             total += rules[i].alt[a].count;
     if (total == 0)
         return true;
-    const char **names = malloc(total * sizeof *names);
+    const char **names = calloc(total, sizeof *names);
     if (names == NULL)
         return false;
     for (size_t i = 0; i < n; i++)
@@ -104,8 +104,8 @@ bool rate__match_build(rate__match_ix_t *ix, const rate__match_rule_t *rules,
         return false;
     for (size_t i = 0; i < n; i++)
         lines += rules[i].nalt > 0 ? rules[i].nalt : 1;
-    ix->cand = malloc((lines + 1) * sizeof *ix->cand);
-    ix->scan = malloc((lines + 1) * sizeof *ix->scan);
+    ix->cand = calloc(lines + 1, sizeof *ix->cand);
+    ix->scan = calloc(lines + 1, sizeof *ix->scan);
     if (ix->cand == NULL || ix->scan == NULL)
         goto oom;
     for (size_t i = 0; i < n; i++) {

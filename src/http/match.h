@@ -2,7 +2,8 @@
 /*
  * match.h -- private to the HTTP layer (rules.c): a rule's match lines,
  * and the index that finds a group's first matching rule without trying
- * every rule of the group (match.c; docs/design.md, "Rules").
+ * every rule of the group (match.c; docs/api-server.md, "The rules
+ * file").
  */
 #ifndef RATE_HTTP_MATCH_H
 #define RATE_HTTP_MATCH_H

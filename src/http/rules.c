@@ -702,14 +702,11 @@ static int on_line(void *user, const char *section, const char *name,
                  "NAME])", section);
 }
 
-/* After the whole file: every rule complete, none unreachable, and the
- * rules ordered by group (the groups in the order they first appear, each
- * in file order: a counting sort). */
 /* Each group's index of its rules' match lines (match.c). */
 static bool index_groups(load_t *l)
 {
     gen_t *g = l->g;
-    rate__match_rule_t *mr = malloc((g->nrule + 1) * sizeof *mr);
+    rate__match_rule_t *mr = calloc(g->nrule + 1, sizeof *mr);
 
     g->ix = calloc(g->ngroup + 1, sizeof *g->ix);
     bool ok = mr != NULL && g->ix != NULL;
@@ -725,6 +722,9 @@ static bool index_groups(load_t *l)
     return ok ? true : lfail(l, 1, "out of memory");
 }
 
+/* After the whole file: every rule complete, none unreachable, and the
+ * rules ordered by group (the groups in the order they first appear, each
+ * in file order: a counting sort). */
 static bool finish_load(load_t *l)
 {
     gen_t *g = l->g;

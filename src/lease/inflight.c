@@ -775,9 +775,9 @@ static void rate_part_start(lease_job_t *x)
 
 /* A release or an extend that the store gave up on for other holders'
  * changes (RATE_ECONFLICT: its compare-and-sets kept losing) is started
- * again, as the synchronous call tries again, for as long as the lease
- * lives: true when it is under way again (x freed); else *rc is the
- * answer, RATE_EEXPIRED once the lease has expired. */
+ * again at once (no timer to pause on, unlike run_change), for as long as
+ * the lease lives: true when it is under way again (x freed); else *rc
+ * is the answer, RATE_EEXPIRED once the lease has expired. */
 static bool change_again(lease_job_t *x, int *rc)
 {
     uint64_t now = x->in->clock.now_ns(x->in->clock.ud);
