@@ -332,6 +332,22 @@ static void errors_name_file_and_line(void **state)
          "group 'default' matches every request"},
         {"[policies]\nf = token-bucket 1/s\nthis line has no equals sign\n",
          "3: not a [section], a 'name = value' line or a comment"},
+        /* one key, one state: two rate policies on it in one request */
+        {"[policies]\nf = token-bucket 2/s\np = token-bucket 100/s\n"
+         "u = unlimited\n[rule both]\npolicy = f u p\n",
+         "6: [rule both] charges rate policies 'f' and 'p' to one key, whose "
+         "one state each would reset: write their limits as one policy (a = "
+         "token-bucket 10/s; fixed-window 1000/h) or give each a rule with a "
+         "key of its own"},
+        {"[policies]\nf = token-bucket 2/s\np = token-bucket 100/s\n"
+         "[rule vip]\ngroup = vip\nmatch = api_key=v\npolicy = p\n"
+         "[rule r]\ngroup = route\npolicy = p\nkey = route\n"
+         "[rule free]\ngroup = tier\npolicy = f\n",
+         "12: [rule free] (group 'tier') and [rule vip] (line 4, group 'vip') "
+         "both charge a rate policy to the request's own key, whose one "
+         "state a request both match would have decided by two policies: "
+         "give one of them a key of its own (key = shared, or key = "
+         "ATTRIBUTE...)"},
         {"[policies]\nf = token-bucket 1/s\n[rule a]\npolicy = f\n"
          "policy = f\n",
          "5: policy given twice in [rule a] (list every policy on one line)"},
@@ -702,8 +718,9 @@ static int m_make(mrule_t *rules, const char *path)
     for (int i = 0; i < n; i++)
         fprintf(f, "p%d = token-bucket 1000/s burst=1000\n", i);
     for (int i = 0; i < n; i++) {
-        fprintf(f, "[rule r%d]\ngroup = g%d\npolicy = p%d\n", i,
-                rules[i].group, i);
+        /* one group charges the request's own key, the others their own */
+        fprintf(f, "[rule r%d]\ngroup = g%d\npolicy = p%d\n%s", i,
+                rules[i].group, i, rules[i].group ? "key = shared\n" : "");
         for (int l = 0; l < rules[i].nline; l++) {
             fputs("match =", f);
             for (int c = 0; c < rules[i].line[l].n; c++) {
@@ -790,7 +807,8 @@ static FILE *dir_file(const char *name, const char **path)
 }
 
 /* Writes a file of n policies and n rules (each naming its own policy, in
- * four groups, one in-flight policy in eight) to `name`; its path. */
+ * four groups, one charging the request's key, one in-flight policy in
+ * eight) to `name`; its path. */
 static const char *big_file(const char *name, size_t n)
 {
     const char *path;
@@ -803,8 +821,8 @@ static const char *big_file(const char *name, size_t n)
             fprintf(f, "p%zu = token-bucket %zu/s burst=10\n", i, i + 1);
     for (size_t i = 0; i < n; i++)
         fprintf(f, "[rule r%zu]\ngroup = g%zu\nmatch = route=/r%zu "
-                   "method=GET\nmatch = api_key=k%zu\npolicy = p%zu\n",
-                i, i % 4, i, i, i);
+                   "method=GET\nmatch = api_key=k%zu\npolicy = p%zu\n%s",
+                i, i % 4, i, i, i, i % 4 ? "key = route\n" : "");
     assert_int_equal(fclose(f), 0);
     return path;
 }

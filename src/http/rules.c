@@ -722,6 +722,53 @@ static bool index_groups(load_t *l)
     return ok ? true : lfail(l, 1, "out of memory");
 }
 
+/* One key keeps one state, so no request may charge two rate policies to
+ * one key (each decision would read the state as the other policy's and
+ * reset it): a rule applies at most one rate policy (in-flight and
+ * unlimited ones keep no rate state), and the rules charging the
+ * request's own key are all in one group (only one of a group applies). */
+static bool one_policy_a_key(load_t *l)
+{
+    const gen_t *g = l->g;
+    const rule_t *own = NULL; /* the first charging the request's key */
+
+    for (size_t i = 0; i < g->nrule; i++) {
+        const rule_t *r = &g->rule[i];
+        const rate_policy_t *rate[2] = {NULL, NULL};
+        size_t n = 0;
+        for (size_t p = 0; p < r->npolicy; p++)
+            if (r->inflight[p] == NULL &&
+                !rate_policy_is_unlimited(r->policy[p])) {
+                if (n < 2)
+                    rate[n] = r->policy[p];
+                n++;
+            }
+        if (n > 1)
+            return lfail(l, r->policy_line,
+                         "[rule %s] charges rate policies '%s' and '%s' to "
+                         "one key, whose one state each would reset: write "
+                         "their limits as one policy (a = token-bucket "
+                         "10/s; fixed-window 1000/h) or give each a rule "
+                         "with a key of its own",
+                         r->name, rate_policy_name(rate[0]),
+                         rate_policy_name(rate[1]));
+        if (n == 0 || r->nkey > 0 || r->shared)
+            continue;
+        if (own == NULL)
+            own = r;
+        else if (strcmp(own->group, r->group) != 0)
+            return lfail(l, r->line,
+                         "[rule %s] (group '%s') and [rule %s] (line %u, "
+                         "group '%s') both charge a rate policy to the "
+                         "request's own key, whose one state a request "
+                         "both match would have decided by two policies: "
+                         "give one of them a key of its own (key = shared, "
+                         "or key = ATTRIBUTE...)",
+                         r->name, r->group, own->name, own->line, own->group);
+    }
+    return true;
+}
+
 /* After the whole file: every rule complete, none unreachable, and the
  * rules ordered by group (the groups in the order they first appear, each
  * in file order: a counting sort). */
@@ -815,7 +862,7 @@ static bool finish_load(load_t *l)
                      "the rules can apply %zu policies to one request (the "
                      "most of each group); at most %d",
                      apply, RATE_RULES_MAX_APPLY);
-    return index_groups(l);
+    return one_policy_a_key(l) && index_groups(l);
 }
 
 static int load_file(const char *path, gen_t **out, char *err, size_t errlen)
