@@ -74,7 +74,8 @@ extern "C" {
     X(ECONFLICT, -9, "too many concurrent updates of one key (CAS retries)") \
     X(ECORRUPT, -10, "stored state is not valid for this library")          \
     X(ENOTSUP, -11, "the store cannot make this decision itself")          \
-    X(ECANCELED, -12, "the store was freed with the decision in flight")  \
+    X(ECANCELED, -12, "cancelled: its store or fair limit was freed "    \
+                      "before it was answered")                           \
     X(ELEASE, -13, "no such lease held: released already")                 \
     X(EEXPIRED, -14, "the lease expired: its slot was given back")
 

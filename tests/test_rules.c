@@ -806,6 +806,42 @@ static FILE *dir_file(const char *name, const char **path)
     return f;
 }
 
+/* A NUL byte ends a C string: a line with one would be read as cut there,
+ * the rest of it dropped (a limit of a policy, a match's tail).  Such a
+ * file is refused, naming the line, and a device that is all NULs is
+ * refused at once, not read for ever. */
+static void nul_bytes_are_refused(void **state)
+{
+    (void)state;
+    static const char text[] = "[policies]\npro = fixed-window 100/m\0; "
+                               "fixed-window 1/h\n[rule a]\npolicy = pro\n";
+    static const char tail[] = "[policies]\npro = fixed-window 100/m\n"
+                               "[rule a]\nmatch = api_key=k\0x\npolicy = pro\n";
+    const struct {
+        const char *text;
+        size_t len;
+        const char *want;
+    } cases[] = {{text, sizeof text - 1, ":2: a NUL byte in the line"},
+                 {tail, sizeof tail - 1, ":4: a NUL byte in the line"}};
+    char err[512];
+    rate_rules_t *r = NULL;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *path;
+        FILE *f = dir_file("nul.conf", &path);
+        assert_int_equal(fwrite(cases[i].text, 1, cases[i].len, f),
+                         cases[i].len);
+        assert_int_equal(fclose(f), 0);
+        assert_int_equal(rate_rules_load(path, &r, err, sizeof err),
+                         RATE_EPOLICY);
+        assert_null(r);
+        if (strstr(err, cases[i].want) == NULL)
+            fail_msg("got '%s', want '%s'", err, cases[i].want);
+    }
+    assert_int_equal(rate_rules_load("/dev/zero", &r, err, sizeof err),
+                     RATE_EPOLICY);
+    assert_non_null(strstr(err, "/dev/zero:1: a NUL byte in the line"));
+}
+
 /* Writes a file of n policies and n rules (each naming its own policy, in
  * four groups, one charging the request's key, one in-flight policy in
  * eight) to `name`; its path. */
@@ -960,6 +996,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(reload_keeps_state_and_refuses_bad_files),
         cmocka_unit_test(reload_refuses_empty_or_torn_files),
         cmocka_unit_test(index_finds_what_a_scan_finds),
+        cmocka_unit_test(nul_bytes_are_refused),
     };
     const struct CMUnitTest load[] = {
         cmocka_unit_test(reloads_while_deciding),

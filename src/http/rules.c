@@ -313,7 +313,8 @@ typedef struct load {
     FILE *file;
     unsigned line;     /* of the line inih is on */
     unsigned section_line; /* of the last [section] line read */
-    bool long_line;    /* the reader met a line too long for inih */
+    bool refused;      /* the reader refused a line: too long for inih,
+                          or with a NUL byte */
     bool ended;        /* the last line read ended with its newline */
     char err[ERR_MAX]; /* the first error, "" none */
     unsigned err_line;
@@ -341,21 +342,38 @@ static bool lfail(load_t *l, unsigned line, const char *fmt, ...)
     return false;
 }
 
-/* inih's reader: fgets, counting lines, and refusing a line longer than
- * inih's buffer (which it would otherwise read as two). */
+/* inih's reader: a line at a time, counting lines, and refusing a line
+ * longer than inih's buffer (which it would otherwise read as two) or one
+ * with a NUL byte (which would end it there, the rest unread). */
 static char *read_line(char *str, int num, void *stream)
 {
     load_t *l = stream;
+    size_t n = 0, max = num > 1 ? (size_t)num - 1 : 0;
+    int c;
 
-    if (l->long_line || fgets(str, num, l->file) == NULL)
+    if (l->refused)
         return NULL;
+    while (n < max && (c = getc_unlocked(l->file)) != EOF) {
+        if (c == '\0') {
+            l->refused = true;
+            lfail(l, l->line + 1, "a NUL byte in the line (not a text "
+                  "file?)");
+            return NULL;
+        }
+        str[n++] = (char)c;
+        if (c == '\n')
+            break;
+    }
+    if (n == 0)
+        return NULL;
+    str[n] = '\0';
     l->line++;
-    size_t n = strlen(str);
-    l->ended = n > 0 && str[n - 1] == '\n';
+    l->ended = str[n - 1] == '\n';
     if (str[strspn(str, " \t")] == '[')
         l->section_line = l->line;
-    if (n == (size_t)num - 1 && str[n - 1] != '\n' && !feof(l->file)) {
-        l->long_line = true;
+    if (n == max && !l->ended && (c = getc_unlocked(l->file)) != EOF) {
+        ungetc(c, l->file);
+        l->refused = true;
         lfail(l, l->line, "line longer than %d bytes", num - 3);
         return NULL;
     }
@@ -895,11 +913,11 @@ static int load_file(const char *path, gen_t **out, char *err, size_t errlen)
      * smaller set of rules (that would widen every limit it no longer
      * names): empty, cut inside a line, or without a rule, it is refused
      * whatever else it holds. */
-    if (!read_error && l.line == 0) {
+    if (!read_error && !l.refused && l.line == 0) {
         l.err[0] = '\0';
         lfail(&l, 1, "the file is empty (a file being written, or cut "
               "short?): no rules, every request would be unlimited");
-    } else if (!read_error && !l.long_line && !l.ended) {
+    } else if (!read_error && !l.refused && !l.ended) {
         l.err[0] = '\0';
         lfail(&l, l.line, "the file ends inside this line, without its "
               "newline (a file being written, or cut short?)");
