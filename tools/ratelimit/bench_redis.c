@@ -123,30 +123,44 @@ static double redis_benchmark(const char *host, int port, const char *args)
 }
 
 /* Whether one call of a redis-benchmark row (its words from EVALSHA or
- * FCALL on, '' for an empty argument, its key's {__rand_int__} as
- * {check}) writes its key: that the row measures decisions, not an early
- * return on arguments the script reads another way. */
+ * FCALL on, a '...' word as redis-benchmark reads it: one argument, ''
+ * an empty one; its key's {__rand_int__} as {check}) writes its key:
+ * that the row measures decisions, not an early return on arguments the
+ * script reads another way. */
 static bool row_decides(const char *host, int port, const char *row)
 {
     const char *from = strstr(row, "EVALSHA ");
     if (from == NULL)
         from = strstr(row, "FCALL ");
-    char buf[640], *words[32], *save = NULL;
+    char buf[640], *words[32];
     size_t lens[32];
     int n = 0;
     if (from == NULL || strlen(from) >= sizeof buf)
         return false;
     strcpy(buf, from);
-    for (char *w = strtok_r(buf, " ", &save); w != NULL && n < 32;
-         w = strtok_r(NULL, " ", &save)) {
+    for (char *w = buf; *w != '\0' && n < 32;) {
+        if (*w == ' ') {
+            w++;
+            continue;
+        }
+        char *end;
+        if (*w == '\'') { /* quoted: to the closing quote */
+            w++;
+            end = strchr(w, '\'');
+            if (end == NULL)
+                return false;
+        } else {
+            end = w + strcspn(w, " ");
+        }
+        char *next = *end != '\0' ? end + 1 : end;
+        *end = '\0';
         char *r = strstr(w, "{__rand_int__}");
         if (r != NULL)
-            memcpy(r, "{check}", sizeof "{check}");
-        if (strcmp(w, "''") == 0)
-            w[0] = '\0';
+            memmove(r, "{check}", sizeof "{check}");
         words[n] = w;
         lens[n] = strlen(w);
         n++;
+        w = next;
     }
     struct timeval tv = {2, 0};
     redisContext *c = redisConnectWithTimeout(host, port, tv);
