@@ -375,6 +375,63 @@ static void lean_general_and_c_share_keys(void **state)
     drop_store(lean);
 }
 
+/* Sliding logs whose L * W passes the general script's 2^49 (10000/1m
+ * and more) within its range all the same: the log's rule forms no
+ * product of its limit and its window, so each decision is one EVALSHA
+ * of the general script, never declined, the memory store's field by
+ * field.  Its window stays below 2^49 ns (6.5 days; 3/6d): the script's
+ * time differences stop at 2^20 s (12 days), where a 13-day log's oldest
+ * entries would decline. */
+static void sliding_logs_in_the_general_script(void **state)
+{
+    (void)state;
+    static const char *policies[] = {"sliding-log 10000/1m",
+                                     "sliding-log 10000/1d",
+                                     "sliding-log 3/6d"};
+    rnd_seed(7);
+    rate_store_t *rs = redis_store("slog:", true, 0);
+    for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
+        rate_policy_t *pol = policy_of(policies[p]);
+        const rate_limit_t *lim = rate_policy_limit(pol, 0);
+        rate_store_t *ms;
+        assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+        rate_limiter_config_t cfg = {0};
+        rate_limiter_t *lm, *lr;
+        cfg.policy = pol;
+        cfg.store = ms;
+        assert_int_equal(rate_limiter_new(&cfg, &lm), RATE_OK);
+        cfg.store = rs;
+        assert_int_equal(rate_limiter_new(&cfg, &lr), RATE_OK);
+        rate_redis_status_t s0, s1;
+        assert_int_equal(rate_store_redis_status(rs, &s0), RATE_OK);
+        uint64_t t = UINT64_C(1764590000) * SEC + rnd(SEC);
+        for (int i = 0; i < 120; i++) {
+            t += rnd(lim->period_ns / (1 + rnd(40)) + 1);
+            uint64_t n = rnd(3) == 0 ? rnd(lim->limit + 2) : rnd(3);
+            rate_decision_t a, b;
+            char key[2] = {(char)('a' + p), '\0'};
+            assert_int_equal(rate_limiter_check_at(lm, key, 1, n, 0, t, &a),
+                             RATE_OK);
+            assert_int_equal(rate_limiter_check_at(lr, key, 1, n, 0, t, &b),
+                             RATE_OK);
+            expect_same(&a, &b, policies[p], i, t, n, (uint64_t)0);
+        }
+        assert_int_equal(rate_store_redis_status(rs, &s1), RATE_OK);
+        if (s1.general_decisions - s0.general_decisions != 120 ||
+            s1.declined != s0.declined)
+            fail_msg("%s: %llu of 120 by the general script, %llu declined",
+                     policies[p],
+                     (unsigned long long)(s1.general_decisions -
+                                          s0.general_decisions),
+                     (unsigned long long)(s1.declined - s0.declined));
+        rate_limiter_free(lm);
+        rate_limiter_free(lr);
+        rate_store_free(ms);
+        rate_policy_free(pol);
+    }
+    drop_store(rs);
+}
+
 /* Clients whose clocks disagree share one limit: by default a decision
  * goes by Redis's TIME, also when the client decides itself (a window the
  * Lua step declines).  client_time makes each go by its own clock. */
@@ -2237,6 +2294,7 @@ int main(void)
         cmocka_unit_test(drop_removes_the_namespace),
         cmocka_unit_test(lean_scripts_at_the_boundaries),
         cmocka_unit_test(lean_general_and_c_share_keys),
+        cmocka_unit_test(sliding_logs_in_the_general_script),
         cmocka_unit_test(wide_policies_keep_the_wide_state),
         cmocka_unit_test(one_round_trip),
         cmocka_unit_test(lost_records_come_back),

@@ -318,6 +318,25 @@ static void exact_ranges_from_tables(void **state)
         rate_policy_free(r.pol);
     }
 
+    /* A sliding log: the general script's at any limit (its rule forms
+     * no L * W) while 2 * W stays below lua_step. */
+    const rate__algo_t *sl = rate__algo(RATE_SLIDING_LOG);
+    for (int past = 0; past < 2; past++) {
+        snprintf(text, sizeof text, "sliding-log %u/%lluns",
+                 RATE_SLIDING_LOG_MAX,
+                 (unsigned long long)(sl->lua_step / 2 - 1 + (unsigned)past));
+        req_of(&r, text);
+        int rc = cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c);
+        if (!past) {
+            assert_int_equal(rc, RATE_OK);
+            assert_int_equal(c.lean, -1);
+            rate__redis_cmd_free(&c);
+        } else {
+            assert_int_equal(rc, RATE_ENOTSUP);
+        }
+        rate_policy_free(r.pol);
+    }
+
     /* The general script: permits below the limits' lua_step. */
     req_of(&r, "sliding-window 10/s; fixed-window 5/s");
     r.q.permits = rate__algo(RATE_SLIDING_WINDOW)->lua_step - 1;

@@ -436,8 +436,15 @@ static bool lua_can(const rate_decide_req_t *q)
         if (a == NULL)
             return false;
         uint64_t exact = a->lua_step;
+        /* B * P, C * P, L * W: the products the buckets' and the
+         * sliding window's rules form.  The sliding log's forms none (its
+         * counts stay within RATE_SLIDING_LOG_MAX): only 2 * W bounds it,
+         * which keeps its entries' ages below the 2^20 s the script's
+         * time differences reach.  So 10000/1m is the script's. */
         rate_u128_t prod = (rate_u128_t)l->period_ns *
-                           (l->burst ? l->burst : l->limit);
+                           (l->algorithm == RATE_SLIDING_LOG ? 1
+                            : l->burst                       ? l->burst
+                                                             : l->limit);
         if (q->permits >= exact || q->max_wait_ns >= exact ||
             l->limit >= exact || l->period_ns >= exact || prod * 2 >= exact)
             return false;
