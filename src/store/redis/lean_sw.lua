@@ -19,17 +19,12 @@ if WB ~= 16 or L < 1 or W < 1 or L * W > SLIDING_WINDOW_LEAN or
    W > SLIDING_WINDOW_LEAN / 2 then
   return DECLINE -- W within 2^51: a dt of 2^52 or more (math.huge) is
 end              -- then always two windows on or more
-local function offset(hi, lo)
-  local r = (math.fmod(hi * E32, W) + lo) % W -- below 2^53: exact but for
-  if r < 0 then r = r + W elseif r >= W then r = r - W end -- one W
-  return r
-end
-local e = offset(t_hi, t_lo)
+local e = offset(t_hi, t_lo, W)
 local prev, curr, roll = nil, nil, 0
 if st ~= nil then
   -- past 2^53 inexact, but then past L too: sw_load declines
   prev, curr = w[2] * E32 + w[1], w[4] * E32 + w[3]
-  local el = offset(l_hi, l_lo)
+  local el = offset(l_hi, l_lo, W)
   if dt == e - el then roll = 0
   elseif dt == W + e - el then roll = 1
   else roll = 2 end
