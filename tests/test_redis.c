@@ -395,13 +395,8 @@ static void sliding_logs_in_the_general_script(void **state)
         const rate_limit_t *lim = rate_policy_limit(pol, 0);
         rate_store_t *ms;
         assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
-        rate_limiter_config_t cfg = {0};
-        rate_limiter_t *lm, *lr;
-        cfg.policy = pol;
-        cfg.store = ms;
-        assert_int_equal(rate_limiter_new(&cfg, &lm), RATE_OK);
-        cfg.store = rs;
-        assert_int_equal(rate_limiter_new(&cfg, &lr), RATE_OK);
+        rate_limiter_t *lm = limiter_of(policies[p], ms),
+                       *lr = limiter_of(policies[p], rs);
         rate_redis_status_t s0, s1;
         assert_int_equal(rate_store_redis_status(rs, &s0), RATE_OK);
         uint64_t t = UINT64_C(1764590000) * SEC + rnd(SEC);
