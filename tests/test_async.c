@@ -928,6 +928,8 @@ static const char *const adj_policies[] = {
     "leaky-bucket 1000000000/1d capacity=1000000000",
     "fixed-window 4/700ms",
     "fixed-window 1000/1h",
+    "sliding-window 4/700ms",
+    "sliding-window 1000/1h",
 };
 
 static void adjust_scripted(void **state)
@@ -959,7 +961,7 @@ static void adjust_scripted(void **state)
         rate_limiter_t *lc = lim(adj_policies[p], cs, true, RATE_FAIL_CLOSED);
         rate_policy_t *pol = policy_of(adj_policies[p]);
         const rate_limit_t *l = rate_policy_limit(pol, 0);
-        uint64_t cap = l->algorithm == RATE_FIXED_WINDOW ? l->limit : l->burst;
+        uint64_t cap = l->burst == 0 ? l->limit : l->burst; /* window */
         char key[16], name[32];
         snprintf(key, sizeof key, "k%zu", p);
         snprintf(name, sizeof name, "aadj:{%s}", key);

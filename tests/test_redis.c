@@ -167,6 +167,13 @@ static void lean_scripts_at_the_boundaries(void **state)
         "fixed-window 4503599627370000/1d",
         "fixed-window 4503599627370496/1h",
         "fixed-window 10/333333333ns",
+        "sliding-window 1000/1h",
+        "sliding-window 10000/1m",
+        "sliding-window 5/7ms",
+        "sliding-window 7/3s",
+        "sliding-window 1/26d",
+        "sliding-window 1048576/4294967296ns", /* L * W = 2^52 */
+        "sliding-window 3/333333333ns",
     };
     const size_t np = sizeof policies / sizeof policies[0];
     /* The same traces whatever ran before (a filter), another sequence
@@ -199,8 +206,7 @@ static void lean_scripts_at_the_boundaries(void **state)
     for (size_t p = 0; p < np; p++) {
         rate_policy_t *pol = policy_of(policies[p]);
         const rate_limit_t *lim = rate_policy_limit(pol, 0);
-        uint64_t cap = lim->algorithm == RATE_FIXED_WINDOW ? lim->limit
-                                                           : lim->burst;
+        uint64_t cap = lim->burst == 0 ? lim->limit : lim->burst; /* window */
         /* How long a reservation may wait: up to 4 periods, but no deeper
          * than a lean script's word holds (docs/redis.md, "The lean
          * range"): a debt of max_wait * L ns-tokens is 2^51 or less in
@@ -313,7 +319,8 @@ static void lean_general_and_c_share_keys(void **state)
         "token-bucket 1000/s burst=1000", "token-bucket 1000/1h burst=1000",
         "token-bucket 5000/1d burst=100000", "leaky-bucket 7/3s capacity=4",
         "leaky-bucket 100000/1d capacity=100000", "fixed-window 1000/1h",
-        "fixed-window 5/7ms"};
+        "fixed-window 5/7ms", "sliding-window 30/s",
+        "sliding-window 100/1m", "sliding-window 10000/1m"};
     rate_store_t *lean = redis_store("share:", true, 0), *gen;
     rate_redis_options_t o = {0};
     char err[200];
@@ -325,8 +332,7 @@ static void lean_general_and_c_share_keys(void **state)
     for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
         rate_policy_t *pol = policy_of(policies[p]);
         const rate_limit_t *lim = rate_policy_limit(pol, 0);
-        uint64_t cap = lim->algorithm == RATE_FIXED_WINDOW ? lim->limit
-                                                           : lim->burst;
+        uint64_t cap = lim->burst == 0 ? lim->limit : lim->burst; /* window */
         rate_store_t *ms;
         assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
         rate_limiter_config_t cfg = {0};
@@ -367,6 +373,58 @@ static void lean_general_and_c_share_keys(void **state)
     assert_true(st.general_decisions > 0 && st.declined > 0);
     rate_store_free(gen);
     drop_store(lean);
+}
+
+/* Sliding logs whose L * W passes the general script's 2^49 (10000/1m
+ * and more) within its range all the same: the log's rule forms no
+ * product of its limit and its window, so each decision is one EVALSHA
+ * of the general script, never declined, the memory store's field by
+ * field.  Its window stays below 2^49 ns (6.5 days; 3/6d): the script's
+ * time differences stop at 2^20 s (12 days), where a 13-day log's oldest
+ * entries would decline. */
+static void sliding_logs_in_the_general_script(void **state)
+{
+    (void)state;
+    static const char *policies[] = {"sliding-log 10000/1m",
+                                     "sliding-log 10000/1d",
+                                     "sliding-log 3/6d"};
+    rnd_seed(7);
+    rate_store_t *rs = redis_store("slog:", true, 0);
+    for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
+        rate_policy_t *pol = policy_of(policies[p]);
+        const rate_limit_t *lim = rate_policy_limit(pol, 0);
+        rate_store_t *ms;
+        assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+        rate_limiter_t *lm = limiter_of(policies[p], ms),
+                       *lr = limiter_of(policies[p], rs);
+        rate_redis_status_t s0, s1;
+        assert_int_equal(rate_store_redis_status(rs, &s0), RATE_OK);
+        uint64_t t = UINT64_C(1764590000) * SEC + rnd(SEC);
+        for (int i = 0; i < 120; i++) {
+            t += rnd(lim->period_ns / (1 + rnd(40)) + 1);
+            uint64_t n = rnd(3) == 0 ? rnd(lim->limit + 2) : rnd(3);
+            rate_decision_t a, b;
+            char key[2] = {(char)('a' + p), '\0'};
+            assert_int_equal(rate_limiter_check_at(lm, key, 1, n, 0, t, &a),
+                             RATE_OK);
+            assert_int_equal(rate_limiter_check_at(lr, key, 1, n, 0, t, &b),
+                             RATE_OK);
+            expect_same(&a, &b, policies[p], i, t, n, (uint64_t)0);
+        }
+        assert_int_equal(rate_store_redis_status(rs, &s1), RATE_OK);
+        if (s1.general_decisions - s0.general_decisions != 120 ||
+            s1.declined != s0.declined)
+            fail_msg("%s: %llu of 120 by the general script, %llu declined",
+                     policies[p],
+                     (unsigned long long)(s1.general_decisions -
+                                          s0.general_decisions),
+                     (unsigned long long)(s1.declined - s0.declined));
+        rate_limiter_free(lm);
+        rate_limiter_free(lr);
+        rate_store_free(ms);
+        rate_policy_free(pol);
+    }
+    drop_store(rs);
 }
 
 /* Clients whose clocks disagree share one limit: by default a decision
@@ -454,28 +512,31 @@ static void lost_records_come_back(void **state)
     rate_store_free(rs);
 }
 
-/* One caller, one round trip per decision: every decision is one EVALSHA
- * (its HMGET runs inside the script). */
+/* One caller, one round trip per decision: every decision is one FCALL
+ * of the lean script (its HMGET runs inside it), the general script's
+ * EVALSHA for a composite. */
 static void one_round_trip(void **state)
 {
     (void)state;
     rate_store_t *rs = redis_store("rtt:", false, 0);
-    rate_limiter_t *l = limiter_of("sliding-window 30/s", rs);
+    static const char *policies[] = {"sliding-window 30/s",
+                                     "sliding-window 30/s; fixed-window "
+                                     "100/1m"};
     redisContext *c = raw();
-    freeReplyObject(redisCommand(c, "CONFIG RESETSTAT"));
-    for (int i = 0; i < 50; i++)
-        at(l, "k", SEC + (uint64_t)i * MS, 1, 0);
-    redisReply *r = redisCommand(c, "INFO commandstats");
-    const char *ev = strstr(r->str, "cmdstat_evalsha:calls=");
-    const char *hm = strstr(r->str, "cmdstat_hmget:calls=");
-    assert_non_null(ev);
-    assert_non_null(hm);
-    assert_int_equal(atoi(ev + 22), 50);
-    assert_int_equal(atoi(hm + 20), 50);
-    assert_null(strstr(r->str, "cmdstat_eval:"));
-    freeReplyObject(r);
+    for (int p = 0; p < 2; p++) {
+        rate_limiter_t *l = limiter_of(policies[p], rs);
+        at(l, "warm", SEC, 1, 0); /* the Functions loaded first */
+        freeReplyObject(redisCommand(c, "CONFIG RESETSTAT"));
+        for (int i = 0; i < 50; i++)
+            at(l, "k", SEC + (uint64_t)i * MS, 1, 0);
+        assert_int_equal(calls_of(c, p == 0 ? "fcall" : "evalsha"), 50);
+        assert_int_equal(calls_of(c, p == 0 ? "evalsha" : "fcall"), 0);
+        if (p == 0) /* (the composite's script reads more) */
+            assert_int_equal(calls_of(c, "hmget"), 50);
+        assert_int_equal(calls_of(c, "eval"), 0);
+        rate_limiter_free(l);
+    }
     redisFree(c);
-    rate_limiter_free(l);
     drop_store(rs);
 }
 
@@ -775,7 +836,8 @@ static void expect_same_state(redisContext *c, const char *name,
 /* Single-limit policies the lean scripts decide, at the edges of their
  * exact arithmetic: g = 1 (7/3s), bursts of 10^6, the wide layout (B * P
  * > 2^62, 16-byte words), g = 10^10 (the debt bound of 2^62 scaled tokens
- * within a penalty's reach: 4.6 * 10^8 tokens), a window's count of 2^52. */
+ * within a penalty's reach: 4.6 * 10^8 tokens), a window's count of 2^52, a
+ * sliding window's L * W of 2^52. */
 static const char *const adj_policies[] = {
     "token-bucket 5/s burst=3",
     "token-bucket 7/3s burst=5",
@@ -790,6 +852,10 @@ static const char *const adj_policies[] = {
     "fixed-window 1000/1h",
     "fixed-window 4503599627370496/1h",
     "fixed-window 5/7ms",
+    "sliding-window 4/700ms",
+    "sliding-window 1000/1h",
+    "sliding-window 1048576/4294967296ns",
+    "sliding-window 5/7ms",
 };
 #define ADJ_POLICIES (sizeof adj_policies / sizeof adj_policies[0])
 
@@ -833,8 +899,7 @@ static unsigned adj_traces(rate_store_t *rs, const char *prefix,
     for (size_t p = 0; p < ADJ_POLICIES; p++) {
         rate_policy_t *pol = policy_of(adj_policies[p]);
         const rate_limit_t *lim = rate_policy_limit(pol, 0);
-        uint64_t cap = lim->algorithm == RATE_FIXED_WINDOW ? lim->limit
-                                                           : lim->burst;
+        uint64_t cap = lim->burst == 0 ? lim->limit : lim->burst; /* window */
         rate_store_t *ms, *cs;
         cas_store_t *h;
         assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
@@ -2251,6 +2316,7 @@ int main(void)
         cmocka_unit_test(drop_removes_the_namespace),
         cmocka_unit_test(lean_scripts_at_the_boundaries),
         cmocka_unit_test(lean_general_and_c_share_keys),
+        cmocka_unit_test(sliding_logs_in_the_general_script),
         cmocka_unit_test(wide_policies_keep_the_wide_state),
         cmocka_unit_test(one_round_trip),
         cmocka_unit_test(lost_records_come_back),

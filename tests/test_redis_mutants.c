@@ -130,9 +130,9 @@ static unsigned trace(rate_store_t *rs, const char *policy, const char *key,
     return n;
 }
 
-/* lua_can: a limit whose burst (or capacity, or limit of a window) times
- * its period is 2^49 or more (twice that reaches 2^50) never reaches the
- * script; one just below does, every time.  2^49 ns = 562949.95 s, so a
+/* lua_can: a limit whose burst (or capacity, or limit of a window; 1 for
+ * a sliding log) times its period is 2^49 or more (twice that reaches
+ * 2^50) never reaches the script; one just below does, every time.  2^49 ns = 562949.95 s, so a
  * burst of 562950 over 1 s is out and 562949 in.  Either way the answers
  * are memory's. */
 static void products_past_the_bound_skip_the_script(void **state)
@@ -146,8 +146,10 @@ static void products_past_the_bound_skip_the_script(void **state)
          "leaky-bucket 1/s capacity=562950"},
         {"sliding-window 562949/s", "sliding-window 562950/s"},
         {"fixed-window 562949/s", "fixed-window 562950/s"},
-        {"sliding-log 10000/56294995342ns",
-         "sliding-log 10000/56294995343ns"},
+        /* A sliding log's rule forms no L * W: its window alone, 2^49
+         * ns less one and 2^49, at its largest limit. */
+        {"sliding-log 10000/562949953421311ns",
+         "sliding-log 10000/562949953421312ns"},
         /* The period's side: 1 * 2^49 ns and one more. */
         {"token-bucket 1/562949953421311ns",
          "token-bucket 1/562949953421312ns"},

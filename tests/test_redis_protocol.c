@@ -286,6 +286,57 @@ static void exact_ranges_from_tables(void **state)
                      RATE_ENOTSUP);
     rate_policy_free(r.pol);
 
+    /* A sliding window: lean up to L * W = lua_lean with W at most half
+     * of it; past either, the general script's range too. */
+    const rate__algo_t *sw = rate__algo(RATE_SLIDING_WINDOW);
+    static const struct {
+        uint64_t l, w;
+        int lean;
+    } sws[] = {{1, 0, 1},  /* W = lua_lean / 2 */
+               {1, 1, -1}, /* W one more */
+               {2, 0, 1},  /* L * W = lua_lean */
+               {3, 0, -1}, /* past it */
+               {4, 0, -1}}; /* W = lua_lean / 4 + 1 */
+    for (size_t i = 0; i < sizeof sws / sizeof sws[0]; i++) {
+        /* L and W: (1, 2^51), (1, 2^51 + 1), (2, 2^51), (3, 2^51),
+         * (4, 2^50 + 1) */
+        uint64_t l = sws[i].l, w = sw->lua_lean / 2 + sws[i].w;
+        if (i == 4)
+            w = sw->lua_lean / 4 + 1;
+        snprintf(text, sizeof text, "sliding-window %llu/%lluns",
+                 (unsigned long long)l, (unsigned long long)w);
+        req_of(&r, text);
+        int rc = cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c);
+        if (sws[i].lean > 0) {
+            assert_int_equal(rc, RATE_OK);
+            assert_int_equal(c.lean, RATE__LEAN_SW);
+            script_has_range(&c, "SLIDING_WINDOW", sw);
+            rate__redis_cmd_free(&c);
+        } else if (rc != RATE_ENOTSUP) {
+            fail_msg("%s: %d, lean %d, want ENOTSUP", text, rc, c.lean);
+        }
+        rate_policy_free(r.pol);
+    }
+
+    /* A sliding log: the general script's at any limit (its rule forms
+     * no L * W) while 2 * W stays below lua_step. */
+    const rate__algo_t *sl = rate__algo(RATE_SLIDING_LOG);
+    for (int past = 0; past < 2; past++) {
+        snprintf(text, sizeof text, "sliding-log %u/%lluns",
+                 RATE_SLIDING_LOG_MAX,
+                 (unsigned long long)(sl->lua_step / 2 - 1 + (unsigned)past));
+        req_of(&r, text);
+        int rc = cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c);
+        if (!past) {
+            assert_int_equal(rc, RATE_OK);
+            assert_int_equal(c.lean, -1);
+            rate__redis_cmd_free(&c);
+        } else {
+            assert_int_equal(rc, RATE_ENOTSUP);
+        }
+        rate_policy_free(r.pol);
+    }
+
     /* The general script: permits below the limits' lua_step. */
     req_of(&r, "sliding-window 10/s; fixed-window 5/s");
     r.q.permits = rate__algo(RATE_SLIDING_WINDOW)->lua_step - 1;

@@ -216,7 +216,7 @@ const rate__algo_t rate__sliding_window = {
     .name = "sliding-window",
     .fixed = SW_FIXED,
     .grow = 0,
-    RATE__LUA_RANGE(50, 0),
+    RATE__LUA_RANGE(50, 52),
     .load = sw_load,
     .advance = sw_advance,
     .decide = sw_decide,

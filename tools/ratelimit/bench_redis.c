@@ -13,7 +13,8 @@
 #include "redis_step_lua.h" /* assembled from src/store/redis/step.lua */
 #include "redis_tb_lua.h"   /* the lean scripts, assembled from */
 #include "redis_lb_lua.h"   /* src/store/redis/lean_tb.lua, */
-#include "redis_fw_lua.h"   /* lean_lb.lua, lean_fw.lua */
+#include "redis_fw_lua.h"   /* lean_lb.lua, lean_fw.lua, */
+#include "redis_sw_lua.h"   /* lean_sw.lua */
 #include "ratelimit_redis.h"
 
 /* A plain token bucket of the kind everyone writes (Redis's TIME, two
@@ -122,30 +123,44 @@ static double redis_benchmark(const char *host, int port, const char *args)
 }
 
 /* Whether one call of a redis-benchmark row (its words from EVALSHA or
- * FCALL on, '' for an empty argument, its key's {__rand_int__} as
- * {check}) writes its key: that the row measures decisions, not an early
- * return on arguments the script reads another way. */
+ * FCALL on, a '...' word as redis-benchmark reads it: one argument, ''
+ * an empty one; its key's {__rand_int__} as {check}) writes its key:
+ * that the row measures decisions, not an early return on arguments the
+ * script reads another way. */
 static bool row_decides(const char *host, int port, const char *row)
 {
     const char *from = strstr(row, "EVALSHA ");
     if (from == NULL)
         from = strstr(row, "FCALL ");
-    char buf[640], *words[32], *save = NULL;
+    char buf[640], *words[32];
     size_t lens[32];
     int n = 0;
     if (from == NULL || strlen(from) >= sizeof buf)
         return false;
     strcpy(buf, from);
-    for (char *w = strtok_r(buf, " ", &save); w != NULL && n < 32;
-         w = strtok_r(NULL, " ", &save)) {
+    for (char *w = buf; *w != '\0' && n < 32;) {
+        if (*w == ' ') {
+            w++;
+            continue;
+        }
+        char *end;
+        if (*w == '\'') { /* quoted: to the closing quote */
+            w++;
+            end = strchr(w, '\'');
+            if (end == NULL)
+                return false;
+        } else {
+            end = w + strcspn(w, " ");
+        }
+        char *next = *end != '\0' ? end + 1 : end;
+        *end = '\0';
         char *r = strstr(w, "{__rand_int__}");
         if (r != NULL)
-            memcpy(r, "{check}", sizeof "{check}");
-        if (strcmp(w, "''") == 0)
-            w[0] = '\0';
+            memmove(r, "{check}", sizeof "{check}");
         words[n] = w;
         lens[n] = strlen(w);
         n++;
+        w = next;
     }
     struct timeval tv = {2, 0};
     redisContext *c = redisConnectWithTimeout(host, port, tv);
@@ -352,17 +367,24 @@ static void bench_lean(const char *url, const char *host, int port,
                        const char *prefix, const rate_policy_t *p,
                        const rate_redis_options_t *base)
 {
-    char sha[9][41], args[9][640];
-    static const char *names[9] = {
+    /* rows: EVALSHA of 'return 1', the plain script, the general script
+     * (a token bucket, a sliding window), the NL lean scripts by EVALSHA
+     * from row LEAN0, then by FCALL */
+    enum { NL = 4, LEAN0 = 4, ROWS = LEAN0 + 2 * NL };
+    char sha[LEAN0 + NL][41], args[ROWS][640];
+    static const char *names[ROWS] = {
         "EVALSHA of 'return 1'", "plain token-bucket script",
-        "general script (redis_step.lua)", "lean token bucket, EVALSHA",
-        "lean leaky bucket, EVALSHA", "lean fixed window, EVALSHA",
+        "general script (redis_step.lua)", "general script, sliding window",
+        "lean token bucket, EVALSHA", "lean leaky bucket, EVALSHA",
+        "lean fixed window, EVALSHA", "lean sliding window, EVALSHA",
         "lean token bucket, FCALL (the store's)",
         "lean leaky bucket, FCALL (the store's)",
-        "lean fixed window, FCALL (the store's)"};
-    const char *src[6] = {"return 1", bench_plain_tb_lua, redis_step_lua,
-                          redis_tb_lua, redis_lb_lua, redis_fw_lua};
-    for (int i = 0; i < 6; i++)
+        "lean fixed window, FCALL (the store's)",
+        "lean sliding window, FCALL (the store's)"};
+    const char *src[LEAN0 + NL] = {
+        "return 1",   bench_plain_tb_lua, redis_step_lua, redis_step_lua,
+        redis_tb_lua, redis_lb_lua,       redis_fw_lua,   redis_sw_lua};
+    for (int i = 0; i < LEAN0 + NL; i++)
         if (!load_script(host, port, src[i], sha[i]))
             return;
     unsigned id = (unsigned)rate_policy_fingerprint(p);
@@ -374,53 +396,63 @@ static void bench_lean(const char *url, const char *host, int port,
     snprintf(args[2], sizeof args[2],
              "%s %s 1 %sgen{__rand_int__} '' '' 1 0 -1 %u 3 1 100000 "
              "1000000000 1000", head, sha[2], prefix, id);
+    /* sliding-window 100000/s (algorithm 5), within the general
+     * script's range and the lean one's */
+    snprintf(args[3], sizeof args[3],
+             "%s %s 1 %sgensw{__rand_int__} '' '' 1 0 -1 %u 3 5 100000 "
+             "1000000000 0", head, sha[3], prefix, id);
     /* The lean scripts: time, permits, max_wait, the operation (0, an
      * admission), then the policy's numbers in one argument (lean.lua):
      * the expiry, id, format, the word's width and the algorithm's.
      * token-bucket 100000/s burst=1000: g = 10^5, L/g = 1, P/g = 10^4 */
-    snprintf(args[3], sizeof args[3],
-             "%s %s 1 %stb{__rand_int__} '' '' 1 0 0 '-1 %u 3 8 1 10000 "
-             "1000 100000 46116860184273'", head, sha[3], prefix, id);
     snprintf(args[4], sizeof args[4],
-             "%s %s 1 %slb{__rand_int__} '' '' 1 0 0 '-1 %u 3 8 1 10000 "
-             "1000 100000'", head, sha[4], prefix, id);
-    /* fixed-window 100000000/1h */
+             "%s %s 1 %stb{__rand_int__} '' '' 1 0 0 '-1 %u 3 8 1 10000 "
+             "1000 100000 46116860184273'", head, sha[4], prefix, id);
     snprintf(args[5], sizeof args[5],
+             "%s %s 1 %slb{__rand_int__} '' '' 1 0 0 '-1 %u 3 8 1 10000 "
+             "1000 100000'", head, sha[5], prefix, id);
+    /* fixed-window 100000000/1h */
+    snprintf(args[6], sizeof args[6],
              "%s %s 1 %sfw{__rand_int__} '' '' 1 0 0 '-1 %u 3 8 100000000 "
-             "3600000000000'", head, sha[5], prefix, id);
-    /* The same three as a Functions library of the bench's own, as the
-     * store sends them (docs/redis.md), deleted at the end. */
-    int rows = 6;
-    size_t liblen = 64 + sizeof redis_tb_lua + sizeof redis_lb_lua +
-                    sizeof redis_fw_lua + 3 * 128;
+             "3600000000000'", head, sha[6], prefix, id);
+    /* sliding-window 100000/s: the two counts, 16 bytes */
+    snprintf(args[7], sizeof args[7],
+             "%s %s 1 %ssw{__rand_int__} '' '' 1 0 0 '-1 %u 3 16 100000 "
+             "1000000000'", head, sha[7], prefix, id);
+    /* The same as a Functions library of the bench's own, as the store
+     * sends them (docs/redis.md), deleted at the end. */
+    int rows = LEAN0 + NL;
+    size_t liblen = 64 + NL * 128;
+    for (int i = 0; i < NL; i++)
+        liblen += strlen(src[LEAN0 + i]) + 1;
     char *lib = malloc(liblen);
     struct timeval tv = {2, 0};
     redisContext *fc = redisConnectWithTimeout(host, port, tv);
     if (lib != NULL && fc != NULL && !fc->err) {
         size_t n = (size_t)snprintf(lib, liblen,
                                     "#!lua name=ratelimit_bench\n");
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < NL; i++) {
             /* the part before "--@call" at load, as the store's library */
-            const char *call = strstr(src[3 + i], "\n--@call\n");
-            int pre = call != NULL ? (int)(call - src[3 + i]) : 0;
+            const char *s = src[LEAN0 + i];
+            const char *call = strstr(s, "\n--@call\n");
+            int pre = call != NULL ? (int)(call - s) : 0;
             n += (size_t)snprintf(lib + n, liblen - n,
                                   "do\n%.*s\nredis.register_function("
                                   "'rlbench_%d', function(KEYS, ARGV)\n%s"
                                   "\nend)\nend\n",
-                                  pre, src[3 + i], i,
-                                  call != NULL ? call : src[3 + i]);
+                                  pre, s, i, call != NULL ? call : s);
         }
         redisReply *fr = redisCommand(fc, "FUNCTION LOAD REPLACE %b", lib, n);
         if (fr != NULL && fr->type == REDIS_REPLY_STRING) {
-            for (int i = 0; i < 3; i++) {
-                /* args[3 + i] with FCALL rlbench_i for EVALSHA sha */
+            for (int i = 0; i < NL; i++) {
+                /* args[LEAN0 + i] with FCALL rlbench_i for EVALSHA sha */
                 char line[640];
                 snprintf(line, sizeof line,
                          "-n 60000 -r 64 -c 50 -P 16 FCALL rlbench_%d%s", i,
-                         args[3 + i] + strlen(head) + 1 + 40);
-                memcpy(args[6 + i], line, sizeof line);
+                         args[LEAN0 + i] + strlen(head) + 1 + 40);
+                memcpy(args[LEAN0 + NL + i], line, sizeof line);
             }
-            rows = 9;
+            rows = ROWS;
         }
         freeReplyObject(fr);
     }
@@ -430,7 +462,7 @@ static void bench_lean(const char *url, const char *host, int port,
             fprintf(stderr, "ratelimit: bench: the row '%s' does not write "
                             "its key: its arguments are not a decision\n",
                     names[i]);
-            if (rows == 9)
+            if (rows == ROWS)
                 freeReplyObject(
                     redisCommand(fc, "FUNCTION DELETE ratelimit_bench"));
             if (fc != NULL)
@@ -440,7 +472,7 @@ static void bench_lean(const char *url, const char *host, int port,
         }
     /* calls/s, and Redis's CPU per call (INFO cpu: all its threads,
      * the protocol's share too), the least of the rounds */
-    double best[9] = {0}, cpu[9] = {0};
+    double best[ROWS] = {0}, cpu[ROWS] = {0};
     for (int r = 0; r < 3; r++)
         for (int i = 0; i < rows; i++) {
             double c0 = bench_server_cpu_s(host, port);
@@ -459,7 +491,7 @@ static void bench_lean(const char *url, const char *host, int port,
         printf("  %-40s %12.0f %10.2f %12.2f %10.2f\n", names[i], best[i],
                best[1] > 0 ? best[i] / best[1] : 0, cpu[i],
                cpu[1] > 0 ? cpu[i] / cpu[1] : 0);
-    if (rows == 9)
+    if (rows == ROWS)
         freeReplyObject(redisCommand(fc, "FUNCTION DELETE ratelimit_bench"));
     if (fc != NULL)
         redisFree(fc);

@@ -1,10 +1,8 @@
 -- SPDX-License-Identifier: MIT
 -- The lean fixed window's driver, one limit (docs/redis.md, "Lean
 -- scripts"): the common part, then the rule (src/algo/fixed_window.lua).
--- Windows are aligned to the clock's zero.  A time's offset in its window
--- is t mod W = (hi * 2^32 mod W + lo) mod W, the first by math.fmod
--- (exact for any doubles), the second by % corrected as fdiv does; t and
--- t_last share a window when t - t_last is the difference of their
+-- Windows are aligned to the clock's zero (offset, in lean_lib.lua); t
+-- and t_last share a window when t - t_last is the difference of their
 -- offsets.  num [5] L (at most FIXED_WINDOW_LEAN), [6] W (ns, below
 -- it), as the client's gate (lean_of) sends them
 --@include src/store/redis/lean_lib.lua
@@ -14,17 +12,12 @@ local LAST = 6
 --@include src/store/redis/lean.lua
 local L, W = num[5], num[6]
 if L > FIXED_WINDOW_LEAN or W >= FIXED_WINDOW_LEAN then return DECLINE end
-local function offset(hi, lo)
-  local r = (math.fmod(hi * E32, W) + lo) % W -- below 2^53: exact but for
-  if r < 0 then r = r + W elseif r >= W then r = r - W end -- one W
-  return r
-end
-local e = offset(t_hi, t_lo)
+local e = offset(t_hi, t_lo, W)
 local cnt, same = nil, false
 if st ~= nil then
   cnt = w8 -- nil past 2^53: declined below
   if cnt == nil then return DECLINE end
-  same = dt == e - offset(l_hi, l_lo)
+  same = dt == e - offset(l_hi, l_lo, W)
 end
 cnt = fw_load(cnt, L)
 if cnt == nil then return DECLINE end

@@ -24,6 +24,16 @@ local function cdiv(a, b)
   return q
 end
 
+-- A time's offset in its window of W ns (windows aligned to the clock's
+-- zero), t = hi * 2^32 + lo: (hi * 2^32 mod W + lo) mod W, the first by
+-- math.fmod (exact for any doubles), the second below 2^53 by % corrected
+-- as fdiv does.  The windows' drivers (lean_fw.lua, lean_sw.lua).
+local function offset(hi, lo, W)
+  local r = (math.fmod(hi * E32, W) + lo) % W
+  if r < 0 then r = r + W elseif r >= W then r = r - W end
+  return r
+end
+
 
 -- A whole second s (a decimal string, s < 2^34) as nanoseconds {hi, lo}
 -- (t = hi * 2^32 + lo): with s = a * 2^32 + b, s * 10^9 = (a * 5^9 *

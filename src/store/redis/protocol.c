@@ -52,10 +52,12 @@
 #include "redis_tb_lua.h"
 #include "redis_lb_lua.h"
 #include "redis_fw_lua.h"
+#include "redis_sw_lua.h"
 
 #define LEAN_TB RATE__LEAN_TB
 #define LEAN_LB RATE__LEAN_LB
 #define LEAN_FW RATE__LEAN_FW
+#define LEAN_SW RATE__LEAN_SW
 #define LEAN_COUNT RATE__LEAN_COUNT
 
 /* The expiry rule of step.lua's expire_at (see there and
@@ -100,7 +102,7 @@ static const char cas_script[] =
 static const char probe_script[] = "return 1\n";
 
 /* The lean scripts: one per single-limit algorithm (lean_tb.lua,
- * lean_lb.lua, lean_fw.lua here, each with lean.lua and its algorithm's
+ * lean_lb.lua, lean_fw.lua, lean_sw.lua here, each with lean.lua and its algorithm's
  * src/algo/NAME.lua, assembled by the build; see docs/redis.md). */
 static const struct {
     const char *src;
@@ -109,6 +111,7 @@ static const struct {
     {redis_tb_lua, sizeof redis_tb_lua - 1},
     {redis_lb_lua, sizeof redis_lb_lua - 1},
     {redis_fw_lua, sizeof redis_fw_lua - 1},
+    {redis_sw_lua, sizeof redis_sw_lua - 1},
 };
 
 const char *rate__redis_lease_script(size_t *len)
@@ -464,8 +467,15 @@ static bool lua_can(const rate_decide_req_t *q)
         if (a == NULL)
             return false;
         uint64_t exact = a->lua_step;
+        /* B * P, C * P, L * W: the products the buckets' and the
+         * sliding window's rules form.  The sliding log's forms none (its
+         * counts stay within RATE_SLIDING_LOG_MAX): only 2 * W bounds it,
+         * which keeps its entries' ages below the 2^20 s the script's
+         * time differences reach.  So 10000/1m is the script's. */
         rate_u128_t prod = (rate_u128_t)l->period_ns *
-                           (l->burst ? l->burst : l->limit);
+                           (l->algorithm == RATE_SLIDING_LOG ? 1
+                            : l->burst                       ? l->burst
+                                                             : l->limit);
         if (q->permits >= exact || q->max_wait_ns >= exact ||
             l->limit >= exact || l->period_ns >= exact || prod * 2 >= exact)
             return false;
@@ -492,7 +502,8 @@ static uint64_t gcd64(uint64_t a, uint64_t b)
  * script reads the same as a constant): a bucket's word is sent in units
  * of g, a common divisor of L and P below 2^36, so that B * P / g <=
  * lua_lean (2^51); a fixed window's count at most lua_lean and its length
- * below it (2^52 ns). */
+ * below it (2^52 ns); a sliding window's L * W at most lua_lean (2^52) and its length at
+ * most half of it (2^51 ns, 26 days). */
 #define LEAN_G UINT64_C(10000000000) /* 10^10: g divides it, so g < 2^36 */
 
 static int lean_of(const rate_decide_req_t *q, char num[][24], int *nn)
@@ -532,6 +543,18 @@ static int lean_of(const rate_decide_req_t *q, char num[][24], int *nn)
         dec_u64(num[(*nn)++], l->limit);
         dec_u64(num[(*nn)++], l->period_ns);
         return LEAN_FW;
+    }
+    if (l->algorithm == RATE_SLIDING_WINDOW) {
+        /* W at most half of it: an idle gap past 2^52 ns (dt's bound in
+         * the script) then leaves no window of t_last's pair */
+        if ((rate_u128_t)l->limit * l->period_ns > a->lua_lean ||
+            l->period_ns > a->lua_lean / 2)
+            return -1;
+        dec_u64(num[(*nn)++], 16u); /* the two counts, 8 bytes each */
+        dec_u64(num[(*nn)++], (uint64_t)q->op);
+        dec_u64(num[(*nn)++], l->limit);
+        dec_u64(num[(*nn)++], l->period_ns);
+        return LEAN_SW;
     }
     return -1;
 }
@@ -769,7 +792,8 @@ static int make_fn_lib(rate__redis_proto_t *p)
 {
     /* the lean scripts, then the lease scripts (lease.c) */
     enum { FNS = LEAN_COUNT + 2 };
-    static const char *tag[FNS] = {"tb", "lb", "fw", "lease", "leaserate"};
+    static const char *tag[FNS] = {"tb", "lb", "fw", "sw", "lease",
+                                   "leaserate"};
     const char *src[FNS];
     char *name[FNS];
     uint32_t h = 2166136261u;

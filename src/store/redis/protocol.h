@@ -20,6 +20,7 @@ typedef enum rate__lean {
     RATE__LEAN_TB,
     RATE__LEAN_LB,
     RATE__LEAN_FW,
+    RATE__LEAN_SW,
     RATE__LEAN_COUNT
 } rate__lean_t;
 
