@@ -95,7 +95,7 @@ static int Fair_init(FairObject *self, PyObject *args, PyObject *kw)
 
 static void fair_close(FairObject *self)
 {
-    if (!self->guard.handle)
+    if (!guard_close_begin(&self->guard))
         return;
     Py_BEGIN_ALLOW_THREADS
     rate_fair_free(guard_take(&self->guard));

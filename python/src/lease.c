@@ -78,7 +78,7 @@ static int InFlight_init(InFlightObject *self, PyObject *args, PyObject *kw)
 
 static void inflight_close(InFlightObject *self)
 {
-    if (!self->guard.handle)
+    if (!guard_close_begin(&self->guard))
         return;
     Py_BEGIN_ALLOW_THREADS
     rate_inflight_free(guard_take(&self->guard));

@@ -48,7 +48,7 @@ static int Limiter_init(LimiterObject *self, PyObject *args, PyObject *kw)
 
 static void limiter_close(LimiterObject *self)
 {
-    if (!self->guard.handle)
+    if (!guard_close_begin(&self->guard))
         return;
     Py_BEGIN_ALLOW_THREADS
     rate_limiter_free(guard_take(&self->guard));

@@ -83,7 +83,7 @@ static int Synced_init(SyncedObject *self, PyObject *args, PyObject *kw)
 
 static void synced_close(SyncedObject *self)
 {
-    if (!self->guard.handle)
+    if (!guard_close_begin(&self->guard))
         return;
     Py_BEGIN_ALLOW_THREADS
     rate_synced_free(guard_take(&self->guard));
