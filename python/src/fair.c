@@ -65,6 +65,9 @@ static int Fair_init(FairObject *self, PyObject *args, PyObject *kw)
     char err[ERRLEN] = "";
     rate_fair_t *f = NULL;
     int rc;
+    /* a user of the limiter from here: its close() refuses while this
+     * runs without the GIL */
+    lim->users++;
     Py_BEGIN_ALLOW_THREADS
     rc = rate_fair_new(&c, &f, err, sizeof err);
     Py_END_ALLOW_THREADS
@@ -74,6 +77,7 @@ static int Fair_init(FairObject *self, PyObject *args, PyObject *kw)
     }
     key_release(&k);
     if (rc != RATE_OK) {
+        lim->users--;
         raise_rc(rc, err);
         return -1;
     }
@@ -81,6 +85,7 @@ static int Fair_init(FairObject *self, PyObject *args, PyObject *kw)
         if (!self->key)
             PyErr_NoMemory();
         rate_fair_free(f);
+        lim->users--;
         free(self->key);
         self->key = NULL;
         return -1;
@@ -89,7 +94,6 @@ static int Fair_init(FairObject *self, PyObject *args, PyObject *kw)
     self->memory_only = lim->memory_only && path == NULL;
     Py_INCREF(lim);
     self->limiter = lim;
-    lim->users++;
     return 0;
 }
 

@@ -57,21 +57,27 @@ static int InFlight_init(InFlightObject *self, PyObject *args, PyObject *kw)
     c.store = store == Py_None ? NULL : ((StoreObject *)store)->store;
     c.reap_dead_holders = reap != 0;
     rate_inflight_t *in = NULL;
+    /* a user of the store from here: its close() refuses while this runs
+     * without the GIL */
+    store_attach(store, &self->store);
     Py_BEGIN_ALLOW_THREADS
     rc = rate_inflight_new(&c, &in);
     Py_END_ALLOW_THREADS
     rate_inflight_policy_free(p);
-    if (rc != RATE_OK) {
-        raise_rc(rc, NULL);
-        return -1;
-    }
-    if (guard_init(&self->guard, in) < 0) {
+    int raised = 0; /* MemoryError of guard_init */
+    if (rc == RATE_OK && guard_init(&self->guard, in) < 0) {
         rate_inflight_free(in);
+        raised = 1;
+    }
+    if (rc != RATE_OK || raised) {
+        if (!raised)
+            raise_rc(rc, NULL);
+        store_detach(self->store);
+        Py_CLEAR(self->store);
         return -1;
     }
     /* A release or an extension may pause between retries under
      * contention, on any store: lease calls always release the GIL. */
-    store_attach(store, &self->store);
     self->memory_only = 0;
     return 0;
 }

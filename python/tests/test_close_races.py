@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: MIT
-"""close() racing on other threads: an object closed twice at once gives
-its parent back once."""
+"""close() and constructors racing on other threads: a parent (a Store, a
+Limiter) stays open while an object made on it is; an object closed twice
+at once gives its parent back once."""
 
 import threading
 import time
 
 import pytest
 
-from ratelimit import Fair, Limiter, Policy
+from ratelimit import Fair, Limiter, Policy, memory_store
 
 
 def wait_for(cond, what, bound=30.0):
@@ -39,3 +40,53 @@ def test_two_closes_at_once_give_the_limiter_back_once():
     assert f2.check("x").allowed
     f2.close()
     lim.close()
+
+
+def run_race(make_parent, make_child, close_parent, rounds=300):
+    """Rounds of a child made on a parent while another thread closes the
+    parent as the child's constructor runs: either the child is refused
+    (ValueError: closed) or the parent's close is (RuntimeError), never
+    both done."""
+    both = 0
+    for _ in range(rounds):
+        parent = make_parent()
+        go = threading.Event()
+        closed = []
+
+        def closer():
+            go.wait()
+            try:
+                close_parent(parent)
+                closed.append(True)
+            except RuntimeError:
+                closed.append(False)
+
+        t = threading.Thread(target=closer)
+        t.start()
+        go.set()
+        try:
+            child = make_child(parent)
+        except ValueError:
+            child = None
+        t.join()
+        if child is not None:
+            both += closed[0]
+            if not closed[0]:
+                child.close()
+                close_parent(parent)
+    assert both == 0, "%d of %d children made on a closed parent" % (
+        both, rounds)
+
+
+def test_a_limiter_made_while_its_store_closes_keeps_it_open():
+    run_race(lambda: memory_store(),
+             lambda s: Limiter(Policy("10/s"), s),
+             lambda s: s.close())
+
+
+def test_a_fair_limit_made_while_its_limiter_closes_keeps_it_open(tmp_path):
+    n = iter(range(10**6))
+    run_race(lambda: Limiter(Policy("10/s")),
+             lambda lim: Fair(lim, "k", shm_path=str(tmp_path / (
+                 "t%d" % next(n)))),
+             lambda lim: lim.close())
