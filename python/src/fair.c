@@ -204,7 +204,9 @@ static void fair_give_back(FairObject *self, uint64_t permits)
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    FairObject *owner; /* its lock read-held by the thread while it waits */
+    /* its lock read-held by the thread while it waits; a reference of the
+     * thread's once the caller abandoned the wait (see fair_wait_main) */
+    FairObject *owner;
     char *flow;
     size_t flow_len;
     uint32_t weight;
@@ -225,6 +227,24 @@ static void fair_wait_unref(fair_wait_t *w)
         free(w->flow);
         free(w);
     }
+}
+
+/* Drops the reference the caller gave an abandoned waiter's thread (the
+ * Fair's dealloc may run here, the waiter out of its guard: it never
+ * waits).  At the interpreter's exit the reference is left: the process
+ * ends with the Fair. */
+static void fair_owner_release(FairObject *self)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    if (Py_IsFinalizing())
+        return;
+#else
+    if (_Py_IsFinalizing())
+        return;
+#endif
+    PyGILState_STATE g = PyGILState_Ensure();
+    Py_DECREF(self);
+    PyGILState_Release(g);
 }
 
 static void *fair_wait_main(void *arg)
@@ -259,6 +279,8 @@ static void *fair_wait_main(void *arg)
         guard_leave(&self->guard);
     }
     fair_wait_unref(w);
+    if (abandoned)
+        fair_owner_release(self);
     return NULL;
 }
 
@@ -329,9 +351,14 @@ static int fair_wait_threaded(FairObject *self, const key_arg_t *k,
     Py_END_ALLOW_THREADS
     int ret = 0;
     if (wait_in_slices(fair_wait_slice, w) < 0) {
+        /* Still waiting, the thread keeps the Fair alive until answered:
+         * freeing it (del, the interpreter's exit) would otherwise wait
+         * for that answer, taking the guard's write lock. */
         pthread_mutex_lock(&w->mu);
         int done = w->done;
         w->abandoned = 1;
+        if (!done)
+            Py_INCREF(self);
         pthread_mutex_unlock(&w->mu);
         /* answered meanwhile: its admission, not to be used, goes back */
         if (done && !w->closed && w->rc == RATE_OK && w->d.allowed) {

@@ -1,8 +1,14 @@
 # SPDX-License-Identifier: MIT
 """close() and constructors racing on other threads: a parent (a Store, a
 Limiter) stays open while an object made on it is; an object closed twice
-at once gives its parent back once."""
+at once gives its parent back once; freeing a Fair whose waiter was
+abandoned at Ctrl-C never waits for that waiter."""
 
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -90,3 +96,58 @@ def test_a_fair_limit_made_while_its_limiter_closes_keeps_it_open(tmp_path):
              lambda lim: Fair(lim, "k", shm_path=str(tmp_path / (
                  "t%d" % next(n)))),
              lambda lim: lim.close())
+
+
+def test_freeing_a_fair_limit_never_waits_for_an_abandoned_waiter():
+    # The waiter's permit comes in 5 minutes; Ctrl-C (SIGALRM's handler
+    # raises it) ends the call after 0.5 s.  Deleting the Fair and the
+    # interpreter's exit return at once (60 s of slack) rather than wait
+    # for the abandoned waiter's answer (its timeout: 10 minutes).
+    script = textwrap.dedent("""
+        import signal, ratelimit
+        lim = ratelimit.Limiter(ratelimit.Policy("token-bucket 1/300s burst=1"))
+        f = ratelimit.Fair(lim, "k")
+        assert f.check("a").allowed
+        def interrupt(*a):
+            raise KeyboardInterrupt()
+        signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        try:
+            f.acquire("a", timeout=600)
+            raise SystemExit("not interrupted")
+        except KeyboardInterrupt:
+            pass
+        del f
+        print("deleted", flush=True)
+    """)
+    p = subprocess.run([sys.executable, "-c", script], timeout=60,
+                       capture_output=True, text=True,
+                       env=dict(os.environ))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "deleted\n"
+
+
+def test_an_abandoned_waiter_frees_its_fair_limit_once_answered():
+    # The Fair deleted after Ctrl-C lives on in its waiting thread, which
+    # is admitted at 2 s, gives the permit back and frees it: the limiter
+    # then has no user left and closes.
+    lim = Limiter(Policy("token-bucket 1/2s burst=1"))
+    fair = Fair(lim, "shared")
+    assert fair.check("a").allowed
+    sender = threading.Thread(target=lambda f=fair: (
+        wait_for(lambda: f.stats()["waiting"] == 1, "b waits"),
+        os.kill(os.getpid(), signal.SIGINT)))
+    sender.start()
+    with pytest.raises(KeyboardInterrupt):
+        fair.acquire("b", timeout=20)
+    sender.join()
+    del sender
+    del fair
+
+    def closed():
+        try:
+            lim.close()
+            return True
+        except RuntimeError:
+            return False
+    wait_for(closed, "the waiting thread frees the fair limit")
