@@ -154,3 +154,15 @@ def test_async_lease_errors(redis_url):
         store.close()
 
     asyncio.run(main())
+
+
+def test_only_stores_that_never_block_the_loop(redis_url):
+    # The blocking Redis store would make each call a round trip with the
+    # GIL held on the loop's thread: refused, naming what to use.
+    store = ratelimit.redis_store(redis_url, prefix=conftest.unique_prefix())
+    with pytest.raises(TypeError, match="redis_async_store"):
+        AsyncInFlight("concurrency 1 ttl=1m", store)
+    assert not store.closed
+    store.close()  # the refused AsyncInFlight did not keep it
+    for store in (None, ratelimit.memory_store()):
+        AsyncInFlight("concurrency 1 ttl=1m", store).close()
