@@ -186,7 +186,7 @@ static PyObject *Fair_check(FairObject *self, PyObject *args, PyObject *kw)
 
 /* Gives an admission nobody takes back to the shared limit (a waiter
  * interrupted or cancelled after it was admitted).  The fair limit is
- * open (its lock read-held, or the loop's thread), and so its limiter.
+ * open (its lock read-held), and so its limiter.
  * A refund that fails leaves the admission spent, as an unused one. */
 static void fair_give_back(FairObject *self, uint64_t permits)
 {
@@ -435,12 +435,16 @@ static void fair_done(void *ud, int rc, const rate_decision_t *d)
     FairObject *self = (FairObject *)PyTuple_GET_ITEM(t, 1);
     self->in_flight--;
     if (future_done(fut)) {
-        if (rc == RATE_OK && d->allowed && self->guard.handle) {
+        /* in the guard: a close() on another thread (and then its
+         * limiter's) waits for the refund; one under way: no refund */
+        if (rc == RATE_OK && d->allowed &&
+            guard_enter_now(&self->guard) == 0) {
             uint64_t permits =
                 PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 2));
             Py_BEGIN_ALLOW_THREADS
             fair_give_back(self, permits);
             Py_END_ALLOW_THREADS
+            guard_leave(&self->guard);
         }
     } else {
         future_answer(fut, rc, rc == RATE_OK ? decision_new(d) : NULL);
