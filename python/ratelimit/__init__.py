@@ -200,13 +200,24 @@ class AsyncInFlight(InFlight):
     """An InFlight whose calls are coroutines that never block the event
     loop: on redis_async_store(url, loop) each is one command through the
     loop (rate_inflight_acquire_start, ...); on the memory and
-    shared-memory stores they answer at once.  Run them on the loop's
-    thread.
+    shared-memory stores they answer at once.  Any other store (the
+    blocking Redis store, DynamoDB) would block the loop: TypeError, use
+    InFlight on a thread for it.  Run them on the loop's thread.
 
         async with inflight.lease("user:42"):
             ...              # released on leaving, by an error or a
                              # cancellation too
     """
+
+    _KINDS = ("memory", "shm", "redis-async")
+
+    def __init__(self, policy, store=None, **kw):
+        if isinstance(store, Store) and store.kind not in self._KINDS:
+            raise TypeError(
+                "AsyncInFlight needs a store that never blocks the loop: "
+                "memory, shm or redis_async_store(url, loop), not a %r "
+                "store (use InFlight on a thread for it)" % store.kind)
+        super().__init__(policy, store, **kw)
 
     async def acquire(self, key, *, critical=False):
         """(Decision, Lease or None).  A task cancelled while it waits

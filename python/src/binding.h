@@ -90,6 +90,7 @@ typedef struct {
     void *handle;          /* the library's object; NULL: not made or closed */
     pthread_rwlock_t lock; /* read: a call; write: close */
     int ready;             /* the lock is made (__init__ succeeded once) */
+    int closing;           /* a close() took it on (set with the GIL) */
 } guard_t;
 
 /* __init__: keeps `handle`; MemoryError (handle not kept) when the lock
@@ -99,8 +100,8 @@ int guard_init(guard_t *g, void *handle);
 int guard_init_twice(const guard_t *g, const char *type);
 /* dealloc: destroys the lock (the handle taken before). */
 void guard_fini(guard_t *g);
-/* With the GIL: ValueError unless __init__ ran and the handle is open;
- * `closed` is the message for a closed one. */
+/* With the GIL: ValueError unless __init__ ran and the handle is open
+ * (no close() under way); `closed` is the message for a closed one. */
 int guard_usable(const guard_t *g, const char *type, const char *closed);
 /* ValueError(closed); returns NULL. */
 PyObject *guard_raise_closed(const char *closed);
@@ -108,6 +109,12 @@ PyObject *guard_raise_closed(const char *closed);
  * handle is closed.  guard_leave releases it. */
 int guard_enter(guard_t *g);
 void guard_leave(guard_t *g);
+/* With the GIL: 1 when this close() is the one to take the handle out
+ * and give back what the object holds of others (a Store's or a
+ * Limiter's use), 0 when it was closed or another thread's close() took
+ * it on.  From then on guard_usable answers "closed", so that no new
+ * object starts using the handle while it is being freed. */
+int guard_close_begin(guard_t *g);
 /* Without the GIL: takes the handle out under the write lock (NULL when
  * closed already), for its owner to free. */
 void *guard_take(guard_t *g);

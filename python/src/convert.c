@@ -316,11 +316,19 @@ int guard_usable(const guard_t *g, const char *type, const char *closed)
         PyErr_Format(PyExc_ValueError, "%s.__init__ was not called", type);
         return -1;
     }
-    if (!g->handle) {
+    if (!g->handle || g->closing) {
         guard_raise_closed(closed);
         return -1;
     }
     return 0;
+}
+
+int guard_close_begin(guard_t *g)
+{
+    if (!g->handle || g->closing)
+        return 0;
+    g->closing = 1;
+    return 1;
 }
 
 PyObject *guard_raise_closed(const char *closed)

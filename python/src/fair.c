@@ -65,6 +65,9 @@ static int Fair_init(FairObject *self, PyObject *args, PyObject *kw)
     char err[ERRLEN] = "";
     rate_fair_t *f = NULL;
     int rc;
+    /* a user of the limiter from here: its close() refuses while this
+     * runs without the GIL */
+    lim->users++;
     Py_BEGIN_ALLOW_THREADS
     rc = rate_fair_new(&c, &f, err, sizeof err);
     Py_END_ALLOW_THREADS
@@ -74,6 +77,7 @@ static int Fair_init(FairObject *self, PyObject *args, PyObject *kw)
     }
     key_release(&k);
     if (rc != RATE_OK) {
+        lim->users--;
         raise_rc(rc, err);
         return -1;
     }
@@ -81,6 +85,7 @@ static int Fair_init(FairObject *self, PyObject *args, PyObject *kw)
         if (!self->key)
             PyErr_NoMemory();
         rate_fair_free(f);
+        lim->users--;
         free(self->key);
         self->key = NULL;
         return -1;
@@ -89,13 +94,12 @@ static int Fair_init(FairObject *self, PyObject *args, PyObject *kw)
     self->memory_only = lim->memory_only && path == NULL;
     Py_INCREF(lim);
     self->limiter = lim;
-    lim->users++;
     return 0;
 }
 
 static void fair_close(FairObject *self)
 {
-    if (!self->guard.handle)
+    if (!guard_close_begin(&self->guard))
         return;
     Py_BEGIN_ALLOW_THREADS
     rate_fair_free(guard_take(&self->guard));
@@ -182,7 +186,7 @@ static PyObject *Fair_check(FairObject *self, PyObject *args, PyObject *kw)
 
 /* Gives an admission nobody takes back to the shared limit (a waiter
  * interrupted or cancelled after it was admitted).  The fair limit is
- * open (its lock read-held, or the loop's thread), and so its limiter.
+ * open (its lock read-held), and so its limiter.
  * A refund that fails leaves the admission spent, as an unused one. */
 static void fair_give_back(FairObject *self, uint64_t permits)
 {
@@ -200,7 +204,9 @@ static void fair_give_back(FairObject *self, uint64_t permits)
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    FairObject *owner; /* its lock read-held by the thread while it waits */
+    /* its lock read-held by the thread while it waits; a reference of the
+     * thread's once the caller abandoned the wait (see fair_wait_main) */
+    FairObject *owner;
     char *flow;
     size_t flow_len;
     uint32_t weight;
@@ -221,6 +227,24 @@ static void fair_wait_unref(fair_wait_t *w)
         free(w->flow);
         free(w);
     }
+}
+
+/* Drops the reference the caller gave an abandoned waiter's thread (the
+ * Fair's dealloc may run here, the waiter out of its guard: it never
+ * waits).  At the interpreter's exit the reference is left: the process
+ * ends with the Fair. */
+static void fair_owner_release(FairObject *self)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    if (Py_IsFinalizing())
+        return;
+#else
+    if (_Py_IsFinalizing())
+        return;
+#endif
+    PyGILState_STATE g = PyGILState_Ensure();
+    Py_DECREF(self);
+    PyGILState_Release(g);
 }
 
 static void *fair_wait_main(void *arg)
@@ -255,6 +279,8 @@ static void *fair_wait_main(void *arg)
         guard_leave(&self->guard);
     }
     fair_wait_unref(w);
+    if (abandoned)
+        fair_owner_release(self);
     return NULL;
 }
 
@@ -325,9 +351,14 @@ static int fair_wait_threaded(FairObject *self, const key_arg_t *k,
     Py_END_ALLOW_THREADS
     int ret = 0;
     if (wait_in_slices(fair_wait_slice, w) < 0) {
+        /* Still waiting, the thread keeps the Fair alive until answered:
+         * freeing it (del, the interpreter's exit) would otherwise wait
+         * for that answer, taking the guard's write lock. */
         pthread_mutex_lock(&w->mu);
         int done = w->done;
         w->abandoned = 1;
+        if (!done)
+            Py_INCREF(self);
         pthread_mutex_unlock(&w->mu);
         /* answered meanwhile: its admission, not to be used, goes back */
         if (done && !w->closed && w->rc == RATE_OK && w->d.allowed) {
@@ -404,12 +435,16 @@ static void fair_done(void *ud, int rc, const rate_decision_t *d)
     FairObject *self = (FairObject *)PyTuple_GET_ITEM(t, 1);
     self->in_flight--;
     if (future_done(fut)) {
-        if (rc == RATE_OK && d->allowed && self->guard.handle) {
+        /* in the guard: a close() on another thread (and then its
+         * limiter's) waits for the refund; one under way: no refund */
+        if (rc == RATE_OK && d->allowed &&
+            guard_enter_now(&self->guard) == 0) {
             uint64_t permits =
                 PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 2));
             Py_BEGIN_ALLOW_THREADS
             fair_give_back(self, permits);
             Py_END_ALLOW_THREADS
+            guard_leave(&self->guard);
         }
     } else {
         future_answer(fut, rc, rc == RATE_OK ? decision_new(d) : NULL);

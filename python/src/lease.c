@@ -57,28 +57,34 @@ static int InFlight_init(InFlightObject *self, PyObject *args, PyObject *kw)
     c.store = store == Py_None ? NULL : ((StoreObject *)store)->store;
     c.reap_dead_holders = reap != 0;
     rate_inflight_t *in = NULL;
+    /* a user of the store from here: its close() refuses while this runs
+     * without the GIL */
+    store_attach(store, &self->store);
     Py_BEGIN_ALLOW_THREADS
     rc = rate_inflight_new(&c, &in);
     Py_END_ALLOW_THREADS
     rate_inflight_policy_free(p);
-    if (rc != RATE_OK) {
-        raise_rc(rc, NULL);
-        return -1;
-    }
-    if (guard_init(&self->guard, in) < 0) {
+    int raised = 0; /* MemoryError of guard_init */
+    if (rc == RATE_OK && guard_init(&self->guard, in) < 0) {
         rate_inflight_free(in);
+        raised = 1;
+    }
+    if (rc != RATE_OK || raised) {
+        if (!raised)
+            raise_rc(rc, NULL);
+        store_detach(self->store);
+        Py_CLEAR(self->store);
         return -1;
     }
     /* A release or an extension may pause between retries under
      * contention, on any store: lease calls always release the GIL. */
-    store_attach(store, &self->store);
     self->memory_only = 0;
     return 0;
 }
 
 static void inflight_close(InFlightObject *self)
 {
-    if (!self->guard.handle)
+    if (!guard_close_begin(&self->guard))
         return;
     Py_BEGIN_ALLOW_THREADS
     rate_inflight_free(guard_take(&self->guard));
@@ -167,10 +173,32 @@ static void lease_dropped(void *ud, int rc, const rate_lease_t *lease,
     PyGILState_Release(g);
 }
 
+/* On the loop's thread (the GIL held): releases, through the loop, a
+ * lease granted to nobody (its task cancelled, or no Lease object could
+ * be made for it).  The error raised, if any, stays. */
+static void lease_drop_async(InFlightObject *self, PyObject *key,
+                             const rate_lease_t *lease)
+{
+    if (guard_enter_now(&self->guard) < 0)
+        return; /* closed: the slot lapses at its TTL */
+    Py_INCREF(self);
+    self->in_flight++;
+    int rrc = rate_inflight_release_start(
+        self->guard.handle, PyBytes_AS_STRING(key),
+        (size_t)PyBytes_GET_SIZE(key), lease, lease_dropped, self);
+    guard_leave(&self->guard);
+    if (rrc != RATE_PENDING) {
+        self->in_flight--;
+        Py_DECREF(self);
+    }
+}
+
 /* An asynchronous acquire's callback: the future gets (Decision, Lease or
  * None), or Error; a lease granted to a task cancelled meanwhile (or that
  * no Lease object could be made for) is released at once, through the
- * loop.  ud: (future, inflight, key). */
+ * loop.  The call counts as in flight until the end, so that close() on
+ * another thread refuses while this runs (future_answer may let the GIL
+ * go).  ud: (future, inflight, key). */
 static void lease_acquired(void *ud, int rc, const rate_lease_t *lease,
                            const rate_decision_t *d)
 {
@@ -179,7 +207,6 @@ static void lease_acquired(void *ud, int rc, const rate_lease_t *lease,
     PyObject *fut = PyTuple_GET_ITEM(t, 0);
     InFlightObject *self = (InFlightObject *)PyTuple_GET_ITEM(t, 1);
     PyObject *key = PyTuple_GET_ITEM(t, 2);
-    self->in_flight--;
     int taken = 0; /* the lease is the task's */
     if (!future_done(fut)) {
         PyObject *res = NULL;
@@ -190,17 +217,9 @@ static void lease_acquired(void *ud, int rc, const rate_lease_t *lease,
         taken = res != NULL;
         future_answer(fut, rc, res);
     }
-    if (!taken && rc == RATE_OK && lease->id != 0 && self->guard.handle) {
-        Py_INCREF(self);
-        self->in_flight++;
-        int rrc = rate_inflight_release_start(
-            self->guard.handle, PyBytes_AS_STRING(key),
-            (size_t)PyBytes_GET_SIZE(key), lease, lease_dropped, self);
-        if (rrc != RATE_PENDING) {
-            self->in_flight--;
-            Py_DECREF(self);
-        }
-    }
+    if (!taken && rc == RATE_OK && lease->id != 0)
+        lease_drop_async(self, key, lease);
+    self->in_flight--;
     if (PyErr_Occurred())
         adapter_unraisable("ratelimit: asynchronous lease");
     Py_DECREF(t);
@@ -249,7 +268,12 @@ static PyObject *InFlight_acquire_start(InFlightObject *self, PyObject *args)
         Py_DECREF(key);
         return raise_rc(rc, NULL);
     }
-    return lease_answer(self, key, &d, &lease);
+    Py_INCREF(key); /* for a release when no Lease can be made */
+    PyObject *res = lease_answer(self, key, &d, &lease);
+    if (!res && d.allowed && lease.id != 0)
+        lease_drop_async(self, key, &lease);
+    Py_DECREF(key);
+    return res;
 }
 
 /* acquire(key, *, critical=False, now=None) -> (Decision, Lease or None) */
@@ -293,7 +317,20 @@ static PyObject *InFlight_acquire(InFlightObject *self, PyObject *args,
             return guard_raise_closed(INFLIGHT_CLOSED);
         return raise_rc(rc, NULL);
     }
-    return lease_answer(self, key, &d, &lease);
+    Py_INCREF(key); /* for a release when no Lease can be made */
+    PyObject *res = lease_answer(self, key, &d, &lease);
+    if (!res && d.allowed && lease.id != 0) {
+        /* granted, but the caller gets MemoryError: the slot goes back
+         * now rather than at its TTL (the error raised stays) */
+        Py_BEGIN_ALLOW_THREADS
+        if (guard_enter(&self->guard) == 0) {
+            (void)rate_inflight_release(self->guard.handle, kp, kl, &lease);
+            guard_leave(&self->guard);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    Py_DECREF(key);
+    return res;
 }
 
 static PyObject *InFlight_held(InFlightObject *self, PyObject *args, PyObject *kw)

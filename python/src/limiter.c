@@ -29,18 +29,24 @@ static int Limiter_init(LimiterObject *self, PyObject *args, PyObject *kw)
         return -1;
     int rc;
     rate_limiter_t *lim = NULL;
+    /* a user of the store from here: its close() refuses while this runs
+     * without the GIL */
+    self->memory_only = store_attach(store, &self->store);
     Py_BEGIN_ALLOW_THREADS
     rc = rate_limiter_new(&c, &lim);
     Py_END_ALLOW_THREADS
-    if (rc != RATE_OK) {
-        raise_policy_rc(rc, store, c.policy);
-        return -1;
-    }
-    if (guard_init(&self->guard, lim) < 0) {
+    int raised = 0; /* MemoryError of guard_init */
+    if (rc == RATE_OK && guard_init(&self->guard, lim) < 0) {
         rate_limiter_free(lim);
+        raised = 1;
+    }
+    if (rc != RATE_OK || raised) {
+        if (!raised)
+            raise_policy_rc(rc, store, c.policy);
+        store_detach(self->store);
+        Py_CLEAR(self->store);
         return -1;
     }
-    self->memory_only = store_attach(store, &self->store);
     Py_INCREF(policy);
     self->policy = policy;
     return 0;
@@ -48,7 +54,7 @@ static int Limiter_init(LimiterObject *self, PyObject *args, PyObject *kw)
 
 static void limiter_close(LimiterObject *self)
 {
-    if (!self->guard.handle)
+    if (!guard_close_begin(&self->guard))
         return;
     Py_BEGIN_ALLOW_THREADS
     rate_limiter_free(guard_take(&self->guard));

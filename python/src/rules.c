@@ -47,7 +47,7 @@ static int Rules_init(RulesObject *self, PyObject *args, PyObject *kw)
 
 static void rules_close(RulesObject *self)
 {
-    if (!self->guard.handle)
+    if (!guard_close_begin(&self->guard))
         return;
     Py_BEGIN_ALLOW_THREADS
     rate_rules_free(guard_take(&self->guard));

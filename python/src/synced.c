@@ -62,20 +62,26 @@ static int Synced_init(SyncedObject *self, PyObject *args, PyObject *kw)
     char err[ERRLEN] = "";
     rate_synced_t *s = NULL;
     int rc;
+    /* a user of the store from here: its close() refuses while this runs
+     * without the GIL */
+    store_attach(remote, &self->store);
     Py_BEGIN_ALLOW_THREADS
     rc = rate_synced_new(&c, &s, err, sizeof err);
     Py_END_ALLOW_THREADS
-    if (rc != RATE_OK) {
-        raise_rc(rc, err);
-        return -1;
-    }
-    if (guard_init(&self->guard, s) < 0) {
+    int raised = 0; /* MemoryError of guard_init */
+    if (rc == RATE_OK && guard_init(&self->guard, s) < 0) {
         Py_BEGIN_ALLOW_THREADS
         rate_synced_free(s);
         Py_END_ALLOW_THREADS
+        raised = 1;
+    }
+    if (rc != RATE_OK || raised) {
+        if (!raised)
+            raise_rc(rc, err);
+        store_detach(self->store);
+        Py_CLEAR(self->store);
         return -1;
     }
-    store_attach(remote, &self->store);
     Py_INCREF(policy);
     self->policy = policy;
     return 0;
@@ -83,7 +89,7 @@ static int Synced_init(SyncedObject *self, PyObject *args, PyObject *kw)
 
 static void synced_close(SyncedObject *self)
 {
-    if (!self->guard.handle)
+    if (!guard_close_begin(&self->guard))
         return;
     Py_BEGIN_ALLOW_THREADS
     rate_synced_free(guard_take(&self->guard));

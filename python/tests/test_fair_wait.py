@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+import conftest
 import ratelimit
 from ratelimit import AsyncFair, Fair, Limiter, Policy
 
@@ -228,3 +229,102 @@ def test_async_close_answers_pending_waiters_and_one_loop_only():
         asyncio.run(one())
     fair.close()
     lim.close()
+
+
+RELAY = r"""
+import select, socket, sys
+# A TCP relay to Redis (argv: its port); once armed by a byte on the
+# control connection, it holds the next request until a byte comes back.
+target = ("127.0.0.1", int(sys.argv[1]))
+srv = socket.create_server(("127.0.0.1", 0))
+ctl = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+ctl.sendall(b"%d\n" % srv.getsockname()[1])
+pairs, clients, armed = {}, set(), False
+while True:
+    r, _, _ = select.select([srv, ctl] + list(pairs), [], [])
+    if ctl in r:  # first: an arming sent before a request comes first
+        if not ctl.recv(1):
+            break
+        armed = True
+        continue
+    for s in r:
+        if s is srv:
+            c, _ = srv.accept()
+            u = socket.create_connection(target)
+            pairs[c], pairs[u] = u, c
+            clients.add(c)
+            continue
+        data = s.recv(65536)
+        if not data:
+            del pairs[pairs.pop(s)]
+            continue
+        if armed and s in clients:
+            armed = False
+            ctl.sendall(b"h")
+            ctl.recv(1)
+        pairs[s].sendall(data)
+"""
+
+
+def test_a_cancelled_waiters_refund_keeps_the_limiter_open(redis_url):
+    # A waiter whose task is gone (its future done) is admitted at 2 s:
+    # its admission goes back by a Redis call, which a relay (a process
+    # of its own: the loop's thread holds the GIL in the limiter's calls)
+    # holds while another thread closes the fair limit and then its
+    # limiter.  That close waits for the refund: it has not ended 2 s
+    # later (a thread's start and two closes nothing holds take far less).
+    import socket
+    import subprocess
+    import sys
+    listener = socket.create_server(("127.0.0.1", 0))
+    relay = subprocess.Popen([sys.executable, "-c", RELAY,
+                              redis_url.rsplit(":", 1)[1],
+                              str(listener.getsockname()[1])])
+    ctl, _ = listener.accept()
+    port = int(ctl.makefile().readline())
+    store = ratelimit.redis_store("redis://127.0.0.1:%d" % port,
+                                  prefix=conftest.unique_prefix(),
+                                  command_timeout=30.0)
+    lim = Limiter(Policy("token-bucket 1/2s burst=1"), store)
+    fair = Fair(lim, "shared")
+    assert fair.check("a").allowed
+    ended = []
+
+    def closer():
+        fair.close()
+        lim.close()
+        ended.append(True)
+
+    def on_hold():
+        assert ctl.recv(1) == b"h"  # the refund is held
+        t = threading.Thread(target=closer)
+        t.start()
+        t.join(2.0)
+        ended.append(not t.is_alive())
+        ctl.sendall(b"g")
+        t.join()
+
+    watcher = threading.Thread(target=on_hold)
+    watcher.start()
+
+    class Gone:
+        """A future whose task was cancelled: done, taking no answer."""
+        asked = False
+
+        def done(self):
+            Gone.asked = True
+            ctl.sendall(b"a")  # arms the relay: the next request waits
+            return True
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        assert fair._acquire_start("b", 1, 1, 20, Gone(), loop) is None
+        await await_for(lambda: Gone.asked, "the waiter answered")
+
+    asyncio.run(main())
+    watcher.join()
+    assert ended == [False, True]  # held by the refund, then closed
+    store.close()
+    ctl.close()
+    relay.wait(30)
+    listener.close()

@@ -154,3 +154,55 @@ def test_async_lease_errors(redis_url):
         store.close()
 
     asyncio.run(main())
+
+
+def test_only_stores_that_never_block_the_loop(redis_url):
+    # The blocking Redis store would make each call a round trip with the
+    # GIL held on the loop's thread: refused, naming what to use.
+    store = ratelimit.redis_store(redis_url, prefix=conftest.unique_prefix())
+    with pytest.raises(TypeError, match="redis_async_store"):
+        AsyncInFlight("concurrency 1 ttl=1m", store)
+    assert not store.closed
+    store.close()  # the refused AsyncInFlight did not keep it
+    for store in (None, ratelimit.memory_store()):
+        AsyncInFlight("concurrency 1 ttl=1m", store).close()
+
+
+def test_close_refused_while_an_acquire_is_answered(redis_url):
+    # The loop's call_soon, which the future's answer calls from within
+    # the library's callback, tries close(): the acquire is still in
+    # flight there, so close() refuses (RuntimeError) rather than free
+    # the in-flight limit under the callback.
+    tried = []
+
+    class Loop(asyncio.SelectorEventLoop):
+        target = None
+
+        def call_soon(self, cb, *args, context=None):
+            if args and args[0] is self.target:
+                self.target = None
+                try:
+                    f.close()
+                    tried.append("closed")
+                except RuntimeError:
+                    tried.append("refused")
+            return super().call_soon(cb, *args, context=context)
+
+    loop = Loop()
+    store = ratelimit.redis_async_store(
+        redis_url, loop, prefix=conftest.unique_prefix(),
+        command_timeout=10.0)
+    f = AsyncInFlight("concurrency 1 ttl=1m", store)
+
+    async def main():
+        fut = loop.create_future()
+        loop.target = fut
+        assert f._acquire_start("k", False, fut) is None
+        return await fut
+
+    d, lease = loop.run_until_complete(main())
+    assert tried == ["refused"] and d.allowed
+    loop.run_until_complete(f.release(lease))
+    f.close()
+    store.close()
+    loop.close()

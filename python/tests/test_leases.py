@@ -111,3 +111,33 @@ def test_forked_workers_share_one_in_flight_limit(shm_path):
     assert f.held("site") == 0
     f.close()
     store.close()
+
+
+def test_a_lease_nobody_gets_is_given_back_at_once():
+    # One allocation of the binding's fails at a time (CPython's test
+    # hooks), all along acquire() and _acquire_start(): a call that raises
+    # MemoryError holds no slot, one that answers holds exactly its own.
+    testcapi = pytest.importorskip("_testcapi")
+    import asyncio
+    loop = asyncio.new_event_loop()
+    calls = [lambda f: f.acquire("k"),
+             lambda f: f._acquire_start("k", False, loop.create_future())]
+    for call in calls:
+        f = InFlight("concurrency 1 ttl=1h")
+        failed = 0
+        for n in range(1, 40):
+            r = None
+            testcapi.set_nomemory(n, n + 1)
+            try:
+                r = call(f)
+            except MemoryError:
+                failed += 1
+            finally:
+                testcapi.remove_mem_hooks()
+            lease = r[1] if r is not None else None
+            assert f.held("k") == (lease is not None), n
+            if lease is not None:
+                lease.release()
+        assert failed > 0
+        f.close()
+    loop.close()
