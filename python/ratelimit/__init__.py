@@ -177,12 +177,28 @@ class AsyncLimiter(Limiter):
             await _asyncio.sleep(d.retry_after)
 
 
+def _answered(fut):
+    """Whether fut holds a result (not cancelled, no exception); reading
+    its exception also marks one as seen."""
+    return fut.done() and not fut.cancelled() and fut.exception() is None
+
+
+def _lease_arg(lease):
+    if not isinstance(lease, Lease):
+        raise TypeError("lease must be a ratelimit.Lease, not %s"
+                        % type(lease).__name__)
+
+
 class AsyncFair(Fair):
     """A Fair whose acquire() is a coroutine that waits in the flow's queue
     on the event loop (rate_fair_acquire_start: a timer and an eventfd of
     the loop, no thread), never blocking it.  One loop per fair limit: its
     first acquire's; run its calls and close() on that loop's thread.
     check() is the Fair's (it never waits on a table in this process)."""
+
+    def __init__(self, limiter, key, *args, **kwargs):
+        super().__init__(limiter, key, *args, **kwargs)
+        self._shared = (limiter, key)  # to give back a lost admission
 
     async def acquire(self, flow, permits=1, *, weight=1, timeout=0):
         """Waits up to `timeout` s in the flow's queue, in weighted fair
@@ -193,7 +209,17 @@ class AsyncFair(Fair):
         loop = _asyncio.get_running_loop()
         fut = loop.create_future()
         d = self._acquire_start(flow, permits, weight, timeout, fut, loop)
-        return d if d is not None else await fut
+        if d is not None:
+            return d
+        try:
+            return await fut
+        except _asyncio.CancelledError:
+            # admitted, then cancelled before the task ran again: the
+            # permits go back, as for a task cancelled while it waited
+            if _answered(fut) and fut.result().allowed:
+                limiter, key = self._shared
+                limiter.refund(key, permits)
+            raise
 
 
 class AsyncInFlight(InFlight):
@@ -224,17 +250,30 @@ class AsyncInFlight(InFlight):
         leaves no lease held: one granted meanwhile is released."""
         fut = _asyncio.get_running_loop().create_future()
         r = self._acquire_start(key, critical, fut)
-        return r if r is not None else await fut
+        if r is not None:
+            return r
+        try:
+            return await fut
+        except _asyncio.CancelledError:
+            # granted, then cancelled before the task ran again: released
+            # through the loop, as for a task cancelled while it waited
+            if _answered(fut) and fut.result()[1] is not None:
+                done = _asyncio.get_running_loop().create_future()
+                done.add_done_callback(_answered)  # its outcome is nobody's
+                fut.result()[1]._release_start(done)
+            raise
 
     async def release(self, lease):
         """Gives the lease's slot back (Error RATE_EEXPIRED when it lapsed
         first; ValueError when released already)."""
+        _lease_arg(lease)
         fut = _asyncio.get_running_loop().create_future()
         if lease._release_start(fut) is None:
             await fut
 
     async def extend(self, lease, ttl=None):
         """The lease now expires `ttl` s from now (None: the policy's)."""
+        _lease_arg(lease)
         fut = _asyncio.get_running_loop().create_future()
         if lease._extend_start(ttl, fut) is None:
             await fut

@@ -85,6 +85,7 @@ class RatelimitStorage(_ratelimit._LimitsCalls, Storage, MovingWindowSupport):
         query = dict(urllib.parse.parse_qsl(parsed.query))
         query.update({k: str(v) for k, v in options.items()})
         self._make_store = self._store_maker(parsed, query)
+        self._prefix = query.get("prefix")
         # the longest key the store keeps (a shared-memory region's key_max
         # counts its prefix); a longer one is decided under its digest
         self._key_room = ratelimit.KEY_MAX
@@ -288,6 +289,11 @@ class RatelimitStorage(_ratelimit._LimitsCalls, Storage, MovingWindowSupport):
             self._use(self._limiter)
             old_limiter.close()
             old_store.close()
+        elif self._store.kind == "dynamodb" and not self._prefix:
+            raise ValueError(
+                "ratelimit+dynamodb: reset() drops the keys under the URI's "
+                "prefix, and this URI has none (it would be the whole "
+                "table's): add prefix=... to the URI")
         else:
             self._store.drop()
         return None

@@ -202,6 +202,27 @@ def test_async_cancelled_waiter_gives_its_admission_back():
     asyncio.run(main())
 
 
+def test_async_admitted_then_cancelled_gives_its_admission_back():
+    # Admitted (its future answered) but cancelled before the task ran
+    # again: the permit goes back to the shared limit.
+    async def main():
+        lim = Limiter(Policy("token-bucket 1/500ms burst=1"))
+        fair = AsyncFair(lim, "total")
+        assert (await fair.acquire("a")).allowed  # the only permit
+        t = asyncio.ensure_future(fair.acquire("a", timeout=30))
+        await asyncio.sleep(0)
+        while fair.pending:
+            await asyncio.sleep(0)
+        assert not t.done()  # admitted; the task not resumed yet
+        t.cancel()
+        await asyncio.gather(t, return_exceptions=True)
+        assert lim.check("total").allowed  # the permit is back
+        fair.close()
+        lim.close()
+
+    asyncio.run(main())
+
+
 def test_async_close_answers_pending_waiters_and_one_loop_only():
     lim = Limiter(Policy("token-bucket 1/1h burst=1"))
     fair = AsyncFair(lim, "shared")

@@ -124,6 +124,30 @@ def test_cancelled_acquire_leaves_no_lease(redis_url):
     asyncio.run(main())
 
 
+def test_cancelled_after_the_grant_came_leaves_no_lease(redis_url):
+    # The store's answer is in (pending 0) but the task has not run again
+    # when it is cancelled: the lease it was granted is released.
+    async def main():
+        store = ratelimit.redis_async_store(
+            redis_url, asyncio.get_running_loop(),
+            prefix=conftest.unique_prefix(), command_timeout=10.0)
+        f = AsyncInFlight("concurrency 2 ttl=1m", store)
+        for _ in range(3):
+            t = asyncio.ensure_future(f.acquire("k"))
+            await asyncio.sleep(0)
+            while f.pending:
+                await asyncio.sleep(0)
+            assert not t.done()  # answered; the task not resumed yet
+            t.cancel()
+            await asyncio.gather(t, return_exceptions=True)
+            await await_for(lambda: f.pending == 0 and f.held("k") == 0,
+                            "the lease given back")
+        f.close()
+        store.close()
+
+    asyncio.run(main())
+
+
 def test_async_lease_errors(redis_url):
     async def main():
         store = ratelimit.redis_async_store(
@@ -137,6 +161,9 @@ def test_async_lease_errors(redis_url):
             await f.acquire(None)
         with pytest.raises(TypeError):
             await f.extend((await f.acquire("x"))[1], "1s")
+        for call in (f.release, f.extend):
+            with pytest.raises(TypeError, match="ratelimit.Lease, not str"):
+                await call("x")
         d, lease = await f.acquire("k")
         await asyncio.sleep(0.05)  # past its TTL: at least 49 ms of slack
         with pytest.raises(ratelimit.Error) as e:

@@ -328,3 +328,16 @@ def test_a_policy_the_store_cannot_keep_raises_the_store_s_reason(shm_path):
         STRATEGIES["moving-window"](st).hit(parse("100/minute"), "k")
     assert e.value.name == "RATE_EPOLICY"
     st.close()
+
+
+def test_dynamodb_reset_without_a_prefix_says_so(dynalite, monkeypatch):
+    # Without a prefix the drop would be the whole table's: refused, and
+    # the message names the URI's prefix= (it said "invalid argument").
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDTEST")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
+    st = storage_from_string("ratelimit+" + dynalite.url() + "&create_table=1")
+    try:
+        with pytest.raises(ValueError, match="prefix="):
+            st.reset()
+    finally:
+        st.close()
