@@ -166,6 +166,10 @@ static PyObject *Rules_check(RulesObject *self, PyObject *args)
     PyMem_Free(attrs);
     if (closed)
         return guard_raise_closed("the rules or the limiter are closed");
+    if (rc == RATE_EPOLICY) /* the one cause rate_rules_check names */
+        return raise_rc(rc, "the request matches a rule with an in-flight "
+                            "policy, whose lease check() cannot hold: "
+                            "Rules.acquire takes it");
     if (rc != RATE_OK)
         return raise_rc(rc, NULL);
     return outcome_new(&o);

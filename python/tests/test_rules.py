@@ -132,3 +132,19 @@ def test_reload_takes_a_changed_file_and_keeps_on_a_bad_one(tmp_path):
         rules.reload()
     with pytest.raises(ValueError, match="closed"):
         rules.generation
+
+
+def test_check_on_an_in_flight_rule_says_what_to_call(tmp_path):
+    # check() cannot hold a lease: a request that matches an in-flight rule
+    # raises, naming the call that can (the message was "invalid policy").
+    path = tmp_path / "slow.conf"
+    path.write_text("[policies]\nslow = concurrency 2 ttl=30s\n"
+                    "[rule slow]\nmatch = route=/slow*\npolicy = slow\n"
+                    "key = shared\n")
+    rules = Rules(str(path))
+    with Limiter(Policy("fixed-window 100/1m")) as lim:
+        with pytest.raises(ratelimit.Error, match="Rules.acquire") as e:
+            rules.check(lim, "k", {"route": "/slow/1"})
+        assert e.value.name == "RATE_EPOLICY"
+        assert rules.check(lim, "k", {"route": "/fast"}).allowed
+    rules.close()
