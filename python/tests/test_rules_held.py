@@ -243,3 +243,22 @@ def test_threads_never_hold_more_than_the_limit(rules, lim, tmp_path):
     assert admitted(rules, lim, "shared") == 2   # every lease given back
     rules.close()
     lim.close()
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "shm", "redis",
+                                        "redis-module"])
+def test_leases_are_the_stores(rules, make_store, store_kind):
+    store = make_store(store_kind)
+    one = Limiter(Policy("fixed-window 1000/1m"), store)
+    two = Limiter(Policy("fixed-window 1000/1m"), store)
+    with rules.acquire(one, "alice", SLOW) as a:
+        b = rules.acquire(one, "alice", SLOW)
+        assert a.held and b.held
+        # another limiter on the store sees the same leases
+        c = rules.acquire(two, "alice", SLOW)
+        assert not c.outcome.allowed and c.outcome.status == 429
+        b.release()
+        assert admitted(rules, two) == 1
+    assert admitted(rules, two) == 2
+    one.close()
+    two.close()
