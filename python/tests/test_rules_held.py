@@ -3,6 +3,7 @@
 in-flight policy until the request's release."""
 
 import threading
+import time
 
 import pytest
 
@@ -262,3 +263,27 @@ def test_leases_are_the_stores(rules, make_store, store_kind):
     assert admitted(rules, two) == 2
     one.close()
     two.close()
+
+
+def test_a_lease_that_lapsed_raises_at_its_release(tmp_path, lim):
+    path = tmp_path / "quick.conf"
+    path.write_text(RULES.replace("concurrency 2 ttl=30s",
+                                  "concurrency 2 ttl=20ms"))
+    rules = Rules(str(path))
+    req = rules.acquire(lim, "alice", SLOW)
+    time.sleep(0.2)                       # at least ten times the TTL
+    with pytest.raises(ratelimit.Error) as e:
+        req.release()
+    assert e.value.name == "RATE_EEXPIRED"
+    assert req.released and not req.held
+    req.release()                         # once only
+    # leaving a block raises it too, unless the block raised
+    with pytest.raises(ratelimit.Error) as e:
+        with rules.acquire(lim, "alice", SLOW):
+            time.sleep(0.2)
+    assert e.value.name == "RATE_EEXPIRED"
+    with pytest.raises(KeyError):
+        with rules.acquire(lim, "alice", SLOW):
+            time.sleep(0.2)
+            raise KeyError("the handler failed")
+    rules.close()                         # nothing left held
