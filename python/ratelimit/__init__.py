@@ -25,7 +25,7 @@ from ._ratelimit import (Decision, Error, Fair, Limiter, Lease, Store, memory_st
                          monotonic_ns, noop, parse_duration, redis_store,
                          redis_async_store,
                          shm_store, strerror, NEVER, KEY_MAX)
-from ._ratelimit import SyncedLimiter
+from ._ratelimit import RulesHeld, SyncedLimiter
 # The DynamoDB store, when the library was built with it (the default).
 if hasattr(_ratelimit, "dynamodb_store"):
     from ._ratelimit import dynamodb_counters, dynamodb_last_error, dynamodb_store
@@ -143,6 +143,20 @@ class Rules(_ratelimit._Rules):
         allowed, denied_by, delay_ns, applied, (status, fields) = \
             self._check(limiter, key, attrs or {}, permits, max_wait, now)
         return Outcome(allowed, denied_by, delay_ns, applied, status, fields)
+
+    def acquire(self, limiter, key, attrs=None, permits=1, *, max_wait=0):
+        """Decides as check() does and, allowed under in-flight policies
+        (`concurrency N ttl=DUR`), holds a lease of each: a RulesHeld,
+        whose .outcome is the Outcome, to release() or use in a with block
+        (released on leaving it, even by an error).  Denied, or with no
+        in-flight policy, it holds nothing.  The rules and the limiter
+        refuse to close while it holds leases.
+
+            with rules.acquire(limiter, key, attrs) as req:
+                if not req.outcome.allowed: ...     # 429, req.outcome.headers
+        """
+        return self._acquire(limiter, key, {} if attrs is None else attrs,
+                             permits, max_wait, Outcome)
 
 
 class AsyncLimiter(Limiter):
@@ -312,7 +326,7 @@ class _AsyncLeaseBlock:
         return False
 
 
-__all__ = ["AsyncFair", "AsyncInFlight", "AsyncLimiter", "Outcome", "Rules", "Fair", "InFlight", "Lease", "Limited", "redis_async_store", "Decision", "Error", "Limiter", "Policy", "Store", "memory_store",
+__all__ = ["AsyncFair", "AsyncInFlight", "AsyncLimiter", "Outcome", "Rules", "RulesHeld", "Fair", "InFlight", "Lease", "Limited", "redis_async_store", "Decision", "Error", "Limiter", "Policy", "Store", "memory_store",
            "shm_store", "redis_store", "limits_text", "raise_store_error", "monotonic_ns",
            "parse_duration", "strerror", "noop", "NEVER", "KEY_MAX"] + _CODES
 __all__ += ["SyncedLimiter"] + [n for n in ("dynamodb_store", "dynamodb_counters",

@@ -8,8 +8,8 @@
  * policy.c, store.c (Store, memory, shared memory), store_redis.c,
  * store_dynamodb.c, async.c (the rate_loop_t adapter on asyncio,
  * asynchronous decisions), limiter.c, synced.c (the synced mode),
- * lease.c (InFlight, Lease), fair.c, rules.c, limits.c (the hot calls
- * of the storage for limits).
+ * lease.c (InFlight, Lease), fair.c, rules.c, rules_held.c (its
+ * in-flight rules), limits.c (the hot calls of the storage for limits).
  *
  * Every call that may block (a store's I/O, a shared-memory lock, an
  * acquire's sleep) runs with the GIL released.  An object over a library
@@ -213,7 +213,7 @@ typedef struct {
     PyObject *policy;     /* the default PolicyObject */
     Py_ssize_t in_flight; /* asynchronous decisions not yet called back */
     int memory_only;      /* on a memory store: its calls never wait */
-    Py_ssize_t users;     /* open Fair limits on it */
+    Py_ssize_t users;     /* open Fair limits and held requests on it */
 } LimiterObject;
 
 #define LIMITER_CLOSED "the limiter is closed"
@@ -233,6 +233,29 @@ int wait_in_slices(int (*step)(void *ctx), void *ctx);
 /* ------------------------------------------- lease.c fair.c rules.c */
 
 extern PyTypeObject InFlightType, LeaseType, FairType, RulesType;
+
+typedef struct {
+    PyObject_HEAD
+    guard_t guard;   /* a rate_rules_t */
+    Py_ssize_t held; /* requests held (rules_held.c): close() refuses */
+} RulesObject;
+
+#define RULES_CLOSED "the rules are closed"
+
+/* The outcome tuple of Rules._check. */
+PyObject *outcome_new(const rate_outcome_t *o);
+
+/* ----------------------------------------------------- rules_held.c */
+
+extern PyTypeObject RulesHeldType;
+/* _acquire, a method of Rules. */
+PyObject *Rules_acquire(RulesObject *self, PyObject *args);
+/* A request's attributes from a dict of str (or bytes) to str (or bytes)
+ * without NUL: *attrs (PyMem_Free it) points into *items (a new
+ * reference, to drop after the call), which the dict's later changes
+ * leave alone. */
+int attrs_get(PyObject *dict, PyObject **items, rate_attr_t **attrs,
+              size_t *n);
 
 /* ---------------------------------------------------------- synced.c */
 

@@ -72,7 +72,8 @@ static PyObject *Limiter_close(LimiterObject *self, PyObject *unused)
     }
     if (self->users > 0) {
         PyErr_SetString(PyExc_RuntimeError,
-                        "the limiter has open fair limits: close them first");
+                        "the limiter has open fair limits or held requests: "
+                        "close or release them first");
         return NULL;
     }
     limiter_close(self);

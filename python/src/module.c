@@ -76,7 +76,7 @@ static const struct {
     {"Lease", &LeaseType},       {"Fair", &FairType},
     {"_Rules", &RulesType},      {"SyncedLimiter", &SyncedType},
     {NULL, &IoWatchType},        {NULL, &LoopTimerType},
-    {"_LimitsCalls", &LimitsCallsType},
+    {"_LimitsCalls", &LimitsCallsType}, {"RulesHeld", &RulesHeldType},
 };
 
 /* The rooms' functions beside the module's own. */

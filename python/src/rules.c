@@ -8,13 +8,6 @@
 
 #include <string.h>
 
-typedef struct {
-    PyObject_HEAD
-    guard_t guard; /* a rate_rules_t */
-} RulesObject;
-
-#define RULES_CLOSED "the rules are closed"
-
 static int Rules_init(RulesObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"path", NULL};
@@ -64,13 +57,18 @@ static void Rules_dealloc(RulesObject *self)
 static PyObject *Rules_close(RulesObject *self, PyObject *unused)
 {
     (void)unused;
+    if (self->held > 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the rules have requests held: release them first");
+        return NULL;
+    }
     rules_close(self);
     Py_RETURN_NONE;
 }
 
 /* The outcome: (allowed, denied_by, delay_ns, [(policy name, Decision,
  * refunded), ...], (status, fields)). */
-static PyObject *outcome_new(const rate_outcome_t *o)
+PyObject *outcome_new(const rate_outcome_t *o)
 {
     PyObject *applied = PyList_New((Py_ssize_t)o->count);
     for (size_t i = 0; applied && i < o->count; i++) {
@@ -233,6 +231,9 @@ static PyMethodDef Rules_methods[] = {
      "raises Error and the rules in use stay"},
     {"_check", (PyCFunction)Rules_check, METH_VARARGS,
      "_check(limiter, key, attrs, permits, max_wait, now) -> outcome tuple"},
+    {"_acquire", (PyCFunction)Rules_acquire, METH_VARARGS,
+     "_acquire(limiter, key, attrs, permits, max_wait, outcome_type) -> "
+     "RulesHeld"},
     {"close", (PyCFunction)Rules_close, METH_NOARGS, "frees the rules"},
     {NULL, NULL, 0, NULL}};
 
