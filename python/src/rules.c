@@ -111,32 +111,20 @@ static PyObject *Rules_check(RulesObject *self, PyObject *args)
     if (guard_usable(&self->guard, "Rules", RULES_CLOSED) < 0 ||
         limiter_arg(lim_obj, &lim) < 0)
         return NULL;
-    if (!PyDict_Check(attrs_obj)) {
-        PyErr_SetString(PyExc_TypeError, "attrs must be a dict of str to str");
-        return NULL;
-    }
     uint64_t permits, wait_ns, now_ns = 0;
     if (u64_arg(permits_obj, "permits", &permits) < 0 ||
         seconds_arg(wait_obj, "max_wait", 0, &wait_ns) < 0 ||
         (now_obj != Py_None && u64_arg(now_obj, "now", &now_ns) < 0))
         return NULL;
-    Py_ssize_t n = PyDict_Size(attrs_obj);
-    rate_attr_t *attrs = PyMem_Calloc((size_t)(n > 0 ? n : 1), sizeof *attrs);
-    if (!attrs)
-        return PyErr_NoMemory();
-    PyObject *name, *value;
-    Py_ssize_t pos = 0, i = 0;
-    while (PyDict_Next(attrs_obj, &pos, &name, &value)) {
-        if (cstring_arg(name, "attribute name", &attrs[i].name) < 0 ||
-            cstring_arg(value, "attribute value", &attrs[i].value) < 0) {
-            PyMem_Free(attrs);
-            return NULL;
-        }
-        i++;
-    }
+    PyObject *items;
+    rate_attr_t *attrs;
+    size_t n;
+    if (attrs_get(attrs_obj, &items, &attrs, &n) < 0)
+        return NULL;
     key_arg_t k;
     if (key_get(key_obj, &k) < 0) {
         PyMem_Free(attrs);
+        Py_DECREF(items);
         return NULL;
     }
     rate_outcome_t o;
@@ -151,10 +139,10 @@ static PyObject *Rules_check(RulesObject *self, PyObject *args)
             rate_rules_t *r = self->guard.handle;
             rc = now_obj != Py_None
                      ? rate_rules_check_at(r, lim->guard.handle, k.ptr, k.len,
-                                           attrs, (size_t)n, permits, wait_ns,
+                                           attrs, n, permits, wait_ns,
                                            now_ns, &o)
                      : rate_rules_check(r, lim->guard.handle, k.ptr, k.len,
-                                        attrs, (size_t)n, permits, wait_ns, &o);
+                                        attrs, n, permits, wait_ns, &o);
             guard_leave(&lim->guard);
         }
         guard_leave(&self->guard);
@@ -162,6 +150,7 @@ static PyObject *Rules_check(RulesObject *self, PyObject *args)
     DECIDE_END
     key_release(&k);
     PyMem_Free(attrs);
+    Py_DECREF(items);
     if (closed)
         return guard_raise_closed("the rules or the limiter are closed");
     if (rc == RATE_EPOLICY) /* the one cause rate_rules_check names */
