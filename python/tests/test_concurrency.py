@@ -86,17 +86,21 @@ class Proxy:
             except OSError:
                 return
             upstream = socket.create_connection(self.target)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self.pump, args=(a, b),
+            for a, b, up in ((client, upstream, True),
+                             (upstream, client, False)):
+                threading.Thread(target=self.pump, args=(a, b, up),
                                  daemon=True).start()
 
-    @staticmethod
-    def pump(a, b):
+    def passing(self, up):
+        """Called before each piece is passed on (up: to the server)."""
+
+    def pump(self, a, b, up):
         try:
             while True:
                 data = a.recv(65536)
                 if not data:
                     break
+                self.passing(up)
                 b.sendall(data)
         except OSError:
             pass
@@ -144,34 +148,14 @@ class GatedProxy(Proxy):
         self.gate.set()
         super().__init__(port)
 
-    def accept(self):
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            for a, b, up in ((client, upstream, True),
-                             (upstream, client, False)):
-                threading.Thread(target=self.pump_gated, args=(a, b, up),
-                                 daemon=True).start()
-
-    def pump_gated(self, a, b, up):
-        try:
-            while True:
-                data = a.recv(65536)
-                if not data:
-                    break
-                if up:
-                    self.asked.set()
-                else:
-                    self.gate.wait()
-                b.sendall(data)
-        except OSError:
-            pass
+    def passing(self, up):
+        if up:
+            self.asked.set()
+        else:
+            self.gate.wait()
 
 
-def test_close_waits_for_a_store_call_under_way(redis_url):
+def test_close_refused_while_a_store_call_is_under_way(redis_url):
     # drop() runs without the GIL: a close() from another thread meanwhile
     # is refused (the store would be freed under it), and works after.
     proxy = GatedProxy(int(redis_url.rsplit(":", 1)[1]))
