@@ -129,7 +129,8 @@ typedef struct rate_inflight_config {
  * NULL out, config or policy, a non-zero reserve, a clock without now_ns
  * or sleep_ns, reap_dead_holders with a store other than the library's
  * memory or shared-memory store; RATE_EPOLICY when the store cannot keep the rate part's
- * states; RATE_ENOMEM.  Ownership: config, policy and clock copied, the
+ * states, or a key's leases (a shared-memory region whose state_max is
+ * below rate_inflight_policy_state_max); RATE_ENOMEM.  Ownership: config, policy and clock copied, the
  * store borrowed; the caller frees *out (rate_inflight_free).
  * Thread-safe: yes. */
 RATE_API int rate_inflight_new(const rate_inflight_config_t *config,

@@ -71,7 +71,11 @@ static int InFlight_init(InFlightObject *self, PyObject *args, PyObject *kw)
     }
     if (rc != RATE_OK || raised) {
         if (!raised)
-            raise_rc(rc, NULL);
+            raise_rc(rc, rc == RATE_EPOLICY
+                             ? "the store cannot keep this policy's states: "
+                               "a key of N leases takes 14 + 24 N bytes (on "
+                               "shared memory, give state_max that much)"
+                             : NULL);
         store_detach(self->store);
         Py_CLEAR(self->store);
         return -1;

@@ -141,3 +141,19 @@ def test_a_lease_nobody_gets_is_given_back_at_once():
         assert failed > 0
         f.close()
     loop.close()
+
+
+def test_a_region_too_small_for_the_leases_is_refused_when_made(shm_path):
+    # A key of N leases takes 14 + 24 N bytes: the default state_max (96)
+    # holds 3, so 4 is refused at once, with what to give, not at the
+    # fourth lease ("no room for a new key").
+    store = ratelimit.shm_store(shm_path, max_keys=64)
+    with pytest.raises(ratelimit.Error, match="state_max") as e:
+        InFlight("concurrency 4 ttl=30s", store)
+    assert e.value.name == "RATE_EPOLICY"
+    with InFlight("concurrency 3 ttl=30s", store) as inflight:
+        got = [inflight.acquire("k") for _ in range(4)]
+        assert [lease is not None for _, lease in got] == [True] * 3 + [False]
+        for _, lease in got[:3]:
+            lease.release()
+    store.close()

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "lease.h"
+#include "ratelimit_shm.h"
 
 /* Whether the store's lease() takes an acquire's rate limits (version 6,
  * lease_rate; a table before version 6 ends before it). */
@@ -149,6 +150,19 @@ static bool pins(const rate_store_t *s)
            (strcmp(name, "memory") == 0 || strcmp(name, "shm") == 0);
 }
 
+/* Whether the store keeps a key's states of N leases (14 + 24 N bytes):
+ * a shared-memory region keeps at most its state_max, and one too small
+ * would refuse a lease past the first few with RATE_EFULL; every other
+ * store of the library keeps any. */
+static bool leases_fit(rate_store_t *store, const rate_inflight_policy_t *p)
+{
+    rate_shm_info_t info;
+    if (!rate_store_is_host_local(store) ||
+        rate_store_shm_info(store, &info) != RATE_OK)
+        return true; /* not a region, or one whose lock says so later */
+    return rate_inflight_policy_state_max(p) <= info.state_max;
+}
+
 int rate_inflight_new(const rate_inflight_config_t *cfg, rate_inflight_t **out)
 {
     rate_inflight_t *in;
@@ -194,6 +208,8 @@ int rate_inflight_new(const rate_inflight_config_t *cfg, rate_inflight_t **out)
         in->store = in->own_store;
     }
     in->pin = rc == RATE_OK && pins(in->store);
+    if (rc == RATE_OK && !leases_fit(in->store, in->policy))
+        rc = RATE_EPOLICY;
     if (rc == RATE_OK && in->policy->rate != NULL)
         rc = make_limiter(in);
     if (rc != RATE_OK) {
