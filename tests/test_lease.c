@@ -765,7 +765,10 @@ static void run_pressure(rate_store_t *store)
     uint64_t last = all[PRESSURE_KEYS - 1].expires_ns; /* past the TTL */
     assert_true(WAIT_UNTIL(rate_clock_monotonic_ns() > last, TEST_WAIT_S));
     assert_true(take(in, "newer", RATE_LEASE_NORMAL, &l, &d));
-    assert_int_equal(rate_inflight_release(in, "newer", 5, &l), RATE_OK);
+    /* its 1 ms may pass before the release (valgrind, a loaded machine):
+     * then the slot came back by its expiry */
+    int rc = rate_inflight_release(in, "newer", 5, &l);
+    assert_true(rc == RATE_OK || rc == RATE_EEXPIRED);
     rate_inflight_free(in);
 }
 
