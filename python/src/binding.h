@@ -245,17 +245,32 @@ typedef struct {
 /* The outcome tuple of Rules._check. */
 PyObject *outcome_new(const rate_outcome_t *o);
 
+/* A rules request's arguments (Rules._check, Rules._acquire): the
+ * limiter (borrowed), the permits and max_wait, and the key and the
+ * attributes held for the call, from a dict of str (or bytes) to str (or
+ * bytes) without NUL.  The attributes point into a list of the dict's
+ * items of our own, which the dict's later changes (another thread's,
+ * while the call runs without the GIL) leave alone.  With the GIL; -1 and
+ * an exception, nothing held, on bad input; rules_req_release after the
+ * call. */
+typedef struct {
+    LimiterObject *lim;
+    uint64_t permits, wait_ns;
+    key_arg_t k;
+    PyObject *items;
+    rate_attr_t *attrs;
+    size_t n;
+} rules_req_t;
+int rules_req_get(RulesObject *self, PyObject *lim_obj, PyObject *key_obj,
+                  PyObject *attrs_obj, PyObject *permits_obj,
+                  PyObject *wait_obj, rules_req_t *r);
+void rules_req_release(rules_req_t *r);
+
 /* ----------------------------------------------------- rules_held.c */
 
 extern PyTypeObject RulesHeldType;
 /* _acquire, a method of Rules. */
 PyObject *Rules_acquire(RulesObject *self, PyObject *args);
-/* A request's attributes from a dict of str (or bytes) to str (or bytes)
- * without NUL: *attrs (PyMem_Free it) points into *items (a new
- * reference, to drop after the call), which the dict's later changes
- * leave alone. */
-int attrs_get(PyObject *dict, PyObject **items, rate_attr_t **attrs,
-              size_t *n);
 
 /* ---------------------------------------------------------- synced.c */
 

@@ -100,6 +100,69 @@ PyObject *outcome_new(const rate_outcome_t *o)
                          applied, headers);
 }
 
+/* A request's attributes (see rules_req_t): *attrs (PyMem_Free it) points
+ * into *items (a new reference, to drop after the call). */
+static int attrs_get(PyObject *dict, PyObject **items, rate_attr_t **attrs,
+                     size_t *n)
+{
+    if (!PyDict_Check(dict)) {
+        PyErr_SetString(PyExc_TypeError, "attrs must be a dict of str to str");
+        return -1;
+    }
+    /* a list of our own: the strings outlive any change to the dict made
+     * by another thread while the call runs without the GIL */
+    PyObject *list = PyDict_Items(dict);
+    if (!list)
+        return -1;
+    Py_ssize_t count = PyList_GET_SIZE(list);
+    rate_attr_t *a = PyMem_Calloc((size_t)(count > 0 ? count : 1), sizeof *a);
+    if (!a) {
+        Py_DECREF(list);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyList_GET_ITEM(list, i);
+        if (cstring_arg(PyTuple_GET_ITEM(item, 0), "attribute name",
+                        &a[i].name) < 0 ||
+            cstring_arg(PyTuple_GET_ITEM(item, 1), "attribute value",
+                        &a[i].value) < 0) {
+            PyMem_Free(a);
+            Py_DECREF(list);
+            return -1;
+        }
+    }
+    *items = list;
+    *attrs = a;
+    *n = (size_t)count;
+    return 0;
+}
+
+int rules_req_get(RulesObject *self, PyObject *lim_obj, PyObject *key_obj,
+                  PyObject *attrs_obj, PyObject *permits_obj,
+                  PyObject *wait_obj, rules_req_t *r)
+{
+    if (guard_usable(&self->guard, "Rules", RULES_CLOSED) < 0 ||
+        limiter_arg(lim_obj, &r->lim) < 0 ||
+        u64_arg(permits_obj, "permits", &r->permits) < 0 ||
+        seconds_arg(wait_obj, "max_wait", 0, &r->wait_ns) < 0 ||
+        attrs_get(attrs_obj, &r->items, &r->attrs, &r->n) < 0)
+        return -1;
+    if (key_get(key_obj, &r->k) < 0) {
+        PyMem_Free(r->attrs);
+        Py_DECREF(r->items);
+        return -1;
+    }
+    return 0;
+}
+
+void rules_req_release(rules_req_t *r)
+{
+    key_release(&r->k);
+    PyMem_Free(r->attrs);
+    Py_DECREF(r->items);
+}
+
 /* _check(limiter, key, attrs, permits, max_wait, now) -> the outcome tuple */
 static PyObject *Rules_check(RulesObject *self, PyObject *args)
 {
@@ -107,26 +170,14 @@ static PyObject *Rules_check(RulesObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOOO:_check", &lim_obj, &key_obj, &attrs_obj,
                           &permits_obj, &wait_obj, &now_obj))
         return NULL;
-    LimiterObject *lim;
-    if (guard_usable(&self->guard, "Rules", RULES_CLOSED) < 0 ||
-        limiter_arg(lim_obj, &lim) < 0)
+    uint64_t now_ns = 0;
+    if (now_obj != Py_None && u64_arg(now_obj, "now", &now_ns) < 0)
         return NULL;
-    uint64_t permits, wait_ns, now_ns = 0;
-    if (u64_arg(permits_obj, "permits", &permits) < 0 ||
-        seconds_arg(wait_obj, "max_wait", 0, &wait_ns) < 0 ||
-        (now_obj != Py_None && u64_arg(now_obj, "now", &now_ns) < 0))
+    rules_req_t q;
+    if (rules_req_get(self, lim_obj, key_obj, attrs_obj, permits_obj,
+                      wait_obj, &q) < 0)
         return NULL;
-    PyObject *items;
-    rate_attr_t *attrs;
-    size_t n;
-    if (attrs_get(attrs_obj, &items, &attrs, &n) < 0)
-        return NULL;
-    key_arg_t k;
-    if (key_get(key_obj, &k) < 0) {
-        PyMem_Free(attrs);
-        Py_DECREF(items);
-        return NULL;
-    }
+    LimiterObject *lim = q.lim;
     rate_outcome_t o;
     int rc = 0, closed = 0;
     DECIDE_BEGIN(lim)
@@ -138,19 +189,18 @@ static PyObject *Rules_check(RulesObject *self, PyObject *args)
         } else {
             rate_rules_t *r = self->guard.handle;
             rc = now_obj != Py_None
-                     ? rate_rules_check_at(r, lim->guard.handle, k.ptr, k.len,
-                                           attrs, n, permits, wait_ns,
-                                           now_ns, &o)
-                     : rate_rules_check(r, lim->guard.handle, k.ptr, k.len,
-                                        attrs, n, permits, wait_ns, &o);
+                     ? rate_rules_check_at(r, lim->guard.handle, q.k.ptr,
+                                           q.k.len, q.attrs, q.n, q.permits,
+                                           q.wait_ns, now_ns, &o)
+                     : rate_rules_check(r, lim->guard.handle, q.k.ptr,
+                                        q.k.len, q.attrs, q.n, q.permits,
+                                        q.wait_ns, &o);
             guard_leave(&lim->guard);
         }
         guard_leave(&self->guard);
     }
     DECIDE_END
-    key_release(&k);
-    PyMem_Free(attrs);
-    Py_DECREF(items);
+    rules_req_release(&q);
     if (closed)
         return guard_raise_closed("the rules or the limiter are closed");
     if (rc == RATE_EPOLICY) /* the one cause rate_rules_check names */

@@ -21,42 +21,6 @@ typedef struct {
     int released;            /* release() ran */
 } RulesHeldObject;
 
-int attrs_get(PyObject *dict, PyObject **items, rate_attr_t **attrs,
-              size_t *n)
-{
-    if (!PyDict_Check(dict)) {
-        PyErr_SetString(PyExc_TypeError, "attrs must be a dict of str to str");
-        return -1;
-    }
-    /* a list of our own: the strings outlive any change to the dict made
-     * by another thread while the call runs without the GIL */
-    PyObject *list = PyDict_Items(dict);
-    if (!list)
-        return -1;
-    Py_ssize_t count = PyList_GET_SIZE(list);
-    rate_attr_t *a = PyMem_Calloc((size_t)(count > 0 ? count : 1), sizeof *a);
-    if (!a) {
-        Py_DECREF(list);
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *item = PyList_GET_ITEM(list, i);
-        if (cstring_arg(PyTuple_GET_ITEM(item, 0), "attribute name",
-                        &a[i].name) < 0 ||
-            cstring_arg(PyTuple_GET_ITEM(item, 1), "attribute value",
-                        &a[i].value) < 0) {
-            PyMem_Free(a);
-            Py_DECREF(list);
-            return -1;
-        }
-    }
-    *items = list;
-    *attrs = a;
-    *n = (size_t)count;
-    return 0;
-}
-
 /* Releases what is held, once (the GIL held; it is released around the
  * library's call).  Returns rate_rules_release's status. */
 static int held_release(RulesHeldObject *self)
@@ -94,32 +58,16 @@ PyObject *Rules_acquire(RulesObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOOO:_acquire", &lim_obj, &key_obj,
                           &attrs_obj, &permits_obj, &wait_obj, &type))
         return NULL;
-    LimiterObject *lim;
-    if (guard_usable(&self->guard, "Rules", RULES_CLOSED) < 0 ||
-        limiter_arg(lim_obj, &lim) < 0)
+    rules_req_t q;
+    if (rules_req_get(self, lim_obj, key_obj, attrs_obj, permits_obj,
+                      wait_obj, &q) < 0)
         return NULL;
-    uint64_t permits, wait_ns;
-    if (u64_arg(permits_obj, "permits", &permits) < 0 ||
-        seconds_arg(wait_obj, "max_wait", 0, &wait_ns) < 0)
-        return NULL;
-    PyObject *items;
-    rate_attr_t *attrs;
-    size_t n;
-    if (attrs_get(attrs_obj, &items, &attrs, &n) < 0)
-        return NULL;
-    key_arg_t k;
-    if (key_get(key_obj, &k) < 0) {
-        Py_DECREF(items);
-        PyMem_Free(attrs);
-        return NULL;
-    }
+    LimiterObject *lim = q.lim;
     /* made first: once leases are taken, nothing fails before the object
      * that releases them holds them */
     RulesHeldObject *h = PyObject_New(RulesHeldObject, &RulesHeldType);
     if (!h) {
-        key_release(&k);
-        Py_DECREF(items);
-        PyMem_Free(attrs);
+        rules_req_release(&q);
         return NULL;
     }
     Py_INCREF(self);
@@ -143,16 +91,14 @@ PyObject *Rules_acquire(RulesObject *self, PyObject *args)
             closed = 1;
         } else {
             rc = rate_rules_acquire(self->guard.handle, lim->guard.handle,
-                                    k.ptr, k.len, attrs, n, permits, wait_ns,
-                                    &o, &held);
+                                    q.k.ptr, q.k.len, q.attrs, q.n, q.permits,
+                                    q.wait_ns, &o, &held);
             guard_leave(&lim->guard);
         }
         guard_leave(&self->guard);
     }
     Py_END_ALLOW_THREADS
-    key_release(&k);
-    Py_DECREF(items);
-    PyMem_Free(attrs);
+    rules_req_release(&q);
     if (held) {
         h->held = held;
     } else {
