@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -19,13 +18,6 @@
 
 #define SPAN_NS (200 * UINT64_C(1000000))
 #define CALLS_MAX 4096u
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* Writes a rules file of n keys to a temporary path: a rule per key
  * (per_key) or one tier rule listing them; then the default rule.  The
@@ -77,9 +69,9 @@ static double measure(unsigned n, bool per_key, double *load_ms)
         fprintf(stderr, "bench: cannot write a rules file in /tmp\n");
         return 0;
     }
-    uint64_t t0 = now_ns();
+    uint64_t t0 = rate_clock_monotonic_ns();
     int rc = rate_rules_load(path, &rules, err, sizeof err);
-    *load_ms = (double)(now_ns() - t0) / 1e6;
+    *load_ms = (double)(rate_clock_monotonic_ns() - t0) / 1e6;
     unlink(path);
     if (rc != RATE_OK) {
         fprintf(stderr, "bench: rules: %s\n", err);
@@ -102,7 +94,7 @@ static double measure(unsigned n, bool per_key, double *load_ms)
         snprintf(vals[i], sizeof vals[i], "key-%u",
                  (unsigned)(((uint64_t)i * 2654435761u) % m));
     for (unsigned round = 0; vals != NULL && round < 3; round++) {
-        uint64_t calls = 0, start = now_ns(), spent;
+        uint64_t calls = 0, start = rate_clock_monotonic_ns(), spent;
         do {
             for (unsigned i = 0; i < 256; i++, calls++) {
                 const char *v = vals[calls % CALLS_MAX];
@@ -116,7 +108,7 @@ static double measure(unsigned n, bool per_key, double *load_ms)
                     break;
                 }
             }
-            spent = now_ns() - start;
+            spent = rate_clock_monotonic_ns() - start;
         } while (round < 3 && spent < SPAN_NS);
         double ns = (double)spent / (double)calls;
         if (round < 3 && (best == 0 || ns < best))
