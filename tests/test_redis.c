@@ -174,6 +174,13 @@ static void lean_scripts_at_the_boundaries(void **state)
         "sliding-window 1/26d",
         "sliding-window 1048576/4294967296ns", /* L * W = 2^52 */
         "sliding-window 3/333333333ns",
+        "sliding-log 1000/1h",
+        "sliding-log 10000/1m",
+        "sliding-log 5/7ms",
+        "sliding-log 7/3s",
+        "sliding-log 3/6d",
+        "sliding-log 2/2251799813685248ns", /* W = 2^51 */
+        "sliding-log 3/333333333ns",
     };
     const size_t np = sizeof policies / sizeof policies[0];
     /* The same traces whatever ran before (a filter), another sequence
@@ -320,7 +327,8 @@ static void lean_general_and_c_share_keys(void **state)
         "token-bucket 5000/1d burst=100000", "leaky-bucket 7/3s capacity=4",
         "leaky-bucket 100000/1d capacity=100000", "fixed-window 1000/1h",
         "fixed-window 5/7ms", "sliding-window 30/s",
-        "sliding-window 100/1m", "sliding-window 10000/1m"};
+        "sliding-window 100/1m", "sliding-window 10000/1m",
+        "sliding-log 30/s", "sliding-log 1000/1h"};
     rate_store_t *lean = redis_store("share:", true, 0), *gen;
     rate_redis_options_t o = {0};
     char err[200];
@@ -376,7 +384,8 @@ static void lean_general_and_c_share_keys(void **state)
 }
 
 /* Sliding logs whose L * W passes the general script's 2^49 (10000/1m
- * and more) within its range all the same: the log's rule forms no
+ * and more) within its range all the same (general_script: the lean
+ * script takes them otherwise): the log's rule forms no
  * product of its limit and its window, so each decision is one EVALSHA
  * of the general script, never declined, the memory store's field by
  * field.  Its window stays below 2^49 ns (6.5 days; 3/6d): the script's
@@ -389,7 +398,14 @@ static void sliding_logs_in_the_general_script(void **state)
                                      "sliding-log 10000/1d",
                                      "sliding-log 3/6d"};
     rnd_seed(7);
-    rate_store_t *rs = redis_store("slog:", true, 0);
+    rate_redis_options_t o = {0};
+    rate_store_t *rs;
+    char err[200];
+    o.prefix = "slog:";
+    o.no_ttl = true;
+    o.general_script = true;
+    assert_int_equal(rate_store_redis_new(url, &o, &rs, err, sizeof err),
+                     RATE_OK);
     for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
         rate_policy_t *pol = policy_of(policies[p]);
         const rate_limit_t *lim = rate_policy_limit(pol, 0);
@@ -819,7 +835,7 @@ static void expect_same_state(redisContext *c, const char *name,
                               cas_store_t *h, const char *key,
                               const char *what, const char *op, int i)
 {
-    unsigned char a[64], b[64];
+    unsigned char a[4096], b[4096]; /* a sliding log's entries */
     size_t la = cas_store_peek(h, key, a, sizeof a);
     size_t lb = redis_state(c, name, b, sizeof b);
     if (la == lb && la <= sizeof a && memcmp(a, b, la) == 0)
@@ -837,7 +853,8 @@ static void expect_same_state(redisContext *c, const char *name,
  * exact arithmetic: g = 1 (7/3s), bursts of 10^6, the wide layout (B * P
  * > 2^62, 16-byte words), g = 10^10 (the debt bound of 2^62 scaled tokens
  * within a penalty's reach: 4.6 * 10^8 tokens), a window's count of 2^52, a
- * sliding window's L * W of 2^52. */
+ * sliding window's L * W of 2^52, sliding logs (a refund cuts their newest
+ * entries) up to a window of 2^51 ns. */
 static const char *const adj_policies[] = {
     "token-bucket 5/s burst=3",
     "token-bucket 7/3s burst=5",
@@ -856,6 +873,10 @@ static const char *const adj_policies[] = {
     "sliding-window 1000/1h",
     "sliding-window 1048576/4294967296ns",
     "sliding-window 5/7ms",
+    "sliding-log 4/700ms",
+    "sliding-log 100/1h",
+    "sliding-log 2/2251799813685248ns",
+    "sliding-log 5/7ms",
 };
 #define ADJ_POLICIES (sizeof adj_policies / sizeof adj_policies[0])
 
