@@ -124,6 +124,21 @@ static long long calls_of(redisContext *c, const char *cmd)
     return n;
 }
 
+/* A store whose decisions go to the lean scripts, or with general, to
+ * the general script. */
+static rate_store_t *script_store(const char *prefix, bool general)
+{
+    rate_redis_options_t o = {0};
+    rate_store_t *rs;
+    char err[200];
+    o.prefix = prefix;
+    o.no_ttl = true;
+    o.general_script = general;
+    if (rate_store_redis_new(url, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("redis store: %s", err);
+    return rs;
+}
+
 static uint64_t gcd_u64(uint64_t a, uint64_t b)
 {
     while (b != 0) {
@@ -329,14 +344,8 @@ static void lean_general_and_c_share_keys(void **state)
         "fixed-window 5/7ms", "sliding-window 30/s",
         "sliding-window 100/1m", "sliding-window 10000/1m",
         "sliding-log 30/s", "sliding-log 1000/1h"};
-    rate_store_t *lean = redis_store("share:", true, 0), *gen;
-    rate_redis_options_t o = {0};
-    char err[200];
-    o.prefix = "share:";
-    o.no_ttl = true;
-    o.general_script = true;
-    assert_int_equal(rate_store_redis_new(url, &o, &gen, err, sizeof err),
-                     RATE_OK);
+    rate_store_t *lean = script_store("share:", false),
+                 *gen = script_store("share:", true);
     for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
         rate_policy_t *pol = policy_of(policies[p]);
         const rate_limit_t *lim = rate_policy_limit(pol, 0);
@@ -398,14 +407,7 @@ static void sliding_logs_in_the_general_script(void **state)
                                      "sliding-log 10000/1d",
                                      "sliding-log 3/6d"};
     rnd_seed(7);
-    rate_redis_options_t o = {0};
-    rate_store_t *rs;
-    char err[200];
-    o.prefix = "slog:";
-    o.no_ttl = true;
-    o.general_script = true;
-    assert_int_equal(rate_store_redis_new(url, &o, &rs, err, sizeof err),
-                     RATE_OK);
+    rate_store_t *rs = script_store("slog:", true);
     for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
         rate_policy_t *pol = policy_of(policies[p]);
         const rate_limit_t *lim = rate_policy_limit(pol, 0);
@@ -1477,21 +1479,6 @@ static bool redis_holds(redisContext *c, const char *name,
                 memcmp(r->str, st, len) == 0;
     freeReplyObject(r);
     return same;
-}
-
-/* A store whose decisions go to the lean scripts, or with general, to
- * the general script. */
-static rate_store_t *script_store(const char *prefix, bool general)
-{
-    rate_redis_options_t o = {0};
-    rate_store_t *rs;
-    char err[200];
-    o.prefix = prefix;
-    o.no_ttl = true;
-    o.general_script = general;
-    if (rate_store_redis_new(url, &o, &rs, err, sizeof err) != RATE_OK)
-        fail_msg("redis store: %s", err);
-    return rs;
 }
 
 /* The script calls that ran (INFO commandstats: calls less failed_calls,
