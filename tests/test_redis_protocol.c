@@ -203,6 +203,23 @@ static void command_choice(void **state)
     rate__redis_cmd_free(&c);
     rate_policy_free(r.pol);
 
+    /* One sliding log: its lean script by FCALL, the width 0 (count,
+     * sum, then the entries), L and W; a penalty is the script's too. */
+    req_of(&r, "sliding-log 10/s");
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, true, &r, &c), RATE_OK);
+    word_is(&c, 0, "FCALL");
+    word_is(&c, 1, p.fn_name[RATE__LEAN_SL]);
+    word_is(&c, 8, "0");
+    word_is(&c, 9, "2000000 7 3 0 10 1000000000");
+    assert_int_equal(c.lean, RATE__LEAN_SL);
+    rate__redis_cmd_free(&c);
+    r.q.op = RATE_DECIDE_PENALTY;
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c), RATE_OK);
+    word_is(&c, 1, p.lean_sha[RATE__LEAN_SL]);
+    word_is(&c, 8, "2");
+    rate__redis_cmd_free(&c);
+    rate_policy_free(r.pol);
+
     /* One fixed window: its lean script; an old format: the limiter's. */
     req_of(&r, "fixed-window 10/s");
     assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c), RATE_OK);
