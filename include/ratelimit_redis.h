@@ -242,8 +242,9 @@ typedef struct rate_redis_status {
     uint64_t lean_adjustments; /* refunds and penalties made in one round
                                   trip by a lean script (docs/redis.md) */
     uint64_t declined_adjustments; /* ... left to the compare-and-set path
-                                  (a composite policy, a sliding window or
-                                  log, a state the scripts would not read) */
+                                  (a composite policy, one past the lean
+                                  scripts' range, a state they would not
+                                  read) */
     uint64_t module_leases;    /* lease operations (docs/leases.md) made in
                                   one round trip by RATELIMIT.LEASE */
     uint64_t script_leases;    /* ... by the lease script (the others went

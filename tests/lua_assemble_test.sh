@@ -71,6 +71,7 @@ check_script redis_tb.lua tb
 check_script redis_lb.lua lb
 check_script redis_fw.lua fw
 check_script redis_sw.lua sw
+check_script redis_sl.lua sl
 # the lease-and-rate script: the general step's rules once, beside the
 # lease step (its count and acquire, once)
 check_script lease_rate.lua tb lb fw sw sl

@@ -930,6 +930,8 @@ static const char *const adj_policies[] = {
     "fixed-window 1000/1h",
     "sliding-window 4/700ms",
     "sliding-window 1000/1h",
+    "sliding-log 4/700ms",
+    "sliding-log 100/1h",
 };
 
 static void adjust_scripted(void **state)
@@ -1005,12 +1007,12 @@ static void adjust_scripted(void **state)
                                  RATE_OK);
                 adjusts++;
             }
-            unsigned char a[64], b[64];
+            unsigned char a[4096], b[4096]; /* a sliding log's entries */
             size_t la_ = cas_store_peek(h, key, a, sizeof a), lb = 0;
             redisReply *r = redisCommand(c, "HGET %s s", name);
             if (r->type == REDIS_REPLY_STRING) {
                 lb = r->len;
-                memcpy(b, r->str, lb < 64 ? lb : 64);
+                memcpy(b, r->str, lb < sizeof b ? lb : sizeof b);
             }
             freeReplyObject(r);
             if (la_ != lb || memcmp(a, b, la_) != 0)

@@ -124,6 +124,21 @@ static long long calls_of(redisContext *c, const char *cmd)
     return n;
 }
 
+/* A store whose decisions go to the lean scripts, or with general, to
+ * the general script. */
+static rate_store_t *script_store(const char *prefix, bool general)
+{
+    rate_redis_options_t o = {0};
+    rate_store_t *rs;
+    char err[200];
+    o.prefix = prefix;
+    o.no_ttl = true;
+    o.general_script = general;
+    if (rate_store_redis_new(url, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("redis store: %s", err);
+    return rs;
+}
+
 static uint64_t gcd_u64(uint64_t a, uint64_t b)
 {
     while (b != 0) {
@@ -174,6 +189,13 @@ static void lean_scripts_at_the_boundaries(void **state)
         "sliding-window 1/26d",
         "sliding-window 1048576/4294967296ns", /* L * W = 2^52 */
         "sliding-window 3/333333333ns",
+        "sliding-log 1000/1h",
+        "sliding-log 10000/1m",
+        "sliding-log 5/7ms",
+        "sliding-log 7/3s",
+        "sliding-log 3/6d",
+        "sliding-log 2/2251799813685248ns", /* W = 2^51 */
+        "sliding-log 3/333333333ns",
     };
     const size_t np = sizeof policies / sizeof policies[0];
     /* The same traces whatever ran before (a filter), another sequence
@@ -320,15 +342,10 @@ static void lean_general_and_c_share_keys(void **state)
         "token-bucket 5000/1d burst=100000", "leaky-bucket 7/3s capacity=4",
         "leaky-bucket 100000/1d capacity=100000", "fixed-window 1000/1h",
         "fixed-window 5/7ms", "sliding-window 30/s",
-        "sliding-window 100/1m", "sliding-window 10000/1m"};
-    rate_store_t *lean = redis_store("share:", true, 0), *gen;
-    rate_redis_options_t o = {0};
-    char err[200];
-    o.prefix = "share:";
-    o.no_ttl = true;
-    o.general_script = true;
-    assert_int_equal(rate_store_redis_new(url, &o, &gen, err, sizeof err),
-                     RATE_OK);
+        "sliding-window 100/1m", "sliding-window 10000/1m",
+        "sliding-log 30/s", "sliding-log 1000/1h"};
+    rate_store_t *lean = script_store("share:", false),
+                 *gen = script_store("share:", true);
     for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
         rate_policy_t *pol = policy_of(policies[p]);
         const rate_limit_t *lim = rate_policy_limit(pol, 0);
@@ -376,7 +393,8 @@ static void lean_general_and_c_share_keys(void **state)
 }
 
 /* Sliding logs whose L * W passes the general script's 2^49 (10000/1m
- * and more) within its range all the same: the log's rule forms no
+ * and more) within its range all the same (general_script: the lean
+ * script takes them otherwise): the log's rule forms no
  * product of its limit and its window, so each decision is one EVALSHA
  * of the general script, never declined, the memory store's field by
  * field.  Its window stays below 2^49 ns (6.5 days; 3/6d): the script's
@@ -389,7 +407,7 @@ static void sliding_logs_in_the_general_script(void **state)
                                      "sliding-log 10000/1d",
                                      "sliding-log 3/6d"};
     rnd_seed(7);
-    rate_store_t *rs = redis_store("slog:", true, 0);
+    rate_store_t *rs = script_store("slog:", true);
     for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
         rate_policy_t *pol = policy_of(policies[p]);
         const rate_limit_t *lim = rate_policy_limit(pol, 0);
@@ -819,7 +837,7 @@ static void expect_same_state(redisContext *c, const char *name,
                               cas_store_t *h, const char *key,
                               const char *what, const char *op, int i)
 {
-    unsigned char a[64], b[64];
+    unsigned char a[4096], b[4096]; /* a sliding log's entries */
     size_t la = cas_store_peek(h, key, a, sizeof a);
     size_t lb = redis_state(c, name, b, sizeof b);
     if (la == lb && la <= sizeof a && memcmp(a, b, la) == 0)
@@ -837,7 +855,8 @@ static void expect_same_state(redisContext *c, const char *name,
  * exact arithmetic: g = 1 (7/3s), bursts of 10^6, the wide layout (B * P
  * > 2^62, 16-byte words), g = 10^10 (the debt bound of 2^62 scaled tokens
  * within a penalty's reach: 4.6 * 10^8 tokens), a window's count of 2^52, a
- * sliding window's L * W of 2^52. */
+ * sliding window's L * W of 2^52, sliding logs (a refund cuts their newest
+ * entries) up to a window of 2^51 ns. */
 static const char *const adj_policies[] = {
     "token-bucket 5/s burst=3",
     "token-bucket 7/3s burst=5",
@@ -856,6 +875,10 @@ static const char *const adj_policies[] = {
     "sliding-window 1000/1h",
     "sliding-window 1048576/4294967296ns",
     "sliding-window 5/7ms",
+    "sliding-log 4/700ms",
+    "sliding-log 100/1h",
+    "sliding-log 2/2251799813685248ns",
+    "sliding-log 5/7ms",
 };
 #define ADJ_POLICIES (sizeof adj_policies / sizeof adj_policies[0])
 
@@ -1458,18 +1481,128 @@ static bool redis_holds(redisContext *c, const char *name,
     return same;
 }
 
+/* The script calls that ran (INFO commandstats: calls less failed_calls,
+ * so that a NOSCRIPT or a function not loaded yet, answered by loading it
+ * again, which the store does on its own, is not counted as a second
+ * round trip): cmd "evalsha" or "fcall". */
+static int script_ran(const char *info, const char *cmd)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "cmdstat_%s:calls=", cmd);
+    const char *ev = strstr(info, pat);
+    if (ev == NULL)
+        return 0;
+    const char *fc = strstr(ev, "failed_calls=");
+    const char *eol = strchr(ev, '\n');
+    int failed = fc != NULL && (eol == NULL || fc < eol) ? atoi(fc + 13) : 0;
+    if (failed != 0)
+        print_message("%.*s\n", eol ? (int)(eol - ev) : 80, ev);
+    return atoi(ev + strlen(pat)) - failed;
+}
+
+/* The lean sliding log at its edges, on today's clock, near zero (t < W:
+ * nothing to prune) and near 2^62: a log filled to its limit, entries
+ * merged at one time, an entry leaving exactly at t - W (and not 1 ns
+ * before), times going back (t_eff is t_last), permits of 0, L and L + 1,
+ * a refund cutting the newest entries, a penalty up to the limit; every
+ * decision the memory store's field by field, every state the C step's
+ * byte for byte (the compare-and-set test store), each one FCALL. */
+static void lean_sliding_log_edges(void **state)
+{
+    (void)state;
+    const char *text = "sliding-log 3/1s";
+    rate_store_t *rs = script_store("slx:", false), *ms, *cs;
+    cas_store_t *h;
+    assert_int_equal(rate_store_memory_new(NULL, &ms), RATE_OK);
+    assert_int_equal(cas_store_new(&cs, &h), RATE_OK);
+    rate_limiter_t *lm = limiter_of(text, ms), *lc = limiter_of(text, cs),
+                   *lr = limiter_of(text, rs);
+    redisContext *c = raw();
+    /* op: 0 a decision, 1 a refund, 2 a penalty; at base + dt */
+    static const struct {
+        int64_t dt;
+        uint64_t n;
+        int op;
+    } steps[] = {
+        {0, 1, 0},       {0, 1, 0},   {1, 1, 0},   {1, 1, 0},   /* full */
+        {5, 0, 0},       {-3, 1, 0},  {SEC - 1, 1, 0}, /* 1 ns short */
+        {SEC, 1, 0},     {SEC, 2, 0}, {SEC, 4, 0}, {SEC, 3, 0},
+        {SEC + 1, 1, 0}, {SEC + 1, 1, 1}, {SEC + 2, 2, 0},
+        {SEC + 2, 3, 1}, {SEC + 3, 5, 2}, {SEC + 3, 1, 0},
+        {2 * SEC + 1, 2, 1}, {2 * SEC + 1, 1, 2}, {2 * SEC + 2, 0, 0},
+        {3 * SEC + 3, 3, 0}, {4 * SEC + 3, 3, 0}, {9 * SEC, 0, 1},
+    };
+    const uint64_t bases[] = {UINT64_C(1764590000) * SEC + 123456789, 7,
+                              (UINT64_C(1) << 62) + 999};
+    rate_redis_status_t s0, s1;
+    at(lr, "warm", SEC, 1, 0); /* the lean scripts' library loaded */
+    assert_int_equal(rate_store_redis_status(rs, &s0), RATE_OK);
+    freeReplyObject(redisCommand(c, "CONFIG RESETSTAT"));
+    unsigned decisions = 0, changes = 0, allowed = 0;
+    for (size_t b = 0; b < sizeof bases / sizeof bases[0]; b++) {
+        char key[8], name[32];
+        snprintf(key, sizeof key, "e%zu", b);
+        snprintf(name, sizeof name, "slx:{%s}", key);
+        for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+            uint64_t t = bases[b] + (uint64_t)steps[i].dt, n = steps[i].n;
+            if (steps[i].dt < 0 && bases[b] < (uint64_t)-steps[i].dt)
+                t = 0;
+            if (steps[i].op == 0) {
+                rate_decision_t x, y, z;
+                assert_int_equal(rate_limiter_check_at(lm, key, strlen(key),
+                                                       n, 0, t, &x), RATE_OK);
+                assert_int_equal(rate_limiter_check_at(lc, key, strlen(key),
+                                                       n, 0, t, &y), RATE_OK);
+                assert_int_equal(rate_limiter_check_at(lr, key, strlen(key),
+                                                       n, 0, t, &z), RATE_OK);
+                expect_same(&x, &y, text, (int)i, t, n, (uint64_t)0);
+                expect_same(&x, &z, text, (int)i, t, n, (uint64_t)0);
+                decisions++;
+                allowed += z.allowed;
+            } else {
+                int (*f)(rate_limiter_t *, const char *, size_t, uint64_t,
+                         uint64_t) = steps[i].op == 1 ? rate_limiter_refund_at
+                                                      : rate_limiter_penalize_at;
+                assert_int_equal(f(lm, key, strlen(key), n, t), RATE_OK);
+                assert_int_equal(f(lc, key, strlen(key), n, t), RATE_OK);
+                assert_int_equal(f(lr, key, strlen(key), n, t), RATE_OK);
+                changes++;
+            }
+            expect_same_state(c, name, h, key, text,
+                              steps[i].op == 0   ? "check"
+                              : steps[i].op == 1 ? "refund"
+                                                 : "penalty",
+                              (int)i);
+        }
+    }
+    assert_int_equal(rate_store_redis_status(rs, &s1), RATE_OK);
+    assert_int_equal(s1.lean_decisions - s0.lean_decisions, decisions);
+    assert_int_equal(s1.lean_adjustments - s0.lean_adjustments, changes);
+    assert_int_equal(s1.declined + s1.declined_adjustments,
+                     s0.declined + s0.declined_adjustments);
+    assert_int_equal(calls_of(c, "fcall"), decisions + changes);
+    assert_int_equal(calls_of(c, "evalsha"), 0);
+    assert_true(allowed > decisions / 3 && allowed < decisions);
+    redisFree(c);
+    rate_limiter_free(lm);
+    rate_limiter_free(lc);
+    rate_limiter_free(lr);
+    rate_store_free(ms);
+    rate_store_free(cs);
+    drop_store(rs);
+}
+
 /* A sliding log's entries are checked as the C step checks them: only
  * the constant-time checks (count <= sum <= L, the length) on every read,
  * all the entries in the window before an admission writes them back.
- * Over tampered logs the Lua step answers exactly as the C step (here the
- * compare-and-set test store, given the same bytes) or declines: every
- * state the C step reports RATE_ECORRUPT is never admitted and never
- * written, on Redis as in C. */
-static void tampered_logs_are_never_admitted(void **state)
+ * Over tampered logs the lean script and the general one answer exactly
+ * as the C step (here the compare-and-set test store, given the same
+ * bytes) or decline: every state the C step reports RATE_ECORRUPT is
+ * never admitted and never written, on Redis as in C. */
+static void tampered_logs_on(bool general)
 {
-    (void)state;
     const char *text = "sliding-log 5/s";
-    rate_store_t *rs = redis_store("tlog:", true, 0), *cs;
+    rate_store_t *rs = script_store("tlog:", general), *cs;
     cas_store_t *ch;
     assert_int_equal(cas_store_new(&cs, &ch), RATE_OK);
     rate_limiter_t *lr = limiter_of(text, rs), *lc = limiter_of(text, cs);
@@ -1587,11 +1720,9 @@ static void tampered_logs_are_never_admitted(void **state)
         assert_int_equal(b.reason, RATE_REASON_LIMITED);
     }
     redisReply *r = redisCommand(c, "INFO commandstats");
-    const char *ev = strstr(r->str, "cmdstat_evalsha:calls=");
     const char *hm = strstr(r->str, "cmdstat_hmget:calls=");
-    assert_non_null(ev);
     assert_non_null(hm);
-    assert_int_equal(atoi(ev + 22), 20);
+    assert_int_equal(script_ran(r->str, general ? "evalsha" : "fcall"), 20);
     assert_int_equal(atoi(hm + 20), 20);
     freeReplyObject(r);
     redisFree(c);
@@ -1601,31 +1732,23 @@ static void tampered_logs_are_never_admitted(void **state)
     drop_store(rs);
 }
 
-/* EVALSHA calls that ran (INFO commandstats: calls less failed_calls,
- * so that a NOSCRIPT answered by loading the script again, which the
- * store does on its own, is not counted as a second round trip). */
-static int evalsha_ran(const char *info)
+static void tampered_logs_are_never_admitted(void **state)
 {
-    const char *ev = strstr(info, "cmdstat_evalsha:calls=");
-    if (ev == NULL)
-        return 0;
-    const char *fc = strstr(ev, "failed_calls=");
-    const char *eol = strchr(ev, '\n');
-    int failed = fc != NULL && (eol == NULL || fc < eol) ? atoi(fc + 13) : 0;
-    if (failed != 0)
-        print_message("%.*s\n", eol ? (int)(eol - ev) : 80, ev);
-    return atoi(ev + 22) - failed;
+    (void)state;
+    for (int general = 0; general < 2; general++)
+        tampered_logs_on(general);
 }
 
 /* A full log of RATE_SLIDING_LOG_MAX entries: a denial is answered in Lua
- * (one EVALSHA, its own HMGET) without reading the entries it does not
- * prune; an admission that prunes the oldest checks and rewrites the rest;
- * both as C answers them. */
-static void full_log_in_lua(void **state)
+ * (one FCALL of the lean script, or one EVALSHA of the general one, its
+ * own HMGET) without reading the entries it does not prune; an admission
+ * that prunes the oldest checks and rewrites the rest; both as C answers
+ * them. */
+static void full_log_on(bool general)
 {
-    (void)state;
     const char *text = "sliding-log 10000/10s";
-    rate_store_t *rs = redis_store("flog:", true, 0), *cs;
+    const char *cmd = general ? "evalsha" : "fcall";
+    rate_store_t *rs = script_store("flog:", general), *cs;
     cas_store_t *ch;
     assert_int_equal(cas_store_new(&cs, &ch), RATE_OK);
     rate_limiter_t *lr = limiter_of(text, rs), *lc = limiter_of(text, cs);
@@ -1650,7 +1773,7 @@ static void full_log_in_lua(void **state)
         assert_int_equal(b.retry_after_ns, 10 * SEC - (N - 1) * MS);
     }
     redisReply *r = redisCommand(c, "INFO commandstats");
-    assert_int_equal(evalsha_ran(r->str), 10);
+    assert_int_equal(script_ran(r->str, cmd), 10);
     assert_int_equal(atoi(strstr(r->str, "cmdstat_hmget:calls=") + 20), 10);
     freeReplyObject(r);
     /* Each a millisecond on: the oldest entry leaves, one comes. */
@@ -1661,7 +1784,7 @@ static void full_log_in_lua(void **state)
         assert_true(b.allowed);
     }
     r = redisCommand(c, "INFO commandstats");
-    assert_int_equal(evalsha_ran(r->str), 15);
+    assert_int_equal(script_ran(r->str, cmd), 15);
     assert_int_equal(atoi(strstr(r->str, "cmdstat_hmget:calls=") + 20), 15);
     freeReplyObject(r);
     r = redisCommand(c, "HGET flog:{k} s");
@@ -1674,6 +1797,13 @@ static void full_log_in_lua(void **state)
     rate_limiter_free(lc);
     rate_store_free(cs);
     drop_store(rs);
+}
+
+static void full_log_in_lua(void **state)
+{
+    (void)state;
+    for (int general = 0; general < 2; general++)
+        full_log_on(general);
 }
 
 /* ------------------------------------------------------- a shared limit */
@@ -2316,6 +2446,7 @@ int main(void)
         cmocka_unit_test(drop_removes_the_namespace),
         cmocka_unit_test(lean_scripts_at_the_boundaries),
         cmocka_unit_test(lean_general_and_c_share_keys),
+        cmocka_unit_test(lean_sliding_log_edges),
         cmocka_unit_test(sliding_logs_in_the_general_script),
         cmocka_unit_test(wide_policies_keep_the_wide_state),
         cmocka_unit_test(one_round_trip),

@@ -203,6 +203,23 @@ static void command_choice(void **state)
     rate__redis_cmd_free(&c);
     rate_policy_free(r.pol);
 
+    /* One sliding log: its lean script by FCALL, the width 0 (count,
+     * sum, then the entries), L and W; a penalty is the script's too. */
+    req_of(&r, "sliding-log 10/s");
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, true, &r, &c), RATE_OK);
+    word_is(&c, 0, "FCALL");
+    word_is(&c, 1, p.fn_name[RATE__LEAN_SL]);
+    word_is(&c, 8, "0");
+    word_is(&c, 9, "2000000 7 3 0 10 1000000000");
+    assert_int_equal(c.lean, RATE__LEAN_SL);
+    rate__redis_cmd_free(&c);
+    r.q.op = RATE_DECIDE_PENALTY;
+    assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c), RATE_OK);
+    word_is(&c, 1, p.lean_sha[RATE__LEAN_SL]);
+    word_is(&c, 8, "2");
+    rate__redis_cmd_free(&c);
+    rate_policy_free(r.pol);
+
     /* One fixed window: its lean script; an old format: the limiter's. */
     req_of(&r, "fixed-window 10/s");
     assert_int_equal(cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c), RATE_OK);
@@ -253,7 +270,6 @@ static void exact_ranges_from_tables(void **state)
     uint64_t top = tb->lua_lean / 1000000;
 
     assert_true(tb->lua_lean > 0 && tb->lua_step > 0);
-    assert_int_equal(rate__algo(RATE_SLIDING_LOG)->lua_lean, 0);
     snprintf(text, sizeof text, "token-bucket 1000/s burst=%llu",
              (unsigned long long)top);
     req_of(&r, text);
@@ -318,24 +334,46 @@ static void exact_ranges_from_tables(void **state)
         rate_policy_free(r.pol);
     }
 
-    /* A sliding log: the general script's at any limit (its rule forms
-     * no L * W) while 2 * W stays below lua_step. */
+    /* A sliding log: the lean script's at any limit up to W = lua_lean
+     * (its numbers are times, within W of t); without the lean scripts,
+     * the general script's (its rule forms no L * W) while 2 * W stays
+     * below lua_step; past both, the C step's. */
     const rate__algo_t *sl = rate__algo(RATE_SLIDING_LOG);
-    for (int past = 0; past < 2; past++) {
+    assert_true(sl->lua_lean > sl->lua_step / 2);
+    rate__redis_proto_t pg = proto(false);
+    static const struct {
+        int w; /* 0: lua_step / 2 - 1, 1: lua_step / 2, 2: lua_lean, 3: + 1 */
+        int lean, general; /* 1 taken, 0 not */
+    } sls[] = {{0, 1, 1}, {1, 1, 0}, {2, 1, 0}, {3, 0, 0}};
+    for (size_t i = 0; i < sizeof sls / sizeof sls[0]; i++) {
+        uint64_t w = sls[i].w == 0   ? sl->lua_step / 2 - 1
+                     : sls[i].w == 1 ? sl->lua_step / 2
+                     : sls[i].w == 2 ? sl->lua_lean
+                                     : sl->lua_lean + 1;
         snprintf(text, sizeof text, "sliding-log %u/%lluns",
-                 RATE_SLIDING_LOG_MAX,
-                 (unsigned long long)(sl->lua_step / 2 - 1 + (unsigned)past));
+                 RATE_SLIDING_LOG_MAX, (unsigned long long)w);
         req_of(&r, text);
         int rc = cmd_of(&p, RATE__VIA_SCRIPTS, false, &r, &c);
-        if (!past) {
+        if (sls[i].lean) {
+            assert_int_equal(rc, RATE_OK);
+            assert_int_equal(c.lean, RATE__LEAN_SL);
+            script_has_range(&c, "SLIDING_LOG", sl);
+            rate__redis_cmd_free(&c);
+        } else if (rc != RATE_ENOTSUP) {
+            fail_msg("%s: %d, lean %d, want ENOTSUP", text, rc, c.lean);
+        }
+        rc = cmd_of(&pg, RATE__VIA_SCRIPTS, false, &r, &c);
+        if (sls[i].general) {
             assert_int_equal(rc, RATE_OK);
             assert_int_equal(c.lean, -1);
             rate__redis_cmd_free(&c);
-        } else {
-            assert_int_equal(rc, RATE_ENOTSUP);
+        } else if (rc != RATE_ENOTSUP) {
+            fail_msg("%s: %d without the lean scripts, want ENOTSUP", text,
+                     rc);
         }
         rate_policy_free(r.pol);
     }
+    rate__redis_proto_free(&pg);
 
     /* The general script: permits below the limits' lua_step. */
     req_of(&r, "sliding-window 10/s; fixed-window 5/s");

@@ -269,7 +269,7 @@ const rate__algo_t rate__sliding_log = {
     .name = "sliding-log",
     .fixed = SL_HEAD,
     .grow = SL_ENTRY,
-    RATE__LUA_RANGE(50, 0),
+    RATE__LUA_RANGE(50, 51), /* lean: W at most 2^51 ns */
     .size = sl_size,
     .load = sl_load,
     .advance = sl_advance,

@@ -2,11 +2,12 @@
 -- Sliding log in Lua: the rule of sliding_log.c for the Redis scripts, in
 -- the shape of the C table (rate__algo_t), its
 -- members as local functions sl_NAME (as in sliding_log.c): load, advance, decide, status,
--- valid (sl_view_ok) and commit.  Unlike the other pieces it reads its
--- entries from the state bytes itself, with the general step's byte and
--- time helpers (u32, u64, get_t, put_t, put32, put64, tcmp, tdiff, tminus:
--- times as {s, ns} pairs), so only that driver includes it
--- (cmake/lua_script.cmake).
+-- valid (sl_view_ok), adjust and commit.  Unlike the other pieces it reads its
+-- entries from the state bytes itself, with its driver's byte and time
+-- helpers (u32, u64, get_t, put_t, put32, put64, tcmp, tdiff, tminus),
+-- which hold a time as they like: the general step as {s, ns} pairs, the
+-- lean sliding log (src/store/redis/lean_sl.lua) as its distance from
+-- the call's t (cmake/lua_script.cmake).
 --
 -- The component: count u32, sum u32, then count entries (time u64,
 -- permits u64), oldest first.  A view: {base, first, count, sum}, the
@@ -122,14 +123,42 @@ local function sl_valid(st, v, last_lo, last_hi)
   return total == v.sum and (phi < last_hi or (phi == last_hi and plo <= last_lo))
 end
 
--- The component after admitting n >= 1 at t: the kept entries, copied
--- once (then once more by the driver's table.concat), and either the
+-- A refund (op 1) takes back n permits, at most the view's sum: v.trim,
+-- which sl_commit drops from the newest entries, logging nothing (0); a
+-- penalty (op 2): the permits to log at t, as many as fit under L.
+local function sl_adjust(v, op, n, L)
+  if op == 1 then
+    local trim = v.sum
+    if n < trim then trim = n end
+    v.trim, v.sum = trim, v.sum - trim
+    return 0
+  end
+  if v.sum >= L then return 0 end
+  if n < L - v.sum then return n end
+  return L - v.sum
+end
+
+-- The component after logging n at t: the kept entries, copied once
+-- (then once more by the driver's concatenation), less a refund's trim
+-- (the newest entries dropped or cut down; n is then 0), and either the
 -- newest entry's permits raised (an entry at t already) or a new entry.
 local function sl_commit(st, v, n, t)
   local kept = v.count - v.first
   local from, to = v.base + v.first * 16, v.base + v.count * 16 - 1
-  local tail
-  if kept > 0 and tcmp(get_t(st, to - 15), t) == 0 then
+  local tail = ''
+  local trim = v.trim or 0
+  if trim > 0 then
+    while trim > 0 and kept > 0 do
+      local last = u64(st, to - 7, SLIDING_LOG_STEP)
+      if last <= trim then
+        kept, to, trim = kept - 1, to - 16, trim - last
+      else
+        tail, to, trim = put64(last - trim), to - 8, 0
+      end
+    end
+  elseif n == 0 then
+    -- nothing to log
+  elseif kept > 0 and tcmp(get_t(st, to - 15), t) == 0 then
     tail = put64(u64(st, to - 7, SLIDING_LOG_STEP) + n)
     to = to - 8
   else

@@ -14,7 +14,8 @@
 #include "redis_tb_lua.h"   /* the lean scripts, assembled from */
 #include "redis_lb_lua.h"   /* src/store/redis/lean_tb.lua, */
 #include "redis_fw_lua.h"   /* lean_lb.lua, lean_fw.lua, */
-#include "redis_sw_lua.h"   /* lean_sw.lua */
+#include "redis_sw_lua.h"   /* lean_sw.lua, */
+#include "redis_sl_lua.h"   /* lean_sl.lua */
 #include "ratelimit_redis.h"
 
 /* A plain token bucket of the kind everyone writes (Redis's TIME, two
@@ -368,22 +369,26 @@ static void bench_lean(const char *url, const char *host, int port,
                        const rate_redis_options_t *base)
 {
     /* rows: EVALSHA of 'return 1', the plain script, the general script
-     * (a token bucket, a sliding window), the NL lean scripts by EVALSHA
-     * from row LEAN0, then by FCALL */
-    enum { NL = 4, LEAN0 = 4, ROWS = LEAN0 + 2 * NL };
+     * (a token bucket, a sliding window, a sliding log), the NL lean
+     * scripts by EVALSHA from row LEAN0, then by FCALL */
+    enum { NL = 5, LEAN0 = 5, ROWS = LEAN0 + 2 * NL };
     char sha[LEAN0 + NL][41], args[ROWS][640];
     static const char *names[ROWS] = {
         "EVALSHA of 'return 1'", "plain token-bucket script",
         "general script (redis_step.lua)", "general script, sliding window",
+        "general script, sliding log",
         "lean token bucket, EVALSHA", "lean leaky bucket, EVALSHA",
         "lean fixed window, EVALSHA", "lean sliding window, EVALSHA",
+        "lean sliding log, EVALSHA",
         "lean token bucket, FCALL (the store's)",
         "lean leaky bucket, FCALL (the store's)",
         "lean fixed window, FCALL (the store's)",
-        "lean sliding window, FCALL (the store's)"};
+        "lean sliding window, FCALL (the store's)",
+        "lean sliding log, FCALL (the store's)"};
     const char *src[LEAN0 + NL] = {
-        "return 1",   bench_plain_tb_lua, redis_step_lua, redis_step_lua,
-        redis_tb_lua, redis_lb_lua,       redis_fw_lua,   redis_sw_lua};
+        "return 1",     bench_plain_tb_lua, redis_step_lua, redis_step_lua,
+        redis_step_lua, redis_tb_lua,       redis_lb_lua,   redis_fw_lua,
+        redis_sw_lua,   redis_sl_lua};
     for (int i = 0; i < LEAN0 + NL; i++)
         if (!load_script(host, port, src[i], sha[i]))
             return;
@@ -401,24 +406,33 @@ static void bench_lean(const char *url, const char *host, int port,
     snprintf(args[3], sizeof args[3],
              "%s %s 1 %sgensw{__rand_int__} '' '' 1 0 -1 %u 3 5 100000 "
              "1000000000 0", head, sha[3], prefix, id);
+    /* sliding-log 1000/10ms (algorithm 4): at the bench's rate a key logs
+     * a few entries a window, each call an admission that writes them */
+    snprintf(args[4], sizeof args[4],
+             "%s %s 1 %sgensl{__rand_int__} '' '' 1 0 -1 %u 3 4 1000 "
+             "10000000 0", head, sha[4], prefix, id);
     /* The lean scripts: time, permits, max_wait, the operation (0, an
      * admission), then the policy's numbers in one argument (lean.lua):
      * the expiry, id, format, the word's width and the algorithm's.
      * token-bucket 100000/s burst=1000: g = 10^5, L/g = 1, P/g = 10^4 */
-    snprintf(args[4], sizeof args[4],
-             "%s %s 1 %stb{__rand_int__} '' '' 1 0 0 '-1 %u 3 8 1 10000 "
-             "1000 100000 46116860184273'", head, sha[4], prefix, id);
     snprintf(args[5], sizeof args[5],
-             "%s %s 1 %slb{__rand_int__} '' '' 1 0 0 '-1 %u 3 8 1 10000 "
-             "1000 100000'", head, sha[5], prefix, id);
-    /* fixed-window 100000000/1h */
+             "%s %s 1 %stb{__rand_int__} '' '' 1 0 0 '-1 %u 3 8 1 10000 "
+             "1000 100000 46116860184273'", head, sha[5], prefix, id);
     snprintf(args[6], sizeof args[6],
-             "%s %s 1 %sfw{__rand_int__} '' '' 1 0 0 '-1 %u 3 8 100000000 "
-             "3600000000000'", head, sha[6], prefix, id);
-    /* sliding-window 100000/s: the two counts, 16 bytes */
+             "%s %s 1 %slb{__rand_int__} '' '' 1 0 0 '-1 %u 3 8 1 10000 "
+             "1000 100000'", head, sha[6], prefix, id);
+    /* fixed-window 100000000/1h */
     snprintf(args[7], sizeof args[7],
+             "%s %s 1 %sfw{__rand_int__} '' '' 1 0 0 '-1 %u 3 8 100000000 "
+             "3600000000000'", head, sha[7], prefix, id);
+    /* sliding-window 100000/s: the two counts, 16 bytes */
+    snprintf(args[8], sizeof args[8],
              "%s %s 1 %ssw{__rand_int__} '' '' 1 0 0 '-1 %u 3 16 100000 "
-             "1000000000'", head, sha[7], prefix, id);
+             "1000000000'", head, sha[8], prefix, id);
+    /* sliding-log 1000/10ms: count, sum, then the entries (width 0) */
+    snprintf(args[9], sizeof args[9],
+             "%s %s 1 %ssl{__rand_int__} '' '' 1 0 0 '-1 %u 3 0 1000 "
+             "10000000'", head, sha[9], prefix, id);
     /* The same as a Functions library of the bench's own, as the store
      * sends them (docs/redis.md), deleted at the end. */
     int rows = LEAN0 + NL;

@@ -67,13 +67,17 @@ local id, fmt = num[2], num[3]
 -- w8, a number, when it is 8 bytes below 2^53 either way (the common
 -- case, read in the same struct.unpack as the header), else its 32-bit
 -- limbs, low first, in w (all nil: a new key).  WB (num[4]) is the
--- word's width in bytes: 8, or 16 for a wide bucket (B * P > 2^62).
+-- word's width in bytes: 8, or 16 for a wide bucket (B * P > 2^62); 0
+-- for a sliding log's 8 bytes and its entries after them (its driver
+-- checks their length).
 local WB = 8
-if num[4] ~= 8 then WB = 16 end
+if num[4] == 16 then WB = 16 end
 local t_hi, t_lo, dt, w, w8 = now_hi, now_lo, 0, nil, nil
 local l_hi, l_lo
 if st ~= nil then
-  if #st ~= 14 + WB then return DECLINE end
+  if #st ~= 14 + WB and (num[4] ~= 0 or #st < 14 + WB) then
+    return DECLINE
+  end
   local tag, count, f, pos
   if WB == 8 then
     -- the word as one signed number too: exact when below 2^53 either way

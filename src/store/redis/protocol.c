@@ -53,11 +53,13 @@
 #include "redis_lb_lua.h"
 #include "redis_fw_lua.h"
 #include "redis_sw_lua.h"
+#include "redis_sl_lua.h"
 
 #define LEAN_TB RATE__LEAN_TB
 #define LEAN_LB RATE__LEAN_LB
 #define LEAN_FW RATE__LEAN_FW
 #define LEAN_SW RATE__LEAN_SW
+#define LEAN_SL RATE__LEAN_SL
 #define LEAN_COUNT RATE__LEAN_COUNT
 
 /* The expiry rule of step.lua's expire_at (see there and
@@ -102,7 +104,7 @@ static const char cas_script[] =
 static const char probe_script[] = "return 1\n";
 
 /* The lean scripts: one per single-limit algorithm (lean_tb.lua,
- * lean_lb.lua, lean_fw.lua, lean_sw.lua here, each with lean.lua and its algorithm's
+ * lean_lb.lua, lean_fw.lua, lean_sw.lua, lean_sl.lua here, each with lean.lua and its algorithm's
  * src/algo/NAME.lua, assembled by the build; see docs/redis.md). */
 static const struct {
     const char *src;
@@ -112,6 +114,7 @@ static const struct {
     {redis_lb_lua, sizeof redis_lb_lua - 1},
     {redis_fw_lua, sizeof redis_fw_lua - 1},
     {redis_sw_lua, sizeof redis_sw_lua - 1},
+    {redis_sl_lua, sizeof redis_sl_lua - 1},
 };
 
 const char *rate__redis_lease_script(size_t *len)
@@ -503,7 +506,8 @@ static uint64_t gcd64(uint64_t a, uint64_t b)
  * of g, a common divisor of L and P below 2^36, so that B * P / g <=
  * lua_lean (2^51); a fixed window's count at most lua_lean and its length
  * below it (2^52 ns); a sliding window's L * W at most lua_lean (2^52) and its length at
- * most half of it (2^51 ns, 26 days). */
+ * most half of it (2^51 ns, 26 days); a sliding log's length at most
+ * lua_lean (2^51 ns). */
 #define LEAN_G UINT64_C(10000000000) /* 10^10: g divides it, so g < 2^36 */
 
 static int lean_of(const rate_decide_req_t *q, char num[][24], int *nn)
@@ -555,6 +559,15 @@ static int lean_of(const rate_decide_req_t *q, char num[][24], int *nn)
         dec_u64(num[(*nn)++], l->limit);
         dec_u64(num[(*nn)++], l->period_ns);
         return LEAN_SW;
+    }
+    if (l->algorithm == RATE_SLIDING_LOG) {
+        if (l->period_ns > a->lua_lean)
+            return -1;
+        dec_u64(num[(*nn)++], 0u); /* the width: count, sum, then entries */
+        dec_u64(num[(*nn)++], (uint64_t)q->op);
+        dec_u64(num[(*nn)++], l->limit);
+        dec_u64(num[(*nn)++], l->period_ns);
+        return LEAN_SL;
     }
     return -1;
 }
@@ -792,7 +805,7 @@ static int make_fn_lib(rate__redis_proto_t *p)
 {
     /* the lean scripts, then the lease scripts (lease.c) */
     enum { FNS = LEAN_COUNT + 2 };
-    static const char *tag[FNS] = {"tb", "lb", "fw", "sw", "lease",
+    static const char *tag[FNS] = {"tb", "lb", "fw", "sw", "sl", "lease",
                                    "leaserate"};
     const char *src[FNS];
     char *name[FNS];

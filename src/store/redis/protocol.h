@@ -21,6 +21,7 @@ typedef enum rate__lean {
     RATE__LEAN_LB,
     RATE__LEAN_FW,
     RATE__LEAN_SW,
+    RATE__LEAN_SL,
     RATE__LEAN_COUNT
 } rate__lean_t;
 
