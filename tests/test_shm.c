@@ -537,6 +537,15 @@ static void refuses_what_it_cannot_read(void **state)
     rate_store_t *ok = open_shm(&pre);
     rate_store_free(ok);
     assert_int_equal(unlink(path), 0);
+    /* Without a prefix too: a key_max below a record's key would make a
+     * region on which every decision fails. */
+    rate_shm_options_t tiny = {.max_keys = 1000, .key_max = 3};
+    expect_refusal(&tiny, RATE_EINVAL, "key_max 3 is below 4");
+    assert_int_equal(rate_store_shm_size(&tiny), 0);
+    assert_int_equal(access(path, F_OK), -1);
+    tiny.key_max = 4;
+    rate_store_free(open_shm(&tiny));
+    assert_int_equal(unlink(path), 0);
     /* A region above the bound (64 GiB) is refused before any file. */
     rate_shm_options_t huge = {.max_keys = INT32_MAX};
     expect_refusal(&huge, RATE_EINVAL, "more than a region may");

@@ -216,6 +216,10 @@ static int make_layout(const rate_shm_options_t *o, layout_t *l, char *err,
     if (l->key_max > KEY_MAX_MAX)
         return fail(err, errlen, RATE_EINVAL,
                     "key_max %u is above %u", l->key_max, KEY_MAX_MAX);
+    if (l->key_max < REC_KEY) /* no policy record would fit: no decision */
+        return fail(err, errlen, RATE_EINVAL,
+                    "key_max %u is below %u (policy records' keys take %u "
+                    "bytes)", l->key_max, REC_KEY, REC_KEY);
     if (l->state_max > STATE_MAX_MAX)
         return fail(err, errlen, RATE_EINVAL,
                     "state_max %u is above %u", l->state_max, STATE_MAX_MAX);
