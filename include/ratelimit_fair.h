@@ -190,7 +190,8 @@ RATE_API int rate_fair_acquire(rate_fair_t *fair, const char *flow,
  * since a waiter of another process (or of another fair limit of this
  * process) cannot wake it.
  * Errors (no callback, *out zeroed): as rate_fair_acquire; RATE_EINVAL
- * for a NULL loop or cb, a loop without io or timer functions, or a loop
+ * for a NULL loop or cb, a loop without io or timer functions or with a
+ * reserved one set (ratelimit_loop.h), or a loop
  * other than the one of this fair limit's first asynchronous call (one
  * fair limit, one loop: the same ud and functions); RATE_ENOMEM.
  * Ownership: the flow is only read; the loop table is copied at the first
