@@ -789,6 +789,52 @@ static void on_shm(void (*run)(rate_store_t *))
     unlink(shm_path);
 }
 
+/* A key too long for the store (a region's key_max, with the leases'
+ * 8-byte prefix) is the caller's RATE_EKEY, not a store error: *lease and
+ * *out zeroed, whether the policy has rate limits or not. */
+static void test_key_past_the_store(void **state)
+{
+    (void)state;
+    rate_shm_options_t o = {.max_keys = 64, .key_max = 16, .state_max = 200};
+    size_t len = rate_store_shm_size(&o);
+    void *mem = NULL;
+    assert_int_equal(posix_memalign(&mem, 4096, len), 0);
+    memset(mem, 0, len);
+    rate_store_t *store = NULL;
+    assert_int_equal(rate_store_shm_new_in(mem, len, &o, &store, NULL, 0),
+                     RATE_OK);
+    const char *texts[] = {"concurrency 2 ttl=1s",
+                           "concurrency 2 ttl=1s; token-bucket 10/s burst=10"};
+    for (size_t t = 0; t < 2; t++) {
+        rate_inflight_policy_t *ip = NULL;
+        assert_int_equal(rate_inflight_policy_parse(texts[t], &ip, NULL, 0),
+                         RATE_OK);
+        rate_inflight_config_t c = {.policy = ip, .store = store};
+        rate_inflight_t *in = NULL;
+        assert_int_equal(rate_inflight_new(&c, &in), RATE_OK);
+        rate_lease_t l;
+        rate_decision_t d;
+        memset(&d, 0xff, sizeof d);
+        assert_int_equal(rate_inflight_acquire(in, "123456789", 9,
+                                               RATE_LEASE_NORMAL, &l, &d),
+                         RATE_EKEY);
+        assert_int_equal(l.id, 0);
+        assert_false(d.allowed);
+        assert_int_equal(d.reason, RATE_REASON_ALLOWED); /* zeroed */
+        assert_int_equal(d.error, 0);
+        assert_int_equal(rate_inflight_acquire(in, "12345678", 8,
+                                               RATE_LEASE_NORMAL, &l, &d),
+                         RATE_OK);
+        assert_true(d.allowed);
+        assert_int_equal(rate_inflight_release(in, "12345678", 8, &l),
+                         RATE_OK);
+        rate_inflight_free(in);
+        rate_inflight_policy_free(ip);
+    }
+    rate_store_free(store);
+    free(mem);
+}
+
 static void test_reserved_shm(void **state)
 {
     (void)state;
@@ -1112,6 +1158,7 @@ int main(void)
         cmocka_unit_test(test_corrupt),
         cmocka_unit_test(test_reserved_memory),
         cmocka_unit_test(test_reserved_shm),
+        cmocka_unit_test(test_key_past_the_store),
         cmocka_unit_test(test_pressure_memory),
         cmocka_unit_test(test_pressure_shm),
         cmocka_unit_test(test_threads_memory),
