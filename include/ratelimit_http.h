@@ -312,9 +312,9 @@ typedef struct rate_rules_held rate_rules_held_t;
  * Returns: RATE_OK with *out filled and *held the leases to release
  * (NULL when none is held: denied, or no in-flight policy applied).
  *
- * Errors: as rate_rules_check (*held NULL); RATE_EKEY also for a rule's
- * key longer than RATE_LEASE_KEY_MAX (504) bytes under an in-flight
- * policy; RATE_ENOMEM.
+ * Errors: as rate_rules_check (*held NULL); RATE_EINVAL also for a NULL
+ * held; RATE_EKEY also for a rule's key longer than RATE_LEASE_KEY_MAX
+ * (504) bytes under an in-flight policy; RATE_ENOMEM.
  *
  * Ownership: as rate_rules_check; the caller releases *held exactly once
  * (rate_rules_release), before freeing the rules or the limiter.
