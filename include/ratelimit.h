@@ -31,6 +31,11 @@
  * calls.  Whoever calls a *_new calls its *_free (NULL: nothing); keys are
  * copied, never kept by reference.  Policies are immutable and limiters
  * and stores thread-safe, but a *_free must not race other calls.
+ * Signal handlers: the calls that only read static storage (rate_strerror,
+ * rate_err_name, rate_reason_name, rate_algorithm_name) and the clock
+ * reads rate_clock_monotonic_ns and rate_clock_coarse_ns are
+ * async-signal-safe; no other call is (they may allocate or take a lock
+ * that the interrupted thread holds).
  *
  * ABI.  From 0.4 on the soname (libratelimit.so.1) changes only if the
  * ABI must break.  Structs a caller fills in or allocates end with
