@@ -202,7 +202,7 @@ RATE_API int rate_policy_parse(const char *text, rate_policy_t **out,
                                char *err, size_t errlen);
 
 /* Writes the policy's canonical text (parsable again) into buf, truncating
- * to len bytes with the NUL (buf NULL and len 0: only measures).  A named
+ * to len bytes with the NUL (buf NULL: only measures, whatever len).  A named
  * policy's text starts with "name=NAME ".  Returns: the length the whole
  * text needs, the NUL not counted (0 for a NULL policy).  Errors: none.
  * Ownership: nothing is kept.  Thread-safe: yes. */

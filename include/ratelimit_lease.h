@@ -69,7 +69,7 @@ RATE_API int rate_inflight_policy_parse(const char *text,
                                         char *err, size_t errlen);
 
 /* Writes the policy's canonical text (parsable again) into buf, truncating
- * to len bytes with the NUL (buf NULL and len 0: only measures).
+ * to len bytes with the NUL (buf NULL: only measures, whatever len).
  * Returns: the length the whole text needs, the NUL not counted (0 for
  * NULL).  Errors: none.  Ownership: nothing is kept.  Thread-safe: yes. */
 RATE_API size_t rate_inflight_policy_format(

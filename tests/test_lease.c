@@ -86,6 +86,13 @@ static void test_policy_text(void **state)
         size_t n = rate_inflight_policy_format(p, buf, sizeof buf);
         assert_int_equal(n, strlen(buf));
         assert_string_equal(buf, good[i].canon);
+        /* measured without a buffer (whatever len says) and cut short */
+        assert_int_equal(rate_inflight_policy_format(p, NULL, 0), n);
+        assert_int_equal(rate_inflight_policy_format(p, NULL, sizeof buf), n);
+        char cut[8];
+        assert_int_equal(rate_inflight_policy_format(p, cut, sizeof cut), n);
+        assert_int_equal(strlen(cut), sizeof cut - 1);
+        assert_memory_equal(cut, good[i].canon, sizeof cut - 1);
         rate_inflight_policy_t *again = ipolicy(buf); /* parsable again */
         char buf2[256];
         rate_inflight_policy_format(again, buf2, sizeof buf2);
