@@ -550,6 +550,21 @@ static void run_doors(rate_store_t *store, bool host_local)
     assert_int_equal(rate_store_step(NULL, &k, &st), RATE_EINVAL);
     assert_int_equal(rate_store_step(store, NULL, &st), RATE_EINVAL);
     assert_int_equal(rate_store_step(store, &k, NULL), RATE_EINVAL);
+    /* A step without its function, and keys outside rate_key_t's bounds:
+     * refused before the store sees them. */
+    size_t before = runs;
+    rate_step_t nofn = st;
+    nofn.fn = NULL;
+    assert_int_equal(rate_store_step(store, &k, &nofn), RATE_EINVAL);
+    rate_key_t bad = {"door", 4, (rate_space_t)RATE_SPACES};
+    assert_int_equal(rate_store_step(store, &bad, &st), RATE_EINVAL);
+    static const char longkey[RATE_KEY_MAX + 1];
+    rate_key_t badkeys[] = {{NULL, 4, RATE_SPACE_STATE},
+                            {"door", 0, RATE_SPACE_STATE},
+                            {longkey, sizeof longkey, RATE_SPACE_STATE}};
+    for (size_t i = 0; i < sizeof badkeys / sizeof badkeys[0]; i++)
+        assert_int_equal(rate_store_step(store, &badkeys[i], &st), RATE_EKEY);
+    assert_int_equal(runs, before); /* the refusals ran no step */
 
     rate_policy_t *p = policy_of("name=door token-bucket 5/s burst=5");
     rate_limiter_config_t lc = {.policy = p, .store = store};
