@@ -1683,9 +1683,13 @@ int rate_store_shm_new(const char *path, const rate_shm_options_t *options,
     rate_shm_options_t o = {0};
     int rc;
 
+    if (out != NULL)
+        *out = NULL;
     if (out == NULL || path == NULL || *path == '\0')
-        return fail(err, errlen, RATE_EINVAL, "no path or no out (NULL)");
-    *out = NULL;
+        return fail(err, errlen, RATE_EINVAL, "%s",
+                    out == NULL    ? "no out (NULL)"
+                    : path == NULL ? "no path (NULL)"
+                                   : "an empty path");
     if (options != NULL)
         o = *options;
     if ((rc = check_options(&o, err, errlen)) != RATE_OK)
@@ -1721,9 +1725,11 @@ int rate_store_shm_new_in(void *mem, size_t len,
     rate_shm_options_t o = {0};
     int rc;
 
+    if (out != NULL)
+        *out = NULL;
     if (out == NULL || mem == NULL)
-        return fail(err, errlen, RATE_EINVAL, "no region or no out (NULL)");
-    *out = NULL;
+        return fail(err, errlen, RATE_EINVAL, "%s",
+                    out == NULL ? "no out (NULL)" : "no region (NULL)");
     if ((uintptr_t)mem % 64 != 0)
         return fail(err, errlen, RATE_EINVAL,
                     "the region is not 64-byte aligned");
