@@ -694,7 +694,10 @@ RATE_API void rate_deadline_start(void);
 
 /* Forgets the key: its next request is a new key's.  (With
  * RATE_FAIL_FALLBACK the insurance store forgets it too.)  Takes no time
- * and no permits: never RATE_ERANGE. */
+ * and no permits: never RATE_ERANGE.  A key longer than the store keeps
+ * (a shared-memory region's key_max) was never held: RATE_OK, nothing to
+ * forget; RATE_EKEY is for a NULL, empty or reserved key, or one past
+ * RATE_KEY_MAX. */
 RATE_API int rate_limiter_reset(rate_limiter_t *limiter, const char *key,
                                 size_t key_len);
 
