@@ -527,9 +527,10 @@ RATE_API rate_store_t *rate_limiter_store(const rate_limiter_t *limiter);
  * with no resolver and a policy of one limit other than a sliding log, a key
  * already stored is decided in place with no decision record.
  * Returns: true when allowed (and a shadow limiter's let-through), else false.
- * Errors: none reported: bad input (NULL limiter, NULL, empty or over-long key
- * -- past RATE_KEY_MAX, or past what the store keeps -- permits above 2^63-1,
- * now_ns above RATE_TIME_MAX) is false; a store failure follows the fail mode.
+ * Errors: none reported: bad input (NULL limiter, NULL, empty, reserved or
+ * over-long key -- past RATE_KEY_MAX, or past what the store keeps -- permits
+ * above 2^63-1, now_ns above RATE_TIME_MAX) is false; a store failure follows
+ * the fail mode.
  * Ownership: the key is only read.  Thread-safe: yes. */
 RATE_API bool rate_try_acquire(rate_limiter_t *limiter, const char *key,
                                uint64_t permits);
@@ -550,8 +551,9 @@ RATE_API bool rate_try_acquire_len_at(rate_limiter_t *limiter,
  * resolver's policy the store cannot keep included), with reason
  * RATE_REASON_STORE_ERROR, its code in `error` and the fail mode's verdict.
  * Errors (*out zeroed): RATE_EINVAL for a NULL limiter or out; RATE_EKEY for a
- * NULL or empty key, or one longer than RATE_KEY_MAX or than the store keeps
- * (a shared-memory region's key_max; never under the fail mode); RATE_ERANGE
+ * NULL, empty or reserved (RATE_KEY_RESERVED) key, or one longer than
+ * RATE_KEY_MAX or than the store keeps (a shared-memory region's key_max;
+ * never under the fail mode); RATE_ERANGE
  * for permits, max_wait_ns or now_ns above 2^63-1.  Ownership: the key is only
  * read (stores copy it).  Thread-safe: yes. */
 RATE_API int rate_limiter_check(rate_limiter_t *limiter, const char *key,
