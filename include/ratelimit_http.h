@@ -329,10 +329,11 @@ RATE_API int rate_rules_acquire(rate_rules_t *rules, rate_limiter_t *limiter,
 /* Releases every lease of a held request and frees it (NULL: nothing),
  * however the request ended.
  *
- * Returns: RATE_OK; else the first lease's error (RATE_EEXPIRED: it
- * expired before the release, its slot given back then; a store's
- * error): the other leases are released all the same, and held is freed
- * in every case.
+ * Returns: RATE_OK (NULL: nothing done).
+ *
+ * Errors: the first lease's error (RATE_EEXPIRED: it expired before the
+ * release, its slot given back then; a store's error): the other leases
+ * are released all the same, and held is freed in every case.
  *
  * Ownership: held is freed.
  *
