@@ -352,9 +352,10 @@ RATE_API int rate_rules_release(rate_rules_held_t *held);
  * Returns: RATE_OK with *out filled.
  *
  * Errors: RATE_EINVAL for a NULL outcome or out, an outcome whose count
- * is above RATE_RULES_MAX_APPLY, or an applied limit the fields would
- * describe that is none (an unknown algorithm or a limit of 0: an outcome
- * filled by hand); RATE_ERANGE for fields too long for *out.  *out is zeroed on either (when it is not NULL).
+ * is above RATE_RULES_MAX_APPLY, or (an outcome filled by hand) a
+ * policy_name without its NUL or an applied limit the fields would
+ * describe that is none (an unknown algorithm or a limit of 0);
+ * RATE_ERANGE for fields too long for *out.  *out is zeroed on either (when it is not NULL).
  *
  * Ownership: outcome is read during the call; *out is the caller's;
  * nothing is kept.

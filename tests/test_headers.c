@@ -306,6 +306,11 @@ static void unlimited_shadow_and_store_errors(void **state)
     assert_int_equal(rate_outcome_headers(&o, &h), RATE_EINVAL);
     o.applied[0].unlimited = true; /* no limit to describe */
     assert_int_equal(rate_outcome_headers(&o, &h), RATE_OK);
+    /* a name that fills its array with no NUL: refused, not read past */
+    o.applied[0].unlimited = false;
+    o.applied[0].limit = *rate_policy_limit(p, 0);
+    memset(o.applied[0].policy_name, 'n', sizeof o.applied[0].policy_name);
+    assert_int_equal(rate_outcome_headers(&o, &h), RATE_EINVAL);
     rate_policy_free(p);
 }
 
