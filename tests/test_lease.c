@@ -17,6 +17,7 @@
 
 #include "lib/helpers.h"
 #include "lib/lease_holders.h"
+#include "lib/shm_mem.h"
 #include "lib/wait.h"
 
 static rate_inflight_policy_t *ipolicy(const char *text)
@@ -818,13 +819,8 @@ static void test_key_past_the_store(void **state)
 {
     (void)state;
     rate_shm_options_t o = {.max_keys = 64, .key_max = 16, .state_max = 200};
-    size_t len = rate_store_shm_size(&o);
     void *mem = NULL;
-    assert_int_equal(posix_memalign(&mem, 4096, len), 0);
-    memset(mem, 0, len);
-    rate_store_t *store = NULL;
-    assert_int_equal(rate_store_shm_new_in(mem, len, &o, &store, NULL, 0),
-                     RATE_OK);
+    rate_store_t *store = shm_mem_new(&o, &mem);
     const char *texts[] = {"concurrency 2 ttl=1s",
                            "concurrency 2 ttl=1s; token-bucket 10/s burst=10"};
     for (size_t t = 0; t < 2; t++) {

@@ -8,11 +8,11 @@
  * keeps its own leases, as a process does.
  */
 #include "lib/helpers.h"
+#include "lib/shm_mem.h"
 #include "lib/wait.h"
 
 #include <pthread.h>
 #include <unistd.h>
-#include "ratelimit_shm.h"
 #include "ratelimit_synced.h"
 
 static rate_synced_t *synced(const char *text, rate_store_t *remote,
@@ -578,16 +578,9 @@ static void bad_input_named(void **state)
 static void bad_key_is_no_remote_failure(void **state)
 {
     (void)state;
-    rate_shm_options_t o = {0};
-    o.max_keys = 64;
-    o.key_max = 16;
-    size_t len = rate_store_shm_size(&o);
+    rate_shm_options_t o = {.max_keys = 64, .key_max = 16};
     void *mem = NULL;
-    assert_int_equal(posix_memalign(&mem, 4096, len), 0);
-    memset(mem, 0, len);
-    rate_store_t *shm = NULL;
-    assert_int_equal(rate_store_shm_new_in(mem, len, &o, &shm, NULL, 0),
-                     RATE_OK);
+    rate_store_t *shm = shm_mem_new(&o, &mem);
     rate_synced_t *s = synced_l("token-bucket 10/s burst=10", shm, 4);
     static const char reserved[] = RATE_KEY_RESERVED "\0k"; /* 8 + 1 */
     const char *longkey = "a key longer than sixteen bytes";
