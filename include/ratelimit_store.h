@@ -539,7 +539,7 @@ RATE_API void *rate_store_backend(const rate_store_t *store,
  * or non-zero reserved words; RATE_EKEY for a NULL, empty or too long
  * key; RATE_ERANGE for permits or now_ns above RATE_TIME_MAX.
  * Called with key, fair and out all NULL, it only asks: RATE_OK when the
- * limiter's store has fair(), else RATE_ENOTSUP.
+ * limiter's store has fair(), else RATE_ENOTSUP (a NULL limiter too).
  * Ownership: nothing kept.  Thread-safe: yes. */
 RATE_API int rate_limiter_check_fair(rate_limiter_t *lim,
                                      const rate_policy_t *policy,
