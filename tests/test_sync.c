@@ -605,6 +605,7 @@ static void bad_key_is_no_remote_failure(void **state)
     assert_int_equal(st.remote_errors, 0);
     assert_int_equal(st.fail_mode, 0);
     assert_int_equal(st.decisions, 2);
+    assert_int_equal(st.keys, 1); /* k1's lease; no entry for a bad key */
     rate_synced_free(s);
     rate_store_free(shm);
     free(mem);

@@ -616,6 +616,10 @@ static int decide_in(rate_synced_t *s, const char *key, size_t len,
     pthread_cond_broadcast(&sh->cv);
     if (rc == RATE_EKEY) { /* longer than the remote keeps: no failure */
         sh->decisions--;
+        if (e->held == 0) { /* the entry made for it: none is kept */
+            detach(sh, e);
+            free(e);
+        }
         pthread_mutex_unlock(&sh->mu);
         memset(out, 0, sizeof *out);
         return RATE_EKEY;
