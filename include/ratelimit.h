@@ -31,6 +31,11 @@
  * calls.  Whoever calls a *_new calls its *_free (NULL: nothing); keys are
  * copied, never kept by reference.  Policies are immutable and limiters
  * and stores thread-safe, but a *_free must not race other calls.
+ * Signal handlers: the calls that only read static storage (rate_strerror,
+ * rate_err_name, rate_reason_name, rate_algorithm_name) and the clock
+ * reads rate_clock_monotonic_ns and rate_clock_coarse_ns are
+ * async-signal-safe; no other call is (they may allocate or take a lock
+ * that the interrupted thread holds).
  *
  * ABI.  From 0.4 on the soname (libratelimit.so.1) changes only if the
  * ABI must break.  Structs a caller fills in or allocates end with
@@ -197,7 +202,7 @@ RATE_API int rate_policy_parse(const char *text, rate_policy_t **out,
                                char *err, size_t errlen);
 
 /* Writes the policy's canonical text (parsable again) into buf, truncating
- * to len bytes with the NUL (buf NULL and len 0: only measures).  A named
+ * to len bytes with the NUL (buf NULL: only measures, whatever len).  A named
  * policy's text starts with "name=NAME ".  Returns: the length the whole
  * text needs, the NUL not counted (0 for a NULL policy).  Errors: none.
  * Ownership: nothing is kept.  Thread-safe: yes. */
@@ -522,9 +527,10 @@ RATE_API rate_store_t *rate_limiter_store(const rate_limiter_t *limiter);
  * with no resolver and a policy of one limit other than a sliding log, a key
  * already stored is decided in place with no decision record.
  * Returns: true when allowed (and a shadow limiter's let-through), else false.
- * Errors: none reported: bad input (NULL limiter, NULL, empty or over-long key
- * -- past RATE_KEY_MAX, or past what the store keeps -- permits above 2^63-1,
- * now_ns above RATE_TIME_MAX) is false; a store failure follows the fail mode.
+ * Errors: none reported: bad input (NULL limiter, NULL, empty, reserved or
+ * over-long key -- past RATE_KEY_MAX, or past what the store keeps -- permits
+ * above 2^63-1, now_ns above RATE_TIME_MAX) is false; a store failure follows
+ * the fail mode.
  * Ownership: the key is only read.  Thread-safe: yes. */
 RATE_API bool rate_try_acquire(rate_limiter_t *limiter, const char *key,
                                uint64_t permits);
@@ -545,8 +551,9 @@ RATE_API bool rate_try_acquire_len_at(rate_limiter_t *limiter,
  * resolver's policy the store cannot keep included), with reason
  * RATE_REASON_STORE_ERROR, its code in `error` and the fail mode's verdict.
  * Errors (*out zeroed): RATE_EINVAL for a NULL limiter or out; RATE_EKEY for a
- * NULL or empty key, or one longer than RATE_KEY_MAX or than the store keeps
- * (a shared-memory region's key_max; never under the fail mode); RATE_ERANGE
+ * NULL, empty or reserved (RATE_KEY_RESERVED) key, or one longer than
+ * RATE_KEY_MAX or than the store keeps (a shared-memory region's key_max;
+ * never under the fail mode); RATE_ERANGE
  * for permits, max_wait_ns or now_ns above 2^63-1.  Ownership: the key is only
  * read (stores copy it).  Thread-safe: yes. */
 RATE_API int rate_limiter_check(rate_limiter_t *limiter, const char *key,
@@ -689,7 +696,10 @@ RATE_API void rate_deadline_start(void);
 
 /* Forgets the key: its next request is a new key's.  (With
  * RATE_FAIL_FALLBACK the insurance store forgets it too.)  Takes no time
- * and no permits: never RATE_ERANGE. */
+ * and no permits: never RATE_ERANGE.  A key longer than the store keeps
+ * (a shared-memory region's key_max) was never held: RATE_OK, nothing to
+ * forget; RATE_EKEY is for a NULL, empty or reserved key, or one past
+ * RATE_KEY_MAX. */
 RATE_API int rate_limiter_reset(rate_limiter_t *limiter, const char *key,
                                 size_t key_len);
 

@@ -84,8 +84,9 @@ typedef struct rate_dynamodb_options {
  *                  endpoint not http(s)://), a bad option (non-zero
  *                  reserved words, a prefix_len above 1024 or with a NULL
  *                  prefix, a timeout or safety_ttl_ns above
- *                  RATE_TIME_MAX), no credentials, a table of another key
- *                  schema
+ *                  RATE_TIME_MAX, access_key_id without secret_access_key
+ *                  or the other way round), no credentials, a table of
+ *                  another key schema
  *   RATE_ESTORE    the endpoint unreachable or refusing (the service's
  *                  message: a missing table, bad credentials, ...); libcurl
  *                  that cannot be initialized

@@ -76,8 +76,8 @@ typedef struct rate_fair_config {
  * RATE_FAIR_QUEUE_MAX, or a shm_path file that is not a fair table of
  * these slots and queue_max (err says which: made with others, not a
  * fair table, of another version, of another size, a damaged header or
- * lock; docs/fair.md, "A damaged table"); RATE_EKEY for a NULL, empty
- * or too long key; RATE_ESTORE for a shm_path that cannot be opened,
+ * lock; docs/fair.md, "A damaged table"); RATE_EKEY for a NULL, empty,
+ * too long or reserved (RATE_KEY_RESERVED) key; RATE_ESTORE for a shm_path that cannot be opened,
  * sized or mapped (the system's reason in err); RATE_ENOMEM.
  * Ownership: the config, key and clock are copied; the limiter is
  * borrowed: free the fair limit first.  Thread-safe: yes. */
@@ -161,9 +161,10 @@ RATE_API bool rate_fair_try_acquire_at(rate_fair_t *fair, const char *flow,
  * RATE_REASON_NEVER when the shared limit can never admit the permits.
  * On a table shared by processes, a lock still held by another at the
  * deadline is that too: a denial at the deadline.
- * Errors: as rate_fair_check (*out zeroed): RATE_ECORRUPT,
- * RATE_ETIMEDOUT (the lock held by one holder for 5 s before the
- * deadline), RATE_ESTORE (a lock the system refuses).
+ * Errors: as rate_fair_check (*out zeroed), and RATE_ERANGE for
+ * timeout_ns above RATE_TIME_MAX: RATE_ECORRUPT, RATE_ETIMEDOUT (the lock
+ * held by one holder for 5 s before the deadline), RATE_ESTORE (a lock
+ * the system refuses).
  * Ownership: the flow is only read.  Thread-safe: yes (any number of
  * threads and, with shm_path, processes wait at once). */
 RATE_API int rate_fair_acquire(rate_fair_t *fair, const char *flow,
@@ -189,7 +190,8 @@ RATE_API int rate_fair_acquire(rate_fair_t *fair, const char *flow,
  * since a waiter of another process (or of another fair limit of this
  * process) cannot wake it.
  * Errors (no callback, *out zeroed): as rate_fair_acquire; RATE_EINVAL
- * for a NULL loop or cb, a loop without io or timer functions, or a loop
+ * for a NULL loop or cb, a loop without io or timer functions or with a
+ * reserved one set (ratelimit_loop.h), or a loop
  * other than the one of this fair limit's first asynchronous call (one
  * fair limit, one loop: the same ud and functions); RATE_ENOMEM.
  * Ownership: the flow is only read; the loop table is copied at the first

@@ -312,9 +312,9 @@ typedef struct rate_rules_held rate_rules_held_t;
  * Returns: RATE_OK with *out filled and *held the leases to release
  * (NULL when none is held: denied, or no in-flight policy applied).
  *
- * Errors: as rate_rules_check (*held NULL); RATE_EKEY also for a rule's
- * key longer than RATE_LEASE_KEY_MAX (504) bytes under an in-flight
- * policy; RATE_ENOMEM.
+ * Errors: as rate_rules_check (*held NULL); RATE_EINVAL also for a NULL
+ * held; RATE_EKEY also for a rule's key longer than RATE_LEASE_KEY_MAX
+ * (504) bytes under an in-flight policy; RATE_ENOMEM.
  *
  * Ownership: as rate_rules_check; the caller releases *held exactly once
  * (rate_rules_release), before freeing the rules or the limiter.
@@ -329,10 +329,11 @@ RATE_API int rate_rules_acquire(rate_rules_t *rules, rate_limiter_t *limiter,
 /* Releases every lease of a held request and frees it (NULL: nothing),
  * however the request ended.
  *
- * Returns: RATE_OK; else the first lease's error (RATE_EEXPIRED: it
- * expired before the release, its slot given back then; a store's
- * error): the other leases are released all the same, and held is freed
- * in every case.
+ * Returns: RATE_OK (NULL: nothing done).
+ *
+ * Errors: the first lease's error (RATE_EEXPIRED: it expired before the
+ * release, its slot given back then; a store's error): the other leases
+ * are released all the same, and held is freed in every case.
  *
  * Ownership: held is freed.
  *
@@ -350,9 +351,11 @@ RATE_API int rate_rules_release(rate_rules_held_t *held);
  *
  * Returns: RATE_OK with *out filled.
  *
- * Errors: RATE_EINVAL for a NULL outcome or out, or an outcome whose count
- * is above RATE_RULES_MAX_APPLY; RATE_ERANGE for fields too long for
- * *out.  *out is zeroed on either (when it is not NULL).
+ * Errors: RATE_EINVAL for a NULL outcome or out, an outcome whose count
+ * is above RATE_RULES_MAX_APPLY, or (an outcome filled by hand) a
+ * policy_name without its NUL or an applied limit the fields would
+ * describe that is none (an unknown algorithm or a limit of 0);
+ * RATE_ERANGE for fields too long for *out.  *out is zeroed on either (when it is not NULL).
  *
  * Ownership: outcome is read during the call; *out is the caller's;
  * nothing is kept.

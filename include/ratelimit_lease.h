@@ -69,7 +69,7 @@ RATE_API int rate_inflight_policy_parse(const char *text,
                                         char *err, size_t errlen);
 
 /* Writes the policy's canonical text (parsable again) into buf, truncating
- * to len bytes with the NUL (buf NULL and len 0: only measures).
+ * to len bytes with the NUL (buf NULL: only measures, whatever len).
  * Returns: the length the whole text needs, the NUL not counted (0 for
  * NULL).  Errors: none.  Ownership: nothing is kept.  Thread-safe: yes. */
 RATE_API size_t rate_inflight_policy_format(
@@ -138,8 +138,9 @@ RATE_API int rate_inflight_new(const rate_inflight_config_t *config,
 
 /* Frees the object (NULL: nothing); leases still held stay in the store
  * until released by another object on it or until they expire.
- * Returns: nothing.  Errors: none.  Thread-safe: no (must not race with
- * other calls on it). */
+ * Returns: nothing.  Errors: none.  Ownership: its private store and
+ * limiter are freed; a store passed in stays the caller's (free it
+ * after).  Thread-safe: no (must not race with other calls on it). */
 RATE_API void rate_inflight_free(rate_inflight_t *inflight);
 
 /* Acquires a lease of key[0..key_len) for a request of class `cls`, at the

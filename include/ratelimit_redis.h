@@ -115,7 +115,8 @@ typedef struct rate_redis_options {
     rate_redis_module_t module;  /* whether decisions go through
                                     ratelimit.so, the Redis module
                                     (docs/redis-module.md), when loaded;
-                                    default AUTO */
+                                    default AUTO; a value that is none of
+                                    the three is RATE_EINVAL */
     bool general_script;         /* decide every policy with the general
                                     script (redis_step.lua), never a lean
                                     one: the same decisions, slower; for
@@ -152,7 +153,8 @@ typedef struct rate_redis_options {
  * with the server's message; *out is NULL):
  *   RATE_EINVAL    NULL out or url; a malformed URL (rediss:// included:
  *                  no TLS) or option (non-zero reserved words, pool_size
- *                  above 1024, a timeout or cooldown above RATE_TIME_MAX,
+ *                  above 1024, a module mode that is none of the three,
+ *                  a timeout or cooldown above RATE_TIME_MAX,
  *                  a prefix above 256 bytes or holding '{' or '}'); a
  *                  database other than 0 in a cluster (with lazy_connect
  *                  too, when found at creation)

@@ -50,9 +50,10 @@ typedef struct rate_shm_options {
     unsigned shards;        /* 0: up to 64, each of at least 256 keys;
                                rounded up to a power of two, at most 1024
                                and at most max_keys */
-    uint32_t key_max;       /* longest key, prefix included: 0 = 64; at
-                               most RATE_KEY_MAX + 64.  A longer key is
-                               the caller's error: the limiter's calls
+    uint32_t key_max;       /* longest key, prefix included: 0 = 64;
+                               from 4 (a policy record's key) to
+                               RATE_KEY_MAX + 64.  A longer key is the
+                               caller's error: the limiter's calls
                                return RATE_EKEY (no fail mode) */
     uint32_t state_max;     /* longest state: 0 = 96 (every policy of
                                buckets and windows, a sliding log of up to
@@ -100,7 +101,8 @@ typedef struct rate_shm_options {
  * the cause or the mismatch; *out is NULL):
  *   RATE_EINVAL  NULL or empty path, NULL out; a bad option (non-zero
  *                reserved words, max_keys 0 when creating or above
- *                2^31-1, key_max, state_max (22..262144), max_policies
+ *                2^31-1, key_max (4..RATE_KEY_MAX + 64), state_max
+ *                (22..262144), max_policies
  *                or shards out of range, a lock_timeout_ns above
  *                RATE_TIME_MAX, a mode that is not a file mode, a region
  *                of more than 64 GiB, a prefix longer than key_max - 4);

@@ -539,7 +539,7 @@ RATE_API void *rate_store_backend(const rate_store_t *store,
  * or non-zero reserved words; RATE_EKEY for a NULL, empty or too long
  * key; RATE_ERANGE for permits or now_ns above RATE_TIME_MAX.
  * Called with key, fair and out all NULL, it only asks: RATE_OK when the
- * limiter's store has fair(), else RATE_ENOTSUP.
+ * limiter's store has fair(), else RATE_ENOTSUP (a NULL limiter too).
  * Ownership: nothing kept.  Thread-safe: yes. */
 RATE_API int rate_limiter_check_fair(rate_limiter_t *lim,
                                      const rate_policy_t *policy,
@@ -593,7 +593,9 @@ rate_store_methods(const rate_store_t *store);
  * conflict (up to 64 times).
  * Returns: what step->fn returned (RATE_OK or the step's own code).
  * Errors: RATE_ECONFLICT when the retries ran out (nothing written by
- * this call); RATE_EINVAL for a NULL store, key or step; the store's own
+ * this call); RATE_EINVAL for a NULL store, key, step or step->fn, or a
+ * key whose space is none; RATE_EKEY for a key with NULL or no bytes, or
+ * longer than RATE_KEY_MAX (or than the store keeps); the store's own
  * errors.  Ownership: key and step are borrowed for the call; nothing is
  * kept.  Thread-safe: yes (the store makes each run atomic). */
 RATE_API int rate_store_step(const rate_store_t *store, const rate_key_t *key,

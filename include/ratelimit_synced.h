@@ -156,10 +156,11 @@ RATE_API void rate_synced_free(rate_synced_t *s);
  * holds for the key, not the remote's room; retry_after on a denial).
  * The remote failing is no error here: the fail mode decides.
  *
- * Errors: RATE_EINVAL (NULL s or out), RATE_EKEY (a NULL or empty key, or
- * one longer than RATE_KEY_MAX), RATE_ERANGE (permits or time above
- * RATE_TIME_MAX), RATE_ENOMEM (no room for the key's entry: out of
- * memory, or a full shard whose every entry is borrowing).
+ * Errors (*out zeroed): RATE_EINVAL (NULL s or out), RATE_EKEY (a NULL,
+ * empty or reserved key, one longer than RATE_KEY_MAX, or one longer than
+ * the remote keeps: no remote failure, no fail mode), RATE_ERANGE (permits
+ * or time above RATE_TIME_MAX), RATE_ENOMEM (no room for the key's entry:
+ * out of memory, or a full shard whose every entry is borrowing).
  *
  * Ownership: the key is copied when the limiter keeps an entry for it;
  * *out is the caller's.

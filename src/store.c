@@ -41,8 +41,13 @@ const rate_store_methods_t *rate_store_methods(const rate_store_t *store)
 int rate_store_step(const rate_store_t *store, const rate_key_t *key,
                     const rate_step_t *step)
 {
-    if (store == NULL || key == NULL || step == NULL)
+    if (store == NULL || key == NULL || step == NULL || step->fn == NULL ||
+        (unsigned)key->space >= RATE_SPACES)
         return RATE_EINVAL;
+    /* What rate_key_t allows: a store may trust it (the memory store
+     * keeps any length). */
+    if (key->bytes == NULL || key->len == 0 || key->len > RATE_KEY_MAX)
+        return RATE_EKEY;
     return rate__store_step(store, key, step, 64, NULL);
 }
 

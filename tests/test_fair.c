@@ -1148,6 +1148,14 @@ static void bad_input_named(void **s)
     assert_non_null(strstr(err, "key"));
     c.key_len = RATE_KEY_MAX + 1;
     assert_int_equal(rate_fair_new(&c, &f, err, sizeof err), RATE_EKEY);
+    /* the library's own prefix: the limiter would refuse every decision */
+    static const char reserved[] = RATE_KEY_RESERVED "\0k"; /* 8 + 1 */
+    c.key = reserved;
+    c.key_len = sizeof reserved - 1;
+    assert_int_equal(rate_fair_new(&c, &f, err, sizeof err), RATE_EKEY);
+    assert_non_null(strstr(err, "RATE_KEY_RESERVED"));
+    assert_null(f);
+    c.key = "k";
     c.key_len = 1;
     c.slots = RATE_FAIR_SLOTS_MAX + 1;
     assert_int_equal(rate_fair_new(&c, &f, err, sizeof err), RATE_EINVAL);

@@ -245,6 +245,12 @@ static void at_once_and_errors(void **s)
     rec_t r = {0};
     ask_t a = {&r, 'a', 0};
     rate_decision_t d;
+    /* a table with a reserved function set (ratelimit_loop.h: refused) */
+    rate_loop_t later = loop;
+    later.reserved[1] = &l;
+    assert_int_equal(rate_fair_acquire_start(f, &later, "x", 1, 1, 1, SEC, &d,
+                                             on_done, &a),
+                     RATE_EINVAL);
     assert_int_equal(rate_fair_acquire_start(f, &loop, "x", 1, 1, 1, SEC, &d,
                                              on_done, &a),
                      RATE_OK);

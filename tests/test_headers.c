@@ -291,6 +291,26 @@ static void unlimited_shadow_and_store_errors(void **state)
     assert_int_equal(rate_headers_format(NULL, &d, &h), RATE_EINVAL);
     assert_int_equal(rate_headers_format(p, NULL, &h), RATE_EINVAL);
     assert_int_equal(rate_headers_format(p, &d, NULL), RATE_EINVAL);
+    /* An outcome filled by hand whose limit is none: refused, no crash. */
+    rate_outcome_t o = {0};
+    o.count = 1;
+    o.applied[0].limit = *rate_policy_limit(p, 0);
+    assert_int_equal(rate_outcome_headers(&o, &h), RATE_OK);
+    o.applied[0].limit.limit = 0; /* a bucket refilling 0 per period */
+    memset(&h, 0xff, sizeof h);
+    assert_int_equal(rate_outcome_headers(&o, &h), RATE_EINVAL);
+    assert_int_equal(h.status, 0);
+    assert_string_equal(h.policy, "");
+    o.applied[0].limit.limit = 1;
+    o.applied[0].limit.algorithm = (rate_algorithm_t)9;
+    assert_int_equal(rate_outcome_headers(&o, &h), RATE_EINVAL);
+    o.applied[0].unlimited = true; /* no limit to describe */
+    assert_int_equal(rate_outcome_headers(&o, &h), RATE_OK);
+    /* a name that fills its array with no NUL: refused, not read past */
+    o.applied[0].unlimited = false;
+    o.applied[0].limit = *rate_policy_limit(p, 0);
+    memset(o.applied[0].policy_name, 'n', sizeof o.applied[0].policy_name);
+    assert_int_equal(rate_outcome_headers(&o, &h), RATE_EINVAL);
     rate_policy_free(p);
 }
 

@@ -17,6 +17,7 @@
 
 #include "lib/helpers.h"
 #include "lib/lease_holders.h"
+#include "lib/shm_mem.h"
 #include "lib/wait.h"
 
 static rate_inflight_policy_t *ipolicy(const char *text)
@@ -86,6 +87,13 @@ static void test_policy_text(void **state)
         size_t n = rate_inflight_policy_format(p, buf, sizeof buf);
         assert_int_equal(n, strlen(buf));
         assert_string_equal(buf, good[i].canon);
+        /* measured without a buffer (whatever len says) and cut short */
+        assert_int_equal(rate_inflight_policy_format(p, NULL, 0), n);
+        assert_int_equal(rate_inflight_policy_format(p, NULL, sizeof buf), n);
+        char cut[8];
+        assert_int_equal(rate_inflight_policy_format(p, cut, sizeof cut), n);
+        assert_int_equal(strlen(cut), sizeof cut - 1);
+        assert_memory_equal(cut, good[i].canon, sizeof cut - 1);
         rate_inflight_policy_t *again = ipolicy(buf); /* parsable again */
         char buf2[256];
         rate_inflight_policy_format(again, buf2, sizeof buf2);
@@ -543,6 +551,21 @@ static void run_doors(rate_store_t *store, bool host_local)
     assert_int_equal(rate_store_step(NULL, &k, &st), RATE_EINVAL);
     assert_int_equal(rate_store_step(store, NULL, &st), RATE_EINVAL);
     assert_int_equal(rate_store_step(store, &k, NULL), RATE_EINVAL);
+    /* A step without its function, and keys outside rate_key_t's bounds:
+     * refused before the store sees them. */
+    size_t before = runs;
+    rate_step_t nofn = st;
+    nofn.fn = NULL;
+    assert_int_equal(rate_store_step(store, &k, &nofn), RATE_EINVAL);
+    rate_key_t bad = {"door", 4, (rate_space_t)RATE_SPACES};
+    assert_int_equal(rate_store_step(store, &bad, &st), RATE_EINVAL);
+    static const char longkey[RATE_KEY_MAX + 1];
+    rate_key_t badkeys[] = {{NULL, 4, RATE_SPACE_STATE},
+                            {"door", 0, RATE_SPACE_STATE},
+                            {longkey, sizeof longkey, RATE_SPACE_STATE}};
+    for (size_t i = 0; i < sizeof badkeys / sizeof badkeys[0]; i++)
+        assert_int_equal(rate_store_step(store, &badkeys[i], &st), RATE_EKEY);
+    assert_int_equal(runs, before); /* the refusals ran no step */
 
     rate_policy_t *p = policy_of("name=door token-bucket 5/s burst=5");
     rate_limiter_config_t lc = {.policy = p, .store = store};
@@ -787,6 +810,47 @@ static void on_shm(void (*run)(rate_store_t *))
     run(store);
     rate_store_free(store);
     unlink(shm_path);
+}
+
+/* A key too long for the store (a region's key_max, with the leases'
+ * 8-byte prefix) is the caller's RATE_EKEY, not a store error: *lease and
+ * *out zeroed, whether the policy has rate limits or not. */
+static void test_key_past_the_store(void **state)
+{
+    (void)state;
+    rate_shm_options_t o = {.max_keys = 64, .key_max = 16, .state_max = 200};
+    void *mem = NULL;
+    rate_store_t *store = shm_mem_new(&o, &mem);
+    const char *texts[] = {"concurrency 2 ttl=1s",
+                           "concurrency 2 ttl=1s; token-bucket 10/s burst=10"};
+    for (size_t t = 0; t < 2; t++) {
+        rate_inflight_policy_t *ip = NULL;
+        assert_int_equal(rate_inflight_policy_parse(texts[t], &ip, NULL, 0),
+                         RATE_OK);
+        rate_inflight_config_t c = {.policy = ip, .store = store};
+        rate_inflight_t *in = NULL;
+        assert_int_equal(rate_inflight_new(&c, &in), RATE_OK);
+        rate_lease_t l;
+        rate_decision_t d;
+        memset(&d, 0xff, sizeof d);
+        assert_int_equal(rate_inflight_acquire(in, "123456789", 9,
+                                               RATE_LEASE_NORMAL, &l, &d),
+                         RATE_EKEY);
+        assert_int_equal(l.id, 0);
+        assert_false(d.allowed);
+        assert_int_equal(d.reason, RATE_REASON_ALLOWED); /* zeroed */
+        assert_int_equal(d.error, 0);
+        assert_int_equal(rate_inflight_acquire(in, "12345678", 8,
+                                               RATE_LEASE_NORMAL, &l, &d),
+                         RATE_OK);
+        assert_true(d.allowed);
+        assert_int_equal(rate_inflight_release(in, "12345678", 8, &l),
+                         RATE_OK);
+        rate_inflight_free(in);
+        rate_inflight_policy_free(ip);
+    }
+    rate_store_free(store);
+    free(mem);
 }
 
 static void test_reserved_shm(void **state)
@@ -1112,6 +1176,7 @@ int main(void)
         cmocka_unit_test(test_corrupt),
         cmocka_unit_test(test_reserved_memory),
         cmocka_unit_test(test_reserved_shm),
+        cmocka_unit_test(test_key_past_the_store),
         cmocka_unit_test(test_pressure_memory),
         cmocka_unit_test(test_pressure_shm),
         cmocka_unit_test(test_threads_memory),

@@ -7,6 +7,8 @@
 #include <time.h>
 
 #include "lib/helpers.h"
+#include "ratelimit_shm.h"
+#include "ratelimit_store.h"
 
 static void bad_input(void **state)
 {
@@ -1294,6 +1296,77 @@ static void the_clocks(void **state)
     }
 }
 
+/* The small calls, each as its header documents it: NULL arguments, the
+ * limiter's accessors, the store contract's fair door and the shared-memory
+ * calls given another store. */
+static void small_calls_as_documented(void **state)
+{
+    (void)state;
+    assert_int_equal(rate_limiter_id(NULL), 0);
+    assert_null(rate_limiter_clock(NULL));
+    assert_null(rate_limiter_store(NULL));
+    assert_int_equal(rate_policy_state_max(NULL), 0);
+    assert_int_equal(rate_policy_fingerprint(NULL), 0);
+    assert_string_equal(rate_strerror(12345), "unknown error");
+    assert_string_equal(rate_err_name(12345), "RATE_EUNKNOWN");
+    assert_string_equal(rate_reason_name((rate_reason_t)77), "unknown");
+    assert_null(rate_algorithm_name((rate_algorithm_t)0));
+
+    rate_limiter_t *a = limiter_of("token-bucket 1/s burst=1", NULL);
+    rate_limiter_t *b = limiter_of("token-bucket 1/s burst=1", NULL);
+    assert_int_not_equal(rate_limiter_id(a), 0);
+    assert_int_not_equal(rate_limiter_id(a), rate_limiter_id(b));
+    assert_ptr_equal(rate_limiter_clock(a)->now_ns, rate_clock_exact()->now_ns);
+    rate_store_t *st = rate_limiter_store(a);
+    assert_non_null(st);
+    assert_int_equal(rate_store_check_policy(st, NULL, NULL, 0), RATE_EINVAL);
+    assert_int_equal(rate_store_check_policy(NULL, rate_limiter_policy(a),
+                                             NULL, 0),
+                     RATE_EINVAL);
+    assert_int_equal(rate_store_check_policy(st, rate_limiter_policy(a), NULL,
+                                             0),
+                     RATE_OK);
+    /* Calls of the shared-memory store, given the memory store. */
+    rate_shm_info_t info;
+    assert_int_equal(rate_store_shm_info(st, &info), RATE_EINVAL);
+    assert_int_equal(rate_store_shm_check(st, NULL, 0), RATE_EINVAL);
+    assert_int_equal(rate_store_shm_drop(st), RATE_EINVAL);
+
+    /* rate_limiter_check_fair: the probe, then each bad input. */
+    assert_int_equal(rate_limiter_check_fair(NULL, NULL, NULL, 0, NULL, 1,
+                                             NULL),
+                     RATE_ENOTSUP);
+    assert_int_equal(rate_limiter_check_fair(a, NULL, NULL, 0, NULL, 1, NULL),
+                     RATE_ENOTSUP); /* the memory store has no fair() */
+    rate_fair_req_t good = {.flow_hash = 1, .weight = 1, .slots = 8};
+    rate_fair_req_t bad[] = {
+        {.flow_hash = 0, .weight = 1, .slots = 8},
+        {.flow_hash = 1, .weight = 0, .slots = 8},
+        {.flow_hash = 1, .weight = (1u << 20) + 1, .slots = 8},
+        {.flow_hash = 1, .weight = 1, .slots = 0},
+        {.flow_hash = 1, .weight = 1, .slots = 4097},
+        {.flow_hash = 1, .weight = 1, .slots = 8, .reserved = {0, 0, 0, 1}},
+    };
+    rate_decision_t d;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(&d, 0xff, sizeof d);
+        assert_int_equal(rate_limiter_check_fair(a, NULL, "k", 1, &bad[i], 1,
+                                                 &d),
+                         RATE_EINVAL);
+        assert_false(d.allowed); /* zeroed */
+    }
+    assert_int_equal(rate_limiter_check_fair(NULL, NULL, "k", 1, &good, 1, &d),
+                     RATE_EINVAL);
+    assert_int_equal(rate_limiter_check_fair(a, NULL, "k", 1, NULL, 1, &d),
+                     RATE_EINVAL);
+    assert_int_equal(rate_limiter_check_fair(a, NULL, "k", 1, &good, 1, NULL),
+                     RATE_EINVAL);
+    assert_int_equal(rate_limiter_check_fair(a, NULL, "k", 1, &good, 1, &d),
+                     RATE_ENOTSUP); /* good input, no fair() here */
+    rate_limiter_free(b);
+    rate_limiter_free(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1317,6 +1390,7 @@ int main(void)
         cmocka_unit_test(async_adjust),
         cmocka_unit_test(decide_asked_for_changes_from_v4),
         cmocka_unit_test(block_after_breach),
+        cmocka_unit_test(small_calls_as_documented),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

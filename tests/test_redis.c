@@ -2172,6 +2172,15 @@ static void bad_urls_hosts_and_passwords(void **state)
         assert_null(s);
         assert_non_null(strstr(err, "holds a brace"));
     }
+    /* A module mode that is none of the three. */
+    rate_redis_options_t bm = {0};
+    bm.module = (rate_redis_module_t)7;
+    bm.lazy_connect = true;
+    assert_int_equal(rate_store_redis_new(unreachable, &bm, &s, err,
+                                          sizeof err),
+                     RATE_EINVAL);
+    assert_null(s);
+    assert_non_null(strstr(err, "module 7"));
 
     /* A server with a password: a wrong one is refused, the right works. */
     stop_server();

@@ -517,6 +517,24 @@ static void refuses_what_it_cannot_read(void **state)
     expect_refusal(&big, RATE_EINVAL, "state_max");
     assert_int_equal(rate_store_shm_new(NULL, &o, NULL, NULL, 0), RATE_EINVAL);
     assert_int_equal(access(path, F_OK), -1); /* nothing left behind */
+    /* No path, an empty one, no region: named, and *out NULL. */
+    char why[128];
+    rate_store_t *stale = (rate_store_t *)&o;
+    assert_int_equal(rate_store_shm_new(NULL, &o, &stale, why, sizeof why),
+                     RATE_EINVAL);
+    assert_null(stale);
+    assert_string_equal(why, "no path (NULL)");
+    stale = (rate_store_t *)&o;
+    assert_int_equal(rate_store_shm_new("", &o, &stale, why, sizeof why),
+                     RATE_EINVAL);
+    assert_null(stale);
+    assert_string_equal(why, "an empty path");
+    stale = (rate_store_t *)&o;
+    assert_int_equal(rate_store_shm_new_in(NULL, 4096, &o, &stale, why,
+                                           sizeof why),
+                     RATE_EINVAL);
+    assert_null(stale);
+    assert_string_equal(why, "no region (NULL)");
 
     /* Every option is checked before anything is made: a prefix as long
      * as key_max, or one that leaves no room for a policy record's 4-byte
@@ -536,6 +554,15 @@ static void refuses_what_it_cannot_read(void **state)
     pre.prefix = "1234";
     rate_store_t *ok = open_shm(&pre);
     rate_store_free(ok);
+    assert_int_equal(unlink(path), 0);
+    /* Without a prefix too: a key_max below a record's key would make a
+     * region on which every decision fails. */
+    rate_shm_options_t tiny = {.max_keys = 1000, .key_max = 3};
+    expect_refusal(&tiny, RATE_EINVAL, "key_max 3 is below 4");
+    assert_int_equal(rate_store_shm_size(&tiny), 0);
+    assert_int_equal(access(path, F_OK), -1);
+    tiny.key_max = 4;
+    rate_store_free(open_shm(&tiny));
     assert_int_equal(unlink(path), 0);
     /* A region above the bound (64 GiB) is refused before any file. */
     rate_shm_options_t huge = {.max_keys = INT32_MAX};

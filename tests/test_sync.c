@@ -8,6 +8,7 @@
  * keeps its own leases, as a process does.
  */
 #include "lib/helpers.h"
+#include "lib/shm_mem.h"
 #include "lib/wait.h"
 
 #include <pthread.h>
@@ -570,6 +571,46 @@ static void bad_input_named(void **state)
     rate_store_free(m);
 }
 
+/* A key the remote refuses as the caller's (reserved, or longer than a
+ * shared-memory remote's key_max) is RATE_EKEY, *out zeroed, and never a
+ * remote failure: the next key is decided by the remote as usual, not by
+ * the fail mode for retry_ns. */
+static void bad_key_is_no_remote_failure(void **state)
+{
+    (void)state;
+    rate_shm_options_t o = {.max_keys = 64, .key_max = 16};
+    void *mem = NULL;
+    rate_store_t *shm = shm_mem_new(&o, &mem);
+    rate_synced_t *s = synced_l("token-bucket 10/s burst=10", shm, 4);
+    static const char reserved[] = RATE_KEY_RESERVED "\0k"; /* 8 + 1 */
+    const char *longkey = "a key longer than sixteen bytes";
+    rate_decision_t d;
+    for (int i = 0; i < 2; i++) {
+        uint64_t n = i == 0 ? 1 : 8; /* from a lease; then direct (> L) */
+        memset(&d, 0xff, sizeof d);
+        assert_int_equal(rate_synced_check_at(s, reserved, sizeof reserved - 1,
+                                              n, SEC, &d),
+                         RATE_EKEY);
+        assert_false(d.allowed);
+        assert_int_equal(d.error, 0);
+        assert_int_equal(rate_synced_check_at(s, longkey, strlen(longkey), n,
+                                              SEC, &d),
+                         RATE_EKEY);
+        assert_false(d.allowed);
+        d = sat(s, i == 0 ? "k1" : "k2", n, SEC);
+        assert_true(d.allowed);
+        assert_int_equal(d.reason, RATE_REASON_ALLOWED);
+    }
+    rate_synced_stats_t st = stats(s);
+    assert_int_equal(st.remote_errors, 0);
+    assert_int_equal(st.fail_mode, 0);
+    assert_int_equal(st.decisions, 2);
+    assert_int_equal(st.keys, 1); /* k1's lease; no entry for a bad key */
+    rate_synced_free(s);
+    rate_store_free(shm);
+    free(mem);
+}
+
 /* Threads on one synced limiter (the concurrency label): on one key and
  * on many, the admitted total is the remote's exact count, and the clean
  * exit leaves the remote's room exactly N - admitted. */
@@ -745,6 +786,7 @@ int main(void)
         cmocka_unit_test(remote_down_then_back),
         cmocka_unit_test(max_keys_bounds_memory),
         cmocka_unit_test(bad_input_named),
+        cmocka_unit_test(bad_key_is_no_remote_failure),
         cmocka_unit_test(threads_share_one_limiter),
         cmocka_unit_test(prefetch_tops_leases_up),
         cmocka_unit_test(sweeper_gives_back),

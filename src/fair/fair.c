@@ -62,6 +62,14 @@ static int config_check(const rate_fair_config_t *c, rate_fair_t **out,
                 "RATE_KEY_MAX bytes");
         return RATE_EKEY;
     }
+    /* The limiter would refuse it at every decision (ratelimit.h). */
+    if (c->key_len >= RATE_KEY_RESERVED_LEN &&
+        memcmp(c->key, RATE_KEY_RESERVED, RATE_KEY_RESERVED_LEN) == 0) {
+        set_err(err, errlen, "%s",
+                "the shared limit's key begins with RATE_KEY_RESERVED, "
+                "the library's own (in-flight leases' state)");
+        return RATE_EKEY;
+    }
     if (c->clock != NULL && (c->clock->now_ns == NULL || c->clock->sleep_ns == NULL)) {
         set_err(err, errlen, "%s", "a clock without now_ns or sleep_ns");
         return RATE_EINVAL;

@@ -416,6 +416,10 @@ int rate_fair_acquire_start(rate_fair_t *f, const rate_loop_t *loop,
         loop->timer_new == NULL || loop->timer_arm == NULL ||
         loop->timer_free == NULL)
         return RATE_EINVAL;
+    for (size_t i = 0; i < sizeof loop->reserved / sizeof loop->reserved[0];
+         i++)
+        if (loop->reserved[i] != NULL) /* ratelimit_loop.h: refused */
+            return RATE_EINVAL;
     int rc = rate__ft_check_input(f, flow, flow_len, weight, permits, 0);
     if (rc == RATE_OK && max_wait_ns > RATE_TIME_MAX)
         rc = RATE_ERANGE;

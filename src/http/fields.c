@@ -158,6 +158,12 @@ int rate__headers_items(const rate__hitem_t *items, size_t n,
             continue;
         uint64_t q, w;
         if (l != NULL) {
+            /* An outcome is a plain value a caller may fill: a limit that
+             * is none would be divided by (a bucket's rate of 0). */
+            if (l->limit == 0 || rate_algorithm_name(l->algorithm) == NULL) {
+                memset(out, 0, sizeof *out);
+                return RATE_EINVAL;
+            }
             quota_of(l, &q, &w);
             put_item(&pf, items[i].name, ";q=", q, ";w=", w);
         } else { /* in flight at once: a quota without a window */

@@ -1622,6 +1622,11 @@ int rate_outcome_headers(const rate_outcome_t *o, rate_headers_t *out)
     }
     for (size_t i = 0; i < o->count; i++) {
         const rate_applied_t *a = &o->applied[i];
+        /* a name filled by hand must end within its array */
+        if (memchr(a->policy_name, '\0', sizeof a->policy_name) == NULL) {
+            memset(out, 0, sizeof *out);
+            return RATE_EINVAL;
+        }
         items[i] = (rate__hitem_t){
             a->policy_name, a->unlimited,
             a->unlimited || a->concurrency > 0 ? NULL : &a->limit,

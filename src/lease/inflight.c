@@ -498,6 +498,18 @@ static int acquire_whole(rate_inflight_t *in, const char *key, size_t len,
     return RATE_OK;
 }
 
+/* An acquire's failure in *out: a store's error is a denial that names
+ * it; a key the store refuses as too long is the caller's, *out zeroed. */
+static int acquire_failed(int rc, rate_decision_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (rc != RATE_EKEY) {
+        out->reason = RATE_REASON_STORE_ERROR;
+        out->error = rc;
+    }
+    return rc;
+}
+
 static int acquire(rate_inflight_t *in, const char *key, size_t len,
                    rate_lease_class_t cls, uint64_t now, bool clock_time,
                    rate_lease_t *lease, rate_decision_t *out)
@@ -519,18 +531,10 @@ static int acquire(rate_inflight_t *in, const char *key, size_t len,
                             .pid = my_pid(), .ns = my_ns(in)};
     if (in->limiter != NULL &&
         (rc = acquire_whole(in, key, len, &a, clock_time, lease, out)) !=
-            RATE_ENOTSUP) {
-        if (rc != RATE_OK) {
-            out->reason = RATE_REASON_STORE_ERROR;
-            out->error = rc;
-        }
-        return rc;
-    }
-    if ((rc = acquire_lease(in, key, len, &a, clock_time)) != RATE_OK) {
-        out->reason = RATE_REASON_STORE_ERROR;
-        out->error = rc;
-        return rc;
-    }
+            RATE_ENOTSUP)
+        return rc != RATE_OK ? acquire_failed(rc, out) : rc;
+    if ((rc = acquire_lease(in, key, len, &a, clock_time)) != RATE_OK)
+        return acquire_failed(rc, out);
     fill_lease_decision(in, &a, now, out);
     if (!a.granted)
         return RATE_OK;
@@ -979,11 +983,7 @@ int rate_inflight_acquire_start(rate_inflight_t *in, const char *key,
                             .key_hash = key_hash(key, len)};
     rc = start_job(in, key, len, &a, in->clock_is_default, &granted, cb, ud,
                    true);
-    if (rc != RATE_PENDING) {
-        out->reason = RATE_REASON_STORE_ERROR;
-        out->error = rc;
-    }
-    return rc;
+    return rc != RATE_PENDING ? acquire_failed(rc, out) : rc;
 }
 
 /* Release or extend: the handle checked as change() checks it. */

@@ -262,8 +262,10 @@ size_t rate_inflight_policy_format(const rate_inflight_policy_t *p, char *buf,
     char ttl[32], reserve[48] = "";
     int n;
 
+    if (buf == NULL) /* only measures, whatever len says */
+        len = 0;
     if (p == NULL) {
-        if (buf != NULL && len > 0)
+        if (len > 0)
             buf[0] = '\0';
         return 0;
     }

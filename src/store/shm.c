@@ -216,6 +216,10 @@ static int make_layout(const rate_shm_options_t *o, layout_t *l, char *err,
     if (l->key_max > KEY_MAX_MAX)
         return fail(err, errlen, RATE_EINVAL,
                     "key_max %u is above %u", l->key_max, KEY_MAX_MAX);
+    if (l->key_max < REC_KEY) /* no policy record would fit: no decision */
+        return fail(err, errlen, RATE_EINVAL,
+                    "key_max %u is below %u (policy records' keys take %u "
+                    "bytes)", l->key_max, REC_KEY, REC_KEY);
     if (l->state_max > STATE_MAX_MAX)
         return fail(err, errlen, RATE_EINVAL,
                     "state_max %u is above %u", l->state_max, STATE_MAX_MAX);
@@ -1679,9 +1683,13 @@ int rate_store_shm_new(const char *path, const rate_shm_options_t *options,
     rate_shm_options_t o = {0};
     int rc;
 
+    if (out != NULL)
+        *out = NULL;
     if (out == NULL || path == NULL || *path == '\0')
-        return fail(err, errlen, RATE_EINVAL, "no path or no out (NULL)");
-    *out = NULL;
+        return fail(err, errlen, RATE_EINVAL, "%s",
+                    out == NULL    ? "no out (NULL)"
+                    : path == NULL ? "no path (NULL)"
+                                   : "an empty path");
     if (options != NULL)
         o = *options;
     if ((rc = check_options(&o, err, errlen)) != RATE_OK)
@@ -1717,9 +1725,11 @@ int rate_store_shm_new_in(void *mem, size_t len,
     rate_shm_options_t o = {0};
     int rc;
 
+    if (out != NULL)
+        *out = NULL;
     if (out == NULL || mem == NULL)
-        return fail(err, errlen, RATE_EINVAL, "no region or no out (NULL)");
-    *out = NULL;
+        return fail(err, errlen, RATE_EINVAL, "%s",
+                    out == NULL ? "no out (NULL)" : "no region (NULL)");
     if ((uintptr_t)mem % 64 != 0)
         return fail(err, errlen, RATE_EINVAL,
                     "the region is not 64-byte aligned");

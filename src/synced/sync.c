@@ -185,7 +185,7 @@ static int remote_check(rate_synced_t *s, const char *key, size_t len,
                    : rate_limiter_check_at(s->remote, key, len, n, 0, now, d);
     if (rc == RATE_OK && d->reason == RATE_REASON_STORE_ERROR)
         rc = d->error != RATE_OK ? d->error : RATE_ESTORE;
-    if (rc != RATE_OK)
+    if (rc != RATE_OK && rc != RATE_EKEY) /* EKEY: the caller's key */
         atomic_fetch_add_explicit(&s->remote_errors, 1, memory_order_relaxed);
     return rc;
 }
@@ -254,6 +254,10 @@ static int direct(rate_synced_t *s, const char *key, size_t len, uint64_t n,
     int rc = RATE_ESTORE;
     if (now >= atomic_load_explicit(&s->down_until, memory_order_relaxed)) {
         rc = remote_check(s, key, len, n, clock, now, out);
+        if (rc == RATE_EKEY) { /* the caller's key: the remote is fine */
+            memset(out, 0, sizeof *out);
+            return RATE_EKEY;
+        }
         if (rc != RATE_OK)
             atomic_store_explicit(&s->down_until, add_sat(now, s->retry_ns),
                                   memory_order_relaxed);
@@ -543,13 +547,16 @@ static int decide_in(rate_synced_t *s, const char *key, size_t len,
                      uint64_t n, bool clock, uint64_t now,
                      rate_decision_t *out)
 {
+    if (out != NULL)
+        memset(out, 0, sizeof *out);
     if (s == NULL || out == NULL)
         return RATE_EINVAL;
-    if (key == NULL || len == 0 || len > RATE_KEY_MAX)
+    if (key == NULL || len == 0 || len > RATE_KEY_MAX ||
+        (len >= RATE_KEY_RESERVED_LEN &&
+         memcmp(key, RATE_KEY_RESERVED, RATE_KEY_RESERVED_LEN) == 0))
         return RATE_EKEY;
     if (n > RATE_TIME_MAX || now > RATE_TIME_MAX)
         return RATE_ERANGE;
-    memset(out, 0, sizeof *out);
     out->limit = s->limit0;
     if (n > s->lease)
         return direct(s, key, len, n, clock, now, out);
@@ -607,6 +614,16 @@ static int decide_in(rate_synced_t *s, const char *key, size_t len,
     pthread_mutex_lock(&sh->mu);
     e->borrowing = false;
     pthread_cond_broadcast(&sh->cv);
+    if (rc == RATE_EKEY) { /* longer than the remote keeps: no failure */
+        sh->decisions--;
+        if (e->held == 0) { /* the entry made for it: none is kept */
+            detach(sh, e);
+            free(e);
+        }
+        pthread_mutex_unlock(&sh->mu);
+        memset(out, 0, sizeof *out);
+        return RATE_EKEY;
+    }
     if (rc != RATE_OK) {
         pthread_mutex_unlock(&sh->mu);
         atomic_store_explicit(&s->down_until, add_sat(now, s->retry_ns),

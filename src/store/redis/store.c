@@ -653,6 +653,11 @@ static int redis_new(const char *url, const rate_redis_options_t *opt,
     if (o.pool_size > 1024)
         return rate__fail(err, errlen, RATE_EINVAL, "pool_size %u above 1024",
                           o.pool_size);
+    if (o.module != RATE_REDIS_MODULE_AUTO && o.module != RATE_REDIS_MODULE_ON &&
+        o.module != RATE_REDIS_MODULE_OFF)
+        return rate__fail(err, errlen, RATE_EINVAL,
+                          "module %d is none of RATE_REDIS_MODULE_AUTO, _ON "
+                          "and _OFF", (int)o.module);
     /* each is added to a clock reading: above RATE_TIME_MAX it could wrap */
     const struct {
         const char *name;
