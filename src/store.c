@@ -106,7 +106,9 @@ static int run_generic(const rate_store_t *s, const rate_key_t *key,
     size_t cap = STEP_BUF;
     int rc = RATE_ECONFLICT;
 
-    for (unsigned attempt = 0; attempt <= max_retries; attempt++) {
+    /* 64 bits: max_retries may be UINT_MAX, which an unsigned count
+     * would never pass */
+    for (uint64_t attempt = 0; attempt <= max_retries; attempt++) {
         rate_step_io_t io;
         uint64_t version = 0;
         size_t len = 0;
