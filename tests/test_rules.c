@@ -8,6 +8,7 @@
  * kept bounded by the threads, counted.
  */
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "lib/helpers.h"
@@ -399,6 +400,13 @@ static void errors_name_file_and_line(void **state)
                      RATE_EINVAL);
     assert_string_equal(err, "/nonexistent/rules.conf: cannot read: No such "
                              "file or directory");
+    /* A directory opens, but its first read fails: the error says why. */
+    char dir[160];
+    snprintf(dir, sizeof dir, "%s/rules.d", test_dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    assert_int_equal(rate_rules_load(dir, &r, err, sizeof err), RATE_EPOLICY);
+    if (strstr(err, "rules.d:1: cannot read: Is a directory") == NULL)
+        fail_msg("got '%s'", err);
     assert_int_equal(rate_rules_load(NULL, &r, err, sizeof err), RATE_EINVAL);
 }
 

@@ -317,6 +317,7 @@ typedef struct load {
     bool refused;      /* the reader refused a line: too long for inih,
                           or with a NUL byte */
     bool ended;        /* the last line read ended with its newline */
+    int read_errno;    /* why a read failed (a directory: EISDIR) */
     char err[ERR_MAX]; /* the first error, "" none */
     unsigned err_line;
     rule_t *cur;       /* the [rule] being read */
@@ -385,8 +386,11 @@ static char *read_line(char *str, int num, void *stream)
         if (c == '\n')
             break;
     }
-    if (n == 0)
+    if (n == 0) {
+        if (ferror(l->file))
+            l->read_errno = errno;
         return NULL;
+    }
     str[n] = '\0';
     l->line++;
     l->ended = str[n - 1] == '\n';
@@ -939,7 +943,8 @@ static int load_file(const char *path, gen_t **out, char *err, size_t errlen)
     } else if (at < 0 && l.err[0] == '\0') {
         lfail(&l, l.line, "out of memory");
     } else if (read_error && l.err[0] == '\0') {
-        lfail(&l, l.line, "read error");
+        lfail(&l, l.line + 1, "cannot read: %s",
+              l.read_errno != 0 ? strerror(l.read_errno) : "read error");
     }
     /* A file being written in place, or cut short, is not read as a
      * smaller set of rules (that would widen every limit it no longer
