@@ -95,9 +95,6 @@ static char *ngx_http_inflight(ngx_conf_t *cf, ngx_command_t *cmd,
 static ngx_int_t ngx_http_inflight_init_process(ngx_cycle_t *cycle);
 static void ngx_http_inflight_exit_process(ngx_cycle_t *cycle);
 
-static ngx_conf_num_bounds_t ngx_http_inflight_status_bounds = {
-    ngx_conf_check_num_bounds, 400, 599};
-
 static ngx_conf_enum_t ngx_http_inflight_fail_modes[] = {
     {ngx_string("closed"), 0}, {ngx_string("open"), 1}, {ngx_null_string, 0}};
 
@@ -108,7 +105,7 @@ static ngx_command_t ngx_http_inflight_commands[] = {
     {ngx_string("ratelimit_inflight_fail"),
      NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
          NGX_CONF_TAKE1,
-     ngx_conf_set_enum_slot, NGX_HTTP_LOC_CONF_OFFSET,
+     ngx_http_ratelimit_enum_slot, NGX_HTTP_LOC_CONF_OFFSET,
      offsetof(ngx_http_inflight_loc_conf_t, fail_open),
      ngx_http_inflight_fail_modes},
     {ngx_string("ratelimit_inflight"),
@@ -118,9 +115,8 @@ static ngx_command_t ngx_http_inflight_commands[] = {
     {ngx_string("ratelimit_inflight_status"),
      NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
          NGX_CONF_TAKE1,
-     ngx_conf_set_num_slot, NGX_HTTP_LOC_CONF_OFFSET,
-     offsetof(ngx_http_inflight_loc_conf_t, status),
-     &ngx_http_inflight_status_bounds},
+     ngx_http_ratelimit_status_slot, NGX_HTTP_LOC_CONF_OFFSET,
+     offsetof(ngx_http_inflight_loc_conf_t, status), NULL},
     ngx_null_command};
 
 static ngx_http_module_t ngx_http_inflight_module_ctx = {
