@@ -318,10 +318,16 @@ ngx_int_t ngx_http_ratelimit_store_check(ngx_conf_t *cf, const char *directive,
         return NGX_ERROR;
     }
     if (a->url.len != 0 && shm_only != NULL) {
+        /* keys= and key_max= size the shared zone; fair is this host's */
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "%s \"%V\": \"%V\" is for the shared-memory "
-                           "store (store=shm): Redis keeps every key",
-                           directive, name, shm_only);
+                           "store (store=shm): %s",
+                           directive, name, shm_only,
+                           shm_only->len == 4 &&
+                                   ngx_strncmp(shm_only->data, "fair", 4) == 0
+                               ? "fair shares across nginx instances are "
+                                 "not built"
+                               : "Redis keeps every key");
         return NGX_ERROR;
     }
     return NGX_OK;
