@@ -527,8 +527,18 @@ static char *ngx_http_ratelimit(ngx_conf_t *cf, ngx_command_t *cmd,
         ngx_str_t w = value[i];
         int rc;
 
-        if (w.len > 7 && ngx_strncmp(w.data, "weight=", 7) == 0 &&
-            limit->weight == NULL) {
+        /* each parameter once: a second would silently win */
+        if (ngx_http_ratelimit_param_twice(cf, "ratelimit", value, 3, i) !=
+            NGX_OK) {
+            return NGX_CONF_ERROR;
+        }
+        if (w.len == 7 && ngx_strncmp(w.data, "weight=", 7) == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit: \"weight=\" needs a value "
+                               "(weight=VALUE)");
+            return NGX_CONF_ERROR;
+        }
+        if (w.len > 7 && ngx_strncmp(w.data, "weight=", 7) == 0) {
             if (!z->fair.on) {
                 ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                    "ratelimit: \"%V\": zone \"%V\" is not "
@@ -545,7 +555,7 @@ static char *ngx_http_ratelimit(ngx_conf_t *cf, ngx_command_t *cmd,
             continue;
         }
         if (w.len < 5 || ngx_strncmp(w.data, "wait=", 5) != 0 ||
-            w.len - 5 >= sizeof(text) || limit->max_wait_ns != 0) {
+            w.len - 5 >= sizeof(text)) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "ratelimit: unknown parameter \"%V\" "
                                "(wait=DURATION, weight=VALUE)",

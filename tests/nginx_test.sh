@@ -291,6 +291,12 @@ bad statusword 'ratelimit_status many;' 'ratelimit_status: "many" is not a statu
 bad loglevel 'ratelimit_log_level debug;' 'ratelimit_log_level: "debug" is none of info, notice, warn, error'
 bad wait 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri wait=soon;' 'ratelimit: "wait=soon":'
 bad waitparam 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri delay=1s;' 'unknown parameter "delay=1s"'
+# wait= twice is refused as such (it was an "unknown parameter", and
+# after wait=0 the second one silently won)
+bad waittwice 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri wait=1s wait=2s;' \
+  'ratelimit "r": "wait=2s": wait= is given twice (first as "wait=1s")'
+bad waitzero 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri wait=0 wait=2s;' \
+  'ratelimit "r": "wait=2s": wait= is given twice (first as "wait=0")'
 
 # ---- each shared-memory zone's size, logged at notice by nginx -t; a
 # sliding log's grows with its limit
