@@ -184,14 +184,20 @@ static char *ngx_http_inflight_zone(ngx_conf_t *cf, ngx_command_t *cmd,
         if (prc == NGX_OK) {
             continue;
         }
-        arg.data += 5;
-        arg.len -= 5;
-        if (value[i].len < 6 || ngx_strncmp(value[i].data, "keys=", 5) != 0 ||
-            ngx_http_ratelimit_parse_uint(&arg, &keys) != NGX_OK) {
+        if (value[i].len < 5 || ngx_strncmp(value[i].data, "keys=", 5) != 0) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "ratelimit_inflight_zone \"%V\": unknown "
                                "parameter \"%V\" (keys=N, store=, timeout=, "
                                "prefix=)",
+                               &value[1], &value[i]);
+            return NGX_CONF_ERROR;
+        }
+        arg.data += 5;
+        arg.len -= 5;
+        if (ngx_http_ratelimit_parse_uint(&arg, &keys) != NGX_OK) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit_inflight_zone \"%V\": \"%V\": "
+                               "keys= takes a positive whole number",
                                &value[1], &value[i]);
             return NGX_CONF_ERROR;
         }
@@ -332,6 +338,12 @@ static char *ngx_http_inflight(ngx_conf_t *cf, ngx_command_t *cmd,
     }
     if (cf->args->nelts == 4) {
         ngx_str_t v = value[3];
+        if (v.len == 9 && ngx_strncmp(v.data, "critical=", 9) == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit_inflight: \"critical=\" needs a "
+                               "value (critical=VALUE)");
+            return NGX_CONF_ERROR;
+        }
         if (v.len < 10 || ngx_strncmp(v.data, "critical=", 9) != 0) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "ratelimit_inflight: unknown parameter "
