@@ -205,7 +205,8 @@ RATE_API int rate_store_redis_drop(rate_store_t *store);
  * message.  An asynchronous Redis store (rate_store_redis_async_new) says
  * the same of its own connections (a connect refused, AUTH or SELECT
  * refused, a node that did not reply within the command timeout), each
- * with the node's address.
+ * with the node's address, and of an error reply to a call ("HOST:PORT:
+ * replied: NOPERM ...", "... OOM ..."), until a later reply succeeds.
  *
  * Returns: RATE_OK with the text copied into buf (cap bytes, cap > 0,
  * NUL-terminated, cut to fit): "" when none failed since one succeeded.

@@ -28,6 +28,51 @@ ngx_int_t ngx_http_ratelimit_parse_uint(ngx_str_t *v, uint64_t *out) {
     return NGX_OK;
 }
 
+char *ngx_http_ratelimit_status_slot(ngx_conf_t *cf, ngx_command_t *cmd,
+                                     void *conf) {
+    ngx_uint_t *field = (ngx_uint_t *)((char *)conf + cmd->offset);
+    ngx_str_t *value = cf->args->elts;
+    ngx_int_t n;
+
+    if (*field != NGX_CONF_UNSET_UINT) {
+        return "is duplicate";
+    }
+    n = ngx_atoi(value[1].data, value[1].len);
+    if (n < 400 || n > 599) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "%V: \"%V\" is not a status from 400 to 599",
+                           &cmd->name, &value[1]);
+        return NGX_CONF_ERROR;
+    }
+    *field = (ngx_uint_t)n;
+    return NGX_CONF_OK;
+}
+
+char *ngx_http_ratelimit_enum_slot(ngx_conf_t *cf, ngx_command_t *cmd,
+                                   void *conf) {
+    ngx_uint_t *field = (ngx_uint_t *)((char *)conf + cmd->offset);
+    ngx_conf_enum_t *e = cmd->post;
+    ngx_str_t *value = cf->args->elts;
+    u_char names[128], *p = names, *end = names + sizeof(names);
+    ngx_uint_t i;
+
+    if (*field != NGX_CONF_UNSET_UINT) {
+        return "is duplicate";
+    }
+    for (i = 0; e[i].name.len != 0; i++) {
+        if (e[i].name.len == value[1].len &&
+            ngx_strncasecmp(e[i].name.data, value[1].data, value[1].len) ==
+                0) {
+            *field = e[i].value;
+            return NGX_CONF_OK;
+        }
+        p = ngx_slprintf(p, end, "%s%V", i == 0 ? "" : ", ", &e[i].name);
+    }
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "%V: \"%V\" is none of %*s",
+                       &cmd->name, &value[1], (size_t)(p - names), names);
+    return NGX_CONF_ERROR;
+}
+
 /* url (len bytes) as it may be logged: a password in it ("user:pw@" or
  * ":pw@" after "://", before the host) masked as "***" ("user:***@"), and
  * credentials without a colon masked whole; NUL-terminated, in the pool.
@@ -273,10 +318,16 @@ ngx_int_t ngx_http_ratelimit_store_check(ngx_conf_t *cf, const char *directive,
         return NGX_ERROR;
     }
     if (a->url.len != 0 && shm_only != NULL) {
+        /* keys= and key_max= size the shared zone; fair is this host's */
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "%s \"%V\": \"%V\" is for the shared-memory "
-                           "store (store=shm): Redis keeps every key",
-                           directive, name, shm_only);
+                           "store (store=shm): %s",
+                           directive, name, shm_only,
+                           shm_only->len == 4 &&
+                                   ngx_strncmp(shm_only->data, "fair", 4) == 0
+                               ? "fair shares across nginx instances are "
+                                 "not built"
+                               : "Redis keeps every key");
         return NGX_ERROR;
     }
     return NGX_OK;

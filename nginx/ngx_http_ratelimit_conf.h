@@ -93,4 +93,14 @@ ngx_int_t ngx_http_ratelimit_shm_region(ngx_shm_zone_t *shm_zone,
                                         size_t region_size, size_t alloc,
                                         void **region, ngx_flag_t *made);
 
+/* Slots as nginx's ngx_conf_set_num_slot and ngx_conf_set_enum_slot
+ * (cmd->offset into conf, an ngx_uint_t left NGX_CONF_UNSET_UINT), whose
+ * errors name the directive: nginx's own say only "value must be between
+ * 400 and 599" or "invalid value". The status slot takes 400 to 599; the
+ * enum slot's cmd->post is its ngx_conf_enum_t list. */
+char *ngx_http_ratelimit_status_slot(ngx_conf_t *cf, ngx_command_t *cmd,
+                                     void *conf);
+char *ngx_http_ratelimit_enum_slot(ngx_conf_t *cf, ngx_command_t *cmd,
+                                   void *conf);
+
 #endif /* NGX_HTTP_RATELIMIT_CONF_H */

@@ -95,9 +95,6 @@ static char *ngx_http_inflight(ngx_conf_t *cf, ngx_command_t *cmd,
 static ngx_int_t ngx_http_inflight_init_process(ngx_cycle_t *cycle);
 static void ngx_http_inflight_exit_process(ngx_cycle_t *cycle);
 
-static ngx_conf_num_bounds_t ngx_http_inflight_status_bounds = {
-    ngx_conf_check_num_bounds, 400, 599};
-
 static ngx_conf_enum_t ngx_http_inflight_fail_modes[] = {
     {ngx_string("closed"), 0}, {ngx_string("open"), 1}, {ngx_null_string, 0}};
 
@@ -108,7 +105,7 @@ static ngx_command_t ngx_http_inflight_commands[] = {
     {ngx_string("ratelimit_inflight_fail"),
      NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
          NGX_CONF_TAKE1,
-     ngx_conf_set_enum_slot, NGX_HTTP_LOC_CONF_OFFSET,
+     ngx_http_ratelimit_enum_slot, NGX_HTTP_LOC_CONF_OFFSET,
      offsetof(ngx_http_inflight_loc_conf_t, fail_open),
      ngx_http_inflight_fail_modes},
     {ngx_string("ratelimit_inflight"),
@@ -118,9 +115,8 @@ static ngx_command_t ngx_http_inflight_commands[] = {
     {ngx_string("ratelimit_inflight_status"),
      NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
          NGX_CONF_TAKE1,
-     ngx_conf_set_num_slot, NGX_HTTP_LOC_CONF_OFFSET,
-     offsetof(ngx_http_inflight_loc_conf_t, status),
-     &ngx_http_inflight_status_bounds},
+     ngx_http_ratelimit_status_slot, NGX_HTTP_LOC_CONF_OFFSET,
+     offsetof(ngx_http_inflight_loc_conf_t, status), NULL},
     ngx_null_command};
 
 static ngx_http_module_t ngx_http_inflight_module_ctx = {
@@ -188,14 +184,20 @@ static char *ngx_http_inflight_zone(ngx_conf_t *cf, ngx_command_t *cmd,
         if (prc == NGX_OK) {
             continue;
         }
-        arg.data += 5;
-        arg.len -= 5;
-        if (value[i].len < 6 || ngx_strncmp(value[i].data, "keys=", 5) != 0 ||
-            ngx_http_ratelimit_parse_uint(&arg, &keys) != NGX_OK) {
+        if (value[i].len < 5 || ngx_strncmp(value[i].data, "keys=", 5) != 0) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "ratelimit_inflight_zone \"%V\": unknown "
                                "parameter \"%V\" (keys=N, store=, timeout=, "
                                "prefix=)",
+                               &value[1], &value[i]);
+            return NGX_CONF_ERROR;
+        }
+        arg.data += 5;
+        arg.len -= 5;
+        if (ngx_http_ratelimit_parse_uint(&arg, &keys) != NGX_OK) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit_inflight_zone \"%V\": \"%V\": "
+                               "keys= takes a positive whole number",
                                &value[1], &value[i]);
             return NGX_CONF_ERROR;
         }
@@ -336,6 +338,12 @@ static char *ngx_http_inflight(ngx_conf_t *cf, ngx_command_t *cmd,
     }
     if (cf->args->nelts == 4) {
         ngx_str_t v = value[3];
+        if (v.len == 9 && ngx_strncmp(v.data, "critical=", 9) == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit_inflight: \"critical=\" needs a "
+                               "value (critical=VALUE)");
+            return NGX_CONF_ERROR;
+        }
         if (v.len < 10 || ngx_strncmp(v.data, "critical=", 9) != 0) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "ratelimit_inflight: unknown parameter "

@@ -109,9 +109,6 @@ static ngx_conf_enum_t ngx_http_ratelimit_log_levels[] = {
     {ngx_string("error"), NGX_LOG_ERR},
     {ngx_null_string, 0}};
 
-static ngx_conf_num_bounds_t ngx_http_ratelimit_status_bounds = {
-    ngx_conf_check_num_bounds, 400, 599};
-
 static ngx_command_t ngx_http_ratelimit_commands[] = {
     {ngx_string("ratelimit_zone"), NGX_HTTP_MAIN_CONF | NGX_CONF_2MORE,
      ngx_http_ratelimit_zone, 0, 0, NULL},
@@ -122,9 +119,8 @@ static ngx_command_t ngx_http_ratelimit_commands[] = {
     {ngx_string("ratelimit_status"),
      NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
          NGX_CONF_TAKE1,
-     ngx_conf_set_num_slot, NGX_HTTP_LOC_CONF_OFFSET,
-     offsetof(ngx_http_ratelimit_loc_conf_t, status),
-     &ngx_http_ratelimit_status_bounds},
+     ngx_http_ratelimit_status_slot, NGX_HTTP_LOC_CONF_OFFSET,
+     offsetof(ngx_http_ratelimit_loc_conf_t, status), NULL},
     {ngx_string("ratelimit_shadow"),
      NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
          NGX_CONF_FLAG,
@@ -142,7 +138,7 @@ static ngx_command_t ngx_http_ratelimit_commands[] = {
     {ngx_string("ratelimit_log_level"),
      NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
          NGX_CONF_TAKE1,
-     ngx_conf_set_enum_slot, NGX_HTTP_LOC_CONF_OFFSET,
+     ngx_http_ratelimit_enum_slot, NGX_HTTP_LOC_CONF_OFFSET,
      offsetof(ngx_http_ratelimit_loc_conf_t, log_level),
      &ngx_http_ratelimit_log_levels},
     ngx_null_command};
@@ -531,8 +527,18 @@ static char *ngx_http_ratelimit(ngx_conf_t *cf, ngx_command_t *cmd,
         ngx_str_t w = value[i];
         int rc;
 
-        if (w.len > 7 && ngx_strncmp(w.data, "weight=", 7) == 0 &&
-            limit->weight == NULL) {
+        /* each parameter once: a second would silently win */
+        if (ngx_http_ratelimit_param_twice(cf, "ratelimit", value, 3, i) !=
+            NGX_OK) {
+            return NGX_CONF_ERROR;
+        }
+        if (w.len == 7 && ngx_strncmp(w.data, "weight=", 7) == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "ratelimit: \"weight=\" needs a value "
+                               "(weight=VALUE)");
+            return NGX_CONF_ERROR;
+        }
+        if (w.len > 7 && ngx_strncmp(w.data, "weight=", 7) == 0) {
             if (!z->fair.on) {
                 ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                    "ratelimit: \"%V\": zone \"%V\" is not "
@@ -549,7 +555,7 @@ static char *ngx_http_ratelimit(ngx_conf_t *cf, ngx_command_t *cmd,
             continue;
         }
         if (w.len < 5 || ngx_strncmp(w.data, "wait=", 5) != 0 ||
-            w.len - 5 >= sizeof(text) || limit->max_wait_ns != 0) {
+            w.len - 5 >= sizeof(text)) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "ratelimit: unknown parameter \"%V\" "
                                "(wait=DURATION, weight=VALUE)",

@@ -369,9 +369,21 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
     stop
     start "$tmp/good.conf" --store "$url" # another process, the same Redis
     expect "redis, a second process" "$(get -H 'X-API-Key: shared-user' "$base/a")" 429
-    stop
+    # Redis gone: 503, and the log says so, with the store's reason once
+    # it has one (a reconnect refused: a connection that was open fails
+    # first without one); the main loop writes at most a line a second,
+    # so requests go on, 0.2 s apart, until a line names the server (at
+    # most 50: 10 s of slack)
     kill "$rpid" 2>/dev/null || true
     wait "$rpid" 2>/dev/null || true
+    for i in $(seq 1 50); do
+      expect "redis stopped $i" "$(get -H 'X-API-Key: shared-user' "$base/a")" 503
+      grep -q "failed on the store (.*127.0.0.1:$rport" "$tmp/log" && break
+      sleep 0.2
+    done
+    grep -q "^api-server: [0-9]* decisions\{0,1\} failed on the store (.*127.0.0.1:$rport.*), answered 503$" "$tmp/log" ||
+      fail "no store-error line naming the server: $(cat "$tmp/log")"
+    stop
   else
     echo "api_server_test: no redis-server could start; the Redis part is skipped"
   fi

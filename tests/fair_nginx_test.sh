@@ -153,7 +153,9 @@ EOT
 }
 bad 'zone "p" is not fair (ratelimit_zone ... fair)' 'ratelimit_zone p "fixed-window 5/s";' 'ratelimit p $remote_addr weight=2;'
 bad 'zone "f" is fair: its decisions do not wait' 'ratelimit_zone f "token-bucket 5/s" fair;' 'ratelimit f $remote_addr wait=1s;'
-bad 'is for the shared-memory store' 'ratelimit_zone r "fixed-window 5/s" store=redis://127.0.0.1:1 fair;' 'ratelimit r $remote_addr;'
+bad '"weight=3": weight= is given twice (first as "weight=2")' 'ratelimit_zone f "token-bucket 5/s" fair;' 'ratelimit f $remote_addr weight=2 weight=3;'
+bad '"weight=" needs a value' 'ratelimit_zone f "token-bucket 5/s" fair;' 'ratelimit f $remote_addr weight=;'
+bad '"fair" is for the shared-memory store (store=shm): fair shares across nginx instances are not built' 'ratelimit_zone r "fixed-window 5/s" store=redis://127.0.0.1:1 fair;' 'ratelimit r $remote_addr;'
 
 [ "$fails" = 0 ] && echo "fair_nginx: ok"
 [ "$fails" = 0 ]

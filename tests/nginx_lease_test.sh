@@ -247,6 +247,10 @@ bad 'rate limits go on a ratelimit_zone' 'ratelimit_inflight_zone z "concurrency
 bad 'no ratelimit_inflight_zone "y"' 'ratelimit_inflight_zone z "concurrency 3 ttl=1s";' 'ratelimit_inflight y $uri;'
 bad 'unknown parameter "crit=1"' 'ratelimit_inflight_zone z "concurrency 3 ttl=1s";' 'ratelimit_inflight z $uri crit=1;'
 bad 'unknown parameter "size=1"' 'ratelimit_inflight_zone z "concurrency 3 ttl=1s" size=1;' ''
+bad 'ratelimit_inflight_status: "600" is not a status from 400 to 599' '' 'ratelimit_inflight_status 600;'
+bad 'ratelimit_inflight_zone "z": "keys=0": keys= takes a positive whole number' 'ratelimit_inflight_zone z "concurrency 3 ttl=1s" keys=0;' ''
+bad 'ratelimit_inflight: "critical=" needs a value' 'ratelimit_inflight_zone z "concurrency 3 ttl=1s";' 'ratelimit_inflight z $uri critical=;'
+bad 'ratelimit_inflight_fail: "maybe" is none of closed, open' '' 'ratelimit_inflight_fail maybe;'
 
 if [ "$fails" -ne 0 ]; then echo "nginx_lease: $fails failed"; exit 1; fi
 echo "nginx_lease: all passed"

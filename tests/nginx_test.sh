@@ -284,8 +284,19 @@ bad zone 'server { listen 127.0.0.1:1; location / { ratelimit nope $uri; } }' \
 bad emptykey 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r "";' \
   'ratelimit: zone "r": the key is "", which limits no request'
 bad fail 'ratelimit_fail maybe;' '"maybe" is neither open nor closed'
+# nginx's own slots would say only 'value must be between 400 and 599'
+# or 'invalid value "debug"': each error names its directive
+bad status 'ratelimit_status 200;' 'ratelimit_status: "200" is not a status from 400 to 599'
+bad statusword 'ratelimit_status many;' 'ratelimit_status: "many" is not a status from 400 to 599'
+bad loglevel 'ratelimit_log_level debug;' 'ratelimit_log_level: "debug" is none of info, notice, warn, error'
 bad wait 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri wait=soon;' 'ratelimit: "wait=soon":'
 bad waitparam 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri delay=1s;' 'unknown parameter "delay=1s"'
+# wait= twice is refused as such (it was an "unknown parameter", and
+# after wait=0 the second one silently won)
+bad waittwice 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri wait=1s wait=2s;' \
+  'ratelimit "r": "wait=2s": wait= is given twice (first as "wait=1s")'
+bad waitzero 'ratelimit_zone r "fixed-window 5/1h"; ratelimit r $uri wait=0 wait=2s;' \
+  'ratelimit "r": "wait=2s": wait= is given twice (first as "wait=0")'
 
 # ---- each shared-memory zone's size, logged at notice by nginx -t; a
 # sliding log's grows with its limit

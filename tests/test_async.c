@@ -763,6 +763,53 @@ static void stopped_first(void **state)
     tloop_fini(&t);
 }
 
+/* An error reply is a store error that says why: a user whose ACL does
+ * not cover the store's keys (NOPERM), as a managed Redis may give, is
+ * named by rate_store_redis_last_error with the server's words; once the
+ * user may, decisions go through and the reason is gone. */
+static void error_replies_say_why(void **state)
+{
+    (void)state;
+    tloop_t t;
+    tloop_init(&t, true);
+    redisContext *c = raw();
+    freeReplyObject(redisCommand(c, "ACL SETUSER keyless on >pw ~other:* "
+                                    "+@all"));
+    char u[96], err[256] = "", why[512] = "";
+    snprintf(u, sizeof u, "redis://keyless:pw@127.0.0.1:%d", port);
+    rate_redis_options_t o = {0};
+    o.prefix = "acl:";
+    o.lazy_connect = true;
+    o.command_timeout_ns = TIMEOUT_NS;
+    rate_store_t *as = NULL;
+    if (rate_store_redis_async_new(u, &o, &t.loop, &as, err, sizeof err) !=
+        RATE_OK)
+        fail_msg("async redis store: %s", err);
+    rate_limiter_t *l = lim("token-bucket 9/s burst=9", as, false,
+                            RATE_FAIL_CLOSED);
+    req_t q;
+    if (start(l, "k", 1, &q) == RATE_PENDING)
+        wait_all(&t);
+    assert_int_equal(q.d.reason, RATE_REASON_STORE_ERROR);
+    assert_int_equal(rate_store_redis_last_error(as, why, sizeof why),
+                     RATE_OK);
+    char where[64];
+    snprintf(where, sizeof where, "127.0.0.1:%d: ", port);
+    if (strstr(why, where) == NULL || strstr(why, "NOPERM") == NULL)
+        fail_msg("last error '%s'", why);
+    freeReplyObject(redisCommand(c, "ACL SETUSER keyless ~*"));
+    req_t back = decide_until_answered(&t, l, "k");
+    assert_true(back.d.allowed);
+    assert_int_equal(rate_store_redis_last_error(as, why, sizeof why),
+                     RATE_OK);
+    assert_string_equal(why, "");
+    freeReplyObject(redisCommand(c, "ACL DELUSER keyless"));
+    redisFree(c);
+    rate_limiter_free(l);
+    rate_store_free(as);
+    tloop_fini(&t);
+}
+
 /* A refund and a penalty through the asynchronous Redis store: their
  * result in the callback, their effect on the next decisions; freed with
  * one in flight, it hears RATE_ECANCELED before rate_store_free returns. */
@@ -1248,6 +1295,7 @@ int main(void)
         cmocka_unit_test(free_wire_uv),
         cmocka_unit_test(free_wire_event),
         cmocka_unit_test(stopped_first),
+        cmocka_unit_test(error_replies_say_why),
         cmocka_unit_test(adjust_redis),
         cmocka_unit_test(hot_key_steps_take_turns),
         cmocka_unit_test(adjust_scripted),

@@ -226,6 +226,20 @@ static void other_algorithms_and_composites(void **state)
     h = fields_of(lim, "k", 0, 1, 0);
     EXPECT_FIELDS(&h, 429, "\"c\";q=5;w=60", "\"c\";r=0;t=60", "60");
     rate_limiter_free(lim);
+    /* Admitted, a composite is described by its bucket (the least room),
+     * and t is that bucket's: back to whole in a second, not the hour's
+     * window the decision's reset_after (the largest of the limits) ends
+     * with. */
+    lim = limiter_of("name=c token-bucket 10/s burst=5; fixed-window 8/h",
+                     NULL);
+    h = fields_of(lim, "k", 0, 1, 0);
+    EXPECT_FIELDS(&h, 0, "\"c\";q=5;w=1", "\"c\";r=4;t=1", "");
+    rate_limiter_free(lim);
+    lim = limiter_of("name=p leaky-bucket 5/s capacity=10; fixed-window "
+                     "100/h", NULL);
+    h = fields_of(lim, "k", 0, 4, 0);
+    EXPECT_FIELDS(&h, 0, "\"p\";q=10;w=2", "\"p\";r=6;t=1", "");
+    rate_limiter_free(lim);
 }
 
 static void unlimited_shadow_and_store_errors(void **state)

@@ -8,6 +8,7 @@
  * kept bounded by the threads, counted.
  */
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "lib/helpers.h"
@@ -323,6 +324,13 @@ static void errors_name_file_and_line(void **state)
         {"[policies]\nf = token-bucket 1/s\n[rule a]\npolicy = f\n"
          "[rule a]\npolicy = f\n",
          "5: [rule a] given twice (first at line 3)"},
+        /* a rule without any setting is not skipped */
+        {"[policies]\nf = token-bucket 1/s\n[rule a]\n[rule a]\n"
+         "policy = f\n",
+         "3: [rule a] has no 'policy =' line"},
+        {"[policies]\nf = token-bucket 1/s\n[rule a]\npolicy = f\n"
+         "[polices]\n",
+         "5: unknown section [polices] ([policies] or [rule NAME])"},
         {"[policies]\nf = token-bucket 1/s\n[rule a/b]\npolicy = f\n",
          "3: [rule a/b]: a rule's name is letters, digits, '_', '-' and '.' "
          "([rule NAME])"},
@@ -392,6 +400,13 @@ static void errors_name_file_and_line(void **state)
                      RATE_EINVAL);
     assert_string_equal(err, "/nonexistent/rules.conf: cannot read: No such "
                              "file or directory");
+    /* A directory opens, but its first read fails: the error says why. */
+    char dir[160];
+    snprintf(dir, sizeof dir, "%s/rules.d", test_dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    assert_int_equal(rate_rules_load(dir, &r, err, sizeof err), RATE_EPOLICY);
+    if (strstr(err, "rules.d:1: cannot read: Is a directory") == NULL)
+        fail_msg("got '%s'", err);
     assert_int_equal(rate_rules_load(NULL, &r, err, sizeof err), RATE_EINVAL);
 }
 
@@ -453,6 +468,20 @@ static void reload_refuses_empty_or_torn_files(void **state)
             "torn.conf:3: policy 'free' is not defined");
     refused(r, "[policies]\nfree = token-bucket 2/s burst=3\n[rul\n",
             "torn.conf:3: not a [section]");
+    /* Cut right after a rule's header: the rule has no line at all (inih
+     * calls nothing for a section without settings), and the rules above
+     * it are whole. Every such cut of the good file is refused. */
+    for (const char *h = strstr(good, "\n[rule "); h != NULL;
+         h = strstr(h + 1, "\n[rule ")) {
+        size_t n = (size_t)(strchr(h + 1, '\n') + 1 - good);
+        assert_true(n < sizeof cut);
+        memcpy(cut, good, n);
+        cut[n] = '\0';
+        refused(r, cut, "has no 'policy =' line");
+    }
+    refused(r, "[policies]\nfree = token-bucket 2/s burst=3\n[rule a]\n"
+               "policy = free\n[rule b]\n# written next\n",
+            "torn.conf:5: [rule b] has no 'policy =' line");
     assert_int_equal(rate_rules_generation(r), 1);
     assert_false(req(r, lim, "dave", NULL, NULL).allowed);
 

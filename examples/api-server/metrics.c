@@ -212,6 +212,11 @@ static uint64_t get(atomic_uint_fast64_t *c)
         sum_;                                                                 \
     })
 
+uint64_t metrics_store_errors(metrics_t *m)
+{
+    return SUM(m, store_errors);
+}
+
 size_t metrics_format(metrics_t *m, rate_limiter_t *lim, uint64_t generation,
                       char *buf, size_t len)
 {

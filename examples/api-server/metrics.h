@@ -32,6 +32,9 @@ typedef enum { LEASE_GRANTED, LEASE_DENIED } lease_event_t;
 void metrics_lease(metrics_t *m, lease_event_t ev);
 void metrics_lease_released(metrics_t *m, int rc);
 
+/* Decisions the store failed so far (ratelimit_store_errors_total). */
+uint64_t metrics_store_errors(metrics_t *m);
+
 /* Writes the exposition (text format 0.0.4) into buf (len bytes); returns
  * the length, or 0 when it does not fit. */
 size_t metrics_format(metrics_t *m, rate_limiter_t *lim, uint64_t generation,

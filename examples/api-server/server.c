@@ -491,6 +491,30 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
     return reply(c, (unsigned)h.status, "application/problem+json", body, &h);
 }
 
+/* Store errors, logged by the main loop at most once a second with the
+ * store's reason, so that an outage shows in the log and not only in
+ * /metrics. */
+typedef struct {
+    uint64_t logged; /* store errors told so far */
+    uint64_t at_ns;  /* when last told */
+} error_log_t;
+
+static void log_store_errors(server_t *s, error_log_t *el)
+{
+    uint64_t n = metrics_store_errors(s->metrics), now = now_ns();
+    if (n == el->logged || (el->at_ns != 0 && now - el->at_ns < 1000000000u))
+        return;
+    char why[256] = "";
+    if (s->store != NULL)
+        (void)rate_store_redis_last_error(s->store, why, sizeof why);
+    fprintf(stderr, "api-server: %llu decision%s failed on the store%s%s%s, "
+                    "answered 503\n",
+            (unsigned long long)(n - el->logged), n - el->logged == 1 ? "" : "s",
+            why[0] != '\0' ? " (" : "", why, why[0] != '\0' ? ")" : "");
+    el->logged = n;
+    el->at_ns = now;
+}
+
 /* ------------------------------------------------------------- reloads */
 
 typedef struct stamp {
@@ -772,10 +796,12 @@ int main(int argc, char **argv)
     rl.s = &s;
     const char *pending = NULL; /* a reload asked for, and why */
     stamp_t seen = stamp_of(s.config), changing = seen;
+    error_log_t errors = {0, 0};
     for (;;) {
         struct timespec tick = {0, 200000000};
         int sig = sigtimedwait(&sigs, NULL, &tick);
         reap_slow(&s);
+        log_store_errors(&s, &errors);
         if (sig == SIGINT || sig == SIGTERM)
             break;
         if (sig == SIGHUP) {

@@ -56,6 +56,31 @@ static void quota_of(const rate_limit_t *l, uint64_t *q, uint64_t *w)
         *w = 1;
 }
 
+/* t: until the described limit is whole again. The decision's reset_after
+ * is the largest of a composite's limits (an hour's window beside a bucket
+ * that refills in a second), so a bucket's own is bounded by its room:
+ * with r > 0 permits left and no reservation's delay (no debt) it is full
+ * within (B-r)*P/L. A lone bucket's reset_after is already no more; a
+ * blocking limit's key stays denied past the refill, so it is kept. */
+static uint64_t reset_s(const rate_limit_t *l, uint64_t r,
+                        const rate_decision_t *d)
+{
+    uint64_t t = ceil_s(d->reset_after_ns);
+
+    if (l != NULL && l->block_ns == 0 && d->delay_ns == 0 && r > 0 &&
+        r <= l->burst &&
+        (l->algorithm == RATE_TOKEN_BUCKET ||
+         l->algorithm == RATE_LEAKY_BUCKET)) {
+        unsigned __int128 span =
+            ((unsigned __int128)(l->burst - r) * l->period_ns + l->limit - 1) /
+            l->limit;
+        uint64_t b = ceil_s(span);
+        if (b < t)
+            t = b;
+    }
+    return t;
+}
+
 /* A field being written: plain appends (no snprintf: the fields are
  * made on every request), false once it would not fit. */
 typedef struct field {
@@ -179,8 +204,7 @@ int rate__headers_items(const rate__hitem_t *items, size_t n,
             r = r > UINT64_MAX - items[i].room ? UINT64_MAX : r + items[i].room;
         if (r > q)
             r = q;
-        put_item(&rf, items[i].name, ";r=", r, ";t=",
-                 ceil_s(d->reset_after_ns));
+        put_item(&rf, items[i].name, ";r=", r, ";t=", reset_s(l, r, d));
     }
     if (!pf.ok || !rf.ok) {
         memset(out, 0, sizeof *out);

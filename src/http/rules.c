@@ -313,9 +313,11 @@ typedef struct load {
     FILE *file;
     unsigned line;     /* of the line inih is on */
     unsigned section_line; /* of the last [section] line read */
+    char header[200];  /* that line's section name, "" if it has no ']' */
     bool refused;      /* the reader refused a line: too long for inih,
                           or with a NUL byte */
     bool ended;        /* the last line read ended with its newline */
+    int read_errno;    /* why a read failed (a directory: EISDIR) */
     char err[ERR_MAX]; /* the first error, "" none */
     unsigned err_line;
     rule_t *cur;       /* the [rule] being read */
@@ -342,6 +344,26 @@ static bool lfail(load_t *l, unsigned line, const char *fmt, ...)
     return false;
 }
 
+/* inih calls nothing for a section with no settings, so the reader tells
+ * one when the next section, or the end of the file, comes: a rule cut
+ * short after its header (a torn file) is refused, not skipped. An empty
+ * [policies] defines nothing, which is harmless. */
+static void empty_section(load_t *l)
+{
+    const char *h = l->header;
+
+    if (l->section_line == 0 || l->section_line == l->cur_section_line ||
+        h[0] == '\0' || strcmp(h, "policies") == 0)
+        return;
+    if (strncmp(h, "rule", 4) == 0 && (h[4] == ' ' || h[4] == '\t')) {
+        h += 4 + strspn(h + 4, " \t");
+        lfail(l, l->section_line, "[rule %s] has no 'policy =' line", h);
+    } else {
+        lfail(l, l->section_line, "unknown section [%s] ([policies] or "
+              "[rule NAME])", h);
+    }
+}
+
 /* inih's reader: a line at a time, counting lines, and refusing a line
  * longer than inih's buffer (which it would otherwise read as two) or one
  * with a NUL byte (which would end it there, the rest unread). */
@@ -364,13 +386,25 @@ static char *read_line(char *str, int num, void *stream)
         if (c == '\n')
             break;
     }
-    if (n == 0)
+    if (n == 0) {
+        if (ferror(l->file))
+            l->read_errno = errno;
         return NULL;
+    }
     str[n] = '\0';
     l->line++;
     l->ended = str[n - 1] == '\n';
-    if (str[strspn(str, " \t")] == '[')
+    const char *open = str + strspn(str, " \t");
+    if (*open == '[') {
+        empty_section(l);
+        const char *close = strchr(open, ']');
+        size_t hn = close == NULL ? 0 : (size_t)(close - open - 1);
+        if (hn >= sizeof l->header)
+            hn = 0;
+        memcpy(l->header, open + 1, hn);
+        l->header[hn] = '\0';
         l->section_line = l->line;
+    }
     if (n == max && !l->ended && (c = getc_unlocked(l->file)) != EOF) {
         ungetc(c, l->file);
         l->refused = true;
@@ -899,6 +933,8 @@ static int load_file(const char *path, gen_t **out, char *err, size_t errlen)
     }
     int at = ini_parse_stream(read_line, &l, on_line, &l);
     bool read_error = ferror(l.file) != 0;
+    if (at == 0 && l.err[0] == '\0')
+        empty_section(&l);
     fclose(l.file);
     if (at > 0 && (l.err[0] == '\0' || (unsigned)at < l.err_line)) {
         l.err[0] = '\0';
@@ -907,7 +943,8 @@ static int load_file(const char *path, gen_t **out, char *err, size_t errlen)
     } else if (at < 0 && l.err[0] == '\0') {
         lfail(&l, l.line, "out of memory");
     } else if (read_error && l.err[0] == '\0') {
-        lfail(&l, l.line, "read error");
+        lfail(&l, l.line + 1, "cannot read: %s",
+              l.read_errno != 0 ? strerror(l.read_errno) : "read error");
     }
     /* A file being written in place, or cut short, is not read as a
      * smaller set of rules (that would widen every limit it no longer

@@ -171,6 +171,7 @@ struct astore {
     rate_redis_async_stats_t st;
     char last_err[RC_HOST_MAX + 320]; /* the last failure of a node's
                            connection (cut to fit); "" since one connected */
+    bool err_replied; /* last_err is an error reply's: "" at the next reply */
 };
 
 static const rate_store_methods_t async_methods;
@@ -362,6 +363,7 @@ static void note_err(anode_t *n, const char *what, const char *detail)
         snprintf(where, sizeof where, "%s:%d", n->host, n->port);
     snprintf(n->s->last_err, sizeof n->s->last_err, "%s: %s%s%.200s", where,
              what, detail != NULL ? ": " : "", detail != NULL ? detail : "");
+    n->s->err_replied = false;
 }
 
 static void on_connect(const redisAsyncContext *ac, int status)
@@ -1135,6 +1137,16 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
         return;
     }
     rc = rate__redis_reply_ok(RATE_OK, rep);
+    /* An error reply (NOPERM from an ACL, OOM at maxmemory) is the
+     * operator's clue: kept for rate_store_redis_last_error until a reply
+     * succeeds. */
+    if (rc == RATE_ESTORE && rep->str != NULL) {
+        note_err(n, "replied", rep->str);
+        j->s->err_replied = true;
+    } else if (rc == RATE_OK && j->s->err_replied) {
+        j->s->last_err[0] = '\0';
+        j->s->err_replied = false;
+    }
     if (rc == RATE_OK) {
         switch (j->phase) {
         case PH_DECIDE: {
