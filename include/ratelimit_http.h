@@ -100,11 +100,14 @@ RATE_API int rate_headers_format(const rate_policy_t *policy,
  *
  * In each group the first rule that matches applies; a request gets the
  * policies of every group's match (at most RATE_RULES_MAX_APPLY), or, when
- * no rule matches, the limiter's default policy.  It passes only if every
- * one allows it; when one denies, what the others admitted is refunded
- * (rate_limiter_refund), so a denial charges nothing.  A refund is not
- * atomic with the decisions: a concurrent request on the same key may see
- * the permit spent for that moment.
+ * no rule matches, the limiter's default policy.  A request's own key is
+ * stored as it is, or, when it begins with '@', with one more '@' before
+ * it ("@@search"), so that no client's key is a rule's "@RULE..." key;
+ * such a key may then be at most RATE_KEY_MAX - 1 bytes.  A request
+ * passes only if every policy allows it; when one denies, what the others
+ * admitted is refunded (rate_limiter_refund), so a denial charges
+ * nothing.  A refund is not atomic with the decisions: a concurrent
+ * request on the same key may see the permit spent for that moment.
  *
  * Fair shares (docs/fair.md): `key = fair` charges the rule's one key
  * ("@RULE") as `shared` does, divided fairly among the requests' own keys
@@ -245,9 +248,9 @@ RATE_API void rate_rules_free(rate_rules_t *rules);
  *
  * Errors (then nothing is charged, and *out, when not NULL, says no
  * policy applied: count 0, denied_by -1): RATE_EINVAL (NULL rules,
- * limiter or out, NULL attrs with nattrs > 0), RATE_EKEY (a bad key, or
- * a rule's key made from attributes longer than RATE_KEY_MAX, or than
- * the store keeps), RATE_ERANGE (permits or max_wait above
+ * limiter or out, NULL attrs with nattrs > 0), RATE_EKEY (a bad key, a
+ * key of RATE_KEY_MAX bytes that begins with '@', or a rule's key made
+ * from attributes longer than RATE_KEY_MAX, or than the store keeps), RATE_ERANGE (permits or max_wait above
  * RATE_TIME_MAX), RATE_ENOMEM (a thread's first call; a fair rule's
  * first decision on this limiter: its fair table), RATE_EPOLICY (an
  * in-flight policy applies: only rate_rules_acquire holds leases); any

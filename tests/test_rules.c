@@ -842,6 +842,70 @@ static void nul_bytes_are_refused(void **state)
     assert_non_null(strstr(err, "/dev/zero:1: a NUL byte in the line"));
 }
 
+/* A request's own key is the client's (an API key, a header): one that
+ * begins with '@' must not be a rule's key.  A client whose key is
+ * "@search" spends its own limits, under its tier's rule and under the
+ * default policy, and every caller of /search still gets the route's 3 a
+ * minute. */
+static void own_keys_are_no_rules_keys(void **state)
+{
+    (void)state;
+    static const char text[] = "[policies]\n"
+                               "paid = token-bucket 1/s burst=2\n"
+                               "search = fixed-window 3/m\n"
+                               "[rule search]\n"
+                               "group = route\n"
+                               "match = route=/search*\n"
+                               "policy = search\n"
+                               "key = shared\n"
+                               "[rule paid]\n"
+                               "group = tier\n"
+                               "match = tier=paid\n"
+                               "policy = paid\n";
+    char err[512];
+    rate_rules_t *r;
+    assert_int_equal(rate_rules_load(test_dir_file("own.conf", text), &r, err,
+                                     sizeof err),
+                     RATE_OK);
+    fclock.now = 10 * SEC;
+    /* Once through the tier's rule (paid: its burst of 2), once through
+     * no rule (the default: its burst of 1), each on a store of its own. */
+    for (int through_default = 0; through_default < 2; through_default++) {
+        rate_limiter_t *lim = limiter_fake();
+        for (int i = 0; i < 3; i++) {
+            rate_outcome_t o = req(r, lim, "@search",
+                                   through_default ? NULL : "paid", "/home");
+            assert_int_equal(o.allowed, i < 2 - through_default);
+        }
+        const char *users[] = {"ann", "bob", "cy", "dee"};
+        for (int i = 0; i < 4; i++) {
+            rate_outcome_t o = req(r, lim, users[i], NULL, "/search");
+            assert_int_equal(o.count, 1);
+            assert_int_equal(o.allowed, i < 3);
+        }
+        rate_limiter_free(lim);
+    }
+    rate_limiter_t *lim = limiter_fake();
+    /* "@x" and "@@x" stay two keys; the longest key with a '@' first is
+     * one byte shorter (the '@' the store key adds). */
+    assert_true(req(r, lim, "@x", NULL, "/home").allowed);
+    assert_true(req(r, lim, "@@x", NULL, "/home").allowed);
+    char key[RATE_KEY_MAX];
+    memset(key, 'k', sizeof key);
+    key[0] = '@';
+    rate_outcome_t o;
+    assert_int_equal(rate_rules_check(r, lim, key, RATE_KEY_MAX, NULL, 0, 1,
+                                      0, &o),
+                     RATE_EKEY);
+    assert_int_equal(o.count, 0);
+    assert_int_equal(rate_rules_check(r, lim, key, RATE_KEY_MAX - 1, NULL, 0,
+                                      1, 0, &o),
+                     RATE_OK);
+    assert_true(o.allowed);
+    rate_limiter_free(lim);
+    rate_rules_free(r);
+}
+
 /* Writes a file of n policies and n rules (each naming its own policy, in
  * four groups, one charging the request's key, one in-flight policy in
  * eight) to `name`; its path. */
@@ -997,6 +1061,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(reload_refuses_empty_or_torn_files),
         cmocka_unit_test(index_finds_what_a_scan_finds),
         cmocka_unit_test(nul_bytes_are_refused),
+        cmocka_unit_test(own_keys_are_no_rules_keys),
     };
     const struct CMUnitTest load[] = {
         cmocka_unit_test(reloads_while_deciding),

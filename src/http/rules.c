@@ -1133,20 +1133,31 @@ static void release(slot_t *s)
 
 /* ------------------------------------------------------------ decisions */
 
-/* The key a rule charges: the request's, "@RULE" (shared), or
+/* The store key of a request's own key: the key itself, or, when it
+ * begins with '@', one more '@' before it, so that no request's key is a
+ * rule's "@RULE..." key (a rule's name never begins with '@'): a client
+ * whose key is "@search" must not spend the search route's shared limit.
+ * RATE_EKEY when too long. */
+static int own_key(const char *key, size_t key_len, char *buf, size_t *len)
+{
+    size_t at = key[0] == '@';
+    if (key_len + at > RATE_KEY_MAX)
+        return RATE_EKEY;
+    buf[0] = '@';
+    memcpy(buf + at, key, key_len);
+    *len = key_len + at;
+    return RATE_OK;
+}
+
+/* The key a rule charges: the request's (own_key), "@RULE" (shared), or
  * "@RULE:V1|V2..." of its key attributes (a missing attribute is empty).
  * RATE_EKEY when too long. */
 static int rule_key(const rule_t *r, const char *key, size_t key_len,
                     const rate_attr_t *attrs, size_t n, char *buf,
                     size_t *len)
 {
-    if (r->nkey == 0 && !r->shared) {
-        if (key_len > RATE_KEY_MAX)
-            return RATE_EKEY;
-        memcpy(buf, key, key_len);
-        *len = key_len;
-        return RATE_OK;
-    }
+    if (r->nkey == 0 && !r->shared)
+        return own_key(key, key_len, buf, len);
     size_t o = 0;
     int w = snprintf(buf, RATE_KEY_MAX + 1, r->shared ? "@%s" : "@%s:",
                      r->name);
@@ -1461,8 +1472,7 @@ static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
         pick[0].in = NULL;
         pick[0].ip = NULL;
         pick[0].lease.id = 0;
-        memcpy(pick[0].key, key, key_len);
-        pick[0].key_len = key_len;
+        rc = own_key(key, key_len, pick[0].key, &pick[0].key_len);
         n = 1;
     }
     if (rc != RATE_OK)
