@@ -223,6 +223,16 @@ if ! has_part dynamodb; then
   expect_error '' "this build has no DynamoDB store (it was built with RATE_WITH_DYNAMODB=OFF)" replay $TB --store dynamodb://t
 fi
 expect_error '' "--shm for a shared-memory region), not 'shm:/tmp/x.rl'" bench --store shm:/tmp/x.rl
+# bench: a missing value, two benches, an option the bench would ignore
+expect_error '' "bench: option '--rounds' needs a value" bench --rounds
+expect_error '' "bench: option '--redis' needs a value" bench --redis
+expect_error '' "bench: --shm and --fair are two benches: run one at a time" bench --shm --fair
+expect_error '' "bench: --rules and --leases are two benches" bench --rules --leases
+expect_error '' "bench: unknown option '--frob'" bench --rules --frob
+expect_error '' "bench: --rounds does not apply to --leases" bench --leases --rounds 2
+expect_error '' "bench: --java-peer does not apply to --shm" bench --shm --java-peer true
+expect_error '' "bench: --iterations does not apply to --fair --redis" bench --fair --redis redis://127.0.0.1:1 --iterations 5
+expect_error '' "bench: --redis does not apply to --sync" bench --sync redis://127.0.0.1:1 --redis redis://127.0.0.1:1
 expect_error '' "--input 'xml'" replay $TB --input xml
 expect_error '' "--key-field 'size'" replay $TB --input clf --key-field size
 expect_error '' "unknown command 'replya'" replya
@@ -719,6 +729,8 @@ opts=$( { grep -ho '{"[a-z-]*", *\(required\|no\|optional\)_argument' "$SRC"/too
           sed 's/{"\([a-z-]*\)".*/\1/'
         grep -ho 'strcmp(argv\[i\], "--[a-z-]*")' "$SRC"/tools/ratelimit/*.c |
           sed 's/.*"--\([a-z-]*\)".*/\1/'
+        grep -ho '{"--[a-z-]*", \(true\|false\),' "$SRC"/tools/ratelimit/*.c |
+          sed 's/{"--\([a-z-]*\)".*/\1/'
         echo version; } | sort -u)
 nopts=0
 for o in $opts; do
