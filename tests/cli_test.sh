@@ -348,6 +348,9 @@ bad_line '1.0000000001 a\n' "more than 9 fractional digits" 0
 bad_line '9223372036.854775808 a\n' "TIME above 2^63-1 ns" 0
 bad_line '0 a 9223372036854775808\n' "PERMITS above 2^63-1" 0
 bad_line "0 $(head -c 513 /dev/zero | tr '\0' k)\n" "KEY longer than 512 bytes" 0
+# a key in the library's reserved space is named so, by replay and compare
+bad_line '0 a\n0 \xffLEASE\x01\x00x\n' "line 2: KEY begins with the library's reserved bytes" 1
+expect_error '0 \xffLEASE\x01\x00x\n' "line 1: KEY begins with the library's reserved bytes" compare --rate 1/s --burst 1
 # the largest time and permits are fine; a last line without newline counts
 printf '9223372036.854775807 a 9223372036854775807\n1 b' | "$R" replay $TB >"$T/out" 2>/dev/null
 if [ $? -eq 0 ] && [ "$(wc -l <"$T/out")" -eq 2 ] && grep -q "	inf	" "$T/out"; then ok; else bad "largest values"; fi
