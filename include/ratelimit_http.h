@@ -168,12 +168,13 @@ typedef struct rate_outcome {
  * Errors, each with a one-line message in err (at most errlen bytes with
  * the NUL) naming the file, the line and what is wrong ("rules.conf:7:
  * policy 'gold' is not defined ..."); *out is NULL when out is not:
- * RATE_EINVAL for a NULL path or out, or a file that cannot be opened;
+ * RATE_EINVAL for a NULL path or out, or a file that cannot be opened
+ * (or is a directory: "PATH: cannot read: Is a directory");
  * RATE_EPOLICY for anything wrong in it (a policy's text, an unknown
  * section or setting, a rule that can never apply, a line longer than
  * libinih reads; an empty file, a last line without its newline, no
  * [rule NAME]: torn or would leave every request unlimited), and for a
- * read error or a parser out of memory midway (said so in err);
+ * read error (its reason in err) or a parser out of memory midway;
  * RATE_ENOMEM.
  *
  * Ownership: path is copied (a reload without a path reads it again);

@@ -392,6 +392,12 @@ static void errors_name_file_and_line(void **state)
                      RATE_EINVAL);
     assert_string_equal(err, "/nonexistent/rules.conf: cannot read: No such "
                              "file or directory");
+    /* A directory opens, and then fails every read: said so. */
+    char want[160];
+    snprintf(want, sizeof want, "%s: cannot read: Is a directory", test_dir);
+    assert_int_equal(rate_rules_load(test_dir, &r, err, sizeof err),
+                     RATE_EINVAL);
+    assert_string_equal(err, want);
     assert_int_equal(rate_rules_load(NULL, &r, err, sizeof err), RATE_EINVAL);
 }
 

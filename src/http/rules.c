@@ -42,6 +42,7 @@
 #include <stdlib.h>
 
 #include <string.h>
+#include <sys/stat.h>
 
 #include "http.h"
 #include "match.h"
@@ -893,12 +894,19 @@ static int load_file(const char *path, gen_t **out, char *err, size_t errlen)
     if ((l.file = fopen(path, "r")) == NULL)
         return fail(err, errlen, RATE_EINVAL, "%s: cannot read: %s",
                           path, strerror(errno));
+    struct stat st; /* a directory opens, then fails every read */
+    if (fstat(fileno(l.file), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(l.file);
+        return fail(err, errlen, RATE_EINVAL, "%s: cannot read: %s", path,
+                    strerror(EISDIR));
+    }
     if ((l.g = calloc(1, sizeof *l.g)) == NULL) {
         fclose(l.file);
         return RATE_ENOMEM;
     }
     int at = ini_parse_stream(read_line, &l, on_line, &l);
     bool read_error = ferror(l.file) != 0;
+    int read_errno = errno; /* the failed read's, when read_error */
     fclose(l.file);
     if (at > 0 && (l.err[0] == '\0' || (unsigned)at < l.err_line)) {
         l.err[0] = '\0';
@@ -907,7 +915,7 @@ static int load_file(const char *path, gen_t **out, char *err, size_t errlen)
     } else if (at < 0 && l.err[0] == '\0') {
         lfail(&l, l.line, "out of memory");
     } else if (read_error && l.err[0] == '\0') {
-        lfail(&l, l.line, "read error");
+        lfail(&l, l.line + 1, "read error: %s", strerror(read_errno));
     }
     /* A file being written in place, or cut short, is not read as a
      * smaller set of rules (that would widen every limit it no longer
