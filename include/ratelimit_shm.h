@@ -120,7 +120,8 @@ typedef struct rate_shm_options {
  *                device", from statvfs or the allocation); its locks
  *                cannot be made; it is not a store (bad magic), of
  *                another layout version or build, truncated or of another
- *                size than its header says
+ *                size than its header says, or its header's ready word
+ *                damaged ("the header is damaged: its ready word is ...")
  *   RATE_ENOMEM
  *
  * Ownership: path, options and options->prefix are read during the call
