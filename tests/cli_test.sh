@@ -348,6 +348,11 @@ bad_line '1.0000000001 a\n' "more than 9 fractional digits" 0
 bad_line '9223372036.854775808 a\n' "TIME above 2^63-1 ns" 0
 bad_line '0 a 9223372036854775808\n' "PERMITS above 2^63-1" 0
 bad_line "0 $(head -c 513 /dev/zero | tr '\0' k)\n" "KEY longer than 512 bytes" 0
+# a number too large, and an output that cannot be written, say why
+expect_error '' "--top '99999999999999999999' is not a whole number up to 2^63-1" replay $TB --top 99999999999999999999
+printf '0 a\n' | "$R" replay $TB >/dev/full 2>"$T/err"
+if [ $? -eq 2 ] && grep -qx "ratelimit: replay: cannot write the output: No space left on device" "$T/err"; then ok
+else bad "replay to /dev/full: $(cat "$T/err")"; fi
 # a key in the library's reserved space is named so, by replay and compare
 bad_line '0 a\n0 \xffLEASE\x01\x00x\n' "line 2: KEY begins with the library's reserved bytes" 1
 expect_error '0 \xffLEASE\x01\x00x\n' "line 1: KEY begins with the library's reserved bytes" compare --rate 1/s --burst 1
