@@ -728,7 +728,6 @@ int cmd_bench(int argc, char **argv)
     const char *redis_url = NULL, *cluster_url = NULL, *sync_url = NULL;
     const char *store_url = NULL;
     bench_redis_opts_t ro = {0};
-    bool shm = false, fair = false, leases = false;
     const struct bench_opt *mode = NULL;
     unsigned given = 0; /* a bit per bench_opts entry */
     const size_t nopts = sizeof bench_opts / sizeof bench_opts[0];
@@ -768,13 +767,7 @@ int cmd_bench(int argc, char **argv)
                 return cli_fail("bench: --decisions wants a whole number "
                                 "from 64 to 100000000, not '%s'", v);
             ro.decisions = n;
-        } else if (strcmp(o->name, "--shm") == 0)
-            shm = true;
-        else if (strcmp(o->name, "--fair") == 0)
-            fair = true;
-        else if (strcmp(o->name, "--leases") == 0)
-            leases = true;
-        else if (strcmp(o->name, "--redis") == 0)
+        } else if (strcmp(o->name, "--redis") == 0)
             redis_url = v;
         else if (strcmp(o->name, "--workload") == 0)
             ro.workload_only = true;
@@ -791,6 +784,7 @@ int cmd_bench(int argc, char **argv)
     }
     /* An option the chosen bench does not take would be ignored: say so. */
     unsigned bench = mode != NULL ? mode->mode : B_DEFAULT;
+    bool shm = bench == B_SHM, fair = bench == B_FAIR;
     for (size_t k = 0; k < nopts; k++) {
         if (!(given & 1u << k))
             continue;
@@ -815,7 +809,7 @@ int cmd_bench(int argc, char **argv)
                             store_url);
         return bench_dynamodb(store_url);
     }
-    if (leases)
+    if (bench == B_LEASES)
         return bench_leases(redis_url);
     if (cluster_url != NULL && redis_url == NULL)
         return cli_fail("bench: --redis-cluster compares with --redis URL");
