@@ -115,8 +115,8 @@ RATE_API int rate_headers_format(const rate_policy_t *policy,
  * first decision there, on the limiter's clock, and kept in memory until
  * the rules are replaced: a reload starts the division afresh; it decides
  * without waiting, max_wait aside).  Each limiter ever passed to the
- * rules keeps its fair tables (rate_fair_memory: about 37 KB per policy
- * of a fair rule) until a reload or rate_rules_free, even after the
+ * rules keeps its fair tables (rate_fair_memory: about 50 KB per policy
+ * of a fair rule, a table of 64 flows) until a reload or rate_rules_free, even after the
  * limiter is freed: pass the rules a few long-lived limiters, not one per
  * request.  A limiter made at a freed one's address starts afresh (the
  * tables are the limiter's, not the address's).  `weight = N` (1..RATE_FAIR_WEIGHT_MAX)
