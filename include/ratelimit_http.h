@@ -116,9 +116,11 @@ RATE_API int rate_headers_format(const rate_policy_t *policy,
  * the rules are replaced: a reload starts the division afresh; it decides
  * without waiting, max_wait aside).  Each limiter ever passed to the
  * rules keeps its fair tables (rate_fair_memory: about 50 KB per policy
- * of a fair rule, a table of 64 flows) until a reload or rate_rules_free, even after the
- * limiter is freed: pass the rules a few long-lived limiters, not one per
- * request.  A limiter made at a freed one's address starts afresh (the
+ * of a fair rule, a table of 64 flows; `slots = N` in the rule, 1 to
+ * RATE_FAIR_SLOTS_MAX, sizes it for N flows, about 0.8 KB each: give it
+ * twice the clients active at once, docs/fair.md) until a reload or
+ * rate_rules_free, even after the limiter is freed: pass the rules a few
+ * long-lived limiters, not one per request.  A limiter made at a freed one's address starts afresh (the
  * tables are the limiter's, not the address's).  `weight = N` (1..RATE_FAIR_WEIGHT_MAX)
  * in a rule gives the requests it matches that weight there: the first
  * matching rule with a weight, in group order (a tier's rule), else 1. */

@@ -317,7 +317,15 @@ static void errors_name_file_and_line(void **state)
          "4: match: 'tier=' has no value (write ATTRIBUTE=* for any value)"},
         {"[policies]\nfree = token-bucket 1/s\n[rule a]\nwhen = tier=x\n",
          "4: unknown setting 'when' in [rule a] (match, policy, key, group, weight, "
-         "class)"},
+         "class, slots)"},
+        {"[policies]\nf = token-bucket 1/s\n[rule a]\npolicy = f\n"
+         "slots = 64\n",
+         "5: [rule a]: slots = N sizes the table of a key = fair rule; this "
+         "rule has none"},
+        {"[policies]\nf = token-bucket 1/s\n[rule a]\npolicy = f\n"
+         "key = fair\nslots = 4097\n",
+         "6: slots '4097' is not a whole number from 1 to 4096 (the flows a "
+         "fair rule's table keeps apart)"},
         {"[policies]\nfree = token-bucket 1/s\n\n[rule a]\nmatch = t=x\n",
          "4: [rule a] has no 'policy =' line"},
         {"[policies]\nf = token-bucket 1/s\n[rule a]\npolicy = f\n"
@@ -912,6 +920,54 @@ static void own_keys_are_no_rules_keys(void **state)
     rate_rules_free(r);
 }
 
+/* A fair rule's table keeps `slots` flows apart (64 by default).  A
+ * public route with more active clients than that gives some light ones
+ * the entry of a heavy one, whose share they then split: 120 clients at
+ * one request a second beside one at a thousand, on 200/s, left one light
+ * client denied every request with 64 slots.  With slots = 1024 in the
+ * rule every light request passes. */
+static void a_fair_rule_sized_by_slots(void **state)
+{
+    (void)state;
+    static const char text[] = "[policies]\n"
+                               "up = token-bucket 200/s burst=200\n"
+                               "[rule up]\n"
+                               "policy = up\n"
+                               "key = fair\n"
+                               "slots = 1024\n";
+    char err[512];
+    rate_rules_t *r;
+    assert_int_equal(rate_rules_load(test_dir_file("slots.conf", text), &r,
+                                     err, sizeof err),
+                     RATE_OK);
+    rate_limiter_t *lim = limiter_fake();
+    long light = 0, light_denied = 0, heavy = 0;
+    for (uint64_t ms = 0; ms < 10000; ms++) {
+        uint64_t t = SEC + ms * MS;
+        rate_outcome_t o;
+        assert_int_equal(rate_rules_check_at(r, lim, "heavy", 5, NULL, 0, 1,
+                                             0, t, &o),
+                         RATE_OK);
+        heavy += o.allowed;
+        for (unsigned u = 0; u < 120; u++) {
+            if ((ms + u * 7) % 1000 != 0)
+                continue;
+            char key[16];
+            int n = snprintf(key, sizeof key, "light%u", u);
+            assert_int_equal(rate_rules_check_at(r, lim, key, (size_t)n,
+                                                 NULL, 0, 1, 0, t, &o),
+                             RATE_OK);
+            light++;
+            light_denied += !o.allowed;
+        }
+    }
+    assert_int_equal(light, 1200);
+    assert_int_equal(light_denied, 0);
+    assert_true(heavy > 0);
+    rate_limiter_free(lim);
+    rate_rules_free(r);
+}
+
 /* Writes a file of n policies and n rules (each naming its own policy, in
  * four groups, one charging the request's key, one in-flight policy in
  * eight) to `name`; its path. */
@@ -1068,6 +1124,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(index_finds_what_a_scan_finds),
         cmocka_unit_test(nul_bytes_are_refused),
         cmocka_unit_test(own_keys_are_no_rules_keys),
+        cmocka_unit_test(a_fair_rule_sized_by_slots),
     };
     const struct CMUnitTest load[] = {
         cmocka_unit_test(reloads_while_deciding),

@@ -82,6 +82,8 @@ typedef struct rule {
     bool fair;       /* key = fair: that key divided fairly among the
                         requests' own keys (docs/fair.md) */
     uint32_t weight; /* weight = N: a matching request's weight; 0: none */
+    uint32_t slots;  /* slots = N: the fair tables' flows; 0: their default */
+    unsigned slots_line;
     struct fair_cell *_Atomic fairs; /* key = fair: per limiter, made at
                                         its first decision */
     bool has_group, has_key;
@@ -658,6 +660,20 @@ static bool on_rule(load_t *l, const char *name, const char *value)
         r->weight = (uint32_t)w;
         return true;
     }
+    if (strcmp(name, "slots") == 0) {
+        uint64_t n;
+        if (r->slots != 0)
+            return lfail(l, l->line, "slots given twice in [rule %s]",
+                         r->name);
+        if (rate_parse_count(value, &n, NULL, 0) != RATE_OK || n == 0 ||
+            n > RATE_FAIR_SLOTS_MAX)
+            return lfail(l, l->line, "slots '%s' is not a whole number "
+                         "from 1 to %u (the flows a fair rule's table keeps "
+                         "apart)", value, RATE_FAIR_SLOTS_MAX);
+        r->slots = (uint32_t)n;
+        r->slots_line = l->line;
+        return true;
+    }
     if (strcmp(name, "class") == 0) {
         if (r->cls != CLS_NONE)
             return lfail(l, l->line, "class given twice in [rule %s]",
@@ -689,7 +705,7 @@ static bool on_rule(load_t *l, const char *name, const char *value)
     }
     return lfail(l, l->line,
                  "unknown setting '%s' in [rule %s] (match, policy, key, "
-                 "group, weight, class)",
+                 "group, weight, class, slots)",
                  name, r->name);
 }
 
@@ -809,6 +825,9 @@ static bool finish_load(load_t *l)
                  (r->group = dup_n(DEFAULT_GROUP, strlen(DEFAULT_GROUP))) ==
                      NULL)
             lfail(l, r->line, "out of memory");
+        else if (r->slots != 0 && !r->fair)
+            lfail(l, r->slots_line, "[rule %s]: slots = N sizes the table of "
+                  "a key = fair rule; this rule has none", r->name);
         else
             ok = true;
         for (size_t p = 0; ok && p < r->npolicy && r->fair; p++)
@@ -1292,7 +1311,7 @@ static int fair_of(rule_t *r, size_t i, rate_limiter_t *lim,
             for (size_t p = 0; p < r->npolicy; p++) {
                 rate_fair_config_t fc = {
                     .limiter = lim, .key = key, .key_len = (size_t)n,
-                    .policy = r->policy[p], .clock = clk};
+                    .policy = r->policy[p], .clock = clk, .slots = r->slots};
                 c->rc[p] = rate_fair_new(&fc, &c->fair[p], NULL, 0);
             }
             c->next = atomic_load(&r->fairs);
