@@ -593,6 +593,23 @@ static bool start_rule(load_t *l, const char *section)
     return true;
 }
 
+/* A rule's setting NAME = N, 1..max, given once, into *out (0 until
+ * given); `what` says what N is. */
+static bool rule_count(load_t *l, const rule_t *r, const char *name,
+                       const char *value, uint32_t max, const char *what,
+                       uint32_t *out)
+{
+    uint64_t n;
+    if (*out != 0)
+        return lfail(l, l->line, "%s given twice in [rule %s]", name,
+                     r->name);
+    if (rate_parse_count(value, &n, NULL, 0) != RATE_OK || n == 0 || n > max)
+        return lfail(l, l->line, "%s '%s' is not a whole number from 1 to "
+                     "%u (%s)", name, value, max, what);
+    *out = (uint32_t)n;
+    return true;
+}
+
 static bool on_rule(load_t *l, const char *name, const char *value)
 {
     rule_t *r = l->cur;
@@ -647,32 +664,15 @@ static bool on_rule(load_t *l, const char *name, const char *value)
         }
         return true;
     }
-    if (strcmp(name, "weight") == 0) {
-        uint64_t w;
-        if (r->weight != 0)
-            return lfail(l, l->line, "weight given twice in [rule %s]",
-                         r->name);
-        if (rate_parse_count(value, &w, NULL, 0) != RATE_OK || w == 0 ||
-            w > RATE_FAIR_WEIGHT_MAX)
-            return lfail(l, l->line, "weight '%s' is not a whole number "
-                         "from 1 to %u (a request's share of a fair rule's "
-                         "limit)", value, RATE_FAIR_WEIGHT_MAX);
-        r->weight = (uint32_t)w;
-        return true;
-    }
+    if (strcmp(name, "weight") == 0)
+        return rule_count(l, r, name, value, RATE_FAIR_WEIGHT_MAX,
+                          "a request's share of a fair rule's limit",
+                          &r->weight);
     if (strcmp(name, "slots") == 0) {
-        uint64_t n;
-        if (r->slots != 0)
-            return lfail(l, l->line, "slots given twice in [rule %s]",
-                         r->name);
-        if (rate_parse_count(value, &n, NULL, 0) != RATE_OK || n == 0 ||
-            n > RATE_FAIR_SLOTS_MAX)
-            return lfail(l, l->line, "slots '%s' is not a whole number "
-                         "from 1 to %u (the flows a fair rule's table keeps "
-                         "apart)", value, RATE_FAIR_SLOTS_MAX);
-        r->slots = (uint32_t)n;
         r->slots_line = l->line;
-        return true;
+        return rule_count(l, r, name, value, RATE_FAIR_SLOTS_MAX,
+                          "the flows a fair rule's table keeps apart",
+                          &r->slots);
     }
     if (strcmp(name, "class") == 0) {
         if (r->cls != CLS_NONE)
