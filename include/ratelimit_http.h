@@ -100,11 +100,14 @@ RATE_API int rate_headers_format(const rate_policy_t *policy,
  *
  * In each group the first rule that matches applies; a request gets the
  * policies of every group's match (at most RATE_RULES_MAX_APPLY), or, when
- * no rule matches, the limiter's default policy.  It passes only if every
- * one allows it; when one denies, what the others admitted is refunded
- * (rate_limiter_refund), so a denial charges nothing.  A refund is not
- * atomic with the decisions: a concurrent request on the same key may see
- * the permit spent for that moment.
+ * no rule matches, the limiter's default policy.  A request's own key is
+ * stored as it is, or, when it begins with '@', with one more '@' before
+ * it ("@@search"), so that no client's key is a rule's "@RULE..." key;
+ * such a key may then be at most RATE_KEY_MAX - 1 bytes.  A request
+ * passes only if every policy allows it; when one denies, what the others
+ * admitted is refunded (rate_limiter_refund), so a denial charges
+ * nothing.  A refund is not atomic with the decisions: a concurrent
+ * request on the same key may see the permit spent for that moment.
  *
  * Fair shares (docs/fair.md): `key = fair` charges the rule's one key
  * ("@RULE") as `shared` does, divided fairly among the requests' own keys
@@ -112,10 +115,12 @@ RATE_API int rate_headers_format(const rate_policy_t *policy,
  * first decision there, on the limiter's clock, and kept in memory until
  * the rules are replaced: a reload starts the division afresh; it decides
  * without waiting, max_wait aside).  Each limiter ever passed to the
- * rules keeps its fair tables (rate_fair_memory: about 37 KB per policy
- * of a fair rule) until a reload or rate_rules_free, even after the
- * limiter is freed: pass the rules a few long-lived limiters, not one per
- * request.  A limiter made at a freed one's address starts afresh (the
+ * rules keeps its fair tables (rate_fair_memory: about 50 KB per policy
+ * of a fair rule, a table of 64 flows; `slots = N` in the rule, 1 to
+ * RATE_FAIR_SLOTS_MAX, sizes it for N flows, about 0.8 KB each: give it
+ * twice the clients active at once, docs/fair.md) until a reload or
+ * rate_rules_free, even after the limiter is freed: pass the rules a few
+ * long-lived limiters, not one per request.  A limiter made at a freed one's address starts afresh (the
  * tables are the limiter's, not the address's).  `weight = N` (1..RATE_FAIR_WEIGHT_MAX)
  * in a rule gives the requests it matches that weight there: the first
  * matching rule with a weight, in group order (a tier's rule), else 1. */
@@ -165,12 +170,13 @@ typedef struct rate_outcome {
  * Errors, each with a one-line message in err (at most errlen bytes with
  * the NUL) naming the file, the line and what is wrong ("rules.conf:7:
  * policy 'gold' is not defined ..."); *out is NULL when out is not:
- * RATE_EINVAL for a NULL path or out, or a file that cannot be opened;
+ * RATE_EINVAL for a NULL path or out, or a file that cannot be opened
+ * (or is a directory: "PATH: cannot read: Is a directory");
  * RATE_EPOLICY for anything wrong in it (a policy's text, an unknown
  * section or setting, a rule that can never apply, a line longer than
  * libinih reads; an empty file, a last line without its newline, no
  * [rule NAME]: torn or would leave every request unlimited), and for a
- * read error or a parser out of memory midway (said so in err);
+ * read error (its reason in err) or a parser out of memory midway;
  * RATE_ENOMEM.
  *
  * Ownership: path is copied (a reload without a path reads it again);
@@ -245,9 +251,9 @@ RATE_API void rate_rules_free(rate_rules_t *rules);
  *
  * Errors (then nothing is charged, and *out, when not NULL, says no
  * policy applied: count 0, denied_by -1): RATE_EINVAL (NULL rules,
- * limiter or out, NULL attrs with nattrs > 0), RATE_EKEY (a bad key, or
- * a rule's key made from attributes longer than RATE_KEY_MAX, or than
- * the store keeps), RATE_ERANGE (permits or max_wait above
+ * limiter or out, NULL attrs with nattrs > 0), RATE_EKEY (a bad key, a
+ * key of RATE_KEY_MAX bytes that begins with '@', or a rule's key made
+ * from attributes longer than RATE_KEY_MAX, or than the store keeps), RATE_ERANGE (permits or max_wait above
  * RATE_TIME_MAX), RATE_ENOMEM (a thread's first call; a fair rule's
  * first decision on this limiter: its fair table), RATE_EPOLICY (an
  * in-flight policy applies: only rate_rules_acquire holds leases); any

@@ -72,6 +72,13 @@ typedef struct rate_shm_options {
     const char *prefix;     /* a namespace: every key (policy records too)
                                is kept as PREFIX+KEY, and
                                rate_store_shm_drop() removes those; copied.
+                               The bytes only: a prefix that begins with
+                               another ("app1", "app10") shares its keys
+                               ("app1"+"0u" is "app10"+"u"), and the
+                               shorter one's drop removes the longer one's
+                               keys: end each with a byte no tenant's
+                               name holds ("app1:", "app10:"), so that
+                               none begins with another.
                                At most key_max - 4 bytes (a policy
                                record's key is 4).  NULL: none */
     uint64_t lock_timeout_ns; /* the longest wait for a shard's lock held
@@ -115,7 +122,8 @@ typedef struct rate_shm_options {
  *                device", from statvfs or the allocation); its locks
  *                cannot be made; it is not a store (bad magic), of
  *                another layout version or build, truncated or of another
- *                size than its header says
+ *                size than its header says, or its header's ready word
+ *                damaged ("the header is damaged: its ready word is ...")
  *   RATE_ENOMEM
  *
  * Ownership: path, options and options->prefix are read during the call
@@ -245,7 +253,9 @@ RATE_API int rate_store_shm_check(rate_store_t *store, char *err,
                                   size_t errlen);
 
 /* Removes every key and policy record under the store's prefix (all of
- * them without one), shard by shard.
+ * them without one), shard by shard: every stored key that begins with
+ * the prefix's bytes, so also those of a namespace whose prefix begins
+ * with this one's (see rate_shm_options_t.prefix).
  *
  * Returns: RATE_OK once all are removed.
  *

@@ -223,6 +223,16 @@ if ! has_part dynamodb; then
   expect_error '' "this build has no DynamoDB store (it was built with RATE_WITH_DYNAMODB=OFF)" replay $TB --store dynamodb://t
 fi
 expect_error '' "--shm for a shared-memory region), not 'shm:/tmp/x.rl'" bench --store shm:/tmp/x.rl
+# bench: a missing value, two benches, an option the bench would ignore
+expect_error '' "bench: option '--rounds' needs a value" bench --rounds
+expect_error '' "bench: option '--redis' needs a value" bench --redis
+expect_error '' "bench: --shm and --fair are two benches: run one at a time" bench --shm --fair
+expect_error '' "bench: --rules and --leases are two benches" bench --rules --leases
+expect_error '' "bench: unknown option '--frob'" bench --rules --frob
+expect_error '' "bench: --rounds does not apply to --leases" bench --leases --rounds 2
+expect_error '' "bench: --java-peer does not apply to --shm" bench --shm --java-peer true
+expect_error '' "bench: --iterations does not apply to --fair --redis" bench --fair --redis redis://127.0.0.1:1 --iterations 5
+expect_error '' "bench: --redis does not apply to --sync" bench --sync redis://127.0.0.1:1 --redis redis://127.0.0.1:1
 expect_error '' "--input 'xml'" replay $TB --input xml
 expect_error '' "--key-field 'size'" replay $TB --input clf --key-field size
 expect_error '' "unknown command 'replya'" replya
@@ -338,6 +348,14 @@ bad_line '1.0000000001 a\n' "more than 9 fractional digits" 0
 bad_line '9223372036.854775808 a\n' "TIME above 2^63-1 ns" 0
 bad_line '0 a 9223372036854775808\n' "PERMITS above 2^63-1" 0
 bad_line "0 $(head -c 513 /dev/zero | tr '\0' k)\n" "KEY longer than 512 bytes" 0
+# a number too large, and an output that cannot be written, say why
+expect_error '' "--top '99999999999999999999' is not a whole number up to 2^63-1" replay $TB --top 99999999999999999999
+printf '0 a\n' | "$R" replay $TB >/dev/full 2>"$T/err"
+if [ $? -eq 2 ] && grep -qx "ratelimit: replay: cannot write the output: No space left on device" "$T/err"; then ok
+else bad "replay to /dev/full: $(cat "$T/err")"; fi
+# a key in the library's reserved space is named so, by replay and compare
+bad_line '0 a\n0 \xffLEASE\x01\x00x\n' "line 2: KEY begins with the library's reserved bytes" 1
+expect_error '0 \xffLEASE\x01\x00x\n' "line 1: KEY begins with the library's reserved bytes" compare --rate 1/s --burst 1
 # the largest time and permits are fine; a last line without newline counts
 printf '9223372036.854775807 a 9223372036854775807\n1 b' | "$R" replay $TB >"$T/out" 2>/dev/null
 if [ $? -eq 0 ] && [ "$(wc -l <"$T/out")" -eq 2 ] && grep -q "	inf	" "$T/out"; then ok; else bad "largest values"; fi
@@ -719,6 +737,8 @@ opts=$( { grep -ho '{"[a-z-]*", *\(required\|no\|optional\)_argument' "$SRC"/too
           sed 's/{"\([a-z-]*\)".*/\1/'
         grep -ho 'strcmp(argv\[i\], "--[a-z-]*")' "$SRC"/tools/ratelimit/*.c |
           sed 's/.*"--\([a-z-]*\)".*/\1/'
+        grep -ho '{"--[a-z-]*", \(true\|false\),' "$SRC"/tools/ratelimit/*.c |
+          sed 's/{"--\([a-z-]*\)".*/\1/'
         echo version; } | sort -u)
 nopts=0
 for o in $opts; do

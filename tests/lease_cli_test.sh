@@ -163,6 +163,13 @@ err=$("$R" check --key job --policy "fixed-window 1/s" -- true 2>&1); rc=$?
 if [ $rc = 2 ] && grep -q 'in-flight policy only' <<<"$err"; then ok; else bad "command without concurrency: $rc '$err'"; fi
 err=$("$R" check --key job --policy "fixed-window 1/s" --critical 2>&1); rc=$?
 if [ $rc = 2 ] && grep -q 'critical needs an in-flight policy' <<<"$err"; then ok; else bad "--critical: $rc '$err'"; fi
+# --permits and --max-wait would be ignored by a lease: refused, the command not run.
+for o in "--permits 2" "--max-wait 1s"; do
+    err=$(chk $o -- touch "$T/ignored" 2>&1); rc=$?
+    if [ $rc = 2 ] && [ ! -e "$T/ignored" ] &&
+       grep -q "check: ${o%% *} does not apply to an in-flight policy" <<<"$err"; then ok
+    else bad "$o with a lease: $rc '$err'"; fi
+done
 # No shared store: refused (each check would count only its own lease).
 for s in "" "--store memory"; do
     err=$("$R" check --key job --policy "$POL" $s -- touch "$T/nostore" 2>&1); rc=$?

@@ -491,6 +491,13 @@ static void refuses_what_it_cannot_read(void **state)
                                       "reads 1");
     patch(8, 1);
     rate_store_free(open_shm(NULL)); /* as it was: attaches */
+    /* A ready word that is not "ready": a file is linked only once made,
+     * so that is damage, said so. */
+    patch(16, 7);
+    expect_refusal(NULL, RATE_ESTORE, "the header is damaged: its ready "
+                                      "word is 7, not 2");
+    patch(16, 2);
+    rate_store_free(open_shm(NULL));
 
     /* Another size than the header says: longer, then truncated. */
     assert_int_equal(truncate(path, st.st_size + 4096), 0);

@@ -42,6 +42,7 @@
 #include <stdlib.h>
 
 #include <string.h>
+#include <sys/stat.h>
 
 #include "http.h"
 #include "match.h"
@@ -81,6 +82,8 @@ typedef struct rule {
     bool fair;       /* key = fair: that key divided fairly among the
                         requests' own keys (docs/fair.md) */
     uint32_t weight; /* weight = N: a matching request's weight; 0: none */
+    uint32_t slots;  /* slots = N: the fair tables' flows; 0: their default */
+    unsigned slots_line;
     struct fair_cell *_Atomic fairs; /* key = fair: per limiter, made at
                                         its first decision */
     bool has_group, has_key;
@@ -624,6 +627,23 @@ static bool start_rule(load_t *l, const char *section)
     return true;
 }
 
+/* A rule's setting NAME = N, 1..max, given once, into *out (0 until
+ * given); `what` says what N is. */
+static bool rule_count(load_t *l, const rule_t *r, const char *name,
+                       const char *value, uint32_t max, const char *what,
+                       uint32_t *out)
+{
+    uint64_t n;
+    if (*out != 0)
+        return lfail(l, l->line, "%s given twice in [rule %s]", name,
+                     r->name);
+    if (rate_parse_count(value, &n, NULL, 0) != RATE_OK || n == 0 || n > max)
+        return lfail(l, l->line, "%s '%s' is not a whole number from 1 to "
+                     "%u (%s)", name, value, max, what);
+    *out = (uint32_t)n;
+    return true;
+}
+
 static bool on_rule(load_t *l, const char *name, const char *value)
 {
     rule_t *r = l->cur;
@@ -678,18 +698,15 @@ static bool on_rule(load_t *l, const char *name, const char *value)
         }
         return true;
     }
-    if (strcmp(name, "weight") == 0) {
-        uint64_t w;
-        if (r->weight != 0)
-            return lfail(l, l->line, "weight given twice in [rule %s]",
-                         r->name);
-        if (rate_parse_count(value, &w, NULL, 0) != RATE_OK || w == 0 ||
-            w > RATE_FAIR_WEIGHT_MAX)
-            return lfail(l, l->line, "weight '%s' is not a whole number "
-                         "from 1 to %u (a request's share of a fair rule's "
-                         "limit)", value, RATE_FAIR_WEIGHT_MAX);
-        r->weight = (uint32_t)w;
-        return true;
+    if (strcmp(name, "weight") == 0)
+        return rule_count(l, r, name, value, RATE_FAIR_WEIGHT_MAX,
+                          "a request's share of a fair rule's limit",
+                          &r->weight);
+    if (strcmp(name, "slots") == 0) {
+        r->slots_line = l->line;
+        return rule_count(l, r, name, value, RATE_FAIR_SLOTS_MAX,
+                          "the flows a fair rule's table keeps apart",
+                          &r->slots);
     }
     if (strcmp(name, "class") == 0) {
         if (r->cls != CLS_NONE)
@@ -722,7 +739,7 @@ static bool on_rule(load_t *l, const char *name, const char *value)
     }
     return lfail(l, l->line,
                  "unknown setting '%s' in [rule %s] (match, policy, key, "
-                 "group, weight, class)",
+                 "group, weight, class, slots)",
                  name, r->name);
 }
 
@@ -842,6 +859,9 @@ static bool finish_load(load_t *l)
                  (r->group = dup_n(DEFAULT_GROUP, strlen(DEFAULT_GROUP))) ==
                      NULL)
             lfail(l, r->line, "out of memory");
+        else if (r->slots != 0 && !r->fair)
+            lfail(l, r->slots_line, "[rule %s]: slots = N sizes the table of "
+                  "a key = fair rule; this rule has none", r->name);
         else
             ok = true;
         for (size_t p = 0; ok && p < r->npolicy && r->fair; p++)
@@ -927,6 +947,12 @@ static int load_file(const char *path, gen_t **out, char *err, size_t errlen)
     if ((l.file = fopen(path, "r")) == NULL)
         return fail(err, errlen, RATE_EINVAL, "%s: cannot read: %s",
                           path, strerror(errno));
+    struct stat st; /* a directory opens, then fails every read */
+    if (fstat(fileno(l.file), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(l.file);
+        return fail(err, errlen, RATE_EINVAL, "%s: cannot read: %s", path,
+                    strerror(EISDIR));
+    }
     if ((l.g = calloc(1, sizeof *l.g)) == NULL) {
         fclose(l.file);
         return RATE_ENOMEM;
@@ -1170,20 +1196,31 @@ static void release(slot_t *s)
 
 /* ------------------------------------------------------------ decisions */
 
-/* The key a rule charges: the request's, "@RULE" (shared), or
+/* The store key of a request's own key: the key itself, or, when it
+ * begins with '@', one more '@' before it, so that no request's key is a
+ * rule's "@RULE..." key (a rule's name never begins with '@'): a client
+ * whose key is "@search" must not spend the search route's shared limit.
+ * RATE_EKEY when too long. */
+static int own_key(const char *key, size_t key_len, char *buf, size_t *len)
+{
+    size_t at = key[0] == '@';
+    if (key_len + at > RATE_KEY_MAX)
+        return RATE_EKEY;
+    buf[0] = '@';
+    memcpy(buf + at, key, key_len);
+    *len = key_len + at;
+    return RATE_OK;
+}
+
+/* The key a rule charges: the request's (own_key), "@RULE" (shared), or
  * "@RULE:V1|V2..." of its key attributes (a missing attribute is empty).
  * RATE_EKEY when too long. */
 static int rule_key(const rule_t *r, const char *key, size_t key_len,
                     const rate_attr_t *attrs, size_t n, char *buf,
                     size_t *len)
 {
-    if (r->nkey == 0 && !r->shared) {
-        if (key_len > RATE_KEY_MAX)
-            return RATE_EKEY;
-        memcpy(buf, key, key_len);
-        *len = key_len;
-        return RATE_OK;
-    }
+    if (r->nkey == 0 && !r->shared)
+        return own_key(key, key_len, buf, len);
     size_t o = 0;
     int w = snprintf(buf, RATE_KEY_MAX + 1, r->shared ? "@%s" : "@%s:",
                      r->name);
@@ -1310,7 +1347,7 @@ static int fair_of(rule_t *r, size_t i, rate_limiter_t *lim,
             for (size_t p = 0; p < r->npolicy; p++) {
                 rate_fair_config_t fc = {
                     .limiter = lim, .key = key, .key_len = (size_t)n,
-                    .policy = r->policy[p], .clock = clk};
+                    .policy = r->policy[p], .clock = clk, .slots = r->slots};
                 c->rc[p] = rate_fair_new(&fc, &c->fair[p], NULL, 0);
             }
             c->next = atomic_load(&r->fairs);
@@ -1498,8 +1535,7 @@ static int check(rate_rules_t *rules, rate_limiter_t *lim, const char *key,
         pick[0].in = NULL;
         pick[0].ip = NULL;
         pick[0].lease.id = 0;
-        memcpy(pick[0].key, key, key_len);
-        pick[0].key_len = key_len;
+        rc = own_key(key, key_len, pick[0].key, &pick[0].key_len);
         n = 1;
     }
     if (rc != RATE_OK)

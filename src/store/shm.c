@@ -1567,16 +1567,19 @@ static int attach_fd(int fd, const char *path, const rate_shm_options_t *o,
         return fail(err, errlen, RATE_ESTORE, "%s: cannot map it: %s", path,
                     strerror(errno));
     shm_hdr_t *h = p, snap;
-    int rc = atomic_load_explicit(&h->ready, memory_order_acquire) ==
-                     READY_DONE
+    /* A file is linked only once made: a ready word not "ready" is damage. */
+    uint32_t ready = atomic_load_explicit(&h->ready, memory_order_acquire);
+    int rc = ready == READY_DONE
                  ? check_header(p, len, &snap, o, path, err, errlen)
                  : memcmp(h->magic, SHM_MAGIC, 6) != 0
                        ? fail(err, errlen, RATE_ESTORE,
                               "%s: not a ratelimit shm store (bad magic)",
                               path)
                        : fail(err, errlen, RATE_ESTORE,
-                              "%s: a region never finished initializing",
-                              path);
+                              "%s: the header is damaged: its ready word is "
+                              "%u, not %u (a region file is linked only once "
+                              "made); remove it to start again",
+                              path, ready, (unsigned)READY_DONE);
     if (rc == RATE_OK &&
         (rc = make_handle(p, len, &snap, o, false, out)) != RATE_OK)
         handle_error(err, errlen, rc, path, o, snap.key_max);

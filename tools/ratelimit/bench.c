@@ -695,86 +695,121 @@ static int usage(FILE *f)
     return f == stdout ? 0 : 2;
 }
 
+/* bench's options: those after a mode's name pick the bench; each option
+ * is taken by the benches whose bits it lists (B_DEFAULT: no mode). */
+enum {
+    B_DEFAULT = 1, B_SHM = 2, B_FAIR = 4, B_LEASES = 8, B_RULES = 16,
+    B_SYNC = 32, B_STORE = 64
+};
+static const struct bench_opt {
+    const char *name;
+    bool value;   /* takes a value */
+    unsigned mode; /* the bench it picks, or 0 */
+    unsigned in;   /* the benches that take it */
+} bench_opts[] = {
+    {"--rounds", true, 0, B_DEFAULT | B_SHM | B_FAIR},
+    {"--iterations", true, 0, B_DEFAULT | B_SHM | B_FAIR},
+    {"--redis", true, 0, B_DEFAULT | B_FAIR | B_LEASES},
+    {"--redis-cluster", true, 0, B_DEFAULT},
+    {"--java-peer", true, 0, B_DEFAULT},
+    {"--workload", false, 0, B_DEFAULT},
+    {"--node-peer", true, 0, B_DEFAULT},
+    {"--decisions", true, 0, B_DEFAULT},
+    {"--shm", false, B_SHM, B_SHM},
+    {"--fair", false, B_FAIR, B_FAIR},
+    {"--leases", false, B_LEASES, B_LEASES},
+    {"--rules", false, B_RULES, B_RULES},
+    {"--sync", true, B_SYNC, B_SYNC},
+    {"--store", true, B_STORE, B_STORE},
+};
+
 int cmd_bench(int argc, char **argv)
 {
-    const char *redis_url = NULL, *cluster_url = NULL;
+    const char *redis_url = NULL, *cluster_url = NULL, *sync_url = NULL;
+    const char *store_url = NULL;
     bench_redis_opts_t ro = {0};
-    bool shm = false, fair = false, leases = false;
+    const struct bench_opt *mode = NULL;
+    unsigned given = 0; /* a bit per bench_opts entry */
+    const size_t nopts = sizeof bench_opts / sizeof bench_opts[0];
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
             return usage(stdout);
+        const struct bench_opt *o = NULL;
+        for (size_t k = 0; k < nopts; k++)
+            if (strcmp(argv[i], bench_opts[k].name) == 0)
+                o = &bench_opts[k];
+        if (o == NULL)
+            return cli_fail("bench: unknown option '%s'", argv[i]);
+        if (o->value && i + 1 >= argc)
+            return cli_fail("bench: option '%s' needs a value", argv[i]);
+        if (o->mode != 0 && mode != NULL && mode != o)
+            return cli_fail("bench: %s and %s are two benches: run one at a "
+                            "time", mode->name, o->name);
+        if (o->mode != 0)
+            mode = o;
+        given |= 1u << (o - bench_opts);
+        const char *v = o->value ? argv[++i] : NULL;
         char *end;
-        if ((strcmp(argv[i], "--rounds") == 0 ||
-             strcmp(argv[i], "--iterations") == 0) && i + 1 < argc) {
-            unsigned long long v = strtoull(argv[i + 1], &end, 10);
-            if (*end != '\0' || v == 0 || v > 1000000000ull)
+        if (strcmp(o->name, "--rounds") == 0 ||
+            strcmp(o->name, "--iterations") == 0) {
+            unsigned long long n = strtoull(v, &end, 10);
+            if (*end != '\0' || n == 0 || n > 1000000000ull)
                 return cli_fail("bench: %s wants a whole number from 1, not "
-                                "'%s'", argv[i], argv[i + 1]);
-            if (argv[i][2] == 'r')
-                rounds = (unsigned)v;
+                                "'%s'", o->name, v);
+            if (o->name[2] == 'r')
+                rounds = (unsigned)n;
             else
-                iters = v;
-            i++;
-            continue;
-        }
-        if (strcmp(argv[i], "--shm") == 0) {
-            shm = true;
-            continue;
-        }
-        if (strcmp(argv[i], "--fair") == 0) {
-            fair = true;
-            continue;
-        }
-        if (strcmp(argv[i], "--rules") == 0)
-            return bench_rules();
-        if (strcmp(argv[i], "--leases") == 0) {
-            leases = true;
-            continue;
-        }
-        if (strcmp(argv[i], "--redis") == 0 && i + 1 < argc) {
-            redis_url = argv[++i];
-            continue;
-        }
-        if (strcmp(argv[i], "--workload") == 0) {
-            ro.workload_only = true;
-            continue;
-        }
-        if (strcmp(argv[i], "--java-peer") == 0 && i + 1 < argc) {
-            java_peer = argv[++i];
-            continue;
-        }
-        if (strcmp(argv[i], "--node-peer") == 0 && i + 1 < argc) {
-            ro.peer = argv[++i];
-            continue;
-        }
-        if (strcmp(argv[i], "--decisions") == 0 && i + 1 < argc) {
-            unsigned long long v = strtoull(argv[i + 1], &end, 10);
-            if (*end != '\0' || v < 64 || v > 100000000ull)
+                iters = n;
+        } else if (strcmp(o->name, "--decisions") == 0) {
+            unsigned long long n = strtoull(v, &end, 10);
+            if (*end != '\0' || n < 64 || n > 100000000ull)
                 return cli_fail("bench: --decisions wants a whole number "
-                                "from 64 to 100000000, not '%s'",
-                                argv[i + 1]);
-            ro.decisions = v;
-            i++;
-            continue;
-        }
-        if (strcmp(argv[i], "--redis-cluster") == 0 && i + 1 < argc) {
-            cluster_url = argv[++i];
-            continue;
-        }
-        if (strcmp(argv[i], "--sync") == 0 && i + 1 < argc)
-            return bench_sync(argv[i + 1]);
-        if (strcmp(argv[i], "--store") == 0 && i + 1 < argc) {
-            if (strncmp(argv[i + 1], "dynamodb://", 11) != 0)
-                return cli_fail("bench: --store takes a dynamodb:// URL "
-                                "(--redis URL for Redis, --shm for a "
-                                "shared-memory region), not '%s'",
-                                argv[i + 1]);
-            return bench_dynamodb(argv[i + 1]);
-        }
-        return cli_fail("bench: unknown option '%s'", argv[i]);
+                                "from 64 to 100000000, not '%s'", v);
+            ro.decisions = n;
+        } else if (strcmp(o->name, "--redis") == 0)
+            redis_url = v;
+        else if (strcmp(o->name, "--workload") == 0)
+            ro.workload_only = true;
+        else if (strcmp(o->name, "--java-peer") == 0)
+            java_peer = v;
+        else if (strcmp(o->name, "--node-peer") == 0)
+            ro.peer = v;
+        else if (strcmp(o->name, "--redis-cluster") == 0)
+            cluster_url = v;
+        else if (strcmp(o->name, "--sync") == 0)
+            sync_url = v;
+        else if (strcmp(o->name, "--store") == 0)
+            store_url = v;
     }
-    if (leases)
+    /* An option the chosen bench does not take would be ignored: say so. */
+    unsigned bench = mode != NULL ? mode->mode : B_DEFAULT;
+    bool shm = bench == B_SHM, fair = bench == B_FAIR;
+    for (size_t k = 0; k < nopts; k++) {
+        if (!(given & 1u << k))
+            continue;
+        bool fair_redis = bench == B_FAIR && redis_url != NULL &&
+                          strcmp(bench_opts[k].name, "--iterations") == 0;
+        if (!(bench_opts[k].in & bench) || fair_redis)
+            return cli_fail("bench: %s does not apply to %s",
+                            bench_opts[k].name,
+                            fair_redis ? "--fair --redis"
+                            : mode != NULL ? mode->name
+                                           : "the memory bench");
+    }
+    if (bench == B_RULES)
+        return bench_rules();
+    if (sync_url != NULL)
+        return bench_sync(sync_url);
+    if (store_url != NULL) {
+        if (strncmp(store_url, "dynamodb://", 11) != 0)
+            return cli_fail("bench: --store takes a dynamodb:// URL "
+                            "(--redis URL for Redis, --shm for a "
+                            "shared-memory region), not '%s'",
+                            store_url);
+        return bench_dynamodb(store_url);
+    }
+    if (bench == B_LEASES)
         return bench_leases(redis_url);
     if (cluster_url != NULL && redis_url == NULL)
         return cli_fail("bench: --redis-cluster compares with --redis URL");

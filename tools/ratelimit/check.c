@@ -99,6 +99,7 @@ int cmd_check(int argc, char **argv)
 {
     policy_opts_t po = {.cmd = "check"};
     const char *store_spec = NULL, *key = NULL, *permits_text = "1";
+    bool permits_given = false;
     const char *max_keys_text = NULL, *store_timeout_text = NULL;
     uint64_t max_keys = 0;
     bool critical = false;
@@ -112,7 +113,10 @@ int cmd_check(int argc, char **argv)
         switch (c) {
         case O_STORE: store_spec = optarg; break;
         case O_KEY: key = optarg; break;
-        case O_PERMITS: permits_text = optarg; break;
+        case O_PERMITS:
+            permits_text = optarg;
+            permits_given = true;
+            break;
         case O_MAXKEYS: max_keys_text = optarg; break;
         case O_STORETIMEOUT: store_timeout_text = optarg; break;
         case O_HELP: cli_usage(usage); return 0;
@@ -129,6 +133,10 @@ int cmd_check(int argc, char **argv)
         return cli_fail("check: --key is required (a non-empty key)");
     if (critical && !inflight)
         return cli_fail("check: --critical needs an in-flight policy");
+    if (inflight && (permits_given || po.max_wait != NULL))
+        return cli_fail("check: %s does not apply to an in-flight policy (a "
+                        "lease is one request, taken now or denied)",
+                        permits_given ? "--permits" : "--max-wait");
     if (store_timeout_text != NULL &&
         cli_store_timeout("check", store_timeout_text, store_spec) != 0)
         return 2;

@@ -903,15 +903,19 @@ int cmd_compare(int argc, char **argv)
         if (svg_file != NULL &&
             write_svg(svg_file, chart, lanes, nlanes, period, &svg_keys,
                       coarse ? note : NULL) != 0)
-            status = cli_fail("compare: cannot write '%s'", svg);
+            status = cli_fail("compare: cannot write '%s': %s", svg,
+                              strerror(errno));
         if (status == 0 && series_file != NULL &&
             write_series(series_file, chart, lanes, nlanes) != 0)
-            status = cli_fail("compare: cannot write '%s'", series);
+            status = cli_fail("compare: cannot write '%s': %s", series,
+                              strerror(errno));
     }
     if (svg_file != NULL && fclose(svg_file) != 0 && status == 0)
-        status = cli_fail("compare: cannot write '%s'", svg);
+        status = cli_fail("compare: cannot write '%s': %s", svg,
+                              strerror(errno));
     if (series_file != NULL && fclose(series_file) != 0 && status == 0)
-        status = cli_fail("compare: cannot write '%s'", series);
+        status = cli_fail("compare: cannot write '%s': %s", series,
+                              strerror(errno));
     reader_close(&rd);
     for (size_t a = 0; lanes && a < nlanes; a++) {
         rate_fair_free(lanes[a].fair);

@@ -1154,6 +1154,12 @@ int reader_next(reader_t *r, trace_req_t *req)
         if (rc == TRACE_REQ && req->key_len > RATE_KEY_MAX) {
             rc = TRACE_ERR;
             err = "KEY longer than 512 bytes";
+        } else if (rc == TRACE_REQ && req->key_len >= RATE_KEY_RESERVED_LEN &&
+                   memcmp(req->key, RATE_KEY_RESERVED,
+                          RATE_KEY_RESERVED_LEN) == 0) {
+            rc = TRACE_ERR; /* else the library's RATE_EKEY, said vaguely */
+            err = "KEY begins with the library's reserved bytes "
+                  "\\xffLEASE\\x01\\0 (a key's in-flight leases)";
         }
         if (rc == TRACE_ERR && r->skip_bad) {
             if (r->nbad < sizeof r->first_bad / sizeof r->first_bad[0])

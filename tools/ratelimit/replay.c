@@ -335,6 +335,7 @@ int cmd_replay(int argc, char **argv)
     const char *store_spec = NULL, *input = "trace", *field = NULL;
     const char *time_field = NULL, *per_key_path = NULL;
     uint64_t top = 0;
+    char perr[160]; /* a parser's message */
     bool per_key = false;
     bool skip_bad = false;
     const char *max_keys_text = NULL, *store_timeout_text = NULL;
@@ -355,9 +356,8 @@ int cmd_replay(int argc, char **argv)
             per_key_path = optarg;
             break;
         case O_TOP:
-            if (rate_parse_count(optarg, &top, NULL, 0) != RATE_OK)
-                return cli_fail("replay: --top '%s' is not a whole number",
-                                optarg);
+            if (rate_parse_count(optarg, &top, perr, sizeof perr) != RATE_OK)
+                return cli_fail("replay: --top %s", perr);
             break;
         case O_TIMEFIELD: time_field = optarg; break;
         case O_INPUT: input = optarg; break;
@@ -500,7 +500,8 @@ int cmd_replay(int argc, char **argv)
         status = 128 + sig;
     }
     if (fflush(stdout) != 0 && status == 0)
-        status = cli_fail("replay: cannot write the output");
+        status = cli_fail("replay: cannot write the output: %s",
+                          strerror(errno));
     if (status == 0) {
         reader_report(&rd);
         rate_stats_t st;
@@ -539,12 +540,13 @@ int cmd_replay(int argc, char **argv)
             write_top(&keys, top, t0, log_input);
         if (per_key && write_per_key(per_key_file ? per_key_file : stderr,
                                      &keys, t0, log_input) != 0)
-            status = cli_fail("replay: cannot write --per-key '%s'",
-                              per_key_path ? per_key_path : "(stderr)");
+            status = cli_fail("replay: cannot write --per-key '%s': %s",
+                              per_key_path ? per_key_path : "(stderr)",
+                              strerror(errno));
     }
     if (per_key_file != NULL && fclose(per_key_file) != 0 && status == 0)
-        status = cli_fail("replay: cannot write --per-key '%s'",
-                          per_key_path);
+        status = cli_fail("replay: cannot write --per-key '%s': %s",
+                          per_key_path, strerror(errno));
     keymap_free(&keys);
     reader_close(&rd);
     rate_fair_free(fair);
