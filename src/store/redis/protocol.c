@@ -306,33 +306,44 @@ bool rate__redis_noscript(const redisReply *rep)
            strncmp(rep->str, "NOSCRIPT", 8) == 0;
 }
 
+/* The decimal digits of v. */
+static size_t resp_digits(uint64_t v)
+{
+    size_t k = 1;
+    for (; v >= 10000; v /= 10000)
+        k += 4;
+    return k + (v >= 10) + (v >= 100) + (v >= 1000);
+}
+
+/* v's k decimal digits, a prefix c before them and CRLF after, at p:
+ * the end. */
+static char *resp_line(char *p, char c, uint64_t v, size_t k)
+{
+    *p = c;
+    for (size_t j = k; j > 0; j--, v /= 10)
+        p[j] = (char)('0' + v % 10);
+    p[k + 1] = '\r';
+    p[k + 2] = '\n';
+    return p + k + 3;
+}
+
 size_t rate__redis_resp(char *buf, size_t cap, int argc,
                         const char *const *av, const size_t *al)
 {
-    size_t n = 0;
-    for (int i = -1; i < argc; i++) {
-        char t[24];
-        uint64_t v = i < 0 ? (uint64_t)argc : al[i];
-        int k = 0;
-        do
-            t[k++] = (char)('0' + v % 10);
-        while ((v /= 10) != 0);
-        size_t need = 3 + (size_t)k + (i < 0 ? 0 : al[i] + 2);
-        if (cap < n || cap - n < need) {
-            n += need; /* only measured from here on */
-            continue;
-        }
-        buf[n++] = i < 0 ? '*' : '$';
-        while (k > 0)
-            buf[n++] = t[--k];
-        buf[n++] = '\r';
-        buf[n++] = '\n';
-        if (i >= 0) {
-            memcpy(buf + n, av[i], al[i]);
-            n += al[i];
-            buf[n++] = '\r';
-            buf[n++] = '\n';
-        }
+    /* measured first (a dozen short arguments: cheaper than writing and
+     * measuring at once), then written when it fits */
+    size_t hk = resp_digits((uint64_t)argc), n = hk + 3;
+    for (int i = 0; i < argc; i++)
+        n += resp_digits(al[i]) + al[i] + 5;
+    if (n > cap)
+        return n;
+    char *p = resp_line(buf, '*', (uint64_t)argc, hk);
+    for (int i = 0; i < argc; i++) {
+        p = resp_line(p, '$', al[i], resp_digits(al[i]));
+        memcpy(p, av[i], al[i]);
+        p += al[i];
+        *p++ = '\r';
+        *p++ = '\n';
     }
     return n;
 }
