@@ -307,7 +307,7 @@ bool rate__redis_noscript(const redisReply *rep)
 }
 
 /* The decimal digits of v. */
-static size_t resp_digits(uint64_t v)
+static size_t dec_digits(uint64_t v)
 {
     size_t k = 1;
     for (; v >= 10000; v /= 10000)
@@ -332,14 +332,14 @@ size_t rate__redis_resp(char *buf, size_t cap, int argc,
 {
     /* measured first (a dozen short arguments: cheaper than writing and
      * measuring at once), then written when it fits */
-    size_t hk = resp_digits((uint64_t)argc), n = hk + 3;
+    size_t hk = dec_digits((uint64_t)argc), n = hk + 3;
     for (int i = 0; i < argc; i++)
-        n += resp_digits(al[i]) + al[i] + 5;
+        n += dec_digits(al[i]) + al[i] + 5;
     if (n > cap)
         return n;
     char *p = resp_line(buf, '*', (uint64_t)argc, hk);
     for (int i = 0; i < argc; i++) {
-        p = resp_line(p, '$', al[i], resp_digits(al[i]));
+        p = resp_line(p, '$', al[i], dec_digits(al[i]));
         memcpy(p, av[i], al[i]);
         p += al[i];
         *p++ = '\r';
@@ -414,14 +414,24 @@ int rate__redis_load_parse(const redisReply *rep, const char **state,
  * "%llu" without its cost (a decision's command has a dozen numbers). */
 static void dec_u64(char *out, uint64_t v)
 {
-    char t[20];
-    int n = 0;
-    do
-        t[n++] = (char)('0' + v % 10);
-    while ((v /= 10) != 0);
-    for (int i = 0; i < n; i++)
-        out[i] = t[n - 1 - i];
-    out[n] = '\0';
+    static const char pairs[] = "00010203040506070809101112131415161718192021"
+                                "22232425262728293031323334353637383940414243"
+                                "44454647484950515253545556575859606162636465"
+                                "66676869707172737475767778798081828384858687"
+                                "888990919293949596979899";
+    char *p = out + dec_digits(v);
+    *p = '\0';
+    for (; v >= 100; v /= 100) { /* two digits a division */
+        unsigned r = (unsigned)(v % 100);
+        *--p = pairs[2 * r + 1];
+        *--p = pairs[2 * r];
+    }
+    if (v >= 10) {
+        *--p = pairs[2 * v + 1];
+        *--p = pairs[2 * v];
+    } else {
+        *--p = (char)('0' + v);
+    }
 }
 
 /* The command of a compare-and-set (EVALSHA of cas_script); the state's
