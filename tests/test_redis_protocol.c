@@ -502,6 +502,64 @@ static void replies(void **state)
     freeReplyObject(r);
 }
 
+/* The blocking store's reader of a step's reply without reply objects
+ * (rate__redis_ints_parse): the same decision as hiredis's reply object
+ * gives for every reply it takes, only what is its own consumed, and any
+ * other reply, or one too long for it, left to hiredis's reader. */
+static void integer_replies(void **state)
+{
+    (void)state;
+    static const char *mine[] = {
+        "*9\r\n:1\r\n:1\r\n:0\r\n:0\r\n:10\r\n:9\r\n:0\r\n:0\r\n"
+        ":100000000\r\n",
+        "*9\r\n:1\r\n:0\r\n:1\r\n:2\r\n:1000000000\r\n:0\r\n:0\r\n:-1\r\n"
+        ":999999999999999999\r\n",
+        "*9\r\n:1\r\n:1\r\n:0\r\n:0\r\n:10\r\n:-2\r\n:0\r\n:0\r\n:0\r\n",
+        "*9\r\n:1\r\n:1\r\n:7\r\n:0\r\n:10\r\n:0\r\n:0\r\n:0\r\n:0\r\n",
+        "*1\r\n:0\r\n", "*1\r\n:2\r\n", "*2\r\n:1\r\n:1\r\n",
+    };
+    for (size_t i = 0; i < sizeof mine / sizeof *mine; i++) {
+        const char *m = mine[i];
+        size_t len = strlen(m), n = 0;
+        long long v[9];
+        char buf[256];
+        /* every beginning of it: wait for more */
+        for (size_t cut = 0; cut < len; cut++)
+            if (rate__redis_ints_parse(m, cut, v, 9, &n) != 0)
+                fail_msg("'%s' cut at %zu: not 0", m, cut);
+        /* whole, with the next reply behind it */
+        snprintf(buf, sizeof buf, "%s+OK\r\n", m);
+        assert_int_equal(rate__redis_ints_parse(buf, strlen(buf), v, 9, &n),
+                         (long)len);
+        redisReply *r = parse_resp(m);
+        assert_int_equal(n, r->elements);
+        rate_decision_t a, b;
+        memset(&a, 0x5a, sizeof a);
+        memset(&b, 0xa5, sizeof b);
+        int ra = rate__redis_decide_ints(v, n, &a);
+        assert_int_equal(ra, rate__redis_decide_parse(r, &b));
+        if (ra == RATE_OK)
+            assert_memory_equal(&a, &b, sizeof a);
+        freeReplyObject(r);
+    }
+    static const char *other[] = {
+        "+OK\r\n", "-ERR unknown command\r\n", "*-1\r\n", "*0\r\n",
+        ":1\r\n", "$2\r\nab\r\n",
+        "*10\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n",
+        "*2\r\n:1\r\n$1\r\nx\r\n", "*2\r\n:1\r\n*1\r\n:1\r\n",
+        "*1\r\n:1234567890123456789\r\n", "*1\r\n:\r\n", "*1\r\n:1x\r\n",
+        "*1\r\n:1\n\n", "*1\n:1\r\n", "*2\r\n:1\r\n:-\r\n",
+        "*1\r\n:-0\r\n", "*1\r\n:007\r\n", "*1\r\n:-01\r\n", "*01\r\n:1\r\n",
+    };
+    for (size_t i = 0; i < sizeof other / sizeof *other; i++) {
+        long long v[9];
+        size_t n = 0;
+        if (rate__redis_ints_parse(other[i], strlen(other[i]), v, 9, &n) !=
+            -1)
+            fail_msg("'%s': not left to hiredis", other[i]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -509,6 +567,7 @@ int main(void)
         cmocka_unit_test(command_choice),
         cmocka_unit_test(exact_ranges_from_tables),
         cmocka_unit_test(replies),
+        cmocka_unit_test(integer_replies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

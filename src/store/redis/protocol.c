@@ -309,33 +309,44 @@ bool rate__redis_noscript(const redisReply *rep)
            strncmp(rep->str, "NOSCRIPT", 8) == 0;
 }
 
+/* The decimal digits of v. */
+static size_t dec_digits(uint64_t v)
+{
+    size_t k = 1;
+    for (; v >= 10000; v /= 10000)
+        k += 4;
+    return k + (v >= 10) + (v >= 100) + (v >= 1000);
+}
+
+/* v's k decimal digits, a prefix c before them and CRLF after, at p:
+ * the end. */
+static char *resp_line(char *p, char c, uint64_t v, size_t k)
+{
+    *p = c;
+    for (size_t j = k; j > 0; j--, v /= 10)
+        p[j] = (char)('0' + v % 10);
+    p[k + 1] = '\r';
+    p[k + 2] = '\n';
+    return p + k + 3;
+}
+
 size_t rate__redis_resp(char *buf, size_t cap, int argc,
                         const char *const *av, const size_t *al)
 {
-    size_t n = 0;
-    for (int i = -1; i < argc; i++) {
-        char t[24];
-        uint64_t v = i < 0 ? (uint64_t)argc : al[i];
-        int k = 0;
-        do
-            t[k++] = (char)('0' + v % 10);
-        while ((v /= 10) != 0);
-        size_t need = 3 + (size_t)k + (i < 0 ? 0 : al[i] + 2);
-        if (cap < n || cap - n < need) {
-            n += need; /* only measured from here on */
-            continue;
-        }
-        buf[n++] = i < 0 ? '*' : '$';
-        while (k > 0)
-            buf[n++] = t[--k];
-        buf[n++] = '\r';
-        buf[n++] = '\n';
-        if (i >= 0) {
-            memcpy(buf + n, av[i], al[i]);
-            n += al[i];
-            buf[n++] = '\r';
-            buf[n++] = '\n';
-        }
+    /* measured first (a dozen short arguments: cheaper than writing and
+     * measuring at once), then written when it fits */
+    size_t hk = dec_digits((uint64_t)argc), n = hk + 3;
+    for (int i = 0; i < argc; i++)
+        n += dec_digits(al[i]) + al[i] + 5;
+    if (n > cap)
+        return n;
+    char *p = resp_line(buf, '*', (uint64_t)argc, hk);
+    for (int i = 0; i < argc; i++) {
+        p = resp_line(p, '$', al[i], dec_digits(al[i]));
+        memcpy(p, av[i], al[i]);
+        p += al[i];
+        *p++ = '\r';
+        *p++ = '\n';
     }
     return n;
 }
@@ -406,14 +417,24 @@ int rate__redis_load_parse(const redisReply *rep, const char **state,
  * "%llu" without its cost (a decision's command has a dozen numbers). */
 static void dec_u64(char *out, uint64_t v)
 {
-    char t[20];
-    int n = 0;
-    do
-        t[n++] = (char)('0' + v % 10);
-    while ((v /= 10) != 0);
-    for (int i = 0; i < n; i++)
-        out[i] = t[n - 1 - i];
-    out[n] = '\0';
+    static const char pairs[] = "00010203040506070809101112131415161718192021"
+                                "22232425262728293031323334353637383940414243"
+                                "44454647484950515253545556575859606162636465"
+                                "66676869707172737475767778798081828384858687"
+                                "888990919293949596979899";
+    char *p = out + dec_digits(v);
+    *p = '\0';
+    for (; v >= 100; v /= 100) { /* two digits a division */
+        unsigned r = (unsigned)(v % 100);
+        *--p = pairs[2 * r + 1];
+        *--p = pairs[2 * r];
+    }
+    if (v >= 10) {
+        *--p = pairs[2 * v + 1];
+        *--p = pairs[2 * v];
+    } else {
+        *--p = (char)('0' + v);
+    }
 }
 
 /* The command of a compare-and-set (EVALSHA of cas_script); the state's
@@ -572,13 +593,13 @@ static int lean_of(const rate_decide_req_t *q, char num[][24], int *nn)
     return -1;
 }
 
-static uint64_t reply_u64(const redisReply *e, bool *ok)
+static uint64_t int_u64(long long v, bool *ok)
 {
-    if (e->type != REDIS_REPLY_INTEGER || e->integer < -1) {
+    if (v < -1) {
         *ok = false;
         return 0;
     }
-    return e->integer == -1 ? RATE_NEVER : (uint64_t)e->integer;
+    return v == -1 ? RATE_NEVER : (uint64_t)v;
 }
 
 /* The step's first seven arguments (see step.lua), which the lean
@@ -770,30 +791,109 @@ void rate__redis_cmd_evalsha(const rate__redis_proto_t *p,
     c->av[1] = p->lean_sha[c->lean], c->al[1] = 40;
 }
 
-/* A step's reply, the scripts' and the module's (after reply_ok): RATE_OK
- * with *d, or RATE_ENOTSUP (declined: nothing written, the limiter
- * decides), RATE_ECORRUPT (the key is not a hash, or a reply that does
- * not parse). */
+/* A step's reply whose elements are the integers v[0..n) (the reader's
+ * own parse, rate__redis_ints_parse, or a reply object's): RATE_OK with
+ * *d, or RATE_ENOTSUP (declined: nothing written, the limiter decides),
+ * RATE_ECORRUPT (tag 2: the key is not a hash; or numbers out of range). */
+int rate__redis_decide_ints(const long long *v, size_t n, rate_decision_t *d)
+{
+    long long tag = n >= 1 ? v[0] : -1;
+    if (tag == 0 && n == 1)
+        return RATE_ENOTSUP;
+    if (tag != 1 || n != 9)
+        return RATE_ECORRUPT;
+    bool ok = true;
+    memset(d, 0, sizeof *d);
+    d->allowed = int_u64(v[1], &ok) == 1;
+    d->reason = (rate_reason_t)int_u64(v[2], &ok);
+    d->component = (int)v[3];
+    d->limit = int_u64(v[4], &ok);
+    d->remaining = int_u64(v[5], &ok);
+    d->delay_ns = int_u64(v[6], &ok);
+    d->retry_after_ns = int_u64(v[7], &ok);
+    d->reset_after_ns = int_u64(v[8], &ok);
+    return ok && d->reason <= RATE_REASON_NEVER ? RATE_OK : RATE_ECORRUPT;
+}
+
+/* A step's reply, the scripts' and the module's (after reply_ok), as
+ * rate__redis_decide_ints; an element that is no integer makes it
+ * RATE_ECORRUPT, but for the component's (read as 0). */
 int rate__redis_decide_parse(const redisReply *rep, rate_decision_t *d)
 {
-    bool ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
-              rep->element[0]->type == REDIS_REPLY_INTEGER;
-    long long tag = ok ? rep->element[0]->integer : -1;
-    if (tag == 0 && rep->elements == 1)
-        return RATE_ENOTSUP;
-    if (tag != 1 || rep->elements != 9)
-        return RATE_ECORRUPT; /* tag 2: the key is not a hash */
-    redisReply **e = rep->element;
-    memset(d, 0, sizeof *d);
-    d->allowed = reply_u64(e[1], &ok) == 1;
-    d->reason = (rate_reason_t)reply_u64(e[2], &ok);
-    d->component = e[3]->type == REDIS_REPLY_INTEGER ? (int)e[3]->integer : 0;
-    d->limit = reply_u64(e[4], &ok);
-    d->remaining = reply_u64(e[5], &ok);
-    d->delay_ns = reply_u64(e[6], &ok);
-    d->retry_after_ns = reply_u64(e[7], &ok);
-    d->reset_after_ns = reply_u64(e[8], &ok);
-    return ok && d->reason <= RATE_REASON_NEVER ? RATE_OK : RATE_ECORRUPT;
+    long long v[9];
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 1 ||
+        rep->element[0]->type != REDIS_REPLY_INTEGER)
+        return RATE_ECORRUPT;
+    v[0] = rep->element[0]->integer;
+    for (size_t i = 1; rep->elements == 9 && i < 9; i++) {
+        const redisReply *e = rep->element[i];
+        if (e->type == REDIS_REPLY_INTEGER)
+            v[i] = e->integer;
+        else if (i == 3)
+            v[i] = 0;
+        else
+            return RATE_ECORRUPT;
+    }
+    return rate__redis_decide_ints(v, rep->elements, d);
+}
+
+/* One integer's line of a reply, ":[-]digits\r\n" at p[*i..len) as Redis
+ * writes it: 1 with *out (*i past it), 0 when p ends before it does, -1
+ * for anything else (more than 18 digits, a leading zero: hiredis's
+ * reader has the last word). */
+static int int_line(const char *p, size_t len, size_t *i, long long *out)
+{
+    size_t j = *i, d = 0;
+    bool neg = false;
+    long long x = 0;
+    if (j == len)
+        return 0;
+    if (p[j++] != ':')
+        return -1;
+    if (j < len && p[j] == '-')
+        neg = true, j++;
+    for (; j < len && p[j] >= '0' && p[j] <= '9'; j++) {
+        if (++d > 18)
+            return -1;
+        x = x * 10 + (p[j] - '0');
+    }
+    if (j == len || (p[j] == '\r' && j + 1 == len && d > 0))
+        return 0;
+    if (d == 0 || p[j] != '\r' || p[j + 1] != '\n')
+        return -1;
+    if (p[j - d] == '0' && (d > 1 || neg))
+        return -1; /* "007", "-0": not Redis's, and readers differ on them */
+    *i = j + 2;
+    *out = neg ? -x : x;
+    return 1;
+}
+
+long rate__redis_ints_parse(const char *p, size_t len, long long *v,
+                            size_t cap, size_t *n)
+{
+    size_t i = 1, count = 0, d = 0;
+    if (len == 0)
+        return 0;
+    if (p[0] != '*' || (len > 1 && p[1] == '0'))
+        return -1;
+    for (; i < len && p[i] >= '0' && p[i] <= '9'; i++) {
+        if (++d > 4)
+            return -1;
+        count = count * 10 + (size_t)(p[i] - '0');
+    }
+    if (i == len || (p[i] == '\r' && i + 1 == len && d > 0))
+        return 0;
+    if (d == 0 || p[i] != '\r' || p[i + 1] != '\n' || count == 0 ||
+        count > cap)
+        return -1;
+    i += 2;
+    for (size_t e = 0; e < count; e++) {
+        int k = int_line(p, len, &i, &v[e]);
+        if (k <= 0)
+            return k;
+    }
+    *n = count;
+    return (long)i;
 }
 
 /* The Functions library of the lean scripts and the lease scripts (see

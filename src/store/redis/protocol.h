@@ -158,6 +158,13 @@ bool rate__redis_noscript(const redisReply *rep);
  * node without the library, or a server without Functions). */
 bool rate__redis_no_function(const redisReply *rep);
 int rate__redis_decide_parse(const redisReply *rep, rate_decision_t *d);
+int rate__redis_decide_ints(const long long *v, size_t n, rate_decision_t *d);
+/* A reply that is an array of 1 to cap integers (a step's), read without
+ * a reply object from p[0..len): its length in bytes, v[0..*n) its
+ * integers; 0 when p holds no more than a beginning of such a reply (more
+ * bytes may finish it); -1 for any other reply (hiredis's reader's). */
+long rate__redis_ints_parse(const char *p, size_t len, long long *v,
+                            size_t cap, size_t *n);
 int rate__redis_load_parse(const redisReply *rep, const char **state,
                            size_t *len, uint64_t *version);
 int rate__redis_cas_parse(const redisReply *rep);

@@ -299,21 +299,27 @@ static int r_decide(void *self, const rate_key_t *key,
     int lean = c.lean;
     fcall = fcall && lean >= 0;
     redisReply *rep = NULL;
+    rate__rsync_ints_t iv;
     uint64_t dl = deadline_of(r);
-    rc = rate__rsync_call(r, dl, c.k, c.kl, c.argc, c.av, c.al, &rep);
-    if (fcall && rc == RATE_OK && rate__redis_no_function(rep)) {
+    rc = rate__rsync_call_ints(r, dl, c.k, c.kl, c.argc, c.av, c.al, &iv,
+                               &rep);
+    /* the usual reply, read as integers; else a reply object */
+    bool ints = rc == RATE_OK && rep == NULL;
+    if (!ints && fcall && rc == RATE_OK && rate__redis_no_function(rep)) {
         freeReplyObject(rep);
         rep = NULL;
         rc = fcall_again(r, dl, &c, &rep);
-    } else if (rc == RATE_OK && rate__redis_noscript(rep)) {
+    } else if (!ints && rc == RATE_OK && rate__redis_noscript(rep)) {
         freeReplyObject(rep); /* Redis restarted or SCRIPT FLUSH */
         rate__redis_cmd_eval(&c);
         rep = NULL;
         rc = rate__rsync_call(r, dl, c.k, c.kl, c.argc, c.av, c.al, &rep);
     }
-    rc = rate__redis_reply_ok(rc, rep);
+    if (!ints)
+        rc = rate__redis_reply_ok(rc, rep);
     if (rc == RATE_OK) {
-        rc = rate__redis_decide_parse(rep, d);
+        rc = ints ? rate__redis_decide_ints(iv.v, iv.n, d)
+                  : rate__redis_decide_parse(rep, d);
         if (rc == RATE_ENOTSUP)
             atomic_fetch_add(adjust ? &r->st_adj_declined : &r->st_declined,
                              1);
@@ -426,9 +432,12 @@ static int module_decide(redis_store_t *r, const rate_key_t *key,
     if (rc != RATE_OK)
         return rc;
     redisReply *rep = NULL;
-    rc = rate__rsync_call(r, deadline_of(r), c.k, c.kl, c.argc, c.av, c.al,
-                          &rep);
-    if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR) {
+    rate__rsync_ints_t iv;
+    rc = rate__rsync_call_ints(r, deadline_of(r), c.k, c.kl, c.argc, c.av,
+                               c.al, &iv, &rep);
+    if (rc == RATE_OK && rep == NULL) {
+        rc = rate__redis_decide_ints(iv.v, iv.n, d);
+    } else if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR) {
         /* "unknown command" (unloaded, a server without it), NOPERM, or
          * anything else the module itself never answers to the store's
          * requests: the scripts decide, and report what they meet. */

@@ -50,7 +50,9 @@
 
 /* One caller's command on a shared connection. */
 typedef struct mreq {
-    redisReply *reply; /* out, on RATE_OK */
+    redisReply *reply; /* out, on RATE_OK: NULL when read into ints */
+    rate__rsync_ints_t *ints; /* an array of integers is read here (NULL:
+                                 every reply is a reply object) */
     int status;        /* out */
     /* Bit 0: done (reply and status are set); above it, a count bumped to
      * hand the caller a role.  The caller sleeps on its connection's bell
@@ -110,7 +112,7 @@ typedef struct rate__snode node_t;
 
 static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
                      int argc, const char **argv, const size_t *lens,
-                     redisReply **out);
+                     rate__rsync_ints_t *ints, redisReply **out);
 
 #define deadline_of rate__rsync_deadline
 
@@ -578,6 +580,36 @@ static void write_queued(redis_store_t *r, node_t *n, conn_t *c)
     conn_settle(c);
 }
 
+/* The next reply, when it is an array of integers read whole from the
+ * reader's buffer (rate__redis_ints_parse): taken from the buffer into
+ * *iv.  As that parse: its length, 0 for a beginning of one (wait for
+ * more), -1 for another reply or one hiredis's reader has begun. */
+static long ints_take(redisReader *rd, rate__rsync_ints_t *iv)
+{
+    if (rd->err || rd->ridx != -1)
+        return -1;
+    long k = rate__redis_ints_parse(rd->buf + rd->pos, rd->len - rd->pos,
+                                    iv->v, RATE__RSYNC_INTS, &iv->n);
+    if (k > 0) {
+        rd->pos += (size_t)k;
+        if (rd->pos >= 1024) { /* the reader's own rule */
+            sdsrange(rd->buf, (int)rd->pos, -1);
+            rd->pos = 0;
+            rd->len = sdslen(rd->buf);
+        }
+    }
+    return k;
+}
+
+/* Hands q its reply: rep, or the integers *iv (rep NULL). */
+static void hand_over(mreq_t *q, redisReply *rep, const rate__rsync_ints_t *iv)
+{
+    q->reply = rep;
+    q->status = RATE_OK;
+    if (iv != NULL)
+        *q->ints = *iv;
+}
+
 /* The reader: reads replies in order and hands each to its caller, until
  * me's own has come or nothing is in flight; it waits no later than the
  * earliest deadline in flight, then fails them all.  The callers answered
@@ -594,16 +626,30 @@ static void read_replies(redis_store_t *r, node_t *n, conn_t *c, mreq_t *me)
         void *rep = NULL;
         int rc = RATE_OK;
         uint64_t deadline = first_deadline(c->fly);
+        /* q (c->fly) stays first until this reply is handed over: only
+         * the reader takes from fly, and a writer that fails ends the
+         * loop (broken). */
+        bool ints = c->fly->ints != NULL && c->fly->skip == 0;
+        rate__rsync_ints_t iv;
+        long took = -1;
         pthread_mutex_unlock(&c->lock);
         while (rc == RATE_OK && rep == NULL) {
-            if (redisGetReplyFromReader(ctx, &rep) != REDIS_OK) {
-                rc = RATE_ESTORE; /* not the protocol: give up on it */
-            } else if (rep == NULL) {
-                ring(c, &answered);
-                if ((rc = wait_reply(c, ctx->fd, &deadline)) == RATE_OK &&
-                    redisBufferRead(ctx) != REDIS_OK)
-                    rc = reply_status(ctx, NULL);
+            took = ints ? ints_take(ctx->reader, &iv) : -1;
+            if (took > 0)
+                break;
+            if (took < 0) { /* another reply, or hiredis's reader's */
+                ints = false;
+                if (redisGetReplyFromReader(ctx, &rep) != REDIS_OK) {
+                    rc = RATE_ESTORE; /* not the protocol: give up on it */
+                    break;
+                }
+                if (rep != NULL)
+                    break;
             }
+            ring(c, &answered);
+            if ((rc = wait_reply(c, ctx->fd, &deadline)) == RATE_OK &&
+                redisBufferRead(ctx) != REDIS_OK)
+                rc = reply_status(ctx, NULL);
         }
         pthread_mutex_lock(&c->lock);
         if (c->broken) { /* the writer failed meanwhile */
@@ -626,8 +672,7 @@ static void read_replies(redis_store_t *r, node_t *n, conn_t *c, mreq_t *me)
             c->head != NULL && !c->writing) {
             write_queued(r, n, c); /* the reader keeps the connection */
             if (c->broken) { /* q's reply is still good: hand it over */
-                q->reply = rep;
-                q->status = RATE_OK;
+                hand_over(q, rep, took > 0 ? &iv : NULL);
                 if (q == me)
                     atomic_fetch_or_explicit(&me->sig, SIG_DONE,
                                              memory_order_relaxed);
@@ -636,8 +681,7 @@ static void read_replies(redis_store_t *r, node_t *n, conn_t *c, mreq_t *me)
                 break;
             }
         }
-        q->reply = rep;
-        q->status = RATE_OK;
+        hand_over(q, rep, took > 0 ? &iv : NULL);
         if (q == me)
             atomic_fetch_or_explicit(&me->sig, SIG_DONE, memory_order_relaxed);
         else
@@ -658,12 +702,16 @@ static void read_replies(redis_store_t *r, node_t *n, conn_t *c, mreq_t *me)
  * connection, and its reply is dropped. */
 static int conn_call(redis_store_t *r, uint64_t dl, node_t *n, conn_t *c,
                      bool asking, int argc, const char **argv,
-                     const size_t *lens, redisReply **out)
+                     const size_t *lens, rate__rsync_ints_t *ints,
+                     redisReply **out)
 {
-    mreq_t me = {NULL, RATE_OK, 0, NULL, 0, asking ? 1 : 0, false, 0, 0};
+    mreq_t me = {NULL, ints, RATE_OK, 0, NULL, 0, asking ? 1 : 0, false, 0, 0};
     static const char ask[] = "*1\r\n$6\r\nASKING\r\n";
     size_t pre = asking ? sizeof ask - 1 : 0;
-    size_t len = rate__redis_resp(NULL, 0, argc, argv, lens);
+    /* A command is written here once, before the lock is taken; a
+     * longer one (a script's text) is written into the queue under it. */
+    char small[512];
+    size_t len = rate__redis_resp(small, sizeof small, argc, argv, lens);
 
     *out = NULL;
     if (rate_clock_monotonic_ns() >= dl)
@@ -682,7 +730,10 @@ static int conn_call(redis_store_t *r, uint64_t dl, node_t *n, conn_t *c,
         c->ocap = cap;
     }
     memcpy(c->obuf + c->olen, ask, pre);
-    rate__redis_resp(c->obuf + c->olen + pre, len, argc, argv, lens);
+    if (len <= sizeof small)
+        memcpy(c->obuf + c->olen + pre, small, len);
+    else
+        rate__redis_resp(c->obuf + c->olen + pre, len, argc, argv, lens);
     c->olen += pre + len;
     me.deadline_ns = dl;
     me.bell = c->nbit / 32 % NBELLS;
@@ -738,7 +789,7 @@ static int conn_call(redis_store_t *r, uint64_t dl, node_t *n, conn_t *c,
  * through as the probe, and reconnects at once. */
 static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
                      int argc, const char **argv, const size_t *lens,
-                     redisReply **out)
+                     rate__rsync_ints_t *ints, redisReply **out)
 {
     *out = NULL;
     if (rate_clock_monotonic_ns() >= dl)
@@ -760,7 +811,7 @@ static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
     unsigned i = atomic_fetch_add_explicit(&n->next_conn, 1,
                                            memory_order_relaxed);
     int rc = conn_call(r, dl, n, &n->conns[i % n->nconns], asking, argc,
-                       argv, lens, out);
+                       argv, lens, ints, out);
     rate__outcome_t o = rc == RATE_OK       ? RATE__OUTCOME_OK
                         : rc == RATE_ENOMEM ? RATE__OUTCOME_NEUTRAL
                                             : RATE__OUTCOME_FAIL;
@@ -776,7 +827,7 @@ int rate__rsync_call_node(redis_store_t *r, uint64_t dl, rate__snode_t *n,
                           int argc, const char **argv, const size_t *lens,
                           redisReply **out)
 {
-    return call_node(r, dl, n, false, argc, argv, lens, out);
+    return call_node(r, dl, n, false, argc, argv, lens, NULL, out);
 }
 
 bool rate__rsync_node_open(const redis_store_t *r, const rate__snode_t *n)
@@ -893,7 +944,7 @@ static int refresh_call(redis_store_t *r, uint64_t dl, node_t *n,
                                            memory_order_relaxed);
     return conn_call(r, dl, n, &n->conns[i % n->nconns], false, 2,
                      (const char *[]){"CLUSTER", "SLOTS"}, (size_t[]){7, 5},
-                     out);
+                     NULL, out);
 }
 
 /* Reads the slot map again from the first node that answers (the masters
@@ -1021,6 +1072,15 @@ int rate__rsync_call(redis_store_t *r, uint64_t dl, const char *key, size_t klen
                  int argc, const char **argv, const size_t *lens,
                  redisReply **out)
 {
+    return rate__rsync_call_ints(r, dl, key, klen, argc, argv, lens, NULL,
+                                 out);
+}
+
+int rate__rsync_call_ints(redis_store_t *r, uint64_t dl, const char *key,
+                          size_t klen, int argc, const char **argv,
+                          const size_t *lens, rate__rsync_ints_t *ints,
+                          redisReply **out)
+{
     int rc;
     *out = NULL;
     if (!atomic_load_explicit(&r->ready, memory_order_acquire) &&
@@ -1028,7 +1088,7 @@ int rate__rsync_call(redis_store_t *r, uint64_t dl, const char *key, size_t klen
         return rc;
     if (!r->cluster)
         return call_node(r, dl, atomic_load(&r->nodes[0]), false, argc, argv,
-                         lens, out);
+                         lens, ints, out);
     unsigned slot = key ? rc_key_slot(key, klen) : 0;
     node_t *n = NULL;
     bool asking = false;
@@ -1049,14 +1109,14 @@ int rate__rsync_call(redis_store_t *r, uint64_t dl, const char *key, size_t klen
             }
             n = atomic_load(&r->nodes[idx - 1]);
         }
-        rc = call_node(r, dl, n, asking, argc, argv, lens, out);
+        rc = call_node(r, dl, n, asking, argc, argv, lens, ints, out);
         asking = false;
         if (rc != RATE_OK) {
             refresh_map(r, dl, false); /* a master gone: its replica, later */
             return rc;
         }
         redisReply *rep = *out;
-        if (rep->type != REDIS_REPLY_ERROR || redirs == RATE__REDIS_MAX_REDIRECTS)
+        if (rep == NULL || rep->type != REDIS_REPLY_ERROR || redirs == RATE__REDIS_MAX_REDIRECTS)
             return RATE_OK;
         char host[RC_HOST_MAX];
         unsigned s;

@@ -94,6 +94,19 @@ int rate__rsync_discover(redis_store_t *r, uint64_t dl, bool wait, char *err,
 int rate__rsync_call(redis_store_t *r, uint64_t dl, const char *key,
                      size_t klen, int argc, const char **argv,
                      const size_t *lens, redisReply **out);
+/* A reply that is an array of at most RATE__RSYNC_INTS integers (a
+ * step's), read without reply objects by rate__rsync_call_ints. */
+#define RATE__RSYNC_INTS 9
+typedef struct rate__rsync_ints {
+    long long v[RATE__RSYNC_INTS];
+    size_t n;
+} rate__rsync_ints_t;
+/* As rate__rsync_call, but a reply that is such an array is read into
+ * *ints, *out NULL; any other reply (an error, a redirection) is *out. */
+int rate__rsync_call_ints(redis_store_t *r, uint64_t dl, const char *key,
+                          size_t klen, int argc, const char **argv,
+                          const size_t *lens, rate__rsync_ints_t *ints,
+                          redisReply **out);
 /* One command on node n, through its breaker, as rate__rsync_call. */
 int rate__rsync_call_node(redis_store_t *r, uint64_t dl, rate__snode_t *n,
                           int argc, const char **argv, const size_t *lens,
