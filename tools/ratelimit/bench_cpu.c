@@ -31,6 +31,25 @@ double bench_server_cpu_s(const char *host, int port)
     return v;
 }
 
+double bench_server_reads(const char *host, int port)
+{
+    struct timeval tv = {1, 0};
+    redisContext *c = redisConnectWithTimeout(host, port, tv);
+    double v = 0;
+    if (c != NULL && !c->err) {
+        redisReply *r = redisCommand(c, "INFO stats");
+        if (r != NULL && r->type == REDIS_REPLY_STRING) {
+            const char *rd = strstr(r->str, "total_reads_processed:");
+            if (rd != NULL)
+                v = strtod(rd + 22, NULL);
+        }
+        freeReplyObject(r);
+    }
+    if (c != NULL)
+        redisFree(c);
+    return v;
+}
+
 double bench_self_cpu_s(long *switches)
 {
     struct rusage ru;
