@@ -20,6 +20,8 @@
  * - NOSCRIPT (SCRIPT FLUSH) answered with EVAL.
  * - Freeing the store with decisions in flight: each callback runs before
  *   rate_store_free returns, with RATE_ECANCELED under the fail mode.
+ * - A burst of decisions in one turn goes out by sixteens, before the
+ *   turn's end.
  * Nothing may leak (run under ASan by make test).
  */
 #include <pthread.h>
@@ -598,7 +600,8 @@ static void late_writes(bool uv)
     static req_t q[N];
     for (int i = 0; i < N; i++)
         assert_int_equal(start(l, "late", 1, &q[i]), RATE_PENDING);
-    /* No turn of the loop: nothing is written, and every deadline passes. */
+    /* No turn of the loop: only the first 48 are written (by sixteens:
+     * bursts_go_out), and every deadline passes. */
     uint64_t started = rate_clock_monotonic_ns();
     while (rate_clock_monotonic_ns() < started + 2 * TIMEOUT_NS)
         usleep(10000);
@@ -624,6 +627,70 @@ static void late_writes(bool uv)
 
 static void late_writes_uv(void **state) { (void)state; late_writes(true); }
 static void late_writes_event(void **state) { (void)state; late_writes(false); }
+
+/* Keys under `pattern` in Redis. */
+static size_t keys_like(const char *pattern)
+{
+    redisContext *c = raw();
+    size_t n = 0;
+    if (c != NULL && !c->err) {
+        redisReply *r = redisCommand(c, "KEYS %s", pattern);
+        if (r != NULL && r->type == REDIS_REPLY_ARRAY)
+            n = r->elements;
+        freeReplyObject(r);
+    }
+    if (c != NULL)
+        redisFree(c);
+    return n;
+}
+
+/* Many decisions started in one turn (a batch's replies read at once, or
+ * a caller's burst) go out by sixteens as they are made, not all at the
+ * turn's end: Redis works on the first while the others are made.  Shown
+ * with no turn of the loop at all: the bursts' first 32 are written (and
+ * Redis decides them) all the same, the last few when the loop runs. */
+static void bursts_go_out(bool uv)
+{
+    enum { N = 40 };
+    tloop_t t;
+    tloop_init(&t, uv);
+    const char *prefix = uv ? "burstu:" : "burste:";
+    rate_store_t *as = async_store(&t, prefix, true, 30 * SEC);
+    fclock.now = 100 * SEC;
+    rate_limiter_t *l = lim("fixed-window 1000/m", as, true,
+                            RATE_FAIL_CLOSED);
+    req_t q0 = decide_until_answered(&t, l, "warm"); /* connected */
+    assert_int_not_equal(q0.d.reason, RATE_REASON_STORE_ERROR);
+    char pattern[32], key[32];
+    snprintf(pattern, sizeof pattern, "%s*", prefix);
+    size_t k0 = keys_like(pattern); /* the warm key, the policy's record */
+    assert_true(k0 >= 1);
+    static req_t q[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(key, sizeof key, "b%d", i);
+        assert_int_equal(start(l, key, 1, &q[i]), RATE_PENDING);
+    }
+    if (!WAIT_UNTIL(keys_like(pattern) >= k0 + 32, TEST_WAIT_S))
+        fail_msg("%s: %zu of %d decisions reached Redis with no turn of "
+                 "the loop (32 expected)", uv ? "libuv" : "libevent",
+                 keys_like(pattern) - k0, N);
+    wait_all(&t);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(q[i].calls, 1);
+        assert_true(q[i].d.allowed);
+    }
+    assert_int_equal(keys_like(pattern), k0 + N);
+    rate_limiter_free(l);
+    rate_store_free(as);
+    tloop_fini(&t);
+}
+
+static void bursts_go_out_uv(void **state) { (void)state; bursts_go_out(true); }
+static void bursts_go_out_event(void **state)
+{
+    (void)state;
+    bursts_go_out(false);
+}
 
 static void faults_uv(void **state) { (void)state; faults(true); }
 static void faults_event(void **state) { (void)state; faults(false); }
@@ -1304,6 +1371,8 @@ int main(void)
         cmocka_unit_test(late_loop_event),
         cmocka_unit_test(late_writes_uv),
         cmocka_unit_test(late_writes_event),
+        cmocka_unit_test(bursts_go_out_uv),
+        cmocka_unit_test(bursts_go_out_event),
         cmocka_unit_test(faults_uv),
         cmocka_unit_test(faults_event),
     };

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * CPU time read for the Redis benches (bench_redis.c, bench_redis_load.c):
- * a Redis server's, by INFO cpu, and this process's, by getrusage.
+ * a Redis server's, by INFO cpu (and its reads of clients, by INFO stats),
+ * and this process's, by getrusage.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -11,24 +12,43 @@
 
 #include "cli.h"
 
-double bench_server_cpu_s(const char *host, int port)
+/* The sum of the INFO section's numeric fields (names with their ':',
+ * NULL-ended) on host:port; 0 if the server or any field is missing. */
+static double info_sum(const char *host, int port, const char *section,
+                       const char *const *fields)
 {
     struct timeval tv = {1, 0};
     redisContext *c = redisConnectWithTimeout(host, port, tv);
     double v = 0;
     if (c != NULL && !c->err) {
-        redisReply *r = redisCommand(c, "INFO cpu");
+        redisReply *r = redisCommand(c, "INFO %s", section);
         if (r != NULL && r->type == REDIS_REPLY_STRING) {
-            const char *u = strstr(r->str, "used_cpu_user:");
-            const char *y = strstr(r->str, "used_cpu_sys:");
-            if (u != NULL && y != NULL)
-                v = strtod(u + 14, NULL) + strtod(y + 13, NULL);
+            for (int i = 0; fields[i] != NULL; i++) {
+                const char *f = strstr(r->str, fields[i]);
+                if (f == NULL) {
+                    v = 0;
+                    break;
+                }
+                v += strtod(f + strlen(fields[i]), NULL);
+            }
         }
         freeReplyObject(r);
     }
     if (c != NULL)
         redisFree(c);
     return v;
+}
+
+double bench_server_cpu_s(const char *host, int port)
+{
+    static const char *const f[] = {"used_cpu_user:", "used_cpu_sys:", NULL};
+    return info_sum(host, port, "cpu", f);
+}
+
+double bench_server_reads(const char *host, int port)
+{
+    static const char *const f[] = {"total_reads_processed:", NULL};
+    return info_sum(host, port, "stats", f);
 }
 
 double bench_self_cpu_s(long *switches)

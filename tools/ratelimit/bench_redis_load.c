@@ -44,6 +44,7 @@ typedef struct figure {
     double client_us;  /* the process's CPU per decision */
     double server_us;  /* Redis's CPU per decision (INFO cpu) */
     double switches;   /* the process's context switches per decision */
+    double per_read;   /* decisions per read of a client by Redis */
     uint64_t errors;
 } figure_t;
 
@@ -86,7 +87,7 @@ static void *caller(void *arg)
 }
 
 typedef struct meter {
-    double cpu, srv;
+    double cpu, srv, reads;
     long sw;
     uint64_t t0;
 } meter_t;
@@ -94,6 +95,7 @@ typedef struct meter {
 static void meter_start(meter_t *m, const char *host, int port)
 {
     m->srv = bench_server_cpu_s(host, port);
+    m->reads = bench_server_reads(host, port);
     m->cpu = bench_self_cpu_s(&m->sw);
     m->t0 = rate_clock_monotonic_ns();
 }
@@ -105,12 +107,14 @@ static figure_t meter_stop(const meter_t *m, const char *host, int port,
     long sw;
     double secs = (double)(rate_clock_monotonic_ns() - m->t0) / 1e9;
     double cpu = bench_self_cpu_s(&sw), srv = bench_server_cpu_s(host, port);
+    double reads = bench_server_reads(host, port);
     if (n == 0 || secs <= 0)
         return f;
     f.rate = (double)n / secs;
     f.client_us = (cpu - m->cpu) * 1e6 / (double)n;
     f.server_us = m->srv > 0 ? (srv - m->srv) * 1e6 / (double)n : 0;
     f.switches = (double)(sw - m->sw) / (double)n;
+    f.per_read = reads > m->reads ? (double)n / (reads - m->reads) : 0;
     f.errors = errors;
     return f;
 }
@@ -217,6 +221,9 @@ static figure_t run_peer(const char *cmd, const char *host, int port,
     double srv = bench_server_cpu_s(host, port);
     if (f.rate > 0 && m.srv > 0)
         f.server_us = (srv - m.srv) * 1e6 / (double)n;
+    double reads = bench_server_reads(host, port);
+    if (reads > m.reads)
+        f.per_read = (double)n / (reads - m.reads);
     return f;
 }
 
@@ -268,9 +275,9 @@ static const char *row_name[ROWS] = {
 
 static void print_fig(const char *name, const figure_t *f, double ref)
 {
-    printf("  %-40s %10.0f %7.2f %7.2f %7.2f %7.2f", name, f->rate,
-           ref > 0 ? f->rate / ref : 0, f->client_us, f->server_us,
-           f->switches);
+    printf("  %-40s %10.0f %7.2f %7.2f %7.2f %7.2f %6.2f %6.1f", name,
+           f->rate, ref > 0 ? f->rate / ref : 0, f->client_us, f->server_us,
+           f->switches, f->rate * f->server_us / 1e6, f->per_read);
     if (f->errors)
         printf("  (%llu errors)", (unsigned long long)f->errors);
     putchar('\n');
@@ -423,10 +430,11 @@ int bench_redis_load(const char *url, const char *host, int port,
            url, (unsigned long long)n64, (unsigned long long)n1, LOAD_KEYS,
            LOAD_POLICY);
     double ref = peer_best.rate > 0 ? peer_best.rate : 0;
-    printf("  %-40s %10s %7s %7s %7s %7s\n", "", "decisions", ref > 0 ?
-           "x peer" : "", "client", "server", "ctx");
-    printf("  %-40s %10s %7s %7s %7s %7s\n", "", "/s", "", "CPU us",
-           "CPU us", "sw");
+    printf("  %-40s %10s %7s %7s %7s %7s %6s %6s\n", "", "decisions",
+           ref > 0 ? "x peer" : "", "client", "server", "ctx", "Redis",
+           "dec.");
+    printf("  %-40s %10s %7s %7s %7s %7s %6s %6s\n", "", "/s", "", "CPU us",
+           "CPU us", "sw", "busy", "/read");
     if (peer != NULL)
         print_fig("Node peer (rate-limiter-flexible), 64", &peer_best, ref);
     for (int m = 0; m < nset; m++) {

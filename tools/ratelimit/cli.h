@@ -41,6 +41,9 @@ int bench_redis_load(const char *url, const char *host, int port,
 int bench_sync(const char *url); /* bench --sync URL: the synced mode */
 /* A Redis server's CPU time so far (INFO cpu), in seconds; 0 if unknown. */
 double bench_server_cpu_s(const char *host, int port);
+/* A Redis server's reads of its clients so far (INFO stats); 0 if
+ * unknown. */
+double bench_server_reads(const char *host, int port);
 /* A plain token-bucket script of the kind everyone writes (TIME, two
  * HGET, HSET, an expiry; ARGV rate/s, burst): the Redis benches' ceiling
  * for a script (bench_redis.c). */

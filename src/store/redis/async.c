@@ -57,6 +57,13 @@
 #define MAX_REDIRECTS RATE__REDIS_MAX_REDIRECTS
 #define TRYAGAIN_NS RATE__REDIS_TRYAGAIN_NS
 #define SCRIPTS_MAX 8    /* scripts a connection loads (protocol.c has 7) */
+/* Commands queued on a connection in one turn of the loop that are
+ * written without waiting for the turn's end: a turn that starts many
+ * decisions (the replies of a whole batch read at once) then hands Redis
+ * the first of them while it makes the others, and Redis, which would
+ * wait for the whole batch, works on one part while the next is made
+ * (docs/performance.md, "The asynchronous store keeps Redis busy"). */
+#define FLUSH_AT 16
 
 typedef struct astore astore_t;
 typedef struct anode anode_t;
@@ -81,6 +88,7 @@ typedef struct aconn {
         int state;       /* LOAD_SENT, LOAD_DONE */
     } loads[SCRIPTS_MAX];
     int fn_load; /* the Functions library: LOAD_SENT, LOAD_DONE, or 0 */
+    unsigned unsent; /* decisions' commands queued since the last write */
 } aconn_t;
 
 enum { LOAD_SENT = 1, LOAD_DONE };
@@ -272,8 +280,10 @@ static void on_io(void *arg, unsigned events)
     c->refs++;
     if ((events & RATE_LOOP_READ) && c->ac != NULL)
         redisAsyncHandleRead(c->ac);
-    if ((events & RATE_LOOP_WRITE) && c->ac != NULL)
+    if ((events & RATE_LOOP_WRITE) && c->ac != NULL) {
+        c->unsent = 0;
         redisAsyncHandleWrite(c->ac);
+    }
     conn_unref(c);
 }
 
@@ -637,6 +647,15 @@ static int send_on(ajob_t *j, anode_t *n, bool asking)
         return RATE_ESTORE;
     j->node = n;
     j->asking = asking;
+    /* Every FLUSH_AT commands queued in one turn of the loop are written
+     * at once (a failed write is hiredis's to find at its next read or
+     * write): Redis starts on them while the rest are made. */
+    aconn_t *c = n->conn;
+    if (++c->unsent >= FLUSH_AT && c->ready) {
+        int done;
+        c->unsent = 0;
+        (void)redisBufferWrite(&ac->c, &done);
+    }
     return RATE_OK;
 }
 
