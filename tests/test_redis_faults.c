@@ -8,7 +8,7 @@
  * - a key holding '}' gets a hash tag of its own (escaped), and a key
  *   without one keeps its name;
  * - an ACL user without EVALSHA or without the keys is told so, with the
- *   server's NOPERM, at creation;
+ *   server's NOPERM, at creation; one without SCRIPT LOAD decides by EVAL;
  * - a call's deadline holds when another caller hands it the reading (a
  *   fake server that answers one command late and the next never);
  * - redirections bounded (a fake cluster that redirects for ever);
@@ -210,6 +210,56 @@ static void acl_refusals_are_told(void **state)
     rate_limiter_free(lim);
     drop_store(s);
     freeReplyObject(cmd(c, "ACL DELUSER noeval nokeys fine"));
+    redisFree(c);
+}
+
+/* A user who may not SCRIPT LOAD (managed Redis often refuses it), nor
+ * FUNCTION LOAD: created, and decides as any other, by FCALL where it may
+ * load Functions, else EVALSHA of what another user loaded, else EVAL of
+ * the script's text (which caches it); the lean scripts and the general
+ * one alike, from a server without any script or function. */
+static void a_user_without_script_load_decides(void **state)
+{
+    (void)state;
+    redisContext *c = raw();
+    freeReplyObject(cmd(c, "ACL SETUSER noload on >pw ~* +@all -script|load"));
+    freeReplyObject(cmd(c, "ACL SETUSER noscript on >pw ~* +@all -script"));
+    freeReplyObject(cmd(c, "ACL SETUSER noboth on >pw ~* +@all -script "
+                           "-function"));
+    static const char *const users[] = {"noload", "noscript", "noboth"};
+    for (size_t i = 0; i < 3; i++)
+        for (int general = 0; general < 2; general++) {
+            char u[128], err[512] = "";
+            rate_store_t *s = NULL;
+            rate_redis_options_t o = {.prefix = "nl:"};
+            o.general_script = general;
+            freeReplyObject(cmd(c, "SCRIPT FLUSH"));
+            freeReplyObject(cmd(c, "FUNCTION FLUSH"));
+            freeReplyObject(cmd(c, "CONFIG RESETSTAT"));
+            snprintf(u, sizeof u, "redis://%s:pw@127.0.0.1:%d", users[i],
+                     port);
+            if (rate_store_redis_new(u, &o, &s, err, sizeof err) != RATE_OK)
+                fail_msg("user %s: %s", users[i], err);
+            rate_limiter_t *lim = limiter_of("fixed-window 3/s", s);
+            for (int k = 0; k < 4; k++) {
+                rate_decision_t d = at(lim, "k", SEC, 1, 0);
+                uint64_t left = k < 3 ? 2u - (unsigned)k : 0u;
+                if (d.allowed != (k < 3) || d.remaining != left)
+                    fail_msg("user %s%s, call %d: allowed %d, remaining %llu "
+                             "(reason %d)", users[i],
+                             general ? " (general)" : "", k, d.allowed,
+                             (unsigned long long)d.remaining, d.reason);
+            }
+            redisReply *st = cmd(c, "INFO commandstats");
+            bool eval = strstr(st->str, "cmdstat_eval:") != NULL;
+            freeReplyObject(st);
+            if ((i == 2 || general) && !eval)
+                fail_msg("user %s%s: no EVAL", users[i],
+                         general ? " (general)" : "");
+            rate_limiter_free(lim);
+            drop_store(s);
+        }
+    freeReplyObject(cmd(c, "ACL DELUSER noload noscript noboth"));
     redisFree(c);
 }
 
@@ -1123,6 +1173,7 @@ int main(void)
         cmocka_unit_test(drop_deletes_its_own_names_only),
         cmocka_unit_test(every_key_its_own_tag),
         cmocka_unit_test(acl_refusals_are_told),
+        cmocka_unit_test(a_user_without_script_load_decides),
         cmocka_unit_test(a_deadline_survives_a_handover),
         cmocka_unit_test(a_decision_has_one_deadline),
         cmocka_unit_test(a_later_command_with_an_earlier_deadline),

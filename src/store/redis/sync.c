@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sha1.h"
 #include "sync.h"
 
 #define RECHECK_NS (10 * UINT64_C(1000000)) /* a reader's deadline looked at */
@@ -187,11 +188,10 @@ static void timeout_reason(char *err, size_t errlen, uint64_t budget_ns)
 /* Connects to host:port (port 0: a unix socket), authenticates, asks for
  * the slot map when slots != NULL (*slots: the reply, or NULL for a server
  * that is no cluster), selects the database (no cluster), loads the
- * scripts, and checks that the user may run what the store needs; all of
- * it by `deadline`, the TCP connection within the connect timeout too.
- * The scripts' SHA1 digests are recorded by the first connection (under
- * topo_lock, before the store is ready); later ones load the same
- * scripts, while callers read the digests. */
+ * scripts (unless SCRIPT LOAD is refused: EVAL after NOSCRIPT), and
+ * checks that the user may run what the store needs; all of it by
+ * `deadline`, the TCP connection within the connect timeout too.  The
+ * scripts' names are known before (protocol.c, script_names). */
 static int open_conn(redis_store_t *r, const char *host, int port,
                      uint64_t deadline, redisReply **slots,
                      redisContext **out, char *err, size_t errlen)
@@ -265,24 +265,31 @@ static int open_conn(redis_store_t *r, const char *host, int port,
                        rep_text(c, rep));
         freeReplyObject(rep);
     }
-    char probe_sha[41] = "";
+    char probe_sha[41];
     const char *src;
     size_t len;
+    rate__redis_script(RATE__REDIS_PROBE_SCRIPT, &src, &len);
+    rate__sha1_hex(src, len, probe_sha);
     for (unsigned i = 0; rc == RATE_OK && rate__redis_script(i, &src, &len);
          i++) {
         rc = hs_command(c, deadline, 3,
                         (const char *[]){"SCRIPT", "LOAD", src},
                         (size_t[]){6, 4, len}, &rep);
-        if (rc == RATE_OK && rep->type == REDIS_REPLY_STRING && rep->len == 40) {
-            /* The store's scripts were named at creation (script_names),
-             * as Redis names them: loaded, they run under those names. */
-            if (i == RATE__REDIS_PROBE_SCRIPT)
-                memcpy(probe_sha, rep->str, 41);
-        } else {
+        if (rc == RATE_ESTORE && rep != NULL) {
+            /* Refused (an ACL without SCRIPT LOAD, a managed Redis that
+             * renamed it): a call's NOSCRIPT sends the script with EVAL,
+             * which caches it, as on a node that lost its scripts. */
+            rc = RATE_OK;
+            freeReplyObject(rep);
+            rep = NULL;
+            break;
+        }
+        /* The store's scripts were named at creation (script_names), as
+         * Redis names them: loaded, they run under those names. */
+        if (rc != RATE_OK || rep->type != REDIS_REPLY_STRING || rep->len != 40)
             rc = rate__fail(err, errlen, rc ? rc : RATE_ESTORE,
                             "%s: SCRIPT LOAD failed: %s", where,
                             rep_text(c, rep));
-        }
         freeReplyObject(rep);
         rep = NULL;
     }
