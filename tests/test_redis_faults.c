@@ -707,8 +707,8 @@ static void cluster_down_is_told(void **state)
     assert_int_equal(d.error, RATE_ESTORE);
     assert_int_equal(rate_store_redis_last_error(rs, last, sizeof last),
                      RATE_OK);
-    snprintf(want, sizeof want, "127.0.0.1:%d: CLUSTERDOWN The cluster is "
-             "down", f.port);
+    snprintf(want, sizeof want, "127.0.0.1:%d: replied: CLUSTERDOWN The "
+             "cluster is down", f.port);
     if (strcmp(last, want) != 0)
         fail_msg("last_error '%s', want '%s'", last, want);
     rate_limiter_free(lim);
@@ -1167,6 +1167,62 @@ static void lazy_connect_under_many_callers(void **state)
     drop_store(rs);
 }
 
+/* rate_store_redis_last_error of the store s, checked to hold `want`
+ * ("" : to be empty). */
+static void last_error_is(rate_store_t *s, const char *want, const char *when)
+{
+    char last[512];
+    assert_int_equal(rate_store_redis_last_error(s, last, sizeof last),
+                     RATE_OK);
+    if (want[0] == '\0' ? last[0] != '\0' : strstr(last, want) == NULL)
+        fail_msg("%s: last error '%s', not '%s'", when, last, want);
+}
+
+/* An error reply that becomes a store error says why, with the server's
+ * address, until a later call succeeds: NOPERM of an ACL that stopped
+ * covering the store's keys after it connected, OOM of a full Redis under
+ * noeviction. */
+static void error_replies_say_why(void **state)
+{
+    (void)state;
+    redisContext *c = raw();
+    freeReplyObject(cmd(c, "ACL SETUSER later on >pw ~* +@all"));
+    char u[128], err[512] = "", where[64];
+    rate_store_t *s = NULL;
+    rate_redis_options_t o = {.prefix = "er:"};
+    snprintf(u, sizeof u, "redis://later:pw@127.0.0.1:%d", port);
+    if (rate_store_redis_new(u, &o, &s, err, sizeof err) != RATE_OK)
+        fail_msg("%s", err);
+    snprintf(where, sizeof where, "127.0.0.1:%d: replied: ", port);
+    rate_limiter_t *lim = limiter_of("fixed-window 1000/s", s);
+    assert_true(wait_answer(lim, "k").allowed);
+    last_error_is(s, "", "at first");
+
+    freeReplyObject(cmd(c, "ACL SETUSER later resetkeys ~other:*"));
+    rate_decision_t d;
+    assert_int_equal(rate_limiter_check(lim, "k", 1, 1, 0, &d), RATE_OK);
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    last_error_is(s, where, "NOPERM");
+    last_error_is(s, "NOPERM", "NOPERM");
+    freeReplyObject(cmd(c, "ACL SETUSER later resetkeys ~*"));
+    assert_true(wait_answer(lim, "k").allowed);
+    last_error_is(s, "", "the keys granted");
+
+    freeReplyObject(cmd(c, "CONFIG SET maxmemory-policy noeviction"));
+    freeReplyObject(cmd(c, "CONFIG SET maxmemory 1"));
+    assert_int_equal(rate_limiter_check(lim, "new", 3, 1, 0, &d), RATE_OK);
+    freeReplyObject(cmd(c, "CONFIG SET maxmemory 0"));
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    last_error_is(s, where, "OOM");
+    last_error_is(s, "OOM", "OOM");
+    assert_true(wait_answer(lim, "new").allowed);
+    last_error_is(s, "", "memory given back");
+    rate_limiter_free(lim);
+    drop_store(s);
+    freeReplyObject(cmd(c, "ACL DELUSER later"));
+    redisFree(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1185,6 +1241,7 @@ int main(void)
         cmocka_unit_test(stopped_redis_without_breaker),
         cmocka_unit_test(lazy_connect_rides_out_redis_down),
         cmocka_unit_test(lazy_connect_under_many_callers),
+        cmocka_unit_test(error_replies_say_why),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

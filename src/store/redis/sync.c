@@ -119,9 +119,43 @@ void rate__rsync_set_err(redis_store_t *r, const char *msg)
 {
     pthread_mutex_lock(&r->err_lock);
     snprintf(r->last_err, sizeof r->last_err, "%s", msg);
+    atomic_store(&r->err_call, false);
     pthread_mutex_unlock(&r->err_lock);
 }
 
+/* A call's failure on node n ("HOST:PORT: WHY"), kept until a later
+ * reply is no error (call_node). */
+static void note_call_err(redis_store_t *r, const node_t *n, const char *why)
+{
+    pthread_mutex_lock(&r->err_lock);
+    /* cut to fit last_err: the host, then the server's text */
+    if (n == NULL)
+        snprintf(r->last_err, sizeof r->last_err, "%s", why);
+    else if (n->port == 0)
+        snprintf(r->last_err, sizeof r->last_err, "%.64s: %.180s", n->host,
+                 why);
+    else
+        snprintf(r->last_err, sizeof r->last_err, "%.64s:%d: %.180s",
+                 n->host, n->port, why);
+    atomic_store(&r->err_call, true);
+    pthread_mutex_unlock(&r->err_lock);
+}
+
+/* The node of this thread's last error reply (call_node), for
+ * rate__rsync_replied: nodes live as long as their store. */
+static _Thread_local const node_t *replied_by;
+
+static unsigned node_index(redis_store_t *r, const node_t *n);
+
+void rate__rsync_replied(redis_store_t *r, const char *text)
+{
+    const node_t *n = replied_by;
+    char why[192];
+    if (n != NULL && node_index(r, n) == RATE__REDIS_MAX_NODES)
+        n = NULL; /* another store's */
+    snprintf(why, sizeof why, "replied: %.170s", text);
+    note_call_err(r, n, why);
+}
 
 /* ---------------------------------------------------------- connections */
 
@@ -768,6 +802,17 @@ static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
                                            memory_order_relaxed);
     int rc = conn_call(r, dl, n, &n->conns[i % n->nconns], asking, argc,
                        argv, lens, out);
+    if (rc == RATE_OK && *out != NULL && (*out)->type == REDIS_REPLY_ERROR)
+        replied_by = n;
+    else if (rc == RATE_OK &&
+             atomic_load_explicit(&r->err_call, memory_order_relaxed)) {
+        /* a call's failure is forgotten at the next reply that is none */
+        pthread_mutex_lock(&r->err_lock);
+        if (atomic_load(&r->err_call))
+            r->last_err[0] = '\0';
+        atomic_store(&r->err_call, false);
+        pthread_mutex_unlock(&r->err_lock);
+    }
     rate__outcome_t o = rc == RATE_OK       ? RATE__OUTCOME_OK
                         : rc == RATE_ENOMEM ? RATE__OUTCOME_NEUTRAL
                                             : RATE__OUTCOME_FAIL;
@@ -1074,11 +1119,8 @@ int rate__rsync_call(redis_store_t *r, uint64_t dl, const char *key, size_t klen
             if (strncmp(rep->str, "CLUSTERDOWN", 11) == 0) {
                 /* The node refuses until its cluster state is ok again
                  * (a new cluster's masters: about the node timeout after
-                 * creation): a store error, which last_error explains. */
-                char e[240];
-                snprintf(e, sizeof e, "%.100s:%d: %.120s", n->host, n->port,
-                         rep->str);
-                rate__rsync_set_err(r, e);
+                 * creation): a store error, which last_error explains
+                 * (store.c, reply_ok). */
                 refresh_map(r, dl, false);
             }
             return RATE_OK;
