@@ -1223,6 +1223,45 @@ static void error_replies_say_why(void **state)
     redisFree(c);
 }
 
+/* A call that fails on a connection that was open says why: Redis that
+ * does not answer in time (CLIENT PAUSE), a connection the server closed
+ * (CLIENT KILL); forgotten at the next call that succeeds. */
+static void a_lost_connection_says_why(void **state)
+{
+    (void)state;
+    redisContext *c = raw();
+    rate_redis_options_t o = {.prefix = "lost:", .pool_size = 1};
+    o.command_timeout_ns = 200 * MS;
+    o.no_breaker = true;
+    rate_store_t *s = NULL;
+    char err[512] = "", want[96];
+    if (rate_store_redis_new(url, &o, &s, err, sizeof err) != RATE_OK)
+        fail_msg("%s", err);
+    rate_limiter_t *lim = limiter_of("fixed-window 1000/s", s);
+    assert_true(wait_answer(lim, "k").allowed);
+
+    freeReplyObject(cmd(c, "CLIENT PAUSE 600 ALL"));
+    rate_decision_t d;
+    assert_int_equal(rate_limiter_check(lim, "k", 1, 1, 0, &d), RATE_OK);
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    snprintf(want, sizeof want, "127.0.0.1:%d: no reply within the command "
+             "timeout (200 ms)", port);
+    last_error_is(s, want, "paused");
+    assert_true(wait_answer(lim, "k").allowed);
+    last_error_is(s, "", "unpaused");
+
+    freeReplyObject(cmd(c, "CLIENT KILL TYPE normal SKIPME yes"));
+    assert_int_equal(rate_limiter_check(lim, "k", 1, 1, 0, &d), RATE_OK);
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    snprintf(want, sizeof want, "127.0.0.1:%d: connection lost: ", port);
+    last_error_is(s, want, "killed");
+    assert_true(wait_answer(lim, "k").allowed);
+    last_error_is(s, "", "connected again");
+    rate_limiter_free(lim);
+    drop_store(s);
+    redisFree(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1242,6 +1281,7 @@ int main(void)
         cmocka_unit_test(lazy_connect_rides_out_redis_down),
         cmocka_unit_test(lazy_connect_under_many_callers),
         cmocka_unit_test(error_replies_say_why),
+        cmocka_unit_test(a_lost_connection_says_why),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -157,6 +157,24 @@ void rate__rsync_replied(redis_store_t *r, const char *text)
     note_call_err(r, n, why);
 }
 
+/* Why a connection failed under calls (conn_break), for the last error. */
+static void note_broken(redis_store_t *r, const node_t *n, int rc,
+                        const redisContext *ctx)
+{
+    char why[192];
+    if (rc == RATE_ETIMEDOUT)
+        snprintf(why, sizeof why,
+                 "no reply within the command timeout (%llu ms)",
+                 (unsigned long long)((r->command_ns + 500000) / 1000000));
+    else
+        snprintf(why, sizeof why, "connection lost: %.150s",
+                 ctx != NULL && ctx->err ? ctx->errstr
+                 : errno != 0            ? strerror(errno)
+                                         : "the socket failed");
+    note_call_err(r, n, why);
+}
+
+
 /* ---------------------------------------------------------- connections */
 
 static struct timeval tv_of(uint64_t ns)
@@ -612,6 +630,8 @@ static void write_queued(redis_store_t *r, node_t *n, conn_t *c)
         pthread_mutex_unlock(&c->lock);
         int rc = send_all(fd, buf, len, deadline);
         pthread_mutex_lock(&c->lock);
+        if (rc != RATE_OK && !c->broken)
+            note_broken(r, n, rc, NULL);
         if (rc != RATE_OK)
             conn_break(c, rc);
     }
@@ -652,6 +672,7 @@ static void read_replies(redis_store_t *r, node_t *n, conn_t *c, mreq_t *me)
             break;
         }
         if (rc != RATE_OK) {
+            note_broken(r, n, rc, ctx);
             conn_break(c, rc);
             break;
         }
