@@ -172,8 +172,9 @@ int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
 #define CLI_SHM_KEY_MAX 160u
 /* The reason of a failed decision on a key of key_len bytes, in words
  * that name the store's bound when the store is a shared-memory region
- * (the key's length and the region's key_max), and with the service's
- * message when it is DynamoDB (kept in cl->why). */
+ * (the key's length and the region's key_max), with the service's
+ * message when it is DynamoDB, and with the store's last error when it is
+ * Redis (kept in cl->why). */
 const char *cli_store_error(cli_limiter_t *cl, int rc, size_t key_len);
 /* Parses --max-keys for `cmd` with the store `store_spec` (NULL: the
  * memory store): a whole number from 1 to 2147483647 for a shm:PATH

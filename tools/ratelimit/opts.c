@@ -871,6 +871,18 @@ const char *cli_store_error(cli_limiter_t *cl, int rc, size_t key_len)
 #endif
     if (cl->store == NULL)
         return rate_strerror(rc);
+#ifdef RATE_WITH_REDIS
+    char last[256] = "";
+    if (rc != RATE_ECORRUPT &&
+        rate_store_redis_last_error(cl->store, last, sizeof last) == RATE_OK) {
+        /* A Redis store: its reason after the error's. */
+        if (last[0] == '\0')
+            return rate_strerror(rc);
+        snprintf(cl->why, sizeof cl->why, "%.60s: %.250s", rate_strerror(rc),
+                 last);
+        return cl->why;
+    }
+#endif
     int irc = rate_store_shm_info(cl->store, &info);
     if (rc == RATE_ECORRUPT && irc != RATE_EINVAL) {
         /* A damaged region: what its check finds, if anything (else the
