@@ -601,9 +601,18 @@ elif command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
             --algorithm gcra --rate 1/h --burst 2 | head -1)
       if [ "$got" = "decision $want" ]; then ok; else bad "check via Redis: $got"; fi
     done
-    # Why a check failed: a full Redis (the server's words).
+    # Why a check failed: a key of another type, a hash of damaged bytes
+    # (each named, and left as it is), a full Redis (the server's words).
     r6() { redis-cli -p "$rport" -n 6 "$@" >/dev/null; }
     c6() { echo check --store "redis://127.0.0.1:$rport/6" --key "$1" --algorithm gcra --rate 1/h --burst 2; }
+    r6 lpush "ratelimit:{u}" x
+    # shellcheck disable=SC2046
+    expect_error '' "check: key 'u': the Redis key of its state is not a hash but another type (127.0.0.1:$rport: replied: WRONGTYPE" $(c6 u)
+    r6 del "ratelimit:{u}"; r6 hset "ratelimit:{u}" v 1 s garbage
+    # shellcheck disable=SC2046
+    expect_error '' "check: key 'u': its state in Redis is a hash whose bytes are not a valid state for this library" $(c6 u)
+    if [ "$(redis-cli -p "$rport" -n 6 hget "ratelimit:{u}" s)" = garbage ]; then ok
+    else bad "a damaged state was written over"; fi
     r6 config set maxmemory-policy noeviction; r6 config set maxmemory 1
     # shellcheck disable=SC2046
     expect_error '' "check: store unavailable: 127.0.0.1:$rport: replied: OOM command not allowed" $(c6 v)

@@ -1181,7 +1181,7 @@ static void last_error_is(rate_store_t *s, const char *want, const char *when)
 /* An error reply that becomes a store error says why, with the server's
  * address, until a later call succeeds: NOPERM of an ACL that stopped
  * covering the store's keys after it connected, OOM of a full Redis under
- * noeviction. */
+ * noeviction, and a key of another type (RATE_ECORRUPT). */
 static void error_replies_say_why(void **state)
 {
     (void)state;
@@ -1217,6 +1217,15 @@ static void error_replies_say_why(void **state)
     last_error_is(s, "OOM", "OOM");
     assert_true(wait_answer(lim, "new").allowed);
     last_error_is(s, "", "memory given back");
+
+    /* A key of the state's name that is no hash: named, left as it is. */
+    freeReplyObject(cmd(c, "LPUSH er:{w} x"));
+    assert_int_equal(rate_limiter_check(lim, "w", 1, 1, 0, &d), RATE_OK);
+    assert_int_equal(d.error, RATE_ECORRUPT);
+    last_error_is(s, "WRONGTYPE: 'er:{w}' is not a hash", "WRONGTYPE");
+    assert_true(wait_answer(lim, "k").allowed);
+    last_error_is(s, "", "another key");
+    freeReplyObject(cmd(c, "DEL er:{w}"));
     rate_limiter_free(lim);
     drop_store(s);
     freeReplyObject(cmd(c, "ACL DELUSER later"));

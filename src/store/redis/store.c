@@ -165,11 +165,13 @@ static int parse_url(redis_store_t *r, const char *url, char *err,
 }
 
 /* rate__redis_reply_ok, and an error reply that becomes a store error
- * (NOPERM of an ACL, OOM of a full Redis) kept as the store's last error. */
+ * (NOPERM of an ACL, OOM of a full Redis) or RATE_ECORRUPT (WRONGTYPE: a
+ * key of another type) kept as the store's last error. */
 static int reply_ok(redis_store_t *r, int rc, const redisReply *rep)
 {
     rc = rate__redis_reply_ok(rc, rep);
-    if (rc == RATE_ESTORE && rep != NULL && rep->type == REDIS_REPLY_ERROR)
+    if ((rc == RATE_ESTORE || rc == RATE_ECORRUPT) && rep != NULL &&
+        rep->type == REDIS_REPLY_ERROR)
         rate__rsync_replied(r, rep->str != NULL ? rep->str : "");
     return rc;
 }
@@ -324,6 +326,14 @@ static int r_decide(void *self, const rate_key_t *key,
     rc = reply_ok(r, rc, rep);
     if (rc == RATE_OK) {
         rc = rate__redis_decide_parse(rep, d);
+        if (rc == RATE_ECORRUPT && rep->elements > 0 &&
+            rep->element[0]->integer == 2) {
+            /* the script found a key of another type (tag 2) */
+            char e[200];
+            snprintf(e, sizeof e, "WRONGTYPE: '%.*s' is not a hash",
+                     (int)(c.kl > 120 ? 120 : c.kl), c.k);
+            rate__rsync_replied(r, e);
+        }
         if (rc == RATE_ENOTSUP)
             atomic_fetch_add(adjust ? &r->st_adj_declined : &r->st_declined,
                              1);

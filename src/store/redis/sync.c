@@ -141,7 +141,7 @@ static void note_call_err(redis_store_t *r, const node_t *n, const char *why)
     pthread_mutex_unlock(&r->err_lock);
 }
 
-/* The node of this thread's last error reply (call_node), for
+/* The node of this thread's last reply (call_node), for
  * rate__rsync_replied: nodes live as long as their store. */
 static _Thread_local const node_t *replied_by;
 
@@ -823,10 +823,11 @@ static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
                                            memory_order_relaxed);
     int rc = conn_call(r, dl, n, &n->conns[i % n->nconns], asking, argc,
                        argv, lens, out);
-    if (rc == RATE_OK && *out != NULL && (*out)->type == REDIS_REPLY_ERROR)
+    if (rc == RATE_OK)
         replied_by = n;
-    else if (rc == RATE_OK &&
-             atomic_load_explicit(&r->err_call, memory_order_relaxed)) {
+    if (rc == RATE_OK &&
+        (*out == NULL || (*out)->type != REDIS_REPLY_ERROR) &&
+        atomic_load_explicit(&r->err_call, memory_order_relaxed)) {
         /* a call's failure is forgotten at the next reply that is none */
         pthread_mutex_lock(&r->err_lock);
         if (atomic_load(&r->err_call))
