@@ -202,11 +202,16 @@ RATE_API int rate_store_redis_new(const char *url,
 RATE_API int rate_store_redis_drop(rate_store_t *store);
 
 /* Tells why the store's last attempt to connect failed, with the server's
- * message.  An asynchronous Redis store (rate_store_redis_async_new) says
- * the same of its own connections (a connect refused, AUTH or SELECT
- * refused, a node that did not reply within the command timeout), each
- * with the node's address, and of an error reply to a call ("HOST:PORT:
- * replied: NOPERM ...", "... OOM ..."), until a later reply succeeds.
+ * message, or why a call failed since: an error reply that made it a
+ * store error ("HOST:PORT: replied: NOPERM ...", "... OOM ...",
+ * "... CLUSTERDOWN ...") or RATE_ECORRUPT ("... WRONGTYPE ...": a key of
+ * the store's name that is no hash), or a connection that failed under
+ * it ("HOST:PORT: no reply within the command timeout (N ms)",
+ * "HOST:PORT: connection lost: ..."), kept until a later reply succeeds.
+ * An asynchronous Redis store (rate_store_redis_async_new) says the same
+ * of its own connections (a connect refused, AUTH or SELECT refused, a
+ * node that did not reply within the command timeout) and of error
+ * replies that became store errors, each with the node's address.
  *
  * Returns: RATE_OK with the text copied into buf (cap bytes, cap > 0,
  * NUL-terminated, cut to fit): "" when none failed since one succeeded.

@@ -619,6 +619,22 @@ elif command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
             --algorithm gcra --rate 1/h --burst 2 | head -1)
       if [ "$got" = "decision $want" ]; then ok; else bad "check via Redis: $got"; fi
     done
+    # Why a check failed: a key of another type, a hash of damaged bytes
+    # (each named, and left as it is), a full Redis (the server's words).
+    r6() { redis-cli -p "$rport" -n 6 "$@" >/dev/null; }
+    c6() { echo check --store "redis://127.0.0.1:$rport/6" --key "$1" --algorithm gcra --rate 1/h --burst 2; }
+    r6 lpush "ratelimit:{u}" x
+    # shellcheck disable=SC2046
+    expect_error '' "check: key 'u': the Redis key of its state is not a hash but another type (127.0.0.1:$rport: replied: WRONGTYPE" $(c6 u)
+    r6 del "ratelimit:{u}"; r6 hset "ratelimit:{u}" v 1 s garbage
+    # shellcheck disable=SC2046
+    expect_error '' "check: key 'u': its state in Redis is a hash whose bytes are not a valid state for this library" $(c6 u)
+    if [ "$(redis-cli -p "$rport" -n 6 hget "ratelimit:{u}" s)" = garbage ]; then ok
+    else bad "a damaged state was written over"; fi
+    r6 config set maxmemory-policy noeviction; r6 config set maxmemory 1
+    # shellcheck disable=SC2046
+    expect_error '' "check: store unavailable: 127.0.0.1:$rport: replied: OOM command not allowed" $(c6 v)
+    r6 config set maxmemory 0; r6 flushdb
     # Stopped by a signal, killed, or Redis stalled: the run's keys do not
     # stay behind, and one line of error says what happened.
     rkeys() { redis-cli -p "$rport" -n 3 dbsize; }
@@ -694,7 +710,7 @@ elif command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
     kill -STOP "$rpid"; sleep 3; kill -CONT "$rpid"
     wait "$rp"; rc=$?
     if [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] &&
-       grep -q "^ratelimit: replay: line [0-9]*: store did not answer in time; the run's Redis keys" "$T/err" &&
+       grep -q "^ratelimit: replay: line [0-9]*: store did not answer in time: 127.0.0.1:$rport: no reply within the command timeout (1000 ms); the run's Redis keys" "$T/err" &&
        wait_keys 0; then ok
     else bad "replay during a Redis stall: rc=$rc, $(rkeys) keys left, $(cat "$T/err")"; fi
     # A stall shorter than --store-timeout: the run rides it out, every

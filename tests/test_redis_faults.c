@@ -8,7 +8,7 @@
  * - a key holding '}' gets a hash tag of its own (escaped), and a key
  *   without one keeps its name;
  * - an ACL user without EVALSHA or without the keys is told so, with the
- *   server's NOPERM, at creation;
+ *   server's NOPERM, at creation; one without SCRIPT LOAD decides by EVAL;
  * - a call's deadline holds when another caller hands it the reading (a
  *   fake server that answers one command late and the next never);
  * - redirections bounded (a fake cluster that redirects for ever);
@@ -210,6 +210,56 @@ static void acl_refusals_are_told(void **state)
     rate_limiter_free(lim);
     drop_store(s);
     freeReplyObject(cmd(c, "ACL DELUSER noeval nokeys fine"));
+    redisFree(c);
+}
+
+/* A user who may not SCRIPT LOAD (managed Redis often refuses it), nor
+ * FUNCTION LOAD: created, and decides as any other, by FCALL where it may
+ * load Functions, else EVALSHA of what another user loaded, else EVAL of
+ * the script's text (which caches it); the lean scripts and the general
+ * one alike, from a server without any script or function. */
+static void a_user_without_script_load_decides(void **state)
+{
+    (void)state;
+    redisContext *c = raw();
+    freeReplyObject(cmd(c, "ACL SETUSER noload on >pw ~* +@all -script|load"));
+    freeReplyObject(cmd(c, "ACL SETUSER noscript on >pw ~* +@all -script"));
+    freeReplyObject(cmd(c, "ACL SETUSER noboth on >pw ~* +@all -script "
+                           "-function"));
+    static const char *const users[] = {"noload", "noscript", "noboth"};
+    for (size_t i = 0; i < 3; i++)
+        for (int general = 0; general < 2; general++) {
+            char u[128], err[512] = "";
+            rate_store_t *s = NULL;
+            rate_redis_options_t o = {.prefix = "nl:"};
+            o.general_script = general;
+            freeReplyObject(cmd(c, "SCRIPT FLUSH"));
+            freeReplyObject(cmd(c, "FUNCTION FLUSH"));
+            freeReplyObject(cmd(c, "CONFIG RESETSTAT"));
+            snprintf(u, sizeof u, "redis://%s:pw@127.0.0.1:%d", users[i],
+                     port);
+            if (rate_store_redis_new(u, &o, &s, err, sizeof err) != RATE_OK)
+                fail_msg("user %s: %s", users[i], err);
+            rate_limiter_t *lim = limiter_of("fixed-window 3/s", s);
+            for (int k = 0; k < 4; k++) {
+                rate_decision_t d = at(lim, "k", SEC, 1, 0);
+                uint64_t left = k < 3 ? 2u - (unsigned)k : 0u;
+                if (d.allowed != (k < 3) || d.remaining != left)
+                    fail_msg("user %s%s, call %d: allowed %d, remaining %llu "
+                             "(reason %d)", users[i],
+                             general ? " (general)" : "", k, d.allowed,
+                             (unsigned long long)d.remaining, d.reason);
+            }
+            redisReply *st = cmd(c, "INFO commandstats");
+            bool eval = strstr(st->str, "cmdstat_eval:") != NULL;
+            freeReplyObject(st);
+            if ((i == 2 || general) && !eval)
+                fail_msg("user %s%s: no EVAL", users[i],
+                         general ? " (general)" : "");
+            rate_limiter_free(lim);
+            drop_store(s);
+        }
+    freeReplyObject(cmd(c, "ACL DELUSER noload noscript noboth"));
     redisFree(c);
 }
 
@@ -657,8 +707,8 @@ static void cluster_down_is_told(void **state)
     assert_int_equal(d.error, RATE_ESTORE);
     assert_int_equal(rate_store_redis_last_error(rs, last, sizeof last),
                      RATE_OK);
-    snprintf(want, sizeof want, "127.0.0.1:%d: CLUSTERDOWN The cluster is "
-             "down", f.port);
+    snprintf(want, sizeof want, "127.0.0.1:%d: replied: CLUSTERDOWN The "
+             "cluster is down", f.port);
     if (strcmp(last, want) != 0)
         fail_msg("last_error '%s', want '%s'", last, want);
     rate_limiter_free(lim);
@@ -1117,12 +1167,117 @@ static void lazy_connect_under_many_callers(void **state)
     drop_store(rs);
 }
 
+/* rate_store_redis_last_error of the store s, checked to hold `want`
+ * ("" : to be empty). */
+static void last_error_is(rate_store_t *s, const char *want, const char *when)
+{
+    char last[512];
+    assert_int_equal(rate_store_redis_last_error(s, last, sizeof last),
+                     RATE_OK);
+    if (want[0] == '\0' ? last[0] != '\0' : strstr(last, want) == NULL)
+        fail_msg("%s: last error '%s', not '%s'", when, last, want);
+}
+
+/* An error reply that becomes a store error says why, with the server's
+ * address, until a later call succeeds: NOPERM of an ACL that stopped
+ * covering the store's keys after it connected, OOM of a full Redis under
+ * noeviction, and a key of another type (RATE_ECORRUPT). */
+static void error_replies_say_why(void **state)
+{
+    (void)state;
+    redisContext *c = raw();
+    freeReplyObject(cmd(c, "ACL SETUSER later on >pw ~* +@all"));
+    char u[128], err[512] = "", where[64];
+    rate_store_t *s = NULL;
+    rate_redis_options_t o = {.prefix = "er:"};
+    snprintf(u, sizeof u, "redis://later:pw@127.0.0.1:%d", port);
+    if (rate_store_redis_new(u, &o, &s, err, sizeof err) != RATE_OK)
+        fail_msg("%s", err);
+    snprintf(where, sizeof where, "127.0.0.1:%d: replied: ", port);
+    rate_limiter_t *lim = limiter_of("fixed-window 1000/s", s);
+    assert_true(wait_answer(lim, "k").allowed);
+    last_error_is(s, "", "at first");
+
+    freeReplyObject(cmd(c, "ACL SETUSER later resetkeys ~other:*"));
+    rate_decision_t d;
+    assert_int_equal(rate_limiter_check(lim, "k", 1, 1, 0, &d), RATE_OK);
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    last_error_is(s, where, "NOPERM");
+    last_error_is(s, "NOPERM", "NOPERM");
+    freeReplyObject(cmd(c, "ACL SETUSER later resetkeys ~*"));
+    assert_true(wait_answer(lim, "k").allowed);
+    last_error_is(s, "", "the keys granted");
+
+    freeReplyObject(cmd(c, "CONFIG SET maxmemory-policy noeviction"));
+    freeReplyObject(cmd(c, "CONFIG SET maxmemory 1"));
+    assert_int_equal(rate_limiter_check(lim, "new", 3, 1, 0, &d), RATE_OK);
+    freeReplyObject(cmd(c, "CONFIG SET maxmemory 0"));
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    last_error_is(s, where, "OOM");
+    last_error_is(s, "OOM", "OOM");
+    assert_true(wait_answer(lim, "new").allowed);
+    last_error_is(s, "", "memory given back");
+
+    /* A key of the state's name that is no hash: named, left as it is. */
+    freeReplyObject(cmd(c, "LPUSH er:{w} x"));
+    assert_int_equal(rate_limiter_check(lim, "w", 1, 1, 0, &d), RATE_OK);
+    assert_int_equal(d.error, RATE_ECORRUPT);
+    last_error_is(s, "WRONGTYPE: 'er:{w}' is not a hash", "WRONGTYPE");
+    assert_true(wait_answer(lim, "k").allowed);
+    last_error_is(s, "", "another key");
+    freeReplyObject(cmd(c, "DEL er:{w}"));
+    rate_limiter_free(lim);
+    drop_store(s);
+    freeReplyObject(cmd(c, "ACL DELUSER later"));
+    redisFree(c);
+}
+
+/* A call that fails on a connection that was open says why: Redis that
+ * does not answer in time (CLIENT PAUSE), a connection the server closed
+ * (CLIENT KILL); forgotten at the next call that succeeds. */
+static void a_lost_connection_says_why(void **state)
+{
+    (void)state;
+    redisContext *c = raw();
+    rate_redis_options_t o = {.prefix = "lost:", .pool_size = 1};
+    o.command_timeout_ns = 200 * MS;
+    o.no_breaker = true;
+    rate_store_t *s = NULL;
+    char err[512] = "", want[96];
+    if (rate_store_redis_new(url, &o, &s, err, sizeof err) != RATE_OK)
+        fail_msg("%s", err);
+    rate_limiter_t *lim = limiter_of("fixed-window 1000/s", s);
+    assert_true(wait_answer(lim, "k").allowed);
+
+    freeReplyObject(cmd(c, "CLIENT PAUSE 600 ALL"));
+    rate_decision_t d;
+    assert_int_equal(rate_limiter_check(lim, "k", 1, 1, 0, &d), RATE_OK);
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    snprintf(want, sizeof want, "127.0.0.1:%d: no reply within the command "
+             "timeout (200 ms)", port);
+    last_error_is(s, want, "paused");
+    assert_true(wait_answer(lim, "k").allowed);
+    last_error_is(s, "", "unpaused");
+
+    freeReplyObject(cmd(c, "CLIENT KILL TYPE normal SKIPME yes"));
+    assert_int_equal(rate_limiter_check(lim, "k", 1, 1, 0, &d), RATE_OK);
+    assert_int_equal(d.reason, RATE_REASON_STORE_ERROR);
+    snprintf(want, sizeof want, "127.0.0.1:%d: connection lost: ", port);
+    last_error_is(s, want, "killed");
+    assert_true(wait_answer(lim, "k").allowed);
+    last_error_is(s, "", "connected again");
+    rate_limiter_free(lim);
+    drop_store(s);
+    redisFree(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(drop_deletes_its_own_names_only),
         cmocka_unit_test(every_key_its_own_tag),
         cmocka_unit_test(acl_refusals_are_told),
+        cmocka_unit_test(a_user_without_script_load_decides),
         cmocka_unit_test(a_deadline_survives_a_handover),
         cmocka_unit_test(a_decision_has_one_deadline),
         cmocka_unit_test(a_later_command_with_an_earlier_deadline),
@@ -1134,6 +1289,8 @@ int main(void)
         cmocka_unit_test(stopped_redis_without_breaker),
         cmocka_unit_test(lazy_connect_rides_out_redis_down),
         cmocka_unit_test(lazy_connect_under_many_callers),
+        cmocka_unit_test(error_replies_say_why),
+        cmocka_unit_test(a_lost_connection_says_why),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -175,7 +175,8 @@ int cmd_check(int argc, char **argv)
         rc = d.error;
     int status;
     if (rc != RATE_OK) {
-        status = cli_fail("check: %s", cli_store_error(&cl, rc, strlen(key)));
+        status = cli_fail("check: %s",
+                          cli_store_error(&cl, rc, key, strlen(key)));
     } else {
         printf("decision %s\n", d.allowed ? "allow" : "deny");
         printf("reason %s\n", rate_reason_name(d.reason));

@@ -173,11 +173,14 @@ int cli_limiter_open(cli_limiter_t *cl, const policy_opts_t *o,
 #define CLI_SHM_KEYS 65536u
 #define CLI_SHM_BUDGET ((size_t)256 << 20)
 #define CLI_SHM_KEY_MAX 160u
-/* The reason of a failed decision on a key of key_len bytes, in words
- * that name the store's bound when the store is a shared-memory region
- * (the key's length and the region's key_max), and with the service's
- * message when it is DynamoDB (kept in cl->why). */
-const char *cli_store_error(cli_limiter_t *cl, int rc, size_t key_len);
+/* The reason of a failed decision on key (key_len bytes), in words that
+ * name the store's bound when the store is a shared-memory region (the
+ * key's length and the region's key_max), with the service's message
+ * when it is DynamoDB, and with the store's last error when it is Redis,
+ * RATE_ECORRUPT naming the key and whether its Redis key is of another
+ * type or its bytes are not a state (kept in cl->why). */
+const char *cli_store_error(cli_limiter_t *cl, int rc, const char *key,
+                            size_t key_len);
 /* Parses --max-keys for `cmd` with the store `store_spec` (NULL: the
  * memory store): a whole number from 1 to 2147483647 for a shm:PATH
  * region, to 4294967295 for the memory store.  0 with *out, or 2 after

@@ -854,7 +854,8 @@ int cli_store_timeout(const char *cmd, const char *text,
     return 0;
 }
 
-const char *cli_store_error(cli_limiter_t *cl, int rc, size_t key_len)
+const char *cli_store_error(cli_limiter_t *cl, int rc, const char *key,
+                            size_t key_len)
 {
     rate_shm_info_t info;
 
@@ -871,6 +872,32 @@ const char *cli_store_error(cli_limiter_t *cl, int rc, size_t key_len)
 #endif
     if (cl->store == NULL)
         return rate_strerror(rc);
+#ifdef RATE_WITH_REDIS
+    char last[256] = "";
+    if (rate_store_redis_last_error(cl->store, last, sizeof last) == RATE_OK) {
+        /* A Redis store: the key, and which of the two RATE_ECORRUPT
+         * means (the reply WRONGTYPE is kept as the last error); else
+         * the store's reason after the error's. */
+        int kl = key_len > 64 ? 64 : (int)key_len;
+        if (rc == RATE_ECORRUPT && strstr(last, "WRONGTYPE") != NULL)
+            snprintf(cl->why, sizeof cl->why,
+                     "key '%.*s': the Redis key of its state is not a "
+                     "hash but another type (%.150s); it was left as it is",
+                     kl, key, last);
+        else if (rc == RATE_ECORRUPT)
+            snprintf(cl->why, sizeof cl->why,
+                     "key '%.*s': its state in Redis is a hash whose bytes "
+                     "are not a valid state for this library (damaged, or "
+                     "another program's); delete the key to start again",
+                     kl, key);
+        else if (last[0] != '\0')
+            snprintf(cl->why, sizeof cl->why, "%.60s: %.250s",
+                     rate_strerror(rc), last);
+        else
+            return rate_strerror(rc);
+        return cl->why;
+    }
+#endif
     int irc = rate_store_shm_info(cl->store, &info);
     if (rc == RATE_ECORRUPT && irc != RATE_EINVAL) {
         /* A damaged region: what its check finds, if anything (else the

@@ -463,7 +463,7 @@ int cmd_replay(int argc, char **argv)
         if (rc != RATE_OK) {
             snprintf(failure, sizeof failure, "replay: line %llu: %s",
                      (unsigned long long)rd.lineno,
-                     cli_store_error(&cl, rc, r.key_len));
+                     cli_store_error(&cl, rc, r.key, r.key_len));
             status = 2;
             break;
         }

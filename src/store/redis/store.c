@@ -164,6 +164,18 @@ static int parse_url(redis_store_t *r, const char *url, char *err,
     return RATE_OK;
 }
 
+/* rate__redis_reply_ok, and an error reply that becomes a store error
+ * (NOPERM of an ACL, OOM of a full Redis) or RATE_ECORRUPT (WRONGTYPE: a
+ * key of another type) kept as the store's last error. */
+static int reply_ok(redis_store_t *r, int rc, const redisReply *rep)
+{
+    rc = rate__redis_reply_ok(rc, rep);
+    if ((rc == RATE_ESTORE || rc == RATE_ECORRUPT) && rep != NULL &&
+        rep->type == REDIS_REPLY_ERROR)
+        rate__rsync_replied(r, rep->str != NULL ? rep->str : "");
+    return rc;
+}
+
 static int r_load(void *self, const rate_key_t *key, void *buf, size_t cap,
                   size_t *len, uint64_t *version)
 {
@@ -178,7 +190,7 @@ static int r_load(void *self, const rate_key_t *key, void *buf, size_t cap,
     redisReply *rep = NULL;
     rc = rate__rsync_call(r, deadline_of(r), c.k, c.kl, c.argc, c.av, c.al,
                           &rep);
-    rc = rate__redis_reply_ok(rc, rep);
+    rc = reply_ok(r, rc, rep);
     if (rc == RATE_OK) {
         const char *st;
         if ((rc = rate__redis_load_parse(rep, &st, len, version)) == RATE_OK &&
@@ -214,7 +226,7 @@ static int r_cas(void *self, const rate_key_t *key, uint64_t version,
         rep = NULL;
         rc = rate__rsync_call(r, dl, c.k, c.kl, c.argc, c.av, c.al, &rep);
     }
-    rc = rate__redis_reply_ok(rc, rep);
+    rc = reply_ok(r, rc, rep);
     if (rc == RATE_OK)
         rc = rate__redis_cas_parse(rep);
     freeReplyObject(rep);
@@ -229,7 +241,7 @@ static int redis_now(redis_store_t *r, uint64_t *out)
     redisReply *rep = NULL;
     int rc = rate__rsync_call(r, deadline_of(r), NULL, 0, 1,
                               (const char *[]){"TIME"}, (size_t[]){4}, &rep);
-    rc = rate__redis_reply_ok(rc, rep);
+    rc = reply_ok(r, rc, rep);
     if (rc == RATE_OK)
         rc = rate__redis_time_parse(rep, out);
     freeReplyObject(rep);
@@ -316,10 +328,19 @@ static int r_decide(void *self, const rate_key_t *key,
         rc = rate__rsync_call(r, dl, c.k, c.kl, c.argc, c.av, c.al, &rep);
     }
     if (!ints)
-        rc = rate__redis_reply_ok(rc, rep);
+        rc = reply_ok(r, rc, rep);
     if (rc == RATE_OK) {
         rc = ints ? rate__redis_decide_ints(iv.v, iv.n, d)
                   : rate__redis_decide_parse(rep, d);
+        if (rc == RATE_ECORRUPT &&
+            (ints ? iv.n > 0 && iv.v[0] == 2
+                  : rep->elements > 0 && rep->element[0]->integer == 2)) {
+            /* the script found a key of another type (tag 2) */
+            char e[200];
+            snprintf(e, sizeof e, "WRONGTYPE: '%.*s' is not a hash",
+                     (int)(c.kl > 120 ? 120 : c.kl), c.k);
+            rate__rsync_replied(r, e);
+        }
         if (rc == RATE_ENOTSUP)
             atomic_fetch_add(adjust ? &r->st_adj_declined : &r->st_declined,
                              1);
@@ -349,7 +370,7 @@ static int r_remove(void *self, const rate_key_t *key)
     rc = rate__rsync_call(r, deadline_of(r), k, kl, 2,
                           (const char *[]){"UNLINK", k},
                (size_t[]){6, kl}, &rep);
-    rc = rate__redis_reply_ok(rc, rep);
+    rc = reply_ok(r, rc, rep);
     if (rc == RATE_OK && rep->type != REDIS_REPLY_INTEGER)
         rc = RATE_ECORRUPT;
     freeReplyObject(rep);
@@ -442,7 +463,7 @@ static int module_decide(redis_store_t *r, const rate_key_t *key,
          * anything else the module itself never answers to the store's
          * requests: the scripts decide, and report what they meet. */
         rc = MODULE_GONE;
-    } else if ((rc = rate__redis_reply_ok(rc, rep)) == RATE_OK) {
+    } else if ((rc = reply_ok(r, rc, rep)) == RATE_OK) {
         rc = rate__redis_decide_parse(rep, d);
     }
     freeReplyObject(rep);
@@ -537,7 +558,7 @@ static int r_lease(void *self, const rate_key_t *key, rate_lease_req_t *q)
         module = false;
         rc = lease_call(r, false, key, q, dl, &rep);
     }
-    rc = rate__redis_reply_ok(rc, rep);
+    rc = reply_ok(r, rc, rep);
     if (rc == RATE_OK)
         rc = rate__redis_lease_parse(rep, q);
     if (rc == RATE_OK || rc == RATE_ELEASE || rc == RATE_EEXPIRED)
@@ -597,7 +618,7 @@ static int r_fair(void *self, const rate_key_t *key,
         rc = fair_call(r, false, key, q, f, dl, &rep);
     }
     if (rc == RATE_OK)
-        rc = rate__redis_reply_ok(rc, rep);
+        rc = reply_ok(r, rc, rep);
     if (rc == RATE_OK)
         rc = rate__redis_fair_parse(rep, d, f);
     if (rc == RATE_OK)
@@ -799,7 +820,7 @@ static int scan_prefix(redis_store_t *r,
                            (const char *[]){"SCAN", cursor, "MATCH", pattern,
                                             "COUNT", "1000"},
                            (size_t[]){4, strlen(cursor), 5, pl, 5, 4}, &rep);
-            rc = rate__redis_reply_ok(rc, rep);
+            rc = reply_ok(r, rc, rep);
             if (rc == RATE_OK && (rep->type != REDIS_REPLY_ARRAY ||
                                   rep->elements != 2 ||
                                   rep->element[0]->type != REDIS_REPLY_STRING ||
@@ -883,7 +904,7 @@ static int keys_command(redis_store_t *r, size_t head, const char **hv,
         redisReply *rep = NULL;
         rc = rate__rsync_call(r, deadline_of(r), keys[at], lens[at], (int)n, av, al,
                    &rep);
-        rc = rate__redis_reply_ok(rc, rep);
+        rc = reply_ok(r, rc, rep);
         if (rc == RATE_OK && rep->type != REDIS_REPLY_INTEGER)
             rc = RATE_ECORRUPT;
         freeReplyObject(rep);

@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sha1.h"
 #include "sync.h"
 
 #define RECHECK_NS (10 * UINT64_C(1000000)) /* a reader's deadline looked at */
@@ -120,7 +121,59 @@ void rate__rsync_set_err(redis_store_t *r, const char *msg)
 {
     pthread_mutex_lock(&r->err_lock);
     snprintf(r->last_err, sizeof r->last_err, "%s", msg);
+    atomic_store(&r->err_call, false);
     pthread_mutex_unlock(&r->err_lock);
+}
+
+/* A call's failure on node n ("HOST:PORT: WHY"), kept until a later
+ * reply is no error (call_node). */
+static void note_call_err(redis_store_t *r, const node_t *n, const char *why)
+{
+    pthread_mutex_lock(&r->err_lock);
+    /* cut to fit last_err: the host, then the server's text */
+    if (n == NULL)
+        snprintf(r->last_err, sizeof r->last_err, "%s", why);
+    else if (n->port == 0)
+        snprintf(r->last_err, sizeof r->last_err, "%.64s: %.180s", n->host,
+                 why);
+    else
+        snprintf(r->last_err, sizeof r->last_err, "%.64s:%d: %.180s",
+                 n->host, n->port, why);
+    atomic_store(&r->err_call, true);
+    pthread_mutex_unlock(&r->err_lock);
+}
+
+/* The node of this thread's last reply (call_node), for
+ * rate__rsync_replied: nodes live as long as their store. */
+static _Thread_local const node_t *replied_by;
+
+static unsigned node_index(redis_store_t *r, const node_t *n);
+
+void rate__rsync_replied(redis_store_t *r, const char *text)
+{
+    const node_t *n = replied_by;
+    char why[192];
+    if (n != NULL && node_index(r, n) == RATE__REDIS_MAX_NODES)
+        n = NULL; /* another store's */
+    snprintf(why, sizeof why, "replied: %.170s", text);
+    note_call_err(r, n, why);
+}
+
+/* Why a connection failed under calls (conn_break), for the last error. */
+static void note_broken(redis_store_t *r, const node_t *n, int rc,
+                        const redisContext *ctx)
+{
+    char why[192];
+    if (rc == RATE_ETIMEDOUT)
+        snprintf(why, sizeof why,
+                 "no reply within the command timeout (%llu ms)",
+                 (unsigned long long)((r->command_ns + 500000) / 1000000));
+    else
+        snprintf(why, sizeof why, "connection lost: %.150s",
+                 ctx != NULL && ctx->err ? ctx->errstr
+                 : errno != 0            ? strerror(errno)
+                                         : "the socket failed");
+    note_call_err(r, n, why);
 }
 
 
@@ -189,11 +242,10 @@ static void timeout_reason(char *err, size_t errlen, uint64_t budget_ns)
 /* Connects to host:port (port 0: a unix socket), authenticates, asks for
  * the slot map when slots != NULL (*slots: the reply, or NULL for a server
  * that is no cluster), selects the database (no cluster), loads the
- * scripts, and checks that the user may run what the store needs; all of
- * it by `deadline`, the TCP connection within the connect timeout too.
- * The scripts' SHA1 digests are recorded by the first connection (under
- * topo_lock, before the store is ready); later ones load the same
- * scripts, while callers read the digests. */
+ * scripts (unless SCRIPT LOAD is refused: EVAL after NOSCRIPT), and
+ * checks that the user may run what the store needs; all of it by
+ * `deadline`, the TCP connection within the connect timeout too.  The
+ * scripts' names are known before (protocol.c, script_names). */
 static int open_conn(redis_store_t *r, const char *host, int port,
                      uint64_t deadline, redisReply **slots,
                      redisContext **out, char *err, size_t errlen)
@@ -267,24 +319,31 @@ static int open_conn(redis_store_t *r, const char *host, int port,
                        rep_text(c, rep));
         freeReplyObject(rep);
     }
-    char probe_sha[41] = "";
+    char probe_sha[41];
     const char *src;
     size_t len;
+    rate__redis_script(RATE__REDIS_PROBE_SCRIPT, &src, &len);
+    rate__sha1_hex(src, len, probe_sha);
     for (unsigned i = 0; rc == RATE_OK && rate__redis_script(i, &src, &len);
          i++) {
         rc = hs_command(c, deadline, 3,
                         (const char *[]){"SCRIPT", "LOAD", src},
                         (size_t[]){6, 4, len}, &rep);
-        if (rc == RATE_OK && rep->type == REDIS_REPLY_STRING && rep->len == 40) {
-            /* The store's scripts were named at creation (script_names),
-             * as Redis names them: loaded, they run under those names. */
-            if (i == RATE__REDIS_PROBE_SCRIPT)
-                memcpy(probe_sha, rep->str, 41);
-        } else {
+        if (rc == RATE_ESTORE && rep != NULL) {
+            /* Refused (an ACL without SCRIPT LOAD, a managed Redis that
+             * renamed it): a call's NOSCRIPT sends the script with EVAL,
+             * which caches it, as on a node that lost its scripts. */
+            rc = RATE_OK;
+            freeReplyObject(rep);
+            rep = NULL;
+            break;
+        }
+        /* The store's scripts were named at creation (script_names), as
+         * Redis names them: loaded, they run under those names. */
+        if (rc != RATE_OK || rep->type != REDIS_REPLY_STRING || rep->len != 40)
             rc = rate__fail(err, errlen, rc ? rc : RATE_ESTORE,
                             "%s: SCRIPT LOAD failed: %s", where,
                             rep_text(c, rep));
-        }
         freeReplyObject(rep);
         rep = NULL;
     }
@@ -573,6 +632,8 @@ static void write_queued(redis_store_t *r, node_t *n, conn_t *c)
         pthread_mutex_unlock(&c->lock);
         int rc = send_all(fd, buf, len, deadline);
         pthread_mutex_lock(&c->lock);
+        if (rc != RATE_OK && !c->broken)
+            note_broken(r, n, rc, NULL);
         if (rc != RATE_OK)
             conn_break(c, rc);
     }
@@ -657,6 +718,7 @@ static void read_replies(redis_store_t *r, node_t *n, conn_t *c, mreq_t *me)
             break;
         }
         if (rc != RATE_OK) {
+            note_broken(r, n, rc, ctx);
             conn_break(c, rc);
             break;
         }
@@ -812,6 +874,18 @@ static int call_node(redis_store_t *r, uint64_t dl, node_t *n, bool asking,
                                            memory_order_relaxed);
     int rc = conn_call(r, dl, n, &n->conns[i % n->nconns], asking, argc,
                        argv, lens, ints, out);
+    if (rc == RATE_OK)
+        replied_by = n;
+    if (rc == RATE_OK &&
+        (*out == NULL || (*out)->type != REDIS_REPLY_ERROR) &&
+        atomic_load_explicit(&r->err_call, memory_order_relaxed)) {
+        /* a call's failure is forgotten at the next reply that is none */
+        pthread_mutex_lock(&r->err_lock);
+        if (atomic_load(&r->err_call))
+            r->last_err[0] = '\0';
+        atomic_store(&r->err_call, false);
+        pthread_mutex_unlock(&r->err_lock);
+    }
     rate__outcome_t o = rc == RATE_OK       ? RATE__OUTCOME_OK
                         : rc == RATE_ENOMEM ? RATE__OUTCOME_NEUTRAL
                                             : RATE__OUTCOME_FAIL;
@@ -1127,11 +1201,8 @@ int rate__rsync_call_ints(redis_store_t *r, uint64_t dl, const char *key,
             if (strncmp(rep->str, "CLUSTERDOWN", 11) == 0) {
                 /* The node refuses until its cluster state is ok again
                  * (a new cluster's masters: about the node timeout after
-                 * creation): a store error, which last_error explains. */
-                char e[240];
-                snprintf(e, sizeof e, "%.100s:%d: %.120s", n->host, n->port,
-                         rep->str);
-                rate__rsync_set_err(r, e);
+                 * creation): a store error, which last_error explains
+                 * (store.c, reply_ok). */
                 refresh_map(r, dl, false);
             }
             return RATE_OK;

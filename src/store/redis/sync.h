@@ -52,8 +52,11 @@ typedef struct redis_store {
     _Atomic uint8_t slot_node[RC_SLOTS]; /* node index + 1; 0: none known */
 
     pthread_mutex_t err_lock;
-    char last_err[256]; /* the last connection's failure; "" since one
-                           succeeded */
+    char last_err[256]; /* the last connection's failure, or a call's;
+                           "" since one succeeded */
+    atomic_bool err_call; /* last_err is a call's (an error reply, a
+                             connection lost under it): "" at the next
+                             reply that is no error */
     atomic_uint_fast64_t st_lean, st_general, st_declined;
     atomic_uint_fast64_t st_lean_adj, st_adj_declined; /* refunds, penalties */
     atomic_uint_fast64_t st_opened, st_rejected, st_redirects, st_refreshes,
@@ -125,6 +128,10 @@ bool rate__rsync_topology(redis_store_t *r, rc_addr_t *nodes, unsigned cap,
 
 /* rate_store_redis_last_error's text. */
 void rate__rsync_set_err(redis_store_t *r, const char *msg);
+/* An error reply that the store made a store error ("HOST:PORT: replied:
+ * TEXT", the node of this thread's last error reply), kept until a later
+ * reply is no error. */
+void rate__rsync_replied(redis_store_t *r, const char *text);
 void rate__rsync_last_error(redis_store_t *r, char *buf, size_t cap);
 
 #endif
