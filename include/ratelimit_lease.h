@@ -59,8 +59,8 @@ typedef struct rate_inflight_policy rate_inflight_policy_t;
  * RATE_LEASE_MAX, the TTL from 1 ms to 2^61 ns, the reserve below N.
  * Returns: RATE_OK, *out.  Errors: RATE_EINVAL for a NULL out;
  * RATE_EPOLICY for NULL text, no concurrency clause or two, a bad count,
- * TTL, reserve or option, or a bad rate clause (rate_policy_parse's
- * message), with, if err is not NULL, a one-line reason naming the bad
+ * TTL, reserve or option, a bad rate clause (rate_policy_parse's
+ * message) or 'unlimited' (which stands alone), with, if err is not NULL, a one-line reason naming the bad
  * part (at most errlen bytes with the NUL); RATE_ENOMEM.  *out is NULL
  * on an error.  Ownership: the text is only read; the caller frees *out
  * (rate_inflight_policy_free).  Thread-safe: yes. */

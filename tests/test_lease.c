@@ -149,6 +149,9 @@ static void test_policy_errors(void **state)
          "policy name 'aaaaaaaaaaaaaaaa...' is longer than 64 bytes"},
         {"name=api concurrency 2", "missing ttl=DURATION"},
         {"name=concurrency-api token-bucket 5/s", "no concurrency clause"},
+        /* 'unlimited' stands alone, as rate_policy_parse says of a limit */
+        {"concurrency 2 ttl=1s; unlimited", "'unlimited' stands alone"},
+        {"unlimited; concurrency 2 ttl=1s", "'unlimited' stands alone"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rate_inflight_policy_t *p = (void *)1;

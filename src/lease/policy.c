@@ -221,6 +221,11 @@ int rate_inflight_policy_parse(const char *text, rate_inflight_policy_t **out,
     rc = split(text, p, rate, err, errlen);
     if (rc == RATE_OK && rate[0] != '\0')
         rc = rate_policy_parse(rate, &p->rate, err, errlen);
+    if (rc == RATE_OK && rate_policy_is_unlimited(p->rate))
+        rc = rate__fail(err, errlen, RATE_EPOLICY,
+                        "'unlimited' stands alone; a policy with a "
+                        "concurrency clause is limited by it (drop "
+                        "'unlimited')");
     free(rate);
     if (rc != RATE_OK) {
         rate_inflight_policy_free(p);
