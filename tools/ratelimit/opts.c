@@ -859,6 +859,8 @@ const char *cli_store_error(cli_limiter_t *cl, int rc, const char *key,
 {
     rate_shm_info_t info;
 
+    (void)key; /* named by the Redis store's messages alone */
+    (void)key_len;
 #ifdef RATE_WITH_DYNAMODB
     if (cl->store != NULL && cl->dynamodb) {
         /* The service's own words, after the error's. */
