@@ -809,6 +809,10 @@ int rate_policy_parse(const char *text, rate_policy_t **out, char *err,
             return fail(err, errlen, "name=%.*s names no limit; a policy "
                         "needs at least one limit (or 'unlimited')",
                         (int)name_len, name);
+        const char *next = s + strspn(s, " \t");
+        if (strncmp(next, "name=", 5) == 0)
+            return fail(err, errlen, "name= given twice; a policy has one "
+                        "name, before its first limit");
     }
     for (;;) {
         const char *end = strchr(s, ';');

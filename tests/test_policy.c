@@ -316,6 +316,7 @@ static void unlimited_policy(void **state)
         {"unlimited; token-bucket 1/s", "limit 2: 'unlimited' stands alone"},
         {"token-bucket 1/s; unlimited", "limit 2: 'unlimited' stands alone"},
         {"unlimited; unlimited", "stands alone"},
+        {"name=a name=b token-bucket 1/s", "name= given twice"},
         {"unlimited;", "limit 2 is empty"},
         {"Unlimited", "unknown algorithm 'Unlimited'"},
     };
