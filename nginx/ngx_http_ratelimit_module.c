@@ -325,11 +325,12 @@ static char *ngx_http_ratelimit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
             arg.data += 8;
             arg.len -= 8;
             shm_only = &value[i];
+            /* from 4: a policy record's key in the zone takes 4 bytes */
             if (ngx_http_ratelimit_parse_uint(&arg, &key_max) != NGX_OK ||
-                key_max > RATE_KEY_MAX) {
+                key_max < 4 || key_max > RATE_KEY_MAX) {
                 ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                    "ratelimit_zone \"%V\": \"%V\": key_max= "
-                                   "takes a whole number from 1 to %d",
+                                   "takes a whole number from 4 to %d",
                                    &value[1], &value[i], RATE_KEY_MAX);
                 return NGX_CONF_ERROR;
             }

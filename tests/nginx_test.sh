@@ -267,6 +267,8 @@ bad shmtimeout 'ratelimit_zone r "fixed-window 5/1h" timeout=50ms;' \
 bad store 'ratelimit_zone r "fixed-window 5/1h" store=disk;' 'unknown store "disk"'
 bad policy 'ratelimit_zone r "fixed-window 5/fortnight";' 'ratelimit_zone "r": bad policy'
 bad keys 'ratelimit_zone r "fixed-window 5/1h" keys=0;' 'keys= takes a positive whole number'
+# a key_max below a policy record's 4 bytes: said so, not "the store refuses"
+bad keymax 'ratelimit_zone r "fixed-window 5/1h" key_max=3;' 'key_max= takes a whole number from 4 to 512'
 bad param 'ratelimit_zone r "fixed-window 5/1h" size=10m;' 'unknown parameter "size=10m"'
 bad dup 'ratelimit_zone r "fixed-window 5/1h"; ratelimit_zone r "fixed-window 5/1h";' \
   'duplicate ratelimit_zone "r"'
