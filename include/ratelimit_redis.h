@@ -210,8 +210,9 @@ RATE_API int rate_store_redis_drop(rate_store_t *store);
  * "HOST:PORT: connection lost: ..."), kept until a later reply succeeds.
  * An asynchronous Redis store (rate_store_redis_async_new) says the same
  * of its own connections (a connect refused, AUTH or SELECT refused, a
- * node that did not reply within the command timeout) and of error
- * replies that became store errors, each with the node's address.
+ * node that did not reply within the command timeout), of error
+ * replies that became store errors and of a key that is no hash, each
+ * with the node's address.
  *
  * Returns: RATE_OK with the text copied into buf (cap bytes, cap > 0,
  * NUL-terminated, cut to fit): "" when none failed since one succeeded.

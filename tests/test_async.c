@@ -870,6 +870,18 @@ static void error_replies_say_why(void **state)
     assert_int_equal(rate_store_redis_last_error(as, why, sizeof why),
                      RATE_OK);
     assert_string_equal(why, "");
+    /* A key of another type: the script's answer, not an error reply,
+     * named with the key as the blocking store names it. */
+    freeReplyObject(redisCommand(c, "SET acl:{w} x"));
+    req_t wrong;
+    if (start(l, "w", 1, &wrong) == RATE_PENDING)
+        wait_all(&t);
+    assert_false(wrong.d.allowed);
+    assert_int_equal(rate_store_redis_last_error(as, why, sizeof why),
+                     RATE_OK);
+    if (strstr(why, "WRONGTYPE: 'acl:{w}' is not a hash") == NULL)
+        fail_msg("last error '%s'", why);
+    freeReplyObject(redisCommand(c, "DEL acl:{w}"));
     freeReplyObject(redisCommand(c, "ACL DELUSER keyless"));
     redisFree(c);
     rate_limiter_free(l);

@@ -1179,6 +1179,18 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
                                       : &st->general_decisions))++;
             else if (rc == RATE_ENOTSUP) /* the step makes it */
                 (*(adjust ? &st->declined_adjustments : &st->declined))++;
+            else if (rc == RATE_ECORRUPT && rep->type == REDIS_REPLY_ARRAY &&
+                     rep->elements > 0 &&
+                     rep->element[0]->type == REDIS_REPLY_INTEGER &&
+                     rep->element[0]->integer == 2) {
+                /* the script found a key of another type (tag 2): named
+                 * as the blocking store names it */
+                char e[200];
+                snprintf(e, sizeof e, "WRONGTYPE: '%.*s' is not a hash",
+                         (int)(j->cmd.kl > 120 ? 120 : j->cmd.kl), j->cmd.k);
+                note_err(n, "replied", e);
+                j->s->err_replied = true;
+            }
             break;
         }
         case PH_LOAD:
