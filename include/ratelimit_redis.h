@@ -262,7 +262,13 @@ typedef struct rate_redis_status {
                                   made in one round trip by
                                   RATELIMIT.FAIR */
     uint64_t script_fair;      /* ... by the fair script */
-    uint64_t reserved[4]; /* room for later fields; not read */
+    uint64_t lean_evalsha;     /* of lean_decisions, those sent by EVALSHA
+                                  or EVAL, not FCALL: a server without
+                                  Functions (before Redis 7) or one that
+                                  would not load the library (a user
+                                  without FUNCTION); the same decisions,
+                                  more of Redis's time (docs/redis.md) */
+    uint64_t reserved[3]; /* room for later fields; not read */
 } rate_redis_status_t;
 
 /* Reads the synchronous Redis store's state and counts since its
@@ -414,7 +420,9 @@ typedef struct rate_redis_async_stats {
      * the lease script (issue 32, from reserved words). */
     uint64_t module_leases;
     uint64_t script_leases;
-    uint64_t reserved[1]; /* room for later fields; not read */
+    /* Of lean_decisions, those sent by EVALSHA or EVAL, as
+     * rate_redis_status_t counts them (the last reserved word). */
+    uint64_t lean_evalsha;
 } rate_redis_async_stats_t;
 
 /* Reads what an asynchronous Redis store has seen since its creation

@@ -253,6 +253,7 @@ static void async_scripts_without_the_module(void **state)
         rate_redis_async_stats_t st = astats(as);
         assert_int_equal(st.module_decisions, 0);
         assert_int_equal(st.lean_decisions, cases[p].lean ? 41 : 0);
+        assert_int_equal(st.lean_evalsha, 0); /* every lean one by FCALL */
         assert_int_equal(st.general_decisions, cases[p].lean ? 0 : 41);
         rate_limiter_free(la);
         rate_limiter_free(ls);

@@ -1577,6 +1577,7 @@ static void lean_sliding_log_edges(void **state)
     }
     assert_int_equal(rate_store_redis_status(rs, &s1), RATE_OK);
     assert_int_equal(s1.lean_decisions - s0.lean_decisions, decisions);
+    assert_int_equal(s1.lean_evalsha, s0.lean_evalsha); /* all by FCALL */
     assert_int_equal(s1.lean_adjustments - s0.lean_adjustments, changes);
     assert_int_equal(s1.declined + s1.declined_adjustments,
                      s0.declined + s0.declined_adjustments);

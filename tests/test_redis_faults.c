@@ -256,6 +256,16 @@ static void a_user_without_script_load_decides(void **state)
             if ((i == 2 || general) && !eval)
                 fail_msg("user %s%s: no EVAL", users[i],
                          general ? " (general)" : "");
+            /* the lean scripts' decisions not by FCALL are counted: all of
+             * them for a user without FUNCTION, none for the others */
+            rate_redis_status_t rs;
+            assert_int_equal(rate_store_redis_status(s, &rs), RATE_OK);
+            uint64_t want = !general && i == 2 ? rs.lean_decisions : 0;
+            if (rs.lean_evalsha != want || (!general && rs.lean_decisions == 0))
+                fail_msg("user %s%s: %llu of %llu lean decisions not by "
+                         "FCALL", users[i], general ? " (general)" : "",
+                         (unsigned long long)rs.lean_evalsha,
+                         (unsigned long long)rs.lean_decisions);
             rate_limiter_free(lim);
             drop_store(s);
         }

@@ -1177,6 +1177,9 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
                    : j->module    ? &st->module_decisions
                    : j->cmd.lean >= 0 ? &st->lean_decisions
                                       : &st->general_decisions))++;
+            if (rc == RATE_OK && !adjust && !j->module && j->cmd.lean >= 0 &&
+                !j->fcall)
+                st->lean_evalsha++;
             else if (rc == RATE_ENOTSUP) /* the step makes it */
                 (*(adjust ? &st->declined_adjustments : &st->declined))++;
             else if (rc == RATE_ECORRUPT && rep->type == REDIS_REPLY_ARRAY &&

@@ -349,6 +349,9 @@ static int r_decide(void *self, const rate_key_t *key,
                              : lean >= 0 ? &r->st_lean
                                          : &r->st_general,
                              1);
+        if (rc == RATE_OK && !adjust && lean >= 0 &&
+            !(c.al[0] == 5 && memcmp(c.av[0], "FCALL", 5) == 0))
+            atomic_fetch_add(&r->st_lean_evalsha, 1);
     }
     freeReplyObject(rep);
     rate__redis_cmd_free(&c);
@@ -1007,6 +1010,7 @@ int rate_store_redis_status(rate_store_t *store, rate_redis_status_t *out)
     out->module_decisions = atomic_load(&r->st_module);
     out->module_fallbacks = atomic_load(&r->st_module_fallbacks);
     out->lean_decisions = atomic_load(&r->st_lean);
+    out->lean_evalsha = atomic_load(&r->st_lean_evalsha);
     out->general_decisions = atomic_load(&r->st_general);
     out->declined = atomic_load(&r->st_declined);
     out->lean_adjustments = atomic_load(&r->st_lean_adj);

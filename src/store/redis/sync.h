@@ -58,6 +58,7 @@ typedef struct redis_store {
                              connection lost under it): "" at the next
                              reply that is no error */
     atomic_uint_fast64_t st_lean, st_general, st_declined;
+    atomic_uint_fast64_t st_lean_evalsha; /* of st_lean, not by FCALL */
     atomic_uint_fast64_t st_lean_adj, st_adj_declined; /* refunds, penalties */
     atomic_uint_fast64_t st_opened, st_rejected, st_redirects, st_refreshes,
         st_connect_failures;
