@@ -967,9 +967,44 @@ static void honest_flags(void **state)
     redisFree(c);
 }
 
+/* A key of the state's name that is no hash, met by the module (its {2}
+ * answer): named as the store's last error, with the key, as the scripts'
+ * is, so that the command does not call a list damaged bytes. */
+static void another_type_is_named(void **state)
+{
+    (void)state;
+    redisContext *c = raw_at(port);
+    rate_redis_options_t o = {0};
+    rate_store_t *rs = NULL;
+    char err[256] = "", last[512] = "";
+    o.prefix = "wt:";
+    o.module = RATE_REDIS_MODULE_ON;
+    if (rate_store_redis_new(url, &o, &rs, err, sizeof err) != RATE_OK)
+        fail_msg("redis store: %s", err);
+    rate_limiter_t *l = limiter_of("token-bucket 5/s burst=3", rs);
+    freeReplyObject(redisCommand(c, "RPUSH wt:{w} x"));
+    rate_decision_t d = at(l, "w", SEC, 1, 0);
+    assert_int_equal(d.error, RATE_ECORRUPT);
+    assert_int_equal(rate_store_redis_last_error(rs, last, sizeof last),
+                     RATE_OK);
+    if (strstr(last, "WRONGTYPE: 'wt:{w}' is not a hash") == NULL)
+        fail_msg("last error '%s'", last);
+    redisReply *r = redisCommand(c, "TYPE wt:{w}");
+    assert_string_equal(r->str, "list"); /* left as it is */
+    freeReplyObject(r);
+    rate_redis_status_t st;
+    assert_int_equal(rate_store_redis_status(rs, &st), RATE_OK);
+    assert_true(st.module);
+    freeReplyObject(redisCommand(c, "DEL wt:{w}"));
+    rate_limiter_free(l);
+    rate_store_free(rs);
+    redisFree(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(another_type_is_named),
         cmocka_unit_test(three_ways_same),
         cmocka_unit_test(expiry_never_early),
         cmocka_unit_test(replica_same_state),

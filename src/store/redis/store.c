@@ -287,6 +287,26 @@ static int fcall_again(redis_store_t *r, uint64_t dl, rate__redis_cmd_t *c,
     return rc;
 }
 
+/* A decision answered {2, ...}: the key is no hash (a list, a string,
+ * another program's), found by the script or the module.  Named, with the
+ * key, as the last error, as an error reply is.  iv: the reply read as
+ * integers, else rep. */
+static void note_wrongtype(redis_store_t *r, const rate__redis_cmd_t *c,
+                           const rate__rsync_ints_t *iv, const redisReply *rep)
+{
+    bool two = iv != NULL ? iv->n > 0 && iv->v[0] == 2
+                          : rep != NULL && rep->type == REDIS_REPLY_ARRAY &&
+                                rep->elements > 0 &&
+                                rep->element[0]->type == REDIS_REPLY_INTEGER &&
+                                rep->element[0]->integer == 2;
+    if (!two)
+        return;
+    char e[200];
+    snprintf(e, sizeof e, "WRONGTYPE: '%.*s' is not a hash",
+             (int)(c->kl > 120 ? 120 : c->kl), c->k);
+    rate__rsync_replied(r, e);
+}
+
 /* decide() by the scripts, in one round trip: the lean script's FCALL
  * when the server has the Functions library (loaded on first use), else
  * an EVALSHA.  Returns RATE_ENOTSUP when the script declines (nothing
@@ -332,15 +352,8 @@ static int r_decide(void *self, const rate_key_t *key,
     if (rc == RATE_OK) {
         rc = ints ? rate__redis_decide_ints(iv.v, iv.n, d)
                   : rate__redis_decide_parse(rep, d);
-        if (rc == RATE_ECORRUPT &&
-            (ints ? iv.n > 0 && iv.v[0] == 2
-                  : rep->elements > 0 && rep->element[0]->integer == 2)) {
-            /* the script found a key of another type (tag 2) */
-            char e[200];
-            snprintf(e, sizeof e, "WRONGTYPE: '%.*s' is not a hash",
-                     (int)(c.kl > 120 ? 120 : c.kl), c.k);
-            rate__rsync_replied(r, e);
-        }
+        if (rc == RATE_ECORRUPT)
+            note_wrongtype(r, &c, ints ? &iv : NULL, rep);
         if (rc == RATE_ENOTSUP)
             atomic_fetch_add(adjust ? &r->st_adj_declined : &r->st_declined,
                              1);
@@ -460,14 +473,16 @@ static int module_decide(redis_store_t *r, const rate_key_t *key,
     rc = rate__rsync_call_ints(r, deadline_of(r), c.k, c.kl, c.argc, c.av,
                                c.al, &iv, &rep);
     if (rc == RATE_OK && rep == NULL) {
-        rc = rate__redis_decide_ints(iv.v, iv.n, d);
+        if ((rc = rate__redis_decide_ints(iv.v, iv.n, d)) == RATE_ECORRUPT)
+            note_wrongtype(r, &c, &iv, NULL);
     } else if (rc == RATE_OK && rep->type == REDIS_REPLY_ERROR) {
         /* "unknown command" (unloaded, a server without it), NOPERM, or
          * anything else the module itself never answers to the store's
          * requests: the scripts decide, and report what they meet. */
         rc = MODULE_GONE;
     } else if ((rc = reply_ok(r, rc, rep)) == RATE_OK) {
-        rc = rate__redis_decide_parse(rep, d);
+        if ((rc = rate__redis_decide_parse(rep, d)) == RATE_ECORRUPT)
+            note_wrongtype(r, &c, NULL, rep);
     }
     freeReplyObject(rep);
     rate__redis_cmd_free(&c);
