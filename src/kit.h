@@ -22,7 +22,6 @@
 
 #include <string.h>
 
-#include "fail.h"
 #include "ratelimit.h"
 #include "ratelimit_store.h"
 
@@ -53,6 +52,11 @@ typedef __int128 rate_i128_t;
  * period is bounded by B * P <= 2^62 alone). */
 #define RATE__WINDOW_MAX (UINT64_C(1) << 61)
 
+/* Writes a message to err (when err is not NULL and errlen > 0), as
+ * snprintf would, and returns rc: how the calls that take an error buffer
+ * say what was wrong (src/error.c). */
+int rate__fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* ---------------------------------------------------------------- helpers */
 

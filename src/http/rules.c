@@ -44,11 +44,24 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../fail.h"
 #include "http.h"
 #include "match.h"
 #include "ratelimit_fair.h"
 #include "ratelimit_lease.h"
+
+/* Writes a one-line reason into err (when there is room) and returns rc. */
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
 
 #define SLOT_CACHE 4u
 #define ERR_MAX 512u
@@ -932,13 +945,13 @@ static int load_file(const char *path, gen_t **out, char *err, size_t errlen)
     memset(&l, 0, sizeof l);
     l.path = path;
     if ((l.file = fopen(path, "r")) == NULL)
-        return rate__fail(err, errlen, RATE_EINVAL, "%s: cannot read: %s", path,
-                          strerror(errno));
+        return fail(err, errlen, RATE_EINVAL, "%s: cannot read: %s",
+                          path, strerror(errno));
     struct stat st; /* a directory opens, then fails every read */
     if (fstat(fileno(l.file), &st) == 0 && S_ISDIR(st.st_mode)) {
         fclose(l.file);
-        return rate__fail(err, errlen, RATE_EINVAL, "%s: cannot read: %s", path,
-                          strerror(EISDIR));
+        return fail(err, errlen, RATE_EINVAL, "%s: cannot read: %s", path,
+                    strerror(EISDIR));
     }
     if ((l.g = calloc(1, sizeof *l.g)) == NULL) {
         fclose(l.file);
@@ -983,7 +996,7 @@ static int load_file(const char *path, gen_t **out, char *err, size_t errlen)
     free(l.groups.slot);
     if (l.err[0] != '\0') {
         gen_free(l.g);
-        return rate__fail(err, errlen, RATE_EPOLICY, "%s", l.err);
+        return fail(err, errlen, RATE_EPOLICY, "%s", l.err);
     }
     *out = l.g;
     return RATE_OK;
@@ -1000,7 +1013,7 @@ int rate_rules_load(const char *path, rate_rules_t **out, char *err,
     if (out != NULL)
         *out = NULL;
     if (path == NULL || out == NULL)
-        return rate__fail(err, errlen, RATE_EINVAL, "no rules file (NULL)");
+        return fail(err, errlen, RATE_EINVAL, "no rules file (NULL)");
     if ((rc = load_file(path, &g, err, errlen)) != RATE_OK)
         return rc;
     rate_rules_t *r = calloc(1, sizeof *r);
@@ -1059,7 +1072,7 @@ int rate_rules_reload(rate_rules_t *r, const char *path, char *err,
     int rc;
 
     if (r == NULL)
-        return rate__fail(err, errlen, RATE_EINVAL, "no rules (NULL)");
+        return fail(err, errlen, RATE_EINVAL, "no rules (NULL)");
     /* The file is read outside r->lock: a long read never holds up a
      * thread's first decision (slot_find) or a lease's release. */
     pthread_mutex_lock(&r->reload_lock);

@@ -6,15 +6,30 @@
  * ratelimit.h's public parsers alone.
  */
 #include <ctype.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../fail.h"
 #include "lease.h"
 
 #define TTL_MIN_NS UINT64_C(1000000)         /* 1 ms */
 #define TTL_MAX_NS (UINT64_C(1) << 61)
+
+/* Writes a message to err (when err is not NULL and errlen > 0), as
+ * snprintf would, and returns rc. */
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
 
 /* Checks a policy name by rate_policy_set_name's rule (on a policy of
  * no use but that): RATE_OK, or the rule's reason in why. */
@@ -27,7 +42,7 @@ static int check_name(const char *name, size_t n, char *why, size_t whylen)
     memcpy(copy, name, m);
     copy[m] = '\0';
     if (rate_policy_unlimited(&scratch) != RATE_OK)
-        return rate__fail(why, whylen, RATE_ENOMEM, "out of memory");
+        return fail(why, whylen, RATE_ENOMEM, "out of memory");
     int rc = rate_policy_set_name(scratch, copy, why, whylen);
     rate_policy_free(scratch);
     return rc;
@@ -38,7 +53,7 @@ static int sub(int rc, char *err, size_t errlen, const char *what,
                const char *msg)
 {
     return rc == RATE_OK ? RATE_OK
-                         : rate__fail(err, errlen, RATE_EPOLICY,
+                         : fail(err, errlen, RATE_EPOLICY,
                                       "concurrency: %s: %s", what, msg);
 }
 
@@ -55,26 +70,25 @@ static int parse_clause(char *text, rate_inflight_policy_t *p, char *err,
         if (!have_n) {
             if (rate_parse_count(w, &p->max, msg, sizeof msg) != RATE_OK ||
                 p->max == 0 || p->max > RATE_LEASE_MAX)
-                return rate__fail(
-                    err, errlen, RATE_EPOLICY,
-                    "concurrency: '%s' is not a count from 1 to %u", w,
-                    RATE_LEASE_MAX);
+                return fail(err, errlen, RATE_EPOLICY,
+                            "concurrency: '%s' is not a count from 1 to %u",
+                            w, RATE_LEASE_MAX);
             have_n = true;
         } else if (strncmp(w, "ttl=", 4) == 0) {
             if (have_ttl)
-                return rate__fail(err, errlen, RATE_EPOLICY,
+                return fail(err, errlen, RATE_EPOLICY,
                                   "concurrency: ttl= given twice");
             int rc = rate_parse_duration(w + 4, &p->ttl_ns, msg, sizeof msg);
             if (rc != RATE_OK)
                 return sub(rc, err, errlen, "ttl", msg);
             if (p->ttl_ns < TTL_MIN_NS || p->ttl_ns > TTL_MAX_NS)
-                return rate__fail(
-                    err, errlen, RATE_EPOLICY,
-                    "concurrency: ttl=%s is not from 1ms to 2^61ns", w + 4);
+                return fail(err, errlen, RATE_EPOLICY,
+                            "concurrency: ttl=%s is not from 1ms to 2^61ns",
+                            w + 4);
             have_ttl = true;
         } else if (strncmp(w, "reserve=", 8) == 0) {
             if (have_reserve)
-                return rate__fail(err, errlen, RATE_EPOLICY,
+                return fail(err, errlen, RATE_EPOLICY,
                                   "concurrency: reserve= given twice");
             have_reserve = true;
             char *v = w + 8;
@@ -85,34 +99,31 @@ static int parse_clause(char *text, rate_inflight_policy_t *p, char *err,
                 v[n - 1] = '\0';
             if (rate_parse_count(v, &k, msg, sizeof msg) != RATE_OK ||
                 (p->reserve_pct && k > 100))
-                return rate__fail(
-                    err, errlen, RATE_EPOLICY,
-                    "concurrency: reserve=%s%s is not a count or a "
-                    "percentage",
-                    v, p->reserve_pct ? "%" : "");
+                return fail(err, errlen, RATE_EPOLICY,
+                            "concurrency: reserve=%s%s is not a count or a "
+                            "percentage",
+                            v, p->reserve_pct ? "%" : "");
             p->reserve_arg = k;
         } else {
-            return rate__fail(
-                err, errlen, RATE_EPOLICY,
-                "concurrency: unknown option '%s' (ttl=, reserve=)", w);
+            return fail(err, errlen, RATE_EPOLICY,
+                        "concurrency: unknown option '%s' (ttl=, reserve=)",
+                        w);
         }
     }
     if (!have_n)
-        return rate__fail(err, errlen, RATE_EPOLICY,
+        return fail(err, errlen, RATE_EPOLICY,
                           "concurrency: missing the count N");
     if (!have_ttl)
-        return rate__fail(
-            err, errlen, RATE_EPOLICY,
-            "concurrency: missing ttl=DURATION (a lease must expire)");
+        return fail(err, errlen, RATE_EPOLICY,
+                    "concurrency: missing ttl=DURATION (a lease must expire)");
     p->reserve = p->reserve_pct ? p->max * p->reserve_arg / 100
                                 : p->reserve_arg;
     if (p->reserve >= p->max)
-        return rate__fail(err, errlen, RATE_EPOLICY,
-                          "concurrency: reserve=%llu%s leaves normal traffic "
-                          "nothing (N is %llu)",
-                          (unsigned long long)p->reserve_arg,
-                          p->reserve_pct ? "%" : "",
-                          (unsigned long long)p->max);
+        return fail(err, errlen, RATE_EPOLICY,
+                    "concurrency: reserve=%llu%s leaves normal traffic "
+                    "nothing (N is %llu)",
+                    (unsigned long long)p->reserve_arg,
+                    p->reserve_pct ? "%" : "", (unsigned long long)p->max);
     return RATE_OK;
 }
 
@@ -140,10 +151,10 @@ static int take_name(char **clause, rate_inflight_policy_t *p, char *err,
     if (rc == RATE_ENOMEM)
         return rc;
     if (rc != RATE_OK)
-        return rate__fail(err, errlen, RATE_EPOLICY, "%s",
-                          n == 0 ? "name= is empty; write name=NAME before the "
-                                   "first clause, or leave it out"
-                                 : why);
+        return fail(err, errlen, RATE_EPOLICY, "%s",
+                    n == 0 ? "name= is empty; write name=NAME before the "
+                             "first clause, or leave it out"
+                           : why);
     memcpy(p->name, c + 5, n);
     p->name[n] = '\0';
     *clause = c + 5 + n;
@@ -177,10 +188,10 @@ static int split(const char *text, rate_inflight_policy_t *p, char *rate,
         if (p->name[0] != '\0' && idx == 1)
             snprintf(rate, len + 1, "name=%s ", p->name);
         if (strspn(c, " \t") == strlen(c)) {
-            rc = rate__fail(err, errlen, RATE_EPOLICY, "clause %zu is empty",
+            rc = fail(err, errlen, RATE_EPOLICY, "clause %zu is empty",
                             idx);
         } else if (is_concurrency(c)) {
-            rc = found++ ? rate__fail(err, errlen, RATE_EPOLICY,
+            rc = found++ ? fail(err, errlen, RATE_EPOLICY,
                                       "two concurrency clauses")
                          : parse_clause(c, p, err, errlen);
         } else {
@@ -195,8 +206,8 @@ static int split(const char *text, rate_inflight_policy_t *p, char *rate,
     else
         p->name[0] = '\0'; /* the rate part's */
     if (rc == RATE_OK && !found)
-        rc = rate__fail(err, errlen, RATE_EPOLICY,
-                        "no concurrency clause ('concurrency N ttl=DURATION')");
+        rc = fail(err, errlen, RATE_EPOLICY,
+                  "no concurrency clause ('concurrency N ttl=DURATION')");
     free(copy);
     return rc;
 }
@@ -212,7 +223,7 @@ int rate_inflight_policy_parse(const char *text, rate_inflight_policy_t **out,
         return RATE_EINVAL;
     *out = NULL;
     if (text == NULL)
-        return rate__fail(err, errlen, RATE_EPOLICY, "no policy text");
+        return fail(err, errlen, RATE_EPOLICY, "no policy text");
     if ((p = calloc(1, sizeof *p)) == NULL ||
         (rate = malloc(strlen(text) + 1)) == NULL) {
         free(p);
@@ -222,10 +233,9 @@ int rate_inflight_policy_parse(const char *text, rate_inflight_policy_t **out,
     if (rc == RATE_OK && rate[0] != '\0')
         rc = rate_policy_parse(rate, &p->rate, err, errlen);
     if (rc == RATE_OK && rate_policy_is_unlimited(p->rate))
-        rc = rate__fail(err, errlen, RATE_EPOLICY,
-                        "'unlimited' stands alone; a policy with a "
-                        "concurrency clause is limited by it (drop "
-                        "'unlimited')");
+        rc = fail(err, errlen, RATE_EPOLICY,
+                  "'unlimited' stands alone; a policy with a concurrency "
+                  "clause is limited by it (drop 'unlimited')");
     free(rate);
     if (rc != RATE_OK) {
         rate_inflight_policy_free(p);

@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +36,6 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "../fail.h"
 #include "ratelimit_store.h"
 #include "ratelimit_shm.h"
 
@@ -167,6 +167,22 @@ typedef struct layout {
 
 static const rate_store_methods_t shm_methods;
 
+/* ------------------------------------------------------------- errors */
+
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
 /* ------------------------------------------------------------- layout */
 
 static uint64_t round_up(uint64_t x, uint64_t to)
@@ -188,37 +204,35 @@ static int make_layout(const rate_shm_options_t *o, layout_t *l, char *err,
 {
     memset(l, 0, sizeof *l);
     if (o->max_keys == 0)
-        return rate__fail(err, errlen, RATE_EINVAL,
-                          "max_keys is required to make a region (0 given)");
+        return fail(err, errlen, RATE_EINVAL,
+                    "max_keys is required to make a region (0 given)");
     if (o->max_keys > (uint64_t)INT32_MAX)
-        return rate__fail(err, errlen, RATE_EINVAL,
-                          "max_keys %llu is above 2^31-1",
-                          (unsigned long long)o->max_keys);
+        return fail(err, errlen, RATE_EINVAL,
+                    "max_keys %llu is above 2^31-1",
+                    (unsigned long long)o->max_keys);
     l->key_max = o->key_max ? o->key_max : DEF_KEY_MAX;
     l->state_max = o->state_max ? o->state_max : DEF_STATE_MAX;
     l->max_policies = o->max_policies ? o->max_policies : DEF_POLICIES;
     if (l->key_max > KEY_MAX_MAX)
-        return rate__fail(err, errlen, RATE_EINVAL, "key_max %u is above %u",
-                          l->key_max, KEY_MAX_MAX);
+        return fail(err, errlen, RATE_EINVAL,
+                    "key_max %u is above %u", l->key_max, KEY_MAX_MAX);
     if (l->key_max < REC_KEY) /* no policy record would fit: no decision */
-        return rate__fail(
-            err, errlen, RATE_EINVAL,
-            "key_max %u is below %u (policy records' keys take %u "
-            "bytes)",
-            l->key_max, REC_KEY, REC_KEY);
+        return fail(err, errlen, RATE_EINVAL,
+                    "key_max %u is below %u (policy records' keys take %u "
+                    "bytes)", l->key_max, REC_KEY, REC_KEY);
     if (l->state_max > STATE_MAX_MAX)
-        return rate__fail(err, errlen, RATE_EINVAL, "state_max %u is above %u",
-                          l->state_max, STATE_MAX_MAX);
+        return fail(err, errlen, RATE_EINVAL,
+                    "state_max %u is above %u", l->state_max, STATE_MAX_MAX);
     if (l->state_max < 22)
-        return rate__fail(err, errlen, RATE_EINVAL,
-                          "state_max %u is below 22 (a single bucket's state)",
-                          l->state_max);
+        return fail(err, errlen, RATE_EINVAL,
+                    "state_max %u is below 22 (a single bucket's state)",
+                    l->state_max);
     if (l->max_policies > 65536)
-        return rate__fail(err, errlen, RATE_EINVAL,
-                          "max_policies %u is above 65536", l->max_policies);
+        return fail(err, errlen, RATE_EINVAL,
+                    "max_policies %u is above 65536", l->max_policies);
     if (o->shards > MAX_SHARDS)
-        return rate__fail(err, errlen, RATE_EINVAL, "shards %u is above %u",
-                          o->shards, MAX_SHARDS);
+        return fail(err, errlen, RATE_EINVAL, "shards %u is above %u",
+                    o->shards, MAX_SHARDS);
     uint32_t n;
     if (o->shards != 0) {
         n = pow2_at_least(o->shards);
@@ -258,17 +272,17 @@ static int make_layout(const rate_shm_options_t *o, layout_t *l, char *err,
     l->total = round_up(l->off_recs + (uint64_t)l->max_policies * l->rec_size,
                         4096);
     if (l->total > MAX_BYTES || l->total > (uint64_t)SIZE_MAX / 2)
-        return rate__fail(
-            err, errlen, RATE_EINVAL,
-            "the region would take %llu bytes, more than a region "
-            "may (%llu, 64 GiB): fewer max_keys, or a smaller "
-            "key_max or state_max",
-            (unsigned long long)l->total, (unsigned long long)MAX_BYTES);
+        return fail(err, errlen, RATE_EINVAL,
+                    "the region would take %llu bytes, more than a region "
+                    "may (%llu, 64 GiB): fewer max_keys, or a smaller "
+                    "key_max or state_max",
+                    (unsigned long long)l->total,
+                    (unsigned long long)MAX_BYTES);
     if (o->prefix != NULL && strlen(o->prefix) + REC_KEY > l->key_max)
-        return rate__fail(err, errlen, RATE_EINVAL,
-                          "the prefix (%zu bytes) does not fit key_max %u with "
-                          "a key (policy records' keys take %u bytes)",
-                          strlen(o->prefix), l->key_max, REC_KEY);
+        return fail(err, errlen, RATE_EINVAL,
+                    "the prefix (%zu bytes) does not fit key_max %u with "
+                    "a key (policy records' keys take %u bytes)",
+                    strlen(o->prefix), l->key_max, REC_KEY);
     return RATE_OK;
 }
 
@@ -1098,10 +1112,10 @@ static int shm_check_policy(void *self, const rate_policy_t *policy,
     (void)policy;
     if (max_state <= m->state_max)
         return RATE_OK;
-    return rate__fail(err, errlen, RATE_EPOLICY,
-                      "the policy's states take up to %zu bytes, the "
-                      "shared-memory region keeps at most %u (its state_max)",
-                      max_state, m->state_max);
+    return fail(err, errlen, RATE_EPOLICY,
+                "the policy's states take up to %zu bytes, the "
+                "shared-memory region keeps at most %u (its state_max)",
+                max_state, m->state_max);
 }
 
 static const rate_store_methods_t shm_methods = {
@@ -1140,57 +1154,56 @@ static int check_shard(shm_t *m, uint32_t si, char *err, size_t errlen)
     uint32_t *b = buckets_of(s), linked = 0, used = 0, free_n = 0;
 
     if (s->hand >= m->shard_cap)
-        return rate__fail(err, errlen, RATE_ECORRUPT,
-                          "shard %u: hand %u past %u", si, s->hand,
-                          m->shard_cap);
+        return fail(err, errlen, RATE_ECORRUPT, "shard %u: hand %u past %u",
+                    si, s->hand, m->shard_cap);
     for (uint32_t i = 1; i <= m->shard_cap; i++) {
         shm_slot_t *e = slot_at(m, si, i);
         if (!atomic_load_explicit(&e->used, memory_order_relaxed))
             continue;
         used++;
         if (!slot_valid(m, si, e))
-            return rate__fail(err, errlen, RATE_ECORRUPT,
-                              "shard %u slot %u: not a valid key (length %u, "
-                              "state %u bytes, or not this shard's hash)",
-                              si, i, e->key_len, CW_LEN(atomic_load(&e->cw)));
+            return fail(err, errlen, RATE_ECORRUPT,
+                        "shard %u slot %u: not a valid key (length %u, "
+                        "state %u bytes, or not this shard's hash)",
+                        si, i, e->key_len, CW_LEN(atomic_load(&e->cw)));
     }
     for (uint32_t bi = 0; bi < m->nbuckets; bi++) {
         uint32_t steps = 0;
         for (uint32_t i = READ(b[bi]); i != 0;
              i = READ(slot_at(m, si, i)->next)) {
             if (i > m->shard_cap || ++steps > m->shard_cap)
-                return rate__fail(err, errlen, RATE_ECORRUPT,
-                                  "shard %u bucket %u: a bad link or a cycle",
-                                  si, bi);
+                return fail(err, errlen, RATE_ECORRUPT,
+                            "shard %u bucket %u: a bad link or a cycle", si,
+                            bi);
             shm_slot_t *e = slot_at(m, si, i);
             if (!atomic_load_explicit(&e->used, memory_order_relaxed))
-                return rate__fail(err, errlen, RATE_ECORRUPT,
-                                  "shard %u bucket %u: links free slot %u", si,
-                                  bi, i);
+                return fail(err, errlen, RATE_ECORRUPT,
+                            "shard %u bucket %u: links free slot %u", si, bi,
+                            i);
             if ((e->hash & (m->nbuckets - 1)) != bi)
-                return rate__fail(err, errlen, RATE_ECORRUPT,
-                                  "shard %u slot %u: in bucket %u, not its own",
-                                  si, i, bi);
+                return fail(err, errlen, RATE_ECORRUPT,
+                            "shard %u slot %u: in bucket %u, not its own",
+                            si, i, bi);
             /* The rest of the chain, for the same key: each link checked,
              * and no more steps than the shard has slots (a cycle behind
              * this slot). */
             uint16_t klen = READ(e->key_len);
             uint32_t rest = 0;
             if (klen > m->key_max)
-                return rate__fail(err, errlen, RATE_ECORRUPT,
-                                  "shard %u slot %u: a key of %u bytes", si, i,
-                                  klen);
+                return fail(err, errlen, RATE_ECORRUPT,
+                            "shard %u slot %u: a key of %u bytes", si, i,
+                            klen);
             for (uint32_t j = READ(e->next); j != 0;
                  j = READ(slot_at(m, si, j)->next)) {
                 if (j > m->shard_cap || ++rest > m->shard_cap)
-                    return rate__fail(
-                        err, errlen, RATE_ECORRUPT,
-                        "shard %u bucket %u: a bad link or a cycle", si, bi);
+                    return fail(err, errlen, RATE_ECORRUPT,
+                                "shard %u bucket %u: a bad link or a cycle",
+                                si, bi);
                 if (slot_is(m, slot_at(m, si, j), e->hash, slot_key(m, e),
                             klen, e->flags & F_SPACE))
-                    return rate__fail(
-                        err, errlen, RATE_ECORRUPT,
-                        "shard %u: a key held twice (slots %u, %u)", si, i, j);
+                    return fail(err, errlen, RATE_ECORRUPT,
+                                "shard %u: a key held twice (slots %u, %u)",
+                                si, i, j);
             }
             linked++;
         }
@@ -1199,21 +1212,21 @@ static int check_shard(shm_t *m, uint32_t si, char *err, size_t errlen)
          prev = i, i = READ(slot_at(m, si, i)->next)) {
         if (i > m->shard_cap || ++free_n > m->shard_cap ||
             slot_at(m, si, i)->prev != prev)
-            return rate__fail(
-                err, errlen, RATE_ECORRUPT,
-                "shard %u: a bad link or a cycle in the free list", si);
+            return fail(err, errlen, RATE_ECORRUPT,
+                        "shard %u: a bad link or a cycle in the free list",
+                        si);
         if (atomic_load_explicit(&slot_at(m, si, i)->used,
                                  memory_order_relaxed))
-            return rate__fail(err, errlen, RATE_ECORRUPT,
-                              "shard %u: slot %u in use and on the free list",
-                              si, i);
+            return fail(err, errlen, RATE_ECORRUPT,
+                        "shard %u: slot %u in use and on the free list", si,
+                        i);
     }
     if (linked != used || used != s->count ||
         free_n != m->shard_cap - s->count)
-        return rate__fail(err, errlen, RATE_ECORRUPT,
-                          "shard %u: %u slots in use, %u linked, count %u, %u "
-                          "free of %u",
-                          si, used, linked, s->count, free_n, m->shard_cap);
+        return fail(err, errlen, RATE_ECORRUPT,
+                    "shard %u: %u slots in use, %u linked, count %u, %u "
+                    "free of %u",
+                    si, used, linked, s->count, free_n, m->shard_cap);
     return RATE_OK;
 }
 
@@ -1223,31 +1236,28 @@ int rate_store_shm_check(rate_store_t *store, char *err, size_t errlen)
     int rc;
 
     if (m == NULL)
-        return rate__fail(err, errlen, RATE_EINVAL,
-                          "not a shared-memory store");
+        return fail(err, errlen, RATE_EINVAL, "not a shared-memory store");
     for (uint32_t si = 0; si < m->nshards; si++) {
         shm_shard_t *s = shard_at(m, si);
         if ((rc = lock(m, &s->lock, s)) != RATE_OK)
-            return rate__fail(err, errlen, rc,
-                              "shard %u: cannot take its lock%s", si,
-                              rc == RATE_ECORRUPT ? " (damaged)" : "");
+            return fail(err, errlen, rc, "shard %u: cannot take its lock%s",
+                        si, rc == RATE_ECORRUPT ? " (damaged)" : "");
         rc = check_shard(m, si, err, errlen);
         unlock(&s->lock);
         if (rc != RATE_OK)
             return rc;
     }
     if ((rc = lock(m, &m->h->rec_lock, NULL)) != RATE_OK)
-        return rate__fail(err, errlen, rc,
-                          "the records: cannot take their lock%s",
-                          rc == RATE_ECORRUPT ? " (damaged)" : "");
+        return fail(err, errlen, rc, "the records: cannot take their lock%s",
+                    rc == RATE_ECORRUPT ? " (damaged)" : "");
     for (uint32_t i = 0; i < m->max_policies && rc == RATE_OK; i++) {
         shm_rec_t *r = rec_at(m, i);
         uint16_t klen = READ(r->key_len);
         if (!atomic_load_explicit(&r->used, memory_order_relaxed))
             continue;
         if (klen == 0 || klen > m->key_max || READ(r->len) > REC_TEXT)
-            rc = rate__fail(err, errlen, RATE_ECORRUPT,
-                            "policy record %u: bad lengths", i);
+            rc = fail(err, errlen, RATE_ECORRUPT,
+                      "policy record %u: bad lengths", i);
         else if (rec_find(m, rec_key(r), klen) != i ||
                  r->seq > m->h->rec_seq)
             for (uint32_t j = 0; j < m->max_policies && rc == RATE_OK; j++)
@@ -1256,9 +1266,9 @@ int rate_store_shm_check(rate_store_t *store, char *err, size_t errlen)
                                          memory_order_relaxed) &&
                     rec_at(m, j)->key_len == klen &&
                     memcmp(rec_key(rec_at(m, j)), rec_key(r), klen) == 0)
-                    rc = rate__fail(err, errlen, RATE_ECORRUPT,
-                                    "policy records %u and %u: one key twice",
-                                    i, j);
+                    rc = fail(err, errlen, RATE_ECORRUPT,
+                              "policy records %u and %u: one key twice", i,
+                              j);
     }
     unlock(&m->h->rec_lock);
     return rc;
@@ -1383,30 +1393,28 @@ static int check_header(const uint8_t *base, size_t len, shm_hdr_t *snap,
     layout_t l;
 
     if (len < HDR_BYTES)
-        return rate__fail(
-            err, errlen, RATE_ESTORE,
-            "%s: %zu bytes, too short to be a ratelimit shm store "
-            "(truncated?)",
-            what, len);
+        return fail(err, errlen, RATE_ESTORE,
+                    "%s: %zu bytes, too short to be a ratelimit shm store "
+                    "(truncated?)", what, len);
     memcpy(snap, base, sizeof *snap);
     if (memcmp(h->magic, SHM_MAGIC, 6) != 0)
-        return rate__fail(err, errlen, RATE_ESTORE,
-                          "%s: not a ratelimit shm store (bad magic)", what);
+        return fail(err, errlen, RATE_ESTORE,
+                    "%s: not a ratelimit shm store (bad magic)", what);
     if (memcmp(h->magic, SHM_MAGIC, sizeof h->magic) != 0 ||
         h->layout != SHM_LAYOUT)
-        return rate__fail(err, errlen, RATE_ESTORE,
-                          "%s: layout version %u, this library reads %u", what,
-                          h->layout, SHM_LAYOUT);
+        return fail(err, errlen, RATE_ESTORE,
+                    "%s: layout version %u, this library reads %u", what,
+                    h->layout, SHM_LAYOUT);
     if (h->endian != ENDIAN_MARK || h->mutex_size != sizeof(pthread_mutex_t))
-        return rate__fail(err, errlen, RATE_ESTORE,
-                          "%s: made by another build (byte order or a %u-byte "
-                          "lock, this build's is %zu)",
-                          what, h->mutex_size, sizeof(pthread_mutex_t));
+        return fail(err, errlen, RATE_ESTORE,
+                    "%s: made by another build (byte order or a %u-byte "
+                    "lock, this build's is %zu)", what, h->mutex_size,
+                    sizeof(pthread_mutex_t));
     if (h->total != len)
-        return rate__fail(err, errlen, RATE_ESTORE,
-                          "%s: the header says %llu bytes, the region has %zu "
-                          "(truncated or resized)",
-                          what, (unsigned long long)h->total, len);
+        return fail(err, errlen, RATE_ESTORE,
+                    "%s: the header says %llu bytes, the region has %zu "
+                    "(truncated or resized)", what,
+                    (unsigned long long)h->total, len);
     rate_shm_options_t ho = {.max_keys = h->max_keys, .shards = h->nshards,
                              .key_max = h->key_max, .state_max = h->state_max,
                              .max_policies = h->max_policies};
@@ -1416,16 +1424,14 @@ static int check_header(const uint8_t *base, size_t len, shm_hdr_t *snap,
         l.rec_size != h->rec_size || l.shard_size != h->shard_size ||
         l.off_shards != h->off_shards || l.off_slots != h->off_slots ||
         l.off_recs != h->off_recs)
-        return rate__fail(err, errlen, RATE_ESTORE,
-                          "%s: the header's sizes do not add up (damaged)",
-                          what);
-#define SAME(field, name)                                          \
-    if (o->field != 0 && (uint64_t)o->field != (uint64_t)h->field) \
-        return rate__fail(                                         \
-            err, errlen, RATE_EINVAL,                              \
-            "%s: " name ": the region has %llu, the options ask "  \
-            "%llu",                                                \
-            what, (unsigned long long)h->field, (unsigned long long)o->field);
+        return fail(err, errlen, RATE_ESTORE,
+                    "%s: the header's sizes do not add up (damaged)", what);
+#define SAME(field, name)                                                   \
+    if (o->field != 0 && (uint64_t)o->field != (uint64_t)h->field)          \
+        return fail(err, errlen, RATE_EINVAL,                                \
+                    "%s: " name ": the region has %llu, the options ask "    \
+                    "%llu", what, (unsigned long long)h->field,              \
+                    (unsigned long long)o->field);
     SAME(max_keys, "max_keys")
     SAME(key_max, "key_max")
     SAME(state_max, "state_max")
@@ -1437,10 +1443,9 @@ static int check_header(const uint8_t *base, size_t len, shm_hdr_t *snap,
         wo.shards = o->shards;
         if (make_layout(&wo, &want, NULL, 0) == RATE_OK &&
             want.nshards != h->nshards)
-            return rate__fail(
-                err, errlen, RATE_EINVAL,
-                "%s: shards: the region has %u, the options ask %u", what,
-                h->nshards, want.nshards);
+            return fail(err, errlen, RATE_EINVAL,
+                        "%s: shards: the region has %u, the options ask %u",
+                        what, h->nshards, want.nshards);
     }
     return RATE_OK;
 }
@@ -1514,12 +1519,11 @@ static int handle_error(char *err, size_t errlen, int rc, const char *what,
                         const rate_shm_options_t *o, uint32_t key_max)
 {
     if (rc != RATE_EINVAL)
-        return rate__fail(err, errlen, rc, "%s: out of memory", what);
-    return rate__fail(
-        err, errlen, rc,
-        "%s: the prefix (%zu bytes) does not fit key_max %u with a "
-        "key (policy records' keys take %u bytes)",
-        what, strlen(o->prefix), key_max, REC_KEY);
+        return fail(err, errlen, rc, "%s: out of memory", what);
+    return fail(err, errlen, rc,
+                "%s: the prefix (%zu bytes) does not fit key_max %u with a "
+                "key (policy records' keys take %u bytes)",
+                what, strlen(o->prefix), key_max, REC_KEY);
 }
 
 static int check_options(const rate_shm_options_t *o, char *err,
@@ -1527,18 +1531,16 @@ static int check_options(const rate_shm_options_t *o, char *err,
 {
     for (size_t i = 0; i < sizeof o->reserved / sizeof o->reserved[0]; i++)
         if (o->reserved[i] != 0)
-            return rate__fail(
-                err, errlen, RATE_EINVAL,
-                "the options' reserved "
-                "words are not zero (a field of a later version?)");
+            return fail(err, errlen, RATE_EINVAL, "the options' reserved "
+                        "words are not zero (a field of a later version?)");
     if (o->prefix != NULL && strlen(o->prefix) >= KEY_MAX_MAX)
-        return rate__fail(err, errlen, RATE_EINVAL, "the prefix is too long");
+        return fail(err, errlen, RATE_EINVAL, "the prefix is too long");
     if (o->lock_timeout_ns > RATE_TIME_MAX)
-        return rate__fail(err, errlen, RATE_EINVAL,
-                          "lock_timeout_ns is above RATE_TIME_MAX");
+        return fail(err, errlen, RATE_EINVAL,
+                    "lock_timeout_ns is above RATE_TIME_MAX");
     if (o->mode > 07777)
-        return rate__fail(err, errlen, RATE_EINVAL,
-                          "mode %o is not a file mode", o->mode);
+        return fail(err, errlen, RATE_EINVAL, "mode %o is not a file mode",
+                    o->mode);
     return RATE_OK;
 }
 
@@ -1549,32 +1551,31 @@ static int attach_fd(int fd, const char *path, const rate_shm_options_t *o,
     struct stat st;
 
     if (fstat(fd, &st) != 0)
-        return rate__fail(err, errlen, RATE_ESTORE, "%s: %s", path,
-                          strerror(errno));
+        return fail(err, errlen, RATE_ESTORE, "%s: %s", path,
+                    strerror(errno));
     if (!S_ISREG(st.st_mode))
-        return rate__fail(
-            err, errlen, RATE_ESTORE,
-            "%s: not a regular file, so not a ratelimit shm store", path);
+        return fail(err, errlen, RATE_ESTORE,
+                    "%s: not a regular file, so not a ratelimit shm store",
+                    path);
     size_t len = (size_t)st.st_size;
     if (len < HDR_BYTES)
-        return rate__fail(
-            err, errlen, RATE_ESTORE,
-            "%s: %zu bytes, too short to be a ratelimit shm store "
-            "(truncated?)",
-            path, len);
+        return fail(err, errlen, RATE_ESTORE,
+                    "%s: %zu bytes, too short to be a ratelimit shm store "
+                    "(truncated?)", path, len);
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED)
-        return rate__fail(err, errlen, RATE_ESTORE, "%s: cannot map it: %s",
-                          path, strerror(errno));
+        return fail(err, errlen, RATE_ESTORE, "%s: cannot map it: %s", path,
+                    strerror(errno));
     shm_hdr_t *h = p, snap;
     /* A file is linked only once made: a ready word not "ready" is damage. */
     uint32_t ready = atomic_load_explicit(&h->ready, memory_order_acquire);
     int rc = ready == READY_DONE
                  ? check_header(p, len, &snap, o, path, err, errlen)
-             : memcmp(h->magic, SHM_MAGIC, 6) != 0
-                 ? rate__fail(err, errlen, RATE_ESTORE,
-                              "%s: not a ratelimit shm store (bad magic)", path)
-                 : rate__fail(err, errlen, RATE_ESTORE,
+                 : memcmp(h->magic, SHM_MAGIC, 6) != 0
+                       ? fail(err, errlen, RATE_ESTORE,
+                              "%s: not a ratelimit shm store (bad magic)",
+                              path)
+                       : fail(err, errlen, RATE_ESTORE,
                               "%s: the header is damaged: its ready word is "
                               "%u, not %u (a region file is linked only once "
                               "made); remove it to start again",
@@ -1599,19 +1600,19 @@ static int size_file(int fd, const char *path, uint64_t total, char *err,
 
     if (fstatvfs(fd, &vs) == 0 && vs.f_frsize != 0 &&
         total / vs.f_frsize > (uint64_t)vs.f_bavail)
-        return rate__fail(err, errlen, RATE_ESTORE,
-                          "%s: cannot allocate its %llu bytes: %s (the file "
-                          "system has %llu free)",
-                          path, (unsigned long long)total, strerror(ENOSPC),
-                          (unsigned long long)vs.f_bavail *
-                              (unsigned long long)vs.f_frsize);
+        return fail(err, errlen, RATE_ESTORE,
+                    "%s: cannot allocate its %llu bytes: %s (the file "
+                    "system has %llu free)", path, (unsigned long long)total,
+                    strerror(ENOSPC),
+                    (unsigned long long)vs.f_bavail *
+                        (unsigned long long)vs.f_frsize);
     int e = posix_fallocate(fd, 0, (off_t)total);
     if (e == EOPNOTSUPP || e == EINVAL)
         e = ftruncate(fd, (off_t)total) == 0 ? 0 : errno;
     if (e != 0)
-        return rate__fail(err, errlen, RATE_ESTORE,
-                          "%s: cannot allocate its %llu bytes: %s", path,
-                          (unsigned long long)total, strerror(e));
+        return fail(err, errlen, RATE_ESTORE,
+                    "%s: cannot allocate its %llu bytes: %s", path,
+                    (unsigned long long)total, strerror(e));
     return RATE_OK;
 }
 
@@ -1628,31 +1629,31 @@ static int create_file(const char *path, const rate_shm_options_t *o,
 
     *raced = false;
     if (tmp == NULL)
-        return rate__fail(err, errlen, RATE_ENOMEM, "out of memory");
+        return fail(err, errlen, RATE_ENOMEM, "out of memory");
     memcpy(tmp, path, n);
     memcpy(tmp + n, ".XXXXXX", 8);
     int fd = mkostemp(tmp, O_CLOEXEC);
     if (fd < 0) {
-        rc = rate__fail(err, errlen, RATE_ESTORE, "%s: cannot create it: %s",
-                        path, strerror(errno));
+        rc = fail(err, errlen, RATE_ESTORE, "%s: cannot create it: %s", path,
+                  strerror(errno));
         free(tmp);
         return rc;
     }
     void *p = MAP_FAILED;
     if (fchmod(fd, o->mode ? o->mode : 0600) != 0 ||
         (o->set_group && fchown(fd, (uid_t)-1, (gid_t)o->group) != 0)) {
-        rc = rate__fail(err, errlen, RATE_ESTORE, "%s: cannot set its %s: %s",
-                        path, o->set_group ? "mode or group" : "mode",
-                        strerror(errno));
+        rc = fail(err, errlen, RATE_ESTORE, "%s: cannot set its %s: %s",
+                  path, o->set_group ? "mode or group" : "mode",
+                  strerror(errno));
     } else if ((rc = size_file(fd, path, l->total, err, errlen)) !=
                RATE_OK) {
         /* err says why; the temporary file goes below */
     } else if ((p = mmap(NULL, l->total, PROT_READ | PROT_WRITE, MAP_SHARED,
                          fd, 0)) == MAP_FAILED) {
-        rc = rate__fail(err, errlen, RATE_ESTORE, "%s: cannot map it: %s", path,
-                        strerror(errno));
+        rc = fail(err, errlen, RATE_ESTORE, "%s: cannot map it: %s", path,
+                  strerror(errno));
     } else if ((rc = init_region(p, l, false)) != RATE_OK) {
-        rate__fail(err, errlen, rc, "%s: cannot make its locks", path);
+        fail(err, errlen, rc, "%s: cannot make its locks", path);
     } else {
         atomic_store_explicit(&((shm_hdr_t *)p)->ready, READY_DONE,
                               memory_order_release);
@@ -1662,8 +1663,8 @@ static int create_file(const char *path, const rate_shm_options_t *o,
         if (link(tmp, path) != 0) {
             if (errno == EEXIST)
                 *raced = true;
-            rc = rate__fail(err, errlen, RATE_ESTORE,
-                            "%s: cannot create it: %s", path, strerror(errno));
+            rc = fail(err, errlen, RATE_ESTORE, "%s: cannot create it: %s",
+                      path, strerror(errno));
         } else if ((rc = make_handle(p, l->total, &snap, o, true, out)) !=
                    RATE_OK) {
             handle_error(err, errlen, rc, path, o, l->key_max);
@@ -1688,10 +1689,10 @@ int rate_store_shm_new(const char *path, const rate_shm_options_t *options,
     if (out != NULL)
         *out = NULL;
     if (out == NULL || path == NULL || *path == '\0')
-        return rate__fail(err, errlen, RATE_EINVAL, "%s",
-                          out == NULL    ? "no out (NULL)"
-                          : path == NULL ? "no path (NULL)"
-                                         : "an empty path");
+        return fail(err, errlen, RATE_EINVAL, "%s",
+                    out == NULL    ? "no out (NULL)"
+                    : path == NULL ? "no path (NULL)"
+                                   : "an empty path");
     if (options != NULL)
         o = *options;
     if ((rc = check_options(&o, err, errlen)) != RATE_OK)
@@ -1707,8 +1708,8 @@ int rate_store_shm_new(const char *path, const rate_shm_options_t *options,
             return rc;
         }
         if (errno != ENOENT || o.no_create)
-            return rate__fail(err, errlen, RATE_ESTORE,
-                              "%s: cannot open it: %s", path, strerror(errno));
+            return fail(err, errlen, RATE_ESTORE, "%s: cannot open it: %s",
+                        path, strerror(errno));
         layout_t l;
         if ((rc = make_layout(&o, &l, err, errlen)) != RATE_OK)
             return rc;
@@ -1730,19 +1731,19 @@ int rate_store_shm_new_in(void *mem, size_t len,
     if (out != NULL)
         *out = NULL;
     if (out == NULL || mem == NULL)
-        return rate__fail(err, errlen, RATE_EINVAL, "%s",
-                          out == NULL ? "no out (NULL)" : "no region (NULL)");
+        return fail(err, errlen, RATE_EINVAL, "%s",
+                    out == NULL ? "no out (NULL)" : "no region (NULL)");
     if ((uintptr_t)mem % 64 != 0)
-        return rate__fail(err, errlen, RATE_EINVAL,
-                          "the region is not 64-byte aligned");
+        return fail(err, errlen, RATE_EINVAL,
+                    "the region is not 64-byte aligned");
     if (options != NULL)
         o = *options;
     if ((rc = check_options(&o, err, errlen)) != RATE_OK)
         return rc;
     if (len < HDR_BYTES)
-        return rate__fail(err, errlen, RATE_EINVAL,
-                          "the region's %zu bytes are too few (at least %u)",
-                          len, HDR_BYTES);
+        return fail(err, errlen, RATE_EINVAL,
+                    "the region's %zu bytes are too few (at least %u)", len,
+                    HDR_BYTES);
     shm_hdr_t *h = mem;
     uint32_t expect = READY_NONE;
     bool zero = !o.init && memcmp(h->magic, "\0\0\0\0\0\0\0\0", 8) == 0;
@@ -1757,16 +1758,15 @@ int rate_store_shm_new_in(void *mem, size_t len,
         if (l.total > len) {
             if (!o.init)
                 atomic_store(&h->ready, READY_NONE);
-            return rate__fail(err, errlen, RATE_EINVAL,
-                              "the options need %llu bytes, the region has %zu",
-                              (unsigned long long)l.total, len);
+            return fail(err, errlen, RATE_EINVAL,
+                        "the options need %llu bytes, the region has %zu",
+                        (unsigned long long)l.total, len);
         }
         if (o.init)
             atomic_store(&h->ready, READY_INIT);
         memset(h->magic, 0, sizeof h->magic);
         if ((rc = init_region(mem, &l, true)) != RATE_OK)
-            return rate__fail(err, errlen, rc,
-                              "cannot make the region's locks");
+            return fail(err, errlen, rc, "cannot make the region's locks");
         /* The region is l.total bytes; any rest of len is not used. */
         shm_hdr_t snap;
         memcpy(&snap, h, sizeof snap);
@@ -1782,19 +1782,18 @@ int rate_store_shm_new_in(void *mem, size_t len,
     while (atomic_load_explicit(&h->ready, memory_order_acquire) ==
            READY_INIT) {
         if (rate_clock_monotonic_ns() - start > limit)
-            return rate__fail(
-                err, errlen, RATE_ESTORE,
-                "the region is still being initialized after %llu "
-                "ms (its initializer died? initialize it again)",
-                (unsigned long long)(limit / 1000000));
+            return fail(err, errlen, RATE_ESTORE,
+                        "the region is still being initialized after %llu "
+                        "ms (its initializer died? initialize it again)",
+                        (unsigned long long)(limit / 1000000));
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }
     if (atomic_load_explicit(&h->ready, memory_order_acquire) != READY_DONE)
-        return rate__fail(err, errlen, RATE_ESTORE,
-                          memcmp(h->magic, SHM_MAGIC, 6) != 0
-                              ? "not a ratelimit shm store (bad magic)"
-                              : "a region never finished initializing");
+        return fail(err, errlen, RATE_ESTORE,
+                    memcmp(h->magic, SHM_MAGIC, 6) != 0
+                        ? "not a ratelimit shm store (bad magic)"
+                        : "a region never finished initializing");
     /* The region may be longer than the store (the caller's zone). */
     size_t used = len;
     if (h->total <= len)
