@@ -997,6 +997,7 @@ static void another_type_is_named(void **state)
     assert_true(st.module);
     freeReplyObject(redisCommand(c, "DEL wt:{w}"));
     rate_limiter_free(l);
+    rate_store_redis_drop(rs); /* the policy's records too */
     rate_store_free(rs);
     redisFree(c);
 }
