@@ -336,6 +336,10 @@ static void errors_name_file_and_line(void **state)
         {"[policies]\nf = token-bucket 1/s\n[rule a]\n[rule a]\n"
          "policy = f\n",
          "3: [rule a] has no 'policy =' line"},
+        /* nor on the first line after a UTF-8 BOM (Windows editors) */
+        {"\xEF\xBB\xBF[rule a]\n[policies]\nfree = token-bucket 10/s\n"
+         "[rule b]\npolicy = free\n",
+         "1: [rule a] has no 'policy =' line"},
         {"[policies]\nf = token-bucket 1/s\n[rule a]\npolicy = f\n"
          "[polices]\n",
          "5: unknown section [polices] ([policies] or [rule NAME])"},

@@ -397,7 +397,10 @@ static char *read_line(char *str, int num, void *stream)
     str[n] = '\0';
     l->line++;
     l->ended = str[n - 1] == '\n';
-    const char *open = str + strspn(str, " \t");
+    const char *open = str;
+    if (l->line == 1 && n >= 3 && memcmp(open, "\xEF\xBB\xBF", 3) == 0)
+        open += 3; /* a UTF-8 BOM, which the INI reader skips too */
+    open += strspn(open, " \t");
     if (*open == '[') {
         empty_section(l);
         const char *close = strchr(open, ']');
