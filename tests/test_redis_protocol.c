@@ -419,6 +419,15 @@ static void replies(void **state)
     r = parse_resp("*9\r\n:1\r\n:1\r\n:0\r\n:0\r\n:10\r\n:-2\r\n:0\r\n:0\r\n:0\r\n");
     assert_int_equal(rate__redis_decide_parse(r, &d), RATE_ECORRUPT);
     freeReplyObject(r);
+    /* a reason or a component out of range, before any narrowing */
+    r = parse_resp("*9\r\n:1\r\n:1\r\n:4294967297\r\n:0\r\n:10\r\n:9\r\n"
+                   ":0\r\n:0\r\n:0\r\n");
+    assert_int_equal(rate__redis_decide_parse(r, &d), RATE_ECORRUPT);
+    freeReplyObject(r);
+    r = parse_resp("*9\r\n:1\r\n:1\r\n:0\r\n:4\r\n:10\r\n:9\r\n:0\r\n"
+                   ":0\r\n:0\r\n");
+    assert_int_equal(rate__redis_decide_parse(r, &d), RATE_ECORRUPT);
+    freeReplyObject(r);
 
     const char *st;
     size_t len;

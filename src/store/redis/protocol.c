@@ -805,14 +805,18 @@ int rate__redis_decide_ints(const long long *v, size_t n, rate_decision_t *d)
     bool ok = true;
     memset(d, 0, sizeof *d);
     d->allowed = int_u64(v[1], &ok) == 1;
-    d->reason = (rate_reason_t)int_u64(v[2], &ok);
-    d->component = (int)v[3];
+    /* checked before they are narrowed: 2^32 + 1 is no reason 1 */
+    uint64_t reason = int_u64(v[2], &ok);
+    ok = ok && reason <= RATE_REASON_NEVER && v[3] >= 0 &&
+         v[3] < RATE_MAX_LIMITS;
+    d->reason = ok ? (rate_reason_t)reason : RATE_REASON_ALLOWED;
+    d->component = ok ? (int)v[3] : 0;
     d->limit = int_u64(v[4], &ok);
     d->remaining = int_u64(v[5], &ok);
     d->delay_ns = int_u64(v[6], &ok);
     d->retry_after_ns = int_u64(v[7], &ok);
     d->reset_after_ns = int_u64(v[8], &ok);
-    return ok && d->reason <= RATE_REASON_NEVER ? RATE_OK : RATE_ECORRUPT;
+    return ok ? RATE_OK : RATE_ECORRUPT;
 }
 
 /* A step's reply, the scripts' and the module's (after reply_ok), as
