@@ -1172,15 +1172,14 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
             rate_redis_async_stats_t *st = &j->s->st;
             bool adjust = j->job->req->op != RATE_DECIDE_ACQUIRE;
             rc = rate__redis_decide_parse(rep, j->job->out);
-            if (rc == RATE_OK)
+            if (rc == RATE_OK) {
                 (*(adjust         ? &st->lean_adjustments /* a lean one's */
                    : j->module    ? &st->module_decisions
                    : j->cmd.lean >= 0 ? &st->lean_decisions
                                       : &st->general_decisions))++;
-            if (rc == RATE_OK && !adjust && !j->module && j->cmd.lean >= 0 &&
-                !j->fcall)
-                st->lean_evalsha++;
-            else if (rc == RATE_ENOTSUP) /* the step makes it */
+                if (!adjust && !j->module && j->cmd.lean >= 0 && !j->fcall)
+                    st->lean_evalsha++;
+            } else if (rc == RATE_ENOTSUP) /* the step makes it */
                 (*(adjust ? &st->declined_adjustments : &st->declined))++;
             else if (rc == RATE_ECORRUPT && rep->type == REDIS_REPLY_ARRAY &&
                      rep->elements > 0 &&
