@@ -102,13 +102,15 @@ static const char *policy_text[ALGOS] = {"token-bucket 50/s burst=50",
 
 /* The least share of their demand the light flows get (percent), by
  * shape and algorithm: docs/fair.md's table, each a few points under
- * what the suite measures.  A sliding log keeps at most L/50 permits of
+ * what the suite measures.  Pages on the two windows vary with the
+ * table's random hash seed (over 60 tables: 62-74% and 42-51%), so their
+ * bounds sit under the lowest seen.  A sliding log keeps at most L/50 permits of
  * room (one here); a sliding window counter has little room early in a
  * window after a full one, where a page's burst may come.  SHAPES_SURVEY=1
  * prints the table without failing. */
 static const unsigned light_min[SHAPES][ALGOS] = {
     [SHAPE_RARE] = {95, 93, 92, 45},
-    [SHAPE_PAGES] = {78, 68, 45, 8},
+    [SHAPE_PAGES] = {78, 55, 35, 8},
     [SHAPE_CRON] = {85, 85, 85, 8},
     [SHAPE_SCRAPER] = {95, 90, 90, 75},
     [SHAPE_DIURNAL] = {95, 95, 95, 50},
